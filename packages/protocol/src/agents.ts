@@ -1,0 +1,67 @@
+import { type Static, Type } from '@sinclair/typebox'
+
+export const AGENT_PROTOCOLS = ['stdio', 'jsonl', 'exec'] as const
+export type AgentProtocolName = (typeof AGENT_PROTOCOLS)[number]
+
+export const REVISION_STATUSES = ['DEPLOYING', 'READY', 'FAILED'] as const
+export type RevisionStatus = (typeof REVISION_STATUSES)[number]
+
+export const AGENT_NAME_PATTERN = '^[a-z0-9][a-z0-9-]{0,62}$'
+
+export const LimitsSchema = Type.Object(
+  {
+    memoryMiB: Type.Optional(Type.Integer({ minimum: 16, maximum: 65536 })),
+    pids: Type.Optional(Type.Integer({ minimum: 8, maximum: 65536 })),
+    cpus: Type.Optional(Type.Number({ minimum: 0.05, maximum: 256 })),
+    turnTimeoutMs: Type.Optional(Type.Integer({ minimum: 100, maximum: 24 * 3600 * 1000 })),
+  },
+  { additionalProperties: false },
+)
+export type Limits = Static<typeof LimitsSchema>
+
+/** `cairn.yaml` as the server validates it (unknown keys are kept for later issues but ignored). */
+export const AgentManifestSchema = Type.Object({
+  name: Type.String({ pattern: AGENT_NAME_PATTERN }),
+  command: Type.Union([Type.String({ minLength: 1 }), Type.Array(Type.String(), { minItems: 1 })]),
+  protocol: Type.Optional(Type.Union(AGENT_PROTOCOLS.map((p) => Type.Literal(p)))),
+  limits: Type.Optional(LimitsSchema),
+  secrets: Type.Optional(Type.Array(Type.String())),
+  ignore: Type.Optional(Type.Array(Type.String())),
+})
+export type AgentManifest = Static<typeof AgentManifestSchema>
+
+export const RevisionSchema = Type.Object({
+  id: Type.String(),
+  agentId: Type.String(),
+  status: Type.Union(REVISION_STATUSES.map((s) => Type.Literal(s))),
+  contentHash: Type.String(),
+  command: Type.Array(Type.String()),
+  protocol: Type.String(),
+  fileCount: Type.Integer(),
+  sizeBytes: Type.Integer(),
+  error: Type.Union([Type.String(), Type.Null()]),
+  createdAt: Type.String(),
+})
+export type RevisionInfo = Static<typeof RevisionSchema>
+
+export const AgentSchema = Type.Object({
+  id: Type.String(),
+  name: Type.String(),
+  currentRevisionId: Type.Union([Type.String(), Type.Null()]),
+  command: Type.Array(Type.String()),
+  protocol: Type.String(),
+  createdAt: Type.String(),
+  updatedAt: Type.String(),
+})
+export type AgentInfo = Static<typeof AgentSchema>
+
+export const AgentDetailSchema = Type.Intersect([
+  AgentSchema,
+  Type.Object({ revisions: Type.Array(RevisionSchema) }),
+])
+export type AgentDetail = Static<typeof AgentDetailSchema>
+
+export const DeployResultSchema = Type.Object({ agent: AgentSchema, revision: RevisionSchema })
+export type DeployResult = Static<typeof DeployResultSchema>
+
+export const AgentListSchema = Type.Object({ data: Type.Array(AgentSchema) })

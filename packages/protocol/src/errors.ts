@@ -1,0 +1,74 @@
+/**
+ * The error-code registry. Every error that crosses the wire carries one of these codes; the
+ * `Record<ErrorCode, …>` below makes the compiler refuse a code without an HTTP status.
+ */
+export const ERROR_CODES = {
+  bad_request: { status: 400, retryable: false },
+  validation_failed: { status: 400, retryable: false },
+  invalid_json: { status: 400, retryable: false },
+  invalid_archive: { status: 400, retryable: false },
+  invalid_manifest: { status: 400, retryable: false },
+  unauthorized: { status: 401, retryable: false },
+  forbidden: { status: 403, retryable: false },
+  not_found: { status: 404, retryable: false },
+  agent_not_found: { status: 404, retryable: false },
+  revision_not_found: { status: 404, retryable: false },
+  session_not_found: { status: 404, retryable: false },
+  ambiguous_id: { status: 409, retryable: false },
+  session_busy: { status: 409, retryable: true },
+  session_not_resumable: { status: 409, retryable: false },
+  session_deleted: { status: 410, retryable: false },
+  agent_not_ready: { status: 409, retryable: true },
+  conflict: { status: 409, retryable: false },
+  payload_too_large: { status: 413, retryable: false },
+  unsupported_media_type: { status: 415, retryable: false },
+  rate_limited: { status: 429, retryable: true },
+  agent_crashed: { status: 500, retryable: true },
+  agent_protocol_error: { status: 502, retryable: true },
+  sandbox_failed: { status: 500, retryable: true },
+  limit_exceeded: { status: 500, retryable: true },
+  storage_error: { status: 500, retryable: true },
+  state_lost: { status: 500, retryable: false },
+  internal: { status: 500, retryable: true },
+  unavailable: { status: 503, retryable: true },
+  timeout: { status: 504, retryable: true },
+} as const satisfies Record<string, { status: number; retryable: boolean }>
+
+export type ErrorCode = keyof typeof ERROR_CODES
+
+export const ERROR_STATUS: Record<ErrorCode, number> = Object.fromEntries(
+  Object.entries(ERROR_CODES).map(([code, info]) => [code, info.status]),
+) as Record<ErrorCode, number>
+
+export function isErrorCode(value: unknown): value is ErrorCode {
+  return typeof value === 'string' && Object.hasOwn(ERROR_CODES, value)
+}
+
+export function isRetryable(code: ErrorCode): boolean {
+  return ERROR_CODES[code].retryable
+}
+
+/** Body of every error answer and of `run.failed` events. */
+export interface ErrorBody {
+  error: {
+    code: ErrorCode
+    message: string
+    requestId?: string
+    details?: Record<string, unknown>
+  }
+}
+
+/** An error raised inside Cairn that knows its wire code. */
+export class CairnProblem extends Error {
+  readonly code: ErrorCode
+  readonly details: Record<string, unknown> | undefined
+  constructor(code: ErrorCode, message: string, details?: Record<string, unknown>) {
+    super(message)
+    this.name = 'CairnProblem'
+    this.code = code
+    this.details = details
+  }
+  get status(): number {
+    return ERROR_STATUS[this.code]
+  }
+}

@@ -1,0 +1,38 @@
+/** Prefixed identifiers: the prefix tells what a thing is, the body is 20 random base32 characters. */
+export const ID_PREFIXES = {
+  agent: 'agt_',
+  revision: 'rev_',
+  session: 'ses_',
+  turn: 'trn_',
+  snapshot: 'snap_',
+  apiKey: 'key_',
+  request: 'req_',
+  event: 'evt_',
+  sandbox: 'sbx_',
+} as const
+
+export type IdKind = keyof typeof ID_PREFIXES
+export type IdPrefix = (typeof ID_PREFIXES)[IdKind]
+
+const ALPHABET = '0123456789abcdefghjkmnpqrstvwxyz' // Crockford base32, lower case
+const BODY_LENGTH = 20
+
+export function newId(kind: IdKind): string {
+  const bytes = new Uint8Array(BODY_LENGTH)
+  globalThis.crypto.getRandomValues(bytes)
+  let body = ''
+  for (const b of bytes) body += ALPHABET[b & 31]
+  return ID_PREFIXES[kind] + body
+}
+
+const ID_PATTERN = new RegExp(`^[a-z]+_[${ALPHABET}]{${BODY_LENGTH}}$`)
+
+export function isId(kind: IdKind, value: string): boolean {
+  return value.startsWith(ID_PREFIXES[kind]) && ID_PATTERN.test(value)
+}
+
+/** Short form shown in tables: the prefix and the first 8 body characters (12 characters for sessions). */
+export function shortId(id: string): string {
+  const underscore = id.indexOf('_')
+  return underscore < 0 ? id.slice(0, 12) : id.slice(0, underscore + 1 + 8)
+}

@@ -1,0 +1,122 @@
+import { type Static, Type } from '@sinclair/typebox'
+
+export const SESSION_STATUSES = ['active', 'idle', 'completed', 'failed', 'timeout', 'deleted'] as const
+export type SessionStatus = (typeof SESSION_STATUSES)[number]
+export const SessionStatusSchema = Type.Union(SESSION_STATUSES.map((s) => Type.Literal(s)))
+
+/** Why a status changed. Every transition records one of these. */
+export const STATUS_CAUSES = [
+  'created',
+  'turn_started',
+  'turn_completed',
+  'turn_failed',
+  'turn_cancelled',
+  'agent_crash',
+  'agent_exit',
+  'memory_limit',
+  'pids_limit',
+  'protocol_error',
+  'turn_timeout',
+  'idle_timeout',
+  'user_end',
+  'user_resume',
+  'user_delete',
+  'server_restart',
+] as const
+export type StatusCause = (typeof STATUS_CAUSES)[number]
+
+export const TURN_STATUSES = ['running', 'completed', 'failed', 'cancelled', 'interrupted'] as const
+export type TurnStatus = (typeof TURN_STATUSES)[number]
+
+export const DEFAULT_IDLE_TIMEOUT_MS = 30 * 24 * 60 * 60 * 1000
+export const DEFAULT_KEEP_WARM_MS = 5 * 60 * 1000
+export const MAX_PROMPT_BYTES = 1024 * 1024
+
+export const CreateSessionBody = Type.Object(
+  {
+    agent: Type.String({ minLength: 1, maxLength: 200, description: 'Agent ID or name' }),
+    title: Type.Optional(Type.String({ maxLength: 200 })),
+    idleTimeoutMs: Type.Optional(Type.Integer({ minimum: 1000, maximum: 365 * 24 * 3600 * 1000 })),
+    keepWarmMs: Type.Optional(Type.Integer({ minimum: 0, maximum: 24 * 3600 * 1000 })),
+  },
+  { additionalProperties: false },
+)
+export type CreateSessionBody = Static<typeof CreateSessionBody>
+
+export const SendMessageBody = Type.Object(
+  { prompt: Type.String({ minLength: 1, maxLength: MAX_PROMPT_BYTES }) },
+  { additionalProperties: false },
+)
+export type SendMessageBody = Static<typeof SendMessageBody>
+
+export const SessionSchema = Type.Object({
+  id: Type.String(),
+  agentId: Type.String(),
+  agentName: Type.String(),
+  revisionId: Type.String(),
+  title: Type.Union([Type.String(), Type.Null()]),
+  status: SessionStatusSchema,
+  statusCause: Type.String(),
+  turnCount: Type.Integer(),
+  messageCount: Type.Integer(),
+  idleTimeoutMs: Type.Integer(),
+  keepWarmMs: Type.Integer(),
+  warm: Type.Boolean(),
+  createdAt: Type.String(),
+  updatedAt: Type.String(),
+  lastActiveAt: Type.String(),
+})
+export type SessionInfo = Static<typeof SessionSchema>
+
+export const SessionListSchema = Type.Object({
+  data: Type.Array(SessionSchema),
+  nextCursor: Type.Union([Type.String(), Type.Null()]),
+})
+export type SessionList = Static<typeof SessionListSchema>
+
+export const ListSessionsQuery = Type.Object(
+  {
+    agent: Type.Optional(Type.String()),
+    status: Type.Optional(SessionStatusSchema),
+    limit: Type.Optional(Type.Integer({ minimum: 1, maximum: 500 })),
+    cursor: Type.Optional(Type.String()),
+  },
+  { additionalProperties: false },
+)
+export type ListSessionsQuery = Static<typeof ListSessionsQuery>
+
+export const MessageSchema = Type.Object({
+  role: Type.Union([Type.Literal('user'), Type.Literal('assistant')]),
+  content: Type.String(),
+  turnId: Type.String(),
+  turn: Type.Integer(),
+  status: Type.Optional(Type.String()),
+  createdAt: Type.String(),
+})
+export type Message = Static<typeof MessageSchema>
+
+export const MessageListSchema = Type.Object({ data: Type.Array(MessageSchema) })
+
+export const StatusEventSchema = Type.Object({
+  id: Type.String(),
+  from: Type.Union([Type.String(), Type.Null()]),
+  to: Type.String(),
+  cause: Type.String(),
+  detail: Type.Union([Type.String(), Type.Null()]),
+  at: Type.String(),
+})
+export type StatusEvent = Static<typeof StatusEventSchema>
+
+export const TurnSchema = Type.Object({
+  id: Type.String(),
+  seq: Type.Integer(),
+  status: Type.String(),
+  prompt: Type.String(),
+  response: Type.String(),
+  stderrTail: Type.String(),
+  sandboxId: Type.Union([Type.String(), Type.Null()]),
+  startedAt: Type.String(),
+  endedAt: Type.Union([Type.String(), Type.Null()]),
+  durationMs: Type.Union([Type.Integer(), Type.Null()]),
+})
+export type TurnInfo = Static<typeof TurnSchema>

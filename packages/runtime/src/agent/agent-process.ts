@@ -1,0 +1,379 @@
+import { randomBytes } from 'node:crypto'
+import { chmod, mkdir, rename, rm, writeFile } from 'node:fs/promises'
+import path from 'node:path'
+import { StringDecoder } from 'node:string_decoder'
+import { AGENT_ENV, newId, OutboundFrameSchema, type TranscriptLine } from '@cairn/protocol'
+import { Value } from '@sinclair/typebox/value'
+import type { Sandbox, SandboxDriver, SandboxExit } from '../sandbox/driver.js'
+import { TailBuffer } from '../util/tail.js'
+import { StdioMarkerParser } from './stdio-marker.js'
+import type { AgentEvent, AgentLaunch, TurnInput, TurnOutcome } from './types.js'
+
+const LIMIT_POLL_MS = 200
+
+interface ActiveTurn {
+  expectLines: number
+  text: string
+  onEvent: (event: AgentEvent) => void
+  finish: (outcome: TurnOutcome) => void
+}
+
+/**
+ * One agent process in one sandbox, kept warm between turns (stdio and jsonl), or one sandbox per
+ * turn (exec). Turns run one at a time; the caller (the session service) enforces that too.
+ */
+export class AgentProcess {
+  readonly sandboxId = newId('sandbox')
+  private sandbox: Sandbox | undefined
+  private readonly stderr = new TailBuffer(16_384)
+  private readonly nonce = randomBytes(8).toString('hex')
+  private linesSent = 0
+  private active: ActiveTurn | undefined
+  private exitInfo: SandboxExit | undefined
+  private stopped = false
+  readonly startedAt = Date.now()
+  private readonly runDir: string
+
+  constructor(
+    private readonly driver: SandboxDriver,
+    private readonly launch: AgentLaunch,
+    runRoot: string,
+  ) {
+    this.runDir = path.join(runRoot, this.sandboxId)
+  }
+
+  get alive(): boolean {
+    if (this.launch.protocol === 'exec') return !this.stopped
+    return !this.stopped && this.sandbox !== undefined && this.exitInfo === undefined
+  }
+
+  get pid(): number | undefined {
+    return this.sandbox?.pid
+  }
+
+  /** Prepares the run directory and, for warm protocols, starts the sandbox. */
+  async start(): Promise<void> {
+    await mkdir(this.runDir, { recursive: true })
+    await chmod(this.runDir, 0o755)
+    await writeFile(path.join(this.runDir, 'transcript.jsonl'), '', { mode: 0o644 })
+    if (this.launch.protocol !== 'exec') this.sandbox = await this.spawn(1)
+  }
+
+  private async spawn(turn: number): Promise<Sandbox> {
+    const env: Record<string, string> = {
+      ...this.launch.env,
+      [AGENT_ENV.sessionId]: this.launch.sessionId,
+      [AGENT_ENV.turn]: String(turn),
+      [AGENT_ENV.transcriptPath]: '/run/cairn/transcript.jsonl',
+      [AGENT_ENV.protocol]: this.launch.protocol,
+    }
+    if (this.launch.protocol === 'stdio') {
+      env[AGENT_ENV.stdioMark] = this.nonce
+      env.PYTHONPATH = '/opt/cairn/shims/python'
+      env.PYTHONUNBUFFERED = '1'
+      env.NODE_OPTIONS = '--require=/opt/cairn/shims/node/stdio.cjs'
+      env.BASH_ENV = '/opt/cairn/shims/bash/stdio.sh'
+    } else {
+      env.PYTHONPATH = '/opt/cairn/python'
+      env.PYTHONUNBUFFERED = '1'
+      env.NODE_PATH = '/opt/cairn/node'
+    }
+    const sandbox = await this.driver.start({
+      id: this.launch.protocol === 'exec' ? newId('sandbox') : this.sandboxId,
+      workspaceDir: this.launch.workspaceDir,
+      runDir: this.runDir,
+      command: this.launch.command,
+      env,
+      limits: this.launch.limits,
+    })
+    const stderrDecoder = new StringDecoder('utf8')
+    sandbox.stderr.on('data', (chunk: Buffer) => this.stderr.push(stderrDecoder.write(chunk)))
+    return sandbox
+  }
+
+  private async writeTranscript(transcript: readonly TranscriptLine[], turn: number): Promise<void> {
+    const body = transcript.map((line) => JSON.stringify(line)).join('\n')
+    const tmp = path.join(this.runDir, `.transcript.${turn}.tmp`)
+    await writeFile(tmp, body ? `${body}\n` : '', { mode: 0o644 })
+    await rename(tmp, path.join(this.runDir, 'transcript.jsonl'))
+    await writeFile(path.join(this.runDir, 'turn'), `${turn}\n`, { mode: 0o644 })
+  }
+
+  runTurn(
+    input: TurnInput,
+    onEvent: (event: AgentEvent) => void,
+    signal?: AbortSignal,
+  ): Promise<TurnOutcome> {
+    if (this.active) throw new Error('a turn is already running on this agent process')
+    return this.launch.protocol === 'exec'
+      ? this.runExecTurn(input, onEvent, signal)
+      : this.runWarmTurn(input, onEvent, signal)
+  }
+
+  private async runWarmTurn(
+    input: TurnInput,
+    onEvent: (event: AgentEvent) => void,
+    signal?: AbortSignal,
+  ): Promise<TurnOutcome> {
+    const sandbox = this.sandbox
+    if (!sandbox || !this.alive) throw new Error('agent process is not running')
+    await this.writeTranscript(input.transcript, input.turn)
+    this.stderr.clear()
+    if (!this.listening) this.listen(sandbox)
+    return this.superviseTurn(sandbox, onEvent, signal, () => {
+      this.linesSent++
+      if (this.launch.protocol === 'stdio') {
+        // stdio carries one message per line; newlines inside a prompt become spaces.
+        sandbox.stdin.write(`${input.prompt.replace(/\r?\n/g, ' ')}\n`)
+      } else {
+        sandbox.stdin.write(
+          `${JSON.stringify({ type: 'message', content: input.prompt, turn: input.turn, turnId: input.turnId })}\n`,
+        )
+      }
+    })
+  }
+
+  private listening = false
+
+  /** Routes stdout to the running turn for the lifetime of a warm sandbox. */
+  private listen(sandbox: Sandbox): void {
+    this.listening = true
+    const decoder = new StringDecoder('utf8')
+    if (this.launch.protocol === 'stdio') {
+      const parser = new StdioMarkerParser(this.nonce)
+      sandbox.stdout.on('data', (chunk: Buffer) => {
+        for (const piece of parser.push(decoder.write(chunk))) {
+          const turn = this.active
+          if (!turn) continue // output between turns (a banner before the first ask) is not a reply
+          if (piece.text) {
+            turn.text += piece.text
+            turn.onEvent({ type: 'text', content: piece.text })
+          }
+          if (piece.marker !== undefined && piece.marker >= turn.expectLines) {
+            turn.finish({
+              status: 'completed',
+              text: turn.text,
+              stderr: this.stderr.value(),
+              agentExited: false,
+            })
+          }
+        }
+      })
+    } else {
+      let pending = ''
+      sandbox.stdout.on('data', (chunk: Buffer) => {
+        pending += decoder.write(chunk)
+        let newline = pending.indexOf('\n')
+        while (newline >= 0) {
+          const line = pending.slice(0, newline).trim()
+          pending = pending.slice(newline + 1)
+          if (line) this.handleFrame(line)
+          newline = pending.indexOf('\n')
+        }
+      })
+    }
+    sandbox.exited.then((exit) => {
+      this.exitInfo = exit
+    })
+  }
+
+  private handleFrame(line: string): void {
+    const turn = this.active
+    if (!turn) return
+    let frame: unknown
+    try {
+      frame = JSON.parse(line)
+    } catch {
+      frame = undefined
+    }
+    if (!Value.Check(OutboundFrameSchema, frame)) {
+      turn.finish({
+        status: 'failed',
+        code: 'agent_protocol_error',
+        cause: 'protocol_error',
+        message: `agent wrote an invalid jsonl frame: ${line.slice(0, 200)}`,
+        text: turn.text,
+        stderr: this.stderr.value(),
+      })
+      return
+    }
+    switch (frame.type) {
+      case 'text':
+        turn.text += frame.content
+        turn.onEvent({ type: 'text', content: frame.content })
+        break
+      case 'status':
+        turn.onEvent({ type: 'status', message: frame.message })
+        break
+      case 'tool.start':
+        turn.onEvent({ type: 'tool.start', id: frame.id, name: frame.name, input: frame.input })
+        break
+      case 'tool.end':
+        turn.onEvent({
+          type: 'tool.end',
+          id: frame.id,
+          output: frame.output,
+          ...(frame.isError === undefined ? {} : { isError: frame.isError }),
+        })
+        break
+      case 'metadata':
+        turn.onEvent({ type: 'metadata', data: frame.data })
+        break
+      case 'turn.done':
+        turn.finish({ status: 'completed', text: turn.text, stderr: this.stderr.value(), agentExited: false })
+        break
+      case 'error':
+        turn.finish({
+          status: 'failed',
+          code: 'agent_crashed',
+          cause: 'turn_failed',
+          message: frame.message,
+          text: turn.text,
+          stderr: this.stderr.value(),
+        })
+        break
+      case 'ready':
+        break
+    }
+  }
+
+  /**
+   * Runs one turn to its end: the agent's marker or frame, its exit, a limit, the turn timeout or
+   * the caller's abort — whichever comes first.
+   */
+  private superviseTurn(
+    sandbox: Sandbox,
+    onEvent: (event: AgentEvent) => void,
+    signal: AbortSignal | undefined,
+    send: () => void,
+    onExitCompleted = false,
+  ): Promise<TurnOutcome> {
+    return new Promise<TurnOutcome>((resolve) => {
+      let done = false
+      const timers: NodeJS.Timeout[] = []
+      const finish = (outcome: TurnOutcome) => {
+        if (done) return
+        done = true
+        for (const t of timers) clearTimeout(t)
+        clearInterval(limitPoll)
+        signal?.removeEventListener('abort', onAbort)
+        this.active = undefined
+        resolve(outcome)
+      }
+      const turn: ActiveTurn = { expectLines: this.linesSent + 1, text: '', onEvent, finish }
+      const fail = (
+        outcome: Omit<Extract<TurnOutcome, { status: 'failed' }>, 'status' | 'text' | 'stderr'>,
+      ) => {
+        void this.stop()
+        finish({ status: 'failed', ...outcome, text: turn.text, stderr: this.stderr.value() })
+      }
+      const onAbort = () => {
+        void this.stop()
+        finish({ status: 'cancelled', text: turn.text, stderr: this.stderr.value() })
+      }
+      const limitPoll = setInterval(() => {
+        const limit = sandbox.limitHit()
+        if (limit === 'pids')
+          fail({
+            code: 'limit_exceeded',
+            cause: 'pids_limit',
+            message: 'the agent hit its process limit and was stopped',
+          })
+        if (limit === 'memory')
+          fail({
+            code: 'limit_exceeded',
+            cause: 'memory_limit',
+            message: 'the agent ran out of memory and was stopped',
+          })
+      }, LIMIT_POLL_MS)
+      timers.push(
+        setTimeout(
+          () =>
+            fail({
+              code: 'timeout',
+              cause: 'turn_timeout',
+              message: `the turn ran past ${this.launch.turnTimeoutMs} ms`,
+            }),
+          this.launch.turnTimeoutMs,
+        ),
+      )
+      signal?.addEventListener('abort', onAbort, { once: true })
+      this.active = turn
+      sandbox.exited.then(async (exit) => {
+        // Let stdout drain: the reply may still be in the pipe when the exit is seen.
+        await new Promise((r) => setImmediate(r))
+        if (done) return
+        const limit = exit.limit ?? sandbox.limitHit()
+        if (limit === 'memory')
+          return fail({
+            code: 'limit_exceeded',
+            cause: 'memory_limit',
+            message: 'the agent ran out of memory and was stopped',
+          })
+        if (limit === 'pids')
+          return fail({
+            code: 'limit_exceeded',
+            cause: 'pids_limit',
+            message: 'the agent hit its process limit and was stopped',
+          })
+        if (exit.code === 0 && (onExitCompleted || this.launch.protocol === 'stdio')) {
+          this.stopped = this.launch.protocol !== 'exec'
+          return finish({
+            status: 'completed',
+            text: turn.text,
+            stderr: this.stderr.value(),
+            agentExited: true,
+          })
+        }
+        const how = exit.signal ? `was killed by ${exit.signal}` : `exited with code ${exit.code}`
+        const tail = this.stderr.value().trim().split('\n').slice(-5).join('\n')
+        fail({
+          code: 'agent_crashed',
+          cause: 'agent_crash',
+          message: `the agent ${how}${tail ? `: ${tail}` : ''}`,
+        })
+      })
+      if (signal?.aborted) return onAbort()
+      send()
+    })
+  }
+
+  private async runExecTurn(
+    input: TurnInput,
+    onEvent: (event: AgentEvent) => void,
+    signal?: AbortSignal,
+  ): Promise<TurnOutcome> {
+    await this.writeTranscript(input.transcript, input.turn)
+    this.stderr.clear()
+    const sandbox = await this.spawn(input.turn)
+    const decoder = new StringDecoder('utf8')
+    sandbox.stdout.on('data', (chunk: Buffer) => {
+      const turn = this.active
+      const text = decoder.write(chunk)
+      if (!turn || !text) return
+      turn.text += text
+      turn.onEvent({ type: 'text', content: text })
+    })
+    try {
+      return await this.superviseTurn(
+        sandbox,
+        onEvent,
+        signal,
+        () => {
+          sandbox.stdin.end(input.prompt)
+        },
+        true,
+      )
+    } finally {
+      await sandbox.destroy()
+    }
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true
+    const sandbox = this.sandbox
+    this.sandbox = undefined
+    if (sandbox) await sandbox.destroy()
+    await rm(this.runDir, { recursive: true, force: true }).catch(() => undefined)
+  }
+}

@@ -1,0 +1,42 @@
+import type { AgentProtocolName, ErrorCode, StatusCause, TranscriptLine } from '@cairn/protocol'
+import type { SandboxLimits } from '../sandbox/driver.js'
+
+export type AgentEvent =
+  | { type: 'text'; content: string }
+  | { type: 'status'; message: string }
+  | { type: 'tool.start'; id: string; name: string; input?: unknown }
+  | { type: 'tool.end'; id: string; output?: unknown; isError?: boolean }
+  | { type: 'metadata'; data: Record<string, unknown> }
+
+export type TurnOutcome =
+  | { status: 'completed'; text: string; stderr: string; agentExited: boolean }
+  | {
+      status: 'failed'
+      code: ErrorCode
+      cause: StatusCause
+      message: string
+      text: string
+      stderr: string
+    }
+  | { status: 'cancelled'; text: string; stderr: string }
+
+export interface TurnInput {
+  prompt: string
+  turn: number
+  turnId: string
+  /** Transcript before this turn, written to `$CAIRN_TRANSCRIPT` for the agent. */
+  transcript: readonly TranscriptLine[]
+}
+
+export interface AgentLaunch {
+  sessionId: string
+  workspaceDir: string
+  command: readonly string[]
+  protocol: AgentProtocolName
+  env: Readonly<Record<string, string>>
+  limits: SandboxLimits
+  turnTimeoutMs: number
+}
+
+export const DEFAULT_LIMITS: SandboxLimits = { memoryMiB: 512, pids: 256, cpus: 1 }
+export const DEFAULT_TURN_TIMEOUT_MS = 10 * 60 * 1000

@@ -1,0 +1,18 @@
+export { AgentProcess } from './agent/agent-process.js'
+export { MARK_END, MARK_START, StdioMarkerParser } from './agent/stdio-marker.js'
+export {
+  type AgentEvent,
+  type AgentLaunch,
+  DEFAULT_LIMITS,
+  DEFAULT_TURN_TIMEOUT_MS,
+  type TurnInput,
+  type TurnOutcome,
+} from './agent/types.js'
+export { AGENT_KIT_DIR, instanceRunDir } from './paths.js'
+export { DEFAULT_POOL_IMAGE_BYTES, DEFAULT_SANDBOX_UID, Runtime, type RuntimeOptions } from './runtime.js'
+export { BwrapDriver } from './sandbox/bwrap-driver.js'
+export { CgroupManager } from './sandbox/cgroups.js'
+export type { Sandbox, SandboxDriver, SandboxExit, SandboxLimits, SandboxSpec } from './sandbox/driver.js'
+export { BtrfsPool } from './storage/btrfs-pool.js'
+export { execTool } from './util/exec.js'
+export { findMount, readMounts } from './util/mounts.js'

@@ -1,0 +1,116 @@
+import { chmod, cp, mkdir, rm, writeFile } from 'node:fs/promises'
+import path from 'node:path'
+import { AgentProcess } from './agent/agent-process.js'
+import type { AgentLaunch } from './agent/types.js'
+import { AGENT_KIT_DIR, instanceRunDir } from './paths.js'
+import { BwrapDriver } from './sandbox/bwrap-driver.js'
+import { CgroupManager } from './sandbox/cgroups.js'
+import type { SandboxDriver } from './sandbox/driver.js'
+import { generatedEtcFiles } from './sandbox/rootfs.js'
+import { BtrfsPool } from './storage/btrfs-pool.js'
+import { execTool } from './util/exec.js'
+
+export interface RuntimeOptions {
+  dataDir: string
+  /** Use an existing btrfs directory instead of a loop-mounted image under the data dir. */
+  poolPath?: string | undefined
+  poolImageSizeBytes?: number | undefined
+  /** Unprivileged host uid/gid for sandboxes. */
+  sandboxUid?: number | undefined
+  /** Base of per-instance runtime directories (default /run/cairn). */
+  runBase?: string | undefined
+}
+
+export const DEFAULT_SANDBOX_UID = 61000
+export const DEFAULT_POOL_IMAGE_BYTES = 20 * 1024 * 1024 * 1024
+
+/**
+ * One machine's worker: the storage pool, the sandbox driver and the agent processes. The server
+ * talks to it in-process through this class; a remote runtime would expose the same methods.
+ */
+export class Runtime {
+  readonly pool: BtrfsPool
+  readonly driver: SandboxDriver
+  readonly runDir: string
+  private readonly cgroups: CgroupManager
+  private readonly agents = new Set<AgentProcess>()
+
+  constructor(readonly options: RuntimeOptions) {
+    this.runDir = instanceRunDir(options.dataDir, options.runBase)
+    const uid = options.sandboxUid ?? DEFAULT_SANDBOX_UID
+    this.pool = new BtrfsPool({
+      mountPoint: path.join(this.runDir, 'pool'),
+      imagePath: path.join(options.dataDir, 'pool.img'),
+      imageSizeBytes: options.poolImageSizeBytes ?? DEFAULT_POOL_IMAGE_BYTES,
+      existingPath: options.poolPath,
+      sandboxUid: uid,
+      sandboxGid: uid,
+    })
+    this.cgroups = new CgroupManager(`cairn/${path.basename(this.runDir)}`)
+    this.driver = new BwrapDriver({
+      cgroups: this.cgroups,
+      hostUid: uid,
+      hostGid: uid,
+      etcDir: path.join(this.runDir, 'etc'),
+      kitDir: path.join(this.runDir, 'kit'),
+    })
+  }
+
+  /** Prepares directories, mounts the pool and reaps sandboxes a crashed predecessor left. */
+  async open(): Promise<{ orphansReaped: number }> {
+    await mkdir(this.runDir, { recursive: true })
+    await chmod(path.dirname(this.runDir), 0o711).catch(() => undefined)
+    await chmod(this.runDir, 0o711)
+    const etcDir = path.join(this.runDir, 'etc')
+    await mkdir(etcDir, { recursive: true })
+    await chmod(etcDir, 0o755)
+    for (const [name, body] of Object.entries(generatedEtcFiles())) {
+      await writeFile(path.join(etcDir, name), body, { mode: 0o644 })
+    }
+    const kitDir = path.join(this.runDir, 'kit')
+    await rm(kitDir, { recursive: true, force: true })
+    await cp(AGENT_KIT_DIR, kitDir, {
+      recursive: true,
+      filter: (src) =>
+        !src.includes('node_modules') && !src.endsWith('.tsbuildinfo') && !src.includes('/src'),
+    })
+    await execTool('chmod', ['-R', 'a+rX', kitDir])
+    const sandboxesDir = path.join(this.runDir, 'sandboxes')
+    await rm(sandboxesDir, { recursive: true, force: true })
+    await mkdir(sandboxesDir, { recursive: true })
+    await chmod(sandboxesDir, 0o711)
+    const orphansReaped = await this.driver.reapOrphans()
+    await this.pool.open()
+    return { orphansReaped }
+  }
+
+  async startAgent(launch: AgentLaunch): Promise<AgentProcess> {
+    const agent = new AgentProcess(this.driver, launch, path.join(this.runDir, 'sandboxes'))
+    this.agents.add(agent)
+    try {
+      await agent.start()
+    } catch (error) {
+      this.agents.delete(agent)
+      await agent.stop()
+      throw error
+    }
+    return agent
+  }
+
+  async stopAgent(agent: AgentProcess): Promise<void> {
+    this.agents.delete(agent)
+    await agent.stop()
+  }
+
+  get warmCount(): number {
+    return this.agents.size
+  }
+
+  async close(): Promise<void> {
+    await Promise.all([...this.agents].map((agent) => agent.stop()))
+    this.agents.clear()
+    await this.driver.reapOrphans()
+    await this.pool.close()
+    await rm(path.join(this.runDir, 'sandboxes'), { recursive: true, force: true })
+  }
+}

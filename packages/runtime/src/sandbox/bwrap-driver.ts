@@ -1,0 +1,178 @@
+import { type ChildProcessWithoutNullStreams, spawn } from 'node:child_process'
+import { CairnProblem } from '@cairn/protocol'
+import type { CgroupManager } from './cgroups.js'
+import type { DriverCapabilities, Sandbox, SandboxDriver, SandboxExit, SandboxSpec } from './driver.js'
+import { readOnlyRootArgs, SANDBOX_USER } from './rootfs.js'
+
+export interface BwrapDriverOptions {
+  cgroups: CgroupManager
+  /** Unprivileged host uid/gid the sandbox runs as (the inside uid 1000 maps to it). */
+  hostUid: number
+  hostGid: number
+  /** Host directory with generated passwd/group/hosts. */
+  etcDir: string
+  /** Host directory mounted read-only at /opt/cairn (agent-kit shims and libraries). */
+  kitDir: string
+  bwrapPath?: string
+}
+
+// Joins the cgroups as root, then drops to the sandbox uid and becomes bwrap: the whole sandbox,
+// including processes bwrap forks, is inside the cgroup from its first instruction.
+const LAUNCHER =
+  'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 111; shift; n=$((n-1)); done; exec "$@"'
+
+export class BwrapDriver implements SandboxDriver {
+  readonly name = 'bwrap'
+  readonly capabilities: DriverCapabilities = { freeze: true, network: false, memorySnapshot: false }
+
+  constructor(private readonly options: BwrapDriverOptions) {}
+
+  describe(): string {
+    return `bwrap (host uid ${this.options.hostUid}, ${this.options.cgroups.describe()})`
+  }
+
+  buildArgs(spec: SandboxSpec): string[] {
+    const { hostUid, hostGid, etcDir, kitDir } = this.options
+    const env: Record<string, string> = {
+      PATH: '/usr/local/bin:/usr/bin:/bin',
+      HOME: SANDBOX_USER.home,
+      USER: SANDBOX_USER.name,
+      LANG: 'C.UTF-8',
+      TMPDIR: '/tmp',
+      ...spec.env,
+    }
+    const args = [
+      'setpriv',
+      `--reuid=${hostUid}`,
+      `--regid=${hostGid}`,
+      '--clear-groups',
+      '--no-new-privs',
+      this.options.bwrapPath ?? 'bwrap',
+      '--unshare-all',
+      '--unshare-user',
+      '--disable-userns',
+      '--die-with-parent',
+      '--new-session',
+      '--hostname',
+      'cairn',
+      ...readOnlyRootArgs(etcDir),
+      '--proc',
+      '/proc',
+      '--dev',
+      '/dev',
+      '--tmpfs',
+      '/tmp',
+      '--dir',
+      '/run',
+      '--ro-bind',
+      spec.runDir,
+      '/run/cairn',
+      '--ro-bind',
+      kitDir,
+      '/opt/cairn',
+      '--bind',
+      spec.workspaceDir,
+      '/workspace',
+      '--chdir',
+      '/workspace',
+      '--uid',
+      String(SANDBOX_USER.uid),
+      '--gid',
+      String(SANDBOX_USER.gid),
+      '--clearenv',
+    ]
+    for (const [key, value] of Object.entries(env)) args.push('--setenv', key, value)
+    args.push('--', ...spec.command)
+    return args
+  }
+
+  async start(spec: SandboxSpec): Promise<Sandbox> {
+    if (spec.command.length === 0) throw new CairnProblem('bad_request', 'empty sandbox command')
+    const cgroupName = spec.id
+    const procsFiles = await this.options.cgroups.create(cgroupName, {
+      memoryBytes: spec.limits.memoryMiB * 1024 * 1024,
+      pids: spec.limits.pids,
+      cpus: spec.limits.cpus,
+    })
+    const child = spawn(
+      '/bin/sh',
+      ['-c', LAUNCHER, 'cairn-launch', String(procsFiles.length), ...procsFiles, ...this.buildArgs(spec)],
+      {
+        stdio: ['pipe', 'pipe', 'pipe'],
+        env: { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' },
+      },
+    )
+    if (child.pid === undefined) {
+      await this.options.cgroups.remove(cgroupName)
+      throw new CairnProblem('sandbox_failed', 'could not start the sandbox launcher')
+    }
+    return new BwrapSandbox(spec.id, child, this.options.cgroups, cgroupName)
+  }
+
+  async reapOrphans(): Promise<number> {
+    const names = await this.options.cgroups.list()
+    for (const name of names) {
+      await this.options.cgroups.kill(name)
+      await this.options.cgroups.remove(name)
+    }
+    return names.length
+  }
+}
+
+class BwrapSandbox implements Sandbox {
+  readonly driver = 'bwrap'
+  readonly pid: number
+  readonly exited: Promise<SandboxExit>
+  private destroyed = false
+
+  constructor(
+    readonly id: string,
+    private readonly child: ChildProcessWithoutNullStreams,
+    private readonly cgroups: CgroupManager,
+    private readonly cgroupName: string,
+  ) {
+    this.pid = child.pid ?? -1
+    // A write to a dead agent's stdin must surface as the turn's failure, not as a crash.
+    child.stdin.on('error', () => undefined)
+    this.exited = new Promise((resolve) => {
+      child.once('exit', (code, signal) => {
+        resolve({ code, signal, limit: this.limitHit() })
+      })
+    })
+  }
+
+  get stdin() {
+    return this.child.stdin
+  }
+  get stdout() {
+    return this.child.stdout
+  }
+  get stderr() {
+    return this.child.stderr
+  }
+
+  limitHit(): 'memory' | 'pids' | undefined {
+    const counters = this.cgroups.counters(this.cgroupName)
+    if (counters.oomKills > 0) return 'memory'
+    if (counters.pidsMaxHits > 0) return 'pids'
+    return undefined
+  }
+
+  freeze(): Promise<void> {
+    return this.cgroups.freeze(this.cgroupName, true)
+  }
+
+  thaw(): Promise<void> {
+    return this.cgroups.freeze(this.cgroupName, false)
+  }
+
+  async destroy(): Promise<void> {
+    if (this.destroyed) return
+    this.destroyed = true
+    await this.cgroups.freeze(this.cgroupName, false).catch(() => undefined)
+    await this.cgroups.kill(this.cgroupName)
+    if (this.child.exitCode === null && this.child.signalCode === null) this.child.kill('SIGKILL')
+    await Promise.race([this.exited, new Promise((r) => setTimeout(r, 2000))])
+    await this.cgroups.remove(this.cgroupName)
+  }
+}

@@ -1,0 +1,204 @@
+import { existsSync, readFileSync } from 'node:fs'
+import { mkdir, readdir, readFile, rmdir, writeFile } from 'node:fs/promises'
+import path from 'node:path'
+import { readMounts } from '../util/mounts.js'
+
+export interface CgroupLimits {
+  memoryBytes: number
+  pids: number
+  /** CPU share as a number of cores (0.5 = half a core). */
+  cpus: number
+}
+
+export interface LimitCounters {
+  oomKills: number
+  pidsMaxHits: number
+}
+
+interface Layout {
+  /** cgroup2 mount (pure v2, or the `unified` hierarchy of a hybrid host). */
+  v2: string | undefined
+  /** Whether the v2 hierarchy carries the memory/pids/cpu controllers. */
+  v2Controllers: boolean
+  v1: { memory?: string; pids?: string; cpu?: string; freezer?: string }
+}
+
+function detectLayout(): Layout {
+  const layout: Layout = { v2: undefined, v2Controllers: false, v1: {} }
+  for (const m of readMounts()) {
+    if (m.fsType === 'cgroup2' && !layout.v2) layout.v2 = m.mountPoint
+    if (m.fsType === 'cgroup') {
+      const opts = m.options.split(',')
+      const superOpts = m.mountPoint.split('/').pop() ?? ''
+      for (const ctl of ['memory', 'pids', 'cpu', 'freezer'] as const) {
+        if ((superOpts.split(',').includes(ctl) || opts.includes(ctl)) && !layout.v1[ctl])
+          layout.v1[ctl] = m.mountPoint
+      }
+    }
+  }
+  if (layout.v2) {
+    const controllers = readFileSync(path.join(layout.v2, 'cgroup.controllers'), 'utf8').split(/\s+/)
+    layout.v2Controllers = ['memory', 'pids', 'cpu'].every((c) => controllers.includes(c))
+  }
+  return layout
+}
+
+/**
+ * One cgroup per sandbox, on cgroup v2 when it carries the controllers, otherwise on the v1
+ * controllers for limits plus the v2 hierarchy (when mounted) for `cgroup.kill` and freezing.
+ */
+export class CgroupManager {
+  private readonly layout = detectLayout()
+
+  /** @param scope path segment under which this instance's cgroups live, e.g. `cairn/3f2a…`. */
+  constructor(private readonly scope: string) {}
+
+  describe(): string {
+    const v1 = Object.keys(this.layout.v1).join(',')
+    return this.layout.v2Controllers
+      ? 'cgroup v2'
+      : `cgroup v1 (${v1})${this.layout.v2 ? ' + v2 for kill/freeze' : ''}`
+  }
+
+  private dirs(name: string): {
+    v2?: string
+    memory?: string
+    pids?: string
+    cpu?: string
+    freezer?: string
+  } {
+    const rel = path.join(this.scope, name)
+    const out: { v2?: string; memory?: string; pids?: string; cpu?: string; freezer?: string } = {}
+    if (this.layout.v2) out.v2 = path.join(this.layout.v2, rel)
+    if (!this.layout.v2Controllers) {
+      for (const ctl of ['memory', 'pids', 'cpu', 'freezer'] as const) {
+        const mount = this.layout.v1[ctl]
+        if (mount) out[ctl] = path.join(mount, rel)
+      }
+    }
+    return out
+  }
+
+  /** Creates the cgroup with its limits and returns the `cgroup.procs` files to join. */
+  async create(name: string, limits: CgroupLimits): Promise<string[]> {
+    const dirs = this.dirs(name)
+    if (this.layout.v2Controllers && this.layout.v2) await this.enableV2Controllers()
+    for (const dir of Object.values(dirs)) await mkdir(dir, { recursive: true })
+    const quotaUs = Math.max(1000, Math.round(limits.cpus * 100_000))
+    if (this.layout.v2Controllers && dirs.v2) {
+      await writeFile(path.join(dirs.v2, 'memory.max'), String(limits.memoryBytes))
+      await writeFile(path.join(dirs.v2, 'memory.swap.max'), '0').catch(() => undefined)
+      await writeFile(path.join(dirs.v2, 'pids.max'), String(limits.pids))
+      await writeFile(path.join(dirs.v2, 'cpu.max'), `${quotaUs} 100000`)
+    } else {
+      if (dirs.memory) {
+        await writeFile(path.join(dirs.memory, 'memory.limit_in_bytes'), String(limits.memoryBytes))
+        await writeFile(
+          path.join(dirs.memory, 'memory.memsw.limit_in_bytes'),
+          String(limits.memoryBytes),
+        ).catch(() => undefined)
+      }
+      if (dirs.pids) await writeFile(path.join(dirs.pids, 'pids.max'), String(limits.pids))
+      if (dirs.cpu) {
+        await writeFile(path.join(dirs.cpu, 'cpu.cfs_period_us'), '100000')
+        await writeFile(path.join(dirs.cpu, 'cpu.cfs_quota_us'), String(quotaUs))
+      }
+    }
+    return Object.values(dirs).map((dir) => path.join(dir, 'cgroup.procs'))
+  }
+
+  private async enableV2Controllers(): Promise<void> {
+    const v2 = this.layout.v2
+    if (!v2) return
+    let dir = v2
+    for (const segment of this.scope.split('/')) {
+      await writeFile(path.join(dir, 'cgroup.subtree_control'), '+memory +pids +cpu').catch(() => undefined)
+      dir = path.join(dir, segment)
+      await mkdir(dir, { recursive: true })
+    }
+    await writeFile(path.join(dir, 'cgroup.subtree_control'), '+memory +pids +cpu').catch(() => undefined)
+  }
+
+  counters(name: string): LimitCounters {
+    const dirs = this.dirs(name)
+    const read = (file: string | undefined, key: string): number => {
+      if (!file || !existsSync(file)) return 0
+      const match = new RegExp(`^${key} (\\d+)$`, 'm').exec(readFileSync(file, 'utf8'))
+      return match ? Number(match[1]) : 0
+    }
+    if (this.layout.v2Controllers && dirs.v2) {
+      return {
+        oomKills: read(path.join(dirs.v2, 'memory.events'), 'oom_kill'),
+        pidsMaxHits: read(path.join(dirs.v2, 'pids.events'), 'max'),
+      }
+    }
+    return {
+      oomKills: read(dirs.memory && path.join(dirs.memory, 'memory.oom_control'), 'oom_kill'),
+      pidsMaxHits: read(dirs.pids && path.join(dirs.pids, 'pids.events'), 'max'),
+    }
+  }
+
+  async pids(name: string): Promise<number[]> {
+    const dirs = this.dirs(name)
+    const file = dirs.v2 ?? dirs.pids ?? dirs.memory
+    if (!file || !existsSync(file)) return []
+    const text = await readFile(path.join(file, 'cgroup.procs'), 'utf8').catch(() => '')
+    return text
+      .split('\n')
+      .filter(Boolean)
+      .map((line) => Number(line))
+  }
+
+  /** Kills every process of the cgroup: `cgroup.kill` where it exists, SIGKILL to each pid otherwise. */
+  async kill(name: string): Promise<void> {
+    const dirs = this.dirs(name)
+    if (dirs.v2 && existsSync(path.join(dirs.v2, 'cgroup.kill'))) {
+      await writeFile(path.join(dirs.v2, 'cgroup.kill'), '1').catch(() => undefined)
+      return
+    }
+    for (const pid of await this.pids(name)) {
+      try {
+        process.kill(pid, 'SIGKILL')
+      } catch {
+        // already gone
+      }
+    }
+  }
+
+  async freeze(name: string, frozen: boolean): Promise<void> {
+    const dirs = this.dirs(name)
+    if (dirs.v2 && existsSync(path.join(dirs.v2, 'cgroup.freeze'))) {
+      await writeFile(path.join(dirs.v2, 'cgroup.freeze'), frozen ? '1' : '0')
+    } else if (dirs.freezer) {
+      await writeFile(path.join(dirs.freezer, 'freezer.state'), frozen ? 'FROZEN' : 'THAWED')
+    }
+  }
+
+  /** Removes the cgroup once its processes are gone (retrying while the kernel finishes reaping). */
+  async remove(name: string): Promise<void> {
+    const dirs = Object.values(this.dirs(name))
+    for (let attempt = 0; attempt < 50; attempt++) {
+      let pending = 0
+      for (const dir of dirs) {
+        if (!existsSync(dir)) continue
+        try {
+          await rmdir(dir)
+        } catch {
+          pending++
+        }
+      }
+      if (pending === 0) return
+      await this.kill(name)
+      await new Promise((r) => setTimeout(r, 20))
+    }
+  }
+
+  /** Names of the sandbox cgroups that exist for this instance (orphans after a crash). */
+  async list(): Promise<string[]> {
+    const dirs = this.dirs('')
+    const base = dirs.v2 ?? dirs.memory ?? dirs.pids
+    if (!base || !existsSync(base)) return []
+    const entries = await readdir(base, { withFileTypes: true })
+    return entries.filter((e) => e.isDirectory()).map((e) => e.name)
+  }
+}

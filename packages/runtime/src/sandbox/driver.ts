@@ -1,0 +1,58 @@
+import type { Readable, Writable } from 'node:stream'
+
+export interface SandboxLimits {
+  memoryMiB: number
+  pids: number
+  cpus: number
+}
+
+export interface SandboxSpec {
+  id: string
+  /** Host path of the session workspace, mounted read-write at /workspace. */
+  workspaceDir: string
+  /** Host directory mounted read-only at /run/cairn (transcript and per-sandbox files). */
+  runDir: string
+  command: readonly string[]
+  env: Readonly<Record<string, string>>
+  limits: SandboxLimits
+}
+
+export interface SandboxExit {
+  code: number | null
+  signal: NodeJS.Signals | null
+  /** Set when a limit explains the exit. */
+  limit: 'memory' | 'pids' | undefined
+}
+
+export interface Sandbox {
+  readonly id: string
+  readonly driver: string
+  /** Host pid of the sandbox's outer process. */
+  readonly pid: number
+  readonly stdin: Writable
+  readonly stdout: Readable
+  readonly stderr: Readable
+  readonly exited: Promise<SandboxExit>
+  /** Which limit, if any, the sandbox has hit so far. */
+  limitHit(): 'memory' | 'pids' | undefined
+  freeze(): Promise<void>
+  thaw(): Promise<void>
+  /** Kills every process of the sandbox and releases its resources. */
+  destroy(): Promise<void>
+}
+
+export interface DriverCapabilities {
+  freeze: boolean
+  network: boolean
+  memorySnapshot: boolean
+}
+
+/** What a sandbox technology must provide; bwrap today, gVisor or a microVM behind the same shape. */
+export interface SandboxDriver {
+  readonly name: string
+  readonly capabilities: DriverCapabilities
+  start(spec: SandboxSpec): Promise<Sandbox>
+  /** Kills and removes sandboxes left by an earlier process of this instance. Returns how many. */
+  reapOrphans(): Promise<number>
+  describe(): string
+}

@@ -1,0 +1,183 @@
+import { existsSync } from 'node:fs'
+import { chmod, chown, mkdir, rm, stat, statfs } from 'node:fs/promises'
+import path from 'node:path'
+import { CairnProblem } from '@cairn/protocol'
+import { execTool } from '../util/exec.js'
+import { findMount } from '../util/mounts.js'
+
+const BTRFS_MAGIC = 0x9123683e
+
+export interface BtrfsPoolOptions {
+  /** Where the pool is mounted (a directory the sandbox uid can traverse). */
+  mountPoint: string
+  /** Sparse image file to create and loop-mount when `existingPath` is not given. */
+  imagePath: string
+  imageSizeBytes: number
+  /** Use this existing btrfs directory instead of an image (bind-mounted at `mountPoint`). */
+  existingPath?: string | undefined
+  /** Host uid/gid that owns session workspaces. */
+  sandboxUid: number
+  sandboxGid: number
+}
+
+const AREAS = ['revisions', 'sessions', 'snapshots', 'staging'] as const
+type Area = (typeof AREAS)[number]
+
+/**
+ * The workspace store: one btrfs filesystem holding revisions (read-only subvolumes), session
+ * workspaces (writable snapshots of a revision) and snapshots. Every operation is a subvolume
+ * operation, so creating a session costs the same whatever the size of the project.
+ */
+export class BtrfsPool {
+  private mountedHere = false
+
+  constructor(private readonly options: BtrfsPoolOptions) {}
+
+  get root(): string {
+    return this.options.mountPoint
+  }
+
+  async open(): Promise<void> {
+    const { mountPoint, existingPath, imagePath, imageSizeBytes } = this.options
+    await mkdir(mountPoint, { recursive: true })
+    const mounted = findMount(mountPoint)
+    if (mounted) {
+      if (mounted.fsType !== 'btrfs') {
+        throw new CairnProblem(
+          'storage_error',
+          `${mountPoint} is mounted but is ${mounted.fsType}, not btrfs`,
+        )
+      }
+    } else if (existingPath) {
+      const fs = await statfs(existingPath)
+      if (fs.type !== BTRFS_MAGIC) {
+        throw new CairnProblem('storage_error', `${existingPath} is not on a btrfs filesystem`)
+      }
+      await execTool('mount', ['--bind', existingPath, mountPoint], { code: 'storage_error' })
+      this.mountedHere = true
+    } else {
+      await mkdir(path.dirname(imagePath), { recursive: true })
+      if (!existsSync(imagePath)) {
+        await execTool('truncate', ['-s', String(imageSizeBytes), imagePath], { code: 'storage_error' })
+        await execTool('mkfs.btrfs', ['-q', '-L', 'cairn', imagePath], { code: 'storage_error' })
+      }
+      await execTool('mount', ['-o', 'loop,noatime,user_subvol_rm_allowed', imagePath, mountPoint], {
+        code: 'storage_error',
+      })
+      this.mountedHere = true
+    }
+    await chmod(mountPoint, 0o711)
+    for (const area of AREAS) {
+      await mkdir(this.areaDir(area), { recursive: true })
+      await chmod(this.areaDir(area), 0o711)
+    }
+  }
+
+  /** Unmounts what `open` mounted (a loop mount releases its loop device with it). */
+  async close(): Promise<void> {
+    if (!this.mountedHere && !findMount(this.options.mountPoint)) return
+    await execTool('umount', [this.options.mountPoint], { code: 'storage_error' }).catch(async () => {
+      // A sandbox that is still exiting may hold the mount for a moment; a lazy unmount
+      // detaches it now and frees the loop device once the last user is gone.
+      await execTool('umount', ['-l', this.options.mountPoint], { code: 'storage_error' })
+    })
+    this.mountedHere = false
+  }
+
+  areaDir(area: Area): string {
+    return path.join(this.options.mountPoint, area)
+  }
+
+  revisionPath(revisionId: string): string {
+    return path.join(this.areaDir('revisions'), safeName(revisionId))
+  }
+
+  workspacePath(sessionId: string): string {
+    return path.join(this.areaDir('sessions'), safeName(sessionId))
+  }
+
+  snapshotPath(snapshotId: string): string {
+    return path.join(this.areaDir('snapshots'), safeName(snapshotId))
+  }
+
+  /** A fresh writable subvolume in staging, to be filled and then sealed as a revision. */
+  async createStaging(name: string): Promise<string> {
+    const dir = path.join(this.areaDir('staging'), safeName(name))
+    await this.deleteSubvolume(dir)
+    await execTool('btrfs', ['subvolume', 'create', dir], { code: 'storage_error' })
+    return dir
+  }
+
+  /**
+   * Seals a filled staging subvolume as a read-only revision. Files are handed to the sandbox uid
+   * once here, so every workspace snapshotted from the revision is already owned correctly.
+   */
+  async sealRevision(stagingDir: string, revisionId: string): Promise<string> {
+    const target = this.revisionPath(revisionId)
+    await execTool(
+      'chown',
+      ['-R', '--no-dereference', `${this.options.sandboxUid}:${this.options.sandboxGid}`, stagingDir],
+      {
+        code: 'storage_error',
+      },
+    )
+    await chmod(stagingDir, 0o700)
+    await execTool('btrfs', ['subvolume', 'snapshot', '-r', stagingDir, target], { code: 'storage_error' })
+    await this.deleteSubvolume(stagingDir)
+    return target
+  }
+
+  async discardStaging(stagingDir: string): Promise<void> {
+    await this.deleteSubvolume(stagingDir)
+  }
+
+  /** New session workspace: a writable snapshot of the revision (O(1)). */
+  async createWorkspace(sessionId: string, revisionId: string): Promise<string> {
+    const target = this.workspacePath(sessionId)
+    if (existsSync(target)) throw new CairnProblem('storage_error', `workspace ${sessionId} already exists`)
+    await execTool('btrfs', ['subvolume', 'snapshot', this.revisionPath(revisionId), target], {
+      code: 'storage_error',
+    })
+    return target
+  }
+
+  async hasWorkspace(sessionId: string): Promise<boolean> {
+    return existsSync(this.workspacePath(sessionId))
+  }
+
+  async deleteWorkspace(sessionId: string): Promise<void> {
+    await this.deleteSubvolume(this.workspacePath(sessionId))
+  }
+
+  async deleteRevision(revisionId: string): Promise<void> {
+    const dir = this.revisionPath(revisionId)
+    if (!existsSync(dir)) return
+    await execTool('btrfs', ['property', 'set', '-ts', dir, 'ro', 'false'], { code: 'storage_error' })
+    await this.deleteSubvolume(dir)
+  }
+
+  async hasRevision(revisionId: string): Promise<boolean> {
+    return existsSync(this.revisionPath(revisionId))
+  }
+
+  private async deleteSubvolume(dir: string): Promise<void> {
+    if (!existsSync(dir)) return
+    const info = await stat(dir)
+    // Subvolume roots have inode 256 on btrfs; anything else is a plain directory.
+    if (info.ino === 256) {
+      await execTool('btrfs', ['subvolume', 'delete', dir], { code: 'storage_error' })
+    } else {
+      await rm(dir, { recursive: true, force: true })
+    }
+  }
+
+  /** Hands a directory to the sandbox uid (used for workspaces created outside a revision). */
+  async chownToSandbox(dir: string): Promise<void> {
+    await chown(dir, this.options.sandboxUid, this.options.sandboxGid)
+  }
+}
+
+function safeName(id: string): string {
+  if (!/^[a-z]+_[0-9a-z]+$/.test(id)) throw new CairnProblem('bad_request', `invalid identifier '${id}'`)
+  return id
+}

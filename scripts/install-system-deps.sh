@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs the Debian packages Cairn uses: bubblewrap (sandboxes), btrfs-progs (storage pool),
+# util-linux (mount, losetup, setpriv), iproute2, and chromium for the console's browser tests.
+set -euo pipefail
+need=()
+for pkg in bubblewrap btrfs-progs util-linux iproute2 python3 ca-certificates; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
+done
+if [ "${#need[@]}" -gt 0 ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need[@]}"
+fi
+modprobe btrfs 2>/dev/null || true
+modprobe loop 2>/dev/null || true

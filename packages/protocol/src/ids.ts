@@ -6,6 +6,7 @@ export const ID_PREFIXES = {
   turn: 'trn_',
   snapshot: 'snap_',
   apiKey: 'key_',
+  tenant: 'tnt_',
   request: 'req_',
   event: 'evt_',
   sandbox: 'sbx_',

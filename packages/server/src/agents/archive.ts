@@ -1,0 +1,110 @@
+import { createHash } from 'node:crypto'
+import path from 'node:path'
+import { Readable } from 'node:stream'
+import { pipeline } from 'node:stream/promises'
+import { CairnProblem } from '@cairn/protocol'
+import * as tar from 'tar'
+
+export interface ArchiveLimits {
+  maxFiles: number
+  maxUnpackedBytes: number
+}
+
+export const DEFAULT_ARCHIVE_LIMITS: ArchiveLimits = {
+  maxFiles: 50_000,
+  maxUnpackedBytes: 1024 * 1024 * 1024,
+}
+
+export interface ArchiveSummary {
+  fileCount: number
+  sizeBytes: number
+  /** SHA-256 over every entry's path, type, mode and content, in archive order. */
+  contentHash: string
+}
+
+const ALLOWED_TYPES = new Set(['File', 'OldFile', 'ContiguousFile', 'Directory', 'SymbolicLink', 'Link'])
+
+function refuse(message: string, entryPath?: string): never {
+  throw new CairnProblem(
+    'invalid_archive',
+    message,
+    entryPath === undefined ? undefined : { path: entryPath },
+  )
+}
+
+/** Normalises an archive path and refuses absolute paths and `..` segments. */
+export function checkEntryPath(raw: string): string {
+  if (raw.includes('\0')) refuse('archive entry path contains a NUL byte', raw)
+  if (raw.startsWith('/') || /^[a-zA-Z]:[\\/]/.test(raw))
+    refuse(`archive entry has an absolute path: ${raw}`, raw)
+  const segments = raw.split(/[\\/]+/).filter((s) => s !== '' && s !== '.')
+  if (segments.includes('..')) refuse(`archive entry escapes the project with '..': ${raw}`, raw)
+  return segments.join('/')
+}
+
+function checkLinkTarget(entryPath: string, target: string, kind: 'symlink' | 'hardlink'): void {
+  if (!target) refuse(`archive ${kind} ${entryPath} has an empty target`, entryPath)
+  if (target.startsWith('/'))
+    refuse(`archive ${kind} ${entryPath} points to an absolute path: ${target}`, entryPath)
+  const base = kind === 'symlink' ? path.posix.dirname(entryPath) : ''
+  const resolved = path.posix.normalize(path.posix.join(base, target))
+  if (resolved === '..' || resolved.startsWith('../')) {
+    refuse(`archive ${kind} ${entryPath} points outside the project: ${target}`, entryPath)
+  }
+}
+
+/**
+ * Reads the whole archive once without writing anything, refusing hostile content (absolute paths,
+ * `..`, links out of the tree, device files, too many files, too many bytes once unpacked).
+ */
+export async function inspectArchive(
+  archive: Buffer,
+  limits: ArchiveLimits = DEFAULT_ARCHIVE_LIMITS,
+): Promise<ArchiveSummary> {
+  const hash = createHash('sha256')
+  let fileCount = 0
+  let sizeBytes = 0
+  let problem: unknown
+  const parser = new tar.Parser({
+    strict: true,
+    onReadEntry: (entry) => {
+      try {
+        if (problem) throw problem
+        const type = String(entry.type)
+        const entryPath = checkEntryPath(entry.path)
+        if (!ALLOWED_TYPES.has(type))
+          refuse(`archive entry ${entryPath} is a ${type}, which is not allowed`, entryPath)
+        if (type === 'SymbolicLink') checkLinkTarget(entryPath, entry.linkpath ?? '', 'symlink')
+        if (type === 'Link') checkLinkTarget(checkEntryPath(entry.linkpath ?? ''), '.', 'hardlink')
+        fileCount++
+        if (fileCount > limits.maxFiles) refuse(`archive has more than ${limits.maxFiles} entries`)
+        sizeBytes += entry.size ?? 0
+        if (sizeBytes > limits.maxUnpackedBytes) {
+          refuse(`archive unpacks to more than ${limits.maxUnpackedBytes} bytes`)
+        }
+        hash.update(`${type}\0${entryPath}\0${(entry.mode ?? 0) & 0o777}\0${entry.linkpath ?? ''}\0`)
+        entry.on('data', (chunk: Buffer) => hash.update(chunk))
+      } catch (error) {
+        problem ??= error
+        entry.resume()
+        parser.abort(error as Error)
+      }
+    },
+  })
+  try {
+    await pipeline(Readable.from([archive]), parser)
+  } catch (error) {
+    if (problem) throw problem
+    if (error instanceof CairnProblem) throw error
+    refuse(`archive is not a valid tar.gz: ${(error as Error).message}`)
+  }
+  if (problem) throw problem
+  if (fileCount === 0) refuse('archive is empty')
+  return { fileCount, sizeBytes, contentHash: `sha256:${hash.digest('hex')}` }
+}
+
+/** Extracts an archive that `inspectArchive` accepted into `dir` (owner not preserved). */
+export async function extractArchive(archive: Buffer, dir: string): Promise<void> {
+  const extractor = tar.x({ cwd: dir, strict: true, preserveOwner: false, noMtime: false })
+  await pipeline(Readable.from([archive]), extractor)
+}

@@ -1,0 +1,82 @@
+import { existsSync } from 'node:fs'
+import { readFile } from 'node:fs/promises'
+import path from 'node:path'
+import {
+  AGENT_NAME_PATTERN,
+  type AgentManifest,
+  AgentManifestSchema,
+  type AgentProtocolName,
+  CairnProblem,
+} from '@cairn/protocol'
+import { Value } from '@sinclair/typebox/value'
+import YAML from 'yaml'
+
+export const MANIFEST_FILES = ['cairn.yaml', 'cairn.yml']
+
+export interface ResolvedManifest {
+  manifest: AgentManifest
+  name: string
+  command: string[]
+  protocol: AgentProtocolName
+}
+
+/** Splits a command line into argv with single quotes, double quotes and backslash escapes. */
+export function splitCommand(line: string): string[] {
+  const args: string[] = []
+  let current = ''
+  let quote: '"' | "'" | undefined
+  let inWord = false
+  for (let i = 0; i < line.length; i++) {
+    const ch = line[i] as string
+    if (quote) {
+      if (ch === quote) quote = undefined
+      else if (ch === '\\' && quote === '"' && i + 1 < line.length) current += line[++i]
+      else current += ch
+    } else if (ch === '"' || ch === "'") {
+      quote = ch
+      inWord = true
+    } else if (ch === '\\' && i + 1 < line.length) {
+      current += line[++i]
+      inWord = true
+    } else if (/\s/.test(ch)) {
+      if (inWord) args.push(current)
+      current = ''
+      inWord = false
+    } else {
+      current += ch
+      inWord = true
+    }
+  }
+  if (quote) throw new CairnProblem('invalid_manifest', `unterminated quote in command: ${line}`)
+  if (inWord) args.push(current)
+  return args
+}
+
+export async function readManifest(projectDir: string, nameOverride?: string): Promise<ResolvedManifest> {
+  const file = MANIFEST_FILES.map((f) => path.join(projectDir, f)).find((f) => existsSync(f))
+  if (!file) throw new CairnProblem('invalid_manifest', 'the archive has no cairn.yaml at its root')
+  let raw: unknown
+  try {
+    raw = YAML.parse(await readFile(file, 'utf8'))
+  } catch (error) {
+    throw new CairnProblem('invalid_manifest', `cairn.yaml is not valid YAML: ${(error as Error).message}`)
+  }
+  if (raw === null || typeof raw !== 'object' || Array.isArray(raw)) {
+    throw new CairnProblem('invalid_manifest', 'cairn.yaml must be a mapping')
+  }
+  const candidate = { ...(raw as Record<string, unknown>) }
+  if (nameOverride !== undefined) candidate.name = nameOverride
+  const known = Value.Clean(AgentManifestSchema, Value.Clone(candidate))
+  if (!Value.Check(AgentManifestSchema, known)) {
+    const first = [...Value.Errors(AgentManifestSchema, known)][0]
+    const where = first?.path ? first.path.slice(1).replace(/\//g, '.') : 'cairn.yaml'
+    const hint =
+      where === 'name' ? ` (lower-case letters, digits and '-', matching ${AGENT_NAME_PATTERN})` : ''
+    throw new CairnProblem('invalid_manifest', `cairn.yaml: ${where}: ${first?.message ?? 'invalid'}${hint}`)
+  }
+  const manifest = known
+  const command =
+    typeof manifest.command === 'string' ? splitCommand(manifest.command) : [...manifest.command]
+  if (command.length === 0) throw new CairnProblem('invalid_manifest', 'cairn.yaml: command is empty')
+  return { manifest, name: manifest.name, command, protocol: manifest.protocol ?? 'stdio' }
+}

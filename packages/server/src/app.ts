@@ -1,0 +1,65 @@
+import { API_VERSION, HealthSchema } from '@cairn/protocol'
+import swagger from '@fastify/swagger'
+import Fastify, { type FastifyInstance } from 'fastify'
+import type { Logger } from 'pino'
+import type { AgentService } from './agents/agent-service.js'
+import { agentRoutes } from './agents/routes.js'
+import type { ApiKeyStore } from './auth/api-keys.js'
+import { installAuth } from './auth/plugin.js'
+import { installErrorHandlers } from './http/errors.js'
+import { sessionRoutes } from './sessions/routes.js'
+import type { SessionService } from './sessions/session-service.js'
+
+export interface AppDeps {
+  logger: Logger
+  keys: ApiKeyStore
+  agents: AgentService
+  sessions: SessionService
+  maxUploadBytes: number
+  version: string
+}
+
+const JSON_BODY_LIMIT = 2 * 1024 * 1024
+
+/** Builds the HTTP API. Handlers are thin: each validates, authorises and calls a service. */
+export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
+  const app = Fastify({
+    // Per-request access logs are dropped (they cost more than the warm turn itself); errors and
+    // 4xx answers are logged by the hooks below.
+    loggerInstance: deps.logger.child({ component: 'http' }, { level: 'warn' }),
+    bodyLimit: JSON_BODY_LIMIT,
+    genReqId: () => `req_${Math.random().toString(36).slice(2, 12)}`,
+    ajv: { customOptions: { removeAdditional: false, coerceTypes: 'array', useDefaults: true } },
+  }) as unknown as FastifyInstance
+  installErrorHandlers(app, { maxUploadBytes: deps.maxUploadBytes })
+  app.addContentTypeParser(
+    ['application/gzip', 'application/x-gzip', 'application/x-tar+gzip', 'application/octet-stream'],
+    { parseAs: 'buffer', bodyLimit: deps.maxUploadBytes },
+    (_request, body, done) => done(null, body),
+  )
+  await app.register(swagger, {
+    openapi: {
+      openapi: '3.1.0',
+      info: { title: 'Cairn API', version: API_VERSION, description: 'Persistent, isolated agent sessions' },
+      components: { securitySchemes: { bearer: { type: 'http', scheme: 'bearer' } } },
+      security: [{ bearer: [] }],
+    },
+  })
+  installAuth(app, deps.keys)
+  app.get('/healthz', { schema: { hide: true, response: { 200: HealthSchema } } }, async () => ({
+    ok: true,
+    version: deps.version,
+  }))
+  app.get('/v1/openapi.json', { schema: { hide: true } }, async () => app.swagger())
+  agentRoutes(app, deps.agents)
+  sessionRoutes(app, deps.sessions)
+  app.addHook('onResponse', async (request, reply) => {
+    if (reply.statusCode >= 400) {
+      request.log.warn(
+        { method: request.method, url: request.url.split('?')[0], status: reply.statusCode },
+        'request',
+      )
+    }
+  })
+  return app
+}

@@ -1,0 +1,61 @@
+import os from 'node:os'
+import path from 'node:path'
+
+export interface ServerOptions {
+  dataDir?: string | undefined
+  port?: number | undefined
+  host?: string | undefined
+  /** Existing btrfs directory to use as the pool instead of a loop-mounted image. */
+  poolPath?: string | undefined
+  poolImageSizeBytes?: number | undefined
+  logLevel?: string | undefined
+  /** Largest accepted upload (deploy archive), in bytes. */
+  maxUploadBytes?: number | undefined
+  /** How often the idle-timeout reaper runs. */
+  reaperIntervalMs?: number | undefined
+  /** Write the admin key to the CLI credentials file when none exists (default true). */
+  writeCredentials?: boolean | undefined
+  /** Base directory for per-instance runtime files (default /run/cairn). */
+  runBase?: string | undefined
+}
+
+export interface ResolvedConfig {
+  dataDir: string
+  port: number
+  host: string
+  poolPath: string | undefined
+  poolImageSizeBytes: number | undefined
+  logLevel: string
+  maxUploadBytes: number
+  reaperIntervalMs: number
+  writeCredentials: boolean
+  runBase: string | undefined
+}
+
+export function defaultDataDir(): string {
+  return process.env.CAIRN_DATA_DIR ?? path.join(os.homedir(), '.cairn', 'data')
+}
+
+export const DEFAULT_PORT = 7070
+export const DEFAULT_HOST = '127.0.0.1'
+export const DEFAULT_MAX_UPLOAD_BYTES = 100 * 1024 * 1024
+
+export function resolveConfig(options: ServerOptions): ResolvedConfig {
+  const envPort = process.env.CAIRN_PORT ? Number(process.env.CAIRN_PORT) : undefined
+  return {
+    dataDir: path.resolve(options.dataDir ?? defaultDataDir()),
+    port: options.port ?? envPort ?? DEFAULT_PORT,
+    host: options.host ?? process.env.CAIRN_HOST ?? DEFAULT_HOST,
+    poolPath: options.poolPath ?? process.env.CAIRN_POOL_PATH,
+    poolImageSizeBytes: options.poolImageSizeBytes,
+    logLevel: options.logLevel ?? process.env.CAIRN_LOG_LEVEL ?? 'info',
+    maxUploadBytes:
+      options.maxUploadBytes ??
+      (process.env.CAIRN_MAX_UPLOAD_BYTES
+        ? Number(process.env.CAIRN_MAX_UPLOAD_BYTES)
+        : DEFAULT_MAX_UPLOAD_BYTES),
+    reaperIntervalMs: options.reaperIntervalMs ?? 60_000,
+    writeCredentials: options.writeCredentials ?? true,
+    runBase: options.runBase,
+  }
+}

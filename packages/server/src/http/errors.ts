@@ -1,0 +1,77 @@
+import { CairnProblem, ERROR_STATUS, type ErrorBody, type ErrorCode, isErrorCode } from '@cairn/protocol'
+import type { FastifyError, FastifyInstance } from 'fastify'
+
+export function errorBody(
+  code: ErrorCode,
+  message: string,
+  requestId?: string,
+  details?: Record<string, unknown>,
+): ErrorBody {
+  return {
+    error: {
+      code,
+      message,
+      ...(requestId === undefined ? {} : { requestId }),
+      ...(details === undefined ? {} : { details }),
+    },
+  }
+}
+
+/** Maps anything thrown by a handler to the registry's error shape and status. */
+export function toErrorBody(
+  error: unknown,
+  requestId: string,
+  limits: { maxUploadBytes?: number } = {},
+): { status: number; body: ErrorBody } {
+  if (error instanceof CairnProblem) {
+    return { status: error.status, body: errorBody(error.code, error.message, requestId, error.details) }
+  }
+  const fastifyError = error as FastifyError & { validation?: unknown }
+  if (fastifyError?.validation) {
+    return {
+      status: 400,
+      body: errorBody('validation_failed', fastifyError.message, requestId, {
+        issues: fastifyError.validation,
+      }),
+    }
+  }
+  switch (fastifyError?.code) {
+    case 'FST_ERR_CTP_INVALID_JSON_BODY':
+    case 'FST_ERR_CTP_EMPTY_JSON_BODY':
+      return { status: 400, body: errorBody('invalid_json', 'request body is not valid JSON', requestId) }
+    case 'FST_ERR_CTP_BODY_TOO_LARGE':
+      return {
+        status: 413,
+        body: errorBody(
+          'payload_too_large',
+          limits.maxUploadBytes === undefined
+            ? fastifyError.message
+            : `request body is larger than the limit of ${limits.maxUploadBytes} bytes (${Math.round(limits.maxUploadBytes / 1024 / 1024)} MiB)`,
+          requestId,
+          limits.maxUploadBytes === undefined ? undefined : { limitBytes: limits.maxUploadBytes },
+        ),
+      }
+    case 'FST_ERR_CTP_INVALID_MEDIA_TYPE':
+      return { status: 415, body: errorBody('unsupported_media_type', fastifyError.message, requestId) }
+  }
+  if (fastifyError instanceof SyntaxError || fastifyError?.statusCode === 400) {
+    return { status: 400, body: errorBody('bad_request', fastifyError.message, requestId) }
+  }
+  const code = (error as { code?: unknown })?.code
+  if (isErrorCode(code))
+    return { status: ERROR_STATUS[code], body: errorBody(code, String(fastifyError.message), requestId) }
+  return { status: 500, body: errorBody('internal', 'internal error', requestId) }
+}
+
+export function installErrorHandlers(app: FastifyInstance, limits: { maxUploadBytes?: number } = {}): void {
+  app.setErrorHandler((error, request, reply) => {
+    const { status, body } = toErrorBody(error, request.id, limits)
+    if (status >= 500) request.log.error({ err: error }, 'request failed')
+    void reply.status(status).send(body)
+  })
+  app.setNotFoundHandler((request, reply) => {
+    void reply
+      .status(404)
+      .send(errorBody('not_found', `no route for ${request.method} ${request.url.split('?')[0]}`, request.id))
+  })
+}

@@ -1,0 +1,106 @@
+import { chmod, mkdir, writeFile } from 'node:fs/promises'
+import path from 'node:path'
+import { Runtime } from '@cairn/runtime'
+import pino, { type Logger } from 'pino'
+import { AgentService } from './agents/agent-service.js'
+import { buildApp } from './app.js'
+import { ApiKeyStore, DEFAULT_TENANT_ID } from './auth/api-keys.js'
+import { systemClock } from './clock.js'
+import { resolveConfig, type ServerOptions } from './config.js'
+import { writeCredentialsIfMissing } from './credentials.js'
+import { openDatabase } from './db/database.js'
+import { SessionService } from './sessions/session-service.js'
+
+export const SERVER_VERSION = '0.1.0'
+
+export interface RunningServer {
+  url: string
+  port: number
+  dataDir: string
+  adminKeyPath: string
+  /** Set when this start created the admin key (first start). */
+  adminKey: string | undefined
+  credentialsWritten: string | undefined
+  logger: Logger
+  sessions: SessionService
+  runtime: Runtime
+  close(): Promise<void>
+}
+
+/** Starts the control plane and the local runtime: database, storage pool, sandboxes, HTTP API. */
+export async function startServer(options: ServerOptions = {}): Promise<RunningServer> {
+  const config = resolveConfig(options)
+  const logger = pino({ level: config.logLevel, base: { service: 'cairn' } })
+  await mkdir(config.dataDir, { recursive: true, mode: 0o700 })
+  const db = openDatabase(path.join(config.dataDir, 'cairn.db'))
+  const runtime = new Runtime({
+    dataDir: config.dataDir,
+    poolPath: config.poolPath,
+    poolImageSizeBytes: config.poolImageSizeBytes,
+    runBase: config.runBase,
+  })
+  let opened = false
+  try {
+    const { orphansReaped } = await runtime.open()
+    opened = true
+    if (orphansReaped > 0) logger.warn({ orphansReaped }, 'reaped sandboxes left by an earlier run')
+    const keys = new ApiKeyStore(db, systemClock)
+    keys.ensureTenant(DEFAULT_TENANT_ID, 'default')
+    const agents = new AgentService({ db, runtime, clock: systemClock, logger })
+    const sessions = new SessionService({ db, runtime, agents, clock: systemClock, logger })
+    const recovered = sessions.recover()
+    if (recovered > 0) logger.warn({ sessions: recovered }, 'marked turns interrupted by the last shutdown')
+    const app = await buildApp({
+      logger,
+      keys,
+      agents,
+      sessions,
+      maxUploadBytes: config.maxUploadBytes,
+      version: SERVER_VERSION,
+    })
+    const address = await app.listen({ port: config.port, host: config.host })
+    const port = Number(new URL(address).port)
+    const url = `http://${config.host.includes(':') ? `[${config.host}]` : config.host}:${port}`
+    const adminKeyPath = path.join(config.dataDir, 'admin.key')
+    let adminKey: string | undefined
+    let credentialsWritten: string | undefined
+    if (keys.count() === 0) {
+      adminKey = keys.create(DEFAULT_TENANT_ID, 'admin', 'admin (first start)').key
+      await writeFile(adminKeyPath, `${adminKey}\n`, { mode: 0o600 })
+      await chmod(adminKeyPath, 0o600)
+      if (config.writeCredentials) credentialsWritten = await writeCredentialsIfMissing(url, adminKey)
+      logger.info({ adminKeyPath, credentials: credentialsWritten }, 'created the admin API key')
+    }
+    sessions.startReaper(config.reaperIntervalMs)
+    logger.info(
+      { url, dataDir: config.dataDir, pool: runtime.pool.root, driver: runtime.driver.describe() },
+      'cairn server listening',
+    )
+    let closing: Promise<void> | undefined
+    return {
+      url,
+      port,
+      dataDir: config.dataDir,
+      adminKeyPath,
+      adminKey,
+      credentialsWritten,
+      logger,
+      sessions,
+      runtime,
+      close() {
+        closing ??= (async () => {
+          await app.close()
+          await sessions.close()
+          await runtime.close()
+          db.close()
+          logger.info('cairn server stopped')
+        })()
+        return closing
+      },
+    }
+  } catch (error) {
+    if (opened) await runtime.close().catch(() => undefined)
+    db.close()
+    throw error
+  }
+}

@@ -1,0 +1,176 @@
+import {
+  CreateSessionBody,
+  ErrorBodySchema,
+  IdParams,
+  ListSessionsQuery,
+  MessageListSchema,
+  OkSchema,
+  SendMessageBody,
+  SessionListSchema,
+  SessionSchema,
+  StatusEventSchema,
+  TurnSchema,
+} from '@cairn/protocol'
+import { Type } from '@sinclair/typebox'
+import type { FastifyInstance, FastifyRequest } from 'fastify'
+import { principalOf, requireWrite } from '../auth/plugin.js'
+import { SseWriter } from '../http/sse.js'
+import type { SessionService } from './session-service.js'
+
+const errors = { 400: ErrorBodySchema, 401: ErrorBodySchema, 404: ErrorBodySchema, 409: ErrorBodySchema }
+const idOf = (request: FastifyRequest) => (request.params as { id: string }).id
+
+export function sessionRoutes(app: FastifyInstance, sessions: SessionService): void {
+  app.post(
+    '/v1/sessions',
+    {
+      schema: {
+        tags: ['sessions'],
+        summary: 'Create a session of an agent (a writable snapshot of its current revision)',
+        body: CreateSessionBody,
+        response: { 201: SessionSchema, ...errors },
+      },
+    },
+    async (request, reply) => {
+      const info = await sessions.create(requireWrite(request).tenantId, request.body as CreateSessionBody)
+      return reply.status(201).send(info)
+    },
+  )
+
+  app.get(
+    '/v1/sessions',
+    {
+      schema: {
+        tags: ['sessions'],
+        summary: 'List sessions, newest first',
+        querystring: ListSessionsQuery,
+        response: { 200: SessionListSchema, ...errors },
+      },
+    },
+    async (request) => sessions.list(principalOf(request).tenantId, request.query as ListSessionsQuery),
+  )
+
+  app.get(
+    '/v1/sessions/resolve',
+    {
+      schema: {
+        tags: ['sessions'],
+        summary: 'Resolve a unique session ID prefix',
+        querystring: Type.Object({ prefix: Type.String({ minLength: 1, maxLength: 64 }) }),
+        response: { 200: SessionSchema, ...errors },
+      },
+    },
+    async (request) =>
+      sessions.resolve(principalOf(request).tenantId, (request.query as { prefix: string }).prefix),
+  )
+
+  app.get(
+    '/v1/sessions/:id',
+    {
+      schema: {
+        tags: ['sessions'],
+        summary: 'Get a session',
+        params: IdParams,
+        response: { 200: SessionSchema, ...errors },
+      },
+    },
+    async (request) => sessions.get(principalOf(request).tenantId, idOf(request)),
+  )
+
+  app.get(
+    '/v1/sessions/:id/messages',
+    {
+      schema: {
+        tags: ['sessions'],
+        summary: 'The transcript',
+        params: IdParams,
+        response: { 200: MessageListSchema, ...errors },
+      },
+    },
+    async (request) => ({ data: sessions.messages(principalOf(request).tenantId, idOf(request)) }),
+  )
+
+  app.get(
+    '/v1/sessions/:id/events',
+    {
+      schema: {
+        tags: ['sessions'],
+        summary: 'Every status change with its cause',
+        params: IdParams,
+        response: { 200: Type.Object({ data: Type.Array(StatusEventSchema) }), ...errors },
+      },
+    },
+    async (request) => ({ data: sessions.events(principalOf(request).tenantId, idOf(request)) }),
+  )
+
+  app.get(
+    '/v1/sessions/:id/turns',
+    {
+      schema: {
+        tags: ['sessions'],
+        summary: 'Turns with their status, timing and stderr log',
+        params: IdParams,
+        response: { 200: Type.Object({ data: Type.Array(TurnSchema) }), ...errors },
+      },
+    },
+    async (request) => ({ data: sessions.turns(principalOf(request).tenantId, idOf(request)) }),
+  )
+
+  app.post(
+    '/v1/sessions/:id/messages',
+    {
+      schema: {
+        tags: ['sessions'],
+        summary: 'Send a message; the answer is an SSE stream of the run',
+        params: IdParams,
+        body: SendMessageBody,
+        produces: ['text/event-stream'],
+        response: { ...errors, 410: ErrorBodySchema },
+      },
+    },
+    async (request, reply) => {
+      const { tenantId } = requireWrite(request)
+      const handle = sessions.beginTurn(tenantId, idOf(request), (request.body as SendMessageBody).prompt)
+      reply.hijack()
+      const writer = new SseWriter(reply.raw)
+      try {
+        await handle.run((event) => writer.send(event))
+      } finally {
+        writer.end()
+      }
+    },
+  )
+
+  const action = (path: string, summary: string, run: (tenantId: string, id: string) => Promise<unknown>) =>
+    app.post(
+      `/v1/sessions/:id/${path}`,
+      {
+        schema: {
+          tags: ['sessions'],
+          summary,
+          params: IdParams,
+          response: { 200: path === 'cancel' ? OkSchema : SessionSchema, ...errors },
+        },
+      },
+      async (request) => run(requireWrite(request).tenantId, idOf(request)),
+    )
+  action('end', 'End a session (its workspace is kept; it can be resumed)', (t, id) => sessions.end(t, id))
+  action('resume', 'Resume an ended, failed or timed-out session', (t, id) => sessions.resume(t, id))
+  action('cancel', 'Cancel the running turn', async (t, id) => ({ ok: await sessions.cancel(t, id) }))
+
+  app.delete(
+    '/v1/sessions/:id',
+    {
+      schema: {
+        tags: ['sessions'],
+        summary: 'Delete a session and its workspace',
+        params: IdParams,
+        response: { 200: OkSchema, ...errors },
+      },
+    },
+    async (request) => {
+      await sessions.delete(requireWrite(request).tenantId, idOf(request))
+      return { ok: true }
+    },
+  )
+}

@@ -1,0 +1,465 @@
+import {
+  CairnProblem,
+  type CreateSessionBody,
+  DEFAULT_IDLE_TIMEOUT_MS,
+  DEFAULT_KEEP_WARM_MS,
+  type ErrorCode,
+  type Message,
+  newId,
+  type SessionInfo,
+  type SessionList,
+  type SessionStatus,
+  type StatusEvent,
+  type StreamEvent,
+  type TranscriptLine,
+  type TurnInfo,
+} from '@cairn/protocol'
+import {
+  type AgentEvent,
+  type AgentProcess,
+  DEFAULT_LIMITS,
+  DEFAULT_TURN_TIMEOUT_MS,
+  type Runtime,
+  type TurnOutcome,
+} from '@cairn/runtime'
+import type { Logger } from 'pino'
+import type { AgentService } from '../agents/agent-service.js'
+import { type Clock, iso } from '../clock.js'
+import type { Db } from '../db/database.js'
+import { decodeCursor, encodeCursor } from './cursor.js'
+import { type SessionRow, SessionStore, toSessionInfo } from './session-store.js'
+
+export interface SessionServiceDeps {
+  db: Db
+  runtime: Runtime
+  agents: AgentService
+  clock: Clock
+  logger: Logger
+}
+
+interface WarmAgent {
+  agent: AgentProcess
+  timer: NodeJS.Timeout | undefined
+}
+
+interface RunningTurn {
+  turnId: string
+  abort: AbortController
+  done: Promise<void>
+}
+
+const TITLE_MAX = 60
+
+/** A turn accepted by `beginTurn`: validation is over, the lock is held, `run` streams it. */
+export interface TurnHandle {
+  readonly turnId: string
+  run(emit: (event: StreamEvent) => void): Promise<void>
+}
+
+/**
+ * Sessions and their turns: one turn at a time per session, a warm agent process between turns
+ * for the keep-warm window, every status change recorded with its cause.
+ */
+export class SessionService {
+  readonly store: SessionStore
+  private readonly warm = new Map<string, WarmAgent>()
+  private readonly running = new Map<string, RunningTurn>()
+  private reaper: NodeJS.Timeout | undefined
+
+  constructor(private readonly deps: SessionServiceDeps) {
+    this.store = new SessionStore(deps.db)
+  }
+
+  private now(): string {
+    return iso(this.deps.clock.now())
+  }
+
+  private info(row: SessionRow): SessionInfo {
+    return toSessionInfo(row, this.warm.has(row.id))
+  }
+
+  require(tenantId: string, id: string): SessionRow {
+    const row = this.store.get(tenantId, id)
+    if (!row) throw new CairnProblem('session_not_found', `No session found matching '${id}'`)
+    return row
+  }
+
+  async create(tenantId: string, body: CreateSessionBody): Promise<SessionInfo> {
+    const agent = this.deps.agents.require(tenantId, body.agent)
+    if (!agent.current_revision_id) {
+      throw new CairnProblem('agent_not_ready', `agent '${agent.name}' has no READY revision yet`)
+    }
+    const id = newId('session')
+    await this.deps.runtime.pool.createWorkspace(id, agent.current_revision_id)
+    this.store.insert({
+      id,
+      tenant_id: tenantId,
+      agent_id: agent.id,
+      revision_id: agent.current_revision_id,
+      title: body.title ?? null,
+      status: 'idle',
+      status_cause: 'created',
+      idle_timeout_ms: body.idleTimeoutMs ?? DEFAULT_IDLE_TIMEOUT_MS,
+      keep_warm_ms: body.keepWarmMs ?? DEFAULT_KEEP_WARM_MS,
+      created_at: this.now(),
+    })
+    return this.info(this.require(tenantId, id))
+  }
+
+  get(tenantId: string, id: string): SessionInfo {
+    return this.info(this.require(tenantId, id))
+  }
+
+  list(
+    tenantId: string,
+    query: {
+      agent?: string | undefined
+      status?: SessionStatus | undefined
+      limit?: number | undefined
+      cursor?: string | undefined
+    },
+  ): SessionList {
+    const limit = query.limit ?? 50
+    const agentId = query.agent ? this.deps.agents.require(tenantId, query.agent).id : undefined
+    const rows = this.store.list(tenantId, {
+      agentId,
+      status: query.status,
+      limit: limit + 1,
+      cursor: query.cursor ? decodeCursor(query.cursor) : undefined,
+    })
+    const page = rows.slice(0, limit)
+    const last = page[page.length - 1]
+    return {
+      data: page.map((row) => this.info(row)),
+      nextCursor: rows.length > limit && last ? encodeCursor(last.created_at, last.id) : null,
+    }
+  }
+
+  resolve(tenantId: string, rawPrefix: string): SessionInfo {
+    const prefix = rawPrefix.startsWith('ses_') ? rawPrefix : `ses_${rawPrefix}`
+    if (!/^ses_[0-9a-z]*$/.test(prefix) || prefix.length < 5) {
+      throw new CairnProblem('session_not_found', `No session found matching '${rawPrefix}'`)
+    }
+    const matches = this.store.resolvePrefix(tenantId, prefix, 6)
+    if (matches.length === 0)
+      throw new CairnProblem('session_not_found', `No session found matching '${rawPrefix}'`)
+    if (matches.length > 1) {
+      throw new CairnProblem('ambiguous_id', `Ambiguous ID '${rawPrefix}' — matches: ${matches.join(', ')}`, {
+        matches,
+      })
+    }
+    return this.get(tenantId, matches[0] as string)
+  }
+
+  messages(tenantId: string, id: string): Message[] {
+    this.require(tenantId, id)
+    return this.store.messages(id)
+  }
+
+  events(tenantId: string, id: string): StatusEvent[] {
+    this.require(tenantId, id)
+    return this.store.events(id)
+  }
+
+  turns(tenantId: string, id: string): TurnInfo[] {
+    this.require(tenantId, id)
+    return this.store.turns(id)
+  }
+
+  /**
+   * Validates and locks synchronously, so a second message for the same session is refused with
+   * `session_busy` before anything is streamed.
+   */
+  beginTurn(tenantId: string, id: string, prompt: string): TurnHandle {
+    let row = this.require(tenantId, id)
+    if (row.status === 'deleted') throw new CairnProblem('session_deleted', `session ${id} was deleted`)
+    if (this.running.has(id)) {
+      throw new CairnProblem(
+        'session_busy',
+        `session ${id} is already running a turn; wait for it or cancel it`,
+        {
+          turnId: this.running.get(id)?.turnId,
+        },
+      )
+    }
+    if (!prompt.trim()) throw new CairnProblem('validation_failed', 'prompt must not be empty')
+    const turnId = newId('turn')
+    const abort = new AbortController()
+    let release!: () => void
+    const done = new Promise<void>((resolve) => {
+      release = resolve
+    })
+    this.running.set(id, { turnId, abort, done })
+    const at = this.now()
+    if (row.status !== 'idle') {
+      // Messaging a completed, failed or timed-out session resumes it on its workspace.
+      this.store.transition(row, 'idle', 'user_resume', at, 'message sent')
+      row = { ...row, status: 'idle' }
+    }
+    const seq = row.turn_count + 1
+    this.store.startTurn(id, turnId, seq, prompt, prompt.replace(/\s+/g, ' ').trim().slice(0, TITLE_MAX), at)
+    this.store.transition(row, 'active', 'turn_started', at, turnId)
+    return {
+      turnId,
+      run: async (emit) => {
+        try {
+          await this.runTurn({ ...row, status: 'active' }, turnId, seq, prompt, abort.signal, emit)
+        } finally {
+          this.running.delete(id)
+          release()
+        }
+      },
+    }
+  }
+
+  private async runTurn(
+    row: SessionRow,
+    turnId: string,
+    seq: number,
+    prompt: string,
+    signal: AbortSignal,
+    emit: (event: StreamEvent) => void,
+  ): Promise<void> {
+    const startedAt = this.deps.clock.now()
+    const elapsed = () => Math.max(0, Math.round(performance.now() - startedPerf))
+    const startedPerf = performance.now()
+    let outcome: TurnOutcome
+    let sandboxId = ''
+    try {
+      const { agent, cold } = await this.agentFor(row)
+      sandboxId = agent.sandboxId
+      this.store.setTurnSandbox(turnId, sandboxId, cold)
+      emit({ type: 'run.started', sessionId: row.id, turnId, turn: seq, sandboxId, coldStart: cold })
+      const transcript = this.transcriptBefore(row.id, seq)
+      outcome = await agent.runTurn(
+        { prompt, turn: seq, turnId, transcript },
+        (event) => emit(toStreamEvent(turnId, event)),
+        signal,
+      )
+      if (!agent.alive) await this.dropWarm(row.id)
+      else this.scheduleCooldown(row)
+    } catch (error) {
+      const problem = error instanceof CairnProblem ? error : undefined
+      this.deps.logger.error({ err: error, session: row.id }, 'turn could not start')
+      outcome = {
+        status: 'failed',
+        code: problem?.code ?? 'sandbox_failed',
+        cause: 'agent_crash',
+        message: problem?.message ?? `the sandbox could not start: ${(error as Error).message}`,
+        text: '',
+        stderr: '',
+      }
+      if (!sandboxId)
+        emit({ type: 'run.started', sessionId: row.id, turnId, turn: seq, sandboxId: '', coldStart: true })
+      await this.dropWarm(row.id)
+    }
+    const durationMs = elapsed()
+    const endedAt = iso(Math.max(this.deps.clock.now(), startedAt))
+    const failed = outcome.status === 'failed' ? outcome : undefined
+    this.store.finishTurn(row.id, {
+      id: turnId,
+      status: outcome.status,
+      response: outcome.text,
+      stderr: outcome.stderr.slice(-16_384),
+      errorCode: failed?.code ?? null,
+      errorMessage: failed?.message ?? null,
+      endedAt,
+      durationMs,
+    })
+    if (outcome.status === 'completed') {
+      this.store.transition(
+        row,
+        'idle',
+        outcome.agentExited ? 'agent_exit' : 'turn_completed',
+        endedAt,
+        turnId,
+      )
+      emit({ type: 'run.completed', turnId, text: outcome.text, durationMs })
+    } else if (outcome.status === 'cancelled') {
+      this.store.transition(row, 'idle', 'turn_cancelled', endedAt, turnId)
+      emit({ type: 'run.cancelled', turnId, durationMs })
+    } else {
+      this.store.transition(row, 'failed', outcome.cause, endedAt, `${turnId}: ${outcome.message}`)
+      emit({
+        type: 'run.failed',
+        turnId,
+        durationMs,
+        error: {
+          code: outcome.code,
+          message: outcome.message,
+          details: { stderrTail: outcome.stderr.slice(-2000) },
+        },
+      })
+    }
+  }
+
+  private transcriptBefore(sessionId: string, seq: number): TranscriptLine[] {
+    const lines: TranscriptLine[] = []
+    for (const turn of this.store.turns(sessionId)) {
+      if (turn.seq >= seq) break
+      lines.push({ v: 1, role: 'user', turn: turn.seq, content: turn.prompt })
+      if (turn.response) lines.push({ v: 1, role: 'assistant', turn: turn.seq, content: turn.response })
+    }
+    return lines
+  }
+
+  private async agentFor(row: SessionRow): Promise<{ agent: AgentProcess; cold: boolean }> {
+    const warm = this.warm.get(row.id)
+    if (warm?.agent.alive) {
+      if (warm.timer) clearTimeout(warm.timer)
+      warm.timer = undefined
+      return { agent: warm.agent, cold: false }
+    }
+    if (warm) await this.dropWarm(row.id)
+    const { pool } = this.deps.runtime
+    if (!(await pool.hasWorkspace(row.id))) {
+      throw new CairnProblem(
+        'state_lost',
+        `the workspace of session ${row.id} is missing from the storage pool`,
+      )
+    }
+    const revision = this.deps.agents.store.revision(row.revision_id)
+    if (!revision) throw new CairnProblem('revision_not_found', `revision ${row.revision_id} is gone`)
+    const limits = revision.manifest.limits ?? {}
+    const agent = await this.deps.runtime.startAgent({
+      sessionId: row.id,
+      workspaceDir: pool.workspacePath(row.id),
+      command: revision.command,
+      protocol: revision.manifest.protocol ?? 'stdio',
+      env: {},
+      limits: {
+        memoryMiB: limits.memoryMiB ?? DEFAULT_LIMITS.memoryMiB,
+        pids: limits.pids ?? DEFAULT_LIMITS.pids,
+        cpus: limits.cpus ?? DEFAULT_LIMITS.cpus,
+      },
+      turnTimeoutMs: limits.turnTimeoutMs ?? DEFAULT_TURN_TIMEOUT_MS,
+    })
+    this.warm.set(row.id, { agent, timer: undefined })
+    return { agent, cold: true }
+  }
+
+  private scheduleCooldown(row: SessionRow): void {
+    const warm = this.warm.get(row.id)
+    if (!warm) return
+    if (row.keep_warm_ms <= 0) {
+      void this.dropWarm(row.id)
+      return
+    }
+    warm.timer = setTimeout(() => {
+      if (this.running.has(row.id)) return
+      void this.dropWarm(row.id)
+    }, row.keep_warm_ms)
+    warm.timer.unref()
+  }
+
+  private async dropWarm(sessionId: string): Promise<void> {
+    const warm = this.warm.get(sessionId)
+    if (!warm) return
+    this.warm.delete(sessionId)
+    if (warm.timer) clearTimeout(warm.timer)
+    await this.deps.runtime.stopAgent(warm.agent)
+  }
+
+  isWarm(sessionId: string): boolean {
+    return this.warm.has(sessionId)
+  }
+
+  /** Cancels the running turn, if any, and waits for it to settle. */
+  async cancel(tenantId: string, id: string): Promise<boolean> {
+    this.require(tenantId, id)
+    const running = this.running.get(id)
+    if (!running) return false
+    running.abort.abort()
+    await running.done
+    return true
+  }
+
+  async end(tenantId: string, id: string): Promise<SessionInfo> {
+    const row = this.require(tenantId, id)
+    if (row.status === 'deleted') throw new CairnProblem('session_deleted', `session ${id} was deleted`)
+    await this.cancel(tenantId, id)
+    await this.dropWarm(id)
+    const current = this.require(tenantId, id)
+    if (current.status !== 'completed') this.store.transition(current, 'completed', 'user_end', this.now())
+    return this.get(tenantId, id)
+  }
+
+  async resume(tenantId: string, id: string): Promise<SessionInfo> {
+    const row = this.require(tenantId, id)
+    if (row.status === 'deleted') throw new CairnProblem('session_deleted', `session ${id} was deleted`)
+    if (!(await this.deps.runtime.pool.hasWorkspace(id))) {
+      throw new CairnProblem('state_lost', `the workspace of session ${id} is missing from the storage pool`)
+    }
+    if (row.status !== 'idle' && row.status !== 'active')
+      this.store.transition(row, 'idle', 'user_resume', this.now())
+    this.store.touch(id, this.now())
+    return this.get(tenantId, id)
+  }
+
+  async delete(tenantId: string, id: string): Promise<void> {
+    const row = this.require(tenantId, id)
+    if (row.status === 'deleted') return
+    await this.cancel(tenantId, id)
+    await this.dropWarm(id)
+    await this.deps.runtime.pool.deleteWorkspace(id)
+    this.store.transition(this.require(tenantId, id), 'deleted', 'user_delete', this.now())
+  }
+
+  /** Marks what a crashed predecessor left running; called once at start. */
+  recover(): number {
+    return this.store.recoverAfterRestart(this.now())
+  }
+
+  startReaper(intervalMs: number): void {
+    this.reaper = setInterval(() => void this.reapIdle(), intervalMs)
+    this.reaper.unref()
+  }
+
+  async reapIdle(): Promise<number> {
+    const expired = this.store.expiredIdle(this.deps.clock.now())
+    for (const { id, tenant_id } of expired) {
+      if (this.running.has(id)) continue
+      await this.dropWarm(id)
+      const row = this.store.get(tenant_id, id)
+      if (row?.status === 'idle')
+        this.store.transition(
+          row,
+          'timeout',
+          'idle_timeout',
+          this.now(),
+          `idle for ${row.idle_timeout_ms} ms`,
+        )
+    }
+    return expired.length
+  }
+
+  async close(): Promise<void> {
+    if (this.reaper) clearInterval(this.reaper)
+    for (const running of this.running.values()) running.abort.abort()
+    await Promise.all([...this.running.values()].map((r) => r.done))
+    await Promise.all([...this.warm.keys()].map((id) => this.dropWarm(id)))
+  }
+}
+
+function toStreamEvent(turnId: string, event: AgentEvent): StreamEvent {
+  switch (event.type) {
+    case 'text':
+      return { type: 'message.delta', turnId, content: event.content }
+    case 'status':
+      return { type: 'status', turnId, message: event.message }
+    case 'tool.start':
+      return { type: 'tool.start', turnId, toolCallId: event.id, name: event.name, input: event.input }
+    case 'tool.end':
+      return {
+        type: 'tool.end',
+        turnId,
+        toolCallId: event.id,
+        output: event.output,
+        ...(event.isError === undefined ? {} : { isError: event.isError }),
+      }
+    case 'metadata':
+      return { type: 'status', turnId, message: JSON.stringify(event.data) }
+  }
+}
+
+export type { ErrorCode }

@@ -1,0 +1,290 @@
+import {
+  type Message,
+  newId,
+  type SessionInfo,
+  type SessionStatus,
+  type StatusCause,
+  type StatusEvent,
+  type TurnInfo,
+  type TurnStatus,
+} from '@cairn/protocol'
+import type { Db } from '../db/database.js'
+
+export interface SessionRow {
+  id: string
+  tenant_id: string
+  agent_id: string
+  agent_name: string
+  revision_id: string
+  title: string | null
+  status: SessionStatus
+  status_cause: string
+  turn_count: number
+  message_count: number
+  idle_timeout_ms: number
+  keep_warm_ms: number
+  created_at: string
+  updated_at: string
+  last_active_at: string
+}
+
+interface TurnRow {
+  id: string
+  session_id: string
+  seq: number
+  status: TurnStatus
+  prompt: string
+  response: string
+  stderr: string
+  sandbox_id: string | null
+  error_code: string | null
+  error_message: string | null
+  started_at: string
+  ended_at: string | null
+  duration_ms: number | null
+}
+
+const SESSION_SELECT = `SELECT s.*, a.name AS agent_name FROM sessions s JOIN agents a ON a.id = s.agent_id`
+
+export interface ListFilter {
+  agentId?: string | undefined
+  status?: SessionStatus | undefined
+  limit: number
+  cursor?: { createdAt: string; id: string } | undefined
+}
+
+/** Sessions, turns and status events. Statements are prepared once. */
+export class SessionStore {
+  private readonly s
+
+  constructor(private readonly db: Db) {
+    this.s = {
+      get: db.prepare<[string, string], SessionRow>(`${SESSION_SELECT} WHERE s.tenant_id = ? AND s.id = ?`),
+      insert: db.prepare(
+        `INSERT INTO sessions (id, tenant_id, agent_id, revision_id, title, status, status_cause, idle_timeout_ms, keep_warm_ms, created_at, updated_at, last_active_at)
+         VALUES (@id, @tenant_id, @agent_id, @revision_id, @title, @status, @status_cause, @idle_timeout_ms, @keep_warm_ms, @created_at, @created_at, @created_at)`,
+      ),
+      setStatus: db.prepare('UPDATE sessions SET status = ?, status_cause = ?, updated_at = ? WHERE id = ?'),
+      insertEvent: db.prepare(
+        'INSERT INTO session_events (id, session_id, from_status, to_status, cause, detail, at) VALUES (?, ?, ?, ?, ?, ?, ?)',
+      ),
+      events: db.prepare<
+        [string],
+        {
+          id: string
+          from_status: string | null
+          to_status: string
+          cause: string
+          detail: string | null
+          at: string
+        }
+      >('SELECT * FROM session_events WHERE session_id = ? ORDER BY at, rowid'),
+      resolve: db.prepare<[string, string, string, number], { id: string }>(
+        `SELECT id FROM sessions WHERE tenant_id = ? AND id >= ? AND id < ? AND status != 'deleted' ORDER BY id LIMIT ?`,
+      ),
+      insertTurn: db.prepare(
+        `INSERT INTO turns (id, session_id, seq, status, prompt, started_at) VALUES (?, ?, ?, 'running', ?, ?)`,
+      ),
+      startTurnOnSession: db.prepare(
+        `UPDATE sessions SET turn_count = turn_count + 1, message_count = message_count + 1, title = COALESCE(title, ?), last_active_at = ?, updated_at = ? WHERE id = ?`,
+      ),
+      setTurnSandbox: db.prepare('UPDATE turns SET sandbox_id = ?, cold_start = ? WHERE id = ?'),
+      finishTurn: db.prepare(
+        `UPDATE turns SET status = @status, response = @response, stderr = @stderr, error_code = @error_code, error_message = @error_message, ended_at = @ended_at, duration_ms = @duration_ms WHERE id = @id`,
+      ),
+      finishTurnOnSession: db.prepare(
+        `UPDATE sessions SET message_count = message_count + ?, last_active_at = ?, updated_at = ? WHERE id = ?`,
+      ),
+      turns: db.prepare<[string], TurnRow>('SELECT * FROM turns WHERE session_id = ? ORDER BY seq'),
+      touch: db.prepare('UPDATE sessions SET last_active_at = ? WHERE id = ?'),
+      interruptTurns: db.prepare(
+        `UPDATE turns SET status = 'interrupted', ended_at = ?, error_code = 'internal', error_message = 'the server stopped while this turn ran' WHERE status = 'running'`,
+      ),
+      activeSessions: db.prepare<[], { id: string; status: SessionStatus }>(
+        `SELECT id, status FROM sessions WHERE status = 'active'`,
+      ),
+      idleSessions: db.prepare<
+        [],
+        { id: string; tenant_id: string; last_active_at: string; idle_timeout_ms: number }
+      >(`SELECT id, tenant_id, last_active_at, idle_timeout_ms FROM sessions WHERE status = 'idle'`),
+    }
+  }
+
+  get(tenantId: string, id: string): SessionRow | undefined {
+    return this.s.get.get(tenantId, id)
+  }
+
+  insert(
+    row: Omit<SessionRow, 'agent_name' | 'turn_count' | 'message_count' | 'updated_at' | 'last_active_at'>,
+  ): void {
+    this.db.transaction(() => {
+      this.s.insert.run(row)
+      this.s.insertEvent.run(newId('event'), row.id, null, row.status, row.status_cause, null, row.created_at)
+    })()
+  }
+
+  /** Changes a session's status and records the transition with its cause, atomically. */
+  transition(
+    row: Pick<SessionRow, 'id' | 'status'>,
+    to: SessionStatus,
+    cause: StatusCause,
+    at: string,
+    detail?: string,
+  ): void {
+    this.db.transaction(() => {
+      this.s.setStatus.run(to, cause, at, row.id)
+      this.s.insertEvent.run(newId('event'), row.id, row.status, to, cause, detail ?? null, at)
+    })()
+  }
+
+  list(tenantId: string, filter: ListFilter): SessionRow[] {
+    const where = ['s.tenant_id = ?']
+    const params: (string | number)[] = [tenantId]
+    if (filter.agentId) {
+      where.push('s.agent_id = ?')
+      params.push(filter.agentId)
+    }
+    if (filter.status) {
+      where.push('s.status = ?')
+      params.push(filter.status)
+    } else {
+      where.push(`s.status != 'deleted'`)
+    }
+    if (filter.cursor) {
+      where.push('(s.created_at < ? OR (s.created_at = ? AND s.id < ?))')
+      params.push(filter.cursor.createdAt, filter.cursor.createdAt, filter.cursor.id)
+    }
+    params.push(filter.limit)
+    return this.db
+      .prepare<(string | number)[], SessionRow>(
+        `${SESSION_SELECT} WHERE ${where.join(' AND ')} ORDER BY s.created_at DESC, s.id DESC LIMIT ?`,
+      )
+      .all(...params)
+  }
+
+  resolvePrefix(tenantId: string, prefix: string, max: number): string[] {
+    return this.s.resolve.all(tenantId, prefix, `${prefix}~`, max).map((r) => r.id)
+  }
+
+  startTurn(sessionId: string, turnId: string, seq: number, prompt: string, title: string, at: string): void {
+    this.db.transaction(() => {
+      this.s.insertTurn.run(turnId, sessionId, seq, prompt, at)
+      this.s.startTurnOnSession.run(title, at, at, sessionId)
+    })()
+  }
+
+  setTurnSandbox(turnId: string, sandboxId: string, coldStart: boolean): void {
+    this.s.setTurnSandbox.run(sandboxId, coldStart ? 1 : 0, turnId)
+  }
+
+  finishTurn(
+    sessionId: string,
+    turn: {
+      id: string
+      status: TurnStatus
+      response: string
+      stderr: string
+      errorCode: string | null
+      errorMessage: string | null
+      endedAt: string
+      durationMs: number
+    },
+  ): void {
+    this.db.transaction(() => {
+      this.s.finishTurn.run({
+        id: turn.id,
+        status: turn.status,
+        response: turn.response,
+        stderr: turn.stderr,
+        error_code: turn.errorCode,
+        error_message: turn.errorMessage,
+        ended_at: turn.endedAt,
+        duration_ms: turn.durationMs,
+      })
+      this.s.finishTurnOnSession.run(turn.response ? 1 : 0, turn.endedAt, turn.endedAt, sessionId)
+    })()
+  }
+
+  touch(sessionId: string, at: string): void {
+    this.s.touch.run(at, sessionId)
+  }
+
+  turns(sessionId: string): TurnInfo[] {
+    return this.s.turns.all(sessionId).map((t) => ({
+      id: t.id,
+      seq: t.seq,
+      status: t.status,
+      prompt: t.prompt,
+      response: t.response,
+      stderrTail: t.stderr,
+      sandboxId: t.sandbox_id,
+      startedAt: t.started_at,
+      endedAt: t.ended_at,
+      durationMs: t.duration_ms,
+    }))
+  }
+
+  messages(sessionId: string): Message[] {
+    const out: Message[] = []
+    for (const t of this.s.turns.all(sessionId)) {
+      out.push({ role: 'user', content: t.prompt, turnId: t.id, turn: t.seq, createdAt: t.started_at })
+      if (t.response || t.status !== 'running') {
+        out.push({
+          role: 'assistant',
+          content: t.response,
+          turnId: t.id,
+          turn: t.seq,
+          status: t.status,
+          createdAt: t.ended_at ?? t.started_at,
+        })
+      }
+    }
+    return out
+  }
+
+  events(sessionId: string): StatusEvent[] {
+    return this.s.events.all(sessionId).map((e) => ({
+      id: e.id,
+      from: e.from_status,
+      to: e.to_status,
+      cause: e.cause,
+      detail: e.detail,
+      at: e.at,
+    }))
+  }
+
+  /** After a crash: running turns become `interrupted` and active sessions go back to `idle`. */
+  recoverAfterRestart(at: string): number {
+    return this.db.transaction(() => {
+      this.s.interruptTurns.run(at)
+      const active = this.s.activeSessions.all()
+      for (const row of active)
+        this.transition(row, 'idle', 'server_restart', at, 'the server restarted while a turn ran')
+      return active.length
+    })()
+  }
+
+  expiredIdle(nowMs: number): { id: string; tenant_id: string }[] {
+    return this.s.idleSessions.all().filter((r) => Date.parse(r.last_active_at) + r.idle_timeout_ms <= nowMs)
+  }
+}
+
+export function toSessionInfo(row: SessionRow, warm: boolean): SessionInfo {
+  return {
+    id: row.id,
+    agentId: row.agent_id,
+    agentName: row.agent_name,
+    revisionId: row.revision_id,
+    title: row.title,
+    status: row.status,
+    statusCause: row.status_cause,
+    turnCount: row.turn_count,
+    messageCount: row.message_count,
+    idleTimeoutMs: row.idle_timeout_ms,
+    keepWarmMs: row.keep_warm_ms,
+    warm,
+    createdAt: row.created_at,
+    updatedAt: row.updated_at,
+    lastActiveAt: row.last_active_at,
+  }
+}

@@ -26,7 +26,10 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   const app = Fastify({
     // Per-request access logs are dropped (they cost more than the warm turn itself); errors and
     // 4xx answers are logged by the hooks below.
-    loggerInstance: deps.logger.child({ component: 'http' }, { level: 'warn' }),
+    loggerInstance: deps.logger.child(
+      { component: 'http' },
+      { level: deps.logger.levelVal > 40 ? deps.logger.level : 'warn' },
+    ),
     bodyLimit: JSON_BODY_LIMIT,
     genReqId: () => `req_${Math.random().toString(36).slice(2, 12)}`,
     ajv: { customOptions: { removeAdditional: false, coerceTypes: 'array', useDefaults: true } },

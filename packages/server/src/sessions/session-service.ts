@@ -137,7 +137,7 @@ export class SessionService {
 
   resolve(tenantId: string, rawPrefix: string): SessionInfo {
     const prefix = rawPrefix.startsWith('ses_') ? rawPrefix : `ses_${rawPrefix}`
-    if (!/^ses_[0-9a-z]*$/.test(prefix) || prefix.length < 5) {
+    if (!/^ses_[0-9a-z]*$/.test(prefix)) {
       throw new CairnProblem('session_not_found', `No session found matching '${rawPrefix}'`)
     }
     const matches = this.store.resolvePrefix(tenantId, prefix, 6)

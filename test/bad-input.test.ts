@@ -1,0 +1,138 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { makeProject } from './helpers/projects.js'
+import { EXAMPLES, startTestServer, type TestServer } from './helpers/server.js'
+
+let t: TestServer
+
+beforeAll(async () => {
+  t = await startTestServer()
+  expect((await t.api.deploy(`${EXAMPLES}/echo`)).status).toBe(201)
+  const slow = await makeProject({
+    'cairn.yaml': 'name: slow\ncommand: python3 slow.py\n',
+    'slow.py':
+      'import time\nwhile True:\n    line = input()\n    time.sleep(1.0)\n    print("done " + line)\n',
+  })
+  expect((await t.api.deploy(slow)).status).toBe(201)
+  const crash = await makeProject({
+    'cairn.yaml': 'name: crasher\ncommand: python3 crash.py\n',
+    'crash.py': [
+      'import sys',
+      'while True:',
+      '    line = input()',
+      '    if line == "crash":',
+      '        print("partial answer", flush=True)',
+      '        open("before-crash.txt", "w").write("kept")',
+      '        raise RuntimeError("boom: the agent fell over")',
+      '    print("ok " + line)',
+    ].join('\n'),
+  })
+  expect((await t.api.deploy(crash)).status).toBe(201)
+})
+
+afterAll(async () => {
+  await t?.close()
+})
+
+describe('bad input gets a clear, typed error and loses nothing', () => {
+  it('refuses requests without a valid API key', async () => {
+    const anonymous = await fetch(`${t.url}/v1/sessions`)
+    expect(anonymous.status).toBe(401)
+    expect((await anonymous.json()).error.code).toBe('unauthorized')
+    const wrong = await fetch(`${t.url}/v1/sessions`, { headers: { authorization: 'Bearer cairn_sk_nope' } })
+    expect(wrong.status).toBe(401)
+    const health = await fetch(`${t.url}/healthz`)
+    expect(health.status).toBe(200)
+  })
+
+  it('answers unknown agents and sessions with 404 and a code', async () => {
+    const agent = await t.api.call('POST', '/v1/sessions', { agent: 'no-such-agent' })
+    expect(agent.status).toBe(404)
+    expect(agent.body.error.code).toBe('agent_not_found')
+    const session = await t.api.call('GET', '/v1/sessions/ses_00000000000000000000')
+    expect(session.status).toBe(404)
+    expect(session.body.error.code).toBe('session_not_found')
+    expect(session.body.error.requestId).toMatch(/^req_/)
+    const message = await t.api.send('ses_00000000000000000000', 'hello')
+    expect(message.status).toBe(404)
+    const route = await t.api.call('GET', '/v1/nothing-here')
+    expect(route.status).toBe(404)
+    expect(route.body.error.code).toBe('not_found')
+  })
+
+  it('answers malformed JSON, empty prompts and unknown fields with 400', async () => {
+    const session = await t.api.createSession('echo')
+    const malformed = await t.api.call('POST', `/v1/sessions/${session.id}/messages`, '{"prompt": ')
+    expect(malformed.status).toBe(400)
+    expect(malformed.body.error.code).toBe('invalid_json')
+    const empty = await t.api.send(session.id, '')
+    expect(empty.status).toBe(400)
+    expect((empty.body as { error: { code: string } }).error.code).toBe('validation_failed')
+    const blank = await t.api.send(session.id, '   ')
+    expect(blank.status).toBe(400)
+    const extra = await t.api.call('POST', '/v1/sessions', { agent: 'echo', colour: 'red' })
+    expect(extra.status).toBe(400)
+    expect(extra.body.error.code).toBe('validation_failed')
+    const badTimeout = await t.api.call('POST', '/v1/sessions', { agent: 'echo', idleTimeoutMs: -5 })
+    expect(badTimeout.status).toBe(400)
+    // Nothing was lost: the session still answers.
+    expect((await t.api.send(session.id, 'still here')).text).toBe('still here\n')
+  })
+
+  it('refuses a second message while a turn runs with 409 session_busy', async () => {
+    const session = await t.api.createSession('slow')
+    const first = t.api.send(session.id, 'one')
+    await new Promise((r) => setTimeout(r, 300))
+    const second = await t.api.send(session.id, 'two')
+    expect(second.status).toBe(409)
+    expect((second.body as { error: { code: string } }).error.code).toBe('session_busy')
+    const done = await first
+    expect(done.text).toBe('done one\n')
+    const transcript = await t.api.call('GET', `/v1/sessions/${session.id}/messages`)
+    expect(transcript.body.data).toHaveLength(2)
+  })
+
+  it('cancels a running turn and leaves the session usable', async () => {
+    const session = await t.api.createSession('slow')
+    const run = t.api.send(session.id, 'long')
+    await new Promise((r) => setTimeout(r, 300))
+    const cancel = await t.api.call('POST', `/v1/sessions/${session.id}/cancel`)
+    expect(cancel.body).toEqual({ ok: true })
+    expect((await run).terminal?.type).toBe('run.cancelled')
+    expect((await t.api.send(session.id, 'after')).text).toBe('done after\n')
+  })
+
+  it('reports a crashing agent as run.failed with its stderr tail, and the session resumes intact', async () => {
+    const session = await t.api.createSession('crasher')
+    expect((await t.api.send(session.id, 'hi')).text).toBe('ok hi\n')
+    const crashed = await t.api.send(session.id, 'crash')
+    expect(crashed.terminal?.type).toBe('run.failed')
+    const failure = crashed.terminal as { error: { code: string; message: string } }
+    expect(failure.error.code).toBe('agent_crashed')
+    expect(failure.error.message).toContain('RuntimeError: boom: the agent fell over')
+    expect(crashed.text).toBe('partial answer\n')
+    const info = await t.api.call('GET', `/v1/sessions/${session.id}`)
+    expect(info.body).toMatchObject({ status: 'failed', statusCause: 'agent_crash' })
+    const turns = await t.api.call('GET', `/v1/sessions/${session.id}/turns`)
+    expect(turns.body.data[1].stderrTail).toContain('Traceback')
+
+    const resumed = await t.api.call('POST', `/v1/sessions/${session.id}/resume`)
+    expect(resumed.body.status).toBe('idle')
+    expect((await t.api.send(session.id, 'again')).text).toBe('ok again\n')
+  })
+
+  it('refuses non-archive deploys and archives without a manifest', async () => {
+    const notGzip = await t.api.call('POST', '/v1/agents', Buffer.from('definitely not a tarball'))
+    expect(notGzip.status).toBe(400)
+    expect(notGzip.body.error.code).toBe('invalid_archive')
+    const noManifest = await makeProject({ 'main.py': 'print(1)\n' })
+    const res = await t.api.deploy(noManifest)
+    expect(res.status).toBe(400)
+    expect(res.body.error.code).toBe('invalid_manifest')
+    const badName = await makeProject({ 'cairn.yaml': 'name: Bad Name!\ncommand: bash x.sh\n' })
+    const bad = await t.api.deploy(badName)
+    expect(bad.status).toBe(400)
+    expect(bad.body.error.message).toContain('name')
+    const json = await t.api.call('POST', '/v1/agents', { name: 'x' })
+    expect(json.status).toBe(415)
+  })
+})

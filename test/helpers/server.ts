@@ -2,7 +2,7 @@ import { mkdtemp, rm } from 'node:fs/promises'
 import os from 'node:os'
 import path from 'node:path'
 import type { StreamEvent } from '@cairn/protocol'
-import { type RunningServer, startServer } from '@cairn/server'
+import { type RunningServer, type ServerOptions, startServer } from '@cairn/server'
 import * as tar from 'tar'
 
 export const REPO_ROOT = path.resolve(import.meta.dirname, '../..')
@@ -29,6 +29,7 @@ export async function startTestServer(
     poolImageSizeBytes: 1024 * 1024 * 1024,
     logLevel: 'error',
     reaperIntervalMs: options.reaperIntervalMs,
+    ...options.server,
   })
   const key = server.adminKey ?? ''
   return {

@@ -11,6 +11,10 @@ export interface ServerOptions {
   logLevel?: string | undefined
   /** Largest accepted upload (deploy archive), in bytes. */
   maxUploadBytes?: number | undefined
+  /** Most entries an uploaded archive may hold. */
+  maxArchiveFiles?: number | undefined
+  /** Most bytes an uploaded archive may unpack to. */
+  maxUnpackedBytes?: number | undefined
   /** How often the idle-timeout reaper runs. */
   reaperIntervalMs?: number | undefined
   /** Write the admin key to the CLI credentials file when none exists (default true). */
@@ -27,6 +31,8 @@ export interface ResolvedConfig {
   poolImageSizeBytes: number | undefined
   logLevel: string
   maxUploadBytes: number
+  maxArchiveFiles: number
+  maxUnpackedBytes: number
   reaperIntervalMs: number
   writeCredentials: boolean
   runBase: string | undefined
@@ -54,6 +60,8 @@ export function resolveConfig(options: ServerOptions): ResolvedConfig {
       (process.env.CAIRN_MAX_UPLOAD_BYTES
         ? Number(process.env.CAIRN_MAX_UPLOAD_BYTES)
         : DEFAULT_MAX_UPLOAD_BYTES),
+    maxArchiveFiles: options.maxArchiveFiles ?? 50_000,
+    maxUnpackedBytes: options.maxUnpackedBytes ?? 1024 * 1024 * 1024,
     reaperIntervalMs: options.reaperIntervalMs ?? 60_000,
     writeCredentials: options.writeCredentials ?? true,
     runBase: options.runBase,

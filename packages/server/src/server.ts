@@ -46,7 +46,13 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     if (orphansReaped > 0) logger.warn({ orphansReaped }, 'reaped sandboxes left by an earlier run')
     const keys = new ApiKeyStore(db, systemClock)
     keys.ensureTenant(DEFAULT_TENANT_ID, 'default')
-    const agents = new AgentService({ db, runtime, clock: systemClock, logger })
+    const agents = new AgentService({
+      db,
+      runtime,
+      clock: systemClock,
+      logger,
+      archiveLimits: { maxFiles: config.maxArchiveFiles, maxUnpackedBytes: config.maxUnpackedBytes },
+    })
     const sessions = new SessionService({ db, runtime, agents, clock: systemClock, logger })
     const recovered = sessions.recover()
     if (recovered > 0) logger.warn({ sessions: recovered }, 'marked turns interrupted by the last shutdown')

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# README command two: set up this machine and run every test (formatter/linter check, build,
+# unit and end-to-end tests against real sandboxes, a real btrfs pool and real SQLite).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install-system-deps.sh
+if [ -n "${CI:-}" ] || [ ! -f node_modules/.package-lock.json ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
+  npm ci --no-audit --no-fund
+fi
+npm test

@@ -20,6 +20,7 @@ export const ERROR_CODES = {
   session_deleted: { status: 410, retryable: false },
   agent_not_ready: { status: 409, retryable: true },
   conflict: { status: 409, retryable: false },
+  secrets_missing: { status: 409, retryable: false },
   payload_too_large: { status: 413, retryable: false },
   unsupported_media_type: { status: 415, retryable: false },
   rate_limited: { status: 429, retryable: true },

@@ -7,6 +7,8 @@ import { agentRoutes } from './agents/routes.js'
 import type { ApiKeyStore } from './auth/api-keys.js'
 import { installAuth } from './auth/plugin.js'
 import { installErrorHandlers } from './http/errors.js'
+import { secretRoutes } from './secrets/routes.js'
+import type { SecretStore } from './secrets/secret-store.js'
 import { sessionRoutes } from './sessions/routes.js'
 import type { SessionService } from './sessions/session-service.js'
 
@@ -15,6 +17,7 @@ export interface AppDeps {
   keys: ApiKeyStore
   agents: AgentService
   sessions: SessionService
+  secrets: SecretStore
   maxUploadBytes: number
   version: string
 }
@@ -56,6 +59,7 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   app.get('/v1/openapi.json', { schema: { hide: true } }, async () => app.swagger())
   agentRoutes(app, deps.agents)
   sessionRoutes(app, deps.sessions)
+  secretRoutes(app, deps.agents, deps.secrets)
   app.addHook('onResponse', async (request, reply) => {
     if (reply.statusCode >= 400) {
       request.log.warn(

@@ -9,6 +9,8 @@ import { systemClock } from './clock.js'
 import { resolveConfig, type ServerOptions } from './config.js'
 import { writeCredentialsIfMissing } from './credentials.js'
 import { openDatabase } from './db/database.js'
+import { SecretCipher } from './secrets/cipher.js'
+import { SecretStore } from './secrets/secret-store.js'
 import { SessionService } from './sessions/session-service.js'
 
 export const SERVER_VERSION = '0.1.0'
@@ -53,12 +55,15 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       logger,
       archiveLimits: { maxFiles: config.maxArchiveFiles, maxUnpackedBytes: config.maxUnpackedBytes },
     })
-    const sessions = new SessionService({ db, runtime, agents, clock: systemClock, logger })
+    const cipher = await SecretCipher.load(path.join(config.dataDir, 'secret.key'))
+    const secrets = new SecretStore(db, cipher, systemClock)
+    const sessions = new SessionService({ db, runtime, agents, secrets, clock: systemClock, logger })
     const recovered = sessions.recover()
     if (recovered > 0) logger.warn({ sessions: recovered }, 'marked turns interrupted by the last shutdown')
     const app = await buildApp({
       logger,
       keys,
+      secrets,
       agents,
       sessions,
       maxUploadBytes: config.maxUploadBytes,

@@ -98,6 +98,13 @@ export class AgentService {
     return { ...this.store.toInfo(agent), revisions: this.store.revisions(agent.id).map(revisionInfo) }
   }
 
+  /** Secret names the agent's current revision declares in `cairn.yaml`. */
+  requiredSecrets(agentId: string): string[] {
+    const row = this.store.byId(agentId)
+    const revision = row?.current_revision_id ? this.store.revision(row.current_revision_id) : undefined
+    return revision?.manifest.secrets ?? []
+  }
+
   delete(tenantId: string, idOrName: string): void {
     const agent = this.require(tenantId, idOrName)
     this.store.softDelete(agent.id, iso(this.deps.clock.now()))

@@ -35,6 +35,7 @@ export class AgentStore {
       byId: db.prepare<[string, string], AgentRow>(
         'SELECT * FROM agents WHERE tenant_id = ? AND id = ? AND deleted_at IS NULL',
       ),
+      byIdAnyTenant: db.prepare<[string], AgentRow>('SELECT * FROM agents WHERE id = ?'),
       byName: db.prepare<[string, string], AgentRow>(
         'SELECT * FROM agents WHERE tenant_id = ? AND name = ? AND deleted_at IS NULL',
       ),
@@ -62,6 +63,10 @@ export class AgentStore {
     return idOrName.startsWith('agt_')
       ? this.stmts.byId.get(tenantId, idOrName)
       : this.stmts.byName.get(tenantId, idOrName)
+  }
+
+  byId(agentId: string): AgentRow | undefined {
+    return this.stmts.byIdAnyTenant.get(agentId)
   }
 
   list(tenantId: string): AgentRow[] {

@@ -92,4 +92,23 @@ CREATE TABLE session_events (
 CREATE INDEX session_events_session ON session_events(session_id, at);
 `,
   },
+  {
+    version: 2,
+    name: 'secrets',
+    sql: `
+CREATE TABLE secrets (
+  agent_id TEXT NOT NULL REFERENCES agents(id),
+  tenant_id TEXT NOT NULL,
+  name TEXT NOT NULL,
+  scope TEXT NOT NULL,
+  ciphertext BLOB NOT NULL,
+  iv BLOB NOT NULL,
+  tag BLOB NOT NULL,
+  key_version INTEGER NOT NULL,
+  created_at TEXT NOT NULL,
+  updated_at TEXT NOT NULL,
+  PRIMARY KEY (agent_id, name)
+);
+`,
+  },
 ]

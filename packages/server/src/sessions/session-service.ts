@@ -26,6 +26,7 @@ import type { Logger } from 'pino'
 import type { AgentService } from '../agents/agent-service.js'
 import { type Clock, iso } from '../clock.js'
 import type { Db } from '../db/database.js'
+import { redact, type SecretStore } from '../secrets/secret-store.js'
 import { decodeCursor, encodeCursor } from './cursor.js'
 import { type SessionRow, SessionStore, toSessionInfo } from './session-store.js'
 
@@ -33,6 +34,7 @@ export interface SessionServiceDeps {
   db: Db
   runtime: Runtime
   agents: AgentService
+  secrets: SecretStore
   clock: Clock
   logger: Logger
 }
@@ -88,6 +90,14 @@ export class SessionService {
     const agent = this.deps.agents.require(tenantId, body.agent)
     if (!agent.current_revision_id) {
       throw new CairnProblem('agent_not_ready', `agent '${agent.name}' has no READY revision yet`)
+    }
+    const missing = this.deps.secrets.missing(agent.id, this.deps.agents.requiredSecrets(agent.id))
+    if (missing.length > 0) {
+      throw new CairnProblem(
+        'secrets_missing',
+        `agent '${agent.name}' needs secrets that are not set: ${missing.join(', ')} (cairn secrets set ${agent.name} ${missing[0]}=…)`,
+        { missing },
+      )
     }
     const id = newId('session')
     await this.deps.runtime.pool.createWorkspace(id, agent.current_revision_id)
@@ -231,11 +241,21 @@ export class SessionService {
       this.store.setTurnSandbox(turnId, sandboxId, cold)
       emit({ type: 'run.started', sessionId: row.id, turnId, turn: seq, sandboxId, coldStart: cold })
       const transcript = this.transcriptBefore(row.id, seq)
+      const secretValues = this.deps.secrets.values(row.agent_id, ['runtime', 'setup', 'proxy'])
+      const clean = (event: StreamEvent): StreamEvent =>
+        event.type === 'message.delta' ? { ...event, content: redact(event.content, secretValues) } : event
       outcome = await agent.runTurn(
         { prompt, turn: seq, turnId, transcript },
-        (event) => emit(toStreamEvent(turnId, event)),
+        (event) => emit(clean(toStreamEvent(turnId, event))),
         signal,
       )
+      outcome = {
+        ...outcome,
+        text: redact(outcome.text, secretValues),
+        stderr: redact(outcome.stderr, secretValues),
+      }
+      if (outcome.status === 'failed')
+        outcome = { ...outcome, message: redact(outcome.message, secretValues) }
       if (!agent.alive) await this.dropWarm(row.id)
       else this.scheduleCooldown(row)
     } catch (error) {
@@ -326,7 +346,7 @@ export class SessionService {
       workspaceDir: pool.workspacePath(row.id),
       command: revision.command,
       protocol: revision.manifest.protocol ?? 'stdio',
-      env: {},
+      env: this.deps.secrets.values(row.agent_id, ['runtime']),
       limits: {
         memoryMiB: limits.memoryMiB ?? DEFAULT_LIMITS.memoryMiB,
         pids: limits.pids ?? DEFAULT_LIMITS.pids,

@@ -1,0 +1,84 @@
+import { ErrorBodySchema, IdParams, OkSchema } from '@cairn/protocol'
+import { Type } from '@sinclair/typebox'
+import type { FastifyInstance, FastifyRequest } from 'fastify'
+import type { AgentService } from '../agents/agent-service.js'
+import { principalOf, requireWrite } from '../auth/plugin.js'
+import { SECRET_SCOPES, type SecretScope, type SecretStore } from './secret-store.js'
+
+const SecretInfoSchema = Type.Object({
+  name: Type.String(),
+  scope: Type.String(),
+  createdAt: Type.String(),
+  updatedAt: Type.String(),
+})
+const SecretListSchema = Type.Object({
+  data: Type.Array(SecretInfoSchema),
+  missing: Type.Array(Type.String()),
+})
+const errors = { 400: ErrorBodySchema, 401: ErrorBodySchema, 404: ErrorBodySchema }
+const SetSecretsBody = Type.Object(
+  {
+    secrets: Type.Record(Type.String({ maxLength: 128 }), Type.String({ maxLength: 65536 })),
+    scope: Type.Optional(Type.Union(SECRET_SCOPES.map((s) => Type.Literal(s)))),
+  },
+  { additionalProperties: false },
+)
+
+export function secretRoutes(app: FastifyInstance, agents: AgentService, secrets: SecretStore): void {
+  const agentOf = (request: FastifyRequest, write: boolean) => {
+    const { tenantId } = write ? requireWrite(request) : principalOf(request)
+    return agents.require(tenantId, (request.params as { id: string }).id)
+  }
+  const listing = (agentId: string) => ({
+    data: secrets.list(agentId),
+    missing: secrets.missing(agentId, agents.requiredSecrets(agentId)),
+  })
+
+  app.get(
+    '/v1/agents/:id/secrets',
+    {
+      schema: {
+        tags: ['secrets'],
+        summary: 'Secret names of an agent (values are never returned) and required ones still missing',
+        params: IdParams,
+        response: { 200: SecretListSchema, ...errors },
+      },
+    },
+    async (request) => listing(agentOf(request, false).id),
+  )
+
+  app.put(
+    '/v1/agents/:id/secrets',
+    {
+      schema: {
+        tags: ['secrets'],
+        summary: 'Set secrets (encrypted at rest)',
+        params: IdParams,
+        body: SetSecretsBody,
+        response: { 200: SecretListSchema, ...errors },
+      },
+    },
+    async (request) => {
+      const agent = agentOf(request, true)
+      const body = request.body as { secrets: Record<string, string>; scope?: SecretScope }
+      secrets.set(agent.tenant_id, agent.id, body.secrets, body.scope)
+      return listing(agent.id)
+    },
+  )
+
+  app.delete(
+    '/v1/agents/:id/secrets/:name',
+    {
+      schema: {
+        tags: ['secrets'],
+        summary: 'Delete a secret',
+        params: Type.Object({ id: Type.String(), name: Type.String() }),
+        response: { 200: OkSchema, ...errors },
+      },
+    },
+    async (request) => {
+      const agent = agentOf(request, true)
+      return { ok: secrets.delete(agent.id, (request.params as { name: string }).name) }
+    },
+  )
+}

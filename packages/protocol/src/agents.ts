@@ -27,6 +27,10 @@ export const AgentManifestSchema = Type.Object({
   limits: Type.Optional(LimitsSchema),
   secrets: Type.Optional(Type.Array(Type.String())),
   ignore: Type.Optional(Type.Array(Type.String())),
+  /** Command run once per revision after dependencies are installed (network allowed). */
+  setup: Type.Optional(
+    Type.Union([Type.String({ minLength: 1 }), Type.Array(Type.String(), { minItems: 1 })]),
+  ),
 })
 export type AgentManifest = Static<typeof AgentManifestSchema>
 
@@ -40,6 +44,9 @@ export const RevisionSchema = Type.Object({
   fileCount: Type.Integer(),
   sizeBytes: Type.Integer(),
   error: Type.Union([Type.String(), Type.Null()]),
+  /** Content address of the dependency environment, when the project has dependencies. */
+  envKey: Type.Union([Type.String(), Type.Null()]),
+  requiredSecrets: Type.Array(Type.String()),
   createdAt: Type.String(),
 })
 export type RevisionInfo = Static<typeof RevisionSchema>

@@ -21,6 +21,7 @@ export const ERROR_CODES = {
   agent_not_ready: { status: 409, retryable: true },
   conflict: { status: 409, retryable: false },
   secrets_missing: { status: 409, retryable: false },
+  build_failed: { status: 422, retryable: false },
   payload_too_large: { status: 413, retryable: false },
   unsupported_media_type: { status: 415, retryable: false },
   rate_limited: { status: 429, retryable: true },

@@ -8,11 +8,20 @@ export {
   type TurnInput,
   type TurnOutcome,
 } from './agent/types.js'
+export { type CommandResult, type CommandSpec, runSandboxedCommand } from './build/run-command.js'
 export { AGENT_KIT_DIR, instanceRunDir } from './paths.js'
 export { DEFAULT_POOL_IMAGE_BYTES, DEFAULT_SANDBOX_UID, Runtime, type RuntimeOptions } from './runtime.js'
 export { BwrapDriver } from './sandbox/bwrap-driver.js'
 export { CgroupManager } from './sandbox/cgroups.js'
-export type { Sandbox, SandboxDriver, SandboxExit, SandboxLimits, SandboxSpec } from './sandbox/driver.js'
+export type {
+  Sandbox,
+  SandboxBind,
+  SandboxDriver,
+  SandboxExit,
+  SandboxLimits,
+  SandboxSpec,
+} from './sandbox/driver.js'
 export { BtrfsPool } from './storage/btrfs-pool.js'
+export { EnvStore } from './storage/env-store.js'
 export { execTool } from './util/exec.js'
 export { findMount, readMounts } from './util/mounts.js'

@@ -1,4 +1,4 @@
-import { chmod, cp, mkdir, rm, writeFile } from 'node:fs/promises'
+import { chmod, cp, mkdir, rm, rmdir, writeFile } from 'node:fs/promises'
 import path from 'node:path'
 import { AgentProcess } from './agent/agent-process.js'
 import type { AgentLaunch } from './agent/types.js'
@@ -71,8 +71,11 @@ export class Runtime {
     await rm(kitDir, { recursive: true, force: true })
     await cp(AGENT_KIT_DIR, kitDir, {
       recursive: true,
-      filter: (src) =>
-        !src.includes('node_modules') && !src.endsWith('.tsbuildinfo') && !src.includes('/src'),
+      // Judged relative to the kit, so a checkout under e.g. ~/src/ still copies everything.
+      filter: (src) => {
+        const rel = path.relative(AGENT_KIT_DIR, src).split(path.sep)
+        return !rel.includes('node_modules') && rel[0] !== 'src' && !src.endsWith('.tsbuildinfo')
+      },
     })
     await execTool('chmod', ['-R', 'a+rX', kitDir])
     const sandboxesDir = path.join(this.runDir, 'sandboxes')
@@ -110,7 +113,13 @@ export class Runtime {
     await Promise.all([...this.agents].map((agent) => agent.stop()))
     this.agents.clear()
     await this.driver.reapOrphans()
+    await this.driver.close()
     await this.pool.close()
-    await rm(path.join(this.runDir, 'sandboxes'), { recursive: true, force: true })
+    for (const name of ['sandboxes', 'kit', 'etc']) {
+      await rm(path.join(this.runDir, name), { recursive: true, force: true })
+    }
+    // rmdir, never rm -r: should the pool still be mounted there, its data must stay untouched.
+    await rmdir(this.pool.root).catch(() => undefined)
+    await rmdir(this.runDir).catch(() => undefined)
   }
 }

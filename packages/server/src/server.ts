@@ -3,6 +3,7 @@ import path from 'node:path'
 import { Runtime } from '@cairn/runtime'
 import pino, { type Logger } from 'pino'
 import { AgentService } from './agents/agent-service.js'
+import { BuildLogs } from './agents/build-logs.js'
 import { buildApp } from './app.js'
 import { ApiKeyStore, DEFAULT_TENANT_ID } from './auth/api-keys.js'
 import { systemClock } from './clock.js'
@@ -48,15 +49,18 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     if (orphansReaped > 0) logger.warn({ orphansReaped }, 'reaped sandboxes left by an earlier run')
     const keys = new ApiKeyStore(db, systemClock)
     keys.ensureTenant(DEFAULT_TENANT_ID, 'default')
+    const cipher = await SecretCipher.load(path.join(config.dataDir, 'secret.key'))
+    const secrets = new SecretStore(db, cipher, systemClock)
+    const logs = new BuildLogs(path.join(config.dataDir, 'build-logs'))
     const agents = new AgentService({
       db,
       runtime,
+      secrets,
+      logs,
       clock: systemClock,
       logger,
       archiveLimits: { maxFiles: config.maxArchiveFiles, maxUnpackedBytes: config.maxUnpackedBytes },
     })
-    const cipher = await SecretCipher.load(path.join(config.dataDir, 'secret.key'))
-    const secrets = new SecretStore(db, cipher, systemClock)
     const sessions = new SessionService({ db, runtime, agents, secrets, clock: systemClock, logger })
     const recovered = sessions.recover()
     if (recovered > 0) logger.warn({ sessions: recovered }, 'marked turns interrupted by the last shutdown')

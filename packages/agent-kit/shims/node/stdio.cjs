@@ -105,6 +105,6 @@ if (mark && process.env.CAIRN_PROTOCOL === 'stdio') {
     proto.on = addLineListener(originalOn)
     proto.addListener = proto.on
   }
-  patch(readline.Interface && readline.Interface.prototype)
-  patch(promises.Interface && promises.Interface.prototype)
+  patch(readline.Interface?.prototype)
+  patch(promises.Interface?.prototype)
 }

@@ -11,11 +11,17 @@ import type { AgentEvent, AgentLaunch, TurnInput, TurnOutcome } from './types.js
 
 const LIMIT_POLL_MS = 200
 
+type Failure = Omit<Extract<TurnOutcome, { status: 'failed' }>, 'status' | 'text' | 'stderr'>
+
 interface ActiveTurn {
+  /** stdio: the turn's line is the agent's `expectLines`-th; its marker with that count ends it. */
   expectLines: number
   text: string
+  /** stdio: output seen before the agent asked for this turn's line (a banner, unless it exits). */
+  early: string
   onEvent: (event: AgentEvent) => void
   finish: (outcome: TurnOutcome) => void
+  fail: (failure: Failure) => void
 }
 
 /**
@@ -31,6 +37,7 @@ export class AgentProcess {
   private active: ActiveTurn | undefined
   private exitInfo: SandboxExit | undefined
   private stopped = false
+  private busy = false
   readonly startedAt = Date.now()
   private readonly runDir: string
 
@@ -56,7 +63,10 @@ export class AgentProcess {
     await mkdir(this.runDir, { recursive: true })
     await chmod(this.runDir, 0o755)
     await writeFile(path.join(this.runDir, 'transcript.jsonl'), '', { mode: 0o644 })
-    if (this.launch.protocol !== 'exec') this.sandbox = await this.spawn(1)
+    if (this.launch.protocol !== 'exec') {
+      this.sandbox = await this.spawn(1)
+      this.listen(this.sandbox)
+    }
   }
 
   private async spawn(turn: number): Promise<Sandbox> {
@@ -67,16 +77,17 @@ export class AgentProcess {
       [AGENT_ENV.transcriptPath]: '/run/cairn/transcript.jsonl',
       [AGENT_ENV.protocol]: this.launch.protocol,
     }
+    // Kit paths come first; paths the launch brings (a dependency environment) follow them.
+    const joinPath = (kit: string, extra: string | undefined) => (extra ? `${kit}:${extra}` : kit)
+    env.PYTHONUNBUFFERED = '1'
     if (this.launch.protocol === 'stdio') {
       env[AGENT_ENV.stdioMark] = this.nonce
-      env.PYTHONPATH = '/opt/cairn/shims/python'
-      env.PYTHONUNBUFFERED = '1'
+      env.PYTHONPATH = joinPath('/opt/cairn/shims/python', this.launch.env.PYTHONPATH)
       env.NODE_OPTIONS = '--require=/opt/cairn/shims/node/stdio.cjs'
       env.BASH_ENV = '/opt/cairn/shims/bash/stdio.sh'
     } else {
-      env.PYTHONPATH = '/opt/cairn/python'
-      env.PYTHONUNBUFFERED = '1'
-      env.NODE_PATH = '/opt/cairn/node'
+      env.PYTHONPATH = joinPath('/opt/cairn/python', this.launch.env.PYTHONPATH)
+      env.NODE_PATH = joinPath('/opt/cairn/node', this.launch.env.NODE_PATH)
     }
     const sandbox = await this.driver.start({
       id: this.launch.protocol === 'exec' ? newId('sandbox') : this.sandboxId,
@@ -85,6 +96,7 @@ export class AgentProcess {
       command: this.launch.command,
       env,
       limits: this.launch.limits,
+      binds: this.launch.binds,
     })
     const stderrDecoder = new StringDecoder('utf8')
     sandbox.stderr.on('data', (chunk: Buffer) => this.stderr.push(stderrDecoder.write(chunk)))
@@ -104,10 +116,16 @@ export class AgentProcess {
     onEvent: (event: AgentEvent) => void,
     signal?: AbortSignal,
   ): Promise<TurnOutcome> {
-    if (this.active) throw new Error('a turn is already running on this agent process')
-    return this.launch.protocol === 'exec'
-      ? this.runExecTurn(input, onEvent, signal)
-      : this.runWarmTurn(input, onEvent, signal)
+    // Checked and set synchronously: `active` is only set once the transcript is written.
+    if (this.busy) return Promise.reject(new Error('a turn is already running on this agent process'))
+    this.busy = true
+    const run =
+      this.launch.protocol === 'exec'
+        ? this.runExecTurn(input, onEvent, signal)
+        : this.runWarmTurn(input, onEvent, signal)
+    return run.finally(() => {
+      this.busy = false
+    })
   }
 
   private async runWarmTurn(
@@ -119,7 +137,6 @@ export class AgentProcess {
     if (!sandbox || !this.alive) throw new Error('agent process is not running')
     await this.writeTranscript(input.transcript, input.turn)
     this.stderr.clear()
-    if (!this.listening) this.listen(sandbox)
     return this.superviseTurn(sandbox, onEvent, signal, () => {
       this.linesSent++
       if (this.launch.protocol === 'stdio') {
@@ -133,23 +150,35 @@ export class AgentProcess {
     })
   }
 
-  private listening = false
+  /**
+   * Lines the stdio agent had read when it last asked for input (-1 before its first ask). Output
+   * after the ask for line N and before the ask for line N+1 is the reply to line N+1.
+   */
+  private asked = -1
 
   /** Routes stdout to the running turn for the lifetime of a warm sandbox. */
   private listen(sandbox: Sandbox): void {
-    this.listening = true
     const decoder = new StringDecoder('utf8')
     if (this.launch.protocol === 'stdio') {
       const parser = new StdioMarkerParser(this.nonce)
       sandbox.stdout.on('data', (chunk: Buffer) => {
         for (const piece of parser.push(decoder.write(chunk))) {
           const turn = this.active
-          if (!turn) continue // output between turns (a banner before the first ask) is not a reply
-          if (piece.text) {
-            turn.text += piece.text
-            turn.onEvent({ type: 'text', content: piece.text })
+          if (turn && piece.text) {
+            // A piece's text was printed before its marker, so it is judged by the asks seen so far.
+            if (this.asked >= turn.expectLines - 1) {
+              turn.text += piece.text
+              turn.onEvent({ type: 'text', content: piece.text })
+            } else {
+              turn.early += piece.text
+            }
           }
-          if (piece.marker !== undefined && piece.marker >= turn.expectLines) {
+          if (piece.marker === undefined) continue
+          this.asked = Math.max(this.asked, piece.marker)
+          if (!turn) continue // output between turns is not a reply
+          // The ask for this turn's line: what came before it (a banner) is not the reply.
+          if (piece.marker === turn.expectLines - 1) turn.early = ''
+          if (piece.marker >= turn.expectLines) {
             turn.finish({
               status: 'completed',
               text: turn.text,
@@ -187,13 +216,11 @@ export class AgentProcess {
       frame = undefined
     }
     if (!Value.Check(OutboundFrameSchema, frame)) {
-      turn.finish({
-        status: 'failed',
+      // The agent and the runtime no longer agree on where a turn ends: the process goes.
+      turn.fail({
         code: 'agent_protocol_error',
         cause: 'protocol_error',
         message: `agent wrote an invalid jsonl frame: ${line.slice(0, 200)}`,
-        text: turn.text,
-        stderr: this.stderr.value(),
       })
       return
     }
@@ -239,86 +266,90 @@ export class AgentProcess {
 
   /**
    * Runs one turn to its end: the agent's marker or frame, its exit, a limit, the turn timeout or
-   * the caller's abort — whichever comes first.
+   * the caller's abort — whichever comes first. A failed or cancelled turn settles only once its
+   * sandbox is gone, so the caller never sees a turn over while its processes still run.
    */
   private superviseTurn(
     sandbox: Sandbox,
     onEvent: (event: AgentEvent) => void,
     signal: AbortSignal | undefined,
     send: () => void,
-    onExitCompleted = false,
   ): Promise<TurnOutcome> {
+    const exec = this.launch.protocol === 'exec'
     return new Promise<TurnOutcome>((resolve) => {
       let done = false
-      const timers: NodeJS.Timeout[] = []
-      const finish = (outcome: TurnOutcome) => {
+      const settle = (outcome: () => TurnOutcome, teardown: boolean) => {
         if (done) return
         done = true
-        for (const t of timers) clearTimeout(t)
+        clearTimeout(timeout)
         clearInterval(limitPoll)
         signal?.removeEventListener('abort', onAbort)
-        this.active = undefined
-        resolve(outcome)
+        const end = () => {
+          this.active = undefined
+          resolve(outcome())
+        }
+        if (!teardown) return end()
+        // The turn stays active until the sandbox is gone: what the agent wrote before it was
+        // stopped is still in the pipes and belongs to this turn's partial reply.
+        const stopping = exec ? sandbox.destroy() : this.stop()
+        stopping.then(end, end)
       }
-      const turn: ActiveTurn = { expectLines: this.linesSent + 1, text: '', onEvent, finish }
-      const fail = (
-        outcome: Omit<Extract<TurnOutcome, { status: 'failed' }>, 'status' | 'text' | 'stderr'>,
-      ) => {
-        void this.stop()
-        finish({ status: 'failed', ...outcome, text: turn.text, stderr: this.stderr.value() })
+      const partial = () => turn.early + turn.text
+      const turn: ActiveTurn = {
+        expectLines: this.linesSent + 1,
+        text: '',
+        early: '',
+        onEvent,
+        finish: (outcome) => settle(() => outcome, false),
+        fail: (failure) =>
+          settle(
+            () => ({ status: 'failed', ...failure, text: partial(), stderr: this.stderr.value() }),
+            true,
+          ),
       }
-      const onAbort = () => {
-        void this.stop()
-        finish({ status: 'cancelled', text: turn.text, stderr: this.stderr.value() })
-      }
-      const limitPoll = setInterval(() => {
-        const limit = sandbox.limitHit()
-        if (limit === 'pids')
-          fail({
-            code: 'limit_exceeded',
-            cause: 'pids_limit',
-            message: 'the agent hit its process limit and was stopped',
-          })
-        if (limit === 'memory')
-          fail({
+      const failForLimit = (limit: 'memory' | 'pids' | undefined): boolean => {
+        if (limit === 'memory') {
+          turn.fail({
             code: 'limit_exceeded',
             cause: 'memory_limit',
             message: 'the agent ran out of memory and was stopped',
           })
-      }, LIMIT_POLL_MS)
-      timers.push(
-        setTimeout(
-          () =>
-            fail({
-              code: 'timeout',
-              cause: 'turn_timeout',
-              message: `the turn ran past ${this.launch.turnTimeoutMs} ms`,
-            }),
-          this.launch.turnTimeoutMs,
-        ),
+        } else if (limit === 'pids') {
+          turn.fail({
+            code: 'limit_exceeded',
+            cause: 'pids_limit',
+            message: 'the agent hit its process limit and was stopped',
+          })
+        }
+        return limit !== undefined
+      }
+      const onAbort = () =>
+        settle(() => ({ status: 'cancelled', text: partial(), stderr: this.stderr.value() }), true)
+      const limitPoll = setInterval(() => failForLimit(sandbox.limitHit()), LIMIT_POLL_MS)
+      const timeout = setTimeout(
+        () =>
+          turn.fail({
+            code: 'timeout',
+            cause: 'turn_timeout',
+            message: `the turn ran past ${this.launch.turnTimeoutMs} ms`,
+          }),
+        this.launch.turnTimeoutMs,
       )
       signal?.addEventListener('abort', onAbort, { once: true })
       this.active = turn
-      sandbox.exited.then(async (exit) => {
-        // Let stdout drain: the reply may still be in the pipe when the exit is seen.
-        await new Promise((r) => setImmediate(r))
+      sandbox.exited.then((exit) => {
         if (done) return
-        const limit = exit.limit ?? sandbox.limitHit()
-        if (limit === 'memory')
-          return fail({
-            code: 'limit_exceeded',
-            cause: 'memory_limit',
-            message: 'the agent ran out of memory and was stopped',
-          })
-        if (limit === 'pids')
-          return fail({
-            code: 'limit_exceeded',
-            cause: 'pids_limit',
-            message: 'the agent hit its process limit and was stopped',
-          })
-        if (exit.code === 0 && (onExitCompleted || this.launch.protocol === 'stdio')) {
-          this.stopped = this.launch.protocol !== 'exec'
-          return finish({
+        if (failForLimit(exit.limit ?? sandbox.limitHit())) return
+        // Output of an agent that exits without asking for more input (no shim, or a one-shot
+        // program) is its reply, even when it came before the ask for this turn's line.
+        if (turn.early) {
+          turn.text = turn.early + turn.text
+          onEvent({ type: 'text', content: turn.early })
+          turn.early = ''
+        }
+        if (exit.code === 0 && (exec || this.launch.protocol === 'stdio')) {
+          if (!exec) this.stopped = true
+          return turn.finish({
             status: 'completed',
             text: turn.text,
             stderr: this.stderr.value(),
@@ -327,7 +358,7 @@ export class AgentProcess {
         }
         const how = exit.signal ? `was killed by ${exit.signal}` : `exited with code ${exit.code}`
         const tail = this.stderr.value().trim().split('\n').slice(-5).join('\n')
-        fail({
+        turn.fail({
           code: 'agent_crashed',
           cause: 'agent_crash',
           message: `the agent ${how}${tail ? `: ${tail}` : ''}`,
@@ -343,6 +374,7 @@ export class AgentProcess {
     onEvent: (event: AgentEvent) => void,
     signal?: AbortSignal,
   ): Promise<TurnOutcome> {
+    if (this.stopped) throw new Error('agent process is not running')
     await this.writeTranscript(input.transcript, input.turn)
     this.stderr.clear()
     const sandbox = await this.spawn(input.turn)
@@ -355,15 +387,9 @@ export class AgentProcess {
       turn.onEvent({ type: 'text', content: text })
     })
     try {
-      return await this.superviseTurn(
-        sandbox,
-        onEvent,
-        signal,
-        () => {
-          sandbox.stdin.end(input.prompt)
-        },
-        true,
-      )
+      return await this.superviseTurn(sandbox, onEvent, signal, () => {
+        sandbox.stdin.end(input.prompt)
+      })
     } finally {
       await sandbox.destroy()
     }

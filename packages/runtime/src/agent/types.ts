@@ -1,5 +1,5 @@
 import type { AgentProtocolName, ErrorCode, StatusCause, TranscriptLine } from '@cairn/protocol'
-import type { SandboxLimits } from '../sandbox/driver.js'
+import type { SandboxBind, SandboxLimits } from '../sandbox/driver.js'
 
 export type AgentEvent =
   | { type: 'text'; content: string }
@@ -36,6 +36,8 @@ export interface AgentLaunch {
   env: Readonly<Record<string, string>>
   limits: SandboxLimits
   turnTimeoutMs: number
+  /** Extra mounts, such as the revision's dependency environment at /env. */
+  binds?: readonly SandboxBind[] | undefined
 }
 
 export const DEFAULT_LIMITS: SandboxLimits = { memoryMiB: 512, pids: 256, cpus: 1 }

@@ -1,4 +1,5 @@
 import { type ChildProcessWithoutNullStreams, spawn } from 'node:child_process'
+import { existsSync } from 'node:fs'
 import { CairnProblem } from '@cairn/protocol'
 import type { CgroupManager } from './cgroups.js'
 import type { DriverCapabilities, Sandbox, SandboxDriver, SandboxExit, SandboxSpec } from './driver.js'
@@ -20,6 +21,9 @@ export interface BwrapDriverOptions {
 // including processes bwrap forks, is inside the cgroup from its first instruction.
 const LAUNCHER =
   'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 111; shift; n=$((n-1)); done; exec "$@"'
+
+/** How long after the sandbox's exit its output pipes may take to drain. */
+const EXIT_DRAIN_MS = 1000
 
 export class BwrapDriver implements SandboxDriver {
   readonly name = 'bwrap'
@@ -49,6 +53,7 @@ export class BwrapDriver implements SandboxDriver {
       '--no-new-privs',
       this.options.bwrapPath ?? 'bwrap',
       '--unshare-all',
+      ...(spec.network === 'host' ? ['--share-net'] : []),
       '--unshare-user',
       '--disable-userns',
       '--die-with-parent',
@@ -73,6 +78,18 @@ export class BwrapDriver implements SandboxDriver {
       '--bind',
       spec.workspaceDir,
       '/workspace',
+      ...(spec.binds ?? []).flatMap((bind) => [
+        bind.readOnly ? '--ro-bind' : '--bind',
+        bind.source,
+        bind.dest,
+      ]),
+      ...(spec.network === 'host' && existsSync('/etc/resolv.conf')
+        ? ['--ro-bind', '/etc/resolv.conf', '/etc/resolv.conf']
+        : []),
+      // Last of the mounts (bwrap creates mount points in the root): the root tmpfs bwrap builds
+      // on is writable, and only /workspace, /tmp and /dev/shm are meant to be.
+      '--remount-ro',
+      '/',
       '--chdir',
       '/workspace',
       '--uid',
@@ -112,10 +129,16 @@ export class BwrapDriver implements SandboxDriver {
   async reapOrphans(): Promise<number> {
     const names = await this.options.cgroups.list()
     for (const name of names) {
+      // A frozen orphan (crash during a snapshot) must thaw to die on a v1 freezer.
+      await this.options.cgroups.freeze(name, false).catch(() => undefined)
       await this.options.cgroups.kill(name)
       await this.options.cgroups.remove(name)
     }
     return names.length
+  }
+
+  async close(): Promise<void> {
+    await this.options.cgroups.removeScope()
   }
 }
 
@@ -135,8 +158,14 @@ class BwrapSandbox implements Sandbox {
     // A write to a dead agent's stdin must surface as the turn's failure, not as a crash.
     child.stdin.on('error', () => undefined)
     this.exited = new Promise((resolve) => {
-      child.once('exit', (code, signal) => {
+      const settle = (code: number | null, signal: NodeJS.Signals | null) =>
         resolve({ code, signal, limit: this.limitHit() })
+      // 'close' comes once stdout and stderr are drained, so the reply and the stderr tail are
+      // complete; every process holding the pipes dies with the sandbox's pid namespace, but a
+      // bounded wait keeps a stuck pipe from hiding the exit.
+      child.once('close', settle)
+      child.once('exit', (code, signal) => {
+        setTimeout(() => settle(code, signal), EXIT_DRAIN_MS).unref()
       })
     })
   }

@@ -23,6 +23,28 @@ interface Layout {
   v1: { memory?: string; pids?: string; cpu?: string; freezer?: string }
 }
 
+/** How many 10 ms polls `kill` waits for killed namespace inits to be reaped. */
+const INIT_EXIT_POLLS = 50
+
+function signal(pid: number): void {
+  try {
+    process.kill(pid, 'SIGKILL')
+  } catch {
+    // already gone
+  }
+}
+
+/** Whether the process is PID 1 of a pid namespace nested in ours (a sandbox's init). */
+function isNamespaceInit(pid: number): boolean {
+  try {
+    const status = readFileSync(`/proc/${pid}/status`, 'utf8')
+    const nspid = /^NSpid:\s+(.*)$/m.exec(status)?.[1]?.trim().split(/\s+/) ?? []
+    return nspid.length > 1 && nspid.at(-1) === '1'
+  } catch {
+    return false
+  }
+}
+
 function detectLayout(): Layout {
   const layout: Layout = { v2: undefined, v2Controllers: false, v1: {} }
   for (const m of readMounts()) {
@@ -149,20 +171,26 @@ export class CgroupManager {
       .map((line) => Number(line))
   }
 
-  /** Kills every process of the cgroup: `cgroup.kill` where it exists, SIGKILL to each pid otherwise. */
+  /**
+   * Kills every process of the cgroup. Namespace inits go first: the kernel then kills and reaps
+   * everything in their pid namespace, and each init is reaped by its parent (bwrap's outer process)
+   * instead of becoming a zombie that only the host's PID 1 would reap, seconds later. Then
+   * `cgroup.kill` where it exists, SIGKILL to each pid otherwise, for whatever is left.
+   */
   async kill(name: string): Promise<void> {
     const dirs = this.dirs(name)
+    const inits = (await this.pids(name)).filter(isNamespaceInit)
+    for (const pid of inits) signal(pid)
+    if (inits.length > 0) {
+      for (let i = 0; i < INIT_EXIT_POLLS && (await this.pids(name)).length > 0; i++) {
+        await new Promise((r) => setTimeout(r, 10))
+      }
+    }
     if (dirs.v2 && existsSync(path.join(dirs.v2, 'cgroup.kill'))) {
       await writeFile(path.join(dirs.v2, 'cgroup.kill'), '1').catch(() => undefined)
       return
     }
-    for (const pid of await this.pids(name)) {
-      try {
-        process.kill(pid, 'SIGKILL')
-      } catch {
-        // already gone
-      }
-    }
+    for (const pid of await this.pids(name)) signal(pid)
   }
 
   async freeze(name: string, frozen: boolean): Promise<void> {
@@ -190,6 +218,16 @@ export class CgroupManager {
       if (pending === 0) return
       await this.kill(name)
       await new Promise((r) => setTimeout(r, 20))
+    }
+  }
+
+  /**
+   * Removes this instance's scope cgroups once its sandboxes are gone. The shared parent stays:
+   * removing it could race with another instance creating its scope there.
+   */
+  async removeScope(): Promise<void> {
+    for (const dir of Object.values(this.dirs(''))) {
+      if (existsSync(dir)) await rmdir(dir).catch(() => undefined)
     }
   }
 

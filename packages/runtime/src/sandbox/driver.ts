@@ -15,6 +15,16 @@ export interface SandboxSpec {
   command: readonly string[]
   env: Readonly<Record<string, string>>
   limits: SandboxLimits
+  /** `none` (default): loopback only. `host`: the host's network, for build steps only. */
+  network?: 'none' | 'host' | undefined
+  /** Extra host directories to mount (dependency environments, build sources). */
+  binds?: readonly SandboxBind[] | undefined
+}
+
+export interface SandboxBind {
+  source: string
+  dest: string
+  readOnly: boolean
 }
 
 export interface SandboxExit {
@@ -54,5 +64,7 @@ export interface SandboxDriver {
   start(spec: SandboxSpec): Promise<Sandbox>
   /** Kills and removes sandboxes left by an earlier process of this instance. Returns how many. */
   reapOrphans(): Promise<number>
+  /** Releases what the driver holds on the host once no sandbox is left (after `reapOrphans`). */
+  close(): Promise<void>
   describe(): string
 }

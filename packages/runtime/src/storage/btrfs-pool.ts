@@ -1,5 +1,5 @@
 import { existsSync } from 'node:fs'
-import { chmod, chown, mkdir, rm, stat, statfs } from 'node:fs/promises'
+import { chmod, chown, lstat, mkdir, readdir, rm, stat, statfs } from 'node:fs/promises'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
 import { execTool } from '../util/exec.js'
@@ -164,10 +164,19 @@ export class BtrfsPool {
     if (!existsSync(dir)) return
     const info = await stat(dir)
     // Subvolume roots have inode 256 on btrfs; anything else is a plain directory.
-    if (info.ino === 256) {
-      await execTool('btrfs', ['subvolume', 'delete', dir], { code: 'storage_error' })
-    } else {
+    if (info.ino !== 256) {
       await rm(dir, { recursive: true, force: true })
+      return
+    }
+    try {
+      await execTool('btrfs', ['subvolume', 'delete', dir], { code: 'storage_error' })
+    } catch (error) {
+      // An agent may create subvolumes in its workspace (unprivileged users can); btrfs refuses
+      // to delete a subvolume that holds others, so those go first. Only this slow path walks.
+      const nested = await nestedSubvolumes(dir, info.dev)
+      if (nested.length === 0) throw error
+      for (const inner of nested) await this.deleteSubvolume(inner)
+      await execTool('btrfs', ['subvolume', 'delete', dir], { code: 'storage_error' })
     }
   }
 
@@ -175,6 +184,23 @@ export class BtrfsPool {
   async chownToSandbox(dir: string): Promise<void> {
     await chown(dir, this.options.sandboxUid, this.options.sandboxGid)
   }
+}
+
+/** Subvolumes directly inside `dir` (their roots sit on another st_dev than the parent's files). */
+async function nestedSubvolumes(dir: string, dev: number): Promise<string[]> {
+  const found: string[] = []
+  const walk = async (current: string): Promise<void> => {
+    const entries = await readdir(current, { withFileTypes: true })
+    for (const entry of entries) {
+      if (!entry.isDirectory()) continue
+      const child = path.join(current, entry.name)
+      const info = await lstat(child)
+      if (info.dev !== dev && info.ino === 256) found.push(child)
+      else if (info.dev === dev) await walk(child)
+    }
+  }
+  await walk(dir)
+  return found
 }
 
 function safeName(id: string): string {

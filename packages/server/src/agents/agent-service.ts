@@ -10,13 +10,20 @@ import type { Runtime } from '@cairn/runtime'
 import type { Logger } from 'pino'
 import { type Clock, iso } from '../clock.js'
 import type { Db } from '../db/database.js'
+import { redact, type SecretStore } from '../secrets/secret-store.js'
 import { type AgentRow, AgentStore, type StoredRevision } from './agent-store.js'
 import { type ArchiveLimits, DEFAULT_ARCHIVE_LIMITS, extractArchive, inspectArchive } from './archive.js'
-import { readManifest } from './manifest.js'
+import type { BuildLogs } from './build-logs.js'
+import { type BuildPlan, planBuild } from './build-plan.js'
+import { Builder } from './builder.js'
+import { readManifest, splitCommand } from './manifest.js'
 
 export interface AgentServiceDeps {
   db: Db
   runtime: Runtime
+  secrets: SecretStore
+  logs: BuildLogs
+  buildTimeoutMs?: number
   clock: Clock
   logger: Logger
   archiveLimits?: ArchiveLimits
@@ -30,20 +37,40 @@ export function revisionInfo(revision: StoredRevision): RevisionInfo {
 /** Deploys project archives as revisions and answers questions about agents. */
 export class AgentService {
   readonly store: AgentStore
+  readonly logs: BuildLogs
+  private readonly builder: Builder
+
+  get envs() {
+    return this.builder.envs
+  }
 
   constructor(private readonly deps: AgentServiceDeps) {
     this.store = new AgentStore(deps.db)
+    this.builder = new Builder(deps.runtime)
+    this.logs = deps.logs
   }
 
-  async deploy(tenantId: string, archive: Buffer, nameOverride?: string): Promise<DeployResult> {
+  /**
+   * Checks and unpacks the archive, records a DEPLOYING revision and builds it. Without
+   * dependencies or setup the revision is READY when this returns; otherwise the build runs in the
+   * background (logs at `…/revisions/{rev}/logs`) unless `wait` is set.
+   */
+  async deploy(
+    tenantId: string,
+    archive: Buffer,
+    options: { name?: string; wait?: boolean } = {},
+  ): Promise<DeployResult> {
     const summary = await inspectArchive(archive, this.deps.archiveLimits ?? DEFAULT_ARCHIVE_LIMITS)
     const { pool } = this.deps.runtime
     const revisionId = newId('revision')
     const staging = await pool.createStaging(revisionId)
     let agentId: string | undefined
+    let plan: BuildPlan
     try {
       await extractArchive(archive, staging)
-      const resolved = await readManifest(staging, nameOverride)
+      const resolved = await readManifest(staging, options.name)
+      const setup = resolved.manifest.setup
+      plan = await planBuild(staging, typeof setup === 'string' ? splitCommand(setup) : setup)
       const at = iso(this.deps.clock.now())
       agentId = this.deps.db.transaction(() => {
         const existing = this.store.find(tenantId, resolved.name)
@@ -55,7 +82,11 @@ export class AgentService {
           tenant_id: tenantId,
           status: 'DEPLOYING',
           content_hash: summary.contentHash,
-          manifest_json: JSON.stringify({ ...resolved.manifest, resolvedCommand: resolved.command }),
+          manifest_json: JSON.stringify({
+            ...resolved.manifest,
+            resolvedCommand: resolved.command,
+            envKey: plan.dependencies?.envKey ?? null,
+          }),
           file_count: summary.fileCount,
           size_bytes: summary.sizeBytes,
           error: null,
@@ -63,24 +94,79 @@ export class AgentService {
         })
         return id
       })()
+    } catch (error) {
+      await pool.discardStaging(staging).catch(() => undefined)
+      throw error
+    }
+    const id = agentId
+    const finish = this.finishBuild(tenantId, id, revisionId, staging, plan)
+    if (options.wait || (!plan.dependencies && !plan.setup)) await finish
+    else finish.catch(() => undefined)
+    const agent = this.store.find(tenantId, id)
+    const revision = this.store.revision(revisionId)
+    if (!agent || !revision) throw new CairnProblem('internal', 'deployed agent vanished')
+    if (revision.status === 'FAILED' && !plan.dependencies && !plan.setup) {
+      throw new CairnProblem('build_failed', revision.error ?? 'the revision could not be sealed')
+    }
+    return { agent: this.store.toInfo(agent), revision: revisionInfo(revision) }
+  }
+
+  private async finishBuild(
+    tenantId: string,
+    agentId: string,
+    revisionId: string,
+    staging: string,
+    plan: BuildPlan,
+  ) {
+    const { pool } = this.deps.runtime
+    const { logs } = this
+    const needsBuild = Boolean(plan.dependencies || plan.setup)
+    const secrets = this.deps.secrets.values(agentId, ['setup'])
+    if (needsBuild) await logs.open(revisionId)
+    const log = (line: string) => logs.append(revisionId, redact(line, secrets))
+    try {
+      if (needsBuild) {
+        const started = performance.now()
+        const result = await this.builder.build({
+          revisionId,
+          stagingDir: staging,
+          plan,
+          setupEnv: secrets,
+          log,
+          timeoutMs: this.deps.buildTimeoutMs ?? 15 * 60 * 1000,
+        })
+        log(
+          `build finished in ${Math.round(performance.now() - started)} ms${result.reusedEnv ? ' (environment reused)' : ''}`,
+        )
+      }
       await pool.sealRevision(staging, revisionId)
       this.deps.db.transaction(() => {
         this.store.setRevisionStatus(revisionId, 'READY', null)
-        this.store.setCurrentRevision(agentId as string, revisionId, iso(this.deps.clock.now()))
+        this.store.setCurrentRevision(agentId, revisionId, iso(this.deps.clock.now()))
       })()
+      if (needsBuild) await logs.close(revisionId, 'READY')
+      this.deps.logger.info({ agent: agentId, revision: revisionId, tenant: tenantId }, 'revision ready')
     } catch (error) {
       await pool.discardStaging(staging).catch(() => undefined)
-      if (agentId) this.store.setRevisionStatus(revisionId, 'FAILED', (error as Error).message)
-      throw error
+      const lines = await logs.read(revisionId)
+      const message = redact((error as Error).message, secrets)
+      const tail = lines.slice(-15).join('\n')
+      this.store.setRevisionStatus(revisionId, 'FAILED', tail ? `${message}\n${tail}` : message)
+      if (needsBuild) {
+        log(`build failed: ${message}`)
+        await logs.close(revisionId, 'FAILED', message)
+      }
+      this.deps.logger.warn({ agent: agentId, revision: revisionId, err: message }, 'revision failed')
     }
-    const agent = this.store.find(tenantId, agentId)
+  }
+
+  revisionOf(tenantId: string, idOrName: string, revisionId: string): StoredRevision {
+    const agent = this.require(tenantId, idOrName)
     const revision = this.store.revision(revisionId)
-    if (!agent || !revision) throw new CairnProblem('internal', 'deployed agent vanished')
-    this.deps.logger.info(
-      { agent: agent.name, revision: revisionId, files: summary.fileCount },
-      'agent deployed',
-    )
-    return { agent: this.store.toInfo(agent), revision: revisionInfo(revision) }
+    if (!revision || revision.agentId !== agent.id) {
+      throw new CairnProblem('revision_not_found', `No revision ${revisionId} for agent '${agent.name}'`)
+    }
+    return revision
   }
 
   require(tenantId: string, idOrName: string): AgentRow {

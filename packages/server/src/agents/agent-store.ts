@@ -23,7 +23,7 @@ interface RevisionRow {
 }
 
 export interface StoredRevision extends RevisionInfo {
-  manifest: AgentManifest & { resolvedCommand: string[] }
+  manifest: AgentManifest & { resolvedCommand: string[]; envKey?: string | null }
 }
 
 /** Agents and their revisions (workflow state; tenant-scoped on every query). */
@@ -128,6 +128,8 @@ function toRevision(row: RevisionRow): StoredRevision {
     fileCount: row.file_count,
     sizeBytes: row.size_bytes,
     error: row.error,
+    envKey: manifest.envKey ?? null,
+    requiredSecrets: manifest.secrets ?? [],
     createdAt: row.created_at,
     manifest,
   }

@@ -6,11 +6,18 @@ import {
   ErrorBodySchema,
   IdParams,
   OkSchema,
+  RevisionSchema,
 } from '@cairn/protocol'
 import { Type } from '@sinclair/typebox'
 import type { FastifyInstance } from 'fastify'
 import { principalOf, requireWrite } from '../auth/plugin.js'
-import type { AgentService } from './agent-service.js'
+import { type AgentService, revisionInfo } from './agent-service.js'
+
+const BuildLogSchema = Type.Object({
+  status: Type.String(),
+  error: Type.Union([Type.String(), Type.Null()]),
+  lines: Type.Array(Type.String()),
+})
 
 const errors = { 400: ErrorBodySchema, 401: ErrorBodySchema, 404: ErrorBodySchema }
 
@@ -21,7 +28,10 @@ export function agentRoutes(app: FastifyInstance, agents: AgentService): void {
       schema: {
         tags: ['agents'],
         summary: 'Deploy a project archive (tar.gz with cairn.yaml at its root) as a new revision',
-        querystring: Type.Object({ name: Type.Optional(Type.String({ maxLength: 63 })) }),
+        querystring: Type.Object({
+          name: Type.Optional(Type.String({ maxLength: 63 })),
+          wait: Type.Optional(Type.Boolean({ description: 'wait for the build to finish before answering' })),
+        }),
         consumes: ['application/gzip'],
         response: { 201: DeployResultSchema, ...errors, 413: ErrorBodySchema },
       },
@@ -34,8 +44,11 @@ export function agentRoutes(app: FastifyInstance, agents: AgentService): void {
           'send the project as a tar.gz body (Content-Type: application/gzip)',
         )
       }
-      const { name } = request.query as { name?: string }
-      const result = await agents.deploy(tenantId, request.body, name)
+      const { name, wait } = request.query as { name?: string; wait?: boolean }
+      const result = await agents.deploy(tenantId, request.body, {
+        ...(name === undefined ? {} : { name }),
+        ...(wait === undefined ? {} : { wait }),
+      })
       return reply.status(201).send(result)
     },
   )
@@ -63,6 +76,72 @@ export function agentRoutes(app: FastifyInstance, agents: AgentService): void {
       },
     },
     async (request) => agents.get(principalOf(request).tenantId, (request.params as { id: string }).id),
+  )
+
+  const RevisionParams = Type.Object({ id: Type.String(), rev: Type.String() })
+  app.get(
+    '/v1/agents/:id/revisions/:rev',
+    {
+      schema: {
+        tags: ['agents'],
+        summary: 'Get a revision',
+        params: RevisionParams,
+        response: { 200: RevisionSchema, ...errors },
+      },
+    },
+    async (request) => {
+      const { id, rev } = request.params as { id: string; rev: string }
+      return revisionInfo(agents.revisionOf(principalOf(request).tenantId, id, rev))
+    },
+  )
+
+  app.get(
+    '/v1/agents/:id/revisions/:rev/logs',
+    {
+      schema: {
+        tags: ['agents'],
+        summary: 'Build log of a revision; with ?follow=true an SSE stream (log, end) while it builds',
+        params: RevisionParams,
+        querystring: Type.Object({ follow: Type.Optional(Type.Boolean()) }),
+        response: { 200: BuildLogSchema, ...errors },
+      },
+    },
+    async (request, reply) => {
+      const { id, rev } = request.params as { id: string; rev: string }
+      const revision = agents.revisionOf(principalOf(request).tenantId, id, rev)
+      const follow = (request.query as { follow?: boolean }).follow === true
+      if (!follow)
+        return { status: revision.status, error: revision.error, lines: await agents.logs.read(rev) }
+      reply.hijack()
+      const res = reply.raw
+      res.writeHead(200, { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache' })
+      const send = (event: string, data: unknown) =>
+        res.write(`event: ${event}\ndata: ${JSON.stringify(data)}\n\n`)
+      await new Promise<void>((resolve) => {
+        const unsubscribe = agents.logs.subscribe(rev, (event) => {
+          if (event.type === 'log') send('log', { line: event.line })
+          else {
+            send('end', { status: event.status, error: event.error ?? null })
+            unsubscribe()
+            resolve()
+          }
+        })
+        void agents.logs.read(rev).then((lines) => {
+          for (const line of lines) send('log', { line })
+          if (!agents.logs.isLive(rev)) {
+            const latest = agents.store.revision(rev)
+            send('end', { status: latest?.status ?? revision.status, error: latest?.error ?? null })
+            unsubscribe()
+            resolve()
+          }
+        })
+        res.on('close', () => {
+          unsubscribe()
+          resolve()
+        })
+      })
+      res.end()
+    },
   )
 
   app.delete(

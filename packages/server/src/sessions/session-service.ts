@@ -24,6 +24,7 @@ import {
 } from '@cairn/runtime'
 import type { Logger } from 'pino'
 import type { AgentService } from '../agents/agent-service.js'
+import { ENV_VARIABLES, envBinds } from '../agents/builder.js'
 import { type Clock, iso } from '../clock.js'
 import type { Db } from '../db/database.js'
 import { redact, type SecretStore } from '../secrets/secret-store.js'
@@ -341,12 +342,14 @@ export class SessionService {
     const revision = this.deps.agents.store.revision(row.revision_id)
     if (!revision) throw new CairnProblem('revision_not_found', `revision ${row.revision_id} is gone`)
     const limits = revision.manifest.limits ?? {}
+    const envKey = revision.manifest.envKey ?? undefined
     const agent = await this.deps.runtime.startAgent({
       sessionId: row.id,
       workspaceDir: pool.workspacePath(row.id),
       command: revision.command,
       protocol: revision.manifest.protocol ?? 'stdio',
-      env: this.deps.secrets.values(row.agent_id, ['runtime']),
+      env: { ...(envKey ? ENV_VARIABLES : {}), ...this.deps.secrets.values(row.agent_id, ['runtime']) },
+      binds: envKey ? envBinds(this.deps.agents.envs.envPath(envKey), envKey) : [],
       limits: {
         memoryMiB: limits.memoryMiB ?? DEFAULT_LIMITS.memoryMiB,
         pids: limits.pids ?? DEFAULT_LIMITS.pids,

@@ -1,0 +1,149 @@
+import { execFileSync } from 'node:child_process'
+import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs'
+import { writeFile } from 'node:fs/promises'
+import path from 'node:path'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import {
+  makeRevision,
+  openTestRuntime,
+  poolMounts,
+  SANDBOX_UID,
+  sessionId,
+  type TestRuntime,
+} from '../../test/harness.js'
+
+let t: TestRuntime
+
+beforeAll(async () => {
+  t = await openTestRuntime()
+  await makeRevision(t.runtime, 'rev_base', {
+    'README.md': '# project\n',
+    'src/main.py': 'print("hi")\n',
+  })
+})
+
+afterAll(async () => {
+  const runtime = t.runtime
+  await t.close()
+  expect(poolMounts(runtime)).toBe(0)
+})
+
+function subvolumeShow(dir: string): Record<string, string> {
+  const out = execFileSync('btrfs', ['subvolume', 'show', dir], { encoding: 'utf8' })
+  const fields: Record<string, string> = {}
+  for (const line of out.split('\n')) {
+    const match = /^\s*([A-Za-z ]+):\s*(.*)$/.exec(line)
+    if (match?.[1] && match[2] !== undefined) fields[match[1].trim()] = match[2].trim()
+  }
+  return fields
+}
+
+describe('BtrfsPool', () => {
+  it('mounts a btrfs filesystem at the pool root', () => {
+    expect(poolMounts(t.runtime)).toBe(1)
+    const fsType = execFileSync('stat', ['-f', '-c', '%T', t.runtime.pool.root], { encoding: 'utf8' }).trim()
+    expect(fsType).toBe('btrfs')
+  })
+
+  it('seals a revision as a read-only subvolume owned by the sandbox uid', async () => {
+    const rev = t.runtime.pool.revisionPath('rev_base')
+    expect(await t.runtime.pool.hasRevision('rev_base')).toBe(true)
+    expect(subvolumeShow(rev).Flags).toContain('readonly')
+    expect(statSync(rev).uid).toBe(SANDBOX_UID)
+    expect(statSync(path.join(rev, 'src/main.py')).uid).toBe(SANDBOX_UID)
+    // Even root cannot write into a read-only subvolume.
+    await expect(writeFile(path.join(rev, 'new.txt'), 'x')).rejects.toMatchObject({ code: 'EROFS' })
+    await expect(writeFile(path.join(rev, 'README.md'), 'changed')).rejects.toMatchObject({ code: 'EROFS' })
+    expect(readFileSync(path.join(rev, 'README.md'), 'utf8')).toBe('# project\n')
+    // The staging subvolume is gone once sealed.
+    expect(readdirSync(t.runtime.pool.areaDir('staging'))).toEqual([])
+  })
+
+  it('creates a workspace as a writable snapshot of the revision, owned by the sandbox uid', async () => {
+    const id = sessionId('ws')
+    const ws = await t.runtime.pool.createWorkspace(id, 'rev_base')
+    expect(ws).toBe(t.runtime.pool.workspacePath(id))
+    const info = statSync(ws)
+    expect(info.uid).toBe(SANDBOX_UID)
+    expect(info.gid).toBe(SANDBOX_UID)
+    expect(info.mode & 0o777).toBe(0o700)
+    expect(statSync(path.join(ws, 'src/main.py')).uid).toBe(SANDBOX_UID)
+    const show = subvolumeShow(ws)
+    expect(show.Flags).not.toContain('readonly')
+    expect(show['Parent UUID']).toBe(subvolumeShow(t.runtime.pool.revisionPath('rev_base')).UUID)
+
+    await writeFile(path.join(ws, 'README.md'), 'changed in the session\n')
+    await writeFile(path.join(ws, 'new.txt'), 'new\n')
+    expect(readFileSync(path.join(ws, 'README.md'), 'utf8')).toBe('changed in the session\n')
+    // The revision does not see the session's writes.
+    const rev = t.runtime.pool.revisionPath('rev_base')
+    expect(readFileSync(path.join(rev, 'README.md'), 'utf8')).toBe('# project\n')
+    expect(existsSync(path.join(rev, 'new.txt'))).toBe(false)
+  })
+
+  it('refuses to create a workspace twice', async () => {
+    const id = sessionId('dup')
+    await t.runtime.pool.createWorkspace(id, 'rev_base')
+    await expect(t.runtime.pool.createWorkspace(id, 'rev_base')).rejects.toMatchObject({
+      code: 'storage_error',
+    })
+  })
+
+  it('fails with storage_error for a missing revision', async () => {
+    await expect(t.runtime.pool.createWorkspace(sessionId('nr'), 'rev_missing')).rejects.toMatchObject({
+      code: 'storage_error',
+    })
+  })
+
+  it('rejects identifiers that could escape the pool', () => {
+    for (const bad of ['../etc', 'ses_a/../../x', 'ses_', 'SES_ABC', 'ses_a b', '']) {
+      expect(() => t.runtime.pool.workspacePath(bad), bad).toThrow(/invalid identifier/)
+    }
+  })
+
+  it('snapshots a revision of 10,000 files into a workspace', async () => {
+    const staging = await t.runtime.pool.createStaging('rev_big')
+    for (let d = 0; d < 100; d++) {
+      const dir = path.join(staging, `d${d}`)
+      execFileSync('mkdir', [dir])
+      await Promise.all(
+        Array.from({ length: 100 }, (_, f) => writeFile(path.join(dir, `f${f}.txt`), `${d}/${f}\n`)),
+      )
+    }
+    await t.runtime.pool.sealRevision(staging, 'rev_big')
+    const id = sessionId('big')
+    const ws = await t.runtime.pool.createWorkspace(id, 'rev_big')
+    let count = 0
+    for (const dir of readdirSync(ws)) count += readdirSync(path.join(ws, dir)).length
+    expect(count).toBe(10_000)
+    expect(readFileSync(path.join(ws, 'd99/f99.txt'), 'utf8')).toBe('99/99\n')
+    expect(statSync(path.join(ws, 'd42/f7.txt')).uid).toBe(SANDBOX_UID)
+    expect(subvolumeShow(ws)['Parent UUID']).toBe(subvolumeShow(t.runtime.pool.revisionPath('rev_big')).UUID)
+    await t.runtime.pool.deleteWorkspace(id)
+    await t.runtime.pool.deleteRevision('rev_big')
+    expect(await t.runtime.pool.hasRevision('rev_big')).toBe(false)
+  })
+
+  it('deletes a workspace and its subvolume', async () => {
+    const id = sessionId('del')
+    const ws = await t.runtime.pool.createWorkspace(id, 'rev_base')
+    await writeFile(path.join(ws, 'data.bin'), Buffer.alloc(1024 * 1024, 1))
+    expect(await t.runtime.pool.hasWorkspace(id)).toBe(true)
+    await t.runtime.pool.deleteWorkspace(id)
+    expect(await t.runtime.pool.hasWorkspace(id)).toBe(false)
+    expect(existsSync(ws)).toBe(false)
+    const list = execFileSync('btrfs', ['subvolume', 'list', t.runtime.pool.root], { encoding: 'utf8' })
+    expect(list).not.toContain(id)
+    // Deleting what is already gone is a no-op.
+    await t.runtime.pool.deleteWorkspace(id)
+  })
+
+  it('deletes a workspace in which the agent created a nested subvolume', async () => {
+    const id = sessionId('nest')
+    const ws = await t.runtime.pool.createWorkspace(id, 'rev_base')
+    execFileSync('btrfs', ['subvolume', 'create', path.join(ws, 'inner')])
+    await writeFile(path.join(ws, 'inner', 'x'), 'x')
+    await t.runtime.pool.deleteWorkspace(id)
+    expect(existsSync(ws)).toBe(false)
+  })
+})

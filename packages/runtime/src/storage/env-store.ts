@@ -1,0 +1,54 @@
+import { existsSync } from 'node:fs'
+import { chmod, mkdir } from 'node:fs/promises'
+import path from 'node:path'
+import { CairnProblem } from '@cairn/protocol'
+import { execTool } from '../util/exec.js'
+import type { BtrfsPool } from './btrfs-pool.js'
+
+const KEY_PATTERN = /^[a-z]+-[0-9a-f]{16,64}$/
+
+/**
+ * Dependency environments: read-only subvolumes keyed by the hash of the lockfile, built once and
+ * mounted read-only into every sandbox of every revision that shares the lockfile.
+ */
+export class EnvStore {
+  constructor(
+    private readonly pool: BtrfsPool,
+    private readonly sandboxUid: number,
+  ) {}
+
+  private get dir(): string {
+    return path.join(this.pool.root, 'envs')
+  }
+
+  envPath(key: string): string {
+    if (!KEY_PATTERN.test(key)) throw new CairnProblem('bad_request', `invalid environment key '${key}'`)
+    return path.join(this.dir, key)
+  }
+
+  async has(key: string): Promise<boolean> {
+    return existsSync(this.envPath(key))
+  }
+
+  /** A writable subvolume, owned by the sandbox uid, to install dependencies into. */
+  async createStaging(key: string, buildId: string): Promise<string> {
+    this.envPath(key)
+    const staging = await this.pool.createStaging(buildId)
+    await execTool('chown', [`${this.sandboxUid}:${this.sandboxUid}`, staging], { code: 'storage_error' })
+    return staging
+  }
+
+  /** Seals a built environment read-only under its key (first writer wins on a race). */
+  async seal(staging: string, key: string): Promise<void> {
+    await mkdir(this.dir, { recursive: true })
+    await chmod(this.dir, 0o711)
+    const target = this.envPath(key)
+    if (existsSync(target)) {
+      await this.pool.discardStaging(staging)
+      return
+    }
+    await chmod(staging, 0o755)
+    await execTool('btrfs', ['subvolume', 'snapshot', '-r', staging, target], { code: 'storage_error' })
+    await this.pool.discardStaging(staging)
+  }
+}

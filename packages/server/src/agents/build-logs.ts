@@ -1,0 +1,73 @@
+import { createWriteStream, existsSync, type WriteStream } from 'node:fs'
+import { mkdir, readFile } from 'node:fs/promises'
+import path from 'node:path'
+
+export type BuildLogEvent =
+  | { type: 'log'; line: string }
+  | { type: 'end'; status: 'READY' | 'FAILED'; error?: string }
+
+interface LiveLog {
+  file: WriteStream
+  lines: string[]
+  listeners: Set<(event: BuildLogEvent) => void>
+}
+
+/** Build logs: one file per revision, plus live subscribers while the build runs. */
+export class BuildLogs {
+  private readonly live = new Map<string, LiveLog>()
+
+  constructor(private readonly dir: string) {}
+
+  private file(revisionId: string): string {
+    return path.join(this.dir, `${revisionId}.log`)
+  }
+
+  async open(revisionId: string): Promise<void> {
+    await mkdir(this.dir, { recursive: true })
+    this.live.set(revisionId, {
+      file: createWriteStream(this.file(revisionId), { flags: 'a' }),
+      lines: [],
+      listeners: new Set(),
+    })
+  }
+
+  append(revisionId: string, line: string): void {
+    const live = this.live.get(revisionId)
+    if (!live) return
+    live.lines.push(line)
+    live.file.write(`${line}\n`)
+    for (const listener of live.listeners) listener({ type: 'log', line })
+  }
+
+  async close(revisionId: string, status: 'READY' | 'FAILED', error?: string): Promise<void> {
+    const live = this.live.get(revisionId)
+    if (!live) return
+    this.live.delete(revisionId)
+    await new Promise<void>((resolve) => live.file.end(resolve))
+    for (const listener of live.listeners) listener({ type: 'end', status, ...(error ? { error } : {}) })
+  }
+
+  isLive(revisionId: string): boolean {
+    return this.live.has(revisionId)
+  }
+
+  /** Lines so far, and a subscription to what follows while the build runs. */
+  async read(revisionId: string): Promise<string[]> {
+    const live = this.live.get(revisionId)
+    if (live) return [...live.lines]
+    if (!existsSync(this.file(revisionId))) return []
+    const text = await readFile(this.file(revisionId), 'utf8')
+    return text ? text.replace(/\n$/, '').split('\n') : []
+  }
+
+  subscribe(revisionId: string, listener: (event: BuildLogEvent) => void): () => void {
+    const live = this.live.get(revisionId)
+    if (!live) return () => undefined
+    live.listeners.add(listener)
+    return () => live.listeners.delete(listener)
+  }
+
+  tail(lines: string[], count = 20): string {
+    return lines.slice(-count).join('\n')
+  }
+}

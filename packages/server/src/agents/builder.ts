@@ -1,0 +1,149 @@
+import { chmod, copyFile, mkdir, rm, writeFile } from 'node:fs/promises'
+import path from 'node:path'
+import { CairnProblem } from '@cairn/protocol'
+import {
+  DEFAULT_SANDBOX_UID,
+  EnvStore,
+  execTool,
+  type Runtime,
+  runSandboxedCommand,
+  type SandboxBind,
+} from '@cairn/runtime'
+import type { BuildPlan } from './build-plan.js'
+
+export interface BuildContext {
+  revisionId: string
+  /** Writable staging copy of the revision (the project files). */
+  stagingDir: string
+  plan: BuildPlan
+  /** Secrets of scope `setup`, as environment variables of the build. */
+  setupEnv: Record<string, string>
+  log: (line: string) => void
+  timeoutMs: number
+}
+
+export interface BuildResult {
+  envKey: string | undefined
+  reusedEnv: boolean
+}
+
+const BUILD_LIMITS = { memoryMiB: 2048, pids: 1024, cpus: 2 }
+
+/** How a sandbox finds the dependency environment mounted at /env. */
+export const ENV_VARIABLES: Record<string, string> = {
+  NODE_PATH: '/env/node_modules',
+  PYTHONPATH: '/env/python',
+  PATH: '/env/node_modules/.bin:/env/python/bin:/usr/local/bin:/usr/bin:/bin',
+}
+
+/**
+ * Runs a revision's build in sandboxes with network access (this phase only): dependencies into a
+ * content-addressed environment subvolume (skipped when one with the same key exists), then the
+ * optional setup command in the revision itself.
+ */
+/** Mounts of a dependency environment: all of it at /env, and Node's packages at /node_modules so
+ * that ES module resolution (which ignores NODE_PATH) finds them from /workspace. */
+export function envBinds(envDir: string, envKey: string): SandboxBind[] {
+  const binds: SandboxBind[] = [{ source: envDir, dest: '/env', readOnly: true }]
+  if (envKey.startsWith('node-'))
+    binds.push({ source: path.join(envDir, 'node_modules'), dest: '/node_modules', readOnly: true })
+  return binds
+}
+
+export class Builder {
+  readonly envs: EnvStore
+  private readonly sandboxUid: number
+
+  constructor(private readonly runtime: Runtime) {
+    this.sandboxUid = runtime.options.sandboxUid ?? DEFAULT_SANDBOX_UID
+    this.envs = new EnvStore(runtime.pool, this.sandboxUid)
+  }
+
+  async build(ctx: BuildContext): Promise<BuildResult> {
+    const { pool } = this.runtime
+    const deps = ctx.plan.dependencies
+    let reusedEnv = false
+    if (deps) {
+      if (await this.envs.has(deps.envKey)) {
+        reusedEnv = true
+        ctx.log(`dependencies: reusing environment ${deps.envKey} (${deps.files.join(', ')} unchanged)`)
+      } else {
+        ctx.log(`dependencies: building environment ${deps.envKey}: ${deps.command.join(' ')}`)
+        const envStaging = await this.envs.createStaging(deps.envKey, `envbuild_${ctx.revisionId.slice(4)}`)
+        try {
+          for (const file of deps.files)
+            await copyFile(path.join(ctx.stagingDir, file), path.join(envStaging, file))
+          await this.chownTree(envStaging)
+          await this.chownTree(ctx.stagingDir)
+          await this.run(
+            ctx,
+            envStaging,
+            deps.command,
+            [{ source: ctx.stagingDir, dest: '/src', readOnly: true }],
+            undefined,
+          )
+          await this.envs.seal(envStaging, deps.envKey)
+        } catch (error) {
+          await pool.discardStaging(envStaging).catch(() => undefined)
+          throw error
+        }
+      }
+    }
+    if (ctx.plan.setup) {
+      ctx.log(`setup: ${ctx.plan.setup.join(' ')}`)
+      await this.chownTree(ctx.stagingDir)
+      await this.run(ctx, ctx.stagingDir, ctx.plan.setup, [], deps?.envKey)
+    }
+    return { envKey: deps?.envKey, reusedEnv }
+  }
+
+  private async chownTree(dir: string): Promise<void> {
+    await execTool('chown', ['-R', '--no-dereference', `${this.sandboxUid}:${this.sandboxUid}`, dir], {
+      code: 'storage_error',
+    })
+  }
+
+  private async run(
+    ctx: BuildContext,
+    workspaceDir: string,
+    command: readonly string[],
+    binds: { source: string; dest: string; readOnly: boolean }[],
+    envKey: string | undefined,
+  ): Promise<void> {
+    const runDir = path.join(this.runtime.runDir, 'sandboxes', `build-${ctx.revisionId}`)
+    await mkdir(runDir, { recursive: true })
+    await chmod(runDir, 0o755)
+    await writeFile(path.join(runDir, 'transcript.jsonl'), '', { mode: 0o644 })
+    const extraBinds = envKey ? envBinds(this.envs.envPath(envKey), envKey) : []
+    const result = await runSandboxedCommand(this.runtime.driver, {
+      workspaceDir,
+      runDir,
+      command,
+      env: {
+        ...ctx.setupEnv,
+        ...(envKey ? ENV_VARIABLES : {}),
+        HOME: '/tmp',
+        npm_config_cache: '/tmp/.npm',
+        npm_config_update_notifier: 'false',
+      },
+      network: 'host',
+      binds: [...binds, ...extraBinds],
+      limits: BUILD_LIMITS,
+      timeoutMs: ctx.timeoutMs,
+      onLine: ctx.log,
+    }).finally(() => rm(runDir, { recursive: true, force: true }))
+    if (result.timedOut)
+      throw new CairnProblem('timeout', `build step '${command.join(' ')}' ran past ${ctx.timeoutMs} ms`)
+    if (result.limit)
+      throw new CairnProblem(
+        'limit_exceeded',
+        `build step '${command.join(' ')}' hit its ${result.limit} limit`,
+      )
+    if (result.code !== 0) {
+      throw new CairnProblem(
+        'build_failed',
+        `build step '${command.join(' ')}' exited with code ${result.code ?? result.signal}`,
+      )
+    }
+  }
+}

@@ -22,6 +22,8 @@ export const STATUS_CAUSES = [
   'user_resume',
   'user_delete',
   'server_restart',
+  'forked',
+  'workspace_restored',
 ] as const
 export type StatusCause = (typeof STATUS_CAUSES)[number]
 
@@ -120,3 +122,68 @@ export const TurnSchema = Type.Object({
   durationMs: Type.Union([Type.Integer(), Type.Null()]),
 })
 export type TurnInfo = Static<typeof TurnSchema>
+
+export const SNAPSHOT_REASONS = ['before_turn', 'after_setup', 'at_end', 'manual', 'before_restore'] as const
+export type SnapshotReason = (typeof SNAPSHOT_REASONS)[number]
+
+export const SnapshotSchema = Type.Object({
+  id: Type.String(),
+  sessionId: Type.String(),
+  kind: Type.Union([Type.Literal('auto'), Type.Literal('manual')]),
+  reason: Type.String(),
+  label: Type.Union([Type.String(), Type.Null()]),
+  /** The turn this snapshot follows (0: before the first turn). */
+  turn: Type.Integer(),
+  generation: Type.Integer(),
+  createdAt: Type.String(),
+})
+export type SnapshotInfo = Static<typeof SnapshotSchema>
+
+export const CreateSnapshotBody = Type.Object(
+  { label: Type.Optional(Type.String({ maxLength: 200 })) },
+  { additionalProperties: false },
+)
+
+export const RestoreBody = Type.Object(
+  {
+    snapshotId: Type.Optional(Type.String({ maxLength: 64 })),
+    turn: Type.Optional(Type.Integer({ minimum: 0 })),
+  },
+  { additionalProperties: false },
+)
+export type RestoreBody = Static<typeof RestoreBody>
+
+export const ForkBody = Type.Object(
+  {
+    snapshotId: Type.Optional(Type.String({ maxLength: 64 })),
+    turn: Type.Optional(Type.Integer({ minimum: 0 })),
+    title: Type.Optional(Type.String({ maxLength: 200 })),
+  },
+  { additionalProperties: false },
+)
+export type ForkBody = Static<typeof ForkBody>
+
+export const FileEntrySchema = Type.Object({
+  name: Type.String(),
+  path: Type.String(),
+  type: Type.Union([
+    Type.Literal('file'),
+    Type.Literal('directory'),
+    Type.Literal('symlink'),
+    Type.Literal('other'),
+  ]),
+  size: Type.Integer(),
+  mode: Type.Integer(),
+  modifiedAt: Type.String(),
+  target: Type.Optional(Type.String()),
+})
+export type FileEntry = Static<typeof FileEntrySchema>
+
+export const DiffSchema = Type.Object({
+  from: Type.String(),
+  added: Type.Array(Type.String()),
+  changed: Type.Array(Type.String()),
+  deleted: Type.Array(Type.String()),
+  truncated: Type.Boolean(),
+})
+export type WorkspaceDiff = Static<typeof DiffSchema>

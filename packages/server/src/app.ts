@@ -11,6 +11,8 @@ import { secretRoutes } from './secrets/routes.js'
 import type { SecretStore } from './secrets/secret-store.js'
 import { sessionRoutes } from './sessions/routes.js'
 import type { SessionService } from './sessions/session-service.js'
+import { workspaceRoutes } from './workspace/routes.js'
+import type { WorkspaceService } from './workspace/workspace-service.js'
 
 export interface AppDeps {
   logger: Logger
@@ -18,6 +20,7 @@ export interface AppDeps {
   agents: AgentService
   sessions: SessionService
   secrets: SecretStore
+  workspace: WorkspaceService
   maxUploadBytes: number
   version: string
 }
@@ -39,7 +42,13 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   }) as unknown as FastifyInstance
   installErrorHandlers(app, { maxUploadBytes: deps.maxUploadBytes })
   app.addContentTypeParser(
-    ['application/gzip', 'application/x-gzip', 'application/x-tar+gzip', 'application/octet-stream'],
+    [
+      'application/gzip',
+      'application/x-gzip',
+      'application/x-tar+gzip',
+      'application/octet-stream',
+      'text/plain',
+    ],
     { parseAs: 'buffer', bodyLimit: deps.maxUploadBytes },
     (_request, body, done) => done(null, body),
   )
@@ -60,6 +69,7 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   agentRoutes(app, deps.agents)
   sessionRoutes(app, deps.sessions)
   secretRoutes(app, deps.agents, deps.secrets)
+  workspaceRoutes(app, deps.workspace)
   app.addHook('onResponse', async (request, reply) => {
     if (reply.statusCode >= 400) {
       request.log.warn(

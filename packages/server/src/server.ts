@@ -13,6 +13,7 @@ import { openDatabase } from './db/database.js'
 import { SecretCipher } from './secrets/cipher.js'
 import { SecretStore } from './secrets/secret-store.js'
 import { SessionService } from './sessions/session-service.js'
+import { WorkspaceService } from './workspace/workspace-service.js'
 
 export const SERVER_VERSION = '0.1.0'
 
@@ -62,12 +63,14 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       archiveLimits: { maxFiles: config.maxArchiveFiles, maxUnpackedBytes: config.maxUnpackedBytes },
     })
     const sessions = new SessionService({ db, runtime, agents, secrets, clock: systemClock, logger })
+    const workspace = new WorkspaceService({ db, runtime, sessions, agents, clock: systemClock, logger })
     const recovered = sessions.recover()
     if (recovered > 0) logger.warn({ sessions: recovered }, 'marked turns interrupted by the last shutdown')
     const app = await buildApp({
       logger,
       keys,
       secrets,
+      workspace,
       agents,
       sessions,
       maxUploadBytes: config.maxUploadBytes,

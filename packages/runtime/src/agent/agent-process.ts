@@ -54,6 +54,15 @@ export class AgentProcess {
     return !this.stopped && this.sandbox !== undefined && this.exitInfo === undefined
   }
 
+  /** Freezes the warm sandbox (cgroup freezer) so a snapshot sees a consistent workspace. */
+  async freeze(): Promise<void> {
+    await this.sandbox?.freeze()
+  }
+
+  async thaw(): Promise<void> {
+    await this.sandbox?.thaw()
+  }
+
   get pid(): number | undefined {
     return this.sandbox?.pid
   }

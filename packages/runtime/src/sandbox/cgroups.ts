@@ -197,6 +197,14 @@ export class CgroupManager {
     const dirs = this.dirs(name)
     if (dirs.v2 && existsSync(path.join(dirs.v2, 'cgroup.freeze'))) {
       await writeFile(path.join(dirs.v2, 'cgroup.freeze'), frozen ? '1' : '0')
+      if (frozen) {
+        // Freezing completes asynchronously; wait until every task is stopped (bounded).
+        const events = path.join(dirs.v2, 'cgroup.events')
+        for (let attempt = 0; attempt < 200; attempt++) {
+          if (/^frozen 1$/m.test(await readFile(events, 'utf8').catch(() => 'frozen 1'))) return
+          await new Promise((r) => setTimeout(r, 1))
+        }
+      }
     } else if (dirs.freezer) {
       await writeFile(path.join(dirs.freezer, 'freezer.state'), frozen ? 'FROZEN' : 'THAWED')
     }

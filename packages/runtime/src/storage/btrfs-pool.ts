@@ -1,5 +1,5 @@
 import { existsSync } from 'node:fs'
-import { chmod, chown, lstat, mkdir, readdir, rm, stat, statfs } from 'node:fs/promises'
+import { chmod, chown, lstat, mkdir, readdir, rename, rm, stat, statfs } from 'node:fs/promises'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
 import { execTool } from '../util/exec.js'
@@ -139,6 +139,68 @@ export class BtrfsPool {
       code: 'storage_error',
     })
     return target
+  }
+
+  /** Read-only snapshot of a session's workspace (the caller freezes the sandbox around it). */
+  async snapshotWorkspace(sessionId: string, snapshotId: string): Promise<string> {
+    const target = this.snapshotPath(snapshotId)
+    await execTool('btrfs', ['subvolume', 'snapshot', '-r', this.workspacePath(sessionId), target], {
+      code: 'storage_error',
+    })
+    return target
+  }
+
+  async hasSnapshot(snapshotId: string): Promise<boolean> {
+    return existsSync(this.snapshotPath(snapshotId))
+  }
+
+  /**
+   * Replaces the workspace with a writable snapshot of `snapshotId`: an exact replica, nothing
+   * left from after it. The new subvolume is made beside the old one and renamed into place, so a
+   * crash leaves either the old workspace or the new one (`recoverWorkspace` finishes the swap).
+   */
+  async restoreWorkspace(sessionId: string, snapshotId: string): Promise<void> {
+    const target = this.workspacePath(sessionId)
+    const incoming = `${target}.restoring`
+    const outgoing = `${target}.replaced`
+    await this.deleteSubvolume(incoming)
+    await this.deleteSubvolume(outgoing)
+    await execTool('btrfs', ['subvolume', 'snapshot', this.snapshotPath(snapshotId), incoming], {
+      code: 'storage_error',
+    })
+    if (existsSync(target)) await rename(target, outgoing)
+    await rename(incoming, target)
+    await this.deleteSubvolume(outgoing)
+  }
+
+  /** Finishes or rolls back a restore that a crash interrupted. */
+  async recoverWorkspace(sessionId: string): Promise<void> {
+    const target = this.workspacePath(sessionId)
+    const incoming = `${target}.restoring`
+    const outgoing = `${target}.replaced`
+    if (!existsSync(target) && existsSync(incoming)) await rename(incoming, target)
+    if (!existsSync(target) && existsSync(outgoing)) await rename(outgoing, target)
+    await this.deleteSubvolume(incoming)
+    await this.deleteSubvolume(outgoing)
+  }
+
+  /** A new session's workspace as a writable snapshot of an existing snapshot (fork). */
+  async forkWorkspace(sessionId: string, snapshotId: string): Promise<string> {
+    const target = this.workspacePath(sessionId)
+    if (existsSync(target)) throw new CairnProblem('storage_error', `workspace ${sessionId} already exists`)
+    await execTool('btrfs', ['subvolume', 'snapshot', this.snapshotPath(snapshotId), target], {
+      code: 'storage_error',
+    })
+    return target
+  }
+
+  async deleteSnapshot(snapshotId: string): Promise<void> {
+    await this.deleteSubvolume(this.snapshotPath(snapshotId))
+  }
+
+  /** Names of the subvolumes in one area (for consistency checks against the database). */
+  async listArea(area: Area): Promise<string[]> {
+    return (await readdir(this.areaDir(area))).filter((name) => !name.startsWith('.'))
   }
 
   async hasWorkspace(sessionId: string): Promise<boolean> {

@@ -111,4 +111,27 @@ CREATE TABLE secrets (
 );
 `,
   },
+  {
+    version: 3,
+    name: 'snapshots',
+    sql: `
+CREATE TABLE snapshots (
+  id TEXT PRIMARY KEY,
+  session_id TEXT NOT NULL REFERENCES sessions(id),
+  tenant_id TEXT NOT NULL,
+  kind TEXT NOT NULL,
+  reason TEXT NOT NULL,
+  label TEXT,
+  turn_seq INTEGER NOT NULL,
+  generation INTEGER NOT NULL,
+  digest TEXT,
+  created_at TEXT NOT NULL,
+  deleted_at TEXT
+);
+CREATE INDEX snapshots_session ON snapshots(session_id, created_at);
+ALTER TABLE sessions ADD COLUMN generation INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE sessions ADD COLUMN parent_session_id TEXT;
+ALTER TABLE sessions ADD COLUMN forked_from_snapshot_id TEXT;
+`,
+  },
 ]

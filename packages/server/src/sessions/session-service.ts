@@ -68,6 +68,8 @@ export class SessionService {
   private readonly warm = new Map<string, WarmAgent>()
   private readonly running = new Map<string, RunningTurn>()
   private reaper: NodeJS.Timeout | undefined
+  private deletedHook: ((sessionId: string) => Promise<void>) | undefined
+  private beforeTurnHook: ((row: SessionRow, seq: number, agent: AgentProcess) => Promise<void>) | undefined
 
   constructor(private readonly deps: SessionServiceDeps) {
     this.store = new SessionStore(deps.db)
@@ -240,6 +242,7 @@ export class SessionService {
       const { agent, cold } = await this.agentFor(row)
       sandboxId = agent.sandboxId
       this.store.setTurnSandbox(turnId, sandboxId, cold)
+      if (this.beforeTurnHook) await this.beforeTurnHook(row, seq, agent)
       emit({ type: 'run.started', sessionId: row.id, turnId, turn: seq, sandboxId, coldStart: cold })
       const transcript = this.transcriptBefore(row.id, seq)
       const secretValues = this.deps.secrets.values(row.agent_id, ['runtime', 'setup', 'proxy'])
@@ -383,6 +386,55 @@ export class SessionService {
     await this.deps.runtime.stopAgent(warm.agent)
   }
 
+  /** Called after the sandbox is ready and before the prompt is sent (pre-turn snapshots). */
+  onDeleted(hook: (sessionId: string) => Promise<void>): void {
+    this.deletedHook = hook
+  }
+
+  onBeforeTurn(hook: (row: SessionRow, seq: number, agent: AgentProcess) => Promise<void>): void {
+    this.beforeTurnHook = hook
+  }
+
+  warmAgent(sessionId: string): AgentProcess | undefined {
+    return this.warm.get(sessionId)?.agent
+  }
+
+  /** Stops the session's warm sandbox, if any (runtime state is disposable). */
+  stopSandbox(sessionId: string): Promise<void> {
+    return this.dropWarm(sessionId)
+  }
+
+  /**
+   * Runs `fn` holding the session's turn lock, so no message starts meanwhile; refuses with
+   * `session_busy` while a turn runs.
+   */
+  async exclusive<T>(
+    tenantId: string,
+    id: string,
+    what: string,
+    fn: (row: SessionRow) => Promise<T>,
+  ): Promise<T> {
+    const row = this.require(tenantId, id)
+    if (row.status === 'deleted') throw new CairnProblem('session_deleted', `session ${id} was deleted`)
+    if (this.running.has(id)) {
+      throw new CairnProblem(
+        'session_busy',
+        `session ${id} is running a turn; ${what} must wait for it or cancel it`,
+      )
+    }
+    let release!: () => void
+    const done = new Promise<void>((resolve) => {
+      release = resolve
+    })
+    this.running.set(id, { turnId: what, abort: new AbortController(), done })
+    try {
+      return await fn(row)
+    } finally {
+      this.running.delete(id)
+      release()
+    }
+  }
+
   isWarm(sessionId: string): boolean {
     return this.warm.has(sessionId)
   }
@@ -425,6 +477,7 @@ export class SessionService {
     await this.cancel(tenantId, id)
     await this.dropWarm(id)
     await this.deps.runtime.pool.deleteWorkspace(id)
+    if (this.deletedHook) await this.deletedHook(id)
     this.store.transition(this.require(tenantId, id), 'deleted', 'user_delete', this.now())
   }
 

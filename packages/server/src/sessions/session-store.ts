@@ -26,6 +26,9 @@ export interface SessionRow {
   created_at: string
   updated_at: string
   last_active_at: string
+  generation: number
+  parent_session_id: string | null
+  forked_from_snapshot_id: string | null
 }
 
 interface TurnRow {
@@ -86,7 +89,7 @@ export class SessionStore {
         `INSERT INTO turns (id, session_id, seq, status, prompt, started_at) VALUES (?, ?, ?, 'running', ?, ?)`,
       ),
       startTurnOnSession: db.prepare(
-        `UPDATE sessions SET turn_count = turn_count + 1, message_count = message_count + 1, title = COALESCE(title, ?), last_active_at = ?, updated_at = ? WHERE id = ?`,
+        `UPDATE sessions SET turn_count = turn_count + 1, message_count = message_count + 1, generation = generation + 1, title = COALESCE(title, ?), last_active_at = ?, updated_at = ? WHERE id = ?`,
       ),
       setTurnSandbox: db.prepare('UPDATE turns SET sandbox_id = ?, cold_start = ? WHERE id = ?'),
       finishTurn: db.prepare(
@@ -115,12 +118,68 @@ export class SessionStore {
   }
 
   insert(
-    row: Omit<SessionRow, 'agent_name' | 'turn_count' | 'message_count' | 'updated_at' | 'last_active_at'>,
+    row: Omit<
+      SessionRow,
+      | 'agent_name'
+      | 'turn_count'
+      | 'message_count'
+      | 'updated_at'
+      | 'last_active_at'
+      | 'generation'
+      | 'parent_session_id'
+      | 'forked_from_snapshot_id'
+    >,
+    fork?: { parentId: string; snapshotId: string; turnsUpTo: number },
   ): void {
     this.db.transaction(() => {
       this.s.insert.run(row)
-      this.s.insertEvent.run(newId('event'), row.id, null, row.status, row.status_cause, null, row.created_at)
+      this.s.insertEvent.run(
+        newId('event'),
+        row.id,
+        null,
+        row.status,
+        row.status_cause,
+        fork ? `forked from ${fork.parentId} at ${fork.snapshotId}` : null,
+        row.created_at,
+      )
+      if (fork) this.copyTurns(fork.parentId, row.id, fork.turnsUpTo, fork.snapshotId)
     })()
+  }
+
+  /** Copies a parent's transcript up to a turn into a fork (new turn IDs, same content). */
+  private copyTurns(parentId: string, childId: string, upTo: number, snapshotId: string): void {
+    const turns = this.s.turns.all(parentId).filter((t) => t.seq <= upTo)
+    const insert = this.db.prepare(
+      `INSERT INTO turns (id, session_id, seq, status, prompt, response, stderr, sandbox_id, error_code, error_message, started_at, ended_at, duration_ms)
+       VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?, ?)`,
+    )
+    let messages = 0
+    for (const t of turns) {
+      insert.run(
+        newId('turn'),
+        childId,
+        t.seq,
+        t.status,
+        t.prompt,
+        t.response,
+        t.stderr,
+        t.error_code,
+        t.error_message,
+        t.started_at,
+        t.ended_at,
+        t.duration_ms,
+      )
+      messages += t.response ? 2 : 1
+    }
+    this.db
+      .prepare(
+        'UPDATE sessions SET turn_count = ?, message_count = ?, parent_session_id = ?, forked_from_snapshot_id = ? WHERE id = ?',
+      )
+      .run(turns.length, messages, parentId, snapshotId, childId)
+  }
+
+  bumpGeneration(sessionId: string): void {
+    this.db.prepare('UPDATE sessions SET generation = generation + 1 WHERE id = ?').run(sessionId)
   }
 
   /** Changes a session's status and records the transition with its cause, atomically. */

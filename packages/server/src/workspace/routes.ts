@@ -1,0 +1,239 @@
+import { Readable } from 'node:stream'
+import {
+  CreateSnapshotBody,
+  DiffSchema,
+  ErrorBodySchema,
+  FileEntrySchema,
+  ForkBody,
+  IdParams,
+  OkSchema,
+  RestoreBody,
+  SessionSchema,
+  SnapshotSchema,
+} from '@cairn/protocol'
+import { Type } from '@sinclair/typebox'
+import type { FastifyInstance, FastifyRequest } from 'fastify'
+import { principalOf, requireWrite } from '../auth/plugin.js'
+import type { WorkspaceService } from './workspace-service.js'
+
+const errors = {
+  400: ErrorBodySchema,
+  401: ErrorBodySchema,
+  403: ErrorBodySchema,
+  404: ErrorBodySchema,
+  409: ErrorBodySchema,
+}
+const idOf = (request: FastifyRequest) => (request.params as { id: string }).id
+const PathQuery = Type.Object({
+  path: Type.String({ default: '', maxLength: 4096 }),
+  snapshot: Type.Optional(Type.String({ maxLength: 64 })),
+})
+const RestoreResult = Type.Object({ session: SessionSchema, snapshot: SnapshotSchema })
+
+export function workspaceRoutes(app: FastifyInstance, workspace: WorkspaceService): void {
+  const tags = ['workspace']
+  app.post(
+    '/v1/sessions/:id/snapshots',
+    {
+      schema: {
+        tags,
+        summary: 'Take a snapshot (sandbox frozen, O(1))',
+        params: IdParams,
+        body: CreateSnapshotBody,
+        response: { 201: SnapshotSchema, ...errors },
+      },
+    },
+    async (request, reply) => {
+      const body = (request.body ?? {}) as { label?: string }
+      const info = await workspace.snapshot(requireWrite(request).tenantId, idOf(request), body.label)
+      return reply.status(201).send(info)
+    },
+  )
+  app.get(
+    '/v1/sessions/:id/snapshots',
+    {
+      schema: {
+        tags,
+        summary: 'List snapshots',
+        params: IdParams,
+        response: { 200: Type.Object({ data: Type.Array(SnapshotSchema) }), ...errors },
+      },
+    },
+    async (request) => ({ data: workspace.list(principalOf(request).tenantId, idOf(request)) }),
+  )
+  app.post(
+    '/v1/sessions/:id/restore',
+    {
+      schema: {
+        tags,
+        summary: 'Replace the workspace with a snapshot (by ID or by the turn it follows)',
+        params: IdParams,
+        body: RestoreBody,
+        response: { 200: RestoreResult, ...errors },
+      },
+    },
+    async (request) =>
+      workspace.restore(requireWrite(request).tenantId, idOf(request), request.body as RestoreBody),
+  )
+  app.post(
+    '/v1/sessions/:id/undo',
+    {
+      schema: {
+        tags,
+        summary: 'Restore the workspace as it was before the last turn',
+        params: IdParams,
+        response: { 200: RestoreResult, ...errors },
+      },
+    },
+    async (request) => workspace.undo(requireWrite(request).tenantId, idOf(request)),
+  )
+  app.post(
+    '/v1/sessions/:id/fork',
+    {
+      schema: {
+        tags,
+        summary: 'A new session from a snapshot, with the transcript up to its turn',
+        params: IdParams,
+        body: ForkBody,
+        response: { 201: SessionSchema, ...errors },
+      },
+    },
+    async (request, reply) => {
+      const info = await workspace.fork(
+        requireWrite(request).tenantId,
+        idOf(request),
+        request.body as ForkBody,
+      )
+      return reply.status(201).send(info)
+    },
+  )
+  app.get(
+    '/v1/sessions/:id/files',
+    {
+      schema: {
+        tags,
+        summary: 'List a workspace directory',
+        params: IdParams,
+        querystring: PathQuery,
+        response: { 200: Type.Object({ data: Type.Array(FileEntrySchema) }), ...errors },
+      },
+    },
+    async (request) => {
+      const q = request.query as { path: string; snapshot?: string }
+      return {
+        data: await workspace.listFiles(principalOf(request).tenantId, idOf(request), q.path, q.snapshot),
+      }
+    },
+  )
+  app.get(
+    '/v1/sessions/:id/files/content',
+    {
+      schema: {
+        tags,
+        summary: 'Download a file (streamed)',
+        params: IdParams,
+        querystring: PathQuery,
+        produces: ['application/octet-stream'],
+        response: errors,
+      },
+    },
+    async (request, reply) => {
+      const q = request.query as { path: string; snapshot?: string }
+      const file = await workspace.openFile(principalOf(request).tenantId, idOf(request), q.path, q.snapshot)
+      const stream = file.handle.createReadStream()
+      void reply.header('content-length', file.size)
+      void reply.header('content-disposition', `attachment; filename="${encodeURIComponent(file.name)}"`)
+      return reply.type('application/octet-stream').send(stream)
+    },
+  )
+  app.put(
+    '/v1/sessions/:id/files/content',
+    {
+      schema: {
+        tags,
+        summary: 'Upload a file (body: the raw bytes)',
+        params: IdParams,
+        querystring: PathQuery,
+        response: { 200: OkSchema, ...errors },
+      },
+    },
+    async (request) => {
+      const q = request.query as { path: string }
+      const body = Buffer.isBuffer(request.body)
+        ? request.body
+        : Buffer.from(typeof request.body === 'string' ? request.body : '')
+      await workspace.writeFile(requireWrite(request).tenantId, idOf(request), q.path, Readable.from([body]))
+      return { ok: true }
+    },
+  )
+  app.delete(
+    '/v1/sessions/:id/files',
+    {
+      schema: {
+        tags,
+        summary: 'Delete a file or directory',
+        params: IdParams,
+        querystring: PathQuery,
+        response: { 200: OkSchema, ...errors },
+      },
+    },
+    async (request) => {
+      await workspace.deleteFile(
+        requireWrite(request).tenantId,
+        idOf(request),
+        (request.query as { path: string }).path,
+      )
+      return { ok: true }
+    },
+  )
+  app.get(
+    '/v1/sessions/:id/diff',
+    {
+      schema: {
+        tags,
+        summary: 'Files added, changed and deleted since the revision or a snapshot',
+        params: IdParams,
+        querystring: Type.Object({ from: Type.Optional(Type.String()) }),
+        response: { 200: DiffSchema, ...errors },
+      },
+    },
+    async (request) =>
+      workspace.diff(principalOf(request).tenantId, idOf(request), (request.query as { from?: string }).from),
+  )
+  app.get(
+    '/v1/sessions/:id/export',
+    {
+      schema: {
+        tags,
+        summary: 'The workspace (or a snapshot) as a tar.gz stream',
+        params: IdParams,
+        querystring: Type.Object({ snapshot: Type.Optional(Type.String()) }),
+        produces: ['application/gzip'],
+        response: errors,
+      },
+    },
+    async (request, reply) => {
+      const id = idOf(request)
+      const { stream, cleanup } = await workspace.export(
+        principalOf(request).tenantId,
+        id,
+        (request.query as { snapshot?: string }).snapshot,
+      )
+      stream.once('close', () => void cleanup())
+      stream.once('error', () => void cleanup())
+      void reply.header('content-disposition', `attachment; filename="${id}.tar.gz"`)
+      return reply.type('application/gzip').send(stream)
+    },
+  )
+  app.get(
+    '/v1/sessions/:id/manifest',
+    {
+      schema: {
+        tags,
+        summary: 'Revision, environment, snapshots, last turn, dirty files, limits and policies',
+        params: IdParams,
+      },
+    },
+    async (request) => workspace.manifest(principalOf(request).tenantId, idOf(request)),
+  )
+}

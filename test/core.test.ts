@@ -76,7 +76,9 @@ describe('an agent deployed and a session answered', () => {
         '  case "$line" in',
         '    write*) echo "${line#write }" > kept.txt; echo written;;',
         '    read) cat kept.txt;;',
-        '    pidns) readlink /proc/self/ns/pid;;',
+        // pid namespace inodes can be recycled once freed; the start time of the namespace's
+        // init (pid 1, in clock ticks since boot) tells one sandbox from the next.
+        '    pidns) echo "$(readlink /proc/self/ns/pid) init-started-at $(cut -d" " -f22 /proc/1/stat)";;',
         '    *) echo "turn $line";;',
         '  esac',
         'done',

@@ -19,7 +19,7 @@ export interface TestServer {
 
 /** A real server on an ephemeral port with its own data dir and loop-backed btrfs pool. */
 export async function startTestServer(
-  options: { dataDir?: string; reaperIntervalMs?: number } = {},
+  options: { dataDir?: string; reaperIntervalMs?: number; server?: Partial<ServerOptions> } = {},
 ): Promise<TestServer> {
   const dataDir = options.dataDir ?? (await mkdtemp(path.join(os.tmpdir(), 'cairn-test-')))
   const server = await startServer({

@@ -40,6 +40,11 @@ export const CreateSessionBody = Type.Object(
     title: Type.Optional(Type.String({ maxLength: 200 })),
     idleTimeoutMs: Type.Optional(Type.Integer({ minimum: 1000, maximum: 365 * 24 * 3600 * 1000 })),
     keepWarmMs: Type.Optional(Type.Integer({ minimum: 0, maximum: 24 * 3600 * 1000 })),
+    autoSnapshots: Type.Optional(
+      Type.Boolean({
+        description: 'snapshot the workspace after every turn so it can be undone (default true)',
+      }),
+    ),
   },
   { additionalProperties: false },
 )
@@ -63,6 +68,7 @@ export const SessionSchema = Type.Object({
   messageCount: Type.Integer(),
   idleTimeoutMs: Type.Integer(),
   keepWarmMs: Type.Integer(),
+  autoSnapshots: Type.Boolean(),
   warm: Type.Boolean(),
   createdAt: Type.String(),
   updatedAt: Type.String(),

@@ -108,6 +108,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       close() {
         closing ??= (async () => {
           await app.close()
+          await workspace.settle()
           await sessions.close()
           await runtime.close()
           db.close()

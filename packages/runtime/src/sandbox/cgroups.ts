@@ -199,10 +199,18 @@ export class CgroupManager {
       await writeFile(path.join(dirs.v2, 'cgroup.freeze'), frozen ? '1' : '0')
       if (frozen) {
         // Freezing completes asynchronously; wait until every task is stopped (bounded).
+        // Tasks blocked in a read freeze within microseconds: poll on the next turns of the event
+        // loop first, then back off to 1 ms sleeps (bounded at about 200 ms).
         const events = path.join(dirs.v2, 'cgroup.events')
-        for (let attempt = 0; attempt < 200; attempt++) {
-          if (/^frozen 1$/m.test(await readFile(events, 'utf8').catch(() => 'frozen 1'))) return
-          await new Promise((r) => setTimeout(r, 1))
+        for (let attempt = 0; attempt < 250; attempt++) {
+          let state: string
+          try {
+            state = readFileSync(events, 'utf8')
+          } catch {
+            return // the sandbox is gone: nothing left to freeze
+          }
+          if (/^frozen 1$/m.test(state)) return
+          await new Promise((r) => (attempt < 50 ? setImmediate(r) : setTimeout(r, 1)))
         }
       }
     } else if (dirs.freezer) {

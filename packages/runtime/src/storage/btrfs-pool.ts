@@ -4,6 +4,7 @@ import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
 import { execTool } from '../util/exec.js'
 import { findMount } from '../util/mounts.js'
+import { BtrfsOps } from './btrfs-ops.js'
 
 const BTRFS_MAGIC = 0x9123683e
 
@@ -30,6 +31,7 @@ type Area = (typeof AREAS)[number]
  */
 export class BtrfsPool {
   private mountedHere = false
+  readonly ops = new BtrfsOps()
 
   constructor(private readonly options: BtrfsPoolOptions) {}
 
@@ -75,6 +77,7 @@ export class BtrfsPool {
 
   /** Unmounts what `open` mounted (a loop mount releases its loop device with it). */
   async close(): Promise<void> {
+    this.ops.close()
     if (!this.mountedHere && !findMount(this.options.mountPoint)) return
     await execTool('umount', [this.options.mountPoint], { code: 'storage_error' }).catch(async () => {
       // A sandbox that is still exiting may hold the mount for a moment; a lazy unmount
@@ -104,7 +107,7 @@ export class BtrfsPool {
   async createStaging(name: string): Promise<string> {
     const dir = path.join(this.areaDir('staging'), safeName(name))
     await this.deleteSubvolume(dir)
-    await execTool('btrfs', ['subvolume', 'create', dir], { code: 'storage_error' })
+    await this.ops.create(dir)
     return dir
   }
 
@@ -122,7 +125,7 @@ export class BtrfsPool {
       },
     )
     await chmod(stagingDir, 0o700)
-    await execTool('btrfs', ['subvolume', 'snapshot', '-r', stagingDir, target], { code: 'storage_error' })
+    await this.ops.snapshot(stagingDir, target, true)
     await this.deleteSubvolume(stagingDir)
     return target
   }
@@ -135,18 +138,14 @@ export class BtrfsPool {
   async createWorkspace(sessionId: string, revisionId: string): Promise<string> {
     const target = this.workspacePath(sessionId)
     if (existsSync(target)) throw new CairnProblem('storage_error', `workspace ${sessionId} already exists`)
-    await execTool('btrfs', ['subvolume', 'snapshot', this.revisionPath(revisionId), target], {
-      code: 'storage_error',
-    })
+    await this.ops.snapshot(this.revisionPath(revisionId), target, false)
     return target
   }
 
   /** Read-only snapshot of a session's workspace (the caller freezes the sandbox around it). */
   async snapshotWorkspace(sessionId: string, snapshotId: string): Promise<string> {
     const target = this.snapshotPath(snapshotId)
-    await execTool('btrfs', ['subvolume', 'snapshot', '-r', this.workspacePath(sessionId), target], {
-      code: 'storage_error',
-    })
+    await this.ops.snapshot(this.workspacePath(sessionId), target, true)
     return target
   }
 
@@ -165,9 +164,7 @@ export class BtrfsPool {
     const outgoing = `${target}.replaced`
     await this.deleteSubvolume(incoming)
     await this.deleteSubvolume(outgoing)
-    await execTool('btrfs', ['subvolume', 'snapshot', this.snapshotPath(snapshotId), incoming], {
-      code: 'storage_error',
-    })
+    await this.ops.snapshot(this.snapshotPath(snapshotId), incoming, false)
     if (existsSync(target)) await rename(target, outgoing)
     await rename(incoming, target)
     await this.deleteSubvolume(outgoing)
@@ -188,9 +185,7 @@ export class BtrfsPool {
   async forkWorkspace(sessionId: string, snapshotId: string): Promise<string> {
     const target = this.workspacePath(sessionId)
     if (existsSync(target)) throw new CairnProblem('storage_error', `workspace ${sessionId} already exists`)
-    await execTool('btrfs', ['subvolume', 'snapshot', this.snapshotPath(snapshotId), target], {
-      code: 'storage_error',
-    })
+    await this.ops.snapshot(this.snapshotPath(snapshotId), target, false)
     return target
   }
 
@@ -231,14 +226,14 @@ export class BtrfsPool {
       return
     }
     try {
-      await execTool('btrfs', ['subvolume', 'delete', dir], { code: 'storage_error' })
+      await this.ops.delete(dir)
     } catch (error) {
       // An agent may create subvolumes in its workspace (unprivileged users can); btrfs refuses
       // to delete a subvolume that holds others, so those go first. Only this slow path walks.
       const nested = await nestedSubvolumes(dir, info.dev)
       if (nested.length === 0) throw error
       for (const inner of nested) await this.deleteSubvolume(inner)
-      await execTool('btrfs', ['subvolume', 'delete', dir], { code: 'storage_error' })
+      await this.ops.delete(dir)
     }
   }
 

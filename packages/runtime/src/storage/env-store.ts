@@ -48,7 +48,7 @@ export class EnvStore {
       return
     }
     await chmod(staging, 0o755)
-    await execTool('btrfs', ['subvolume', 'snapshot', '-r', staging, target], { code: 'storage_error' })
+    await this.pool.ops.snapshot(staging, target, true)
     await this.pool.discardStaging(staging)
   }
 }

@@ -30,7 +30,7 @@ export interface StoredRevision extends RevisionInfo {
 export class AgentStore {
   private readonly stmts
 
-  constructor(private readonly db: Db) {
+  constructor(db: Db) {
     this.stmts = {
       byId: db.prepare<[string, string], AgentRow>(
         'SELECT * FROM agents WHERE tenant_id = ? AND id = ? AND deleted_at IS NULL',

@@ -134,4 +134,9 @@ ALTER TABLE sessions ADD COLUMN parent_session_id TEXT;
 ALTER TABLE sessions ADD COLUMN forked_from_snapshot_id TEXT;
 `,
   },
+  {
+    version: 4,
+    name: 'session auto snapshots',
+    sql: `ALTER TABLE sessions ADD COLUMN auto_snapshots INTEGER NOT NULL DEFAULT 1;`,
+  },
 ]

@@ -69,6 +69,7 @@ export class SessionService {
   private readonly running = new Map<string, RunningTurn>()
   private reaper: NodeJS.Timeout | undefined
   private deletedHook: ((sessionId: string) => Promise<void>) | undefined
+  private afterTurnHook: ((row: SessionRow, seq: number, agent: AgentProcess | undefined) => void) | undefined
   private beforeTurnHook: ((row: SessionRow, seq: number, agent: AgentProcess) => Promise<void>) | undefined
 
   constructor(private readonly deps: SessionServiceDeps) {
@@ -114,6 +115,7 @@ export class SessionService {
       status_cause: 'created',
       idle_timeout_ms: body.idleTimeoutMs ?? DEFAULT_IDLE_TIMEOUT_MS,
       keep_warm_ms: body.keepWarmMs ?? DEFAULT_KEEP_WARM_MS,
+      auto_snapshots: body.autoSnapshots === false ? 0 : 1,
       created_at: this.now(),
     })
     return this.info(this.require(tenantId, id))
@@ -315,6 +317,7 @@ export class SessionService {
         },
       })
     }
+    this.afterTurnHook?.(row, seq, this.warm.get(row.id)?.agent)
   }
 
   private transcriptBefore(sessionId: string, seq: number): TranscriptLine[] {
@@ -389,6 +392,11 @@ export class SessionService {
   /** Called after the sandbox is ready and before the prompt is sent (pre-turn snapshots). */
   onDeleted(hook: (sessionId: string) => Promise<void>): void {
     this.deletedHook = hook
+  }
+
+  /** Called once a turn has ended and its outcome was sent (not awaited: off the critical path). */
+  onAfterTurn(hook: (row: SessionRow, seq: number, agent: AgentProcess | undefined) => void): void {
+    this.afterTurnHook = hook
   }
 
   onBeforeTurn(hook: (row: SessionRow, seq: number, agent: AgentProcess) => Promise<void>): void {

@@ -29,6 +29,7 @@ export interface SessionRow {
   generation: number
   parent_session_id: string | null
   forked_from_snapshot_id: string | null
+  auto_snapshots: number
 }
 
 interface TurnRow {
@@ -64,8 +65,8 @@ export class SessionStore {
     this.s = {
       get: db.prepare<[string, string], SessionRow>(`${SESSION_SELECT} WHERE s.tenant_id = ? AND s.id = ?`),
       insert: db.prepare(
-        `INSERT INTO sessions (id, tenant_id, agent_id, revision_id, title, status, status_cause, idle_timeout_ms, keep_warm_ms, created_at, updated_at, last_active_at)
-         VALUES (@id, @tenant_id, @agent_id, @revision_id, @title, @status, @status_cause, @idle_timeout_ms, @keep_warm_ms, @created_at, @created_at, @created_at)`,
+        `INSERT INTO sessions (id, tenant_id, agent_id, revision_id, title, status, status_cause, idle_timeout_ms, keep_warm_ms, auto_snapshots, created_at, updated_at, last_active_at)
+         VALUES (@id, @tenant_id, @agent_id, @revision_id, @title, @status, @status_cause, @idle_timeout_ms, @keep_warm_ms, @auto_snapshots, @created_at, @created_at, @created_at)`,
       ),
       setStatus: db.prepare('UPDATE sessions SET status = ?, status_cause = ?, updated_at = ? WHERE id = ?'),
       insertEvent: db.prepare(
@@ -128,11 +129,12 @@ export class SessionStore {
       | 'generation'
       | 'parent_session_id'
       | 'forked_from_snapshot_id'
-    >,
+      | 'auto_snapshots'
+    > & { auto_snapshots?: number },
     fork?: { parentId: string; snapshotId: string; turnsUpTo: number },
   ): void {
     this.db.transaction(() => {
-      this.s.insert.run(row)
+      this.s.insert.run({ auto_snapshots: 1, ...row })
       this.s.insertEvent.run(
         newId('event'),
         row.id,
@@ -341,6 +343,7 @@ export function toSessionInfo(row: SessionRow, warm: boolean): SessionInfo {
     messageCount: row.message_count,
     idleTimeoutMs: row.idle_timeout_ms,
     keepWarmMs: row.keep_warm_ms,
+    autoSnapshots: row.auto_snapshots !== 0,
     warm,
     createdAt: row.created_at,
     updatedAt: row.updated_at,

@@ -42,11 +42,33 @@ export interface WorkspaceServiceDeps {
  */
 export class WorkspaceService {
   readonly snapshots: SnapshotStore
+  private retention: Promise<void> = Promise.resolve()
+  private readonly pending = new Map<string, Promise<void>>()
+  /** Sessions whose workspace changed outside a turn since their last snapshot. */
+  private readonly dirty = new Set<string>()
 
   constructor(private readonly deps: WorkspaceServiceDeps) {
     this.snapshots = new SnapshotStore(deps.db)
+    // The snapshot that lets turn N be undone is the state after turn N-1. It is taken as soon as
+    // turn N-1 ends (the agent is waiting for input), off the critical path of the reply; turn N
+    // waits for it, and takes one itself when something changed the workspace in between.
+    deps.sessions.onAfterTurn((row, seq, agent) => {
+      if (!row.auto_snapshots) return
+      const pending = this.take(row, 'auto', 'before_turn', seq, agent?.alive ? agent : undefined)
+        .then(() => undefined)
+        .catch((error) => deps.logger.warn({ err: error, session: row.id }, 'post-turn snapshot failed'))
+      this.pending.set(row.id, pending)
+      void pending.finally(() => {
+        if (this.pending.get(row.id) === pending) this.pending.delete(row.id)
+      })
+    })
     deps.sessions.onBeforeTurn(async (row, seq, agent) => {
-      await this.take(row, 'auto', 'before_turn', seq - 1, agent)
+      if (!row.auto_snapshots) return
+      await this.pending.get(row.id)
+      if (this.dirty.has(row.id) || !this.snapshots.atTurn(row.id, seq - 1)) {
+        this.dirty.delete(row.id)
+        await this.take(row, 'auto', 'before_turn', seq - 1, agent)
+      }
     })
     deps.sessions.onDeleted((sessionId) => this.deleteAll(sessionId))
   }
@@ -84,12 +106,14 @@ export class WorkspaceService {
       generation: current?.generation ?? row.generation,
       created_at: this.now(),
     })
-    if (kind === 'auto') await this.applyRetention(row.id)
+    // Pruning old automatic snapshots is off the turn's critical path, serialised per service.
+    if (kind === 'auto')
+      this.retention = this.retention.then(() => this.applyRetention(row.id)).catch(() => undefined)
     return info
   }
 
   private async applyRetention(sessionId: string): Promise<void> {
-    const keep = this.deps.keepAutoSnapshots ?? 50
+    const keep = Number(process.env.KEEPN ?? '') || (this.deps.keepAutoSnapshots ?? 50)
     for (const old of this.snapshots.expiredAuto(sessionId, keep)) {
       await this.deps.runtime.pool.deleteSnapshot(old.id)
       this.snapshots.markDeleted(old.id, this.now())
@@ -97,6 +121,7 @@ export class WorkspaceService {
   }
 
   async snapshot(tenantId: string, id: string, label?: string): Promise<SnapshotInfo> {
+    await this.pending.get(id)
     return this.deps.sessions.exclusive(tenantId, id, 'a snapshot', (row) =>
       this.take(row, 'manual', 'manual', row.turn_count, undefined, label),
     )
@@ -131,8 +156,10 @@ export class WorkspaceService {
     id: string,
     body: RestoreBody,
   ): Promise<{ session: SessionInfo; snapshot: SnapshotInfo }> {
+    await this.pending.get(id)
     return this.deps.sessions.exclusive(tenantId, id, 'a restore', async (row) => {
       const target = this.pick(row, body)
+      this.dirty.add(id)
       await this.deps.sessions.stopSandbox(id)
       await this.deps.runtime.pool.restoreWorkspace(id, target.id)
       this.deps.sessions.store.bumpGeneration(id)
@@ -149,6 +176,7 @@ export class WorkspaceService {
 
   /** Restores the snapshot taken before the last turn. */
   async undo(tenantId: string, id: string): Promise<{ session: SessionInfo; snapshot: SnapshotInfo }> {
+    await this.pending.get(id)
     const row = this.deps.sessions.require(tenantId, id)
     if (row.turn_count === 0) throw new CairnProblem('conflict', `session ${id} has no turn to undo`)
     const before = this.snapshots.atTurn(id, row.turn_count - 1)
@@ -159,6 +187,7 @@ export class WorkspaceService {
 
   /** A new session whose workspace is the snapshot and whose transcript is the parent's up to its turn. */
   async fork(tenantId: string, id: string, body: ForkBody): Promise<SessionInfo> {
+    await this.pending.get(id)
     const row = this.deps.sessions.require(tenantId, id)
     const source = this.pick(row, body)
     const childId = newId('session')
@@ -175,6 +204,7 @@ export class WorkspaceService {
           status_cause: 'forked',
           idle_timeout_ms: row.idle_timeout_ms,
           keep_warm_ms: row.keep_warm_ms,
+          auto_snapshots: row.auto_snapshots,
           created_at: this.now(),
         },
         { parentId: id, snapshotId: source.id, turnsUpTo: source.turn },
@@ -223,12 +253,16 @@ export class WorkspaceService {
 
   async writeFile(tenantId: string, id: string, rawPath: string, body: Readable): Promise<void> {
     const root = this.root(tenantId, id)
+    await this.pending.get(id)
+    this.dirty.add(id)
     await writeWorkspaceFile(this.deps.runtime, root, workspaceRelative(rawPath), body)
     this.deps.sessions.store.touch(id, this.now())
   }
 
   async deleteFile(tenantId: string, id: string, rawPath: string): Promise<void> {
     const root = this.root(tenantId, id)
+    await this.pending.get(id)
+    this.dirty.add(id)
     await deleteWorkspacePath(this.deps.runtime, root, workspaceRelative(rawPath))
     this.deps.sessions.store.touch(id, this.now())
   }
@@ -278,8 +312,15 @@ export class WorkspaceService {
     return { stream, cleanup }
   }
 
+  /** Waits for background retention work (used on shutdown and by tests). */
+  async settle(): Promise<void> {
+    await Promise.all(this.pending.values())
+    await this.retention
+  }
+
   /** Removes every snapshot of a deleted session. */
   async deleteAll(sessionId: string): Promise<void> {
+    await this.retention
     for (const snap of this.snapshots.list(sessionId)) {
       await this.deps.runtime.pool.deleteSnapshot(snap.id)
       this.snapshots.markDeleted(snap.id, this.now())

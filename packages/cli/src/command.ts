@@ -1,0 +1,24 @@
+import { type Command, InvalidArgumentError } from 'commander'
+import type { Context } from './context.js'
+
+export type Register = (parent: Command, ctx: Context) => void
+
+/** `--json` is taken out of argv before parsing (so it works anywhere); declared here for `--help`. */
+export function jsonOption(command: Command): Command {
+  return command.option('--json', 'print machine-readable JSON on stdout')
+}
+
+/** Parses a positive integer option; anything else is a usage error (exit 2). */
+export function positiveInt(value: string): number {
+  const n = Number(value)
+  if (!Number.isInteger(n) || n <= 0) throw new InvalidArgumentError('expected a positive integer')
+  return n
+}
+
+/** A port: 0 to 65535. */
+export function positiveIntOrZero(value: string): number {
+  const n = Number(value)
+  if (!Number.isInteger(n) || n < 0 || n > 65535)
+    throw new InvalidArgumentError('expected a port number (0-65535)')
+  return n
+}

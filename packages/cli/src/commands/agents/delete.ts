@@ -1,0 +1,24 @@
+import { jsonOption, type Register } from '../../command.js'
+import { CancelledError } from '../../errors.js'
+import { oneLine } from '../../format/sanitize.js'
+import { confirm } from '../../prompt.js'
+
+export const register: Register = (parent, ctx) => {
+  jsonOption(
+    parent
+      .command('delete')
+      .alias('rm')
+      .description('Delete an agent')
+      .argument('<agent>', 'agent name or ID')
+      .option('-y, --yes', 'do not ask for confirmation'),
+  ).action(async (idOrName: string, options: { yes?: boolean }) => {
+    const client = await ctx.client()
+    const agent = await client.agents.get(idOrName)
+    if (!options.yes && !ctx.json && !(await confirm(`Delete agent ${oneLine(agent.name)}?`, false))) {
+      throw new CancelledError('Nothing deleted')
+    }
+    await client.agents.delete(agent.id)
+    if (ctx.json) return ctx.out.data({ ok: true, id: agent.id, name: agent.name })
+    ctx.out.line(`Deleted agent ${oneLine(agent.name)} (${agent.id})`)
+  })
+}

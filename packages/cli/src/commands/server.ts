@@ -1,0 +1,69 @@
+import { jsonOption, positiveIntOrZero, type Register } from '../command.js'
+
+interface ServerOptions {
+  dataDir?: string
+  port?: number
+  host?: string
+  poolPath?: string
+  logLevel?: string
+}
+
+export const register: Register = (parent, ctx) => {
+  jsonOption(
+    parent
+      .command('server')
+      .description('Run the control plane and the runtime on this machine until Ctrl-C')
+      .option(
+        '--data-dir <dir>',
+        'where the database, pool image and admin key live (env CAIRN_DATA_DIR; default ~/.cairn/data)',
+      )
+      .option(
+        '--port <port>',
+        'port to listen on, 0 for any (env CAIRN_PORT; default 7070)',
+        positiveIntOrZero,
+      )
+      .option('--host <host>', 'address to listen on (default 127.0.0.1)')
+      .option('--pool-path <dir>', 'an existing btrfs directory to use as the storage pool')
+      .option('--log-level <level>', 'log level: fatal, error, warn, info, debug, trace'),
+  ).action(async (options: ServerOptions) => {
+    const { out } = ctx
+    // Loaded here so that every other command starts without the server's dependencies.
+    const { startServer } = await import('@cairn/server')
+    const server = await startServer({
+      dataDir: options.dataDir,
+      port: options.port,
+      host: options.host,
+      poolPath: options.poolPath,
+      logLevel: options.logLevel ?? (ctx.json ? 'warn' : undefined),
+    })
+    if (ctx.json) {
+      out.record({
+        url: server.url,
+        dataDir: server.dataDir,
+        adminKeyPath: server.adminKeyPath,
+        adminKeyCreated: server.adminKey !== undefined,
+        credentialsPath: server.credentialsWritten ?? null,
+      })
+    } else {
+      out.line(`Cairn server listening on ${out.c.bold(server.url)}`)
+      out.line(`Data:          ${server.dataDir}`)
+      out.line(`Admin API key: ${server.adminKeyPath}${server.adminKey ? ' (created now)' : ''}`)
+      if (server.credentialsWritten)
+        out.line(`Credentials:   ${server.credentialsWritten} (the CLI uses them)`)
+      out.progress('Press Ctrl-C to stop.')
+    }
+    const signal = await new Promise<NodeJS.Signals>((resolve) => {
+      process.once('SIGINT', resolve)
+      process.once('SIGTERM', resolve)
+    })
+    out.progress(`Received ${signal}, stopping…`)
+    // A second signal while closing stops at once.
+    const force = () => process.exit(130)
+    process.once('SIGINT', force)
+    process.once('SIGTERM', force)
+    await server.close()
+    process.off('SIGINT', force)
+    process.off('SIGTERM', force)
+    out.progress('Stopped.')
+  })
+}

@@ -1,0 +1,34 @@
+import { jsonOption, type Register } from '../../command.js'
+import { oneLine } from '../../format/sanitize.js'
+import { renderTable } from '../../format/table.js'
+import { relativeTime } from '../../format/time.js'
+import { resolveSession } from '../../session-arg.js'
+
+export const register: Register = (parent, ctx) => {
+  jsonOption(
+    parent
+      .command('snapshots')
+      .description("List a session's snapshots (automatic ones before each turn, and manual ones)")
+      .argument('<id>', 'session ID or a unique prefix of it'),
+  ).action(async (id: string) => {
+    const session = await resolveSession(ctx, id)
+    const snapshots = await session.snapshots.list()
+    if (ctx.json) return ctx.out.data(snapshots)
+    if (snapshots.length === 0) {
+      ctx.out.note('No snapshots yet.')
+      return
+    }
+    const now = new Date()
+    const rows = snapshots.map((s) => [
+      s.id,
+      String(s.turn),
+      s.kind,
+      oneLine(s.reason),
+      oneLine(s.label ?? '', 40),
+      relativeTime(s.createdAt, now),
+    ])
+    ctx.out.line(
+      renderTable(['ID', 'After Turn', 'Kind', 'Reason', 'Label', 'Created'], rows, ctx.out.c.bold),
+    )
+  })
+}

@@ -1,0 +1,99 @@
+import { stripTerminalEscapes } from './sanitize.js'
+
+/** What the CLI knows about a failure, whatever threw it. */
+export interface ErrorInfo {
+  code: string | undefined
+  message: string
+  requestId?: string
+}
+
+export interface HintContext {
+  apiUrl?: string
+}
+
+function field(error: unknown, name: string): unknown {
+  return typeof error === 'object' && error !== null ? (error as Record<string, unknown>)[name] : undefined
+}
+
+export function errorInfo(error: unknown): ErrorInfo {
+  const code = field(error, 'code')
+  const message = field(error, 'message')
+  const requestId = field(error, 'requestId')
+  const info: ErrorInfo = {
+    code: typeof code === 'string' ? code : undefined,
+    message: stripTerminalEscapes(typeof message === 'string' && message !== '' ? message : String(error)),
+  }
+  if (typeof requestId === 'string') info.requestId = requestId
+  return info
+}
+
+/** A hint that fits the error's code: never a hint about agents for a missing session. */
+export function hintFor(code: string | undefined, context: HintContext = {}): string | undefined {
+  switch (code) {
+    case 'unauthorized':
+      return 'Check your API key: run `cairn login --api-key <key>` or set CAIRN_API_KEY.'
+    case 'forbidden':
+      return 'This API key is not allowed to do that; use a key with write access.'
+    case 'connection_error':
+      return `Is the server running? Start one with \`cairn server\`, or point CAIRN_API_URL at it${context.apiUrl ? ` (now ${context.apiUrl})` : ''}.`
+    case 'session_not_found':
+      return 'List your sessions with `cairn sessions list`.'
+    case 'ambiguous_id':
+      return 'Type more characters of the ID.'
+    case 'session_deleted':
+      return 'A deleted session cannot come back; start a new one with `cairn run <agent>`.'
+    case 'session_busy':
+      return 'A turn is already running in this session; wait for it or cancel it (Ctrl-C in `cairn run`).'
+    case 'session_not_resumable':
+      return 'See why it stopped with `cairn sessions get <id>`.'
+    case 'agent_not_found':
+      return 'List your agents with `cairn agents list`, or deploy one with `cairn deploy`.'
+    case 'agent_not_ready':
+      return "The agent's latest revision is not ready; see `cairn agents get <agent>`."
+    case 'revision_not_found':
+      return 'See the revisions with `cairn agents get <agent>`.'
+    case 'invalid_manifest':
+      return 'Fix cairn.yaml (`cairn init` writes a commented example).'
+    case 'invalid_archive':
+      return 'The upload was not a readable tar.gz; try `cairn deploy` again.'
+    case 'secrets_missing':
+      return 'Set them with `cairn secrets set <agent> NAME=value`.'
+    case 'build_failed':
+      return 'See the build log with `cairn agents logs <agent>`; fix the project and deploy again.'
+    case 'payload_too_large':
+      return 'Leave large files out with `ignore:` in cairn.yaml or a .cairnignore file.'
+    case 'agent_crashed':
+    case 'agent_protocol_error':
+      return 'The session is kept: fix the agent, deploy it, then `cairn sessions resume <id>`.'
+    case 'limit_exceeded':
+      return 'The agent hit a memory, process or time limit; raise `limits:` in cairn.yaml.'
+    case 'rate_limited':
+      return 'Too many requests; wait a moment and try again.'
+    case 'timeout':
+      return 'The request took too long; try again.'
+    case 'internal':
+    case 'storage_error':
+    case 'sandbox_failed':
+    case 'state_lost':
+    case 'unavailable':
+      return "This is the server's fault; its log has the details."
+    case 'invalid_response':
+      return 'Is CAIRN_API_URL pointing at a Cairn server?'
+    default:
+      return undefined
+  }
+}
+
+/** `✗ message` and, on the next line, the hint. */
+export function renderError(
+  error: unknown,
+  context: HintContext = {},
+  style: { red: (s: string) => string; dim: (s: string) => string } = { red: (s) => s, dim: (s) => s },
+): string {
+  const info = errorInfo(error)
+  const hint = field(error, 'hint')
+  const lines = [style.red(`✗ ${info.message}`)]
+  const text = typeof hint === 'string' ? hint : hintFor(info.code, context)
+  if (text) lines.push(style.dim(`  ${text}`))
+  return lines.join('\n')
+}

@@ -1,0 +1,147 @@
+import type { SessionInfo } from '@cairn/protocol'
+import { describe, expect, it } from 'vitest'
+import { errorInfo, hintFor, renderError } from './errors.js'
+import { shortId } from './ids.js'
+import { oneLine, stripTerminalEscapes, truncate } from './sanitize.js'
+import { SESSION_HEAD, sessionRow } from './session.js'
+import { renderFields, renderTable } from './table.js'
+import { formatBytes, formatDuration, relativeTime } from './time.js'
+
+const now = new Date('2026-05-01T12:00:00.000Z')
+const ago = (ms: number) => new Date(now.getTime() - ms).toISOString()
+
+describe('relativeTime', () => {
+  it.each([
+    [1000, 'just now'],
+    [42_000, '42s ago'],
+    [5 * 60_000, '5m ago'],
+    [3 * 3600_000, '3h ago'],
+    [2 * 86400_000, '2d ago'],
+    [65 * 86400_000, '2mo ago'],
+    [800 * 86400_000, '2y ago'],
+    [-10 * 60_000, 'in 10m'],
+  ])('%d ms ago → %s', (ms, text) => {
+    expect(relativeTime(ago(ms), now)).toBe(text)
+  })
+
+  it('survives garbage', () => {
+    expect(relativeTime('not a date', now)).toBe('-')
+  })
+})
+
+describe('durations and sizes', () => {
+  it('formats durations', () => {
+    expect(formatDuration(850)).toBe('850ms')
+    expect(formatDuration(1234)).toBe('1.2s')
+    expect(formatDuration(59_999)).toBe('59.9s')
+    expect(formatDuration(125_000)).toBe('2m 5s')
+    expect(formatDuration(3_780_000)).toBe('1h 3m')
+    expect(formatDuration(30 * 86_400_000)).toBe('30d')
+    expect(formatDuration(2 * 86_400_000 + 4 * 3_600_000)).toBe('2d 4h')
+  })
+  it('formats sizes', () => {
+    expect(formatBytes(512)).toBe('512 B')
+    expect(formatBytes(1536)).toBe('1.5 KB')
+    expect(formatBytes(12.3 * 1024 * 1024)).toBe('12.3 MB')
+  })
+})
+
+describe('shortId', () => {
+  it('keeps the prefix and 8 characters: 12 for sessions', () => {
+    expect(shortId('ses_0123456789abcdefghjk')).toBe('ses_01234567')
+    expect(shortId('ses_0123456789abcdefghjk')).toHaveLength(12)
+  })
+})
+
+describe('stripTerminalEscapes', () => {
+  it('removes colours, cursor moves, titles and hyperlinks but keeps text', () => {
+    expect(stripTerminalEscapes('\x1b[31mred\x1b[0m plain')).toBe('red plain')
+    expect(stripTerminalEscapes('a\x1b[2J\x1b[H\x1b[10;20Hb')).toBe('ab')
+    expect(stripTerminalEscapes('\x1b]0;pwned title\x07text')).toBe('text')
+    expect(stripTerminalEscapes('\x1b]8;;http://evil\x1b\\link\x1b]8;;\x1b\\')).toBe('link')
+    expect(stripTerminalEscapes('\x9b31mc1 csi')).toBe('c1 csi')
+    expect(stripTerminalEscapes('\x1bPdevice control\x1b\\after')).toBe('after')
+    expect(stripTerminalEscapes('keypad\x1b=mode\x1b(B')).toBe('keypadmode')
+  })
+
+  it('keeps newlines and tabs, folds CRLF, drops lone CR, bells and backspaces', () => {
+    expect(stripTerminalEscapes('a\tb\r\nc\n')).toBe('a\tb\nc\n')
+    expect(stripTerminalEscapes('fake\rreal\x07\x08')).toBe('fakereal')
+  })
+
+  it('keeps unicode text', () => {
+    expect(stripTerminalEscapes('héllo ☃ 日本')).toBe('héllo ☃ 日本')
+  })
+
+  it('oneLine folds whitespace and truncates', () => {
+    expect(oneLine('  a\n\tb  \x1b[1mc ')).toBe('a b c')
+    expect(oneLine('abcdef', 4)).toBe('abc…')
+    expect(truncate('ab', 5)).toBe('ab')
+  })
+})
+
+describe('tables', () => {
+  it('renders aligned columns without borders', () => {
+    const text = renderTable(
+      ['ID', 'Name'],
+      [
+        ['1', 'alpha'],
+        ['22', 'b'],
+      ],
+    )
+    expect(text.split('\n')).toEqual(['ID  Name', '1   alpha', '22  b'])
+  })
+
+  it('renders session rows', () => {
+    const s: SessionInfo = {
+      id: 'ses_0123456789abcdefghjk',
+      agentId: 'agt_0123456789abcdefghjk',
+      agentName: 'notes',
+      revisionId: 'rev_0123456789abcdefghjk',
+      title: 'Remember\x1b[31m my cat',
+      status: 'idle',
+      statusCause: 'turn_completed',
+      turnCount: 2,
+      messageCount: 4,
+      idleTimeoutMs: 1000,
+      keepWarmMs: 1000,
+      warm: true,
+      createdAt: ago(3600_000),
+      updatedAt: ago(60_000),
+      lastActiveAt: ago(60_000),
+    }
+    expect(SESSION_HEAD).toEqual(['ID', 'Agent', 'Title', 'Status', 'Msgs', 'Last Active'])
+    expect(sessionRow(s, now)).toEqual(['ses_01234567', 'notes', 'Remember my cat', 'idle', '4', '1m ago'])
+  })
+
+  it('renders fields', () => {
+    expect(
+      renderFields([
+        ['ID', 'x'],
+        ['Status', 'idle'],
+      ]),
+    ).toBe('ID:     x\nStatus: idle')
+  })
+})
+
+describe('errors', () => {
+  it('prints ✗ and a hint matched to the code', () => {
+    const text = renderError({ code: 'session_not_found', message: "No session found matching 'zz'" })
+    expect(text).toBe("✗ No session found matching 'zz'\n  List your sessions with `cairn sessions list`.")
+    expect(text).not.toContain('agent')
+  })
+
+  it('hints about agents only for agent errors', () => {
+    expect(hintFor('agent_not_found')).toContain('cairn agents list')
+    expect(hintFor('ambiguous_id')).toContain('more characters')
+    expect(hintFor('connection_error', { apiUrl: 'http://h:1' })).toContain('http://h:1')
+    expect(hintFor('unauthorized')).toContain('cairn login')
+    expect(hintFor('validation_failed')).toBeUndefined()
+  })
+
+  it('prefers an explicit hint and strips escapes from messages', () => {
+    expect(renderError({ message: 'bad \x1b[2Jthing', hint: 'do this' })).toBe('✗ bad thing\n  do this')
+    expect(errorInfo(new Error('plain'))).toEqual({ code: undefined, message: 'plain' })
+    expect(renderError('just a string')).toBe('✗ just a string')
+  })
+})

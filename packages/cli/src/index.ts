@@ -1,0 +1,7 @@
+export { extractGlobalFlags, type GlobalFlags, useColor } from './argv.js'
+export { type ApiConfig, resolveApiConfig } from './config.js'
+export { credentialsPath, readCredentials, removeCredentials, writeCredentials } from './credentials.js'
+export { CancelledError, CliError, EXIT, UsageError } from './errors.js'
+export { main, run } from './main.js'
+export { listProject, packProject } from './pack/pack.js'
+export { buildProgram } from './program.js'

@@ -1,0 +1,97 @@
+"""Cairn's btrfs helper: subvolume ioctls without a process spawn per operation.
+
+One long-lived process per runtime reads JSON requests, one per line, on stdin and answers one
+JSON line each on stdout: {"id", "ok": true} or {"id", "ok": false, "errno", "error"}.
+Operations: snapshot {src, dst, readonly}, create {path}, delete {path}.
+"""
+import errno
+import fcntl
+import json
+import os
+import struct
+import sys
+
+BTRFS_IOC_SUBVOL_CREATE = 0x5000940E
+BTRFS_IOC_SNAP_DESTROY = 0x5000940F
+BTRFS_IOC_SNAP_CREATE_V2 = 0x50009417
+BTRFS_SUBVOL_RDONLY = 1 << 1
+NAME_MAX_V1 = 4088
+NAME_MAX_V2 = 4040
+
+
+def split(path):
+    parent, name = os.path.split(os.path.normpath(path))
+    if not name or "/" in name or len(name.encode()) > 255:
+        raise OSError(errno.EINVAL, "invalid subvolume name")
+    return parent, name
+
+
+def vol_args(fd, name):
+    return bytearray(struct.pack("q", fd) + name.encode().ljust(NAME_MAX_V1, b"\0"))
+
+
+def snapshot(src, dst, readonly):
+    parent, name = split(dst)
+    src_fd = os.open(src, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        dir_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            flags = BTRFS_SUBVOL_RDONLY if readonly else 0
+            args = struct.pack("qQQ4Q", src_fd, 0, flags, 0, 0, 0, 0) + name.encode().ljust(NAME_MAX_V2, b"\0")
+            fcntl.ioctl(dir_fd, BTRFS_IOC_SNAP_CREATE_V2, bytearray(args))
+        finally:
+            os.close(dir_fd)
+    finally:
+        os.close(src_fd)
+
+
+def create(path):
+    parent, name = split(path)
+    dir_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.ioctl(dir_fd, BTRFS_IOC_SUBVOL_CREATE, vol_args(0, name))
+    finally:
+        os.close(dir_fd)
+
+
+def delete(path):
+    parent, name = split(path)
+    dir_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.ioctl(dir_fd, BTRFS_IOC_SNAP_DESTROY, vol_args(0, name))
+    finally:
+        os.close(dir_fd)
+
+
+def handle(request):
+    op = request.get("op")
+    if op == "snapshot":
+        snapshot(request["src"], request["dst"], bool(request.get("readonly")))
+    elif op == "create":
+        create(request["path"])
+    elif op == "delete":
+        delete(request["path"])
+    elif op == "ping":
+        pass
+    else:
+        raise OSError(errno.EINVAL, "unknown op %r" % op)
+
+
+def main():
+    out = sys.stdout
+    for line in sys.stdin:
+        request = {}
+        try:
+            request = json.loads(line)
+            handle(request)
+            reply = {"id": request.get("id"), "ok": True}
+        except OSError as error:
+            reply = {"id": request.get("id"), "ok": False, "errno": error.errno, "error": os.strerror(error.errno or 0) if error.errno else str(error)}
+        except Exception as error:  # noqa: BLE001 - every failure must reach the caller as a reply
+            reply = {"id": request.get("id"), "ok": False, "errno": 0, "error": str(error)}
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+import { type ChildProcessWithoutNullStreams, spawn } from 'node:child_process'
+import { existsSync } from 'node:fs'
+import { createInterface } from 'node:readline'
+import { fileURLToPath } from 'node:url'
+import { CairnProblem } from '@cairn/protocol'
+import { execTool } from '../util/exec.js'
+
+const HELPER = fileURLToPath(new URL('../../helpers/btrfs_ops.py', import.meta.url))
+
+interface Pending {
+  resolve: () => void
+  reject: (error: Error) => void
+  describe: string
+}
+
+/**
+ * Subvolume operations. A long-lived helper issues the btrfs ioctls directly (about 1 ms for a
+ * snapshot instead of 5–6 ms for spawning `btrfs`), which keeps the pre-turn snapshot off the
+ * critical path of a warm turn; the `btrfs` command is the fallback when the helper is absent.
+ */
+export class BtrfsOps {
+  private helper: ChildProcessWithoutNullStreams | undefined
+  private readonly pending = new Map<number, Pending>()
+  private nextId = 1
+
+  private ensureHelper(): ChildProcessWithoutNullStreams | undefined {
+    if (this.helper && this.helper.exitCode === null) return this.helper
+    if (!existsSync(HELPER) || process.env.CAIRN_BTRFS_HELPER === 'off') return undefined
+    const child = spawn('python3', ['-u', HELPER], { stdio: ['pipe', 'pipe', 'pipe'] })
+    child.stderr.resume()
+    child.stdin.on('error', () => undefined)
+    createInterface({ input: child.stdout }).on('line', (line) => {
+      let reply: { id: number; ok: boolean; error?: string }
+      try {
+        reply = JSON.parse(line)
+      } catch {
+        return
+      }
+      const waiter = this.pending.get(reply.id)
+      if (!waiter) return
+      this.pending.delete(reply.id)
+      if (reply.ok) waiter.resolve()
+      else
+        waiter.reject(
+          new CairnProblem('storage_error', `${waiter.describe} failed: ${reply.error ?? 'unknown error'}`),
+        )
+    })
+    child.once('exit', () => {
+      for (const waiter of this.pending.values())
+        waiter.reject(new CairnProblem('storage_error', `${waiter.describe}: btrfs helper exited`))
+      this.pending.clear()
+      if (this.helper === child) this.helper = undefined
+    })
+    child.unref()
+    this.helper = child
+    return child
+  }
+
+  private request(
+    op: Record<string, unknown>,
+    describe: string,
+    fallback: () => Promise<unknown>,
+  ): Promise<void> {
+    const helper = this.ensureHelper()
+    if (!helper) return fallback().then(() => undefined)
+    const id = this.nextId++
+    return new Promise<void>((resolve, reject) => {
+      this.pending.set(id, { resolve, reject, describe })
+      helper.stdin.write(`${JSON.stringify({ id, ...op })}\n`)
+    })
+  }
+
+  snapshot(src: string, dst: string, readonly: boolean): Promise<void> {
+    return this.request({ op: 'snapshot', src, dst, readonly }, `snapshot ${src} -> ${dst}`, () =>
+      execTool('btrfs', ['subvolume', 'snapshot', ...(readonly ? ['-r'] : []), src, dst], {
+        code: 'storage_error',
+      }),
+    )
+  }
+
+  create(path: string): Promise<void> {
+    return this.request({ op: 'create', path }, `create subvolume ${path}`, () =>
+      execTool('btrfs', ['subvolume', 'create', path], { code: 'storage_error' }),
+    )
+  }
+
+  delete(path: string): Promise<void> {
+    return this.request({ op: 'delete', path }, `delete subvolume ${path}`, () =>
+      execTool('btrfs', ['subvolume', 'delete', path], { code: 'storage_error' }),
+    )
+  }
+
+  close(): void {
+    this.helper?.stdin.end()
+    this.helper = undefined
+  }
+}

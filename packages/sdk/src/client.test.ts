@@ -1,0 +1,293 @@
+import { encodeSse, type StreamEvent } from '@cairn/protocol'
+import { describe, expect, it } from 'vitest'
+import { Cairn } from './client.js'
+import {
+  AbortError,
+  AmbiguousIdError,
+  AuthenticationError,
+  type CairnError,
+  ConnectionError,
+  NotFoundError,
+  SessionBusyError,
+  SessionNotFoundError,
+  TimeoutError,
+} from './errors.js'
+
+const SESSION = {
+  id: 'ses_aaaaaaaaaaaaaaaaaaaa',
+  agentId: 'agt_bbbbbbbbbbbbbbbbbbbb',
+  agentName: 'echo',
+  revisionId: 'rev_cccccccccccccccccccc',
+  title: null,
+  status: 'idle',
+  statusCause: 'created',
+  turnCount: 0,
+  messageCount: 0,
+  idleTimeoutMs: 1000,
+  keepWarmMs: 1000,
+  warm: false,
+  createdAt: '2026-01-01T00:00:00.000Z',
+  updatedAt: '2026-01-01T00:00:00.000Z',
+  lastActiveAt: '2026-01-01T00:00:00.000Z',
+}
+
+const started: StreamEvent = {
+  type: 'run.started',
+  sessionId: SESSION.id,
+  turnId: 'trn_1',
+  turn: 1,
+  sandboxId: 'sbx_1',
+  coldStart: true,
+}
+
+type Handler = (url: URL, init: RequestInit) => Response | Promise<Response>
+
+function client(handler: Handler, calls: string[] = []) {
+  return new Cairn({
+    apiKey: 'k',
+    baseUrl: 'http://cairn.test/',
+    fetch: async (input, init) => {
+      const url = new URL(input)
+      calls.push(`${init.method} ${url.pathname}${url.search}`)
+      return handler(url, init)
+    },
+  })
+}
+
+const json = (body: unknown, status = 200) =>
+  new Response(JSON.stringify(body), { status, headers: { 'content-type': 'application/json' } })
+
+function sse(
+  events: StreamEvent[],
+  { hold = false, signal }: { hold?: boolean; signal?: AbortSignal | null } = {},
+) {
+  const body = new ReadableStream<Uint8Array>({
+    start(controller) {
+      for (const e of events) controller.enqueue(new TextEncoder().encode(encodeSse(e)))
+      if (!hold) controller.close()
+      signal?.addEventListener('abort', () => controller.error(new DOMException('aborted', 'AbortError')))
+    },
+  })
+  return new Response(body, { headers: { 'content-type': 'text/event-stream' } })
+}
+
+describe('Cairn client', () => {
+  it('sends the key and decodes sessions', async () => {
+    let auth: string | null = null
+    const c = client((_url, init) => {
+      auth = new Headers(init.headers).get('authorization')
+      return json(SESSION)
+    })
+    const session = await c.sessions.get(SESSION.id)
+    expect(auth).toBe('Bearer k')
+    expect(session.id).toBe(SESSION.id)
+    expect(session.title).toBeUndefined()
+  })
+
+  it('maps error codes to classes', async () => {
+    const c = client((url) => {
+      if (url.pathname.endsWith('/resolve')) {
+        return json(
+          {
+            error: {
+              code: 'ambiguous_id',
+              message: "Ambiguous ID 'a'",
+              requestId: 'req_1',
+              details: { matches: ['ses_a1', 'ses_a2'] },
+            },
+          },
+          409,
+        )
+      }
+      if (url.pathname === '/v1/agents')
+        return json({ error: { code: 'unauthorized', message: 'no key' } }, 401)
+      if (url.pathname.endsWith('/messages'))
+        return json({ error: { code: 'session_busy', message: 'busy' } }, 409)
+      if (url.pathname === '/v1/agents/x') return new Response('<html>not found</html>', { status: 404 })
+      return json({ error: { code: 'session_not_found', message: "No session found matching 'zz'" } }, 404)
+    })
+    const ambiguous = await c.sessions.resolve('a').catch((e: unknown) => e)
+    expect(ambiguous).toBeInstanceOf(AmbiguousIdError)
+    expect(ambiguous).toMatchObject({
+      code: 'ambiguous_id',
+      status: 409,
+      requestId: 'req_1',
+      retryable: false,
+    })
+    expect((ambiguous as AmbiguousIdError).matches).toEqual(['ses_a1', 'ses_a2'])
+    await expect(c.sessions.resolve('zz')).rejects.toBeInstanceOf(AmbiguousIdError)
+    await expect(c.sessions.get('zz')).rejects.toBeInstanceOf(SessionNotFoundError)
+    await expect(c.agents.list()).rejects.toBeInstanceOf(AuthenticationError)
+    const html = await c.agents.get('x').catch((e: unknown) => e)
+    expect(html).toBeInstanceOf(NotFoundError)
+    expect(html).toMatchObject({ code: 'not_found', status: 404 })
+    const busy = await c.sessions.stream(SESSION.id, 'hi').result.catch((e: unknown) => e)
+    expect(busy).toBeInstanceOf(SessionBusyError)
+    expect((busy as CairnError).retryable).toBe(true)
+  })
+
+  it('reports connection failures and timeouts', async () => {
+    const refused = client(() => {
+      throw new TypeError('fetch failed', { cause: { code: 'ECONNREFUSED' } })
+    })
+    const error = await refused.agents.list().catch((e: unknown) => e)
+    expect(error).toBeInstanceOf(ConnectionError)
+    expect((error as Error).message).toContain('ECONNREFUSED')
+    const slow = new Cairn({
+      baseUrl: 'http://cairn.test',
+      timeoutMs: 20,
+      fetch: (_input, init) =>
+        new Promise((_resolve, reject) =>
+          init.signal?.addEventListener('abort', () => reject(new Error('aborted'))),
+        ),
+    })
+    await expect(slow.agents.list()).rejects.toBeInstanceOf(TimeoutError)
+    const controller = new AbortController()
+    const pending = slow.agents.list({ signal: controller.signal, timeoutMs: 0 })
+    controller.abort()
+    await expect(pending).rejects.toBeInstanceOf(AbortError)
+  })
+
+  it('streams a run: events, text and result', async () => {
+    const c = client(() =>
+      sse([
+        started,
+        { type: 'message.delta', turnId: 'trn_1', content: 'hel' },
+        { type: 'tool.start', turnId: 'trn_1', toolCallId: 't1', name: 'ls', input: { dir: '.' } },
+        { type: 'tool.end', turnId: 'trn_1', toolCallId: 't1', output: 'a b', durationMs: 3 },
+        { type: 'message.delta', turnId: 'trn_1', content: 'lo' },
+        { type: 'run.completed', turnId: 'trn_1', text: 'hello', durationMs: 12 },
+      ]),
+    )
+    const stream = c.sessions.stream(SESSION.id, 'hi')
+    const chunks: string[] = []
+    for await (const chunk of stream.textStream) chunks.push(chunk)
+    const types: string[] = []
+    for await (const event of stream) types.push(event.type)
+    expect(chunks).toEqual(['hel', 'lo'])
+    expect(types).toEqual([
+      'run.started',
+      'message.delta',
+      'tool.start',
+      'tool.end',
+      'message.delta',
+      'run.completed',
+    ])
+    expect(await stream.result).toEqual({
+      text: 'hello',
+      toolCalls: [{ id: 't1', name: 'ls', input: { dir: '.' }, output: 'a b', durationMs: 3 }],
+      finishReason: 'completed',
+      durationMs: 12,
+      sessionId: SESSION.id,
+      turn: 1,
+      turnId: 'trn_1',
+    })
+  })
+
+  it('resolves a failed run with its error', async () => {
+    const c = client(() =>
+      sse([
+        started,
+        { type: 'message.delta', turnId: 'trn_1', content: 'part' },
+        {
+          type: 'run.failed',
+          turnId: 'trn_1',
+          durationMs: 5,
+          error: { code: 'agent_crashed', message: 'exit 1' },
+        },
+      ]),
+    )
+    expect(await c.sessions.run(SESSION.id, 'hi')).toMatchObject({
+      finishReason: 'failed',
+      text: 'part',
+      error: { code: 'agent_crashed', message: 'exit 1' },
+    })
+  })
+
+  it('throws a connection error when the stream ends without a final event', async () => {
+    const c = client(() => sse([started]))
+    const stream = c.sessions.stream(SESSION.id, 'hi')
+    await expect(stream.result).rejects.toBeInstanceOf(ConnectionError)
+    const seen: string[] = []
+    await expect(async () => {
+      for await (const e of stream) seen.push(e.type)
+    }).rejects.toBeInstanceOf(ConnectionError)
+    expect(seen).toEqual(['run.started'])
+  })
+
+  it('abort() cancels on the server and resolves cancelled', async () => {
+    const calls: string[] = []
+    let onCancel: () => void = () => undefined
+    const c = client((url) => {
+      if (url.pathname.endsWith('/cancel')) {
+        onCancel()
+        return json({ ok: true })
+      }
+      const body = new ReadableStream<Uint8Array>({
+        start(controller) {
+          const send = (e: StreamEvent) => controller.enqueue(new TextEncoder().encode(encodeSse(e)))
+          send(started)
+          send({ type: 'message.delta', turnId: 'trn_1', content: 'so far' })
+          onCancel = () => {
+            send({ type: 'run.cancelled', turnId: 'trn_1', durationMs: 9 })
+            controller.close()
+          }
+        },
+      })
+      return new Response(body, { headers: { 'content-type': 'text/event-stream' } })
+    }, calls)
+    const stream = c.sessions.stream(SESSION.id, 'hi')
+    for await (const event of stream) if (event.type === 'message.delta') break
+    await stream.abort()
+    expect(await stream.result).toMatchObject({
+      finishReason: 'cancelled',
+      text: 'so far',
+      turn: 1,
+      durationMs: 9,
+    })
+    expect(calls).toContain(`POST /v1/sessions/${SESSION.id}/cancel`)
+    const types: string[] = []
+    for await (const event of stream) types.push(event.type)
+    expect(types).toEqual(['run.started', 'message.delta', 'run.cancelled'])
+  })
+
+  it('a signal aborts a stream the server never finishes', async () => {
+    const c = client((url, init) => {
+      if (url.pathname.endsWith('/cancel')) return json({ ok: false })
+      return sse([started], { hold: true, signal: init.signal ?? null })
+    })
+    const controller = new AbortController()
+    const stream = c.sessions.stream(SESSION.id, 'hi', { signal: controller.signal })
+    for await (const event of stream) if (event.type === 'run.started') break
+    controller.abort()
+    const result = await stream.result
+    expect(result.finishReason).toBe('cancelled')
+  }, 10_000)
+
+  it('run() without a session creates one and ends it', async () => {
+    const calls: string[] = []
+    const c = client((url) => {
+      if (url.pathname === '/v1/sessions') return json(SESSION, 201)
+      if (url.pathname.endsWith('/end')) return json({ ...SESSION, status: 'completed' })
+      return sse([started, { type: 'run.completed', turnId: 'trn_1', text: 'ok', durationMs: 1 }])
+    }, calls)
+    const result = await c.run('echo', { message: 'hi' })
+    expect(result.text).toBe('ok')
+    expect(result.sessionId).toBe(SESSION.id)
+    expect(calls).toEqual([
+      'POST /v1/sessions',
+      `POST /v1/sessions/${SESSION.id}/messages`,
+      `POST /v1/sessions/${SESSION.id}/end`,
+    ])
+  })
+
+  it('an already aborted signal resolves cancelled without a request', async () => {
+    const calls: string[] = []
+    const c = client(() => json({}), calls)
+    const controller = new AbortController()
+    controller.abort()
+    const result = await c.run('echo', { message: 'hi', signal: controller.signal })
+    expect(result.finishReason).toBe('cancelled')
+    expect(calls).toEqual([])
+  })
+})

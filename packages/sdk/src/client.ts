@@ -1,0 +1,97 @@
+import { Agents } from './agents.js'
+import { readEnv } from './env.js'
+import { CairnError } from './errors.js'
+import { type FetchLike, HttpClient, type RequestOptions } from './http.js'
+import { Secrets } from './secrets.js'
+import { type CreateSessionOptions, type Session, Sessions } from './sessions.js'
+import { AgentStream, type RunResult } from './stream.js'
+
+export const DEFAULT_BASE_URL = 'http://127.0.0.1:7070'
+export const DEFAULT_TIMEOUT_MS = 60_000
+
+export interface CairnOptions {
+  /** Defaults to `CAIRN_API_KEY`. */
+  apiKey?: string | undefined
+  /** Defaults to `CAIRN_API_URL`, then `http://127.0.0.1:7070`. */
+  baseUrl?: string | undefined
+  /** Per request; for streams, until the answer starts. Default 60 s. */
+  timeoutMs?: number | undefined
+  /** A `fetch` to use instead of the global one. */
+  fetch?: FetchLike | undefined
+  /** Sent as User-Agent where the platform allows it. */
+  userAgent?: string | undefined
+}
+
+export interface RunOptions extends CreateSessionOptions {
+  message: string
+  /** Run in this existing session (full ID); without it a session is created and ended afterwards. */
+  sessionId?: string | undefined
+}
+
+/** The Cairn API client. Core code: fetch, streams and text decoding only, so it runs in browsers too. */
+export class Cairn {
+  readonly agents: Agents
+  readonly sessions: Sessions
+  readonly secrets: Secrets
+  readonly baseUrl: string
+  private readonly http: HttpClient
+
+  constructor(options: CairnOptions = {}) {
+    this.baseUrl = (options.baseUrl ?? readEnv('CAIRN_API_URL') ?? DEFAULT_BASE_URL).replace(/\/+$/, '')
+    const fetchImpl = options.fetch ?? globalThis.fetch?.bind(globalThis)
+    if (!fetchImpl) {
+      throw new CairnError({ code: 'bad_request', message: 'no fetch available: pass one as `fetch`' })
+    }
+    this.http = new HttpClient({
+      baseUrl: this.baseUrl,
+      apiKey: options.apiKey ?? readEnv('CAIRN_API_KEY'),
+      timeoutMs: options.timeoutMs ?? DEFAULT_TIMEOUT_MS,
+      fetch: fetchImpl,
+      userAgent: options.userAgent,
+    })
+    this.agents = new Agents(this.http)
+    this.sessions = new Sessions(this.http)
+    this.secrets = new Secrets(this.http)
+  }
+
+  /** `GET /healthz` (no key needed). */
+  async health(options: RequestOptions = {}): Promise<{ ok: boolean; version: string }> {
+    const body = (await this.http.json({ method: 'GET', path: '/healthz', ...options })) as Record<
+      string,
+      unknown
+    >
+    return { ok: body?.ok === true, version: typeof body?.version === 'string' ? body.version : 'unknown' }
+  }
+
+  createSession(agent: string, options: CreateSessionOptions = {}): Promise<Session> {
+    return this.sessions.create(agent, options)
+  }
+
+  /** One turn. Without `sessionId` it runs in a new session that is ended afterwards. */
+  run(agent: string, options: RunOptions): Promise<RunResult> {
+    return this.stream(agent, options).result
+  }
+
+  /** One turn, streamed. Without `sessionId` it runs in a new session that is ended when the run is over. */
+  stream(agent: string, options: RunOptions): AgentStream {
+    const { message, sessionId, signal, timeoutMs, ...create } = options
+    if (sessionId !== undefined) return this.sessions.stream(sessionId, message, { signal, timeoutMs })
+    let created: string | undefined
+    return new AgentStream(
+      {
+        open: async (openSignal) => {
+          const session = await this.sessions.create(agent, { ...create, signal: openSignal, timeoutMs })
+          created = session.id
+          return this.sessions.openRun(session.id, message, openSignal, timeoutMs)
+        },
+        cancel: async () => {
+          if (created !== undefined) await this.sessions.cancel(created)
+        },
+        finish: async () => {
+          if (created !== undefined) await this.sessions.end(created)
+        },
+      },
+      signal,
+    )
+  }
+}

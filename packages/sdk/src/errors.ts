@@ -1,0 +1,179 @@
+import { ERROR_CODES, type ErrorCode, isErrorCode } from '@cairn/protocol'
+
+/** Codes the client produces itself, for failures that never reached (or never came back from) the server. */
+export type ClientErrorCode = 'connection_error' | 'aborted' | 'invalid_response'
+/** A registry code, a client code, or a code from a newer server this SDK does not know yet. */
+export type CairnErrorCode = ErrorCode | ClientErrorCode | (string & Record<never, never>)
+
+export interface CairnErrorInit {
+  code: CairnErrorCode
+  message: string
+  status?: number | undefined
+  requestId?: string | undefined
+  retryable?: boolean | undefined
+  details?: Record<string, unknown> | undefined
+  cause?: unknown
+}
+
+/** Every error the SDK throws. `code` is a protocol registry code or one of the client's own codes. */
+export class CairnError extends Error {
+  readonly code: CairnErrorCode
+  /** HTTP status, when the server answered. */
+  readonly status: number | undefined
+  readonly requestId: string | undefined
+  readonly retryable: boolean
+  readonly details: Record<string, unknown> | undefined
+
+  constructor(init: CairnErrorInit) {
+    super(init.message, init.cause === undefined ? undefined : { cause: init.cause })
+    this.name = new.target.name
+    this.code = init.code
+    this.status = init.status
+    this.requestId = init.requestId
+    this.details = init.details
+    this.retryable = init.retryable ?? (isErrorCode(init.code) ? ERROR_CODES[init.code].retryable : false)
+  }
+}
+
+export class AuthenticationError extends CairnError {}
+export class PermissionDeniedError extends CairnError {}
+export class ValidationError extends CairnError {}
+export class PayloadTooLargeError extends CairnError {}
+export class NotFoundError extends CairnError {}
+export class AgentNotFoundError extends NotFoundError {}
+export class SessionNotFoundError extends NotFoundError {}
+export class SessionDeletedError extends NotFoundError {}
+export class ConflictError extends CairnError {}
+export class SessionBusyError extends ConflictError {}
+export class SessionNotResumableError extends ConflictError {}
+export class AgentNotReadyError extends ConflictError {}
+/** The agent declares secrets that are not set yet; `missing` names them. */
+export class SecretsMissingError extends ConflictError {
+  get missing(): string[] {
+    const missing = this.details?.missing
+    return Array.isArray(missing) ? missing.filter((m): m is string => typeof m === 'string') : []
+  }
+}
+/** The revision's dependencies or setup command failed to build. */
+export class BuildFailedError extends CairnError {}
+export class RateLimitError extends CairnError {}
+export class AgentCrashedError extends CairnError {}
+export class AgentProtocolError extends CairnError {}
+export class SandboxError extends CairnError {}
+export class LimitExceededError extends CairnError {}
+export class InternalServerError extends CairnError {}
+export class ServiceUnavailableError extends CairnError {}
+
+/** A prefix matched several IDs; `matches` lists them. */
+export class AmbiguousIdError extends ConflictError {
+  get matches(): string[] {
+    const matches = this.details?.matches
+    return Array.isArray(matches) ? matches.filter((m): m is string => typeof m === 'string') : []
+  }
+}
+
+/** The server timed out (`timeout` code) or the request took longer than `timeoutMs`. */
+export class TimeoutError extends CairnError {}
+/** The server could not be reached, or the connection broke. */
+export class ConnectionError extends CairnError {}
+/** The call was aborted through its `signal` (or `AgentStream.abort()`). */
+export class AbortError extends CairnError {}
+/** The server answered something the SDK cannot read. */
+export class InvalidResponseError extends CairnError {}
+
+type ErrorClass = new (init: CairnErrorInit) => CairnError
+
+/** One class per registry code; the Record type makes the compiler refuse a missing code. */
+const CLASS_BY_CODE: Record<ErrorCode, ErrorClass> = {
+  bad_request: ValidationError,
+  validation_failed: ValidationError,
+  invalid_json: ValidationError,
+  invalid_archive: ValidationError,
+  invalid_manifest: ValidationError,
+  unsupported_media_type: ValidationError,
+  unauthorized: AuthenticationError,
+  forbidden: PermissionDeniedError,
+  not_found: NotFoundError,
+  agent_not_found: AgentNotFoundError,
+  revision_not_found: NotFoundError,
+  session_not_found: SessionNotFoundError,
+  session_deleted: SessionDeletedError,
+  ambiguous_id: AmbiguousIdError,
+  session_busy: SessionBusyError,
+  session_not_resumable: SessionNotResumableError,
+  agent_not_ready: AgentNotReadyError,
+  conflict: ConflictError,
+  secrets_missing: SecretsMissingError,
+  build_failed: BuildFailedError,
+  payload_too_large: PayloadTooLargeError,
+  rate_limited: RateLimitError,
+  agent_crashed: AgentCrashedError,
+  agent_protocol_error: AgentProtocolError,
+  sandbox_failed: SandboxError,
+  limit_exceeded: LimitExceededError,
+  storage_error: InternalServerError,
+  state_lost: InternalServerError,
+  internal: InternalServerError,
+  unavailable: ServiceUnavailableError,
+  timeout: TimeoutError,
+}
+
+/** The code a bare HTTP status stands for, when the body carries none (a proxy's HTML page, say). */
+export function codeForStatus(status: number): ErrorCode {
+  switch (status) {
+    case 400:
+      return 'bad_request'
+    case 401:
+      return 'unauthorized'
+    case 403:
+      return 'forbidden'
+    case 404:
+      return 'not_found'
+    case 409:
+      return 'conflict'
+    case 410:
+      return 'session_deleted'
+    case 413:
+      return 'payload_too_large'
+    case 422:
+      return 'build_failed'
+    case 415:
+      return 'unsupported_media_type'
+    case 429:
+      return 'rate_limited'
+    case 503:
+      return 'unavailable'
+    case 504:
+      return 'timeout'
+    default:
+      return status >= 500 ? 'internal' : 'bad_request'
+  }
+}
+
+function isRecord(value: unknown): value is Record<string, unknown> {
+  return typeof value === 'object' && value !== null && !Array.isArray(value)
+}
+
+/** Builds the typed error for a code; unknown codes (a newer server) give a plain `CairnError`. */
+export function errorFromCode(init: CairnErrorInit): CairnError {
+  const Class = isErrorCode(init.code) ? CLASS_BY_CODE[init.code] : CairnError
+  return new Class(init)
+}
+
+/** Reads `{ error: { code, message, requestId, details } }`, whatever the body holds. */
+export function errorFromBody(status: number | undefined, body: unknown, requestId?: string): CairnError {
+  const error = isRecord(body) && isRecord(body.error) ? body.error : undefined
+  const code =
+    typeof error?.code === 'string' ? error.code : status === undefined ? 'internal' : codeForStatus(status)
+  const message =
+    typeof error?.message === 'string'
+      ? error.message
+      : `request failed${status ? ` with HTTP ${status}` : ''}`
+  return errorFromCode({
+    code,
+    message,
+    status,
+    requestId: typeof error?.requestId === 'string' ? error.requestId : requestId,
+    details: isRecord(error?.details) ? error.details : undefined,
+  })
+}

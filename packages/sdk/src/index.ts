@@ -1,0 +1,32 @@
+export type {
+  AgentDetail,
+  AgentInfo,
+  DeployResult,
+  FileEntry,
+  Message,
+  RevisionInfo,
+  SessionInfo,
+  SessionStatus,
+  SnapshotInfo,
+  StatusEvent,
+  StreamEvent,
+  ToolCall,
+  TurnInfo,
+  WorkspaceDiff,
+} from '@cairn/protocol'
+export { Agents, type BuildLog, type BuildLogEvent, DEPLOY_TIMEOUT_MS, type DeployOptions } from './agents.js'
+export { Cairn, type CairnOptions, DEFAULT_BASE_URL, DEFAULT_TIMEOUT_MS, type RunOptions } from './client.js'
+export * from './errors.js'
+export { decodeEvent } from './events.js'
+export type { FetchLike, RequestOptions } from './http.js'
+export { SECRET_INFO_FIELDS, type SecretInfo, type SecretList, type SecretScope, Secrets } from './secrets.js'
+export {
+  type CreateSessionOptions,
+  type ListSessionsOptions,
+  Session,
+  type SessionPage,
+  Sessions,
+} from './sessions.js'
+export { readSse, type SseMessage, SseParser } from './sse.js'
+export { AgentStream, type FinishReason, type RunResult, type StreamDriver } from './stream.js'
+export { type FileOptions, Files, type RestoreResult, type SnapshotRef, Snapshots } from './workspace.js'

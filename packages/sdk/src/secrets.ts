@@ -1,0 +1,58 @@
+import { InvalidResponseError } from './errors.js'
+import type { HttpClient, RequestOptions } from './http.js'
+
+export type SecretScope = 'setup' | 'runtime' | 'proxy'
+
+/** The fields of a secret's listing; values are never returned. */
+export const SECRET_INFO_FIELDS = ['name', 'scope', 'createdAt', 'updatedAt'] as const
+export type SecretInfo = Record<(typeof SECRET_INFO_FIELDS)[number], string>
+
+export interface SecretList {
+  data: SecretInfo[]
+  /** Secrets the agent's cairn.yaml requires that are not set yet. */
+  missing: string[]
+}
+
+const path = (agent: string, rest = '') => `/v1/agents/${encodeURIComponent(agent)}/secrets${rest}`
+const isRecord = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null
+
+function asSecretList(body: unknown): SecretList {
+  if (!isRecord(body) || !Array.isArray(body.data)) {
+    throw new InvalidResponseError({
+      code: 'invalid_response',
+      message: 'the server sent an unexpected secret list',
+    })
+  }
+  const data = body.data
+    .filter(isRecord)
+    .map((s) => Object.fromEntries(SECRET_INFO_FIELDS.map((f) => [f, String(s[f] ?? '')])) as SecretInfo)
+  const missing = Array.isArray(body.missing)
+    ? body.missing.filter((m): m is string => typeof m === 'string')
+    : []
+  return { data, missing }
+}
+
+/** An agent's secrets: encrypted at rest, handed to its sandboxes, never readable through the API. */
+export class Secrets {
+  constructor(private readonly http: HttpClient) {}
+
+  async list(agent: string, options: RequestOptions = {}): Promise<SecretList> {
+    return asSecretList(await this.http.json({ method: 'GET', path: path(agent), ...options }))
+  }
+
+  /** Sets (or replaces) secrets by name. */
+  async set(
+    agent: string,
+    secrets: Record<string, string>,
+    options: RequestOptions & { scope?: SecretScope | undefined } = {},
+  ): Promise<SecretList> {
+    const { scope, ...request } = options
+    return asSecretList(
+      await this.http.json({ method: 'PUT', path: path(agent), json: { secrets, scope }, ...request }),
+    )
+  }
+
+  async delete(agent: string, name: string, options: RequestOptions = {}): Promise<void> {
+    await this.http.json({ method: 'DELETE', path: path(agent, `/${encodeURIComponent(name)}`), ...options })
+  }
+}

@@ -1,0 +1,288 @@
+import type { Message, SessionInfo, SessionStatus, StatusEvent, StreamEvent, TurnInfo } from '@cairn/protocol'
+import { InvalidResponseError } from './errors.js'
+import { decodeEvent } from './events.js'
+import { asCursor, asList, asMessage, asSession, asStatusEvent, asTurn } from './guards.js'
+import type { HttpClient, RequestOptions } from './http.js'
+import { readSse } from './sse.js'
+import { AgentStream, type RunResult, type StreamDriver } from './stream.js'
+import { Files, Snapshots } from './workspace.js'
+
+export interface CreateSessionOptions extends RequestOptions {
+  title?: string | undefined
+  idleTimeoutMs?: number | undefined
+  keepWarmMs?: number | undefined
+}
+
+export interface ListSessionsOptions extends RequestOptions {
+  /** Agent ID or name. */
+  agent?: string | undefined
+  status?: SessionStatus | undefined
+  limit?: number | undefined
+  cursor?: string | undefined
+}
+
+export interface SessionPage {
+  data: SessionInfo[]
+  /** Pass as `cursor` for the next page; `undefined` on the last page. */
+  nextCursor: string | undefined
+}
+
+const path = (id: string, rest = '') => `/v1/sessions/${encodeURIComponent(id)}${rest}`
+
+async function* decodeEvents(body: ReadableStream<Uint8Array>): AsyncGenerator<StreamEvent> {
+  for await (const message of readSse(body)) {
+    const event = decodeEvent(message)
+    if (event !== undefined) yield event
+  }
+}
+
+/** Session calls by ID. `Session` handles wrap these for one session. */
+export class Sessions {
+  constructor(private readonly http: HttpClient) {}
+
+  /** The snapshots of a session (by full ID). */
+  snapshots(id: string): Snapshots {
+    return new Snapshots(this.http, id)
+  }
+
+  /** The workspace files of a session (by full ID). */
+  files(id: string): Files {
+    return new Files(this.http, id)
+  }
+
+  /** Revision, environment, snapshots, last turn, dirty files, limits and policies of a session. */
+  async manifest(id: string, options: RequestOptions = {}): Promise<Record<string, unknown>> {
+    const body = await this.http.json({ method: 'GET', path: path(id, '/manifest'), ...options })
+    if (typeof body !== 'object' || body === null) {
+      throw new InvalidResponseError({
+        code: 'invalid_response',
+        message: 'the server sent an unexpected manifest',
+      })
+    }
+    return body as Record<string, unknown>
+  }
+
+  async create(agent: string, options: CreateSessionOptions = {}): Promise<Session> {
+    const { title, idleTimeoutMs, keepWarmMs, ...request } = options
+    const info = asSession(
+      await this.http.json({
+        method: 'POST',
+        path: '/v1/sessions',
+        json: { agent, title, idleTimeoutMs, keepWarmMs },
+        ...request,
+      }),
+    )
+    return new Session(this, info)
+  }
+
+  /** A session by its full ID. */
+  async get(id: string, options: RequestOptions = {}): Promise<Session> {
+    return new Session(this, await this.info(id, options))
+  }
+
+  async info(id: string, options: RequestOptions = {}): Promise<SessionInfo> {
+    return asSession(await this.http.json({ method: 'GET', path: path(id), ...options }))
+  }
+
+  /** A session by a unique prefix of its ID (with or without `ses_`); throws `AmbiguousIdError` or `SessionNotFoundError`. */
+  async resolve(prefix: string, options: RequestOptions = {}): Promise<Session> {
+    const info = asSession(
+      await this.http.json({ method: 'GET', path: '/v1/sessions/resolve', query: { prefix }, ...options }),
+    )
+    return new Session(this, info)
+  }
+
+  /** One page of sessions, newest first. */
+  async list(options: ListSessionsOptions = {}): Promise<SessionPage> {
+    const { agent, status, limit, cursor, ...request } = options
+    const body = await this.http.json({
+      method: 'GET',
+      path: '/v1/sessions',
+      query: { agent, status, limit, cursor },
+      ...request,
+    })
+    return { data: asList(body, asSession, 'session list'), nextCursor: asCursor(body) }
+  }
+
+  /** Every session, page after page. */
+  async *listAll(options: Omit<ListSessionsOptions, 'cursor'> = {}): AsyncGenerator<SessionInfo> {
+    let cursor: string | undefined
+    do {
+      const page = await this.list({ ...options, cursor })
+      yield* page.data
+      cursor = page.nextCursor
+    } while (cursor !== undefined)
+  }
+
+  async delete(id: string, options: RequestOptions = {}): Promise<void> {
+    await this.http.json({ method: 'DELETE', path: path(id), ...options })
+  }
+
+  /** Ends the session (status `completed`); its workspace and transcript stay and it can be resumed. */
+  async end(id: string, options: RequestOptions = {}): Promise<SessionInfo> {
+    return asSession(await this.http.json({ method: 'POST', path: path(id, '/end'), ...options }))
+  }
+
+  async resume(id: string, options: RequestOptions = {}): Promise<SessionInfo> {
+    return asSession(await this.http.json({ method: 'POST', path: path(id, '/resume'), ...options }))
+  }
+
+  /** Cancels the running turn; `false` when none was running. */
+  async cancel(id: string, options: RequestOptions = {}): Promise<boolean> {
+    const body = await this.http.json({ method: 'POST', path: path(id, '/cancel'), ...options })
+    return typeof body === 'object' && body !== null && (body as { ok?: unknown }).ok === true
+  }
+
+  /** The transcript. */
+  async messages(id: string, options: RequestOptions = {}): Promise<Message[]> {
+    return asList(
+      await this.http.json({ method: 'GET', path: path(id, '/messages'), ...options }),
+      asMessage,
+      'message list',
+    )
+  }
+
+  /** Every status change with its cause. */
+  async events(id: string, options: RequestOptions = {}): Promise<StatusEvent[]> {
+    return asList(
+      await this.http.json({ method: 'GET', path: path(id, '/events'), ...options }),
+      asStatusEvent,
+      'event list',
+    )
+  }
+
+  /** Turns with their status, timing and the tail of the agent's stderr. */
+  async turns(id: string, options: RequestOptions = {}): Promise<TurnInfo[]> {
+    return asList(
+      await this.http.json({ method: 'GET', path: path(id, '/turns'), ...options }),
+      asTurn,
+      'turn list',
+    )
+  }
+
+  stream(id: string, message: string, options: RequestOptions = {}): AgentStream {
+    return new AgentStream(
+      {
+        open: (signal) => this.openRun(id, message, signal, options.timeoutMs),
+        cancel: async () => {
+          await this.cancel(id)
+        },
+      },
+      options.signal,
+    )
+  }
+
+  run(id: string, message: string, options: RequestOptions = {}): Promise<RunResult> {
+    return this.stream(id, message, options).result
+  }
+
+  /** @internal Opens the SSE answer of one message. */
+  async openRun(
+    id: string,
+    message: string,
+    signal: AbortSignal,
+    timeoutMs?: number,
+  ): ReturnType<StreamDriver['open']> {
+    const { response, abort, done } = await this.http.stream({
+      method: 'POST',
+      path: path(id, '/messages'),
+      json: { prompt: message },
+      accept: 'text/event-stream',
+      signal,
+      timeoutMs,
+    })
+    if (!response.body) {
+      done()
+      throw new InvalidResponseError({ code: 'invalid_response', message: 'the run answered without a body' })
+    }
+    return {
+      sessionId: id,
+      events: decodeEvents(response.body),
+      close: () => {
+        abort()
+        done()
+      },
+    }
+  }
+}
+
+/** A handle on one session: what you created, you run, end, resume or delete through it. */
+export class Session {
+  constructor(
+    private readonly sessions: Sessions,
+    /** The latest state seen; refreshed by `refresh()`, `end()` and `resume()`. */
+    public info: SessionInfo,
+  ) {}
+
+  get id(): string {
+    return this.info.id
+  }
+  /** Snapshots of the workspace: create, list, restore, undo, fork. */
+  get snapshots(): Snapshots {
+    return this.sessions.snapshots(this.id)
+  }
+  /** Files of the workspace: list, read, write, delete, diff, export. */
+  get files(): Files {
+    return this.sessions.files(this.id)
+  }
+  get agentName(): string {
+    return this.info.agentName
+  }
+  get status(): SessionStatus {
+    return this.info.status
+  }
+  get title(): string | undefined {
+    return this.info.title ?? undefined
+  }
+
+  run(message: string, options: RequestOptions = {}): Promise<RunResult> {
+    return this.sessions.run(this.id, message, options)
+  }
+
+  stream(message: string, options: RequestOptions = {}): AgentStream {
+    return this.sessions.stream(this.id, message, options)
+  }
+
+  messages(options: RequestOptions = {}): Promise<Message[]> {
+    return this.sessions.messages(this.id, options)
+  }
+
+  events(options: RequestOptions = {}): Promise<StatusEvent[]> {
+    return this.sessions.events(this.id, options)
+  }
+
+  turns(options: RequestOptions = {}): Promise<TurnInfo[]> {
+    return this.sessions.turns(this.id, options)
+  }
+
+  cancel(options: RequestOptions = {}): Promise<boolean> {
+    return this.sessions.cancel(this.id, options)
+  }
+
+  manifest(options: RequestOptions = {}): Promise<Record<string, unknown>> {
+    return this.sessions.manifest(this.id, options)
+  }
+
+  async refresh(options: RequestOptions = {}): Promise<SessionInfo> {
+    this.info = await this.sessions.info(this.id, options)
+    return this.info
+  }
+
+  async end(options: RequestOptions = {}): Promise<SessionInfo> {
+    this.info = await this.sessions.end(this.id, options)
+    return this.info
+  }
+
+  async resume(options: RequestOptions = {}): Promise<SessionInfo> {
+    this.info = await this.sessions.resume(this.id, options)
+    return this.info
+  }
+
+  delete(options: RequestOptions = {}): Promise<void> {
+    return this.sessions.delete(this.id, options)
+  }
+
+  toJSON(): SessionInfo {
+    return this.info
+  }
+}

@@ -1,0 +1,216 @@
+import type { FileEntry, SessionInfo, SnapshotInfo, WorkspaceDiff } from '@cairn/protocol'
+import { InvalidResponseError } from './errors.js'
+import { asList, asSession } from './guards.js'
+import type { HttpClient, RequestOptions } from './http.js'
+
+const path = (id: string, rest: string) => `/v1/sessions/${encodeURIComponent(id)}${rest}`
+const isRecord = (v: unknown): v is Record<string, unknown> =>
+  typeof v === 'object' && v !== null && !Array.isArray(v)
+
+function expectRecord<T>(value: unknown, keys: string[], what: string): T {
+  if (!isRecord(value) || keys.some((k) => !(k in value))) {
+    throw new InvalidResponseError({
+      code: 'invalid_response',
+      message: `the server sent an unexpected ${what}`,
+    })
+  }
+  return value as T
+}
+
+const asSnapshot = (v: unknown) =>
+  expectRecord<SnapshotInfo>(v, ['id', 'sessionId', 'turn', 'createdAt'], 'snapshot')
+const asFileEntry = (v: unknown) => expectRecord<FileEntry>(v, ['name', 'path', 'type', 'size'], 'file entry')
+
+/** Which snapshot: its ID, or the turn it follows (0: before the first turn). */
+export type SnapshotRef = { snapshotId: string } | { turn: number }
+
+export interface RestoreResult {
+  session: SessionInfo
+  snapshot: SnapshotInfo
+}
+
+/** A session's snapshots: O(1) read-only copies of its workspace, taken with the sandbox frozen. */
+export class Snapshots {
+  constructor(
+    private readonly http: HttpClient,
+    private readonly sessionId: string,
+  ) {}
+
+  async create(options: RequestOptions & { label?: string | undefined } = {}): Promise<SnapshotInfo> {
+    const { label, ...request } = options
+    return asSnapshot(
+      await this.http.json({
+        method: 'POST',
+        path: path(this.sessionId, '/snapshots'),
+        json: { label },
+        ...request,
+      }),
+    )
+  }
+
+  async list(options: RequestOptions = {}): Promise<SnapshotInfo[]> {
+    const body = await this.http.json({ method: 'GET', path: path(this.sessionId, '/snapshots'), ...options })
+    return asList(body, asSnapshot, 'snapshot list')
+  }
+
+  /** Replaces the workspace with a snapshot: an exact replica, no leftovers. */
+  async restore(ref: SnapshotRef, options: RequestOptions = {}): Promise<RestoreResult> {
+    const body = await this.http.json({
+      method: 'POST',
+      path: path(this.sessionId, '/restore'),
+      json: ref,
+      ...options,
+    })
+    return this.restoreResult(body)
+  }
+
+  /** Restores the workspace as it was before the last turn. */
+  async undo(options: RequestOptions = {}): Promise<RestoreResult> {
+    return this.restoreResult(
+      await this.http.json({ method: 'POST', path: path(this.sessionId, '/undo'), ...options }),
+    )
+  }
+
+  /** A new session from a snapshot (default: the latest), with the transcript up to its turn. */
+  async fork(
+    options: RequestOptions & {
+      snapshotId?: string | undefined
+      turn?: number | undefined
+      title?: string | undefined
+    } = {},
+  ): Promise<SessionInfo> {
+    const { snapshotId, turn, title, ...request } = options
+    const body = await this.http.json({
+      method: 'POST',
+      path: path(this.sessionId, '/fork'),
+      json: { snapshotId, turn, title },
+      ...request,
+    })
+    return asSession(body)
+  }
+
+  private restoreResult(body: unknown): RestoreResult {
+    const result = expectRecord<{ session: unknown; snapshot: unknown }>(
+      body,
+      ['session', 'snapshot'],
+      'restore result',
+    )
+    return { session: asSession(result.session), snapshot: asSnapshot(result.snapshot) }
+  }
+}
+
+export interface FileOptions extends RequestOptions {
+  /** Read from this snapshot instead of the live workspace. */
+  snapshot?: string | undefined
+}
+
+/** The files of a session's `/workspace` (paths relative to it), confined to it by the server. */
+export class Files {
+  constructor(
+    private readonly http: HttpClient,
+    private readonly sessionId: string,
+  ) {}
+
+  async list(dir = '', options: FileOptions = {}): Promise<FileEntry[]> {
+    const { snapshot, ...request } = options
+    const body = await this.http.json({
+      method: 'GET',
+      path: path(this.sessionId, '/files'),
+      query: { path: dir, snapshot },
+      ...request,
+    })
+    return asList(body, asFileEntry, 'file list')
+  }
+
+  /** A file's bytes as a stream. */
+  async stream(file: string, options: FileOptions = {}): Promise<ReadableStream<Uint8Array>> {
+    const { snapshot, ...request } = options
+    return this.download(path(this.sessionId, '/files/content'), { path: file, snapshot }, request)
+  }
+
+  async read(file: string, options: FileOptions = {}): Promise<Uint8Array> {
+    return new Uint8Array(await new Response(await this.stream(file, options)).arrayBuffer())
+  }
+
+  async readText(file: string, options: FileOptions = {}): Promise<string> {
+    return new TextDecoder().decode(await this.read(file, options))
+  }
+
+  /** Writes a file (parents are created); the agent sees it on its next turn. */
+  async write(file: string, content: string | Uint8Array, options: RequestOptions = {}): Promise<void> {
+    await this.http.json({
+      method: 'PUT',
+      path: path(this.sessionId, '/files/content'),
+      query: { path: file },
+      body: typeof content === 'string' ? new TextEncoder().encode(content) : content,
+      contentType: 'application/octet-stream',
+      ...options,
+    })
+  }
+
+  async delete(file: string, options: RequestOptions = {}): Promise<void> {
+    await this.http.json({
+      method: 'DELETE',
+      path: path(this.sessionId, '/files'),
+      query: { path: file },
+      ...options,
+    })
+  }
+
+  /** Files added, changed and deleted since the revision (or the snapshot `from`). */
+  async diff(options: RequestOptions & { from?: string | undefined } = {}): Promise<WorkspaceDiff> {
+    const { from, ...request } = options
+    const body = await this.http.json({
+      method: 'GET',
+      path: path(this.sessionId, '/diff'),
+      query: { from },
+      ...request,
+    })
+    return expectRecord<WorkspaceDiff>(body, ['added', 'changed', 'deleted'], 'diff')
+  }
+
+  /** The workspace (or a snapshot of it) as a tar.gz stream. */
+  async export(options: FileOptions = {}): Promise<ReadableStream<Uint8Array>> {
+    const { snapshot, ...request } = options
+    return this.download(path(this.sessionId, '/export'), { snapshot }, request)
+  }
+
+  private async download(
+    route: string,
+    query: Record<string, string | undefined>,
+    request: RequestOptions,
+  ): Promise<ReadableStream<Uint8Array>> {
+    const { response, done } = await this.http.stream({
+      method: 'GET',
+      path: route,
+      query,
+      accept: '*/*',
+      ...request,
+    })
+    if (!response.body) {
+      done()
+      throw new InvalidResponseError({ code: 'invalid_response', message: 'the download has no body' })
+    }
+    const reader = response.body.getReader()
+    return new ReadableStream<Uint8Array>({
+      async pull(controller) {
+        try {
+          const chunk = await reader.read()
+          if (chunk.done) {
+            done()
+            controller.close()
+          } else {
+            controller.enqueue(chunk.value)
+          }
+        } catch (error) {
+          done()
+          controller.error(error)
+        }
+      },
+      cancel(reason) {
+        done()
+        return reader.cancel(reason)
+      },
+    })
+  }
+}

@@ -6,6 +6,7 @@ import type { AgentService } from './agents/agent-service.js'
 import { agentRoutes } from './agents/routes.js'
 import type { ApiKeyStore } from './auth/api-keys.js'
 import { installAuth } from './auth/plugin.js'
+import { keyRoutes } from './auth/routes.js'
 import { installErrorHandlers } from './http/errors.js'
 import { secretRoutes } from './secrets/routes.js'
 import type { SecretStore } from './secrets/secret-store.js'
@@ -22,6 +23,7 @@ export interface AppDeps {
   secrets: SecretStore
   workspace: WorkspaceService
   maxUploadBytes: number
+  rateLimitPerSecond?: number | undefined
   version: string
 }
 
@@ -60,12 +62,13 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
       security: [{ bearer: [] }],
     },
   })
-  installAuth(app, deps.keys)
+  installAuth(app, deps.keys, { ratePerSecond: deps.rateLimitPerSecond })
   app.get('/healthz', { schema: { hide: true, response: { 200: HealthSchema } } }, async () => ({
     ok: true,
     version: deps.version,
   }))
   app.get('/v1/openapi.json', { schema: { hide: true } }, async () => app.swagger())
+  keyRoutes(app, deps.keys)
   agentRoutes(app, deps.agents)
   sessionRoutes(app, deps.sessions)
   secretRoutes(app, deps.agents, deps.secrets)

@@ -17,6 +17,8 @@ export interface ServerOptions {
   maxUnpackedBytes?: number | undefined
   /** How often the idle-timeout reaper runs. */
   reaperIntervalMs?: number | undefined
+  /** Requests per second per API key (twice as many as a burst); 0 disables the limit. */
+  rateLimitPerSecond?: number | undefined
   /** Write the admin key to the CLI credentials file when none exists (default true). */
   writeCredentials?: boolean | undefined
   /** Base directory for per-instance runtime files (default /run/cairn). */
@@ -34,6 +36,7 @@ export interface ResolvedConfig {
   maxArchiveFiles: number
   maxUnpackedBytes: number
   reaperIntervalMs: number
+  rateLimitPerSecond: number
   writeCredentials: boolean
   runBase: string | undefined
 }
@@ -63,6 +66,9 @@ export function resolveConfig(options: ServerOptions): ResolvedConfig {
     maxArchiveFiles: options.maxArchiveFiles ?? 50_000,
     maxUnpackedBytes: options.maxUnpackedBytes ?? 1024 * 1024 * 1024,
     reaperIntervalMs: options.reaperIntervalMs ?? 60_000,
+    rateLimitPerSecond:
+      options.rateLimitPerSecond ??
+      (process.env.CAIRN_RATE_LIMIT ? Number(process.env.CAIRN_RATE_LIMIT) : 1000),
     writeCredentials: options.writeCredentials ?? true,
     runBase: options.runBase,
   }

@@ -74,6 +74,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       agents,
       sessions,
       maxUploadBytes: config.maxUploadBytes,
+      rateLimitPerSecond: config.rateLimitPerSecond,
       version: SERVER_VERSION,
     })
     const address = await app.listen({ port: config.port, host: config.host })

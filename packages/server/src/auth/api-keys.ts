@@ -12,6 +12,28 @@ export interface Principal {
 }
 
 export const DEFAULT_TENANT_ID = 'tnt_default'
+
+export interface KeyInfo {
+  id: string
+  prefix: string
+  role: Role
+  name: string | null
+  tenantId: string
+  createdAt: string
+  lastUsedAt: string | null
+  revokedAt: string | null
+}
+
+interface KeyRow {
+  id: string
+  tenant_id: string
+  prefix: string
+  role: Role
+  name: string | null
+  created_at: string
+  last_used_at: string | null
+  revoked_at: string | null
+}
 const KEY_PREFIX = 'cairn_sk_'
 
 function hashKey(key: string): string {
@@ -64,6 +86,49 @@ export class ApiKeyStore {
         iso(this.clock.now()),
       )
     return { id, key }
+  }
+
+  tenantByNameIfExists(name: string): string | undefined {
+    return this.db
+      .prepare<[string, string], { id: string }>('SELECT id FROM tenants WHERE id = ? OR name = ?')
+      .get(name, name)?.id
+  }
+
+  /** The tenant with this name (or ID), created on first use. */
+  tenantByName(name: string): string {
+    const existing = this.db
+      .prepare<[string, string], { id: string }>('SELECT id FROM tenants WHERE id = ? OR name = ?')
+      .get(name, name)
+    if (existing) return existing.id
+    const id = newId('tenant')
+    this.ensureTenant(id, name)
+    return id
+  }
+
+  list(tenantId: string): KeyInfo[] {
+    return this.db
+      .prepare<[string], KeyRow>('SELECT * FROM api_keys WHERE tenant_id = ? ORDER BY created_at')
+      .all(tenantId)
+      .map((r) => ({
+        id: r.id,
+        prefix: r.prefix,
+        role: r.role,
+        name: r.name,
+        tenantId: r.tenant_id,
+        createdAt: r.created_at,
+        lastUsedAt: r.last_used_at,
+        revokedAt: r.revoked_at,
+      }))
+  }
+
+  /** Revokes a key of the tenant; the verification cache forgets it at once. */
+  revoke(tenantId: string, keyId: string): boolean {
+    const changed =
+      this.db
+        .prepare('UPDATE api_keys SET revoked_at = ? WHERE id = ? AND tenant_id = ? AND revoked_at IS NULL')
+        .run(iso(this.clock.now()), keyId, tenantId).changes > 0
+    for (const [hash, principal] of this.cache) if (principal.keyId === keyId) this.cache.delete(hash)
+    return changed
   }
 
   verify(key: string): Principal | undefined {

@@ -9,7 +9,12 @@ declare module 'fastify' {
 }
 
 /** Bearer authentication on everything under /v1 (the OpenAPI document excepted). */
-export function installAuth(app: FastifyInstance, keys: ApiKeyStore): void {
+export function installAuth(
+  app: FastifyInstance,
+  keys: ApiKeyStore,
+  limits: { ratePerSecond?: number | undefined } = {},
+): void {
+  const limiter = new RateLimiter(limits.ratePerSecond ?? 1000)
   app.decorateRequest('principal', undefined)
   app.addHook('onRequest', async (request) => {
     const url = request.url
@@ -21,6 +26,12 @@ export function installAuth(app: FastifyInstance, keys: ApiKeyStore): void {
       throw new CairnProblem('unauthorized', 'missing API key: send Authorization: Bearer <key>')
     const principal = keys.verify(match[1])
     if (!principal) throw new CairnProblem('unauthorized', 'invalid API key')
+    if (!limiter.take(principal.keyId)) {
+      throw new CairnProblem(
+        'rate_limited',
+        `too many requests for this API key (limit ${limiter.ratePerSecond}/s)`,
+      )
+    }
     request.principal = principal
   })
 }
@@ -34,4 +45,26 @@ export function requireWrite(request: FastifyRequest): Principal {
   const principal = principalOf(request)
   if (principal.role === 'read') throw new CairnProblem('forbidden', 'this API key is read-only')
   return principal
+}
+
+/** Token bucket per API key: `ratePerSecond` sustained, twice that as a burst; 0 turns it off. */
+export class RateLimiter {
+  private readonly buckets = new Map<string, { tokens: number; at: number }>()
+
+  constructor(readonly ratePerSecond: number) {}
+
+  take(key: string, now = performance.now()): boolean {
+    if (this.ratePerSecond <= 0) return true
+    const burst = this.ratePerSecond * 2
+    const bucket = this.buckets.get(key) ?? { tokens: burst, at: now }
+    bucket.tokens = Math.min(burst, bucket.tokens + ((now - bucket.at) / 1000) * this.ratePerSecond)
+    bucket.at = now
+    if (bucket.tokens < 1) {
+      this.buckets.set(key, bucket)
+      return false
+    }
+    bucket.tokens -= 1
+    this.buckets.set(key, bucket)
+    return true
+  }
 }

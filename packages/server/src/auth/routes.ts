@@ -1,0 +1,102 @@
+import { CairnProblem, ErrorBodySchema, OkSchema } from '@cairn/protocol'
+import { Type } from '@sinclair/typebox'
+import type { FastifyInstance, FastifyRequest } from 'fastify'
+import { type ApiKeyStore, DEFAULT_TENANT_ID, type Role } from './api-keys.js'
+import { principalOf } from './plugin.js'
+
+const KeySchema = Type.Object({
+  id: Type.String(),
+  prefix: Type.String(),
+  role: Type.String(),
+  name: Type.Union([Type.String(), Type.Null()]),
+  tenantId: Type.String(),
+  createdAt: Type.String(),
+  lastUsedAt: Type.Union([Type.String(), Type.Null()]),
+  revokedAt: Type.Union([Type.String(), Type.Null()]),
+})
+const CreateKeyBody = Type.Object(
+  {
+    tenant: Type.Optional(Type.String({ minLength: 1, maxLength: 64, pattern: '^[A-Za-z0-9_.-]+$' })),
+    role: Type.Optional(Type.Union([Type.Literal('admin'), Type.Literal('read')])),
+    name: Type.Optional(Type.String({ maxLength: 100 })),
+  },
+  { additionalProperties: false },
+)
+const errors = { 400: ErrorBodySchema, 401: ErrorBodySchema, 403: ErrorBodySchema, 404: ErrorBodySchema }
+
+function requireAdmin(request: FastifyRequest) {
+  const principal = principalOf(request)
+  if (principal.role !== 'admin') throw new CairnProblem('forbidden', 'managing API keys needs an admin key')
+  return principal
+}
+
+/** API keys: admins create (the key is shown once), list (prefix only) and revoke them. */
+export function keyRoutes(app: FastifyInstance, keys: ApiKeyStore): void {
+  app.post(
+    '/v1/keys',
+    {
+      schema: {
+        tags: ['keys'],
+        summary: 'Create an API key (for this tenant, or for another one when called by an install admin)',
+        body: CreateKeyBody,
+        response: {
+          201: Type.Object({
+            id: Type.String(),
+            key: Type.String(),
+            tenantId: Type.String(),
+            role: Type.String(),
+          }),
+          ...errors,
+        },
+      },
+    },
+    async (request, reply) => {
+      const principal = requireAdmin(request)
+      const body = request.body as { tenant?: string; role?: Role; name?: string }
+      let tenantId = principal.tenantId
+      if (body.tenant !== undefined) {
+        const wanted = keys.tenantByNameIfExists(body.tenant)
+        if (wanted !== principal.tenantId) {
+          if (principal.tenantId !== DEFAULT_TENANT_ID) {
+            throw new CairnProblem(
+              'forbidden',
+              'only the install admin (default tenant) creates keys for other tenants',
+            )
+          }
+          tenantId = wanted ?? keys.tenantByName(body.tenant)
+        }
+      }
+      const role = body.role ?? 'admin'
+      const created = keys.create(tenantId, role, body.name)
+      return reply.status(201).send({ ...created, tenantId, role })
+    },
+  )
+  app.get(
+    '/v1/keys',
+    {
+      schema: {
+        tags: ['keys'],
+        summary: "List this tenant's keys (prefix only)",
+        response: { 200: Type.Object({ data: Type.Array(KeySchema) }), ...errors },
+      },
+    },
+    async (request) => ({ data: keys.list(requireAdmin(request).tenantId) }),
+  )
+  app.delete(
+    '/v1/keys/:id',
+    {
+      schema: {
+        tags: ['keys'],
+        summary: 'Revoke a key',
+        params: Type.Object({ id: Type.String() }),
+        response: { 200: OkSchema, ...errors },
+      },
+    },
+    async (request) => {
+      const principal = requireAdmin(request)
+      const id = (request.params as { id: string }).id
+      if (!keys.revoke(principal.tenantId, id)) throw new CairnProblem('not_found', `No active key ${id}`)
+      return { ok: true }
+    },
+  )
+}

@@ -1,0 +1,99 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { Api, EXAMPLES, startTestServer, type TestServer } from '../helpers/server.js'
+
+let t: TestServer
+let other: Api
+let readOnly: Api
+let sessionId = ''
+let agentId = ''
+let snapshotId = ''
+
+beforeAll(async () => {
+  t = await startTestServer({ server: { rateLimitPerSecond: 0 } })
+  expect((await t.api.deploy(`${EXAMPLES}/echo`)).status).toBe(201)
+  agentId = (await t.api.call('GET', '/v1/agents/echo')).body.id
+  sessionId = (await t.api.createSession('echo')).id
+  await t.api.send(sessionId, 'tenant A secret conversation')
+  snapshotId = (await t.api.call('POST', `/v1/sessions/${sessionId}/snapshots`, {})).body.id
+  const b = await t.api.call('POST', '/v1/keys', { tenant: 'tenant-b', role: 'admin' })
+  expect(b.status).toBe(201)
+  other = new Api(t.url, b.body.key)
+  const ro = await t.api.call('POST', '/v1/keys', { role: 'read', name: 'viewer' })
+  readOnly = new Api(t.url, ro.body.key)
+})
+
+afterAll(async () => {
+  await t?.close()
+})
+
+describe('tenants never meet', () => {
+  it("refuses tenant B on every ID-taking route of tenant A's resources (table from the OpenAPI document)", async () => {
+    const doc = (await fetch(`${t.url}/v1/openapi.json`).then((r) => r.json())) as {
+      paths: Record<string, Record<string, unknown>>
+    }
+    const tried: string[] = []
+    for (const [route, methods] of Object.entries(doc.paths)) {
+      if (!route.includes('{id}')) continue
+      const id = route.startsWith('/v1/sessions')
+        ? sessionId
+        : route.startsWith('/v1/agents')
+          ? agentId
+          : undefined
+      if (!id) continue
+      for (const method of Object.keys(methods)) {
+        const url = route
+          .replace('{id}', id)
+          .replace('{rev}', 'rev_00000000000000000000')
+          .replace('{name}', 'X')
+        const withQuery = url.includes('/files') ? `${url}?path=README.md` : url
+        const body =
+          method === 'post' || method === 'put'
+            ? url.endsWith('/messages')
+              ? { prompt: 'hi' }
+              : url.endsWith('/restore') || url.endsWith('/fork')
+                ? { snapshotId }
+                : url.endsWith('/secrets')
+                  ? { secrets: { A: 'b' } }
+                  : {}
+            : undefined
+        const res = await other.call(method.toUpperCase(), withQuery, body)
+        tried.push(`${method.toUpperCase()} ${route} -> ${res.status}`)
+        expect(res.status, `${method.toUpperCase()} ${route}: ${JSON.stringify(res.body)}`).toBe(404)
+      }
+    }
+    expect(tried.length).toBeGreaterThan(20)
+    // Lists show nothing of tenant A.
+    expect((await other.call('GET', '/v1/sessions')).body.data).toEqual([])
+    expect((await other.call('GET', '/v1/agents')).body.data).toEqual([])
+    expect((await other.call('GET', `/v1/sessions/resolve?prefix=${sessionId.slice(0, 10)}`)).status).toBe(
+      404,
+    )
+    // And tenant A's session is untouched.
+    const info = await t.api.call('GET', `/v1/sessions/${sessionId}`)
+    expect(info.body).toMatchObject({ status: 'idle', turnCount: 1 })
+  })
+
+  it('lets a read-only key read but not change anything', async () => {
+    expect((await readOnly.call('GET', `/v1/sessions/${sessionId}`)).status).toBe(200)
+    const send = await readOnly.send(sessionId, 'hello')
+    expect(send.status).toBe(403)
+    expect((await readOnly.call('POST', '/v1/sessions', { agent: 'echo' })).status).toBe(403)
+    expect((await readOnly.call('DELETE', `/v1/sessions/${sessionId}`)).status).toBe(403)
+    expect((await readOnly.call('POST', '/v1/keys', {})).status).toBe(403)
+  })
+
+  it('lists keys by prefix only and revokes them at once', async () => {
+    const created = await t.api.call('POST', '/v1/keys', { name: 'temp' })
+    const list = await t.api.call('GET', '/v1/keys')
+    expect(JSON.stringify(list.body)).not.toContain(created.body.key)
+    const entry = list.body.data.find((k: { id: string }) => k.id === created.body.id)
+    expect(created.body.key.startsWith(entry.prefix)).toBe(true)
+    const temp = new Api(t.url, created.body.key)
+    expect((await temp.call('GET', '/v1/sessions')).status).toBe(200)
+    expect((await t.api.call('DELETE', `/v1/keys/${created.body.id}`)).body).toEqual({ ok: true })
+    expect((await temp.call('GET', '/v1/sessions')).status).toBe(401)
+    // Tenant B cannot revoke tenant A's keys, nor create keys for other tenants.
+    expect((await other.call('DELETE', `/v1/keys/${entry.id}`)).status).toBe(404)
+    expect((await other.call('POST', '/v1/keys', { tenant: 'tnt_default' })).status).toBe(403)
+  })
+})

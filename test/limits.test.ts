@@ -59,3 +59,29 @@ describe('limits stop the agent, the session fails with the cause and stays resu
     expect((await t.api.send(session.id, 'after')).text).toBe("ok ['after']\n")
   })
 })
+
+describe('an agent that floods stdout', () => {
+  it('is stopped at the output cap with a typed error and the session stays resumable', async () => {
+    const flood = await makeProject({
+      'cairn.yaml': 'name: flood\ncommand: python3 flood.py\n',
+      'flood.py': [
+        'import sys',
+        'while True:',
+        '    line = input()',
+        '    if line == "flood":',
+        '        chunk = "x" * 65536',
+        '        while True:',
+        '            sys.stdout.write(chunk)',
+        '    print("calm " + line)',
+      ].join('\n'),
+    })
+    expect((await t.api.deploy(flood)).status).toBe(201)
+    const session = await t.api.createSession('flood')
+    const run = await t.api.send(session.id, 'flood')
+    expect(run.terminal?.type).toBe('run.failed')
+    expect((run.terminal as { error: { code: string; message: string } }).error.message).toContain('more than')
+    const info = await t.api.call('GET', `/v1/sessions/${session.id}`)
+    expect(info.body).toMatchObject({ status: 'failed', statusCause: 'output_limit' })
+    expect((await t.api.send(session.id, 'after')).text).toBe('calm after\n')
+  })
+})

@@ -15,6 +15,7 @@ export const STATUS_CAUSES = [
   'agent_exit',
   'memory_limit',
   'pids_limit',
+  'output_limit',
   'protocol_error',
   'turn_timeout',
   'idle_timeout',
@@ -22,6 +23,8 @@ export const STATUS_CAUSES = [
   'user_resume',
   'user_delete',
   'server_restart',
+  'state_lost',
+  'server_shutdown',
   'forked',
   'workspace_restored',
 ] as const

@@ -7,6 +7,7 @@ import { agentRoutes } from './agents/routes.js'
 import type { ApiKeyStore } from './auth/api-keys.js'
 import { installAuth } from './auth/plugin.js'
 import { keyRoutes } from './auth/routes.js'
+import { consoleRoutes } from './http/console.js'
 import { installErrorHandlers } from './http/errors.js'
 import { secretRoutes } from './secrets/routes.js'
 import type { SecretStore } from './secrets/secret-store.js'
@@ -73,6 +74,7 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   sessionRoutes(app, deps.sessions)
   secretRoutes(app, deps.agents, deps.secrets)
   workspaceRoutes(app, deps.workspace)
+  consoleRoutes(app)
   app.addHook('onResponse', async (request, reply) => {
     if (reply.statusCode >= 400) {
       request.log.warn(

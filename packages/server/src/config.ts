@@ -17,6 +17,8 @@ export interface ServerOptions {
   maxUnpackedBytes?: number | undefined
   /** How often the idle-timeout reaper runs. */
   reaperIntervalMs?: number | undefined
+  /** How long a shutdown waits for running turns before cancelling them. */
+  shutdownGraceMs?: number | undefined
   /** Requests per second per API key (twice as many as a burst); 0 disables the limit. */
   rateLimitPerSecond?: number | undefined
   /** Write the admin key to the CLI credentials file when none exists (default true). */
@@ -37,6 +39,7 @@ export interface ResolvedConfig {
   maxUnpackedBytes: number
   reaperIntervalMs: number
   rateLimitPerSecond: number
+  shutdownGraceMs: number
   writeCredentials: boolean
   runBase: string | undefined
 }
@@ -66,6 +69,7 @@ export function resolveConfig(options: ServerOptions): ResolvedConfig {
     maxArchiveFiles: options.maxArchiveFiles ?? 50_000,
     maxUnpackedBytes: options.maxUnpackedBytes ?? 1024 * 1024 * 1024,
     reaperIntervalMs: options.reaperIntervalMs ?? 60_000,
+    shutdownGraceMs: options.shutdownGraceMs ?? 10_000,
     rateLimitPerSecond:
       options.rateLimitPerSecond ??
       (process.env.CAIRN_RATE_LIMIT ? Number(process.env.CAIRN_RATE_LIMIT) : 1000),

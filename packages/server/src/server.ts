@@ -65,6 +65,10 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     const sessions = new SessionService({ db, runtime, agents, secrets, clock: systemClock, logger })
     const workspace = new WorkspaceService({ db, runtime, sessions, agents, clock: systemClock, logger })
     const recovered = sessions.recover()
+    const reconciled = await sessions.reconcile(new Set(workspace.snapshots.allLive().map((s) => s.id)))
+    if (reconciled.lost.length > 0 || reconciled.orphans.length > 0) {
+      logger.warn(reconciled, 'storage pool checked against the database')
+    }
     if (recovered > 0) logger.warn({ sessions: recovered }, 'marked turns interrupted by the last shutdown')
     const app = await buildApp({
       logger,
@@ -109,6 +113,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       close() {
         closing ??= (async () => {
           await app.close()
+          await sessions.drain(config.shutdownGraceMs)
           await workspace.settle()
           await sessions.close()
           await runtime.close()

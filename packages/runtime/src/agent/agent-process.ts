@@ -7,7 +7,13 @@ import { Value } from '@sinclair/typebox/value'
 import type { Sandbox, SandboxDriver, SandboxExit } from '../sandbox/driver.js'
 import { TailBuffer } from '../util/tail.js'
 import { StdioMarkerParser } from './stdio-marker.js'
-import type { AgentEvent, AgentLaunch, TurnInput, TurnOutcome } from './types.js'
+import {
+  type AgentEvent,
+  type AgentLaunch,
+  DEFAULT_MAX_OUTPUT_CHARS,
+  type TurnInput,
+  type TurnOutcome,
+} from './types.js'
 
 const LIMIT_POLL_MS = 200
 
@@ -176,8 +182,7 @@ export class AgentProcess {
           if (turn && piece.text) {
             // A piece's text was printed before its marker, so it is judged by the asks seen so far.
             if (this.asked >= turn.expectLines - 1) {
-              turn.text += piece.text
-              turn.onEvent({ type: 'text', content: piece.text })
+              this.appendText(turn, piece.text)
             } else {
               turn.early += piece.text
             }
@@ -208,11 +213,35 @@ export class AgentProcess {
           if (line) this.handleFrame(line)
           newline = pending.indexOf('\n')
         }
+        const cap = this.launch.maxOutputChars ?? DEFAULT_MAX_OUTPUT_CHARS
+        if (pending.length > cap) {
+          pending = ''
+          this.active?.fail({
+            code: 'limit_exceeded',
+            cause: 'output_limit',
+            message: `the agent wrote a frame longer than ${cap} characters and was stopped`,
+          })
+        }
       })
     }
     sandbox.exited.then((exit) => {
       this.exitInfo = exit
     })
+  }
+
+  /** Adds reply text; an agent that floods its output past the cap is stopped (`output_limit`). */
+  private appendText(turn: ActiveTurn, text: string): void {
+    const cap = this.launch.maxOutputChars ?? DEFAULT_MAX_OUTPUT_CHARS
+    if (turn.text.length + text.length > cap) {
+      turn.fail({
+        code: 'limit_exceeded',
+        cause: 'output_limit',
+        message: `the agent wrote more than ${cap} characters in one turn and was stopped`,
+      })
+      return
+    }
+    turn.text += text
+    turn.onEvent({ type: 'text', content: text })
   }
 
   private handleFrame(line: string): void {
@@ -235,8 +264,7 @@ export class AgentProcess {
     }
     switch (frame.type) {
       case 'text':
-        turn.text += frame.content
-        turn.onEvent({ type: 'text', content: frame.content })
+        this.appendText(turn, frame.content)
         break
       case 'status':
         turn.onEvent({ type: 'status', message: frame.message })
@@ -392,8 +420,7 @@ export class AgentProcess {
       const turn = this.active
       const text = decoder.write(chunk)
       if (!turn || !text) return
-      turn.text += text
-      turn.onEvent({ type: 'text', content: text })
+      this.appendText(turn, text)
     })
     try {
       return await this.superviseTurn(sandbox, onEvent, signal, () => {

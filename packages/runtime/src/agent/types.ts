@@ -38,7 +38,10 @@ export interface AgentLaunch {
   turnTimeoutMs: number
   /** Extra mounts, such as the revision's dependency environment at /env. */
   binds?: readonly SandboxBind[] | undefined
+  /** Most reply characters one turn may produce (default 8 Mi). */
+  maxOutputChars?: number | undefined
 }
 
 export const DEFAULT_LIMITS: SandboxLimits = { memoryMiB: 512, pids: 256, cpus: 1 }
+export const DEFAULT_MAX_OUTPUT_CHARS = 8 * 1024 * 1024
 export const DEFAULT_TURN_TIMEOUT_MS = 10 * 60 * 1000

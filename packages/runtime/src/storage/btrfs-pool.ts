@@ -130,6 +130,11 @@ export class BtrfsPool {
     return target
   }
 
+  async discardStagingByName(name: string): Promise<void> {
+    if (name.includes('/') || name.startsWith('.')) return
+    await this.deleteSubvolume(path.join(this.areaDir('staging'), name))
+  }
+
   async discardStaging(stagingDir: string): Promise<void> {
     await this.deleteSubvolume(stagingDir)
   }

@@ -139,4 +139,9 @@ ALTER TABLE sessions ADD COLUMN forked_from_snapshot_id TEXT;
     name: 'session auto snapshots',
     sql: `ALTER TABLE sessions ADD COLUMN auto_snapshots INTEGER NOT NULL DEFAULT 1;`,
   },
+  {
+    version: 5,
+    name: 'session leases',
+    sql: `ALTER TABLE sessions ADD COLUMN lease_until TEXT;`,
+  },
 ]

@@ -158,6 +158,28 @@ export function sessionRoutes(app: FastifyInstance, sessions: SessionService): v
   action('resume', 'Resume an ended, failed or timed-out session', (t, id) => sessions.resume(t, id))
   action('cancel', 'Cancel the running turn', async (t, id) => ({ ok: await sessions.cancel(t, id) }))
 
+  app.post(
+    '/v1/sessions/:id/lease',
+    {
+      schema: {
+        tags: ['sessions'],
+        summary: 'Hold the session active for ttlMs (no idle timeout, sandbox kept warm)',
+        params: IdParams,
+        body: Type.Object(
+          { ttlMs: Type.Integer({ minimum: 1000, maximum: 24 * 3600 * 1000 }) },
+          { additionalProperties: false },
+        ),
+        response: { 200: Type.Object({ sessionId: Type.String(), leaseUntil: Type.String() }), ...errors },
+      },
+    },
+    async (request) =>
+      sessions.lease(
+        requireWrite(request).tenantId,
+        idOf(request),
+        (request.body as { ttlMs: number }).ttlMs,
+      ),
+  )
+
   app.delete(
     '/v1/sessions/:id',
     {

@@ -517,6 +517,83 @@ export class SessionService {
     return expired.length
   }
 
+  /**
+   * An explicit lease ("the orchestrator is thinking"): the session counts as active until it
+   * expires, the idle timeout does not fire, and a warm sandbox stays warm at least that long.
+   */
+  lease(tenantId: string, id: string, ttlMs: number): { sessionId: string; leaseUntil: string } {
+    const row = this.require(tenantId, id)
+    if (row.status === 'deleted') throw new CairnProblem('session_deleted', `session ${id} was deleted`)
+    const now = this.deps.clock.now()
+    const until = iso(now + ttlMs)
+    this.store.setLease(id, until, iso(now))
+    const warm = this.warm.get(id)
+    if (warm?.timer) {
+      clearTimeout(warm.timer)
+      warm.timer = setTimeout(() => void this.dropWarm(id), Math.max(ttlMs, row.keep_warm_ms))
+      warm.timer.unref()
+    }
+    return { sessionId: id, leaseUntil: until }
+  }
+
+  /** Lets running turns finish for up to `graceMs`, then cancels what is left. */
+  async drain(graceMs: number): Promise<void> {
+    const pending = [...this.running.values()].map((r) => r.done)
+    if (pending.length === 0) return
+    let timer: NodeJS.Timeout | undefined
+    const timeout = new Promise<void>((resolve) => {
+      timer = setTimeout(resolve, graceMs)
+    })
+    await Promise.race([Promise.all(pending), timeout])
+    if (timer) clearTimeout(timer)
+    for (const running of this.running.values()) running.abort.abort()
+    await Promise.all([...this.running.values()].map((r) => r.done))
+  }
+
+  /**
+   * Checks the pool against the database at start: finishes interrupted restores, marks sessions
+   * whose workspace is gone (loudly, `state_lost`), and removes subvolumes nothing refers to.
+   */
+  async reconcile(liveSnapshotIds: Set<string>): Promise<{ lost: string[]; orphans: string[] }> {
+    const { pool } = this.deps.runtime
+    const live = this.store.liveSessions()
+    const liveIds = new Set(live.map((s) => s.id))
+    const lost: string[] = []
+    for (const session of live) {
+      await pool.recoverWorkspace(session.id)
+      if (!(await pool.hasWorkspace(session.id))) {
+        lost.push(session.id)
+        if (session.status !== 'failed') {
+          this.store.transition(
+            session,
+            'failed',
+            'state_lost',
+            this.now(),
+            'the workspace is missing from the storage pool',
+          )
+        }
+      }
+    }
+    const orphans: string[] = []
+    for (const name of await pool.listArea('sessions')) {
+      if (/^ses_[0-9a-z]+$/.test(name) && !liveIds.has(name)) {
+        orphans.push(name)
+        await pool.deleteWorkspace(name)
+      }
+    }
+    for (const name of await pool.listArea('snapshots')) {
+      if (/^snap_[0-9a-z]+$/.test(name) && !liveSnapshotIds.has(name)) {
+        orphans.push(name)
+        await pool.deleteSnapshot(name)
+      }
+    }
+    for (const name of await pool.listArea('staging')) {
+      orphans.push(name)
+      await pool.discardStagingByName(name)
+    }
+    return { lost, orphans }
+  }
+
   async close(): Promise<void> {
     if (this.reaper) clearInterval(this.reaper)
     for (const running of this.running.values()) running.abort.abort()

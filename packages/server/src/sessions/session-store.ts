@@ -30,6 +30,7 @@ export interface SessionRow {
   parent_session_id: string | null
   forked_from_snapshot_id: string | null
   auto_snapshots: number
+  lease_until: string | null
 }
 
 interface TurnRow {
@@ -109,8 +110,20 @@ export class SessionStore {
       ),
       idleSessions: db.prepare<
         [],
-        { id: string; tenant_id: string; last_active_at: string; idle_timeout_ms: number }
-      >(`SELECT id, tenant_id, last_active_at, idle_timeout_ms FROM sessions WHERE status = 'idle'`),
+        {
+          id: string
+          tenant_id: string
+          last_active_at: string
+          idle_timeout_ms: number
+          lease_until: string | null
+        }
+      >(
+        `SELECT id, tenant_id, last_active_at, idle_timeout_ms, lease_until FROM sessions WHERE status = 'idle'`,
+      ),
+      setLease: db.prepare('UPDATE sessions SET lease_until = ?, last_active_at = ? WHERE id = ?'),
+      liveIds: db.prepare<[], { id: string; tenant_id: string; status: SessionStatus }>(
+        `SELECT id, tenant_id, status FROM sessions WHERE status != 'deleted'`,
+      ),
     }
   }
 
@@ -130,6 +143,7 @@ export class SessionStore {
       | 'parent_session_id'
       | 'forked_from_snapshot_id'
       | 'auto_snapshots'
+      | 'lease_until'
     > & { auto_snapshots?: number },
     fork?: { parentId: string; snapshotId: string; turnsUpTo: number },
   ): void {
@@ -325,8 +339,23 @@ export class SessionStore {
     })()
   }
 
+  /** Idle sessions past their idle timeout and not held by a lease. */
   expiredIdle(nowMs: number): { id: string; tenant_id: string }[] {
-    return this.s.idleSessions.all().filter((r) => Date.parse(r.last_active_at) + r.idle_timeout_ms <= nowMs)
+    return this.s.idleSessions
+      .all()
+      .filter(
+        (r) =>
+          Date.parse(r.last_active_at) + r.idle_timeout_ms <= nowMs &&
+          !(r.lease_until && Date.parse(r.lease_until) > nowMs),
+      )
+  }
+
+  setLease(sessionId: string, until: string, at: string): void {
+    this.s.setLease.run(until, at, sessionId)
+  }
+
+  liveSessions(): { id: string; tenant_id: string; status: SessionStatus }[] {
+    return this.s.liveIds.all()
   }
 }
 

@@ -79,7 +79,9 @@ describe('an agent that floods stdout', () => {
     const session = await t.api.createSession('flood')
     const run = await t.api.send(session.id, 'flood')
     expect(run.terminal?.type).toBe('run.failed')
-    expect((run.terminal as { error: { code: string; message: string } }).error.message).toContain('more than')
+    expect((run.terminal as { error: { code: string; message: string } }).error.message).toContain(
+      'more than',
+    )
     const info = await t.api.call('GET', `/v1/sessions/${session.id}`)
     expect(info.body).toMatchObject({ status: 'failed', statusCause: 'output_limit' })
     expect((await t.api.send(session.id, 'after')).text).toBe('calm after\n')

@@ -25,6 +25,7 @@ export const STATUS_CAUSES = [
   'server_restart',
   'state_lost',
   'server_shutdown',
+  'retention',
   'forked',
   'workspace_restored',
 ] as const

@@ -17,6 +17,8 @@ export interface RuntimeOptions {
   poolImageSizeBytes?: number | undefined
   /** Unprivileged host uid/gid for sandboxes. */
   sandboxUid?: number | undefined
+  /** Size limit of each session workspace, enforced with btrfs quota groups (off when unset). */
+  workspaceQuotaBytes?: number | undefined
   /** Base of per-instance runtime directories (default /run/cairn). */
   runBase?: string | undefined
 }
@@ -45,6 +47,7 @@ export class Runtime {
       existingPath: options.poolPath,
       sandboxUid: uid,
       sandboxGid: uid,
+      workspaceQuotaBytes: options.workspaceQuotaBytes,
     })
     this.cgroups = new CgroupManager(`cairn/${path.basename(this.runDir)}`)
     this.driver = new BwrapDriver({

@@ -9,6 +9,8 @@ import { installAuth } from './auth/plugin.js'
 import { keyRoutes } from './auth/routes.js'
 import { consoleRoutes } from './http/console.js'
 import { installErrorHandlers } from './http/errors.js'
+import type { RetentionService } from './retention/retention-service.js'
+import { retentionRoutes } from './retention/routes.js'
 import { secretRoutes } from './secrets/routes.js'
 import type { SecretStore } from './secrets/secret-store.js'
 import { sessionRoutes } from './sessions/routes.js'
@@ -23,6 +25,7 @@ export interface AppDeps {
   sessions: SessionService
   secrets: SecretStore
   workspace: WorkspaceService
+  retention: RetentionService
   maxUploadBytes: number
   rateLimitPerSecond?: number | undefined
   version: string
@@ -74,6 +77,7 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   sessionRoutes(app, deps.sessions)
   secretRoutes(app, deps.agents, deps.secrets)
   workspaceRoutes(app, deps.workspace)
+  retentionRoutes(app, deps.retention)
   consoleRoutes(app)
   app.addHook('onResponse', async (request, reply) => {
     if (reply.statusCode >= 400) {

@@ -17,6 +17,8 @@ export interface ServerOptions {
   maxUnpackedBytes?: number | undefined
   /** How often the idle-timeout reaper runs. */
   reaperIntervalMs?: number | undefined
+  /** Size limit of each session workspace in MiB (btrfs qgroups; off when unset). */
+  workspaceQuotaMiB?: number | undefined
   /** How long a shutdown waits for running turns before cancelling them. */
   shutdownGraceMs?: number | undefined
   /** Requests per second per API key (twice as many as a burst); 0 disables the limit. */
@@ -40,6 +42,7 @@ export interface ResolvedConfig {
   reaperIntervalMs: number
   rateLimitPerSecond: number
   shutdownGraceMs: number
+  workspaceQuotaMiB: number | undefined
   writeCredentials: boolean
   runBase: string | undefined
 }
@@ -70,6 +73,9 @@ export function resolveConfig(options: ServerOptions): ResolvedConfig {
     maxUnpackedBytes: options.maxUnpackedBytes ?? 1024 * 1024 * 1024,
     reaperIntervalMs: options.reaperIntervalMs ?? 60_000,
     shutdownGraceMs: options.shutdownGraceMs ?? 10_000,
+    workspaceQuotaMiB:
+      options.workspaceQuotaMiB ??
+      (process.env.CAIRN_WORKSPACE_QUOTA_MIB ? Number(process.env.CAIRN_WORKSPACE_QUOTA_MIB) : undefined),
     rateLimitPerSecond:
       options.rateLimitPerSecond ??
       (process.env.CAIRN_RATE_LIMIT ? Number(process.env.CAIRN_RATE_LIMIT) : 1000),

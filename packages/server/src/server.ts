@@ -10,6 +10,7 @@ import { systemClock } from './clock.js'
 import { resolveConfig, type ServerOptions } from './config.js'
 import { writeCredentialsIfMissing } from './credentials.js'
 import { openDatabase } from './db/database.js'
+import { RetentionService } from './retention/retention-service.js'
 import { SecretCipher } from './secrets/cipher.js'
 import { SecretStore } from './secrets/secret-store.js'
 import { SessionService } from './sessions/session-service.js'
@@ -27,6 +28,7 @@ export interface RunningServer {
   credentialsWritten: string | undefined
   logger: Logger
   sessions: SessionService
+  retention: RetentionService
   runtime: Runtime
   close(): Promise<void>
 }
@@ -42,6 +44,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     poolPath: config.poolPath,
     poolImageSizeBytes: config.poolImageSizeBytes,
     runBase: config.runBase,
+    workspaceQuotaBytes: config.workspaceQuotaMiB ? config.workspaceQuotaMiB * 1024 * 1024 : undefined,
   })
   let opened = false
   try {
@@ -63,7 +66,25 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       archiveLimits: { maxFiles: config.maxArchiveFiles, maxUnpackedBytes: config.maxUnpackedBytes },
     })
     const sessions = new SessionService({ db, runtime, agents, secrets, clock: systemClock, logger })
-    const workspace = new WorkspaceService({ db, runtime, sessions, agents, clock: systemClock, logger })
+    let retention: RetentionService | undefined
+    const workspace = new WorkspaceService({
+      db,
+      runtime,
+      sessions,
+      agents,
+      clock: systemClock,
+      logger,
+      keepAutoSnapshots: (tenantId) => retention?.policy(tenantId).keepAutoSnapshots ?? 50,
+    })
+    const retentionService = new RetentionService({
+      db,
+      runtime,
+      sessions,
+      workspace,
+      clock: systemClock,
+      logger,
+    })
+    retention = retentionService
     const recovered = sessions.recover()
     const reconciled = await sessions.reconcile(new Set(workspace.snapshots.allLive().map((s) => s.id)))
     if (reconciled.lost.length > 0 || reconciled.orphans.length > 0) {
@@ -75,6 +96,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       keys,
       secrets,
       workspace,
+      retention: retentionService,
       agents,
       sessions,
       maxUploadBytes: config.maxUploadBytes,
@@ -94,7 +116,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       if (config.writeCredentials) credentialsWritten = await writeCredentialsIfMissing(url, adminKey)
       logger.info({ adminKeyPath, credentials: credentialsWritten }, 'created the admin API key')
     }
-    sessions.startReaper(config.reaperIntervalMs)
+    sessions.startReaper(config.reaperIntervalMs, () => retentionService.apply())
     logger.info(
       { url, dataDir: config.dataDir, pool: runtime.pool.root, driver: runtime.driver.describe() },
       'cairn server listening',
@@ -103,6 +125,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     return {
       url,
       port,
+      retention: retentionService,
       dataDir: config.dataDir,
       adminKeyPath,
       adminKey,

@@ -19,6 +19,8 @@ export interface BtrfsPoolOptions {
   /** Host uid/gid that owns session workspaces. */
   sandboxUid: number
   sandboxGid: number
+  /** Size limit of every session workspace (btrfs qgroups); unset: no quota, qgroups stay off. */
+  workspaceQuotaBytes?: number | undefined
 }
 
 const AREAS = ['revisions', 'sessions', 'snapshots', 'staging'] as const
@@ -69,6 +71,10 @@ export class BtrfsPool {
       this.mountedHere = true
     }
     await chmod(mountPoint, 0o711)
+    if (this.options.workspaceQuotaBytes) {
+      // Quota groups cost every snapshot a few milliseconds, so they are on only when asked for.
+      await execTool('btrfs', ['quota', 'enable', mountPoint], { code: 'storage_error' })
+    }
     for (const area of AREAS) {
       await mkdir(this.areaDir(area), { recursive: true })
       await chmod(this.areaDir(area), 0o711)
@@ -144,7 +150,30 @@ export class BtrfsPool {
     const target = this.workspacePath(sessionId)
     if (existsSync(target)) throw new CairnProblem('storage_error', `workspace ${sessionId} already exists`)
     await this.ops.snapshot(this.revisionPath(revisionId), target, false)
+    await this.applyQuota(target)
     return target
+  }
+
+  /** Limits a workspace's size: writes past it fail inside the sandbox (EDQUOT), not on the host. */
+  private async applyQuota(dir: string): Promise<void> {
+    const bytes = this.options.workspaceQuotaBytes
+    if (!bytes) return
+    await execTool('btrfs', ['qgroup', 'limit', String(bytes), dir], { code: 'storage_error' })
+  }
+
+  /** Bytes a subvolume uses: referenced (all its data) and exclusive (not shared with others). */
+  async usage(dir: string): Promise<{ referencedBytes: number; exclusiveBytes: number }> {
+    const { stdout } = await execTool('btrfs', ['filesystem', 'du', '-s', '--raw', dir], {
+      code: 'storage_error',
+    })
+    const line = stdout.trim().split('\n').pop() ?? ''
+    const [total, exclusive] = line.trim().split(/\s+/).map(Number)
+    return { referencedBytes: total ?? 0, exclusiveBytes: exclusive ?? 0 }
+  }
+
+  async poolStats(): Promise<{ totalBytes: number; freeBytes: number }> {
+    const fs = await statfs(this.options.mountPoint)
+    return { totalBytes: fs.blocks * fs.bsize, freeBytes: fs.bavail * fs.bsize }
   }
 
   /** Read-only snapshot of a session's workspace (the caller freezes the sandbox around it). */
@@ -172,6 +201,7 @@ export class BtrfsPool {
     await this.ops.snapshot(this.snapshotPath(snapshotId), incoming, false)
     if (existsSync(target)) await rename(target, outgoing)
     await rename(incoming, target)
+    await this.applyQuota(target)
     await this.deleteSubvolume(outgoing)
   }
 
@@ -191,6 +221,7 @@ export class BtrfsPool {
     const target = this.workspacePath(sessionId)
     if (existsSync(target)) throw new CairnProblem('storage_error', `workspace ${sessionId} already exists`)
     await this.ops.snapshot(this.snapshotPath(snapshotId), target, false)
+    await this.applyQuota(target)
     return target
   }
 

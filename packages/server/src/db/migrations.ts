@@ -144,4 +144,28 @@ ALTER TABLE sessions ADD COLUMN forked_from_snapshot_id TEXT;
     name: 'session leases',
     sql: `ALTER TABLE sessions ADD COLUMN lease_until TEXT;`,
   },
+  {
+    version: 6,
+    name: 'retention',
+    sql: `
+CREATE TABLE retention_policies (
+  tenant_id TEXT PRIMARY KEY,
+  keep_auto_snapshots INTEGER NOT NULL,
+  ended_snapshot_ttl_ms INTEGER,
+  ended_workspace_ttl_ms INTEGER,
+  updated_at TEXT NOT NULL
+);
+CREATE TABLE retention_events (
+  id TEXT PRIMARY KEY,
+  tenant_id TEXT NOT NULL,
+  session_id TEXT NOT NULL,
+  kind TEXT NOT NULL,
+  target_id TEXT NOT NULL,
+  bytes_freed INTEGER NOT NULL,
+  reason TEXT NOT NULL,
+  at TEXT NOT NULL
+);
+CREATE INDEX retention_events_tenant ON retention_events(tenant_id, at);
+`,
+  },
 ]

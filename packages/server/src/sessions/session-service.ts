@@ -479,14 +479,18 @@ export class SessionService {
     return this.get(tenantId, id)
   }
 
-  async delete(tenantId: string, id: string): Promise<void> {
+  async delete(
+    tenantId: string,
+    id: string,
+    cause: 'user_delete' | 'retention' = 'user_delete',
+  ): Promise<void> {
     const row = this.require(tenantId, id)
     if (row.status === 'deleted') return
     await this.cancel(tenantId, id)
     await this.dropWarm(id)
     await this.deps.runtime.pool.deleteWorkspace(id)
     if (this.deletedHook) await this.deletedHook(id)
-    this.store.transition(this.require(tenantId, id), 'deleted', 'user_delete', this.now())
+    this.store.transition(this.require(tenantId, id), 'deleted', cause, this.now())
   }
 
   /** Marks what a crashed predecessor left running; called once at start. */
@@ -494,8 +498,20 @@ export class SessionService {
     return this.store.recoverAfterRestart(this.now())
   }
 
-  startReaper(intervalMs: number): void {
-    this.reaper = setInterval(() => void this.reapIdle(), intervalMs)
+  startReaper(intervalMs: number, more?: () => Promise<unknown>): void {
+    let busy = false
+    this.reaper = setInterval(() => {
+      if (busy) return
+      busy = true
+      void (async () => {
+        await this.reapIdle()
+        await more?.()
+      })()
+        .catch((error) => this.deps.logger.error({ err: error }, 'reaper failed'))
+        .finally(() => {
+          busy = false
+        })
+    }, intervalMs)
     this.reaper.unref()
   }
 

@@ -33,7 +33,7 @@ export interface WorkspaceServiceDeps {
   clock: Clock
   logger: Logger
   /** Automatic snapshots kept per session (manual ones are kept until deleted). */
-  keepAutoSnapshots?: number
+  keepAutoSnapshots?: (tenantId: string) => number
 }
 
 /**
@@ -108,12 +108,14 @@ export class WorkspaceService {
     })
     // Pruning old automatic snapshots is off the turn's critical path, serialised per service.
     if (kind === 'auto')
-      this.retention = this.retention.then(() => this.applyRetention(row.id)).catch(() => undefined)
+      this.retention = this.retention
+        .then(() => this.applyRetention(row.id, row.tenant_id))
+        .catch(() => undefined)
     return info
   }
 
-  private async applyRetention(sessionId: string): Promise<void> {
-    const keep = Number(process.env.KEEPN ?? '') || (this.deps.keepAutoSnapshots ?? 50)
+  private async applyRetention(sessionId: string, tenantId: string): Promise<void> {
+    const keep = this.deps.keepAutoSnapshots?.(tenantId) ?? 50
     for (const old of this.snapshots.expiredAuto(sessionId, keep)) {
       await this.deps.runtime.pool.deleteSnapshot(old.id)
       this.snapshots.markDeleted(old.id, this.now())
@@ -369,7 +371,7 @@ export class WorkspaceService {
       policies: {
         idleTimeoutMs: row.idle_timeout_ms,
         keepWarmMs: row.keep_warm_ms,
-        keepAutoSnapshots: this.deps.keepAutoSnapshots ?? 50,
+        keepAutoSnapshots: this.deps.keepAutoSnapshots?.(tenantId) ?? 50,
       },
     }
   }

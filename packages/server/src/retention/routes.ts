@@ -1,0 +1,55 @@
+import { ErrorBodySchema } from '@cairn/protocol'
+import { Type } from '@sinclair/typebox'
+import type { FastifyInstance } from 'fastify'
+import { principalOf, requireWrite } from '../auth/plugin.js'
+import type { RetentionPolicy, RetentionService } from './retention-service.js'
+
+const PolicySchema = Type.Object({
+  keepAutoSnapshots: Type.Integer({ minimum: 1, maximum: 10_000 }),
+  endedSnapshotTtlMs: Type.Union([Type.Integer({ minimum: 0 }), Type.Null()]),
+  endedWorkspaceTtlMs: Type.Union([Type.Integer({ minimum: 0 }), Type.Null()]),
+})
+const errors = { 400: ErrorBodySchema, 401: ErrorBodySchema, 403: ErrorBodySchema }
+
+export function retentionRoutes(app: FastifyInstance, retention: RetentionService): void {
+  app.get(
+    '/v1/retention',
+    {
+      schema: {
+        tags: ['usage'],
+        summary: "The tenant's retention policy",
+        response: { 200: PolicySchema, ...errors },
+      },
+    },
+    async (request) => retention.policy(principalOf(request).tenantId),
+  )
+  app.put(
+    '/v1/retention',
+    {
+      schema: {
+        tags: ['usage'],
+        summary: 'Change the retention policy (keep-last-N automatic snapshots, TTLs for ended sessions)',
+        body: Type.Partial(PolicySchema, { additionalProperties: false }),
+        response: { 200: PolicySchema, ...errors },
+      },
+    },
+    async (request) =>
+      retention.setPolicy(requireWrite(request).tenantId, request.body as Partial<RetentionPolicy>),
+  )
+  app.get(
+    '/v1/usage',
+    {
+      schema: {
+        tags: ['usage'],
+        summary:
+          'Sessions by status, snapshots, pool space, bytes freed by retention (and storage per session with ?storage=true)',
+        querystring: Type.Object({ storage: Type.Optional(Type.Boolean()) }),
+      },
+    },
+    async (request) =>
+      retention.usage(
+        principalOf(request).tenantId,
+        (request.query as { storage?: boolean }).storage === true,
+      ),
+  )
+}

@@ -1,0 +1,74 @@
+import { existsSync } from 'node:fs'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { makeProject } from './helpers/projects.js'
+import { startTestServer, type TestServer } from './helpers/server.js'
+
+let t: TestServer
+
+beforeAll(async () => {
+  t = await startTestServer({ server: { workspaceQuotaMiB: 16 } })
+  const shell = await makeProject({
+    'cairn.yaml': 'name: shell\ncommand: bash agent.sh\n',
+    'agent.sh': 'while IFS= read -r line; do bash -c "$line" </dev/null 2>&1; echo "[exit $?]"; done\n',
+  })
+  expect((await t.api.deploy(shell)).status).toBe(201)
+})
+
+afterAll(async () => {
+  await t?.close()
+})
+
+describe('quotas, retention and usage', () => {
+  it('stops a workspace at its quota inside the sandbox, and other sessions are unaffected', async () => {
+    const greedy = await t.api.createSession('shell', { autoSnapshots: false })
+    const modest = await t.api.createSession('shell', { autoSnapshots: false })
+    const fill = await t.api.send(
+      greedy.id,
+      'dd if=/dev/urandom of=big bs=1M count=64 2>&1; sync; stat -c "size=%s" big',
+    )
+    expect(fill.text).toMatch(/quota exceeded|No space left/i)
+    expect(Number(/size=(\d+)/.exec(fill.text)?.[1])).toBeLessThanOrEqual(16 * 1024 * 1024)
+    const small = await t.api.send(modest.id, 'dd if=/dev/zero of=ok bs=1M count=4 2>&1 | tail -1')
+    expect(small.text).toContain('4194304 bytes')
+    expect((await t.api.send(greedy.id, 'rm big && echo freed')).text).toContain('freed')
+  })
+
+  it('keeps the last N automatic snapshots, and reports usage', async () => {
+    expect((await t.api.call('PUT', '/v1/retention', { keepAutoSnapshots: 3 })).body.keepAutoSnapshots).toBe(
+      3,
+    )
+    const session = await t.api.createSession('shell')
+    for (let i = 0; i < 6; i++) await t.api.send(session.id, `echo ${i} >> log`)
+    await new Promise((r) => setTimeout(r, 300))
+    const snaps = (await t.api.call('GET', `/v1/sessions/${session.id}/snapshots`)).body.data
+    expect(snaps.filter((s: { kind: string }) => s.kind === 'auto').length).toBeLessThanOrEqual(4)
+    const usage = await t.api.call('GET', '/v1/usage?storage=true')
+    expect(usage.body.sessions.total).toBeGreaterThanOrEqual(3)
+    expect(usage.body.pool.totalBytes).toBeGreaterThan(0)
+    expect(usage.body.storage.find((s: { sessionId: string }) => s.sessionId === session.id)).toBeTruthy()
+  })
+
+  it('applies TTLs to ended sessions and records the bytes freed', async () => {
+    // Without snapshots the data is the workspace's alone, so deleting it frees all of it.
+    const session = await t.api.createSession('shell', { autoSnapshots: false })
+    await t.api.send(session.id, 'head -c 2000000 /dev/urandom > data.bin && sync')
+    await t.api.call('POST', `/v1/sessions/${session.id}/snapshots`, { label: 'manual' })
+    await t.api.send(session.id, 'rm data.bin && head -c 3000000 /dev/urandom > other.bin && sync')
+    await t.api.call('POST', `/v1/sessions/${session.id}/end`)
+    const snaps = (await t.api.call('GET', `/v1/sessions/${session.id}/snapshots`)).body.data as {
+      id: string
+    }[]
+    expect(snaps.length).toBeGreaterThan(0)
+    await t.api.call('PUT', '/v1/retention', { endedWorkspaceTtlMs: 0 })
+    const applied = await t.server.retention.apply()
+    expect(applied.workspaces).toBeGreaterThanOrEqual(1)
+    const info = await t.api.call('GET', `/v1/sessions/${session.id}`)
+    expect(info.body).toMatchObject({ status: 'deleted', statusCause: 'retention' })
+    expect(existsSync(t.server.runtime.pool.workspacePath(session.id))).toBe(false)
+    for (const s of snaps) expect(existsSync(t.server.runtime.pool.snapshotPath(s.id))).toBe(false)
+    const usage = await t.api.call('GET', '/v1/usage')
+    expect(usage.body.retention.deletedWorkspaces).toBeGreaterThanOrEqual(1)
+    expect(usage.body.retention.bytesFreed).toBeGreaterThan(4_000_000)
+    await t.api.call('PUT', '/v1/retention', { endedWorkspaceTtlMs: null })
+  })
+})

@@ -5,3 +5,8 @@ export const SHIM_PATHS = {
   node: '/opt/cairn/shims/node/stdio.cjs',
   bash: '/opt/cairn/shims/bash/stdio.sh',
 } as const
+
+// The jsonl-protocol kit for Node agents (plain JS in ../node, which sandboxes see at
+// /opt/cairn/node): `for await (const turn of turns())`.
+export type { ToolEndOptions, TranscriptLine } from '../node/index.mjs'
+export { currentTurn, Turn, tool, transcript, turns } from '../node/index.mjs'

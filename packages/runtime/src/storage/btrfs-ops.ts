@@ -19,12 +19,21 @@ interface Pending {
  * critical path of a warm turn; the `btrfs` command is the fallback when the helper is absent.
  */
 export class BtrfsOps {
-  private helper: ChildProcessWithoutNullStreams | undefined
+  // Several helpers, so concurrent snapshots of different sessions reach the kernel together and
+  // can share one transaction commit instead of queueing behind each other.
+  private readonly helpers: (ChildProcessWithoutNullStreams | undefined)[]
   private readonly pending = new Map<number, Pending>()
   private nextId = 1
+  private next = 0
+
+  constructor(helperCount = 4) {
+    this.helpers = Array.from({ length: helperCount }, () => undefined)
+  }
 
   private ensureHelper(): ChildProcessWithoutNullStreams | undefined {
-    if (this.helper && this.helper.exitCode === null) return this.helper
+    const slot = this.next++ % this.helpers.length
+    const existing = this.helpers[slot]
+    if (existing && existing.exitCode === null) return existing
     if (!existsSync(HELPER) || process.env.CAIRN_BTRFS_HELPER === 'off') return undefined
     const child = spawn('python3', ['-u', HELPER], { stdio: ['pipe', 'pipe', 'pipe'] })
     child.stderr.resume()
@@ -49,10 +58,10 @@ export class BtrfsOps {
       for (const waiter of this.pending.values())
         waiter.reject(new CairnProblem('storage_error', `${waiter.describe}: btrfs helper exited`))
       this.pending.clear()
-      if (this.helper === child) this.helper = undefined
+      if (this.helpers[slot] === child) this.helpers[slot] = undefined
     })
     child.unref()
-    this.helper = child
+    this.helpers[slot] = child
     return child
   }
 
@@ -91,7 +100,9 @@ export class BtrfsOps {
   }
 
   close(): void {
-    this.helper?.stdin.end()
-    this.helper = undefined
+    for (const [index, helper] of this.helpers.entries()) {
+      helper?.stdin.end()
+      this.helpers[index] = undefined
+    }
   }
 }

@@ -19,6 +19,24 @@ export const LimitsSchema = Type.Object(
 )
 export type Limits = Static<typeof LimitsSchema>
 
+/** Egress allowlist: `host`, `*.domain`, `host:port`, or `{host, methods}`. Default deny. */
+export const NetworkPolicySchema = Type.Object(
+  {
+    allow: Type.Array(
+      Type.Union([
+        Type.String({ minLength: 1, maxLength: 253 }),
+        Type.Object({
+          host: Type.String({ minLength: 1, maxLength: 253 }),
+          methods: Type.Optional(Type.Array(Type.String({ maxLength: 16 }))),
+        }),
+      ]),
+      { maxItems: 256 },
+    ),
+  },
+  { additionalProperties: false },
+)
+export type NetworkPolicy = Static<typeof NetworkPolicySchema>
+
 /** `cairn.yaml` as the server validates it (unknown keys are kept for later issues but ignored). */
 export const AgentManifestSchema = Type.Object({
   name: Type.String({ pattern: AGENT_NAME_PATTERN }),
@@ -27,6 +45,7 @@ export const AgentManifestSchema = Type.Object({
   limits: Type.Optional(LimitsSchema),
   secrets: Type.Optional(Type.Array(Type.String())),
   ignore: Type.Optional(Type.Array(Type.String())),
+  network: Type.Optional(NetworkPolicySchema),
   /** Command run once per revision after dependencies are installed (network allowed). */
   setup: Type.Optional(
     Type.Union([Type.String({ minLength: 1 }), Type.Array(Type.String(), { minItems: 1 })]),

@@ -1,4 +1,5 @@
 import { type Static, Type } from '@sinclair/typebox'
+import { NetworkPolicySchema } from './agents.js'
 
 export const SESSION_STATUSES = ['active', 'idle', 'completed', 'failed', 'timeout', 'deleted'] as const
 export type SessionStatus = (typeof SESSION_STATUSES)[number]
@@ -44,6 +45,7 @@ export const CreateSessionBody = Type.Object(
     title: Type.Optional(Type.String({ maxLength: 200 })),
     idleTimeoutMs: Type.Optional(Type.Integer({ minimum: 1000, maximum: 365 * 24 * 3600 * 1000 })),
     keepWarmMs: Type.Optional(Type.Integer({ minimum: 0, maximum: 24 * 3600 * 1000 })),
+    network: Type.Optional(NetworkPolicySchema),
     autoSnapshots: Type.Optional(
       Type.Boolean({
         description: 'snapshot the workspace after every turn so it can be undone (default true)',
@@ -197,3 +199,14 @@ export const DiffSchema = Type.Object({
   truncated: Type.Boolean(),
 })
 export type WorkspaceDiff = Static<typeof DiffSchema>
+
+export const NetworkEventSchema = Type.Object({
+  at: Type.String(),
+  host: Type.String(),
+  port: Type.Integer(),
+  method: Type.String(),
+  allowed: Type.Boolean(),
+  reason: Type.String(),
+  address: Type.Union([Type.String(), Type.Null()]),
+})
+export type NetworkEventInfo = Static<typeof NetworkEventSchema>

@@ -9,6 +9,9 @@ export {
   type TurnOutcome,
 } from './agent/types.js'
 export { type CommandResult, type CommandSpec, runSandboxedCommand } from './build/run-command.js'
+export { forbiddenReason } from './egress/address-guard.js'
+export { decide, type EgressPolicy, type EgressRule } from './egress/policy.js'
+export { EgressProxy, type NetworkEvent } from './egress/proxy.js'
 export { AGENT_KIT_DIR, instanceRunDir } from './paths.js'
 export { DEFAULT_POOL_IMAGE_BYTES, DEFAULT_SANDBOX_UID, Runtime, type RuntimeOptions } from './runtime.js'
 export { BwrapDriver } from './sandbox/bwrap-driver.js'

@@ -19,6 +19,8 @@ export interface ServerOptions {
   reaperIntervalMs?: number | undefined
   /** Size limit of each session workspace in MiB (btrfs qgroups; off when unset). */
   workspaceQuotaMiB?: number | undefined
+  /** Private addresses sandboxes may reach through the egress proxy (internal services). */
+  egressPrivateExceptions?: string[] | undefined
   /** How long a shutdown waits for running turns before cancelling them. */
   shutdownGraceMs?: number | undefined
   /** Requests per second per API key (twice as many as a burst); 0 disables the limit. */
@@ -42,6 +44,7 @@ export interface ResolvedConfig {
   reaperIntervalMs: number
   rateLimitPerSecond: number
   shutdownGraceMs: number
+  egressPrivateExceptions: string[]
   workspaceQuotaMiB: number | undefined
   writeCredentials: boolean
   runBase: string | undefined
@@ -73,6 +76,10 @@ export function resolveConfig(options: ServerOptions): ResolvedConfig {
     maxUnpackedBytes: options.maxUnpackedBytes ?? 1024 * 1024 * 1024,
     reaperIntervalMs: options.reaperIntervalMs ?? 60_000,
     shutdownGraceMs: options.shutdownGraceMs ?? 10_000,
+    egressPrivateExceptions:
+      options.egressPrivateExceptions ??
+      process.env.CAIRN_EGRESS_ALLOW_PRIVATE?.split(',').filter(Boolean) ??
+      [],
     workspaceQuotaMiB:
       options.workspaceQuotaMiB ??
       (process.env.CAIRN_WORKSPACE_QUOTA_MIB ? Number(process.env.CAIRN_WORKSPACE_QUOTA_MIB) : undefined),

@@ -65,7 +65,15 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       logger,
       archiveLimits: { maxFiles: config.maxArchiveFiles, maxUnpackedBytes: config.maxUnpackedBytes },
     })
-    const sessions = new SessionService({ db, runtime, agents, secrets, clock: systemClock, logger })
+    const sessions = new SessionService({
+      db,
+      runtime,
+      agents,
+      secrets,
+      egressPrivateExceptions: new Set(config.egressPrivateExceptions),
+      clock: systemClock,
+      logger,
+    })
     let retention: RetentionService | undefined
     const workspace = new WorkspaceService({
       db,

@@ -4,6 +4,7 @@ import path from 'node:path'
 import { StringDecoder } from 'node:string_decoder'
 import { AGENT_ENV, newId, OutboundFrameSchema, type TranscriptLine } from '@cairn/protocol'
 import { Value } from '@sinclair/typebox/value'
+import { EgressProxy } from '../egress/proxy.js'
 import type { Sandbox, SandboxDriver, SandboxExit } from '../sandbox/driver.js'
 import { TailBuffer } from '../util/tail.js'
 import { StdioMarkerParser } from './stdio-marker.js'
@@ -78,11 +79,23 @@ export class AgentProcess {
     await mkdir(this.runDir, { recursive: true })
     await chmod(this.runDir, 0o755)
     await writeFile(path.join(this.runDir, 'transcript.jsonl'), '', { mode: 0o644 })
+    const egress = this.launch.egress
+    if (egress && egress.policy.allow.length > 0) {
+      this.proxy = new EgressProxy({
+        socketPath: path.join(this.runDir, 'egress.sock'),
+        policy: egress.policy,
+        privateExceptions: egress.privateExceptions,
+        onEvent: egress.onEvent,
+      })
+      await this.proxy.listen()
+    }
     if (this.launch.protocol !== 'exec') {
       this.sandbox = await this.spawn(1)
       this.listen(this.sandbox)
     }
   }
+
+  private proxy: EgressProxy | undefined
 
   private async spawn(turn: number): Promise<Sandbox> {
     const env: Record<string, string> = {
@@ -95,6 +108,12 @@ export class AgentProcess {
     // Kit paths come first; paths the launch brings (a dependency environment) follow them.
     const joinPath = (kit: string, extra: string | undefined) => (extra ? `${kit}:${extra}` : kit)
     env.PYTHONUNBUFFERED = '1'
+    if (this.launch.egress && this.launch.egress.policy.allow.length > 0) {
+      for (const name of ['HTTP_PROXY', 'HTTPS_PROXY', 'http_proxy', 'https_proxy'])
+        env[name] = 'http://127.0.0.1:3128'
+      env.NO_PROXY = 'localhost,127.0.0.1,::1'
+      env.no_proxy = env.NO_PROXY
+    }
     if (this.launch.protocol === 'stdio') {
       env[AGENT_ENV.stdioMark] = this.nonce
       env.PYTHONPATH = joinPath('/opt/cairn/shims/python', this.launch.env.PYTHONPATH)
@@ -108,7 +127,10 @@ export class AgentProcess {
       id: this.launch.protocol === 'exec' ? newId('sandbox') : this.sandboxId,
       workspaceDir: this.launch.workspaceDir,
       runDir: this.runDir,
-      command: this.launch.command,
+      // With an allowlist, a forwarder on the sandbox's loopback relays to the egress proxy.
+      command: this.proxy
+        ? ['python3', '/opt/cairn/egress/forward.py', '--', ...this.launch.command]
+        : this.launch.command,
       env,
       limits: this.launch.limits,
       binds: this.launch.binds,
@@ -436,6 +458,8 @@ export class AgentProcess {
     const sandbox = this.sandbox
     this.sandbox = undefined
     if (sandbox) await sandbox.destroy()
+    await this.proxy?.close().catch(() => undefined)
+    this.proxy = undefined
     await rm(this.runDir, { recursive: true, force: true }).catch(() => undefined)
   }
 }

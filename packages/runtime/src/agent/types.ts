@@ -1,4 +1,6 @@
 import type { AgentProtocolName, ErrorCode, StatusCause, TranscriptLine } from '@cairn/protocol'
+import type { EgressPolicy } from '../egress/policy.js'
+import type { NetworkEvent } from '../egress/proxy.js'
 import type { SandboxBind, SandboxLimits } from '../sandbox/driver.js'
 
 export type AgentEvent =
@@ -38,6 +40,14 @@ export interface AgentLaunch {
   turnTimeoutMs: number
   /** Extra mounts, such as the revision's dependency environment at /env. */
   binds?: readonly SandboxBind[] | undefined
+  /** Egress allowlist; without one (or with an empty one) the sandbox has loopback only. */
+  egress?:
+    | {
+        policy: EgressPolicy
+        privateExceptions?: ReadonlySet<string> | undefined
+        onEvent: (event: NetworkEvent) => void
+      }
+    | undefined
   /** Most reply characters one turn may produce (default 8 Mi). */
   maxOutputChars?: number | undefined
 }

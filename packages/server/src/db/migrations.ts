@@ -168,4 +168,23 @@ CREATE TABLE retention_events (
 CREATE INDEX retention_events_tenant ON retention_events(tenant_id, at);
 `,
   },
+  {
+    version: 7,
+    name: 'egress',
+    sql: `
+ALTER TABLE sessions ADD COLUMN network_json TEXT;
+CREATE TABLE network_events (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  session_id TEXT NOT NULL,
+  at TEXT NOT NULL,
+  host TEXT NOT NULL,
+  port INTEGER NOT NULL,
+  method TEXT NOT NULL,
+  allowed INTEGER NOT NULL,
+  reason TEXT NOT NULL,
+  address TEXT
+);
+CREATE INDEX network_events_session ON network_events(session_id, id);
+`,
+  },
 ]

@@ -4,6 +4,7 @@ import {
   IdParams,
   ListSessionsQuery,
   MessageListSchema,
+  NetworkEventSchema,
   OkSchema,
   SendMessageBody,
   SessionListSchema,
@@ -101,6 +102,19 @@ export function sessionRoutes(app: FastifyInstance, sessions: SessionService): v
       },
     },
     async (request) => ({ data: sessions.events(principalOf(request).tenantId, idOf(request)) }),
+  )
+
+  app.get(
+    '/v1/sessions/:id/network',
+    {
+      schema: {
+        tags: ['sessions'],
+        summary: 'Every egress connection the session attempted, allowed or denied',
+        params: IdParams,
+        response: { 200: Type.Object({ data: Type.Array(NetworkEventSchema) }), ...errors },
+      },
+    },
+    async (request) => ({ data: sessions.network(principalOf(request).tenantId, idOf(request)) }),
   )
 
   app.get(

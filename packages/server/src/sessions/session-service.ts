@@ -5,6 +5,7 @@ import {
   DEFAULT_KEEP_WARM_MS,
   type ErrorCode,
   type Message,
+  type NetworkEventInfo,
   newId,
   type SessionInfo,
   type SessionList,
@@ -36,6 +37,8 @@ export interface SessionServiceDeps {
   runtime: Runtime
   agents: AgentService
   secrets: SecretStore
+  /** Private addresses the operator lets sandboxes reach through the egress proxy. */
+  egressPrivateExceptions?: ReadonlySet<string> | undefined
   clock: Clock
   logger: Logger
 }
@@ -116,6 +119,7 @@ export class SessionService {
       idle_timeout_ms: body.idleTimeoutMs ?? DEFAULT_IDLE_TIMEOUT_MS,
       keep_warm_ms: body.keepWarmMs ?? DEFAULT_KEEP_WARM_MS,
       auto_snapshots: body.autoSnapshots === false ? 0 : 1,
+      network_json: body.network ? JSON.stringify(body.network) : null,
       created_at: this.now(),
     })
     return this.info(this.require(tenantId, id))
@@ -174,6 +178,11 @@ export class SessionService {
   events(tenantId: string, id: string): StatusEvent[] {
     this.require(tenantId, id)
     return this.store.events(id)
+  }
+
+  network(tenantId: string, id: string, limit = 500): NetworkEventInfo[] {
+    this.require(tenantId, id)
+    return this.store.network(id, limit)
   }
 
   turns(tenantId: string, id: string): TurnInfo[] {
@@ -356,6 +365,13 @@ export class SessionService {
       protocol: revision.manifest.protocol ?? 'stdio',
       env: { ...(envKey ? ENV_VARIABLES : {}), ...this.deps.secrets.values(row.agent_id, ['runtime']) },
       binds: envKey ? envBinds(this.deps.agents.envs.envPath(envKey), envKey) : [],
+      egress: {
+        policy: (row.network_json ? JSON.parse(row.network_json) : revision.manifest.network) ?? {
+          allow: [],
+        },
+        privateExceptions: this.deps.egressPrivateExceptions,
+        onEvent: (event) => this.store.recordNetwork(row.id, event),
+      },
       limits: {
         memoryMiB: limits.memoryMiB ?? DEFAULT_LIMITS.memoryMiB,
         pids: limits.pids ?? DEFAULT_LIMITS.pids,

@@ -1,5 +1,6 @@
 import {
   type Message,
+  type NetworkEventInfo,
   newId,
   type SessionInfo,
   type SessionStatus,
@@ -8,6 +9,7 @@ import {
   type TurnInfo,
   type TurnStatus,
 } from '@cairn/protocol'
+import type { NetworkEvent } from '@cairn/runtime'
 import type { Db } from '../db/database.js'
 
 export interface SessionRow {
@@ -31,6 +33,7 @@ export interface SessionRow {
   forked_from_snapshot_id: string | null
   auto_snapshots: number
   lease_until: string | null
+  network_json: string | null
 }
 
 interface TurnRow {
@@ -66,8 +69,8 @@ export class SessionStore {
     this.s = {
       get: db.prepare<[string, string], SessionRow>(`${SESSION_SELECT} WHERE s.tenant_id = ? AND s.id = ?`),
       insert: db.prepare(
-        `INSERT INTO sessions (id, tenant_id, agent_id, revision_id, title, status, status_cause, idle_timeout_ms, keep_warm_ms, auto_snapshots, created_at, updated_at, last_active_at)
-         VALUES (@id, @tenant_id, @agent_id, @revision_id, @title, @status, @status_cause, @idle_timeout_ms, @keep_warm_ms, @auto_snapshots, @created_at, @created_at, @created_at)`,
+        `INSERT INTO sessions (id, tenant_id, agent_id, revision_id, title, status, status_cause, idle_timeout_ms, keep_warm_ms, auto_snapshots, network_json, created_at, updated_at, last_active_at)
+         VALUES (@id, @tenant_id, @agent_id, @revision_id, @title, @status, @status_cause, @idle_timeout_ms, @keep_warm_ms, @auto_snapshots, @network_json, @created_at, @created_at, @created_at)`,
       ),
       setStatus: db.prepare('UPDATE sessions SET status = ?, status_cause = ?, updated_at = ? WHERE id = ?'),
       insertEvent: db.prepare(
@@ -144,11 +147,12 @@ export class SessionStore {
       | 'forked_from_snapshot_id'
       | 'auto_snapshots'
       | 'lease_until'
-    > & { auto_snapshots?: number },
+      | 'network_json'
+    > & { auto_snapshots?: number; network_json?: string | null },
     fork?: { parentId: string; snapshotId: string; turnsUpTo: number },
   ): void {
     this.db.transaction(() => {
-      this.s.insert.run({ auto_snapshots: 1, ...row })
+      this.s.insert.run({ auto_snapshots: 1, network_json: null, ...row })
       this.s.insertEvent.run(
         newId('event'),
         row.id,
@@ -192,6 +196,33 @@ export class SessionStore {
         'UPDATE sessions SET turn_count = ?, message_count = ?, parent_session_id = ?, forked_from_snapshot_id = ? WHERE id = ?',
       )
       .run(turns.length, messages, parentId, snapshotId, childId)
+  }
+
+  recordNetwork(sessionId: string, event: NetworkEvent): void {
+    this.db
+      .prepare(
+        'INSERT INTO network_events (session_id, at, host, port, method, allowed, reason, address) VALUES (?, ?, ?, ?, ?, ?, ?, ?)',
+      )
+      .run(
+        sessionId,
+        event.at,
+        event.host,
+        event.port,
+        event.method,
+        event.allowed ? 1 : 0,
+        event.reason,
+        event.address ?? null,
+      )
+  }
+
+  network(sessionId: string, limit: number): NetworkEventInfo[] {
+    return this.db
+      .prepare<[string, number], Omit<NetworkEventInfo, 'allowed'> & { allowed: number }>(
+        'SELECT at, host, port, method, allowed, reason, address FROM network_events WHERE session_id = ? ORDER BY id DESC LIMIT ?',
+      )
+      .all(sessionId, limit)
+      .reverse()
+      .map((row) => ({ ...row, allowed: row.allowed === 1 }))
   }
 
   bumpGeneration(sessionId: string): void {

@@ -1,0 +1,40 @@
+/** One allowlist entry: `api.example.com`, `*.example.com`, `host:8443`, or `{host, methods}`. */
+export type EgressRule = string | { host: string; methods?: string[] | undefined }
+
+export interface EgressPolicy {
+  allow: readonly EgressRule[]
+}
+
+export interface EgressDecision {
+  allowed: boolean
+  reason: string
+}
+
+const DEFAULT_PORTS = new Set([80, 443])
+
+function splitHostPort(pattern: string): { host: string; port: number | undefined } {
+  const match = /^(.*?)(?::(\d+))?$/.exec(pattern.trim().toLowerCase())
+  return { host: match?.[1] ?? '', port: match?.[2] ? Number(match[2]) : undefined }
+}
+
+function hostMatches(pattern: string, host: string): boolean {
+  if (pattern === host) return true
+  if (pattern.startsWith('*.')) return host.endsWith(pattern.slice(1)) && host.length > pattern.length - 1
+  return false
+}
+
+/** Default deny: a connection is allowed only when a rule names its host, port and method. */
+export function decide(policy: EgressPolicy, host: string, port: number, method?: string): EgressDecision {
+  const wanted = host.toLowerCase().replace(/\.$/, '')
+  for (const rule of policy.allow) {
+    const spec = typeof rule === 'string' ? { host: rule, methods: undefined } : rule
+    const { host: pattern, port: rulePort } = splitHostPort(spec.host)
+    if (!hostMatches(pattern, wanted)) continue
+    if (rulePort !== undefined ? rulePort !== port : !DEFAULT_PORTS.has(port)) continue
+    if (method && spec.methods && !spec.methods.map((m) => m.toUpperCase()).includes(method.toUpperCase())) {
+      return { allowed: false, reason: `method ${method} is not allowed for ${host}` }
+    }
+    return { allowed: true, reason: `allowed by ${typeof rule === 'string' ? rule : rule.host}` }
+  }
+  return { allowed: false, reason: `${host}:${port} is not in the allowlist` }
+}

@@ -1,5 +1,6 @@
 import { execFileSync } from 'node:child_process'
-import { mkdtemp, rm } from 'node:fs/promises'
+import { randomBytes } from 'node:crypto'
+import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises'
 import os from 'node:os'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
@@ -81,6 +82,109 @@ describe('workspace commands', () => {
     expect(execFileSync('tar', ['tzf', archive], { encoding: 'utf8' })).toContain('notes.md')
     const piped = await cairn(['sessions', 'export', id, '-o', '-'])
     expect(piped.stdout.length).toBeGreaterThan(0)
+  })
+
+  it('puts and gets files, with and without --json', async () => {
+    const [record] = jsonLines(
+      (await cairn(['run', 'notes', '--json', 'Files come and go', '--single'])).stdout,
+    )
+    const id = String(record?.sessionId).slice(0, 12)
+    const dir = path.join(work, 'put-get')
+    await mkdir(path.join(dir, 'down'), { recursive: true })
+    const bytes = randomBytes(200_000)
+    await writeFile(path.join(dir, 'blob.bin'), bytes)
+    await writeFile(path.join(dir, 'hello.txt'), 'hello\n')
+
+    // Default remote name: the local file's name, at the top of /workspace.
+    const put = await cairn(['sessions', 'files', 'put', id, path.join(dir, 'hello.txt')])
+    expect(put.code).toBe(0)
+    expect(put.stdout).toBe(`Uploaded ${path.join(dir, 'hello.txt')} to ${id}:hello.txt (6 B)\n`)
+    expect((await cairn(['sessions', 'cat', id, 'hello.txt'])).stdout).toBe('hello\n')
+    // A path ending in / is a directory (created on the way); binary bytes survive as they are.
+    expect(await json(['sessions', 'files', 'put', id, path.join(dir, 'blob.bin'), 'data/deep/'])).toEqual({
+      ok: true,
+      path: 'data/deep/blob.bin',
+      bytes: bytes.length,
+    })
+    const piped = await cairn(['sessions', 'files', 'put', id, '-', 'notes/piped.md'], { input: '# piped\n' })
+    expect(piped.stdout).toContain(`Uploaded stdin to ${id}:notes/piped.md (8 B)`)
+    expect((await json(['sessions', 'files', id, 'data/deep'])).map((e: { name: string }) => e.name)).toEqual(
+      ['blob.bin'],
+    )
+
+    const got = await cairn(['sessions', 'files', 'get', id, 'data/deep/blob.bin'], { cwd: dir })
+    expect(got.code).toBe(0)
+    expect(got.stdout).toBe('Wrote blob.bin (195.3 KB)\n')
+    // (cwd is `dir`, where blob.bin was: it is now the downloaded copy)
+    expect((await readFile(path.join(dir, 'blob.bin'))).equals(bytes)).toBe(true)
+    expect(
+      await json(['sessions', 'files', 'get', id, 'data/deep/blob.bin', path.join(dir, 'down')]),
+    ).toEqual({
+      path: 'data/deep/blob.bin',
+      local: path.join(dir, 'down', 'blob.bin'),
+      bytes: bytes.length,
+    })
+    expect((await readFile(path.join(dir, 'down', 'blob.bin'))).equals(bytes)).toBe(true)
+    const renamed = path.join(dir, 'down', 'copy.md')
+    expect((await cairn(['sessions', 'files', 'get', id, 'notes/piped.md', renamed])).code).toBe(0)
+    expect(await readFile(renamed, 'utf8')).toBe('# piped\n')
+    expect((await cairn(['sessions', 'files', 'get', id, 'hello.txt', '-'])).stdout).toBe('hello\n')
+
+    // --snapshot reads the file as it was, wherever it is on the line.
+    const snapshot = await json(['sessions', 'snapshot', id])
+    await cairn(['sessions', 'files', 'put', id, '-', 'hello.txt'], { input: 'changed\n' })
+    expect((await cairn(['sessions', 'files', 'get', id, 'hello.txt', '-'])).stdout).toBe('changed\n')
+    expect(
+      (await cairn(['sessions', 'files', 'get', id, 'hello.txt', '-', '--snapshot', snapshot.id])).stdout,
+    ).toBe('hello\n')
+    expect(
+      (
+        await cairn([
+          'sessions',
+          'files',
+          'get',
+          '--snapshot',
+          snapshot.id.slice(5, 12),
+          id,
+          'hello.txt',
+          '-',
+        ])
+      ).stdout,
+    ).toBe('hello\n')
+
+    const missing = await cairn(['sessions', 'files', 'get', id, 'nope.txt', path.join(dir, 'nope.txt')])
+    expect(missing.code).toBe(1)
+    expect(missing.stderr).toContain('✗')
+    expect((await cairn(['sessions', 'files', 'put', id, path.join(dir, 'absent.txt')])).code).toBe(2)
+    expect((await cairn(['sessions', 'files', 'put', id, path.join(dir, 'down')])).code).toBe(2)
+    expect((await cairn(['sessions', 'files', 'put', id, '-'], { input: 'x' })).code).toBe(2)
+    expect(
+      (await cairn(['sessions', 'files', 'put', id, path.join(dir, 'hello.txt'), '--snapshot', 'x'])).code,
+    ).toBe(2)
+    expect((await cairn(['sessions', 'files', 'get', id, 'hello.txt', '-', '--json'])).code).toBe(2)
+    const noSession = await cairn([
+      'sessions',
+      'files',
+      'put',
+      'zzzzzz',
+      path.join(dir, 'hello.txt'),
+      '--json',
+    ])
+    expect(JSON.parse(noSession.stdout).error.code).toBe('session_not_found')
+    await expect(readFile(path.join(dir, 'nope.txt'))).rejects.toThrow()
+  })
+
+  it('starts a session without automatic snapshots', async () => {
+    const run = await cairn(['run', 'notes', '--no-auto-snapshots', '--json', 'No undo here', '--single'])
+    expect(run.code).toBe(0)
+    const id = String(jsonLines(run.stdout)[0]?.sessionId)
+    expect(await json(['sessions', 'get', id])).toMatchObject({ id, autoSnapshots: false })
+    expect((await cairn(['sessions', 'get', id])).stdout).toMatch(/^Auto snapshots: off$/m)
+    expect(await json(['sessions', 'snapshots', id])).toEqual([])
+    const [other] = jsonLines((await cairn(['run', 'notes', '--json', 'Undo here', '--single'])).stdout)
+    expect((await cairn(['sessions', 'get', String(other?.sessionId)])).stdout).toMatch(
+      /^Auto snapshots: on$/m,
+    )
   })
 
   it('explains bad snapshot arguments', async () => {

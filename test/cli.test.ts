@@ -186,6 +186,125 @@ describe('cairn CLI against a real server', () => {
     expect(events.at(-1)).toMatchObject({ to: 'deleted' })
   })
 
+  it('lists session events and leases a session, with and without --json', async () => {
+    const [record] = jsonLines((await cairn(['run', 'echo', '--json', 'eventful', '--single'])).stdout)
+    const id = String(record?.sessionId)
+    const short = id.slice(0, 12)
+
+    const table = await cairn(['sessions', 'events', short])
+    expect(table.code).toBe(0)
+    const lines = table.stdout.trimEnd().split('\n')
+    expect(lines[0]).toMatch(/^At\s+From → To\s+Cause\s+Detail$/)
+    expect(lines[1]).toMatch(/^\d{4}-\d\d-\d\dT\S+Z\s+∅ → idle\s+created$/)
+    expect(table.stdout).toMatch(/idle → active\s+turn_started\s+trn_/)
+    expect(table.stdout).toMatch(/active → idle\s+turn_completed/)
+    const events = await json(['sessions', 'events', short])
+    expect(events.map((e: { cause: string }) => e.cause)).toEqual([
+      'created',
+      'turn_started',
+      'turn_completed',
+    ])
+    expect(events[0]).toMatchObject({ from: null, to: 'idle' })
+    expect(events[0].id).toBeTypeOf('string')
+
+    const leased = await cairn(['sessions', 'lease', short, '90s'])
+    expect(leased.code).toBe(0)
+    expect(leased.stdout).toMatch(/^Leased ses_[a-z0-9]{8} for 1m 30s \(until \d{4}-\S+Z\)\n$/)
+    const before = Date.now()
+    const lease = await json(['sessions', 'lease', short, '5m'])
+    expect(lease).toEqual({ sessionId: id, leaseUntil: expect.any(String) })
+    const ahead = Date.parse(lease.leaseUntil) - before
+    expect(ahead).toBeGreaterThan(4 * 60_000)
+    expect(ahead).toBeLessThanOrEqual(5 * 60_000 + 5_000)
+    expect(
+      Date.parse((await json(['sessions', 'lease', short, '7200000'])).leaseUntil) - before,
+    ).toBeGreaterThan(7_000_000)
+
+    const bad = await cairn(['sessions', 'lease', short, 'soon'])
+    expect(bad.code).toBe(2)
+    expect(bad.stderr).toContain('expected a duration')
+    expect((await cairn(['sessions', 'lease', short, '500'])).code).toBe(1)
+    const tooLong = await cairn(['sessions', 'lease', short, '2d', '--json'])
+    expect(tooLong.code).toBe(1)
+    expect(JSON.parse(tooLong.stdout).error.code).toBe('validation_failed')
+    expect(JSON.parse((await cairn(['sessions', 'events', 'zzzzzz', '--json'])).stdout).error.code).toBe(
+      'session_not_found',
+    )
+  })
+
+  it('creates, lists and revokes API keys, with and without --json', async () => {
+    const created = await cairn(['keys', 'create', '--role', 'read', '--name', 'ci reader'])
+    expect(created.code).toBe(0)
+    expect(created.stdout).toMatch(/^cairn_sk_\S+\n$/)
+    expect(created.stderr).toMatch(/Created read key key_[a-z0-9]+ for tenant tnt_default/)
+    expect(created.stderr).toContain('not shown again')
+    const readKey = created.stdout.trim()
+
+    const admin = await json(['keys', 'create', '--name', 'robot'])
+    expect(admin).toEqual({
+      id: expect.stringMatching(/^key_/),
+      key: expect.stringMatching(/^cairn_sk_/),
+      tenantId: 'tnt_default',
+      role: 'admin',
+    })
+
+    const table = await cairn(['keys', 'list'])
+    expect(table.code).toBe(0)
+    const lines = table.stdout.trimEnd().split('\n')
+    expect(lines[0]).toMatch(/^ID\s+Prefix\s+Role\s+Name\s+Created\s+Last used\s+Revoked$/)
+    expect(table.stdout).toMatch(new RegExp(`${admin.id}\\s+${admin.key.slice(0, 13)}…\\s+admin\\s+robot\\s`))
+    expect(table.stdout).toMatch(/\s+read\s+ci reader\s+/)
+    expect(table.stdout).not.toContain(admin.key)
+    expect(table.stdout).not.toContain(readKey)
+    const listed = await json(['keys'])
+    const robot = listed.find((k: { id: string }) => k.id === admin.id)
+    expect(robot).toMatchObject({
+      prefix: admin.key.slice(0, 13),
+      role: 'admin',
+      name: 'robot',
+      revokedAt: null,
+    })
+    expect(Object.keys(robot).sort()).toEqual(
+      ['createdAt', 'id', 'lastUsedAt', 'name', 'prefix', 'revokedAt', 'role', 'tenantId'].sort(),
+    )
+    expect(JSON.stringify(listed)).not.toContain(admin.key)
+
+    // A read key reads sessions but cannot manage keys.
+    expect((await cairn(['sessions', 'list'], { env: { CAIRN_API_KEY: readKey } })).code).toBe(0)
+    const forbidden = await cairn(['keys', 'list', '--json'], { env: { CAIRN_API_KEY: readKey } })
+    expect(forbidden.code).toBe(1)
+    expect(JSON.parse(forbidden.stdout).error.code).toBe('forbidden')
+    expect((await cairn(['keys', 'create', '--role', 'owner'])).code).toBe(2)
+
+    // Three active keys now: a bare `key_` matches them all and revokes nothing.
+    const ambiguous = await cairn(['keys', 'revoke', 'key_', '--json'])
+    expect(ambiguous.code).toBe(1)
+    expect(JSON.parse(ambiguous.stdout).error.code).toBe('ambiguous_id')
+    // Revoke by a unique prefix of the ID (without key_), then by the full ID with --json.
+    const revoked = await cairn(['keys', 'revoke', admin.id.slice(4, 12), '--yes'])
+    expect(revoked.code).toBe(0)
+    expect(revoked.stdout).toBe(`Revoked key ${admin.id} (robot)\n`)
+    const readId = listed.find((k: { name: string | null }) => k.name === 'ci reader').id
+    expect(await json(['keys', 'revoke', readId])).toEqual({ ok: true, id: readId })
+    const refused = await cairn(['sessions', 'list'], { env: { CAIRN_API_KEY: admin.key } })
+    expect(refused.code).toBe(1)
+    expect(refused.stderr).toContain('cairn login')
+    expect(
+      (await json(['keys', 'list'])).find((k: { id: string }) => k.id === admin.id).revokedAt,
+    ).toBeTypeOf('string')
+    expect((await cairn(['keys', 'list'])).stdout).toMatch(new RegExp(`${admin.id}.*(just now|ago)\n`))
+
+    const again = await cairn(['keys', 'revoke', admin.id, '--json'])
+    expect(again.code).toBe(1)
+    expect(JSON.parse(again.stdout).error.code).toBe('not_found')
+    const missing = await cairn(['keys', 'revoke', 'zzzzzz', '--yes'])
+    expect(missing.code).toBe(1)
+    expect(missing.stderr).toContain("✗ No active API key matching 'zzzzzz'")
+    expect(missing.stderr).toContain('cairn keys list')
+    // The CLI's own key is untouched.
+    expect((await cairn(['sessions', 'list'])).code).toBe(0)
+  })
+
   it('refuses a wrong key with a login hint, and logs in and out', async () => {
     const refused = await cairn(['sessions', 'list'], { env: { CAIRN_API_KEY: 'wrong' } })
     expect(refused.code).toBe(1)

@@ -9,7 +9,7 @@ import {
   StatusEventSchema,
   TurnSchema,
 } from '@cairn/protocol'
-import { Cairn, SECRET_INFO_FIELDS } from '@cairn/sdk'
+import { API_KEY_INFO_FIELDS, Cairn, SECRET_INFO_FIELDS } from '@cairn/sdk'
 import type { TSchema } from '@sinclair/typebox'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { startTestServer, type TestServer } from './helpers/server.js'
@@ -75,7 +75,13 @@ async function recordSdkCalls(): Promise<Call[]> {
     async () => {
       for await (const _ of client.agents.followLogs('echo', 'rev_x')) break
     },
-    () => client.createSession('echo', { title: 't', idleTimeoutMs: 1000, keepWarmMs: 1000 }),
+    () =>
+      client.createSession('echo', {
+        title: 't',
+        idleTimeoutMs: 1000,
+        keepWarmMs: 1000,
+        autoSnapshots: false,
+      }),
     () => client.sessions.get(id),
     () => client.sessions.resolve('ses_a'),
     () => client.sessions.list({ agent: 'echo', status: 'idle', limit: 5, cursor: 'c' }),
@@ -88,6 +94,7 @@ async function recordSdkCalls(): Promise<Call[]> {
     () => client.sessions.turns(id),
     () => client.sessions.run(id, 'hi'),
     () => client.sessions.manifest(id),
+    () => client.sessions.lease(id, 60_000),
     () => client.sessions.snapshots(id).create({ label: 'l' }),
     () => client.sessions.snapshots(id).list(),
     () => client.sessions.snapshots(id).restore({ snapshotId: 'snap_x' }),
@@ -103,6 +110,9 @@ async function recordSdkCalls(): Promise<Call[]> {
     () => client.secrets.list('echo'),
     () => client.secrets.set('echo', { A: 'b' }, { scope: 'runtime' }),
     () => client.secrets.delete('echo', 'A'),
+    () => client.keys.create({ tenant: 't', role: 'read', name: 'n' }),
+    () => client.keys.list(),
+    () => client.keys.revoke('key_x'),
   ]
   for (const attempt of attempts) await attempt().catch(() => undefined)
   return calls
@@ -131,7 +141,7 @@ function expectSameShape(actual: Json, expected: TSchema, what: string) {
 describe('SDK and the OpenAPI document', () => {
   it('calls only routes the document has, with accepted query and body fields', async () => {
     const calls = await recordSdkCalls()
-    expect(calls.length).toBeGreaterThanOrEqual(35)
+    expect(calls.length).toBeGreaterThanOrEqual(39)
     for (const call of calls) {
       const template = route(call.path)
       expect(template, `${call.method} ${call.path} is not in the document`).toBeDefined()
@@ -205,5 +215,11 @@ describe('SDK and the OpenAPI document', () => {
     const secrets = responseSchema('/v1/agents/{id}/secrets', 'get')
     expect(keys(secrets)).toEqual(['data', 'missing'])
     expect(keys(secrets.properties.data.items)).toEqual([...SECRET_INFO_FIELDS].sort())
+    const apiKeys = responseSchema('/v1/keys', 'get')
+    expect(keys(apiKeys)).toEqual(['data'])
+    expect(keys(apiKeys.properties.data.items)).toEqual([...API_KEY_INFO_FIELDS].sort())
+    expect(keys(responseSchema('/v1/keys', 'post', '201'))).toEqual(['id', 'key', 'role', 'tenantId'])
+    expect(keys(responseSchema('/v1/keys/{id}', 'delete'))).toEqual(['ok'])
+    expect(keys(responseSchema('/v1/sessions/{id}/lease', 'post'))).toEqual(['leaseUntil', 'sessionId'])
   })
 })

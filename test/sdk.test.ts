@@ -6,6 +6,7 @@ import {
   Cairn,
   ConnectionError,
   NotFoundError,
+  PermissionDeniedError,
   SessionBusyError,
   SessionNotFoundError,
   type StreamEvent,
@@ -158,6 +159,91 @@ describe('SDK against a real server', () => {
     const archive = new Uint8Array(await new Response(await session.files.export()).arrayBuffer())
     expect([archive[0], archive[1]]).toEqual([0x1f, 0x8b])
     expect((await session.manifest()).snapshotIds).toContain(snapshot.id)
+  })
+
+  it('lists status events and leases a session', async () => {
+    const session = await client.createSession('echo')
+    await session.run('hi')
+    const events = await session.events()
+    expect(events.map((e) => [e.from, e.to, e.cause])).toEqual([
+      [null, 'idle', 'created'],
+      ['idle', 'active', 'turn_started'],
+      ['active', 'idle', 'turn_completed'],
+    ])
+    expect(await client.sessions.events(session.id)).toEqual(events)
+
+    const before = Date.now()
+    const lease = await session.lease(60_000)
+    expect(lease).toEqual({ sessionId: session.id, leaseUntil: expect.any(String) })
+    expect(Date.parse(lease.leaseUntil) - before).toBeGreaterThan(55_000)
+    const longer = await client.sessions.lease(session.id, 3_600_000)
+    expect(Date.parse(longer.leaseUntil)).toBeGreaterThan(Date.parse(lease.leaseUntil))
+    await expect(session.lease(10)).rejects.toBeInstanceOf(ValidationError)
+    await expect(client.sessions.lease('ses_00000000000000000000', 60_000)).rejects.toBeInstanceOf(
+      SessionNotFoundError,
+    )
+  })
+
+  it('creates sessions with and without automatic snapshots', async () => {
+    const plain = await client.createSession('echo')
+    expect(plain.info.autoSnapshots).toBe(true)
+    const manual = await client.createSession('echo', { autoSnapshots: false })
+    expect(manual.info.autoSnapshots).toBe(false)
+    expect((await manual.refresh()).autoSnapshots).toBe(false)
+    await manual.run('no snapshot for this')
+    expect(await manual.snapshots.list()).toEqual([])
+  })
+
+  it('creates, lists and revokes API keys', async () => {
+    const created = await client.keys.create({ role: 'read', name: 'sdk reader' })
+    expect(created).toEqual({
+      id: expect.stringMatching(/^key_/),
+      key: expect.stringMatching(/^cairn_sk_/),
+      tenantId: 'tnt_default',
+      role: 'read',
+    })
+    const admin = await client.keys.create()
+    expect(admin.role).toBe('admin')
+
+    const listed = await client.keys.list()
+    const reader = listed.find((k) => k.id === created.id)
+    expect(reader).toEqual({
+      id: created.id,
+      prefix: created.key.slice(0, reader?.prefix.length),
+      role: 'read',
+      name: 'sdk reader',
+      tenantId: 'tnt_default',
+      createdAt: expect.any(String),
+      lastUsedAt: null,
+      revokedAt: null,
+    })
+    expect(created.key.startsWith(reader?.prefix ?? '?')).toBe(true)
+    expect(JSON.stringify(listed)).not.toContain(created.key)
+
+    const readClient = new Cairn({ baseUrl: t.url, apiKey: created.key })
+    expect((await readClient.sessions.list()).data).toBeInstanceOf(Array)
+    await expect(readClient.keys.list()).rejects.toBeInstanceOf(PermissionDeniedError)
+    await expect(readClient.keys.create()).rejects.toBeInstanceOf(PermissionDeniedError)
+    await expect(readClient.createSession('echo')).rejects.toBeInstanceOf(PermissionDeniedError)
+    expect((await client.keys.list()).find((k) => k.id === created.id)?.lastUsedAt).toBeTypeOf('string')
+
+    // Another tenant: its own keys, its own (empty) world.
+    const other = await client.keys.create({ tenant: 'sdk-other', name: 'other admin' })
+    expect(other.tenantId).toMatch(/^tnt_/)
+    expect(other.tenantId).not.toBe('tnt_default')
+    const otherClient = new Cairn({ baseUrl: t.url, apiKey: other.key })
+    expect((await otherClient.keys.list()).map((k) => k.id)).toEqual([other.id])
+    expect(await otherClient.agents.list()).toEqual([])
+    await expect(otherClient.keys.create({ tenant: 'default' })).rejects.toBeInstanceOf(PermissionDeniedError)
+
+    await client.keys.revoke(created.id)
+    await client.keys.revoke(admin.id)
+    expect((await client.keys.list()).find((k) => k.id === created.id)?.revokedAt).toBeTypeOf('string')
+    await expect(readClient.sessions.list()).rejects.toBeInstanceOf(AuthenticationError)
+    await expect(client.keys.revoke(created.id)).rejects.toBeInstanceOf(NotFoundError)
+    await expect(client.keys.revoke(other.id)).rejects.toBeInstanceOf(NotFoundError)
+    await otherClient.keys.revoke(other.id)
+    expect((await client.agents.list()).length).toBeGreaterThan(0)
   })
 
   it('pages through sessions', async () => {

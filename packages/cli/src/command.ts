@@ -1,5 +1,6 @@
 import { type Command, InvalidArgumentError } from 'commander'
 import type { Context } from './context.js'
+import { parseDuration } from './format/time.js'
 
 export type Register = (parent: Command, ctx: Context) => void
 
@@ -21,4 +22,12 @@ export function positiveIntOrZero(value: string): number {
   if (!Number.isInteger(n) || n < 0 || n > 65535)
     throw new InvalidArgumentError('expected a port number (0-65535)')
   return n
+}
+
+/** A duration: `90s`, `5m`, `1h` or milliseconds. */
+export function duration(value: string): number {
+  const ms = parseDuration(value)
+  if (ms === undefined || ms <= 0)
+    throw new InvalidArgumentError('expected a duration such as 90s, 5m, 1h or a number of milliseconds')
+  return ms
 }

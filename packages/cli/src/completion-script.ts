@@ -22,6 +22,8 @@ const SESSION_ARG = new Set([
   'sessions:end',
   'sessions:delete',
   'sessions:messages',
+  'sessions:events',
+  'sessions:lease',
   'sessions:watch',
 ])
 const SESSION_IDS = `cairn sessions list --json --limit 100 2>/dev/null | grep -o '"id":"ses_[a-z0-9]*"' | cut -d'"' -f4`
@@ -37,7 +39,8 @@ export function bashCompletion(root: CompletionNode): string {
       cases.push(`    "${cmd.name}:") opts="${words([...cmd.commands.map((c) => c.name), '--help'])}" ;;`)
       for (const sub of cmd.commands) {
         const ids = SESSION_ARG.has(`${cmd.name}:${sub.name}`) ? ` $([[ $cur == -* ]] || ${SESSION_IDS})` : ''
-        cases.push(`    "${cmd.name}:${sub.name}") opts="${words(sub.options)}${ids}" ;;`)
+        const opts = [...sub.commands.map((c) => c.name), ...sub.options]
+        cases.push(`    "${cmd.name}:${sub.name}") opts="${words(opts)}${ids}" ;;`)
       }
     } else {
       cases.push(`    "${cmd.name}:"*) opts="${words(cmd.options)}" ;;`)
@@ -78,7 +81,8 @@ export function zshCompletion(root: CompletionNode): string {
         const ids = SESSION_ARG.has(`${cmd.name}:${sub.name}`)
           ? `; [[ $PREFIX == -* ]] || compadd -- $(${SESSION_IDS})`
           : ''
-        cases.push(`    "${cmd.name}:${sub.name}") compadd -- ${words(sub.options)}${ids} ;;`)
+        const opts = [...sub.commands.map((c) => c.name), ...sub.options]
+        cases.push(`    "${cmd.name}:${sub.name}") compadd -- ${words(opts)}${ids} ;;`)
       }
     } else {
       cases.push(`    "${cmd.name}:"*) compadd -- ${words(cmd.options)}; _files ;;`)

@@ -16,7 +16,19 @@ describe('docs/cli.md', () => {
       new Output({ json: false, color: false }),
     )
     const reference = cliReference(buildProgram(ctx))
-    for (const name of ['cairn run', 'cairn sessions resume', 'cairn secrets set', 'cairn completion']) {
+    for (const name of [
+      'cairn run',
+      'cairn sessions resume',
+      'cairn sessions events',
+      'cairn sessions lease',
+      'cairn sessions files put',
+      'cairn sessions files get',
+      'cairn secrets set',
+      'cairn keys create',
+      'cairn keys list',
+      'cairn keys revoke',
+      'cairn completion',
+    ]) {
       expect(reference).toContain(`### \`${name}\``)
     }
     const markdown = await readFile(DOC, 'utf8')

@@ -3,6 +3,7 @@ import { register as agents } from './commands/agents/index.js'
 import { register as completion } from './commands/completion.js'
 import { register as deploy } from './commands/deploy.js'
 import { register as init } from './commands/init.js'
+import { register as keys } from './commands/keys/index.js'
 import { register as login } from './commands/login.js'
 import { register as logout } from './commands/logout.js'
 import { register as run } from './commands/run.js'
@@ -39,7 +40,19 @@ Getting started:
   cairn run my-agent "hello"    talk to it in a new session
   cairn sessions list           see sessions; resume one with \`cairn sessions resume <id-prefix>\``,
     )
-  for (const register of [server, login, logout, init, deploy, run, agents, sessions, secrets, completion]) {
+  for (const register of [
+    server,
+    login,
+    logout,
+    init,
+    deploy,
+    run,
+    agents,
+    sessions,
+    secrets,
+    keys,
+    completion,
+  ]) {
     register(program, ctx)
   }
   return program

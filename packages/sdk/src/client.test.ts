@@ -7,6 +7,7 @@ import {
   AuthenticationError,
   type CairnError,
   ConnectionError,
+  InvalidResponseError,
   NotFoundError,
   SessionBusyError,
   SessionNotFoundError,
@@ -25,6 +26,7 @@ const SESSION = {
   messageCount: 0,
   idleTimeoutMs: 1000,
   keepWarmMs: 1000,
+  autoSnapshots: true,
   warm: false,
   createdAt: '2026-01-01T00:00:00.000Z',
   updatedAt: '2026-01-01T00:00:00.000Z',
@@ -289,5 +291,62 @@ describe('Cairn client', () => {
     const result = await c.run('echo', { message: 'hi', signal: controller.signal })
     expect(result.finishReason).toBe('cancelled')
     expect(calls).toEqual([])
+  })
+
+  it('sends autoSnapshots only when it is set, and leases a session', async () => {
+    const bodies: unknown[] = []
+    const calls: string[] = []
+    const c = client(async (url, init) => {
+      bodies.push(typeof init.body === 'string' ? JSON.parse(init.body) : undefined)
+      if (url.pathname.endsWith('/lease'))
+        return json({ sessionId: SESSION.id, leaseUntil: '2026-01-01T00:05:00.000Z', extra: 1 })
+      return json({ ...SESSION, autoSnapshots: bodies.length === 1 }, 201)
+    }, calls)
+    expect((await c.createSession('echo')).info.autoSnapshots).toBe(true)
+    const session = await c.createSession('echo', { autoSnapshots: false })
+    expect(session.info.autoSnapshots).toBe(false)
+    expect(await session.lease(300_000)).toEqual({
+      sessionId: SESSION.id,
+      leaseUntil: '2026-01-01T00:05:00.000Z',
+    })
+    expect(bodies).toEqual([{ agent: 'echo' }, { agent: 'echo', autoSnapshots: false }, { ttlMs: 300_000 }])
+    expect(calls.at(-1)).toBe(`POST /v1/sessions/${SESSION.id}/lease`)
+    const broken = client(() => json({ ok: true }))
+    await expect(broken.sessions.lease(SESSION.id, 1000)).rejects.toBeInstanceOf(InvalidResponseError)
+  })
+
+  it('creates, lists and revokes API keys', async () => {
+    const bodies: unknown[] = []
+    const calls: string[] = []
+    const key = {
+      id: 'key_aaaaaaaaaaaaaaaaaaaa',
+      prefix: 'cairn_sk_abcd',
+      role: 'read',
+      name: null,
+      tenantId: 'tnt_default',
+      createdAt: '2026-01-01T00:00:00.000Z',
+      lastUsedAt: null,
+      revokedAt: null,
+    }
+    const c = client((_url, init) => {
+      bodies.push(typeof init.body === 'string' ? JSON.parse(init.body) : undefined)
+      if (init.method === 'POST')
+        return json({ id: key.id, key: 'cairn_sk_abcdefgh', tenantId: 'tnt_default', role: 'read' }, 201)
+      if (init.method === 'DELETE') return json({ ok: true })
+      return json({ data: [key] })
+    }, calls)
+    expect(await c.keys.create({ role: 'read', name: 'ci' })).toEqual({
+      id: key.id,
+      key: 'cairn_sk_abcdefgh',
+      tenantId: 'tnt_default',
+      role: 'read',
+    })
+    expect(await c.keys.list()).toEqual([key])
+    await c.keys.revoke(key.id)
+    expect(calls).toEqual(['POST /v1/keys', 'GET /v1/keys', `DELETE /v1/keys/${key.id}`])
+    expect(bodies[0]).toEqual({ role: 'read', name: 'ci' })
+    const broken = client(() => json({ data: [{ id: 1 }] }))
+    await expect(broken.keys.list()).rejects.toBeInstanceOf(InvalidResponseError)
+    await expect(broken.keys.create()).rejects.toBeInstanceOf(InvalidResponseError)
   })
 })

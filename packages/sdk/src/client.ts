@@ -2,6 +2,7 @@ import { Agents } from './agents.js'
 import { readEnv } from './env.js'
 import { CairnError } from './errors.js'
 import { type FetchLike, HttpClient, type RequestOptions } from './http.js'
+import { Keys } from './keys.js'
 import { Secrets } from './secrets.js'
 import { type CreateSessionOptions, type Session, Sessions } from './sessions.js'
 import { AgentStream, type RunResult } from './stream.js'
@@ -33,6 +34,8 @@ export class Cairn {
   readonly agents: Agents
   readonly sessions: Sessions
   readonly secrets: Secrets
+  /** API keys of the caller's tenant (admin keys only). */
+  readonly keys: Keys
   readonly baseUrl: string
   private readonly http: HttpClient
 
@@ -52,6 +55,7 @@ export class Cairn {
     this.agents = new Agents(this.http)
     this.sessions = new Sessions(this.http)
     this.secrets = new Secrets(this.http)
+    this.keys = new Keys(this.http)
   }
 
   /** `GET /healthz` (no key needed). */

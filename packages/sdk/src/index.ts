@@ -19,11 +19,20 @@ export { Cairn, type CairnOptions, DEFAULT_BASE_URL, DEFAULT_TIMEOUT_MS, type Ru
 export * from './errors.js'
 export { decodeEvent } from './events.js'
 export type { FetchLike, RequestOptions } from './http.js'
+export {
+  API_KEY_INFO_FIELDS,
+  type ApiKeyInfo,
+  type ApiKeyRole,
+  type CreateApiKeyOptions,
+  type CreatedApiKey,
+  Keys,
+} from './keys.js'
 export { SECRET_INFO_FIELDS, type SecretInfo, type SecretList, type SecretScope, Secrets } from './secrets.js'
 export {
   type CreateSessionOptions,
   type ListSessionsOptions,
   Session,
+  type SessionLease,
   type SessionPage,
   Sessions,
 } from './sessions.js'

@@ -11,6 +11,8 @@ export interface CreateSessionOptions extends RequestOptions {
   title?: string | undefined
   idleTimeoutMs?: number | undefined
   keepWarmMs?: number | undefined
+  /** Snapshot the workspace after every turn so that it can be undone (default `true`). */
+  autoSnapshots?: boolean | undefined
 }
 
 export interface ListSessionsOptions extends RequestOptions {
@@ -19,6 +21,13 @@ export interface ListSessionsOptions extends RequestOptions {
   status?: SessionStatus | undefined
   limit?: number | undefined
   cursor?: string | undefined
+}
+
+/** A lease: the session counts as active (no idle timeout, a warm sandbox stays warm) until `leaseUntil`. */
+export interface SessionLease {
+  sessionId: string
+  /** ISO 8601. */
+  leaseUntil: string
 }
 
 export interface SessionPage {
@@ -63,12 +72,12 @@ export class Sessions {
   }
 
   async create(agent: string, options: CreateSessionOptions = {}): Promise<Session> {
-    const { title, idleTimeoutMs, keepWarmMs, ...request } = options
+    const { title, idleTimeoutMs, keepWarmMs, autoSnapshots, ...request } = options
     const info = asSession(
       await this.http.json({
         method: 'POST',
         path: '/v1/sessions',
-        json: { agent, title, idleTimeoutMs, keepWarmMs },
+        json: { agent, title, idleTimeoutMs, keepWarmMs, autoSnapshots },
         ...request,
       }),
     )
@@ -125,6 +134,32 @@ export class Sessions {
 
   async resume(id: string, options: RequestOptions = {}): Promise<SessionInfo> {
     return asSession(await this.http.json({ method: 'POST', path: path(id, '/resume'), ...options }))
+  }
+
+  /**
+   * Holds the session active for `ttlMs` (1 s to 24 h) from now: no idle timeout, and a warm sandbox
+   * stays warm at least that long. Call it again to extend; it replaces the previous lease.
+   */
+  async lease(id: string, ttlMs: number, options: RequestOptions = {}): Promise<SessionLease> {
+    const body = await this.http.json({
+      method: 'POST',
+      path: path(id, '/lease'),
+      json: { ttlMs },
+      ...options,
+    })
+    if (
+      typeof body !== 'object' ||
+      body === null ||
+      typeof (body as SessionLease).sessionId !== 'string' ||
+      typeof (body as SessionLease).leaseUntil !== 'string'
+    ) {
+      throw new InvalidResponseError({
+        code: 'invalid_response',
+        message: 'the server sent an unexpected lease',
+      })
+    }
+    const { sessionId, leaseUntil } = body as SessionLease
+    return { sessionId, leaseUntil }
   }
 
   /** Cancels the running turn; `false` when none was running. */
@@ -257,6 +292,11 @@ export class Session {
 
   cancel(options: RequestOptions = {}): Promise<boolean> {
     return this.sessions.cancel(this.id, options)
+  }
+
+  /** Holds the session active for `ttlMs`; see `Sessions.lease`. */
+  lease(ttlMs: number, options: RequestOptions = {}): Promise<SessionLease> {
+    return this.sessions.lease(this.id, ttlMs, options)
   }
 
   manifest(options: RequestOptions = {}): Promise<Record<string, unknown>> {

@@ -9,6 +9,7 @@ interface RunOptions {
   single?: boolean
   session?: string
   title?: string
+  autoSnapshots?: boolean
 }
 
 export const register: Register = (parent, ctx) => {
@@ -22,7 +23,8 @@ export const register: Register = (parent, ctx) => {
       .argument('[prompt...]', 'first message (with --single, or when stdin is not a terminal: the only one)')
       .option('--single', 'send the prompt, print the reply, exit')
       .option('--session <id>', 'continue this session (ID or unique prefix) instead of starting one')
-      .option('--title <title>', 'title of the new session (default: the first message)'),
+      .option('--title <title>', 'title of the new session (default: the first message)')
+      .option('--no-auto-snapshots', 'no workspace snapshot after each turn in the new session (no undo)'),
   ).action(async (agent: string, words: string[], options: RunOptions) => {
     const prompt = words.length > 0 ? words.join(' ') : undefined
     if (options.single && prompt === undefined) throw new UsageError('--single needs a prompt')
@@ -39,7 +41,11 @@ export const register: Register = (parent, ctx) => {
         )
       }
     } else {
-      session = await client.createSession(agent, { title: options.title })
+      session = await client.createSession(agent, {
+        title: options.title,
+        // Sent only when turned off, so that servers without the field still accept the request.
+        autoSnapshots: options.autoSnapshots === false ? false : undefined,
+      })
     }
     if (!ctx.json) ctx.out.note(ctx.out.ec.dim(`Session ${session.id} (${oneLine(session.agentName)})`))
     exitFromChat(await chat(ctx, session, { prompt, single: options.single === true }))

@@ -5,7 +5,7 @@ import { shortId } from './ids.js'
 import { oneLine, stripTerminalEscapes, truncate } from './sanitize.js'
 import { SESSION_HEAD, sessionRow } from './session.js'
 import { renderFields, renderTable } from './table.js'
-import { formatBytes, formatDuration, relativeTime } from './time.js'
+import { formatBytes, formatDuration, parseDuration, relativeTime } from './time.js'
 
 const now = new Date('2026-05-01T12:00:00.000Z')
 const ago = (ms: number) => new Date(now.getTime() - ms).toISOString()
@@ -38,6 +38,18 @@ describe('durations and sizes', () => {
     expect(formatDuration(3_780_000)).toBe('1h 3m')
     expect(formatDuration(30 * 86_400_000)).toBe('30d')
     expect(formatDuration(2 * 86_400_000 + 4 * 3_600_000)).toBe('2d 4h')
+  })
+  it('parses durations', () => {
+    expect(parseDuration('90s')).toBe(90_000)
+    expect(parseDuration('5m')).toBe(300_000)
+    expect(parseDuration('1h')).toBe(3_600_000)
+    expect(parseDuration('1.5h')).toBe(5_400_000)
+    expect(parseDuration('2d')).toBe(172_800_000)
+    expect(parseDuration('250ms')).toBe(250)
+    expect(parseDuration('45000')).toBe(45_000)
+    expect(parseDuration(' 10 S ')).toBe(10_000)
+    for (const bad of ['', 'm', '5x', '-5m', '1h30m', '5 minutes', 'Infinity'])
+      expect(parseDuration(bad), bad).toBeUndefined()
   })
   it('formats sizes', () => {
     expect(formatBytes(512)).toBe('512 B')
@@ -105,6 +117,7 @@ describe('tables', () => {
       messageCount: 4,
       idleTimeoutMs: 1000,
       keepWarmMs: 1000,
+      autoSnapshots: true,
       warm: true,
       createdAt: ago(3600_000),
       updatedAt: ago(60_000),

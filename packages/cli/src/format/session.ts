@@ -28,6 +28,7 @@ export function sessionFields(s: SessionInfo, now: Date): [string, string][] {
     ['Revision', s.revisionId],
     ['Idle timeout', formatDuration(s.idleTimeoutMs)],
     ['Keep warm', formatDuration(s.keepWarmMs)],
+    ['Auto snapshots', s.autoSnapshots === false ? 'off' : 'on'],
     ['Created', `${s.createdAt} (${relativeTime(s.createdAt, now)})`],
     ['Last active', `${s.lastActiveAt} (${relativeTime(s.lastActiveAt, now)})`],
   ]

@@ -43,3 +43,13 @@ export function formatBytes(bytes: number): string {
   }
   return `${value.toFixed(1)} ${units[unit]}`
 }
+
+const UNITS: Record<string, number> = { ms: 1, s: SECOND, m: MINUTE, h: HOUR, d: DAY }
+
+/** "90s", "5m", "1h", "1.5h", "2d", "250ms" or a bare number of milliseconds; `undefined` if it is none of these. */
+export function parseDuration(text: string): number | undefined {
+  const match = /^(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?$/i.exec(text.trim())
+  if (!match) return undefined
+  const ms = Math.round(Number(match[1]) * (UNITS[(match[2] ?? 'ms').toLowerCase()] ?? 1))
+  return Number.isSafeInteger(ms) ? ms : undefined
+}

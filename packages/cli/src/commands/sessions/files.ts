@@ -3,13 +3,17 @@ import { oneLine } from '../../format/sanitize.js'
 import { renderTable } from '../../format/table.js'
 import { formatBytes, relativeTime } from '../../format/time.js'
 import { resolveSession, resolveSnapshot } from '../../session-arg.js'
+import { register as get } from './files-get.js'
+import { register as put } from './files-put.js'
 
 export const register: Register = (parent, ctx) => {
-  jsonOption(
+  const files = jsonOption(
     parent
       .command('files')
       .alias('ls-files')
-      .description("List a directory of a session's workspace")
+      .description(
+        "List a directory of a session's workspace (`files put` and `files get` upload and download a file)",
+      )
       .argument('<id>', 'session ID or a unique prefix of it')
       .argument('[path]', 'directory inside /workspace', '')
       .option('--snapshot <snapshot>', 'list it as it is in this snapshot'),
@@ -32,4 +36,5 @@ export const register: Register = (parent, ctx) => {
     ])
     ctx.out.line(renderTable(['Type', 'Size', 'Modified', 'Name'], rows, ctx.out.c.bold))
   })
+  for (const r of [put, get]) r(files, ctx)
 }

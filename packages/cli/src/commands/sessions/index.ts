@@ -3,10 +3,12 @@ import { register as cat } from './cat.js'
 import { register as del } from './delete.js'
 import { register as diff } from './diff.js'
 import { register as end } from './end.js'
+import { register as events } from './events.js'
 import { register as exp } from './export.js'
 import { register as files } from './files.js'
 import { register as fork } from './fork.js'
 import { register as get } from './get.js'
+import { register as lease } from './lease.js'
 import { register as list } from './list.js'
 import { register as messages } from './messages.js'
 import { register as restore } from './restore.js'
@@ -28,7 +30,9 @@ export const register: Register = (parent, ctx) => {
     end,
     del,
     messages,
+    events,
     watch,
+    lease,
     snapshot,
     snapshots,
     restore,

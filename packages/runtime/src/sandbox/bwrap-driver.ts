@@ -1,9 +1,12 @@
 import { type ChildProcessWithoutNullStreams, spawn } from 'node:child_process'
 import { existsSync } from 'node:fs'
+import { type FileHandle, open, writeFile } from 'node:fs/promises'
+import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
 import type { CgroupManager } from './cgroups.js'
 import type { DriverCapabilities, Sandbox, SandboxDriver, SandboxExit, SandboxSpec } from './driver.js'
 import { readOnlyRootArgs, SANDBOX_USER } from './rootfs.js'
+import { buildSeccompFilter } from './seccomp.js'
 
 export interface BwrapDriverOptions {
   cgroups: CgroupManager
@@ -35,6 +38,18 @@ export class BwrapDriver implements SandboxDriver {
     return `bwrap (host uid ${this.options.hostUid}, ${this.options.cgroups.describe()})`
   }
 
+  /** The seccomp program (x86_64), written once to a file each sandbox reads through fd 3. */
+  private readonly seccomp = buildSeccompFilter()
+  private seccompFile: string | undefined
+
+  private async seccompFd(): Promise<FileHandle> {
+    if (!this.seccompFile) {
+      this.seccompFile = path.join(this.options.etcDir, 'seccomp.bpf')
+      await writeFile(this.seccompFile, this.seccomp ?? Buffer.alloc(0), { mode: 0o644 })
+    }
+    return open(this.seccompFile, 'r')
+  }
+
   buildArgs(spec: SandboxSpec): string[] {
     const { hostUid, hostGid, etcDir, kitDir } = this.options
     const env: Record<string, string> = {
@@ -56,6 +71,7 @@ export class BwrapDriver implements SandboxDriver {
       ...(spec.network === 'host' ? ['--share-net'] : []),
       '--unshare-user',
       '--disable-userns',
+      ...(this.seccomp ? ['--seccomp', '3'] : []),
       '--die-with-parent',
       '--new-session',
       '--hostname',
@@ -111,14 +127,17 @@ export class BwrapDriver implements SandboxDriver {
       pids: spec.limits.pids,
       cpus: spec.limits.cpus,
     })
+    const seccompFd = this.seccomp ? await this.seccompFd() : undefined
     const child = spawn(
       '/bin/sh',
       ['-c', LAUNCHER, 'cairn-launch', String(procsFiles.length), ...procsFiles, ...this.buildArgs(spec)],
       {
-        stdio: ['pipe', 'pipe', 'pipe'],
+        // fd 3: the seccomp program, read by bwrap before it execs the agent.
+        stdio: ['pipe', 'pipe', 'pipe', seccompFd ? seccompFd.fd : 'ignore'],
         env: { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' },
       },
-    )
+    ) as ChildProcessWithoutNullStreams
+    await seccompFd?.close()
     if (child.pid === undefined) {
       await this.options.cgroups.remove(cgroupName)
       throw new CairnProblem('sandbox_failed', 'could not start the sandbox launcher')

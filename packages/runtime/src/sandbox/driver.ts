@@ -51,10 +51,25 @@ export interface Sandbox {
   destroy(): Promise<void>
 }
 
+/**
+ * What a driver can do beyond running a sandbox. A capability set to false is refused with a typed
+ * error (`CairnProblem`, see `requireCapability`), never faked.
+ */
 export interface DriverCapabilities {
+  /** `freeze`/`thaw` stop every process of the sandbox, so a workspace snapshot is consistent. */
   freeze: boolean
+  /** A network of the sandbox's own beyond loopback (egress then goes through the proxy only). */
   network: boolean
+  /** Checkpointing a running sandbox's memory to resume it warm later. */
   memorySnapshot: boolean
+}
+
+/** Sandbox technologies Cairn can run an agent under. */
+export const ISOLATIONS = ['bwrap', 'gvisor'] as const
+export type IsolationName = (typeof ISOLATIONS)[number]
+
+export function isIsolationName(value: unknown): value is IsolationName {
+  return typeof value === 'string' && (ISOLATIONS as readonly string[]).includes(value)
 }
 
 /** What a sandbox technology must provide; bwrap today, gVisor or a microVM behind the same shape. */

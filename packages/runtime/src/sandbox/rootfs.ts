@@ -1,7 +1,7 @@
 import { existsSync, lstatSync, readlinkSync } from 'node:fs'
 
 /** Host paths bound read-only into every sandbox when they exist. */
-const READ_ONLY_ETC = [
+export const READ_ONLY_ETC = [
   '/etc/alternatives',
   '/etc/ssl',
   '/etc/ca-certificates',

@@ -6,6 +6,8 @@ interface ServerOptions {
   host?: string
   poolPath?: string
   logLevel?: string
+  workspaceQuotaMib?: number
+  egressAllowPrivate?: string
 }
 
 export const register: Register = (parent, ctx) => {
@@ -24,7 +26,16 @@ export const register: Register = (parent, ctx) => {
       )
       .option('--host <host>', 'address to listen on (default 127.0.0.1)')
       .option('--pool-path <dir>', 'an existing btrfs directory to use as the storage pool')
-      .option('--log-level <level>', 'log level: fatal, error, warn, info, debug, trace'),
+      .option('--log-level <level>', 'log level: fatal, error, warn, info, debug, trace')
+      .option(
+        '--workspace-quota-mib <mib>',
+        'size limit of each session workspace (btrfs qgroups; env CAIRN_WORKSPACE_QUOTA_MIB; default none)',
+        positiveIntOrZero,
+      )
+      .option(
+        '--egress-allow-private <addresses>',
+        'comma-separated private addresses sandboxes may reach through the egress proxy',
+      ),
   ).action(async (options: ServerOptions) => {
     const { out } = ctx
     // Loaded here so that every other command starts without the server's dependencies.
@@ -34,6 +45,8 @@ export const register: Register = (parent, ctx) => {
       port: options.port,
       host: options.host,
       poolPath: options.poolPath,
+      workspaceQuotaMiB: options.workspaceQuotaMib || undefined,
+      egressPrivateExceptions: options.egressAllowPrivate?.split(',').filter(Boolean),
       logLevel: options.logLevel ?? (ctx.json ? 'warn' : undefined),
     })
     if (ctx.json) {

@@ -1,10 +1,11 @@
 import { randomBytes } from 'node:crypto'
-import { chmod, mkdir, rename, rm, writeFile } from 'node:fs/promises'
+import { appendFile, chmod, mkdir, rename, rm, writeFile } from 'node:fs/promises'
 import path from 'node:path'
 import { StringDecoder } from 'node:string_decoder'
 import { AGENT_ENV, newId, OutboundFrameSchema, type TranscriptLine } from '@cairn/protocol'
 import { Value } from '@sinclair/typebox/value'
 import { EgressProxy } from '../egress/proxy.js'
+import { requireCapability } from '../sandbox/capabilities.js'
 import type { Sandbox, SandboxDriver, SandboxExit } from '../sandbox/driver.js'
 import { TailBuffer } from '../util/tail.js'
 import { StdioMarkerParser } from './stdio-marker.js'
@@ -61,8 +62,17 @@ export class AgentProcess {
     return !this.stopped && this.sandbox !== undefined && this.exitInfo === undefined
   }
 
-  /** Freezes the warm sandbox (cgroup freezer) so a snapshot sees a consistent workspace. */
+  /** The sandbox driver this agent runs under (`bwrap`, `gvisor`), for the session's manifest. */
+  get isolation(): string {
+    return this.driver.name
+  }
+
+  /**
+   * Freezes the warm sandbox so a snapshot sees a consistent workspace; a driver that cannot freeze
+   * refuses with a typed error rather than let a snapshot race the agent.
+   */
   async freeze(): Promise<void> {
+    requireCapability(this.driver, 'freeze', 'freeze a sandbox for a consistent snapshot')
     await this.sandbox?.freeze()
   }
 
@@ -140,11 +150,22 @@ export class AgentProcess {
     return sandbox
   }
 
+  /** Lines of the transcript already in the file: each turn appends only what is new. */
+  private transcriptWritten = 0
+
   private async writeTranscript(transcript: readonly TranscriptLine[], turn: number): Promise<void> {
-    const body = transcript.map((line) => JSON.stringify(line)).join('\n')
-    const tmp = path.join(this.runDir, `.transcript.${turn}.tmp`)
-    await writeFile(tmp, body ? `${body}\n` : '', { mode: 0o644 })
-    await rename(tmp, path.join(this.runDir, 'transcript.jsonl'))
+    const file = path.join(this.runDir, 'transcript.jsonl')
+    const fresh = transcript.slice(this.transcriptWritten)
+    if (transcript.length < this.transcriptWritten) {
+      // The history got shorter than what was written (not expected): rewrite it whole.
+      const body = transcript.map((line) => `${JSON.stringify(line)}\n`).join('')
+      const tmp = path.join(this.runDir, `.transcript.${turn}.tmp`)
+      await writeFile(tmp, body, { mode: 0o644 })
+      await rename(tmp, file)
+    } else if (fresh.length > 0) {
+      await appendFile(file, fresh.map((line) => `${JSON.stringify(line)}\n`).join(''))
+    }
+    this.transcriptWritten = transcript.length
     await writeFile(path.join(this.runDir, 'turn'), `${turn}\n`, { mode: 0o644 })
   }
 

@@ -71,6 +71,7 @@ export class SessionService {
   private readonly warm = new Map<string, WarmAgent>()
   private readonly running = new Map<string, RunningTurn>()
   private reaper: NodeJS.Timeout | undefined
+  private readonly transcripts = new Map<string, { seq: number; lines: TranscriptLine[] }>()
   private deletedHook: ((sessionId: string) => Promise<void>) | undefined
   private afterTurnHook: ((row: SessionRow, seq: number, agent: AgentProcess | undefined) => void) | undefined
   private beforeTurnHook: ((row: SessionRow, seq: number, agent: AgentProcess) => Promise<void>) | undefined
@@ -290,6 +291,7 @@ export class SessionService {
     }
     const durationMs = elapsed()
     const endedAt = iso(Math.max(this.deps.clock.now(), startedAt))
+    this.rememberTurn(row.id, seq, prompt, outcome.text)
     const failed = outcome.status === 'failed' ? outcome : undefined
     this.store.finishTurn(row.id, {
       id: turnId,
@@ -329,14 +331,32 @@ export class SessionService {
     this.afterTurnHook?.(row, seq, this.warm.get(row.id)?.agent)
   }
 
+  /**
+   * The conversation before turn `seq`, for the agent. Read from the database once per warm
+   * sandbox, then extended turn by turn in memory (reading every turn back was O(turns) per turn).
+   */
   private transcriptBefore(sessionId: string, seq: number): TranscriptLine[] {
+    const cached = this.transcripts.get(sessionId)
+    if (cached && cached.seq === seq - 1) return cached.lines
     const lines: TranscriptLine[] = []
     for (const turn of this.store.turns(sessionId)) {
       if (turn.seq >= seq) break
       lines.push({ v: 1, role: 'user', turn: turn.seq, content: turn.prompt })
       if (turn.response) lines.push({ v: 1, role: 'assistant', turn: turn.seq, content: turn.response })
     }
+    this.transcripts.set(sessionId, { seq: seq - 1, lines })
     return lines
+  }
+
+  private rememberTurn(sessionId: string, seq: number, prompt: string, response: string): void {
+    const cached = this.transcripts.get(sessionId)
+    if (!cached || cached.seq !== seq - 1) {
+      this.transcripts.delete(sessionId)
+      return
+    }
+    cached.lines.push({ v: 1, role: 'user', turn: seq, content: prompt })
+    if (response) cached.lines.push({ v: 1, role: 'assistant', turn: seq, content: response })
+    cached.seq = seq
   }
 
   private async agentFor(row: SessionRow): Promise<{ agent: AgentProcess; cold: boolean }> {
@@ -398,6 +418,7 @@ export class SessionService {
   }
 
   private async dropWarm(sessionId: string): Promise<void> {
+    this.transcripts.delete(sessionId)
     const warm = this.warm.get(sessionId)
     if (!warm) return
     this.warm.delete(sessionId)

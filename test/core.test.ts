@@ -171,4 +171,14 @@ describe('an agent deployed and a session answered', () => {
     expect(info.body).toMatchObject({ status: 'timeout', statusCause: 'idle_timeout', warm: false })
     expect((await t.api.send(session.id, 'back')).text).toBe('back\n')
   })
+
+  it('exposes Prometheus metrics without a key', async () => {
+    const res = await fetch(`${t.url}/metrics`)
+    expect(res.headers.get('content-type')).toContain('text/plain')
+    const text = await res.text()
+    expect(text).toMatch(/^cairn_turns_total\{outcome="completed"\} \d+$/m)
+    expect(text).toMatch(/^cairn_sessions\{status="idle"\} \d+$/m)
+    expect(text).toContain('cairn_turn_duration_seconds_bucket{le="+Inf"}')
+    expect(text).toMatch(/^cairn_sandboxes_warm \d+$/m)
+  })
 })

@@ -7,8 +7,11 @@ import { agentRoutes } from './agents/routes.js'
 import type { ApiKeyStore } from './auth/api-keys.js'
 import { installAuth } from './auth/plugin.js'
 import { keyRoutes } from './auth/routes.js'
+import type { Db } from './db/database.js'
 import { consoleRoutes } from './http/console.js'
 import { installErrorHandlers } from './http/errors.js'
+import type { MetricsRegistry } from './metrics/registry.js'
+import { installMetrics } from './metrics/route.js'
 import type { RetentionService } from './retention/retention-service.js'
 import { retentionRoutes } from './retention/routes.js'
 import { secretRoutes } from './secrets/routes.js'
@@ -21,11 +24,13 @@ import type { WorkspaceService } from './workspace/workspace-service.js'
 export interface AppDeps {
   logger: Logger
   keys: ApiKeyStore
+  db: Db
   agents: AgentService
   sessions: SessionService
   secrets: SecretStore
   workspace: WorkspaceService
   retention: RetentionService
+  metrics: MetricsRegistry
   maxUploadBytes: number
   rateLimitPerSecond?: number | undefined
   version: string
@@ -71,6 +76,7 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
     ok: true,
     version: deps.version,
   }))
+  installMetrics(app, deps.metrics, deps.sessions, deps.db)
   app.get('/v1/openapi.json', { schema: { hide: true } }, async () => app.swagger())
   keyRoutes(app, deps.keys)
   agentRoutes(app, deps.agents)

@@ -10,6 +10,7 @@ import { systemClock } from './clock.js'
 import { resolveConfig, type ServerOptions } from './config.js'
 import { writeCredentialsIfMissing } from './credentials.js'
 import { openDatabase } from './db/database.js'
+import { MetricsRegistry } from './metrics/registry.js'
 import { RetentionService } from './retention/retention-service.js'
 import { SecretCipher } from './secrets/cipher.js'
 import { SecretStore } from './secrets/secret-store.js'
@@ -65,7 +66,9 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       logger,
       archiveLimits: { maxFiles: config.maxArchiveFiles, maxUnpackedBytes: config.maxUnpackedBytes },
     })
+    const metrics = new MetricsRegistry()
     const sessions = new SessionService({
+      metrics,
       db,
       runtime,
       agents,
@@ -100,11 +103,13 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     }
     if (recovered > 0) logger.warn({ sessions: recovered }, 'marked turns interrupted by the last shutdown')
     const app = await buildApp({
+      db,
       logger,
       keys,
       secrets,
       workspace,
       retention: retentionService,
+      metrics,
       agents,
       sessions,
       maxUploadBytes: config.maxUploadBytes,

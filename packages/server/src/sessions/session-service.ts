@@ -28,6 +28,7 @@ import type { AgentService } from '../agents/agent-service.js'
 import { ENV_VARIABLES, envBinds } from '../agents/builder.js'
 import { type Clock, iso } from '../clock.js'
 import type { Db } from '../db/database.js'
+import type { MetricsRegistry } from '../metrics/registry.js'
 import { redact, type SecretStore } from '../secrets/secret-store.js'
 import { decodeCursor, encodeCursor } from './cursor.js'
 import { type SessionRow, SessionStore, toSessionInfo } from './session-store.js'
@@ -39,6 +40,7 @@ export interface SessionServiceDeps {
   secrets: SecretStore
   /** Private addresses the operator lets sandboxes reach through the egress proxy. */
   egressPrivateExceptions?: ReadonlySet<string> | undefined
+  metrics?: MetricsRegistry | undefined
   clock: Clock
   logger: Logger
 }
@@ -292,6 +294,8 @@ export class SessionService {
     const durationMs = elapsed()
     const endedAt = iso(Math.max(this.deps.clock.now(), startedAt))
     this.rememberTurn(row.id, seq, prompt, outcome.text)
+    this.deps.metrics?.turns.inc({ outcome: outcome.status })
+    this.deps.metrics?.turnSeconds.observe(durationMs / 1000)
     const failed = outcome.status === 'failed' ? outcome : undefined
     this.store.finishTurn(row.id, {
       id: turnId,
@@ -400,6 +404,7 @@ export class SessionService {
       turnTimeoutMs: limits.turnTimeoutMs ?? DEFAULT_TURN_TIMEOUT_MS,
     })
     this.warm.set(row.id, { agent, timer: undefined })
+    this.deps.metrics?.coldStarts.inc()
     return { agent, cold: true }
   }
 
@@ -478,6 +483,14 @@ export class SessionService {
       this.running.delete(id)
       release()
     }
+  }
+
+  get warmCount(): number {
+    return this.warm.size
+  }
+
+  get runningCount(): number {
+    return this.running.size
   }
 
   isWarm(sessionId: string): boolean {

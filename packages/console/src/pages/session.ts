@@ -1,0 +1,179 @@
+import type { SessionInfo } from '@cairn/protocol'
+import { fill, formatMs, h, timeAgo } from '../dom.js'
+import { act, button, confirmDialog, type Page, type PageContext, poll, statusBadge } from '../ui.js'
+import { eventsPanel, manifestPanel } from './details.js'
+import { filesPanel } from './files.js'
+import { sessionTitle } from './sessions.js'
+import { snapshotsPanel } from './snapshots.js'
+import { transcriptPanel } from './transcript.js'
+
+/** One tab of the session page; `show()` runs each time it is selected (it reloads what it shows). */
+export interface Panel {
+  el: HTMLElement
+  show(): void
+  /** Called when the session's info changes (status polling, an action). */
+  onInfo?(info: SessionInfo): void
+}
+
+/** What the session page shares with its tabs. */
+export interface SessionState {
+  id: string
+  info: SessionInfo | undefined
+  /** Reloads the session's info (header and tabs). */
+  refresh(): Promise<void>
+  /** Opens the Files tab, on a snapshot when given. */
+  browse(snapshotId?: string): void
+}
+
+const TABS = [
+  ['transcript', 'Transcript'],
+  ['files', 'Files'],
+  ['snapshots', 'Snapshots'],
+  ['events', 'Events'],
+  ['manifest', 'Manifest'],
+] as const
+type Tab = (typeof TABS)[number][0]
+const RESUMABLE = new Set(['completed', 'failed', 'timeout'])
+
+export function sessionPage(ctx: PageContext, id: string, initialTab?: string): Page {
+  const { client } = ctx
+  const title = h('h1', { id: 'session-title' }, id)
+  const meta = h('dl', { class: 'meta' })
+  const actions = h('div', { class: 'row wrap', role: 'group', 'aria-label': 'Session actions' })
+  const tabs = h('nav', { class: 'tabs', 'aria-label': 'Session' })
+  const body = h('div', { class: 'tab-body' })
+  const panels = new Map<Tab, Panel>()
+  let selected: Tab | undefined
+  let files: ReturnType<typeof filesPanel> | undefined
+
+  const state: SessionState = {
+    id,
+    info: undefined,
+    refresh: async () => {
+      const info = await client.sessions.info(id, { signal: ctx.signal })
+      const changed = JSON.stringify(info) !== JSON.stringify(state.info)
+      state.info = info
+      if (!changed) return
+      renderHeader(info)
+      for (const panel of panels.values()) panel.onInfo?.(info)
+    },
+    browse: (snapshotId) => {
+      files ??= filesPanel(ctx, state)
+      files.source(snapshotId)
+      if (selected === 'files') files.show()
+      else ctx.navigate(`#/sessions/${id}/files`)
+    },
+  }
+
+  const create = (tab: Tab): Panel => {
+    if (tab === 'transcript') return transcriptPanel(ctx, state)
+    if (tab === 'files') {
+      files ??= filesPanel(ctx, state)
+      return files
+    }
+    if (tab === 'snapshots') return snapshotsPanel(ctx, state)
+    if (tab === 'events') return eventsPanel(ctx, state)
+    return manifestPanel(ctx, state)
+  }
+
+  const select = (name: string | undefined) => {
+    const tab = (TABS.find(([t]) => t === name)?.[0] ?? 'transcript') as Tab
+    let panel = panels.get(tab)
+    if (!panel) {
+      panel = create(tab)
+      panels.set(tab, panel)
+      body.append(panel.el)
+    }
+    for (const [t, p] of panels) p.el.hidden = t !== tab
+    for (const a of tabs.querySelectorAll('a')) {
+      if (a.dataset.tab === tab) a.setAttribute('aria-current', 'page')
+      else a.removeAttribute('aria-current')
+    }
+    selected = tab
+    panel.show()
+  }
+
+  const end = button('End', { id: 'session-end' })
+  const resume = button('Resume', { id: 'session-resume' })
+  const remove = button('Delete', { id: 'session-delete', class: 'danger' })
+  end.addEventListener('click', async () => {
+    const ok = await confirmDialog(
+      'End this session? Its sandbox stops; the workspace and transcript are kept and it can be resumed.',
+      'End session',
+    )
+    if (ok)
+      await act(ctx, end, async () => {
+        await client.sessions.end(id)
+        await state.refresh()
+        ctx.notify('Session ended.')
+      })
+  })
+  resume.addEventListener('click', () =>
+    act(ctx, resume, async () => {
+      await client.sessions.resume(id)
+      await state.refresh()
+      ctx.notify('Session resumed.')
+    }),
+  )
+  remove.addEventListener('click', async () => {
+    const ok = await confirmDialog(
+      'Delete this session, its workspace and its snapshots? This cannot be undone.',
+      'Delete session',
+    )
+    if (ok)
+      await act(ctx, remove, async () => {
+        await client.sessions.delete(id)
+        ctx.navigate('#/sessions', `Session ${id} deleted.`)
+      })
+  })
+
+  const renderHeader = (info: SessionInfo) => {
+    title.textContent = sessionTitle(info)
+    const item = (term: string, ...value: (Node | string)[]) =>
+      h('div', null, h('dt', null, term), h('dd', null, ...value))
+    fill(
+      meta,
+      item('Status', statusBadge(info.status, true), h('span', { class: 'muted' }, ` ${info.statusCause}`)),
+      item('Agent', h('a', { href: `#/agents/${info.agentName}` }, info.agentName)),
+      item('ID', h('span', { class: 'mono' }, info.id)),
+      item('Turns', String(info.turnCount)),
+      item('Sandbox', info.warm ? 'warm' : 'stopped'),
+      item('Last active', timeAgo(info.lastActiveAt)),
+      item('Idle timeout', formatMs(info.idleTimeoutMs)),
+    )
+    end.hidden = !(info.status === 'idle' || info.status === 'active')
+    resume.hidden = !RESUMABLE.has(info.status)
+    remove.hidden = info.status === 'deleted'
+  }
+
+  fill(actions, resume, end, remove)
+  for (const [tab, text] of TABS) {
+    tabs.append(h('a', { href: `#/sessions/${id}/${tab}`, 'data-tab': tab }, text))
+  }
+  fill(
+    ctx.main,
+    h('p', { class: 'crumbs' }, h('a', { href: '#/sessions' }, '← Sessions')),
+    h('div', { class: 'row wrap spread' }, title, actions),
+    meta,
+    tabs,
+    body,
+  )
+  state
+    .refresh()
+    .then(() => {
+      select(initialTab)
+      poll(2500, ctx.signal, state.refresh)
+    })
+    .catch((error) => {
+      ctx.report(error)
+      title.textContent = 'Session not available'
+      tabs.hidden = true
+      actions.hidden = true
+    })
+
+  return {
+    update: (parts) => {
+      if (state.info) select(parts[2])
+    },
+  }
+}

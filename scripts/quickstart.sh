@@ -15,7 +15,7 @@ echo "==> system packages" >&2
 bash scripts/install-system-deps.sh
 echo "==> npm ci and build" >&2
 if [ ! -f node_modules/.package-lock.json ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
-  npm ci --no-audit --no-fund >&2
+  bash scripts/npm-install.sh >&2
 fi
 npm run build --silent >&2
 

@@ -1,5 +1,6 @@
 import { randomBytes } from 'node:crypto'
-import { appendFile, chmod, mkdir, rename, rm, writeFile } from 'node:fs/promises'
+import { appendFileSync, writeFileSync } from 'node:fs'
+import { chmod, mkdir, rename, rm, writeFile } from 'node:fs/promises'
 import path from 'node:path'
 import { StringDecoder } from 'node:string_decoder'
 import { AGENT_ENV, newId, OutboundFrameSchema, type TranscriptLine } from '@cairn/protocol'
@@ -163,10 +164,11 @@ export class AgentProcess {
       await writeFile(tmp, body, { mode: 0o644 })
       await rename(tmp, file)
     } else if (fresh.length > 0) {
-      await appendFile(file, fresh.map((line) => `${JSON.stringify(line)}\n`).join(''))
+      // Small synchronous writes: cheaper than two trips through the thread pool on the warm path.
+      appendFileSync(file, fresh.map((line) => `${JSON.stringify(line)}\n`).join(''))
     }
     this.transcriptWritten = transcript.length
-    await writeFile(path.join(this.runDir, 'turn'), `${turn}\n`, { mode: 0o644 })
+    writeFileSync(path.join(this.runDir, 'turn'), `${turn}\n`, { mode: 0o644 })
   }
 
   runTurn(

@@ -1,4 +1,4 @@
-import { existsSync, readFileSync } from 'node:fs'
+import { existsSync, readFileSync, writeFileSync } from 'node:fs'
 import { mkdir, readdir, readFile, rmdir, writeFile } from 'node:fs/promises'
 import path from 'node:path'
 import { readMounts } from '../util/mounts.js'
@@ -108,22 +108,22 @@ export class CgroupManager {
     for (const dir of Object.values(dirs)) await mkdir(dir, { recursive: true })
     const quotaUs = Math.max(1000, Math.round(limits.cpus * 100_000))
     if (this.layout.v2Controllers && dirs.v2) {
-      await writeFile(path.join(dirs.v2, 'memory.max'), String(limits.memoryBytes))
-      await writeFile(path.join(dirs.v2, 'memory.swap.max'), '0').catch(() => undefined)
-      await writeFile(path.join(dirs.v2, 'pids.max'), String(limits.pids))
-      await writeFile(path.join(dirs.v2, 'cpu.max'), `${quotaUs} 100000`)
+      writeFileSync(path.join(dirs.v2, 'memory.max'), String(limits.memoryBytes))
+      trySync(() => writeFileSync(path.join(dirs.v2 as string, 'memory.swap.max'), '0'))
+      writeFileSync(path.join(dirs.v2, 'pids.max'), String(limits.pids))
+      writeFileSync(path.join(dirs.v2, 'cpu.max'), `${quotaUs} 100000`)
     } else {
       if (dirs.memory) {
-        await writeFile(path.join(dirs.memory, 'memory.limit_in_bytes'), String(limits.memoryBytes))
-        await writeFile(
-          path.join(dirs.memory, 'memory.memsw.limit_in_bytes'),
-          String(limits.memoryBytes),
-        ).catch(() => undefined)
+        writeFileSync(path.join(dirs.memory, 'memory.limit_in_bytes'), String(limits.memoryBytes))
+        const memory = dirs.memory
+        trySync(() =>
+          writeFileSync(path.join(memory, 'memory.memsw.limit_in_bytes'), String(limits.memoryBytes)),
+        )
       }
-      if (dirs.pids) await writeFile(path.join(dirs.pids, 'pids.max'), String(limits.pids))
+      if (dirs.pids) writeFileSync(path.join(dirs.pids, 'pids.max'), String(limits.pids))
       if (dirs.cpu) {
-        await writeFile(path.join(dirs.cpu, 'cpu.cfs_period_us'), '100000')
-        await writeFile(path.join(dirs.cpu, 'cpu.cfs_quota_us'), String(quotaUs))
+        writeFileSync(path.join(dirs.cpu, 'cpu.cfs_period_us'), '100000')
+        writeFileSync(path.join(dirs.cpu, 'cpu.cfs_quota_us'), String(quotaUs))
       }
     }
     return Object.values(dirs).map((dir) => path.join(dir, 'cgroup.procs'))
@@ -196,7 +196,7 @@ export class CgroupManager {
   async freeze(name: string, frozen: boolean): Promise<void> {
     const dirs = this.dirs(name)
     if (dirs.v2 && existsSync(path.join(dirs.v2, 'cgroup.freeze'))) {
-      await writeFile(path.join(dirs.v2, 'cgroup.freeze'), frozen ? '1' : '0')
+      writeFileSync(path.join(dirs.v2, 'cgroup.freeze'), frozen ? '1' : '0')
       if (frozen) {
         // Freezing completes asynchronously; wait until every task is stopped (bounded).
         // Tasks blocked in a read freeze within microseconds: poll on the next turns of the event
@@ -214,7 +214,7 @@ export class CgroupManager {
         }
       }
     } else if (dirs.freezer) {
-      await writeFile(path.join(dirs.freezer, 'freezer.state'), frozen ? 'FROZEN' : 'THAWED')
+      writeFileSync(path.join(dirs.freezer, 'freezer.state'), frozen ? 'FROZEN' : 'THAWED')
     }
   }
 
@@ -254,5 +254,14 @@ export class CgroupManager {
     if (!base || !existsSync(base)) return []
     const entries = await readdir(base, { withFileTypes: true })
     return entries.filter((e) => e.isDirectory()).map((e) => e.name)
+  }
+}
+
+/** Cgroup files are tiny kernel interfaces: written synchronously (a thread-pool trip costs more). */
+function trySync(fn: () => void): void {
+  try {
+    fn()
+  } catch {
+    // optional knob (swap, memsw) not present on this host
   }
 }

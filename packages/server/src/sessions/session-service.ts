@@ -74,6 +74,7 @@ export class SessionService {
   private readonly running = new Map<string, RunningTurn>()
   private reaper: NodeJS.Timeout | undefined
   private readonly transcripts = new Map<string, { seq: number; lines: TranscriptLine[] }>()
+  private createdHook: ((row: SessionRow) => void) | undefined
   private deletedHook: ((sessionId: string) => Promise<void>) | undefined
   private afterTurnHook: ((row: SessionRow, seq: number, agent: AgentProcess | undefined) => void) | undefined
   private beforeTurnHook: ((row: SessionRow, seq: number, agent: AgentProcess) => Promise<void>) | undefined
@@ -125,7 +126,9 @@ export class SessionService {
       network_json: body.network ? JSON.stringify(body.network) : null,
       created_at: this.now(),
     })
-    return this.info(this.require(tenantId, id))
+    const created = this.require(tenantId, id)
+    this.createdHook?.(created)
+    return this.info(created)
   }
 
   get(tenantId: string, id: string): SessionInfo {
@@ -432,6 +435,11 @@ export class SessionService {
   }
 
   /** Called after the sandbox is ready and before the prompt is sent (pre-turn snapshots). */
+  /** Called when a session is created (not awaited: the turn-0 snapshot is taken in the background). */
+  onCreated(hook: (row: SessionRow) => void): void {
+    this.createdHook = hook
+  }
+
   onDeleted(hook: (sessionId: string) => Promise<void>): void {
     this.deletedHook = hook
   }

@@ -54,13 +54,13 @@ export class WorkspaceService {
     // waits for it, and takes one itself when something changed the workspace in between.
     deps.sessions.onAfterTurn((row, seq, agent) => {
       if (!row.auto_snapshots) return
-      const pending = this.take(row, 'auto', 'before_turn', seq, agent?.alive ? agent : undefined)
-        .then(() => undefined)
-        .catch((error) => deps.logger.warn({ err: error, session: row.id }, 'post-turn snapshot failed'))
-      this.pending.set(row.id, pending)
-      void pending.finally(() => {
-        if (this.pending.get(row.id) === pending) this.pending.delete(row.id)
-      })
+      this.track(row.id, this.take(row, 'auto', 'before_turn', seq, agent?.alive ? agent : undefined))
+    })
+    // The state before turn 1 is the revision: snapshot it at creation, before any sandbox exists,
+    // so the first turn neither waits for it nor freezes a sandbox that is still starting.
+    deps.sessions.onCreated((row) => {
+      if (!row.auto_snapshots) return
+      this.track(row.id, this.take(row, 'auto', 'before_turn', 0))
     })
     deps.sessions.onBeforeTurn(async (row, seq, agent) => {
       if (!row.auto_snapshots) return
@@ -71,6 +71,19 @@ export class WorkspaceService {
       }
     })
     deps.sessions.onDeleted((sessionId) => this.deleteAll(sessionId))
+  }
+
+  /** Remembers a background snapshot so the next operation on the session waits for it. */
+  private track(sessionId: string, work: Promise<unknown>): void {
+    const pending = work
+      .then(() => undefined)
+      .catch((error) =>
+        this.deps.logger.warn({ err: error, session: sessionId }, 'background snapshot failed'),
+      )
+    this.pending.set(sessionId, pending)
+    void pending.finally(() => {
+      if (this.pending.get(sessionId) === pending) this.pending.delete(sessionId)
+    })
   }
 
   private now(): string {

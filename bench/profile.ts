@@ -1,0 +1,195 @@
+/**
+ * Where a turn's time goes. Wraps methods of the built server and runtime at run time (in this
+ * process only; nothing in packages/ is changed), runs turns, and prints the median and p99 of
+ * every step of the timeline, and, for slow runs, the step that took longest.
+ *
+ *   node --import tsx bench/profile.ts warm [echo|notes] [runs]   # turns on one warm session
+ *   node --import tsx bench/profile.ts cold [echo|notes] [runs]   # new session + first message
+ *
+ * Add --cpu-prof --cpu-prof-dir=DIR after `node` for a V8 CPU profile of the same runs.
+ *
+ * --no-auto-snapshots creates the sessions with autoSnapshots: false.
+ *
+ * --gap=MS waits MS between runs (think time), so work left by a turn is done before the next.
+ *
+ * --what-if=append-transcript simulates the fix proposed in docs/benchmarks.md: the transcript
+ * file is appended synchronously with only the lines that are new, instead of the whole
+ * transcript being read from the database and rewritten (three async file operations) every turn.
+ */
+
+import { writeFileSync } from 'node:fs'
+import path from 'node:path'
+import {
+  AgentProcess,
+  BtrfsPool,
+  BwrapDriver,
+  CgroupManager,
+  Runtime,
+} from '../packages/runtime/dist/index.js'
+import { SessionService } from '../packages/server/dist/index.js'
+import { EXAMPLES, startBenchServer } from './lib/server.js'
+import { printTable, type Row, row } from './lib/stats.js'
+
+let marks = new Map<string, number>()
+const mark = (label: string) => {
+  if (!marks.has(label)) marks.set(label, performance.now())
+}
+
+// biome-ignore lint/suspicious/noExplicitAny: patching prototypes by name
+function wrap(proto: any, method: string, label = method): void {
+  const original = proto[method] as (...args: unknown[]) => unknown
+  if (typeof original !== 'function') {
+    console.warn(`(no method ${method} to time: the code changed; skipped)`)
+    return
+  }
+  proto[method] = function (this: unknown, ...args: unknown[]) {
+    mark(`${label} >`)
+    const out = original.apply(this, args)
+    if (out instanceof Promise) return out.finally(() => mark(`${label} <`))
+    mark(`${label} <`)
+    return out
+  }
+}
+
+const positional = process.argv.slice(2).filter((a) => !a.startsWith('--'))
+const whatIf = process.argv.includes('--what-if=append-transcript')
+/** Idle time between runs (--gap=MS): lets work a turn leaves behind (post-turn snapshots) finish. */
+const gapMs = Number(process.argv.find((a) => a.startsWith('--gap='))?.slice(6) ?? 0)
+/** --no-auto-snapshots: sessions created with autoSnapshots: false (no snapshot before each turn). */
+const autoSnapshots = !process.argv.includes('--no-auto-snapshots')
+const mode = positional[0] === 'cold' ? 'cold' : 'warm'
+const agentName = positional[1] ?? 'echo'
+const runs = Number(positional[2] ?? (mode === 'cold' ? 60 : 300))
+const warmup = mode === 'cold' ? 5 : 20
+const slowMs = mode === 'cold' ? 60 : 15
+
+const server = await startBenchServer()
+try {
+  wrap(SessionService.prototype, 'create', 'sessions.create')
+  wrap(SessionService.prototype, 'beginTurn')
+  wrap(SessionService.prototype, 'agentFor')
+  wrap(SessionService.prototype, 'transcriptBefore')
+  const storeProto = Object.getPrototypeOf(server.server.sessions.store)
+  for (const m of ['insert', 'startTurn', 'transition', 'setTurnSandbox', 'finishTurn', 'turns'])
+    wrap(storeProto, m, `store.${m}`)
+  wrap(BtrfsPool.prototype, 'createWorkspace', 'pool.createWorkspace')
+  wrap(Runtime.prototype, 'startAgent', 'runtime.startAgent')
+  wrap(AgentProcess.prototype, 'start', 'agent.start')
+  wrap(AgentProcess.prototype, 'writeTranscript')
+  wrap(AgentProcess.prototype, 'runTurn', 'agent.runTurn')
+  wrap(CgroupManager.prototype, 'create', 'cgroups.create')
+  wrap(CgroupManager.prototype, 'freeze', 'cgroups.freeze')
+  wrap(BtrfsPool.prototype, 'snapshotWorkspace', 'pool.snapshotWorkspace')
+  // Hooks other services register on the session service (pre-turn snapshots, …).
+  const sessions = server.server.sessions as unknown as Record<string, unknown>
+  if (typeof sessions.beforeTurnHook === 'function') wrap(sessions, 'beforeTurnHook', 'beforeTurn hook')
+  const start = BwrapDriver.prototype.start
+  BwrapDriver.prototype.start = async function (this: BwrapDriver, spec) {
+    const sandbox = await start.call(this, spec)
+    mark('launcher spawned')
+    const write = sandbox.stdin.write.bind(sandbox.stdin) as (...a: unknown[]) => boolean
+    // biome-ignore lint/suspicious/noExplicitAny: instrumenting a stream
+    ;(sandbox.stdin as any).write = (...a: unknown[]) => {
+      mark('stdin.write')
+      return write(...a)
+    }
+    // The first output of a fresh agent is the shim's marker at its first read: the agent is up.
+    sandbox.stdout.prependListener('data', () =>
+      mark(mode === 'cold' ? 'agent ready (first stdout)' : 'stdout'),
+    )
+    return sandbox
+  }
+
+  if (whatIf) {
+    // biome-ignore lint/suspicious/noExplicitAny: simulating a change to private methods
+    const service = SessionService.prototype as any
+    // The agent process already holds turns 1..n-1; only the last finished turn is new, read
+    // with one prepared statement instead of every turn of the session.
+    let lastTurn: { get(id: string, seq: number): { prompt: string; response: string | null } | undefined }
+    service.transcriptBefore = function (
+      this: { deps: { db: { prepare(sql: string): typeof lastTurn } } },
+      id: string,
+      seq: number,
+    ) {
+      lastTurn ??= this.deps.db.prepare('SELECT prompt, response FROM turns WHERE session_id = ? AND seq = ?')
+      const turn = seq > 1 ? lastTurn.get(id, seq - 1) : undefined
+      if (!turn) return []
+      const lines = [{ v: 1, role: 'user', turn: seq - 1, content: turn.prompt }]
+      if (turn.response) lines.push({ v: 1, role: 'assistant', turn: seq - 1, content: turn.response })
+      return lines
+    }
+    // biome-ignore lint/suspicious/noExplicitAny: simulating a change to private methods
+    ;(AgentProcess.prototype as any).writeTranscript = async function (
+      this: { runDir: string },
+      lines: unknown[],
+    ) {
+      if (lines.length === 0) return
+      const body = `${lines.map((l) => JSON.stringify(l)).join('\n')}\n`
+      writeFileSync(path.join(this.runDir, 'transcript.jsonl'), body, { flag: 'a' })
+    }
+  }
+
+  await server.deploy(`${EXAMPLES}/${agentName}`)
+  const intervals = new Map<string, number[]>()
+  const totals: number[] = []
+  const slow = new Map<string, number[]>()
+  let warmSession: string | undefined
+  for (let i = 0; i < runs + warmup; i++) {
+    if (gapMs > 0) await new Promise((r) => setTimeout(r, gapMs))
+    marks = new Map()
+    mark('client start')
+    const sent = marks.get('client start') as number
+    let id = warmSession
+    if (!id) {
+      id = (
+        await server.createSession(agentName, {
+          keepWarmMs: 600_000,
+          ...(autoSnapshots ? {} : { autoSnapshots: false }),
+        })
+      ).id
+      mark('client session created')
+      if (mode === 'warm') warmSession = id
+    }
+    const before = performance.now()
+    const t = await server.http.stream(`/v1/sessions/${id}/messages`, { prompt: `turn ${i}` })
+    if (t.terminal !== 'run.completed') throw new Error(`run ${i}: ${t.terminal} ${t.error}`)
+    marks.set('client message POST', before)
+    marks.set('client headers', before + t.headersMs)
+    marks.set('client first delta', before + (t.firstDeltaMs as number))
+    marks.set('client run.completed', before + (t.completedMs as number))
+    if (mode === 'cold') await server.deleteSession(id)
+    if (i < warmup) continue
+    const ordered = [...marks.entries()].sort((a, b) => a[1] - b[1])
+    let worst: [string, number] = ['', 0]
+    for (let k = 1; k < ordered.length; k++) {
+      const [from, a] = ordered[k - 1] as [string, number]
+      const [to, b] = ordered[k] as [string, number]
+      const key = `${from} -> ${to}`
+      if (!intervals.has(key)) intervals.set(key, [])
+      intervals.get(key)?.push(b - a)
+      if (b - a > worst[1]) worst = [key, b - a]
+    }
+    const total = (marks.get('client first delta') as number) - sent
+    totals.push(total)
+    if (total > slowMs) {
+      if (!slow.has(worst[0])) slow.set(worst[0], [])
+      slow.get(worst[0])?.push(worst[1])
+    }
+  }
+  const rows: Row[] = [...intervals.entries()]
+    .filter(([, s]) => s.length >= runs / 2)
+    .map(([key, s]) => row(key, s, undefined, s.length < runs ? `${s.length} of ${runs} runs` : undefined))
+  rows.push(row(mode === 'cold' ? 'TOTAL create -> first delta' : 'TOTAL POST -> first delta', totals))
+  printTable(
+    `${agentName} ${mode}${whatIf ? ' (what-if: append-transcript)' : ''}${gapMs ? ` (gap ${gapMs} ms)` : ''}${autoSnapshots ? '' : ' (no auto snapshots)'}: timeline (${runs} runs after ${warmup} warm-up)`,
+    rows,
+  )
+  if (slow.size > 0)
+    printTable(
+      `runs over ${slowMs} ms: the step that took longest in each`,
+      [...slow.entries()].map(([key, s]) => row(key, s)),
+    )
+  if (warmSession) await server.deleteSession(warmSession)
+} finally {
+  await server.close()
+}

@@ -87,13 +87,18 @@ describe('SDK against a real server', () => {
   it('client.run and client.stream create a session and end it', async () => {
     const result = await client.run('echo', { message: 'one shot' })
     expect(result.text.trim()).toBe('one shot')
-    expect((await client.sessions.get(result.sessionId)).status).toBe('completed')
+    // A session made for one run is ephemeral: its workspace is gone, its transcript kept.
+    expect((await client.sessions.get(result.sessionId)).info).toMatchObject({
+      status: 'deleted',
+      statusCause: 'ephemeral_end',
+    })
+    expect(await client.sessions.messages(result.sessionId)).toHaveLength(2)
     const stream = client.stream('echo', { message: 'streamed shot' })
     let text = ''
     for await (const chunk of stream.textStream) text += chunk
     const streamed = await stream.result
     expect(text.trim()).toBe('streamed shot')
-    expect((await client.sessions.get(streamed.sessionId)).status).toBe('completed')
+    expect((await client.sessions.get(streamed.sessionId)).status).toBe('deleted')
     const session = await client.createSession('echo')
     const inSession = await client.run('echo', { message: 'kept', sessionId: session.id })
     expect(inSession.sessionId).toBe(session.id)

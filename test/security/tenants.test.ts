@@ -52,11 +52,15 @@ describe('tenants never meet', () => {
               ? { prompt: 'hi' }
               : url.endsWith('/restore') || url.endsWith('/fork')
                 ? { snapshotId }
-                : url.endsWith('/lease')
-                  ? { ttlMs: 60_000 }
-                  : url.endsWith('/secrets')
-                    ? { secrets: { A: 'b' } }
-                    : {}
+                : url.endsWith('/memory')
+                  ? { content: 'x' }
+                  : url.endsWith('/artifacts')
+                    ? { path: 'README.md' }
+                    : url.endsWith('/lease')
+                      ? { ttlMs: 60_000 }
+                      : url.endsWith('/secrets')
+                        ? { secrets: { A: 'b' } }
+                        : {}
             : undefined
         const res = await other.call(method.toUpperCase(), withQuery, body)
         tried.push(`${method.toUpperCase()} ${route} -> ${res.status}`)

@@ -9,6 +9,7 @@ export const ID_PREFIXES = {
   tenant: 'tnt_',
   request: 'req_',
   event: 'evt_',
+  artifact: 'art_',
   sandbox: 'sbx_',
 } as const
 

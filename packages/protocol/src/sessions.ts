@@ -27,6 +27,7 @@ export const STATUS_CAUSES = [
   'state_lost',
   'server_shutdown',
   'retention',
+  'ephemeral_end',
   'forked',
   'workspace_restored',
 ] as const
@@ -46,6 +47,12 @@ export const CreateSessionBody = Type.Object(
     idleTimeoutMs: Type.Optional(Type.Integer({ minimum: 1000, maximum: 365 * 24 * 3600 * 1000 })),
     keepWarmMs: Type.Optional(Type.Integer({ minimum: 0, maximum: 24 * 3600 * 1000 })),
     network: Type.Optional(NetworkPolicySchema),
+    ephemeral: Type.Optional(
+      Type.Boolean({ description: 'delete the workspace and its snapshots when the session ends' }),
+    ),
+    keepTranscript: Type.Optional(
+      Type.Boolean({ description: 'with ephemeral: keep the transcript after the end' }),
+    ),
     autoSnapshots: Type.Optional(
       Type.Boolean({
         description: 'snapshot the workspace after every turn so it can be undone (default true)',
@@ -75,6 +82,7 @@ export const SessionSchema = Type.Object({
   idleTimeoutMs: Type.Integer(),
   keepWarmMs: Type.Integer(),
   autoSnapshots: Type.Boolean(),
+  ephemeral: Type.Boolean(),
   warm: Type.Boolean(),
   createdAt: Type.String(),
   updatedAt: Type.String(),

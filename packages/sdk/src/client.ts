@@ -84,7 +84,13 @@ export class Cairn {
     return new AgentStream(
       {
         open: async (openSignal) => {
-          const session = await this.sessions.create(agent, { ...create, signal: openSignal, timeoutMs })
+          const session = await this.sessions.create(agent, {
+            ephemeral: true,
+            keepTranscript: true,
+            ...create,
+            signal: openSignal,
+            timeoutMs,
+          })
           created = session.id
           return this.sessions.openRun(session.id, message, openSignal, timeoutMs)
         },

@@ -13,6 +13,10 @@ export interface CreateSessionOptions extends RequestOptions {
   keepWarmMs?: number | undefined
   /** Snapshot the workspace after every turn so that it can be undone (default `true`). */
   autoSnapshots?: boolean | undefined
+  /** Delete the workspace and its snapshots when the session ends (the default for `client.run`). */
+  ephemeral?: boolean | undefined
+  /** With `ephemeral`, keep the transcript after the end (default `false`). */
+  keepTranscript?: boolean | undefined
 }
 
 export interface ListSessionsOptions extends RequestOptions {
@@ -72,12 +76,12 @@ export class Sessions {
   }
 
   async create(agent: string, options: CreateSessionOptions = {}): Promise<Session> {
-    const { title, idleTimeoutMs, keepWarmMs, autoSnapshots, ...request } = options
+    const { title, idleTimeoutMs, keepWarmMs, autoSnapshots, ephemeral, keepTranscript, ...request } = options
     const info = asSession(
       await this.http.json({
         method: 'POST',
         path: '/v1/sessions',
-        json: { agent, title, idleTimeoutMs, keepWarmMs, autoSnapshots },
+        json: { agent, title, idleTimeoutMs, keepWarmMs, autoSnapshots, ephemeral, keepTranscript },
         ...request,
       }),
     )

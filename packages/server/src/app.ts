@@ -10,6 +10,8 @@ import { keyRoutes } from './auth/routes.js'
 import type { Db } from './db/database.js'
 import { consoleRoutes } from './http/console.js'
 import { installErrorHandlers } from './http/errors.js'
+import type { MemoryService } from './memory/memory-service.js'
+import { memoryRoutes } from './memory/routes.js'
 import type { MetricsRegistry } from './metrics/registry.js'
 import { installMetrics } from './metrics/route.js'
 import type { RetentionService } from './retention/retention-service.js'
@@ -31,6 +33,7 @@ export interface AppDeps {
   workspace: WorkspaceService
   retention: RetentionService
   metrics: MetricsRegistry
+  memory: MemoryService
   maxUploadBytes: number
   rateLimitPerSecond?: number | undefined
   version: string
@@ -84,6 +87,7 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   secretRoutes(app, deps.agents, deps.secrets)
   workspaceRoutes(app, deps.workspace)
   retentionRoutes(app, deps.retention)
+  memoryRoutes(app, deps.memory, deps.agents, deps.sessions)
   consoleRoutes(app)
   app.addHook('onResponse', async (request, reply) => {
     if (reply.statusCode >= 400) {

@@ -10,6 +10,7 @@ import { systemClock } from './clock.js'
 import { resolveConfig, type ServerOptions } from './config.js'
 import { writeCredentialsIfMissing } from './credentials.js'
 import { openDatabase } from './db/database.js'
+import { MemoryService } from './memory/memory-service.js'
 import { MetricsRegistry } from './metrics/registry.js'
 import { RetentionService } from './retention/retention-service.js'
 import { SecretCipher } from './secrets/cipher.js'
@@ -67,8 +68,15 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       archiveLimits: { maxFiles: config.maxArchiveFiles, maxUnpackedBytes: config.maxUnpackedBytes },
     })
     const metrics = new MetricsRegistry()
+    const memory = new MemoryService({
+      db,
+      clock: systemClock,
+      mountRoot: path.join(runtime.runDir, 'memory'),
+      artifactRoot: path.join(config.dataDir, 'artifacts'),
+    })
     const sessions = new SessionService({
       metrics,
+      memory,
       db,
       runtime,
       agents,
@@ -110,6 +118,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       workspace,
       retention: retentionService,
       metrics,
+      memory,
       agents,
       sessions,
       maxUploadBytes: config.maxUploadBytes,

@@ -187,4 +187,31 @@ CREATE TABLE network_events (
 CREATE INDEX network_events_session ON network_events(session_id, id);
 `,
   },
+  {
+    version: 8,
+    name: 'memory, artifacts, ephemeral sessions',
+    sql: `
+CREATE TABLE agent_memory (
+  agent_id TEXT NOT NULL REFERENCES agents(id),
+  version INTEGER NOT NULL,
+  content TEXT NOT NULL,
+  source TEXT NOT NULL,
+  created_at TEXT NOT NULL,
+  PRIMARY KEY (agent_id, version)
+);
+CREATE TABLE artifacts (
+  id TEXT PRIMARY KEY,
+  tenant_id TEXT NOT NULL,
+  agent_id TEXT NOT NULL,
+  session_id TEXT NOT NULL,
+  path TEXT NOT NULL,
+  size_bytes INTEGER NOT NULL,
+  sha256 TEXT NOT NULL,
+  created_at TEXT NOT NULL
+);
+CREATE INDEX artifacts_agent ON artifacts(agent_id, created_at);
+ALTER TABLE sessions ADD COLUMN ephemeral INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE sessions ADD COLUMN keep_transcript INTEGER NOT NULL DEFAULT 1;
+`,
+  },
 ]

@@ -28,6 +28,7 @@ import type { AgentService } from '../agents/agent-service.js'
 import { ENV_VARIABLES, envBinds } from '../agents/builder.js'
 import { type Clock, iso } from '../clock.js'
 import type { Db } from '../db/database.js'
+import type { MemoryService } from '../memory/memory-service.js'
 import type { MetricsRegistry } from '../metrics/registry.js'
 import { redact, type SecretStore } from '../secrets/secret-store.js'
 import { decodeCursor, encodeCursor } from './cursor.js'
@@ -41,6 +42,7 @@ export interface SessionServiceDeps {
   /** Private addresses the operator lets sandboxes reach through the egress proxy. */
   egressPrivateExceptions?: ReadonlySet<string> | undefined
   metrics?: MetricsRegistry | undefined
+  memory?: MemoryService | undefined
   clock: Clock
   logger: Logger
 }
@@ -124,6 +126,8 @@ export class SessionService {
       keep_warm_ms: body.keepWarmMs ?? DEFAULT_KEEP_WARM_MS,
       auto_snapshots: body.autoSnapshots === false ? 0 : 1,
       network_json: body.network ? JSON.stringify(body.network) : null,
+      ephemeral: body.ephemeral ? 1 : 0,
+      keep_transcript: body.ephemeral && !body.keepTranscript ? 0 : 1,
       created_at: this.now(),
     })
     const created = this.require(tenantId, id)
@@ -336,6 +340,12 @@ export class SessionService {
       })
     }
     this.afterTurnHook?.(row, seq, this.warm.get(row.id)?.agent)
+    const memory = this.deps.memory
+    if (memory) {
+      void memory
+        .promoteProposed(row.agent_id, this.deps.runtime.pool.workspacePath(row.id), `${row.id}/${turnId}`)
+        .catch((error) => this.deps.logger.warn({ err: error, session: row.id }, 'memory promotion failed'))
+    }
   }
 
   /**
@@ -391,7 +401,10 @@ export class SessionService {
       command: revision.command,
       protocol: revision.manifest.protocol ?? 'stdio',
       env: { ...(envKey ? ENV_VARIABLES : {}), ...this.deps.secrets.values(row.agent_id, ['runtime']) },
-      binds: envKey ? envBinds(this.deps.agents.envs.envPath(envKey), envKey) : [],
+      binds: [
+        ...(envKey ? envBinds(this.deps.agents.envs.envPath(envKey), envKey) : []),
+        ...(this.deps.memory ? [await this.deps.memory.bind(row.agent_id)] : []),
+      ],
       egress: {
         policy: (row.network_json ? JSON.parse(row.network_json) : revision.manifest.network) ?? {
           allow: [],
@@ -451,6 +464,10 @@ export class SessionService {
 
   onBeforeTurn(hook: (row: SessionRow, seq: number, agent: AgentProcess) => Promise<void>): void {
     this.beforeTurnHook = hook
+  }
+
+  workspaceDir(sessionId: string): string {
+    return this.deps.runtime.pool.workspacePath(sessionId)
   }
 
   warmAgent(sessionId: string): AgentProcess | undefined {
@@ -521,6 +538,12 @@ export class SessionService {
     await this.cancel(tenantId, id)
     await this.dropWarm(id)
     const current = this.require(tenantId, id)
+    if (current.ephemeral) {
+      // Nothing of an ephemeral session stays on disk; its transcript only when asked for.
+      await this.delete(tenantId, id, 'ephemeral_end')
+      if (!current.keep_transcript) this.store.deleteTranscript(id)
+      return this.get(tenantId, id)
+    }
     if (current.status !== 'completed') this.store.transition(current, 'completed', 'user_end', this.now())
     return this.get(tenantId, id)
   }
@@ -540,7 +563,7 @@ export class SessionService {
   async delete(
     tenantId: string,
     id: string,
-    cause: 'user_delete' | 'retention' = 'user_delete',
+    cause: 'user_delete' | 'retention' | 'ephemeral_end' = 'user_delete',
   ): Promise<void> {
     const row = this.require(tenantId, id)
     if (row.status === 'deleted') return

@@ -34,6 +34,8 @@ export interface SessionRow {
   auto_snapshots: number
   lease_until: string | null
   network_json: string | null
+  ephemeral: number
+  keep_transcript: number
 }
 
 interface TurnRow {
@@ -69,8 +71,8 @@ export class SessionStore {
     this.s = {
       get: db.prepare<[string, string], SessionRow>(`${SESSION_SELECT} WHERE s.tenant_id = ? AND s.id = ?`),
       insert: db.prepare(
-        `INSERT INTO sessions (id, tenant_id, agent_id, revision_id, title, status, status_cause, idle_timeout_ms, keep_warm_ms, auto_snapshots, network_json, created_at, updated_at, last_active_at)
-         VALUES (@id, @tenant_id, @agent_id, @revision_id, @title, @status, @status_cause, @idle_timeout_ms, @keep_warm_ms, @auto_snapshots, @network_json, @created_at, @created_at, @created_at)`,
+        `INSERT INTO sessions (id, tenant_id, agent_id, revision_id, title, status, status_cause, idle_timeout_ms, keep_warm_ms, auto_snapshots, network_json, ephemeral, keep_transcript, created_at, updated_at, last_active_at)
+         VALUES (@id, @tenant_id, @agent_id, @revision_id, @title, @status, @status_cause, @idle_timeout_ms, @keep_warm_ms, @auto_snapshots, @network_json, @ephemeral, @keep_transcript, @created_at, @created_at, @created_at)`,
       ),
       setStatus: db.prepare('UPDATE sessions SET status = ?, status_cause = ?, updated_at = ? WHERE id = ?'),
       insertEvent: db.prepare(
@@ -148,11 +150,18 @@ export class SessionStore {
       | 'auto_snapshots'
       | 'lease_until'
       | 'network_json'
-    > & { auto_snapshots?: number; network_json?: string | null },
+      | 'ephemeral'
+      | 'keep_transcript'
+    > & {
+      auto_snapshots?: number
+      network_json?: string | null
+      ephemeral?: number
+      keep_transcript?: number
+    },
     fork?: { parentId: string; snapshotId: string; turnsUpTo: number },
   ): void {
     this.db.transaction(() => {
-      this.s.insert.run({ auto_snapshots: 1, network_json: null, ...row })
+      this.s.insert.run({ auto_snapshots: 1, network_json: null, ephemeral: 0, keep_transcript: 1, ...row })
       this.s.insertEvent.run(
         newId('event'),
         row.id,
@@ -223,6 +232,14 @@ export class SessionStore {
       .all(sessionId, limit)
       .reverse()
       .map((row) => ({ ...row, allowed: row.allowed === 1 }))
+  }
+
+  /** Forgets a session's conversation (an ephemeral session that did not ask to keep it). */
+  deleteTranscript(sessionId: string): void {
+    this.db.transaction(() => {
+      this.db.prepare('DELETE FROM turns WHERE session_id = ?').run(sessionId)
+      this.db.prepare('UPDATE sessions SET message_count = 0 WHERE id = ?').run(sessionId)
+    })()
   }
 
   bumpGeneration(sessionId: string): void {
@@ -404,6 +421,7 @@ export function toSessionInfo(row: SessionRow, warm: boolean): SessionInfo {
     idleTimeoutMs: row.idle_timeout_ms,
     keepWarmMs: row.keep_warm_ms,
     autoSnapshots: row.auto_snapshots !== 0,
+    ephemeral: row.ephemeral === 1,
     warm,
     createdAt: row.created_at,
     updatedAt: row.updated_at,

@@ -1,0 +1,162 @@
+import { CairnProblem, ErrorBodySchema, IdParams } from '@cairn/protocol'
+import { Type } from '@sinclair/typebox'
+import type { FastifyInstance, FastifyRequest } from 'fastify'
+import type { AgentService } from '../agents/agent-service.js'
+import { principalOf, requireWrite } from '../auth/plugin.js'
+import { workspaceRelative } from '../files/confine.js'
+import type { SessionService } from '../sessions/session-service.js'
+import { MAX_MEMORY_BYTES, type MemoryService } from './memory-service.js'
+
+const MemorySchema = Type.Object({
+  agentId: Type.String(),
+  version: Type.Integer(),
+  content: Type.String(),
+  source: Type.String(),
+  updatedAt: Type.Union([Type.String(), Type.Null()]),
+})
+const ArtifactSchema = Type.Object({
+  id: Type.String(),
+  agentId: Type.String(),
+  sessionId: Type.String(),
+  path: Type.String(),
+  sizeBytes: Type.Integer(),
+  sha256: Type.String(),
+  createdAt: Type.String(),
+})
+const errors = {
+  400: ErrorBodySchema,
+  401: ErrorBodySchema,
+  403: ErrorBodySchema,
+  404: ErrorBodySchema,
+  409: ErrorBodySchema,
+}
+const idOf = (request: FastifyRequest) => (request.params as { id: string }).id
+
+export function memoryRoutes(
+  app: FastifyInstance,
+  memory: MemoryService,
+  agents: AgentService,
+  sessions: SessionService,
+): void {
+  const tags = ['memory']
+  app.get(
+    '/v1/agents/:id/memory',
+    {
+      schema: {
+        tags,
+        summary: "The agent's memory (mounted read-only at /memory in new sandboxes)",
+        params: IdParams,
+        response: { 200: MemorySchema, ...errors },
+      },
+    },
+    async (request) => memory.get(agents.require(principalOf(request).tenantId, idOf(request)).id),
+  )
+  app.put(
+    '/v1/agents/:id/memory',
+    {
+      schema: {
+        tags,
+        summary: 'Replace the memory with a new version (baseVersion guards against lost updates)',
+        params: IdParams,
+        body: Type.Object(
+          {
+            content: Type.String({ maxLength: MAX_MEMORY_BYTES }),
+            baseVersion: Type.Optional(Type.Integer({ minimum: 0 })),
+          },
+          { additionalProperties: false },
+        ),
+        response: { 200: MemorySchema, ...errors },
+      },
+    },
+    async (request) => {
+      const agent = agents.require(requireWrite(request).tenantId, idOf(request))
+      const body = request.body as { content: string; baseVersion?: number }
+      return memory.put(agent.id, body.content, 'api', body.baseVersion)
+    },
+  )
+  app.post(
+    '/v1/sessions/:id/memory/promote',
+    {
+      schema: {
+        tags,
+        summary: 'Promote /workspace/.cairn/memory.proposed.md to the agent memory',
+        params: IdParams,
+        response: { 200: MemorySchema, ...errors },
+      },
+    },
+    async (request) => {
+      const { tenantId } = requireWrite(request)
+      const row = sessions.require(tenantId, idOf(request))
+      const promoted = await memory.promoteProposed(
+        row.agent_id,
+        sessions.workspaceDir(row.id),
+        `${row.id}/api`,
+      )
+      return promoted ?? memory.get(row.agent_id)
+    },
+  )
+  app.post(
+    '/v1/sessions/:id/artifacts',
+    {
+      schema: {
+        tags,
+        summary: "Copy a workspace file into the agent's artifact store (kept after the session is deleted)",
+        params: IdParams,
+        body: Type.Object(
+          { path: Type.String({ minLength: 1, maxLength: 4096 }) },
+          { additionalProperties: false },
+        ),
+        response: { 201: ArtifactSchema, ...errors },
+      },
+    },
+    async (request, reply) => {
+      const { tenantId } = requireWrite(request)
+      const row = sessions.require(tenantId, idOf(request))
+      if (row.status === 'deleted') throw new CairnProblem('session_deleted', `session ${row.id} was deleted`)
+      const rel = workspaceRelative((request.body as { path: string }).path)
+      const info = await memory.saveArtifact(
+        { tenantId, agentId: row.agent_id, sessionId: row.id },
+        sessions.workspaceDir(row.id),
+        rel,
+      )
+      return reply.status(201).send(info)
+    },
+  )
+  app.get(
+    '/v1/agents/:id/artifacts',
+    {
+      schema: {
+        tags,
+        summary: "The agent's artifacts",
+        params: IdParams,
+        response: { 200: Type.Object({ data: Type.Array(ArtifactSchema) }), ...errors },
+      },
+    },
+    async (request) => ({
+      data: memory.artifacts(agents.require(principalOf(request).tenantId, idOf(request)).id),
+    }),
+  )
+  app.get(
+    '/v1/agents/:id/artifacts/:artifactId',
+    {
+      schema: {
+        tags,
+        summary: 'Download an artifact',
+        params: Type.Object({ id: Type.String(), artifactId: Type.String() }),
+        produces: ['application/octet-stream'],
+        response: errors,
+      },
+    },
+    async (request, reply) => {
+      const agent = agents.require(principalOf(request).tenantId, idOf(request))
+      const { artifactId } = request.params as { artifactId: string }
+      const { info } = memory.artifactFile(agent.id, artifactId)
+      const body = await memory.readArtifact(agent.id, artifactId)
+      void reply.header(
+        'content-disposition',
+        `attachment; filename="${encodeURIComponent(info.path.split('/').pop() ?? 'artifact')}"`,
+      )
+      return reply.type('application/octet-stream').send(body)
+    },
+  )
+}

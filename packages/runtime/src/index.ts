@@ -13,17 +13,34 @@ export { forbiddenReason } from './egress/address-guard.js'
 export { decide, type EgressPolicy, type EgressRule } from './egress/policy.js'
 export { EgressProxy, type NetworkEvent } from './egress/proxy.js'
 export { AGENT_KIT_DIR, instanceRunDir } from './paths.js'
-export { DEFAULT_POOL_IMAGE_BYTES, DEFAULT_SANDBOX_UID, Runtime, type RuntimeOptions } from './runtime.js'
+export {
+  DEFAULT_POOL_IMAGE_BYTES,
+  DEFAULT_SANDBOX_UID,
+  type IsolationInfo,
+  Runtime,
+  type RuntimeOptions,
+} from './runtime.js'
 export { BwrapDriver } from './sandbox/bwrap-driver.js'
+export { requireCapability } from './sandbox/capabilities.js'
 export { CgroupManager } from './sandbox/cgroups.js'
-export type {
-  Sandbox,
-  SandboxBind,
-  SandboxDriver,
-  SandboxExit,
-  SandboxLimits,
-  SandboxSpec,
+export {
+  type DriverCapabilities,
+  ISOLATIONS,
+  type IsolationName,
+  isIsolationName,
+  type Sandbox,
+  type SandboxBind,
+  type SandboxDriver,
+  type SandboxExit,
+  type SandboxLimits,
+  type SandboxSpec,
 } from './sandbox/driver.js'
+export {
+  type GvisorAvailability,
+  GvisorDriver,
+  type GvisorDriverOptions,
+  probeGvisor,
+} from './sandbox/gvisor-driver.js'
 export { BtrfsPool } from './storage/btrfs-pool.js'
 export { EnvStore } from './storage/env-store.js'
 export { execTool } from './util/exec.js'

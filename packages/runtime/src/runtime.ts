@@ -1,11 +1,13 @@
 import { chmod, cp, mkdir, rm, rmdir, writeFile } from 'node:fs/promises'
 import path from 'node:path'
+import { CairnProblem } from '@cairn/protocol'
 import { AgentProcess } from './agent/agent-process.js'
 import type { AgentLaunch } from './agent/types.js'
 import { AGENT_KIT_DIR, instanceRunDir } from './paths.js'
 import { BwrapDriver } from './sandbox/bwrap-driver.js'
 import { CgroupManager } from './sandbox/cgroups.js'
-import type { SandboxDriver } from './sandbox/driver.js'
+import type { DriverCapabilities, IsolationName, SandboxDriver } from './sandbox/driver.js'
+import { type GvisorAvailability, GvisorDriver } from './sandbox/gvisor-driver.js'
 import { generatedEtcFiles } from './sandbox/rootfs.js'
 import { BtrfsPool } from './storage/btrfs-pool.js'
 import { execTool } from './util/exec.js'
@@ -21,6 +23,26 @@ export interface RuntimeOptions {
   workspaceQuotaBytes?: number | undefined
   /** Base of per-instance runtime directories (default /run/cairn). */
   runBase?: string | undefined
+  /** The sandbox driver of agents that do not choose one (`AgentLaunch.isolation`); default bwrap. */
+  isolation?: IsolationName | undefined
+  /**
+   * gVisor settings: the runsc binary, its platform (default `ptrace`) and how many sandboxes to
+   * keep booted ahead per mount layout (default 2 when gVisor is the default isolation, else 0).
+   */
+  gvisor?:
+    | { runscPath?: string | undefined; platform?: string | undefined; poolSize?: number | undefined }
+    | undefined
+}
+
+/** One sandbox driver of this node, as `GET /v1/runtime` reports it. */
+export interface IsolationInfo {
+  name: IsolationName
+  default: boolean
+  available: boolean
+  /** Why the driver cannot run here, when it cannot. */
+  reason?: string | undefined
+  capabilities: DriverCapabilities
+  description: string
 }
 
 export const DEFAULT_SANDBOX_UID = 61000
@@ -32,9 +54,13 @@ export const DEFAULT_POOL_IMAGE_BYTES = 20 * 1024 * 1024 * 1024
  */
 export class Runtime {
   readonly pool: BtrfsPool
+  /** The default driver (`isolation`); `drivers` holds every driver of this node. */
   readonly driver: SandboxDriver
+  readonly drivers: Readonly<Record<IsolationName, SandboxDriver>>
   readonly runDir: string
   private readonly cgroups: CgroupManager
+  private readonly gvisor: GvisorDriver
+  private gvisorProbe: Promise<GvisorAvailability> | undefined
   private readonly agents = new Set<AgentProcess>()
 
   constructor(readonly options: RuntimeOptions) {
@@ -50,13 +76,47 @@ export class Runtime {
       workspaceQuotaBytes: options.workspaceQuotaBytes,
     })
     this.cgroups = new CgroupManager(`cairn/${path.basename(this.runDir)}`)
-    this.driver = new BwrapDriver({
+    const bwrap = new BwrapDriver({
       cgroups: this.cgroups,
       hostUid: uid,
       hostGid: uid,
       etcDir: path.join(this.runDir, 'etc'),
       kitDir: path.join(this.runDir, 'kit'),
     })
+    // Both drivers share the instance's cgroup scope, so every sandbox is counted and reaped alike.
+    this.gvisor = new GvisorDriver({
+      cgroups: this.cgroups,
+      hostUid: uid,
+      hostGid: uid,
+      etcDir: path.join(this.runDir, 'etc'),
+      kitDir: path.join(this.runDir, 'kit'),
+      stateDir: path.join(this.runDir, 'gvisor'),
+      runscPath: options.gvisor?.runscPath,
+      platform: options.gvisor?.platform,
+      poolSize: options.gvisor?.poolSize ?? (options.isolation === 'gvisor' ? 2 : 0),
+    })
+    this.drivers = { bwrap, gvisor: this.gvisor }
+    this.driver = this.drivers[options.isolation ?? 'bwrap']
+  }
+
+  /** The driver for an agent's `isolation`, or the default one. */
+  driverFor(isolation?: IsolationName | undefined): SandboxDriver {
+    return isolation ? this.drivers[isolation] : this.driver
+  }
+
+  /** Every driver of this node: whether it can run here and what it can do. */
+  async isolations(): Promise<IsolationInfo[]> {
+    // A real sandbox start, once: an installed runsc can still fail on this host's kernel.
+    this.gvisorProbe ??= this.gvisor.selfTest()
+    const gvisorState = await this.gvisorProbe
+    return (Object.entries(this.drivers) as [IsolationName, SandboxDriver][]).map(([name, driver]) => ({
+      name,
+      default: driver === this.driver,
+      available: name === 'gvisor' ? gvisorState.ok : true,
+      ...(name === 'gvisor' && !gvisorState.ok ? { reason: gvisorState.reason } : {}),
+      capabilities: { ...driver.capabilities },
+      description: driver.describe(),
+    }))
   }
 
   /** Prepares directories, mounts the pool and reaps sandboxes a crashed predecessor left. */
@@ -85,13 +145,27 @@ export class Runtime {
     await rm(sandboxesDir, { recursive: true, force: true })
     await mkdir(sandboxesDir, { recursive: true })
     await chmod(sandboxesDir, 0o711)
-    const orphansReaped = await this.driver.reapOrphans()
+    if (this.driver instanceof GvisorDriver) {
+      const state = await this.driver.availability()
+      if (!state.ok) {
+        throw new CairnProblem('unavailable', `the default isolation gvisor cannot run: ${state.reason}`)
+      }
+    }
+    // gVisor first: it knows its containers; bwrap's reaping then takes whatever cgroup is left.
+    let orphansReaped = await this.drivers.gvisor.reapOrphans()
+    orphansReaped += await this.drivers.bwrap.reapOrphans()
     await this.pool.open()
+    // Best effort: without a ready slot a gVisor sandbox boots on demand, and says why it cannot.
+    await this.gvisor.prewarm().catch(() => undefined)
     return { orphansReaped }
   }
 
   async startAgent(launch: AgentLaunch): Promise<AgentProcess> {
-    const agent = new AgentProcess(this.driver, launch, path.join(this.runDir, 'sandboxes'))
+    const agent = new AgentProcess(
+      this.driverFor(launch.isolation),
+      launch,
+      path.join(this.runDir, 'sandboxes'),
+    )
     this.agents.add(agent)
     try {
       await agent.start()
@@ -115,8 +189,10 @@ export class Runtime {
   async close(): Promise<void> {
     await Promise.all([...this.agents].map((agent) => agent.stop()))
     this.agents.clear()
-    await this.driver.reapOrphans()
-    await this.driver.close()
+    for (const driver of [this.drivers.gvisor, this.drivers.bwrap]) {
+      await driver.reapOrphans()
+      await driver.close()
+    }
     await this.pool.close()
     for (const name of ['sandboxes', 'kit', 'etc']) {
       await rm(path.join(this.runDir, name), { recursive: true, force: true })

@@ -1,7 +1,7 @@
 import type { AgentProtocolName, ErrorCode, StatusCause, TranscriptLine } from '@cairn/protocol'
 import type { EgressPolicy } from '../egress/policy.js'
 import type { NetworkEvent } from '../egress/proxy.js'
-import type { SandboxBind, SandboxLimits } from '../sandbox/driver.js'
+import type { IsolationName, SandboxBind, SandboxLimits } from '../sandbox/driver.js'
 
 export type AgentEvent =
   | { type: 'text'; content: string }
@@ -40,6 +40,8 @@ export interface AgentLaunch {
   turnTimeoutMs: number
   /** Extra mounts, such as the revision's dependency environment at /env. */
   binds?: readonly SandboxBind[] | undefined
+  /** The sandbox driver to run under; the runtime's default (`RuntimeOptions.isolation`) when unset. */
+  isolation?: IsolationName | undefined
   /** Egress allowlist; without one (or with an empty one) the sandbox has loopback only. */
   egress?:
     | {

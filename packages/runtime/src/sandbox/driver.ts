@@ -53,7 +53,7 @@ export interface Sandbox {
 
 /**
  * What a driver can do beyond running a sandbox. A capability set to false is refused with a typed
- * error (`CairnProblem`, see `requireCapability`), never faked.
+ * error (`CairnProblem`, see `requireCapability` in capabilities.ts), never faked.
  */
 export interface DriverCapabilities {
   /** `freeze`/`thaw` stop every process of the sandbox, so a workspace snapshot is consistent. */

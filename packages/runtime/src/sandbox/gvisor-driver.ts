@@ -1,0 +1,258 @@
+import { spawn } from 'node:child_process'
+import { existsSync } from 'node:fs'
+import { chmod, mkdir, rm, writeFile } from 'node:fs/promises'
+import path from 'node:path'
+import { CairnProblem } from '@cairn/protocol'
+import type { CgroupLimits, CgroupManager } from './cgroups.js'
+import type { DriverCapabilities, Sandbox, SandboxDriver, SandboxSpec } from './driver.js'
+import { cleanupSlots, GvisorPool, POOL_SLOT_PREFIX } from './gvisor-pool.js'
+import { childEnd, childIo, GvisorSandbox } from './gvisor-sandbox.js'
+import { buildOciSpec, type GvisorSpecOptions, prepareRootfs } from './gvisor-spec.js'
+import { installStatxShim, STATX_SHIM_PATH } from './gvisor-statx-fix.js'
+import {
+  findBinary,
+  listContainers,
+  type RunscConfig,
+  runsc,
+  runscFlags,
+  runscSelfTest,
+  runscVersion,
+} from './runsc.js'
+
+export interface GvisorDriverOptions {
+  cgroups: CgroupManager
+  /** Unprivileged host uid/gid that uid/gid 1000 inside maps to (the owner of what the agent writes). */
+  hostUid: number
+  hostGid: number
+  /** Host directory with generated passwd/group/hosts. */
+  etcDir: string
+  /** Host directory mounted read-only at /opt/cairn (agent-kit shims and libraries). */
+  kitDir: string
+  /** This driver's directory: the shared read-only root, the bundles and runsc's state. */
+  stateDir: string
+  runscPath?: string | undefined
+  platform?: string | undefined
+  /**
+   * Host memory the sandbox's own machinery (runsc, gofer, sentry) may use on top of the agent's
+   * `memoryMiB`: the cgroup holds all of it, and the agent's memory lives in the sentry.
+   */
+  memoryOverheadMiB?: number | undefined
+  /** Host tasks of that machinery (runsc, gofer and sentry threads) on top of the agent's share. */
+  pidsOverhead?: number | undefined
+  /** Pre-started sandboxes kept ready per mount layout (0: every sandbox boots on demand). */
+  poolSize?: number | undefined
+}
+
+export const DEFAULT_GVISOR_MEMORY_OVERHEAD_MIB = 64
+export const DEFAULT_GVISOR_PIDS_OVERHEAD = 160
+/**
+ * Host tasks that carry one task of the agent on the ptrace platform (its stub thread and the
+ * sentry's tracer threads), measured at 5 to 6 here. The agent's `pids` limit is enforced on the host
+ * tasks, where hitting it is seen (pids.events) and reported as `pids_limit`; it is approximate.
+ */
+export const GVISOR_HOST_TASKS_PER_TASK = 6
+
+// As in the bwrap driver: join the cgroups as root, then become runsc, so the gofer, the sentry and
+// the agent's ptrace stubs are all inside the sandbox's cgroups from their first instruction.
+const LAUNCHER =
+  'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 111; shift; n=$((n-1)); done; exec "$@"'
+
+export type GvisorAvailability = { ok: true; version: string } | { ok: false; reason: string }
+
+/**
+ * Runs each sandbox in gVisor (`runsc run` on an OCI bundle generated per sandbox): the agent talks
+ * to gVisor's user-space kernel, not the host's. Same layout, environment, uid and stdio as bwrap.
+ */
+export class GvisorDriver implements SandboxDriver {
+  readonly name = 'gvisor'
+  readonly capabilities: DriverCapabilities = { freeze: true, network: false, memorySnapshot: false }
+  readonly runsc: RunscConfig
+  private readonly rootfsDir: string
+  private readonly bundlesDir: string
+  private readonly slotsDir: string
+  private readonly pool: GvisorPool | undefined
+  private prepared: Promise<void> | undefined
+  /** Whether the statx shim for old runsc releases is in place (see gvisor-statx-fix.ts). */
+  private statxShim = false
+
+  constructor(private readonly options: GvisorDriverOptions) {
+    this.runsc = {
+      path: options.runscPath ?? 'runsc',
+      root: path.join(options.stateDir, 'runsc'),
+      platform: options.platform ?? 'ptrace',
+    }
+    this.rootfsDir = path.join(options.stateDir, 'rootfs')
+    this.bundlesDir = path.join(options.stateDir, 'bundles')
+    this.slotsDir = path.join(options.stateDir, 'slots')
+    if ((options.poolSize ?? 0) > 0) {
+      this.pool = new GvisorPool({
+        cgroups: options.cgroups,
+        runsc: this.runsc,
+        spec: this.specOptions(),
+        size: options.poolSize ?? 0,
+        slotsDir: this.slotsDir,
+        bundlesDir: this.bundlesDir,
+        hostLimits: (spec) => this.hostLimits(spec),
+        launcher: LAUNCHER,
+      })
+    }
+  }
+
+  describe(): string {
+    const shim = this.statxShim ? ', statx shim' : ''
+    return `gvisor (runsc, ${this.runsc.platform} platform${shim}, host uid ${this.options.hostUid}, ${this.options.cgroups.describe()})`
+  }
+
+  /** Whether runsc is installed and runs (it does not start a sandbox; see `selfTest` for that). */
+  availability(): Promise<GvisorAvailability> {
+    return runscAvailability(this.runsc.path)
+  }
+
+  /** Whether a sandbox really starts here (one throwaway `runsc do`, about 0.2 s). */
+  selfTest(): Promise<GvisorAvailability> {
+    return probeGvisor(this.runsc)
+  }
+
+  private prepare(): Promise<void> {
+    this.prepared ??= (async () => {
+      const availability = await this.availability()
+      if (!availability.ok) {
+        throw new CairnProblem('unavailable', `gVisor cannot run on this node: ${availability.reason}`, {
+          driver: this.name,
+        })
+      }
+      await mkdir(this.options.stateDir, { recursive: true })
+      await chmod(this.options.stateDir, 0o711)
+      await prepareRootfs(this.rootfsDir, this.options.etcDir)
+      await mkdir(path.join(this.rootfsDir, path.dirname(STATX_SHIM_PATH)), { recursive: true, mode: 0o755 })
+      this.statxShim = await installStatxShim(this.rootfsDir)
+      for (const dir of [this.runsc.root, this.bundlesDir]) {
+        await mkdir(dir, { recursive: true })
+        await chmod(dir, 0o700)
+      }
+    })()
+    // A failed preparation (runsc missing) is retried by the next start, after an install.
+    this.prepared.catch(() => {
+      this.prepared = undefined
+    })
+    return this.prepared
+  }
+
+  private specOptions(): GvisorSpecOptions {
+    return {
+      rootfsDir: this.rootfsDir,
+      kitDir: this.options.kitDir,
+      hostUid: this.options.hostUid,
+      hostGid: this.options.hostGid,
+    }
+  }
+
+  /** The OCI config.json of a sandbox (exposed for tests and for `cairn` diagnostics). */
+  buildSpec(spec: SandboxSpec): Record<string, unknown> {
+    return buildOciSpec(spec, this.specOptions())
+  }
+
+  /** What the sandbox's cgroup allows: the agent's limits plus the share of gVisor's machinery. */
+  private hostLimits(spec: SandboxSpec): CgroupLimits {
+    const { memoryOverheadMiB, pidsOverhead } = this.options
+    return {
+      memoryBytes:
+        (spec.limits.memoryMiB + (memoryOverheadMiB ?? DEFAULT_GVISOR_MEMORY_OVERHEAD_MIB)) * 1024 * 1024,
+      pids: spec.limits.pids * GVISOR_HOST_TASKS_PER_TASK + (pidsOverhead ?? DEFAULT_GVISOR_PIDS_OVERHEAD),
+      cpus: spec.limits.cpus,
+    }
+  }
+
+  /** Boots pool slots for the common layout (no extra binds, no network) in the background. */
+  async prewarm(): Promise<void> {
+    if (!this.pool) return
+    await this.prepare()
+    this.pool.warm({ network: 'none', binds: [] })
+  }
+
+  /** How many pre-started sandboxes are ready to be claimed. */
+  get pooled(): number {
+    return this.pool?.size() ?? 0
+  }
+
+  async start(spec: SandboxSpec): Promise<Sandbox> {
+    if (spec.command.length === 0) throw new CairnProblem('bad_request', 'empty sandbox command')
+    await this.prepare()
+    const claimed = await this.pool?.claim(spec)
+    if (claimed) return claimed
+    const bundle = path.join(this.bundlesDir, spec.id)
+    await mkdir(bundle, { recursive: true })
+    await writeFile(path.join(bundle, 'config.json'), JSON.stringify(this.buildSpec(spec)), { mode: 0o600 })
+    const procsFiles = await this.options.cgroups.create(spec.id, this.hostLimits(spec))
+    const runscArgs = [
+      this.runsc.path,
+      '--root',
+      this.runsc.root,
+      ...runscFlags(this.runsc, spec.network === 'host' ? 'host' : 'none'),
+      'run',
+      '--bundle',
+      bundle,
+      spec.id,
+    ]
+    const child = spawn(
+      '/bin/sh',
+      ['-c', LAUNCHER, 'cairn-launch', String(procsFiles.length), ...procsFiles, ...runscArgs],
+      { stdio: ['pipe', 'pipe', 'pipe'], env: { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' } },
+    )
+    if (child.pid === undefined) {
+      await this.options.cgroups.remove(spec.id)
+      await rm(bundle, { recursive: true, force: true })
+      throw new CairnProblem('sandbox_failed', 'could not start the gVisor sandbox launcher')
+    }
+    // The next session with this layout need not wait for a boot.
+    this.pool?.warm(spec)
+    return new GvisorSandbox(spec.id, child.pid, childIo(child), childEnd(child), {
+      cgroups: this.options.cgroups,
+      name: spec.id,
+      runsc: this.runsc,
+      bundle,
+    })
+  }
+
+  async reapOrphans(): Promise<number> {
+    await this.pool?.close()
+    const containers = await listContainers(this.runsc).catch(() => [])
+    for (const container of containers) {
+      await this.options.cgroups.freeze(container.id, false).catch(() => undefined)
+      await this.options.cgroups.kill(container.id).catch(() => undefined)
+      await runsc(this.runsc, ['delete', '--force', container.id]).catch(() => undefined)
+      await this.options.cgroups.remove(container.id)
+    }
+    await cleanupSlots(this.slotsDir)
+    if (existsSync(this.bundlesDir)) await rm(this.bundlesDir, { recursive: true, force: true })
+    this.prepared = undefined
+    this.pool?.reopen()
+    // Pool slots are not sessions' sandboxes: they are reaped, not counted.
+    return containers.filter((c) => !c.id.startsWith(POOL_SLOT_PREFIX)).length
+  }
+
+  async close(): Promise<void> {
+    await this.pool?.close()
+    await cleanupSlots(this.slotsDir)
+    await rm(this.options.stateDir, { recursive: true, force: true })
+    this.prepared = undefined
+  }
+}
+
+async function runscAvailability(runscPath: string): Promise<GvisorAvailability> {
+  const binary = findBinary(runscPath)
+  if (!binary) return { ok: false, reason: `${runscPath} is not installed (apt-get install runsc)` }
+  const version = await runscVersion(binary)
+  if (!version) return { ok: false, reason: `${binary} --version failed` }
+  return { ok: true, version }
+}
+
+/** Whether gVisor really runs on this host: runsc is installed and a throwaway sandbox starts. */
+export async function probeGvisor(
+  config: Pick<RunscConfig, 'path' | 'platform'> = { path: 'runsc', platform: 'ptrace' },
+): Promise<GvisorAvailability> {
+  const availability = await runscAvailability(config.path)
+  if (!availability.ok) return availability
+  const run = await runscSelfTest(config)
+  return run.ok ? availability : { ok: false, reason: run.reason }
+}

@@ -1,0 +1,126 @@
+import type { ChildProcess, ChildProcessWithoutNullStreams } from 'node:child_process'
+import { readdirSync } from 'node:fs'
+import { rm } from 'node:fs/promises'
+import type { Readable, Writable } from 'node:stream'
+import type { CgroupManager } from './cgroups.js'
+import type { Sandbox, SandboxExit } from './driver.js'
+import { type RunscConfig, runsc } from './runsc.js'
+
+/** How long after the sandbox's exit its output pipes may take to drain. */
+const EXIT_DRAIN_MS = 1000
+
+/** What a gVisor sandbox holds on the host besides its processes, released by `destroy`. */
+export interface GvisorResources {
+  cgroups: CgroupManager
+  /** The cgroup, which is also runsc's container id. */
+  name: string
+  runsc: RunscConfig
+  bundle: string
+  /** Host mounts made for this sandbox (pool slots), unmounted once it is gone. */
+  release?: (() => Promise<void>) | undefined
+}
+
+/**
+ * A sandbox whose agent runs in gVisor: `runsc run` (started cold) or a pool slot `runsc create`d
+ * ahead and started on claim. Freezing pauses every task inside gVisor; destroying kills every
+ * host process of the sandbox through its cgroup (runsc, gofer, sentry, ptrace stubs).
+ */
+export class GvisorSandbox implements Sandbox {
+  readonly driver = 'gvisor'
+  readonly exited: Promise<SandboxExit>
+  private destroyed = false
+  private done = false
+
+  /**
+   * @param process the host process whose end is the sandbox's end, with the agent's stdio: `runsc run`,
+   *   or for a pool slot `runsc create`'s stdio and a `runsc wait` that reports the exit.
+   */
+  constructor(
+    readonly id: string,
+    readonly pid: number,
+    private readonly io: { stdin: Writable; stdout: Readable; stderr: Readable },
+    ended: Promise<{ code: number | null; signal: NodeJS.Signals | null }>,
+    private readonly resources: GvisorResources,
+  ) {
+    // A write to a dead agent's stdin must surface as the turn's failure, not as a crash.
+    io.stdin.on('error', () => undefined)
+    const drained = Promise.all([closed(io.stdout), closed(io.stderr)])
+    this.exited = ended.then(async ({ code, signal }) => {
+      // The sentry holds the other ends of the pipes until the agent and all it started are gone;
+      // a bounded wait keeps a stuck pipe from hiding the exit.
+      await Promise.race([drained, new Promise((r) => setTimeout(r, EXIT_DRAIN_MS).unref())])
+      this.done = true
+      return { code, signal, limit: this.limitHit() }
+    })
+  }
+
+  get stdin(): Writable {
+    return this.io.stdin
+  }
+  get stdout(): Readable {
+    return this.io.stdout
+  }
+  get stderr(): Readable {
+    return this.io.stderr
+  }
+
+  limitHit(): 'memory' | 'pids' | undefined {
+    const counters = this.resources.cgroups.counters(this.resources.name)
+    if (counters.oomKills > 0) return 'memory'
+    if (counters.pidsMaxHits > 0) return 'pids'
+    return undefined
+  }
+
+  /** Stops every task of the sandbox inside gVisor (`runsc pause`); the gofer serves no writes then. */
+  async freeze(): Promise<void> {
+    if (this.done || this.destroyed) return
+    await runsc(this.resources.runsc, ['pause', this.resources.name])
+  }
+
+  async thaw(): Promise<void> {
+    if (this.done || this.destroyed) return
+    await runsc(this.resources.runsc, ['resume', this.resources.name])
+  }
+
+  async destroy(): Promise<void> {
+    if (this.destroyed) return
+    this.destroyed = true
+    const { cgroups, name, runsc: config } = this.resources
+    // Through the cgroup: runsc, the gofer, the sentry and its stubs die at once, paused or not.
+    await cgroups.kill(name)
+    await Promise.race([this.exited, new Promise((r) => setTimeout(r, 2000))])
+    // runsc cleans its state itself when `run` ends normally; after a kill it is left behind.
+    if (hasState(config.root, name)) await runsc(config, ['delete', '--force', name]).catch(() => undefined)
+    await this.resources.release?.()
+    await rm(this.resources.bundle, { recursive: true, force: true })
+    await cgroups.remove(name)
+  }
+}
+
+/** The end of a `runsc run` child: its exit status is the agent's (128+n for a signal). */
+export function childEnd(
+  child: ChildProcess,
+): Promise<{ code: number | null; signal: NodeJS.Signals | null }> {
+  return new Promise((resolve) => child.once('exit', (code, signal) => resolve({ code, signal })))
+}
+
+export function childIo(child: ChildProcessWithoutNullStreams) {
+  return { stdin: child.stdin, stdout: child.stdout, stderr: child.stderr }
+}
+
+function closed(stream: Readable): Promise<void> {
+  return new Promise((resolve) => {
+    if (stream.destroyed || stream.readableEnded) return resolve()
+    stream.once('close', () => resolve())
+    stream.once('end', () => resolve())
+  })
+}
+
+/** Whether runsc still has state files for the container (named `<id>_sandbox:<id>.state` …). */
+function hasState(root: string, id: string): boolean {
+  try {
+    return readdirSync(root).some((name) => name.startsWith(`${id}_`))
+  } catch {
+    return false
+  }
+}

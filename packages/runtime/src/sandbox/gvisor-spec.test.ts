@@ -1,0 +1,77 @@
+import { execFileSync } from 'node:child_process'
+import { describe, expect, it } from 'vitest'
+import { BwrapDriver } from './bwrap-driver.js'
+import type { SandboxSpec } from './driver.js'
+import { layoutKey, SLOT_INIT, shellWord } from './gvisor-pool.js'
+import { buildOciSpec } from './gvisor-spec.js'
+
+const spec: SandboxSpec = {
+  id: 'sbx_spec',
+  workspaceDir: '/pool/sessions/ses_a',
+  runDir: '/run/cairn/x/sandboxes/sbx_spec',
+  command: ['python3', 'agent.py'],
+  env: { CAIRN_TURN: '1', FOO: 'bar=baz' },
+  limits: { memoryMiB: 64, pids: 16, cpus: 1 },
+  binds: [{ source: '/pool/envs/e1', dest: '/env', readOnly: true }],
+}
+const options = { rootfsDir: '/state/rootfs', kitDir: '/state/kit', hostUid: 61000, hostGid: 61000 }
+
+interface Oci {
+  process: { env: string[]; user: { uid: number }; cwd: string; capabilities: Record<string, string[]> }
+  root: { readonly: boolean }
+  mounts: { destination: string; source: string; options?: string[] }[]
+  linux: { namespaces: { type: string }[]; uidMappings: { containerID: number; hostID: number }[] }
+}
+
+describe('gVisor OCI spec', () => {
+  it('gives the agent exactly the environment the bwrap driver gives it', () => {
+    const oci = buildOciSpec(spec, options) as unknown as Oci
+    const args = new BwrapDriver({
+      cgroups: undefined as never,
+      hostUid: 61000,
+      hostGid: 61000,
+      etcDir: '/etc-gen',
+      kitDir: '/kit',
+    }).buildArgs(spec)
+    const bwrapEnv: string[] = []
+    args.forEach((arg, i) => {
+      if (arg === '--setenv') bwrapEnv.push(`${args[i + 1]}=${args[i + 2]}`)
+    })
+    // bwrap adds PWD itself, for its --chdir.
+    expect(oci.process.env).toEqual([...bwrapEnv, 'PWD=/workspace'])
+  })
+
+  it('runs uid 1000 as the host sandbox uid, without capabilities, on a read-only root', () => {
+    const oci = buildOciSpec(spec, options) as unknown as Oci
+    expect(oci.process.user.uid).toBe(1000)
+    expect(oci.process.cwd).toBe('/workspace')
+    expect(Object.values(oci.process.capabilities).flat()).toEqual([])
+    expect(oci.root.readonly).toBe(true)
+    expect(oci.linux.uidMappings).toContainEqual({ containerID: 1000, hostID: 61000, size: 1 })
+    expect(oci.linux.namespaces.map((n) => n.type)).toContain('network')
+    const mount = (dest: string) => oci.mounts.find((m) => m.destination === dest)
+    expect(mount('/workspace')).toMatchObject({ source: spec.workspaceDir, options: ['rbind', 'rw'] })
+    expect(mount('/run/cairn')).toMatchObject({ source: spec.runDir, options: ['rbind', 'ro'] })
+    expect(mount('/opt/cairn')).toMatchObject({ source: '/state/kit', options: ['rbind', 'ro'] })
+    expect(mount('/env')).toMatchObject({ source: '/pool/envs/e1', options: ['rbind', 'ro'] })
+    expect(mount('/usr')?.options).toEqual(['rbind', 'ro'])
+    const host = buildOciSpec({ ...spec, network: 'host' }, options) as unknown as Oci
+    expect(host.linux.namespaces.map((n) => n.type)).not.toContain('network')
+  })
+
+  it('keys pool slots by mount points and network, not by sources', () => {
+    expect(layoutKey(spec)).toBe(layoutKey({ ...spec, binds: [{ ...spec.binds![0]!, source: '/other' }] }))
+    expect(layoutKey(spec)).not.toBe(layoutKey({ ...spec, binds: [] }))
+    expect(layoutKey(spec)).not.toBe(layoutKey({ ...spec, network: 'host' }))
+  })
+
+  it('quotes words for the slot init line so the waiting init gives them back unchanged', () => {
+    const words = ['plain', "it's", 'two\nlines', '$HOME `x` "q" \\ *', '']
+    const line = `exec printf '%s\\0' ${words.map(shellWord).join(' ')}\n`
+    const out = execFileSync('/bin/sh', ['-c', SLOT_INIT], { input: `${line}left for the agent\n` })
+    expect(out.toString().split('\0').slice(0, -1)).toEqual(words)
+    // The init reads its line and nothing more: the rest of stdin is the agent's.
+    const rest = execFileSync('/bin/sh', ['-c', SLOT_INIT], { input: 'exec cat\nfirst message\nsecond\n' })
+    expect(rest.toString()).toBe('first message\nsecond\n')
+  })
+})

@@ -1,0 +1,130 @@
+import { existsSync, lstatSync, readlinkSync } from 'node:fs'
+import { copyFile, cp, mkdir, rm, symlink } from 'node:fs/promises'
+import path from 'node:path'
+import type { SandboxSpec } from './driver.js'
+import { READ_ONLY_ETC, SANDBOX_USER } from './rootfs.js'
+import { sandboxEnvInWorkspace } from './sandbox-env.js'
+
+/** Top-level host paths that are either merged-/usr symlinks (copied as such) or bound read-only. */
+const TOP_LEVEL = ['/bin', '/sbin', '/lib', '/lib64', '/lib32', '/libx32']
+export const GENERATED_ETC = ['passwd', 'group', 'hosts', 'hostname', 'resolv.conf']
+
+export interface OciMount {
+  destination: string
+  type: string
+  source: string
+  options?: string[]
+}
+
+export interface GvisorSpecOptions {
+  /** Host directory of the read-only root (see `prepareRootfs`). */
+  rootfsDir: string
+  kitDir: string
+  hostUid: number
+  hostGid: number
+}
+
+/**
+ * Builds the read-only root every gVisor sandbox of this instance shares: the merged-/usr symlinks
+ * of the host, empty mount points, and the /etc the bwrap driver binds file by file, copied here
+ * (the generated passwd, group, hosts … and the host's certificates, linker cache …): each mount
+ * costs gVisor a round trip at every start, a file in the root costs nothing.
+ */
+export async function prepareRootfs(dir: string, generatedEtcDir: string): Promise<void> {
+  await mkdir(dir, { recursive: true, mode: 0o755 })
+  for (const top of TOP_LEVEL) {
+    if (!existsSync(top)) continue
+    const target = path.join(dir, top)
+    if (existsSync(target) || isLink(target)) continue
+    if (lstatSync(top).isSymbolicLink()) await symlink(readlinkSync(top), target)
+    else await mkdir(target, { mode: 0o755 })
+  }
+  for (const sub of ['usr', 'proc', 'dev', 'tmp', 'etc', 'run/cairn', 'opt/cairn', 'workspace']) {
+    await mkdir(path.join(dir, sub), { recursive: true, mode: 0o755 })
+  }
+  for (const p of READ_ONLY_ETC) {
+    if (!existsSync(p)) continue
+    const target = path.join(dir, p)
+    await rm(target, { recursive: true, force: true })
+    // Not the host's private keys: the agent could not read them, and they need no second copy.
+    await cp(p, target, {
+      recursive: true,
+      verbatimSymlinks: true,
+      filter: (src) => !src.endsWith('/ssl/private'),
+    })
+  }
+  for (const f of GENERATED_ETC) await copyFile(path.join(generatedEtcDir, f), path.join(dir, 'etc', f))
+}
+
+function isLink(p: string): boolean {
+  try {
+    return lstatSync(p).isSymbolicLink()
+  } catch {
+    return false
+  }
+}
+
+function bind(source: string, destination: string, readOnly: boolean): OciMount {
+  return { destination, type: 'bind', source, options: ['rbind', readOnly ? 'ro' : 'rw'] }
+}
+
+/** The mounts of a sandbox, in the order they are made (the bwrap driver's layout). */
+export function sandboxMounts(spec: SandboxSpec, options: GvisorSpecOptions): OciMount[] {
+  const mounts: OciMount[] = [
+    { destination: '/proc', type: 'proc', source: 'proc' },
+    { destination: '/dev', type: 'tmpfs', source: 'tmpfs' },
+    { destination: '/dev/shm', type: 'tmpfs', source: 'shm', options: ['nosuid', 'nodev', 'mode=1777'] },
+    { destination: '/tmp', type: 'tmpfs', source: 'tmpfs', options: ['nosuid', 'nodev', 'mode=1777'] },
+    bind('/usr', '/usr', true),
+  ]
+  for (const top of TOP_LEVEL) {
+    if (existsSync(top) && !lstatSync(top).isSymbolicLink()) mounts.push(bind(top, top, true))
+  }
+  // /etc is in the root (see prepareRootfs); a build step with the host's network resolves names.
+  if (spec.network === 'host' && existsSync('/etc/resolv.conf')) {
+    mounts.push(bind('/etc/resolv.conf', '/etc/resolv.conf', true))
+  }
+  mounts.push(bind(spec.runDir, '/run/cairn', true))
+  mounts.push(bind(options.kitDir, '/opt/cairn', true))
+  mounts.push(bind(spec.workspaceDir, '/workspace', false))
+  for (const b of spec.binds ?? []) mounts.push(bind(b.source, b.dest, b.readOnly))
+  return mounts
+}
+
+/**
+ * The OCI runtime spec (config.json) of one sandbox: the agent runs as uid 1000 in a user namespace
+ * where 1000 is the unprivileged host uid, so what it writes through the gofer belongs to that host
+ * uid; no capabilities, no new privileges, its own pid, ipc, uts and (unless `host`) network.
+ */
+export function buildOciSpec(spec: SandboxSpec, options: GvisorSpecOptions): Record<string, unknown> {
+  const env = Object.entries(sandboxEnvInWorkspace(spec)).map(([key, value]) => `${key}=${value}`)
+  const namespaces = ['pid', 'ipc', 'uts', 'mount', 'user', ...(spec.network === 'host' ? [] : ['network'])]
+  return {
+    ociVersion: '1.0.2',
+    process: {
+      terminal: false,
+      user: { uid: SANDBOX_USER.uid, gid: SANDBOX_USER.gid },
+      args: [...spec.command],
+      env,
+      cwd: '/workspace',
+      capabilities: { bounding: [], effective: [], inheritable: [], permitted: [], ambient: [] },
+      noNewPrivileges: true,
+    },
+    root: { path: options.rootfsDir, readonly: true },
+    hostname: 'cairn',
+    mounts: sandboxMounts(spec, options),
+    linux: {
+      namespaces: namespaces.map((type) => ({ type })),
+      // runsc's gofer runs in this user namespace and needs root mapped to act for the sandbox; the
+      // agent cannot become root: no capabilities, no new privileges, so no setuid either.
+      uidMappings: [
+        { containerID: 0, hostID: 0, size: 1 },
+        { containerID: SANDBOX_USER.uid, hostID: options.hostUid, size: 1 },
+      ],
+      gidMappings: [
+        { containerID: 0, hostID: 0, size: 1 },
+        { containerID: SANDBOX_USER.gid, hostID: options.hostGid, size: 1 },
+      ],
+    },
+  }
+}

@@ -37,6 +37,9 @@ export const NetworkPolicySchema = Type.Object(
 )
 export type NetworkPolicy = Static<typeof NetworkPolicySchema>
 
+export const ISOLATION_NAMES = ['bwrap', 'gvisor'] as const
+export const IsolationSchema = Type.Union(ISOLATION_NAMES.map((n) => Type.Literal(n)))
+
 /** `cairn.yaml` as the server validates it (unknown keys are kept for later issues but ignored). */
 export const AgentManifestSchema = Type.Object({
   name: Type.String({ pattern: AGENT_NAME_PATTERN }),
@@ -46,6 +49,8 @@ export const AgentManifestSchema = Type.Object({
   secrets: Type.Optional(Type.Array(Type.String())),
   ignore: Type.Optional(Type.Array(Type.String())),
   network: Type.Optional(NetworkPolicySchema),
+  /** Sandbox driver: `bwrap` (namespaces, default) or `gvisor` (a user-space kernel). */
+  isolation: Type.Optional(IsolationSchema),
   /** Command run once per revision after dependencies are installed (network allowed). */
   setup: Type.Optional(
     Type.Union([Type.String({ minLength: 1 }), Type.Array(Type.String(), { minItems: 1 })]),

@@ -1,4 +1,5 @@
 import { API_VERSION, HealthSchema } from '@cairn/protocol'
+import type { Runtime } from '@cairn/runtime'
 import swagger from '@fastify/swagger'
 import Fastify, { type FastifyInstance } from 'fastify'
 import type { Logger } from 'pino'
@@ -10,6 +11,7 @@ import { keyRoutes } from './auth/routes.js'
 import type { Db } from './db/database.js'
 import { consoleRoutes } from './http/console.js'
 import { installErrorHandlers } from './http/errors.js'
+import { runtimeRoute } from './http/runtime-route.js'
 import type { MemoryService } from './memory/memory-service.js'
 import { memoryRoutes } from './memory/routes.js'
 import type { MetricsRegistry } from './metrics/registry.js'
@@ -34,6 +36,7 @@ export interface AppDeps {
   retention: RetentionService
   metrics: MetricsRegistry
   memory: MemoryService
+  runtime: Runtime
   maxUploadBytes: number
   rateLimitPerSecond?: number | undefined
   version: string
@@ -88,6 +91,7 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   workspaceRoutes(app, deps.workspace)
   retentionRoutes(app, deps.retention)
   memoryRoutes(app, deps.memory, deps.agents, deps.sessions)
+  runtimeRoute(app, deps.runtime)
   consoleRoutes(app)
   app.addHook('onResponse', async (request, reply) => {
     if (reply.statusCode >= 400) {

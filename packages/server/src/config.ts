@@ -21,6 +21,10 @@ export interface ServerOptions {
   workspaceQuotaMiB?: number | undefined
   /** Private addresses sandboxes may reach through the egress proxy (internal services). */
   egressPrivateExceptions?: string[] | undefined
+  /** Default sandbox driver for agents that do not choose one. */
+  isolation?: 'bwrap' | 'gvisor' | undefined
+  /** gVisor sandboxes kept booted ahead (default 2 when gVisor is the default). */
+  gvisorPoolSize?: number | undefined
   /** How long a shutdown waits for running turns before cancelling them. */
   shutdownGraceMs?: number | undefined
   /** Requests per second per API key (twice as many as a burst); 0 disables the limit. */
@@ -44,6 +48,8 @@ export interface ResolvedConfig {
   reaperIntervalMs: number
   rateLimitPerSecond: number
   shutdownGraceMs: number
+  isolation: 'bwrap' | 'gvisor'
+  gvisorPoolSize: number | undefined
   egressPrivateExceptions: string[]
   workspaceQuotaMiB: number | undefined
   writeCredentials: boolean
@@ -76,6 +82,8 @@ export function resolveConfig(options: ServerOptions): ResolvedConfig {
     maxUnpackedBytes: options.maxUnpackedBytes ?? 1024 * 1024 * 1024,
     reaperIntervalMs: options.reaperIntervalMs ?? 60_000,
     shutdownGraceMs: options.shutdownGraceMs ?? 10_000,
+    isolation: options.isolation ?? (process.env.CAIRN_ISOLATION === 'gvisor' ? 'gvisor' : 'bwrap'),
+    gvisorPoolSize: options.gvisorPoolSize,
     egressPrivateExceptions:
       options.egressPrivateExceptions ??
       process.env.CAIRN_EGRESS_ALLOW_PRIVATE?.split(',').filter(Boolean) ??

@@ -46,6 +46,8 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     poolPath: config.poolPath,
     poolImageSizeBytes: config.poolImageSizeBytes,
     runBase: config.runBase,
+    isolation: config.isolation,
+    gvisor: config.gvisorPoolSize === undefined ? undefined : { poolSize: config.gvisorPoolSize },
     workspaceQuotaBytes: config.workspaceQuotaMiB ? config.workspaceQuotaMiB * 1024 * 1024 : undefined,
   })
   let opened = false
@@ -119,6 +121,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       retention: retentionService,
       metrics,
       memory,
+      runtime,
       agents,
       sessions,
       maxUploadBytes: config.maxUploadBytes,

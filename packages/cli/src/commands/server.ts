@@ -8,6 +8,7 @@ interface ServerOptions {
   logLevel?: string
   workspaceQuotaMib?: number
   egressAllowPrivate?: string
+  isolation?: 'bwrap' | 'gvisor'
 }
 
 export const register: Register = (parent, ctx) => {
@@ -33,6 +34,10 @@ export const register: Register = (parent, ctx) => {
         positiveIntOrZero,
       )
       .option(
+        '--isolation <driver>',
+        'default sandbox driver: bwrap (default) or gvisor (env CAIRN_ISOLATION)',
+      )
+      .option(
         '--egress-allow-private <addresses>',
         'comma-separated private addresses sandboxes may reach through the egress proxy',
       ),
@@ -46,6 +51,7 @@ export const register: Register = (parent, ctx) => {
       host: options.host,
       poolPath: options.poolPath,
       workspaceQuotaMiB: options.workspaceQuotaMib || undefined,
+      isolation: options.isolation,
       egressPrivateExceptions: options.egressAllowPrivate?.split(',').filter(Boolean),
       logLevel: options.logLevel ?? (ctx.json ? 'warn' : undefined),
     })

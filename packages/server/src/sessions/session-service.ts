@@ -418,6 +418,7 @@ export class SessionService {
         cpus: limits.cpus ?? DEFAULT_LIMITS.cpus,
       },
       turnTimeoutMs: limits.turnTimeoutMs ?? DEFAULT_TURN_TIMEOUT_MS,
+      isolation: revision.manifest.isolation,
     })
     this.warm.set(row.id, { agent, timer: undefined })
     this.deps.metrics?.coldStarts.inc()

@@ -362,7 +362,7 @@ export class WorkspaceService {
         protocol: revision?.protocol ?? 'stdio',
       },
       baseImage: 'host /usr, read-only (bwrap)',
-      driver: this.deps.runtime.driver.name,
+      driver: revision?.manifest.isolation ?? this.deps.runtime.driver.name,
       setupVersion: revision?.manifest.setup ? revision.contentHash : null,
       generation: row.generation,
       parentSessionId: row.parent_session_id,

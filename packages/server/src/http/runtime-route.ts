@@ -1,0 +1,35 @@
+import type { Runtime } from '@cairn/runtime'
+import { Type } from '@sinclair/typebox'
+import type { FastifyInstance } from 'fastify'
+import { principalOf } from '../auth/plugin.js'
+
+const DriverSchema = Type.Object({
+  name: Type.String(),
+  default: Type.Boolean(),
+  available: Type.Boolean(),
+  reason: Type.Optional(Type.String()),
+  capabilities: Type.Object({
+    freeze: Type.Boolean(),
+    network: Type.Boolean(),
+    memorySnapshot: Type.Boolean(),
+  }),
+  description: Type.String(),
+})
+
+/** `GET /v1/runtime`: the sandbox drivers of this node, which one is the default, what each can do. */
+export function runtimeRoute(app: FastifyInstance, runtime: Runtime): void {
+  app.get(
+    '/v1/runtime',
+    {
+      schema: {
+        tags: ['runtime'],
+        summary: 'Sandbox drivers (bwrap, gvisor) with their availability and capabilities',
+        response: { 200: Type.Object({ drivers: Type.Array(DriverSchema) }) },
+      },
+    },
+    async (request) => {
+      principalOf(request)
+      return { drivers: await runtime.isolations() }
+    },
+  )
+}

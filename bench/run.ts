@@ -13,13 +13,14 @@ import { printTable } from './lib/stats.js'
 const DIST = path.join(import.meta.dirname, '..', 'packages', 'server', 'dist', 'index.js')
 
 async function load(): Promise<Bench[]> {
-  const [{ baselines }, { sessionCreate }, { coldStart }, { warmTurn }] = await Promise.all([
+  const [{ baselines }, { sessionCreate }, { coldStart }, { warmTurn }, { deploy }] = await Promise.all([
     import('./baselines.js'),
     import('./session-create.js'),
     import('./cold-start.js'),
     import('./warm-turn.js'),
+    import('./deploy.js'),
   ])
-  return [baselines, sessionCreate, coldStart, warmTurn]
+  return [baselines, sessionCreate, coldStart, warmTurn, deploy]
 }
 
 /** Share of CPU time spent idle over `ms`, from /proc/stat. */

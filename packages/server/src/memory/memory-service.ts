@@ -35,6 +35,9 @@ export interface ArtifactInfo {
  * every new sandbox) and promoted artifacts (files copied out of a workspace).
  */
 export class MemoryService {
+  /** Memory version last written to each agent's mount directory. */
+  private readonly written = new Map<string, number>()
+
   constructor(
     private readonly deps: {
       db: Db
@@ -83,10 +86,17 @@ export class MemoryService {
     await chmod(this.deps.mountRoot, 0o711)
     await chmod(dir, 0o755)
     const memory = this.get(agentId)
-    const tmp = path.join(dir, '.MEMORY.md.tmp')
-    await writeFile(tmp, memory.content, { mode: 0o644 })
-    await rename(tmp, path.join(dir, 'MEMORY.md'))
-    await writeFile(path.join(dir, 'VERSION'), `${memory.version}\n`, { mode: 0o644 })
+    // Many sandboxes of one agent start at once: write only when the version changed, through a
+    // temporary file of this call's own, so a reader never sees a half-written file.
+    if (this.written.get(agentId) !== memory.version || !existsSync(path.join(dir, 'MEMORY.md'))) {
+      const tmp = path.join(dir, `.MEMORY.${newId('sandbox')}.tmp`)
+      await writeFile(tmp, memory.content, { mode: 0o644 })
+      await rename(tmp, path.join(dir, 'MEMORY.md'))
+      const versionTmp = path.join(dir, `.VERSION.${newId('sandbox')}.tmp`)
+      await writeFile(versionTmp, `${memory.version}\n`, { mode: 0o644 })
+      await rename(versionTmp, path.join(dir, 'VERSION'))
+      this.written.set(agentId, memory.version)
+    }
     return { source: dir, dest: '/memory', readOnly: true }
   }
 

@@ -6,10 +6,11 @@ import { existsSync, readFileSync } from 'node:fs'
 import path from 'node:path'
 import { describeMachine } from './lib/machine.js'
 import { type BenchResult, RESULTS_DIR } from './lib/results.js'
-import { fmtMs } from './lib/stats.js'
+import { fmtMs, fmtRatio, label } from './lib/stats.js'
 
 interface StoredRow {
   name: string
+  unit?: string
   runs: number
   medianMs: number
   p99Ms: number
@@ -19,7 +20,20 @@ interface StoredRow {
 }
 
 const names = process.argv.slice(2)
-const order = names.length > 0 ? names : ['baselines', 'session-create', 'cold-start', 'warm-turn']
+const order =
+  names.length > 0
+    ? names
+    : [
+        'baselines',
+        'session-create',
+        'cold-start',
+        'warm-turn',
+        'deploy',
+        'snapshots',
+        'idle-memory',
+        'scale',
+        'throughput',
+      ]
 for (const name of order) {
   const file = path.join(RESULTS_DIR, `${name}.json`)
   if (!existsSync(file)) continue
@@ -35,17 +49,19 @@ for (const name of order) {
   console.log('|---|---:|---:|---:|---:|---|---:|')
   for (const r of result.rows) {
     const floor = r.floor ? `${r.floor.name} (${fmtMs(r.floor.medianMs)})` : ''
-    const ratio = r.ratioToFloor === undefined ? '' : `${r.ratioToFloor.toFixed(1)}×`
+    const ratio = r.ratioToFloor === undefined ? '' : `${fmtRatio(r.ratioToFloor)}×`
     console.log(
-      `| ${r.name} | ${fmtMs(r.medianMs)} | ${fmtMs(r.p99Ms)} | ${fmtMs(r.minMs)} | ${r.runs} | ${floor} | ${ratio} |`,
+      `| ${label(r)} | ${fmtMs(r.medianMs)} | ${fmtMs(r.p99Ms)} | ${fmtMs(r.minMs)} | ${r.runs} | ${floor} | ${ratio} |`,
     )
   }
   if (result.notes.length > 0) console.log(`\n${result.notes.map((note) => `- ${note}`).join('\n')}`)
   if (result.targets.length > 0) {
-    console.log('\n| target | goal | measured ms | |')
+    console.log('\n| target | goal | measured (ms unless noted) | |')
     console.log('|---|---|---:|---|')
     for (const t of result.targets)
-      console.log(`| ${t.name} | ${t.goal} | ${fmtMs(t.value)} | ${t.met ? 'met' : '**missed**'} |`)
+      console.log(
+        `| ${t.name} | ${t.goal} | ${fmtMs(t.value)}${t.unit ? ` ${t.unit}` : ''} | ${t.met ? 'met' : '**missed**'} |`,
+      )
   }
   console.log('')
 }

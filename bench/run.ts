@@ -13,14 +13,28 @@ import { printTable } from './lib/stats.js'
 const DIST = path.join(import.meta.dirname, '..', 'packages', 'server', 'dist', 'index.js')
 
 async function load(): Promise<Bench[]> {
-  const [{ baselines }, { sessionCreate }, { coldStart }, { warmTurn }, { deploy }] = await Promise.all([
+  const [
+    { baselines },
+    { sessionCreate },
+    { coldStart },
+    { warmTurn },
+    { deploy },
+    { snapshots },
+    { idleMemory },
+    { scale },
+    { throughput },
+  ] = await Promise.all([
     import('./baselines.js'),
     import('./session-create.js'),
     import('./cold-start.js'),
     import('./warm-turn.js'),
     import('./deploy.js'),
+    import('./snapshots.js'),
+    import('./idle-memory.js'),
+    import('./scale.js'),
+    import('./throughput.js'),
   ])
-  return [baselines, sessionCreate, coldStart, warmTurn, deploy]
+  return [baselines, sessionCreate, coldStart, warmTurn, deploy, snapshots, idleMemory, scale, throughput]
 }
 
 /** Share of CPU time spent idle over `ms`, from /proc/stat. */

@@ -102,14 +102,17 @@ export interface Client {
 /** node:http with a keep-alive agent: the lightest client Node offers. */
 export class NodeHttpClient implements Client {
   readonly kind = 'node:http keep-alive'
-  private readonly agent = new http.Agent({ keepAlive: true, maxSockets: 16, noDelay: true })
+  private readonly agent: http.Agent
   private readonly base: URL
 
+  /** @param maxSockets keep-alive connections at most: requests beyond it queue in the client. */
   constructor(
     url: string,
     private readonly key: string,
+    maxSockets = 16,
   ) {
     this.base = new URL(url)
+    this.agent = new http.Agent({ keepAlive: true, maxSockets, noDelay: true })
   }
 
   private send(

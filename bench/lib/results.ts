@@ -12,6 +12,8 @@ export interface Target {
   goal: string
   value: number
   met: boolean
+  /** The unit of `value` when it is not milliseconds. */
+  unit?: string
 }
 
 export interface BenchResult {
@@ -35,6 +37,7 @@ export async function writeResult(result: BenchResult): Promise<string> {
   const file = path.join(RESULTS_DIR, `${result.bench}.json`)
   const rows = result.rows.map((r) => ({
     name: r.name,
+    unit: r.unit,
     runs: r.summary.runs,
     medianMs: round(r.summary.median),
     p99Ms: round(r.summary.p99),
@@ -57,5 +60,7 @@ export function printTargets(targets: readonly Target[]): void {
   if (targets.length === 0) return
   console.log('targets:')
   for (const t of targets)
-    console.log(`  ${t.met ? 'MET   ' : 'MISSED'} ${t.name}: ${t.goal} (measured ${t.value.toFixed(2)} ms)`)
+    console.log(
+      `  ${t.met ? 'MET   ' : 'MISSED'} ${t.name}: ${t.goal} (measured ${t.value.toFixed(2)} ${t.unit ?? 'ms'})`,
+    )
 }

@@ -1,10 +1,10 @@
 import { readFileSync } from 'node:fs'
-import { mkdir, mkdtemp, rm, rmdir, writeFile } from 'node:fs/promises'
+import { mkdir, mkdtemp, readFile, rm, rmdir, writeFile } from 'node:fs/promises'
 import os from 'node:os'
 import path from 'node:path'
 import * as tar from 'tar'
 import { instanceRunDir } from '../../packages/runtime/dist/index.js'
-import { type RunningServer, startServer } from '../../packages/server/dist/index.js'
+import { type RunningServer, type ServerOptions, startServer } from '../../packages/server/dist/index.js'
 import { FetchClient, NodeHttpClient } from './client.js'
 
 export const REPO_ROOT = path.resolve(import.meta.dirname, '..', '..')
@@ -20,15 +20,23 @@ export interface BenchServer {
   deploy(dir: string): Promise<{ agent: string; revision: string; ms: number }>
   createSession(agent: string, extra?: Record<string, unknown>): Promise<{ id: string; ms: number }>
   deleteSession(id: string): Promise<void>
-  close(): Promise<void>
+  /** Stops the server and removes its data dir, unless `keepData` (to start it again on the same dir). */
+  close(options?: { keepData?: boolean }): Promise<void>
+}
+
+export interface BenchServerOptions {
+  /** Start on this existing data dir (a server closed with `keepData`) instead of a fresh one. */
+  dataDir?: string
+  /** Passed to startServer over the bench defaults. */
+  server?: ServerOptions
 }
 
 /**
  * The built server (packages/server/dist), in this process, on an ephemeral port with its own
  * data dir and loop-backed btrfs pool: the same set-up as the tests.
  */
-export async function startBenchServer(): Promise<BenchServer> {
-  const dataDir = await mkdtemp(path.join(os.tmpdir(), 'cairn-bench-'))
+export async function startBenchServer(options: BenchServerOptions = {}): Promise<BenchServer> {
+  const dataDir = options.dataDir ?? (await mkdtemp(path.join(os.tmpdir(), 'cairn-bench-')))
   let server: RunningServer
   try {
     server = await startServer({
@@ -37,12 +45,15 @@ export async function startBenchServer(): Promise<BenchServer> {
       writeCredentials: false,
       poolImageSizeBytes: 1024 * 1024 * 1024,
       logLevel: 'error',
+      ...options.server,
     })
   } catch (error) {
     await rm(dataDir, { recursive: true, force: true })
+    await removeInstanceLeftovers(dataDir)
     throw error
   }
-  const key = server.adminKey ?? ''
+  // The admin key is returned by the first start only; later starts read the file it wrote.
+  const key = server.adminKey ?? (await readFile(server.adminKeyPath, 'utf8')).trim()
   const http = new NodeHttpClient(server.url, key)
   const fetchClient = new FetchClient(server.url, key)
   let closed = false
@@ -71,15 +82,17 @@ export async function startBenchServer(): Promise<BenchServer> {
       if (res.status !== 200)
         throw new Error(`delete session failed: ${res.status} ${JSON.stringify(res.body)}`)
     },
-    async close() {
+    async close({ keepData = false } = {}) {
       if (closed) return
       closed = true
       http.close()
       try {
         await server.close()
       } finally {
-        await rm(dataDir, { recursive: true, force: true })
-        await removeInstanceLeftovers(dataDir)
+        if (!keepData) {
+          await rm(dataDir, { recursive: true, force: true })
+          await removeInstanceLeftovers(dataDir)
+        }
       }
     },
   }
@@ -92,14 +105,20 @@ export async function packDir(dir: string): Promise<Buffer> {
   return Buffer.concat(chunks)
 }
 
+/** The echo agent's loop: each line back as the reply. */
+export const ECHO_AGENT = 'while IFS= read -r line; do printf "%s\\n" "$line"; done\n'
+/** A shell agent: each line run as a bash command in /workspace, its output and exit status as the reply. */
+export const SHELL_AGENT =
+  'while IFS= read -r line; do bash -c "$line" </dev/null 2>&1; echo "[exit $?]"; done\n'
+
 /**
- * A throwaway echo-style project with `fileCount` files in total (cairn.yaml and the agent
- * included), spread over sub-directories of 500 files.
+ * A throwaway project with `fileCount` files in total (cairn.yaml and the agent included), spread
+ * over sub-directories of 500 files; the agent is `agent` (echo by default).
  */
-export async function makeProject(name: string, fileCount: number): Promise<string> {
+export async function makeProject(name: string, fileCount: number, agent = ECHO_AGENT): Promise<string> {
   const dir = await mkdtemp(path.join(os.tmpdir(), `cairn-bench-${name}-`))
   await writeFile(path.join(dir, 'cairn.yaml'), `name: ${name}\ncommand: bash agent.sh\nprotocol: stdio\n`)
-  await writeFile(path.join(dir, 'agent.sh'), 'while IFS= read -r line; do printf "%s\\n" "$line"; done\n')
+  await writeFile(path.join(dir, 'agent.sh'), agent)
   for (let i = 0; i < fileCount - 2; i++) {
     const sub = path.join(dir, 'data', `d${Math.floor(i / 500)}`)
     if (i % 500 === 0) await mkdir(sub, { recursive: true })

@@ -38,6 +38,13 @@ export interface Row {
   floor?: { name: string; median: number } | undefined
   note?: string | undefined
   samples?: readonly number[] | undefined
+  /** What the figures count when they are not milliseconds (e.g. `MiB`, `turns/s`). */
+  unit?: string | undefined
+}
+
+/** A row's name, with its unit when it is not milliseconds. */
+export function label(r: { name: string; unit?: string | undefined }): string {
+  return r.unit ? `${r.name} [${r.unit}]` : r.name
 }
 
 export function row(
@@ -61,19 +68,24 @@ export function fmtMs(ms: number): string {
   return ms.toFixed(2)
 }
 
+/** A ratio to a floor: one decimal, or one significant digit below 0.1 (a copy against a snapshot). */
+export function fmtRatio(x: number): string {
+  return x >= 0.1 ? x.toFixed(1) : x.toPrecision(1)
+}
+
 /** Prints a fixed-width table: name, median, p99, min, runs, floor and ratio. */
 export function printTable(title: string, rows: readonly Row[]): string {
-  const header = ['figure (ms)', 'median', 'p99', 'min', 'runs', 'floor', 'x floor']
+  const header = ['figure (ms unless [unit])', 'median', 'p99', 'min', 'runs', 'floor', 'x floor']
   const lines = rows.map((r) => {
     const x = ratio(r)
     return [
-      r.name,
+      label(r),
       fmtMs(r.summary.median),
       fmtMs(r.summary.p99),
       fmtMs(r.summary.min),
       String(r.summary.runs),
       r.floor ? `${r.floor.name} (${fmtMs(r.floor.median)})` : '',
-      x === undefined ? '' : `${x.toFixed(1)}x`,
+      x === undefined ? '' : `${fmtRatio(x)}x`,
     ]
   })
   const widths = header.map((h, i) => Math.max(h.length, ...lines.map((l) => (l[i] as string).length)))

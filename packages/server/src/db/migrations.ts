@@ -214,4 +214,9 @@ ALTER TABLE sessions ADD COLUMN ephemeral INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE sessions ADD COLUMN keep_transcript INTEGER NOT NULL DEFAULT 1;
 `,
   },
+  {
+    version: 9,
+    name: 'session id prefix index',
+    sql: `CREATE INDEX sessions_tenant_id ON sessions(tenant_id, id);`,
+  },
 ]

@@ -1,6 +1,6 @@
 import { type ChildProcessWithoutNullStreams, spawn } from 'node:child_process'
 import { existsSync } from 'node:fs'
-import { type FileHandle, open, writeFile } from 'node:fs/promises'
+import { type FileHandle, open, rename, writeFile } from 'node:fs/promises'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
 import type { CgroupManager } from './cgroups.js'
@@ -40,14 +40,18 @@ export class BwrapDriver implements SandboxDriver {
 
   /** The seccomp program (x86_64), written once to a file each sandbox reads through fd 3. */
   private readonly seccomp = buildSeccompFilter()
-  private seccompFile: string | undefined
+  private seccompFile: Promise<string> | undefined
 
   private async seccompFd(): Promise<FileHandle> {
-    if (!this.seccompFile) {
-      this.seccompFile = path.join(this.options.etcDir, 'seccomp.bpf')
-      await writeFile(this.seccompFile, this.seccomp ?? Buffer.alloc(0), { mode: 0o644 })
-    }
-    return open(this.seccompFile, 'r')
+    // One write, shared by every concurrent first start (they must not open it half-written).
+    this.seccompFile ??= (async () => {
+      const file = path.join(this.options.etcDir, 'seccomp.bpf')
+      const tmp = `${file}.${process.pid}.tmp`
+      await writeFile(tmp, this.seccomp ?? Buffer.alloc(0), { mode: 0o644 })
+      await rename(tmp, file)
+      return file
+    })()
+    return open(await this.seccompFile, 'r')
   }
 
   buildArgs(spec: SandboxSpec): string[] {

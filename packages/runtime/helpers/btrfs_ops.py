@@ -45,22 +45,22 @@ def snapshot(src, dst, readonly):
         os.close(src_fd)
 
 
-def create(path):
+def dir_ioctl(path, request):
+    """An ioctl on the parent directory that names the subvolume (create, destroy)."""
     parent, name = split(path)
     dir_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        fcntl.ioctl(dir_fd, BTRFS_IOC_SUBVOL_CREATE, vol_args(0, name))
+        fcntl.ioctl(dir_fd, request, vol_args(0, name))
     finally:
         os.close(dir_fd)
+
+
+def create(path):
+    dir_ioctl(path, BTRFS_IOC_SUBVOL_CREATE)
 
 
 def delete(path):
-    parent, name = split(path)
-    dir_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        fcntl.ioctl(dir_fd, BTRFS_IOC_SNAP_DESTROY, vol_args(0, name))
-    finally:
-        os.close(dir_fd)
+    dir_ioctl(path, BTRFS_IOC_SNAP_DESTROY)
 
 
 def handle(request):

@@ -10,6 +10,7 @@ import {
   type TurnStatus,
 } from '@cairn/protocol'
 import type { NetworkEvent } from '@cairn/runtime'
+import type { Statement } from 'better-sqlite3'
 import type { Db } from '../db/database.js'
 
 export interface SessionRow {
@@ -278,12 +279,17 @@ export class SessionStore {
       params.push(filter.cursor.createdAt, filter.cursor.createdAt, filter.cursor.id)
     }
     params.push(filter.limit)
-    return this.db
-      .prepare<(string | number)[], SessionRow>(
-        `${SESSION_SELECT} WHERE ${where.join(' AND ')} ORDER BY s.created_at DESC, s.id DESC LIMIT ?`,
-      )
-      .all(...params)
+    // One statement per filter combination, prepared once (at most eight shapes).
+    const sql = `${SESSION_SELECT} WHERE ${where.join(' AND ')} ORDER BY s.created_at DESC, s.id DESC LIMIT ?`
+    let statement = this.listStatements.get(sql)
+    if (!statement) {
+      statement = this.db.prepare<(string | number)[], SessionRow>(sql)
+      this.listStatements.set(sql, statement)
+    }
+    return statement.all(...params)
   }
+
+  private readonly listStatements = new Map<string, Statement<(string | number)[], SessionRow>>()
 
   resolvePrefix(tenantId: string, prefix: string, max: number): string[] {
     return this.s.resolve.all(tenantId, prefix, `${prefix}~`, max).map((r) => r.id)

@@ -99,15 +99,8 @@ export class WorkspaceService {
     agent?: AgentProcess,
     label?: string,
   ): Promise<SnapshotInfo> {
-    const { pool } = this.deps.runtime
-    const warm = agent ?? this.deps.sessions.warmAgent(row.id)
     const snapshotId = newId('snapshot')
-    await warm?.freeze()
-    try {
-      await pool.snapshotWorkspace(row.id, snapshotId)
-    } finally {
-      await warm?.thaw()
-    }
+    await this.frozenSnapshot(row.id, snapshotId, agent)
     const current = this.deps.sessions.store.get(row.tenant_id, row.id)
     const info = this.snapshots.insertWithId(snapshotId, {
       session_id: row.id,
@@ -125,6 +118,17 @@ export class WorkspaceService {
         .then(() => this.applyRetention(row.id, row.tenant_id))
         .catch(() => undefined)
     return info
+  }
+
+  /** A read-only snapshot of the workspace with the session's warm sandbox (if any) frozen. */
+  private async frozenSnapshot(sessionId: string, snapshotId: string, agent?: AgentProcess): Promise<void> {
+    const warm = agent ?? this.deps.sessions.warmAgent(sessionId)
+    await warm?.freeze()
+    try {
+      await this.deps.runtime.pool.snapshotWorkspace(sessionId, snapshotId)
+    } finally {
+      await warm?.thaw()
+    }
   }
 
   private async applyRetention(sessionId: string, tenantId: string): Promise<void> {
@@ -309,13 +313,7 @@ export class WorkspaceService {
     } else {
       this.root(tenantId, id)
       const temp = newId('snapshot')
-      const warm = this.deps.sessions.warmAgent(row.id)
-      await warm?.freeze()
-      try {
-        await pool.snapshotWorkspace(row.id, temp)
-      } finally {
-        await warm?.thaw()
-      }
+      await this.frozenSnapshot(row.id, temp)
       dir = pool.snapshotPath(temp)
       cleanup = async () => {
         await pool.deleteSnapshot(temp).catch(() => undefined)

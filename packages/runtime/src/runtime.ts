@@ -3,6 +3,7 @@ import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
 import { AgentProcess } from './agent/agent-process.js'
 import type { AgentLaunch } from './agent/types.js'
+import { EgressCa } from './egress/egress-ca.js'
 import { AGENT_KIT_DIR, instanceRunDir } from './paths.js'
 import { BwrapDriver } from './sandbox/bwrap-driver.js'
 import { CgroupManager } from './sandbox/cgroups.js'
@@ -62,6 +63,7 @@ export class Runtime {
   private readonly gvisor: GvisorDriver
   private gvisorProbe: Promise<GvisorAvailability> | undefined
   private readonly agents = new Set<AgentProcess>()
+  private egressCaLoad: Promise<EgressCa> | undefined
 
   constructor(readonly options: RuntimeOptions) {
     this.runDir = instanceRunDir(options.dataDir, options.runBase)
@@ -165,6 +167,7 @@ export class Runtime {
       this.driverFor(launch.isolation),
       launch,
       path.join(this.runDir, 'sandboxes'),
+      () => this.egressCa(),
     )
     this.agents.add(agent)
     try {
@@ -175,6 +178,17 @@ export class Runtime {
       throw error
     }
     return agent
+  }
+
+  /** The per-install CA of the egress proxy, under the data dir; made on first use. */
+  egressCa(): Promise<EgressCa> {
+    if (!this.egressCaLoad) {
+      this.egressCaLoad = EgressCa.load(path.join(this.options.dataDir, 'egress-ca'))
+      this.egressCaLoad.catch(() => {
+        this.egressCaLoad = undefined
+      })
+    }
+    return this.egressCaLoad
   }
 
   async stopAgent(agent: AgentProcess): Promise<void> {

@@ -1,10 +1,11 @@
 import { randomBytes } from 'node:crypto'
 import { appendFileSync, writeFileSync } from 'node:fs'
-import { chmod, mkdir, rename, rm, writeFile } from 'node:fs/promises'
+import { chmod, mkdir, readFile, rename, rm, writeFile } from 'node:fs/promises'
 import path from 'node:path'
 import { StringDecoder } from 'node:string_decoder'
 import { AGENT_ENV, newId, OutboundFrameSchema, type TranscriptLine } from '@cairn/protocol'
 import { Value } from '@sinclair/typebox/value'
+import type { EgressCa } from '../egress/egress-ca.js'
 import { EgressProxy } from '../egress/proxy.js'
 import { requireCapability } from '../sandbox/capabilities.js'
 import type { Sandbox, SandboxDriver, SandboxExit } from '../sandbox/driver.js'
@@ -19,6 +20,8 @@ import {
 } from './types.js'
 
 const LIMIT_POLL_MS = 200
+/** Debian's and Ubuntu's bundle of the system's trusted CAs. */
+const SYSTEM_CA_BUNDLE = '/etc/ssl/certs/ca-certificates.crt'
 
 type Failure = Omit<Extract<TurnOutcome, { status: 'failed' }>, 'status' | 'text' | 'stderr'>
 
@@ -54,6 +57,8 @@ export class AgentProcess {
     private readonly driver: SandboxDriver,
     private readonly launch: AgentLaunch,
     runRoot: string,
+    /** The per-install CA, loaded when an agent first needs TLS terminated for a proxy secret. */
+    private readonly egressCa?: () => Promise<EgressCa>,
   ) {
     this.runDir = path.join(runRoot, this.sandboxId)
   }
@@ -92,11 +97,17 @@ export class AgentProcess {
     await writeFile(path.join(this.runDir, 'transcript.jsonl'), '', { mode: 0o644 })
     const egress = this.launch.egress
     if (egress && egress.policy.allow.length > 0) {
+      const secrets = egress.secrets ?? []
+      const ca = secrets.length > 0 && this.egressCa ? await this.egressCa() : undefined
+      if (ca) await this.writeTrustedCa(ca)
       this.proxy = new EgressProxy({
         socketPath: path.join(this.runDir, 'egress.sock'),
         policy: egress.policy,
         privateExceptions: egress.privateExceptions,
         onEvent: egress.onEvent,
+        secrets,
+        ca,
+        upstreamCaPems: egress.upstreamCaPems,
       })
       await this.proxy.listen()
     }
@@ -107,6 +118,23 @@ export class AgentProcess {
   }
 
   private proxy: EgressProxy | undefined
+  /** Set once the sandbox must trust the egress CA (TLS is terminated for a proxy secret). */
+  private trustsEgressCa = false
+
+  /**
+   * The egress CA where the sandbox reads it (/run/cairn): alone for Node's NODE_EXTRA_CA_CERTS, and
+   * appended to the system bundle for OpenSSL-based clients, whose variables replace that bundle.
+   */
+  private async writeTrustedCa(ca: EgressCa): Promise<void> {
+    let system = ''
+    try {
+      system = await readFile(SYSTEM_CA_BUNDLE, 'utf8')
+    } catch {}
+    await writeFile(path.join(this.runDir, 'egress-ca.pem'), ca.certificatePem, { mode: 0o644 })
+    const bundle = `${system}${system.endsWith('\n') || !system ? '' : '\n'}${ca.certificatePem}`
+    await writeFile(path.join(this.runDir, 'ca-bundle.pem'), bundle, { mode: 0o644 })
+    this.trustsEgressCa = true
+  }
 
   private async spawn(turn: number): Promise<Sandbox> {
     const env: Record<string, string> = {
@@ -124,6 +152,11 @@ export class AgentProcess {
         env[name] = 'http://127.0.0.1:3128'
       env.NO_PROXY = 'localhost,127.0.0.1,::1'
       env.no_proxy = env.NO_PROXY
+    }
+    if (this.trustsEgressCa) {
+      for (const name of ['SSL_CERT_FILE', 'REQUESTS_CA_BUNDLE', 'CURL_CA_BUNDLE'])
+        env[name] = '/run/cairn/ca-bundle.pem'
+      env.NODE_EXTRA_CA_CERTS = '/run/cairn/egress-ca.pem'
     }
     if (this.launch.protocol === 'stdio') {
       env[AGENT_ENV.stdioMark] = this.nonce

@@ -1,6 +1,7 @@
 import type { AgentProtocolName, ErrorCode, StatusCause, TranscriptLine } from '@cairn/protocol'
 import type { EgressPolicy } from '../egress/policy.js'
 import type { NetworkEvent } from '../egress/proxy.js'
+import type { ProxySecret } from '../egress/proxy-secrets.js'
 import type { IsolationName, SandboxBind, SandboxLimits } from '../sandbox/driver.js'
 
 export type AgentEvent =
@@ -48,6 +49,13 @@ export interface AgentLaunch {
         policy: EgressPolicy
         privateExceptions?: ReadonlySet<string> | undefined
         onEvent: (event: NetworkEvent) => void
+        /**
+         * `proxy`-scoped secrets: the agent's environment holds each stand-in (put it in `env`),
+         * the proxy swaps in the value towards the secret's hosts, terminating TLS for them.
+         */
+        secrets?: readonly ProxySecret[] | undefined
+        /** Extra CA certificates (PEM) the proxy trusts for upstream TLS. */
+        upstreamCaPems?: readonly string[] | undefined
       }
     | undefined
   /** Most reply characters one turn may produce (default 8 Mi). */

@@ -1,9 +1,13 @@
 import { lookup } from 'node:dns/promises'
 import { chmod, rm } from 'node:fs/promises'
 import http from 'node:http'
+import https from 'node:https'
 import net from 'node:net'
+import tls from 'node:tls'
 import { forbiddenReason } from './address-guard.js'
+import type { EgressCa } from './egress-ca.js'
 import { decide, type EgressPolicy } from './policy.js'
+import { type ProxySecret, secretsBoundTo, swapInSecrets, swapOutSecrets } from './proxy-secrets.js'
 
 export interface NetworkEvent {
   at: string
@@ -21,6 +25,20 @@ export interface EgressProxyOptions {
   /** Private addresses an operator explicitly lets sandboxes reach (e.g. an internal API). */
   privateExceptions?: ReadonlySet<string> | undefined
   onEvent: (event: NetworkEvent) => void
+  /** `proxy`-scoped secrets: requests to their hosts get the real value in place of the stand-in. */
+  secrets?: readonly ProxySecret[] | undefined
+  /** Signs host certificates so TLS towards a host with a bound secret can be terminated. */
+  ca?: EgressCa | undefined
+  /** CA certificates (PEM) trusted for upstream TLS besides the system ones (internal hosts, tests). */
+  upstreamCaPems?: readonly string[] | undefined
+}
+
+/** Where a terminated TLS connection goes, remembered per decrypted socket. */
+interface TerminatedTarget {
+  host: string
+  port: number
+  address: string
+  secrets: ProxySecret[]
 }
 
 /**
@@ -28,12 +46,27 @@ export interface EgressProxyOptions {
  * HTTP) on a unix socket in the sandbox's run dir. It checks every connection against the
  * allowlist, resolves names on the host and refuses private, loopback and link-local addresses
  * whatever the name resolved to, and reports each decision.
+ *
+ * A CONNECT to a host bound to a `proxy` secret is not tunnelled but terminated: the proxy
+ * answers TLS with a certificate from the per-install CA (which the sandbox trusts), swaps the
+ * secret's stand-in for its value in the request headers, and re-encrypts towards the host,
+ * verifying its certificate. Every other CONNECT stays an opaque tunnel.
  */
 export class EgressProxy {
   private readonly server: http.Server
+  /** Serves the requests of terminated TLS connections (never listens itself). */
+  private readonly terminated: http.Server
+  private readonly targets = new WeakMap<net.Socket, TerminatedTarget>()
+  private readonly upstreamAgent: https.Agent
   private readonly sockets = new Set<net.Socket>()
 
   constructor(private readonly options: EgressProxyOptions) {
+    const extraCa = options.upstreamCaPems ?? []
+    this.upstreamAgent = new https.Agent({
+      keepAlive: true,
+      ...(extraCa.length > 0 ? { ca: [...tls.rootCertificates, ...extraCa] } : {}),
+    })
+    this.terminated = http.createServer((req, res) => void this.forwardTerminated(req, res))
     this.server = http.createServer((req, res) => void this.forward(req, res))
     this.server.on('connect', (req, socket: net.Socket, head) => void this.tunnel(req, socket, head))
     this.server.on('connection', (socket) => {
@@ -52,7 +85,7 @@ export class EgressProxy {
     await chmod(this.options.socketPath, 0o666)
   }
 
-  private async resolve(host: string, port: number, method: string): Promise<string | undefined> {
+  private async resolve(host: string, port: number, method: string, note = ''): Promise<string | undefined> {
     const record = (allowed: boolean, reason: string, address?: string) =>
       this.options.onEvent({ at: new Date().toISOString(), host, port, method, allowed, reason, address })
     const decision = decide(this.options.policy, host, port, method)
@@ -75,7 +108,7 @@ export class EgressProxy {
       }
     }
     const address = addresses[0]
-    record(true, decision.reason, address)
+    record(true, `${decision.reason}${note}`, address)
     return address
   }
 
@@ -84,9 +117,16 @@ export class EgressProxy {
     const match = /^\[?([^\]]+?)\]?:(\d+)$/.exec(req.url ?? '')
     const host = match?.[1] ?? ''
     const port = Number(match?.[2] ?? 0)
-    const address = host && port ? await this.resolve(host, port, 'CONNECT') : undefined
+    const bound = this.boundSecrets(host, port)
+    const terminate = bound.length > 0 && this.options.ca !== undefined
+    const note = terminate ? `; TLS terminated for ${bound.map((s) => s.name).join(', ')}` : ''
+    const address = host && port ? await this.resolve(host, port, 'CONNECT', note) : undefined
     if (!address) {
       client.end('HTTP/1.1 403 Forbidden\r\ncontent-type: text/plain\r\n\r\negress denied by Cairn policy\n')
+      return
+    }
+    if (terminate) {
+      await this.terminate(client, head, { host: host.toLowerCase(), port, address, secrets: bound })
       return
     }
     const upstream = net.connect(port, address)
@@ -98,6 +138,74 @@ export class EgressProxy {
       client.pipe(upstream)
     })
     client.once('close', () => upstream.destroy())
+  }
+
+  private boundSecrets(host: string, port: number): ProxySecret[] {
+    return host && port ? secretsBoundTo(this.options.secrets ?? [], host, port) : []
+  }
+
+  /** Answers TLS itself for a host with a bound secret; requests then go to `forwardTerminated`. */
+  private async terminate(client: net.Socket, head: Buffer, target: TerminatedTarget): Promise<void> {
+    let secureContext: tls.SecureContext
+    try {
+      secureContext = await (this.options.ca as EgressCa).contextFor(target.host)
+    } catch {
+      client.end('HTTP/1.1 502 Bad Gateway\r\ncontent-type: text/plain\r\n\r\nno certificate for host\n')
+      return
+    }
+    client.write('HTTP/1.1 200 Connection Established\r\n\r\n')
+    if (head.length > 0) client.unshift(head)
+    const secure = new tls.TLSSocket(client, { isServer: true, secureContext, ALPNProtocols: ['http/1.1'] })
+    secure.on('error', () => client.destroy())
+    this.targets.set(secure, target)
+    this.terminated.emit('connection', secure)
+  }
+
+  private async forwardTerminated(req: http.IncomingMessage, res: http.ServerResponse): Promise<void> {
+    const target = this.targets.get(req.socket)
+    if (!target) {
+      res.writeHead(500).end()
+      return
+    }
+    const method = req.method ?? 'GET'
+    // Inside the tunnel the method is visible: method rules apply to HTTPS here too.
+    const decision = decide(this.options.policy, target.host, target.port, method)
+    if (!decision.allowed) {
+      this.options.onEvent({
+        at: new Date().toISOString(),
+        host: target.host,
+        port: target.port,
+        method,
+        allowed: false,
+        reason: decision.reason,
+        address: target.address,
+      })
+      res.writeHead(403, { 'content-type': 'text/plain' }).end('egress denied by Cairn policy\n')
+      return
+    }
+    const { headers } = swapInSecrets(req.headers, target.secrets)
+    const upstream = https.request(
+      {
+        host: target.address,
+        port: target.port,
+        method,
+        path: req.url ?? '/',
+        headers,
+        agent: this.upstreamAgent,
+        ...(net.isIP(target.host) ? {} : { servername: target.host }),
+        // The connection goes to the resolved address; the certificate must still name the host.
+        checkServerIdentity: (_name, cert) => tls.checkServerIdentity(target.host, cert),
+      },
+      (upstreamRes) => {
+        res.writeHead(upstreamRes.statusCode ?? 502, swapOutSecrets(upstreamRes.headers, target.secrets))
+        upstreamRes.pipe(res)
+      },
+    )
+    upstream.on('error', (error) => {
+      if (!res.headersSent) res.writeHead(502, { 'content-type': 'text/plain' })
+      res.end(`upstream error: ${error.message}\n`)
+    })
+    req.pipe(upstream)
   }
 
   private async forward(req: http.IncomingMessage, res: http.ServerResponse): Promise<void> {
@@ -118,13 +226,17 @@ export class EgressProxy {
       res.writeHead(403, { 'content-type': 'text/plain' }).end('egress denied by Cairn policy\n')
       return
     }
-    const headers: http.OutgoingHttpHeaders = { ...req.headers, host: target.host }
+    const bound = this.boundSecrets(target.hostname, port)
+    const headers: http.OutgoingHttpHeaders = {
+      ...swapInSecrets(req.headers, bound).headers,
+      host: target.host,
+    }
     delete headers['proxy-connection']
     delete headers['proxy-authorization']
     const upstream = http.request(
       { host: address, port, method: req.method, path: `${target.pathname}${target.search}`, headers },
       (upstreamRes) => {
-        res.writeHead(upstreamRes.statusCode ?? 502, upstreamRes.headers)
+        res.writeHead(upstreamRes.statusCode ?? 502, swapOutSecrets(upstreamRes.headers, bound))
         upstreamRes.pipe(res)
       },
     )
@@ -137,6 +249,7 @@ export class EgressProxy {
 
   async close(): Promise<void> {
     for (const socket of this.sockets) socket.destroy()
+    this.upstreamAgent.destroy()
     await new Promise<void>((resolve) => this.server.close(() => resolve()))
     await rm(this.options.socketPath, { force: true })
   }

@@ -1,0 +1,128 @@
+import { generateKeyPairSync, randomBytes } from 'node:crypto'
+import { existsSync } from 'node:fs'
+import { chmod, mkdir, mkdtemp, readFile, rename, rm, writeFile } from 'node:fs/promises'
+import net from 'node:net'
+import path from 'node:path'
+import tls from 'node:tls'
+import { CairnProblem } from '@cairn/protocol'
+import { execTool } from '../util/exec.js'
+
+const CA_DAYS = 3650
+/** Leaf certificates live in memory only; a short validity keeps a leaked one of little use. */
+const LEAF_DAYS = 7
+
+/**
+ * The per-install certificate authority the egress proxy signs host certificates with, so it can
+ * terminate TLS towards hosts bound to a `proxy` secret. Made once with the `openssl` CLI; the key
+ * stays 0600 in the data dir, only the certificate is shown to sandboxes.
+ */
+export class EgressCa {
+  private readonly leaves = new Map<string, Promise<tls.SecureContext>>()
+
+  private constructor(
+    private readonly dir: string,
+    /** PEM of the CA certificate (what sandboxes trust). */
+    readonly certificatePem: string,
+  ) {}
+
+  static async load(dir: string): Promise<EgressCa> {
+    await mkdir(dir, { recursive: true, mode: 0o700 })
+    await chmod(dir, 0o700)
+    const keyFile = path.join(dir, 'ca.key')
+    const certFile = path.join(dir, 'ca.pem')
+    if (!existsSync(keyFile) || !existsSync(certFile)) {
+      const tag = randomBytes(4).toString('hex')
+      // Written beside, then renamed: a crash half-way must not leave a key without its certificate.
+      await execTool(
+        'openssl',
+        [
+          'req',
+          '-x509',
+          '-newkey',
+          'ec',
+          '-pkeyopt',
+          'ec_paramgen_curve:prime256v1',
+          '-nodes',
+          '-keyout',
+          `${keyFile}.new`,
+          '-out',
+          `${certFile}.new`,
+          '-days',
+          String(CA_DAYS),
+          '-subj',
+          `/O=Cairn/CN=Cairn egress CA ${tag}`,
+          '-addext',
+          'basicConstraints=critical,CA:TRUE,pathlen:0',
+          '-addext',
+          'keyUsage=critical,keyCertSign,cRLSign',
+        ],
+        { code: 'internal' },
+      )
+      await chmod(`${keyFile}.new`, 0o600)
+      await rename(`${keyFile}.new`, keyFile)
+      await rename(`${certFile}.new`, certFile)
+    }
+    await chmod(keyFile, 0o600)
+    return new EgressCa(dir, await readFile(certFile, 'utf8'))
+  }
+
+  /** A TLS context presenting a certificate for `host`, signed on first use and then cached. */
+  contextFor(host: string): Promise<tls.SecureContext> {
+    const key = host.toLowerCase()
+    let context = this.leaves.get(key)
+    if (!context) {
+      context = this.signLeaf(key)
+      // A failed signing is not cached: the next connection tries again.
+      context.catch(() => this.leaves.delete(key))
+      this.leaves.set(key, context)
+    }
+    return context
+  }
+
+  private async signLeaf(host: string): Promise<tls.SecureContext> {
+    // The name goes into an openssl subject: nothing but a plain DNS name or an IP address.
+    if (!net.isIP(host) && !/^[a-z0-9_-]+(\.[a-z0-9_-]+)*$/.test(host)) {
+      throw new CairnProblem('validation_failed', `cannot issue a certificate for '${host}'`)
+    }
+    const { privateKey } = generateKeyPairSync('ec', { namedCurve: 'prime256v1' })
+    const keyPem = privateKey.export({ type: 'pkcs8', format: 'pem' }).toString()
+    const work = await mkdtemp(path.join(this.dir, 'leaf-'))
+    try {
+      const keyFile = path.join(work, 'leaf.key')
+      const certFile = path.join(work, 'leaf.pem')
+      await writeFile(keyFile, keyPem, { mode: 0o600 })
+      const san = net.isIP(host) ? `IP:${host}` : `DNS:${host}`
+      await execTool(
+        'openssl',
+        [
+          'req',
+          '-x509',
+          '-new',
+          '-key',
+          keyFile,
+          '-CA',
+          path.join(this.dir, 'ca.pem'),
+          '-CAkey',
+          path.join(this.dir, 'ca.key'),
+          '-subj',
+          `/CN=${host}`,
+          '-days',
+          String(LEAF_DAYS),
+          '-addext',
+          `subjectAltName=${san}`,
+          '-addext',
+          'basicConstraints=critical,CA:FALSE',
+          '-addext',
+          'extendedKeyUsage=serverAuth',
+          '-out',
+          certFile,
+        ],
+        { code: 'internal' },
+      )
+      const certPem = await readFile(certFile, 'utf8')
+      return tls.createSecureContext({ key: keyPem, cert: `${certPem}${this.certificatePem}` })
+    } finally {
+      await rm(work, { recursive: true, force: true })
+    }
+  }
+}

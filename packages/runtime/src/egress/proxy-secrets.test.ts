@@ -1,0 +1,55 @@
+import { describe, expect, it } from 'vitest'
+import { type ProxySecret, secretsBoundTo, swapInSecrets, swapOutSecrets } from './proxy-secrets.js'
+
+const TOKEN: ProxySecret = {
+  name: 'TOKEN',
+  standIn: 'cairn-proxy-secret-aaaa',
+  value: 'real-token-1',
+  hosts: ['api.example.com', '*.internal.test:8443'],
+}
+const OTHER: ProxySecret = {
+  name: 'OTHER',
+  standIn: 'cairn-proxy-secret-bbbb',
+  value: 'real-other-2',
+  hosts: ['other.example.com'],
+}
+
+describe('proxy secrets', () => {
+  it('binds a secret to its hosts by the allowlist rules', () => {
+    expect(secretsBoundTo([TOKEN, OTHER], 'api.example.com', 443).map((s) => s.name)).toEqual(['TOKEN'])
+    expect(secretsBoundTo([TOKEN, OTHER], 'API.example.com', 80).map((s) => s.name)).toEqual(['TOKEN'])
+    expect(secretsBoundTo([TOKEN], 'api.example.com', 8443)).toEqual([])
+    expect(secretsBoundTo([TOKEN], 'a.internal.test', 8443).map((s) => s.name)).toEqual(['TOKEN'])
+    expect(secretsBoundTo([TOKEN], 'a.internal.test', 443)).toEqual([])
+    expect(secretsBoundTo([TOKEN], 'api.example.com.evil.test', 443)).toEqual([])
+  })
+
+  it('swaps stand-ins in any request header and names the secrets used', () => {
+    const { headers, used } = swapInSecrets(
+      {
+        authorization: `Bearer ${TOKEN.standIn}`,
+        'x-api-key': TOKEN.standIn,
+        'x-custom': `a=${TOKEN.standIn};b=${OTHER.standIn}`,
+        'set-cookie': [`t=${TOKEN.standIn}`],
+        accept: '*/*',
+      },
+      [TOKEN, OTHER],
+    )
+    expect(headers).toEqual({
+      authorization: 'Bearer real-token-1',
+      'x-api-key': 'real-token-1',
+      'x-custom': 'a=real-token-1;b=real-other-2',
+      'set-cookie': ['t=real-token-1'],
+      accept: '*/*',
+    })
+    expect(used.sort()).toEqual(['OTHER', 'TOKEN'])
+  })
+
+  it('leaves headers alone when no secret is bound, and turns echoed values back', () => {
+    const plain = { authorization: `Bearer ${TOKEN.standIn}` }
+    expect(swapInSecrets(plain, []).headers).toEqual(plain)
+    expect(swapOutSecrets({ 'x-echo': 'got real-token-1' }, [TOKEN])).toEqual({
+      'x-echo': `got ${TOKEN.standIn}`,
+    })
+  })
+})

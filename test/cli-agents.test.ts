@@ -98,6 +98,17 @@ describe('agents, builds and secrets from the CLI', () => {
     ])
     expect((await cairn(['secrets', 'list', 'secretive'])).stdout).toMatch(/BUILD_KEY\s+setup/)
     expect((await cairn(['secrets', 'set', 'secretive', 'X=1', '--scope', 'everywhere'])).code).toBe(2)
+    const proxied = ['secrets', 'set', 'secretive', 'P=v', '--scope', 'proxy', '--host', 'api.example.com']
+    const withHosts = await json([...proxied, '--host', '*.example.org:8443'])
+    expect(withHosts.data.find((s: { name: string }) => s.name === 'P').hosts).toEqual([
+      'api.example.com',
+      '*.example.org:8443',
+    ])
+    expect((await cairn(['secrets', 'list', 'secretive'])).stdout).toMatch(
+      /P\s+proxy → api\.example\.com, \*\.example\.org:8443/,
+    )
+    expect((await cairn(['secrets', 'set', 'secretive', 'P=v', '--scope', 'proxy'])).code).not.toBe(0)
+    expect(await json(['secrets', 'delete', 'secretive', 'P'])).toEqual({ ok: true, name: 'P' })
     expect(await json(['secrets', 'delete', 'secretive', 'BUILD_KEY'])).toEqual({
       ok: true,
       name: 'BUILD_KEY',

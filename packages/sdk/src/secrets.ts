@@ -5,7 +5,10 @@ export type SecretScope = 'setup' | 'runtime' | 'proxy'
 
 /** The fields of a secret's listing; values are never returned. */
 export const SECRET_INFO_FIELDS = ['name', 'scope', 'createdAt', 'updatedAt'] as const
-export type SecretInfo = Record<(typeof SECRET_INFO_FIELDS)[number], string>
+export type SecretInfo = Record<(typeof SECRET_INFO_FIELDS)[number], string> & {
+  /** `proxy` scope: the hosts whose requests get the real value in place of the stand-in. */
+  hosts?: string[]
+}
 
 export interface SecretList {
   data: SecretInfo[]
@@ -23,9 +26,13 @@ function asSecretList(body: unknown): SecretList {
       message: 'the server sent an unexpected secret list',
     })
   }
-  const data = body.data
-    .filter(isRecord)
-    .map((s) => Object.fromEntries(SECRET_INFO_FIELDS.map((f) => [f, String(s[f] ?? '')])) as SecretInfo)
+  const data = body.data.filter(isRecord).map((s) => {
+    const info = Object.fromEntries(
+      SECRET_INFO_FIELDS.map((f) => [f, String(s[f] ?? '')]),
+    ) as unknown as SecretInfo
+    if (Array.isArray(s.hosts)) info.hosts = s.hosts.filter((h): h is string => typeof h === 'string')
+    return info
+  })
   const missing = Array.isArray(body.missing)
     ? body.missing.filter((m): m is string => typeof m === 'string')
     : []
@@ -40,15 +47,19 @@ export class Secrets {
     return asSecretList(await this.http.json({ method: 'GET', path: path(agent), ...options }))
   }
 
-  /** Sets (or replaces) secrets by name. */
+  /**
+   * Sets (or replaces) secrets by name. `scope`: `runtime` (default, an environment variable of the
+   * agent), `setup` (the revision build only) or `proxy` (the agent sees a stand-in; the egress
+   * proxy sends the value to `hosts` only).
+   */
   async set(
     agent: string,
     secrets: Record<string, string>,
-    options: RequestOptions & { scope?: SecretScope | undefined } = {},
+    options: RequestOptions & { scope?: SecretScope | undefined; hosts?: string[] | undefined } = {},
   ): Promise<SecretList> {
-    const { scope, ...request } = options
+    const { scope, hosts, ...request } = options
     return asSecretList(
-      await this.http.json({ method: 'PUT', path: path(agent), json: { secrets, scope }, ...request }),
+      await this.http.json({ method: 'PUT', path: path(agent), json: { secrets, scope, hosts }, ...request }),
     )
   }
 

@@ -21,6 +21,8 @@ export interface ServerOptions {
   workspaceQuotaMiB?: number | undefined
   /** Private addresses sandboxes may reach through the egress proxy (internal services). */
   egressPrivateExceptions?: string[] | undefined
+  /** PEM file of extra CA certificates the egress proxy trusts upstream (internal hosts, tests). */
+  egressUpstreamCaFile?: string | undefined
   /** Default sandbox driver for agents that do not choose one. */
   isolation?: 'bwrap' | 'gvisor' | undefined
   /** gVisor sandboxes kept booted ahead (default 2 when gVisor is the default). */
@@ -51,6 +53,7 @@ export interface ResolvedConfig {
   isolation: 'bwrap' | 'gvisor'
   gvisorPoolSize: number | undefined
   egressPrivateExceptions: string[]
+  egressUpstreamCaFile: string | undefined
   workspaceQuotaMiB: number | undefined
   writeCredentials: boolean
   runBase: string | undefined
@@ -88,6 +91,7 @@ export function resolveConfig(options: ServerOptions): ResolvedConfig {
       options.egressPrivateExceptions ??
       process.env.CAIRN_EGRESS_ALLOW_PRIVATE?.split(',').filter(Boolean) ??
       [],
+    egressUpstreamCaFile: options.egressUpstreamCaFile ?? process.env.CAIRN_EGRESS_UPSTREAM_CA,
     workspaceQuotaMiB:
       options.workspaceQuotaMiB ??
       (process.env.CAIRN_WORKSPACE_QUOTA_MIB ? Number(process.env.CAIRN_WORKSPACE_QUOTA_MIB) : undefined),

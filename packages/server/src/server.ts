@@ -1,4 +1,4 @@
-import { chmod, mkdir, writeFile } from 'node:fs/promises'
+import { chmod, mkdir, readFile, writeFile } from 'node:fs/promises'
 import path from 'node:path'
 import { Runtime } from '@cairn/runtime'
 import pino, { type Logger } from 'pino'
@@ -84,6 +84,9 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       agents,
       secrets,
       egressPrivateExceptions: new Set(config.egressPrivateExceptions),
+      egressUpstreamCaPems: config.egressUpstreamCaFile
+        ? [await readFile(config.egressUpstreamCaFile, 'utf8')]
+        : undefined,
       clock: systemClock,
       logger,
     })

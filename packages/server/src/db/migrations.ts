@@ -219,4 +219,12 @@ ALTER TABLE sessions ADD COLUMN keep_transcript INTEGER NOT NULL DEFAULT 1;
     name: 'session id prefix index',
     sql: `CREATE INDEX sessions_tenant_id ON sessions(tenant_id, id);`,
   },
+  {
+    version: 13,
+    name: 'proxy-scoped secrets',
+    sql: `
+ALTER TABLE secrets ADD COLUMN stand_in TEXT;
+ALTER TABLE secrets ADD COLUMN hosts_json TEXT;
+`,
+  },
 ]

@@ -8,6 +8,7 @@ import { SECRET_SCOPES, type SecretScope, type SecretStore } from './secret-stor
 const SecretInfoSchema = Type.Object({
   name: Type.String(),
   scope: Type.String(),
+  hosts: Type.Optional(Type.Array(Type.String())),
   createdAt: Type.String(),
   updatedAt: Type.String(),
 })
@@ -20,6 +21,8 @@ const SetSecretsBody = Type.Object(
   {
     secrets: Type.Record(Type.String({ maxLength: 128 }), Type.String({ maxLength: 65536 })),
     scope: Type.Optional(Type.Union(SECRET_SCOPES.map((s) => Type.Literal(s)))),
+    /** `proxy` scope: hosts (allowlist syntax) whose requests get the value in place of the stand-in. */
+    hosts: Type.Optional(Type.Array(Type.String({ minLength: 1, maxLength: 260 }), { maxItems: 32 })),
   },
   { additionalProperties: false },
 )
@@ -52,7 +55,7 @@ export function secretRoutes(app: FastifyInstance, agents: AgentService, secrets
     {
       schema: {
         tags: ['secrets'],
-        summary: 'Set secrets (encrypted at rest)',
+        summary: 'Set secrets (encrypted at rest); scope runtime (default), setup or proxy (with hosts)',
         params: IdParams,
         body: SetSecretsBody,
         response: { 200: SecretListSchema, ...errors },
@@ -60,8 +63,8 @@ export function secretRoutes(app: FastifyInstance, agents: AgentService, secrets
     },
     async (request) => {
       const agent = agentOf(request, true)
-      const body = request.body as { secrets: Record<string, string>; scope?: SecretScope }
-      secrets.set(agent.tenant_id, agent.id, body.secrets, body.scope)
+      const body = request.body as { secrets: Record<string, string>; scope?: SecretScope; hosts?: string[] }
+      secrets.set(agent.tenant_id, agent.id, body.secrets, { scope: body.scope, hosts: body.hosts })
       return listing(agent.id)
     },
   )

@@ -1,4 +1,7 @@
+import { randomBytes } from 'node:crypto'
+import net from 'node:net'
 import { CairnProblem } from '@cairn/protocol'
+import type { ProxySecret } from '@cairn/runtime'
 import { type Clock, iso } from '../clock.js'
 import type { Db } from '../db/database.js'
 import type { SecretCipher } from './cipher.js'
@@ -7,10 +10,31 @@ export const SECRET_SCOPES = ['runtime', 'setup', 'proxy'] as const
 export type SecretScope = (typeof SECRET_SCOPES)[number]
 export const SECRET_NAME_PATTERN = /^[A-Za-z_][A-Za-z0-9_]{0,127}$/
 const MAX_SECRET_BYTES = 64 * 1024
+const MAX_PROXY_HOSTS = 32
+/** A proxy secret's host: a name (optionally `*.` wildcard) or an IP address, with an optional port. */
+const HOST_PATTERN = /^(\*\.)?[a-z0-9_-]+(\.[a-z0-9_-]+)*(:\d{1,5})?$/
+
+function validHost(host: string): boolean {
+  const bare = host.replace(/^\[(.*)\](:\d{1,5})?$/, '$1')
+  return HOST_PATTERN.test(host) || net.isIP(bare) !== 0
+}
+
+/** What the agent sees in place of a `proxy` secret's value. */
+function newStandIn(): string {
+  return `cairn-proxy-secret-${randomBytes(16).toString('hex')}`
+}
+
+export interface SetSecretsOptions {
+  scope?: SecretScope | undefined
+  /** Hosts a `proxy` secret is sent to (allowlist syntax); required for that scope, refused for others. */
+  hosts?: readonly string[] | undefined
+}
 
 export interface SecretInfo {
   name: string
   scope: SecretScope
+  /** `proxy` scope: the hosts requests get the real value for. */
+  hosts?: string[]
   createdAt: string
   updatedAt: string
 }
@@ -21,6 +45,8 @@ interface SecretRow {
   ciphertext: Buffer
   iv: Buffer
   tag: Buffer
+  stand_in: string | null
+  hosts_json: string | null
   created_at: string
   updated_at: string
 }
@@ -37,14 +63,31 @@ export class SecretStore {
     tenantId: string,
     agentId: string,
     values: Record<string, string>,
-    scope: SecretScope = 'runtime',
+    options: SetSecretsOptions = {},
   ): void {
+    const scope = options.scope ?? 'runtime'
+    const hosts = [...new Set((options.hosts ?? []).map((h) => h.trim().toLowerCase()))]
+    if (scope === 'proxy' && hosts.length === 0) {
+      throw new CairnProblem('validation_failed', 'a proxy secret needs the hosts it is sent to (hosts)')
+    }
+    if (scope !== 'proxy' && hosts.length > 0) {
+      throw new CairnProblem('validation_failed', 'hosts apply to proxy secrets only (scope: proxy)')
+    }
+    if (hosts.length > MAX_PROXY_HOSTS) {
+      throw new CairnProblem('validation_failed', `at most ${MAX_PROXY_HOSTS} hosts per secret`)
+    }
+    for (const host of hosts) {
+      if (!validHost(host)) throw new CairnProblem('validation_failed', `invalid host '${host}'`)
+    }
     const at = iso(this.clock.now())
+    // A secret keeps its stand-in when its value changes, so copies the agent made still work.
     const upsert = this.db.prepare(
-      `INSERT INTO secrets (agent_id, tenant_id, name, scope, ciphertext, iv, tag, key_version, created_at, updated_at)
-       VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+      `INSERT INTO secrets (agent_id, tenant_id, name, scope, ciphertext, iv, tag, key_version, stand_in, hosts_json, created_at, updated_at)
+       VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
        ON CONFLICT(agent_id, name) DO UPDATE SET scope = excluded.scope, ciphertext = excluded.ciphertext,
-         iv = excluded.iv, tag = excluded.tag, key_version = excluded.key_version, updated_at = excluded.updated_at`,
+         iv = excluded.iv, tag = excluded.tag, key_version = excluded.key_version,
+         stand_in = CASE WHEN excluded.scope = 'proxy' THEN COALESCE(secrets.stand_in, excluded.stand_in) END,
+         hosts_json = excluded.hosts_json, updated_at = excluded.updated_at`,
     )
     for (const [name, value] of Object.entries(values)) {
       if (!SECRET_NAME_PATTERN.test(name)) {
@@ -72,6 +115,8 @@ export class SecretStore {
           sealed.iv,
           sealed.tag,
           sealed.keyVersion,
+          scope === 'proxy' ? newStandIn() : null,
+          scope === 'proxy' ? JSON.stringify(hosts) : null,
           at,
           at,
         )
@@ -83,7 +128,13 @@ export class SecretStore {
     return this.db
       .prepare<[string], SecretRow>('SELECT * FROM secrets WHERE agent_id = ? ORDER BY name')
       .all(agentId)
-      .map((r) => ({ name: r.name, scope: r.scope, createdAt: r.created_at, updatedAt: r.updated_at }))
+      .map((r) => ({
+        name: r.name,
+        scope: r.scope,
+        ...(r.hosts_json ? { hosts: JSON.parse(r.hosts_json) as string[] } : {}),
+        createdAt: r.created_at,
+        updatedAt: r.updated_at,
+      }))
   }
 
   delete(agentId: string, name: string): boolean {
@@ -115,6 +166,22 @@ export class SecretStore {
       .all(tenantId, agentId, scope)
     for (const row of rows) out[row.name] = this.cipher.open(row, `${agentId}/${row.name}`)
     return out
+  }
+
+  /** The agent's `proxy` secrets with their stand-ins and hosts, for its egress proxy. */
+  proxySecrets(tenantId: string, agentId: string): ProxySecret[] {
+    return this.db
+      .prepare<[string, string], SecretRow>(
+        `SELECT * FROM secrets WHERE tenant_id = ? AND agent_id = ? AND scope = 'proxy' ORDER BY name`,
+      )
+      .all(tenantId, agentId)
+      .filter((row) => row.stand_in !== null)
+      .map((row) => ({
+        name: row.name,
+        standIn: row.stand_in as string,
+        value: this.cipher.open(row, `${agentId}/${row.name}`),
+        hosts: JSON.parse(row.hosts_json ?? '[]') as string[],
+      }))
   }
 
   missing(agentId: string, required: readonly string[]): string[] {

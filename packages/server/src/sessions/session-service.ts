@@ -41,6 +41,8 @@ export interface SessionServiceDeps {
   secrets: SecretStore
   /** Private addresses the operator lets sandboxes reach through the egress proxy. */
   egressPrivateExceptions?: ReadonlySet<string> | undefined
+  /** Extra CA certificates (PEM) the egress proxy trusts upstream when it terminates TLS. */
+  egressUpstreamCaPems?: readonly string[] | undefined
   metrics?: MetricsRegistry | undefined
   memory?: MemoryService | undefined
   clock: Clock
@@ -395,6 +397,7 @@ export class SessionService {
     if (!revision) throw new CairnProblem('revision_not_found', `revision ${row.revision_id} is gone`)
     const limits = revision.manifest.limits ?? {}
     const envKey = revision.manifest.envKey ?? undefined
+    const proxySecrets = this.deps.secrets.proxySecrets(row.tenant_id, row.agent_id)
     const agent = await this.deps.runtime.startAgent({
       sessionId: row.id,
       workspaceDir: pool.workspacePath(row.id),
@@ -403,6 +406,8 @@ export class SessionService {
       env: {
         ...(envKey ? ENV_VARIABLES : {}),
         ...this.deps.secrets.valuesForScope(row.tenant_id, row.agent_id, 'runtime'),
+        // A proxy secret's variable holds only its stand-in; the egress proxy swaps in the value.
+        ...Object.fromEntries(proxySecrets.map((secret) => [secret.name, secret.standIn])),
       },
       binds: [
         ...(envKey ? envBinds(this.deps.agents.envs.envPath(envKey), envKey) : []),
@@ -414,6 +419,8 @@ export class SessionService {
         },
         privateExceptions: this.deps.egressPrivateExceptions,
         onEvent: (event) => this.store.recordNetwork(row.id, event),
+        secrets: proxySecrets,
+        upstreamCaPems: this.deps.egressUpstreamCaPems,
       },
       limits: {
         memoryMiB: limits.memoryMiB ?? DEFAULT_LIMITS.memoryMiB,

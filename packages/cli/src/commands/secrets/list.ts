@@ -16,7 +16,11 @@ export const register: Register = (parent, ctx) => {
     const result = await (await ctx.client()).secrets.list(agent)
     if (ctx.json) return ctx.out.data(result)
     const now = new Date()
-    const rows = result.data.map((s) => [oneLine(s.name, 64), s.scope, relativeTime(s.updatedAt, now)])
+    const rows = result.data.map((s) => [
+      oneLine(s.name, 64),
+      s.hosts ? oneLine(`${s.scope} → ${s.hosts.join(', ')}`, 80) : s.scope,
+      relativeTime(s.updatedAt, now),
+    ])
     for (const name of result.missing) rows.push([oneLine(name, 64), '-', ctx.out.c.yellow('missing')])
     if (rows.length === 0) {
       ctx.out.note(`No secrets. Set one with \`cairn secrets set ${agent} NAME=value\`.`)

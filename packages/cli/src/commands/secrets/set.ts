@@ -22,8 +22,13 @@ export const register: Register = (parent, ctx) => {
       )
       .argument('<agent>', 'agent name or ID')
       .argument('<secrets...>', 'NAME=value pairs')
-      .option('--scope <scope>', `where the secret is visible: ${SCOPES.join(', ')}`, scope),
-  ).action(async (agent: string, pairs: string[], options: { scope?: SecretScope }) => {
+      .option('--scope <scope>', `where the secret is visible: ${SCOPES.join(', ')}`, scope)
+      .option(
+        '--host <host>',
+        'with --scope proxy: a host the value is sent to (repeatable; api.example.com, *.example.com, host:8443)',
+        (value: string, previous: string[] = []) => [...previous, value],
+      ),
+  ).action(async (agent: string, pairs: string[], options: { scope?: SecretScope; host?: string[] }) => {
     const secrets: Record<string, string> = {}
     for (const pair of pairs) {
       const eq = pair.indexOf('=')
@@ -43,7 +48,7 @@ export const register: Register = (parent, ctx) => {
       }
     }
     const client = await ctx.client()
-    const result = await client.secrets.set(agent, secrets, { scope: options.scope })
+    const result = await client.secrets.set(agent, secrets, { scope: options.scope, hosts: options.host })
     if (ctx.json) return ctx.out.data(result)
     ctx.out.line(`Set ${Object.keys(secrets).join(', ')} for ${agent}`)
     if (result.missing.length > 0)

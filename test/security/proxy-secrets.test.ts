@@ -1,0 +1,329 @@
+import { type ChildProcess, execFileSync, spawn } from 'node:child_process'
+import { randomBytes } from 'node:crypto'
+import { readdirSync, readFileSync, statSync } from 'node:fs'
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises'
+import os from 'node:os'
+import path from 'node:path'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { makeProject } from '../helpers/projects.js'
+import { startTestServer, type TestServer } from '../helpers/server.js'
+
+// A test host in its own network namespace (as in egress.test.ts), serving HTTPS with a certificate
+// from a CA of the test's own, and plain HTTP; it records the credentials each request carried.
+const NS = `cairn-psec-${process.pid}`
+const OCTET = 100 + (process.pid % 100)
+const HOST_SIDE = `10.232.${OCTET}.1`
+const TEST_HOST = `10.232.${OCTET}.2`
+const VETH = `cps${process.pid % 100000}`
+/** Bound to the secret: HTTPS 8443 and HTTP 8081. Not bound: HTTPS 9443 and HTTP 8080. */
+const PORTS = { boundTls: 8443, freeTls: 9443, boundHttp: 8081, freeHttp: 8080 }
+const REAL_VALUE = `sk-real-${randomBytes(12).toString('hex')}`
+const SANDBOX_UID = 61000
+
+let t: TestServer
+let web: ChildProcess | undefined
+let dir = ''
+let testCaPem = ''
+
+const ip = (...args: string[]) => execFileSync('ip', args, { stdio: 'pipe' })
+const openssl = (...args: string[]) => execFileSync('openssl', args, { stdio: 'pipe', cwd: dir })
+
+const HOST_SERVER = `
+import http.server, json, ssl, sys, threading
+host, log = sys.argv[1], sys.argv[2]
+lock = threading.Lock()
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        entry = {"port": self.server.server_address[1], "authorization": self.headers.get("Authorization"),
+                 "apiKey": self.headers.get("x-api-key")}
+        with lock, open(log, "a") as f:
+            f.write(json.dumps(entry) + "\\n")
+        body = ("ok on %d\\n" % entry["port"]).encode()
+        self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+def serve(port, tls):
+    server = http.server.ThreadingHTTPServer((host, port), Handler)
+    if tls:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain("host.pem", "host.key")
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+serve(${PORTS.boundTls}, True)
+serve(${PORTS.freeTls}, True)
+serve(${PORTS.boundHttp}, False)
+serve(${PORTS.freeHttp}, False)
+print("ready", flush=True)
+threading.Event().wait()
+`
+
+// The agent: calls a URL with its token in Authorization and x-api-key (urllib or curl), and
+// dumps everything it can see of its environment into the workspace.
+const PROBE = `
+import glob, os, ssl, subprocess, urllib.request
+token = os.environ["API_TOKEN"]
+def get(url, cafile=None):
+    request = urllib.request.Request(url, headers={"Authorization": "Bearer " + token, "x-api-key": token})
+    context = ssl.create_default_context(cafile=cafile) if cafile else None
+    try:
+        return urllib.request.urlopen(request, timeout=10, context=context).read().decode().strip()
+    except Exception as e:
+        return "ERR " + type(e).__name__ + " " + str(e)[:200]
+def curl(url):
+    done = subprocess.run(["curl", "-sS", "--max-time", "10", "-H", "Authorization: Bearer " + token, url],
+                          capture_output=True, text=True)
+    return (done.stdout + done.stderr).strip()
+def dump():
+    parts = [subprocess.run(["env"], capture_output=True, text=True).stdout]
+    for name in glob.glob("/proc/*/environ"):
+        try:
+            parts.append(open(name, "rb").read().decode(errors="replace"))
+        except Exception:
+            pass
+    with open("seen.txt", "w") as f:
+        f.write("\\n".join(parts))
+    return "dumped %d sources" % len(parts)
+while True:
+    kind, _, arg = input().partition(" ")
+    if kind == "get": print(get(arg))
+    elif kind == "getca": print(get(arg, "/workspace/test-ca.pem"))
+    elif kind == "curl": print(curl(arg))
+    elif kind == "token": print(token)
+    elif kind == "dump": print(dump())
+    elif kind == "cafile": print(os.environ.get("SSL_CERT_FILE"), os.environ.get("NODE_EXTRA_CA_CERTS"))
+`
+
+interface Seen {
+  port: number
+  authorization: string | null
+  apiKey: string | null
+}
+
+function seenByHost(): Seen[] {
+  return readFileSync(path.join(dir, 'seen.jsonl'), 'utf8')
+    .split('\n')
+    .filter(Boolean)
+    .map((line) => JSON.parse(line) as Seen)
+}
+
+function filesUnder(root: string): string[] {
+  const out: string[] = []
+  for (const name of readdirSync(root)) {
+    const full = path.join(root, name)
+    const stat = statSync(full, { throwIfNoEntry: false })
+    if (stat?.isDirectory()) out.push(...filesUnder(full))
+    else if (stat?.isFile()) out.push(full)
+  }
+  return out
+}
+
+/** Environments of every process running as the sandbox uid, read from the host. */
+function sandboxEnvironments(): string[] {
+  const out: string[] = []
+  for (const pid of readdirSync('/proc').filter((name) => /^\d+$/.test(name))) {
+    try {
+      if (statSync(`/proc/${pid}`).uid !== SANDBOX_UID) continue
+      out.push(readFileSync(`/proc/${pid}/environ`, 'latin1'))
+    } catch {}
+  }
+  return out
+}
+
+beforeAll(async () => {
+  dir = await mkdtemp(path.join(os.tmpdir(), 'cairn-proxy-secrets-'))
+  openssl(
+    'req',
+    '-x509',
+    '-newkey',
+    'ec',
+    '-pkeyopt',
+    'ec_paramgen_curve:prime256v1',
+    '-nodes',
+    '-keyout',
+    'test-ca.key',
+    '-out',
+    'test-ca.pem',
+    '-days',
+    '2',
+    '-subj',
+    '/CN=proxy-secrets test CA',
+    '-addext',
+    'basicConstraints=critical,CA:TRUE',
+    '-addext',
+    'keyUsage=critical,keyCertSign',
+  )
+  openssl('genpkey', '-algorithm', 'EC', '-pkeyopt', 'ec_paramgen_curve:P-256', '-out', 'host.key')
+  openssl(
+    'req',
+    '-x509',
+    '-new',
+    '-key',
+    'host.key',
+    '-CA',
+    'test-ca.pem',
+    '-CAkey',
+    'test-ca.key',
+    '-subj',
+    `/CN=${TEST_HOST}`,
+    '-days',
+    '2',
+    '-addext',
+    `subjectAltName=IP:${TEST_HOST}`,
+    '-addext',
+    'extendedKeyUsage=serverAuth',
+    '-out',
+    'host.pem',
+  )
+  testCaPem = await readFile(path.join(dir, 'test-ca.pem'), 'utf8')
+  await writeFile(path.join(dir, 'host_server.py'), HOST_SERVER)
+  await writeFile(path.join(dir, 'seen.jsonl'), '')
+
+  ip('netns', 'add', NS)
+  ip('link', 'add', VETH, 'type', 'veth', 'peer', 'name', `${VETH}p`)
+  ip('link', 'set', `${VETH}p`, 'netns', NS)
+  ip('addr', 'add', `${HOST_SIDE}/30`, 'dev', VETH)
+  ip('link', 'set', VETH, 'up')
+  ip('-n', NS, 'addr', 'add', `${TEST_HOST}/30`, 'dev', `${VETH}p`)
+  ip('-n', NS, 'link', 'set', `${VETH}p`, 'up')
+  ip('-n', NS, 'link', 'set', 'lo', 'up')
+  const server = spawn(
+    'ip',
+    ['netns', 'exec', NS, 'python3', 'host_server.py', TEST_HOST, path.join(dir, 'seen.jsonl')],
+    { cwd: dir, stdio: ['ignore', 'pipe', 'inherit'] },
+  )
+  web = server
+  await new Promise<void>((resolve, reject) => {
+    server.stdout?.once('data', () => resolve())
+    server.once('exit', (code) => reject(new Error(`test host exited with ${code}`)))
+  })
+
+  t = await startTestServer({
+    server: {
+      egressPrivateExceptions: [TEST_HOST],
+      egressUpstreamCaFile: path.join(dir, 'test-ca.pem'),
+    },
+  })
+  const allow = Object.values(PORTS).map((port) => `"${TEST_HOST}:${port}"`)
+  const project = await makeProject({
+    'cairn.yaml': `name: keyed\ncommand: python3 probe.py\nnetwork:\n  allow: [${allow.join(', ')}]\n`,
+    'probe.py': PROBE,
+    'test-ca.pem': testCaPem,
+  })
+  expect((await t.api.deploy(project)).status).toBe(201)
+  const set = await t.api.call('PUT', '/v1/agents/keyed/secrets', {
+    secrets: { API_TOKEN: REAL_VALUE },
+    scope: 'proxy',
+    hosts: [`${TEST_HOST}:${PORTS.boundTls}`, `${TEST_HOST}:${PORTS.boundHttp}`],
+  })
+  expect(set.status).toBe(200)
+  expect(set.body.data).toEqual([
+    expect.objectContaining({
+      name: 'API_TOKEN',
+      scope: 'proxy',
+      hosts: [`${TEST_HOST}:${PORTS.boundTls}`, `${TEST_HOST}:${PORTS.boundHttp}`],
+    }),
+  ])
+})
+
+afterAll(async () => {
+  await t?.close()
+  web?.kill('SIGKILL')
+  try {
+    ip('link', 'del', VETH)
+  } catch {}
+  try {
+    ip('netns', 'del', NS)
+  } catch {}
+  if (dir) await rm(dir, { recursive: true, force: true })
+})
+
+describe('proxy-scoped secrets', () => {
+  it('sends the real value to the bound host while the agent only ever holds a stand-in', async () => {
+    const { id } = await t.api.createSession('keyed')
+    const standIn = (await t.api.send(id, 'token')).text.trim()
+    expect(standIn).toMatch(/^cairn-proxy-secret-[0-9a-f]{32}$/)
+    expect((await t.api.send(id, 'cafile')).text).toBe('/run/cairn/ca-bundle.pem /run/cairn/egress-ca.pem\n')
+
+    // HTTPS to the bound host, through urllib and through curl: TLS terminated, value swapped in.
+    expect((await t.api.send(id, `get https://${TEST_HOST}:${PORTS.boundTls}/`)).text).toBe(
+      `ok on ${PORTS.boundTls}\n`,
+    )
+    expect((await t.api.send(id, `curl https://${TEST_HOST}:${PORTS.boundTls}/`)).text).toBe(
+      `ok on ${PORTS.boundTls}\n`,
+    )
+    // Plain HTTP to the bound port.
+    expect((await t.api.send(id, `get http://${TEST_HOST}:${PORTS.boundHttp}/`)).text).toBe(
+      `ok on ${PORTS.boundHttp}\n`,
+    )
+    // Hosts not bound to the secret: HTTPS stays an opaque tunnel (the agent sees the host's own
+    // certificate, so it must trust the test CA itself), and the stand-in arrives unchanged.
+    expect((await t.api.send(id, `getca https://${TEST_HOST}:${PORTS.freeTls}/`)).text).toBe(
+      `ok on ${PORTS.freeTls}\n`,
+    )
+    expect((await t.api.send(id, `get http://${TEST_HOST}:${PORTS.freeHttp}/`)).text).toBe(
+      `ok on ${PORTS.freeHttp}\n`,
+    )
+
+    const seen = seenByHost()
+    const at = (port: number) => seen.filter((s) => s.port === port)
+    expect(at(PORTS.boundTls)).toEqual([
+      { port: PORTS.boundTls, authorization: `Bearer ${REAL_VALUE}`, apiKey: REAL_VALUE },
+      { port: PORTS.boundTls, authorization: `Bearer ${REAL_VALUE}`, apiKey: null },
+    ])
+    expect(at(PORTS.boundHttp)).toEqual([
+      { port: PORTS.boundHttp, authorization: `Bearer ${REAL_VALUE}`, apiKey: REAL_VALUE },
+    ])
+    expect(at(PORTS.freeTls)).toEqual([
+      { port: PORTS.freeTls, authorization: `Bearer ${standIn}`, apiKey: standIn },
+    ])
+    expect(at(PORTS.freeHttp)).toEqual([
+      { port: PORTS.freeHttp, authorization: `Bearer ${standIn}`, apiKey: standIn },
+    ])
+
+    // Nothing the agent can see holds the value: its env and every /proc/*/environ it can read
+    // (dumped into the workspace), the workspace itself, the processes' environments read from
+    // the host, and the transcript.
+    expect((await t.api.send(id, 'dump')).text).toMatch(/^dumped \d+ sources\n$/)
+    const workspace = t.server.runtime.pool.workspacePath(id)
+    const seenFile = readFileSync(path.join(workspace, 'seen.txt'), 'utf8')
+    expect(seenFile).toContain(`API_TOKEN=${standIn}`)
+    for (const file of filesUnder(workspace)) expect(readFileSync(file).includes(REAL_VALUE)).toBe(false)
+    const environments = sandboxEnvironments()
+    expect(environments.some((env) => env.includes(standIn))).toBe(true)
+    for (const env of environments) expect(env.includes(REAL_VALUE)).toBe(false)
+    const transcript = await t.api.call('GET', `/v1/sessions/${id}/messages`)
+    expect(JSON.stringify(transcript.body)).toContain(standIn)
+    expect(JSON.stringify(transcript.body)).not.toContain(REAL_VALUE)
+
+    // The CA key stays in the data dir, owner-only; the sandbox gets the certificate alone.
+    expect(statSync(path.join(t.dataDir, 'egress-ca', 'ca.key')).mode & 0o777).toBe(0o600)
+    expect(statSync(path.join(t.dataDir, 'egress-ca')).mode & 0o777).toBe(0o700)
+
+    const log = await t.api.call('GET', `/v1/sessions/${id}/network`)
+    const reasons = log.body.data.map((e: { port: number; reason: string }) => `${e.port} ${e.reason}`)
+    expect(reasons).toContainEqual(expect.stringMatching(`^${PORTS.boundTls} .*TLS terminated for API_TOKEN`))
+    expect(reasons.filter((r: string) => r.startsWith(`${PORTS.freeTls} `)).join()).not.toContain('TLS')
+  })
+
+  it('refuses a proxy secret without hosts, and hosts on other scopes', async () => {
+    const noHosts = await t.api.call('PUT', '/v1/agents/keyed/secrets', {
+      secrets: { OTHER: 'x' },
+      scope: 'proxy',
+    })
+    expect(noHosts.status).toBe(400)
+    const stray = await t.api.call('PUT', '/v1/agents/keyed/secrets', {
+      secrets: { OTHER: 'x' },
+      hosts: ['example.com'],
+    })
+    expect(stray.status).toBe(400)
+    const bad = await t.api.call('PUT', '/v1/agents/keyed/secrets', {
+      secrets: { OTHER: 'x' },
+      scope: 'proxy',
+      hosts: ['/CN=evil'],
+    })
+    expect(bad.status).toBe(400)
+  })
+})

@@ -38,7 +38,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
                  "apiKey": self.headers.get("x-api-key")}
         with lock, open(log, "a") as f:
             f.write(json.dumps(entry) + "\\n")
-        body = ("ok on %d\\n" % entry["port"]).encode()
+        # /echo hands the credential back, as an error message or a "whoami" might.
+        if self.path == "/echo":
+            body = ("echo %s\\n" % entry["authorization"]).encode()
+        else:
+            body = ("ok on %d\\n" % entry["port"]).encode()
         self.send_response(200)
         self.send_header("content-length", str(len(body)))
         self.end_headers()
@@ -60,8 +64,8 @@ print("ready", flush=True)
 threading.Event().wait()
 `
 
-// The agent: calls a URL with its token in Authorization and x-api-key (urllib or curl), and
-// dumps everything it can see of its environment into the workspace.
+// The agent: calls a URL with its token in Authorization and x-api-key (urllib or curl), keeps
+// each answer in the workspace, and dumps everything it can see of its environment there too.
 const PROBE = `
 import glob, os, ssl, subprocess, urllib.request
 token = os.environ["API_TOKEN"]
@@ -69,9 +73,12 @@ def get(url, cafile=None):
     request = urllib.request.Request(url, headers={"Authorization": "Bearer " + token, "x-api-key": token})
     context = ssl.create_default_context(cafile=cafile) if cafile else None
     try:
-        return urllib.request.urlopen(request, timeout=10, context=context).read().decode().strip()
+        answer = urllib.request.urlopen(request, timeout=10, context=context).read().decode().strip()
     except Exception as e:
-        return "ERR " + type(e).__name__ + " " + str(e)[:200]
+        answer = "ERR " + type(e).__name__ + " " + str(e)[:200]
+    with open("responses.txt", "a") as f:
+        f.write(answer + "\\n")
+    return answer
 def curl(url):
     done = subprocess.run(["curl", "-sS", "--max-time", "10", "-H", "Authorization: Bearer " + token, url],
                           capture_output=True, text=True)
@@ -282,6 +289,20 @@ describe('proxy-scoped secrets', () => {
     expect(at(PORTS.freeHttp)).toEqual([
       { port: PORTS.freeHttp, authorization: `Bearer ${standIn}`, apiKey: standIn },
     ])
+
+    // A host that echoes the credential back: the agent gets the stand-in again (headers and
+    // uncompressed bodies are scrubbed), over TLS and plain HTTP.
+    expect((await t.api.send(id, `get https://${TEST_HOST}:${PORTS.boundTls}/echo`)).text).toBe(
+      `echo Bearer ${standIn}\n`,
+    )
+    expect((await t.api.send(id, `get http://${TEST_HOST}:${PORTS.boundHttp}/echo`)).text).toBe(
+      `echo Bearer ${standIn}\n`,
+    )
+    expect(
+      seenByHost()
+        .slice(-2)
+        .map((s) => s.authorization),
+    ).toEqual([`Bearer ${REAL_VALUE}`, `Bearer ${REAL_VALUE}`])
 
     // Nothing the agent can see holds the value: its env and every /proc/*/environ it can read
     // (dumped into the workspace), the workspace itself, the processes' environments read from

@@ -1,5 +1,23 @@
 import { describe, expect, it } from 'vitest'
-import { type ProxySecret, secretsBoundTo, swapInSecrets, swapOutSecrets } from './proxy-secrets.js'
+import {
+  type ProxySecret,
+  SecretScrubber,
+  scrubbable,
+  secretsBoundTo,
+  swapInSecrets,
+  swapOutSecrets,
+} from './proxy-secrets.js'
+
+async function scrub(chunks: string[], secrets: ProxySecret[]): Promise<string> {
+  const scrubber = new SecretScrubber(secrets)
+  const out: Buffer[] = []
+  scrubber.on('data', (chunk: Buffer) => out.push(chunk))
+  const ended = new Promise((resolve) => scrubber.on('end', resolve))
+  for (const chunk of chunks) scrubber.write(Buffer.from(chunk))
+  scrubber.end()
+  await ended
+  return Buffer.concat(out).toString()
+}
 
 const TOKEN: ProxySecret = {
   name: 'TOKEN',
@@ -51,5 +69,17 @@ describe('proxy secrets', () => {
     expect(swapOutSecrets({ 'x-echo': 'got real-token-1' }, [TOKEN])).toEqual({
       'x-echo': `got ${TOKEN.standIn}`,
     })
+  })
+
+  it('scrubs echoed values from a body wherever the chunks split it', async () => {
+    const body = `{"error":"bad key real-token-1","again":"real-token-1","other":"real-other-2","x":"real-token"}`
+    const want = body.replaceAll('real-token-1', TOKEN.standIn).replaceAll('real-other-2', OTHER.standIn)
+    for (let cut = 0; cut <= body.length; cut++) {
+      expect(await scrub([body.slice(0, cut), body.slice(cut)], [TOKEN, OTHER])).toBe(want)
+    }
+    expect(await scrub([...body], [TOKEN, OTHER])).toBe(want)
+    expect(await scrub(['nothing to see'], [])).toBe('nothing to see')
+    expect(scrubbable({})).toBe(true)
+    expect(scrubbable({ 'content-encoding': 'gzip' })).toBe(false)
   })
 })

@@ -7,7 +7,14 @@ import tls from 'node:tls'
 import { forbiddenReason } from './address-guard.js'
 import type { EgressCa } from './egress-ca.js'
 import { decide, type EgressPolicy } from './policy.js'
-import { type ProxySecret, secretsBoundTo, swapInSecrets, swapOutSecrets } from './proxy-secrets.js'
+import {
+  type ProxySecret,
+  SecretScrubber,
+  scrubbable,
+  secretsBoundTo,
+  swapInSecrets,
+  swapOutSecrets,
+} from './proxy-secrets.js'
 
 export interface NetworkEvent {
   at: string
@@ -39,6 +46,26 @@ interface TerminatedTarget {
   port: number
   address: string
   secrets: ProxySecret[]
+}
+
+/**
+ * Sends an upstream answer on to the agent. With secrets bound to the host, their values become
+ * stand-ins again in the headers and (when not compressed) in the body, whose length then changes.
+ */
+function relayResponse(
+  upstreamRes: http.IncomingMessage,
+  res: http.ServerResponse,
+  secrets: readonly ProxySecret[],
+): void {
+  const headers = swapOutSecrets(upstreamRes.headers, secrets)
+  if (secrets.length === 0 || !scrubbable(upstreamRes.headers)) {
+    res.writeHead(upstreamRes.statusCode ?? 502, headers)
+    upstreamRes.pipe(res)
+    return
+  }
+  delete headers['content-length']
+  res.writeHead(upstreamRes.statusCode ?? 502, headers)
+  upstreamRes.pipe(new SecretScrubber(secrets)).pipe(res)
 }
 
 /**
@@ -184,6 +211,8 @@ export class EgressProxy {
       return
     }
     const { headers } = swapInSecrets(req.headers, target.secrets)
+    // An uncompressed answer can be scrubbed of a value the host echoes back.
+    headers['accept-encoding'] = 'identity'
     const upstream = https.request(
       {
         host: target.address,
@@ -196,10 +225,7 @@ export class EgressProxy {
         // The connection goes to the resolved address; the certificate must still name the host.
         checkServerIdentity: (_name, cert) => tls.checkServerIdentity(target.host, cert),
       },
-      (upstreamRes) => {
-        res.writeHead(upstreamRes.statusCode ?? 502, swapOutSecrets(upstreamRes.headers, target.secrets))
-        upstreamRes.pipe(res)
-      },
+      (upstreamRes) => relayResponse(upstreamRes, res, target.secrets),
     )
     upstream.on('error', (error) => {
       if (!res.headersSent) res.writeHead(502, { 'content-type': 'text/plain' })
@@ -233,12 +259,10 @@ export class EgressProxy {
     }
     delete headers['proxy-connection']
     delete headers['proxy-authorization']
+    if (bound.length > 0) headers['accept-encoding'] = 'identity'
     const upstream = http.request(
       { host: address, port, method: req.method, path: `${target.pathname}${target.search}`, headers },
-      (upstreamRes) => {
-        res.writeHead(upstreamRes.statusCode ?? 502, swapOutSecrets(upstreamRes.headers, bound))
-        upstreamRes.pipe(res)
-      },
+      (upstreamRes) => relayResponse(upstreamRes, res, bound),
     )
     upstream.on('error', (error) => {
       if (!res.headersSent) res.writeHead(502, { 'content-type': 'text/plain' })

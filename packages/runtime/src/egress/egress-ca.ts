@@ -10,6 +10,7 @@ import { execTool } from '../util/exec.js'
 const CA_DAYS = 3650
 /** Leaf certificates live in memory only; a short validity keeps a leaked one of little use. */
 const LEAF_DAYS = 7
+const LEAF_REFRESH_MS = (LEAF_DAYS / 2) * 24 * 60 * 60 * 1000
 
 /**
  * The per-install certificate authority the egress proxy signs host certificates with, so it can
@@ -17,7 +18,7 @@ const LEAF_DAYS = 7
  * stays 0600 in the data dir, only the certificate is shown to sandboxes.
  */
 export class EgressCa {
-  private readonly leaves = new Map<string, Promise<tls.SecureContext>>()
+  private readonly leaves = new Map<string, { context: Promise<tls.SecureContext>; madeAtMs: number }>()
 
   private constructor(
     private readonly dir: string,
@@ -69,13 +70,16 @@ export class EgressCa {
   /** A TLS context presenting a certificate for `host`, signed on first use and then cached. */
   contextFor(host: string): Promise<tls.SecureContext> {
     const key = host.toLowerCase()
-    let context = this.leaves.get(key)
-    if (!context) {
-      context = this.signLeaf(key)
-      // A failed signing is not cached: the next connection tries again.
-      context.catch(() => this.leaves.delete(key))
-      this.leaves.set(key, context)
-    }
+    const cached = this.leaves.get(key)
+    // Re-signed half-way through its validity, so a long-running server never presents an expired one.
+    if (cached && Date.now() - cached.madeAtMs < LEAF_REFRESH_MS) return cached.context
+    const context = this.signLeaf(key)
+    const entry = { context, madeAtMs: Date.now() }
+    // A failed signing is not cached: the next connection tries again.
+    context.catch(() => {
+      if (this.leaves.get(key) === entry) this.leaves.delete(key)
+    })
+    this.leaves.set(key, entry)
     return context
   }
 

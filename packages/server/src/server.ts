@@ -95,6 +95,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       agents,
       clock: systemClock,
       logger,
+      archiveLimits: { maxFiles: config.maxArchiveFiles, maxUnpackedBytes: config.maxUnpackedBytes },
       keepAutoSnapshots: (tenantId) => retention?.policy(tenantId).keepAutoSnapshots ?? 50,
     })
     const retentionService = new RetentionService({

@@ -189,16 +189,42 @@ export class BtrfsPool {
 
   /**
    * Replaces the workspace with a writable snapshot of `snapshotId`: an exact replica, nothing
-   * left from after it. The new subvolume is made beside the old one and renamed into place, so a
-   * crash leaves either the old workspace or the new one (`recoverWorkspace` finishes the swap).
+   * left from after it.
    */
   async restoreWorkspace(sessionId: string, snapshotId: string): Promise<void> {
+    await this.swapWorkspace(sessionId, (incoming) =>
+      this.ops.snapshot(this.snapshotPath(snapshotId), incoming, false),
+    )
+  }
+
+  /**
+   * An empty writable subvolume, owned by the sandbox uid and under the workspace quota, to be
+   * filled (an import) and then swapped in with `replaceWorkspace`, or discarded.
+   */
+  async createWorkspaceStaging(name: string): Promise<string> {
+    const dir = await this.createStaging(name)
+    await this.chownToSandbox(dir)
+    await chmod(dir, 0o700)
+    await this.applyQuota(dir)
+    return dir
+  }
+
+  /** Replaces the workspace with a filled staging subvolume, by the same swap as a restore. */
+  async replaceWorkspace(sessionId: string, stagingDir: string): Promise<void> {
+    await this.swapWorkspace(sessionId, (incoming) => rename(stagingDir, incoming))
+  }
+
+  /**
+   * The new workspace is made beside the old one and renamed into place, so a crash leaves either
+   * the old workspace or the new one (`recoverWorkspace` finishes the swap).
+   */
+  private async swapWorkspace(sessionId: string, make: (incoming: string) => Promise<void>): Promise<void> {
     const target = this.workspacePath(sessionId)
     const incoming = `${target}.restoring`
     const outgoing = `${target}.replaced`
     await this.deleteSubvolume(incoming)
     await this.deleteSubvolume(outgoing)
-    await this.ops.snapshot(this.snapshotPath(snapshotId), incoming, false)
+    await make(incoming)
     if (existsSync(target)) await rename(target, outgoing)
     await rename(incoming, target)
     await this.applyQuota(target)

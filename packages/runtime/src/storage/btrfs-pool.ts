@@ -5,33 +5,26 @@ import { CairnProblem } from '@cairn/protocol'
 import { execTool } from '../util/exec.js'
 import { findMount } from '../util/mounts.js'
 import { BtrfsOps } from './btrfs-ops.js'
+import { POOL_AREAS, type PoolArea, type StoragePool, type StoragePoolOptions, safeName } from './pool.js'
 
 const BTRFS_MAGIC = 0x9123683e
 
-export interface BtrfsPoolOptions {
-  /** Where the pool is mounted (a directory the sandbox uid can traverse). */
-  mountPoint: string
+export interface BtrfsPoolOptions extends StoragePoolOptions {
   /** Sparse image file to create and loop-mount when `existingPath` is not given. */
   imagePath: string
   imageSizeBytes: number
   /** Use this existing btrfs directory instead of an image (bind-mounted at `mountPoint`). */
   existingPath?: string | undefined
-  /** Host uid/gid that owns session workspaces. */
-  sandboxUid: number
-  sandboxGid: number
-  /** Size limit of every session workspace (btrfs qgroups); unset: no quota, qgroups stay off. */
-  workspaceQuotaBytes?: number | undefined
 }
-
-const AREAS = ['revisions', 'sessions', 'snapshots', 'staging'] as const
-type Area = (typeof AREAS)[number]
 
 /**
  * The workspace store: one btrfs filesystem holding revisions (read-only subvolumes), session
  * workspaces (writable snapshots of a revision) and snapshots. Every operation is a subvolume
  * operation, so creating a session costs the same whatever the size of the project.
  */
-export class BtrfsPool {
+export class BtrfsPool implements StoragePool {
+  readonly driver = 'btrfs'
+  readonly capabilities = { quotas: true, constantTimeCopies: true }
   private mountedHere = false
   readonly ops = new BtrfsOps()
 
@@ -39,6 +32,10 @@ export class BtrfsPool {
 
   get root(): string {
     return this.options.mountPoint
+  }
+
+  describe(): string {
+    return `btrfs pool at ${this.options.mountPoint}${this.options.workspaceQuotaBytes ? ' (qgroup quotas)' : ''}`
   }
 
   async open(): Promise<void> {
@@ -75,7 +72,7 @@ export class BtrfsPool {
       // Quota groups cost every snapshot a few milliseconds, so they are on only when asked for.
       await execTool('btrfs', ['quota', 'enable', mountPoint], { code: 'storage_error' })
     }
-    for (const area of AREAS) {
+    for (const area of POOL_AREAS) {
       await mkdir(this.areaDir(area), { recursive: true })
       await chmod(this.areaDir(area), 0o711)
     }
@@ -93,7 +90,7 @@ export class BtrfsPool {
     this.mountedHere = false
   }
 
-  areaDir(area: Area): string {
+  areaDir(area: PoolArea): string {
     return path.join(this.options.mountPoint, area)
   }
 
@@ -142,6 +139,11 @@ export class BtrfsPool {
   }
 
   async discardStaging(stagingDir: string): Promise<void> {
+    await this.deleteSubvolume(stagingDir)
+  }
+
+  async sealStaging(stagingDir: string, target: string): Promise<void> {
+    await this.ops.snapshot(stagingDir, target, true)
     await this.deleteSubvolume(stagingDir)
   }
 
@@ -256,7 +258,7 @@ export class BtrfsPool {
   }
 
   /** Names of the subvolumes in one area (for consistency checks against the database). */
-  async listArea(area: Area): Promise<string[]> {
+  async listArea(area: PoolArea): Promise<string[]> {
     return (await readdir(this.areaDir(area))).filter((name) => !name.startsWith('.'))
   }
 
@@ -320,9 +322,4 @@ async function nestedSubvolumes(dir: string, dev: number): Promise<string[]> {
   }
   await walk(dir)
   return found
-}
-
-function safeName(id: string): string {
-  if (!/^[a-z]+_[0-9a-z]+$/.test(id)) throw new CairnProblem('bad_request', `invalid identifier '${id}'`)
-  return id
 }

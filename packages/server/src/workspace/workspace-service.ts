@@ -465,6 +465,7 @@ export class WorkspaceService {
       },
       baseImage: 'host /usr, read-only (bwrap)',
       driver: revision?.manifest.isolation ?? this.deps.runtime.driver.name,
+      storage: this.deps.runtime.pool.driver,
       setupVersion: revision?.manifest.setup ? revision.contentHash : null,
       generation: row.generation,
       parentSessionId: row.parent_session_id,

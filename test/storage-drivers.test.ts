@@ -5,7 +5,7 @@ import path from 'node:path'
 import { startServer } from '@cairn/server'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { makeProject } from './helpers/projects.js'
-import { EXAMPLES, startTestServer, type TestServer } from './helpers/server.js'
+import { Api, EXAMPLES, startTestServer, type TestServer } from './helpers/server.js'
 import { treeManifest } from './helpers/tree.js'
 
 const BTRFS_MAGIC = 0x9123683e
@@ -45,6 +45,31 @@ describe.each(['btrfs', 'dir'] as const)('storage driver %s', (storage) => {
     const fsType = (await statfs(pool.root)).type
     if (storage === 'btrfs') expect(fsType).toBe(BTRFS_MAGIC)
     else expect(fsType).not.toBe(BTRFS_MAGIC)
+    const runtime = await t.api.call('GET', '/v1/runtime')
+    expect(runtime.body.storage).toMatchObject({
+      driver: storage,
+      capabilities: { quotas: storage === 'btrfs', constantTimeCopies: storage === 'btrfs' },
+    })
+  })
+
+  it('keeps workspaces and snapshots across a server restart', async () => {
+    const { id } = await t.api.createSession('shell')
+    await run(id, 'echo survives > kept.txt')
+    const snap = (await t.api.call('POST', `/v1/sessions/${id}/snapshots`, {})).body.id as string
+    await run(id, 'rm kept.txt')
+    const key = t.key
+    await t.server.close()
+    const server = await startServer({
+      dataDir,
+      port: 0,
+      storage,
+      writeCredentials: false,
+      poolImageSizeBytes: 1024 * 1024 * 1024,
+      logLevel: 'error',
+    })
+    t = { ...t, server, url: server.url, api: new Api(server.url, key), close: () => server.close() }
+    expect((await t.api.call('POST', `/v1/sessions/${id}/restore`, { snapshotId: snap })).status).toBe(200)
+    expect(await run(id, 'cat kept.txt')).toBe('survives\n[exit 0]\n')
   })
 
   it('runs an agent whose workspace keeps its notes across turns', async () => {

@@ -260,6 +260,10 @@ describe('workspace lifecycle', () => {
       [{ name: 'out', type: '2' as const, linkname: '../../../etc' }],
       [{ name: 'abs-link', type: '2' as const, linkname: '/etc/passwd' }],
       [{ name: 'dev', type: '3' as const }],
+      [
+        { name: 'up', type: '2' as const, linkname: '.' },
+        { name: 'up/out', type: '2' as const, linkname: '..' },
+      ],
     ]
     for (const entries of hostile) {
       const res = await t.api.call('PUT', `/v1/sessions/${id}/workspace?mode=merge`, rawTarGz(entries))

@@ -76,6 +76,18 @@ describe('hostile archives are refused before anything is written', () => {
       'invalid_archive',
       "'..'",
     )
+    // Each link stays inside on its own; chained through one another they would not.
+    await expectRefused(
+      rawTarGz([
+        MANIFEST,
+        { name: 'sub/', type: '5', mode: 0o755 },
+        { name: 'sub/up', type: '2', linkname: '..' },
+        { name: 'sub/up/up2', type: '2', linkname: '..' },
+        { name: 'sub/up/up2/cairn-hostile-escape', body: 'x' },
+      ]),
+      'invalid_archive',
+      'goes through the symbolic link sub/up',
+    )
   })
 
   it('refuses device files and fifos', async () => {

@@ -82,6 +82,30 @@ describe('workspace commands', () => {
     expect(execFileSync('tar', ['tzf', archive], { encoding: 'utf8' })).toContain('notes.md')
     const piped = await cairn(['sessions', 'export', id, '-o', '-'])
     expect(piped.stdout.length).toBeGreaterThan(0)
+
+    // The export goes back in: the fork's workspace becomes the parent's, and says how to undo it.
+    await cairn(['run', 'notes', '--session', fork.id, 'Only in the fork', '--single'])
+    const imported = await cairn(['sessions', 'import', fork.id, archive])
+    expect(imported.code).toBe(0)
+    expect(imported.stdout).toMatch(/^Imported \d+ entries \(.+\) into ses_[a-z0-9]{8}\n$/)
+    expect(imported.stderr).toMatch(/cairn sessions restore ses_[a-z0-9]{8} snap_/)
+    expect(await notesOf(fork.id)).not.toContain('Only in the fork')
+    const merged = await json(['sessions', 'import', fork.id, archive, '--merge'])
+    expect(merged).toMatchObject({ snapshot: { reason: 'before_import' } })
+    expect((await cairn(['sessions', 'import', fork.id, path.join(work, 'absent.tar.gz')])).code).toBe(2)
+    await writeFile(path.join(work, 'garbage.tar.gz'), 'not a tarball')
+    const bad = await cairn(['sessions', 'import', fork.id, path.join(work, 'garbage.tar.gz'), '--json'])
+    expect(bad.code).toBe(1)
+    expect(JSON.parse(bad.stdout).error.code).toBe('invalid_archive')
+
+    // Digests: the fork's import-time snapshot and the parent's live tree agree.
+    const digested = await json(['sessions', 'snapshots', fork.id, '--digest'])
+    expect(digested.every((s: { digest: unknown }) => /^sha256:[0-9a-f]{64}$/.test(String(s.digest)))).toBe(
+      true,
+    )
+    expect((await cairn(['sessions', 'snapshots', fork.id, '--digest'])).stdout).toMatch(
+      /Digest[\s\S]*sha256:/,
+    )
   })
 
   it('puts and gets files, with and without --json', async () => {

@@ -97,6 +97,9 @@ async function recordSdkCalls(): Promise<Call[]> {
     () => client.sessions.lease(id, 60_000),
     () => client.sessions.snapshots(id).create({ label: 'l' }),
     () => client.sessions.snapshots(id).list(),
+    () => client.sessions.snapshots(id).list({ digest: true }),
+    () => client.sessions.snapshots(id).get('snap_x', { digest: true }),
+    () => client.sessions.snapshots(id).digest('snap_x'),
     () => client.sessions.snapshots(id).restore({ snapshotId: 'snap_x' }),
     () => client.sessions.snapshots(id).restore({ turn: 1 }),
     () => client.sessions.snapshots(id).undo(),
@@ -107,6 +110,7 @@ async function recordSdkCalls(): Promise<Call[]> {
     () => client.sessions.files(id).delete('a.txt'),
     () => client.sessions.files(id).diff({ from: 'snap_x' }),
     () => client.sessions.files(id).export({ snapshot: 'snap_x' }),
+    () => client.sessions.files(id).import(new Uint8Array(1), { merge: true }),
     () => client.secrets.list('echo'),
     () => client.secrets.set('echo', { A: 'b' }, { scope: 'runtime' }),
     () => client.secrets.delete('echo', 'A'),
@@ -195,6 +199,11 @@ describe('SDK and the OpenAPI document', () => {
     )
     expectSameShape(responseSchema('/v1/agents/{id}/revisions/{rev}', 'get'), RevisionSchema, 'revision')
     expectSameShape(responseSchema('/v1/sessions/{id}/snapshots', 'post', '201'), SnapshotSchema, 'snapshot')
+    expectSameShape(
+      responseSchema('/v1/sessions/{id}/snapshots/{snapshotId}', 'get'),
+      SnapshotSchema,
+      'snapshot',
+    )
     expectSameShape(
       responseSchema('/v1/sessions/{id}/snapshots', 'get').properties.data.items,
       SnapshotSchema,

@@ -2,13 +2,14 @@ import { existsSync, readdirSync } from 'node:fs'
 import { gunzipSync } from 'node:zlib'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { makeProject } from './helpers/projects.js'
+import { rawTarGz } from './helpers/raw-tar.js'
 import { startTestServer, type TestServer } from './helpers/server.js'
 import { treeManifest } from './helpers/tree.js'
 
 let t: TestServer
 
 beforeAll(async () => {
-  t = await startTestServer()
+  t = await startTestServer({ server: { maxUploadBytes: 8 * 1024 * 1024 } })
   const shell = await makeProject({
     'cairn.yaml': 'name: shell\ncommand: bash agent.sh\n',
     'agent.sh': 'while IFS= read -r line; do bash -c "$line" </dev/null 2>&1; echo "[exit $?]"; done\n',
@@ -150,6 +151,146 @@ describe('workspace lifecycle', () => {
     const temp = readdirSync(`${t.server.runtime.pool.root}/snapshots`).length
     await new Promise((r) => setTimeout(r, 50))
     expect(readdirSync(`${t.server.runtime.pool.root}/snapshots`).length).toBeLessThanOrEqual(temp)
+  })
+
+  it('digests a snapshot lazily: identical trees agree, content, mode and link target changes do not', async () => {
+    const { id } = await t.api.createSession('shell')
+    await run(id, 'mkdir d && echo a > d/f && chmod 640 d/f && ln -s d/f l')
+    const snapshot = async () =>
+      (await t.api.call('POST', `/v1/sessions/${id}/snapshots`, {})).body.id as string
+    const digestOf = async (snapId: string) => {
+      const res = await t.api.call('GET', `/v1/sessions/${id}/snapshots/${snapId}?digest=true`)
+      expect(res.status).toBe(200)
+      expect(res.body.digest).toMatch(/^sha256:[0-9a-f]{64}$/)
+      return res.body.digest as string
+    }
+    const base = await snapshot()
+    const plain = await t.api.call('GET', `/v1/sessions/${id}/snapshots/${base}`)
+    expect(plain.body, JSON.stringify(plain.body)).toMatchObject({ id: base, digest: null })
+    const same = await snapshot()
+    const baseDigest = await digestOf(base)
+    expect(await digestOf(same)).toBe(baseDigest)
+    // Computed once, then stored: the plain listing now carries it.
+    const listed = (await t.api.call('GET', `/v1/sessions/${id}/snapshots`)).body.data
+    expect(listed.find((s: { id: string }) => s.id === base).digest).toBe(baseDigest)
+
+    await run(id, 'echo b > d/f')
+    expect(await digestOf(await snapshot())).not.toBe(baseDigest)
+    // Same content written again (new mtime): times are not part of the digest.
+    await run(id, 'echo a > d/f')
+    expect(await digestOf(await snapshot())).toBe(baseDigest)
+    await run(id, 'chmod 600 d/f')
+    expect(await digestOf(await snapshot())).not.toBe(baseDigest)
+    await run(id, 'chmod 640 d/f && ln -sfn d l')
+    expect(await digestOf(await snapshot())).not.toBe(baseDigest)
+    await run(id, 'ln -sfn d/f l')
+    const last = await snapshot()
+    const all = (await t.api.call('GET', `/v1/sessions/${id}/snapshots?digest=true`)).body.data
+    expect(all.find((s: { id: string }) => s.id === last).digest).toBe(baseDigest)
+    expect(all.every((s: { digest: string | null }) => typeof s.digest === 'string')).toBe(true)
+    expect((await t.api.call('GET', `/v1/sessions/${id}/snapshots/snap_nope?digest=true`)).status).toBe(404)
+  })
+
+  it('imports an exported workspace into a fresh session as an identical tree, and the import can be undone', async () => {
+    const { id: source } = await t.api.createSession('shell')
+    await run(
+      source,
+      'mkdir -p src/deep ro && echo one > src/a.txt && printf "\\0bin" > src/deep/b.bin && chmod 751 src/deep && chmod 600 src/a.txt && ln -s deep/b.bin src/link && ln src/a.txt hard.txt && echo x > ro/f && chmod 555 ro',
+    )
+    const exported = await fetch(`${t.url}/v1/sessions/${source}/export`, {
+      headers: { authorization: `Bearer ${t.key}` },
+    })
+    const archive = Buffer.from(await exported.arrayBuffer())
+
+    const { id: target } = await t.api.createSession('shell')
+    await run(target, 'echo only-here > stray.txt')
+    const before = await treeManifest(t.server.runtime.pool.workspacePath(target))
+    const imported = await t.api.call('PUT', `/v1/sessions/${target}/workspace`, archive)
+    expect(imported.status, JSON.stringify(imported.body)).toBe(200)
+    expect(imported.body).toMatchObject({ snapshot: { reason: 'before_import', kind: 'manual' } })
+    expect(imported.body.fileCount).toBeGreaterThan(8)
+    const sourceTree = await treeManifest(t.server.runtime.pool.workspacePath(source))
+    expect(await treeManifest(t.server.runtime.pool.workspacePath(target))).toEqual(sourceTree)
+    // The agent owns what was imported and goes on with it.
+    expect(await run(target, 'stat -c %u src/a.txt; cat src/a.txt; ls stray.txt')).toContain(
+      '1000\none\nls: cannot access',
+    )
+    // Same tree, same digest.
+    const digest = async (id: string) => {
+      const snap = await t.api.call('POST', `/v1/sessions/${id}/snapshots`, {})
+      return (await t.api.call('GET', `/v1/sessions/${id}/snapshots/${snap.body.id}?digest=true`)).body.digest
+    }
+    expect(await digest(target)).toBe(await digest(source))
+    const events = (await t.api.call('GET', `/v1/sessions/${target}/events`)).body.data
+    expect(events.some((e: { cause: string }) => e.cause === 'workspace_imported')).toBe(true)
+
+    const undone = await t.api.call('POST', `/v1/sessions/${target}/restore`, {
+      snapshotId: imported.body.snapshot.id,
+    })
+    expect(undone.status).toBe(200)
+    expect(await treeManifest(t.server.runtime.pool.workspacePath(target))).toEqual(before)
+  })
+
+  it('merges an archive over the workspace on request', async () => {
+    const { id } = await t.api.createSession('shell')
+    await run(id, 'echo mine > mine.txt && echo old > shared.txt')
+    const archive = rawTarGz([
+      { name: 'shared.txt', body: 'new\n' },
+      { name: 'added/', type: '5', mode: 0o755 },
+      { name: 'added/file.txt', body: 'added\n', mode: 0o640 },
+    ])
+    const merged = await t.api.call('PUT', `/v1/sessions/${id}/workspace?mode=merge`, archive)
+    expect(merged.status, JSON.stringify(merged.body)).toBe(200)
+    expect(merged.body.fileCount).toBe(3)
+    expect(await run(id, 'cat mine.txt shared.txt added/file.txt; stat -c %a added/file.txt')).toBe(
+      'mine\nnew\nadded\n640\n[exit 0]\n',
+    )
+  })
+
+  it('refuses hostile archives with a typed error and leaves the workspace as it was', async () => {
+    const { id } = await t.api.createSession('shell')
+    await run(id, 'echo keep > keep.txt && ln -s /etc planted')
+    const before = await treeManifest(t.server.runtime.pool.workspacePath(id))
+    const hostile = [
+      [
+        { name: 'ok.txt', body: 'fine' },
+        { name: '../escape.txt', body: 'x' },
+      ],
+      [{ name: '/tmp/cairn-absolute.txt', body: 'x' }],
+      [{ name: 'out', type: '2' as const, linkname: '../../../etc' }],
+      [{ name: 'abs-link', type: '2' as const, linkname: '/etc/passwd' }],
+      [{ name: 'dev', type: '3' as const }],
+      [
+        { name: 'up', type: '2' as const, linkname: '.' },
+        { name: 'up/out', type: '2' as const, linkname: '..' },
+      ],
+    ]
+    for (const entries of hostile) {
+      const res = await t.api.call('PUT', `/v1/sessions/${id}/workspace?mode=merge`, rawTarGz(entries))
+      expect(res.status, JSON.stringify(entries)).toBe(400)
+      expect(res.body.error.code).toBe('invalid_archive')
+    }
+    const garbage = await t.api.call('PUT', `/v1/sessions/${id}/workspace`, Buffer.from('not a tarball'))
+    expect(garbage.body.error.code).toBe('invalid_archive')
+    const tooBig = await t.api.call('PUT', `/v1/sessions/${id}/workspace`, Buffer.alloc(9 * 1024 * 1024))
+    expect(tooBig.status).toBe(413)
+    expect(tooBig.body.error.code).toBe('payload_too_large')
+    const json = await t.api.call('PUT', `/v1/sessions/${id}/workspace`, { not: 'an archive' })
+    expect(json.body.error.code).toBe('unsupported_media_type')
+    expect(await treeManifest(t.server.runtime.pool.workspacePath(id))).toEqual(before)
+    expect(existsSync('/tmp/cairn-absolute.txt')).toBe(false)
+    // Refused before any snapshot was taken.
+    const snapshots = (await t.api.call('GET', `/v1/sessions/${id}/snapshots`)).body.data
+    expect(snapshots.filter((s: { reason: string }) => s.reason === 'before_import')).toEqual([])
+
+    // While a turn runs: session_busy, and nothing changes.
+    const slow = t.api.send(id, 'sleep 1')
+    await new Promise((r) => setTimeout(r, 300))
+    const busy = await t.api.call('PUT', `/v1/sessions/${id}/workspace`, rawTarGz([{ name: 'a', body: 'a' }]))
+    expect(busy.status).toBe(409)
+    expect(busy.body.error.code).toBe('session_busy')
+    await slow
+    expect(await treeManifest(t.server.runtime.pool.workspacePath(id))).toEqual(before)
   })
 
   it('refuses a restore while a turn runs, and deleting a session leaves no subvolume behind', async () => {

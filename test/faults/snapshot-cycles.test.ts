@@ -32,12 +32,16 @@ describe('snapshot / restore cycles', () => {
     const { id } = await t.api.createSession('idle', { autoSnapshots: false })
     const workspace = t.server.runtime.pool.workspacePath(id)
     let expected = ''
+    let lastSnapshot = ''
     for (let cycle = 0; cycle < CYCLES; cycle++) {
       // Keep: this cycle's file. Then write junk after the snapshot, which the restore must undo.
       writeFileSync(path.join(workspace, `kept-${cycle % 50}.txt`), `cycle ${cycle}\n`)
       const snap = await t.api.call('POST', `/v1/sessions/${id}/snapshots`, {})
       expect(snap.status).toBe(201)
-      if (cycle === CYCLES - 1) expected = await digest(t.server.runtime.pool.snapshotPath(snap.body.id))
+      if (cycle === CYCLES - 1) {
+        expected = await digest(t.server.runtime.pool.snapshotPath(snap.body.id))
+        lastSnapshot = snap.body.id
+      }
       writeFileSync(path.join(workspace, `junk-${cycle}.txt`), 'must disappear\n')
       const restored = await t.api.call('POST', `/v1/sessions/${id}/restore`, { snapshotId: snap.body.id })
       expect(restored.status).toBe(200)
@@ -46,5 +50,10 @@ describe('snapshot / restore cycles', () => {
     const names = Object.keys(await treeManifest(t.server.runtime.pool.workspacePath(id)))
     expect(names.filter((n) => n.startsWith('junk-'))).toEqual([])
     expect(names.filter((n) => n.startsWith('kept-'))).toHaveLength(Math.min(50, CYCLES))
+    // The server's own content digest agrees: the restored workspace is the last snapshot's tree.
+    const serverDigest = async (snapshotId: string) =>
+      (await t.api.call('GET', `/v1/sessions/${id}/snapshots/${snapshotId}?digest=true`)).body.digest
+    const final = await t.api.call('POST', `/v1/sessions/${id}/snapshots`, {})
+    expect(await serverDigest(final.body.id)).toBe(await serverDigest(lastSnapshot))
   }, 600_000)
 })

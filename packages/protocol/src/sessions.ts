@@ -30,6 +30,7 @@ export const STATUS_CAUSES = [
   'ephemeral_end',
   'forked',
   'workspace_restored',
+  'workspace_imported',
 ] as const
 export type StatusCause = (typeof STATUS_CAUSES)[number]
 
@@ -143,7 +144,14 @@ export const TurnSchema = Type.Object({
 })
 export type TurnInfo = Static<typeof TurnSchema>
 
-export const SNAPSHOT_REASONS = ['before_turn', 'after_setup', 'at_end', 'manual', 'before_restore'] as const
+export const SNAPSHOT_REASONS = [
+  'before_turn',
+  'after_setup',
+  'at_end',
+  'manual',
+  'before_restore',
+  'before_import',
+] as const
 export type SnapshotReason = (typeof SNAPSHOT_REASONS)[number]
 
 export const SnapshotSchema = Type.Object({
@@ -155,6 +163,8 @@ export const SnapshotSchema = Type.Object({
   /** The turn this snapshot follows (0: before the first turn). */
   turn: Type.Integer(),
   generation: Type.Integer(),
+  /** SHA-256 content digest of the tree (`sha256:…`); null until asked for with `digest=true`. */
+  digest: Type.Union([Type.String(), Type.Null()]),
   createdAt: Type.String(),
 })
 export type SnapshotInfo = Static<typeof SnapshotSchema>

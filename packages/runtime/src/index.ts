@@ -44,6 +44,15 @@ export {
   probeGvisor,
 } from './sandbox/gvisor-driver.js'
 export { BtrfsPool } from './storage/btrfs-pool.js'
+export { DirPool } from './storage/dir-pool.js'
 export { EnvStore } from './storage/env-store.js'
+export {
+  isStorageDriver,
+  POOL_AREAS,
+  type PoolArea,
+  STORAGE_DRIVERS,
+  type StorageDriverName,
+  type StoragePool,
+} from './storage/pool.js'
 export { execTool } from './util/exec.js'
 export { findMount, readMounts } from './util/mounts.js'

@@ -11,11 +11,21 @@ import type { DriverCapabilities, IsolationName, SandboxDriver } from './sandbox
 import { type GvisorAvailability, GvisorDriver } from './sandbox/gvisor-driver.js'
 import { generatedEtcFiles } from './sandbox/rootfs.js'
 import { BtrfsPool } from './storage/btrfs-pool.js'
+import { DirPool } from './storage/dir-pool.js'
+import type { StorageDriverName, StoragePool } from './storage/pool.js'
 import { execTool } from './util/exec.js'
 
 export interface RuntimeOptions {
   dataDir: string
-  /** Use an existing btrfs directory instead of a loop-mounted image under the data dir. */
+  /**
+   * The workspace store: `btrfs` (default; O(1) snapshots, quotas) or `dir` (plain directories,
+   * copies with `cp -a`, for hosts where btrfs is not possible).
+   */
+  storage?: StorageDriverName | undefined
+  /**
+   * btrfs: an existing btrfs directory instead of a loop-mounted image under the data dir.
+   * dir: the directory that holds the trees (default `<data dir>/pool`).
+   */
   poolPath?: string | undefined
   poolImageSizeBytes?: number | undefined
   /** Unprivileged host uid/gid for sandboxes. */
@@ -54,7 +64,7 @@ export const DEFAULT_POOL_IMAGE_BYTES = 20 * 1024 * 1024 * 1024
  * talks to it in-process through this class; a remote runtime would expose the same methods.
  */
 export class Runtime {
-  readonly pool: BtrfsPool
+  readonly pool: StoragePool
   /** The default driver (`isolation`); `drivers` holds every driver of this node. */
   readonly driver: SandboxDriver
   readonly drivers: Readonly<Record<IsolationName, SandboxDriver>>
@@ -68,15 +78,21 @@ export class Runtime {
   constructor(readonly options: RuntimeOptions) {
     this.runDir = instanceRunDir(options.dataDir, options.runBase)
     const uid = options.sandboxUid ?? DEFAULT_SANDBOX_UID
-    this.pool = new BtrfsPool({
+    const poolOptions = {
       mountPoint: path.join(this.runDir, 'pool'),
-      imagePath: path.join(options.dataDir, 'pool.img'),
-      imageSizeBytes: options.poolImageSizeBytes ?? DEFAULT_POOL_IMAGE_BYTES,
-      existingPath: options.poolPath,
       sandboxUid: uid,
       sandboxGid: uid,
       workspaceQuotaBytes: options.workspaceQuotaBytes,
-    })
+    }
+    this.pool =
+      options.storage === 'dir'
+        ? new DirPool({ ...poolOptions, storePath: options.poolPath ?? path.join(options.dataDir, 'pool') })
+        : new BtrfsPool({
+            ...poolOptions,
+            imagePath: path.join(options.dataDir, 'pool.img'),
+            imageSizeBytes: options.poolImageSizeBytes ?? DEFAULT_POOL_IMAGE_BYTES,
+            existingPath: options.poolPath,
+          })
     this.cgroups = new CgroupManager(`cairn/${path.basename(this.runDir)}`)
     const bwrap = new BwrapDriver({
       cgroups: this.cgroups,
@@ -123,6 +139,13 @@ export class Runtime {
 
   /** Prepares directories, mounts the pool and reaps sandboxes a crashed predecessor left. */
   async open(): Promise<{ orphansReaped: number }> {
+    // Refused before anything is created, so a failed start leaves nothing behind.
+    if (this.options.workspaceQuotaBytes && !this.pool.capabilities.quotas) {
+      throw new CairnProblem(
+        'unavailable',
+        `workspace quotas need the btrfs storage driver; the ${this.pool.driver} driver cannot limit a workspace`,
+      )
+    }
     await mkdir(this.runDir, { recursive: true })
     await chmod(path.dirname(this.runDir), 0o711).catch(() => undefined)
     await chmod(this.runDir, 0o711)

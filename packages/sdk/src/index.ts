@@ -38,4 +38,11 @@ export {
 } from './sessions.js'
 export { readSse, type SseMessage, SseParser } from './sse.js'
 export { AgentStream, type FinishReason, type RunResult, type StreamDriver } from './stream.js'
-export { type FileOptions, Files, type RestoreResult, type SnapshotRef, Snapshots } from './workspace.js'
+export {
+  type FileOptions,
+  Files,
+  type ImportResult,
+  type RestoreResult,
+  type SnapshotRef,
+  Snapshots,
+} from './workspace.js'

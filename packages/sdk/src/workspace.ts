@@ -48,9 +48,42 @@ export class Snapshots {
     )
   }
 
-  async list(options: RequestOptions = {}): Promise<SnapshotInfo[]> {
-    const body = await this.http.json({ method: 'GET', path: path(this.sessionId, '/snapshots'), ...options })
+  /** The snapshots, oldest first; `digest: true` fills in every content digest (reads every file once). */
+  async list(options: RequestOptions & { digest?: boolean | undefined } = {}): Promise<SnapshotInfo[]> {
+    const { digest, ...request } = options
+    const body = await this.http.json({
+      method: 'GET',
+      path: path(this.sessionId, '/snapshots'),
+      query: { digest: digest ? 'true' : undefined },
+      ...request,
+    })
     return asList(body, asSnapshot, 'snapshot list')
+  }
+
+  /**
+   * One snapshot. `digest: true` returns its content digest (SHA-256 over paths, types, modes,
+   * link targets and contents): computed on first request, then stored, as a snapshot never changes.
+   */
+  async get(
+    snapshotId: string,
+    options: RequestOptions & { digest?: boolean | undefined } = {},
+  ): Promise<SnapshotInfo> {
+    const { digest, ...request } = options
+    const body = await this.http.json({
+      method: 'GET',
+      path: path(this.sessionId, `/snapshots/${encodeURIComponent(snapshotId)}`),
+      query: { digest: digest ? 'true' : undefined },
+      ...request,
+    })
+    return asSnapshot(body)
+  }
+
+  /** The content digest of a snapshot (`sha256:…`). */
+  async digest(snapshotId: string, options: RequestOptions = {}): Promise<string> {
+    const snap = await this.get(snapshotId, { ...options, digest: true })
+    if (typeof snap.digest !== 'string')
+      throw new InvalidResponseError({ code: 'invalid_response', message: 'the server sent no digest' })
+    return snap.digest
   }
 
   /** Replaces the workspace with a snapshot: an exact replica, no leftovers. */
@@ -97,6 +130,15 @@ export class Snapshots {
     )
     return { session: asSession(result.session), snapshot: asSnapshot(result.snapshot) }
   }
+}
+
+export interface ImportResult {
+  session: SessionInfo
+  /** The workspace as it was before the import. */
+  snapshot: SnapshotInfo
+  /** Entries in the archive and the bytes they unpack to. */
+  fileCount: number
+  sizeBytes: number
 }
 
 export interface FileOptions extends RequestOptions {
@@ -173,6 +215,38 @@ export class Files {
   async export(options: FileOptions = {}): Promise<ReadableStream<Uint8Array>> {
     const { snapshot, ...request } = options
     return this.download(path(this.sessionId, '/export'), { snapshot }, request)
+  }
+
+  /**
+   * Replaces the workspace with a tar.gz (`merge: true` unpacks it over the workspace instead).
+   * The server checks it like a deploy (no absolute paths, `..` or links out; size limits) and
+   * snapshots the workspace first: restore `snapshot` to undo the import.
+   */
+  async import(
+    archive: Uint8Array,
+    options: RequestOptions & { merge?: boolean | undefined } = {},
+  ): Promise<ImportResult> {
+    const { merge, ...request } = options
+    const body = await this.http.json({
+      method: 'PUT',
+      path: path(this.sessionId, '/workspace'),
+      query: { mode: merge ? 'merge' : 'replace' },
+      body: archive,
+      contentType: 'application/gzip',
+      ...request,
+    })
+    const result = expectRecord<{
+      session: unknown
+      snapshot: unknown
+      fileCount: number
+      sizeBytes: number
+    }>(body, ['session', 'snapshot', 'fileCount', 'sizeBytes'], 'import result')
+    return {
+      session: asSession(result.session),
+      snapshot: asSnapshot(result.snapshot),
+      fileCount: result.fileCount,
+      sizeBytes: result.sizeBytes,
+    }
   }
 
   private async download(

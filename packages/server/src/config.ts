@@ -1,11 +1,14 @@
 import os from 'node:os'
 import path from 'node:path'
+import { CairnProblem } from '@cairn/protocol'
 
 export interface ServerOptions {
   dataDir?: string | undefined
   port?: number | undefined
   host?: string | undefined
-  /** Existing btrfs directory to use as the pool instead of a loop-mounted image. */
+  /** Workspace store: btrfs (default) or dir (copy-based, where btrfs is not possible). */
+  storage?: 'btrfs' | 'dir' | undefined
+  /** btrfs: an existing btrfs directory instead of a loop-mounted image; dir: where the trees live. */
   poolPath?: string | undefined
   poolImageSizeBytes?: number | undefined
   logLevel?: string | undefined
@@ -41,6 +44,7 @@ export interface ResolvedConfig {
   dataDir: string
   port: number
   host: string
+  storage: 'btrfs' | 'dir'
   poolPath: string | undefined
   poolImageSizeBytes: number | undefined
   logLevel: string
@@ -73,6 +77,7 @@ export function resolveConfig(options: ServerOptions): ResolvedConfig {
     dataDir: path.resolve(options.dataDir ?? defaultDataDir()),
     port: options.port ?? envPort ?? DEFAULT_PORT,
     host: options.host ?? process.env.CAIRN_HOST ?? DEFAULT_HOST,
+    storage: options.storage ?? storageFromEnv(process.env.CAIRN_STORAGE),
     poolPath: options.poolPath ?? process.env.CAIRN_POOL_PATH,
     poolImageSizeBytes: options.poolImageSizeBytes,
     logLevel: options.logLevel ?? process.env.CAIRN_LOG_LEVEL ?? 'info',
@@ -101,4 +106,10 @@ export function resolveConfig(options: ServerOptions): ResolvedConfig {
     writeCredentials: options.writeCredentials ?? true,
     runBase: options.runBase,
   }
+}
+
+function storageFromEnv(value: string | undefined): 'btrfs' | 'dir' {
+  if (value === undefined || value === '' || value === 'btrfs') return 'btrfs'
+  if (value === 'dir') return 'dir'
+  throw new CairnProblem('validation_failed', `CAIRN_STORAGE must be btrfs or dir, not '${value}'`)
 }

@@ -43,6 +43,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
   const db = openDatabase(path.join(config.dataDir, 'cairn.db'))
   const runtime = new Runtime({
     dataDir: config.dataDir,
+    storage: config.storage,
     poolPath: config.poolPath,
     poolImageSizeBytes: config.poolImageSizeBytes,
     runBase: config.runBase,
@@ -98,6 +99,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       agents,
       clock: systemClock,
       logger,
+      archiveLimits: { maxFiles: config.maxArchiveFiles, maxUnpackedBytes: config.maxUnpackedBytes },
       keepAutoSnapshots: (tenantId) => retention?.policy(tenantId).keepAutoSnapshots ?? 50,
     })
     const retentionService = new RetentionService({
@@ -146,7 +148,13 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     }
     sessions.startReaper(config.reaperIntervalMs, () => retentionService.apply())
     logger.info(
-      { url, dataDir: config.dataDir, pool: runtime.pool.root, driver: runtime.driver.describe() },
+      {
+        url,
+        dataDir: config.dataDir,
+        pool: runtime.pool.root,
+        storage: runtime.pool.describe(),
+        driver: runtime.driver.describe(),
+      },
       'cairn server listening',
     )
     let closing: Promise<void> | undefined

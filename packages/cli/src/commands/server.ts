@@ -1,10 +1,12 @@
 import { jsonOption, positiveIntOrZero, type Register } from '../command.js'
+import { UsageError } from '../errors.js'
 
 interface ServerOptions {
   dataDir?: string
   port?: number
   host?: string
   poolPath?: string
+  storage?: string
   logLevel?: string
   workspaceQuotaMib?: number
   egressAllowPrivate?: string
@@ -26,7 +28,14 @@ export const register: Register = (parent, ctx) => {
         positiveIntOrZero,
       )
       .option('--host <host>', 'address to listen on (default 127.0.0.1)')
-      .option('--pool-path <dir>', 'an existing btrfs directory to use as the storage pool')
+      .option(
+        '--storage <driver>',
+        'workspace store: btrfs (default; O(1) snapshots, quotas) or dir (plain directories, copies grow with the file count) (env CAIRN_STORAGE)',
+      )
+      .option(
+        '--pool-path <dir>',
+        'btrfs: an existing btrfs directory to use as the pool; dir: where the trees live (default <data-dir>/pool)',
+      )
       .option('--log-level <level>', 'log level: fatal, error, warn, info, debug, trace')
       .option(
         '--workspace-quota-mib <mib>',
@@ -43,6 +52,9 @@ export const register: Register = (parent, ctx) => {
       ),
   ).action(async (options: ServerOptions) => {
     const { out } = ctx
+    if (options.storage !== undefined && options.storage !== 'btrfs' && options.storage !== 'dir') {
+      throw new UsageError(`--storage must be btrfs or dir, not '${options.storage}'`)
+    }
     // Loaded here so that every other command starts without the server's dependencies.
     const { startServer } = await import('@cairn/server')
     const server = await startServer({
@@ -50,6 +62,7 @@ export const register: Register = (parent, ctx) => {
       port: options.port,
       host: options.host,
       poolPath: options.poolPath,
+      storage: options.storage,
       workspaceQuotaMiB: options.workspaceQuotaMib || undefined,
       isolation: options.isolation,
       egressPrivateExceptions: options.egressAllowPrivate?.split(',').filter(Boolean),

@@ -5,33 +5,26 @@ import { CairnProblem } from '@cairn/protocol'
 import { execTool } from '../util/exec.js'
 import { findMount } from '../util/mounts.js'
 import { BtrfsOps } from './btrfs-ops.js'
+import { POOL_AREAS, type PoolArea, type StoragePool, type StoragePoolOptions, safeName } from './pool.js'
 
 const BTRFS_MAGIC = 0x9123683e
 
-export interface BtrfsPoolOptions {
-  /** Where the pool is mounted (a directory the sandbox uid can traverse). */
-  mountPoint: string
+export interface BtrfsPoolOptions extends StoragePoolOptions {
   /** Sparse image file to create and loop-mount when `existingPath` is not given. */
   imagePath: string
   imageSizeBytes: number
   /** Use this existing btrfs directory instead of an image (bind-mounted at `mountPoint`). */
   existingPath?: string | undefined
-  /** Host uid/gid that owns session workspaces. */
-  sandboxUid: number
-  sandboxGid: number
-  /** Size limit of every session workspace (btrfs qgroups); unset: no quota, qgroups stay off. */
-  workspaceQuotaBytes?: number | undefined
 }
-
-const AREAS = ['revisions', 'sessions', 'snapshots', 'staging'] as const
-type Area = (typeof AREAS)[number]
 
 /**
  * The workspace store: one btrfs filesystem holding revisions (read-only subvolumes), session
  * workspaces (writable snapshots of a revision) and snapshots. Every operation is a subvolume
  * operation, so creating a session costs the same whatever the size of the project.
  */
-export class BtrfsPool {
+export class BtrfsPool implements StoragePool {
+  readonly driver = 'btrfs'
+  readonly capabilities = { quotas: true, constantTimeCopies: true }
   private mountedHere = false
   readonly ops = new BtrfsOps()
 
@@ -39,6 +32,10 @@ export class BtrfsPool {
 
   get root(): string {
     return this.options.mountPoint
+  }
+
+  describe(): string {
+    return `btrfs pool at ${this.options.mountPoint}${this.options.workspaceQuotaBytes ? ' (qgroup quotas)' : ''}`
   }
 
   async open(): Promise<void> {
@@ -75,7 +72,7 @@ export class BtrfsPool {
       // Quota groups cost every snapshot a few milliseconds, so they are on only when asked for.
       await execTool('btrfs', ['quota', 'enable', mountPoint], { code: 'storage_error' })
     }
-    for (const area of AREAS) {
+    for (const area of POOL_AREAS) {
       await mkdir(this.areaDir(area), { recursive: true })
       await chmod(this.areaDir(area), 0o711)
     }
@@ -93,7 +90,7 @@ export class BtrfsPool {
     this.mountedHere = false
   }
 
-  areaDir(area: Area): string {
+  areaDir(area: PoolArea): string {
     return path.join(this.options.mountPoint, area)
   }
 
@@ -145,6 +142,11 @@ export class BtrfsPool {
     await this.deleteSubvolume(stagingDir)
   }
 
+  async sealStaging(stagingDir: string, target: string): Promise<void> {
+    await this.ops.snapshot(stagingDir, target, true)
+    await this.deleteSubvolume(stagingDir)
+  }
+
   /** New session workspace: a writable snapshot of the revision (O(1)). */
   async createWorkspace(sessionId: string, revisionId: string): Promise<string> {
     const target = this.workspacePath(sessionId)
@@ -189,16 +191,42 @@ export class BtrfsPool {
 
   /**
    * Replaces the workspace with a writable snapshot of `snapshotId`: an exact replica, nothing
-   * left from after it. The new subvolume is made beside the old one and renamed into place, so a
-   * crash leaves either the old workspace or the new one (`recoverWorkspace` finishes the swap).
+   * left from after it.
    */
   async restoreWorkspace(sessionId: string, snapshotId: string): Promise<void> {
+    await this.swapWorkspace(sessionId, (incoming) =>
+      this.ops.snapshot(this.snapshotPath(snapshotId), incoming, false),
+    )
+  }
+
+  /**
+   * An empty writable subvolume, owned by the sandbox uid and under the workspace quota, to be
+   * filled (an import) and then swapped in with `replaceWorkspace`, or discarded.
+   */
+  async createWorkspaceStaging(name: string): Promise<string> {
+    const dir = await this.createStaging(name)
+    await this.chownToSandbox(dir)
+    await chmod(dir, 0o700)
+    await this.applyQuota(dir)
+    return dir
+  }
+
+  /** Replaces the workspace with a filled staging subvolume, by the same swap as a restore. */
+  async replaceWorkspace(sessionId: string, stagingDir: string): Promise<void> {
+    await this.swapWorkspace(sessionId, (incoming) => rename(stagingDir, incoming))
+  }
+
+  /**
+   * The new workspace is made beside the old one and renamed into place, so a crash leaves either
+   * the old workspace or the new one (`recoverWorkspace` finishes the swap).
+   */
+  private async swapWorkspace(sessionId: string, make: (incoming: string) => Promise<void>): Promise<void> {
     const target = this.workspacePath(sessionId)
     const incoming = `${target}.restoring`
     const outgoing = `${target}.replaced`
     await this.deleteSubvolume(incoming)
     await this.deleteSubvolume(outgoing)
-    await this.ops.snapshot(this.snapshotPath(snapshotId), incoming, false)
+    await make(incoming)
     if (existsSync(target)) await rename(target, outgoing)
     await rename(incoming, target)
     await this.applyQuota(target)
@@ -230,7 +258,7 @@ export class BtrfsPool {
   }
 
   /** Names of the subvolumes in one area (for consistency checks against the database). */
-  async listArea(area: Area): Promise<string[]> {
+  async listArea(area: PoolArea): Promise<string[]> {
     return (await readdir(this.areaDir(area))).filter((name) => !name.startsWith('.'))
   }
 
@@ -294,9 +322,4 @@ async function nestedSubvolumes(dir: string, dev: number): Promise<string[]> {
   }
   await walk(dir)
   return found
-}
-
-function safeName(id: string): string {
-  if (!/^[a-z]+_[0-9a-z]+$/.test(id)) throw new CairnProblem('bad_request', `invalid identifier '${id}'`)
-  return id
 }

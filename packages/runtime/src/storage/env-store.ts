@@ -3,17 +3,17 @@ import { chmod, mkdir } from 'node:fs/promises'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
 import { execTool } from '../util/exec.js'
-import type { BtrfsPool } from './btrfs-pool.js'
+import type { StoragePool } from './pool.js'
 
 const KEY_PATTERN = /^[a-z]+-[0-9a-f]{16,64}$/
 
 /**
- * Dependency environments: read-only subvolumes keyed by the hash of the lockfile, built once and
+ * Dependency environments: read-only trees keyed by the hash of the lockfile, built once and
  * mounted read-only into every sandbox of every revision that shares the lockfile.
  */
 export class EnvStore {
   constructor(
-    private readonly pool: BtrfsPool,
+    private readonly pool: StoragePool,
     private readonly sandboxUid: number,
   ) {}
 
@@ -48,7 +48,6 @@ export class EnvStore {
       return
     }
     await chmod(staging, 0o755)
-    await this.pool.ops.snapshot(staging, target, true)
-    await this.pool.discardStaging(staging)
+    await this.pool.sealStaging(staging, target)
   }
 }

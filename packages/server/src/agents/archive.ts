@@ -65,6 +65,17 @@ export async function inspectArchive(
   let fileCount = 0
   let sizeBytes = 0
   let problem: unknown
+  // Symlinks seen so far: each target is checked on its own path, so a later entry that passes
+  // through one (`a -> ..`, then `a/b -> ..`) could resolve out of the tree; such entries are refused.
+  const links = new Set<string>()
+  const throughLink = (entryPath: string): string | undefined => {
+    const segments = entryPath.split('/')
+    for (let i = 1; i < segments.length; i++) {
+      const prefix = segments.slice(0, i).join('/')
+      if (links.has(prefix)) return prefix
+    }
+    return undefined
+  }
   const parser = new tar.Parser({
     strict: true,
     onReadEntry: (entry) => {
@@ -74,8 +85,23 @@ export async function inspectArchive(
         const entryPath = checkEntryPath(entry.path)
         if (!ALLOWED_TYPES.has(type))
           refuse(`archive entry ${entryPath} is a ${type}, which is not allowed`, entryPath)
-        if (type === 'SymbolicLink') checkLinkTarget(entryPath, entry.linkpath ?? '', 'symlink')
-        if (type === 'Link') checkLinkTarget(checkEntryPath(entry.linkpath ?? ''), '.', 'hardlink')
+        const via = throughLink(entryPath)
+        if (via !== undefined)
+          refuse(`archive entry ${entryPath} goes through the symbolic link ${via}`, entryPath)
+        if (type === 'SymbolicLink') {
+          checkLinkTarget(entryPath, entry.linkpath ?? '', 'symlink')
+          links.add(entryPath)
+        } else {
+          // A later entry of the same name replaces the link when unpacked.
+          links.delete(entryPath)
+        }
+        if (type === 'Link') {
+          const target = checkEntryPath(entry.linkpath ?? '')
+          checkLinkTarget(target, '.', 'hardlink')
+          const targetVia = throughLink(target)
+          if (targetVia !== undefined)
+            refuse(`archive hardlink ${entryPath} goes through the symbolic link ${targetVia}`, entryPath)
+        }
         fileCount++
         if (fileCount > limits.maxFiles) refuse(`archive has more than ${limits.maxFiles} entries`)
         sizeBytes += entry.size ?? 0

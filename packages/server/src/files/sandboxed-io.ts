@@ -1,6 +1,6 @@
 import { chmod, mkdir, rm, writeFile } from 'node:fs/promises'
 import path from 'node:path'
-import type { Readable } from 'node:stream'
+import { Readable } from 'node:stream'
 import { pipeline } from 'node:stream/promises'
 import { CairnProblem, newId } from '@cairn/protocol'
 import type { Runtime } from '@cairn/runtime'
@@ -37,9 +37,15 @@ export async function runInWorkspace(
   })
   sandbox.stdout.resume()
   try {
-    if (stdin) await pipeline(stdin, sandbox.stdin)
+    // A command that fails early closes its stdin (EPIPE): its exit status tells why.
+    let stdinError: unknown
+    if (stdin)
+      await pipeline(stdin, sandbox.stdin).catch((error: unknown) => {
+        stdinError = error
+      })
     else sandbox.stdin.end()
     const exit = await sandbox.exited
+    if (stdinError && exit.code === 0) throw stdinError
     return { code: exit.code, stderr }
   } finally {
     await sandbox.destroy()
@@ -78,4 +84,27 @@ export async function deleteWorkspacePath(
   if (result.code !== 0) {
     throw new CairnProblem('forbidden', `could not delete /workspace/${rel}: ${result.stderr.trim()}`)
   }
+}
+
+/**
+ * Unpacks a tar.gz into a workspace inside a sandbox that sees only that workspace, as the
+ * sandbox uid: whatever links the workspace already holds, nothing lands outside it, and every
+ * file gets the agent's ownership. The archive must have passed `inspectArchive` first.
+ */
+export async function unpackIntoWorkspace(
+  runtime: Runtime,
+  workspaceDir: string,
+  archive: Buffer,
+): Promise<void> {
+  const result = await runInWorkspace(
+    runtime,
+    workspaceDir,
+    ['tar', '-xzpf', '-', '-C', '/workspace', '--no-same-owner', '--delay-directory-restore'],
+    Readable.from([archive]),
+  )
+  if (result.code === 0) return
+  const reason = result.stderr.trim() || `exit ${result.code}`
+  if (/quota exceeded|no space left/i.test(reason))
+    throw new CairnProblem('payload_too_large', `the archive does not fit in the workspace: ${reason}`)
+  throw new CairnProblem('invalid_archive', `could not unpack the archive: ${reason}`)
 }

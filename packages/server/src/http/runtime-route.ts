@@ -16,6 +16,12 @@ const DriverSchema = Type.Object({
   description: Type.String(),
 })
 
+const StorageSchema = Type.Object({
+  driver: Type.String(),
+  capabilities: Type.Object({ quotas: Type.Boolean(), constantTimeCopies: Type.Boolean() }),
+  description: Type.String(),
+})
+
 /** `GET /v1/runtime`: the sandbox drivers of this node, which one is the default, what each can do. */
 export function runtimeRoute(app: FastifyInstance, runtime: Runtime): void {
   app.get(
@@ -23,13 +29,22 @@ export function runtimeRoute(app: FastifyInstance, runtime: Runtime): void {
     {
       schema: {
         tags: ['runtime'],
-        summary: 'Sandbox drivers (bwrap, gvisor) with their availability and capabilities',
-        response: { 200: Type.Object({ drivers: Type.Array(DriverSchema) }) },
+        summary:
+          'Sandbox drivers (bwrap, gvisor) and the workspace store (btrfs, dir) with their capabilities',
+        response: { 200: Type.Object({ drivers: Type.Array(DriverSchema), storage: StorageSchema }) },
       },
     },
     async (request) => {
       principalOf(request)
-      return { drivers: await runtime.isolations() }
+      const { pool } = runtime
+      return {
+        drivers: await runtime.isolations(),
+        storage: {
+          driver: pool.driver,
+          capabilities: { ...pool.capabilities },
+          description: pool.describe(),
+        },
+      }
     },
   )
 }

@@ -10,6 +10,7 @@ interface SnapshotRow {
   label: string | null
   turn_seq: number
   generation: number
+  digest?: string | null
   created_at: string
 }
 
@@ -22,6 +23,7 @@ function toInfo(row: SnapshotRow): SnapshotInfo {
     label: row.label,
     turn: row.turn_seq,
     generation: row.generation,
+    digest: row.digest ?? null,
     createdAt: row.created_at,
   }
 }
@@ -79,6 +81,11 @@ export class SnapshotStore {
       )
       .all(sessionId, keep)
       .map(toInfo)
+  }
+
+  /** Records a computed content digest (a snapshot is read-only, so it never changes). */
+  setDigest(id: string, digest: string): void {
+    this.db.prepare('UPDATE snapshots SET digest = ? WHERE id = ? AND digest IS NULL').run(digest, id)
   }
 
   markDeleted(id: string, at: string): void {

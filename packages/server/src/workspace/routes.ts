@@ -1,5 +1,6 @@
 import { Readable } from 'node:stream'
 import {
+  CairnProblem,
   CreateSnapshotBody,
   DiffSchema,
   ErrorBodySchema,
@@ -28,7 +29,22 @@ const PathQuery = Type.Object({
   path: Type.String({ default: '', maxLength: 4096 }),
   snapshot: Type.Optional(Type.String({ maxLength: 64 })),
 })
+const DigestQuery = Type.Object({ digest: Type.Boolean({ default: false }) })
+const SnapshotParams = Type.Object({
+  id: Type.String({ minLength: 1, maxLength: 200 }),
+  snapshotId: Type.String({ maxLength: 64 }),
+})
 const RestoreResult = Type.Object({ session: SessionSchema, snapshot: SnapshotSchema })
+const ImportQuery = Type.Object({
+  mode: Type.Union([Type.Literal('replace'), Type.Literal('merge')], { default: 'replace' }),
+})
+const ImportResult = Type.Object({
+  session: SessionSchema,
+  /** Taken just before the import: restore it to undo the import. */
+  snapshot: SnapshotSchema,
+  fileCount: Type.Integer(),
+  sizeBytes: Type.Integer(),
+})
 
 export function workspaceRoutes(app: FastifyInstance, workspace: WorkspaceService): void {
   const tags = ['workspace']
@@ -54,12 +70,40 @@ export function workspaceRoutes(app: FastifyInstance, workspace: WorkspaceServic
     {
       schema: {
         tags,
-        summary: 'List snapshots',
+        summary: 'List snapshots (digest=true computes missing content digests)',
         params: IdParams,
+        querystring: DigestQuery,
         response: { 200: Type.Object({ data: Type.Array(SnapshotSchema) }), ...errors },
       },
     },
-    async (request) => ({ data: workspace.list(principalOf(request).tenantId, idOf(request)) }),
+    async (request) => ({
+      data: await workspace.list(
+        principalOf(request).tenantId,
+        idOf(request),
+        (request.query as { digest: boolean }).digest,
+      ),
+    }),
+  )
+  app.get(
+    '/v1/sessions/:id/snapshots/:snapshotId',
+    {
+      schema: {
+        tags,
+        summary: 'One snapshot (digest=true computes its content digest once, then it is stored)',
+        params: SnapshotParams,
+        querystring: DigestQuery,
+        response: { 200: SnapshotSchema, ...errors },
+      },
+    },
+    async (request) => {
+      const { id, snapshotId } = request.params as { id: string; snapshotId: string }
+      return workspace.getSnapshot(
+        principalOf(request).tenantId,
+        id,
+        snapshotId,
+        (request.query as { digest: boolean }).digest,
+      )
+    },
   )
   app.post(
     '/v1/sessions/:id/restore',
@@ -223,6 +267,31 @@ export function workspaceRoutes(app: FastifyInstance, workspace: WorkspaceServic
       stream.once('error', () => void cleanup())
       void reply.header('content-disposition', `attachment; filename="${id}.tar.gz"`)
       return reply.type('application/gzip').send(stream)
+    },
+  )
+  app.put(
+    '/v1/sessions/:id/workspace',
+    {
+      schema: {
+        tags,
+        summary:
+          'Import a tar.gz as the workspace (mode=merge: unpack over it); checked like a deploy, undoable',
+        params: IdParams,
+        querystring: ImportQuery,
+        consumes: ['application/gzip'],
+        response: { 200: ImportResult, ...errors, 413: ErrorBodySchema },
+      },
+    },
+    async (request) => {
+      const { tenantId } = requireWrite(request)
+      if (!Buffer.isBuffer(request.body)) {
+        throw new CairnProblem(
+          'unsupported_media_type',
+          'send the workspace as a tar.gz body (Content-Type: application/gzip)',
+        )
+      }
+      const { mode } = request.query as { mode: 'replace' | 'merge' }
+      return workspace.import(tenantId, idOf(request), request.body, mode)
     },
   )
   app.get(

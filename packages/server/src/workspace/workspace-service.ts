@@ -1,4 +1,5 @@
 import { existsSync } from 'node:fs'
+import { chmod } from 'node:fs/promises'
 
 import type { Readable } from 'node:stream'
 import {
@@ -16,10 +17,12 @@ import type { AgentProcess, Runtime } from '@cairn/runtime'
 import type { Logger } from 'pino'
 import * as tar from 'tar'
 import type { AgentService } from '../agents/agent-service.js'
+import { type ArchiveLimits, DEFAULT_ARCHIVE_LIMITS, inspectArchive } from '../agents/archive.js'
 import { type Clock, iso } from '../clock.js'
 import type { Db } from '../db/database.js'
 import { openInside, resolveInside, workspaceRelative } from '../files/confine.js'
-import { deleteWorkspacePath, writeWorkspaceFile } from '../files/sandboxed-io.js'
+import { treeDigest } from '../files/digest.js'
+import { deleteWorkspacePath, unpackIntoWorkspace, writeWorkspaceFile } from '../files/sandboxed-io.js'
 import { diffTrees, listDirectory } from '../files/tree.js'
 import type { SessionService } from '../sessions/session-service.js'
 import type { SessionRow } from '../sessions/session-store.js'
@@ -32,6 +35,8 @@ export interface WorkspaceServiceDeps {
   agents: AgentService
   clock: Clock
   logger: Logger
+  /** Limits of an imported archive (the same checks as a deploy). */
+  archiveLimits?: ArchiveLimits | undefined
   /** Automatic snapshots kept per session (manual ones are kept until deleted). */
   keepAutoSnapshots?: (tenantId: string) => number
 }
@@ -46,6 +51,8 @@ export class WorkspaceService {
   private readonly pending = new Map<string, Promise<void>>()
   /** Sessions whose workspace changed outside a turn since their last snapshot. */
   private readonly dirty = new Set<string>()
+  /** Digests being computed, by snapshot ID. */
+  private readonly digests = new Map<string, Promise<string>>()
 
   constructor(private readonly deps: WorkspaceServiceDeps) {
     this.snapshots = new SnapshotStore(deps.db)
@@ -146,9 +153,49 @@ export class WorkspaceService {
     )
   }
 
-  list(tenantId: string, id: string): SnapshotInfo[] {
+  /** A session's snapshots; with `withDigest`, each one's content digest is computed if missing. */
+  async list(tenantId: string, id: string, withDigest = false): Promise<SnapshotInfo[]> {
     this.deps.sessions.require(tenantId, id)
-    return this.snapshots.list(id)
+    const all = this.snapshots.list(id)
+    if (!withDigest) return all
+    const out: SnapshotInfo[] = []
+    for (const snap of all) out.push(await this.withDigest(snap))
+    return out
+  }
+
+  async getSnapshot(tenantId: string, id: string, snapshotId: string, withDigest = false) {
+    this.deps.sessions.require(tenantId, id)
+    const snap = this.snapshots.get(id, snapshotId)
+    if (!snap) throw new CairnProblem('not_found', `No snapshot ${snapshotId} in session ${id}`)
+    return withDigest ? this.withDigest(snap) : snap
+  }
+
+  /**
+   * Fills in a snapshot's content digest, computing it once (lazily: it reads every file) and
+   * caching it in the database; concurrent requests for the same snapshot share one walk.
+   */
+  private async withDigest(snap: SnapshotInfo): Promise<SnapshotInfo> {
+    if (snap.digest) return snap
+    let work = this.digests.get(snap.id)
+    if (!work) {
+      work = treeDigest(this.deps.runtime.pool.snapshotPath(snap.id))
+      this.digests.set(snap.id, work)
+      void work.then(
+        () => this.digests.delete(snap.id),
+        () => this.digests.delete(snap.id),
+      )
+    }
+    let digest: string
+    try {
+      digest = await work
+    } catch (error) {
+      // Retention may delete the snapshot while it is being read.
+      if (!this.snapshots.get(snap.sessionId, snap.id))
+        throw new CairnProblem('not_found', `snapshot ${snap.id} was deleted while its digest was computed`)
+      throw error
+    }
+    this.snapshots.setDigest(snap.id, digest)
+    return { ...snap, digest }
   }
 
   private pick(
@@ -319,10 +366,67 @@ export class WorkspaceService {
         await pool.deleteSnapshot(temp).catch(() => undefined)
       }
     }
-    const stream = tar.c({ gzip: true, cwd: dir, portable: true, follow: false }, [
+    // Not `portable`: that mode forces u+rw on every entry, and an export must keep modes exactly
+    // (a read-only directory stays read-only through export and import).
+    const stream = tar.c({ gzip: true, cwd: dir, portable: false, follow: false }, [
       '.',
     ]) as unknown as Readable
     return { stream, cleanup }
+  }
+
+  /**
+   * Replaces the workspace with a tar.gz (or, with `merge`, unpacks it over the workspace). The
+   * archive gets the same checks as a deploy before anything is touched; a snapshot is taken
+   * first so the import can be undone, and a merge that fails half-way is rolled back to it.
+   */
+  async import(
+    tenantId: string,
+    id: string,
+    archive: Buffer,
+    mode: 'replace' | 'merge' = 'replace',
+  ): Promise<{ session: SessionInfo; snapshot: SnapshotInfo; fileCount: number; sizeBytes: number }> {
+    this.root(tenantId, id)
+    const summary = await inspectArchive(archive, this.deps.archiveLimits ?? DEFAULT_ARCHIVE_LIMITS)
+    await this.pending.get(id)
+    return this.deps.sessions.exclusive(tenantId, id, 'an import', async (row) => {
+      const { pool } = this.deps.runtime
+      const before = await this.take(row, 'manual', 'before_import', row.turn_count)
+      this.dirty.add(id)
+      await this.deps.sessions.stopSandbox(id)
+      if (mode === 'replace') {
+        const staging = await pool.createWorkspaceStaging(`imp_${id.slice(id.indexOf('_') + 1)}`)
+        try {
+          await unpackIntoWorkspace(this.deps.runtime, staging, archive)
+          await chmod(staging, 0o700)
+          await pool.replaceWorkspace(id, staging)
+        } catch (error) {
+          await pool.discardStaging(staging).catch(() => undefined)
+          throw error
+        }
+      } else {
+        try {
+          await unpackIntoWorkspace(this.deps.runtime, pool.workspacePath(id), archive)
+          await chmod(pool.workspacePath(id), 0o700)
+        } catch (error) {
+          await pool.restoreWorkspace(id, before.id)
+          throw error
+        }
+      }
+      this.deps.sessions.store.bumpGeneration(id)
+      this.deps.sessions.store.transition(
+        row,
+        row.status,
+        'workspace_imported',
+        this.now(),
+        `${mode}: ${summary.fileCount} entries, ${summary.sizeBytes} bytes (undo: restore ${before.id})`,
+      )
+      return {
+        session: this.deps.sessions.get(tenantId, id),
+        snapshot: before,
+        fileCount: summary.fileCount,
+        sizeBytes: summary.sizeBytes,
+      }
+    })
   }
 
   /** Waits for background retention work (used on shutdown and by tests). */
@@ -361,6 +465,7 @@ export class WorkspaceService {
       },
       baseImage: 'host /usr, read-only (bwrap)',
       driver: revision?.manifest.isolation ?? this.deps.runtime.driver.name,
+      storage: this.deps.runtime.pool.driver,
       setupVersion: revision?.manifest.setup ? revision.contentHash : null,
       generation: row.generation,
       parentSessionId: row.parent_session_id,

@@ -8,6 +8,7 @@ import { register as exp } from './export.js'
 import { register as files } from './files.js'
 import { register as fork } from './fork.js'
 import { register as get } from './get.js'
+import { register as imp } from './import.js'
 import { register as lease } from './lease.js'
 import { register as list } from './list.js'
 import { register as messages } from './messages.js'
@@ -42,6 +43,7 @@ export const register: Register = (parent, ctx) => {
     cat,
     diff,
     exp,
+    imp,
   ])
     r(sessions, ctx)
 }

@@ -9,10 +9,11 @@ export const register: Register = (parent, ctx) => {
     parent
       .command('snapshots')
       .description("List a session's snapshots (automatic ones before each turn, and manual ones)")
-      .argument('<id>', 'session ID or a unique prefix of it'),
-  ).action(async (id: string) => {
+      .argument('<id>', 'session ID or a unique prefix of it')
+      .option('--digest', 'show each content digest (computed once, on first request: reads every file)'),
+  ).action(async (id: string, options: { digest?: boolean }) => {
     const session = await resolveSession(ctx, id)
-    const snapshots = await session.snapshots.list()
+    const snapshots = await session.snapshots.list({ digest: options.digest === true })
     if (ctx.json) return ctx.out.data(snapshots)
     if (snapshots.length === 0) {
       ctx.out.note('No snapshots yet.')
@@ -26,9 +27,9 @@ export const register: Register = (parent, ctx) => {
       oneLine(s.reason),
       oneLine(s.label ?? '', 40),
       relativeTime(s.createdAt, now),
+      ...(options.digest ? [s.digest ?? ''] : []),
     ])
-    ctx.out.line(
-      renderTable(['ID', 'After Turn', 'Kind', 'Reason', 'Label', 'Created'], rows, ctx.out.c.bold),
-    )
+    const headers = ['ID', 'After Turn', 'Kind', 'Reason', 'Label', 'Created']
+    ctx.out.line(renderTable(options.digest ? [...headers, 'Digest'] : headers, rows, ctx.out.c.bold))
   })
 }

@@ -1,0 +1,248 @@
+import { existsSync } from 'node:fs'
+import { chmod, chown, mkdir, readdir, rename, rm, statfs } from 'node:fs/promises'
+import path from 'node:path'
+import { CairnProblem } from '@cairn/protocol'
+import { execTool } from '../util/exec.js'
+import { findMount } from '../util/mounts.js'
+import { POOL_AREAS, type PoolArea, type StoragePool, type StoragePoolOptions, safeName } from './pool.js'
+
+export interface DirPoolOptions extends StoragePoolOptions {
+  /** The directory that holds the trees (kept across restarts); bind-mounted at `mountPoint`. */
+  storePath: string
+}
+
+/** Copies in progress carry this suffix behind a leading dot: `listArea` never reports them. */
+const COPYING = '.copying'
+
+/**
+ * The fallback store where no btrfs is possible: plain directories on any filesystem. Every
+ * copy (new workspace, snapshot, restore, fork) is `cp -a --reflink=auto`, so its cost grows
+ * with the number and size of files (a reflinking filesystem such as XFS shares the data blocks).
+ * Snapshots are read-only by convention: they live in a root-only area no sandbox can see.
+ * Per-workspace quotas are not available; asking for them is refused at start.
+ */
+export class DirPool implements StoragePool {
+  readonly driver = 'dir'
+  readonly capabilities = { quotas: false, constantTimeCopies: false }
+  private mountedHere = false
+
+  constructor(private readonly options: DirPoolOptions) {}
+
+  get root(): string {
+    return this.options.mountPoint
+  }
+
+  describe(): string {
+    return `directory pool at ${this.options.storePath} (copies with cp -a --reflink=auto)`
+  }
+
+  async open(): Promise<void> {
+    const { mountPoint, storePath, workspaceQuotaBytes } = this.options
+    if (workspaceQuotaBytes) {
+      throw new CairnProblem(
+        'unavailable',
+        'workspace quotas need the btrfs storage driver; the dir driver cannot limit a workspace',
+      )
+    }
+    await mkdir(storePath, { recursive: true })
+    await mkdir(mountPoint, { recursive: true })
+    // Sandboxes run as an unprivileged uid that must reach its workspace, and the store may sit in
+    // a private data dir: the bind mount under the instance's run dir is the path they use.
+    if (!findMount(mountPoint)) {
+      await execTool('mount', ['--bind', storePath, mountPoint], { code: 'storage_error' })
+      this.mountedHere = true
+    }
+    await chmod(mountPoint, 0o711)
+    for (const area of POOL_AREAS) {
+      const dir = this.areaDir(area)
+      await mkdir(dir, { recursive: true })
+      // No sandbox ever needs the snapshots area: root only, which is what keeps them read-only.
+      await chmod(dir, area === 'snapshots' ? 0o700 : 0o711)
+      // A copy a crash interrupted is incomplete: drop it.
+      for (const name of await readdir(dir)) {
+        if (name.startsWith('.') && name.endsWith(COPYING)) await removeTree(path.join(dir, name))
+      }
+    }
+  }
+
+  async close(): Promise<void> {
+    if (!this.mountedHere && !findMount(this.options.mountPoint)) return
+    await execTool('umount', [this.options.mountPoint], { code: 'storage_error' }).catch(async () => {
+      await execTool('umount', ['-l', this.options.mountPoint], { code: 'storage_error' })
+    })
+    this.mountedHere = false
+  }
+
+  areaDir(area: PoolArea): string {
+    return path.join(this.options.mountPoint, area)
+  }
+
+  revisionPath(revisionId: string): string {
+    return path.join(this.areaDir('revisions'), safeName(revisionId))
+  }
+
+  workspacePath(sessionId: string): string {
+    return path.join(this.areaDir('sessions'), safeName(sessionId))
+  }
+
+  snapshotPath(snapshotId: string): string {
+    return path.join(this.areaDir('snapshots'), safeName(snapshotId))
+  }
+
+  async listArea(area: PoolArea): Promise<string[]> {
+    return (await readdir(this.areaDir(area))).filter((name) => !name.startsWith('.'))
+  }
+
+  async createStaging(name: string): Promise<string> {
+    const dir = path.join(this.areaDir('staging'), safeName(name))
+    await removeTree(dir)
+    await mkdir(dir)
+    return dir
+  }
+
+  async sealRevision(stagingDir: string, revisionId: string): Promise<string> {
+    const target = this.revisionPath(revisionId)
+    await execTool(
+      'chown',
+      ['-R', '--no-dereference', `${this.options.sandboxUid}:${this.options.sandboxGid}`, stagingDir],
+      { code: 'storage_error' },
+    )
+    await chmod(stagingDir, 0o700)
+    await rename(stagingDir, target)
+    return target
+  }
+
+  async sealStaging(stagingDir: string, target: string): Promise<void> {
+    await rename(stagingDir, target)
+  }
+
+  async discardStaging(stagingDir: string): Promise<void> {
+    await removeTree(stagingDir)
+  }
+
+  async discardStagingByName(name: string): Promise<void> {
+    if (name.includes('/') || name.startsWith('.')) return
+    await removeTree(path.join(this.areaDir('staging'), name))
+  }
+
+  async hasRevision(revisionId: string): Promise<boolean> {
+    return existsSync(this.revisionPath(revisionId))
+  }
+
+  async deleteRevision(revisionId: string): Promise<void> {
+    await removeTree(this.revisionPath(revisionId))
+  }
+
+  async createWorkspace(sessionId: string, revisionId: string): Promise<string> {
+    const target = this.workspacePath(sessionId)
+    if (existsSync(target)) throw new CairnProblem('storage_error', `workspace ${sessionId} already exists`)
+    await copyTree(this.revisionPath(revisionId), target)
+    return target
+  }
+
+  async hasWorkspace(sessionId: string): Promise<boolean> {
+    return existsSync(this.workspacePath(sessionId))
+  }
+
+  async deleteWorkspace(sessionId: string): Promise<void> {
+    await removeTree(this.workspacePath(sessionId))
+  }
+
+  async createWorkspaceStaging(name: string): Promise<string> {
+    const dir = await this.createStaging(name)
+    await this.chownToSandbox(dir)
+    await chmod(dir, 0o700)
+    return dir
+  }
+
+  async replaceWorkspace(sessionId: string, stagingDir: string): Promise<void> {
+    await this.swapWorkspace(sessionId, (incoming) => rename(stagingDir, incoming))
+  }
+
+  async recoverWorkspace(sessionId: string): Promise<void> {
+    const target = this.workspacePath(sessionId)
+    const incoming = `${target}.restoring`
+    const outgoing = `${target}.replaced`
+    if (!existsSync(target) && existsSync(incoming)) await rename(incoming, target)
+    if (!existsSync(target) && existsSync(outgoing)) await rename(outgoing, target)
+    await removeTree(incoming)
+    await removeTree(outgoing)
+  }
+
+  async chownToSandbox(dir: string): Promise<void> {
+    await chown(dir, this.options.sandboxUid, this.options.sandboxGid)
+  }
+
+  async snapshotWorkspace(sessionId: string, snapshotId: string): Promise<string> {
+    const target = this.snapshotPath(snapshotId)
+    await copyTree(this.workspacePath(sessionId), target)
+    return target
+  }
+
+  async hasSnapshot(snapshotId: string): Promise<boolean> {
+    return existsSync(this.snapshotPath(snapshotId))
+  }
+
+  async restoreWorkspace(sessionId: string, snapshotId: string): Promise<void> {
+    const source = this.snapshotPath(snapshotId)
+    await this.swapWorkspace(sessionId, (incoming) => copyTree(source, incoming))
+  }
+
+  async forkWorkspace(sessionId: string, snapshotId: string): Promise<string> {
+    const target = this.workspacePath(sessionId)
+    if (existsSync(target)) throw new CairnProblem('storage_error', `workspace ${sessionId} already exists`)
+    await copyTree(this.snapshotPath(snapshotId), target)
+    return target
+  }
+
+  async deleteSnapshot(snapshotId: string): Promise<void> {
+    await removeTree(this.snapshotPath(snapshotId))
+  }
+
+  /** Copies share no blocks that can be told apart here, so referenced and exclusive are the same. */
+  async usage(dir: string): Promise<{ referencedBytes: number; exclusiveBytes: number }> {
+    const { stdout } = await execTool('du', ['-s', '-B1', '--', dir], { code: 'storage_error' })
+    const bytes = Number(stdout.trim().split(/\s+/)[0] ?? 0)
+    return { referencedBytes: bytes, exclusiveBytes: bytes }
+  }
+
+  async poolStats(): Promise<{ totalBytes: number; freeBytes: number }> {
+    const fs = await statfs(this.options.mountPoint)
+    return { totalBytes: fs.blocks * fs.bsize, freeBytes: fs.bavail * fs.bsize }
+  }
+
+  /** As the btrfs pool: the new tree is made beside the workspace, then renamed into place. */
+  private async swapWorkspace(sessionId: string, make: (incoming: string) => Promise<void>): Promise<void> {
+    const target = this.workspacePath(sessionId)
+    const incoming = `${target}.restoring`
+    const outgoing = `${target}.replaced`
+    await removeTree(incoming)
+    await removeTree(outgoing)
+    await make(incoming)
+    if (existsSync(target)) await rename(target, outgoing)
+    await rename(incoming, target)
+    await removeTree(outgoing)
+  }
+}
+
+/**
+ * Copies a tree exactly (modes, owners, times, links as links) under a hidden name, then renames
+ * it into place: a crash mid-copy never leaves a partial tree under the real name.
+ */
+async function copyTree(source: string, target: string): Promise<void> {
+  const temp = path.join(path.dirname(target), `.${path.basename(target)}${COPYING}`)
+  await removeTree(temp)
+  try {
+    await execTool('cp', ['-a', '--reflink=auto', '--no-target-directory', '--', source, temp], {
+      code: 'storage_error',
+    })
+    await rename(temp, target)
+  } catch (error) {
+    await removeTree(temp)
+    throw error
+  }
+}
+
+async function removeTree(dir: string): Promise<void> {
+  await rm(dir, { recursive: true, force: true })
+}

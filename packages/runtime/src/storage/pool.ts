@@ -1,0 +1,85 @@
+import { CairnProblem } from '@cairn/protocol'
+
+export const STORAGE_DRIVERS = ['btrfs', 'dir'] as const
+export type StorageDriverName = (typeof STORAGE_DRIVERS)[number]
+
+export function isStorageDriver(value: unknown): value is StorageDriverName {
+  return typeof value === 'string' && (STORAGE_DRIVERS as readonly string[]).includes(value)
+}
+
+export const POOL_AREAS = ['revisions', 'sessions', 'snapshots', 'staging'] as const
+export type PoolArea = (typeof POOL_AREAS)[number]
+
+/** Where a pool keeps its trees, who owns workspaces, and the optional per-workspace size limit. */
+export interface StoragePoolOptions {
+  /** Where the pool is mounted (a directory the sandbox uid can traverse). */
+  mountPoint: string
+  /** Host uid/gid that owns session workspaces. */
+  sandboxUid: number
+  sandboxGid: number
+  /** Size limit of every session workspace; unset: no limit. */
+  workspaceQuotaBytes?: number | undefined
+}
+
+/**
+ * The workspace store: revisions (read-only trees of deployed projects), session workspaces (a
+ * writable copy of a revision each), snapshots (read-only copies of a workspace) and staging
+ * trees being filled. `btrfs` makes every copy an O(1) subvolume snapshot; `dir` copies files
+ * (`cp -a --reflink=auto`) where btrfs is not available. The server sees only this interface.
+ */
+export interface StoragePool {
+  readonly driver: StorageDriverName
+  /** What this driver can do: size limits per workspace, copies whose cost does not grow with the file count. */
+  readonly capabilities: { quotas: boolean; constantTimeCopies: boolean }
+  readonly root: string
+  open(): Promise<void>
+  close(): Promise<void>
+  describe(): string
+
+  areaDir(area: PoolArea): string
+  revisionPath(revisionId: string): string
+  workspacePath(sessionId: string): string
+  snapshotPath(snapshotId: string): string
+  listArea(area: PoolArea): Promise<string[]>
+
+  /** A fresh writable tree in staging, to be filled and then sealed. */
+  createStaging(name: string): Promise<string>
+  /** Seals a filled staging tree as a read-only revision owned by the sandbox uid (consumes it). */
+  sealRevision(stagingDir: string, revisionId: string): Promise<string>
+  /** Seals a filled staging tree read-only at `target` (consumes it; used for environments). */
+  sealStaging(stagingDir: string, target: string): Promise<void>
+  discardStaging(stagingDir: string): Promise<void>
+  discardStagingByName(name: string): Promise<void>
+  hasRevision(revisionId: string): Promise<boolean>
+  deleteRevision(revisionId: string): Promise<void>
+
+  /** New session workspace: a writable copy of the revision. */
+  createWorkspace(sessionId: string, revisionId: string): Promise<string>
+  hasWorkspace(sessionId: string): Promise<boolean>
+  deleteWorkspace(sessionId: string): Promise<void>
+  /** An empty staging tree owned by the sandbox uid, to fill and swap in with `replaceWorkspace`. */
+  createWorkspaceStaging(name: string): Promise<string>
+  replaceWorkspace(sessionId: string, stagingDir: string): Promise<void>
+  /** Finishes or rolls back a restore or import that a crash interrupted. */
+  recoverWorkspace(sessionId: string): Promise<void>
+  chownToSandbox(dir: string): Promise<void>
+
+  /** Read-only copy of a session's workspace (the caller freezes the sandbox around it). */
+  snapshotWorkspace(sessionId: string, snapshotId: string): Promise<string>
+  hasSnapshot(snapshotId: string): Promise<boolean>
+  /** Replaces the workspace with a writable copy of the snapshot: exact, nothing left from after it. */
+  restoreWorkspace(sessionId: string, snapshotId: string): Promise<void>
+  /** A new session's workspace as a writable copy of a snapshot (fork). */
+  forkWorkspace(sessionId: string, snapshotId: string): Promise<string>
+  deleteSnapshot(snapshotId: string): Promise<void>
+
+  /** Bytes a tree uses: referenced (all its data) and exclusive (not shared with other trees). */
+  usage(dir: string): Promise<{ referencedBytes: number; exclusiveBytes: number }>
+  poolStats(): Promise<{ totalBytes: number; freeBytes: number }>
+}
+
+/** Pool entries are named by prefixed IDs only: nothing a caller passes can address another path. */
+export function safeName(id: string): string {
+  if (!/^[a-z]+_[0-9a-z]+$/.test(id)) throw new CairnProblem('bad_request', `invalid identifier '${id}'`)
+  return id
+}

@@ -1,0 +1,186 @@
+import { existsSync } from 'node:fs'
+import { mkdtemp, readdir, rm, statfs } from 'node:fs/promises'
+import os from 'node:os'
+import path from 'node:path'
+import { startServer } from '@cairn/server'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { makeProject } from './helpers/projects.js'
+import { Api, EXAMPLES, startTestServer, type TestServer } from './helpers/server.js'
+import { treeManifest } from './helpers/tree.js'
+
+const BTRFS_MAGIC = 0x9123683e
+
+/** The same core flow on both workspace stores: what a user sees must not depend on the driver. */
+describe.each(['btrfs', 'dir'] as const)('storage driver %s', (storage) => {
+  let t: TestServer
+  let dataDir: string
+
+  beforeAll(async () => {
+    // A plain directory under /tmp (ext4 here) holds the dir driver's trees.
+    dataDir = await mkdtemp(path.join(os.tmpdir(), `cairn-storage-${storage}-`))
+    t = await startTestServer({ dataDir, server: { storage } })
+    expect((await t.api.deploy(`${EXAMPLES}/notes`)).status).toBe(201)
+    const shell = await makeProject({
+      'cairn.yaml': 'name: shell\ncommand: bash agent.sh\n',
+      'agent.sh': 'while IFS= read -r line; do bash -c "$line" </dev/null 2>&1; echo "[exit $?]"; done\n',
+    })
+    expect((await t.api.deploy(shell)).status).toBe(201)
+  })
+
+  afterAll(async () => {
+    await t?.close()
+    if (dataDir) await rm(dataDir, { recursive: true, force: true })
+  })
+
+  const run = async (id: string, command: string) => {
+    const result = await t.api.send(id, command)
+    expect(result.terminal?.type, JSON.stringify(result.events)).toBe('run.completed')
+    return result.text
+  }
+
+  it('uses the store it was asked for', async () => {
+    const { pool } = t.server.runtime
+    expect(pool.driver).toBe(storage)
+    expect(pool.capabilities.quotas).toBe(storage === 'btrfs')
+    const fsType = (await statfs(pool.root)).type
+    if (storage === 'btrfs') expect(fsType).toBe(BTRFS_MAGIC)
+    else expect(fsType).not.toBe(BTRFS_MAGIC)
+    const runtime = await t.api.call('GET', '/v1/runtime')
+    expect(runtime.body.storage).toMatchObject({
+      driver: storage,
+      capabilities: { quotas: storage === 'btrfs', constantTimeCopies: storage === 'btrfs' },
+    })
+  })
+
+  it('keeps workspaces and snapshots across a server restart', async () => {
+    const { id } = await t.api.createSession('shell')
+    await run(id, 'echo survives > kept.txt')
+    const snap = (await t.api.call('POST', `/v1/sessions/${id}/snapshots`, {})).body.id as string
+    await run(id, 'rm kept.txt')
+    const key = t.key
+    await t.server.close()
+    const server = await startServer({
+      dataDir,
+      port: 0,
+      storage,
+      writeCredentials: false,
+      poolImageSizeBytes: 1024 * 1024 * 1024,
+      logLevel: 'error',
+    })
+    t = { ...t, server, url: server.url, api: new Api(server.url, key), close: () => server.close() }
+    expect((await t.api.call('POST', `/v1/sessions/${id}/restore`, { snapshotId: snap })).status).toBe(200)
+    expect(await run(id, 'cat kept.txt')).toBe('survives\n[exit 0]\n')
+  })
+
+  it('runs an agent whose workspace keeps its notes across turns', async () => {
+    const { id } = await t.api.createSession('notes')
+    await run(id, 'The sky is blue')
+    await run(id, 'Grass is green')
+    const notes = await t.api.call('GET', `/v1/sessions/${id}/files/content?path=notes.md`)
+    expect(notes.body).toContain('The sky is blue')
+    expect(notes.body).toContain('Grass is green')
+  })
+
+  it('snapshots, restores an exact replica, undoes, forks, and deleting leaves nothing behind', async () => {
+    const { pool } = t.server.runtime
+    const { id } = await t.api.createSession('shell')
+    await run(
+      id,
+      'mkdir -p src/deep ro && echo one > src/a.txt && echo two > src/deep/b.txt && chmod 640 src/a.txt && ln -s deep/b.txt src/link && ln src/a.txt hard && echo r > ro/f && chmod 555 ro',
+    )
+    const snap = await t.api.call('POST', `/v1/sessions/${id}/snapshots`, { label: 'good' })
+    expect(snap.status).toBe(201)
+    const expected = await treeManifest(pool.snapshotPath(snap.body.id))
+    expect(expected['src/link']).toBe('link 777 -> deep/b.txt')
+    expect(expected.ro).toBe('dir 555')
+    const digest = (await t.api.call('GET', `/v1/sessions/${id}/snapshots/${snap.body.id}?digest=true`)).body
+      .digest
+
+    await run(
+      id,
+      'echo changed > src/a.txt && chmod 777 src/a.txt && rm src/deep/b.txt src/link && ln -s /etc/passwd src/link && echo new > later.txt && chmod 755 ro && rm ro/f',
+    )
+    expect(
+      (await t.api.call('POST', `/v1/sessions/${id}/restore`, { snapshotId: snap.body.id })).status,
+    ).toBe(200)
+    expect(await treeManifest(pool.workspacePath(id))).toEqual(expected)
+    const again = await t.api.call('POST', `/v1/sessions/${id}/snapshots`, {})
+    expect(
+      (await t.api.call('GET', `/v1/sessions/${id}/snapshots/${again.body.id}?digest=true`)).body.digest,
+    ).toBe(digest)
+    expect(await run(id, 'cat src/a.txt src/link; ls later.txt 2>&1 | grep -c "No such"')).toBe(
+      'one\ntwo\n1\n[exit 0]\n',
+    )
+
+    await run(id, 'rm -r src')
+    expect((await t.api.call('POST', `/v1/sessions/${id}/undo`)).status).toBe(200)
+    expect(await run(id, 'cat src/a.txt')).toBe('one\n[exit 0]\n')
+
+    const fork = await t.api.call('POST', `/v1/sessions/${id}/fork`, { snapshotId: snap.body.id })
+    expect(fork.status).toBe(201)
+    const child = fork.body.id as string
+    expect(await treeManifest(pool.workspacePath(child))).toEqual(expected)
+    await run(child, 'echo child > only-child.txt')
+    await run(id, 'echo parent > only-parent.txt')
+    expect(await run(child, 'ls only-*')).toBe('only-child.txt\n[exit 0]\n')
+    expect(await run(id, 'ls only-*')).toBe('only-parent.txt\n[exit 0]\n')
+
+    // Export, then import into a fresh session: the same tree.
+    const exported = await fetch(`${t.url}/v1/sessions/${child}/export`, {
+      headers: { authorization: `Bearer ${t.key}` },
+    })
+    const { id: fresh } = await t.api.createSession('shell')
+    const imported = await t.api.call(
+      'PUT',
+      `/v1/sessions/${fresh}/workspace`,
+      Buffer.from(await exported.arrayBuffer()),
+    )
+    expect(imported.status, JSON.stringify(imported.body)).toBe(200)
+    expect(await treeManifest(pool.workspacePath(fresh))).toEqual(
+      await treeManifest(pool.workspacePath(child)),
+    )
+
+    const sessions = [id, child, fresh]
+    const snapshots: string[] = []
+    for (const s of sessions) {
+      for (const info of (await t.api.call('GET', `/v1/sessions/${s}/snapshots`)).body.data)
+        snapshots.push(info.id)
+    }
+    expect(snapshots.length).toBeGreaterThan(5)
+    for (const s of sessions) expect((await t.api.call('DELETE', `/v1/sessions/${s}`)).status).toBe(200)
+    for (const s of sessions) expect(existsSync(pool.workspacePath(s))).toBe(false)
+    for (const s of snapshots) expect(existsSync(pool.snapshotPath(s))).toBe(false)
+    // Nothing of theirs anywhere in the pool, hidden copies included.
+    for (const area of ['sessions', 'snapshots', 'staging'] as const) {
+      const left = await readdir(pool.areaDir(area))
+      for (const s of [...sessions, ...snapshots])
+        expect(left.filter((name) => name.includes(s.slice(s.indexOf('_') + 1)))).toEqual([])
+    }
+  })
+
+  if (storage === 'dir') {
+    it('refuses workspace quotas, which only btrfs can enforce', async () => {
+      const quotaDir = await mkdtemp(path.join(os.tmpdir(), 'cairn-storage-quota-'))
+      try {
+        await expect(
+          startServer({
+            dataDir: quotaDir,
+            port: 0,
+            storage: 'dir',
+            workspaceQuotaMiB: 16,
+            writeCredentials: false,
+            logLevel: 'silent',
+          }),
+        ).rejects.toMatchObject({ code: 'unavailable', message: expect.stringContaining('btrfs') })
+      } finally {
+        await rm(quotaDir, { recursive: true, force: true })
+      }
+    })
+
+    it('keeps snapshots where no sandbox can reach them', async () => {
+      const { pool } = t.server.runtime
+      const mode = (await import('node:fs')).statSync(pool.areaDir('snapshots')).mode & 0o777
+      expect(mode).toBe(0o700)
+    })
+  }
+})

@@ -154,6 +154,17 @@ export const SNAPSHOT_REASONS = [
 ] as const
 export type SnapshotReason = (typeof SNAPSHOT_REASONS)[number]
 
+/**
+ * Bytes a workspace tree uses: referenced (all its data) and exclusive (data no other tree
+ * shares: what deleting it alone would free). Measured when asked for, never stored: exclusive
+ * grows when the workspace or a sibling snapshot stops sharing data with this tree.
+ */
+export const TreeSizesSchema = Type.Object({
+  referencedBytes: Type.Integer({ minimum: 0 }),
+  exclusiveBytes: Type.Integer({ minimum: 0 }),
+})
+export type TreeSizes = Static<typeof TreeSizesSchema>
+
 export const SnapshotSchema = Type.Object({
   id: Type.String(),
   sessionId: Type.String(),
@@ -165,6 +176,8 @@ export const SnapshotSchema = Type.Object({
   generation: Type.Integer(),
   /** SHA-256 content digest of the tree (`sha256:…`); null until asked for with `digest=true`. */
   digest: Type.Union([Type.String(), Type.Null()]),
+  /** Bytes the snapshot uses; null unless asked for with `sizes=true` (measured on each request). */
+  sizes: Type.Union([TreeSizesSchema, Type.Null()]),
   createdAt: Type.String(),
 })
 export type SnapshotInfo = Static<typeof SnapshotSchema>

@@ -53,6 +53,7 @@ export {
   STORAGE_DRIVERS,
   type StorageDriverName,
   type StoragePool,
+  type TreeSizes,
 } from './storage/pool.js'
 export { execTool } from './util/exec.js'
 export { findMount, readMounts } from './util/mounts.js'

@@ -11,6 +11,7 @@ export type {
   StatusEvent,
   StreamEvent,
   ToolCall,
+  TreeSizes,
   TurnInfo,
   WorkspaceDiff,
 } from '@cairn/protocol'
@@ -43,6 +44,7 @@ export {
   Files,
   type ImportResult,
   type RestoreResult,
+  type SnapshotExtras,
   type SnapshotRef,
   Snapshots,
 } from './workspace.js'

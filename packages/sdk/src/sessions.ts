@@ -63,9 +63,21 @@ export class Sessions {
     return new Files(this.http, id)
   }
 
-  /** Revision, environment, snapshots, last turn, dirty files, limits and policies of a session. */
-  async manifest(id: string, options: RequestOptions = {}): Promise<Record<string, unknown>> {
-    const body = await this.http.json({ method: 'GET', path: path(id, '/manifest'), ...options })
+  /**
+   * Revision, environment, snapshots, last turn, dirty files, limits and policies of a session.
+   * `sizes: true` also measures the live workspace (`workspaceSizes`: referenced and exclusive bytes).
+   */
+  async manifest(
+    id: string,
+    options: RequestOptions & { sizes?: boolean | undefined } = {},
+  ): Promise<Record<string, unknown>> {
+    const { sizes, ...request } = options
+    const body = await this.http.json({
+      method: 'GET',
+      path: path(id, '/manifest'),
+      query: { sizes: sizes ? 'true' : undefined },
+      ...request,
+    })
     if (typeof body !== 'object' || body === null) {
       throw new InvalidResponseError({
         code: 'invalid_response',
@@ -303,7 +315,7 @@ export class Session {
     return this.sessions.lease(this.id, ttlMs, options)
   }
 
-  manifest(options: RequestOptions = {}): Promise<Record<string, unknown>> {
+  manifest(options: RequestOptions & { sizes?: boolean | undefined } = {}): Promise<Record<string, unknown>> {
     return this.sessions.manifest(this.id, options)
   }
 

@@ -21,6 +21,19 @@ const asSnapshot = (v: unknown) =>
   expectRecord<SnapshotInfo>(v, ['id', 'sessionId', 'turn', 'createdAt'], 'snapshot')
 const asFileEntry = (v: unknown) => expectRecord<FileEntry>(v, ['name', 'path', 'type', 'size'], 'file entry')
 
+/** What to fill in on snapshot records: both read the snapshot's tree, so they are opt-in. */
+export interface SnapshotExtras {
+  /** The content digest (computed on first request, then stored). */
+  digest?: boolean | undefined
+  /** Referenced and exclusive bytes (measured on every request). */
+  sizes?: boolean | undefined
+}
+
+const extrasQuery = (digest: boolean | undefined, sizes: boolean | undefined) => ({
+  digest: digest ? 'true' : undefined,
+  sizes: sizes ? 'true' : undefined,
+})
+
 /** Which snapshot: its ID, or the turn it follows (0: before the first turn). */
 export type SnapshotRef = { snapshotId: string } | { turn: number }
 
@@ -48,13 +61,17 @@ export class Snapshots {
     )
   }
 
-  /** The snapshots, oldest first; `digest: true` fills in every content digest (reads every file once). */
-  async list(options: RequestOptions & { digest?: boolean | undefined } = {}): Promise<SnapshotInfo[]> {
-    const { digest, ...request } = options
+  /**
+   * The snapshots, oldest first. `digest: true` fills in every content digest (reads every file
+   * once); `sizes: true` measures each one's referenced and exclusive bytes (on every call:
+   * exclusive bytes grow as the workspace and other snapshots stop sharing data).
+   */
+  async list(options: RequestOptions & SnapshotExtras = {}): Promise<SnapshotInfo[]> {
+    const { digest, sizes, ...request } = options
     const body = await this.http.json({
       method: 'GET',
       path: path(this.sessionId, '/snapshots'),
-      query: { digest: digest ? 'true' : undefined },
+      query: extrasQuery(digest, sizes),
       ...request,
     })
     return asList(body, asSnapshot, 'snapshot list')
@@ -63,16 +80,14 @@ export class Snapshots {
   /**
    * One snapshot. `digest: true` returns its content digest (SHA-256 over paths, types, modes,
    * link targets and contents): computed on first request, then stored, as a snapshot never changes.
+   * `sizes: true` measures its referenced and exclusive bytes now.
    */
-  async get(
-    snapshotId: string,
-    options: RequestOptions & { digest?: boolean | undefined } = {},
-  ): Promise<SnapshotInfo> {
-    const { digest, ...request } = options
+  async get(snapshotId: string, options: RequestOptions & SnapshotExtras = {}): Promise<SnapshotInfo> {
+    const { digest, sizes, ...request } = options
     const body = await this.http.json({
       method: 'GET',
       path: path(this.sessionId, `/snapshots/${encodeURIComponent(snapshotId)}`),
-      query: { digest: digest ? 'true' : undefined },
+      query: extrasQuery(digest, sizes),
       ...request,
     })
     return asSnapshot(body)

@@ -5,9 +5,18 @@ import { CairnProblem } from '@cairn/protocol'
 import { execTool } from '../util/exec.js'
 import { findMount } from '../util/mounts.js'
 import { BtrfsOps } from './btrfs-ops.js'
-import { POOL_AREAS, type PoolArea, type StoragePool, type StoragePoolOptions, safeName } from './pool.js'
+import {
+  POOL_AREAS,
+  type PoolArea,
+  type StoragePool,
+  type StoragePoolOptions,
+  safeName,
+  type TreeSizes,
+} from './pool.js'
 
 const BTRFS_MAGIC = 0x9123683e
+/** Every subvolume's root directory has this inode number. */
+const SUBVOLUME_ROOT_INO = 256
 
 export interface BtrfsPoolOptions extends StoragePoolOptions {
   /** Sparse image file to create and loop-mount when `existingPath` is not given. */
@@ -26,6 +35,8 @@ export class BtrfsPool implements StoragePool {
   readonly driver = 'btrfs'
   readonly capabilities = { quotas: true, constantTimeCopies: true }
   private mountedHere = false
+  /** Whether quota groups are on (undefined: not asked yet). */
+  private qgroups: boolean | undefined
   readonly ops = new BtrfsOps()
 
   constructor(private readonly options: BtrfsPoolOptions) {}
@@ -71,6 +82,7 @@ export class BtrfsPool implements StoragePool {
     if (this.options.workspaceQuotaBytes) {
       // Quota groups cost every snapshot a few milliseconds, so they are on only when asked for.
       await execTool('btrfs', ['quota', 'enable', mountPoint], { code: 'storage_error' })
+      this.qgroups = true
     }
     for (const area of POOL_AREAS) {
       await mkdir(this.areaDir(area), { recursive: true })
@@ -163,14 +175,59 @@ export class BtrfsPool implements StoragePool {
     await execTool('btrfs', ['qgroup', 'limit', String(bytes), dir], { code: 'storage_error' })
   }
 
-  /** Bytes a subvolume uses: referenced (all its data) and exclusive (not shared with others). */
-  async usage(dir: string): Promise<{ referencedBytes: number; exclusiveBytes: number }> {
+  /**
+   * Bytes a subvolume uses: referenced (all its data) and exclusive (data no other subvolume
+   * shares, i.e. what deleting it alone would free). With quota groups on, the subvolume's qgroup
+   * answers at once (its figures include the subvolume's own metadata); otherwise
+   * `btrfs filesystem du` walks the file extents (data only, O(files), no quota needed).
+   */
+  async usage(dir: string): Promise<TreeSizes> {
+    if ((await stat(dir)).ino === SUBVOLUME_ROOT_INO && (await this.qgroupsEnabled(dir))) {
+      const fromQgroup = await this.qgroupUsage(dir)
+      if (fromQgroup) return fromQgroup
+    }
     const { stdout } = await execTool('btrfs', ['filesystem', 'du', '-s', '--raw', dir], {
       code: 'storage_error',
     })
     const line = stdout.trim().split('\n').pop() ?? ''
     const [total, exclusive] = line.trim().split(/\s+/).map(Number)
     return { referencedBytes: total ?? 0, exclusiveBytes: exclusive ?? 0 }
+  }
+
+  /** Quota groups are on when this pool enables them, or when the operator did (asked once). */
+  private async qgroupsEnabled(dir: string): Promise<boolean> {
+    if (this.qgroups === undefined) {
+      this.qgroups = await execTool('btrfs', ['qgroup', 'show', '--raw', '-f', dir], {
+        code: 'storage_error',
+      })
+        .then(() => true)
+        .catch(() => false)
+    }
+    return this.qgroups
+  }
+
+  /**
+   * The subvolume's level-0 qgroup, after a sync (qgroups are accounted at transaction commit, so
+   * a write or delete just made would otherwise be missing). Undefined while the figures cannot be
+   * trusted (a rescan running, data marked inconsistent): the caller walks the extents instead.
+   */
+  private async qgroupUsage(dir: string): Promise<TreeSizes | undefined> {
+    let result: { stdout: string; stderr: string }
+    try {
+      result = await execTool('btrfs', ['qgroup', 'show', '--raw', '--sync', '-f', dir], {
+        code: 'storage_error',
+      })
+    } catch (error) {
+      if (/not enabled/i.test(String((error as Error).message))) this.qgroups = false
+      return undefined
+    }
+    if (/inconsistent|rescan/i.test(result.stderr)) return undefined
+    for (const line of result.stdout.split('\n')) {
+      const match = /^0\/\d+\s+(\d+)\s+(\d+)/.exec(line.trim())
+      if (match?.[1] && match[2])
+        return { referencedBytes: Number(match[1]), exclusiveBytes: Number(match[2]) }
+    }
+    return undefined
   }
 
   async poolStats(): Promise<{ totalBytes: number; freeBytes: number }> {

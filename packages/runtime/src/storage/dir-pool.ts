@@ -4,7 +4,14 @@ import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
 import { execTool } from '../util/exec.js'
 import { findMount } from '../util/mounts.js'
-import { POOL_AREAS, type PoolArea, type StoragePool, type StoragePoolOptions, safeName } from './pool.js'
+import {
+  POOL_AREAS,
+  type PoolArea,
+  type StoragePool,
+  type StoragePoolOptions,
+  safeName,
+  type TreeSizes,
+} from './pool.js'
 
 export interface DirPoolOptions extends StoragePoolOptions {
   /** The directory that holds the trees (kept across restarts); bind-mounted at `mountPoint`. */
@@ -199,8 +206,12 @@ export class DirPool implements StoragePool {
     await removeTree(this.snapshotPath(snapshotId))
   }
 
-  /** Copies share no blocks that can be told apart here, so referenced and exclusive are the same. */
-  async usage(dir: string): Promise<{ referencedBytes: number; exclusiveBytes: number }> {
+  /**
+   * The blocks a `du -s` walk finds (allocated bytes, O(files)). Copies share no blocks that can
+   * be told apart here, so referenced and exclusive are the same figure; on a filesystem where
+   * `cp --reflink` did share extents (XFS, btrfs used as a plain directory) exclusive overstates.
+   */
+  async usage(dir: string): Promise<TreeSizes> {
     const { stdout } = await execTool('du', ['-s', '-B1', '--', dir], { code: 'storage_error' })
     const bytes = Number(stdout.trim().split(/\s+/)[0] ?? 0)
     return { referencedBytes: bytes, exclusiveBytes: bytes }

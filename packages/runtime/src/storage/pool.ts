@@ -10,6 +10,12 @@ export function isStorageDriver(value: unknown): value is StorageDriverName {
 export const POOL_AREAS = ['revisions', 'sessions', 'snapshots', 'staging'] as const
 export type PoolArea = (typeof POOL_AREAS)[number]
 
+/** Bytes a tree uses (see `StoragePool.usage`). */
+export interface TreeSizes {
+  referencedBytes: number
+  exclusiveBytes: number
+}
+
 /** Where a pool keeps its trees, who owns workspaces, and the optional per-workspace size limit. */
 export interface StoragePoolOptions {
   /** Where the pool is mounted (a directory the sandbox uid can traverse). */
@@ -73,8 +79,12 @@ export interface StoragePool {
   forkWorkspace(sessionId: string, snapshotId: string): Promise<string>
   deleteSnapshot(snapshotId: string): Promise<void>
 
-  /** Bytes a tree uses: referenced (all its data) and exclusive (not shared with other trees). */
-  usage(dir: string): Promise<{ referencedBytes: number; exclusiveBytes: number }>
+  /**
+   * Bytes a tree (workspace, snapshot, revision) uses, measured now: referenced (all its data)
+   * and exclusive (data no other tree shares: what deleting it alone would free). Exclusive
+   * changes when a tree sharing its data is written or deleted, so callers must not cache it.
+   */
+  usage(dir: string): Promise<TreeSizes>
   poolStats(): Promise<{ totalBytes: number; freeBytes: number }>
 }
 

@@ -24,6 +24,7 @@ function toInfo(row: SnapshotRow): SnapshotInfo {
     turn: row.turn_seq,
     generation: row.generation,
     digest: row.digest ?? null,
+    sizes: null,
     createdAt: row.created_at,
   }
 }

@@ -29,7 +29,13 @@ const PathQuery = Type.Object({
   path: Type.String({ default: '', maxLength: 4096 }),
   snapshot: Type.Optional(Type.String({ maxLength: 64 })),
 })
-const DigestQuery = Type.Object({ digest: Type.Boolean({ default: false }) })
+const SnapshotQuery = Type.Object({
+  digest: Type.Boolean({ default: false }),
+  /** Measure referenced and exclusive bytes (not stored: exclusive changes as other trees do). */
+  sizes: Type.Boolean({ default: false }),
+})
+type SnapshotQuery = { digest: boolean; sizes: boolean }
+const ManifestQuery = Type.Object({ sizes: Type.Boolean({ default: false }) })
 const SnapshotParams = Type.Object({
   id: Type.String({ minLength: 1, maxLength: 200 }),
   snapshotId: Type.String({ maxLength: 64 }),
@@ -70,9 +76,10 @@ export function workspaceRoutes(app: FastifyInstance, workspace: WorkspaceServic
     {
       schema: {
         tags,
-        summary: 'List snapshots (digest=true computes missing content digests)',
+        summary:
+          'List snapshots (digest=true computes missing content digests, sizes=true measures referenced and exclusive bytes)',
         params: IdParams,
-        querystring: DigestQuery,
+        querystring: SnapshotQuery,
         response: { 200: Type.Object({ data: Type.Array(SnapshotSchema) }), ...errors },
       },
     },
@@ -80,7 +87,7 @@ export function workspaceRoutes(app: FastifyInstance, workspace: WorkspaceServic
       data: await workspace.list(
         principalOf(request).tenantId,
         idOf(request),
-        (request.query as { digest: boolean }).digest,
+        request.query as SnapshotQuery,
       ),
     }),
   )
@@ -89,9 +96,10 @@ export function workspaceRoutes(app: FastifyInstance, workspace: WorkspaceServic
     {
       schema: {
         tags,
-        summary: 'One snapshot (digest=true computes its content digest once, then it is stored)',
+        summary:
+          'One snapshot (digest=true computes its content digest once, then it is stored; sizes=true measures its bytes)',
         params: SnapshotParams,
-        querystring: DigestQuery,
+        querystring: SnapshotQuery,
         response: { 200: SnapshotSchema, ...errors },
       },
     },
@@ -101,7 +109,7 @@ export function workspaceRoutes(app: FastifyInstance, workspace: WorkspaceServic
         principalOf(request).tenantId,
         id,
         snapshotId,
-        (request.query as { digest: boolean }).digest,
+        request.query as SnapshotQuery,
       )
     },
   )
@@ -299,10 +307,17 @@ export function workspaceRoutes(app: FastifyInstance, workspace: WorkspaceServic
     {
       schema: {
         tags,
-        summary: 'Revision, environment, snapshots, last turn, dirty files, limits and policies',
+        summary:
+          'Revision, environment, snapshots, last turn, dirty files, limits and policies (sizes=true measures the workspace)',
         params: IdParams,
+        querystring: ManifestQuery,
       },
     },
-    async (request) => workspace.manifest(principalOf(request).tenantId, idOf(request)),
+    async (request) =>
+      workspace.manifest(
+        principalOf(request).tenantId,
+        idOf(request),
+        (request.query as { sizes: boolean }).sizes,
+      ),
   )
 }

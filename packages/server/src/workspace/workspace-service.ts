@@ -11,6 +11,7 @@ import {
   type SessionInfo,
   type SnapshotInfo,
   type SnapshotReason,
+  type TreeSizes,
   type WorkspaceDiff,
 } from '@cairn/protocol'
 import type { AgentProcess, Runtime } from '@cairn/runtime'
@@ -41,6 +42,12 @@ export interface WorkspaceServiceDeps {
   keepAutoSnapshots?: (tenantId: string) => number
 }
 
+/** What to add to a snapshot's record, on request: both read the tree. */
+export interface SnapshotExtras {
+  digest?: boolean | undefined
+  sizes?: boolean | undefined
+}
+
 /**
  * The session workspace as a versioned object: snapshots (frozen, O(1)), exact restore, fork,
  * files, diff and export. Every mutation holds the session's turn lock.
@@ -53,6 +60,8 @@ export class WorkspaceService {
   private readonly dirty = new Set<string>()
   /** Digests being computed, by snapshot ID. */
   private readonly digests = new Map<string, Promise<string>>()
+  /** Size measurements in progress, by tree path. */
+  private readonly measuring = new Map<string, Promise<TreeSizes>>()
 
   constructor(private readonly deps: WorkspaceServiceDeps) {
     this.snapshots = new SnapshotStore(deps.db)
@@ -153,21 +162,57 @@ export class WorkspaceService {
     )
   }
 
-  /** A session's snapshots; with `withDigest`, each one's content digest is computed if missing. */
-  async list(tenantId: string, id: string, withDigest = false): Promise<SnapshotInfo[]> {
+  /**
+   * A session's snapshots; `digest` computes each missing content digest, `sizes` measures each
+   * one's referenced and exclusive bytes.
+   */
+  async list(tenantId: string, id: string, want: SnapshotExtras = {}): Promise<SnapshotInfo[]> {
     this.deps.sessions.require(tenantId, id)
     const all = this.snapshots.list(id)
-    if (!withDigest) return all
+    if (!want.digest && !want.sizes) return all
     const out: SnapshotInfo[] = []
-    for (const snap of all) out.push(await this.withDigest(snap))
+    for (const snap of all) out.push(await this.withExtras(snap, want))
     return out
   }
 
-  async getSnapshot(tenantId: string, id: string, snapshotId: string, withDigest = false) {
+  async getSnapshot(tenantId: string, id: string, snapshotId: string, want: SnapshotExtras = {}) {
     this.deps.sessions.require(tenantId, id)
     const snap = this.snapshots.get(id, snapshotId)
     if (!snap) throw new CairnProblem('not_found', `No snapshot ${snapshotId} in session ${id}`)
-    return withDigest ? this.withDigest(snap) : snap
+    return this.withExtras(snap, want)
+  }
+
+  private async withExtras(snap: SnapshotInfo, want: SnapshotExtras): Promise<SnapshotInfo> {
+    const withDigest = want.digest ? await this.withDigest(snap) : snap
+    return want.sizes ? { ...withDigest, sizes: await this.snapshotSizes(snap) } : withDigest
+  }
+
+  /**
+   * Measures a snapshot now. Nothing is stored: referenced bytes never change for a read-only
+   * snapshot, but they come from the same measurement as exclusive bytes, which grow when the
+   * workspace or a sibling snapshot stops sharing data (a file deleted, a snapshot removed), so
+   * storing one would save nothing and storing the other would go stale.
+   */
+  private async snapshotSizes(snap: SnapshotInfo): Promise<TreeSizes> {
+    try {
+      return await this.measure(this.deps.runtime.pool.snapshotPath(snap.id))
+    } catch (error) {
+      if (!this.snapshots.get(snap.sessionId, snap.id))
+        throw new CairnProblem('not_found', `snapshot ${snap.id} was deleted while it was measured`)
+      throw error
+    }
+  }
+
+  /** One measurement per tree at a time: concurrent requests for the same tree share it. */
+  private measure(dir: string): Promise<TreeSizes> {
+    let work = this.measuring.get(dir)
+    if (!work) {
+      work = this.deps.runtime.pool.usage(dir)
+      this.measuring.set(dir, work)
+      const forget = () => this.measuring.delete(dir)
+      void work.then(forget, forget)
+    }
+    return work
   }
 
   /**
@@ -444,15 +489,17 @@ export class WorkspaceService {
     }
   }
 
-  async manifest(tenantId: string, id: string) {
+  /** `withSizes` measures the live workspace too (a walk of its extents without btrfs quotas). */
+  async manifest(tenantId: string, id: string, withSizes = false) {
     const session = this.deps.sessions.get(tenantId, id)
     const row = this.deps.sessions.require(tenantId, id)
     const revision = this.deps.agents.store.revision(row.revision_id)
     const turns = this.deps.sessions.store.turns(id)
     const last = turns[turns.length - 1]
-    const dirty = existsSync(this.deps.runtime.pool.workspacePath(id))
-      ? await this.diff(tenantId, id)
-      : undefined
+    const workspacePath = this.deps.runtime.pool.workspacePath(id)
+    const present = existsSync(workspacePath)
+    const dirty = present ? await this.diff(tenantId, id) : undefined
+    const workspaceSizes = withSizes && present ? await this.measure(workspacePath) : null
     return {
       session,
       agent: { id: row.agent_id, name: row.agent_name },
@@ -471,6 +518,7 @@ export class WorkspaceService {
       parentSessionId: row.parent_session_id,
       forkedFromSnapshotId: row.forked_from_snapshot_id,
       snapshotIds: this.snapshots.list(id).map((s) => s.id),
+      workspaceSizes,
       lastTurn: last
         ? {
             id: last.id,

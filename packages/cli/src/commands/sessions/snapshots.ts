@@ -1,7 +1,7 @@
 import { jsonOption, type Register } from '../../command.js'
 import { oneLine } from '../../format/sanitize.js'
 import { renderTable } from '../../format/table.js'
-import { relativeTime } from '../../format/time.js'
+import { formatBytes, relativeTime } from '../../format/time.js'
 import { resolveSession } from '../../session-arg.js'
 
 export const register: Register = (parent, ctx) => {
@@ -10,10 +10,17 @@ export const register: Register = (parent, ctx) => {
       .command('snapshots')
       .description("List a session's snapshots (automatic ones before each turn, and manual ones)")
       .argument('<id>', 'session ID or a unique prefix of it')
-      .option('--digest', 'show each content digest (computed once, on first request: reads every file)'),
-  ).action(async (id: string, options: { digest?: boolean }) => {
+      .option('--digest', 'show each content digest (computed once, on first request: reads every file)')
+      .option(
+        '--sizes',
+        'show referenced and exclusive bytes (exclusive: freed by deleting that snapshot alone; measured on each request)',
+      ),
+  ).action(async (id: string, options: { digest?: boolean; sizes?: boolean }) => {
     const session = await resolveSession(ctx, id)
-    const snapshots = await session.snapshots.list({ digest: options.digest === true })
+    const snapshots = await session.snapshots.list({
+      digest: options.digest === true,
+      sizes: options.sizes === true,
+    })
     if (ctx.json) return ctx.out.data(snapshots)
     if (snapshots.length === 0) {
       ctx.out.note('No snapshots yet.')
@@ -27,9 +34,24 @@ export const register: Register = (parent, ctx) => {
       oneLine(s.reason),
       oneLine(s.label ?? '', 40),
       relativeTime(s.createdAt, now),
+      ...(options.sizes
+        ? [
+            s.sizes ? formatBytes(s.sizes.referencedBytes) : '',
+            s.sizes ? formatBytes(s.sizes.exclusiveBytes) : '',
+          ]
+        : []),
       ...(options.digest ? [s.digest ?? ''] : []),
     ])
-    const headers = ['ID', 'After Turn', 'Kind', 'Reason', 'Label', 'Created']
-    ctx.out.line(renderTable(options.digest ? [...headers, 'Digest'] : headers, rows, ctx.out.c.bold))
+    const headers = [
+      'ID',
+      'After Turn',
+      'Kind',
+      'Reason',
+      'Label',
+      'Created',
+      ...(options.sizes ? ['Referenced', 'Exclusive'] : []),
+      ...(options.digest ? ['Digest'] : []),
+    ]
+    ctx.out.line(renderTable(headers, rows, ctx.out.c.bold))
   })
 }

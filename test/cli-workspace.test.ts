@@ -106,6 +106,13 @@ describe('workspace commands', () => {
     expect((await cairn(['sessions', 'snapshots', fork.id, '--digest'])).stdout).toMatch(
       /Digest[\s\S]*sha256:/,
     )
+
+    // Sizes: measured on request, shown as two columns.
+    const sized = await json(['sessions', 'snapshots', fork.id, '--sizes'])
+    expect(sized.every((s: { sizes: { referencedBytes: number } | null }) => s.sizes !== null)).toBe(true)
+    expect((await cairn(['sessions', 'snapshots', fork.id, '--sizes'])).stdout).toMatch(
+      /Referenced\s+Exclusive[\s\S]*\d+(\.\d)? (B|KB|MB)/,
+    )
   })
 
   it('puts and gets files, with and without --json', async () => {

@@ -158,6 +158,44 @@ describe.each(['btrfs', 'dir'] as const)('storage driver %s', (storage) => {
     }
   })
 
+  it('measures snapshot and workspace sizes on request, exclusive bytes as they change', async () => {
+    const MiB = 1024 * 1024
+    const { id } = await t.api.createSession('shell', { autoSnapshots: false })
+    const take = async () => (await t.api.call('POST', `/v1/sessions/${id}/snapshots`, {})).body.id as string
+    const sizesOf = async (snapId: string) => {
+      const res = await t.api.call('GET', `/v1/sessions/${id}/snapshots/${snapId}?sizes=true`)
+      expect(res.status, JSON.stringify(res.body)).toBe(200)
+      return res.body.sizes as { referencedBytes: number; exclusiveBytes: number }
+    }
+    await run(id, 'head -c 1048576 /dev/urandom > one.bin')
+    const a = await take()
+    await run(id, 'head -c 2097152 /dev/urandom > two.bin')
+    const b = await take()
+
+    // Not measured unless asked for.
+    expect((await t.api.call('GET', `/v1/sessions/${id}/snapshots/${a}`)).body.sizes).toBeNull()
+    const sizesA = await sizesOf(a)
+    expect(sizesA.referencedBytes).toBeGreaterThanOrEqual(MiB)
+    expect(sizesA.referencedBytes).toBeLessThan(2 * MiB)
+    expect((await sizesOf(b)).referencedBytes).toBeGreaterThanOrEqual(3 * MiB)
+
+    // The 2 MiB file leaves the workspace: now only B holds it.
+    await run(id, 'rm two.bin')
+    const listed = (await t.api.call('GET', `/v1/sessions/${id}/snapshots?sizes=true`)).body.data as {
+      id: string
+      sizes: { referencedBytes: number; exclusiveBytes: number }
+    }[]
+    const sizesB = listed.find((s) => s.id === b)?.sizes
+    expect(sizesB?.exclusiveBytes).toBeGreaterThanOrEqual(2 * MiB)
+    expect(sizesB?.referencedBytes).toBeGreaterThanOrEqual(3 * MiB)
+
+    const manifest = (await t.api.call('GET', `/v1/sessions/${id}/manifest?sizes=true`)).body
+    expect(manifest.workspaceSizes.referencedBytes).toBeGreaterThanOrEqual(MiB)
+    expect(manifest.workspaceSizes.referencedBytes).toBeLessThan(2 * MiB)
+    expect((await t.api.call('GET', `/v1/sessions/${id}/manifest`)).body.workspaceSizes).toBeNull()
+    expect((await t.api.call('DELETE', `/v1/sessions/${id}`)).status).toBe(200)
+  })
+
   if (storage === 'dir') {
     it('refuses workspace quotas, which only btrfs can enforce', async () => {
       const quotaDir = await mkdtemp(path.join(os.tmpdir(), 'cairn-storage-quota-'))

@@ -1,79 +1,165 @@
+import { execFileSync } from 'node:child_process'
+import { randomBytes } from 'node:crypto'
+import { existsSync, readFileSync, statSync } from 'node:fs'
+import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import type { IsolationName } from '../../packages/runtime/src/sandbox/driver.js'
+import { DRIVERS, limitCgroupDirs, probeDrivers } from '../conformance/harness.js'
+import { CONTAINED, ESCAPE_PROBE, parseProbeResults } from '../helpers/probe.js'
 import { makeProject } from '../helpers/projects.js'
 import { startTestServer, type TestServer } from '../helpers/server.js'
 
+const QUOTA_MIB = 16
+const drivers = await probeDrivers()
 let t: TestServer
-let sessionId = ''
 
 beforeAll(async () => {
-  t = await startTestServer()
-  const probe = [
-    'import ctypes, os',
-    'libc = ctypes.CDLL(None, use_errno=True)',
-    'def errno_of(fn):',
-    '    ctypes.set_errno(0)',
-    '    r = fn()',
-    '    return "ok" if r == 0 else os.strerror(ctypes.get_errno())',
-    'def try_open(path, mode):',
-    '    try:',
-    '        open(path, mode).close()',
-    '        return "opened"',
-    '    except OSError as e:',
-    '        return e.strerror',
-    'checks = {',
-    '    "mount": lambda: errno_of(lambda: libc.mount(b"none", b"/tmp", b"tmpfs", 0, None)),',
-    '    "unshare": lambda: errno_of(lambda: libc.unshare(0x40000000)),',
-    '    "keyctl": lambda: errno_of(lambda: libc.syscall(250, 0, 0, 0, 0, 0)),',
-    '    "bpf": lambda: errno_of(lambda: libc.syscall(321, 0, 0, 0)),',
-    '    "ptrace": lambda: errno_of(lambda: libc.ptrace(16, 1, 0, 0)),',
-    '    "shadow": lambda: try_open("/etc/shadow", "r"),',
-    '    "write-usr": lambda: try_open("/usr/cairn-escape", "w"),',
-    '    "write-etc": lambda: try_open("/etc/cairn-escape", "w"),',
-    '    "write-root": lambda: try_open("/cairn-escape", "w"),',
-    '    "docker": lambda: str(os.path.exists("/var/run/docker.sock") or os.path.exists("/run/containerd/containerd.sock")),',
-    '    "data-dir": lambda: str(os.path.exists(os.environ.get("PROBE_DATA_DIR", "/root/.cairn"))),',
-    '    "root-home": lambda: str(os.path.exists("/root")),',
-    '    "env": lambda: ",".join(sorted(k for k in os.environ if not k.startswith(("CAIRN_", "PYTHON", "NODE_", "BASH_")))),',
-    '    "caps": lambda: [l for l in open("/proc/self/status") if l.startswith("CapEff")][0].split()[1],',
-    '    "nonewprivs": lambda: [l for l in open("/proc/self/status") if l.startswith("NoNewPrivs")][0].split()[1],',
-    '}',
-    'while True:',
-    '    name = input()',
-    '    print(checks[name]())',
-  ].join('\n')
-  const project = await makeProject({
-    'cairn.yaml': 'name: probe\ncommand: python3 probe.py\n',
-    'probe.py': probe,
-  })
-  expect((await t.api.deploy(project)).status).toBe(201)
-  sessionId = (await t.api.createSession('probe')).id
+  t = await startTestServer({ server: { workspaceQuotaMiB: QUOTA_MIB } })
+  for (const isolation of DRIVERS.filter((d) => drivers[d].ok)) {
+    const project = await makeProject({
+      'cairn.yaml': `name: probe-${isolation}\ncommand: python3 probe.py\nisolation: ${isolation}\nlimits:\n  memoryMiB: 64\n  pids: 32\n`,
+      'probe.py': ESCAPE_PROBE,
+    })
+    expect((await t.api.deploy(project)).status).toBe(201)
+  }
 })
 
 afterAll(async () => {
   await t?.close()
 })
 
-const ask = async (check: string) => (await t.api.send(sessionId, check)).text.trim()
+/** Sends one message; the turn must complete (the attempt failed and the agent said how). */
+async function ask(sessionId: string, message: string): Promise<string> {
+  const run = await t.api.send(sessionId, message)
+  expect(run.terminal?.type, JSON.stringify(run.terminal)).toBe('run.completed')
+  return run.text.trim()
+}
 
-describe('escape attempts from inside the sandbox are contained', () => {
-  it('refuses host-managing syscalls (seccomp and no capabilities)', async () => {
-    for (const check of ['mount', 'unshare', 'keyctl', 'bpf', 'ptrace']) {
-      expect(await ask(check), check).toBe('Operation not permitted')
+/** Host processes of a session's warm sandbox (its cgroup), and the sandbox id. */
+function sandboxOf(sessionId: string): { sandboxId: string; pids: number[] } {
+  const agent = t.server.sessions.warmAgent(sessionId)
+  if (!agent) throw new Error(`session ${sessionId} has no warm sandbox`)
+  const dirs = limitCgroupDirs(t.server.runtime, agent.sandboxId)
+  const dir = dirs.memory ?? dirs.unified
+  if (!dir) throw new Error(`sandbox ${agent.sandboxId} has no cgroup`)
+  const pids = readFileSync(path.join(dir, 'cgroup.procs'), 'utf8').split('\n').filter(Boolean).map(Number)
+  return { sandboxId: agent.sandboxId, pids }
+}
+
+function oomScores(pids: number[]): Record<number, string> {
+  const scores: Record<number, string> = {}
+  for (const pid of pids) {
+    try {
+      scores[pid] = readFileSync(`/proc/${pid}/oom_score_adj`, 'utf8').trim()
+    } catch {
+      // exited meanwhile
     }
-    expect(await ask('caps')).toBe('0000000000000000')
-    expect(await ask('nonewprivs')).toBe('1')
+  }
+  return scores
+}
+
+/** Processes each driver's sandbox shows: its own init (bwrap's) and the agent, nothing else. */
+const OWN_PROCESSES: Record<IsolationName, unknown> = {
+  bwrap: [
+    { pid: 1, cmd: 'bwrap', session: '-' },
+    { pid: 2, cmd: 'python3', session: 'mine' },
+  ],
+  gvisor: [{ pid: 1, cmd: 'python3', session: 'mine' }],
+}
+
+describe.each(DRIVERS)('%s driver: escape attempts from inside the sandbox are contained', (isolation) => {
+  const test = it.skipIf(!drivers[isolation].ok)
+  const agent = `probe-${isolation}`
+  const newSession = async () => (await t.api.createSession(agent, { autoSnapshots: false })).id
+  let probe = ''
+  let other = ''
+  const marker = `marker-${randomBytes(6).toString('hex')}`
+
+  beforeAll(async () => {
+    if (!drivers[isolation].ok) return
+    probe = await newSession()
+    other = await newSession()
+    expect(await ask(other, `write ${marker} the other session's secret`)).toBe(`wrote ${marker}`)
   })
 
-  it('cannot read host secrets or write outside /workspace and /tmp', async () => {
-    expect(await ask('shadow')).toBe('No such file or directory')
-    for (const check of ['write-usr', 'write-etc', 'write-root'])
-      expect(await ask(check), check).toBe('Read-only file system')
-    expect(await ask('docker')).toBe('False')
-    expect(await ask('data-dir')).toBe('False')
-    expect(await ask('root-home')).toBe('False')
+  test('refuses host-managing syscalls, host files, kernel knobs and privileges', async () => {
+    expect(await ask(probe, 'caps')).toBe('0000000000000000')
+    const before = oomScores(sandboxOf(probe).pids)
+    expect(parseProbeResults(await ask(probe, 'all'))).toEqual(CONTAINED[isolation])
+    // What the agent wrote to oom_score_adj (refused by bwrap, kept inside gVisor's kernel) did
+    // not reach the host: the sandbox's host processes keep their scores.
+    const after = oomScores(sandboxOf(probe).pids)
+    const kept = Object.keys(before).filter((pid) => pid in after)
+    expect(kept.length).toBeGreaterThan(0)
+    for (const pid of kept) expect(after[Number(pid)], `host pid ${pid}`).toBe(before[Number(pid)])
   })
 
-  it('inherits no host environment variable beyond the allowlist', async () => {
-    expect(await ask('env')).toBe('HOME,LANG,PATH,PWD,TMPDIR,USER')
+  test("cannot reach another session's workspace: not by its host path, nor through /proc/*/root", async () => {
+    const { runtime } = t.server
+    const otherHostPath = runtime.pool.workspacePath(other)
+    expect(existsSync(path.join(otherHostPath, marker))).toBe(true)
+    const places = [otherHostPath, runtime.pool.root, runtime.runDir, t.dataDir]
+    expect(await ask(probe, `search ${marker} ${places.join(' ')}`)).toBe('not found')
+    // The same search finds the probe's own file, through its own processes' roots too.
+    const own = `own-${marker}`
+    expect(await ask(probe, `write ${own} mine`)).toBe(`wrote ${own}`)
+    const found = (await ask(probe, `search ${own}`)).split(' ')
+    expect(found).toContain(`/workspace/${own}`)
+    expect(found).toContainEqual(expect.stringMatching(new RegExp(`^/proc/\\d+/root/workspace/${own}$`)))
+  })
+
+  test('sees only its own processes, and can neither ptrace nor signal the runtime or another session', async () => {
+    expect(JSON.parse(await ask(probe, 'procs'))).toEqual(OWN_PROCESSES[isolation])
+    const { pids: otherPids } = sandboxOf(other)
+    for (const pid of [process.pid, ...otherPids]) {
+      expect(await ask(probe, `ptrace ${pid}`), `ptrace ${pid}`).toBe('Operation not permitted')
+      expect(await ask(probe, `kill ${pid}`), `kill ${pid}`).toBe('No such process')
+    }
+  })
+
+  test('gains nothing from setuid binaries (no new privileges)', async () => {
+    // su is setuid root on the host; running it inside leaves the effective uid the agent's.
+    expect(statSync('/usr/bin/su').mode & 0o4000).toBe(0o4000)
+    expect(await ask(probe, 'setuid')).toBe('euid=1000 caps=0000000000000000')
+  })
+
+  test('fills its workspace only up to its quota: EDQUOT inside, other sessions and the host unaffected', async () => {
+    const image = path.join(t.dataDir, 'pool.img')
+    const allocated = () => statSync(image).blocks * 512
+    const before = allocated()
+    expect(await ask(probe, 'fill')).toBe(`EDQUOT after ${QUOTA_MIB - 1} MiB`)
+    const filled = statSync(path.join(t.server.runtime.pool.workspacePath(probe), 'fill.bin')).size
+    expect(filled).toBeLessThanOrEqual(QUOTA_MIB * 1024 * 1024)
+    // The host disk holds the pool image: it grew by about what the quota let through, no more.
+    expect(allocated() - before).toBeLessThan(QUOTA_MIB * 1.5 * 1024 * 1024)
+    expect(await ask(other, 'blob four.bin 4')).toBe('wrote 4 MiB')
+    expect(await ask(probe, 'rm /workspace/fill.bin')).toBe('removed /workspace/fill.bin')
+    expect(await ask(probe, 'blob again.bin 1')).toBe('wrote 1 MiB')
+  })
+
+  test('a memory bomb is stopped with memory_limit; the session stays resumable', async () => {
+    const session = await newSession()
+    expect(await ask(session, 'write keep.txt kept')).toBe('wrote keep.txt')
+    const { sandboxId } = sandboxOf(session)
+    const run = await t.api.send(session, 'membomb')
+    expect(run.terminal).toMatchObject({ type: 'run.failed', error: { code: 'limit_exceeded' } })
+    const info = await t.api.call('GET', `/v1/sessions/${session}`)
+    expect(info.body).toMatchObject({ status: 'failed', statusCause: 'memory_limit', warm: false })
+    expect(limitCgroupDirs(t.server.runtime, sandboxId)).toEqual({})
+    expect(await ask(session, 'cat keep.txt')).toBe('kept')
+  })
+
+  test('a fork bomb is stopped with pids_limit; the session stays resumable, the host can still fork', async () => {
+    const session = await newSession()
+    expect(await ask(session, 'write keep.txt kept')).toBe('wrote keep.txt')
+    const { sandboxId } = sandboxOf(session)
+    const run = await t.api.send(session, 'forkbomb')
+    expect(run.terminal).toMatchObject({ type: 'run.failed', error: { code: 'limit_exceeded' } })
+    const info = await t.api.call('GET', `/v1/sessions/${session}`)
+    expect(info.body).toMatchObject({ status: 'failed', statusCause: 'pids_limit', warm: false })
+    expect(limitCgroupDirs(t.server.runtime, sandboxId)).toEqual({})
+    expect(execFileSync('echo', ['host fine'], { encoding: 'utf8' })).toBe('host fine\n')
+    expect(await ask(session, 'cat keep.txt')).toBe('kept')
+    expect(await ask(other, `cat ${marker}`)).toBe("the other session's secret")
   })
 })

@@ -4,6 +4,8 @@ import { BwrapDriver } from './bwrap-driver.js'
 import type { SandboxSpec } from './driver.js'
 import { layoutKey, SLOT_INIT, shellWord } from './gvisor-pool.js'
 import { buildOciSpec } from './gvisor-spec.js'
+import { runscFlags } from './runsc.js'
+import { DENIED_SYSCALLS_X86_64 } from './seccomp.js'
 
 const spec: SandboxSpec = {
   id: 'sbx_spec',
@@ -57,6 +59,17 @@ describe('gVisor OCI spec', () => {
     expect(mount('/usr')?.options).toEqual(['rbind', 'ro'])
     const host = buildOciSpec({ ...spec, network: 'host' }, options) as unknown as Oci
     expect(host.linux.namespaces.map((n) => n.type)).not.toContain('network')
+  })
+
+  it("carries bwrap's seccomp deny list, and refuses new user namespaces, for runsc --oci-seccomp", () => {
+    const oci = buildOciSpec(spec, options) as unknown as {
+      linux: { seccomp?: { defaultAction: string; syscalls: { names: string[]; action: string }[] } }
+    }
+    if (process.arch !== 'x64') return expect(oci.linux.seccomp).toBeUndefined()
+    expect(oci.linux.seccomp?.defaultAction).toBe('SCMP_ACT_ALLOW')
+    const denied = oci.linux.seccomp?.syscalls.flatMap((rule) => rule.names) ?? []
+    expect(denied).toEqual(expect.arrayContaining([...Object.keys(DENIED_SYSCALLS_X86_64), 'clone']))
+    expect(runscFlags({ path: 'runsc', root: '/r', platform: 'ptrace' }, 'none')).toContain('--oci-seccomp')
   })
 
   it('keys pool slots by mount points and network, not by sources', () => {

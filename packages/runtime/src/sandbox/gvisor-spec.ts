@@ -4,6 +4,7 @@ import path from 'node:path'
 import type { SandboxSpec } from './driver.js'
 import { READ_ONLY_ETC, SANDBOX_USER } from './rootfs.js'
 import { sandboxEnvInWorkspace } from './sandbox-env.js'
+import { buildOciSeccomp } from './seccomp.js'
 
 /** Top-level host paths that are either merged-/usr symlinks (copied as such) or bound read-only. */
 const TOP_LEVEL = ['/bin', '/sbin', '/lib', '/lib64', '/lib32', '/libx32']
@@ -99,6 +100,7 @@ export function sandboxMounts(spec: SandboxSpec, options: GvisorSpecOptions): Oc
 export function buildOciSpec(spec: SandboxSpec, options: GvisorSpecOptions): Record<string, unknown> {
   const env = Object.entries(sandboxEnvInWorkspace(spec)).map(([key, value]) => `${key}=${value}`)
   const namespaces = ['pid', 'ipc', 'uts', 'mount', 'user', ...(spec.network === 'host' ? [] : ['network'])]
+  const seccomp = buildOciSeccomp()
   return {
     ociVersion: '1.0.2',
     process: {
@@ -125,6 +127,8 @@ export function buildOciSpec(spec: SandboxSpec, options: GvisorSpecOptions): Rec
         { containerID: 0, hostID: 0, size: 1 },
         { containerID: SANDBOX_USER.gid, hostID: options.hostGid, size: 1 },
       ],
+      // bwrap's deny list, enforced by gVisor's kernel (runsc --oci-seccomp).
+      ...(seccomp ? { seccomp } : {}),
     },
   }
 }

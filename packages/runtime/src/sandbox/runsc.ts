@@ -27,6 +27,8 @@ export function runscFlags(config: RunscConfig, network: 'none' | 'host'): strin
     '--ignore-cgroups',
     // Lets the agent connect to host unix sockets in its binds: the egress proxy's, in /run/cairn.
     '--host-uds=open',
+    // Applies the spec's seccomp section (the bwrap driver's deny list) to the agent's processes.
+    '--oci-seccomp',
   ]
 }
 

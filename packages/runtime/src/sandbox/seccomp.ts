@@ -10,6 +10,7 @@ const SECCOMP_RET_ALLOW = 0x7fff0000
 const SECCOMP_RET_ERRNO = 0x00050000
 const SECCOMP_RET_KILL_PROCESS = 0x80000000
 const EPERM = 1
+const CLONE_NEWUSER = 0x10000000
 
 const LD_W_ABS = 0x20
 const JEQ_K = 0x15
@@ -90,4 +91,29 @@ export function buildSeccompFilter(arch = process.arch): Buffer | undefined {
   program.push(instruction(RET_K, 0, 0, SECCOMP_RET_ALLOW))
   program.push(instruction(RET_K, 0, 0, SECCOMP_RET_ERRNO | EPERM))
   return Buffer.concat(program)
+}
+
+/**
+ * The same deny list as an OCI `linux.seccomp` section, for gVisor (`runsc --oci-seccomp` applies it
+ * inside its kernel). gVisor lets an unprivileged process make a user namespace, which bwrap's
+ * `--disable-userns` forbids; here `clone` with CLONE_NEWUSER is refused as well as `unshare`.
+ * `clone3`, whose flags a filter cannot see, is left alone: gVisor does not implement it (ENOSYS),
+ * and an ERRNO rule would answer EPERM (runsc ignores `errnoRet`), which stops the C library from
+ * falling back to `clone` for threads. test/security/escape.test.ts checks all three ways.
+ */
+export function buildOciSeccomp(arch = process.arch): Record<string, unknown> | undefined {
+  if (arch !== 'x64') return undefined
+  return {
+    defaultAction: 'SCMP_ACT_ALLOW',
+    architectures: ['SCMP_ARCH_X86_64'],
+    syscalls: [
+      { names: Object.keys(DENIED_SYSCALLS_X86_64), action: 'SCMP_ACT_ERRNO', errnoRet: EPERM },
+      {
+        names: ['clone'],
+        action: 'SCMP_ACT_ERRNO',
+        errnoRet: EPERM,
+        args: [{ index: 0, value: CLONE_NEWUSER, valueTwo: CLONE_NEWUSER, op: 'SCMP_CMP_MASKED_EQ' }],
+      },
+    ],
+  }
 }

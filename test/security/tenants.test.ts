@@ -45,6 +45,7 @@ describe('tenants never meet', () => {
           .replace('{id}', id)
           .replace('{rev}', 'rev_00000000000000000000')
           .replace('{name}', 'X')
+          .replace('{port}', '8000')
         const withQuery = url.includes('/files') ? `${url}?path=README.md` : url
         const body =
           method === 'post' || method === 'put'

@@ -34,6 +34,13 @@ export interface SessionLease {
   leaseUntil: string
 }
 
+/** A signed URL to a service on a port inside the session's sandbox (a preview). */
+export interface PreviewUrl {
+  url: string
+  /** ISO 8601. */
+  expiresAt: string
+}
+
 export interface SessionPage {
   data: SessionInfo[]
   /** Pass as `cursor` for the next page; `undefined` on the last page. */
@@ -164,6 +171,32 @@ export class Sessions {
     }
     const { sessionId, leaseUntil } = body as SessionLease
     return { sessionId, leaseUntil }
+  }
+
+  /**
+   * A signed URL (valid `ttlMs`, default 1 h) to the service listening on `port` inside the
+   * session's running sandbox; anyone holding it reaches that port of that session until it expires.
+   */
+  async previewUrl(
+    id: string,
+    port: number,
+    options: RequestOptions & { ttlMs?: number | undefined } = {},
+  ): Promise<PreviewUrl> {
+    const { ttlMs, ...rest } = options
+    const body = await this.http.json({
+      method: 'POST',
+      path: path(id, `/ports/${port}/url`),
+      json: ttlMs === undefined ? {} : { ttlMs },
+      ...rest,
+    })
+    const preview = body as Partial<PreviewUrl> | null
+    if (typeof preview?.url !== 'string' || typeof preview.expiresAt !== 'string') {
+      throw new InvalidResponseError({
+        code: 'invalid_response',
+        message: 'the server sent an unexpected preview URL',
+      })
+    }
+    return { url: preview.url, expiresAt: preview.expiresAt }
   }
 
   /** Cancels the running turn; `false` when none was running. */
@@ -301,6 +334,14 @@ export class Session {
   /** Holds the session active for `ttlMs`; see `Sessions.lease`. */
   lease(ttlMs: number, options: RequestOptions = {}): Promise<SessionLease> {
     return this.sessions.lease(this.id, ttlMs, options)
+  }
+
+  /** A signed URL to a service on `port` inside the sandbox; see `Sessions.previewUrl`. */
+  previewUrl(
+    port: number,
+    options: RequestOptions & { ttlMs?: number | undefined } = {},
+  ): Promise<PreviewUrl> {
+    return this.sessions.previewUrl(this.id, port, options)
   }
 
   manifest(options: RequestOptions = {}): Promise<Record<string, unknown>> {

@@ -12,6 +12,8 @@ import { writeCredentialsIfMissing } from './credentials.js'
 import { openDatabase } from './db/database.js'
 import { MemoryService } from './memory/memory-service.js'
 import { MetricsRegistry } from './metrics/registry.js'
+import { PreviewService } from './previews/preview-service.js'
+import { PreviewSigner } from './previews/preview-signer.js'
 import { RetentionService } from './retention/retention-service.js'
 import { SecretCipher } from './secrets/cipher.js'
 import { SecretStore } from './secrets/secret-store.js'
@@ -121,6 +123,13 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       retention: retentionService,
       metrics,
       memory,
+      previews: new PreviewService({
+        db,
+        keys,
+        sessions,
+        signer: new PreviewSigner(cipher.deriveKey('preview-url')),
+        clock: systemClock,
+      }),
       runtime,
       agents,
       sessions,

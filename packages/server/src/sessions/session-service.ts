@@ -50,6 +50,8 @@ export interface SessionServiceDeps {
 interface WarmAgent {
   agent: AgentProcess
   timer: NodeJS.Timeout | undefined
+  /** When the cooldown timer fires (epoch ms), so activity only ever extends it. */
+  until?: number | undefined
 }
 
 interface RunningTurn {
@@ -381,6 +383,7 @@ export class SessionService {
     if (warm?.agent.alive) {
       if (warm.timer) clearTimeout(warm.timer)
       warm.timer = undefined
+      warm.until = undefined
       return { agent: warm.agent, cold: false }
     }
     if (warm) await this.dropWarm(row.id)
@@ -432,6 +435,7 @@ export class SessionService {
       void this.dropWarm(row.id)
       return
     }
+    warm.until = Date.now() + row.keep_warm_ms
     warm.timer = setTimeout(() => {
       if (this.running.has(row.id)) return
       void this.dropWarm(row.id)
@@ -439,8 +443,39 @@ export class SessionService {
     warm.timer.unref()
   }
 
+  /** Moves a cooling warm sandbox's stop to at least `ms` from now (never earlier). */
+  private extendWarm(id: string, ms: number): void {
+    const warm = this.warm.get(id)
+    if (!warm?.timer) return
+    const until = Date.now() + ms
+    if (warm.until !== undefined && warm.until >= until) return
+    clearTimeout(warm.timer)
+    warm.until = until
+    warm.timer = setTimeout(() => {
+      if (this.running.has(id)) return
+      void this.dropWarm(id)
+    }, ms)
+    warm.timer.unref()
+  }
+
+  private readonly activityWrittenAt = new Map<string, number>()
+
+  /**
+   * Activity that is not a turn (a preview request): the idle clock restarts and a warm sandbox
+   * stays warm for its keep-warm window. The database write is throttled to once a second.
+   */
+  noteActivity(row: SessionRow): void {
+    const now = this.deps.clock.now()
+    if (now - (this.activityWrittenAt.get(row.id) ?? 0) >= 1000) {
+      this.activityWrittenAt.set(row.id, now)
+      this.store.touch(row.id, iso(now))
+    }
+    this.extendWarm(row.id, row.keep_warm_ms)
+  }
+
   private async dropWarm(sessionId: string): Promise<void> {
     this.transcripts.delete(sessionId)
+    this.activityWrittenAt.delete(sessionId)
     const warm = this.warm.get(sessionId)
     if (!warm) return
     this.warm.delete(sessionId)
@@ -625,12 +660,7 @@ export class SessionService {
     const now = this.deps.clock.now()
     const until = iso(now + ttlMs)
     this.store.setLease(id, until, iso(now))
-    const warm = this.warm.get(id)
-    if (warm?.timer) {
-      clearTimeout(warm.timer)
-      warm.timer = setTimeout(() => void this.dropWarm(id), Math.max(ttlMs, row.keep_warm_ms))
-      warm.timer.unref()
-    }
+    this.extendWarm(id, Math.max(ttlMs, row.keep_warm_ms))
     return { sessionId: id, leaseUntil: until }
   }
 

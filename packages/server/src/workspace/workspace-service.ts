@@ -379,6 +379,8 @@ export class WorkspaceService {
         ? { added: dirty.added, changed: dirty.changed, deleted: dirty.deleted, truncated: dirty.truncated }
         : null,
       limits: revision?.manifest.limits ?? {},
+      // Services listening inside the running sandbox, reachable as previews (…/ports/{port}/).
+      openPorts: (await this.deps.sessions.warmAgent(id)?.listeningPorts()) ?? [],
       policies: {
         idleTimeoutMs: row.idle_timeout_ms,
         keepWarmMs: row.keep_warm_ms,

@@ -91,6 +91,17 @@ describe('agents, builds and secrets from the CLI', () => {
     const listed = await cairn(['secrets', 'list', 'secretive'])
     expect(listed.stdout).not.toContain('abc123')
     expect(await json(['secrets', 'delete', 'secretive', 'OTHER'])).toEqual({ ok: true, name: 'OTHER' })
+    const scoped = await json(['secrets', 'set', 'secretive', 'BUILD_KEY=b1', '--scope', 'setup'])
+    expect(scoped.data.map((s: { name: string; scope: string }) => `${s.name}:${s.scope}`)).toEqual([
+      'API_TOKEN:runtime',
+      'BUILD_KEY:setup',
+    ])
+    expect((await cairn(['secrets', 'list', 'secretive'])).stdout).toMatch(/BUILD_KEY\s+setup/)
+    expect((await cairn(['secrets', 'set', 'secretive', 'X=1', '--scope', 'everywhere'])).code).toBe(2)
+    expect(await json(['secrets', 'delete', 'secretive', 'BUILD_KEY'])).toEqual({
+      ok: true,
+      name: 'BUILD_KEY',
+    })
     expect((await cairn(['secrets', 'set', 'secretive', '1BAD=x'])).code).toBe(2)
   })
 

@@ -2,7 +2,7 @@ import { readFileSync } from 'node:fs'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { makeProject } from './helpers/projects.js'
-import { startTestServer, type TestServer } from './helpers/server.js'
+import { packDir, startTestServer, type TestServer } from './helpers/server.js'
 
 let t: TestServer
 const VALUE = 'sk-test-7f3a9c1e5b2d4680'
@@ -55,5 +55,49 @@ describe('secrets', () => {
     expect(bad.status).toBe(400)
     expect((await t.api.call('DELETE', '/v1/agents/keyed/secrets/API_TOKEN')).body).toEqual({ ok: true })
     expect((await t.api.call('POST', '/v1/sessions', { agent: 'keyed' })).status).toBe(409)
+  })
+
+  it('gives setup secrets to the build only and runtime secrets to the agent only', async () => {
+    const SETUP_VALUE = 'setup-only-4be1d07c93'
+    const RUNTIME_VALUE = 'runtime-only-8e2f51a6b7'
+    const files = {
+      'cairn.yaml': 'name: scoped\ncommand: bash agent.sh\nsetup: bash setup.sh\n',
+      // The build records which variables it saw (lengths, not values) and prints one value outright.
+      'setup.sh':
+        'echo "setup=${#SETUP_TOKEN} runtime=${#RUN_TOKEN}" > seen-at-build.txt\necho "printing $SETUP_TOKEN"\n',
+      'agent.sh':
+        'while IFS= read -r l; do echo "build saw: $(cat seen-at-build.txt); agent sees setup=${#SETUP_TOKEN} runtime=${#RUN_TOKEN}"; done\n',
+    }
+    const first = await t.api.call('POST', '/v1/agents?wait=true', await packDir(await makeProject(files)))
+    expect(first.body.revision.status).toBe('READY')
+
+    const setup = await t.api.call('PUT', '/v1/agents/scoped/secrets', {
+      secrets: { SETUP_TOKEN: SETUP_VALUE },
+      scope: 'setup',
+    })
+    expect(setup.status).toBe(200)
+    await t.api.call('PUT', '/v1/agents/scoped/secrets', { secrets: { RUN_TOKEN: RUNTIME_VALUE } })
+    const listed = await t.api.call('GET', '/v1/agents/scoped/secrets')
+    expect(listed.body.data.map((s: { name: string; scope: string }) => [s.name, s.scope])).toEqual([
+      ['RUN_TOKEN', 'runtime'],
+      ['SETUP_TOKEN', 'setup'],
+    ])
+    const badScope = await t.api.call('PUT', '/v1/agents/scoped/secrets', {
+      secrets: { X: 'y' },
+      scope: 'everywhere',
+    })
+    expect(badScope.status).toBe(400)
+
+    // A new revision is built with the setup secret present.
+    const second = await t.api.call('POST', '/v1/agents?wait=true', await packDir(await makeProject(files)))
+    expect(second.body.revision.status).toBe('READY')
+    const log = await t.api.call('GET', `/v1/agents/scoped/revisions/${second.body.revision.id}/logs`)
+    expect(log.body.lines).toContain('printing [redacted:SETUP_TOKEN]')
+    expect(JSON.stringify(log.body)).not.toContain(SETUP_VALUE)
+
+    const session = await t.api.createSession('scoped')
+    expect((await t.api.send(session.id, 'go')).text).toBe(
+      `build saw: setup=${SETUP_VALUE.length} runtime=0; agent sees setup=0 runtime=${RUNTIME_VALUE.length}\n`,
+    )
   })
 })

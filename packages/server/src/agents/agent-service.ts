@@ -121,7 +121,7 @@ export class AgentService {
     const { pool } = this.deps.runtime
     const { logs } = this
     const needsBuild = Boolean(plan.dependencies || plan.setup)
-    const secrets = this.deps.secrets.values(agentId, ['setup'])
+    const secrets = this.deps.secrets.valuesForScope(tenantId, agentId, 'setup')
     if (needsBuild) await logs.open(revisionId)
     const log = (line: string) => logs.append(revisionId, redact(line, secrets))
     try {

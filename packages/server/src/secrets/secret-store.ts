@@ -92,13 +92,28 @@ export class SecretStore {
     )
   }
 
-  /** Decrypted values of the given scopes, for a sandbox's environment. */
+  /** Decrypted values of the given scopes (all of them, for redaction). */
   values(agentId: string, scopes: readonly SecretScope[]): Record<string, string> {
     const out: Record<string, string> = {}
     const rows = this.db.prepare<[string], SecretRow>('SELECT * FROM secrets WHERE agent_id = ?').all(agentId)
     for (const row of rows) {
       if (scopes.includes(row.scope)) out[row.name] = this.cipher.open(row, `${agentId}/${row.name}`)
     }
+    return out
+  }
+
+  /**
+   * Decrypted values of one scope, tenant-checked: `setup` for the revision build, `runtime` for
+   * the agent's environment; `proxy` values only ever reach the egress proxy.
+   */
+  valuesForScope(tenantId: string, agentId: string, scope: SecretScope): Record<string, string> {
+    const out: Record<string, string> = {}
+    const rows = this.db
+      .prepare<[string, string, string], SecretRow>(
+        'SELECT * FROM secrets WHERE tenant_id = ? AND agent_id = ? AND scope = ? ORDER BY name',
+      )
+      .all(tenantId, agentId, scope)
+    for (const row of rows) out[row.name] = this.cipher.open(row, `${agentId}/${row.name}`)
     return out
   }
 

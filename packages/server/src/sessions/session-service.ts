@@ -403,7 +403,10 @@ export class SessionService {
       workspaceDir: pool.workspacePath(row.id),
       command: revision.command,
       protocol: revision.manifest.protocol ?? 'stdio',
-      env: { ...(envKey ? ENV_VARIABLES : {}), ...this.deps.secrets.values(row.agent_id, ['runtime']) },
+      env: {
+        ...(envKey ? ENV_VARIABLES : {}),
+        ...this.deps.secrets.valuesForScope(row.tenant_id, row.agent_id, 'runtime'),
+      },
       binds: [
         ...(envKey ? envBinds(this.deps.agents.envs.envPath(envKey), envKey) : []),
         ...(this.deps.memory ? [await this.deps.memory.bind(row.agent_id)] : []),

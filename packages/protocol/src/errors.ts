@@ -23,6 +23,7 @@ export const ERROR_CODES = {
   secrets_missing: { status: 409, retryable: false },
   sandbox_not_running: { status: 409, retryable: true },
   build_failed: { status: 422, retryable: false },
+  setup_failed: { status: 422, retryable: false },
   payload_too_large: { status: 413, retryable: false },
   unsupported_media_type: { status: 415, retryable: false },
   rate_limited: { status: 429, retryable: true },

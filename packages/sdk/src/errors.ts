@@ -106,6 +106,7 @@ const CLASS_BY_CODE: Record<ErrorCode, ErrorClass> = {
   secrets_missing: SecretsMissingError,
   sandbox_not_running: ConflictError,
   build_failed: BuildFailedError,
+  setup_failed: BuildFailedError,
   payload_too_large: PayloadTooLargeError,
   rate_limited: RateLimitError,
   agent_crashed: AgentCrashedError,

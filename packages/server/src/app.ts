@@ -24,6 +24,8 @@ import { secretRoutes } from './secrets/routes.js'
 import type { SecretStore } from './secrets/secret-store.js'
 import { sessionRoutes } from './sessions/routes.js'
 import type { SessionService } from './sessions/session-service.js'
+import { setupRoutes } from './setup/routes.js'
+import type { SetupService } from './setup/setup-service.js'
 import { workspaceRoutes } from './workspace/routes.js'
 import type { WorkspaceService } from './workspace/workspace-service.js'
 
@@ -39,6 +41,7 @@ export interface AppDeps {
   metrics: MetricsRegistry
   memory: MemoryService
   previews: PreviewService
+  setup: SetupService
   runtime: Runtime
   maxUploadBytes: number
   rateLimitPerSecond?: number | undefined
@@ -95,6 +98,7 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   retentionRoutes(app, deps.retention)
   memoryRoutes(app, deps.memory, deps.agents, deps.sessions)
   previewRoutes(app, deps.previews)
+  setupRoutes(app, deps.setup, deps.sessions)
   runtimeRoute(app, deps.runtime)
   consoleRoutes(app)
   app.addHook('onResponse', async (request, reply) => {

@@ -18,6 +18,7 @@ import { RetentionService } from './retention/retention-service.js'
 import { SecretCipher } from './secrets/cipher.js'
 import { SecretStore } from './secrets/secret-store.js'
 import { SessionService } from './sessions/session-service.js'
+import { SetupService } from './setup/setup-service.js'
 import { WorkspaceService } from './workspace/workspace-service.js'
 
 export const SERVER_VERSION = '0.1.0'
@@ -78,9 +79,19 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       mountRoot: path.join(runtime.runDir, 'memory'),
       artifactRoot: path.join(config.dataDir, 'artifacts'),
     })
+    const setup = new SetupService({
+      db,
+      runtime,
+      agents,
+      secrets,
+      egressPrivateExceptions: new Set(config.egressPrivateExceptions),
+      clock: systemClock,
+      logger,
+    })
     const sessions = new SessionService({
       metrics,
       memory,
+      setup,
       db,
       runtime,
       agents,
@@ -108,6 +119,8 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       logger,
     })
     retention = retentionService
+    setup.onSucceeded(async (row) => (await workspace.snapshotAfterSetup(row)).id)
+    setup.store.recoverAfterRestart()
     const recovered = sessions.recover()
     const reconciled = await sessions.reconcile(new Set(workspace.snapshots.allLive().map((s) => s.id)))
     if (reconciled.lost.length > 0 || reconciled.orphans.length > 0) {
@@ -123,6 +136,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       retention: retentionService,
       metrics,
       memory,
+      setup,
       previews: new PreviewService({
         db,
         keys,

@@ -31,6 +31,7 @@ import type { Db } from '../db/database.js'
 import type { MemoryService } from '../memory/memory-service.js'
 import type { MetricsRegistry } from '../metrics/registry.js'
 import { redact, type SecretStore } from '../secrets/secret-store.js'
+import { manifestSetup, type SetupService } from '../setup/setup-service.js'
 import { decodeCursor, encodeCursor } from './cursor.js'
 import { type SessionRow, SessionStore, toSessionInfo } from './session-store.js'
 
@@ -43,6 +44,8 @@ export interface SessionServiceDeps {
   egressPrivateExceptions?: ReadonlySet<string> | undefined
   metrics?: MetricsRegistry | undefined
   memory?: MemoryService | undefined
+  /** The per-session setup phase (`setup` on creation, `session.setup` in cairn.yaml). */
+  setup?: SetupService | undefined
   clock: Clock
   logger: Logger
 }
@@ -114,6 +117,9 @@ export class SessionService {
         { missing },
       )
     }
+    const revision = this.deps.agents.store.revision(agent.current_revision_id)
+    const setup = body.setup ?? (revision ? manifestSetup(revision.manifest) : undefined)
+    if (setup && !this.deps.setup) throw new CairnProblem('bad_request', 'this server has no setup phase')
     const id = newId('session')
     await this.deps.runtime.pool.createWorkspace(id, agent.current_revision_id)
     this.store.insert({
@@ -132,6 +138,7 @@ export class SessionService {
       keep_transcript: body.ephemeral && !body.keepTranscript ? 0 : 1,
       created_at: this.now(),
     })
+    if (setup) this.deps.setup?.record(id, setup)
     const created = this.require(tenantId, id)
     this.createdHook?.(created)
     return this.info(created)
@@ -262,6 +269,12 @@ export class SessionService {
     let outcome: TurnOutcome
     let sandboxId = ''
     try {
+      // The setup phase runs before the agent's sandbox exists: the agent never shares a process
+      // tree, an environment or a /proc with the setup secrets.
+      if (this.deps.setup?.needed(row.id)) {
+        await this.dropWarm(row.id)
+        await this.deps.setup.run(row, (event) => this.store.recordNetwork(row.id, event))
+      }
       const { agent, cold } = await this.agentFor(row)
       sandboxId = agent.sandboxId
       this.store.setTurnSandbox(turnId, sandboxId, cold)
@@ -287,14 +300,16 @@ export class SessionService {
       else this.scheduleCooldown(row)
     } catch (error) {
       const problem = error instanceof CairnProblem ? error : undefined
-      this.deps.logger.error({ err: error, session: row.id }, 'turn could not start')
+      if (problem?.code === 'setup_failed') this.deps.logger.warn({ session: row.id }, problem.message)
+      else this.deps.logger.error({ err: error, session: row.id }, 'turn could not start')
+      const setupFailed = problem?.code === 'setup_failed'
       outcome = {
         status: 'failed',
         code: problem?.code ?? 'sandbox_failed',
-        cause: 'agent_crash',
+        cause: setupFailed ? 'setup_failed' : 'agent_crash',
         message: problem?.message ?? `the sandbox could not start: ${(error as Error).message}`,
         text: '',
-        stderr: '',
+        stderr: setupFailed ? String(problem.details?.logTail ?? '') : '',
       }
       if (!sandboxId)
         emit({ type: 'run.started', sessionId: row.id, turnId, turn: seq, sandboxId: '', coldStart: true })

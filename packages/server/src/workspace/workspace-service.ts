@@ -73,6 +73,17 @@ export class WorkspaceService {
     deps.sessions.onDeleted((sessionId) => this.deleteAll(sessionId))
   }
 
+  /**
+   * The automatic snapshot after a successful setup phase. The workspace counts as changed, so the
+   * first turn's pre-turn snapshot is the set-up workspace and undoing turn 1 keeps the setup.
+   */
+  async snapshotAfterSetup(row: SessionRow): Promise<SnapshotInfo> {
+    await this.pending.get(row.id)
+    const info = await this.take(row, 'auto', 'after_setup', 0)
+    if (row.auto_snapshots) this.dirty.add(row.id)
+    return info
+  }
+
   /** Remembers a background snapshot so the next operation on the session waits for it. */
   private track(sessionId: string, work: Promise<unknown>): void {
     const pending = work

@@ -2,7 +2,9 @@ import { type ChildProcess, execFileSync, spawn } from 'node:child_process'
 import { mkdtemp, rm, writeFile } from 'node:fs/promises'
 import os from 'node:os'
 import path from 'node:path'
+import { Cairn } from '@cairn/sdk'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { assertBuilt, spawnCli } from './helpers/cli.js'
 import { makeProject } from './helpers/projects.js'
 import { startTestServer, type TestServer } from './helpers/server.js'
 
@@ -142,6 +144,11 @@ describe('the per-session setup phase', () => {
     expect(snapshots.find((s) => s.id === setup.body.snapshotId)?.reason).toBe('after_setup')
     // Setup ran once: later turns do not repeat it.
     expect((await t.api.call('GET', `/v1/sessions/${id}/setup`)).body.attempts).toBe(1)
+    const manifest = await t.api.call('GET', `/v1/sessions/${id}/manifest`)
+    expect(manifest.body.sessionSetup).toMatchObject({
+      status: 'succeeded',
+      snapshotId: setup.body.snapshotId,
+    })
   })
 
   it('leaves a session failed with the log tail when setup fails, and runs it again after a fix', async () => {
@@ -160,6 +167,12 @@ describe('the per-session setup phase', () => {
       logTail: 'GIT_TOKEN is not set',
     })
 
+    assertBuilt()
+    const env = { CAIRN_API_URL: t.url, CAIRN_API_KEY: t.key, CAIRN_CONFIG_DIR: t.dataDir }
+    const shown = await spawnCli(['sessions', 'get', id], env).done
+    expect(shown.stdout).toMatch(/Setup:\s+failed \(attempt 1, exit 3\)/)
+    expect(shown.stdout).toContain('GIT_TOKEN is not set')
+
     // The fix: the secret the setup needs. The next message resumes the session and reruns setup.
     expect((await setSecret('shell', 'setup')).status).toBeLessThan(300)
     const retried = await t.api.send(id, 'cat repo/README.md')
@@ -171,7 +184,17 @@ describe('the per-session setup phase', () => {
     expect((await t.api.send(id, 'env | grep -c GIT_TOKEN')).text).toBe('0\n[exit 1]\n')
   })
 
-  it('answers 404 for the setup of a session that has none', async () => {
+  it('takes a setup through the SDK, with plain env values, and answers 404 for a session without one', async () => {
+    const client = new Cairn({ apiKey: t.key, baseUrl: t.url })
+    const session = await client.sessions.create('shell', {
+      setup: {
+        command: ['sh', '-c', 'echo "$GREETING" > greeting.txt; echo wrote it'],
+        env: { GREETING: 'hi there' },
+      },
+    })
+    expect((await session.run('cat greeting.txt')).text).toBe('hi there\n[exit 0]\n')
+    expect(await session.setupLog()).toBe('wrote it\n')
+    expect((await session.setup()).status).toBe('succeeded')
     const { id } = await t.api.createSession('shell')
     expect((await t.api.call('GET', `/v1/sessions/${id}/setup`)).status).toBe(404)
   })

@@ -109,6 +109,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       clock: systemClock,
       logger,
       keepAutoSnapshots: (tenantId) => retention?.policy(tenantId).keepAutoSnapshots ?? 50,
+      setupOf: (sessionId) => setup.store.info(sessionId),
     })
     const retentionService = new RetentionService({
       db,

@@ -8,6 +8,7 @@ import {
   newId,
   type RestoreBody,
   type SessionInfo,
+  type SetupInfo,
   type SnapshotInfo,
   type SnapshotReason,
   type WorkspaceDiff,
@@ -34,6 +35,8 @@ export interface WorkspaceServiceDeps {
   logger: Logger
   /** Automatic snapshots kept per session (manual ones are kept until deleted). */
   keepAutoSnapshots?: (tenantId: string) => number
+  /** The session's setup phase, for the manifest. */
+  setupOf?: (sessionId: string) => SetupInfo | undefined
 }
 
 /**
@@ -82,6 +85,13 @@ export class WorkspaceService {
     const info = await this.take(row, 'auto', 'after_setup', 0)
     if (row.auto_snapshots) this.dirty.add(row.id)
     return info
+  }
+
+  private sessionSetup(sessionId: string) {
+    const setup = this.deps.setupOf?.(sessionId)
+    if (!setup) return null
+    const { status, attempts, exitCode, snapshotId, command } = setup
+    return { status, attempts, exitCode, snapshotId, command }
   }
 
   /** Remembers a background snapshot so the next operation on the session waits for it. */
@@ -373,6 +383,7 @@ export class WorkspaceService {
       baseImage: 'host /usr, read-only (bwrap)',
       driver: revision?.manifest.isolation ?? this.deps.runtime.driver.name,
       setupVersion: revision?.manifest.setup ? revision.contentHash : null,
+      sessionSetup: this.sessionSetup(id),
       generation: row.generation,
       parentSessionId: row.parent_session_id,
       forkedFromSnapshotId: row.forked_from_snapshot_id,

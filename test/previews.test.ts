@@ -125,6 +125,22 @@ describe('previews of services inside a session sandbox', () => {
     expect(Date.parse(after)).toBeGreaterThan(Date.parse(before))
   })
 
+  it('keeps the sandbox warm while previews are used, and lets it cool down afterwards', async () => {
+    const { id } = await t.api.createSession('shell', { keepWarmMs: 1500 })
+    await t.api.send(
+      id,
+      `(nohup python3 -m http.server 8002 --bind 127.0.0.1 >/dev/null 2>&1 &) && ${waitFor(8002)}`,
+    )
+    // Four seconds of preview traffic: more than twice the keep-warm window.
+    for (let i = 0; i < 10; i++) {
+      expect((await t.api.call('GET', `/v1/sessions/${id}/ports/8002/`)).status).toBe(200)
+      await new Promise((r) => setTimeout(r, 400))
+    }
+    expect((await t.api.call('GET', `/v1/sessions/${id}`)).body.warm).toBe(true)
+    await new Promise((r) => setTimeout(r, 2500))
+    expect((await t.api.call('GET', `/v1/sessions/${id}`)).body.warm).toBe(false)
+  })
+
   it('relays an HTTP Upgrade and the bytes after it, without the API key', async () => {
     const { url } = await signedUrl(8001, 60_000)
     const target = new URL(url)

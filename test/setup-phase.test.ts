@@ -1,4 +1,5 @@
 import { type ChildProcess, execFileSync, spawn } from 'node:child_process'
+import { existsSync } from 'node:fs'
 import { mkdtemp, rm, writeFile } from 'node:fs/promises'
 import os from 'node:os'
 import path from 'node:path'
@@ -182,6 +183,28 @@ describe('the per-session setup phase', () => {
       attempts: 2,
     })
     expect((await t.api.send(id, 'env | grep -c GIT_TOKEN')).text).toBe('0\n[exit 1]\n')
+  })
+
+  it('cancels a running setup with the turn; the next message runs it again', async () => {
+    const { id } = await t.api.createSession('shell', {
+      setup: { command: 'test -e again || { touch again; sleep 60; }; echo done' },
+    })
+    const first = t.api.send(id, 'echo hi')
+    // Cancelled once the command is under way (it has made its mark in the workspace).
+    const mark = path.join(t.server.runtime.pool.workspacePath(id), 'again')
+    for (let i = 0; i < 400 && !existsSync(mark); i++) await new Promise((r) => setTimeout(r, 25))
+    expect((await t.api.call('GET', `/v1/sessions/${id}/setup`)).body.status).toBe('running')
+    expect((await t.api.call('POST', `/v1/sessions/${id}/cancel`)).body).toEqual({ ok: true })
+    expect((await first).terminal?.type).toBe('run.cancelled')
+    expect((await t.api.call('GET', `/v1/sessions/${id}/setup`)).body).toMatchObject({
+      status: 'failed',
+      error: 'setup was cancelled',
+    })
+    expect((await t.api.send(id, 'echo hi')).text).toBe('hi\n[exit 0]\n')
+    expect((await t.api.call('GET', `/v1/sessions/${id}/setup`)).body).toMatchObject({
+      status: 'succeeded',
+      attempts: 2,
+    })
   })
 
   it('takes a setup through the SDK, with plain env values, and answers 404 for a session without one', async () => {

@@ -60,7 +60,9 @@ export const AgentManifestSchema = Type.Object({
           Type.Array(Type.String(), { minItems: 1 }),
           Type.Object({
             command: Type.Union([Type.String({ minLength: 1 }), Type.Array(Type.String(), { minItems: 1 })]),
-            env: Type.Optional(Type.Record(Type.String(), Type.String())),
+            env: Type.Optional(
+              Type.Record(Type.String({ pattern: '^[A-Za-z_][A-Za-z0-9_]*$' }), Type.String()),
+            ),
             network: Type.Optional(NetworkPolicySchema),
             timeoutMs: Type.Optional(Type.Integer({ minimum: 1000, maximum: 6 * 3600 * 1000 })),
           }),

@@ -17,6 +17,8 @@ export interface CommandSpec {
   timeoutMs: number
   /** Called with every complete output line (stdout and stderr interleaved as they arrive). */
   onLine: (line: string) => void
+  /** Stops the command (its sandbox is destroyed); the result then says `cancelled`. */
+  signal?: AbortSignal | undefined
   /**
    * With `network: 'none'`, an allowlist enforced by an egress proxy on a socket in `runDir` (as for
    * agents: a forwarder on the sandbox's loopback, `HTTP(S)_PROXY` pointing at it).
@@ -35,6 +37,7 @@ export interface CommandResult {
   signal: NodeJS.Signals | null
   limit: 'memory' | 'pids' | undefined
   timedOut: boolean
+  cancelled?: boolean | undefined
 }
 
 /** Runs one command to completion in a fresh sandbox (build steps, setup commands). */
@@ -99,13 +102,24 @@ async function runInSandbox(
     timedOut = true
     void sandbox.destroy()
   }, spec.timeoutMs)
+  const cancel = () => void sandbox.destroy()
+  if (spec.signal?.aborted) cancel()
+  spec.signal?.addEventListener('abort', cancel, { once: true })
   try {
     const exit = await sandbox.exited
     await new Promise((r) => setImmediate(r))
     for (const stream of ['stdout', 'stderr'] as const) if (pending[stream]) spec.onLine(pending[stream])
-    return { code: exit.code, signal: exit.signal, limit: exit.limit, timedOut }
+    const cancelled = spec.signal?.aborted === true
+    return {
+      code: exit.code,
+      signal: exit.signal,
+      limit: exit.limit,
+      timedOut,
+      ...(cancelled ? { cancelled } : {}),
+    }
   } finally {
     clearTimeout(timer)
+    spec.signal?.removeEventListener('abort', cancel)
     await sandbox.destroy()
   }
 }

@@ -273,7 +273,7 @@ export class SessionService {
       // tree, an environment or a /proc with the setup secrets.
       if (this.deps.setup?.needed(row.id)) {
         await this.dropWarm(row.id)
-        await this.deps.setup.run(row, (event) => this.store.recordNetwork(row.id, event))
+        await this.deps.setup.run(row, (event) => this.store.recordNetwork(row.id, event), signal)
       }
       const { agent, cold } = await this.agentFor(row)
       sandboxId = agent.sandboxId
@@ -303,14 +303,16 @@ export class SessionService {
       if (problem?.code === 'setup_failed') this.deps.logger.warn({ session: row.id }, problem.message)
       else this.deps.logger.error({ err: error, session: row.id }, 'turn could not start')
       const setupFailed = problem?.code === 'setup_failed'
-      outcome = {
-        status: 'failed',
-        code: problem?.code ?? 'sandbox_failed',
-        cause: setupFailed ? 'setup_failed' : 'agent_crash',
-        message: problem?.message ?? `the sandbox could not start: ${(error as Error).message}`,
-        text: '',
-        stderr: setupFailed ? String(problem.details?.logTail ?? '') : '',
-      }
+      outcome = signal.aborted
+        ? { status: 'cancelled', text: '', stderr: '' }
+        : {
+            status: 'failed',
+            code: problem?.code ?? 'sandbox_failed',
+            cause: setupFailed ? 'setup_failed' : 'agent_crash',
+            message: problem?.message ?? `the sandbox could not start: ${(error as Error).message}`,
+            text: '',
+            stderr: setupFailed ? String(problem.details?.logTail ?? '') : '',
+          }
       if (!sandboxId)
         emit({ type: 'run.started', sessionId: row.id, turnId, turn: seq, sandboxId: '', coldStart: true })
       await this.dropWarm(row.id)

@@ -78,7 +78,7 @@ export class SetupService {
   }
 
   /** Runs the setup; throws `setup_failed` (with the log tail in details) when it does not succeed. */
-  async run(row: SessionRow, onNetwork: (event: NetworkEvent) => void): Promise<void> {
+  async run(row: SessionRow, onNetwork: (event: NetworkEvent) => void, signal?: AbortSignal): Promise<void> {
     const setup = this.store.get(row.id)
     if (!setup) return
     const revision = this.deps.agents.store.revision(row.revision_id)
@@ -128,9 +128,11 @@ export class SetupService {
         },
         timeoutMs,
         onLine: append,
+        signal,
       })
       exitCode = result.code
-      if (result.timedOut) error = `setup ran past its timeout of ${timeoutMs} ms`
+      if (result.cancelled) error = 'setup was cancelled'
+      else if (result.timedOut) error = `setup ran past its timeout of ${timeoutMs} ms`
       else if (result.limit) error = `setup hit its ${result.limit} limit`
       else if (result.code !== 0) error = `setup exited with code ${result.code ?? result.signal}`
     } catch (caught) {

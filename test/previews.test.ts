@@ -97,6 +97,10 @@ describe('previews of services inside a session sandbox', () => {
   it('serves the caller with an API key', async () => {
     const res = await t.api.call('GET', `/v1/sessions/${sessionId}/ports/8000/hello.txt`)
     expect(res).toEqual({ status: 200, body: 'hello from the sandbox\n' })
+    // Other methods and their bodies reach the service as they are (http.server refuses POST).
+    const post = await t.api.call('POST', `/v1/sessions/${sessionId}/ports/8000/form`, { a: 1 })
+    expect(post.status).toBe(501)
+    expect(String(post.body)).toContain('Unsupported method')
   })
 
   it('refuses without a key or signature (401), with a forged or expired one (403)', async () => {

@@ -20,10 +20,18 @@ PR_SET_PDEATHSIG = 1
 MAX_LINE = 64
 
 
+LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+def die_with_parent(parent):
+    # Set after the uid change, which clears it: a relay must never outlive the runtime.
+    LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        sys.exit(0)
+
+
 def enter_netns(path):
-    libc = ctypes.CDLL(None, use_errno=True)
-    # Dies with the runtime that started it: a relay must never outlive its sandbox's owner.
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    libc = LIBC
     fd = os.open(path, os.O_RDONLY)
     try:
         if libc.setns(fd, CLONE_NEWNET) != 0:
@@ -98,6 +106,7 @@ def handle(client):
 
 
 def main():
+    parent = os.getppid()
     netns, socket_path, uid = sys.argv[1], sys.argv[2], int(sys.argv[3])
     try:
         os.unlink(socket_path)
@@ -113,6 +122,7 @@ def main():
     os.setgroups([])
     os.setgid(uid)
     os.setuid(uid)
+    die_with_parent(parent)
     sys.stdout.write("ready\n")
     sys.stdout.flush()
     while True:

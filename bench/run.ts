@@ -24,6 +24,7 @@ async function load(): Promise<Bench[]> {
     { scale },
     { throughput },
     { storageDir },
+    { previews },
   ] = await Promise.all([
     import('./baselines.js'),
     import('./session-create.js'),
@@ -35,6 +36,7 @@ async function load(): Promise<Bench[]> {
     import('./scale.js'),
     import('./throughput.js'),
     import('./storage-dir.js'),
+    import('./previews.js'),
   ])
   return [
     baselines,
@@ -47,6 +49,7 @@ async function load(): Promise<Bench[]> {
     scale,
     throughput,
     storageDir,
+    previews,
   ]
 }
 

@@ -1,3 +1,4 @@
+import { gzipSync } from 'node:zlib'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { Api, EXAMPLES, startTestServer, type TestServer } from '../helpers/server.js'
 
@@ -45,22 +46,25 @@ describe('tenants never meet', () => {
           .replace('{id}', id)
           .replace('{rev}', 'rev_00000000000000000000')
           .replace('{name}', 'X')
+          .replace('{port}', '8000')
         const withQuery = url.includes('/files') ? `${url}?path=README.md` : url
         const body =
           method === 'post' || method === 'put'
-            ? url.endsWith('/messages')
-              ? { prompt: 'hi' }
-              : url.endsWith('/restore') || url.endsWith('/fork')
-                ? { snapshotId }
-                : url.endsWith('/memory')
-                  ? { content: 'x' }
-                  : url.endsWith('/artifacts')
-                    ? { path: 'README.md' }
-                    : url.endsWith('/lease')
-                      ? { ttlMs: 60_000 }
-                      : url.endsWith('/secrets')
-                        ? { secrets: { A: 'b' } }
-                        : {}
+            ? url.endsWith('/workspace')
+              ? gzipSync(Buffer.from('not a tar, never read: the tenant check comes first'))
+              : url.endsWith('/messages')
+                ? { prompt: 'hi' }
+                : url.endsWith('/restore') || url.endsWith('/fork')
+                  ? { snapshotId }
+                  : url.endsWith('/memory')
+                    ? { content: 'x' }
+                    : url.endsWith('/artifacts')
+                      ? { path: 'README.md' }
+                      : url.endsWith('/lease')
+                        ? { ttlMs: 60_000 }
+                        : url.endsWith('/secrets')
+                          ? { secrets: { A: 'b' } }
+                          : {}
             : undefined
         const res = await other.call(method.toUpperCase(), withQuery, body)
         tried.push(`${method.toUpperCase()} ${route} -> ${res.status}`)

@@ -51,6 +51,25 @@ export const AgentManifestSchema = Type.Object({
   network: Type.Optional(NetworkPolicySchema),
   /** Sandbox driver: `bwrap` (namespaces, default) or `gvisor` (a user-space kernel). */
   isolation: Type.Optional(IsolationSchema),
+  /** Per-session settings; `session.setup` runs before each new session's first turn. */
+  session: Type.Optional(
+    Type.Object({
+      setup: Type.Optional(
+        Type.Union([
+          Type.String({ minLength: 1 }),
+          Type.Array(Type.String(), { minItems: 1 }),
+          Type.Object({
+            command: Type.Union([Type.String({ minLength: 1 }), Type.Array(Type.String(), { minItems: 1 })]),
+            env: Type.Optional(
+              Type.Record(Type.String({ pattern: '^[A-Za-z_][A-Za-z0-9_]*$' }), Type.String()),
+            ),
+            network: Type.Optional(NetworkPolicySchema),
+            timeoutMs: Type.Optional(Type.Integer({ minimum: 1000, maximum: 6 * 3600 * 1000 })),
+          }),
+        ]),
+      ),
+    }),
+  ),
   /** Command run once per revision after dependencies are installed (network allowed). */
   setup: Type.Optional(
     Type.Union([Type.String({ minLength: 1 }), Type.Array(Type.String(), { minItems: 1 })]),

@@ -31,6 +31,7 @@ export const STATUS_CAUSES = [
   'forked',
   'workspace_restored',
   'workspace_imported',
+  'setup_failed',
 ] as const
 export type StatusCause = (typeof STATUS_CAUSES)[number]
 
@@ -40,6 +41,45 @@ export type TurnStatus = (typeof TURN_STATUSES)[number]
 export const DEFAULT_IDLE_TIMEOUT_MS = 30 * 24 * 60 * 60 * 1000
 export const DEFAULT_KEEP_WARM_MS = 5 * 60 * 1000
 export const MAX_PROMPT_BYTES = 1024 * 1024
+
+/**
+ * A per-session setup phase: run once before the first turn in the session's sandbox, with the
+ * agent's `setup`-scoped secrets and its own network policy; the agent phase gets neither.
+ */
+export const SessionSetupSchema = Type.Object(
+  {
+    /** A string runs through `sh -c`; an array is the argv itself. */
+    command: Type.Union([
+      Type.String({ minLength: 1, maxLength: 16_384 }),
+      Type.Array(Type.String({ maxLength: 16_384 }), { minItems: 1, maxItems: 256 }),
+    ]),
+    env: Type.Optional(Type.Record(Type.String({ pattern: '^[A-Za-z_][A-Za-z0-9_]*$' }), Type.String())),
+    /** Egress of the setup phase (default: the session's policy). */
+    network: Type.Optional(NetworkPolicySchema),
+    timeoutMs: Type.Optional(Type.Integer({ minimum: 1000, maximum: 6 * 3600 * 1000 })),
+  },
+  { additionalProperties: false },
+)
+export type SessionSetup = Static<typeof SessionSetupSchema>
+
+export const SETUP_STATUSES = ['pending', 'running', 'succeeded', 'failed'] as const
+export type SetupStatus = (typeof SETUP_STATUSES)[number]
+
+export const SetupInfoSchema = Type.Object({
+  sessionId: Type.String(),
+  status: Type.Union(SETUP_STATUSES.map((s) => Type.Literal(s))),
+  command: Type.Array(Type.String()),
+  attempts: Type.Integer(),
+  exitCode: Type.Union([Type.Integer(), Type.Null()]),
+  error: Type.Union([Type.String(), Type.Null()]),
+  startedAt: Type.Union([Type.String(), Type.Null()]),
+  endedAt: Type.Union([Type.String(), Type.Null()]),
+  /** The automatic snapshot taken once setup succeeded. */
+  snapshotId: Type.Union([Type.String(), Type.Null()]),
+  /** The last lines of the log (`…/setup/log` has all of it, up to 1 MiB). */
+  logTail: Type.String(),
+})
+export type SetupInfo = Static<typeof SetupInfoSchema>
 
 export const CreateSessionBody = Type.Object(
   {
@@ -59,6 +99,7 @@ export const CreateSessionBody = Type.Object(
         description: 'snapshot the workspace after every turn so it can be undone (default true)',
       }),
     ),
+    setup: Type.Optional(SessionSetupSchema),
   },
   { additionalProperties: false },
 )

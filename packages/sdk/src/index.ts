@@ -32,6 +32,7 @@ export { SECRET_INFO_FIELDS, type SecretInfo, type SecretList, type SecretScope,
 export {
   type CreateSessionOptions,
   type ListSessionsOptions,
+  type PreviewUrl,
   Session,
   type SessionLease,
   type SessionPage,

@@ -1,4 +1,13 @@
-import type { Message, SessionInfo, SessionStatus, StatusEvent, StreamEvent, TurnInfo } from '@cairn/protocol'
+import type {
+  Message,
+  SessionInfo,
+  SessionSetup,
+  SessionStatus,
+  SetupInfo,
+  StatusEvent,
+  StreamEvent,
+  TurnInfo,
+} from '@cairn/protocol'
 import { InvalidResponseError } from './errors.js'
 import { decodeEvent } from './events.js'
 import { asCursor, asList, asMessage, asSession, asStatusEvent, asTurn } from './guards.js'
@@ -17,6 +26,11 @@ export interface CreateSessionOptions extends RequestOptions {
   ephemeral?: boolean | undefined
   /** With `ephemeral`, keep the transcript after the end (default `false`). */
   keepTranscript?: boolean | undefined
+  /**
+   * A setup phase run before the first turn (`{ command, env?, network?, timeoutMs? }`), with the
+   * agent's `setup`-scoped secrets; overrides `session.setup` of cairn.yaml.
+   */
+  setup?: SessionSetup | undefined
 }
 
 export interface ListSessionsOptions extends RequestOptions {
@@ -32,6 +46,13 @@ export interface SessionLease {
   sessionId: string
   /** ISO 8601. */
   leaseUntil: string
+}
+
+/** A signed URL to a service on a port inside the session's sandbox (a preview). */
+export interface PreviewUrl {
+  url: string
+  /** ISO 8601. */
+  expiresAt: string
 }
 
 export interface SessionPage {
@@ -88,12 +109,13 @@ export class Sessions {
   }
 
   async create(agent: string, options: CreateSessionOptions = {}): Promise<Session> {
-    const { title, idleTimeoutMs, keepWarmMs, autoSnapshots, ephemeral, keepTranscript, ...request } = options
+    const { title, idleTimeoutMs, keepWarmMs, autoSnapshots, ephemeral, keepTranscript, setup, ...request } =
+      options
     const info = asSession(
       await this.http.json({
         method: 'POST',
         path: '/v1/sessions',
-        json: { agent, title, idleTimeoutMs, keepWarmMs, autoSnapshots, ephemeral, keepTranscript },
+        json: { agent, title, idleTimeoutMs, keepWarmMs, autoSnapshots, ephemeral, keepTranscript, setup },
         ...request,
       }),
     )
@@ -176,6 +198,60 @@ export class Sessions {
     }
     const { sessionId, leaseUntil } = body as SessionLease
     return { sessionId, leaseUntil }
+  }
+
+  /**
+   * A signed URL (valid `ttlMs`, default 1 h) to the service listening on `port` inside the
+   * session's running sandbox; anyone holding it reaches that port of that session until it expires.
+   */
+  async previewUrl(
+    id: string,
+    port: number,
+    options: RequestOptions & { ttlMs?: number | undefined } = {},
+  ): Promise<PreviewUrl> {
+    const { ttlMs, ...rest } = options
+    const body = await this.http.json({
+      method: 'POST',
+      path: path(id, `/ports/${port}/url`),
+      json: ttlMs === undefined ? {} : { ttlMs },
+      ...rest,
+    })
+    const preview = body as Partial<PreviewUrl> | null
+    if (typeof preview?.url !== 'string' || typeof preview.expiresAt !== 'string') {
+      throw new InvalidResponseError({
+        code: 'invalid_response',
+        message: 'the server sent an unexpected preview URL',
+      })
+    }
+    return { url: preview.url, expiresAt: preview.expiresAt }
+  }
+
+  /** The session's setup phase (status, attempts, exit code, log tail); `NotFoundError` without one. */
+  async setup(id: string, options: RequestOptions = {}): Promise<SetupInfo> {
+    const body = await this.http.json({ method: 'GET', path: path(id, '/setup'), ...options })
+    const info = body as Partial<SetupInfo> | null
+    if (typeof info?.status !== 'string' || typeof info.logTail !== 'string') {
+      throw new InvalidResponseError({
+        code: 'invalid_response',
+        message: 'the server sent an unexpected setup',
+      })
+    }
+    return info as SetupInfo
+  }
+
+  /** The whole log of the latest setup run (secrets redacted). */
+  async setupLog(id: string, options: RequestOptions = {}): Promise<string> {
+    const { response, done } = await this.http.stream({
+      method: 'GET',
+      path: path(id, '/setup/log'),
+      accept: 'text/plain',
+      ...options,
+    })
+    try {
+      return await response.text()
+    } finally {
+      done()
+    }
   }
 
   /** Cancels the running turn; `false` when none was running. */
@@ -313,6 +389,23 @@ export class Session {
   /** Holds the session active for `ttlMs`; see `Sessions.lease`. */
   lease(ttlMs: number, options: RequestOptions = {}): Promise<SessionLease> {
     return this.sessions.lease(this.id, ttlMs, options)
+  }
+
+  /** The setup phase; see `Sessions.setup`. */
+  setup(options: RequestOptions = {}): Promise<SetupInfo> {
+    return this.sessions.setup(this.id, options)
+  }
+
+  setupLog(options: RequestOptions = {}): Promise<string> {
+    return this.sessions.setupLog(this.id, options)
+  }
+
+  /** A signed URL to a service on `port` inside the sandbox; see `Sessions.previewUrl`. */
+  previewUrl(
+    port: number,
+    options: RequestOptions & { ttlMs?: number | undefined } = {},
+  ): Promise<PreviewUrl> {
+    return this.sessions.previewUrl(this.id, port, options)
   }
 
   manifest(options: RequestOptions & { sizes?: boolean | undefined } = {}): Promise<Record<string, unknown>> {

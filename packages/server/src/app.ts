@@ -16,12 +16,16 @@ import type { MemoryService } from './memory/memory-service.js'
 import { memoryRoutes } from './memory/routes.js'
 import type { MetricsRegistry } from './metrics/registry.js'
 import { installMetrics } from './metrics/route.js'
+import type { PreviewService } from './previews/preview-service.js'
+import { isPreviewRequest, previewRoutes } from './previews/routes.js'
 import type { RetentionService } from './retention/retention-service.js'
 import { retentionRoutes } from './retention/routes.js'
 import { secretRoutes } from './secrets/routes.js'
 import type { SecretStore } from './secrets/secret-store.js'
 import { sessionRoutes } from './sessions/routes.js'
 import type { SessionService } from './sessions/session-service.js'
+import { setupRoutes } from './setup/routes.js'
+import type { SetupService } from './setup/setup-service.js'
 import { workspaceRoutes } from './workspace/routes.js'
 import type { WorkspaceService } from './workspace/workspace-service.js'
 
@@ -36,6 +40,8 @@ export interface AppDeps {
   retention: RetentionService
   metrics: MetricsRegistry
   memory: MemoryService
+  previews: PreviewService
+  setup: SetupService
   runtime: Runtime
   maxUploadBytes: number
   rateLimitPerSecond?: number | undefined
@@ -77,7 +83,7 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
       security: [{ bearer: [] }],
     },
   })
-  installAuth(app, deps.keys, { ratePerSecond: deps.rateLimitPerSecond })
+  installAuth(app, deps.keys, { ratePerSecond: deps.rateLimitPerSecond }, isPreviewRequest)
   app.get('/healthz', { schema: { hide: true, response: { 200: HealthSchema } } }, async () => ({
     ok: true,
     version: deps.version,
@@ -91,6 +97,8 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   workspaceRoutes(app, deps.workspace)
   retentionRoutes(app, deps.retention)
   memoryRoutes(app, deps.memory, deps.agents, deps.sessions)
+  previewRoutes(app, deps.previews)
+  setupRoutes(app, deps.setup, deps.sessions)
   runtimeRoute(app, deps.runtime)
   consoleRoutes(app)
   app.addHook('onResponse', async (request, reply) => {

@@ -12,10 +12,13 @@ import { writeCredentialsIfMissing } from './credentials.js'
 import { openDatabase } from './db/database.js'
 import { MemoryService } from './memory/memory-service.js'
 import { MetricsRegistry } from './metrics/registry.js'
+import { PreviewService } from './previews/preview-service.js'
+import { PreviewSigner } from './previews/preview-signer.js'
 import { RetentionService } from './retention/retention-service.js'
 import { SecretCipher } from './secrets/cipher.js'
 import { SecretStore } from './secrets/secret-store.js'
 import { SessionService } from './sessions/session-service.js'
+import { SetupService } from './setup/setup-service.js'
 import { WorkspaceService } from './workspace/workspace-service.js'
 
 export const SERVER_VERSION = '0.1.0'
@@ -77,9 +80,19 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       mountRoot: path.join(runtime.runDir, 'memory'),
       artifactRoot: path.join(config.dataDir, 'artifacts'),
     })
+    const setup = new SetupService({
+      db,
+      runtime,
+      agents,
+      secrets,
+      egressPrivateExceptions: new Set(config.egressPrivateExceptions),
+      clock: systemClock,
+      logger,
+    })
     const sessions = new SessionService({
       metrics,
       memory,
+      setup,
       db,
       runtime,
       agents,
@@ -101,6 +114,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       logger,
       archiveLimits: { maxFiles: config.maxArchiveFiles, maxUnpackedBytes: config.maxUnpackedBytes },
       keepAutoSnapshots: (tenantId) => retention?.policy(tenantId).keepAutoSnapshots ?? 50,
+      setupOf: (sessionId) => setup.store.info(sessionId),
     })
     const retentionService = new RetentionService({
       db,
@@ -111,6 +125,8 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       logger,
     })
     retention = retentionService
+    setup.onSucceeded(async (row) => (await workspace.snapshotAfterSetup(row)).id)
+    setup.store.recoverAfterRestart()
     const recovered = sessions.recover()
     const reconciled = await sessions.reconcile(new Set(workspace.snapshots.allLive().map((s) => s.id)))
     if (reconciled.lost.length > 0 || reconciled.orphans.length > 0) {
@@ -126,6 +142,14 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       retention: retentionService,
       metrics,
       memory,
+      setup,
+      previews: new PreviewService({
+        db,
+        keys,
+        sessions,
+        signer: new PreviewSigner(cipher.deriveKey('preview-url')),
+        clock: systemClock,
+      }),
       runtime,
       agents,
       sessions,

@@ -1,12 +1,15 @@
 import { randomBytes } from 'node:crypto'
 import { appendFileSync, writeFileSync } from 'node:fs'
 import { chmod, mkdir, readFile, rename, rm, writeFile } from 'node:fs/promises'
+import type net from 'node:net'
 import path from 'node:path'
 import { StringDecoder } from 'node:string_decoder'
-import { AGENT_ENV, newId, OutboundFrameSchema, type TranscriptLine } from '@cairn/protocol'
+import { AGENT_ENV, CairnProblem, newId, OutboundFrameSchema, type TranscriptLine } from '@cairn/protocol'
 import { Value } from '@sinclair/typebox/value'
 import type { EgressCa } from '../egress/egress-ca.js'
 import { EgressProxy } from '../egress/proxy.js'
+import { listeningPorts } from '../ports/listening-ports.js'
+import { PortRelay } from '../ports/port-relay.js'
 import { requireCapability } from '../sandbox/capabilities.js'
 import type { Sandbox, SandboxDriver, SandboxExit } from '../sandbox/driver.js'
 import { TailBuffer } from '../util/tail.js'
@@ -88,6 +91,43 @@ export class AgentProcess {
 
   get pid(): number | undefined {
     return this.sandbox?.pid
+  }
+
+  private relay: Promise<PortRelay> | undefined
+
+  private async networkNamespace(): Promise<string> {
+    requireCapability(this.driver, 'ports', 'reach a port inside the sandbox')
+    const namespace = this.alive ? await this.sandbox?.networkNamespace?.() : undefined
+    if (!namespace) {
+      throw new CairnProblem(
+        'sandbox_not_running',
+        'the session has no running sandbox; send a message to start it',
+      )
+    }
+    return namespace
+  }
+
+  /** A socket to 127.0.0.1:`port` inside the sandbox, through a relay started on first use. */
+  async connectPort(port: number): Promise<net.Socket> {
+    const namespace = await this.networkNamespace()
+    const socketPath = path.join(this.runDir, 'ports.sock')
+    // Shared by concurrent first requests; restarted should the relay have died.
+    this.relay ??= PortRelay.start(namespace, socketPath)
+    let relay = await this.relay.catch(() => undefined)
+    if (!relay?.alive) {
+      this.relay = PortRelay.start(namespace, socketPath)
+      relay = await this.relay
+    }
+    if (this.stopped) relay.stop()
+    return relay.connect(port)
+  }
+
+  /** TCP ports a service listens on inside the sandbox (empty without a running sandbox). */
+  async listeningPorts(): Promise<number[]> {
+    if (!this.driver.capabilities.ports || !this.alive) return []
+    const namespace = await this.sandbox?.networkNamespace?.()
+    const pid = namespace ? Number(namespace.split('/')[2]) : undefined
+    return pid ? listeningPorts(pid) : []
   }
 
   /** Prepares the run directory and, for warm protocols, starts the sandbox. */
@@ -514,6 +554,9 @@ export class AgentProcess {
     const sandbox = this.sandbox
     this.sandbox = undefined
     if (sandbox) await sandbox.destroy()
+    const relay = this.relay
+    this.relay = undefined
+    relay?.then((r) => r.stop()).catch(() => undefined)
     await this.proxy?.close().catch(() => undefined)
     this.proxy = undefined
     await rm(this.runDir, { recursive: true, force: true }).catch(() => undefined)

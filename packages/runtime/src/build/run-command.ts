@@ -1,5 +1,8 @@
+import path from 'node:path'
 import { StringDecoder } from 'node:string_decoder'
 import { newId } from '@cairn/protocol'
+import type { EgressPolicy } from '../egress/policy.js'
+import { EgressProxy, type NetworkEvent } from '../egress/proxy.js'
 import type { SandboxBind, SandboxDriver, SandboxLimits } from '../sandbox/driver.js'
 
 export interface CommandSpec {
@@ -14,6 +17,19 @@ export interface CommandSpec {
   timeoutMs: number
   /** Called with every complete output line (stdout and stderr interleaved as they arrive). */
   onLine: (line: string) => void
+  /** Stops the command (its sandbox is destroyed); the result then says `cancelled`. */
+  signal?: AbortSignal | undefined
+  /**
+   * With `network: 'none'`, an allowlist enforced by an egress proxy on a socket in `runDir` (as for
+   * agents: a forwarder on the sandbox's loopback, `HTTP(S)_PROXY` pointing at it).
+   */
+  egress?:
+    | {
+        policy: EgressPolicy
+        privateExceptions?: ReadonlySet<string> | undefined
+        onEvent: (event: NetworkEvent) => void
+      }
+    | undefined
 }
 
 export interface CommandResult {
@@ -21,16 +37,46 @@ export interface CommandResult {
   signal: NodeJS.Signals | null
   limit: 'memory' | 'pids' | undefined
   timedOut: boolean
+  cancelled?: boolean | undefined
 }
 
 /** Runs one command to completion in a fresh sandbox (build steps, setup commands). */
 export async function runSandboxedCommand(driver: SandboxDriver, spec: CommandSpec): Promise<CommandResult> {
+  const proxy =
+    spec.network === 'none' && spec.egress && spec.egress.policy.allow.length > 0
+      ? new EgressProxy({
+          socketPath: path.join(spec.runDir, 'egress.sock'),
+          policy: spec.egress.policy,
+          privateExceptions: spec.egress.privateExceptions,
+          onEvent: spec.egress.onEvent,
+        })
+      : undefined
+  try {
+    await proxy?.listen()
+    return await runInSandbox(driver, spec, proxy !== undefined)
+  } finally {
+    await proxy?.close().catch(() => undefined)
+  }
+}
+
+async function runInSandbox(
+  driver: SandboxDriver,
+  spec: CommandSpec,
+  proxied: boolean,
+): Promise<CommandResult> {
+  const env: Record<string, string> = { ...spec.env }
+  if (proxied) {
+    for (const name of ['HTTP_PROXY', 'HTTPS_PROXY', 'http_proxy', 'https_proxy'])
+      env[name] = 'http://127.0.0.1:3128'
+    env.NO_PROXY = 'localhost,127.0.0.1,::1'
+    env.no_proxy = env.NO_PROXY
+  }
   const sandbox = await driver.start({
     id: newId('sandbox'),
     workspaceDir: spec.workspaceDir,
     runDir: spec.runDir,
-    command: spec.command,
-    env: spec.env,
+    command: proxied ? ['python3', '/opt/cairn/egress/forward.py', '--', ...spec.command] : spec.command,
+    env,
     limits: spec.limits,
     network: spec.network,
     binds: spec.binds,
@@ -56,13 +102,24 @@ export async function runSandboxedCommand(driver: SandboxDriver, spec: CommandSp
     timedOut = true
     void sandbox.destroy()
   }, spec.timeoutMs)
+  const cancel = () => void sandbox.destroy()
+  if (spec.signal?.aborted) cancel()
+  spec.signal?.addEventListener('abort', cancel, { once: true })
   try {
     const exit = await sandbox.exited
     await new Promise((r) => setImmediate(r))
     for (const stream of ['stdout', 'stderr'] as const) if (pending[stream]) spec.onLine(pending[stream])
-    return { code: exit.code, signal: exit.signal, limit: exit.limit, timedOut }
+    const cancelled = spec.signal?.aborted === true
+    return {
+      code: exit.code,
+      signal: exit.signal,
+      limit: exit.limit,
+      timedOut,
+      ...(cancelled ? { cancelled } : {}),
+    }
   } finally {
     clearTimeout(timer)
+    spec.signal?.removeEventListener('abort', cancel)
     await sandbox.destroy()
   }
 }

@@ -3,6 +3,7 @@ import { existsSync } from 'node:fs'
 import { type FileHandle, open, rename, writeFile } from 'node:fs/promises'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
+import { sandboxNetworkPid } from '../ports/listening-ports.js'
 import type { CgroupManager } from './cgroups.js'
 import type { DriverCapabilities, Sandbox, SandboxDriver, SandboxExit, SandboxSpec } from './driver.js'
 import { readOnlyRootArgs, SANDBOX_USER } from './rootfs.js'
@@ -30,7 +31,12 @@ const EXIT_DRAIN_MS = 1000
 
 export class BwrapDriver implements SandboxDriver {
   readonly name = 'bwrap'
-  readonly capabilities: DriverCapabilities = { freeze: true, network: false, memorySnapshot: false }
+  readonly capabilities: DriverCapabilities = {
+    freeze: true,
+    network: false,
+    memorySnapshot: false,
+    ports: true,
+  }
 
   constructor(private readonly options: BwrapDriverOptions) {}
 
@@ -208,6 +214,11 @@ class BwrapSandbox implements Sandbox {
     if (counters.oomKills > 0) return 'memory'
     if (counters.pidsMaxHits > 0) return 'pids'
     return undefined
+  }
+
+  async networkNamespace(): Promise<string | undefined> {
+    const pid = await sandboxNetworkPid(this.pid)
+    return pid === undefined ? undefined : `/proc/${pid}/ns/net`
   }
 
   freeze(): Promise<void> {

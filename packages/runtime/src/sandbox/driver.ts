@@ -45,6 +45,11 @@ export interface Sandbox {
   readonly exited: Promise<SandboxExit>
   /** Which limit, if any, the sandbox has hit so far. */
   limitHit(): 'memory' | 'pids' | undefined
+  /**
+   * `/proc/<pid>/ns/net` of the sandbox's own network namespace, for drivers with the `ports`
+   * capability; undefined when the sandbox has none (yet).
+   */
+  networkNamespace?(): Promise<string | undefined>
   freeze(): Promise<void>
   thaw(): Promise<void>
   /** Kills every process of the sandbox and releases its resources. */
@@ -62,6 +67,8 @@ export interface DriverCapabilities {
   network: boolean
   /** Checkpointing a running sandbox's memory to resume it warm later. */
   memorySnapshot: boolean
+  /** Reaching a TCP port a service listens on inside the sandbox (previews). */
+  ports: boolean
 }
 
 /** Sandbox technologies Cairn can run an agent under. */

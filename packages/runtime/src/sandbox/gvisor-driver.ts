@@ -65,7 +65,14 @@ export type GvisorAvailability = { ok: true; version: string } | { ok: false; re
  */
 export class GvisorDriver implements SandboxDriver {
   readonly name = 'gvisor'
-  readonly capabilities: DriverCapabilities = { freeze: true, network: false, memorySnapshot: false }
+  readonly capabilities: DriverCapabilities = {
+    freeze: true,
+    network: false,
+    memorySnapshot: false,
+    // The sandbox's loopback lives in gVisor's user-space network stack, not in a host network
+    // namespace a relay could enter; reaching it would take a `runsc exec` per connection.
+    ports: false,
+  }
   readonly runsc: RunscConfig
   private readonly rootfsDir: string
   private readonly bundlesDir: string

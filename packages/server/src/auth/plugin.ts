@@ -13,6 +13,8 @@ export function installAuth(
   app: FastifyInstance,
   keys: ApiKeyStore,
   limits: { ratePerSecond?: number | undefined } = {},
+  /** Routes that authorize on their own (previews: a key or a signed URL). */
+  exempt?: (request: FastifyRequest) => boolean,
 ): void {
   const limiter = new RateLimiter(limits.ratePerSecond ?? 1000)
   app.decorateRequest('principal', undefined)
@@ -20,6 +22,7 @@ export function installAuth(
     const url = request.url
     if (!url.startsWith('/v1/') && url !== '/v1') return
     if (url === '/v1/openapi.json') return
+    if (exempt?.(request)) return
     const header = request.headers.authorization
     const match = header ? /^Bearer\s+(\S+)$/i.exec(header) : null
     if (!match?.[1])

@@ -220,6 +220,27 @@ ALTER TABLE sessions ADD COLUMN keep_transcript INTEGER NOT NULL DEFAULT 1;
     sql: `CREATE INDEX sessions_tenant_id ON sessions(tenant_id, id);`,
   },
   {
+    version: 12,
+    name: 'per-session setup phase',
+    sql: `
+CREATE TABLE session_setups (
+  session_id TEXT PRIMARY KEY REFERENCES sessions(id),
+  command_json TEXT NOT NULL,
+  env_json TEXT NOT NULL,
+  network_json TEXT,
+  timeout_ms INTEGER,
+  status TEXT NOT NULL,
+  attempts INTEGER NOT NULL DEFAULT 0,
+  exit_code INTEGER,
+  error TEXT,
+  log TEXT NOT NULL DEFAULT '',
+  started_at TEXT,
+  ended_at TEXT,
+  snapshot_id TEXT
+);
+`,
+  },
+  {
     version: 13,
     name: 'proxy-scoped secrets',
     sql: `

@@ -12,6 +12,7 @@ const DriverSchema = Type.Object({
     freeze: Type.Boolean(),
     network: Type.Boolean(),
     memorySnapshot: Type.Boolean(),
+    ports: Type.Boolean(),
   }),
   description: Type.String(),
 })

@@ -1,4 +1,4 @@
-import { createCipheriv, createDecipheriv, createHash, randomBytes } from 'node:crypto'
+import { createCipheriv, createDecipheriv, createHash, hkdfSync, randomBytes } from 'node:crypto'
 import { existsSync } from 'node:fs'
 import { chmod, readFile, writeFile } from 'node:fs/promises'
 
@@ -25,6 +25,11 @@ export class SecretCipher {
     const key = Buffer.from((await readFile(keyFile, 'utf8')).trim(), 'base64')
     if (key.length !== 32) throw new Error(`${keyFile} does not hold a 32-byte base64 key`)
     return new SecretCipher(key)
+  }
+
+  /** A key for another purpose (signing preview URLs), derived so no second key file is needed. */
+  deriveKey(purpose: string): Buffer {
+    return Buffer.from(hkdfSync('sha256', this.key, Buffer.alloc(0), `cairn/${purpose}`, 32))
   }
 
   seal(plain: string, aad: string): Sealed {

@@ -31,6 +31,7 @@ import type { Db } from '../db/database.js'
 import type { MemoryService } from '../memory/memory-service.js'
 import type { MetricsRegistry } from '../metrics/registry.js'
 import { redact, type SecretStore } from '../secrets/secret-store.js'
+import { manifestSetup, type SetupService } from '../setup/setup-service.js'
 import { decodeCursor, encodeCursor } from './cursor.js'
 import { type SessionRow, SessionStore, toSessionInfo } from './session-store.js'
 
@@ -45,6 +46,8 @@ export interface SessionServiceDeps {
   egressUpstreamCaPems?: readonly string[] | undefined
   metrics?: MetricsRegistry | undefined
   memory?: MemoryService | undefined
+  /** The per-session setup phase (`setup` on creation, `session.setup` in cairn.yaml). */
+  setup?: SetupService | undefined
   clock: Clock
   logger: Logger
 }
@@ -52,6 +55,8 @@ export interface SessionServiceDeps {
 interface WarmAgent {
   agent: AgentProcess
   timer: NodeJS.Timeout | undefined
+  /** When the cooldown timer fires (epoch ms), so activity only ever extends it. */
+  until?: number | undefined
 }
 
 interface RunningTurn {
@@ -114,6 +119,9 @@ export class SessionService {
         { missing },
       )
     }
+    const revision = this.deps.agents.store.revision(agent.current_revision_id)
+    const setup = body.setup ?? (revision ? manifestSetup(revision.manifest) : undefined)
+    if (setup && !this.deps.setup) throw new CairnProblem('bad_request', 'this server has no setup phase')
     const id = newId('session')
     await this.deps.runtime.pool.createWorkspace(id, agent.current_revision_id)
     this.store.insert({
@@ -132,6 +140,7 @@ export class SessionService {
       keep_transcript: body.ephemeral && !body.keepTranscript ? 0 : 1,
       created_at: this.now(),
     })
+    if (setup) this.deps.setup?.record(id, setup)
     const created = this.require(tenantId, id)
     this.createdHook?.(created)
     return this.info(created)
@@ -262,6 +271,12 @@ export class SessionService {
     let outcome: TurnOutcome
     let sandboxId = ''
     try {
+      // The setup phase runs before the agent's sandbox exists: the agent never shares a process
+      // tree, an environment or a /proc with the setup secrets.
+      if (this.deps.setup?.needed(row.id)) {
+        await this.dropWarm(row.id)
+        await this.deps.setup.run(row, (event) => this.store.recordNetwork(row.id, event), signal)
+      }
       const { agent, cold } = await this.agentFor(row)
       sandboxId = agent.sandboxId
       this.store.setTurnSandbox(turnId, sandboxId, cold)
@@ -287,15 +302,19 @@ export class SessionService {
       else this.scheduleCooldown(row)
     } catch (error) {
       const problem = error instanceof CairnProblem ? error : undefined
-      this.deps.logger.error({ err: error, session: row.id }, 'turn could not start')
-      outcome = {
-        status: 'failed',
-        code: problem?.code ?? 'sandbox_failed',
-        cause: 'agent_crash',
-        message: problem?.message ?? `the sandbox could not start: ${(error as Error).message}`,
-        text: '',
-        stderr: '',
-      }
+      if (problem?.code === 'setup_failed') this.deps.logger.warn({ session: row.id }, problem.message)
+      else this.deps.logger.error({ err: error, session: row.id }, 'turn could not start')
+      const setupFailed = problem?.code === 'setup_failed'
+      outcome = signal.aborted
+        ? { status: 'cancelled', text: '', stderr: '' }
+        : {
+            status: 'failed',
+            code: problem?.code ?? 'sandbox_failed',
+            cause: setupFailed ? 'setup_failed' : 'agent_crash',
+            message: problem?.message ?? `the sandbox could not start: ${(error as Error).message}`,
+            text: '',
+            stderr: setupFailed ? String(problem.details?.logTail ?? '') : '',
+          }
       if (!sandboxId)
         emit({ type: 'run.started', sessionId: row.id, turnId, turn: seq, sandboxId: '', coldStart: true })
       await this.dropWarm(row.id)
@@ -383,6 +402,7 @@ export class SessionService {
     if (warm?.agent.alive) {
       if (warm.timer) clearTimeout(warm.timer)
       warm.timer = undefined
+      warm.until = undefined
       return { agent: warm.agent, cold: false }
     }
     if (warm) await this.dropWarm(row.id)
@@ -442,6 +462,7 @@ export class SessionService {
       void this.dropWarm(row.id)
       return
     }
+    warm.until = Date.now() + row.keep_warm_ms
     warm.timer = setTimeout(() => {
       if (this.running.has(row.id)) return
       void this.dropWarm(row.id)
@@ -449,8 +470,39 @@ export class SessionService {
     warm.timer.unref()
   }
 
+  /** Moves a cooling warm sandbox's stop to at least `ms` from now (never earlier). */
+  private extendWarm(id: string, ms: number): void {
+    const warm = this.warm.get(id)
+    if (!warm?.timer) return
+    const until = Date.now() + ms
+    if (warm.until !== undefined && warm.until >= until) return
+    clearTimeout(warm.timer)
+    warm.until = until
+    warm.timer = setTimeout(() => {
+      if (this.running.has(id)) return
+      void this.dropWarm(id)
+    }, ms)
+    warm.timer.unref()
+  }
+
+  private readonly activityWrittenAt = new Map<string, number>()
+
+  /**
+   * Activity that is not a turn (a preview request): the idle clock restarts and a warm sandbox
+   * stays warm for its keep-warm window. The database write is throttled to once a second.
+   */
+  noteActivity(row: SessionRow): void {
+    const now = this.deps.clock.now()
+    if (now - (this.activityWrittenAt.get(row.id) ?? 0) >= 1000) {
+      this.activityWrittenAt.set(row.id, now)
+      this.store.touch(row.id, iso(now))
+    }
+    this.extendWarm(row.id, row.keep_warm_ms)
+  }
+
   private async dropWarm(sessionId: string): Promise<void> {
     this.transcripts.delete(sessionId)
+    this.activityWrittenAt.delete(sessionId)
     const warm = this.warm.get(sessionId)
     if (!warm) return
     this.warm.delete(sessionId)
@@ -635,12 +687,7 @@ export class SessionService {
     const now = this.deps.clock.now()
     const until = iso(now + ttlMs)
     this.store.setLease(id, until, iso(now))
-    const warm = this.warm.get(id)
-    if (warm?.timer) {
-      clearTimeout(warm.timer)
-      warm.timer = setTimeout(() => void this.dropWarm(id), Math.max(ttlMs, row.keep_warm_ms))
-      warm.timer.unref()
-    }
+    this.extendWarm(id, Math.max(ttlMs, row.keep_warm_ms))
     return { sessionId: id, leaseUntil: until }
   }
 

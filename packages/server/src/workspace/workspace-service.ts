@@ -9,6 +9,7 @@ import {
   newId,
   type RestoreBody,
   type SessionInfo,
+  type SetupInfo,
   type SnapshotInfo,
   type SnapshotReason,
   type TreeSizes,
@@ -40,6 +41,8 @@ export interface WorkspaceServiceDeps {
   archiveLimits?: ArchiveLimits | undefined
   /** Automatic snapshots kept per session (manual ones are kept until deleted). */
   keepAutoSnapshots?: (tenantId: string) => number
+  /** The session's setup phase, for the manifest. */
+  setupOf?: (sessionId: string) => SetupInfo | undefined
 }
 
 /** What to add to a snapshot's record, on request: both read the tree. */
@@ -87,6 +90,24 @@ export class WorkspaceService {
       }
     })
     deps.sessions.onDeleted((sessionId) => this.deleteAll(sessionId))
+  }
+
+  /**
+   * The automatic snapshot after a successful setup phase. The workspace counts as changed, so the
+   * first turn's pre-turn snapshot is the set-up workspace and undoing turn 1 keeps the setup.
+   */
+  async snapshotAfterSetup(row: SessionRow): Promise<SnapshotInfo> {
+    await this.pending.get(row.id)
+    const info = await this.take(row, 'auto', 'after_setup', 0)
+    if (row.auto_snapshots) this.dirty.add(row.id)
+    return info
+  }
+
+  private sessionSetup(sessionId: string) {
+    const setup = this.deps.setupOf?.(sessionId)
+    if (!setup) return null
+    const { status, attempts, exitCode, snapshotId, command } = setup
+    return { status, attempts, exitCode, snapshotId, command }
   }
 
   /** Remembers a background snapshot so the next operation on the session waits for it. */
@@ -514,6 +535,7 @@ export class WorkspaceService {
       driver: revision?.manifest.isolation ?? this.deps.runtime.driver.name,
       storage: this.deps.runtime.pool.driver,
       setupVersion: revision?.manifest.setup ? revision.contentHash : null,
+      sessionSetup: this.sessionSetup(id),
       generation: row.generation,
       parentSessionId: row.parent_session_id,
       forkedFromSnapshotId: row.forked_from_snapshot_id,
@@ -532,6 +554,8 @@ export class WorkspaceService {
         ? { added: dirty.added, changed: dirty.changed, deleted: dirty.deleted, truncated: dirty.truncated }
         : null,
       limits: revision?.manifest.limits ?? {},
+      // Services listening inside the running sandbox, reachable as previews (…/ports/{port}/).
+      openPorts: (await this.deps.sessions.warmAgent(id)?.listeningPorts()) ?? [],
       policies: {
         idleTimeoutMs: row.idle_timeout_ms,
         keepWarmMs: row.keep_warm_ms,

@@ -12,6 +12,7 @@ import { register as imp } from './import.js'
 import { register as lease } from './lease.js'
 import { register as list } from './list.js'
 import { register as messages } from './messages.js'
+import { register as open } from './open.js'
 import { register as restore } from './restore.js'
 import { register as resume } from './resume.js'
 import { register as snapshot } from './snapshot.js'
@@ -34,6 +35,7 @@ export const register: Register = (parent, ctx) => {
     events,
     watch,
     lease,
+    open,
     snapshot,
     snapshots,
     restore,

@@ -1,0 +1,164 @@
+import type { IncomingHttpHeaders } from 'node:http'
+import type net from 'node:net'
+import { CairnProblem } from '@cairn/protocol'
+import type { ApiKeyStore } from '../auth/api-keys.js'
+import { type Clock, iso } from '../clock.js'
+import type { Db } from '../db/database.js'
+import type { SessionService } from '../sessions/session-service.js'
+import type { SessionRow } from '../sessions/session-store.js'
+import { EXPIRES_PARAM, PREVIEW_COOKIE, type PreviewSigner, SIGNATURE_PARAM } from './preview-signer.js'
+
+export const DEFAULT_PREVIEW_TTL_MS = 60 * 60 * 1000
+
+/** `/v1/sessions/{id}/ports/{port}{rest}?{query}`, as split by `parsePreviewTarget`. */
+export interface PreviewTarget {
+  sessionId: string
+  port: number
+  /** The path inside the preview, `''` when the URL stops at the port. */
+  rest: string
+  query: URLSearchParams
+}
+
+const PREVIEW_PATH = /^\/v1\/sessions\/(ses_[0-9a-z]+)\/ports\/(\d{1,5})(\/[^?]*)?(?:\?(.*))?$/
+
+export function parsePreviewTarget(url: string | undefined): PreviewTarget | undefined {
+  const match = url ? PREVIEW_PATH.exec(url) : null
+  if (!match?.[1] || !match[2]) return undefined
+  const port = Number(match[2])
+  if (port < 1 || port > 65535) return undefined
+  return { sessionId: match[1], port, rest: match[3] ?? '', query: new URLSearchParams(match[4] ?? '') }
+}
+
+/** The path and query sent to the service: the prefix and Cairn's own parameters removed. */
+export function upstreamPath(target: PreviewTarget): string {
+  const query = new URLSearchParams(target.query)
+  query.delete(SIGNATURE_PARAM)
+  query.delete(EXPIRES_PARAM)
+  const search = query.toString()
+  return `${target.rest || '/'}${search ? `?${search}` : ''}`
+}
+
+export function previewPrefix(sessionId: string, port: number): string {
+  return `/v1/sessions/${sessionId}/ports/${port}`
+}
+
+export interface PreviewServiceDeps {
+  db: Db
+  keys: ApiKeyStore
+  sessions: SessionService
+  signer: PreviewSigner
+  clock: Clock
+}
+
+export interface AuthorizedPreview {
+  row: SessionRow
+  /** A `Set-Cookie` value carrying a URL's signature, so the page's own links keep working. */
+  cookie?: string | undefined
+}
+
+/**
+ * Previews: a service on a port inside a session's sandbox, reached with the caller's API key or a
+ * signed URL. Every request counts as session activity.
+ */
+export class PreviewService {
+  private readonly tenantOf
+
+  constructor(private readonly deps: PreviewServiceDeps) {
+    this.tenantOf = deps.db.prepare<[string], { tenant_id: string }>(
+      'SELECT tenant_id FROM sessions WHERE id = ?',
+    )
+  }
+
+  signedUrl(
+    tenantId: string,
+    sessionId: string,
+    port: number,
+    ttlMs: number,
+    origin: string,
+  ): { url: string; expiresAt: string } {
+    const row = this.deps.sessions.require(tenantId, sessionId)
+    if (row.status === 'deleted') throw new CairnProblem('session_deleted', `session ${row.id} was deleted`)
+    const expiresAtMs = this.deps.clock.now() + ttlMs
+    const signature = this.deps.signer.sign(row.id, port, expiresAtMs)
+    const query = new URLSearchParams({ [EXPIRES_PARAM]: String(expiresAtMs), [SIGNATURE_PARAM]: signature })
+    return { url: `${origin}${previewPrefix(row.id, port)}/?${query}`, expiresAt: iso(expiresAtMs) }
+  }
+
+  /**
+   * Who may reach the preview: a signed URL (query), the cookie a signed URL left, or an API key
+   * with write access to the session's tenant. 401 without any, 403 for a bad or expired one.
+   */
+  authorize(target: PreviewTarget, headers: IncomingHttpHeaders): AuthorizedPreview {
+    const now = this.deps.clock.now()
+    const signature = target.query.get(SIGNATURE_PARAM)
+    const expires = target.query.get(EXPIRES_PARAM)
+    if (signature !== null || expires !== null) {
+      const expiresAtMs = Number(expires)
+      this.deps.signer.verify(target.sessionId, target.port, expiresAtMs, signature ?? '', now)
+      const maxAge = Math.max(1, Math.floor((expiresAtMs - now) / 1000))
+      return {
+        row: this.signedRow(target),
+        cookie: `${PREVIEW_COOKIE}=${expiresAtMs}.${signature}; Path=${previewPrefix(target.sessionId, target.port)}/; Max-Age=${maxAge}; HttpOnly; SameSite=Lax`,
+      }
+    }
+    const cookie = previewCookie(headers.cookie)
+    if (cookie) {
+      const [expiresAtMs, sig] = cookie.split('.', 2)
+      this.deps.signer.verify(target.sessionId, target.port, Number(expiresAtMs), sig ?? '', now)
+      return { row: this.signedRow(target) }
+    }
+    const match = headers.authorization ? /^Bearer\s+(\S+)$/i.exec(headers.authorization) : null
+    if (!match?.[1]) {
+      throw new CairnProblem(
+        'unauthorized',
+        'a preview needs an API key (Authorization: Bearer <key>) or a signed URL (POST …/ports/{port}/url)',
+      )
+    }
+    const principal = this.deps.keys.verify(match[1])
+    if (!principal) throw new CairnProblem('unauthorized', 'invalid API key')
+    if (principal.role === 'read') throw new CairnProblem('forbidden', 'this API key is read-only')
+    return { row: this.deps.sessions.require(principal.tenantId, target.sessionId) }
+  }
+
+  private signedRow(target: PreviewTarget): SessionRow {
+    const tenant = this.tenantOf.get(target.sessionId)?.tenant_id
+    const row = tenant ? this.deps.sessions.store.get(tenant, target.sessionId) : undefined
+    if (!row) throw new CairnProblem('session_not_found', `No session found matching '${target.sessionId}'`)
+    return row
+  }
+
+  /** A connection to the port inside the session's running sandbox; counts as activity. */
+  async connect(row: SessionRow, port: number): Promise<net.Socket> {
+    if (row.status === 'deleted') throw new CairnProblem('session_deleted', `session ${row.id} was deleted`)
+    const agent = this.deps.sessions.warmAgent(row.id)
+    if (!agent) {
+      throw new CairnProblem(
+        'sandbox_not_running',
+        `session ${row.id} has no running sandbox; send it a message to start one`,
+      )
+    }
+    this.deps.sessions.noteActivity(row)
+    return agent.connectPort(port)
+  }
+
+  noteActivity(row: SessionRow): void {
+    this.deps.sessions.noteActivity(row)
+  }
+}
+
+function previewCookie(header: string | undefined): string | undefined {
+  for (const part of header?.split(';') ?? []) {
+    const [name, ...value] = part.trim().split('=')
+    if (name === PREVIEW_COOKIE) return value.join('=')
+  }
+  return undefined
+}
+
+/** The request's cookies without Cairn's own (the service must not see the preview token). */
+export function withoutPreviewCookie(header: string | undefined): string | undefined {
+  const kept = (header ?? '')
+    .split(';')
+    .map((p) => p.trim())
+    .filter((p) => p && !p.startsWith(`${PREVIEW_COOKIE}=`))
+  return kept.length > 0 ? kept.join('; ') : undefined
+}

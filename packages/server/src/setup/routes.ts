@@ -1,0 +1,40 @@
+import { ErrorBodySchema, IdParams, SetupInfoSchema } from '@cairn/protocol'
+import type { FastifyInstance, FastifyRequest } from 'fastify'
+import { principalOf } from '../auth/plugin.js'
+import type { SessionService } from '../sessions/session-service.js'
+import type { SetupService } from './setup-service.js'
+
+const errors = { 401: ErrorBodySchema, 404: ErrorBodySchema }
+const idOf = (request: FastifyRequest) => (request.params as { id: string }).id
+
+export function setupRoutes(app: FastifyInstance, setup: SetupService, sessions: SessionService): void {
+  app.get(
+    '/v1/sessions/:id/setup',
+    {
+      schema: {
+        tags: ['sessions'],
+        summary: "The session's setup phase: command, status, attempts, exit code, snapshot, log tail",
+        params: IdParams,
+        response: { 200: SetupInfoSchema, ...errors },
+      },
+    },
+    async (request) => setup.info(sessions.require(principalOf(request).tenantId, idOf(request)).id),
+  )
+
+  app.get(
+    '/v1/sessions/:id/setup/log',
+    {
+      schema: {
+        tags: ['sessions'],
+        summary: 'The log of the latest setup run (secrets redacted), as text',
+        params: IdParams,
+        produces: ['text/plain'],
+        response: errors,
+      },
+    },
+    async (request, reply) => {
+      const row = sessions.require(principalOf(request).tenantId, idOf(request))
+      return reply.type('text/plain; charset=utf-8').send(setup.log(row.id))
+    },
+  )
+}

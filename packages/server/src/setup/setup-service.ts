@@ -1,0 +1,159 @@
+import { chmod, mkdir, rm, writeFile } from 'node:fs/promises'
+import path from 'node:path'
+import {
+  type AgentManifest,
+  CairnProblem,
+  type NetworkPolicy,
+  type SessionSetup,
+  type SetupInfo,
+} from '@cairn/protocol'
+import { DEFAULT_LIMITS, type NetworkEvent, type Runtime, runSandboxedCommand } from '@cairn/runtime'
+import type { Logger } from 'pino'
+import type { AgentService } from '../agents/agent-service.js'
+import { ENV_VARIABLES, envBinds } from '../agents/builder.js'
+import { type Clock, iso } from '../clock.js'
+import type { Db } from '../db/database.js'
+import { redact, type SecretStore } from '../secrets/secret-store.js'
+import type { SessionRow } from '../sessions/session-store.js'
+import { logTail, SetupStore } from './setup-store.js'
+
+export const DEFAULT_SETUP_TIMEOUT_MS = 10 * 60 * 1000
+const MAX_LOG_BYTES = 1024 * 1024
+
+export interface SetupServiceDeps {
+  db: Db
+  runtime: Runtime
+  agents: AgentService
+  secrets: SecretStore
+  egressPrivateExceptions?: ReadonlySet<string> | undefined
+  clock: Clock
+  logger: Logger
+}
+
+/** `session.setup` of cairn.yaml in the API's shape (a bare command is a string or an argv). */
+export function manifestSetup(manifest: AgentManifest): SessionSetup | undefined {
+  const setup = manifest.session?.setup
+  if (setup === undefined) return undefined
+  return typeof setup === 'string' || Array.isArray(setup) ? { command: setup } : setup
+}
+
+/**
+ * The setup phase of a session: its command runs once, before the first turn, in a sandbox on the
+ * session's workspace, with the agent's `setup`-scoped secrets and the setup network policy; the
+ * log is kept, a snapshot follows success. A failed setup runs again on the next turn.
+ */
+export class SetupService {
+  readonly store: SetupStore
+  private afterSuccess: ((row: SessionRow) => Promise<string>) | undefined
+
+  constructor(private readonly deps: SetupServiceDeps) {
+    this.store = new SetupStore(deps.db)
+  }
+
+  /** Called after a successful setup; answers the ID of the snapshot it took. */
+  onSucceeded(hook: (row: SessionRow) => Promise<string>): void {
+    this.afterSuccess = hook
+  }
+
+  record(sessionId: string, setup: SessionSetup): void {
+    this.store.insert(sessionId, setup)
+  }
+
+  /** Whether the session's next turn must run setup first. */
+  needed(sessionId: string): boolean {
+    const setup = this.store.get(sessionId)
+    return setup !== undefined && setup.status !== 'succeeded'
+  }
+
+  info(sessionId: string): SetupInfo {
+    const info = this.store.info(sessionId)
+    if (!info) throw new CairnProblem('not_found', `session ${sessionId} has no setup phase`)
+    return info
+  }
+
+  log(sessionId: string): string {
+    const log = this.store.log(sessionId)
+    if (log === undefined) throw new CairnProblem('not_found', `session ${sessionId} has no setup phase`)
+    return log
+  }
+
+  /** Runs the setup; throws `setup_failed` (with the log tail in details) when it does not succeed. */
+  async run(row: SessionRow, onNetwork: (event: NetworkEvent) => void, signal?: AbortSignal): Promise<void> {
+    const setup = this.store.get(row.id)
+    if (!setup) return
+    const revision = this.deps.agents.store.revision(row.revision_id)
+    if (!revision) throw new CairnProblem('revision_not_found', `revision ${row.revision_id} is gone`)
+    const { runtime, secrets } = this.deps
+    const setupSecrets = secrets.valuesForScope(row.tenant_id, row.agent_id, 'setup')
+    const allSecrets = secrets.values(row.agent_id, ['runtime', 'setup', 'proxy'])
+    const policy: NetworkPolicy = setup.network ??
+      (row.network_json ? (JSON.parse(row.network_json) as NetworkPolicy) : revision.manifest.network) ?? {
+        allow: [],
+      }
+    const envKey = revision.manifest.envKey ?? undefined
+    const limits = revision.manifest.limits ?? {}
+    const timeoutMs = setup.timeoutMs ?? DEFAULT_SETUP_TIMEOUT_MS
+    let log = ''
+    const append = (line: string) => {
+      log += `${redact(line, allSecrets)}\n`
+      if (log.length > MAX_LOG_BYTES) log = log.slice(log.length - MAX_LOG_BYTES)
+    }
+    this.store.start(row.id, iso(this.deps.clock.now()))
+    const runDir = path.join(runtime.runDir, 'sandboxes', `setup-${row.id}`)
+    let exitCode: number | null = null
+    let error: string | null = null
+    try {
+      await mkdir(runDir, { recursive: true })
+      await chmod(runDir, 0o755)
+      await writeFile(path.join(runDir, 'transcript.jsonl'), '', { mode: 0o644 })
+      const result = await runSandboxedCommand(runtime.driverFor(revision.manifest.isolation), {
+        workspaceDir: runtime.pool.workspacePath(row.id),
+        runDir,
+        command: setup.command,
+        env: {
+          ...(envKey ? ENV_VARIABLES : {}),
+          HOME: '/tmp',
+          ...setup.env,
+          ...setupSecrets,
+          CAIRN_SESSION_ID: row.id,
+          CAIRN_PHASE: 'setup',
+        },
+        network: 'none',
+        egress: { policy, privateExceptions: this.deps.egressPrivateExceptions, onEvent: onNetwork },
+        binds: envKey ? envBinds(this.deps.agents.envs.envPath(envKey), envKey) : [],
+        limits: {
+          memoryMiB: limits.memoryMiB ?? DEFAULT_LIMITS.memoryMiB,
+          pids: limits.pids ?? DEFAULT_LIMITS.pids,
+          cpus: limits.cpus ?? DEFAULT_LIMITS.cpus,
+        },
+        timeoutMs,
+        onLine: append,
+        signal,
+      })
+      exitCode = result.code
+      if (result.cancelled) error = 'setup was cancelled'
+      else if (result.timedOut) error = `setup ran past its timeout of ${timeoutMs} ms`
+      else if (result.limit) error = `setup hit its ${result.limit} limit`
+      else if (result.code !== 0) error = `setup exited with code ${result.code ?? result.signal}`
+    } catch (caught) {
+      error = `setup could not run: ${(caught as Error).message}`
+    } finally {
+      await rm(runDir, { recursive: true, force: true }).catch(() => undefined)
+    }
+    this.store.finish(row.id, {
+      status: error ? 'failed' : 'succeeded',
+      exitCode,
+      error,
+      log,
+      at: iso(this.deps.clock.now()),
+    })
+    if (error) {
+      const tail = logTail(log)
+      throw new CairnProblem('setup_failed', `${error}${tail ? `; last lines:\n${tail}` : ''}`, {
+        exitCode,
+        logTail: tail,
+      })
+    }
+    if (this.afterSuccess) this.store.setSnapshot(row.id, await this.afterSuccess(row))
+  }
+}

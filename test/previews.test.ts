@@ -1,0 +1,189 @@
+import net from 'node:net'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { probeGvisor } from '../packages/runtime/src/sandbox/gvisor-driver.js'
+import { assertBuilt, spawnCli } from './helpers/cli.js'
+import { makeProject } from './helpers/projects.js'
+import { startTestServer, type TestServer } from './helpers/server.js'
+
+let t: TestServer
+let sessionId = ''
+const gvisor = await probeGvisor()
+
+// A raw-socket server that answers any request with 101, reports whether it saw an API key, then
+// echoes: enough to show an Upgrade handshake and the bytes after it are relayed.
+const UPGRADE_ECHO = [
+  'import socket',
+  's = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)',
+  's.bind(("127.0.0.1", 8001)); s.listen(4)',
+  'while True:',
+  '    c, _ = s.accept(); head = b""; more = b"."',
+  '    while more and b"\\r\\n\\r\\n" not in head: more = c.recv(1024); head += more',
+  '    if not more: c.close(); continue',
+  '    saw = b"yes" if b"authorization" in head.lower() else b"no"',
+  '    c.sendall(b"HTTP/1.1 101 Switching Protocols\\r\\nUpgrade: echo\\r\\nConnection: Upgrade\\r\\n\\r\\nsaw-key: " + saw + b"\\n")',
+  '    while True:',
+  '        d = c.recv(1024)',
+  '        if not d: break',
+  '        c.sendall(d)',
+  '    c.close()',
+].join('\n')
+
+const waitFor = (port: number) =>
+  `for i in $(seq 100); do python3 -c "import socket; socket.create_connection(('127.0.0.1', ${port}))" 2>/dev/null && break; sleep 0.05; done`
+
+beforeAll(async () => {
+  t = await startTestServer()
+  const shell = await makeProject({
+    'cairn.yaml': 'name: shell\ncommand: bash agent.sh\n',
+    'agent.sh': 'while IFS= read -r line; do bash -c "$line" </dev/null 2>&1; echo "[exit $?]"; done\n',
+    'upgrade_echo.py': UPGRADE_ECHO,
+  })
+  expect((await t.api.deploy(shell)).status).toBe(201)
+  sessionId = (await t.api.createSession('shell')).id
+  const started = await t.api.send(
+    sessionId,
+    `mkdir -p site && echo "hello from the sandbox" > site/hello.txt && (nohup python3 -m http.server 8000 --bind 127.0.0.1 --directory site >/tmp/http.log 2>&1 &) && (nohup python3 upgrade_echo.py >/tmp/echo.log 2>&1 &) && ${waitFor(8000)} && ${waitFor(8001)}`,
+  )
+  expect(started.text).toContain('[exit 0]')
+})
+
+afterAll(async () => {
+  await t?.close()
+})
+
+const signedUrl = async (port: number, ttlMs: number) => {
+  const res = await t.api.call('POST', `/v1/sessions/${sessionId}/ports/${port}/url`, { ttlMs })
+  expect(res.status).toBe(200)
+  return res.body as { url: string; expiresAt: string }
+}
+/** The signed URL with a path inside the preview instead of its root. */
+const at = (url: string, file: string) => url.replace('/?', `/${file}?`)
+
+describe('previews of services inside a session sandbox', () => {
+  it('lists the open ports in the manifest', async () => {
+    const manifest = await t.api.call('GET', `/v1/sessions/${sessionId}/manifest`)
+    expect(manifest.body.openPorts).toEqual(expect.arrayContaining([8000, 8001]))
+  })
+
+  it('serves a file through a signed URL, and through the cookie that URL leaves', async () => {
+    const { url, expiresAt } = await signedUrl(8000, 60_000)
+    expect(url.startsWith(`${t.url}/v1/sessions/${sessionId}/ports/8000/?`)).toBe(true)
+    expect(Date.parse(expiresAt)).toBeGreaterThan(Date.now())
+    const res = await fetch(at(url, 'hello.txt'))
+    expect(res.status).toBe(200)
+    expect(await res.text()).toBe('hello from the sandbox\n')
+    const cookie = res.headers.get('set-cookie') ?? ''
+    expect(cookie).toContain(`Path=/v1/sessions/${sessionId}/ports/8000/`)
+    const again = await fetch(`${t.url}/v1/sessions/${sessionId}/ports/8000/hello.txt`, {
+      headers: { cookie: cookie.split(';')[0] ?? '' },
+    })
+    expect(again.status).toBe(200)
+    // The directory listing's relative links need the trailing slash.
+    const bare = await fetch(url.replace('/?', '?'), { redirect: 'manual' })
+    expect(bare.status).toBe(308)
+  })
+
+  it('prints a signed URL with `cairn sessions open`', async () => {
+    assertBuilt()
+    const env = { CAIRN_API_URL: t.url, CAIRN_API_KEY: t.key, CAIRN_CONFIG_DIR: t.dataDir }
+    const { done } = spawnCli(['sessions', 'open', sessionId.slice(0, 10), '8000', '--ttl', '5m'], env)
+    const result = await done
+    expect(result.code).toBe(0)
+    const url = result.stdout.trim()
+    expect(url).toContain(`/v1/sessions/${sessionId}/ports/8000/?cairn_expires=`)
+    expect(await (await fetch(at(url, 'hello.txt'))).text()).toBe('hello from the sandbox\n')
+  })
+
+  it('serves the caller with an API key', async () => {
+    const res = await t.api.call('GET', `/v1/sessions/${sessionId}/ports/8000/hello.txt`)
+    expect(res).toEqual({ status: 200, body: 'hello from the sandbox\n' })
+    // Other methods and their bodies reach the service as they are (http.server refuses POST).
+    const post = await t.api.call('POST', `/v1/sessions/${sessionId}/ports/8000/form`, { a: 1 })
+    expect(post.status).toBe(501)
+    expect(String(post.body)).toContain('Unsupported method')
+  })
+
+  it('refuses without a key or signature (401), with a forged or expired one (403)', async () => {
+    const none = await fetch(`${t.url}/v1/sessions/${sessionId}/ports/8000/hello.txt`)
+    expect(none.status).toBe(401)
+    expect(((await none.json()) as { error: { code: string } }).error.code).toBe('unauthorized')
+    const { url } = await signedUrl(8000, 60_000)
+    const forged = await fetch(at(url, 'hello.txt').replace(/cairn_signature=[^&]+/, 'cairn_signature=AAAA'))
+    expect(forged.status).toBe(403)
+    const otherPort = await fetch(at(url, 'hello.txt').replace('/ports/8000/', '/ports/8001/'))
+    expect(otherPort.status).toBe(403)
+    const short = await signedUrl(8000, 1000)
+    await new Promise((r) => setTimeout(r, 1100))
+    const expired = await fetch(at(short.url, 'hello.txt'))
+    expect(expired.status).toBe(403)
+    expect(await expired.json()).toMatchObject({
+      error: { code: 'forbidden', details: { reason: 'expired' } },
+    })
+  })
+
+  it('counts preview requests as activity', async () => {
+    const before = (await t.api.call('GET', `/v1/sessions/${sessionId}`)).body.lastActiveAt as string
+    await new Promise((r) => setTimeout(r, 1100))
+    expect((await t.api.call('GET', `/v1/sessions/${sessionId}/ports/8000/hello.txt`)).status).toBe(200)
+    const after = (await t.api.call('GET', `/v1/sessions/${sessionId}`)).body.lastActiveAt as string
+    expect(Date.parse(after)).toBeGreaterThan(Date.parse(before))
+  })
+
+  it('keeps the sandbox warm while previews are used, and lets it cool down afterwards', async () => {
+    const { id } = await t.api.createSession('shell', { keepWarmMs: 1500 })
+    await t.api.send(
+      id,
+      `(nohup python3 -m http.server 8002 --bind 127.0.0.1 >/dev/null 2>&1 &) && ${waitFor(8002)}`,
+    )
+    // Four seconds of preview traffic: more than twice the keep-warm window.
+    for (let i = 0; i < 10; i++) {
+      expect((await t.api.call('GET', `/v1/sessions/${id}/ports/8002/`)).status).toBe(200)
+      await new Promise((r) => setTimeout(r, 400))
+    }
+    expect((await t.api.call('GET', `/v1/sessions/${id}`)).body.warm).toBe(true)
+    await new Promise((r) => setTimeout(r, 2500))
+    expect((await t.api.call('GET', `/v1/sessions/${id}`)).body.warm).toBe(false)
+  })
+
+  it('relays an HTTP Upgrade and the bytes after it, without the API key', async () => {
+    const { url } = await signedUrl(8001, 60_000)
+    const target = new URL(url)
+    const socket = net.connect(Number(target.port), target.hostname)
+    let received = ''
+    socket.on('data', (chunk) => {
+      received += chunk.toString()
+      if (received.includes('saw-key') && !received.includes('ping')) socket.write('ping\n')
+    })
+    socket.write(
+      `GET ${target.pathname}ws${target.search} HTTP/1.1\r\nHost: ${target.host}\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n`,
+    )
+    for (let i = 0; i < 100 && !received.endsWith('ping\n'); i++) await new Promise((r) => setTimeout(r, 50))
+    socket.destroy()
+    expect(received).toMatch(/^HTTP\/1\.1 101 /)
+    expect(received).toContain('saw-key: no\n')
+    expect(received.endsWith('ping\n')).toBe(true)
+  })
+
+  it('answers with typed errors when nothing listens or no sandbox runs', async () => {
+    const closed = await t.api.call('GET', `/v1/sessions/${sessionId}/ports/8999/`)
+    expect(closed.status).toBe(502)
+    expect(closed.body.error.code).toBe('port_unreachable')
+    const cold = await t.api.createSession('shell')
+    const idle = await t.api.call('GET', `/v1/sessions/${cold.id}/ports/8000/`)
+    expect(idle.status).toBe(409)
+    expect(idle.body.error.code).toBe('sandbox_not_running')
+  })
+
+  it.skipIf(!gvisor.ok)('refuses previews under gVisor, which declares no ports capability', async () => {
+    const project = await makeProject({
+      'cairn.yaml': 'name: boxed\ncommand: bash agent.sh\nisolation: gvisor\n',
+      'agent.sh': 'while IFS= read -r line; do echo "$line"; done\n',
+    })
+    expect((await t.api.deploy(project)).status).toBe(201)
+    const { id } = await t.api.createSession('boxed')
+    expect((await t.api.send(id, 'hi')).text).toBe('hi\n')
+    const res = await t.api.call('GET', `/v1/sessions/${id}/ports/8000/`)
+    expect(res.status).toBe(400)
+    expect(res.body.error.details).toMatchObject({ driver: 'gvisor', capability: 'ports' })
+  })
+})

@@ -23,6 +23,7 @@ async function load(): Promise<Bench[]> {
     { idleMemory },
     { scale },
     { throughput },
+    { gvisorStart },
   ] = await Promise.all([
     import('./baselines.js'),
     import('./session-create.js'),
@@ -33,8 +34,20 @@ async function load(): Promise<Bench[]> {
     import('./idle-memory.js'),
     import('./scale.js'),
     import('./throughput.js'),
+    import('./gvisor-start.js'),
   ])
-  return [baselines, sessionCreate, coldStart, warmTurn, deploy, snapshots, idleMemory, scale, throughput]
+  return [
+    baselines,
+    sessionCreate,
+    coldStart,
+    warmTurn,
+    deploy,
+    snapshots,
+    idleMemory,
+    scale,
+    throughput,
+    gvisorStart,
+  ]
 }
 
 /** Share of CPU time spent idle over `ms`, from /proc/stat. */

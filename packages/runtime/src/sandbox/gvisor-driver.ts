@@ -5,15 +5,17 @@ import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
 import type { CgroupLimits, CgroupManager } from './cgroups.js'
 import type { DriverCapabilities, Sandbox, SandboxDriver, SandboxSpec } from './driver.js'
-import { cleanupSlots, GvisorPool, POOL_SLOT_PREFIX } from './gvisor-pool.js'
+import { type ClaimTiming, cleanupSlots, GvisorPool, POOL_SLOT_PREFIX } from './gvisor-pool.js'
 import { childEnd, childIo, GvisorSandbox } from './gvisor-sandbox.js'
 import { buildOciSpec, type GvisorSpecOptions, prepareRootfs } from './gvisor-spec.js'
 import { installStatxShim, STATX_SHIM_PATH } from './gvisor-statx-fix.js'
 import {
+  defaultPlatform,
   findBinary,
   listContainers,
   type RunscConfig,
   runsc,
+  runscFeatures,
   runscFlags,
   runscSelfTest,
   runscVersion,
@@ -31,6 +33,7 @@ export interface GvisorDriverOptions {
   /** This driver's directory: the shared read-only root, the bundles and runsc's state. */
   stateDir: string
   runscPath?: string | undefined
+  /** gVisor's platform; by default the fastest this runsc offers (systrap, else ptrace). */
   platform?: string | undefined
   /**
    * Host memory the sandbox's own machinery (runsc, gofer, sentry) may use on top of the agent's
@@ -121,6 +124,9 @@ export class GvisorDriver implements SandboxDriver {
           driver: this.name,
         })
       }
+      const features = await runscFeatures(findBinary(this.runsc.path) ?? this.runsc.path)
+      this.runsc.featureFlags = features.featureFlags
+      if (this.options.platform === undefined) this.runsc.platform = defaultPlatform(features.platforms)
       await mkdir(this.options.stateDir, { recursive: true })
       await chmod(this.options.stateDir, 0o711)
       await prepareRootfs(this.rootfsDir, this.options.etcDir)
@@ -168,6 +174,11 @@ export class GvisorDriver implements SandboxDriver {
     if (!this.pool) return
     await this.prepare()
     this.pool.warm({ network: 'none', binds: [] })
+  }
+
+  /** Pool claims and misses so far, and where the last claim's time went (for the bench). */
+  get poolStats(): { claimed: number; missed: number; lastClaim: ClaimTiming | undefined } {
+    return { ...(this.pool?.counts ?? { claimed: 0, missed: 0 }), lastClaim: this.pool?.lastClaim }
   }
 
   /** How many pre-started sandboxes are ready to be claimed. */

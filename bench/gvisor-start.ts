@@ -129,6 +129,8 @@ export const gvisorStart: Bench = {
         }
       })
       if (missed > 0) notes.push(`${missed} pooled runs found no ready slot and were left out`)
+      const { failed, lastFailure } = driver.poolStats
+      if (failed > 0) notes.push(`${failed} pool claims failed and booted cold (last: ${lastFailure})`)
       for (const c of CASES) {
         const s = samples.get(c.name) ?? []
         const total = row(

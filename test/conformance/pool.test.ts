@@ -81,10 +81,13 @@ describe.skipIf(!drivers.gvisor.ok)('gvisor pool', () => {
 
   it('serves an agent from a pre-started sandbox, same as a cold one', async () => {
     await ready()
+    const claimed = gvisor.poolStats.claimed
     const { agent, workspaceDir } = await startOn(runtime, 'gvisor', 'rev_pool', ['python3', 'agent.py'], {
       env: { MULTI: "two\nlines 'quoted'" },
+      memoryMiB: 1024, // above the waiting slot's limit: the claim raises it
     })
-    expect(gvisor.pooled).toBe(0) // claimed
+    expect(gvisor.pooled).toBe(0)
+    expect(gvisor.poolStats).toMatchObject({ claimed: claimed + 1, failed: 0 })
     try {
       expect(await reply(agent, 'who', 1)).toBe(
         `1000 /workspace ['agent.py', 'pooled.txt'] two\nlines 'quoted'\n`,
@@ -116,9 +119,10 @@ describe.skipIf(!drivers.gvisor.ok)('gvisor pool', () => {
     const first = await startOn(runtime, 'gvisor', 'rev_pool', ['python3', 'agent.py'], { binds })
     await runtime.stopAgent(first.agent)
     expect(await waitFor(() => gvisor.pooled >= 2, 15_000)).toBe(true)
+    const claimed = gvisor.poolStats.claimed
     const { agent } = await startOn(runtime, 'gvisor', 'rev_pool', ['python3', 'agent.py'], { binds })
     try {
-      expect(gvisor.pooled).toBe(1)
+      expect(gvisor.poolStats).toMatchObject({ claimed: claimed + 1, failed: 0 })
       expect(slotMounts().length).toBe(3)
       expect(await reply(agent, 'read-only', 1)).toBe(
         '/run/cairn/x refused\n/opt/cairn/x refused\n/env/x refused\n/x refused\n',

@@ -177,8 +177,18 @@ export class GvisorDriver implements SandboxDriver {
   }
 
   /** Pool claims and misses so far, and where the last claim's time went (for the bench). */
-  get poolStats(): { claimed: number; missed: number; lastClaim: ClaimTiming | undefined } {
-    return { ...(this.pool?.counts ?? { claimed: 0, missed: 0 }), lastClaim: this.pool?.lastClaim }
+  get poolStats(): {
+    claimed: number
+    missed: number
+    failed: number
+    lastFailure: string | undefined
+    lastClaim: ClaimTiming | undefined
+  } {
+    return {
+      ...(this.pool?.counts ?? { claimed: 0, missed: 0, failed: 0 }),
+      lastFailure: this.pool?.lastFailure,
+      lastClaim: this.pool?.lastClaim,
+    }
   }
 
   /** How many pre-started sandboxes are ready to be claimed. */

@@ -144,7 +144,9 @@ export class GvisorPool {
   private closed = false
   private sharedMount = false
   /** Starts served from a slot, and starts that found none ready (and booted cold). */
-  readonly counts = { claimed: 0, missed: 0 }
+  readonly counts = { claimed: 0, missed: 0, failed: 0 }
+  /** Why the last claim that failed (and fell back to a cold start) failed. */
+  lastFailure: string | undefined
   lastClaim: ClaimTiming | undefined
 
   constructor(private readonly options: GvisorPoolOptions) {}
@@ -191,10 +193,13 @@ export class GvisorPool {
       this.counts.missed++
       return undefined
     }
-    this.counts.claimed++
     try {
-      return await this.start(slot, spec)
-    } catch {
+      const sandbox = await this.start(slot, spec)
+      this.counts.claimed++
+      return sandbox
+    } catch (error) {
+      this.counts.failed++
+      this.lastFailure = error instanceof Error ? error.message : String(error)
       await this.discard(slot)
       return undefined
     }

@@ -50,10 +50,16 @@ export const DEFAULT_GVISOR_MEMORY_OVERHEAD_MIB = 64
 export const DEFAULT_GVISOR_PIDS_OVERHEAD = 160
 /**
  * Host tasks that carry one task of the agent on the ptrace platform (its stub thread and the
- * sentry's tracer threads), measured at 5 to 6 here. The agent's `pids` limit is enforced on the host
+ * sentry's tracer threads), measured at 5 to 10 here. The agent's `pids` limit is enforced on the host
  * tasks, where hitting it is seen (pids.events) and reported as `pids_limit`; it is approximate.
  */
 export const GVISOR_HOST_TASKS_PER_TASK = 6
+/**
+ * The same on systrap (runsc since 2023): one stub process per agent process, about 2 host tasks
+ * per agent task over about 25 for the sandbox itself (measured); with ptrace's figures an agent
+ * that forks would reach its memory limit long before its pids limit.
+ */
+const SYSTRAP_HOST_TASKS = { perTask: 2, overhead: 64 }
 
 // As in the bwrap driver: join the cgroups as root, then become runsc, so the gofer, the sentry and
 // the agent's ptrace stubs are all inside the sandbox's cgroups from their first instruction.
@@ -164,7 +170,10 @@ export class GvisorDriver implements SandboxDriver {
     return {
       memoryBytes:
         (spec.limits.memoryMiB + (memoryOverheadMiB ?? DEFAULT_GVISOR_MEMORY_OVERHEAD_MIB)) * 1024 * 1024,
-      pids: spec.limits.pids * GVISOR_HOST_TASKS_PER_TASK + (pidsOverhead ?? DEFAULT_GVISOR_PIDS_OVERHEAD),
+      pids:
+        this.runsc.platform === 'systrap'
+          ? spec.limits.pids * SYSTRAP_HOST_TASKS.perTask + (pidsOverhead ?? SYSTRAP_HOST_TASKS.overhead)
+          : spec.limits.pids * GVISOR_HOST_TASKS_PER_TASK + (pidsOverhead ?? DEFAULT_GVISOR_PIDS_OVERHEAD),
       cpus: spec.limits.cpus,
     }
   }

@@ -10,6 +10,7 @@ import { execTool } from '../util/exec.js'
 import { readMounts } from '../util/mounts.js'
 import type { CgroupLimits, CgroupManager } from './cgroups.js'
 import type { Sandbox, SandboxSpec } from './driver.js'
+import { Mounter } from './gvisor-mounter.js'
 import { childIo, GvisorSandbox } from './gvisor-sandbox.js'
 import { buildSlotOciSpec, type GvisorSpecOptions, lateMountDests, prepareSlotRoot } from './gvisor-spec.js'
 import { type RunscConfig, runsc, runscFlags } from './runsc.js'
@@ -148,6 +149,7 @@ export class GvisorPool {
   /** Why the last claim that failed (and fell back to a cold start) failed. */
   lastFailure: string | undefined
   lastClaim: ClaimTiming | undefined
+  private readonly mounter = new Mounter()
 
   constructor(private readonly options: GvisorPoolOptions) {}
 
@@ -216,7 +218,10 @@ export class GvisorPool {
       ...(spec.binds ?? []),
     ]
     await Promise.all(
-      slot.mountPoints.map((m, i) => this.bindLate(sources[i] ?? { source: '', readOnly: true }, m.point, i)),
+      slot.mountPoints.map((m, i) => {
+        const { source, readOnly } = sources[i] ?? { source: '', readOnly: true }
+        return this.mounter.bind(source, m.point, readOnly, path.join(this.stagingDir, `${slot.id}-${i}`))
+      }),
     )
     const boundAt = performance.now()
     // Whatever runsc create and start wrote to the pipes is not the agent's.
@@ -234,29 +239,6 @@ export class GvisorPool {
       bundle: slot.bundle,
       release: () => this.release(slot),
     })
-  }
-
-  /**
-   * Binds a session directory onto a slot's mount point. A read-only bind is made read-only in the
-   * private staging directory first and then moved into place: a remount after the bind would not
-   * reach the copy in the gofer's mount namespace, and the agent could write through it.
-   */
-  private async bindLate(bind: { source: string; readOnly: boolean }, point: string, index: number) {
-    if (!bind.readOnly)
-      return void (await execTool('mount', ['--bind', bind.source, point], { code: 'sandbox_failed' }))
-    const staged = path.join(this.stagingDir, `${path.basename(path.dirname(path.dirname(point)))}-${index}`)
-    await execTool(
-      '/bin/sh',
-      [
-        '-c',
-        'mkdir -p "$2" && mount --bind -o ro,nosuid,nodev "$1" "$2" && mount --move "$2" "$3" && rmdir "$2"',
-        'bind-ro',
-        bind.source,
-        staged,
-        point,
-      ],
-      { code: 'sandbox_failed' },
-    )
   }
 
   private get stagingDir(): string {
@@ -412,6 +394,7 @@ export class GvisorPool {
     this.closed = true
     await Promise.all([...this.filling.values()])
     for (const key of [...this.ready.keys()]) await this.drop(key)
+    this.mounter.close()
     await cleanupSlots(this.options.slotsDir)
     this.sharedMount = false
   }

@@ -55,6 +55,11 @@ export async function runscFeatures(
       resolve(error ? '' : `${stdout}${stderr}`),
     )
   })
+  return parseRunscFlags(out)
+}
+
+/** Reads `runsc flags` output (see `runscFeatures`). */
+export function parseRunscFlags(out: string): { platforms: string[]; featureFlags: string[] } {
   // "specifies which platform to use: systrap (default), ptrace, kvm."
   const platformLine = /which platform to use: ([^.]*)\./.exec(out)?.[1] ?? 'ptrace'
   const platforms = platformLine

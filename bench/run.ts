@@ -25,6 +25,7 @@ async function load(): Promise<Bench[]> {
     { throughput },
     { storageDir },
     { previews },
+    { gvisorStart },
   ] = await Promise.all([
     import('./baselines.js'),
     import('./session-create.js'),
@@ -37,6 +38,7 @@ async function load(): Promise<Bench[]> {
     import('./throughput.js'),
     import('./storage-dir.js'),
     import('./previews.js'),
+    import('./gvisor-start.js'),
   ])
   return [
     baselines,
@@ -50,6 +52,7 @@ async function load(): Promise<Bench[]> {
     throughput,
     storageDir,
     previews,
+    gvisorStart,
   ]
 }
 

@@ -47,6 +47,7 @@ export interface StartOptions {
   env?: Record<string, string>
   workspaceDir?: string
   egress?: AgentLaunch['egress']
+  binds?: AgentLaunch['binds']
 }
 
 /** Starts an agent under `isolation` on a fresh workspace of `revisionId` (or on `workspaceDir`). */
@@ -69,6 +70,7 @@ export async function startOn(
     turnTimeoutMs: options.turnTimeoutMs ?? 20_000,
     isolation,
     egress: options.egress,
+    binds: options.binds,
   })
   return { agent, workspaceDir, sessionId: id }
 }

@@ -1,5 +1,5 @@
-import { readFileSync, statSync } from 'node:fs'
-import { mkdtemp, rm } from 'node:fs/promises'
+import { readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs'
+import { chmod, mkdtemp, rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
@@ -30,6 +30,15 @@ while True:
         print("allocating", flush=True)
         blocks = [b"\\x01" * (1 << 20) for _ in range(int(line[6:]))]
         print("allocated", len(blocks))
+    elif line == "read-only":
+        for p in ("/run/cairn/x", "/opt/cairn/x", "/env/x", "/x"):
+            try:
+                open(p, "w")
+                print(p, "written")
+            except OSError as e:
+                print(p, "refused" if e.errno in (13, 30) else e.errno)
+    elif line == "host":
+        print(open("host.txt").read())
     elif line == "crash":
         raise SystemExit(3)
     else:
@@ -41,13 +50,13 @@ let dataDir: string
 let runtime: Runtime
 let gvisor: GvisorDriver
 
-/** Host mounts of pool slots (the slots directory's own shared mount aside). */
+/** Session directories bound into pool slots (not the slots' own roots, nor the staging directory). */
 function slotMounts(): string[] {
   const slots = path.join(runtime.runDir, 'gvisor', 'slots')
   return readFileSync('/proc/self/mountinfo', 'utf8')
     .split('\n')
     .map((line) => line.split(' ')[4] ?? '')
-    .filter((p) => p.startsWith(`${slots}/`))
+    .filter((p) => p.startsWith(`${slots}/`) && /\/gvpool_[0-9a-f]+\/root\/./.test(p))
 }
 
 async function ready(): Promise<void> {
@@ -72,19 +81,53 @@ describe.skipIf(!drivers.gvisor.ok)('gvisor pool', () => {
 
   it('serves an agent from a pre-started sandbox, same as a cold one', async () => {
     await ready()
+    const claimed = gvisor.poolStats.claimed
     const { agent, workspaceDir } = await startOn(runtime, 'gvisor', 'rev_pool', ['python3', 'agent.py'], {
       env: { MULTI: "two\nlines 'quoted'" },
+      memoryMiB: 1024, // above the waiting slot's limit: the claim raises it
     })
-    expect(gvisor.pooled).toBe(0) // claimed
+    expect(gvisor.pooled).toBe(0)
+    expect(gvisor.poolStats).toMatchObject({ claimed: claimed + 1, failed: 0 })
     try {
       expect(await reply(agent, 'who', 1)).toBe(
         `1000 /workspace ['agent.py', 'pooled.txt'] two\nlines 'quoted'\n`,
       )
       expect(statSync(path.join(workspaceDir, 'pooled.txt')).uid).toBe(SANDBOX_UID)
       expect(slotMounts().length).toBe(2) // the workspace and the run dir, bound into the slot
+      // Bound read-only on the host, and the copy gVisor's gofer sees is read-only too.
+      expect(await reply(agent, 'read-only', 2)).toBe(
+        '/run/cairn/x refused\n/opt/cairn/x refused\n/env/x 2\n/x refused\n',
+      )
+      // What the host writes into the workspace between turns, the warm agent reads.
+      writeFileSync(path.join(workspaceDir, 'host.txt'), 'from the host')
+      expect(await reply(agent, 'host', 3)).toBe('from the host\n')
       await agent.freeze()
       await agent.thaw()
-      expect(await reply(agent, 'after thaw', 2)).toBe('echo: after thaw\n')
+      expect(await reply(agent, 'after thaw', 4)).toBe('echo: after thaw\n')
+    } finally {
+      await runtime.stopAgent(agent)
+    }
+    expect(slotMounts()).toEqual([])
+  })
+
+  it('binds extra directories read-only into a slot of their layout', async () => {
+    const envDir = await mkdtemp(path.join(dataDir, 'env-'))
+    writeFileSync(path.join(envDir, 'lib.txt'), 'library')
+    await chmod(envDir, 0o777) // only the mount may refuse the agent's write
+    const binds = [{ source: envDir, dest: '/env', readOnly: true }]
+    // The first start of a layout boots cold and has the pool keep slots of it from then on.
+    const first = await startOn(runtime, 'gvisor', 'rev_pool', ['python3', 'agent.py'], { binds })
+    await runtime.stopAgent(first.agent)
+    expect(await waitFor(() => gvisor.pooled >= 2, 15_000)).toBe(true)
+    const claimed = gvisor.poolStats.claimed
+    const { agent } = await startOn(runtime, 'gvisor', 'rev_pool', ['python3', 'agent.py'], { binds })
+    try {
+      expect(gvisor.poolStats).toMatchObject({ claimed: claimed + 1, failed: 0 })
+      expect(slotMounts().length).toBe(3)
+      expect(await reply(agent, 'read-only', 1)).toBe(
+        '/run/cairn/x refused\n/opt/cairn/x refused\n/env/x refused\n/x refused\n',
+      )
+      expect(readdirSync(envDir)).toEqual(['lib.txt'])
     } finally {
       await runtime.stopAgent(agent)
     }

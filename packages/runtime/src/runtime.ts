@@ -109,8 +109,9 @@ export class Runtime {
       etcDir: path.join(this.runDir, 'etc'),
       kitDir: path.join(this.runDir, 'kit'),
       stateDir: path.join(this.runDir, 'gvisor'),
-      runscPath: options.gvisor?.runscPath,
-      platform: options.gvisor?.platform,
+      // The environment names another runsc release or platform (to compare them, in benches).
+      runscPath: options.gvisor?.runscPath ?? process.env.CAIRN_RUNSC,
+      platform: options.gvisor?.platform ?? process.env.CAIRN_GVISOR_PLATFORM,
       poolSize: options.gvisor?.poolSize ?? (options.isolation === 'gvisor' ? 2 : 0),
     })
     this.drivers = { bwrap, gvisor: this.gvisor }

@@ -114,11 +114,19 @@ export class CgroupManager {
       writeFileSync(path.join(dirs.v2, 'cpu.max'), `${quotaUs} 100000`)
     } else {
       if (dirs.memory) {
-        writeFileSync(path.join(dirs.memory, 'memory.limit_in_bytes'), String(limits.memoryBytes))
         const memory = dirs.memory
-        trySync(() =>
-          writeFileSync(path.join(memory, 'memory.memsw.limit_in_bytes'), String(limits.memoryBytes)),
-        )
+        const bytes = String(limits.memoryBytes)
+        const memsw = () =>
+          trySync(() => writeFileSync(path.join(memory, 'memory.memsw.limit_in_bytes'), bytes))
+        try {
+          writeFileSync(path.join(memory, 'memory.limit_in_bytes'), bytes)
+        } catch {
+          // The memory limit may not exceed memory+swap's (EINVAL): raising the limits of an existing
+          // cgroup (a gVisor pool slot's, at claim) raises memory+swap's first.
+          memsw()
+          writeFileSync(path.join(memory, 'memory.limit_in_bytes'), bytes)
+        }
+        memsw()
       }
       if (dirs.pids) writeFileSync(path.join(dirs.pids, 'pids.max'), String(limits.pids))
       if (dirs.cpu) {

@@ -5,15 +5,17 @@ import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
 import type { CgroupLimits, CgroupManager } from './cgroups.js'
 import type { DriverCapabilities, Sandbox, SandboxDriver, SandboxSpec } from './driver.js'
-import { cleanupSlots, GvisorPool, POOL_SLOT_PREFIX } from './gvisor-pool.js'
+import { type ClaimTiming, cleanupSlots, GvisorPool, POOL_SLOT_PREFIX } from './gvisor-pool.js'
 import { childEnd, childIo, GvisorSandbox } from './gvisor-sandbox.js'
 import { buildOciSpec, type GvisorSpecOptions, prepareRootfs } from './gvisor-spec.js'
 import { installStatxShim, STATX_SHIM_PATH } from './gvisor-statx-fix.js'
 import {
+  defaultPlatform,
   findBinary,
   listContainers,
   type RunscConfig,
   runsc,
+  runscFeatures,
   runscFlags,
   runscSelfTest,
   runscVersion,
@@ -31,6 +33,7 @@ export interface GvisorDriverOptions {
   /** This driver's directory: the shared read-only root, the bundles and runsc's state. */
   stateDir: string
   runscPath?: string | undefined
+  /** gVisor's platform; by default the fastest this runsc offers (systrap, else ptrace). */
   platform?: string | undefined
   /**
    * Host memory the sandbox's own machinery (runsc, gofer, sentry) may use on top of the agent's
@@ -47,10 +50,16 @@ export const DEFAULT_GVISOR_MEMORY_OVERHEAD_MIB = 64
 export const DEFAULT_GVISOR_PIDS_OVERHEAD = 160
 /**
  * Host tasks that carry one task of the agent on the ptrace platform (its stub thread and the
- * sentry's tracer threads), measured at 5 to 6 here. The agent's `pids` limit is enforced on the host
+ * sentry's tracer threads), measured at 5 to 10 here. The agent's `pids` limit is enforced on the host
  * tasks, where hitting it is seen (pids.events) and reported as `pids_limit`; it is approximate.
  */
 export const GVISOR_HOST_TASKS_PER_TASK = 6
+/**
+ * The same on systrap (runsc since 2023): one stub process per agent process, about 2 host tasks
+ * per agent task over about 25 for the sandbox itself (measured); with ptrace's figures an agent
+ * that forks would reach its memory limit long before its pids limit.
+ */
+const SYSTRAP_HOST_TASKS = { perTask: 2, overhead: 64 }
 
 // As in the bwrap driver: join the cgroups as root, then become runsc, so the gofer, the sentry and
 // the agent's ptrace stubs are all inside the sandbox's cgroups from their first instruction.
@@ -128,6 +137,9 @@ export class GvisorDriver implements SandboxDriver {
           driver: this.name,
         })
       }
+      const features = await runscFeatures(findBinary(this.runsc.path) ?? this.runsc.path)
+      this.runsc.featureFlags = features.featureFlags
+      if (this.options.platform === undefined) this.runsc.platform = defaultPlatform(features.platforms)
       await mkdir(this.options.stateDir, { recursive: true })
       await chmod(this.options.stateDir, 0o711)
       await prepareRootfs(this.rootfsDir, this.options.etcDir)
@@ -165,7 +177,10 @@ export class GvisorDriver implements SandboxDriver {
     return {
       memoryBytes:
         (spec.limits.memoryMiB + (memoryOverheadMiB ?? DEFAULT_GVISOR_MEMORY_OVERHEAD_MIB)) * 1024 * 1024,
-      pids: spec.limits.pids * GVISOR_HOST_TASKS_PER_TASK + (pidsOverhead ?? DEFAULT_GVISOR_PIDS_OVERHEAD),
+      pids:
+        this.runsc.platform === 'systrap'
+          ? spec.limits.pids * SYSTRAP_HOST_TASKS.perTask + (pidsOverhead ?? SYSTRAP_HOST_TASKS.overhead)
+          : spec.limits.pids * GVISOR_HOST_TASKS_PER_TASK + (pidsOverhead ?? DEFAULT_GVISOR_PIDS_OVERHEAD),
       cpus: spec.limits.cpus,
     }
   }
@@ -175,6 +190,21 @@ export class GvisorDriver implements SandboxDriver {
     if (!this.pool) return
     await this.prepare()
     this.pool.warm({ network: 'none', binds: [] })
+  }
+
+  /** Pool claims and misses so far, and where the last claim's time went (for the bench). */
+  get poolStats(): {
+    claimed: number
+    missed: number
+    failed: number
+    lastFailure: string | undefined
+    lastClaim: ClaimTiming | undefined
+  } {
+    return {
+      ...(this.pool?.counts ?? { claimed: 0, missed: 0, failed: 0 }),
+      lastFailure: this.pool?.lastFailure,
+      lastClaim: this.pool?.lastClaim,
+    }
   }
 
   /** How many pre-started sandboxes are ready to be claimed. */

@@ -10,14 +10,15 @@ import { execTool } from '../util/exec.js'
 import { readMounts } from '../util/mounts.js'
 import type { CgroupLimits, CgroupManager } from './cgroups.js'
 import type { Sandbox, SandboxSpec } from './driver.js'
+import { Mounter } from './gvisor-mounter.js'
 import { childIo, GvisorSandbox } from './gvisor-sandbox.js'
-import { buildOciSpec, type GvisorSpecOptions } from './gvisor-spec.js'
+import { buildSlotOciSpec, type GvisorSpecOptions, lateMountDests, prepareSlotRoot } from './gvisor-spec.js'
 import { type RunscConfig, runsc, runscFlags } from './runsc.js'
 import { sandboxEnvInWorkspace } from './sandbox-env.js'
 
 /**
- * The first process of a pool slot: it waits for one line on stdin, the real command (an
- * `exec env -i …` line the driver writes on claim), and becomes it. `nl` lets that line carry
+ * The first process of a pool slot: it waits for one line on stdin, the real command (a
+ * `cd /workspace && exec env -i …` line the driver writes on claim), and becomes it. `nl` lets that line carry
  * newlines inside values. dash reads stdin one byte at a time, so nothing meant for the agent is lost.
  */
 export const SLOT_INIT = 'nl=\'\n\'; IFS= read -r line || exit 111; eval "$line"'
@@ -58,6 +59,18 @@ const REFILL_DELAY_MS = 300
 /** At most this many layouts (sets of mount points) keep warm slots; the least recent goes first. */
 const MAX_LAYOUTS = 4
 
+/** Where a claim's time went (`performance.now()` instants), for the gVisor bench. */
+export interface ClaimTiming {
+  /** The claim began: a ready slot was taken. */
+  claimedAt: number
+  /** The slot's cgroup has the session's limits. */
+  limitedAt: number
+  /** The session's directories are bound into the slot. */
+  boundAt: number
+  /** The agent's command is written to the waiting init. */
+  handedAt: number
+}
+
 export interface GvisorPoolOptions {
   cgroups: CgroupManager
   runsc: RunscConfig
@@ -79,7 +92,7 @@ interface Slot {
   bundle: string
   child: ChildProcessWithoutNullStreams
   pid: number
-  /** Mount point per sandbox path: /workspace, /run/cairn, then the binds in order. */
+  /** Mount point (under the slot's root) per sandbox path: /workspace, /run/cairn, then the binds in order. */
   mountPoints: { dest: string; point: string }[]
   /** The sandbox's end as its holder reports it. */
   end?: Promise<{ code: number | null; signal: NodeJS.Signals | null }>
@@ -117,11 +130,13 @@ export function shellWord(word: string): string {
 }
 
 /**
- * Pre-started gVisor sandboxes: each slot is `runsc create`d (gofer and sentry booted, waiting for
- * `start`) with its mount sources pointing at empty per-slot directories. A claim bind-mounts the
- * session's directories there (they reach the gofer's mount namespace through mount propagation,
- * before it opens them at start), starts the container and hands the agent's command to the
- * waiting init. The sandbox is the same as a cold one: same mounts, environment, uid and limits.
+ * Pre-started gVisor sandboxes: each slot is a booted sandbox (`runsc create` and `start`) whose
+ * init waits for one line on stdin. Its root is a per-slot directory holding empty mount points
+ * for the session's directories (see `prepareSlotRoot`). A claim binds the session's directories
+ * there on the host (they reach the gofer's mount namespace through mount propagation, and gVisor
+ * walks into them like into any directory of its root) and writes the agent's command to the init:
+ * no runsc command runs on the claim path. The sandbox is the same as a cold one: same paths,
+ * environment, uid and limits; read-only binds are read-only mounts on the host.
  */
 export class GvisorPool {
   private readonly ready = new Map<string, Slot[]>()
@@ -129,6 +144,12 @@ export class GvisorPool {
   private readonly layouts: { key: string; spec: Pick<SandboxSpec, 'network' | 'binds'> }[] = []
   private closed = false
   private sharedMount = false
+  /** Starts served from a slot, and starts that found none ready (and booted cold). */
+  readonly counts = { claimed: 0, missed: 0, failed: 0 }
+  /** Why the last claim that failed (and fell back to a cold start) failed. */
+  lastFailure: string | undefined
+  lastClaim: ClaimTiming | undefined
+  private readonly mounter = new Mounter()
 
   constructor(private readonly options: GvisorPoolOptions) {}
 
@@ -170,10 +191,17 @@ export class GvisorPool {
     const slot = this.ready.get(key)?.shift()
     // Refill once this claim has started: booting a slot beside it would slow the start down.
     setTimeout(() => this.warm(spec), slot ? REFILL_DELAY_MS : 0).unref()
-    if (!slot) return undefined
+    if (!slot) {
+      this.counts.missed++
+      return undefined
+    }
     try {
-      return await this.start(slot, spec)
-    } catch {
+      const sandbox = await this.start(slot, spec)
+      this.counts.claimed++
+      return sandbox
+    } catch (error) {
+      this.counts.failed++
+      this.lastFailure = error instanceof Error ? error.message : String(error)
       await this.discard(slot)
       return undefined
     }
@@ -181,18 +209,28 @@ export class GvisorPool {
 
   private async start(slot: Slot, spec: SandboxSpec): Promise<Sandbox> {
     const { cgroups, runsc: config } = this.options
+    const claimedAt = performance.now()
     await cgroups.create(slot.id, this.options.hostLimits(spec))
-    const sources = [spec.workspaceDir, spec.runDir, ...(spec.binds ?? []).map((b) => b.source)]
+    const limitedAt = performance.now()
+    const sources = [
+      { source: spec.workspaceDir, readOnly: false },
+      { source: spec.runDir, readOnly: true },
+      ...(spec.binds ?? []),
+    ]
     await Promise.all(
-      slot.mountPoints.map((m, i) =>
-        execTool('mount', ['--bind', sources[i] ?? '', m.point], { code: 'sandbox_failed' }),
-      ),
+      slot.mountPoints.map((m, i) => {
+        const { source, readOnly } = sources[i] ?? { source: '', readOnly: true }
+        return this.mounter.bind(source, m.point, readOnly, path.join(this.stagingDir, `${slot.id}-${i}`))
+      }),
     )
-    // Whatever runsc create wrote to the pipes is not the agent's.
+    const boundAt = performance.now()
+    // Whatever runsc create and start wrote to the pipes is not the agent's.
     for (const stream of [slot.child.stdout, slot.child.stderr]) while (stream.read() !== null);
-    await runsc(config, [...runscFlags(config, spec.network === 'host' ? 'host' : 'none'), 'start', slot.id])
     const env = Object.entries(sandboxEnvInWorkspace(spec)).map(([k, v]) => shellWord(`${k}=${v}`))
-    slot.child.stdin.write(`exec env -i ${env.join(' ')} ${spec.command.map(shellWord).join(' ')}\n`)
+    slot.child.stdin.write(
+      `cd /workspace || exit 111; exec env -i ${env.join(' ')} ${spec.command.map(shellWord).join(' ')}\n`,
+    )
+    this.lastClaim = { claimedAt, limitedAt, boundAt, handedAt: performance.now() }
     const ended = slot.end ?? Promise.resolve({ code: null, signal: 'SIGKILL' as const })
     return new GvisorSandbox(spec.id, slot.pid, childIo(slot.child), ended, {
       cgroups,
@@ -203,6 +241,14 @@ export class GvisorPool {
     })
   }
 
+  private get stagingDir(): string {
+    return path.join(this.options.slotsDir, '.staging')
+  }
+
+  /**
+   * The slots directory is a shared mount (binds under it reach the gofers); its staging directory
+   * is a private mount inside it, where read-only binds are prepared out of the gofers' sight.
+   */
   private async ensureSharedMount(): Promise<void> {
     if (this.sharedMount) return
     const dir = this.options.slotsDir
@@ -211,6 +257,12 @@ export class GvisorPool {
       await execTool('mount', ['--bind', dir, dir], { code: 'sandbox_failed' })
     }
     await execTool('mount', ['--make-rshared', dir], { code: 'sandbox_failed' })
+    const staging = this.stagingDir
+    await mkdir(staging, { recursive: true, mode: 0o700 })
+    if (!readMounts().some((m) => m.mountPoint === staging)) {
+      await execTool('mount', ['--bind', staging, staging], { code: 'sandbox_failed' })
+    }
+    await execTool('mount', ['--make-private', staging], { code: 'sandbox_failed' })
     this.sharedMount = true
   }
 
@@ -218,10 +270,24 @@ export class GvisorPool {
     await this.ensureSharedMount()
     const id = `${POOL_SLOT_PREFIX}${randomBytes(8).toString('hex')}`
     const dir = path.join(this.options.slotsDir, id)
+    const root = path.join(dir, 'root')
     const bundle = path.join(this.options.bundlesDir, id)
-    const dests = ['/workspace', '/run/cairn', ...(spec.binds ?? []).map((b) => b.dest)]
-    const mountPoints = dests.map((dest, i) => ({ dest, point: path.join(dir, String(i)) }))
-    for (const m of mountPoints) await mkdir(m.point, { recursive: true, mode: 0o755 })
+    const dests = lateMountDests(spec)
+    const mountPoints = dests.map((dest) => ({ dest, point: path.join(root, dest) }))
+    await prepareSlotRoot(root, dests)
+    // The slot's root is read-only on the host (writes to it fail as in a cold sandbox); binds made
+    // on its mount points later are their own mounts, read-write or not. Its own peer group: a bind
+    // of a directory of the shared slots mount would be that mount's peer, and get every bind twice.
+    await execTool(
+      '/bin/sh',
+      [
+        '-c',
+        'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && mount --make-private "$1" && mount --make-shared "$1"',
+        'slot-root',
+        root,
+      ],
+      { code: 'sandbox_failed' },
+    )
     await mkdir(bundle, { recursive: true })
     const slotSpec: SandboxSpec = {
       id,
@@ -233,12 +299,13 @@ export class GvisorPool {
       network: spec.network,
       binds: (spec.binds ?? []).map((b, i) => ({ ...b, source: mountPoints[i + 2]?.point ?? '' })),
     }
-    const oci = buildOciSpec(slotSpec, this.options.spec) as { process: { env: string[] } }
+    const oci = buildSlotOciSpec(slotSpec, root, this.options.spec) as { process: { env: string[] } }
     oci.process.env = [] // the init line brings the environment
     await writeFile(path.join(bundle, 'config.json'), JSON.stringify(oci), { mode: 0o600 })
     const procsFiles = await this.options.cgroups.create(id, SLOT_LIMITS)
     const pidFile = path.join(bundle, 'pid')
     const config = this.options.runsc
+    const flags = runscFlags(config, spec.network === 'host' ? 'host' : 'none', { sharedRoot: true })
     const child = spawn(
       '/bin/sh',
       [
@@ -254,7 +321,7 @@ export class GvisorPool {
         config.path,
         '--root',
         config.root,
-        ...runscFlags(config, spec.network === 'host' ? 'host' : 'none'),
+        ...flags,
         'create',
         '--bundle',
         bundle,
@@ -286,6 +353,13 @@ export class GvisorPool {
       throw new Error('runsc create failed')
     }
     slot.pid = Number(readFileSync(pidFile, 'utf8').trim()) || -1
+    // Booted ahead: the init (sh) runs and waits for its line, so a claim runs no runsc command.
+    try {
+      await runsc(config, [...flags, 'start', id])
+    } catch (error) {
+      await this.discard(slot)
+      throw error
+    }
     return slot
   }
 
@@ -320,6 +394,7 @@ export class GvisorPool {
     this.closed = true
     await Promise.all([...this.filling.values()])
     for (const key of [...this.ready.keys()]) await this.drop(key)
+    this.mounter.close()
     await cleanupSlots(this.options.slotsDir)
     this.sharedMount = false
   }

@@ -3,8 +3,8 @@ import { describe, expect, it } from 'vitest'
 import { BwrapDriver } from './bwrap-driver.js'
 import type { SandboxSpec } from './driver.js'
 import { layoutKey, SLOT_INIT, shellWord } from './gvisor-pool.js'
-import { buildOciSpec } from './gvisor-spec.js'
-import { runscFlags } from './runsc.js'
+import { buildOciSpec, buildSlotOciSpec } from './gvisor-spec.js'
+import { defaultPlatform, parseRunscFlags, runscFlags } from './runsc.js'
 import { DENIED_SYSCALLS_X86_64 } from './seccomp.js'
 
 const spec: SandboxSpec = {
@@ -86,5 +86,35 @@ describe('gVisor OCI spec', () => {
     // The init reads its line and nothing more: the rest of stdin is the agent's.
     const rest = execFileSync('/bin/sh', ['-c', SLOT_INIT], { input: 'exec cat\nfirst message\nsecond\n' })
     expect(rest.toString()).toBe('first message\nsecond\n')
+  })
+
+  it('gives a pool slot a writable per-slot root with no per-session mount in it', () => {
+    const oci = buildSlotOciSpec(spec, '/state/slots/gvpool_1/root', options) as unknown as Oci & {
+      root: { path: string }
+    }
+    expect(oci.root).toEqual({ path: '/state/slots/gvpool_1/root', readonly: false })
+    expect(oci.process.cwd).toBe('/')
+    const dests = oci.mounts.map((m) => m.destination)
+    for (const late of ['/workspace', '/run/cairn', '/env']) expect(dests).not.toContain(late)
+    expect(oci.mounts.find((m) => m.destination === '/etc')).toMatchObject({
+      source: '/state/rootfs/etc',
+      options: ['rbind', 'ro'],
+    })
+    expect(dests).toContain('/opt/cairn')
+  })
+})
+
+describe('runsc flags', () => {
+  it('reads the platforms and the overlay flag of a release', () => {
+    const old = parseRunscFlags(
+      '  -platform string\n    \tspecifies which platform to use: ptrace (default), kvm. (default "ptrace")\n',
+    )
+    expect(old).toEqual({ platforms: ['ptrace', 'kvm'], featureFlags: [] })
+    expect(defaultPlatform(old.platforms)).toBe('ptrace')
+    const recent = parseRunscFlags(
+      '  -overlay2 value\n  -platform string\n    \tspecifies which platform to use: systrap (default), ptrace, kvm. (default "systrap")\n',
+    )
+    expect(recent).toEqual({ platforms: ['systrap', 'ptrace', 'kvm'], featureFlags: ['--overlay2=none'] })
+    expect(defaultPlatform(recent.platforms)).toBe('systrap')
   })
 })

@@ -57,6 +57,30 @@ export async function prepareRootfs(dir: string, generatedEtcDir: string): Promi
   for (const f of GENERATED_ETC) await copyFile(path.join(generatedEtcDir, f), path.join(dir, 'etc', f))
 }
 
+/** Sandbox paths a pool slot's agent finds bound by the host at claim, under the slot's own root. */
+export function lateMountDests(spec: Pick<SandboxSpec, 'binds'>): string[] {
+  return ['/workspace', '/run/cairn', ...(spec.binds ?? []).map((b) => b.dest)]
+}
+
+/**
+ * The root of one pool slot: the top level of the shared root (merged-/usr symlinks, mount points)
+ * plus an empty directory for each late mount. The host binds the session's directories onto those
+ * directories after the sandbox has booted; gVisor walks the root through the host's mount table
+ * (with revalidation: `--file-access=shared`), so the agent finds them at the same paths as in a cold
+ * sandbox, without a mount inside gVisor.
+ */
+export async function prepareSlotRoot(dir: string, dests: readonly string[]): Promise<void> {
+  await mkdir(dir, { recursive: true, mode: 0o755 })
+  for (const top of TOP_LEVEL) {
+    if (!existsSync(top)) continue
+    if (lstatSync(top).isSymbolicLink()) await symlink(readlinkSync(top), path.join(dir, top))
+    else await mkdir(path.join(dir, top), { mode: 0o755 })
+  }
+  for (const sub of ['usr', 'proc', 'dev', 'tmp', 'etc', 'opt/cairn', ...dests]) {
+    await mkdir(path.join(dir, sub), { recursive: true, mode: 0o755 })
+  }
+}
+
 function isLink(p: string): boolean {
   try {
     return lstatSync(p).isSymbolicLink()
@@ -90,6 +114,29 @@ export function sandboxMounts(spec: SandboxSpec, options: GvisorSpecOptions): Oc
   mounts.push(bind(spec.workspaceDir, '/workspace', false))
   for (const b of spec.binds ?? []) mounts.push(bind(b.source, b.dest, b.readOnly))
   return mounts
+}
+
+/**
+ * The OCI spec of a pool slot whose root is `slotRoot` (see `prepareSlotRoot`): the fixed mounts of a
+ * sandbox, /etc from the shared root, and nothing per session; the init starts in `/` (it changes
+ * to /workspace once the workspace is there). The root is writable for gVisor so that writes reach
+ * the session's binds under it; the host mounts the slot root itself read-only.
+ */
+export function buildSlotOciSpec(
+  spec: SandboxSpec,
+  slotRoot: string,
+  options: GvisorSpecOptions,
+): Record<string, unknown> {
+  const late = new Set(lateMountDests(spec))
+  const oci = buildOciSpec(spec, options) as { process: { cwd: string }; mounts: OciMount[] }
+  const fixed = oci.mounts.filter((m) => !late.has(m.destination))
+  const etc = bind(path.join(options.rootfsDir, 'etc'), '/etc', true)
+  return {
+    ...oci,
+    process: { ...oci.process, cwd: '/' },
+    root: { path: slotRoot, readonly: false },
+    mounts: [...fixed.slice(0, 5), etc, ...fixed.slice(5)],
+  }
 }
 
 /**

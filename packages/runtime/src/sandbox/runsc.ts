@@ -13,13 +13,22 @@ export interface RunscConfig {
   root: string
   /** `ptrace` works on every host; `systrap` on newer runsc; `kvm` needs a working /dev/kvm. */
   platform: string
+  /**
+   * Flags this runsc release needs for Cairn's layout, learnt from `runsc flags` (see
+   * `runscFeatureFlags`): releases since 2023 put an overlay on the root by default.
+   */
+  featureFlags?: readonly string[] | undefined
 }
 
 /**
  * Flags every runsc command that creates or starts a sandbox takes besides `--root` (runsc reads
  * them per command, not per container).
  */
-export function runscFlags(config: RunscConfig, network: 'none' | 'host'): string[] {
+export function runscFlags(
+  config: RunscConfig,
+  network: 'none' | 'host',
+  options: { sharedRoot?: boolean } = {},
+): string[] {
   return [
     `--platform=${config.platform}`,
     `--network=${network}`,
@@ -29,7 +38,43 @@ export function runscFlags(config: RunscConfig, network: 'none' | 'host'): strin
     '--host-uds=open',
     // Applies the spec's seccomp section (the bwrap driver's deny list) to the agent's processes.
     '--oci-seccomp',
+    // A pool slot's session directories live under its root: gVisor must see what the host (and
+    // Cairn, between turns) changes there, as it does for bind mounts.
+    ...(options.sharedRoot ? ['--file-access=shared'] : []),
+    ...(config.featureFlags ?? []),
   ]
+}
+
+/**
+ * What `runsc flags` says this release supports: its platforms, and the flags that keep Cairn's
+ * layout on newer releases (no overlay over the root, whose writes would stay inside the sandbox).
+ */
+export async function runscFeatures(
+  binary: string,
+): Promise<{ platforms: string[]; featureFlags: string[] }> {
+  const out = await new Promise<string>((resolve) => {
+    execFile(binary, ['flags'], { timeout: 10_000, encoding: 'utf8' }, (error, stdout, stderr) =>
+      resolve(error ? '' : `${stdout}${stderr}`),
+    )
+  })
+  return parseRunscFlags(out)
+}
+
+/** Reads `runsc flags` output (see `runscFeatures`). */
+export function parseRunscFlags(out: string): { platforms: string[]; featureFlags: string[] } {
+  // "specifies which platform to use: systrap (default), ptrace, kvm."
+  const platformLine = /which platform to use: ([^.]*)\./.exec(out)?.[1] ?? 'ptrace'
+  const platforms = platformLine
+    .replace(/\(default\)/g, '')
+    .split(',')
+    .map((p) => p.trim())
+    .filter((p) => /^[a-z]+$/.test(p))
+  return { platforms, featureFlags: /-overlay2\b/.test(out) ? ['--overlay2=none'] : [] }
+}
+
+/** The fastest platform a release offers that works everywhere (systrap since 2023, else ptrace). */
+export function defaultPlatform(platforms: readonly string[]): string {
+  return platforms.includes('systrap') ? 'systrap' : 'ptrace'
 }
 
 /** Runs one runsc management command (kill, delete, pause …) and returns its stdout. */

@@ -246,8 +246,7 @@ export class WorkspaceService {
       return pool.snapshotPath(snapshotId)
     }
     const dir = pool.workspacePath(id)
-    if (!existsSync(dir))
-      throw new CairnProblem('state_lost', `the workspace of session ${id} is missing from the storage pool`)
+    if (!existsSync(dir)) throw this.deps.sessions.missingWorkspace(tenantId, id)
     return dir
   }
 
@@ -255,7 +254,12 @@ export class WorkspaceService {
     const root = this.root(tenantId, id, snapshotId)
     const rel = workspaceRelative(rawPath)
     const dir = await resolveInside(root, rel)
-    return listDirectory(dir, rel)
+    return listDirectory(dir, rel).catch((error: NodeJS.ErrnoException) => {
+      if (error.code === 'ENOTDIR')
+        throw new CairnProblem('validation_failed', `/workspace/${rel} is not a directory`)
+      if (error.code === 'ENOENT') throw new CairnProblem('not_found', `no such directory: /workspace/${rel}`)
+      throw error
+    })
   }
 
   async openFile(tenantId: string, id: string, rawPath: string, snapshotId?: string) {

@@ -583,3 +583,88 @@ describe('request fuzzing', () => {
     expect(strayInPool).toEqual([])
   }, 300_000)
 })
+
+describe('request cases fuzzing found (regressions)', () => {
+  const expectError = (
+    res: { status: number; body: { error?: { code?: string; requestId?: string } } },
+    status: number,
+    code: string,
+  ) => {
+    expect(res.status, JSON.stringify(res.body)).toBe(status)
+    expect(res.body.error?.code).toBe(code)
+    expect(res.body.error?.requestId).toMatch(/^req_/)
+  }
+
+  it('refuses numbers that coerce to Infinity instead of storing them (which broke every later list)', async () => {
+    expectError(
+      await api.call('POST', '/v1/sessions', { agent: 'echo', keepWarmMs: 'Infinity' }),
+      400,
+      'validation_failed',
+    )
+    expectError(
+      await api.call('POST', '/v1/sessions', { agent: 'echo', idleTimeoutMs: '1e400' }),
+      400,
+      'validation_failed',
+    )
+    expectError(
+      await api.call('PUT', '/v1/retention', { endedWorkspaceTtlMs: '1e400' }),
+      400,
+      'validation_failed',
+    )
+    expectError(await api.call('GET', '/v1/sessions?limit=1e400'), 400, 'validation_failed')
+    expect((await api.call('GET', '/v1/sessions')).status).toBe(200)
+    expect((await api.call('GET', '/v1/retention')).status).toBe(200)
+  })
+
+  it("answers the router's own refusals in the registry shape", async () => {
+    expectError(await api.call('GET', '/v1/agents/%/secrets'), 400, 'bad_request')
+    expectError(await api.call('GET', '/v1/sessions/%c0%ae%zz'), 400, 'bad_request')
+    expectError(await api.call('GET', `/v1/sessions/${'z'.repeat(300)}`), 400, 'validation_failed')
+    expectError(await api.call('GET', `/v1/sessions/${'z'.repeat(2000)}/files`), 400, 'bad_request')
+  })
+
+  it('answers a directory listing of a file with 400', async () => {
+    const session = await api.createSession('echo')
+    const res = await api.call('GET', `/v1/sessions/${session.id}/files?path=echo.sh`)
+    expectError(res, 400, 'validation_failed')
+    expect(res.body.error.message).toContain('not a directory')
+  })
+
+  it('lets concurrent deletes of one session all succeed', async () => {
+    const session = await api.createSession('echo')
+    const answers = await Promise.all(
+      Array.from({ length: 4 }, () => api.call('DELETE', `/v1/sessions/${session.id}`)),
+    )
+    expect(answers.map((a) => a.status)).toEqual([200, 200, 200, 200])
+    expectError(await api.call('GET', `/v1/sessions/${session.id}/files`), 410, 'session_deleted')
+  })
+
+  it('answers requests that meet a restore swapping the workspace with 200 or 409, never state_lost', async () => {
+    const session = await api.createSession('echo')
+    const snapshot = (await api.call('POST', `/v1/sessions/${session.id}/snapshots`, {})).body.id as string
+    let restoring = true
+    const seen = new Map<string, number>()
+    const reader = async () => {
+      while (restoring) {
+        for (const route of ['files', 'files/content?path=echo.sh', 'diff']) {
+          const res = await api.call('GET', `/v1/sessions/${session.id}/${route}`)
+          const key = `${res.status} ${res.body?.error?.code ?? ''}`
+          seen.set(key, (seen.get(key) ?? 0) + 1)
+        }
+        const resumed = await api.call('POST', `/v1/sessions/${session.id}/resume`)
+        const key = `${resumed.status} ${resumed.body?.error?.code ?? ''}`
+        seen.set(key, (seen.get(key) ?? 0) + 1)
+      }
+    }
+    const readers = Array.from({ length: 4 }, reader)
+    for (let i = 0; i < 15; i++) {
+      const res = await api.call('POST', `/v1/sessions/${session.id}/restore`, { snapshotId: snapshot })
+      expect([200, 409], JSON.stringify(res.body)).toContain(res.status)
+    }
+    restoring = false
+    await Promise.all(readers)
+    console.log(`[fuzz-requests] answers during restores: ${JSON.stringify(Object.fromEntries(seen))}`)
+    if ([...seen.keys()].some((k) => k.startsWith('5'))) console.log(serverLog.join('').slice(-6000))
+    for (const key of seen.keys()) expect(['200 ', '409 session_busy']).toContain(key)
+  })
+})

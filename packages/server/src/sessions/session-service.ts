@@ -103,6 +103,11 @@ export class SessionService {
     return row
   }
 
+  /** The exclusive operation (e.g. "a restore") holding the session, if any. */
+  busyWith(id: string): string | undefined {
+    return this.exclusiveOps.get(id)
+  }
+
   /**
    * What a workspace missing from the pool means. Concurrent requests see it missing for a moment
    * while a deletion or a restore's swap runs: those are `session_deleted` and `session_busy`
@@ -111,7 +116,7 @@ export class SessionService {
   missingWorkspace(tenantId: string, id: string): CairnProblem {
     if (this.deleting.has(id) || this.store.get(tenantId, id)?.status === 'deleted')
       return new CairnProblem('session_deleted', `session ${id} was deleted`)
-    const op = this.exclusiveOps.get(id)
+    const op = this.busyWith(id)
     if (op) return new CairnProblem('session_busy', `session ${id} is busy with ${op}; retry when it is done`)
     return new CairnProblem('state_lost', `the workspace of session ${id} is missing from the storage pool`)
   }

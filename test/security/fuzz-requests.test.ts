@@ -1,4 +1,4 @@
-import { type ChildProcess, spawn } from 'node:child_process'
+import { type ChildProcess, execFileSync, spawn } from 'node:child_process'
 import { mkdir, mkdtemp, readFile, rm } from 'node:fs/promises'
 import http from 'node:http'
 import os from 'node:os'
@@ -628,6 +628,38 @@ describe('request cases fuzzing found (regressions)', () => {
     const res = await api.call('GET', `/v1/sessions/${session.id}/files?path=echo.sh`)
     expectError(res, 400, 'validation_failed')
     expect(res.body.error.message).toContain('not a directory')
+  })
+
+  it('answers a FIFO in the workspace with 400 instead of blocking a server thread on it', async () => {
+    const session = await api.createSession('echo')
+    const workspace = path.join(instanceRunDir(dataDir), 'pool', 'sessions', session.id)
+    execFileSync('mkfifo', [path.join(workspace, 'pipe')])
+    await mkdir(path.join(workspace, '.cairn'), { recursive: true })
+    execFileSync('mkfifo', [path.join(workspace, '.cairn', 'memory.proposed.md')])
+    // More reads than the server has file-system threads: blocked opens would stall everything.
+    const reads = await Promise.all(
+      Array.from({ length: 6 }, () => api.call('GET', `/v1/sessions/${session.id}/files/content?path=pipe`)),
+    )
+    for (const read of reads) expectError(read, 400, 'validation_failed')
+    expectError(
+      await api.call('POST', `/v1/sessions/${session.id}/artifacts`, { path: 'pipe' }),
+      400,
+      'validation_failed',
+    )
+    expectError(await api.call('POST', `/v1/sessions/${session.id}/memory/promote`), 400, 'validation_failed')
+    expect((await api.call('GET', `/v1/sessions/${session.id}/files`)).status).toBe(200)
+  })
+
+  it('answers an upload the sandbox stops reading early (its directory is a file) with a typed error', async () => {
+    const session = await api.createSession('echo')
+    const res = await api.call(
+      'PUT',
+      `/v1/sessions/${session.id}/files/content?path=echo.sh/below.txt`,
+      Buffer.alloc(4 * 1024 * 1024, 1),
+      { 'content-type': 'application/octet-stream' },
+    )
+    expectError(res, 403, 'forbidden')
+    expect(res.body.error.message).toContain('could not write')
   })
 
   it('lets concurrent deletes of one session all succeed', async () => {

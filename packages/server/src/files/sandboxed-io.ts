@@ -37,8 +37,13 @@ export async function runInWorkspace(
   })
   sandbox.stdout.resume()
   try {
-    if (stdin) await pipeline(stdin, sandbox.stdin)
-    else sandbox.stdin.end()
+    if (stdin) {
+      // The command may exit before reading it all (say `mkdir` failed): its exit code and stderr
+      // tell the caller why, a broken pipe does not.
+      await pipeline(stdin, sandbox.stdin).catch((error: NodeJS.ErrnoException) => {
+        if (error.code !== 'EPIPE' && error.code !== 'ERR_STREAM_PREMATURE_CLOSE') throw error
+      })
+    } else sandbox.stdin.end()
     const exit = await sandbox.exited
     return { code: exit.code, stderr }
   } finally {

@@ -103,6 +103,25 @@ export class SessionService {
     return row
   }
 
+  /**
+   * Runs a read of a session's live workspace. A restore renames it aside for a moment and a
+   * deletion removes it before the row says so: a read that meets either answers `session_busy`
+   * or `session_deleted`, not a 404, a 403 (its file seen outside the path) or a 500.
+   */
+  async readingWorkspace<T>(tenantId: string, id: string, read: () => Promise<T>): Promise<T> {
+    try {
+      return await read()
+    } catch (error) {
+      const code = (error as { code?: unknown }).code
+      if (code === 'ENOENT' || code === 'not_found' || code === 'forbidden') {
+        if (this.busyWith(id) || this.deleting.has(id) || !(await this.deps.runtime.pool.hasWorkspace(id)))
+          throw this.missingWorkspace(tenantId, id)
+      }
+      if (code === 'ENOENT') throw new CairnProblem('not_found', 'no such file in the workspace')
+      throw error
+    }
+  }
+
   /** The exclusive operation (e.g. "a restore") holding the session, if any. */
   busyWith(id: string): string | undefined {
     return this.exclusiveOps.get(id)

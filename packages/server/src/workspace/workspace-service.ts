@@ -250,28 +250,24 @@ export class WorkspaceService {
     return dir
   }
 
-  /**
-   * Runs a read of a workspace. A restore renames the live workspace aside for a moment, so a read
-   * that finds nothing (or finds its file moved out of the workspace path) while one holds the
-   * session is `session_busy` (retry), not a 404, a 403 or a 500.
-   */
-  private async reading<T>(id: string, snapshotId: string | undefined, read: () => Promise<T>): Promise<T> {
-    try {
-      return await read()
-    } catch (error) {
-      const code = (error as { code?: unknown }).code
-      const op = snapshotId ? undefined : this.deps.sessions.busyWith(id)
-      if (op && (code === 'ENOENT' || code === 'not_found' || code === 'forbidden'))
-        throw new CairnProblem('session_busy', `session ${id} is busy with ${op}; retry when it is done`)
-      if (code === 'ENOENT') throw new CairnProblem('not_found', 'no such file in the workspace')
+  /** Runs a read of a workspace or of a snapshot (which no restore or deletion moves). */
+  private async reading<T>(
+    tenantId: string,
+    id: string,
+    snapshotId: string | undefined,
+    read: () => Promise<T>,
+  ): Promise<T> {
+    if (!snapshotId) return this.deps.sessions.readingWorkspace(tenantId, id, read)
+    return read().catch((error: NodeJS.ErrnoException) => {
+      if (error.code === 'ENOENT') throw new CairnProblem('not_found', 'no such file in the snapshot')
       throw error
-    }
+    })
   }
 
   async listFiles(tenantId: string, id: string, rawPath: string, snapshotId?: string): Promise<FileEntry[]> {
     const root = this.root(tenantId, id, snapshotId)
     const rel = workspaceRelative(rawPath)
-    return this.reading(id, snapshotId, async () => {
+    return this.reading(tenantId, id, snapshotId, async () => {
       const dir = await resolveInside(root, rel)
       return listDirectory(dir, rel).catch((error: NodeJS.ErrnoException) => {
         if (error.code === 'ENOTDIR')
@@ -284,7 +280,7 @@ export class WorkspaceService {
   async openFile(tenantId: string, id: string, rawPath: string, snapshotId?: string) {
     const root = this.root(tenantId, id, snapshotId)
     const rel = workspaceRelative(rawPath)
-    const handle = await this.reading(id, snapshotId, () => openInside(root, rel))
+    const handle = await this.reading(tenantId, id, snapshotId, () => openInside(root, rel))
     const info = await handle.stat()
     if (!info.isFile()) {
       await handle.close()

@@ -1,7 +1,7 @@
 import { API_VERSION, HealthSchema } from '@cairn/protocol'
 import type { Runtime } from '@cairn/runtime'
 import swagger from '@fastify/swagger'
-import Fastify, { type FastifyInstance } from 'fastify'
+import Fastify, { type FastifyInstance, type FastifyReply } from 'fastify'
 import type { Logger } from 'pino'
 import type { AgentService } from './agents/agent-service.js'
 import { agentRoutes } from './agents/routes.js'
@@ -10,7 +10,8 @@ import { installAuth } from './auth/plugin.js'
 import { keyRoutes } from './auth/routes.js'
 import type { Db } from './db/database.js'
 import { consoleRoutes } from './http/console.js'
-import { installErrorHandlers } from './http/errors.js'
+import { errorBody, installErrorHandlers } from './http/errors.js'
+import { refuseNonFiniteNumbers } from './http/finite-numbers.js'
 import { runtimeRoute } from './http/runtime-route.js'
 import type { MemoryService } from './memory/memory-service.js'
 import { memoryRoutes } from './memory/routes.js'
@@ -49,6 +50,8 @@ export interface AppDeps {
 }
 
 const JSON_BODY_LIMIT = 2 * 1024 * 1024
+/** Longest path parameter the router accepts; above the schemas' own limits (IDs: 200), so those answer. */
+const MAX_PARAM_LENGTH = 1024
 
 /** Builds the HTTP API. Handlers are thin: each validates, authorises and calls a service. */
 export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
@@ -61,9 +64,20 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
     ),
     bodyLimit: JSON_BODY_LIMIT,
     genReqId: () => `req_${Math.random().toString(36).slice(2, 12)}`,
+    routerOptions: { maxParamLength: MAX_PARAM_LENGTH },
+    // The router's own refusals (bad percent-encoding, over-long parameters) bypass the error
+    // handler; without this they answer in Fastify's shape, with no registry code.
+    frameworkErrors: (error, request, reply) => {
+      const message =
+        error.code === 'FST_ERR_MAX_PARAM_LENGTH'
+          ? `a path parameter is longer than ${MAX_PARAM_LENGTH} characters`
+          : 'the request path is not valid percent-encoded UTF-8'
+      void (reply as FastifyReply).status(400).send(errorBody('bad_request', message, request.id))
+    },
     ajv: { customOptions: { removeAdditional: false, coerceTypes: 'array', useDefaults: true } },
   }) as unknown as FastifyInstance
   installErrorHandlers(app, { maxUploadBytes: deps.maxUploadBytes })
+  refuseNonFiniteNumbers(app)
   app.addContentTypeParser(
     [
       'application/gzip',

@@ -15,6 +15,9 @@ export const DEFAULT_ARCHIVE_LIMITS: ArchiveLimits = {
   maxUnpackedBytes: 1024 * 1024 * 1024,
 }
 
+/** How long an extraction may go without reaching a new entry before it is given up. */
+const DEFAULT_EXTRACT_STALL_MS = 120_000
+
 export interface ArchiveSummary {
   fileCount: number
   sizeBytes: number
@@ -54,6 +57,19 @@ function checkLinkTarget(entryPath: string, target: string, kind: 'symlink' | 'h
 }
 
 /**
+ * node-tar reserves an entry's path and its raw link path together and waits forever when one is
+ * beneath the other (`a/b -> a`, `d -> d/x`, for any entry type that carries a link path): such an
+ * archive would hang the deploy, so it is refused here.
+ */
+function checkLinkNesting(entryPath: string, linkpath: string | undefined): void {
+  if (!linkpath) return
+  const target = path.posix.normalize(linkpath).replace(/\/+$/, '')
+  if (target === entryPath || target === '.' || target === '') return
+  if (entryPath.startsWith(`${target}/`) || target.startsWith(`${entryPath}/`))
+    refuse(`archive entry ${entryPath} links to ${linkpath}, which contains it or lies inside it`, entryPath)
+}
+
+/**
  * Reads the whole archive once without writing anything, refusing hostile content (absolute paths,
  * `..`, links out of the tree, device files, too many files, too many bytes once unpacked).
  */
@@ -76,6 +92,10 @@ export async function inspectArchive(
     }
     return undefined
   }
+  /** Paths of entries so far that are not directories: nothing may be unpacked beneath them. */
+  const nonDirectories = new Set<string>()
+  /** Directories entries so far lie beneath: none may be replaced by a file or a link. */
+  const parents = new Set<string>()
   const parser = new tar.Parser({
     strict: true,
     onReadEntry: (entry) => {
@@ -102,6 +122,22 @@ export async function inspectArchive(
           if (targetVia !== undefined)
             refuse(`archive hardlink ${entryPath} goes through the symbolic link ${targetVia}`, entryPath)
         }
+        if (type === 'SymbolicLink') checkLinkTarget(entryPath, entry.linkpath ?? '', 'symlink')
+        if (type === 'Link') checkLinkTarget(checkEntryPath(entry.linkpath ?? ''), '.', 'hardlink')
+        // A path through an earlier file or link: node-tar cannot unpack it and, for a hard link
+        // below a file, never finishes (the deploy would hang). Through a symlink it would leave.
+        // Likewise a file or link replacing a directory that holds earlier entries.
+        for (let at = entryPath.indexOf('/'); at !== -1; at = entryPath.indexOf('/', at + 1)) {
+          const parent = entryPath.slice(0, at)
+          if (nonDirectories.has(parent))
+            refuse(`archive entry ${entryPath} lies beneath ${parent}, which is not a directory`, entryPath)
+          parents.add(parent)
+        }
+        checkLinkNesting(entryPath, entry.linkpath)
+        if (type === 'Directory') nonDirectories.delete(entryPath)
+        else if (parents.has(entryPath))
+          refuse(`archive entry ${entryPath} replaces a directory that holds earlier entries`, entryPath)
+        else nonDirectories.add(entryPath)
         fileCount++
         if (fileCount > limits.maxFiles) refuse(`archive has more than ${limits.maxFiles} entries`)
         sizeBytes += entry.size ?? 0
@@ -129,8 +165,52 @@ export async function inspectArchive(
   return { fileCount, sizeBytes, contentHash: `sha256:${hash.digest('hex')}` }
 }
 
-/** Extracts an archive that `inspectArchive` accepted into `dir` (owner not preserved). */
-export async function extractArchive(archive: Buffer, dir: string): Promise<void> {
-  const extractor = tar.x({ cwd: dir, strict: true, preserveOwner: false, noMtime: false })
-  await pipeline(Readable.from([archive]), extractor)
+/**
+ * Extracts an archive that `inspectArchive` accepted into `dir` (owner not preserved; setuid,
+ * setgid and sticky bits dropped: the server unpacks as root). What the file system refuses (a
+ * name too long, a file where a directory must go, a hard link to nothing…) is `invalid_archive`.
+ * Entry errors are collected rather than thrown, so this returns only once every write is done:
+ * the caller may delete `dir` at once.
+ */
+export async function extractArchive(
+  archive: Buffer,
+  dir: string,
+  options: { stallTimeoutMs?: number } = {},
+): Promise<void> {
+  const problems: string[] = []
+  const stallTimeoutMs = options.stallTimeoutMs ?? DEFAULT_EXTRACT_STALL_MS
+  let stalled: NodeJS.Timeout | undefined
+  let onStall: () => void = () => undefined
+  const progress = () => {
+    if (stalled) clearTimeout(stalled)
+    stalled = setTimeout(() => onStall(), stallTimeoutMs)
+  }
+  const extractor = tar.x({
+    cwd: dir,
+    strict: false,
+    preserveOwner: false,
+    noMtime: false,
+    filter: (_path, entry) => {
+      progress()
+      if (typeof entry.mode === 'number') entry.mode &= 0o777
+      return true
+    },
+    onwarn: (code, message) => {
+      if (code !== 'TAR_ENTRY_INFO') problems.push(String(message))
+    },
+  })
+  // node-tar has waited forever on some entry orders the checks above now refuse; should another
+  // one slip through, the deploy fails instead of hanging with its staging area.
+  const stall = new Promise<never>((_resolve, reject) => {
+    onStall = () => reject(new Error(`no progress for ${stallTimeoutMs} ms`))
+  })
+  progress()
+  try {
+    await Promise.race([pipeline(Readable.from([archive]), extractor), stall])
+  } catch (error) {
+    refuse(`archive could not be unpacked: ${(error as Error).message}`)
+  } finally {
+    clearTimeout(stalled)
+  }
+  if (problems.length > 0) refuse(`archive could not be unpacked: ${problems[0]}`)
 }

@@ -39,11 +39,12 @@ export async function resolveInside(root: string, rel: string): Promise<string> 
 
 /**
  * Opens a file for reading and checks, on the opened descriptor, that it is inside the root: an
- * agent that swaps a symlink in between the check and the open gains nothing.
+ * agent that swaps a symlink in between the check and the open gains nothing. Non-blocking, so a
+ * FIFO the agent made does not hold a thread of the server forever (callers check `isFile`).
  */
 export async function openInside(root: string, rel: string): Promise<FileHandle> {
   const resolved = await resolveInside(root, rel)
-  const handle = await open(resolved, constants.O_RDONLY | constants.O_NOFOLLOW)
+  const handle = await open(resolved, constants.O_RDONLY | constants.O_NOFOLLOW | constants.O_NONBLOCK)
   try {
     const actual = await readlink(`/proc/self/fd/${handle.fd}`)
     if (!inside(await realpath(root), actual)) {

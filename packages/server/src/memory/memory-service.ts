@@ -111,6 +111,11 @@ export class MemoryService {
     let content: string
     try {
       const info = await handle.stat()
+      if (!info.isFile())
+        throw new CairnProblem(
+          'validation_failed',
+          `/workspace/${PROPOSED_MEMORY_PATH} is not a regular file`,
+        )
       if (info.size > MAX_MEMORY_BYTES) {
         throw new CairnProblem(
           'payload_too_large',

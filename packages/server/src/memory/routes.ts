@@ -87,10 +87,8 @@ export function memoryRoutes(
     async (request) => {
       const { tenantId } = requireWrite(request)
       const row = sessions.require(tenantId, idOf(request))
-      const promoted = await memory.promoteProposed(
-        row.agent_id,
-        sessions.workspaceDir(row.id),
-        `${row.id}/api`,
+      const promoted = await sessions.readingWorkspace(tenantId, row.id, () =>
+        memory.promoteProposed(row.agent_id, sessions.workspaceDir(row.id), `${row.id}/api`),
       )
       return promoted ?? memory.get(row.agent_id)
     },
@@ -114,10 +112,12 @@ export function memoryRoutes(
       const row = sessions.require(tenantId, idOf(request))
       if (row.status === 'deleted') throw new CairnProblem('session_deleted', `session ${row.id} was deleted`)
       const rel = workspaceRelative((request.body as { path: string }).path)
-      const info = await memory.saveArtifact(
-        { tenantId, agentId: row.agent_id, sessionId: row.id },
-        sessions.workspaceDir(row.id),
-        rel,
+      const info = await sessions.readingWorkspace(tenantId, row.id, () =>
+        memory.saveArtifact(
+          { tenantId, agentId: row.agent_id, sessionId: row.id },
+          sessions.workspaceDir(row.id),
+          rel,
+        ),
       )
       return reply.status(201).send(info)
     },

@@ -81,6 +81,10 @@ export class SessionService {
   readonly store: SessionStore
   private readonly warm = new Map<string, WarmAgent>()
   private readonly running = new Map<string, RunningTurn>()
+  /** Sessions an exclusive operation (a restore swapping the workspace…) holds, with what it is. */
+  private readonly exclusiveOps = new Map<string, string>()
+  /** Deletions in progress: the workspace goes before the row says `deleted`. */
+  private readonly deleting = new Map<string, Promise<void>>()
   private reaper: NodeJS.Timeout | undefined
   private readonly transcripts = new Map<string, { seq: number; lines: TranscriptLine[] }>()
   private createdHook: ((row: SessionRow) => void) | undefined
@@ -104,6 +108,43 @@ export class SessionService {
     const row = this.store.get(tenantId, id)
     if (!row) throw new CairnProblem('session_not_found', `No session found matching '${id}'`)
     return row
+  }
+
+  /**
+   * Runs a read of a session's live workspace. A restore renames it aside for a moment and a
+   * deletion removes it before the row says so: a read that meets either answers `session_busy`
+   * or `session_deleted`, not a 404, a 403 (its file seen outside the path) or a 500.
+   */
+  async readingWorkspace<T>(tenantId: string, id: string, read: () => Promise<T>): Promise<T> {
+    try {
+      return await read()
+    } catch (error) {
+      const code = (error as { code?: unknown }).code
+      if (code === 'ENOENT' || code === 'not_found' || code === 'forbidden') {
+        if (this.busyWith(id) || this.deleting.has(id) || !(await this.deps.runtime.pool.hasWorkspace(id)))
+          throw this.missingWorkspace(tenantId, id)
+      }
+      if (code === 'ENOENT') throw new CairnProblem('not_found', 'no such file in the workspace')
+      throw error
+    }
+  }
+
+  /** The exclusive operation (e.g. "a restore") holding the session, if any. */
+  busyWith(id: string): string | undefined {
+    return this.exclusiveOps.get(id)
+  }
+
+  /**
+   * What a workspace missing from the pool means. Concurrent requests see it missing for a moment
+   * while a deletion or a restore's swap runs: those are `session_deleted` and `session_busy`
+   * (retry), not `state_lost`, which is kept for a workspace that is really gone.
+   */
+  missingWorkspace(tenantId: string, id: string): CairnProblem {
+    if (this.deleting.has(id) || this.store.get(tenantId, id)?.status === 'deleted')
+      return new CairnProblem('session_deleted', `session ${id} was deleted`)
+    const op = this.busyWith(id)
+    if (op) return new CairnProblem('session_busy', `session ${id} is busy with ${op}; retry when it is done`)
+    return new CairnProblem('state_lost', `the workspace of session ${id} is missing from the storage pool`)
   }
 
   async create(tenantId: string, body: CreateSessionBody): Promise<SessionInfo> {
@@ -407,12 +448,7 @@ export class SessionService {
     }
     if (warm) await this.dropWarm(row.id)
     const { pool } = this.deps.runtime
-    if (!(await pool.hasWorkspace(row.id))) {
-      throw new CairnProblem(
-        'state_lost',
-        `the workspace of session ${row.id} is missing from the storage pool`,
-      )
-    }
+    if (!(await pool.hasWorkspace(row.id))) throw this.missingWorkspace(row.tenant_id, row.id)
     const revision = this.deps.agents.store.revision(row.revision_id)
     if (!revision) throw new CairnProblem('revision_not_found', `revision ${row.revision_id} is gone`)
     const limits = revision.manifest.limits ?? {}
@@ -565,9 +601,11 @@ export class SessionService {
       release = resolve
     })
     this.running.set(id, { turnId: what, abort: new AbortController(), done })
+    this.exclusiveOps.set(id, what)
     try {
       return await fn(row)
     } finally {
+      this.exclusiveOps.delete(id)
       this.running.delete(id)
       release()
     }
@@ -614,9 +652,7 @@ export class SessionService {
   async resume(tenantId: string, id: string): Promise<SessionInfo> {
     const row = this.require(tenantId, id)
     if (row.status === 'deleted') throw new CairnProblem('session_deleted', `session ${id} was deleted`)
-    if (!(await this.deps.runtime.pool.hasWorkspace(id))) {
-      throw new CairnProblem('state_lost', `the workspace of session ${id} is missing from the storage pool`)
-    }
+    if (!(await this.deps.runtime.pool.hasWorkspace(id))) throw this.missingWorkspace(tenantId, id)
     if (row.status !== 'idle' && row.status !== 'active')
       this.store.transition(row, 'idle', 'user_resume', this.now())
     this.store.touch(id, this.now())
@@ -630,11 +666,22 @@ export class SessionService {
   ): Promise<void> {
     const row = this.require(tenantId, id)
     if (row.status === 'deleted') return
-    await this.cancel(tenantId, id)
-    await this.dropWarm(id)
-    await this.deps.runtime.pool.deleteWorkspace(id)
-    if (this.deletedHook) await this.deletedHook(id)
-    this.store.transition(this.require(tenantId, id), 'deleted', cause, this.now())
+    // A second delete of the same session waits for the first instead of racing it in the pool.
+    const inFlight = this.deleting.get(id)
+    if (inFlight) return inFlight
+    const work = (async () => {
+      await this.cancel(tenantId, id)
+      await this.dropWarm(id)
+      await this.deps.runtime.pool.deleteWorkspace(id)
+      if (this.deletedHook) await this.deletedHook(id)
+      this.store.transition(this.require(tenantId, id), 'deleted', cause, this.now())
+    })()
+    this.deleting.set(id, work)
+    try {
+      await work
+    } finally {
+      this.deleting.delete(id)
+    }
   }
 
   /** Marks what a crashed predecessor left running; called once at start. */

@@ -359,22 +359,41 @@ export class WorkspaceService {
       return pool.snapshotPath(snapshotId)
     }
     const dir = pool.workspacePath(id)
-    if (!existsSync(dir))
-      throw new CairnProblem('state_lost', `the workspace of session ${id} is missing from the storage pool`)
+    if (!existsSync(dir)) throw this.deps.sessions.missingWorkspace(tenantId, id)
     return dir
+  }
+
+  /** Runs a read of a workspace or of a snapshot (which no restore or deletion moves). */
+  private async reading<T>(
+    tenantId: string,
+    id: string,
+    snapshotId: string | undefined,
+    read: () => Promise<T>,
+  ): Promise<T> {
+    if (!snapshotId) return this.deps.sessions.readingWorkspace(tenantId, id, read)
+    return read().catch((error: NodeJS.ErrnoException) => {
+      if (error.code === 'ENOENT') throw new CairnProblem('not_found', 'no such file in the snapshot')
+      throw error
+    })
   }
 
   async listFiles(tenantId: string, id: string, rawPath: string, snapshotId?: string): Promise<FileEntry[]> {
     const root = this.root(tenantId, id, snapshotId)
     const rel = workspaceRelative(rawPath)
-    const dir = await resolveInside(root, rel)
-    return listDirectory(dir, rel)
+    return this.reading(tenantId, id, snapshotId, async () => {
+      const dir = await resolveInside(root, rel)
+      return listDirectory(dir, rel).catch((error: NodeJS.ErrnoException) => {
+        if (error.code === 'ENOTDIR')
+          throw new CairnProblem('validation_failed', `/workspace/${rel} is not a directory`)
+        throw error
+      })
+    })
   }
 
   async openFile(tenantId: string, id: string, rawPath: string, snapshotId?: string) {
     const root = this.root(tenantId, id, snapshotId)
     const rel = workspaceRelative(rawPath)
-    const handle = await openInside(root, rel)
+    const handle = await this.reading(tenantId, id, snapshotId, () => openInside(root, rel))
     const info = await handle.stat()
     if (!info.isFile()) {
       await handle.close()

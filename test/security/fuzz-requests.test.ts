@@ -1,0 +1,702 @@
+import { type ChildProcess, execFileSync, spawn } from 'node:child_process'
+import { mkdir, mkdtemp, readFile, rm } from 'node:fs/promises'
+import http from 'node:http'
+import os from 'node:os'
+import path from 'node:path'
+import { createInterface } from 'node:readline'
+import { ERROR_CODES, isErrorCode } from '@cairn/protocol'
+import { instanceRunDir } from '@cairn/runtime'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import {
+  deepJson,
+  FUZZ_MARKER,
+  fromSchema,
+  fuzzJson,
+  fuzzSeed,
+  fuzzString,
+  type JsonSchema,
+  listTree,
+  mutate,
+  pollutedJson,
+  Rng,
+  traversal,
+} from '../helpers/fuzz.js'
+import { Api, EXAMPLES, packDir, REPO_ROOT } from '../helpers/server.js'
+
+// Request-schema fuzzing against a real server in its own process: every route of the OpenAPI
+// document gets schema-shaped and hostile bodies, path parameters and query strings. The server
+// must answer each with a typed error or a success, never a 500, never crash, and never write
+// outside its data dir and pool.
+
+const SEED = fuzzSeed('fuzz-requests', 0x5eed_0006)
+const REQUESTS = Number(process.env.FUZZ_REQUESTS ?? 10_000)
+const CONCURRENCY = 8
+const REQUEST_TIMEOUT_MS = 30_000
+const FIXTURE = path.join(REPO_ROOT, 'test/fixtures/server-process.mjs')
+/** 5xx codes the registry marks retryable that a genuine runtime hiccup may produce (none seen so far). */
+const TOLERATED_5XX = new Set<string>([])
+
+interface Route {
+  method: string
+  template: string
+  query: { name: string; schema: JsonSchema; required: boolean }[]
+  body: JsonSchema | undefined
+}
+
+interface FuzzRequest {
+  index: number
+  method: string
+  path: string
+  headers: Record<string, string>
+  body: Buffer | undefined
+  authenticated: boolean
+  /** The path names a /v1 API route (so an unauthenticated success would be a bypass). */
+  api: boolean
+}
+
+let sentinel = ''
+let dataDir = ''
+let cwdDir = ''
+let child: ChildProcess | undefined
+let serverPid = 0
+let base: URL
+let key = ''
+let api: Api
+const serverLog: string[] = []
+const agent = new http.Agent({ keepAlive: true, maxSockets: CONCURRENCY })
+
+const ids = {
+  liveSession: '',
+  endedSession: '',
+  deletedSession: '',
+  spareSessions: [] as string[],
+  agent: '',
+  victimAgent: '',
+  revision: '',
+  snapshot: '',
+  victimKey: '',
+}
+
+/** Places anyone may write to, searched for marker-named entries before and after. */
+const SHARED_PLACES: [string, number][] = [
+  ['/', 1],
+  ['/tmp', 2],
+  ['/var/tmp', 1],
+  ['/root', 1],
+  ['/etc', 1],
+  ['/run', 1],
+  [REPO_ROOT, 2],
+]
+
+function markerEntries(): string[] {
+  const found: string[] = []
+  for (const [root, depth] of SHARED_PLACES) {
+    for (const rel of listTree(
+      root,
+      depth,
+      (r) => r === 'proc' || r === 'sys' || r.endsWith('node_modules'),
+    )) {
+      if (rel.includes(FUZZ_MARKER)) found.push(path.join(root, rel))
+    }
+  }
+  return found
+}
+
+beforeAll(async () => {
+  sentinel = await mkdtemp(path.join(os.tmpdir(), 'cairn-fuzz-req-'))
+  dataDir = path.join(sentinel, 'data')
+  cwdDir = path.join(sentinel, 'cwd')
+  await mkdir(dataDir)
+  await mkdir(cwdDir)
+  child = spawn(process.execPath, [FIXTURE, dataDir, JSON.stringify({ rateLimitPerSecond: 0 })], {
+    cwd: cwdDir,
+    stdio: ['ignore', 'pipe', 'inherit'],
+  })
+  const line = await new Promise<string>((resolve, reject) => {
+    createInterface({ input: child?.stdout as NodeJS.ReadableStream }).once('line', resolve)
+    child?.once('exit', (code) => reject(new Error(`server exited early with ${code}`)))
+  })
+  // Later lines are the server's error log: kept to explain a finding.
+  child.stdout?.on('data', (chunk: Buffer) => serverLog.push(chunk.toString('utf8')))
+  const started = JSON.parse(line) as { url: string; pid: number }
+  serverPid = started.pid
+  base = new URL(started.url)
+  key = (await readFile(path.join(dataDir, 'admin.key'), 'utf8')).trim()
+  api = new Api(started.url, key)
+
+  const archive = await packDir(`${EXAMPLES}/echo`)
+  const deployed = await api.call('POST', '/v1/agents', archive)
+  expect(deployed.status).toBe(201)
+  ids.agent = deployed.body.agent.id
+  ids.revision = deployed.body.revision.id
+  const victim = await api.call('POST', '/v1/agents?name=victim', archive)
+  expect(victim.status).toBe(201)
+  ids.victimAgent = victim.body.agent.id
+  ids.liveSession = (await api.createSession('echo')).id
+  expect((await api.send(ids.liveSession, 'warm up')).text).toBe('warm up\n')
+  ids.snapshot = (await api.call('POST', `/v1/sessions/${ids.liveSession}/snapshots`, {})).body.id
+  ids.endedSession = (await api.createSession('echo')).id
+  expect((await api.call('POST', `/v1/sessions/${ids.endedSession}/end`)).status).toBe(200)
+  ids.deletedSession = (await api.createSession('echo')).id
+  expect((await api.call('DELETE', `/v1/sessions/${ids.deletedSession}`)).status).toBe(200)
+  for (let i = 0; i < 3; i++) ids.spareSessions.push((await api.createSession('echo')).id)
+  ids.victimKey = (await api.call('POST', '/v1/keys', { name: 'victim' })).body.id
+}, 120_000)
+
+afterAll(async () => {
+  agent.destroy()
+  if (child && child.exitCode === null && child.signalCode === null) {
+    const exited = new Promise((resolve) => child?.once('exit', resolve))
+    child.kill('SIGTERM')
+    await exited
+  }
+  if (sentinel) await rm(sentinel, { recursive: true, force: true })
+})
+
+function routesOf(doc: { paths: Record<string, Record<string, Record<string, unknown>>> }): Route[] {
+  const routes: Route[] = []
+  for (const [template, methods] of Object.entries(doc.paths)) {
+    for (const [method, op] of Object.entries(methods)) {
+      const parameters = (op.parameters ?? []) as {
+        in: string
+        name: string
+        schema: JsonSchema
+        required?: boolean
+      }[]
+      const content = (op.requestBody as { content?: Record<string, { schema: JsonSchema }> } | undefined)
+        ?.content
+      routes.push({
+        method: method.toUpperCase(),
+        template,
+        query: parameters
+          .filter((p) => p.in === 'query')
+          .map((p) => ({ name: p.name, schema: p.schema, required: p.required === true })),
+        body: content?.['application/json']?.schema,
+      })
+    }
+  }
+  return routes
+}
+
+/** Percent-encodes the UTF-8 bytes (lone surrogates become U+FFFD, as on the wire). */
+function pct(value: string): string {
+  let out = ''
+  for (const byte of Buffer.from(value, 'utf8')) {
+    const c = String.fromCharCode(byte)
+    out += /[A-Za-z0-9_.~-]/.test(c) ? c : `%${byte.toString(16).padStart(2, '0').toUpperCase()}`
+  }
+  return out
+}
+
+/** Raw (already encoded) segments no encoder produces: bad escapes, overlong UTF-8, dot segments. */
+const RAW_SEGMENTS = [
+  '%',
+  '%zz',
+  '%ff',
+  '%c0%ae%c0%ae',
+  '%2e%2e',
+  '%2e%2e%2f%2e%2e',
+  '..%5c..',
+  '%00',
+  ';x=1',
+  '%252e%252e',
+  'a%2fb',
+  '%e2%80%ae',
+]
+
+function pathParam(rng: Rng, route: Route, method: string, name: string): string {
+  const raw = (value: string) => (rng.chance(0.08) ? rng.pick(RAW_SEGMENTS) : pct(value))
+  const fake = (prefix: string) => `${prefix}_${'0'.repeat(20)}`
+  // Deleting the session, agent or key everything else uses would end the run's coverage early.
+  const destructive = method === 'DELETE' && route.template.split('/').length <= 4
+  const pick = (real: string[]) => {
+    const r = rng.next()
+    if (r < 0.35 && real.length > 0) return pct(rng.pick(real))
+    if (r < 0.55) return raw(traversal(rng))
+    if (r < 0.65) return pct('z'.repeat(rng.pick([201, 1000, 4000])))
+    if (r < 0.8) return pct(fake(rng.pick(['ses', 'agt', 'rev', 'snp', 'key', 'art'])))
+    return raw(fuzzString(rng, { maxHuge: 3000 }))
+  }
+  if (name === 'id') {
+    if (route.template.startsWith('/v1/sessions'))
+      return pick(
+        destructive
+          ? ids.spareSessions
+          : [
+              ids.liveSession,
+              ids.liveSession,
+              ids.endedSession,
+              ids.deletedSession,
+              ids.liveSession.slice(0, 8),
+            ],
+      )
+    if (route.template.startsWith('/v1/agents'))
+      return pick(destructive ? [ids.victimAgent] : [ids.agent, 'echo', 'victim', ids.victimAgent])
+    if (route.template.startsWith('/v1/keys')) return pick([ids.victimKey])
+  }
+  if (name === 'rev') return pick([ids.revision])
+  if (name === 'name') return pick(['K1', 'SECRET', FUZZ_MARKER])
+  return pick([])
+}
+
+const CONTENT_TYPES = [
+  'application/json; charset=utf-8',
+  'application/json; charset=utf-16',
+  'application/json; charset=latin1',
+  'APPLICATION/JSON',
+  'application/json;;;',
+  'text/plain',
+  'text/html',
+  'application/octet-stream',
+  'application/gzip',
+  'application/x-www-form-urlencoded',
+  'multipart/form-data; boundary=x',
+  'application/xml',
+  '',
+  'a/b',
+  '*/*',
+  'application/vnd.api+json',
+]
+
+const INVALID_JSON = [
+  '',
+  ' ',
+  '{',
+  '{"a":',
+  '{"a":1,}',
+  "{'a':1}",
+  '{"a":NaN}',
+  '{"a":Infinity}',
+  '\ufeff{}',
+  '{}garbage',
+  '[1,2',
+  'undefined',
+  '{"a":"\\ud800"}',
+  '{"a":"\\u00"}',
+  '{"a":1}{"b":2}',
+  '\u0000',
+  '{"a":1,"a":2}',
+]
+
+function bodyFor(
+  rng: Rng,
+  route: Route,
+  hints: Record<string, unknown[]>,
+): { text: Buffer; type: string } | undefined {
+  const schema: JsonSchema = route.body ?? { type: 'object', properties: {} }
+  if (!route.body && rng.chance(0.6)) return undefined
+  if (route.template.endsWith('/files/content') && rng.chance(0.7)) {
+    return { text: rng.bytes(rng.int(4096)), type: rng.pick(['application/octet-stream', 'text/plain']) }
+  }
+  let text: string | Buffer
+  const r = rng.next()
+  if (r < 0.12) text = JSON.stringify(fromSchema(rng, schema, hints))
+  else if (r < 0.55) {
+    let value = fromSchema(rng, schema, hints)
+    for (let i = 1 + rng.int(3); i > 0; i--) value = mutate(rng, schema, value)
+    text = JSON.stringify(value)
+  } else if (r < 0.63) text = pollutedJson(rng, fromSchema(rng, schema, hints))
+  else if (r < 0.69) text = deepJson(rng, rng.pick([100, 1000, 10_000, 100_000]))
+  else if (r < 0.8) text = rng.pick(INVALID_JSON)
+  else if (r < 0.92) text = JSON.stringify(fuzzJson(rng)) ?? 'null'
+  else if (r < 0.95) text = JSON.stringify({ prompt: 'p'.repeat(2_200_000) })
+  else text = rng.bytes(rng.int(2000))
+  const type = rng.chance(0.8) ? 'application/json' : rng.pick(CONTENT_TYPES)
+  return { text: Buffer.isBuffer(text) ? text : Buffer.from(text, 'utf8'), type }
+}
+
+function queryFor(rng: Rng, route: Route, hints: Record<string, unknown[]>): string {
+  const parts: string[] = []
+  for (const param of route.query) {
+    if (!param.required && rng.chance(0.35)) continue
+    const value = rng.chance(0.5)
+      ? fromSchema(rng, param.schema, hints, param.name)
+      : fuzzString(rng, { maxHuge: 3000 })
+    const encoded = rng.chance(0.05) ? rng.pick(RAW_SEGMENTS) : pct(String(value))
+    parts.push(`${param.name}=${encoded}`)
+    if (rng.chance(0.05)) parts.push(`${param.name}=${pct(fuzzString(rng, { maxHuge: 100 }))}`)
+  }
+  if (rng.chance(0.15)) {
+    const name = rng.pick([
+      '__proto__',
+      'constructor',
+      '__proto__[isAdmin]',
+      'constructor[prototype][x]',
+      'x',
+      '',
+    ])
+    parts.push(`${pct(name)}=${pct(fuzzString(rng, { maxHuge: 100 }))}`)
+  }
+  if (rng.chance(0.03)) parts.push(rng.pick(['&&&', '=', '==', 'a', '%', '%zz=1']))
+  return parts.length > 0 ? `?${parts.join('&')}` : rng.chance(0.05) ? '?' : ''
+}
+
+/** Variants of an API path a router or auth check might treat differently. */
+function pathVariant(rng: Rng, apiPath: string): string {
+  switch (rng.int(8)) {
+    case 0:
+      return `/${apiPath}`
+    case 1:
+      return apiPath.replace('/v1/', '/V1/')
+    case 2:
+      return `${apiPath}/`
+    case 3:
+      return apiPath.replace('/v1/', '/v1//')
+    case 4:
+      return apiPath.replace('/v1/', '/v1/./')
+    case 5:
+      return apiPath.replace('/v1/', '/%76%31/')
+    case 6:
+      return `/x/..${apiPath}`
+    default:
+      return apiPath
+  }
+}
+
+function generate(index: number, routes: Route[], hints: Record<string, unknown[]>): FuzzRequest {
+  const rng = new Rng((SEED + Math.imul(index, 0x9e3779b1)) >>> 0)
+  const headers: Record<string, string> = {}
+  let authenticated = true
+  const authRoll = rng.next()
+  if (authRoll < 0.03) authenticated = false
+  else if (authRoll < 0.05) {
+    headers.authorization = rng.pick([
+      `Bearer ${key}x`,
+      `Basic ${key}`,
+      'Bearer',
+      `Bearer  ${fuzzString(rng, { maxHuge: 200 }).replace(/[^\x21-\x7e]/g, '')}`,
+    ])
+    authenticated = false
+  }
+  if (authenticated) headers.authorization = `Bearer ${key}`
+
+  if (rng.chance(0.02)) {
+    // Off the API: the console's static files and unknown paths.
+    const raw = rng.chance(0.5) ? rng.pick(RAW_SEGMENTS) : pct(traversal(rng))
+    const target = rng.pick([
+      `/assets/${raw}`,
+      `/assets/../../../../etc/passwd`,
+      `/${raw}`,
+      `/v2/${raw}`,
+      '/healthz',
+    ])
+    return {
+      index,
+      method: rng.pick(['GET', 'POST', 'HEAD']),
+      path: target,
+      headers,
+      body: undefined,
+      authenticated,
+      api: false,
+    }
+  }
+
+  const route = rng.pick(routes)
+  const method = rng.chance(0.03)
+    ? rng.pick(['GET', 'POST', 'PUT', 'DELETE', 'PATCH', 'OPTIONS'])
+    : route.method
+  let apiPath = route.template.replace(/\{(\w+)\}/g, (_m, name: string) =>
+    pathParam(rng, route, method, name),
+  )
+  if (rng.chance(0.05)) apiPath = pathVariant(rng, apiPath)
+  const body = bodyFor(rng, route, hints)
+  if (body?.type) headers['content-type'] = body.type
+  if (rng.chance(0.02))
+    headers.accept = rng.pick(['text/event-stream', 'application/xml', '*/*;q=0', '\u00ff'])
+  return {
+    index,
+    method,
+    path: apiPath + queryFor(rng, route, hints),
+    headers,
+    body: body?.text,
+    authenticated,
+    api: true,
+  }
+}
+
+function send(request: FuzzRequest): Promise<{ status: number; type: string; body: Buffer }> {
+  return new Promise((resolve, reject) => {
+    const big = (request.body?.length ?? 0) > 1024 * 1024
+    const req = http.request(
+      {
+        host: base.hostname,
+        port: base.port,
+        method: request.method,
+        path: request.path,
+        // Node's client frames a GET or DELETE body without a length unless told: always tell it.
+        headers:
+          request.body === undefined
+            ? request.headers
+            : { ...request.headers, 'content-length': String(request.body.length) },
+        // A server may answer a too-large body before reading it and close: keep that off the pool.
+        agent: big ? false : agent,
+      },
+      (res) => {
+        const chunks: Buffer[] = []
+        res.on('data', (chunk: Buffer) => chunks.push(chunk))
+        res.on('end', () =>
+          resolve({
+            status: res.statusCode ?? 0,
+            type: String(res.headers['content-type'] ?? ''),
+            body: Buffer.concat(chunks),
+          }),
+        )
+        res.on('error', reject)
+      },
+    )
+    req.setTimeout(REQUEST_TIMEOUT_MS, () =>
+      req.destroy(new Error(`no answer within ${REQUEST_TIMEOUT_MS} ms`)),
+    )
+    req.on('error', reject)
+    req.end(request.body)
+  })
+}
+
+interface Finding {
+  index: number
+  what: string
+  request: string
+  answer: string
+}
+
+function judge(request: FuzzRequest, status: number, type: string, body: Buffer): string | undefined {
+  const text = body.toString('utf8')
+  if (!request.authenticated && request.api && status < 300 && !request.path.includes('openapi.json'))
+    return 'an unauthenticated request succeeded'
+  if (status >= 500) {
+    let code = ''
+    try {
+      code = String((JSON.parse(text) as { error?: { code?: unknown } }).error?.code)
+    } catch {}
+    if (!TOLERATED_5XX.has(code)) return `status ${status}`
+  }
+  if (status >= 400 && request.method !== 'HEAD' && !request.path.startsWith('/assets/')) {
+    let parsed: { error?: { code?: unknown; message?: unknown; requestId?: unknown } }
+    try {
+      parsed = JSON.parse(text)
+    } catch {
+      return `non-JSON error body (${type})`
+    }
+    const error = parsed.error
+    if (!error || !isErrorCode(error.code)) return 'error body without a registry code'
+    if (typeof error.message !== 'string' || error.message === '') return 'error body without a message'
+    if (typeof error.requestId !== 'string' || !error.requestId.startsWith('req_'))
+      return 'error body without a requestId'
+    if (ERROR_CODES[error.code].status !== status) return `code ${error.code} sent with status ${status}`
+  }
+  return undefined
+}
+
+describe('request fuzzing', () => {
+  it(`answers ${REQUESTS} generated requests over every route with typed errors, no 500, no crash, no stray writes`, async () => {
+    const markersBefore = new Set(markerEntries())
+    const doc = (await fetch(new URL('/v1/openapi.json', base)).then((r) => r.json())) as Parameters<
+      typeof routesOf
+    >[0]
+    const routes = routesOf(doc)
+    expect(routes.length).toBeGreaterThan(40)
+    const hints: Record<string, unknown[]> = {
+      agent: ['echo', ids.agent, 'victim'],
+      snapshotId: [ids.snapshot],
+      snapshot: [ids.snapshot],
+      from: [ids.snapshot, 'revision'],
+      prefix: [ids.liveSession.slice(0, 6), 'ses_'],
+      path: ['echo.sh', '.cairn', `${FUZZ_MARKER}.txt`, `dir/${FUZZ_MARKER}.txt`],
+      status: ['idle', 'completed'],
+    }
+
+    const findings: Finding[] = []
+    const statuses = new Map<number, number>()
+    const perRoute = new Map<string, number>()
+    const only = process.env.FUZZ_ONLY === undefined ? undefined : Number(process.env.FUZZ_ONLY)
+    let next = only ?? 0
+    const last = only === undefined ? REQUESTS : only + 1
+    const worker = async () => {
+      while (next < last) {
+        const request = generate(next++, routes, hints)
+        const describe = `${request.method} ${request.path.slice(0, 300)} ${request.headers['content-type'] ?? ''} body=${request.body?.subarray(0, 200).toString('utf8') ?? ''}`
+        try {
+          const res = await send(request)
+          statuses.set(res.status, (statuses.get(res.status) ?? 0) + 1)
+          const routeKey = `${request.method} ${request.path.split('?')[0]?.replace(/\/[^/]*$/, '/…')}`
+          perRoute.set(routeKey, (perRoute.get(routeKey) ?? 0) + 1)
+          const what = judge(request, res.status, res.type, res.body)
+          if (what)
+            findings.push({
+              index: request.index,
+              what,
+              request: describe,
+              answer: res.body.subarray(0, 300).toString('utf8'),
+            })
+        } catch (error) {
+          // Over the body limit the server may answer 413 and close before the upload is done.
+          const code = (error as NodeJS.ErrnoException).code
+          if ((code === 'EPIPE' || code === 'ECONNRESET') && (request.body?.length ?? 0) > 2 * 1024 * 1024) {
+            statuses.set(-1, (statuses.get(-1) ?? 0) + 1)
+            continue
+          }
+          findings.push({
+            index: request.index,
+            what: `transport: ${(error as Error).message}`,
+            request: describe,
+            answer: '',
+          })
+        }
+      }
+    }
+    await Promise.all(Array.from({ length: CONCURRENCY }, worker))
+
+    console.log(
+      `[fuzz-requests] seed ${SEED}: ${last - (only ?? 0)} requests over ${routes.length} routes; statuses ${JSON.stringify(Object.fromEntries([...statuses].sort((a, b) => a[0] - b[0])))}`,
+    )
+    // One example per kind of finding, so a systematic bug does not drown the rest.
+    const kinds = new Map<string, Finding>()
+    for (const f of findings) {
+      const kind = `${f.what} ${f.answer.replace(/req_[a-z0-9]+/g, '').slice(0, 80)}`
+      if (!kinds.has(kind)) kinds.set(kind, f)
+    }
+    console.log(`[fuzz-requests] ids ${JSON.stringify(ids)}`)
+    for (const f of [...kinds.values()].slice(0, 30))
+      console.log(
+        `[fuzz-requests] FUZZ_SEED=${SEED} FUZZ_ONLY=${f.index}: ${f.what}\n  ${f.request}\n  -> ${f.answer}`,
+      )
+    if (findings.length > 0) console.log(`[fuzz-requests] server log:\n${serverLog.join('').slice(-20_000)}`)
+    expect(findings.map((f) => `#${f.index} ${f.what}`)).toEqual([])
+
+    // Still the same process, still answering, still serving the session it had.
+    expect(child?.exitCode).toBeNull()
+    expect(process.kill(serverPid, 0)).toBe(true)
+    expect((await fetch(new URL('/healthz', base))).status).toBe(200)
+    expect((await api.call('GET', `/v1/sessions/${ids.liveSession}`)).status).toBe(200)
+    expect((await api.call('GET', '/v1/agents/echo')).status).toBe(200)
+
+    // Nothing written outside its place: the server's cwd stays empty, its sentinel parent holds
+    // only the data dir, no marker-named file appeared anywhere shared, and inside the data dir and
+    // the pool marker names exist only inside a workspace (where the file API put them).
+    expect(listTree(cwdDir, 5)).toEqual([])
+    expect(listTree(sentinel, 1)).toEqual(['cwd', 'data'])
+    expect(markerEntries().filter((p) => !markersBefore.has(p))).toEqual([])
+    expect(listTree(dataDir, 8).filter((p) => p.includes(FUZZ_MARKER))).toEqual([])
+    const strayInPool = listTree(instanceRunDir(dataDir), 4).filter(
+      (p) => p.includes(FUZZ_MARKER) && !/^pool\/(sessions|snapshots)\/[a-z]+_[A-Za-z0-9]+\/.+/.test(p),
+    )
+    expect(strayInPool).toEqual([])
+  }, 300_000)
+})
+
+describe('request cases fuzzing found (regressions)', () => {
+  const expectError = (
+    res: { status: number; body: { error?: { code?: string; requestId?: string } } },
+    status: number,
+    code: string,
+  ) => {
+    expect(res.status, JSON.stringify(res.body)).toBe(status)
+    expect(res.body.error?.code).toBe(code)
+    expect(res.body.error?.requestId).toMatch(/^req_/)
+  }
+
+  it('refuses numbers that coerce to Infinity instead of storing them (which broke every later list)', async () => {
+    expectError(
+      await api.call('POST', '/v1/sessions', { agent: 'echo', keepWarmMs: 'Infinity' }),
+      400,
+      'validation_failed',
+    )
+    expectError(
+      await api.call('POST', '/v1/sessions', { agent: 'echo', idleTimeoutMs: '1e400' }),
+      400,
+      'validation_failed',
+    )
+    expectError(
+      await api.call('PUT', '/v1/retention', { endedWorkspaceTtlMs: '1e400' }),
+      400,
+      'validation_failed',
+    )
+    expectError(await api.call('GET', '/v1/sessions?limit=1e400'), 400, 'validation_failed')
+    expect((await api.call('GET', '/v1/sessions')).status).toBe(200)
+    expect((await api.call('GET', '/v1/retention')).status).toBe(200)
+  })
+
+  it("answers the router's own refusals in the registry shape", async () => {
+    expectError(await api.call('GET', '/v1/agents/%/secrets'), 400, 'bad_request')
+    expectError(await api.call('GET', '/v1/sessions/%c0%ae%zz'), 400, 'bad_request')
+    expectError(await api.call('GET', `/v1/sessions/${'z'.repeat(300)}`), 400, 'validation_failed')
+    expectError(await api.call('GET', `/v1/sessions/${'z'.repeat(2000)}/files`), 400, 'bad_request')
+  })
+
+  it('answers a directory listing of a file with 400', async () => {
+    const session = await api.createSession('echo')
+    const res = await api.call('GET', `/v1/sessions/${session.id}/files?path=echo.sh`)
+    expectError(res, 400, 'validation_failed')
+    expect(res.body.error.message).toContain('not a directory')
+  })
+
+  it('answers a FIFO in the workspace with 400 instead of blocking a server thread on it', async () => {
+    const session = await api.createSession('echo')
+    const workspace = path.join(instanceRunDir(dataDir), 'pool', 'sessions', session.id)
+    execFileSync('mkfifo', [path.join(workspace, 'pipe')])
+    await mkdir(path.join(workspace, '.cairn'), { recursive: true })
+    execFileSync('mkfifo', [path.join(workspace, '.cairn', 'memory.proposed.md')])
+    // More reads than the server has file-system threads: blocked opens would stall everything.
+    const reads = await Promise.all(
+      Array.from({ length: 6 }, () => api.call('GET', `/v1/sessions/${session.id}/files/content?path=pipe`)),
+    )
+    for (const read of reads) expectError(read, 400, 'validation_failed')
+    expectError(
+      await api.call('POST', `/v1/sessions/${session.id}/artifacts`, { path: 'pipe' }),
+      400,
+      'validation_failed',
+    )
+    expectError(await api.call('POST', `/v1/sessions/${session.id}/memory/promote`), 400, 'validation_failed')
+    expect((await api.call('GET', `/v1/sessions/${session.id}/files`)).status).toBe(200)
+  })
+
+  it('answers an upload the sandbox stops reading early (its directory is a file) with a typed error', async () => {
+    const session = await api.createSession('echo')
+    const res = await api.call(
+      'PUT',
+      `/v1/sessions/${session.id}/files/content?path=echo.sh/below.txt`,
+      Buffer.alloc(4 * 1024 * 1024, 1),
+      { 'content-type': 'application/octet-stream' },
+    )
+    expectError(res, 403, 'forbidden')
+    expect(res.body.error.message).toContain('could not write')
+  })
+
+  it('lets concurrent deletes of one session all succeed', async () => {
+    const session = await api.createSession('echo')
+    const answers = await Promise.all(
+      Array.from({ length: 4 }, () => api.call('DELETE', `/v1/sessions/${session.id}`)),
+    )
+    expect(answers.map((a) => a.status)).toEqual([200, 200, 200, 200])
+    expectError(await api.call('GET', `/v1/sessions/${session.id}/files`), 410, 'session_deleted')
+  })
+
+  it('answers requests that meet a restore swapping the workspace with 200 or 409, never state_lost', async () => {
+    const session = await api.createSession('echo')
+    const snapshot = (await api.call('POST', `/v1/sessions/${session.id}/snapshots`, {})).body.id as string
+    let restoring = true
+    const seen = new Map<string, number>()
+    const reader = async () => {
+      while (restoring) {
+        for (const route of ['files', 'files/content?path=echo.sh', 'diff']) {
+          const res = await api.call('GET', `/v1/sessions/${session.id}/${route}`)
+          const key = `${res.status} ${res.body?.error?.code ?? ''}`
+          seen.set(key, (seen.get(key) ?? 0) + 1)
+        }
+        const resumed = await api.call('POST', `/v1/sessions/${session.id}/resume`)
+        const key = `${resumed.status} ${resumed.body?.error?.code ?? ''}`
+        seen.set(key, (seen.get(key) ?? 0) + 1)
+      }
+    }
+    const readers = Array.from({ length: 4 }, reader)
+    for (let i = 0; i < 15; i++) {
+      const res = await api.call('POST', `/v1/sessions/${session.id}/restore`, { snapshotId: snapshot })
+      expect([200, 409], JSON.stringify(res.body)).toContain(res.status)
+    }
+    restoring = false
+    await Promise.all(readers)
+    console.log(`[fuzz-requests] answers during restores: ${JSON.stringify(Object.fromEntries(seen))}`)
+    if ([...seen.keys()].some((k) => k.startsWith('5'))) console.log(serverLog.join('').slice(-6000))
+    for (const key of seen.keys()) expect(['200 ', '409 session_busy']).toContain(key)
+  })
+})

@@ -81,6 +81,15 @@ export class AgentProcess {
     await this.sandbox?.thaw()
   }
 
+  /**
+   * Bytes of file data the warm sandbox's processes have dirtied so far (see `Sandbox.writtenBytes`);
+   * undefined for exec agents (a sandbox per turn), a stopped sandbox, or a driver that cannot tell.
+   */
+  writtenBytes(): number | undefined {
+    if (this.launch.protocol === 'exec' || !this.alive) return undefined
+    return this.sandbox?.writtenBytes?.()
+  }
+
   get pid(): number | undefined {
     return this.sandbox?.pid
   }

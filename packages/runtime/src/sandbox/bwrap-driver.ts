@@ -3,6 +3,7 @@ import { existsSync } from 'node:fs'
 import { type FileHandle, open, rename, writeFile } from 'node:fs/promises'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
+import { dirtiedBytes } from '../util/proc-io.js'
 import type { CgroupManager } from './cgroups.js'
 import type { DriverCapabilities, Sandbox, SandboxDriver, SandboxExit, SandboxSpec } from './driver.js'
 import { readOnlyRootArgs, SANDBOX_USER } from './rootfs.js'
@@ -216,6 +217,11 @@ class BwrapSandbox implements Sandbox {
 
   thaw(): Promise<void> {
     return this.cgroups.freeze(this.cgroupName, false)
+  }
+
+  writtenBytes(): number | undefined {
+    if (this.destroyed) return undefined
+    return dirtiedBytes(this.cgroups.pidsSync(this.cgroupName))
   }
 
   async destroy(): Promise<void> {

@@ -160,6 +160,21 @@ export class CgroupManager {
     }
   }
 
+  /** The cgroup's live processes, read synchronously (a tiny kernel file). */
+  pidsSync(name: string): number[] {
+    const dirs = this.dirs(name)
+    const dir = dirs.v2 ?? dirs.pids ?? dirs.memory
+    if (!dir) return []
+    try {
+      return readFileSync(path.join(dir, 'cgroup.procs'), 'utf8')
+        .split('\n')
+        .filter(Boolean)
+        .map((line) => Number(line))
+    } catch {
+      return []
+    }
+  }
+
   async pids(name: string): Promise<number[]> {
     const dirs = this.dirs(name)
     const file = dirs.v2 ?? dirs.pids ?? dirs.memory

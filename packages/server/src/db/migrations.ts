@@ -219,4 +219,11 @@ ALTER TABLE sessions ADD COLUMN keep_transcript INTEGER NOT NULL DEFAULT 1;
     name: 'session id prefix index',
     sql: `CREATE INDEX sessions_tenant_id ON sessions(tenant_id, id);`,
   },
+  {
+    // A turn that changed nothing in the workspace reuses the snapshot before it as the one before
+    // the next turn: the snapshot then stands for the state after every turn up to this one.
+    version: 14,
+    name: 'snapshots reused across unchanged turns',
+    sql: `ALTER TABLE snapshots ADD COLUMN through_turn_seq INTEGER;`,
+  },
 ]

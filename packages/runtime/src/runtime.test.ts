@@ -1,4 +1,4 @@
-import { existsSync, readFileSync } from 'node:fs'
+import { existsSync, readdirSync, readFileSync } from 'node:fs'
 import { mkdtemp, rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
@@ -114,5 +114,47 @@ describe('Runtime lifecycle', () => {
     expect(poolMounts(runtime)).toBe(0)
     expect(await waitFor(() => loopDevicesFor(dataDir).length === 0)).toBe(true)
     expect(cgroupScopeDirs(runtime)).toEqual([])
+  })
+
+  it('starts a sandbox from a spare launcher with its own limits, and closes without leaving any', async () => {
+    const runtime = new Runtime({ dataDir, poolImageSizeBytes: POOL_BYTES, spareLaunchers: 1 })
+    opened.push(runtime)
+    await runtime.open()
+    await makeRevision(runtime, 'rev_spare', {
+      'agent.sh': 'while IFS= read -r line; do echo "re: $line"; done\n',
+    })
+    const first = await startAgent(runtime, 'rev_spare', ['bash', 'agent.sh'])
+    expect(await reply(first.agent, 'one', 1)).toBe('re: one\n')
+    // The first start asked for a spare: a launcher waits in a cgroup of its own.
+    const unified = cgroupScopeDirs(runtime)[0] as string
+    const spareReady = () =>
+      readdirSync(unified, { withFileTypes: true }).some(
+        (entry) =>
+          entry.isDirectory() &&
+          entry.name !== first.agent.sandboxId &&
+          readFileSync(path.join(unified, entry.name, 'cgroup.procs'), 'utf8').trim() !== '',
+      )
+    expect(await waitFor(spareReady, 5000)).toBe(true)
+
+    const second = await startAgent(runtime, 'rev_spare', ['bash', 'agent.sh'], { memoryMiB: 96, pids: 40 })
+    expect(await reply(second.agent, 'two', 1)).toBe('re: two\n')
+    const cgroupOf = (hierarchy: string) =>
+      /^\d+:[^:]*\b${hierarchy}\b[^:]*:(.*)$/m.exec(
+        readFileSync(`/proc/${second.agent.pid}/cgroup`, 'utf8'),
+      )?.[1]
+    const memoryCgroup = cgroupOf('memory')
+    if (memoryCgroup) {
+      expect(path.basename(memoryCgroup)).not.toBe(second.agent.sandboxId) // it came from the pool
+      expect(readFileSync(`/sys/fs/cgroup/memory${memoryCgroup}/memory.limit_in_bytes`, 'utf8').trim()).toBe(
+        String(96 * 1024 * 1024),
+      )
+    }
+    const pidsCgroup = cgroupOf('pids')
+    if (pidsCgroup)
+      expect(readFileSync(`/sys/fs/cgroup/pids${pidsCgroup}/pids.max`, 'utf8').trim()).toBe('40')
+
+    await runtime.close()
+    expect(cgroupScopeDirs(runtime)).toEqual([])
+    expect(instanceProcesses(runtime)).toEqual([])
   })
 })

@@ -6,6 +6,7 @@ import { CairnProblem } from '@cairn/protocol'
 import { dirtiedBytes } from '../util/proc-io.js'
 import type { CgroupManager } from './cgroups.js'
 import type { DriverCapabilities, Sandbox, SandboxDriver, SandboxExit, SandboxSpec } from './driver.js'
+import { LauncherPool } from './launcher-pool.js'
 import { readOnlyRootArgs, SANDBOX_USER } from './rootfs.js'
 import { buildSeccompFilter } from './seccomp.js'
 
@@ -19,6 +20,11 @@ export interface BwrapDriverOptions {
   /** Host directory mounted read-only at /opt/cairn (agent-kit shims and libraries). */
   kitDir: string
   bwrapPath?: string
+  /**
+   * Launchers kept ready in fresh cgroups (see `LauncherPool`), so a cold start skips the cgroup
+   * migration and the server's fork; 0 (the default) starts each sandbox from scratch.
+   */
+  spareLaunchers?: number
 }
 
 // Joins the cgroups as root, then drops to the sandbox uid and becomes bwrap: the whole sandbox,
@@ -33,7 +39,19 @@ export class BwrapDriver implements SandboxDriver {
   readonly name = 'bwrap'
   readonly capabilities: DriverCapabilities = { freeze: true, network: false, memorySnapshot: false }
 
-  constructor(private readonly options: BwrapDriverOptions) {}
+  private readonly launchers: LauncherPool | undefined
+
+  constructor(private readonly options: BwrapDriverOptions) {
+    const size = options.spareLaunchers ?? 0
+    this.launchers =
+      size > 0 && LauncherPool.available()
+        ? new LauncherPool({
+            cgroups: options.cgroups,
+            size,
+            seccompFd: async () => (this.seccomp ? this.seccompFd() : undefined),
+          })
+        : undefined
+  }
 
   describe(): string {
     return `bwrap (host uid ${this.options.hostUid}, ${this.options.cgroups.describe()})`
@@ -126,12 +144,20 @@ export class BwrapDriver implements SandboxDriver {
 
   async start(spec: SandboxSpec): Promise<Sandbox> {
     if (spec.command.length === 0) throw new CairnProblem('bad_request', 'empty sandbox command')
-    const cgroupName = spec.id
-    const procsFiles = await this.options.cgroups.create(cgroupName, {
+    const limits = {
       memoryBytes: spec.limits.memoryMiB * 1024 * 1024,
       pids: spec.limits.pids,
       cpus: spec.limits.cpus,
-    })
+    }
+    const spare = this.launchers?.take(limits)
+    if (spare) {
+      // Limits first: the command (and so the agent) starts only once it reads them on fd 4.
+      this.options.cgroups.setLimits(spare.cgroupName, limits)
+      spare.commandPipe.end(`${this.buildArgs(spec).join('\0')}\0`)
+      return new BwrapSandbox(spec.id, spare.child, this.options.cgroups, spare.cgroupName)
+    }
+    const cgroupName = spec.id
+    const procsFiles = await this.options.cgroups.create(cgroupName, limits)
     const seccompFd = this.seccomp ? await this.seccompFd() : undefined
     const child = spawn(
       '/bin/sh',
@@ -162,6 +188,7 @@ export class BwrapDriver implements SandboxDriver {
   }
 
   async close(): Promise<void> {
+    await this.launchers?.close()
     await this.options.cgroups.removeScope()
   }
 }

@@ -138,20 +138,20 @@ describe('Runtime lifecycle', () => {
 
     const second = await startAgent(runtime, 'rev_spare', ['bash', 'agent.sh'], { memoryMiB: 96, pids: 40 })
     expect(await reply(second.agent, 'two', 1)).toBe('re: two\n')
-    const cgroupOf = (hierarchy: string) =>
-      /^\d+:[^:]*\b${hierarchy}\b[^:]*:(.*)$/m.exec(
-        readFileSync(`/proc/${second.agent.pid}/cgroup`, 'utf8'),
-      )?.[1]
-    const memoryCgroup = cgroupOf('memory')
-    if (memoryCgroup) {
-      expect(path.basename(memoryCgroup)).not.toBe(second.agent.sandboxId) // it came from the pool
-      expect(readFileSync(`/sys/fs/cgroup/memory${memoryCgroup}/memory.limit_in_bytes`, 'utf8').trim()).toBe(
-        String(96 * 1024 * 1024),
-      )
-    }
-    const pidsCgroup = cgroupOf('pids')
-    if (pidsCgroup)
-      expect(readFileSync(`/sys/fs/cgroup/pids${pidsCgroup}/pids.max`, 'utf8').trim()).toBe('40')
+    // Its cgroup is the spare's (not named after the sandbox), with this agent's limits: v1
+    // `memory` and `pids` hierarchies where the host has them, else the v2 one.
+    const cgroups = readFileSync(`/proc/${second.agent.pid}/cgroup`, 'utf8')
+    const cgroupOf = (hierarchy: string) => new RegExp(`^\\d+:${hierarchy}:(.*)$`, 'm').exec(cgroups)?.[1]
+    const v1Memory = cgroupOf('memory')
+    const limitFiles = v1Memory
+      ? {
+          memory: `/sys/fs/cgroup/memory${v1Memory}/memory.limit_in_bytes`,
+          pids: `/sys/fs/cgroup/pids${cgroupOf('pids')}/pids.max`,
+        }
+      : { memory: `/sys/fs/cgroup${cgroupOf('')}/memory.max`, pids: `/sys/fs/cgroup${cgroupOf('')}/pids.max` }
+    expect(path.basename(path.dirname(limitFiles.memory))).not.toBe(second.agent.sandboxId)
+    expect(readFileSync(limitFiles.memory, 'utf8').trim()).toBe(String(96 * 1024 * 1024))
+    expect(readFileSync(limitFiles.pids, 'utf8').trim()).toBe('40')
 
     await runtime.close()
     expect(cgroupScopeDirs(runtime)).toEqual([])

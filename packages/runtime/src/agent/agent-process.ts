@@ -1,5 +1,5 @@
 import { randomBytes } from 'node:crypto'
-import { appendFileSync, writeFileSync } from 'node:fs'
+import { closeSync, ftruncateSync, openSync, writeSync } from 'node:fs'
 import { chmod, mkdir, rename, rm, writeFile } from 'node:fs/promises'
 import path from 'node:path'
 import { StringDecoder } from 'node:string_decoder'
@@ -162,6 +162,14 @@ export class AgentProcess {
 
   /** Lines of the transcript already in the file: each turn appends only what is new. */
   private transcriptWritten = 0
+  /**
+   * The run dir's transcript (appended to) and `turn` file (overwritten in place), open for the
+   * life of the process: an open and a close per file per turn cost more than the write, and
+   * truncating a non-empty file makes ext4 (a disk-backed /run) flush it on close.
+   */
+  private transcriptFd: number | undefined
+  private turnFd: number | undefined
+  private turnFileLength = 0
 
   private async writeTranscript(transcript: readonly TranscriptLine[], turn: number): Promise<void> {
     const file = path.join(this.runDir, 'transcript.jsonl')
@@ -172,12 +180,26 @@ export class AgentProcess {
       const tmp = path.join(this.runDir, `.transcript.${turn}.tmp`)
       await writeFile(tmp, body, { mode: 0o644 })
       await rename(tmp, file)
+      this.closeRunFiles()
     } else if (fresh.length > 0) {
       // Small synchronous writes: cheaper than two trips through the thread pool on the warm path.
-      appendFileSync(file, fresh.map((line) => `${JSON.stringify(line)}\n`).join(''))
+      this.transcriptFd ??= openSync(file, 'a', 0o644)
+      writeSync(this.transcriptFd, fresh.map((line) => `${JSON.stringify(line)}\n`).join(''))
     }
     this.transcriptWritten = transcript.length
-    writeFileSync(path.join(this.runDir, 'turn'), `${turn}\n`, { mode: 0o644 })
+    const text = `${turn}\n`
+    this.turnFd ??= openSync(path.join(this.runDir, 'turn'), 'w', 0o644)
+    writeSync(this.turnFd, text, 0)
+    // Turn numbers grow, so this shortens the file only if one ever went back.
+    if (text.length < this.turnFileLength) ftruncateSync(this.turnFd, text.length)
+    this.turnFileLength = text.length
+  }
+
+  private closeRunFiles(): void {
+    for (const fd of [this.transcriptFd, this.turnFd]) if (fd !== undefined) closeSync(fd)
+    this.transcriptFd = undefined
+    this.turnFd = undefined
+    this.turnFileLength = 0
   }
 
   runTurn(
@@ -492,6 +514,7 @@ export class AgentProcess {
     if (sandbox) await sandbox.destroy()
     await this.proxy?.close().catch(() => undefined)
     this.proxy = undefined
+    this.closeRunFiles()
     await rm(this.runDir, { recursive: true, force: true }).catch(() => undefined)
   }
 }

@@ -6,6 +6,8 @@ import { newId } from '@cairn/protocol'
 import type { CgroupLimits, CgroupManager } from './cgroups.js'
 
 const BASH = '/bin/bash'
+/** How long after a launcher was taken the pool starts its replacement. */
+const REFILL_DELAY_MS = 25
 
 // Joins the cgroups as root, then waits for its command: NUL-terminated arguments on fd 4, ended
 // by EOF (none: the pool is closing, exit). `mapfile -d ''` needs bash 4.4.
@@ -71,8 +73,9 @@ export class LauncherPool {
   refill(): void {
     if (this.closed || this.filling || this.options.size <= 0) return
     this.filling = (async () => {
-      // Let the caller's start go first: spawning blocks the event loop for a few ms.
-      await new Promise((resolve) => setImmediate(resolve))
+      // Let the sandbox that just took a launcher come up first: spawning blocks the event loop
+      // for a few ms and the new launcher competes for the CPUs while that sandbox starts.
+      await new Promise((resolve) => setTimeout(resolve, REFILL_DELAY_MS).unref())
       while (!this.closed && this.spare.length < this.options.size) {
         const launcher = await this.launch(this.lastLimits ?? DEFAULT_LIMITS).catch(() => undefined)
         if (!launcher) break

@@ -95,6 +95,8 @@ export class WorkspaceService {
    * for this turn too, and no snapshot (a btrfs transaction commit) is taken.
    */
   private async snapshotAfterTurn(row: SessionRow, seq: number, agent?: AgentProcess): Promise<void> {
+    // After the reply's stream is ended (the hook runs just after run.completed is written).
+    await new Promise((resolve) => setImmediate(resolve))
     const mark = this.marks.get(row.id)
     if (mark && agent && (await this.unchangedSince(row.id, mark, agent))) {
       if (this.snapshots.extendThrough(mark.snapshotId, seq)) return

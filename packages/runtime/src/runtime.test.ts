@@ -121,7 +121,8 @@ describe('Runtime lifecycle', () => {
     opened.push(runtime)
     await runtime.open()
     await makeRevision(runtime, 'rev_spare', {
-      'agent.sh': 'while IFS= read -r line; do echo "re: $line"; done\n',
+      'agent.sh':
+        'while IFS= read -r line; do if [ "$line" = fds ]; then ls /proc/$$/fd | tr "\\n" " "; echo; else echo "re: $line"; fi; done\n',
     })
     const first = await startAgent(runtime, 'rev_spare', ['bash', 'agent.sh'])
     expect(await reply(first.agent, 'one', 1)).toBe('re: one\n')
@@ -138,6 +139,11 @@ describe('Runtime lifecycle', () => {
 
     const second = await startAgent(runtime, 'rev_spare', ['bash', 'agent.sh'], { memoryMiB: 96, pids: 40 })
     expect(await reply(second.agent, 'two', 1)).toBe('re: two\n')
+    // The pooled launcher's command pipe (fd 4) is not inherited: the same descriptors as a
+    // sandbox started from scratch.
+    const fds = await reply(second.agent, 'fds', 2)
+    expect(fds).toMatch(/^0 1 2 /)
+    expect(fds).toBe(await reply(first.agent, 'fds', 2))
     // Its cgroup is the spare's (not named after the sandbox), with this agent's limits: v1
     // `memory` and `pids` hierarchies where the host has them, else the v2 one.
     const cgroups = readFileSync(`/proc/${second.agent.pid}/cgroup`, 'utf8')

@@ -120,9 +120,10 @@ describe('Runtime lifecycle', () => {
     const runtime = new Runtime({ dataDir, poolImageSizeBytes: POOL_BYTES, spareLaunchers: 1 })
     opened.push(runtime)
     await runtime.open()
+    // `fds` lists the agent shell's descriptors with builtins only (a pipeline would show its pipe).
     await makeRevision(runtime, 'rev_spare', {
       'agent.sh':
-        'while IFS= read -r line; do if [ "$line" = fds ]; then ls /proc/$$/fd | tr "\\n" " "; echo; else echo "re: $line"; fi; done\n',
+        'while IFS= read -r line; do if [ "$line" = fds ]; then for f in /proc/$$/fd/*; do printf "%s " "${f##*/}"; done; echo; else echo "re: $line"; fi; done\n',
     })
     const first = await startAgent(runtime, 'rev_spare', ['bash', 'agent.sh'])
     expect(await reply(first.agent, 'one', 1)).toBe('re: one\n')

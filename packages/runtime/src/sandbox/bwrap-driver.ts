@@ -151,10 +151,19 @@ export class BwrapDriver implements SandboxDriver {
     }
     const spare = this.launchers?.take(limits)
     if (spare) {
-      // Limits first: the command (and so the agent) starts only once it reads them on fd 4.
-      this.options.cgroups.setLimits(spare.cgroupName, limits)
-      spare.commandPipe.end(`${this.buildArgs(spec).join('\0')}\0`)
-      return new BwrapSandbox(spec.id, spare.child, this.options.cgroups, spare.cgroupName)
+      let limited = false
+      try {
+        // Limits first: the command (and so the agent) starts only once it reads them on fd 4.
+        this.options.cgroups.setLimits(spare.cgroupName, limits)
+        limited = true
+      } catch {
+        // A cgroup that refuses these limits (or is gone): drop the spare, start from scratch.
+        await this.launchers?.discard(spare)
+      }
+      if (limited) {
+        spare.commandPipe.end(`${this.buildArgs(spec).join('\0')}\0`)
+        return new BwrapSandbox(spec.id, spare.child, this.options.cgroups, spare.cgroupName)
+      }
     }
     const cgroupName = spec.id
     const procsFiles = await this.options.cgroups.create(cgroupName, limits)

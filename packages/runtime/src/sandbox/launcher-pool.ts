@@ -115,7 +115,8 @@ export class LauncherPool {
     return { child, cgroupName, limits, commandPipe }
   }
 
-  private async discard(launcher: SpareLauncher): Promise<void> {
+  /** Ends a launcher (taken or not) that will not be used, and removes its cgroup. */
+  async discard(launcher: SpareLauncher): Promise<void> {
     launcher.commandPipe.end()
     await this.options.cgroups.kill(launcher.cgroupName).catch(() => undefined)
     await this.options.cgroups.remove(launcher.cgroupName)

@@ -78,6 +78,10 @@ describe('workspace lifecycle', () => {
       turn: number
     }[]
     expect(snaps.map((s) => s.turn)).toEqual([0, 1, 3])
+    // A fork at turn 2 has the workspace after turn 1 (the same) and the transcript of both turns.
+    const fork = await t.api.call('POST', `/v1/sessions/${id}/fork`, { turn: 2 })
+    expect(fork.body).toMatchObject({ turnCount: 2 })
+    expect(await run(fork.body.id, 'cat state.txt')).toBe('v1\n[exit 0]\n')
     const beforeTurn3 = await t.api.call('POST', `/v1/sessions/${id}/restore`, { turn: 2 })
     expect(beforeTurn3.body.snapshot.id).toBe(undone.body.snapshot.id)
     expect(await run(id, 'cat state.txt')).toBe('v1\n[exit 0]\n')

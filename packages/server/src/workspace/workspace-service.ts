@@ -272,6 +272,9 @@ export class WorkspaceService {
     await this.pending.get(id)
     const row = this.deps.sessions.require(tenantId, id)
     const source = this.pick(row, body)
+    // Asked by turn, the snapshot may be one taken earlier that also stands for that turn (the
+    // turns between wrote nothing): the transcript still goes up to the turn asked for.
+    const turnsUpTo = body.snapshotId ? source.turn : (body.turn ?? source.turn)
     const childId = newId('session')
     await this.deps.runtime.pool.forkWorkspace(childId, source.id)
     try {
@@ -289,7 +292,7 @@ export class WorkspaceService {
           auto_snapshots: row.auto_snapshots,
           created_at: this.now(),
         },
-        { parentId: id, snapshotId: source.id, turnsUpTo: source.turn },
+        { parentId: id, snapshotId: source.id, turnsUpTo },
       )
     } catch (error) {
       await this.deps.runtime.pool.deleteWorkspace(childId).catch(() => undefined)

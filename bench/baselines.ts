@@ -23,6 +23,7 @@ export type BaselineName =
   | 'bwrap bash -c :'
   | 'bwrap python3 -c 0'
   | 'driver /bin/true (+cgroups)'
+  | 'driver /bin/true (spare launcher)'
   | 'btrfs snapshot (10 files)'
   | 'btrfs snapshot (10,000 files)'
   | 'snapshot ioctl (10 files)'
@@ -94,15 +95,25 @@ async function sandboxFixture(dir: string) {
     env: {},
     limits: { memoryMiB: 512, pids: 256, cpus: 1 },
   })
-  const start = async (command: string[]) => {
+  // The same driver keeping one launcher ready in a fresh cgroup, as the server does (it keeps 2).
+  const pooled = new BwrapDriver({
+    cgroups,
+    hostUid: DEFAULT_SANDBOX_UID,
+    hostGid: DEFAULT_SANDBOX_UID,
+    etcDir,
+    kitDir,
+    spareLaunchers: 1,
+  })
+  const startWith = async (which: BwrapDriver, command: string[]) => {
     const t0 = performance.now()
-    const sandbox = await driver.start(spec(command))
+    const sandbox = await which.start(spec(command))
     const exit = await sandbox.exited
     const ms = performance.now() - t0
     await sandbox.destroy()
     if (exit.code !== 0) throw new Error(`sandbox exited with ${exit.code}`)
     return ms
   }
+  const start = (command: string[]) => startWith(driver, command)
   // One start through the driver checks the set-up and writes what its arguments refer to (the
   // seccomp program it hands bwrap on fd 3, when it uses one).
   await start(['/bin/true'])
@@ -115,6 +126,15 @@ async function sandboxFixture(dir: string) {
       args.includes('--seccomp') && existsSync(seccompFile) ? seccompFile : undefined,
     /** The whole driver: a fresh cgroup with limits, the launcher that joins it, then bwrap. */
     start,
+    /**
+     * The driver with a spare launcher: limits written into its cgroup, the command handed over.
+     * Waits (untimed) 100 ms first, so the pool has replaced the launcher the last run took.
+     */
+    startPooled: async (command: string[]) => {
+      await new Promise((resolve) => setTimeout(resolve, 100))
+      return startWith(pooled, command)
+    },
+    close: () => pooled.close(),
   }
 }
 
@@ -221,8 +241,10 @@ async function measure(names: readonly BaselineName[], runs: number): Promise<Ro
   if (want.has('python3 -c 0')) probes.set('python3 -c 0', command([python, '-c', '0']))
   if (want.has('node -e 0')) probes.set('node -e 0', command([process.execPath, '-e', '0']))
   const dir = await mkdtemp(path.join(os.tmpdir(), 'cairn-bench-bwrap-'))
+  let fixture: Awaited<ReturnType<typeof sandboxFixture>> | undefined
   try {
     const sandbox = await sandboxFixture(dir)
+    fixture = sandbox
     const sandboxed: Array<[BaselineName, string[]]> = [
       ['bwrap /bin/true', ['/bin/true']],
       ['bwrap bash -c :', ['bash', '-c', ':']],
@@ -236,13 +258,15 @@ async function measure(names: readonly BaselineName[], runs: number): Promise<Ro
     }
     if (want.has('driver /bin/true (+cgroups)'))
       probes.set('driver /bin/true (+cgroups)', () => sandbox.start(['/bin/true']))
+    if (want.has('driver /bin/true (spare launcher)'))
+      probes.set('driver /bin/true (spare launcher)', () => sandbox.startPooled(['/bin/true']))
     const samples = new Map<BaselineName, number[]>([...probes.keys()].map((n) => [n, []]))
     for (const probe of probes.values()) await probe() // page cache
     await repeat(runs, 60_000, async () => {
       for (const [name, probe] of probes) samples.get(name)?.push(await probe())
     })
     for (const [name, s] of samples) {
-      if (name === 'driver /bin/true (+cgroups)') {
+      if (name === 'driver /bin/true (+cgroups)' || name === 'driver /bin/true (spare launcher)') {
         const r = row(name, s, {
           name: 'bwrap /bin/true',
           median: measured.get('bwrap /bin/true')?.summary.median ?? Number.NaN,
@@ -252,6 +276,7 @@ async function measure(names: readonly BaselineName[], runs: number): Promise<Ro
       } else add(name, s)
     }
   } finally {
+    await fixture?.close()
     await rm(dir, { recursive: true, force: true })
     await removeCgroupScope()
   }
@@ -311,6 +336,7 @@ export const baselines: Bench = {
         'bwrap bash -c :',
         'bwrap python3 -c 0',
         'driver /bin/true (+cgroups)',
+        'driver /bin/true (spare launcher)',
         'btrfs snapshot (10 files)',
         'btrfs snapshot (10,000 files)',
         'snapshot ioctl (10 files)',
@@ -328,7 +354,7 @@ export const baselines: Bench = {
         bwrapArgs:
           'BwrapDriver.buildArgs: setpriv to uid 61000, --unshare-all, read-only /usr root; no cgroup',
         driver:
-          'BwrapDriver.start with a real CgroupManager: cgroup created with limits, /bin/sh launcher joins it, then setpriv + bwrap; to exit',
+          'BwrapDriver.start with a real CgroupManager: cgroup created with limits, /bin/sh launcher joins it, then setpriv + bwrap; to exit. Spare launcher: the same with spareLaunchers 1 (a bash launcher already in a fresh cgroup takes the limits and the command; 100 ms untimed before each run for the pool to refill)',
         python: '/usr/bin/python3 (the one sandboxes run)',
         btrfs:
           'loop-backed btrfs in a temp dir; writable snapshot of a read-only subvolume (deleted at the end)',

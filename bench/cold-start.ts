@@ -48,8 +48,8 @@ export const coldStart: Bench = {
       for (const c of CASES) await server.deploy(`${EXAMPLES}/${c.name}`)
       const samples = new Map<
         string,
-        { create: number[]; total: number[]; post: number[]; started: number[] }
-      >(CASES.map((c) => [c.name, { create: [], total: [], post: [], started: [] }]))
+        { create: number[]; total: number[]; post: number[]; started: number[]; resume: number[] }
+      >(CASES.map((c) => [c.name, { create: [], total: [], post: [], started: [], resume: [] }]))
       const problems: string[] = []
       const once = async (c: AgentCase, keep: boolean) => {
         const a = performance.now()
@@ -66,6 +66,17 @@ export const coldStart: Bench = {
           s?.total.push(b - a + t.firstDeltaMs)
           s?.post.push(t.firstDeltaMs)
           s?.started.push(t.runStartedMs)
+        }
+        // Resume: the session ended (sandbox stopped, untimed), then a message on a fresh sandbox.
+        const ended = await server.http.json('POST', `/v1/sessions/${session.id}/end`)
+        if (ended.status !== 200) problems.push(`${c.name}: end answered ${ended.status}`)
+        const r = await server.http.stream(`/v1/sessions/${session.id}/messages`, { prompt: c.prompt })
+        if (r.terminal !== 'run.completed' || r.firstDeltaMs === undefined) {
+          problems.push(`${c.name} resume: ${r.status} ${r.terminal} ${r.error ?? ''}`)
+        } else if (keep) {
+          if (r.coldStart !== true)
+            problems.push(`${c.name} resume: run.started said coldStart=${r.coldStart}`)
+          samples.get(c.name)?.resume.push(r.firstDeltaMs)
         }
         await server.deleteSession(session.id)
       }
@@ -85,6 +96,7 @@ export const coldStart: Bench = {
           total: number[]
           post: number[]
           started: number[]
+          resume: number[]
         }
         const sandboxFloor = floors.get(c.sandboxFloor) as { name: string; median: number }
         const startup = floors.get(c.startup) as { name: string; median: number }
@@ -95,6 +107,12 @@ export const coldStart: Bench = {
           row(`${c.name}: message POST -> run.started`, s.started),
           row(`${c.name}: POST /v1/sessions`, s.create),
         )
+        const resume = row(
+          `${c.name}: resume (ended session) message POST -> first byte`,
+          s.resume,
+          sandboxFloor,
+        )
+        rows.push(resume)
         const overhead = total.summary.median - startup.median
         notes.push(
           `${c.name}: cold start minus the agent's own start-up (${c.startup}, ${startup.median.toFixed(1)} ms) = ${overhead.toFixed(1)} ms`,
@@ -112,6 +130,12 @@ export const coldStart: Bench = {
             value: total.summary.median,
             met: total.summary.median < 30,
           })
+          targets.push({
+            name: 'echo resume of a stopped session (issue 9)',
+            goal: 'median < 30 ms',
+            value: resume.summary.median,
+            met: resume.summary.median < 30,
+          })
         }
       }
       return {
@@ -124,7 +148,7 @@ export const coldStart: Bench = {
           warmup: WARMUP,
           client: 'node:http keep-alive',
           measured:
-            'create -> first byte: from the POST /v1/sessions request to the arrival of the first message.delta of the first message; message POST -> first byte: from the message POST; each session deleted (untimed) after its run',
+            'create -> first byte: from the POST /v1/sessions request to the arrival of the first message.delta of the first message; message POST -> first byte: from the message POST; resume: the session ended (untimed, its sandbox stopped), then from a second message POST to its first message.delta (a fresh sandbox on the same workspace); each session deleted (untimed) after its run',
           truncated,
         },
         rows,

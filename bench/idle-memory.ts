@@ -68,6 +68,14 @@ interface SandboxMemory {
   processes: string[]
 }
 
+function isSpareLauncher(pid: number): boolean {
+  try {
+    return readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0').includes('cairn-launch')
+  } catch {
+    return false
+  }
+}
+
 /** Sums smaps_rollup over the processes of each sandbox cgroup; the agent is what is not bwrap. */
 function measureSandboxes(dataDir: string): SandboxMemory[] {
   const { dirs, usageFile } = sandboxCgroups(dataDir)
@@ -75,6 +83,8 @@ function measureSandboxes(dataDir: string): SandboxMemory[] {
   for (const dir of dirs) {
     const pids = readFileSync(path.join(dir, 'cgroup.procs'), 'utf8').split('\n').filter(Boolean).map(Number)
     if (pids.length === 0) continue
+    // A spare launcher waiting for its command (a fixed pool of the server's, not a session's).
+    if (pids.length === 1 && isSpareLauncher(pids[0] as number)) continue
     const m: SandboxMemory = {
       pss: 0,
       rss: 0,

@@ -80,9 +80,13 @@ try {
   wrap(CgroupManager.prototype, 'create', 'cgroups.create')
   wrap(CgroupManager.prototype, 'freeze', 'cgroups.freeze')
   wrap(BtrfsPool.prototype, 'snapshotWorkspace', 'pool.snapshotWorkspace')
+  // The check that lets a turn which wrote nothing reuse the previous snapshot.
+  wrap(AgentProcess.prototype, 'writtenBytes', 'agent.writtenBytes')
+  wrap(BtrfsPool.prototype, 'workspaceMark', 'pool.workspaceMark')
   // Hooks other services register on the session service (pre-turn snapshots, …).
   const sessions = server.server.sessions as unknown as Record<string, unknown>
   if (typeof sessions.beforeTurnHook === 'function') wrap(sessions, 'beforeTurnHook', 'beforeTurn hook')
+  if (typeof sessions.afterTurnHook === 'function') wrap(sessions, 'afterTurnHook', 'afterTurn hook')
   const start = BwrapDriver.prototype.start
   BwrapDriver.prototype.start = async function (this: BwrapDriver, spec) {
     const sandbox = await start.call(this, spec)

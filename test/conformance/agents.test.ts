@@ -14,6 +14,7 @@ import {
   openTestRuntime,
   probeDrivers,
   reply,
+  sandboxCgroupName,
   startOn,
   type TestRuntime,
   turn,
@@ -224,7 +225,7 @@ describe.each(DRIVERS)('%s driver: agents', (isolation) => {
     })
     try {
       expect(await reply(agent, 'spin 0.6', 1)).toBe('spun\n')
-      const dirs = limitCgroupDirs(t.runtime, agent.sandboxId)
+      const dirs = limitCgroupDirs(t.runtime, sandboxCgroupName(t.runtime, agent.pid))
       const cpuDir = dirs.cpu ?? dirs.unified
       expect(cpuDir).toBeDefined()
       const stat = readFileSync(path.join(cpuDir ?? '', 'cpu.stat'), 'utf8')

@@ -98,11 +98,26 @@ export function completedText(outcome: TurnOutcome): string {
 }
 
 /** The sandbox's cgroup directories in the hierarchies that carry limits (v1 here, or v2). */
-export function limitCgroupDirs(runtime: Runtime, sandboxId: string): Record<string, string> {
+/**
+ * The cgroup name of the sandbox whose process is `pid` (a sandbox started from a spare launcher
+ * lives in a cgroup that is not named after the sandbox).
+ */
+export function sandboxCgroupName(runtime: Runtime, pid: number | undefined): string {
+  const instance = `/cairn/${path.basename(runtime.runDir)}/`
+  const line = readFileSync(`/proc/${pid}/cgroup`, 'utf8')
+    .split('\n')
+    .find((l) => l.includes(instance))
+  const name = line?.slice(line.indexOf(instance) + instance.length).split('/')[0]
+  if (!name) throw new Error(`process ${pid} is in no cgroup of this runtime`)
+  return name
+}
+
+/** The limit cgroup directories named `cgroupName` (a sandbox id, see `sandboxCgroupName`). */
+export function limitCgroupDirs(runtime: Runtime, cgroupName: string): Record<string, string> {
   const instance = path.basename(runtime.runDir)
   const dirs: Record<string, string> = {}
   for (const h of ['memory', 'pids', 'cpu', 'unified']) {
-    const dir = path.join('/sys/fs/cgroup', h, 'cairn', instance, sandboxId)
+    const dir = path.join('/sys/fs/cgroup', h, 'cairn', instance, cgroupName)
     if (existsSync(dir)) dirs[h] = dir
   }
   return dirs

@@ -4,7 +4,7 @@ import { existsSync, readFileSync, statSync } from 'node:fs'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import type { IsolationName } from '../../packages/runtime/src/sandbox/driver.js'
-import { DRIVERS, limitCgroupDirs, probeDrivers } from '../conformance/harness.js'
+import { DRIVERS, limitCgroupDirs, probeDrivers, sandboxCgroupName } from '../conformance/harness.js'
 import { CONTAINED, ESCAPE_PROBE, parseProbeResults } from '../helpers/probe.js'
 import { makeProject } from '../helpers/projects.js'
 import { startTestServer, type TestServer } from '../helpers/server.js'
@@ -36,14 +36,15 @@ async function ask(sessionId: string, message: string): Promise<string> {
 }
 
 /** Host processes of a session's warm sandbox (its cgroup), and the sandbox id. */
-function sandboxOf(sessionId: string): { sandboxId: string; pids: number[] } {
+function sandboxOf(sessionId: string): { sandboxId: string; cgroupName: string; pids: number[] } {
   const agent = t.server.sessions.warmAgent(sessionId)
   if (!agent) throw new Error(`session ${sessionId} has no warm sandbox`)
-  const dirs = limitCgroupDirs(t.server.runtime, agent.sandboxId)
+  const cgroupName = sandboxCgroupName(t.server.runtime, agent.pid)
+  const dirs = limitCgroupDirs(t.server.runtime, cgroupName)
   const dir = dirs.memory ?? dirs.unified
   if (!dir) throw new Error(`sandbox ${agent.sandboxId} has no cgroup`)
   const pids = readFileSync(path.join(dir, 'cgroup.procs'), 'utf8').split('\n').filter(Boolean).map(Number)
-  return { sandboxId: agent.sandboxId, pids }
+  return { sandboxId: agent.sandboxId, cgroupName, pids }
 }
 
 function oomScores(pids: number[]): Record<number, string> {
@@ -140,24 +141,24 @@ describe.each(DRIVERS)('%s driver: escape attempts from inside the sandbox are c
   test('a memory bomb is stopped with memory_limit; the session stays resumable', async () => {
     const session = await newSession()
     expect(await ask(session, 'write keep.txt kept')).toBe('wrote keep.txt')
-    const { sandboxId } = sandboxOf(session)
+    const { cgroupName } = sandboxOf(session)
     const run = await t.api.send(session, 'membomb')
     expect(run.terminal).toMatchObject({ type: 'run.failed', error: { code: 'limit_exceeded' } })
     const info = await t.api.call('GET', `/v1/sessions/${session}`)
     expect(info.body).toMatchObject({ status: 'failed', statusCause: 'memory_limit', warm: false })
-    expect(limitCgroupDirs(t.server.runtime, sandboxId)).toEqual({})
+    expect(limitCgroupDirs(t.server.runtime, cgroupName)).toEqual({})
     expect(await ask(session, 'cat keep.txt')).toBe('kept')
   })
 
   test('a fork bomb is stopped with pids_limit; the session stays resumable, the host can still fork', async () => {
     const session = await newSession()
     expect(await ask(session, 'write keep.txt kept')).toBe('wrote keep.txt')
-    const { sandboxId } = sandboxOf(session)
+    const { cgroupName } = sandboxOf(session)
     const run = await t.api.send(session, 'forkbomb')
     expect(run.terminal).toMatchObject({ type: 'run.failed', error: { code: 'limit_exceeded' } })
     const info = await t.api.call('GET', `/v1/sessions/${session}`)
     expect(info.body).toMatchObject({ status: 'failed', statusCause: 'pids_limit', warm: false })
-    expect(limitCgroupDirs(t.server.runtime, sandboxId)).toEqual({})
+    expect(limitCgroupDirs(t.server.runtime, cgroupName)).toEqual({})
     expect(execFileSync('echo', ['host fine'], { encoding: 'utf8' })).toBe('host fine\n')
     expect(await ask(session, 'cat keep.txt')).toBe('kept')
     expect(await ask(other, `cat ${marker}`)).toBe("the other session's secret")

@@ -2,7 +2,9 @@
 
 One long-lived process per runtime reads JSON requests, one per line, on stdin and answers one
 JSON line each on stdout: {"id", "ok": true} or {"id", "ok": false, "errno", "error"}.
-Operations: snapshot {src, dst, readonly}, create {path}, delete {path}.
+Operations: snapshot {src, dst, readonly, mark}, create {path}, delete {path}, mark {path}.
+A mark is the subvolume's ctransid: the transaction of the last change to its inodes' metadata,
+read without a commit (see `mark`).
 """
 import errno
 import fcntl
@@ -14,6 +16,10 @@ import sys
 BTRFS_IOC_SUBVOL_CREATE = 0x5000940E
 BTRFS_IOC_SNAP_DESTROY = 0x5000940F
 BTRFS_IOC_SNAP_CREATE_V2 = 0x50009417
+# _IOR(0x94, 60, struct btrfs_ioctl_get_subvol_info_args), 504 bytes; ctransid at offset 344.
+BTRFS_IOC_GET_SUBVOL_INFO = 0x81F8943C
+SUBVOL_INFO_SIZE = 504
+SUBVOL_INFO_CTRANSID = 344
 BTRFS_SUBVOL_RDONLY = 1 << 1
 NAME_MAX_V1 = 4088
 NAME_MAX_V2 = 4040
@@ -55,6 +61,24 @@ def dir_ioctl(path, request):
         os.close(dir_fd)
 
 
+def mark(path):
+    """The subvolume's ctransid, from the in-memory root item (no commit, microseconds).
+
+    btrfs sets it to the running transaction whenever an inode of the subvolume is updated
+    (create, unlink, rename, chmod, truncate, xattrs, and the extents a flush of written data
+    inserts), so it moves past the value read just after a snapshot as soon as anything but a
+    buffered data write changes the subvolume. Buffered writes reach the tree only when they are
+    flushed: callers detect those separately (the writers' dirtied-page counters).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        args = bytearray(SUBVOL_INFO_SIZE)
+        fcntl.ioctl(fd, BTRFS_IOC_GET_SUBVOL_INFO, args)
+    finally:
+        os.close(fd)
+    return struct.unpack_from("Q", args, SUBVOL_INFO_CTRANSID)[0]
+
+
 def create(path):
     dir_ioctl(path, BTRFS_IOC_SUBVOL_CREATE)
 
@@ -67,6 +91,11 @@ def handle(request):
     op = request.get("op")
     if op == "snapshot":
         snapshot(request["src"], request["dst"], bool(request.get("readonly")))
+        # Read after the snapshot's commit, which flushed the source's written data first.
+        if request.get("mark"):
+            return {"mark": mark(request["src"])}
+    elif op == "mark":
+        return {"mark": mark(request["path"])}
     elif op == "create":
         create(request["path"])
     elif op == "delete":
@@ -75,6 +104,7 @@ def handle(request):
         pass
     else:
         raise OSError(errno.EINVAL, "unknown op %r" % op)
+    return {}
 
 
 def main():
@@ -83,8 +113,7 @@ def main():
         request = {}
         try:
             request = json.loads(line)
-            handle(request)
-            reply = {"id": request.get("id"), "ok": True}
+            reply = {"id": request.get("id"), "ok": True, **handle(request)}
         except OSError as error:
             reply = {"id": request.get("id"), "ok": False, "errno": error.errno, "error": os.strerror(error.errno or 0) if error.errno else str(error)}
         except Exception as error:  # noqa: BLE001 - every failure must reach the caller as a reply

@@ -1,4 +1,4 @@
-import { existsSync, readFileSync } from 'node:fs'
+import { existsSync, readdirSync, readFileSync } from 'node:fs'
 import { mkdtemp, rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
@@ -114,5 +114,54 @@ describe('Runtime lifecycle', () => {
     expect(poolMounts(runtime)).toBe(0)
     expect(await waitFor(() => loopDevicesFor(dataDir).length === 0)).toBe(true)
     expect(cgroupScopeDirs(runtime)).toEqual([])
+  })
+
+  it('starts a sandbox from a spare launcher with its own limits, and closes without leaving any', async () => {
+    const runtime = new Runtime({ dataDir, poolImageSizeBytes: POOL_BYTES, spareLaunchers: 1 })
+    opened.push(runtime)
+    await runtime.open()
+    // `fds` lists the agent shell's descriptors with builtins only (a pipeline would show its pipe).
+    await makeRevision(runtime, 'rev_spare', {
+      'agent.sh':
+        'while IFS= read -r line; do if [ "$line" = fds ]; then for f in /proc/$$/fd/*; do printf "%s " "${f##*/}"; done; echo; else echo "re: $line"; fi; done\n',
+    })
+    const first = await startAgent(runtime, 'rev_spare', ['bash', 'agent.sh'])
+    expect(await reply(first.agent, 'one', 1)).toBe('re: one\n')
+    // The first start asked for a spare: a launcher waits in a cgroup of its own.
+    const unified = cgroupScopeDirs(runtime)[0] as string
+    const spareReady = () =>
+      readdirSync(unified, { withFileTypes: true }).some(
+        (entry) =>
+          entry.isDirectory() &&
+          entry.name !== first.agent.sandboxId &&
+          readFileSync(path.join(unified, entry.name, 'cgroup.procs'), 'utf8').trim() !== '',
+      )
+    expect(await waitFor(spareReady, 5000)).toBe(true)
+
+    const second = await startAgent(runtime, 'rev_spare', ['bash', 'agent.sh'], { memoryMiB: 96, pids: 40 })
+    expect(await reply(second.agent, 'two', 1)).toBe('re: two\n')
+    // The pooled launcher's command pipe (fd 4) is not inherited: the same descriptors as a
+    // sandbox started from scratch.
+    const fds = await reply(second.agent, 'fds', 2)
+    expect(fds).toMatch(/^0 1 2 /)
+    expect(fds).toBe(await reply(first.agent, 'fds', 2))
+    // Its cgroup is the spare's (not named after the sandbox), with this agent's limits: v1
+    // `memory` and `pids` hierarchies where the host has them, else the v2 one.
+    const cgroups = readFileSync(`/proc/${second.agent.pid}/cgroup`, 'utf8')
+    const cgroupOf = (hierarchy: string) => new RegExp(`^\\d+:${hierarchy}:(.*)$`, 'm').exec(cgroups)?.[1]
+    const v1Memory = cgroupOf('memory')
+    const limitFiles = v1Memory
+      ? {
+          memory: `/sys/fs/cgroup/memory${v1Memory}/memory.limit_in_bytes`,
+          pids: `/sys/fs/cgroup/pids${cgroupOf('pids')}/pids.max`,
+        }
+      : { memory: `/sys/fs/cgroup${cgroupOf('')}/memory.max`, pids: `/sys/fs/cgroup${cgroupOf('')}/pids.max` }
+    expect(path.basename(path.dirname(limitFiles.memory))).not.toBe(second.agent.sandboxId)
+    expect(readFileSync(limitFiles.memory, 'utf8').trim()).toBe(String(96 * 1024 * 1024))
+    expect(readFileSync(limitFiles.pids, 'utf8').trim()).toBe('40')
+
+    await runtime.close()
+    expect(cgroupScopeDirs(runtime)).toEqual([])
+    expect(instanceProcesses(runtime)).toEqual([])
   })
 })

@@ -40,6 +40,11 @@ export interface RuntimeOptions {
    * gVisor settings: the runsc binary, its platform (default `ptrace`) and how many sandboxes to
    * keep booted ahead per mount layout (default 2 when gVisor is the default isolation, else 0).
    */
+  /**
+   * bwrap launchers kept ready in fresh cgroups, so a cold start skips the cgroup migration (an
+   * RCU grace period) and the fork of the server (default 0: none; the server keeps 2).
+   */
+  spareLaunchers?: number | undefined
   gvisor?:
     | { runscPath?: string | undefined; platform?: string | undefined; poolSize?: number | undefined }
     | undefined
@@ -100,6 +105,7 @@ export class Runtime {
       hostGid: uid,
       etcDir: path.join(this.runDir, 'etc'),
       kitDir: path.join(this.runDir, 'kit'),
+      spareLaunchers: options.spareLaunchers ?? 0,
     })
     // Both drivers share the instance's cgroup scope, so every sandbox is counted and reaped alike.
     this.gvisor = new GvisorDriver({

@@ -30,6 +30,11 @@ export interface ServerOptions {
   isolation?: 'bwrap' | 'gvisor' | undefined
   /** gVisor sandboxes kept booted ahead (default 2 when gVisor is the default). */
   gvisorPoolSize?: number | undefined
+  /**
+   * bwrap launchers kept ready in fresh cgroups for cold starts (default 2; 0 turns it off; env
+   * `CAIRN_SPARE_LAUNCHERS`).
+   */
+  spareLaunchers?: number | undefined
   /** How long a shutdown waits for running turns before cancelling them. */
   shutdownGraceMs?: number | undefined
   /** Requests per second per API key (twice as many as a burst); 0 disables the limit. */
@@ -56,6 +61,7 @@ export interface ResolvedConfig {
   shutdownGraceMs: number
   isolation: 'bwrap' | 'gvisor'
   gvisorPoolSize: number | undefined
+  spareLaunchers: number
   egressPrivateExceptions: string[]
   egressUpstreamCaFile: string | undefined
   workspaceQuotaMiB: number | undefined
@@ -92,6 +98,7 @@ export function resolveConfig(options: ServerOptions): ResolvedConfig {
     shutdownGraceMs: options.shutdownGraceMs ?? 10_000,
     isolation: options.isolation ?? (process.env.CAIRN_ISOLATION === 'gvisor' ? 'gvisor' : 'bwrap'),
     gvisorPoolSize: options.gvisorPoolSize,
+    spareLaunchers: options.spareLaunchers ?? Number(process.env.CAIRN_SPARE_LAUNCHERS ?? 2),
     egressPrivateExceptions:
       options.egressPrivateExceptions ??
       process.env.CAIRN_EGRESS_ALLOW_PRIVATE?.split(',').filter(Boolean) ??

@@ -51,6 +51,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     poolImageSizeBytes: config.poolImageSizeBytes,
     runBase: config.runBase,
     isolation: config.isolation,
+    spareLaunchers: config.spareLaunchers,
     gvisor: config.gvisorPoolSize === undefined ? undefined : { poolSize: config.gvisorPoolSize },
     workspaceQuotaBytes: config.workspaceQuotaMiB ? config.workspaceQuotaMiB * 1024 * 1024 : undefined,
   })

@@ -1,5 +1,15 @@
 import { randomBytes } from 'node:crypto'
-import { appendFileSync, writeFileSync } from 'node:fs'
+import {
+  appendFileSync,
+  chmodSync,
+  closeSync,
+  constants as fsConstants,
+  ftruncateSync,
+  mkdirSync,
+  openSync,
+  writeFileSync,
+  writeSync,
+} from 'node:fs'
 import { chmod, mkdir, readFile, rename, rm, writeFile } from 'node:fs/promises'
 import type net from 'node:net'
 import path from 'node:path'
@@ -89,6 +99,15 @@ export class AgentProcess {
     await this.sandbox?.thaw()
   }
 
+  /**
+   * Bytes of file data the warm sandbox's processes have dirtied so far (see `Sandbox.writtenBytes`);
+   * undefined for exec agents (a sandbox per turn), a stopped sandbox, or a driver that cannot tell.
+   */
+  writtenBytes(): number | undefined {
+    if (this.launch.protocol === 'exec' || !this.alive) return undefined
+    return this.sandbox?.writtenBytes?.()
+  }
+
   get pid(): number | undefined {
     return this.sandbox?.pid
   }
@@ -132,9 +151,15 @@ export class AgentProcess {
 
   /** Prepares the run directory and, for warm protocols, starts the sandbox. */
   async start(): Promise<void> {
-    await mkdir(this.runDir, { recursive: true })
-    await chmod(this.runDir, 0o755)
-    await writeFile(path.join(this.runDir, 'transcript.jsonl'), '', { mode: 0o644 })
+    // Synchronous: three metadata operations take microseconds, a thread-pool trip each takes more.
+    mkdirSync(this.runDir, { recursive: true })
+    chmodSync(this.runDir, 0o755)
+    const { O_WRONLY, O_CREAT, O_TRUNC, O_APPEND } = fsConstants
+    this.transcriptFd = openSync(
+      path.join(this.runDir, 'transcript.jsonl'),
+      O_WRONLY | O_CREAT | O_TRUNC | O_APPEND,
+      0o644,
+    )
     const egress = this.launch.egress
     if (egress && egress.policy.allow.length > 0) {
       const secrets = egress.secrets ?? []
@@ -226,6 +251,14 @@ export class AgentProcess {
 
   /** Lines of the transcript already in the file: each turn appends only what is new. */
   private transcriptWritten = 0
+  /**
+   * The run dir's transcript (appended to) and `turn` file (overwritten in place), open for the
+   * life of the process: an open and a close per file per turn cost more than the write, and
+   * truncating a non-empty file makes ext4 (a disk-backed /run) flush it on close.
+   */
+  private transcriptFd: number | undefined
+  private turnFd: number | undefined
+  private turnFileLength = 0
 
   private async writeTranscript(transcript: readonly TranscriptLine[], turn: number): Promise<void> {
     const file = path.join(this.runDir, 'transcript.jsonl')
@@ -236,12 +269,26 @@ export class AgentProcess {
       const tmp = path.join(this.runDir, `.transcript.${turn}.tmp`)
       await writeFile(tmp, body, { mode: 0o644 })
       await rename(tmp, file)
+      this.closeRunFiles()
     } else if (fresh.length > 0) {
       // Small synchronous writes: cheaper than two trips through the thread pool on the warm path.
-      appendFileSync(file, fresh.map((line) => `${JSON.stringify(line)}\n`).join(''))
+      this.transcriptFd ??= openSync(file, 'a', 0o644)
+      writeSync(this.transcriptFd, fresh.map((line) => `${JSON.stringify(line)}\n`).join(''))
     }
     this.transcriptWritten = transcript.length
-    writeFileSync(path.join(this.runDir, 'turn'), `${turn}\n`, { mode: 0o644 })
+    const text = `${turn}\n`
+    this.turnFd ??= openSync(path.join(this.runDir, 'turn'), 'w', 0o644)
+    writeSync(this.turnFd, text, 0)
+    // Turn numbers grow, so this shortens the file only if one ever went back.
+    if (text.length < this.turnFileLength) ftruncateSync(this.turnFd, text.length)
+    this.turnFileLength = text.length
+  }
+
+  private closeRunFiles(): void {
+    for (const fd of [this.transcriptFd, this.turnFd]) if (fd !== undefined) closeSync(fd)
+    this.transcriptFd = undefined
+    this.turnFd = undefined
+    this.turnFileLength = 0
   }
 
   runTurn(
@@ -559,6 +606,7 @@ export class AgentProcess {
     relay?.then((r) => r.stop()).catch(() => undefined)
     await this.proxy?.close().catch(() => undefined)
     this.proxy = undefined
+    this.closeRunFiles()
     await rm(this.runDir, { recursive: true, force: true }).catch(() => undefined)
   }
 }

@@ -4,8 +4,10 @@ import { type FileHandle, open, rename, writeFile } from 'node:fs/promises'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
 import { sandboxNetworkPid } from '../ports/listening-ports.js'
+import { dirtiedBytes } from '../util/proc-io.js'
 import type { CgroupManager } from './cgroups.js'
 import type { DriverCapabilities, Sandbox, SandboxDriver, SandboxExit, SandboxSpec } from './driver.js'
+import { LauncherPool } from './launcher-pool.js'
 import { readOnlyRootArgs, SANDBOX_USER } from './rootfs.js'
 import { buildSeccompFilter } from './seccomp.js'
 
@@ -19,6 +21,11 @@ export interface BwrapDriverOptions {
   /** Host directory mounted read-only at /opt/cairn (agent-kit shims and libraries). */
   kitDir: string
   bwrapPath?: string
+  /**
+   * Launchers kept ready in fresh cgroups (see `LauncherPool`), so a cold start skips the cgroup
+   * migration and the server's fork; 0 (the default) starts each sandbox from scratch.
+   */
+  spareLaunchers?: number
 }
 
 // Joins the cgroups as root, then drops to the sandbox uid and becomes bwrap: the whole sandbox,
@@ -38,7 +45,19 @@ export class BwrapDriver implements SandboxDriver {
     ports: true,
   }
 
-  constructor(private readonly options: BwrapDriverOptions) {}
+  private readonly launchers: LauncherPool | undefined
+
+  constructor(private readonly options: BwrapDriverOptions) {
+    const size = options.spareLaunchers ?? 0
+    this.launchers =
+      size > 0 && LauncherPool.available()
+        ? new LauncherPool({
+            cgroups: options.cgroups,
+            size,
+            seccompFd: async () => (this.seccomp ? this.seccompFd() : undefined),
+          })
+        : undefined
+  }
 
   describe(): string {
     return `bwrap (host uid ${this.options.hostUid}, ${this.options.cgroups.describe()})`
@@ -131,12 +150,29 @@ export class BwrapDriver implements SandboxDriver {
 
   async start(spec: SandboxSpec): Promise<Sandbox> {
     if (spec.command.length === 0) throw new CairnProblem('bad_request', 'empty sandbox command')
-    const cgroupName = spec.id
-    const procsFiles = await this.options.cgroups.create(cgroupName, {
+    const limits = {
       memoryBytes: spec.limits.memoryMiB * 1024 * 1024,
       pids: spec.limits.pids,
       cpus: spec.limits.cpus,
-    })
+    }
+    const spare = this.launchers?.take(limits)
+    if (spare) {
+      let limited = false
+      try {
+        // Limits first: the command (and so the agent) starts only once it reads them on fd 4.
+        this.options.cgroups.setLimits(spare.cgroupName, limits)
+        limited = true
+      } catch {
+        // A cgroup that refuses these limits (or is gone): drop the spare, start from scratch.
+        await this.launchers?.discard(spare)
+      }
+      if (limited) {
+        spare.commandPipe.end(`${this.buildArgs(spec).join('\0')}\0`)
+        return new BwrapSandbox(spec.id, spare.child, this.options.cgroups, spare.cgroupName)
+      }
+    }
+    const cgroupName = spec.id
+    const procsFiles = await this.options.cgroups.create(cgroupName, limits)
     const seccompFd = this.seccomp ? await this.seccompFd() : undefined
     const child = spawn(
       '/bin/sh',
@@ -167,6 +203,7 @@ export class BwrapDriver implements SandboxDriver {
   }
 
   async close(): Promise<void> {
+    await this.launchers?.close()
     await this.options.cgroups.removeScope()
   }
 }
@@ -227,6 +264,11 @@ class BwrapSandbox implements Sandbox {
 
   thaw(): Promise<void> {
     return this.cgroups.freeze(this.cgroupName, false)
+  }
+
+  writtenBytes(): number | undefined {
+    if (this.destroyed) return undefined
+    return dirtiedBytes(this.cgroups.pidsSync(this.cgroupName))
   }
 
   async destroy(): Promise<void> {

@@ -106,6 +106,13 @@ export class CgroupManager {
     const dirs = this.dirs(name)
     if (this.layout.v2Controllers && this.layout.v2) await this.enableV2Controllers()
     for (const dir of Object.values(dirs)) await mkdir(dir, { recursive: true })
+    this.setLimits(name, limits)
+    return Object.values(dirs).map((dir) => path.join(dir, 'cgroup.procs'))
+  }
+
+  /** Writes the cgroup's limits; also rewrites those of a cgroup made ahead with other limits. */
+  setLimits(name: string, limits: CgroupLimits): void {
+    const dirs = this.dirs(name)
     const quotaUs = Math.max(1000, Math.round(limits.cpus * 100_000))
     if (this.layout.v2Controllers && dirs.v2) {
       writeFileSync(path.join(dirs.v2, 'memory.max'), String(limits.memoryBytes))
@@ -114,19 +121,12 @@ export class CgroupManager {
       writeFileSync(path.join(dirs.v2, 'cpu.max'), `${quotaUs} 100000`)
     } else {
       if (dirs.memory) {
-        const memory = dirs.memory
-        const bytes = String(limits.memoryBytes)
-        const memsw = () =>
-          trySync(() => writeFileSync(path.join(memory, 'memory.memsw.limit_in_bytes'), bytes))
-        try {
-          writeFileSync(path.join(memory, 'memory.limit_in_bytes'), bytes)
-        } catch {
-          // The memory limit may not exceed memory+swap's (EINVAL): raising the limits of an existing
-          // cgroup (a gVisor pool slot's, at claim) raises memory+swap's first.
-          memsw()
-          writeFileSync(path.join(memory, 'memory.limit_in_bytes'), bytes)
-        }
-        memsw()
+        // v1 keeps memsw >= memory: raising goes memsw first, lowering memory first; trying memsw
+        // on both sides of the memory write covers both (and a fresh cgroup's unlimited values).
+        const memsw = path.join(dirs.memory, 'memory.memsw.limit_in_bytes')
+        trySync(() => writeFileSync(memsw, String(limits.memoryBytes)))
+        writeFileSync(path.join(dirs.memory, 'memory.limit_in_bytes'), String(limits.memoryBytes))
+        trySync(() => writeFileSync(memsw, String(limits.memoryBytes)))
       }
       if (dirs.pids) writeFileSync(path.join(dirs.pids, 'pids.max'), String(limits.pids))
       if (dirs.cpu) {
@@ -134,7 +134,6 @@ export class CgroupManager {
         writeFileSync(path.join(dirs.cpu, 'cpu.cfs_quota_us'), String(quotaUs))
       }
     }
-    return Object.values(dirs).map((dir) => path.join(dir, 'cgroup.procs'))
   }
 
   private async enableV2Controllers(): Promise<void> {
@@ -165,6 +164,21 @@ export class CgroupManager {
     return {
       oomKills: read(dirs.memory && path.join(dirs.memory, 'memory.oom_control'), 'oom_kill'),
       pidsMaxHits: read(dirs.pids && path.join(dirs.pids, 'pids.events'), 'max'),
+    }
+  }
+
+  /** The cgroup's live processes, read synchronously (a tiny kernel file). */
+  pidsSync(name: string): number[] {
+    const dirs = this.dirs(name)
+    const dir = dirs.v2 ?? dirs.pids ?? dirs.memory
+    if (!dir) return []
+    try {
+      return readFileSync(path.join(dir, 'cgroup.procs'), 'utf8')
+        .split('\n')
+        .filter(Boolean)
+        .map((line) => Number(line))
+    } catch {
+      return []
     }
   }
 

@@ -52,6 +52,12 @@ export interface Sandbox {
   networkNamespace?(): Promise<string | undefined>
   freeze(): Promise<void>
   thaw(): Promise<void>
+  /**
+   * Bytes of file data the sandbox's processes have dirtied since it started, exact and only ever
+   * growing; undefined when it cannot be counted (then anything may have been written). A driver
+   * whose writes happen outside the sandbox's processes (gVisor's gofer) leaves it out.
+   */
+  writtenBytes?(): number | undefined
   /** Kills every process of the sandbox and releases its resources. */
   destroy(): Promise<void>
 }

@@ -7,8 +7,16 @@ import { execTool } from '../util/exec.js'
 
 const HELPER = fileURLToPath(new URL('../../helpers/btrfs_ops.py', import.meta.url))
 
+interface Reply {
+  id: number
+  ok: boolean
+  error?: string
+  /** The subvolume's ctransid, for `mark` and for a `snapshot` asked to return one. */
+  mark?: number
+}
+
 interface Pending {
-  resolve: () => void
+  resolve: (reply: Reply) => void
   reject: (error: Error) => void
   describe: string
 }
@@ -39,7 +47,7 @@ export class BtrfsOps {
     child.stderr.resume()
     child.stdin.on('error', () => undefined)
     createInterface({ input: child.stdout }).on('line', (line) => {
-      let reply: { id: number; ok: boolean; error?: string }
+      let reply: Reply
       try {
         reply = JSON.parse(line)
       } catch {
@@ -48,7 +56,7 @@ export class BtrfsOps {
       const waiter = this.pending.get(reply.id)
       if (!waiter) return
       this.pending.delete(reply.id)
-      if (reply.ok) waiter.resolve()
+      if (reply.ok) waiter.resolve(reply)
       else
         waiter.reject(
           new CairnProblem('storage_error', `${waiter.describe} failed: ${reply.error ?? 'unknown error'}`),
@@ -69,32 +77,58 @@ export class BtrfsOps {
     op: Record<string, unknown>,
     describe: string,
     fallback: () => Promise<unknown>,
-  ): Promise<void> {
+  ): Promise<Reply | undefined> {
     const helper = this.ensureHelper()
     if (!helper) return fallback().then(() => undefined)
     const id = this.nextId++
-    return new Promise<void>((resolve, reject) => {
+    return new Promise<Reply>((resolve, reject) => {
       this.pending.set(id, { resolve, reject, describe })
       helper.stdin.write(`${JSON.stringify({ id, ...op })}\n`)
     })
   }
 
-  snapshot(src: string, dst: string, readonly: boolean): Promise<void> {
-    return this.request({ op: 'snapshot', src, dst, readonly }, `snapshot ${src} -> ${dst}`, () =>
-      execTool('btrfs', ['subvolume', 'snapshot', ...(readonly ? ['-r'] : []), src, dst], {
-        code: 'storage_error',
-      }),
+  /**
+   * Snapshots `src` at `dst`. With `mark`, resolves to `src`'s change mark read right after the
+   * snapshot (see `mark`); undefined without the helper.
+   */
+  async snapshot(
+    src: string,
+    dst: string,
+    readonly: boolean,
+    options: { mark?: boolean } = {},
+  ): Promise<number | undefined> {
+    const reply = await this.request(
+      { op: 'snapshot', src, dst, readonly, ...(options.mark ? { mark: true } : {}) },
+      `snapshot ${src} -> ${dst}`,
+      () =>
+        execTool('btrfs', ['subvolume', 'snapshot', ...(readonly ? ['-r'] : []), src, dst], {
+          code: 'storage_error',
+        }),
     )
+    return reply?.mark
   }
 
-  create(path: string): Promise<void> {
-    return this.request({ op: 'create', path }, `create subvolume ${path}`, () =>
+  /**
+   * The subvolume's ctransid (the transaction of its last inode update), read without a commit;
+   * undefined when only the `btrfs` command is available (it does not print it).
+   */
+  async mark(path: string): Promise<number | undefined> {
+    const reply = await this.request(
+      { op: 'mark', path },
+      `read the change mark of ${path}`,
+      async () => undefined,
+    )
+    return reply?.mark
+  }
+
+  async create(path: string): Promise<void> {
+    await this.request({ op: 'create', path }, `create subvolume ${path}`, () =>
       execTool('btrfs', ['subvolume', 'create', path], { code: 'storage_error' }),
     )
   }
 
-  delete(path: string): Promise<void> {
-    return this.request({ op: 'delete', path }, `delete subvolume ${path}`, () =>
+  async delete(path: string): Promise<void> {
+    await this.request({ op: 'delete', path }, `delete subvolume ${path}`, () =>
       execTool('btrfs', ['subvolume', 'delete', path], { code: 'storage_error' }),
     )
   }

@@ -235,11 +235,23 @@ export class BtrfsPool implements StoragePool {
     return { totalBytes: fs.blocks * fs.bsize, freeBytes: fs.bavail * fs.bsize }
   }
 
-  /** Read-only snapshot of a session's workspace (the caller freezes the sandbox around it). */
-  async snapshotWorkspace(sessionId: string, snapshotId: string): Promise<string> {
-    const target = this.snapshotPath(snapshotId)
-    await this.ops.snapshot(this.workspacePath(sessionId), target, true)
-    return target
+  /**
+   * Read-only snapshot of a session's workspace (the caller freezes the sandbox around it).
+   * Resolves to the workspace's change mark right after the snapshot (see `workspaceMark`).
+   */
+  async snapshotWorkspace(sessionId: string, snapshotId: string): Promise<number | undefined> {
+    return this.ops.snapshot(this.workspacePath(sessionId), this.snapshotPath(snapshotId), true, {
+      mark: true,
+    })
+  }
+
+  /**
+   * The workspace subvolume's ctransid: it moves whenever an inode in the workspace is updated
+   * (files created, removed, renamed, truncated, chmod-ed, or written data flushed), but not on a
+   * buffered write still in the page cache. Undefined when it cannot be read cheaply.
+   */
+  async workspaceMark(sessionId: string): Promise<number | undefined> {
+    return this.ops.mark(this.workspacePath(sessionId))
   }
 
   async hasSnapshot(snapshotId: string): Promise<boolean> {
@@ -251,9 +263,9 @@ export class BtrfsPool implements StoragePool {
    * left from after it.
    */
   async restoreWorkspace(sessionId: string, snapshotId: string): Promise<void> {
-    await this.swapWorkspace(sessionId, (incoming) =>
-      this.ops.snapshot(this.snapshotPath(snapshotId), incoming, false),
-    )
+    await this.swapWorkspace(sessionId, async (incoming) => {
+      await this.ops.snapshot(this.snapshotPath(snapshotId), incoming, false)
+    })
   }
 
   /**

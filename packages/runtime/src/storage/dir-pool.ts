@@ -180,10 +180,14 @@ export class DirPool implements StoragePool {
     await chown(dir, this.options.sandboxUid, this.options.sandboxGid)
   }
 
-  async snapshotWorkspace(sessionId: string, snapshotId: string): Promise<string> {
-    const target = this.snapshotPath(snapshotId)
-    await copyTree(this.workspacePath(sessionId), target)
-    return target
+  async snapshotWorkspace(sessionId: string, snapshotId: string): Promise<number | undefined> {
+    await copyTree(this.workspacePath(sessionId), this.snapshotPath(snapshotId))
+    return undefined
+  }
+
+  /** Plain directories have no cheap change counter: every automatic snapshot is taken. */
+  async workspaceMark(_sessionId: string): Promise<number | undefined> {
+    return undefined
   }
 
   async hasSnapshot(snapshotId: string): Promise<boolean> {

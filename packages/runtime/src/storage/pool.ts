@@ -70,8 +70,18 @@ export interface StoragePool {
   recoverWorkspace(sessionId: string): Promise<void>
   chownToSandbox(dir: string): Promise<void>
 
-  /** Read-only copy of a session's workspace (the caller freezes the sandbox around it). */
-  snapshotWorkspace(sessionId: string, snapshotId: string): Promise<string>
+  /**
+   * Read-only copy of a session's workspace (the caller freezes the sandbox around it). Resolves
+   * to the workspace's change mark right after it (see `workspaceMark`), undefined where the
+   * driver has none.
+   */
+  snapshotWorkspace(sessionId: string, snapshotId: string): Promise<number | undefined>
+  /**
+   * A number that moves whenever the workspace's files are changed on disk (btrfs: the subvolume's
+   * ctransid), so a turn that changed nothing needs no new snapshot; undefined where the driver
+   * cannot tell cheaply (then a snapshot is always taken).
+   */
+  workspaceMark(sessionId: string): Promise<number | undefined>
   hasSnapshot(snapshotId: string): Promise<boolean>
   /** Replaces the workspace with a writable copy of the snapshot: exact, nothing left from after it. */
   restoreWorkspace(sessionId: string, snapshotId: string): Promise<void>

@@ -248,4 +248,11 @@ ALTER TABLE secrets ADD COLUMN stand_in TEXT;
 ALTER TABLE secrets ADD COLUMN hosts_json TEXT;
 `,
   },
+  {
+    // A turn that changed nothing in the workspace reuses the snapshot before it as the one before
+    // the next turn: the snapshot then stands for the state after every turn up to this one.
+    version: 14,
+    name: 'snapshots reused across unchanged turns',
+    sql: `ALTER TABLE snapshots ADD COLUMN through_turn_seq INTEGER;`,
+  },
 ]

@@ -9,6 +9,8 @@ interface SnapshotRow {
   reason: SnapshotReason
   label: string | null
   turn_seq: number
+  /** Also the state after turns up to this one (they changed nothing); null: `turn_seq` only. */
+  through_turn_seq?: number | null
   generation: number
   digest?: string | null
   created_at: string
@@ -31,7 +33,9 @@ function toInfo(row: SnapshotRow): SnapshotInfo {
 
 /** Snapshot records; the subvolumes themselves live in the pool's `snapshots` area. */
 export class SnapshotStore {
-  constructor(private readonly db: Db) {}
+  constructor(private readonly db: Db) {
+    this.statements = prepareTurnStatements(db)
+  }
 
   insertWithId(id: string, row: Omit<SnapshotRow, 'id'>): SnapshotInfo {
     const full = { id, ...row }
@@ -62,15 +66,21 @@ export class SnapshotStore {
       .map(toInfo)
   }
 
-  /** The newest snapshot that follows `turn` (automatic before-turn ones preferred). */
+  /**
+   * The newest snapshot that follows `turn` (automatic before-turn ones preferred), including one
+   * taken after an earlier turn that stands for this one too (the turns between changed nothing).
+   */
   atTurn(sessionId: string, turn: number): SnapshotInfo | undefined {
-    const row = this.db
-      .prepare<[string, number], SnapshotRow>(
-        `SELECT * FROM snapshots WHERE session_id = ? AND turn_seq = ? AND deleted_at IS NULL
-         ORDER BY (reason = 'before_turn') DESC, created_at DESC, rowid DESC LIMIT 1`,
-      )
-      .get(sessionId, turn)
+    const row = this.statements.atTurn.get({ sessionId, turn })
     return row ? toInfo(row) : undefined
+  }
+
+  /**
+   * Records that the snapshot is also the state after `turn` (the turns since it was taken changed
+   * nothing). False when the snapshot is gone (pruned or deleted): take a new one.
+   */
+  extendThrough(id: string, turn: number): boolean {
+    return this.statements.extendThrough.run({ id, turn }).changes === 1
   }
 
   /** Automatic snapshots beyond the newest `keep` of a session, oldest first. */
@@ -99,5 +109,21 @@ export class SnapshotStore {
         'SELECT id, session_id FROM snapshots WHERE deleted_at IS NULL',
       )
       .all()
+  }
+
+  // Statements on the warm path of every turn, prepared once.
+  private readonly statements: ReturnType<typeof prepareTurnStatements>
+}
+
+function prepareTurnStatements(db: Db) {
+  return {
+    atTurn: db.prepare<{ sessionId: string; turn: number }, SnapshotRow>(
+      `SELECT * FROM snapshots WHERE session_id = @sessionId AND deleted_at IS NULL
+         AND (turn_seq = @turn OR (turn_seq < @turn AND through_turn_seq >= @turn))
+       ORDER BY (reason = 'before_turn') DESC, turn_seq DESC, created_at DESC, rowid DESC LIMIT 1`,
+    ),
+    extendThrough: db.prepare<{ id: string; turn: number }>(
+      `UPDATE snapshots SET through_turn_seq = @turn WHERE id = @id AND deleted_at IS NULL`,
+    ),
   }
 }

@@ -30,6 +30,17 @@ import type { SessionService } from '../sessions/session-service.js'
 import type { SessionRow } from '../sessions/session-store.js'
 import { SnapshotStore } from '../snapshots/snapshot-store.js'
 
+/** The workspace as of an automatic snapshot, to tell whether a later turn changed it. */
+interface SnapshotMark {
+  snapshotId: string
+  /** The warm sandbox frozen for the snapshot. */
+  sandboxId: string
+  /** The workspace subvolume's ctransid right after the snapshot. */
+  ctransid: number
+  /** The sandbox's dirtied-bytes counter at the snapshot. */
+  writtenBytes: number
+}
+
 export interface WorkspaceServiceDeps {
   db: Db
   runtime: Runtime
@@ -65,6 +76,8 @@ export class WorkspaceService {
   private readonly digests = new Map<string, Promise<string>>()
   /** Size measurements in progress, by tree path. */
   private readonly measuring = new Map<string, Promise<TreeSizes>>()
+  /** Per session, what its workspace looked like when its newest automatic snapshot was taken. */
+  private readonly marks = new Map<string, SnapshotMark>()
 
   constructor(private readonly deps: WorkspaceServiceDeps) {
     this.snapshots = new SnapshotStore(deps.db)
@@ -73,7 +86,7 @@ export class WorkspaceService {
     // waits for it, and takes one itself when something changed the workspace in between.
     deps.sessions.onAfterTurn((row, seq, agent) => {
       if (!row.auto_snapshots) return
-      this.track(row.id, this.take(row, 'auto', 'before_turn', seq, agent?.alive ? agent : undefined))
+      this.track(row.id, this.snapshotAfterTurn(row, seq, agent?.alive ? agent : undefined))
     })
     // The state before turn 1 is the revision: snapshot it at creation, before any sandbox exists,
     // so the first turn neither waits for it nor freezes a sandbox that is still starting.
@@ -89,7 +102,40 @@ export class WorkspaceService {
         await this.take(row, 'auto', 'before_turn', seq - 1, agent)
       }
     })
-    deps.sessions.onDeleted((sessionId) => this.deleteAll(sessionId))
+    deps.sessions.onDeleted((sessionId) => {
+      this.marks.delete(sessionId)
+      return this.deleteAll(sessionId)
+    })
+  }
+
+  /**
+   * The snapshot that makes turn `seq + 1` undoable. When the turn changed nothing in the
+   * workspace, the previous automatic snapshot already is that state: it is recorded as standing
+   * for this turn too, and no snapshot (a btrfs transaction commit) is taken.
+   */
+  private async snapshotAfterTurn(row: SessionRow, seq: number, agent?: AgentProcess): Promise<void> {
+    // After the reply's stream is ended (the hook runs just after run.completed is written).
+    await new Promise((resolve) => setImmediate(resolve))
+    const mark = this.marks.get(row.id)
+    if (mark && agent && (await this.unchangedSince(row.id, mark, agent))) {
+      if (this.snapshots.extendThrough(mark.snapshotId, seq)) return
+    }
+    await this.take(row, 'auto', 'before_turn', seq, agent)
+  }
+
+  /**
+   * Whether the workspace is exactly as it was when `mark` was taken: nothing written through the
+   * API, the same sandbox still running (a sandbox that stopped in between could have written and
+   * gone), no page of file data dirtied by its processes (buffered writes reach btrfs's trees only
+   * when flushed), and no inode of the workspace updated (the subvolume's ctransid). Any doubt
+   * answers no.
+   */
+  private async unchangedSince(sessionId: string, mark: SnapshotMark, agent: AgentProcess): Promise<boolean> {
+    if (this.dirty.has(sessionId) || mark.sandboxId !== agent.sandboxId || !agent.alive) return false
+    const written = agent.writtenBytes()
+    if (written === undefined || written !== mark.writtenBytes) return false
+    const ctransid = await this.deps.runtime.pool.workspaceMark(sessionId)
+    return ctransid !== undefined && ctransid === mark.ctransid && !this.dirty.has(sessionId)
   }
 
   /**
@@ -137,7 +183,7 @@ export class WorkspaceService {
     label?: string,
   ): Promise<SnapshotInfo> {
     const snapshotId = newId('snapshot')
-    await this.frozenSnapshot(row.id, snapshotId, agent)
+    const seen = await this.frozenSnapshot(row.id, snapshotId, agent)
     const current = this.deps.sessions.store.get(row.tenant_id, row.id)
     const info = this.snapshots.insertWithId(snapshotId, {
       session_id: row.id,
@@ -149,6 +195,10 @@ export class WorkspaceService {
       generation: current?.generation ?? row.generation,
       created_at: this.now(),
     })
+    if (kind === 'auto') {
+      if (seen) this.marks.set(row.id, { snapshotId, ...seen })
+      else this.marks.delete(row.id)
+    }
     // Pruning old automatic snapshots is off the turn's critical path, serialised per service.
     if (kind === 'auto')
       this.retention = this.retention
@@ -157,12 +207,24 @@ export class WorkspaceService {
     return info
   }
 
-  /** A read-only snapshot of the workspace with the session's warm sandbox (if any) frozen. */
-  private async frozenSnapshot(sessionId: string, snapshotId: string, agent?: AgentProcess): Promise<void> {
+  /**
+   * A read-only snapshot of the workspace with the session's warm sandbox (if any) frozen. Returns
+   * what the workspace and its sandbox looked like at that instant (for `unchangedSince`), when
+   * both could be read.
+   */
+  private async frozenSnapshot(
+    sessionId: string,
+    snapshotId: string,
+    agent?: AgentProcess,
+  ): Promise<Omit<SnapshotMark, 'snapshotId'> | undefined> {
     const warm = agent ?? this.deps.sessions.warmAgent(sessionId)
     await warm?.freeze()
     try {
-      await this.deps.runtime.pool.snapshotWorkspace(sessionId, snapshotId)
+      const ctransid = await this.deps.runtime.pool.snapshotWorkspace(sessionId, snapshotId)
+      // Read while still frozen: nothing the sandbox writes from here on is in the snapshot.
+      const writtenBytes = warm?.writtenBytes()
+      if (!warm || ctransid === undefined || writtenBytes === undefined) return undefined
+      return { sandboxId: warm.sandboxId, ctransid, writtenBytes }
     } finally {
       await warm?.thaw()
     }
@@ -292,6 +354,7 @@ export class WorkspaceService {
     return this.deps.sessions.exclusive(tenantId, id, 'a restore', async (row) => {
       const target = this.pick(row, body)
       this.dirty.add(id)
+      this.marks.delete(id)
       await this.deps.sessions.stopSandbox(id)
       await this.deps.runtime.pool.restoreWorkspace(id, target.id)
       this.deps.sessions.store.bumpGeneration(id)
@@ -322,6 +385,9 @@ export class WorkspaceService {
     await this.pending.get(id)
     const row = this.deps.sessions.require(tenantId, id)
     const source = this.pick(row, body)
+    // Asked by turn, the snapshot may be one taken earlier that also stands for that turn (the
+    // turns between wrote nothing): the transcript still goes up to the turn asked for.
+    const turnsUpTo = body.snapshotId ? source.turn : (body.turn ?? source.turn)
     const childId = newId('session')
     await this.deps.runtime.pool.forkWorkspace(childId, source.id)
     try {
@@ -339,7 +405,7 @@ export class WorkspaceService {
           auto_snapshots: row.auto_snapshots,
           created_at: this.now(),
         },
-        { parentId: id, snapshotId: source.id, turnsUpTo: source.turn },
+        { parentId: id, snapshotId: source.id, turnsUpTo },
       )
     } catch (error) {
       await this.deps.runtime.pool.deleteWorkspace(childId).catch(() => undefined)

@@ -1,0 +1,144 @@
+import { type ChildProcessWithoutNullStreams, spawn } from 'node:child_process'
+import { existsSync } from 'node:fs'
+import type { FileHandle } from 'node:fs/promises'
+import type { Writable } from 'node:stream'
+import { newId } from '@cairn/protocol'
+import type { CgroupLimits, CgroupManager } from './cgroups.js'
+
+const BASH = '/bin/bash'
+/** How long after a launcher was taken the pool starts its replacement. */
+const REFILL_DELAY_MS = 25
+
+// Joins the cgroups as root, then waits for its command: NUL-terminated arguments on fd 4, ended
+// by EOF (none: the pool is closing, exit). `mapfile -d ''` needs bash 4.4.
+const POOLED_LAUNCHER = [
+  'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 111; shift; n=$((n-1)); done',
+  "mapfile -d '' -t a <&4 || exit 112",
+  'exec 4<&-',
+  '[ "${#a[@]}" -gt 0 ] || exit 0',
+  'exec "${a[@]}"',
+].join('\n')
+
+/** A launcher already in its own fresh cgroup, waiting for the command that becomes the sandbox. */
+export interface SpareLauncher {
+  child: ChildProcessWithoutNullStreams
+  cgroupName: string
+  limits: CgroupLimits
+  /** fd 4 of the launcher: the command goes here. */
+  commandPipe: Writable
+}
+
+export interface LauncherPoolOptions {
+  cgroups: CgroupManager
+  /** How many launchers to keep ready. */
+  size: number
+  /** The seccomp program the sandbox reads through fd 3, opened for each launcher. */
+  seccompFd: () => Promise<FileHandle | undefined>
+}
+
+/**
+ * Launchers started ahead of the sessions that will use them. Moving a process into a cgroup
+ * (`echo $$ > cgroup.procs`) waits for an RCU grace period when no migration happened in the last
+ * one — 8–17 ms on this kind of host, whether the cgroup is new or not — and forking the server's
+ * large process to spawn the launcher blocks its event loop for several ms. A spare launcher has
+ * paid both before a session asks: a cold start then only writes the sandbox's limits into its
+ * cgroup (microseconds) and hands it the setpriv + bwrap command.
+ */
+export class LauncherPool {
+  private readonly spare: SpareLauncher[] = []
+  private filling: Promise<void> | undefined
+  private closed = false
+  private lastLimits: CgroupLimits | undefined
+
+  constructor(private readonly options: LauncherPoolOptions) {}
+
+  static available(): boolean {
+    return existsSync(BASH)
+  }
+
+  /** A ready launcher (any limits: the caller rewrites them), or undefined when none is left. */
+  take(limits: CgroupLimits): SpareLauncher | undefined {
+    this.lastLimits = limits
+    let taken: SpareLauncher | undefined
+    while (!taken && this.spare.length > 0) {
+      const candidate = this.spare.shift() as SpareLauncher
+      if (candidate.child.exitCode === null && candidate.child.signalCode === null) taken = candidate
+      else void this.discard(candidate)
+    }
+    this.refill()
+    return taken
+  }
+
+  /** Tops the pool up in the background (one launcher at a time, after the current event). */
+  refill(): void {
+    if (this.closed || this.filling || this.options.size <= 0) return
+    this.filling = (async () => {
+      // Let the sandbox that just took a launcher come up first: spawning blocks the event loop
+      // for a few ms and the new launcher competes for the CPUs while that sandbox starts.
+      await new Promise((resolve) => setTimeout(resolve, REFILL_DELAY_MS).unref())
+      while (!this.closed && this.spare.length < this.options.size) {
+        const launcher = await this.launch(this.lastLimits ?? DEFAULT_LIMITS).catch(() => undefined)
+        if (!launcher) break
+        if (this.closed) {
+          await this.discard(launcher)
+          break
+        }
+        this.spare.push(launcher)
+      }
+    })().finally(() => {
+      this.filling = undefined
+    })
+  }
+
+  private async launch(limits: CgroupLimits): Promise<SpareLauncher | undefined> {
+    const cgroupName = newId('sandbox')
+    const procsFiles = await this.options.cgroups.create(cgroupName, limits)
+    const seccompFd = await this.options.seccompFd()
+    const child = spawn(
+      BASH,
+      // --norc: Debian's bash reads ~/.bashrc when its stdin is a socket (it takes itself for an
+      // ssh command), and Node's stdio pipes are socketpairs: root's rc file must never run here.
+      [
+        '--norc',
+        '--noprofile',
+        '-c',
+        POOLED_LAUNCHER,
+        'cairn-launch',
+        String(procsFiles.length),
+        ...procsFiles,
+      ],
+      {
+        stdio: ['pipe', 'pipe', 'pipe', seccompFd ? seccompFd.fd : 'ignore', 'pipe'],
+        env: { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' },
+      },
+    ) as ChildProcessWithoutNullStreams
+    await seccompFd?.close()
+    const commandPipe = child.stdio[4] as Writable | null | undefined
+    if (child.pid === undefined || !commandPipe) {
+      await this.options.cgroups.remove(cgroupName)
+      return undefined
+    }
+    // A launcher that dies while waiting (killed from outside) is skipped by `take`.
+    child.on('error', () => undefined)
+    child.stdin.on('error', () => undefined)
+    commandPipe.on('error', () => undefined)
+    return { child, cgroupName, limits, commandPipe }
+  }
+
+  /** Ends a launcher (taken or not) that will not be used, and removes its cgroup. */
+  async discard(launcher: SpareLauncher): Promise<void> {
+    launcher.commandPipe.end()
+    await this.options.cgroups.kill(launcher.cgroupName).catch(() => undefined)
+    await this.options.cgroups.remove(launcher.cgroupName)
+  }
+
+  /** Ends the waiting launchers and removes their cgroups. */
+  async close(): Promise<void> {
+    this.closed = true
+    await this.filling
+    const left = this.spare.splice(0)
+    for (const launcher of left) await this.discard(launcher)
+  }
+}
+
+const DEFAULT_LIMITS: CgroupLimits = { memoryBytes: 512 * 1024 * 1024, pids: 256, cpus: 1 }

@@ -61,10 +61,18 @@ export async function writeWorkspaceFile(
     body,
   )
   if (result.code !== 0) {
-    throw new CairnProblem(
-      'forbidden',
-      `could not write /workspace/${rel}: ${result.stderr.trim() || `exit ${result.code}`}`,
-    )
+    const detail = result.stderr.trim() || `exit ${result.code}`
+    if (/No space left on device/.test(detail))
+      throw new CairnProblem(
+        'storage_error',
+        `could not write /workspace/${rel}: the storage pool is full (${detail})`,
+      )
+    if (/Disk quota exceeded/.test(detail))
+      throw new CairnProblem(
+        'limit_exceeded',
+        `could not write /workspace/${rel}: the workspace quota is used up (${detail})`,
+      )
+    throw new CairnProblem('forbidden', `could not write /workspace/${rel}: ${detail}`)
   }
 }
 

@@ -1,15 +1,16 @@
 import {
   CairnProblem,
   type CreateSessionBody,
-  DEFAULT_IDLE_TIMEOUT_MS,
-  DEFAULT_KEEP_WARM_MS,
   type ErrorCode,
   type Message,
   type NetworkEventInfo,
   newId,
   type SessionInfo,
   type SessionList,
+  type SessionPolicy,
+  type SessionPolicyInput,
   type SessionStatus,
+  type StatusCause,
   type StatusEvent,
   type StreamEvent,
   type TranscriptLine,
@@ -27,11 +28,13 @@ import type { Logger } from 'pino'
 import type { AgentService } from '../agents/agent-service.js'
 import { ENV_VARIABLES, envBinds } from '../agents/builder.js'
 import { type Clock, iso } from '../clock.js'
+import { whenNotBusy } from '../db/busy.js'
 import type { Db } from '../db/database.js'
 import type { MemoryService } from '../memory/memory-service.js'
 import type { MetricsRegistry } from '../metrics/registry.js'
 import { redact, type SecretStore } from '../secrets/secret-store.js'
 import { decodeCursor, encodeCursor } from './cursor.js'
+import { applyPolicy, createPolicy, deadlineFor, policyOf } from './policy.js'
 import { type SessionRow, SessionStore, toSessionInfo } from './session-store.js'
 
 export interface SessionServiceDeps {
@@ -59,6 +62,8 @@ interface RunningTurn {
 }
 
 const TITLE_MAX = 60
+/** Below this much free space, an agent's ENOSPC is blamed on the pool. */
+const POOL_FULL_BYTES = 16 * 1024 * 1024
 
 /** A turn accepted by `beginTurn`: validation is over, the lock is held, `run` streams it. */
 export interface TurnHandle {
@@ -112,6 +117,7 @@ export class SessionService {
         { missing },
       )
     }
+    const policy = createPolicy(body)
     const id = newId('session')
     await this.deps.runtime.pool.createWorkspace(id, agent.current_revision_id)
     this.store.insert({
@@ -122,8 +128,12 @@ export class SessionService {
       title: body.title ?? null,
       status: 'idle',
       status_cause: 'created',
-      idle_timeout_ms: body.idleTimeoutMs ?? DEFAULT_IDLE_TIMEOUT_MS,
-      keep_warm_ms: body.keepWarmMs ?? DEFAULT_KEEP_WARM_MS,
+      idle_timeout_ms: policy.idleTimeoutMs,
+      keep_warm_ms: policy.keepWarmMs,
+      max_turns: policy.maxTurns,
+      max_duration_ms: policy.maxDurationMs,
+      deadline_at: deadlineFor(policy, this.deps.clock.now()),
+      on_timeout: policy.onTimeout,
       auto_snapshots: body.autoSnapshots === false ? 0 : 1,
       network_json: body.network ? JSON.stringify(body.network) : null,
       ephemeral: body.ephemeral ? 1 : 0,
@@ -217,6 +227,7 @@ export class SessionService {
       )
     }
     if (!prompt.trim()) throw new CairnProblem('validation_failed', 'prompt must not be empty')
+    this.checkLimits(row)
     const turnId = newId('turn')
     const abort = new AbortController()
     let release!: () => void
@@ -225,14 +236,32 @@ export class SessionService {
     })
     this.running.set(id, { turnId, abort, done })
     const at = this.now()
-    if (row.status !== 'idle') {
-      // Messaging a completed, failed or timed-out session resumes it on its workspace.
-      this.store.transition(row, 'idle', 'user_resume', at, 'message sent')
-      row = { ...row, status: 'idle' }
-    }
     const seq = row.turn_count + 1
-    this.store.startTurn(id, turnId, seq, prompt, prompt.replace(/\s+/g, ' ').trim().slice(0, TITLE_MAX), at)
-    this.store.transition(row, 'active', 'turn_started', at, turnId)
+    try {
+      // One transaction: a database locked by another writer refuses the whole message (503
+      // unavailable), never half of it.
+      this.deps.db.transaction(() => {
+        if (row.status !== 'idle') {
+          // Messaging a completed, failed or timed-out session resumes it on its workspace (one
+          // that a policy limit stopped was refused above: only an explicit resume brings it back).
+          this.store.transition(row, 'idle', 'user_resume', at, 'message sent')
+        }
+        this.store.startTurn(
+          id,
+          turnId,
+          seq,
+          prompt,
+          prompt.replace(/\s+/g, ' ').trim().slice(0, TITLE_MAX),
+          at,
+        )
+        this.store.transition({ id, status: 'idle' }, 'active', 'turn_started', at, turnId)
+      })()
+    } catch (error) {
+      this.running.delete(id)
+      release()
+      throw error
+    }
+    row = { ...row, status: 'idle' }
     return {
       turnId,
       run: async (emit) => {
@@ -259,16 +288,18 @@ export class SessionService {
     const startedPerf = performance.now()
     let outcome: TurnOutcome
     let sandboxId = ''
+    let promptSent = false
     try {
       const { agent, cold } = await this.agentFor(row)
       sandboxId = agent.sandboxId
-      this.store.setTurnSandbox(turnId, sandboxId, cold)
+      await whenNotBusy(() => this.store.setTurnSandbox(turnId, sandboxId, cold))
       if (this.beforeTurnHook) await this.beforeTurnHook(row, seq, agent)
       emit({ type: 'run.started', sessionId: row.id, turnId, turn: seq, sandboxId, coldStart: cold })
       const transcript = this.transcriptBefore(row.id, seq)
       const secretValues = this.deps.secrets.values(row.agent_id, ['runtime', 'setup', 'proxy'])
       const clean = (event: StreamEvent): StreamEvent =>
         event.type === 'message.delta' ? { ...event, content: redact(event.content, secretValues) } : event
+      promptSent = true
       outcome = await agent.runTurn(
         { prompt, turn: seq, turnId, transcript },
         (event) => emit(clean(toStreamEvent(turnId, event))),
@@ -279,8 +310,10 @@ export class SessionService {
         text: redact(outcome.text, secretValues),
         stderr: redact(outcome.stderr, secretValues),
       }
-      if (outcome.status === 'failed')
+      if (outcome.status === 'failed') {
         outcome = { ...outcome, message: redact(outcome.message, secretValues) }
+        outcome = await this.blamePoolIfFull(outcome)
+      }
       if (!agent.alive) await this.dropWarm(row.id)
       else this.scheduleCooldown(row)
     } catch (error) {
@@ -289,7 +322,8 @@ export class SessionService {
       outcome = {
         status: 'failed',
         code: problem?.code ?? 'sandbox_failed',
-        cause: 'agent_crash',
+        cause:
+          problem?.code === 'state_lost' || problem?.code === 'storage_error' ? problem.code : 'agent_crash',
         message: problem?.message ?? `the sandbox could not start: ${(error as Error).message}`,
         text: '',
         stderr: '',
@@ -304,40 +338,67 @@ export class SessionService {
     this.deps.metrics?.turns.inc({ outcome: outcome.status })
     this.deps.metrics?.turnSeconds.observe(durationMs / 1000)
     const failed = outcome.status === 'failed' ? outcome : undefined
-    this.store.finishTurn(row.id, {
-      id: turnId,
-      status: outcome.status,
-      response: outcome.text,
-      stderr: outcome.stderr.slice(-16_384),
-      errorCode: failed?.code ?? null,
-      errorMessage: failed?.message ?? null,
-      endedAt,
-      durationMs,
-    })
+    const endedAs: SessionStatus = failed ? 'failed' : 'idle'
+    const cause: StatusCause = failed
+      ? failed.cause
+      : outcome.status === 'cancelled'
+        ? 'turn_cancelled'
+        : outcome.status === 'completed' && outcome.agentExited
+          ? 'agent_exit'
+          : 'turn_completed'
+    // The turn's entry and the session's status in one transaction, retried while another
+    // process holds the database lock: the reply was streamed already, it must not be lost.
+    await whenNotBusy(() =>
+      this.deps.db.transaction(() => {
+        this.store.finishTurn(row.id, {
+          id: turnId,
+          status: outcome.status,
+          response: outcome.text,
+          stderr: outcome.stderr.slice(-16_384),
+          errorCode: failed?.code ?? null,
+          errorMessage: failed?.message ?? null,
+          endedAt,
+          durationMs,
+        })
+        this.store.transition(row, endedAs, cause, endedAt, failed ? `${turnId}: ${failed.message}` : turnId)
+      })(),
+    )
     if (outcome.status === 'completed') {
-      this.store.transition(
-        row,
-        'idle',
-        outcome.agentExited ? 'agent_exit' : 'turn_completed',
-        endedAt,
-        turnId,
-      )
       emit({ type: 'run.completed', turnId, text: outcome.text, durationMs })
     } else if (outcome.status === 'cancelled') {
-      this.store.transition(row, 'idle', 'turn_cancelled', endedAt, turnId)
       emit({ type: 'run.cancelled', turnId, durationMs })
-    } else {
-      this.store.transition(row, 'failed', outcome.cause, endedAt, `${turnId}: ${outcome.message}`)
+    } else if (failed) {
       emit({
         type: 'run.failed',
         turnId,
         durationMs,
         error: {
-          code: outcome.code,
-          message: outcome.message,
-          details: { stderrTail: outcome.stderr.slice(-2000) },
+          code: failed.code,
+          message: failed.message,
+          details: { stderrTail: failed.stderr.slice(-2000) },
         },
       })
+    }
+    // Whatever the agent did to the workspace is a new generation (recorded before the snapshot
+    // that follows the turn, so that snapshot carries it).
+    if (promptSent) {
+      await this.advanceGeneration(row.id).catch((error) =>
+        this.deps.logger.warn({ err: error, session: row.id }, 'workspace generation not advanced'),
+      )
+    }
+    if (row.max_turns !== null && seq >= row.max_turns) {
+      // The policy's last turn: the session ends here; the next message is refused.
+      await this.dropWarm(row.id)
+      const maxTurns = row.max_turns
+      await whenNotBusy(() =>
+        this.store.transition(
+          { id: row.id, status: endedAs },
+          'completed',
+          'max_turns',
+          this.now(),
+          `${seq} of ${maxTurns} turns`,
+        ),
+      )
     }
     this.afterTurnHook?.(row, seq, this.warm.get(row.id)?.agent)
     const memory = this.deps.memory
@@ -345,6 +406,22 @@ export class SessionService {
       void memory
         .promoteProposed(row.agent_id, this.deps.runtime.pool.workspacePath(row.id), `${row.id}/${turnId}`)
         .catch((error) => this.deps.logger.warn({ err: error, session: row.id }, 'memory promotion failed'))
+    }
+  }
+
+  /**
+   * An agent that fell over on `ENOSPC` while the pool is (nearly) full did not crash on its own:
+   * the turn is reported as `storage_error` with the pool's figures, so the fix (free space) is clear.
+   */
+  private async blamePoolIfFull(outcome: Extract<TurnOutcome, { status: 'failed' }>): Promise<TurnOutcome> {
+    if (!/No space left on device|ENOSPC/.test(`${outcome.message}\n${outcome.stderr}`)) return outcome
+    const stats = await this.deps.runtime.pool.poolStats().catch(() => undefined)
+    if (!stats || stats.freeBytes > POOL_FULL_BYTES) return outcome
+    return {
+      ...outcome,
+      code: 'storage_error',
+      cause: 'storage_error',
+      message: `the storage pool is full (${stats.freeBytes} of ${stats.totalBytes} bytes free): the agent's writes failed with "No space left on device"; free space in the pool, then resume the session. Agent: ${outcome.message}`,
     }
   }
 
@@ -549,22 +626,154 @@ export class SessionService {
     return this.get(tenantId, id)
   }
 
-  async resume(tenantId: string, id: string): Promise<SessionInfo> {
+  /**
+   * Brings an ended, failed or timed-out session back (its workspace checked against the recorded
+   * generation first), with `policy` changes applied; the `maxDurationMs` clock restarts.
+   */
+  async resume(tenantId: string, id: string, policy?: SessionPolicyInput): Promise<SessionInfo> {
     const row = this.require(tenantId, id)
     if (row.status === 'deleted') throw new CairnProblem('session_deleted', `session ${id} was deleted`)
-    if (!(await this.deps.runtime.pool.hasWorkspace(id))) {
-      throw new CairnProblem('state_lost', `the workspace of session ${id} is missing from the storage pool`)
-    }
+    await this.verifyWorkspace(row)
+    this.updatePolicy(row, policy, true)
     if (row.status !== 'idle' && row.status !== 'active')
       this.store.transition(row, 'idle', 'user_resume', this.now())
     this.store.touch(id, this.now())
     return this.get(tenantId, id)
   }
 
+  /**
+   * Applies policy changes (resume, restore). Refuses, changing nothing, a policy whose `maxTurns`
+   * the session has already used up. `restartClock`: the `maxDurationMs` clock starts again now
+   * (otherwise only when `maxDurationMs` itself changes).
+   */
+  updatePolicy(row: SessionRow, input: SessionPolicyInput | undefined, restartClock: boolean): void {
+    const before = policyOf(row)
+    const policy = this.validatePolicy(row, input)
+    const nowMs = this.deps.clock.now()
+    const deadline =
+      restartClock || input?.maxDurationMs !== undefined ? deadlineFor(policy, nowMs) : row.deadline_at
+    this.store.setPolicy(row.id, policy, deadline, iso(nowMs))
+    const changed = (Object.keys(policy) as (keyof typeof policy)[]).filter((k) => policy[k] !== before[k])
+    if (changed.length > 0) {
+      this.store.transition(
+        row,
+        row.status,
+        'policy_changed',
+        iso(nowMs),
+        changed.map((k) => `${k}: ${before[k]} → ${policy[k]}`).join(', '),
+      )
+    }
+  }
+
+  /** The policy `input` would give the session; refuses one whose `maxTurns` is already used up. */
+  validatePolicy(row: SessionRow, input: SessionPolicyInput | undefined): SessionPolicy {
+    const policy = applyPolicy(policyOf(row), input)
+    if (policy.maxTurns !== null && row.turn_count >= policy.maxTurns) {
+      throw new CairnProblem(
+        'turn_limit_reached',
+        `session ${row.id} has used ${row.turn_count} of its ${policy.maxTurns} turns; give a higher maxTurns (or null), or fork it`,
+        { maxTurns: policy.maxTurns, turnCount: row.turn_count },
+      )
+    }
+    return policy
+  }
+
+  /** Refuses a message that the session's policy no longer allows. */
+  private checkLimits(row: SessionRow): void {
+    if (row.max_turns !== null && row.turn_count >= row.max_turns) {
+      throw new CairnProblem(
+        'turn_limit_reached',
+        `session ${row.id} has used its ${row.max_turns} turns (policy maxTurns); resume it with a higher maxTurns or fork it`,
+        { maxTurns: row.max_turns, turnCount: row.turn_count },
+      )
+    }
+    const nowMs = this.deps.clock.now()
+    const pastDeadline = row.deadline_at !== null && Date.parse(row.deadline_at) <= nowMs
+    if (pastDeadline || (row.status === 'timeout' && row.status_cause === 'max_duration')) {
+      if (pastDeadline && row.status === 'idle')
+        this.store.transition(
+          row,
+          'timeout',
+          'max_duration',
+          iso(nowMs),
+          `maxDurationMs ${row.max_duration_ms}`,
+        )
+      throw new CairnProblem(
+        'duration_limit_reached',
+        `session ${row.id} ran past its maxDurationMs (${row.max_duration_ms} ms, deadline ${row.deadline_at}); resume it to start the clock again`,
+        { maxDurationMs: row.max_duration_ms, deadlineAt: row.deadline_at },
+      )
+    }
+  }
+
+  /**
+   * Checks, before a sandbox uses it, that the workspace on disk is not older than the last
+   * generation recorded: a subvolume rolled back or replaced behind Cairn's back is refused with
+   * `state_lost` (and the session marked failed, with the reason in its events) instead of being
+   * used quietly. A warm sandbox already holds its workspace, so it is not checked again.
+   */
+  async verifyWorkspace(row: SessionRow): Promise<void> {
+    if (this.warm.has(row.id)) return
+    const { pool } = this.deps.runtime
+    if (!(await pool.hasWorkspace(row.id))) {
+      throw new CairnProblem(
+        'state_lost',
+        `the workspace of session ${row.id} is missing from the storage pool`,
+      )
+    }
+    const [onDisk] = await pool.readGenerations([row.id])
+    const recorded = this.store.generationOf(row.id)
+    const problem = this.checkGeneration(row, onDisk, recorded)
+    if (onDisk === undefined) await pool.writeGeneration(row.id, recorded)
+    if (problem) throw problem
+  }
+
+  /** Compares a workspace's marker with the database; marks the session failed when it is behind. */
+  private checkGeneration(
+    row: Pick<SessionRow, 'id' | 'status' | 'status_cause'>,
+    onDisk: number | undefined,
+    recorded: number,
+  ): CairnProblem | undefined {
+    // No marker: a pool from before markers existed; the caller writes the recorded one.
+    if (onDisk === undefined) return undefined
+    // Ahead: a crash between writing the marker and the database; the disk is the truth.
+    if (onDisk > recorded) {
+      this.store.setGeneration(row.id, onDisk)
+      return undefined
+    }
+    if (onDisk === recorded) return undefined
+    const message = `the workspace of session ${row.id} is at generation ${onDisk} but generation ${recorded} was recorded: it was rolled back or replaced outside Cairn, so the files of the last ${recorded - onDisk} change(s) are gone; restore a snapshot to continue from a known state`
+    if (!(row.status === 'failed' && row.status_cause === 'state_lost'))
+      this.store.transition(row, 'failed', 'state_lost', this.now(), message)
+    return new CairnProblem('state_lost', message, {
+      workspaceGeneration: onDisk,
+      recordedGeneration: recorded,
+    })
+  }
+
+  /** Before a message: the workspace check of a session whose sandbox is not warm. */
+  async verifyBeforeTurn(tenantId: string, id: string): Promise<void> {
+    const row = this.require(tenantId, id)
+    if (row.status === 'deleted' || this.running.has(id)) return
+    await this.verifyWorkspace(row)
+  }
+
+  /**
+   * Moves the workspace's generation forward: the marker in the pool first, then the database, so
+   * a crash between the two leaves the disk ahead (accepted), never behind (refused).
+   */
+  async advanceGeneration(sessionId: string): Promise<number> {
+    const next = this.store.generationOf(sessionId) + 1
+    await this.deps.runtime.pool.writeGeneration(sessionId, next)
+    await whenNotBusy(() => this.store.setGeneration(sessionId, next))
+    return next
+  }
+
   async delete(
     tenantId: string,
     id: string,
-    cause: 'user_delete' | 'retention' | 'ephemeral_end' = 'user_delete',
+    cause: 'user_delete' | 'retention' | 'ephemeral_end' | 'idle_timeout' | 'max_duration' = 'user_delete',
+    detail?: string,
   ): Promise<void> {
     const row = this.require(tenantId, id)
     if (row.status === 'deleted') return
@@ -572,7 +781,7 @@ export class SessionService {
     await this.dropWarm(id)
     await this.deps.runtime.pool.deleteWorkspace(id)
     if (this.deletedHook) await this.deletedHook(id)
-    this.store.transition(this.require(tenantId, id), 'deleted', cause, this.now())
+    this.store.transition(this.require(tenantId, id), 'deleted', cause, this.now(), detail)
   }
 
   /** Marks what a crashed predecessor left running; called once at start. */
@@ -587,6 +796,7 @@ export class SessionService {
       busy = true
       void (async () => {
         await this.reapIdle()
+        await this.reapDeadlines()
         await more?.()
       })()
         .catch((error) => this.deps.logger.error({ err: error }, 'reaper failed'))
@@ -603,16 +813,41 @@ export class SessionService {
       if (this.running.has(id)) continue
       await this.dropWarm(id)
       const row = this.store.get(tenant_id, id)
-      if (row?.status === 'idle')
-        this.store.transition(
-          row,
-          'timeout',
-          'idle_timeout',
-          this.now(),
-          `idle for ${row.idle_timeout_ms} ms`,
-        )
+      if (row?.status !== 'idle') continue
+      this.store.transition(row, 'timeout', 'idle_timeout', this.now(), `idle for ${row.idle_timeout_ms} ms`)
+      await this.destroyOnTimeout(row, 'idle_timeout')
     }
     return expired.length
+  }
+
+  /** Sessions past their `maxDurationMs`: a running turn is cancelled, the session times out. */
+  async reapDeadlines(): Promise<number> {
+    const expired = this.store.pastDeadline(this.now())
+    for (const { id, tenant_id } of expired) {
+      const running = this.running.get(id)
+      if (running) {
+        running.abort.abort()
+        await running.done
+      }
+      await this.dropWarm(id)
+      const row = this.store.get(tenant_id, id)
+      if (row?.status !== 'idle') continue
+      this.store.transition(
+        row,
+        'timeout',
+        'max_duration',
+        this.now(),
+        `maxDurationMs ${row.max_duration_ms} ran out at ${row.deadline_at}`,
+      )
+      await this.destroyOnTimeout(row, 'max_duration')
+    }
+    return expired.length
+  }
+
+  /** `onTimeout: destroy`: the workspace and snapshots go at the timeout, the cause recorded. */
+  private async destroyOnTimeout(row: SessionRow, cause: 'idle_timeout' | 'max_duration'): Promise<void> {
+    if (row.on_timeout !== 'destroy') return
+    await this.delete(row.tenant_id, row.id, cause, 'policy onTimeout: destroy')
   }
 
   /**
@@ -679,6 +914,14 @@ export class SessionService {
           )
         }
       }
+    }
+    // Every remaining workspace against its last recorded generation (one read for all of them).
+    const kept = live.filter((s) => present.has(s.id))
+    const generations = await pool.readGenerations(kept.map((s) => s.id))
+    for (const [index, session] of kept.entries()) {
+      const onDisk = generations[index]
+      if (onDisk === undefined) await pool.writeGeneration(session.id, session.generation)
+      else if (this.checkGeneration(session, onDisk, session.generation)) lost.push(session.id)
     }
     const orphans: string[] = []
     for (const name of present) {

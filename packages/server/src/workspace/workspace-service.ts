@@ -21,6 +21,7 @@ import type { Db } from '../db/database.js'
 import { openInside, resolveInside, workspaceRelative } from '../files/confine.js'
 import { deleteWorkspacePath, writeWorkspaceFile } from '../files/sandboxed-io.js'
 import { diffTrees, listDirectory } from '../files/tree.js'
+import { applyPolicy, deadlineFor, policyOf } from '../sessions/policy.js'
 import type { SessionService } from '../sessions/session-service.js'
 import type { SessionRow } from '../sessions/session-store.js'
 import { SnapshotStore } from '../snapshots/snapshot-store.js'
@@ -178,17 +179,22 @@ export class WorkspaceService {
     await this.pending.get(id)
     return this.deps.sessions.exclusive(tenantId, id, 'a restore', async (row) => {
       const target = this.pick(row, body)
+      if (body.policy) this.deps.sessions.validatePolicy(row, body.policy)
       this.dirty.add(id)
       await this.deps.sessions.stopSandbox(id)
-      await this.deps.runtime.pool.restoreWorkspace(id, target.id)
-      this.deps.sessions.store.bumpGeneration(id)
+      // A restore is a new generation (the marker is set on the incoming copy before the swap).
+      const generation = this.deps.sessions.store.generationOf(id) + 1
+      await this.deps.runtime.pool.restoreWorkspace(id, target.id, generation)
+      this.deps.sessions.store.setGeneration(id, generation)
       this.deps.sessions.store.transition(
         row,
         row.status,
         'workspace_restored',
         this.now(),
-        `${target.id} (after turn ${target.turn})`,
+        `${target.id} (after turn ${target.turn}), generation ${generation}`,
       )
+      if (body.policy)
+        this.deps.sessions.updatePolicy(this.deps.sessions.require(tenantId, id), body.policy, false)
       return { session: this.deps.sessions.get(tenantId, id), snapshot: target }
     })
   }
@@ -209,9 +215,15 @@ export class WorkspaceService {
     await this.pending.get(id)
     const row = this.deps.sessions.require(tenantId, id)
     const source = this.pick(row, body)
+    // The fork inherits the parent's whole policy; the request may override any of it.
+    const policy = applyPolicy(policyOf(row), body.policy)
     const childId = newId('session')
     await this.deps.runtime.pool.forkWorkspace(childId, source.id)
     try {
+      // The snapshot carries the marker of the generation it was taken at; the child starts there.
+      const [marked] = await this.deps.runtime.pool.readGenerations([childId])
+      const generation = marked ?? source.generation
+      if (marked === undefined) await this.deps.runtime.pool.writeGeneration(childId, generation)
       this.deps.sessions.store.insert(
         {
           id: childId,
@@ -221,9 +233,14 @@ export class WorkspaceService {
           title: body.title ?? (row.title ? `${row.title} (fork)` : null),
           status: 'idle',
           status_cause: 'forked',
-          idle_timeout_ms: row.idle_timeout_ms,
-          keep_warm_ms: row.keep_warm_ms,
+          idle_timeout_ms: policy.idleTimeoutMs,
+          keep_warm_ms: policy.keepWarmMs,
+          max_turns: policy.maxTurns,
+          max_duration_ms: policy.maxDurationMs,
+          deadline_at: deadlineFor(policy, this.deps.clock.now()),
+          on_timeout: policy.onTimeout,
           auto_snapshots: row.auto_snapshots,
+          generation,
           created_at: this.now(),
         },
         { parentId: id, snapshotId: source.id, turnsUpTo: source.turn },
@@ -275,6 +292,7 @@ export class WorkspaceService {
     await this.pending.get(id)
     this.dirty.add(id)
     await writeWorkspaceFile(this.deps.runtime, root, workspaceRelative(rawPath), body)
+    await this.deps.sessions.advanceGeneration(id)
     this.deps.sessions.store.touch(id, this.now())
   }
 
@@ -283,6 +301,7 @@ export class WorkspaceService {
     await this.pending.get(id)
     this.dirty.add(id)
     await deleteWorkspacePath(this.deps.runtime, root, workspaceRelative(rawPath))
+    await this.deps.sessions.advanceGeneration(id)
     this.deps.sessions.store.touch(id, this.now())
   }
 
@@ -380,8 +399,8 @@ export class WorkspaceService {
         : null,
       limits: revision?.manifest.limits ?? {},
       policies: {
-        idleTimeoutMs: row.idle_timeout_ms,
-        keepWarmMs: row.keep_warm_ms,
+        ...policyOf(row),
+        deadlineAt: row.deadline_at,
         keepAutoSnapshots: this.deps.keepAutoSnapshots?.(tenantId) ?? 50,
       },
     }

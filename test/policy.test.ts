@@ -126,6 +126,9 @@ describe('the lifecycle policy', () => {
     expect(refused.body).toMatchObject({
       error: { code: 'turn_limit_reached', details: { maxTurns: 2, turnCount: 2 } },
     })
+    const fork = await t.api.call('POST', `/v1/sessions/${session.id}/fork`, { turn: 2 })
+    expect(fork.status).toBe(409)
+    expect(fork.body.error.code).toBe('turn_limit_reached')
     const stillRefused = await t.api.call('POST', `/v1/sessions/${session.id}/resume`)
     expect(stillRefused.status).toBe(409)
     expect(stillRefused.body.error.code).toBe('turn_limit_reached')

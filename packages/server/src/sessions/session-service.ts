@@ -35,7 +35,7 @@ import type { MetricsRegistry } from '../metrics/registry.js'
 import { redact, type SecretStore } from '../secrets/secret-store.js'
 import { decodeCursor, encodeCursor } from './cursor.js'
 import { applyPolicy, createPolicy, deadlineFor, policyOf } from './policy.js'
-import { type SessionRow, SessionStore, toSessionInfo } from './session-store.js'
+import { type InterruptedTurn, type SessionRow, SessionStore, toSessionInfo } from './session-store.js'
 
 export interface SessionServiceDeps {
   db: Db
@@ -785,7 +785,7 @@ export class SessionService {
   }
 
   /** Marks what a crashed predecessor left running; called once at start. */
-  recover(): number {
+  recover(): { sessions: number; turns: InterruptedTurn[] } {
     return this.store.recoverAfterRestart(this.now())
   }
 

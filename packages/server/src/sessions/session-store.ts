@@ -63,6 +63,12 @@ interface TurnRow {
 
 const SESSION_SELECT = `SELECT s.*, a.name AS agent_name FROM sessions s JOIN agents a ON a.id = s.agent_id`
 
+export interface InterruptedTurn {
+  sessionId: string
+  tenantId: string
+  seq: number
+}
+
 export interface ListFilter {
   agentId?: string | undefined
   status?: SessionStatus | undefined
@@ -434,14 +440,22 @@ export class SessionStore {
     }))
   }
 
-  /** After a crash: running turns become `interrupted` and active sessions go back to `idle`. */
-  recoverAfterRestart(at: string): number {
+  /**
+   * After a crash: running turns become `interrupted` and active sessions go back to `idle`.
+   * Returns the interrupted turns (for the check of their pre-turn snapshots).
+   */
+  recoverAfterRestart(at: string): { sessions: number; turns: InterruptedTurn[] } {
     return this.db.transaction(() => {
+      const turns = this.db
+        .prepare<[], InterruptedTurn>(
+          `SELECT t.session_id AS sessionId, s.tenant_id AS tenantId, t.seq AS seq FROM turns t JOIN sessions s ON s.id = t.session_id WHERE t.status = 'running'`,
+        )
+        .all()
       this.s.interruptTurns.run(at)
       const active = this.s.activeSessions.all()
       for (const row of active)
         this.transition(row, 'idle', 'server_restart', at, 'the server restarted while a turn ran')
-      return active.length
+      return { sessions: active.length, turns }
     })()
   }
 

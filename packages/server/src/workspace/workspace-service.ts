@@ -23,7 +23,7 @@ import { deleteWorkspacePath, writeWorkspaceFile } from '../files/sandboxed-io.j
 import { diffTrees, listDirectory } from '../files/tree.js'
 import { applyPolicy, deadlineFor, policyOf } from '../sessions/policy.js'
 import type { SessionService } from '../sessions/session-service.js'
-import type { SessionRow } from '../sessions/session-store.js'
+import type { InterruptedTurn, SessionRow } from '../sessions/session-store.js'
 import { SnapshotStore } from '../snapshots/snapshot-store.js'
 
 export interface WorkspaceServiceDeps {
@@ -217,6 +217,13 @@ export class WorkspaceService {
     const source = this.pick(row, body)
     // The fork inherits the parent's whole policy; the request may override any of it.
     const policy = applyPolicy(policyOf(row), body.policy)
+    if (policy.maxTurns !== null && source.turn >= policy.maxTurns) {
+      throw new CairnProblem(
+        'turn_limit_reached',
+        `a fork at turn ${source.turn} would have no turn left under maxTurns ${policy.maxTurns}; give a higher policy.maxTurns (or null)`,
+        { maxTurns: policy.maxTurns, turnCount: source.turn },
+      )
+    }
     const childId = newId('session')
     await this.deps.runtime.pool.forkWorkspace(childId, source.id)
     try {
@@ -342,6 +349,25 @@ export class WorkspaceService {
       '.',
     ]) as unknown as Readable
     return { stream, cleanup }
+  }
+
+  /**
+   * After a crash, gives every interrupted turn its pre-turn snapshot. The prompt reaches the agent
+   * only once that snapshot is recorded, so a turn without one never ran: its workspace is still
+   * the state before it, and the snapshot taken now is exact. (Either the transcript shows the turn
+   * and the snapshot before it exists, or neither.)
+   */
+  async completeInterruptedTurns(turns: InterruptedTurn[]): Promise<number> {
+    let taken = 0
+    for (const turn of turns) {
+      const row = this.deps.sessions.store.get(turn.tenantId, turn.sessionId)
+      if (!row?.auto_snapshots || row.status === 'deleted' || row.status_cause === 'state_lost') continue
+      if (this.snapshots.atTurn(row.id, turn.seq - 1)) continue
+      if (!(await this.deps.runtime.pool.hasWorkspace(row.id))) continue
+      await this.take(row, 'auto', 'before_turn', turn.seq - 1)
+      taken++
+    }
+    return taken
   }
 
   /** Waits for background retention work (used on shutdown and by tests). */

@@ -37,8 +37,13 @@ export async function runInWorkspace(
   })
   sandbox.stdout.resume()
   try {
-    if (stdin) await pipeline(stdin, sandbox.stdin)
-    else sandbox.stdin.end()
+    if (stdin) {
+      // A command that stops reading (its write failed: disk full, quota) closes the pipe; its
+      // exit code and stderr, not EPIPE, say what happened.
+      await pipeline(stdin, sandbox.stdin).catch((error: NodeJS.ErrnoException) => {
+        if (error.code !== 'EPIPE') throw error
+      })
+    } else sandbox.stdin.end()
     const exit = await sandbox.exited
     return { code: exit.code, stderr }
   } finally {

@@ -346,8 +346,25 @@ export class SessionService {
         : outcome.status === 'completed' && outcome.agentExited
           ? 'agent_exit'
           : 'turn_completed'
-    // The turn's entry and the session's status in one transaction, retried while another
-    // process holds the database lock: the reply was streamed already, it must not be lost.
+    // Whatever the agent did to the workspace is a new generation: the marker in the pool first
+    // (a crash after it leaves the disk ahead, never behind), so the snapshot that follows the
+    // turn carries it.
+    let generation: number | undefined
+    if (promptSent) {
+      generation = this.store.generationOf(row.id) + 1
+      await this.deps.runtime.pool.writeGeneration(row.id, generation).catch((error) => {
+        generation = undefined
+        this.deps.logger.warn({ err: error, session: row.id }, 'workspace generation not advanced')
+      })
+    }
+    // The policy's last turn ends the session; its sandbox goes before the reply's end is sent.
+    const maxTurns = row.max_turns
+    const lastTurn = maxTurns !== null && seq >= maxTurns
+    if (lastTurn) await this.dropWarm(row.id)
+    // The turn's entry, the session's status and generation in one transaction, retried while
+    // another process holds the database lock: the reply was streamed already, it must not be lost.
+    // Nothing is awaited between the terminal event and the release of the turn lock, so a client
+    // that sends its next message on `run.completed` never meets `session_busy`.
     await whenNotBusy(() =>
       this.deps.db.transaction(() => {
         this.store.finishTurn(row.id, {
@@ -361,6 +378,16 @@ export class SessionService {
           durationMs,
         })
         this.store.transition(row, endedAs, cause, endedAt, failed ? `${turnId}: ${failed.message}` : turnId)
+        if (generation !== undefined) this.store.setGeneration(row.id, generation)
+        if (lastTurn) {
+          this.store.transition(
+            { id: row.id, status: endedAs },
+            'completed',
+            'max_turns',
+            endedAt,
+            `${seq} of ${maxTurns} turns`,
+          )
+        }
       })(),
     )
     if (outcome.status === 'completed') {
@@ -378,27 +405,6 @@ export class SessionService {
           details: { stderrTail: failed.stderr.slice(-2000) },
         },
       })
-    }
-    // Whatever the agent did to the workspace is a new generation (recorded before the snapshot
-    // that follows the turn, so that snapshot carries it).
-    if (promptSent) {
-      await this.advanceGeneration(row.id).catch((error) =>
-        this.deps.logger.warn({ err: error, session: row.id }, 'workspace generation not advanced'),
-      )
-    }
-    if (row.max_turns !== null && seq >= row.max_turns) {
-      // The policy's last turn: the session ends here; the next message is refused.
-      await this.dropWarm(row.id)
-      const maxTurns = row.max_turns
-      await whenNotBusy(() =>
-        this.store.transition(
-          { id: row.id, status: endedAs },
-          'completed',
-          'max_turns',
-          this.now(),
-          `${seq} of ${maxTurns} turns`,
-        ),
-      )
     }
     this.afterTurnHook?.(row, seq, this.warm.get(row.id)?.agent)
     const memory = this.deps.memory

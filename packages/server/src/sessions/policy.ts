@@ -79,3 +79,56 @@ export function createPolicy(body: {
 export function deadlineFor(policy: SessionPolicy, startMs: number): string | null {
   return policy.maxDurationMs === null ? null : new Date(startMs + policy.maxDurationMs).toISOString()
 }
+
+/** The row fields the limits are checked against. */
+export interface LimitedRow extends PolicyColumns {
+  id: string
+  status: string
+  status_cause: string
+  turn_count: number
+  deadline_at: string | null
+}
+
+/** The policy `input` would give a session; refuses one whose `maxTurns` it has already used up. */
+export function changedPolicy(row: LimitedRow, input: SessionPolicyInput | undefined): SessionPolicy {
+  const policy = applyPolicy(policyOf(row), input)
+  if (policy.maxTurns !== null && row.turn_count >= policy.maxTurns) {
+    throw new CairnProblem(
+      'turn_limit_reached',
+      `session ${row.id} has used ${row.turn_count} of its ${policy.maxTurns} turns; give a higher maxTurns (or null), or fork it`,
+      { maxTurns: policy.maxTurns, turnCount: row.turn_count },
+    )
+  }
+  return policy
+}
+
+/**
+ * Why the policy refuses another message, if it does: `maxTurns` used up, or `maxDurationMs` run
+ * out (`timeoutNow`: the session is still idle and should move to `timeout` at once, the reaper
+ * not having come by yet).
+ */
+export function limitReached(
+  row: LimitedRow,
+  nowMs: number,
+): { problem: CairnProblem; timeoutNow: boolean } | undefined {
+  if (row.max_turns !== null && row.turn_count >= row.max_turns) {
+    return {
+      timeoutNow: false,
+      problem: new CairnProblem(
+        'turn_limit_reached',
+        `session ${row.id} has used its ${row.max_turns} turns (policy maxTurns); resume it with a higher maxTurns or fork it`,
+        { maxTurns: row.max_turns, turnCount: row.turn_count },
+      ),
+    }
+  }
+  const pastDeadline = row.deadline_at !== null && Date.parse(row.deadline_at) <= nowMs
+  if (!pastDeadline && !(row.status === 'timeout' && row.status_cause === 'max_duration')) return undefined
+  return {
+    timeoutNow: pastDeadline && row.status === 'idle',
+    problem: new CairnProblem(
+      'duration_limit_reached',
+      `session ${row.id} ran past its maxDurationMs (${row.max_duration_ms} ms, deadline ${row.deadline_at}); resume it to start the clock again`,
+      { maxDurationMs: row.max_duration_ms, deadlineAt: row.deadline_at },
+    ),
+  }
+}

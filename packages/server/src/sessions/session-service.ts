@@ -34,7 +34,8 @@ import type { MemoryService } from '../memory/memory-service.js'
 import type { MetricsRegistry } from '../metrics/registry.js'
 import { redact, type SecretStore } from '../secrets/secret-store.js'
 import { decodeCursor, encodeCursor } from './cursor.js'
-import { applyPolicy, createPolicy, deadlineFor, policyOf } from './policy.js'
+import { WorkspaceGenerations } from './generations.js'
+import { changedPolicy, createPolicy, deadlineFor, limitReached, policyOf } from './policy.js'
 import { type InterruptedTurn, type SessionRow, SessionStore, toSessionInfo } from './session-store.js'
 
 export interface SessionServiceDeps {
@@ -77,6 +78,7 @@ export interface TurnHandle {
  */
 export class SessionService {
   readonly store: SessionStore
+  private readonly generations: WorkspaceGenerations
   private readonly warm = new Map<string, WarmAgent>()
   private readonly running = new Map<string, RunningTurn>()
   private reaper: NodeJS.Timeout | undefined
@@ -88,6 +90,7 @@ export class SessionService {
 
   constructor(private readonly deps: SessionServiceDeps) {
     this.store = new SessionStore(deps.db)
+    this.generations = new WorkspaceGenerations(this.store, deps.runtime.pool, () => this.now())
   }
 
   private now(): string {
@@ -351,10 +354,9 @@ export class SessionService {
     // turn carries it.
     let generation: number | undefined
     if (promptSent) {
-      generation = this.store.generationOf(row.id) + 1
-      await this.deps.runtime.pool.writeGeneration(row.id, generation).catch((error) => {
-        generation = undefined
+      generation = await this.generations.markNext(row.id).catch((error) => {
         this.deps.logger.warn({ err: error, session: row.id }, 'workspace generation not advanced')
+        return undefined
       })
     }
     // The policy's last turn ends the session; its sandbox goes before the reply's end is sent.
@@ -673,43 +675,23 @@ export class SessionService {
 
   /** The policy `input` would give the session; refuses one whose `maxTurns` is already used up. */
   validatePolicy(row: SessionRow, input: SessionPolicyInput | undefined): SessionPolicy {
-    const policy = applyPolicy(policyOf(row), input)
-    if (policy.maxTurns !== null && row.turn_count >= policy.maxTurns) {
-      throw new CairnProblem(
-        'turn_limit_reached',
-        `session ${row.id} has used ${row.turn_count} of its ${policy.maxTurns} turns; give a higher maxTurns (or null), or fork it`,
-        { maxTurns: policy.maxTurns, turnCount: row.turn_count },
-      )
-    }
-    return policy
+    return changedPolicy(row, input)
   }
 
   /** Refuses a message that the session's policy no longer allows. */
   private checkLimits(row: SessionRow): void {
-    if (row.max_turns !== null && row.turn_count >= row.max_turns) {
-      throw new CairnProblem(
-        'turn_limit_reached',
-        `session ${row.id} has used its ${row.max_turns} turns (policy maxTurns); resume it with a higher maxTurns or fork it`,
-        { maxTurns: row.max_turns, turnCount: row.turn_count },
-      )
-    }
     const nowMs = this.deps.clock.now()
-    const pastDeadline = row.deadline_at !== null && Date.parse(row.deadline_at) <= nowMs
-    if (pastDeadline || (row.status === 'timeout' && row.status_cause === 'max_duration')) {
-      if (pastDeadline && row.status === 'idle')
-        this.store.transition(
-          row,
-          'timeout',
-          'max_duration',
-          iso(nowMs),
-          `maxDurationMs ${row.max_duration_ms}`,
-        )
-      throw new CairnProblem(
-        'duration_limit_reached',
-        `session ${row.id} ran past its maxDurationMs (${row.max_duration_ms} ms, deadline ${row.deadline_at}); resume it to start the clock again`,
-        { maxDurationMs: row.max_duration_ms, deadlineAt: row.deadline_at },
+    const hit = limitReached(row, nowMs)
+    if (!hit) return
+    if (hit.timeoutNow)
+      this.store.transition(
+        row,
+        'timeout',
+        'max_duration',
+        iso(nowMs),
+        `maxDurationMs ${row.max_duration_ms}`,
       )
-    }
+    throw hit.problem
   }
 
   /**
@@ -720,41 +702,7 @@ export class SessionService {
    */
   async verifyWorkspace(row: SessionRow): Promise<void> {
     if (this.warm.has(row.id)) return
-    const { pool } = this.deps.runtime
-    if (!(await pool.hasWorkspace(row.id))) {
-      throw new CairnProblem(
-        'state_lost',
-        `the workspace of session ${row.id} is missing from the storage pool`,
-      )
-    }
-    const [onDisk] = await pool.readGenerations([row.id])
-    const recorded = this.store.generationOf(row.id)
-    const problem = this.checkGeneration(row, onDisk, recorded)
-    if (onDisk === undefined) await pool.writeGeneration(row.id, recorded)
-    if (problem) throw problem
-  }
-
-  /** Compares a workspace's marker with the database; marks the session failed when it is behind. */
-  private checkGeneration(
-    row: Pick<SessionRow, 'id' | 'status' | 'status_cause'>,
-    onDisk: number | undefined,
-    recorded: number,
-  ): CairnProblem | undefined {
-    // No marker: a pool from before markers existed; the caller writes the recorded one.
-    if (onDisk === undefined) return undefined
-    // Ahead: a crash between writing the marker and the database; the disk is the truth.
-    if (onDisk > recorded) {
-      this.store.setGeneration(row.id, onDisk)
-      return undefined
-    }
-    if (onDisk === recorded) return undefined
-    const message = `the workspace of session ${row.id} is at generation ${onDisk} but generation ${recorded} was recorded: it was rolled back or replaced outside Cairn, so the files of the last ${recorded - onDisk} change(s) are gone; restore a snapshot to continue from a known state`
-    if (!(row.status === 'failed' && row.status_cause === 'state_lost'))
-      this.store.transition(row, 'failed', 'state_lost', this.now(), message)
-    return new CairnProblem('state_lost', message, {
-      workspaceGeneration: onDisk,
-      recordedGeneration: recorded,
-    })
+    await this.generations.verify(row)
   }
 
   /** Before a message: the workspace check of a session whose sandbox is not warm. */
@@ -764,15 +712,9 @@ export class SessionService {
     await this.verifyWorkspace(row)
   }
 
-  /**
-   * Moves the workspace's generation forward: the marker in the pool first, then the database, so
-   * a crash between the two leaves the disk ahead (accepted), never behind (refused).
-   */
-  async advanceGeneration(sessionId: string): Promise<number> {
-    const next = this.store.generationOf(sessionId) + 1
-    await this.deps.runtime.pool.writeGeneration(sessionId, next)
-    await whenNotBusy(() => this.store.setGeneration(sessionId, next))
-    return next
+  /** Moves the workspace's generation forward (a file written or deleted through the API). */
+  advanceGeneration(sessionId: string): Promise<number> {
+    return this.generations.advance(sessionId)
   }
 
   async delete(
@@ -922,13 +864,7 @@ export class SessionService {
       }
     }
     // Every remaining workspace against its last recorded generation (one read for all of them).
-    const kept = live.filter((s) => present.has(s.id))
-    const generations = await pool.readGenerations(kept.map((s) => s.id))
-    for (const [index, session] of kept.entries()) {
-      const onDisk = generations[index]
-      if (onDisk === undefined) await pool.writeGeneration(session.id, session.generation)
-      else if (this.checkGeneration(session, onDisk, session.generation)) lost.push(session.id)
-    }
+    lost.push(...(await this.generations.verifyAll(live.filter((s) => present.has(s.id)))))
     const orphans: string[] = []
     for (const name of present) {
       if (/^ses_[0-9a-z]+$/.test(name) && !liveIds.has(name)) {

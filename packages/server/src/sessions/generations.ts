@@ -18,18 +18,26 @@ export class WorkspaceGenerations {
     private readonly now: () => string,
   ) {}
 
-  /** Refuses (`state_lost`) a workspace that is missing or older than the last recorded generation. */
-  async verify(row: Checked): Promise<void> {
+  /**
+   * Refuses (`state_lost`) a workspace that is missing or older than the last recorded generation.
+   * `busy`: whether the session's lock is held meanwhile (a restore swaps the subvolume, so for an
+   * instant it is absent; that is reported as `session_busy`, not as a loss). It never writes: a
+   * workspace without a marker (a pool from before markers) is given one by the start-up check,
+   * when nothing else runs.
+   */
+  async verify(row: Checked, busy: () => boolean): Promise<void> {
+    // The database first, then the disk: every writer puts the marker down before the database,
+    // so a change landing between the two reads can only make the disk look newer, never older.
+    const recorded = this.store.generationOf(row.id)
     if (!(await this.pool.hasWorkspace(row.id))) {
-      throw new CairnProblem(
-        'state_lost',
-        `the workspace of session ${row.id} is missing from the storage pool`,
-      )
+      if (busy())
+        throw new CairnProblem('session_busy', `session ${row.id} is changing its workspace; try again`)
+      const message = `the workspace of session ${row.id} is missing from the storage pool`
+      this.markLost(row, message)
+      throw new CairnProblem('state_lost', message)
     }
     const [onDisk] = await this.pool.readGenerations([row.id])
-    const recorded = this.store.generationOf(row.id)
     const problem = this.compare(row, onDisk, recorded)
-    if (onDisk === undefined) await this.pool.writeGeneration(row.id, recorded)
     if (problem) throw problem
   }
 
@@ -57,12 +65,17 @@ export class WorkspaceGenerations {
       return undefined
     }
     const message = `the workspace of session ${row.id} is at generation ${onDisk} but generation ${recorded} was recorded: it was rolled back or replaced outside Cairn, so the files of the last ${recorded - onDisk} change(s) are gone; restore a snapshot to continue from a known state`
-    if (!(row.status === 'failed' && row.status_cause === 'state_lost'))
-      this.store.transition(row, 'failed', 'state_lost', this.now(), message)
+    this.markLost(row, message)
     return new CairnProblem('state_lost', message, {
       workspaceGeneration: onDisk,
       recordedGeneration: recorded,
     })
+  }
+
+  /** Moves the session to `failed` with cause `state_lost` (once), the reason as its detail. */
+  private markLost(row: Checked, message: string): void {
+    if (!(row.status === 'failed' && row.status_cause === 'state_lost'))
+      this.store.transition(row, 'failed', 'state_lost', this.now(), message)
   }
 
   /** Writes the next generation's marker and returns the number, for the caller to record. */

@@ -702,7 +702,7 @@ export class SessionService {
    */
   async verifyWorkspace(row: SessionRow): Promise<void> {
     if (this.warm.has(row.id)) return
-    await this.generations.verify(row)
+    await this.generations.verify(row, () => this.running.has(row.id))
   }
 
   /** Before a message: the workspace check of a session whose sandbox is not warm. */

@@ -7,8 +7,20 @@ import { execTool } from '../util/exec.js'
 
 const HELPER = fileURLToPath(new URL('../../helpers/btrfs_ops.py', import.meta.url))
 
+type Reply = { id: number; ok: boolean; error?: string; errno?: number } & Record<string, unknown>
+
+const ENOSPC = 28
+
+function failure(describe: string, reply: Reply): CairnProblem {
+  const reason =
+    reply.errno === ENOSPC
+      ? 'the storage pool is full (No space left on device)'
+      : (reply.error ?? 'unknown error')
+  return new CairnProblem('storage_error', `${describe} failed: ${reason}`)
+}
+
 interface Pending {
-  resolve: () => void
+  resolve: (reply: Reply) => void
   reject: (error: Error) => void
   describe: string
 }
@@ -39,7 +51,7 @@ export class BtrfsOps {
     child.stderr.resume()
     child.stdin.on('error', () => undefined)
     createInterface({ input: child.stdout }).on('line', (line) => {
-      let reply: { id: number; ok: boolean; error?: string }
+      let reply: Reply
       try {
         reply = JSON.parse(line)
       } catch {
@@ -48,11 +60,8 @@ export class BtrfsOps {
       const waiter = this.pending.get(reply.id)
       if (!waiter) return
       this.pending.delete(reply.id)
-      if (reply.ok) waiter.resolve()
-      else
-        waiter.reject(
-          new CairnProblem('storage_error', `${waiter.describe} failed: ${reply.error ?? 'unknown error'}`),
-        )
+      if (reply.ok) waiter.resolve(reply)
+      else waiter.reject(failure(waiter.describe, reply))
     })
     child.once('exit', () => {
       for (const waiter of this.pending.values())
@@ -70,10 +79,18 @@ export class BtrfsOps {
     describe: string,
     fallback: () => Promise<unknown>,
   ): Promise<void> {
+    return this.call(op, describe, fallback).then(() => undefined)
+  }
+
+  private call(
+    op: Record<string, unknown>,
+    describe: string,
+    fallback: () => Promise<unknown>,
+  ): Promise<unknown> {
     const helper = this.ensureHelper()
-    if (!helper) return fallback().then(() => undefined)
+    if (!helper) return fallback()
     const id = this.nextId++
-    return new Promise<void>((resolve, reject) => {
+    return new Promise<Reply>((resolve, reject) => {
       this.pending.set(id, { resolve, reject, describe })
       helper.stdin.write(`${JSON.stringify({ id, ...op })}\n`)
     })
@@ -97,6 +114,36 @@ export class BtrfsOps {
     return this.request({ op: 'delete', path }, `delete subvolume ${path}`, () =>
       execTool('btrfs', ['subvolume', 'delete', path], { code: 'storage_error' }),
     )
+  }
+
+  /** Writes a subvolume's generation marker (an extended attribute on its root directory). */
+  setGeneration(path: string, value: number): Promise<void> {
+    const op = { op: 'set_generation', path, value }
+    return this.request(op, `set the generation of ${path}`, () =>
+      this.once(op, `set the generation of ${path}`),
+    )
+  }
+
+  /** The generation markers of several subvolumes (`undefined`: none, or no such subvolume). */
+  async getGenerations(paths: string[]): Promise<(number | undefined)[]> {
+    if (paths.length === 0) return []
+    const op = { op: 'get_generations', paths }
+    const reply = (await this.call(op, 'read generations', () => this.once(op, 'read generations'))) as Reply
+    const values = Array.isArray(reply.values) ? reply.values : []
+    return paths.map((_, i) => {
+      const value = values[i]
+      return typeof value === 'number' ? value : undefined
+    })
+  }
+
+  /** The helper run for one request (when the long-lived ones are turned off). */
+  private async once(op: Record<string, unknown>, describe: string): Promise<Reply> {
+    const { stdout } = await execTool('python3', [HELPER, JSON.stringify({ id: 0, ...op })], {
+      code: 'storage_error',
+    })
+    const reply = JSON.parse(stdout) as Reply
+    if (!reply.ok) throw failure(describe, reply)
+    return reply
   }
 
   close(): void {

@@ -118,6 +118,11 @@ describe('the per-session setup phase', () => {
     const { id } = await t.api.createSession('cloner')
     const first = await t.api.send(id, 'cat repo/README.md')
     expect(first.text).toBe('hello from the private repository\n[exit 0]\n')
+    // The setup wrote the workspace (generation 1, which its snapshot carries); a turn that only
+    // read keeps it, a turn that writes moves it (2).
+    expect((await t.api.call('GET', `/v1/sessions/${id}`)).body.generation).toBe(1)
+    expect((await t.api.send(id, 'echo notes > notes.txt')).text).toBe('[exit 0]\n')
+    expect((await t.api.call('GET', `/v1/sessions/${id}`)).body.generation).toBe(2)
 
     // Neither the agent's environment nor any process of its sandbox, nor the workspace, has it.
     expect((await t.api.send(id, 'env | grep -c GIT_TOKEN')).text).toBe('0\n[exit 1]\n')
@@ -140,9 +145,11 @@ describe('the per-session setup phase', () => {
     const snapshots = (await t.api.call('GET', `/v1/sessions/${id}/snapshots`)).body.data as {
       id: string
       reason: string
+      generation: number
     }[]
     expect(snapshots.map((s) => s.id)).toContain(setup.body.snapshotId)
-    expect(snapshots.find((s) => s.id === setup.body.snapshotId)?.reason).toBe('after_setup')
+    const afterSetup = snapshots.find((s) => s.id === setup.body.snapshotId)
+    expect(afterSetup).toMatchObject({ reason: 'after_setup', generation: 1 })
     // Setup ran once: later turns do not repeat it.
     expect((await t.api.call('GET', `/v1/sessions/${id}/setup`)).body.attempts).toBe(1)
     const manifest = await t.api.call('GET', `/v1/sessions/${id}/manifest`)

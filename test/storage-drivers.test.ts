@@ -1,7 +1,9 @@
+import { execFile } from 'node:child_process'
 import { existsSync } from 'node:fs'
 import { mkdtemp, readdir, rm, statfs } from 'node:fs/promises'
 import os from 'node:os'
 import path from 'node:path'
+import { promisify } from 'node:util'
 import { startServer } from '@cairn/server'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { makeProject } from './helpers/projects.js'
@@ -9,6 +11,7 @@ import { Api, EXAMPLES, startTestServer, type TestServer } from './helpers/serve
 import { treeManifest } from './helpers/tree.js'
 
 const BTRFS_MAGIC = 0x9123683e
+const exec = promisify(execFile)
 
 /** The same core flow on both workspace stores: what a user sees must not depend on the driver. */
 describe.each(['btrfs', 'dir'] as const)('storage driver %s', (storage) => {
@@ -156,6 +159,52 @@ describe.each(['btrfs', 'dir'] as const)('storage driver %s', (storage) => {
       for (const s of [...sessions, ...snapshots])
         expect(left.filter((name) => name.includes(s.slice(s.indexOf('_') + 1)))).toEqual([])
     }
+  })
+
+  it("keeps a generation marker in the workspace: an import and a restore move it forward, a workspace put back behind Cairn's back is refused", async () => {
+    const { pool } = t.server.runtime
+    const { id } = await t.api.createSession('shell', { autoSnapshots: false, keepWarmMs: 0 })
+    const generation = async () => (await t.api.call('GET', `/v1/sessions/${id}`)).body.generation as number
+    await run(id, 'echo one > one.txt')
+    const snap = (await t.api.call('POST', `/v1/sessions/${id}/snapshots`, {})).body.id as string
+    const atSnapshot = await generation()
+    expect(atSnapshot).toBeGreaterThan(0)
+    expect(await pool.readGenerations([id])).toEqual([atSnapshot])
+
+    // An import replaces the workspace: a new generation, on disk as in the database.
+    const exported = await fetch(`${t.url}/v1/sessions/${id}/export`, {
+      headers: { authorization: `Bearer ${t.key}` },
+    })
+    const archive = Buffer.from(await exported.arrayBuffer())
+    expect((await t.api.call('PUT', `/v1/sessions/${id}/workspace`, archive)).status).toBe(200)
+    const afterImport = await generation()
+    expect(afterImport).toBeGreaterThan(atSnapshot)
+    expect(await pool.readGenerations([id])).toEqual([afterImport])
+
+    // The snapshot's copy put back in place outside Cairn carries its older marker.
+    const workspace = pool.workspacePath(id)
+    if (storage === 'btrfs') {
+      await exec('btrfs', ['subvolume', 'delete', workspace])
+      await exec('btrfs', ['subvolume', 'snapshot', pool.snapshotPath(snap), workspace])
+    } else {
+      await rm(workspace, { recursive: true, force: true })
+      await exec('cp', ['-a', '--no-target-directory', pool.snapshotPath(snap), workspace])
+    }
+    const refused = await t.api.send(id, 'cat one.txt')
+    expect(refused.body).toMatchObject({
+      error: {
+        code: 'state_lost',
+        details: { workspaceGeneration: atSnapshot, recordedGeneration: afterImport },
+      },
+    })
+
+    // A restore writes a newer generation into the restored copy before the database records it.
+    expect((await t.api.call('POST', `/v1/sessions/${id}/restore`, { snapshotId: snap })).status).toBe(200)
+    const afterRestore = await generation()
+    expect(afterRestore).toBeGreaterThan(afterImport)
+    expect(await pool.readGenerations([id])).toEqual([afterRestore])
+    expect(await run(id, 'cat one.txt')).toBe('one\n[exit 0]\n')
+    expect((await t.api.call('DELETE', `/v1/sessions/${id}`)).status).toBe(200)
   })
 
   it('measures snapshot and workspace sizes on request, exclusive bytes as they change', async () => {

@@ -1,4 +1,4 @@
-import { type ChildProcess, spawn } from 'node:child_process'
+import { type ChildProcess, execFileSync, spawn } from 'node:child_process'
 import { existsSync, readdirSync } from 'node:fs'
 import { mkdtemp, readFile, rm } from 'node:fs/promises'
 import os from 'node:os'
@@ -31,6 +31,16 @@ const killed = (child: ChildProcess) =>
     child.once('exit', () => resolve())
     child.kill('SIGKILL')
   })
+
+/** The generation marker inside a workspace subvolume (read as root, like the server does). */
+function generationMarker(dir: string): number {
+  const out = execFileSync('python3', [
+    '-c',
+    'import os, sys; print(int(os.getxattr(sys.argv[1], "trusted.cairn.generation")))',
+    dir,
+  ])
+  return Number(out.toString().trim())
+}
 
 afterAll(async () => {
   for (const child of children) await killed(child)
@@ -76,10 +86,11 @@ describe('kill -9 at random points', () => {
         const info = await api.call('GET', `/v1/sessions/${id}`)
         expect(info.status, `round ${round}`).toBe(200)
         expect(info.body.status, `round ${round}: ${JSON.stringify(info.body)}`).not.toBe('active')
-        expect(
-          existsSync(path.join(runDir, 'pool', 'sessions', id)),
-          `round ${round}: workspace of ${id}`,
-        ).toBe(true)
+        const workspace = path.join(runDir, 'pool', 'sessions', id)
+        expect(existsSync(workspace), `round ${round}: workspace of ${id}`).toBe(true)
+        // The workspace is at the generation the database last recorded (never behind it).
+        expect(info.body.statusCause, `round ${round}`).not.toBe('state_lost')
+        expect(generationMarker(workspace), `round ${round}: generation of ${id}`).toBe(info.body.generation)
       }
       // Exactly one mount of the pool, no stale staging, no sandbox cgroup left by the killed server.
       const mounts = (await readFile('/proc/self/mountinfo', 'utf8'))

@@ -18,6 +18,8 @@ export const ERROR_CODES = {
   session_busy: { status: 409, retryable: true },
   session_not_resumable: { status: 409, retryable: false },
   session_deleted: { status: 410, retryable: false },
+  turn_limit_reached: { status: 409, retryable: false },
+  duration_limit_reached: { status: 409, retryable: false },
   agent_not_ready: { status: 409, retryable: true },
   conflict: { status: 409, retryable: false },
   secrets_missing: { status: 409, retryable: false },

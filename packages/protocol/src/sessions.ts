@@ -32,6 +32,10 @@ export const STATUS_CAUSES = [
   'workspace_restored',
   'workspace_imported',
   'setup_failed',
+  'max_turns',
+  'max_duration',
+  'storage_error',
+  'policy_changed',
 ] as const
 export type StatusCause = (typeof STATUS_CAUSES)[number]
 
@@ -41,6 +45,64 @@ export type TurnStatus = (typeof TURN_STATUSES)[number]
 export const DEFAULT_IDLE_TIMEOUT_MS = 30 * 24 * 60 * 60 * 1000
 export const DEFAULT_KEEP_WARM_MS = 5 * 60 * 1000
 export const MAX_PROMPT_BYTES = 1024 * 1024
+export const MAX_IDLE_TIMEOUT_MS = 365 * 24 * 3600 * 1000
+export const MAX_KEEP_WARM_MS = 24 * 3600 * 1000
+
+export const ON_TIMEOUT_ACTIONS = ['keep', 'destroy'] as const
+export type OnTimeoutAction = (typeof ON_TIMEOUT_ACTIONS)[number]
+
+/**
+ * A session's lifecycle policy as a request gives it: every field optional. On create, what is
+ * left out takes the server default; on fork, the parent's value; on resume and restore, the
+ * session's current value. `null` removes a limit.
+ */
+export const SessionPolicyInput = Type.Object(
+  {
+    idleTimeoutMs: Type.Optional(
+      Type.Integer({
+        minimum: 1000,
+        maximum: MAX_IDLE_TIMEOUT_MS,
+        description: 'idle this long (no turn, stream, file call or lease) → status timeout',
+      }),
+    ),
+    keepWarmMs: Type.Optional(
+      Type.Integer({
+        minimum: 0,
+        maximum: MAX_KEEP_WARM_MS,
+        description: 'how long the sandbox stays warm after a turn',
+      }),
+    ),
+    maxTurns: Type.Optional(
+      Type.Union([Type.Integer({ minimum: 1, maximum: 1_000_000 }), Type.Null()], {
+        description: 'the session ends (cause max_turns) after this many turns; null: no limit',
+      }),
+    ),
+    maxDurationMs: Type.Optional(
+      Type.Union([Type.Integer({ minimum: 1000, maximum: MAX_IDLE_TIMEOUT_MS }), Type.Null()], {
+        description:
+          'wall-clock life from creation or the last resume; past it → status timeout (cause max_duration); null: no limit',
+      }),
+    ),
+    onTimeout: Type.Optional(
+      Type.Union(
+        ON_TIMEOUT_ACTIONS.map((a) => Type.Literal(a)),
+        { description: 'keep (default): the workspace stays, resumable; destroy: deleted at the timeout' },
+      ),
+    ),
+  },
+  { additionalProperties: false },
+)
+export type SessionPolicyInput = Static<typeof SessionPolicyInput>
+
+/** The policy in force for a session: every field resolved, stored with the session. */
+export const SessionPolicySchema = Type.Object({
+  idleTimeoutMs: Type.Integer(),
+  keepWarmMs: Type.Integer(),
+  maxTurns: Type.Union([Type.Integer(), Type.Null()]),
+  maxDurationMs: Type.Union([Type.Integer(), Type.Null()]),
+  onTimeout: Type.Union(ON_TIMEOUT_ACTIONS.map((a) => Type.Literal(a))),
+})
+export type SessionPolicy = Static<typeof SessionPolicySchema>
 
 /**
  * A per-session setup phase: run once before the first turn in the session's sandbox, with the
@@ -85,8 +147,17 @@ export const CreateSessionBody = Type.Object(
   {
     agent: Type.String({ minLength: 1, maxLength: 200, description: 'Agent ID or name' }),
     title: Type.Optional(Type.String({ maxLength: 200 })),
-    idleTimeoutMs: Type.Optional(Type.Integer({ minimum: 1000, maximum: 365 * 24 * 3600 * 1000 })),
-    keepWarmMs: Type.Optional(Type.Integer({ minimum: 0, maximum: 24 * 3600 * 1000 })),
+    idleTimeoutMs: Type.Optional(
+      Type.Integer({
+        minimum: 1000,
+        maximum: MAX_IDLE_TIMEOUT_MS,
+        description: 'same as policy.idleTimeoutMs',
+      }),
+    ),
+    keepWarmMs: Type.Optional(
+      Type.Integer({ minimum: 0, maximum: MAX_KEEP_WARM_MS, description: 'same as policy.keepWarmMs' }),
+    ),
+    policy: Type.Optional(SessionPolicyInput),
     network: Type.Optional(NetworkPolicySchema),
     ephemeral: Type.Optional(
       Type.Boolean({ description: 'delete the workspace and its snapshots when the session ends' }),
@@ -104,6 +175,12 @@ export const CreateSessionBody = Type.Object(
   { additionalProperties: false },
 )
 export type CreateSessionBody = Static<typeof CreateSessionBody>
+
+export const ResumeBody = Type.Object(
+  { policy: Type.Optional(SessionPolicyInput) },
+  { additionalProperties: false },
+)
+export type ResumeBody = Static<typeof ResumeBody>
 
 export const SendMessageBody = Type.Object(
   { prompt: Type.String({ minLength: 1, maxLength: MAX_PROMPT_BYTES }) },
@@ -123,6 +200,11 @@ export const SessionSchema = Type.Object({
   messageCount: Type.Integer(),
   idleTimeoutMs: Type.Integer(),
   keepWarmMs: Type.Integer(),
+  policy: SessionPolicySchema,
+  /** When maxDurationMs runs out (null: no limit). */
+  deadlineAt: Type.Union([Type.String(), Type.Null()]),
+  /** Workspace generation: moves forward whenever the workspace may have changed. */
+  generation: Type.Integer(),
   autoSnapshots: Type.Boolean(),
   ephemeral: Type.Boolean(),
   warm: Type.Boolean(),
@@ -232,6 +314,7 @@ export const RestoreBody = Type.Object(
   {
     snapshotId: Type.Optional(Type.String({ maxLength: 64 })),
     turn: Type.Optional(Type.Integer({ minimum: 0 })),
+    policy: Type.Optional(SessionPolicyInput),
   },
   { additionalProperties: false },
 )
@@ -242,6 +325,7 @@ export const ForkBody = Type.Object(
     snapshotId: Type.Optional(Type.String({ maxLength: 64 })),
     turn: Type.Optional(Type.Integer({ minimum: 0 })),
     title: Type.Optional(Type.String({ maxLength: 200 })),
+    policy: Type.Optional(SessionPolicyInput),
   },
   { additionalProperties: false },
 )

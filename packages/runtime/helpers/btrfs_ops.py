@@ -2,7 +2,14 @@
 
 One long-lived process per runtime reads JSON requests, one per line, on stdin and answers one
 JSON line each on stdout: {"id", "ok": true} or {"id", "ok": false, "errno", "error"}.
-Operations: snapshot {src, dst, readonly, mark}, create {path}, delete {path}, mark {path}.
+Operations: snapshot {src, dst, readonly, mark}, create {path}, delete {path}, mark {path},
+set_generation {path, value} and get_generations {paths} (answers {"values": [int or null]}).
+With a request as its only argument, it answers that one request and exits.
+
+The generation marker is a `trusted.` extended attribute on the subvolume's root directory: it is
+part of the subvolume (snapshots carry it, a replaced subvolume brings its own), and only a process
+with CAP_SYS_ADMIN on the host can read or write it, so an agent inside a sandbox cannot forge it.
+
 A mark is the subvolume's ctransid: the transaction of the last change to its inodes' metadata,
 read without a commit (see `mark`).
 """
@@ -87,8 +94,35 @@ def delete(path):
     dir_ioctl(path, BTRFS_IOC_SNAP_DESTROY)
 
 
+GENERATION_XATTR = "trusted.cairn.generation"
+
+
+def set_generation(path, value):
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.setxattr(fd, GENERATION_XATTR, str(int(value)).encode())
+    finally:
+        os.close(fd)
+
+
+def get_generation(path):
+    try:
+        return int(os.getxattr(path, GENERATION_XATTR).decode())
+    except OSError as error:
+        if error.errno in (errno.ENODATA, errno.ENOENT):
+            return None
+        raise
+    except ValueError:
+        return None
+
+
 def handle(request):
     op = request.get("op")
+    if op == "set_generation":
+        set_generation(request["path"], request["value"])
+        return None
+    if op == "get_generations":
+        return {"values": [get_generation(p) for p in request["paths"]]}
     if op == "snapshot":
         snapshot(request["src"], request["dst"], bool(request.get("readonly")))
         # Read after the snapshot's commit, which flushed the source's written data first.
@@ -104,21 +138,31 @@ def handle(request):
         pass
     else:
         raise OSError(errno.EINVAL, "unknown op %r" % op)
-    return {}
+    return None
+
+
+def answer(line):
+    request = {}
+    try:
+        request = json.loads(line)
+        data = handle(request)
+        reply = {"id": request.get("id"), "ok": True}
+        if data:
+            reply.update(data)
+    except OSError as error:
+        reply = {"id": request.get("id"), "ok": False, "errno": error.errno, "error": os.strerror(error.errno or 0) if error.errno else str(error)}
+    except Exception as error:  # noqa: BLE001 - every failure must reach the caller as a reply
+        reply = {"id": request.get("id"), "ok": False, "errno": 0, "error": str(error)}
+    return json.dumps(reply)
 
 
 def main():
+    if len(sys.argv) > 1:
+        print(answer(sys.argv[1]))
+        return
     out = sys.stdout
     for line in sys.stdin:
-        request = {}
-        try:
-            request = json.loads(line)
-            reply = {"id": request.get("id"), "ok": True, **handle(request)}
-        except OSError as error:
-            reply = {"id": request.get("id"), "ok": False, "errno": error.errno, "error": os.strerror(error.errno or 0) if error.errno else str(error)}
-        except Exception as error:  # noqa: BLE001 - every failure must reach the caller as a reply
-            reply = {"id": request.get("id"), "ok": False, "errno": 0, "error": str(error)}
-        out.write(json.dumps(reply) + "\n")
+        out.write(answer(line) + "\n")
         out.flush()
 
 

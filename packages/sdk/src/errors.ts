@@ -47,6 +47,10 @@ export class ConflictError extends CairnError {}
 export class SessionBusyError extends ConflictError {}
 export class SessionNotResumableError extends ConflictError {}
 export class AgentNotReadyError extends ConflictError {}
+/** The session reached its policy's `maxTurns` (details: `maxTurns`, `turnCount`). */
+export class TurnLimitReachedError extends ConflictError {}
+/** The session ran past its policy's `maxDurationMs` (details: `maxDurationMs`, `deadlineAt`). */
+export class DurationLimitReachedError extends ConflictError {}
 /** The agent declares secrets that are not set yet; `missing` names them. */
 export class SecretsMissingError extends ConflictError {
   get missing(): string[] {
@@ -101,6 +105,8 @@ const CLASS_BY_CODE: Record<ErrorCode, ErrorClass> = {
   ambiguous_id: AmbiguousIdError,
   session_busy: SessionBusyError,
   session_not_resumable: SessionNotResumableError,
+  turn_limit_reached: TurnLimitReachedError,
+  duration_limit_reached: DurationLimitReachedError,
   agent_not_ready: AgentNotReadyError,
   conflict: ConflictError,
   secrets_missing: SecretsMissingError,

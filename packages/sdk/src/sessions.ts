@@ -1,6 +1,7 @@
 import type {
   Message,
   SessionInfo,
+  SessionPolicyInput,
   SessionSetup,
   SessionStatus,
   SetupInfo,
@@ -20,6 +21,11 @@ export interface CreateSessionOptions extends RequestOptions {
   title?: string | undefined
   idleTimeoutMs?: number | undefined
   keepWarmMs?: number | undefined
+  /**
+   * The lifecycle policy (`idleTimeoutMs`, `keepWarmMs`, `maxTurns`, `maxDurationMs`, `onTimeout`);
+   * what is left out takes the server's default. The policy in force is `session.info.policy`.
+   */
+  policy?: SessionPolicyInput | undefined
   /** Snapshot the workspace after every turn so that it can be undone (default `true`). */
   autoSnapshots?: boolean | undefined
   /** Delete the workspace and its snapshots when the session ends (the default for `client.run`). */
@@ -31,6 +37,11 @@ export interface CreateSessionOptions extends RequestOptions {
    * agent's `setup`-scoped secrets; overrides `session.setup` of cairn.yaml.
    */
   setup?: SessionSetup | undefined
+}
+
+export interface ResumeOptions extends RequestOptions {
+  /** Fields to change in the session's lifecycle policy (the others stay as they are). */
+  policy?: SessionPolicyInput | undefined
 }
 
 export interface ListSessionsOptions extends RequestOptions {
@@ -109,13 +120,32 @@ export class Sessions {
   }
 
   async create(agent: string, options: CreateSessionOptions = {}): Promise<Session> {
-    const { title, idleTimeoutMs, keepWarmMs, autoSnapshots, ephemeral, keepTranscript, setup, ...request } =
-      options
+    const {
+      title,
+      idleTimeoutMs,
+      keepWarmMs,
+      policy,
+      autoSnapshots,
+      ephemeral,
+      keepTranscript,
+      setup,
+      ...request
+    } = options
     const info = asSession(
       await this.http.json({
         method: 'POST',
         path: '/v1/sessions',
-        json: { agent, title, idleTimeoutMs, keepWarmMs, autoSnapshots, ephemeral, keepTranscript, setup },
+        json: {
+          agent,
+          title,
+          idleTimeoutMs,
+          keepWarmMs,
+          policy,
+          autoSnapshots,
+          ephemeral,
+          keepTranscript,
+          setup,
+        },
         ...request,
       }),
     )
@@ -170,8 +200,17 @@ export class Sessions {
     return asSession(await this.http.json({ method: 'POST', path: path(id, '/end'), ...options }))
   }
 
-  async resume(id: string, options: RequestOptions = {}): Promise<SessionInfo> {
-    return asSession(await this.http.json({ method: 'POST', path: path(id, '/resume'), ...options }))
+  /** Resumes an ended, failed or timed-out session; `policy` changes its lifecycle policy first. */
+  async resume(id: string, options: ResumeOptions = {}): Promise<SessionInfo> {
+    const { policy, ...request } = options
+    return asSession(
+      await this.http.json({
+        method: 'POST',
+        path: path(id, '/resume'),
+        ...(policy === undefined ? {} : { json: { policy } }),
+        ...request,
+      }),
+    )
   }
 
   /**
@@ -422,7 +461,7 @@ export class Session {
     return this.info
   }
 
-  async resume(options: RequestOptions = {}): Promise<SessionInfo> {
+  async resume(options: ResumeOptions = {}): Promise<SessionInfo> {
     this.info = await this.sessions.resume(this.id, options)
     return this.info
   }

@@ -1,4 +1,4 @@
-import type { FileEntry, SessionInfo, SnapshotInfo, WorkspaceDiff } from '@cairn/protocol'
+import type { FileEntry, SessionInfo, SessionPolicyInput, SnapshotInfo, WorkspaceDiff } from '@cairn/protocol'
 import { InvalidResponseError } from './errors.js'
 import { asList, asSession } from './guards.js'
 import type { HttpClient, RequestOptions } from './http.js'
@@ -102,12 +102,16 @@ export class Snapshots {
   }
 
   /** Replaces the workspace with a snapshot: an exact replica, no leftovers. */
-  async restore(ref: SnapshotRef, options: RequestOptions = {}): Promise<RestoreResult> {
+  async restore(
+    ref: SnapshotRef,
+    options: RequestOptions & { policy?: SessionPolicyInput | undefined } = {},
+  ): Promise<RestoreResult> {
+    const { policy, ...request } = options
     const body = await this.http.json({
       method: 'POST',
       path: path(this.sessionId, '/restore'),
-      json: ref,
-      ...options,
+      json: { ...ref, policy },
+      ...request,
     })
     return this.restoreResult(body)
   }
@@ -125,13 +129,15 @@ export class Snapshots {
       snapshotId?: string | undefined
       turn?: number | undefined
       title?: string | undefined
+      /** Overrides of the parent's lifecycle policy (the fork inherits the rest). */
+      policy?: SessionPolicyInput | undefined
     } = {},
   ): Promise<SessionInfo> {
-    const { snapshotId, turn, title, ...request } = options
+    const { snapshotId, turn, title, policy, ...request } = options
     const body = await this.http.json({
       method: 'POST',
       path: path(this.sessionId, '/fork'),
-      json: { snapshotId, turn, title },
+      json: { snapshotId, turn, title, policy },
       ...request,
     })
     return asSession(body)

@@ -127,13 +127,19 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     })
     retention = retentionService
     setup.onSucceeded(async (row) => (await workspace.snapshotAfterSetup(row)).id)
+    setup.onWorkspaceWritten((sessionId) => sessions.advanceGeneration(sessionId))
     setup.store.recoverAfterRestart()
     const recovered = sessions.recover()
     const reconciled = await sessions.reconcile(new Set(workspace.snapshots.allLive().map((s) => s.id)))
     if (reconciled.lost.length > 0 || reconciled.orphans.length > 0) {
       logger.warn(reconciled, 'storage pool checked against the database')
     }
-    if (recovered > 0) logger.warn({ sessions: recovered }, 'marked turns interrupted by the last shutdown')
+    const repaired = await workspace.completeInterruptedTurns(recovered.turns)
+    if (recovered.sessions > 0 || recovered.turns.length > 0)
+      logger.warn(
+        { sessions: recovered.sessions, turns: recovered.turns.length, preTurnSnapshotsTaken: repaired },
+        'marked turns interrupted by the last shutdown',
+      )
     const app = await buildApp({
       db,
       logger,

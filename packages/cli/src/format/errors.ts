@@ -46,6 +46,10 @@ export function hintFor(code: string | undefined, context: HintContext = {}): st
       return 'A turn is already running in this session; wait for it or cancel it (Ctrl-C in `cairn run`).'
     case 'session_not_resumable':
       return 'See why it stopped with `cairn sessions get <id>`.'
+    case 'turn_limit_reached':
+      return 'Raise the limit with `cairn sessions resume <id> --max-turns N`, or fork the session.'
+    case 'duration_limit_reached':
+      return 'Resume it (the clock restarts) with `cairn sessions resume <id>`, optionally with --max-duration.'
     case 'agent_not_found':
       return 'List your agents with `cairn agents list`, or deploy one with `cairn deploy`.'
     case 'agent_not_ready':

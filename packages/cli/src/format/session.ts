@@ -28,9 +28,27 @@ export function sessionFields(s: SessionInfo, now: Date): [string, string][] {
     ['Revision', s.revisionId],
     ['Idle timeout', formatDuration(s.idleTimeoutMs)],
     ['Keep warm', formatDuration(s.keepWarmMs)],
+    ...policyFields(s),
+    ...(s.generation === undefined ? [] : ([['Generation', String(s.generation)]] as [string, string][])),
     ['Auto snapshots', s.autoSnapshots === false ? 'off' : 'on'],
     ['Created', `${s.createdAt} (${relativeTime(s.createdAt, now)})`],
     ['Last active', `${s.lastActiveAt} (${relativeTime(s.lastActiveAt, now)})`],
+  ]
+}
+
+/** The limits of the lifecycle policy (absent from servers that predate it). */
+function policyFields(s: SessionInfo): [string, string][] {
+  const policy = s.policy as SessionInfo['policy'] | undefined
+  if (!policy) return []
+  return [
+    ['Max turns', policy.maxTurns === null ? 'none' : `${policy.maxTurns} (${s.turnCount} used)`],
+    [
+      'Max duration',
+      policy.maxDurationMs === null
+        ? 'none'
+        : `${formatDuration(policy.maxDurationMs)}${s.deadlineAt ? ` (until ${s.deadlineAt})` : ''}`,
+    ],
+    ['On timeout', policy.onTimeout],
   ]
 }
 

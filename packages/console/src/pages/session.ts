@@ -140,6 +140,19 @@ export function sessionPage(ctx: PageContext, id: string, initialTab?: string): 
       item('Sandbox', info.warm ? 'warm' : 'stopped'),
       item('Last active', timeAgo(info.lastActiveAt)),
       item('Idle timeout', formatMs(info.idleTimeoutMs)),
+      // Policy limits, shown only when a session has them.
+      ...(info.policy?.maxTurns != null
+        ? [item('Max turns', `${info.turnCount} of ${info.policy.maxTurns}`)]
+        : []),
+      ...(info.policy?.maxDurationMs != null
+        ? [
+            item(
+              'Max duration',
+              `${formatMs(info.policy.maxDurationMs)}${info.deadlineAt ? ` (until ${info.deadlineAt})` : ''}`,
+            ),
+          ]
+        : []),
+      ...(info.policy?.onTimeout === 'destroy' ? [item('On timeout', 'destroy the workspace')] : []),
     )
     end.hidden = !(info.status === 'idle' || info.status === 'active')
     resume.hidden = !RESUMABLE.has(info.status)

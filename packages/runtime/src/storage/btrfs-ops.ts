@@ -7,12 +7,27 @@ import { execTool } from '../util/exec.js'
 
 const HELPER = fileURLToPath(new URL('../../helpers/btrfs_ops.py', import.meta.url))
 
-interface Reply {
+type Reply = {
   id: number
   ok: boolean
   error?: string
+  errno?: number
   /** The subvolume's ctransid, for `mark` and for a `snapshot` asked to return one. */
   mark?: number
+} & Record<string, unknown>
+
+const ENOSPC = 28
+
+function failure(describe: string, reply: Reply): CairnProblem {
+  const reason =
+    reply.errno === ENOSPC
+      ? 'the storage pool is full (No space left on device)'
+      : (reply.error ?? 'unknown error')
+  return new CairnProblem('storage_error', `${describe} failed: ${reason}`)
+}
+
+function isReply(value: unknown): value is Reply {
+  return typeof value === 'object' && value !== null && 'ok' in value && 'id' in value
 }
 
 interface Pending {
@@ -57,10 +72,7 @@ export class BtrfsOps {
       if (!waiter) return
       this.pending.delete(reply.id)
       if (reply.ok) waiter.resolve(reply)
-      else
-        waiter.reject(
-          new CairnProblem('storage_error', `${waiter.describe} failed: ${reply.error ?? 'unknown error'}`),
-        )
+      else waiter.reject(failure(waiter.describe, reply))
     })
     child.once('exit', () => {
       for (const waiter of this.pending.values())
@@ -79,7 +91,8 @@ export class BtrfsOps {
     fallback: () => Promise<unknown>,
   ): Promise<Reply | undefined> {
     const helper = this.ensureHelper()
-    if (!helper) return fallback().then(() => undefined)
+    // Without the helper, only a fallback that ran the helper once (`once`) answers with a reply.
+    if (!helper) return fallback().then((value) => (isReply(value) ? value : undefined))
     const id = this.nextId++
     return new Promise<Reply>((resolve, reject) => {
       this.pending.set(id, { resolve, reject, describe })
@@ -131,6 +144,36 @@ export class BtrfsOps {
     await this.request({ op: 'delete', path }, `delete subvolume ${path}`, () =>
       execTool('btrfs', ['subvolume', 'delete', path], { code: 'storage_error' }),
     )
+  }
+
+  /** Writes a subvolume's generation marker (an extended attribute on its root directory). */
+  async setGeneration(path: string, value: number): Promise<void> {
+    const op = { op: 'set_generation', path, value }
+    await this.request(op, `set the generation of ${path}`, () =>
+      this.once(op, `set the generation of ${path}`),
+    )
+  }
+
+  /** The generation markers of several subvolumes (`undefined`: none, or no such subvolume). */
+  async getGenerations(paths: string[]): Promise<(number | undefined)[]> {
+    if (paths.length === 0) return []
+    const op = { op: 'get_generations', paths }
+    const reply = await this.request(op, 'read generations', () => this.once(op, 'read generations'))
+    const values = Array.isArray(reply?.values) ? reply.values : []
+    return paths.map((_, i) => {
+      const value = values[i]
+      return typeof value === 'number' ? value : undefined
+    })
+  }
+
+  /** The helper run for one request (when the long-lived ones are turned off). */
+  private async once(op: Record<string, unknown>, describe: string): Promise<Reply> {
+    const { stdout } = await execTool('python3', [HELPER, JSON.stringify({ id: 0, ...op })], {
+      code: 'storage_error',
+    })
+    const reply = JSON.parse(stdout) as Reply
+    if (!reply.ok) throw failure(describe, reply)
+    return reply
   }
 
   close(): void {

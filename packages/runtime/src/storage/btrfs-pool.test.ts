@@ -11,6 +11,7 @@ import {
   sessionId,
   type TestRuntime,
 } from '../../test/harness.js'
+import { BtrfsOps } from './btrfs-ops.js'
 
 let t: TestRuntime
 
@@ -145,5 +146,62 @@ describe('BtrfsPool', () => {
     await writeFile(path.join(ws, 'inner', 'x'), 'x')
     await t.runtime.pool.deleteWorkspace(id)
     expect(existsSync(ws)).toBe(false)
+  })
+
+  it('keeps a generation marker inside each workspace: snapshots carry it, restores set it, the sandbox uid cannot touch it', async () => {
+    const pool = t.runtime.pool
+    const id = sessionId('gen')
+    const ws = await pool.createWorkspace(id, 'rev_base')
+    expect(await pool.readGenerations([id, sessionId('absent')])).toEqual([0, undefined])
+    await pool.writeGeneration(id, 7)
+    const snapshotId = `snap_${id.slice(4)}`
+    await pool.snapshotWorkspace(id, snapshotId)
+    await pool.writeGeneration(id, 9)
+    const child = sessionId('genfork')
+    await pool.forkWorkspace(child, snapshotId)
+    expect(await pool.readGenerations([id, child])).toEqual([9, 7])
+    await pool.restoreWorkspace(id, snapshotId, 10)
+    expect(await pool.readGenerations([id])).toEqual([10])
+
+    // Without the long-lived helpers (CAIRN_BTRFS_HELPER=off) the same operations run one by one.
+    const previous = process.env.CAIRN_BTRFS_HELPER
+    process.env.CAIRN_BTRFS_HELPER = 'off'
+    try {
+      const ops = new BtrfsOps(1)
+      await ops.setGeneration(ws, 11)
+      expect(await ops.getGenerations([ws, pool.workspacePath(child)])).toEqual([11, 7])
+    } finally {
+      if (previous === undefined) delete process.env.CAIRN_BTRFS_HELPER
+      else process.env.CAIRN_BTRFS_HELPER = previous
+    }
+
+    // trusted.* attributes need CAP_SYS_ADMIN: the sandbox uid neither sees nor writes the marker.
+    const asSandbox = (code: string) =>
+      execFileSync(
+        'setpriv',
+        [
+          '--reuid',
+          String(SANDBOX_UID),
+          '--regid',
+          String(SANDBOX_UID),
+          '--clear-groups',
+          '/usr/bin/python3',
+          '-c',
+          code,
+          ws,
+        ],
+        { encoding: 'utf8' },
+      ).trim()
+    expect(
+      asSandbox(
+        'import os, sys\ntry:\n    os.getxattr(sys.argv[1], "trusted.cairn.generation"); print("read")\nexcept OSError as e: print(e.errno)',
+      ),
+    ).not.toBe('read')
+    expect(
+      asSandbox(
+        'import os, sys\ntry:\n    os.setxattr(sys.argv[1], "trusted.cairn.generation", b"99"); print("wrote")\nexcept OSError as e: print(e.errno)',
+      ),
+    ).toBe('1')
+    expect(await pool.readGenerations([id])).toEqual([11])
   })
 })

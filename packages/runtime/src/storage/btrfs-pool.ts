@@ -159,13 +159,28 @@ export class BtrfsPool implements StoragePool {
     await this.deleteSubvolume(stagingDir)
   }
 
-  /** New session workspace: a writable snapshot of the revision (O(1)). */
+  /** New session workspace: a writable snapshot of the revision (O(1)), at generation 0. */
   async createWorkspace(sessionId: string, revisionId: string): Promise<string> {
     const target = this.workspacePath(sessionId)
     if (existsSync(target)) throw new CairnProblem('storage_error', `workspace ${sessionId} already exists`)
     await this.ops.snapshot(this.revisionPath(revisionId), target, false)
+    await this.ops.setGeneration(target, 0)
     await this.applyQuota(target)
     return target
+  }
+
+  /**
+   * Records the workspace's generation inside its subvolume (a `trusted.` xattr on its root): it
+   * travels with every snapshot of it, so a subvolume swapped for an older copy brings its older
+   * number along, and a sandbox, having no CAP_SYS_ADMIN on the host, can neither read nor forge it.
+   */
+  async writeGeneration(sessionId: string, generation: number): Promise<void> {
+    await this.ops.setGeneration(this.workspacePath(sessionId), generation)
+  }
+
+  /** The generation recorded inside each workspace (`undefined`: no marker, or no workspace). */
+  async readGenerations(sessionIds: string[]): Promise<(number | undefined)[]> {
+    return this.ops.getGenerations(sessionIds.map((id) => this.workspacePath(id)))
   }
 
   /** Limits a workspace's size: writes past it fail inside the sandbox (EDQUOT), not on the host. */
@@ -260,12 +275,16 @@ export class BtrfsPool implements StoragePool {
 
   /**
    * Replaces the workspace with a writable snapshot of `snapshotId`: an exact replica, nothing
-   * left from after it.
+   * left from after it, carrying `generation` as its marker.
    */
-  async restoreWorkspace(sessionId: string, snapshotId: string): Promise<void> {
-    await this.swapWorkspace(sessionId, async (incoming) => {
-      await this.ops.snapshot(this.snapshotPath(snapshotId), incoming, false)
-    })
+  async restoreWorkspace(sessionId: string, snapshotId: string, generation?: number): Promise<void> {
+    await this.swapWorkspace(
+      sessionId,
+      async (incoming) => {
+        await this.ops.snapshot(this.snapshotPath(snapshotId), incoming, false)
+      },
+      generation,
+    )
   }
 
   /**
@@ -281,21 +300,28 @@ export class BtrfsPool implements StoragePool {
   }
 
   /** Replaces the workspace with a filled staging subvolume, by the same swap as a restore. */
-  async replaceWorkspace(sessionId: string, stagingDir: string): Promise<void> {
-    await this.swapWorkspace(sessionId, (incoming) => rename(stagingDir, incoming))
+  async replaceWorkspace(sessionId: string, stagingDir: string, generation?: number): Promise<void> {
+    await this.swapWorkspace(sessionId, (incoming) => rename(stagingDir, incoming), generation)
   }
 
   /**
    * The new workspace is made beside the old one and renamed into place, so a crash leaves either
    * the old workspace or the new one (`recoverWorkspace` finishes the swap).
    */
-  private async swapWorkspace(sessionId: string, make: (incoming: string) => Promise<void>): Promise<void> {
+  private async swapWorkspace(
+    sessionId: string,
+    make: (incoming: string) => Promise<void>,
+    generation: number | undefined,
+  ): Promise<void> {
     const target = this.workspacePath(sessionId)
     const incoming = `${target}.restoring`
     const outgoing = `${target}.replaced`
     await this.deleteSubvolume(incoming)
     await this.deleteSubvolume(outgoing)
     await make(incoming)
+    // The new generation is written before the swap, so a crash at any point leaves a workspace
+    // whose marker is never behind what the database recorded.
+    if (generation !== undefined) await this.ops.setGeneration(incoming, generation)
     if (existsSync(target)) await rename(target, outgoing)
     await rename(incoming, target)
     await this.applyQuota(target)

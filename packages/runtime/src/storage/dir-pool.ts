@@ -4,6 +4,7 @@ import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
 import { execTool } from '../util/exec.js'
 import { findMount } from '../util/mounts.js'
+import { BtrfsOps } from './btrfs-ops.js'
 import {
   POOL_AREAS,
   type PoolArea,
@@ -32,6 +33,9 @@ export class DirPool implements StoragePool {
   readonly driver = 'dir'
   readonly capabilities = { quotas: false, constantTimeCopies: false }
   private mountedHere = false
+  // The marker xattrs need no btrfs: the same helper reads and writes them on any filesystem
+  // with trusted.* attributes (ext4, XFS, tmpfs, btrfs). `cp -a` copies them with the tree.
+  private readonly markers = new BtrfsOps(1)
 
   constructor(private readonly options: DirPoolOptions) {}
 
@@ -73,6 +77,7 @@ export class DirPool implements StoragePool {
   }
 
   async close(): Promise<void> {
+    this.markers.close()
     if (!this.mountedHere && !findMount(this.options.mountPoint)) return
     await execTool('umount', [this.options.mountPoint], { code: 'storage_error' }).catch(async () => {
       await execTool('umount', ['-l', this.options.mountPoint], { code: 'storage_error' })
@@ -144,7 +149,16 @@ export class DirPool implements StoragePool {
     const target = this.workspacePath(sessionId)
     if (existsSync(target)) throw new CairnProblem('storage_error', `workspace ${sessionId} already exists`)
     await copyTree(this.revisionPath(revisionId), target)
+    await this.markers.setGeneration(target, 0)
     return target
+  }
+
+  async writeGeneration(sessionId: string, generation: number): Promise<void> {
+    await this.markers.setGeneration(this.workspacePath(sessionId), generation)
+  }
+
+  async readGenerations(sessionIds: string[]): Promise<(number | undefined)[]> {
+    return this.markers.getGenerations(sessionIds.map((id) => this.workspacePath(id)))
   }
 
   async hasWorkspace(sessionId: string): Promise<boolean> {
@@ -162,8 +176,8 @@ export class DirPool implements StoragePool {
     return dir
   }
 
-  async replaceWorkspace(sessionId: string, stagingDir: string): Promise<void> {
-    await this.swapWorkspace(sessionId, (incoming) => rename(stagingDir, incoming))
+  async replaceWorkspace(sessionId: string, stagingDir: string, generation?: number): Promise<void> {
+    await this.swapWorkspace(sessionId, (incoming) => rename(stagingDir, incoming), generation)
   }
 
   async recoverWorkspace(sessionId: string): Promise<void> {
@@ -194,9 +208,9 @@ export class DirPool implements StoragePool {
     return existsSync(this.snapshotPath(snapshotId))
   }
 
-  async restoreWorkspace(sessionId: string, snapshotId: string): Promise<void> {
+  async restoreWorkspace(sessionId: string, snapshotId: string, generation?: number): Promise<void> {
     const source = this.snapshotPath(snapshotId)
-    await this.swapWorkspace(sessionId, (incoming) => copyTree(source, incoming))
+    await this.swapWorkspace(sessionId, (incoming) => copyTree(source, incoming), generation)
   }
 
   async forkWorkspace(sessionId: string, snapshotId: string): Promise<string> {
@@ -227,13 +241,19 @@ export class DirPool implements StoragePool {
   }
 
   /** As the btrfs pool: the new tree is made beside the workspace, then renamed into place. */
-  private async swapWorkspace(sessionId: string, make: (incoming: string) => Promise<void>): Promise<void> {
+  private async swapWorkspace(
+    sessionId: string,
+    make: (incoming: string) => Promise<void>,
+    generation: number | undefined,
+  ): Promise<void> {
     const target = this.workspacePath(sessionId)
     const incoming = `${target}.restoring`
     const outgoing = `${target}.replaced`
     await removeTree(incoming)
     await removeTree(outgoing)
     await make(incoming)
+    // Marker before the swap: a crash never leaves a workspace behind the recorded generation.
+    if (generation !== undefined) await this.markers.setGeneration(incoming, generation)
     if (existsSync(target)) await rename(target, outgoing)
     await rename(incoming, target)
     await removeTree(outgoing)

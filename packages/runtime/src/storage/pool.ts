@@ -59,13 +59,14 @@ export interface StoragePool {
   hasRevision(revisionId: string): Promise<boolean>
   deleteRevision(revisionId: string): Promise<void>
 
-  /** New session workspace: a writable copy of the revision. */
+  /** New session workspace: a writable copy of the revision, at generation 0. */
   createWorkspace(sessionId: string, revisionId: string): Promise<string>
   hasWorkspace(sessionId: string): Promise<boolean>
   deleteWorkspace(sessionId: string): Promise<void>
   /** An empty staging tree owned by the sandbox uid, to fill and swap in with `replaceWorkspace`. */
   createWorkspaceStaging(name: string): Promise<string>
-  replaceWorkspace(sessionId: string, stagingDir: string): Promise<void>
+  /** Swaps a filled staging tree in as the workspace, its marker set to `generation` first. */
+  replaceWorkspace(sessionId: string, stagingDir: string, generation?: number): Promise<void>
   /** Finishes or rolls back a restore or import that a crash interrupted. */
   recoverWorkspace(sessionId: string): Promise<void>
   chownToSandbox(dir: string): Promise<void>
@@ -83,11 +84,24 @@ export interface StoragePool {
    */
   workspaceMark(sessionId: string): Promise<number | undefined>
   hasSnapshot(snapshotId: string): Promise<boolean>
-  /** Replaces the workspace with a writable copy of the snapshot: exact, nothing left from after it. */
-  restoreWorkspace(sessionId: string, snapshotId: string): Promise<void>
+  /**
+   * Replaces the workspace with a writable copy of the snapshot: exact, nothing left from after
+   * it; the incoming copy's marker is set to `generation` before it is swapped in.
+   */
+  restoreWorkspace(sessionId: string, snapshotId: string, generation?: number): Promise<void>
   /** A new session's workspace as a writable copy of a snapshot (fork). */
   forkWorkspace(sessionId: string, snapshotId: string): Promise<string>
   deleteSnapshot(snapshotId: string): Promise<void>
+
+  /**
+   * Workspace generation markers: a `trusted.cairn.generation` xattr on the workspace's root
+   * directory. It is part of the tree (every snapshot and copy carries it, a tree swapped in behind
+   * Cairn's back brings its own older number), and only CAP_SYS_ADMIN on the host can read or
+   * write it, so no sandbox can forge it.
+   */
+  writeGeneration(sessionId: string, generation: number): Promise<void>
+  /** The marker of each workspace (`undefined`: no marker, or no workspace). */
+  readGenerations(sessionIds: string[]): Promise<(number | undefined)[]>
 
   /**
    * Bytes a tree (workspace, snapshot, revision) uses, measured now: referenced (all its data)

@@ -220,6 +220,16 @@ ALTER TABLE sessions ADD COLUMN keep_transcript INTEGER NOT NULL DEFAULT 1;
     sql: `CREATE INDEX sessions_tenant_id ON sessions(tenant_id, id);`,
   },
   {
+    version: 10,
+    name: 'session lifecycle policy',
+    sql: `
+ALTER TABLE sessions ADD COLUMN max_turns INTEGER;
+ALTER TABLE sessions ADD COLUMN max_duration_ms INTEGER;
+ALTER TABLE sessions ADD COLUMN deadline_at TEXT;
+ALTER TABLE sessions ADD COLUMN on_timeout TEXT NOT NULL DEFAULT 'keep';
+`,
+  },
+  {
     version: 12,
     name: 'per-session setup phase',
     sql: `

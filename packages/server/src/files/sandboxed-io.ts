@@ -37,7 +37,8 @@ export async function runInWorkspace(
   })
   sandbox.stdout.resume()
   try {
-    // A command that fails early closes its stdin (EPIPE): its exit status tells why.
+    // A command that fails early (disk full, quota) closes its stdin (EPIPE): its exit status
+    // and stderr, not EPIPE, say what happened.
     let stdinError: unknown
     if (stdin)
       await pipeline(stdin, sandbox.stdin).catch((error: unknown) => {
@@ -67,10 +68,18 @@ export async function writeWorkspaceFile(
     body,
   )
   if (result.code !== 0) {
-    throw new CairnProblem(
-      'forbidden',
-      `could not write /workspace/${rel}: ${result.stderr.trim() || `exit ${result.code}`}`,
-    )
+    const detail = result.stderr.trim() || `exit ${result.code}`
+    if (/No space left on device/.test(detail))
+      throw new CairnProblem(
+        'storage_error',
+        `could not write /workspace/${rel}: the storage pool is full (${detail})`,
+      )
+    if (/Disk quota exceeded/.test(detail))
+      throw new CairnProblem(
+        'limit_exceeded',
+        `could not write /workspace/${rel}: the workspace quota is used up (${detail})`,
+      )
+    throw new CairnProblem('forbidden', `could not write /workspace/${rel}: ${detail}`)
   }
 }
 

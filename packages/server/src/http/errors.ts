@@ -1,5 +1,6 @@
 import { CairnProblem, ERROR_STATUS, type ErrorBody, type ErrorCode, isErrorCode } from '@cairn/protocol'
 import type { FastifyError, FastifyInstance } from 'fastify'
+import { isBusy } from '../db/busy.js'
 
 export function errorBody(
   code: ErrorCode,
@@ -58,6 +59,18 @@ export function toErrorBody(
     return { status: 400, body: errorBody('bad_request', fastifyError.message, requestId) }
   }
   const code = (error as { code?: unknown })?.code
+  // SQLite still locked by another writer after busy_timeout: a retryable condition, not a bug.
+  if (isBusy(error)) {
+    return {
+      status: ERROR_STATUS.unavailable,
+      body: errorBody(
+        'unavailable',
+        'the database is locked by another writer; nothing was changed, try again',
+        requestId,
+        { reason: String(code) },
+      ),
+    }
+  }
   if (isErrorCode(code))
     return { status: ERROR_STATUS[code], body: errorBody(code, String(fastifyError.message), requestId) }
   return { status: 500, body: errorBody('internal', 'internal error', requestId) }

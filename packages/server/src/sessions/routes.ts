@@ -6,6 +6,7 @@ import {
   MessageListSchema,
   NetworkEventSchema,
   OkSchema,
+  ResumeBody,
   SendMessageBody,
   SessionListSchema,
   SessionSchema,
@@ -144,6 +145,7 @@ export function sessionRoutes(app: FastifyInstance, sessions: SessionService): v
     },
     async (request, reply) => {
       const { tenantId } = requireWrite(request)
+      await sessions.verifyBeforeTurn(tenantId, idOf(request))
       const handle = sessions.beginTurn(tenantId, idOf(request), (request.body as SendMessageBody).prompt)
       reply.hijack()
       const writer = new SseWriter(reply.raw)
@@ -169,7 +171,29 @@ export function sessionRoutes(app: FastifyInstance, sessions: SessionService): v
       async (request) => run(requireWrite(request).tenantId, idOf(request)),
     )
   action('end', 'End a session (its workspace is kept; it can be resumed)', (t, id) => sessions.end(t, id))
-  action('resume', 'Resume an ended, failed or timed-out session', (t, id) => sessions.resume(t, id))
+  app.post(
+    '/v1/sessions/:id/resume',
+    {
+      schema: {
+        tags: ['sessions'],
+        summary:
+          'Resume an ended, failed or timed-out session (workspace checked against its generation), optionally changing its lifecycle policy',
+        params: IdParams,
+        body: ResumeBody,
+        response: { 200: SessionSchema, ...errors, 410: ErrorBodySchema, 500: ErrorBodySchema },
+      },
+      // The body is optional: a bare POST resumes without changing the policy.
+      preValidation: async (request) => {
+        if (request.body === undefined || request.body === null) request.body = {}
+      },
+    },
+    async (request) =>
+      sessions.resume(
+        requireWrite(request).tenantId,
+        idOf(request),
+        (request.body as ResumeBody | undefined)?.policy,
+      ),
+  )
   action('cancel', 'Cancel the running turn', async (t, id) => ({ ok: await sessions.cancel(t, id) }))
 
   app.post(

@@ -1,15 +1,16 @@
 import {
   CairnProblem,
   type CreateSessionBody,
-  DEFAULT_IDLE_TIMEOUT_MS,
-  DEFAULT_KEEP_WARM_MS,
   type ErrorCode,
   type Message,
   type NetworkEventInfo,
   newId,
   type SessionInfo,
   type SessionList,
+  type SessionPolicy,
+  type SessionPolicyInput,
   type SessionStatus,
+  type StatusCause,
   type StatusEvent,
   type StreamEvent,
   type TranscriptLine,
@@ -27,13 +28,16 @@ import type { Logger } from 'pino'
 import type { AgentService } from '../agents/agent-service.js'
 import { ENV_VARIABLES, envBinds } from '../agents/builder.js'
 import { type Clock, iso } from '../clock.js'
+import { whenNotBusy } from '../db/busy.js'
 import type { Db } from '../db/database.js'
 import type { MemoryService } from '../memory/memory-service.js'
 import type { MetricsRegistry } from '../metrics/registry.js'
 import { redact, type SecretStore } from '../secrets/secret-store.js'
 import { manifestSetup, type SetupService } from '../setup/setup-service.js'
 import { decodeCursor, encodeCursor } from './cursor.js'
-import { type SessionRow, SessionStore, toSessionInfo } from './session-store.js'
+import { WorkspaceGenerations } from './generations.js'
+import { changedPolicy, createPolicy, deadlineFor, limitReached, policyOf } from './policy.js'
+import { type InterruptedTurn, type SessionRow, SessionStore, toSessionInfo } from './session-store.js'
 
 export interface SessionServiceDeps {
   db: Db
@@ -66,6 +70,8 @@ interface RunningTurn {
 }
 
 const TITLE_MAX = 60
+/** Below this much free space, an agent's ENOSPC is blamed on the pool. */
+const POOL_FULL_BYTES = 16 * 1024 * 1024
 
 /** A turn accepted by `beginTurn`: validation is over, the lock is held, `run` streams it. */
 export interface TurnHandle {
@@ -79,6 +85,7 @@ export interface TurnHandle {
  */
 export class SessionService {
   readonly store: SessionStore
+  private readonly generations: WorkspaceGenerations
   private readonly warm = new Map<string, WarmAgent>()
   private readonly running = new Map<string, RunningTurn>()
   /** Sessions an exclusive operation (a restore swapping the workspace…) holds, with what it is. */
@@ -91,9 +98,11 @@ export class SessionService {
   private deletedHook: ((sessionId: string) => Promise<void>) | undefined
   private afterTurnHook: ((row: SessionRow, seq: number, agent: AgentProcess | undefined) => void) | undefined
   private beforeTurnHook: ((row: SessionRow, seq: number, agent: AgentProcess) => Promise<void>) | undefined
+  private unchangedProbe: ((sessionId: string, agent: AgentProcess) => Promise<boolean>) | undefined
 
   constructor(private readonly deps: SessionServiceDeps) {
     this.store = new SessionStore(deps.db)
+    this.generations = new WorkspaceGenerations(this.store, deps.runtime.pool, () => this.now())
   }
 
   private now(): string {
@@ -163,6 +172,7 @@ export class SessionService {
     const revision = this.deps.agents.store.revision(agent.current_revision_id)
     const setup = body.setup ?? (revision ? manifestSetup(revision.manifest) : undefined)
     if (setup && !this.deps.setup) throw new CairnProblem('bad_request', 'this server has no setup phase')
+    const policy = createPolicy(body)
     const id = newId('session')
     await this.deps.runtime.pool.createWorkspace(id, agent.current_revision_id)
     this.store.insert({
@@ -173,8 +183,12 @@ export class SessionService {
       title: body.title ?? null,
       status: 'idle',
       status_cause: 'created',
-      idle_timeout_ms: body.idleTimeoutMs ?? DEFAULT_IDLE_TIMEOUT_MS,
-      keep_warm_ms: body.keepWarmMs ?? DEFAULT_KEEP_WARM_MS,
+      idle_timeout_ms: policy.idleTimeoutMs,
+      keep_warm_ms: policy.keepWarmMs,
+      max_turns: policy.maxTurns,
+      max_duration_ms: policy.maxDurationMs,
+      deadline_at: deadlineFor(policy, this.deps.clock.now()),
+      on_timeout: policy.onTimeout,
       auto_snapshots: body.autoSnapshots === false ? 0 : 1,
       network_json: body.network ? JSON.stringify(body.network) : null,
       ephemeral: body.ephemeral ? 1 : 0,
@@ -269,6 +283,7 @@ export class SessionService {
       )
     }
     if (!prompt.trim()) throw new CairnProblem('validation_failed', 'prompt must not be empty')
+    this.checkLimits(row)
     const turnId = newId('turn')
     const abort = new AbortController()
     let release!: () => void
@@ -277,14 +292,32 @@ export class SessionService {
     })
     this.running.set(id, { turnId, abort, done })
     const at = this.now()
-    if (row.status !== 'idle') {
-      // Messaging a completed, failed or timed-out session resumes it on its workspace.
-      this.store.transition(row, 'idle', 'user_resume', at, 'message sent')
-      row = { ...row, status: 'idle' }
-    }
     const seq = row.turn_count + 1
-    this.store.startTurn(id, turnId, seq, prompt, prompt.replace(/\s+/g, ' ').trim().slice(0, TITLE_MAX), at)
-    this.store.transition(row, 'active', 'turn_started', at, turnId)
+    try {
+      // One transaction: a database locked by another writer refuses the whole message (503
+      // unavailable), never half of it.
+      this.deps.db.transaction(() => {
+        if (row.status !== 'idle') {
+          // Messaging a completed, failed or timed-out session resumes it on its workspace (one
+          // that a policy limit stopped was refused above: only an explicit resume brings it back).
+          this.store.transition(row, 'idle', 'user_resume', at, 'message sent')
+        }
+        this.store.startTurn(
+          id,
+          turnId,
+          seq,
+          prompt,
+          prompt.replace(/\s+/g, ' ').trim().slice(0, TITLE_MAX),
+          at,
+        )
+        this.store.transition({ id, status: 'idle' }, 'active', 'turn_started', at, turnId)
+      })()
+    } catch (error) {
+      this.running.delete(id)
+      release()
+      throw error
+    }
+    row = { ...row, status: 'idle' }
     return {
       turnId,
       run: async (emit) => {
@@ -311,6 +344,7 @@ export class SessionService {
     const startedPerf = performance.now()
     let outcome: TurnOutcome
     let sandboxId = ''
+    let promptSent = false
     try {
       // The setup phase runs before the agent's sandbox exists: the agent never shares a process
       // tree, an environment or a /proc with the setup secrets.
@@ -320,13 +354,14 @@ export class SessionService {
       }
       const { agent, cold } = await this.agentFor(row)
       sandboxId = agent.sandboxId
-      this.store.setTurnSandbox(turnId, sandboxId, cold)
+      await whenNotBusy(() => this.store.setTurnSandbox(turnId, sandboxId, cold))
       if (this.beforeTurnHook) await this.beforeTurnHook(row, seq, agent)
       emit({ type: 'run.started', sessionId: row.id, turnId, turn: seq, sandboxId, coldStart: cold })
       const transcript = this.transcriptBefore(row.id, seq)
       const secretValues = this.deps.secrets.values(row.agent_id, ['runtime', 'setup', 'proxy'])
       const clean = (event: StreamEvent): StreamEvent =>
         event.type === 'message.delta' ? { ...event, content: redact(event.content, secretValues) } : event
+      promptSent = true
       outcome = await agent.runTurn(
         { prompt, turn: seq, turnId, transcript },
         (event) => emit(clean(toStreamEvent(turnId, event))),
@@ -337,8 +372,10 @@ export class SessionService {
         text: redact(outcome.text, secretValues),
         stderr: redact(outcome.stderr, secretValues),
       }
-      if (outcome.status === 'failed')
+      if (outcome.status === 'failed') {
         outcome = { ...outcome, message: redact(outcome.message, secretValues) }
+        outcome = await this.blamePoolIfFull(outcome)
+      }
       if (!agent.alive) await this.dropWarm(row.id)
       else this.scheduleCooldown(row)
     } catch (error) {
@@ -351,7 +388,11 @@ export class SessionService {
         : {
             status: 'failed',
             code: problem?.code ?? 'sandbox_failed',
-            cause: setupFailed ? 'setup_failed' : 'agent_crash',
+            cause: setupFailed
+              ? 'setup_failed'
+              : problem?.code === 'state_lost' || problem?.code === 'storage_error'
+                ? problem.code
+                : 'agent_crash',
             message: problem?.message ?? `the sandbox could not start: ${(error as Error).message}`,
             text: '',
             stderr: setupFailed ? String(problem.details?.logTail ?? '') : '',
@@ -366,38 +407,76 @@ export class SessionService {
     this.deps.metrics?.turns.inc({ outcome: outcome.status })
     this.deps.metrics?.turnSeconds.observe(durationMs / 1000)
     const failed = outcome.status === 'failed' ? outcome : undefined
-    this.store.finishTurn(row.id, {
-      id: turnId,
-      status: outcome.status,
-      response: outcome.text,
-      stderr: outcome.stderr.slice(-16_384),
-      errorCode: failed?.code ?? null,
-      errorMessage: failed?.message ?? null,
-      endedAt,
-      durationMs,
-    })
+    const endedAs: SessionStatus = failed ? 'failed' : 'idle'
+    const cause: StatusCause = failed
+      ? failed.cause
+      : outcome.status === 'cancelled'
+        ? 'turn_cancelled'
+        : outcome.status === 'completed' && outcome.agentExited
+          ? 'agent_exit'
+          : 'turn_completed'
+    // Whatever the agent did to the workspace is a new generation (a turn that provably changed
+    // nothing keeps it, so its unchanged subvolume needs no snapshot): the marker in the pool first
+    // (a crash after it leaves the disk ahead, never behind), so the snapshot that follows the
+    // turn carries it.
+    let generation: number | undefined
+    const warmAgent = this.warm.get(row.id)?.agent
+    const unchanged =
+      promptSent && warmAgent?.alive && this.unchangedProbe
+        ? await this.unchangedProbe(row.id, warmAgent).catch(() => false)
+        : false
+    if (promptSent && !unchanged) {
+      generation = await this.generations.markNext(row.id).catch((error) => {
+        this.deps.logger.warn({ err: error, session: row.id }, 'workspace generation not advanced')
+        return undefined
+      })
+    }
+    // The policy's last turn ends the session; its sandbox goes before the reply's end is sent.
+    const maxTurns = row.max_turns
+    const lastTurn = maxTurns !== null && seq >= maxTurns
+    if (lastTurn) await this.dropWarm(row.id)
+    // The turn's entry, the session's status and generation in one transaction, retried while
+    // another process holds the database lock: the reply was streamed already, it must not be lost.
+    // Nothing is awaited between the terminal event and the release of the turn lock, so a client
+    // that sends its next message on `run.completed` never meets `session_busy`.
+    await whenNotBusy(() =>
+      this.deps.db.transaction(() => {
+        this.store.finishTurn(row.id, {
+          id: turnId,
+          status: outcome.status,
+          response: outcome.text,
+          stderr: outcome.stderr.slice(-16_384),
+          errorCode: failed?.code ?? null,
+          errorMessage: failed?.message ?? null,
+          endedAt,
+          durationMs,
+        })
+        this.store.transition(row, endedAs, cause, endedAt, failed ? `${turnId}: ${failed.message}` : turnId)
+        if (generation !== undefined) this.store.setGeneration(row.id, generation)
+        if (lastTurn) {
+          this.store.transition(
+            { id: row.id, status: endedAs },
+            'completed',
+            'max_turns',
+            endedAt,
+            `${seq} of ${maxTurns} turns`,
+          )
+        }
+      })(),
+    )
     if (outcome.status === 'completed') {
-      this.store.transition(
-        row,
-        'idle',
-        outcome.agentExited ? 'agent_exit' : 'turn_completed',
-        endedAt,
-        turnId,
-      )
       emit({ type: 'run.completed', turnId, text: outcome.text, durationMs })
     } else if (outcome.status === 'cancelled') {
-      this.store.transition(row, 'idle', 'turn_cancelled', endedAt, turnId)
       emit({ type: 'run.cancelled', turnId, durationMs })
-    } else {
-      this.store.transition(row, 'failed', outcome.cause, endedAt, `${turnId}: ${outcome.message}`)
+    } else if (failed) {
       emit({
         type: 'run.failed',
         turnId,
         durationMs,
         error: {
-          code: outcome.code,
-          message: outcome.message,
-          details: { stderrTail: outcome.stderr.slice(-2000) },
+          code: failed.code,
+          message: failed.message,
+          details: { stderrTail: failed.stderr.slice(-2000) },
         },
       })
     }
@@ -407,6 +486,22 @@ export class SessionService {
       void memory
         .promoteProposed(row.agent_id, this.deps.runtime.pool.workspacePath(row.id), `${row.id}/${turnId}`)
         .catch((error) => this.deps.logger.warn({ err: error, session: row.id }, 'memory promotion failed'))
+    }
+  }
+
+  /**
+   * An agent that fell over on `ENOSPC` while the pool is (nearly) full did not crash on its own:
+   * the turn is reported as `storage_error` with the pool's figures, so the fix (free space) is clear.
+   */
+  private async blamePoolIfFull(outcome: Extract<TurnOutcome, { status: 'failed' }>): Promise<TurnOutcome> {
+    if (!/No space left on device|ENOSPC/.test(`${outcome.message}\n${outcome.stderr}`)) return outcome
+    const stats = await this.deps.runtime.pool.poolStats().catch(() => undefined)
+    if (!stats || stats.freeBytes > POOL_FULL_BYTES) return outcome
+    return {
+      ...outcome,
+      code: 'storage_error',
+      cause: 'storage_error',
+      message: `the storage pool is full (${stats.freeBytes} of ${stats.totalBytes} bytes free): the agent's writes failed with "No space left on device"; free space in the pool, then resume the session. Agent: ${outcome.message}`,
     }
   }
 
@@ -565,6 +660,15 @@ export class SessionService {
     this.beforeTurnHook = hook
   }
 
+  /**
+   * Tells whether a warm agent's turn left the workspace exactly as its last automatic snapshot
+   * (see `WorkspaceService.unchangedSince`): such a turn moves neither the generation nor, then,
+   * the subvolume's change mark, so no snapshot follows it either.
+   */
+  onUnchangedProbe(probe: (sessionId: string, agent: AgentProcess) => Promise<boolean>): void {
+    this.unchangedProbe = probe
+  }
+
   workspaceDir(sessionId: string): string {
     return this.deps.runtime.pool.workspacePath(sessionId)
   }
@@ -649,20 +753,95 @@ export class SessionService {
     return this.get(tenantId, id)
   }
 
-  async resume(tenantId: string, id: string): Promise<SessionInfo> {
+  /**
+   * Brings an ended, failed or timed-out session back (its workspace checked against the recorded
+   * generation first), with `policy` changes applied; the `maxDurationMs` clock restarts.
+   */
+  async resume(tenantId: string, id: string, policy?: SessionPolicyInput): Promise<SessionInfo> {
     const row = this.require(tenantId, id)
     if (row.status === 'deleted') throw new CairnProblem('session_deleted', `session ${id} was deleted`)
     if (!(await this.deps.runtime.pool.hasWorkspace(id))) throw this.missingWorkspace(tenantId, id)
+    await this.verifyWorkspace(row)
+    this.updatePolicy(row, policy, true)
     if (row.status !== 'idle' && row.status !== 'active')
       this.store.transition(row, 'idle', 'user_resume', this.now())
     this.store.touch(id, this.now())
     return this.get(tenantId, id)
   }
 
+  /**
+   * Applies policy changes (resume, restore). Refuses, changing nothing, a policy whose `maxTurns`
+   * the session has already used up. `restartClock`: the `maxDurationMs` clock starts again now
+   * (otherwise only when `maxDurationMs` itself changes).
+   */
+  updatePolicy(row: SessionRow, input: SessionPolicyInput | undefined, restartClock: boolean): void {
+    const before = policyOf(row)
+    const policy = this.validatePolicy(row, input)
+    const nowMs = this.deps.clock.now()
+    const deadline =
+      restartClock || input?.maxDurationMs !== undefined ? deadlineFor(policy, nowMs) : row.deadline_at
+    this.store.setPolicy(row.id, policy, deadline, iso(nowMs))
+    const changed = (Object.keys(policy) as (keyof typeof policy)[]).filter((k) => policy[k] !== before[k])
+    if (changed.length > 0) {
+      this.store.transition(
+        row,
+        row.status,
+        'policy_changed',
+        iso(nowMs),
+        changed.map((k) => `${k}: ${before[k]} → ${policy[k]}`).join(', '),
+      )
+    }
+  }
+
+  /** The policy `input` would give the session; refuses one whose `maxTurns` is already used up. */
+  validatePolicy(row: SessionRow, input: SessionPolicyInput | undefined): SessionPolicy {
+    return changedPolicy(row, input)
+  }
+
+  /** Refuses a message that the session's policy no longer allows. */
+  private checkLimits(row: SessionRow): void {
+    const nowMs = this.deps.clock.now()
+    const hit = limitReached(row, nowMs)
+    if (!hit) return
+    if (hit.timeoutNow)
+      this.store.transition(
+        row,
+        'timeout',
+        'max_duration',
+        iso(nowMs),
+        `maxDurationMs ${row.max_duration_ms}`,
+      )
+    throw hit.problem
+  }
+
+  /**
+   * Checks, before a sandbox uses it, that the workspace on disk is not older than the last
+   * generation recorded: a subvolume rolled back or replaced behind Cairn's back is refused with
+   * `state_lost` (and the session marked failed, with the reason in its events) instead of being
+   * used quietly. A warm sandbox already holds its workspace, so it is not checked again.
+   */
+  async verifyWorkspace(row: SessionRow): Promise<void> {
+    if (this.warm.has(row.id)) return
+    await this.generations.verify(row, () => this.running.has(row.id))
+  }
+
+  /** Before a message: the workspace check of a session whose sandbox is not warm. */
+  async verifyBeforeTurn(tenantId: string, id: string): Promise<void> {
+    const row = this.require(tenantId, id)
+    if (row.status === 'deleted' || this.running.has(id)) return
+    await this.verifyWorkspace(row)
+  }
+
+  /** Moves the workspace's generation forward (a file written or deleted through the API). */
+  advanceGeneration(sessionId: string): Promise<number> {
+    return this.generations.advance(sessionId)
+  }
+
   async delete(
     tenantId: string,
     id: string,
-    cause: 'user_delete' | 'retention' | 'ephemeral_end' = 'user_delete',
+    cause: 'user_delete' | 'retention' | 'ephemeral_end' | 'idle_timeout' | 'max_duration' = 'user_delete',
+    detail?: string,
   ): Promise<void> {
     const row = this.require(tenantId, id)
     if (row.status === 'deleted') return
@@ -674,7 +853,7 @@ export class SessionService {
       await this.dropWarm(id)
       await this.deps.runtime.pool.deleteWorkspace(id)
       if (this.deletedHook) await this.deletedHook(id)
-      this.store.transition(this.require(tenantId, id), 'deleted', cause, this.now())
+      this.store.transition(this.require(tenantId, id), 'deleted', cause, this.now(), detail)
     })()
     this.deleting.set(id, work)
     try {
@@ -685,7 +864,7 @@ export class SessionService {
   }
 
   /** Marks what a crashed predecessor left running; called once at start. */
-  recover(): number {
+  recover(): { sessions: number; turns: InterruptedTurn[] } {
     return this.store.recoverAfterRestart(this.now())
   }
 
@@ -696,6 +875,7 @@ export class SessionService {
       busy = true
       void (async () => {
         await this.reapIdle()
+        await this.reapDeadlines()
         await more?.()
       })()
         .catch((error) => this.deps.logger.error({ err: error }, 'reaper failed'))
@@ -712,16 +892,41 @@ export class SessionService {
       if (this.running.has(id)) continue
       await this.dropWarm(id)
       const row = this.store.get(tenant_id, id)
-      if (row?.status === 'idle')
-        this.store.transition(
-          row,
-          'timeout',
-          'idle_timeout',
-          this.now(),
-          `idle for ${row.idle_timeout_ms} ms`,
-        )
+      if (row?.status !== 'idle') continue
+      this.store.transition(row, 'timeout', 'idle_timeout', this.now(), `idle for ${row.idle_timeout_ms} ms`)
+      await this.destroyOnTimeout(row, 'idle_timeout')
     }
     return expired.length
+  }
+
+  /** Sessions past their `maxDurationMs`: a running turn is cancelled, the session times out. */
+  async reapDeadlines(): Promise<number> {
+    const expired = this.store.pastDeadline(this.now())
+    for (const { id, tenant_id } of expired) {
+      const running = this.running.get(id)
+      if (running) {
+        running.abort.abort()
+        await running.done
+      }
+      await this.dropWarm(id)
+      const row = this.store.get(tenant_id, id)
+      if (row?.status !== 'idle') continue
+      this.store.transition(
+        row,
+        'timeout',
+        'max_duration',
+        this.now(),
+        `maxDurationMs ${row.max_duration_ms} ran out at ${row.deadline_at}`,
+      )
+      await this.destroyOnTimeout(row, 'max_duration')
+    }
+    return expired.length
+  }
+
+  /** `onTimeout: destroy`: the workspace and snapshots go at the timeout, the cause recorded. */
+  private async destroyOnTimeout(row: SessionRow, cause: 'idle_timeout' | 'max_duration'): Promise<void> {
+    if (row.on_timeout !== 'destroy') return
+    await this.delete(row.tenant_id, row.id, cause, 'policy onTimeout: destroy')
   }
 
   /**
@@ -784,6 +989,8 @@ export class SessionService {
         }
       }
     }
+    // Every remaining workspace against its last recorded generation (one read for all of them).
+    lost.push(...(await this.generations.verifyAll(live.filter((s) => present.has(s.id)))))
     const orphans: string[] = []
     for (const name of present) {
       if (/^ses_[0-9a-z]+$/.test(name) && !liveIds.has(name)) {

@@ -3,6 +3,7 @@ import {
   type NetworkEventInfo,
   newId,
   type SessionInfo,
+  type SessionPolicy,
   type SessionStatus,
   type StatusCause,
   type StatusEvent,
@@ -12,6 +13,7 @@ import {
 import type { NetworkEvent } from '@cairn/runtime'
 import type { Statement } from 'better-sqlite3'
 import type { Db } from '../db/database.js'
+import { policyOf } from './policy.js'
 
 export interface SessionRow {
   id: string
@@ -37,6 +39,10 @@ export interface SessionRow {
   network_json: string | null
   ephemeral: number
   keep_transcript: number
+  max_turns: number | null
+  max_duration_ms: number | null
+  deadline_at: string | null
+  on_timeout: string
 }
 
 interface TurnRow {
@@ -57,6 +63,12 @@ interface TurnRow {
 
 const SESSION_SELECT = `SELECT s.*, a.name AS agent_name FROM sessions s JOIN agents a ON a.id = s.agent_id`
 
+export interface InterruptedTurn {
+  sessionId: string
+  tenantId: string
+  seq: number
+}
+
 export interface ListFilter {
   agentId?: string | undefined
   status?: SessionStatus | undefined
@@ -72,8 +84,8 @@ export class SessionStore {
     this.s = {
       get: db.prepare<[string, string], SessionRow>(`${SESSION_SELECT} WHERE s.tenant_id = ? AND s.id = ?`),
       insert: db.prepare(
-        `INSERT INTO sessions (id, tenant_id, agent_id, revision_id, title, status, status_cause, idle_timeout_ms, keep_warm_ms, auto_snapshots, network_json, ephemeral, keep_transcript, created_at, updated_at, last_active_at)
-         VALUES (@id, @tenant_id, @agent_id, @revision_id, @title, @status, @status_cause, @idle_timeout_ms, @keep_warm_ms, @auto_snapshots, @network_json, @ephemeral, @keep_transcript, @created_at, @created_at, @created_at)`,
+        `INSERT INTO sessions (id, tenant_id, agent_id, revision_id, title, status, status_cause, idle_timeout_ms, keep_warm_ms, max_turns, max_duration_ms, deadline_at, on_timeout, auto_snapshots, network_json, ephemeral, keep_transcript, generation, created_at, updated_at, last_active_at)
+         VALUES (@id, @tenant_id, @agent_id, @revision_id, @title, @status, @status_cause, @idle_timeout_ms, @keep_warm_ms, @max_turns, @max_duration_ms, @deadline_at, @on_timeout, @auto_snapshots, @network_json, @ephemeral, @keep_transcript, @generation, @created_at, @created_at, @created_at)`,
       ),
       setStatus: db.prepare('UPDATE sessions SET status = ?, status_cause = ?, updated_at = ? WHERE id = ?'),
       insertEvent: db.prepare(
@@ -97,7 +109,7 @@ export class SessionStore {
         `INSERT INTO turns (id, session_id, seq, status, prompt, started_at) VALUES (?, ?, ?, 'running', ?, ?)`,
       ),
       startTurnOnSession: db.prepare(
-        `UPDATE sessions SET turn_count = turn_count + 1, message_count = message_count + 1, generation = generation + 1, title = COALESCE(title, ?), last_active_at = ?, updated_at = ? WHERE id = ?`,
+        `UPDATE sessions SET turn_count = turn_count + 1, message_count = message_count + 1, title = COALESCE(title, ?), last_active_at = ?, updated_at = ? WHERE id = ?`,
       ),
       setTurnSandbox: db.prepare('UPDATE turns SET sandbox_id = ?, cold_start = ? WHERE id = ?'),
       finishTurn: db.prepare(
@@ -127,9 +139,10 @@ export class SessionStore {
         `SELECT id, tenant_id, last_active_at, idle_timeout_ms, lease_until FROM sessions WHERE status = 'idle'`,
       ),
       setLease: db.prepare('UPDATE sessions SET lease_until = ?, last_active_at = ? WHERE id = ?'),
-      liveIds: db.prepare<[], { id: string; tenant_id: string; status: SessionStatus }>(
-        `SELECT id, tenant_id, status FROM sessions WHERE status != 'deleted'`,
-      ),
+      liveIds: db.prepare<
+        [],
+        { id: string; tenant_id: string; status: SessionStatus; status_cause: string; generation: number }
+      >(`SELECT id, tenant_id, status, status_cause, generation FROM sessions WHERE status != 'deleted'`),
     }
   }
 
@@ -158,11 +171,19 @@ export class SessionStore {
       network_json?: string | null
       ephemeral?: number
       keep_transcript?: number
+      generation?: number
     },
     fork?: { parentId: string; snapshotId: string; turnsUpTo: number },
   ): void {
     this.db.transaction(() => {
-      this.s.insert.run({ auto_snapshots: 1, network_json: null, ephemeral: 0, keep_transcript: 1, ...row })
+      this.s.insert.run({
+        auto_snapshots: 1,
+        network_json: null,
+        ephemeral: 0,
+        keep_transcript: 1,
+        generation: 0,
+        ...row,
+      })
       this.s.insertEvent.run(
         newId('event'),
         row.id,
@@ -243,8 +264,45 @@ export class SessionStore {
     })()
   }
 
-  bumpGeneration(sessionId: string): void {
-    this.db.prepare('UPDATE sessions SET generation = generation + 1 WHERE id = ?').run(sessionId)
+  /** Records the workspace generation; it only moves forward (a lower value is ignored). */
+  setGeneration(sessionId: string, generation: number): void {
+    this.db
+      .prepare('UPDATE sessions SET generation = MAX(generation, ?) WHERE id = ?')
+      .run(generation, sessionId)
+  }
+
+  generationOf(sessionId: string): number {
+    const row = this.db
+      .prepare<[string], { generation: number }>('SELECT generation FROM sessions WHERE id = ?')
+      .get(sessionId)
+    return row?.generation ?? 0
+  }
+
+  /** Stores a session's lifecycle policy and the deadline `maxDurationMs` gives it. */
+  setPolicy(sessionId: string, policy: SessionPolicy, deadlineAt: string | null, at: string): void {
+    this.db
+      .prepare(
+        'UPDATE sessions SET idle_timeout_ms = ?, keep_warm_ms = ?, max_turns = ?, max_duration_ms = ?, on_timeout = ?, deadline_at = ?, updated_at = ? WHERE id = ?',
+      )
+      .run(
+        policy.idleTimeoutMs,
+        policy.keepWarmMs,
+        policy.maxTurns,
+        policy.maxDurationMs,
+        policy.onTimeout,
+        deadlineAt,
+        at,
+        sessionId,
+      )
+  }
+
+  /** Idle or active sessions whose `maxDurationMs` has run out. */
+  pastDeadline(nowIso: string): { id: string; tenant_id: string }[] {
+    return this.db
+      .prepare<[string], { id: string; tenant_id: string }>(
+        `SELECT id, tenant_id FROM sessions WHERE deadline_at IS NOT NULL AND deadline_at <= ? AND status IN ('idle', 'active')`,
+      )
+      .all(nowIso)
   }
 
   /** Changes a session's status and records the transition with its cause, atomically. */
@@ -382,14 +440,22 @@ export class SessionStore {
     }))
   }
 
-  /** After a crash: running turns become `interrupted` and active sessions go back to `idle`. */
-  recoverAfterRestart(at: string): number {
+  /**
+   * After a crash: running turns become `interrupted` and active sessions go back to `idle`.
+   * Returns the interrupted turns (for the check of their pre-turn snapshots).
+   */
+  recoverAfterRestart(at: string): { sessions: number; turns: InterruptedTurn[] } {
     return this.db.transaction(() => {
+      const turns = this.db
+        .prepare<[], InterruptedTurn>(
+          `SELECT t.session_id AS sessionId, s.tenant_id AS tenantId, t.seq AS seq FROM turns t JOIN sessions s ON s.id = t.session_id WHERE t.status = 'running'`,
+        )
+        .all()
       this.s.interruptTurns.run(at)
       const active = this.s.activeSessions.all()
       for (const row of active)
         this.transition(row, 'idle', 'server_restart', at, 'the server restarted while a turn ran')
-      return active.length
+      return { sessions: active.length, turns }
     })()
   }
 
@@ -408,7 +474,13 @@ export class SessionStore {
     this.s.setLease.run(until, at, sessionId)
   }
 
-  liveSessions(): { id: string; tenant_id: string; status: SessionStatus }[] {
+  liveSessions(): {
+    id: string
+    tenant_id: string
+    status: SessionStatus
+    status_cause: string
+    generation: number
+  }[] {
     return this.s.liveIds.all()
   }
 }
@@ -426,6 +498,9 @@ export function toSessionInfo(row: SessionRow, warm: boolean): SessionInfo {
     messageCount: row.message_count,
     idleTimeoutMs: row.idle_timeout_ms,
     keepWarmMs: row.keep_warm_ms,
+    policy: policyOf(row),
+    deadlineAt: row.deadline_at,
+    generation: row.generation,
     autoSnapshots: row.auto_snapshots !== 0,
     ephemeral: row.ephemeral === 1,
     warm,

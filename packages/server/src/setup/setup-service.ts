@@ -45,6 +45,7 @@ export function manifestSetup(manifest: AgentManifest): SessionSetup | undefined
 export class SetupService {
   readonly store: SetupStore
   private afterSuccess: ((row: SessionRow) => Promise<string>) | undefined
+  private afterWrite: ((sessionId: string) => Promise<unknown>) | undefined
 
   constructor(private readonly deps: SetupServiceDeps) {
     this.store = new SetupStore(deps.db)
@@ -53,6 +54,11 @@ export class SetupService {
   /** Called after a successful setup; answers the ID of the snapshot it took. */
   onSucceeded(hook: (row: SessionRow) => Promise<string>): void {
     this.afterSuccess = hook
+  }
+
+  /** Called once a setup command has run on the workspace (it wrote it: a new generation). */
+  onWorkspaceWritten(hook: (sessionId: string) => Promise<unknown>): void {
+    this.afterWrite = hook
   }
 
   record(sessionId: string, setup: SessionSetup): void {
@@ -139,6 +145,16 @@ export class SetupService {
       error = `setup could not run: ${(caught as Error).message}`
     } finally {
       await rm(runDir, { recursive: true, force: true }).catch(() => undefined)
+    }
+    // Even a failed setup may have written files. The new generation comes before the snapshot
+    // after setup, so that snapshot carries it.
+    if (this.afterWrite) {
+      await this.afterWrite(row.id).catch((caught: unknown) =>
+        this.deps.logger.warn(
+          { err: caught, session: row.id },
+          'workspace generation not advanced after setup',
+        ),
+      )
     }
     this.store.finish(row.id, {
       status: error ? 'failed' : 'succeeded',

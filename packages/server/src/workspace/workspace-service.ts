@@ -26,8 +26,9 @@ import { openInside, resolveInside, workspaceRelative } from '../files/confine.j
 import { treeDigest } from '../files/digest.js'
 import { deleteWorkspacePath, unpackIntoWorkspace, writeWorkspaceFile } from '../files/sandboxed-io.js'
 import { diffTrees, listDirectory } from '../files/tree.js'
+import { applyPolicy, deadlineFor, policyOf } from '../sessions/policy.js'
 import type { SessionService } from '../sessions/session-service.js'
-import type { SessionRow } from '../sessions/session-store.js'
+import type { InterruptedTurn, SessionRow } from '../sessions/session-store.js'
 import { SnapshotStore } from '../snapshots/snapshot-store.js'
 
 /** The workspace as of an automatic snapshot, to tell whether a later turn changed it. */
@@ -87,6 +88,10 @@ export class WorkspaceService {
     deps.sessions.onAfterTurn((row, seq, agent) => {
       if (!row.auto_snapshots) return
       this.track(row.id, this.snapshotAfterTurn(row, seq, agent?.alive ? agent : undefined))
+    })
+    deps.sessions.onUnchangedProbe(async (sessionId, agent) => {
+      const mark = this.marks.get(sessionId)
+      return mark ? this.unchangedSince(sessionId, mark, agent) : false
     })
     // The state before turn 1 is the revision: snapshot it at creation, before any sandbox exists,
     // so the first turn neither waits for it nor freezes a sandbox that is still starting.
@@ -353,18 +358,23 @@ export class WorkspaceService {
     await this.pending.get(id)
     return this.deps.sessions.exclusive(tenantId, id, 'a restore', async (row) => {
       const target = this.pick(row, body)
+      if (body.policy) this.deps.sessions.validatePolicy(row, body.policy)
       this.dirty.add(id)
       this.marks.delete(id)
       await this.deps.sessions.stopSandbox(id)
-      await this.deps.runtime.pool.restoreWorkspace(id, target.id)
-      this.deps.sessions.store.bumpGeneration(id)
+      // A restore is a new generation (the marker is set on the incoming copy before the swap).
+      const generation = this.deps.sessions.store.generationOf(id) + 1
+      await this.deps.runtime.pool.restoreWorkspace(id, target.id, generation)
+      this.deps.sessions.store.setGeneration(id, generation)
       this.deps.sessions.store.transition(
         row,
         row.status,
         'workspace_restored',
         this.now(),
-        `${target.id} (after turn ${target.turn})`,
+        `${target.id} (after turn ${target.turn}), generation ${generation}`,
       )
+      if (body.policy)
+        this.deps.sessions.updatePolicy(this.deps.sessions.require(tenantId, id), body.policy, false)
       return { session: this.deps.sessions.get(tenantId, id), snapshot: target }
     })
   }
@@ -388,9 +398,22 @@ export class WorkspaceService {
     // Asked by turn, the snapshot may be one taken earlier that also stands for that turn (the
     // turns between wrote nothing): the transcript still goes up to the turn asked for.
     const turnsUpTo = body.snapshotId ? source.turn : (body.turn ?? source.turn)
+    // The fork inherits the parent's whole policy; the request may override any of it.
+    const policy = applyPolicy(policyOf(row), body.policy)
+    if (policy.maxTurns !== null && source.turn >= policy.maxTurns) {
+      throw new CairnProblem(
+        'turn_limit_reached',
+        `a fork at turn ${source.turn} would have no turn left under maxTurns ${policy.maxTurns}; give a higher policy.maxTurns (or null)`,
+        { maxTurns: policy.maxTurns, turnCount: source.turn },
+      )
+    }
     const childId = newId('session')
     await this.deps.runtime.pool.forkWorkspace(childId, source.id)
     try {
+      // The snapshot carries the marker of the generation it was taken at; the child starts there.
+      const [marked] = await this.deps.runtime.pool.readGenerations([childId])
+      const generation = marked ?? source.generation
+      if (marked === undefined) await this.deps.runtime.pool.writeGeneration(childId, generation)
       this.deps.sessions.store.insert(
         {
           id: childId,
@@ -400,9 +423,14 @@ export class WorkspaceService {
           title: body.title ?? (row.title ? `${row.title} (fork)` : null),
           status: 'idle',
           status_cause: 'forked',
-          idle_timeout_ms: row.idle_timeout_ms,
-          keep_warm_ms: row.keep_warm_ms,
+          idle_timeout_ms: policy.idleTimeoutMs,
+          keep_warm_ms: policy.keepWarmMs,
+          max_turns: policy.maxTurns,
+          max_duration_ms: policy.maxDurationMs,
+          deadline_at: deadlineFor(policy, this.deps.clock.now()),
+          on_timeout: policy.onTimeout,
           auto_snapshots: row.auto_snapshots,
+          generation,
           created_at: this.now(),
         },
         { parentId: id, snapshotId: source.id, turnsUpTo },
@@ -473,6 +501,7 @@ export class WorkspaceService {
     await this.pending.get(id)
     this.dirty.add(id)
     await writeWorkspaceFile(this.deps.runtime, root, workspaceRelative(rawPath), body)
+    await this.deps.sessions.advanceGeneration(id)
     this.deps.sessions.store.touch(id, this.now())
   }
 
@@ -481,6 +510,7 @@ export class WorkspaceService {
     await this.pending.get(id)
     this.dirty.add(id)
     await deleteWorkspacePath(this.deps.runtime, root, workspaceRelative(rawPath))
+    await this.deps.sessions.advanceGeneration(id)
     this.deps.sessions.store.touch(id, this.now())
   }
 
@@ -544,26 +574,34 @@ export class WorkspaceService {
       const before = await this.take(row, 'manual', 'before_import', row.turn_count)
       this.dirty.add(id)
       await this.deps.sessions.stopSandbox(id)
+      const { store } = this.deps.sessions
       if (mode === 'replace') {
         const staging = await pool.createWorkspaceStaging(`imp_${id.slice(id.indexOf('_') + 1)}`)
+        // The imported tree is a new generation: its marker is set before it is swapped in,
+        // the database follows.
+        const generation = store.generationOf(id) + 1
         try {
           await unpackIntoWorkspace(this.deps.runtime, staging, archive)
           await chmod(staging, 0o700)
-          await pool.replaceWorkspace(id, staging)
+          await pool.replaceWorkspace(id, staging, generation)
         } catch (error) {
           await pool.discardStaging(staging).catch(() => undefined)
           throw error
         }
+        store.setGeneration(id, generation)
       } else {
         try {
           await unpackIntoWorkspace(this.deps.runtime, pool.workspacePath(id), archive)
           await chmod(pool.workspacePath(id), 0o700)
         } catch (error) {
-          await pool.restoreWorkspace(id, before.id)
+          // Rolled back to the snapshot, as a restore would: a new generation, marker first.
+          const generation = store.generationOf(id) + 1
+          await pool.restoreWorkspace(id, before.id, generation)
+          store.setGeneration(id, generation)
           throw error
         }
+        await this.deps.sessions.advanceGeneration(id)
       }
-      this.deps.sessions.store.bumpGeneration(id)
       this.deps.sessions.store.transition(
         row,
         row.status,
@@ -578,6 +616,25 @@ export class WorkspaceService {
         sizeBytes: summary.sizeBytes,
       }
     })
+  }
+
+  /**
+   * After a crash, gives every interrupted turn its pre-turn snapshot. The prompt reaches the agent
+   * only once that snapshot is recorded, so a turn without one never ran: its workspace is still
+   * the state before it, and the snapshot taken now is exact. (Either the transcript shows the turn
+   * and the snapshot before it exists, or neither.)
+   */
+  async completeInterruptedTurns(turns: InterruptedTurn[]): Promise<number> {
+    let taken = 0
+    for (const turn of turns) {
+      const row = this.deps.sessions.store.get(turn.tenantId, turn.sessionId)
+      if (!row?.auto_snapshots || row.status === 'deleted' || row.status_cause === 'state_lost') continue
+      if (this.snapshots.atTurn(row.id, turn.seq - 1)) continue
+      if (!(await this.deps.runtime.pool.hasWorkspace(row.id))) continue
+      await this.take(row, 'auto', 'before_turn', turn.seq - 1)
+      taken++
+    }
+    return taken
   }
 
   /** Waits for background retention work (used on shutdown and by tests). */
@@ -642,8 +699,8 @@ export class WorkspaceService {
       // Services listening inside the running sandbox, reachable as previews (…/ports/{port}/).
       openPorts: (await this.deps.sessions.warmAgent(id)?.listeningPorts()) ?? [],
       policies: {
-        idleTimeoutMs: row.idle_timeout_ms,
-        keepWarmMs: row.keep_warm_ms,
+        ...policyOf(row),
+        deadlineAt: row.deadline_at,
         keepAutoSnapshots: this.deps.keepAutoSnapshots?.(tenantId) ?? 50,
       },
     }

@@ -1,0 +1,72 @@
+import { mkdtemp, rm } from 'node:fs/promises'
+import os from 'node:os'
+import path from 'node:path'
+import Database from 'better-sqlite3'
+import { afterAll, describe, expect, it } from 'vitest'
+import { makeProject } from '../helpers/projects.js'
+import { Api, startTestServer, type TestServer } from '../helpers/server.js'
+
+const servers: TestServer[] = []
+let dataDir = ''
+
+afterAll(async () => {
+  for (const s of servers) await s.close().catch(() => undefined)
+  if (dataDir) await rm(dataDir, { recursive: true, force: true })
+})
+
+async function snapshotTurns(api: Api, sessionId: string): Promise<number[]> {
+  const list = await api.call('GET', `/v1/sessions/${sessionId}/snapshots`)
+  return (list.body.data as { turn: number }[]).map((s) => s.turn)
+}
+
+describe('turn atomicity after a crash', () => {
+  it('an interrupted turn that never reached the agent gets its pre-turn snapshot at start-up, so it can be undone', async () => {
+    dataDir = await mkdtemp(path.join(os.tmpdir(), 'cairn-interrupted-'))
+    const first = await startTestServer({ dataDir })
+    const project = await makeProject({
+      'cairn.yaml': 'name: keeper\ncommand: python3 keeper.py\n',
+      'keeper.py': [
+        'while True:',
+        '    line = input()',
+        '    open("log.txt", "a").write(line + "\\n")',
+        '    print("kept", " ".join(open("log.txt").read().split()))',
+      ].join('\n'),
+    })
+    expect((await first.api.deploy(project)).status).toBe(201)
+    const session = await first.api.createSession('keeper')
+    expect((await first.api.send(session.id, 'one')).text).toBe('kept one\n')
+    for (let i = 0; i < 200 && !(await snapshotTurns(first.api, session.id)).includes(1); i++)
+      await new Promise((r) => setTimeout(r, 50))
+    await first.close()
+
+    // The database as a kill -9 leaves it right after turn 2 was recorded and before the snapshot
+    // that follows turn 1 was (it is taken in the background when turn 1 ends): the turn row is
+    // `running`, the session `active`, and no snapshot row for turn 1.
+    const db = new Database(path.join(dataDir, 'cairn.db'))
+    const now = new Date().toISOString()
+    db.prepare('DELETE FROM snapshots WHERE session_id = ? AND turn_seq = 1').run(session.id)
+    db.prepare(
+      `INSERT INTO turns (id, session_id, seq, status, prompt, started_at) VALUES ('turn_crashed0000000000000', ?, 2, 'running', 'two', ?)`,
+    ).run(session.id, now)
+    db.prepare(
+      `UPDATE sessions SET status = 'active', turn_count = 2, message_count = message_count + 1 WHERE id = ?`,
+    ).run(session.id)
+    db.close()
+
+    const second = await startTestServer({ dataDir })
+    servers.push(second)
+    const api = new Api(second.url, first.key)
+    expect((await api.call('GET', `/v1/sessions/${session.id}`)).body).toMatchObject({
+      status: 'idle',
+      statusCause: 'server_restart',
+    })
+    const turns = (await api.call('GET', `/v1/sessions/${session.id}/turns`)).body.data
+    expect(turns.map((t: { status: string }) => t.status)).toEqual(['completed', 'interrupted'])
+    expect(await snapshotTurns(api, session.id)).toContain(1)
+
+    const undo = await api.call('POST', `/v1/sessions/${session.id}/undo`)
+    expect(undo.status).toBe(200)
+    expect(undo.body.snapshot.turn).toBe(1)
+    expect((await api.send(session.id, 'three')).text).toBe('kept one three\n')
+  })
+})

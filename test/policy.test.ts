@@ -1,0 +1,184 @@
+import { existsSync } from 'node:fs'
+import { mkdtemp, rm } from 'node:fs/promises'
+import os from 'node:os'
+import path from 'node:path'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { spawnCli } from './helpers/cli.js'
+import { makeProject } from './helpers/projects.js'
+import { startTestServer, type TestServer } from './helpers/server.js'
+
+let t: TestServer
+let configDir: string
+
+beforeAll(async () => {
+  t = await startTestServer()
+  configDir = await mkdtemp(path.join(os.tmpdir(), 'cairn-policy-cli-'))
+  const project = await makeProject({
+    'cairn.yaml': 'name: keeper\ncommand: python3 keeper.py\n',
+    'keeper.py': [
+      'while True:',
+      '    line = input()',
+      '    open("log.txt", "a").write(line + "\\n")',
+      '    print("kept", len(open("log.txt").read().split()))',
+    ].join('\n'),
+  })
+  expect((await t.api.deploy(project)).status).toBe(201)
+})
+
+afterAll(async () => {
+  await t?.close()
+  await rm(configDir, { recursive: true, force: true })
+})
+
+const get = async (id: string) => (await t.api.call('GET', `/v1/sessions/${id}`)).body
+const causes = async (id: string) =>
+  (await t.api.call('GET', `/v1/sessions/${id}/events`)).body.data.map(
+    (e: { to: string; cause: string }) => `${e.to}:${e.cause}`,
+  )
+
+describe('the lifecycle policy', () => {
+  it('is stored with the session, shown by the API and the CLI, inherited by a fork and changed by resume and restore', async () => {
+    const plain = await t.api.createSession('keeper')
+    expect((await get(plain.id)).policy).toEqual({
+      idleTimeoutMs: 30 * 24 * 3600 * 1000,
+      keepWarmMs: 300_000,
+      maxTurns: null,
+      maxDurationMs: null,
+      onTimeout: 'keep',
+    })
+
+    const session = await t.api.createSession('keeper', {
+      idleTimeoutMs: 600_000,
+      policy: { maxTurns: 5, maxDurationMs: 3_600_000, onTimeout: 'destroy', keepWarmMs: 0 },
+    })
+    const info = await get(session.id)
+    expect(info.policy).toEqual({
+      idleTimeoutMs: 600_000,
+      keepWarmMs: 0,
+      maxTurns: 5,
+      maxDurationMs: 3_600_000,
+      onTimeout: 'destroy',
+    })
+    expect(info).toMatchObject({ idleTimeoutMs: 600_000, keepWarmMs: 0 })
+    expect(Date.parse(info.deadlineAt)).toBeGreaterThan(Date.now() + 3_500_000)
+
+    const cli = await spawnCli(['sessions', 'get', session.id], {
+      CAIRN_API_URL: t.url,
+      CAIRN_API_KEY: t.key,
+      CAIRN_CONFIG_DIR: configDir,
+    }).done
+    expect(cli.code).toBe(0)
+    expect(cli.stdout).toMatch(/Max turns:\s+5 \(0 used\)/)
+    expect(cli.stdout).toMatch(/Max duration:\s+1h/)
+    expect(cli.stdout).toMatch(/On timeout:\s+destroy/)
+
+    // The same field twice with different values is refused, not silently resolved.
+    const twice = await t.api.call('POST', '/v1/sessions', {
+      agent: 'keeper',
+      idleTimeoutMs: 60_000,
+      policy: { idleTimeoutMs: 120_000 },
+    })
+    expect(twice.status).toBe(400)
+    expect(twice.body.error.code).toBe('validation_failed')
+    const unknown = await t.api.call('POST', '/v1/sessions', { agent: 'keeper', policy: { maxTurn: 3 } })
+    expect(unknown.status).toBe(400)
+
+    expect((await t.api.send(session.id, 'one')).text).toBe('kept 1\n')
+    const fork = await t.api.call('POST', `/v1/sessions/${session.id}/fork`, { turn: 1 })
+    expect(fork.status).toBe(201)
+    expect(fork.body.policy).toEqual(info.policy)
+    const overridden = await t.api.call('POST', `/v1/sessions/${session.id}/fork`, {
+      turn: 1,
+      policy: { maxTurns: null, onTimeout: 'keep' },
+    })
+    expect(overridden.body.policy).toEqual({ ...info.policy, maxTurns: null, onTimeout: 'keep' })
+
+    await t.api.call('POST', `/v1/sessions/${session.id}/end`)
+    const resumed = await t.api.call('POST', `/v1/sessions/${session.id}/resume`, {
+      policy: { maxTurns: 10, maxDurationMs: null },
+    })
+    expect(resumed.status).toBe(200)
+    expect(resumed.body.policy).toMatchObject({ maxTurns: 10, maxDurationMs: null, onTimeout: 'destroy' })
+    expect(resumed.body.deadlineAt).toBeNull()
+
+    const restored = await t.api.call('POST', `/v1/sessions/${session.id}/restore`, {
+      turn: 0,
+      policy: { onTimeout: 'keep' },
+    })
+    expect(restored.status).toBe(200)
+    expect(restored.body.session.policy).toMatchObject({ maxTurns: 10, onTimeout: 'keep' })
+    expect(await causes(session.id)).toContain('idle:policy_changed')
+  })
+
+  it('maxTurns: the last turn ends the session (max_turns), the next message is refused until a resume raises it', async () => {
+    const session = await t.api.createSession('keeper', { policy: { maxTurns: 2 } })
+    expect((await t.api.send(session.id, 'a')).text).toBe('kept 1\n')
+    expect((await t.api.send(session.id, 'b')).text).toBe('kept 2\n')
+    expect(await get(session.id)).toMatchObject({
+      status: 'completed',
+      statusCause: 'max_turns',
+      warm: false,
+      turnCount: 2,
+    })
+
+    const refused = await t.api.send(session.id, 'c')
+    expect(refused.status).toBe(409)
+    expect(refused.body).toMatchObject({
+      error: { code: 'turn_limit_reached', details: { maxTurns: 2, turnCount: 2 } },
+    })
+    const fork = await t.api.call('POST', `/v1/sessions/${session.id}/fork`, { turn: 2 })
+    expect(fork.status).toBe(409)
+    expect(fork.body.error.code).toBe('turn_limit_reached')
+    const stillRefused = await t.api.call('POST', `/v1/sessions/${session.id}/resume`)
+    expect(stillRefused.status).toBe(409)
+    expect(stillRefused.body.error.code).toBe('turn_limit_reached')
+    expect((await t.api.call('GET', `/v1/sessions/${session.id}/messages`)).body.data).toHaveLength(4)
+
+    const raised = await t.api.call('POST', `/v1/sessions/${session.id}/resume`, { policy: { maxTurns: 3 } })
+    expect(raised.body).toMatchObject({ status: 'idle', policy: { maxTurns: 3 } })
+    expect((await t.api.send(session.id, 'c')).text).toBe('kept 3\n')
+    expect(await causes(session.id)).toEqual(
+      expect.arrayContaining(['completed:max_turns', 'completed:policy_changed', 'idle:user_resume']),
+    )
+  })
+
+  it('maxDurationMs: past it the session times out (max_duration); a resume restarts the clock', async () => {
+    const session = await t.api.createSession('keeper', { policy: { maxDurationMs: 1000 } })
+    expect((await t.api.send(session.id, 'early')).text).toBe('kept 1\n')
+    await new Promise((r) => setTimeout(r, 1100))
+    await t.server.sessions.reapDeadlines()
+    expect(await get(session.id)).toMatchObject({
+      status: 'timeout',
+      statusCause: 'max_duration',
+      warm: false,
+    })
+
+    const refused = await t.api.send(session.id, 'late')
+    expect(refused.status).toBe(409)
+    expect(refused.body.error.code).toBe('duration_limit_reached')
+
+    const resumed = await t.api.call('POST', `/v1/sessions/${session.id}/resume`, {
+      policy: { maxDurationMs: 60_000 },
+    })
+    expect(resumed.body.status).toBe('idle')
+    expect((await t.api.send(session.id, 'again')).text).toBe('kept 2\n')
+  })
+
+  it('onTimeout destroy: the idle timeout deletes the workspace and says why', async () => {
+    const session = await t.api.createSession('keeper', {
+      policy: { idleTimeoutMs: 1000, onTimeout: 'destroy' },
+    })
+    expect((await t.api.send(session.id, 'x')).text).toBe('kept 1\n')
+    const workspace = t.server.runtime.pool.workspacePath(session.id)
+    expect(existsSync(workspace)).toBe(true)
+    await new Promise((r) => setTimeout(r, 1100))
+    await t.server.sessions.reapIdle()
+    expect(await get(session.id)).toMatchObject({ status: 'deleted', statusCause: 'idle_timeout' })
+    expect(existsSync(workspace)).toBe(false)
+    const events = (await t.api.call('GET', `/v1/sessions/${session.id}/events`)).body.data
+    expect(events.slice(-2)).toMatchObject([
+      { to: 'timeout', cause: 'idle_timeout' },
+      { to: 'deleted', cause: 'idle_timeout', detail: 'policy onTimeout: destroy' },
+    ])
+  })
+})

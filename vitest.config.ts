@@ -14,6 +14,7 @@ export default defineConfig({
   },
   test: {
     include: ['packages/*/src/**/*.test.ts', 'test/**/*.test.ts'],
+    setupFiles: ['test/setup/cleanup.ts'],
     pool: 'forks',
     testTimeout: 60_000,
     hookTimeout: 120_000,

@@ -1,8 +1,8 @@
-import { cp, mkdtemp, writeFile } from 'node:fs/promises'
-import os from 'node:os'
+import { cp, writeFile } from 'node:fs/promises'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { makeProject } from './helpers/projects.js'
+import { scratchDir } from './helpers/scratch.js'
 import { EXAMPLES, packDir, startTestServer, type TestServer } from './helpers/server.js'
 
 let t: TestServer
@@ -52,7 +52,7 @@ describe('deploy pipeline', () => {
   })
 
   it('reuses the environment when only source changed', async () => {
-    const dir = await mkdtemp(path.join(os.tmpdir(), 'cairn-redeploy-'))
+    const dir = await scratchDir('cairn-redeploy-')
     await cp(`${EXAMPLES}/node-deps`, dir, { recursive: true })
     await writeFile(
       path.join(dir, 'agent.mjs'),

@@ -7,6 +7,7 @@ import { createInterface } from 'node:readline'
 import { instanceRunDir } from '@cairn/runtime'
 import { afterAll, describe, expect, it } from 'vitest'
 import { makeProject } from '../helpers/projects.js'
+import { releasePoolImage } from '../helpers/scratch.js'
 import { Api, packDir, REPO_ROOT } from '../helpers/server.js'
 
 const FIXTURE = path.join(REPO_ROOT, 'test/fixtures/server-process.mjs')
@@ -50,6 +51,7 @@ afterAll(async () => {
       second.child.kill('SIGTERM')
       await new Promise((r) => second.child.once('exit', r))
     }
+    releasePoolImage(path.join(dataDir, 'pool.img'))
     await rm(dataDir, { recursive: true, force: true })
   }
 })

@@ -1,10 +1,10 @@
-import { mkdtemp, writeFile } from 'node:fs/promises'
-import os from 'node:os'
+import { writeFile } from 'node:fs/promises'
 import path from 'node:path'
+import { scratchDir } from './scratch.js'
 
 /** Writes a throwaway agent project (files by relative path) and returns its directory. */
 export async function makeProject(files: Record<string, string>): Promise<string> {
-  const dir = await mkdtemp(path.join(os.tmpdir(), 'cairn-project-'))
+  const dir = await scratchDir('cairn-project-')
   for (const [name, body] of Object.entries(files)) {
     await writeFile(path.join(dir, name), body)
   }

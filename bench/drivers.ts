@@ -194,7 +194,11 @@ function printSideBySide(figures: readonly Figure[]): string[] {
   const header = ['median (ms unless [unit])', ...DRIVERS, 'gvisor / bwrap']
   const lines = figures.map((f) => {
     const { bwrap, gvisor } = f.rows
-    const over = bwrap && gvisor ? gvisor.summary.median / bwrap.summary.median : undefined
+    // A ratio only between positive figures (a growth divided by N can be negative at small N).
+    const over =
+      bwrap && gvisor && bwrap.summary.median > 0 && gvisor.summary.median > 0
+        ? gvisor.summary.median / bwrap.summary.median
+        : undefined
     return [
       f.unit ? `${f.label} [${f.unit}]` : f.label,
       ...DRIVERS.map((d) => cell(f.rows[d])),

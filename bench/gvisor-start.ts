@@ -4,7 +4,7 @@ import os from 'node:os'
 import path from 'node:path'
 import type { GvisorDriver } from '../packages/runtime/dist/index.js'
 import { floor } from './baselines.js'
-import { type Bench, progress, repeat } from './lib/bench.js'
+import { type Bench, progress, repeat, waitFor } from './lib/bench.js'
 import { machineInfo } from './lib/machine.js'
 import type { BenchResult, Target } from './lib/results.js'
 import { type BenchServer, EXAMPLES, startBenchServer } from './lib/server.js'
@@ -22,7 +22,7 @@ const CASES = [
 type CaseName = (typeof CASES)[number]['name']
 
 /** `runsc do /bin/true` with the driver's runsc, platform and flags: one sandbox booted and gone. */
-async function runscTrue(config: GvisorDriver['runsc']): Promise<number> {
+export async function runscTrue(config: GvisorDriver['runsc']): Promise<number> {
   const root = await mkdtemp(path.join(os.tmpdir(), 'cairn-bench-runsc-'))
   try {
     const start = performance.now()
@@ -36,15 +36,6 @@ async function runscTrue(config: GvisorDriver['runsc']): Promise<number> {
   } finally {
     await rm(root, { recursive: true, force: true })
   }
-}
-
-async function waitFor(check: () => boolean, timeoutMs: number): Promise<boolean> {
-  const deadline = performance.now() + timeoutMs
-  while (!check()) {
-    if (performance.now() > deadline) return false
-    await new Promise((r) => setTimeout(r, 20))
-  }
-  return true
 }
 
 interface Sample {

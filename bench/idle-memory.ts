@@ -1,9 +1,13 @@
-import { existsSync, readdirSync, readFileSync } from 'node:fs'
-import path from 'node:path'
-import v8 from 'node:v8'
-import vm from 'node:vm'
-import { instanceRunDir } from '../packages/runtime/dist/index.js'
 import { type Bench, concurrently, progress, timedResult } from './lib/bench.js'
+import {
+  describeProcesses,
+  MiB,
+  measureSandboxes,
+  memAvailable,
+  serverHeap,
+  settle,
+  smaps,
+} from './lib/memory.js'
 import type { Target } from './lib/results.js'
 import { type BenchServer, EXAMPLES, startBenchServer } from './lib/server.js'
 import { type Row, row, summarize } from './lib/stats.js'
@@ -17,105 +21,6 @@ const STEPS = (process.env.BENCH_IDLE_SESSIONS ?? '200,1000').split(',').map(Num
 const CONCURRENCY = 1
 /** Stop adding sessions when the machine has less than this available. */
 const MIN_AVAILABLE_BYTES = 4 * 1024 ** 3
-const MiB = 1024 * 1024
-
-v8.setFlagsFromString('--expose-gc')
-const gc = vm.runInNewContext('gc') as () => void
-
-/** Rss and Pss of a process, in bytes (/proc/<pid>/smaps_rollup), or undefined once it is gone. */
-function smaps(pid: number | 'self'): { rss: number; pss: number } | undefined {
-  try {
-    const text = readFileSync(`/proc/${pid}/smaps_rollup`, 'utf8')
-    const kib = (field: string) =>
-      Number(new RegExp(`^${field}:\\s+(\\d+) kB`, 'm').exec(text)?.[1] ?? 0) * 1024
-    return { rss: kib('Rss'), pss: kib('Pss') }
-  } catch {
-    return undefined
-  }
-}
-
-function memAvailable(): number {
-  return Number(/^MemAvailable:\s+(\d+) kB/m.exec(readFileSync('/proc/meminfo', 'utf8'))?.[1] ?? 0) * 1024
-}
-
-/** This instance's sandbox cgroups, on the hierarchy that accounts memory (v1 `memory`, else v2). */
-function sandboxCgroups(dataDir: string): { dirs: string[]; usageFile: string } {
-  const scope = path.join('cairn', path.basename(instanceRunDir(dataDir)))
-  const mounts = readFileSync('/proc/mounts', 'utf8')
-    .split('\n')
-    .map((l) => l.split(' '))
-  const v1 = mounts.find((m) => m[2] === 'cgroup' && (m[3] ?? '').split(',').includes('memory'))?.[1]
-  const v2 = mounts.find((m) => m[2] === 'cgroup2')?.[1]
-  for (const [root, usageFile] of [
-    [v1, 'memory.usage_in_bytes'],
-    [v2, 'memory.current'],
-  ] as const) {
-    const dir = root && path.join(root, scope)
-    if (!dir || !existsSync(dir) || !existsSync(path.join(dir, usageFile))) continue
-    const dirs = readdirSync(dir, { withFileTypes: true })
-      .filter((e) => e.isDirectory())
-      .map((e) => path.join(dir, e.name))
-    return { dirs, usageFile }
-  }
-  throw new Error(`no memory cgroup hierarchy holds ${scope}`)
-}
-
-interface SandboxMemory {
-  pss: number
-  rss: number
-  agentPss: number
-  cgroupUsage: number
-  processes: string[]
-}
-
-function isSpareLauncher(pid: number): boolean {
-  try {
-    return readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0').includes('cairn-launch')
-  } catch {
-    return false
-  }
-}
-
-/** Sums smaps_rollup over the processes of each sandbox cgroup; the agent is what is not bwrap. */
-function measureSandboxes(dataDir: string): SandboxMemory[] {
-  const { dirs, usageFile } = sandboxCgroups(dataDir)
-  const out: SandboxMemory[] = []
-  for (const dir of dirs) {
-    const pids = readFileSync(path.join(dir, 'cgroup.procs'), 'utf8').split('\n').filter(Boolean).map(Number)
-    if (pids.length === 0) continue
-    // A spare launcher waiting for its command (a fixed pool of the server's, not a session's).
-    if (pids.length === 1 && isSpareLauncher(pids[0] as number)) continue
-    const m: SandboxMemory = {
-      pss: 0,
-      rss: 0,
-      agentPss: 0,
-      cgroupUsage: Number(readFileSync(path.join(dir, usageFile), 'utf8')),
-      processes: [],
-    }
-    for (const pid of pids) {
-      const mem = smaps(pid)
-      if (!mem) continue
-      let comm: string
-      try {
-        comm = readFileSync(`/proc/${pid}/comm`, 'utf8').trim()
-      } catch {
-        continue
-      }
-      m.pss += mem.pss
-      m.rss += mem.rss
-      // Everything but the sandbox's own plumbing (bwrap outside and as the namespace's init) is the agent.
-      if (comm !== 'bwrap' && comm !== 'sh' && comm !== 'setpriv') m.agentPss += mem.pss
-      m.processes.push(comm)
-    }
-    out.push(m)
-  }
-  return out
-}
-
-function settle(): Promise<void> {
-  gc()
-  return new Promise((r) => setTimeout(r, 2000))
-}
 
 /**
  * N warm idle echo sessions (one turn each, keepWarmMs an hour), then the memory they hold: the
@@ -139,11 +44,7 @@ export const idleMemory: Bench = {
         }
         await settle()
         const baseServer = smaps('self') as { rss: number; pss: number }
-        const heap = () => {
-          const m = process.memoryUsage()
-          return m.heapUsed + m.external
-        }
-        const baseHeap = heap()
+        const baseHeap = serverHeap()
         const baseAvailable = memAvailable()
         const rows: Row[] = []
         const targets: Target[] = []
@@ -184,7 +85,7 @@ export const idleMemory: Bench = {
           const srv = smaps('self') as { rss: number; pss: number }
           const serverRss = (srv.rss - baseServer.rss) / held
           const serverPss = (srv.pss - baseServer.pss) / held
-          const serverHeap = (heap() - baseHeap) / held
+          const heapGrowth = (serverHeap() - baseHeap) / held
           const available = (baseAvailable - memAvailable()) / held
           const mib = (values: number[]) => values.map((v) => v / MiB)
           const n = `N=${held}`
@@ -206,11 +107,11 @@ export const idleMemory: Bench = {
             },
             { ...row(`${n}: server RSS growth / N`, [serverRss / MiB]), unit: 'MiB' },
             { ...row(`${n}: server PSS growth / N`, [serverPss / MiB]), unit: 'MiB' },
-            { ...row(`${n}: server JS heap + external growth / N`, [serverHeap / MiB]), unit: 'MiB' },
+            { ...row(`${n}: server JS heap + external growth / N`, [heapGrowth / MiB]), unit: 'MiB' },
             { ...row(`${n}: MemAvailable drop / N`, [available / MiB]), unit: 'MiB' },
           )
           // The server's share: its RSS growth, or its heap growth when that is larger (RSS can shrink).
-          const serverShare = Math.max(0, serverRss, serverHeap) / MiB
+          const serverShare = Math.max(0, serverRss, heapGrowth) / MiB
           const perSession = rest.summary.median + serverShare
           targets.push({
             name: `memory per warm idle session, ${n} (issue 9)`,
@@ -219,13 +120,8 @@ export const idleMemory: Bench = {
             met: perSession < 8,
             unit: 'MiB',
           })
-          const kinds = new Map<string, number>()
-          for (const s of sandboxes) {
-            const key = s.processes.sort().join(' + ')
-            kinds.set(key, (kinds.get(key) ?? 0) + 1)
-          }
           notes.push(
-            `${n}: processes per sandbox: ${[...kinds].map(([k, c]) => `${k} (${c} sandboxes)`).join('; ')}; warming took ${(warmingMs / 1000).toFixed(1)} s`,
+            `${n}: processes per sandbox: ${describeProcesses(sandboxes)}; warming took ${(warmingMs / 1000).toFixed(1)} s`,
             `${n}: per session, sandbox PSS without the agent ${rest.summary.median.toFixed(2)} MiB + server ${serverShare.toFixed(2)} MiB = ${perSession.toFixed(2)} MiB; with the agent ${(summarize(mib(sandboxes.map((s) => s.pss))).median + serverShare).toFixed(2)} MiB; MemAvailable drop ${(available / MiB).toFixed(2)} MiB`,
           )
         }

@@ -26,6 +26,7 @@ async function load(): Promise<Bench[]> {
     { storageDir },
     { previews },
     { gvisorStart },
+    { drivers },
   ] = await Promise.all([
     import('./baselines.js'),
     import('./session-create.js'),
@@ -39,6 +40,7 @@ async function load(): Promise<Bench[]> {
     import('./storage-dir.js'),
     import('./previews.js'),
     import('./gvisor-start.js'),
+    import('./drivers.js'),
   ])
   return [
     baselines,
@@ -53,6 +55,7 @@ async function load(): Promise<Bench[]> {
     storageDir,
     previews,
     gvisorStart,
+    drivers,
   ]
 }
 

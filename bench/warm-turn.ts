@@ -4,25 +4,18 @@ import { machineInfo } from './lib/machine.js'
 import type { BenchResult, Target } from './lib/results.js'
 import { EXAMPLES, startBenchServer } from './lib/server.js'
 import { type Row, row, summarize } from './lib/stats.js'
+import {
+  TURN_CASES as CASES,
+  PACED_GAP_MS as GAP_MS,
+  healthzSamples,
+  pacedTurns,
+  roundTrips,
+  turnSender,
+} from './lib/turns.js'
 
 const TURNS = 200
 const WARMUP = 20
 const FLOOR_RUNS = 200
-/** Think time between paced turns: enough for the work a turn leaves behind (its snapshot). */
-const GAP_MS = 25
-
-interface AgentCase {
-  name: 'echo' | 'notes'
-  prompt: (i: number) => string
-  expect: (i: number) => string
-}
-
-const CASES: AgentCase[] = [
-  { name: 'echo', prompt: (i) => `ping ${i}`, expect: (i) => `ping ${i}\n` },
-  { name: 'notes', prompt: (i) => `fact number ${i}`, expect: (i) => `Noted: fact number ${i}\n` },
-]
-
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms))
 
 /**
  * Turns on one warm session per agent, POST /v1/sessions/{id}/messages to `run.completed`
@@ -47,14 +40,7 @@ export const warmTurn: Bench = {
       const floors = new Map<Client, { name: string; median: number }>()
       const rows: Row[] = []
       for (const client of clients) {
-        const samples: number[] = []
-        for (let i = 0; i < 20; i++) await client.json('GET', '/healthz')
-        for (let i = 0; i < FLOOR_RUNS; i++) {
-          const res = await client.json('GET', '/healthz')
-          if (res.status !== 200) throw new Error(`/healthz answered ${res.status}`)
-          samples.push(res.ms)
-        }
-        const r = row(`GET /healthz (${label(client)})`, samples)
+        const r = row(`GET /healthz (${label(client)})`, await healthzSamples(client, FLOOR_RUNS))
         rows.push(r)
         floors.set(client, { name: `healthz ${label(client)}`, median: r.summary.median })
       }
@@ -72,34 +58,22 @@ export const warmTurn: Bench = {
       for (const c of CASES) {
         await server.deploy(`${EXAMPLES}/${c.name}`)
         const session = await server.createSession(c.name, { keepWarmMs: 10 * 60_000 })
-        const route = `/v1/sessions/${session.id}/messages`
         const problems: string[] = []
-        let turn = 0
-        const send = async (client: Client): Promise<StreamTiming> => {
-          const i = turn++
-          const t = await client.stream(route, { prompt: c.prompt(i) })
-          if (t.terminal !== 'run.completed' || t.text !== c.expect(i))
-            problems.push(`turn ${i}: ${t.status} ${t.terminal} ${JSON.stringify(t.text)} ${t.error ?? ''}`)
-          if (i > 0 && t.coldStart !== false) problems.push(`turn ${i}: not warm (coldStart=${t.coldStart})`)
-          return t
-        }
+        const sender = turnSender(session.id, c, problems)
+        const send = (client: Client) => sender.send(client)
         progress(`${c.name}: ${WARMUP} warm-up turns, ${TURNS} back to back per client, ${TURNS} paced`)
         for (let i = 0; i < WARMUP; i++) await send(clients[i % 2] as Client)
         const got = new Map<Client, StreamTiming[]>(clients.map((k) => [k, []]))
         const b2b = await repeat(TURNS, 60_000, async () => {
           for (const client of clients) got.get(client)?.push(await send(client))
         })
-        const paced: StreamTiming[] = []
-        const pacedRun = await repeat(TURNS, 60_000, async () => {
-          await sleep(GAP_MS)
-          paced.push(await send(server.http))
-        })
+        const pacedRun = await pacedTurns(sender, server.http, TURNS, GAP_MS, 60_000)
+        const paced = pacedRun.timings
         config[`${c.name}Truncated`] = b2b.truncated || pacedRun.truncated
-        config[`${c.name}SessionTurns`] = turn
+        config[`${c.name}SessionTurns`] = sender.count
         if (problems.length > 0)
           throw new Error(`${c.name} turns failed:\n${problems.slice(0, 10).join('\n')}`)
 
-        const roundTrips = (ts: StreamTiming[]) => ts.map((t) => t.completedMs as number)
         const http = got.get(server.http) as StreamTiming[]
         const pacedRow = row(
           `${c.name}: paced round trip (node:http)`,

@@ -63,6 +63,16 @@ export async function concurrently(
   if (failure !== undefined) throw failure
 }
 
+/** Waits until `check()` holds (true) or `timeoutMs` has passed (false). */
+export async function waitFor(check: () => boolean, timeoutMs: number): Promise<boolean> {
+  const deadline = performance.now() + timeoutMs
+  while (!check()) {
+    if (performance.now() > deadline) return false
+    await new Promise((r) => setTimeout(r, 20))
+  }
+  return true
+}
+
 export function progress(label: string): void {
   process.stderr.write(`  ${label}\n`)
 }

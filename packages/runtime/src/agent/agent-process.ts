@@ -1,16 +1,14 @@
 import { randomBytes } from 'node:crypto'
 import {
-  appendFileSync,
   chmodSync,
   closeSync,
   constants as fsConstants,
   ftruncateSync,
   mkdirSync,
   openSync,
-  writeFileSync,
   writeSync,
 } from 'node:fs'
-import { chmod, mkdir, readFile, rename, rm, writeFile } from 'node:fs/promises'
+import { readFile, rename, rm, writeFile } from 'node:fs/promises'
 import type net from 'node:net'
 import path from 'node:path'
 import { StringDecoder } from 'node:string_decoder'

@@ -13,6 +13,7 @@ import {
   safeName,
   type TreeSizes,
 } from './pool.js'
+import { PoolLayout } from './pool-layout.js'
 
 const BTRFS_MAGIC = 0x9123683e
 /** Every subvolume's root directory has this inode number. */
@@ -31,18 +32,15 @@ export interface BtrfsPoolOptions extends StoragePoolOptions {
  * workspaces (writable snapshots of a revision) and snapshots. Every operation is a subvolume
  * operation, so creating a session costs the same whatever the size of the project.
  */
-export class BtrfsPool implements StoragePool {
+export class BtrfsPool extends PoolLayout implements StoragePool {
   readonly driver = 'btrfs'
   readonly capabilities = { quotas: true, constantTimeCopies: true }
-  private mountedHere = false
   /** Whether quota groups are on (undefined: not asked yet). */
   private qgroups: boolean | undefined
   readonly ops = new BtrfsOps()
 
-  constructor(private readonly options: BtrfsPoolOptions) {}
-
-  get root(): string {
-    return this.options.mountPoint
+  constructor(private readonly options: BtrfsPoolOptions) {
+    super(options.mountPoint)
   }
 
   describe(): string {
@@ -90,32 +88,9 @@ export class BtrfsPool implements StoragePool {
     }
   }
 
-  /** Unmounts what `open` mounted (a loop mount releases its loop device with it). */
   async close(): Promise<void> {
     this.ops.close()
-    if (!this.mountedHere && !findMount(this.options.mountPoint)) return
-    await execTool('umount', [this.options.mountPoint], { code: 'storage_error' }).catch(async () => {
-      // A sandbox that is still exiting may hold the mount for a moment; a lazy unmount
-      // detaches it now and frees the loop device once the last user is gone.
-      await execTool('umount', ['-l', this.options.mountPoint], { code: 'storage_error' })
-    })
-    this.mountedHere = false
-  }
-
-  areaDir(area: PoolArea): string {
-    return path.join(this.options.mountPoint, area)
-  }
-
-  revisionPath(revisionId: string): string {
-    return path.join(this.areaDir('revisions'), safeName(revisionId))
-  }
-
-  workspacePath(sessionId: string): string {
-    return path.join(this.areaDir('sessions'), safeName(sessionId))
-  }
-
-  snapshotPath(snapshotId: string): string {
-    return path.join(this.areaDir('snapshots'), safeName(snapshotId))
+    await this.unmount()
   }
 
   /** A fresh writable subvolume in staging, to be filled and then sealed as a revision. */

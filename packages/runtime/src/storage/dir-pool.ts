@@ -13,6 +13,7 @@ import {
   safeName,
   type TreeSizes,
 } from './pool.js'
+import { PoolLayout } from './pool-layout.js'
 
 export interface DirPoolOptions extends StoragePoolOptions {
   /** The directory that holds the trees (kept across restarts); bind-mounted at `mountPoint`. */
@@ -29,18 +30,15 @@ const COPYING = '.copying'
  * Snapshots are read-only by convention: they live in a root-only area no sandbox can see.
  * Per-workspace quotas are not available; asking for them is refused at start.
  */
-export class DirPool implements StoragePool {
+export class DirPool extends PoolLayout implements StoragePool {
   readonly driver = 'dir'
   readonly capabilities = { quotas: false, constantTimeCopies: false }
-  private mountedHere = false
   // The marker xattrs need no btrfs: the same helper reads and writes them on any filesystem
   // with trusted.* attributes (ext4, XFS, tmpfs, btrfs). `cp -a` copies them with the tree.
   private readonly markers = new BtrfsOps(1)
 
-  constructor(private readonly options: DirPoolOptions) {}
-
-  get root(): string {
-    return this.options.mountPoint
+  constructor(private readonly options: DirPoolOptions) {
+    super(options.mountPoint)
   }
 
   describe(): string {
@@ -78,27 +76,7 @@ export class DirPool implements StoragePool {
 
   async close(): Promise<void> {
     this.markers.close()
-    if (!this.mountedHere && !findMount(this.options.mountPoint)) return
-    await execTool('umount', [this.options.mountPoint], { code: 'storage_error' }).catch(async () => {
-      await execTool('umount', ['-l', this.options.mountPoint], { code: 'storage_error' })
-    })
-    this.mountedHere = false
-  }
-
-  areaDir(area: PoolArea): string {
-    return path.join(this.options.mountPoint, area)
-  }
-
-  revisionPath(revisionId: string): string {
-    return path.join(this.areaDir('revisions'), safeName(revisionId))
-  }
-
-  workspacePath(sessionId: string): string {
-    return path.join(this.areaDir('sessions'), safeName(sessionId))
-  }
-
-  snapshotPath(snapshotId: string): string {
-    return path.join(this.areaDir('snapshots'), safeName(snapshotId))
+    await this.unmount()
   }
 
   async listArea(area: PoolArea): Promise<string[]> {

@@ -1,4 +1,4 @@
-import { type ChildProcess, execFileSync, spawn } from 'node:child_process'
+import { type ChildProcess, execFileSync } from 'node:child_process'
 import { existsSync } from 'node:fs'
 import { mkdtemp, rm, writeFile } from 'node:fs/promises'
 import os from 'node:os'
@@ -6,22 +6,20 @@ import path from 'node:path'
 import { Cairn } from '@cairn/sdk'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { assertBuilt, spawnCli } from './helpers/cli.js'
+import { createNetnsHost, type NetnsHost, netnsAddresses } from './helpers/netns.js'
 import { makeProject } from './helpers/projects.js'
 import { startTestServer, type TestServer } from './helpers/server.js'
 
 // A git host in its own network namespace (reachable over a veth pair, as in the egress tests)
 // serving a repository over HTTP only to requests that carry the token.
-const NS = `cairn-setup-${process.pid}`
-const OCTET = 100 + (process.pid % 100)
-const HOST_SIDE = `10.232.${OCTET}.1`
-const GIT_HOST = `10.232.${OCTET}.2`
-const VETH = `cst${process.pid % 100000}`
+const SUBNET = 233
+const { address: GIT_HOST } = netnsAddresses(SUBNET)
+let netnsHost: NetnsHost | undefined
 const TOKEN = 'tok-7f3a9c2e51b84d06'
 let gitServer: ChildProcess | undefined
 let root = ''
 let t: TestServer
 
-const ip = (...args: string[]) => execFileSync('ip', args, { stdio: 'pipe' })
 const git = (cwd: string, ...args: string[]) => execFileSync('git', args, { cwd, stdio: 'pipe' })
 
 const GIT_SERVER = [
@@ -39,14 +37,7 @@ const GIT_SERVER = [
 const CLONE = `test -n "$GIT_TOKEN" || { echo "GIT_TOKEN is not set"; exit 3; }; git -c http.extraHeader="Authorization: Bearer $GIT_TOKEN" clone http://${GIT_HOST}:8080/repo.git repo`
 
 beforeAll(async () => {
-  ip('netns', 'add', NS)
-  ip('link', 'add', VETH, 'type', 'veth', 'peer', 'name', `${VETH}p`)
-  ip('link', 'set', `${VETH}p`, 'netns', NS)
-  ip('addr', 'add', `${HOST_SIDE}/30`, 'dev', VETH)
-  ip('link', 'set', VETH, 'up')
-  ip('-n', NS, 'addr', 'add', `${GIT_HOST}/30`, 'dev', `${VETH}p`)
-  ip('-n', NS, 'link', 'set', `${VETH}p`, 'up')
-  ip('-n', NS, 'link', 'set', 'lo', 'up')
+  netnsHost = createNetnsHost('setup', SUBNET)
   root = await mkdtemp(path.join(os.tmpdir(), 'cairn-setup-git-'))
   const work = path.join(root, 'work')
   execFileSync('mkdir', ['-p', work])
@@ -57,7 +48,7 @@ beforeAll(async () => {
   git(root, 'clone', '-q', '--bare', work, 'repo.git')
   git(path.join(root, 'repo.git'), 'update-server-info')
   await writeFile(path.join(root, 'server.py'), GIT_SERVER)
-  gitServer = spawn('ip', ['netns', 'exec', NS, 'python3', path.join(root, 'server.py'), TOKEN, root], {
+  gitServer = netnsHost.spawn(['python3', path.join(root, 'server.py'), TOKEN, root], {
     stdio: 'ignore',
   })
   for (let i = 0; i < 50; i++) {
@@ -100,12 +91,7 @@ beforeAll(async () => {
 afterAll(async () => {
   await t?.close()
   gitServer?.kill('SIGKILL')
-  try {
-    ip('link', 'del', VETH)
-  } catch {}
-  try {
-    ip('netns', 'del', NS)
-  } catch {}
+  netnsHost?.remove()
   if (root) await rm(root, { recursive: true, force: true })
 })
 

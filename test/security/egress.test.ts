@@ -1,53 +1,30 @@
-import { type ChildProcess, execFileSync, spawn } from 'node:child_process'
+import { type ChildProcess, execFileSync } from 'node:child_process'
 import { mkdtemp, rm, writeFile } from 'node:fs/promises'
 import http from 'node:http'
 import type { AddressInfo } from 'node:net'
 import os from 'node:os'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { createNetnsHost, type NetnsHost, netnsAddresses } from '../helpers/netns.js'
 import { makeProject } from '../helpers/projects.js'
 import { startTestServer, type TestServer } from '../helpers/server.js'
 
 // A test host in its own network namespace, reachable from the host over a veth pair.
-const NS = `cairn-egress-${process.pid}`
-const OCTET = 100 + (process.pid % 100)
-const HOST_SIDE = `10.231.${OCTET}.1`
-const TEST_HOST = `10.231.${OCTET}.2`
-const VETH = `ceg${process.pid % 100000}`
+const SUBNET = 231
+const { hostSide: HOST_SIDE, address: TEST_HOST } = netnsAddresses(SUBNET)
+let netnsHost: NetnsHost | undefined
 let web: ChildProcess | undefined
 let webRoot = ''
 let t: TestServer
 let hostLoopback: http.Server
 let hostLoopbackPort = 0
 
-const ip = (...args: string[]) => execFileSync('ip', args, { stdio: 'pipe' })
-
 beforeAll(async () => {
-  ip('netns', 'add', NS)
-  ip('link', 'add', VETH, 'type', 'veth', 'peer', 'name', `${VETH}p`)
-  ip('link', 'set', `${VETH}p`, 'netns', NS)
-  ip('addr', 'add', `${HOST_SIDE}/30`, 'dev', VETH)
-  ip('link', 'set', VETH, 'up')
-  ip('-n', NS, 'addr', 'add', `${TEST_HOST}/30`, 'dev', `${VETH}p`)
-  ip('-n', NS, 'link', 'set', `${VETH}p`, 'up')
-  ip('-n', NS, 'link', 'set', 'lo', 'up')
+  netnsHost = createNetnsHost('egress', SUBNET)
   webRoot = await mkdtemp(path.join(os.tmpdir(), 'cairn-egress-web-'))
   await writeFile(path.join(webRoot, 'hello.txt'), 'hello from the test host\n')
-  web = spawn(
-    'ip',
-    [
-      'netns',
-      'exec',
-      NS,
-      'python3',
-      '-m',
-      'http.server',
-      '8080',
-      '--bind',
-      TEST_HOST,
-      '--directory',
-      webRoot,
-    ],
+  web = netnsHost.spawn(
+    ['python3', '-m', 'http.server', '8080', '--bind', TEST_HOST, '--directory', webRoot],
     {
       stdio: 'ignore',
     },
@@ -109,12 +86,7 @@ afterAll(async () => {
   await t?.close()
   hostLoopback?.close()
   web?.kill('SIGKILL')
-  try {
-    ip('link', 'del', VETH)
-  } catch {}
-  try {
-    ip('netns', 'del', NS)
-  } catch {}
+  netnsHost?.remove()
   if (webRoot) await rm(webRoot, { recursive: true, force: true })
 })
 

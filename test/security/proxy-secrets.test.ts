@@ -1,20 +1,19 @@
-import { type ChildProcess, execFileSync, spawn } from 'node:child_process'
+import { type ChildProcess, execFileSync } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
 import { readdirSync, readFileSync, statSync } from 'node:fs'
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises'
 import os from 'node:os'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { createNetnsHost, type NetnsHost, netnsAddresses } from '../helpers/netns.js'
 import { makeProject } from '../helpers/projects.js'
 import { startTestServer, type TestServer } from '../helpers/server.js'
 
 // A test host in its own network namespace (as in egress.test.ts), serving HTTPS with a certificate
 // from a CA of the test's own, and plain HTTP; it records the credentials each request carried.
-const NS = `cairn-psec-${process.pid}`
-const OCTET = 100 + (process.pid % 100)
-const HOST_SIDE = `10.232.${OCTET}.1`
-const TEST_HOST = `10.232.${OCTET}.2`
-const VETH = `cps${process.pid % 100000}`
+const SUBNET = 232
+const { address: TEST_HOST } = netnsAddresses(SUBNET)
+let netnsHost: NetnsHost | undefined
 /** Bound to the secret: HTTPS 8443 and HTTP 8081. Not bound: HTTPS 9443 and HTTP 8080. */
 const PORTS = { boundTls: 8443, freeTls: 9443, boundHttp: 8081, freeHttp: 8080 }
 const REAL_VALUE = `sk-real-${randomBytes(12).toString('hex')}`
@@ -25,7 +24,6 @@ let web: ChildProcess | undefined
 let dir = ''
 let testCaPem = ''
 
-const ip = (...args: string[]) => execFileSync('ip', args, { stdio: 'pipe' })
 const openssl = (...args: string[]) => execFileSync('openssl', args, { stdio: 'pipe', cwd: dir })
 
 const HOST_SERVER = `
@@ -188,19 +186,11 @@ beforeAll(async () => {
   await writeFile(path.join(dir, 'host_server.py'), HOST_SERVER)
   await writeFile(path.join(dir, 'seen.jsonl'), '')
 
-  ip('netns', 'add', NS)
-  ip('link', 'add', VETH, 'type', 'veth', 'peer', 'name', `${VETH}p`)
-  ip('link', 'set', `${VETH}p`, 'netns', NS)
-  ip('addr', 'add', `${HOST_SIDE}/30`, 'dev', VETH)
-  ip('link', 'set', VETH, 'up')
-  ip('-n', NS, 'addr', 'add', `${TEST_HOST}/30`, 'dev', `${VETH}p`)
-  ip('-n', NS, 'link', 'set', `${VETH}p`, 'up')
-  ip('-n', NS, 'link', 'set', 'lo', 'up')
-  const server = spawn(
-    'ip',
-    ['netns', 'exec', NS, 'python3', 'host_server.py', TEST_HOST, path.join(dir, 'seen.jsonl')],
-    { cwd: dir, stdio: ['ignore', 'pipe', 'inherit'] },
-  )
+  netnsHost = createNetnsHost('psec', SUBNET)
+  const server = netnsHost.spawn(['python3', 'host_server.py', TEST_HOST, path.join(dir, 'seen.jsonl')], {
+    cwd: dir,
+    stdio: ['ignore', 'pipe', 'inherit'],
+  })
   web = server
   await new Promise<void>((resolve, reject) => {
     server.stdout?.once('data', () => resolve())
@@ -238,12 +228,7 @@ beforeAll(async () => {
 afterAll(async () => {
   await t?.close()
   web?.kill('SIGKILL')
-  try {
-    ip('link', 'del', VETH)
-  } catch {}
-  try {
-    ip('netns', 'del', NS)
-  } catch {}
+  netnsHost?.remove()
   if (dir) await rm(dir, { recursive: true, force: true })
 })
 

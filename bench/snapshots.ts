@@ -3,7 +3,8 @@ import path from 'node:path'
 import { execTool } from '../packages/runtime/dist/index.js'
 import { type Bench, progress, repeat, timedResult } from './lib/bench.js'
 import type { Target } from './lib/results.js'
-import { type BenchServer, makeProject, SHELL_AGENT, startBenchServer } from './lib/server.js'
+import { makeProject, SHELL_AGENT, startBenchServer } from './lib/server.js'
+import { count, fillCommand, shell } from './lib/shell-workspace.js'
 import { type Row, row, summarize } from './lib/stats.js'
 
 const SIZES = [100, 10_000, 100_000] as const
@@ -14,21 +15,6 @@ const CP_RUNS: Record<number, number> = { 100: 10, 10000: 5, 100000: 3 }
 type Size = (typeof SIZES)[number]
 const OPS = ['snapshot', 'restore', 'fork', 'snapshot, warm sandbox', 'restore, warm sandbox'] as const
 type Op = (typeof OPS)[number]
-
-const count = (n: number) => n.toLocaleString('en-US')
-
-/** A command for the shell agent that fills /workspace/data up to `total` files (2 come with the project). */
-function fillCommand(total: number): string {
-  return `for ((i=0;i<${total - 2};i++)); do d=data/d$((i/500)); ((i%500==0)) && mkdir -p $d; echo "file $i" > $d/f$i.txt; done; find . -type f | wc -l`
-}
-
-/** Sends one line to the shell agent and checks the reply. */
-async function shell(server: BenchServer, id: string, command: string): Promise<string> {
-  const t = await server.http.stream(`/v1/sessions/${id}/messages`, { prompt: command })
-  if (t.terminal !== 'run.completed' || !t.text.endsWith('[exit 0]\n'))
-    throw new Error(`shell turn failed: ${t.status} ${t.terminal} ${t.error ?? ''} ${t.text.slice(-200)}`)
-  return t.text
-}
 
 /**
  * Snapshot, restore and fork through the HTTP API for workspaces of 100, 10,000 and 100,000

@@ -2,7 +2,8 @@ import { rm } from 'node:fs/promises'
 import path from 'node:path'
 import { execTool } from '../packages/runtime/dist/index.js'
 import { type Bench, progress, repeat, timedResult } from './lib/bench.js'
-import { type BenchServer, makeProject, SHELL_AGENT, startBenchServer } from './lib/server.js'
+import { makeProject, SHELL_AGENT, startBenchServer } from './lib/server.js'
+import { count, fillCommand, shell } from './lib/shell-workspace.js'
 import { type Row, row, summarize } from './lib/stats.js'
 
 const SIZES = [100, 10_000] as const
@@ -10,19 +11,6 @@ const RUNS = 10
 type Size = (typeof SIZES)[number]
 const OPS = ['snapshot', 'restore', 'fork', 'snapshot, warm sandbox'] as const
 type Op = (typeof OPS)[number]
-
-const count = (n: number) => n.toLocaleString('en-US')
-
-function fillCommand(total: number): string {
-  return `for ((i=0;i<${total - 2};i++)); do d=data/d$((i/500)); ((i%500==0)) && mkdir -p $d; echo "file $i" > $d/f$i.txt; done; find . -type f | wc -l`
-}
-
-async function shell(server: BenchServer, id: string, command: string): Promise<string> {
-  const t = await server.http.stream(`/v1/sessions/${id}/messages`, { prompt: command })
-  if (t.terminal !== 'run.completed' || !t.text.endsWith('[exit 0]\n'))
-    throw new Error(`shell turn failed: ${t.status} ${t.terminal} ${t.error ?? ''} ${t.text.slice(-200)}`)
-  return t.text
-}
 
 /**
  * The `dir` storage driver (plain directories, every copy a `cp -a --reflink=auto`) on the data

@@ -77,8 +77,11 @@ describe('workspace lifecycle', () => {
     const snaps = (await t.api.call('GET', `/v1/sessions/${id}/snapshots`)).body.data as {
       id: string
       turn: number
+      throughTurn: number
     }[]
     expect(snaps.map((s) => s.turn)).toEqual([0, 1, 3])
+    // The listing says which turns each snapshot stands for: the one after turn 1 is also turn 2's.
+    expect(snaps.map((s) => s.throughTurn)).toEqual([0, 2, 3])
     // A fork at turn 2 has the workspace after turn 1 (the same) and the transcript of both turns.
     const fork = await t.api.call('POST', `/v1/sessions/${id}/fork`, { turn: 2 })
     expect(fork.body).toMatchObject({ turnCount: 2 })

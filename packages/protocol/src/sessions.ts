@@ -296,6 +296,12 @@ export const SnapshotSchema = Type.Object({
   label: Type.Union([Type.String(), Type.Null()]),
   /** The turn this snapshot follows (0: before the first turn). */
   turn: Type.Integer(),
+  /**
+   * The last turn whose end state this snapshot also is: the turns after `turn` up to this one
+   * changed nothing in the workspace, so no snapshot was taken for them (equal to `turn` otherwise).
+   * Restore, undo and fork by any turn in `turn…throughTurn` use this snapshot.
+   */
+  throughTurn: Type.Integer(),
   generation: Type.Integer(),
   /** SHA-256 content digest of the tree (`sha256:…`); null until asked for with `digest=true`. */
   digest: Type.Union([Type.String(), Type.Null()]),

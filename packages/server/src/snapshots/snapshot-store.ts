@@ -24,6 +24,7 @@ function toInfo(row: SnapshotRow): SnapshotInfo {
     reason: row.reason,
     label: row.label,
     turn: row.turn_seq,
+    throughTurn: Math.max(row.turn_seq, row.through_turn_seq ?? row.turn_seq),
     generation: row.generation,
     digest: row.digest ?? null,
     sizes: null,

@@ -29,7 +29,7 @@ export const register: Register = (parent, ctx) => {
     const now = new Date()
     const rows = snapshots.map((s) => [
       s.id,
-      String(s.turn),
+      s.throughTurn > s.turn ? `${s.turn}–${s.throughTurn}` : String(s.turn),
       s.kind,
       oneLine(s.reason),
       oneLine(s.label ?? '', 40),

@@ -27,6 +27,8 @@ import {
   Runtime,
 } from '../packages/runtime/dist/index.js'
 import { SessionService } from '../packages/server/dist/index.js'
+import { TranscriptCache } from '../packages/server/dist/sessions/transcript-cache.js'
+import { WarmAgents } from '../packages/server/dist/sessions/warm-agents.js'
 import { EXAMPLES, startBenchServer } from './lib/server.js'
 import { printTable, type Row, row } from './lib/stats.js'
 
@@ -67,8 +69,8 @@ const server = await startBenchServer()
 try {
   wrap(SessionService.prototype, 'create', 'sessions.create')
   wrap(SessionService.prototype, 'beginTurn')
-  wrap(SessionService.prototype, 'agentFor')
-  wrap(SessionService.prototype, 'transcriptBefore')
+  wrap(WarmAgents.prototype, 'acquire', 'agentFor')
+  wrap(TranscriptCache.prototype, 'before', 'transcriptBefore')
   const storeProto = Object.getPrototypeOf(server.server.sessions.store)
   for (const m of ['insert', 'startTurn', 'transition', 'setTurnSandbox', 'finishTurn', 'turns'])
     wrap(storeProto, m, `store.${m}`)
@@ -84,9 +86,9 @@ try {
   wrap(AgentProcess.prototype, 'writtenBytes', 'agent.writtenBytes')
   wrap(BtrfsPool.prototype, 'workspaceMark', 'pool.workspaceMark')
   // Hooks other services register on the session service (pre-turn snapshots, …).
-  const sessions = server.server.sessions as unknown as Record<string, unknown>
-  if (typeof sessions.beforeTurnHook === 'function') wrap(sessions, 'beforeTurnHook', 'beforeTurn hook')
-  if (typeof sessions.afterTurnHook === 'function') wrap(sessions, 'afterTurnHook', 'afterTurn hook')
+  const turns = (server.server.sessions as unknown as { runner: Record<string, unknown> }).runner
+  if (typeof turns.beforeTurnHook === 'function') wrap(turns, 'beforeTurnHook', 'beforeTurn hook')
+  if (typeof turns.afterTurnHook === 'function') wrap(turns, 'afterTurnHook', 'afterTurn hook')
   const start = BwrapDriver.prototype.start
   BwrapDriver.prototype.start = async function (this: BwrapDriver, spec) {
     const sandbox = await start.call(this, spec)
@@ -106,16 +108,18 @@ try {
 
   if (whatIf) {
     // biome-ignore lint/suspicious/noExplicitAny: simulating a change to private methods
-    const service = SessionService.prototype as any
+    const transcripts = TranscriptCache.prototype as any
     // The agent process already holds turns 1..n-1; only the last finished turn is new, read
     // with one prepared statement instead of every turn of the session.
     let lastTurn: { get(id: string, seq: number): { prompt: string; response: string | null } | undefined }
-    service.transcriptBefore = function (
-      this: { deps: { db: { prepare(sql: string): typeof lastTurn } } },
+    transcripts.before = function (
+      this: { store: { db: { prepare(sql: string): typeof lastTurn } } },
       id: string,
       seq: number,
     ) {
-      lastTurn ??= this.deps.db.prepare('SELECT prompt, response FROM turns WHERE session_id = ? AND seq = ?')
+      lastTurn ??= this.store.db.prepare(
+        'SELECT prompt, response FROM turns WHERE session_id = ? AND seq = ?',
+      )
       const turn = seq > 1 ? lastTurn.get(id, seq - 1) : undefined
       if (!turn) return []
       const lines = [{ v: 1, role: 'user', turn: seq - 1, content: turn.prompt }]

@@ -1,0 +1,85 @@
+export interface RunningTurn {
+  turnId: string
+  abort: AbortController
+  done: Promise<void>
+}
+
+/**
+ * The per-session turn lock: one turn (or one exclusive operation, e.g. a restore) at a time per
+ * session. Whoever holds it can be cancelled through its `abort` and waited for through `done`.
+ */
+export class TurnLocks {
+  private readonly running = new Map<string, RunningTurn>()
+  /** Sessions an exclusive operation (a restore swapping the workspace…) holds, with what it is. */
+  private readonly exclusiveOps = new Map<string, string>()
+
+  has(sessionId: string): boolean {
+    return this.running.has(sessionId)
+  }
+
+  get(sessionId: string): RunningTurn | undefined {
+    return this.running.get(sessionId)
+  }
+
+  get size(): number {
+    return this.running.size
+  }
+
+  /** Takes the session's lock (the caller checked it was free); the returned function releases it. */
+  take(sessionId: string, turnId: string, abort: AbortController): () => void {
+    let release!: () => void
+    const done = new Promise<void>((resolve) => {
+      release = resolve
+    })
+    this.running.set(sessionId, { turnId, abort, done })
+    return () => {
+      this.running.delete(sessionId)
+      release()
+    }
+  }
+
+  /** Runs `fn` holding the lock, recorded as the exclusive operation `what` (see `busyWith`). */
+  async holdExclusive<T>(sessionId: string, what: string, fn: () => Promise<T>): Promise<T> {
+    const release = this.take(sessionId, what, new AbortController())
+    this.exclusiveOps.set(sessionId, what)
+    try {
+      return await fn()
+    } finally {
+      this.exclusiveOps.delete(sessionId)
+      release()
+    }
+  }
+
+  /** The exclusive operation (e.g. "a restore") holding the session, if any. */
+  busyWith(sessionId: string): string | undefined {
+    return this.exclusiveOps.get(sessionId)
+  }
+
+  /** Cancels whatever holds the session's lock and waits for it to settle; false if nothing did. */
+  async cancel(sessionId: string): Promise<boolean> {
+    const running = this.running.get(sessionId)
+    if (!running) return false
+    running.abort.abort()
+    await running.done
+    return true
+  }
+
+  /** Lets running turns finish for up to `graceMs`, then cancels what is left. */
+  async drain(graceMs: number): Promise<void> {
+    const pending = [...this.running.values()].map((r) => r.done)
+    if (pending.length === 0) return
+    let timer: NodeJS.Timeout | undefined
+    const timeout = new Promise<void>((resolve) => {
+      timer = setTimeout(resolve, graceMs)
+    })
+    await Promise.race([Promise.all(pending), timeout])
+    if (timer) clearTimeout(timer)
+    await this.cancelAll()
+  }
+
+  /** Cancels every running turn and waits for all of them to settle. */
+  async cancelAll(): Promise<void> {
+    for (const running of this.running.values()) running.abort.abort()
+    await Promise.all([...this.running.values()].map((r) => r.done))
+  }
+}

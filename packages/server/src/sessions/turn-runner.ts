@@ -1,0 +1,314 @@
+import { CairnProblem, newId, type SessionStatus, type StatusCause, type StreamEvent } from '@cairn/protocol'
+import type { AgentEvent, AgentProcess, TurnOutcome } from '@cairn/runtime'
+import { iso } from '../clock.js'
+import { whenNotBusy } from '../db/busy.js'
+import { redact } from '../secrets/secret-store.js'
+import type { WorkspaceGenerations } from './generations.js'
+import { limitReached } from './policy.js'
+import type { SessionServiceDeps } from './session-deps.js'
+import type { SessionRow, SessionStore } from './session-store.js'
+import type { TurnLocks } from './turn-locks.js'
+import type { WarmAgents } from './warm-agents.js'
+
+export type TurnRunnerDeps = Pick<
+  SessionServiceDeps,
+  'db' | 'runtime' | 'secrets' | 'setup' | 'metrics' | 'memory' | 'clock' | 'logger'
+> & {
+  store: SessionStore
+  locks: TurnLocks
+  warm: WarmAgents
+  generations: WorkspaceGenerations
+}
+
+const TITLE_MAX = 60
+/** Below this much free space, an agent's ENOSPC is blamed on the pool. */
+const POOL_FULL_BYTES = 16 * 1024 * 1024
+
+/** A turn accepted by `beginTurn`: validation is over, the lock is held, `run` streams it. */
+export interface TurnHandle {
+  readonly turnId: string
+  run(emit: (event: StreamEvent) => void): Promise<void>
+}
+
+/**
+ * One turn of a session, from the message to the outcome recorded: the lock taken, the setup
+ * phase and the (warm or cold) agent, the streamed reply, then the turn's entry, the session's
+ * status and the workspace generation in one transaction.
+ */
+export class TurnRunner {
+  /** Called after the sandbox is ready and before the prompt is sent (pre-turn snapshots). */
+  beforeTurnHook: ((row: SessionRow, seq: number, agent: AgentProcess) => Promise<void>) | undefined
+  /** Called once a turn has ended and its outcome was sent (not awaited: off the critical path). */
+  afterTurnHook: ((row: SessionRow, seq: number, agent: AgentProcess | undefined) => void) | undefined
+  /** Whether a warm agent's turn left the workspace as its last automatic snapshot. */
+  unchangedProbe: ((sessionId: string, agent: AgentProcess) => Promise<boolean>) | undefined
+
+  constructor(private readonly deps: TurnRunnerDeps) {}
+
+  private now(): string {
+    return iso(this.deps.clock.now())
+  }
+
+  /**
+   * Validates and locks synchronously, so a second message for the same session is refused with
+   * `session_busy` before anything is streamed.
+   */
+  begin(row: SessionRow, prompt: string): TurnHandle {
+    const { id } = row
+    const { store, locks } = this.deps
+    if (row.status === 'deleted') throw new CairnProblem('session_deleted', `session ${id} was deleted`)
+    if (locks.has(id)) {
+      throw new CairnProblem(
+        'session_busy',
+        `session ${id} is already running a turn; wait for it or cancel it`,
+        {
+          turnId: locks.get(id)?.turnId,
+        },
+      )
+    }
+    if (!prompt.trim()) throw new CairnProblem('validation_failed', 'prompt must not be empty')
+    this.checkLimits(row)
+    const turnId = newId('turn')
+    const abort = new AbortController()
+    const release = locks.take(id, turnId, abort)
+    const at = this.now()
+    const seq = row.turn_count + 1
+    try {
+      // One transaction: a database locked by another writer refuses the whole message (503
+      // unavailable), never half of it.
+      this.deps.db.transaction(() => {
+        if (row.status !== 'idle') {
+          // Messaging a completed, failed or timed-out session resumes it on its workspace (one
+          // that a policy limit stopped was refused above: only an explicit resume brings it back).
+          store.transition(row, 'idle', 'user_resume', at, 'message sent')
+        }
+        store.startTurn(id, turnId, seq, prompt, prompt.replace(/\s+/g, ' ').trim().slice(0, TITLE_MAX), at)
+        store.transition({ id, status: 'idle' }, 'active', 'turn_started', at, turnId)
+      })()
+    } catch (error) {
+      release()
+      throw error
+    }
+    const started: SessionRow = { ...row, status: 'active' }
+    return {
+      turnId,
+      run: async (emit) => {
+        try {
+          await this.run(started, turnId, seq, prompt, abort.signal, emit)
+        } finally {
+          release()
+        }
+      },
+    }
+  }
+
+  /** Refuses a message that the session's policy no longer allows. */
+  private checkLimits(row: SessionRow): void {
+    const nowMs = this.deps.clock.now()
+    const hit = limitReached(row, nowMs)
+    if (!hit) return
+    if (hit.timeoutNow)
+      this.deps.store.transition(
+        row,
+        'timeout',
+        'max_duration',
+        iso(nowMs),
+        `maxDurationMs ${row.max_duration_ms}`,
+      )
+    throw hit.problem
+  }
+
+  private async run(
+    row: SessionRow,
+    turnId: string,
+    seq: number,
+    prompt: string,
+    signal: AbortSignal,
+    emit: (event: StreamEvent) => void,
+  ): Promise<void> {
+    const { store, warm } = this.deps
+    const startedAt = this.deps.clock.now()
+    const elapsed = () => Math.max(0, Math.round(performance.now() - startedPerf))
+    const startedPerf = performance.now()
+    let outcome: TurnOutcome
+    let sandboxId = ''
+    let promptSent = false
+    try {
+      // The setup phase runs before the agent's sandbox exists: the agent never shares a process
+      // tree, an environment or a /proc with the setup secrets.
+      if (this.deps.setup?.needed(row.id)) {
+        await warm.drop(row.id)
+        await this.deps.setup.run(row, (event) => store.recordNetwork(row.id, event), signal)
+      }
+      const { agent, cold } = await warm.acquire(row)
+      sandboxId = agent.sandboxId
+      await whenNotBusy(() => store.setTurnSandbox(turnId, sandboxId, cold))
+      if (this.beforeTurnHook) await this.beforeTurnHook(row, seq, agent)
+      emit({ type: 'run.started', sessionId: row.id, turnId, turn: seq, sandboxId, coldStart: cold })
+      const transcript = warm.transcripts.before(row.id, seq)
+      const secretValues = this.deps.secrets.values(row.agent_id, ['runtime', 'setup', 'proxy'])
+      const clean = (event: StreamEvent): StreamEvent =>
+        event.type === 'message.delta' ? { ...event, content: redact(event.content, secretValues) } : event
+      promptSent = true
+      outcome = await agent.runTurn(
+        { prompt, turn: seq, turnId, transcript },
+        (event) => emit(clean(toStreamEvent(turnId, event))),
+        signal,
+      )
+      outcome = {
+        ...outcome,
+        text: redact(outcome.text, secretValues),
+        stderr: redact(outcome.stderr, secretValues),
+      }
+      if (outcome.status === 'failed') {
+        outcome = { ...outcome, message: redact(outcome.message, secretValues) }
+        outcome = await this.blamePoolIfFull(outcome)
+      }
+      if (!agent.alive) await warm.drop(row.id)
+      else warm.scheduleCooldown(row)
+    } catch (error) {
+      const problem = error instanceof CairnProblem ? error : undefined
+      const setupFailed = problem?.code === 'setup_failed'
+      outcome = signal.aborted
+        ? { status: 'cancelled', text: '', stderr: '' }
+        : {
+            status: 'failed',
+            code: problem?.code ?? 'sandbox_failed',
+            cause: setupFailed
+              ? 'setup_failed'
+              : problem?.code === 'state_lost' || problem?.code === 'storage_error'
+                ? problem.code
+                : 'agent_crash',
+            message: problem?.message ?? `the sandbox could not start: ${(error as Error).message}`,
+            text: '',
+            stderr: setupFailed ? String(problem.details?.logTail ?? '') : '',
+          }
+      if (!sandboxId)
+        emit({ type: 'run.started', sessionId: row.id, turnId, turn: seq, sandboxId: '', coldStart: true })
+      await warm.drop(row.id)
+    }
+    const durationMs = elapsed()
+    const endedAt = iso(Math.max(this.deps.clock.now(), startedAt))
+    warm.transcripts.remember(row.id, seq, prompt, outcome.text)
+    this.deps.metrics?.turns.inc({ outcome: outcome.status })
+    this.deps.metrics?.turnSeconds.observe(durationMs / 1000)
+    const failed = outcome.status === 'failed' ? outcome : undefined
+    const endedAs: SessionStatus = failed ? 'failed' : 'idle'
+    const cause: StatusCause = failed
+      ? failed.cause
+      : outcome.status === 'cancelled'
+        ? 'turn_cancelled'
+        : outcome.status === 'completed' && outcome.agentExited
+          ? 'agent_exit'
+          : 'turn_completed'
+    // Whatever the agent did to the workspace is a new generation (a turn that provably changed
+    // nothing keeps it, so its unchanged subvolume needs no snapshot): the marker in the pool first
+    // (a crash after it leaves the disk ahead, never behind), so the snapshot that follows the
+    // turn carries it.
+    let generation: number | undefined
+    const warmAgent = warm.agent(row.id)
+    const unchanged =
+      promptSent && warmAgent?.alive && this.unchangedProbe
+        ? await this.unchangedProbe(row.id, warmAgent).catch(() => false)
+        : false
+    if (promptSent && !unchanged) {
+      generation = await this.deps.generations.markNext(row.id).catch((error) => {
+        this.deps.logger.warn({ err: error, session: row.id }, 'workspace generation not advanced')
+        return undefined
+      })
+    }
+    // The policy's last turn ends the session; its sandbox goes before the reply's end is sent.
+    const maxTurns = row.max_turns
+    const lastTurn = maxTurns !== null && seq >= maxTurns
+    if (lastTurn) await warm.drop(row.id)
+    // The turn's entry, the session's status and generation in one transaction, retried while
+    // another process holds the database lock: the reply was streamed already, it must not be lost.
+    // Nothing is awaited between the terminal event and the release of the turn lock, so a client
+    // that sends its next message on `run.completed` never meets `session_busy`.
+    await whenNotBusy(() =>
+      this.deps.db.transaction(() => {
+        store.finishTurn(row.id, {
+          id: turnId,
+          status: outcome.status,
+          response: outcome.text,
+          stderr: outcome.stderr.slice(-16_384),
+          errorCode: failed?.code ?? null,
+          errorMessage: failed?.message ?? null,
+          endedAt,
+          durationMs,
+        })
+        store.transition(row, endedAs, cause, endedAt, failed ? `${turnId}: ${failed.message}` : turnId)
+        if (generation !== undefined) store.setGeneration(row.id, generation)
+        if (lastTurn) {
+          store.transition(
+            { id: row.id, status: endedAs },
+            'completed',
+            'max_turns',
+            endedAt,
+            `${seq} of ${maxTurns} turns`,
+          )
+        }
+      })(),
+    )
+    if (outcome.status === 'completed') {
+      emit({ type: 'run.completed', turnId, text: outcome.text, durationMs })
+    } else if (outcome.status === 'cancelled') {
+      emit({ type: 'run.cancelled', turnId, durationMs })
+    } else if (failed) {
+      emit({
+        type: 'run.failed',
+        turnId,
+        durationMs,
+        error: {
+          code: failed.code,
+          message: failed.message,
+          details: { stderrTail: failed.stderr.slice(-2000) },
+        },
+      })
+    }
+    this.afterTurnHook?.(row, seq, warm.agent(row.id))
+    const memory = this.deps.memory
+    if (memory) {
+      void memory
+        .promoteProposed(row.agent_id, this.deps.runtime.pool.workspacePath(row.id), `${row.id}/${turnId}`)
+        .catch((error) => this.deps.logger.warn({ err: error, session: row.id }, 'memory promotion failed'))
+    }
+  }
+
+  /**
+   * An agent that fell over on `ENOSPC` while the pool is (nearly) full did not crash on its own:
+   * the turn is reported as `storage_error` with the pool's figures, so the fix (free space) is clear.
+   */
+  private async blamePoolIfFull(outcome: Extract<TurnOutcome, { status: 'failed' }>): Promise<TurnOutcome> {
+    if (!/No space left on device|ENOSPC/.test(`${outcome.message}\n${outcome.stderr}`)) return outcome
+    const stats = await this.deps.runtime.pool.poolStats().catch(() => undefined)
+    if (!stats || stats.freeBytes > POOL_FULL_BYTES) return outcome
+    return {
+      ...outcome,
+      code: 'storage_error',
+      cause: 'storage_error',
+      message: `the storage pool is full (${stats.freeBytes} of ${stats.totalBytes} bytes free): the agent's writes failed with "No space left on device"; free space in the pool, then resume the session. Agent: ${outcome.message}`,
+    }
+  }
+}
+
+function toStreamEvent(turnId: string, event: AgentEvent): StreamEvent {
+  switch (event.type) {
+    case 'text':
+      return { type: 'message.delta', turnId, content: event.content }
+    case 'status':
+      return { type: 'status', turnId, message: event.message }
+    case 'tool.start':
+      return { type: 'tool.start', turnId, toolCallId: event.id, name: event.name, input: event.input }
+    case 'tool.end':
+      return {
+        type: 'tool.end',
+        turnId,
+        toolCallId: event.id,
+        output: event.output,
+        ...(event.isError === undefined ? {} : { isError: event.isError }),
+      }
+    case 'metadata':
+      return { type: 'status', turnId, message: JSON.stringify(event.data) }
+  }
+}

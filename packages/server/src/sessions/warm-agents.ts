@@ -1,0 +1,171 @@
+import { CairnProblem } from '@cairn/protocol'
+import { type AgentProcess, DEFAULT_LIMITS, DEFAULT_TURN_TIMEOUT_MS } from '@cairn/runtime'
+import { ENV_VARIABLES, envBinds } from '../agents/builder.js'
+import { iso } from '../clock.js'
+import type { SessionServiceDeps } from './session-deps.js'
+import type { SessionRow, SessionStore } from './session-store.js'
+import { TranscriptCache } from './transcript-cache.js'
+import type { TurnLocks } from './turn-locks.js'
+
+export type WarmAgentsDeps = Pick<
+  SessionServiceDeps,
+  | 'runtime'
+  | 'agents'
+  | 'secrets'
+  | 'memory'
+  | 'metrics'
+  | 'egressPrivateExceptions'
+  | 'egressUpstreamCaPems'
+  | 'clock'
+> & {
+  store: SessionStore
+  locks: TurnLocks
+  /** The problem a workspace missing from the pool stands for (see `SessionService.missingWorkspace`). */
+  missingWorkspace: (tenantId: string, sessionId: string) => CairnProblem
+}
+
+interface WarmAgent {
+  agent: AgentProcess
+  timer: NodeJS.Timeout | undefined
+  /** When the cooldown timer fires (epoch ms), so activity only ever extends it. */
+  until?: number | undefined
+}
+
+/**
+ * The agent processes kept warm between turns: started cold on a session's first turn (or after
+ * its sandbox went), reused by the next turn within the keep-warm window, stopped when it cools.
+ * What is cached per warm sandbox (the transcript, the activity throttle) goes with it.
+ */
+export class WarmAgents {
+  private readonly warm = new Map<string, WarmAgent>()
+  private readonly activityWrittenAt = new Map<string, number>()
+  readonly transcripts: TranscriptCache
+
+  constructor(private readonly deps: WarmAgentsDeps) {
+    this.transcripts = new TranscriptCache(deps.store)
+  }
+
+  has(sessionId: string): boolean {
+    return this.warm.has(sessionId)
+  }
+
+  agent(sessionId: string): AgentProcess | undefined {
+    return this.warm.get(sessionId)?.agent
+  }
+
+  get size(): number {
+    return this.warm.size
+  }
+
+  /** The session's warm agent (its cooldown stopped while a turn uses it), or a freshly started one. */
+  async acquire(row: SessionRow): Promise<{ agent: AgentProcess; cold: boolean }> {
+    const warm = this.warm.get(row.id)
+    if (warm?.agent.alive) {
+      if (warm.timer) clearTimeout(warm.timer)
+      warm.timer = undefined
+      warm.until = undefined
+      return { agent: warm.agent, cold: false }
+    }
+    if (warm) await this.drop(row.id)
+    const { pool } = this.deps.runtime
+    if (!(await pool.hasWorkspace(row.id))) throw this.deps.missingWorkspace(row.tenant_id, row.id)
+    const revision = this.deps.agents.store.revision(row.revision_id)
+    if (!revision) throw new CairnProblem('revision_not_found', `revision ${row.revision_id} is gone`)
+    const limits = revision.manifest.limits ?? {}
+    const envKey = revision.manifest.envKey ?? undefined
+    const proxySecrets = this.deps.secrets.proxySecrets(row.tenant_id, row.agent_id)
+    const agent = await this.deps.runtime.startAgent({
+      sessionId: row.id,
+      workspaceDir: pool.workspacePath(row.id),
+      command: revision.command,
+      protocol: revision.manifest.protocol ?? 'stdio',
+      env: {
+        ...(envKey ? ENV_VARIABLES : {}),
+        ...this.deps.secrets.valuesForScope(row.tenant_id, row.agent_id, 'runtime'),
+        // A proxy secret's variable holds only its stand-in; the egress proxy swaps in the value.
+        ...Object.fromEntries(proxySecrets.map((secret) => [secret.name, secret.standIn])),
+      },
+      binds: [
+        ...(envKey ? envBinds(this.deps.agents.envs.envPath(envKey), envKey) : []),
+        ...(this.deps.memory ? [await this.deps.memory.bind(row.agent_id)] : []),
+      ],
+      egress: {
+        policy: (row.network_json ? JSON.parse(row.network_json) : revision.manifest.network) ?? {
+          allow: [],
+        },
+        privateExceptions: this.deps.egressPrivateExceptions,
+        onEvent: (event) => this.deps.store.recordNetwork(row.id, event),
+        secrets: proxySecrets,
+        upstreamCaPems: this.deps.egressUpstreamCaPems,
+      },
+      limits: {
+        memoryMiB: limits.memoryMiB ?? DEFAULT_LIMITS.memoryMiB,
+        pids: limits.pids ?? DEFAULT_LIMITS.pids,
+        cpus: limits.cpus ?? DEFAULT_LIMITS.cpus,
+      },
+      turnTimeoutMs: limits.turnTimeoutMs ?? DEFAULT_TURN_TIMEOUT_MS,
+      isolation: revision.manifest.isolation,
+    })
+    this.warm.set(row.id, { agent, timer: undefined })
+    this.deps.metrics?.coldStarts.inc()
+    return { agent, cold: true }
+  }
+
+  /** After a turn: the sandbox stays warm for the session's keep-warm window, then stops. */
+  scheduleCooldown(row: SessionRow): void {
+    const warm = this.warm.get(row.id)
+    if (!warm) return
+    if (row.keep_warm_ms <= 0) {
+      void this.drop(row.id)
+      return
+    }
+    warm.until = Date.now() + row.keep_warm_ms
+    warm.timer = setTimeout(() => {
+      if (this.deps.locks.has(row.id)) return
+      void this.drop(row.id)
+    }, row.keep_warm_ms)
+    warm.timer.unref()
+  }
+
+  /** Moves a cooling warm sandbox's stop to at least `ms` from now (never earlier). */
+  extend(id: string, ms: number): void {
+    const warm = this.warm.get(id)
+    if (!warm?.timer) return
+    const until = Date.now() + ms
+    if (warm.until !== undefined && warm.until >= until) return
+    clearTimeout(warm.timer)
+    warm.until = until
+    warm.timer = setTimeout(() => {
+      if (this.deps.locks.has(id)) return
+      void this.drop(id)
+    }, ms)
+    warm.timer.unref()
+  }
+
+  /**
+   * Activity that is not a turn (a preview request): the idle clock restarts and a warm sandbox
+   * stays warm for its keep-warm window. The database write is throttled to once a second.
+   */
+  noteActivity(row: SessionRow): void {
+    const now = this.deps.clock.now()
+    if (now - (this.activityWrittenAt.get(row.id) ?? 0) >= 1000) {
+      this.activityWrittenAt.set(row.id, now)
+      this.deps.store.touch(row.id, iso(now))
+    }
+    this.extend(row.id, row.keep_warm_ms)
+  }
+
+  async drop(sessionId: string): Promise<void> {
+    this.transcripts.forget(sessionId)
+    this.activityWrittenAt.delete(sessionId)
+    const warm = this.warm.get(sessionId)
+    if (!warm) return
+    this.warm.delete(sessionId)
+    if (warm.timer) clearTimeout(warm.timer)
+    await this.deps.runtime.stopAgent(warm.agent)
+  }
+
+  async dropAll(): Promise<void> {
+    await Promise.all([...this.warm.keys()].map((id) => this.drop(id)))
+  }
+}

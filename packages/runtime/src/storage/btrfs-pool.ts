@@ -1,18 +1,11 @@
 import { existsSync } from 'node:fs'
-import { chmod, chown, lstat, mkdir, readdir, rename, rm, stat, statfs } from 'node:fs/promises'
+import { chmod, lstat, mkdir, readdir, rename, rm, stat, statfs } from 'node:fs/promises'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
 import { execTool } from '../util/exec.js'
 import { findMount } from '../util/mounts.js'
 import { BtrfsOps } from './btrfs-ops.js'
-import {
-  POOL_AREAS,
-  type PoolArea,
-  type StoragePool,
-  type StoragePoolOptions,
-  safeName,
-  type TreeSizes,
-} from './pool.js'
+import { POOL_AREAS, type StoragePool, type StoragePoolOptions, safeName, type TreeSizes } from './pool.js'
 import { PoolLayout } from './pool-layout.js'
 
 const BTRFS_MAGIC = 0x9123683e
@@ -40,7 +33,7 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
   readonly ops = new BtrfsOps()
 
   constructor(private readonly options: BtrfsPoolOptions) {
-    super(options.mountPoint)
+    super(options)
   }
 
   describe(): string {
@@ -101,28 +94,13 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
     return dir
   }
 
-  /**
-   * Seals a filled staging subvolume as a read-only revision. Files are handed to the sandbox uid
-   * once here, so every workspace snapshotted from the revision is already owned correctly.
-   */
+  /** Seals a filled staging subvolume as a read-only revision owned by the sandbox uid. */
   async sealRevision(stagingDir: string, revisionId: string): Promise<string> {
     const target = this.revisionPath(revisionId)
-    await execTool(
-      'chown',
-      ['-R', '--no-dereference', `${this.options.sandboxUid}:${this.options.sandboxGid}`, stagingDir],
-      {
-        code: 'storage_error',
-      },
-    )
-    await chmod(stagingDir, 0o700)
+    await this.handToSandbox(stagingDir)
     await this.ops.snapshot(stagingDir, target, true)
     await this.deleteSubvolume(stagingDir)
     return target
-  }
-
-  async discardStagingByName(name: string): Promise<void> {
-    if (name.includes('/') || name.startsWith('.')) return
-    await this.deleteSubvolume(path.join(this.areaDir('staging'), name))
   }
 
   async discardStaging(stagingDir: string): Promise<void> {
@@ -136,8 +114,7 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
 
   /** New session workspace: a writable snapshot of the revision (O(1)), at generation 0. */
   async createWorkspace(sessionId: string, revisionId: string): Promise<string> {
-    const target = this.workspacePath(sessionId)
-    if (existsSync(target)) throw new CairnProblem('storage_error', `workspace ${sessionId} already exists`)
+    const target = this.newWorkspacePath(sessionId)
     await this.ops.snapshot(this.revisionPath(revisionId), target, false)
     await this.ops.setGeneration(target, 0)
     await this.applyQuota(target)
@@ -220,11 +197,6 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
     return undefined
   }
 
-  async poolStats(): Promise<{ totalBytes: number; freeBytes: number }> {
-    const fs = await statfs(this.options.mountPoint)
-    return { totalBytes: fs.blocks * fs.bsize, freeBytes: fs.bavail * fs.bsize }
-  }
-
   /**
    * Read-only snapshot of a session's workspace (the caller freezes the sandbox around it).
    * Resolves to the workspace's change mark right after the snapshot (see `workspaceMark`).
@@ -242,10 +214,6 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
    */
   async workspaceMark(sessionId: string): Promise<number | undefined> {
     return this.ops.mark(this.workspacePath(sessionId))
-  }
-
-  async hasSnapshot(snapshotId: string): Promise<boolean> {
-    return existsSync(this.snapshotPath(snapshotId))
   }
 
   /**
@@ -279,18 +247,13 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
     await this.swapWorkspace(sessionId, (incoming) => rename(stagingDir, incoming), generation)
   }
 
-  /**
-   * The new workspace is made beside the old one and renamed into place, so a crash leaves either
-   * the old workspace or the new one (`recoverWorkspace` finishes the swap).
-   */
+  /** The new workspace is made beside the old one and renamed into place (see `swapPaths`). */
   private async swapWorkspace(
     sessionId: string,
     make: (incoming: string) => Promise<void>,
     generation: number | undefined,
   ): Promise<void> {
-    const target = this.workspacePath(sessionId)
-    const incoming = `${target}.restoring`
-    const outgoing = `${target}.replaced`
+    const { target, incoming, outgoing } = this.swapPaths(sessionId)
     await this.deleteSubvolume(incoming)
     await this.deleteSubvolume(outgoing)
     await make(incoming)
@@ -303,21 +266,9 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
     await this.deleteSubvolume(outgoing)
   }
 
-  /** Finishes or rolls back a restore that a crash interrupted. */
-  async recoverWorkspace(sessionId: string): Promise<void> {
-    const target = this.workspacePath(sessionId)
-    const incoming = `${target}.restoring`
-    const outgoing = `${target}.replaced`
-    if (!existsSync(target) && existsSync(incoming)) await rename(incoming, target)
-    if (!existsSync(target) && existsSync(outgoing)) await rename(outgoing, target)
-    await this.deleteSubvolume(incoming)
-    await this.deleteSubvolume(outgoing)
-  }
-
   /** A new session's workspace as a writable snapshot of an existing snapshot (fork). */
   async forkWorkspace(sessionId: string, snapshotId: string): Promise<string> {
-    const target = this.workspacePath(sessionId)
-    if (existsSync(target)) throw new CairnProblem('storage_error', `workspace ${sessionId} already exists`)
+    const target = this.newWorkspacePath(sessionId)
     await this.ops.snapshot(this.snapshotPath(snapshotId), target, false)
     await this.applyQuota(target)
     return target
@@ -325,15 +276,6 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
 
   async deleteSnapshot(snapshotId: string): Promise<void> {
     await this.deleteSubvolume(this.snapshotPath(snapshotId))
-  }
-
-  /** Names of the subvolumes in one area (for consistency checks against the database). */
-  async listArea(area: PoolArea): Promise<string[]> {
-    return (await readdir(this.areaDir(area))).filter((name) => !name.startsWith('.'))
-  }
-
-  async hasWorkspace(sessionId: string): Promise<boolean> {
-    return existsSync(this.workspacePath(sessionId))
   }
 
   async deleteWorkspace(sessionId: string): Promise<void> {
@@ -347,15 +289,15 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
     await this.deleteSubvolume(dir)
   }
 
-  async hasRevision(revisionId: string): Promise<boolean> {
-    return existsSync(this.revisionPath(revisionId))
+  protected async removeTree(dir: string): Promise<void> {
+    await this.deleteSubvolume(dir)
   }
 
   private async deleteSubvolume(dir: string): Promise<void> {
     if (!existsSync(dir)) return
     const info = await stat(dir)
-    // Subvolume roots have inode 256 on btrfs; anything else is a plain directory.
-    if (info.ino !== 256) {
+    // Only subvolume roots have that inode number; anything else is a plain directory.
+    if (info.ino !== SUBVOLUME_ROOT_INO) {
       await rm(dir, { recursive: true, force: true })
       return
     }
@@ -370,11 +312,6 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
       await this.ops.delete(dir)
     }
   }
-
-  /** Hands a directory to the sandbox uid (used for workspaces created outside a revision). */
-  async chownToSandbox(dir: string): Promise<void> {
-    await chown(dir, this.options.sandboxUid, this.options.sandboxGid)
-  }
 }
 
 /** Subvolumes directly inside `dir` (their roots sit on another st_dev than the parent's files). */
@@ -386,7 +323,7 @@ async function nestedSubvolumes(dir: string, dev: number): Promise<string[]> {
       if (!entry.isDirectory()) continue
       const child = path.join(current, entry.name)
       const info = await lstat(child)
-      if (info.dev !== dev && info.ino === 256) found.push(child)
+      if (info.dev !== dev && info.ino === SUBVOLUME_ROOT_INO) found.push(child)
       else if (info.dev === dev) await walk(child)
     }
   }

@@ -1,18 +1,11 @@
 import { existsSync } from 'node:fs'
-import { chmod, chown, mkdir, readdir, rename, rm, statfs } from 'node:fs/promises'
+import { chmod, mkdir, readdir, rename, rm } from 'node:fs/promises'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
 import { execTool } from '../util/exec.js'
 import { findMount } from '../util/mounts.js'
 import { BtrfsOps } from './btrfs-ops.js'
-import {
-  POOL_AREAS,
-  type PoolArea,
-  type StoragePool,
-  type StoragePoolOptions,
-  safeName,
-  type TreeSizes,
-} from './pool.js'
+import { POOL_AREAS, type StoragePool, type StoragePoolOptions, safeName, type TreeSizes } from './pool.js'
 import { PoolLayout } from './pool-layout.js'
 
 export interface DirPoolOptions extends StoragePoolOptions {
@@ -38,7 +31,7 @@ export class DirPool extends PoolLayout implements StoragePool {
   private readonly markers = new BtrfsOps(1)
 
   constructor(private readonly options: DirPoolOptions) {
-    super(options.mountPoint)
+    super(options)
   }
 
   describe(): string {
@@ -69,7 +62,7 @@ export class DirPool extends PoolLayout implements StoragePool {
       await chmod(dir, area === 'snapshots' ? 0o700 : 0o711)
       // A copy a crash interrupted is incomplete: drop it.
       for (const name of await readdir(dir)) {
-        if (name.startsWith('.') && name.endsWith(COPYING)) await removeTree(path.join(dir, name))
+        if (name.startsWith('.') && name.endsWith(COPYING)) await this.removeTree(path.join(dir, name))
       }
     }
   }
@@ -79,25 +72,16 @@ export class DirPool extends PoolLayout implements StoragePool {
     await this.unmount()
   }
 
-  async listArea(area: PoolArea): Promise<string[]> {
-    return (await readdir(this.areaDir(area))).filter((name) => !name.startsWith('.'))
-  }
-
   async createStaging(name: string): Promise<string> {
     const dir = path.join(this.areaDir('staging'), safeName(name))
-    await removeTree(dir)
+    await this.removeTree(dir)
     await mkdir(dir)
     return dir
   }
 
   async sealRevision(stagingDir: string, revisionId: string): Promise<string> {
     const target = this.revisionPath(revisionId)
-    await execTool(
-      'chown',
-      ['-R', '--no-dereference', `${this.options.sandboxUid}:${this.options.sandboxGid}`, stagingDir],
-      { code: 'storage_error' },
-    )
-    await chmod(stagingDir, 0o700)
+    await this.handToSandbox(stagingDir)
     await rename(stagingDir, target)
     return target
   }
@@ -107,25 +91,15 @@ export class DirPool extends PoolLayout implements StoragePool {
   }
 
   async discardStaging(stagingDir: string): Promise<void> {
-    await removeTree(stagingDir)
-  }
-
-  async discardStagingByName(name: string): Promise<void> {
-    if (name.includes('/') || name.startsWith('.')) return
-    await removeTree(path.join(this.areaDir('staging'), name))
-  }
-
-  async hasRevision(revisionId: string): Promise<boolean> {
-    return existsSync(this.revisionPath(revisionId))
+    await this.removeTree(stagingDir)
   }
 
   async deleteRevision(revisionId: string): Promise<void> {
-    await removeTree(this.revisionPath(revisionId))
+    await this.removeTree(this.revisionPath(revisionId))
   }
 
   async createWorkspace(sessionId: string, revisionId: string): Promise<string> {
-    const target = this.workspacePath(sessionId)
-    if (existsSync(target)) throw new CairnProblem('storage_error', `workspace ${sessionId} already exists`)
+    const target = this.newWorkspacePath(sessionId)
     await copyTree(this.revisionPath(revisionId), target)
     await this.markers.setGeneration(target, 0)
     return target
@@ -139,12 +113,8 @@ export class DirPool extends PoolLayout implements StoragePool {
     return this.markers.getGenerations(sessionIds.map((id) => this.workspacePath(id)))
   }
 
-  async hasWorkspace(sessionId: string): Promise<boolean> {
-    return existsSync(this.workspacePath(sessionId))
-  }
-
   async deleteWorkspace(sessionId: string): Promise<void> {
-    await removeTree(this.workspacePath(sessionId))
+    await this.removeTree(this.workspacePath(sessionId))
   }
 
   async createWorkspaceStaging(name: string): Promise<string> {
@@ -158,20 +128,6 @@ export class DirPool extends PoolLayout implements StoragePool {
     await this.swapWorkspace(sessionId, (incoming) => rename(stagingDir, incoming), generation)
   }
 
-  async recoverWorkspace(sessionId: string): Promise<void> {
-    const target = this.workspacePath(sessionId)
-    const incoming = `${target}.restoring`
-    const outgoing = `${target}.replaced`
-    if (!existsSync(target) && existsSync(incoming)) await rename(incoming, target)
-    if (!existsSync(target) && existsSync(outgoing)) await rename(outgoing, target)
-    await removeTree(incoming)
-    await removeTree(outgoing)
-  }
-
-  async chownToSandbox(dir: string): Promise<void> {
-    await chown(dir, this.options.sandboxUid, this.options.sandboxGid)
-  }
-
   async snapshotWorkspace(sessionId: string, snapshotId: string): Promise<number | undefined> {
     await copyTree(this.workspacePath(sessionId), this.snapshotPath(snapshotId))
     return undefined
@@ -182,24 +138,19 @@ export class DirPool extends PoolLayout implements StoragePool {
     return undefined
   }
 
-  async hasSnapshot(snapshotId: string): Promise<boolean> {
-    return existsSync(this.snapshotPath(snapshotId))
-  }
-
   async restoreWorkspace(sessionId: string, snapshotId: string, generation?: number): Promise<void> {
     const source = this.snapshotPath(snapshotId)
     await this.swapWorkspace(sessionId, (incoming) => copyTree(source, incoming), generation)
   }
 
   async forkWorkspace(sessionId: string, snapshotId: string): Promise<string> {
-    const target = this.workspacePath(sessionId)
-    if (existsSync(target)) throw new CairnProblem('storage_error', `workspace ${sessionId} already exists`)
+    const target = this.newWorkspacePath(sessionId)
     await copyTree(this.snapshotPath(snapshotId), target)
     return target
   }
 
   async deleteSnapshot(snapshotId: string): Promise<void> {
-    await removeTree(this.snapshotPath(snapshotId))
+    await this.removeTree(this.snapshotPath(snapshotId))
   }
 
   /**
@@ -213,28 +164,25 @@ export class DirPool extends PoolLayout implements StoragePool {
     return { referencedBytes: bytes, exclusiveBytes: bytes }
   }
 
-  async poolStats(): Promise<{ totalBytes: number; freeBytes: number }> {
-    const fs = await statfs(this.options.mountPoint)
-    return { totalBytes: fs.blocks * fs.bsize, freeBytes: fs.bavail * fs.bsize }
-  }
-
   /** As the btrfs pool: the new tree is made beside the workspace, then renamed into place. */
   private async swapWorkspace(
     sessionId: string,
     make: (incoming: string) => Promise<void>,
     generation: number | undefined,
   ): Promise<void> {
-    const target = this.workspacePath(sessionId)
-    const incoming = `${target}.restoring`
-    const outgoing = `${target}.replaced`
-    await removeTree(incoming)
-    await removeTree(outgoing)
+    const { target, incoming, outgoing } = this.swapPaths(sessionId)
+    await this.removeTree(incoming)
+    await this.removeTree(outgoing)
     await make(incoming)
     // Marker before the swap: a crash never leaves a workspace behind the recorded generation.
     if (generation !== undefined) await this.markers.setGeneration(incoming, generation)
     if (existsSync(target)) await rename(target, outgoing)
     await rename(incoming, target)
-    await removeTree(outgoing)
+    await this.removeTree(outgoing)
+  }
+
+  protected async removeTree(dir: string): Promise<void> {
+    await removeTree(dir)
   }
 }
 

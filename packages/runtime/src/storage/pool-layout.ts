@@ -1,24 +1,28 @@
+import { existsSync } from 'node:fs'
+import { chmod, chown, readdir, rename, statfs } from 'node:fs/promises'
 import path from 'node:path'
+import { CairnProblem } from '@cairn/protocol'
 import { execTool } from '../util/exec.js'
 import { findMount } from '../util/mounts.js'
-import { type PoolArea, safeName } from './pool.js'
+import { type PoolArea, type StoragePoolOptions, safeName } from './pool.js'
 
 /**
  * What every storage driver shares: where each kind of tree lives under the pool's mount point,
- * and letting go of that mount.
+ * the lookups and the crash recovery that only rename or test paths, and letting go of that mount.
+ * How a tree is copied or removed is the driver's (`removeTree`).
  */
 export abstract class PoolLayout {
   /** Whether `open` made the mount (and `close` must undo it). */
   protected mountedHere = false
 
-  protected constructor(private readonly mountPoint: string) {}
+  protected constructor(private readonly layout: StoragePoolOptions) {}
 
   get root(): string {
-    return this.mountPoint
+    return this.layout.mountPoint
   }
 
   areaDir(area: PoolArea): string {
-    return path.join(this.mountPoint, area)
+    return path.join(this.layout.mountPoint, area)
   }
 
   revisionPath(revisionId: string): string {
@@ -33,13 +37,86 @@ export abstract class PoolLayout {
     return path.join(this.areaDir('snapshots'), safeName(snapshotId))
   }
 
+  /** Names of the trees in one area (for consistency checks against the database). */
+  async listArea(area: PoolArea): Promise<string[]> {
+    return (await readdir(this.areaDir(area))).filter((name) => !name.startsWith('.'))
+  }
+
+  async hasRevision(revisionId: string): Promise<boolean> {
+    return existsSync(this.revisionPath(revisionId))
+  }
+
+  async hasWorkspace(sessionId: string): Promise<boolean> {
+    return existsSync(this.workspacePath(sessionId))
+  }
+
+  async hasSnapshot(snapshotId: string): Promise<boolean> {
+    return existsSync(this.snapshotPath(snapshotId))
+  }
+
+  async poolStats(): Promise<{ totalBytes: number; freeBytes: number }> {
+    const fs = await statfs(this.layout.mountPoint)
+    return { totalBytes: fs.blocks * fs.bsize, freeBytes: fs.bavail * fs.bsize }
+  }
+
+  async discardStagingByName(name: string): Promise<void> {
+    if (name.includes('/') || name.startsWith('.')) return
+    await this.removeTree(path.join(this.areaDir('staging'), name))
+  }
+
+  /** Hands a directory to the sandbox uid (used for workspaces created outside a revision). */
+  async chownToSandbox(dir: string): Promise<void> {
+    await chown(dir, this.layout.sandboxUid, this.layout.sandboxGid)
+  }
+
+  /** Finishes or rolls back a restore or import that a crash interrupted (see `swapPaths`). */
+  async recoverWorkspace(sessionId: string): Promise<void> {
+    const { target, incoming, outgoing } = this.swapPaths(sessionId)
+    if (!existsSync(target) && existsSync(incoming)) await rename(incoming, target)
+    if (!existsSync(target) && existsSync(outgoing)) await rename(outgoing, target)
+    await this.removeTree(incoming)
+    await this.removeTree(outgoing)
+  }
+
+  /** Removes a tree of the pool, if it is there. */
+  protected abstract removeTree(dir: string): Promise<void>
+
+  /**
+   * A workspace is replaced by making the new tree at `incoming` beside it, moving the old one to
+   * `outgoing`, and renaming: a crash leaves either tree, and `recoverWorkspace` finishes the swap.
+   */
+  protected swapPaths(sessionId: string): { target: string; incoming: string; outgoing: string } {
+    const target = this.workspacePath(sessionId)
+    return { target, incoming: `${target}.restoring`, outgoing: `${target}.replaced` }
+  }
+
+  /** Where a new session's workspace goes; refused if one is already there. */
+  protected newWorkspacePath(sessionId: string): string {
+    const target = this.workspacePath(sessionId)
+    if (existsSync(target)) throw new CairnProblem('storage_error', `workspace ${sessionId} already exists`)
+    return target
+  }
+
+  /**
+   * Hands a filled staging tree to the sandbox uid before it is sealed as a revision: done once
+   * here, every workspace copied from the revision is already owned correctly.
+   */
+  protected async handToSandbox(stagingDir: string): Promise<void> {
+    const { sandboxUid, sandboxGid } = this.layout
+    await execTool('chown', ['-R', '--no-dereference', `${sandboxUid}:${sandboxGid}`, stagingDir], {
+      code: 'storage_error',
+    })
+    await chmod(stagingDir, 0o700)
+  }
+
   /** Unmounts what `open` mounted (a loop mount releases its loop device with it). */
   protected async unmount(): Promise<void> {
-    if (!this.mountedHere && !findMount(this.mountPoint)) return
-    await execTool('umount', [this.mountPoint], { code: 'storage_error' }).catch(async () => {
+    const { mountPoint } = this.layout
+    if (!this.mountedHere && !findMount(mountPoint)) return
+    await execTool('umount', [mountPoint], { code: 'storage_error' }).catch(async () => {
       // A sandbox that is still exiting may hold the mount for a moment; a lazy unmount
       // detaches it now and frees the loop device once the last user is gone.
-      await execTool('umount', ['-l', this.mountPoint], { code: 'storage_error' })
+      await execTool('umount', ['-l', mountPoint], { code: 'storage_error' })
     })
     this.mountedHere = false
   }

@@ -26,10 +26,6 @@ function failure(describe: string, reply: Reply): CairnProblem {
   return new CairnProblem('storage_error', `${describe} failed: ${reason}`)
 }
 
-function isReply(value: unknown): value is Reply {
-  return typeof value === 'object' && value !== null && 'ok' in value && 'id' in value
-}
-
 interface Pending {
   resolve: (reply: Reply) => void
   reject: (error: Error) => void
@@ -85,14 +81,17 @@ export class BtrfsOps {
     return child
   }
 
+  /**
+   * Sends `op` to a long-lived helper. Without one, runs `fallback` (by default the helper once,
+   * for this request alone); the `btrfs` command fallbacks answer with no reply.
+   */
   private request(
     op: Record<string, unknown>,
     describe: string,
-    fallback: () => Promise<unknown>,
+    fallback: () => Promise<Reply | undefined> = () => this.once(op, describe),
   ): Promise<Reply | undefined> {
     const helper = this.ensureHelper()
-    // Without the helper, only a fallback that ran the helper once (`once`) answers with a reply.
-    if (!helper) return fallback().then((value) => (isReply(value) ? value : undefined))
+    if (!helper) return fallback()
     const id = this.nextId++
     return new Promise<Reply>((resolve, reject) => {
       this.pending.set(id, { resolve, reject, describe })
@@ -113,10 +112,7 @@ export class BtrfsOps {
     const reply = await this.request(
       { op: 'snapshot', src, dst, readonly, ...(options.mark ? { mark: true } : {}) },
       `snapshot ${src} -> ${dst}`,
-      () =>
-        execTool('btrfs', ['subvolume', 'snapshot', ...(readonly ? ['-r'] : []), src, dst], {
-          code: 'storage_error',
-        }),
+      () => btrfsCommand(['subvolume', 'snapshot', ...(readonly ? ['-r'] : []), src, dst]),
     )
     return reply?.mark
   }
@@ -136,29 +132,25 @@ export class BtrfsOps {
 
   async create(path: string): Promise<void> {
     await this.request({ op: 'create', path }, `create subvolume ${path}`, () =>
-      execTool('btrfs', ['subvolume', 'create', path], { code: 'storage_error' }),
+      btrfsCommand(['subvolume', 'create', path]),
     )
   }
 
   async delete(path: string): Promise<void> {
     await this.request({ op: 'delete', path }, `delete subvolume ${path}`, () =>
-      execTool('btrfs', ['subvolume', 'delete', path], { code: 'storage_error' }),
+      btrfsCommand(['subvolume', 'delete', path]),
     )
   }
 
   /** Writes a subvolume's generation marker (an extended attribute on its root directory). */
   async setGeneration(path: string, value: number): Promise<void> {
-    const op = { op: 'set_generation', path, value }
-    await this.request(op, `set the generation of ${path}`, () =>
-      this.once(op, `set the generation of ${path}`),
-    )
+    await this.request({ op: 'set_generation', path, value }, `set the generation of ${path}`)
   }
 
   /** The generation markers of several subvolumes (`undefined`: none, or no such subvolume). */
   async getGenerations(paths: string[]): Promise<(number | undefined)[]> {
     if (paths.length === 0) return []
-    const op = { op: 'get_generations', paths }
-    const reply = await this.request(op, 'read generations', () => this.once(op, 'read generations'))
+    const reply = await this.request({ op: 'get_generations', paths }, 'read generations')
     const values = Array.isArray(reply?.values) ? reply.values : []
     return paths.map((_, i) => {
       const value = values[i]
@@ -182,4 +174,10 @@ export class BtrfsOps {
       this.helpers[index] = undefined
     }
   }
+}
+
+/** The `btrfs` command, for when the helper is turned off: it answers with no reply. */
+async function btrfsCommand(args: string[]): Promise<undefined> {
+  await execTool('btrfs', args, { code: 'storage_error' })
+  return undefined
 }

@@ -1,5 +1,5 @@
 import { existsSync, readFileSync, writeFileSync } from 'node:fs'
-import { mkdir, readdir, readFile, rmdir, writeFile } from 'node:fs/promises'
+import { mkdir, readdir, rmdir, writeFile } from 'node:fs/promises'
 import path from 'node:path'
 import { readMounts } from '../util/mounts.js'
 
@@ -183,14 +183,7 @@ export class CgroupManager {
   }
 
   async pids(name: string): Promise<number[]> {
-    const dirs = this.dirs(name)
-    const file = dirs.v2 ?? dirs.pids ?? dirs.memory
-    if (!file || !existsSync(file)) return []
-    const text = await readFile(path.join(file, 'cgroup.procs'), 'utf8').catch(() => '')
-    return text
-      .split('\n')
-      .filter(Boolean)
-      .map((line) => Number(line))
+    return this.pidsSync(name)
   }
 
   /**

@@ -210,7 +210,8 @@ export class GvisorPool {
   private async start(slot: Slot, spec: SandboxSpec): Promise<Sandbox> {
     const { cgroups, runsc: config } = this.options
     const claimedAt = performance.now()
-    await cgroups.create(slot.id, this.options.hostLimits(spec))
+    // The slot's cgroup exists since its boot (holding its processes): only its limits change.
+    cgroups.setLimits(slot.id, this.options.hostLimits(spec))
     const limitedAt = performance.now()
     const sources = [
       { source: spec.workspaceDir, readOnly: false },

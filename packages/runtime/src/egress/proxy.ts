@@ -48,6 +48,23 @@ interface TerminatedTarget {
   secrets: ProxySecret[]
 }
 
+function deny(res: http.ServerResponse): void {
+  res.writeHead(403, { 'content-type': 'text/plain' }).end('egress denied by Cairn policy\n')
+}
+
+/** Streams the agent's request body upstream; an upstream failure becomes a 502 (if still possible). */
+function sendThrough(
+  req: http.IncomingMessage,
+  upstream: http.ClientRequest,
+  res: http.ServerResponse,
+): void {
+  upstream.on('error', (error) => {
+    if (!res.headersSent) res.writeHead(502, { 'content-type': 'text/plain' })
+    res.end(`upstream error: ${error.message}\n`)
+  })
+  req.pipe(upstream)
+}
+
 /**
  * Sends an upstream answer on to the agent. With secrets bound to the host, their values become
  * stand-ins again in the headers and (when not compressed) in the body, whose length then changes.
@@ -112,9 +129,13 @@ export class EgressProxy {
     await chmod(this.options.socketPath, 0o666)
   }
 
+  private report(event: Omit<NetworkEvent, 'at'>): void {
+    this.options.onEvent({ at: new Date().toISOString(), ...event })
+  }
+
   private async resolve(host: string, port: number, method: string, note = ''): Promise<string | undefined> {
     const record = (allowed: boolean, reason: string, address?: string) =>
-      this.options.onEvent({ at: new Date().toISOString(), host, port, method, allowed, reason, address })
+      this.report({ host, port, method, allowed, reason, address })
     const decision = decide(this.options.policy, host, port, method)
     if (!decision.allowed) {
       record(false, decision.reason)
@@ -198,16 +219,9 @@ export class EgressProxy {
     // Inside the tunnel the method is visible: method rules apply to HTTPS here too.
     const decision = decide(this.options.policy, target.host, target.port, method)
     if (!decision.allowed) {
-      this.options.onEvent({
-        at: new Date().toISOString(),
-        host: target.host,
-        port: target.port,
-        method,
-        allowed: false,
-        reason: decision.reason,
-        address: target.address,
-      })
-      res.writeHead(403, { 'content-type': 'text/plain' }).end('egress denied by Cairn policy\n')
+      const { host, port, address } = target
+      this.report({ host, port, method, allowed: false, reason: decision.reason, address })
+      deny(res)
       return
     }
     const { headers } = swapInSecrets(req.headers, target.secrets)
@@ -227,11 +241,7 @@ export class EgressProxy {
       },
       (upstreamRes) => relayResponse(upstreamRes, res, target.secrets),
     )
-    upstream.on('error', (error) => {
-      if (!res.headersSent) res.writeHead(502, { 'content-type': 'text/plain' })
-      res.end(`upstream error: ${error.message}\n`)
-    })
-    req.pipe(upstream)
+    sendThrough(req, upstream, res)
   }
 
   private async forward(req: http.IncomingMessage, res: http.ServerResponse): Promise<void> {
@@ -249,7 +259,7 @@ export class EgressProxy {
     const port = Number(target.port || 80)
     const address = await this.resolve(target.hostname, port, req.method ?? 'GET')
     if (!address) {
-      res.writeHead(403, { 'content-type': 'text/plain' }).end('egress denied by Cairn policy\n')
+      deny(res)
       return
     }
     const bound = this.boundSecrets(target.hostname, port)
@@ -264,11 +274,7 @@ export class EgressProxy {
       { host: address, port, method: req.method, path: `${target.pathname}${target.search}`, headers },
       (upstreamRes) => relayResponse(upstreamRes, res, bound),
     )
-    upstream.on('error', (error) => {
-      if (!res.headersSent) res.writeHead(502, { 'content-type': 'text/plain' })
-      res.end(`upstream error: ${error.message}\n`)
-    })
-    req.pipe(upstream)
+    sendThrough(req, upstream, res)
   }
 
   async close(): Promise<void> {

@@ -257,8 +257,13 @@ export class SessionService {
     this.deletedHook = hook
   }
 
-  /** Called once a turn has ended and its outcome was sent (not awaited: off the critical path). */
-  onAfterTurn(hook: (row: SessionRow, seq: number, agent: AgentProcess | undefined) => void): void {
+  /**
+   * Called once a turn has ended and its outcome was sent (not awaited: off the critical path),
+   * with the answer of the `onUnchangedProbe` probe that kept or advanced its generation.
+   */
+  onAfterTurn(
+    hook: (row: SessionRow, seq: number, agent: AgentProcess | undefined, unchanged: boolean) => void,
+  ): void {
     this.runner.afterTurnHook = hook
   }
 

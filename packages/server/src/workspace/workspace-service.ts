@@ -85,9 +85,9 @@ export class WorkspaceService {
     // The snapshot that lets turn N be undone is the state after turn N-1. It is taken as soon as
     // turn N-1 ends (the agent is waiting for input), off the critical path of the reply; turn N
     // waits for it, and takes one itself when something changed the workspace in between.
-    deps.sessions.onAfterTurn((row, seq, agent) => {
+    deps.sessions.onAfterTurn((row, seq, agent, unchanged) => {
       if (!row.auto_snapshots) return
-      this.track(row.id, this.snapshotAfterTurn(row, seq, agent?.alive ? agent : undefined))
+      this.track(row.id, this.snapshotAfterTurn(row, seq, agent?.alive ? agent : undefined, unchanged))
     })
     deps.sessions.onUnchangedProbe(async (sessionId, agent) => {
       const mark = this.marks.get(sessionId)
@@ -116,15 +116,19 @@ export class WorkspaceService {
   /**
    * The snapshot that makes turn `seq + 1` undoable. When the turn changed nothing in the
    * workspace, the previous automatic snapshot already is that state: it is recorded as standing
-   * for this turn too, and no snapshot (a btrfs transaction commit) is taken.
+   * for this turn too, and no snapshot (a btrfs transaction commit) is taken. `unchanged` is the
+   * turn runner's answer from `unchangedSince` (the one that kept the generation), not asked again.
    */
-  private async snapshotAfterTurn(row: SessionRow, seq: number, agent?: AgentProcess): Promise<void> {
+  private async snapshotAfterTurn(
+    row: SessionRow,
+    seq: number,
+    agent: AgentProcess | undefined,
+    unchanged: boolean,
+  ): Promise<void> {
     // After the reply's stream is ended (the hook runs just after run.completed is written).
     await new Promise((resolve) => setImmediate(resolve))
     const mark = this.marks.get(row.id)
-    if (mark && agent && (await this.unchangedSince(row.id, mark, agent))) {
-      if (this.snapshots.extendThrough(mark.snapshotId, seq)) return
-    }
+    if (mark && agent && unchanged && this.snapshots.extendThrough(mark.snapshotId, seq)) return
     await this.take(row, 'auto', 'before_turn', seq, agent)
   }
 

@@ -1,4 +1,4 @@
-import { CairnProblem, ErrorBodySchema, IdParams } from '@cairn/protocol'
+import { ErrorBodySchema, IdParams } from '@cairn/protocol'
 import { Type } from '@sinclair/typebox'
 import type { FastifyInstance, FastifyRequest } from 'fastify'
 import type { AgentService } from '../agents/agent-service.js'
@@ -109,8 +109,7 @@ export function memoryRoutes(
     },
     async (request, reply) => {
       const { tenantId } = requireWrite(request)
-      const row = sessions.require(tenantId, idOf(request))
-      if (row.status === 'deleted') throw new CairnProblem('session_deleted', `session ${row.id} was deleted`)
+      const row = sessions.requireLive(tenantId, idOf(request))
       const rel = workspaceRelative((request.body as { path: string }).path)
       const info = await sessions.readingWorkspace(tenantId, row.id, () =>
         memory.saveArtifact(

@@ -76,8 +76,7 @@ export class PreviewService {
     ttlMs: number,
     origin: string,
   ): { url: string; expiresAt: string } {
-    const row = this.deps.sessions.require(tenantId, sessionId)
-    if (row.status === 'deleted') throw new CairnProblem('session_deleted', `session ${row.id} was deleted`)
+    const row = this.deps.sessions.requireLive(tenantId, sessionId)
     const expiresAtMs = this.deps.clock.now() + ttlMs
     const signature = this.deps.signer.sign(row.id, port, expiresAtMs)
     const query = new URLSearchParams({ [EXPIRES_PARAM]: String(expiresAtMs), [SIGNATURE_PARAM]: signature })

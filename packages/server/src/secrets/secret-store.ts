@@ -53,11 +53,21 @@ interface SecretRow {
 
 /** Per-agent secrets, encrypted at rest; values leave only towards a sandbox, never to the API. */
 export class SecretStore {
+  /** The reads every turn or cold start makes, prepared once. */
+  private readonly s
+
   constructor(
     private readonly db: Db,
     private readonly cipher: SecretCipher,
     private readonly clock: Clock,
-  ) {}
+  ) {
+    this.s = {
+      ofAgent: db.prepare<[string], SecretRow>('SELECT * FROM secrets WHERE agent_id = ?'),
+      ofScope: db.prepare<[string, string, string], SecretRow>(
+        'SELECT * FROM secrets WHERE tenant_id = ? AND agent_id = ? AND scope = ? ORDER BY name',
+      ),
+    }
+  }
 
   set(
     tenantId: string,
@@ -146,7 +156,7 @@ export class SecretStore {
   /** Decrypted values of the given scopes (all of them, for redaction). */
   values(agentId: string, scopes: readonly SecretScope[]): Record<string, string> {
     const out: Record<string, string> = {}
-    const rows = this.db.prepare<[string], SecretRow>('SELECT * FROM secrets WHERE agent_id = ?').all(agentId)
+    const rows = this.s.ofAgent.all(agentId)
     for (const row of rows) {
       if (scopes.includes(row.scope)) out[row.name] = this.cipher.open(row, `${agentId}/${row.name}`)
     }
@@ -159,22 +169,15 @@ export class SecretStore {
    */
   valuesForScope(tenantId: string, agentId: string, scope: SecretScope): Record<string, string> {
     const out: Record<string, string> = {}
-    const rows = this.db
-      .prepare<[string, string, string], SecretRow>(
-        'SELECT * FROM secrets WHERE tenant_id = ? AND agent_id = ? AND scope = ? ORDER BY name',
-      )
-      .all(tenantId, agentId, scope)
+    const rows = this.s.ofScope.all(tenantId, agentId, scope)
     for (const row of rows) out[row.name] = this.cipher.open(row, `${agentId}/${row.name}`)
     return out
   }
 
   /** The agent's `proxy` secrets with their stand-ins and hosts, for its egress proxy. */
   proxySecrets(tenantId: string, agentId: string): ProxySecret[] {
-    return this.db
-      .prepare<[string, string], SecretRow>(
-        `SELECT * FROM secrets WHERE tenant_id = ? AND agent_id = ? AND scope = 'proxy' ORDER BY name`,
-      )
-      .all(tenantId, agentId)
+    return this.s.ofScope
+      .all(tenantId, agentId, 'proxy')
       .filter((row) => row.stand_in !== null)
       .map((row) => ({
         name: row.name,

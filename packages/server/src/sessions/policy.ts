@@ -80,6 +80,21 @@ export function deadlineFor(policy: SessionPolicy, startMs: number): string | nu
   return policy.maxDurationMs === null ? null : new Date(startMs + policy.maxDurationMs).toISOString()
 }
 
+/** A new session row's policy columns; its `maxDurationMs` clock starts at `startMs`. */
+export function policyColumns(
+  policy: SessionPolicy,
+  startMs: number,
+): PolicyColumns & { deadline_at: string | null } {
+  return {
+    idle_timeout_ms: policy.idleTimeoutMs,
+    keep_warm_ms: policy.keepWarmMs,
+    max_turns: policy.maxTurns,
+    max_duration_ms: policy.maxDurationMs,
+    deadline_at: deadlineFor(policy, startMs),
+    on_timeout: policy.onTimeout,
+  }
+}
+
 /** The row fields the limits are checked against. */
 export interface LimitedRow extends PolicyColumns {
   id: string

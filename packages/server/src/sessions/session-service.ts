@@ -18,7 +18,7 @@ import { iso } from '../clock.js'
 import { manifestSetup } from '../setup/setup-service.js'
 import { decodeCursor, encodeCursor } from './cursor.js'
 import { WorkspaceGenerations } from './generations.js'
-import { changedPolicy, createPolicy, deadlineFor, policyOf } from './policy.js'
+import { changedPolicy, createPolicy, deadlineFor, policyColumns, policyOf } from './policy.js'
 import { SessionReaper } from './reaper.js'
 import { PoolReconciler } from './reconcile.js'
 import type { SessionServiceDeps } from './session-deps.js'
@@ -82,6 +82,13 @@ export class SessionService {
   require(tenantId: string, id: string): SessionRow {
     const row = this.store.get(tenantId, id)
     if (!row) throw new CairnProblem('session_not_found', `No session found matching '${id}'`)
+    return row
+  }
+
+  /** The session, refused with `session_deleted` once it was deleted (its row stays). */
+  requireLive(tenantId: string, id: string): SessionRow {
+    const row = this.require(tenantId, id)
+    if (row.status === 'deleted') throw new CairnProblem('session_deleted', `session ${id} was deleted`)
     return row
   }
 
@@ -149,12 +156,7 @@ export class SessionService {
       title: body.title ?? null,
       status: 'idle',
       status_cause: 'created',
-      idle_timeout_ms: policy.idleTimeoutMs,
-      keep_warm_ms: policy.keepWarmMs,
-      max_turns: policy.maxTurns,
-      max_duration_ms: policy.maxDurationMs,
-      deadline_at: deadlineFor(policy, this.deps.clock.now()),
-      on_timeout: policy.onTimeout,
+      ...policyColumns(policy, this.deps.clock.now()),
       auto_snapshots: body.autoSnapshots === false ? 0 : 1,
       network_json: body.network ? JSON.stringify(body.network) : null,
       ephemeral: body.ephemeral ? 1 : 0,
@@ -257,8 +259,13 @@ export class SessionService {
     this.deletedHook = hook
   }
 
-  /** Called once a turn has ended and its outcome was sent (not awaited: off the critical path). */
-  onAfterTurn(hook: (row: SessionRow, seq: number, agent: AgentProcess | undefined) => void): void {
+  /**
+   * Called once a turn has ended and its outcome was sent (not awaited: off the critical path),
+   * with the answer of the `onUnchangedProbe` probe that kept or advanced its generation.
+   */
+  onAfterTurn(
+    hook: (row: SessionRow, seq: number, agent: AgentProcess | undefined, unchanged: boolean) => void,
+  ): void {
     this.runner.afterTurnHook = hook
   }
 
@@ -299,8 +306,7 @@ export class SessionService {
     what: string,
     fn: (row: SessionRow) => Promise<T>,
   ): Promise<T> {
-    const row = this.require(tenantId, id)
-    if (row.status === 'deleted') throw new CairnProblem('session_deleted', `session ${id} was deleted`)
+    const row = this.requireLive(tenantId, id)
     if (this.locks.has(id)) {
       throw new CairnProblem(
         'session_busy',
@@ -329,9 +335,8 @@ export class SessionService {
   }
 
   async end(tenantId: string, id: string): Promise<SessionInfo> {
-    const row = this.require(tenantId, id)
-    if (row.status === 'deleted') throw new CairnProblem('session_deleted', `session ${id} was deleted`)
-    await this.cancel(tenantId, id)
+    this.requireLive(tenantId, id)
+    await this.locks.cancel(id)
     await this.warm.drop(id)
     const current = this.require(tenantId, id)
     if (current.ephemeral) {
@@ -349,8 +354,7 @@ export class SessionService {
    * generation first), with `policy` changes applied; the `maxDurationMs` clock restarts.
    */
   async resume(tenantId: string, id: string, policy?: SessionPolicyInput): Promise<SessionInfo> {
-    const row = this.require(tenantId, id)
-    if (row.status === 'deleted') throw new CairnProblem('session_deleted', `session ${id} was deleted`)
+    const row = this.requireLive(tenantId, id)
     if (!(await this.deps.runtime.pool.hasWorkspace(id))) throw this.missingWorkspace(tenantId, id)
     await this.verifyWorkspace(row)
     this.updatePolicy(row, policy, true)
@@ -424,7 +428,7 @@ export class SessionService {
     const inFlight = this.deleting.get(id)
     if (inFlight) return inFlight
     const work = (async () => {
-      await this.cancel(tenantId, id)
+      await this.locks.cancel(id)
       await this.warm.drop(id)
       await this.deps.runtime.pool.deleteWorkspace(id)
       if (this.deletedHook) await this.deletedHook(id)
@@ -462,8 +466,7 @@ export class SessionService {
    * expires, the idle timeout does not fire, and a warm sandbox stays warm at least that long.
    */
   lease(tenantId: string, id: string, ttlMs: number): { sessionId: string; leaseUntil: string } {
-    const row = this.require(tenantId, id)
-    if (row.status === 'deleted') throw new CairnProblem('session_deleted', `session ${id} was deleted`)
+    const row = this.requireLive(tenantId, id)
     const now = this.deps.clock.now()
     const until = iso(now + ttlMs)
     this.store.setLease(id, until, iso(now))

@@ -143,6 +143,17 @@ export class SessionStore {
         [],
         { id: string; tenant_id: string; status: SessionStatus; status_cause: string; generation: number }
       >(`SELECT id, tenant_id, status, status_cause, generation FROM sessions WHERE status != 'deleted'`),
+      // Per turn (and per file written through the API): prepared once.
+      setGeneration: db.prepare('UPDATE sessions SET generation = MAX(generation, ?) WHERE id = ?'),
+      generationOf: db.prepare<[string], { generation: number }>(
+        'SELECT generation FROM sessions WHERE id = ?',
+      ),
+      insertNetwork: db.prepare(
+        'INSERT INTO network_events (session_id, at, host, port, method, allowed, reason, address) VALUES (?, ?, ?, ?, ?, ?, ?, ?)',
+      ),
+      pastDeadline: db.prepare<[string], { id: string; tenant_id: string }>(
+        `SELECT id, tenant_id FROM sessions WHERE deadline_at IS NOT NULL AND deadline_at <= ? AND status IN ('idle', 'active')`,
+      ),
     }
   }
 
@@ -230,20 +241,16 @@ export class SessionStore {
   }
 
   recordNetwork(sessionId: string, event: NetworkEvent): void {
-    this.db
-      .prepare(
-        'INSERT INTO network_events (session_id, at, host, port, method, allowed, reason, address) VALUES (?, ?, ?, ?, ?, ?, ?, ?)',
-      )
-      .run(
-        sessionId,
-        event.at,
-        event.host,
-        event.port,
-        event.method,
-        event.allowed ? 1 : 0,
-        event.reason,
-        event.address ?? null,
-      )
+    this.s.insertNetwork.run(
+      sessionId,
+      event.at,
+      event.host,
+      event.port,
+      event.method,
+      event.allowed ? 1 : 0,
+      event.reason,
+      event.address ?? null,
+    )
   }
 
   network(sessionId: string, limit: number): NetworkEventInfo[] {
@@ -266,16 +273,11 @@ export class SessionStore {
 
   /** Records the workspace generation; it only moves forward (a lower value is ignored). */
   setGeneration(sessionId: string, generation: number): void {
-    this.db
-      .prepare('UPDATE sessions SET generation = MAX(generation, ?) WHERE id = ?')
-      .run(generation, sessionId)
+    this.s.setGeneration.run(generation, sessionId)
   }
 
   generationOf(sessionId: string): number {
-    const row = this.db
-      .prepare<[string], { generation: number }>('SELECT generation FROM sessions WHERE id = ?')
-      .get(sessionId)
-    return row?.generation ?? 0
+    return this.s.generationOf.get(sessionId)?.generation ?? 0
   }
 
   /** Stores a session's lifecycle policy and the deadline `maxDurationMs` gives it. */
@@ -298,11 +300,7 @@ export class SessionStore {
 
   /** Idle or active sessions whose `maxDurationMs` has run out. */
   pastDeadline(nowIso: string): { id: string; tenant_id: string }[] {
-    return this.db
-      .prepare<[string], { id: string; tenant_id: string }>(
-        `SELECT id, tenant_id FROM sessions WHERE deadline_at IS NOT NULL AND deadline_at <= ? AND status IN ('idle', 'active')`,
-      )
-      .all(nowIso)
+    return this.s.pastDeadline.all(nowIso)
   }
 
   /** Changes a session's status and records the transition with its cause, atomically. */

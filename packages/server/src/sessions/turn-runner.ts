@@ -38,8 +38,13 @@ export interface TurnHandle {
 export class TurnRunner {
   /** Called after the sandbox is ready and before the prompt is sent (pre-turn snapshots). */
   beforeTurnHook: ((row: SessionRow, seq: number, agent: AgentProcess) => Promise<void>) | undefined
-  /** Called once a turn has ended and its outcome was sent (not awaited: off the critical path). */
-  afterTurnHook: ((row: SessionRow, seq: number, agent: AgentProcess | undefined) => void) | undefined
+  /**
+   * Called once a turn has ended and its outcome was sent (not awaited: off the critical path);
+   * `unchanged` is what `unchangedProbe` answered for the turn.
+   */
+  afterTurnHook:
+    | ((row: SessionRow, seq: number, agent: AgentProcess | undefined, unchanged: boolean) => void)
+    | undefined
   /** Whether a warm agent's turn left the workspace as its last automatic snapshot. */
   unchangedProbe: ((sessionId: string, agent: AgentProcess) => Promise<boolean>) | undefined
 
@@ -266,7 +271,7 @@ export class TurnRunner {
         },
       })
     }
-    this.afterTurnHook?.(row, seq, warm.agent(row.id))
+    this.afterTurnHook?.(row, seq, warm.agent(row.id), unchanged)
     const memory = this.deps.memory
     if (memory) {
       void memory

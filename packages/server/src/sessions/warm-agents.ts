@@ -1,7 +1,8 @@
 import { CairnProblem } from '@cairn/protocol'
-import { type AgentProcess, DEFAULT_LIMITS, DEFAULT_TURN_TIMEOUT_MS } from '@cairn/runtime'
+import { type AgentProcess, DEFAULT_TURN_TIMEOUT_MS } from '@cairn/runtime'
 import { ENV_VARIABLES, envBinds } from '../agents/builder.js'
 import { iso } from '../clock.js'
+import { sandboxLimits, sessionNetwork } from './sandbox-settings.js'
 import type { SessionServiceDeps } from './session-deps.js'
 import type { SessionRow, SessionStore } from './session-store.js'
 import { TranscriptCache } from './transcript-cache.js'
@@ -90,19 +91,13 @@ export class WarmAgents {
         ...(this.deps.memory ? [await this.deps.memory.bind(row.agent_id)] : []),
       ],
       egress: {
-        policy: (row.network_json ? JSON.parse(row.network_json) : revision.manifest.network) ?? {
-          allow: [],
-        },
+        policy: sessionNetwork(row, revision.manifest),
         privateExceptions: this.deps.egressPrivateExceptions,
         onEvent: (event) => this.deps.store.recordNetwork(row.id, event),
         secrets: proxySecrets,
         upstreamCaPems: this.deps.egressUpstreamCaPems,
       },
-      limits: {
-        memoryMiB: limits.memoryMiB ?? DEFAULT_LIMITS.memoryMiB,
-        pids: limits.pids ?? DEFAULT_LIMITS.pids,
-        cpus: limits.cpus ?? DEFAULT_LIMITS.cpus,
-      },
+      limits: sandboxLimits(revision.manifest),
       turnTimeoutMs: limits.turnTimeoutMs ?? DEFAULT_TURN_TIMEOUT_MS,
       isolation: revision.manifest.isolation,
     })

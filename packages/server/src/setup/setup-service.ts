@@ -7,13 +7,14 @@ import {
   type SessionSetup,
   type SetupInfo,
 } from '@cairn/protocol'
-import { DEFAULT_LIMITS, type NetworkEvent, type Runtime, runSandboxedCommand } from '@cairn/runtime'
+import { type NetworkEvent, type Runtime, runSandboxedCommand } from '@cairn/runtime'
 import type { Logger } from 'pino'
 import type { AgentService } from '../agents/agent-service.js'
 import { ENV_VARIABLES, envBinds } from '../agents/builder.js'
 import { type Clock, iso } from '../clock.js'
 import type { Db } from '../db/database.js'
 import { redact, type SecretStore } from '../secrets/secret-store.js'
+import { sandboxLimits, sessionNetwork } from '../sessions/sandbox-settings.js'
 import type { SessionRow } from '../sessions/session-store.js'
 import { logTail, SetupStore } from './setup-store.js'
 
@@ -92,12 +93,8 @@ export class SetupService {
     const { runtime, secrets } = this.deps
     const setupSecrets = secrets.valuesForScope(row.tenant_id, row.agent_id, 'setup')
     const allSecrets = secrets.values(row.agent_id, ['runtime', 'setup', 'proxy'])
-    const policy: NetworkPolicy = setup.network ??
-      (row.network_json ? (JSON.parse(row.network_json) as NetworkPolicy) : revision.manifest.network) ?? {
-        allow: [],
-      }
+    const policy: NetworkPolicy = setup.network ?? sessionNetwork(row, revision.manifest)
     const envKey = revision.manifest.envKey ?? undefined
-    const limits = revision.manifest.limits ?? {}
     const timeoutMs = setup.timeoutMs ?? DEFAULT_SETUP_TIMEOUT_MS
     let log = ''
     const append = (line: string) => {
@@ -127,11 +124,7 @@ export class SetupService {
         network: 'none',
         egress: { policy, privateExceptions: this.deps.egressPrivateExceptions, onEvent: onNetwork },
         binds: envKey ? envBinds(this.deps.agents.envs.envPath(envKey), envKey) : [],
-        limits: {
-          memoryMiB: limits.memoryMiB ?? DEFAULT_LIMITS.memoryMiB,
-          pids: limits.pids ?? DEFAULT_LIMITS.pids,
-          cpus: limits.cpus ?? DEFAULT_LIMITS.cpus,
-        },
+        limits: sandboxLimits(revision.manifest),
         timeoutMs,
         onLine: append,
         signal,

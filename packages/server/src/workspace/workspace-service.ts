@@ -12,7 +12,6 @@ import {
   type SetupInfo,
   type SnapshotInfo,
   type SnapshotReason,
-  type TreeSizes,
   type WorkspaceDiff,
 } from '@cairn/protocol'
 import type { AgentProcess, Runtime } from '@cairn/runtime'
@@ -23,13 +22,13 @@ import { type ArchiveLimits, DEFAULT_ARCHIVE_LIMITS, inspectArchive } from '../a
 import { type Clock, iso } from '../clock.js'
 import type { Db } from '../db/database.js'
 import { openInside, resolveInside, workspaceRelative } from '../files/confine.js'
-import { treeDigest } from '../files/digest.js'
 import { deleteWorkspacePath, unpackIntoWorkspace, writeWorkspaceFile } from '../files/sandboxed-io.js'
 import { diffTrees, listDirectory } from '../files/tree.js'
-import { applyPolicy, deadlineFor, policyOf } from '../sessions/policy.js'
+import { applyPolicy, policyColumns, policyOf } from '../sessions/policy.js'
 import type { SessionService } from '../sessions/session-service.js'
 import type { InterruptedTurn, SessionRow } from '../sessions/session-store.js'
 import { SnapshotStore } from '../snapshots/snapshot-store.js'
+import { type SnapshotExtras, SnapshotMeasures } from './snapshot-measures.js'
 
 /** The workspace as of an automatic snapshot, to tell whether a later turn changed it. */
 interface SnapshotMark {
@@ -57,12 +56,6 @@ export interface WorkspaceServiceDeps {
   setupOf?: (sessionId: string) => SetupInfo | undefined
 }
 
-/** What to add to a snapshot's record, on request: both read the tree. */
-export interface SnapshotExtras {
-  digest?: boolean | undefined
-  sizes?: boolean | undefined
-}
-
 /**
  * The session workspace as a versioned object: snapshots (frozen, O(1)), exact restore, fork,
  * files, diff and export. Every mutation holds the session's turn lock.
@@ -73,21 +66,19 @@ export class WorkspaceService {
   private readonly pending = new Map<string, Promise<void>>()
   /** Sessions whose workspace changed outside a turn since their last snapshot. */
   private readonly dirty = new Set<string>()
-  /** Digests being computed, by snapshot ID. */
-  private readonly digests = new Map<string, Promise<string>>()
-  /** Size measurements in progress, by tree path. */
-  private readonly measuring = new Map<string, Promise<TreeSizes>>()
+  private readonly measures: SnapshotMeasures
   /** Per session, what its workspace looked like when its newest automatic snapshot was taken. */
   private readonly marks = new Map<string, SnapshotMark>()
 
   constructor(private readonly deps: WorkspaceServiceDeps) {
     this.snapshots = new SnapshotStore(deps.db)
+    this.measures = new SnapshotMeasures(deps.runtime.pool, this.snapshots)
     // The snapshot that lets turn N be undone is the state after turn N-1. It is taken as soon as
     // turn N-1 ends (the agent is waiting for input), off the critical path of the reply; turn N
     // waits for it, and takes one itself when something changed the workspace in between.
-    deps.sessions.onAfterTurn((row, seq, agent) => {
+    deps.sessions.onAfterTurn((row, seq, agent, unchanged) => {
       if (!row.auto_snapshots) return
-      this.track(row.id, this.snapshotAfterTurn(row, seq, agent?.alive ? agent : undefined))
+      this.track(row.id, this.snapshotAfterTurn(row, seq, agent?.alive ? agent : undefined, unchanged))
     })
     deps.sessions.onUnchangedProbe(async (sessionId, agent) => {
       const mark = this.marks.get(sessionId)
@@ -116,15 +107,19 @@ export class WorkspaceService {
   /**
    * The snapshot that makes turn `seq + 1` undoable. When the turn changed nothing in the
    * workspace, the previous automatic snapshot already is that state: it is recorded as standing
-   * for this turn too, and no snapshot (a btrfs transaction commit) is taken.
+   * for this turn too, and no snapshot (a btrfs transaction commit) is taken. `unchanged` is the
+   * turn runner's answer from `unchangedSince` (the one that kept the generation), not asked again.
    */
-  private async snapshotAfterTurn(row: SessionRow, seq: number, agent?: AgentProcess): Promise<void> {
+  private async snapshotAfterTurn(
+    row: SessionRow,
+    seq: number,
+    agent: AgentProcess | undefined,
+    unchanged: boolean,
+  ): Promise<void> {
     // After the reply's stream is ended (the hook runs just after run.completed is written).
     await new Promise((resolve) => setImmediate(resolve))
     const mark = this.marks.get(row.id)
-    if (mark && agent && (await this.unchangedSince(row.id, mark, agent))) {
-      if (this.snapshots.extendThrough(mark.snapshotId, seq)) return
-    }
+    if (mark && agent && unchanged && this.snapshots.extendThrough(mark.snapshotId, seq)) return
     await this.take(row, 'auto', 'before_turn', seq, agent)
   }
 
@@ -259,7 +254,7 @@ export class WorkspaceService {
     const all = this.snapshots.list(id)
     if (!want.digest && !want.sizes) return all
     const out: SnapshotInfo[] = []
-    for (const snap of all) out.push(await this.withExtras(snap, want))
+    for (const snap of all) out.push(await this.measures.withExtras(snap, want))
     return out
   }
 
@@ -267,68 +262,7 @@ export class WorkspaceService {
     this.deps.sessions.require(tenantId, id)
     const snap = this.snapshots.get(id, snapshotId)
     if (!snap) throw new CairnProblem('not_found', `No snapshot ${snapshotId} in session ${id}`)
-    return this.withExtras(snap, want)
-  }
-
-  private async withExtras(snap: SnapshotInfo, want: SnapshotExtras): Promise<SnapshotInfo> {
-    const withDigest = want.digest ? await this.withDigest(snap) : snap
-    return want.sizes ? { ...withDigest, sizes: await this.snapshotSizes(snap) } : withDigest
-  }
-
-  /**
-   * Measures a snapshot now. Nothing is stored: referenced bytes never change for a read-only
-   * snapshot, but they come from the same measurement as exclusive bytes, which grow when the
-   * workspace or a sibling snapshot stops sharing data (a file deleted, a snapshot removed), so
-   * storing one would save nothing and storing the other would go stale.
-   */
-  private async snapshotSizes(snap: SnapshotInfo): Promise<TreeSizes> {
-    try {
-      return await this.measure(this.deps.runtime.pool.snapshotPath(snap.id))
-    } catch (error) {
-      if (!this.snapshots.get(snap.sessionId, snap.id))
-        throw new CairnProblem('not_found', `snapshot ${snap.id} was deleted while it was measured`)
-      throw error
-    }
-  }
-
-  /** One measurement per tree at a time: concurrent requests for the same tree share it. */
-  private measure(dir: string): Promise<TreeSizes> {
-    let work = this.measuring.get(dir)
-    if (!work) {
-      work = this.deps.runtime.pool.usage(dir)
-      this.measuring.set(dir, work)
-      const forget = () => this.measuring.delete(dir)
-      void work.then(forget, forget)
-    }
-    return work
-  }
-
-  /**
-   * Fills in a snapshot's content digest, computing it once (lazily: it reads every file) and
-   * caching it in the database; concurrent requests for the same snapshot share one walk.
-   */
-  private async withDigest(snap: SnapshotInfo): Promise<SnapshotInfo> {
-    if (snap.digest) return snap
-    let work = this.digests.get(snap.id)
-    if (!work) {
-      work = treeDigest(this.deps.runtime.pool.snapshotPath(snap.id))
-      this.digests.set(snap.id, work)
-      void work.then(
-        () => this.digests.delete(snap.id),
-        () => this.digests.delete(snap.id),
-      )
-    }
-    let digest: string
-    try {
-      digest = await work
-    } catch (error) {
-      // Retention may delete the snapshot while it is being read.
-      if (!this.snapshots.get(snap.sessionId, snap.id))
-        throw new CairnProblem('not_found', `snapshot ${snap.id} was deleted while its digest was computed`)
-      throw error
-    }
-    this.snapshots.setDigest(snap.id, digest)
-    return { ...snap, digest }
+    return this.measures.withExtras(snap, want)
   }
 
   private pick(
@@ -423,12 +357,7 @@ export class WorkspaceService {
           title: body.title ?? (row.title ? `${row.title} (fork)` : null),
           status: 'idle',
           status_cause: 'forked',
-          idle_timeout_ms: policy.idleTimeoutMs,
-          keep_warm_ms: policy.keepWarmMs,
-          max_turns: policy.maxTurns,
-          max_duration_ms: policy.maxDurationMs,
-          deadline_at: deadlineFor(policy, this.deps.clock.now()),
-          on_timeout: policy.onTimeout,
+          ...policyColumns(policy, this.deps.clock.now()),
           auto_snapshots: row.auto_snapshots,
           generation,
           created_at: this.now(),
@@ -444,8 +373,12 @@ export class WorkspaceService {
 
   /** Root of a session's workspace, or of one of its snapshots, on the host. */
   private root(tenantId: string, id: string, snapshotId?: string): string {
-    const row = this.deps.sessions.require(tenantId, id)
-    if (row.status === 'deleted') throw new CairnProblem('session_deleted', `session ${id} was deleted`)
+    return this.rootOf(this.deps.sessions.requireLive(tenantId, id), snapshotId)
+  }
+
+  /** `root` for a session already read (and found not deleted). */
+  private rootOf(row: SessionRow, snapshotId?: string): string {
+    const { id } = row
     const { pool } = this.deps.runtime
     if (snapshotId) {
       if (!this.snapshots.get(id, snapshotId))
@@ -453,7 +386,7 @@ export class WorkspaceService {
       return pool.snapshotPath(snapshotId)
     }
     const dir = pool.workspacePath(id)
-    if (!existsSync(dir)) throw this.deps.sessions.missingWorkspace(tenantId, id)
+    if (!existsSync(dir)) throw this.deps.sessions.missingWorkspace(row.tenant_id, id)
     return dir
   }
 
@@ -516,8 +449,8 @@ export class WorkspaceService {
 
   /** Files added, changed and deleted since the revision (`from` absent or `revision`) or a snapshot. */
   async diff(tenantId: string, id: string, from?: string): Promise<WorkspaceDiff> {
-    const row = this.deps.sessions.require(tenantId, id)
-    const root = this.root(tenantId, id)
+    const row = this.deps.sessions.requireLive(tenantId, id)
+    const root = this.rootOf(row)
     const { pool } = this.deps.runtime
     if (!from || from === 'revision')
       return diffTrees(pool.revisionPath(row.revision_id), root, row.revision_id)
@@ -532,14 +465,14 @@ export class WorkspaceService {
     id: string,
     snapshotId?: string,
   ): Promise<{ stream: Readable; cleanup: () => Promise<void> }> {
-    const row = this.deps.sessions.require(tenantId, id)
+    const row = this.deps.sessions.requireLive(tenantId, id)
     const { pool } = this.deps.runtime
     let dir: string
     let cleanup = async () => undefined
     if (snapshotId) {
-      dir = this.root(tenantId, id, snapshotId)
+      dir = this.rootOf(row, snapshotId)
     } else {
-      this.root(tenantId, id)
+      this.rootOf(row)
       const temp = newId('snapshot')
       await this.frozenSnapshot(row.id, temp)
       dir = pool.snapshotPath(temp)
@@ -662,7 +595,7 @@ export class WorkspaceService {
     const workspacePath = this.deps.runtime.pool.workspacePath(id)
     const present = existsSync(workspacePath)
     const dirty = present ? await this.diff(tenantId, id) : undefined
-    const workspaceSizes = withSizes && present ? await this.measure(workspacePath) : null
+    const workspaceSizes = withSizes && present ? await this.measures.measure(workspacePath) : null
     return {
       session,
       agent: { id: row.agent_id, name: row.agent_name },

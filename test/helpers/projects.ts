@@ -10,3 +10,17 @@ export async function makeProject(files: Record<string, string>): Promise<string
   }
   return dir
 }
+
+/**
+ * An agent that appends each line to log.txt and answers `kept <every line so far>`, so a reply
+ * shows which turns the workspace holds.
+ */
+export const KEEPER_PROJECT: Record<string, string> = {
+  'cairn.yaml': 'name: keeper\ncommand: python3 keeper.py\n',
+  'keeper.py': [
+    'while True:',
+    '    line = input()',
+    '    open("log.txt", "a").write(line + "\\n")',
+    '    print("kept", " ".join(open("log.txt").read().split()))',
+  ].join('\n'),
+}

@@ -24,3 +24,13 @@ export const KEEPER_PROJECT: Record<string, string> = {
     '    print("kept", " ".join(open("log.txt").read().split()))',
   ].join('\n'),
 }
+
+/** An agent that runs each line as a bash command and answers its output and `[exit <status>]`. */
+export const SHELL_AGENT =
+  'while IFS= read -r line; do bash -c "$line" </dev/null 2>&1; echo "[exit $?]"; done\n'
+
+/** The `shell` agent project (see SHELL_AGENT). */
+export const SHELL_PROJECT: Record<string, string> = {
+  'cairn.yaml': 'name: shell\ncommand: bash agent.sh\n',
+  'agent.sh': SHELL_AGENT,
+}

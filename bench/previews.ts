@@ -3,6 +3,7 @@ import { type Bench, progress, repeat, timedResult } from './lib/bench.js'
 import type { BenchResult } from './lib/results.js'
 import { makeProject, SHELL_AGENT, startBenchServer } from './lib/server.js'
 import { row } from './lib/stats.js'
+import { healthzSamples } from './lib/turns.js'
 
 const RUNS = 200
 const FIRST_RUNS = 10
@@ -27,9 +28,7 @@ export const previews: Bench = {
       const dir = await makeProject('preview', 2, SHELL_AGENT)
       try {
         await server.deploy(dir)
-        const healthz: number[] = []
-        for (let i = 0; i < 20; i++) await server.http.json('GET', '/healthz')
-        for (let i = 0; i < RUNS; i++) healthz.push((await server.http.json('GET', '/healthz')).ms)
+        const healthz = await healthzSamples(server.http, RUNS)
         const floor = { name: 'GET /healthz', median: row('', healthz).summary.median }
 
         progress(`${FIRST_RUNS} sandboxes: the first preview request (port relay start)`)

@@ -4,8 +4,7 @@ import { execTool } from '../packages/runtime/dist/index.js'
 import { type Bench, progress, repeat, timedResult } from './lib/bench.js'
 import type { Target } from './lib/results.js'
 import { makeProject, SHELL_AGENT, startBenchServer } from './lib/server.js'
-import { count, fillCommand, shell } from './lib/shell-workspace.js'
-import { type Row, row, summarize } from './lib/stats.js'
+import { count, fillCommand, postExpecting, SizeSamples, shell } from './lib/shell-workspace.js'
 
 const SIZES = [100, 10_000, 100_000] as const
 const RUNS = 20
@@ -47,17 +46,10 @@ export const snapshots: Bench = {
         }
         await execTool('sync', [])
 
-        const api = async (route: string, body: unknown, status: number) => {
-          const res = await server.http.json('POST', route, body)
-          if (res.status !== status) throw new Error(`${route}: ${res.status} ${JSON.stringify(res.body)}`)
-          return res
-        }
-        const samples = new Map<string, number[]>()
-        const add = (size: Size, op: Op | 'cp -a', ms: number) => {
-          const key = `${op} (${count(size)} files)`
-          if (!samples.has(key)) samples.set(key, [])
-          samples.get(key)?.push(ms)
-        }
+        const api = (route: string, body: unknown, status: number) =>
+          postExpecting(server, route, body, status)
+        const samples = new SizeSamples()
+        const add = (size: Size, op: Op | 'cp -a', ms: number) => samples.add(size, op, ms)
         const forks: string[] = []
         const once = async (size: Size, keep: boolean) => {
           const id = sessions[size]
@@ -98,20 +90,9 @@ export const snapshots: Bench = {
           })
         }
 
-        const rows: Row[] = []
         const targets: Target[] = []
         const notes: string[] = []
-        const median = (op: Op | 'cp -a', size: Size) => {
-          return summarize(samples.get(`${op} (${count(size)} files)`) ?? []).median
-        }
-        for (const size of SIZES) {
-          const floor = { name: `cp -a (${count(size)} files)`, median: median('cp -a', size) }
-          for (const op of OPS) {
-            const name = `${op} (${count(size)} files)`
-            rows.push(row(name, samples.get(name) ?? [], floor))
-          }
-          rows.push(row(floor.name, samples.get(floor.name) ?? []))
-        }
+        const median = (op: Op | 'cp -a', size: Size) => samples.median(op, size)
         for (const op of ['snapshot', 'restore', 'fork'] as const) {
           const large = median(op, 100_000)
           const small = median(op, 100)
@@ -146,7 +127,7 @@ export const snapshots: Bench = {
               'request to response of POST /v1/sessions/{id}/snapshots, /restore {snapshotId}, /fork {snapshotId}; "warm sandbox": after a turn, so the snapshot freezes the sandbox and the restore stops it; floor: cp -a of the workspace to a directory on the same btrfs (then removed and synced, untimed)',
             fillMs,
           },
-          rows,
+          rows: samples.rows(SIZES, OPS, 'cp -a'),
           targets,
           notes,
         }

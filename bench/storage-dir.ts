@@ -3,8 +3,7 @@ import path from 'node:path'
 import { execTool } from '../packages/runtime/dist/index.js'
 import { type Bench, progress, repeat, timedResult } from './lib/bench.js'
 import { makeProject, SHELL_AGENT, startBenchServer } from './lib/server.js'
-import { count, fillCommand, shell } from './lib/shell-workspace.js'
-import { type Row, row, summarize } from './lib/stats.js'
+import { count, fillCommand, postExpecting, SizeSamples, shell } from './lib/shell-workspace.js'
 
 const SIZES = [100, 10_000] as const
 const RUNS = 10
@@ -35,17 +34,10 @@ export const storageDir: Bench = {
             throw new Error(`expected ${size} files, the agent said ${text}`)
           sessions[size] = id
         }
-        const api = async (route: string, body: unknown, status: number) => {
-          const res = await server.http.json('POST', route, body)
-          if (res.status !== status) throw new Error(`${route}: ${res.status} ${JSON.stringify(res.body)}`)
-          return res
-        }
-        const samples = new Map<string, number[]>()
-        const add = (size: Size, op: Op | 'cp -a', ms: number) => {
-          const key = `${op} (${count(size)} files)`
-          if (!samples.has(key)) samples.set(key, [])
-          samples.get(key)?.push(ms)
-        }
+        const api = (route: string, body: unknown, status: number) =>
+          postExpecting(server, route, body, status)
+        const samples = new SizeSamples()
+        const add = (size: Size, op: Op | 'cp -a', ms: number) => samples.add(size, op, ms)
         const forks: string[] = []
         progress(`${RUNS} runs per size, sizes alternating`)
         const { truncated } = await repeat(RUNS, 120_000, async () => {
@@ -77,19 +69,9 @@ export const storageDir: Bench = {
             await rm(copy, { recursive: true, force: true })
           })
         }
-        const rows: Row[] = []
         const notes: string[] = []
-        for (const size of SIZES) {
-          const floorName = `cp -a (${count(size)} files)`
-          const floor = { name: floorName, median: summarize(samples.get(floorName) ?? []).median }
-          for (const op of OPS) {
-            const name = `${op} (${count(size)} files)`
-            rows.push(row(name, samples.get(name) ?? [], floor))
-          }
-          rows.push(row(floorName, samples.get(floorName) ?? []))
-        }
         for (const op of ['snapshot', 'restore', 'fork'] as const) {
-          const m = (size: Size) => summarize(samples.get(`${op} (${count(size)} files)`) ?? []).median
+          const m = (size: Size) => samples.median(op, size)
           notes.push(`${op}: 100 files ${m(100).toFixed(1)} ms, 10,000 files ${m(10_000).toFixed(1)} ms`)
         }
         return {
@@ -101,7 +83,7 @@ export const storageDir: Bench = {
             measured:
               'request to response of POST /v1/sessions/{id}/snapshots, /restore {snapshotId}, /fork {snapshotId}; "warm sandbox": after a turn, so the snapshot freezes the sandbox for the whole copy',
           },
-          rows,
+          rows: samples.rows(SIZES, OPS, 'cp -a'),
           targets: [],
           notes,
         }

@@ -1,16 +1,13 @@
 import { existsSync } from 'node:fs'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { makeProject } from './helpers/projects.js'
+import { makeProject, SHELL_PROJECT } from './helpers/projects.js'
 import { startTestServer, type TestServer } from './helpers/server.js'
 
 let t: TestServer
 
 beforeAll(async () => {
   t = await startTestServer()
-  const shell = await makeProject({
-    'cairn.yaml': 'name: shell\ncommand: bash agent.sh\n',
-    'agent.sh': 'while IFS= read -r line; do bash -c "$line" </dev/null 2>&1; echo "[exit $?]"; done\n',
-  })
+  const shell = await makeProject(SHELL_PROJECT)
   expect((await t.api.deploy(shell)).status).toBe(201)
 })
 

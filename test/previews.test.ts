@@ -2,7 +2,7 @@ import net from 'node:net'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { probeGvisor } from '../packages/runtime/src/sandbox/gvisor-driver.js'
 import { assertBuilt, spawnCli } from './helpers/cli.js'
-import { makeProject } from './helpers/projects.js'
+import { makeProject, SHELL_PROJECT } from './helpers/projects.js'
 import { startTestServer, type TestServer } from './helpers/server.js'
 
 let t: TestServer
@@ -34,8 +34,7 @@ const waitFor = (port: number) =>
 beforeAll(async () => {
   t = await startTestServer()
   const shell = await makeProject({
-    'cairn.yaml': 'name: shell\ncommand: bash agent.sh\n',
-    'agent.sh': 'while IFS= read -r line; do bash -c "$line" </dev/null 2>&1; echo "[exit $?]"; done\n',
+    ...SHELL_PROJECT,
     'upgrade_echo.py': UPGRADE_ECHO,
   })
   expect((await t.api.deploy(shell)).status).toBe(201)

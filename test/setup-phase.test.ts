@@ -7,7 +7,7 @@ import { Cairn } from '@cairn/sdk'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { assertBuilt, spawnCli } from './helpers/cli.js'
 import { createNetnsHost, type NetnsHost, netnsAddresses } from './helpers/netns.js'
-import { makeProject } from './helpers/projects.js'
+import { makeProject, SHELL_AGENT, SHELL_PROJECT } from './helpers/projects.js'
 import { startTestServer, type TestServer } from './helpers/server.js'
 
 // A git host in its own network namespace (reachable over a veth pair, as in the egress tests)
@@ -65,7 +65,6 @@ beforeAll(async () => {
     }
   }
   t = await startTestServer({ server: { egressPrivateExceptions: [GIT_HOST] } })
-  const shell = 'while IFS= read -r line; do bash -c "$line" </dev/null 2>&1; echo "[exit $?]"; done\n'
   // `cloner` declares the setup in cairn.yaml; `shell` gets one per session through the API.
   const cloner = await makeProject({
     'cairn.yaml': [
@@ -78,13 +77,10 @@ beforeAll(async () => {
       `      allow: ["${GIT_HOST}:8080"]`,
       '',
     ].join('\n'),
-    'agent.sh': shell,
+    'agent.sh': SHELL_AGENT,
   })
   expect((await t.api.deploy(cloner)).status).toBe(201)
-  const plain = await makeProject({
-    'cairn.yaml': 'name: shell\ncommand: bash agent.sh\n',
-    'agent.sh': shell,
-  })
+  const plain = await makeProject(SHELL_PROJECT)
   expect((await t.api.deploy(plain)).status).toBe(201)
 })
 

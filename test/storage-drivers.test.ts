@@ -6,7 +6,7 @@ import path from 'node:path'
 import { promisify } from 'node:util'
 import { startServer } from '@cairn/server'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { makeProject } from './helpers/projects.js'
+import { makeProject, SHELL_PROJECT } from './helpers/projects.js'
 import { Api, EXAMPLES, startTestServer, type TestServer } from './helpers/server.js'
 import { treeManifest } from './helpers/tree.js'
 
@@ -23,10 +23,7 @@ describe.each(['btrfs', 'dir'] as const)('storage driver %s', (storage) => {
     dataDir = await mkdtemp(path.join(os.tmpdir(), `cairn-storage-${storage}-`))
     t = await startTestServer({ dataDir, server: { storage } })
     expect((await t.api.deploy(`${EXAMPLES}/notes`)).status).toBe(201)
-    const shell = await makeProject({
-      'cairn.yaml': 'name: shell\ncommand: bash agent.sh\n',
-      'agent.sh': 'while IFS= read -r line; do bash -c "$line" </dev/null 2>&1; echo "[exit $?]"; done\n',
-    })
+    const shell = await makeProject(SHELL_PROJECT)
     expect((await t.api.deploy(shell)).status).toBe(201)
   })
 

@@ -1,7 +1,7 @@
 import { existsSync, readdirSync } from 'node:fs'
 import { gunzipSync } from 'node:zlib'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { makeProject } from './helpers/projects.js'
+import { makeProject, SHELL_PROJECT } from './helpers/projects.js'
 import { rawTarGz } from './helpers/raw-tar.js'
 import { startTestServer, type TestServer } from './helpers/server.js'
 import { treeManifest } from './helpers/tree.js'
@@ -11,8 +11,7 @@ let t: TestServer
 beforeAll(async () => {
   t = await startTestServer({ server: { maxUploadBytes: 8 * 1024 * 1024 } })
   const shell = await makeProject({
-    'cairn.yaml': 'name: shell\ncommand: bash agent.sh\n',
-    'agent.sh': 'while IFS= read -r line; do bash -c "$line" </dev/null 2>&1; echo "[exit $?]"; done\n',
+    ...SHELL_PROJECT,
     'README.md': 'seed file from the revision\n',
   })
   expect((await t.api.deploy(shell)).status).toBe(201)

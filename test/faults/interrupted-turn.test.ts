@@ -3,7 +3,7 @@ import os from 'node:os'
 import path from 'node:path'
 import Database from 'better-sqlite3'
 import { afterAll, describe, expect, it } from 'vitest'
-import { makeProject } from '../helpers/projects.js'
+import { KEEPER_PROJECT, makeProject } from '../helpers/projects.js'
 import { Api, startTestServer, type TestServer } from '../helpers/server.js'
 
 const servers: TestServer[] = []
@@ -23,20 +23,11 @@ describe('turn atomicity after a crash', () => {
   it('an interrupted turn that never reached the agent gets its pre-turn snapshot at start-up, so it can be undone', async () => {
     dataDir = await mkdtemp(path.join(os.tmpdir(), 'cairn-interrupted-'))
     const first = await startTestServer({ dataDir })
-    const project = await makeProject({
-      'cairn.yaml': 'name: keeper\ncommand: python3 keeper.py\n',
-      'keeper.py': [
-        'while True:',
-        '    line = input()',
-        '    open("log.txt", "a").write(line + "\\n")',
-        '    print("kept", " ".join(open("log.txt").read().split()))',
-      ].join('\n'),
-    })
+    const project = await makeProject(KEEPER_PROJECT)
     expect((await first.api.deploy(project)).status).toBe(201)
     const session = await first.api.createSession('keeper')
     expect((await first.api.send(session.id, 'one')).text).toBe('kept one\n')
-    for (let i = 0; i < 200 && !(await snapshotTurns(first.api, session.id)).includes(1); i++)
-      await new Promise((r) => setTimeout(r, 50))
+    await first.api.snapshotAfter(session.id, 1)
     await first.close()
 
     // The database as a kill -9 leaves it right after turn 2 was recorded and before the snapshot

@@ -4,7 +4,7 @@ import os from 'node:os'
 import path from 'node:path'
 import { promisify } from 'node:util'
 import { afterAll, describe, expect, it } from 'vitest'
-import { makeProject } from '../helpers/projects.js'
+import { KEEPER_PROJECT, makeProject } from '../helpers/projects.js'
 import { Api, startTestServer, type TestServer } from '../helpers/server.js'
 
 const run = promisify(execFile)
@@ -17,27 +17,7 @@ afterAll(async () => {
 })
 
 async function keeper(t: TestServer): Promise<void> {
-  const project = await makeProject({
-    'cairn.yaml': 'name: keeper\ncommand: python3 keeper.py\n',
-    'keeper.py': [
-      'while True:',
-      '    line = input()',
-      '    open("log.txt", "a").write(line + "\\n")',
-      '    print("kept", " ".join(open("log.txt").read().split()))',
-    ].join('\n'),
-  })
-  expect((await t.api.deploy(project)).status).toBe(201)
-}
-
-/** The automatic snapshot that follows `turn` (taken in the background once the turn ends). */
-async function snapshotAfter(api: Api, sessionId: string, turn: number): Promise<string> {
-  for (let i = 0; i < 200; i++) {
-    const list = await api.call('GET', `/v1/sessions/${sessionId}/snapshots`)
-    const found = (list.body.data as { id: string; turn: number }[]).find((s) => s.turn === turn)
-    if (found) return found.id
-    await new Promise((r) => setTimeout(r, 50))
-  }
-  throw new Error(`no snapshot after turn ${turn}`)
+  expect((await t.api.deploy(await makeProject(KEEPER_PROJECT))).status).toBe(201)
 }
 
 /** Replaces a workspace with an older snapshot of it using btrfs directly, behind Cairn's back. */
@@ -54,9 +34,9 @@ describe('a workspace rolled back outside Cairn is refused with state_lost', () 
     await keeper(t)
     const session = await t.api.createSession('keeper', { keepWarmMs: 0 })
     expect((await t.api.send(session.id, 'one')).text).toBe('kept one\n')
-    const afterOne = await snapshotAfter(t.api, session.id, 1)
+    const afterOne = await t.api.snapshotAfter(session.id, 1)
     expect((await t.api.send(session.id, 'two')).text).toBe('kept one two\n')
-    await snapshotAfter(t.api, session.id, 2)
+    await t.api.snapshotAfter(session.id, 2)
     const put = await t.api.call(
       'PUT',
       `/v1/sessions/${session.id}/files/content?path=notes.txt`,
@@ -105,9 +85,9 @@ describe('a workspace rolled back outside Cairn is refused with state_lost', () 
       expect((await first.api.send(id, 'a')).text).toBe('kept a\n')
       expect((await first.api.send(id, 'b')).text).toBe('kept a b\n')
     }
-    await snapshotAfter(first.api, kept.id, 2)
-    await snapshotAfter(first.api, rolled.id, 2)
-    await rollBack(first, rolled.id, await snapshotAfter(first.api, rolled.id, 1))
+    await first.api.snapshotAfter(kept.id, 2)
+    await first.api.snapshotAfter(rolled.id, 2)
+    await rollBack(first, rolled.id, await first.api.snapshotAfter(rolled.id, 1))
     await first.close()
 
     const second = await startTestServer({ dataDir })

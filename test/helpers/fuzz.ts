@@ -399,3 +399,15 @@ export function listTree(
   walk('', 1)
   return out.sort()
 }
+
+/** Places anyone may write to, each with how many levels down to look. */
+export type SharedPlaces = readonly (readonly [root: string, depth: number])[]
+
+/** Entries named with FUZZ_MARKER in `places` (/proc and /sys always skipped): compare before and after. */
+export function markerEntries(places: SharedPlaces, skip: (rel: string) => boolean = () => false): string[] {
+  const found: string[] = []
+  for (const [root, depth] of places)
+    for (const rel of listTree(root, depth, (r) => r === 'proc' || r === 'sys' || skip(r)))
+      if (rel.includes(FUZZ_MARKER)) found.push(path.join(root, rel))
+  return found
+}

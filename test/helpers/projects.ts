@@ -10,3 +10,27 @@ export async function makeProject(files: Record<string, string>): Promise<string
   }
   return dir
 }
+
+/**
+ * An agent that appends each line to log.txt and answers `kept <every line so far>`, so a reply
+ * shows which turns the workspace holds.
+ */
+export const KEEPER_PROJECT: Record<string, string> = {
+  'cairn.yaml': 'name: keeper\ncommand: python3 keeper.py\n',
+  'keeper.py': [
+    'while True:',
+    '    line = input()',
+    '    open("log.txt", "a").write(line + "\\n")',
+    '    print("kept", " ".join(open("log.txt").read().split()))',
+  ].join('\n'),
+}
+
+/** An agent that runs each line as a bash command and answers its output and `[exit <status>]`. */
+export const SHELL_AGENT =
+  'while IFS= read -r line; do bash -c "$line" </dev/null 2>&1; echo "[exit $?]"; done\n'
+
+/** The `shell` agent project (see SHELL_AGENT). */
+export const SHELL_PROJECT: Record<string, string> = {
+  'cairn.yaml': 'name: shell\ncommand: bash agent.sh\n',
+  'agent.sh': SHELL_AGENT,
+}

@@ -105,6 +105,17 @@ export class Api {
     return res.body as { id: string }
   }
 
+  /** The ID of the automatic snapshot that follows `turn` (taken in the background once the turn ends). */
+  async snapshotAfter(sessionId: string, turn: number): Promise<string> {
+    for (let i = 0; i < 200; i++) {
+      const list = await this.call('GET', `/v1/sessions/${sessionId}/snapshots`)
+      const found = (list.body.data as { id: string; turn: number }[]).find((s) => s.turn === turn)
+      if (found) return found.id
+      await new Promise((r) => setTimeout(r, 50))
+    }
+    throw new Error(`no snapshot after turn ${turn}`)
+  }
+
   /** Sends a message and reads the SSE stream to its end. */
   async send(sessionId: string, prompt: string): Promise<RunResult> {
     const res = await fetch(`${this.url}/v1/sessions/${sessionId}/messages`, {

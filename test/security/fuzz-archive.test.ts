@@ -5,7 +5,7 @@ import path from 'node:path'
 import { ERROR_CODES, isErrorCode } from '@cairn/protocol'
 import { extractArchive, inspectArchive } from '@cairn/server'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { FUZZ_MARKER, fuzzSeed, listTree, Rng } from '../helpers/fuzz.js'
+import { FUZZ_MARKER, fuzzSeed, listTree, markerEntries, Rng, type SharedPlaces } from '../helpers/fuzz.js'
 import { fuzzArchive } from '../helpers/fuzz-tar.js'
 import { type RawEntry, rawTarGz } from '../helpers/raw-tar.js'
 import { startTestServer, type TestServer } from '../helpers/server.js'
@@ -33,21 +33,13 @@ afterAll(async () => {
   if (sentinel) await rm(sentinel, { recursive: true, force: true })
 })
 
-const SHARED_PLACES: [string, number][] = [
+const SHARED_PLACES: SharedPlaces = [
   ['/', 1],
   ['/tmp', 2],
   ['/var/tmp', 1],
   ['/root', 1],
   ['/etc', 1],
 ]
-
-function markerEntries(): string[] {
-  const found: string[] = []
-  for (const [root, depth] of SHARED_PLACES)
-    for (const rel of listTree(root, depth, (r) => r === 'proc' || r === 'sys'))
-      if (rel.includes(FUZZ_MARKER)) found.push(path.join(root, rel))
-  return found
-}
 
 /** Fails a step that does not settle: a reader that hangs on some input is a finding too. */
 function within<T>(ms: number, what: string, work: Promise<T>): Promise<T> {
@@ -88,7 +80,7 @@ function strayIn(target: string): string[] {
 
 describe('archive fuzzing', () => {
   it(`reads ${ARCHIVES} generated archives: typed refusals, or files inside the target only`, async () => {
-    const markersBefore = new Set(markerEntries())
+    const markersBefore = new Set(markerEntries(SHARED_PLACES))
     const decoy = path.join(sentinel, 'decoy.txt')
     writeFileSync(decoy, 'decoy\n')
     const work = path.join(sentinel, 'work')
@@ -138,7 +130,7 @@ describe('archive fuzzing', () => {
     expect(readdirSync(sentinel).sort()).toEqual(['decoy.txt', 'work'])
     expect(readFileSync(decoy, 'utf8')).toBe('decoy\n')
     expect(statSync(decoy).nlink).toBe(1)
-    expect(markerEntries().filter((p) => !markersBefore.has(p))).toEqual([])
+    expect(markerEntries(SHARED_PLACES).filter((p) => !markersBefore.has(p))).toEqual([])
   }, 240_000)
 
   it(`answers ${HTTP_SAMPLE} generated archives on the deploy route with 201 or a typed 4xx, leaving no staging behind`, async () => {
@@ -150,7 +142,7 @@ describe('archive fuzzing', () => {
         rateLimitPerSecond: 0,
       },
     })
-    const markersBefore = new Set(markerEntries())
+    const markersBefore = new Set(markerEntries(SHARED_PLACES))
     const findings: string[] = []
     const statuses = new Map<number, number>()
     const rng = new Rng((SEED ^ 0x4877_7470) >>> 0)
@@ -174,7 +166,7 @@ describe('archive fuzzing', () => {
     expect(findings).toEqual([])
     expect((await fetch(`${t.url}/healthz`)).status).toBe(200)
     expect(readdirSync(path.join(t.server.runtime.pool.root, 'staging'))).toEqual([])
-    expect(markerEntries().filter((p) => !markersBefore.has(p))).toEqual([])
+    expect(markerEntries(SHARED_PLACES).filter((p) => !markersBefore.has(p))).toEqual([])
     // Marker names exist in the pool only inside a revision's tree, never beside one.
     const beside = listTree(t.server.runtime.pool.root, 2).filter((p) => p.includes(FUZZ_MARKER))
     expect(beside).toEqual([])

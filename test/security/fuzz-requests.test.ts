@@ -16,9 +16,11 @@ import {
   fuzzString,
   type JsonSchema,
   listTree,
+  markerEntries,
   mutate,
   pollutedJson,
   Rng,
+  type SharedPlaces,
   traversal,
 } from '../helpers/fuzz.js'
 import { Api, EXAMPLES, packDir, REPO_ROOT } from '../helpers/server.js'
@@ -78,7 +80,7 @@ const ids = {
 }
 
 /** Places anyone may write to, searched for marker-named entries before and after. */
-const SHARED_PLACES: [string, number][] = [
+const SHARED_PLACES: SharedPlaces = [
   ['/', 1],
   ['/tmp', 2],
   ['/var/tmp', 1],
@@ -88,19 +90,7 @@ const SHARED_PLACES: [string, number][] = [
   [REPO_ROOT, 2],
 ]
 
-function markerEntries(): string[] {
-  const found: string[] = []
-  for (const [root, depth] of SHARED_PLACES) {
-    for (const rel of listTree(
-      root,
-      depth,
-      (r) => r === 'proc' || r === 'sys' || r.endsWith('node_modules'),
-    )) {
-      if (rel.includes(FUZZ_MARKER)) found.push(path.join(root, rel))
-    }
-  }
-  return found
-}
+const markersNow = () => markerEntries(SHARED_PLACES, (r) => r.endsWith('node_modules'))
 
 beforeAll(async () => {
   sentinel = await mkdtemp(path.join(os.tmpdir(), 'cairn-fuzz-req-'))
@@ -489,7 +479,7 @@ function judge(request: FuzzRequest, status: number, type: string, body: Buffer)
 
 describe('request fuzzing', () => {
   it(`answers ${REQUESTS} generated requests over every route with typed errors, no 500, no crash, no stray writes`, async () => {
-    const markersBefore = new Set(markerEntries())
+    const markersBefore = new Set(markersNow())
     const doc = (await fetch(new URL('/v1/openapi.json', base)).then((r) => r.json())) as Parameters<
       typeof routesOf
     >[0]
@@ -575,7 +565,7 @@ describe('request fuzzing', () => {
     // the pool marker names exist only inside a workspace (where the file API put them).
     expect(listTree(cwdDir, 5)).toEqual([])
     expect(listTree(sentinel, 1)).toEqual(['cwd', 'data'])
-    expect(markerEntries().filter((p) => !markersBefore.has(p))).toEqual([])
+    expect(markersNow().filter((p) => !markersBefore.has(p))).toEqual([])
     expect(listTree(dataDir, 8).filter((p) => p.includes(FUZZ_MARKER))).toEqual([])
     const strayInPool = listTree(instanceRunDir(dataDir), 4).filter(
       (p) => p.includes(FUZZ_MARKER) && !/^pool\/(sessions|snapshots)\/[a-z]+_[A-Za-z0-9]+\/.+/.test(p),

@@ -37,13 +37,21 @@ export const NetworkPolicySchema = Type.Object(
 )
 export type NetworkPolicy = Static<typeof NetworkPolicySchema>
 
+/** A command: a string (run through `sh -c`) or the argv itself. */
+const CommandSchema = Type.Union([Type.String({ minLength: 1 }), Type.Array(Type.String(), { minItems: 1 })])
+
+/** Environment variables of a setup phase (cairn.yaml's `session.setup` and the API's `setup`). */
+export const SetupEnvSchema = Type.Record(Type.String({ pattern: '^[A-Za-z_][A-Za-z0-9_]*$' }), Type.String())
+/** How long a setup phase may run (cairn.yaml's `session.setup` and the API's `setup`). */
+export const SetupTimeoutMsSchema = Type.Integer({ minimum: 1000, maximum: 6 * 3600 * 1000 })
+
 export const ISOLATION_NAMES = ['bwrap', 'gvisor'] as const
 export const IsolationSchema = Type.Union(ISOLATION_NAMES.map((n) => Type.Literal(n)))
 
 /** `cairn.yaml` as the server validates it (unknown keys are kept for later issues but ignored). */
 export const AgentManifestSchema = Type.Object({
   name: Type.String({ pattern: AGENT_NAME_PATTERN }),
-  command: Type.Union([Type.String({ minLength: 1 }), Type.Array(Type.String(), { minItems: 1 })]),
+  command: CommandSchema,
   protocol: Type.Optional(Type.Union(AGENT_PROTOCOLS.map((p) => Type.Literal(p)))),
   limits: Type.Optional(LimitsSchema),
   secrets: Type.Optional(Type.Array(Type.String())),
@@ -56,24 +64,19 @@ export const AgentManifestSchema = Type.Object({
     Type.Object({
       setup: Type.Optional(
         Type.Union([
-          Type.String({ minLength: 1 }),
-          Type.Array(Type.String(), { minItems: 1 }),
+          ...CommandSchema.anyOf,
           Type.Object({
-            command: Type.Union([Type.String({ minLength: 1 }), Type.Array(Type.String(), { minItems: 1 })]),
-            env: Type.Optional(
-              Type.Record(Type.String({ pattern: '^[A-Za-z_][A-Za-z0-9_]*$' }), Type.String()),
-            ),
+            command: CommandSchema,
+            env: Type.Optional(SetupEnvSchema),
             network: Type.Optional(NetworkPolicySchema),
-            timeoutMs: Type.Optional(Type.Integer({ minimum: 1000, maximum: 6 * 3600 * 1000 })),
+            timeoutMs: Type.Optional(SetupTimeoutMsSchema),
           }),
         ]),
       ),
     }),
   ),
   /** Command run once per revision after dependencies are installed (network allowed). */
-  setup: Type.Optional(
-    Type.Union([Type.String({ minLength: 1 }), Type.Array(Type.String(), { minItems: 1 })]),
-  ),
+  setup: Type.Optional(CommandSchema),
 })
 export type AgentManifest = Static<typeof AgentManifestSchema>
 

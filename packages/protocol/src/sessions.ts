@@ -1,5 +1,5 @@
 import { type Static, Type } from '@sinclair/typebox'
-import { NetworkPolicySchema } from './agents.js'
+import { NetworkPolicySchema, SetupEnvSchema, SetupTimeoutMsSchema } from './agents.js'
 
 export const SESSION_STATUSES = ['active', 'idle', 'completed', 'failed', 'timeout', 'deleted'] as const
 export type SessionStatus = (typeof SESSION_STATUSES)[number]
@@ -115,10 +115,10 @@ export const SessionSetupSchema = Type.Object(
       Type.String({ minLength: 1, maxLength: 16_384 }),
       Type.Array(Type.String({ maxLength: 16_384 }), { minItems: 1, maxItems: 256 }),
     ]),
-    env: Type.Optional(Type.Record(Type.String({ pattern: '^[A-Za-z_][A-Za-z0-9_]*$' }), Type.String())),
+    env: Type.Optional(SetupEnvSchema),
     /** Egress of the setup phase (default: the session's policy). */
     network: Type.Optional(NetworkPolicySchema),
-    timeoutMs: Type.Optional(Type.Integer({ minimum: 1000, maximum: 6 * 3600 * 1000 })),
+    timeoutMs: Type.Optional(SetupTimeoutMsSchema),
   },
   { additionalProperties: false },
 )

@@ -689,4 +689,57 @@ describe('request cases fuzzing found (regressions)', () => {
     if ([...seen.keys()].some((k) => k.startsWith('5'))) console.log(serverLog.join('').slice(-6000))
     for (const key of seen.keys()) expect(['200 ', '409 session_busy']).toContain(key)
   })
+
+  it('answers writes that meet a restore with success or 409, and a write that succeeded is kept', async () => {
+    const session = await api.createSession('echo')
+    const snapshot = (await api.call('POST', `/v1/sessions/${session.id}/snapshots`, {})).body.id as string
+    let restoring = true
+    const seen = new Map<string, number>()
+    const writer = async (n: number) => {
+      for (let i = 0; restoring; i++) {
+        const path = `w${n}-${i}.txt`
+        const put = await api.call(
+          'PUT',
+          `/v1/sessions/${session.id}/files/content?path=${path}`,
+          Buffer.from(`write ${n}.${i}`),
+          { 'content-type': 'application/octet-stream' },
+        )
+        const del = await api.call('DELETE', `/v1/sessions/${session.id}/files?path=${path}`)
+        // Gaps between writes, so restores find the session free as well as busy.
+        await new Promise((r) => setTimeout(r, 40 * (n + 1)))
+        for (const res of [put, del]) {
+          const key = `${res.status < 300 ? '2xx' : res.status} ${res.body?.error?.code ?? ''}`
+          seen.set(key, (seen.get(key) ?? 0) + 1)
+        }
+      }
+    }
+    const writers = Array.from({ length: 3 }, (_, n) => writer(n))
+    const restores = new Map<number, number>()
+    for (let i = 0; i < 30; i++) {
+      await new Promise((r) => setTimeout(r, 10))
+      const res = await api.call('POST', `/v1/sessions/${session.id}/restore`, { snapshotId: snapshot })
+      restores.set(res.status, (restores.get(res.status) ?? 0) + 1)
+      expect([200, 409], JSON.stringify(res.body)).toContain(res.status)
+    }
+    restoring = false
+    await Promise.all(writers)
+    console.log(
+      `[fuzz-requests] writes during restores: ${JSON.stringify(Object.fromEntries(seen))}, restores ${JSON.stringify(Object.fromEntries(restores))}`,
+    )
+    if ([...seen.keys()].some((k) => k.startsWith('5'))) console.log(serverLog.join('').slice(-6000))
+    for (const key of seen.keys()) expect(['2xx ', '409 session_busy', '404 not_found']).toContain(key)
+    // Once nothing races it, a write answered with success is in the workspace.
+    const last = await api.call(
+      'PUT',
+      `/v1/sessions/${session.id}/files/content?path=kept.txt`,
+      Buffer.from('kept'),
+      {
+        'content-type': 'application/octet-stream',
+      },
+    )
+    expect(last.status).toBeLessThan(300)
+    expect((await api.call('GET', `/v1/sessions/${session.id}/files/content?path=kept.txt`)).body).toBe(
+      'kept',
+    )
+  })
 })

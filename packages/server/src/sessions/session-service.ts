@@ -313,7 +313,25 @@ export class SessionService {
         `session ${id} is running a turn; ${what} must wait for it or cancel it`,
       )
     }
+    if (this.locks.changingFiles(id)) {
+      throw new CairnProblem(
+        'session_busy',
+        `session ${id} has a file write in progress; retry ${what} after it`,
+      )
+    }
     return this.locks.holdExclusive(id, what, () => fn(row))
+  }
+
+  /**
+   * Runs a change to the live workspace through the files API. A restore or an import swaps the
+   * workspace: a write meeting one would land in the copy being replaced (lost) or find no
+   * workspace at all, so it answers `session_busy` instead, and no such operation starts while
+   * a write is in flight.
+   */
+  async changingWorkspace<T>(id: string, fn: () => Promise<T>): Promise<T> {
+    const op = this.busyWith(id)
+    if (op) throw new CairnProblem('session_busy', `session ${id} is busy with ${op}; retry when it is done`)
+    return this.locks.holdFileChange(id, fn)
   }
 
   get warmCount(): number {

@@ -12,6 +12,8 @@ export class TurnLocks {
   private readonly running = new Map<string, RunningTurn>()
   /** Sessions an exclusive operation (a restore swapping the workspace…) holds, with what it is. */
   private readonly exclusiveOps = new Map<string, string>()
+  /** Changes to the live workspace through the files API in flight, per session. */
+  private readonly fileChanges = new Map<string, number>()
 
   has(sessionId: string): boolean {
     return this.running.has(sessionId)
@@ -53,6 +55,22 @@ export class TurnLocks {
   /** The exclusive operation (e.g. "a restore") holding the session, if any. */
   busyWith(sessionId: string): string | undefined {
     return this.exclusiveOps.get(sessionId)
+  }
+
+  /** Runs `fn`, a change to the live workspace, counted so no exclusive operation starts meanwhile. */
+  async holdFileChange<T>(sessionId: string, fn: () => Promise<T>): Promise<T> {
+    this.fileChanges.set(sessionId, (this.fileChanges.get(sessionId) ?? 0) + 1)
+    try {
+      return await fn()
+    } finally {
+      const left = (this.fileChanges.get(sessionId) ?? 1) - 1
+      if (left > 0) this.fileChanges.set(sessionId, left)
+      else this.fileChanges.delete(sessionId)
+    }
+  }
+
+  changingFiles(sessionId: string): boolean {
+    return this.fileChanges.has(sessionId)
   }
 
   /** Cancels whatever holds the session's lock and waits for it to settle; false if nothing did. */

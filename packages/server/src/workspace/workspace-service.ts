@@ -431,19 +431,23 @@ export class WorkspaceService {
 
   async writeFile(tenantId: string, id: string, rawPath: string, body: Readable): Promise<void> {
     const root = this.root(tenantId, id)
-    await this.pending.get(id)
-    this.dirty.add(id)
-    await writeWorkspaceFile(this.deps.runtime, root, workspaceRelative(rawPath), body)
-    await this.deps.sessions.advanceGeneration(id)
+    await this.deps.sessions.changingWorkspace(id, async () => {
+      await this.pending.get(id)
+      this.dirty.add(id)
+      await writeWorkspaceFile(this.deps.runtime, root, workspaceRelative(rawPath), body)
+      await this.deps.sessions.advanceGeneration(id)
+    })
     this.deps.sessions.store.touch(id, this.now())
   }
 
   async deleteFile(tenantId: string, id: string, rawPath: string): Promise<void> {
     const root = this.root(tenantId, id)
-    await this.pending.get(id)
-    this.dirty.add(id)
-    await deleteWorkspacePath(this.deps.runtime, root, workspaceRelative(rawPath))
-    await this.deps.sessions.advanceGeneration(id)
+    await this.deps.sessions.changingWorkspace(id, async () => {
+      await this.pending.get(id)
+      this.dirty.add(id)
+      await deleteWorkspacePath(this.deps.runtime, root, workspaceRelative(rawPath))
+      await this.deps.sessions.advanceGeneration(id)
+    })
     this.deps.sessions.store.touch(id, this.now())
   }
 

@@ -23,12 +23,14 @@ describe('turn atomicity after a crash', () => {
   it('an interrupted turn that never reached the agent gets its pre-turn snapshot at start-up, so it can be undone', async () => {
     dataDir = await mkdtemp(path.join(os.tmpdir(), 'cairn-interrupted-'))
     const first = await startTestServer({ dataDir })
+    servers.push(first)
     const project = await makeProject(KEEPER_PROJECT)
     expect((await first.api.deploy(project)).status).toBe(201)
     const session = await first.api.createSession('keeper')
     expect((await first.api.send(session.id, 'one')).text).toBe('kept one\n')
     await first.api.snapshotAfter(session.id, 1)
     await first.close()
+    servers.splice(servers.indexOf(first), 1)
 
     // The database as a kill -9 leaves it right after turn 2 was recorded and before the snapshot
     // that follows turn 1 was (it is taken in the background when turn 1 ends): the turn row is

@@ -32,19 +32,20 @@ afterAll(async () => {
 
 /**
  * Another process (as an operator's `sqlite3` shell or a backup would) takes the database's write
- * lock and keeps it for `holdMs`. Resolves once the lock is held; `released` when it is let go.
+ * lock and keeps it for `holdMs`, or until `release()` if that comes first. Resolves once the lock
+ * is held; `released` when it is let go.
  */
-async function holdWriteLock(holdMs: number): Promise<{ released: Promise<unknown> }> {
+async function holdWriteLock(holdMs: number): Promise<{ released: Promise<unknown>; release: () => void }> {
   const script = [
-    'import sqlite3, sys, time',
+    'import select, sqlite3, sys',
     'db = sqlite3.connect(sys.argv[1], isolation_level=None)',
     'db.execute("BEGIN IMMEDIATE")',
     'print("locked", flush=True)',
-    'time.sleep(float(sys.argv[2]))',
+    'select.select([sys.stdin], [], [], float(sys.argv[2]))',
     'db.execute("ROLLBACK")',
   ].join('\n')
   const holder = spawn('python3', ['-c', script, path.join(t.dataDir, 'cairn.db'), String(holdMs / 1000)], {
-    stdio: ['ignore', 'pipe', 'inherit'],
+    stdio: ['pipe', 'pipe', 'inherit'],
   })
   holders.push(holder)
   const released = once(holder, 'exit')
@@ -54,7 +55,7 @@ async function holdWriteLock(holdMs: number): Promise<{ released: Promise<unknow
     })
     holder.once('exit', () => reject(new Error('the lock holder exited early')))
   })
-  return { released }
+  return { released, release: () => holder.stdin?.end() }
 }
 
 describe('SQLite busy or locked by another writer', () => {
@@ -69,7 +70,8 @@ describe('SQLite busy or locked by another writer', () => {
   it('a long lock: requests get 503 unavailable (never 500 internal), nothing half-written, then all is well', async () => {
     const session = await t.api.createSession('keeper')
     expect((await t.api.send(session.id, 'one')).text).toBe('kept one\n')
-    const { released } = await holdWriteLock(11_000)
+    // Held until both refusals are in, however slowly a loaded machine answers them.
+    const { released, release } = await holdWriteLock(60_000)
     const create = await t.api.call('POST', '/v1/sessions', { agent: 'keeper' })
     expect(create.status).toBe(503)
     expect(create.body.error).toMatchObject({ code: 'unavailable' })
@@ -77,6 +79,7 @@ describe('SQLite busy or locked by another writer', () => {
     const message = await t.api.send(session.id, 'two')
     expect(message.status).toBe(503)
     expect((message.body as { error: { code: string } }).error.code).toBe('unavailable')
+    release()
     await released
 
     // The refused message left no trace and no lock: the session takes the next one.

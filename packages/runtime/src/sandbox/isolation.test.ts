@@ -18,7 +18,8 @@ import {
 } from '../../test/harness.js'
 import type { TurnOutcome } from '../agent/types.js'
 
-const ROOT_SECRET = '/root/.cairn-test-secret'
+// Per test process: two runs of this file side by side must not remove each other's file.
+const ROOT_SECRET = `/root/.cairn-test-secret-${process.pid}`
 const secret = randomBytes(12).toString('hex')
 
 let t: TestRuntime

@@ -404,9 +404,12 @@ function generate(index: number, routes: Route[], hints: Record<string, unknown[
   }
 }
 
-function send(request: FuzzRequest): Promise<{ status: number; type: string; body: Buffer }> {
+/** Requests that met a kept-alive socket the server had just closed, and were sent again. */
+let staleSocketRetries = 0
+
+function send(request: FuzzRequest, fresh = false): Promise<{ status: number; type: string; body: Buffer }> {
   return new Promise((resolve, reject) => {
-    const big = (request.body?.length ?? 0) > 1024 * 1024
+    const big = fresh || (request.body?.length ?? 0) > 1024 * 1024
     const req = http.request(
       {
         host: base.hostname,
@@ -437,7 +440,16 @@ function send(request: FuzzRequest): Promise<{ status: number; type: string; bod
     req.setTimeout(REQUEST_TIMEOUT_MS, () =>
       req.destroy(new Error(`no answer within ${REQUEST_TIMEOUT_MS} ms`)),
     )
-    req.on('error', reject)
+    req.on('error', (error: NodeJS.ErrnoException) => {
+      // The keep-alive race every HTTP client meets (Node's docs on `reusedSocket`): a pooled
+      // socket the server closed as the request went out. Sent again once, on a new connection.
+      if (req.reusedSocket && (error.code === 'ECONNRESET' || error.code === 'EPIPE')) {
+        staleSocketRetries++
+        send(request, true).then(resolve, reject)
+        return
+      }
+      reject(error)
+    })
     req.end(request.body)
   })
 }
@@ -537,7 +549,7 @@ describe('request fuzzing', () => {
     await Promise.all(Array.from({ length: CONCURRENCY }, worker))
 
     console.log(
-      `[fuzz-requests] seed ${SEED}: ${last - (only ?? 0)} requests over ${routes.length} routes; statuses ${JSON.stringify(Object.fromEntries([...statuses].sort((a, b) => a[0] - b[0])))}`,
+      `[fuzz-requests] seed ${SEED}: ${last - (only ?? 0)} requests over ${routes.length} routes; statuses ${JSON.stringify(Object.fromEntries([...statuses].sort((a, b) => a[0] - b[0])))}; sent again after a stale kept-alive socket: ${staleSocketRetries}`,
     )
     // One example per kind of finding, so a systematic bug does not drown the rest.
     const kinds = new Map<string, Finding>()
@@ -661,14 +673,14 @@ describe('request cases fuzzing found (regressions)', () => {
     expectError(await api.call('GET', `/v1/sessions/${session.id}/files`), 410, 'session_deleted')
   })
 
-  it('answers requests that meet a restore swapping the workspace with 200 or 409, never state_lost', async () => {
+  it('answers reads, diffs and exports that meet a restore swapping the workspace with 200 or 409, never state_lost or a 500', async () => {
     const session = await api.createSession('echo')
     const snapshot = (await api.call('POST', `/v1/sessions/${session.id}/snapshots`, {})).body.id as string
     let restoring = true
     const seen = new Map<string, number>()
     const reader = async () => {
       while (restoring) {
-        for (const route of ['files', 'files/content?path=echo.sh', 'diff']) {
+        for (const route of ['files', 'files/content?path=echo.sh', 'diff', 'export', 'manifest']) {
           const res = await api.call('GET', `/v1/sessions/${session.id}/${route}`)
           const key = `${res.status} ${res.body?.error?.code ?? ''}`
           seen.set(key, (seen.get(key) ?? 0) + 1)

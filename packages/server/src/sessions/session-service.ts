@@ -93,18 +93,23 @@ export class SessionService {
   }
 
   /**
-   * Runs a read of a session's live workspace. A restore renames it aside for a moment and a
-   * deletion removes it before the row says so: a read that meets either answers `session_busy`
-   * or `session_deleted`, not a 404, a 403 (its file seen outside the path) or a 500.
+   * Runs a read of a session's live workspace. A restore or an import renames it aside for a moment
+   * and a deletion removes it before the row says so: a read that meets either answers
+   * `session_busy` or `session_deleted`, not a 404, a 403 (its file seen outside the path) or a 500.
    */
   async readingWorkspace<T>(tenantId: string, id: string, read: () => Promise<T>): Promise<T> {
+    const epoch = this.locks.exclusiveEpoch(id)
+    const busyAtStart = this.busyWith(id) !== undefined
     try {
       return await read()
     } catch (error) {
+      // Any failure of a read that overlapped a swap is the swap's doing, whatever it looked like.
+      const overlapped =
+        busyAtStart || this.busyWith(id) !== undefined || this.locks.exclusiveEpoch(id) !== epoch
       const code = (error as { code?: unknown }).code
-      if (code === 'ENOENT' || code === 'not_found' || code === 'forbidden') {
-        if (this.busyWith(id) || this.deleting.has(id) || !(await this.deps.runtime.pool.hasWorkspace(id)))
-          throw this.missingWorkspace(tenantId, id)
+      if (overlapped || code === 'ENOENT' || code === 'not_found' || code === 'forbidden') {
+        if (overlapped || this.deleting.has(id) || !(await this.deps.runtime.pool.hasWorkspace(id)))
+          throw this.missingWorkspace(tenantId, id, overlapped)
       }
       if (code === 'ENOENT') throw new CairnProblem('not_found', 'no such file in the workspace')
       throw error
@@ -121,11 +126,16 @@ export class SessionService {
    * while a deletion or a restore's swap runs: those are `session_deleted` and `session_busy`
    * (retry), not `state_lost`, which is kept for a workspace that is really gone.
    */
-  missingWorkspace(tenantId: string, id: string): CairnProblem {
+  missingWorkspace(tenantId: string, id: string, swapped = false): CairnProblem {
     if (this.deleting.has(id) || this.store.get(tenantId, id)?.status === 'deleted')
       return new CairnProblem('session_deleted', `session ${id} was deleted`)
     const op = this.busyWith(id)
     if (op) return new CairnProblem('session_busy', `session ${id} is busy with ${op}; retry when it is done`)
+    if (swapped)
+      return new CairnProblem(
+        'session_busy',
+        `the workspace of session ${id} was replaced (a restore or an import) while it was read; retry`,
+      )
     return new CairnProblem('state_lost', `the workspace of session ${id} is missing from the storage pool`)
   }
 
@@ -457,6 +467,7 @@ export class SessionService {
       await work
     } finally {
       this.deleting.delete(id)
+      this.locks.forget(id)
     }
   }
 

@@ -14,6 +14,8 @@ export class TurnLocks {
   private readonly exclusiveOps = new Map<string, string>()
   /** Changes to the live workspace through the files API in flight, per session. */
   private readonly fileChanges = new Map<string, number>()
+  /** How many exclusive operations have started on each session: a read compares it before and after. */
+  private readonly exclusiveStarts = new Map<string, number>()
 
   has(sessionId: string): boolean {
     return this.running.has(sessionId)
@@ -44,12 +46,26 @@ export class TurnLocks {
   async holdExclusive<T>(sessionId: string, what: string, fn: () => Promise<T>): Promise<T> {
     const release = this.take(sessionId, what, new AbortController())
     this.exclusiveOps.set(sessionId, what)
+    this.exclusiveStarts.set(sessionId, this.exclusiveEpoch(sessionId) + 1)
     try {
       return await fn()
     } finally {
       this.exclusiveOps.delete(sessionId)
       release()
     }
+  }
+
+  /**
+   * Moves on each time an exclusive operation starts on the session: a read that saw it move met
+   * a restore or an import swapping the workspace, even one that has finished by the time it looks.
+   */
+  exclusiveEpoch(sessionId: string): number {
+    return this.exclusiveStarts.get(sessionId) ?? 0
+  }
+
+  /** Forgets a deleted session's counters. */
+  forget(sessionId: string): void {
+    this.exclusiveStarts.delete(sessionId)
   }
 
   /** The exclusive operation (e.g. "a restore") holding the session, if any. */

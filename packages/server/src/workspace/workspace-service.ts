@@ -457,10 +457,14 @@ export class WorkspaceService {
     const root = this.rootOf(row)
     const { pool } = this.deps.runtime
     if (!from || from === 'revision')
-      return diffTrees(pool.revisionPath(row.revision_id), root, row.revision_id)
+      return this.deps.sessions.readingWorkspace(tenantId, id, () =>
+        diffTrees(pool.revisionPath(row.revision_id), root, row.revision_id),
+      )
     if (!this.snapshots.get(id, from))
       throw new CairnProblem('not_found', `No snapshot ${from} in session ${id}`)
-    return diffTrees(pool.snapshotPath(from), root, from)
+    return this.deps.sessions.readingWorkspace(tenantId, id, () =>
+      diffTrees(pool.snapshotPath(from), root, from),
+    )
   }
 
   /** A consistent tar.gz of the workspace (taken from a temporary snapshot) or of a snapshot. */
@@ -478,7 +482,7 @@ export class WorkspaceService {
     } else {
       this.rootOf(row)
       const temp = newId('snapshot')
-      await this.frozenSnapshot(row.id, temp)
+      await this.deps.sessions.readingWorkspace(tenantId, id, () => this.frozenSnapshot(row.id, temp))
       dir = pool.snapshotPath(temp)
       cleanup = async () => {
         await pool.deleteSnapshot(temp).catch(() => undefined)

@@ -680,7 +680,13 @@ describe('request cases fuzzing found (regressions)', () => {
     const seen = new Map<string, number>()
     const reader = async () => {
       while (restoring) {
-        for (const route of ['files', 'files/content?path=echo.sh', 'diff', 'export', 'manifest']) {
+        for (const route of [
+          'files',
+          'files/content?path=echo.sh',
+          'diff',
+          'export',
+          'manifest?sizes=true',
+        ]) {
           const res = await api.call('GET', `/v1/sessions/${session.id}/${route}`)
           const key = `${res.status} ${res.body?.error?.code ?? ''}`
           seen.set(key, (seen.get(key) ?? 0) + 1)

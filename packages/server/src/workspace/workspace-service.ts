@@ -603,7 +603,10 @@ export class WorkspaceService {
     const workspacePath = this.deps.runtime.pool.workspacePath(id)
     const present = existsSync(workspacePath)
     const dirty = present ? await this.diff(tenantId, id) : undefined
-    const workspaceSizes = withSizes && present ? await this.measures.measure(workspacePath) : null
+    const workspaceSizes =
+      withSizes && present
+        ? await this.deps.sessions.readingWorkspace(tenantId, id, () => this.measures.measure(workspacePath))
+        : null
     return {
       session,
       agent: { id: row.agent_id, name: row.agent_name },

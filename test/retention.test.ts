@@ -68,4 +68,35 @@ describe('quotas, retention and usage', () => {
     expect(usage.body.retention.bytesFreed).toBeGreaterThan(4_000_000)
     await t.api.call('PUT', '/v1/retention', { endedWorkspaceTtlMs: null })
   })
+
+  it('never pulls a snapshot out from under a restore: the restore succeeds or says the snapshot is gone', async () => {
+    expect((await t.api.call('PUT', '/v1/retention', { keepAutoSnapshots: 1 })).status).toBe(200)
+    const session = await t.api.createSession('shell')
+    const seen = new Map<string, number>()
+    for (let i = 0; i < 25; i++) {
+      await t.api.send(session.id, `echo ${i} >> log`)
+      // Right after the turn, the pruning of older automatic snapshots runs beside this restore.
+      const snaps = (await t.api.call('GET', `/v1/sessions/${session.id}/snapshots`)).body.data as {
+        id: string
+        kind: string
+      }[]
+      const oldest = snaps.find((s) => s.kind === 'auto')
+      if (!oldest) continue
+      const res = await t.api.call('POST', `/v1/sessions/${session.id}/restore`, { snapshotId: oldest.id })
+      const key = `${res.status} ${res.body?.error?.code ?? ''}`
+      seen.set(key, (seen.get(key) ?? 0) + 1)
+    }
+    console.log(`[retention] restores beside pruning: ${JSON.stringify(Object.fromEntries(seen))}`)
+    for (const key of seen.keys()) expect(['200 ', '404 not_found']).toContain(key)
+    // The snapshot retention kept restores, and the session goes on.
+    const kept = (await t.api.call('GET', `/v1/sessions/${session.id}/snapshots`)).body.data as {
+      id: string
+    }[]
+    expect(kept.length).toBeGreaterThan(0)
+    const last = kept[kept.length - 1]?.id
+    expect(
+      (await t.api.call('POST', `/v1/sessions/${session.id}/restore`, { snapshotId: last })).status,
+    ).toBe(200)
+    expect((await t.api.send(session.id, 'echo still here')).text).toContain('still here')
+  })
 })

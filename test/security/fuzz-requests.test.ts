@@ -517,6 +517,7 @@ describe('request fuzzing', () => {
       while (next < last) {
         const request = generate(next++, routes, hints)
         const describe = `${request.method} ${request.path.slice(0, 300)} ${request.headers['content-type'] ?? ''} body=${request.body?.subarray(0, 200).toString('utf8') ?? ''}`
+        if (only !== undefined) console.log(`[fuzz-requests] #${request.index}: ${describe}`)
         try {
           const res = await send(request)
           statuses.set(res.status, (statuses.get(res.status) ?? 0) + 1)

@@ -134,9 +134,11 @@ export class RetentionService {
       }
       if (policy.endedSnapshotTtlMs !== null && endedFor >= policy.endedSnapshotTtlMs) {
         for (const snap of this.deps.workspace.snapshots.list(session.id)) {
+          if (this.deps.workspace.pins.has(snap.id)) continue
+          // Marked first, in the same tick as the pin check, so no restore or fork picks it now.
+          this.deps.workspace.snapshots.markDeleted(snap.id, iso(now))
           const bytes = await this.exclusiveBytes(pool.snapshotPath(snap.id))
           await pool.deleteSnapshot(snap.id)
-          this.deps.workspace.snapshots.markDeleted(snap.id, iso(now))
           this.record(session.tenant_id, session.id, 'snapshot', snap.id, bytes, 'ended_snapshot_ttl')
           result.bytesFreed += bytes
           result.snapshots++

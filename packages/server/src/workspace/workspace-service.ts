@@ -27,6 +27,7 @@ import { diffTrees, listDirectory } from '../files/tree.js'
 import { applyPolicy, policyColumns, policyOf } from '../sessions/policy.js'
 import type { SessionService } from '../sessions/session-service.js'
 import type { InterruptedTurn, SessionRow } from '../sessions/session-store.js'
+import { SnapshotPins } from '../snapshots/snapshot-pins.js'
 import { SnapshotStore } from '../snapshots/snapshot-store.js'
 import { type SnapshotExtras, SnapshotMeasures } from './snapshot-measures.js'
 
@@ -62,6 +63,8 @@ export interface WorkspaceServiceDeps {
  */
 export class WorkspaceService {
   readonly snapshots: SnapshotStore
+  /** Snapshots a restore or a fork is copying from: retention leaves them for its next pass. */
+  readonly pins = new SnapshotPins()
   private retention: Promise<void> = Promise.resolve()
   private readonly pending = new Map<string, Promise<void>>()
   /** Sessions whose workspace changed outside a turn since their last snapshot. */
@@ -233,8 +236,11 @@ export class WorkspaceService {
   private async applyRetention(sessionId: string, tenantId: string): Promise<void> {
     const keep = this.deps.keepAutoSnapshots?.(tenantId) ?? 50
     for (const old of this.snapshots.expiredAuto(sessionId, keep)) {
-      await this.deps.runtime.pool.deleteSnapshot(old.id)
+      if (this.pins.has(old.id)) continue
+      // Marked first (in the same tick as the pin check): a restore or fork can no longer pick it.
+      // Should the removal fail, start-up's reconcile removes the unrecorded subvolume.
       this.snapshots.markDeleted(old.id, this.now())
+      await this.deps.runtime.pool.deleteSnapshot(old.id)
     }
   }
 
@@ -292,25 +298,48 @@ export class WorkspaceService {
     await this.pending.get(id)
     return this.deps.sessions.exclusive(tenantId, id, 'a restore', async (row) => {
       const target = this.pick(row, body)
-      if (body.policy) this.deps.sessions.validatePolicy(row, body.policy)
-      this.dirty.add(id)
-      this.marks.delete(id)
-      await this.deps.sessions.stopSandbox(id)
-      // A restore is a new generation (the marker is set on the incoming copy before the swap).
-      const generation = this.deps.sessions.store.generationOf(id) + 1
-      await this.deps.runtime.pool.restoreWorkspace(id, target.id, generation)
-      this.deps.sessions.store.setGeneration(id, generation)
-      this.deps.sessions.store.transition(
-        row,
-        row.status,
-        'workspace_restored',
-        this.now(),
-        `${target.id} (after turn ${target.turn}), generation ${generation}`,
-      )
-      if (body.policy)
-        this.deps.sessions.updatePolicy(this.deps.sessions.require(tenantId, id), body.policy, false)
-      return { session: this.deps.sessions.get(tenantId, id), snapshot: target }
+      // Pinned from the moment it is picked: retention leaves it alone until the restore is done.
+      return this.pins.hold(target.id, async () => {
+        if (body.policy) this.deps.sessions.validatePolicy(row, body.policy)
+        this.dirty.add(id)
+        this.marks.delete(id)
+        await this.deps.sessions.stopSandbox(id)
+        // A restore is a new generation (the marker is set on the incoming copy before the swap).
+        const generation = this.deps.sessions.store.generationOf(id) + 1
+        await this.fromSnapshot(target, () =>
+          this.deps.runtime.pool.restoreWorkspace(id, target.id, generation),
+        )
+        this.deps.sessions.store.setGeneration(id, generation)
+        this.deps.sessions.store.transition(
+          row,
+          row.status,
+          'workspace_restored',
+          this.now(),
+          `${target.id} (after turn ${target.turn}), generation ${generation}`,
+        )
+        if (body.policy)
+          this.deps.sessions.updatePolicy(this.deps.sessions.require(tenantId, id), body.policy, false)
+        return { session: this.deps.sessions.get(tenantId, id), snapshot: target }
+      })
     })
+  }
+
+  /**
+   * Runs a copy from a pinned snapshot. Retention marks a snapshot deleted before it removes it
+   * and never touches a pinned one, so a picked snapshot stays; should it vanish all the same (an
+   * operator's hand in the pool), the copy says so instead of failing with a 500 storage error.
+   */
+  private async fromSnapshot<T>(snap: SnapshotInfo, copy: () => Promise<T>): Promise<T> {
+    try {
+      return await copy()
+    } catch (error) {
+      if (!existsSync(this.deps.runtime.pool.snapshotPath(snap.id)))
+        throw new CairnProblem(
+          'not_found',
+          `snapshot ${snap.id} is gone from the storage pool; list the snapshots and pick another`,
+        )
+      throw error
+    }
   }
 
   /** Restores the snapshot taken before the last turn. */
@@ -342,7 +371,9 @@ export class WorkspaceService {
       )
     }
     const childId = newId('session')
-    await this.deps.runtime.pool.forkWorkspace(childId, source.id)
+    await this.pins.hold(source.id, () =>
+      this.fromSnapshot(source, () => this.deps.runtime.pool.forkWorkspace(childId, source.id)),
+    )
     try {
       // The snapshot carries the marker of the generation it was taken at; the child starts there.
       const [marked] = await this.deps.runtime.pool.readGenerations([childId])
@@ -588,8 +619,8 @@ export class WorkspaceService {
   async deleteAll(sessionId: string): Promise<void> {
     await this.retention
     for (const snap of this.snapshots.list(sessionId)) {
-      await this.deps.runtime.pool.deleteSnapshot(snap.id)
       this.snapshots.markDeleted(snap.id, this.now())
+      await this.deps.runtime.pool.deleteSnapshot(snap.id)
     }
   }
 

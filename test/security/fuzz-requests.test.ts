@@ -404,12 +404,15 @@ function generate(index: number, routes: Route[], hints: Record<string, unknown[
   }
 }
 
+/** Bodies this large are sent on a connection of their own. */
+const BIG_BODY_BYTES = 1024 * 1024
+
 /** Requests that met a kept-alive socket the server had just closed, and were sent again. */
 let staleSocketRetries = 0
 
 function send(request: FuzzRequest, fresh = false): Promise<{ status: number; type: string; body: Buffer }> {
   return new Promise((resolve, reject) => {
-    const big = fresh || (request.body?.length ?? 0) > 1024 * 1024
+    const big = fresh || (request.body?.length ?? 0) > BIG_BODY_BYTES
     const req = http.request(
       {
         host: base.hostname,
@@ -517,7 +520,10 @@ describe('request fuzzing', () => {
       while (next < last) {
         const request = generate(next++, routes, hints)
         const describe = `${request.method} ${request.path.slice(0, 300)} ${request.headers['content-type'] ?? ''} body=${request.body?.subarray(0, 200).toString('utf8') ?? ''}`
-        if (only !== undefined) console.log(`[fuzz-requests] #${request.index}: ${describe}`)
+        if (only !== undefined)
+          console.log(
+            `[fuzz-requests] #${request.index} (${request.body?.length ?? 0} body bytes): ${describe}`,
+          )
         try {
           const res = await send(request)
           statuses.set(res.status, (statuses.get(res.status) ?? 0) + 1)
@@ -532,9 +538,11 @@ describe('request fuzzing', () => {
               answer: res.body.subarray(0, 300).toString('utf8'),
             })
         } catch (error) {
-          // Over the body limit the server may answer 413 and close before the upload is done.
+          // A large body the server refuses without reading it (over the limit: 413; a type the
+          // route does not take: 415) may meet the closed connection before it is all written.
+          // Such bodies go on their own connection (see `send`), so nothing else is disturbed.
           const code = (error as NodeJS.ErrnoException).code
-          if ((code === 'EPIPE' || code === 'ECONNRESET') && (request.body?.length ?? 0) > 2 * 1024 * 1024) {
+          if ((code === 'EPIPE' || code === 'ECONNRESET') && (request.body?.length ?? 0) > BIG_BODY_BYTES) {
             statuses.set(-1, (statuses.get(-1) ?? 0) + 1)
             continue
           }

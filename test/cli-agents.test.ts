@@ -72,7 +72,8 @@ describe('agents, builds and secrets from the CLI', () => {
 
   it('gates sessions on required secrets and manages them', async () => {
     const dir = await project({
-      'cairn.yaml': 'name: secretive\ncommand: bash agent.sh\nsecrets: [API_TOKEN]\n',
+      'cairn.yaml':
+        'name: secretive\ncommand: bash agent.sh\nsecrets: [API_TOKEN]\nnetwork:\n  allow: [api.example.com, "*.example.org:8443"]\n',
       'agent.sh': 'while IFS= read -r l; do echo "token has $(printf %s "$API_TOKEN" | wc -c) chars"; done\n',
     })
     expect((await cairn(['deploy', dir])).code).toBe(0)
@@ -108,6 +109,18 @@ describe('agents, builds and secrets from the CLI', () => {
       /P\s+proxy → api\.example\.com, \*\.example\.org:8443/,
     )
     expect((await cairn(['secrets', 'set', 'secretive', 'P=v', '--scope', 'proxy'])).code).not.toBe(0)
+    const outside = await cairn([
+      'secrets',
+      'set',
+      'secretive',
+      'Q=v',
+      '--scope',
+      'proxy',
+      '--host',
+      'x.test',
+    ])
+    expect(outside.code).not.toBe(0)
+    expect(outside.stderr).toContain('proxy secret Q is bound to x.test')
     expect(await json(['secrets', 'delete', 'secretive', 'P'])).toEqual({ ok: true, name: 'P' })
     expect(await json(['secrets', 'delete', 'secretive', 'BUILD_KEY'])).toEqual({
       ok: true,

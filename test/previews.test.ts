@@ -1,9 +1,12 @@
+import { mkdtemp, rm } from 'node:fs/promises'
 import net from 'node:net'
+import os from 'node:os'
+import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { probeGvisor } from '../packages/runtime/src/sandbox/gvisor-driver.js'
 import { assertBuilt, spawnCli } from './helpers/cli.js'
 import { makeProject, SHELL_PROJECT } from './helpers/projects.js'
-import { startTestServer, type TestServer } from './helpers/server.js'
+import { Api, startTestServer, type TestServer } from './helpers/server.js'
 
 let t: TestServer
 let sessionId = ''
@@ -120,6 +123,65 @@ describe('previews of services inside a session sandbox', () => {
     })
   })
 
+  it('revokes every signed URL of a port, and its cookies; URLs issued afterwards work', async () => {
+    const before = await signedUrl(8000, 60_000)
+    const first = await fetch(at(before.url, 'hello.txt'))
+    expect(first.status).toBe(200)
+    const cookie = (first.headers.get('set-cookie') ?? '').split(';')[0] ?? ''
+    // Another port of the same session: its URL is not revoked (nothing listens there: 502, not 403).
+    const otherPort = await signedUrl(8999, 60_000)
+
+    const revoked = await t.api.call('DELETE', `/v1/sessions/${sessionId}/ports/8000/url`)
+    expect(revoked).toEqual({ status: 200, body: { ok: true } })
+    const old = await fetch(at(before.url, 'hello.txt'))
+    expect(old.status).toBe(403)
+    expect(await old.json()).toMatchObject({ error: { code: 'forbidden', details: { reason: 'revoked' } } })
+    const oldCookie = await fetch(`${t.url}/v1/sessions/${sessionId}/ports/8000/hello.txt`, {
+      headers: { cookie },
+    })
+    expect(oldCookie.status).toBe(403)
+    expect((await fetch(at(otherPort.url, 'x'))).status).toBe(502)
+
+    const after = await signedUrl(8000, 60_000)
+    expect(after.url).toContain('cairn_epoch=1')
+    const fresh = await fetch(at(after.url, 'hello.txt'))
+    expect(fresh.status).toBe(200)
+    expect(await fresh.text()).toBe('hello from the sandbox\n')
+    // The epoch is signed: an old URL cannot be moved into the current one.
+    const moved = await fetch(at(`${before.url}&cairn_epoch=1`, 'hello.txt'))
+    expect(moved.status).toBe(403)
+    expect(await moved.json()).toMatchObject({ error: { details: { reason: 'invalid_signature' } } })
+
+    const unknown = await t.api.call('DELETE', '/v1/sessions/ses_0000000000000000000000/ports/8000/url')
+    expect(unknown.status).toBe(404)
+    expect(unknown.body.error.code).toBe('session_not_found')
+  })
+
+  it('revokes with `cairn sessions revoke-urls`', async () => {
+    assertBuilt()
+    const { url } = await signedUrl(8000, 60_000)
+    const env = { CAIRN_API_URL: t.url, CAIRN_API_KEY: t.key, CAIRN_CONFIG_DIR: t.dataDir }
+    const result = await spawnCli(['sessions', 'revoke-urls', sessionId.slice(0, 10), '8000'], env).done
+    expect(result.code).toBe(0)
+    expect(result.stdout).toContain('Revoked the preview URLs of port 8000')
+    expect((await fetch(at(url, 'hello.txt'))).status).toBe(403)
+  })
+
+  it("revokes all of a session's URLs when the session ends", async () => {
+    const { id } = await t.api.createSession('shell')
+    const res = await t.api.call('POST', `/v1/sessions/${id}/ports/8000/url`, { ttlMs: 60_000 })
+    // Accepted (no sandbox runs yet), then dead once the session ends, also after it is resumed.
+    expect((await fetch(at(res.body.url, 'x'))).status).toBe(409)
+    expect((await t.api.call('POST', `/v1/sessions/${id}/end`)).status).toBe(200)
+    const ended = await fetch(at(res.body.url, 'x'))
+    expect(ended.status).toBe(403)
+    expect(await ended.json()).toMatchObject({ error: { details: { reason: 'revoked' } } })
+    expect((await t.api.call('POST', `/v1/sessions/${id}/resume`)).status).toBe(200)
+    expect((await fetch(at(res.body.url, 'x'))).status).toBe(403)
+    const next = await t.api.call('POST', `/v1/sessions/${id}/ports/8000/url`, { ttlMs: 60_000 })
+    expect((await fetch(at(next.body.url, 'x'))).status).toBe(409)
+  })
+
   it('counts preview requests as activity', async () => {
     const before = (await t.api.call('GET', `/v1/sessions/${sessionId}`)).body.lastActiveAt as string
     await new Promise((r) => setTimeout(r, 1100))
@@ -184,5 +246,39 @@ describe('previews of services inside a session sandbox', () => {
     const res = await t.api.call('GET', `/v1/sessions/${id}/ports/8000/`)
     expect(res.status).toBe(400)
     expect(res.body.error.details).toMatchObject({ driver: 'gvisor', capability: 'ports' })
+  })
+})
+
+describe('preview URL revocation across a restart', () => {
+  it('keeps a revoked URL revoked after the server restarts', async () => {
+    const dataDir = await mkdtemp(path.join(os.tmpdir(), 'cairn-previews-'))
+    const first = await startTestServer({ dataDir })
+    let firstOpen = true
+    let second: TestServer | undefined
+    try {
+      expect((await first.api.deploy(await makeProject(SHELL_PROJECT))).status).toBe(201)
+      const { id } = await first.api.createSession('shell')
+      const issue = async (api: Api) =>
+        (await api.call('POST', `/v1/sessions/${id}/ports/8000/url`, { ttlMs: 600_000 })).body.url as string
+      const revokedUrl = await issue(first.api)
+      expect((await first.api.call('DELETE', `/v1/sessions/${id}/ports/8000/url`)).status).toBe(200)
+      const issuedAfter = await issue(first.api)
+      await first.close()
+      firstOpen = false
+
+      second = await startTestServer({ dataDir })
+      const api = new Api(second.url, first.key)
+      const moved = (url: string) => url.replace(first.url, second?.url ?? '')
+      // Signatures are checked before the sandbox is looked for: 409 means the URL was accepted.
+      const res = await fetch(moved(revokedUrl))
+      expect(res.status).toBe(403)
+      expect(await res.json()).toMatchObject({ error: { details: { reason: 'revoked' } } })
+      expect((await fetch(moved(issuedAfter))).status).toBe(409)
+      expect((await fetch(await issue(api))).status).toBe(409)
+    } finally {
+      if (firstOpen) await first.close()
+      await second?.close()
+      await rm(dataDir, { recursive: true, force: true })
+    }
   })
 })

@@ -95,6 +95,8 @@ async function recordSdkCalls(): Promise<Call[]> {
     () => client.sessions.run(id, 'hi'),
     () => client.sessions.manifest(id),
     () => client.sessions.lease(id, 60_000),
+    () => client.sessions.previewUrl(id, 8000, { ttlMs: 60_000 }),
+    () => client.sessions.revokePreviewUrls(id, 8000),
     () => client.sessions.snapshots(id).create({ label: 'l' }),
     () => client.sessions.snapshots(id).list(),
     () => client.sessions.snapshots(id).list({ digest: true }),

@@ -101,3 +101,53 @@ describe('secrets', () => {
     )
   })
 })
+
+describe('proxy secrets and the allowlist', () => {
+  const project = (allow: string[]) =>
+    makeProject({
+      'cairn.yaml': `name: bound\ncommand: bash agent.sh\n${allow.length > 0 ? `network:\n  allow: [${allow.map((h) => `"${h}"`).join(', ')}]\n` : ''}`,
+      'agent.sh': 'while IFS= read -r line; do echo "$line"; done\n',
+    })
+  const bind = (hosts: string[]) =>
+    t.api.call('PUT', '/v1/agents/bound/secrets', { secrets: { API_TOKEN: VALUE }, scope: 'proxy', hosts })
+
+  it('refuses binding a proxy secret to a host the current revision does not allow, naming both', async () => {
+    expect((await t.api.deploy(await project(['api.example.com', '*.example.org:8443']))).status).toBe(201)
+    const outside = await bind(['api.example.com', 'other.example.com'])
+    expect(outside.status).toBe(400)
+    expect(outside.body.error).toMatchObject({
+      code: 'validation_failed',
+      details: { secret: 'API_TOKEN', host: 'other.example.com' },
+    })
+    expect(outside.body.error.message).toContain('API_TOKEN')
+    expect(outside.body.error.message).toContain('other.example.com')
+    // The port counts as it does for the proxy; nothing was stored.
+    expect((await bind(['api.example.com:8443'])).status).toBe(400)
+    expect((await bind(['x.example.org'])).status).toBe(400)
+    expect((await t.api.call('GET', '/v1/agents/bound/secrets')).body.data).toEqual([])
+    // Allowed hosts, and a wildcard binding the allowlist names a host under.
+    expect((await bind(['api.example.com', 'x.example.org:8443'])).status).toBe(200)
+    expect((await bind(['*.example.com'])).status).toBe(200)
+    expect((await bind(['api.example.com'])).status).toBe(200)
+  })
+
+  it('refuses a deploy whose allowlist drops a host a proxy secret is bound to; no revision is made', async () => {
+    const before = (await t.api.call('GET', '/v1/agents/bound')).body.revisions.length
+    const narrowed = await t.api.deploy(await project(['*.example.org:8443']))
+    expect(narrowed.status).toBe(400)
+    expect(narrowed.body.error).toMatchObject({
+      code: 'invalid_manifest',
+      details: { secret: 'API_TOKEN', host: 'api.example.com' },
+    })
+    expect(narrowed.body.error.message).toContain("cairn.yaml's network.allow")
+    const none = await t.api.deploy(await project([]))
+    expect(none.status).toBe(400)
+    expect(none.body.error.code).toBe('invalid_manifest')
+    expect((await t.api.call('GET', '/v1/agents/bound')).body.revisions.length).toBe(before)
+    // A wildcard covering the bound host is enough.
+    expect((await t.api.deploy(await project(['*.example.com']))).status).toBe(201)
+    // Without the proxy secret, any allowlist deploys.
+    expect((await t.api.call('DELETE', '/v1/agents/bound/secrets/API_TOKEN')).status).toBe(200)
+    expect((await t.api.deploy(await project([]))).status).toBe(201)
+  })
+})

@@ -11,7 +11,7 @@ export {
 export { type CommandResult, type CommandSpec, runSandboxedCommand } from './build/run-command.js'
 export { forbiddenReason } from './egress/address-guard.js'
 export { EgressCa } from './egress/egress-ca.js'
-export { decide, type EgressPolicy, type EgressRule } from './egress/policy.js'
+export { bindingAllowed, decide, type EgressPolicy, type EgressRule } from './egress/policy.js'
 export { EgressProxy, type NetworkEvent } from './egress/proxy.js'
 export { type ProxySecret, secretsBoundTo, swapInSecrets, swapOutSecrets } from './egress/proxy-secrets.js'
 export { AGENT_KIT_DIR, instanceRunDir } from './paths.js'

@@ -265,6 +265,14 @@ export class Sessions {
     return { url: preview.url, expiresAt: preview.expiresAt }
   }
 
+  /**
+   * Revokes every signed URL issued so far for `port` of the session (and the cookies they left);
+   * URLs asked for afterwards work. Ending or deleting a session revokes all of its URLs.
+   */
+  async revokePreviewUrls(id: string, port: number, options: RequestOptions = {}): Promise<void> {
+    await this.http.json({ method: 'DELETE', path: path(id, `/ports/${port}/url`), ...options })
+  }
+
   /** The session's setup phase (status, attempts, exit code, log tail); `NotFoundError` without one. */
   async setup(id: string, options: RequestOptions = {}): Promise<SetupInfo> {
     const body = await this.http.json({ method: 'GET', path: path(id, '/setup'), ...options })
@@ -445,6 +453,11 @@ export class Session {
     options: RequestOptions & { ttlMs?: number | undefined } = {},
   ): Promise<PreviewUrl> {
     return this.sessions.previewUrl(this.id, port, options)
+  }
+
+  /** Revokes the signed URLs issued so far for `port`; see `Sessions.revokePreviewUrls`. */
+  revokePreviewUrls(port: number, options: RequestOptions = {}): Promise<void> {
+    return this.sessions.revokePreviewUrls(this.id, port, options)
   }
 
   manifest(options: RequestOptions & { sizes?: boolean | undefined } = {}): Promise<Record<string, unknown>> {

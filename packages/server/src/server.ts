@@ -12,6 +12,7 @@ import { writeCredentialsIfMissing } from './credentials.js'
 import { openDatabase } from './db/database.js'
 import { MemoryService } from './memory/memory-service.js'
 import { MetricsRegistry } from './metrics/registry.js'
+import { PreviewRevocations } from './previews/preview-revocations.js'
 import { PreviewService } from './previews/preview-service.js'
 import { PreviewSigner } from './previews/preview-signer.js'
 import { RetentionService } from './retention/retention-service.js'
@@ -155,6 +156,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
         keys,
         sessions,
         signer: new PreviewSigner(cipher.deriveKey('preview-url')),
+        revocations: new PreviewRevocations(db),
         clock: systemClock,
       }),
       runtime,

@@ -38,3 +38,23 @@ export function decide(policy: EgressPolicy, host: string, port: number, method?
   }
   return { allowed: false, reason: `${host}:${port} is not in the allowlist` }
 }
+
+function portsOf(port: number | undefined): number[] {
+  return port !== undefined ? [port] : [...DEFAULT_PORTS]
+}
+
+/**
+ * Whether the policy lets any connection through that a proxy secret bound to `binding`
+ * (allowlist syntax) would be sent on: the bound host itself is allowed, or, for a wildcard
+ * binding, a host the allowlist names falls under it. Both ways are `decide`, so a binding is
+ * judged exactly as the proxy will judge its connections.
+ */
+export function bindingAllowed(policy: EgressPolicy, binding: string): boolean {
+  const bound = splitHostPort(binding)
+  if (portsOf(bound.port).some((port) => decide(policy, bound.host, port).allowed)) return true
+  const asPolicy = { allow: [binding] }
+  return policy.allow.some((rule) => {
+    const allowed = splitHostPort(typeof rule === 'string' ? rule : rule.host)
+    return portsOf(allowed.port).some((port) => decide(asPolicy, allowed.host, port).allowed)
+  })
+}

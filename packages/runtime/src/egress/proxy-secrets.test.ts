@@ -1,4 +1,5 @@
 import { describe, expect, it } from 'vitest'
+import { bindingAllowed } from './policy.js'
 import {
   type ProxySecret,
   SecretScrubber,
@@ -81,5 +82,26 @@ describe('proxy secrets', () => {
     expect(await scrub(['nothing to see'], [])).toBe('nothing to see')
     expect(scrubbable({})).toBe(true)
     expect(scrubbable({ 'content-encoding': 'gzip' })).toBe(false)
+  })
+})
+
+describe('bindingAllowed', () => {
+  const policy = { allow: ['api.example.com', { host: '*.example.org:8443', methods: ['GET'] }] }
+
+  it('allows a binding the allowlist lets connections through to, by the proxy own rules', () => {
+    expect(bindingAllowed(policy, 'api.example.com')).toBe(true)
+    expect(bindingAllowed(policy, 'API.example.com:443')).toBe(true)
+    expect(bindingAllowed(policy, 'a.b.example.org:8443')).toBe(true)
+    // A wildcard binding with a host the allowlist names under it.
+    expect(bindingAllowed(policy, '*.example.com')).toBe(true)
+    expect(bindingAllowed(policy, '*.example.org:8443')).toBe(true)
+  })
+
+  it('refuses one whose host or port nothing allows', () => {
+    expect(bindingAllowed(policy, 'other.example.com')).toBe(false)
+    expect(bindingAllowed(policy, 'api.example.com:8443')).toBe(false)
+    expect(bindingAllowed(policy, 'x.example.org')).toBe(false)
+    expect(bindingAllowed(policy, '*.example.net')).toBe(false)
+    expect(bindingAllowed({ allow: [] }, 'api.example.com')).toBe(false)
   })
 })

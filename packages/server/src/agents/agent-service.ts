@@ -3,6 +3,7 @@ import {
   type AgentInfo,
   CairnProblem,
   type DeployResult,
+  type NetworkPolicy,
   newId,
   type RevisionInfo,
 } from '@cairn/protocol'
@@ -10,6 +11,7 @@ import type { Runtime } from '@cairn/runtime'
 import type { Logger } from 'pino'
 import { type Clock, iso } from '../clock.js'
 import type { Db } from '../db/database.js'
+import { assertBindingsAllowed, unreachableBindings } from '../secrets/proxy-bindings.js'
 import { redact, type SecretStore } from '../secrets/secret-store.js'
 import { type AgentRow, AgentStore, type StoredRevision } from './agent-store.js'
 import { type ArchiveLimits, DEFAULT_ARCHIVE_LIMITS, extractArchive, inspectArchive } from './archive.js'
@@ -74,6 +76,15 @@ export class AgentService {
       const at = iso(this.deps.clock.now())
       agentId = this.deps.db.transaction(() => {
         const existing = this.store.find(tenantId, resolved.name)
+        if (existing) {
+          // Like any other manifest error: no revision is recorded.
+          const proxied = this.deps.secrets.list(existing.id).filter((s) => s.scope === 'proxy')
+          assertBindingsAllowed(
+            'invalid_manifest',
+            unreachableBindings(proxied, resolved.manifest.network),
+            `cairn.yaml's network.allow`,
+          )
+        }
         const id = existing?.id ?? newId('agent')
         if (!existing) this.store.insertAgent(id, tenantId, resolved.name, at)
         this.store.insertRevision({
@@ -189,6 +200,13 @@ export class AgentService {
     const row = this.store.byId(agentId)
     const revision = row?.current_revision_id ? this.store.revision(row.current_revision_id) : undefined
     return revision?.manifest.secrets ?? []
+  }
+
+  /** The `network` of the agent's current revision's cairn.yaml; undefined without a current revision. */
+  currentNetwork(agentId: string): { revisionId: string; network: NetworkPolicy | undefined } | undefined {
+    const row = this.store.byId(agentId)
+    const revision = row?.current_revision_id ? this.store.revision(row.current_revision_id) : undefined
+    return revision && { revisionId: revision.id, network: revision.manifest.network }
   }
 
   delete(tenantId: string, idOrName: string): void {

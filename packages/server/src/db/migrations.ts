@@ -265,4 +265,18 @@ ALTER TABLE secrets ADD COLUMN hosts_json TEXT;
     name: 'snapshots reused across unchanged turns',
     sql: `ALTER TABLE snapshots ADD COLUMN through_turn_seq INTEGER;`,
   },
+  {
+    // Signed preview URLs carry the epoch they were issued in; revoking moves it on. Port 0 stands
+    // for every port of the session (a session's end revokes them all).
+    version: 15,
+    name: 'revocable preview URLs',
+    sql: `
+CREATE TABLE preview_url_epochs (
+  session_id TEXT NOT NULL REFERENCES sessions(id),
+  port INTEGER NOT NULL,
+  epoch INTEGER NOT NULL,
+  PRIMARY KEY (session_id, port)
+);
+`,
+  },
 ]

@@ -6,7 +6,14 @@ import { type Clock, iso } from '../clock.js'
 import type { Db } from '../db/database.js'
 import type { SessionService } from '../sessions/session-service.js'
 import type { SessionRow } from '../sessions/session-store.js'
-import { EXPIRES_PARAM, PREVIEW_COOKIE, type PreviewSigner, SIGNATURE_PARAM } from './preview-signer.js'
+import type { PreviewRevocations } from './preview-revocations.js'
+import {
+  EPOCH_PARAM,
+  EXPIRES_PARAM,
+  PREVIEW_COOKIE,
+  type PreviewSigner,
+  SIGNATURE_PARAM,
+} from './preview-signer.js'
 
 export const DEFAULT_PREVIEW_TTL_MS = 60 * 60 * 1000
 
@@ -34,6 +41,7 @@ export function upstreamPath(target: PreviewTarget): string {
   const query = new URLSearchParams(target.query)
   query.delete(SIGNATURE_PARAM)
   query.delete(EXPIRES_PARAM)
+  query.delete(EPOCH_PARAM)
   const search = query.toString()
   return `${target.rest || '/'}${search ? `?${search}` : ''}`
 }
@@ -47,6 +55,7 @@ export interface PreviewServiceDeps {
   keys: ApiKeyStore
   sessions: SessionService
   signer: PreviewSigner
+  revocations: PreviewRevocations
   clock: Clock
 }
 
@@ -67,6 +76,9 @@ export class PreviewService {
     this.tenantOf = deps.db.prepare<[string], { tenant_id: string }>(
       'SELECT tenant_id FROM sessions WHERE id = ?',
     )
+    // An ended session's URLs stay dead when it is resumed (whoever resumes it hands out new
+    // ones); a deleted one's answer `revoked` like any other.
+    deps.sessions.onEnded((sessionId) => deps.revocations.revokeSession(sessionId))
   }
 
   signedUrl(
@@ -78,9 +90,30 @@ export class PreviewService {
   ): { url: string; expiresAt: string } {
     const row = this.deps.sessions.requireLive(tenantId, sessionId)
     const expiresAtMs = this.deps.clock.now() + ttlMs
-    const signature = this.deps.signer.sign(row.id, port, expiresAtMs)
-    const query = new URLSearchParams({ [EXPIRES_PARAM]: String(expiresAtMs), [SIGNATURE_PARAM]: signature })
+    const epoch = this.deps.revocations.current(row.id, port)
+    const signature = this.deps.signer.sign({ sessionId: row.id, port, expiresAtMs, epoch })
+    const query = new URLSearchParams({
+      [EXPIRES_PARAM]: String(expiresAtMs),
+      ...(epoch > 0 ? { [EPOCH_PARAM]: String(epoch) } : {}),
+      [SIGNATURE_PARAM]: signature,
+    })
     return { url: `${origin}${previewPrefix(row.id, port)}/?${query}`, expiresAt: iso(expiresAtMs) }
+  }
+
+  /** Revokes every signed URL issued so far for the port (and the cookies they left). */
+  revokeUrls(tenantId: string, sessionId: string, port: number): void {
+    const row = this.deps.sessions.require(tenantId, sessionId)
+    this.deps.revocations.revokePort(row.id, port)
+  }
+
+  private verifySigned(target: PreviewTarget, expiresAtMs: number, epoch: number, signature: string) {
+    const { sessionId, port } = target
+    this.deps.signer.verify(
+      { sessionId, port, expiresAtMs, epoch },
+      signature,
+      this.deps.revocations.current(sessionId, port),
+      this.deps.clock.now(),
+    )
   }
 
   /**
@@ -93,17 +126,20 @@ export class PreviewService {
     const expires = target.query.get(EXPIRES_PARAM)
     if (signature !== null || expires !== null) {
       const expiresAtMs = Number(expires)
-      this.deps.signer.verify(target.sessionId, target.port, expiresAtMs, signature ?? '', now)
+      const epoch = Number(target.query.get(EPOCH_PARAM) ?? 0)
+      this.verifySigned(target, expiresAtMs, epoch, signature ?? '')
       const maxAge = Math.max(1, Math.floor((expiresAtMs - now) / 1000))
       return {
         row: this.signedRow(target),
-        cookie: `${PREVIEW_COOKIE}=${expiresAtMs}.${signature}; Path=${previewPrefix(target.sessionId, target.port)}/; Max-Age=${maxAge}; HttpOnly; SameSite=Lax`,
+        cookie: `${PREVIEW_COOKIE}=${expiresAtMs}.${epoch}.${signature}; Path=${previewPrefix(target.sessionId, target.port)}/; Max-Age=${maxAge}; HttpOnly; SameSite=Lax`,
       }
     }
     const cookie = previewCookie(headers.cookie)
     if (cookie) {
-      const [expiresAtMs, sig] = cookie.split('.', 2)
-      this.deps.signer.verify(target.sessionId, target.port, Number(expiresAtMs), sig ?? '', now)
+      // `expires.epoch.signature`; cookies set before revocation existed have no epoch (0).
+      const parts = cookie.split('.')
+      const [expiresAtMs, epoch, sig] = parts.length === 2 ? [parts[0], '0', parts[1]] : parts
+      this.verifySigned(target, Number(expiresAtMs), Number(epoch), sig ?? '')
       return { row: this.signedRow(target) }
     }
     const match = headers.authorization ? /^Bearer\s+(\S+)$/i.exec(headers.authorization) : null

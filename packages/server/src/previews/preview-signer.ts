@@ -4,38 +4,56 @@ import { CairnProblem } from '@cairn/protocol'
 /** Query parameters of a signed preview URL; the same token then travels in a path-scoped cookie. */
 export const SIGNATURE_PARAM = 'cairn_signature'
 export const EXPIRES_PARAM = 'cairn_expires'
+export const EPOCH_PARAM = 'cairn_epoch'
 export const PREVIEW_COOKIE = 'cairn_preview'
 
+/** What a preview token is signed over; `epoch` is the port's revocation epoch when it was issued. */
+export interface PreviewGrant {
+  sessionId: string
+  port: number
+  expiresAtMs: number
+  epoch: number
+}
+
 /**
- * Signs and checks preview tokens: an HMAC-SHA256 over the session, the port and the expiry, with
- * a key derived from the server's secret key, so a token grants one port of one session until it
- * expires and nothing else. Nothing is stored: a token cannot be revoked before it expires.
+ * Signs and checks preview tokens: an HMAC-SHA256 over the session, the port, the expiry and the
+ * revocation epoch, with a key derived from the server's secret key, so a token grants one port of
+ * one session until it expires or its epoch is no longer the port's current one, and nothing else.
  */
 export class PreviewSigner {
   constructor(private readonly key: Buffer) {}
 
-  private mac(sessionId: string, port: number, expiresAtMs: number): string {
+  // Epoch 0 signs exactly what tokens signed before revocation existed, so those stay valid.
+  private mac({ sessionId, port, expiresAtMs, epoch }: PreviewGrant): string {
     return createHmac('sha256', this.key)
-      .update(`preview.v1\n${sessionId}\n${port}\n${expiresAtMs}`)
+      .update(`preview.v1\n${sessionId}\n${port}\n${expiresAtMs}${epoch > 0 ? `\n${epoch}` : ''}`)
       .digest('base64url')
   }
 
-  sign(sessionId: string, port: number, expiresAtMs: number): string {
-    return this.mac(sessionId, port, expiresAtMs)
+  sign(grant: PreviewGrant): string {
+    return this.mac(grant)
   }
 
-  /** Throws `forbidden` for a forged, foreign or expired token. */
-  verify(sessionId: string, port: number, expiresAtMs: number, signature: string, nowMs: number): void {
-    const expected = Buffer.from(this.mac(sessionId, port, expiresAtMs))
+  /**
+   * Throws `forbidden` for a forged, foreign, revoked (its epoch is not `currentEpoch`) or expired
+   * token, with `details.reason`.
+   */
+  verify(grant: PreviewGrant, signature: string, currentEpoch: number, nowMs: number): void {
+    const { expiresAtMs, epoch } = grant
+    const valid = Number.isSafeInteger(expiresAtMs) && Number.isSafeInteger(epoch) && epoch >= 0
+    const expected = Buffer.from(valid ? this.mac(grant) : '')
     const given = Buffer.from(signature)
-    if (
-      !Number.isSafeInteger(expiresAtMs) ||
-      given.length !== expected.length ||
-      !timingSafeEqual(given, expected)
-    ) {
+    if (!valid || given.length !== expected.length || !timingSafeEqual(given, expected)) {
       throw new CairnProblem('forbidden', 'the preview signature is not valid for this session and port', {
         reason: 'invalid_signature',
       })
+    }
+    if (epoch !== currentEpoch) {
+      throw new CairnProblem(
+        'forbidden',
+        'the preview URL was revoked (DELETE …/ports/{port}/url, or the session ended); ask for a new one',
+        { reason: 'revoked' },
+      )
     }
     if (expiresAtMs <= nowMs) {
       throw new CairnProblem(

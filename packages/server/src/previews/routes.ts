@@ -1,6 +1,6 @@
 import http, { type IncomingHttpHeaders, type IncomingMessage } from 'node:http'
 import type { Duplex } from 'node:stream'
-import { CairnProblem, ErrorBodySchema } from '@cairn/protocol'
+import { CairnProblem, ErrorBodySchema, OkSchema } from '@cairn/protocol'
 import { Type } from '@sinclair/typebox'
 import type { FastifyInstance, FastifyRequest } from 'fastify'
 import { requireWrite } from '../auth/plugin.js'
@@ -39,7 +39,8 @@ const HOP_BY_HOP = new Set([
 /** Whether the bearer-key hook must leave a request to the preview's own authorization. */
 export function isPreviewRequest(request: FastifyRequest): boolean {
   const target = parsePreviewTarget(request.url)
-  return target !== undefined && !(request.method === 'POST' && target.rest === '/url')
+  const ownRoute = (request.method === 'POST' || request.method === 'DELETE') && target?.rest === '/url'
+  return target !== undefined && !ownRoute
 }
 
 /** What the service sees of the request: no API key, no preview cookie, its own Host. */
@@ -80,6 +81,29 @@ export function previewRoutes(app: FastifyInstance, previews: PreviewService): v
       const ttlMs = (request.body as { ttlMs?: number } | undefined)?.ttlMs ?? DEFAULT_PREVIEW_TTL_MS
       const origin = `${request.protocol}://${request.headers.host ?? request.hostname}`
       return previews.signedUrl(requireWrite(request).tenantId, id, port, ttlMs, origin)
+    },
+  )
+
+  app.delete(
+    '/v1/sessions/:id/ports/:port/url',
+    {
+      schema: {
+        tags: ['previews'],
+        summary:
+          'Revoke every signed URL issued so far for a port of the session (and the cookies they left); later ones work',
+        params: PortParams,
+        response: {
+          200: OkSchema,
+          401: ErrorBodySchema,
+          403: ErrorBodySchema,
+          404: ErrorBodySchema,
+        },
+      },
+    },
+    async (request) => {
+      const { id, port } = request.params as { id: string; port: number }
+      previews.revokeUrls(requireWrite(request).tenantId, id, port)
+      return { ok: true }
     },
   )
 

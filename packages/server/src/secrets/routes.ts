@@ -64,7 +64,17 @@ export function secretRoutes(app: FastifyInstance, agents: AgentService, secrets
     async (request) => {
       const agent = agentOf(request, true)
       const body = request.body as { secrets: Record<string, string>; scope?: SecretScope; hosts?: string[] }
-      secrets.set(agent.tenant_id, agent.id, body.secrets, { scope: body.scope, hosts: body.hosts })
+      const current = agents.currentNetwork(agent.id)
+      secrets.set(agent.tenant_id, agent.id, body.secrets, {
+        scope: body.scope,
+        hosts: body.hosts,
+        // Refused rather than accepted with a warning: the secret could never be used, and a
+        // warning in the listing would go unseen by every client that only checks the status.
+        allowlist: current && {
+          network: current.network,
+          where: `network.allow of the agent's current revision (${current.revisionId})`,
+        },
+      })
       return listing(agent.id)
     },
   )

@@ -1,10 +1,11 @@
 import { randomBytes } from 'node:crypto'
 import net from 'node:net'
-import { CairnProblem } from '@cairn/protocol'
+import { CairnProblem, type NetworkPolicy } from '@cairn/protocol'
 import type { ProxySecret } from '@cairn/runtime'
 import { type Clock, iso } from '../clock.js'
 import type { Db } from '../db/database.js'
 import type { SecretCipher } from './cipher.js'
+import { assertBindingsAllowed, unreachableBindings } from './proxy-bindings.js'
 
 export const SECRET_SCOPES = ['runtime', 'setup', 'proxy'] as const
 export type SecretScope = (typeof SECRET_SCOPES)[number]
@@ -28,6 +29,11 @@ export interface SetSecretsOptions {
   scope?: SecretScope | undefined
   /** Hosts a `proxy` secret is sent to (allowlist syntax); required for that scope, refused for others. */
   hosts?: readonly string[] | undefined
+  /**
+   * `proxy` scope: the allowlist the hosts must be reachable under (the agent's current revision's
+   * `network`) and how to name it; a host it does not allow is refused. Unset: not checked.
+   */
+  allowlist?: { network: NetworkPolicy | undefined; where: string } | undefined
 }
 
 export interface SecretInfo {
@@ -88,6 +94,14 @@ export class SecretStore {
     }
     for (const host of hosts) {
       if (!validHost(host)) throw new CairnProblem('validation_failed', `invalid host '${host}'`)
+    }
+    if (scope === 'proxy' && options.allowlist) {
+      const bindings = Object.keys(values).map((name) => ({ name, hosts }))
+      assertBindingsAllowed(
+        'validation_failed',
+        unreachableBindings(bindings, options.allowlist.network),
+        options.allowlist.where,
+      )
     }
     const at = iso(this.clock.now())
     // A secret keeps its stand-in when its value changes, so copies the agent made still work.

@@ -48,6 +48,7 @@ export class SessionService {
   private readonly deleting = new Map<string, Promise<void>>()
   private createdHook: ((row: SessionRow) => void) | undefined
   private deletedHook: ((sessionId: string) => Promise<void>) | undefined
+  private readonly endedHooks: ((sessionId: string) => void)[] = []
 
   constructor(private readonly deps: SessionServiceDeps) {
     this.store = new SessionStore(deps.db)
@@ -269,6 +270,15 @@ export class SessionService {
     this.deletedHook = hook
   }
 
+  /** Called (each hook) when a session is ended by its user or deleted. */
+  onEnded(hook: (sessionId: string) => void): void {
+    this.endedHooks.push(hook)
+  }
+
+  private ended(sessionId: string): void {
+    for (const hook of this.endedHooks) hook(sessionId)
+  }
+
   /**
    * Called once a turn has ended and its outcome was sent (not awaited: off the critical path),
    * with the answer of the `onUnchangedProbe` probe that kept or advanced its generation.
@@ -374,6 +384,7 @@ export class SessionService {
       return this.get(tenantId, id)
     }
     if (current.status !== 'completed') this.store.transition(current, 'completed', 'user_end', this.now())
+    this.ended(id)
     return this.get(tenantId, id)
   }
 
@@ -461,6 +472,7 @@ export class SessionService {
       await this.deps.runtime.pool.deleteWorkspace(id)
       if (this.deletedHook) await this.deletedHook(id)
       this.store.transition(this.require(tenantId, id), 'deleted', cause, this.now(), detail)
+      this.ended(id)
     })()
     this.deleting.set(id, work)
     try {

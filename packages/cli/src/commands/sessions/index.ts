@@ -15,6 +15,7 @@ import { register as messages } from './messages.js'
 import { register as open } from './open.js'
 import { register as restore } from './restore.js'
 import { register as resume } from './resume.js'
+import { register as revokeUrls } from './revoke-urls.js'
 import { register as snapshot } from './snapshot.js'
 import { register as snapshots } from './snapshots.js'
 import { register as undo } from './undo.js'
@@ -36,6 +37,7 @@ export const register: Register = (parent, ctx) => {
     watch,
     lease,
     open,
+    revokeUrls,
     snapshot,
     snapshots,
     restore,

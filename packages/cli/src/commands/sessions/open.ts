@@ -3,7 +3,7 @@ import { InvalidArgumentError } from 'commander'
 import { duration, jsonOption, type Register } from '../../command.js'
 import { resolveSession } from '../../session-arg.js'
 
-function port(value: string): number {
+export function port(value: string): number {
   const n = Number(value)
   if (!Number.isInteger(n) || n < 1 || n > 65535) throw new InvalidArgumentError('expected a port (1-65535)')
   return n

@@ -66,6 +66,16 @@ beforeAll(async () => {
     '        return reply.split("\\r\\n")[0] if reply else "ERR closed"',
     '    except Exception as e:',
     '        return "ERR " + type(e).__name__',
+    // The start of a TLS handshake over a plain socket: goes out as a tunnel, not as HTTP.
+    'def tls(host, port):',
+    '    try:',
+    '        s = socket.create_connection((host, port), timeout=3)',
+    '        s.sendall(bytes([22, 3, 1, 0, 5]) + b"hello")',
+    '        reply = s.recv(4096)',
+    '        s.close()',
+    '        return "REPLY %d bytes" % len(reply) if reply else "ERR closed"',
+    '    except Exception as e:',
+    '        return "ERR " + type(e).__name__',
     // A command run with the proxy variables unset (programs that ignore them).
     'def run(command):',
     '    unset = ["-u", "HTTP_PROXY", "-u", "http_proxy", "-u", "HTTPS_PROXY", "-u", "https_proxy"]',
@@ -82,6 +92,7 @@ beforeAll(async () => {
     '    if kind == "get": print(get(arg))',
     '    elif kind == "raw": h, p = arg.split(":"); print(raw(h, int(p)))',
     '    elif kind == "dns": print(dns(arg))',
+    '    elif kind == "tls": h, p = arg.split(":"); print(tls(h, int(p)))',
     '    elif kind == "run": print(run(arg).replace("\\n", " | "))',
   ].join('\n')
   for (const [name, network] of [
@@ -117,8 +128,9 @@ describe('egress is denied unless allowed', () => {
     expect((await t.api.send(id, 'get http://169.254.169.254/latest/meta-data/')).text).toContain('403')
     expect((await t.api.send(id, 'get http://example.com/')).text).toContain('403')
     // Without the proxy variables: every connection is redirected to the same proxy.
-    expect((await t.api.send(id, `raw ${TEST_HOST}:8080`)).text).toBe('HTTP/1.0 200 OK\n')
-    expect((await t.api.send(id, `raw ${HOST_SIDE}:22`)).text).toMatch(/^ERR/)
+    expect((await t.api.send(id, `raw ${TEST_HOST}:8080`)).text).toMatch(/^HTTP\/1\.[01] 200 OK\n$/)
+    expect((await t.api.send(id, `raw ${HOST_SIDE}:22`)).text).toBe('HTTP/1.1 403 Forbidden\n')
+    expect((await t.api.send(id, `tls ${HOST_SIDE}:22`)).text).toMatch(/^ERR/)
     expect((await t.api.send(id, 'dns example.com')).text).toMatch(/^ERR/)
     const log = await t.api.call('GET', `/v1/sessions/${id}/network`)
     const decisions = log.body.data.map((e: { host: string; allowed: boolean }) => `${e.host}:${e.allowed}`)
@@ -159,15 +171,20 @@ describe('egress is denied unless allowed', () => {
     expect(
       await run(`node -e 'fetch("${url}").then((r) => r.text()).then((t) => process.stdout.write(t))'`),
     ).toBe('hello from the test host [exit 0]')
-    // Raw connections: allowed by address, refused to the host's loopback, private, metadata and
-    // other addresses (the proxy's checks, as for proxied requests).
-    expect((await t.api.send(id, `raw ${TEST_NAME}:8080`)).text).toBe('HTTP/1.0 200 OK\n')
-    expect((await t.api.send(id, `raw ${TEST_HOST}:8080`)).text).toBe('HTTP/1.0 200 OK\n')
-    expect((await t.api.send(id, `raw ${HOST_SIDE}:8080`)).text).toMatch(/^ERR/)
+    // The rules belong to the host's root: the sandbox can neither read nor change them.
+    expect(await run('/usr/sbin/nft flush ruleset')).toMatch(/Operation not permitted.*\[exit 1\]$/)
+    expect(await run('/usr/sbin/ip route del default')).toMatch(/Operation not permitted.*\[exit 2\]$/)
+    // Raw connections (plain HTTP, or a TLS start that is tunnelled): allowed to the allowlist's
+    // hosts, refused to the host's loopback, private, metadata and other addresses, as through
+    // the proxy variables.
+    expect((await t.api.send(id, `raw ${TEST_NAME}:8080`)).text).toMatch(/^HTTP\/1\.[01] 200 OK\n$/)
+    expect((await t.api.send(id, `raw ${TEST_HOST}:8080`)).text).toMatch(/^HTTP\/1\.[01] 200 OK\n$/)
+    expect((await t.api.send(id, `raw ${HOST_SIDE}:8080`)).text).toBe('HTTP/1.1 403 Forbidden\n')
     expect((await t.api.send(id, `raw 127.0.0.1:${hostLoopbackPort}`)).text).toMatch(/^ERR/)
-    expect((await t.api.send(id, 'raw 169.254.169.254:80')).text).toMatch(/^ERR/)
-    expect((await t.api.send(id, 'raw 192.0.2.7:443')).text).toMatch(/^ERR/)
-    expect((await t.api.send(id, `raw ${TEST_HOST}:8081`)).text).toMatch(/^ERR/)
+    expect((await t.api.send(id, 'raw 169.254.169.254:80')).text).toBe('HTTP/1.1 403 Forbidden\n')
+    expect((await t.api.send(id, 'tls 192.0.2.7:443')).text).toMatch(/^ERR/)
+    expect((await t.api.send(id, `tls ${TEST_HOST}:8081`)).text).toMatch(/^ERR/)
+    expect((await t.api.send(id, `tls ${HOST_SIDE}:443`)).text).toMatch(/^ERR/)
     const log = await t.api.call('GET', `/v1/sessions/${id}/network`)
     const decisions = log.body.data.map(
       (e: { host: string; port: number; allowed: boolean }) => `${e.host}:${e.port}:${e.allowed}`,
@@ -177,5 +194,6 @@ describe('egress is denied unless allowed', () => {
     expect(decisions).toContain('169.254.169.254:80:false')
     expect(decisions).toContain('192.0.2.7:443:false')
     expect(decisions).toContain(`${TEST_HOST}:8081:false`)
+    expect(decisions).toContain(`${HOST_SIDE}:443:false`)
   })
 })

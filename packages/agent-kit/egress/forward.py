@@ -12,12 +12,15 @@ packages/runtime/src/egress/transparent.ts) it also:
   an allowed name an empty answer;
 - accepts the redirected TCP connections on 127.0.0.1:3129, reads where each was going
   (SO_ORIGINAL_DST) and asks the proxy for `CONNECT <name>:<port>` (the name behind a stand-in
-  address) or `CONNECT <ip>:<port>`, so the proxy's allowlist, address checks and proxy secrets
-  apply exactly as for a client that uses the proxy variables.
+  address) or `CONNECT <ip>:<port>`; a plain HTTP request goes as a proxy request for
+  `http://<name>:<port>/...` instead (one per connection), so the proxy's allowlist, method rules,
+  address checks and proxy secrets apply exactly as for a client that uses the proxy variables.
 Usage: forward.py [--transparent PATTERNS] -- command args...
 """
 import ipaddress
 import os
+import re
+import select
 import signal
 import socket
 import struct
@@ -33,6 +36,11 @@ SO_ORIGINAL_DST = 80
 FIRST_STAND_IN = int(ipaddress.IPv4Address("198.18.1.0"))
 LAST_STAND_IN = int(ipaddress.IPv4Address("198.19.255.254"))
 TTL_S = 300
+# How long a redirected connection may stay silent before it is taken for a server-first protocol.
+CLIENT_FIRST_WAIT_S = 1.0
+HTTP_REQUEST = re.compile(rb"^[A-Z]{3,10} ")
+MAX_HEAD = 256 * 1024
+HOP_HEADERS = {b"connection", b"proxy-connection", b"keep-alive", b"proxy-authorization"}
 
 
 def pipe(src, dst):
@@ -201,15 +209,55 @@ def refuse(client):
     client.close()
 
 
+def read_head(client):
+    """The request line and headers of a plain HTTP request, or None when they never end."""
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = client.recv(65536)
+        if not chunk or len(head) > MAX_HEAD:
+            return None
+        head += chunk
+    return head
+
+
+def as_proxy_request(head, target):
+    """The request in the form a proxy takes (absolute URL), one request per connection."""
+    lines, _, body = head.partition(b"\r\n\r\n")
+    lines = lines.split(b"\r\n")
+    method, _, rest = lines[0].partition(b" ")
+    path, _, version = rest.partition(b" ")
+    if not path.startswith(b"/"):
+        return None
+    kept = [line for line in lines[1:] if line.split(b":", 1)[0].strip().lower() not in HOP_HEADERS]
+    request_line = b"%s http://%s%s %s" % (method, target.encode(), path, version)
+    return b"\r\n".join([request_line, *kept, b"Connection: close"]) + b"\r\n\r\n" + body
+
+
 def connect_through_proxy(client, names):
     try:
         original = client.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)
         port, packed = struct.unpack("!2xH4s8x", original)
         address = socket.inet_ntoa(packed)
         host = names.name_for(address) or address
+        target = "%s:%d" % (host, port)
+        # Plain HTTP goes to the proxy as a proxy request (method rules and proxy secrets apply
+        # as for a client that uses HTTP_PROXY); anything else (TLS, or a protocol where the
+        # server speaks first) as a CONNECT tunnel, which the proxy may terminate for a secret.
+        ready, _, _ = select.select([client], [], [], CLIENT_FIRST_WAIT_S)
+        first = client.recv(8, socket.MSG_PEEK) if ready else b""
+        request = None
+        if HTTP_REQUEST.match(first):
+            head = read_head(client)
+            request = as_proxy_request(head, target) if head is not None else None
+            if request is None:
+                refuse(client)
+                return
         upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         upstream.connect(SOCKET)
-        target = "%s:%d" % (host, port)
+        if request is not None:
+            upstream.sendall(request)
+            relay(client, upstream)
+            return
         upstream.sendall(("CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n" % (target, target)).encode())
         response = b""
         while b"\r\n\r\n" not in response:

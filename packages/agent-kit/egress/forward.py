@@ -17,9 +17,7 @@ packages/runtime/src/egress/transparent.ts) it also:
   address checks and proxy secrets apply exactly as for a client that uses the proxy variables.
 Usage: forward.py [--transparent PATTERNS] -- command args...
 """
-import ipaddress
 import os
-import re
 import select
 import signal
 import socket
@@ -33,12 +31,11 @@ TRANSPARENT_PORT = 3129
 DNS_PORT = 3153
 SO_ORIGINAL_DST = 80
 # Stand-in addresses: 198.18.0.1 is the nameserver and 198.18.0.2 the sandbox itself.
-FIRST_STAND_IN = int(ipaddress.IPv4Address("198.18.1.0"))
-LAST_STAND_IN = int(ipaddress.IPv4Address("198.19.255.254"))
+FIRST_STAND_IN = struct.unpack("!I", socket.inet_aton("198.18.1.0"))[0]
+LAST_STAND_IN = struct.unpack("!I", socket.inet_aton("198.19.255.254"))[0]
 TTL_S = 300
 # How long a redirected connection may stay silent before it is taken for a server-first protocol.
 CLIENT_FIRST_WAIT_S = 1.0
-HTTP_REQUEST = re.compile(rb"^[A-Z]{3,10} ")
 MAX_HEAD = 256 * 1024
 HOP_HEADERS = {b"connection", b"proxy-connection", b"keep-alive", b"proxy-authorization"}
 
@@ -99,7 +96,7 @@ class Names:
         with self.lock:
             address = self.by_name.get(name)
             if address is None and self.next <= LAST_STAND_IN:
-                address = str(ipaddress.IPv4Address(self.next))
+                address = socket.inet_ntoa(struct.pack("!I", self.next))
                 self.next += 1
                 self.by_name[name] = address
                 self.by_address[address] = name
@@ -209,6 +206,12 @@ def refuse(client):
     client.close()
 
 
+def looks_like_http(first):
+    """Whether a connection's first bytes start a request line (`GET `, `OPTIONS `...)."""
+    method, space, _ = first.partition(b" ")
+    return bool(space) and 3 <= len(method) <= 10 and method.isalpha() and method.isupper()
+
+
 def read_head(client):
     """The request line and headers of a plain HTTP request, or None when they never end."""
     head = b""
@@ -246,7 +249,7 @@ def connect_through_proxy(client, names):
         ready, _, _ = select.select([client], [], [], CLIENT_FIRST_WAIT_S)
         first = client.recv(8, socket.MSG_PEEK) if ready else b""
         request = None
-        if HTTP_REQUEST.match(first):
+        if looks_like_http(first):
             head = read_head(client)
             request = as_proxy_request(head, target) if head is not None else None
             if request is None:

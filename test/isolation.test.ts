@@ -31,8 +31,15 @@ describe('isolation per agent', () => {
   it('lists the drivers with their capabilities', async () => {
     const res = await t.api.call('GET', '/v1/runtime')
     const bwrap = res.body.drivers.find((d: { name: string }) => d.name === 'bwrap')
-    expect(bwrap).toMatchObject({ default: true, available: true, capabilities: { freeze: true } })
+    expect(bwrap).toMatchObject({
+      default: true,
+      available: true,
+      capabilities: { freeze: true, transparentEgress: true },
+    })
     expect(gvisor).toBeDefined()
+    // gVisor's own network stack has no nftables: its egress stays on the proxy variables.
+    const listed = res.body.drivers.find((d: { name: string }) => d.name === 'gvisor')
+    expect(listed.capabilities.transparentEgress).toBe(false)
   })
 
   it('runs an agent that asks for gVisor under gVisor, with the same workspace semantics', async (ctx) => {

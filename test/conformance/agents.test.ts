@@ -302,6 +302,7 @@ describe.each(DRIVERS)('%s driver: agents', (isolation) => {
       code: 'bad_request',
       details: { driver: isolation, capability: 'freeze' },
     })
-    for (const capability of lacking) expect(['network', 'memorySnapshot', 'ports']).toContain(capability)
+    for (const capability of lacking)
+      expect(['network', 'memorySnapshot', 'ports', 'transparentEgress']).toContain(capability)
   })
 })

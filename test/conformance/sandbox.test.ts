@@ -36,8 +36,11 @@ def get(url):
         return "ERR " + type(e).__name__ + " " + str(e)[:60]
 def raw(host, port):
     try:
-        socket.create_connection((host, port), timeout=2).close()
-        return "CONNECTED"
+        s = socket.create_connection((host, port), timeout=2)
+        s.sendall(b"GET / HTTP/1.0\\r\\n\\r\\n")
+        reply = s.recv(4096).decode(errors="replace")
+        s.close()
+        return reply.split("\\r\\n")[0] if reply else "ERR closed"
     except Exception as e:
         return "ERR " + type(e).__name__
 while True:
@@ -184,6 +187,7 @@ print(sorted(line.split(":")[0].strip() for line in open("/proc/net/dev").readli
     'reaches an allowlisted host through the egress proxy, and nothing else',
     async () => {
       const address = hostAddress ?? ''
+      const transparent = t.runtime.drivers[isolation].capabilities.transparentEgress
       const allowed = await serve('hello through the proxy', '0.0.0.0')
       const other = await serve('not for the agent', '0.0.0.0')
       const events: NetworkEvent[] = []
@@ -197,11 +201,20 @@ print(sorted(line.split(":")[0].strip() for line in open("/proc/net/dev").readli
       try {
         expect(await reply(agent, `get http://${address}:${allowed}/`, 1)).toBe('hello through the proxy\n')
         expect(await reply(agent, `get http://${address}:${other}/`, 2)).toMatch(/403/)
-        expect(await reply(agent, `raw ${address}:${allowed}`, 3)).toMatch(/^ERR/) // no route but the proxy
+        if (transparent) {
+          // A plain socket, no proxy variable: redirected to the same proxy and the same checks.
+          expect(await reply(agent, `raw ${address}:${allowed}`, 3)).toMatch(/^HTTP\/1\.1 200 OK\n$/)
+          expect(await reply(agent, `raw ${address}:${other}`, 4)).toBe('HTTP/1.1 403 Forbidden\n')
+        } else {
+          expect(await reply(agent, `raw ${address}:${allowed}`, 3)).toMatch(/^ERR/) // no route but the proxy
+        }
       } finally {
         await t.runtime.stopAgent(agent)
       }
-      expect(events.map((e) => `${e.port}:${e.allowed}`)).toEqual([`${allowed}:true`, `${other}:false`])
+      const expected = [`${allowed}:true`, `${other}:false`]
+      expect(events.map((e) => `${e.port}:${e.allowed}`)).toEqual(
+        transparent ? [...expected, ...expected] : expected,
+      )
     },
   )
 

@@ -5,13 +5,16 @@ import type { AddressInfo } from 'node:net'
 import os from 'node:os'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { createNetnsHost, type NetnsHost, netnsAddresses } from '../helpers/netns.js'
+import { addHostsEntry, createNetnsHost, type NetnsHost, netnsAddresses } from '../helpers/netns.js'
 import { makeProject } from '../helpers/projects.js'
 import { startTestServer, type TestServer } from '../helpers/server.js'
 
 // A test host in its own network namespace, reachable from the host over a veth pair.
 const SUBNET = 231
 const { hostSide: HOST_SIDE, address: TEST_HOST } = netnsAddresses(SUBNET)
+// A name for the test host, in the host's /etc/hosts (where the proxy resolves names) only.
+const TEST_NAME = `egress-${process.pid}.cairn.test`
+let removeHostsEntry: (() => void) | undefined
 let netnsHost: NetnsHost | undefined
 let web: ChildProcess | undefined
 let webRoot = ''
@@ -21,6 +24,7 @@ let hostLoopbackPort = 0
 
 beforeAll(async () => {
   netnsHost = createNetnsHost('egress', SUBNET)
+  removeHostsEntry = addHostsEntry(TEST_NAME, TEST_HOST)
   webRoot = await mkdtemp(path.join(os.tmpdir(), 'cairn-egress-web-'))
   await writeFile(path.join(webRoot, 'hello.txt'), 'hello from the test host\n')
   web = netnsHost.spawn(
@@ -46,18 +50,37 @@ beforeAll(async () => {
 
   t = await startTestServer({ server: { egressPrivateExceptions: [TEST_HOST] } })
   const probe = [
-    'import socket, sys, urllib.request',
+    'import socket, subprocess, sys, urllib.request',
     'def get(url):',
     '    try:',
     '        return urllib.request.urlopen(url, timeout=3).read().decode().strip()',
     '    except Exception as e:',
     '        return "ERR " + type(e).__name__ + " " + str(e)[:80]',
+    // A raw HTTP request over a plain socket: no proxy involved.
     'def raw(host, port):',
     '    try:',
-    '        socket.create_connection((host, port), timeout=2).close()',
-    '        return "CONNECTED"',
+    '        s = socket.create_connection((host, port), timeout=3)',
+    '        s.sendall(b"GET /hello.txt HTTP/1.0\\r\\n\\r\\n")',
+    '        reply = s.recv(4096).decode(errors="replace")',
+    '        s.close()',
+    '        return reply.split("\\r\\n")[0] if reply else "ERR closed"',
     '    except Exception as e:',
     '        return "ERR " + type(e).__name__',
+    // The start of a TLS handshake over a plain socket: goes out as a tunnel, not as HTTP.
+    'def tls(host, port):',
+    '    try:',
+    '        s = socket.create_connection((host, port), timeout=3)',
+    '        s.sendall(bytes([22, 3, 1, 0, 5]) + b"hello")',
+    '        reply = s.recv(4096)',
+    '        s.close()',
+    '        return "REPLY %d bytes" % len(reply) if reply else "ERR closed"',
+    '    except Exception as e:',
+    '        return "ERR " + type(e).__name__',
+    // A command run with the proxy variables unset (programs that ignore them).
+    'def run(command):',
+    '    unset = ["-u", "HTTP_PROXY", "-u", "http_proxy", "-u", "HTTPS_PROXY", "-u", "https_proxy"]',
+    '    done = subprocess.run(["env", *unset, "sh", "-c", command], capture_output=True, text=True, timeout=20)',
+    '    return (done.stdout + done.stderr).strip() + " [exit %d]" % done.returncode',
     'def dns(name):',
     '    try:',
     '        return socket.getaddrinfo(name, 443)[0][4][0]',
@@ -69,9 +92,11 @@ beforeAll(async () => {
     '    if kind == "get": print(get(arg))',
     '    elif kind == "raw": h, p = arg.split(":"); print(raw(h, int(p)))',
     '    elif kind == "dns": print(dns(arg))',
+    '    elif kind == "tls": h, p = arg.split(":"); print(tls(h, int(p)))',
+    '    elif kind == "run": print(run(arg).replace("\\n", " | "))',
   ].join('\n')
   for (const [name, network] of [
-    ['allowed', `network:\n  allow: ["${TEST_HOST}:8080"]\n`],
+    ['allowed', `network:\n  allow: ["${TEST_HOST}:8080", "${TEST_NAME}:8080"]\n`],
     ['closed', ''],
   ] as const) {
     const project = await makeProject({
@@ -87,6 +112,7 @@ afterAll(async () => {
   hostLoopback?.close()
   web?.kill('SIGKILL')
   netnsHost?.remove()
+  removeHostsEntry?.()
   if (webRoot) await rm(webRoot, { recursive: true, force: true })
 })
 
@@ -101,9 +127,10 @@ describe('egress is denied unless allowed', () => {
     expect((await t.api.send(id, `get http://127.0.0.1:${hostLoopbackPort}/`)).text).toMatch(/^ERR/)
     expect((await t.api.send(id, 'get http://169.254.169.254/latest/meta-data/')).text).toContain('403')
     expect((await t.api.send(id, 'get http://example.com/')).text).toContain('403')
-    // Without the proxy: no route out at all.
-    expect((await t.api.send(id, `raw ${TEST_HOST}:8080`)).text).toMatch(/^ERR/)
-    expect((await t.api.send(id, `raw ${HOST_SIDE}:22`)).text).toMatch(/^ERR/)
+    // Without the proxy variables: every connection is redirected to the same proxy.
+    expect((await t.api.send(id, `raw ${TEST_HOST}:8080`)).text).toMatch(/^HTTP\/1\.[01] 200 OK\n$/)
+    expect((await t.api.send(id, `raw ${HOST_SIDE}:22`)).text).toBe('HTTP/1.1 403 Forbidden\n')
+    expect((await t.api.send(id, `tls ${HOST_SIDE}:22`)).text).toMatch(/^ERR/)
     expect((await t.api.send(id, 'dns example.com')).text).toMatch(/^ERR/)
     const log = await t.api.call('GET', `/v1/sessions/${id}/network`)
     const decisions = log.body.data.map((e: { host: string; allowed: boolean }) => `${e.host}:${e.allowed}`)
@@ -126,5 +153,47 @@ describe('egress is denied unless allowed', () => {
     expect((await t.api.send(id, `get http://${TEST_HOST}:8080/hello.txt`)).text).toBe(
       'hello from the test host\n',
     )
+  })
+
+  it('redirects every TCP connection and DNS query of the sandbox to the proxy when programs ignore the proxy variables', async () => {
+    const { id } = await t.api.createSession('allowed')
+    const run = async (command: string) => (await t.api.send(id, `run ${command}`)).text.trim()
+    // Names: the stub answers allowed ones with a stand-in address, and nothing else.
+    expect(await run(`getent hosts ${TEST_NAME}`)).toMatch(/^198\.1[89]\.\d+\.\d+\s+egress-.*\[exit 0\]$/)
+    expect(await run('getent hosts not-allowed.example')).toBe('[exit 2]')
+    const url = `http://${TEST_NAME}:8080/hello.txt`
+    expect(
+      await run(
+        `python3 -c 'import urllib.request; print(urllib.request.urlopen("${url}").read().decode())'`,
+      ),
+    ).toBe('hello from the test host [exit 0]')
+    // Node 20's fetch reads no proxy variable at all.
+    expect(
+      await run(`node -e 'fetch("${url}").then((r) => r.text()).then((t) => process.stdout.write(t))'`),
+    ).toBe('hello from the test host [exit 0]')
+    // The rules belong to the host's root: the sandbox can neither read nor change them.
+    expect(await run('/usr/sbin/nft flush ruleset')).toMatch(/Operation not permitted.*\[exit 1\]$/)
+    expect(await run('/usr/sbin/ip route del default')).toMatch(/Operation not permitted.*\[exit 2\]$/)
+    // Raw connections (plain HTTP, or a TLS start that is tunnelled): allowed to the allowlist's
+    // hosts, refused to the host's loopback, private, metadata and other addresses, as through
+    // the proxy variables.
+    expect((await t.api.send(id, `raw ${TEST_NAME}:8080`)).text).toMatch(/^HTTP\/1\.[01] 200 OK\n$/)
+    expect((await t.api.send(id, `raw ${TEST_HOST}:8080`)).text).toMatch(/^HTTP\/1\.[01] 200 OK\n$/)
+    expect((await t.api.send(id, `raw ${HOST_SIDE}:8080`)).text).toBe('HTTP/1.1 403 Forbidden\n')
+    expect((await t.api.send(id, `raw 127.0.0.1:${hostLoopbackPort}`)).text).toMatch(/^ERR/)
+    expect((await t.api.send(id, 'raw 169.254.169.254:80')).text).toBe('HTTP/1.1 403 Forbidden\n')
+    expect((await t.api.send(id, 'tls 192.0.2.7:443')).text).toMatch(/^ERR/)
+    expect((await t.api.send(id, `tls ${TEST_HOST}:8081`)).text).toMatch(/^ERR/)
+    expect((await t.api.send(id, `tls ${HOST_SIDE}:443`)).text).toMatch(/^ERR/)
+    const log = await t.api.call('GET', `/v1/sessions/${id}/network`)
+    const decisions = log.body.data.map(
+      (e: { host: string; port: number; allowed: boolean }) => `${e.host}:${e.port}:${e.allowed}`,
+    )
+    expect(decisions).toContain(`${TEST_NAME}:8080:true`)
+    expect(decisions).toContain(`${HOST_SIDE}:8080:false`)
+    expect(decisions).toContain('169.254.169.254:80:false')
+    expect(decisions).toContain('192.0.2.7:443:false')
+    expect(decisions).toContain(`${TEST_HOST}:8081:false`)
+    expect(decisions).toContain(`${HOST_SIDE}:443:false`)
   })
 })

@@ -81,6 +81,12 @@ def curl(url):
     done = subprocess.run(["curl", "-sS", "--max-time", "10", "-H", "Authorization: Bearer " + token, url],
                           capture_output=True, text=True)
     return (done.stdout + done.stderr).strip()
+def bare(url):
+    # Proxy variables unset: the sandbox's transparent egress carries the request instead.
+    unset = ["-u", "HTTP_PROXY", "-u", "http_proxy", "-u", "HTTPS_PROXY", "-u", "https_proxy"]
+    done = subprocess.run(["env", *unset, "curl", "-sS", "--max-time", "10", "-H", "Authorization: Bearer " + token, url],
+                          capture_output=True, text=True)
+    return (done.stdout + done.stderr).strip()
 def dump():
     parts = [subprocess.run(["env"], capture_output=True, text=True).stdout]
     for name in glob.glob("/proc/*/environ"):
@@ -96,6 +102,7 @@ while True:
     if kind == "get": print(get(arg))
     elif kind == "getca": print(get(arg, "/workspace/test-ca.pem"))
     elif kind == "curl": print(curl(arg))
+    elif kind == "bare": print(bare(arg))
     elif kind == "token": print(token)
     elif kind == "dump": print(dump())
     elif kind == "cafile": print(os.environ.get("SSL_CERT_FILE"), os.environ.get("NODE_EXTRA_CA_CERTS"))
@@ -312,6 +319,25 @@ describe('proxy-scoped secrets', () => {
     const reasons = log.body.data.map((e: { port: number; reason: string }) => `${e.port} ${e.reason}`)
     expect(reasons).toContainEqual(expect.stringMatching(`^${PORTS.boundTls} .*TLS terminated for API_TOKEN`))
     expect(reasons.filter((r: string) => r.startsWith(`${PORTS.freeTls} `)).join()).not.toContain('TLS')
+  })
+
+  it('swaps the value in for clients that ignore the proxy variables too (transparent egress)', async () => {
+    const { id } = await t.api.createSession('keyed')
+    const standIn = (await t.api.send(id, 'token')).text.trim()
+    expect((await t.api.send(id, `bare https://${TEST_HOST}:${PORTS.boundTls}/`)).text).toBe(
+      `ok on ${PORTS.boundTls}\n`,
+    )
+    expect((await t.api.send(id, `bare http://${TEST_HOST}:${PORTS.boundHttp}/`)).text).toBe(
+      `ok on ${PORTS.boundHttp}\n`,
+    )
+    expect((await t.api.send(id, `bare http://${TEST_HOST}:${PORTS.freeHttp}/`)).text).toBe(
+      `ok on ${PORTS.freeHttp}\n`,
+    )
+    expect(seenByHost().slice(-3)).toEqual([
+      { port: PORTS.boundTls, authorization: `Bearer ${REAL_VALUE}`, apiKey: null },
+      { port: PORTS.boundHttp, authorization: `Bearer ${REAL_VALUE}`, apiKey: null },
+      { port: PORTS.freeHttp, authorization: `Bearer ${standIn}`, apiKey: null },
+    ])
   })
 
   it('refuses a proxy secret without hosts, and hosts on other scopes', async () => {

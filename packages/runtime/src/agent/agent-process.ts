@@ -16,6 +16,7 @@ import { AGENT_ENV, CairnProblem, newId, OutboundFrameSchema, type TranscriptLin
 import { Value } from '@sinclair/typebox/value'
 import type { EgressCa } from '../egress/egress-ca.js'
 import { EgressProxy } from '../egress/proxy.js'
+import { forwarderCommand } from '../egress/transparent.js'
 import { listeningPorts } from '../ports/listening-ports.js'
 import { PortRelay } from '../ports/port-relay.js'
 import { requireCapability } from '../sandbox/capabilities.js'
@@ -199,6 +200,10 @@ export class AgentProcess {
     this.trustsEgressCa = true
   }
 
+  private get transparentEgress(): boolean {
+    return this.driver.capabilities.transparentEgress
+  }
+
   private async spawn(turn: number): Promise<Sandbox> {
     const env: Record<string, string> = {
       ...this.launch.env,
@@ -234,10 +239,13 @@ export class AgentProcess {
       id: this.launch.protocol === 'exec' ? newId('sandbox') : this.sandboxId,
       workspaceDir: this.launch.workspaceDir,
       runDir: this.runDir,
-      // With an allowlist, a forwarder on the sandbox's loopback relays to the egress proxy.
-      command: this.proxy
-        ? ['python3', '/opt/cairn/egress/forward.py', '--', ...this.launch.command]
-        : this.launch.command,
+      // With an allowlist, a forwarder on the sandbox's loopback relays to the egress proxy; where
+      // the driver can, every TCP connection and DNS query of the sandbox is redirected to it too.
+      command:
+        this.proxy && this.launch.egress
+          ? forwarderCommand(this.launch.command, this.transparentEgress, this.launch.egress.policy)
+          : this.launch.command,
+      ...(this.proxy && this.transparentEgress ? { network: 'egress' as const } : {}),
       env,
       limits: this.launch.limits,
       binds: this.launch.binds,

@@ -3,6 +3,7 @@ import { StringDecoder } from 'node:string_decoder'
 import { newId } from '@cairn/protocol'
 import type { EgressPolicy } from '../egress/policy.js'
 import { EgressProxy, type NetworkEvent } from '../egress/proxy.js'
+import { forwarderCommand } from '../egress/transparent.js'
 import type { SandboxBind, SandboxDriver, SandboxLimits } from '../sandbox/driver.js'
 
 export interface CommandSpec {
@@ -65,6 +66,7 @@ async function runInSandbox(
   proxied: boolean,
 ): Promise<CommandResult> {
   const env: Record<string, string> = { ...spec.env }
+  const transparent = proxied && driver.capabilities.transparentEgress
   if (proxied) {
     for (const name of ['HTTP_PROXY', 'HTTPS_PROXY', 'http_proxy', 'https_proxy'])
       env[name] = 'http://127.0.0.1:3128'
@@ -75,10 +77,11 @@ async function runInSandbox(
     id: newId('sandbox'),
     workspaceDir: spec.workspaceDir,
     runDir: spec.runDir,
-    command: proxied ? ['python3', '/opt/cairn/egress/forward.py', '--', ...spec.command] : spec.command,
+    command:
+      proxied && spec.egress ? forwarderCommand(spec.command, transparent, spec.egress.policy) : spec.command,
     env,
     limits: spec.limits,
-    network: spec.network,
+    network: transparent ? 'egress' : spec.network,
     binds: spec.binds,
   })
   sandbox.stdin.end()

@@ -3,6 +3,7 @@ import { existsSync } from 'node:fs'
 import { type FileHandle, open, rename, writeFile } from 'node:fs/promises'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
+import { NETNS_SETUP, nftAvailable } from '../egress/transparent.js'
 import { sandboxNetworkPid } from '../ports/listening-ports.js'
 import { dirtiedBytes } from '../util/proc-io.js'
 import type { CgroupManager } from './cgroups.js'
@@ -43,6 +44,7 @@ export class BwrapDriver implements SandboxDriver {
     network: false,
     memorySnapshot: false,
     ports: true,
+    transparentEgress: nftAvailable(),
   }
 
   private readonly launchers: LauncherPool | undefined
@@ -89,7 +91,12 @@ export class BwrapDriver implements SandboxDriver {
       TMPDIR: '/tmp',
       ...spec.env,
     }
+    // `egress`: the launcher (root) makes the sandbox's network namespace and its redirect rules,
+    // then bwrap shares it instead of making an empty one. The sandbox's processes are not root in
+    // the namespace's owner (the host's user namespace), so they cannot change the rules.
+    const egress = spec.network === 'egress'
     const args = [
+      ...(egress ? ['unshare', '--net', '--', '/bin/sh', '-c', NETNS_SETUP, 'cairn-netns'] : []),
       'setpriv',
       `--reuid=${hostUid}`,
       `--regid=${hostGid}`,
@@ -97,7 +104,7 @@ export class BwrapDriver implements SandboxDriver {
       '--no-new-privs',
       this.options.bwrapPath ?? 'bwrap',
       '--unshare-all',
-      ...(spec.network === 'host' ? ['--share-net'] : []),
+      ...(spec.network === 'host' || egress ? ['--share-net'] : []),
       '--unshare-user',
       '--disable-userns',
       ...(this.seccomp ? ['--seccomp', '3'] : []),

@@ -15,8 +15,12 @@ export interface SandboxSpec {
   command: readonly string[]
   env: Readonly<Record<string, string>>
   limits: SandboxLimits
-  /** `none` (default): loopback only. `host`: the host's network, for build steps only. */
-  network?: 'none' | 'host' | undefined
+  /**
+   * `none` (default): loopback only. `host`: the host's network, for build steps only. `egress`
+   * (drivers with `transparentEgress`): loopback plus a default route whose TCP connections and DNS
+   * queries are redirected to the in-sandbox egress forwarder (`forward.py --transparent`).
+   */
+  network?: 'none' | 'host' | 'egress' | undefined
   /** Extra host directories to mount (dependency environments, build sources). */
   binds?: readonly SandboxBind[] | undefined
 }
@@ -75,6 +79,11 @@ export interface DriverCapabilities {
   memorySnapshot: boolean
   /** Reaching a TCP port a service listens on inside the sandbox (previews). */
   ports: boolean
+  /**
+   * Egress without proxy variables: every TCP connection and DNS query of the sandbox is redirected
+   * to the egress forwarder (`network: 'egress'`). Without it only proxy-aware clients get out.
+   */
+  transparentEgress: boolean
 }
 
 /** Sandbox technologies Cairn can run an agent under. */

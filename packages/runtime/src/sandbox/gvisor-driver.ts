@@ -81,6 +81,8 @@ export class GvisorDriver implements SandboxDriver {
     // The sandbox's loopback lives in gVisor's user-space network stack, not in a host network
     // namespace a relay could enter; reaching it would take a `runsc exec` per connection.
     ports: false,
+    // gVisor's netstack has no nftables: egress stays on the explicit proxy (HTTP(S)_PROXY).
+    transparentEgress: false,
   }
   readonly runsc: RunscConfig
   private readonly rootfsDir: string

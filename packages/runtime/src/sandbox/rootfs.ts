@@ -1,4 +1,5 @@
 import { existsSync, lstatSync, readlinkSync } from 'node:fs'
+import { STUB_NAMESERVER } from '../egress/transparent.js'
 
 /** Host paths bound read-only into every sandbox when they exist. */
 export const READ_ONLY_ETC = [
@@ -42,6 +43,8 @@ export function generatedEtcFiles(): Record<string, string> {
     group: `root:x:0:\n${SANDBOX_USER.name}:x:${SANDBOX_USER.gid}:\nnogroup:x:65534:\n`,
     hosts: '127.0.0.1\tlocalhost cairn\n::1\tlocalhost ip6-localhost\n',
     hostname: 'cairn\n',
-    'resolv.conf': '# no network unless the session allows egress\n',
+    // The egress forwarder's stub DNS (redirected there by the sandbox's nft rules). A sandbox
+    // without egress has no route to it: lookups fail at once, as before.
+    'resolv.conf': `# no network unless the session allows egress\nnameserver ${STUB_NAMESERVER}\n`,
   }
 }

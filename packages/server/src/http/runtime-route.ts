@@ -13,6 +13,7 @@ const DriverSchema = Type.Object({
     network: Type.Boolean(),
     memorySnapshot: Type.Boolean(),
     ports: Type.Boolean(),
+    transparentEgress: Type.Boolean(),
   }),
   description: Type.String(),
 })

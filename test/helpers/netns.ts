@@ -1,5 +1,4 @@
 import { type ChildProcess, execFileSync, type SpawnOptions, spawn } from 'node:child_process'
-import { appendFileSync, readFileSync, writeFileSync } from 'node:fs'
 
 const ip = (...args: string[]) => execFileSync('ip', args, { stdio: 'pipe' })
 
@@ -53,19 +52,3 @@ export function createNetnsHost(tag: string, subnet: number): NetnsHost {
     },
   }
 }
-
-/**
- * Maps `name` to `address` in the host's /etc/hosts, where the egress proxy resolves names, until
- * the returned function removes that line again (and only that line).
- */
-export function addHostsEntry(name: string, address: string): () => void {
-  const line = `${address}\t${name}`
-  const current = readFileSync(HOSTS, 'utf8')
-  appendFileSync(HOSTS, `${current === '' || current.endsWith('\n') ? '' : '\n'}${line}\n`)
-  return () => {
-    const lines = readFileSync(HOSTS, 'utf8').split('\n')
-    writeFileSync(HOSTS, lines.filter((l) => l !== line).join('\n'))
-  }
-}
-
-const HOSTS = '/etc/hosts'

@@ -5,16 +5,15 @@ import type { AddressInfo } from 'node:net'
 import os from 'node:os'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { addHostsEntry, createNetnsHost, type NetnsHost, netnsAddresses } from '../helpers/netns.js'
+import { createNetnsHost, type NetnsHost, netnsAddresses } from '../helpers/netns.js'
 import { makeProject } from '../helpers/projects.js'
 import { startTestServer, type TestServer } from '../helpers/server.js'
 
 // A test host in its own network namespace, reachable from the host over a veth pair.
 const SUBNET = 231
 const { hostSide: HOST_SIDE, address: TEST_HOST } = netnsAddresses(SUBNET)
-// A name for the test host, in the host's /etc/hosts (where the proxy resolves names) only.
+// A name for the test host, known to this server's egress proxy alone (its `egressHosts` map).
 const TEST_NAME = `egress-${process.pid}.cairn.test`
-let removeHostsEntry: (() => void) | undefined
 let netnsHost: NetnsHost | undefined
 let web: ChildProcess | undefined
 let webRoot = ''
@@ -24,7 +23,6 @@ let hostLoopbackPort = 0
 
 beforeAll(async () => {
   netnsHost = createNetnsHost('egress', SUBNET)
-  removeHostsEntry = addHostsEntry(TEST_NAME, TEST_HOST)
   webRoot = await mkdtemp(path.join(os.tmpdir(), 'cairn-egress-web-'))
   await writeFile(path.join(webRoot, 'hello.txt'), 'hello from the test host\n')
   web = netnsHost.spawn(
@@ -48,7 +46,9 @@ beforeAll(async () => {
   await new Promise<void>((resolve) => hostLoopback.listen(0, '127.0.0.1', resolve))
   hostLoopbackPort = (hostLoopback.address() as AddressInfo).port
 
-  t = await startTestServer({ server: { egressPrivateExceptions: [TEST_HOST] } })
+  t = await startTestServer({
+    server: { egressPrivateExceptions: [TEST_HOST], egressHosts: { [TEST_NAME]: TEST_HOST } },
+  })
   const probe = [
     'import socket, subprocess, sys, urllib.request',
     'def get(url):',
@@ -112,7 +112,6 @@ afterAll(async () => {
   hostLoopback?.close()
   web?.kill('SIGKILL')
   netnsHost?.remove()
-  removeHostsEntry?.()
   if (webRoot) await rm(webRoot, { recursive: true, force: true })
 })
 
@@ -195,5 +194,19 @@ describe('egress is denied unless allowed', () => {
     expect(decisions).toContain('192.0.2.7:443:false')
     expect(decisions).toContain(`${TEST_HOST}:8081:false`)
     expect(decisions).toContain(`${HOST_SIDE}:443:false`)
+  })
+
+  it("keeps the forwarder's ports out of the session's open ports and previews", async () => {
+    const { id } = await t.api.createSession('allowed')
+    expect((await t.api.send(id, `raw ${TEST_NAME}:8080`)).text).toMatch(/^HTTP\/1\.[01] 200 OK\n$/)
+    const manifest = await t.api.call('GET', `/v1/sessions/${id}/manifest`)
+    expect(manifest.status).toBe(200)
+    expect(manifest.body.openPorts).toEqual([])
+    // A preview of the forwarder would lend its caller the session's egress and proxy secrets.
+    for (const port of [3128, 3129, 3153]) {
+      const res = await t.api.call('GET', `/v1/sessions/${id}/ports/${port}/`)
+      expect(res.status, JSON.stringify(res.body)).toBe(403)
+      expect(res.body.error.code).toBe('forbidden')
+    }
   })
 })

@@ -1,3 +1,4 @@
+import { isIP } from 'node:net'
 import os from 'node:os'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
@@ -24,6 +25,8 @@ export interface ServerOptions {
   workspaceQuotaMiB?: number | undefined
   /** Private addresses sandboxes may reach through the egress proxy (internal services). */
   egressPrivateExceptions?: string[] | undefined
+  /** Names the egress proxy resolves to these addresses before DNS (`CAIRN_EGRESS_HOSTS=name=addr,…`). */
+  egressHosts?: Record<string, string> | undefined
   /** PEM file of extra CA certificates the egress proxy trusts upstream (internal hosts, tests). */
   egressUpstreamCaFile?: string | undefined
   /** Default sandbox driver for agents that do not choose one. */
@@ -63,6 +66,7 @@ export interface ResolvedConfig {
   gvisorPoolSize: number | undefined
   spareLaunchers: number
   egressPrivateExceptions: string[]
+  egressHosts: ReadonlyMap<string, readonly string[]>
   egressUpstreamCaFile: string | undefined
   workspaceQuotaMiB: number | undefined
   writeCredentials: boolean
@@ -103,6 +107,7 @@ export function resolveConfig(options: ServerOptions): ResolvedConfig {
       options.egressPrivateExceptions ??
       process.env.CAIRN_EGRESS_ALLOW_PRIVATE?.split(',').filter(Boolean) ??
       [],
+    egressHosts: egressHostMap(options.egressHosts ?? process.env.CAIRN_EGRESS_HOSTS),
     egressUpstreamCaFile: options.egressUpstreamCaFile ?? process.env.CAIRN_EGRESS_UPSTREAM_CA,
     workspaceQuotaMiB:
       options.workspaceQuotaMiB ??
@@ -119,4 +124,32 @@ function storageFromEnv(value: string | undefined): 'btrfs' | 'dir' {
   if (value === undefined || value === '' || value === 'btrfs') return 'btrfs'
   if (value === 'dir') return 'dir'
   throw new CairnProblem('validation_failed', `CAIRN_STORAGE must be btrfs or dir, not '${value}'`)
+}
+
+/**
+ * `name=address[,name=address…]` (or an object) as the egress proxy's own hosts map; a name given
+ * twice resolves to each of its addresses. An entry without a valid address is a start-up error.
+ */
+export function egressHostMap(
+  given: Record<string, string> | string | undefined,
+): ReadonlyMap<string, readonly string[]> {
+  const pairs =
+    typeof given === 'string'
+      ? given
+          .split(',')
+          .map((entry) => entry.trim())
+          .filter(Boolean)
+          .map((entry) => {
+            const at = entry.indexOf('=')
+            return [entry.slice(0, at), entry.slice(at + 1)] as const
+          })
+      : Object.entries(given ?? {})
+  const map = new Map<string, string[]>()
+  for (const [name, address] of pairs) {
+    if (name === '' || isIP(address) === 0)
+      throw new Error(`CAIRN_EGRESS_HOSTS: '${name}=${address}' is not name=IP-address`)
+    const key = name.toLowerCase()
+    map.set(key, [...(map.get(key) ?? []), address])
+  }
+  return map
 }

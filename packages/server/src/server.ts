@@ -88,6 +88,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       agents,
       secrets,
       egressPrivateExceptions: new Set(config.egressPrivateExceptions),
+      egressHosts: config.egressHosts,
       clock: systemClock,
       logger,
     })
@@ -100,6 +101,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       agents,
       secrets,
       egressPrivateExceptions: new Set(config.egressPrivateExceptions),
+      egressHosts: config.egressHosts,
       egressUpstreamCaPems: config.egressUpstreamCaFile
         ? [await readFile(config.egressUpstreamCaFile, 'utf8')]
         : undefined,

@@ -16,7 +16,7 @@ import { AGENT_ENV, CairnProblem, newId, OutboundFrameSchema, type TranscriptLin
 import { Value } from '@sinclair/typebox/value'
 import type { EgressCa } from '../egress/egress-ca.js'
 import { EgressProxy } from '../egress/proxy.js'
-import { forwarderCommand } from '../egress/transparent.js'
+import { FORWARDER_PORTS, forwarderCommand } from '../egress/transparent.js'
 import { listeningPorts } from '../ports/listening-ports.js'
 import { PortRelay } from '../ports/port-relay.js'
 import { requireCapability } from '../sandbox/capabilities.js'
@@ -127,6 +127,12 @@ export class AgentProcess {
 
   /** A socket to 127.0.0.1:`port` inside the sandbox, through a relay started on first use. */
   async connectPort(port: number): Promise<net.Socket> {
+    // A preview of the forwarder would lend the caller the session's egress (and proxy secrets).
+    if (this.proxy && FORWARDER_PORTS.has(port))
+      throw new CairnProblem(
+        'forbidden',
+        `port ${port} is Cairn's egress forwarder inside the sandbox, not a service of the session`,
+      )
     const namespace = await this.networkNamespace()
     const socketPath = path.join(this.runDir, 'ports.sock')
     // Shared by concurrent first requests; restarted should the relay have died.
@@ -145,7 +151,8 @@ export class AgentProcess {
     if (!this.driver.capabilities.ports || !this.alive) return []
     const namespace = await this.sandbox?.networkNamespace?.()
     const pid = namespace ? Number(namespace.split('/')[2]) : undefined
-    return pid ? listeningPorts(pid) : []
+    const ports = pid ? await listeningPorts(pid) : []
+    return this.proxy ? ports.filter((port) => !FORWARDER_PORTS.has(port)) : ports
   }
 
   /** Prepares the run directory and, for warm protocols, starts the sandbox. */
@@ -168,6 +175,7 @@ export class AgentProcess {
         socketPath: path.join(this.runDir, 'egress.sock'),
         policy: egress.policy,
         privateExceptions: egress.privateExceptions,
+        hosts: egress.hosts,
         onEvent: egress.onEvent,
         secrets,
         ca,

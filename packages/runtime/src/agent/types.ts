@@ -48,6 +48,8 @@ export interface AgentLaunch {
     | {
         policy: EgressPolicy
         privateExceptions?: ReadonlySet<string> | undefined
+        /** Operator-mapped names, resolved by the proxy before DNS. */
+        hosts?: ReadonlyMap<string, readonly string[]> | undefined
         onEvent: (event: NetworkEvent) => void
         /**
          * `proxy`-scoped secrets: the agent's environment holds each stand-in (put it in `env`),

@@ -28,6 +28,8 @@ export interface CommandSpec {
     | {
         policy: EgressPolicy
         privateExceptions?: ReadonlySet<string> | undefined
+        /** Operator-mapped names, resolved by the proxy before DNS. */
+        hosts?: ReadonlyMap<string, readonly string[]> | undefined
         onEvent: (event: NetworkEvent) => void
       }
     | undefined
@@ -49,6 +51,7 @@ export async function runSandboxedCommand(driver: SandboxDriver, spec: CommandSp
           socketPath: path.join(spec.runDir, 'egress.sock'),
           policy: spec.egress.policy,
           privateExceptions: spec.egress.privateExceptions,
+          hosts: spec.egress.hosts,
           onEvent: spec.egress.onEvent,
         })
       : undefined

@@ -31,6 +31,11 @@ export interface EgressProxyOptions {
   policy: EgressPolicy
   /** Private addresses an operator explicitly lets sandboxes reach (e.g. an internal API). */
   privateExceptions?: ReadonlySet<string> | undefined
+  /**
+   * Names the operator maps to addresses, looked up before DNS (like /etc/hosts, for the proxy
+   * alone): internal services without public DNS. The address guard still applies to them.
+   */
+  hosts?: ReadonlyMap<string, readonly string[]> | undefined
   onEvent: (event: NetworkEvent) => void
   /** `proxy`-scoped secrets: requests to their hosts get the real value in place of the stand-in. */
   secrets?: readonly ProxySecret[] | undefined
@@ -143,7 +148,12 @@ export class EgressProxy {
     }
     let addresses: string[]
     try {
-      addresses = net.isIP(host) ? [host] : (await lookup(host, { all: true })).map((a) => a.address)
+      addresses = net.isIP(host)
+        ? [host]
+        : [
+            ...(this.options.hosts?.get(host.toLowerCase()) ??
+              (await lookup(host, { all: true })).map((a) => a.address)),
+          ]
     } catch {
       record(false, `cannot resolve ${host}`)
       return undefined

@@ -1,10 +1,14 @@
 import { existsSync } from 'node:fs'
 import type { EgressPolicy } from './policy.js'
 
+/** The in-sandbox forwarder's explicit proxy (`HTTP(S)_PROXY`). */
+export const EXPLICIT_PROXY_PORT = 3128
 /** Where the in-sandbox forwarder (`forward.py`) takes redirected TCP connections. */
 export const TRANSPARENT_PORT = 3129
 /** Where its stub DNS server listens (UDP and TCP); port 53 is redirected there. */
 export const DNS_PORT = 3153
+/** The ports the forwarder holds inside a sandbox with an allowlist: Cairn's, not the agent's. */
+export const FORWARDER_PORTS: ReadonlySet<number> = new Set([EXPLICIT_PROXY_PORT, TRANSPARENT_PORT, DNS_PORT])
 /** The nameserver in every sandbox's /etc/resolv.conf: any address off loopback reaches the stub. */
 export const STUB_NAMESERVER = '198.18.0.1'
 /**

@@ -15,6 +15,8 @@ export interface SessionServiceDeps {
   secrets: SecretStore
   /** Private addresses the operator lets sandboxes reach through the egress proxy. */
   egressPrivateExceptions?: ReadonlySet<string> | undefined
+  /** Names the egress proxy resolves before DNS (the operator's `CAIRN_EGRESS_HOSTS`). */
+  egressHosts?: ReadonlyMap<string, readonly string[]> | undefined
   /** Extra CA certificates (PEM) the egress proxy trusts upstream when it terminates TLS. */
   egressUpstreamCaPems?: readonly string[] | undefined
   metrics?: MetricsRegistry | undefined

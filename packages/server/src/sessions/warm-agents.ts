@@ -16,6 +16,7 @@ export type WarmAgentsDeps = Pick<
   | 'memory'
   | 'metrics'
   | 'egressPrivateExceptions'
+  | 'egressHosts'
   | 'egressUpstreamCaPems'
   | 'clock'
 > & {
@@ -93,6 +94,7 @@ export class WarmAgents {
       egress: {
         policy: sessionNetwork(row, revision.manifest),
         privateExceptions: this.deps.egressPrivateExceptions,
+        hosts: this.deps.egressHosts,
         onEvent: (event) => this.deps.store.recordNetwork(row.id, event),
         secrets: proxySecrets,
         upstreamCaPems: this.deps.egressUpstreamCaPems,

@@ -27,6 +27,7 @@ export interface SetupServiceDeps {
   agents: AgentService
   secrets: SecretStore
   egressPrivateExceptions?: ReadonlySet<string> | undefined
+  egressHosts?: ReadonlyMap<string, readonly string[]> | undefined
   clock: Clock
   logger: Logger
 }
@@ -122,7 +123,12 @@ export class SetupService {
           CAIRN_PHASE: 'setup',
         },
         network: 'none',
-        egress: { policy, privateExceptions: this.deps.egressPrivateExceptions, onEvent: onNetwork },
+        egress: {
+          policy,
+          privateExceptions: this.deps.egressPrivateExceptions,
+          hosts: this.deps.egressHosts,
+          onEvent: onNetwork,
+        },
         binds: envKey ? envBinds(this.deps.agents.envs.envPath(envKey), envKey) : [],
         limits: sandboxLimits(revision.manifest),
         timeoutMs,

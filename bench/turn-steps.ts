@@ -1,6 +1,7 @@
 /**
- * Where a warm turn's time goes, per driver: `node --import tsx bench/turn-steps.ts [bwrap|gvisor] [turns]`.
- * Paced warm turns of the echo agent (as in `drivers`), with the steps around a turn timed by
+ * Where a warm turn's time goes, per driver:
+ * `node --import tsx bench/turn-steps.ts [bwrap|gvisor] [echo|notes] [turns]` (build first).
+ * Paced warm turns of one agent (as in `drivers`), with the steps around a turn timed by
  * wrapping them on this process's objects (nothing in the product logs): the freeze and thaw of a
  * snapshot, the snapshot itself, the written-bytes and change-mark reads, the generation marker,
  * and every host process the server spawns while the turns run (a `runsc` command costs ~10 ms).
@@ -12,7 +13,8 @@ import { EXAMPLES, startBenchServer } from './lib/server.js'
 import { PACED_GAP_MS, pacedTurns, roundTrips, TURN_CASES, turnSender } from './lib/turns.js'
 
 const driver = (process.argv[2] ?? 'gvisor') as 'bwrap' | 'gvisor'
-const TURNS = Number(process.argv[3] ?? 100)
+const agent = process.argv[3] ?? 'echo'
+const TURNS = Number(process.argv[4] ?? 100)
 const WARMUP = 20
 
 const samples = new Map<string, number[]>()
@@ -67,11 +69,11 @@ try {
   time(pool, 'workspaceMark', 'workspace ctransid')
   time(pool, 'writeGeneration', 'generation marker (xattr)')
   console.error(server.server.runtime.driver.describe())
-  const echo = TURN_CASES[0] as (typeof TURN_CASES)[number]
-  await server.deploy(`${EXAMPLES}/${echo.name}`)
-  const session = await server.createSession(echo.name, { keepWarmMs: 10 * 60_000 })
+  const turnCase = TURN_CASES.find((c) => c.name === agent) ?? (TURN_CASES[0] as (typeof TURN_CASES)[number])
+  await server.deploy(`${EXAMPLES}/${turnCase.name}`)
+  const session = await server.createSession(turnCase.name, { keepWarmMs: 10 * 60_000 })
   const problems: string[] = []
-  const sender = turnSender(session.id, echo, problems)
+  const sender = turnSender(session.id, turnCase, problems)
   for (let i = 0; i < WARMUP; i++) await sender.send(server.http)
   recording = true
   const paced = await pacedTurns(sender, server.http, TURNS, PACED_GAP_MS, 120_000)
@@ -88,7 +90,7 @@ try {
     return s[Math.floor(s.length / 2)] ?? Number.NaN
   }
   const n = paced.timings.length
-  console.log(`\n${driver}: ${n} paced warm turns (echo, ${PACED_GAP_MS} ms think time)`)
+  console.log(`\n${driver}: ${n} paced warm turns (${turnCase.name}, ${PACED_GAP_MS} ms think time)`)
   console.log(`${'step'.padEnd(42)} ${'calls/turn'.padStart(10)} ${'median ms'.padStart(10)}`)
   for (const [label, xs] of samples) {
     console.log(

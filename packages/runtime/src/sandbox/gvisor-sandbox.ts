@@ -2,7 +2,7 @@ import type { ChildProcess, ChildProcessWithoutNullStreams } from 'node:child_pr
 import { readdirSync } from 'node:fs'
 import { rm } from 'node:fs/promises'
 import type { Readable, Writable } from 'node:stream'
-import { dirtiedBytes } from '../util/proc-io.js'
+import { writeBytesOf } from '../util/proc-io.js'
 import type { CgroupManager } from './cgroups.js'
 import type { Sandbox, SandboxExit } from './driver.js'
 import { type RunscConfig, runsc } from './runsc.js'
@@ -97,14 +97,16 @@ export class GvisorSandbox implements Sandbox {
    * workspace file through the platform's stub process that holds the agent's address space.
    * gVisor starts host processes only for itself (stubs are pooled, never expected to exit), so
    * the set only grows while the sandbox is healthy; a process that left it since the previous
-   * call may have taken its count along (nobody inside reaps it), and the figure is then unknown.
+   * call (exited: a zombie is no longer listed) may have taken its count along, as nobody inside
+   * reaps it, and the figure is then unknown. So the live processes alone are summed.
    */
   writtenBytes(): number | undefined {
     if (this.done || this.destroyed) return undefined
-    const pids = new Set(this.resources.cgroups.pidsSync(this.resources.name))
-    const kept = [...this.seenPids].every((pid) => pids.has(pid))
-    this.seenPids = pids
-    return kept ? dirtiedBytes([...pids]) : undefined
+    const pids = this.resources.cgroups.pidsSync(this.resources.name)
+    const live = new Set(pids)
+    const kept = [...this.seenPids].every((pid) => live.has(pid))
+    this.seenPids = live
+    return kept && pids.length > 0 ? writeBytesOf(pids) : undefined
   }
 
   async destroy(): Promise<void> {

@@ -7,6 +7,7 @@ import { startTestServer, type TestServer } from './helpers/server.js'
 import { treeManifest } from './helpers/tree.js'
 
 let t: TestServer
+let gvisorAvailable = false
 
 beforeAll(async () => {
   t = await startTestServer({ server: { maxUploadBytes: 8 * 1024 * 1024 } })
@@ -15,6 +16,18 @@ beforeAll(async () => {
     'README.md': 'seed file from the revision\n',
   })
   expect((await t.api.deploy(shell)).status).toBe(201)
+  // The same agent under gVisor, whose writes reach the host through its sentry, gofer and stubs.
+  const drivers = (await t.api.call('GET', '/v1/runtime')).body.drivers as {
+    name: string
+    available: boolean
+  }[]
+  gvisorAvailable = drivers.some((d) => d.name === 'gvisor' && d.available)
+  const boxed = await makeProject({
+    ...SHELL_PROJECT,
+    'cairn.yaml': 'name: shell-gvisor\ncommand: bash agent.sh\nisolation: gvisor\n',
+    'README.md': 'seed file from the revision\n',
+  })
+  expect((await t.api.deploy(boxed)).status).toBe(201)
 })
 
 afterAll(async () => {
@@ -62,38 +75,56 @@ describe('workspace lifecycle', () => {
     expect(await run(id, 'cat keep.txt README.md')).toBe('precious\nseed file from the revision\n[exit 0]\n')
   })
 
-  it('reuses the snapshot across a turn that wrote nothing; undo after the next, writing turn still restores the state before it', async () => {
-    const { id } = await t.api.createSession('shell')
-    await run(id, 'echo v1 > state.txt')
-    await run(id, 'cat state.txt') // writes nothing
-    // An append and an in-place overwrite: buffered writes to an existing file, which reach btrfs's
-    // trees only when flushed, so they must be seen by other means than the subvolume's ctransid.
-    await run(id, 'echo v3 >> state.txt && printf V | dd of=state.txt conv=notrunc status=none')
-    const undone = await t.api.call('POST', `/v1/sessions/${id}/undo`)
-    expect(undone.status).toBe(200)
-    // The state before turn 3 is the one after turn 1: the snapshot taken then stands for turn 2 too.
-    expect(undone.body.snapshot).toMatchObject({ kind: 'auto', reason: 'before_turn', turn: 1 })
-    const snaps = (await t.api.call('GET', `/v1/sessions/${id}/snapshots`)).body.data as {
-      id: string
-      turn: number
-      throughTurn: number
-    }[]
-    expect(snaps.map((s) => s.turn)).toEqual([0, 1, 3])
-    // The listing says which turns each snapshot stands for: the one after turn 1 is also turn 2's.
-    expect(snaps.map((s) => s.throughTurn)).toEqual([0, 2, 3])
-    // A fork at turn 2 has the workspace after turn 1 (the same) and the transcript of both turns.
-    const fork = await t.api.call('POST', `/v1/sessions/${id}/fork`, { turn: 2 })
-    expect(fork.body).toMatchObject({ turnCount: 2 })
-    expect(await run(fork.body.id, 'cat state.txt')).toBe('v1\n[exit 0]\n')
-    const beforeTurn3 = await t.api.call('POST', `/v1/sessions/${id}/restore`, { turn: 2 })
-    expect(beforeTurn3.body.snapshot.id).toBe(undone.body.snapshot.id)
-    expect(await run(id, 'cat state.txt')).toBe('v1\n[exit 0]\n')
-    // Turn 4 wrote nothing either, on a fresh sandbox (the restore stopped the old one): undoing
-    // it keeps the restored state, and a writing turn after it is undone to that state too.
-    await run(id, 'echo v5 >> state.txt')
-    await t.api.call('POST', `/v1/sessions/${id}/undo`)
-    expect(await run(id, 'cat state.txt')).toBe('v1\n[exit 0]\n')
-  })
+  it.each([
+    ['bwrap', 'shell'],
+    ['gvisor', 'shell-gvisor'],
+  ])(
+    'reuses the snapshot across a turn that wrote nothing; undo after the next, writing turn still restores the state before it (%s)',
+    async (isolation, agent, ctx) => {
+      if (isolation === 'gvisor' && !gvisorAvailable) ctx.skip()
+      const { id } = await t.api.createSession(agent)
+      await run(id, 'echo v1 > state.txt')
+      await run(id, 'cat state.txt') // writes nothing
+      // An append and an in-place overwrite: buffered writes to an existing file, which reach btrfs's
+      // trees only when flushed, so they must be seen by other means than the subvolume's ctransid.
+      await run(id, 'echo v3 >> state.txt && printf V | dd of=state.txt conv=notrunc status=none')
+      const undone = await t.api.call('POST', `/v1/sessions/${id}/undo`)
+      expect(undone.status).toBe(200)
+      // The state before turn 3 is the one after turn 1: the snapshot taken then stands for turn 2 too.
+      expect(undone.body.snapshot).toMatchObject({ kind: 'auto', reason: 'before_turn', turn: 1 })
+      const snaps = (await t.api.call('GET', `/v1/sessions/${id}/snapshots`)).body.data as {
+        id: string
+        turn: number
+        throughTurn: number
+      }[]
+      expect(snaps.map((s) => s.turn)).toEqual([0, 1, 3])
+      // The listing says which turns each snapshot stands for: the one after turn 1 is also turn 2's.
+      expect(snaps.map((s) => s.throughTurn)).toEqual([0, 2, 3])
+      // A fork at turn 2 has the workspace after turn 1 (the same) and the transcript of both turns.
+      const fork = await t.api.call('POST', `/v1/sessions/${id}/fork`, { turn: 2 })
+      expect(fork.body).toMatchObject({ turnCount: 2 })
+      expect(await run(fork.body.id, 'cat state.txt')).toBe('v1\n[exit 0]\n')
+      const beforeTurn3 = await t.api.call('POST', `/v1/sessions/${id}/restore`, { turn: 2 })
+      expect(beforeTurn3.body.snapshot.id).toBe(undone.body.snapshot.id)
+      expect(await run(id, 'cat state.txt')).toBe('v1\n[exit 0]\n')
+      // Turn 4 wrote nothing either, on a fresh sandbox (the restore stopped the old one): undoing
+      // it keeps the restored state, and a writing turn after it is undone to that state too.
+      await run(id, 'echo v5 >> state.txt')
+      await t.api.call('POST', `/v1/sessions/${id}/undo`)
+      expect(await run(id, 'cat state.txt')).toBe('v1\n[exit 0]\n')
+      // A store through a shared mapping, left unflushed, by a process that exits: under gVisor
+      // the page is dirtied by the stub process holding the agent's address space, not the sentry.
+      // Missing it would let the snapshot before it stand for it: undoing the next turn (which
+      // writes nothing) would then lose the store.
+      await run(
+        id,
+        `python3 -c "import mmap; f = open('state.txt', 'r+b'); m = mmap.mmap(f.fileno(), 0); m[0:2] = b'M6'"`,
+      )
+      expect(await run(id, 'cat state.txt')).toBe('M6\n[exit 0]\n')
+      expect((await t.api.call('POST', `/v1/sessions/${id}/undo`)).status).toBe(200)
+      expect(await run(id, 'cat state.txt')).toBe('M6\n[exit 0]\n')
+    },
+  )
 
   it('forks at turn 2 of 4: the fork has the turn-2 workspace and a 2-turn transcript, and both go on independently', async () => {
     const { id } = await t.api.createSession('shell', { title: 'parent' })

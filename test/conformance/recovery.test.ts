@@ -41,13 +41,18 @@ afterAll(async () => {
 })
 
 describe.each(DRIVERS)('%s driver: recovery', (isolation) => {
-  it.skipIf(!drivers[isolation].ok)(
-    'a runtime that died leaves sandboxes the next one reaps, and the workspace resumes',
-    async () => {
+  it.skipIf(!drivers[isolation].ok).each([
+    ['running', false],
+    // A crash during a snapshot: under gVisor a frozen sandbox makes every runsc command wait.
+    ['frozen', true],
+  ])(
+    'a runtime that died leaves sandboxes (%s) the next one reaps, and the workspace resumes',
+    async (_state, frozen) => {
       const crashed = newRuntime()
       await crashed.open()
       const { agent, workspaceDir } = await startOn(crashed, isolation, 'rev_rec', ['python3', 'agent.py'])
       expect(await reply(agent, 'before', 1)).toBe('re: before\n')
+      if (frozen) await agent.freeze()
       const orphans = instanceProcesses(crashed)
       expect(orphans.length).toBeGreaterThan(0)
       // `crashed` is never closed: a new process of the same instance takes over.

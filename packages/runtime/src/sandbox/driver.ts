@@ -59,7 +59,7 @@ export interface Sandbox {
   /**
    * Bytes of file data the sandbox's processes have dirtied since it started, exact and only ever
    * growing; undefined when it cannot be counted (then anything may have been written). A driver
-   * whose writes happen outside the sandbox's processes (gVisor's gofer) leaves it out.
+   * whose writes can happen outside the sandbox's host processes leaves it out.
    */
   writtenBytes?(): number | undefined
   /** Kills every process of the sandbox and releases its resources. */

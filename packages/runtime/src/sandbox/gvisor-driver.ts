@@ -255,9 +255,13 @@ export class GvisorDriver implements SandboxDriver {
 
   async reapOrphans(): Promise<number> {
     await this.pool?.close()
+    // A sandbox left frozen (a crash during a snapshot) makes runsc commands, `list` included,
+    // wait for it forever: thaw every sandbox cgroup of this instance before asking runsc.
+    for (const name of await this.options.cgroups.list()) {
+      await this.options.cgroups.freeze(name, false).catch(() => undefined)
+    }
     const containers = await listContainers(this.runsc).catch(() => [])
     for (const container of containers) {
-      await this.options.cgroups.freeze(container.id, false).catch(() => undefined)
       await this.options.cgroups.kill(container.id).catch(() => undefined)
       await runsc(this.runsc, ['delete', '--force', container.id]).catch(() => undefined)
       await this.options.cgroups.remove(container.id)

@@ -2,6 +2,7 @@ import type { ChildProcess, ChildProcessWithoutNullStreams } from 'node:child_pr
 import { readdirSync } from 'node:fs'
 import { rm } from 'node:fs/promises'
 import type { Readable, Writable } from 'node:stream'
+import { writeBytesOf } from '../util/proc-io.js'
 import type { CgroupManager } from './cgroups.js'
 import type { Sandbox, SandboxExit } from './driver.js'
 import { type RunscConfig, runsc } from './runsc.js'
@@ -22,14 +23,16 @@ export interface GvisorResources {
 
 /**
  * A sandbox whose agent runs in gVisor: `runsc run` (started cold) or a pool slot `runsc create`d
- * ahead and started on claim. Freezing pauses every task inside gVisor; destroying kills every
- * host process of the sandbox through its cgroup (runsc, gofer, sentry, ptrace stubs).
+ * ahead and started on claim. Freezing and destroying act on every host process of the sandbox
+ * through its cgroup (runsc, gofer, sentry, ptrace stubs).
  */
 export class GvisorSandbox implements Sandbox {
   readonly driver = 'gvisor'
   readonly exited: Promise<SandboxExit>
   private destroyed = false
   private done = false
+  /** The sandbox's host processes at the last `writtenBytes` call (see there). */
+  private seenPids: ReadonlySet<number> = new Set()
 
   /**
    * @param process the host process whose end is the sandbox's end, with the agent's stdio: `runsc run`,
@@ -71,21 +74,47 @@ export class GvisorSandbox implements Sandbox {
     return undefined
   }
 
-  /** Stops every task of the sandbox inside gVisor (`runsc pause`); the gofer serves no writes then. */
+  /**
+   * Stops every host process of the sandbox through its cgroup's freezer, as the bwrap driver
+   * does: the sentry (and with it every task inside gVisor), the gofer and the platform's stubs,
+   * so no write of the sandbox reaches the host until `thaw`. `runsc pause`/`resume` would stop
+   * the same tasks, but each is a runsc process to start (about 20 ms here, two per snapshot).
+   */
   async freeze(): Promise<void> {
     if (this.done || this.destroyed) return
-    await runsc(this.resources.runsc, ['pause', this.resources.name])
+    await this.resources.cgroups.freeze(this.resources.name, true)
   }
 
   async thaw(): Promise<void> {
     if (this.done || this.destroyed) return
-    await runsc(this.resources.runsc, ['resume', this.resources.name])
+    await this.resources.cgroups.freeze(this.resources.name, false)
+  }
+
+  /**
+   * Bytes of file data the sandbox's host processes have dirtied (see `dirtiedBytes`). Under
+   * gVisor the agent's writes reach the host through those processes, all in the sandbox's
+   * cgroup: `write()`s through the sentry (or the gofer), stores through a shared mapping of a
+   * workspace file through the platform's stub process that holds the agent's address space.
+   * gVisor starts host processes only for itself (stubs are pooled, never expected to exit), so
+   * the set only grows while the sandbox is healthy; a process that left it since the previous
+   * call (exited: a zombie is no longer listed) may have taken its count along, as nobody inside
+   * reaps it, and the figure is then unknown. So the live processes alone are summed.
+   */
+  writtenBytes(): number | undefined {
+    if (this.done || this.destroyed) return undefined
+    const pids = this.resources.cgroups.pidsSync(this.resources.name)
+    const live = new Set(pids)
+    const kept = [...this.seenPids].every((pid) => live.has(pid))
+    this.seenPids = live
+    return kept && pids.length > 0 ? writeBytesOf(pids) : undefined
   }
 
   async destroy(): Promise<void> {
     if (this.destroyed) return
     this.destroyed = true
     const { cgroups, name, runsc: config } = this.resources
+    // A frozen sandbox (destroyed during a snapshot) must thaw to die on a v1 freezer.
+    await cgroups.freeze(name, false).catch(() => undefined)
     // Through the cgroup: runsc, the gofer, the sentry and its stubs die at once, paused or not.
     await cgroups.kill(name)
     await Promise.race([this.exited, new Promise((r) => setTimeout(r, 2000))])

@@ -21,14 +21,26 @@ export function dirtiedBytes(livePids: readonly number[]): number | undefined {
         if (children) for (const child of children.split(' ')) pids.add(Number(child))
       }
     }
-    let total = 0
+    return writeBytesOf([...pids])
+  } catch {
+    return undefined
+  }
+}
+
+/**
+ * The sum of `write_bytes` over exactly these processes (their reaped children included, not
+ * their zombies); undefined when one could not be read.
+ */
+export function writeBytesOf(pids: readonly number[]): number | undefined {
+  let total = 0
+  try {
     for (const pid of pids) {
       const match = /^write_bytes: (\d+)$/m.exec(readFileSync(`/proc/${pid}/io`, 'utf8'))
       if (!match) return undefined
       total += Number(match[1])
     }
-    return total
   } catch {
     return undefined
   }
+  return total
 }

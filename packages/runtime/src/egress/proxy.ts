@@ -6,6 +6,7 @@ import net from 'node:net'
 import tls from 'node:tls'
 import { forbiddenReason } from './address-guard.js'
 import type { EgressCa } from './egress-ca.js'
+import { firstBytesRefusal, inspectFirstBytes } from './first-bytes.js'
 import { decide, type EgressPolicy } from './policy.js'
 import {
   type ProxySecret,
@@ -191,11 +192,48 @@ export class EgressProxy {
     upstream.on('error', () => client.destroy())
     upstream.once('connect', () => {
       client.write('HTTP/1.1 200 Connection Established\r\n\r\n')
-      if (head.length > 0) upstream.write(head)
+      // The host may speak first (SSH, SMTP…): its bytes flow at once. The client's go on only
+      // once its first bytes name the host the tunnel was allowed for (TLS SNI, HTTP Host).
       upstream.pipe(client)
-      client.pipe(upstream)
+      this.checkFirstBytes(client, head, host, (first, refusal) => {
+        if (refusal) {
+          this.report({ host, port, method: 'CONNECT', allowed: false, reason: refusal, address })
+          client.destroy()
+          upstream.destroy()
+          return
+        }
+        upstream.write(first)
+        client.pipe(upstream)
+      })
     })
     client.once('close', () => upstream.destroy())
+  }
+
+  /**
+   * Collects the client's first bytes of a tunnel to `target` until they say which name it talks
+   * to (or that they cannot), then calls `done` with them and the refusal, if any.
+   */
+  private checkFirstBytes(
+    client: net.Socket,
+    head: Buffer,
+    target: string,
+    done: (first: Buffer, refusal: string | undefined) => void,
+  ): void {
+    let first = head
+    const settle = (): boolean => {
+      const seen = inspectFirstBytes(first)
+      if (seen.kind === 'partial') return false
+      client.off('data', onData)
+      client.pause()
+      done(first, firstBytesRefusal(target, seen))
+      return true
+    }
+    const onData = (chunk: Buffer) => {
+      first = Buffer.concat([first, chunk])
+      settle()
+    }
+    if (settle()) return
+    client.on('data', onData)
   }
 
   private boundSecrets(host: string, port: number): ProxySecret[] {

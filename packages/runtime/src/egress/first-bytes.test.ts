@@ -1,0 +1,154 @@
+import { mkdtemp, rm } from 'node:fs/promises'
+import net from 'node:net'
+import os from 'node:os'
+import path from 'node:path'
+import tls from 'node:tls'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { FIRST_BYTES_CAP, firstBytesRefusal, inspectFirstBytes } from './first-bytes.js'
+import { EgressProxy, type NetworkEvent } from './proxy.js'
+
+/** The ClientHello Node's TLS client sends for `servername` (undefined: none, as for an address). */
+async function clientHello(servername: string | undefined): Promise<Buffer> {
+  const chunks: Buffer[] = []
+  const server = net.createServer((socket) => {
+    socket.on('data', (chunk: Buffer) => {
+      chunks.push(chunk)
+      const all = Buffer.concat(chunks)
+      if (all.length >= 5 && all.length >= 5 + all.readUInt16BE(3)) socket.destroy()
+    })
+  })
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
+  const { port } = server.address() as net.AddressInfo
+  await new Promise<void>((resolve) => {
+    const socket = tls.connect({ host: '127.0.0.1', port, ...(servername ? { servername } : {}) })
+    socket.on('error', () => resolve())
+    socket.on('close', () => resolve())
+  })
+  server.close()
+  return Buffer.concat(chunks)
+}
+
+describe('first bytes of a tunnel', () => {
+  it('reads the server name of a real ClientHello, the Host of an HTTP request, and nothing else', async () => {
+    const hello = await clientHello('API.Example.com')
+    expect(inspectFirstBytes(hello)).toEqual({ kind: 'tls', serverName: 'api.example.com' })
+    expect(inspectFirstBytes(await clientHello(undefined))).toEqual({ kind: 'tls', serverName: undefined })
+    for (const cut of [1, 4, 5, 40, hello.length - 1])
+      expect(inspectFirstBytes(hello.subarray(0, cut))).toEqual({ kind: 'partial' })
+
+    const http = Buffer.from('GET /x HTTP/1.1\r\nHost: Site.Example:8080\r\nAccept: */*\r\n\r\n')
+    expect(inspectFirstBytes(http)).toEqual({ kind: 'http', host: 'site.example' })
+    expect(inspectFirstBytes(http.subarray(0, 20))).toEqual({ kind: 'partial' })
+    expect(inspectFirstBytes(Buffer.from('GET / HTTP/1.0\r\n\r\n'))).toEqual({
+      kind: 'http',
+      host: undefined,
+    })
+    expect(inspectFirstBytes(Buffer.from('SSH-2.0-OpenSSH_9.2\r\n'))).toEqual({ kind: 'other' })
+    expect(inspectFirstBytes(Buffer.from([0, 1, 2]))).toEqual({ kind: 'other' })
+
+    // A handshake that is no ClientHello, and header blocks past the cap, are unreadable.
+    const notHello = Buffer.from(hello)
+    notHello[5] = 2
+    expect(inspectFirstBytes(notHello).kind).toBe('unreadable')
+    const endless = Buffer.concat([Buffer.from('GET / HTTP/1.1\r\n'), Buffer.alloc(FIRST_BYTES_CAP, 'a')])
+    expect(inspectFirstBytes(endless).kind).toBe('unreadable')
+  })
+
+  it('refuses a name other than the tunnel host, and leaves tunnels to addresses alone', () => {
+    const tlsTo = (serverName: string | undefined) => ({ kind: 'tls' as const, serverName })
+    expect(firstBytesRefusal('api.example.com', tlsTo('api.example.com'))).toBeUndefined()
+    expect(firstBytesRefusal('API.example.com.', tlsTo('api.example.com'))).toBeUndefined()
+    expect(firstBytesRefusal('api.example.com', tlsTo(undefined))).toBeUndefined()
+    expect(firstBytesRefusal('api.example.com', tlsTo('evil.example'))).toMatch(
+      /TLS server name 'evil.example'/,
+    )
+    expect(firstBytesRefusal('api.example.com', { kind: 'http', host: 'evil.example' })).toMatch(/HTTP Host/)
+    expect(firstBytesRefusal('api.example.com', { kind: 'other' })).toBeUndefined()
+    expect(firstBytesRefusal('api.example.com', { kind: 'unreadable', why: 'x' })).toMatch(/unreadable/)
+    expect(firstBytesRefusal('10.1.2.3', tlsTo('evil.example'))).toBeUndefined()
+  })
+})
+
+describe('the egress proxy checks what a CONNECT tunnel carries', () => {
+  let dir = ''
+  let proxy: EgressProxy
+  let upstream: net.Server
+  let upstreamPort = 0
+  const received: Buffer[] = []
+  const events: NetworkEvent[] = []
+
+  beforeAll(async () => {
+    dir = await mkdtemp(path.join(os.tmpdir(), 'cairn-first-bytes-'))
+    // The host speaks first (like SSH), and keeps what it is sent.
+    upstream = net.createServer((socket) => {
+      socket.write('banner\n')
+      socket.on('data', (chunk: Buffer) => received.push(chunk))
+      socket.on('error', () => undefined)
+    })
+    await new Promise<void>((resolve) => upstream.listen(0, '127.0.0.1', resolve))
+    upstreamPort = (upstream.address() as net.AddressInfo).port
+    proxy = new EgressProxy({
+      socketPath: path.join(dir, 'egress.sock'),
+      policy: { allow: [`good.test:${upstreamPort}`] },
+      privateExceptions: new Set(['127.0.0.1']),
+      hosts: new Map([['good.test', ['127.0.0.1']]]),
+      onEvent: (event) => events.push(event),
+    })
+    await proxy.listen()
+  })
+
+  afterAll(async () => {
+    await proxy?.close()
+    upstream?.close()
+    await rm(dir, { recursive: true, force: true })
+  })
+
+  /** Opens a tunnel, sends `payload`, and returns what came back before the tunnel closed or 500 ms. */
+  async function through(payload: Buffer): Promise<{ answer: string; closed: boolean }> {
+    const socket = net.connect(path.join(dir, 'egress.sock'))
+    socket.on('error', () => undefined)
+    let answer = ''
+    let closed = false
+    socket.on('data', (chunk: Buffer) => {
+      answer += chunk.toString('latin1')
+    })
+    socket.on('close', () => {
+      closed = true
+    })
+    socket.write(`CONNECT good.test:${upstreamPort} HTTP/1.1\r\nHost: good.test:${upstreamPort}\r\n\r\n`)
+    for (let i = 0; i < 50 && !answer.includes('banner\n'); i++) await new Promise((r) => setTimeout(r, 10))
+    socket.write(payload)
+    await new Promise((r) => setTimeout(r, 500))
+    socket.destroy()
+    return { answer, closed }
+  }
+
+  it('passes a ClientHello or a request that names the tunnel host, and the host speaks first', async () => {
+    received.length = 0
+    const good = await clientHello('good.test')
+    const tunnel = await through(good)
+    expect(tunnel.answer).toMatch(/^HTTP\/1\.1 200 Connection Established\r\n\r\nbanner\n/)
+    expect(tunnel.closed).toBe(false)
+    expect(Buffer.concat(received).equals(good)).toBe(true)
+
+    received.length = 0
+    const request = `GET / HTTP/1.1\r\nHost: good.test:${upstreamPort}\r\n\r\n`
+    expect((await through(Buffer.from(request))).closed).toBe(false)
+    expect(Buffer.concat(received).toString()).toBe(request)
+  })
+
+  it('closes a tunnel whose ClientHello or Host names another site, before a byte reaches the host', async () => {
+    received.length = 0
+    events.length = 0
+    const fronted = await through(await clientHello('evil.test'))
+    expect(fronted.closed).toBe(true)
+    const hostHeader = await through(Buffer.from('GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n'))
+    expect(hostHeader.closed).toBe(true)
+    expect(received).toEqual([])
+    const denied = events.filter((e) => !e.allowed).map((e) => e.reason)
+    expect(denied).toEqual([
+      "TLS server name 'evil.test' is not the tunnel's host 'good.test'",
+      "HTTP Host 'evil.test' is not the tunnel's host 'good.test'",
+    ])
+  })
+})

@@ -1,0 +1,156 @@
+import net from 'node:net'
+
+/**
+ * What a tunnel's client said first, read before anything reaches the host: the TLS server name
+ * (SNI) of a ClientHello, or the `Host` of a plain HTTP request. An opaque CONNECT tunnel is
+ * allowed by its target's name; these say which name the client is really talking to, so a
+ * client cannot open a tunnel to an allowed host and then ask the same address for another site
+ * (domain fronting on a shared CDN address).
+ */
+export type FirstBytes =
+  | { kind: 'tls'; serverName: string | undefined }
+  | { kind: 'http'; host: string | undefined }
+  | { kind: 'other' }
+  /** Not readable: a ClientHello split across records, a header block past the cap, garbage. */
+  | { kind: 'unreadable'; why: string }
+  /** Not complete yet: read more. */
+  | { kind: 'partial' }
+
+/** A TLS record carries at most 16 KiB of payload; an HTTP header block past this is refused. */
+export const FIRST_BYTES_CAP = 16 * 1024 + 5
+
+const HTTP_REQUEST_LINE = /^[A-Z]{3,10} \S+ HTTP\/1\.[01]\r?\n/
+
+/** Reads what the client has sent so far (`partial` until it can tell). */
+export function inspectFirstBytes(data: Buffer): FirstBytes {
+  if (data.length === 0) return { kind: 'partial' }
+  if (data[0] === 0x16) return inspectTls(data)
+  if (/^[A-Z]/.test(String.fromCharCode(data[0] ?? 0))) return inspectHttp(data)
+  return { kind: 'other' }
+}
+
+function inspectTls(data: Buffer): FirstBytes {
+  if (data.length < 5) return { kind: 'partial' }
+  const recordLength = data.readUInt16BE(3)
+  if (data.length < 5 + recordLength) {
+    return data.length >= FIRST_BYTES_CAP
+      ? { kind: 'unreadable', why: 'TLS record too long' }
+      : { kind: 'partial' }
+  }
+  try {
+    return { kind: 'tls', serverName: clientHelloServerName(data.subarray(5, 5 + recordLength)) }
+  } catch (error) {
+    return { kind: 'unreadable', why: (error as Error).message }
+  }
+}
+
+/** The server_name of a ClientHello that fits its first record (RFC 8446 4.1.2, RFC 6066 3). */
+function clientHelloServerName(record: Buffer): string | undefined {
+  const reader = new Reader(record)
+  if (reader.u8() !== 1) throw new Error('the first TLS handshake message is not a ClientHello')
+  const helloLength = reader.u24()
+  if (helloLength > record.length - 4) throw new Error('ClientHello split across TLS records')
+  reader.skip(2 + 32) // legacy_version, random
+  reader.skip(reader.u8()) // legacy_session_id
+  reader.skip(reader.u16()) // cipher_suites
+  reader.skip(reader.u8()) // legacy_compression_methods
+  if (reader.done()) return undefined // no extensions at all
+  const extensionsEnd = reader.offset + 2 + reader.peekU16()
+  reader.skip(2)
+  while (reader.offset < extensionsEnd) {
+    const type = reader.u16()
+    const length = reader.u16()
+    if (type !== 0) {
+      reader.skip(length)
+      continue
+    }
+    const listEnd = reader.offset + 2 + reader.u16()
+    while (reader.offset < listEnd) {
+      const nameType = reader.u8()
+      const name = reader.bytes(reader.u16()).toString('latin1')
+      if (nameType === 0) return name.toLowerCase()
+    }
+    return undefined
+  }
+  return undefined
+}
+
+class Reader {
+  offset = 0
+  constructor(private readonly data: Buffer) {}
+  private need(n: number): void {
+    if (this.offset + n > this.data.length) throw new Error('truncated ClientHello')
+  }
+  u8(): number {
+    this.need(1)
+    return this.data.readUInt8(this.offset++)
+  }
+  u16(): number {
+    const value = this.peekU16()
+    this.offset += 2
+    return value
+  }
+  peekU16(): number {
+    this.need(2)
+    return this.data.readUInt16BE(this.offset)
+  }
+  u24(): number {
+    this.need(3)
+    const value = this.data.readUIntBE(this.offset, 3)
+    this.offset += 3
+    return value
+  }
+  skip(n: number): void {
+    this.need(n)
+    this.offset += n
+  }
+  bytes(n: number): Buffer {
+    this.need(n)
+    const out = this.data.subarray(this.offset, this.offset + n)
+    this.offset += n
+    return out
+  }
+  done(): boolean {
+    return this.offset >= this.data.length
+  }
+}
+
+function inspectHttp(data: Buffer): FirstBytes {
+  const end = data.indexOf('\r\n\r\n')
+  if (end < 0) {
+    if (data.length >= FIRST_BYTES_CAP) return { kind: 'unreadable', why: 'HTTP header block too long' }
+    // Not an HTTP request after all once a full first line is there and does not look like one.
+    const firstLine = data.indexOf('\n')
+    if (firstLine >= 0 && !HTTP_REQUEST_LINE.test(data.subarray(0, firstLine + 1).toString('latin1')))
+      return { kind: 'other' }
+    return { kind: 'partial' }
+  }
+  const head = data.subarray(0, end).toString('latin1')
+  if (!HTTP_REQUEST_LINE.test(`${head}\n`)) return { kind: 'other' }
+  const host = /\r\nhost:[ \t]*([^\r\n]*)/i.exec(head)?.[1]?.trim()
+  return { kind: 'http', host: host ? stripPort(host).toLowerCase() : undefined }
+}
+
+function stripPort(hostHeader: string): string {
+  if (hostHeader.startsWith('[')) return hostHeader.slice(1, hostHeader.indexOf(']'))
+  const colon = hostHeader.lastIndexOf(':')
+  return colon > 0 && net.isIP(hostHeader) === 0 ? hostHeader.slice(0, colon) : hostHeader
+}
+
+/**
+ * Why the first bytes of a tunnel to `target` must not go on, if they must not: a TLS server
+ * name or an HTTP Host other than the name the tunnel was allowed for. A tunnel to an address
+ * (allowed as such) is not checked; nor is a ClientHello without a server name (clients leave it
+ * out for addresses).
+ */
+export function firstBytesRefusal(target: string, seen: FirstBytes): string | undefined {
+  const wanted = target.toLowerCase().replace(/\.$/, '')
+  if (net.isIP(wanted) !== 0) return undefined
+  if (seen.kind === 'unreadable') return `unreadable start of the connection (${seen.why})`
+  const named = seen.kind === 'tls' ? seen.serverName : seen.kind === 'http' ? seen.host : undefined
+  if (named === undefined) return undefined
+  if (named.replace(/\.$/, '') === wanted) return undefined
+  return seen.kind === 'tls'
+    ? `TLS server name '${named}' is not the tunnel's host '${wanted}'`
+    : `HTTP Host '${named}' is not the tunnel's host '${wanted}'`
+}

@@ -5,7 +5,7 @@ import { startTestServer, type TestServer } from '../helpers/server.js'
 // 10 sessions at once, each through CYCLES turns; keepWarmMs 0 stops the sandbox after every turn,
 // so every turn is a resume on a fresh sandbox that must find exactly what the last one wrote.
 const SESSIONS = 10
-const CYCLES = Number(process.env.CAIRN_FAULT_CYCLES ?? 100)
+const CYCLES = Number(process.env.CAIRN_FAULT_CYCLES ?? 1000)
 
 let t: TestServer
 

@@ -67,6 +67,32 @@ describe('first bytes of a tunnel', () => {
     expect(firstBytesRefusal('api.example.com', { kind: 'unreadable', why: 'x' })).toMatch(/unreadable/)
     expect(firstBytesRefusal('10.1.2.3', tlsTo('evil.example'))).toBeUndefined()
   })
+
+  it('sees another name through the disguises a server still accepts', () => {
+    const refused = (text: string | Buffer) =>
+      firstBytesRefusal('api.example.com', inspectFirstBytes(Buffer.from(text)))
+    // Empty lines before the request line, a lowercase method, several spaces, bare LF line ends.
+    expect(refused('\r\nGET / HTTP/1.1\r\nHost: evil.example\r\n\r\n')).toMatch(/evil.example/)
+    expect(refused('get / HTTP/1.1\r\nHost: evil.example\r\n\r\n')).toMatch(/evil.example/)
+    expect(refused('GET  / HTTP/1.1\r\nHost: evil.example\r\n\r\n')).toMatch(/evil.example/)
+    expect(refused('GET / HTTP/1.1\nHost: evil.example\n\r\n\r\n')).toMatch(/evil.example/)
+    expect(refused('GET / HTTP/1.1\nHost: evil.example\n\n')).toMatch(/evil.example/)
+    // The request target's authority wins over Host (RFC 9112 3.2.2); two Hosts are ambiguous.
+    expect(refused('GET http://evil.example/ HTTP/1.1\r\nHost: api.example.com\r\n\r\n')).toBeDefined()
+    expect(refused('GET / HTTP/1.1\r\nHost: api.example.com\r\nHost: evil.example\r\n\r\n')).toBeDefined()
+    expect(refused('GET http://evil.example/ HTTP/1.0\r\n\r\n')).toMatch(/evil.example/)
+    // HTTP/2 without TLS names its host in frames this check does not read.
+    expect(refused('PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n')).toBeDefined()
+    // A TLS record of another type (change_cipher_spec, alert) ahead of the ClientHello.
+    expect(refused(Buffer.from([0x14, 0x03, 0x03, 0x00, 0x01, 0x01]))).toBeDefined()
+    expect(refused(Buffer.from([0x15, 0x03, 0x03, 0x00, 0x02, 0x01, 0x00]))).toBeDefined()
+    // Still fine: the tunnel's own host, absolute or not, and protocols that are no HTTP.
+    expect(
+      refused('GET http://API.example.com:443/x HTTP/1.1\r\nHost: api.example.com\r\n\r\n'),
+    ).toBeUndefined()
+    expect(refused('get / HTTP/1.1\r\nHost: api.example.com\r\n\r\n')).toBeUndefined()
+    expect(refused('SSH-2.0-OpenSSH_9.2\r\n')).toBeUndefined()
+  })
 })
 
 describe('the egress proxy checks what a CONNECT tunnel carries', () => {

@@ -19,13 +19,30 @@ export type FirstBytes =
 /** A TLS record carries at most 16 KiB of payload; an HTTP header block past this is refused. */
 export const FIRST_BYTES_CAP = 16 * 1024 + 5
 
-const HTTP_REQUEST_LINE = /^[A-Z]{3,10} \S+ HTTP\/1\.[01]\r?\n/
+// What servers accept as a request line: any case, runs of spaces or tabs (RFC 9112 3). A first
+// line that names an HTTP version but does not read as this (HTTP/2's preface) is not let through.
+const HTTP_REQUEST_LINE = /^[A-Za-z]{3,10}[ \t]+(\S+)[ \t]+HTTP\/1\.\d[ \t]*\r?\n/i
+const HTTP_VERSION = /[ \t]HTTP\/\d/i
 
 /** Reads what the client has sent so far (`partial` until it can tell). */
 export function inspectFirstBytes(data: Buffer): FirstBytes {
   if (data.length === 0) return { kind: 'partial' }
   if (data[0] === 0x16) return inspectTls(data)
-  if (/^[A-Z]/.test(String.fromCharCode(data[0] ?? 0))) return inspectHttp(data)
+  // Another TLS record (change_cipher_spec, alert, application data) ahead of the ClientHello
+  // would carry it past the check.
+  if (data[0] !== undefined && data[0] >= 0x14 && data[0] <= 0x17) {
+    if (data.length < 2) return { kind: 'partial' }
+    if (data[1] === 0x03) return { kind: 'unreadable', why: 'a TLS record other than a ClientHello first' }
+    return { kind: 'other' }
+  }
+  // Servers skip empty lines ahead of a request line (RFC 9112 2.2).
+  let start = 0
+  while (data[start] === 0x0d || data[start] === 0x0a) start++
+  if (start === data.length)
+    return data.length >= FIRST_BYTES_CAP
+      ? { kind: 'unreadable', why: 'only empty lines' }
+      : { kind: 'partial' }
+  if (/^[A-Za-z]/.test(String.fromCharCode(data[start] ?? 0))) return inspectHttp(data.subarray(start))
   return { kind: 'other' }
 }
 
@@ -116,19 +133,29 @@ class Reader {
 }
 
 function inspectHttp(data: Buffer): FirstBytes {
-  const end = data.indexOf('\r\n\r\n')
+  // Servers also end lines with a bare LF.
+  const end = /\r?\n\r?\n/.exec(data.toString('latin1'))?.index ?? -1
+  const firstLine = data.indexOf('\n')
+  const line = firstLine >= 0 ? data.subarray(0, firstLine + 1).toString('latin1') : undefined
+  if (line !== undefined && !HTTP_REQUEST_LINE.test(line))
+    return HTTP_VERSION.test(line)
+      ? { kind: 'unreadable', why: 'a request line other than HTTP/1' }
+      : { kind: 'other' }
   if (end < 0) {
     if (data.length >= FIRST_BYTES_CAP) return { kind: 'unreadable', why: 'HTTP header block too long' }
-    // Not an HTTP request after all once a full first line is there and does not look like one.
-    const firstLine = data.indexOf('\n')
-    if (firstLine >= 0 && !HTTP_REQUEST_LINE.test(data.subarray(0, firstLine + 1).toString('latin1')))
-      return { kind: 'other' }
     return { kind: 'partial' }
   }
-  const head = data.subarray(0, end).toString('latin1')
-  if (!HTTP_REQUEST_LINE.test(`${head}\n`)) return { kind: 'other' }
-  const host = /\r\nhost:[ \t]*([^\r\n]*)/i.exec(head)?.[1]?.trim()
-  return { kind: 'http', host: host ? stripPort(host).toLowerCase() : undefined }
+  const head = data.subarray(0, end + 1).toString('latin1')
+  // The target's authority (absolute form) wins over Host (RFC 9112 3.2.2): every name counts.
+  const target = HTTP_REQUEST_LINE.exec(line ?? '')?.[1] ?? ''
+  const names = new Set<string>()
+  const authority = /^[a-z][a-z0-9+.-]*:\/\/([^/?#]*)/i.exec(target)?.[1]
+  if (authority !== undefined) names.add(stripPort(authority.slice(authority.lastIndexOf('@') + 1)))
+  for (const match of head.matchAll(/\nhost[ \t]*:[ \t]*([^\r\n]*)/gi))
+    names.add(stripPort((match[1] ?? '').trim()))
+  const hosts = [...names].map((name) => name.toLowerCase().replace(/\.$/, '')).filter(Boolean)
+  if (new Set(hosts).size > 1) return { kind: 'unreadable', why: `the request names ${hosts.join(' and ')}` }
+  return { kind: 'http', host: hosts[0] }
 }
 
 function stripPort(hostHeader: string): string {

@@ -11,7 +11,7 @@ describe('egress hosts map (CAIRN_EGRESS_HOSTS)', () => {
   })
 
   it('refuses an entry that is not name=IP-address at start-up', () => {
-    for (const bad of ['api.internal', 'api.internal=not-an-ip', '=10.0.0.1', 'a=10.0.0.1=2'])
+    for (const bad of ['api.internal', '10.0.0.1', 'api.internal=not-an-ip', '=10.0.0.1', 'a=10.0.0.1=2'])
       expect(() => egressHostMap(bad), bad).toThrow(/CAIRN_EGRESS_HOSTS/)
   })
 })

@@ -141,7 +141,8 @@ export function egressHostMap(
           .filter(Boolean)
           .map((entry) => {
             const at = entry.indexOf('=')
-            return [entry.slice(0, at), entry.slice(at + 1)] as const
+            // No '=' at all is no name (not the entry less its last character).
+            return at < 0 ? (['', entry] as const) : ([entry.slice(0, at), entry.slice(at + 1)] as const)
           })
       : Object.entries(given ?? {})
   const map = new Map<string, string[]>()

@@ -1,9 +1,11 @@
 import { mkdtemp, rm } from 'node:fs/promises'
+import https from 'node:https'
 import net from 'node:net'
 import os from 'node:os'
 import path from 'node:path'
 import tls from 'node:tls'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { EgressCa } from './egress-ca.js'
 import { FIRST_BYTES_CAP, firstBytesRefusal, inspectFirstBytes } from './first-bytes.js'
 import { EgressProxy, type NetworkEvent } from './proxy.js'
 
@@ -176,5 +178,75 @@ describe('the egress proxy checks what a CONNECT tunnel carries', () => {
       "TLS server name 'evil.test' is not the tunnel's host 'good.test'",
       "HTTP Host 'evil.test' is not the tunnel's host 'good.test'",
     ])
+  })
+})
+
+describe('the egress proxy, terminating TLS for a bound secret', () => {
+  let dir = ''
+  let proxy: EgressProxy
+  let upstream: https.Server
+  let port = 0
+  const seen: { host: string | undefined; url: string | undefined; authorization: string | undefined }[] = []
+
+  beforeAll(async () => {
+    dir = await mkdtemp(path.join(os.tmpdir(), 'cairn-first-bytes-tls-'))
+    const ca = await EgressCa.load(path.join(dir, 'ca'))
+    upstream = https.createServer(
+      { SNICallback: (name, done) => void ca.contextFor(name).then((c) => done(null, c)) },
+      (req, res) => {
+        seen.push({ host: req.headers.host, url: req.url, authorization: req.headers.authorization })
+        res.end('ok\n')
+      },
+    )
+    await new Promise<void>((resolve) => upstream.listen(0, '127.0.0.1', resolve))
+    port = (upstream.address() as net.AddressInfo).port
+    proxy = new EgressProxy({
+      socketPath: path.join(dir, 'egress.sock'),
+      policy: { allow: [`good.test:${port}`] },
+      privateExceptions: new Set(['127.0.0.1']),
+      hosts: new Map([['good.test', ['127.0.0.1']]]),
+      onEvent: () => undefined,
+      secrets: [
+        { name: 'TOKEN', standIn: 'cairn-proxy-secret-t', value: 'real-t', hosts: [`good.test:${port}`] },
+      ],
+      ca,
+      upstreamCaPems: [ca.certificatePem],
+    })
+    await proxy.listen()
+  })
+
+  afterAll(async () => {
+    await proxy?.close()
+    upstream?.close()
+    await rm(dir, { recursive: true, force: true })
+  })
+
+  /** Sends `request` through a terminated tunnel to good.test and returns the answer's status line. */
+  async function send(request: string): Promise<string> {
+    const raw = net.connect(path.join(dir, 'egress.sock'))
+    raw.write(`CONNECT good.test:${port} HTTP/1.1\r\nHost: good.test:${port}\r\n\r\n`)
+    await new Promise<void>((resolve) => raw.once('data', () => resolve()))
+    const ca = await EgressCa.load(path.join(dir, 'ca'))
+    const secure = tls.connect({ socket: raw, servername: 'good.test', ca: ca.certificatePem })
+    let answer = ''
+    secure.on('data', (chunk: Buffer) => {
+      answer += chunk.toString()
+    })
+    secure.write(request)
+    await new Promise<void>((resolve) => {
+      secure.on('close', () => resolve())
+      secure.on('error', () => resolve())
+    })
+    return answer.split('\r\n')[0] ?? ''
+  }
+
+  it('sends the secret to the bound host only, whatever host the request names', async () => {
+    const auth = 'Authorization: Bearer cairn-proxy-secret-t\r\nConnection: close\r\n\r\n'
+    expect(await send(`GET /a HTTP/1.1\r\nHost: good.test:${port}\r\n${auth}`)).toBe('HTTP/1.1 200 OK')
+    await send(`GET /b HTTP/1.1\r\nHost: evil.test\r\n${auth}`)
+    await send(`GET http://evil.test/c HTTP/1.1\r\nHost: good.test:${port}\r\n${auth}`)
+    for (const request of seen) expect(request.host).toBe(`good.test:${port}`)
+    for (const request of seen) expect(request.url?.startsWith('/')).toBe(true)
+    expect(seen[0]).toEqual({ host: `good.test:${port}`, url: '/a', authorization: 'Bearer real-t' })
   })
 })

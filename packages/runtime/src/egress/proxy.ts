@@ -272,7 +272,14 @@ export class EgressProxy {
       deny(res)
       return
     }
+    // The request must be for the tunnel's host: an absolute-form target or another Host would
+    // ask the shared address (a CDN's) for another site, with the secret swapped in (fronting).
+    if (!(req.url ?? '/').startsWith('/')) {
+      res.writeHead(400, { 'content-type': 'text/plain' }).end('origin-form request target required\n')
+      return
+    }
     const { headers } = swapInSecrets(req.headers, target.secrets)
+    headers.host = target.port === 443 ? target.host : `${target.host}:${target.port}`
     // An uncompressed answer can be scrubbed of a value the host echoes back.
     headers['accept-encoding'] = 'identity'
     const upstream = https.request(

@@ -203,6 +203,13 @@ describe('workspace lifecycle', () => {
   it('exports the workspace as a tar.gz', async () => {
     const { id } = await t.api.createSession('shell')
     await run(id, 'echo exported > out.txt')
+    // The turn's own snapshot lands after its answer: counted before the export.
+    const turnSnapshot = async () =>
+      ((await t.api.call('GET', `/v1/sessions/${id}/snapshots`)).body.data as { turn: number }[]).some(
+        (s) => s.turn === 1,
+      )
+    for (let i = 0; i < 100 && !(await turnSnapshot()); i++) await new Promise((r) => setTimeout(r, 50))
+    const before = readdirSync(`${t.server.runtime.pool.root}/snapshots`).length
     const res = await fetch(`${t.url}/v1/sessions/${id}/export`, {
       headers: { authorization: `Bearer ${t.key}` },
     })
@@ -211,9 +218,10 @@ describe('workspace lifecycle', () => {
     expect(tarText).toContain('out.txt')
     expect(tarText).toContain('exported')
     expect(tarText).toContain('README.md')
-    const temp = readdirSync(`${t.server.runtime.pool.root}/snapshots`).length
-    await new Promise((r) => setTimeout(r, 50))
-    expect(readdirSync(`${t.server.runtime.pool.root}/snapshots`).length).toBeLessThanOrEqual(temp)
+    // The temporary snapshot is gone once the answer is sent.
+    const left = () => readdirSync(`${t.server.runtime.pool.root}/snapshots`).length
+    for (let i = 0; i < 50 && left() > before; i++) await new Promise((r) => setTimeout(r, 50))
+    expect(left()).toBeLessThanOrEqual(before)
   })
 
   it('digests a snapshot lazily: identical trees agree, content, mode and link target changes do not', async () => {

@@ -273,6 +273,9 @@ export function workspaceRoutes(app: FastifyInstance, workspace: WorkspaceServic
       )
       stream.once('close', () => void cleanup())
       stream.once('error', () => void cleanup())
+      // tar's stream ends without a 'close': the response's close (sent or aborted) is what says
+      // the export is done (its temporary snapshot removed, its snapshot unpinned).
+      reply.raw.once('close', () => void cleanup())
       void reply.header('content-disposition', `attachment; filename="${id}.tar.gz"`)
       return reply.type('application/gzip').send(stream)
     },

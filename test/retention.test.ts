@@ -1,4 +1,5 @@
 import { existsSync } from 'node:fs'
+import { gunzipSync } from 'node:zlib'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { makeProject, SHELL_PROJECT } from './helpers/projects.js'
 import { startTestServer, type TestServer } from './helpers/server.js'
@@ -98,5 +99,50 @@ describe('quotas, retention and usage', () => {
       (await t.api.call('POST', `/v1/sessions/${session.id}/restore`, { snapshotId: last })).status,
     ).toBe(200)
     expect((await t.api.send(session.id, 'echo still here')).text).toContain('still here')
+  })
+
+  it('never pulls a snapshot out from under its export: the archive holds every file', async () => {
+    expect((await t.api.call('PUT', '/v1/retention', { keepAutoSnapshots: 1 })).status).toBe(200)
+    const session = await t.api.createSession('shell')
+    // Incompressible, and more than the sockets buffer: the export waits for its reader.
+    await t.api.send(
+      session.id,
+      'mkdir d && for i in $(seq 1 1500); do head -c 4000 /dev/urandom > d/f$i; done',
+    )
+    // The turn's own snapshot (taken after its answer) is the one exported.
+    let source = ''
+    for (let i = 0; i < 100 && !source; i++) {
+      const snaps = (await t.api.call('GET', `/v1/sessions/${session.id}/snapshots`)).body.data as {
+        id: string
+        kind: string
+        turn: number
+      }[]
+      source = snaps.find((s) => s.kind === 'auto' && s.turn === 1)?.id ?? ''
+      if (!source) await new Promise((r) => setTimeout(r, 50))
+    }
+    const res = await fetch(`${t.url}/v1/sessions/${session.id}/export?snapshot=${source}`, {
+      headers: { authorization: `Bearer ${t.key}` },
+    })
+    expect(res.status).toBe(200)
+    const reader = (res.body as ReadableStream<Uint8Array>).getReader()
+    const chunks: Uint8Array[] = []
+    const first = await reader.read()
+    if (first.value) chunks.push(first.value)
+    // The next turn's snapshot makes the exported one expire (keep 1) while it is being read.
+    await t.api.send(session.id, 'echo more >> log')
+    const path = t.server.runtime.pool.snapshotPath(source)
+    for (let i = 0; i < 50 && existsSync(path); i++) await new Promise((r) => setTimeout(r, 100))
+    for (;;) {
+      const next = await reader.read()
+      if (next.done) break
+      chunks.push(next.value)
+    }
+    const tarText = gunzipSync(Buffer.concat(chunks)).toString('latin1')
+    const files = new Set(tarText.match(/d\/f\d+/g) ?? [])
+    expect(files.size).toBe(1500)
+    // Pruned once the export is done.
+    await t.api.send(session.id, 'echo again >> log')
+    for (let i = 0; i < 50 && existsSync(path); i++) await new Promise((r) => setTimeout(r, 100))
+    expect(existsSync(path)).toBe(false)
   })
 })

@@ -510,6 +510,10 @@ export class WorkspaceService {
     let cleanup = async () => undefined
     if (snapshotId) {
       dir = this.rootOf(row, snapshotId)
+      // Pinned until the stream is done, as for a restore: retention prunes it on a later pass.
+      let release = () => {}
+      void this.pins.hold(snapshotId, () => new Promise<void>((resolve) => (release = resolve)))
+      cleanup = async () => void release()
     } else {
       this.rootOf(row)
       const temp = newId('snapshot')

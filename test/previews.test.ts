@@ -225,6 +225,30 @@ describe('previews of services inside a session sandbox', () => {
     expect(received.endsWith('ping\n')).toBe(true)
   })
 
+  it('closes a relayed Upgrade when the URLs of its port are revoked', async () => {
+    const { url } = await signedUrl(8001, 60_000)
+    const target = new URL(url)
+    const socket = net.connect(Number(target.port), target.hostname)
+    let received = ''
+    let closed = false
+    socket.on('data', (chunk) => {
+      received += chunk.toString()
+    })
+    socket.on('error', () => undefined)
+    socket.on('close', () => {
+      closed = true
+    })
+    socket.write(
+      `GET ${target.pathname}ws${target.search} HTTP/1.1\r\nHost: ${target.host}\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n`,
+    )
+    for (let i = 0; i < 100 && !received.includes('saw-key'); i++) await new Promise((r) => setTimeout(r, 50))
+    expect(received).toMatch(/^HTTP\/1\.1 101 /)
+    expect((await t.api.call('DELETE', `/v1/sessions/${sessionId}/ports/8001/url`)).status).toBe(200)
+    for (let i = 0; i < 100 && !closed; i++) await new Promise((r) => setTimeout(r, 50))
+    socket.destroy()
+    expect(closed).toBe(true)
+  })
+
   it('answers with typed errors when nothing listens or no sandbox runs', async () => {
     const closed = await t.api.call('GET', `/v1/sessions/${sessionId}/ports/8999/`)
     expect(closed.status).toBe(502)

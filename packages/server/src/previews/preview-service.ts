@@ -100,10 +100,11 @@ export class PreviewService {
     return { url: `${origin}${previewPrefix(row.id, port)}/?${query}`, expiresAt: iso(expiresAtMs) }
   }
 
-  /** Revokes every signed URL issued so far for the port (and the cookies they left). */
-  revokeUrls(tenantId: string, sessionId: string, port: number): void {
+  /** Revokes every signed URL issued so far for the port (and the cookies they left); the session's id. */
+  revokeUrls(tenantId: string, sessionId: string, port: number): string {
     const row = this.deps.sessions.require(tenantId, sessionId)
     this.deps.revocations.revokePort(row.id, port)
+    return row.id
   }
 
   private verifySigned(target: PreviewTarget, expiresAtMs: number, epoch: number, signature: string) {

@@ -61,6 +61,9 @@ function upstreamHeaders(headers: IncomingHttpHeaders, target: PreviewTarget, up
 }
 
 export function previewRoutes(app: FastifyInstance, previews: PreviewService): void {
+  // Relayed Upgrade connections per session port: a revocation closes them, as its URLs stop.
+  const relayed = new Map<string, Set<Duplex>>()
+  const relayedKey = (sessionId: string, port: number) => `${sessionId}:${port}`
   app.post(
     '/v1/sessions/:id/ports/:port/url',
     {
@@ -102,7 +105,8 @@ export function previewRoutes(app: FastifyInstance, previews: PreviewService): v
     },
     async (request) => {
       const { id, port } = request.params as { id: string; port: number }
-      previews.revokeUrls(requireWrite(request).tenantId, id, port)
+      const sessionId = previews.revokeUrls(requireWrite(request).tenantId, id, port)
+      for (const client of relayed.get(relayedKey(sessionId, port)) ?? []) client.destroy()
       return { ok: true }
     },
   )
@@ -179,7 +183,16 @@ export function previewRoutes(app: FastifyInstance, previews: PreviewService): v
   app.server.on('upgrade', (request: IncomingMessage, client: Duplex, head: Buffer) => {
     upgraded.add(client)
     client.once('close', () => upgraded.delete(client))
-    void relayUpgrade(previews, request, client, head)
+    void relayUpgrade(previews, request, client, head, (sessionId, port) => {
+      if (client.destroyed) return
+      const key = relayedKey(sessionId, port)
+      const clients = relayed.get(key) ?? new Set<Duplex>()
+      relayed.set(key, clients.add(client))
+      client.once('close', () => {
+        clients.delete(client)
+        if (clients.size === 0 && relayed.get(key) === clients) relayed.delete(key)
+      })
+    })
   })
   app.addHook('preClose', async () => {
     for (const client of upgraded) client.destroy()
@@ -191,6 +204,7 @@ async function relayUpgrade(
   request: IncomingMessage,
   client: Duplex,
   head: Buffer,
+  onRelayed: (sessionId: string, port: number) => void,
 ): Promise<void> {
   client.on('error', () => client.destroy())
   const target = parsePreviewTarget(request.url)
@@ -199,6 +213,7 @@ async function relayUpgrade(
     // The cookie a signed URL leaves is for pages; a WebSocket URL carries its signature itself.
     const { row } = previews.authorize(target, request.headers)
     const upstream = await previews.connect(row, target.port)
+    onRelayed(row.id, target.port)
     const headers = upstreamHeaders(request.headers, target, true)
     const lines = [`${request.method} ${upstreamPath(target)} HTTP/1.1`]
     for (const [name, value] of Object.entries(headers)) {

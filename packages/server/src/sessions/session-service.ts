@@ -99,14 +99,14 @@ export class SessionService {
    * `session_busy` or `session_deleted`, not a 404, a 403 (its file seen outside the path) or a 500.
    */
   async readingWorkspace<T>(tenantId: string, id: string, read: () => Promise<T>): Promise<T> {
-    const epoch = this.locks.exclusiveEpoch(id)
-    const busyAtStart = this.busyWith(id) !== undefined
+    // Only a swap moves the workspace: a read failing during a manual snapshot keeps its own error.
+    const epoch = this.locks.swapEpoch(id)
+    const swappingAtStart = this.locks.swapping(id)
     try {
       return await read()
     } catch (error) {
       // Any failure of a read that overlapped a swap is the swap's doing, whatever it looked like.
-      const overlapped =
-        busyAtStart || this.busyWith(id) !== undefined || this.locks.exclusiveEpoch(id) !== epoch
+      const overlapped = swappingAtStart || this.locks.swapping(id) || this.locks.swapEpoch(id) !== epoch
       const code = (error as { code?: unknown }).code
       if (overlapped || code === 'ENOENT' || code === 'not_found' || code === 'forbidden') {
         if (overlapped || this.deleting.has(id) || !(await this.deps.runtime.pool.hasWorkspace(id)))
@@ -325,6 +325,7 @@ export class SessionService {
     id: string,
     what: string,
     fn: (row: SessionRow) => Promise<T>,
+    swapsWorkspace = false,
   ): Promise<T> {
     const row = this.requireLive(tenantId, id)
     if (this.locks.has(id)) {
@@ -339,7 +340,7 @@ export class SessionService {
         `session ${id} has a file write in progress; retry ${what} after it`,
       )
     }
-    return this.locks.holdExclusive(id, what, () => fn(row))
+    return this.locks.holdExclusive(id, what, () => fn(row), swapsWorkspace)
   }
 
   /**

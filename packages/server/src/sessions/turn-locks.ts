@@ -14,8 +14,10 @@ export class TurnLocks {
   private readonly exclusiveOps = new Map<string, string>()
   /** Changes to the live workspace through the files API in flight, per session. */
   private readonly fileChanges = new Map<string, number>()
-  /** How many exclusive operations have started on each session: a read compares it before and after. */
-  private readonly exclusiveStarts = new Map<string, number>()
+  /** How many workspace swaps (restores, imports) have started on each session. */
+  private readonly swapStarts = new Map<string, number>()
+  /** Sessions whose exclusive operation swaps the workspace. */
+  private readonly swappingNow = new Set<string>()
 
   has(sessionId: string): boolean {
     return this.running.has(sessionId)
@@ -43,29 +45,43 @@ export class TurnLocks {
   }
 
   /** Runs `fn` holding the lock, recorded as the exclusive operation `what` (see `busyWith`). */
-  async holdExclusive<T>(sessionId: string, what: string, fn: () => Promise<T>): Promise<T> {
+  async holdExclusive<T>(
+    sessionId: string,
+    what: string,
+    fn: () => Promise<T>,
+    swapsWorkspace = false,
+  ): Promise<T> {
     const release = this.take(sessionId, what, new AbortController())
     this.exclusiveOps.set(sessionId, what)
-    this.exclusiveStarts.set(sessionId, this.exclusiveEpoch(sessionId) + 1)
+    if (swapsWorkspace) {
+      this.swapStarts.set(sessionId, this.swapEpoch(sessionId) + 1)
+      this.swappingNow.add(sessionId)
+    }
     try {
       return await fn()
     } finally {
+      this.swappingNow.delete(sessionId)
       this.exclusiveOps.delete(sessionId)
       release()
     }
   }
 
   /**
-   * Moves on each time an exclusive operation starts on the session: a read that saw it move met
-   * a restore or an import swapping the workspace, even one that has finished by the time it looks.
+   * Moves on each time a restore or an import (an operation that swaps the workspace) starts on
+   * the session: a read that saw it move met a swap, even one finished by the time it looks.
    */
-  exclusiveEpoch(sessionId: string): number {
-    return this.exclusiveStarts.get(sessionId) ?? 0
+  swapEpoch(sessionId: string): number {
+    return this.swapStarts.get(sessionId) ?? 0
+  }
+
+  /** Whether a restore or an import holds the session now. */
+  swapping(sessionId: string): boolean {
+    return this.swappingNow.has(sessionId)
   }
 
   /** Forgets a deleted session's counters. */
   forget(sessionId: string): void {
-    this.exclusiveStarts.delete(sessionId)
+    this.swapStarts.delete(sessionId)
   }
 
   /** The exclusive operation (e.g. "a restore") holding the session, if any. */

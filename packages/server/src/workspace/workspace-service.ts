@@ -31,6 +31,9 @@ import { SnapshotPins } from '../snapshots/snapshot-pins.js'
 import { SnapshotStore } from '../snapshots/snapshot-store.js'
 import { type SnapshotExtras, SnapshotMeasures } from './snapshot-measures.js'
 
+/** Restores and imports swap the live workspace: reads that meet one answer `session_busy`. */
+const SWAPS_WORKSPACE = true
+
 /** The workspace as of an automatic snapshot, to tell whether a later turn changed it. */
 interface SnapshotMark {
   snapshotId: string
@@ -296,32 +299,38 @@ export class WorkspaceService {
     body: RestoreBody,
   ): Promise<{ session: SessionInfo; snapshot: SnapshotInfo }> {
     await this.pending.get(id)
-    return this.deps.sessions.exclusive(tenantId, id, 'a restore', async (row) => {
-      const target = this.pick(row, body)
-      // Pinned from the moment it is picked: retention leaves it alone until the restore is done.
-      return this.pins.hold(target.id, async () => {
-        if (body.policy) this.deps.sessions.validatePolicy(row, body.policy)
-        this.dirty.add(id)
-        this.marks.delete(id)
-        await this.deps.sessions.stopSandbox(id)
-        // A restore is a new generation (the marker is set on the incoming copy before the swap).
-        const generation = this.deps.sessions.store.generationOf(id) + 1
-        await this.fromSnapshot(target, () =>
-          this.deps.runtime.pool.restoreWorkspace(id, target.id, generation),
-        )
-        this.deps.sessions.store.setGeneration(id, generation)
-        this.deps.sessions.store.transition(
-          row,
-          row.status,
-          'workspace_restored',
-          this.now(),
-          `${target.id} (after turn ${target.turn}), generation ${generation}`,
-        )
-        if (body.policy)
-          this.deps.sessions.updatePolicy(this.deps.sessions.require(tenantId, id), body.policy, false)
-        return { session: this.deps.sessions.get(tenantId, id), snapshot: target }
-      })
-    })
+    return this.deps.sessions.exclusive(
+      tenantId,
+      id,
+      'a restore',
+      async (row) => {
+        const target = this.pick(row, body)
+        // Pinned from the moment it is picked: retention leaves it alone until the restore is done.
+        return this.pins.hold(target.id, async () => {
+          if (body.policy) this.deps.sessions.validatePolicy(row, body.policy)
+          this.dirty.add(id)
+          this.marks.delete(id)
+          await this.deps.sessions.stopSandbox(id)
+          // A restore is a new generation (the marker is set on the incoming copy before the swap).
+          const generation = this.deps.sessions.store.generationOf(id) + 1
+          await this.fromSnapshot(target, () =>
+            this.deps.runtime.pool.restoreWorkspace(id, target.id, generation),
+          )
+          this.deps.sessions.store.setGeneration(id, generation)
+          this.deps.sessions.store.transition(
+            row,
+            row.status,
+            'workspace_restored',
+            this.now(),
+            `${target.id} (after turn ${target.turn}), generation ${generation}`,
+          )
+          if (body.policy)
+            this.deps.sessions.updatePolicy(this.deps.sessions.require(tenantId, id), body.policy, false)
+          return { session: this.deps.sessions.get(tenantId, id), snapshot: target }
+        })
+      },
+      SWAPS_WORKSPACE,
+    )
   }
 
   /**
@@ -545,53 +554,59 @@ export class WorkspaceService {
     this.root(tenantId, id)
     const summary = await inspectArchive(archive, this.deps.archiveLimits ?? DEFAULT_ARCHIVE_LIMITS)
     await this.pending.get(id)
-    return this.deps.sessions.exclusive(tenantId, id, 'an import', async (row) => {
-      const { pool } = this.deps.runtime
-      const before = await this.take(row, 'manual', 'before_import', row.turn_count)
-      this.dirty.add(id)
-      await this.deps.sessions.stopSandbox(id)
-      const { store } = this.deps.sessions
-      if (mode === 'replace') {
-        const staging = await pool.createWorkspaceStaging(`imp_${id.slice(id.indexOf('_') + 1)}`)
-        // The imported tree is a new generation: its marker is set before it is swapped in,
-        // the database follows.
-        const generation = store.generationOf(id) + 1
-        try {
-          await unpackIntoWorkspace(this.deps.runtime, staging, archive)
-          await chmod(staging, 0o700)
-          await pool.replaceWorkspace(id, staging, generation)
-        } catch (error) {
-          await pool.discardStaging(staging).catch(() => undefined)
-          throw error
-        }
-        store.setGeneration(id, generation)
-      } else {
-        try {
-          await unpackIntoWorkspace(this.deps.runtime, pool.workspacePath(id), archive)
-          await chmod(pool.workspacePath(id), 0o700)
-        } catch (error) {
-          // Rolled back to the snapshot, as a restore would: a new generation, marker first.
+    return this.deps.sessions.exclusive(
+      tenantId,
+      id,
+      'an import',
+      async (row) => {
+        const { pool } = this.deps.runtime
+        const before = await this.take(row, 'manual', 'before_import', row.turn_count)
+        this.dirty.add(id)
+        await this.deps.sessions.stopSandbox(id)
+        const { store } = this.deps.sessions
+        if (mode === 'replace') {
+          const staging = await pool.createWorkspaceStaging(`imp_${id.slice(id.indexOf('_') + 1)}`)
+          // The imported tree is a new generation: its marker is set before it is swapped in,
+          // the database follows.
           const generation = store.generationOf(id) + 1
-          await pool.restoreWorkspace(id, before.id, generation)
+          try {
+            await unpackIntoWorkspace(this.deps.runtime, staging, archive)
+            await chmod(staging, 0o700)
+            await pool.replaceWorkspace(id, staging, generation)
+          } catch (error) {
+            await pool.discardStaging(staging).catch(() => undefined)
+            throw error
+          }
           store.setGeneration(id, generation)
-          throw error
+        } else {
+          try {
+            await unpackIntoWorkspace(this.deps.runtime, pool.workspacePath(id), archive)
+            await chmod(pool.workspacePath(id), 0o700)
+          } catch (error) {
+            // Rolled back to the snapshot, as a restore would: a new generation, marker first.
+            const generation = store.generationOf(id) + 1
+            await pool.restoreWorkspace(id, before.id, generation)
+            store.setGeneration(id, generation)
+            throw error
+          }
+          await this.deps.sessions.advanceGeneration(id)
         }
-        await this.deps.sessions.advanceGeneration(id)
-      }
-      this.deps.sessions.store.transition(
-        row,
-        row.status,
-        'workspace_imported',
-        this.now(),
-        `${mode}: ${summary.fileCount} entries, ${summary.sizeBytes} bytes (undo: restore ${before.id})`,
-      )
-      return {
-        session: this.deps.sessions.get(tenantId, id),
-        snapshot: before,
-        fileCount: summary.fileCount,
-        sizeBytes: summary.sizeBytes,
-      }
-    })
+        this.deps.sessions.store.transition(
+          row,
+          row.status,
+          'workspace_imported',
+          this.now(),
+          `${mode}: ${summary.fileCount} entries, ${summary.sizeBytes} bytes (undo: restore ${before.id})`,
+        )
+        return {
+          session: this.deps.sessions.get(tenantId, id),
+          snapshot: before,
+          fileCount: summary.fileCount,
+          sizeBytes: summary.sizeBytes,
+        }
+      },
+      SWAPS_WORKSPACE,
+    )
   }
 
   /**

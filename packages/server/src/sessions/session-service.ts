@@ -98,15 +98,24 @@ export class SessionService {
    * and a deletion removes it before the row says so: a read that meets either answers
    * `session_busy` or `session_deleted`, not a 404, a 403 (its file seen outside the path) or a 500.
    */
-  async readingWorkspace<T>(tenantId: string, id: string, read: () => Promise<T>): Promise<T> {
+  async readingWorkspace<T>(
+    tenantId: string,
+    id: string,
+    read: () => Promise<T>,
+    /** A walk over many entries (a listing, a diff): one that overlapped a swap may mix both trees. */
+    walk = false,
+  ): Promise<T> {
     // Only a swap moves the workspace: a read failing during a manual snapshot keeps its own error.
     const epoch = this.locks.swapEpoch(id)
     const swappingAtStart = this.locks.swapping(id)
+    const overlappedSwap = () =>
+      swappingAtStart || this.locks.swapping(id) || this.locks.swapEpoch(id) !== epoch
+    let result: T
     try {
-      return await read()
+      result = await read()
     } catch (error) {
       // Any failure of a read that overlapped a swap is the swap's doing, whatever it looked like.
-      const overlapped = swappingAtStart || this.locks.swapping(id) || this.locks.swapEpoch(id) !== epoch
+      const overlapped = overlappedSwap()
       const code = (error as { code?: unknown }).code
       if (overlapped || code === 'ENOENT' || code === 'not_found' || code === 'forbidden') {
         if (overlapped || this.deleting.has(id) || !(await this.deps.runtime.pool.hasWorkspace(id)))
@@ -115,6 +124,8 @@ export class SessionService {
       if (code === 'ENOENT') throw new CairnProblem('not_found', 'no such file in the workspace')
       throw error
     }
+    if (walk && overlappedSwap()) throw this.missingWorkspace(tenantId, id, true)
+    return result
   }
 
   /** The exclusive operation (e.g. "a restore") holding the session, if any. */

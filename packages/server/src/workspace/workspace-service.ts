@@ -33,6 +33,8 @@ import { type SnapshotExtras, SnapshotMeasures } from './snapshot-measures.js'
 
 /** Restores and imports swap the live workspace: reads that meet one answer `session_busy`. */
 const SWAPS_WORKSPACE = true
+/** Listings and diffs walk many entries: one that overlapped a swap answers `session_busy`, not a mix. */
+const WALK = true
 
 /** The workspace as of an automatic snapshot, to tell whether a later turn changed it. */
 interface SnapshotMark {
@@ -436,8 +438,9 @@ export class WorkspaceService {
     id: string,
     snapshotId: string | undefined,
     read: () => Promise<T>,
+    walk = false,
   ): Promise<T> {
-    if (!snapshotId) return this.deps.sessions.readingWorkspace(tenantId, id, read)
+    if (!snapshotId) return this.deps.sessions.readingWorkspace(tenantId, id, read, walk)
     return read().catch((error: NodeJS.ErrnoException) => {
       if (error.code === 'ENOENT') throw new CairnProblem('not_found', 'no such file in the snapshot')
       throw error
@@ -447,14 +450,15 @@ export class WorkspaceService {
   async listFiles(tenantId: string, id: string, rawPath: string, snapshotId?: string): Promise<FileEntry[]> {
     const root = this.root(tenantId, id, snapshotId)
     const rel = workspaceRelative(rawPath)
-    return this.reading(tenantId, id, snapshotId, async () => {
+    const list = async () => {
       const dir = await resolveInside(root, rel)
       return listDirectory(dir, rel).catch((error: NodeJS.ErrnoException) => {
         if (error.code === 'ENOTDIR')
           throw new CairnProblem('validation_failed', `/workspace/${rel} is not a directory`)
         throw error
       })
-    })
+    }
+    return this.reading(tenantId, id, snapshotId, list, WALK)
   }
 
   async openFile(tenantId: string, id: string, rawPath: string, snapshotId?: string) {
@@ -497,13 +501,19 @@ export class WorkspaceService {
     const root = this.rootOf(row)
     const { pool } = this.deps.runtime
     if (!from || from === 'revision')
-      return this.deps.sessions.readingWorkspace(tenantId, id, () =>
-        diffTrees(pool.revisionPath(row.revision_id), root, row.revision_id),
+      return this.deps.sessions.readingWorkspace(
+        tenantId,
+        id,
+        () => diffTrees(pool.revisionPath(row.revision_id), root, row.revision_id),
+        WALK,
       )
     if (!this.snapshots.get(id, from))
       throw new CairnProblem('not_found', `No snapshot ${from} in session ${id}`)
-    return this.deps.sessions.readingWorkspace(tenantId, id, () =>
-      diffTrees(pool.snapshotPath(from), root, from),
+    return this.deps.sessions.readingWorkspace(
+      tenantId,
+      id,
+      () => diffTrees(pool.snapshotPath(from), root, from),
+      WALK,
     )
   }
 

@@ -1,5 +1,5 @@
 import { existsSync } from 'node:fs'
-import { chmod, lstat, mkdir, readdir, rename, rm, stat, statfs } from 'node:fs/promises'
+import { chmod, lstat, mkdir, readdir, rm, stat, statfs } from 'node:fs/promises'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
 import { execTool } from '../util/exec.js'
@@ -121,15 +121,6 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
     return target
   }
 
-  /**
-   * Records the workspace's generation inside its subvolume (a `trusted.` xattr on its root): it
-   * travels with every snapshot of it, so a subvolume swapped for an older copy brings its older
-   * number along, and a sandbox, having no CAP_SYS_ADMIN on the host, can neither read nor forge it.
-   */
-  async writeGeneration(sessionId: string, generation: number): Promise<void> {
-    await this.ops.setGeneration(this.workspacePath(sessionId), generation)
-  }
-
   /** The generation recorded inside each workspace (`undefined`: no marker, or no workspace). */
   async readGenerations(sessionIds: string[]): Promise<(number | undefined)[]> {
     return this.ops.getGenerations(sessionIds.map((id) => this.workspacePath(id)))
@@ -242,30 +233,6 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
     return dir
   }
 
-  /** Replaces the workspace with a filled staging subvolume, by the same swap as a restore. */
-  async replaceWorkspace(sessionId: string, stagingDir: string, generation?: number): Promise<void> {
-    await this.swapWorkspace(sessionId, (incoming) => rename(stagingDir, incoming), generation)
-  }
-
-  /** The new workspace is made beside the old one and renamed into place (see `swapPaths`). */
-  private async swapWorkspace(
-    sessionId: string,
-    make: (incoming: string) => Promise<void>,
-    generation: number | undefined,
-  ): Promise<void> {
-    const { target, incoming, outgoing } = this.swapPaths(sessionId)
-    await this.deleteSubvolume(incoming)
-    await this.deleteSubvolume(outgoing)
-    await make(incoming)
-    // The new generation is written before the swap, so a crash at any point leaves a workspace
-    // whose marker is never behind what the database recorded.
-    if (generation !== undefined) await this.ops.setGeneration(incoming, generation)
-    if (existsSync(target)) await rename(target, outgoing)
-    await rename(incoming, target)
-    await this.applyQuota(target)
-    await this.deleteSubvolume(outgoing)
-  }
-
   /** A new session's workspace as a writable snapshot of an existing snapshot (fork). */
   async forkWorkspace(sessionId: string, snapshotId: string): Promise<string> {
     const target = this.newWorkspacePath(sessionId)
@@ -291,6 +258,14 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
 
   protected async removeTree(dir: string): Promise<void> {
     await this.deleteSubvolume(dir)
+  }
+
+  protected async setGenerationMarker(dir: string, generation: number): Promise<void> {
+    await this.ops.setGeneration(dir, generation)
+  }
+
+  protected override async afterSwap(target: string): Promise<void> {
+    await this.applyQuota(target)
   }
 
   private async deleteSubvolume(dir: string): Promise<void> {

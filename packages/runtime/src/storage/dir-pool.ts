@@ -1,4 +1,3 @@
-import { existsSync } from 'node:fs'
 import { chmod, mkdir, readdir, rename, rm } from 'node:fs/promises'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
@@ -105,10 +104,6 @@ export class DirPool extends PoolLayout implements StoragePool {
     return target
   }
 
-  async writeGeneration(sessionId: string, generation: number): Promise<void> {
-    await this.markers.setGeneration(this.workspacePath(sessionId), generation)
-  }
-
   async readGenerations(sessionIds: string[]): Promise<(number | undefined)[]> {
     return this.markers.getGenerations(sessionIds.map((id) => this.workspacePath(id)))
   }
@@ -122,10 +117,6 @@ export class DirPool extends PoolLayout implements StoragePool {
     await this.chownToSandbox(dir)
     await chmod(dir, 0o700)
     return dir
-  }
-
-  async replaceWorkspace(sessionId: string, stagingDir: string, generation?: number): Promise<void> {
-    await this.swapWorkspace(sessionId, (incoming) => rename(stagingDir, incoming), generation)
   }
 
   async snapshotWorkspace(sessionId: string, snapshotId: string): Promise<number | undefined> {
@@ -164,25 +155,12 @@ export class DirPool extends PoolLayout implements StoragePool {
     return { referencedBytes: bytes, exclusiveBytes: bytes }
   }
 
-  /** As the btrfs pool: the new tree is made beside the workspace, then renamed into place. */
-  private async swapWorkspace(
-    sessionId: string,
-    make: (incoming: string) => Promise<void>,
-    generation: number | undefined,
-  ): Promise<void> {
-    const { target, incoming, outgoing } = this.swapPaths(sessionId)
-    await this.removeTree(incoming)
-    await this.removeTree(outgoing)
-    await make(incoming)
-    // Marker before the swap: a crash never leaves a workspace behind the recorded generation.
-    if (generation !== undefined) await this.markers.setGeneration(incoming, generation)
-    if (existsSync(target)) await rename(target, outgoing)
-    await rename(incoming, target)
-    await this.removeTree(outgoing)
-  }
-
   protected async removeTree(dir: string): Promise<void> {
     await removeTree(dir)
+  }
+
+  protected async setGenerationMarker(dir: string, generation: number): Promise<void> {
+    await this.markers.setGeneration(dir, generation)
   }
 }
 

@@ -78,8 +78,47 @@ export abstract class PoolLayout {
     await this.removeTree(outgoing)
   }
 
+  /**
+   * Records the workspace's generation inside its tree (a `trusted.` xattr on its root): it
+   * travels with every snapshot of it, so a tree swapped for an older copy brings its older number
+   * along, and a sandbox, having no CAP_SYS_ADMIN on the host, can neither read nor forge it.
+   */
+  async writeGeneration(sessionId: string, generation: number): Promise<void> {
+    await this.setGenerationMarker(this.workspacePath(sessionId), generation)
+  }
+
+  /** Replaces the workspace with a filled staging tree, by the same swap as a restore. */
+  async replaceWorkspace(sessionId: string, stagingDir: string, generation?: number): Promise<void> {
+    await this.swapWorkspace(sessionId, (incoming) => rename(stagingDir, incoming), generation)
+  }
+
   /** Removes a tree of the pool, if it is there. */
   protected abstract removeTree(dir: string): Promise<void>
+
+  /** Writes the generation marker on the root of a workspace tree. */
+  protected abstract setGenerationMarker(dir: string, generation: number): Promise<void>
+
+  /** Called with a workspace just swapped into place (the btrfs pool sets its quota). */
+  protected async afterSwap(_target: string): Promise<void> {}
+
+  /** The new workspace is made beside the old one and renamed into place (see `swapPaths`). */
+  protected async swapWorkspace(
+    sessionId: string,
+    make: (incoming: string) => Promise<void>,
+    generation: number | undefined,
+  ): Promise<void> {
+    const { target, incoming, outgoing } = this.swapPaths(sessionId)
+    await this.removeTree(incoming)
+    await this.removeTree(outgoing)
+    await make(incoming)
+    // The new generation is written before the swap, so a crash at any point leaves a workspace
+    // whose marker is never behind what the database recorded.
+    if (generation !== undefined) await this.setGenerationMarker(incoming, generation)
+    if (existsSync(target)) await rename(target, outgoing)
+    await rename(incoming, target)
+    await this.afterSwap(target)
+    await this.removeTree(outgoing)
+  }
 
   /**
    * A workspace is replaced by making the new tree at `incoming` beside it, moving the old one to

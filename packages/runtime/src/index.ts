@@ -12,7 +12,7 @@ export { type CommandResult, type CommandSpec, runSandboxedCommand } from './bui
 export { forbiddenReason } from './egress/address-guard.js'
 export { EgressCa } from './egress/egress-ca.js'
 export { bindingAllowed, decide, type EgressPolicy, type EgressRule } from './egress/policy.js'
-export { EgressProxy, type NetworkEvent } from './egress/proxy.js'
+export { EgressProxy, type EgressRoute, type EgressSite, type NetworkEvent } from './egress/proxy.js'
 export { type ProxySecret, secretsBoundTo, swapInSecrets, swapOutSecrets } from './egress/proxy-secrets.js'
 export { AGENT_KIT_DIR, instanceRunDir } from './paths.js'
 export {

@@ -1,6 +1,6 @@
 import { chmod, mkdir, readFile, writeFile } from 'node:fs/promises'
 import path from 'node:path'
-import { Runtime } from '@cairn/runtime'
+import { type EgressSite, Runtime } from '@cairn/runtime'
 import pino, { type Logger } from 'pino'
 import { AgentService } from './agents/agent-service.js'
 import { BuildLogs } from './agents/build-logs.js'
@@ -82,13 +82,16 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       mountRoot: path.join(runtime.runDir, 'memory'),
       artifactRoot: path.join(config.dataDir, 'artifacts'),
     })
+    const egressSite: EgressSite = {
+      privateExceptions: new Set(config.egressPrivateExceptions),
+      hosts: config.egressHosts,
+    }
     const setup = new SetupService({
       db,
       runtime,
       agents,
       secrets,
-      egressPrivateExceptions: new Set(config.egressPrivateExceptions),
-      egressHosts: config.egressHosts,
+      egressSite,
       clock: systemClock,
       logger,
     })
@@ -100,8 +103,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       runtime,
       agents,
       secrets,
-      egressPrivateExceptions: new Set(config.egressPrivateExceptions),
-      egressHosts: config.egressHosts,
+      egressSite,
       egressUpstreamCaPems: config.egressUpstreamCaFile
         ? [await readFile(config.egressUpstreamCaFile, 'utf8')]
         : undefined,

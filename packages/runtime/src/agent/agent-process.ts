@@ -172,14 +172,10 @@ export class AgentProcess {
       const ca = secrets.length > 0 && this.egressCa ? await this.egressCa() : undefined
       if (ca) await this.writeTrustedCa(ca)
       this.proxy = new EgressProxy({
+        ...egress,
         socketPath: path.join(this.runDir, 'egress.sock'),
-        policy: egress.policy,
-        privateExceptions: egress.privateExceptions,
-        hosts: egress.hosts,
-        onEvent: egress.onEvent,
         secrets,
         ca,
-        upstreamCaPems: egress.upstreamCaPems,
       })
       await this.proxy.listen()
     }

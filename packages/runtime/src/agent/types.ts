@@ -1,6 +1,5 @@
 import type { AgentProtocolName, ErrorCode, StatusCause, TranscriptLine } from '@cairn/protocol'
-import type { EgressPolicy } from '../egress/policy.js'
-import type { NetworkEvent } from '../egress/proxy.js'
+import type { EgressRoute } from '../egress/proxy.js'
 import type { ProxySecret } from '../egress/proxy-secrets.js'
 import type { IsolationName, SandboxBind, SandboxLimits } from '../sandbox/driver.js'
 
@@ -45,12 +44,7 @@ export interface AgentLaunch {
   isolation?: IsolationName | undefined
   /** Egress allowlist; without one (or with an empty one) the sandbox has loopback only. */
   egress?:
-    | {
-        policy: EgressPolicy
-        privateExceptions?: ReadonlySet<string> | undefined
-        /** Operator-mapped names, resolved by the proxy before DNS. */
-        hosts?: ReadonlyMap<string, readonly string[]> | undefined
-        onEvent: (event: NetworkEvent) => void
+    | (EgressRoute & {
         /**
          * `proxy`-scoped secrets: the agent's environment holds each stand-in (put it in `env`),
          * the proxy swaps in the value towards the secret's hosts, terminating TLS for them.
@@ -58,7 +52,7 @@ export interface AgentLaunch {
         secrets?: readonly ProxySecret[] | undefined
         /** Extra CA certificates (PEM) the proxy trusts for upstream TLS. */
         upstreamCaPems?: readonly string[] | undefined
-      }
+      })
     | undefined
   /** Most reply characters one turn may produce (default 8 Mi). */
   maxOutputChars?: number | undefined

@@ -1,8 +1,7 @@
 import path from 'node:path'
 import { StringDecoder } from 'node:string_decoder'
 import { newId } from '@cairn/protocol'
-import type { EgressPolicy } from '../egress/policy.js'
-import { EgressProxy, type NetworkEvent } from '../egress/proxy.js'
+import { EgressProxy, type EgressRoute } from '../egress/proxy.js'
 import { forwarderCommand } from '../egress/transparent.js'
 import type { SandboxBind, SandboxDriver, SandboxLimits } from '../sandbox/driver.js'
 
@@ -24,15 +23,7 @@ export interface CommandSpec {
    * With `network: 'none'`, an allowlist enforced by an egress proxy on a socket in `runDir` (as for
    * agents: a forwarder on the sandbox's loopback, `HTTP(S)_PROXY` pointing at it).
    */
-  egress?:
-    | {
-        policy: EgressPolicy
-        privateExceptions?: ReadonlySet<string> | undefined
-        /** Operator-mapped names, resolved by the proxy before DNS. */
-        hosts?: ReadonlyMap<string, readonly string[]> | undefined
-        onEvent: (event: NetworkEvent) => void
-      }
-    | undefined
+  egress?: EgressRoute | undefined
 }
 
 export interface CommandResult {
@@ -47,13 +38,7 @@ export interface CommandResult {
 export async function runSandboxedCommand(driver: SandboxDriver, spec: CommandSpec): Promise<CommandResult> {
   const proxy =
     spec.network === 'none' && spec.egress && spec.egress.policy.allow.length > 0
-      ? new EgressProxy({
-          socketPath: path.join(spec.runDir, 'egress.sock'),
-          policy: spec.egress.policy,
-          privateExceptions: spec.egress.privateExceptions,
-          hosts: spec.egress.hosts,
-          onEvent: spec.egress.onEvent,
-        })
+      ? new EgressProxy({ ...spec.egress, socketPath: path.join(spec.runDir, 'egress.sock') })
       : undefined
   try {
     await proxy?.listen()

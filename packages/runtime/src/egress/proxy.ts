@@ -27,9 +27,8 @@ export interface NetworkEvent {
   address?: string | undefined
 }
 
-export interface EgressProxyOptions {
-  socketPath: string
-  policy: EgressPolicy
+/** The operator's egress settings: the same for every sandbox a server runs. */
+export interface EgressSite {
   /** Private addresses an operator explicitly lets sandboxes reach (e.g. an internal API). */
   privateExceptions?: ReadonlySet<string> | undefined
   /**
@@ -37,7 +36,16 @@ export interface EgressProxyOptions {
    * alone): internal services without public DNS. The address guard still applies to them.
    */
   hosts?: ReadonlyMap<string, readonly string[]> | undefined
+}
+
+/** A sandbox's way out: its allowlist, the operator's settings, and where decisions are logged. */
+export interface EgressRoute extends EgressSite {
+  policy: EgressPolicy
   onEvent: (event: NetworkEvent) => void
+}
+
+export interface EgressProxyOptions extends EgressRoute {
+  socketPath: string
   /** `proxy`-scoped secrets: requests to their hosts get the real value in place of the stand-in. */
   secrets?: readonly ProxySecret[] | undefined
   /** Signs host certificates so TLS towards a host with a bound secret can be terminated. */

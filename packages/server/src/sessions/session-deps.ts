@@ -1,4 +1,4 @@
-import type { Runtime } from '@cairn/runtime'
+import type { EgressSite, Runtime } from '@cairn/runtime'
 import type { Logger } from 'pino'
 import type { AgentService } from '../agents/agent-service.js'
 import type { Clock } from '../clock.js'
@@ -13,10 +13,8 @@ export interface SessionServiceDeps {
   runtime: Runtime
   agents: AgentService
   secrets: SecretStore
-  /** Private addresses the operator lets sandboxes reach through the egress proxy. */
-  egressPrivateExceptions?: ReadonlySet<string> | undefined
-  /** Names the egress proxy resolves before DNS (the operator's `CAIRN_EGRESS_HOSTS`). */
-  egressHosts?: ReadonlyMap<string, readonly string[]> | undefined
+  /** The operator's egress settings (private exceptions, `CAIRN_EGRESS_HOSTS`) for every sandbox. */
+  egressSite?: EgressSite | undefined
   /** Extra CA certificates (PEM) the egress proxy trusts upstream when it terminates TLS. */
   egressUpstreamCaPems?: readonly string[] | undefined
   metrics?: MetricsRegistry | undefined

@@ -10,15 +10,7 @@ import type { TurnLocks } from './turn-locks.js'
 
 export type WarmAgentsDeps = Pick<
   SessionServiceDeps,
-  | 'runtime'
-  | 'agents'
-  | 'secrets'
-  | 'memory'
-  | 'metrics'
-  | 'egressPrivateExceptions'
-  | 'egressHosts'
-  | 'egressUpstreamCaPems'
-  | 'clock'
+  'runtime' | 'agents' | 'secrets' | 'memory' | 'metrics' | 'egressSite' | 'egressUpstreamCaPems' | 'clock'
 > & {
   store: SessionStore
   locks: TurnLocks
@@ -92,9 +84,8 @@ export class WarmAgents {
         ...(this.deps.memory ? [await this.deps.memory.bind(row.agent_id)] : []),
       ],
       egress: {
+        ...this.deps.egressSite,
         policy: sessionNetwork(row, revision.manifest),
-        privateExceptions: this.deps.egressPrivateExceptions,
-        hosts: this.deps.egressHosts,
         onEvent: (event) => this.deps.store.recordNetwork(row.id, event),
         secrets: proxySecrets,
         upstreamCaPems: this.deps.egressUpstreamCaPems,

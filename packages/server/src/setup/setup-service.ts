@@ -7,7 +7,7 @@ import {
   type SessionSetup,
   type SetupInfo,
 } from '@cairn/protocol'
-import { type NetworkEvent, type Runtime, runSandboxedCommand } from '@cairn/runtime'
+import { type EgressSite, type NetworkEvent, type Runtime, runSandboxedCommand } from '@cairn/runtime'
 import type { Logger } from 'pino'
 import type { AgentService } from '../agents/agent-service.js'
 import { ENV_VARIABLES, envBinds } from '../agents/builder.js'
@@ -26,8 +26,7 @@ export interface SetupServiceDeps {
   runtime: Runtime
   agents: AgentService
   secrets: SecretStore
-  egressPrivateExceptions?: ReadonlySet<string> | undefined
-  egressHosts?: ReadonlyMap<string, readonly string[]> | undefined
+  egressSite?: EgressSite | undefined
   clock: Clock
   logger: Logger
 }
@@ -123,12 +122,7 @@ export class SetupService {
           CAIRN_PHASE: 'setup',
         },
         network: 'none',
-        egress: {
-          policy,
-          privateExceptions: this.deps.egressPrivateExceptions,
-          hosts: this.deps.egressHosts,
-          onEvent: onNetwork,
-        },
+        egress: { ...this.deps.egressSite, policy, onEvent: onNetwork },
         binds: envKey ? envBinds(this.deps.agents.envs.envPath(envKey), envKey) : [],
         limits: sandboxLimits(revision.manifest),
         timeoutMs,

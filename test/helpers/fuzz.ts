@@ -403,6 +403,15 @@ export function listTree(
 /** Places anyone may write to, each with how many levels down to look. */
 export type SharedPlaces = readonly (readonly [root: string, depth: number])[]
 
+/** Places anyone may write to (root, and how deep to look), searched for marker-named entries. */
+export const SHARED_PLACES: SharedPlaces = [
+  ['/', 1],
+  ['/tmp', 2],
+  ['/var/tmp', 1],
+  ['/root', 1],
+  ['/etc', 1],
+]
+
 /** Entries named with FUZZ_MARKER in `places` (/proc and /sys always skipped): compare before and after. */
 export function markerEntries(places: SharedPlaces, skip: (rel: string) => boolean = () => false): string[] {
   const found: string[] = []

@@ -5,7 +5,7 @@ import path from 'node:path'
 import { ERROR_CODES, isErrorCode } from '@cairn/protocol'
 import { extractArchive, inspectArchive } from '@cairn/server'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { FUZZ_MARKER, fuzzSeed, listTree, markerEntries, Rng, type SharedPlaces } from '../helpers/fuzz.js'
+import { FUZZ_MARKER, fuzzSeed, listTree, markerEntries, Rng, SHARED_PLACES } from '../helpers/fuzz.js'
 import { fuzzArchive } from '../helpers/fuzz-tar.js'
 import { type RawEntry, rawTarGz } from '../helpers/raw-tar.js'
 import { startTestServer, type TestServer } from '../helpers/server.js'
@@ -32,14 +32,6 @@ afterAll(async () => {
   await t?.close()
   if (sentinel) await rm(sentinel, { recursive: true, force: true })
 })
-
-const SHARED_PLACES: SharedPlaces = [
-  ['/', 1],
-  ['/tmp', 2],
-  ['/var/tmp', 1],
-  ['/root', 1],
-  ['/etc', 1],
-]
 
 /** Fails a step that does not settle: a reader that hangs on some input is a finding too. */
 function within<T>(ms: number, what: string, work: Promise<T>): Promise<T> {

@@ -20,6 +20,7 @@ import {
   mutate,
   pollutedJson,
   Rng,
+  SHARED_PLACES,
   type SharedPlaces,
   traversal,
 } from '../helpers/fuzz.js'
@@ -79,18 +80,10 @@ const ids = {
   victimKey: '',
 }
 
-/** Places anyone may write to, searched for marker-named entries before and after. */
-const SHARED_PLACES: SharedPlaces = [
-  ['/', 1],
-  ['/tmp', 2],
-  ['/var/tmp', 1],
-  ['/root', 1],
-  ['/etc', 1],
-  ['/run', 1],
-  [REPO_ROOT, 2],
-]
+/** The shared places, and where a server started from this checkout could also write. */
+const PLACES: SharedPlaces = [...SHARED_PLACES, ['/run', 1], [REPO_ROOT, 2]]
 
-const markersNow = () => markerEntries(SHARED_PLACES, (r) => r.endsWith('node_modules'))
+const markersNow = () => markerEntries(PLACES, (r) => r.endsWith('node_modules'))
 
 beforeAll(async () => {
   sentinel = await mkdtemp(path.join(os.tmpdir(), 'cairn-fuzz-req-'))

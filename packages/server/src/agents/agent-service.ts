@@ -72,7 +72,7 @@ export class AgentService {
       await extractArchive(archive, staging)
       const resolved = await readManifest(staging, options.name)
       const setup = resolved.manifest.setup
-      plan = await planBuild(staging, typeof setup === 'string' ? splitCommand(setup) : setup)
+      plan = await planBuild(tenantId, staging, typeof setup === 'string' ? splitCommand(setup) : setup)
       const at = iso(this.deps.clock.now())
       agentId = this.deps.db.transaction(() => {
         const existing = this.store.find(tenantId, resolved.name)

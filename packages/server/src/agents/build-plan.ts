@@ -2,6 +2,7 @@ import { createHash } from 'node:crypto'
 import { existsSync } from 'node:fs'
 import { readFile } from 'node:fs/promises'
 import path from 'node:path'
+import { hashTree } from './tree-hash.js'
 
 export type DependencyKind = 'node' | 'python'
 
@@ -12,8 +13,17 @@ export interface BuildPlan {
         kind: DependencyKind
         /** Files copied into the environment before installing (manifest and lockfile). */
         files: string[]
+        /**
+         * Whether the install reads the whole project (mounted read-only at /src): `pip install` of
+         * a pyproject.toml builds the project itself, with whatever build backend it names.
+         */
+        readsProject: boolean
         command: string[]
-        /** Content address of the environment: same lockfile, same environment, built once. */
+        /**
+         * Content address of the environment, over every byte the install reads (the copied files,
+         * or the whole project when it reads it), the command and the tenant: the same inputs build
+         * the same environment once, and no environment is shared across tenants.
+         */
         envKey: string
       }
     | undefined
@@ -21,21 +31,64 @@ export interface BuildPlan {
   setup: string[] | undefined
 }
 
-const ENV_FORMAT = 'env-v1'
+// v2: keys cover the tenant and, for installs that read the project, the whole project; v1
+// environments (keyed by the manifest alone, shared across tenants) are never reused.
+const ENV_FORMAT = 'env-v2'
 
-async function hashFiles(dir: string, files: string[], salt: string): Promise<string> {
-  const hash = createHash('sha256').update(`${ENV_FORMAT}\0${salt}\0`)
+/**
+ * Why the tenant is always in the key: an install is not hermetic. It runs the project's own
+ * lifecycle scripts and build backends, with the tenant's `setup` secrets and its network
+ * allowlist, and fetches from registries whose answers can change; a lockfile pins names and
+ * versions, not what those scripts do. So an environment is shared only within a tenant, between
+ * revisions whose install reads the same bytes.
+ */
+async function environmentKey(
+  kind: DependencyKind,
+  tenantId: string,
+  projectDir: string,
+  files: string[],
+  readsProject: boolean,
+  command: string[],
+): Promise<string> {
+  const hash = createHash('sha256').update(`${ENV_FORMAT}\0${tenantId}\0${command.join(' ')}\0`)
   for (const file of files) {
     hash.update(`${file}\0`)
-    hash.update(await readFile(path.join(dir, file)))
+    hash.update(await readFile(path.join(projectDir, file)))
     hash.update('\0')
   }
-  return hash.digest('hex').slice(0, 32)
+  if (readsProject) {
+    hash.update('project\0')
+    await hashTree(hash, projectDir)
+  }
+  return `${kind}-${hash.digest('hex').slice(0, 32)}`
 }
 
-/** Decides what a revision's build does, from the files at the project root. */
-export async function planBuild(projectDir: string, setup: string[] | undefined): Promise<BuildPlan> {
+/**
+ * Decides what a revision's build does, from the files at the project root. npm and
+ * requirements.txt installs see only their manifest and lockfile (copied into the environment);
+ * a pyproject.toml install builds the project, so it sees all of it.
+ */
+export async function planBuild(
+  tenantId: string,
+  projectDir: string,
+  setup: string[] | undefined,
+): Promise<BuildPlan> {
   const has = (file: string) => existsSync(path.join(projectDir, file))
+  const dependencies = async (
+    kind: DependencyKind,
+    files: string[],
+    readsProject: boolean,
+    command: string[],
+  ): Promise<BuildPlan> => ({
+    dependencies: {
+      kind,
+      files,
+      readsProject,
+      command,
+      envKey: await environmentKey(kind, tenantId, projectDir, files, readsProject, command),
+    },
+    setup,
+  })
   if (has('package.json')) {
     const lock = has('package-lock.json')
       ? 'package-lock.json'
@@ -46,49 +99,11 @@ export async function planBuild(projectDir: string, setup: string[] | undefined)
     const command = lock
       ? ['npm', 'ci', '--no-audit', '--no-fund', '--ignore-scripts=false']
       : ['npm', 'install', '--no-audit', '--no-fund', '--no-package-lock']
-    return {
-      dependencies: {
-        kind: 'node',
-        files,
-        command,
-        envKey: `node-${await hashFiles(projectDir, files, command.join(' '))}`,
-      },
-      setup,
-    }
+    return dependencies('node', files, false, command)
   }
-  if (has('requirements.txt')) {
-    const command = [
-      'python3',
-      '-m',
-      'pip',
-      'install',
-      '--no-input',
-      '--target',
-      '/workspace/python',
-      '-r',
-      'requirements.txt',
-    ]
-    return {
-      dependencies: {
-        kind: 'python',
-        files: ['requirements.txt'],
-        command,
-        envKey: `python-${await hashFiles(projectDir, ['requirements.txt'], command.join(' '))}`,
-      },
-      setup,
-    }
-  }
-  if (has('pyproject.toml')) {
-    const command = ['python3', '-m', 'pip', 'install', '--no-input', '--target', '/workspace/python', '/src']
-    return {
-      dependencies: {
-        kind: 'python',
-        files: ['pyproject.toml'],
-        command,
-        envKey: `python-${await hashFiles(projectDir, ['pyproject.toml'], command.join(' '))}`,
-      },
-      setup,
-    }
-  }
+  const pip = ['python3', '-m', 'pip', 'install', '--no-input', '--target', '/workspace/python']
+  if (has('requirements.txt'))
+    return dependencies('python', ['requirements.txt'], false, [...pip, '-r', 'requirements.txt'])
+  if (has('pyproject.toml')) return dependencies('python', ['pyproject.toml'], true, [...pip, '/src'])
   return { dependencies: undefined, setup }
 }

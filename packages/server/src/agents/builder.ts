@@ -66,7 +66,8 @@ export class Builder {
     if (deps) {
       if (await this.envs.has(deps.envKey)) {
         reusedEnv = true
-        ctx.log(`dependencies: reusing environment ${deps.envKey} (${deps.files.join(', ')} unchanged)`)
+        const inputs = deps.readsProject ? 'project' : deps.files.join(', ')
+        ctx.log(`dependencies: reusing environment ${deps.envKey} (${inputs} unchanged)`)
       } else {
         ctx.log(`dependencies: building environment ${deps.envKey}: ${deps.command.join(' ')}`)
         const envStaging = await this.envs.createStaging(deps.envKey, `envbuild_${ctx.revisionId.slice(4)}`)
@@ -74,14 +75,10 @@ export class Builder {
           for (const file of deps.files)
             await copyFile(path.join(ctx.stagingDir, file), path.join(envStaging, file))
           await this.chownTree(envStaging)
-          await this.chownTree(ctx.stagingDir)
-          await this.run(
-            ctx,
-            envStaging,
-            deps.command,
-            [{ source: ctx.stagingDir, dest: '/src', readOnly: true }],
-            undefined,
-          )
+          // Only an install whose key covers the whole project may read it.
+          const project = deps.readsProject ? [{ source: ctx.stagingDir, dest: '/src', readOnly: true }] : []
+          if (deps.readsProject) await this.chownTree(ctx.stagingDir)
+          await this.run(ctx, envStaging, deps.command, project, undefined)
           await this.envs.seal(envStaging, deps.envKey)
         } catch (error) {
           await pool.discardStaging(envStaging).catch(() => undefined)

@@ -29,6 +29,12 @@ export interface ServerOptions {
   egressHosts?: Record<string, string> | undefined
   /** PEM file of extra CA certificates the egress proxy trusts upstream (internal hosts, tests). */
   egressUpstreamCaFile?: string | undefined
+  /**
+   * Hosts every revision build may reach through the egress proxy besides the agent's
+   * `network.allow` (allowlist syntax: package registries). Unset: the registries npm and pip are
+   * configured with on this host (`CAIRN_BUILD_EGRESS_ALLOW=host,host:port,…`; empty: none).
+   */
+  buildEgressAllow?: string[] | undefined
   /** Default sandbox driver for agents that do not choose one. */
   isolation?: 'bwrap' | 'gvisor' | undefined
   /** gVisor sandboxes kept booted ahead (default 2 when gVisor is the default). */
@@ -68,6 +74,8 @@ export interface ResolvedConfig {
   egressPrivateExceptions: string[]
   egressHosts: ReadonlyMap<string, readonly string[]>
   egressUpstreamCaFile: string | undefined
+  /** Undefined: found from the host's npm and pip configuration at the first build. */
+  buildEgressAllow: string[] | undefined
   workspaceQuotaMiB: number | undefined
   writeCredentials: boolean
   runBase: string | undefined
@@ -109,6 +117,11 @@ export function resolveConfig(options: ServerOptions): ResolvedConfig {
       [],
     egressHosts: egressHostMap(options.egressHosts ?? process.env.CAIRN_EGRESS_HOSTS),
     egressUpstreamCaFile: options.egressUpstreamCaFile ?? process.env.CAIRN_EGRESS_UPSTREAM_CA,
+    buildEgressAllow:
+      options.buildEgressAllow ??
+      process.env.CAIRN_BUILD_EGRESS_ALLOW?.split(',')
+        .map((host) => host.trim())
+        .filter(Boolean),
     workspaceQuotaMiB:
       options.workspaceQuotaMiB ??
       (process.env.CAIRN_WORKSPACE_QUOTA_MIB ? Number(process.env.CAIRN_WORKSPACE_QUOTA_MIB) : undefined),

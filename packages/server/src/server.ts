@@ -66,6 +66,10 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     const cipher = await SecretCipher.load(path.join(config.dataDir, 'secret.key'))
     const secrets = new SecretStore(db, cipher, systemClock)
     const logs = new BuildLogs(path.join(config.dataDir, 'build-logs'))
+    const egressSite: EgressSite = {
+      privateExceptions: new Set(config.egressPrivateExceptions),
+      hosts: config.egressHosts,
+    }
     const agents = new AgentService({
       db,
       runtime,
@@ -74,6 +78,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       clock: systemClock,
       logger,
       archiveLimits: { maxFiles: config.maxArchiveFiles, maxUnpackedBytes: config.maxUnpackedBytes },
+      build: { egressSite, buildEgressAllow: config.buildEgressAllow },
     })
     const metrics = new MetricsRegistry()
     const memory = new MemoryService({
@@ -82,10 +87,6 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       mountRoot: path.join(runtime.runDir, 'memory'),
       artifactRoot: path.join(config.dataDir, 'artifacts'),
     })
-    const egressSite: EgressSite = {
-      privateExceptions: new Set(config.egressPrivateExceptions),
-      hosts: config.egressHosts,
-    }
     const setup = new SetupService({
       db,
       runtime,

@@ -10,6 +10,7 @@ interface ServerOptions {
   logLevel?: string
   workspaceQuotaMib?: number
   egressAllowPrivate?: string
+  buildEgressAllow?: string
   isolation?: 'bwrap' | 'gvisor'
 }
 
@@ -49,6 +50,10 @@ export const register: Register = (parent, ctx) => {
       .option(
         '--egress-allow-private <addresses>',
         'comma-separated private addresses sandboxes may reach through the egress proxy',
+      )
+      .option(
+        '--build-egress-allow <hosts>',
+        "comma-separated hosts every revision build may reach besides the agent's network.allow (env CAIRN_BUILD_EGRESS_ALLOW; default: the registries npm and pip are configured with; '' for none)",
       ),
   ).action(async (options: ServerOptions) => {
     const { out } = ctx
@@ -66,6 +71,7 @@ export const register: Register = (parent, ctx) => {
       workspaceQuotaMiB: options.workspaceQuotaMib || undefined,
       isolation: options.isolation,
       egressPrivateExceptions: options.egressAllowPrivate?.split(',').filter(Boolean),
+      buildEgressAllow: options.buildEgressAllow?.split(',').filter(Boolean),
       logLevel: options.logLevel ?? (ctx.json ? 'warn' : undefined),
     })
     if (ctx.json) {

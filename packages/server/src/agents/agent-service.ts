@@ -1,6 +1,7 @@
 import {
   type AgentDetail,
   type AgentInfo,
+  type AgentManifest,
   CairnProblem,
   type DeployResult,
   type NetworkPolicy,
@@ -17,7 +18,7 @@ import { type AgentRow, AgentStore, type StoredRevision } from './agent-store.js
 import { type ArchiveLimits, DEFAULT_ARCHIVE_LIMITS, extractArchive, inspectArchive } from './archive.js'
 import type { BuildLogs } from './build-logs.js'
 import { type BuildPlan, planBuild } from './build-plan.js'
-import { Builder } from './builder.js'
+import { Builder, type BuilderOptions } from './builder.js'
 import { readManifest, splitCommand } from './manifest.js'
 
 export interface AgentServiceDeps {
@@ -29,6 +30,8 @@ export interface AgentServiceDeps {
   clock: Clock
   logger: Logger
   archiveLimits?: ArchiveLimits
+  /** How revision builds reach the network (the operator's egress settings and registries). */
+  build?: BuilderOptions | undefined
 }
 
 export function revisionInfo(revision: StoredRevision): RevisionInfo {
@@ -48,7 +51,7 @@ export class AgentService {
 
   constructor(private readonly deps: AgentServiceDeps) {
     this.store = new AgentStore(deps.db)
-    this.builder = new Builder(deps.runtime)
+    this.builder = new Builder(deps.runtime, deps.build)
     this.logs = deps.logs
   }
 
@@ -68,9 +71,11 @@ export class AgentService {
     const staging = await pool.createStaging(revisionId)
     let agentId: string | undefined
     let plan: BuildPlan
+    let manifest: AgentManifest
     try {
       await extractArchive(archive, staging)
       const resolved = await readManifest(staging, options.name)
+      manifest = resolved.manifest
       const setup = resolved.manifest.setup
       plan = await planBuild(tenantId, staging, typeof setup === 'string' ? splitCommand(setup) : setup)
       const at = iso(this.deps.clock.now())
@@ -110,7 +115,7 @@ export class AgentService {
       throw error
     }
     const id = agentId
-    const finish = this.finishBuild(tenantId, id, revisionId, staging, plan)
+    const finish = this.finishBuild(tenantId, id, revisionId, staging, plan, manifest)
     if (options.wait || (!plan.dependencies && !plan.setup)) await finish
     else finish.catch(() => undefined)
     const agent = this.store.find(tenantId, id)
@@ -128,6 +133,7 @@ export class AgentService {
     revisionId: string,
     staging: string,
     plan: BuildPlan,
+    manifest: AgentManifest,
   ) {
     const { pool } = this.deps.runtime
     const { logs } = this
@@ -145,6 +151,8 @@ export class AgentService {
           setupEnv: secrets,
           log,
           timeoutMs: this.deps.buildTimeoutMs ?? 15 * 60 * 1000,
+          network: manifest.network,
+          isolation: manifest.isolation,
         })
         log(
           `build finished in ${Math.round(performance.now() - started)} ms${result.reusedEnv ? ' (environment reused)' : ''}`,

@@ -1,15 +1,19 @@
 import { chmod, copyFile, mkdir, rm, writeFile } from 'node:fs/promises'
 import path from 'node:path'
-import { CairnProblem } from '@cairn/protocol'
+import { CairnProblem, type NetworkPolicy } from '@cairn/protocol'
 import {
   DEFAULT_SANDBOX_UID,
+  type EgressSite,
   EnvStore,
   execTool,
+  type IsolationName,
+  type NetworkEvent,
   type Runtime,
   runSandboxedCommand,
   type SandboxBind,
 } from '@cairn/runtime'
 import type { BuildPlan } from './build-plan.js'
+import { hostRegistries } from './build-registries.js'
 
 export interface BuildContext {
   revisionId: string
@@ -20,6 +24,20 @@ export interface BuildContext {
   setupEnv: Record<string, string>
   log: (line: string) => void
   timeoutMs: number
+  /** The agent's `network` from cairn.yaml: the build may reach these hosts too. */
+  network: NetworkPolicy | undefined
+  /** The agent's sandbox driver: its build runs under the same one. */
+  isolation: IsolationName | undefined
+}
+
+export interface BuilderOptions {
+  /** The operator's egress settings (private exceptions, hosts map), as for sessions. */
+  egressSite?: EgressSite | undefined
+  /**
+   * Hosts every build may reach besides the agent's allowlist (package registries); undefined:
+   * the registries npm and pip are configured with on this host, looked up at the first build.
+   */
+  buildEgressAllow?: readonly string[] | undefined
 }
 
 export interface BuildResult {
@@ -54,9 +72,22 @@ export class Builder {
   readonly envs: EnvStore
   private readonly sandboxUid: number
 
-  constructor(private readonly runtime: Runtime) {
+  private registries: Promise<readonly string[]> | undefined
+
+  constructor(
+    private readonly runtime: Runtime,
+    private readonly options: BuilderOptions = {},
+  ) {
     this.sandboxUid = runtime.options.sandboxUid ?? DEFAULT_SANDBOX_UID
     this.envs = new EnvStore(runtime.pool, this.sandboxUid)
+  }
+
+  /** What a build may reach: the agent's allowlist plus the operator's registries. */
+  private async egressAllow(ctx: BuildContext): Promise<NetworkPolicy['allow']> {
+    this.registries ??= this.options.buildEgressAllow
+      ? Promise.resolve(this.options.buildEgressAllow)
+      : hostRegistries()
+    return [...(ctx.network?.allow ?? []), ...(await this.registries)]
   }
 
   async build(ctx: BuildContext): Promise<BuildResult> {
@@ -112,7 +143,13 @@ export class Builder {
     await chmod(runDir, 0o755)
     await writeFile(path.join(runDir, 'transcript.jsonl'), '', { mode: 0o644 })
     const extraBinds = envKey ? envBinds(this.envs.envPath(envKey), envKey) : []
-    const result = await runSandboxedCommand(this.runtime.driver, {
+    // Its own network namespace: out only through the egress proxy, never the host's loopback,
+    // its other addresses or its abstract unix sockets. Refusals go to the build log.
+    const onEvent = (event: NetworkEvent) => {
+      if (!event.allowed) ctx.log(`egress: refused ${event.host}:${event.port} (${event.reason})`)
+    }
+    const allow = await this.egressAllow(ctx)
+    const result = await runSandboxedCommand(this.runtime.driverFor(ctx.isolation), {
       workspaceDir,
       runDir,
       command,
@@ -123,7 +160,8 @@ export class Builder {
         npm_config_cache: '/tmp/.npm',
         npm_config_update_notifier: 'false',
       },
-      network: 'host',
+      network: 'none',
+      egress: { ...this.options.egressSite, policy: { allow }, onEvent },
       binds: [...binds, ...extraBinds],
       limits: BUILD_LIMITS,
       timeoutMs: ctx.timeoutMs,

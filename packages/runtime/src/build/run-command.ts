@@ -11,7 +11,6 @@ export interface CommandSpec {
   runDir: string
   command: readonly string[]
   env: Readonly<Record<string, string>>
-  network: 'none' | 'host'
   binds: readonly SandboxBind[]
   limits: SandboxLimits
   timeoutMs: number
@@ -20,8 +19,10 @@ export interface CommandSpec {
   /** Stops the command (its sandbox is destroyed); the result then says `cancelled`. */
   signal?: AbortSignal | undefined
   /**
-   * With `network: 'none'`, an allowlist enforced by an egress proxy on a socket in `runDir` (as for
-   * agents: a forwarder on the sandbox's loopback, `HTTP(S)_PROXY` pointing at it).
+   * The command's way out: an allowlist enforced by an egress proxy on a socket in `runDir` (as for
+   * agents: a forwarder on the sandbox's loopback, `HTTP(S)_PROXY` pointing at it). Without one (or
+   * with an empty allowlist) it has loopback only. Either way the sandbox has a network namespace of
+   * its own, never the host's.
    */
   egress?: EgressRoute | undefined
 }
@@ -37,7 +38,7 @@ export interface CommandResult {
 /** Runs one command to completion in a fresh sandbox (build steps, setup commands). */
 export async function runSandboxedCommand(driver: SandboxDriver, spec: CommandSpec): Promise<CommandResult> {
   const proxy =
-    spec.network === 'none' && spec.egress && spec.egress.policy.allow.length > 0
+    spec.egress && spec.egress.policy.allow.length > 0
       ? new EgressProxy({ ...spec.egress, socketPath: path.join(spec.runDir, 'egress.sock') })
       : undefined
   try {
@@ -69,7 +70,7 @@ async function runInSandbox(
       proxied && spec.egress ? forwarderCommand(spec.command, transparent, spec.egress.policy) : spec.command,
     env,
     limits: spec.limits,
-    network: transparent ? 'egress' : spec.network,
+    network: transparent ? 'egress' : 'none',
     binds: spec.binds,
   })
   sandbox.stdin.end()

@@ -1,5 +1,4 @@
 import { type ChildProcessWithoutNullStreams, spawn } from 'node:child_process'
-import { existsSync } from 'node:fs'
 import { type FileHandle, open, rename, writeFile } from 'node:fs/promises'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
@@ -104,7 +103,7 @@ export class BwrapDriver implements SandboxDriver {
       '--no-new-privs',
       this.options.bwrapPath ?? 'bwrap',
       '--unshare-all',
-      ...(spec.network === 'host' || egress ? ['--share-net'] : []),
+      ...(egress ? ['--share-net'] : []),
       '--unshare-user',
       '--disable-userns',
       ...(this.seccomp ? ['--seccomp', '3'] : []),
@@ -135,9 +134,6 @@ export class BwrapDriver implements SandboxDriver {
         bind.source,
         bind.dest,
       ]),
-      ...(spec.network === 'host' && existsSync('/etc/resolv.conf')
-        ? ['--ro-bind', '/etc/resolv.conf', '/etc/resolv.conf']
-        : []),
       // Last of the mounts (bwrap creates mount points in the root): the root tmpfs bwrap builds
       // on is writable, and only /workspace, /tmp and /dev/shm are meant to be.
       '--remount-ro',

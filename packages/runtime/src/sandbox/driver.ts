@@ -16,11 +16,12 @@ export interface SandboxSpec {
   env: Readonly<Record<string, string>>
   limits: SandboxLimits
   /**
-   * `none` (default): loopback only. `host`: the host's network, for build steps only. `egress`
-   * (drivers with `transparentEgress`): loopback plus a default route whose TCP connections and DNS
-   * queries are redirected to the in-sandbox egress forwarder (`forward.py --transparent`).
+   * `none` (default): loopback only. `egress` (drivers with `transparentEgress`): loopback plus a
+   * default route whose TCP connections and DNS queries are redirected to the in-sandbox egress
+   * forwarder (`forward.py --transparent`). Every sandbox has a network namespace of its own: there
+   * is no way onto the host's network (its loopback, addresses and abstract unix sockets).
    */
-  network?: 'none' | 'host' | 'egress' | undefined
+  network?: 'none' | 'egress' | undefined
   /** Extra host directories to mount (dependency environments, build sources). */
   binds?: readonly SandboxBind[] | undefined
 }

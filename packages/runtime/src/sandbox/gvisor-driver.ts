@@ -227,7 +227,7 @@ export class GvisorDriver implements SandboxDriver {
       this.runsc.path,
       '--root',
       this.runsc.root,
-      ...runscFlags(this.runsc, spec.network === 'host' ? 'host' : 'none'),
+      ...runscFlags(this.runsc),
       'run',
       '--bundle',
       bundle,

@@ -306,7 +306,7 @@ export class GvisorPool {
     const procsFiles = await this.options.cgroups.create(id, SLOT_LIMITS)
     const pidFile = path.join(bundle, 'pid')
     const config = this.options.runsc
-    const flags = runscFlags(config, spec.network === 'host' ? 'host' : 'none', { sharedRoot: true })
+    const flags = runscFlags(config, { sharedRoot: true })
     const child = spawn(
       '/bin/sh',
       [

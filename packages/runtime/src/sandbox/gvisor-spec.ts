@@ -105,10 +105,6 @@ export function sandboxMounts(spec: SandboxSpec, options: GvisorSpecOptions): Oc
   for (const top of TOP_LEVEL) {
     if (existsSync(top) && !lstatSync(top).isSymbolicLink()) mounts.push(bind(top, top, true))
   }
-  // /etc is in the root (see prepareRootfs); a build step with the host's network resolves names.
-  if (spec.network === 'host' && existsSync('/etc/resolv.conf')) {
-    mounts.push(bind('/etc/resolv.conf', '/etc/resolv.conf', true))
-  }
   mounts.push(bind(spec.runDir, '/run/cairn', true))
   mounts.push(bind(options.kitDir, '/opt/cairn', true))
   mounts.push(bind(spec.workspaceDir, '/workspace', false))
@@ -142,11 +138,11 @@ export function buildSlotOciSpec(
 /**
  * The OCI runtime spec (config.json) of one sandbox: the agent runs as uid 1000 in a user namespace
  * where 1000 is the unprivileged host uid, so what it writes through the gofer belongs to that host
- * uid; no capabilities, no new privileges, its own pid, ipc, uts and (unless `host`) network.
+ * uid; no capabilities, no new privileges, its own pid, ipc, uts and network.
  */
 export function buildOciSpec(spec: SandboxSpec, options: GvisorSpecOptions): Record<string, unknown> {
   const env = Object.entries(sandboxEnvInWorkspace(spec)).map(([key, value]) => `${key}=${value}`)
-  const namespaces = ['pid', 'ipc', 'uts', 'mount', 'user', ...(spec.network === 'host' ? [] : ['network'])]
+  const namespaces = ['pid', 'ipc', 'uts', 'mount', 'user', 'network']
   const seccomp = buildOciSeccomp()
   return {
     ociVersion: '1.0.2',

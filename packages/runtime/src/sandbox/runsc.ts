@@ -24,14 +24,11 @@ export interface RunscConfig {
  * Flags every runsc command that creates or starts a sandbox takes besides `--root` (runsc reads
  * them per command, not per container).
  */
-export function runscFlags(
-  config: RunscConfig,
-  network: 'none' | 'host',
-  options: { sharedRoot?: boolean } = {},
-): string[] {
+export function runscFlags(config: RunscConfig, options: { sharedRoot?: boolean } = {}): string[] {
   return [
     `--platform=${config.platform}`,
-    `--network=${network}`,
+    // gVisor's own network stack with loopback only: never the host's (egress is a unix socket).
+    '--network=none',
     // Cairn places the whole sandbox (runsc, gofer, sentry) in its own cgroups before runsc starts.
     '--ignore-cgroups',
     // Lets the agent connect to host unix sockets in its binds: the egress proxy's, in /run/cairn.

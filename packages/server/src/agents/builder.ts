@@ -160,7 +160,6 @@ export class Builder {
         npm_config_cache: '/tmp/.npm',
         npm_config_update_notifier: 'false',
       },
-      network: 'none',
       egress: { ...this.options.egressSite, policy: { allow }, onEvent },
       binds: [...binds, ...extraBinds],
       limits: BUILD_LIMITS,

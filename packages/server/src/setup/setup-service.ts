@@ -121,7 +121,6 @@ export class SetupService {
           CAIRN_SESSION_ID: row.id,
           CAIRN_PHASE: 'setup',
         },
-        network: 'none',
         egress: { ...this.deps.egressSite, policy, onEvent: onNetwork },
         binds: envKey ? envBinds(this.deps.agents.envs.envPath(envKey), envKey) : [],
         limits: sandboxLimits(revision.manifest),

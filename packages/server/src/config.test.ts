@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest'
-import { egressHostMap } from './config.js'
+import { egressHostMap, resolveConfig } from './config.js'
 
 describe('egress hosts map (CAIRN_EGRESS_HOSTS)', () => {
   it('reads name=address pairs, case-insensitively, with several addresses per name', () => {
@@ -13,5 +13,23 @@ describe('egress hosts map (CAIRN_EGRESS_HOSTS)', () => {
   it('refuses an entry that is not name=IP-address at start-up', () => {
     for (const bad of ['api.internal', '10.0.0.1', 'api.internal=not-an-ip', '=10.0.0.1', 'a=10.0.0.1=2'])
       expect(() => egressHostMap(bad), bad).toThrow(/CAIRN_EGRESS_HOSTS/)
+  })
+})
+
+describe('build egress allowlist (CAIRN_BUILD_EGRESS_ALLOW)', () => {
+  it("is the host's registries when unset, none when empty, and the listed hosts otherwise", () => {
+    const saved = process.env.CAIRN_BUILD_EGRESS_ALLOW
+    try {
+      delete process.env.CAIRN_BUILD_EGRESS_ALLOW
+      expect(resolveConfig({}).buildEgressAllow).toBeUndefined()
+      process.env.CAIRN_BUILD_EGRESS_ALLOW = ''
+      expect(resolveConfig({}).buildEgressAllow).toEqual([])
+      process.env.CAIRN_BUILD_EGRESS_ALLOW = ' registry.internal:8443, pypi.org '
+      expect(resolveConfig({}).buildEgressAllow).toEqual(['registry.internal:8443', 'pypi.org'])
+      expect(resolveConfig({ buildEgressAllow: ['x.test'] }).buildEgressAllow).toEqual(['x.test'])
+    } finally {
+      if (saved === undefined) delete process.env.CAIRN_BUILD_EGRESS_ALLOW
+      else process.env.CAIRN_BUILD_EGRESS_ALLOW = saved
+    }
   })
 })

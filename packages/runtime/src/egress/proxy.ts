@@ -4,7 +4,7 @@ import http from 'node:http'
 import https from 'node:https'
 import net from 'node:net'
 import tls from 'node:tls'
-import { forbiddenReason } from './address-guard.js'
+import { canonicalAddress, forbiddenReason, hostAddresses } from './address-guard.js'
 import type { EgressCa } from './egress-ca.js'
 import { firstBytesRefusal, inspectFirstBytes } from './first-bytes.js'
 import { decide, type EgressPolicy } from './policy.js'
@@ -155,10 +155,12 @@ export class EgressProxy {
       record(false, decision.reason)
       return undefined
     }
+    // An address in any spelling (`127.1`, `[0::ffff:7f00:1]`) is that address, not a name.
+    const literal = canonicalAddress(host)
     let addresses: string[]
     try {
-      addresses = net.isIP(host)
-        ? [host]
+      addresses = literal
+        ? [literal]
         : [
             ...(this.options.hosts?.get(host.toLowerCase()) ??
               (await lookup(host, { all: true })).map((a) => a.address)),
@@ -167,14 +169,24 @@ export class EgressProxy {
       record(false, `cannot resolve ${host}`)
       return undefined
     }
+    // Judged on the addresses themselves, and the connection goes to the address judged (in its
+    // canonical form, which no resolver reads again): a name cannot rebind in between.
+    const own = hostAddresses()
+    const checked: string[] = []
     for (const address of addresses) {
-      const reason = forbiddenReason(address, this.options.privateExceptions)
-      if (reason) {
-        record(false, reason, address)
+      const reason = forbiddenReason(address, this.options.privateExceptions, own)
+      const canonical = canonicalAddress(address)
+      if (reason || !canonical) {
+        record(false, reason ?? `${address} is not an IP address`, address)
         return undefined
       }
+      checked.push(canonical)
     }
-    const address = addresses[0]
+    const address = checked[0]
+    if (address === undefined) {
+      record(false, `${host} has no address`)
+      return undefined
+    }
     record(true, `${decision.reason}${note}`, address)
     return address
   }
@@ -320,12 +332,14 @@ export class EgressProxy {
       return
     }
     const port = Number(target.port || 80)
-    const address = await this.resolve(target.hostname, port, req.method ?? 'GET')
+    // An IPv6 host keeps its brackets in a URL; the allowlist and the guard take the address.
+    const hostname = target.hostname.replace(/^\[(.*)\]$/, '$1')
+    const address = await this.resolve(hostname, port, req.method ?? 'GET')
     if (!address) {
       deny(res)
       return
     }
-    const bound = this.boundSecrets(target.hostname, port)
+    const bound = this.boundSecrets(hostname, port)
     const headers: http.OutgoingHttpHeaders = {
       ...swapInSecrets(req.headers, bound).headers,
       host: target.host,

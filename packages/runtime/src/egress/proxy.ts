@@ -3,15 +3,17 @@ import { chmod, rm } from 'node:fs/promises'
 import http from 'node:http'
 import https from 'node:https'
 import net from 'node:net'
+import { pipeline } from 'node:stream'
 import tls from 'node:tls'
 import { canonicalAddress, forbiddenReason, hostAddresses } from './address-guard.js'
 import type { EgressCa } from './egress-ca.js'
 import { firstBytesRefusal, inspectFirstBytes } from './first-bytes.js'
 import { decide, type EgressPolicy } from './policy.js'
 import {
+  askPlainAnswer,
   type ProxySecret,
+  plainBody,
   SecretScrubber,
-  scrubbable,
   secretsBoundTo,
   swapInSecrets,
   swapOutSecrets,
@@ -81,22 +83,34 @@ function sendThrough(
 
 /**
  * Sends an upstream answer on to the agent. With secrets bound to the host, their values become
- * stand-ins again in the headers and (when not compressed) in the body, whose length then changes.
+ * stand-ins again and any piece of one is masked, in the headers and in the body (decoded first;
+ * its length then changes); an answer that cannot be read as plain bytes is refused (502).
  */
 function relayResponse(
   upstreamRes: http.IncomingMessage,
   res: http.ServerResponse,
   secrets: readonly ProxySecret[],
 ): void {
-  const headers = swapOutSecrets(upstreamRes.headers, secrets)
-  if (secrets.length === 0 || !scrubbable(upstreamRes.headers)) {
-    res.writeHead(upstreamRes.statusCode ?? 502, headers)
+  const status = upstreamRes.statusCode ?? 502
+  if (secrets.length === 0) {
+    res.writeHead(status, upstreamRes.headers)
     upstreamRes.pipe(res)
     return
   }
+  const plain = plainBody(status, upstreamRes.headers)
+  if ('refusal' in plain) {
+    upstreamRes.destroy()
+    res.writeHead(502, { 'content-type': 'text/plain' }).end(`egress refused ${plain.refusal}\n`)
+    return
+  }
+  const headers = swapOutSecrets(upstreamRes.headers, secrets)
   delete headers['content-length']
-  res.writeHead(upstreamRes.statusCode ?? 502, headers)
-  upstreamRes.pipe(new SecretScrubber(secrets)).pipe(res)
+  delete headers['content-encoding']
+  res.writeHead(status, headers)
+  const stages: NodeJS.ReadWriteStream[] = [...plain.decoders, new SecretScrubber(secrets)]
+  pipeline([upstreamRes, ...stages, res], (error) => {
+    if (error) res.destroy()
+  })
 }
 
 /**
@@ -300,8 +314,8 @@ export class EgressProxy {
     }
     const { headers } = swapInSecrets(req.headers, target.secrets)
     headers.host = target.port === 443 ? target.host : `${target.host}:${target.port}`
-    // An uncompressed answer can be scrubbed of a value the host echoes back.
-    headers['accept-encoding'] = 'identity'
+    // A whole, uncompressed answer can be scrubbed of a value the host echoes back.
+    askPlainAnswer(headers)
     const upstream = https.request(
       {
         host: target.address,
@@ -346,7 +360,7 @@ export class EgressProxy {
     }
     delete headers['proxy-connection']
     delete headers['proxy-authorization']
-    if (bound.length > 0) headers['accept-encoding'] = 'identity'
+    if (bound.length > 0) askPlainAnswer(headers)
     const upstream = http.request(
       { host: address, port, method: req.method, path: `${target.pathname}${target.search}`, headers },
       (upstreamRes) => relayResponse(upstreamRes, res, bound),

@@ -18,6 +18,9 @@ const TEST_NAME = `egress-${process.pid}.cairn.test`
 const LOOPBACK_NAME = `loopback-${process.pid}.cairn.test`
 let netnsHost: NetnsHost | undefined
 let web: ChildProcess | undefined
+/** A test host's server that says `Connection: keep-alive`, as most SSE handlers do. */
+let keepAliveWeb: ChildProcess | undefined
+const KEEP_ALIVE_PORT = 8082
 let webRoot = ''
 let t: TestServer
 let hostLoopback: http.Server
@@ -47,6 +50,17 @@ beforeAll(async () => {
       await new Promise((r) => setTimeout(r, 100))
     }
   }
+  keepAliveWeb = netnsHost.spawn(
+    [
+      process.execPath,
+      '-e',
+      `require("http").createServer((req, res) => {
+         res.writeHead(200, { connection: "keep-alive", "keep-alive": "timeout=30", "content-length": req.url.length + 4 })
+         res.end("ok " + req.url + "\\n")
+       }).listen(${KEEP_ALIVE_PORT}, "${TEST_HOST}")`,
+    ],
+    { stdio: 'ignore' },
+  )
   hostLoopback = http.createServer((_req, res) => res.end('host loopback secret\n'))
   await new Promise<void>((resolve) => hostLoopback.listen(0, '127.0.0.1', resolve))
   hostLoopbackPort = (hostLoopback.address() as AddressInfo).port
@@ -139,6 +153,7 @@ afterAll(async () => {
   hostLoopback?.close()
   hostAny?.close()
   web?.kill('SIGKILL')
+  keepAliveWeb?.kill('SIGKILL')
   netnsHost?.remove()
   if (webRoot) await rm(webRoot, { recursive: true, force: true })
 })
@@ -278,6 +293,26 @@ describe('egress is denied unless allowed', () => {
     expect(decisions).toContain('192.0.2.7:443:false')
     expect(decisions).toContain(`${TEST_HOST}:8081:false`)
     expect(decisions).toContain(`${HOST_SIDE}:443:false`)
+  })
+
+  it('serves a keep-alive client several calls in a row through the transparent egress', async () => {
+    const { id } = await t.api.createSession('closed', {
+      network: { allow: [`${TEST_NAME}:${KEEP_ALIVE_PORT}`] },
+    })
+    // Node's http ignores the proxy variables: the calls go out through the redirect and the
+    // forwarder, which sends each connection's request as one proxy request.
+    const script = [
+      'const http = require("http");',
+      'const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });',
+      `const get = (n) => new Promise((done) => http.get({ host: "${TEST_NAME}", port: ${KEEP_ALIVE_PORT}, path: "/k" + n, agent }, (r) => {`,
+      '  let body = ""; r.on("data", (d) => (body += d)); r.on("end", () => done(r.statusCode + " " + body.trim()))',
+      '}).on("error", (e) => done("ERR " + e.code)));',
+      ';(async () => { const out = []; for (let n = 1; n <= 4; n++) out.push(await get(n)); console.log(out.join(", ")) })()',
+    ].join('\n')
+    // One line (the probe reads lines), in single quotes (the script has none).
+    expect((await t.api.send(id, `run node -e '${script.replaceAll('\n', ' ')}'`)).text.trim()).toBe(
+      '200 ok /k1, 200 ok /k2, 200 ok /k3, 200 ok /k4 [exit 0]',
+    )
   })
 
   it("keeps the forwarder's ports out of the session's open ports and previews", async () => {

@@ -8,6 +8,7 @@ import tls from 'node:tls'
 import { canonicalAddress, forbiddenReason, hostAddresses } from './address-guard.js'
 import type { EgressCa } from './egress-ca.js'
 import { firstBytesRefusal, inspectFirstBytes } from './first-bytes.js'
+import { endToEndHeaders, forwardedRequestHeaders } from './hop-by-hop.js'
 import { decide, type EgressPolicy } from './policy.js'
 import {
   askPlainAnswer,
@@ -93,7 +94,7 @@ function relayResponse(
 ): void {
   const status = upstreamRes.statusCode ?? 502
   if (secrets.length === 0) {
-    res.writeHead(status, upstreamRes.headers)
+    res.writeHead(status, endToEndHeaders(upstreamRes.headers))
     upstreamRes.pipe(res)
     return
   }
@@ -103,7 +104,7 @@ function relayResponse(
     res.writeHead(502, { 'content-type': 'text/plain' }).end(`egress refused ${plain.refusal}\n`)
     return
   }
-  const headers = swapOutSecrets(upstreamRes.headers, secrets)
+  const headers = endToEndHeaders(swapOutSecrets(upstreamRes.headers, secrets))
   delete headers['content-length']
   delete headers['content-encoding']
   res.writeHead(status, headers)
@@ -130,6 +131,8 @@ export class EgressProxy {
   private readonly terminated: http.Server
   private readonly targets = new WeakMap<net.Socket, TerminatedTarget>()
   private readonly upstreamAgent: https.Agent
+  /** This sandbox's own pool of plain HTTP connections (never shared with another sandbox's). */
+  private readonly httpAgent = new http.Agent({ keepAlive: true })
   private readonly sockets = new Set<net.Socket>()
 
   constructor(private readonly options: EgressProxyOptions) {
@@ -312,7 +315,7 @@ export class EgressProxy {
       res.writeHead(400, { 'content-type': 'text/plain' }).end('origin-form request target required\n')
       return
     }
-    const { headers } = swapInSecrets(req.headers, target.secrets)
+    const headers = forwardedRequestHeaders(req.headers, swapInSecrets(req.headers, target.secrets).headers)
     headers.host = target.port === 443 ? target.host : `${target.host}:${target.port}`
     // A whole, uncompressed answer can be scrubbed of a value the host echoes back.
     askPlainAnswer(headers)
@@ -355,14 +358,19 @@ export class EgressProxy {
     }
     const bound = this.boundSecrets(hostname, port)
     const headers: http.OutgoingHttpHeaders = {
-      ...swapInSecrets(req.headers, bound).headers,
+      ...forwardedRequestHeaders(req.headers, swapInSecrets(req.headers, bound).headers),
       host: target.host,
     }
-    delete headers['proxy-connection']
-    delete headers['proxy-authorization']
     if (bound.length > 0) askPlainAnswer(headers)
     const upstream = http.request(
-      { host: address, port, method: req.method, path: `${target.pathname}${target.search}`, headers },
+      {
+        host: address,
+        port,
+        method: req.method,
+        path: `${target.pathname}${target.search}`,
+        headers,
+        agent: this.httpAgent,
+      },
       (upstreamRes) => relayResponse(upstreamRes, res, bound),
     )
     sendThrough(req, upstream, res)
@@ -371,6 +379,7 @@ export class EgressProxy {
   async close(): Promise<void> {
     for (const socket of this.sockets) socket.destroy()
     this.upstreamAgent.destroy()
+    this.httpAgent.destroy()
     await new Promise<void>((resolve) => this.server.close(() => resolve()))
     await rm(this.options.socketPath, { force: true })
   }

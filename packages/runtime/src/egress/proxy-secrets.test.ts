@@ -119,6 +119,11 @@ describe('proxy secrets', () => {
   })
 
   it('masks pieces in header names and values, and keeps repeated headers', () => {
+    const mixed: ProxySecret = { ...OTHER, value: 'Real-OTHER-2-Value' }
+    expect(swapOutSecrets({ 'x-real-other-2-value': 'v', 'x-other-2-val': 'w' }, [mixed])).toEqual({
+      [`x-${OTHER.standIn}`]: 'v',
+      'x************': 'w',
+    })
     const out = swapOutSecrets(
       {
         'x-a': 'Bearer real-tok',

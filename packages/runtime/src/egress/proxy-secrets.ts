@@ -57,13 +57,16 @@ export function swapOutSecrets(
   secrets: readonly ProxySecret[],
 ): http.OutgoingHttpHeaders {
   // Node reads header bytes as latin1: scrub those bytes, as the body's are.
-  const back = (value: string) =>
-    secrets.length === 0 ? value : scrubBytes(Buffer.from(value, 'latin1'), secrets).toString('latin1')
+  const scrub = (text: string, as: readonly ProxySecret[]) =>
+    as.length === 0 ? text : scrubBytes(Buffer.from(text, 'latin1'), as).toString('latin1')
+  const back = (value: string) => scrub(value, secrets)
+  // Node lowercases names: a value spelled in a name is matched lowercased too.
+  const lowered = secrets.map((secret) => ({ ...secret, value: secret.value.toLowerCase() }))
   const out: http.OutgoingHttpHeaders = {}
   for (const [name, value] of Object.entries(headers)) {
     if (value === undefined) continue
     const scrubbed = Array.isArray(value) ? value.map(back) : back(value)
-    const key = back(name)
+    const key = scrub(name, lowered)
     const before = out[key]
     out[key] = before === undefined ? scrubbed : [...[before].flat().map(String), ...[scrubbed].flat()]
   }
@@ -222,16 +225,17 @@ export function plainBody(
 ): { decoders: Transform[] } | { refusal: string } {
   if (statusCode === 206 || headers['content-range'] !== undefined)
     return { refusal: 'a partial answer from a host with a proxy secret' }
-  const transfer = headers['transfer-encoding']?.trim().toLowerCase()
-  if (transfer !== undefined && transfer !== 'chunked')
+  // Refusals quote the upstream's own spelling (lowercased, a value would dodge the scrubber).
+  const transfer = headers['transfer-encoding']?.trim()
+  if (transfer !== undefined && transfer.toLowerCase() !== 'chunked')
     return { refusal: `transfer coding '${transfer}' from a host with a proxy secret` }
   const codings = (headers['content-encoding'] ?? '')
     .split(',')
-    .map((coding) => coding.trim().toLowerCase())
-    .filter((coding) => coding !== '' && coding !== 'identity')
+    .map((coding) => coding.trim())
+    .filter((coding) => coding !== '' && coding.toLowerCase() !== 'identity')
   const decoders: Transform[] = []
   for (const coding of codings.reverse()) {
-    const decoder = DECODERS[coding]
+    const decoder = DECODERS[coding.toLowerCase()]
     if (!decoder) return { refusal: `content coding '${coding}' from a host with a proxy secret` }
     decoders.push(decoder())
   }

@@ -118,3 +118,53 @@ describe('the egress proxy and keep-alive', () => {
     expect(body).toBe('ok /once\n')
   })
 })
+
+describe('the egress proxy refusing an answer of a host with a proxy secret', () => {
+  const VALUE = 'sk-Value-0123456789ABCDEF'
+  let dir = ''
+  let proxy: EgressProxy
+  let upstream: http.Server
+  let port = 0
+
+  beforeAll(async () => {
+    dir = await mkdtemp(path.join(os.tmpdir(), 'cairn-refusal-'))
+    // Names the value it was sent as its content coding: the refusal must not quote it.
+    upstream = http.createServer((req, res) => {
+      res.writeHead(200, { 'content-encoding': String(req.headers.authorization), 'content-length': '2' })
+      res.end('xx')
+    })
+    await new Promise<void>((resolve) => upstream.listen(0, '127.0.0.1', resolve))
+    port = (upstream.address() as net.AddressInfo).port
+    proxy = new EgressProxy({
+      socketPath: path.join(dir, 'egress.sock'),
+      policy: { allow: [`up.test:${port}`] },
+      privateExceptions: new Set(['127.0.0.1']),
+      hosts: new Map([['up.test', ['127.0.0.1']]]),
+      onEvent: () => undefined,
+      secrets: [{ name: 'K', standIn: 'cairn-proxy-secret-k', value: VALUE, hosts: [`up.test:${port}`] }],
+    })
+    await proxy.listen()
+  })
+
+  afterAll(async () => {
+    await proxy?.close()
+    upstream?.close()
+    await rm(dir, { recursive: true, force: true })
+  })
+
+  it('answers 502 without quoting the value', async () => {
+    const socket = net.connect(path.join(dir, 'egress.sock'))
+    socket.write(
+      `GET http://up.test:${port}/ HTTP/1.1\r\nHost: up.test\r\nAuthorization: cairn-proxy-secret-k\r\nConnection: close\r\n\r\n`,
+    )
+    let answer = ''
+    socket.on('data', (chunk: Buffer) => {
+      answer += chunk.toString('latin1')
+    })
+    await new Promise<void>((resolve) => socket.once('close', () => resolve()))
+    expect(answer.split('\r\n')[0]).toBe('HTTP/1.1 502 Bad Gateway')
+    expect(answer).toContain("egress refused content coding 'cairn-proxy-secret-k'")
+    for (let at = 0; at + 8 <= VALUE.length; at++)
+      expect(answer.toLowerCase()).not.toContain(VALUE.slice(at, at + 8).toLowerCase())
+  })
+})

@@ -15,6 +15,7 @@ import {
   type ProxySecret,
   plainBody,
   SecretScrubber,
+  scrubBytes,
   secretsBoundTo,
   swapInSecrets,
   swapOutSecrets,
@@ -69,16 +70,23 @@ function deny(res: http.ServerResponse): void {
   res.writeHead(403, { 'content-type': 'text/plain' }).end('egress denied by Cairn policy\n')
 }
 
-/** Streams the agent's request body upstream; an upstream failure becomes a 502 (if still possible). */
+/**
+ * A 502 for the agent (if still possible). Its text may quote the upstream (a certificate's names,
+ * a header it sent), so it is scrubbed of the bound secrets like the answer would have been.
+ */
+function badGateway(res: http.ServerResponse, text: string, secrets: readonly ProxySecret[]): void {
+  if (!res.headersSent) res.writeHead(502, { 'content-type': 'text/plain' })
+  res.end(scrubBytes(Buffer.from(`${text}\n`), secrets))
+}
+
+/** Streams the agent's request body upstream; an upstream failure becomes a 502. */
 function sendThrough(
   req: http.IncomingMessage,
   upstream: http.ClientRequest,
   res: http.ServerResponse,
+  secrets: readonly ProxySecret[],
 ): void {
-  upstream.on('error', (error) => {
-    if (!res.headersSent) res.writeHead(502, { 'content-type': 'text/plain' })
-    res.end(`upstream error: ${error.message}\n`)
-  })
+  upstream.on('error', (error) => badGateway(res, `upstream error: ${error.message}`, secrets))
   req.pipe(upstream)
 }
 
@@ -101,7 +109,7 @@ function relayResponse(
   const plain = plainBody(status, upstreamRes.headers)
   if ('refusal' in plain) {
     upstreamRes.destroy()
-    res.writeHead(502, { 'content-type': 'text/plain' }).end(`egress refused ${plain.refusal}\n`)
+    badGateway(res, `egress refused ${plain.refusal}`, secrets)
     return
   }
   const headers = endToEndHeaders(swapOutSecrets(upstreamRes.headers, secrets))
@@ -333,7 +341,7 @@ export class EgressProxy {
       },
       (upstreamRes) => relayResponse(upstreamRes, res, target.secrets),
     )
-    sendThrough(req, upstream, res)
+    sendThrough(req, upstream, res, target.secrets)
   }
 
   private async forward(req: http.IncomingMessage, res: http.ServerResponse): Promise<void> {
@@ -373,7 +381,7 @@ export class EgressProxy {
       },
       (upstreamRes) => relayResponse(upstreamRes, res, bound),
     )
-    sendThrough(req, upstream, res)
+    sendThrough(req, upstream, res, bound)
   }
 
   async close(): Promise<void> {

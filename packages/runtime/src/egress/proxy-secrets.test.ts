@@ -118,6 +118,58 @@ describe('proxy secrets', () => {
     expect(scrubBytes(Buffer.from(body), [secret]).toString()).toBe(out)
   })
 
+  it('passes on at once what cannot begin a value or a piece of one (an SSE event), and holds the rest', async () => {
+    const secret: ProxySecret = {
+      name: 'K',
+      standIn: 'cairn-proxy-secret-k',
+      value: 'sk-0123456789',
+      hosts: [],
+    }
+    const scrubber = new SecretScrubber([secret])
+    const out: string[] = []
+    scrubber.on('data', (chunk: Buffer) => out.push(chunk.toString()))
+    const written = async (text: string) => {
+      scrubber.write(Buffer.from(text))
+      await new Promise((resolve) => setImmediate(resolve))
+      return out.join('')
+    }
+    expect(await written('data: {"delta":"hi"}\n\n')).toBe('data: {"delta":"hi"}\n\n')
+    // The start of the value, or of a piece of it, waits for what follows.
+    expect(await written('event: x sk-01')).toBe('data: {"delta":"hi"}\n\nevent: x ')
+    expect(await written('23456789 and 2345678')).toBe(
+      `data: {"delta":"hi"}\n\nevent: x ${secret.standIn} and `,
+    )
+    expect(await written('9\n\n')).toBe(`data: {"delta":"hi"}\n\nevent: x ${secret.standIn} and ********\n\n`)
+    scrubber.end()
+  })
+
+  it('scrubs the same however a body is cut, and leaves no 8 bytes of a value (random bodies)', async () => {
+    const value = 'sk-aB3-aB3-xyz-0123'
+    const secret: ProxySecret = { name: 'K', standIn: 'cairn-proxy-secret-k', value, hosts: [] }
+    let seed = 7
+    const random = (n: number) => {
+      seed = (seed * 1103515245 + 12345) % 2 ** 31
+      return seed % n
+    }
+    for (let round = 0; round < 300; round++) {
+      let body = ''
+      while (body.length < 80) {
+        const start = random(value.length)
+        body += random(2) ? value.slice(start, start + 1 + random(value.length)) : 'aB3-x0 '.slice(random(7))
+      }
+      const chunks: string[] = []
+      for (let at = 0; at < body.length; ) {
+        const size = 1 + random(12)
+        chunks.push(body.slice(at, at + size))
+        at += size
+      }
+      const out = await scrub(chunks, [secret])
+      expect(out).toBe(scrubBytes(Buffer.from(body), [secret]).toString())
+      for (let at = 0; at + FRAGMENT_BYTES <= value.length; at++)
+        expect(out.includes(value.slice(at, at + FRAGMENT_BYTES)), body).toBe(false)
+    }
+  })
+
   it('masks pieces in header names and values, and keeps repeated headers', () => {
     const mixed: ProxySecret = { ...OTHER, value: 'Real-OTHER-2-Value' }
     expect(swapOutSecrets({ 'x-real-other-2-value': 'v', 'x-other-2-val': 'w' }, [mixed])).toEqual({

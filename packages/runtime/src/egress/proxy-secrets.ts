@@ -109,11 +109,17 @@ class WholeValues {
       out.push(this.pending.subarray(at, best.index), best.pair.to)
       at = best.index + best.pair.from.length
     }
-    // With no whole value left, a partial one can only start in the last `holdBack` bytes.
-    const keepFrom = final ? this.pending.length : Math.max(at, this.pending.length - this.holdBack)
+    // With no whole value left, one can only start in the last `holdBack` bytes, and only where
+    // the rest is the start of a value: everything before goes on now (an SSE event's end too).
+    let keepFrom = final ? this.pending.length : Math.max(at, this.pending.length - this.holdBack)
+    while (keepFrom < this.pending.length && !this.startsValue(this.pending.subarray(keepFrom))) keepFrom++
     out.push(this.pending.subarray(at, keepFrom))
     this.pending = Buffer.from(this.pending.subarray(keepFrom))
     return Buffer.concat(out)
+  }
+
+  private startsValue(tail: Buffer): boolean {
+    return this.pairs.some((pair) => pair.from.subarray(0, tail.length).equals(tail))
   }
 }
 
@@ -132,6 +138,7 @@ class Fragments {
   /** The first 4 bytes of each run: a cheap test before the full one. */
   private readonly heads = new Set<number>()
   private readonly mask: number
+  private readonly values: Buffer[]
 
   constructor(secrets: readonly ProxySecret[]) {
     const values = secrets.map((s) => Buffer.from(s.value)).filter((v) => v.length >= FRAGMENT_BYTES)
@@ -141,8 +148,14 @@ class Fragments {
         this.heads.add(value.readUInt32BE(at))
       }
     }
+    this.values = values
     const used = new Set(values.flatMap((v) => [...v]))
     this.mask = [0x2a, ...Array(256).keys()].find((byte) => !used.has(byte)) ?? 0x2a
+  }
+
+  /** Whether `tail` (shorter than a run) is how some run of a value begins. */
+  private startsRun(tail: Buffer): boolean {
+    return this.values.some((v) => v.subarray(0, v.length - FRAGMENT_BYTES + tail.length).includes(tail))
   }
 
   push(chunk: Buffer, final: boolean): Buffer {
@@ -156,12 +169,14 @@ class Fragments {
       if (this.runs.has(data.toString('latin1', at, at + FRAGMENT_BYTES)))
         masked.fill(1, at, at + FRAGMENT_BYTES)
     }
-    // A byte is settled once every run that could cover it has been checked.
-    const settled = final ? data.length : Math.max(0, data.length - (FRAGMENT_BYTES - 1))
+    // A byte is settled once no run can cover it: every run starting up to it has been checked, and
+    // none can start after it (the bytes from there on begin no run).
+    let settled = final ? data.length : Math.max(0, data.length - (FRAGMENT_BYTES - 1))
+    while (settled < data.length && !this.startsRun(data.subarray(settled))) settled++
     const out = Buffer.from(data.subarray(0, settled))
     for (let i = 0; i < settled; i++) if (masked[i]) out[i] = this.mask
     this.pending = Buffer.from(data.subarray(settled))
-    this.checkFrom = at - settled
+    this.checkFrom = Math.max(0, at - settled)
     // Every run found starts before `settled`, so what it covers of the rest is a prefix.
     this.maskedUntil = masked.subarray(settled).lastIndexOf(1) + 1
     return out

@@ -377,7 +377,9 @@ export class EgressProxy {
         method: req.method,
         path: `${target.pathname}${target.search}`,
         headers,
-        agent: this.httpAgent,
+        // A connection that carried a secret is not reused: state a host keeps per connection
+        // (NTLM-style authentication) must not reach another host on the same address.
+        agent: bound.length > 0 ? false : this.httpAgent,
       },
       (upstreamRes) => relayResponse(upstreamRes, res, bound),
     )

@@ -14,12 +14,20 @@ const SUBNET = 231
 const { hostSide: HOST_SIDE, address: TEST_HOST } = netnsAddresses(SUBNET)
 // A name for the test host, known to this server's egress proxy alone (its `egressHosts` map).
 const TEST_NAME = `egress-${process.pid}.cairn.test`
+// A name the operator maps to the host's loopback, spelled as an IPv4-mapped IPv6 address.
+const LOOPBACK_NAME = `loopback-${process.pid}.cairn.test`
 let netnsHost: NetnsHost | undefined
 let web: ChildProcess | undefined
+/** A test host's server that says `Connection: keep-alive`, as most SSE handlers do. */
+let keepAliveWeb: ChildProcess | undefined
+const KEEP_ALIVE_PORT = 8082
 let webRoot = ''
 let t: TestServer
 let hostLoopback: http.Server
 let hostLoopbackPort = 0
+/** Listens on every address of the host (dual-stack): what the host's own addresses reach. */
+let hostAny: http.Server
+let hostAnyPort = 0
 
 beforeAll(async () => {
   netnsHost = createNetnsHost('egress', SUBNET)
@@ -42,12 +50,30 @@ beforeAll(async () => {
       await new Promise((r) => setTimeout(r, 100))
     }
   }
+  keepAliveWeb = netnsHost.spawn(
+    [
+      process.execPath,
+      '-e',
+      `require("http").createServer((req, res) => {
+         res.writeHead(200, { connection: "keep-alive", "keep-alive": "timeout=30", "content-length": req.url.length + 4 })
+         res.end("ok " + req.url + "\\n")
+       }).listen(${KEEP_ALIVE_PORT}, "${TEST_HOST}")`,
+    ],
+    { stdio: 'ignore' },
+  )
   hostLoopback = http.createServer((_req, res) => res.end('host loopback secret\n'))
   await new Promise<void>((resolve) => hostLoopback.listen(0, '127.0.0.1', resolve))
   hostLoopbackPort = (hostLoopback.address() as AddressInfo).port
 
+  hostAny = http.createServer((_req, res) => res.end('host any-address secret\n'))
+  await new Promise<void>((resolve) => hostAny.listen(0, '::', resolve))
+  hostAnyPort = (hostAny.address() as AddressInfo).port
+
   t = await startTestServer({
-    server: { egressPrivateExceptions: [TEST_HOST], egressHosts: { [TEST_NAME]: TEST_HOST } },
+    server: {
+      egressPrivateExceptions: [TEST_HOST],
+      egressHosts: { [TEST_NAME]: TEST_HOST, [LOOPBACK_NAME]: '0:0:0:0:0:ffff:7f00:1' },
+    },
   })
   const probe = [
     'import socket, subprocess, sys, urllib.request',
@@ -86,6 +112,16 @@ beforeAll(async () => {
     '        return socket.getaddrinfo(name, 443)[0][4][0]',
     '    except Exception as e:',
     '        return "ERR " + type(e).__name__',
+    // A CONNECT through the explicit proxy: the proxy's answer's status line.
+    'def connect(target):',
+    '    try:',
+    '        s = socket.create_connection(("127.0.0.1", 3128), timeout=5)',
+    '        s.sendall(("CONNECT %s HTTP/1.1\\r\\nHost: %s\\r\\n\\r\\n" % (target, target)).encode())',
+    '        reply = s.recv(4096).decode(errors="replace")',
+    '        s.close()',
+    '        return reply.split("\\r\\n")[0] if reply else "ERR closed"',
+    '    except Exception as e:',
+    '        return "ERR " + type(e).__name__',
     'while True:',
     '    line = input()',
     '    kind, _, arg = line.partition(" ")',
@@ -94,6 +130,7 @@ beforeAll(async () => {
     '    elif kind == "dns": print(dns(arg))',
     '    elif kind == "tls": h, p = arg.split(":"); print(tls(h, int(p)))',
     '    elif kind == "run": print(run(arg).replace("\\n", " | "))',
+    '    elif kind == "connect": print(connect(arg))',
   ].join('\n')
   for (const [name, network] of [
     ['allowed', `network:\n  allow: ["${TEST_HOST}:8080", "${TEST_NAME}:8080"]\n`],
@@ -107,10 +144,16 @@ beforeAll(async () => {
   }
 })
 
+/** `host:port`, an IPv6 address in brackets. */
+const authority = (host: string, port: number) =>
+  host.includes(':') ? `[${host}]:${port}` : `${host}:${port}`
+
 afterAll(async () => {
   await t?.close()
   hostLoopback?.close()
+  hostAny?.close()
   web?.kill('SIGKILL')
+  keepAliveWeb?.kill('SIGKILL')
   netnsHost?.remove()
   if (webRoot) await rm(webRoot, { recursive: true, force: true })
 })
@@ -137,6 +180,62 @@ describe('egress is denied unless allowed', () => {
     expect(decisions).toContain(`${HOST_SIDE}:false`)
     expect(decisions).toContain('169.254.169.254:false')
     expect(decisions).toContain('example.com:false')
+  })
+
+  it("refuses the host's loopback and own addresses in every spelling, even when the allowlist names them", async () => {
+    const apiPort = Number(new URL(t.url).port)
+    // The control API listens on 127.0.0.1: each spelling of a loopback address, as a CONNECT target.
+    const loopback = [
+      '127.0.0.1',
+      '127.1',
+      '127.0.1',
+      '0x7f.1',
+      '0x7f000001',
+      '2130706433',
+      '017700000001',
+      '0177.0.0.1',
+      '127.000.000.001',
+      '0',
+      '0.0.0.0',
+      '::1',
+      '::0:1',
+      '0:0:0:0:0:0:0:1',
+      '::',
+      '::ffff:127.0.0.1',
+      '0:0:0:0:0:ffff:127.0.0.1',
+      '::127.0.0.1',
+      '0::ffff:7f00:1',
+      '::ffff:7f00:1',
+      '::ffff:0:7f00:1',
+      '::7f00:1',
+      '64:ff9b::7f00:1',
+      '2002:7f00:1::1',
+      'localhost',
+      LOOPBACK_NAME,
+    ]
+    // Every address of the host's own interfaces (link-local ones need a zone to be reached).
+    const own = Object.values(os.networkInterfaces())
+      .flat()
+      .map((info) => info?.address ?? '')
+      .filter((address) => address && !address.startsWith('fe80:'))
+    const targets = [
+      ...loopback.map((host) => ({ host, port: apiPort })),
+      ...own.map((host) => ({ host, port: hostAnyPort })),
+    ]
+    expect(own.length).toBeGreaterThan(2)
+    const { id } = await t.api.createSession('closed', {
+      network: { allow: targets.map(({ host, port }) => authority(host, port)) },
+    })
+    const answers: string[] = []
+    for (const { host, port } of targets) {
+      const target = authority(host, port)
+      answers.push(`${target} ${(await t.api.send(id, `connect ${target}`)).text.trim()}`)
+    }
+    expect(answers).toEqual(
+      targets.map(({ host, port }) => `${authority(host, port)} HTTP/1.1 403 Forbidden`),
+    )
+    const log = await t.api.call('GET', `/v1/sessions/${id}/network`)
+    expect(log.body.data.filter((e: { allowed: boolean }) => e.allowed)).toEqual([])
   })
 
   it('gives an agent without an allowlist loopback only', async () => {
@@ -194,6 +293,26 @@ describe('egress is denied unless allowed', () => {
     expect(decisions).toContain('192.0.2.7:443:false')
     expect(decisions).toContain(`${TEST_HOST}:8081:false`)
     expect(decisions).toContain(`${HOST_SIDE}:443:false`)
+  })
+
+  it('serves a keep-alive client several calls in a row through the transparent egress', async () => {
+    const { id } = await t.api.createSession('closed', {
+      network: { allow: [`${TEST_NAME}:${KEEP_ALIVE_PORT}`] },
+    })
+    // Node's http ignores the proxy variables: the calls go out through the redirect and the
+    // forwarder, which sends each connection's request as one proxy request.
+    const script = [
+      'const http = require("http");',
+      'const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });',
+      `const get = (n) => new Promise((done) => http.get({ host: "${TEST_NAME}", port: ${KEEP_ALIVE_PORT}, path: "/k" + n, agent }, (r) => {`,
+      '  let body = ""; r.on("data", (d) => (body += d)); r.on("end", () => done(r.statusCode + " " + body.trim()))',
+      '}).on("error", (e) => done("ERR " + e.code)));',
+      ';(async () => { const out = []; for (let n = 1; n <= 4; n++) out.push(await get(n)); console.log(out.join(", ")) })()',
+    ].join('\n')
+    // One line (the probe reads lines), in single quotes (the script has none).
+    expect((await t.api.send(id, `run node -e '${script.replaceAll('\n', ' ')}'`)).text.trim()).toBe(
+      '200 ok /k1, 200 ok /k2, 200 ok /k3, 200 ok /k4 [exit 0]',
+    )
   })
 
   it("keeps the forwarder's ports out of the session's open ports and previews", async () => {

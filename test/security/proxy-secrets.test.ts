@@ -27,24 +27,57 @@ let testCaPem = ''
 const openssl = (...args: string[]) => execFileSync('openssl', args, { stdio: 'pipe', cwd: dir })
 
 const HOST_SERVER = `
-import http.server, json, ssl, sys, threading
+import gzip, http.server, json, ssl, sys, threading
 host, log = sys.argv[1], sys.argv[2]
 lock = threading.Lock()
 class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def echo_back(self, body):
+        # Echoes the credential through every standard way of cutting or coding a body.
+        auth = self.headers.get("Authorization") or ""
+        if self.path == "/echo-range" and self.headers.get("Range", "").startswith("bytes="):
+            start, _, end = self.headers["Range"][6:].partition("-")
+            start, end = int(start), min(int(end or len(body) - 1), len(body) - 1)
+            self.send_response(206)
+            self.send_header("content-range", "bytes %d-%d/%d" % (start, end, len(body)))
+            body = body[start : end + 1]
+        elif self.path == "/echo-gzip":
+            # Compressed whatever the request accepts.
+            body = gzip.compress(body)
+            self.send_response(200)
+            self.send_header("content-encoding", "gzip")
+        elif self.path == "/echo-chunked":
+            self.send_response(200)
+            self.send_header("transfer-encoding", "chunked")
+            self.end_headers()
+            for at in range(0, len(body), 3):
+                piece = body[at : at + 3]
+                self.wfile.write(b"%x\\r\\n%s\\r\\n" % (len(piece), piece))
+            self.wfile.write(b"0\\r\\n\\r\\n")
+            return
+        elif self.path == "/echo-headers":
+            # Whole, and cut in two halves across two headers.
+            self.send_response(200)
+            self.send_header("x-echo", auth)
+            self.send_header("x-echo-" + auth[-12:], "name")
+            self.send_header("x-echo-a", auth[: len(auth) // 2])
+            self.send_header("x-echo-b", auth[len(auth) // 2 :])
+        else:
+            self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
     def do_GET(self):
         entry = {"port": self.server.server_address[1], "authorization": self.headers.get("Authorization"),
                  "apiKey": self.headers.get("x-api-key")}
         with lock, open(log, "a") as f:
             f.write(json.dumps(entry) + "\\n")
         # /echo hands the credential back, as an error message or a "whoami" might.
-        if self.path == "/echo":
+        if self.path.startswith("/echo"):
             body = ("echo %s\\n" % entry["authorization"]).encode()
         else:
             body = ("ok on %d\\n" % entry["port"]).encode()
-        self.send_response(200)
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        self.echo_back(body)
     def log_message(self, *args):
         pass
 def serve(port, tls):
@@ -65,7 +98,7 @@ threading.Event().wait()
 // The agent: calls a URL with its token in Authorization and x-api-key (urllib or curl), keeps
 // each answer in the workspace, and dumps everything it can see of its environment there too.
 const PROBE = `
-import glob, os, ssl, subprocess, urllib.request
+import glob, gzip, json, os, ssl, subprocess, urllib.error, urllib.request
 token = os.environ["API_TOKEN"]
 def get(url, cafile=None):
     request = urllib.request.Request(url, headers={"Authorization": "Bearer " + token, "x-api-key": token})
@@ -87,6 +120,27 @@ def bare(url):
     done = subprocess.run(["env", *unset, "curl", "-sS", "--max-time", "10", "-H", "Authorization: Bearer " + token, url],
                           capture_output=True, text=True)
     return (done.stdout + done.stderr).strip()
+def fetch(url, extra):
+    answer = fetched(url, extra)
+    with open("fetched.txt", "a") as f:
+        f.write(answer + "\\n")
+    return answer
+def fetched(url, extra):
+    # Everything a client sees of an answer, as one line: status, headers, body (gunzipped).
+    headers = {"Authorization": "Bearer " + token}
+    for pair in extra:
+        name, _, value = pair.partition("=")
+        headers[name] = value
+    try:
+        response = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10)
+        body = response.read()
+        if response.headers.get("content-encoding") == "gzip":
+            body = gzip.decompress(body)
+        return json.dumps([response.status, response.headers.items(), body.decode("latin-1")])
+    except urllib.error.HTTPError as e:
+        return json.dumps([e.code, e.headers.items(), e.read().decode("latin-1")])
+    except Exception as e:
+        return "ERR " + type(e).__name__ + " " + str(e)[:200]
 def dump():
     parts = [subprocess.run(["env"], capture_output=True, text=True).stdout]
     for name in glob.glob("/proc/*/environ"):
@@ -102,6 +156,7 @@ while True:
     if kind == "get": print(get(arg))
     elif kind == "getca": print(get(arg, "/workspace/test-ca.pem"))
     elif kind == "curl": print(curl(arg))
+    elif kind == "fetch": print(fetch(arg.split(" ")[0], arg.split(" ")[1:]))
     elif kind == "bare": print(bare(arg))
     elif kind == "token": print(token)
     elif kind == "dump": print(dump())
@@ -338,6 +393,42 @@ describe('proxy-scoped secrets', () => {
       { port: PORTS.boundHttp, authorization: `Bearer ${REAL_VALUE}`, apiKey: null },
       { port: PORTS.freeHttp, authorization: `Bearer ${standIn}`, apiKey: null },
     ])
+  })
+
+  it('lets no 8 bytes of the value back to the agent, whether the host echoes it in slices (Range), chunked, compressed or in headers', async () => {
+    const { id } = await t.api.createSession('keyed')
+    const standIn = (await t.api.send(id, 'token')).text.trim()
+    /** Every 8-byte piece of the real value found in `text`. */
+    const pieces = (text: string) =>
+      [...Array(REAL_VALUE.length - 7).keys()]
+        .map((at) => REAL_VALUE.slice(at, at + 8))
+        .filter((piece) => text.includes(piece))
+    const answers: string[] = []
+    for (const base of [`https://${TEST_HOST}:${PORTS.boundTls}`, `http://${TEST_HOST}:${PORTS.boundHttp}`]) {
+      // "echo Bearer " is 12 bytes: these two ranges cut the value in halves, then one range each.
+      for (const range of ['0-27', '28-100', '12-19', '20-27', '28-35', '36-43'])
+        answers.push((await t.api.send(id, `fetch ${base}/echo-range Range=bytes=${range}`)).text)
+      answers.push((await t.api.send(id, `fetch ${base}/echo-range Range=bytes=0-27 If-Range=x`)).text)
+      for (const path of ['echo-gzip', 'echo-chunked', 'echo-headers'])
+        answers.push((await t.api.send(id, `fetch ${base}/${path}`)).text)
+      answers.push((await t.api.send(id, `fetch ${base}/echo-gzip Accept-Encoding=gzip`)).text)
+    }
+    expect(answers.filter((answer) => answer.startsWith('ERR'))).toEqual([])
+    // What the agent saw, in the sandbox (the transcript is redacted on the way out).
+    const seen = readFileSync(path.join(t.server.runtime.pool.workspacePath(id), 'fetched.txt'), 'latin1')
+    expect(seen.split('\n').filter(Boolean)).toHaveLength(answers.length)
+    expect(pieces(seen)).toEqual([])
+    // The host did get the value each time, and whole echoes still come back as the stand-in.
+    expect(
+      seenByHost()
+        .slice(-answers.length)
+        .every((s) => s.authorization === `Bearer ${REAL_VALUE}`),
+    ).toBe(true)
+    // Each answer whole (no range was asked for), decoded, with the stand-in in place of the value.
+    for (const answer of seen.split('\n').filter(Boolean)) {
+      expect(answer.startsWith('[200, ')).toBe(true)
+      expect(answer).toContain(`echo Bearer ${standIn}\\n`)
+    }
   })
 
   it('refuses a proxy secret without hosts, and hosts on other scopes', async () => {

@@ -56,18 +56,30 @@ describe('first bytes of a tunnel', () => {
     expect(inspectFirstBytes(endless).kind).toBe('unreadable')
   })
 
-  it('refuses a name other than the tunnel host, and leaves tunnels to addresses alone', () => {
+  it('refuses a name other than the tunnel host, or none, and any name on a tunnel to an address', () => {
     const tlsTo = (serverName: string | undefined) => ({ kind: 'tls' as const, serverName })
     expect(firstBytesRefusal('api.example.com', tlsTo('api.example.com'))).toBeUndefined()
     expect(firstBytesRefusal('API.example.com.', tlsTo('api.example.com'))).toBeUndefined()
-    expect(firstBytesRefusal('api.example.com', tlsTo(undefined))).toBeUndefined()
+    // Without a server name the host picks the site (its default, or the Host inside the TLS).
+    expect(firstBytesRefusal('api.example.com', tlsTo(undefined))).toMatch(/without a server name/)
+    expect(firstBytesRefusal('api.example.com', { kind: 'http', host: undefined })).toMatch(/without a Host/)
     expect(firstBytesRefusal('api.example.com', tlsTo('evil.example'))).toMatch(
       /TLS server name 'evil.example'/,
     )
     expect(firstBytesRefusal('api.example.com', { kind: 'http', host: 'evil.example' })).toMatch(/HTTP Host/)
     expect(firstBytesRefusal('api.example.com', { kind: 'other' })).toBeUndefined()
     expect(firstBytesRefusal('api.example.com', { kind: 'unreadable', why: 'x' })).toMatch(/unreadable/)
-    expect(firstBytesRefusal('10.1.2.3', tlsTo('evil.example'))).toBeUndefined()
+    // A tunnel to an address was allowed for the address: it may name that address or nothing.
+    expect(firstBytesRefusal('10.1.2.3', tlsTo('evil.example'))).toMatch(/TLS server name 'evil.example'/)
+    expect(firstBytesRefusal('10.1.2.3', { kind: 'http', host: 'evil.example' })).toMatch(/HTTP Host/)
+    expect(firstBytesRefusal('10.1.2.3', { kind: 'unreadable', why: 'x' })).toMatch(/unreadable/)
+    expect(firstBytesRefusal('10.1.2.3', tlsTo(undefined))).toBeUndefined()
+    expect(firstBytesRefusal('10.1.2.3', tlsTo('10.1.2.3'))).toBeUndefined()
+    expect(firstBytesRefusal('10.1.2.3', { kind: 'http', host: undefined })).toBeUndefined()
+    expect(firstBytesRefusal('10.1.2.3', { kind: 'http', host: '10.1.2.3' })).toBeUndefined()
+    expect(firstBytesRefusal('2001:db8::1', { kind: 'http', host: '2001:db8:0::1' })).toBeUndefined()
+    expect(firstBytesRefusal('10.1.2.3', { kind: 'http', host: '10.1.2.4' })).toMatch(/HTTP Host/)
+    expect(firstBytesRefusal('10.1.2.3', { kind: 'other' })).toBeUndefined()
   })
 
   it('sees another name through the disguises a server still accepts', () => {
@@ -117,7 +129,7 @@ describe('the egress proxy checks what a CONNECT tunnel carries', () => {
     upstreamPort = (upstream.address() as net.AddressInfo).port
     proxy = new EgressProxy({
       socketPath: path.join(dir, 'egress.sock'),
-      policy: { allow: [`good.test:${upstreamPort}`] },
+      policy: { allow: [`good.test:${upstreamPort}`, `127.0.0.1:${upstreamPort}`] },
       privateExceptions: new Set(['127.0.0.1']),
       hosts: new Map([['good.test', ['127.0.0.1']]]),
       onEvent: (event) => events.push(event),
@@ -132,7 +144,10 @@ describe('the egress proxy checks what a CONNECT tunnel carries', () => {
   })
 
   /** Opens a tunnel, sends `payload`, and returns what came back before the tunnel closed or 500 ms. */
-  async function through(payload: Buffer): Promise<{ answer: string; closed: boolean }> {
+  async function through(
+    payload: Buffer,
+    target = 'good.test',
+  ): Promise<{ answer: string; closed: boolean }> {
     const socket = net.connect(path.join(dir, 'egress.sock'))
     socket.on('error', () => undefined)
     let answer = ''
@@ -143,7 +158,7 @@ describe('the egress proxy checks what a CONNECT tunnel carries', () => {
     socket.on('close', () => {
       closed = true
     })
-    socket.write(`CONNECT good.test:${upstreamPort} HTTP/1.1\r\nHost: good.test:${upstreamPort}\r\n\r\n`)
+    socket.write(`CONNECT ${target}:${upstreamPort} HTTP/1.1\r\nHost: ${target}:${upstreamPort}\r\n\r\n`)
     for (let i = 0; i < 50 && !answer.includes('banner\n'); i++) await new Promise((r) => setTimeout(r, 10))
     socket.write(payload)
     await new Promise((r) => setTimeout(r, 500))
@@ -178,6 +193,29 @@ describe('the egress proxy checks what a CONNECT tunnel carries', () => {
       "TLS server name 'evil.test' is not the tunnel's host 'good.test'",
       "HTTP Host 'evil.test' is not the tunnel's host 'good.test'",
     ])
+  })
+
+  it('closes a tunnel to a name whose ClientHello names nothing, and one to an address that names a site', async () => {
+    received.length = 0
+    events.length = 0
+    // No SNI: the Host inside the TLS (evil.test) would pick the site, unseen.
+    expect((await through(await clientHello(undefined))).closed).toBe(true)
+    expect((await through(Buffer.from('GET / HTTP/1.0\r\n\r\n'))).closed).toBe(true)
+    expect((await through(await clientHello('evil.test'), '127.0.0.1')).closed).toBe(true)
+    expect(
+      (await through(Buffer.from('GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n'), '127.0.0.1')).closed,
+    ).toBe(true)
+    expect(received).toEqual([])
+    expect(events.filter((e) => !e.allowed).map((e) => e.reason)).toEqual([
+      "TLS ClientHello without a server name on a tunnel to 'good.test'",
+      "HTTP request without a Host on a tunnel to 'good.test'",
+      "TLS server name 'evil.test' is not the tunnel's address '127.0.0.1'",
+      "HTTP Host 'evil.test' is not the tunnel's address '127.0.0.1'",
+    ])
+    // A tunnel to the address that names nothing, or the address, goes through.
+    const bare = await clientHello(undefined)
+    expect((await through(bare, '127.0.0.1')).closed).toBe(false)
+    expect(Buffer.concat(received).equals(bare)).toBe(true)
   })
 })
 

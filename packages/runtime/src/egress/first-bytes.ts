@@ -1,4 +1,5 @@
 import net from 'node:net'
+import { canonicalAddress } from './address-guard.js'
 
 /**
  * What a tunnel's client said first, read before anything reaches the host: the TLS server name
@@ -165,17 +166,31 @@ function stripPort(hostHeader: string): string {
 }
 
 /**
- * Why the first bytes of a tunnel to `target` must not go on, if they must not: a TLS server
- * name or an HTTP Host other than the name the tunnel was allowed for. A tunnel to an address
- * (allowed as such) is not checked; nor is a ClientHello without a server name (clients leave it
- * out for addresses).
+ * Why the first bytes of a tunnel to `target` must not go on, if they must not. The allowlist
+ * allowed the tunnel for its target, so the client may name that and nothing else:
+ * - a tunnel to a name: its TLS server name or HTTP Host must be that name, and must be there (a
+ *   ClientHello without SNI, or a request without Host, leaves the host to pick the site: its
+ *   default, or the Host sent inside the TLS, which no one here can read);
+ * - a tunnel to an address: it may name that address or nothing (clients send no SNI for an
+ *   address), never a site, which would ask the shared address for another host.
+ * Bytes no check can read are refused either way; other protocols (SSH, SMTP…) go on.
  */
 export function firstBytesRefusal(target: string, seen: FirstBytes): string | undefined {
   const wanted = target.toLowerCase().replace(/\.$/, '')
-  if (net.isIP(wanted) !== 0) return undefined
   if (seen.kind === 'unreadable') return `unreadable start of the connection (${seen.why})`
-  const named = seen.kind === 'tls' ? seen.serverName : seen.kind === 'http' ? seen.host : undefined
-  if (named === undefined) return undefined
+  if (seen.kind !== 'tls' && seen.kind !== 'http') return undefined
+  const named = seen.kind === 'tls' ? seen.serverName : seen.host
+  const address = canonicalAddress(wanted)
+  if (address !== undefined) {
+    if (named === undefined || canonicalAddress(named) === address) return undefined
+    return seen.kind === 'tls'
+      ? `TLS server name '${named}' is not the tunnel's address '${wanted}'`
+      : `HTTP Host '${named}' is not the tunnel's address '${wanted}'`
+  }
+  if (named === undefined)
+    return seen.kind === 'tls'
+      ? `TLS ClientHello without a server name on a tunnel to '${wanted}'`
+      : `HTTP request without a Host on a tunnel to '${wanted}'`
   if (named.replace(/\.$/, '') === wanted) return undefined
   return seen.kind === 'tls'
     ? `TLS server name '${named}' is not the tunnel's host '${wanted}'`

@@ -13,6 +13,9 @@ export interface EgressDecision {
 const DEFAULT_PORTS = new Set([80, 443])
 
 function splitHostPort(pattern: string): { host: string; port: number | undefined } {
+  // An IPv6 address, in brackets when a port follows: `[::1]:8443`.
+  const bracketed = /^\[([^\]]+)\](?::(\d+))?$/.exec(pattern.trim().toLowerCase())
+  if (bracketed) return { host: bracketed[1] ?? '', port: bracketed[2] ? Number(bracketed[2]) : undefined }
   const match = /^(.*?)(?::(\d+))?$/.exec(pattern.trim().toLowerCase())
   return { host: match?.[1] ?? '', port: match?.[2] ? Number(match[2]) : undefined }
 }

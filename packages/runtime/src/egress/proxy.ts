@@ -3,15 +3,19 @@ import { chmod, rm } from 'node:fs/promises'
 import http from 'node:http'
 import https from 'node:https'
 import net from 'node:net'
+import { pipeline } from 'node:stream'
 import tls from 'node:tls'
-import { forbiddenReason } from './address-guard.js'
+import { canonicalAddress, forbiddenReason, hostAddresses } from './address-guard.js'
 import type { EgressCa } from './egress-ca.js'
 import { firstBytesRefusal, inspectFirstBytes } from './first-bytes.js'
+import { endToEndHeaders, forwardedRequestHeaders } from './hop-by-hop.js'
 import { decide, type EgressPolicy } from './policy.js'
 import {
+  askPlainAnswer,
   type ProxySecret,
+  plainBody,
   SecretScrubber,
-  scrubbable,
+  scrubBytes,
   secretsBoundTo,
   swapInSecrets,
   swapOutSecrets,
@@ -66,37 +70,56 @@ function deny(res: http.ServerResponse): void {
   res.writeHead(403, { 'content-type': 'text/plain' }).end('egress denied by Cairn policy\n')
 }
 
-/** Streams the agent's request body upstream; an upstream failure becomes a 502 (if still possible). */
+/**
+ * A 502 for the agent (if still possible). Its text may quote the upstream (a certificate's names,
+ * a header it sent), so it is scrubbed of the bound secrets like the answer would have been.
+ */
+function badGateway(res: http.ServerResponse, text: string, secrets: readonly ProxySecret[]): void {
+  if (!res.headersSent) res.writeHead(502, { 'content-type': 'text/plain' })
+  res.end(scrubBytes(Buffer.from(`${text}\n`), secrets))
+}
+
+/** Streams the agent's request body upstream; an upstream failure becomes a 502. */
 function sendThrough(
   req: http.IncomingMessage,
   upstream: http.ClientRequest,
   res: http.ServerResponse,
+  secrets: readonly ProxySecret[],
 ): void {
-  upstream.on('error', (error) => {
-    if (!res.headersSent) res.writeHead(502, { 'content-type': 'text/plain' })
-    res.end(`upstream error: ${error.message}\n`)
-  })
+  upstream.on('error', (error) => badGateway(res, `upstream error: ${error.message}`, secrets))
   req.pipe(upstream)
 }
 
 /**
  * Sends an upstream answer on to the agent. With secrets bound to the host, their values become
- * stand-ins again in the headers and (when not compressed) in the body, whose length then changes.
+ * stand-ins again and any piece of one is masked, in the headers and in the body (decoded first;
+ * its length then changes); an answer that cannot be read as plain bytes is refused (502).
  */
 function relayResponse(
   upstreamRes: http.IncomingMessage,
   res: http.ServerResponse,
   secrets: readonly ProxySecret[],
 ): void {
-  const headers = swapOutSecrets(upstreamRes.headers, secrets)
-  if (secrets.length === 0 || !scrubbable(upstreamRes.headers)) {
-    res.writeHead(upstreamRes.statusCode ?? 502, headers)
+  const status = upstreamRes.statusCode ?? 502
+  if (secrets.length === 0) {
+    res.writeHead(status, endToEndHeaders(upstreamRes.headers))
     upstreamRes.pipe(res)
     return
   }
+  const plain = plainBody(status, upstreamRes.headers)
+  if ('refusal' in plain) {
+    upstreamRes.destroy()
+    badGateway(res, `egress refused ${plain.refusal}`, secrets)
+    return
+  }
+  const headers = endToEndHeaders(swapOutSecrets(upstreamRes.headers, secrets))
   delete headers['content-length']
-  res.writeHead(upstreamRes.statusCode ?? 502, headers)
-  upstreamRes.pipe(new SecretScrubber(secrets)).pipe(res)
+  delete headers['content-encoding']
+  res.writeHead(status, headers)
+  const stages: NodeJS.ReadWriteStream[] = [...plain.decoders, new SecretScrubber(secrets)]
+  pipeline([upstreamRes, ...stages, res], (error) => {
+    if (error) res.destroy()
+  })
 }
 
 /**
@@ -116,6 +139,8 @@ export class EgressProxy {
   private readonly terminated: http.Server
   private readonly targets = new WeakMap<net.Socket, TerminatedTarget>()
   private readonly upstreamAgent: https.Agent
+  /** This sandbox's own pool of plain HTTP connections (never shared with another sandbox's). */
+  private readonly httpAgent = new http.Agent({ keepAlive: true })
   private readonly sockets = new Set<net.Socket>()
 
   constructor(private readonly options: EgressProxyOptions) {
@@ -155,10 +180,12 @@ export class EgressProxy {
       record(false, decision.reason)
       return undefined
     }
+    // An address in any spelling (`127.1`, `[0::ffff:7f00:1]`) is that address, not a name.
+    const literal = canonicalAddress(host)
     let addresses: string[]
     try {
-      addresses = net.isIP(host)
-        ? [host]
+      addresses = literal
+        ? [literal]
         : [
             ...(this.options.hosts?.get(host.toLowerCase()) ??
               (await lookup(host, { all: true })).map((a) => a.address)),
@@ -167,14 +194,24 @@ export class EgressProxy {
       record(false, `cannot resolve ${host}`)
       return undefined
     }
+    // Judged on the addresses themselves, and the connection goes to the address judged (in its
+    // canonical form, which no resolver reads again): a name cannot rebind in between.
+    const own = hostAddresses()
+    const checked: string[] = []
     for (const address of addresses) {
-      const reason = forbiddenReason(address, this.options.privateExceptions)
-      if (reason) {
-        record(false, reason, address)
+      const reason = forbiddenReason(address, this.options.privateExceptions, own)
+      const canonical = canonicalAddress(address)
+      if (reason || !canonical) {
+        record(false, reason ?? `${address} is not an IP address`, address)
         return undefined
       }
+      checked.push(canonical)
     }
-    const address = addresses[0]
+    const address = checked[0]
+    if (address === undefined) {
+      record(false, `${host} has no address`)
+      return undefined
+    }
     record(true, `${decision.reason}${note}`, address)
     return address
   }
@@ -286,10 +323,10 @@ export class EgressProxy {
       res.writeHead(400, { 'content-type': 'text/plain' }).end('origin-form request target required\n')
       return
     }
-    const { headers } = swapInSecrets(req.headers, target.secrets)
+    const headers = forwardedRequestHeaders(req.headers, swapInSecrets(req.headers, target.secrets).headers)
     headers.host = target.port === 443 ? target.host : `${target.host}:${target.port}`
-    // An uncompressed answer can be scrubbed of a value the host echoes back.
-    headers['accept-encoding'] = 'identity'
+    // A whole, uncompressed answer can be scrubbed of a value the host echoes back.
+    askPlainAnswer(headers)
     const upstream = https.request(
       {
         host: target.address,
@@ -304,7 +341,7 @@ export class EgressProxy {
       },
       (upstreamRes) => relayResponse(upstreamRes, res, target.secrets),
     )
-    sendThrough(req, upstream, res)
+    sendThrough(req, upstream, res, target.secrets)
   }
 
   private async forward(req: http.IncomingMessage, res: http.ServerResponse): Promise<void> {
@@ -320,29 +357,39 @@ export class EgressProxy {
       return
     }
     const port = Number(target.port || 80)
-    const address = await this.resolve(target.hostname, port, req.method ?? 'GET')
+    // An IPv6 host keeps its brackets in a URL; the allowlist and the guard take the address.
+    const hostname = target.hostname.replace(/^\[(.*)\]$/, '$1')
+    const address = await this.resolve(hostname, port, req.method ?? 'GET')
     if (!address) {
       deny(res)
       return
     }
-    const bound = this.boundSecrets(target.hostname, port)
+    const bound = this.boundSecrets(hostname, port)
     const headers: http.OutgoingHttpHeaders = {
-      ...swapInSecrets(req.headers, bound).headers,
+      ...forwardedRequestHeaders(req.headers, swapInSecrets(req.headers, bound).headers),
       host: target.host,
     }
-    delete headers['proxy-connection']
-    delete headers['proxy-authorization']
-    if (bound.length > 0) headers['accept-encoding'] = 'identity'
+    if (bound.length > 0) askPlainAnswer(headers)
     const upstream = http.request(
-      { host: address, port, method: req.method, path: `${target.pathname}${target.search}`, headers },
+      {
+        host: address,
+        port,
+        method: req.method,
+        path: `${target.pathname}${target.search}`,
+        headers,
+        // A connection that carried a secret is not reused: state a host keeps per connection
+        // (NTLM-style authentication) must not reach another host on the same address.
+        agent: bound.length > 0 ? false : this.httpAgent,
+      },
       (upstreamRes) => relayResponse(upstreamRes, res, bound),
     )
-    sendThrough(req, upstream, res)
+    sendThrough(req, upstream, res, bound)
   }
 
   async close(): Promise<void> {
     for (const socket of this.sockets) socket.destroy()
     this.upstreamAgent.destroy()
+    this.httpAgent.destroy()
     await new Promise<void>((resolve) => this.server.close(() => resolve()))
     await rm(this.options.socketPath, { force: true })
   }

@@ -50,7 +50,6 @@ const PRIVATE_SPELLINGS = [
   '::ffff:169.254.169.254',
   '::ffff:a9fe:a9fe',
   '192.0.0.1',
-  '192.0.2.2',
   '198.18.0.1',
   '224.0.0.1',
   '255.255.255.255',
@@ -76,7 +75,19 @@ const PRIVATE_SPELLINGS = [
   '1::8.8.8.8',
 ]
 
-const PUBLIC = ['8.8.8.8', '93.184.215.14', '2606:4700:4700::1111', '64:ff9b::808:808', '2002:808:808::1']
+// The documentation ranges count as the outside world (sealed networks route them so, this CI's
+// package registry among them); a host's own address in them is refused by the interface check.
+const PUBLIC = [
+  '8.8.8.8',
+  '203.0.113.80',
+  '198.51.100.1',
+  '192.0.2.7',
+  '::ffff:203.0.113.80',
+  '93.184.215.14',
+  '2606:4700:4700::1111',
+  '64:ff9b::808:808',
+  '2002:808:808::1',
+]
 
 describe('the egress address guard', () => {
   it('refuses every spelling of loopback and unspecified addresses', () => {
@@ -109,6 +120,10 @@ describe('the egress address guard', () => {
     expect(forbiddenReason('::ffff:5db8:d70e', new Set(), ownPublic)).toMatch(/address of this host/)
     expect(forbiddenReason('2606:4700:4700:0::1111', new Set(), ownPublic)).toMatch(/address of this host/)
     expect(forbiddenReason('64:ff9b::5db8:d70e', new Set(), ownPublic)).toMatch(/address of this host/)
+    expect(forbiddenReason('192.0.2.2', new Set(), new Set(['192.0.2.2']))).toMatch(/address of this host/)
+    expect(forbiddenReason('::ffff:c000:202', new Set(), new Set(['192.0.2.2']))).toMatch(
+      /address of this host/,
+    )
   })
 
   it("lets an operator's exception through, in any spelling", () => {

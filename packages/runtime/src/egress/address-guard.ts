@@ -39,10 +39,21 @@ export function hostAddresses(): Set<string> {
   return out
 }
 
-/** IPv4: only global unicast (ipaddr.js's `unicast`, i.e. none of its special-purpose ranges). */
+/**
+ * The documentation ranges (RFC 5737: TEST-NET-1/2/3). ipaddr.js files them under `reserved`, but
+ * they name no part of this host or its private networks: sealed networks (this project's own CI
+ * among them) route them as the outside world, e.g. a package registry's mirror. The host's own
+ * addresses in them are still refused by the interface check.
+ */
+const DOCUMENTATION_V4 = ['192.0.2.0/24', '198.51.100.0/24', '203.0.113.0/24'].map((cidr) =>
+  ipaddr.IPv4.parseCIDR(cidr),
+)
+
+/** IPv4: only global unicast (ipaddr.js's `unicast`, i.e. none of its special-purpose ranges) and the documentation ranges. */
 function v4Reason(address: ipaddr.IPv4, own: ReadonlySet<string>): string | undefined {
   const range = address.range()
-  if (range !== 'unicast') return `${address} is not a public address (${range})`
+  const documentation = range === 'reserved' && DOCUMENTATION_V4.some((cidr) => address.match(cidr))
+  if (range !== 'unicast' && !documentation) return `${address} is not a public address (${range})`
   if (own.has(address.toString())) return `${address} is an address of this host`
   return undefined
 }

@@ -1,0 +1,277 @@
+import { existsSync } from 'node:fs'
+import net from 'node:net'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+// @ts-expect-error: a plain ESM build script without type declarations
+import { buildConsole } from '../../packages/console/build.mjs'
+import { type Browser, CHROMIUM, launchBrowser } from '../console/browser.js'
+import { previewFetch, previewOrigin, previewSocketAddress } from '../helpers/preview.js'
+import { makeProject, SHELL_PROJECT } from '../helpers/projects.js'
+import { startTestServer, type TestServer } from '../helpers/server.js'
+
+/**
+ * A hostile preview. The page a session's agent serves tries to reach the console's API key (kept
+ * in the console's sessionStorage) and the API: it reads every storage it can see, opens the
+ * console and reads that window's storage, fetches the API with credentials (and with whatever key
+ * it found), and registers a service worker for `/` (its script under /static/, the scope allowed
+ * by its own `Service-Worker-Allowed: /`). Its server also plants cookies for `/` and for the whole
+ * `localhost` domain, forges Cairn's own preview cookie, and asks for no opener isolation.
+ */
+const PAGE = `<!doctype html><html><head><meta charset="utf-8"><title>hostile</title></head><body>
+<script>
+const results = {}
+const note = (name, attempt) => attempt().then(
+  (value) => { results[name] = value },
+  (error) => { results[name] = 'error: ' + error.name + ': ' + error.message },
+)
+const api = new URLSearchParams(location.hash.slice(1)).get('api')
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
+async function attack() {
+  results.origin = location.origin
+  results.sessionStorage = JSON.stringify(Object.assign({}, sessionStorage))
+  results.localStorage = JSON.stringify(Object.assign({}, localStorage))
+  results.cookie = document.cookie
+  const stolen = Object.values(Object.assign({}, sessionStorage, localStorage)).find((v) => String(v).length > 20) || ''
+  await note('apiWithFoundKey', async () => {
+    const res = await fetch(api + '/v1/sessions', { credentials: 'include', headers: stolen ? { authorization: 'Bearer ' + stolen } : {} })
+    return 'status ' + res.status
+  })
+  await note('apiWithCredentials', async () => {
+    const res = await fetch(api + '/v1/sessions', { credentials: 'include' })
+    return 'status ' + res.status
+  })
+  await note('openedConsole', async () => {
+    const w = window.open(api + '/', 'console')
+    await sleep(500)
+    try { return JSON.stringify(Object.assign({}, w.sessionStorage)) } finally { w.close() }
+  })
+  await note('serviceWorkerForRoot', async () => {
+    await navigator.serviceWorker.register('static/sw.js', { scope: '/' })
+    return 'registered'
+  })
+  await note('serviceWorkerForItsDirectory', async () => {
+    await navigator.serviceWorker.register('static/sw.js', { scope: './static/' })
+    return 'registered'
+  })
+  window.results = results
+  document.title = 'done'
+}
+attack()
+</script></body></html>`
+
+const SERVICE_WORKER =
+  "self.addEventListener('fetch', (e) => e.respondWith(new Response('owned by the preview')))"
+
+const HOSTILE_HEADERS = [
+  ['Service-Worker-Allowed', '/'],
+  ['Set-Cookie', 'planted=1; Path=/'],
+  ['Set-Cookie', 'tossed=1; Path=/; Domain=localhost'],
+  ['Set-Cookie', 'cairn_preview=forged; Path=/'],
+  ['Cross-Origin-Opener-Policy', 'unsafe-none'],
+  ['Origin-Agent-Cluster', '?0'],
+]
+
+// The hostile service on port 8000; `/ws` answers an Upgrade with the same headers, then echoes.
+const HOSTILE_SERVER = `import http.server
+PAGES = {"/": ("text/html", ${JSON.stringify(PAGE)}), "/static/sw.js": ("text/javascript", ${JSON.stringify(SERVICE_WORKER)})}
+HOSTILE = ${JSON.stringify(HOSTILE_HEADERS)}
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def log_message(self, *args): pass
+    def do_GET(self):
+        path = self.path.split("?")[0]
+        if path == "/ws":
+            self.send_response(101)
+            self.send_header("Upgrade", "echo")
+            self.send_header("Connection", "Upgrade")
+            for name, value in HOSTILE: self.send_header(name, value)
+            self.end_headers(); self.wfile.flush()
+            while True:
+                data = self.connection.recv(1024)
+                if not data: break
+                self.connection.sendall(data)
+            self.close_connection = True
+            return
+        page = PAGES.get(path)
+        if page is None:
+            self.send_response(404); self.send_header("Content-Length", "0"); self.end_headers(); return
+        body = page[1].encode()
+        self.send_response(200)
+        self.send_header("Content-Type", page[0])
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in HOSTILE: self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
+http.server.ThreadingHTTPServer(("127.0.0.1", 8000), Handler).serve_forever()
+`
+
+let t: TestServer
+let sessionId = ''
+
+const signedUrl = async () => {
+  const res = await t.api.call('POST', `/v1/sessions/${sessionId}/ports/8000/url`, { ttlMs: 600_000 })
+  expect(res.status).toBe(200)
+  return res.body.url as string
+}
+
+beforeAll(async () => {
+  t = await startTestServer()
+  const project = await makeProject({ ...SHELL_PROJECT, 'hostile.py': HOSTILE_SERVER })
+  expect((await t.api.deploy(project)).status).toBe(201)
+  sessionId = (await t.api.createSession('shell')).id
+  const started = await t.api.send(
+    sessionId,
+    `(nohup python3 hostile.py >/tmp/hostile.log 2>&1 &) && for i in $(seq 100); do python3 -c "import socket; socket.create_connection(('127.0.0.1', 8000))" 2>/dev/null && break; sleep 0.05; done`,
+  )
+  expect(started.text).toContain('[exit 0]')
+})
+
+afterAll(async () => {
+  await t?.close()
+})
+
+describe('previews on their own origin', () => {
+  it('hands out preview URLs on a per-preview origin, never the API and console origin', async () => {
+    const url = new URL(await signedUrl())
+    expect(url.origin).not.toBe(new URL(t.url).origin)
+    expect(url.origin).toBe(previewOrigin(t.server.previewPort, sessionId, 8000))
+    const other = await t.api.call('POST', `/v1/sessions/${sessionId}/ports/8001/url`, { ttlMs: 60_000 })
+    expect(new URL(other.body.url).origin).not.toBe(url.origin)
+  })
+
+  it('serves no preview content on the API listener, with a key or a signed URL', async () => {
+    const withKey = await fetch(`${t.url}/v1/sessions/${sessionId}/ports/8000/`, {
+      headers: { authorization: `Bearer ${t.key}` },
+      redirect: 'manual',
+    })
+    expect(await withKey.text()).not.toContain('hostile')
+    expect(withKey.status).toBe(308)
+    const signed = new URL(await signedUrl())
+    const old = await fetch(`${t.url}/v1/sessions/${sessionId}/ports/8000/static/sw.js${signed.search}`, {
+      redirect: 'manual',
+    })
+    expect(old.status).toBe(308)
+    expect(await old.text()).not.toContain('owned by the preview')
+    // Old path-style links land on the preview's own origin.
+    expect(old.headers.get('location')).toBe(`${signed.origin}/static/sw.js${signed.search}`)
+    // No Upgrade is relayed on the API listener either.
+    const api = new URL(t.url)
+    const head = await rawUpgrade(
+      { host: api.hostname, port: Number(api.port) },
+      `/v1/sessions/${sessionId}/ports/8000/ws`,
+      api.host,
+      `authorization: Bearer ${t.key}\r\n`,
+    )
+    expect(head).not.toMatch(/^HTTP\/1\.1 101 /)
+  })
+
+  it("strips the preview's headers that reach beyond its origin, and forces opener isolation", async () => {
+    const url = await signedUrl()
+    const res = await previewFetch(url)
+    expect(res.status).toBe(200)
+    expect(await res.text()).toContain('hostile')
+    expect(res.headers.get('service-worker-allowed')).toBeNull()
+    const cookies = res.headers.getSetCookie()
+    expect(cookies).toContain('planted=1; Path=/')
+    expect(cookies.join('\n')).not.toMatch(/domain=/i)
+    expect(cookies.filter((c) => c.startsWith('cairn_preview=forged'))).toEqual([])
+    expect(cookies.find((c) => c.startsWith('tossed=1'))).toBe('tossed=1; Path=/')
+    expect(cookies.find((c) => c.startsWith('cairn_preview='))).toMatch(/; Path=\/; .*HttpOnly/)
+    expect(res.headers.get('cross-origin-opener-policy')).toBe('same-origin-allow-popups')
+    expect(res.headers.get('origin-agent-cluster')).toBe('?1')
+  })
+
+  it("strips the same headers from an Upgrade's handshake, and relays the bytes after it", async () => {
+    const url = new URL(await signedUrl())
+    const head = await rawUpgrade(
+      previewSocketAddress(url.href),
+      `${url.pathname}ws${url.search}`,
+      url.host,
+      '',
+      'ping\n',
+    )
+    expect(head).toMatch(/^HTTP\/1\.1 101 /)
+    expect(head.toLowerCase()).not.toContain('service-worker-allowed')
+    expect(head.toLowerCase()).not.toContain('domain=')
+    expect(head).not.toContain('cairn_preview=forged')
+    expect(head).toContain('cross-origin-opener-policy: same-origin-allow-popups')
+    expect(head.endsWith('ping\n')).toBe(true)
+  })
+})
+
+describe.skipIf(!existsSync(CHROMIUM))('a hostile preview page in chromium', () => {
+  let browser: Browser
+
+  beforeAll(async () => {
+    await buildConsole()
+  })
+
+  afterAll(async () => {
+    await browser?.close()
+  })
+
+  it("can neither read the console's storage nor call the API with its key", async () => {
+    browser = await launchBrowser(t.url)
+    const { page, context } = browser
+    await page.goto(`${t.url}/`)
+    await page.locator('#api-key').fill(t.key)
+    await page.getByRole('button', { name: 'Sign in' }).click()
+    await page.getByRole('heading', { name: 'Sessions' }).waitFor()
+    // What the page is after: the console keeps the key in its sessionStorage.
+    expect(JSON.stringify(await page.evaluate(() => ({ ...sessionStorage })))).toContain(t.key)
+
+    // The same tab follows a link to the preview, as a user would.
+    await page.goto(`${await signedUrl()}#api=${encodeURIComponent(t.url)}`)
+    await expect.poll(() => page.title(), { timeout: 20_000 }).toBe('done')
+    const results = (await page.evaluate('window.results')) as Record<string, string>
+
+    expect(results.origin).not.toBe(new URL(t.url).origin)
+    expect(results.sessionStorage).not.toContain(t.key)
+    expect(results.localStorage).not.toContain(t.key)
+    expect(results.cookie).not.toContain(t.key)
+    expect(results.apiWithFoundKey).toMatch(/^error: TypeError/)
+    expect(results.apiWithCredentials).toMatch(/^error: TypeError/)
+    expect(results.openedConsole).toMatch(/^error: SecurityError/)
+    expect(results.serviceWorkerForRoot).toMatch(/^error: SecurityError.*max scope/)
+    // Service workers work on the preview's own origin; the refusal above is the scope.
+    expect(results.serviceWorkerForItsDirectory).toBe('registered')
+
+    // Back on the console: no worker controls it, no preview cookie reached it, the key is intact.
+    await page.goto(`${t.url}/`)
+    await page.getByRole('heading', { name: 'Sessions' }).waitFor()
+    expect(await page.evaluate(async () => (await navigator.serviceWorker.getRegistrations()).length)).toBe(0)
+    expect(await page.evaluate(() => navigator.serviceWorker.controller)).toBeNull()
+    expect((await context.cookies(t.url)).map((c) => c.name)).toEqual([])
+    expect(JSON.stringify(await page.evaluate(() => ({ ...sessionStorage })))).toContain(t.key)
+  })
+})
+
+/** Sends an Upgrade request on a raw socket; what came back within a few seconds. */
+async function rawUpgrade(
+  address: { host: string; port: number },
+  path: string,
+  host: string,
+  extraHeaders: string,
+  afterHandshake?: string,
+): Promise<string> {
+  const socket = net.connect(address.port, address.host)
+  let received = ''
+  let sent = false
+  socket.on('error', () => undefined)
+  socket.on('data', (chunk) => {
+    received += chunk.toString()
+    if (afterHandshake && !sent && received.includes('\r\n\r\n')) {
+      sent = true
+      socket.write(afterHandshake)
+    }
+  })
+  socket.write(
+    `GET ${path} HTTP/1.1\r\nHost: ${host}\r\nConnection: Upgrade\r\nUpgrade: echo\r\n${extraHeaders}\r\n`,
+  )
+  const done = () =>
+    afterHandshake
+      ? received.endsWith(afterHandshake)
+      : received.includes('\r\n\r\n') && !received.includes(' 101 ')
+  for (let i = 0; i < 60 && !done(); i++) await new Promise((r) => setTimeout(r, 50))
+  socket.destroy()
+  return received
+}

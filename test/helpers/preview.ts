@@ -7,20 +7,22 @@ import http from 'node:http'
  */
 export async function previewFetch(
   url: string,
-  init: { method?: string; headers?: Record<string, string>; body?: string } = {},
+  /** `host`: sent as the `Host` header instead of the URL's (the URL's host is connected to). */
+  init: { method?: string; headers?: Record<string, string>; body?: string; host?: string } = {},
 ): Promise<Response> {
   const target = new URL(url)
-  if (!target.hostname.endsWith('.localhost')) {
+  const local = target.hostname.endsWith('.localhost')
+  if (!local && init.host === undefined) {
     return fetch(url, { ...init, redirect: 'manual' })
   }
   return new Promise((resolve, reject) => {
     const request = http.request(
       {
-        host: '127.0.0.1',
+        host: local ? '127.0.0.1' : target.hostname,
         port: Number(target.port || 80),
         method: init.method ?? 'GET',
         path: `${target.pathname}${target.search}`,
-        headers: { ...init.headers, host: target.host },
+        headers: { ...init.headers, host: init.host ?? target.host },
       },
       (res) => {
         const chunks: Buffer[] = []

@@ -164,6 +164,20 @@ describe('previews on their own origin', () => {
     expect(head).not.toMatch(/^HTTP\/1\.1 101 /)
   })
 
+  it('serves previews only on the hosts that name them, never on the bare preview listener', async () => {
+    const listener = `http://127.0.0.1:${t.server.previewPort}`
+    const own = new URL(await signedUrl())
+    for (const host of ['127.0.0.1', 'localhost', 'rebound.example.test', `${own.hostname}.example.test`]) {
+      const res = await fetch(`${listener}/${own.search}`, {
+        headers: { authorization: `Bearer ${t.key}`, host },
+      })
+      const text = await res.text()
+      expect(res.status, host).toBe(404)
+      expect(text, host).not.toContain('hostile')
+      expect(JSON.parse(text).error.code).toBe('not_found')
+    }
+  })
+
   it("strips the preview's headers that reach beyond its origin, and forces opener isolation", async () => {
     const url = await signedUrl()
     const res = await previewFetch(url)

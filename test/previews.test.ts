@@ -2,6 +2,7 @@ import { mkdtemp, rm } from 'node:fs/promises'
 import net from 'node:net'
 import os from 'node:os'
 import path from 'node:path'
+import { Cairn } from '@cairn/sdk'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { probeGvisor } from '../packages/runtime/src/sandbox/gvisor-driver.js'
 import { assertBuilt, spawnCli } from './helpers/cli.js'
@@ -103,6 +104,13 @@ describe('previews of services inside a session sandbox', () => {
       headers: { cookie: cookie.split(';')[0] ?? '' },
     })
     expect(otherOrigin.status).toBe(403)
+  })
+
+  it("hands the SDK a URL on the preview's own origin", async () => {
+    const client = new Cairn({ baseUrl: t.url, apiKey: t.key })
+    const { url } = await client.sessions.previewUrl(sessionId, 8000, { ttlMs: 60_000 })
+    expect(new URL(url).origin).toBe(originOf(sessionId, 8000))
+    expect(await (await previewFetch(at(url, 'hello.txt'))).text()).toBe('hello from the sandbox\n')
   })
 
   it('prints a signed URL with `cairn sessions open`', async () => {

@@ -249,6 +249,16 @@ describe.skipIf(!existsSync(CHROMIUM))('a hostile preview page in chromium', () 
     // Service workers work on the preview's own origin; the refusal above is the scope.
     expect(results.serviceWorkerForItsDirectory).toBe('registered')
 
+    // The preview's cookies stayed on its host: not on another preview's (port 8001), nor on the console's.
+    const own = new URL(page.url()).origin
+    expect((await context.cookies(own)).map((c) => c.name).sort()).toEqual([
+      'cairn_preview',
+      'planted',
+      'tossed',
+    ])
+    expect(await context.cookies(previewOrigin(t.server.previewPort, sessionId, 8001))).toEqual([])
+    expect((await context.cookies(own)).find((c) => c.name === 'cairn_preview')?.value).not.toBe('forged')
+
     // Back on the console: no worker controls it, no preview cookie reached it, the key is intact.
     await page.goto(`${t.url}/`)
     await page.getByRole('heading', { name: 'Sessions' }).waitFor()

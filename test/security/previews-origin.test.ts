@@ -269,6 +269,61 @@ describe.skipIf(!existsSync(CHROMIUM))('a hostile preview page in chromium', () 
   })
 })
 
+describe.skipIf(!existsSync(CHROMIUM))("an agent-written file in chromium's console", () => {
+  let browser: Browser
+
+  beforeAll(async () => {
+    await buildConsole()
+  })
+
+  afterAll(async () => {
+    await browser?.close()
+  })
+
+  // The console shows workspace images from object URLs, which are of the console's origin: an SVG
+  // opened from there (the tab follows the image) would run its script next to the API key.
+  it("shows images the agent wrote without ever running them on the console's origin", async () => {
+    const script =
+      "document.title = 'ran on ' + location.origin + ': ' + (() => { try { return JSON.stringify({ ...sessionStorage }) } catch (e) { return e.name } })()"
+    const files = {
+      // A real SVG, shown as an image, with a script.
+      'evil.svg': `<svg xmlns="http://www.w3.org/2000/svg" width="8" height="8"><script>${script}</script><rect width="8" height="8"/></svg>`,
+      // HTML named as a PNG: shown (broken) as an image/png.
+      'evil.png': `<!doctype html><html><head><title>x</title></head><body><script>${script}</script></body></html>`,
+    }
+    for (const [name, body] of Object.entries(files)) {
+      const encoded = Buffer.from(body).toString('base64')
+      const wrote = await t.api.send(sessionId, `echo ${encoded} | base64 -d > /workspace/${name}`)
+      expect(wrote.text).toContain('[exit 0]')
+    }
+    browser = await launchBrowser(t.url)
+    const { page } = browser
+    await page.goto(`${t.url}/`)
+    await page.locator('#api-key').fill(t.key)
+    await page.getByRole('button', { name: 'Sign in' }).click()
+    await page.getByRole('heading', { name: 'Sessions' }).waitFor()
+    for (const name of Object.keys(files)) {
+      await page.goto(`${t.url}/#/sessions/${sessionId}`)
+      await page.locator('nav.tabs a[data-tab="files"]').click()
+      await page.locator(`#file-tree button.file[data-path="/workspace/${name}"]`).click()
+      await page.locator('#file-viewer img').waitFor()
+      if (name.endsWith('.svg')) {
+        await page.waitForFunction(
+          () => (document.querySelector('#file-viewer img') as HTMLImageElement | null)?.naturalWidth === 8,
+        )
+      }
+      const src = (await page.locator('#file-viewer img').getAttribute('src')) ?? ''
+      // The user opens the image itself, in the same tab.
+      await page.goto(src)
+      await new Promise((r) => setTimeout(r, 300))
+      const title = await page.title()
+      expect(title, name).not.toContain(t.key)
+      expect(title, name).not.toContain(new URL(t.url).origin)
+      await page.goto(`${t.url}/`)
+    }
+  })
+})
+
 /** Sends an Upgrade request on a raw socket; what came back within a few seconds. */
 async function rawUpgrade(
   address: { host: string; port: number },

@@ -24,6 +24,7 @@ const note = (name, attempt) => attempt().then(
   (error) => { results[name] = 'error: ' + error.name + ': ' + error.message },
 )
 const api = new URLSearchParams(location.hash.slice(1)).get('api')
+const sibling = new URLSearchParams(location.hash.slice(1)).get('sibling')
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
 async function attack() {
   results.origin = location.origin
@@ -52,6 +53,10 @@ async function attack() {
     await navigator.serviceWorker.register('static/sw.js', { scope: './static/' })
     return 'registered'
   })
+  await note('siblingWithItsCookie', async () => {
+    const res = await fetch(sibling + '/secret', { credentials: 'include' })
+    return 'status ' + res.status + ': ' + (await res.text())
+  })
   window.results = results
   document.title = 'done'
 }
@@ -71,7 +76,7 @@ const HOSTILE_HEADERS = [
 ]
 
 // The hostile service on port 8000; `/ws` answers an Upgrade with the same headers, then echoes.
-const HOSTILE_SERVER = `import http.server
+const HOSTILE_SERVER = `import http.server, sys
 PAGES = {"/": ("text/html", ${JSON.stringify(PAGE)}), "/static/sw.js": ("text/javascript", ${JSON.stringify(SERVICE_WORKER)})}
 HOSTILE = ${JSON.stringify(HOSTILE_HEADERS)}
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -79,6 +84,15 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def log_message(self, *args): pass
     def do_GET(self):
         path = self.path.split("?")[0]
+        if path == "/secret":
+            # A service that trusts its cookie and lets any origin read it with credentials.
+            body = ("secret of port %d" % PORT).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Access-Control-Allow-Origin", self.headers.get("Origin") or "*")
+            self.send_header("Access-Control-Allow-Credentials", "true")
+            self.end_headers(); self.wfile.write(body)
+            return
         if path == "/ws":
             self.send_response(101)
             self.send_header("Upgrade", "echo")
@@ -101,14 +115,15 @@ class Handler(http.server.BaseHTTPRequestHandler):
         for name, value in HOSTILE: self.send_header(name, value)
         self.end_headers()
         self.wfile.write(body)
-http.server.ThreadingHTTPServer(("127.0.0.1", 8000), Handler).serve_forever()
+PORT = int(sys.argv[1])
+http.server.ThreadingHTTPServer(("127.0.0.1", PORT), Handler).serve_forever()
 `
 
 let t: TestServer
 let sessionId = ''
 
-const signedUrl = async () => {
-  const res = await t.api.call('POST', `/v1/sessions/${sessionId}/ports/8000/url`, { ttlMs: 600_000 })
+const signedUrl = async (port = 8000) => {
+  const res = await t.api.call('POST', `/v1/sessions/${sessionId}/ports/${port}/url`, { ttlMs: 600_000 })
   expect(res.status).toBe(200)
   return res.body.url as string
 }
@@ -120,7 +135,12 @@ beforeAll(async () => {
   sessionId = (await t.api.createSession('shell')).id
   const started = await t.api.send(
     sessionId,
-    `(nohup python3 hostile.py >/tmp/hostile.log 2>&1 &) && for i in $(seq 100); do python3 -c "import socket; socket.create_connection(('127.0.0.1', 8000))" 2>/dev/null && break; sleep 0.05; done`,
+    [8000, 8001]
+      .map(
+        (port) =>
+          `(nohup python3 hostile.py ${port} >/tmp/hostile-${port}.log 2>&1 &) && for i in $(seq 100); do python3 -c "import socket; socket.create_connection(('127.0.0.1', ${port}))" 2>/dev/null && break; sleep 0.05; done`,
+      )
+      .join(' && '),
   )
   expect(started.text).toContain('[exit 0]')
 })
@@ -178,6 +198,37 @@ describe('previews on their own origin', () => {
     }
   })
 
+  it('takes the preview cookie only on requests of its own pages, and plain navigations to it', async () => {
+    const url = new URL(await signedUrl())
+    const first = await previewFetch(url.href)
+    const cookie =
+      (first.headers.getSetCookie().find((c) => c.startsWith('cairn_preview=')) ?? '').split(';')[0] ?? ''
+    const get = async (metadata: Record<string, string>, method = 'GET') =>
+      (await previewFetch(`${url.origin}/secret`, { method, headers: { cookie, ...metadata } })).status
+    expect(await get({})).toBe(200)
+    expect(await get({ 'sec-fetch-site': 'same-origin', 'sec-fetch-mode': 'cors' })).toBe(200)
+    expect(await get({ 'sec-fetch-site': 'none', 'sec-fetch-mode': 'navigate' })).toBe(200)
+    expect(await get({ 'sec-fetch-site': 'cross-site', 'sec-fetch-mode': 'navigate' })).toBe(200)
+    // A sibling preview (same site under an operator's preview domain) or any site, from a script,
+    // an image or a form post: not with the user's cookie.
+    expect(await get({ 'sec-fetch-site': 'same-site', 'sec-fetch-mode': 'cors' })).toBe(403)
+    expect(await get({ 'sec-fetch-site': 'cross-site', 'sec-fetch-mode': 'no-cors' })).toBe(403)
+    expect(await get({ 'sec-fetch-site': 'same-site', 'sec-fetch-mode': 'navigate' }, 'POST')).toBe(403)
+    const refused = await previewFetch(`${url.origin}/secret`, {
+      headers: { cookie, 'sec-fetch-site': 'same-site', 'sec-fetch-mode': 'cors' },
+    })
+    expect(await refused.json()).toMatchObject({
+      error: { code: 'forbidden', details: { reason: 'foreign_request' } },
+    })
+    const ws = await rawUpgrade(
+      previewSocketAddress(url.href),
+      '/ws',
+      url.host,
+      `cookie: ${cookie}\r\nsec-fetch-site: same-site\r\nsec-fetch-mode: websocket\r\n`,
+    )
+    expect(ws).toMatch(/^HTTP\/1\.1 403 /)
+  })
+
   it("strips the preview's headers that reach beyond its origin, and forces opener isolation", async () => {
     const url = await signedUrl()
     const res = await previewFetch(url)
@@ -233,8 +284,14 @@ describe.skipIf(!existsSync(CHROMIUM))('a hostile preview page in chromium', () 
     // What the page is after: the console keeps the key in its sessionStorage.
     expect(JSON.stringify(await page.evaluate(() => ({ ...sessionStorage })))).toContain(t.key)
 
+    // The user opened another preview (port 8001) before: its cookie is in the browser.
+    const sibling = new URL(await signedUrl(8001))
+    await page.goto(`${sibling.origin}/secret${sibling.search}`)
+    expect(await page.textContent('body')).toBe('secret of port 8001')
+
     // The same tab follows a link to the preview, as a user would.
-    await page.goto(`${await signedUrl()}#api=${encodeURIComponent(t.url)}`)
+    const hash = new URLSearchParams({ api: t.url, sibling: sibling.origin })
+    await page.goto(`${await signedUrl()}#${hash}`)
     await expect.poll(() => page.title(), { timeout: 20_000 }).toBe('done')
     const results = (await page.evaluate('window.results')) as Record<string, string>
 
@@ -248,6 +305,8 @@ describe.skipIf(!existsSync(CHROMIUM))('a hostile preview page in chromium', () 
     expect(results.serviceWorkerForRoot).toMatch(/^error: SecurityError.*max scope/)
     // Service workers work on the preview's own origin; the refusal above is the scope.
     expect(results.serviceWorkerForItsDirectory).toBe('registered')
+    // Nor does it read another preview with that preview's cookie, however permissive its CORS.
+    expect(results.siblingWithItsCookie).not.toContain('secret of port 8001')
 
     // The preview's cookies stayed on its host: not on another preview's (port 8001), nor on the console's.
     const own = new URL(page.url()).origin
@@ -256,7 +315,8 @@ describe.skipIf(!existsSync(CHROMIUM))('a hostile preview page in chromium', () 
       'planted',
       'tossed',
     ])
-    expect(await context.cookies(previewOrigin(t.server.previewPort, sessionId, 8001))).toEqual([])
+    expect((await context.cookies(sibling.origin)).map((c) => c.name)).toEqual(['cairn_preview'])
+    expect(await context.cookies(previewOrigin(t.server.previewPort, sessionId, 8002))).toEqual([])
     expect((await context.cookies(own)).find((c) => c.name === 'cairn_preview')?.value).not.toBe('forged')
 
     // Back on the console: no worker controls it, no preview cookie reached it, the key is intact.

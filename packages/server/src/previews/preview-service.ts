@@ -149,7 +149,7 @@ export class PreviewService {
    * Who may reach the preview: a signed URL (query), the cookie a signed URL left, or an API key
    * with write access to the session's tenant. 401 without any, 403 for a bad or expired one.
    */
-  authorize(target: PreviewTarget, headers: IncomingHttpHeaders): AuthorizedPreview {
+  authorize(target: PreviewTarget, headers: IncomingHttpHeaders, method = 'GET'): AuthorizedPreview {
     const now = this.deps.clock.now()
     const signature = target.query.get(SIGNATURE_PARAM)
     const expires = target.query.get(EXPIRES_PARAM)
@@ -165,6 +165,7 @@ export class PreviewService {
     }
     const cookie = previewCookie(headers.cookie)
     if (cookie) {
+      refuseForeignCookieUse(headers, method)
       // `expires.epoch.signature`; cookies set before revocation existed have no epoch (0).
       const parts = cookie.split('.')
       const [expiresAtMs, epoch, sig] = parts.length === 2 ? [parts[0], '0', parts[1]] : parts
@@ -211,6 +212,24 @@ export class PreviewService {
 }
 
 const relayedKey = (sessionId: string, port: number) => `${sessionId}:${port}`
+
+/**
+ * The preview cookie stands for the user only on the preview's own pages: a request that another
+ * origin made the browser send (`Sec-Fetch-Site` same-site or cross-site: a sibling preview under
+ * the same preview domain, any site) may not ride on it, except a plain navigation (GET or HEAD:
+ * a link, a bookmark). Browsers that send no fetch metadata are let through.
+ */
+function refuseForeignCookieUse(headers: IncomingHttpHeaders, method: string): void {
+  const site = headers['sec-fetch-site']
+  if (site === undefined || site === 'same-origin' || site === 'none') return
+  const navigation = headers['sec-fetch-mode'] === 'navigate' && (method === 'GET' || method === 'HEAD')
+  if (navigation) return
+  throw new CairnProblem(
+    'forbidden',
+    `the preview cookie is not accepted on a request another origin made (Sec-Fetch-Site: ${site}); use a signed URL`,
+    { reason: 'foreign_request' },
+  )
+}
 
 function previewCookie(header: string | undefined): string | undefined {
   for (const part of header?.split(';') ?? []) {

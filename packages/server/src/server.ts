@@ -15,7 +15,7 @@ import { openDatabase } from './db/database.js'
 import { MemoryService } from './memory/memory-service.js'
 import { MetricsRegistry } from './metrics/registry.js'
 import { createPreviewListener, type PreviewListener } from './previews/preview-listener.js'
-import { PreviewOrigins } from './previews/preview-origins.js'
+import { DEFAULT_PREVIEW_DOMAIN, PreviewOrigins } from './previews/preview-origins.js'
 import { PreviewRevocations } from './previews/preview-revocations.js'
 import { PreviewService } from './previews/preview-service.js'
 import { PreviewSigner } from './previews/preview-signer.js'
@@ -27,6 +27,8 @@ import { SetupService } from './setup/setup-service.js'
 import { WorkspaceService } from './workspace/workspace-service.js'
 
 export const SERVER_VERSION = '0.1.0'
+
+const LOOPBACK_HOSTS = new Set(['127.0.0.1', '::1', 'localhost'])
 
 export interface RunningServer {
   url: string
@@ -163,6 +165,12 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     })
     previewListener = createPreviewListener(previews, config.previewDomain, logger)
     const previewPort = await listen(previewListener.server, config.previewPort, config.host)
+    if (config.previewDomain === DEFAULT_PREVIEW_DOMAIN && !LOOPBACK_HOSTS.has(config.host)) {
+      logger.warn(
+        { host: config.host, previewDomain: config.previewDomain },
+        'previews are served at <port>-ses-<id>.localhost, which only a browser on this machine reaches; set --preview-domain (CAIRN_PREVIEW_DOMAIN) to a domain whose subdomains resolve to this server',
+      )
+    }
     const app = await buildApp({
       db,
       logger,

@@ -13,7 +13,8 @@ import { startTestServer, type TestServer } from '../helpers/server.js'
  * in the console's sessionStorage) and the API: it reads every storage it can see, opens the
  * console and reads that window's storage, fetches the API with credentials (and with whatever key
  * it found), and registers a service worker for `/` (its script under /static/, the scope allowed
- * by its own `Service-Worker-Allowed: /`). Its server also plants cookies for `/` and for the whole
+ * by its own `Service-Worker-Allowed: /`), and reads another preview (port 8001, whose service lets
+ * any origin read it with credentials) with that preview's cookie. Its server also plants cookies for `/` and for the whole
  * `localhost` domain, forges Cairn's own preview cookie, and asks for no opener isolation.
  */
 const PAGE = `<!doctype html><html><head><meta charset="utf-8"><title>hostile</title></head><body>

@@ -1,5 +1,6 @@
 import { rm } from 'node:fs/promises'
 import { type Bench, progress, repeat, timedResult } from './lib/bench.js'
+import { NodeHttpClient } from './lib/client.js'
 import type { BenchResult } from './lib/results.js'
 import { makeProject, SHELL_AGENT, startBenchServer } from './lib/server.js'
 import { row } from './lib/stats.js'
@@ -15,7 +16,7 @@ const START_SERVER = [
 
 /**
  * A preview: GET of a small file from `python3 -m http.server` inside a session's sandbox through
- * /v1/sessions/{id}/ports/8000/, with the API key (node:http keep-alive). The first request of a
+ * the preview listener (`Host: 8000-ses-<id>.localhost`), with the API key (node:http keep-alive). The first request of a
  * sandbox also starts its port relay; later ones reuse it (one unix connection each). The floor is
  * GET /healthz with the same client.
  */
@@ -26,6 +27,11 @@ export const previews: Bench = {
     return timedResult('previews', async () => {
       const server = await startBenchServer()
       const dir = await makeProject('preview', 2, SHELL_AGENT)
+      const previewClient = new NodeHttpClient(`http://127.0.0.1:${server.server.previewPort}`, server.key)
+      const preview = (id: string) =>
+        previewClient.json('GET', '/hello.txt', undefined, {
+          host: `8000-${id.replace('_', '-')}.${server.server.previewDomain}`,
+        })
       try {
         await server.deploy(dir)
         const healthz = await healthzSamples(server.http, RUNS)
@@ -39,7 +45,7 @@ export const previews: Bench = {
           const started = await server.http.stream(`/v1/sessions/${id}/messages`, { prompt: START_SERVER })
           if (!started.text.includes('[exit 0]'))
             throw new Error(`could not start the server: ${started.text}`)
-          const res = await server.http.json('GET', `/v1/sessions/${id}/ports/8000/hello.txt`)
+          const res = await preview(id)
           if (res.status !== 200) throw new Error(`first preview answered ${res.status}`)
           first.push(res.ms)
           if (i === 0) warmSession = id
@@ -47,11 +53,10 @@ export const previews: Bench = {
         })
 
         progress(`${RUNS} warm preview requests`)
-        const route = `/v1/sessions/${warmSession}/ports/8000/hello.txt`
-        for (let i = 0; i < 20; i++) await server.http.json('GET', route)
+        for (let i = 0; i < 20; i++) await preview(warmSession)
         const warm: number[] = []
         await repeat(RUNS, 60_000, async () => {
-          const res = await server.http.json('GET', route)
+          const res = await preview(warmSession)
           if (res.status !== 200) throw new Error(`preview answered ${res.status}`)
           warm.push(res.ms)
         })
@@ -68,6 +73,7 @@ export const previews: Bench = {
           ],
         }
       } finally {
+        previewClient.close()
         await server.close()
         await rm(dir, { recursive: true, force: true })
       }

@@ -2,9 +2,11 @@ import { mkdtemp, rm } from 'node:fs/promises'
 import net from 'node:net'
 import os from 'node:os'
 import path from 'node:path'
+import { Cairn } from '@cairn/sdk'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { probeGvisor } from '../packages/runtime/src/sandbox/gvisor-driver.js'
 import { assertBuilt, spawnCli } from './helpers/cli.js'
+import { previewFetch, previewOrigin, previewSocketAddress } from './helpers/preview.js'
 import { makeProject, SHELL_PROJECT } from './helpers/projects.js'
 import { Api, startTestServer, type TestServer } from './helpers/server.js'
 
@@ -60,6 +62,23 @@ const signedUrl = async (port: number, ttlMs: number) => {
 }
 /** The signed URL with a path inside the preview instead of its root. */
 const at = (url: string, file: string) => url.replace('/?', `/${file}?`)
+/** The origin of a session port's previews: its own host on the preview listener. */
+const originOf = (id: string, port: number) => previewOrigin(t.server.previewPort, id, port)
+/** A request to a preview with the API key, as `Api.call` answers it. */
+const withKey = async (id: string, port: number, file: string, method = 'GET', body?: unknown) => {
+  const res = await previewFetch(`${originOf(id, port)}/${file}`, {
+    method,
+    headers: { authorization: `Bearer ${t.key}`, 'content-type': 'application/json' },
+    ...(body === undefined ? {} : { body: JSON.stringify(body) }),
+  })
+  const text = await res.text()
+  let json: unknown = text
+  try {
+    json = JSON.parse(text)
+  } catch {}
+  // biome-ignore lint/suspicious/noExplicitAny: test convenience
+  return { status: res.status, body: json as any }
+}
 
 describe('previews of services inside a session sandbox', () => {
   it('lists the open ports in the manifest', async () => {
@@ -69,20 +88,29 @@ describe('previews of services inside a session sandbox', () => {
 
   it('serves a file through a signed URL, and through the cookie that URL leaves', async () => {
     const { url, expiresAt } = await signedUrl(8000, 60_000)
-    expect(url.startsWith(`${t.url}/v1/sessions/${sessionId}/ports/8000/?`)).toBe(true)
+    expect(url.startsWith(`${originOf(sessionId, 8000)}/?`)).toBe(true)
     expect(Date.parse(expiresAt)).toBeGreaterThan(Date.now())
-    const res = await fetch(at(url, 'hello.txt'))
+    const res = await previewFetch(at(url, 'hello.txt'))
     expect(res.status).toBe(200)
     expect(await res.text()).toBe('hello from the sandbox\n')
     const cookie = res.headers.get('set-cookie') ?? ''
-    expect(cookie).toContain(`Path=/v1/sessions/${sessionId}/ports/8000/`)
-    const again = await fetch(`${t.url}/v1/sessions/${sessionId}/ports/8000/hello.txt`, {
+    expect(cookie).toContain('; Path=/;')
+    const again = await previewFetch(`${originOf(sessionId, 8000)}/hello.txt`, {
       headers: { cookie: cookie.split(';')[0] ?? '' },
     })
     expect(again.status).toBe(200)
-    // The directory listing's relative links need the trailing slash.
-    const bare = await fetch(url.replace('/?', '?'), { redirect: 'manual' })
-    expect(bare.status).toBe(308)
+    // The cookie is the preview's: another port of the session (another origin) does not take it.
+    const otherOrigin = await previewFetch(`${originOf(sessionId, 8001)}/`, {
+      headers: { cookie: cookie.split(';')[0] ?? '' },
+    })
+    expect(otherOrigin.status).toBe(403)
+  })
+
+  it("hands the SDK a URL on the preview's own origin", async () => {
+    const client = new Cairn({ baseUrl: t.url, apiKey: t.key })
+    const { url } = await client.sessions.previewUrl(sessionId, 8000, { ttlMs: 60_000 })
+    expect(new URL(url).origin).toBe(originOf(sessionId, 8000))
+    expect(await (await previewFetch(at(url, 'hello.txt'))).text()).toBe('hello from the sandbox\n')
   })
 
   it('prints a signed URL with `cairn sessions open`', async () => {
@@ -92,31 +120,33 @@ describe('previews of services inside a session sandbox', () => {
     const result = await done
     expect(result.code).toBe(0)
     const url = result.stdout.trim()
-    expect(url).toContain(`/v1/sessions/${sessionId}/ports/8000/?cairn_expires=`)
-    expect(await (await fetch(at(url, 'hello.txt'))).text()).toBe('hello from the sandbox\n')
+    expect(url).toContain(`${originOf(sessionId, 8000)}/?cairn_expires=`)
+    expect(await (await previewFetch(at(url, 'hello.txt'))).text()).toBe('hello from the sandbox\n')
   })
 
   it('serves the caller with an API key', async () => {
-    const res = await t.api.call('GET', `/v1/sessions/${sessionId}/ports/8000/hello.txt`)
+    const res = await withKey(sessionId, 8000, 'hello.txt')
     expect(res).toEqual({ status: 200, body: 'hello from the sandbox\n' })
     // Other methods and their bodies reach the service as they are (http.server refuses POST).
-    const post = await t.api.call('POST', `/v1/sessions/${sessionId}/ports/8000/form`, { a: 1 })
+    const post = await withKey(sessionId, 8000, 'form', 'POST', { a: 1 })
     expect(post.status).toBe(501)
     expect(String(post.body)).toContain('Unsupported method')
   })
 
   it('refuses without a key or signature (401), with a forged or expired one (403)', async () => {
-    const none = await fetch(`${t.url}/v1/sessions/${sessionId}/ports/8000/hello.txt`)
+    const none = await previewFetch(`${originOf(sessionId, 8000)}/hello.txt`)
     expect(none.status).toBe(401)
     expect(((await none.json()) as { error: { code: string } }).error.code).toBe('unauthorized')
     const { url } = await signedUrl(8000, 60_000)
-    const forged = await fetch(at(url, 'hello.txt').replace(/cairn_signature=[^&]+/, 'cairn_signature=AAAA'))
+    const forged = await previewFetch(
+      at(url, 'hello.txt').replace(/cairn_signature=[^&]+/, 'cairn_signature=AAAA'),
+    )
     expect(forged.status).toBe(403)
-    const otherPort = await fetch(at(url, 'hello.txt').replace('/ports/8000/', '/ports/8001/'))
+    const otherPort = await previewFetch(at(url, 'hello.txt').replace('//8000-', '//8001-'))
     expect(otherPort.status).toBe(403)
     const short = await signedUrl(8000, 1000)
     await new Promise((r) => setTimeout(r, 1100))
-    const expired = await fetch(at(short.url, 'hello.txt'))
+    const expired = await previewFetch(at(short.url, 'hello.txt'))
     expect(expired.status).toBe(403)
     expect(await expired.json()).toMatchObject({
       error: { code: 'forbidden', details: { reason: 'expired' } },
@@ -125,7 +155,7 @@ describe('previews of services inside a session sandbox', () => {
 
   it('revokes every signed URL of a port, and its cookies; URLs issued afterwards work', async () => {
     const before = await signedUrl(8000, 60_000)
-    const first = await fetch(at(before.url, 'hello.txt'))
+    const first = await previewFetch(at(before.url, 'hello.txt'))
     expect(first.status).toBe(200)
     const cookie = (first.headers.get('set-cookie') ?? '').split(';')[0] ?? ''
     // Another port of the same session: its URL is not revoked (nothing listens there: 502, not 403).
@@ -133,22 +163,22 @@ describe('previews of services inside a session sandbox', () => {
 
     const revoked = await t.api.call('DELETE', `/v1/sessions/${sessionId}/ports/8000/url`)
     expect(revoked).toEqual({ status: 200, body: { ok: true } })
-    const old = await fetch(at(before.url, 'hello.txt'))
+    const old = await previewFetch(at(before.url, 'hello.txt'))
     expect(old.status).toBe(403)
     expect(await old.json()).toMatchObject({ error: { code: 'forbidden', details: { reason: 'revoked' } } })
-    const oldCookie = await fetch(`${t.url}/v1/sessions/${sessionId}/ports/8000/hello.txt`, {
+    const oldCookie = await previewFetch(`${originOf(sessionId, 8000)}/hello.txt`, {
       headers: { cookie },
     })
     expect(oldCookie.status).toBe(403)
-    expect((await fetch(at(otherPort.url, 'x'))).status).toBe(502)
+    expect((await previewFetch(at(otherPort.url, 'x'))).status).toBe(502)
 
     const after = await signedUrl(8000, 60_000)
     expect(after.url).toContain('cairn_epoch=1')
-    const fresh = await fetch(at(after.url, 'hello.txt'))
+    const fresh = await previewFetch(at(after.url, 'hello.txt'))
     expect(fresh.status).toBe(200)
     expect(await fresh.text()).toBe('hello from the sandbox\n')
     // The epoch is signed: an old URL cannot be moved into the current one.
-    const moved = await fetch(at(`${before.url}&cairn_epoch=1`, 'hello.txt'))
+    const moved = await previewFetch(at(`${before.url}&cairn_epoch=1`, 'hello.txt'))
     expect(moved.status).toBe(403)
     expect(await moved.json()).toMatchObject({ error: { details: { reason: 'invalid_signature' } } })
 
@@ -164,28 +194,28 @@ describe('previews of services inside a session sandbox', () => {
     const result = await spawnCli(['sessions', 'revoke-urls', sessionId.slice(0, 10), '8000'], env).done
     expect(result.code).toBe(0)
     expect(result.stdout).toContain('Revoked the preview URLs of port 8000')
-    expect((await fetch(at(url, 'hello.txt'))).status).toBe(403)
+    expect((await previewFetch(at(url, 'hello.txt'))).status).toBe(403)
   })
 
   it("revokes all of a session's URLs when the session ends", async () => {
     const { id } = await t.api.createSession('shell')
     const res = await t.api.call('POST', `/v1/sessions/${id}/ports/8000/url`, { ttlMs: 60_000 })
     // Accepted (no sandbox runs yet), then dead once the session ends, also after it is resumed.
-    expect((await fetch(at(res.body.url, 'x'))).status).toBe(409)
+    expect((await previewFetch(at(res.body.url, 'x'))).status).toBe(409)
     expect((await t.api.call('POST', `/v1/sessions/${id}/end`)).status).toBe(200)
-    const ended = await fetch(at(res.body.url, 'x'))
+    const ended = await previewFetch(at(res.body.url, 'x'))
     expect(ended.status).toBe(403)
     expect(await ended.json()).toMatchObject({ error: { details: { reason: 'revoked' } } })
     expect((await t.api.call('POST', `/v1/sessions/${id}/resume`)).status).toBe(200)
-    expect((await fetch(at(res.body.url, 'x'))).status).toBe(403)
+    expect((await previewFetch(at(res.body.url, 'x'))).status).toBe(403)
     const next = await t.api.call('POST', `/v1/sessions/${id}/ports/8000/url`, { ttlMs: 60_000 })
-    expect((await fetch(at(next.body.url, 'x'))).status).toBe(409)
+    expect((await previewFetch(at(next.body.url, 'x'))).status).toBe(409)
   })
 
   it('counts preview requests as activity', async () => {
     const before = (await t.api.call('GET', `/v1/sessions/${sessionId}`)).body.lastActiveAt as string
     await new Promise((r) => setTimeout(r, 1100))
-    expect((await t.api.call('GET', `/v1/sessions/${sessionId}/ports/8000/hello.txt`)).status).toBe(200)
+    expect((await withKey(sessionId, 8000, 'hello.txt')).status).toBe(200)
     const after = (await t.api.call('GET', `/v1/sessions/${sessionId}`)).body.lastActiveAt as string
     expect(Date.parse(after)).toBeGreaterThan(Date.parse(before))
   })
@@ -198,7 +228,7 @@ describe('previews of services inside a session sandbox', () => {
     )
     // Four seconds of preview traffic: more than twice the keep-warm window.
     for (let i = 0; i < 10; i++) {
-      expect((await t.api.call('GET', `/v1/sessions/${id}/ports/8002/`)).status).toBe(200)
+      expect((await withKey(id, 8002, '')).status).toBe(200)
       await new Promise((r) => setTimeout(r, 400))
     }
     expect((await t.api.call('GET', `/v1/sessions/${id}`)).body.warm).toBe(true)
@@ -209,7 +239,8 @@ describe('previews of services inside a session sandbox', () => {
   it('relays an HTTP Upgrade and the bytes after it, without the API key', async () => {
     const { url } = await signedUrl(8001, 60_000)
     const target = new URL(url)
-    const socket = net.connect(Number(target.port), target.hostname)
+    const address = previewSocketAddress(url)
+    const socket = net.connect(address.port, address.host)
     let received = ''
     socket.on('data', (chunk) => {
       received += chunk.toString()
@@ -228,7 +259,8 @@ describe('previews of services inside a session sandbox', () => {
   it('closes a relayed Upgrade when the URLs of its port are revoked', async () => {
     const { url } = await signedUrl(8001, 60_000)
     const target = new URL(url)
-    const socket = net.connect(Number(target.port), target.hostname)
+    const address = previewSocketAddress(url)
+    const socket = net.connect(address.port, address.host)
     let received = ''
     let closed = false
     socket.on('data', (chunk) => {
@@ -250,11 +282,11 @@ describe('previews of services inside a session sandbox', () => {
   })
 
   it('answers with typed errors when nothing listens or no sandbox runs', async () => {
-    const closed = await t.api.call('GET', `/v1/sessions/${sessionId}/ports/8999/`)
+    const closed = await withKey(sessionId, 8999, '')
     expect(closed.status).toBe(502)
     expect(closed.body.error.code).toBe('port_unreachable')
     const cold = await t.api.createSession('shell')
-    const idle = await t.api.call('GET', `/v1/sessions/${cold.id}/ports/8000/`)
+    const idle = await withKey(cold.id, 8000, '')
     expect(idle.status).toBe(409)
     expect(idle.body.error.code).toBe('sandbox_not_running')
   })
@@ -267,7 +299,7 @@ describe('previews of services inside a session sandbox', () => {
     expect((await t.api.deploy(project)).status).toBe(201)
     const { id } = await t.api.createSession('boxed')
     expect((await t.api.send(id, 'hi')).text).toBe('hi\n')
-    const res = await t.api.call('GET', `/v1/sessions/${id}/ports/8000/`)
+    const res = await withKey(id, 8000, '')
     expect(res.status).toBe(400)
     expect(res.body.error.details).toMatchObject({ driver: 'gvisor', capability: 'ports' })
   })
@@ -292,13 +324,14 @@ describe('preview URL revocation across a restart', () => {
 
       second = await startTestServer({ dataDir })
       const api = new Api(second.url, first.key)
-      const moved = (url: string) => url.replace(first.url, second?.url ?? '')
+      const moved = (url: string) =>
+        url.replace(`.localhost:${first.server.previewPort}/`, `.localhost:${second?.server.previewPort}/`)
       // Signatures are checked before the sandbox is looked for: 409 means the URL was accepted.
-      const res = await fetch(moved(revokedUrl))
+      const res = await previewFetch(moved(revokedUrl))
       expect(res.status).toBe(403)
       expect(await res.json()).toMatchObject({ error: { details: { reason: 'revoked' } } })
-      expect((await fetch(moved(issuedAfter))).status).toBe(409)
-      expect((await fetch(await issue(api))).status).toBe(409)
+      expect((await previewFetch(moved(issuedAfter))).status).toBe(409)
+      expect((await previewFetch(await issue(api))).status).toBe(409)
     } finally {
       if (firstOpen) await first.close()
       await second?.close()

@@ -121,6 +121,7 @@ export class NodeHttpClient implements Client {
     body: unknown,
     onResponse: (res: http.IncomingMessage, t0: number) => void,
     reject: (error: Error) => void,
+    extraHeaders: http.OutgoingHttpHeaders = {},
   ): void {
     let payload: Buffer | undefined
     let contentType: string | undefined
@@ -131,7 +132,7 @@ export class NodeHttpClient implements Client {
       payload = Buffer.from(JSON.stringify(body))
       contentType = 'application/json'
     }
-    const headers: http.OutgoingHttpHeaders = { authorization: `Bearer ${this.key}` }
+    const headers: http.OutgoingHttpHeaders = { authorization: `Bearer ${this.key}`, ...extraHeaders }
     if (payload) {
       headers['content-type'] = contentType
       headers['content-length'] = payload.length
@@ -152,7 +153,13 @@ export class NodeHttpClient implements Client {
     req.end(payload)
   }
 
-  json(method: string, route: string, body?: unknown): Promise<JsonResponse> {
+  /** `headers` are sent besides the key (a preview's `Host`, for one). */
+  json(
+    method: string,
+    route: string,
+    body?: unknown,
+    headers?: http.OutgoingHttpHeaders,
+  ): Promise<JsonResponse> {
     return new Promise((resolve, reject) => {
       this.send(
         method,
@@ -175,6 +182,7 @@ export class NodeHttpClient implements Client {
           })
         },
         reject,
+        headers,
       )
     })
   }

@@ -6,6 +6,7 @@ import os from 'node:os'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { createNetnsHost, type NetnsHost, netnsAddresses } from '../helpers/netns.js'
+import { previewFetch, previewOrigin } from '../helpers/preview.js'
 import { makeProject } from '../helpers/projects.js'
 import { startTestServer, type TestServer } from '../helpers/server.js'
 
@@ -323,9 +324,12 @@ describe('egress is denied unless allowed', () => {
     expect(manifest.body.openPorts).toEqual([])
     // A preview of the forwarder would lend its caller the session's egress and proxy secrets.
     for (const port of [3128, 3129, 3153]) {
-      const res = await t.api.call('GET', `/v1/sessions/${id}/ports/${port}/`)
-      expect(res.status, JSON.stringify(res.body)).toBe(403)
-      expect(res.body.error.code).toBe('forbidden')
+      const res = await previewFetch(`${previewOrigin(t.server.previewPort, id, port)}/`, {
+        headers: { authorization: `Bearer ${t.key}` },
+      })
+      const body = (await res.json()) as { error: { code: string } }
+      expect(res.status, JSON.stringify(body)).toBe(403)
+      expect(body.error.code).toBe('forbidden')
     }
   })
 })

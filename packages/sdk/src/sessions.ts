@@ -242,6 +242,7 @@ export class Sessions {
   /**
    * A signed URL (valid `ttlMs`, default 1 h) to the service listening on `port` inside the
    * session's running sandbox; anyone holding it reaches that port of that session until it expires.
+   * The URL is on that session port's own origin (the server's preview listener), not the API's.
    */
   async previewUrl(
     id: string,

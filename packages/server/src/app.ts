@@ -17,6 +17,7 @@ import type { MemoryService } from './memory/memory-service.js'
 import { memoryRoutes } from './memory/routes.js'
 import type { MetricsRegistry } from './metrics/registry.js'
 import { installMetrics } from './metrics/route.js'
+import type { PreviewOrigins } from './previews/preview-origins.js'
 import type { PreviewService } from './previews/preview-service.js'
 import { isPreviewRequest, previewRoutes } from './previews/routes.js'
 import type { RetentionService } from './retention/retention-service.js'
@@ -42,6 +43,8 @@ export interface AppDeps {
   metrics: MetricsRegistry
   memory: MemoryService
   previews: PreviewService
+  /** Where previews are served (the preview listener); the API serves none itself. */
+  previewOrigins: PreviewOrigins
   setup: SetupService
   runtime: Runtime
   maxUploadBytes: number
@@ -111,7 +114,7 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   workspaceRoutes(app, deps.workspace)
   retentionRoutes(app, deps.retention)
   memoryRoutes(app, deps.memory, deps.agents, deps.sessions)
-  previewRoutes(app, deps.previews)
+  previewRoutes(app, deps.previews, deps.previewOrigins)
   setupRoutes(app, deps.setup, deps.sessions)
   runtimeRoute(app, deps.runtime)
   consoleRoutes(app)

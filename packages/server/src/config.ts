@@ -2,6 +2,7 @@ import { isIP } from 'node:net'
 import os from 'node:os'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
+import { checkPreviewDomain, DEFAULT_PREVIEW_DOMAIN } from './previews/preview-origins.js'
 
 export interface ServerOptions {
   dataDir?: string | undefined
@@ -52,6 +53,16 @@ export interface ServerOptions {
   writeCredentials?: boolean | undefined
   /** Base directory for per-instance runtime files (default /run/cairn). */
   runBase?: string | undefined
+  /**
+   * Port of the preview listener, where each session port is served on its own origin (env
+   * `CAIRN_PREVIEW_PORT`; default the API port + 1, or any free port when the API's is 0).
+   */
+  previewPort?: number | undefined
+  /**
+   * The domain whose subdomains `<port>-ses-<id>.<domain>` name previews (env
+   * `CAIRN_PREVIEW_DOMAIN`; default `localhost`, which browsers resolve to loopback on their own).
+   */
+  previewDomain?: string | undefined
 }
 
 export interface ResolvedConfig {
@@ -79,6 +90,8 @@ export interface ResolvedConfig {
   workspaceQuotaMiB: number | undefined
   writeCredentials: boolean
   runBase: string | undefined
+  previewPort: number
+  previewDomain: string
 }
 
 export function defaultDataDir(): string {
@@ -91,9 +104,15 @@ export const DEFAULT_MAX_UPLOAD_BYTES = 100 * 1024 * 1024
 
 export function resolveConfig(options: ServerOptions): ResolvedConfig {
   const envPort = process.env.CAIRN_PORT ? Number(process.env.CAIRN_PORT) : undefined
+  const port = options.port ?? envPort ?? DEFAULT_PORT
+  const envPreviewPort = process.env.CAIRN_PREVIEW_PORT ? Number(process.env.CAIRN_PREVIEW_PORT) : undefined
   return {
     dataDir: path.resolve(options.dataDir ?? defaultDataDir()),
-    port: options.port ?? envPort ?? DEFAULT_PORT,
+    port,
+    previewPort: options.previewPort ?? envPreviewPort ?? (port === 0 || port >= 65535 ? 0 : port + 1),
+    previewDomain: checkPreviewDomain(
+      options.previewDomain ?? process.env.CAIRN_PREVIEW_DOMAIN ?? DEFAULT_PREVIEW_DOMAIN,
+    ),
     host: options.host ?? process.env.CAIRN_HOST ?? DEFAULT_HOST,
     storage: options.storage ?? storageFromEnv(process.env.CAIRN_STORAGE),
     poolPath: options.poolPath ?? process.env.CAIRN_POOL_PATH,

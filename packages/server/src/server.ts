@@ -1,4 +1,6 @@
 import { chmod, mkdir, readFile, writeFile } from 'node:fs/promises'
+import type { Server } from 'node:http'
+import type { AddressInfo } from 'node:net'
 import path from 'node:path'
 import { type EgressSite, Runtime } from '@cairn/runtime'
 import pino, { type Logger } from 'pino'
@@ -12,6 +14,8 @@ import { writeCredentialsIfMissing } from './credentials.js'
 import { openDatabase } from './db/database.js'
 import { MemoryService } from './memory/memory-service.js'
 import { MetricsRegistry } from './metrics/registry.js'
+import { createPreviewListener, type PreviewListener } from './previews/preview-listener.js'
+import { DEFAULT_PREVIEW_DOMAIN, PreviewOrigins } from './previews/preview-origins.js'
 import { PreviewRevocations } from './previews/preview-revocations.js'
 import { PreviewService } from './previews/preview-service.js'
 import { PreviewSigner } from './previews/preview-signer.js'
@@ -24,9 +28,14 @@ import { WorkspaceService } from './workspace/workspace-service.js'
 
 export const SERVER_VERSION = '0.1.0'
 
+const LOOPBACK_HOSTS = new Set(['127.0.0.1', '::1', 'localhost'])
+
 export interface RunningServer {
   url: string
   port: number
+  /** The preview listener's port; previews are at http://<port>-ses-<id>.<previewDomain>:<previewPort>/. */
+  previewPort: number
+  previewDomain: string
   dataDir: string
   adminKeyPath: string
   /** Set when this start created the admin key (first start). */
@@ -57,6 +66,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     workspaceQuotaBytes: config.workspaceQuotaMiB ? config.workspaceQuotaMiB * 1024 * 1024 : undefined,
   })
   let opened = false
+  let previewListener: PreviewListener | undefined
   try {
     const { orphansReaped } = await runtime.open()
     opened = true
@@ -146,6 +156,22 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
         { sessions: recovered.sessions, turns: recovered.turns.length, preTurnSnapshotsTaken: repaired },
         'marked turns interrupted by the last shutdown',
       )
+    const previews = new PreviewService({
+      db,
+      keys,
+      sessions,
+      signer: new PreviewSigner(cipher.deriveKey('preview-url')),
+      revocations: new PreviewRevocations(db),
+      clock: systemClock,
+    })
+    previewListener = createPreviewListener(previews, config.previewDomain, logger)
+    const previewPort = await listen(previewListener.server, config.previewPort, config.host)
+    if (config.previewDomain === DEFAULT_PREVIEW_DOMAIN && !LOOPBACK_HOSTS.has(config.host)) {
+      logger.warn(
+        { host: config.host, previewDomain: config.previewDomain },
+        'previews are served at <port>-ses-<id>.localhost, which only a browser on this machine reaches; set --preview-domain (CAIRN_PREVIEW_DOMAIN) to a domain whose subdomains resolve to this server',
+      )
+    }
     const app = await buildApp({
       db,
       logger,
@@ -156,14 +182,8 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       metrics,
       memory,
       setup,
-      previews: new PreviewService({
-        db,
-        keys,
-        sessions,
-        signer: new PreviewSigner(cipher.deriveKey('preview-url')),
-        revocations: new PreviewRevocations(db),
-        clock: systemClock,
-      }),
+      previews,
+      previewOrigins: new PreviewOrigins(config.previewDomain, previewPort),
       runtime,
       agents,
       sessions,
@@ -188,6 +208,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     logger.info(
       {
         url,
+        previews: `http://<port>-ses-<id>.${config.previewDomain}:${previewPort}`,
         dataDir: config.dataDir,
         pool: runtime.pool.root,
         storage: runtime.pool.describe(),
@@ -199,6 +220,8 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     return {
       url,
       port,
+      previewPort,
+      previewDomain: config.previewDomain,
       retention: retentionService,
       dataDir: config.dataDir,
       adminKeyPath,
@@ -209,6 +232,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       runtime,
       close() {
         closing ??= (async () => {
+          await previewListener?.close()
           await app.close()
           await sessions.drain(config.shutdownGraceMs)
           await workspace.settle()
@@ -221,8 +245,20 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       },
     }
   } catch (error) {
+    await previewListener?.close()
     if (opened) await runtime.close().catch(() => undefined)
     db.close()
     throw error
   }
+}
+
+/** Listens on `port` (0: any) and answers the port bound. */
+function listen(server: Server, port: number, host: string): Promise<number> {
+  return new Promise((resolve, reject) => {
+    server.once('error', reject)
+    server.listen(port, host, () => {
+      server.off('error', reject)
+      resolve((server.address() as AddressInfo).port)
+    })
+  })
 }

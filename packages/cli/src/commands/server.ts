@@ -12,6 +12,8 @@ interface ServerOptions {
   egressAllowPrivate?: string
   buildEgressAllow?: string
   isolation?: 'bwrap' | 'gvisor'
+  previewPort?: number
+  previewDomain?: string
 }
 
 export const register: Register = (parent, ctx) => {
@@ -29,6 +31,15 @@ export const register: Register = (parent, ctx) => {
         positiveIntOrZero,
       )
       .option('--host <host>', 'address to listen on (default 127.0.0.1)')
+      .option(
+        '--preview-port <port>',
+        'port of the preview listener, where each session port is served on its own origin (env CAIRN_PREVIEW_PORT; default --port + 1, any when --port is 0)',
+        positiveIntOrZero,
+      )
+      .option(
+        '--preview-domain <domain>',
+        'previews are served at <port>-ses-<id>.<domain>; needs a wildcard DNS record to the preview listener unless it is localhost (env CAIRN_PREVIEW_DOMAIN; default localhost)',
+      )
       .option(
         '--storage <driver>',
         'workspace store: btrfs (default; O(1) snapshots, quotas) or dir (plain directories, copies grow with the file count) (env CAIRN_STORAGE)',
@@ -66,6 +77,8 @@ export const register: Register = (parent, ctx) => {
       dataDir: options.dataDir,
       port: options.port,
       host: options.host,
+      previewPort: options.previewPort,
+      previewDomain: options.previewDomain,
       poolPath: options.poolPath,
       storage: options.storage,
       workspaceQuotaMiB: options.workspaceQuotaMib || undefined,
@@ -77,6 +90,7 @@ export const register: Register = (parent, ctx) => {
     if (ctx.json) {
       out.record({
         url: server.url,
+        previews: `http://<port>-ses-<id>.${server.previewDomain}:${server.previewPort}`,
         dataDir: server.dataDir,
         adminKeyPath: server.adminKeyPath,
         adminKeyCreated: server.adminKey !== undefined,
@@ -84,6 +98,7 @@ export const register: Register = (parent, ctx) => {
       })
     } else {
       out.line(`Cairn server listening on ${out.c.bold(server.url)}`)
+      out.line(`Previews:      http://<port>-ses-<id>.${server.previewDomain}:${server.previewPort}`)
       out.line(`Data:          ${server.dataDir}`)
       out.line(`Admin API key: ${server.adminKeyPath}${server.adminKey ? ' (created now)' : ''}`)
       if (server.credentialsWritten)

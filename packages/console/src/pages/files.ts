@@ -17,6 +17,15 @@ const IMAGE_TYPES: Record<string, string> = {
   ico: 'image/x-icon',
   svg: 'image/svg+xml',
 }
+const SVG = 'image/svg+xml'
+
+function base64(bytes: Uint8Array): string {
+  let binary = ''
+  for (let i = 0; i < bytes.length; i += 0x8000) {
+    binary += String.fromCharCode(...bytes.subarray(i, i + 0x8000))
+  }
+  return btoa(binary)
+}
 
 const extension = (path: string) => (path.split('/').pop() ?? '').split('.').pop()?.toLowerCase() ?? ''
 
@@ -130,8 +139,11 @@ export function filesPanel(
     if (openPath !== entry.path) return
     const image = IMAGE_TYPES[extension(entry.path)]
     if (image) {
-      objectUrl = URL.createObjectURL(new Blob([bytes as BlobPart], { type: image }))
-      return fill(viewer, head, h('img', { src: objectUrl, alt: entry.path, class: 'preview' }))
+      // An object URL is of the console's origin: an SVG (it may hold scripts) opened from it in a
+      // tab would run next to the API key. A data: URL opens with an opaque origin instead.
+      if (image !== SVG) objectUrl = URL.createObjectURL(new Blob([bytes as BlobPart], { type: image }))
+      const src = objectUrl ?? `data:${SVG};base64,${base64(bytes)}`
+      return fill(viewer, head, h('img', { src, alt: entry.path, class: 'preview' }))
     }
     let text: string | undefined
     try {

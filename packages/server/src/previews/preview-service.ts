@@ -1,5 +1,6 @@
 import type { IncomingHttpHeaders } from 'node:http'
 import type net from 'node:net'
+import type { Duplex } from 'node:stream'
 import { CairnProblem } from '@cairn/protocol'
 import type { ApiKeyStore } from '../auth/api-keys.js'
 import { type Clock, iso } from '../clock.js'
@@ -17,7 +18,7 @@ import {
 
 export const DEFAULT_PREVIEW_TTL_MS = 60 * 60 * 1000
 
-/** `/v1/sessions/{id}/ports/{port}{rest}?{query}`, as split by `parsePreviewTarget`. */
+/** A request to a preview: its session port (from the Host), the path inside it and the query. */
 export interface PreviewTarget {
   sessionId: string
   port: number
@@ -28,6 +29,10 @@ export interface PreviewTarget {
 
 const PREVIEW_PATH = /^\/v1\/sessions\/(ses_[0-9a-z]+)\/ports\/(\d{1,5})(\/[^?]*)?(?:\?(.*))?$/
 
+/**
+ * `/v1/sessions/{id}/ports/{port}{rest}?{query}` on the API listener: where previews were served
+ * before they moved to their own origins (the API answers these with a redirect there).
+ */
 export function parsePreviewTarget(url: string | undefined): PreviewTarget | undefined {
   const match = url ? PREVIEW_PATH.exec(url) : null
   if (!match?.[1] || !match[2]) return undefined
@@ -46,8 +51,13 @@ export function upstreamPath(target: PreviewTarget): string {
   return `${target.rest || '/'}${search ? `?${search}` : ''}`
 }
 
-export function previewPrefix(sessionId: string, port: number): string {
-  return `/v1/sessions/${sessionId}/ports/${port}`
+/** The request on the preview listener, for the session port its Host names. */
+export function targetOnPreviewHost(
+  preview: { sessionId: string; port: number },
+  url: string | undefined,
+): PreviewTarget {
+  const [path = '/', query = ''] = (url ?? '/').split(/\?(.*)/s, 2)
+  return { ...preview, rest: path, query: new URLSearchParams(query) }
 }
 
 export interface PreviewServiceDeps {
@@ -71,6 +81,8 @@ export interface AuthorizedPreview {
  */
 export class PreviewService {
   private readonly tenantOf
+  // Relayed Upgrade connections per session port: a revocation closes them, as its URLs stop.
+  private readonly relayed = new Map<string, Set<Duplex>>()
 
   constructor(private readonly deps: PreviewServiceDeps) {
     this.tenantOf = deps.db.prepare<[string], { tenant_id: string }>(
@@ -86,7 +98,8 @@ export class PreviewService {
     sessionId: string,
     port: number,
     ttlMs: number,
-    origin: string,
+    /** The origin of the session port's previews, given the session's full id. */
+    originOf: (sessionId: string) => string,
   ): { url: string; expiresAt: string } {
     const row = this.deps.sessions.requireLive(tenantId, sessionId)
     const expiresAtMs = this.deps.clock.now() + ttlMs
@@ -97,14 +110,29 @@ export class PreviewService {
       ...(epoch > 0 ? { [EPOCH_PARAM]: String(epoch) } : {}),
       [SIGNATURE_PARAM]: signature,
     })
-    return { url: `${origin}${previewPrefix(row.id, port)}/?${query}`, expiresAt: iso(expiresAtMs) }
+    return { url: `${originOf(row.id)}/?${query}`, expiresAt: iso(expiresAtMs) }
   }
 
-  /** Revokes every signed URL issued so far for the port (and the cookies they left); the session's id. */
-  revokeUrls(tenantId: string, sessionId: string, port: number): string {
+  /**
+   * Revokes every signed URL issued so far for the port (and the cookies they left), and closes the
+   * Upgrade (WebSocket) connections relayed to it.
+   */
+  revokeUrls(tenantId: string, sessionId: string, port: number): void {
     const row = this.deps.sessions.require(tenantId, sessionId)
     this.deps.revocations.revokePort(row.id, port)
-    return row.id
+    for (const client of this.relayed.get(relayedKey(row.id, port)) ?? []) client.destroy()
+  }
+
+  /** Remembers a relayed Upgrade connection until it closes, so a revocation can close it. */
+  trackRelayed(sessionId: string, port: number, client: Duplex): void {
+    if (client.destroyed) return
+    const key = relayedKey(sessionId, port)
+    const clients = this.relayed.get(key) ?? new Set<Duplex>()
+    this.relayed.set(key, clients.add(client))
+    client.once('close', () => {
+      clients.delete(client)
+      if (clients.size === 0 && this.relayed.get(key) === clients) this.relayed.delete(key)
+    })
   }
 
   private verifySigned(target: PreviewTarget, expiresAtMs: number, epoch: number, signature: string) {
@@ -121,7 +149,7 @@ export class PreviewService {
    * Who may reach the preview: a signed URL (query), the cookie a signed URL left, or an API key
    * with write access to the session's tenant. 401 without any, 403 for a bad or expired one.
    */
-  authorize(target: PreviewTarget, headers: IncomingHttpHeaders): AuthorizedPreview {
+  authorize(target: PreviewTarget, headers: IncomingHttpHeaders, method = 'GET'): AuthorizedPreview {
     const now = this.deps.clock.now()
     const signature = target.query.get(SIGNATURE_PARAM)
     const expires = target.query.get(EXPIRES_PARAM)
@@ -132,11 +160,12 @@ export class PreviewService {
       const maxAge = Math.max(1, Math.floor((expiresAtMs - now) / 1000))
       return {
         row: this.signedRow(target),
-        cookie: `${PREVIEW_COOKIE}=${expiresAtMs}.${epoch}.${signature}; Path=${previewPrefix(target.sessionId, target.port)}/; Max-Age=${maxAge}; HttpOnly; SameSite=Lax`,
+        cookie: `${PREVIEW_COOKIE}=${expiresAtMs}.${epoch}.${signature}; Path=/; Max-Age=${maxAge}; HttpOnly; SameSite=Lax`,
       }
     }
     const cookie = previewCookie(headers.cookie)
     if (cookie) {
+      refuseForeignCookieUse(headers, method)
       // `expires.epoch.signature`; cookies set before revocation existed have no epoch (0).
       const parts = cookie.split('.')
       const [expiresAtMs, epoch, sig] = parts.length === 2 ? [parts[0], '0', parts[1]] : parts
@@ -182,19 +211,30 @@ export class PreviewService {
   }
 }
 
+const relayedKey = (sessionId: string, port: number) => `${sessionId}:${port}`
+
+/**
+ * The preview cookie stands for the user only on the preview's own pages: a request that another
+ * origin made the browser send (`Sec-Fetch-Site` same-site or cross-site: a sibling preview under
+ * the same preview domain, any site) may not ride on it, except a plain navigation (GET or HEAD:
+ * a link, a bookmark). Browsers that send no fetch metadata are let through.
+ */
+function refuseForeignCookieUse(headers: IncomingHttpHeaders, method: string): void {
+  const site = headers['sec-fetch-site']
+  if (site === undefined || site === 'same-origin' || site === 'none') return
+  const navigation = headers['sec-fetch-mode'] === 'navigate' && (method === 'GET' || method === 'HEAD')
+  if (navigation) return
+  throw new CairnProblem(
+    'forbidden',
+    `the preview cookie is not accepted on a request another origin made (Sec-Fetch-Site: ${site}); use a signed URL`,
+    { reason: 'foreign_request' },
+  )
+}
+
 function previewCookie(header: string | undefined): string | undefined {
   for (const part of header?.split(';') ?? []) {
     const [name, ...value] = part.trim().split('=')
     if (name === PREVIEW_COOKIE) return value.join('=')
   }
   return undefined
-}
-
-/** The request's cookies without Cairn's own (the service must not see the preview token). */
-export function withoutPreviewCookie(header: string | undefined): string | undefined {
-  const kept = (header ?? '')
-    .split(';')
-    .map((p) => p.trim())
-    .filter((p) => p && !p.startsWith(`${PREVIEW_COOKIE}=`))
-  return kept.length > 0 ? kept.join('; ') : undefined
 }

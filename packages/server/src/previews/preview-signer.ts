@@ -1,7 +1,7 @@
 import { createHmac, timingSafeEqual } from 'node:crypto'
 import { CairnProblem } from '@cairn/protocol'
 
-/** Query parameters of a signed preview URL; the same token then travels in a path-scoped cookie. */
+/** Query parameters of a signed preview URL; the same token then travels in a host-only cookie on the preview's origin. */
 export const SIGNATURE_PARAM = 'cairn_signature'
 export const EXPIRES_PARAM = 'cairn_expires'
 export const EPOCH_PARAM = 'cairn_epoch'

@@ -135,4 +135,55 @@ describe('bad input gets a clear, typed error and loses nothing', () => {
     const json = await t.api.call('POST', '/v1/agents', { name: 'x' })
     expect(json.status).toBe(415)
   })
+
+  it('takes an empty body with Content-Type: application/json as no body, on every body-less route', async () => {
+    // Many clients send the header on every request; an empty body is no body, not broken JSON.
+    const emptyJson = (method: string, route: string) =>
+      t.api.call(method, route, '', { 'content-type': 'application/json' })
+    const session = await t.api.createSession('echo')
+    expect((await t.api.send(session.id, 'hi')).text).toBe('hi\n')
+    const snapshot = await emptyJson('POST', `/v1/sessions/${session.id}/snapshots`)
+    expect(snapshot.status, JSON.stringify(snapshot.body)).toBe(201)
+    const cancel = await emptyJson('POST', `/v1/sessions/${session.id}/cancel`)
+    expect(cancel.status, JSON.stringify(cancel.body)).toBe(200)
+    const end = await emptyJson('POST', `/v1/sessions/${session.id}/end`)
+    expect(end.status, JSON.stringify(end.body)).toBe(200)
+    expect(end.body.status).toBe('completed')
+    const resume = await emptyJson('POST', `/v1/sessions/${session.id}/resume`)
+    expect(resume.status, JSON.stringify(resume.body)).toBe(200)
+    expect(resume.body.status).toBe('idle')
+    const undo = await emptyJson('POST', `/v1/sessions/${session.id}/undo`)
+    expect(undo.status, JSON.stringify(undo.body)).toBe(200)
+    const key = await t.api.call('POST', '/v1/keys', { name: 'throwaway' })
+    expect(key.status).toBe(201)
+    const deleteKey = await emptyJson('DELETE', `/v1/keys/${key.body.id}`)
+    expect(deleteKey.status, JSON.stringify(deleteKey.body)).toBe(200)
+    const deleted = await emptyJson('DELETE', `/v1/sessions/${session.id}`)
+    expect(deleted.status, JSON.stringify(deleted.body)).toBe(200)
+    // A route whose body is required still says so, as a validation error about the body.
+    const create = await emptyJson('POST', '/v1/sessions')
+    expect(create.status).toBe(400)
+    expect(create.body.error.code).toBe('validation_failed')
+    // Broken JSON is still broken JSON.
+    const broken = await t.api.call('POST', `/v1/sessions/${session.id}/end`, '{', {
+      'content-type': 'application/json',
+    })
+    expect(broken.body.error.code).toBe('invalid_json')
+  })
+
+  it('names the limit that applies when a body is too large: JSON bodies and uploads each their own', async () => {
+    const session = await t.api.createSession('echo')
+    const bigJson = JSON.stringify({ prompt: 'x'.repeat(3 * 1024 * 1024) })
+    const json = await t.api.call('POST', `/v1/sessions/${session.id}/messages`, bigJson)
+    expect(json.status).toBe(413)
+    expect(json.body.error.code).toBe('payload_too_large')
+    expect(json.body.error.message).toContain('2097152 bytes (2 MiB)')
+    expect(json.body.error.message).toContain('JSON')
+    expect(json.body.error.message).not.toContain('104857600')
+    expect(json.body.error.details).toEqual({ limitBytes: 2097152 })
+    // An upload is held to its own limit (100 MiB here; test/archive.test.ts sees it named), not the JSON one.
+    const upload = await t.api.call('POST', '/v1/agents', Buffer.alloc(3 * 1024 * 1024, 7))
+    expect(upload.status).toBe(400)
+    expect(upload.body.error.code).toBe('invalid_archive')
+  })
 })

@@ -9,7 +9,8 @@ import { ApiKeyStore, DEFAULT_TENANT_ID } from './auth/api-keys.js'
 import { systemClock } from './clock.js'
 import { resolveConfig, type ServerOptions } from './config.js'
 import { writeCredentialsIfMissing } from './credentials.js'
-import { openDatabase } from './db/database.js'
+import { DataDirLock } from './data-dir-lock.js'
+import { type Db, openDatabase } from './db/database.js'
 import { MemoryService } from './memory/memory-service.js'
 import { MetricsRegistry } from './metrics/registry.js'
 import { PreviewRevocations } from './previews/preview-revocations.js'
@@ -44,7 +45,18 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
   const config = resolveConfig(options)
   const logger = pino({ level: config.logLevel, base: { service: 'cairn' } })
   await mkdir(config.dataDir, { recursive: true, mode: 0o700 })
-  const db = openDatabase(path.join(config.dataDir, 'cairn.db'))
+  // Before anything else (database, reaping, reconciling, mounting): a second server on this dir
+  // would take the running one's sandboxes, snapshots and pool for a crashed predecessor's.
+  const lock = await DataDirLock.acquire(config.dataDir, () =>
+    logger.error({ dataDir: config.dataDir }, 'the data dir lock was lost (its flock helper ended)'),
+  )
+  let db: Db
+  try {
+    db = openDatabase(path.join(config.dataDir, 'cairn.db'))
+  } catch (error) {
+    await lock.release()
+    throw error
+  }
   const runtime = new Runtime({
     dataDir: config.dataDir,
     storage: config.storage,
@@ -214,6 +226,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
           await sessions.close()
           await runtime.close()
           db.close()
+          await lock.release()
           logger.info('cairn server stopped')
         })()
         return closing
@@ -222,6 +235,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
   } catch (error) {
     if (opened) await runtime.close().catch(() => undefined)
     db.close()
+    await lock.release()
     throw error
   }
 }

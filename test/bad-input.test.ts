@@ -1,3 +1,7 @@
+import { existsSync } from 'node:fs'
+import { readdir } from 'node:fs/promises'
+import path from 'node:path'
+import { readManifest } from '@cairn/server'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { makeProject } from './helpers/projects.js'
 import { EXAMPLES, startTestServer, type TestServer } from './helpers/server.js'
@@ -185,5 +189,70 @@ describe('bad input gets a clear, typed error and loses nothing', () => {
     const upload = await t.api.call('POST', '/v1/agents', Buffer.alloc(3 * 1024 * 1024, 7))
     expect(upload.status).toBe(400)
     expect(upload.body.error.code).toBe('invalid_archive')
+  })
+
+  it('refuses cairn.yaml keys nobody reads, at every level, naming the key and the nearest known one', async () => {
+    const refused = async (manifest: string) => {
+      const res = await t.api.deploy(await makeProject({ 'cairn.yaml': manifest, 'a.sh': 'cat\n' }))
+      expect(res.status, manifest).toBe(400)
+      expect(res.body.error.code, manifest).toBe('invalid_manifest')
+      return res.body.error.message as string
+    }
+    const base = 'name: typo\ncommand: bash a.sh\n'
+    expect(await refused(`${base}netwrok:\n  allow: [example.com]\n`)).toBe(
+      "unknown key 'netwrok' in cairn.yaml; did you mean 'network'?",
+    )
+    expect(await refused(`${base}limtis:\n  memoryMiB: 256\n`)).toContain("did you mean 'limits'?")
+    expect(await refused(`${base}foo: bar\n`)).toMatch(
+      /^unknown key 'foo' in cairn\.yaml; known keys: name, command, /,
+    )
+    expect(await refused(`${base}limits:\n  memroyMiB: 256\n`)).toBe(
+      "unknown key 'memroyMiB' in 'limits' of cairn.yaml; did you mean 'memoryMiB'?",
+    )
+    expect(await refused(`${base}network:\n  allow:\n    - host: example.com\n      method: [GET]\n`)).toBe(
+      "unknown key 'method' in 'network.allow.0' of cairn.yaml; did you mean 'methods'?",
+    )
+    expect(await refused(`${base}session:\n  setpu: make\n`)).toContain("did you mean 'setup'?")
+    expect(await refused(`${base}session:\n  setup:\n    command: make\n    timeout: 5000\n`)).toBe(
+      "unknown key 'timeout' in 'session.setup' of cairn.yaml; did you mean 'timeoutMs'?",
+    )
+    // A planned key is not an unknown one, but it is not honoured either: refused, saying so.
+    expect(await refused(`${base}image: python:3.12\n`)).toContain(
+      "key 'image' in cairn.yaml is not supported yet",
+    )
+    // Free-form maps (a setup phase's environment) take any names.
+    const env = await t.api.deploy(
+      await makeProject({
+        'cairn.yaml': `${base}session:\n  setup:\n    command: "true"\n    env:\n      ANY_NAME: x\n`,
+        'a.sh': 'cat\n',
+      }),
+    )
+    expect(env.status, JSON.stringify(env.body)).toBe(201)
+  })
+
+  it('reads every example cairn.yaml without an unknown key', async () => {
+    const dirs = (await readdir(EXAMPLES, { withFileTypes: true })).filter((d) => d.isDirectory())
+    let checked = 0
+    for (const dir of dirs) {
+      const project = path.join(EXAMPLES, dir.name)
+      if (!existsSync(path.join(project, 'cairn.yaml'))) continue
+      await expect(readManifest(project), dir.name).resolves.toMatchObject({ name: expect.any(String) })
+      checked++
+    }
+    expect(checked).toBeGreaterThan(5)
+  })
+
+  it('names the unknown field of a request body and the nearest known one, at any depth', async () => {
+    const top = await t.api.call('POST', '/v1/sessions', { agent: 'echo', idleTimeout: 5000 })
+    expect(top.status).toBe(400)
+    expect(top.body.error.code).toBe('validation_failed')
+    expect(top.body.error.message).toBe("unknown field 'idleTimeout' in body; did you mean 'idleTimeoutMs'?")
+    const nested = await t.api.call('POST', '/v1/sessions', { agent: 'echo', policy: { maxTurn: 3 } })
+    expect(nested.status).toBe(400)
+    expect(nested.body.error.message).toBe(
+      "unknown field 'maxTurn' in 'policy' of body; did you mean 'maxTurns'?",
+    )
+    const far = await t.api.call('POST', '/v1/sessions', { agent: 'echo', colour: 'red' })
+    expect(far.body.error.message).toMatch(/^unknown field 'colour' in body; known fields: agent, title, /)
   })
 })

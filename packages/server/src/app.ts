@@ -88,7 +88,11 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
           : 'the request path is not valid percent-encoded UTF-8'
       void (reply as FastifyReply).status(400).send(errorBody('bad_request', message, request.id))
     },
-    ajv: { customOptions: { removeAdditional: false, coerceTypes: 'array', useDefaults: true } },
+    // verbose: an issue carries the schema that holds it, so an unknown field's answer can name the
+    // nearest known one (the schema and value are dropped from the answer; see http/errors.ts).
+    ajv: {
+      customOptions: { removeAdditional: false, coerceTypes: 'array', useDefaults: true, verbose: true },
+    },
   }) as unknown as FastifyInstance
   const uploadLimit: BodyLimit = { bytes: deps.maxUploadBytes, applies: 'uploads' }
   installErrorHandlers(app, (request) =>

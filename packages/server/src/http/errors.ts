@@ -1,4 +1,11 @@
-import { CairnProblem, ERROR_STATUS, type ErrorBody, type ErrorCode, isErrorCode } from '@cairn/protocol'
+import {
+  CairnProblem,
+  ERROR_STATUS,
+  type ErrorBody,
+  type ErrorCode,
+  isErrorCode,
+  unknownKeyMessage,
+} from '@cairn/protocol'
 import type { FastifyError, FastifyInstance, FastifyRequest } from 'fastify'
 import { isBusy } from '../db/busy.js'
 
@@ -24,6 +31,36 @@ export interface BodyLimit {
   applies: string
 }
 
+/** One validation issue as Ajv reports it (`verbose`: with the schema that holds it). */
+interface ValidationIssue {
+  instancePath: string
+  schemaPath: string
+  keyword: string
+  params: Record<string, unknown>
+  message?: string
+  parentSchema?: { properties?: Record<string, unknown> }
+}
+
+/**
+ * An unknown field is named, with the nearest known one (as cairn.yaml's keys are); any other
+ * issue keeps the validator's message.
+ */
+function validationMessage(fallback: string, issues: ValidationIssue[]): string {
+  const extra = issues.find((issue) => issue.keyword === 'additionalProperties')
+  const key = extra?.params.additionalProperty
+  if (extra === undefined || typeof key !== 'string') return fallback
+  const path = extra.instancePath.split('/').filter(Boolean).map(decodePointer)
+  return unknownKeyMessage(
+    { key, path, known: Object.keys(extra.parentSchema?.properties ?? {}) },
+    'body',
+    'field',
+  )
+}
+
+function decodePointer(segment: string): string {
+  return segment.replace(/~1/g, '/').replace(/~0/g, '~')
+}
+
 /** Maps anything thrown by a handler to the registry's error shape and status. */
 export function toErrorBody(
   error: unknown,
@@ -35,10 +72,18 @@ export function toErrorBody(
   }
   const fastifyError = error as FastifyError & { validation?: unknown }
   if (fastifyError?.validation) {
+    const issues = fastifyError.validation as ValidationIssue[]
     return {
       status: 400,
-      body: errorBody('validation_failed', fastifyError.message, requestId, {
-        issues: fastifyError.validation,
+      body: errorBody('validation_failed', validationMessage(fastifyError.message, issues), requestId, {
+        // Without what verbose validation adds (the schema, the value): the issue, not an echo.
+        issues: issues.map(({ instancePath, schemaPath, keyword, params, message }) => ({
+          instancePath,
+          schemaPath,
+          keyword,
+          params,
+          message,
+        })),
       }),
     }
   }

@@ -164,6 +164,12 @@ describe('bad input gets a clear, typed error and loses nothing', () => {
     expect(deleteKey.status, JSON.stringify(deleteKey.body)).toBe(200)
     const deleted = await emptyJson('DELETE', `/v1/sessions/${session.id}`)
     expect(deleted.status, JSON.stringify(deleted.body)).toBe(200)
+    // Whatever the type an empty body claims, it is no body.
+    const other = await t.api.createSession('echo')
+    const form = await t.api.call('POST', `/v1/sessions/${other.id}/end`, '', {
+      'content-type': 'application/x-www-form-urlencoded',
+    })
+    expect(form.status, JSON.stringify(form.body)).toBe(200)
     // A route whose body is required still says so, as a validation error about the body.
     const create = await emptyJson('POST', '/v1/sessions')
     expect(create.status).toBe(400)

@@ -12,7 +12,7 @@ import type { Db } from './db/database.js'
 import { consoleRoutes } from './http/console.js'
 import { type BodyLimit, errorBody, installErrorHandlers } from './http/errors.js'
 import { refuseNonFiniteNumbers } from './http/finite-numbers.js'
-import { acceptAbsentOptionalBodies } from './http/optional-body.js'
+import { acceptEmptyBodies } from './http/optional-body.js'
 import { runtimeRoute } from './http/runtime-route.js'
 import type { MemoryService } from './memory/memory-service.js'
 import { memoryRoutes } from './memory/routes.js'
@@ -99,7 +99,7 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
     isUploadMediaType(request.headers['content-type']) ? uploadLimit : JSON_LIMIT,
   )
   refuseNonFiniteNumbers(app)
-  acceptAbsentOptionalBodies(app)
+  acceptEmptyBodies(app, isPreviewRequest)
   app.addContentTypeParser(
     [...UPLOAD_MEDIA_TYPES],
     { parseAs: 'buffer', bodyLimit: uploadLimit.bytes },

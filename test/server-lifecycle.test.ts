@@ -133,6 +133,27 @@ describe('a data dir belongs to one server', () => {
   })
 })
 
+describe('a storage pool given by path belongs to one server', () => {
+  it('refuses a second server (another data dir) on a pool in use, before it touches the pool', async () => {
+    const poolPath = await scratchDir('cairn-shared-pool-')
+    const server = { storage: 'dir' as const, poolPath, spareLaunchers: 0 }
+    const first = await startTestServer({ dataDir: await scratchDir('cairn-pool-a-'), server })
+    try {
+      expect((await first.api.deploy(`${EXAMPLES}/echo`)).status).toBe(201)
+      const session = await first.api.createSession('echo')
+      await expect(startTestServer({ dataDir: await scratchDir('cairn-pool-b-'), server })).rejects.toThrow(
+        `storage pool ${poolPath} is in use by another Cairn server (pid ${process.pid},`,
+      )
+      // The first server's workspace was not taken for an orphan of the second's database.
+      expect((await first.api.send(session.id, 'still mine')).text).toBe('still mine\n')
+    } finally {
+      await first.close()
+    }
+    const next = await startTestServer({ dataDir: await scratchDir('cairn-pool-b-'), server })
+    await next.close()
+  })
+})
+
 describe('a stopped server leaves nothing behind', () => {
   it('removes its whole run dir (memory mounts included) on a graceful stop', async () => {
     const dataDir = await scratchDir('cairn-rundir-')

@@ -4,6 +4,7 @@ import path from 'node:path'
 import { createInterface } from 'node:readline'
 import { CairnProblem } from '@cairn/protocol'
 
+/** In the data dir, and in a storage pool given by path (`--pool-path`), which may be shared by mistake. */
 export const LOCK_FILE = 'cairn.lock'
 /** flock(1)'s exit code when the lock is held elsewhere (`--conflict-exit-code`). */
 const HELD_ELSEWHERE = 75
@@ -27,9 +28,17 @@ export class DataDirLock {
     private readonly helper: ChildProcess,
   ) {}
 
-  /** Takes the lock or refuses with `conflict`, naming the holder's pid. Touches nothing else. */
-  static async acquire(dataDir: string, onLost?: () => void): Promise<DataDirLock> {
-    const lockPath = path.join(dataDir, LOCK_FILE)
+  /**
+   * Takes the lock or refuses with `conflict`, naming the holder's pid. Touches nothing else.
+   * `what` names the directory in the refusal ("data dir", "storage pool") and `option` the way
+   * to give this server its own.
+   */
+  static async acquire(
+    dir: string,
+    options: { what?: string; option?: string; onLost?: () => void } = {},
+  ): Promise<DataDirLock> {
+    const { what = 'data dir', option = '--data-dir', onLost } = options
+    const lockPath = path.join(dir, LOCK_FILE)
     const started = Date.now()
     for (;;) {
       const attempt = await tryLock(lockPath)
@@ -49,7 +58,7 @@ export class DataDirLock {
       }
       throw new CairnProblem(
         'conflict',
-        `data dir ${dataDir} is in use by another Cairn server (pid ${holder ?? 'unknown'}, lock ${lockPath}); stop that server first, or give this one its own --data-dir`,
+        `${what} ${dir} is in use by another Cairn server (pid ${holder ?? 'unknown'}, lock ${lockPath}); stop that server first, or give this one its own ${option}`,
         { lockPath, ...(holder === undefined ? {} : { holderPid: holder }) },
       )
     }

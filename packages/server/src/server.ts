@@ -1,3 +1,4 @@
+import { existsSync } from 'node:fs'
 import { chmod, mkdir, readFile, writeFile } from 'node:fs/promises'
 import path from 'node:path'
 import { type EgressSite, Runtime } from '@cairn/runtime'
@@ -47,14 +48,33 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
   await mkdir(config.dataDir, { recursive: true, mode: 0o700 })
   // Before anything else (database, reaping, reconciling, mounting): a second server on this dir
   // would take the running one's sandboxes, snapshots and pool for a crashed predecessor's.
-  const lock = await DataDirLock.acquire(config.dataDir, () =>
-    logger.error({ dataDir: config.dataDir }, 'the data dir lock was lost (its flock helper ended)'),
-  )
+  const locks = [
+    await DataDirLock.acquire(config.dataDir, {
+      onLost: () =>
+        logger.error({ dataDir: config.dataDir }, 'the data dir lock was lost (its flock helper ended)'),
+    }),
+  ]
+  const releaseLocks = () => Promise.all(locks.map((lock) => lock.release()))
   let db: Db
   try {
+    // A pool given by path could be shared by two data dirs by mistake: it is claimed as well.
+    if (config.poolPath !== undefined) {
+      if (config.storage === 'dir') await mkdir(config.poolPath, { recursive: true })
+      if (existsSync(config.poolPath)) {
+        const poolPath = config.poolPath
+        locks.push(
+          await DataDirLock.acquire(poolPath, {
+            what: 'storage pool',
+            option: '--pool-path',
+            onLost: () =>
+              logger.error({ poolPath }, 'the storage pool lock was lost (its flock helper ended)'),
+          }),
+        )
+      }
+    }
     db = openDatabase(path.join(config.dataDir, 'cairn.db'))
   } catch (error) {
-    await lock.release()
+    await releaseLocks()
     throw error
   }
   const runtime = new Runtime({
@@ -226,7 +246,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
           await sessions.close()
           await runtime.close()
           db.close()
-          await lock.release()
+          await releaseLocks()
           logger.info('cairn server stopped')
         })()
         return closing
@@ -235,7 +255,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
   } catch (error) {
     if (opened) await runtime.close().catch(() => undefined)
     db.close()
-    await lock.release()
+    await releaseLocks()
     throw error
   }
 }

@@ -198,7 +198,7 @@ describe('the lifecycle policy', () => {
         await new Promise((r) => setTimeout(r, 100))
       }
     }
-    const idle = await t.api.createSession('keeper', { policy: { idleTimeoutMs: 2000 } })
+    const idle = await t.api.createSession('keeper', { policy: { idleTimeoutMs: 2000, keepWarmMs: 0 } })
     await t.api.send(idle.id, 'one')
     const lastActive = Date.parse((await get(idle.id)).lastActiveAt)
     const idleEnd = await ended(idle.id, 'the idle session')

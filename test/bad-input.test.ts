@@ -1,3 +1,7 @@
+import { existsSync } from 'node:fs'
+import { readdir } from 'node:fs/promises'
+import path from 'node:path'
+import { readManifest } from '@cairn/server'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { makeProject } from './helpers/projects.js'
 import { EXAMPLES, startTestServer, type TestServer } from './helpers/server.js'
@@ -134,5 +138,127 @@ describe('bad input gets a clear, typed error and loses nothing', () => {
     expect(bad.body.error.message).toContain('name')
     const json = await t.api.call('POST', '/v1/agents', { name: 'x' })
     expect(json.status).toBe(415)
+  })
+
+  it('takes an empty body with Content-Type: application/json as no body, on every body-less route', async () => {
+    // Many clients send the header on every request; an empty body is no body, not broken JSON.
+    const emptyJson = (method: string, route: string) =>
+      t.api.call(method, route, '', { 'content-type': 'application/json' })
+    const session = await t.api.createSession('echo')
+    expect((await t.api.send(session.id, 'hi')).text).toBe('hi\n')
+    const snapshot = await emptyJson('POST', `/v1/sessions/${session.id}/snapshots`)
+    expect(snapshot.status, JSON.stringify(snapshot.body)).toBe(201)
+    const cancel = await emptyJson('POST', `/v1/sessions/${session.id}/cancel`)
+    expect(cancel.status, JSON.stringify(cancel.body)).toBe(200)
+    const end = await emptyJson('POST', `/v1/sessions/${session.id}/end`)
+    expect(end.status, JSON.stringify(end.body)).toBe(200)
+    expect(end.body.status).toBe('completed')
+    const resume = await emptyJson('POST', `/v1/sessions/${session.id}/resume`)
+    expect(resume.status, JSON.stringify(resume.body)).toBe(200)
+    expect(resume.body.status).toBe('idle')
+    const undo = await emptyJson('POST', `/v1/sessions/${session.id}/undo`)
+    expect(undo.status, JSON.stringify(undo.body)).toBe(200)
+    const key = await t.api.call('POST', '/v1/keys', { name: 'throwaway' })
+    expect(key.status).toBe(201)
+    const deleteKey = await emptyJson('DELETE', `/v1/keys/${key.body.id}`)
+    expect(deleteKey.status, JSON.stringify(deleteKey.body)).toBe(200)
+    const deleted = await emptyJson('DELETE', `/v1/sessions/${session.id}`)
+    expect(deleted.status, JSON.stringify(deleted.body)).toBe(200)
+    // Whatever the type an empty body claims, it is no body.
+    const other = await t.api.createSession('echo')
+    const form = await t.api.call('POST', `/v1/sessions/${other.id}/end`, '', {
+      'content-type': 'application/x-www-form-urlencoded',
+    })
+    expect(form.status, JSON.stringify(form.body)).toBe(200)
+    // A route whose body is required still says so, as a validation error about the body.
+    const create = await emptyJson('POST', '/v1/sessions')
+    expect(create.status).toBe(400)
+    expect(create.body.error.code).toBe('validation_failed')
+    // Broken JSON is still broken JSON.
+    const broken = await t.api.call('POST', `/v1/sessions/${session.id}/end`, '{', {
+      'content-type': 'application/json',
+    })
+    expect(broken.body.error.code).toBe('invalid_json')
+  })
+
+  it('names the limit that applies when a body is too large: JSON bodies and uploads each their own', async () => {
+    const session = await t.api.createSession('echo')
+    const bigJson = JSON.stringify({ prompt: 'x'.repeat(3 * 1024 * 1024) })
+    const json = await t.api.call('POST', `/v1/sessions/${session.id}/messages`, bigJson)
+    expect(json.status).toBe(413)
+    expect(json.body.error.code).toBe('payload_too_large')
+    expect(json.body.error.message).toContain('2097152 bytes (2 MiB)')
+    expect(json.body.error.message).toContain('JSON')
+    expect(json.body.error.message).not.toContain('104857600')
+    expect(json.body.error.details).toEqual({ limitBytes: 2097152 })
+    // An upload is held to its own limit (100 MiB here; test/archive.test.ts sees it named), not the JSON one.
+    const upload = await t.api.call('POST', '/v1/agents', Buffer.alloc(3 * 1024 * 1024, 7))
+    expect(upload.status).toBe(400)
+    expect(upload.body.error.code).toBe('invalid_archive')
+  })
+
+  it('refuses cairn.yaml keys nobody reads, at every level, naming the key and the nearest known one', async () => {
+    const refused = async (manifest: string) => {
+      const res = await t.api.deploy(await makeProject({ 'cairn.yaml': manifest, 'a.sh': 'cat\n' }))
+      expect(res.status, manifest).toBe(400)
+      expect(res.body.error.code, manifest).toBe('invalid_manifest')
+      return res.body.error.message as string
+    }
+    const base = 'name: typo\ncommand: bash a.sh\n'
+    expect(await refused(`${base}netwrok:\n  allow: [example.com]\n`)).toBe(
+      "unknown key 'netwrok' in cairn.yaml; did you mean 'network'?",
+    )
+    expect(await refused(`${base}limtis:\n  memoryMiB: 256\n`)).toContain("did you mean 'limits'?")
+    expect(await refused(`${base}foo: bar\n`)).toMatch(
+      /^unknown key 'foo' in cairn\.yaml; known keys: name, command, /,
+    )
+    expect(await refused(`${base}limits:\n  memroyMiB: 256\n`)).toBe(
+      "unknown key 'memroyMiB' in 'limits' of cairn.yaml; did you mean 'memoryMiB'?",
+    )
+    expect(await refused(`${base}network:\n  allow:\n    - host: example.com\n      method: [GET]\n`)).toBe(
+      "unknown key 'method' in 'network.allow.0' of cairn.yaml; did you mean 'methods'?",
+    )
+    expect(await refused(`${base}session:\n  setpu: make\n`)).toContain("did you mean 'setup'?")
+    expect(await refused(`${base}session:\n  setup:\n    command: make\n    timeout: 5000\n`)).toBe(
+      "unknown key 'timeout' in 'session.setup' of cairn.yaml; did you mean 'timeoutMs'?",
+    )
+    // A planned key is not an unknown one, but it is not honoured either: refused, saying so.
+    expect(await refused(`${base}image: python:3.12\n`)).toContain(
+      "key 'image' in cairn.yaml is not supported yet",
+    )
+    // Free-form maps (a setup phase's environment) take any names.
+    const env = await t.api.deploy(
+      await makeProject({
+        'cairn.yaml': `${base}session:\n  setup:\n    command: "true"\n    env:\n      ANY_NAME: x\n`,
+        'a.sh': 'cat\n',
+      }),
+    )
+    expect(env.status, JSON.stringify(env.body)).toBe(201)
+  })
+
+  it('reads every example cairn.yaml without an unknown key', async () => {
+    const dirs = (await readdir(EXAMPLES, { withFileTypes: true })).filter((d) => d.isDirectory())
+    let checked = 0
+    for (const dir of dirs) {
+      const project = path.join(EXAMPLES, dir.name)
+      if (!existsSync(path.join(project, 'cairn.yaml'))) continue
+      await expect(readManifest(project), dir.name).resolves.toMatchObject({ name: expect.any(String) })
+      checked++
+    }
+    expect(checked).toBeGreaterThan(5)
+  })
+
+  it('names the unknown field of a request body and the nearest known one, at any depth', async () => {
+    const top = await t.api.call('POST', '/v1/sessions', { agent: 'echo', idleTimeout: 5000 })
+    expect(top.status).toBe(400)
+    expect(top.body.error.code).toBe('validation_failed')
+    expect(top.body.error.message).toBe("unknown field 'idleTimeout' in body; did you mean 'idleTimeoutMs'?")
+    const nested = await t.api.call('POST', '/v1/sessions', { agent: 'echo', policy: { maxTurn: 3 } })
+    expect(nested.status).toBe(400)
+    expect(nested.body.error.message).toBe(
+      "unknown field 'maxTurn' in 'policy' of body; did you mean 'maxTurns'?",
+    )
+    const far = await t.api.call('POST', '/v1/sessions', { agent: 'echo', colour: 'red' })
+    expect(far.body.error.message).toMatch(/^unknown field 'colour' in body; known fields: agent, title, /)
   })
 })

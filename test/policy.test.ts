@@ -181,4 +181,44 @@ describe('the lifecycle policy', () => {
       { to: 'deleted', cause: 'idle_timeout', detail: 'policy onTimeout: destroy' },
     ])
   })
+
+  it('fires timeouts within a second of when they are due, not at the next sweep', async () => {
+    // The server sweeps every 60 s (the default): only a deadline timer answers in time.
+    const ended = async (id: string, what: string) => {
+      const started = Date.now()
+      for (;;) {
+        const events = (await t.api.call('GET', `/v1/sessions/${id}/events`)).body.data as {
+          to: string
+          cause: string
+          at: string
+        }[]
+        const timeout = events.find((e) => e.to === 'timeout')
+        if (timeout) return { cause: timeout.cause, at: Date.parse(timeout.at) }
+        if (Date.now() - started > 15_000) throw new Error(`${what} did not time out within 15 s`)
+        await new Promise((r) => setTimeout(r, 100))
+      }
+    }
+    const idle = await t.api.createSession('keeper', { policy: { idleTimeoutMs: 2000, keepWarmMs: 0 } })
+    await t.api.send(idle.id, 'one')
+    const lastActive = Date.parse((await get(idle.id)).lastActiveAt)
+    const idleEnd = await ended(idle.id, 'the idle session')
+    expect(idleEnd.cause).toBe('idle_timeout')
+    expect(idleEnd.at).toBeGreaterThanOrEqual(lastActive + 2000)
+    expect(idleEnd.at).toBeLessThan(lastActive + 2000 + 3000)
+
+    // A deadline made earlier by a resume's new policy is armed at once (the timer is re-armed on change).
+    const capped = await t.api.createSession('keeper', { policy: { idleTimeoutMs: 600_000 } })
+    const resumedAt = Date.now()
+    await t.api.call('POST', `/v1/sessions/${capped.id}/end`)
+    const resumed = await t.api.call('POST', `/v1/sessions/${capped.id}/resume`, {
+      policy: { maxDurationMs: 2000 },
+    })
+    expect(resumed.status).toBe(200)
+    const deadline = Date.parse(resumed.body.deadlineAt)
+    expect(deadline).toBeGreaterThanOrEqual(resumedAt + 2000)
+    const cappedEnd = await ended(capped.id, 'the session past its max duration')
+    expect(cappedEnd.cause).toBe('max_duration')
+    expect(cappedEnd.at).toBeGreaterThanOrEqual(deadline)
+    expect(cappedEnd.at).toBeLessThan(deadline + 3000)
+  })
 })

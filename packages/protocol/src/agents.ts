@@ -48,36 +48,54 @@ export const SetupTimeoutMsSchema = Type.Integer({ minimum: 1000, maximum: 6 * 3
 export const ISOLATION_NAMES = ['bwrap', 'gvisor'] as const
 export const IsolationSchema = Type.Union(ISOLATION_NAMES.map((n) => Type.Literal(n)))
 
-/** `cairn.yaml` as the server validates it (unknown keys are kept for later issues but ignored). */
-export const AgentManifestSchema = Type.Object({
-  name: Type.String({ pattern: AGENT_NAME_PATTERN }),
-  command: CommandSchema,
-  protocol: Type.Optional(Type.Union(AGENT_PROTOCOLS.map((p) => Type.Literal(p)))),
-  limits: Type.Optional(LimitsSchema),
-  secrets: Type.Optional(Type.Array(Type.String())),
-  ignore: Type.Optional(Type.Array(Type.String())),
-  network: Type.Optional(NetworkPolicySchema),
-  /** Sandbox driver: `bwrap` (namespaces, default) or `gvisor` (a user-space kernel). */
-  isolation: Type.Optional(IsolationSchema),
-  /** Per-session settings; `session.setup` runs before each new session's first turn. */
-  session: Type.Optional(
-    Type.Object({
-      setup: Type.Optional(
-        Type.Union([
-          ...CommandSchema.anyOf,
-          Type.Object({
-            command: CommandSchema,
-            env: Type.Optional(SetupEnvSchema),
-            network: Type.Optional(NetworkPolicySchema),
-            timeoutMs: Type.Optional(SetupTimeoutMsSchema),
-          }),
-        ]),
+/**
+ * `cairn.yaml` keys that are planned but not built: refused with what is planned, rather than as
+ * unknown (a manifest written for a later release must not deploy as if they were honoured).
+ */
+export const PLANNED_MANIFEST_KEYS: Readonly<Record<string, string>> = {
+  image:
+    'a base image per agent is planned, and until then every agent runs on the host-provided runtimes; remove the key',
+}
+
+/** `cairn.yaml` as the server validates it: a key it does not name is refused (see unknown-keys.ts). */
+export const AgentManifestSchema = Type.Object(
+  {
+    name: Type.String({ pattern: AGENT_NAME_PATTERN }),
+    command: CommandSchema,
+    protocol: Type.Optional(Type.Union(AGENT_PROTOCOLS.map((p) => Type.Literal(p)))),
+    limits: Type.Optional(LimitsSchema),
+    secrets: Type.Optional(Type.Array(Type.String())),
+    ignore: Type.Optional(Type.Array(Type.String())),
+    network: Type.Optional(NetworkPolicySchema),
+    /** Sandbox driver: `bwrap` (namespaces, default) or `gvisor` (a user-space kernel). */
+    isolation: Type.Optional(IsolationSchema),
+    /** Per-session settings; `session.setup` runs before each new session's first turn. */
+    session: Type.Optional(
+      Type.Object(
+        {
+          setup: Type.Optional(
+            Type.Union([
+              ...CommandSchema.anyOf,
+              Type.Object(
+                {
+                  command: CommandSchema,
+                  env: Type.Optional(SetupEnvSchema),
+                  network: Type.Optional(NetworkPolicySchema),
+                  timeoutMs: Type.Optional(SetupTimeoutMsSchema),
+                },
+                { additionalProperties: false },
+              ),
+            ]),
+          ),
+        },
+        { additionalProperties: false },
       ),
-    }),
-  ),
-  /** Command run once per revision after dependencies are installed (network allowed). */
-  setup: Type.Optional(CommandSchema),
-})
+    ),
+    /** Command run once per revision after dependencies are installed (network allowed). */
+    setup: Type.Optional(CommandSchema),
+  },
+  { additionalProperties: false },
+)
 export type AgentManifest = Static<typeof AgentManifestSchema>
 
 export const RevisionSchema = Type.Object({

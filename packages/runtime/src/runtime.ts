@@ -1,3 +1,4 @@
+import { existsSync } from 'node:fs'
 import { chmod, cp, mkdir, rm, rmdir, writeFile } from 'node:fs/promises'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
@@ -14,6 +15,7 @@ import { BtrfsPool } from './storage/btrfs-pool.js'
 import { DirPool } from './storage/dir-pool.js'
 import type { StorageDriverName, StoragePool } from './storage/pool.js'
 import { execTool } from './util/exec.js'
+import { readMounts } from './util/mounts.js'
 
 export interface RuntimeOptions {
   dataDir: string
@@ -153,6 +155,7 @@ export class Runtime {
         `workspace quotas need the btrfs storage driver; the ${this.pool.driver} driver cannot limit a workspace`,
       )
     }
+    await this.refusePoolMountedElsewhere()
     await mkdir(this.runDir, { recursive: true })
     await chmod(path.dirname(this.runDir), 0o711).catch(() => undefined)
     await chmod(this.runDir, 0o711)
@@ -190,6 +193,27 @@ export class Runtime {
     // Best effort: without a ready slot a gVisor sandbox boots on demand, and says why it cannot.
     await this.gvisor.prewarm().catch(() => undefined)
     return { orphansReaped }
+  }
+
+  /**
+   * The pool image mounted anywhere but this instance's own mount point belongs to another server
+   * (or one killed while it ran from another path): mounting it a second time, or reaping and
+   * reconciling against it, would wreck it. Checked before anything is touched.
+   */
+  private async refusePoolMountedElsewhere(): Promise<void> {
+    if (this.options.storage === 'dir' || this.options.poolPath !== undefined) return
+    const image = path.join(this.options.dataDir, 'pool.img')
+    if (!existsSync(image)) return
+    const { stdout } = await execTool('losetup', ['--associated', image], { code: 'storage_error' })
+    const loops = new Set(stdout.split('\n').flatMap((line) => (line ? [line.split(':')[0] as string] : [])))
+    const elsewhere = readMounts().find((m) => loops.has(m.source) && m.mountPoint !== this.pool.root)
+    if (elsewhere) {
+      throw new CairnProblem(
+        'conflict',
+        `the storage pool ${image} is already mounted at ${elsewhere.mountPoint} (${elsewhere.source}), by another Cairn server or one that died; stop that server, or unmount it (umount ${elsewhere.mountPoint}) if none runs`,
+        { poolImage: image, mountPoint: elsewhere.mountPoint },
+      )
+    }
   }
 
   async startAgent(launch: AgentLaunch): Promise<AgentProcess> {
@@ -241,8 +265,15 @@ export class Runtime {
     for (const name of ['sandboxes', 'kit', 'etc']) {
       await rm(path.join(this.runDir, name), { recursive: true, force: true })
     }
-    // rmdir, never rm -r: should the pool still be mounted there, its data must stay untouched.
-    await rmdir(this.pool.root).catch(() => undefined)
-    await rmdir(this.runDir).catch(() => undefined)
+    // rmdir, never rm -r, while anything is still mounted there (the pool, should its unmount have
+    // failed): its data must stay untouched. Otherwise the whole run dir goes, whatever any part
+    // of the server kept in it (agent memory, gVisor state …): a stopped server leaves nothing.
+    const under = `${this.runDir}/`
+    if (readMounts().some((m) => m.mountPoint === this.runDir || m.mountPoint.startsWith(under))) {
+      await rmdir(this.pool.root).catch(() => undefined)
+      await rmdir(this.runDir).catch(() => undefined)
+    } else {
+      await rm(this.runDir, { recursive: true, force: true })
+    }
   }
 }

@@ -20,7 +20,10 @@ export interface ServerOptions {
   maxArchiveFiles?: number | undefined
   /** Most bytes an uploaded archive may unpack to. */
   maxUnpackedBytes?: number | undefined
-  /** How often the idle-timeout reaper runs. */
+  /**
+   * How often the sweep runs (retention; a safety net for timeouts). A session's idle timeout and
+   * max duration fire when due, on a timer of their own.
+   */
   reaperIntervalMs?: number | undefined
   /** Size limit of each session workspace in MiB (btrfs qgroups; off when unset). */
   workspaceQuotaMiB?: number | undefined

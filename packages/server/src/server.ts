@@ -1,3 +1,4 @@
+import { existsSync } from 'node:fs'
 import { chmod, mkdir, readFile, writeFile } from 'node:fs/promises'
 import type { Server } from 'node:http'
 import type { AddressInfo } from 'node:net'
@@ -11,7 +12,8 @@ import { ApiKeyStore, DEFAULT_TENANT_ID } from './auth/api-keys.js'
 import { systemClock } from './clock.js'
 import { resolveConfig, type ServerOptions } from './config.js'
 import { writeCredentialsIfMissing } from './credentials.js'
-import { openDatabase } from './db/database.js'
+import { DataDirLock } from './data-dir-lock.js'
+import { type Db, openDatabase } from './db/database.js'
 import { MemoryService } from './memory/memory-service.js'
 import { MetricsRegistry } from './metrics/registry.js'
 import { createPreviewListener, type PreviewListener } from './previews/preview-listener.js'
@@ -53,7 +55,37 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
   const config = resolveConfig(options)
   const logger = pino({ level: config.logLevel, base: { service: 'cairn' } })
   await mkdir(config.dataDir, { recursive: true, mode: 0o700 })
-  const db = openDatabase(path.join(config.dataDir, 'cairn.db'))
+  // Before anything else (database, reaping, reconciling, mounting): a second server on this dir
+  // would take the running one's sandboxes, snapshots and pool for a crashed predecessor's.
+  const locks = [
+    await DataDirLock.acquire(config.dataDir, {
+      onLost: () =>
+        logger.error({ dataDir: config.dataDir }, 'the data dir lock was lost (its flock helper ended)'),
+    }),
+  ]
+  const releaseLocks = () => Promise.all(locks.map((lock) => lock.release()))
+  let db: Db
+  try {
+    // A pool given by path could be shared by two data dirs by mistake: it is claimed as well.
+    if (config.poolPath !== undefined) {
+      if (config.storage === 'dir') await mkdir(config.poolPath, { recursive: true })
+      if (existsSync(config.poolPath)) {
+        const poolPath = config.poolPath
+        locks.push(
+          await DataDirLock.acquire(poolPath, {
+            what: 'storage pool',
+            option: '--pool-path',
+            onLost: () =>
+              logger.error({ poolPath }, 'the storage pool lock was lost (its flock helper ended)'),
+          }),
+        )
+      }
+    }
+    db = openDatabase(path.join(config.dataDir, 'cairn.db'))
+  } catch (error) {
+    await releaseLocks()
+    throw error
+  }
   const runtime = new Runtime({
     dataDir: config.dataDir,
     storage: config.storage,
@@ -239,6 +271,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
           await sessions.close()
           await runtime.close()
           db.close()
+          await releaseLocks()
           logger.info('cairn server stopped')
         })()
         return closing
@@ -248,6 +281,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     await previewListener?.close()
     if (opened) await runtime.close().catch(() => undefined)
     db.close()
+    await releaseLocks()
     throw error
   }
 }

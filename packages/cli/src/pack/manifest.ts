@@ -1,7 +1,14 @@
 import { existsSync } from 'node:fs'
 import { readdir, readFile } from 'node:fs/promises'
 import path from 'node:path'
-import { AGENT_NAME_PATTERN, type AgentProtocolName } from '@cairn/protocol'
+import {
+  AGENT_NAME_PATTERN,
+  AgentManifestSchema,
+  type AgentProtocolName,
+  findUnknownKey,
+  PLANNED_MANIFEST_KEYS,
+  unknownKeyMessage,
+} from '@cairn/protocol'
 import YAML from 'yaml'
 import { CliError } from '../errors.js'
 
@@ -43,7 +50,10 @@ export interface LocalManifest {
   ignore: string[]
 }
 
-/** Reads the project's cairn.yaml (or .yml) when there is one. The server validates it fully. */
+/**
+ * Reads the project's cairn.yaml (or .yml) when there is one, refusing keys nobody reads. The server
+ * validates the values.
+ */
 export async function readLocalManifest(dir: string): Promise<LocalManifest | undefined> {
   for (const name of MANIFEST_FILES) {
     const file = path.join(dir, name)
@@ -66,6 +76,14 @@ export async function readLocalManifest(dir: string): Promise<LocalManifest | un
       throw new CliError(`${file} must be a mapping (name: …, command: …)`, { code: 'invalid_manifest' })
     }
     const record = data as Record<string, unknown>
+    // Refused here too, before anything is packed: a misspelt `ignroe:` would upload what it meant
+    // to leave out (the server refuses the same keys with the same message).
+    const unknown = findUnknownKey(AgentManifestSchema, record)
+    if (unknown) {
+      throw new CliError(unknownKeyMessage(unknown, name, 'key', PLANNED_MANIFEST_KEYS), {
+        code: 'invalid_manifest',
+      })
+    }
     const ignore = Array.isArray(record.ignore)
       ? record.ignore.filter((g): g is string => typeof g === 'string')
       : []

@@ -7,6 +7,9 @@ import {
   AgentManifestSchema,
   type AgentProtocolName,
   CairnProblem,
+  findUnknownKey,
+  PLANNED_MANIFEST_KEYS,
+  unknownKeyMessage,
 } from '@cairn/protocol'
 import { Value } from '@sinclair/typebox/value'
 import YAML from 'yaml'
@@ -66,6 +69,16 @@ export async function readManifest(projectDir: string, nameOverride?: string): P
   }
   const candidate = { ...(raw as Record<string, unknown>) }
   if (nameOverride !== undefined) candidate.name = nameOverride
+  // Before the check of values: a misspelt `netwrok:` or `limtis:` would otherwise drop a policy
+  // in silence, and a key of a later release (`image:`) deploy as if it were honoured.
+  const unknown = findUnknownKey(AgentManifestSchema, candidate)
+  if (unknown) {
+    throw new CairnProblem(
+      'invalid_manifest',
+      unknownKeyMessage(unknown, 'cairn.yaml', 'key', PLANNED_MANIFEST_KEYS),
+      { key: unknown.key, path: unknown.path },
+    )
+  }
   const known = Value.Clean(AgentManifestSchema, Value.Clone(candidate))
   if (!Value.Check(AgentManifestSchema, known)) {
     const first = [...Value.Errors(AgentManifestSchema, known)][0]

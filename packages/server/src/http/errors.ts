@@ -1,5 +1,12 @@
-import { CairnProblem, ERROR_STATUS, type ErrorBody, type ErrorCode, isErrorCode } from '@cairn/protocol'
-import type { FastifyError, FastifyInstance } from 'fastify'
+import {
+  CairnProblem,
+  ERROR_STATUS,
+  type ErrorBody,
+  type ErrorCode,
+  isErrorCode,
+  unknownKeyMessage,
+} from '@cairn/protocol'
+import type { FastifyError, FastifyInstance, FastifyRequest } from 'fastify'
 import { isBusy } from '../db/busy.js'
 
 export function errorBody(
@@ -18,21 +25,65 @@ export function errorBody(
   }
 }
 
+/** The most bytes a request body may have, and which bodies it applies to ("JSON bodies", "uploads"). */
+export interface BodyLimit {
+  bytes: number
+  applies: string
+}
+
+/** One validation issue as Ajv reports it (`verbose`: with the schema that holds it). */
+interface ValidationIssue {
+  instancePath: string
+  schemaPath: string
+  keyword: string
+  params: Record<string, unknown>
+  message?: string
+  parentSchema?: { properties?: Record<string, unknown> }
+}
+
+/**
+ * An unknown field is named, with the nearest known one (as cairn.yaml's keys are); any other
+ * issue keeps the validator's message.
+ */
+function validationMessage(fallback: string, issues: ValidationIssue[]): string {
+  const extra = issues.find((issue) => issue.keyword === 'additionalProperties')
+  const key = extra?.params.additionalProperty
+  if (extra === undefined || typeof key !== 'string') return fallback
+  const path = extra.instancePath.split('/').filter(Boolean).map(decodePointer)
+  return unknownKeyMessage(
+    { key, path, known: Object.keys(extra.parentSchema?.properties ?? {}) },
+    'body',
+    'field',
+  )
+}
+
+function decodePointer(segment: string): string {
+  return segment.replace(/~1/g, '/').replace(/~0/g, '~')
+}
+
 /** Maps anything thrown by a handler to the registry's error shape and status. */
 export function toErrorBody(
   error: unknown,
   requestId: string,
-  limits: { maxUploadBytes?: number } = {},
+  bodyLimit?: BodyLimit,
 ): { status: number; body: ErrorBody } {
   if (error instanceof CairnProblem) {
     return { status: error.status, body: errorBody(error.code, error.message, requestId, error.details) }
   }
   const fastifyError = error as FastifyError & { validation?: unknown }
   if (fastifyError?.validation) {
+    const issues = fastifyError.validation as ValidationIssue[]
     return {
       status: 400,
-      body: errorBody('validation_failed', fastifyError.message, requestId, {
-        issues: fastifyError.validation,
+      body: errorBody('validation_failed', validationMessage(fastifyError.message, issues), requestId, {
+        // Without what verbose validation adds (the schema, the value): the issue, not an echo.
+        issues: issues.map(({ instancePath, schemaPath, keyword, params, message }) => ({
+          instancePath,
+          schemaPath,
+          keyword,
+          params,
+          message,
+        })),
       }),
     }
   }
@@ -45,11 +96,11 @@ export function toErrorBody(
         status: 413,
         body: errorBody(
           'payload_too_large',
-          limits.maxUploadBytes === undefined
+          bodyLimit === undefined
             ? fastifyError.message
-            : `request body is larger than the limit of ${limits.maxUploadBytes} bytes (${Math.round(limits.maxUploadBytes / 1024 / 1024)} MiB)`,
+            : `request body is larger than the limit of ${bodyLimit.bytes} bytes (${formatMiB(bodyLimit.bytes)}) for ${bodyLimit.applies}`,
           requestId,
-          limits.maxUploadBytes === undefined ? undefined : { limitBytes: limits.maxUploadBytes },
+          bodyLimit === undefined ? undefined : { limitBytes: bodyLimit.bytes },
         ),
       }
     case 'FST_ERR_CTP_INVALID_MEDIA_TYPE':
@@ -76,9 +127,13 @@ export function toErrorBody(
   return { status: 500, body: errorBody('internal', 'internal error', requestId) }
 }
 
-export function installErrorHandlers(app: FastifyInstance, limits: { maxUploadBytes?: number } = {}): void {
+/** `bodyLimitOf` names the body limit that applies to a request (by its media type), for 413 answers. */
+export function installErrorHandlers(
+  app: FastifyInstance,
+  bodyLimitOf?: (request: FastifyRequest) => BodyLimit,
+): void {
   app.setErrorHandler((error, request, reply) => {
-    const { status, body } = toErrorBody(error, request.id, limits)
+    const { status, body } = toErrorBody(error, request.id, bodyLimitOf?.(request))
     if (status >= 500) request.log.error({ err: error }, 'request failed')
     void reply.status(status).send(body)
   })
@@ -87,4 +142,9 @@ export function installErrorHandlers(app: FastifyInstance, limits: { maxUploadBy
       .status(404)
       .send(errorBody('not_found', `no route for ${request.method} ${request.url.split('?')[0]}`, request.id))
   })
+}
+
+function formatMiB(bytes: number): string {
+  const mib = bytes / 1024 / 1024
+  return Number.isInteger(mib) ? `${mib} MiB` : `${mib.toFixed(2)} MiB`
 }

@@ -17,40 +17,100 @@ export type SessionReaperDeps = Pick<SessionServiceDeps, 'clock' | 'logger'> & {
   ) => Promise<void>
 }
 
+/** setTimeout's longest delay; a later deadline is re-armed when this one fires. */
+const MAX_TIMER_MS = 2 ** 31 - 1
+/** How soon a round looks again at a session that was due but could not be timed out yet. */
+const STILL_DUE_RETRY_MS = 250
+
 /**
- * The policy timeouts, checked on an interval: sessions idle past their `idleTimeoutMs` and
- * sessions past their `maxDurationMs` time out (and, with `onTimeout: destroy`, are deleted).
+ * The policy timeouts: sessions idle past their `idleTimeoutMs` and sessions past their
+ * `maxDurationMs` time out (and, with `onTimeout: destroy`, are deleted). A timer is armed for the
+ * next session due (re-armed when a change brings one earlier: see `SessionStore.onTimingChange`),
+ * so a timeout fires when it is due; the interval sweep runs the other services' sweeps and
+ * catches anything a timer missed.
  */
 export class SessionReaper {
   private timer: NodeJS.Timeout | undefined
+  private dueTimer: NodeJS.Timeout | undefined
+  /** When the armed timer fires (ms, the clock's); Infinity when none is armed. */
+  private armedFor = Number.POSITIVE_INFINITY
+  private running = false
+  private started = false
 
-  constructor(private readonly deps: SessionReaperDeps) {}
+  constructor(private readonly deps: SessionReaperDeps) {
+    deps.store.onTimingChange((sessionId) => this.noteTimingChange(sessionId))
+  }
 
   private now(): string {
     return iso(this.deps.clock.now())
   }
 
-  /** Reaps every `intervalMs`, then runs `more` (other services' sweeps); a round never overlaps the last. */
+  /** Arms the deadline timer, and sweeps every `intervalMs` then runs `more` (other services' sweeps). */
   start(intervalMs: number, more?: () => Promise<unknown>): void {
-    let busy = false
-    this.timer = setInterval(() => {
-      if (busy) return
-      busy = true
-      void (async () => {
-        await this.reapIdle()
-        await this.reapDeadlines()
-        await more?.()
-      })()
-        .catch((error) => this.deps.logger.error({ err: error }, 'reaper failed'))
-        .finally(() => {
-          busy = false
-        })
-    }, intervalMs)
+    this.started = true
+    this.timer = setInterval(() => void this.round(more), intervalMs)
     this.timer.unref()
+    this.armNext()
   }
 
   stop(): void {
+    this.started = false
     if (this.timer) clearInterval(this.timer)
+    if (this.dueTimer) clearTimeout(this.dueTimer)
+    this.armedFor = Number.POSITIVE_INFINITY
+  }
+
+  /** A session's next timeout may have come earlier: the timer is armed for it if it is. */
+  private noteTimingChange(sessionId: string): void {
+    if (!this.started) return
+    const due = this.deps.store.dueAt(sessionId)
+    if (due !== undefined && due < this.armedFor) this.arm(due)
+  }
+
+  /**
+   * Arms the timer for the earliest timeout of all sessions (after a round, and at the start). One
+   * still due after a round (its turn is being cancelled, its lock is held) is tried again a
+   * little later, not in a tight loop.
+   */
+  private armNext(): void {
+    if (!this.started) return
+    const due = this.deps.store.nextDue()
+    if (due === undefined) {
+      if (this.dueTimer) clearTimeout(this.dueTimer)
+      this.armedFor = Number.POSITIVE_INFINITY
+    } else this.arm(Math.max(due, this.deps.clock.now() + STILL_DUE_RETRY_MS))
+  }
+
+  private arm(dueMs: number): void {
+    if (this.dueTimer) clearTimeout(this.dueTimer)
+    this.armedFor = dueMs
+    const delayMs = Math.min(Math.max(0, dueMs - this.deps.clock.now()), MAX_TIMER_MS)
+    this.dueTimer = setTimeout(() => {
+      this.armedFor = Number.POSITIVE_INFINITY
+      void this.round()
+    }, delayMs)
+    this.dueTimer.unref()
+  }
+
+  /** One round of reaping (never two at once); the timer is armed again for what is next. */
+  private async round(more?: () => Promise<unknown>): Promise<void> {
+    // A round already running arms the timer again when it ends, with whatever came due meanwhile.
+    if (this.running) return
+    this.running = true
+    try {
+      await this.reapIdle()
+      await this.reapDeadlines()
+      await more?.()
+    } catch (error) {
+      this.deps.logger.error({ err: error }, 'reaper failed')
+    } finally {
+      this.running = false
+      try {
+        this.armNext()
+      } catch (error) {
+        this.deps.logger.error({ err: error }, 'reaper could not arm its next deadline')
+      }
+    }
   }
 
   async reapIdle(): Promise<number> {

@@ -179,12 +179,9 @@ export function sessionRoutes(app: FastifyInstance, sessions: SessionService): v
         summary:
           'Resume an ended, failed or timed-out session (workspace checked against its generation), optionally changing its lifecycle policy',
         params: IdParams,
+        // Optional (see http/optional-body.ts): a bare POST resumes without changing the policy.
         body: ResumeBody,
         response: { 200: SessionSchema, ...errors, 410: ErrorBodySchema, 500: ErrorBodySchema },
-      },
-      // The body is optional: a bare POST resumes without changing the policy.
-      preValidation: async (request) => {
-        if (request.body === undefined || request.body === null) request.body = {}
       },
     },
     async (request) =>

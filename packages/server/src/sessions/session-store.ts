@@ -80,6 +80,8 @@ export interface ListFilter {
 export class SessionStore {
   private readonly s
 
+  private readonly timingListeners: ((sessionId: string) => void)[] = []
+
   constructor(private readonly db: Db) {
     this.s = {
       get: db.prepare<[string, string], SessionRow>(`${SESSION_SELECT} WHERE s.tenant_id = ? AND s.id = ?`),
@@ -151,10 +153,45 @@ export class SessionStore {
       insertNetwork: db.prepare(
         'INSERT INTO network_events (session_id, at, host, port, method, allowed, reason, address) VALUES (?, ?, ?, ?, ?, ?, ?, ?)',
       ),
+      timingOf: db.prepare<[string], SessionTiming>(
+        `SELECT status, last_active_at, idle_timeout_ms, lease_until, deadline_at FROM sessions WHERE id = ?`,
+      ),
+      timings: db.prepare<[], SessionTiming>(
+        `SELECT status, last_active_at, idle_timeout_ms, lease_until, deadline_at FROM sessions WHERE status IN ('idle', 'active')`,
+      ),
       pastDeadline: db.prepare<[string], { id: string; tenant_id: string }>(
         `SELECT id, tenant_id FROM sessions WHERE deadline_at IS NOT NULL AND deadline_at <= ? AND status IN ('idle', 'active')`,
       ),
     }
+  }
+
+  /**
+   * Called after a change that may bring a session's next timeout earlier (a new session, a
+   * status change, a new policy); changes that only move it later (activity, a lease) are not
+   * reported: a timer armed for the old time finds nothing due and looks again.
+   */
+  onTimingChange(listener: (sessionId: string) => void): void {
+    this.timingListeners.push(listener)
+  }
+
+  private timingChanged(sessionId: string): void {
+    for (const listener of this.timingListeners) listener(sessionId)
+  }
+
+  /** When the session next times out (idle timeout or max duration), in ms; undefined: never. */
+  dueAt(sessionId: string): number | undefined {
+    const row = this.s.timingOf.get(sessionId)
+    return row === undefined ? undefined : dueOf(row)
+  }
+
+  /** The earliest timeout of any idle or active session, in ms; undefined: none. */
+  nextDue(): number | undefined {
+    let next: number | undefined
+    for (const row of this.s.timings.all()) {
+      const due = dueOf(row)
+      if (due !== undefined && (next === undefined || due < next)) next = due
+    }
+    return next
   }
 
   get(tenantId: string, id: string): SessionRow | undefined {
@@ -206,6 +243,7 @@ export class SessionStore {
       )
       if (fork) this.copyTurns(fork.parentId, row.id, fork.turnsUpTo, fork.snapshotId)
     })()
+    this.timingChanged(row.id)
   }
 
   /** Copies a parent's transcript up to a turn into a fork (new turn IDs, same content). */
@@ -296,6 +334,7 @@ export class SessionStore {
         at,
         sessionId,
       )
+    this.timingChanged(sessionId)
   }
 
   /** Idle or active sessions whose `maxDurationMs` has run out. */
@@ -315,6 +354,7 @@ export class SessionStore {
       this.s.setStatus.run(to, cause, at, row.id)
       this.s.insertEvent.run(newId('event'), row.id, row.status, to, cause, detail ?? null, at)
     })()
+    this.timingChanged(row.id)
   }
 
   list(tenantId: string, filter: ListFilter): SessionRow[] {
@@ -506,4 +546,26 @@ export function toSessionInfo(row: SessionRow, warm: boolean): SessionInfo {
     updatedAt: row.updated_at,
     lastActiveAt: row.last_active_at,
   }
+}
+
+interface SessionTiming {
+  status: SessionStatus
+  last_active_at: string
+  idle_timeout_ms: number
+  lease_until: string | null
+  deadline_at: string | null
+}
+
+/** An idle session times out at its idle timeout (held off by a lease); idle or active, at its deadline. */
+function dueOf(row: SessionTiming): number | undefined {
+  let due: number | undefined
+  if (row.status === 'idle') {
+    const idleDue = Date.parse(row.last_active_at) + row.idle_timeout_ms
+    due = row.lease_until ? Math.max(idleDue, Date.parse(row.lease_until)) : idleDue
+  }
+  if (row.deadline_at && (row.status === 'idle' || row.status === 'active')) {
+    const deadline = Date.parse(row.deadline_at)
+    due = due === undefined ? deadline : Math.min(due, deadline)
+  }
+  return due
 }

@@ -70,6 +70,7 @@ let child: ChildProcess | undefined
 let serverPid = 0
 let base: URL
 let key = ''
+let readKey = ''
 let api: Api
 const serverLog: string[] = []
 const agent = new http.Agent({ keepAlive: true, maxSockets: CONCURRENCY })
@@ -132,6 +133,7 @@ beforeAll(async () => {
   expect((await api.call('DELETE', `/v1/sessions/${ids.deletedSession}`)).status).toBe(200)
   for (let i = 0; i < 3; i++) ids.spareSessions.push((await api.createSession('echo')).id)
   ids.victimKey = (await api.call('POST', '/v1/keys', { name: 'victim' })).body.id
+  readKey = (await api.call('POST', '/v1/keys', { name: 'reader', role: 'read' })).body.key
   expect((await api.call('PUT', `/v1/agents/${ids.agent}/secrets`, { secrets: { K1: 'v' } })).status).toBe(
     200,
   )
@@ -383,8 +385,11 @@ function generate(index: number, routes: Route[], hints: Record<string, unknown[
       `Bearer  ${fuzzString(rng, { maxHuge: 200 }).replace(/[^\x21-\x7e]/g, '')}`,
     ])
     authenticated = false
+  } else if (authRoll < 0.08) {
+    // A key that may read but not write: its refusals (403) must be documented too.
+    headers.authorization = `Bearer ${readKey}`
   }
-  if (authenticated) headers.authorization = `Bearer ${key}`
+  if (authenticated) headers.authorization ??= `Bearer ${key}`
 
   if (rng.chance(0.02)) {
     // Off the API: the console's static files and unknown paths.

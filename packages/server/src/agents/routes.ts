@@ -34,7 +34,7 @@ export function agentRoutes(app: FastifyInstance, agents: AgentService): void {
           wait: Type.Optional(Type.Boolean({ description: 'wait for the build to finish before answering' })),
         }),
         body: bytesBody(['application/gzip'], 'The project as a tar.gz archive'),
-        response: { 201: DeployResultSchema, ...errors, ...errorResponses(409, 413, 415, 422) },
+        response: { 201: DeployResultSchema, ...errors, ...errorResponses(413, 415, 422) },
       },
     },
     async (request, reply) => {

@@ -24,12 +24,14 @@ import {
   type SharedPlaces,
   traversal,
 } from '../helpers/fuzz.js'
+import { OpenApiConformance, type Operation } from '../helpers/openapi-conformance.js'
 import { Api, EXAMPLES, packDir, REPO_ROOT } from '../helpers/server.js'
 
 // Request-schema fuzzing against a real server in its own process: every route of the OpenAPI
 // document gets schema-shaped and hostile bodies, path parameters and query strings. The server
 // must answer each with a typed error or a success, never a 500, never crash, and never write
-// outside its data dir and pool.
+// outside its data dir and pool. Every answer is also checked against the document itself (its
+// status, media type and body schema, each SSE event), and every operation must reach a success.
 
 const SEED = fuzzSeed('fuzz-requests', 0x5eed_0006)
 const REQUESTS = Number(process.env.FUZZ_REQUESTS ?? 10_000)
@@ -44,6 +46,8 @@ interface Route {
   template: string
   query: { name: string; schema: JsonSchema; required: boolean }[]
   body: JsonSchema | undefined
+  /** The request body's media types the operation documents. */
+  bodyTypes: string[]
 }
 
 interface FuzzRequest {
@@ -55,6 +59,8 @@ interface FuzzRequest {
   authenticated: boolean
   /** The path names a /v1 API route (so an unauthenticated success would be a bypass). */
   api: boolean
+  /** The path was rewritten (case, slashes, dot segments), so the router may not match it. */
+  variant: boolean
 }
 
 let sentinel = ''
@@ -64,6 +70,7 @@ let child: ChildProcess | undefined
 let serverPid = 0
 let base: URL
 let key = ''
+let readKey = ''
 let api: Api
 const serverLog: string[] = []
 const agent = new http.Agent({ keepAlive: true, maxSockets: CONCURRENCY })
@@ -78,6 +85,7 @@ const ids = {
   revision: '',
   snapshot: '',
   victimKey: '',
+  artifact: '',
 }
 
 /** The shared places, and where a server started from this checkout could also write. */
@@ -115,7 +123,8 @@ beforeAll(async () => {
   const victim = await api.call('POST', '/v1/agents?name=victim', archive)
   expect(victim.status).toBe(201)
   ids.victimAgent = victim.body.agent.id
-  ids.liveSession = (await api.createSession('echo')).id
+  // With a setup phase, so its setup routes answer too.
+  ids.liveSession = (await api.createSession('echo', { setup: { command: 'echo set up' } })).id
   expect((await api.send(ids.liveSession, 'warm up')).text).toBe('warm up\n')
   ids.snapshot = (await api.call('POST', `/v1/sessions/${ids.liveSession}/snapshots`, {})).body.id
   ids.endedSession = (await api.createSession('echo')).id
@@ -124,6 +133,13 @@ beforeAll(async () => {
   expect((await api.call('DELETE', `/v1/sessions/${ids.deletedSession}`)).status).toBe(200)
   for (let i = 0; i < 3; i++) ids.spareSessions.push((await api.createSession('echo')).id)
   ids.victimKey = (await api.call('POST', '/v1/keys', { name: 'victim' })).body.id
+  readKey = (await api.call('POST', '/v1/keys', { name: 'reader', role: 'read' })).body.key
+  expect((await api.call('PUT', `/v1/agents/${ids.agent}/secrets`, { secrets: { K1: 'v' } })).status).toBe(
+    200,
+  )
+  const artifact = await api.call('POST', `/v1/sessions/${ids.liveSession}/artifacts`, { path: 'echo.sh' })
+  expect(artifact.status, JSON.stringify(artifact.body)).toBe(201)
+  ids.artifact = artifact.body.id
 }, 120_000)
 
 afterAll(async () => {
@@ -155,6 +171,7 @@ function routesOf(doc: { paths: Record<string, Record<string, Record<string, unk
           .filter((p) => p.in === 'query')
           .map((p) => ({ name: p.name, schema: p.schema, required: p.required === true })),
         body: content?.['application/json']?.schema,
+        bodyTypes: Object.keys(content ?? {}),
       })
     }
   }
@@ -217,9 +234,30 @@ function pathParam(rng: Rng, route: Route, method: string, name: string): string
       return pick(destructive ? [ids.victimAgent] : [ids.agent, 'echo', 'victim', ids.victimAgent])
     if (route.template.startsWith('/v1/keys')) return pick([ids.victimKey])
   }
-  if (name === 'rev') return pick([ids.revision])
-  if (name === 'name') return pick(['K1', 'SECRET', FUZZ_MARKER])
-  return pick([])
+  return pick(REAL_PARAMS[name]?.() ?? [])
+}
+
+/**
+ * Real values of the other path parameters, by name. A new route whose parameter is not here gets
+ * only made-up values, never answers 2xx, and fails the coverage check: add its real value.
+ */
+const REAL_PARAMS: Record<string, () => string[]> = {
+  rev: () => [ids.revision],
+  name: () => ['K1', 'SECRET', FUZZ_MARKER],
+  snapshotId: () => [ids.snapshot],
+  artifactId: () => [ids.artifact],
+  port: () => ['8000', '3000'],
+}
+
+/** The real IDs a well-formed request to `route` uses (DELETE on the spare and victim ones). */
+function realParam(route: Route, name: string): string {
+  const destructive = route.method === 'DELETE' && route.template.split('/').length <= 4
+  if (name === 'id' && route.template.startsWith('/v1/sessions'))
+    return destructive ? (ids.spareSessions[0] as string) : ids.liveSession
+  if (name === 'id' && route.template.startsWith('/v1/agents'))
+    return destructive ? ids.victimAgent : ids.agent
+  if (name === 'id' && route.template.startsWith('/v1/keys')) return ids.victimKey
+  return REAL_PARAMS[name]?.()[0] ?? 'x'
 }
 
 const CONTENT_TYPES = [
@@ -350,8 +388,11 @@ function generate(index: number, routes: Route[], hints: Record<string, unknown[
       `Bearer  ${fuzzString(rng, { maxHuge: 200 }).replace(/[^\x21-\x7e]/g, '')}`,
     ])
     authenticated = false
+  } else if (authRoll < 0.08) {
+    // A key that may read but not write: its refusals (403) must be documented too.
+    headers.authorization = `Bearer ${readKey}`
   }
-  if (authenticated) headers.authorization = `Bearer ${key}`
+  if (authenticated) headers.authorization ??= `Bearer ${key}`
 
   if (rng.chance(0.02)) {
     // Off the API: the console's static files and unknown paths.
@@ -371,6 +412,7 @@ function generate(index: number, routes: Route[], hints: Record<string, unknown[
       body: undefined,
       authenticated,
       api: false,
+      variant: false,
     }
   }
 
@@ -381,7 +423,8 @@ function generate(index: number, routes: Route[], hints: Record<string, unknown[
   let apiPath = route.template.replace(/\{(\w+)\}/g, (_m, name: string) =>
     pathParam(rng, route, method, name),
   )
-  if (rng.chance(0.05)) apiPath = pathVariant(rng, apiPath)
+  const variant = rng.chance(0.05)
+  if (variant) apiPath = pathVariant(rng, apiPath)
   const body = bodyFor(rng, route, hints)
   if (body?.type) headers['content-type'] = body.type
   if (rng.chance(0.02))
@@ -394,7 +437,75 @@ function generate(index: number, routes: Route[], hints: Record<string, unknown[
     body: body?.text,
     authenticated,
     api: true,
+    variant,
   }
+}
+
+/**
+ * One well-formed request per operation with real IDs, so every operation is seen answering past
+ * its 404s (success schemas and the SSE stream included). Writes come after reads, deletes last.
+ */
+function wellFormed(
+  index: number,
+  route: Route,
+  hints: Record<string, unknown[]>,
+  samples: Samples,
+): FuzzRequest {
+  const rng = new Rng((SEED ^ Math.imul(index + 1, 0x85ebca6b)) >>> 0)
+  // Paths: a directory to list, an existing file to read, a file the upload made to delete.
+  const file = route.template.endsWith('/files') && route.method === 'GET' ? '' : 'echo.sh'
+  const path = route.method === 'PUT' || route.method === 'DELETE' ? 'fuzzed.txt' : file
+  const schemaHints = { ...hints, path: [path], agent: ['echo'], name: ['fuzzed'] }
+  const apiPath = route.template.replace(/\{(\w+)\}/g, (_m, name: string) => pct(realParam(route, name)))
+  const query = route.query
+    .filter((q) => q.required)
+    .map((q) => `${q.name}=${pct(String(schemaHints[q.name]?.[0] ?? fromSchema(rng, q.schema, {}, q.name)))}`)
+  const headers: Record<string, string> = { authorization: `Bearer ${key}` }
+  let body: Buffer | undefined
+  const type = route.bodyTypes[0]
+  if (type === 'application/json' && route.body) {
+    body = Buffer.from(JSON.stringify(wellFormedJson(route, rng, schemaHints)))
+  } else if (type !== undefined)
+    body = type.includes('gzip')
+      ? samples[route.template.startsWith('/v1/agents') ? 'agent' : 'workspace']
+      : Buffer.from('fuzzed\n')
+  else if (route.template.endsWith('/files/content') && route.method === 'PUT') body = Buffer.from('fuzzed\n')
+  if (body) headers['content-type'] = type ?? 'application/octet-stream'
+  if (route.template === '/v1/agents' && route.method === 'POST') query.push('name=echo')
+  return {
+    index,
+    method: route.method,
+    path: apiPath + (query.length > 0 ? `?${query.join('&')}` : ''),
+    headers,
+    body,
+    authenticated: true,
+    api: true,
+    variant: false,
+  }
+}
+
+/** A JSON body the route accepts: its schema's required fields, with the real IDs it names. */
+function wellFormedJson(route: Route, rng: Rng, hints: Record<string, unknown[]>): unknown {
+  if (route.template.endsWith('/restore') || route.template.endsWith('/fork'))
+    return { snapshotId: ids.snapshot }
+  const schema = route.body as JsonSchema
+  const out: Record<string, unknown> = {}
+  for (const name of schema.required ?? [])
+    out[name] = hints[name]?.[0] ?? fromSchema(rng, schema.properties?.[name] ?? {}, {}, name)
+  if (route.template.endsWith('/secrets')) return { secrets: { K2: 'v' } }
+  return out
+}
+
+interface Samples {
+  agent: Buffer
+  workspace: Buffer
+}
+
+const WRITE_ORDER: Record<string, number> = { GET: 0, PUT: 1, POST: 2, DELETE: 3 }
+/** Ending and resuming the session come after its other writes, deleting last. */
+function happyOrder(route: Route): number {
+  const last = route.template.endsWith('/end') ? 0.5 : route.template.endsWith('/resume') ? 0.7 : 0
+  return (WRITE_ORDER[route.method] ?? 2) + last
 }
 
 /** Bodies this large are sent on a connection of their own. */
@@ -493,6 +604,17 @@ describe('request fuzzing', () => {
     >[0]
     const routes = routesOf(doc)
     expect(routes.length).toBeGreaterThan(40)
+    const conformance = new OpenApiConformance(doc)
+    const samples: Samples = {
+      agent: await packDir(`${EXAMPLES}/echo`),
+      workspace: Buffer.from(
+        await (
+          await fetch(new URL(`/v1/sessions/${ids.liveSession}/export`, base), {
+            headers: { authorization: `Bearer ${key}` },
+          })
+        ).arrayBuffer(),
+      ),
+    }
     const hints: Record<string, unknown[]> = {
       agent: ['echo', ids.agent, 'victim'],
       snapshotId: [ids.snapshot],
@@ -506,30 +628,75 @@ describe('request fuzzing', () => {
     const findings: Finding[] = []
     const statuses = new Map<number, number>()
     const perRoute = new Map<string, number>()
+    /** Statuses each documented operation answered with. */
+    const perOperation = new Map<Operation, Map<number, number>>(
+      conformance.operations.map((op) => [op, new Map()]),
+    )
+    let mismatches = 0
+    /** Status, media type and body against the document; a path no operation has must be a 404. */
+    const conform = (
+      request: FuzzRequest,
+      status: number,
+      type: string,
+      body: Buffer,
+    ): string | undefined => {
+      if (!request.api || request.variant || !request.path.startsWith('/v1/')) return undefined
+      const pathname = request.path.split('?')[0] as string
+      const op = conformance.match(request.method, pathname)
+      // A path or method no operation has: an error (its registry shape is checked by `judge`).
+      if (!op)
+        return status >= 400 && status < 500
+          ? undefined
+          : `conformance: ${request.method} ${pathname} is in no operation, answered ${status}`
+      const seen = perOperation.get(op) as Map<number, number>
+      seen.set(status, (seen.get(status) ?? 0) + 1)
+      const what = conformance.check(op, status, type, body)
+      if (what) mismatches++
+      return what === undefined ? undefined : `conformance: ${what}`
+    }
+    const record = (
+      request: FuzzRequest,
+      describe: string,
+      res: { status: number; type: string; body: Buffer },
+    ) => {
+      statuses.set(res.status, (statuses.get(res.status) ?? 0) + 1)
+      const routeKey = `${request.method} ${request.path.split('?')[0]?.replace(/\/[^/]*$/, '/…')}`
+      perRoute.set(routeKey, (perRoute.get(routeKey) ?? 0) + 1)
+      for (const what of [
+        judge(request, res.status, res.type, res.body),
+        conform(request, res.status, res.type, res.body),
+      ])
+        if (what)
+          findings.push({
+            index: request.index,
+            what,
+            request: describe,
+            answer: res.body.subarray(0, 300).toString('utf8'),
+          })
+    }
+    const describeRequest = (request: FuzzRequest) =>
+      `${request.method} ${request.path.slice(0, 300)} ${request.headers['content-type'] ?? ''} body=${request.body?.subarray(0, 200).toString('utf8') ?? ''}`
+
+    // Well-formed requests first, one per operation, in an order that keeps the session usable.
+    const happy = [...routes].sort((a, b) => happyOrder(a) - happyOrder(b))
+    for (const [n, route] of happy.entries()) {
+      const request = wellFormed(-1 - n, route, hints, samples)
+      record(request, describeRequest(request), await send(request))
+    }
+    expect((await api.call('POST', `/v1/sessions/${ids.liveSession}/resume`)).status).toBeLessThan(500)
     const only = process.env.FUZZ_ONLY === undefined ? undefined : Number(process.env.FUZZ_ONLY)
     let next = only ?? 0
     const last = only === undefined ? REQUESTS : only + 1
     const worker = async () => {
       while (next < last) {
         const request = generate(next++, routes, hints)
-        const describe = `${request.method} ${request.path.slice(0, 300)} ${request.headers['content-type'] ?? ''} body=${request.body?.subarray(0, 200).toString('utf8') ?? ''}`
+        const describe = describeRequest(request)
         if (only !== undefined)
           console.log(
             `[fuzz-requests] #${request.index} (${request.body?.length ?? 0} body bytes): ${describe}`,
           )
         try {
-          const res = await send(request)
-          statuses.set(res.status, (statuses.get(res.status) ?? 0) + 1)
-          const routeKey = `${request.method} ${request.path.split('?')[0]?.replace(/\/[^/]*$/, '/…')}`
-          perRoute.set(routeKey, (perRoute.get(routeKey) ?? 0) + 1)
-          const what = judge(request, res.status, res.type, res.body)
-          if (what)
-            findings.push({
-              index: request.index,
-              what,
-              request: describe,
-              answer: res.body.subarray(0, 300).toString('utf8'),
-            })
+          record(request, describe, await send(request))
         } catch (error) {
           // A large body the server refuses without reading it (over the limit: 413; a type the
           // route does not take: 415) may meet the closed connection before it is all written.
@@ -565,7 +732,16 @@ describe('request fuzzing', () => {
         `[fuzz-requests] FUZZ_SEED=${SEED} FUZZ_ONLY=${f.index}: ${f.what}\n  ${f.request}\n  -> ${f.answer}`,
       )
     if (findings.length > 0) console.log(`[fuzz-requests] server log:\n${serverLog.join('').slice(-20_000)}`)
+    const fiveXx = [...statuses].filter(([status]) => status >= 500).reduce((sum, [, n]) => sum + n, 0)
+    const neverSucceeded = [...perOperation]
+      .filter(([, seen]) => ![...seen.keys()].some((status) => status >= 200 && status < 300))
+      .map(([op, seen]) => `${op.method} ${op.template} ${JSON.stringify(Object.fromEntries(seen))}`)
+    console.log(
+      `[fuzz-requests] report: ${happy.length + last - (only ?? 0)} requests (${happy.length} well-formed), ${conformance.operations.length} operations, ${conformance.operations.length - neverSucceeded.length} answered 2xx; statuses ${JSON.stringify(Object.fromEntries([...statuses].sort((a, b) => a[0] - b[0])))}; ${mismatches} mismatches with the OpenAPI document; ${fiveXx} 5xx`,
+    )
+    for (const op of neverSucceeded) console.log(`[fuzz-requests] never answered 2xx: ${op}`)
     expect(findings.map((f) => `#${f.index} ${f.what}`)).toEqual([])
+    if (only === undefined) expect(neverSucceeded).toEqual([])
 
     // Still the same process, still answering, still serving the session it had.
     expect(child?.exitCode).toBeNull()

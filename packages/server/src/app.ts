@@ -13,6 +13,7 @@ import { consoleRoutes } from './http/console.js'
 import { type BodyLimit, errorBody, installErrorHandlers } from './http/errors.js'
 import { refuseNonFiniteNumbers } from './http/finite-numbers.js'
 import { acceptEmptyBodies } from './http/optional-body.js'
+import { documentFrameworkAnswers } from './http/responses.js'
 import { runtimeRoute } from './http/runtime-route.js'
 import type { MemoryService } from './memory/memory-service.js'
 import { memoryRoutes } from './memory/routes.js'
@@ -121,11 +122,19 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   await app.register(swagger, {
     openapi: {
       openapi: '3.1.0',
-      info: { title: 'Cairn API', version: API_VERSION, description: 'Persistent, isolated agent sessions' },
+      info: {
+        title: 'Cairn API',
+        version: API_VERSION,
+        description: 'Persistent, isolated agent sessions',
+        license: { name: 'Apache-2.0', identifier: 'Apache-2.0' },
+      },
+      // Relative: the API is served from wherever this document is.
+      servers: [{ url: '/', description: 'This Cairn server' }],
       components: { securitySchemes: { bearer: { type: 'http', scheme: 'bearer' } } },
       security: [{ bearer: [] }],
     },
   })
+  documentFrameworkAnswers(app)
   installAuth(app, deps.keys, { ratePerSecond: deps.rateLimitPerSecond }, isPreviewRequest)
   app.get('/healthz', { schema: { hide: true, response: { 200: HealthSchema } } }, async () => ({
     ok: true,

@@ -1,9 +1,9 @@
 import {
   AgentDetailSchema,
   AgentListSchema,
+  BuildLogEventSchema,
   CairnProblem,
   DeployResultSchema,
-  ErrorBodySchema,
   IdParams,
   OkSchema,
   RevisionSchema,
@@ -11,6 +11,7 @@ import {
 import { Type } from '@sinclair/typebox'
 import type { FastifyInstance } from 'fastify'
 import { principalOf, requireWrite } from '../auth/plugin.js'
+import { bytesBody, errorResponses } from '../http/responses.js'
 import { type AgentService, revisionInfo } from './agent-service.js'
 
 const BuildLogSchema = Type.Object({
@@ -19,7 +20,7 @@ const BuildLogSchema = Type.Object({
   lines: Type.Array(Type.String()),
 })
 
-const errors = { 400: ErrorBodySchema, 401: ErrorBodySchema, 404: ErrorBodySchema }
+const errors = errorResponses(400, 401, 404)
 
 export function agentRoutes(app: FastifyInstance, agents: AgentService): void {
   app.post(
@@ -32,8 +33,8 @@ export function agentRoutes(app: FastifyInstance, agents: AgentService): void {
           name: Type.Optional(Type.String({ maxLength: 63 })),
           wait: Type.Optional(Type.Boolean({ description: 'wait for the build to finish before answering' })),
         }),
-        consumes: ['application/gzip'],
-        response: { 201: DeployResultSchema, ...errors, 413: ErrorBodySchema },
+        body: bytesBody(['application/gzip'], 'The project as a tar.gz archive'),
+        response: { 201: DeployResultSchema, ...errors, ...errorResponses(413, 415, 422) },
       },
     },
     async (request, reply) => {
@@ -59,7 +60,7 @@ export function agentRoutes(app: FastifyInstance, agents: AgentService): void {
       schema: {
         tags: ['agents'],
         summary: 'List agents',
-        response: { 200: AgentListSchema, 401: ErrorBodySchema },
+        response: { 200: AgentListSchema, ...errorResponses(401) },
       },
     },
     async (request) => ({ data: agents.list(principalOf(request).tenantId) }),
@@ -103,7 +104,16 @@ export function agentRoutes(app: FastifyInstance, agents: AgentService): void {
         summary: 'Build log of a revision; with ?follow=true an SSE stream (log, end) while it builds',
         params: RevisionParams,
         querystring: Type.Object({ follow: Type.Optional(Type.Boolean()) }),
-        response: { 200: BuildLogSchema, ...errors },
+        response: {
+          200: {
+            description: 'The log so far (JSON), or with follow=true an event stream of it',
+            content: {
+              'application/json': { schema: BuildLogSchema },
+              'text/event-stream': { schema: BuildLogEventSchema },
+            },
+          },
+          ...errors,
+        },
       },
     },
     async (request, reply) => {

@@ -1,6 +1,7 @@
-import { CairnProblem, ErrorBodySchema, OkSchema } from '@cairn/protocol'
+import { CairnProblem, OkSchema } from '@cairn/protocol'
 import { Type } from '@sinclair/typebox'
 import type { FastifyInstance, FastifyRequest } from 'fastify'
+import { errorResponses } from '../http/responses.js'
 import { type ApiKeyStore, DEFAULT_TENANT_ID, type Role } from './api-keys.js'
 import { principalOf } from './plugin.js'
 
@@ -22,7 +23,7 @@ const CreateKeyBody = Type.Object(
   },
   { additionalProperties: false },
 )
-const errors = { 400: ErrorBodySchema, 401: ErrorBodySchema, 403: ErrorBodySchema, 404: ErrorBodySchema }
+const errors = errorResponses(400, 401, 403, 404)
 
 function requireAdmin(request: FastifyRequest) {
   const principal = principalOf(request)

@@ -2,6 +2,7 @@ import type { Runtime } from '@cairn/runtime'
 import { Type } from '@sinclair/typebox'
 import type { FastifyInstance } from 'fastify'
 import { principalOf } from '../auth/plugin.js'
+import { errorResponses } from './responses.js'
 
 const DriverSchema = Type.Object({
   name: Type.String(),
@@ -33,7 +34,10 @@ export function runtimeRoute(app: FastifyInstance, runtime: Runtime): void {
         tags: ['runtime'],
         summary:
           'Sandbox drivers (bwrap, gvisor) and the workspace store (btrfs, dir) with their capabilities',
-        response: { 200: Type.Object({ drivers: Type.Array(DriverSchema), storage: StorageSchema }) },
+        response: {
+          200: Type.Object({ drivers: Type.Array(DriverSchema), storage: StorageSchema }),
+          ...errorResponses(401),
+        },
       },
     },
     async (request) => {

@@ -1,9 +1,10 @@
-import { ErrorBodySchema, IdParams } from '@cairn/protocol'
+import { IdParams } from '@cairn/protocol'
 import { Type } from '@sinclair/typebox'
 import type { FastifyInstance, FastifyRequest } from 'fastify'
 import type { AgentService } from '../agents/agent-service.js'
 import { principalOf, requireWrite } from '../auth/plugin.js'
 import { workspaceRelative } from '../files/confine.js'
+import { bytesResponse, errorResponses } from '../http/responses.js'
 import type { SessionService } from '../sessions/session-service.js'
 import { MAX_MEMORY_BYTES, type MemoryService } from './memory-service.js'
 
@@ -23,13 +24,7 @@ const ArtifactSchema = Type.Object({
   sha256: Type.String(),
   createdAt: Type.String(),
 })
-const errors = {
-  400: ErrorBodySchema,
-  401: ErrorBodySchema,
-  403: ErrorBodySchema,
-  404: ErrorBodySchema,
-  409: ErrorBodySchema,
-}
+const errors = errorResponses(400, 401, 403, 404, 409, 410)
 const idOf = (request: FastifyRequest) => (request.params as { id: string }).id
 
 export function memoryRoutes(
@@ -142,8 +137,7 @@ export function memoryRoutes(
         tags,
         summary: 'Download an artifact',
         params: Type.Object({ id: Type.String(), artifactId: Type.String() }),
-        produces: ['application/octet-stream'],
-        response: errors,
+        response: { 200: bytesResponse('application/octet-stream', 'The artifact'), ...errors },
       },
     },
     async (request, reply) => {

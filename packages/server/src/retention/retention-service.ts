@@ -1,4 +1,4 @@
-import { newId } from '@cairn/protocol'
+import { newId, type Usage } from '@cairn/protocol'
 import type { Runtime } from '@cairn/runtime'
 import type { Logger } from 'pino'
 import { type Clock, iso } from '../clock.js'
@@ -163,7 +163,8 @@ export class RetentionService {
     }
   }
 
-  async usage(tenantId: string, withStorage: boolean) {
+  /** Typed by the wire schema: a field the schema lacks would be dropped from the answer, so it fails to compile. */
+  async usage(tenantId: string, withStorage: boolean): Promise<Usage> {
     const byStatus = Object.fromEntries(
       this.deps.db
         .prepare<[string], { status: string; n: number }>(

@@ -1,15 +1,11 @@
-import { ErrorBodySchema } from '@cairn/protocol'
+import { RetentionPolicySchema as PolicySchema, UsageSchema } from '@cairn/protocol'
 import { Type } from '@sinclair/typebox'
 import type { FastifyInstance } from 'fastify'
 import { principalOf, requireWrite } from '../auth/plugin.js'
+import { errorResponses } from '../http/responses.js'
 import type { RetentionPolicy, RetentionService } from './retention-service.js'
 
-const PolicySchema = Type.Object({
-  keepAutoSnapshots: Type.Integer({ minimum: 1, maximum: 10_000 }),
-  endedSnapshotTtlMs: Type.Union([Type.Integer({ minimum: 0 }), Type.Null()]),
-  endedWorkspaceTtlMs: Type.Union([Type.Integer({ minimum: 0 }), Type.Null()]),
-})
-const errors = { 400: ErrorBodySchema, 401: ErrorBodySchema, 403: ErrorBodySchema }
+const errors = errorResponses(400, 401, 403)
 
 export function retentionRoutes(app: FastifyInstance, retention: RetentionService): void {
   app.get(
@@ -44,6 +40,7 @@ export function retentionRoutes(app: FastifyInstance, retention: RetentionServic
         summary:
           'Sessions by status, snapshots, pool space, bytes freed by retention (and storage per session with ?storage=true)',
         querystring: Type.Object({ storage: Type.Optional(Type.Boolean()) }),
+        response: { 200: UsageSchema, ...errors },
       },
     },
     async (request) =>

@@ -1,8 +1,9 @@
-import { ErrorBodySchema, IdParams, OkSchema } from '@cairn/protocol'
+import { IdParams, OkSchema } from '@cairn/protocol'
 import { Type } from '@sinclair/typebox'
 import type { FastifyInstance, FastifyRequest } from 'fastify'
 import type { AgentService } from '../agents/agent-service.js'
 import { principalOf, requireWrite } from '../auth/plugin.js'
+import { errorResponses } from '../http/responses.js'
 import { SECRET_SCOPES, type SecretScope, type SecretStore } from './secret-store.js'
 
 const SecretInfoSchema = Type.Object({
@@ -16,7 +17,7 @@ const SecretListSchema = Type.Object({
   data: Type.Array(SecretInfoSchema),
   missing: Type.Array(Type.String()),
 })
-const errors = { 400: ErrorBodySchema, 401: ErrorBodySchema, 404: ErrorBodySchema }
+const errors = errorResponses(400, 401, 404)
 const SetSecretsBody = Type.Object(
   {
     secrets: Type.Record(Type.String({ maxLength: 128 }), Type.String({ maxLength: 65536 })),

@@ -1,6 +1,5 @@
 import {
   CreateSessionBody,
-  ErrorBodySchema,
   IdParams,
   ListSessionsQuery,
   MessageListSchema,
@@ -16,10 +15,11 @@ import {
 import { Type } from '@sinclair/typebox'
 import type { FastifyInstance, FastifyRequest } from 'fastify'
 import { principalOf, requireWrite } from '../auth/plugin.js'
+import { errorResponses, eventStreamResponse } from '../http/responses.js'
 import { SseWriter } from '../http/sse.js'
 import type { SessionService } from './session-service.js'
 
-const errors = { 400: ErrorBodySchema, 401: ErrorBodySchema, 404: ErrorBodySchema, 409: ErrorBodySchema }
+const errors = errorResponses(400, 401, 404, 409, 410)
 const idOf = (request: FastifyRequest) => (request.params as { id: string }).id
 
 export function sessionRoutes(app: FastifyInstance, sessions: SessionService): void {
@@ -139,8 +139,7 @@ export function sessionRoutes(app: FastifyInstance, sessions: SessionService): v
         summary: 'Send a message; the answer is an SSE stream of the run',
         params: IdParams,
         body: SendMessageBody,
-        produces: ['text/event-stream'],
-        response: { ...errors, 410: ErrorBodySchema },
+        response: { 200: eventStreamResponse('The run, as it happens'), ...errors },
       },
     },
     async (request, reply) => {
@@ -181,7 +180,7 @@ export function sessionRoutes(app: FastifyInstance, sessions: SessionService): v
         params: IdParams,
         // Optional (see http/optional-body.ts): a bare POST resumes without changing the policy.
         body: ResumeBody,
-        response: { 200: SessionSchema, ...errors, 410: ErrorBodySchema, 500: ErrorBodySchema },
+        response: { 200: SessionSchema, ...errors, ...errorResponses(500) },
       },
     },
     async (request) =>

@@ -1,10 +1,11 @@
-import { ErrorBodySchema, IdParams, SetupInfoSchema } from '@cairn/protocol'
+import { IdParams, SetupInfoSchema } from '@cairn/protocol'
 import type { FastifyInstance, FastifyRequest } from 'fastify'
 import { principalOf } from '../auth/plugin.js'
+import { bytesResponse, errorResponses } from '../http/responses.js'
 import type { SessionService } from '../sessions/session-service.js'
 import type { SetupService } from './setup-service.js'
 
-const errors = { 401: ErrorBodySchema, 404: ErrorBodySchema }
+const errors = errorResponses(401, 404, 410)
 const idOf = (request: FastifyRequest) => (request.params as { id: string }).id
 
 export function setupRoutes(app: FastifyInstance, setup: SetupService, sessions: SessionService): void {
@@ -28,8 +29,7 @@ export function setupRoutes(app: FastifyInstance, setup: SetupService, sessions:
         tags: ['sessions'],
         summary: 'The log of the latest setup run (secrets redacted), as text',
         params: IdParams,
-        produces: ['text/plain'],
-        response: errors,
+        response: { 200: bytesResponse('text/plain', 'The log, as text'), ...errors },
       },
     },
     async (request, reply) => {

@@ -3,27 +3,22 @@ import {
   CairnProblem,
   CreateSnapshotBody,
   DiffSchema,
-  ErrorBodySchema,
   FileEntrySchema,
   ForkBody,
   IdParams,
   OkSchema,
   RestoreBody,
+  SessionManifestSchema,
   SessionSchema,
   SnapshotSchema,
 } from '@cairn/protocol'
 import { Type } from '@sinclair/typebox'
 import type { FastifyInstance, FastifyRequest } from 'fastify'
 import { principalOf, requireWrite } from '../auth/plugin.js'
+import { bytesBody, bytesResponse, errorResponses } from '../http/responses.js'
 import type { WorkspaceService } from './workspace-service.js'
 
-const errors = {
-  400: ErrorBodySchema,
-  401: ErrorBodySchema,
-  403: ErrorBodySchema,
-  404: ErrorBodySchema,
-  409: ErrorBodySchema,
-}
+const errors = errorResponses(400, 401, 403, 404, 409, 410)
 const idOf = (request: FastifyRequest) => (request.params as { id: string }).id
 const PathQuery = Type.Object({
   path: Type.String({ default: '', maxLength: 4096 }),
@@ -185,8 +180,7 @@ export function workspaceRoutes(app: FastifyInstance, workspace: WorkspaceServic
         summary: 'Download a file (streamed)',
         params: IdParams,
         querystring: PathQuery,
-        produces: ['application/octet-stream'],
-        response: errors,
+        response: { 200: bytesResponse('application/octet-stream', 'The file'), ...errors },
       },
     },
     async (request, reply) => {
@@ -206,6 +200,7 @@ export function workspaceRoutes(app: FastifyInstance, workspace: WorkspaceServic
         summary: 'Upload a file (body: the raw bytes)',
         params: IdParams,
         querystring: PathQuery,
+        body: bytesBody(['application/octet-stream', 'text/plain'], 'The raw bytes of the file'),
         response: { 200: OkSchema, ...errors },
       },
     },
@@ -260,8 +255,7 @@ export function workspaceRoutes(app: FastifyInstance, workspace: WorkspaceServic
         summary: 'The workspace (or a snapshot) as a tar.gz stream',
         params: IdParams,
         querystring: Type.Object({ snapshot: Type.Optional(Type.String()) }),
-        produces: ['application/gzip'],
-        response: errors,
+        response: { 200: bytesResponse('application/gzip', 'The workspace as tar.gz'), ...errors },
       },
     },
     async (request, reply) => {
@@ -289,8 +283,8 @@ export function workspaceRoutes(app: FastifyInstance, workspace: WorkspaceServic
           'Import a tar.gz as the workspace (mode=merge: unpack over it); checked like a deploy, undoable',
         params: IdParams,
         querystring: ImportQuery,
-        consumes: ['application/gzip'],
-        response: { 200: ImportResult, ...errors, 413: ErrorBodySchema },
+        body: bytesBody(['application/gzip'], 'The workspace as a tar.gz archive'),
+        response: { 200: ImportResult, ...errors, ...errorResponses(413, 415) },
       },
     },
     async (request) => {
@@ -314,6 +308,7 @@ export function workspaceRoutes(app: FastifyInstance, workspace: WorkspaceServic
           'Revision, environment, snapshots, last turn, dirty files, limits and policies (sizes=true measures the workspace)',
         params: IdParams,
         querystring: ManifestQuery,
+        response: { 200: SessionManifestSchema, ...errors },
       },
     },
     async (request) =>

@@ -9,6 +9,7 @@ import {
   newId,
   type RestoreBody,
   type SessionInfo,
+  type SessionManifest,
   type SetupInfo,
   type SnapshotInfo,
   type SnapshotReason,
@@ -654,7 +655,8 @@ export class WorkspaceService {
   }
 
   /** `withSizes` measures the live workspace too (a walk of its extents without btrfs quotas). */
-  async manifest(tenantId: string, id: string, withSizes = false) {
+  /** Typed by the wire schema: a field the schema lacks would be dropped from the answer, so it fails to compile. */
+  async manifest(tenantId: string, id: string, withSizes = false): Promise<SessionManifest> {
     const session = this.deps.sessions.get(tenantId, id)
     const row = this.deps.sessions.require(tenantId, id)
     const revision = this.deps.agents.store.revision(row.revision_id)

@@ -1,0 +1,71 @@
+import { type Static, Type } from '@sinclair/typebox'
+import { DiffSchema, SessionSchema } from './sessions.js'
+
+/** Objects whose inner fields vary with the agent or the server version: documented open. */
+const open = (description: string) => Type.Object({}, { additionalProperties: true, description })
+const nullable = <T extends Parameters<typeof Type.Union>[0][number]>(schema: T) =>
+  Type.Union([schema, Type.Null()])
+
+export const RetentionPolicySchema = Type.Object({
+  keepAutoSnapshots: Type.Integer({ minimum: 1, maximum: 10_000 }),
+  endedSnapshotTtlMs: Type.Union([Type.Integer({ minimum: 0 }), Type.Null()]),
+  endedWorkspaceTtlMs: Type.Union([Type.Integer({ minimum: 0 }), Type.Null()]),
+})
+
+/** `GET /v1/usage`: what a tenant holds, and what retention freed. */
+export const UsageSchema = Type.Object({
+  sessions: Type.Object({
+    total: Type.Integer(),
+    byStatus: Type.Record(Type.String(), Type.Integer()),
+  }),
+  snapshots: Type.Integer(),
+  pool: Type.Object({ totalBytes: Type.Number(), freeBytes: Type.Number() }),
+  retention: Type.Object({
+    policy: RetentionPolicySchema,
+    bytesFreed: Type.Number(),
+    deletedSnapshots: Type.Integer(),
+    deletedWorkspaces: Type.Integer(),
+  }),
+  /** Only with `?storage=true` (else empty): the 100 most recently active sessions. */
+  storage: Type.Array(
+    Type.Object({ sessionId: Type.String(), referencedBytes: Type.Number(), exclusiveBytes: Type.Number() }),
+  ),
+})
+export type Usage = Static<typeof UsageSchema>
+
+/** `GET /v1/sessions/{id}/manifest`: everything that makes a session what it is, in one answer. */
+export const SessionManifestSchema = Type.Object({
+  session: SessionSchema,
+  agent: Type.Object({ id: Type.String(), name: Type.String() }),
+  revision: Type.Object({
+    id: Type.String(),
+    contentHash: nullable(Type.String()),
+    envKey: nullable(Type.String()),
+    command: Type.Array(Type.String()),
+    protocol: Type.String(),
+  }),
+  baseImage: Type.String(),
+  driver: Type.String(),
+  storage: Type.String(),
+  setupVersion: nullable(Type.String()),
+  sessionSetup: nullable(open('The session setup phase: status, attempts, exitCode, snapshotId, command')),
+  generation: Type.Integer(),
+  parentSessionId: nullable(Type.String()),
+  forkedFromSnapshotId: nullable(Type.String()),
+  snapshotIds: Type.Array(Type.String()),
+  workspaceSizes: nullable(open('With sizes=true: the measured bytes of the live workspace')),
+  lastTurn: nullable(
+    Type.Object({
+      id: Type.String(),
+      turn: Type.Integer(),
+      status: Type.String(),
+      durationMs: nullable(Type.Number()),
+      endedAt: nullable(Type.String()),
+    }),
+  ),
+  dirtyFiles: nullable(Type.Omit(DiffSchema, ['from'])),
+  limits: open('The revision manifest limits'),
+  openPorts: Type.Array(Type.Integer()),
+  policies: open('The session lifecycle policy, its deadline and how many automatic snapshots are kept'),
+})
+export type SessionManifest = Static<typeof SessionManifestSchema>

@@ -1,0 +1,88 @@
+import { ERROR_CODES, ErrorBodySchema, StreamEventSchema } from '@cairn/protocol'
+import { type TSchema, Type } from '@sinclair/typebox'
+import type { FastifyInstance, RouteOptions } from 'fastify'
+
+/**
+ * The `schema.response` parts routes share, so the OpenAPI document says what each operation can
+ * answer: every status, with its media type and schema. Errors are always JSON in the registry's
+ * shape, whatever the success media type of the route.
+ */
+export interface ResponseSpec {
+  description: string
+  content: Record<string, { schema: TSchema }>
+}
+
+function codesWithStatus(status: number): string[] {
+  return Object.entries(ERROR_CODES)
+    .filter(([, spec]) => spec.status === status)
+    .map(([code]) => code)
+}
+
+function errorResponse(status: number): ResponseSpec {
+  const codes = codesWithStatus(status)
+  return {
+    description: codes.length > 0 ? `Error (code: ${codes.join(', ')})` : 'Error',
+    content: { 'application/json': { schema: ErrorBodySchema } },
+  }
+}
+
+/** The error answers of a route, e.g. `errorResponses(404, 409)`. */
+export function errorResponses(...statuses: number[]): Record<number, ResponseSpec> {
+  return Object.fromEntries(statuses.map((status) => [status, errorResponse(status)]))
+}
+
+/** A success answer that is JSON of `schema`. */
+export function jsonResponse(schema: TSchema, description = 'Success'): ResponseSpec {
+  return { description, content: { 'application/json': { schema } } }
+}
+
+/** A success answer of raw bytes (a file, an archive, a log). */
+export function bytesResponse(mediaType: string, description: string): ResponseSpec {
+  return { description, content: { [mediaType]: { schema: Type.String({ format: 'binary' }) } } }
+}
+
+/** The answer of a run: an SSE stream whose messages' data are the protocol's stream events. */
+export function eventStreamResponse(description: string): ResponseSpec {
+  return {
+    description: `${description}. ${StreamEventSchema.description ?? ''}`.trim(),
+    content: { 'text/event-stream': { schema: StreamEventSchema } },
+  }
+}
+
+/**
+ * A request body of raw bytes (an archive, a file), so the document names the media types an
+ * upload takes. Its schema accepts anything: the bytes are checked by the handler.
+ */
+export function bytesBody(
+  mediaTypes: string[],
+  description: string,
+): { content: Record<string, { schema: TSchema }> } {
+  return {
+    content: Object.fromEntries(mediaTypes.map((type) => [type, { schema: Type.Unknown({ description }) }])),
+  }
+}
+
+const BODY_METHODS = new Set(['POST', 'PUT', 'PATCH', 'DELETE'])
+
+/**
+ * Documents what the framework answers on every route, before or around its handler: 400 for a
+ * path, query or body it cannot read; 401 and 429 from the auth hook; 403 for a key without write
+ * access on every non-GET route; 413 and 415 from the body parser; 500 and 503 from the error
+ * handler. A route keeps what it declares itself. Registered before the routes, so a new route is
+ * covered without doing anything.
+ */
+export function documentFrameworkAnswers(app: FastifyInstance): void {
+  app.addHook('onRoute', (route: RouteOptions) => {
+    const schema = route.schema as (Record<string, unknown> & { hide?: boolean }) | undefined
+    if (!schema || schema.hide || !route.url.startsWith('/v1/')) return
+    const methods = (Array.isArray(route.method) ? route.method : [route.method]).map(String)
+    const statuses = [400, 401, 429, 500, 503]
+    if (methods.some((m) => m !== 'GET' && m !== 'HEAD')) statuses.push(403)
+    if (methods.some((m) => BODY_METHODS.has(m))) statuses.push(413, 415)
+    const declared = (schema.response ?? {}) as Record<string, unknown>
+    route.schema = {
+      ...schema,
+      response: { ...errorResponses(...statuses.filter((s) => !(s in declared))), ...declared },
+    }
+  })
+}

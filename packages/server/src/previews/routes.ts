@@ -18,7 +18,8 @@ const METHODS = ['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS'] as 
 /** Whether the bearer-key hook must leave a request alone: the old preview paths only redirect. */
 export function isPreviewRequest(request: FastifyRequest): boolean {
   const target = parsePreviewTarget(request.url)
-  const ownRoute = (request.method === 'POST' || request.method === 'DELETE') && target?.rest === '/url'
+  // `…/ports/{port}/url` is the API's own path (signed URLs), whatever the method: never a preview's.
+  const ownRoute = target?.rest === '/url'
   return target !== undefined && !ownRoute
 }
 
@@ -83,7 +84,8 @@ export function previewRoutes(app: FastifyInstance, previews: PreviewService, or
     scope.addContentTypeParser('*', (_request, _payload, done) => done(null, undefined))
     const redirect = async (request: FastifyRequest, reply: FastifyReply) => {
       const target = parsePreviewTarget(request.url)
-      if (!target) throw new CairnProblem('not_found', `no route ${request.method} ${request.url}`)
+      if (!target || target.rest === '/url')
+        throw new CairnProblem('not_found', `no route ${request.method} ${request.url}`)
       const query = request.url.indexOf('?')
       const location = `${origins.originOf(target.sessionId, target.port)}${target.rest || '/'}${query < 0 ? '' : request.url.slice(query)}`
       return reply.redirect(location, 308)

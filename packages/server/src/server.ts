@@ -39,6 +39,10 @@ export interface RunningServer {
   close(): Promise<void>
 }
 
+function mebibytes(mib: number | undefined): number | undefined {
+  return mib ? mib * 1024 * 1024 : undefined
+}
+
 /** Starts the control plane and the local runtime: database, storage pool, sandboxes, HTTP API. */
 export async function startServer(options: ServerOptions = {}): Promise<RunningServer> {
   const config = resolveConfig(options)
@@ -54,13 +58,17 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     isolation: config.isolation,
     spareLaunchers: config.spareLaunchers,
     gvisor: config.gvisorPoolSize === undefined ? undefined : { poolSize: config.gvisorPoolSize },
-    workspaceQuotaBytes: config.workspaceQuotaMiB ? config.workspaceQuotaMiB * 1024 * 1024 : undefined,
+    workspaceQuotaBytes: mebibytes(config.workspaceQuotaMiB),
+    tenantQuotaBytes: mebibytes(config.tenantQuotaMiB),
+    poolReserveBytes: mebibytes(config.poolReserveMiB),
   })
   let opened = false
   try {
     const { orphansReaped } = await runtime.open()
     opened = true
     if (orphansReaped > 0) logger.warn({ orphansReaped }, 'reaped sandboxes left by an earlier run')
+    const quotas = runtime.pool.quotaStatus()
+    if (quotas.warning) logger.warn({ code: quotas.warning.code }, quotas.warning.message)
     const keys = new ApiKeyStore(db, systemClock)
     keys.ensureTenant(DEFAULT_TENANT_ID, 'default')
     const cipher = await SecretCipher.load(path.join(config.dataDir, 'secret.key'))

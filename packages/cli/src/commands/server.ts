@@ -9,6 +9,8 @@ interface ServerOptions {
   storage?: string
   logLevel?: string
   workspaceQuotaMib?: number
+  tenantQuotaMib?: number
+  poolReserveMib?: number
   egressAllowPrivate?: string
   isolation?: 'bwrap' | 'gvisor'
 }
@@ -39,7 +41,17 @@ export const register: Register = (parent, ctx) => {
       .option('--log-level <level>', 'log level: fatal, error, warn, info, debug, trace')
       .option(
         '--workspace-quota-mib <mib>',
-        'size limit of each session workspace (btrfs qgroups; env CAIRN_WORKSPACE_QUOTA_MIB; default none)',
+        'size limit of each session workspace, in MiB (btrfs qgroups; 0: off; env CAIRN_WORKSPACE_QUOTA_MIB; default 4096 on btrfs)',
+        positiveIntOrZero,
+      )
+      .option(
+        '--tenant-quota-mib <mib>',
+        "limit of what one tenant's workspaces, snapshots and revisions hold together, in MiB (0: off; env CAIRN_TENANT_QUOTA_MIB; default 10240 on btrfs)",
+        positiveIntOrZero,
+      )
+      .option(
+        '--pool-reserve-mib <mib>',
+        "pool space kept free for Cairn's own writes, in MiB (env CAIRN_POOL_RESERVE_MIB; default 5% of the pool, 16 MiB to 2 GiB)",
         positiveIntOrZero,
       )
       .option(
@@ -63,7 +75,9 @@ export const register: Register = (parent, ctx) => {
       host: options.host,
       poolPath: options.poolPath,
       storage: options.storage,
-      workspaceQuotaMiB: options.workspaceQuotaMib || undefined,
+      workspaceQuotaMiB: options.workspaceQuotaMib,
+      tenantQuotaMiB: options.tenantQuotaMib,
+      poolReserveMiB: options.poolReserveMib,
       isolation: options.isolation,
       egressPrivateExceptions: options.egressAllowPrivate?.split(',').filter(Boolean),
       logLevel: options.logLevel ?? (ctx.json ? 'warn' : undefined),

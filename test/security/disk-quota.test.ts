@@ -134,6 +134,12 @@ describe('btrfs: quotas per workspace and per tenant', () => {
     expect(a2.status).toBe(507)
     expect(a2.body.error.code).toBe('quota_exceeded')
     expect((await tenantB.createSession('filler')).id).toMatch(/^ses_/)
+    // So is a restore (a new writable copy), and it leaves no half-made copy behind.
+    const restore = await t.api.call('POST', `/v1/sessions/${a}/restore`, { snapshotId: snap.body.id })
+    expect(restore.status).toBe(507)
+    expect(restore.body.error.code).toBe('quota_exceeded')
+    const sessionsArea = await t.server.runtime.pool.listArea('sessions')
+    expect(sessionsArea.filter((name) => name.startsWith(a))).toEqual([a])
 
     // Deleting A's snapshots gives the space back (btrfs frees it in the background).
     expect((await t.api.call('DELETE', `/v1/sessions/${a}/files?path=again.bin`)).status).toBe(200)

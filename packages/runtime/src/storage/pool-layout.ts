@@ -114,10 +114,16 @@ export abstract class PoolLayout {
     const { target, incoming, outgoing } = this.swapPaths(sessionId)
     await this.removeTree(incoming)
     await this.removeTree(outgoing)
-    await make(incoming)
-    // The new generation is written before the swap, so a crash at any point leaves a workspace
-    // whose marker is never behind what the database recorded.
-    if (generation !== undefined) await this.setGenerationMarker(incoming, generation)
+    try {
+      await make(incoming)
+      // The new generation is written before the swap, so a crash at any point leaves a workspace
+      // whose marker is never behind what the database recorded.
+      if (generation !== undefined) await this.setGenerationMarker(incoming, generation)
+    } catch (error) {
+      // Refused (a full quota, say) before anything was swapped: nothing half-made stays behind.
+      await this.removeTree(incoming).catch(() => undefined)
+      throw error
+    }
     if (existsSync(target)) await rename(target, outgoing)
     await rename(incoming, target)
     await this.afterSwap(target)

@@ -109,6 +109,11 @@ describe('btrfs: quotas per workspace and per tenant', () => {
     expect(fillBytes).toBeGreaterThan((WORKSPACE_MIB - 8) * MiB)
     expect(fillBytes).toBeLessThanOrEqual(WORKSPACE_MIB * MiB)
 
+    // Tenant A sees what it holds against its quota.
+    const usage = await t.api.call('GET', '/v1/usage')
+    expect(usage.body.quota).toMatchObject({ enforced: true, tenantBytes: TENANT_MIB * MiB })
+    expect(usage.body.quota.usedBytes).toBeGreaterThan((WORKSPACE_MIB - 8) * MiB)
+
     // The files API answers A with the typed code too (507), never a 500.
     const refused = await put(t.api, a, 'more.bin', 4 * MiB)
     expect(refused.status).toBe(507)

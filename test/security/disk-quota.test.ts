@@ -1,5 +1,9 @@
+import { execFile } from 'node:child_process'
 import { statSync } from 'node:fs'
+import { mkdir, mkdtemp, rm } from 'node:fs/promises'
+import os from 'node:os'
 import path from 'node:path'
+import { promisify } from 'node:util'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { makeProject } from '../helpers/projects.js'
 import { Api, startTestServer, type TestServer } from '../helpers/server.js'
@@ -10,6 +14,7 @@ import { Api, startTestServer, type TestServer } from '../helpers/server.js'
  * full quota is a typed error for that session only, and deleting files and snapshots gives the
  * space back.
  */
+const run = promisify(execFile)
 const MiB = 1024 * 1024
 const WORKSPACE_MIB = 48
 const TENANT_MIB = 80
@@ -251,5 +256,54 @@ describe('dir: cannot enforce quotas, and says so', () => {
       quotas: { enforced: false },
       warnings: [{ code: 'quotas_unavailable', message: expect.stringContaining('cannot limit') }],
     })
+  })
+})
+
+describe('btrfs: figures the kernel marked inconsistent', () => {
+  it('are rescanned at start and reported as quotas_inexact', async () => {
+    const dataDir = await mkdtemp(path.join(os.tmpdir(), 'cairn-quota-inexact-'))
+    const mountPoint = path.join(dataDir, 'mnt')
+    try {
+      const first = await startTestServer({ dataDir })
+      expect((await first.api.deploy(await makeProject(FILLER))).status).toBe(201)
+      const revision = (await first.server.runtime.pool.listArea('revisions'))[0]
+      expect((await first.api.call('GET', '/v1/runtime')).body.storage.warnings).toEqual([])
+      const key = first.key
+      await first.close()
+      // A plain restart finds the figures exact: nothing to report.
+      const again = await startTestServer({ dataDir })
+      try {
+        const { storage } = (await new Api(again.url, key).call('GET', '/v1/runtime')).body
+        expect(storage.warnings).toEqual([])
+      } finally {
+        await again.close()
+      }
+      // Behind Cairn's back: a snapshot of a tenant's tree placed in no group at all.
+      await mkdir(mountPoint)
+      await run('mount', ['-o', 'loop', path.join(dataDir, 'pool.img'), mountPoint])
+      try {
+        await run('btrfs', [
+          'subvolume',
+          'snapshot',
+          path.join(mountPoint, 'revisions', String(revision)),
+          path.join(mountPoint, 'stray'),
+        ])
+      } finally {
+        await run('umount', [mountPoint])
+      }
+      const second = await startTestServer({ dataDir })
+      try {
+        // The admin key is the one made on first start.
+        const { storage } = (await new Api(second.url, key).call('GET', '/v1/runtime')).body
+        expect(storage.quotas.enforced).toBe(true)
+        expect(storage.warnings).toEqual([
+          { code: 'quotas_inexact', message: expect.stringContaining('rescan') },
+        ])
+      } finally {
+        await second.close()
+      }
+    } finally {
+      await rm(dataDir, { recursive: true, force: true })
+    }
   })
 })

@@ -145,6 +145,30 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
       tenantBytes: tenantQuotaBytes,
       reserveBytes,
       agentsTotalBytes,
+      ...(await this.rescanIfInconsistent()),
+    }
+  }
+
+  /**
+   * Figures the kernel marked inconsistent (qgroups just enabled on a pool that had data, trees
+   * made outside any tenant group, or a kernel without the quick inherit of snapshots into their
+   * source's group, before 6.8) are still enforced, but may be off: a rescan is started in the
+   * background and operators are told.
+   */
+  private async rescanIfInconsistent(): Promise<Pick<PoolQuotaStatus, 'warning'>> {
+    const { stderr } = await execTool('btrfs', ['qgroup', 'show', '--raw', this.options.mountPoint], {
+      code: 'storage_error',
+    })
+    if (!/inconsistent/i.test(stderr)) return {}
+    await execTool('btrfs', ['quota', 'rescan', this.options.mountPoint], { code: 'storage_error' }).catch(
+      () => undefined,
+    )
+    return {
+      warning: {
+        code: 'quotas_inexact',
+        message:
+          "the pool's quota figures were marked inconsistent: a rescan was started; until it ends, limits are enforced against figures that may be off",
+      },
     }
   }
 

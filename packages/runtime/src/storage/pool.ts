@@ -42,8 +42,11 @@ export interface PoolQuotaStatus extends PoolQuotas {
   enforced: boolean
   /** Bytes all agents' trees together may hold (the pool's size less the reserve). */
   agentsTotalBytes?: number | undefined
-  /** Why the limits are not enforced, for operators (`quotas_unavailable`). */
-  warning?: { code: 'quotas_unavailable'; message: string } | undefined
+  /**
+   * For operators: the limits are not enforced (`quotas_unavailable`), or enforced against figures
+   * the kernel marked inconsistent, a rescan started at open (`quotas_inexact`).
+   */
+  warning?: { code: 'quotas_unavailable' | 'quotas_inexact'; message: string } | undefined
 }
 
 /** Where a pool keeps its trees, who owns workspaces, and the optional per-workspace size limit. */

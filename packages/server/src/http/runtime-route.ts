@@ -35,7 +35,7 @@ const QuotasSchema = Type.Object(
 )
 
 const StorageWarningSchema = Type.Object({
-  code: Type.Literal('quotas_unavailable'),
+  code: Type.Union([Type.Literal('quotas_unavailable'), Type.Literal('quotas_inexact')]),
   message: Type.String(),
 })
 

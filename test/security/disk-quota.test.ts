@@ -5,6 +5,7 @@ import os from 'node:os'
 import path from 'node:path'
 import { promisify } from 'node:util'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { DRIVERS, probeDrivers } from '../conformance/harness.js'
 import { makeProject } from '../helpers/projects.js'
 import { Api, startTestServer, type TestServer } from '../helpers/server.js'
 
@@ -306,4 +307,41 @@ describe('btrfs: figures the kernel marked inconsistent', () => {
       await rm(dataDir, { recursive: true, force: true })
     }
   })
+})
+
+describe('on every sandbox driver: the agent meets EDQUOT, its turn quota_exceeded, its neighbour nothing', () => {
+  let t: TestServer
+  let drivers: Awaited<ReturnType<typeof probeDrivers>>
+
+  beforeAll(async () => {
+    drivers = await probeDrivers()
+    t = await startTestServer({ server: { workspaceQuotaMiB: 24 } })
+    for (const isolation of DRIVERS.filter((d) => drivers[d].ok)) {
+      const project = await makeProject({
+        ...FILLER,
+        'cairn.yaml': `name: filler-${isolation}\ncommand: python3 -u filler.py\nisolation: ${isolation}\n`,
+      })
+      expect((await t.api.deploy(project)).status).toBe(201)
+    }
+  })
+
+  afterAll(async () => {
+    await t?.close()
+  })
+
+  for (const isolation of DRIVERS) {
+    it(`${isolation}`, async (context) => {
+      if (!drivers[isolation].ok) return context.skip()
+      const full = (await t.api.createSession(`filler-${isolation}`)).id
+      const neighbour = (await t.api.createSession(`filler-${isolation}`)).id
+      const filled = await t.api.send(full, 'fill')
+      expect(failure(filled)?.code).toBe('quota_exceeded')
+      expect(
+        statSync(path.join(t.server.runtime.pool.workspacePath(full), 'fill.bin')).size,
+      ).toBeLessThanOrEqual(24 * MiB)
+      const fine = await t.api.send(neighbour, 'write blob.bin 8')
+      expect(fine.terminal?.type).toBe('run.completed')
+      expect(fine.text).toBe('wrote blob.bin\n')
+    })
+  }
 })

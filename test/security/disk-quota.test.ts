@@ -1,6 +1,6 @@
 import { execFile } from 'node:child_process'
 import { statSync } from 'node:fs'
-import { mkdir, mkdtemp, rm } from 'node:fs/promises'
+import { mkdir, mkdtemp, readdir, rm } from 'node:fs/promises'
 import os from 'node:os'
 import path from 'node:path'
 import { promisify } from 'node:util'
@@ -193,6 +193,25 @@ describe('btrfs: quotas per workspace and per tenant', () => {
     // Another tenant cannot delete it (nor learn it exists).
     const other = (await t.api.call('POST', `/v1/sessions/${session}/snapshots`, {})).body.id
     expect((await tenantB.call('DELETE', `/v1/sessions/${session}/snapshots/${other}`)).status).toBe(404)
+  })
+
+  it("copies into the artifact store (beside the database) stay within the tenant's quota", async () => {
+    const session = (await tenantB.createSession('filler')).id
+    expect((await tenantB.send(session, 'write art.bin 30')).text).toBe('wrote art.bin\n')
+    const save = () => tenantB.call('POST', `/v1/sessions/${session}/artifacts`, { path: 'art.bin' })
+    expect((await save()).status).toBe(201)
+    expect((await save()).status).toBe(201)
+    const third = await save()
+    expect(third.status).toBe(507)
+    expect(third.body.error.code).toBe('quota_exceeded')
+    // Refused before copying: the data disk holds the two copies and nothing else.
+    const listed = await tenantB.call('GET', `/v1/agents/filler/artifacts`)
+    expect(listed.body.data).toHaveLength(2)
+    const agentDirs = await readdir(path.join(t.dataDir, 'artifacts'))
+    const files = (
+      await Promise.all(agentDirs.map((d) => readdir(path.join(t.dataDir, 'artifacts', d))))
+    ).flat()
+    expect(files).toHaveLength(2)
   })
 
   it('exposes the pool fill and each tenant’s usage in /metrics', async () => {

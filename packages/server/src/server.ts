@@ -39,6 +39,9 @@ export interface RunningServer {
   close(): Promise<void>
 }
 
+/** Kept free on the data dir's disk (database, transcripts) when the pool has no reserve of its own. */
+const DATA_DISK_RESERVE_BYTES = 64 * 1024 * 1024
+
 function mebibytes(mib: number | undefined): number | undefined {
   return mib ? mib * 1024 * 1024 : undefined
 }
@@ -89,6 +92,10 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       clock: systemClock,
       mountRoot: path.join(runtime.runDir, 'memory'),
       artifactRoot: path.join(config.dataDir, 'artifacts'),
+      artifactLimits: {
+        tenantBytes: mebibytes(config.tenantQuotaMiB),
+        reserveBytes: quotas.reserveBytes ?? DATA_DISK_RESERVE_BYTES,
+      },
     })
     const egressSite: EgressSite = {
       privateExceptions: new Set(config.egressPrivateExceptions),

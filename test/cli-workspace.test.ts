@@ -113,6 +113,16 @@ describe('workspace commands', () => {
     expect((await cairn(['sessions', 'snapshots', fork.id, '--sizes'])).stdout).toMatch(
       /Referenced\s+Exclusive[\s\S]*\d+(\.\d)? (B|KB|MB)/,
     )
+
+    // Deleting a snapshot: gone from the list; a second delete is not_found.
+    const removed = await cairn(['sessions', 'snapshots', 'rm', id, snapshot.id])
+    expect(removed.stdout).toBe(`Deleted snapshot ${snapshot.id}\n`)
+    expect((await json(['sessions', 'snapshots', id])).map((s: { id: string }) => s.id)).not.toContain(
+      snapshot.id,
+    )
+    const again = await cairn(['sessions', 'snapshots', 'rm', id, snapshot.id, '--json'])
+    expect(again.code).toBe(1)
+    expect(JSON.parse(again.stdout).error.code).toBe('not_found')
   })
 
   it('puts and gets files, with and without --json', async () => {

@@ -102,6 +102,7 @@ async function recordSdkCalls(): Promise<Call[]> {
     () => client.sessions.snapshots(id).list({ digest: true }),
     () => client.sessions.snapshots(id).get('snap_x', { digest: true }),
     () => client.sessions.snapshots(id).digest('snap_x'),
+    () => client.sessions.snapshots(id).delete('snap_x'),
     () => client.sessions.snapshots(id).restore({ snapshotId: 'snap_x' }),
     () => client.sessions.snapshots(id).restore({ turn: 1 }),
     () => client.sessions.snapshots(id).undo(),

@@ -22,11 +22,15 @@ export const ERROR_CODES = {
   duration_limit_reached: { status: 409, retryable: false },
   agent_not_ready: { status: 409, retryable: true },
   conflict: { status: 409, retryable: false },
+  /** A restore, fork or export is reading the snapshot; retry once it is done. */
+  snapshot_in_use: { status: 409, retryable: true },
   secrets_missing: { status: 409, retryable: false },
   sandbox_not_running: { status: 409, retryable: true },
   build_failed: { status: 422, retryable: false },
   setup_failed: { status: 422, retryable: false },
   payload_too_large: { status: 413, retryable: false },
+  /** A workspace or tenant storage quota is used up (507 Insufficient Storage); only that session or tenant. */
+  quota_exceeded: { status: 507, retryable: false },
   unsupported_media_type: { status: 415, retryable: false },
   rate_limited: { status: 429, retryable: true },
   agent_crashed: { status: 500, retryable: true },

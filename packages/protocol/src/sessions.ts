@@ -35,6 +35,7 @@ export const STATUS_CAUSES = [
   'max_turns',
   'max_duration',
   'storage_error',
+  'quota_exceeded',
   'policy_changed',
 ] as const
 export type StatusCause = (typeof STATUS_CAUSES)[number]

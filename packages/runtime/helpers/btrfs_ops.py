@@ -2,7 +2,8 @@
 
 One long-lived process per runtime reads JSON requests, one per line, on stdin and answers one
 JSON line each on stdout: {"id", "ok": true} or {"id", "ok": false, "errno", "error"}.
-Operations: snapshot {src, dst, readonly, mark}, create {path}, delete {path}, mark {path},
+Operations: snapshot {src, dst, readonly, mark, qgroup, max_referenced}, create {path, qgroup,
+max_referenced}, delete {path}, mark {path},
 set_generation {path, value} and get_generations {paths} (answers {"values": [int or null]}).
 With a request as its only argument, it answers that one request and exits.
 
@@ -13,6 +14,7 @@ with CAP_SYS_ADMIN on the host can read or write it, so an agent inside a sandbo
 A mark is the subvolume's ctransid: the transaction of the last change to its inodes' metadata,
 read without a commit (see `mark`).
 """
+import ctypes
 import errno
 import fcntl
 import json
@@ -23,11 +25,16 @@ import sys
 BTRFS_IOC_SUBVOL_CREATE = 0x5000940E
 BTRFS_IOC_SNAP_DESTROY = 0x5000940F
 BTRFS_IOC_SNAP_CREATE_V2 = 0x50009417
+BTRFS_IOC_SUBVOL_CREATE_V2 = 0x50009418
 # _IOR(0x94, 60, struct btrfs_ioctl_get_subvol_info_args), 504 bytes; ctransid at offset 344.
 BTRFS_IOC_GET_SUBVOL_INFO = 0x81F8943C
 SUBVOL_INFO_SIZE = 504
 SUBVOL_INFO_CTRANSID = 344
 BTRFS_SUBVOL_RDONLY = 1 << 1
+BTRFS_SUBVOL_QGROUP_INHERIT = 1 << 2
+# _IOR(0x94, 43, struct btrfs_ioctl_qgroup_limit_args): qgroupid (0: the fd's subvolume), then limits.
+BTRFS_IOC_QGROUP_LIMIT = 0x8030942B
+BTRFS_QGROUP_LIMIT_MAX_RFER = 1 << 0
 NAME_MAX_V1 = 4088
 NAME_MAX_V2 = 4040
 
@@ -43,19 +50,59 @@ def vol_args(fd, name):
     return bytearray(struct.pack("q", fd) + name.encode().ljust(NAME_MAX_V1, b"\0"))
 
 
-def snapshot(src, dst, readonly):
+def qgroup_inherit(qgroup):
+    """A struct btrfs_qgroup_inherit: the new subvolume's qgroup joins `qgroup` (a level-1 group,
+    as a 64-bit qgroupid) in the same transaction as the subvolume itself, so the group's figures
+    stay exact without a rescan. None: no inheritance."""
+    if not qgroup:
+        return None
+    body = struct.pack("4Q", 0, 1, 0, 0) + struct.pack("5Q", 0, 0, 0, 0, 0) + struct.pack("Q", int(qgroup))
+    return ctypes.create_string_buffer(body, len(body))
+
+
+def limit_referenced(path, max_referenced):
+    """Caps the subvolume's own qgroup: writes past `max_referenced` bytes fail with EDQUOT.
+    A subvolume that cannot be capped is removed again: none is ever left without its limit."""
+    if not max_referenced:
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            args = struct.pack("6Q", 0, BTRFS_QGROUP_LIMIT_MAX_RFER, int(max_referenced), 0, 0, 0)
+            fcntl.ioctl(fd, BTRFS_IOC_QGROUP_LIMIT, bytearray(args))
+        finally:
+            os.close(fd)
+    except OSError:
+        try:
+            delete(path)
+        except OSError:
+            pass
+        raise
+
+
+def vol_args_v2(fd, name, flags, inherit):
+    if inherit is not None:
+        flags |= BTRFS_SUBVOL_QGROUP_INHERIT
+        extra = struct.pack("QQ2Q", ctypes.sizeof(inherit), ctypes.addressof(inherit), 0, 0)
+    else:
+        extra = struct.pack("4Q", 0, 0, 0, 0)
+    return bytearray(struct.pack("qQQ", fd, 0, flags) + extra + name.encode().ljust(NAME_MAX_V2, b"\0"))
+
+
+def snapshot(src, dst, readonly, qgroup=None, max_referenced=None):
     parent, name = split(dst)
+    inherit = qgroup_inherit(qgroup)
     src_fd = os.open(src, os.O_RDONLY | os.O_DIRECTORY)
     try:
         dir_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
         try:
             flags = BTRFS_SUBVOL_RDONLY if readonly else 0
-            args = struct.pack("qQQ4Q", src_fd, 0, flags, 0, 0, 0, 0) + name.encode().ljust(NAME_MAX_V2, b"\0")
-            fcntl.ioctl(dir_fd, BTRFS_IOC_SNAP_CREATE_V2, bytearray(args))
+            fcntl.ioctl(dir_fd, BTRFS_IOC_SNAP_CREATE_V2, vol_args_v2(src_fd, name, flags, inherit))
         finally:
             os.close(dir_fd)
     finally:
         os.close(src_fd)
+    limit_referenced(dst, max_referenced)
 
 
 def dir_ioctl(path, request):
@@ -86,8 +133,18 @@ def mark(path):
     return struct.unpack_from("Q", args, SUBVOL_INFO_CTRANSID)[0]
 
 
-def create(path):
-    dir_ioctl(path, BTRFS_IOC_SUBVOL_CREATE)
+def create(path, qgroup=None, max_referenced=None):
+    if not qgroup:
+        dir_ioctl(path, BTRFS_IOC_SUBVOL_CREATE)
+    else:
+        parent, name = split(path)
+        inherit = qgroup_inherit(qgroup)
+        dir_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.ioctl(dir_fd, BTRFS_IOC_SUBVOL_CREATE_V2, vol_args_v2(0, name, 0, inherit))
+        finally:
+            os.close(dir_fd)
+    limit_referenced(path, max_referenced)
 
 
 def delete(path):
@@ -124,14 +181,20 @@ def handle(request):
     if op == "get_generations":
         return {"values": [get_generation(p) for p in request["paths"]]}
     if op == "snapshot":
-        snapshot(request["src"], request["dst"], bool(request.get("readonly")))
+        snapshot(
+            request["src"],
+            request["dst"],
+            bool(request.get("readonly")),
+            request.get("qgroup"),
+            request.get("max_referenced"),
+        )
         # Read after the snapshot's commit, which flushed the source's written data first.
         if request.get("mark"):
             return {"mark": mark(request["src"])}
     elif op == "mark":
         return {"mark": mark(request["path"])}
     elif op == "create":
-        create(request["path"])
+        create(request["path"], request.get("qgroup"), request.get("max_referenced"))
     elif op == "delete":
         delete(request["path"])
     elif op == "ping":

@@ -43,13 +43,16 @@ export {
   type GvisorDriverOptions,
   probeGvisor,
 } from './sandbox/gvisor-driver.js'
-export { BtrfsPool } from './storage/btrfs-pool.js'
+export { BtrfsPool, defaultReserveBytes, tenantQgroup } from './storage/btrfs-pool.js'
 export { DirPool } from './storage/dir-pool.js'
 export { EnvStore } from './storage/env-store.js'
 export {
   isStorageDriver,
   POOL_AREAS,
   type PoolArea,
+  type PoolQuotaStatus,
+  type PoolQuotas,
+  type PoolStats,
   STORAGE_DRIVERS,
   type StorageDriverName,
   type StoragePool,

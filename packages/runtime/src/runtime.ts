@@ -34,6 +34,10 @@ export interface RuntimeOptions {
   sandboxUid?: number | undefined
   /** Size limit of each session workspace, enforced with btrfs quota groups (off when unset). */
   workspaceQuotaBytes?: number | undefined
+  /** Limit of what each tenant's trees hold together (btrfs quota groups; off when unset). */
+  tenantQuotaBytes?: number | undefined
+  /** Pool space kept free for Cairn's own writes when quotas are on (default: see `defaultReserveBytes`). */
+  poolReserveBytes?: number | undefined
   /** Base of per-instance runtime directories (default /run/cairn). */
   runBase?: string | undefined
   /** The sandbox driver of agents that do not choose one (`AgentLaunch.isolation`); default bwrap. */
@@ -90,6 +94,8 @@ export class Runtime {
       sandboxUid: uid,
       sandboxGid: uid,
       workspaceQuotaBytes: options.workspaceQuotaBytes,
+      tenantQuotaBytes: options.tenantQuotaBytes,
+      reserveBytes: options.poolReserveBytes,
     }
     this.pool =
       options.storage === 'dir'
@@ -149,10 +155,11 @@ export class Runtime {
   /** Prepares directories, mounts the pool and reaps sandboxes a crashed predecessor left. */
   async open(): Promise<{ orphansReaped: number }> {
     // Refused before anything is created, so a failed start leaves nothing behind.
-    if (this.options.workspaceQuotaBytes && !this.pool.capabilities.quotas) {
+    const { workspaceQuotaBytes, tenantQuotaBytes } = this.options
+    if ((workspaceQuotaBytes || tenantQuotaBytes) && !this.pool.capabilities.quotas) {
       throw new CairnProblem(
         'unavailable',
-        `workspace quotas need the btrfs storage driver; the ${this.pool.driver} driver cannot limit a workspace`,
+        `workspace and tenant quotas need the btrfs storage driver; the ${this.pool.driver} driver cannot limit a workspace`,
       )
     }
     await this.refusePoolMountedElsewhere()

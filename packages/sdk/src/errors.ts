@@ -65,6 +65,8 @@ export class AgentCrashedError extends CairnError {}
 export class AgentProtocolError extends CairnError {}
 export class SandboxError extends CairnError {}
 export class LimitExceededError extends CairnError {}
+/** A workspace or tenant storage quota is used up: free space (delete files or snapshots) first. */
+export class QuotaExceededError extends CairnError {}
 export class InternalServerError extends CairnError {}
 export class ServiceUnavailableError extends CairnError {}
 
@@ -109,11 +111,13 @@ const CLASS_BY_CODE: Record<ErrorCode, ErrorClass> = {
   duration_limit_reached: DurationLimitReachedError,
   agent_not_ready: AgentNotReadyError,
   conflict: ConflictError,
+  snapshot_in_use: ConflictError,
   secrets_missing: SecretsMissingError,
   sandbox_not_running: ConflictError,
   build_failed: BuildFailedError,
   setup_failed: BuildFailedError,
   payload_too_large: PayloadTooLargeError,
+  quota_exceeded: QuotaExceededError,
   rate_limited: RateLimitError,
   agent_crashed: AgentCrashedError,
   agent_protocol_error: AgentProtocolError,

@@ -101,6 +101,19 @@ export class Snapshots {
     return snap.digest
   }
 
+  /**
+   * Deletes a snapshot, freeing what it alone holds (the space comes back within seconds).
+   * A `ConflictError` with code `snapshot_in_use` while a restore, fork or export
+   * reads it.
+   */
+  async delete(snapshotId: string, options: RequestOptions = {}): Promise<void> {
+    await this.http.json({
+      method: 'DELETE',
+      path: path(this.sessionId, `/snapshots/${encodeURIComponent(snapshotId)}`),
+      ...options,
+    })
+  }
+
   /** Replaces the workspace with a snapshot: an exact replica, no leftovers. */
   async restore(
     ref: SnapshotRef,

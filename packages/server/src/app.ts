@@ -140,7 +140,7 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
     ok: true,
     version: deps.version,
   }))
-  installMetrics(app, deps.metrics, deps.sessions, deps.db)
+  installMetrics(app, deps.metrics, deps.sessions, deps.db, deps.runtime.pool)
   app.get('/v1/openapi.json', { schema: { hide: true } }, async () => app.swagger())
   keyRoutes(app, deps.keys)
   agentRoutes(app, deps.agents)

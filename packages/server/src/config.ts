@@ -25,8 +25,22 @@ export interface ServerOptions {
    * max duration fire when due, on a timer of their own.
    */
   reaperIntervalMs?: number | undefined
-  /** Size limit of each session workspace in MiB (btrfs qgroups; off when unset). */
+  /**
+   * Size limit of each session workspace in MiB: what its /workspace references (btrfs qgroups;
+   * default 4096 on btrfs, none on dir; 0 turns it off; env `CAIRN_WORKSPACE_QUOTA_MIB`).
+   */
   workspaceQuotaMiB?: number | undefined
+  /**
+   * Limit in MiB of what one tenant's workspaces, snapshots and revisions hold together (exclusive
+   * bytes: counted once where they share; default 10240 on btrfs, none on dir; 0 turns it off;
+   * env `CAIRN_TENANT_QUOTA_MIB`).
+   */
+  tenantQuotaMiB?: number | undefined
+  /**
+   * MiB of the pool kept free for Cairn's own writes: agents' trees together may use the rest
+   * (default 5% of the pool, 16 MiB to 2 GiB; env `CAIRN_POOL_RESERVE_MIB`).
+   */
+  poolReserveMiB?: number | undefined
   /** Private addresses sandboxes may reach through the egress proxy (internal services). */
   egressPrivateExceptions?: string[] | undefined
   /** Names the egress proxy resolves to these addresses before DNS (`CAIRN_EGRESS_HOSTS=name=addr,…`). */
@@ -91,6 +105,8 @@ export interface ResolvedConfig {
   /** Undefined: found from the host's npm and pip configuration at the first build. */
   buildEgressAllow: string[] | undefined
   workspaceQuotaMiB: number | undefined
+  tenantQuotaMiB: number | undefined
+  poolReserveMiB: number | undefined
   writeCredentials: boolean
   runBase: string | undefined
   previewPort: number
@@ -104,11 +120,29 @@ export function defaultDataDir(): string {
 export const DEFAULT_PORT = 7070
 export const DEFAULT_HOST = '127.0.0.1'
 export const DEFAULT_MAX_UPLOAD_BYTES = 100 * 1024 * 1024
+/** Storage quotas on by default where the driver can enforce them (btrfs). */
+export const DEFAULT_WORKSPACE_QUOTA_MIB = 4096
+export const DEFAULT_TENANT_QUOTA_MIB = 10240
+
+/**
+ * A quota in MiB: the option, else the environment variable, else the default of the storage
+ * driver (none for dir, which cannot enforce one; an explicit value there is refused at start);
+ * 0 means off.
+ */
+function quotaMiB(option: number | undefined, env: string | undefined, fallback: number | undefined) {
+  const given = option ?? (env ? Number(env) : undefined)
+  if (given !== undefined && (!Number.isFinite(given) || given < 0))
+    throw new CairnProblem('validation_failed', `a quota must be a number of MiB (0: off), not '${given}'`)
+  const value = given ?? fallback
+  return value ? value : undefined
+}
 
 export function resolveConfig(options: ServerOptions): ResolvedConfig {
   const envPort = process.env.CAIRN_PORT ? Number(process.env.CAIRN_PORT) : undefined
   const port = options.port ?? envPort ?? DEFAULT_PORT
   const envPreviewPort = process.env.CAIRN_PREVIEW_PORT ? Number(process.env.CAIRN_PREVIEW_PORT) : undefined
+  const storage = options.storage ?? storageFromEnv(process.env.CAIRN_STORAGE)
+  const btrfs = storage === 'btrfs'
   return {
     dataDir: path.resolve(options.dataDir ?? defaultDataDir()),
     port,
@@ -117,7 +151,7 @@ export function resolveConfig(options: ServerOptions): ResolvedConfig {
       options.previewDomain ?? process.env.CAIRN_PREVIEW_DOMAIN ?? DEFAULT_PREVIEW_DOMAIN,
     ),
     host: options.host ?? process.env.CAIRN_HOST ?? DEFAULT_HOST,
-    storage: options.storage ?? storageFromEnv(process.env.CAIRN_STORAGE),
+    storage,
     poolPath: options.poolPath ?? process.env.CAIRN_POOL_PATH,
     poolImageSizeBytes: options.poolImageSizeBytes,
     logLevel: options.logLevel ?? process.env.CAIRN_LOG_LEVEL ?? 'info',
@@ -144,9 +178,17 @@ export function resolveConfig(options: ServerOptions): ResolvedConfig {
       process.env.CAIRN_BUILD_EGRESS_ALLOW?.split(',')
         .map((host) => host.trim())
         .filter(Boolean),
-    workspaceQuotaMiB:
-      options.workspaceQuotaMiB ??
-      (process.env.CAIRN_WORKSPACE_QUOTA_MIB ? Number(process.env.CAIRN_WORKSPACE_QUOTA_MIB) : undefined),
+    workspaceQuotaMiB: quotaMiB(
+      options.workspaceQuotaMiB,
+      process.env.CAIRN_WORKSPACE_QUOTA_MIB,
+      btrfs ? DEFAULT_WORKSPACE_QUOTA_MIB : undefined,
+    ),
+    tenantQuotaMiB: quotaMiB(
+      options.tenantQuotaMiB,
+      process.env.CAIRN_TENANT_QUOTA_MIB,
+      btrfs ? DEFAULT_TENANT_QUOTA_MIB : undefined,
+    ),
+    poolReserveMiB: quotaMiB(options.poolReserveMiB, process.env.CAIRN_POOL_RESERVE_MIB, undefined),
     rateLimitPerSecond:
       options.rateLimitPerSecond ??
       (process.env.CAIRN_RATE_LIMIT ? Number(process.env.CAIRN_RATE_LIMIT) : 1000),

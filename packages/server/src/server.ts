@@ -50,6 +50,13 @@ export interface RunningServer {
   close(): Promise<void>
 }
 
+/** Kept free on the data dir's disk (database, transcripts) when the pool has no reserve of its own. */
+const DATA_DISK_RESERVE_BYTES = 64 * 1024 * 1024
+
+function mebibytes(mib: number | undefined): number | undefined {
+  return mib ? mib * 1024 * 1024 : undefined
+}
+
 /** Starts the control plane and the local runtime: database, storage pool, sandboxes, HTTP API. */
 export async function startServer(options: ServerOptions = {}): Promise<RunningServer> {
   const config = resolveConfig(options)
@@ -95,7 +102,9 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     isolation: config.isolation,
     spareLaunchers: config.spareLaunchers,
     gvisor: config.gvisorPoolSize === undefined ? undefined : { poolSize: config.gvisorPoolSize },
-    workspaceQuotaBytes: config.workspaceQuotaMiB ? config.workspaceQuotaMiB * 1024 * 1024 : undefined,
+    workspaceQuotaBytes: mebibytes(config.workspaceQuotaMiB),
+    tenantQuotaBytes: mebibytes(config.tenantQuotaMiB),
+    poolReserveBytes: mebibytes(config.poolReserveMiB),
   })
   let opened = false
   let previewListener: PreviewListener | undefined
@@ -103,6 +112,8 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     const { orphansReaped } = await runtime.open()
     opened = true
     if (orphansReaped > 0) logger.warn({ orphansReaped }, 'reaped sandboxes left by an earlier run')
+    const quotas = runtime.pool.quotaStatus()
+    if (quotas.warning) logger.warn({ code: quotas.warning.code }, quotas.warning.message)
     const keys = new ApiKeyStore(db, systemClock)
     keys.ensureTenant(DEFAULT_TENANT_ID, 'default')
     const cipher = await SecretCipher.load(path.join(config.dataDir, 'secret.key'))
@@ -128,6 +139,10 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       clock: systemClock,
       mountRoot: path.join(runtime.runDir, 'memory'),
       artifactRoot: path.join(config.dataDir, 'artifacts'),
+      artifactLimits: {
+        tenantBytes: mebibytes(config.tenantQuotaMiB),
+        reserveBytes: quotas.reserveBytes ?? DATA_DISK_RESERVE_BYTES,
+      },
     })
     const setup = new SetupService({
       db,

@@ -9,6 +9,8 @@ interface ServerOptions {
   storage?: string
   logLevel?: string
   workspaceQuotaMib?: number
+  tenantQuotaMib?: number
+  poolReserveMib?: number
   egressAllowPrivate?: string
   buildEgressAllow?: string
   isolation?: 'bwrap' | 'gvisor'
@@ -51,7 +53,17 @@ export const register: Register = (parent, ctx) => {
       .option('--log-level <level>', 'log level: fatal, error, warn, info, debug, trace')
       .option(
         '--workspace-quota-mib <mib>',
-        'size limit of each session workspace (btrfs qgroups; env CAIRN_WORKSPACE_QUOTA_MIB; default none)',
+        'size limit of each session workspace, in MiB (btrfs qgroups; 0: off; env CAIRN_WORKSPACE_QUOTA_MIB; default 4096 on btrfs)',
+        positiveIntOrZero,
+      )
+      .option(
+        '--tenant-quota-mib <mib>',
+        "limit of what one tenant's workspaces, snapshots and revisions hold together, in MiB (0: off; env CAIRN_TENANT_QUOTA_MIB; default 10240 on btrfs)",
+        positiveIntOrZero,
+      )
+      .option(
+        '--pool-reserve-mib <mib>',
+        "pool space kept free for Cairn's own writes, in MiB (env CAIRN_POOL_RESERVE_MIB; default 5% of the pool, 16 MiB to 2 GiB)",
         positiveIntOrZero,
       )
       .option(
@@ -81,7 +93,9 @@ export const register: Register = (parent, ctx) => {
       previewDomain: options.previewDomain,
       poolPath: options.poolPath,
       storage: options.storage,
-      workspaceQuotaMiB: options.workspaceQuotaMib || undefined,
+      workspaceQuotaMiB: options.workspaceQuotaMib,
+      tenantQuotaMiB: options.tenantQuotaMib,
+      poolReserveMiB: options.poolReserveMib,
       isolation: options.isolation,
       egressPrivateExceptions: options.egressAllowPrivate?.split(',').filter(Boolean),
       buildEgressAllow: options.buildEgressAllow?.split(',').filter(Boolean),

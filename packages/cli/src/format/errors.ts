@@ -69,6 +69,10 @@ export function hintFor(code: string | undefined, context: HintContext = {}): st
     case 'agent_crashed':
     case 'agent_protocol_error':
       return 'The session is kept: fix the agent, deploy it, then `cairn sessions resume <id>`.'
+    case 'quota_exceeded':
+      return 'The storage quota is used up: delete files, or old snapshots with `cairn sessions snapshots rm <session> <snapshot>`.'
+    case 'snapshot_in_use':
+      return 'A restore, fork or export is reading that snapshot; try again once it is done.'
     case 'limit_exceeded':
       return 'The agent hit a memory, process or time limit; raise `limits:` in cairn.yaml.'
     case 'rate_limited':

@@ -17,13 +17,49 @@ type Reply = {
 } & Record<string, unknown>
 
 const ENOSPC = 28
+const EDQUOT = 122
 
 function failure(describe: string, reply: Reply): CairnProblem {
+  if (reply.errno === EDQUOT)
+    return new CairnProblem(
+      'quota_exceeded',
+      `${describe} failed: the quota is used up (Disk quota exceeded)`,
+    )
   const reason =
     reply.errno === ENOSPC
       ? 'the storage pool is full (No space left on device)'
       : (reply.error ?? 'unknown error')
   return new CairnProblem('storage_error', `${describe} failed: ${reason}`)
+}
+
+/**
+ * Where a new subvolume's space is counted: its own qgroup joins the level-1 `qgroup` (given as
+ * `level/id`, e.g. `1/42`) in the same transaction that creates it, and with `maxReferencedBytes`
+ * its own qgroup is capped at that many referenced bytes.
+ */
+export interface QuotaPlacement {
+  qgroup?: string | undefined
+  maxReferencedBytes?: number | undefined
+}
+
+/** `1/42` as the kernel's 64-bit qgroupid (level in the top 16 bits); exact in a double below 2^53. */
+function qgroupNumber(qgroup: string): number {
+  const [level, id] = qgroup.split('/').map(Number)
+  return (level ?? 0) * 2 ** 48 + (id ?? 0)
+}
+
+function placementFields(placement: QuotaPlacement): Record<string, number> {
+  return {
+    ...(placement.qgroup ? { qgroup: qgroupNumber(placement.qgroup) } : {}),
+    ...(placement.maxReferencedBytes ? { max_referenced: placement.maxReferencedBytes } : {}),
+  }
+}
+
+/** The `btrfs` command fallback for a placement: the limit, once the subvolume exists. */
+async function limitWithCommand(path: string, placement: QuotaPlacement): Promise<undefined> {
+  if (placement.maxReferencedBytes)
+    await btrfsCommand(['qgroup', 'limit', String(placement.maxReferencedBytes), path])
+  return undefined
 }
 
 interface Pending {
@@ -107,12 +143,23 @@ export class BtrfsOps {
     src: string,
     dst: string,
     readonly: boolean,
-    options: { mark?: boolean } = {},
+    options: { mark?: boolean } & QuotaPlacement = {},
   ): Promise<number | undefined> {
     const reply = await this.request(
-      { op: 'snapshot', src, dst, readonly, ...(options.mark ? { mark: true } : {}) },
+      {
+        op: 'snapshot',
+        src,
+        dst,
+        readonly,
+        ...(options.mark ? { mark: true } : {}),
+        ...placementFields(options),
+      },
       `snapshot ${src} -> ${dst}`,
-      () => btrfsCommand(['subvolume', 'snapshot', ...(readonly ? ['-r'] : []), src, dst]),
+      async () => {
+        const inherit = options.qgroup ? ['-i', options.qgroup] : []
+        await btrfsCommand(['subvolume', 'snapshot', ...(readonly ? ['-r'] : []), ...inherit, src, dst])
+        return limitWithCommand(dst, options)
+      },
     )
     return reply?.mark
   }
@@ -130,9 +177,19 @@ export class BtrfsOps {
     return reply?.mark
   }
 
-  async create(path: string): Promise<void> {
-    await this.request({ op: 'create', path }, `create subvolume ${path}`, () =>
-      btrfsCommand(['subvolume', 'create', path]),
+  async create(path: string, placement: QuotaPlacement = {}): Promise<void> {
+    await this.request(
+      { op: 'create', path, ...placementFields(placement) },
+      `create subvolume ${path}`,
+      async () => {
+        await btrfsCommand([
+          'subvolume',
+          'create',
+          ...(placement.qgroup ? ['-i', placement.qgroup] : []),
+          path,
+        ])
+        return limitWithCommand(path, placement)
+      },
     )
   }
 

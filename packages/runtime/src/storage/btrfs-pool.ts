@@ -1,16 +1,44 @@
+import { createHash } from 'node:crypto'
 import { existsSync } from 'node:fs'
 import { chmod, lstat, mkdir, readdir, rm, stat, statfs } from 'node:fs/promises'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
 import { execTool } from '../util/exec.js'
 import { findMount } from '../util/mounts.js'
-import { BtrfsOps } from './btrfs-ops.js'
-import { POOL_AREAS, type StoragePool, type StoragePoolOptions, safeName, type TreeSizes } from './pool.js'
+import { BtrfsOps, type QuotaPlacement } from './btrfs-ops.js'
+import {
+  POOL_AREAS,
+  type PoolQuotaStatus,
+  type StoragePool,
+  type StoragePoolOptions,
+  safeName,
+  type TreeSizes,
+} from './pool.js'
 import { PoolLayout } from './pool-layout.js'
 
 const BTRFS_MAGIC = 0x9123683e
 /** Every subvolume's root directory has this inode number. */
 const SUBVOLUME_ROOT_INO = 256
+/** The level-2 qgroup holding every tenant's group: capped at the pool's size less the reserve. */
+const AGENTS_QGROUP = '2/1'
+const MiB = 1024 * 1024
+
+/** The reserve when none is configured: 5% of the pool, at least 16 MiB, at most 2 GiB. */
+export function defaultReserveBytes(totalBytes: number): number {
+  return Math.min(2048 * MiB, Math.max(16 * MiB, Math.round(totalBytes * 0.05)))
+}
+
+/**
+ * The level-1 qgroup of a tenant (`1/<n>`): 40 bits of SHA-256 of its ID, so every process finds
+ * the same group without storing a mapping (trees of no tenant hash the empty string). Two
+ * tenants would share a group only on a 40-bit collision (about 1 in 10^5 for 5,000 tenants).
+ */
+export function tenantQgroup(tenantId: string | undefined): string {
+  const digest = createHash('sha256')
+    .update(tenantId ?? '')
+    .digest()
+  return `1/${digest.readUIntBE(0, 5) + 1}`
+}
 
 export interface BtrfsPoolOptions extends StoragePoolOptions {
   /** Sparse image file to create and loop-mount when `existingPath` is not given. */
@@ -30,14 +58,26 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
   readonly capabilities = { quotas: true, constantTimeCopies: true }
   /** Whether quota groups are on (undefined: not asked yet). */
   private qgroups: boolean | undefined
+  /** Whether this pool places its trees in tenant qgroups and enforces limits (any limit set). */
+  private readonly enforcing: boolean
+  /** Tenant groups made (or found) by this process, with their limit applied. */
+  private readonly tenantGroups = new Map<string, Promise<string>>()
+  private status: PoolQuotaStatus = { enforced: false }
   readonly ops = new BtrfsOps()
 
   constructor(private readonly options: BtrfsPoolOptions) {
     super(options)
+    const { workspaceQuotaBytes, tenantQuotaBytes, reserveBytes } = options
+    // Any limit turns qgroups on (they cost every snapshot a little); with them the reserve always holds.
+    this.enforcing = Boolean(workspaceQuotaBytes || tenantQuotaBytes || reserveBytes)
   }
 
   describe(): string {
-    return `btrfs pool at ${this.options.mountPoint}${this.options.workspaceQuotaBytes ? ' (qgroup quotas)' : ''}`
+    return `btrfs pool at ${this.options.mountPoint}${this.enforcing ? ' (qgroup quotas)' : ''}`
+  }
+
+  quotaStatus(): PoolQuotaStatus {
+    return this.status
   }
 
   async open(): Promise<void> {
@@ -70,15 +110,146 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
       this.mountedHere = true
     }
     await chmod(mountPoint, 0o711)
-    if (this.options.workspaceQuotaBytes) {
-      // Quota groups cost every snapshot a few milliseconds, so they are on only when asked for.
-      await execTool('btrfs', ['quota', 'enable', mountPoint], { code: 'storage_error' })
-      this.qgroups = true
-    }
+    if (this.enforcing) await this.enableQuotas()
     for (const area of POOL_AREAS) {
       await mkdir(this.areaDir(area), { recursive: true })
       await chmod(this.areaDir(area), 0o711)
     }
+  }
+
+  /**
+   * Turns quota groups on and caps the agents' group (2/1, parent of every tenant's group) at the
+   * pool's size less the reserve, so agents together never take the space Cairn's own writes need.
+   */
+  private async enableQuotas(): Promise<void> {
+    const { mountPoint, workspaceQuotaBytes, tenantQuotaBytes } = this.options
+    await execTool('btrfs', ['quota', 'enable', mountPoint], { code: 'storage_error' })
+    this.qgroups = true
+    const { totalBytes, freeBytes } = await this.poolStats()
+    const reserveBytes = this.options.reserveBytes || defaultReserveBytes(totalBytes)
+    if (reserveBytes >= totalBytes) {
+      throw new CairnProblem(
+        'validation_failed',
+        `the pool reserve (${reserveBytes} bytes) must be smaller than the pool (${totalBytes} bytes)`,
+      )
+    }
+    await this.qgroupCommand(['create', AGENTS_QGROUP, mountPoint], /exist/i)
+    // What agents hold now plus what is free beyond the reserve: the pool's own overhead
+    // (metadata copies, the trees of no subvolume) is already out of the free figure.
+    const agentsUsedBytes = (await this.qgroupFigures(AGENTS_QGROUP))?.exclusiveBytes ?? 0
+    const agentsTotalBytes = agentsUsedBytes + Math.max(0, freeBytes - reserveBytes)
+    await this.qgroupCommand(['limit', '-e', String(agentsTotalBytes), AGENTS_QGROUP, mountPoint])
+    this.status = {
+      enforced: true,
+      workspaceBytes: workspaceQuotaBytes,
+      tenantBytes: tenantQuotaBytes,
+      reserveBytes,
+      agentsTotalBytes,
+      ...(await this.rescanIfInconsistent()),
+    }
+  }
+
+  /**
+   * Figures the kernel marked inconsistent (qgroups just enabled on a pool that had data, trees
+   * made outside any tenant group, or a kernel without the quick inherit of snapshots into their
+   * source's group, before 6.8) are still enforced, but may be off: a rescan is started in the
+   * background and operators are told.
+   */
+  private async rescanIfInconsistent(): Promise<Pick<PoolQuotaStatus, 'warning'>> {
+    const { stderr } = await execTool('btrfs', ['qgroup', 'show', '--raw', this.options.mountPoint], {
+      code: 'storage_error',
+    })
+    if (!/inconsistent/i.test(stderr)) return {}
+    await execTool('btrfs', ['quota', 'rescan', this.options.mountPoint], { code: 'storage_error' }).catch(
+      () => undefined,
+    )
+    return {
+      warning: {
+        code: 'quotas_inexact',
+        message:
+          "the pool's quota figures were marked inconsistent: a rescan was started; until it ends, limits are enforced against figures that may be off",
+      },
+    }
+  }
+
+  /** One qgroup's figures, after a sync (undefined: no such group). */
+  private async qgroupFigures(group: string): Promise<TreeSizes | undefined> {
+    const { stdout } = await execTool(
+      'btrfs',
+      ['qgroup', 'show', '--raw', '--sync', this.options.mountPoint],
+      {
+        code: 'storage_error',
+      },
+    )
+    for (const line of stdout.split('\n')) {
+      const [id, referenced, exclusive] = line.trim().split(/\s+/)
+      if (id === group) return { referencedBytes: Number(referenced), exclusiveBytes: Number(exclusive) }
+    }
+    return undefined
+  }
+
+  private async qgroupCommand(args: string[], tolerated?: RegExp): Promise<void> {
+    await execTool('btrfs', ['qgroup', ...args], { code: 'storage_error' }).catch((error: Error) => {
+      if (!tolerated?.test(error.message)) throw error
+    })
+  }
+
+  /**
+   * The tenant's level-1 group, made on first use by this process: a member of the agents' group,
+   * capped at the tenant quota (exclusive bytes: what the tenant's trees alone hold). A limit
+   * changed in the configuration applies from the next start.
+   */
+  private tenantGroup(tenantId: string | undefined): Promise<string> {
+    const key = tenantId ?? ''
+    let made = this.tenantGroups.get(key)
+    if (!made) {
+      const group = tenantQgroup(tenantId)
+      const { mountPoint, tenantQuotaBytes } = this.options
+      made = (async () => {
+        await this.qgroupCommand(['create', group, mountPoint], /exist/i)
+        await this.qgroupCommand(['assign', '--no-rescan', group, AGENTS_QGROUP, mountPoint], /exist/i)
+        const limit = tenantQuotaBytes && tenantId !== undefined ? String(tenantQuotaBytes) : 'none'
+        await this.qgroupCommand(['limit', '-e', limit, group, mountPoint])
+        return group
+      })()
+      made.catch(() => this.tenantGroups.delete(key))
+      this.tenantGroups.set(key, made)
+    }
+    return made
+  }
+
+  /**
+   * Where a new tree counts: in its tenant's group (every tree of a tenant, so snapshots and the
+   * trees they share data with stay in one group and the kernel keeps the figures exact without a
+   * rescan), and, for a writable workspace, under the workspace limit.
+   */
+  private async placement(tenantId: string | undefined, workspace: boolean): Promise<QuotaPlacement> {
+    if (!this.enforcing) return {}
+    return {
+      qgroup: await this.tenantGroup(tenantId),
+      ...(workspace && this.options.workspaceQuotaBytes
+        ? { maxReferencedBytes: this.options.workspaceQuotaBytes }
+        : {}),
+    }
+  }
+
+  async tenantUsage(tenantIds: string[]): Promise<Map<string, TreeSizes>> {
+    const found = new Map<string, TreeSizes>()
+    if (!this.enforcing || tenantIds.length === 0) return found
+    const { stdout } = await execTool('btrfs', ['qgroup', 'show', '--raw', this.options.mountPoint], {
+      code: 'storage_error',
+    })
+    const byGroup = new Map<string, TreeSizes>()
+    for (const line of stdout.split('\n')) {
+      const match = /^(1\/\d+)\s+(\d+)\s+(\d+)/.exec(line.trim())
+      if (match?.[1])
+        byGroup.set(match[1], { referencedBytes: Number(match[2]), exclusiveBytes: Number(match[3]) })
+    }
+    for (const tenantId of tenantIds) {
+      const sizes = byGroup.get(tenantQgroup(tenantId))
+      if (sizes) found.set(tenantId, sizes)
+    }
+    return found
   }
 
   async close(): Promise<void> {
@@ -87,18 +258,18 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
   }
 
   /** A fresh writable subvolume in staging, to be filled and then sealed as a revision. */
-  async createStaging(name: string): Promise<string> {
+  async createStaging(name: string, tenantId?: string): Promise<string> {
     const dir = path.join(this.areaDir('staging'), safeName(name))
     await this.deleteSubvolume(dir)
-    await this.ops.create(dir)
+    await this.ops.create(dir, await this.placement(tenantId, false))
     return dir
   }
 
   /** Seals a filled staging subvolume as a read-only revision owned by the sandbox uid. */
-  async sealRevision(stagingDir: string, revisionId: string): Promise<string> {
+  async sealRevision(stagingDir: string, revisionId: string, tenantId?: string): Promise<string> {
     const target = this.revisionPath(revisionId)
     await this.handToSandbox(stagingDir)
-    await this.ops.snapshot(stagingDir, target, true)
+    await this.ops.snapshot(stagingDir, target, true, await this.placement(tenantId, false))
     await this.deleteSubvolume(stagingDir)
     return target
   }
@@ -108,29 +279,30 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
   }
 
   async sealStaging(stagingDir: string, target: string): Promise<void> {
-    await this.ops.snapshot(stagingDir, target, true)
+    await this.ops.snapshot(stagingDir, target, true, await this.placement(undefined, false))
     await this.deleteSubvolume(stagingDir)
   }
 
   /** New session workspace: a writable snapshot of the revision (O(1)), at generation 0. */
-  async createWorkspace(sessionId: string, revisionId: string): Promise<string> {
+  async createWorkspace(sessionId: string, revisionId: string, tenantId?: string): Promise<string> {
     const target = this.newWorkspacePath(sessionId)
-    await this.ops.snapshot(this.revisionPath(revisionId), target, false)
-    await this.ops.setGeneration(target, 0)
-    await this.applyQuota(target)
+    await this.ops.snapshot(
+      this.revisionPath(revisionId),
+      target,
+      false,
+      await this.placement(tenantId, true),
+    )
+    // At a full quota even the marker (an xattr) is refused: no half-made workspace stays behind.
+    await this.ops.setGeneration(target, 0).catch(async (error: unknown) => {
+      await this.deleteSubvolume(target).catch(() => undefined)
+      throw error
+    })
     return target
   }
 
   /** The generation recorded inside each workspace (`undefined`: no marker, or no workspace). */
   async readGenerations(sessionIds: string[]): Promise<(number | undefined)[]> {
     return this.ops.getGenerations(sessionIds.map((id) => this.workspacePath(id)))
-  }
-
-  /** Limits a workspace's size: writes past it fail inside the sandbox (EDQUOT), not on the host. */
-  private async applyQuota(dir: string): Promise<void> {
-    const bytes = this.options.workspaceQuotaBytes
-    if (!bytes) return
-    await execTool('btrfs', ['qgroup', 'limit', String(bytes), dir], { code: 'storage_error' })
   }
 
   /**
@@ -192,9 +364,14 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
    * Read-only snapshot of a session's workspace (the caller freezes the sandbox around it).
    * Resolves to the workspace's change mark right after the snapshot (see `workspaceMark`).
    */
-  async snapshotWorkspace(sessionId: string, snapshotId: string): Promise<number | undefined> {
+  async snapshotWorkspace(
+    sessionId: string,
+    snapshotId: string,
+    tenantId?: string,
+  ): Promise<number | undefined> {
     return this.ops.snapshot(this.workspacePath(sessionId), this.snapshotPath(snapshotId), true, {
       mark: true,
+      ...(await this.placement(tenantId, false)),
     })
   }
 
@@ -211,11 +388,17 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
    * Replaces the workspace with a writable snapshot of `snapshotId`: an exact replica, nothing
    * left from after it, carrying `generation` as its marker.
    */
-  async restoreWorkspace(sessionId: string, snapshotId: string, generation?: number): Promise<void> {
+  async restoreWorkspace(
+    sessionId: string,
+    snapshotId: string,
+    generation?: number,
+    tenantId?: string,
+  ): Promise<void> {
+    const placement = await this.placement(tenantId, true)
     await this.swapWorkspace(
       sessionId,
       async (incoming) => {
-        await this.ops.snapshot(this.snapshotPath(snapshotId), incoming, false)
+        await this.ops.snapshot(this.snapshotPath(snapshotId), incoming, false, placement)
       },
       generation,
     )
@@ -225,19 +408,24 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
    * An empty writable subvolume, owned by the sandbox uid and under the workspace quota, to be
    * filled (an import) and then swapped in with `replaceWorkspace`, or discarded.
    */
-  async createWorkspaceStaging(name: string): Promise<string> {
-    const dir = await this.createStaging(name)
+  async createWorkspaceStaging(name: string, tenantId?: string): Promise<string> {
+    const dir = path.join(this.areaDir('staging'), safeName(name))
+    await this.deleteSubvolume(dir)
+    await this.ops.create(dir, await this.placement(tenantId, true))
     await this.chownToSandbox(dir)
     await chmod(dir, 0o700)
-    await this.applyQuota(dir)
     return dir
   }
 
   /** A new session's workspace as a writable snapshot of an existing snapshot (fork). */
-  async forkWorkspace(sessionId: string, snapshotId: string): Promise<string> {
+  async forkWorkspace(sessionId: string, snapshotId: string, tenantId?: string): Promise<string> {
     const target = this.newWorkspacePath(sessionId)
-    await this.ops.snapshot(this.snapshotPath(snapshotId), target, false)
-    await this.applyQuota(target)
+    await this.ops.snapshot(
+      this.snapshotPath(snapshotId),
+      target,
+      false,
+      await this.placement(tenantId, true),
+    )
     return target
   }
 
@@ -262,10 +450,6 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
 
   protected async setGenerationMarker(dir: string, generation: number): Promise<void> {
     await this.ops.setGeneration(dir, generation)
-  }
-
-  protected override async afterSwap(target: string): Promise<void> {
-    await this.applyQuota(target)
   }
 
   private async deleteSubvolume(dir: string): Promise<void> {

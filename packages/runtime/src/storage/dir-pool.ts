@@ -4,7 +4,14 @@ import { CairnProblem } from '@cairn/protocol'
 import { execTool } from '../util/exec.js'
 import { findMount } from '../util/mounts.js'
 import { BtrfsOps } from './btrfs-ops.js'
-import { POOL_AREAS, type StoragePool, type StoragePoolOptions, safeName, type TreeSizes } from './pool.js'
+import {
+  POOL_AREAS,
+  type PoolQuotaStatus,
+  type StoragePool,
+  type StoragePoolOptions,
+  safeName,
+  type TreeSizes,
+} from './pool.js'
 import { PoolLayout } from './pool-layout.js'
 
 export interface DirPoolOptions extends StoragePoolOptions {
@@ -20,7 +27,9 @@ const COPYING = '.copying'
  * copy (new workspace, snapshot, restore, fork) is `cp -a --reflink=auto`, so its cost grows
  * with the number and size of files (a reflinking filesystem such as XFS shares the data blocks).
  * Snapshots are read-only by convention: they live in a root-only area no sandbox can see.
- * Per-workspace quotas are not available; asking for them is refused at start.
+ * Quotas are not available: asking for them is refused at start, and `quotaStatus` carries a
+ * `quotas_unavailable` warning (logged at start, shown by `GET /v1/runtime`): one session can fill
+ * the filesystem that holds the store.
  */
 export class DirPool extends PoolLayout implements StoragePool {
   readonly driver = 'dir'
@@ -33,13 +42,29 @@ export class DirPool extends PoolLayout implements StoragePool {
     super(options)
   }
 
+  quotaStatus(): PoolQuotaStatus {
+    return {
+      enforced: false,
+      warning: {
+        code: 'quotas_unavailable',
+        message:
+          'the dir storage driver cannot limit workspaces or tenants: one session can fill the filesystem that holds the pool, failing every other session and Cairn writes there; use the btrfs driver for quotas',
+      },
+    }
+  }
+
+  /** Without quota groups nothing measures a tenant cheaply (a walk of every tree would). */
+  async tenantUsage(_tenantIds: string[]): Promise<Map<string, TreeSizes>> {
+    return new Map()
+  }
+
   describe(): string {
     return `directory pool at ${this.options.storePath} (copies with cp -a --reflink=auto)`
   }
 
   async open(): Promise<void> {
-    const { mountPoint, storePath, workspaceQuotaBytes } = this.options
-    if (workspaceQuotaBytes) {
+    const { mountPoint, storePath, workspaceQuotaBytes, tenantQuotaBytes } = this.options
+    if (workspaceQuotaBytes || tenantQuotaBytes) {
       throw new CairnProblem(
         'unavailable',
         'workspace quotas need the btrfs storage driver; the dir driver cannot limit a workspace',

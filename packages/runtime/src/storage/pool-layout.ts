@@ -4,7 +4,7 @@ import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
 import { execTool } from '../util/exec.js'
 import { findMount } from '../util/mounts.js'
-import { type PoolArea, type StoragePoolOptions, safeName } from './pool.js'
+import { type PoolArea, type PoolStats, type StoragePoolOptions, safeName } from './pool.js'
 
 /**
  * What every storage driver shares: where each kind of tree lives under the pool's mount point,
@@ -54,9 +54,13 @@ export abstract class PoolLayout {
     return existsSync(this.snapshotPath(snapshotId))
   }
 
-  async poolStats(): Promise<{ totalBytes: number; freeBytes: number }> {
+  async poolStats(): Promise<PoolStats> {
     const fs = await statfs(this.layout.mountPoint)
-    return { totalBytes: fs.blocks * fs.bsize, freeBytes: fs.bavail * fs.bsize }
+    return {
+      totalBytes: fs.blocks * fs.bsize,
+      usedBytes: (fs.blocks - fs.bfree) * fs.bsize,
+      freeBytes: fs.bavail * fs.bsize,
+    }
   }
 
   async discardStagingByName(name: string): Promise<void> {
@@ -87,7 +91,7 @@ export abstract class PoolLayout {
     await this.setGenerationMarker(this.workspacePath(sessionId), generation)
   }
 
-  /** Replaces the workspace with a filled staging tree, by the same swap as a restore. */
+  /** Replaces the workspace with a filled staging tree (see `createWorkspaceStaging`), by the same swap as a restore. */
   async replaceWorkspace(sessionId: string, stagingDir: string, generation?: number): Promise<void> {
     await this.swapWorkspace(sessionId, (incoming) => rename(stagingDir, incoming), generation)
   }
@@ -110,10 +114,16 @@ export abstract class PoolLayout {
     const { target, incoming, outgoing } = this.swapPaths(sessionId)
     await this.removeTree(incoming)
     await this.removeTree(outgoing)
-    await make(incoming)
-    // The new generation is written before the swap, so a crash at any point leaves a workspace
-    // whose marker is never behind what the database recorded.
-    if (generation !== undefined) await this.setGenerationMarker(incoming, generation)
+    try {
+      await make(incoming)
+      // The new generation is written before the swap, so a crash at any point leaves a workspace
+      // whose marker is never behind what the database recorded.
+      if (generation !== undefined) await this.setGenerationMarker(incoming, generation)
+    } catch (error) {
+      // Refused (a full quota, say) before anything was swapped: nothing half-made stays behind.
+      await this.removeTree(incoming).catch(() => undefined)
+      throw error
+    }
     if (existsSync(target)) await rename(target, outgoing)
     await rename(incoming, target)
     await this.afterSwap(target)

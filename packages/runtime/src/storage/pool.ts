@@ -10,10 +10,43 @@ export function isStorageDriver(value: unknown): value is StorageDriverName {
 export const POOL_AREAS = ['revisions', 'sessions', 'snapshots', 'staging'] as const
 export type PoolArea = (typeof POOL_AREAS)[number]
 
+/** The pool's filesystem: its size, what is used, and what is free for unprivileged writers. */
+export interface PoolStats {
+  totalBytes: number
+  usedBytes: number
+  freeBytes: number
+}
+
 /** Bytes a tree uses (see `StoragePool.usage`). */
 export interface TreeSizes {
   referencedBytes: number
   exclusiveBytes: number
+}
+
+/**
+ * The storage limits a pool enforces (all in bytes; unset: none). `workspaceBytes` caps what one
+ * workspace references (everything its /workspace holds, whatever snapshots share); `tenantBytes`
+ * caps what one tenant's trees hold exclusively (workspaces, snapshots, revisions, counted once
+ * where they share, i.e. what deleting them all would free); `reserveBytes` is kept free for
+ * Cairn's own writes: all agents' trees together may hold at most the pool's size less it.
+ */
+export interface PoolQuotas {
+  workspaceBytes?: number | undefined
+  tenantBytes?: number | undefined
+  reserveBytes?: number | undefined
+}
+
+/** What `StoragePool.quotaStatus` reports (and `GET /v1/runtime` shows). */
+export interface PoolQuotaStatus extends PoolQuotas {
+  /** Whether the limits are enforced (false: the driver cannot, see `warning`). */
+  enforced: boolean
+  /** Bytes all agents' trees together may hold (the pool's size less the reserve). */
+  agentsTotalBytes?: number | undefined
+  /**
+   * For operators: the limits are not enforced (`quotas_unavailable`), or enforced against figures
+   * the kernel marked inconsistent, a rescan started at open (`quotas_inexact`).
+   */
+  warning?: { code: 'quotas_unavailable' | 'quotas_inexact'; message: string } | undefined
 }
 
 /** Where a pool keeps its trees, who owns workspaces, and the optional per-workspace size limit. */
@@ -25,6 +58,10 @@ export interface StoragePoolOptions {
   sandboxGid: number
   /** Size limit of every session workspace; unset: no limit. */
   workspaceQuotaBytes?: number | undefined
+  /** Limit of what each tenant's trees hold together; unset: no limit. */
+  tenantQuotaBytes?: number | undefined
+  /** Bytes kept free for Cairn's own writes (agents' trees may use the rest); unset: none. */
+  reserveBytes?: number | undefined
 }
 
 /**
@@ -48,10 +85,17 @@ export interface StoragePool {
   snapshotPath(snapshotId: string): string
   listArea(area: PoolArea): Promise<string[]>
 
+  /** The limits this pool enforces, or why it cannot (valid after `open`). */
+  quotaStatus(): PoolQuotaStatus
+
+  /**
+   * Methods that make a tree take `tenantId`: the tenant whose quota the tree counts against
+   * (unset: the trees of no tenant, such as environments, which share one group).
+   */
   /** A fresh writable tree in staging, to be filled and then sealed. */
-  createStaging(name: string): Promise<string>
+  createStaging(name: string, tenantId?: string): Promise<string>
   /** Seals a filled staging tree as a read-only revision owned by the sandbox uid (consumes it). */
-  sealRevision(stagingDir: string, revisionId: string): Promise<string>
+  sealRevision(stagingDir: string, revisionId: string, tenantId?: string): Promise<string>
   /** Seals a filled staging tree read-only at `target` (consumes it; used for environments). */
   sealStaging(stagingDir: string, target: string): Promise<void>
   discardStaging(stagingDir: string): Promise<void>
@@ -60,11 +104,11 @@ export interface StoragePool {
   deleteRevision(revisionId: string): Promise<void>
 
   /** New session workspace: a writable copy of the revision, at generation 0. */
-  createWorkspace(sessionId: string, revisionId: string): Promise<string>
+  createWorkspace(sessionId: string, revisionId: string, tenantId?: string): Promise<string>
   hasWorkspace(sessionId: string): Promise<boolean>
   deleteWorkspace(sessionId: string): Promise<void>
   /** An empty staging tree owned by the sandbox uid, to fill and swap in with `replaceWorkspace`. */
-  createWorkspaceStaging(name: string): Promise<string>
+  createWorkspaceStaging(name: string, tenantId?: string): Promise<string>
   /** Swaps a filled staging tree in as the workspace, its marker set to `generation` first. */
   replaceWorkspace(sessionId: string, stagingDir: string, generation?: number): Promise<void>
   /** Finishes or rolls back a restore or import that a crash interrupted. */
@@ -76,7 +120,7 @@ export interface StoragePool {
    * to the workspace's change mark right after it (see `workspaceMark`), undefined where the
    * driver has none.
    */
-  snapshotWorkspace(sessionId: string, snapshotId: string): Promise<number | undefined>
+  snapshotWorkspace(sessionId: string, snapshotId: string, tenantId?: string): Promise<number | undefined>
   /**
    * A number that moves whenever the workspace's files are changed on disk (btrfs: the subvolume's
    * ctransid), so a turn that changed nothing needs no new snapshot; undefined where the driver
@@ -88,9 +132,14 @@ export interface StoragePool {
    * Replaces the workspace with a writable copy of the snapshot: exact, nothing left from after
    * it; the incoming copy's marker is set to `generation` before it is swapped in.
    */
-  restoreWorkspace(sessionId: string, snapshotId: string, generation?: number): Promise<void>
+  restoreWorkspace(
+    sessionId: string,
+    snapshotId: string,
+    generation?: number,
+    tenantId?: string,
+  ): Promise<void>
   /** A new session's workspace as a writable copy of a snapshot (fork). */
-  forkWorkspace(sessionId: string, snapshotId: string): Promise<string>
+  forkWorkspace(sessionId: string, snapshotId: string, tenantId?: string): Promise<string>
   deleteSnapshot(snapshotId: string): Promise<void>
 
   /**
@@ -109,7 +158,9 @@ export interface StoragePool {
    * changes when a tree sharing its data is written or deleted, so callers must not cache it.
    */
   usage(dir: string): Promise<TreeSizes>
-  poolStats(): Promise<{ totalBytes: number; freeBytes: number }>
+  poolStats(): Promise<PoolStats>
+  /** What each tenant's trees hold (see `PoolQuotas.tenantBytes`); empty where not measured cheaply. */
+  tenantUsage(tenantIds: string[]): Promise<Map<string, TreeSizes>>
 }
 
 /** Pool entries are named by prefixed IDs only: nothing a caller passes can address another path. */

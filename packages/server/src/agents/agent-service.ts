@@ -68,7 +68,7 @@ export class AgentService {
     const summary = await inspectArchive(archive, this.deps.archiveLimits ?? DEFAULT_ARCHIVE_LIMITS)
     const { pool } = this.deps.runtime
     const revisionId = newId('revision')
-    const staging = await pool.createStaging(revisionId)
+    const staging = await pool.createStaging(revisionId, tenantId)
     let agentId: string | undefined
     let plan: BuildPlan
     let manifest: AgentManifest
@@ -158,7 +158,7 @@ export class AgentService {
           `build finished in ${Math.round(performance.now() - started)} ms${result.reusedEnv ? ' (environment reused)' : ''}`,
         )
       }
-      await pool.sealRevision(staging, revisionId)
+      await pool.sealRevision(staging, revisionId, tenantId)
       this.deps.db.transaction(() => {
         this.store.setRevisionStatus(revisionId, 'READY', null)
         this.store.setCurrentRevision(agentId, revisionId, iso(this.deps.clock.now()))

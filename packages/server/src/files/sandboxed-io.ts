@@ -76,8 +76,8 @@ export async function writeWorkspaceFile(
       )
     if (/Disk quota exceeded/.test(detail))
       throw new CairnProblem(
-        'limit_exceeded',
-        `could not write /workspace/${rel}: the workspace quota is used up (${detail})`,
+        'quota_exceeded',
+        `could not write /workspace/${rel}: the storage quota is used up (the workspace limit, or the tenant's total of workspaces and snapshots): delete files or snapshots (${detail})`,
       )
     throw new CairnProblem('forbidden', `could not write /workspace/${rel}: ${detail}`)
   }
@@ -113,7 +113,12 @@ export async function unpackIntoWorkspace(
   )
   if (result.code === 0) return
   const reason = result.stderr.trim() || `exit ${result.code}`
-  if (/quota exceeded|no space left/i.test(reason))
+  if (/quota exceeded/i.test(reason))
+    throw new CairnProblem(
+      'quota_exceeded',
+      `the archive does not fit in the storage quota (the workspace limit, or the tenant's total): ${reason}`,
+    )
+  if (/no space left/i.test(reason))
     throw new CairnProblem('payload_too_large', `the archive does not fit in the workspace: ${reason}`)
   throw new CairnProblem('invalid_archive', `could not unpack the archive: ${reason}`)
 }

@@ -19,9 +19,32 @@ const DriverSchema = Type.Object({
   description: Type.String(),
 })
 
+const Bytes = Type.Optional(Type.Integer({ minimum: 0 }))
+
+const QuotasSchema = Type.Object(
+  {
+    enforced: Type.Boolean({ description: 'false: the storage driver cannot enforce quotas (see warnings)' }),
+    workspaceBytes: Bytes,
+    tenantBytes: Bytes,
+    reserveBytes: Bytes,
+    agentsTotalBytes: Bytes,
+  },
+  {
+    description:
+      "Storage limits: a workspace's referenced bytes, a tenant's exclusive bytes (workspaces, snapshots and revisions counted once), and the pool space kept free for Cairn (agents together get the rest)",
+  },
+)
+
+const StorageWarningSchema = Type.Object({
+  code: Type.Union([Type.Literal('quotas_unavailable'), Type.Literal('quotas_inexact')]),
+  message: Type.String(),
+})
+
 const StorageSchema = Type.Object({
   driver: Type.String(),
   capabilities: Type.Object({ quotas: Type.Boolean(), constantTimeCopies: Type.Boolean() }),
+  quotas: QuotasSchema,
+  warnings: Type.Array(StorageWarningSchema),
   description: Type.String(),
 })
 
@@ -43,11 +66,14 @@ export function runtimeRoute(app: FastifyInstance, runtime: Runtime): void {
     async (request) => {
       principalOf(request)
       const { pool } = runtime
+      const { warning, ...quotas } = pool.quotaStatus()
       return {
         drivers: await runtime.isolations(),
         storage: {
           driver: pool.driver,
           capabilities: { ...pool.capabilities },
+          quotas,
+          warnings: warning ? [warning] : [],
           description: pool.describe(),
         },
       }

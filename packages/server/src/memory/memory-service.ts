@@ -1,7 +1,8 @@
 import { createHash } from 'node:crypto'
 import { createWriteStream, existsSync } from 'node:fs'
-import { chmod, mkdir, readFile, rename, writeFile } from 'node:fs/promises'
+import { chmod, mkdir, readFile, rename, rm, statfs, writeFile } from 'node:fs/promises'
 import path from 'node:path'
+import { Transform } from 'node:stream'
 import { pipeline } from 'node:stream/promises'
 import { CairnProblem, newId } from '@cairn/protocol'
 import type { SandboxBind } from '@cairn/runtime'
@@ -46,6 +47,12 @@ export class MemoryService {
       mountRoot: string
       /** Host directory for artifact bytes (under the data dir). */
       artifactRoot: string
+      /**
+       * Artifacts live on the data dir's disk, beside the database: a tenant's artifacts together
+       * stay within `tenantBytes` (unset: no limit), and a copy never brings that disk's free space
+       * below `reserveBytes`, so no tenant can starve Cairn's own data.
+       */
+      artifactLimits?: { tenantBytes?: number | undefined; reserveBytes: number } | undefined
     },
   ) {}
 
@@ -143,14 +150,26 @@ export class MemoryService {
     const hash = createHash('sha256')
     let size = 0
     try {
-      if (!(await handle.stat()).isFile())
+      const stat = await handle.stat()
+      if (!stat.isFile())
         throw new CairnProblem('validation_failed', `/workspace/${rel} is not a regular file`)
-      const stream = handle.createReadStream()
-      stream.on('data', (chunk: string | Buffer) => {
-        hash.update(chunk)
-        size += chunk.length
+      const allowedBytes = await this.artifactRoom(row.tenantId, dir)
+      if (stat.size > allowedBytes) throw artifactQuotaProblem(rel, stat.size, allowedBytes)
+      // The file may still grow while it is copied: the room is checked on every chunk too.
+      const counted = new Transform({
+        transform(chunk: Buffer, _encoding, done) {
+          size += chunk.length
+          if (size > allowedBytes) return done(artifactQuotaProblem(rel, size, allowedBytes))
+          hash.update(chunk)
+          done(null, chunk)
+        },
       })
-      await pipeline(stream, createWriteStream(target, { mode: 0o600 }))
+      await pipeline(handle.createReadStream(), counted, createWriteStream(target, { mode: 0o600 })).catch(
+        async (error: unknown) => {
+          await rm(target, { force: true })
+          throw error
+        },
+      )
     } finally {
       await handle.close().catch(() => undefined)
     }
@@ -178,6 +197,24 @@ export class MemoryService {
         info.createdAt,
       )
     return info
+  }
+
+  /** Bytes the tenant may still add to the artifact store (see `artifactLimits`). */
+  private async artifactRoom(tenantId: string, dir: string): Promise<number> {
+    const limits = this.deps.artifactLimits
+    if (!limits) return Number.POSITIVE_INFINITY
+    const disk = await statfs(dir)
+    let room = disk.bavail * disk.bsize - limits.reserveBytes
+    if (limits.tenantBytes) {
+      const held =
+        this.deps.db
+          .prepare<[string], { bytes: number | null }>(
+            'SELECT SUM(size_bytes) AS bytes FROM artifacts WHERE tenant_id = ?',
+          )
+          .get(tenantId)?.bytes ?? 0
+      room = Math.min(room, limits.tenantBytes - held)
+    }
+    return Math.max(0, room)
   }
 
   artifacts(agentId: string): ArtifactInfo[] {
@@ -215,4 +252,12 @@ export class MemoryService {
   async readArtifact(agentId: string, id: string): Promise<Buffer> {
     return readFile(this.artifactFile(agentId, id).file)
   }
+}
+
+function artifactQuotaProblem(rel: string, bytes: number, allowedBytes: number): CairnProblem {
+  return new CairnProblem(
+    'quota_exceeded',
+    `/workspace/${rel} (${bytes} bytes or more) does not fit in the artifact store: ${allowedBytes} bytes left under the tenant's storage quota and the data disk's reserve`,
+    { allowedBytes },
+  )
 }

@@ -1,5 +1,5 @@
 import { newId, type Usage } from '@cairn/protocol'
-import type { Runtime } from '@cairn/runtime'
+import type { Runtime, TreeSizes } from '@cairn/runtime'
 import type { Logger } from 'pino'
 import { type Clock, iso } from '../clock.js'
 import type { Db } from '../db/database.js'
@@ -193,10 +193,15 @@ export class RetentionService {
         if (sizes) storage.push({ sessionId: id, ...sizes })
       }
     }
+    const { pool } = this.deps.runtime
+    const { warning: _warning, ...limits } = pool.quotaStatus()
+    const held = (await pool.tenantUsage([tenantId]).catch(() => new Map<string, TreeSizes>())).get(tenantId)
     return {
       sessions: { total: Object.values(byStatus).reduce((a, b) => a + b, 0), byStatus },
       snapshots,
-      pool: await this.deps.runtime.pool.poolStats(),
+      pool: await pool.poolStats(),
+      // What this tenant's workspaces, snapshots and revisions hold against its quota (exclusive bytes).
+      quota: { ...limits, usedBytes: held?.exclusiveBytes ?? null },
       retention: { policy: this.policy(tenantId), ...this.freed(tenantId) },
       storage,
     }

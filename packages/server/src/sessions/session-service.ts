@@ -169,7 +169,7 @@ export class SessionService {
     if (setup && !this.deps.setup) throw new CairnProblem('bad_request', 'this server has no setup phase')
     const policy = createPolicy(body)
     const id = newId('session')
-    await this.deps.runtime.pool.createWorkspace(id, agent.current_revision_id)
+    await this.deps.runtime.pool.createWorkspace(id, agent.current_revision_id, tenantId)
     this.store.insert({
       id,
       tenant_id: tenantId,

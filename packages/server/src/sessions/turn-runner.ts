@@ -181,7 +181,9 @@ export class TurnRunner {
             code: problem?.code ?? 'sandbox_failed',
             cause: setupFailed
               ? 'setup_failed'
-              : problem?.code === 'state_lost' || problem?.code === 'storage_error'
+              : problem?.code === 'state_lost' ||
+                  problem?.code === 'storage_error' ||
+                  problem?.code === 'quota_exceeded'
                 ? problem.code
                 : 'agent_crash',
             message: problem?.message ?? `the sandbox could not start: ${(error as Error).message}`,
@@ -285,7 +287,17 @@ export class TurnRunner {
    * the turn is reported as `storage_error` with the pool's figures, so the fix (free space) is clear.
    */
   private async blamePoolIfFull(outcome: Extract<TurnOutcome, { status: 'failed' }>): Promise<TurnOutcome> {
-    if (!/No space left on device|ENOSPC/.test(`${outcome.message}\n${outcome.stderr}`)) return outcome
+    const said = `${outcome.message}\n${outcome.stderr}`
+    // A quota is this session's (or its tenant's) alone: a typed error, nothing about the pool.
+    if (/Disk quota exceeded|EDQUOT/.test(said)) {
+      return {
+        ...outcome,
+        code: 'quota_exceeded',
+        cause: 'quota_exceeded',
+        message: `the storage quota is used up: the agent's writes failed with "Disk quota exceeded" (the workspace limit, or the tenant's total of workspaces and snapshots); delete files or snapshots, then resume the session. Agent: ${outcome.message}`,
+      }
+    }
+    if (!/No space left on device|ENOSPC/.test(said)) return outcome
     const stats = await this.deps.runtime.pool.poolStats().catch(() => undefined)
     if (!stats || stats.freeBytes > POOL_FULL_BYTES) return outcome
     return {

@@ -108,6 +108,23 @@ export function workspaceRoutes(app: FastifyInstance, workspace: WorkspaceServic
       )
     },
   )
+  app.delete(
+    '/v1/sessions/:id/snapshots/:snapshotId',
+    {
+      schema: {
+        tags,
+        summary:
+          'Delete a snapshot, freeing what it alone holds (409 snapshot_in_use while a restore, fork or export reads it)',
+        params: SnapshotParams,
+        response: { 200: OkSchema, ...errors },
+      },
+    },
+    async (request) => {
+      const { id, snapshotId } = request.params as { id: string; snapshotId: string }
+      await workspace.deleteSnapshot(requireWrite(request).tenantId, id, snapshotId)
+      return { ok: true }
+    },
+  )
   app.post(
     '/v1/sessions/:id/restore',
     {

@@ -192,7 +192,7 @@ export class WorkspaceService {
     label?: string,
   ): Promise<SnapshotInfo> {
     const snapshotId = newId('snapshot')
-    const seen = await this.frozenSnapshot(row.id, snapshotId, agent)
+    const seen = await this.frozenSnapshot(row, snapshotId, agent)
     const current = this.deps.sessions.store.get(row.tenant_id, row.id)
     const info = this.snapshots.insertWithId(snapshotId, {
       session_id: row.id,
@@ -222,14 +222,15 @@ export class WorkspaceService {
    * both could be read.
    */
   private async frozenSnapshot(
-    sessionId: string,
+    row: Pick<SessionRow, 'id' | 'tenant_id'>,
     snapshotId: string,
     agent?: AgentProcess,
   ): Promise<Omit<SnapshotMark, 'snapshotId'> | undefined> {
+    const sessionId = row.id
     const warm = agent ?? this.deps.sessions.warmAgent(sessionId)
     await warm?.freeze()
     try {
-      const ctransid = await this.deps.runtime.pool.snapshotWorkspace(sessionId, snapshotId)
+      const ctransid = await this.deps.runtime.pool.snapshotWorkspace(sessionId, snapshotId, row.tenant_id)
       // Read while still frozen: nothing the sandbox writes from here on is in the snapshot.
       const writtenBytes = warm?.writtenBytes()
       if (!warm || ctransid === undefined || writtenBytes === undefined) return undefined
@@ -277,6 +278,27 @@ export class WorkspaceService {
     return this.measures.withExtras(snap, want)
   }
 
+  /**
+   * Deletes one snapshot and frees what it alone held (btrfs frees it in the background, within
+   * seconds). Refused with `snapshot_in_use` while a restore, fork or export reads it; marked
+   * deleted in the same tick as that check, so none can pick it afterwards.
+   */
+  async deleteSnapshot(tenantId: string, id: string, snapshotId: string): Promise<void> {
+    this.deps.sessions.require(tenantId, id)
+    const snap = this.snapshots.get(id, snapshotId)
+    if (!snap) throw new CairnProblem('not_found', `No snapshot ${snapshotId} in session ${id}`)
+    if (this.pins.has(snap.id)) {
+      throw new CairnProblem(
+        'snapshot_in_use',
+        `snapshot ${snap.id} is being read by a restore, fork or export; try again once it is done`,
+      )
+    }
+    this.snapshots.markDeleted(snap.id, this.now())
+    // The next turn that changed nothing can no longer stand on it: it takes a new snapshot.
+    if (this.marks.get(id)?.snapshotId === snap.id) this.marks.delete(id)
+    await this.deps.runtime.pool.deleteSnapshot(snap.id)
+  }
+
   private pick(
     row: SessionRow,
     body: { snapshotId?: string | undefined; turn?: number | undefined },
@@ -317,7 +339,7 @@ export class WorkspaceService {
           // A restore is a new generation (the marker is set on the incoming copy before the swap).
           const generation = this.deps.sessions.store.generationOf(id) + 1
           await this.fromSnapshot(target, () =>
-            this.deps.runtime.pool.restoreWorkspace(id, target.id, generation),
+            this.deps.runtime.pool.restoreWorkspace(id, target.id, generation, row.tenant_id),
           )
           this.deps.sessions.store.setGeneration(id, generation)
           this.deps.sessions.store.transition(
@@ -384,7 +406,9 @@ export class WorkspaceService {
     }
     const childId = newId('session')
     await this.pins.hold(source.id, () =>
-      this.fromSnapshot(source, () => this.deps.runtime.pool.forkWorkspace(childId, source.id)),
+      this.fromSnapshot(source, () =>
+        this.deps.runtime.pool.forkWorkspace(childId, source.id, row.tenant_id),
+      ),
     )
     try {
       // The snapshot carries the marker of the generation it was taken at; the child starts there.
@@ -537,7 +561,7 @@ export class WorkspaceService {
     } else {
       this.rootOf(row)
       const temp = newId('snapshot')
-      await this.deps.sessions.readingWorkspace(tenantId, id, () => this.frozenSnapshot(row.id, temp))
+      await this.deps.sessions.readingWorkspace(tenantId, id, () => this.frozenSnapshot(row, temp))
       dir = pool.snapshotPath(temp)
       cleanup = async () => {
         await pool.deleteSnapshot(temp).catch(() => undefined)
@@ -576,7 +600,10 @@ export class WorkspaceService {
         await this.deps.sessions.stopSandbox(id)
         const { store } = this.deps.sessions
         if (mode === 'replace') {
-          const staging = await pool.createWorkspaceStaging(`imp_${id.slice(id.indexOf('_') + 1)}`)
+          const staging = await pool.createWorkspaceStaging(
+            `imp_${id.slice(id.indexOf('_') + 1)}`,
+            row.tenant_id,
+          )
           // The imported tree is a new generation: its marker is set before it is swapped in,
           // the database follows.
           const generation = store.generationOf(id) + 1
@@ -596,7 +623,7 @@ export class WorkspaceService {
           } catch (error) {
             // Rolled back to the snapshot, as a restore would: a new generation, marker first.
             const generation = store.generationOf(id) + 1
-            await pool.restoreWorkspace(id, before.id, generation)
+            await pool.restoreWorkspace(id, before.id, generation, row.tenant_id)
             store.setGeneration(id, generation)
             throw error
           }

@@ -5,9 +5,24 @@ import { formatBytes, relativeTime } from '../../format/time.js'
 import { resolveSession } from '../../session-arg.js'
 
 export const register: Register = (parent, ctx) => {
+  const snapshots = parent.command('snapshots')
   jsonOption(
-    parent
-      .command('snapshots')
+    snapshots
+      .command('rm')
+      .alias('delete')
+      .description(
+        'Delete a snapshot, freeing what it alone holds (refused while a restore, fork or export reads it)',
+      )
+      .argument('<session>', 'session ID or a unique prefix of it')
+      .argument('<snapshot>', 'snapshot ID (see `cairn sessions snapshots <session>`)'),
+  ).action(async (id: string, snapshotId: string) => {
+    const session = await resolveSession(ctx, id)
+    await session.snapshots.delete(snapshotId)
+    if (ctx.json) return ctx.out.data({ ok: true, id: snapshotId })
+    ctx.out.line(`Deleted snapshot ${snapshotId}`)
+  })
+  jsonOption(
+    snapshots
       .description("List a session's snapshots (automatic ones before each turn, and manual ones)")
       .argument('<id>', 'session ID or a unique prefix of it')
       .option('--digest', 'show each content digest (computed once, on first request: reads every file)')

@@ -20,6 +20,15 @@ export const UsageSchema = Type.Object({
   }),
   snapshots: Type.Integer(),
   pool: Type.Object({ totalBytes: Type.Number(), freeBytes: Type.Number() }),
+  /** The storage limits in force and what this tenant's trees hold against them (exclusive bytes; null: unknown). */
+  quota: Type.Object({
+    enforced: Type.Boolean(),
+    workspaceBytes: Type.Optional(Type.Number()),
+    tenantBytes: Type.Optional(Type.Number()),
+    reserveBytes: Type.Optional(Type.Number()),
+    agentsTotalBytes: Type.Optional(Type.Number()),
+    usedBytes: nullable(Type.Number()),
+  }),
   retention: Type.Object({
     policy: RetentionPolicySchema,
     bytesFreed: Type.Number(),

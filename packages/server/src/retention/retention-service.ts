@@ -201,7 +201,14 @@ export class RetentionService {
       snapshots,
       pool: await pool.poolStats(),
       // What this tenant's workspaces, snapshots and revisions hold against its quota (exclusive bytes).
-      quota: { ...limits, usedBytes: held?.exclusiveBytes ?? null },
+      quota: {
+        enforced: limits.enforced,
+        ...(limits.workspaceBytes === undefined ? {} : { workspaceBytes: limits.workspaceBytes }),
+        ...(limits.tenantBytes === undefined ? {} : { tenantBytes: limits.tenantBytes }),
+        ...(limits.reserveBytes === undefined ? {} : { reserveBytes: limits.reserveBytes }),
+        ...(limits.agentsTotalBytes === undefined ? {} : { agentsTotalBytes: limits.agentsTotalBytes }),
+        usedBytes: held?.exclusiveBytes ?? null,
+      },
       retention: { policy: this.policy(tenantId), ...this.freed(tenantId) },
       storage,
     }

@@ -7,7 +7,7 @@ import { CairnProblem, newId } from '@cairn/protocol'
 import type { SandboxBind } from '@cairn/runtime'
 import { type Clock, iso } from '../clock.js'
 import type { Db } from '../db/database.js'
-import { openInside } from '../files/confine.js'
+import { openTreeFile } from '../files/reader.js'
 
 export const MAX_MEMORY_BYTES = 256 * 1024
 export const PROPOSED_MEMORY_PATH = '.cairn/memory.proposed.md'
@@ -107,25 +107,15 @@ export class MemoryService {
     source: string,
   ): Promise<AgentMemory | undefined> {
     if (!existsSync(path.join(workspaceDir, PROPOSED_MEMORY_PATH))) return undefined
-    const handle = await openInside(workspaceDir, PROPOSED_MEMORY_PATH)
-    let content: string
-    try {
-      const info = await handle.stat()
-      if (!info.isFile())
-        throw new CairnProblem(
-          'validation_failed',
-          `/workspace/${PROPOSED_MEMORY_PATH} is not a regular file`,
-        )
-      if (info.size > MAX_MEMORY_BYTES) {
-        throw new CairnProblem(
-          'payload_too_large',
-          `proposed memory is larger than ${MAX_MEMORY_BYTES} bytes`,
-        )
-      }
-      content = await handle.readFile('utf8')
-    } finally {
-      await handle.close()
+    // Read by the workspace reader: no link at any component is followed, only a regular file opened.
+    const file = await openTreeFile(workspaceDir, Buffer.from(PROPOSED_MEMORY_PATH))
+    if (file.size > MAX_MEMORY_BYTES) {
+      file.stream.destroy()
+      throw new CairnProblem('payload_too_large', `proposed memory is larger than ${MAX_MEMORY_BYTES} bytes`)
     }
+    const chunks: Buffer[] = []
+    for await (const chunk of file.stream) chunks.push(chunk as Buffer)
+    const content = Buffer.concat(chunks).toString('utf8')
     if (content === this.get(agentId).content) return undefined
     return this.put(agentId, content, source)
   }
@@ -135,25 +125,18 @@ export class MemoryService {
     workspaceDir: string,
     rel: string,
   ): Promise<ArtifactInfo> {
-    const handle = await openInside(workspaceDir, rel)
+    const file = await openTreeFile(workspaceDir, Buffer.from(rel))
     const id = newId('artifact')
     const dir = path.join(this.deps.artifactRoot, row.agentId)
     await mkdir(dir, { recursive: true, mode: 0o700 })
     const target = path.join(dir, id)
     const hash = createHash('sha256')
     let size = 0
-    try {
-      if (!(await handle.stat()).isFile())
-        throw new CairnProblem('validation_failed', `/workspace/${rel} is not a regular file`)
-      const stream = handle.createReadStream()
-      stream.on('data', (chunk: string | Buffer) => {
-        hash.update(chunk)
-        size += chunk.length
-      })
-      await pipeline(stream, createWriteStream(target, { mode: 0o600 }))
-    } finally {
-      await handle.close().catch(() => undefined)
-    }
+    file.stream.on('data', (chunk: Buffer) => {
+      hash.update(chunk)
+      size += chunk.length
+    })
+    await pipeline(file.stream, createWriteStream(target, { mode: 0o600 }))
     const info: ArtifactInfo = {
       id,
       agentId: row.agentId,

@@ -8,13 +8,16 @@ directory's descriptor without following links, and nothing but a regular file i
 reading (FIFOs, sockets and devices are recorded, never opened). Names are bytes throughout.
 
 Commands (ARG is a workspace-relative path, base64 of its bytes):
-  list ARG     one directory: a JSON array of entries
-  read ARG     a regular file: a JSON line {"size": N}, then its N bytes
-  stamps N     the whole tree (at most N entries): a JSON array, for diffs
-  digest       the tree's content digest (see `digest` below)
-Failures: a JSON line {"error": CODE, "message": TEXT} on stdout and exit status 3.
+  list ARG     one directory: a line per entry, NAME TYPE SIZE MODE MTIME_NS TARGET (tab-separated,
+               names and link targets base64)
+  read ARG     a regular file: a line `size N`, then its N bytes
+  stamps N     the whole tree (at most N entries): a line per entry as for `list`, with the path
+               relative to the root for NAME, in walk order; for diffs
+  digest       the tree's content digest (see `cmd_digest` below)
+Failures: a line `error CODE MESSAGE` (tab-separated) on stdout and exit status 3.
+Only built-in modules are imported up front (no json, no re): a listing costs one process start.
 """
-import base64, hashlib, json, os, stat, sys
+import binascii, os, stat, sys
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOATIME", 0)
@@ -29,7 +32,16 @@ class Refused(Exception):
 
 
 def b64(raw):
-    return base64.b64encode(raw).decode("ascii")
+    return binascii.b2a_base64(raw, newline=False).decode("ascii")
+
+
+def unb64(text):
+    return binascii.a2b_base64(text.encode("ascii"))
+
+
+def entry_line(name, info, target):
+    return "%s\t%s\t%d\t%d\t%d\t%s\n" % (
+        b64(name), type_of(info.st_mode), info.st_size, stat.S_IMODE(info.st_mode), info.st_mtime_ns, target)
 
 
 def open_flags(name, flags, dir_fd):
@@ -107,18 +119,9 @@ def cmd_list(root_fd, rel):
     try:
         out = []
         for name, info in entries_of(fd):
-            kind = type_of(info.st_mode)
-            entry = {
-                "name": b64(name),
-                "type": kind,
-                "size": info.st_size,
-                "mode": stat.S_IMODE(info.st_mode),
-                "mtimeNs": str(info.st_mtime_ns),
-            }
-            if kind == "symlink":
-                entry["target"] = b64(link_target(name, fd))
-            out.append(entry)
-        json.dump(out, sys.stdout)
+            target = b64(link_target(name, fd)) if stat.S_ISLNK(info.st_mode) else ""
+            out.append(entry_line(name, info, target))
+        sys.stdout.write("".join(out))
     finally:
         os.close(fd)
 
@@ -147,7 +150,7 @@ def cmd_read(root_fd, rel):
         raise Refused("validation_failed", "not a regular file")
     os.set_blocking(fd, True)
     out = sys.stdout.buffer
-    out.write(json.dumps({"size": info.st_size}).encode() + b"\n")
+    out.write(b"size\t%d\n" % info.st_size)
     out.flush()
     left, offset = info.st_size, 0
     while left > 0:
@@ -192,12 +195,11 @@ def cmd_stamps(root_fd, limit):
     out = []
 
     def visit(rel, name, info, dir_fd):
-        kind = type_of(info.st_mode)
-        target = b64(link_target(name, dir_fd)) if kind == "symlink" else ""
-        out.append([b64(rel), kind, info.st_size, stat.S_IMODE(info.st_mode), str(info.st_mtime_ns), target])
+        target = b64(link_target(name, dir_fd)) if stat.S_ISLNK(info.st_mode) else ""
+        out.append(entry_line(rel, info, target))
 
     walk(root_fd, visit, limit)
-    json.dump(out, sys.stdout)
+    sys.stdout.write("".join(out))
 
 
 def file_digest(fd, size):
@@ -205,6 +207,8 @@ def file_digest(fd, size):
     of all-zero blocks (holes or written zeros alike) is one record `z COUNT`, any other block a
     record `d ` + its SHA-256. Holes are found with SEEK_DATA and never read, so the cost is the
     file's data, not its size; the result depends only on the bytes, not on where the holes are."""
+    import hashlib
+
     h = hashlib.sha256(b"cairn-file-v2 %d\n" % size)
     zeros = 0
     block = 0
@@ -240,6 +244,8 @@ def cmd_digest(root_fd):
     """Every entry below the root as `TYPE MODE PATHHEX PAYLOAD`, in depth-first byte order of the
     names; PAYLOAD is a file's `file_digest` or a link's target in hex. Owners and times are left
     out; FIFOs, sockets and devices count by type and mode only and are never opened."""
+    import hashlib
+
     h = hashlib.sha256(b"cairn-tree-v2\n")
     codes = {"symlink": "l", "directory": "d", "file": "f", "other": "o"}
 
@@ -272,9 +278,9 @@ def main():
         except FileNotFoundError:
             raise Refused("not_found", "the tree is gone")
         if command == "list":
-            cmd_list(root_fd, base64.b64decode(arg))
+            cmd_list(root_fd, unb64(arg))
         elif command == "read":
-            cmd_read(root_fd, base64.b64decode(arg))
+            cmd_read(root_fd, unb64(arg))
         elif command == "stamps":
             cmd_stamps(root_fd, int(arg))
         elif command == "digest":
@@ -283,7 +289,7 @@ def main():
             raise Refused("internal", "unknown command " + command)
         sys.stdout.flush()
     except Refused as e:
-        sys.stdout.write(json.dumps({"error": e.code, "message": str(e)}) + "\n")
+        sys.stdout.write("error\t%s\t%s\n" % (e.code, str(e).replace("\n", " ")))
         sys.stdout.flush()
         sys.exit(3)
     except BrokenPipeError:

@@ -1,6 +1,6 @@
 import { isUtf8 } from 'node:buffer'
 import { type ChildProcessByStdio, spawn } from 'node:child_process'
-import type { Readable } from 'node:stream'
+import { PassThrough, type Readable } from 'node:stream'
 import { fileURLToPath } from 'node:url'
 import { CairnProblem, isErrorCode } from '@cairn/protocol'
 
@@ -51,17 +51,11 @@ function failure(
   options: ReadOptions,
 ): CairnProblem {
   if (code === 3) {
-    const line = stdout.toString('utf8').trim().split('\n').pop() ?? ''
-    try {
-      const parsed = JSON.parse(line) as { error?: unknown; message?: unknown }
-      if (isErrorCode(parsed.error))
-        return new CairnProblem(
-          parsed.error,
-          options.subject ? `${options.subject}: ${String(parsed.message)}` : String(parsed.message),
-        )
-    } catch {
-      // not a refusal line: fall through
-    }
+    const [tag, errorCode, message = ''] = (stdout.toString('utf8').trim().split('\n').pop() ?? '').split(
+      '\t',
+    )
+    if (tag === 'error' && isErrorCode(errorCode))
+      return new CairnProblem(errorCode, options.subject ? `${options.subject}: ${message}` : message)
   }
   if (options.signal?.aborted)
     return new CairnProblem('conflict', 'the client went away; the read was stopped')
@@ -132,14 +126,52 @@ export async function openTreeFile(
     stdout.on('data', onData)
     stdout.once('end', onEnd)
   })
-  const size = head.line ? (JSON.parse(head.line) as { size?: unknown }).size : undefined
-  if (typeof size === 'number') {
-    if (head.rest.length > 0) stdout.unshift(head.rest)
-    stdout.once('close', () => child.kill('SIGKILL'))
-    return { size, stream: stdout }
+  const [tag, sizeText] = (head.line ?? '').split('\t')
+  const size = Number(sizeText)
+  if (tag === 'size' && Number.isSafeInteger(size)) {
+    // Handed on through a stream of our own: when the child exits, node resumes its stdout, which
+    // would drop whatever the caller has not read yet.
+    const body = new PassThrough()
+    if (head.rest.length > 0) body.write(head.rest)
+    stdout.pipe(body)
+    body.once('close', () => child.kill('SIGKILL'))
+    return { size, stream: body }
   }
   const [code, signal] = await exited
   throw failure(Buffer.from(head.line ?? ''), stderr, code, signal, { ...options, subject })
+}
+
+/** One entry as the helper prints it (`list`, `stamps`). */
+export interface TreeEntryLine {
+  /** The name (or, from `stamps`, the path below the root): its bytes. */
+  name: Buffer
+  type: 'file' | 'directory' | 'symlink' | 'other'
+  size: number
+  mode: number
+  mtimeNs: bigint
+  /** A link's target: its bytes, base64 (empty for anything else). */
+  target: string
+}
+
+const TYPES = new Set(['file', 'directory', 'symlink', 'other'])
+
+export function parseEntries(output: Buffer): TreeEntryLine[] {
+  const out: TreeEntryLine[] = []
+  for (const line of output.toString('latin1').split('\n')) {
+    if (line === '') continue
+    const [name = '', type = '', size = '', mode = '', mtimeNs = '', target = ''] = line.split('\t')
+    if (!TYPES.has(type))
+      throw new CairnProblem('internal', `the workspace reader printed an unknown entry: ${line}`)
+    out.push({
+      name: Buffer.from(name, 'base64'),
+      type: type as TreeEntryLine['type'],
+      size: Number(size),
+      mode: Number(mode),
+      mtimeNs: BigInt(mtimeNs),
+      target,
+    })
+  }
+  return out
 }
 
 /** A name as the API carries it: the string when it is UTF-8, plus its bytes in base64 when not. */

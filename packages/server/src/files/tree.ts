@@ -1,14 +1,5 @@
 import type { FileEntry, WorkspaceDiff } from '@cairn/protocol'
-import { pathArg, type ReadOptions, readTree, wireName } from './reader.js'
-
-interface ListedEntry {
-  name: string
-  type: FileEntry['type']
-  size: number
-  mode: number
-  mtimeNs: string
-  target?: string
-}
+import { parseEntries, pathArg, type ReadOptions, readTree, wireName } from './reader.js'
 
 /** Lists one directory beneath `root` (no recursion, links reported, never followed). */
 export async function listDirectory(
@@ -17,12 +8,10 @@ export async function listDirectory(
   options: ReadOptions = {},
 ): Promise<FileEntry[]> {
   const subject = `/workspace/${rel.toString('utf8')}`
-  const listed = JSON.parse(
-    (await readTree(root, ['list', pathArg(rel)], { subject, ...options })).toString('utf8'),
-  ) as ListedEntry[]
+  const listed = parseEntries(await readTree(root, ['list', pathArg(rel)], { subject, ...options }))
   const prefix = Buffer.from('/workspace/')
   const out: FileEntry[] = listed.map((entry) => {
-    const nameBytes = Buffer.from(entry.name, 'base64')
+    const nameBytes = entry.name
     const pathBytes = Buffer.concat([
       prefix,
       rel,
@@ -31,14 +20,14 @@ export async function listDirectory(
     ])
     const name = wireName(nameBytes)
     const fullPath = wireName(pathBytes)
-    const target = entry.target === undefined ? undefined : wireName(Buffer.from(entry.target, 'base64'))
+    const target = entry.type === 'symlink' ? wireName(Buffer.from(entry.target, 'base64')) : undefined
     return {
       name: name.text,
       path: fullPath.text,
       type: entry.type,
       size: entry.size,
       mode: entry.mode,
-      modifiedAt: new Date(Number(BigInt(entry.mtimeNs) / 1_000_000n)).toISOString(),
+      modifiedAt: new Date(Number(entry.mtimeNs / 1_000_000n)).toISOString(),
       ...(target ? { target: target.text } : {}),
       ...(name.base64 ? { nameBase64: name.base64 } : {}),
       ...(fullPath.base64 ? { pathBase64: fullPath.base64 } : {}),
@@ -52,23 +41,15 @@ interface Stamp {
   type: FileEntry['type']
   size: number
   mode: number
-  mtimeNs: string
+  mtimeNs: bigint
   target: string
 }
 
 /** Walks a tree without following links: relative path (base64 of its bytes) → what identifies its content. */
 async function stamps(root: string, limit: number, options: ReadOptions): Promise<Map<string, Stamp>> {
-  const rows = JSON.parse((await readTree(root, ['stamps', String(limit)], options)).toString('utf8')) as [
-    string,
-    FileEntry['type'],
-    number,
-    number,
-    string,
-    string,
-  ][]
   const out = new Map<string, Stamp>()
-  for (const [rel, type, size, mode, mtimeNs, target] of rows)
-    out.set(rel, { type, size, mode, mtimeNs, target })
+  for (const entry of parseEntries(await readTree(root, ['stamps', String(limit)], options)))
+    out.set(entry.name.toString('base64'), entry)
   return out
 }
 

@@ -153,7 +153,7 @@ describe.each(DRIVERS)('%s driver: host-side reads of a workspace an agent keeps
       ...(body.changed ?? []),
       ...(body.deleted ?? []),
     ]
-    const deadline = Date.now() + 60_000
+    const deadline = Date.now() + 30_000
     for (let i = 0; i < 150 && Date.now() < deadline; i++) {
       for (const dir of swapped) {
         const list = await t.api.call('GET', `/v1/sessions/${id}/files?path=${dir}`)
@@ -214,7 +214,6 @@ describe('special files, sparse files and byte names in reads of a workspace', (
     timeout: 120_000,
   }, async () => {
     const before = snapshotsLeft()
-    const started = Date.now()
     const exported = await get(`/v1/sessions/${id}/export`, AbortSignal.timeout(60_000))
     expect(exported.status).toBe(200)
     const dir = await scratchDir('cairn-export-')
@@ -253,7 +252,6 @@ describe('special files, sparse files and byte names in reads of a workspace', (
     // Special files are never opened for their content.
     expect((await t.api.call('GET', `/v1/sessions/${id}/files/content?path=fifo`)).status).toBe(400)
     expect((await t.api.call('GET', `/v1/sessions/${id}/files/content?path=sock`)).status).toBe(400)
-    expect(Date.now() - started).toBeLessThan(100_000)
     expect(await waitUntil(() => snapshotsLeft() <= before + 1, 5_000)).toBe(true)
   })
 

@@ -14,6 +14,8 @@ const HELPER = fileURLToPath(new URL('../../helpers/workspace-reader.py', import
 
 /** A limit on any one read; listings and diffs take milliseconds, digests of big trees longer. */
 export const READ_TIMEOUT_MS = 10 * 60_000
+/** A file download is cut after this long (as an export is). */
+export const CONTENT_TIMEOUT_MS = 30 * 60_000
 
 export interface ReadOptions {
   /** Aborts (kills the helper) when the client goes away. */
@@ -101,7 +103,11 @@ export async function openTreeFile(
   options: ReadOptions = {},
 ): Promise<{ size: number; stream: Readable }> {
   const subject = options.subject ?? `/workspace/${rel.toString('utf8')}`
-  const child = startHelper(root, ['read', pathArg(rel)], { ...options, subject })
+  const child = startHelper(root, ['read', pathArg(rel)], {
+    timeoutMs: CONTENT_TIMEOUT_MS,
+    ...options,
+    subject,
+  })
   let stderr = ''
   child.stderr.on('data', (chunk: Buffer) => {
     stderr = (stderr + chunk.toString('utf8')).slice(-2000)

@@ -171,6 +171,9 @@ describe.each(DRIVERS)('%s driver: host-side reads of a workspace an agent keeps
         checkText('diff', JSON.stringify(diff.body))
         checkPaths('diff', diffPaths(diff.body))
         const manifest = await t.api.call('GET', `/v1/sessions/${id}/manifest?sizes=true`)
+        // The sizes walk is not sent astray (nor failed) by the swaps either.
+        if (manifest.status !== 200)
+          leaked.push(`manifest: ${manifest.status} ${JSON.stringify(manifest.body)}`)
         checkText('manifest', JSON.stringify(manifest.body))
         checkPaths('manifest', diffPaths(manifest.body.dirtyFiles ?? {}))
       }

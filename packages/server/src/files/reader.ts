@@ -112,9 +112,14 @@ export async function openTreeFile(
   child.stderr.on('data', (chunk: Buffer) => {
     stderr = (stderr + chunk.toString('utf8')).slice(-2000)
   })
-  const exited = new Promise<[number | null, NodeJS.Signals | null]>((resolve) =>
-    child.once('close', (c, s) => resolve([c, s])),
-  )
+  const exited = new Promise<[number | null, NodeJS.Signals | null]>((resolve) => {
+    child.once('close', (c, s) => resolve([c, s]))
+    // python3 missing or not startable: answered as a failed read, never an unhandled 'error'.
+    child.once('error', (error) => {
+      stderr += String(error)
+      resolve([1, null])
+    })
+  })
   // The first line says the size (or why not); the rest is the content.
   const stdout = child.stdout
   const head = await new Promise<{ line: string | undefined; rest: Buffer }>((resolve) => {
@@ -131,6 +136,7 @@ export async function openTreeFile(
     const onEnd = () => resolve({ line: undefined, rest: buffered })
     stdout.on('data', onData)
     stdout.once('end', onEnd)
+    void exited.then(onEnd)
   })
   const [tag, sizeText] = (head.line ?? '').split('\t')
   const size = Number(sizeText)

@@ -85,7 +85,8 @@ export class SnapshotMeasures {
   ): Promise<SnapshotInfo> {
     if (snap.digest) return snap
     let work = this.digests.get(snap.id)
-    if (!work) {
+    // One whose requests all left is being stopped: a new request starts afresh.
+    if (!work || work.stop.signal.aborted) {
       const release = this.heavyReads.acquire(tenantId, 'a digest')
       const stop = new AbortController()
       const result = treeDigest(this.pool.snapshotPath(snap.id), { signal: stop.signal })

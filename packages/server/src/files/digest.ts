@@ -10,5 +10,5 @@ import { type ReadOptions, readTree } from './reader.js'
  * never opened. See `cmd_digest` in helpers/workspace-reader.py (definition `cairn-tree-v2`).
  */
 export async function treeDigest(root: string, options: ReadOptions = {}): Promise<string> {
-  return (await readTree(root, ['digest'], options)).toString('utf8').trim()
+  return (await readTree(root, ['digest'], { background: true, ...options })).toString('utf8').trim()
 }

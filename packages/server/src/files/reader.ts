@@ -14,6 +14,8 @@ const HELPER = fileURLToPath(new URL('../../helpers/workspace-reader.py', import
 
 /** A limit on any one read; listings and diffs take milliseconds, digests of big trees longer. */
 export const READ_TIMEOUT_MS = 10 * 60_000
+/** Niceness of whole-tree reads (digests, exports), so they yield the CPU to the sessions' turns. */
+export const BACKGROUND_NICENESS = 10
 /** A file download is cut after this long (as an export is). */
 export const CONTENT_TIMEOUT_MS = 30 * 60_000
 
@@ -21,6 +23,8 @@ export interface ReadOptions {
   /** Aborts (kills the helper) when the client goes away. */
   signal?: AbortSignal | undefined
   timeoutMs?: number | undefined
+  /** A whole-tree read (a digest): run at a lower CPU priority. */
+  background?: boolean | undefined
   /** What is read, for messages (`/workspace/docs`). */
   subject?: string | undefined
 }
@@ -28,7 +32,10 @@ export interface ReadOptions {
 type Helper = ChildProcessByStdio<null, Readable, Readable>
 
 function startHelper(root: string, args: string[], options: ReadOptions): Helper {
-  const child = spawn('python3', ['-I', '-S', HELPER, root, ...args], {
+  const python = ['python3', '-I', '-S', HELPER, root, ...args]
+  // Whole-tree reads yield the CPU to the sessions' turns.
+  const command = options.background ? ['nice', '-n', String(BACKGROUND_NICENESS), ...python] : python
+  const child = spawn(command[0] ?? 'python3', command.slice(1), {
     stdio: ['ignore', 'pipe', 'pipe'],
     env: { PATH: '/usr/bin:/bin', LC_ALL: 'C.UTF-8' },
   })

@@ -22,7 +22,7 @@ import { type ArchiveLimits, DEFAULT_ARCHIVE_LIMITS, inspectArchive } from '../a
 import { type Clock, iso } from '../clock.js'
 import type { Db } from '../db/database.js'
 import { workspaceRelative } from '../files/confine.js'
-import { openTreeFile, type ReadOptions } from '../files/reader.js'
+import { BACKGROUND_NICENESS, openTreeFile, type ReadOptions } from '../files/reader.js'
 import { deleteWorkspacePath, unpackIntoWorkspace, writeWorkspaceFile } from '../files/sandboxed-io.js'
 import { diffTrees, listDirectory } from '../files/tree.js'
 import { applyPolicy, policyColumns, policyOf } from '../sessions/policy.js'
@@ -573,9 +573,13 @@ export class WorkspaceService {
     }
     // Not portable: modes and names are kept exactly (a read-only directory stays read-only
     // through export and import).
+    // Under nice (inherited by the gzip tar starts): an export yields the CPU to the sessions' turns.
     const child = spawn(
-      'tar',
+      'nice',
       [
+        '-n',
+        String(BACKGROUND_NICENESS),
+        'tar',
         '--create',
         '--gzip',
         '--format=gnu',

@@ -883,7 +883,9 @@ describe('request cases fuzzing found (regressions)', () => {
     await Promise.all(readers)
     console.log(`[fuzz-requests] answers during restores: ${JSON.stringify(Object.fromEntries(seen))}`)
     if ([...seen.keys()].some((k) => k.startsWith('5'))) console.log(serverLog.join('').slice(-6000))
-    for (const key of seen.keys()) expect(['200 ', '409 session_busy']).toContain(key)
+    // Four readers export at once: past the tenant's two concurrent exports the answer is the typed,
+    // retryable 429 (workspace/heavy-reads.ts), which is not a failure of the swap.
+    for (const key of seen.keys()) expect(['200 ', '409 session_busy', '429 rate_limited']).toContain(key)
   })
 
   it('answers writes that meet a restore with success or 409, and a write that succeeded is kept', async () => {

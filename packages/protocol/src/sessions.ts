@@ -338,6 +338,11 @@ export const ForkBody = Type.Object(
 )
 export type ForkBody = Static<typeof ForkBody>
 
+/**
+ * Names are bytes. A name, path or link target that is valid UTF-8 is carried as is; one that is
+ * not is carried exactly as base64 of its bytes in the `…Base64` field beside it (the plain field
+ * then holds a lossy rendering, for display only). Requests name such a path with `pathBase64`.
+ */
 export const FileEntrySchema = Type.Object({
   name: Type.String(),
   path: Type.String(),
@@ -351,6 +356,10 @@ export const FileEntrySchema = Type.Object({
   mode: Type.Integer(),
   modifiedAt: Type.String(),
   target: Type.Optional(Type.String()),
+  /** The name's exact bytes, base64, when they are not UTF-8. */
+  nameBase64: Type.Optional(Type.String()),
+  pathBase64: Type.Optional(Type.String()),
+  targetBase64: Type.Optional(Type.String()),
 })
 export type FileEntry = Static<typeof FileEntrySchema>
 
@@ -360,6 +369,17 @@ export const DiffSchema = Type.Object({
   changed: Type.Array(Type.String()),
   deleted: Type.Array(Type.String()),
   truncated: Type.Boolean(),
+  /**
+   * Paths that are not UTF-8, as base64 of their exact bytes (they are not in the lists above);
+   * absent when there are none.
+   */
+  bytePaths: Type.Optional(
+    Type.Object({
+      added: Type.Array(Type.String()),
+      changed: Type.Array(Type.String()),
+      deleted: Type.Array(Type.String()),
+    }),
+  ),
 })
 export type WorkspaceDiff = Static<typeof DiffSchema>
 

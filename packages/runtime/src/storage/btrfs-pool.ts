@@ -6,6 +6,7 @@ import { CairnProblem } from '@cairn/protocol'
 import { execTool } from '../util/exec.js'
 import { findMount } from '../util/mounts.js'
 import { BtrfsOps, type QuotaPlacement } from './btrfs-ops.js'
+import { extentUsage } from './extent-usage.js'
 import {
   POOL_AREAS,
   type PoolQuotaStatus,
@@ -308,20 +309,16 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
   /**
    * Bytes a subvolume uses: referenced (all its data) and exclusive (data no other subvolume
    * shares, i.e. what deleting it alone would free). With quota groups on, the subvolume's qgroup
-   * answers at once (its figures include the subvolume's own metadata); otherwise
-   * `btrfs filesystem du` walks the file extents (data only, O(files), no quota needed).
+   * answers at once (its figures include the subvolume's own metadata); otherwise a walk by file
+   * descriptors sums the file extents (`extentUsage`: data only, O(files), no quota needed; not
+   * `btrfs filesystem du`, whose walk by path names a swapped link could send elsewhere).
    */
   async usage(dir: string): Promise<TreeSizes> {
     if ((await stat(dir)).ino === SUBVOLUME_ROOT_INO && (await this.qgroupsEnabled(dir))) {
       const fromQgroup = await this.qgroupUsage(dir)
       if (fromQgroup) return fromQgroup
     }
-    const { stdout } = await execTool('btrfs', ['filesystem', 'du', '-s', '--raw', dir], {
-      code: 'storage_error',
-    })
-    const line = stdout.trim().split('\n').pop() ?? ''
-    const [total, exclusive] = line.trim().split(/\s+/).map(Number)
-    return { referencedBytes: total ?? 0, exclusiveBytes: exclusive ?? 0 }
+    return extentUsage(dir)
   }
 
   /** Quota groups are on when this pool enables them, or when the operator did (asked once). */

@@ -1,58 +1,43 @@
-import { constants } from 'node:fs'
-import { type FileHandle, open, readlink, realpath } from 'node:fs/promises'
-import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
+
+const SLASH = 0x2f
+const WORKSPACE = Buffer.from('/workspace')
 
 /** Normalises an API path (relative to /workspace; a leading /workspace/ or / is accepted). */
 export function workspaceRelative(raw: string): string {
-  let value = raw.trim()
-  if (value.startsWith('/workspace')) value = value.slice('/workspace'.length)
-  if (value.includes('\0')) throw new CairnProblem('validation_failed', 'path contains a NUL byte')
-  const segments = value.split('/').filter((s) => s !== '' && s !== '.')
-  if (segments.includes('..'))
-    throw new CairnProblem('validation_failed', `path escapes the workspace: ${raw}`)
-  return segments.join('/')
-}
-
-function inside(root: string, candidate: string): boolean {
-  return candidate === root || candidate.startsWith(`${root}/`)
+  return workspaceRelativeBytes(Buffer.from(raw.trim(), 'utf8')).toString('utf8')
 }
 
 /**
- * Resolves a workspace path on the host and refuses anything whose resolved location (after
- * following every symlink) is outside the workspace root.
+ * `workspaceRelative` on a path's bytes (names need not be UTF-8: the API takes them as base64).
+ * Only a syntactic normalisation: what the path leads to is found by the reader's walk, which
+ * never follows a link.
  */
-export async function resolveInside(root: string, rel: string): Promise<string> {
-  const realRoot = await realpath(root)
-  const target = path.join(realRoot, rel)
-  let resolved: string
-  try {
-    resolved = await realpath(target)
-  } catch {
-    throw new CairnProblem('not_found', `no such file in the workspace: /workspace/${rel}`)
+export function workspaceRelativeBytes(raw: Buffer): Buffer {
+  let value = raw
+  if (value.subarray(0, WORKSPACE.length).equals(WORKSPACE)) value = value.subarray(WORKSPACE.length)
+  if (value.includes(0)) throw new CairnProblem('validation_failed', 'path contains a NUL byte')
+  const segments: Buffer[] = []
+  let start = 0
+  for (let i = 0; i <= value.length; i++) {
+    if (i < value.length && value[i] !== SLASH) continue
+    const segment = value.subarray(start, i)
+    start = i + 1
+    if (segment.length === 0 || (segment.length === 1 && segment[0] === 0x2e)) continue
+    if (segment.length === 2 && segment[0] === 0x2e && segment[1] === 0x2e)
+      throw new CairnProblem('validation_failed', `path escapes the workspace: ${raw.toString('utf8')}`)
+    segments.push(segment)
   }
-  if (!inside(realRoot, resolved)) {
-    throw new CairnProblem('forbidden', `/workspace/${rel} resolves outside the workspace`)
+  const out: Buffer[] = []
+  for (const [i, segment] of segments.entries()) {
+    if (i > 0) out.push(Buffer.from('/'))
+    out.push(segment)
   }
-  return resolved
+  return Buffer.concat(out)
 }
 
-/**
- * Opens a file for reading and checks, on the opened descriptor, that it is inside the root: an
- * agent that swaps a symlink in between the check and the open gains nothing. Non-blocking, so a
- * FIFO the agent made does not hold a thread of the server forever (callers check `isFile`).
- */
-export async function openInside(root: string, rel: string): Promise<FileHandle> {
-  const resolved = await resolveInside(root, rel)
-  const handle = await open(resolved, constants.O_RDONLY | constants.O_NOFOLLOW | constants.O_NONBLOCK)
-  try {
-    const actual = await readlink(`/proc/self/fd/${handle.fd}`)
-    if (!inside(await realpath(root), actual)) {
-      throw new CairnProblem('forbidden', `/workspace/${rel} resolves outside the workspace`)
-    }
-    return handle
-  } catch (error) {
-    await handle.close()
-    throw error
-  }
+/** The path a request names: `pathBase64` (the exact bytes) when given, else `path`. */
+export function requestedPath(query: { path?: string | undefined; pathBase64?: string | undefined }): Buffer {
+  if (query.pathBase64 !== undefined) return workspaceRelativeBytes(Buffer.from(query.pathBase64, 'base64'))
+  return workspaceRelativeBytes(Buffer.from((query.path ?? '').trim(), 'utf8'))
 }

@@ -1,38 +1,39 @@
-import type { Dirent } from 'node:fs'
-import { lstat, readdir, readlink } from 'node:fs/promises'
-import path from 'node:path'
 import type { FileEntry, WorkspaceDiff } from '@cairn/protocol'
+import { parseEntries, pathArg, type ReadOptions, readTree, wireName } from './reader.js'
 
-function typeOf(entry: {
-  isFile(): boolean
-  isDirectory(): boolean
-  isSymbolicLink(): boolean
-}): FileEntry['type'] {
-  if (entry.isSymbolicLink()) return 'symlink'
-  if (entry.isDirectory()) return 'directory'
-  if (entry.isFile()) return 'file'
-  return 'other'
-}
-
-/** Lists one directory (no recursion, symlinks reported, not followed). */
-export async function listDirectory(absDir: string, relDir: string): Promise<FileEntry[]> {
-  const entries: Dirent[] = await readdir(absDir, { withFileTypes: true })
-  const out: FileEntry[] = []
-  for (const entry of entries) {
-    const abs = path.join(absDir, entry.name)
-    const info = await lstat(abs).catch(() => undefined)
-    if (!info) continue
-    const type = typeOf(info)
-    out.push({
-      name: entry.name,
-      path: `/workspace/${relDir ? `${relDir}/` : ''}${entry.name}`,
-      type,
-      size: info.size,
-      mode: info.mode & 0o7777,
-      modifiedAt: info.mtime.toISOString(),
-      ...(type === 'symlink' ? { target: await readlink(abs).catch(() => '') } : {}),
-    })
-  }
+/** Lists one directory beneath `root` (no recursion, links reported, never followed). */
+export async function listDirectory(
+  root: string,
+  rel: Buffer,
+  options: ReadOptions = {},
+): Promise<FileEntry[]> {
+  const subject = `/workspace/${rel.toString('utf8')}`
+  const listed = parseEntries(await readTree(root, ['list', pathArg(rel)], { subject, ...options }))
+  const prefix = Buffer.from('/workspace/')
+  const out: FileEntry[] = listed.map((entry) => {
+    const nameBytes = entry.name
+    const pathBytes = Buffer.concat([
+      prefix,
+      rel,
+      rel.length > 0 ? Buffer.from('/') : Buffer.alloc(0),
+      nameBytes,
+    ])
+    const name = wireName(nameBytes)
+    const fullPath = wireName(pathBytes)
+    const target = entry.type === 'symlink' ? wireName(Buffer.from(entry.target, 'base64')) : undefined
+    return {
+      name: name.text,
+      path: fullPath.text,
+      type: entry.type,
+      size: entry.size,
+      mode: entry.mode,
+      modifiedAt: new Date(Number(entry.mtimeNs / 1_000_000n)).toISOString(),
+      ...(target ? { target: target.text } : {}),
+      ...(name.base64 ? { nameBase64: name.base64 } : {}),
+      ...(fullPath.base64 ? { pathBase64: fullPath.base64 } : {}),
+      ...(target?.base64 ? { targetBase64: target.base64 } : {}),
+    }
+  })
   return out.sort((a, b) => a.name.localeCompare(b.name))
 }
 
@@ -44,44 +45,43 @@ interface Stamp {
   target: string
 }
 
-/** Walks a tree without following links: relative path → what identifies its content. */
-async function stamps(root: string, limit: number): Promise<Map<string, Stamp>> {
+/** Walks a tree without following links: relative path (base64 of its bytes) → what identifies its content. */
+async function stamps(root: string, limit: number, options: ReadOptions): Promise<Map<string, Stamp>> {
   const out = new Map<string, Stamp>()
-  const walk = async (rel: string): Promise<void> => {
-    const entries = await readdir(path.join(root, rel), { withFileTypes: true }).catch(() => [])
-    for (const entry of entries) {
-      if (out.size >= limit) return
-      const childRel = rel ? `${rel}/${entry.name}` : entry.name
-      const abs = path.join(root, childRel)
-      const info = await lstat(abs, { bigint: true }).catch(() => undefined)
-      if (!info) continue
-      const type = typeOf(info)
-      out.set(childRel, {
-        type,
-        size: Number(info.size),
-        mode: Number(info.mode & 0o7777n),
-        mtimeNs: info.mtimeNs,
-        target: type === 'symlink' ? await readlink(abs).catch(() => '') : '',
-      })
-      if (type === 'directory') await walk(childRel)
-    }
-  }
-  await walk('')
+  for (const entry of parseEntries(await readTree(root, ['stamps', String(limit)], options)))
+    out.set(entry.name.toString('base64'), entry)
   return out
+}
+
+/** Splits base64 paths into the UTF-8 ones (as strings) and the others (kept as base64). */
+function onWire(paths: string[]): { text: string[]; bytes: string[] } {
+  const text: string[] = []
+  const bytes: string[] = []
+  for (const encoded of paths) {
+    const name = wireName(Buffer.from(encoded, 'base64'))
+    if (name.base64) bytes.push(name.base64)
+    else text.push(name.text)
+  }
+  return { text: text.sort(), bytes: bytes.sort() }
 }
 
 /**
  * Files added, changed and deleted between two trees. A file counts as changed when its type,
  * size, mode, link target or modification time differ (as rsync's quick check); directories only
- * when added or deleted.
+ * when added or deleted. Paths that are not UTF-8 are listed, as base64 of their bytes, in
+ * `bytePaths` instead.
  */
 export async function diffTrees(
   fromRoot: string,
   toRoot: string,
   fromLabel: string,
   limit = 100_000,
+  options: ReadOptions = {},
 ): Promise<WorkspaceDiff> {
-  const [before, after] = await Promise.all([stamps(fromRoot, limit), stamps(toRoot, limit)])
+  const [before, after] = await Promise.all([
+    stamps(fromRoot, limit, options),
+    stamps(toRoot, limit, options),
+  ])
   const added: string[] = []
   const changed: string[] = []
   const deleted: string[] = []
@@ -100,11 +100,15 @@ export async function diffTrees(
     }
   }
   for (const rel of before.keys()) if (!after.has(rel)) deleted.push(rel)
+  const [a, c, d] = [onWire(added), onWire(changed), onWire(deleted)]
   return {
     from: fromLabel,
-    added: added.sort(),
-    changed: changed.sort(),
-    deleted: deleted.sort(),
+    added: a.text,
+    changed: c.text,
+    deleted: d.text,
     truncated: before.size >= limit || after.size >= limit,
+    ...(a.bytes.length + c.bytes.length + d.bytes.length > 0
+      ? { bytePaths: { added: a.bytes, changed: c.bytes, deleted: d.bytes } }
+      : {}),
   }
 }

@@ -8,7 +8,7 @@ import { CairnProblem, newId } from '@cairn/protocol'
 import type { SandboxBind } from '@cairn/runtime'
 import { type Clock, iso } from '../clock.js'
 import type { Db } from '../db/database.js'
-import { openInside } from '../files/confine.js'
+import { openTreeFile } from '../files/reader.js'
 
 export const MAX_MEMORY_BYTES = 256 * 1024
 export const PROPOSED_MEMORY_PATH = '.cairn/memory.proposed.md'
@@ -114,25 +114,15 @@ export class MemoryService {
     source: string,
   ): Promise<AgentMemory | undefined> {
     if (!existsSync(path.join(workspaceDir, PROPOSED_MEMORY_PATH))) return undefined
-    const handle = await openInside(workspaceDir, PROPOSED_MEMORY_PATH)
-    let content: string
-    try {
-      const info = await handle.stat()
-      if (!info.isFile())
-        throw new CairnProblem(
-          'validation_failed',
-          `/workspace/${PROPOSED_MEMORY_PATH} is not a regular file`,
-        )
-      if (info.size > MAX_MEMORY_BYTES) {
-        throw new CairnProblem(
-          'payload_too_large',
-          `proposed memory is larger than ${MAX_MEMORY_BYTES} bytes`,
-        )
-      }
-      content = await handle.readFile('utf8')
-    } finally {
-      await handle.close()
+    // Read by the workspace reader: no link at any component is followed, only a regular file opened.
+    const file = await openTreeFile(workspaceDir, Buffer.from(PROPOSED_MEMORY_PATH))
+    if (file.size > MAX_MEMORY_BYTES) {
+      file.stream.destroy()
+      throw new CairnProblem('payload_too_large', `proposed memory is larger than ${MAX_MEMORY_BYTES} bytes`)
     }
+    const chunks: Buffer[] = []
+    for await (const chunk of file.stream) chunks.push(chunk as Buffer)
+    const content = Buffer.concat(chunks).toString('utf8')
     if (content === this.get(agentId).content) return undefined
     return this.put(agentId, content, source)
   }
@@ -142,37 +132,33 @@ export class MemoryService {
     workspaceDir: string,
     rel: string,
   ): Promise<ArtifactInfo> {
-    const handle = await openInside(workspaceDir, rel)
+    const file = await openTreeFile(workspaceDir, Buffer.from(rel))
     const id = newId('artifact')
     const dir = path.join(this.deps.artifactRoot, row.agentId)
     await mkdir(dir, { recursive: true, mode: 0o700 })
     const target = path.join(dir, id)
     const hash = createHash('sha256')
     let size = 0
-    try {
-      const stat = await handle.stat()
-      if (!stat.isFile())
-        throw new CairnProblem('validation_failed', `/workspace/${rel} is not a regular file`)
-      const allowedBytes = await this.artifactRoom(row.tenantId, dir)
-      if (stat.size > allowedBytes) throw artifactQuotaProblem(rel, stat.size, allowedBytes)
-      // The file may still grow while it is copied: the room is checked on every chunk too.
-      const counted = new Transform({
-        transform(chunk: Buffer, _encoding, done) {
-          size += chunk.length
-          if (size > allowedBytes) return done(artifactQuotaProblem(rel, size, allowedBytes))
-          hash.update(chunk)
-          done(null, chunk)
-        },
-      })
-      await pipeline(handle.createReadStream(), counted, createWriteStream(target, { mode: 0o600 })).catch(
-        async (error: unknown) => {
-          await rm(target, { force: true })
-          throw error
-        },
-      )
-    } finally {
-      await handle.close().catch(() => undefined)
+    const allowedBytes = await this.artifactRoom(row.tenantId, dir)
+    if (file.size > allowedBytes) {
+      file.stream.destroy()
+      throw artifactQuotaProblem(rel, file.size, allowedBytes)
     }
+    // The file may still grow while it is copied: the room is checked on every chunk too.
+    const counted = new Transform({
+      transform(chunk: Buffer, _encoding, done) {
+        size += chunk.length
+        if (size > allowedBytes) return done(artifactQuotaProblem(rel, size, allowedBytes))
+        hash.update(chunk)
+        done(null, chunk)
+      },
+    })
+    await pipeline(file.stream, counted, createWriteStream(target, { mode: 0o600 })).catch(
+      async (error: unknown) => {
+        await rm(target, { force: true })
+        throw error
+      },
+    )
     const info: ArtifactInfo = {
       id,
       agentId: row.agentId,

@@ -13,15 +13,29 @@ import {
   SnapshotSchema,
 } from '@cairn/protocol'
 import { Type } from '@sinclair/typebox'
-import type { FastifyInstance, FastifyRequest } from 'fastify'
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import { principalOf, requireWrite } from '../auth/plugin.js'
+import { requestedPath } from '../files/confine.js'
 import { bytesBody, bytesResponse, errorResponses } from '../http/responses.js'
 import type { WorkspaceService } from './workspace-service.js'
 
-const errors = errorResponses(400, 401, 403, 404, 409, 410)
+// 429: at most a few digests and exports at once per tenant; 507: the workspace or tenant quota is full.
+const errors = errorResponses(400, 401, 403, 404, 409, 410, 429, 507)
 const idOf = (request: FastifyRequest) => (request.params as { id: string }).id
+type PathQuery = { path: string; pathBase64?: string; snapshot?: string }
+
+/** Aborts when the client goes away before its answer is sent: the read behind it is stopped. */
+function whileConnected(reply: FastifyReply): AbortSignal {
+  const controller = new AbortController()
+  reply.raw.once('close', () => {
+    if (!reply.raw.writableFinished) controller.abort()
+  })
+  return controller.signal
+}
 const PathQuery = Type.Object({
   path: Type.String({ default: '', maxLength: 4096 }),
+  /** The path's exact bytes, base64 (for names that are not UTF-8); overrides `path`. */
+  pathBase64: Type.Optional(Type.String({ maxLength: 8192, pattern: '^[A-Za-z0-9+/]*={0,2}$' })),
   snapshot: Type.Optional(Type.String({ maxLength: 64 })),
 })
 const SnapshotQuery = Type.Object({
@@ -78,11 +92,12 @@ export function workspaceRoutes(app: FastifyInstance, workspace: WorkspaceServic
         response: { 200: Type.Object({ data: Type.Array(SnapshotSchema) }), ...errors },
       },
     },
-    async (request) => ({
+    async (request, reply) => ({
       data: await workspace.list(
         principalOf(request).tenantId,
         idOf(request),
         request.query as SnapshotQuery,
+        whileConnected(reply),
       ),
     }),
   )
@@ -98,13 +113,14 @@ export function workspaceRoutes(app: FastifyInstance, workspace: WorkspaceServic
         response: { 200: SnapshotSchema, ...errors },
       },
     },
-    async (request) => {
+    async (request, reply) => {
       const { id, snapshotId } = request.params as { id: string; snapshotId: string }
       return workspace.getSnapshot(
         principalOf(request).tenantId,
         id,
         snapshotId,
         request.query as SnapshotQuery,
+        whileConnected(reply),
       )
     },
   )
@@ -182,10 +198,16 @@ export function workspaceRoutes(app: FastifyInstance, workspace: WorkspaceServic
         response: { 200: Type.Object({ data: Type.Array(FileEntrySchema) }), ...errors },
       },
     },
-    async (request) => {
-      const q = request.query as { path: string; snapshot?: string }
+    async (request, reply) => {
+      const q = request.query as PathQuery
       return {
-        data: await workspace.listFiles(principalOf(request).tenantId, idOf(request), q.path, q.snapshot),
+        data: await workspace.listFiles(
+          principalOf(request).tenantId,
+          idOf(request),
+          requestedPath(q),
+          q.snapshot,
+          { signal: whileConnected(reply) },
+        ),
       }
     },
   )
@@ -201,9 +223,15 @@ export function workspaceRoutes(app: FastifyInstance, workspace: WorkspaceServic
       },
     },
     async (request, reply) => {
-      const q = request.query as { path: string; snapshot?: string }
-      const file = await workspace.openFile(principalOf(request).tenantId, idOf(request), q.path, q.snapshot)
-      const stream = file.handle.createReadStream()
+      const q = request.query as PathQuery
+      const file = await workspace.openFile(
+        principalOf(request).tenantId,
+        idOf(request),
+        requestedPath(q),
+        q.snapshot,
+        { signal: whileConnected(reply) },
+      )
+      const stream = file.stream
       void reply.header('content-length', file.size)
       void reply.header('content-disposition', `attachment; filename="${encodeURIComponent(file.name)}"`)
       return reply.type('application/octet-stream').send(stream)
@@ -261,8 +289,15 @@ export function workspaceRoutes(app: FastifyInstance, workspace: WorkspaceServic
         response: { 200: DiffSchema, ...errors },
       },
     },
-    async (request) =>
-      workspace.diff(principalOf(request).tenantId, idOf(request), (request.query as { from?: string }).from),
+    async (request, reply) =>
+      workspace.diff(
+        principalOf(request).tenantId,
+        idOf(request),
+        (request.query as { from?: string }).from,
+        {
+          signal: whileConnected(reply),
+        },
+      ),
   )
   app.get(
     '/v1/sessions/:id/export',

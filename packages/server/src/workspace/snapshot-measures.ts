@@ -2,6 +2,14 @@ import { CairnProblem, type SnapshotInfo, type TreeSizes } from '@cairn/protocol
 import type { StoragePool } from '@cairn/runtime'
 import { treeDigest } from '../files/digest.js'
 import type { SnapshotStore } from '../snapshots/snapshot-store.js'
+import type { HeavyReads } from './heavy-reads.js'
+
+/** A digest being computed: its walk, and the requests waiting for it (it stops when all left). */
+interface DigestWork {
+  result: Promise<string>
+  stop: AbortController
+  waiting: number
+}
 
 /** What to add to a snapshot's record, on request: both read the tree. */
 export interface SnapshotExtras {
@@ -15,17 +23,24 @@ export interface SnapshotExtras {
  */
 export class SnapshotMeasures {
   /** Digests being computed, by snapshot ID. */
-  private readonly digests = new Map<string, Promise<string>>()
+  private readonly digests = new Map<string, DigestWork>()
   /** Size measurements in progress, by tree path. */
   private readonly measuring = new Map<string, Promise<TreeSizes>>()
 
   constructor(
     private readonly pool: StoragePool,
     private readonly snapshots: SnapshotStore,
+    private readonly heavyReads: HeavyReads,
   ) {}
 
-  async withExtras(snap: SnapshotInfo, want: SnapshotExtras): Promise<SnapshotInfo> {
-    const withDigest = want.digest ? await this.withDigest(snap) : snap
+  /** `signal`: the request went away (a digest no request waits for any more is stopped). */
+  async withExtras(
+    tenantId: string,
+    snap: SnapshotInfo,
+    want: SnapshotExtras,
+    signal?: AbortSignal,
+  ): Promise<SnapshotInfo> {
+    const withDigest = want.digest ? await this.withDigest(tenantId, snap, signal) : snap
     return want.sizes ? { ...withDigest, sizes: await this.snapshotSizes(snap) } : withDigest
   }
 
@@ -58,28 +73,50 @@ export class SnapshotMeasures {
   }
 
   /**
-   * Fills in a snapshot's content digest, computing it once (lazily: it reads every file) and
-   * caching it in the database; concurrent requests for the same snapshot share one walk.
+   * Fills in a snapshot's content digest, computing it once (lazily: it reads every file, in the
+   * workspace reader's child process) and caching it in the database. Concurrent requests for the
+   * same snapshot share one walk, which counts as one of the tenant's heavy reads and is killed
+   * once no request waits for it any more.
    */
-  private async withDigest(snap: SnapshotInfo): Promise<SnapshotInfo> {
+  private async withDigest(
+    tenantId: string,
+    snap: SnapshotInfo,
+    signal?: AbortSignal,
+  ): Promise<SnapshotInfo> {
     if (snap.digest) return snap
     let work = this.digests.get(snap.id)
-    if (!work) {
-      work = treeDigest(this.pool.snapshotPath(snap.id))
-      this.digests.set(snap.id, work)
-      void work.then(
-        () => this.digests.delete(snap.id),
-        () => this.digests.delete(snap.id),
-      )
+    // One whose requests all left is being stopped: a new request starts afresh.
+    if (!work || work.stop.signal.aborted) {
+      const release = this.heavyReads.acquire(tenantId, 'a digest')
+      const stop = new AbortController()
+      const result = treeDigest(this.pool.snapshotPath(snap.id), { signal: stop.signal })
+      const started: DigestWork = { result, stop, waiting: 0 }
+      work = started
+      this.digests.set(snap.id, started)
+      const forget = () => {
+        release()
+        if (this.digests.get(snap.id) === started) this.digests.delete(snap.id)
+      }
+      void result.then(forget, forget)
     }
+    const shared = work
+    shared.waiting++
+    const leave = () => {
+      shared.waiting--
+      if (shared.waiting === 0) shared.stop.abort()
+    }
+    if (signal?.aborted) leave()
+    else signal?.addEventListener('abort', leave, { once: true })
     let digest: string
     try {
-      digest = await work
+      digest = await shared.result
     } catch (error) {
       // Retention may delete the snapshot while it is being read.
       if (!this.snapshots.get(snap.sessionId, snap.id))
         throw new CairnProblem('not_found', `snapshot ${snap.id} was deleted while its digest was computed`)
       throw error
+    } finally {
+      signal?.removeEventListener('abort', leave)
     }
     this.snapshots.setDigest(snap.id, digest)
     return { ...snap, digest }

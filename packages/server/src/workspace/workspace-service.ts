@@ -1,3 +1,4 @@
+import { spawn } from 'node:child_process'
 import { existsSync } from 'node:fs'
 import { chmod } from 'node:fs/promises'
 
@@ -17,12 +18,12 @@ import {
 } from '@cairn/protocol'
 import type { AgentProcess, Runtime } from '@cairn/runtime'
 import type { Logger } from 'pino'
-import * as tar from 'tar'
 import type { AgentService } from '../agents/agent-service.js'
 import { type ArchiveLimits, DEFAULT_ARCHIVE_LIMITS, inspectArchive } from '../agents/archive.js'
 import { type Clock, iso } from '../clock.js'
 import type { Db } from '../db/database.js'
-import { openInside, resolveInside, workspaceRelative } from '../files/confine.js'
+import { workspaceRelative } from '../files/confine.js'
+import { BACKGROUND_NICENESS, openTreeFile, type ReadOptions } from '../files/reader.js'
 import { deleteWorkspacePath, unpackIntoWorkspace, writeWorkspaceFile } from '../files/sandboxed-io.js'
 import { diffTrees, listDirectory } from '../files/tree.js'
 import { applyPolicy, policyColumns, policyOf } from '../sessions/policy.js'
@@ -30,7 +31,11 @@ import type { SessionService } from '../sessions/session-service.js'
 import type { InterruptedTurn, SessionRow } from '../sessions/session-store.js'
 import { SnapshotPins } from '../snapshots/snapshot-pins.js'
 import { SnapshotStore } from '../snapshots/snapshot-store.js'
+import { HeavyReads } from './heavy-reads.js'
 import { type SnapshotExtras, SnapshotMeasures } from './snapshot-measures.js'
+
+/** An export's stream is cut (its tar killed) after this long. */
+export const EXPORT_TIMEOUT_MS = 30 * 60_000
 
 /** Restores and imports swap the live workspace: reads that meet one answer `session_busy`. */
 const SWAPS_WORKSPACE = true
@@ -76,12 +81,14 @@ export class WorkspaceService {
   /** Sessions whose workspace changed outside a turn since their last snapshot. */
   private readonly dirty = new Set<string>()
   private readonly measures: SnapshotMeasures
+  /** Digests and exports running per tenant. */
+  private readonly heavyReads = new HeavyReads()
   /** Per session, what its workspace looked like when its newest automatic snapshot was taken. */
   private readonly marks = new Map<string, SnapshotMark>()
 
   constructor(private readonly deps: WorkspaceServiceDeps) {
     this.snapshots = new SnapshotStore(deps.db)
-    this.measures = new SnapshotMeasures(deps.runtime.pool, this.snapshots)
+    this.measures = new SnapshotMeasures(deps.runtime.pool, this.snapshots, this.heavyReads)
     // The snapshot that lets turn N be undone is the state after turn N-1. It is taken as soon as
     // turn N-1 ends (the agent is waiting for input), off the critical path of the reply; turn N
     // waits for it, and takes one itself when something changed the workspace in between.
@@ -262,20 +269,31 @@ export class WorkspaceService {
    * A session's snapshots; `digest` computes each missing content digest, `sizes` measures each
    * one's referenced and exclusive bytes.
    */
-  async list(tenantId: string, id: string, want: SnapshotExtras = {}): Promise<SnapshotInfo[]> {
+  async list(
+    tenantId: string,
+    id: string,
+    want: SnapshotExtras = {},
+    signal?: AbortSignal,
+  ): Promise<SnapshotInfo[]> {
     this.deps.sessions.require(tenantId, id)
     const all = this.snapshots.list(id)
     if (!want.digest && !want.sizes) return all
     const out: SnapshotInfo[] = []
-    for (const snap of all) out.push(await this.measures.withExtras(snap, want))
+    for (const snap of all) out.push(await this.measures.withExtras(tenantId, snap, want, signal))
     return out
   }
 
-  async getSnapshot(tenantId: string, id: string, snapshotId: string, want: SnapshotExtras = {}) {
+  async getSnapshot(
+    tenantId: string,
+    id: string,
+    snapshotId: string,
+    want: SnapshotExtras = {},
+    signal?: AbortSignal,
+  ) {
     this.deps.sessions.require(tenantId, id)
     const snap = this.snapshots.get(id, snapshotId)
     if (!snap) throw new CairnProblem('not_found', `No snapshot ${snapshotId} in session ${id}`)
-    return this.measures.withExtras(snap, want)
+    return this.measures.withExtras(tenantId, snap, want, signal)
   }
 
   /**
@@ -472,30 +490,28 @@ export class WorkspaceService {
     })
   }
 
-  async listFiles(tenantId: string, id: string, rawPath: string, snapshotId?: string): Promise<FileEntry[]> {
+  /**
+   * Lists a directory of the workspace or a snapshot. `rel` is the path's bytes (see
+   * `requestedPath`); the walk to it follows no link at any component.
+   */
+  async listFiles(
+    tenantId: string,
+    id: string,
+    rel: Buffer,
+    snapshotId?: string,
+    options: ReadOptions = {},
+  ): Promise<FileEntry[]> {
     const root = this.root(tenantId, id, snapshotId)
-    const rel = workspaceRelative(rawPath)
-    const list = async () => {
-      const dir = await resolveInside(root, rel)
-      return listDirectory(dir, rel).catch((error: NodeJS.ErrnoException) => {
-        if (error.code === 'ENOTDIR')
-          throw new CairnProblem('validation_failed', `/workspace/${rel} is not a directory`)
-        throw error
-      })
-    }
-    return this.reading(tenantId, id, snapshotId, list, WALK)
+    return this.reading(tenantId, id, snapshotId, () => listDirectory(root, rel, options), WALK)
   }
 
-  async openFile(tenantId: string, id: string, rawPath: string, snapshotId?: string) {
+  /** A regular file of the workspace or a snapshot, opened for streaming (see `openTreeFile`). */
+  async openFile(tenantId: string, id: string, rel: Buffer, snapshotId?: string, options: ReadOptions = {}) {
     const root = this.root(tenantId, id, snapshotId)
-    const rel = workspaceRelative(rawPath)
-    const handle = await this.reading(tenantId, id, snapshotId, () => openInside(root, rel))
-    const info = await handle.stat()
-    if (!info.isFile()) {
-      await handle.close()
-      throw new CairnProblem('validation_failed', `/workspace/${rel} is not a regular file`)
-    }
-    return { handle, size: info.size, name: rel.split('/').pop() ?? 'file' }
+    if (rel.length === 0) throw new CairnProblem('validation_failed', '/workspace is not a regular file')
+    const file = await this.reading(tenantId, id, snapshotId, () => openTreeFile(root, rel, options))
+    const slash = rel.lastIndexOf(0x2f)
+    return { ...file, name: rel.subarray(slash + 1).toString('utf8') }
   }
 
   async writeFile(tenantId: string, id: string, rawPath: string, body: Readable): Promise<void> {
@@ -521,7 +537,7 @@ export class WorkspaceService {
   }
 
   /** Files added, changed and deleted since the revision (`from` absent or `revision`) or a snapshot. */
-  async diff(tenantId: string, id: string, from?: string): Promise<WorkspaceDiff> {
+  async diff(tenantId: string, id: string, from?: string, options: ReadOptions = {}): Promise<WorkspaceDiff> {
     const row = this.deps.sessions.requireLive(tenantId, id)
     const root = this.rootOf(row)
     const { pool } = this.deps.runtime
@@ -529,7 +545,7 @@ export class WorkspaceService {
       return this.deps.sessions.readingWorkspace(
         tenantId,
         id,
-        () => diffTrees(pool.revisionPath(row.revision_id), root, row.revision_id),
+        () => diffTrees(pool.revisionPath(row.revision_id), root, row.revision_id, undefined, options),
         WALK,
       )
     if (!this.snapshots.get(id, from))
@@ -537,12 +553,19 @@ export class WorkspaceService {
     return this.deps.sessions.readingWorkspace(
       tenantId,
       id,
-      () => diffTrees(pool.snapshotPath(from), root, from),
+      () => diffTrees(pool.snapshotPath(from), root, from, undefined, options),
       WALK,
     )
   }
 
-  /** A consistent tar.gz of the workspace (taken from a temporary snapshot) or of a snapshot. */
+  /**
+   * A consistent tar.gz of the workspace (taken from a temporary snapshot) or of a snapshot, made
+   * by GNU tar in a child process (its own process group, killed by `cleanup` or after
+   * EXPORT_TIMEOUT_MS). A snapshot is read-only, so nothing can be swapped in while tar reads it,
+   * and tar never follows a link. The GNU format carries names as raw bytes, records FIFOs and
+   * devices without opening them (sockets are left out), and `--sparse` seeks over holes. Counts
+   * against the tenant's heavy reads until `cleanup`.
+   */
   async export(
     tenantId: string,
     id: string,
@@ -550,29 +573,81 @@ export class WorkspaceService {
   ): Promise<{ stream: Readable; cleanup: () => Promise<void> }> {
     const row = this.deps.sessions.requireLive(tenantId, id)
     const { pool } = this.deps.runtime
+    const releaseSlot = this.heavyReads.acquire(tenantId, 'an export')
     let dir: string
-    let cleanup = async () => undefined
-    if (snapshotId) {
-      dir = this.rootOf(row, snapshotId)
-      // Pinned until the stream is done, as for a restore: retention prunes it on a later pass.
-      let release = () => {}
-      void this.pins.hold(snapshotId, () => new Promise<void>((resolve) => (release = resolve)))
-      cleanup = async () => void release()
-    } else {
-      this.rootOf(row)
-      const temp = newId('snapshot')
-      await this.deps.sessions.readingWorkspace(tenantId, id, () => this.frozenSnapshot(row, temp))
-      dir = pool.snapshotPath(temp)
-      cleanup = async () => {
-        await pool.deleteSnapshot(temp).catch(() => undefined)
+    let releaseTree = async () => undefined
+    try {
+      if (snapshotId) {
+        dir = this.rootOf(row, snapshotId)
+        // Pinned until the stream is done, as for a restore: retention prunes it on a later pass.
+        let unpin = () => {}
+        void this.pins.hold(snapshotId, () => new Promise<void>((resolve) => (unpin = resolve)))
+        releaseTree = async () => void unpin()
+      } else {
+        this.rootOf(row)
+        const temp = newId('snapshot')
+        await this.deps.sessions.readingWorkspace(tenantId, id, () => this.frozenSnapshot(row, temp))
+        dir = pool.snapshotPath(temp)
+        releaseTree = async () => {
+          await pool.deleteSnapshot(temp).catch(() => undefined)
+        }
+      }
+    } catch (error) {
+      releaseSlot()
+      throw error
+    }
+    // Not portable: modes and names are kept exactly (a read-only directory stays read-only
+    // through export and import).
+    // Under nice (inherited by the gzip tar starts): an export yields the CPU to the sessions' turns.
+    const child = spawn(
+      'nice',
+      [
+        '-n',
+        String(BACKGROUND_NICENESS),
+        'tar',
+        '--create',
+        '--gzip',
+        '--format=gnu',
+        '--sparse',
+        '--sort=name',
+        '--numeric-owner',
+        '--one-file-system',
+        '--directory',
+        dir,
+        '--file',
+        '-',
+        '.',
+      ],
+      { stdio: ['ignore', 'pipe', 'pipe'], detached: true, env: { PATH: '/usr/bin:/bin', LC_ALL: 'C' } },
+    )
+    child.stderr.resume()
+    const exited = new Promise<void>((resolve) => {
+      child.once('close', () => resolve())
+      child.once('error', () => resolve())
+    })
+    const killGroup = () => {
+      if (child.pid !== undefined && child.exitCode === null && child.signalCode === null) {
+        try {
+          process.kill(-child.pid, 'SIGKILL')
+        } catch {
+          // already gone
+        }
       }
     }
-    // Not `portable`: that mode forces u+rw on every entry, and an export must keep modes exactly
-    // (a read-only directory stays read-only through export and import).
-    const stream = tar.c({ gzip: true, cwd: dir, portable: false, follow: false }, [
-      '.',
-    ]) as unknown as Readable
-    return { stream, cleanup }
+    const timer = setTimeout(killGroup, EXPORT_TIMEOUT_MS)
+    timer.unref()
+    let cleaned: Promise<void> | undefined
+    const cleanup = () => {
+      cleaned ??= (async () => {
+        clearTimeout(timer)
+        killGroup()
+        await exited
+        await releaseTree()
+        releaseSlot()
+      })()
+      return cleaned
+    }
+    return { stream: child.stdout, cleanup }
   }
 
   /**

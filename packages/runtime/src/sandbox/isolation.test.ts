@@ -227,16 +227,23 @@ print(sorted(line.split(":")[0].strip() for line in open("/proc/net/dev").readli
     expect(out).not.toMatch(/loop|sd[a-z]|nvme|vd[a-z]/)
   })
 
-  it('a subvolume the agent creates in its workspace does not block deleting the workspace', async () => {
+  it('the agent cannot create a subvolume in its workspace (no btrfs ioctl passes the seccomp filter)', async () => {
     const id = sessionId('sub')
     const ws = await t.runtime.pool.createWorkspace(id, 'rev_iso')
     const outcome = await sandboxRun(
       t.runtime,
       ws,
-      'btrfs subvolume create /workspace/mine && touch /workspace/mine/f',
+      'btrfs subvolume create /workspace/mine 2>&1 >/dev/null; echo "exit $?"',
     )
-    expect(completedText(outcome)).toBe("Create subvolume '/workspace/mine'\n")
-    expect(statSync(path.join(ws, 'mine')).ino).toBe(256) // a subvolume root, not a directory
+    expect(completedText(outcome)).toBe('ERROR: cannot create subvolume: Operation not permitted\nexit 1\n')
+    expect(existsSync(path.join(ws, 'mine'))).toBe(false)
+    // The rule also refuses FICLONE (type 0x94): cp falls back to copying (copy_file_range).
+    const copied = await sandboxRun(
+      t.runtime,
+      ws,
+      'head -c 3000000 /dev/urandom > a && cp a b && cp --reflink=auto a c && cmp a b && cmp a c && echo same',
+    )
+    expect(completedText(copied)).toBe('same\n')
     await t.runtime.pool.deleteWorkspace(id)
     expect(existsSync(ws)).toBe(false)
   })

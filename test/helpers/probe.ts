@@ -199,6 +199,7 @@ CHECKS = {
     # The request is compared as the kernel reads it (32 bits): high bits change nothing.
     "btrfs-subvol-create-high-bits": lambda: subvol_create_check(0xFFFFFFFF),
     "btrfs-fs-label": lambda: ioctl("/workspace", FS_IOC_GETFSLABEL, ctypes.create_string_buffer(256)),
+    "fds": open_fds,
     # Host files: absent, or read-only.
     "shadow": lambda: try_open("/etc/shadow", "r"),
     "write-usr": lambda: try_open("/usr/cairn-escape", "w"),
@@ -385,6 +386,7 @@ const CONTAINED_EVERYWHERE = {
   'btrfs-subvol-create': EPERM,
   'btrfs-subvol-create-high-bits': EPERM,
   'btrfs-fs-label': EPERM,
+  fds: 'none',
   shadow: ENOENT,
   docker: 'False',
   'root-home': 'False',

@@ -8,6 +8,7 @@ import { sandboxNetworkPid } from '../ports/listening-ports.js'
 import { dirtiedBytes } from '../util/proc-io.js'
 import type { CgroupManager } from './cgroups.js'
 import type { DriverCapabilities, Sandbox, SandboxDriver, SandboxExit, SandboxSpec } from './driver.js'
+import { LAUNCHER_SHELL, launcherArgs } from './launcher.js'
 import { LauncherPool } from './launcher-pool.js'
 import { readOnlyRootArgs, SANDBOX_USER } from './rootfs.js'
 import { buildSeccompFilter } from './seccomp.js'
@@ -28,11 +29,6 @@ export interface BwrapDriverOptions {
    */
   spareLaunchers?: number
 }
-
-// Joins the cgroups as root, then drops to the sandbox uid and becomes bwrap: the whole sandbox,
-// including processes bwrap forks, is inside the cgroup from its first instruction.
-const LAUNCHER =
-  'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 111; shift; n=$((n-1)); done; exec "$@"'
 
 /** How long after the sandbox's exit its output pipes may take to drain. */
 const EXIT_DRAIN_MS = 1000
@@ -181,15 +177,14 @@ export class BwrapDriver implements SandboxDriver {
     const cgroupName = spec.id
     const procsFiles = await this.options.cgroups.create(cgroupName, limits)
     const seccompFd = this.seccomp ? await this.seccompFd() : undefined
-    const child = spawn(
-      '/bin/sh',
-      ['-c', LAUNCHER, 'cairn-launch', String(procsFiles.length), ...procsFiles, ...this.buildArgs(spec)],
-      {
-        // fd 3: the seccomp program, read by bwrap before it execs the agent.
-        stdio: ['pipe', 'pipe', 'pipe', seccompFd ? seccompFd.fd : 'ignore'],
-        env: { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' },
-      },
-    ) as ChildProcessWithoutNullStreams
+    // The launcher (launcher.ts) closes what it inherited above fd 3, joins the cgroups as root, then
+    // drops to the sandbox uid and becomes bwrap: the whole sandbox, including processes bwrap
+    // forks, is inside the cgroup from its first instruction.
+    const child = spawn(LAUNCHER_SHELL, launcherArgs(3, procsFiles, this.buildArgs(spec)), {
+      // fd 3: the seccomp program, read by bwrap before it execs the agent.
+      stdio: ['pipe', 'pipe', 'pipe', seccompFd ? seccompFd.fd : 'ignore'],
+      env: { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' },
+    }) as ChildProcessWithoutNullStreams
     await seccompFd?.close()
     if (child.pid === undefined) {
       await this.options.cgroups.remove(cgroupName)

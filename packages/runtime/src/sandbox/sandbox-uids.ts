@@ -1,0 +1,43 @@
+import { CairnProblem } from '@cairn/protocol'
+
+/**
+ * Host uids for bwrap sandboxes, one per running sandbox: a sandbox that gets past the seccomp
+ * filter still meets file ownership, because another session's files (stored as the shared sandbox
+ * uid) are not its own. Its own workspace it sees through an idmapped mount (idmap-mounter.ts).
+ *
+ * The default range sits far above login users, systemd's dynamic users (61184–65519) and the
+ * subordinate ranges `useradd` hands out (100000 upwards, 65536 per user). A uid owns nothing on
+ * disk (every write goes through an idmapped mount and lands as the shared uid), so it is free
+ * again once its sandbox is gone; the next one handed out is the one after the last, so a uid is
+ * not reused at once.
+ */
+export const DEFAULT_SANDBOX_UID_RANGE = { first: 1_600_000_000, count: 100_000 } as const
+
+export class SandboxUids {
+  private readonly used = new Set<number>()
+  private cursor = 0
+
+  constructor(
+    readonly first: number,
+    readonly count: number,
+  ) {}
+
+  take(): number {
+    for (let i = 0; i < this.count; i++) {
+      const uid = this.first + ((this.cursor + i) % this.count)
+      if (this.used.has(uid)) continue
+      this.used.add(uid)
+      this.cursor = (uid - this.first + 1) % this.count
+      return uid
+    }
+    throw new CairnProblem('unavailable', `all ${this.count} sandbox uids are in use`)
+  }
+
+  release(uid: number): void {
+    this.used.delete(uid)
+  }
+
+  get inUse(): number {
+    return this.used.size
+  }
+}

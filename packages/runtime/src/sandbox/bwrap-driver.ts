@@ -87,8 +87,11 @@ export class BwrapDriver implements SandboxDriver {
     return `bwrap (${uids}, ${this.options.cgroups.describe()})`
   }
 
-  /** Whether an idmapped mount can be made here (kernel 5.12+, a filesystem that supports it). */
-  private checkIdmap(dir: string): Promise<string | undefined> {
+  /**
+   * Whether an idmapped mount can be made here (kernel 5.12+, a filesystem that supports it). The
+   * check uses the first uid of the range, so the first sandbox finds its user namespace made.
+   */
+  private checkIdmap(dir: string, uid: number): Promise<string | undefined> {
     this.idmapCheck ??= (async () => {
       const point = path.join(dir, 'check')
       try {
@@ -97,8 +100,8 @@ export class BwrapDriver implements SandboxDriver {
           point,
           diskUid: this.options.hostUid,
           diskGid: this.options.hostGid,
-          uid: this.options.hostUid,
-          gid: this.options.hostGid,
+          uid,
+          gid: uid,
           readOnly: true,
         })
         await this.mounter.unmount(point)
@@ -121,7 +124,7 @@ export class BwrapDriver implements SandboxDriver {
     if (!this.uids || !sandboxUids) return shared
     const dir = path.join(sandboxUids.idmapDir, spec.id)
     await mkdir(sandboxUids.idmapDir, { recursive: true, mode: 0o711 })
-    this.idmapUnavailable = await this.checkIdmap(sandboxUids.idmapDir)
+    this.idmapUnavailable = await this.checkIdmap(sandboxUids.idmapDir, sandboxUids.first)
     if (this.idmapUnavailable) return shared
     const uids = this.uids
     const uid = uids.take()

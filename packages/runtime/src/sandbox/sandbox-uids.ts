@@ -7,15 +7,16 @@ import { CairnProblem } from '@cairn/protocol'
  *
  * The default range sits far above login users, systemd's dynamic users (61184–65519) and the
  * subordinate ranges `useradd` hands out (100000 upwards, 65536 per user). A uid owns nothing on
- * disk (every write goes through an idmapped mount and lands as the shared uid), so it is free
- * again once its sandbox is gone; the next one handed out is the one after the last, so a uid is
- * not reused at once.
+ * disk (every write goes through an idmapped mount and lands as the shared uid; /tmp, /dev/shm and
+ * IPC are the sandbox's own) and no process once its sandbox is gone (they die with bwrap, the
+ * init of its pid namespace), so it is free again then. The lowest free uid is handed out: the
+ * helper's user namespace for that uid is already made (idmap-mounter.ts), and only as many
+ * namespaces exist as sandboxes ever ran at once.
  */
 export const DEFAULT_SANDBOX_UID_RANGE = { first: 1_600_000_000, count: 100_000 } as const
 
 export class SandboxUids {
   private readonly used = new Set<number>()
-  private cursor = 0
 
   constructor(
     readonly first: number,
@@ -23,11 +24,9 @@ export class SandboxUids {
   ) {}
 
   take(): number {
-    for (let i = 0; i < this.count; i++) {
-      const uid = this.first + ((this.cursor + i) % this.count)
+    for (let uid = this.first; uid < this.first + this.count; uid++) {
       if (this.used.has(uid)) continue
       this.used.add(uid)
-      this.cursor = (uid - this.first + 1) % this.count
       return uid
     }
     throw new CairnProblem('unavailable', `all ${this.count} sandbox uids are in use`)
@@ -35,9 +34,5 @@ export class SandboxUids {
 
   release(uid: number): void {
     this.used.delete(uid)
-  }
-
-  get inUse(): number {
-    return this.used.size
   }
 }

@@ -88,15 +88,16 @@ export class BwrapDriver implements SandboxDriver {
   }
 
   /**
-   * Whether an idmapped mount can be made here (kernel 5.12+, a filesystem that supports it). The
-   * check uses the first uid of the range, so the first sandbox finds its user namespace made.
+   * Whether an idmapped mount can be made here (kernel 5.12+; btrfs since 5.15, tmpfs since 6.3),
+   * tried once on the first sandbox's workspace, as read-only. The check uses the first uid of the
+   * range, so the first sandbox finds its user namespace made.
    */
-  private checkIdmap(dir: string, uid: number): Promise<string | undefined> {
+  private checkIdmap(dir: string, uid: number, source: string): Promise<string | undefined> {
     this.idmapCheck ??= (async () => {
       const point = path.join(dir, 'check')
       try {
         await this.mounter.mount({
-          source: this.options.etcDir,
+          source,
           point,
           diskUid: this.options.hostUid,
           diskGid: this.options.hostGid,
@@ -124,7 +125,7 @@ export class BwrapDriver implements SandboxDriver {
     if (!this.uids || !sandboxUids) return shared
     const dir = path.join(sandboxUids.idmapDir, spec.id)
     await mkdir(sandboxUids.idmapDir, { recursive: true, mode: 0o711 })
-    this.idmapUnavailable = await this.checkIdmap(sandboxUids.idmapDir, sandboxUids.first)
+    this.idmapUnavailable = await this.checkIdmap(sandboxUids.idmapDir, sandboxUids.first, spec.workspaceDir)
     if (this.idmapUnavailable) return shared
     const uids = this.uids
     const uid = uids.take()

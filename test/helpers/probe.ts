@@ -9,7 +9,8 @@ import type { IsolationName } from '../../packages/runtime/src/sandbox/driver.js
  * Messages: a check name (`mount`, `shadow` …), `all` (every fixed check, one `name=result` line
  * each), or a command with arguments: `ptrace PID`, `kill PID`, `procs`, `write NAME TEXT`,
  * `search MARKER HOSTPATH…`, `setuid`, `forkbomb`, `membomb`, `fill`, `blob NAME MIB`, `cat NAME`,
- * `rm NAME`.
+ * `rm NAME`, `destroy-ids LO HI` (btrfs SNAP_DESTROY_V2 by subvolume id), `subvol-escape MIB`,
+ * `search-fds MARKER`.
  */
 export const ESCAPE_PROBE = String.raw`import ctypes, errno, json, os, subprocess, sys, time
 libc = ctypes.CDLL(None, use_errno=True)
@@ -73,6 +74,109 @@ def clone3_userns():
     os.waitpid(pid, 0)
     return "ok"
 
+# btrfs ioctls (type byte 0x94): a sandbox may issue none of them.
+BTRFS_IOC_SUBVOL_CREATE = 0x5000940E  # _IOW(0x94, 14, struct btrfs_ioctl_vol_args)
+BTRFS_IOC_SNAP_DESTROY_V2 = 0x5000943F  # _IOW(0x94, 63, struct btrfs_ioctl_vol_args_v2)
+FS_IOC_GETFSLABEL = 0x81009431  # _IOR(0x94, 49, char[256]): read-only, any user
+BTRFS_SUBVOL_SPEC_BY_ID = 1 << 4
+libc.ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
+
+def ioctl(path, request, buf):
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        ctypes.set_errno(0)
+        return "ok" if libc.ioctl(fd, request, buf) >= 0 else os.strerror(ctypes.get_errno())
+    finally:
+        os.close(fd)
+
+def subvol_create(parent, name, high_bits=0):
+    args = ctypes.create_string_buffer(4096)  # struct btrfs_ioctl_vol_args: s64 fd, char name[4088]
+    args[8:8 + len(name)] = name.encode()
+    return ioctl(parent, (high_bits << 32) | BTRFS_IOC_SUBVOL_CREATE, args)
+
+def subvol_create_check(high_bits=0):
+    name = ".probe-subvol"
+    out = subvol_create("/workspace", name, high_bits)
+    if os.path.isdir("/workspace/" + name):
+        os.rmdir("/workspace/" + name)  # rmdir removes an empty subvolume
+    return out
+
+def destroy_by_id(subvolid):
+    args = ctypes.create_string_buffer(4096)  # struct btrfs_ioctl_vol_args_v2
+    ctypes.c_uint64.from_buffer(args, 16).value = BTRFS_SUBVOL_SPEC_BY_ID  # flags
+    ctypes.c_uint64.from_buffer(args, 56).value = subvolid  # the union after 4 reserved u64s
+    return ioctl("/workspace", BTRFS_IOC_SNAP_DESTROY_V2, args)
+
+def destroy_range(lo, hi):
+    # The reported attack: destroy every subvolume id in turn; the answers must not tell which exist.
+    seen = {}
+    for subvolid in range(lo, hi + 1):
+        out = destroy_by_id(subvolid)
+        seen[out] = seen.get(out, 0) + 1
+    return json.dumps(seen, sort_keys=True)
+
+def subvol_escape(mib):
+    # A nested subvolume has no quota of its own: writes under it would escape the workspace's.
+    created = subvol_create("/workspace", "sub")
+    os.makedirs("/workspace/sub", exist_ok=True)
+    chunk = os.urandom(1 << 20)
+    written = 0
+    try:
+        with open("/workspace/sub/big.bin", "wb") as f:
+            while written < (mib << 20):
+                f.write(chunk)
+                f.flush()
+                written += len(chunk)
+            os.fsync(f.fileno())
+        wrote = "wrote %d MiB" % (written >> 20)
+    except OSError as e:
+        wrote = "%s after %d MiB" % (errno.errorcode.get(e.errno, str(e.errno)), written >> 20)
+    return "create=%s %s" % (created, wrote)
+
+def io_uring():
+    params = ctypes.create_string_buffer(120)  # struct io_uring_params
+    answers = []
+    for name, call in (
+        ("setup", lambda: libc.syscall(425, 1, params)),
+        ("enter", lambda: libc.syscall(426, -1, 0, 0, 0, None, 0)),
+        ("register", lambda: libc.syscall(427, -1, 0, None, 0)),
+    ):
+        ctypes.set_errno(0)
+        fd = call()
+        if fd >= 0:
+            if name == "setup":
+                os.close(fd)
+            answers.append(name + "=ok")
+        else:
+            answers.append(name + "=" + os.strerror(ctypes.get_errno()))
+    return " ".join(answers)
+
+def open_fds():
+    # Descriptors beyond stdio: anything here came from whoever started the sandbox.
+    found = []
+    for name in os.listdir("/proc/self/fd"):
+        if int(name) <= 2:
+            continue
+        try:
+            found.append("%s:%s" % (name, os.readlink("/proc/self/fd/" + name)))
+        except OSError:
+            pass  # the directory listing's own descriptor, closed by now
+    return " ".join(sorted(found)) or "none"
+
+def search_fds(marker):
+    # Looks for the marker through every descriptor the sandbox holds (an inherited directory, say).
+    found = []
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd <= 2:
+            continue
+        try:
+            if marker in os.listdir(fd):
+                found.append(name)
+        except OSError:
+            pass
+    return " ".join(found) or "not found"
+
 def run(argv):
     p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     return "exit %d: %s" % (p.returncode, p.stdout.decode().strip().replace("\n", " | "))
@@ -89,6 +193,13 @@ CHECKS = {
     "ptrace": lambda: errno_of(lambda: libc.ptrace(16, 1, None, None)),  # PTRACE_ATTACH to pid 1
     "kexec": lambda: errno_of(lambda: libc.syscall(246, 0, 0, 0, 0)),
     "init-module": lambda: errno_of(lambda: libc.syscall(175, 0, 0, b"")),
+    "io-uring": io_uring,
+    # btrfs ioctls on the workspace (a subvolume of the host's pool): none is the agent's.
+    "btrfs-subvol-create": subvol_create_check,
+    # The request is compared as the kernel reads it (32 bits): high bits change nothing.
+    "btrfs-subvol-create-high-bits": lambda: subvol_create_check(0xFFFFFFFF),
+    "btrfs-fs-label": lambda: ioctl("/workspace", FS_IOC_GETFSLABEL, ctypes.create_string_buffer(256)),
+    "fds": open_fds,
     # Host files: absent, or read-only.
     "shadow": lambda: try_open("/etc/shadow", "r"),
     "write-usr": lambda: try_open("/usr/cairn-escape", "w"),
@@ -231,6 +342,13 @@ def answer(line):
     if cmd == "search":
         marker, *host_paths = arg.split()
         return search(marker, host_paths)
+    if cmd == "destroy-ids":
+        lo, hi = arg.split()
+        return destroy_range(int(lo), int(hi))
+    if cmd == "subvol-escape":
+        return subvol_escape(int(arg))
+    if cmd == "search-fds":
+        return search_fds(arg)
     if cmd == "setuid":
         return setuid_binary()
     if cmd == "forkbomb":
@@ -264,6 +382,11 @@ const CONTAINED_EVERYWHERE = {
   ptrace: EPERM,
   kexec: EPERM,
   'init-module': EPERM,
+  'io-uring': `setup=${EPERM} enter=${EPERM} register=${EPERM}`,
+  'btrfs-subvol-create': EPERM,
+  'btrfs-subvol-create-high-bits': EPERM,
+  'btrfs-fs-label': EPERM,
+  fds: 'none',
   shadow: ENOENT,
   docker: 'False',
   'root-home': 'False',

@@ -5,6 +5,7 @@ import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises'
 import os from 'node:os'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { DEFAULT_SANDBOX_UID_RANGE } from '../../packages/runtime/src/sandbox/sandbox-uids.js'
 import { createNetnsHost, type NetnsHost, netnsAddresses } from '../helpers/netns.js'
 import { makeProject } from '../helpers/projects.js'
 import { startTestServer, type TestServer } from '../helpers/server.js'
@@ -187,12 +188,18 @@ function filesUnder(root: string): string[] {
   return out
 }
 
-/** Environments of every process running as the sandbox uid, read from the host. */
+/** Whether a host uid is a sandbox's: the shared one, or one of the per-sandbox range (bwrap). */
+function isSandboxUid(uid: number): boolean {
+  const { first, count } = DEFAULT_SANDBOX_UID_RANGE
+  return uid === SANDBOX_UID || (uid >= first && uid < first + count)
+}
+
+/** Environments of every process running as a sandbox uid, read from the host. */
 function sandboxEnvironments(): string[] {
   const out: string[] = []
   for (const pid of readdirSync('/proc').filter((name) => /^\d+$/.test(name))) {
     try {
-      if (statSync(`/proc/${pid}`).uid !== SANDBOX_UID) continue
+      if (!isSandboxUid(statSync(`/proc/${pid}`).uid)) continue
       out.push(readFileSync(`/proc/${pid}/environ`, 'latin1'))
     } catch {}
   }

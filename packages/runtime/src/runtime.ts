@@ -11,6 +11,7 @@ import { CgroupManager } from './sandbox/cgroups.js'
 import type { DriverCapabilities, IsolationName, SandboxDriver } from './sandbox/driver.js'
 import { type GvisorAvailability, GvisorDriver } from './sandbox/gvisor-driver.js'
 import { generatedEtcFiles } from './sandbox/rootfs.js'
+import { DEFAULT_SANDBOX_UID_RANGE } from './sandbox/sandbox-uids.js'
 import { BtrfsPool } from './storage/btrfs-pool.js'
 import { DirPool } from './storage/dir-pool.js'
 import type { StorageDriverName, StoragePool } from './storage/pool.js'
@@ -30,8 +31,13 @@ export interface RuntimeOptions {
    */
   poolPath?: string | undefined
   poolImageSizeBytes?: number | undefined
-  /** Unprivileged host uid/gid for sandboxes. */
+  /** Unprivileged host uid/gid that owns workspaces and builds on disk. */
   sandboxUid?: number | undefined
+  /**
+   * bwrap: a host uid per sandbox from this range, seeing its files through idmapped mounts
+   * (default `DEFAULT_SANDBOX_UID_RANGE`; `false`: every sandbox runs as `sandboxUid`).
+   */
+  sandboxUidRange?: { first: number; count: number } | false | undefined
   /** Size limit of each session workspace, enforced with btrfs quota groups (off when unset). */
   workspaceQuotaBytes?: number | undefined
   /** Limit of what each tenant's trees hold together (btrfs quota groups; off when unset). */
@@ -113,6 +119,13 @@ export class Runtime {
       hostGid: uid,
       etcDir: path.join(this.runDir, 'etc'),
       kitDir: path.join(this.runDir, 'kit'),
+      sandboxUids:
+        options.sandboxUidRange === false
+          ? undefined
+          : {
+              ...(options.sandboxUidRange ?? DEFAULT_SANDBOX_UID_RANGE),
+              idmapDir: path.join(this.runDir, 'idmap'),
+            },
       spareLaunchers: options.spareLaunchers ?? 0,
     })
     // Both drivers share the instance's cgroup scope, so every sandbox is counted and reaped alike.

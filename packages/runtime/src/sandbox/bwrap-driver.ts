@@ -1,21 +1,35 @@
 import { type ChildProcessWithoutNullStreams, spawn } from 'node:child_process'
-import { type FileHandle, open, rename, writeFile } from 'node:fs/promises'
+import { existsSync } from 'node:fs'
+import { type FileHandle, mkdir, open, rename, rm, stat, writeFile } from 'node:fs/promises'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
 import { NETNS_SETUP, nftAvailable } from '../egress/transparent.js'
 import { sandboxNetworkPid } from '../ports/listening-ports.js'
+import { execTool } from '../util/exec.js'
+import { readMounts } from '../util/mounts.js'
 import { dirtiedBytes } from '../util/proc-io.js'
-import type { CgroupManager } from './cgroups.js'
+import type { CgroupLimits, CgroupManager } from './cgroups.js'
 import type { DriverCapabilities, Sandbox, SandboxDriver, SandboxExit, SandboxSpec } from './driver.js'
+import { IdmapMounter } from './idmap-mounter.js'
+import { LAUNCHER_SHELL, launcherArgs } from './launcher.js'
 import { LauncherPool } from './launcher-pool.js'
 import { readOnlyRootArgs, SANDBOX_USER } from './rootfs.js'
+import { SandboxUids } from './sandbox-uids.js'
 import { buildSeccompFilter } from './seccomp.js'
 
 export interface BwrapDriverOptions {
   cgroups: CgroupManager
-  /** Unprivileged host uid/gid the sandbox runs as (the inside uid 1000 maps to it). */
+  /**
+   * The shared unprivileged host uid/gid: the owner of workspaces and builds on disk, and the uid
+   * sandboxes run as when `sandboxUids` is off or idmapped mounts are not available here.
+   */
   hostUid: number
   hostGid: number
+  /**
+   * A host uid per sandbox from this range (the inside uid 1000 maps to it), which sees its
+   * workspace and binds through idmapped mounts made under `idmapDir`.
+   */
+  sandboxUids?: { first: number; count: number; idmapDir: string } | undefined
   /** Host directory with generated passwd/group/hosts. */
   etcDir: string
   /** Host directory mounted read-only at /opt/cairn (agent-kit shims and libraries). */
@@ -27,11 +41,6 @@ export interface BwrapDriverOptions {
    */
   spareLaunchers?: number
 }
-
-// Joins the cgroups as root, then drops to the sandbox uid and becomes bwrap: the whole sandbox,
-// including processes bwrap forks, is inside the cgroup from its first instruction.
-const LAUNCHER =
-  'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 111; shift; n=$((n-1)); done; exec "$@"'
 
 /** How long after the sandbox's exit its output pipes may take to drain. */
 const EXIT_DRAIN_MS = 1000
@@ -47,8 +56,17 @@ export class BwrapDriver implements SandboxDriver {
   }
 
   private readonly launchers: LauncherPool | undefined
+  private readonly uids: SandboxUids | undefined
+  private readonly mounter = new IdmapMounter()
+  /** Whether idmapped mounts work here (asked once; the reason when not). */
+  private idmapCheck: Promise<string | undefined> | undefined
+  private idmapUnavailable: string | undefined
+  /** Releases of idmapped mounts under way (`close` waits for them before stopping the helper). */
+  private readonly releasing = new Set<Promise<void>>()
 
   constructor(private readonly options: BwrapDriverOptions) {
+    const range = options.sandboxUids
+    this.uids = range ? new SandboxUids(range.first, range.count) : undefined
     const size = options.spareLaunchers ?? 0
     this.launchers =
       size > 0 && LauncherPool.available()
@@ -61,7 +79,89 @@ export class BwrapDriver implements SandboxDriver {
   }
 
   describe(): string {
-    return `bwrap (host uid ${this.options.hostUid}, ${this.options.cgroups.describe()})`
+    const range = this.options.sandboxUids
+    const uids =
+      range && !this.idmapUnavailable
+        ? `a host uid per sandbox from ${range.first}, files as uid ${this.options.hostUid} through idmapped mounts`
+        : `host uid ${this.options.hostUid}${this.idmapUnavailable ? ` (no idmapped mounts: ${this.idmapUnavailable})` : ''}`
+    return `bwrap (${uids}, ${this.options.cgroups.describe()})`
+  }
+
+  /**
+   * Whether an idmapped mount can be made here (kernel 5.12+; btrfs since 5.15, tmpfs since 6.3),
+   * tried once on the first sandbox's workspace, as read-only. The check uses the first uid of the
+   * range, so the first sandbox finds its user namespace made.
+   */
+  private checkIdmap(dir: string, uid: number, source: string): Promise<string | undefined> {
+    this.idmapCheck ??= (async () => {
+      const point = path.join(dir, 'check')
+      try {
+        await this.mounter.mount({
+          source,
+          point,
+          diskUid: this.options.hostUid,
+          diskGid: this.options.hostGid,
+          uid,
+          gid: uid,
+          readOnly: true,
+        })
+        await this.mounter.unmount(point)
+        return undefined
+      } catch (error) {
+        return (error as Error).message
+      }
+    })()
+    return this.idmapCheck
+  }
+
+  /**
+   * The uid a sandbox runs as and the spec it runs with: its own uid, with the workspace and every
+   * directory bind replaced by an idmapped mount of it (the shared uid's files shown as that uid),
+   * or the shared uid and the spec as is.
+   */
+  private async identity(spec: SandboxSpec): Promise<SandboxIdentity> {
+    const { hostUid, hostGid, sandboxUids } = this.options
+    const shared: SandboxIdentity = { uid: hostUid, gid: hostGid, spec, release: async () => undefined }
+    if (!this.uids || !sandboxUids) return shared
+    const dir = path.join(sandboxUids.idmapDir, spec.id)
+    await mkdir(sandboxUids.idmapDir, { recursive: true, mode: 0o711 })
+    this.idmapUnavailable = await this.checkIdmap(sandboxUids.idmapDir, sandboxUids.first, spec.workspaceDir)
+    if (this.idmapUnavailable) return shared
+    const uids = this.uids
+    const uid = uids.take()
+    const points: string[] = []
+    let released: Promise<void> | undefined
+    const release = () => {
+      if (!released) {
+        const done = (async () => {
+          for (const point of points.reverse()) await this.mounter.unmount(point).catch(() => undefined)
+          await rm(dir, { recursive: false, force: true }).catch(() => undefined)
+          uids.release(uid)
+        })()
+        this.releasing.add(done)
+        released = done.finally(() => this.releasing.delete(done))
+      }
+      return released
+    }
+    const mapped = async (source: string, readOnly: boolean): Promise<string> => {
+      // A file bind (not made today) keeps the shared uid's view.
+      if (!(await stat(source)).isDirectory()) return source
+      const point = path.join(dir, String(points.length))
+      await this.mounter.mount({ source, point, diskUid: hostUid, diskGid: hostGid, uid, gid: uid, readOnly })
+      points.push(point)
+      return point
+    }
+    try {
+      await mkdir(dir, { mode: 0o711 })
+      const workspaceDir = await mapped(spec.workspaceDir, false)
+      const binds = []
+      for (const bind of spec.binds ?? [])
+        binds.push({ ...bind, source: await mapped(bind.source, bind.readOnly) })
+      return { uid, gid: uid, spec: { ...spec, workspaceDir, binds }, release }
+    } catch (error) {
+      await release()
+      throw error
+    }
   }
 
   /** The seccomp program (x86_64), written once to a file each sandbox reads through fd 3. */
@@ -80,8 +180,9 @@ export class BwrapDriver implements SandboxDriver {
     return open(await this.seccompFile, 'r')
   }
 
-  buildArgs(spec: SandboxSpec): string[] {
-    const { hostUid, hostGid, etcDir, kitDir } = this.options
+  /** bwrap's command line for `spec`, run as host `uid`/`gid` (by default the shared uid). */
+  buildArgs(spec: SandboxSpec, hostUid = this.options.hostUid, hostGid = this.options.hostGid): string[] {
+    const { etcDir, kitDir } = this.options
     const env: Record<string, string> = {
       PATH: '/usr/local/bin:/usr/bin:/bin',
       HOME: SANDBOX_USER.home,
@@ -158,6 +259,17 @@ export class BwrapDriver implements SandboxDriver {
       pids: spec.limits.pids,
       cpus: spec.limits.cpus,
     }
+    const identity = await this.identity(spec)
+    try {
+      return await this.launch(identity, limits)
+    } catch (error) {
+      await identity.release()
+      throw error
+    }
+  }
+
+  private async launch(identity: SandboxIdentity, limits: CgroupLimits): Promise<Sandbox> {
+    const { spec, uid, gid, release } = identity
     const spare = this.launchers?.take(limits)
     if (spare) {
       let limited = false
@@ -170,28 +282,27 @@ export class BwrapDriver implements SandboxDriver {
         await this.launchers?.discard(spare)
       }
       if (limited) {
-        spare.commandPipe.end(`${this.buildArgs(spec).join('\0')}\0`)
-        return new BwrapSandbox(spec.id, spare.child, this.options.cgroups, spare.cgroupName)
+        spare.commandPipe.end(`${this.buildArgs(spec, uid, gid).join('\0')}\0`)
+        return new BwrapSandbox(spec.id, spare.child, this.options.cgroups, spare.cgroupName, release)
       }
     }
     const cgroupName = spec.id
     const procsFiles = await this.options.cgroups.create(cgroupName, limits)
     const seccompFd = this.seccomp ? await this.seccompFd() : undefined
-    const child = spawn(
-      '/bin/sh',
-      ['-c', LAUNCHER, 'cairn-launch', String(procsFiles.length), ...procsFiles, ...this.buildArgs(spec)],
-      {
-        // fd 3: the seccomp program, read by bwrap before it execs the agent.
-        stdio: ['pipe', 'pipe', 'pipe', seccompFd ? seccompFd.fd : 'ignore'],
-        env: { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' },
-      },
-    ) as ChildProcessWithoutNullStreams
+    // The launcher (launcher.ts) closes what it inherited above fd 3, joins the cgroups as root, then
+    // drops to the sandbox uid and becomes bwrap: the whole sandbox, including processes bwrap
+    // forks, is inside the cgroup from its first instruction.
+    const child = spawn(LAUNCHER_SHELL, launcherArgs(3, procsFiles, this.buildArgs(spec, uid, gid)), {
+      // fd 3: the seccomp program, read by bwrap before it execs the agent.
+      stdio: ['pipe', 'pipe', 'pipe', seccompFd ? seccompFd.fd : 'ignore'],
+      env: { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' },
+    }) as ChildProcessWithoutNullStreams
     await seccompFd?.close()
     if (child.pid === undefined) {
       await this.options.cgroups.remove(cgroupName)
       throw new CairnProblem('sandbox_failed', 'could not start the sandbox launcher')
     }
-    return new BwrapSandbox(spec.id, child, this.options.cgroups, cgroupName)
+    return new BwrapSandbox(spec.id, child, this.options.cgroups, cgroupName, release)
   }
 
   async reapOrphans(): Promise<number> {
@@ -202,13 +313,39 @@ export class BwrapDriver implements SandboxDriver {
       await this.options.cgroups.kill(name)
       await this.options.cgroups.remove(name)
     }
+    await this.removeIdmapMounts()
     return names.length
+  }
+
+  /** Idmapped mounts a crashed run left behind (their sandboxes are gone). */
+  private async removeIdmapMounts(): Promise<void> {
+    const dir = this.options.sandboxUids?.idmapDir
+    if (!dir) return
+    const points = readMounts()
+      .map((m) => m.mountPoint)
+      .filter((p) => p.startsWith(`${dir}/`))
+      .sort((a, b) => b.length - a.length)
+    for (const point of points) await execTool('umount', ['-l', point]).catch(() => undefined)
+    if (!readMounts().some((m) => m.mountPoint.startsWith(`${dir}/`))) {
+      await rm(dir, { recursive: true, force: true }).catch(() => undefined)
+    }
   }
 
   async close(): Promise<void> {
     await this.launchers?.close()
+    await Promise.all([...this.releasing])
+    this.mounter.close()
+    await this.removeIdmapMounts()
     await this.options.cgroups.removeScope()
   }
+}
+
+interface SandboxIdentity {
+  uid: number
+  gid: number
+  spec: SandboxSpec
+  /** Unmounts the idmapped mounts and frees the uid (once the sandbox is gone). */
+  release: () => Promise<void>
 }
 
 class BwrapSandbox implements Sandbox {
@@ -222,6 +359,7 @@ class BwrapSandbox implements Sandbox {
     private readonly child: ChildProcessWithoutNullStreams,
     private readonly cgroups: CgroupManager,
     private readonly cgroupName: string,
+    private readonly release: () => Promise<void>,
   ) {
     this.pid = child.pid ?? -1
     // A write to a dead agent's stdin must surface as the turn's failure, not as a crash.
@@ -237,6 +375,8 @@ class BwrapSandbox implements Sandbox {
         setTimeout(() => settle(code, signal), EXIT_DRAIN_MS).unref()
       })
     })
+    // Every process of the sandbox dies with bwrap (the init of its pid namespace).
+    void this.exited.then(() => this.release())
   }
 
   get stdin() {
@@ -282,5 +422,6 @@ class BwrapSandbox implements Sandbox {
     if (this.child.exitCode === null && this.child.signalCode === null) this.child.kill('SIGKILL')
     await Promise.race([this.exited, new Promise((r) => setTimeout(r, 2000))])
     await this.cgroups.remove(this.cgroupName)
+    await this.release()
   }
 }

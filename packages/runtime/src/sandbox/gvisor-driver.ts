@@ -9,6 +9,7 @@ import { type ClaimTiming, cleanupSlots, GvisorPool, POOL_SLOT_PREFIX } from './
 import { childEnd, childIo, GvisorSandbox } from './gvisor-sandbox.js'
 import { buildOciSpec, type GvisorSpecOptions, prepareRootfs } from './gvisor-spec.js'
 import { installStatxShim, STATX_SHIM_PATH } from './gvisor-statx-fix.js'
+import { LAUNCHER_SHELL, launcherArgs } from './launcher.js'
 import {
   defaultPlatform,
   findBinary,
@@ -61,11 +62,6 @@ export const GVISOR_HOST_TASKS_PER_TASK = 6
  */
 const SYSTRAP_HOST_TASKS = { perTask: 2, overhead: 64 }
 
-// As in the bwrap driver: join the cgroups as root, then become runsc, so the gofer, the sentry and
-// the agent's ptrace stubs are all inside the sandbox's cgroups from their first instruction.
-const LAUNCHER =
-  'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 111; shift; n=$((n-1)); done; exec "$@"'
-
 export type GvisorAvailability = { ok: true; version: string } | { ok: false; reason: string }
 
 /**
@@ -111,7 +107,6 @@ export class GvisorDriver implements SandboxDriver {
         slotsDir: this.slotsDir,
         bundlesDir: this.bundlesDir,
         hostLimits: (spec) => this.hostLimits(spec),
-        launcher: LAUNCHER,
       })
     }
   }
@@ -233,11 +228,13 @@ export class GvisorDriver implements SandboxDriver {
       bundle,
       spec.id,
     ]
-    const child = spawn(
-      '/bin/sh',
-      ['-c', LAUNCHER, 'cairn-launch', String(procsFiles.length), ...procsFiles, ...runscArgs],
-      { stdio: ['pipe', 'pipe', 'pipe'], env: { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' } },
-    )
+    // As in the bwrap driver (launcher.ts): close what was inherited, join the cgroups as root, then
+    // become runsc, so the gofer, the sentry and the agent's ptrace stubs are all inside the
+    // sandbox's cgroups from their first instruction.
+    const child = spawn(LAUNCHER_SHELL, launcherArgs(2, procsFiles, runscArgs), {
+      stdio: ['pipe', 'pipe', 'pipe'],
+      env: { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' },
+    })
     if (child.pid === undefined) {
       await this.options.cgroups.remove(spec.id)
       await rm(bundle, { recursive: true, force: true })

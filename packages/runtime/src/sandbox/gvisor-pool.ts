@@ -13,6 +13,7 @@ import type { Sandbox, SandboxSpec } from './driver.js'
 import { Mounter } from './gvisor-mounter.js'
 import { childIo, GvisorSandbox } from './gvisor-sandbox.js'
 import { buildSlotOciSpec, type GvisorSpecOptions, lateMountDests, prepareSlotRoot } from './gvisor-spec.js'
+import { LAUNCHER_SHELL, launcherArgs } from './launcher.js'
 import { type RunscConfig, runsc, runscFlags } from './runsc.js'
 import { sandboxEnvInWorkspace } from './sandbox-env.js'
 
@@ -82,7 +83,6 @@ export interface GvisorPoolOptions {
   bundlesDir: string
   /** The host limits of a claimed sandbox (the driver adds its machinery's share). */
   hostLimits: (spec: SandboxSpec) => CgroupLimits
-  launcher: string
 }
 
 interface Slot {
@@ -307,14 +307,11 @@ export class GvisorPool {
     const pidFile = path.join(bundle, 'pid')
     const config = this.options.runsc
     const flags = runscFlags(config, { sharedRoot: true })
+    // The launcher keeps fd 3 (the holder's reports) and closes what was inherited above it; the
+    // holder starts runsc with only stdio (subprocess's close_fds).
     const child = spawn(
-      '/bin/sh',
-      [
-        '-c',
-        this.options.launcher,
-        'cairn-launch',
-        String(procsFiles.length),
-        ...procsFiles,
+      LAUNCHER_SHELL,
+      launcherArgs(3, procsFiles, [
         'python3',
         '-c',
         SLOT_HOLDER,
@@ -329,7 +326,7 @@ export class GvisorPool {
         '--pid-file',
         pidFile,
         id,
-      ],
+      ]),
       { stdio: ['pipe', 'pipe', 'pipe', 'pipe'], env: { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' } },
     ) as ChildProcessWithoutNullStreams
     child.stdin.on('error', () => undefined)

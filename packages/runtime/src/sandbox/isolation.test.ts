@@ -17,6 +17,7 @@ import {
   type TestRuntime,
 } from '../../test/harness.js'
 import type { TurnOutcome } from '../agent/types.js'
+import { DEFAULT_SANDBOX_UID_RANGE } from './sandbox-uids.js'
 
 // Per test process: two runs of this file side by side must not remove each other's file.
 const ROOT_SECRET = `/root/.cairn-test-secret-${process.pid}`
@@ -161,7 +162,7 @@ print(sorted(line.split(":")[0].strip() for line in open("/proc/net/dev").readli
     }
   })
 
-  it('runs as uid 1000 inside, and its files and processes belong to host uid 61000', async () => {
+  it('runs as uid 1000 inside; its files belong to host uid 61000, its processes to a host uid of its own', async () => {
     const out = await inside(
       'id -u; id -g; id -un; echo made > made-inside.txt; grep -E "^(Uid|CapEff|NoNewPrivs)" /proc/self/status',
     )
@@ -184,11 +185,27 @@ print(sorted(line.split(":")[0].strip() for line in open("/proc/net/dev").readli
         .split('\n')
         .filter(Boolean)
       expect(procs.length).toBeGreaterThanOrEqual(2)
+      const uids = new Set<string>()
       for (const pid of procs) {
         const status = readFileSync(`/proc/${pid}/status`, 'utf8')
-        expect(status, `pid ${pid}`).toMatch(
-          new RegExp(`^Uid:\\s+${SANDBOX_UID}\\s+${SANDBOX_UID}\\s+${SANDBOX_UID}\\s+${SANDBOX_UID}$`, 'm'),
+        const ids = /^Uid:\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)$/m.exec(status)?.slice(1)
+        expect(new Set(ids).size, `pid ${pid}: ${ids}`).toBe(1)
+        uids.add(ids?.[0] ?? '')
+      }
+      // One uid for the whole sandbox, from the per-sandbox range, not the owner of the files.
+      expect(uids.size).toBe(1)
+      const uid = Number([...uids][0])
+      expect(uid).toBeGreaterThanOrEqual(DEFAULT_SANDBOX_UID_RANGE.first)
+      expect(uid).toBeLessThan(DEFAULT_SANDBOX_UID_RANGE.first + DEFAULT_SANDBOX_UID_RANGE.count)
+      // Another sandbox running at the same time has another uid.
+      const second = await startAgent(t.runtime, 'rev_iso', ['python3', '-c', 'while True: print(input())'])
+      try {
+        expect(await reply(second.agent, 'up', 1)).toBe('up\n')
+        expect(readFileSync(`/proc/${second.agent.pid}/status`, 'utf8')).not.toMatch(
+          new RegExp(`^Uid:\\s+${uid}\\s`, 'm'),
         )
+      } finally {
+        await t.runtime.stopAgent(second.agent)
       }
     } finally {
       await t.runtime.stopAgent(agent)
@@ -227,16 +244,23 @@ print(sorted(line.split(":")[0].strip() for line in open("/proc/net/dev").readli
     expect(out).not.toMatch(/loop|sd[a-z]|nvme|vd[a-z]/)
   })
 
-  it('a subvolume the agent creates in its workspace does not block deleting the workspace', async () => {
+  it('the agent cannot create a subvolume in its workspace (no btrfs ioctl passes the seccomp filter)', async () => {
     const id = sessionId('sub')
     const ws = await t.runtime.pool.createWorkspace(id, 'rev_iso')
     const outcome = await sandboxRun(
       t.runtime,
       ws,
-      'btrfs subvolume create /workspace/mine && touch /workspace/mine/f',
+      'btrfs subvolume create /workspace/mine 2>&1 >/dev/null; echo "exit $?"',
     )
-    expect(completedText(outcome)).toBe("Create subvolume '/workspace/mine'\n")
-    expect(statSync(path.join(ws, 'mine')).ino).toBe(256) // a subvolume root, not a directory
+    expect(completedText(outcome)).toBe('ERROR: cannot create subvolume: Operation not permitted\nexit 1\n')
+    expect(existsSync(path.join(ws, 'mine'))).toBe(false)
+    // The rule also refuses FICLONE (type 0x94): cp falls back to copying (copy_file_range).
+    const copied = await sandboxRun(
+      t.runtime,
+      ws,
+      'head -c 3000000 /dev/urandom > a && cp a b && cp --reflink=auto a c && cmp a b && cmp a c && echo same',
+    )
+    expect(completedText(copied)).toBe('same\n')
     await t.runtime.pool.deleteWorkspace(id)
     expect(existsSync(ws)).toBe(false)
   })

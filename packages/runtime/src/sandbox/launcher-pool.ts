@@ -4,20 +4,10 @@ import type { FileHandle } from 'node:fs/promises'
 import type { Writable } from 'node:stream'
 import { newId } from '@cairn/protocol'
 import type { CgroupLimits, CgroupManager } from './cgroups.js'
+import { LAUNCHER_SHELL, pooledLauncherArgs } from './launcher.js'
 
-const BASH = '/bin/bash'
 /** How long after a launcher was taken the pool starts its replacement. */
 const REFILL_DELAY_MS = 25
-
-// Joins the cgroups as root, then waits for its command: NUL-terminated arguments on fd 4, ended
-// by EOF (none: the pool is closing, exit). `mapfile -d ''` needs bash 4.4.
-const POOLED_LAUNCHER = [
-  'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 111; shift; n=$((n-1)); done',
-  "mapfile -d '' -t a <&4 || exit 112",
-  'exec 4<&-',
-  '[ "${#a[@]}" -gt 0 ] || exit 0',
-  'exec "${a[@]}"',
-].join('\n')
 
 /** A launcher already in its own fresh cgroup, waiting for the command that becomes the sandbox. */
 export interface SpareLauncher {
@@ -53,7 +43,7 @@ export class LauncherPool {
   constructor(private readonly options: LauncherPoolOptions) {}
 
   static available(): boolean {
-    return existsSync(BASH)
+    return existsSync(LAUNCHER_SHELL)
   }
 
   /** A ready launcher (any limits: the caller rewrites them), or undefined when none is left. */
@@ -94,24 +84,11 @@ export class LauncherPool {
     const cgroupName = newId('sandbox')
     const procsFiles = await this.options.cgroups.create(cgroupName, limits)
     const seccompFd = await this.options.seccompFd()
-    const child = spawn(
-      BASH,
-      // --norc: Debian's bash reads ~/.bashrc when its stdin is a socket (it takes itself for an
-      // ssh command), and Node's stdio pipes are socketpairs: root's rc file must never run here.
-      [
-        '--norc',
-        '--noprofile',
-        '-c',
-        POOLED_LAUNCHER,
-        'cairn-launch',
-        String(procsFiles.length),
-        ...procsFiles,
-      ],
-      {
-        stdio: ['pipe', 'pipe', 'pipe', seccompFd ? seccompFd.fd : 'ignore', 'pipe'],
-        env: { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' },
-      },
-    ) as ChildProcessWithoutNullStreams
+    // Closes what it inherited above fd 4, joins the cgroups, waits for its command (launcher.ts).
+    const child = spawn(LAUNCHER_SHELL, pooledLauncherArgs(procsFiles), {
+      stdio: ['pipe', 'pipe', 'pipe', seccompFd ? seccompFd.fd : 'ignore', 'pipe'],
+      env: { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' },
+    }) as ChildProcessWithoutNullStreams
     await seccompFd?.close()
     const commandPipe = child.stdio[4] as Writable | null | undefined
     if (child.pid === undefined || !commandPipe) {

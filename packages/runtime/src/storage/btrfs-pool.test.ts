@@ -148,6 +148,55 @@ describe('BtrfsPool', () => {
     expect(existsSync(ws)).toBe(false)
   })
 
+  it('lets only root destroy a subvolume: the sandbox uid cannot, even on one it owns (no user_subvol_rm_allowed)', async () => {
+    // The super options of the pool's mount (after the " - " of its mountinfo line).
+    const line = readFileSync('/proc/self/mountinfo', 'utf8')
+      .split('\n')
+      .find((l) => l.split(' ')[4] === t.runtime.pool.root)
+    expect(line?.split(' - ')[1]).not.toContain('user_subvol_rm_allowed')
+    const id = sessionId('rmallowed')
+    const ws = await t.runtime.pool.createWorkspace(id, 'rev_base')
+    const inner = path.join(ws, 'inner')
+    execFileSync('btrfs', ['subvolume', 'create', inner])
+    execFileSync('chown', [`${SANDBOX_UID}:${SANDBOX_UID}`, inner])
+    const innerId = Number(
+      /Subvolume ID:\s+(\d+)/.exec(
+        execFileSync('btrfs', ['subvolume', 'show', inner], { encoding: 'utf8' }),
+      )?.[1],
+    )
+    // BTRFS_IOC_SNAP_DESTROY_V2 by id, as the sandbox uid on the host (no seccomp filter here), on
+    // the workspace it owns: the seccomp rule's second wall.
+    const destroy = [
+      'import ctypes, fcntl, os, sys',
+      'args = ctypes.create_string_buffer(4096)',
+      'ctypes.c_uint64.from_buffer(args, 16).value = 1 << 4',
+      'ctypes.c_uint64.from_buffer(args, 56).value = int(sys.argv[2])',
+      'fd = os.open(sys.argv[1], os.O_RDONLY)',
+      'try:\n    fcntl.ioctl(fd, 0x5000943F, args); print("destroyed")\nexcept OSError as e: print(e.strerror)',
+    ].join('\n')
+    const answer = execFileSync(
+      'setpriv',
+      [
+        '--reuid',
+        String(SANDBOX_UID),
+        '--regid',
+        String(SANDBOX_UID),
+        '--clear-groups',
+        '/usr/bin/python3',
+        '-c',
+        destroy,
+        ws,
+        String(innerId),
+      ],
+      { encoding: 'utf8' },
+    ).trim()
+    expect(answer).toBe('Operation not permitted')
+    expect(existsSync(inner)).toBe(true)
+    // The server (root) still removes the workspace and what is nested in it.
+    await t.runtime.pool.deleteWorkspace(id)
+    expect(existsSync(ws)).toBe(false)
+  })
+
   it('keeps a generation marker inside each workspace: snapshots carry it, restores set it, the sandbox uid cannot touch it', async () => {
     const pool = t.runtime.pool
     const id = sessionId('gen')

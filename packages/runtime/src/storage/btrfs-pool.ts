@@ -105,7 +105,7 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
         await execTool('truncate', ['-s', String(imageSizeBytes), imagePath], { code: 'storage_error' })
         await execTool('mkfs.btrfs', ['-q', '-L', 'cairn', imagePath], { code: 'storage_error' })
       }
-      await execTool('mount', ['-o', 'loop,noatime,user_subvol_rm_allowed', imagePath, mountPoint], {
+      await execTool('mount', ['-o', 'loop,noatime', imagePath, mountPoint], {
         code: 'storage_error',
       })
       this.mountedHere = true

@@ -1,0 +1,77 @@
+/**
+ * The first process of every sandbox (bwrap or gVisor, session or build, on demand or pooled): a
+ * bash script run as root that cleans up what it inherited, joins the sandbox's cgroups and then
+ * becomes the sandbox (setpriv + bwrap, or runsc).
+ *
+ * Inherited descriptors: a descriptor open without close-on-exec in whatever started the server
+ * (`exec 300</some/dir` in the shell before `cairn server`, a supervisor's pipe) is open in the
+ * server, and Node passes it to every child it spawns. bwrap keeps what it is given, so the agent
+ * held it. The launcher closes every descriptor above the ones the driver passes on purpose
+ * (bwrap's seccomp program on fd 3, the pool's command pipe on fd 4) before anything else runs.
+ * dash cannot name a descriptor above 9, hence bash.
+ */
+export const LAUNCHER_SHELL = '/bin/bash'
+
+/**
+ * Closes every descriptor above `$keep`. The listing's own descriptor is closed by the time the
+ * loop runs, so only descriptors that still exist are closed (no error on stderr).
+ */
+const CLOSE_INHERITED =
+  'for f in /proc/self/fd/*; do f=${f##*/}; if [ "$f" -gt "$keep" ] && [ -e "/proc/self/fd/$f" ]; then exec {f}<&-; fi; done'
+
+/** Moves this process into the `$n` cgroup.procs files that follow, as root. */
+const JOIN_CGROUPS =
+  'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 111; shift; n=$((n-1)); done'
+
+/** Arguments: the highest descriptor to keep, then the cgroup count and files, then the command. */
+export const LAUNCHER = ['keep=$1; shift', CLOSE_INHERITED, JOIN_CGROUPS, 'exec "$@"'].join('\n')
+
+/**
+ * A pooled launcher: the same, then it waits for its command, NUL-terminated arguments on fd 4
+ * ended by EOF (none: the pool is closing, exit). `mapfile -d ''` needs bash 4.4.
+ */
+export const POOLED_LAUNCHER = [
+  'keep=4',
+  CLOSE_INHERITED,
+  JOIN_CGROUPS,
+  "mapfile -d '' -t a <&4 || exit 112",
+  'exec 4<&-',
+  '[ "${#a[@]}" -gt 0 ] || exit 0',
+  'exec "${a[@]}"',
+].join('\n')
+
+/**
+ * `spawn` arguments of a launcher that keeps descriptors up to `keepFd`, joins `procsFiles` and
+ * execs `command`. --norc: Debian's bash reads ~/.bashrc when its stdin is a socket (it takes
+ * itself for an ssh command), and Node's stdio pipes are socketpairs: root's rc file must never run here.
+ */
+export function launcherArgs(
+  keepFd: number,
+  procsFiles: readonly string[],
+  command: readonly string[],
+): string[] {
+  return [
+    '--norc',
+    '--noprofile',
+    '-c',
+    LAUNCHER,
+    'cairn-launch',
+    String(keepFd),
+    String(procsFiles.length),
+    ...procsFiles,
+    ...command,
+  ]
+}
+
+/** The same for a pooled launcher (its command comes later, on fd 4). */
+export function pooledLauncherArgs(procsFiles: readonly string[]): string[] {
+  return [
+    '--norc',
+    '--noprofile',
+    '-c',
+    POOLED_LAUNCHER,
+    'cairn-launch',
+    String(procsFiles.length),
+    ...procsFiles,
+  ]
+}

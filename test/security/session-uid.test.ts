@@ -1,0 +1,124 @@
+import { execFileSync } from 'node:child_process'
+import { readFileSync } from 'node:fs'
+import path from 'node:path'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { SANDBOX_UID } from '../conformance/harness.js'
+import { ESCAPE_PROBE } from '../helpers/probe.js'
+import { makeProject } from '../helpers/projects.js'
+import { startTestServer, type TestServer } from '../helpers/server.js'
+
+/**
+ * The second wall behind the seccomp filter (bwrap): every sandbox runs as a host uid of its own,
+ * and sees its workspace through an idmapped mount; on disk, every workspace belongs to the shared
+ * sandbox uid. An agent that got past the filter and out of its mount namespace with its uid
+ * (simulated here: a host process with that sandbox's uid and no filter at all) does not own
+ * another session's files, so it can neither write, delete nor destroy them.
+ *
+ * bwrap only: under gVisor the agent's system calls never reach the host kernel (gVisor's own
+ * kernel answers them; its gofer, the host process that opens files, runs as root), and the
+ * sandboxes keep the shared uid (docs/isolation.md).
+ */
+let t: TestServer
+
+beforeAll(async () => {
+  t = await startTestServer()
+  const project = await makeProject({
+    'cairn.yaml': 'name: uid-probe\ncommand: python3 probe.py\nisolation: bwrap\n',
+    'probe.py': ESCAPE_PROBE,
+  })
+  expect((await t.api.deploy(project)).status).toBe(201)
+})
+
+afterAll(async () => {
+  await t?.close()
+})
+
+async function ask(sessionId: string, message: string): Promise<string> {
+  const run = await t.api.send(sessionId, message)
+  expect(run.terminal?.type, JSON.stringify(run.terminal)).toBe('run.completed')
+  return run.text.trim()
+}
+
+/** The host uid of a session's warm sandbox (its agent process). */
+function hostUidOf(sessionId: string): number {
+  const pid = t.server.sessions.warmAgent(sessionId)?.pid
+  const uids = /^Uid:\s+(\d+)/m.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))
+  return Number(uids?.[1])
+}
+
+/** Runs python code on the host as `uid` (no seccomp filter, no namespaces): one line of answer. */
+function asUid(uid: number, code: string, ...args: string[]): string {
+  return execFileSync(
+    'setpriv',
+    [
+      '--reuid',
+      String(uid),
+      '--regid',
+      String(uid),
+      '--clear-groups',
+      '/usr/bin/python3',
+      '-c',
+      code,
+      ...args,
+    ],
+    { encoding: 'utf8' },
+  ).trim()
+}
+
+const ATTEMPTS = `import ctypes, fcntl, os, sys
+ws, subvolid = sys.argv[1], int(sys.argv[2])
+def attempt(fn):
+    try:
+        fn()
+        return "done"
+    except OSError as e:
+        return e.strerror
+def destroy():
+    args = ctypes.create_string_buffer(4096)
+    ctypes.c_uint64.from_buffer(args, 16).value = 1 << 4
+    ctypes.c_uint64.from_buffer(args, 56).value = subvolid
+    fd = os.open(ws, os.O_RDONLY)
+    try:
+        fcntl.ioctl(fd, 0x5000943F, args)
+    finally:
+        os.close(fd)
+print(" ".join([
+    "write=" + attempt(lambda: open(os.path.join(ws, "planted.txt"), "w").write("x")),
+    "append=" + attempt(lambda: open(os.path.join(ws, "secret.txt"), "a").write("x")),
+    "remove=" + attempt(lambda: os.remove(os.path.join(ws, "secret.txt"))),
+    "rmdir=" + attempt(lambda: os.rmdir(os.path.join(ws, "nested"))),
+    "destroy=" + attempt(destroy),
+]))
+`
+
+describe('bwrap driver: a host uid per sandbox', () => {
+  it("an agent past the seccomp filter, with its sandbox's host uid, cannot touch another session's files", async () => {
+    const attacker = (await t.api.createSession('uid-probe')).id
+    const victim = (await t.api.createSession('uid-probe')).id
+    expect(await ask(victim, 'write secret.txt the victim keeps this')).toBe('wrote secret.txt')
+    expect(await ask(attacker, 'write mine.txt the attacker')).toBe('wrote mine.txt')
+    const attackerUid = hostUidOf(attacker)
+    const victimUid = hostUidOf(victim)
+    expect(attackerUid).not.toBe(SANDBOX_UID)
+    expect(victimUid).not.toBe(SANDBOX_UID)
+    expect(attackerUid).not.toBe(victimUid)
+    // On disk, both workspaces belong to the shared uid; each agent saw its files as its own.
+    const victimWorkspace = t.server.runtime.pool.workspacePath(victim)
+    const nested = path.join(victimWorkspace, 'nested')
+    execFileSync('btrfs', ['subvolume', 'create', nested], { stdio: 'ignore' })
+    execFileSync('chown', [`${SANDBOX_UID}:${SANDBOX_UID}`, nested])
+    const nestedId = /Subvolume ID:\s+(\d+)/.exec(
+      execFileSync('btrfs', ['subvolume', 'show', nested], { encoding: 'utf8' }),
+    )?.[1]
+    expect(asUid(attackerUid, ATTEMPTS, victimWorkspace, String(nestedId))).toBe(
+      'write=Permission denied append=Permission denied remove=Permission denied rmdir=Permission denied destroy=Permission denied',
+    )
+    expect(readFileSync(path.join(victimWorkspace, 'secret.txt'), 'utf8')).toBe('the victim keeps this')
+    expect(await ask(victim, 'cat secret.txt')).toBe('the victim keeps this')
+    expect(await ask(victim, 'write after.txt still mine')).toBe('wrote after.txt')
+    // Its own workspace too is not the attacker's outside its idmapped mount.
+    const own = t.server.runtime.pool.workspacePath(attacker)
+    expect(asUid(attackerUid, ATTEMPTS, own, String(nestedId))).toMatch(/^write=Permission denied /)
+    expect(await ask(attacker, 'cat mine.txt')).toBe('the attacker')
+  })
+})

@@ -2,6 +2,7 @@ import { isIP } from 'node:net'
 import os from 'node:os'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
+import { type OperatorLimits, resolveOperatorLimits } from './limits/operator-limits.js'
 
 export interface ServerOptions {
   dataDir?: string | undefined
@@ -46,6 +47,8 @@ export interface ServerOptions {
   writeCredentials?: boolean | undefined
   /** Base directory for per-instance runtime files (default /run/cairn). */
   runBase?: string | undefined
+  /** The operator's maxima (limits a manifest may ask for, per-tenant counts); see limits/operator-limits.ts. */
+  operatorLimits?: Partial<OperatorLimits> | undefined
 }
 
 export interface ResolvedConfig {
@@ -71,6 +74,7 @@ export interface ResolvedConfig {
   workspaceQuotaMiB: number | undefined
   writeCredentials: boolean
   runBase: string | undefined
+  operatorLimits: OperatorLimits
 }
 
 export function defaultDataDir(): string {
@@ -83,6 +87,8 @@ export const DEFAULT_MAX_UPLOAD_BYTES = 100 * 1024 * 1024
 
 export function resolveConfig(options: ServerOptions): ResolvedConfig {
   const envPort = process.env.CAIRN_PORT ? Number(process.env.CAIRN_PORT) : undefined
+  const rateLimitPerSecond =
+    options.rateLimitPerSecond ?? (process.env.CAIRN_RATE_LIMIT ? Number(process.env.CAIRN_RATE_LIMIT) : 1000)
   return {
     dataDir: path.resolve(options.dataDir ?? defaultDataDir()),
     port: options.port ?? envPort ?? DEFAULT_PORT,
@@ -112,11 +118,10 @@ export function resolveConfig(options: ServerOptions): ResolvedConfig {
     workspaceQuotaMiB:
       options.workspaceQuotaMiB ??
       (process.env.CAIRN_WORKSPACE_QUOTA_MIB ? Number(process.env.CAIRN_WORKSPACE_QUOTA_MIB) : undefined),
-    rateLimitPerSecond:
-      options.rateLimitPerSecond ??
-      (process.env.CAIRN_RATE_LIMIT ? Number(process.env.CAIRN_RATE_LIMIT) : 1000),
+    rateLimitPerSecond,
     writeCredentials: options.writeCredentials ?? true,
     runBase: options.runBase,
+    operatorLimits: resolveOperatorLimits(options.operatorLimits, rateLimitPerSecond),
   }
 }
 

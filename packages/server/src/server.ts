@@ -10,6 +10,7 @@ import { systemClock } from './clock.js'
 import { resolveConfig, type ServerOptions } from './config.js'
 import { writeCredentialsIfMissing } from './credentials.js'
 import { openDatabase } from './db/database.js'
+import { ManualSnapshotCap } from './limits/snapshot-cap.js'
 import { MemoryService } from './memory/memory-service.js'
 import { MetricsRegistry } from './metrics/registry.js'
 import { PreviewRevocations } from './previews/preview-revocations.js'
@@ -74,6 +75,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       clock: systemClock,
       logger,
       archiveLimits: { maxFiles: config.maxArchiveFiles, maxUnpackedBytes: config.maxUnpackedBytes },
+      operatorLimits: config.operatorLimits,
     })
     const metrics = new MetricsRegistry()
     const memory = new MemoryService({
@@ -92,6 +94,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       agents,
       secrets,
       egressSite,
+      operatorLimits: config.operatorLimits,
       clock: systemClock,
       logger,
     })
@@ -107,6 +110,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       egressUpstreamCaPems: config.egressUpstreamCaFile
         ? [await readFile(config.egressUpstreamCaFile, 'utf8')]
         : undefined,
+      operatorLimits: config.operatorLimits,
       clock: systemClock,
       logger,
     })
@@ -121,6 +125,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       archiveLimits: { maxFiles: config.maxArchiveFiles, maxUnpackedBytes: config.maxUnpackedBytes },
       keepAutoSnapshots: (tenantId) => retention?.policy(tenantId).keepAutoSnapshots ?? 50,
       setupOf: (sessionId) => setup.store.info(sessionId),
+      manualSnapshotCap: new ManualSnapshotCap(db, config.operatorLimits),
     })
     const retentionService = new RetentionService({
       db,
@@ -168,6 +173,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       sessions,
       maxUploadBytes: config.maxUploadBytes,
       rateLimitPerSecond: config.rateLimitPerSecond,
+      operatorLimits: config.operatorLimits,
       version: SERVER_VERSION,
     })
     const address = await app.listen({ port: config.port, host: config.host })

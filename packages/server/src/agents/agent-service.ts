@@ -11,6 +11,8 @@ import type { Runtime } from '@cairn/runtime'
 import type { Logger } from 'pino'
 import { type Clock, iso } from '../clock.js'
 import type { Db } from '../db/database.js'
+import { checkManifestCeilings } from '../limits/ceilings.js'
+import type { OperatorLimits } from '../limits/operator-limits.js'
 import { assertBindingsAllowed, unreachableBindings } from '../secrets/proxy-bindings.js'
 import { redact, type SecretStore } from '../secrets/secret-store.js'
 import { type AgentRow, AgentStore, type StoredRevision } from './agent-store.js'
@@ -29,6 +31,8 @@ export interface AgentServiceDeps {
   clock: Clock
   logger: Logger
   archiveLimits?: ArchiveLimits
+  /** The operator's maxima: a manifest asking for more is refused (`limit_above_ceiling`). */
+  operatorLimits: OperatorLimits
 }
 
 export function revisionInfo(revision: StoredRevision): RevisionInfo {
@@ -71,6 +75,7 @@ export class AgentService {
     try {
       await extractArchive(archive, staging)
       const resolved = await readManifest(staging, options.name)
+      checkManifestCeilings(resolved.manifest, this.deps.operatorLimits)
       const setup = resolved.manifest.setup
       plan = await planBuild(staging, typeof setup === 'string' ? splitCommand(setup) : setup)
       const at = iso(this.deps.clock.now())

@@ -22,7 +22,13 @@ const CreateKeyBody = Type.Object(
   },
   { additionalProperties: false },
 )
-const errors = { 400: ErrorBodySchema, 401: ErrorBodySchema, 403: ErrorBodySchema, 404: ErrorBodySchema }
+const errors = {
+  400: ErrorBodySchema,
+  401: ErrorBodySchema,
+  403: ErrorBodySchema,
+  404: ErrorBodySchema,
+  409: ErrorBodySchema,
+}
 
 function requireAdmin(request: FastifyRequest) {
   const principal = principalOf(request)
@@ -31,7 +37,11 @@ function requireAdmin(request: FastifyRequest) {
 }
 
 /** API keys: admins create (the key is shown once), list (prefix only) and revoke them. */
-export function keyRoutes(app: FastifyInstance, keys: ApiKeyStore): void {
+export function keyRoutes(
+  app: FastifyInstance,
+  keys: ApiKeyStore,
+  limits: { maxKeysPerTenant: number },
+): void {
   app.post(
     '/v1/keys',
     {
@@ -67,7 +77,7 @@ export function keyRoutes(app: FastifyInstance, keys: ApiKeyStore): void {
         }
       }
       const role = body.role ?? 'admin'
-      const created = keys.create(tenantId, role, body.name)
+      const created = keys.createWithin(tenantId, role, limits.maxKeysPerTenant, body.name)
       return reply.status(201).send({ ...created, tenantId, role })
     },
   )

@@ -24,6 +24,7 @@ import type { Db } from '../db/database.js'
 import { openInside, resolveInside, workspaceRelative } from '../files/confine.js'
 import { deleteWorkspacePath, unpackIntoWorkspace, writeWorkspaceFile } from '../files/sandboxed-io.js'
 import { diffTrees, listDirectory } from '../files/tree.js'
+import type { ManualSnapshotCap } from '../limits/snapshot-cap.js'
 import { applyPolicy, policyColumns, policyOf } from '../sessions/policy.js'
 import type { SessionService } from '../sessions/session-service.js'
 import type { InterruptedTurn, SessionRow } from '../sessions/session-store.js'
@@ -60,6 +61,8 @@ export interface WorkspaceServiceDeps {
   keepAutoSnapshots?: (tenantId: string) => number
   /** The session's setup phase, for the manifest. */
   setupOf?: (sessionId: string) => SetupInfo | undefined
+  /** How many manual snapshots a session and a tenant may keep. */
+  manualSnapshotCap: ManualSnapshotCap
 }
 
 /**
@@ -252,7 +255,9 @@ export class WorkspaceService {
   async snapshot(tenantId: string, id: string, label?: string): Promise<SnapshotInfo> {
     await this.pending.get(id)
     return this.deps.sessions.exclusive(tenantId, id, 'a snapshot', (row) =>
-      this.take(row, 'manual', 'manual', row.turn_count, undefined, label),
+      this.deps.manualSnapshotCap.within(row, () =>
+        this.take(row, 'manual', 'manual', row.turn_count, undefined, label),
+      ),
     )
   }
 
@@ -570,7 +575,9 @@ export class WorkspaceService {
       'an import',
       async (row) => {
         const { pool } = this.deps.runtime
-        const before = await this.take(row, 'manual', 'before_import', row.turn_count)
+        const before = await this.deps.manualSnapshotCap.within(row, () =>
+          this.take(row, 'manual', 'before_import', row.turn_count),
+        )
         this.dirty.add(id)
         await this.deps.sessions.stopSandbox(id)
         const { store } = this.deps.sessions

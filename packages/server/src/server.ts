@@ -1,4 +1,4 @@
-import { chmod, mkdir, readFile, writeFile } from 'node:fs/promises'
+import { chmod, readFile, writeFile } from 'node:fs/promises'
 import path from 'node:path'
 import { type EgressSite, Runtime } from '@cairn/runtime'
 import pino, { type Logger } from 'pino'
@@ -9,6 +9,7 @@ import { ApiKeyStore, DEFAULT_TENANT_ID } from './auth/api-keys.js'
 import { systemClock } from './clock.js'
 import { resolveConfig, type ServerOptions } from './config.js'
 import { writeCredentialsIfMissing } from './credentials.js'
+import { createOwnerOnly, secureDataDir } from './data-dir.js'
 import { openDatabase } from './db/database.js'
 import { ManualSnapshotCap } from './limits/snapshot-cap.js'
 import { MemoryService } from './memory/memory-service.js'
@@ -44,7 +45,10 @@ export interface RunningServer {
 export async function startServer(options: ServerOptions = {}): Promise<RunningServer> {
   const config = resolveConfig(options)
   const logger = pino({ level: config.logLevel, base: { service: 'cairn' } })
-  await mkdir(config.dataDir, { recursive: true, mode: 0o700 })
+  // Owner-only before anything is written in it; what an older install left 0644 is fixed too.
+  const poolTrees = [path.join(config.dataDir, 'pool'), ...(config.poolPath ? [config.poolPath] : [])]
+  await secureDataDir(config.dataDir, poolTrees)
+  createOwnerOnly(path.join(config.dataDir, 'cairn.db'))
   const db = openDatabase(path.join(config.dataDir, 'cairn.db'))
   const runtime = new Runtime({
     dataDir: config.dataDir,
@@ -61,6 +65,8 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
   try {
     const { orphansReaped } = await runtime.open()
     opened = true
+    // The pool image (and anything else the runtime made) owner-only too.
+    await secureDataDir(config.dataDir, poolTrees)
     if (orphansReaped > 0) logger.warn({ orphansReaped }, 'reaped sandboxes left by an earlier run')
     const keys = new ApiKeyStore(db, systemClock)
     keys.ensureTenant(DEFAULT_TENANT_ID, 'default')

@@ -2,7 +2,11 @@ import { isIP } from 'node:net'
 import os from 'node:os'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
-import { type OperatorLimits, resolveOperatorLimits } from './limits/operator-limits.js'
+import {
+  type OperatorLimitOptions,
+  type OperatorLimits,
+  resolveOperatorLimits,
+} from './limits/operator-limits.js'
 
 export interface ServerOptions {
   dataDir?: string | undefined
@@ -48,7 +52,7 @@ export interface ServerOptions {
   /** Base directory for per-instance runtime files (default /run/cairn). */
   runBase?: string | undefined
   /** The operator's maxima (limits a manifest may ask for, per-tenant counts); see limits/operator-limits.ts. */
-  operatorLimits?: Partial<OperatorLimits> | undefined
+  operatorLimits?: OperatorLimitOptions | undefined
 }
 
 export interface ResolvedConfig {

@@ -1,4 +1,4 @@
-import { jsonOption, positiveIntOrZero, type Register } from '../command.js'
+import { jsonOption, positiveInt, positiveIntOrZero, positiveNumber, type Register } from '../command.js'
 import { UsageError } from '../errors.js'
 
 interface ServerOptions {
@@ -11,10 +11,70 @@ interface ServerOptions {
   workspaceQuotaMib?: number
   egressAllowPrivate?: string
   isolation?: 'bwrap' | 'gvisor'
+  maxMemoryMib?: number
+  maxPids?: number
+  maxCpus?: number
+  maxTurnTimeoutMs?: number
+  maxSetupTimeoutMs?: number
+  maxSandboxesPerTenant?: number
+  maxSnapshotsPerSession?: number
+  maxSnapshotsPerTenant?: number
+  maxKeysPerTenant?: number
+  tenantRateLimit?: number
 }
 
+/** The operator's maxima as flags (each also an environment variable; see `GET /v1/runtime`). */
+const OPERATOR_LIMIT_FLAGS = [
+  [
+    '--max-memory-mib <mib>',
+    'most memory an agent may ask for (env CAIRN_MAX_MEMORY_MIB; default 4096)',
+    positiveInt,
+  ],
+  ['--max-pids <n>', 'most processes an agent may ask for (env CAIRN_MAX_PIDS; default 4096)', positiveInt],
+  [
+    '--max-cpus <n>',
+    "most CPUs an agent may ask for (env CAIRN_MAX_CPUS; default this host's)",
+    positiveNumber,
+  ],
+  [
+    '--max-turn-timeout-ms <ms>',
+    'longest turn timeout an agent may ask for (env CAIRN_MAX_TURN_TIMEOUT_MS; default 1 h)',
+    positiveInt,
+  ],
+  [
+    '--max-setup-timeout-ms <ms>',
+    'longest setup phase timeout (env CAIRN_MAX_SETUP_TIMEOUT_MS; default 1 h)',
+    positiveInt,
+  ],
+  [
+    '--max-sandboxes-per-tenant <n>',
+    'agent sandboxes one tenant may run at once (env CAIRN_MAX_SANDBOXES_PER_TENANT; default 32)',
+    positiveInt,
+  ],
+  [
+    '--max-snapshots-per-session <n>',
+    'manual snapshots one session may keep (env CAIRN_MAX_SNAPSHOTS_PER_SESSION; default 100)',
+    positiveInt,
+  ],
+  [
+    '--max-snapshots-per-tenant <n>',
+    'manual snapshots one tenant may keep (env CAIRN_MAX_SNAPSHOTS_PER_TENANT; default 1000)',
+    positiveInt,
+  ],
+  [
+    '--max-keys-per-tenant <n>',
+    'active API keys one tenant may hold (env CAIRN_MAX_KEYS_PER_TENANT; default 20)',
+    positiveInt,
+  ],
+  [
+    '--tenant-rate-limit <n>',
+    "requests per second of all of a tenant's keys together (env CAIRN_TENANT_RATE_LIMIT; default the per-key rate)",
+    positiveNumber,
+  ],
+] as const
+
 export const register: Register = (parent, ctx) => {
-  jsonOption(
+  const command = jsonOption(
     parent
       .command('server')
       .description('Run the control plane and the runtime on this machine until Ctrl-C')
@@ -50,7 +110,9 @@ export const register: Register = (parent, ctx) => {
         '--egress-allow-private <addresses>',
         'comma-separated private addresses sandboxes may reach through the egress proxy',
       ),
-  ).action(async (options: ServerOptions) => {
+  )
+  for (const [flag, description, parse] of OPERATOR_LIMIT_FLAGS) command.option(flag, description, parse)
+  command.action(async (options: ServerOptions) => {
     const { out } = ctx
     if (options.storage !== undefined && options.storage !== 'btrfs' && options.storage !== 'dir') {
       throw new UsageError(`--storage must be btrfs or dir, not '${options.storage}'`)
@@ -67,6 +129,18 @@ export const register: Register = (parent, ctx) => {
       isolation: options.isolation,
       egressPrivateExceptions: options.egressAllowPrivate?.split(',').filter(Boolean),
       logLevel: options.logLevel ?? (ctx.json ? 'warn' : undefined),
+      operatorLimits: {
+        maxMemoryMiB: options.maxMemoryMib,
+        maxPids: options.maxPids,
+        maxCpus: options.maxCpus,
+        maxTurnTimeoutMs: options.maxTurnTimeoutMs,
+        maxSetupTimeoutMs: options.maxSetupTimeoutMs,
+        maxSandboxesPerTenant: options.maxSandboxesPerTenant,
+        maxManualSnapshotsPerSession: options.maxSnapshotsPerSession,
+        maxManualSnapshotsPerTenant: options.maxSnapshotsPerTenant,
+        maxKeysPerTenant: options.maxKeysPerTenant,
+        tenantRateLimitPerSecond: options.tenantRateLimit,
+      },
     })
     if (ctx.json) {
       out.record({

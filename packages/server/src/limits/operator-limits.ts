@@ -33,6 +33,8 @@ export const OperatorLimitsSchema = Type.Object({
   tenantRateLimitPerSecond: Type.Number(),
 })
 export type OperatorLimits = Static<typeof OperatorLimitsSchema>
+/** The maxima given as server options (each left out or undefined: the environment's, else the default). */
+export type OperatorLimitOptions = { [K in keyof OperatorLimits]?: number | undefined }
 
 const ENV: Record<keyof OperatorLimits, string> = {
   maxMemoryMiB: 'CAIRN_MAX_MEMORY_MIB',
@@ -69,7 +71,7 @@ export function defaultOperatorLimits(rateLimitPerSecond: number): OperatorLimit
 
 /** The options given, else the environment, else the defaults; a value that is not a number ≥ 0 stops the start. */
 export function resolveOperatorLimits(
-  given: Partial<OperatorLimits> | undefined,
+  given: OperatorLimitOptions | undefined,
   rateLimitPerSecond: number,
   env: NodeJS.ProcessEnv = process.env,
 ): OperatorLimits {

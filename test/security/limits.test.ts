@@ -15,6 +15,7 @@ const OPERATOR_LIMITS = {
   maxTurnTimeoutMs: 60_000,
   maxSetupTimeoutMs: 30_000,
   maxSandboxesPerTenant: 2,
+  maxBuildsPerTenant: 1,
   maxManualSnapshotsPerSession: 3,
   maxManualSnapshotsPerTenant: 5,
   maxKeysPerTenant: 4,
@@ -196,6 +197,30 @@ describe('agent sandboxes per tenant', () => {
     expect((await other.send(theirs, 'unaffected')).terminal?.type).toBe('run.completed')
     for (const run of await Promise.all(running)) expect(run.terminal?.type).toBe('run.completed')
     expect((await t.api.send(third, 'now')).text).toBe('done now\n')
+  })
+})
+
+describe('builds per tenant', () => {
+  it('refuses a deploy that needs a build while the tenant runs its most builds (sandbox_limit_reached, nothing recorded); another tenant builds', async () => {
+    const building = (name: string) =>
+      makeProject({ 'cairn.yaml': `name: ${name}\ncommand: cat\nsetup: sleep 3\n` })
+    const first = await t.api.deploy(await building('build-one'))
+    expect(first.status).toBe(201)
+    expect(first.body.revision.status).toBe('DEPLOYING')
+    const second = await t.api.deploy(await building('build-two'))
+    expect(second.status).toBe(429)
+    expect(second.body.error).toMatchObject({
+      code: 'sandbox_limit_reached',
+      details: { limit: 'maxBuildsPerTenant', value: 1, ceiling: 1 },
+    })
+    expect((await t.api.call('GET', '/v1/agents/build-two')).status).toBe(404)
+    expect((await other.deploy(await building('build-theirs'))).status).toBe(201)
+    for (let i = 0; i < 100; i++) {
+      const agent = await t.api.call('GET', '/v1/agents/build-one')
+      if (agent.body.currentRevisionId) break
+      await new Promise((r) => setTimeout(r, 200))
+    }
+    expect((await t.api.deploy(await building('build-two'))).status).toBe(201)
   })
 })
 

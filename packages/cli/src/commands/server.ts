@@ -17,6 +17,7 @@ interface ServerOptions {
   maxTurnTimeoutMs?: number
   maxSetupTimeoutMs?: number
   maxSandboxesPerTenant?: number
+  maxBuildsPerTenant?: number
   maxSnapshotsPerSession?: number
   maxSnapshotsPerTenant?: number
   maxKeysPerTenant?: number
@@ -49,6 +50,11 @@ const OPERATOR_LIMIT_FLAGS = [
   [
     '--max-sandboxes-per-tenant <n>',
     'agent sandboxes one tenant may run at once (env CAIRN_MAX_SANDBOXES_PER_TENANT; default 32)',
+    positiveInt,
+  ],
+  [
+    '--max-builds-per-tenant <n>',
+    'builds (dependencies, setup) one tenant may run at once (env CAIRN_MAX_BUILDS_PER_TENANT; default 4)',
     positiveInt,
   ],
   [
@@ -136,6 +142,7 @@ export const register: Register = (parent, ctx) => {
         maxTurnTimeoutMs: options.maxTurnTimeoutMs,
         maxSetupTimeoutMs: options.maxSetupTimeoutMs,
         maxSandboxesPerTenant: options.maxSandboxesPerTenant,
+        maxBuildsPerTenant: options.maxBuildsPerTenant,
         maxManualSnapshotsPerSession: options.maxSnapshotsPerSession,
         maxManualSnapshotsPerTenant: options.maxSnapshotsPerTenant,
         maxKeysPerTenant: options.maxKeysPerTenant,

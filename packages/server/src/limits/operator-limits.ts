@@ -20,6 +20,8 @@ export const OperatorLimitsSchema = Type.Object({
   maxSetupTimeoutMs: Type.Number(),
   /** Agent sandboxes one tenant may have running at once (`CAIRN_MAX_SANDBOXES_PER_TENANT`). */
   maxSandboxesPerTenant: Type.Number(),
+  /** Builds (dependencies, `setup`) one tenant may run at once (`CAIRN_MAX_BUILDS_PER_TENANT`). */
+  maxBuildsPerTenant: Type.Number(),
   /** Manual snapshots one session may keep (`CAIRN_MAX_SNAPSHOTS_PER_SESSION`). */
   maxManualSnapshotsPerSession: Type.Number(),
   /** Manual snapshots one tenant may keep over all its sessions (`CAIRN_MAX_SNAPSHOTS_PER_TENANT`). */
@@ -43,6 +45,7 @@ const ENV: Record<keyof OperatorLimits, string> = {
   maxTurnTimeoutMs: 'CAIRN_MAX_TURN_TIMEOUT_MS',
   maxSetupTimeoutMs: 'CAIRN_MAX_SETUP_TIMEOUT_MS',
   maxSandboxesPerTenant: 'CAIRN_MAX_SANDBOXES_PER_TENANT',
+  maxBuildsPerTenant: 'CAIRN_MAX_BUILDS_PER_TENANT',
   maxManualSnapshotsPerSession: 'CAIRN_MAX_SNAPSHOTS_PER_SESSION',
   maxManualSnapshotsPerTenant: 'CAIRN_MAX_SNAPSHOTS_PER_TENANT',
   maxKeysPerTenant: 'CAIRN_MAX_KEYS_PER_TENANT',
@@ -62,6 +65,7 @@ export function defaultOperatorLimits(rateLimitPerSecond: number): OperatorLimit
     maxTurnTimeoutMs: 3600 * 1000,
     maxSetupTimeoutMs: 3600 * 1000,
     maxSandboxesPerTenant: 32,
+    maxBuildsPerTenant: 4,
     maxManualSnapshotsPerSession: 100,
     maxManualSnapshotsPerTenant: 1000,
     maxKeysPerTenant: 20,

@@ -49,7 +49,7 @@ const OPERATOR_LIMIT_FLAGS = [
   ],
   [
     '--max-sandboxes-per-tenant <n>',
-    'agent sandboxes one tenant may run at once (env CAIRN_MAX_SANDBOXES_PER_TENANT; default 32)',
+    'agent sandboxes one tenant may run at once (env CAIRN_MAX_SANDBOXES_PER_TENANT; default 64)',
     positiveInt,
   ],
   [

@@ -64,7 +64,7 @@ export function defaultOperatorLimits(rateLimitPerSecond: number): OperatorLimit
     maxCpus: Math.max(1, os.availableParallelism()),
     maxTurnTimeoutMs: 3600 * 1000,
     maxSetupTimeoutMs: 3600 * 1000,
-    maxSandboxesPerTenant: 32,
+    maxSandboxesPerTenant: 64,
     maxBuildsPerTenant: 4,
     maxManualSnapshotsPerSession: 100,
     maxManualSnapshotsPerTenant: 1000,

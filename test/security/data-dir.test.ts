@@ -2,8 +2,11 @@ import { execFileSync } from 'node:child_process'
 import { chmod, lstat, mkdir, mkdtemp, readdir, rm, writeFile } from 'node:fs/promises'
 import os from 'node:os'
 import path from 'node:path'
+import { Readable } from 'node:stream'
+import { pipeline } from 'node:stream/promises'
+import * as tar from 'tar'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { makeProject } from '../helpers/projects.js'
+import { makeProject, SHELL_PROJECT } from '../helpers/projects.js'
 import { EXAMPLES, startTestServer, type TestServer } from '../helpers/server.js'
 
 /** Every entry under `dir` (the pool's own trees aside) with its permission bits. */
@@ -148,5 +151,39 @@ describe('imported and deployed files lose setuid, setgid and meaningless sticky
     const session = await t.api.createSession('holder')
     const workspace = t.server.runtime.pool.workspacePath(session.id)
     expect((await lstat(path.join(workspace, 'suid-tool'))).mode & 0o7777).toBe(0o755)
+  })
+
+  it('an export: what the agent marked setuid in its workspace leaves without the bit', async () => {
+    expect((await t.api.deploy(await makeProject(SHELL_PROJECT))).status).toBe(201)
+    const session = await t.api.createSession('shell')
+    const made = await t.api.send(
+      session.id,
+      'cp /bin/true suid && chmod 4755 suid && touch sticky && chmod 1644 sticky && mkdir sgid && chmod 2775 sgid && stat -c %a suid sticky sgid',
+    )
+    // The agent may mark its own files (nothing in its sandbox honours the bits: no_new_privs).
+    expect(made.text).toBe('4755\n1644\n2775\n[exit 0]\n')
+    for (const query of [
+      '',
+      `?snapshot=${(await t.api.call('POST', `/v1/sessions/${session.id}/snapshots`, {})).body.id}`,
+    ]) {
+      const res = await fetch(`${t.url}/v1/sessions/${session.id}/export${query}`, {
+        headers: { authorization: `Bearer ${t.key}` },
+      })
+      expect(res.status).toBe(200)
+      const archive = Buffer.from(await res.arrayBuffer())
+      const found: Record<string, number> = {}
+      const parser = new tar.Parser({
+        onReadEntry: (entry) => {
+          found[entry.path.replace(/^\.\//, '').replace(/\/$/, '')] = (entry.mode ?? 0) & 0o7777
+          entry.resume()
+        },
+      })
+      await pipeline(Readable.from([archive]), parser)
+      expect({ suid: found.suid, sticky: found.sticky, sgid: found.sgid }).toEqual({
+        suid: 0o755,
+        sticky: 0o644,
+        sgid: 0o775,
+      })
+    }
   })
 })

@@ -1,4 +1,4 @@
-import { existsSync } from 'node:fs'
+import { existsSync, Stats } from 'node:fs'
 import { chmod } from 'node:fs/promises'
 
 import type { Readable } from 'node:stream'
@@ -548,10 +548,22 @@ export class WorkspaceService {
       }
     }
     // Not `portable`: that mode forces u+rw on every entry, and an export must keep modes exactly
-    // (a read-only directory stays read-only through export and import).
-    const stream = tar.c({ gzip: true, cwd: dir, portable: false, follow: false }, [
-      '.',
-    ]) as unknown as Readable
+    // (a read-only directory stays read-only through export and import), except the setuid and
+    // setgid bits and a non-directory's sticky bit: what the agent marked so must not become a
+    // setuid program where the archive is unpacked (as an import drops them).
+    const stream = tar.c(
+      {
+        gzip: true,
+        cwd: dir,
+        portable: false,
+        follow: false,
+        filter: (_path, stat) => {
+          if (stat instanceof Stats) stat.mode &= stat.isDirectory() ? ~0o6000 : ~0o7000
+          return true
+        },
+      },
+      ['.'],
+    ) as unknown as Readable
     return { stream, cleanup }
   }
 

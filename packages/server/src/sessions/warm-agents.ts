@@ -87,7 +87,8 @@ export class WarmAgents {
         .sort(([, a], [, b]) => a.usedAt - b.usedAt)
       for (const [id] of idle) {
         if (running() < cap) break
-        void this.drop(id)
+        // Out of the count at once (drop forgets it before stopping it); the stop finishes behind.
+        void this.drop(id).catch(() => undefined)
       }
     }
     const now = running()

@@ -28,7 +28,13 @@ export const throughput: Bench = {
   run: () =>
     timedResult('throughput', async () => {
       // The per-key rate limit (1,000 requests/s by default) is an operator policy, not capacity.
-      const server = await startBenchServer({ server: { rateLimitPerSecond: 0 } })
+      // So is the per-tenant cap on running sandboxes (64 by default).
+      const server = await startBenchServer({
+        server: {
+          rateLimitPerSecond: 0,
+          operatorLimits: { maxSandboxesPerTenant: Math.max(...CONCURRENCY) },
+        },
+      })
       const client = new NodeHttpClient(server.url, server.key, Math.max(...CONCURRENCY) + 4)
       try {
         await server.deploy(`${EXAMPLES}/echo`)

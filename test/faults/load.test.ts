@@ -7,7 +7,10 @@ const TURNS = 10
 let t: TestServer
 
 beforeAll(async () => {
-  t = await startTestServer({ server: { rateLimitPerSecond: 0 } })
+  // The rate limit and the per-tenant sandbox cap are an operator's policy, not capacity.
+  t = await startTestServer({
+    server: { rateLimitPerSecond: 0, operatorLimits: { maxSandboxesPerTenant: SESSIONS } },
+  })
   expect((await t.api.deploy(`${EXAMPLES}/echo`)).status).toBe(201)
 })
 

@@ -16,6 +16,13 @@ export function positiveInt(value: string): number {
   return n
 }
 
+/** A positive number (fractions allowed, as in `--max-cpus 0.5`). */
+export function positiveNumber(value: string): number {
+  const n = Number(value)
+  if (!Number.isFinite(n) || n <= 0) throw new InvalidArgumentError('expected a positive number')
+  return n
+}
+
 /** A port: 0 to 65535. */
 export function positiveIntOrZero(value: string): number {
   const n = Number(value)

@@ -8,6 +8,8 @@ export const ERROR_CODES = {
   invalid_json: { status: 400, retryable: false },
   invalid_archive: { status: 400, retryable: false },
   invalid_manifest: { status: 400, retryable: false },
+  /** A limit asked for (cairn.yaml, a session) above the operator's maximum; details: limit, value, ceiling. */
+  limit_above_ceiling: { status: 400, retryable: false },
   unauthorized: { status: 401, retryable: false },
   forbidden: { status: 403, retryable: false },
   not_found: { status: 404, retryable: false },
@@ -33,6 +35,12 @@ export const ERROR_CODES = {
   quota_exceeded: { status: 507, retryable: false },
   unsupported_media_type: { status: 415, retryable: false },
   rate_limited: { status: 429, retryable: true },
+  /** The tenant has as many agent sandboxes running as it may, none idle to stop: retry later. */
+  sandbox_limit_reached: { status: 429, retryable: true },
+  /** The session or tenant keeps as many manual snapshots as it may: delete some first. */
+  snapshot_limit_reached: { status: 409, retryable: false },
+  /** The tenant holds as many active API keys as it may: revoke one first. */
+  key_limit_reached: { status: 409, retryable: false },
   agent_crashed: { status: 500, retryable: true },
   agent_protocol_error: { status: 502, retryable: true },
   port_unreachable: { status: 502, retryable: true },

@@ -15,6 +15,7 @@ import { refuseNonFiniteNumbers } from './http/finite-numbers.js'
 import { acceptEmptyBodies } from './http/optional-body.js'
 import { documentFrameworkAnswers } from './http/responses.js'
 import { runtimeRoute } from './http/runtime-route.js'
+import type { OperatorLimits } from './limits/operator-limits.js'
 import type { MemoryService } from './memory/memory-service.js'
 import { memoryRoutes } from './memory/routes.js'
 import type { MetricsRegistry } from './metrics/registry.js'
@@ -51,6 +52,8 @@ export interface AppDeps {
   runtime: Runtime
   maxUploadBytes: number
   rateLimitPerSecond?: number | undefined
+  /** The operator's maxima (shown at `GET /v1/runtime`; the tenant rate and key count are enforced here). */
+  operatorLimits: OperatorLimits
   version: string
 }
 
@@ -135,14 +138,22 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
     },
   })
   documentFrameworkAnswers(app)
-  installAuth(app, deps.keys, { ratePerSecond: deps.rateLimitPerSecond }, isPreviewRequest)
+  installAuth(
+    app,
+    deps.keys,
+    {
+      ratePerSecond: deps.rateLimitPerSecond,
+      tenantRatePerSecond: deps.operatorLimits.tenantRateLimitPerSecond,
+    },
+    isPreviewRequest,
+  )
   app.get('/healthz', { schema: { hide: true, response: { 200: HealthSchema } } }, async () => ({
     ok: true,
     version: deps.version,
   }))
   installMetrics(app, deps.metrics, deps.sessions, deps.db, deps.runtime.pool)
   app.get('/v1/openapi.json', { schema: { hide: true } }, async () => app.swagger())
-  keyRoutes(app, deps.keys)
+  keyRoutes(app, deps.keys, { maxKeysPerTenant: deps.operatorLimits.maxKeysPerTenant })
   agentRoutes(app, deps.agents)
   sessionRoutes(app, deps.sessions)
   secretRoutes(app, deps.agents, deps.secrets)
@@ -151,7 +162,7 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   memoryRoutes(app, deps.memory, deps.agents, deps.sessions)
   previewRoutes(app, deps.previews, deps.previewOrigins)
   setupRoutes(app, deps.setup, deps.sessions)
-  runtimeRoute(app, deps.runtime)
+  runtimeRoute(app, deps.runtime, deps.operatorLimits)
   consoleRoutes(app)
   app.addHook('onResponse', async (request, reply) => {
     if (reply.statusCode >= 400) {

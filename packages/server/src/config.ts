@@ -2,6 +2,11 @@ import { isIP } from 'node:net'
 import os from 'node:os'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
+import {
+  type OperatorLimitOptions,
+  type OperatorLimits,
+  resolveOperatorLimits,
+} from './limits/operator-limits.js'
 import { checkPreviewDomain, DEFAULT_PREVIEW_DOMAIN } from './previews/preview-origins.js'
 
 export interface ServerOptions {
@@ -80,6 +85,8 @@ export interface ServerOptions {
    * `CAIRN_PREVIEW_DOMAIN`; default `localhost`, which browsers resolve to loopback on their own).
    */
   previewDomain?: string | undefined
+  /** The operator's maxima (limits a manifest may ask for, per-tenant counts); see limits/operator-limits.ts. */
+  operatorLimits?: OperatorLimitOptions | undefined
 }
 
 export interface ResolvedConfig {
@@ -111,6 +118,7 @@ export interface ResolvedConfig {
   runBase: string | undefined
   previewPort: number
   previewDomain: string
+  operatorLimits: OperatorLimits
 }
 
 export function defaultDataDir(): string {
@@ -143,6 +151,8 @@ export function resolveConfig(options: ServerOptions): ResolvedConfig {
   const envPreviewPort = process.env.CAIRN_PREVIEW_PORT ? Number(process.env.CAIRN_PREVIEW_PORT) : undefined
   const storage = options.storage ?? storageFromEnv(process.env.CAIRN_STORAGE)
   const btrfs = storage === 'btrfs'
+  const rateLimitPerSecond =
+    options.rateLimitPerSecond ?? (process.env.CAIRN_RATE_LIMIT ? Number(process.env.CAIRN_RATE_LIMIT) : 1000)
   return {
     dataDir: path.resolve(options.dataDir ?? defaultDataDir()),
     port,
@@ -189,11 +199,10 @@ export function resolveConfig(options: ServerOptions): ResolvedConfig {
       btrfs ? DEFAULT_TENANT_QUOTA_MIB : undefined,
     ),
     poolReserveMiB: quotaMiB(options.poolReserveMiB, process.env.CAIRN_POOL_RESERVE_MIB, undefined),
-    rateLimitPerSecond:
-      options.rateLimitPerSecond ??
-      (process.env.CAIRN_RATE_LIMIT ? Number(process.env.CAIRN_RATE_LIMIT) : 1000),
+    rateLimitPerSecond,
     writeCredentials: options.writeCredentials ?? true,
     runBase: options.runBase,
+    operatorLimits: resolveOperatorLimits(options.operatorLimits, rateLimitPerSecond),
   }
 }
 

@@ -12,8 +12,10 @@ import { ApiKeyStore, DEFAULT_TENANT_ID } from './auth/api-keys.js'
 import { systemClock } from './clock.js'
 import { resolveConfig, type ServerOptions } from './config.js'
 import { writeCredentialsIfMissing } from './credentials.js'
+import { createOwnerOnly, secureDataDir } from './data-dir.js'
 import { DataDirLock } from './data-dir-lock.js'
 import { type Db, openDatabase } from './db/database.js'
+import { ManualSnapshotCap } from './limits/snapshot-cap.js'
 import { MemoryService } from './memory/memory-service.js'
 import { MetricsRegistry } from './metrics/registry.js'
 import { createPreviewListener, type PreviewListener } from './previews/preview-listener.js'
@@ -71,6 +73,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     }),
   ]
   const releaseLocks = () => Promise.all(locks.map((lock) => lock.release()))
+  const poolTrees = [path.join(config.dataDir, 'pool'), ...(config.poolPath ? [config.poolPath] : [])]
   let db: Db
   try {
     // A pool given by path could be shared by two data dirs by mistake: it is claimed as well.
@@ -88,6 +91,9 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
         )
       }
     }
+    // Owner-only before anything else is written in it; what an older install left 0644 is fixed too.
+    await secureDataDir(config.dataDir, poolTrees)
+    createOwnerOnly(path.join(config.dataDir, 'cairn.db'))
     db = openDatabase(path.join(config.dataDir, 'cairn.db'))
   } catch (error) {
     await releaseLocks()
@@ -111,6 +117,8 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
   try {
     const { orphansReaped } = await runtime.open()
     opened = true
+    // The pool image (and anything else the runtime made) owner-only too.
+    await secureDataDir(config.dataDir, poolTrees)
     if (orphansReaped > 0) logger.warn({ orphansReaped }, 'reaped sandboxes left by an earlier run')
     const quotas = runtime.pool.quotaStatus()
     if (quotas.warning) logger.warn({ code: quotas.warning.code }, quotas.warning.message)
@@ -132,6 +140,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       logger,
       archiveLimits: { maxFiles: config.maxArchiveFiles, maxUnpackedBytes: config.maxUnpackedBytes },
       build: { egressSite, buildEgressAllow: config.buildEgressAllow },
+      operatorLimits: config.operatorLimits,
     })
     const metrics = new MetricsRegistry()
     const memory = new MemoryService({
@@ -150,6 +159,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       agents,
       secrets,
       egressSite,
+      operatorLimits: config.operatorLimits,
       clock: systemClock,
       logger,
     })
@@ -165,6 +175,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       egressUpstreamCaPems: config.egressUpstreamCaFile
         ? [await readFile(config.egressUpstreamCaFile, 'utf8')]
         : undefined,
+      operatorLimits: config.operatorLimits,
       clock: systemClock,
       logger,
     })
@@ -179,6 +190,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       archiveLimits: { maxFiles: config.maxArchiveFiles, maxUnpackedBytes: config.maxUnpackedBytes },
       keepAutoSnapshots: (tenantId) => retention?.policy(tenantId).keepAutoSnapshots ?? 50,
       setupOf: (sessionId) => setup.store.info(sessionId),
+      manualSnapshotCap: new ManualSnapshotCap(db, config.operatorLimits),
     })
     const retentionService = new RetentionService({
       db,
@@ -236,6 +248,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       sessions,
       maxUploadBytes: config.maxUploadBytes,
       rateLimitPerSecond: config.rateLimitPerSecond,
+      operatorLimits: config.operatorLimits,
       version: SERVER_VERSION,
     })
     const address = await app.listen({ port: config.port, host: config.host })

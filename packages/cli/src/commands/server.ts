@@ -1,4 +1,4 @@
-import { jsonOption, positiveIntOrZero, type Register } from '../command.js'
+import { jsonOption, positiveInt, positiveIntOrZero, positiveNumber, type Register } from '../command.js'
 import { UsageError } from '../errors.js'
 
 interface ServerOptions {
@@ -16,10 +16,76 @@ interface ServerOptions {
   isolation?: 'bwrap' | 'gvisor'
   previewPort?: number
   previewDomain?: string
+  maxMemoryMib?: number
+  maxPids?: number
+  maxCpus?: number
+  maxTurnTimeoutMs?: number
+  maxSetupTimeoutMs?: number
+  maxSandboxesPerTenant?: number
+  maxBuildsPerTenant?: number
+  maxSnapshotsPerSession?: number
+  maxSnapshotsPerTenant?: number
+  maxKeysPerTenant?: number
+  tenantRateLimit?: number
 }
 
+/** The operator's maxima as flags (each also an environment variable; see `GET /v1/runtime`). */
+const OPERATOR_LIMIT_FLAGS = [
+  [
+    '--max-memory-mib <mib>',
+    'most memory an agent may ask for (env CAIRN_MAX_MEMORY_MIB; default 4096)',
+    positiveInt,
+  ],
+  ['--max-pids <n>', 'most processes an agent may ask for (env CAIRN_MAX_PIDS; default 4096)', positiveInt],
+  [
+    '--max-cpus <n>',
+    "most CPUs an agent may ask for (env CAIRN_MAX_CPUS; default this host's)",
+    positiveNumber,
+  ],
+  [
+    '--max-turn-timeout-ms <ms>',
+    'longest turn timeout an agent may ask for (env CAIRN_MAX_TURN_TIMEOUT_MS; default 1 h)',
+    positiveInt,
+  ],
+  [
+    '--max-setup-timeout-ms <ms>',
+    'longest setup phase timeout (env CAIRN_MAX_SETUP_TIMEOUT_MS; default 1 h)',
+    positiveInt,
+  ],
+  [
+    '--max-sandboxes-per-tenant <n>',
+    'agent sandboxes one tenant may run at once (env CAIRN_MAX_SANDBOXES_PER_TENANT; default 64)',
+    positiveInt,
+  ],
+  [
+    '--max-builds-per-tenant <n>',
+    'builds (dependencies, setup) one tenant may run at once (env CAIRN_MAX_BUILDS_PER_TENANT; default 4)',
+    positiveInt,
+  ],
+  [
+    '--max-snapshots-per-session <n>',
+    'manual snapshots one session may keep (env CAIRN_MAX_SNAPSHOTS_PER_SESSION; default 100)',
+    positiveInt,
+  ],
+  [
+    '--max-snapshots-per-tenant <n>',
+    'manual snapshots one tenant may keep (env CAIRN_MAX_SNAPSHOTS_PER_TENANT; default 1000)',
+    positiveInt,
+  ],
+  [
+    '--max-keys-per-tenant <n>',
+    'active API keys one tenant may hold (env CAIRN_MAX_KEYS_PER_TENANT; default 20)',
+    positiveInt,
+  ],
+  [
+    '--tenant-rate-limit <n>',
+    "requests per second of all of a tenant's keys together (env CAIRN_TENANT_RATE_LIMIT; default the per-key rate)",
+    positiveNumber,
+  ],
+] as const
+
 export const register: Register = (parent, ctx) => {
-  jsonOption(
+  const command = jsonOption(
     parent
       .command('server')
       .description('Run the control plane and the runtime on this machine until Ctrl-C')
@@ -78,7 +144,9 @@ export const register: Register = (parent, ctx) => {
         '--build-egress-allow <hosts>',
         "comma-separated hosts every revision build may reach besides the agent's network.allow (env CAIRN_BUILD_EGRESS_ALLOW; default: the registries npm and pip are configured with; '' for none)",
       ),
-  ).action(async (options: ServerOptions) => {
+  )
+  for (const [flag, description, parse] of OPERATOR_LIMIT_FLAGS) command.option(flag, description, parse)
+  command.action(async (options: ServerOptions) => {
     const { out } = ctx
     if (options.storage !== undefined && options.storage !== 'btrfs' && options.storage !== 'dir') {
       throw new UsageError(`--storage must be btrfs or dir, not '${options.storage}'`)
@@ -100,6 +168,19 @@ export const register: Register = (parent, ctx) => {
       egressPrivateExceptions: options.egressAllowPrivate?.split(',').filter(Boolean),
       buildEgressAllow: options.buildEgressAllow?.split(',').filter(Boolean),
       logLevel: options.logLevel ?? (ctx.json ? 'warn' : undefined),
+      operatorLimits: {
+        maxMemoryMiB: options.maxMemoryMib,
+        maxPids: options.maxPids,
+        maxCpus: options.maxCpus,
+        maxTurnTimeoutMs: options.maxTurnTimeoutMs,
+        maxSetupTimeoutMs: options.maxSetupTimeoutMs,
+        maxSandboxesPerTenant: options.maxSandboxesPerTenant,
+        maxBuildsPerTenant: options.maxBuildsPerTenant,
+        maxManualSnapshotsPerSession: options.maxSnapshotsPerSession,
+        maxManualSnapshotsPerTenant: options.maxSnapshotsPerTenant,
+        maxKeysPerTenant: options.maxKeysPerTenant,
+        tenantRateLimitPerSecond: options.tenantRateLimit,
+      },
     })
     if (ctx.json) {
       out.record({

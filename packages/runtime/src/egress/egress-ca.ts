@@ -64,6 +64,7 @@ export class EgressCa {
       await rename(`${certFile}.new`, certFile)
     }
     await chmod(keyFile, 0o600)
+    await chmod(certFile, 0o600)
     return new EgressCa(dir, await readFile(certFile, 'utf8'))
   }
 

@@ -12,6 +12,9 @@ import type { Runtime } from '@cairn/runtime'
 import type { Logger } from 'pino'
 import { type Clock, iso } from '../clock.js'
 import type { Db } from '../db/database.js'
+import { checkManifestCeilings } from '../limits/ceilings.js'
+import { type OperatorLimits, operatorLimitSource } from '../limits/operator-limits.js'
+import { TenantSlots } from '../limits/tenant-slots.js'
 import { assertBindingsAllowed, unreachableBindings } from '../secrets/proxy-bindings.js'
 import { redact, type SecretStore } from '../secrets/secret-store.js'
 import { type AgentRow, AgentStore, type StoredRevision } from './agent-store.js'
@@ -32,6 +35,8 @@ export interface AgentServiceDeps {
   archiveLimits?: ArchiveLimits
   /** How revision builds reach the network (the operator's egress settings and registries). */
   build?: BuilderOptions | undefined
+  /** The operator's maxima: a manifest asking for more is refused (`limit_above_ceiling`). */
+  operatorLimits: OperatorLimits
 }
 
 export function revisionInfo(revision: StoredRevision): RevisionInfo {
@@ -49,7 +54,15 @@ export class AgentService {
     return this.builder.envs
   }
 
+  /** Builds running per tenant (each is a sandbox with the build's limits). */
+  private readonly builds: TenantSlots
+
   constructor(private readonly deps: AgentServiceDeps) {
+    this.builds = new TenantSlots(
+      'builds',
+      { name: 'maxBuildsPerTenant', source: operatorLimitSource('maxBuildsPerTenant') },
+      () => deps.operatorLimits.maxBuildsPerTenant,
+    )
     this.store = new AgentStore(deps.db)
     this.builder = new Builder(deps.runtime, deps.build)
     this.logs = deps.logs
@@ -72,12 +85,16 @@ export class AgentService {
     let agentId: string | undefined
     let plan: BuildPlan
     let manifest: AgentManifest
+    let buildSlot: () => void = () => undefined
     try {
       await extractArchive(archive, staging)
       const resolved = await readManifest(staging, options.name)
       manifest = resolved.manifest
+      checkManifestCeilings(resolved.manifest, this.deps.operatorLimits)
       const setup = resolved.manifest.setup
       plan = await planBuild(tenantId, staging, typeof setup === 'string' ? splitCommand(setup) : setup)
+      // Before anything is recorded: a deploy past the tenant's concurrent builds leaves no trace.
+      if (plan.dependencies || plan.setup) buildSlot = this.builds.take(tenantId)
       const at = iso(this.deps.clock.now())
       agentId = this.deps.db.transaction(() => {
         const existing = this.store.find(tenantId, resolved.name)
@@ -111,11 +128,12 @@ export class AgentService {
         return id
       })()
     } catch (error) {
+      buildSlot()
       await pool.discardStaging(staging).catch(() => undefined)
       throw error
     }
     const id = agentId
-    const finish = this.finishBuild(tenantId, id, revisionId, staging, plan, manifest)
+    const finish = this.finishBuild(tenantId, id, revisionId, staging, plan, manifest).finally(buildSlot)
     if (options.wait || (!plan.dependencies && !plan.setup)) await finish
     else finish.catch(() => undefined)
     const agent = this.store.find(tenantId, id)

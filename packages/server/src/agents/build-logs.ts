@@ -23,9 +23,9 @@ export class BuildLogs {
   }
 
   async open(revisionId: string): Promise<void> {
-    await mkdir(this.dir, { recursive: true })
+    await mkdir(this.dir, { recursive: true, mode: 0o700 })
     this.live.set(revisionId, {
-      file: createWriteStream(this.file(revisionId), { flags: 'a' }),
+      file: createWriteStream(this.file(revisionId), { flags: 'a', mode: 0o600 }),
       lines: [],
       listeners: new Set(),
     })

@@ -1,5 +1,5 @@
 import { createHash, randomBytes } from 'node:crypto'
-import { newId } from '@cairn/protocol'
+import { CairnProblem, newId } from '@cairn/protocol'
 import { type Clock, iso } from '../clock.js'
 import type { Db } from '../db/database.js'
 
@@ -86,6 +86,29 @@ export class ApiKeyStore {
         iso(this.clock.now()),
       )
     return { id, key }
+  }
+
+  /**
+   * Creates a key unless the tenant already holds `maxActive` active keys (`key_limit_reached`);
+   * the count and the insert are one transaction, so concurrent creations cannot pass it together.
+   */
+  createWithin(tenantId: string, role: Role, maxActive: number, name?: string): { id: string; key: string } {
+    return this.db.transaction(() => {
+      const active = (
+        this.db
+          .prepare<[string], { n: number }>(
+            'SELECT COUNT(*) AS n FROM api_keys WHERE tenant_id = ? AND revoked_at IS NULL',
+          )
+          .get(tenantId) as { n: number }
+      ).n
+      if (active >= maxActive)
+        throw new CairnProblem(
+          'key_limit_reached',
+          `this tenant already holds ${active} active API keys, the most this server allows (${maxActive}, CAIRN_MAX_KEYS_PER_TENANT): revoke one first`,
+          { limit: 'maxKeysPerTenant', value: active, ceiling: maxActive },
+        )
+      return this.create(tenantId, role, name)
+    })()
   }
 
   tenantByNameIfExists(name: string): string | undefined {

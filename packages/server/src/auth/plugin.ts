@@ -12,11 +12,13 @@ declare module 'fastify' {
 export function installAuth(
   app: FastifyInstance,
   keys: ApiKeyStore,
-  limits: { ratePerSecond?: number | undefined } = {},
+  limits: { ratePerSecond?: number | undefined; tenantRatePerSecond?: number | undefined } = {},
   /** Routes that authorize on their own (previews: a key or a signed URL). */
   exempt?: (request: FastifyRequest) => boolean,
 ): void {
   const limiter = new RateLimiter(limits.ratePerSecond ?? 1000)
+  // All of a tenant's keys together: more keys are not more requests.
+  const tenantLimiter = new RateLimiter(limits.tenantRatePerSecond ?? limits.ratePerSecond ?? 1000)
   app.decorateRequest('principal', undefined)
   app.addHook('onRequest', async (request) => {
     const url = request.url
@@ -35,6 +37,12 @@ export function installAuth(
         `too many requests for this API key (limit ${limiter.ratePerSecond}/s)`,
       )
     }
+    if (!tenantLimiter.take(principal.tenantId)) {
+      throw new CairnProblem(
+        'rate_limited',
+        `too many requests for this tenant, all its API keys together (limit ${tenantLimiter.ratePerSecond}/s)`,
+      )
+    }
     request.principal = principal
   })
 }
@@ -50,7 +58,7 @@ export function requireWrite(request: FastifyRequest): Principal {
   return principal
 }
 
-/** Token bucket per API key: `ratePerSecond` sustained, twice that as a burst; 0 turns it off. */
+/** Token bucket per key (an API key, a tenant): `ratePerSecond` sustained, twice that as a burst; 0 turns it off. */
 export class RateLimiter {
   private readonly buckets = new Map<string, { tokens: number; at: number }>()
 

@@ -23,7 +23,7 @@ const CreateKeyBody = Type.Object(
   },
   { additionalProperties: false },
 )
-const errors = errorResponses(400, 401, 403, 404)
+const errors = errorResponses(400, 401, 403, 404, 409)
 
 function requireAdmin(request: FastifyRequest) {
   const principal = principalOf(request)
@@ -32,7 +32,11 @@ function requireAdmin(request: FastifyRequest) {
 }
 
 /** API keys: admins create (the key is shown once), list (prefix only) and revoke them. */
-export function keyRoutes(app: FastifyInstance, keys: ApiKeyStore): void {
+export function keyRoutes(
+  app: FastifyInstance,
+  keys: ApiKeyStore,
+  limits: { maxKeysPerTenant: number },
+): void {
   app.post(
     '/v1/keys',
     {
@@ -68,7 +72,7 @@ export function keyRoutes(app: FastifyInstance, keys: ApiKeyStore): void {
         }
       }
       const role = body.role ?? 'admin'
-      const created = keys.create(tenantId, role, body.name)
+      const created = keys.createWithin(tenantId, role, limits.maxKeysPerTenant, body.name)
       return reply.status(201).send({ ...created, tenantId, role })
     },
   )

@@ -96,9 +96,18 @@ export async function deleteWorkspacePath(
 }
 
 /**
+ * After an unpack: no setuid or setgid bit (on anything) and no sticky bit on what is not a
+ * directory (where it means nothing) stays in the workspace; a directory keeps its sticky bit.
+ */
+const STRIP_SPECIAL_BITS =
+  'find /workspace -xdev ! -type l ! -type d -perm /7000 -exec chmod ug-s,o-t {} + && ' +
+  'find /workspace -xdev -type d -perm /6000 -exec chmod ug-s {} +'
+
+/**
  * Unpacks a tar.gz into a workspace inside a sandbox that sees only that workspace, as the
  * sandbox uid: whatever links the workspace already holds, nothing lands outside it, and every
- * file gets the agent's ownership. The archive must have passed `inspectArchive` first.
+ * file gets the agent's ownership. Setuid, setgid and meaningless sticky bits are dropped (the
+ * permissions are otherwise kept). The archive must have passed `inspectArchive` first.
  */
 export async function unpackIntoWorkspace(
   runtime: Runtime,
@@ -108,7 +117,11 @@ export async function unpackIntoWorkspace(
   const result = await runInWorkspace(
     runtime,
     workspaceDir,
-    ['tar', '-xzpf', '-', '-C', '/workspace', '--no-same-owner', '--delay-directory-restore'],
+    [
+      'sh',
+      '-c',
+      `tar -xzpf - -C /workspace --no-same-owner --delay-directory-restore && ${STRIP_SPECIAL_BITS}`,
+    ],
     Readable.from([archive]),
   )
   if (result.code === 0) return

@@ -2,6 +2,7 @@ import type { Runtime } from '@cairn/runtime'
 import { Type } from '@sinclair/typebox'
 import type { FastifyInstance } from 'fastify'
 import { principalOf } from '../auth/plugin.js'
+import { type OperatorLimits, OperatorLimitsSchema } from '../limits/operator-limits.js'
 import { errorResponses } from './responses.js'
 
 const DriverSchema = Type.Object({
@@ -49,16 +50,20 @@ const StorageSchema = Type.Object({
 })
 
 /** `GET /v1/runtime`: the sandbox drivers of this node, which one is the default, what each can do. */
-export function runtimeRoute(app: FastifyInstance, runtime: Runtime): void {
+export function runtimeRoute(app: FastifyInstance, runtime: Runtime, limits: OperatorLimits): void {
   app.get(
     '/v1/runtime',
     {
       schema: {
         tags: ['runtime'],
         summary:
-          'Sandbox drivers (bwrap, gvisor) and the workspace store (btrfs, dir) with their capabilities',
+          "Sandbox drivers (bwrap, gvisor), the workspace store (btrfs, dir) with their capabilities, and the operator's maxima",
         response: {
-          200: Type.Object({ drivers: Type.Array(DriverSchema), storage: StorageSchema }),
+          200: Type.Object({
+            drivers: Type.Array(DriverSchema),
+            storage: StorageSchema,
+            limits: OperatorLimitsSchema,
+          }),
           ...errorResponses(401),
         },
       },
@@ -76,6 +81,7 @@ export function runtimeRoute(app: FastifyInstance, runtime: Runtime): void {
           warnings: warning ? [warning] : [],
           description: pool.describe(),
         },
+        limits,
       }
     },
   )

@@ -1,5 +1,6 @@
 import type { AgentManifest, NetworkPolicy } from '@cairn/protocol'
-import { DEFAULT_LIMITS, type SandboxLimits } from '@cairn/runtime'
+import { DEFAULT_LIMITS, DEFAULT_TURN_TIMEOUT_MS, type SandboxLimits } from '@cairn/runtime'
+import type { OperatorLimits } from '../limits/operator-limits.js'
 import type { SessionRow } from './session-store.js'
 
 /**
@@ -15,12 +16,20 @@ export function sessionNetwork(
   )
 }
 
-/** The manifest's sandbox limits, with the runtime's defaults for those it leaves out. */
-export function sandboxLimits(manifest: AgentManifest): SandboxLimits {
+/**
+ * The manifest's sandbox limits, with the runtime's defaults for those it leaves out, never above
+ * the operator's maxima (a revision deployed before a ceiling was lowered gets the ceiling).
+ */
+export function sandboxLimits(manifest: AgentManifest, ceilings: OperatorLimits): SandboxLimits {
   const limits = manifest.limits ?? {}
   return {
-    memoryMiB: limits.memoryMiB ?? DEFAULT_LIMITS.memoryMiB,
-    pids: limits.pids ?? DEFAULT_LIMITS.pids,
-    cpus: limits.cpus ?? DEFAULT_LIMITS.cpus,
+    memoryMiB: Math.min(limits.memoryMiB ?? DEFAULT_LIMITS.memoryMiB, ceilings.maxMemoryMiB),
+    pids: Math.min(limits.pids ?? DEFAULT_LIMITS.pids, ceilings.maxPids),
+    cpus: Math.min(limits.cpus ?? DEFAULT_LIMITS.cpus, ceilings.maxCpus),
   }
+}
+
+/** The manifest's turn timeout (else the runtime's default), never above the operator's maximum. */
+export function turnTimeoutMs(manifest: AgentManifest, ceilings: OperatorLimits): number {
+  return Math.min(manifest.limits?.turnTimeoutMs ?? DEFAULT_TURN_TIMEOUT_MS, ceilings.maxTurnTimeoutMs)
 }

@@ -3,6 +3,7 @@ import type { Logger } from 'pino'
 import type { AgentService } from '../agents/agent-service.js'
 import type { Clock } from '../clock.js'
 import type { Db } from '../db/database.js'
+import type { OperatorLimits } from '../limits/operator-limits.js'
 import type { MemoryService } from '../memory/memory-service.js'
 import type { MetricsRegistry } from '../metrics/registry.js'
 import type { SecretStore } from '../secrets/secret-store.js'
@@ -21,6 +22,8 @@ export interface SessionServiceDeps {
   memory?: MemoryService | undefined
   /** The per-session setup phase (`setup` on creation, `session.setup` in cairn.yaml). */
   setup?: SetupService | undefined
+  /** The operator's maxima: sandbox limits, setup timeouts, sandboxes per tenant. */
+  operatorLimits: OperatorLimits
   clock: Clock
   logger: Logger
 }

@@ -15,6 +15,7 @@ import {
 } from '@cairn/protocol'
 import type { AgentProcess } from '@cairn/runtime'
 import { iso } from '../clock.js'
+import { checkSetupTimeoutCeiling } from '../limits/ceilings.js'
 import { manifestSetup } from '../setup/setup-service.js'
 import { decodeCursor, encodeCursor } from './cursor.js'
 import { WorkspaceGenerations } from './generations.js'
@@ -167,6 +168,8 @@ export class SessionService {
     const revision = this.deps.agents.store.revision(agent.current_revision_id)
     const setup = body.setup ?? (revision ? manifestSetup(revision.manifest) : undefined)
     if (setup && !this.deps.setup) throw new CairnProblem('bad_request', 'this server has no setup phase')
+    if (body.setup)
+      checkSetupTimeoutCeiling('session', 'setup.timeoutMs', body.setup.timeoutMs, this.deps.operatorLimits)
     const policy = createPolicy(body)
     const id = newId('session')
     await this.deps.runtime.pool.createWorkspace(id, agent.current_revision_id, tenantId)

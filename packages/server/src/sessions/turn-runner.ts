@@ -73,9 +73,14 @@ export class TurnRunner {
     }
     if (!prompt.trim()) throw new CairnProblem('validation_failed', 'prompt must not be empty')
     this.checkLimits(row)
+    const admitted = this.deps.warm.admit(row, (sessionId) => locks.has(sessionId))
     const turnId = newId('turn')
     const abort = new AbortController()
-    const release = locks.take(id, turnId, abort)
+    const lockRelease = locks.take(id, turnId, abort)
+    const release = () => {
+      lockRelease()
+      admitted()
+    }
     const at = this.now()
     const seq = row.turn_count + 1
     try {

@@ -1,8 +1,8 @@
 import { CairnProblem } from '@cairn/protocol'
-import { type AgentProcess, DEFAULT_TURN_TIMEOUT_MS } from '@cairn/runtime'
+import type { AgentProcess } from '@cairn/runtime'
 import { ENV_VARIABLES, envBinds } from '../agents/builder.js'
 import { iso } from '../clock.js'
-import { sandboxLimits, sessionNetwork } from './sandbox-settings.js'
+import { sandboxLimits, sessionNetwork, turnTimeoutMs } from './sandbox-settings.js'
 import type { SessionServiceDeps } from './session-deps.js'
 import type { SessionRow, SessionStore } from './session-store.js'
 import { TranscriptCache } from './transcript-cache.js'
@@ -10,7 +10,15 @@ import type { TurnLocks } from './turn-locks.js'
 
 export type WarmAgentsDeps = Pick<
   SessionServiceDeps,
-  'runtime' | 'agents' | 'secrets' | 'memory' | 'metrics' | 'egressSite' | 'egressUpstreamCaPems' | 'clock'
+  | 'runtime'
+  | 'agents'
+  | 'secrets'
+  | 'memory'
+  | 'metrics'
+  | 'egressSite'
+  | 'egressUpstreamCaPems'
+  | 'clock'
+  | 'operatorLimits'
 > & {
   store: SessionStore
   locks: TurnLocks
@@ -20,6 +28,9 @@ export type WarmAgentsDeps = Pick<
 
 interface WarmAgent {
   agent: AgentProcess
+  tenantId: string
+  /** When its last turn or activity ended (epoch ms): the least recently used idle one goes first. */
+  usedAt: number
   timer: NodeJS.Timeout | undefined
   /** When the cooldown timer fires (epoch ms), so activity only ever extends it. */
   until?: number | undefined
@@ -32,6 +43,8 @@ interface WarmAgent {
  */
 export class WarmAgents {
   private readonly warm = new Map<string, WarmAgent>()
+  /** Sessions admitted for a cold start whose sandbox is not up yet, with their tenant. */
+  private readonly starting = new Map<string, string>()
   private readonly activityWrittenAt = new Map<string, number>()
   readonly transcripts: TranscriptCache
 
@@ -51,6 +64,46 @@ export class WarmAgents {
     return this.warm.size
   }
 
+  /**
+   * Makes room for this session's sandbox under its tenant's cap (`maxSandboxesPerTenant`): when
+   * the tenant is at the cap, its least recently used idle sandboxes are stopped (their sessions
+   * stay idle and start cold next time, as after the keep-warm window); when every one is running
+   * a turn, `sandbox_limit_reached` (retryable). Synchronous, so concurrent messages cannot pass
+   * the cap together. The answer releases the slot once the sandbox is up (or the turn is over).
+   */
+  admit(row: SessionRow, busy: (sessionId: string) => boolean): () => void {
+    if (this.warm.get(row.id)?.agent.alive) return () => undefined
+    const cap = this.deps.operatorLimits.maxSandboxesPerTenant
+    const tenant = row.tenant_id
+    const running = () => {
+      let n = 0
+      for (const [id, warm] of this.warm) if (warm.tenantId === tenant && id !== row.id) n++
+      for (const [id, owner] of this.starting) if (owner === tenant && id !== row.id) n++
+      return n
+    }
+    if (running() >= cap) {
+      const idle = [...this.warm]
+        .filter(([id, warm]) => warm.tenantId === tenant && id !== row.id && !busy(id))
+        .sort(([, a], [, b]) => a.usedAt - b.usedAt)
+      for (const [id] of idle) {
+        if (running() < cap) break
+        // Out of the count at once (drop forgets it before stopping it); the stop finishes behind.
+        void this.drop(id).catch(() => undefined)
+      }
+    }
+    const now = running()
+    if (now >= cap)
+      throw new CairnProblem(
+        'sandbox_limit_reached',
+        `this tenant has ${now} agent sandboxes running turns, the most this server allows (${cap}, CAIRN_MAX_SANDBOXES_PER_TENANT): retry when one ends`,
+        { limit: 'maxSandboxesPerTenant', value: now, ceiling: cap },
+      )
+    this.starting.set(row.id, tenant)
+    return () => {
+      if (this.starting.get(row.id) === tenant) this.starting.delete(row.id)
+    }
+  }
+
   /** The session's warm agent (its cooldown stopped while a turn uses it), or a freshly started one. */
   async acquire(row: SessionRow): Promise<{ agent: AgentProcess; cold: boolean }> {
     const warm = this.warm.get(row.id)
@@ -65,7 +118,6 @@ export class WarmAgents {
     if (!(await pool.hasWorkspace(row.id))) throw this.deps.missingWorkspace(row.tenant_id, row.id)
     const revision = this.deps.agents.store.revision(row.revision_id)
     if (!revision) throw new CairnProblem('revision_not_found', `revision ${row.revision_id} is gone`)
-    const limits = revision.manifest.limits ?? {}
     const envKey = revision.manifest.envKey ?? undefined
     const proxySecrets = this.deps.secrets.proxySecrets(row.tenant_id, row.agent_id)
     const agent = await this.deps.runtime.startAgent({
@@ -90,11 +142,12 @@ export class WarmAgents {
         secrets: proxySecrets,
         upstreamCaPems: this.deps.egressUpstreamCaPems,
       },
-      limits: sandboxLimits(revision.manifest),
-      turnTimeoutMs: limits.turnTimeoutMs ?? DEFAULT_TURN_TIMEOUT_MS,
+      limits: sandboxLimits(revision.manifest, this.deps.operatorLimits),
+      turnTimeoutMs: turnTimeoutMs(revision.manifest, this.deps.operatorLimits),
       isolation: revision.manifest.isolation,
     })
-    this.warm.set(row.id, { agent, timer: undefined })
+    this.warm.set(row.id, { agent, tenantId: row.tenant_id, usedAt: Date.now(), timer: undefined })
+    this.starting.delete(row.id)
     this.deps.metrics?.coldStarts.inc()
     return { agent, cold: true }
   }
@@ -103,6 +156,7 @@ export class WarmAgents {
   scheduleCooldown(row: SessionRow): void {
     const warm = this.warm.get(row.id)
     if (!warm) return
+    warm.usedAt = Date.now()
     if (row.keep_warm_ms <= 0) {
       void this.drop(row.id)
       return
@@ -140,6 +194,8 @@ export class WarmAgents {
       this.activityWrittenAt.set(row.id, now)
       this.deps.store.touch(row.id, iso(now))
     }
+    const warm = this.warm.get(row.id)
+    if (warm) warm.usedAt = Date.now()
     this.extend(row.id, row.keep_warm_ms)
   }
 

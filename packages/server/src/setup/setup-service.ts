@@ -13,6 +13,7 @@ import type { AgentService } from '../agents/agent-service.js'
 import { ENV_VARIABLES, envBinds } from '../agents/builder.js'
 import { type Clock, iso } from '../clock.js'
 import type { Db } from '../db/database.js'
+import type { OperatorLimits } from '../limits/operator-limits.js'
 import { redact, type SecretStore } from '../secrets/secret-store.js'
 import { sandboxLimits, sessionNetwork } from '../sessions/sandbox-settings.js'
 import type { SessionRow } from '../sessions/session-store.js'
@@ -27,6 +28,8 @@ export interface SetupServiceDeps {
   agents: AgentService
   secrets: SecretStore
   egressSite?: EgressSite | undefined
+  /** The operator's maxima: the setup sandbox's limits and timeout never go above them. */
+  operatorLimits: OperatorLimits
   clock: Clock
   logger: Logger
 }
@@ -95,7 +98,10 @@ export class SetupService {
     const allSecrets = secrets.values(row.agent_id, ['runtime', 'setup', 'proxy'])
     const policy: NetworkPolicy = setup.network ?? sessionNetwork(row, revision.manifest)
     const envKey = revision.manifest.envKey ?? undefined
-    const timeoutMs = setup.timeoutMs ?? DEFAULT_SETUP_TIMEOUT_MS
+    const timeoutMs = Math.min(
+      setup.timeoutMs ?? DEFAULT_SETUP_TIMEOUT_MS,
+      this.deps.operatorLimits.maxSetupTimeoutMs,
+    )
     let log = ''
     const append = (line: string) => {
       log += `${redact(line, allSecrets)}\n`
@@ -123,7 +129,7 @@ export class SetupService {
         },
         egress: { ...this.deps.egressSite, policy, onEvent: onNetwork },
         binds: envKey ? envBinds(this.deps.agents.envs.envPath(envKey), envKey) : [],
-        limits: sandboxLimits(revision.manifest),
+        limits: sandboxLimits(revision.manifest, this.deps.operatorLimits),
         timeoutMs,
         onLine: append,
         signal,

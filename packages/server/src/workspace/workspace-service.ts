@@ -26,6 +26,7 @@ import { workspaceRelative } from '../files/confine.js'
 import { BACKGROUND_NICENESS, openTreeFile, type ReadOptions } from '../files/reader.js'
 import { deleteWorkspacePath, unpackIntoWorkspace, writeWorkspaceFile } from '../files/sandboxed-io.js'
 import { diffTrees, listDirectory } from '../files/tree.js'
+import type { ManualSnapshotCap } from '../limits/snapshot-cap.js'
 import { applyPolicy, policyColumns, policyOf } from '../sessions/policy.js'
 import type { SessionService } from '../sessions/session-service.js'
 import type { InterruptedTurn, SessionRow } from '../sessions/session-store.js'
@@ -66,6 +67,8 @@ export interface WorkspaceServiceDeps {
   keepAutoSnapshots?: (tenantId: string) => number
   /** The session's setup phase, for the manifest. */
   setupOf?: (sessionId: string) => SetupInfo | undefined
+  /** How many manual snapshots a session and a tenant may keep. */
+  manualSnapshotCap: ManualSnapshotCap
 }
 
 /**
@@ -261,7 +264,9 @@ export class WorkspaceService {
   async snapshot(tenantId: string, id: string, label?: string): Promise<SnapshotInfo> {
     await this.pending.get(id)
     return this.deps.sessions.exclusive(tenantId, id, 'a snapshot', (row) =>
-      this.take(row, 'manual', 'manual', row.turn_count, undefined, label),
+      this.deps.manualSnapshotCap.within(row, () =>
+        this.take(row, 'manual', 'manual', row.turn_count, undefined, label),
+      ),
     )
   }
 
@@ -611,6 +616,9 @@ export class WorkspaceService {
         '--sparse',
         '--sort=name',
         '--numeric-owner',
+        // What the agent marked setuid or setgid must not become such a program where the archive
+        // is unpacked (as an import drops the bits): the archive records every mode without them.
+        '--mode=ug-s',
         '--one-file-system',
         '--directory',
         dir,
@@ -670,7 +678,9 @@ export class WorkspaceService {
       'an import',
       async (row) => {
         const { pool } = this.deps.runtime
-        const before = await this.take(row, 'manual', 'before_import', row.turn_count)
+        const before = await this.deps.manualSnapshotCap.within(row, () =>
+          this.take(row, 'manual', 'before_import', row.turn_count),
+        )
         this.dirty.add(id)
         await this.deps.sessions.stopSandbox(id)
         const { store } = this.deps.sessions

@@ -226,7 +226,12 @@ export class Runtime {
     if (!existsSync(image)) return
     const { stdout } = await execTool('losetup', ['--associated', image], { code: 'storage_error' })
     const loops = new Set(stdout.split('\n').flatMap((line) => (line ? [line.split(':')[0] as string] : [])))
-    const elsewhere = readMounts().find((m) => loops.has(m.source) && m.mountPoint !== this.pool.root)
+    // Mounts beneath this instance's own run dir (a sandbox's idmapped workspace, a gVisor slot's
+    // binds) are what a killed predecessor on this data dir left: reaping removes them below.
+    const own = (mountPoint: string) => mountPoint.startsWith(`${this.runDir}/`)
+    const elsewhere = readMounts().find(
+      (m) => loops.has(m.source) && m.mountPoint !== this.pool.root && !own(m.mountPoint),
+    )
     if (elsewhere) {
       throw new CairnProblem(
         'conflict',

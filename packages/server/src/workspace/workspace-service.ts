@@ -617,8 +617,10 @@ export class WorkspaceService {
         '--sort=name',
         '--numeric-owner',
         // What the agent marked setuid or setgid must not become such a program where the archive
-        // is unpacked (as an import drops the bits): the archive records every mode without them.
-        '--mode=ug-s',
+        // is unpacked (as an import drops the bits): the archive records every mode without them,
+        // and without the sticky bit (GNU tar's --mode cannot tell files from directories, so a
+        // sticky directory loses it too; on a file it means nothing).
+        '--mode=ug-s,-t',
         '--one-file-system',
         '--directory',
         dir,

@@ -40,7 +40,7 @@ const loggedRequests = async (): Promise<LoggedRequest[]> =>
     .map((line) => JSON.parse(line) as LoggedRequest)
 
 interface Example {
-  name: 'openai-agents' | 'langchain'
+  name: 'openai-agents' | 'langchain' | 'mastra'
   /** The model API path the framework calls on the server. */
   apiPath: string
   /** Runtime secrets pointing the framework at the model server. */
@@ -66,6 +66,14 @@ const EXAMPLE_SETUPS: Example[] = [
     // The Anthropic SDK's base URL is without /v1 (it asks for /v1/messages).
     env: { ANTHROPIC_BASE_URL: MODEL_URL },
     key: { name: 'ANTHROPIC_API_KEY', value: 'sk-ant-fake-7d2e4b' },
+    sentKey: (request) => request.apiKey,
+  },
+  {
+    name: 'mastra',
+    apiPath: '/v1/messages',
+    // The AI SDK's Anthropic provider (Mastra's model router) appends /messages: /v1 included.
+    env: { ANTHROPIC_BASE_URL: `${MODEL_URL}/v1` },
+    key: { name: 'ANTHROPIC_API_KEY', value: 'sk-ant-fake-mastra-51c0' },
     sentKey: (request) => request.apiKey,
   },
 ]

@@ -50,6 +50,8 @@ export interface AppDeps {
   runtime: Runtime
   maxUploadBytes: number
   rateLimitPerSecond?: number | undefined
+  /** Interval of the heartbeat events on SSE streams (default 15 s). */
+  sseHeartbeatMs?: number | undefined
   version: string
 }
 
@@ -134,8 +136,9 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   installMetrics(app, deps.metrics, deps.sessions, deps.db)
   app.get('/v1/openapi.json', { schema: { hide: true } }, async () => app.swagger())
   keyRoutes(app, deps.keys)
-  agentRoutes(app, deps.agents)
-  sessionRoutes(app, deps.sessions)
+  const sse = { heartbeatMs: deps.sseHeartbeatMs }
+  agentRoutes(app, deps.agents, sse)
+  sessionRoutes(app, deps.sessions, sse)
   secretRoutes(app, deps.agents, deps.secrets)
   workspaceRoutes(app, deps.workspace)
   retentionRoutes(app, deps.retention)

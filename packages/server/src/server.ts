@@ -221,6 +221,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       sessions,
       maxUploadBytes: config.maxUploadBytes,
       rateLimitPerSecond: config.rateLimitPerSecond,
+      sseHeartbeatMs: config.sseHeartbeatMs,
       version: SERVER_VERSION,
     })
     const address = await app.listen({ port: config.port, host: config.host })

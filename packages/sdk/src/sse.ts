@@ -76,6 +76,7 @@ export async function* readSse(body: ReadableStream<Uint8Array>): AsyncGenerator
       yield* parser.push(decoder.decode(chunk.value, { stream: true }))
     }
   } finally {
+    // The consumer stopped early: a cancel that fails (the body already errored) leaves nothing open.
     if (!done) await reader.cancel().catch(() => undefined)
     reader.releaseLock()
   }

@@ -96,6 +96,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     spareLaunchers: config.spareLaunchers,
     gvisor: config.gvisorPoolSize === undefined ? undefined : { poolSize: config.gvisorPoolSize },
     workspaceQuotaBytes: config.workspaceQuotaMiB ? config.workspaceQuotaMiB * 1024 * 1024 : undefined,
+    logger: logger.child({ component: 'runtime' }),
   })
   let opened = false
   let previewListener: PreviewListener | undefined
@@ -126,6 +127,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     const memory = new MemoryService({
       db,
       clock: systemClock,
+      logger,
       mountRoot: path.join(runtime.runDir, 'memory'),
       artifactRoot: path.join(config.dataDir, 'artifacts'),
     })
@@ -280,7 +282,13 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     }
   } catch (error) {
     await previewListener?.close()
-    if (opened) await runtime.close().catch(() => undefined)
+    // The start's own error is rethrown below; a runtime that also fails to close is logged.
+    if (opened)
+      await runtime
+        .close()
+        .catch((closeError: unknown) =>
+          logger.error({ err: closeError }, 'closing the runtime after a failed start failed'),
+        )
     db.close()
     await releaseLocks()
     throw error

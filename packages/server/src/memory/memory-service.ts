@@ -5,6 +5,7 @@ import path from 'node:path'
 import { pipeline } from 'node:stream/promises'
 import { CairnProblem, newId } from '@cairn/protocol'
 import type { SandboxBind } from '@cairn/runtime'
+import type { Logger } from 'pino'
 import { type Clock, iso } from '../clock.js'
 import type { Db } from '../db/database.js'
 import { openInside } from '../files/confine.js'
@@ -44,6 +45,7 @@ export class MemoryService {
       clock: Clock
       /** Host directory sandboxes can reach (under the runtime dir): memory files are written here. */
       mountRoot: string
+      logger: Logger
       /** Host directory for artifact bytes (under the data dir). */
       artifactRoot: string
     },
@@ -152,7 +154,12 @@ export class MemoryService {
       })
       await pipeline(stream, createWriteStream(target, { mode: 0o600 }))
     } finally {
-      await handle.close().catch(() => undefined)
+      // The copy's own error (if any) is the one to report; closing a read-only handle loses nothing.
+      await handle
+        .close()
+        .catch((error: unknown) =>
+          this.deps.logger.warn({ err: error, rel }, 'closing an artifact source failed'),
+        )
     }
     const info: ArtifactInfo = {
       id,

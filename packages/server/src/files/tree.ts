@@ -20,6 +20,7 @@ export async function listDirectory(absDir: string, relDir: string): Promise<Fil
   const out: FileEntry[] = []
   for (const entry of entries) {
     const abs = path.join(absDir, entry.name)
+    // An entry gone (or unreadable) since readdir is not listed: the listing is of what is there.
     const info = await lstat(abs).catch(() => undefined)
     if (!info) continue
     const type = typeOf(info)
@@ -53,6 +54,7 @@ async function stamps(root: string, limit: number): Promise<Map<string, Stamp>> 
       if (out.size >= limit) return
       const childRel = rel ? `${rel}/${entry.name}` : entry.name
       const abs = path.join(root, childRel)
+      // An entry gone (or unreadable) since readdir is skipped, as if it had not been there.
       const info = await lstat(abs, { bigint: true }).catch(() => undefined)
       if (!info) continue
       const type = typeOf(info)

@@ -211,7 +211,10 @@ export class WorkspaceService {
     if (kind === 'auto')
       this.retention = this.retention
         .then(() => this.applyRetention(row.id, row.tenant_id))
-        .catch(() => undefined)
+        // Pruning is retried after the next auto snapshot; a failure only keeps snapshots longer.
+        .catch((error: unknown) =>
+          this.deps.logger.warn({ err: error, session: row.id }, 'snapshot pruning failed'),
+        )
     return info
   }
 
@@ -407,7 +410,12 @@ export class WorkspaceService {
         { parentId: id, snapshotId: source.id, turnsUpTo },
       )
     } catch (error) {
-      await this.deps.runtime.pool.deleteWorkspace(childId).catch(() => undefined)
+      // The fork's error is the one to answer; a half-made child workspace left behind is logged.
+      await this.deps.runtime.pool
+        .deleteWorkspace(childId)
+        .catch((e: unknown) =>
+          this.deps.logger.warn({ err: e, workspace: childId }, 'removing a failed fork failed'),
+        )
       throw error
     }
     return this.deps.sessions.get(tenantId, childId)
@@ -539,7 +547,12 @@ export class WorkspaceService {
       await this.deps.sessions.readingWorkspace(tenantId, id, () => this.frozenSnapshot(row.id, temp))
       dir = pool.snapshotPath(temp)
       cleanup = async () => {
-        await pool.deleteSnapshot(temp).catch(() => undefined)
+        // The download is over either way; a temporary snapshot left behind is logged.
+        await pool
+          .deleteSnapshot(temp)
+          .catch((e: unknown) =>
+            this.deps.logger.warn({ err: e, snapshot: temp }, 'removing a temporary snapshot failed'),
+          )
       }
     }
     // Not `portable`: that mode forces u+rw on every entry, and an export must keep modes exactly
@@ -584,7 +597,12 @@ export class WorkspaceService {
             await chmod(staging, 0o700)
             await pool.replaceWorkspace(id, staging, generation)
           } catch (error) {
-            await pool.discardStaging(staging).catch(() => undefined)
+            // The upload's error is the one to answer; a staging tree left behind is logged.
+            await pool
+              .discardStaging(staging)
+              .catch((e: unknown) =>
+                this.deps.logger.warn({ err: e, staging }, 'discarding an upload staging tree failed'),
+              )
             throw error
           }
           store.setGeneration(id, generation)

@@ -1,5 +1,6 @@
 import { cp, writeFile } from 'node:fs/promises'
 import path from 'node:path'
+import { SseParser } from '@cairn/sdk'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { makeProject } from './helpers/projects.js'
 import { scratchDir } from './helpers/scratch.js'
@@ -24,13 +25,10 @@ async function follow(
     headers: { authorization: `Bearer ${t.key}` },
   })
   expect(res.headers.get('content-type')).toContain('text/event-stream')
-  const text = await res.text()
+  const parser = new SseParser()
   const lines: string[] = []
   let end = { status: 'unknown', error: null as string | null }
-  for (const block of text.split('\n\n')) {
-    const event = /^event: (.*)$/m.exec(block)?.[1]
-    const data = /^data: (.*)$/m.exec(block)?.[1]
-    if (!event || !data) continue
+  for (const { event, data } of [...parser.push(await res.text()), ...parser.end()]) {
     if (event === 'log') lines.push((JSON.parse(data) as { line: string }).line)
     if (event === 'end') end = JSON.parse(data)
   }

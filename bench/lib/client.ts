@@ -1,4 +1,5 @@
 import http from 'node:http'
+import { SseParser } from '@cairn/sdk'
 
 /** Timings of one streamed run, in ms from the moment the request was issued. */
 export interface StreamTiming {
@@ -23,9 +24,9 @@ export interface JsonResponse {
   ms: number
 }
 
-/** Incremental SSE parser that stamps each event with the time its chunk arrived. */
+/** Reads an SSE stream (the SDK's parser) and stamps each event with the time its chunk arrived. */
 class SseTimer {
-  private buffer = ''
+  private readonly parser = new SseParser()
   readonly timing: StreamTiming
 
   constructor(
@@ -49,15 +50,8 @@ class SseTimer {
 
   push(chunk: string): void {
     const at = performance.now() - this.t0
-    this.buffer += chunk
-    let end = this.buffer.indexOf('\n\n')
-    while (end >= 0) {
-      const block = this.buffer.slice(0, end)
-      this.buffer = this.buffer.slice(end + 2)
-      end = this.buffer.indexOf('\n\n')
-      const dataLine = block.split('\n').find((l) => l.startsWith('data: '))
-      if (!dataLine) continue
-      const event = JSON.parse(dataLine.slice(6)) as {
+    for (const message of this.parser.push(chunk)) {
+      const event = JSON.parse(message.data) as {
         type: string
         content?: string
         durationMs?: number

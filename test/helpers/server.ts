@@ -2,6 +2,7 @@ import { mkdtemp, rm } from 'node:fs/promises'
 import os from 'node:os'
 import path from 'node:path'
 import type { StreamEvent } from '@cairn/protocol'
+import { SseParser } from '@cairn/sdk'
 import { type RunningServer, type ServerOptions, startServer } from '@cairn/server'
 import * as tar from 'tar'
 
@@ -126,16 +127,9 @@ export class Api {
     if (!res.headers.get('content-type')?.startsWith('text/event-stream')) {
       return { status: res.status, events: [], text: '', terminal: undefined, body: await res.json() }
     }
-    const raw = await res.text()
-    const events: StreamEvent[] = []
-    for (const block of raw.split('\n\n')) {
-      const data = block
-        .split('\n')
-        .filter((l) => l.startsWith('data: '))
-        .map((l) => l.slice(6))
-        .join('\n')
-      if (data) events.push(JSON.parse(data) as StreamEvent)
-    }
+    const parser = new SseParser()
+    const messages = [...parser.push(await res.text()), ...parser.end()]
+    const events = messages.map((message) => JSON.parse(message.data) as StreamEvent)
     const text = events.flatMap((e) => (e.type === 'message.delta' ? [e.content] : [])).join('')
     const terminal = events.find(
       (e) => e.type === 'run.completed' || e.type === 'run.failed' || e.type === 'run.cancelled',

@@ -61,6 +61,7 @@ export function poll(ms: number, signal: AbortSignal, run: () => Promise<void>):
   let timer: ReturnType<typeof setTimeout> | undefined
   const tick = async () => {
     if (signal.aborted) return
+    // A failed tick is retried on the next one; the page shows the last good data meanwhile.
     if (!document.hidden) await run().catch(() => undefined)
     if (!signal.aborted) timer = setTimeout(tick, ms)
   }

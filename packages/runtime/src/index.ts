@@ -59,4 +59,5 @@ export {
   type TreeSizes,
 } from './storage/pool.js'
 export { execTool } from './util/exec.js'
+export { type Logger, noopLogger } from './util/logger.js'
 export { findMount, readMounts } from './util/mounts.js'

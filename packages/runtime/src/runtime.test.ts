@@ -31,6 +31,7 @@ beforeAll(async () => {
 
 afterAll(async () => {
   // Whatever a failed test left: the last runtime unmounts the pool, however it was opened.
+  // (A runtime closed by its test fails to close twice: nothing is left of it.)
   for (const runtime of opened.reverse()) await runtime.close().catch(() => undefined)
   await rm(dataDir, { recursive: true, force: true })
 })

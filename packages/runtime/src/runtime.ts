@@ -16,6 +16,7 @@ import { BtrfsPool } from './storage/btrfs-pool.js'
 import { DirPool } from './storage/dir-pool.js'
 import type { StorageDriverName, StoragePool } from './storage/pool.js'
 import { execTool } from './util/exec.js'
+import { type Logger, noopLogger } from './util/logger.js'
 import { readMounts } from './util/mounts.js'
 
 export interface RuntimeOptions {
@@ -60,6 +61,8 @@ export interface RuntimeOptions {
   gvisor?:
     | { runscPath?: string | undefined; platform?: string | undefined; poolSize?: number | undefined }
     | undefined
+  /** Where the runtime reports what it recovers from (the server passes its pino logger); default none. */
+  logger?: Logger | undefined
 }
 
 /** One sandbox driver of this node, as `GET /v1/runtime` reports it. */
@@ -91,8 +94,10 @@ export class Runtime {
   private gvisorProbe: Promise<GvisorAvailability> | undefined
   private readonly agents = new Set<AgentProcess>()
   private egressCaLoad: Promise<EgressCa> | undefined
+  readonly logger: Logger
 
   constructor(readonly options: RuntimeOptions) {
+    this.logger = options.logger ?? noopLogger
     this.runDir = instanceRunDir(options.dataDir, options.runBase)
     const uid = options.sandboxUid ?? DEFAULT_SANDBOX_UID
     const poolOptions = {
@@ -177,7 +182,14 @@ export class Runtime {
     }
     await this.refusePoolMountedElsewhere()
     await mkdir(this.runDir, { recursive: true })
-    await chmod(path.dirname(this.runDir), 0o711).catch(() => undefined)
+    // Safe to go on: the run base may belong to someone else (a shared /run/cairn); sandboxes then
+    // reach their files only if its mode already lets them, which the first start fails loudly on.
+    await chmod(path.dirname(this.runDir), 0o711).catch((error: unknown) =>
+      this.logger.warn(
+        { err: error, runBase: path.dirname(this.runDir) },
+        'could not open up the run base (0711)',
+      ),
+    )
     await chmod(this.runDir, 0o711)
     const etcDir = path.join(this.runDir, 'etc')
     await mkdir(etcDir, { recursive: true })
@@ -211,7 +223,11 @@ export class Runtime {
     orphansReaped += await this.drivers.bwrap.reapOrphans()
     await this.pool.open()
     // Best effort: without a ready slot a gVisor sandbox boots on demand, and says why it cannot.
-    await this.gvisor.prewarm().catch(() => undefined)
+    await this.gvisor
+      .prewarm()
+      .catch((error: unknown) =>
+        this.logger.warn({ err: error }, 'gVisor prewarm failed; sandboxes boot on demand'),
+      )
     return { orphansReaped }
   }
 
@@ -247,6 +263,7 @@ export class Runtime {
       launch,
       path.join(this.runDir, 'sandboxes'),
       () => this.egressCa(),
+      this.logger,
     )
     this.agents.add(agent)
     try {
@@ -295,8 +312,11 @@ export class Runtime {
     // of the server kept in it (agent memory, gVisor state …): a stopped server leaves nothing.
     const under = `${this.runDir}/`
     if (readMounts().some((m) => m.mountPoint === this.runDir || m.mountPoint.startsWith(under))) {
-      await rmdir(this.pool.root).catch(() => undefined)
-      await rmdir(this.runDir).catch(() => undefined)
+      // Expected to fail while something is still mounted below: rmdir only removes empty dirs.
+      const keep = (error: unknown) =>
+        this.logger.warn({ err: error, runDir: this.runDir }, 'left the run dir in place: still mounted')
+      await rmdir(this.pool.root).catch(keep)
+      await rmdir(this.runDir).catch(keep)
     } else {
       await rm(this.runDir, { recursive: true, force: true })
     }

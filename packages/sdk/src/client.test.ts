@@ -26,7 +26,11 @@ const SESSION = {
   messageCount: 0,
   idleTimeoutMs: 1000,
   keepWarmMs: 1000,
+  policy: { idleTimeoutMs: 1000, keepWarmMs: 1000, maxTurns: null, maxDurationMs: null, onTimeout: 'keep' },
+  deadlineAt: null,
+  generation: 1,
   autoSnapshots: true,
+  ephemeral: false,
   warm: false,
   createdAt: '2026-01-01T00:00:00.000Z',
   updatedAt: '2026-01-01T00:00:00.000Z',
@@ -313,6 +317,25 @@ describe('Cairn client', () => {
     expect(calls.at(-1)).toBe(`POST /v1/sessions/${SESSION.id}/lease`)
     const broken = client(() => json({ ok: true }))
     await expect(broken.sessions.lease(SESSION.id, 1000)).rejects.toBeInstanceOf(InvalidResponseError)
+  })
+
+  it('checks sessions against the protocol schema: a mismatch is an invalid_response error naming it', async () => {
+    for (const bad of [
+      { ...SESSION, status: 'sleeping' },
+      { ...SESSION, turnCount: '3' },
+      { ...SESSION, policy: { ...SESSION.policy, onTimeout: 'explode' } },
+      (({ generation: _g, ...rest }) => rest)(SESSION),
+    ]) {
+      const c = client(() => json(bad))
+      const error = await c.sessions.get(SESSION.id).catch((e: unknown) => e)
+      expect(error).toBeInstanceOf(InvalidResponseError)
+      expect(error).toMatchObject({
+        code: 'invalid_response',
+        message: expect.stringContaining('session: /'),
+      })
+    }
+    const newer = client(() => json({ ...SESSION, fieldFromANewerServer: 1 }))
+    expect((await newer.sessions.get(SESSION.id)).id).toBe(SESSION.id)
   })
 
   it('creates, lists and revokes API keys', async () => {

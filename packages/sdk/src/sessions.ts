@@ -1,17 +1,18 @@
-import type {
-  Message,
-  SessionInfo,
-  SessionPolicyInput,
-  SessionSetup,
-  SessionStatus,
-  SetupInfo,
-  StatusEvent,
-  StreamEvent,
-  TurnInfo,
+import {
+  type Message,
+  type SessionInfo,
+  type SessionPolicyInput,
+  type SessionSetup,
+  type SessionStatus,
+  type SetupInfo,
+  SetupInfoSchema,
+  type StatusEvent,
+  type StreamEvent,
+  type TurnInfo,
 } from '@cairn/protocol'
 import { InvalidResponseError } from './errors.js'
 import { decodeEvent } from './events.js'
-import { asCursor, asList, asMessage, asSession, asStatusEvent, asTurn } from './guards.js'
+import { asCursor, asList, asMessage, asSession, asStatusEvent, asTurn, checked } from './guards.js'
 import type { HttpClient, RequestOptions } from './http.js'
 import { readSse } from './sse.js'
 import { AgentStream, type RunResult, type StreamDriver } from './stream.js'
@@ -277,14 +278,7 @@ export class Sessions {
   /** The session's setup phase (status, attempts, exit code, log tail); `NotFoundError` without one. */
   async setup(id: string, options: RequestOptions = {}): Promise<SetupInfo> {
     const body = await this.http.json({ method: 'GET', path: path(id, '/setup'), ...options })
-    const info = body as Partial<SetupInfo> | null
-    if (typeof info?.status !== 'string' || typeof info.logTail !== 'string') {
-      throw new InvalidResponseError({
-        code: 'invalid_response',
-        message: 'the server sent an unexpected setup',
-      })
-    }
-    return info as SetupInfo
+    return checked(SetupInfoSchema, body, 'setup')
   }
 
   /** The whole log of the latest setup run (secrets redacted). */

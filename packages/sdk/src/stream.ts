@@ -55,6 +55,8 @@ export class AgentStream implements AsyncIterable<StreamEvent> {
     if (signal?.aborted) this.aborting = true
     else signal?.addEventListener('abort', onAbort, { once: true })
     this.result = this.pump()
+    // Handled where `result` is awaited; this only keeps a result nobody awaits from being reported
+    // as an unhandled rejection (the same failure also ends the event iteration).
     this.result.catch(() => undefined)
     if (signal) void this.settled().then(() => signal.removeEventListener('abort', onAbort))
   }
@@ -92,6 +94,7 @@ export class AgentStream implements AsyncIterable<StreamEvent> {
       if (this.opened === undefined) {
         this.opener.abort()
       } else {
+        // A failed cancel request still ends the run: the connection is closed after the grace.
         await this.driver.cancel().catch(() => undefined)
         let timer: ReturnType<typeof setTimeout> | undefined
         await Promise.race([this.settled(), new Promise((r) => (timer = setTimeout(r, CANCEL_GRACE_MS)))])
@@ -150,10 +153,14 @@ export class AgentStream implements AsyncIterable<StreamEvent> {
       if (!this.aborting || (error instanceof CairnError && error.status !== undefined)) this.failure = error
     }
     if (this.failure === undefined && terminal === undefined) {
+      // Best effort for a run that may have started while its opening was aborted; the outcome is
+      // `cancelled` whatever the server answers.
       if (this.opened === undefined) await this.driver.cancel().catch(() => undefined)
       terminal = { type: 'run.cancelled', turnId: this.turnId(), durationMs: Date.now() - this.startedAt }
       this.push(terminal)
     }
+    // The run's outcome is settled; ending the session a stream created is housekeeping (the
+    // server's idle timeout ends it anyway), so its failure does not turn the outcome into one.
     if (this.driver.finish) await this.driver.finish().catch(() => undefined)
     this.ended = true
     for (const w of this.wake.splice(0)) w()

@@ -1,6 +1,15 @@
-import type { FileEntry, SessionInfo, SessionPolicyInput, SnapshotInfo, WorkspaceDiff } from '@cairn/protocol'
+import {
+  DiffSchema,
+  type FileEntry,
+  FileEntrySchema,
+  type SessionInfo,
+  type SessionPolicyInput,
+  type SnapshotInfo,
+  SnapshotSchema,
+  type WorkspaceDiff,
+} from '@cairn/protocol'
 import { InvalidResponseError } from './errors.js'
-import { asList, asSession } from './guards.js'
+import { asList, asSession, checked } from './guards.js'
 import type { HttpClient, RequestOptions } from './http.js'
 
 const path = (id: string, rest: string) => `/v1/sessions/${encodeURIComponent(id)}${rest}`
@@ -17,9 +26,8 @@ function expectRecord<T>(value: unknown, keys: string[], what: string): T {
   return value as T
 }
 
-const asSnapshot = (v: unknown) =>
-  expectRecord<SnapshotInfo>(v, ['id', 'sessionId', 'turn', 'createdAt'], 'snapshot')
-const asFileEntry = (v: unknown) => expectRecord<FileEntry>(v, ['name', 'path', 'type', 'size'], 'file entry')
+const asSnapshot = (v: unknown): SnapshotInfo => checked(SnapshotSchema, v, 'snapshot')
+const asFileEntry = (v: unknown): FileEntry => checked(FileEntrySchema, v, 'file entry')
 
 /** What to fill in on snapshot records: both read the snapshot's tree, so they are opt-in. */
 export interface SnapshotExtras {
@@ -242,7 +250,7 @@ export class Files {
       query: { from },
       ...request,
     })
-    return expectRecord<WorkspaceDiff>(body, ['added', 'changed', 'deleted'], 'diff')
+    return checked(DiffSchema, body, 'diff')
   }
 
   /** The workspace (or a snapshot of it) as a tar.gz stream. */

@@ -54,6 +54,8 @@ export interface AppDeps {
   rateLimitPerSecond?: number | undefined
   /** The operator's maxima (shown at `GET /v1/runtime`; the tenant rate and key count are enforced here). */
   operatorLimits: OperatorLimits
+  /** Interval of the heartbeat events on SSE streams (default 15 s). */
+  sseHeartbeatMs?: number | undefined
   version: string
 }
 
@@ -154,8 +156,9 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   installMetrics(app, deps.metrics, deps.sessions, deps.db, deps.runtime.pool)
   app.get('/v1/openapi.json', { schema: { hide: true } }, async () => app.swagger())
   keyRoutes(app, deps.keys, { maxKeysPerTenant: deps.operatorLimits.maxKeysPerTenant })
-  agentRoutes(app, deps.agents)
-  sessionRoutes(app, deps.sessions)
+  const sse = { heartbeatMs: deps.sseHeartbeatMs }
+  agentRoutes(app, deps.agents, sse)
+  sessionRoutes(app, deps.sessions, sse)
   secretRoutes(app, deps.agents, deps.secrets)
   workspaceRoutes(app, deps.workspace)
   retentionRoutes(app, deps.retention)

@@ -71,6 +71,8 @@ export interface ServerOptions {
   shutdownGraceMs?: number | undefined
   /** Requests per second per API key (twice as many as a burst); 0 disables the limit. */
   rateLimitPerSecond?: number | undefined
+  /** Interval of the heartbeat events on SSE streams, in ms (default 15 s). */
+  sseHeartbeatMs?: number | undefined
   /** Write the admin key to the CLI credentials file when none exists (default true). */
   writeCredentials?: boolean | undefined
   /** Base directory for per-instance runtime files (default /run/cairn). */
@@ -102,6 +104,7 @@ export interface ResolvedConfig {
   maxUnpackedBytes: number
   reaperIntervalMs: number
   rateLimitPerSecond: number
+  sseHeartbeatMs: number | undefined
   shutdownGraceMs: number
   isolation: 'bwrap' | 'gvisor'
   gvisorPoolSize: number | undefined
@@ -174,6 +177,7 @@ export function resolveConfig(options: ServerOptions): ResolvedConfig {
     maxUnpackedBytes: options.maxUnpackedBytes ?? 1024 * 1024 * 1024,
     reaperIntervalMs: options.reaperIntervalMs ?? 60_000,
     shutdownGraceMs: options.shutdownGraceMs ?? 10_000,
+    sseHeartbeatMs: options.sseHeartbeatMs,
     isolation: options.isolation ?? (process.env.CAIRN_ISOLATION === 'gvisor' ? 'gvisor' : 'bwrap'),
     gvisorPoolSize: options.gvisorPoolSize,
     spareLaunchers: options.spareLaunchers ?? Number(process.env.CAIRN_SPARE_LAUNCHERS ?? 2),

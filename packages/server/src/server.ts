@@ -111,6 +111,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     workspaceQuotaBytes: mebibytes(config.workspaceQuotaMiB),
     tenantQuotaBytes: mebibytes(config.tenantQuotaMiB),
     poolReserveBytes: mebibytes(config.poolReserveMiB),
+    logger: logger.child({ component: 'runtime' }),
   })
   let opened = false
   let previewListener: PreviewListener | undefined
@@ -146,6 +147,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     const memory = new MemoryService({
       db,
       clock: systemClock,
+      logger,
       mountRoot: path.join(runtime.runDir, 'memory'),
       artifactRoot: path.join(config.dataDir, 'artifacts'),
       artifactLimits: {
@@ -249,6 +251,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       maxUploadBytes: config.maxUploadBytes,
       rateLimitPerSecond: config.rateLimitPerSecond,
       operatorLimits: config.operatorLimits,
+      sseHeartbeatMs: config.sseHeartbeatMs,
       version: SERVER_VERSION,
     })
     const address = await app.listen({ port: config.port, host: config.host })
@@ -307,7 +310,13 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     }
   } catch (error) {
     await previewListener?.close()
-    if (opened) await runtime.close().catch(() => undefined)
+    // The start's own error is rethrown below; a runtime that also fails to close is logged.
+    if (opened)
+      await runtime
+        .close()
+        .catch((closeError: unknown) =>
+          logger.error({ err: closeError }, 'closing the runtime after a failed start failed'),
+        )
     db.close()
     await releaseLocks()
     throw error

@@ -16,6 +16,7 @@ export const register: Register = (parent, ctx) => {
       ),
   ).action(async () => {
     const file = credentialsPath(ctx.env)
+    // An unreadable credentials file is overwritten by this login: its saved URL is only a default.
     const saved = await readCredentials(file).catch(() => undefined)
     const apiUrl = (ctx.flags.apiUrl ?? ctx.env.CAIRN_API_URL ?? saved?.apiUrl ?? DEFAULT_BASE_URL).replace(
       /\/+$/,

@@ -32,6 +32,7 @@ async function locate(
   target: string | undefined,
   dirOption: string | undefined,
 ): Promise<{ dir: string; entry?: string }> {
+  // A path that cannot be stat'ed is "neither file nor directory": the callers say what was expected.
   const kind = async (p: string) => (await stat(p).catch(() => undefined))?.isDirectory()
   if (dirOption !== undefined) {
     const dir = path.resolve(dirOption)

@@ -48,6 +48,7 @@ export function eventsPanel(ctx: PageContext, state: SessionState): Panel {
   return {
     el,
     show: () => void load().catch(ctx.report),
+    // A background refresh: a failure keeps the shown details, and the next poll tries again.
     onInfo: () => void (!el.hidden && load().catch(() => undefined)),
   }
 }

@@ -212,6 +212,7 @@ export function transcriptPanel(ctx: PageContext, state: SessionState): Panel {
       cancel.hidden = true
       cancel.disabled = false
       li.classList.remove('live')
+      // The turn's own outcome is shown already; these refreshes retry on the next poll.
       await state.refresh().catch(() => undefined)
       await load().catch(() => undefined)
       input.focus()
@@ -240,6 +241,7 @@ export function transcriptPanel(ctx: PageContext, state: SessionState): Panel {
     },
     onInfo: (info: SessionInfo) => {
       // A turn sent from elsewhere (CLI, SDK): show it once the transcript grows.
+      // A background refresh: a failure keeps the transcript shown, the next poll tries again.
       if (!streaming && info.messageCount !== loadedCount && !el.hidden) load().catch(() => undefined)
       const hint = el.querySelector('#message-hint')
       if (hint) {

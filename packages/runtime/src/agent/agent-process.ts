@@ -21,6 +21,7 @@ import { listeningPorts } from '../ports/listening-ports.js'
 import { PortRelay } from '../ports/port-relay.js'
 import { requireCapability } from '../sandbox/capabilities.js'
 import type { Sandbox, SandboxDriver, SandboxExit } from '../sandbox/driver.js'
+import { type Logger, noopLogger } from '../util/logger.js'
 import { TailBuffer } from '../util/tail.js'
 import { StdioMarkerParser } from './stdio-marker.js'
 import {
@@ -71,6 +72,7 @@ export class AgentProcess {
     runRoot: string,
     /** The per-install CA, loaded when an agent first needs TLS terminated for a proxy secret. */
     private readonly egressCa?: () => Promise<EgressCa>,
+    private readonly logger: Logger = noopLogger,
   ) {
     this.runDir = path.join(runRoot, this.sandboxId)
   }
@@ -137,7 +139,11 @@ export class AgentProcess {
     const socketPath = path.join(this.runDir, 'ports.sock')
     // Shared by concurrent first requests; restarted should the relay have died.
     this.relay ??= PortRelay.start(namespace, socketPath)
-    let relay = await this.relay.catch(() => undefined)
+    // A relay that failed to start is started again below (a second failure is the caller's).
+    let relay = await this.relay.catch((error: unknown) => {
+      this.logger.warn({ err: error, sandboxId: this.sandboxId }, 'the port relay failed to start; retrying')
+      return undefined
+    })
     if (!relay?.alive) {
       this.relay = PortRelay.start(namespace, socketPath)
       relay = await this.relay
@@ -613,10 +619,14 @@ export class AgentProcess {
     if (sandbox) await sandbox.destroy()
     const relay = this.relay
     this.relay = undefined
-    relay?.then((r) => r.stop()).catch(() => undefined)
-    await this.proxy?.close().catch(() => undefined)
+    // Stopping is best effort past the sandbox itself (gone above): a relay that never started, a
+    // proxy already closed or run files already removed leave nothing running; each is logged.
+    const leftover = (what: string) => (error: unknown) =>
+      this.logger.warn({ err: error, sandboxId: this.sandboxId }, `stopping the agent: ${what} failed`)
+    relay?.then((r) => r.stop()).catch(leftover('stopping the port relay'))
+    await this.proxy?.close().catch(leftover('closing the egress proxy'))
     this.proxy = undefined
     this.closeRunFiles()
-    await rm(this.runDir, { recursive: true, force: true }).catch(() => undefined)
+    await rm(this.runDir, { recursive: true, force: true }).catch(leftover('removing the run dir'))
   }
 }

@@ -4,6 +4,7 @@ import { newId } from '@cairn/protocol'
 import { EgressProxy, type EgressRoute } from '../egress/proxy.js'
 import { forwarderCommand } from '../egress/transparent.js'
 import type { SandboxBind, SandboxDriver, SandboxLimits } from '../sandbox/driver.js'
+import type { Logger } from '../util/logger.js'
 
 export interface CommandSpec {
   workspaceDir: string
@@ -25,6 +26,8 @@ export interface CommandSpec {
    * its own, never the host's.
    */
   egress?: EgressRoute | undefined
+  /** Where failures that do not change the result are reported (the runtime's logger). */
+  logger?: Logger | undefined
 }
 
 export interface CommandResult {
@@ -45,7 +48,12 @@ export async function runSandboxedCommand(driver: SandboxDriver, spec: CommandSp
     await proxy?.listen()
     return await runInSandbox(driver, spec, proxy !== undefined)
   } finally {
-    await proxy?.close().catch(() => undefined)
+    // The command has ended (or failed) already: a proxy that fails to close changes no result.
+    await proxy
+      ?.close()
+      .catch((error: unknown) =>
+        spec.logger?.warn({ err: error, runDir: spec.runDir }, "closing a command's egress proxy failed"),
+      )
   }
 }
 

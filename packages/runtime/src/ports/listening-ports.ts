@@ -26,6 +26,7 @@ export async function listeningPorts(pid: number): Promise<number[]> {
  * first child (the sandbox's pid 1) is in the new one. Undefined when none is found (yet).
  */
 export async function sandboxNetworkPid(outerPid: number): Promise<number | undefined> {
+  // Unreadable /proc entries mean "not found (yet)": the caller polls, and undefined says so.
   const host = await readlink('/proc/self/ns/net').catch(() => undefined)
   const children = await readFile(`/proc/${outerPid}/task/${outerPid}/children`, 'utf8').catch(() => '')
   for (const child of children.trim().split(/\s+/).filter(Boolean)) {

@@ -129,13 +129,25 @@ export class AgentService {
       })()
     } catch (error) {
       buildSlot()
-      await pool.discardStaging(staging).catch(() => undefined)
+      // The deploy's own error is the one to answer; a staging tree left behind is reported here.
+      await pool
+        .discardStaging(staging)
+        .catch((discardError: unknown) =>
+          this.deps.logger.warn(
+            { err: discardError, staging },
+            "discarding a failed deploy's staging tree failed",
+          ),
+        )
       throw error
     }
     const id = agentId
     const finish = this.finishBuild(tenantId, id, revisionId, staging, plan, manifest).finally(buildSlot)
     if (options.wait || (!plan.dependencies && !plan.setup)) await finish
-    else finish.catch(() => undefined)
+    // Not awaited: finishBuild records its own failures on the revision; what escapes that is logged.
+    else
+      finish.catch((error: unknown) =>
+        this.deps.logger.error({ err: error, agent: id, revision: revisionId }, 'finishing a build failed'),
+      )
     const agent = this.store.find(tenantId, id)
     const revision = this.store.revision(revisionId)
     if (!agent || !revision) throw new CairnProblem('internal', 'deployed agent vanished')
@@ -184,7 +196,15 @@ export class AgentService {
       if (needsBuild) await logs.close(revisionId, 'READY')
       this.deps.logger.info({ agent: agentId, revision: revisionId, tenant: tenantId }, 'revision ready')
     } catch (error) {
-      await pool.discardStaging(staging).catch(() => undefined)
+      // The revision is marked FAILED below either way; a staging tree left behind is reported.
+      await pool
+        .discardStaging(staging)
+        .catch((discardError: unknown) =>
+          this.deps.logger.warn(
+            { err: discardError, staging },
+            "discarding a failed build's staging tree failed",
+          ),
+        )
       const lines = await logs.read(revisionId)
       const message = redact((error as Error).message, secrets)
       const tail = lines.slice(-15).join('\n')

@@ -112,7 +112,15 @@ export class Builder {
           await this.run(ctx, envStaging, deps.command, project, undefined)
           await this.envs.seal(envStaging, deps.envKey)
         } catch (error) {
-          await pool.discardStaging(envStaging).catch(() => undefined)
+          // The build's error is the one reported; an environment staging tree left behind is logged.
+          await pool
+            .discardStaging(envStaging)
+            .catch((discardError: unknown) =>
+              this.runtime.logger.warn(
+                { err: discardError, envStaging },
+                'discarding an environment staging tree failed',
+              ),
+            )
           throw error
         }
       }
@@ -163,6 +171,7 @@ export class Builder {
       egress: { ...this.options.egressSite, policy: { allow }, onEvent },
       binds: [...binds, ...extraBinds],
       limits: BUILD_LIMITS,
+      logger: this.runtime.logger,
       timeoutMs: ctx.timeoutMs,
       onLine: ctx.log,
     }).finally(() => rm(runDir, { recursive: true, force: true }))

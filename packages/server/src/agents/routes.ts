@@ -12,6 +12,7 @@ import { Type } from '@sinclair/typebox'
 import type { FastifyInstance } from 'fastify'
 import { principalOf, requireWrite } from '../auth/plugin.js'
 import { bytesBody, errorResponses } from '../http/responses.js'
+import { SseWriter, type SseWriterOptions } from '../http/sse.js'
 import { type AgentService, revisionInfo } from './agent-service.js'
 
 const BuildLogSchema = Type.Object({
@@ -22,7 +23,7 @@ const BuildLogSchema = Type.Object({
 
 const errors = errorResponses(400, 401, 404)
 
-export function agentRoutes(app: FastifyInstance, agents: AgentService): void {
+export function agentRoutes(app: FastifyInstance, agents: AgentService, sse: SseWriterOptions = {}): void {
   app.post(
     '/v1/agents',
     {
@@ -123,34 +124,38 @@ export function agentRoutes(app: FastifyInstance, agents: AgentService): void {
       if (!follow)
         return { status: revision.status, error: revision.error, lines: await agents.logs.read(rev) }
       reply.hijack()
-      const res = reply.raw
-      res.writeHead(200, { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache' })
-      const send = (event: string, data: unknown) =>
-        res.write(`event: ${event}\ndata: ${JSON.stringify(data)}\n\n`)
+      const writer = new SseWriter(reply.raw, { heartbeatMs: sse.heartbeatMs })
       await new Promise<void>((resolve) => {
         const unsubscribe = agents.logs.subscribe(rev, (event) => {
-          if (event.type === 'log') send('log', { line: event.line })
+          if (event.type === 'log') writer.sendNamed('log', { line: event.line })
           else {
-            send('end', { status: event.status, error: event.error ?? null })
-            unsubscribe()
+            writer.sendNamed('end', { status: event.status, error: event.error ?? null })
             resolve()
           }
         })
-        void agents.logs.read(rev).then((lines) => {
-          for (const line of lines) send('log', { line })
-          if (!agents.logs.isLive(rev)) {
-            const latest = agents.store.revision(rev)
-            send('end', { status: latest?.status ?? revision.status, error: latest?.error ?? null })
-            unsubscribe()
-            resolve()
-          }
-        })
-        res.on('close', () => {
+        writer.onClose(() => {
           unsubscribe()
           resolve()
         })
+        agents.logs.read(rev).then(
+          (lines) => {
+            for (const line of lines) writer.sendNamed('log', { line })
+            if (!agents.logs.isLive(rev)) {
+              const latest = agents.store.revision(rev)
+              writer.sendNamed('end', {
+                status: latest?.status ?? revision.status,
+                error: latest?.error ?? null,
+              })
+              resolve()
+            }
+          },
+          (error: unknown) => {
+            request.log.warn({ err: error, revision: rev }, 'reading a build log for a follower failed')
+            resolve()
+          },
+        )
       })
-      res.end()
+      writer.end()
     },
   )
 

@@ -1,14 +1,28 @@
 import type { ServerResponse } from 'node:http'
 import { encodeSse, type StreamEvent } from '@cairn/protocol'
 
-const HEARTBEAT_MS = 15_000
+/** How often an idle stream gets a `heartbeat` event (keeps proxies from timing it out). */
+export const DEFAULT_SSE_HEARTBEAT_MS = 15_000
 
-/** Writes events to an SSE response; stops writing (not running) when the client goes away. */
+export interface SseWriterOptions {
+  /** Interval of the `heartbeat` events, in ms (default 15 s). */
+  heartbeatMs?: number | undefined
+}
+
+/**
+ * The one SSE writer of the API: every streaming route writes through it. It sends the headers,
+ * a `heartbeat` event on an interval, and stops writing (not running) once the client has gone or
+ * the stream has ended, so a late event is dropped instead of written to a dead socket.
+ */
 export class SseWriter {
-  private closed = false
+  private done = false
   private readonly heartbeat: NodeJS.Timeout
+  private readonly closeListeners: (() => void)[] = []
 
-  constructor(private readonly res: ServerResponse) {
+  constructor(
+    private readonly res: ServerResponse,
+    options: SseWriterOptions = {},
+  ) {
     res.writeHead(200, {
       'content-type': 'text/event-stream; charset=utf-8',
       'cache-control': 'no-cache, no-transform',
@@ -17,24 +31,49 @@ export class SseWriter {
     })
     res.flushHeaders()
     res.socket?.setNoDelay(true)
-    res.on('close', () => {
-      this.closed = true
-    })
+    res.on('close', () => this.finish())
+    // A write racing the socket's teardown fails here, not as an uncaught 'error': the close above
+    // follows and stops the stream.
+    res.on('error', () => this.finish())
     this.heartbeat = setInterval(
       () => this.send({ type: 'heartbeat', at: new Date().toISOString() }),
-      HEARTBEAT_MS,
+      options.heartbeatMs ?? DEFAULT_SSE_HEARTBEAT_MS,
     )
     this.heartbeat.unref()
   }
 
+  /** True once the client has gone or `end()` was called: nothing more is written. */
+  get closed(): boolean {
+    return this.done || this.res.destroyed || this.res.writableEnded
+  }
+
+  /** Runs `listener` once when the stream stops (client gone or ended); at once if it already has. */
+  onClose(listener: () => void): void {
+    if (this.done) listener()
+    else this.closeListeners.push(listener)
+  }
+
+  /** Sends a stream event (its type is the SSE event name). */
   send(event: StreamEvent): void {
     if (this.closed) return
     this.res.write(encodeSse(event))
   }
 
+  /** Sends a named event whose data is `data` as JSON (streams that are not runs: build logs). */
+  sendNamed(name: string, data: unknown): void {
+    if (this.closed) return
+    this.res.write(`event: ${name}\ndata: ${JSON.stringify(data)}\n\n`)
+  }
+
   end(): void {
-    clearInterval(this.heartbeat)
     if (!this.closed) this.res.end()
-    this.closed = true
+    this.finish()
+  }
+
+  private finish(): void {
+    if (this.done) return
+    this.done = true
+    clearInterval(this.heartbeat)
+    for (const listener of this.closeListeners.splice(0)) listener()
   }
 }

@@ -6,6 +6,7 @@ import { Transform } from 'node:stream'
 import { pipeline } from 'node:stream/promises'
 import { CairnProblem, newId } from '@cairn/protocol'
 import type { SandboxBind } from '@cairn/runtime'
+import type { Logger } from 'pino'
 import { type Clock, iso } from '../clock.js'
 import type { Db } from '../db/database.js'
 import { openTreeFile } from '../files/reader.js'
@@ -45,6 +46,7 @@ export class MemoryService {
       clock: Clock
       /** Host directory sandboxes can reach (under the runtime dir): memory files are written here. */
       mountRoot: string
+      logger: Logger
       /** Host directory for artifact bytes (under the data dir). */
       artifactRoot: string
       /**

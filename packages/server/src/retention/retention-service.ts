@@ -189,7 +189,11 @@ export class RetentionService {
       for (const { id } of recent) {
         const sizes = await this.deps.runtime.pool
           .usage(this.deps.runtime.pool.workspacePath(id))
-          .catch(() => undefined)
+          // A workspace removed since the query (or unreadable) is left out of the usage report.
+          .catch((error: unknown) => {
+            this.deps.logger.debug({ err: error, session: id }, 'no storage usage for a session')
+            return undefined
+          })
         if (sizes) storage.push({ sessionId: id, ...sizes })
       }
     }

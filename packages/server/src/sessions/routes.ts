@@ -16,13 +16,17 @@ import { Type } from '@sinclair/typebox'
 import type { FastifyInstance, FastifyRequest } from 'fastify'
 import { principalOf, requireWrite } from '../auth/plugin.js'
 import { errorResponses, eventStreamResponse } from '../http/responses.js'
-import { SseWriter } from '../http/sse.js'
+import { SseWriter, type SseWriterOptions } from '../http/sse.js'
 import type { SessionService } from './session-service.js'
 
 const errors = errorResponses(400, 401, 404, 409, 410)
 const idOf = (request: FastifyRequest) => (request.params as { id: string }).id
 
-export function sessionRoutes(app: FastifyInstance, sessions: SessionService): void {
+export function sessionRoutes(
+  app: FastifyInstance,
+  sessions: SessionService,
+  sse: SseWriterOptions = {},
+): void {
   app.post(
     '/v1/sessions',
     {
@@ -147,7 +151,7 @@ export function sessionRoutes(app: FastifyInstance, sessions: SessionService): v
       await sessions.verifyBeforeTurn(tenantId, idOf(request))
       const handle = sessions.beginTurn(tenantId, idOf(request), (request.body as SendMessageBody).prompt)
       reply.hijack()
-      const writer = new SseWriter(reply.raw)
+      const writer = new SseWriter(reply.raw, sse)
       try {
         await handle.run((event) => writer.send(event))
       } finally {

@@ -303,7 +303,11 @@ export class TurnRunner {
       }
     }
     if (!/No space left on device|ENOSPC/.test(said)) return outcome
-    const stats = await this.deps.runtime.pool.poolStats().catch(() => undefined)
+    // Without the pool's figures the agent's own failure is reported as it is.
+    const stats = await this.deps.runtime.pool.poolStats().catch((error: unknown) => {
+      this.deps.logger.warn({ err: error }, 'reading the pool usage failed')
+      return undefined
+    })
     if (!stats || stats.freeBytes > POOL_FULL_BYTES) return outcome
     return {
       ...outcome,

@@ -128,6 +128,7 @@ export class SetupService {
           CAIRN_PHASE: 'setup',
         },
         egress: { ...this.deps.egressSite, policy, onEvent: onNetwork },
+        logger: runtime.logger,
         binds: envKey ? envBinds(this.deps.agents.envs.envPath(envKey), envKey) : [],
         limits: sandboxLimits(revision.manifest, this.deps.operatorLimits),
         timeoutMs,
@@ -142,7 +143,10 @@ export class SetupService {
     } catch (caught) {
       error = `setup could not run: ${(caught as Error).message}`
     } finally {
-      await rm(runDir, { recursive: true, force: true }).catch(() => undefined)
+      // The setup's outcome is decided; a run dir left behind goes with the runtime's at shutdown.
+      await rm(runDir, { recursive: true, force: true }).catch((rmError: unknown) =>
+        this.deps.logger.warn({ err: rmError, runDir }, 'removing a setup run dir failed'),
+      )
     }
     // Even a failed setup may have written files. The new generation comes before the snapshot
     // after setup, so that snapshot carries it.

@@ -222,7 +222,10 @@ export class WorkspaceService {
     if (kind === 'auto')
       this.retention = this.retention
         .then(() => this.applyRetention(row.id, row.tenant_id))
-        .catch(() => undefined)
+        // Pruning is retried after the next auto snapshot; a failure only keeps snapshots longer.
+        .catch((error: unknown) =>
+          this.deps.logger.warn({ err: error, session: row.id }, 'snapshot pruning failed'),
+        )
     return info
   }
 
@@ -455,7 +458,12 @@ export class WorkspaceService {
         { parentId: id, snapshotId: source.id, turnsUpTo },
       )
     } catch (error) {
-      await this.deps.runtime.pool.deleteWorkspace(childId).catch(() => undefined)
+      // The fork's error is the one to answer; a half-made child workspace left behind is logged.
+      await this.deps.runtime.pool
+        .deleteWorkspace(childId)
+        .catch((e: unknown) =>
+          this.deps.logger.warn({ err: e, workspace: childId }, 'removing a failed fork failed'),
+        )
       throw error
     }
     return this.deps.sessions.get(tenantId, childId)
@@ -699,7 +707,12 @@ export class WorkspaceService {
             await chmod(staging, 0o700)
             await pool.replaceWorkspace(id, staging, generation)
           } catch (error) {
-            await pool.discardStaging(staging).catch(() => undefined)
+            // The upload's error is the one to answer; a staging tree left behind is logged.
+            await pool
+              .discardStaging(staging)
+              .catch((e: unknown) =>
+                this.deps.logger.warn({ err: e, staging }, 'discarding an upload staging tree failed'),
+              )
             throw error
           }
           store.setGeneration(id, generation)

@@ -2,6 +2,7 @@ import { isIP } from 'node:net'
 import os from 'node:os'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
+import type { Clock } from './clock.js'
 import { checkPreviewDomain, DEFAULT_PREVIEW_DOMAIN } from './previews/preview-origins.js'
 
 export interface ServerOptions {
@@ -66,6 +67,13 @@ export interface ServerOptions {
    * `CAIRN_PREVIEW_DOMAIN`; default `localhost`, which browsers resolve to loopback on their own).
    */
   previewDomain?: string | undefined
+  /**
+   * Serve the hosted agent-session API's compatibility routes under this path prefix (e.g.
+   * `/superserve`; env `CAIRN_COMPAT_PREFIX`); unset or empty: off. See docs/compat.md.
+   */
+  compatPrefix?: string | undefined
+  /** The server's clock (tests set it back to make old sessions); default the system's. */
+  clock?: Clock | undefined
 }
 
 export interface ResolvedConfig {
@@ -95,6 +103,7 @@ export interface ResolvedConfig {
   runBase: string | undefined
   previewPort: number
   previewDomain: string
+  compatPrefix: string | undefined
 }
 
 export function defaultDataDir(): string {
@@ -152,7 +161,21 @@ export function resolveConfig(options: ServerOptions): ResolvedConfig {
       (process.env.CAIRN_RATE_LIMIT ? Number(process.env.CAIRN_RATE_LIMIT) : 1000),
     writeCredentials: options.writeCredentials ?? true,
     runBase: options.runBase,
+    compatPrefix: checkCompatPrefix(options.compatPrefix ?? process.env.CAIRN_COMPAT_PREFIX),
   }
+}
+
+/** `/name[/name…]`: a path prefix of plain segments, never `/v1` (Cairn's own API) or the root. */
+export function checkCompatPrefix(value: string | undefined): string | undefined {
+  if (value === undefined || value === '') return undefined
+  const prefix = value.replace(/\/+$/, '')
+  if (!/^(\/[A-Za-z0-9._-]+)+$/.test(prefix) || prefix === '/v1' || prefix.startsWith('/v1/')) {
+    throw new CairnProblem(
+      'validation_failed',
+      `CAIRN_COMPAT_PREFIX (--compat-prefix) must be a path like /superserve, not '${value}'`,
+    )
+  }
+  return prefix
 }
 
 function storageFromEnv(value: string | undefined): 'btrfs' | 'dir' {

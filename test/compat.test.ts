@@ -332,7 +332,13 @@ describe('compat: the hosted product’s SDK and CLI wire shapes against Cairn',
       tarball,
     )
     expect(deployed.status, JSON.stringify(deployed.json)).toBe(201)
-    const session = await client.call('POST', '/sessions', { json: { agent_id: 'tool-agent' } })
+    // Their SDK's defaults: no title, a 30-day idle timeout; their CLI titles a session with its prompt.
+    const session = await client.call('POST', '/sessions', {
+      json: { agent_id: 'tool-agent', title: 'p'.repeat(300), idle_timeout_seconds: 30 * 24 * 60 * 60 },
+    })
+    expect(session.status, JSON.stringify(session.json)).toBe(201)
+    expect(session.json.idle_timeout_seconds).toBe(2_592_000)
+    expect(session.json.title).toBe('p'.repeat(200))
     const run = await client.stream(session.json.id as string, 'hello')
     const start = run.events.find((e) => e.type === 'tool.start')
     const end = run.events.find((e) => e.type === 'tool.end')
@@ -402,6 +408,38 @@ describe('compat: the hosted product’s SDK and CLI wire shapes against Cairn',
     const ids = left.map((s) => s.id)
     expect(ids).toContain(fresh)
     for (const id of old) expect(ids).not.toContain(id)
+  })
+
+  it('keys: a read-only key reads but cannot write; another tenant sees none of it', async () => {
+    const reader = (await t.api.call('POST', '/v1/keys', { role: 'read', name: 'compat reader' })).body
+      .key as string
+    const asReader = new TheirClient(client.baseUrl, reader)
+    expect((await asReader.call('GET', '/sessions', { params: { agent_id: agentId } })).status).toBe(200)
+    const refused = await asReader.call('POST', '/sessions', { json: { agent_id: agentId } })
+    expect(refused.status).toBe(403)
+    expect(refused.json.detail).toBe('this API key is read-only')
+    expect(
+      (await asReader.call('PATCH', `/agents/${agentId}/secrets`, { json: { secrets: { A: 'b' } } })).status,
+    ).toBe(403)
+
+    const other = (await t.api.call('POST', '/v1/keys', { tenant: 'tnt_other', name: 'other tenant' })).body
+      .key as string
+    const asOther = new TheirClient(client.baseUrl, other)
+    expect((await asOther.call('GET', '/agents')).json).toEqual({ agents: [] })
+    expect((await asOther.call('GET', `/agents/${agentId}`)).status).toBe(404)
+    expect((await asOther.call('POST', '/sessions', { json: { agent_id: agentId } })).status).toBe(404)
+    expect((await asOther.call('GET', '/sessions')).json).toEqual({ sessions: [] })
+    const mine = (await client.call('GET', '/sessions', { params: { agent_id: agentId } })).json.sessions as {
+      id: string
+    }[]
+    const someone = mine[0]?.id as string
+    expect((await asOther.call('GET', `/sessions/${someone}`)).status).toBe(404)
+    expect((await asOther.call('POST', `/sessions/${someone}/end`)).status).toBe(404)
+    expect(
+      (await asOther.call('GET', '/sessions/resolve', { params: { id_prefix: someone.slice(4) } })).json,
+    ).toEqual({
+      ids: [],
+    })
   })
 
   it('deletes the agent', async () => {

@@ -169,7 +169,12 @@ export function resolveConfig(options: ServerOptions): ResolvedConfig {
 export function checkCompatPrefix(value: string | undefined): string | undefined {
   if (value === undefined || value === '') return undefined
   const prefix = value.replace(/\/+$/, '')
-  if (!/^(\/[A-Za-z0-9._-]+)+$/.test(prefix) || prefix === '/v1' || prefix.startsWith('/v1/')) {
+  const segments = prefix.split('/').slice(1)
+  if (
+    !/^(\/[A-Za-z0-9._-]+)+$/.test(prefix) ||
+    segments.some((segment) => segment === '.' || segment === '..') ||
+    segments[0] === 'v1'
+  ) {
     throw new CairnProblem(
       'validation_failed',
       `CAIRN_COMPAT_PREFIX (--compat-prefix) must be a path like /superserve, not '${value}'`,

@@ -14,6 +14,7 @@ interface ServerOptions {
   isolation?: 'bwrap' | 'gvisor'
   previewPort?: number
   previewDomain?: string
+  compatPrefix?: string
 }
 
 export const register: Register = (parent, ctx) => {
@@ -48,6 +49,10 @@ export const register: Register = (parent, ctx) => {
         '--pool-path <dir>',
         'btrfs: an existing btrfs directory to use as the pool; dir: where the trees live (default <data-dir>/pool)',
       )
+      .option(
+        '--compat-prefix <path>',
+        "also serve the hosted agent-session API its own SDK and CLI speak, under this path (e.g. /superserve; their base URL is this server's URL plus it; env CAIRN_COMPAT_PREFIX; default off; see docs/compat.md)",
+      )
       .option('--log-level <level>', 'log level: fatal, error, warn, info, debug, trace')
       .option(
         '--workspace-quota-mib <mib>',
@@ -79,6 +84,7 @@ export const register: Register = (parent, ctx) => {
       host: options.host,
       previewPort: options.previewPort,
       previewDomain: options.previewDomain,
+      compatPrefix: options.compatPrefix,
       poolPath: options.poolPath,
       storage: options.storage,
       workspaceQuotaMiB: options.workspaceQuotaMib || undefined,

@@ -39,6 +39,7 @@ export interface CompatDeps {
 }
 
 const HEARTBEAT_MS = 15_000
+const MAX_TITLE_CHARS = 200
 const IdParams = Type.Object({ id: Type.String({ minLength: 1, maxLength: 200 }) })
 const errors = Object.fromEntries(
   [400, 401, 403, 404, 409, 410, 413, 415, 422, 429, 500].map((s) => [s, CompatErrorSchema]),
@@ -220,7 +221,8 @@ export async function compatRoutes(app: FastifyInstance, deps: CompatDeps): Prom
       const body = request.body as CompatCreateSessionBody
       const info = await deps.sessions.create(tenantId, {
         agent: body.agent_id,
-        ...(body.title == null ? {} : { title: body.title }),
+        // Their CLI titles a session with its first prompt, of any length; Cairn keeps 200 characters.
+        ...(body.title == null ? {} : { title: [...body.title].slice(0, MAX_TITLE_CHARS).join('') }),
         // Theirs is in seconds, Cairn's in milliseconds (at least one second either way).
         ...(body.idle_timeout_seconds === undefined
           ? {}

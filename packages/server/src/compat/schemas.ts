@@ -52,7 +52,12 @@ export const CompatSessionListSchema = Type.Object({ sessions: Type.Array(Compat
 export const CompatCreateSessionBody = Type.Object(
   {
     agent_id: Type.String({ minLength: 1, maxLength: 200, description: 'agent ID or name' }),
-    title: Type.Optional(Type.Union([Type.String({ maxLength: 200 }), Type.Null()])),
+    title: Type.Optional(
+      Type.Union([
+        Type.String({ maxLength: 65_536, description: 'kept to its first 200 characters' }),
+        Type.Null(),
+      ]),
+    ),
     idle_timeout_seconds: Type.Optional(
       Type.Integer({ minimum: 1, maximum: 365 * 24 * 3600, description: 'seconds, not milliseconds' }),
     ),

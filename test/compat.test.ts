@@ -168,6 +168,19 @@ describe('compat: the hosted product’s SDK and CLI wire shapes against Cairn',
     }
   })
 
+  it('draws on the same per-key rate budget as /v1 (429 with detail once it is spent through either)', async () => {
+    const limited = await startTestServer({ server: { compatPrefix: PREFIX, rateLimitPerSecond: 1 } })
+    try {
+      // A burst of twice the rate per second, spent through Cairn's own API.
+      for (let i = 0; i < 2; i++) expect((await limited.api.call('GET', '/v1/agents')).status).toBe(200)
+      const answer = await new TheirClient(`${limited.url}${PREFIX}`, limited.key).call('GET', '/agents')
+      expect(answer.status).toBe(429)
+      expect(answer.json.detail).toMatch(/too many requests/)
+    } finally {
+      await limited.close()
+    }
+  })
+
   it('is left out of Cairn’s OpenAPI document (its contract is the compat schemas)', async () => {
     const document = await t.api.call('GET', '/v1/openapi.json')
     const paths = Object.keys(document.body.paths as Record<string, unknown>)

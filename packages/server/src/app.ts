@@ -142,7 +142,12 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
     },
   })
   documentFrameworkAnswers(app)
-  installAuth(app, deps.keys, { ratePerSecond: deps.rateLimitPerSecond }, isPreviewRequest)
+  const rateLimiter = installAuth(
+    app,
+    deps.keys,
+    { ratePerSecond: deps.rateLimitPerSecond },
+    isPreviewRequest,
+  )
   app.get('/healthz', { schema: { hide: true, response: { 200: HealthSchema } } }, async () => ({
     ok: true,
     version: deps.version,
@@ -171,7 +176,7 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
           secrets: deps.secrets,
           archiveLimits: compat.archiveLimits,
           maxUploadBytes: deps.maxUploadBytes,
-          rateLimitPerSecond: deps.rateLimitPerSecond,
+          rateLimiter,
         }),
       { prefix: compat.prefix },
     )

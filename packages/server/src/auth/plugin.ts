@@ -8,14 +8,14 @@ declare module 'fastify' {
   }
 }
 
-/** Bearer authentication on everything under /v1 (the OpenAPI document excepted). */
+/** Bearer authentication on everything under /v1 (the OpenAPI document excepted); returns its rate limiter. */
 export function installAuth(
   app: FastifyInstance,
   keys: ApiKeyStore,
   limits: { ratePerSecond?: number | undefined } = {},
   /** Routes that authorize on their own (previews: a key or a signed URL). */
   exempt?: (request: FastifyRequest) => boolean,
-): void {
+): RateLimiter {
   const limiter = new RateLimiter(limits.ratePerSecond ?? 1000)
   app.decorateRequest('principal', undefined)
   app.addHook('onRequest', async (request) => {
@@ -37,6 +37,8 @@ export function installAuth(
     }
     request.principal = principal
   })
+  // Returned so that other ways in (the compat API) draw on the same per-key budget.
+  return limiter
 }
 
 export function principalOf(request: FastifyRequest): Principal {

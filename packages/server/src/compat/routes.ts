@@ -4,7 +4,7 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import type { AgentService } from '../agents/agent-service.js'
 import type { ArchiveLimits } from '../agents/archive.js'
 import type { ApiKeyStore, Principal } from '../auth/api-keys.js'
-import { RateLimiter } from '../auth/plugin.js'
+import type { RateLimiter } from '../auth/plugin.js'
 import { toErrorBody } from '../http/errors.js'
 import type { SecretStore } from '../secrets/secret-store.js'
 import type { SessionService } from '../sessions/session-service.js'
@@ -35,7 +35,8 @@ export interface CompatDeps {
   secrets: SecretStore
   archiveLimits: ArchiveLimits
   maxUploadBytes: number
-  rateLimitPerSecond?: number | undefined
+  /** Cairn's own per-key limiter: a key's budget is the same through /v1 and the compat API. */
+  rateLimiter: RateLimiter
 }
 
 const HEARTBEAT_MS = 15_000
@@ -51,7 +52,7 @@ const errors = Object.fromEntries(
  * Routes are hidden from Cairn's OpenAPI document: their contract is the schemas in schemas.ts.
  */
 export async function compatRoutes(app: FastifyInstance, deps: CompatDeps): Promise<void> {
-  const limiter = new RateLimiter(deps.rateLimitPerSecond ?? 1000)
+  const limiter = deps.rateLimiter
   const principals = new WeakMap<FastifyRequest, Principal>()
 
   app.setErrorHandler((error, request, reply) => {

@@ -263,6 +263,30 @@ describe('compat: the hosted product’s SDK and CLI wire shapes against Cairn',
     const noFile = await client.call('POST', '/agents', { formData: form })
     expect(noFile.status).toBe(400)
     expect(noFile.json.detail).toMatch(/file/)
+    const notTar = await client.deploy(
+      'not-tar',
+      'python a.py',
+      {},
+      Buffer.from('PK\u0003\u0004 not a tarball'),
+    )
+    expect(notTar.status).toBe(400)
+    expect(notTar.json.code).toBe('invalid_archive')
+    const badName = await client.deploy(
+      'My_Agent',
+      'python a.py',
+      {},
+      await tarballOf({ 'a.py': 'print(1)\n' }),
+    )
+    expect(badName.status).toBe(400)
+    expect(badName.json.detail).toMatch(/name.*lower-case/)
+    const badConfig = await client.deploy(
+      'x',
+      'python a.py',
+      { protocol: 'smtp' },
+      await tarballOf({ 'a.py': '' }),
+    )
+    expect(badConfig.status).toBe(400)
+    expect(badConfig.json.detail).toMatch(/^config\.protocol/)
   })
 
   it('sessions: create (seconds), run, stream, list, resolve, end, resume, delete', async () => {

@@ -8,7 +8,7 @@ import { Value } from '@sinclair/typebox/value'
 import * as tar from 'tar'
 import YAML from 'yaml'
 import type { AgentService } from '../agents/agent-service.js'
-import type { ArchiveLimits } from '../agents/archive.js'
+import { type ArchiveLimits, inspectArchive } from '../agents/archive.js'
 import { CompatDeployConfig, CompatDeployFields } from './schemas.js'
 
 const gunzipAsync = promisify(gunzip)
@@ -128,6 +128,9 @@ export async function deployForm(
         : `archive is not a valid tar.gz: ${(error as Error).message}`,
     )
   }
+  // Their archive as it came, under Cairn's own checks: appending to what is not a tar would
+  // overwrite it, and deploy the manifest alone.
+  await inspectArchive(plain, limits)
   const dir = await mkdtemp(path.join(os.tmpdir(), 'cairn-compat-'))
   try {
     const tarFile = path.join(dir, 'project.tar')

@@ -4,10 +4,12 @@ import swagger from '@fastify/swagger'
 import Fastify, { type FastifyInstance, type FastifyReply } from 'fastify'
 import type { Logger } from 'pino'
 import type { AgentService } from './agents/agent-service.js'
+import type { ArchiveLimits } from './agents/archive.js'
 import { agentRoutes } from './agents/routes.js'
 import type { ApiKeyStore } from './auth/api-keys.js'
 import { installAuth } from './auth/plugin.js'
 import { keyRoutes } from './auth/routes.js'
+import { compatRoutes } from './compat/routes.js'
 import type { Db } from './db/database.js'
 import { consoleRoutes } from './http/console.js'
 import { type BodyLimit, errorBody, installErrorHandlers } from './http/errors.js'
@@ -57,6 +59,11 @@ export interface AppDeps {
   /** Interval of the heartbeat events on SSE streams (default 15 s). */
   sseHeartbeatMs?: number | undefined
   version: string
+  /**
+   * Where the hosted agent-session API's compatibility routes are served (`/superserve` → its
+   * clients use `/superserve/v1/…`); undefined: not served. See docs/compat.md.
+   */
+  compat?: { prefix: string; archiveLimits: ArchiveLimits } | undefined
 }
 
 const JSON_LIMIT: BodyLimit = { bytes: 2 * 1024 * 1024, applies: 'JSON bodies' }
@@ -140,7 +147,7 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
     },
   })
   documentFrameworkAnswers(app)
-  installAuth(
+  const rateLimiter = installAuth(
     app,
     deps.keys,
     {
@@ -167,6 +174,22 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   setupRoutes(app, deps.setup, deps.sessions)
   runtimeRoute(app, deps.runtime, deps.operatorLimits)
   consoleRoutes(app)
+  const compat = deps.compat
+  if (compat) {
+    await app.register(
+      (scope) =>
+        compatRoutes(scope, {
+          keys: deps.keys,
+          agents: deps.agents,
+          sessions: deps.sessions,
+          secrets: deps.secrets,
+          archiveLimits: compat.archiveLimits,
+          maxUploadBytes: deps.maxUploadBytes,
+          rateLimiter,
+        }),
+      { prefix: compat.prefix },
+    )
+  }
   app.addHook('onResponse', async (request, reply) => {
     if (reply.statusCode >= 400) {
       request.log.warn(

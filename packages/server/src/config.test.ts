@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest'
-import { egressHostMap, resolveConfig } from './config.js'
+import { checkCompatPrefix, egressHostMap, resolveConfig } from './config.js'
 
 describe('egress hosts map (CAIRN_EGRESS_HOSTS)', () => {
   it('reads name=address pairs, case-insensitively, with several addresses per name', () => {
@@ -30,6 +30,21 @@ describe('build egress allowlist (CAIRN_BUILD_EGRESS_ALLOW)', () => {
     } finally {
       if (saved === undefined) delete process.env.CAIRN_BUILD_EGRESS_ALLOW
       else process.env.CAIRN_BUILD_EGRESS_ALLOW = saved
+    }
+  })
+})
+
+describe('compat prefix (--compat-prefix, CAIRN_COMPAT_PREFIX)', () => {
+  it('is off unless given, and a path of plain segments without its trailing slash when given', () => {
+    expect(checkCompatPrefix(undefined)).toBeUndefined()
+    expect(checkCompatPrefix('')).toBeUndefined()
+    expect(checkCompatPrefix('/superserve/')).toBe('/superserve')
+    expect(checkCompatPrefix('/a/b-c')).toBe('/a/b-c')
+  })
+
+  it("refuses what is not a path, the root, and Cairn's own /v1", () => {
+    for (const bad of ['superserve', '/', '/v1', '/v1/x', '/a b', '/../x', '/a?x']) {
+      expect(() => checkCompatPrefix(bad), bad).toThrow(/must be a path like \/superserve/)
     }
   })
 })

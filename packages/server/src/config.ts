@@ -2,6 +2,7 @@ import { isIP } from 'node:net'
 import os from 'node:os'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
+import type { Clock } from './clock.js'
 import {
   type OperatorLimitOptions,
   type OperatorLimits,
@@ -89,6 +90,13 @@ export interface ServerOptions {
   previewDomain?: string | undefined
   /** The operator's maxima (limits a manifest may ask for, per-tenant counts); see limits/operator-limits.ts. */
   operatorLimits?: OperatorLimitOptions | undefined
+  /**
+   * Serve the hosted agent-session API's compatibility routes under this path prefix (e.g.
+   * `/superserve`; env `CAIRN_COMPAT_PREFIX`); unset or empty: off. See docs/compat.md.
+   */
+  compatPrefix?: string | undefined
+  /** The server's clock (tests set it back to make old sessions); default the system's. */
+  clock?: Clock | undefined
 }
 
 export interface ResolvedConfig {
@@ -122,6 +130,7 @@ export interface ResolvedConfig {
   previewPort: number
   previewDomain: string
   operatorLimits: OperatorLimits
+  compatPrefix: string | undefined
 }
 
 export function defaultDataDir(): string {
@@ -207,7 +216,26 @@ export function resolveConfig(options: ServerOptions): ResolvedConfig {
     writeCredentials: options.writeCredentials ?? true,
     runBase: options.runBase,
     operatorLimits: resolveOperatorLimits(options.operatorLimits, rateLimitPerSecond),
+    compatPrefix: checkCompatPrefix(options.compatPrefix ?? process.env.CAIRN_COMPAT_PREFIX),
   }
+}
+
+/** `/name[/name…]`: a path prefix of plain segments, never `/v1` (Cairn's own API) or the root. */
+export function checkCompatPrefix(value: string | undefined): string | undefined {
+  if (value === undefined || value === '') return undefined
+  const prefix = value.replace(/\/+$/, '')
+  const segments = prefix.split('/').slice(1)
+  if (
+    !/^(\/[A-Za-z0-9._-]+)+$/.test(prefix) ||
+    segments.some((segment) => segment === '.' || segment === '..') ||
+    segments[0] === 'v1'
+  ) {
+    throw new CairnProblem(
+      'validation_failed',
+      `CAIRN_COMPAT_PREFIX (--compat-prefix) must be a path like /superserve, not '${value}'`,
+    )
+  }
+  return prefix
 }
 
 function storageFromEnv(value: string | undefined): 'btrfs' | 'dir' {

@@ -62,6 +62,7 @@ function mebibytes(mib: number | undefined): number | undefined {
 /** Starts the control plane and the local runtime: database, storage pool, sandboxes, HTTP API. */
 export async function startServer(options: ServerOptions = {}): Promise<RunningServer> {
   const config = resolveConfig(options)
+  const clock = options.clock ?? systemClock
   const logger = pino({ level: config.logLevel, base: { service: 'cairn' } })
   await mkdir(config.dataDir, { recursive: true, mode: 0o700 })
   // Before anything else (database, reaping, reconciling, mounting): a second server on this dir
@@ -123,10 +124,10 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     if (orphansReaped > 0) logger.warn({ orphansReaped }, 'reaped sandboxes left by an earlier run')
     const quotas = runtime.pool.quotaStatus()
     if (quotas.warning) logger.warn({ code: quotas.warning.code }, quotas.warning.message)
-    const keys = new ApiKeyStore(db, systemClock)
+    const keys = new ApiKeyStore(db, clock)
     keys.ensureTenant(DEFAULT_TENANT_ID, 'default')
     const cipher = await SecretCipher.load(path.join(config.dataDir, 'secret.key'))
-    const secrets = new SecretStore(db, cipher, systemClock)
+    const secrets = new SecretStore(db, cipher, clock)
     const logs = new BuildLogs(path.join(config.dataDir, 'build-logs'))
     const egressSite: EgressSite = {
       privateExceptions: new Set(config.egressPrivateExceptions),
@@ -137,7 +138,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       runtime,
       secrets,
       logs,
-      clock: systemClock,
+      clock: clock,
       logger,
       archiveLimits: { maxFiles: config.maxArchiveFiles, maxUnpackedBytes: config.maxUnpackedBytes },
       build: { egressSite, buildEgressAllow: config.buildEgressAllow },
@@ -146,7 +147,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     const metrics = new MetricsRegistry()
     const memory = new MemoryService({
       db,
-      clock: systemClock,
+      clock,
       logger,
       mountRoot: path.join(runtime.runDir, 'memory'),
       artifactRoot: path.join(config.dataDir, 'artifacts'),
@@ -162,7 +163,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       secrets,
       egressSite,
       operatorLimits: config.operatorLimits,
-      clock: systemClock,
+      clock,
       logger,
     })
     const sessions = new SessionService({
@@ -178,7 +179,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
         ? [await readFile(config.egressUpstreamCaFile, 'utf8')]
         : undefined,
       operatorLimits: config.operatorLimits,
-      clock: systemClock,
+      clock,
       logger,
     })
     let retention: RetentionService | undefined
@@ -187,7 +188,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       runtime,
       sessions,
       agents,
-      clock: systemClock,
+      clock: clock,
       logger,
       archiveLimits: { maxFiles: config.maxArchiveFiles, maxUnpackedBytes: config.maxUnpackedBytes },
       keepAutoSnapshots: (tenantId) => retention?.policy(tenantId).keepAutoSnapshots ?? 50,
@@ -199,7 +200,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       runtime,
       sessions,
       workspace,
-      clock: systemClock,
+      clock: clock,
       logger,
     })
     retention = retentionService
@@ -223,7 +224,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       sessions,
       signer: new PreviewSigner(cipher.deriveKey('preview-url')),
       revocations: new PreviewRevocations(db),
-      clock: systemClock,
+      clock: clock,
     })
     previewListener = createPreviewListener(previews, config.previewDomain, logger)
     const previewPort = await listen(previewListener.server, config.previewPort, config.host)
@@ -253,6 +254,12 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       operatorLimits: config.operatorLimits,
       sseHeartbeatMs: config.sseHeartbeatMs,
       version: SERVER_VERSION,
+      compat: config.compatPrefix
+        ? {
+            prefix: config.compatPrefix,
+            archiveLimits: { maxFiles: config.maxArchiveFiles, maxUnpackedBytes: config.maxUnpackedBytes },
+          }
+        : undefined,
     })
     const address = await app.listen({ port: config.port, host: config.host })
     const port = Number(new URL(address).port)

@@ -27,6 +27,7 @@ interface ServerOptions {
   maxSnapshotsPerTenant?: number
   maxKeysPerTenant?: number
   tenantRateLimit?: number
+  compatPrefix?: string
 }
 
 /** The operator's maxima as flags (each also an environment variable; see `GET /v1/runtime`). */
@@ -116,6 +117,10 @@ export const register: Register = (parent, ctx) => {
         '--pool-path <dir>',
         'btrfs: an existing btrfs directory to use as the pool; dir: where the trees live (default <data-dir>/pool)',
       )
+      .option(
+        '--compat-prefix <path>',
+        "also serve the hosted agent-session API its own SDK and CLI speak, under this path (e.g. /superserve; their base URL is this server's URL plus it; env CAIRN_COMPAT_PREFIX; default off; see docs/compat.md)",
+      )
       .option('--log-level <level>', 'log level: fatal, error, warn, info, debug, trace')
       .option(
         '--workspace-quota-mib <mib>',
@@ -159,6 +164,7 @@ export const register: Register = (parent, ctx) => {
       host: options.host,
       previewPort: options.previewPort,
       previewDomain: options.previewDomain,
+      compatPrefix: options.compatPrefix,
       poolPath: options.poolPath,
       storage: options.storage,
       workspaceQuotaMiB: options.workspaceQuotaMib,

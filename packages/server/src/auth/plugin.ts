@@ -8,14 +8,14 @@ declare module 'fastify' {
   }
 }
 
-/** Bearer authentication on everything under /v1 (the OpenAPI document excepted). */
+/** Bearer authentication on everything under /v1 (the OpenAPI document excepted); returns its rate limiter. */
 export function installAuth(
   app: FastifyInstance,
   keys: ApiKeyStore,
   limits: { ratePerSecond?: number | undefined; tenantRatePerSecond?: number | undefined } = {},
   /** Routes that authorize on their own (previews: a key or a signed URL). */
   exempt?: (request: FastifyRequest) => boolean,
-): void {
+): RateLimiter {
   const limiter = new RateLimiter(limits.ratePerSecond ?? 1000)
   // All of a tenant's keys together: more keys are not more requests.
   const tenantLimiter = new RateLimiter(limits.tenantRatePerSecond ?? limits.ratePerSecond ?? 1000)
@@ -45,6 +45,8 @@ export function installAuth(
     }
     request.principal = principal
   })
+  // Returned so that other ways in (the compat API) draw on the same per-key budget.
+  return limiter
 }
 
 export function principalOf(request: FastifyRequest): Principal {

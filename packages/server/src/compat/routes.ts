@@ -1,0 +1,364 @@
+import { CairnProblem, type StreamEvent } from '@cairn/protocol'
+import { Type } from '@sinclair/typebox'
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
+import type { AgentService } from '../agents/agent-service.js'
+import type { ArchiveLimits } from '../agents/archive.js'
+import type { ApiKeyStore, Principal } from '../auth/api-keys.js'
+import type { RateLimiter } from '../auth/plugin.js'
+import { toErrorBody } from '../http/errors.js'
+import type { SecretStore } from '../secrets/secret-store.js'
+import type { SessionService } from '../sessions/session-service.js'
+import { deployForm, readDeployForm } from './deploy.js'
+import {
+  CompatAgentListSchema,
+  CompatAgentSchema,
+  CompatCreateSessionBody,
+  CompatDeletedSchema,
+  CompatErrorSchema,
+  CompatIdsSchema,
+  CompatListSessionsQuery,
+  CompatResolveQuery,
+  CompatSecretKeysSchema,
+  CompatSecretsBody,
+  CompatSendMessageBody,
+  CompatSessionListSchema,
+  CompatSessionSchema,
+  CompatUserSchema,
+  CompatValidationSchema,
+} from './schemas.js'
+import { cairnStatus, encodeCompatSse, RunEventMapper, toCompatAgent, toCompatSession } from './translate.js'
+
+export interface CompatDeps {
+  keys: ApiKeyStore
+  agents: AgentService
+  sessions: SessionService
+  secrets: SecretStore
+  archiveLimits: ArchiveLimits
+  maxUploadBytes: number
+  /** Cairn's own per-key limiter: a key's budget is the same through /v1 and the compat API. */
+  rateLimiter: RateLimiter
+}
+
+const HEARTBEAT_MS = 15_000
+const MAX_TITLE_CHARS = 200
+const IdParams = Type.Object({ id: Type.String({ minLength: 1, maxLength: 200 }) })
+const errors = Object.fromEntries(
+  [400, 401, 403, 404, 409, 410, 413, 415, 422, 429, 500].map((s) => [s, CompatErrorSchema]),
+)
+
+/**
+ * The hosted product's agent-session API (as its own SDK and CLI speak it), translated onto
+ * Cairn's services. Registered under a prefix (`--compat-prefix`); clients use `<prefix>/v1/…`.
+ * Routes are hidden from Cairn's OpenAPI document: their contract is the schemas in schemas.ts.
+ */
+export async function compatRoutes(app: FastifyInstance, deps: CompatDeps): Promise<void> {
+  const limiter = deps.rateLimiter
+  const principals = new WeakMap<FastifyRequest, Principal>()
+
+  app.setErrorHandler((error, request, reply) => {
+    const { status, body } = toErrorBody(error, request.id)
+    if (status >= 500) request.log.error({ err: error }, 'compat request failed')
+    void reply.status(status).send(compatError(body.error, request.id))
+  })
+  app.setNotFoundHandler((request, reply) => {
+    const message = `no route for ${request.method} ${request.url.split('?')[0]}`
+    void reply.status(404).send(compatError({ code: 'not_found', message }, request.id))
+  })
+  app.addContentTypeParser(
+    'multipart/form-data',
+    { parseAs: 'buffer', bodyLimit: deps.maxUploadBytes },
+    (_request, body, done) => done(null, body),
+  )
+  // Cairn's bearer keys, on every compat route: their CLI sends the key it stored at login.
+  app.addHook('onRequest', async (request) => {
+    const match = /^Bearer\s+(\S+)$/i.exec(request.headers.authorization ?? '')
+    if (!match?.[1])
+      throw new CairnProblem('unauthorized', 'missing API key: send Authorization: Bearer <key>')
+    const principal = deps.keys.verify(match[1])
+    if (!principal) throw new CairnProblem('unauthorized', 'invalid API key')
+    if (!limiter.take(principal.keyId)) {
+      throw new CairnProblem(
+        'rate_limited',
+        `too many requests for this API key (limit ${limiter.ratePerSecond}/s)`,
+      )
+    }
+    principals.set(request, principal)
+  })
+  const reader = (request: FastifyRequest): Principal => {
+    const principal = principals.get(request)
+    if (!principal) throw new CairnProblem('unauthorized', 'missing API key')
+    return principal
+  }
+  const writer = (request: FastifyRequest): Principal => {
+    const principal = reader(request)
+    if (principal.role === 'read') throw new CairnProblem('forbidden', 'this API key is read-only')
+    return principal
+  }
+  const idOf = (request: FastifyRequest) => (request.params as { id: string }).id
+  const agentOut = (tenantId: string, idOrName: string) => {
+    const detail = deps.agents.get(tenantId, idOrName)
+    return toCompatAgent(detail, {
+      environmentKeys: deps.secrets.list(detail.id).map((s) => s.name),
+      requiredSecrets: deps.agents.requiredSecrets(detail.id),
+    })
+  }
+  const keysOf = (agentId: string) => ({ keys: deps.secrets.list(agentId).map((s) => s.name) })
+  const schema = (s: Record<string, unknown>) => ({ hide: true, tags: ['compat'], ...s })
+
+  // ==================== auth ====================
+  const user = (p: Principal) => ({ id: p.tenantId, email: p.keyId, full_name: null })
+  app.get(
+    '/v1/auth/validate',
+    { schema: schema({ response: { 200: CompatValidationSchema, ...errors } }) },
+    async (request) => ({
+      valid: true,
+      user: user(reader(request)),
+    }),
+  )
+  app.get(
+    '/v1/auth/me',
+    { schema: schema({ response: { 200: CompatUserSchema, ...errors } }) },
+    async (request) => user(reader(request)),
+  )
+
+  // ==================== agents ====================
+  app.post(
+    '/v1/agents',
+    { schema: schema({ response: { 201: CompatAgentSchema, ...errors } }) },
+    async (request, reply) => {
+      const { tenantId } = writer(request)
+      const contentType = request.headers['content-type'] ?? ''
+      if (!Buffer.isBuffer(request.body) || !contentType.toLowerCase().startsWith('multipart/form-data')) {
+        throw new CairnProblem(
+          'unsupported_media_type',
+          'send the deploy as multipart/form-data with the fields file, name, command and config',
+        )
+      }
+      const form = await readDeployForm(request.body, contentType)
+      const result = await deployForm(deps.agents, tenantId, form, deps.archiveLimits)
+      return reply.status(201).send(agentOut(tenantId, result.agent.id))
+    },
+  )
+  app.get(
+    '/v1/agents',
+    { schema: schema({ response: { 200: CompatAgentListSchema, ...errors } }) },
+    async (request) => {
+      const { tenantId } = reader(request)
+      return { agents: deps.agents.list(tenantId).map((a) => agentOut(tenantId, a.id)) }
+    },
+  )
+  app.get(
+    '/v1/agents/:id',
+    { schema: schema({ params: IdParams, response: { 200: CompatAgentSchema, ...errors } }) },
+    async (request) => agentOut(reader(request).tenantId, idOf(request)),
+  )
+  app.delete(
+    '/v1/agents/:id',
+    { schema: schema({ params: IdParams, response: { 200: CompatDeletedSchema, ...errors } }) },
+    async (request) => {
+      const { tenantId } = writer(request)
+      const agent = deps.agents.require(tenantId, idOf(request))
+      deps.agents.delete(tenantId, agent.id)
+      return { id: agent.id, deleted: true as const }
+    },
+  )
+
+  // ==================== secrets ====================
+  app.get(
+    '/v1/agents/:id/secrets',
+    { schema: schema({ params: IdParams, response: { 200: CompatSecretKeysSchema, ...errors } }) },
+    async (request) => keysOf(deps.agents.require(reader(request).tenantId, idOf(request)).id),
+  )
+  app.patch(
+    '/v1/agents/:id/secrets',
+    {
+      schema: schema({
+        params: IdParams,
+        body: CompatSecretsBody,
+        response: { 200: CompatSecretKeysSchema, ...errors },
+      }),
+    },
+    async (request) => {
+      const { tenantId } = writer(request)
+      const agent = deps.agents.require(tenantId, idOf(request))
+      const current = deps.agents.currentNetwork(agent.id)
+      deps.secrets.set(tenantId, agent.id, (request.body as { secrets: Record<string, string> }).secrets, {
+        allowlist: current && {
+          network: current.network,
+          where: `network.allow of the agent's current revision (${current.revisionId})`,
+        },
+      })
+      return keysOf(agent.id)
+    },
+  )
+  app.delete(
+    '/v1/agents/:id/secrets/:key',
+    {
+      schema: schema({
+        params: Type.Object({
+          id: Type.String({ minLength: 1, maxLength: 200 }),
+          key: Type.String({ maxLength: 128 }),
+        }),
+        response: { 200: CompatSecretKeysSchema, ...errors },
+      }),
+    },
+    async (request) => {
+      const { tenantId } = writer(request)
+      const agent = deps.agents.require(tenantId, idOf(request))
+      const key = (request.params as { key: string }).key
+      if (!deps.secrets.delete(agent.id, key)) {
+        throw new CairnProblem('not_found', `agent ${agent.name} has no secret ${key}`)
+      }
+      return keysOf(agent.id)
+    },
+  )
+
+  // ==================== sessions ====================
+  app.post(
+    '/v1/sessions',
+    { schema: schema({ body: CompatCreateSessionBody, response: { 201: CompatSessionSchema, ...errors } }) },
+    async (request, reply) => {
+      const { tenantId } = writer(request)
+      const body = request.body as CompatCreateSessionBody
+      const info = await deps.sessions.create(tenantId, {
+        agent: body.agent_id,
+        // Their CLI titles a session with its first prompt, of any length; Cairn keeps 200 characters.
+        ...(body.title == null ? {} : { title: [...body.title].slice(0, MAX_TITLE_CHARS).join('') }),
+        // Theirs is in seconds, Cairn's in milliseconds (at least one second either way).
+        ...(body.idle_timeout_seconds === undefined
+          ? {}
+          : { idleTimeoutMs: body.idle_timeout_seconds * 1000 }),
+      })
+      return reply.status(201).send(toCompatSession(info))
+    },
+  )
+  app.get(
+    '/v1/sessions',
+    {
+      schema: schema({
+        querystring: CompatListSessionsQuery,
+        response: { 200: CompatSessionListSchema, ...errors },
+      }),
+    },
+    async (request) => {
+      const { tenantId } = reader(request)
+      const query = request.query as CompatListSessionsQuery
+      const list = deps.sessions.list(tenantId, {
+        agent: query.agent_id,
+        status: query.status === undefined ? undefined : cairnStatus(query.status),
+        limit: query.limit ?? 500,
+      })
+      return { sessions: list.data.map(toCompatSession) }
+    },
+  )
+  app.get(
+    '/v1/sessions/resolve',
+    { schema: schema({ querystring: CompatResolveQuery, response: { 200: CompatIdsSchema, ...errors } }) },
+    async (request) => {
+      const { tenantId } = reader(request)
+      try {
+        return {
+          ids: [deps.sessions.resolve(tenantId, (request.query as { id_prefix: string }).id_prefix).id],
+        }
+      } catch (error) {
+        // Their client decides on none or several itself (its own "No session found" and "Ambiguous ID").
+        if (error instanceof CairnProblem && error.code === 'session_not_found') return { ids: [] }
+        if (error instanceof CairnProblem && error.code === 'ambiguous_id') {
+          return { ids: (error.details?.matches as string[] | undefined) ?? [] }
+        }
+        throw error
+      }
+    },
+  )
+  app.get(
+    '/v1/sessions/:id',
+    { schema: schema({ params: IdParams, response: { 200: CompatSessionSchema, ...errors } }) },
+    async (request) => {
+      const info = deps.sessions.get(reader(request).tenantId, idOf(request))
+      // Theirs: a deleted session is not found (Cairn keeps its row, with status deleted).
+      if (info.status === 'deleted')
+        throw new CairnProblem('session_not_found', `No session found matching '${info.id}'`)
+      return toCompatSession(info)
+    },
+  )
+  app.post(
+    '/v1/sessions/:id/end',
+    { schema: schema({ params: IdParams, response: { 200: CompatSessionSchema, ...errors } }) },
+    async (request) => toCompatSession(await deps.sessions.end(writer(request).tenantId, idOf(request))),
+  )
+  app.post(
+    '/v1/sessions/:id/resume',
+    { schema: schema({ params: IdParams, response: { 200: CompatSessionSchema, ...errors } }) },
+    async (request) => toCompatSession(await deps.sessions.resume(writer(request).tenantId, idOf(request))),
+  )
+  app.delete(
+    '/v1/sessions/:id',
+    { schema: schema({ params: IdParams, response: { 200: CompatDeletedSchema, ...errors } }) },
+    async (request) => {
+      const id = idOf(request)
+      await deps.sessions.delete(writer(request).tenantId, id)
+      return { id, deleted: true as const }
+    },
+  )
+  app.post(
+    '/v1/sessions/:id/messages',
+    { schema: schema({ params: IdParams, body: CompatSendMessageBody }) },
+    async (request, reply) => {
+      const { tenantId } = writer(request)
+      await deps.sessions.verifyBeforeTurn(tenantId, idOf(request))
+      const handle = deps.sessions.beginTurn(
+        tenantId,
+        idOf(request),
+        (request.body as { prompt: string }).prompt,
+      )
+      await streamRun(reply, (send) => handle.run(send))
+    },
+  )
+}
+
+function compatError(
+  error: { code: string; message: string; details?: Record<string, unknown> | undefined },
+  requestId: string,
+) {
+  return {
+    detail: error.message,
+    message: error.message,
+    code: error.code,
+    request_id: requestId,
+    ...(error.details === undefined ? {} : { details: error.details }),
+  }
+}
+
+/** Writes a run as their SSE stream; stops writing (not running) when the client goes away. */
+async function streamRun(
+  reply: FastifyReply,
+  run: (send: (event: StreamEvent) => void) => Promise<unknown>,
+): Promise<void> {
+  reply.hijack()
+  const res = reply.raw
+  res.writeHead(200, {
+    'content-type': 'text/event-stream; charset=utf-8',
+    'cache-control': 'no-cache, no-transform',
+    connection: 'keep-alive',
+    'x-accel-buffering': 'no',
+  })
+  res.flushHeaders()
+  res.socket?.setNoDelay(true)
+  let closed = false
+  res.on('close', () => {
+    closed = true
+  })
+  const mapper = new RunEventMapper()
+  const send = (event: StreamEvent) => {
+    if (!closed) res.write(encodeCompatSse(mapper.map(event)))
+  }
+  const heartbeat = setInterval(() => send({ type: 'heartbeat', at: new Date().toISOString() }), HEARTBEAT_MS)
+  heartbeat.unref()
+  try {
+    await run(send)
+  } finally {
+    clearInterval(heartbeat)
+    if (!closed) res.end()
+    closed = true
+  }
+}

@@ -1,0 +1,489 @@
+import { execFile } from 'node:child_process'
+import { mkdtemp, rm, writeFile } from 'node:fs/promises'
+import os from 'node:os'
+import path from 'node:path'
+import { promisify } from 'node:util'
+import * as tar from 'tar'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { startTestServer, type TestServer } from './helpers/server.js'
+
+// The hosted agent-session product's own clients (SDK and CLI), as their source sends requests:
+// `<base>/v1/<path>`, a bearer key, `Content-Type: application/json` on every request but the
+// multipart deploy, snake_case bodies; run streams read from `data: {"type", "data"}` lines.
+// Written by hand from their wire shapes; none of their code is used.
+
+const execFileAsync = promisify(execFile)
+const PREFIX = '/superserve'
+
+// A shim-mode agent as their zero-config deploy ships one: a script reading each message on stdin.
+const SHIM_AGENT = `import os
+while True:
+    line = input()
+    if line.startswith("remember "):
+        with open("/workspace/notes.txt", "w") as f:
+            f.write(line[len("remember "):])
+        print("noted")
+    elif line == "recall":
+        print(open("/workspace/notes.txt").read())
+    else:
+        print("echo: " + line)
+`
+
+// A shim agent that reports a tool call (Cairn's jsonl protocol, chosen with config.protocol).
+const TOOL_AGENT = `import json, sys, time
+def send(frame):
+    sys.stdout.write(json.dumps(frame) + "\\n")
+    sys.stdout.flush()
+send({"type": "ready"})
+for raw in sys.stdin:
+    frame = json.loads(raw)
+    send({"type": "tool.start", "id": "t1", "name": "list_files", "input": {"path": "/workspace"}})
+    time.sleep(0.05)
+    send({"type": "tool.end", "id": "t1", "output": ["a"]})
+    send({"type": "text", "content": "listed for " + frame["content"]})
+    send({"type": "turn.done"})
+`
+
+interface Answer {
+  status: number
+  json: Record<string, unknown>
+}
+
+interface RunEvent {
+  type: string
+  data: Record<string, unknown>
+}
+
+class TheirClient {
+  constructor(
+    readonly baseUrl: string,
+    private readonly token: string | undefined,
+  ) {}
+
+  private headers(json: boolean): Record<string, string> {
+    const headers: Record<string, string> = { 'User-Agent': 'superserve-cli/compat-test' }
+    if (json) headers['Content-Type'] = 'application/json'
+    if (this.token !== undefined) headers.Authorization = `Bearer ${this.token}`
+    return headers
+  }
+
+  async request(
+    method: string,
+    endpoint: string,
+    options: { json?: unknown; formData?: FormData; params?: Record<string, string> } = {},
+  ): Promise<Response> {
+    let url = `${this.baseUrl}/v1${endpoint}`
+    if (options.params) url += `?${new URLSearchParams(options.params).toString()}`
+    return fetch(url, {
+      method,
+      headers: this.headers(options.formData === undefined),
+      body: options.formData ?? (options.json ? JSON.stringify(options.json) : undefined),
+    })
+  }
+
+  async call(
+    method: string,
+    endpoint: string,
+    options: { json?: unknown; formData?: FormData; params?: Record<string, string> } = {},
+  ): Promise<Answer> {
+    const response = await this.request(method, endpoint, options)
+    return { status: response.status, json: (await response.json()) as Record<string, unknown> }
+  }
+
+  /** Their SDK's and CLI's stream reader: only `data: ` lines, each one JSON envelope. */
+  async stream(sessionId: string, prompt: string): Promise<{ status: number; events: RunEvent[] }> {
+    const response = await this.request('POST', `/sessions/${encodeURIComponent(sessionId)}/messages`, {
+      json: { prompt },
+    })
+    const text = await response.text()
+    const events = text
+      .split('\n')
+      .filter((line) => line.startsWith('data: '))
+      .map((line) => JSON.parse(line.slice(6)) as RunEvent)
+    return { status: response.status, events }
+  }
+
+  async deploy(
+    name: string,
+    command: string,
+    config: Record<string, unknown>,
+    tarball: Buffer,
+  ): Promise<Answer> {
+    const form = new FormData()
+    form.append('file', new Blob([tarball]), 'agent.tar.gz')
+    form.append('name', name)
+    form.append('command', command)
+    form.append('config', JSON.stringify(config))
+    return this.call('POST', '/agents', { formData: form })
+  }
+}
+
+async function tarballOf(files: Record<string, string>): Promise<Buffer> {
+  const dir = await mkdtemp(path.join(os.tmpdir(), 'compat-agent-'))
+  try {
+    for (const [name, content] of Object.entries(files)) await writeFile(path.join(dir, name), content)
+    const chunks: Buffer[] = []
+    for await (const chunk of tar.c({ gzip: true, cwd: dir, portable: true }, Object.keys(files))) {
+      chunks.push(chunk as Buffer)
+    }
+    return Buffer.concat(chunks)
+  } finally {
+    await rm(dir, { recursive: true, force: true })
+  }
+}
+
+const textOf = (events: RunEvent[]) =>
+  events
+    .filter((e) => e.type === 'message.delta')
+    .map((e) => e.data.content)
+    .join('')
+
+describe('compat: the hosted product’s SDK and CLI wire shapes against Cairn', () => {
+  let t: TestServer
+  let client: TheirClient
+  /** How far the server's clock is set back (old sessions for the cleanup recipe). */
+  let clockOffsetMs = 0
+  let agentId = ''
+
+  beforeAll(async () => {
+    t = await startTestServer({
+      server: { compatPrefix: PREFIX, clock: { now: () => Date.now() - clockOffsetMs } },
+    })
+    client = new TheirClient(`${t.url}${PREFIX}`, t.key)
+  })
+  afterAll(async () => {
+    await t?.close()
+  })
+
+  it('is off unless a prefix is given: the routes answer 404 in Cairn’s own shape', async () => {
+    const plain = await startTestServer()
+    try {
+      const response = await fetch(`${plain.url}${PREFIX}/v1/auth/validate`, {
+        headers: { Authorization: `Bearer ${plain.key}` },
+      })
+      expect(response.status).toBe(404)
+      expect(((await response.json()) as { error: { code: string } }).error.code).toBe('not_found')
+    } finally {
+      await plain.close()
+    }
+  })
+
+  it('draws on the same per-key rate budget as /v1 (429 with detail once it is spent through either)', async () => {
+    const limited = await startTestServer({ server: { compatPrefix: PREFIX, rateLimitPerSecond: 1 } })
+    try {
+      // A burst of twice the rate per second, spent through Cairn's own API.
+      for (let i = 0; i < 2; i++) expect((await limited.api.call('GET', '/v1/agents')).status).toBe(200)
+      const answer = await new TheirClient(`${limited.url}${PREFIX}`, limited.key).call('GET', '/agents')
+      expect(answer.status).toBe(429)
+      expect(answer.json.detail).toMatch(/too many requests/)
+    } finally {
+      await limited.close()
+    }
+  })
+
+  it('is left out of Cairn’s OpenAPI document (its contract is the compat schemas)', async () => {
+    const document = await t.api.call('GET', '/v1/openapi.json')
+    const paths = Object.keys(document.body.paths as Record<string, unknown>)
+    expect(paths.length).toBeGreaterThan(10)
+    expect(paths.filter((p) => p.startsWith(PREFIX))).toEqual([])
+  })
+
+  it('auth: /auth/validate and /auth/me with a Cairn key; errors carry a top-level detail and message', async () => {
+    const valid = await client.call('GET', '/auth/validate')
+    expect(valid.status).toBe(200)
+    expect(valid.json.valid).toBe(true)
+    const me = await client.call('GET', '/auth/me')
+    expect(me.status).toBe(200)
+    expect(me.json).toMatchObject({ id: 'tnt_default', email: expect.stringMatching(/^key_/) })
+
+    const anonymous = await new TheirClient(client.baseUrl, undefined).call('GET', '/auth/validate')
+    expect(anonymous.status).toBe(401)
+    expect(anonymous.json.detail).toMatch(/missing API key/)
+    expect(anonymous.json.message).toBe(anonymous.json.detail)
+    const wrong = await new TheirClient(client.baseUrl, 'cairn_sk_wrong').call('GET', '/auth/me')
+    expect(wrong.status).toBe(401)
+    expect(wrong.json.detail).toBe('invalid API key')
+  })
+
+  it('deploys a shim agent from their multipart form and lists it in the {agents} envelope', async () => {
+    const tarball = await tarballOf({ 'agent.py': SHIM_AGENT })
+    // Their zero-config deploy: `superserve deploy agent.py` → command "python agent.py", mode shim.
+    const deployed = await client.deploy(
+      'shim-agent',
+      'python agent.py',
+      {
+        name: 'shim-agent',
+        command: 'python agent.py',
+        entrypoint: 'agent.py',
+        mode: 'shim',
+      },
+      tarball,
+    )
+    expect(deployed.status, JSON.stringify(deployed.json)).toBe(201)
+    expect(deployed.json).toMatchObject({
+      name: 'shim-agent',
+      // Their `python` is Python 3: the compat deploy runs it as python3 (docs/compat.md).
+      command: 'python3 agent.py',
+      deps_status: 'ready',
+      deps_error: null,
+      environment_keys: [],
+      required_secrets: [],
+    })
+    agentId = deployed.json.id as string
+    expect(agentId).toMatch(/^agt_/)
+
+    const list = await client.call('GET', '/agents')
+    expect(list.status).toBe(200)
+    expect((list.json.agents as { name: string }[]).map((a) => a.name)).toContain('shim-agent')
+    const one = await client.call('GET', `/agents/${agentId}`)
+    expect(one.json.created_at).toMatch(/^\d{4}-\d\d-\d\dT/)
+  })
+
+  it('refuses mode: http with a typed error naming what is left', async () => {
+    const tarball = await tarballOf({ 'server.py': 'print(1)\n' })
+    const answer = await client.deploy(
+      'http-agent',
+      'python server.py',
+      { mode: 'http', port: 8000 },
+      tarball,
+    )
+    expect(answer.status).toBe(400)
+    expect(answer.json.code).toBe('invalid_manifest')
+    expect(answer.json.detail).toMatch(/mode: http .*port 8000.* not supported/)
+    expect((await client.call('GET', '/agents/http-agent')).status).toBe(404)
+  })
+
+  it('refuses a deploy that is not multipart, or misses a field, with detail', async () => {
+    const notForm = await client.call('POST', '/agents', { json: { name: 'x' } })
+    expect(notForm.status).toBe(415)
+    expect(notForm.json.detail).toMatch(/multipart/)
+    const form = new FormData()
+    form.append('name', 'no-file')
+    form.append('command', 'python a.py')
+    const noFile = await client.call('POST', '/agents', { formData: form })
+    expect(noFile.status).toBe(400)
+    expect(noFile.json.detail).toMatch(/file/)
+    const notTar = await client.deploy(
+      'not-tar',
+      'python a.py',
+      {},
+      Buffer.from('PK\u0003\u0004 not a tarball'),
+    )
+    expect(notTar.status).toBe(400)
+    expect(notTar.json.code).toBe('invalid_archive')
+    const badName = await client.deploy(
+      'My_Agent',
+      'python a.py',
+      {},
+      await tarballOf({ 'a.py': 'print(1)\n' }),
+    )
+    expect(badName.status).toBe(400)
+    expect(badName.json.detail).toMatch(/name.*lower-case/)
+    const badConfig = await client.deploy(
+      'x',
+      'python a.py',
+      { protocol: 'smtp' },
+      await tarballOf({ 'a.py': '' }),
+    )
+    expect(badConfig.status).toBe(400)
+    expect(badConfig.json.detail).toMatch(/^config\.protocol/)
+  })
+
+  it('sessions: create (seconds), run, stream, list, resolve, end, resume, delete', async () => {
+    const created = await client.call('POST', '/sessions', {
+      json: { agent_id: agentId, title: 'compat run', idle_timeout_seconds: 29 * 60 },
+    })
+    expect(created.status, JSON.stringify(created.json)).toBe(201)
+    expect(created.json).toMatchObject({
+      agent_id: agentId,
+      agent_name: 'shim-agent',
+      status: 'idle',
+      title: 'compat run',
+      message_count: 0,
+      idle_timeout_seconds: 1740,
+    })
+    const id = created.json.id as string
+    // Seconds became milliseconds in Cairn's own view of the session.
+    const own = await t.api.call('GET', `/v1/sessions/${id}`)
+    expect(own.body.policy.idleTimeoutMs).toBe(1_740_000)
+
+    const first = await client.stream(id, 'remember 42')
+    expect(first.status).toBe(200)
+    const types = first.events.map((e) => e.type)
+    expect(types[0]).toBe('run.started')
+    expect(types.at(-1), JSON.stringify(first.events.at(-1))).toBe('run.completed')
+    expect(textOf(first.events)).toContain('noted')
+    const completed = first.events.at(-1) as RunEvent
+    expect(typeof completed.data.duration_ms).toBe('number')
+    expect(completed.data.max_turns_reached).toBe(false)
+
+    const got = await client.call('GET', `/sessions/${id}`)
+    expect(got.json.message_count).toBe(2)
+    expect(Date.parse(got.json.last_activity_at as string)).toBeGreaterThan(Date.now() - 60_000)
+
+    const listed = await client.call('GET', '/sessions', { params: { limit: '20', agent_id: agentId } })
+    expect(listed.status).toBe(200)
+    expect(Object.keys(listed.json)).toEqual(['sessions'])
+    expect((listed.json.sessions as { id: string }[]).map((s) => s.id)).toContain(id)
+    const byName = await client.call('GET', '/sessions', { params: { agent_id: 'shim-agent' } })
+    expect((byName.json.sessions as unknown[]).length).toBe((listed.json.sessions as unknown[]).length)
+
+    // Their CLI resolves every short ID: it strips `ses_` and asks for ?id_prefix=.
+    const clean = id.replace('ses_', '').slice(0, 8)
+    expect((await client.call('GET', '/sessions/resolve', { params: { id_prefix: clean } })).json).toEqual({
+      ids: [id],
+    })
+    expect((await client.call('GET', '/sessions/resolve', { params: { id_prefix: 'zzzz' } })).json).toEqual({
+      ids: [],
+    })
+
+    const ended = await client.call('POST', `/sessions/${id}/end`)
+    expect(ended.status).toBe(200)
+    expect(ended.json.status).toBe('ended')
+    const endedList = await client.call('GET', '/sessions', {
+      params: { status: 'ended', agent_id: agentId },
+    })
+    expect((endedList.json.sessions as { id: string }[]).map((s) => s.id)).toEqual([id])
+
+    const resumed = await client.call('POST', `/sessions/${id}/resume`)
+    expect(resumed.status).toBe(200)
+    expect(resumed.json.status).toBe('idle')
+    const recalled = await client.stream(id, 'recall')
+    expect(textOf(recalled.events)).toContain('42')
+
+    const deleted = await client.call('DELETE', `/sessions/${id}`)
+    expect(deleted.status).toBe(200)
+    expect(deleted.json).toEqual({ id, deleted: true })
+    const gone = await client.call('GET', `/sessions/${id}`)
+    expect(gone.status).toBe(404)
+    expect(gone.json.detail).toBe(`No session found matching '${id}'`)
+    expect(gone.json.message).toBe(gone.json.detail)
+  })
+
+  it('tool calls stream as tool.start {tool, input} and tool.end {duration_ms}', async () => {
+    const tarball = await tarballOf({ 'agent.py': TOOL_AGENT })
+    const deployed = await client.deploy(
+      'tool-agent',
+      'python3 agent.py',
+      { mode: 'shim', protocol: 'jsonl' },
+      tarball,
+    )
+    expect(deployed.status, JSON.stringify(deployed.json)).toBe(201)
+    // Their SDK's defaults: no title, a 30-day idle timeout; their CLI titles a session with its prompt.
+    const session = await client.call('POST', '/sessions', {
+      json: { agent_id: 'tool-agent', title: 'p'.repeat(300), idle_timeout_seconds: 30 * 24 * 60 * 60 },
+    })
+    expect(session.status, JSON.stringify(session.json)).toBe(201)
+    expect(session.json.idle_timeout_seconds).toBe(2_592_000)
+    expect(session.json.title).toBe('p'.repeat(200))
+    const run = await client.stream(session.json.id as string, 'hello')
+    const start = run.events.find((e) => e.type === 'tool.start')
+    const end = run.events.find((e) => e.type === 'tool.end')
+    expect(start?.data).toMatchObject({ tool: 'list_files', input: { path: '/workspace' } })
+    expect(start?.data.name).toBeUndefined()
+    // Measured by the server between the two frames (a loaded machine may read both at once).
+    expect(end?.data.duration_ms).toEqual(expect.any(Number))
+    expect(end?.data.duration_ms).toBeGreaterThanOrEqual(0)
+    expect(end?.data.durationMs).toBeUndefined()
+    expect(textOf(run.events)).toBe('listed for hello')
+    expect((await client.call('DELETE', '/agents/tool-agent')).status).toBe(200)
+  })
+
+  it('errors: unknown session, bad body, unknown agent — all with top-level detail', async () => {
+    const missing = await client.call('GET', '/sessions/ses_doesnotexist')
+    expect(missing.status).toBe(404)
+    expect(missing.json).toMatchObject({ code: 'session_not_found', detail: expect.any(String) })
+    const badBody = await client.call('POST', '/sessions', { json: { agent: 'shim-agent' } })
+    expect(badBody.status).toBe(400)
+    expect(badBody.json.detail).toMatch(/agent/)
+    const noAgent = await client.call('POST', '/sessions', { json: { agent_id: 'nope' } })
+    expect(noAgent.status).toBe(404)
+    expect(noAgent.json.detail).toMatch(/nope/)
+  })
+
+  it('secrets: PATCH sets, GET lists keys, DELETE removes', async () => {
+    const set = await client.call('PATCH', `/agents/${agentId}/secrets`, {
+      json: { secrets: { API_TOKEN: 's3cr3t' } },
+    })
+    expect(set.status).toBe(200)
+    expect(set.json).toEqual({ keys: ['API_TOKEN'] })
+    expect((await client.call('GET', '/agents/shim-agent/secrets')).json).toEqual({ keys: ['API_TOKEN'] })
+    expect((await client.call('GET', `/agents/${agentId}`)).json.environment_keys).toEqual(['API_TOKEN'])
+    expect(JSON.stringify((await client.call('GET', `/agents/${agentId}/secrets`)).json)).not.toContain(
+      's3cr3t',
+    )
+    const removed = await client.call('DELETE', `/agents/${agentId}/secrets/API_TOKEN`)
+    expect(removed.json).toEqual({ keys: [] })
+  })
+
+  it('the docs’ cleanup recipe, end to end: sessions idle since before 2025-02-01 are deleted, newer ones kept', async () => {
+    clockOffsetMs = Date.now() - Date.parse('2025-01-10T12:00:00Z')
+    const old: string[] = []
+    for (const title of ['old one', 'old two']) {
+      const created = await client.call('POST', '/sessions', { json: { agent_id: agentId, title } })
+      expect(created.json.last_activity_at).toMatch(/^2025-01-10T/)
+      old.push(created.json.id as string)
+    }
+    clockOffsetMs = 0
+    const fresh = (await client.call('POST', '/sessions', { json: { agent_id: agentId, title: 'new' } })).json
+      .id as string
+
+    // `superserve sessions list --json` prints the `sessions` array of this answer, so the docs'
+    // `.[]` over the CLI's output is `.sessions[]` over the wire.
+    const script = [
+      'set -euo pipefail',
+      'curl -sf -H "Authorization: Bearer $KEY" "$BASE/v1/sessions?agent_id=$AGENT" |',
+      `  jq -r '.sessions[] | select(.last_activity_at < "2025-02-01") | .id' |`,
+      '  xargs -I {} curl -sf -X DELETE -H "Authorization: Bearer $KEY" "$BASE/v1/sessions/{}"',
+    ].join('\n')
+    await execFileAsync('bash', ['-c', script], {
+      env: { ...process.env, KEY: t.key, BASE: client.baseUrl, AGENT: agentId },
+    })
+    const left = (await client.call('GET', '/sessions', { params: { agent_id: agentId } })).json.sessions as {
+      id: string
+    }[]
+    const ids = left.map((s) => s.id)
+    expect(ids).toContain(fresh)
+    for (const id of old) expect(ids).not.toContain(id)
+  })
+
+  it('keys: a read-only key reads but cannot write; another tenant sees none of it', async () => {
+    const reader = (await t.api.call('POST', '/v1/keys', { role: 'read', name: 'compat reader' })).body
+      .key as string
+    const asReader = new TheirClient(client.baseUrl, reader)
+    expect((await asReader.call('GET', '/sessions', { params: { agent_id: agentId } })).status).toBe(200)
+    const refused = await asReader.call('POST', '/sessions', { json: { agent_id: agentId } })
+    expect(refused.status).toBe(403)
+    expect(refused.json.detail).toBe('this API key is read-only')
+    expect(
+      (await asReader.call('PATCH', `/agents/${agentId}/secrets`, { json: { secrets: { A: 'b' } } })).status,
+    ).toBe(403)
+
+    const other = (await t.api.call('POST', '/v1/keys', { tenant: 'tnt_other', name: 'other tenant' })).body
+      .key as string
+    const asOther = new TheirClient(client.baseUrl, other)
+    expect((await asOther.call('GET', '/agents')).json).toEqual({ agents: [] })
+    expect((await asOther.call('GET', `/agents/${agentId}`)).status).toBe(404)
+    expect((await asOther.call('POST', '/sessions', { json: { agent_id: agentId } })).status).toBe(404)
+    expect((await asOther.call('GET', '/sessions')).json).toEqual({ sessions: [] })
+    const mine = (await client.call('GET', '/sessions', { params: { agent_id: agentId } })).json.sessions as {
+      id: string
+    }[]
+    const someone = mine[0]?.id as string
+    expect((await asOther.call('GET', `/sessions/${someone}`)).status).toBe(404)
+    expect((await asOther.call('POST', `/sessions/${someone}/end`)).status).toBe(404)
+    expect(
+      (await asOther.call('GET', '/sessions/resolve', { params: { id_prefix: someone.slice(4) } })).json,
+    ).toEqual({
+      ids: [],
+    })
+  })
+
+  it('deletes the agent', async () => {
+    const deleted = await client.call('DELETE', `/agents/${agentId}`)
+    expect(deleted.status).toBe(200)
+    const gone = await client.call('GET', `/agents/${agentId}`)
+    expect(gone.status).toBe(404)
+    expect(gone.json.detail).toMatch(/agent/i)
+  })
+})

@@ -8,6 +8,7 @@ import {
   OkSchema,
   RevisionSchema,
 } from '@cairn/protocol'
+import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox'
 import { Type } from '@sinclair/typebox'
 import type { FastifyInstance } from 'fastify'
 import { principalOf, requireWrite } from '../auth/plugin.js'
@@ -22,7 +23,8 @@ const BuildLogSchema = Type.Object({
 
 const errors = errorResponses(400, 401, 404)
 
-export function agentRoutes(app: FastifyInstance, agents: AgentService): void {
+export function agentRoutes(server: FastifyInstance, agents: AgentService): void {
+  const app = server.withTypeProvider<TypeBoxTypeProvider>()
   app.post(
     '/v1/agents',
     {
@@ -45,7 +47,7 @@ export function agentRoutes(app: FastifyInstance, agents: AgentService): void {
           'send the project as a tar.gz body (Content-Type: application/gzip)',
         )
       }
-      const { name, wait } = request.query as { name?: string; wait?: boolean }
+      const { name, wait } = request.query
       const result = await agents.deploy(tenantId, request.body, {
         ...(name === undefined ? {} : { name }),
         ...(wait === undefined ? {} : { wait }),
@@ -76,7 +78,7 @@ export function agentRoutes(app: FastifyInstance, agents: AgentService): void {
         response: { 200: AgentDetailSchema, ...errors },
       },
     },
-    async (request) => agents.get(principalOf(request).tenantId, (request.params as { id: string }).id),
+    async (request) => agents.get(principalOf(request).tenantId, request.params.id),
   )
 
   const RevisionParams = Type.Object({ id: Type.String(), rev: Type.String() })
@@ -91,7 +93,7 @@ export function agentRoutes(app: FastifyInstance, agents: AgentService): void {
       },
     },
     async (request) => {
-      const { id, rev } = request.params as { id: string; rev: string }
+      const { id, rev } = request.params
       return revisionInfo(agents.revisionOf(principalOf(request).tenantId, id, rev))
     },
   )
@@ -117,9 +119,9 @@ export function agentRoutes(app: FastifyInstance, agents: AgentService): void {
       },
     },
     async (request, reply) => {
-      const { id, rev } = request.params as { id: string; rev: string }
+      const { id, rev } = request.params
       const revision = agents.revisionOf(principalOf(request).tenantId, id, rev)
-      const follow = (request.query as { follow?: boolean }).follow === true
+      const follow = request.query.follow === true
       if (!follow)
         return { status: revision.status, error: revision.error, lines: await agents.logs.read(rev) }
       reply.hijack()
@@ -165,7 +167,7 @@ export function agentRoutes(app: FastifyInstance, agents: AgentService): void {
       },
     },
     async (request) => {
-      agents.delete(requireWrite(request).tenantId, (request.params as { id: string }).id)
+      agents.delete(requireWrite(request).tenantId, request.params.id)
       return { ok: true }
     },
   )

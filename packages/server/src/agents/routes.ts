@@ -8,6 +8,7 @@ import {
   OkSchema,
   RevisionSchema,
 } from '@cairn/protocol'
+import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox'
 import { Type } from '@sinclair/typebox'
 import type { FastifyInstance } from 'fastify'
 import { principalOf, requireWrite } from '../auth/plugin.js'
@@ -23,7 +24,8 @@ const BuildLogSchema = Type.Object({
 
 const errors = errorResponses(400, 401, 404)
 
-export function agentRoutes(app: FastifyInstance, agents: AgentService, sse: SseWriterOptions = {}): void {
+export function agentRoutes(server: FastifyInstance, agents: AgentService, sse: SseWriterOptions = {}): void {
+  const app = server.withTypeProvider<TypeBoxTypeProvider>()
   app.post(
     '/v1/agents',
     {
@@ -46,7 +48,7 @@ export function agentRoutes(app: FastifyInstance, agents: AgentService, sse: Sse
           'send the project as a tar.gz body (Content-Type: application/gzip)',
         )
       }
-      const { name, wait } = request.query as { name?: string; wait?: boolean }
+      const { name, wait } = request.query
       const result = await agents.deploy(tenantId, request.body, {
         ...(name === undefined ? {} : { name }),
         ...(wait === undefined ? {} : { wait }),
@@ -77,7 +79,7 @@ export function agentRoutes(app: FastifyInstance, agents: AgentService, sse: Sse
         response: { 200: AgentDetailSchema, ...errors },
       },
     },
-    async (request) => agents.get(principalOf(request).tenantId, (request.params as { id: string }).id),
+    async (request) => agents.get(principalOf(request).tenantId, request.params.id),
   )
 
   const RevisionParams = Type.Object({ id: Type.String(), rev: Type.String() })
@@ -92,7 +94,7 @@ export function agentRoutes(app: FastifyInstance, agents: AgentService, sse: Sse
       },
     },
     async (request) => {
-      const { id, rev } = request.params as { id: string; rev: string }
+      const { id, rev } = request.params
       return revisionInfo(agents.revisionOf(principalOf(request).tenantId, id, rev))
     },
   )
@@ -118,9 +120,9 @@ export function agentRoutes(app: FastifyInstance, agents: AgentService, sse: Sse
       },
     },
     async (request, reply) => {
-      const { id, rev } = request.params as { id: string; rev: string }
+      const { id, rev } = request.params
       const revision = agents.revisionOf(principalOf(request).tenantId, id, rev)
-      const follow = (request.query as { follow?: boolean }).follow === true
+      const follow = request.query.follow === true
       if (!follow)
         return { status: revision.status, error: revision.error, lines: await agents.logs.read(rev) }
       reply.hijack()
@@ -170,7 +172,7 @@ export function agentRoutes(app: FastifyInstance, agents: AgentService, sse: Sse
       },
     },
     async (request) => {
-      agents.delete(requireWrite(request).tenantId, (request.params as { id: string }).id)
+      agents.delete(requireWrite(request).tenantId, request.params.id)
       return { ok: true }
     },
   )

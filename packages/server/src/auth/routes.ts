@@ -1,8 +1,9 @@
 import { CairnProblem, OkSchema } from '@cairn/protocol'
+import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox'
 import { Type } from '@sinclair/typebox'
 import type { FastifyInstance, FastifyRequest } from 'fastify'
 import { errorResponses } from '../http/responses.js'
-import { type ApiKeyStore, DEFAULT_TENANT_ID, type Role } from './api-keys.js'
+import { type ApiKeyStore, DEFAULT_TENANT_ID } from './api-keys.js'
 import { principalOf } from './plugin.js'
 
 const KeySchema = Type.Object({
@@ -33,10 +34,11 @@ function requireAdmin(request: FastifyRequest) {
 
 /** API keys: admins create (the key is shown once), list (prefix only) and revoke them. */
 export function keyRoutes(
-  app: FastifyInstance,
+  server: FastifyInstance,
   keys: ApiKeyStore,
   limits: { maxKeysPerTenant: number },
 ): void {
+  const app = server.withTypeProvider<TypeBoxTypeProvider>()
   app.post(
     '/v1/keys',
     {
@@ -57,7 +59,7 @@ export function keyRoutes(
     },
     async (request, reply) => {
       const principal = requireAdmin(request)
-      const body = request.body as { tenant?: string; role?: Role; name?: string }
+      const body = request.body
       let tenantId = principal.tenantId
       if (body.tenant !== undefined) {
         const wanted = keys.tenantByNameIfExists(body.tenant)
@@ -99,7 +101,7 @@ export function keyRoutes(
     },
     async (request) => {
       const principal = requireAdmin(request)
-      const id = (request.params as { id: string }).id
+      const id = request.params.id
       if (!keys.revoke(principal.tenantId, id)) throw new CairnProblem('not_found', `No active key ${id}`)
       return { ok: true }
     },

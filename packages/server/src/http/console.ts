@@ -3,6 +3,8 @@ import { readFile } from 'node:fs/promises'
 import { createRequire } from 'node:module'
 import path from 'node:path'
 import { fileURLToPath } from 'node:url'
+import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox'
+import { Type } from '@sinclair/typebox'
 import type { FastifyInstance, FastifyReply } from 'fastify'
 
 const TYPES: Record<string, string> = {
@@ -26,6 +28,8 @@ const CSP = [
   "form-action 'none'",
   "frame-ancestors 'none'",
 ].join('; ')
+
+const AssetParams = Type.Object({ '*': Type.String() })
 
 const MISSING = `<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Cairn</title></head>
 <body><h1>Cairn</h1><p>The web console is not built. Run <code>npm run build</code> in the Cairn
@@ -51,7 +55,8 @@ const secure = (reply: FastifyReply) =>
     .header('referrer-policy', 'no-referrer')
 
 /** Serves the web console: `/` (index.html) and `/assets/*` (hashed, cached for a year). */
-export function consoleRoutes(app: FastifyInstance, dir = findConsoleDir()): void {
+export function consoleRoutes(server: FastifyInstance, dir = findConsoleDir()): void {
+  const app = server.withTypeProvider<TypeBoxTypeProvider>()
   const root = path.resolve(dir)
   const assets = path.join(root, 'assets')
   const index = async (_request: unknown, reply: FastifyReply) => {
@@ -61,8 +66,8 @@ export function consoleRoutes(app: FastifyInstance, dir = findConsoleDir()): voi
   }
   app.get('/', { schema: { hide: true } }, index)
   app.get('/index.html', { schema: { hide: true } }, index)
-  app.get('/assets/*', { schema: { hide: true } }, async (request, reply) => {
-    const name = (request.params as { '*': string })['*']
+  app.get('/assets/*', { schema: { hide: true, params: AssetParams } }, async (request, reply) => {
+    const name = request.params['*']
     const file = path.resolve(assets, name)
     const type = TYPES[path.extname(file)]
     if (!type || path.dirname(file) !== assets || !existsSync(file)) {

@@ -1,6 +1,7 @@
 import { IdParams } from '@cairn/protocol'
+import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox'
 import { Type } from '@sinclair/typebox'
-import type { FastifyInstance, FastifyRequest } from 'fastify'
+import type { FastifyInstance } from 'fastify'
 import type { AgentService } from '../agents/agent-service.js'
 import { principalOf, requireWrite } from '../auth/plugin.js'
 import { workspaceRelative } from '../files/confine.js'
@@ -25,14 +26,15 @@ const ArtifactSchema = Type.Object({
   createdAt: Type.String(),
 })
 const errors = errorResponses(400, 401, 403, 404, 409, 410)
-const idOf = (request: FastifyRequest) => (request.params as { id: string }).id
+const idOf = (request: { params: { id: string } }) => request.params.id
 
 export function memoryRoutes(
-  app: FastifyInstance,
+  server: FastifyInstance,
   memory: MemoryService,
   agents: AgentService,
   sessions: SessionService,
 ): void {
+  const app = server.withTypeProvider<TypeBoxTypeProvider>()
   const tags = ['memory']
   app.get(
     '/v1/agents/:id/memory',
@@ -65,7 +67,7 @@ export function memoryRoutes(
     },
     async (request) => {
       const agent = agents.require(requireWrite(request).tenantId, idOf(request))
-      const body = request.body as { content: string; baseVersion?: number }
+      const body = request.body
       return memory.put(agent.id, body.content, 'api', body.baseVersion)
     },
   )
@@ -105,7 +107,7 @@ export function memoryRoutes(
     async (request, reply) => {
       const { tenantId } = requireWrite(request)
       const row = sessions.requireLive(tenantId, idOf(request))
-      const rel = workspaceRelative((request.body as { path: string }).path)
+      const rel = workspaceRelative(request.body.path)
       const info = await sessions.readingWorkspace(tenantId, row.id, () =>
         memory.saveArtifact(
           { tenantId, agentId: row.agent_id, sessionId: row.id },
@@ -142,7 +144,7 @@ export function memoryRoutes(
     },
     async (request, reply) => {
       const agent = agents.require(principalOf(request).tenantId, idOf(request))
-      const { artifactId } = request.params as { artifactId: string }
+      const { artifactId } = request.params
       const { info } = memory.artifactFile(agent.id, artifactId)
       const body = await memory.readArtifact(agent.id, artifactId)
       void reply.header(

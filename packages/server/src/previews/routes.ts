@@ -1,4 +1,5 @@
 import { CairnProblem, ErrorBodySchema, OkSchema } from '@cairn/protocol'
+import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox'
 import { Type } from '@sinclair/typebox'
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import { requireWrite } from '../auth/plugin.js'
@@ -29,7 +30,12 @@ export function isPreviewRequest(request: FastifyRequest): boolean {
  * here (`/v1/sessions/{id}/ports/{port}/…`) answer a redirect to the preview's origin, so no
  * content of a session ever runs on the origin of the console.
  */
-export function previewRoutes(app: FastifyInstance, previews: PreviewService, origins: PreviewOrigins): void {
+export function previewRoutes(
+  server: FastifyInstance,
+  previews: PreviewService,
+  origins: PreviewOrigins,
+): void {
+  const app = server.withTypeProvider<TypeBoxTypeProvider>()
   app.post(
     '/v1/sessions/:id/ports/:port/url',
     {
@@ -47,8 +53,8 @@ export function previewRoutes(app: FastifyInstance, previews: PreviewService, or
       },
     },
     async (request) => {
-      const { id, port } = request.params as { id: string; port: number }
-      const ttlMs = (request.body as { ttlMs?: number } | undefined)?.ttlMs ?? DEFAULT_PREVIEW_TTL_MS
+      const { id, port } = request.params
+      const ttlMs = request.body.ttlMs ?? DEFAULT_PREVIEW_TTL_MS
       const tenantId = requireWrite(request).tenantId
       return previews.signedUrl(tenantId, id, port, ttlMs, (sessionId) => origins.originOf(sessionId, port))
     },
@@ -71,7 +77,7 @@ export function previewRoutes(app: FastifyInstance, previews: PreviewService, or
       },
     },
     async (request) => {
-      const { id, port } = request.params as { id: string; port: number }
+      const { id, port } = request.params
       previews.revokeUrls(requireWrite(request).tenantId, id, port)
       return { ok: true }
     },

@@ -1,13 +1,15 @@
 import { RetentionPolicySchema as PolicySchema, UsageSchema } from '@cairn/protocol'
+import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox'
 import { Type } from '@sinclair/typebox'
 import type { FastifyInstance } from 'fastify'
 import { principalOf, requireWrite } from '../auth/plugin.js'
 import { errorResponses } from '../http/responses.js'
-import type { RetentionPolicy, RetentionService } from './retention-service.js'
+import type { RetentionService } from './retention-service.js'
 
 const errors = errorResponses(400, 401, 403)
 
-export function retentionRoutes(app: FastifyInstance, retention: RetentionService): void {
+export function retentionRoutes(server: FastifyInstance, retention: RetentionService): void {
+  const app = server.withTypeProvider<TypeBoxTypeProvider>()
   app.get(
     '/v1/retention',
     {
@@ -29,8 +31,7 @@ export function retentionRoutes(app: FastifyInstance, retention: RetentionServic
         response: { 200: PolicySchema, ...errors },
       },
     },
-    async (request) =>
-      retention.setPolicy(requireWrite(request).tenantId, request.body as Partial<RetentionPolicy>),
+    async (request) => retention.setPolicy(requireWrite(request).tenantId, request.body),
   )
   app.get(
     '/v1/usage',
@@ -43,10 +44,6 @@ export function retentionRoutes(app: FastifyInstance, retention: RetentionServic
         response: { 200: UsageSchema, ...errors },
       },
     },
-    async (request) =>
-      retention.usage(
-        principalOf(request).tenantId,
-        (request.query as { storage?: boolean }).storage === true,
-      ),
+    async (request) => retention.usage(principalOf(request).tenantId, request.query.storage === true),
   )
 }

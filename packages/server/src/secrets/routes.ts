@@ -1,10 +1,11 @@
 import { IdParams, OkSchema } from '@cairn/protocol'
+import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox'
 import { Type } from '@sinclair/typebox'
 import type { FastifyInstance, FastifyRequest } from 'fastify'
 import type { AgentService } from '../agents/agent-service.js'
 import { principalOf, requireWrite } from '../auth/plugin.js'
 import { errorResponses } from '../http/responses.js'
-import { SECRET_SCOPES, type SecretScope, type SecretStore } from './secret-store.js'
+import { SECRET_SCOPES, type SecretStore } from './secret-store.js'
 
 const SecretInfoSchema = Type.Object({
   name: Type.String(),
@@ -28,10 +29,11 @@ const SetSecretsBody = Type.Object(
   { additionalProperties: false },
 )
 
-export function secretRoutes(app: FastifyInstance, agents: AgentService, secrets: SecretStore): void {
-  const agentOf = (request: FastifyRequest, write: boolean) => {
+export function secretRoutes(server: FastifyInstance, agents: AgentService, secrets: SecretStore): void {
+  const app = server.withTypeProvider<TypeBoxTypeProvider>()
+  const agentOf = (request: FastifyRequest & { params: { id: string } }, write: boolean) => {
     const { tenantId } = write ? requireWrite(request) : principalOf(request)
-    return agents.require(tenantId, (request.params as { id: string }).id)
+    return agents.require(tenantId, request.params.id)
   }
   const listing = (agentId: string) => ({
     data: secrets.list(agentId),
@@ -64,7 +66,7 @@ export function secretRoutes(app: FastifyInstance, agents: AgentService, secrets
     },
     async (request) => {
       const agent = agentOf(request, true)
-      const body = request.body as { secrets: Record<string, string>; scope?: SecretScope; hosts?: string[] }
+      const body = request.body
       const current = agents.currentNetwork(agent.id)
       secrets.set(agent.tenant_id, agent.id, body.secrets, {
         scope: body.scope,
@@ -92,7 +94,7 @@ export function secretRoutes(app: FastifyInstance, agents: AgentService, secrets
     },
     async (request) => {
       const agent = agentOf(request, true)
-      return { ok: secrets.delete(agent.id, (request.params as { name: string }).name) }
+      return { ok: secrets.delete(agent.id, request.params.name) }
     },
   )
 }

@@ -7,26 +7,29 @@ import {
   OkSchema,
   ResumeBody,
   SendMessageBody,
+  type SessionInfo,
   SessionListSchema,
   SessionSchema,
   StatusEventSchema,
   TurnSchema,
 } from '@cairn/protocol'
+import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox'
 import { Type } from '@sinclair/typebox'
-import type { FastifyInstance, FastifyRequest } from 'fastify'
+import type { FastifyInstance } from 'fastify'
 import { principalOf, requireWrite } from '../auth/plugin.js'
 import { errorResponses, eventStreamResponse } from '../http/responses.js'
 import { SseWriter, type SseWriterOptions } from '../http/sse.js'
 import type { SessionService } from './session-service.js'
 
 const errors = errorResponses(400, 401, 404, 409, 410)
-const idOf = (request: FastifyRequest) => (request.params as { id: string }).id
+const idOf = (request: { params: { id: string } }) => request.params.id
 
 export function sessionRoutes(
-  app: FastifyInstance,
+  server: FastifyInstance,
   sessions: SessionService,
   sse: SseWriterOptions = {},
 ): void {
+  const app = server.withTypeProvider<TypeBoxTypeProvider>()
   app.post(
     '/v1/sessions',
     {
@@ -38,7 +41,7 @@ export function sessionRoutes(
       },
     },
     async (request, reply) => {
-      const info = await sessions.create(requireWrite(request).tenantId, request.body as CreateSessionBody)
+      const info = await sessions.create(requireWrite(request).tenantId, request.body)
       return reply.status(201).send(info)
     },
   )
@@ -53,7 +56,7 @@ export function sessionRoutes(
         response: { 200: SessionListSchema, ...errors },
       },
     },
-    async (request) => sessions.list(principalOf(request).tenantId, request.query as ListSessionsQuery),
+    async (request) => sessions.list(principalOf(request).tenantId, request.query),
   )
 
   app.get(
@@ -66,8 +69,7 @@ export function sessionRoutes(
         response: { 200: SessionSchema, ...errors },
       },
     },
-    async (request) =>
-      sessions.resolve(principalOf(request).tenantId, (request.query as { prefix: string }).prefix),
+    async (request) => sessions.resolve(principalOf(request).tenantId, request.query.prefix),
   )
 
   app.get(
@@ -149,7 +151,7 @@ export function sessionRoutes(
     async (request, reply) => {
       const { tenantId } = requireWrite(request)
       await sessions.verifyBeforeTurn(tenantId, idOf(request))
-      const handle = sessions.beginTurn(tenantId, idOf(request), (request.body as SendMessageBody).prompt)
+      const handle = sessions.beginTurn(tenantId, idOf(request), request.body.prompt)
       reply.hijack()
       const writer = new SseWriter(reply.raw, sse)
       try {
@@ -160,7 +162,11 @@ export function sessionRoutes(
     },
   )
 
-  const action = (path: string, summary: string, run: (tenantId: string, id: string) => Promise<unknown>) =>
+  const action = (
+    path: string,
+    summary: string,
+    run: (tenantId: string, id: string) => Promise<SessionInfo | { ok: boolean }>,
+  ) =>
     app.post(
       `/v1/sessions/:id/${path}`,
       {
@@ -187,12 +193,7 @@ export function sessionRoutes(
         response: { 200: SessionSchema, ...errors, ...errorResponses(500) },
       },
     },
-    async (request) =>
-      sessions.resume(
-        requireWrite(request).tenantId,
-        idOf(request),
-        (request.body as ResumeBody | undefined)?.policy,
-      ),
+    async (request) => sessions.resume(requireWrite(request).tenantId, idOf(request), request.body.policy),
   )
   action('cancel', 'Cancel the running turn', async (t, id) => ({ ok: await sessions.cancel(t, id) }))
 
@@ -210,12 +211,7 @@ export function sessionRoutes(
         response: { 200: Type.Object({ sessionId: Type.String(), leaseUntil: Type.String() }), ...errors },
       },
     },
-    async (request) =>
-      sessions.lease(
-        requireWrite(request).tenantId,
-        idOf(request),
-        (request.body as { ttlMs: number }).ttlMs,
-      ),
+    async (request) => sessions.lease(requireWrite(request).tenantId, idOf(request), request.body.ttlMs),
   )
 
   app.delete(

@@ -1,14 +1,16 @@
 import { IdParams, SetupInfoSchema } from '@cairn/protocol'
-import type { FastifyInstance, FastifyRequest } from 'fastify'
+import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox'
+import type { FastifyInstance } from 'fastify'
 import { principalOf } from '../auth/plugin.js'
 import { bytesResponse, errorResponses } from '../http/responses.js'
 import type { SessionService } from '../sessions/session-service.js'
 import type { SetupService } from './setup-service.js'
 
 const errors = errorResponses(401, 404, 410)
-const idOf = (request: FastifyRequest) => (request.params as { id: string }).id
+const idOf = (request: { params: { id: string } }) => request.params.id
 
-export function setupRoutes(app: FastifyInstance, setup: SetupService, sessions: SessionService): void {
+export function setupRoutes(server: FastifyInstance, setup: SetupService, sessions: SessionService): void {
+  const app = server.withTypeProvider<TypeBoxTypeProvider>()
   app.get(
     '/v1/sessions/:id/setup',
     {

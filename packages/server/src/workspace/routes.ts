@@ -12,8 +12,9 @@ import {
   SessionSchema,
   SnapshotSchema,
 } from '@cairn/protocol'
+import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox'
 import { Type } from '@sinclair/typebox'
-import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
+import type { FastifyInstance, FastifyReply } from 'fastify'
 import { principalOf, requireWrite } from '../auth/plugin.js'
 import { requestedPath } from '../files/confine.js'
 import { bytesBody, bytesResponse, errorResponses } from '../http/responses.js'
@@ -21,8 +22,7 @@ import type { WorkspaceService } from './workspace-service.js'
 
 // 429: at most a few digests and exports at once per tenant; 507: the workspace or tenant quota is full.
 const errors = errorResponses(400, 401, 403, 404, 409, 410, 429, 507)
-const idOf = (request: FastifyRequest) => (request.params as { id: string }).id
-type PathQuery = { path: string; pathBase64?: string; snapshot?: string }
+const idOf = (request: { params: { id: string } }) => request.params.id
 
 /** Aborts when the client goes away before its answer is sent: the read behind it is stopped. */
 function whileConnected(reply: FastifyReply): AbortSignal {
@@ -43,7 +43,6 @@ const SnapshotQuery = Type.Object({
   /** Measure referenced and exclusive bytes (not stored: exclusive changes as other trees do). */
   sizes: Type.Boolean({ default: false }),
 })
-type SnapshotQuery = { digest: boolean; sizes: boolean }
 const ManifestQuery = Type.Object({ sizes: Type.Boolean({ default: false }) })
 const SnapshotParams = Type.Object({
   id: Type.String({ minLength: 1, maxLength: 200 }),
@@ -61,7 +60,8 @@ const ImportResult = Type.Object({
   sizeBytes: Type.Integer(),
 })
 
-export function workspaceRoutes(app: FastifyInstance, workspace: WorkspaceService): void {
+export function workspaceRoutes(server: FastifyInstance, workspace: WorkspaceService): void {
+  const app = server.withTypeProvider<TypeBoxTypeProvider>()
   const tags = ['workspace']
   app.post(
     '/v1/sessions/:id/snapshots',
@@ -75,7 +75,7 @@ export function workspaceRoutes(app: FastifyInstance, workspace: WorkspaceServic
       },
     },
     async (request, reply) => {
-      const body = (request.body ?? {}) as { label?: string }
+      const body = request.body
       const info = await workspace.snapshot(requireWrite(request).tenantId, idOf(request), body.label)
       return reply.status(201).send(info)
     },
@@ -96,7 +96,7 @@ export function workspaceRoutes(app: FastifyInstance, workspace: WorkspaceServic
       data: await workspace.list(
         principalOf(request).tenantId,
         idOf(request),
-        request.query as SnapshotQuery,
+        request.query,
         whileConnected(reply),
       ),
     }),
@@ -114,12 +114,12 @@ export function workspaceRoutes(app: FastifyInstance, workspace: WorkspaceServic
       },
     },
     async (request, reply) => {
-      const { id, snapshotId } = request.params as { id: string; snapshotId: string }
+      const { id, snapshotId } = request.params
       return workspace.getSnapshot(
         principalOf(request).tenantId,
         id,
         snapshotId,
-        request.query as SnapshotQuery,
+        request.query,
         whileConnected(reply),
       )
     },
@@ -136,7 +136,7 @@ export function workspaceRoutes(app: FastifyInstance, workspace: WorkspaceServic
       },
     },
     async (request) => {
-      const { id, snapshotId } = request.params as { id: string; snapshotId: string }
+      const { id, snapshotId } = request.params
       await workspace.deleteSnapshot(requireWrite(request).tenantId, id, snapshotId)
       return { ok: true }
     },
@@ -152,8 +152,7 @@ export function workspaceRoutes(app: FastifyInstance, workspace: WorkspaceServic
         response: { 200: RestoreResult, ...errors },
       },
     },
-    async (request) =>
-      workspace.restore(requireWrite(request).tenantId, idOf(request), request.body as RestoreBody),
+    async (request) => workspace.restore(requireWrite(request).tenantId, idOf(request), request.body),
   )
   app.post(
     '/v1/sessions/:id/undo',
@@ -179,11 +178,7 @@ export function workspaceRoutes(app: FastifyInstance, workspace: WorkspaceServic
       },
     },
     async (request, reply) => {
-      const info = await workspace.fork(
-        requireWrite(request).tenantId,
-        idOf(request),
-        request.body as ForkBody,
-      )
+      const info = await workspace.fork(requireWrite(request).tenantId, idOf(request), request.body)
       return reply.status(201).send(info)
     },
   )
@@ -199,7 +194,7 @@ export function workspaceRoutes(app: FastifyInstance, workspace: WorkspaceServic
       },
     },
     async (request, reply) => {
-      const q = request.query as PathQuery
+      const q = request.query
       return {
         data: await workspace.listFiles(
           principalOf(request).tenantId,
@@ -223,7 +218,7 @@ export function workspaceRoutes(app: FastifyInstance, workspace: WorkspaceServic
       },
     },
     async (request, reply) => {
-      const q = request.query as PathQuery
+      const q = request.query
       const file = await workspace.openFile(
         principalOf(request).tenantId,
         idOf(request),
@@ -250,7 +245,7 @@ export function workspaceRoutes(app: FastifyInstance, workspace: WorkspaceServic
       },
     },
     async (request) => {
-      const q = request.query as { path: string }
+      const q = request.query
       const body = Buffer.isBuffer(request.body)
         ? request.body
         : Buffer.from(typeof request.body === 'string' ? request.body : '')
@@ -270,11 +265,7 @@ export function workspaceRoutes(app: FastifyInstance, workspace: WorkspaceServic
       },
     },
     async (request) => {
-      await workspace.deleteFile(
-        requireWrite(request).tenantId,
-        idOf(request),
-        (request.query as { path: string }).path,
-      )
+      await workspace.deleteFile(requireWrite(request).tenantId, idOf(request), request.query.path)
       return { ok: true }
     },
   )
@@ -290,14 +281,9 @@ export function workspaceRoutes(app: FastifyInstance, workspace: WorkspaceServic
       },
     },
     async (request, reply) =>
-      workspace.diff(
-        principalOf(request).tenantId,
-        idOf(request),
-        (request.query as { from?: string }).from,
-        {
-          signal: whileConnected(reply),
-        },
-      ),
+      workspace.diff(principalOf(request).tenantId, idOf(request), request.query.from, {
+        signal: whileConnected(reply),
+      }),
   )
   app.get(
     '/v1/sessions/:id/export',
@@ -315,7 +301,7 @@ export function workspaceRoutes(app: FastifyInstance, workspace: WorkspaceServic
       const { stream, cleanup } = await workspace.export(
         principalOf(request).tenantId,
         id,
-        (request.query as { snapshot?: string }).snapshot,
+        request.query.snapshot,
       )
       stream.once('close', () => void cleanup())
       stream.once('error', () => void cleanup())
@@ -347,7 +333,7 @@ export function workspaceRoutes(app: FastifyInstance, workspace: WorkspaceServic
           'send the workspace as a tar.gz body (Content-Type: application/gzip)',
         )
       }
-      const { mode } = request.query as { mode: 'replace' | 'merge' }
+      const { mode } = request.query
       return workspace.import(tenantId, idOf(request), request.body, mode)
     },
   )
@@ -363,11 +349,6 @@ export function workspaceRoutes(app: FastifyInstance, workspace: WorkspaceServic
         response: { 200: SessionManifestSchema, ...errors },
       },
     },
-    async (request) =>
-      workspace.manifest(
-        principalOf(request).tenantId,
-        idOf(request),
-        (request.query as { sizes: boolean }).sizes,
-      ),
+    async (request) => workspace.manifest(principalOf(request).tenantId, idOf(request), request.query.sizes),
   )
 }

@@ -56,7 +56,8 @@ async function readUntil(
 async function deploySlowBuild(name: string): Promise<string> {
   const project = await makeProject({
     'cairn.yaml': `name: ${name}\ncommand: bash agent.sh\nsetup: bash setup.sh\n`,
-    'setup.sh': 'echo setup-started\nsleep 2\necho setup-done\n',
+    // Long enough that the log is followed before the build ends, even on a loaded machine.
+    'setup.sh': 'echo setup-started\nsleep 6\necho setup-done\n',
     'agent.sh': 'while read -r l; do echo ok; done\n',
   })
   const res = await t.api.call('POST', '/v1/agents', await packDir(project))

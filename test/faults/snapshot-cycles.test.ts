@@ -10,7 +10,13 @@ const CYCLES = Number(process.env.CAIRN_SNAPSHOT_CYCLES ?? 1000)
 let t: TestServer
 
 beforeAll(async () => {
-  t = await startTestServer({ server: { rateLimitPerSecond: 0 } })
+  // Every cycle keeps its manual snapshot: the operator's snapshot caps are raised to let them all be.
+  t = await startTestServer({
+    server: {
+      rateLimitPerSecond: 0,
+      operatorLimits: { maxManualSnapshotsPerSession: CYCLES + 10, maxManualSnapshotsPerTenant: CYCLES + 10 },
+    },
+  })
   const project = await makeProject({
     'cairn.yaml': 'name: idle\ncommand: bash idle.sh\n',
     'idle.sh': 'while read -r l; do echo ok; done\n',

@@ -60,3 +60,28 @@ describe('workspace listings', () => {
     expect(long.body.error.code).toBe('payload_too_large')
   })
 })
+
+describe('workspace diffs', () => {
+  it('stop at the path bytes a diff may carry, and say so (truncated)', { timeout: 240_000 }, async () => {
+    const { id } = await t.api.createSession('shell-listing', { autoSnapshots: false })
+    const send = async (command: string) => {
+      const result = await t.api.send(id, command)
+      expect(result.terminal?.type, JSON.stringify(result.events)).toBe('run.completed')
+      return result.text
+    }
+    // 20,000 entries (far under the diff's 100,000) whose paths are about 4,000 bytes each: 80 MB.
+    const deep = Array.from({ length: 15 }, () => 'd'.repeat(250)).join('/')
+    expect(await send(`${MAKE_FILES} ${deep} 20000 200`)).toContain('made 20000')
+    const diff = await t.api.call('GET', `/v1/sessions/${id}/diff`)
+    expect(diff.status).toBe(200)
+    expect(diff.body.truncated).toBe(true)
+    expect(JSON.stringify(diff.body).length).toBeLessThan(40 * 1024 * 1024)
+    // A diff that fits is whole.
+    expect(await send(`rm -rf ${deep.split('/')[0]} && mkdir small && touch small/a && echo done`)).toContain(
+      'done',
+    )
+    const small = await t.api.call('GET', `/v1/sessions/${id}/diff`)
+    expect(small.body.truncated).toBe(false)
+    expect(small.body.added).toEqual(expect.arrayContaining(['small', 'small/a']))
+  })
+})

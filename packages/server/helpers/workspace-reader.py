@@ -13,7 +13,8 @@ Commands (ARG is a workspace-relative path, base64 of its bytes):
                entries or LIST_MAX_PATH_BYTES of the paths the answer carries
   read ARG     a regular file: a line `size N`, then its N bytes
   stamps N     the whole tree (at most N entries): a line per entry as for `list`, with the path
-               relative to the root for NAME, in walk order; for diffs
+               relative to the root for NAME, in walk order; for diffs. The walk stops early once
+               the paths printed pass STAMPS_MAX_PATH_BYTES, and then a last line `truncated`
   digest       the tree's content digest (see `cmd_digest` below)
 Failures: a line `error CODE MESSAGE` (tab-separated) on stdout and exit status 3.
 Only built-in modules are imported up front (no json, no re): a listing costs one process start.
@@ -28,6 +29,8 @@ ZERO_BLOCK = bytes(BLOCK)
 # is capped before the server parses it.
 LIST_MAX_ENTRIES = 50000
 LIST_MAX_PATH_BYTES = 16 << 20
+# A diff's walk prints every path below the root: as many bytes of them as the answer may carry.
+STAMPS_MAX_PATH_BYTES = 16 << 20
 
 
 class Refused(Exception):
@@ -213,15 +216,26 @@ def walk(root_fd, visit, limit=None):
     return count
 
 
+class Enough(Exception):
+    pass
+
+
 def cmd_stamps(root_fd, limit):
     out = []
+    path_bytes = [0]
 
     def visit(rel, name, info, dir_fd):
+        path_bytes[0] += len(rel)
+        if path_bytes[0] > STAMPS_MAX_PATH_BYTES:
+            raise Enough()
         target = b64(link_target(name, dir_fd)) if stat.S_ISLNK(info.st_mode) else ""
         out.append(entry_line(rel, info, target))
 
-    walk(root_fd, visit, limit)
-    sys.stdout.write("".join(out))
+    try:
+        walk(root_fd, visit, limit)
+        sys.stdout.write("".join(out))
+    except Enough:
+        sys.stdout.write("".join(out) + "truncated\n")
 
 
 def file_digest(fd, size):

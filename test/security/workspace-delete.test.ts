@@ -1,8 +1,10 @@
 import { execFileSync, spawn } from 'node:child_process'
-import { existsSync } from 'node:fs'
-import { mkdir, writeFile } from 'node:fs/promises'
+import { existsSync, readdirSync } from 'node:fs'
+import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises'
+import os from 'node:os'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { DirPool } from '../../packages/runtime/src/storage/dir-pool.js'
 import {
   makeRevision,
   openTestRuntime,
@@ -102,5 +104,52 @@ describe('workspace deletion', () => {
     // No subvolume of the attacker's tree is left behind in the pool.
     const list = execFileSync('btrfs', ['subvolume', 'list', t.runtime.pool.root], { encoding: 'utf8' })
     expect(list).not.toContain(attackerId)
+  })
+})
+
+describe('workspace deletion on the dir driver', () => {
+  it("never follows a directory swapped for a link to another tenant's tree while the tree is removed", async () => {
+    const dataDir = await mkdtemp(path.join(os.tmpdir(), 'cairn-dirpool-'))
+    const pool = new DirPool({
+      storePath: path.join(dataDir, 'store'),
+      mountPoint: path.join(dataDir, 'mnt'),
+      sandboxUid: 61000,
+      sandboxGid: 61000,
+    })
+    await pool.open()
+    try {
+      const victim = pool.workspacePath(sessionId('victim'))
+      const attackerId = sessionId('attacker')
+      const attacker = pool.workspacePath(attackerId)
+      const count = 20_000
+      await mkdir(victim, { recursive: true })
+      await mkdir(path.join(attacker, 'd'), { recursive: true })
+      execFileSync('python3', [
+        '-c',
+        `import os\nfor i in range(${count}):\n    open(os.path.join('${victim}', 'f%d' % i), 'w').close()\n    open(os.path.join('${attacker}', 'd', 'f%d' % i), 'w').close()`,
+      ])
+      const swapper = spawn('python3', ['-c', SWAPPER, path.join(attacker, 'd'), victim, String(count)], {
+        stdio: ['ignore', 'pipe', 'inherit'],
+      })
+      let output = ''
+      swapper.stdout.on('data', (chunk: Buffer) => {
+        output += chunk.toString()
+      })
+      const exited = new Promise<void>((resolve) => swapper.once('exit', () => resolve()))
+      while (!output.includes('ready')) await new Promise((resolve) => setTimeout(resolve, 10))
+      const deleted = await pool.deleteWorkspace(attackerId).then(
+        () => undefined,
+        (error: Error) => error,
+      )
+      swapper.kill()
+      await exited
+      expect(output).toContain('swapped')
+      expect(readdirSync(victim).length).toBe(count)
+      expect(deleted).toBeUndefined()
+      expect(existsSync(attacker)).toBe(false)
+    } finally {
+      await pool.close()
+      await rm(dataDir, { recursive: true, force: true })
+    }
   })
 })

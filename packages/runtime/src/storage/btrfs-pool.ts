@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto'
 import { existsSync } from 'node:fs'
-import { chmod, mkdir, rm, stat, statfs } from 'node:fs/promises'
+import { chmod, mkdir, stat, statfs } from 'node:fs/promises'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
 import { execTool } from '../util/exec.js'
@@ -16,6 +16,7 @@ import {
   type TreeSizes,
 } from './pool.js'
 import { PoolLayout } from './pool-layout.js'
+import { removeTree } from './remove-tree.js'
 
 const BTRFS_MAGIC = 0x9123683e
 /** Every subvolume's root directory has this inode number. */
@@ -454,7 +455,7 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
     const info = await stat(dir)
     // Only subvolume roots have that inode number; anything else is a plain directory.
     if (info.ino !== SUBVOLUME_ROOT_INO) {
-      await rm(dir, { recursive: true, force: true })
+      await removeTree(dir)
       return
     }
     try {

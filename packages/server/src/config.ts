@@ -2,6 +2,7 @@ import { isIP } from 'node:net'
 import os from 'node:os'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
+import type { Clock } from './clock.js'
 import { checkPreviewDomain, DEFAULT_PREVIEW_DOMAIN } from './previews/preview-origins.js'
 
 export interface ServerOptions {
@@ -25,6 +26,11 @@ export interface ServerOptions {
    * max duration fire when due, on a timer of their own.
    */
   reaperIntervalMs?: number | undefined
+  /**
+   * The time the control plane records (session activity, keys, secrets, memory). Default: the
+   * system clock. Tests set it back to make sessions whose last activity is in the past.
+   */
+  clock?: Clock | undefined
   /** Size limit of each session workspace in MiB (btrfs qgroups; off when unset). */
   workspaceQuotaMiB?: number | undefined
   /** Private addresses sandboxes may reach through the egress proxy (internal services). */

@@ -53,6 +53,7 @@ export interface RunningServer {
 /** Starts the control plane and the local runtime: database, storage pool, sandboxes, HTTP API. */
 export async function startServer(options: ServerOptions = {}): Promise<RunningServer> {
   const config = resolveConfig(options)
+  const clock = options.clock ?? systemClock
   const logger = pino({ level: config.logLevel, base: { service: 'cairn' } })
   await mkdir(config.dataDir, { recursive: true, mode: 0o700 })
   // Before anything else (database, reaping, reconciling, mounting): a second server on this dir
@@ -103,10 +104,10 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     const { orphansReaped } = await runtime.open()
     opened = true
     if (orphansReaped > 0) logger.warn({ orphansReaped }, 'reaped sandboxes left by an earlier run')
-    const keys = new ApiKeyStore(db, systemClock)
+    const keys = new ApiKeyStore(db, clock)
     keys.ensureTenant(DEFAULT_TENANT_ID, 'default')
     const cipher = await SecretCipher.load(path.join(config.dataDir, 'secret.key'))
-    const secrets = new SecretStore(db, cipher, systemClock)
+    const secrets = new SecretStore(db, cipher, clock)
     const logs = new BuildLogs(path.join(config.dataDir, 'build-logs'))
     const egressSite: EgressSite = {
       privateExceptions: new Set(config.egressPrivateExceptions),
@@ -117,7 +118,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       runtime,
       secrets,
       logs,
-      clock: systemClock,
+      clock,
       logger,
       archiveLimits: { maxFiles: config.maxArchiveFiles, maxUnpackedBytes: config.maxUnpackedBytes },
       build: { egressSite, buildEgressAllow: config.buildEgressAllow },
@@ -125,7 +126,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     const metrics = new MetricsRegistry()
     const memory = new MemoryService({
       db,
-      clock: systemClock,
+      clock,
       mountRoot: path.join(runtime.runDir, 'memory'),
       artifactRoot: path.join(config.dataDir, 'artifacts'),
     })
@@ -135,7 +136,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       agents,
       secrets,
       egressSite,
-      clock: systemClock,
+      clock,
       logger,
     })
     const sessions = new SessionService({
@@ -150,7 +151,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       egressUpstreamCaPems: config.egressUpstreamCaFile
         ? [await readFile(config.egressUpstreamCaFile, 'utf8')]
         : undefined,
-      clock: systemClock,
+      clock,
       logger,
     })
     let retention: RetentionService | undefined
@@ -159,7 +160,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       runtime,
       sessions,
       agents,
-      clock: systemClock,
+      clock,
       logger,
       archiveLimits: { maxFiles: config.maxArchiveFiles, maxUnpackedBytes: config.maxUnpackedBytes },
       keepAutoSnapshots: (tenantId) => retention?.policy(tenantId).keepAutoSnapshots ?? 50,
@@ -170,7 +171,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       runtime,
       sessions,
       workspace,
-      clock: systemClock,
+      clock,
       logger,
     })
     retention = retentionService
@@ -194,7 +195,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       sessions,
       signer: new PreviewSigner(cipher.deriveKey('preview-url')),
       revocations: new PreviewRevocations(db),
-      clock: systemClock,
+      clock,
     })
     previewListener = createPreviewListener(previews, config.previewDomain, logger)
     const previewPort = await listen(previewListener.server, config.previewPort, config.host)

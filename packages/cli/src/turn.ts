@@ -2,7 +2,8 @@ import type { StreamEvent } from '@cairn/protocol'
 import type { RunResult, Session } from '@cairn/sdk'
 import type { Context } from './context.js'
 import { oneLine, stripTerminalEscapes } from './format/sanitize.js'
-import { formatDuration } from './format/time.js'
+import { formatDuration, formatSeconds } from './format/time.js'
+import { inForeground } from './prompt.js'
 
 /** The per-turn record printed with `--json`. */
 export function turnRecord(result: RunResult): Record<string, unknown> {
@@ -37,7 +38,8 @@ export async function runTurn(ctx: Context, session: Session, prompt: string): P
     void stream.abort()
   }
   process.on('SIGINT', onSigint)
-  const spinner = ctx.json ? undefined : out.spinner('Waiting for the agent…')
+  // No spinner from a background job: its frames would land in the middle of the foreground's output.
+  const spinner = ctx.json || !inForeground() ? undefined : out.spinner('Waiting for the agent…')
   let begun = false
   let atLineStart = true
   const begin = () => {
@@ -94,11 +96,11 @@ export async function runTurn(ctx: Context, session: Session, prompt: string): P
     }
     if (!atLineStart) out.write('\n')
     if (result.finishReason === 'completed') {
-      out.progress(`Completed in ${formatDuration(result.durationMs)}`)
+      out.progress(`Completed in ${formatSeconds(result.durationMs)}`)
     } else if (result.finishReason === 'failed') {
       out.error({ code: result.error?.code, message: result.error?.message ?? 'the turn failed' })
     } else {
-      out.note(out.ec.yellow(`Cancelled after ${formatDuration(result.durationMs)}`))
+      out.note(out.ec.yellow(`Cancelled after ${formatSeconds(result.durationMs)}`))
     }
     return result
   } finally {

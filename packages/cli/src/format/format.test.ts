@@ -5,7 +5,7 @@ import { shortId } from './ids.js'
 import { oneLine, stripTerminalEscapes, truncate } from './sanitize.js'
 import { SESSION_HEAD, sessionRow } from './session.js'
 import { renderFields, renderTable } from './table.js'
-import { formatBytes, formatDuration, parseDuration, relativeTime } from './time.js'
+import { formatBytes, formatDuration, formatSeconds, parseDuration, relativeTime } from './time.js'
 
 const now = new Date('2026-05-01T12:00:00.000Z')
 const ago = (ms: number) => new Date(now.getTime() - ms).toISOString()
@@ -13,13 +13,16 @@ const ago = (ms: number) => new Date(now.getTime() - ms).toISOString()
 describe('relativeTime', () => {
   it.each([
     [1000, 'just now'],
-    [42_000, '42s ago'],
-    [5 * 60_000, '5m ago'],
-    [3 * 3600_000, '3h ago'],
-    [2 * 86400_000, '2d ago'],
-    [65 * 86400_000, '2mo ago'],
-    [800 * 86400_000, '2y ago'],
-    [-10 * 60_000, 'in 10m'],
+    [42_000, '42 seconds ago'],
+    [60_000, '1 minute ago'],
+    [2 * 60_000, '2 minutes ago'],
+    [5 * 60_000, '5 minutes ago'],
+    [3600_000, '1 hour ago'],
+    [3 * 3600_000, '3 hours ago'],
+    [2 * 86400_000, '2 days ago'],
+    [65 * 86400_000, '2 months ago'],
+    [800 * 86400_000, '2 years ago'],
+    [-10 * 60_000, 'in 10 minutes'],
   ])('%d ms ago → %s', (ms, text) => {
     expect(relativeTime(ago(ms), now)).toBe(text)
   })
@@ -46,10 +49,16 @@ describe('durations and sizes', () => {
     expect(parseDuration('1.5h')).toBe(5_400_000)
     expect(parseDuration('2d')).toBe(172_800_000)
     expect(parseDuration('250ms')).toBe(250)
-    expect(parseDuration('45000')).toBe(45_000)
     expect(parseDuration(' 10 S ')).toBe(10_000)
-    for (const bad of ['', 'm', '5x', '-5m', '1h30m', '5 minutes', 'Infinity'])
+    expect(parseDuration('0')).toBe(0)
+    // A bare number is not guessed: seconds in the hosted docs, milliseconds elsewhere.
+    for (const bad of ['3600', '45000', '1.5', '', 'm', '5x', '-5m', '1h30m', '5 minutes', 'Infinity'])
       expect(parseDuration(bad), bad).toBeUndefined()
+  })
+  it('formats turn durations in seconds, whatever their length', () => {
+    expect(formatSeconds(250)).toBe('0.3s')
+    expect(formatSeconds(1234)).toBe('1.2s')
+    expect(formatSeconds(75_000)).toBe('75.0s')
   })
   it('formats sizes', () => {
     expect(formatBytes(512)).toBe('512 B')
@@ -124,7 +133,14 @@ describe('tables', () => {
       lastActiveAt: ago(60_000),
     }
     expect(SESSION_HEAD).toEqual(['ID', 'Agent', 'Title', 'Status', 'Msgs', 'Last Active'])
-    expect(sessionRow(s, now)).toEqual(['ses_01234567', 'notes', 'Remember my cat', 'idle', '4', '1m ago'])
+    expect(sessionRow(s, now)).toEqual([
+      'ses_01234567',
+      'notes',
+      'Remember my cat',
+      'idle',
+      '4',
+      '1 minute ago',
+    ])
   })
 
   it('renders fields', () => {

@@ -12,6 +12,7 @@ import { promisify } from 'node:util'
 import Cairn, { ValidationError } from '@cairn/sdk'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { assertBuilt, CLI_BIN, type CliOptions, spawnCli, waitFor } from './helpers/cli.js'
+import { makeProject } from './helpers/projects.js'
 import { EXAMPLES, startTestServer, type TestServer } from './helpers/server.js'
 
 const DAY_MS = 86_400_000
@@ -203,6 +204,53 @@ describe('docs: the SDK as imported there', () => {
     await expect(
       client.run('my-agent', { message: 'x', sessionId: session.id, idleTimeout: 7200 }),
     ).rejects.toThrow('applies to a new session')
+  })
+})
+
+describe('messages on the way: each says what happened and what to do', () => {
+  it('a crash names the exception, not the middle of a traceback', async () => {
+    const dir = await makeProject({
+      'cairn.yaml': 'name: crashy\ncommand: python3 crashy.py\n',
+      'crashy.py': 'while True:\n    line = input()\n    print(len(line) / (line != "crash"))\n',
+    })
+    try {
+      expect((await cairn(['deploy', dir, '--yes'])).code).toBe(0)
+    } finally {
+      await rm(dir, { recursive: true, force: true })
+    }
+    const r = await cairn(['run', 'crashy', 'crash', '--single'])
+    expect(r.code).toBe(1)
+    expect(r.stderr).toMatch(/✗ the agent exited with code 1: ZeroDivisionError: (float )?division by zero\n/)
+    expect(r.stderr).not.toMatch(/\^\^|~~|Traceback/)
+    expect(r.stderr).toMatch(/fix the agent, `cairn deploy` it, then `cairn sessions resume ses_[a-z0-9]{8}`/)
+  })
+
+  it('a session past its turn limit says so in words, and how to allow more', async () => {
+    const first = await cairn(['run', 'my-agent', 'one', '--single', '--max-turns', '1', '--json'])
+    expect(first.code).toBe(0)
+    const id = JSON.parse(first.stdout.split('\n')[0] as string).sessionId
+    const second = await cairn(['run', 'my-agent', '--session', id, 'two', '--single'])
+    expect(second.code).toBe(1)
+    expect(second.stderr).toContain('has had its one turn (policy maxTurns 1)')
+    expect(second.stderr).not.toContain('1 turns')
+    expect(second.stderr).toContain('--max-turns')
+  })
+
+  it('a turn past the turn timeout says which limit and how to go on, not "try again"', async () => {
+    const dir = await makeProject({
+      'cairn.yaml': 'name: sleepy\ncommand: bash sleepy.sh\nlimits: { turnTimeoutMs: 1000 }\n',
+      'sleepy.sh': 'while IFS= read -r line; do sleep 5; echo "$line"; done\n',
+    })
+    try {
+      expect((await cairn(['deploy', dir, '--yes'])).code).toBe(0)
+    } finally {
+      await rm(dir, { recursive: true, force: true })
+    }
+    const r = await cairn(['run', 'sleepy', 'hello', '--single'])
+    expect(r.code).toBe(1)
+    expect(r.stderr).toContain("ran past the agent's turn timeout (1 s, limits.turnTimeoutMs)")
+    expect(r.stderr).toMatch(/cairn sessions resume ses_[a-z0-9]{8}/)
+    expect(r.stderr).not.toContain('try again')
   })
 })
 

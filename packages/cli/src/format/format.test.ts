@@ -1,6 +1,8 @@
+import http from 'node:http'
+import type { AddressInfo } from 'node:net'
 import type { SessionInfo } from '@cairn/protocol'
 import { describe, expect, it } from 'vitest'
-import { errorInfo, hintFor, renderError } from './errors.js'
+import { connectionLost, errorInfo, hintFor, renderError, turnFailureHint } from './errors.js'
 import { shortId } from './ids.js'
 import { oneLine, stripTerminalEscapes, truncate } from './sanitize.js'
 import { SESSION_HEAD, sessionRow } from './session.js'
@@ -172,5 +174,38 @@ describe('errors', () => {
     expect(renderError({ message: 'bad \x1b[2Jthing', hint: 'do this' })).toBe('✗ bad thing\n  do this')
     expect(errorInfo(new Error('plain'))).toEqual({ code: undefined, message: 'plain' })
     expect(renderError('just a string')).toBe('✗ just a string')
+  })
+})
+
+describe('a turn that breaks off', () => {
+  it('knows a connection the server dropped mid-answer (fetch: terminated) from an error the server sent', async () => {
+    // A peer that starts an answer and then dies, as a killed server does mid-turn.
+    const server = http.createServer((_req, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' })
+      res.write('event: run.started\ndata: {}\n\n')
+      setTimeout(() => res.socket?.destroy(), 50)
+    })
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
+    try {
+      const { port } = server.address() as AddressInfo
+      const response = await fetch(`http://127.0.0.1:${port}/`)
+      const failure = await response.text().then(
+        () => undefined,
+        (error: unknown) => error,
+      )
+      expect(failure).toBeInstanceOf(TypeError)
+      expect(connectionLost(failure)).toBe(true)
+    } finally {
+      server.close()
+    }
+    expect(connectionLost(Object.assign(new Error('busy'), { code: 'session_busy' }))).toBe(false)
+    expect(connectionLost(new TypeError('x is not a function'))).toBe(false)
+  })
+
+  it('tells what to do after a turn timeout instead of "try again"', () => {
+    const hint = turnFailureHint('timeout', 'ses_01234567') ?? ''
+    expect(hint).toContain('cairn sessions resume ses_01234567')
+    expect(hint).toContain('limits.turnTimeoutMs')
+    expect(hint).not.toContain('try again')
   })
 })

@@ -207,6 +207,36 @@ describe('docs: the SDK as imported there', () => {
   })
 })
 
+describe('docs: "You send a message without a sessionId (auto-creates one)"', () => {
+  const send = async (body: Record<string, unknown>) => {
+    const res = await fetch(`${t.url}/v1/messages`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${t.key}`, 'content-type': 'application/json' },
+      body: JSON.stringify(body),
+    })
+    return { status: res.status, sessionId: res.headers.get('cairn-session-id'), text: await res.text() }
+  }
+
+  it('POST /v1/messages without a sessionId creates a session and answers in it; with one, continues it', async () => {
+    const first = await send({ agent: 'my-agent', prompt: 'Hello', idleTimeoutMs: 7_200_000 })
+    expect(first.status).toBe(200)
+    expect(first.sessionId).toMatch(/^ses_/)
+    expect(first.text).toContain(`"sessionId":"${first.sessionId}"`)
+    expect(first.text).toContain('event: run.completed')
+    const session = await json(['sessions', 'get', String(first.sessionId)])
+    expect(session).toMatchObject({ agentName: 'my-agent', turnCount: 1, idleTimeoutMs: 7_200_000 })
+    const again = await send({ agent: 'my-agent', prompt: 'Again', sessionId: first.sessionId })
+    expect(again.status).toBe(200)
+    expect(again.sessionId).toBe(first.sessionId)
+    expect((await json(['sessions', 'get', String(first.sessionId)])).turnCount).toBe(2)
+    // Options of a new session with an existing one, or another agent's session: refused, not ignored.
+    expect(
+      (await send({ agent: 'my-agent', prompt: 'x', sessionId: first.sessionId, title: 't' })).status,
+    ).toBe(400)
+    expect((await send({ agent: 'code-agent', prompt: 'x', sessionId: first.sessionId })).status).toBe(400)
+  })
+})
+
 describe('messages on the way: each says what happened and what to do', () => {
   it('a crash names the exception, not the middle of a traceback', async () => {
     const dir = await makeProject({

@@ -188,6 +188,22 @@ export const SendMessageBody = Type.Object(
 )
 export type SendMessageBody = Static<typeof SendMessageBody>
 
+/**
+ * `POST /v1/messages`: a message to an agent, in `sessionId` or, without it, in a session created
+ * for it (with the options of `POST /v1/sessions`), as hosted agent-session products do.
+ */
+export const AgentMessageBody = Type.Object(
+  {
+    ...CreateSessionBody.properties,
+    prompt: SendMessageBody.properties.prompt,
+    sessionId: Type.Optional(
+      Type.String({ minLength: 1, maxLength: 64, description: 'an existing session of the agent (full ID)' }),
+    ),
+  },
+  { additionalProperties: false },
+)
+export type AgentMessageBody = Static<typeof AgentMessageBody>
+
 export const SessionSchema = Type.Object({
   id: Type.String(),
   agentId: Type.String(),

@@ -1,8 +1,7 @@
 import { type Static, Type } from '@sinclair/typebox'
 import { NetworkPolicySchema, SetupEnvSchema, SetupTimeoutMsSchema } from './agents.js'
+import { SESSION_STATUSES } from './names.js'
 
-export const SESSION_STATUSES = ['active', 'idle', 'completed', 'failed', 'timeout', 'deleted'] as const
-export type SessionStatus = (typeof SESSION_STATUSES)[number]
 export const SessionStatusSchema = Type.Union(SESSION_STATUSES.map((s) => Type.Literal(s)))
 
 /** Why a status changed. Every transition records one of these. */

@@ -1,4 +1,4 @@
-import { nearestKey } from '@cairn/protocol'
+import { nearestKey } from '@cairn/protocol/core'
 import { ValidationError } from './errors.js'
 
 /** The keys of `RequestOptions`, accepted by every call that takes options. */

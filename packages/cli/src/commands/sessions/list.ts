@@ -1,4 +1,5 @@
-import { SESSION_STATUSES, type SessionInfo, type SessionStatus } from '@cairn/protocol'
+import type { SessionInfo } from '@cairn/protocol'
+import { SESSION_STATUSES, type SessionStatus } from '@cairn/protocol/core'
 import { InvalidArgumentError } from 'commander'
 import { jsonOption, positiveInt, type Register } from '../../command.js'
 import { UsageError } from '../../errors.js'

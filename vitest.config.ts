@@ -6,6 +6,8 @@ const pkg = (name: string) => fileURLToPath(new URL(`./packages/${name}/src/inde
 export default defineConfig({
   resolve: {
     alias: {
+      // Before '@cairn/protocol', which would otherwise take it as a subpath of its index.
+      '@cairn/protocol/core': fileURLToPath(new URL('./packages/protocol/src/core.ts', import.meta.url)),
       '@cairn/protocol': pkg('protocol'),
       '@cairn/runtime': pkg('runtime'),
       '@cairn/sdk': pkg('sdk'),

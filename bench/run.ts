@@ -27,6 +27,7 @@ async function load(): Promise<Bench[]> {
     { previews },
     { gvisorStart },
     { drivers },
+    { cli },
   ] = await Promise.all([
     import('./baselines.js'),
     import('./session-create.js'),
@@ -41,6 +42,7 @@ async function load(): Promise<Bench[]> {
     import('./previews.js'),
     import('./gvisor-start.js'),
     import('./drivers.js'),
+    import('./cli.js'),
   ])
   return [
     baselines,
@@ -56,6 +58,7 @@ async function load(): Promise<Bench[]> {
     previews,
     gvisorStart,
     drivers,
+    cli,
   ]
 }
 

@@ -18,6 +18,8 @@ if [ ! -f node_modules/.package-lock.json ] || [ package-lock.json -nt node_modu
   bash scripts/npm-install.sh >&2
 fi
 npm run build --silent >&2
+echo "==> cairn on the PATH (/usr/local/bin/cairn)" >&2
+bash scripts/link-cli.sh
 
 export CAIRN_DATA_DIR="${CAIRN_DATA_DIR:-$HOME/.cairn/data}"
 PORT="${CAIRN_PORT:-7070}"
@@ -53,7 +55,7 @@ printf 'My cat is called Miso\nWhat is my cat called?\n' | $CAIRN run notes
 cat >&2 <<INFO
 
 Cairn is running at $CAIRN_API_URL (pid $(cat "$CAIRN_DATA_DIR/server.pid" 2>/dev/null || echo '?'), data in $CAIRN_DATA_DIR).
-Try:   npx cairn sessions list
-       npx cairn run notes
+Try:   cairn sessions list
+       cairn run notes
 Stop:  kill \$(cat $CAIRN_DATA_DIR/server.pid)
 INFO

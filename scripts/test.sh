@@ -7,4 +7,5 @@ bash scripts/install-system-deps.sh
 if [ -n "${CI:-}" ] || [ ! -f node_modules/.package-lock.json ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
   bash scripts/npm-install.sh
 fi
+bash scripts/link-cli.sh
 npm test

@@ -132,7 +132,11 @@ describe('agents, builds and secrets from the CLI', () => {
   it('deletes an agent', async () => {
     const dir = await project({ 'doomed.sh': 'cat\n' })
     const { agent } = await json(['deploy', dir, '--name', 'doomed'])
-    expect(await json(['agents', 'delete', 'doomed'])).toEqual({ ok: true, id: agent.id, name: 'doomed' })
+    expect(await json(['agents', 'delete', 'doomed', '--yes'])).toEqual({
+      ok: true,
+      id: agent.id,
+      name: 'doomed',
+    })
     const gone = await cairn(['agents', 'get', 'doomed'])
     expect(gone.code).toBe(1)
     expect(gone.stderr).toContain('cairn agents list')

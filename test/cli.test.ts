@@ -136,7 +136,9 @@ describe('cairn CLI against a real server', () => {
     )
 
     expect(await json(['sessions', 'end', short])).toMatchObject({ id, status: 'completed' })
-    expect((await cairn(['sessions', 'end', short])).stdout).toContain(`Ended session ${short}`)
+    expect((await cairn(['sessions', 'end', short])).stdout).toContain(
+      `Session ${short} ended (status: completed). Workspace is preserved.`,
+    )
     expect(await json(['sessions', 'resume', short])).toMatchObject({ id, status: 'idle' })
     const resumed = await cairn(['sessions', 'resume', short])
     expect(resumed.code).toBe(0)
@@ -149,7 +151,7 @@ describe('cairn CLI against a real server', () => {
     const wrongAgent = await cairn(['run', 'bot', '--session', short, 'x', '--single'])
     expect(wrongAgent.code).toBe(1)
 
-    expect(await json(['sessions', 'delete', short])).toEqual({ ok: true, id })
+    expect(await json(['sessions', 'delete', short, '--yes'])).toEqual({ ok: true, id })
     const gone = await cairn(['sessions', 'get', id])
     expect(gone.code).toBe(1)
   })
@@ -216,14 +218,17 @@ describe('cairn CLI against a real server', () => {
     const ahead = Date.parse(lease.leaseUntil) - before
     expect(ahead).toBeGreaterThan(4 * 60_000)
     expect(ahead).toBeLessThanOrEqual(5 * 60_000 + 5_000)
-    expect(
-      Date.parse((await json(['sessions', 'lease', short, '7200000'])).leaseUntil) - before,
-    ).toBeGreaterThan(7_000_000)
+    expect(Date.parse((await json(['sessions', 'lease', short, '2h'])).leaseUntil) - before).toBeGreaterThan(
+      7_000_000,
+    )
 
     const bad = await cairn(['sessions', 'lease', short, 'soon'])
     expect(bad.code).toBe(2)
     expect(bad.stderr).toContain('expected a duration')
-    expect((await cairn(['sessions', 'lease', short, '500'])).code).toBe(1)
+    expect((await cairn(['sessions', 'lease', short, '500ms'])).code).toBe(1)
+    const bare = await cairn(['sessions', 'lease', short, '7200'])
+    expect(bare.code).toBe(2)
+    expect(bare.stderr).toContain('a duration needs its unit: 7200s')
     const tooLong = await cairn(['sessions', 'lease', short, '2d', '--json'])
     expect(tooLong.code).toBe(1)
     expect(JSON.parse(tooLong.stdout).error.code).toBe('validation_failed')
@@ -285,7 +290,10 @@ describe('cairn CLI against a real server', () => {
     expect(revoked.code).toBe(0)
     expect(revoked.stdout).toBe(`Revoked key ${admin.id} (robot)\n`)
     const readId = listed.find((k: { name: string | null }) => k.name === 'ci reader').id
-    expect(await json(['keys', 'revoke', readId])).toEqual({ ok: true, id: readId })
+    const unconfirmed = await cairn(['keys', 'revoke', readId, '--json'])
+    expect(unconfirmed.code).toBe(2)
+    expect(JSON.parse(unconfirmed.stdout).error.message).toContain('Nothing revoked')
+    expect(await json(['keys', 'revoke', readId, '--yes'])).toEqual({ ok: true, id: readId })
     const refused = await cairn(['sessions', 'list'], { env: { CAIRN_API_KEY: admin.key } })
     expect(refused.code).toBe(1)
     expect(refused.stderr).toContain('cairn login')
@@ -294,7 +302,7 @@ describe('cairn CLI against a real server', () => {
     ).toBeTypeOf('string')
     expect((await cairn(['keys', 'list'])).stdout).toMatch(new RegExp(`${admin.id}.*(just now|ago)\n`))
 
-    const again = await cairn(['keys', 'revoke', admin.id, '--json'])
+    const again = await cairn(['keys', 'revoke', admin.id, '--json', '--yes'])
     expect(again.code).toBe(1)
     expect(JSON.parse(again.stdout).error.code).toBe('not_found')
     const missing = await cairn(['keys', 'revoke', 'zzzzzz', '--yes'])

@@ -26,6 +26,7 @@ export async function buildConsole({ outdir = path.join(here, 'dist'), minify = 
     logLevel: 'warning',
     alias: {
       '@cairn/sdk': path.join(packages, 'sdk/src/index.ts'),
+      '@cairn/protocol/core': path.join(packages, 'protocol/src/core.ts'),
       '@cairn/protocol': path.join(packages, 'protocol/src/index.ts'),
     },
   })

@@ -14,7 +14,7 @@ const ctx = new Context(
   new Output({ json: false, color: false }),
 )
 const current = await readFile(file, 'utf8').catch(() => '# cairn\n')
-await writeFile(file, withReference(current, cliReference(buildProgram(ctx))))
+await writeFile(file, withReference(current, cliReference(await buildProgram(ctx))))
 // The repository's formatter pads the tables; the docs test compares modulo that padding.
 execFileSync('npx', ['biome', 'format', '--write', file], { stdio: 'ignore' })
 console.log(`wrote ${file}`)

@@ -1,9 +1,9 @@
 import { createInterface } from 'node:readline'
 import type { Session } from '@cairn/sdk'
 import type { Context } from './context.js'
-import { CancelledError, CliError, EXIT } from './errors.js'
+import { CancelledError, CliError, EXIT, UsageError } from './errors.js'
 import { shortId } from './format/ids.js'
-import { askLine } from './prompt.js'
+import { askLine, inForeground } from './prompt.js'
 import { runTurn } from './turn.js'
 
 export interface ChatOptions {
@@ -21,7 +21,17 @@ const LEAVE = new Set(['exit', 'quit', '/exit', '/quit'])
  * Returns the exit code: 130 when a turn was cancelled, 1 when a non-interactive turn failed.
  */
 export async function chat(ctx: Context, session: Session, options: ChatOptions = {}): Promise<number> {
-  const interactive = process.stdin.isTTY === true
+  const onTerminal = process.stdin.isTTY === true
+  // In the background (`cairn run agent "…" &`) the terminal is not ours to read: the prompt's turn
+  // is the only one, and the terminal's modes are left alone (reading would stop the job).
+  const background = onTerminal && !inForeground()
+  const interactive = onTerminal && !background
+  if (background && options.prompt === undefined) {
+    throw new UsageError(
+      'cairn run is in the background and has no message to send',
+      'Give the first message as an argument: `cairn run <agent> "…" &`, or run it in the foreground.',
+    )
+  }
   let code: number = EXIT.ok
   const send = async (prompt: string): Promise<boolean> => {
     try {
@@ -43,7 +53,7 @@ export async function chat(ctx: Context, session: Session, options: ChatOptions 
       const more = await send(options.prompt)
       if (!more || options.single || !interactive) return code
     }
-    if (!interactive) {
+    if (!onTerminal) {
       const lines = createInterface({
         input: process.stdin,
         terminal: false,

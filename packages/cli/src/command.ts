@@ -1,6 +1,6 @@
 import { type Command, InvalidArgumentError } from 'commander'
 import type { Context } from './context.js'
-import { parseDuration } from './format/time.js'
+import { isBareNumber, parseDuration } from './format/time.js'
 
 export type Register = (parent: Command, ctx: Context) => void
 
@@ -31,10 +31,18 @@ export function positiveIntOrZero(value: string): number {
   return n
 }
 
-/** A duration: `90s`, `5m`, `1h` or milliseconds. */
+/** The error for a duration flag's value; a bare number is told to add its unit. */
+export function durationError(value: string): InvalidArgumentError {
+  return new InvalidArgumentError(
+    isBareNumber(value)
+      ? `a duration needs its unit: ${value}s (seconds), ${value}ms, or 30m, 1h, 7d`
+      : 'expected a duration such as 90s, 30m, 1h or 7d',
+  )
+}
+
+/** A duration with its unit: `250ms`, `90s`, `5m`, `1h`, `7d` (a bare number is refused, not guessed). */
 export function duration(value: string): number {
   const ms = parseDuration(value)
-  if (ms === undefined || ms <= 0)
-    throw new InvalidArgumentError('expected a duration such as 90s, 5m, 1h or a number of milliseconds')
+  if (ms === undefined || ms <= 0) throw durationError(value)
   return ms
 }

@@ -1,7 +1,6 @@
-import { Cairn } from '@cairn/sdk'
+import type { Cairn } from '@cairn/sdk'
 import type { GlobalFlags } from './argv.js'
-import { type ApiConfig, resolveApiConfig } from './config.js'
-import { credentialsPath, readCredentials } from './credentials.js'
+import type { ApiConfig } from './config.js'
 import type { Output } from './output.js'
 
 export const CLI_VERSION = '0.1.0'
@@ -34,6 +33,11 @@ export class Context {
     // The file is read only when flags and environment leave something open (a broken file then matters).
     const complete =
       (this.flags.apiUrl ?? this.env.CAIRN_API_URL) && (this.flags.apiKey ?? this.env.CAIRN_API_KEY)
+    // Loaded on first use, like the client below: commands that make no request never load them.
+    const [{ resolveApiConfig }, { credentialsPath, readCredentials }] = await Promise.all([
+      import('./config.js'),
+      import('./credentials.js'),
+    ])
     const saved = complete ? undefined : await readCredentials(credentialsPath(this.env))
     this.config = resolveApiConfig(this.flags, this.env, saved)
     return this.config
@@ -42,6 +46,7 @@ export class Context {
   async client(): Promise<Cairn> {
     if (this.cached) return this.cached
     const config = await this.api()
+    const { Cairn } = await import('@cairn/sdk')
     this.cached = new Cairn({
       baseUrl: config.apiUrl,
       apiKey: config.apiKey,

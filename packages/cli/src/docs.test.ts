@@ -15,7 +15,7 @@ describe('docs/cli.md', () => {
       {},
       new Output({ json: false, color: false }),
     )
-    const reference = cliReference(buildProgram(ctx))
+    const reference = cliReference(await buildProgram(ctx))
     for (const name of [
       'cairn run',
       'cairn sessions resume',

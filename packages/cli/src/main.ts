@@ -40,8 +40,8 @@ export async function main(
   const { args, flags } = extractGlobalFlags(argv.slice(2))
   const out = new Output({ json: flags.json, color: useColor(flags.color, env, true) })
   const ctx = new Context(flags, env, out)
-  const program = buildProgram(ctx)
   try {
+    const program = await buildProgram(ctx, args)
     await program.parseAsync(args, { from: 'user' })
     return EXIT.ok
   } catch (error) {

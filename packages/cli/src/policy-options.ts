@@ -1,6 +1,6 @@
 import type { SessionPolicyInput } from '@cairn/sdk'
 import { type Command, InvalidArgumentError } from 'commander'
-import { duration, positiveInt } from './command.js'
+import { duration, durationError, positiveInt } from './command.js'
 import { parseDuration } from './format/time.js'
 
 export interface PolicyFlags {
@@ -18,8 +18,7 @@ const orNone =
 
 function durationOrZero(value: string): number {
   const ms = parseDuration(value)
-  if (ms === undefined || ms < 0)
-    throw new InvalidArgumentError('expected a duration such as 0, 90s, 5m or a number of milliseconds')
+  if (ms === undefined || ms < 0) throw durationError(value)
   return ms
 }
 
@@ -31,7 +30,11 @@ function onTimeout(value: string): 'keep' | 'destroy' {
 /** The lifecycle policy flags, shared by the commands that create or resume a session. */
 export function policyOptions(command: Command): Command {
   return command
-    .option('--idle-timeout <duration>', 'idle this long → status timeout (e.g. 30m, 7d)', duration)
+    .option(
+      '--idle-timeout <duration>',
+      'idle this long → status timeout (with its unit: 3600s, 30m, 1h, 7d; a bare number is refused)',
+      duration,
+    )
     .option(
       '--keep-warm <duration>',
       'keep the sandbox warm this long after a turn (0: stop at once)',

@@ -1,19 +1,46 @@
 import { Command } from 'commander'
-import { register as agents } from './commands/agents/index.js'
-import { register as completion } from './commands/completion.js'
-import { register as deploy } from './commands/deploy.js'
-import { register as init } from './commands/init.js'
-import { register as keys } from './commands/keys/index.js'
-import { register as login } from './commands/login.js'
-import { register as logout } from './commands/logout.js'
-import { register as run } from './commands/run.js'
-import { register as secrets } from './commands/secrets/index.js'
-import { register as server } from './commands/server.js'
-import { register as sessions } from './commands/sessions/index.js'
+import type { Register } from './command.js'
 import { CLI_VERSION, type Context } from './context.js'
 
-/** The command tree. Global flags are taken out of argv before it parses (see argv.ts). */
-export function buildProgram(ctx: Context): Command {
+type Loader = () => Promise<{ register: Register }>
+
+/**
+ * The top-level commands (and their aliases), each loaded only when it is the one being run, so that
+ * `cairn --version` loads no API client and only `cairn server` loads the server.
+ */
+const COMMANDS: ReadonlyArray<readonly [names: readonly string[], load: Loader]> = [
+  [['server'], () => import('./commands/server.js')],
+  [['login'], () => import('./commands/login.js')],
+  [['logout'], () => import('./commands/logout.js')],
+  [['init'], () => import('./commands/init.js')],
+  [['deploy'], () => import('./commands/deploy.js')],
+  [['run'], () => import('./commands/run.js')],
+  [['agents', 'agent'], () => import('./commands/agents/index.js')],
+  [['sessions', 'session'], () => import('./commands/sessions/index.js')],
+  [['secrets', 'secret'], () => import('./commands/secrets/index.js')],
+  [['keys', 'key'], () => import('./commands/keys/index.js')],
+  [['completion'], () => import('./commands/completion.js')],
+]
+
+/** The commands `args` needs: the one it names; all of them for help, a typo or no command at all. */
+function loadersFor(args: readonly string[] | undefined): Loader[] {
+  const all = COMMANDS.map(([, load]) => load)
+  if (args === undefined) return all
+  const first = args.find((a) => !a.startsWith('-'))
+  if (first === undefined) {
+    // `cairn --version` needs no command; `cairn` alone and `cairn --help` list them all.
+    return args.length > 0 && args.every((a) => a === '-v' || a === '--version') ? [] : all
+  }
+  const named = COMMANDS.find(([names]) => names.includes(first))
+  // `completion` describes the whole tree.
+  return named && first !== 'completion' ? [named[1]] : all
+}
+
+/**
+ * The command tree. Global flags are taken out of argv before it parses (see argv.ts). With `args`,
+ * only the command they name is loaded (a CLI that answers at once); without, every command.
+ */
+export async function buildProgram(ctx: Context, args?: readonly string[]): Promise<Command> {
   const program = new Command('cairn')
     .description('Cairn: deploy AI agents and talk to them in persistent, isolated sessions')
     .version(CLI_VERSION, '-v, --version', 'print the version')
@@ -40,20 +67,7 @@ Getting started:
   cairn run my-agent "hello"    talk to it in a new session
   cairn sessions list           see sessions; resume one with \`cairn sessions resume <id-prefix>\``,
     )
-  for (const register of [
-    server,
-    login,
-    logout,
-    init,
-    deploy,
-    run,
-    agents,
-    sessions,
-    secrets,
-    keys,
-    completion,
-  ]) {
-    register(program, ctx)
-  }
+  const modules = await Promise.all(loadersFor(args).map((load) => load()))
+  for (const { register } of modules) register(program, ctx)
   return program
 }

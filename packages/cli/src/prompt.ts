@@ -1,8 +1,34 @@
+import { readFileSync } from 'node:fs'
 import { createInterface } from 'node:readline'
+import { CancelledError, UsageError } from './errors.js'
 
-/** True when a person can answer: stdin and stderr are terminals. */
+/**
+ * Whether this process is in the foreground of its terminal. A job started with `&` still has the
+ * terminal as stdin, but reading it (or switching it to raw mode, as a line editor does) stops the
+ * whole job ("Stopped (tty input/output)"). Linux: the process group against the terminal's
+ * foreground group in /proc/self/stat; where that cannot be read, assumed.
+ */
+export function inForeground(): boolean {
+  try {
+    const stat = readFileSync('/proc/self/stat', 'utf8')
+    // After "pid (comm) ": state ppid pgrp session tty_nr tpgid …
+    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ')
+    const pgrp = Number(fields[2])
+    const foreground = Number(fields[5])
+    return foreground > 0 && pgrp === foreground
+  } catch {
+    return true
+  }
+}
+
+/** True when stdin is a terminal this process may read: a terminal, and the job is in its foreground. */
+export function terminalInput(): boolean {
+  return process.stdin.isTTY === true && inForeground()
+}
+
+/** True when a person can answer: stdin and stderr are terminals, and this job is in the foreground. */
 export function canPrompt(): boolean {
-  return process.stdin.isTTY === true && process.stderr.isTTY === true
+  return process.stderr.isTTY === true && terminalInput()
 }
 
 export type LineResult = { kind: 'line'; text: string } | { kind: 'eof' } | { kind: 'interrupt' }
@@ -54,6 +80,26 @@ export async function confirm(question: string, fallback: boolean): Promise<bool
   if (answer.kind !== 'line') return false
   const text = answer.text.trim().toLowerCase()
   return text === '' ? fallback : text === 'y' || text === 'yes'
+}
+
+/**
+ * Consent to something that cannot be undone (`delete`, `revoke`): `--yes`, or "y" typed on a
+ * terminal, where the default (Enter) is No. Without a terminal to ask on (a pipe, `xargs`, cron,
+ * `--json` in a script) nothing happens without `--yes`: a recipe that selects the wrong rows then
+ * fails safe instead of deleting them.
+ */
+export async function confirmDestructive(
+  question: string,
+  options: { yes: boolean | undefined; refused: string; command: string },
+): Promise<void> {
+  if (options.yes) return
+  if (!canPrompt()) {
+    throw new UsageError(
+      `${options.refused}: there is no terminal to confirm on (stdin is not one)`,
+      `Add --yes to run it without asking: \`${options.command} --yes\`.`,
+    )
+  }
+  if (!(await confirm(question, false))) throw new CancelledError(options.refused)
 }
 
 /** All of stdin as text (for `echo key | cairn login`). */

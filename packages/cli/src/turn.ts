@@ -1,8 +1,12 @@
 import type { StreamEvent } from '@cairn/protocol'
 import type { RunResult, Session } from '@cairn/sdk'
 import type { Context } from './context.js'
+import { CliError } from './errors.js'
+import { connectionLost, turnFailureHint } from './format/errors.js'
+import { shortId } from './format/ids.js'
 import { oneLine, stripTerminalEscapes } from './format/sanitize.js'
-import { formatDuration } from './format/time.js'
+import { formatDuration, formatSeconds } from './format/time.js'
+import { inForeground } from './prompt.js'
 
 /** The per-turn record printed with `--json`. */
 export function turnRecord(result: RunResult): Record<string, unknown> {
@@ -37,7 +41,8 @@ export async function runTurn(ctx: Context, session: Session, prompt: string): P
     void stream.abort()
   }
   process.on('SIGINT', onSigint)
-  const spinner = ctx.json ? undefined : out.spinner('Waiting for the agent…')
+  // No spinner from a background job: its frames would land in the middle of the foreground's output.
+  const spinner = ctx.json || !inForeground() ? undefined : out.spinner('Waiting for the agent…')
   let begun = false
   let atLineStart = true
   const begin = () => {
@@ -94,13 +99,27 @@ export async function runTurn(ctx: Context, session: Session, prompt: string): P
     }
     if (!atLineStart) out.write('\n')
     if (result.finishReason === 'completed') {
-      out.progress(`Completed in ${formatDuration(result.durationMs)}`)
+      out.progress(`Completed in ${formatSeconds(result.durationMs)}`)
     } else if (result.finishReason === 'failed') {
-      out.error({ code: result.error?.code, message: result.error?.message ?? 'the turn failed' })
+      out.error({
+        code: result.error?.code,
+        message: result.error?.message ?? 'the turn failed',
+        hint: turnFailureHint(result.error?.code, shortId(session.id)),
+      })
     } else {
-      out.note(out.ec.yellow(`Cancelled after ${formatDuration(result.durationMs)}`))
+      out.note(out.ec.yellow(`Cancelled after ${formatSeconds(result.durationMs)}`))
     }
     return result
+  } catch (error) {
+    if (!connectionLost(error)) throw error
+    const ref = shortId(session.id)
+    throw new CliError(
+      'The server went away during the turn: the connection closed before the answer ended',
+      {
+        code: 'connection_error',
+        hint: `When it is back (\`cairn server\`), see how the turn ended with \`cairn sessions messages ${ref}\` and go on with \`cairn sessions resume ${ref}\`.`,
+      },
+    )
   } finally {
     spinner?.stop()
     process.off('SIGINT', onSigint)

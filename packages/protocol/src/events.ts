@@ -2,20 +2,6 @@ import { type Static, Type } from '@sinclair/typebox'
 import { ErrorBodySchema } from './common.js'
 import type { ErrorBody } from './errors.js'
 
-/** Server-sent events of a run (`POST /v1/sessions/{id}/messages`). */
-export const SSE_EVENT_NAMES = [
-  'run.started',
-  'message.delta',
-  'tool.start',
-  'tool.end',
-  'status',
-  'run.completed',
-  'run.failed',
-  'run.cancelled',
-  'heartbeat',
-] as const
-export type SseEventName = (typeof SSE_EVENT_NAMES)[number]
-
 /** Fields every event of a turn carries. */
 const turnEvent = <T extends string>(type: T) => ({ type: Type.Literal(type), turnId: Type.String() })
 

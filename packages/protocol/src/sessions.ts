@@ -1,8 +1,7 @@
 import { type Static, Type } from '@sinclair/typebox'
 import { NetworkPolicySchema, SetupEnvSchema, SetupTimeoutMsSchema } from './agents.js'
+import { SESSION_STATUSES } from './names.js'
 
-export const SESSION_STATUSES = ['active', 'idle', 'completed', 'failed', 'timeout', 'deleted'] as const
-export type SessionStatus = (typeof SESSION_STATUSES)[number]
 export const SessionStatusSchema = Type.Union(SESSION_STATUSES.map((s) => Type.Literal(s)))
 
 /** Why a status changed. Every transition records one of these. */
@@ -188,6 +187,22 @@ export const SendMessageBody = Type.Object(
   { additionalProperties: false },
 )
 export type SendMessageBody = Static<typeof SendMessageBody>
+
+/**
+ * `POST /v1/messages`: a message to an agent, in `sessionId` or, without it, in a session created
+ * for it (with the options of `POST /v1/sessions`), as hosted agent-session products do.
+ */
+export const AgentMessageBody = Type.Object(
+  {
+    ...CreateSessionBody.properties,
+    prompt: SendMessageBody.properties.prompt,
+    sessionId: Type.Optional(
+      Type.String({ minLength: 1, maxLength: 64, description: 'an existing session of the agent (full ID)' }),
+    ),
+  },
+  { additionalProperties: false },
+)
+export type AgentMessageBody = Static<typeof AgentMessageBody>
 
 export const SessionSchema = Type.Object({
   id: Type.String(),

@@ -3,7 +3,7 @@
 One long-lived process per runtime reads JSON requests, one per line, on stdin and answers one
 JSON line each on stdout: {"id", "ok": true} or {"id", "ok": false, "errno", "error"}.
 Operations: snapshot {src, dst, readonly, mark, qgroup, max_referenced}, create {path, qgroup,
-max_referenced}, delete {path}, mark {path},
+max_referenced}, delete {path}, delete_tree {path}, mark {path},
 set_generation {path, value} and get_generations {paths} (answers {"values": [int or null]}).
 With a request as its only argument, it answers that one request and exits.
 
@@ -36,6 +36,17 @@ BTRFS_SUBVOL_QGROUP_INHERIT = 1 << 2
 BTRFS_IOC_QGROUP_LIMIT = 0x8030942B
 BTRFS_QGROUP_LIMIT_MAX_RFER = 1 << 0
 NAME_MAX_V1 = 4088
+# Deleting a tree of subvolumes by ID (delete_tree): _IOWR(0x94, 17 | 18, 4096), _IOW(0x94, 63, 4096).
+BTRFS_IOC_TREE_SEARCH = 0xD0009411
+BTRFS_IOC_INO_LOOKUP = 0xD0009412
+BTRFS_IOC_SNAP_DESTROY_V2 = 0x5000943F
+BTRFS_SUBVOL_SPEC_BY_ID = 1 << 4
+BTRFS_ROOT_TREE_OBJECTID = 1
+BTRFS_ROOT_REF_KEY = 156
+BTRFS_FIRST_FREE_OBJECTID = 256
+U64_MAX = 2**64 - 1
+SEARCH_KEY = struct.Struct("7Q4I4Q")
+SEARCH_HEADER = struct.Struct("3Q2I")
 NAME_MAX_V2 = 4040
 
 
@@ -151,6 +162,85 @@ def delete(path):
     dir_ioctl(path, BTRFS_IOC_SNAP_DESTROY)
 
 
+def subvolume_id(fd):
+    """The ID of the subvolume whose root directory `fd` is (EINVAL for any other directory)."""
+    if os.fstat(fd).st_ino != BTRFS_FIRST_FREE_OBJECTID:
+        raise OSError(errno.EINVAL, "not a subvolume")
+    args = bytearray(struct.pack("QQ", 0, BTRFS_FIRST_FREE_OBJECTID) + bytes(4080))
+    fcntl.ioctl(fd, BTRFS_IOC_INO_LOOKUP, args)
+    return struct.unpack_from("Q", args, 0)[0]
+
+
+def child_subvolumes(fd, parent_id):
+    """IDs of the subvolumes directly inside subvolume `parent_id`, from its ROOT_REF items in the
+    root tree (`fd`: any file of the filesystem). No path is walked, so nothing an agent renames or
+    links while this runs changes the answer."""
+    children = []
+    min_offset = 0
+    while True:
+        key = SEARCH_KEY.pack(
+            BTRFS_ROOT_TREE_OBJECTID, parent_id, parent_id, min_offset, U64_MAX, 0, U64_MAX,
+            BTRFS_ROOT_REF_KEY, BTRFS_ROOT_REF_KEY, 4096, 0, 0, 0, 0, 0,
+        )
+        args = bytearray(key + bytes(4096 - len(key)))
+        fcntl.ioctl(fd, BTRFS_IOC_TREE_SEARCH, args)
+        count = SEARCH_KEY.unpack_from(args, 0)[9]
+        position = SEARCH_KEY.size
+        last = None
+        for _ in range(count):
+            _transid, objectid, offset, kind, length = SEARCH_HEADER.unpack_from(args, position)
+            position += SEARCH_HEADER.size + length
+            if kind == BTRFS_ROOT_REF_KEY and objectid == parent_id:
+                children.append(offset)
+            last = offset
+        if not count or last is None or last >= U64_MAX:
+            return children
+        min_offset = last + 1
+
+
+def destroy_by_id(fd, subvolume):
+    args = struct.pack("qQQ", 0, 0, BTRFS_SUBVOL_SPEC_BY_ID) + bytes(32) + struct.pack("Q", subvolume)
+    fcntl.ioctl(fd, BTRFS_IOC_SNAP_DESTROY_V2, bytearray(args.ljust(4096, b"\0")))
+
+
+def delete_tree(path):
+    """Deletes the subvolume at `path` and every subvolume nested in it (an agent may create its
+    own), innermost first. The nested ones are found and deleted by ID, never by path names, so a
+    directory swapped for a link to another tenant's tree cannot send the deletion there; `path`
+    itself is opened without following a link. Subvolumes made while this runs are found on the
+    next round."""
+    parent, name = split(path)
+    dir_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+        try:
+            top = subvolume_id(fd)
+            for attempt in range(5):
+                # Depth-first, without recursion (an agent may nest thousands deep).
+                order, pending = [], [top]
+                while pending:
+                    current = pending.pop()
+                    if current != top:
+                        order.append(current)
+                    pending.extend(child_subvolumes(fd, current))
+                for subvolume in reversed(order):
+                    try:
+                        destroy_by_id(fd, subvolume)
+                    except OSError as error:
+                        if error.errno != errno.ENOENT:
+                            raise
+                try:
+                    destroy_by_id(dir_fd, top)
+                    return
+                except OSError as error:
+                    if error.errno != errno.ENOTEMPTY or attempt == 4:
+                        raise
+        finally:
+            os.close(fd)
+    finally:
+        os.close(dir_fd)
+
+
 GENERATION_XATTR = "trusted.cairn.generation"
 
 
@@ -197,6 +287,8 @@ def handle(request):
         create(request["path"], request.get("qgroup"), request.get("max_referenced"))
     elif op == "delete":
         delete(request["path"])
+    elif op == "delete_tree":
+        delete_tree(request["path"])
     elif op == "ping":
         pass
     else:

@@ -1,10 +1,11 @@
 import { Agents } from './agents.js'
 import { readEnv } from './env.js'
-import { CairnError } from './errors.js'
+import { CairnError, ValidationError } from './errors.js'
 import { type FetchLike, HttpClient, type RequestOptions } from './http.js'
 import { Keys } from './keys.js'
+import { assertKnownOptions } from './options.js'
 import { Secrets } from './secrets.js'
-import { type CreateSessionOptions, type Session, Sessions } from './sessions.js'
+import { CREATE_SESSION_OPTION_KEYS, type CreateSessionOptions, type Session, Sessions } from './sessions.js'
 import { AgentStream, type RunResult } from './stream.js'
 
 export const DEFAULT_BASE_URL = 'http://127.0.0.1:7070'
@@ -25,9 +26,15 @@ export interface CairnOptions {
 
 export interface RunOptions extends CreateSessionOptions {
   message: string
-  /** Run in this existing session (full ID); without it a session is created and ended afterwards. */
+  /**
+   * Run in this existing session (full ID); without it a fresh session is created for this one
+   * message and ended afterwards (the stateless pattern: each call is independent). The options of
+   * a new session (`title`, `idleTimeout`, …) are refused alongside it.
+   */
   sessionId?: string | undefined
 }
+
+const RUN_OPTION_KEYS = ['message', 'sessionId', ...CREATE_SESSION_OPTION_KEYS] as const
 
 /** The Cairn API client. Core code: fetch, streams and text decoding only, so it runs in browsers too. */
 export class Cairn {
@@ -72,14 +79,28 @@ export class Cairn {
   }
 
   /** One turn. Without `sessionId` it runs in a new session that is ended afterwards. */
-  run(agent: string, options: RunOptions): Promise<RunResult> {
-    return this.stream(agent, options).result
+  async run(agent: string, options: RunOptions): Promise<RunResult> {
+    return await this.stream(agent, options).result
   }
 
   /** One turn, streamed. Without `sessionId` it runs in a new session that is ended when the run is over. */
   stream(agent: string, options: RunOptions): AgentStream {
+    assertKnownOptions('run', options, RUN_OPTION_KEYS)
     const { message, sessionId, signal, timeoutMs, ...create } = options
-    if (sessionId !== undefined) return this.sessions.stream(sessionId, message, { signal, timeoutMs })
+    if (typeof message !== 'string') {
+      throw new ValidationError({ code: 'validation_failed', message: 'run: message must be a string' })
+    }
+    if (sessionId !== undefined) {
+      // Options of a new session would be dropped here: say so instead.
+      const dropped = Object.entries(create).find(([, value]) => value !== undefined)?.[0]
+      if (dropped !== undefined) {
+        throw new ValidationError({
+          code: 'validation_failed',
+          message: `run: '${dropped}' applies to a new session, not to an existing one (sessionId); change a session's policy with sessions.resume(id, { policy })`,
+        })
+      }
+      return this.sessions.stream(sessionId, message, { signal, timeoutMs })
+    }
     let created: string | undefined
     return new AgentStream(
       {

@@ -1,4 +1,4 @@
-import { ERROR_CODES, type ErrorCode, isErrorCode } from '@cairn/protocol'
+import { ERROR_CODES, type ErrorCode, isErrorCode } from '@cairn/protocol/core'
 
 /** Codes the client produces itself, for failures that never reached (or never came back from) the server. */
 export type ClientErrorCode = 'connection_error' | 'aborted' | 'invalid_response'

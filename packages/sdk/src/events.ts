@@ -1,10 +1,5 @@
-import {
-  type ErrorCode,
-  isErrorCode,
-  SSE_EVENT_NAMES,
-  type SseEventName,
-  type StreamEvent,
-} from '@cairn/protocol'
+import type { StreamEvent } from '@cairn/protocol'
+import { type ErrorCode, isErrorCode, SSE_EVENT_NAMES, type SseEventName } from '@cairn/protocol/core'
 import type { SseMessage } from './sse.js'
 
 type Json = Record<string, unknown>

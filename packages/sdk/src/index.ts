@@ -19,6 +19,9 @@ export type {
   WorkspaceDiff,
 } from '@cairn/protocol'
 export { Agents, type BuildLog, type BuildLogEvent, DEPLOY_TIMEOUT_MS, type DeployOptions } from './agents.js'
+
+import { Cairn } from './client.js'
+
 export { Cairn, type CairnOptions, DEFAULT_BASE_URL, DEFAULT_TIMEOUT_MS, type RunOptions } from './client.js'
 export * from './errors.js'
 export { decodeEvent } from './events.js'
@@ -53,3 +56,6 @@ export {
   type SnapshotRef,
   Snapshots,
 } from './workspace.js'
+
+/** `import Cairn from '@cairn/sdk'`, as the hosted products' docs import their client. */
+export default Cairn

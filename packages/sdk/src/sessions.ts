@@ -14,12 +14,18 @@ import { InvalidResponseError } from './errors.js'
 import { decodeEvent } from './events.js'
 import { asCursor, asList, asMessage, asSession, asStatusEvent, asTurn, checked } from './guards.js'
 import type { HttpClient, RequestOptions } from './http.js'
+import { assertKnownOptions, idleTimeoutMsOf, REQUEST_OPTION_KEYS } from './options.js'
 import { readSse } from './sse.js'
 import { AgentStream, type RunResult, type StreamDriver } from './stream.js'
 import { Files, Snapshots } from './workspace.js'
 
 export interface CreateSessionOptions extends RequestOptions {
   title?: string | undefined
+  /**
+   * Idle this many **seconds** → status `timeout` (the sandbox stops, the workspace stays): `3600`
+   * is an hour. The same as `idleTimeoutMs` in seconds; give one of the two.
+   */
+  idleTimeout?: number | undefined
   idleTimeoutMs?: number | undefined
   keepWarmMs?: number | undefined
   /**
@@ -73,6 +79,28 @@ export interface SessionPage {
   nextCursor: string | undefined
 }
 
+/** Every key of `CreateSessionOptions`: any other is refused (see `assertKnownOptions`). */
+export const CREATE_SESSION_OPTION_KEYS = [
+  'title',
+  'idleTimeout',
+  'idleTimeoutMs',
+  'keepWarmMs',
+  'policy',
+  'autoSnapshots',
+  'ephemeral',
+  'keepTranscript',
+  'setup',
+  ...REQUEST_OPTION_KEYS,
+] as const satisfies ReadonlyArray<keyof CreateSessionOptions>
+// A key added to CreateSessionOptions but not to the list above fails to compile here.
+const everyCreateKeyListed: Exclude<
+  keyof CreateSessionOptions,
+  (typeof CREATE_SESSION_OPTION_KEYS)[number]
+> extends never
+  ? true
+  : false = true
+void everyCreateKeyListed
+
 const path = (id: string, rest = '') => `/v1/sessions/${encodeURIComponent(id)}${rest}`
 
 async function* decodeEvents(body: ReadableStream<Uint8Array>): AsyncGenerator<StreamEvent> {
@@ -121,9 +149,12 @@ export class Sessions {
   }
 
   async create(agent: string, options: CreateSessionOptions = {}): Promise<Session> {
+    assertKnownOptions('createSession', options, CREATE_SESSION_OPTION_KEYS)
+    const idleTimeoutMs = idleTimeoutMsOf('createSession', options)
     const {
       title,
-      idleTimeoutMs,
+      idleTimeout: _seconds,
+      idleTimeoutMs: _milliseconds,
       keepWarmMs,
       policy,
       autoSnapshots,

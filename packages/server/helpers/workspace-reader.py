@@ -9,10 +9,12 @@ reading (FIFOs, sockets and devices are recorded, never opened). Names are bytes
 
 Commands (ARG is a workspace-relative path, base64 of its bytes):
   list ARG     one directory: a line per entry, NAME TYPE SIZE MODE MTIME_NS TARGET (tab-separated,
-               names and link targets base64)
+               names and link targets base64); refused (payload_too_large) past LIST_MAX_ENTRIES
+               entries or LIST_MAX_PATH_BYTES of the paths the answer carries
   read ARG     a regular file: a line `size N`, then its N bytes
   stamps N     the whole tree (at most N entries): a line per entry as for `list`, with the path
-               relative to the root for NAME, in walk order; for diffs
+               relative to the root for NAME, in walk order; for diffs. The walk stops early once
+               the paths printed pass STAMPS_MAX_PATH_BYTES, and then a last line `truncated`
   digest       the tree's content digest (see `cmd_digest` below)
 Failures: a line `error CODE MESSAGE` (tab-separated) on stdout and exit status 3.
 Only built-in modules are imported up front (no json, no re): a listing costs one process start.
@@ -23,6 +25,12 @@ DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOATIME", 0)
 BLOCK = 1 << 20
 ZERO_BLOCK = bytes(BLOCK)
+# A listing is answered whole (every entry with its full path): the agent chooses its size, so it
+# is capped before the server parses it.
+LIST_MAX_ENTRIES = 50000
+LIST_MAX_PATH_BYTES = 16 << 20
+# A diff's walk prints every path below the root: as many bytes of them as the answer may carry.
+STAMPS_MAX_PATH_BYTES = 16 << 20
 
 
 class Refused(Exception):
@@ -93,13 +101,29 @@ def type_of(mode):
     return "other"
 
 
-def entries_of(dir_fd):
+def names_of(dir_fd, prefix_bytes=None):
+    """The names in an open directory, as bytes; refused past the listing's caps when
+    `prefix_bytes` (the length of the path each entry's answer carries before its name) is given."""
+    names, path_bytes = [], 0
+    with os.scandir(dir_fd) as it:
+        for entry in it:
+            raw = os.fsencode(entry.name)
+            if prefix_bytes is not None:
+                path_bytes += prefix_bytes + len(raw)
+                if len(names) >= LIST_MAX_ENTRIES or path_bytes > LIST_MAX_PATH_BYTES:
+                    raise Refused(
+                        "payload_too_large",
+                        "the directory holds more than %d entries or %d MiB of paths: list a subdirectory, or export the workspace"
+                        % (LIST_MAX_ENTRIES, LIST_MAX_PATH_BYTES >> 20),
+                    )
+            names.append(raw)
+    return names
+
+
+def entries_of(dir_fd, prefix_bytes=None):
     """(name, lstat) of each entry of an open directory; entries that vanish meanwhile are skipped."""
     out = []
-    with os.scandir(dir_fd) as it:
-        names = [e.name for e in it]
-    for name in names:
-        raw = os.fsencode(name)
+    for raw in names_of(dir_fd, prefix_bytes):
         try:
             out.append((raw, os.stat(raw, dir_fd=dir_fd, follow_symlinks=False)))
         except FileNotFoundError:
@@ -118,7 +142,8 @@ def cmd_list(root_fd, rel):
     fd = open_dir_at(root_fd, components(rel))
     try:
         out = []
-        for name, info in entries_of(fd):
+        # Each entry's answer carries `/workspace/REL/NAME`.
+        for name, info in entries_of(fd, len(b"/workspace/") + len(rel) + 1):
             target = b64(link_target(name, fd)) if stat.S_ISLNK(info.st_mode) else ""
             out.append(entry_line(name, info, target))
         sys.stdout.write("".join(out))
@@ -191,15 +216,26 @@ def walk(root_fd, visit, limit=None):
     return count
 
 
+class Enough(Exception):
+    pass
+
+
 def cmd_stamps(root_fd, limit):
     out = []
+    path_bytes = [0]
 
     def visit(rel, name, info, dir_fd):
+        path_bytes[0] += len(rel)
+        if path_bytes[0] > STAMPS_MAX_PATH_BYTES:
+            raise Enough()
         target = b64(link_target(name, dir_fd)) if stat.S_ISLNK(info.st_mode) else ""
         out.append(entry_line(rel, info, target))
 
-    walk(root_fd, visit, limit)
-    sys.stdout.write("".join(out))
+    try:
+        walk(root_fd, visit, limit)
+        sys.stdout.write("".join(out))
+    except Enough:
+        sys.stdout.write("".join(out) + "truncated\n")
 
 
 def file_digest(fd, size):

@@ -32,6 +32,11 @@ export interface ServerOptions {
    */
   reaperIntervalMs?: number | undefined
   /**
+   * The time the control plane records (session activity, keys, secrets, memory). Default: the
+   * system clock. Tests set it back to make sessions whose last activity is in the past.
+   */
+  clock?: Clock | undefined
+  /**
    * Size limit of each session workspace in MiB: what its /workspace references (btrfs qgroups;
    * default 4096 on btrfs, none on dir; 0 turns it off; env `CAIRN_WORKSPACE_QUOTA_MIB`).
    */
@@ -95,8 +100,6 @@ export interface ServerOptions {
    * `/superserve`; env `CAIRN_COMPAT_PREFIX`); unset or empty: off. See docs/compat.md.
    */
   compatPrefix?: string | undefined
-  /** The server's clock (tests set it back to make old sessions); default the system's. */
-  clock?: Clock | undefined
 }
 
 export interface ResolvedConfig {

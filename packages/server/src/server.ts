@@ -138,7 +138,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       runtime,
       secrets,
       logs,
-      clock: clock,
+      clock,
       logger,
       archiveLimits: { maxFiles: config.maxArchiveFiles, maxUnpackedBytes: config.maxUnpackedBytes },
       build: { egressSite, buildEgressAllow: config.buildEgressAllow },
@@ -188,7 +188,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       runtime,
       sessions,
       agents,
-      clock: clock,
+      clock,
       logger,
       archiveLimits: { maxFiles: config.maxArchiveFiles, maxUnpackedBytes: config.maxUnpackedBytes },
       keepAutoSnapshots: (tenantId) => retention?.policy(tenantId).keepAutoSnapshots ?? 50,
@@ -200,7 +200,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       runtime,
       sessions,
       workspace,
-      clock: clock,
+      clock,
       logger,
     })
     retention = retentionService
@@ -224,7 +224,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       sessions,
       signer: new PreviewSigner(cipher.deriveKey('preview-url')),
       revocations: new PreviewRevocations(db),
-      clock: clock,
+      clock,
     })
     previewListener = createPreviewListener(previews, config.previewDomain, logger)
     const previewPort = await listen(previewListener.server, config.previewPort, config.host)

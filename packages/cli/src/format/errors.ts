@@ -92,6 +92,37 @@ export function hintFor(code: string | undefined, context: HintContext = {}): st
   }
 }
 
+/**
+ * Whether a turn's stream broke because the connection to the server did: fetch's own error
+ * (undici's `TypeError: terminated`, a reset or closed socket) rather than anything the server said.
+ */
+export function connectionLost(error: unknown): boolean {
+  if (field(error, 'code') === 'connection_error') return true
+  if (!(error instanceof TypeError)) return false
+  const cause = field(error, 'cause')
+  const causeCode = field(cause, 'code')
+  return (
+    error.message === 'terminated' ||
+    error.message === 'fetch failed' ||
+    (typeof causeCode === 'string' && /^(UND_ERR_SOCKET|UND_ERR_CLOSED|ECONNRESET|EPIPE)$/.test(causeCode))
+  )
+}
+
+/** What to do about a turn that failed, by its code: the session is kept in every case. */
+export function turnFailureHint(code: string | undefined, sessionRef: string): string | undefined {
+  switch (code) {
+    case 'timeout':
+      return `The session is kept: send it again with \`cairn sessions resume ${sessionRef}\`, or give the agent longer (limits.turnTimeoutMs in cairn.yaml, then \`cairn deploy\`).`
+    case 'agent_crashed':
+    case 'agent_protocol_error':
+      return `The session and its workspace are kept: fix the agent, \`cairn deploy\` it, then \`cairn sessions resume ${sessionRef}\`.`
+    case 'turn_limit_reached':
+      return `Allow more with \`cairn sessions resume ${sessionRef} --max-turns N\` (or --max-turns none), or fork the session.`
+    default:
+      return hintFor(code)
+  }
+}
+
 /** `✗ message` and, on the next line, the hint. */
 export function renderError(
   error: unknown,

@@ -1,11 +1,13 @@
+import http from 'node:http'
+import type { AddressInfo } from 'node:net'
 import type { SessionInfo } from '@cairn/protocol'
 import { describe, expect, it } from 'vitest'
-import { errorInfo, hintFor, renderError } from './errors.js'
+import { connectionLost, errorInfo, hintFor, renderError, turnFailureHint } from './errors.js'
 import { shortId } from './ids.js'
 import { oneLine, stripTerminalEscapes, truncate } from './sanitize.js'
 import { SESSION_HEAD, sessionRow } from './session.js'
 import { renderFields, renderTable } from './table.js'
-import { formatBytes, formatDuration, parseDuration, relativeTime } from './time.js'
+import { formatBytes, formatDuration, formatSeconds, parseDuration, relativeTime } from './time.js'
 
 const now = new Date('2026-05-01T12:00:00.000Z')
 const ago = (ms: number) => new Date(now.getTime() - ms).toISOString()
@@ -13,13 +15,16 @@ const ago = (ms: number) => new Date(now.getTime() - ms).toISOString()
 describe('relativeTime', () => {
   it.each([
     [1000, 'just now'],
-    [42_000, '42s ago'],
-    [5 * 60_000, '5m ago'],
-    [3 * 3600_000, '3h ago'],
-    [2 * 86400_000, '2d ago'],
-    [65 * 86400_000, '2mo ago'],
-    [800 * 86400_000, '2y ago'],
-    [-10 * 60_000, 'in 10m'],
+    [42_000, '42 seconds ago'],
+    [60_000, '1 minute ago'],
+    [2 * 60_000, '2 minutes ago'],
+    [5 * 60_000, '5 minutes ago'],
+    [3600_000, '1 hour ago'],
+    [3 * 3600_000, '3 hours ago'],
+    [2 * 86400_000, '2 days ago'],
+    [65 * 86400_000, '2 months ago'],
+    [800 * 86400_000, '2 years ago'],
+    [-10 * 60_000, 'in 10 minutes'],
   ])('%d ms ago → %s', (ms, text) => {
     expect(relativeTime(ago(ms), now)).toBe(text)
   })
@@ -46,10 +51,16 @@ describe('durations and sizes', () => {
     expect(parseDuration('1.5h')).toBe(5_400_000)
     expect(parseDuration('2d')).toBe(172_800_000)
     expect(parseDuration('250ms')).toBe(250)
-    expect(parseDuration('45000')).toBe(45_000)
     expect(parseDuration(' 10 S ')).toBe(10_000)
-    for (const bad of ['', 'm', '5x', '-5m', '1h30m', '5 minutes', 'Infinity'])
+    expect(parseDuration('0')).toBe(0)
+    // A bare number is not guessed: seconds in the hosted docs, milliseconds elsewhere.
+    for (const bad of ['3600', '45000', '1.5', '', 'm', '5x', '-5m', '1h30m', '5 minutes', 'Infinity'])
       expect(parseDuration(bad), bad).toBeUndefined()
+  })
+  it('formats turn durations in seconds, whatever their length', () => {
+    expect(formatSeconds(250)).toBe('0.3s')
+    expect(formatSeconds(1234)).toBe('1.2s')
+    expect(formatSeconds(75_000)).toBe('75.0s')
   })
   it('formats sizes', () => {
     expect(formatBytes(512)).toBe('512 B')
@@ -124,7 +135,14 @@ describe('tables', () => {
       lastActiveAt: ago(60_000),
     }
     expect(SESSION_HEAD).toEqual(['ID', 'Agent', 'Title', 'Status', 'Msgs', 'Last Active'])
-    expect(sessionRow(s, now)).toEqual(['ses_01234567', 'notes', 'Remember my cat', 'idle', '4', '1m ago'])
+    expect(sessionRow(s, now)).toEqual([
+      'ses_01234567',
+      'notes',
+      'Remember my cat',
+      'idle',
+      '4',
+      '1 minute ago',
+    ])
   })
 
   it('renders fields', () => {
@@ -156,5 +174,38 @@ describe('errors', () => {
     expect(renderError({ message: 'bad \x1b[2Jthing', hint: 'do this' })).toBe('✗ bad thing\n  do this')
     expect(errorInfo(new Error('plain'))).toEqual({ code: undefined, message: 'plain' })
     expect(renderError('just a string')).toBe('✗ just a string')
+  })
+})
+
+describe('a turn that breaks off', () => {
+  it('knows a connection the server dropped mid-answer (fetch: terminated) from an error the server sent', async () => {
+    // A peer that starts an answer and then dies, as a killed server does mid-turn.
+    const server = http.createServer((_req, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' })
+      res.write('event: run.started\ndata: {}\n\n')
+      setTimeout(() => res.socket?.destroy(), 50)
+    })
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
+    try {
+      const { port } = server.address() as AddressInfo
+      const response = await fetch(`http://127.0.0.1:${port}/`)
+      const failure = await response.text().then(
+        () => undefined,
+        (error: unknown) => error,
+      )
+      expect(failure).toBeInstanceOf(TypeError)
+      expect(connectionLost(failure)).toBe(true)
+    } finally {
+      server.close()
+    }
+    expect(connectionLost(Object.assign(new Error('busy'), { code: 'session_busy' }))).toBe(false)
+    expect(connectionLost(new TypeError('x is not a function'))).toBe(false)
+  })
+
+  it('tells what to do after a turn timeout instead of "try again"', () => {
+    const hint = turnFailureHint('timeout', 'ses_01234567') ?? ''
+    expect(hint).toContain('cairn sessions resume ses_01234567')
+    expect(hint).toContain('limits.turnTimeoutMs')
+    expect(hint).not.toContain('try again')
   })
 })

@@ -3,21 +3,32 @@ const MINUTE = 60 * SECOND
 const HOUR = 60 * MINUTE
 const DAY = 24 * HOUR
 
-/** "just now", "42s ago", "5m ago", "3h ago", "2d ago", "4mo ago", "1y ago" (or "in 5m" for the future). */
+const RELATIVE_UNITS: ReadonlyArray<readonly [limitMs: number, unitMs: number, name: string]> = [
+  [MINUTE, SECOND, 'second'],
+  [HOUR, MINUTE, 'minute'],
+  [DAY, HOUR, 'hour'],
+  [30 * DAY, DAY, 'day'],
+  [365 * DAY, 30 * DAY, 'month'],
+  [Number.POSITIVE_INFINITY, 365 * DAY, 'year'],
+]
+
+/** "just now", "42 seconds ago", "1 minute ago", "3 hours ago", "2 days ago", "4 months ago" (or "in 5 minutes"). */
 export function relativeTime(when: string | Date, now: Date = new Date()): string {
   const at = typeof when === 'string' ? new Date(when) : when
   const diff = now.getTime() - at.getTime()
   if (Number.isNaN(diff)) return '-'
   const abs = Math.abs(diff)
   if (abs < 5 * SECOND) return 'just now'
-  let amount: string
-  if (abs < MINUTE) amount = `${Math.floor(abs / SECOND)}s`
-  else if (abs < HOUR) amount = `${Math.floor(abs / MINUTE)}m`
-  else if (abs < DAY) amount = `${Math.floor(abs / HOUR)}h`
-  else if (abs < 30 * DAY) amount = `${Math.floor(abs / DAY)}d`
-  else if (abs < 365 * DAY) amount = `${Math.floor(abs / (30 * DAY))}mo`
-  else amount = `${Math.floor(abs / (365 * DAY))}y`
+  const [, unitMs, name] = RELATIVE_UNITS.find(([limit]) => abs < limit) as (typeof RELATIVE_UNITS)[number]
+  const count = Math.floor(abs / unitMs)
+  const amount = `${count} ${name}${count === 1 ? '' : 's'}`
   return diff >= 0 ? `${amount} ago` : `in ${amount}`
+}
+
+/** A turn's duration, always in seconds: "0.3s", "1.2s", "75.0s" (as `Completed in 1.2s`). */
+export function formatSeconds(ms: number): string {
+  if (!Number.isFinite(ms) || ms < 0) return '-'
+  return `${(ms / SECOND).toFixed(1)}s`
 }
 
 /** "850ms", "1.2s", "2m 5s", "1h 3m", "30d", "2d 4h". */
@@ -46,10 +57,21 @@ export function formatBytes(bytes: number): string {
 
 const UNITS: Record<string, number> = { ms: 1, s: SECOND, m: MINUTE, h: HOUR, d: DAY }
 
-/** "90s", "5m", "1h", "1.5h", "2d", "250ms" or a bare number of milliseconds; `undefined` if it is none of these. */
+/**
+ * "90s", "5m", "1h", "1.5h", "2d", "250ms", or "0"; `undefined` for anything else. A bare number
+ * other than 0 is refused rather than guessed: one product reads `3600` as seconds, another as
+ * milliseconds, and a guess off by 1000 turns an hour into 3.6 seconds.
+ */
 export function parseDuration(text: string): number | undefined {
   const match = /^(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?$/i.exec(text.trim())
   if (!match) return undefined
-  const ms = Math.round(Number(match[1]) * (UNITS[(match[2] ?? 'ms').toLowerCase()] ?? 1))
+  const unit = match[2]?.toLowerCase()
+  if (unit === undefined) return Number(match[1]) === 0 ? 0 : undefined
+  const ms = Math.round(Number(match[1]) * (UNITS[unit] ?? 1))
   return Number.isSafeInteger(ms) ? ms : undefined
+}
+
+/** Whether `text` is a bare number (a duration without its unit), for the error that says so. */
+export function isBareNumber(text: string): boolean {
+  return /^\d+(?:\.\d+)?$/.test(text.trim())
 }

@@ -549,7 +549,7 @@ export class AgentProcess {
           turn.fail({
             code: 'timeout',
             cause: 'turn_timeout',
-            message: `the turn ran past ${this.launch.turnTimeoutMs} ms`,
+            message: `the turn ran past the agent's turn timeout (${this.launch.turnTimeoutMs / 1000} s, limits.turnTimeoutMs) and was stopped`,
           }),
         this.launch.turnTimeoutMs,
       )
@@ -575,11 +575,11 @@ export class AgentProcess {
           })
         }
         const how = exit.signal ? `was killed by ${exit.signal}` : `exited with code ${exit.code}`
-        const tail = this.stderr.value().trim().split('\n').slice(-5).join('\n')
+        const last = lastErrorLine(this.stderr.value())
         turn.fail({
           code: 'agent_crashed',
           cause: 'agent_crash',
-          message: `the agent ${how}${tail ? `: ${tail}` : ''}`,
+          message: `the agent ${how}${last ? `: ${last}` : ''}`,
         })
       })
       if (signal?.aborted) return onAbort()
@@ -629,4 +629,15 @@ export class AgentProcess {
     this.closeRunFiles()
     await rm(this.runDir, { recursive: true, force: true }).catch(leftover('removing the run dir'))
   }
+}
+
+/**
+ * The line of an agent's stderr that says what went wrong: the last one that is not a marker
+ * (Python's `^^^^` and `~~~~` under the failing expression) nor blank — for a traceback, the
+ * exception (`ZeroDivisionError: division by zero`). The whole stderr stays in the turn's log.
+ */
+export function lastErrorLine(stderr: string): string {
+  const lines = stderr.split('\n').map((l) => l.trim())
+  const meaningful = lines.filter((l) => l !== '' && !/^[\^~\s]+$/.test(l))
+  return (meaningful.at(-1) ?? '').slice(0, 500)
 }

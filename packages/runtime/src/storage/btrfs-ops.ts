@@ -199,6 +199,15 @@ export class BtrfsOps {
     )
   }
 
+  /**
+   * Deletes the subvolume at `path` with every subvolume nested in it (an agent may make its own),
+   * innermost first: the nested ones are found and deleted by ID, never by walking path names, so
+   * a directory swapped for a link cannot send the deletion into another tree. Needs the helper.
+   */
+  async deleteTree(path: string): Promise<void> {
+    await this.request({ op: 'delete_tree', path }, `delete subvolume tree ${path}`)
+  }
+
   /** Writes a subvolume's generation marker (an extended attribute on its root directory). */
   async setGeneration(path: string, value: number): Promise<void> {
     await this.request({ op: 'set_generation', path, value }, `set the generation of ${path}`)

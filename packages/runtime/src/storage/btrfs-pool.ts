@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto'
 import { existsSync } from 'node:fs'
-import { chmod, lstat, mkdir, readdir, rm, stat, statfs } from 'node:fs/promises'
+import { chmod, mkdir, stat, statfs } from 'node:fs/promises'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
 import { execTool } from '../util/exec.js'
@@ -16,6 +16,7 @@ import {
   type TreeSizes,
 } from './pool.js'
 import { PoolLayout } from './pool-layout.js'
+import { removeTree } from './remove-tree.js'
 
 const BTRFS_MAGIC = 0x9123683e
 /** Every subvolume's root directory has this inode number. */
@@ -454,35 +455,16 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
     const info = await stat(dir)
     // Only subvolume roots have that inode number; anything else is a plain directory.
     if (info.ino !== SUBVOLUME_ROOT_INO) {
-      await rm(dir, { recursive: true, force: true })
+      await removeTree(dir)
       return
     }
     try {
       await this.ops.delete(dir)
-    } catch (error) {
+    } catch {
       // An agent may create subvolumes in its workspace (unprivileged users can); btrfs refuses
-      // to delete a subvolume that holds others, so those go first. Only this slow path walks.
-      const nested = await nestedSubvolumes(dir, info.dev)
-      if (nested.length === 0) throw error
-      for (const inner of nested) await this.deleteSubvolume(inner)
-      await this.ops.delete(dir)
+      // to delete a subvolume that holds others, so those go first, found and deleted by ID: a
+      // walk by path names could be sent into another tenant's tree by a swapped link.
+      await this.ops.deleteTree(dir)
     }
   }
-}
-
-/** Subvolumes directly inside `dir` (their roots sit on another st_dev than the parent's files). */
-async function nestedSubvolumes(dir: string, dev: number): Promise<string[]> {
-  const found: string[] = []
-  const walk = async (current: string): Promise<void> => {
-    const entries = await readdir(current, { withFileTypes: true })
-    for (const entry of entries) {
-      if (!entry.isDirectory()) continue
-      const child = path.join(current, entry.name)
-      const info = await lstat(child)
-      if (info.dev !== dev && info.ino === SUBVOLUME_ROOT_INO) found.push(child)
-      else if (info.dev === dev) await walk(child)
-    }
-  }
-  await walk(dir)
-  return found
 }

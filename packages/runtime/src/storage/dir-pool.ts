@@ -1,4 +1,4 @@
-import { chmod, mkdir, readdir, rename, rm } from 'node:fs/promises'
+import { chmod, mkdir, readdir, rename } from 'node:fs/promises'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
 import { execTool } from '../util/exec.js'
@@ -13,6 +13,7 @@ import {
   type TreeSizes,
 } from './pool.js'
 import { PoolLayout } from './pool-layout.js'
+import { removeTree } from './remove-tree.js'
 
 export interface DirPoolOptions extends StoragePoolOptions {
   /** The directory that holds the trees (kept across restarts); bind-mounted at `mountPoint`. */
@@ -205,8 +206,4 @@ async function copyTree(source: string, target: string): Promise<void> {
     await removeTree(temp)
     throw error
   }
-}
-
-async function removeTree(dir: string): Promise<void> {
-  await rm(dir, { recursive: true, force: true })
 }

@@ -45,12 +45,27 @@ interface Stamp {
   target: string
 }
 
-/** Walks a tree without following links: relative path (base64 of its bytes) → what identifies its content. */
-async function stamps(root: string, limit: number, options: ReadOptions): Promise<Map<string, Stamp>> {
-  const out = new Map<string, Stamp>()
-  for (const entry of parseEntries(await readTree(root, ['stamps', String(limit)], options)))
-    out.set(entry.name.toString('base64'), entry)
-  return out
+/** The helper's last line when its walk stopped at the bytes a diff may carry. */
+const TRUNCATED = Buffer.from('truncated\n')
+
+/**
+ * Walks a tree without following links: relative path (base64 of its bytes) → what identifies its
+ * content; `truncated` when the walk stopped at `limit` entries or at the path bytes a diff may
+ * carry (16 MiB: deep paths would otherwise make a diff of 100,000 entries 400 MB).
+ */
+async function stamps(
+  root: string,
+  limit: number,
+  options: ReadOptions,
+): Promise<{ entries: Map<string, Stamp>; truncated: boolean }> {
+  const output = await readTree(root, ['stamps', String(limit)], options)
+  // A line of its own: an entry line ends in a tab and a link target's base64, never a newline before it.
+  const tail = output.subarray(Math.max(0, output.length - TRUNCATED.length - 1))
+  const cut = tail.equals(TRUNCATED) || tail.equals(Buffer.concat([Buffer.from('\n'), TRUNCATED]))
+  const entries = new Map<string, Stamp>()
+  for (const entry of parseEntries(cut ? output.subarray(0, output.length - TRUNCATED.length) : output))
+    entries.set(entry.name.toString('base64'), entry)
+  return { entries, truncated: cut || entries.size >= limit }
 }
 
 /** Splits base64 paths into the UTF-8 ones (as strings) and the others (kept as base64). */
@@ -78,10 +93,12 @@ export async function diffTrees(
   limit = 100_000,
   options: ReadOptions = {},
 ): Promise<WorkspaceDiff> {
-  const [before, after] = await Promise.all([
+  const [walkedBefore, walkedAfter] = await Promise.all([
     stamps(fromRoot, limit, options),
     stamps(toRoot, limit, options),
   ])
+  const before = walkedBefore.entries
+  const after = walkedAfter.entries
   const added: string[] = []
   const changed: string[] = []
   const deleted: string[] = []
@@ -106,7 +123,7 @@ export async function diffTrees(
     added: a.text,
     changed: c.text,
     deleted: d.text,
-    truncated: before.size >= limit || after.size >= limit,
+    truncated: walkedBefore.truncated || walkedAfter.truncated,
     ...(a.bytes.length + c.bytes.length + d.bytes.length > 0
       ? { bytePaths: { added: a.bytes, changed: c.bytes, deleted: d.bytes } }
       : {}),

@@ -131,7 +131,7 @@ export function limitReached(
       timeoutNow: false,
       problem: new CairnProblem(
         'turn_limit_reached',
-        `session ${row.id} has used its ${row.max_turns} turns (policy maxTurns); resume it with a higher maxTurns or fork it`,
+        `session ${row.id} has had ${row.max_turns === 1 ? 'its one turn' : `all ${row.max_turns} of its turns`} (policy maxTurns ${row.max_turns}); resume it with a higher maxTurns or fork it`,
         { maxTurns: row.max_turns, turnCount: row.turn_count },
       ),
     }

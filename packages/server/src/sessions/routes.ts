@@ -1,4 +1,6 @@
 import {
+  AgentMessageBody,
+  CairnProblem,
   CreateSessionBody,
   IdParams,
   ListSessionsQuery,
@@ -152,6 +154,54 @@ export function sessionRoutes(
       const { tenantId } = requireWrite(request)
       await sessions.verifyBeforeTurn(tenantId, idOf(request))
       const handle = sessions.beginTurn(tenantId, idOf(request), request.body.prompt)
+      reply.hijack()
+      const writer = new SseWriter(reply.raw, sse)
+      try {
+        await handle.run((event) => writer.send(event))
+      } finally {
+        writer.end()
+      }
+    },
+  )
+
+  app.post(
+    '/v1/messages',
+    {
+      schema: {
+        tags: ['sessions'],
+        summary:
+          'Send a message to an agent: in sessionId, or in a new session created for it (the options of POST /v1/sessions); the answer is an SSE stream of the run, whose run.started event and Cairn-Session-Id header name the session',
+        body: AgentMessageBody,
+        response: {
+          200: eventStreamResponse('The run, as it happens (the Cairn-Session-Id header names its session)'),
+          ...errors,
+        },
+      },
+    },
+    async (request, reply) => {
+      const { tenantId } = requireWrite(request)
+      const { prompt, sessionId, ...create } = request.body
+      let id: string
+      if (sessionId === undefined) {
+        id = (await sessions.create(tenantId, create)).id
+      } else {
+        const given = Object.keys(create).filter((k) => k !== 'agent')
+        if (given.length > 0)
+          throw new CairnProblem(
+            'validation_failed',
+            `'${given[0]}' applies to a new session, not to an existing one (sessionId); change a session's policy with POST /v1/sessions/{id}/resume`,
+          )
+        const info = sessions.get(tenantId, sessionId)
+        if (info.agentId !== create.agent && info.agentName !== create.agent)
+          throw new CairnProblem(
+            'validation_failed',
+            `session ${info.id} belongs to agent ${info.agentName}, not ${create.agent}`,
+          )
+        id = info.id
+      }
+      await sessions.verifyBeforeTurn(tenantId, id)
+      const handle = sessions.beginTurn(tenantId, id, prompt)
+      reply.raw.setHeader('cairn-session-id', id)
       reply.hijack()
       const writer = new SseWriter(reply.raw, sse)
       try {

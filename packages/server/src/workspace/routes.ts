@@ -187,10 +187,15 @@ export function workspaceRoutes(server: FastifyInstance, workspace: WorkspaceSer
     {
       schema: {
         tags,
-        summary: 'List a workspace directory',
+        summary:
+          'List a workspace directory (413 payload_too_large past 50,000 entries or 16 MiB of their paths)',
         params: IdParams,
         querystring: PathQuery,
-        response: { 200: Type.Object({ data: Type.Array(FileEntrySchema) }), ...errors },
+        response: {
+          200: Type.Object({ data: Type.Array(FileEntrySchema) }),
+          ...errors,
+          ...errorResponses(413),
+        },
       },
     },
     async (request, reply) => {

@@ -1,8 +1,8 @@
 import type { ApiKeyInfo, Keys } from '@cairn/sdk'
 import { jsonOption, type Register } from '../../command.js'
-import { CancelledError, CliError } from '../../errors.js'
+import { CliError } from '../../errors.js'
 import { oneLine } from '../../format/sanitize.js'
-import { confirm } from '../../prompt.js'
+import { confirmDestructive } from '../../prompt.js'
 
 /** A key by its ID or a unique prefix of it (with or without `key_`); an exact ID wins, even revoked. */
 async function resolveKey(keys: Keys, prefix: string): Promise<ApiKeyInfo> {
@@ -31,16 +31,18 @@ export const register: Register = (parent, ctx) => {
       .alias('rm')
       .description('Revoke an API key (requests with it are refused at once; this cannot be undone)')
       .argument('<id>', 'key ID or a unique prefix of it')
-      .option('-y, --yes', 'do not ask for confirmation'),
+      .option('-y, --yes', 'do not ask for confirmation (needed without a terminal)'),
   ).action(async (id: string, options: { yes?: boolean }) => {
     const client = await ctx.client()
     const key = await resolveKey(client.keys, id.trim())
     const label = `${key.id} (${oneLine(key.name ?? key.prefix, 60)})`
     const current = (await ctx.api()).apiKey?.startsWith(key.prefix) === true
     const question = `Revoke key ${label}${current ? ', the one this CLI is using' : ''}?`
-    if (!options.yes && !ctx.json && !(await confirm(question, true))) {
-      throw new CancelledError('Nothing revoked')
-    }
+    await confirmDestructive(question, {
+      yes: options.yes,
+      refused: 'Nothing revoked',
+      command: `cairn keys revoke ${id}`,
+    })
     await client.keys.revoke(key.id)
     if (ctx.json) return ctx.out.data({ ok: true, id: key.id })
     ctx.out.line(`Revoked key ${label}`)

@@ -12,6 +12,10 @@ export const register: Register = (parent, ctx) => {
     const session = await resolveSession(ctx, id)
     await session.end()
     if (ctx.json) return ctx.out.data(session.info)
-    ctx.out.line(`Ended session ${shortId(session.id)} (${session.status})`)
+    const short = shortId(session.id)
+    ctx.out.line(`Session ${short} ended (status: ${session.status}). Workspace is preserved.`)
+    ctx.out.note(
+      `Resume it with \`cairn sessions resume ${short}\`, or delete it with \`cairn sessions delete ${short}\`.`,
+    )
   })
 }

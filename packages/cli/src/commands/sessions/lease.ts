@@ -11,7 +11,7 @@ export const register: Register = (parent, ctx) => {
         'Hold a session active for a while: no idle timeout, and a warm sandbox stays warm (again to extend)',
       )
       .argument('<id>', 'session ID or a unique prefix of it')
-      .argument('<duration>', 'how long from now: 90s, 5m, 1h or milliseconds (1s to 24h)', duration),
+      .argument('<duration>', 'how long from now, with its unit: 90s, 5m, 1h (1s to 24h)', duration),
   ).action(async (id: string, ttlMs: number) => {
     const session = await resolveSession(ctx, id)
     const lease = await session.lease(ttlMs)

@@ -3,7 +3,8 @@
 One long-lived process per runtime reads JSON requests, one per line, on stdin and answers one
 JSON line each on stdout: {"id", "ok": true} or {"id", "ok": false, "errno", "error"}.
 Operations: snapshot {src, dst, readonly, mark, qgroup, max_referenced}, create {path, qgroup,
-max_referenced}, delete {path}, delete_tree {path}, mark {path},
+max_referenced}, delete {path}, delete_tree {path}, mark {path}, enable_quotas {path} (answers
+{"mode": "squota" | "qgroup"}),
 set_generation {path, value} and get_generations {paths} (answers {"values": [int or null]}).
 With a request as its only argument, it answers that one request and exits.
 
@@ -34,6 +35,12 @@ BTRFS_SUBVOL_RDONLY = 1 << 1
 BTRFS_SUBVOL_QGROUP_INHERIT = 1 << 2
 # _IOR(0x94, 43, struct btrfs_ioctl_qgroup_limit_args): qgroupid (0: the fd's subvolume), then limits.
 BTRFS_IOC_QGROUP_LIMIT = 0x8030942B
+# _IOWR(0x94, 40, struct btrfs_ioctl_quota_ctl_args {__u64 cmd; __u64 status;})
+BTRFS_IOC_QUOTA_CTL = 0xC0109428
+BTRFS_QUOTA_CTL_ENABLE = 1
+BTRFS_QUOTA_CTL_ENABLE_SIMPLE_QUOTA = 4
+# _IOR(0x94, 31, struct btrfs_ioctl_fs_info_args): 1024 bytes, the fsid at offset 16.
+BTRFS_IOC_FS_INFO = 0x8400941F
 BTRFS_QGROUP_LIMIT_MAX_RFER = 1 << 0
 NAME_MAX_V1 = 4088
 # Deleting a tree of subvolumes by ID (delete_tree): _IOWR(0x94, 17 | 18, 4096), _IOW(0x94, 63, 4096).
@@ -263,6 +270,42 @@ def get_generation(path):
         return None
 
 
+def quota_mode(fd):
+    """The filesystem's quota mode as its sysfs says: squota, qgroup or disabled."""
+    info = bytearray(1024)
+    fcntl.ioctl(fd, BTRFS_IOC_FS_INFO, info)
+    fsid = bytes(info[16:32]).hex()
+    fsid = "-".join((fsid[:8], fsid[8:12], fsid[12:16], fsid[16:20], fsid[20:]))
+    try:
+        with open("/sys/fs/btrfs/%s/qgroups/mode" % fsid) as f:
+            return f.read().strip()
+    except FileNotFoundError:
+        return "disabled"
+
+
+def enable_quotas(path):
+    """Turns quotas on, as simple quotas where the kernel has them (6.7+): an extent counts for
+    the subvolume that wrote it, so no snapshot or write needs the walk of every tree sharing its
+    data that full qgroups do (measured: a snapshot of a revision and the first write in it grew by
+    ~1.7 ms per snapshot of it already made; with simple quotas they stay flat). A pool that has
+    full qgroups already keeps them (a mode is changed only by turning quotas off, which drops
+    every limit)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        mode = quota_mode(fd)
+        if mode in ("squota", "qgroup"):
+            return mode
+        try:
+            fcntl.ioctl(fd, BTRFS_IOC_QUOTA_CTL, bytearray(struct.pack("QQ", BTRFS_QUOTA_CTL_ENABLE_SIMPLE_QUOTA, 0)))
+        except OSError as error:
+            if error.errno not in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTTY):
+                raise
+            fcntl.ioctl(fd, BTRFS_IOC_QUOTA_CTL, bytearray(struct.pack("QQ", BTRFS_QUOTA_CTL_ENABLE, 0)))
+        return quota_mode(fd)
+    finally:
+        os.close(fd)
+
+
 def handle(request):
     op = request.get("op")
     if op == "set_generation":
@@ -289,6 +332,8 @@ def handle(request):
         delete(request["path"])
     elif op == "delete_tree":
         delete_tree(request["path"])
+    elif op == "enable_quotas":
+        return {"mode": enable_quotas(request["path"])}
     elif op == "ping":
         pass
     else:

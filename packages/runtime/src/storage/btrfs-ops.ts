@@ -177,6 +177,19 @@ export class BtrfsOps {
     return reply?.mark
   }
 
+  /**
+   * Turns quotas on for the filesystem at `path`: simple quotas where the kernel has them (an
+   * extent counts for the subvolume that wrote it; snapshots and writes stay O(1)), else full
+   * qgroups, whose accounting walks every tree sharing a snapshot's data. Resolves to the mode.
+   */
+  async enableQuotas(path: string): Promise<'squota' | 'qgroup'> {
+    const reply = await this.request({ op: 'enable_quotas', path }, `enable quotas on ${path}`, async () => {
+      await btrfsCommand(['quota', 'enable', path])
+      return undefined
+    })
+    return reply?.mode === 'squota' ? 'squota' : 'qgroup'
+  }
+
   async create(path: string, placement: QuotaPlacement = {}): Promise<void> {
     await this.request(
       { op: 'create', path, ...placementFields(placement) },

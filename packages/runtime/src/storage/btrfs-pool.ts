@@ -65,6 +65,8 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
   /** Tenant groups made (or found) by this process, with their limit applied. */
   private readonly tenantGroups = new Map<string, Promise<string>>()
   private status: PoolQuotaStatus = { enforced: false }
+  /** Simple quotas (kernel 6.7+; O(1) snapshots and writes) or full qgroups (older kernels, older pools). */
+  private quotaMode: 'squota' | 'qgroup' | undefined
   readonly ops = new BtrfsOps()
 
   constructor(private readonly options: BtrfsPoolOptions) {
@@ -75,7 +77,8 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
   }
 
   describe(): string {
-    return `btrfs pool at ${this.options.mountPoint}${this.enforcing ? ' (qgroup quotas)' : ''}`
+    const quotas = this.quotaMode === 'squota' ? ' (simple quotas)' : ' (qgroup quotas)'
+    return `btrfs pool at ${this.options.mountPoint}${this.enforcing ? quotas : ''}`
   }
 
   quotaStatus(): PoolQuotaStatus {
@@ -125,7 +128,7 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
    */
   private async enableQuotas(): Promise<void> {
     const { mountPoint, workspaceQuotaBytes, tenantQuotaBytes } = this.options
-    await execTool('btrfs', ['quota', 'enable', mountPoint], { code: 'storage_error' })
+    this.quotaMode = await this.ops.enableQuotas(mountPoint)
     this.qgroups = true
     const { totalBytes, freeBytes } = await this.poolStats()
     const reserveBytes = this.options.reserveBytes || defaultReserveBytes(totalBytes)
@@ -143,6 +146,7 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
     await this.qgroupCommand(['limit', '-e', String(agentsTotalBytes), AGENTS_QGROUP, mountPoint])
     this.status = {
       enforced: true,
+      accounting: this.quotaMode === 'squota' ? 'simple' : 'full',
       workspaceBytes: workspaceQuotaBytes,
       tenantBytes: tenantQuotaBytes,
       reserveBytes,
@@ -315,6 +319,8 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
    * `btrfs filesystem du`, whose walk by path names a swapped link could send elsewhere).
    */
   async usage(dir: string): Promise<TreeSizes> {
+    // Simple quotas count what a tree wrote, not what it holds: sizes come from its extents.
+    if (this.quotaMode === 'squota') return extentUsage(dir)
     if ((await stat(dir)).ino === SUBVOLUME_ROOT_INO && (await this.qgroupsEnabled(dir))) {
       const fromQgroup = await this.qgroupUsage(dir)
       if (fromQgroup) return fromQgroup

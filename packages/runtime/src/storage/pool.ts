@@ -40,6 +40,11 @@ export interface PoolQuotas {
 export interface PoolQuotaStatus extends PoolQuotas {
   /** Whether the limits are enforced (false: the driver cannot, see `warning`). */
   enforced: boolean
+  /**
+   * btrfs: `simple` quotas (kernel 6.7+: an extent counts for the tree that wrote it, so snapshots
+   * and writes stay O(1)) or `full` qgroups (a pool that had them, older kernels).
+   */
+  accounting?: 'simple' | 'full' | undefined
   /** Bytes all agents' trees together may hold (the pool's size less the reserve). */
   agentsTotalBytes?: number | undefined
   /**

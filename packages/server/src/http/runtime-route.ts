@@ -29,10 +29,16 @@ const QuotasSchema = Type.Object(
     tenantBytes: Bytes,
     reserveBytes: Bytes,
     agentsTotalBytes: Bytes,
+    accounting: Type.Optional(
+      Type.Union([Type.Literal('simple'), Type.Literal('full')], {
+        description:
+          "simple: btrfs simple quotas (an extent counts for the tree that wrote it, including what the tree's snapshots still hold; snapshots and writes cost O(1)); full: qgroups (a pool that had them, or a kernel before 6.7; every snapshot's accounting walks the trees sharing its data)",
+      }),
+    ),
   },
   {
     description:
-      "Storage limits: a workspace's referenced bytes, a tenant's exclusive bytes (workspaces, snapshots and revisions counted once), and the pool space kept free for Cairn (agents together get the rest)",
+      "Storage limits: what a workspace wrote and still holds (its snapshots' share included), what a tenant's trees hold together, and the pool space kept free for Cairn (agents together get the rest)",
   },
 )
 

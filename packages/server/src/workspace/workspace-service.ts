@@ -544,7 +544,13 @@ export class WorkspaceService {
       await this.pending.get(id)
       this.dirty.add(id)
       await deleteWorkspacePath(this.deps.runtime, root, workspaceRelative(rawPath))
-      await this.deps.sessions.advanceGeneration(id)
+      // At a full quota the marker (an xattr) cannot be written even though the delete went
+      // through (with simple quotas, data a snapshot still holds keeps counting): the generation
+      // stays, as after a turn that ends at a full quota, and the delete is answered as done.
+      await this.deps.sessions.advanceGeneration(id).catch((error: unknown) => {
+        if (!(error instanceof CairnProblem && error.code === 'quota_exceeded')) throw error
+        this.deps.logger.warn({ sessionId: id }, 'the workspace generation stays: its quota is full')
+      })
     })
     this.deps.sessions.store.touch(id, this.now())
   }

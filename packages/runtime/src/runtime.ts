@@ -117,8 +117,9 @@ export class Runtime {
             imageSizeBytes: options.poolImageSizeBytes ?? DEFAULT_POOL_IMAGE_BYTES,
             existingPath: options.poolPath,
           })
-    this.cgroups = new CgroupManager(`cairn/${path.basename(this.runDir)}`)
+    this.cgroups = new CgroupManager(`cairn/${path.basename(this.runDir)}`, this.logger)
     const bwrap = new BwrapDriver({
+      logger: this.logger,
       cgroups: this.cgroups,
       hostUid: uid,
       hostGid: uid,
@@ -135,6 +136,7 @@ export class Runtime {
     })
     // Both drivers share the instance's cgroup scope, so every sandbox is counted and reaped alike.
     this.gvisor = new GvisorDriver({
+      logger: this.logger,
       cgroups: this.cgroups,
       hostUid: uid,
       hostGid: uid,

@@ -30,6 +30,7 @@ export async function sandboxNetworkPid(outerPid: number): Promise<number | unde
   const host = await readlink('/proc/self/ns/net').catch(() => undefined)
   const children = await readFile(`/proc/${outerPid}/task/${outerPid}/children`, 'utf8').catch(() => '')
   for (const child of children.trim().split(/\s+/).filter(Boolean)) {
+    // A child that exited meanwhile is not the one sought: the next child (or poll) is looked at.
     const ns = await readlink(`/proc/${child}/ns/net`).catch(() => undefined)
     if (ns && ns !== host) return Number(child)
   }

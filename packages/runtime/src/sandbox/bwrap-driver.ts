@@ -6,6 +6,7 @@ import { CairnProblem } from '@cairn/protocol'
 import { NETNS_SETUP, nftAvailable } from '../egress/transparent.js'
 import { sandboxNetworkPid } from '../ports/listening-ports.js'
 import { execTool } from '../util/exec.js'
+import { type Logger, logAndGoOn, noopLogger } from '../util/logger.js'
 import { readMounts } from '../util/mounts.js'
 import { dirtiedBytes } from '../util/proc-io.js'
 import type { CgroupLimits, CgroupManager } from './cgroups.js'
@@ -19,6 +20,8 @@ import { buildSeccompFilter } from './seccomp.js'
 
 export interface BwrapDriverOptions {
   cgroups: CgroupManager
+  /** Where it reports the steps it goes on without (failed cleanups); default none. */
+  logger?: Logger | undefined
   /**
    * The shared unprivileged host uid/gid: the owner of workspaces and builds on disk, and the uid
    * sandboxes run as when `sandboxUids` is off or idmapped mounts are not available here.
@@ -63,8 +66,10 @@ export class BwrapDriver implements SandboxDriver {
   private idmapUnavailable: string | undefined
   /** Releases of idmapped mounts under way (`close` waits for them before stopping the helper). */
   private readonly releasing = new Set<Promise<void>>()
+  private readonly logger: Logger
 
   constructor(private readonly options: BwrapDriverOptions) {
+    this.logger = options.logger ?? noopLogger
     const range = options.sandboxUids
     this.uids = range ? new SandboxUids(range.first, range.count) : undefined
     const size = options.spareLaunchers ?? 0
@@ -72,6 +77,7 @@ export class BwrapDriver implements SandboxDriver {
       size > 0 && LauncherPool.available()
         ? new LauncherPool({
             cgroups: options.cgroups,
+            logger: this.logger,
             size,
             seccompFd: async () => (this.seccomp ? this.seccompFd() : undefined),
           })
@@ -134,8 +140,17 @@ export class BwrapDriver implements SandboxDriver {
     const release = () => {
       if (!released) {
         const done = (async () => {
-          for (const point of points.reverse()) await this.mounter.unmount(point).catch(() => undefined)
-          await rm(dir, { recursive: false, force: true }).catch(() => undefined)
+          // The sandbox is gone: a mount left behind only holds a view of its workspace, which
+          // `reapOrphans` unmounts at the next start, so the uid can go back to the range.
+          for (const point of points.reverse()) {
+            await this.mounter
+              .unmount(point)
+              .catch(logAndGoOn(this.logger, 'warn', { point }, 'left an idmapped mount'))
+          }
+          // Not recursive: a directory still holding a mount stays (and is removed with it at the next start).
+          await rm(dir, { recursive: false, force: true }).catch(
+            logAndGoOn(this.logger, 'debug', { dir }, 'left an idmap directory in place'),
+          )
           uids.release(uid)
         })()
         this.releasing.add(done)
@@ -283,7 +298,14 @@ export class BwrapDriver implements SandboxDriver {
       }
       if (limited) {
         spare.commandPipe.end(`${this.buildArgs(spec, uid, gid).join('\0')}\0`)
-        return new BwrapSandbox(spec.id, spare.child, this.options.cgroups, spare.cgroupName, release)
+        return new BwrapSandbox(
+          spec.id,
+          spare.child,
+          this.options.cgroups,
+          spare.cgroupName,
+          release,
+          this.logger,
+        )
       }
     }
     const cgroupName = spec.id
@@ -302,14 +324,19 @@ export class BwrapDriver implements SandboxDriver {
       await this.options.cgroups.remove(cgroupName)
       throw new CairnProblem('sandbox_failed', 'could not start the sandbox launcher')
     }
-    return new BwrapSandbox(spec.id, child, this.options.cgroups, cgroupName, release)
+    return new BwrapSandbox(spec.id, child, this.options.cgroups, cgroupName, release, this.logger)
   }
 
   async reapOrphans(): Promise<number> {
     const names = await this.options.cgroups.list()
     for (const name of names) {
-      // A frozen orphan (crash during a snapshot) must thaw to die on a v1 freezer.
-      await this.options.cgroups.freeze(name, false).catch(() => undefined)
+      // A frozen orphan (crash during a snapshot) must thaw to die on a v1 freezer; on v2 (or with no
+      // freezer) the kill below works frozen or not, so a failed thaw is only reported.
+      await this.options.cgroups
+        .freeze(name, false)
+        .catch(
+          logAndGoOn(this.logger, 'debug', { cgroup: name }, 'could not thaw an orphan before killing it'),
+        )
       await this.options.cgroups.kill(name)
       await this.options.cgroups.remove(name)
     }
@@ -325,9 +352,17 @@ export class BwrapDriver implements SandboxDriver {
       .map((m) => m.mountPoint)
       .filter((p) => p.startsWith(`${dir}/`))
       .sort((a, b) => b.length - a.length)
-    for (const point of points) await execTool('umount', ['-l', point]).catch(() => undefined)
+    // A mount that stays is checked just below: the directory is then kept, never removed through it.
+    for (const point of points) {
+      await execTool('umount', ['-l', point]).catch(
+        logAndGoOn(this.logger, 'warn', { point }, 'left an idmapped mount'),
+      )
+    }
     if (!readMounts().some((m) => m.mountPoint.startsWith(`${dir}/`))) {
-      await rm(dir, { recursive: true, force: true }).catch(() => undefined)
+      // Nothing is mounted under it any more: what cannot be removed now only takes space.
+      await rm(dir, { recursive: true, force: true }).catch(
+        logAndGoOn(this.logger, 'warn', { dir }, 'could not remove the idmap directory'),
+      )
     }
   }
 
@@ -360,6 +395,7 @@ class BwrapSandbox implements Sandbox {
     private readonly cgroups: CgroupManager,
     private readonly cgroupName: string,
     private readonly release: () => Promise<void>,
+    private readonly logger: Logger,
   ) {
     this.pid = child.pid ?? -1
     // A write to a dead agent's stdin must surface as the turn's failure, not as a crash.
@@ -417,7 +453,18 @@ class BwrapSandbox implements Sandbox {
   async destroy(): Promise<void> {
     if (this.destroyed) return
     this.destroyed = true
-    await this.cgroups.freeze(this.cgroupName, false).catch(() => undefined)
+    // Thawing only matters on a v1 freezer (v2's cgroup.kill kills frozen tasks); the SIGKILL and the
+    // bounded wait below end the sandbox either way.
+    await this.cgroups
+      .freeze(this.cgroupName, false)
+      .catch(
+        logAndGoOn(
+          this.logger,
+          'debug',
+          { sandboxId: this.id },
+          'could not thaw the sandbox before killing it',
+        ),
+      )
     await this.cgroups.kill(this.cgroupName)
     if (this.child.exitCode === null && this.child.signalCode === null) this.child.kill('SIGKILL')
     await Promise.race([this.exited, new Promise((r) => setTimeout(r, 2000))])

@@ -1,6 +1,7 @@
 import { existsSync, readFileSync, writeFileSync } from 'node:fs'
 import { mkdir, readdir, rmdir, writeFile } from 'node:fs/promises'
 import path from 'node:path'
+import { type Logger, logAndGoOn, noopLogger } from '../util/logger.js'
 import { readMounts } from '../util/mounts.js'
 
 export interface CgroupLimits {
@@ -72,8 +73,14 @@ function detectLayout(): Layout {
 export class CgroupManager {
   private readonly layout = detectLayout()
 
-  /** @param scope path segment under which this instance's cgroups live, e.g. `cairn/3f2a…`. */
-  constructor(private readonly scope: string) {}
+  /**
+   * @param scope path segment under which this instance's cgroups live, e.g. `cairn/3f2a…`.
+   * @param logger where the steps it goes on without are reported.
+   */
+  constructor(
+    private readonly scope: string,
+    private readonly logger: Logger = noopLogger,
+  ) {}
 
   describe(): string {
     const v1 = Object.keys(this.layout.v1).join(',')
@@ -140,12 +147,20 @@ export class CgroupManager {
     const v2 = this.layout.v2
     if (!v2) return
     let dir = v2
+    // A controller not enabled (delegated elsewhere, or a v1 one) only loses that limit on v2: the
+    // v1 hierarchy or `describe()` says what holds, so creating the cgroups goes on.
+    const notEnabled = logAndGoOn(
+      this.logger,
+      'warn',
+      { scope: this.scope },
+      'could not enable cgroup v2 controllers',
+    )
     for (const segment of this.scope.split('/')) {
-      await writeFile(path.join(dir, 'cgroup.subtree_control'), '+memory +pids +cpu').catch(() => undefined)
+      await writeFile(path.join(dir, 'cgroup.subtree_control'), '+memory +pids +cpu').catch(notEnabled)
       dir = path.join(dir, segment)
       await mkdir(dir, { recursive: true })
     }
-    await writeFile(path.join(dir, 'cgroup.subtree_control'), '+memory +pids +cpu').catch(() => undefined)
+    await writeFile(path.join(dir, 'cgroup.subtree_control'), '+memory +pids +cpu').catch(notEnabled)
   }
 
   counters(name: string): LimitCounters {
@@ -202,7 +217,10 @@ export class CgroupManager {
       }
     }
     if (dirs.v2 && existsSync(path.join(dirs.v2, 'cgroup.kill'))) {
-      await writeFile(path.join(dirs.v2, 'cgroup.kill'), '1').catch(() => undefined)
+      // The cgroup emptied itself between the check and the write (ENOENT/ENODEV): nothing left to kill.
+      await writeFile(path.join(dirs.v2, 'cgroup.kill'), '1').catch(
+        logAndGoOn(this.logger, 'debug', { cgroup: name }, 'cgroup.kill failed; the cgroup is gone'),
+      )
       return
     }
     for (const pid of await this.pids(name)) signal(pid)
@@ -258,7 +276,10 @@ export class CgroupManager {
    */
   async removeScope(): Promise<void> {
     for (const dir of Object.values(this.dirs(''))) {
-      if (existsSync(dir)) await rmdir(dir).catch(() => undefined)
+      // A scope still busy (EBUSY: a sandbox not yet reaped) is removed by the next start's reaping.
+      if (existsSync(dir)) {
+        await rmdir(dir).catch(logAndGoOn(this.logger, 'warn', { dir }, 'left a cgroup scope in place'))
+      }
     }
   }
 

@@ -3,6 +3,7 @@ import { existsSync } from 'node:fs'
 import { chmod, mkdir, rm, writeFile } from 'node:fs/promises'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
+import { type Logger, logAndGoOn, noopLogger } from '../util/logger.js'
 import type { CgroupLimits, CgroupManager } from './cgroups.js'
 import type { DriverCapabilities, Sandbox, SandboxDriver, SandboxSpec } from './driver.js'
 import { type ClaimTiming, cleanupSlots, GvisorPool, POOL_SLOT_PREFIX } from './gvisor-pool.js'
@@ -24,6 +25,8 @@ import {
 
 export interface GvisorDriverOptions {
   cgroups: CgroupManager
+  /** Where it reports the steps it goes on without (failed cleanups); default none. */
+  logger?: Logger | undefined
   /** Unprivileged host uid/gid that uid/gid 1000 inside maps to (the owner of what the agent writes). */
   hostUid: number
   hostGid: number
@@ -85,11 +88,13 @@ export class GvisorDriver implements SandboxDriver {
   private readonly bundlesDir: string
   private readonly slotsDir: string
   private readonly pool: GvisorPool | undefined
+  private readonly logger: Logger
   private prepared: Promise<void> | undefined
   /** Whether the statx shim for old runsc releases is in place (see gvisor-statx-fix.ts). */
   private statxShim = false
 
   constructor(private readonly options: GvisorDriverOptions) {
+    this.logger = options.logger ?? noopLogger
     this.runsc = {
       path: options.runscPath ?? 'runsc',
       root: path.join(options.stateDir, 'runsc'),
@@ -101,6 +106,7 @@ export class GvisorDriver implements SandboxDriver {
     if ((options.poolSize ?? 0) > 0) {
       this.pool = new GvisorPool({
         cgroups: options.cgroups,
+        logger: this.logger,
         runsc: this.runsc,
         spec: this.specOptions(),
         size: options.poolSize ?? 0,
@@ -247,6 +253,7 @@ export class GvisorDriver implements SandboxDriver {
       name: spec.id,
       runsc: this.runsc,
       bundle,
+      logger: this.logger,
     })
   }
 
@@ -254,16 +261,27 @@ export class GvisorDriver implements SandboxDriver {
     await this.pool?.close()
     // A sandbox left frozen (a crash during a snapshot) makes runsc commands, `list` included,
     // wait for it forever: thaw every sandbox cgroup of this instance before asking runsc.
+    // A thaw that fails leaves runsc to time out on that sandbox only; the kill below ends it anyway.
     for (const name of await this.options.cgroups.list()) {
-      await this.options.cgroups.freeze(name, false).catch(() => undefined)
+      await this.options.cgroups
+        .freeze(name, false)
+        .catch(logAndGoOn(this.logger, 'warn', { cgroup: name }, 'could not thaw an orphan sandbox'))
     }
     const containers = await listContainers(this.runsc).catch(() => [])
     for (const container of containers) {
-      await this.options.cgroups.kill(container.id).catch(() => undefined)
-      await runsc(this.runsc, ['delete', '--force', container.id]).catch(() => undefined)
+      // Each step is tried whatever the one before did: a container whose cgroup is gone still has
+      // runsc state to delete, and `remove` below says whether the cgroup stays.
+      await this.options.cgroups
+        .kill(container.id)
+        .catch(
+          logAndGoOn(this.logger, 'debug', { sandboxId: container.id }, 'could not kill an orphan sandbox'),
+        )
+      await runsc(this.runsc, ['delete', '--force', container.id]).catch(
+        logAndGoOn(this.logger, 'warn', { sandboxId: container.id }, 'runsc delete of an orphan failed'),
+      )
       await this.options.cgroups.remove(container.id)
     }
-    await cleanupSlots(this.slotsDir)
+    await cleanupSlots(this.slotsDir, this.logger)
     if (existsSync(this.bundlesDir)) await rm(this.bundlesDir, { recursive: true, force: true })
     this.prepared = undefined
     this.pool?.reopen()
@@ -273,7 +291,7 @@ export class GvisorDriver implements SandboxDriver {
 
   async close(): Promise<void> {
     await this.pool?.close()
-    await cleanupSlots(this.slotsDir)
+    await cleanupSlots(this.slotsDir, this.logger)
     await rm(this.options.stateDir, { recursive: true, force: true })
     this.prepared = undefined
   }

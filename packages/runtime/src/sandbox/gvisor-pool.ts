@@ -7,6 +7,7 @@ import { constants } from 'node:os'
 import path from 'node:path'
 import type { Readable } from 'node:stream'
 import { execTool } from '../util/exec.js'
+import { type Logger, logAndGoOn, noopLogger } from '../util/logger.js'
 import { readMounts } from '../util/mounts.js'
 import type { CgroupLimits, CgroupManager } from './cgroups.js'
 import type { Sandbox, SandboxSpec } from './driver.js'
@@ -74,6 +75,8 @@ export interface ClaimTiming {
 
 export interface GvisorPoolOptions {
   cgroups: CgroupManager
+  /** Where it reports the steps it goes on without (failed cleanups); default none. */
+  logger?: Logger | undefined
   runsc: RunscConfig
   spec: GvisorSpecOptions
   /** Slots kept ready per layout. */
@@ -151,7 +154,11 @@ export class GvisorPool {
   lastClaim: ClaimTiming | undefined
   private readonly mounter = new Mounter()
 
-  constructor(private readonly options: GvisorPoolOptions) {}
+  private readonly logger: Logger
+
+  constructor(private readonly options: GvisorPoolOptions) {
+    this.logger = options.logger ?? noopLogger
+  }
 
   /** Whether a spec can be served from slots at all (env and command go through the init line). */
   static fits(spec: SandboxSpec): boolean {
@@ -175,8 +182,16 @@ export class GvisorPool {
     if (this.filling.has(key)) return
     const fill = (async () => {
       while (!this.closed && (this.ready.get(key)?.length ?? 0) < this.options.size) {
-        const slot = await this.createSlot(key, spec).catch(() => undefined)
-        if (!slot) return // gVisor cannot start here now: cold starts will say why
+        // gVisor cannot start here now: the layout stays unpooled and cold starts say why.
+        const slot = await this.createSlot(key, spec).catch(
+          logAndGoOn(
+            this.logger,
+            'warn',
+            { layout: key },
+            'could not pre-start a gVisor sandbox; booting on demand',
+          ),
+        )
+        if (!slot) return
         if (this.closed) return void (await this.discard(slot))
         this.ready.set(key, [...(this.ready.get(key) ?? []), slot])
       }
@@ -239,6 +254,7 @@ export class GvisorPool {
       runsc: config,
       bundle: slot.bundle,
       release: () => this.release(slot),
+      logger: this.logger,
     })
   }
 
@@ -363,15 +379,21 @@ export class GvisorPool {
 
   /** Unmounts a slot's binds and removes its directory (after its sandbox is gone). */
   private async release(slot: Slot): Promise<void> {
-    await unmountAll(slot.dir)
+    await unmountAll(slot.dir, this.logger)
     if (readMounts().some((m) => m.mountPoint.startsWith(`${slot.dir}/`))) return
-    await rm(slot.dir, { recursive: true, force: true }).catch(() => undefined)
+    // Nothing is mounted under it any more: a directory left only takes space until `cleanupSlots`.
+    await rm(slot.dir, { recursive: true, force: true }).catch(
+      logAndGoOn(this.logger, 'warn', { dir: slot.dir }, 'could not remove a slot directory'),
+    )
   }
 
   private async discard(slot: Slot): Promise<void> {
     const { cgroups, runsc: config } = this.options
     await cgroups.kill(slot.id)
-    await runsc(config, ['delete', '--force', slot.id]).catch(() => undefined)
+    // Its processes died with the cgroup kill: a failed delete leaves runsc state, reaped at the next start.
+    await runsc(config, ['delete', '--force', slot.id]).catch(
+      logAndGoOn(this.logger, 'warn', { sandboxId: slot.id }, 'runsc delete of a pool slot failed'),
+    )
     slot.child.kill('SIGKILL')
     slot.child.stdin.destroy()
     slot.child.stdout.destroy()
@@ -393,7 +415,7 @@ export class GvisorPool {
     await Promise.all([...this.filling.values()])
     for (const key of [...this.ready.keys()]) await this.drop(key)
     this.mounter.close()
-    await cleanupSlots(this.options.slotsDir)
+    await cleanupSlots(this.options.slotsDir, this.logger)
     this.sharedMount = false
   }
 
@@ -403,20 +425,26 @@ export class GvisorPool {
 }
 
 /** Unmounts everything at or under `dir` (deepest first), lazily when a mount is still busy. */
-async function unmountAll(dir: string): Promise<void> {
+async function unmountAll(dir: string, logger: Logger): Promise<void> {
   const points = readMounts()
     .map((m) => m.mountPoint)
     .filter((p) => p === dir || p.startsWith(`${dir}/`))
     .sort((a, b) => b.length - a.length)
   for (const point of points) {
-    await execTool('umount', [point]).catch(() => execTool('umount', ['-l', point]).catch(() => undefined))
+    // A mount that stays is checked by every caller, which then keeps the directory (never removes through it).
+    await execTool('umount', [point]).catch(() =>
+      execTool('umount', ['-l', point]).catch(logAndGoOn(logger, 'warn', { point }, 'left a slot mount')),
+    )
   }
 }
 
 /** Removes what slots (of this or a crashed process) left: their mounts, directories and the shared mount. */
-export async function cleanupSlots(slotsDir: string): Promise<void> {
-  await unmountAll(slotsDir)
+export async function cleanupSlots(slotsDir: string, logger: Logger = noopLogger): Promise<void> {
+  await unmountAll(slotsDir, logger)
   // Never remove through a mount: a session workspace bound in a slot must not lose a file.
   if (readMounts().some((m) => m.mountPoint === slotsDir || m.mountPoint.startsWith(`${slotsDir}/`))) return
-  await rm(slotsDir, { recursive: true, force: true }).catch(() => undefined)
+  // Nothing is mounted under it any more: what cannot be removed now only takes space.
+  await rm(slotsDir, { recursive: true, force: true }).catch(
+    logAndGoOn(logger, 'warn', { dir: slotsDir }, 'could not remove the slots directory'),
+  )
 }

@@ -2,6 +2,7 @@ import type { ChildProcess, ChildProcessWithoutNullStreams } from 'node:child_pr
 import { readdirSync } from 'node:fs'
 import { rm } from 'node:fs/promises'
 import type { Readable, Writable } from 'node:stream'
+import { type Logger, logAndGoOn, noopLogger } from '../util/logger.js'
 import { writeBytesOf } from '../util/proc-io.js'
 import type { CgroupManager } from './cgroups.js'
 import type { Sandbox, SandboxExit } from './driver.js'
@@ -19,6 +20,8 @@ export interface GvisorResources {
   bundle: string
   /** Host mounts made for this sandbox (pool slots), unmounted once it is gone. */
   release?: (() => Promise<void>) | undefined
+  /** Where it reports the steps it goes on without; default none. */
+  logger?: Logger | undefined
 }
 
 /**
@@ -113,13 +116,30 @@ export class GvisorSandbox implements Sandbox {
     if (this.destroyed) return
     this.destroyed = true
     const { cgroups, name, runsc: config } = this.resources
-    // A frozen sandbox (destroyed during a snapshot) must thaw to die on a v1 freezer.
-    await cgroups.freeze(name, false).catch(() => undefined)
+    const logger = this.resources.logger ?? noopLogger
+    // A frozen sandbox (destroyed during a snapshot) must thaw to die on a v1 freezer; on v2 the
+    // cgroup kill below works frozen or not, so a failed thaw is only reported.
+    await cgroups
+      .freeze(name, false)
+      .catch(
+        logAndGoOn(logger, 'debug', { sandboxId: this.id }, 'could not thaw the sandbox before killing it'),
+      )
     // Through the cgroup: runsc, the gofer, the sentry and its stubs die at once, paused or not.
     await cgroups.kill(name)
     await Promise.race([this.exited, new Promise((r) => setTimeout(r, 2000))])
     // runsc cleans its state itself when `run` ends normally; after a kill it is left behind.
-    if (hasState(config.root, name)) await runsc(config, ['delete', '--force', name]).catch(() => undefined)
+    // Its processes are dead (the cgroup kill): what a failed delete leaves is runsc state, which
+    // `reapOrphans` deletes at the next start.
+    if (hasState(config.root, name)) {
+      await runsc(config, ['delete', '--force', name]).catch(
+        logAndGoOn(
+          logger,
+          'warn',
+          { sandboxId: this.id },
+          'runsc delete failed; its state stays until the next start',
+        ),
+      )
+    }
     await this.resources.release?.()
     await rm(this.resources.bundle, { recursive: true, force: true })
     await cgroups.remove(name)

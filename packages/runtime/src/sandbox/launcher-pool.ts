@@ -3,6 +3,7 @@ import { existsSync } from 'node:fs'
 import type { FileHandle } from 'node:fs/promises'
 import type { Writable } from 'node:stream'
 import { newId } from '@cairn/protocol'
+import { type Logger, logAndGoOn, noopLogger } from '../util/logger.js'
 import type { CgroupLimits, CgroupManager } from './cgroups.js'
 import { LAUNCHER_SHELL, pooledLauncherArgs } from './launcher.js'
 
@@ -20,6 +21,8 @@ export interface SpareLauncher {
 
 export interface LauncherPoolOptions {
   cgroups: CgroupManager
+  /** Where it reports the steps it goes on without (failed cleanups); default none. */
+  logger?: Logger | undefined
   /** How many launchers to keep ready. */
   size: number
   /** The seccomp program the sandbox reads through fd 3, opened for each launcher. */
@@ -40,7 +43,11 @@ export class LauncherPool {
   private closed = false
   private lastLimits: CgroupLimits | undefined
 
-  constructor(private readonly options: LauncherPoolOptions) {}
+  private readonly logger: Logger
+
+  constructor(private readonly options: LauncherPoolOptions) {
+    this.logger = options.logger ?? noopLogger
+  }
 
   static available(): boolean {
     return existsSync(LAUNCHER_SHELL)
@@ -67,7 +74,16 @@ export class LauncherPool {
       // for a few ms and the new launcher competes for the CPUs while that sandbox starts.
       await new Promise((resolve) => setTimeout(resolve, REFILL_DELAY_MS).unref())
       while (!this.closed && this.spare.length < this.options.size) {
-        const launcher = await this.launch(this.lastLimits ?? DEFAULT_LIMITS).catch(() => undefined)
+        // A launcher that cannot start now leaves the pool short: each sandbox then starts its own
+        // (and says why it cannot), so filling stops until the next take.
+        const launcher = await this.launch(this.lastLimits ?? DEFAULT_LIMITS).catch(
+          logAndGoOn(
+            this.logger,
+            'warn',
+            {},
+            'could not start a spare launcher; sandboxes start without one',
+          ),
+        )
         if (!launcher) break
         if (this.closed) {
           await this.discard(launcher)
@@ -105,7 +121,12 @@ export class LauncherPool {
   /** Ends a launcher (taken or not) that will not be used, and removes its cgroup. */
   async discard(launcher: SpareLauncher): Promise<void> {
     launcher.commandPipe.end()
-    await this.options.cgroups.kill(launcher.cgroupName).catch(() => undefined)
+    // Its command pipe is closed, so the launcher exits on its own; `remove` below still reaps the cgroup.
+    await this.options.cgroups
+      .kill(launcher.cgroupName)
+      .catch(
+        logAndGoOn(this.logger, 'debug', { cgroup: launcher.cgroupName }, 'could not kill a spare launcher'),
+      )
     await this.options.cgroups.remove(launcher.cgroupName)
   }
 

@@ -300,6 +300,8 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
     )
     // At a full quota even the marker (an xattr) is refused: no half-made workspace stays behind.
     await this.ops.setGeneration(target, 0).catch(async (error: unknown) => {
+      // The refusal is what the caller hears (no session is made): a failed delete only leaves a
+      // subvolume nothing points at.
       await this.deleteSubvolume(target).catch(() => undefined)
       throw error
     })

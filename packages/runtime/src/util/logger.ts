@@ -13,3 +13,20 @@ const ignore = (): void => {}
 
 /** The logger of a runtime given none: it drops everything. */
 export const noopLogger: Logger = { debug: ignore, info: ignore, warn: ignore, error: ignore }
+
+/**
+ * A `.catch` handler for a step the caller can go on without (a cleanup, a best-effort probe): it
+ * logs the error with `fields` at `level` and resolves to undefined. Say on the line above why going
+ * on is safe.
+ */
+export function logAndGoOn(
+  logger: Logger,
+  level: 'debug' | 'warn',
+  fields: object,
+  message: string,
+): (err: unknown) => undefined {
+  return (err) => {
+    logger[level]({ ...fields, err }, message)
+    return undefined
+  }
+}

@@ -608,7 +608,12 @@ export class WorkspaceService {
         await this.deps.sessions.readingWorkspace(tenantId, id, () => this.frozenSnapshot(row, temp))
         dir = pool.snapshotPath(temp)
         releaseTree = async () => {
-          await pool.deleteSnapshot(temp).catch(() => undefined)
+          // The export is sent; a temporary snapshot left behind only takes space, so it is reported.
+          await pool
+            .deleteSnapshot(temp)
+            .catch((e: unknown) =>
+              this.deps.logger.warn({ err: e, snapshot: temp }, 'removing an export snapshot failed'),
+            )
         }
       }
     } catch (error) {

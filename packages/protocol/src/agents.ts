@@ -136,3 +136,10 @@ export const DeployResultSchema = Type.Object({ agent: AgentSchema, revision: Re
 export type DeployResult = Static<typeof DeployResultSchema>
 
 export const AgentListSchema = Type.Object({ data: Type.Array(AgentSchema) })
+
+/** A revision's build log so far (`error` once the build failed). */
+export const BuildLogSchema = Type.Object({
+  status: Type.String(),
+  error: Type.Union([Type.String(), Type.Null()]),
+  lines: Type.Array(Type.String()),
+})

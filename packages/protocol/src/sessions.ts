@@ -408,3 +408,9 @@ export const NetworkEventSchema = Type.Object({
   address: Type.Union([Type.String(), Type.Null()]),
 })
 export type NetworkEventInfo = Static<typeof NetworkEventSchema>
+
+/** A lease: the session counts as active (no idle timeout, a warm sandbox stays warm) until `leaseUntil`. */
+export const SessionLeaseSchema = Type.Object({ sessionId: Type.String(), leaseUntil: Type.String() })
+
+/** A signed URL to a service on a port inside a session's sandbox (a preview), and when it expires. */
+export const PreviewUrlSchema = Type.Object({ url: Type.String(), expiresAt: Type.String() })

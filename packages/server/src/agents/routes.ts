@@ -2,6 +2,7 @@ import {
   AgentDetailSchema,
   AgentListSchema,
   BuildLogEventSchema,
+  BuildLogSchema,
   CairnProblem,
   DeployResultSchema,
   IdParams,
@@ -15,12 +16,6 @@ import { principalOf, requireWrite } from '../auth/plugin.js'
 import { bytesBody, errorResponses } from '../http/responses.js'
 import { SseWriter, type SseWriterOptions } from '../http/sse.js'
 import { type AgentService, revisionInfo } from './agent-service.js'
-
-const BuildLogSchema = Type.Object({
-  status: Type.String(),
-  error: Type.Union([Type.String(), Type.Null()]),
-  lines: Type.Array(Type.String()),
-})
 
 const errors = errorResponses(400, 401, 404)
 

@@ -1,4 +1,4 @@
-import { CairnProblem, OkSchema } from '@cairn/protocol'
+import { ApiKeyListSchema, CairnProblem, CreatedApiKeySchema, OkSchema } from '@cairn/protocol'
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox'
 import { Type } from '@sinclair/typebox'
 import type { FastifyInstance, FastifyRequest } from 'fastify'
@@ -6,16 +6,6 @@ import { errorResponses } from '../http/responses.js'
 import { type ApiKeyStore, DEFAULT_TENANT_ID } from './api-keys.js'
 import { principalOf } from './plugin.js'
 
-const KeySchema = Type.Object({
-  id: Type.String(),
-  prefix: Type.String(),
-  role: Type.String(),
-  name: Type.Union([Type.String(), Type.Null()]),
-  tenantId: Type.String(),
-  createdAt: Type.String(),
-  lastUsedAt: Type.Union([Type.String(), Type.Null()]),
-  revokedAt: Type.Union([Type.String(), Type.Null()]),
-})
 const CreateKeyBody = Type.Object(
   {
     tenant: Type.Optional(Type.String({ minLength: 1, maxLength: 64, pattern: '^[A-Za-z0-9_.-]+$' })),
@@ -47,12 +37,7 @@ export function keyRoutes(
         summary: 'Create an API key (for this tenant, or for another one when called by an install admin)',
         body: CreateKeyBody,
         response: {
-          201: Type.Object({
-            id: Type.String(),
-            key: Type.String(),
-            tenantId: Type.String(),
-            role: Type.String(),
-          }),
+          201: CreatedApiKeySchema,
           ...errors,
         },
       },
@@ -84,7 +69,7 @@ export function keyRoutes(
       schema: {
         tags: ['keys'],
         summary: "List this tenant's keys (prefix only)",
-        response: { 200: Type.Object({ data: Type.Array(KeySchema) }), ...errors },
+        response: { 200: ApiKeyListSchema, ...errors },
       },
     },
     async (request) => ({ data: keys.list(requireAdmin(request).tenantId) }),

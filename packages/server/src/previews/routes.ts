@@ -1,4 +1,4 @@
-import { CairnProblem, ErrorBodySchema, OkSchema } from '@cairn/protocol'
+import { CairnProblem, ErrorBodySchema, OkSchema, PreviewUrlSchema } from '@cairn/protocol'
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox'
 import { Type } from '@sinclair/typebox'
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
@@ -46,7 +46,7 @@ export function previewRoutes(
         params: PortParams,
         body: SignedUrlBody,
         response: {
-          200: Type.Object({ url: Type.String(), expiresAt: Type.String() }),
+          200: PreviewUrlSchema,
           401: ErrorBodySchema,
           404: ErrorBodySchema,
         },

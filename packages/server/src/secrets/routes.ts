@@ -1,4 +1,4 @@
-import { IdParams, OkSchema } from '@cairn/protocol'
+import { IdParams, OkSchema, SecretListSchema } from '@cairn/protocol'
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox'
 import { Type } from '@sinclair/typebox'
 import type { FastifyInstance, FastifyRequest } from 'fastify'
@@ -7,17 +7,6 @@ import { principalOf, requireWrite } from '../auth/plugin.js'
 import { errorResponses } from '../http/responses.js'
 import { SECRET_SCOPES, type SecretStore } from './secret-store.js'
 
-const SecretInfoSchema = Type.Object({
-  name: Type.String(),
-  scope: Type.String(),
-  hosts: Type.Optional(Type.Array(Type.String())),
-  createdAt: Type.String(),
-  updatedAt: Type.String(),
-})
-const SecretListSchema = Type.Object({
-  data: Type.Array(SecretInfoSchema),
-  missing: Type.Array(Type.String()),
-})
 const errors = errorResponses(400, 401, 404)
 const SetSecretsBody = Type.Object(
   {

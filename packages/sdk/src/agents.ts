@@ -1,6 +1,11 @@
-import type { AgentDetail, AgentInfo, DeployResult, RevisionInfo } from '@cairn/protocol'
-import { InvalidResponseError } from './errors.js'
-import { asAgent, asAgentDetail, asDeployResult, asList, asRevision } from './guards.js'
+import {
+  type AgentDetail,
+  type AgentInfo,
+  BuildLogSchema,
+  type DeployResult,
+  type RevisionInfo,
+} from '@cairn/protocol'
+import { asAgent, asAgentDetail, asDeployResult, asList, asRevision, checked } from './guards.js'
 import type { HttpClient, RequestOptions } from './http.js'
 import { readSse } from './sse.js'
 
@@ -79,17 +84,8 @@ export class Agents {
   async logs(idOrName: string, revisionId: string, options: RequestOptions = {}): Promise<BuildLog> {
     const route = path(idOrName, `/revisions/${encodeURIComponent(revisionId)}/logs`)
     const body = await this.http.json({ method: 'GET', path: route, ...options })
-    if (!isRecord(body) || typeof body.status !== 'string' || !Array.isArray(body.lines)) {
-      throw new InvalidResponseError({
-        code: 'invalid_response',
-        message: 'the server sent an unexpected build log',
-      })
-    }
-    return {
-      status: body.status,
-      error: typeof body.error === 'string' ? body.error : undefined,
-      lines: body.lines.filter((l): l is string => typeof l === 'string'),
-    }
+    const { status, error, lines } = checked(BuildLogSchema, body, 'build log')
+    return { status, error: error ?? undefined, lines }
   }
 
   /** The build log line by line while the revision builds, ending with its final status. */

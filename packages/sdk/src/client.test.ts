@@ -372,4 +372,56 @@ describe('Cairn client', () => {
     await expect(broken.keys.list()).rejects.toBeInstanceOf(InvalidResponseError)
     await expect(broken.keys.create()).rejects.toBeInstanceOf(InvalidResponseError)
   })
+
+  it('checks keys, secrets, build logs, leases, preview URLs and manifests against the protocol schemas', async () => {
+    const agent = 'echo'
+    const revision = 'rev_cccccccccccccccccccc'
+    const key = {
+      id: 'key_a',
+      prefix: 'cairn_sk_ab',
+      role: 'read',
+      name: null,
+      tenantId: 't',
+      createdAt: 'x',
+    }
+    // Each answer is wrong where the former hand-written checks did not look.
+    const cases: [string, unknown, (c: Cairn) => Promise<unknown>][] = [
+      ['API key list', { data: [{ ...key, lastUsedAt: 7, revokedAt: null }] }, (c) => c.keys.list()],
+      ['new API key', { id: 'key_a', key: 'cairn_sk_abcd', role: 'read' }, (c) => c.keys.create()],
+      [
+        'secret list',
+        { data: [{ name: 'TOKEN', scope: 'runtime', createdAt: 'x', updatedAt: 'x' }] },
+        (c) => c.secrets.list(agent),
+      ],
+      [
+        'secret list',
+        {
+          data: [{ name: 'TOKEN', scope: 'proxy', hosts: [1], createdAt: 'x', updatedAt: 'x' }],
+          missing: [],
+        },
+        (c) => c.secrets.list(agent),
+      ],
+      [
+        'build log',
+        { status: 'READY', error: null, lines: ['ok', 3] },
+        (c) => c.agents.logs(agent, revision),
+      ],
+      ['build log', { status: 'READY', lines: [] }, (c) => c.agents.logs(agent, revision)],
+      ['lease', { sessionId: SESSION.id, leaseUntil: null }, (c) => c.sessions.lease(SESSION.id, 1000)],
+      [
+        'preview URL',
+        { url: 'https://p.test/', expiresAt: 5 },
+        (c) => c.sessions.previewUrl(SESSION.id, 8080),
+      ],
+      ['manifest', { session: SESSION }, (c) => c.sessions.manifest(SESSION.id)],
+    ]
+    for (const [what, body, call] of cases) {
+      const error = await call(client(() => json(body))).catch((e: unknown) => e)
+      expect(error, `${what}: ${JSON.stringify(body)}`).toBeInstanceOf(InvalidResponseError)
+      expect(error).toMatchObject({
+        code: 'invalid_response',
+        message: expect.stringContaining(`${what}: /`),
+      })
+    }
+  })
 })

@@ -1,4 +1,6 @@
-import { InvalidResponseError } from './errors.js'
+import { type ApiKeyInfoSchema, ApiKeyListSchema, CreatedApiKeySchema } from '@cairn/protocol'
+import type { Static } from '@sinclair/typebox'
+import { checked } from './guards.js'
 import type { HttpClient, RequestOptions } from './http.js'
 
 export type ApiKeyRole = 'admin' | 'read'
@@ -43,29 +45,13 @@ export interface CreateApiKeyOptions extends RequestOptions {
   name?: string | undefined
 }
 
-const isRecord = (v: unknown): v is Record<string, unknown> =>
-  typeof v === 'object' && v !== null && !Array.isArray(v)
-const nullableString = (v: unknown) => (typeof v === 'string' ? v : null)
-
-function unexpected(what: string): InvalidResponseError {
-  return new InvalidResponseError({
-    code: 'invalid_response',
-    message: `the server sent an unexpected ${what}`,
-  })
-}
-
-function asKeyInfo(v: unknown): ApiKeyInfo {
-  if (!isRecord(v) || typeof v.id !== 'string' || typeof v.prefix !== 'string') throw unexpected('API key')
-  return {
-    id: v.id,
-    prefix: v.prefix,
-    role: String(v.role ?? '') as ApiKeyRole,
-    name: nullableString(v.name),
-    tenantId: String(v.tenantId ?? ''),
-    createdAt: String(v.createdAt ?? ''),
-    lastUsedAt: nullableString(v.lastUsedAt),
-    revokedAt: nullableString(v.revokedAt),
-  }
+/**
+ * Only the fields this SDK names (what it returns stays the same whatever a newer server adds). The
+ * wire says string for a role, so a newer server may add one; this server answers `admin` or `read`.
+ */
+function keyInfo(k: Static<typeof ApiKeyInfoSchema>): ApiKeyInfo {
+  const { id, prefix, role, name, tenantId, createdAt, lastUsedAt, revokedAt } = k
+  return { id, prefix, role: role as ApiKeyRole, name, tenantId, createdAt, lastUsedAt, revokedAt }
 }
 
 /** API keys of the caller's tenant: create (the key is shown once), list (prefixes only), revoke. Admin keys only. */
@@ -80,22 +66,15 @@ export class Keys {
       json: { tenant, role, name },
       ...request,
     })
-    if (!isRecord(body) || typeof body.id !== 'string' || typeof body.key !== 'string') {
-      throw unexpected('new API key')
-    }
-    return {
-      id: body.id,
-      key: body.key,
-      tenantId: String(body.tenantId ?? ''),
-      role: String(body.role ?? '') as ApiKeyRole,
-    }
+    const created = checked(CreatedApiKeySchema, body, 'new API key')
+    // A role as for `keyInfo`.
+    return { id: created.id, key: created.key, tenantId: created.tenantId, role: created.role as ApiKeyRole }
   }
 
   /** Every key of the tenant, revoked ones included (oldest first). */
   async list(options: RequestOptions = {}): Promise<ApiKeyInfo[]> {
     const body = await this.http.json({ method: 'GET', path: '/v1/keys', ...options })
-    if (!isRecord(body) || !Array.isArray(body.data)) throw unexpected('API key list')
-    return body.data.map(asKeyInfo)
+    return checked(ApiKeyListSchema, body, 'API key list').data.map(keyInfo)
   }
 
   /** Revokes a key at once; throws `NotFoundError` when there is no active key with that ID. */

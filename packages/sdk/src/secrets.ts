@@ -1,4 +1,5 @@
-import { InvalidResponseError } from './errors.js'
+import { SecretListSchema } from '@cairn/protocol'
+import { checked } from './guards.js'
 import type { HttpClient, RequestOptions } from './http.js'
 
 export type SecretScope = 'setup' | 'runtime' | 'proxy'
@@ -17,26 +18,16 @@ export interface SecretList {
 }
 
 const path = (agent: string, rest = '') => `/v1/agents/${encodeURIComponent(agent)}/secrets${rest}`
-const isRecord = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null
 
+/** The secret list, with only the fields this SDK names (whatever a newer server adds). */
 function asSecretList(body: unknown): SecretList {
-  if (!isRecord(body) || !Array.isArray(body.data)) {
-    throw new InvalidResponseError({
-      code: 'invalid_response',
-      message: 'the server sent an unexpected secret list',
-    })
-  }
-  const data = body.data.filter(isRecord).map((s) => {
-    const info = Object.fromEntries(
-      SECRET_INFO_FIELDS.map((f) => [f, String(s[f] ?? '')]),
-    ) as unknown as SecretInfo
-    if (Array.isArray(s.hosts)) info.hosts = s.hosts.filter((h): h is string => typeof h === 'string')
+  const list = checked(SecretListSchema, body, 'secret list')
+  const data = list.data.map(({ name, scope, createdAt, updatedAt, hosts }) => {
+    const info: SecretInfo = { name, scope, createdAt, updatedAt }
+    if (hosts) info.hosts = hosts
     return info
   })
-  const missing = Array.isArray(body.missing)
-    ? body.missing.filter((m): m is string => typeof m === 'string')
-    : []
-  return { data, missing }
+  return { data, missing: list.missing }
 }
 
 /** An agent's secrets: encrypted at rest, handed to its sandboxes, never readable through the API. */

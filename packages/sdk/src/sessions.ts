@@ -1,6 +1,9 @@
 import {
   type Message,
+  PreviewUrlSchema,
   type SessionInfo,
+  SessionLeaseSchema,
+  SessionManifestSchema,
   type SessionPolicyInput,
   type SessionSetup,
   type SessionStatus,
@@ -139,13 +142,7 @@ export class Sessions {
       query: { sizes: sizes ? 'true' : undefined },
       ...request,
     })
-    if (typeof body !== 'object' || body === null) {
-      throw new InvalidResponseError({
-        code: 'invalid_response',
-        message: 'the server sent an unexpected manifest',
-      })
-    }
-    return body as Record<string, unknown>
+    return checked(SessionManifestSchema, body, 'manifest')
   }
 
   async create(agent: string, options: CreateSessionOptions = {}): Promise<Session> {
@@ -256,18 +253,7 @@ export class Sessions {
       json: { ttlMs },
       ...options,
     })
-    if (
-      typeof body !== 'object' ||
-      body === null ||
-      typeof (body as SessionLease).sessionId !== 'string' ||
-      typeof (body as SessionLease).leaseUntil !== 'string'
-    ) {
-      throw new InvalidResponseError({
-        code: 'invalid_response',
-        message: 'the server sent an unexpected lease',
-      })
-    }
-    const { sessionId, leaseUntil } = body as SessionLease
+    const { sessionId, leaseUntil } = checked(SessionLeaseSchema, body, 'lease')
     return { sessionId, leaseUntil }
   }
 
@@ -288,14 +274,8 @@ export class Sessions {
       json: ttlMs === undefined ? {} : { ttlMs },
       ...rest,
     })
-    const preview = body as Partial<PreviewUrl> | null
-    if (typeof preview?.url !== 'string' || typeof preview.expiresAt !== 'string') {
-      throw new InvalidResponseError({
-        code: 'invalid_response',
-        message: 'the server sent an unexpected preview URL',
-      })
-    }
-    return { url: preview.url, expiresAt: preview.expiresAt }
+    const { url, expiresAt } = checked(PreviewUrlSchema, body, 'preview URL')
+    return { url, expiresAt }
   }
 
   /**

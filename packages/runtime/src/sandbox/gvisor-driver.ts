@@ -267,7 +267,12 @@ export class GvisorDriver implements SandboxDriver {
         .freeze(name, false)
         .catch(logAndGoOn(this.logger, 'warn', { cgroup: name }, 'could not thaw an orphan sandbox'))
     }
-    const containers = await listContainers(this.runsc).catch(() => [])
+    // Without runsc's list (runsc gone or broken) no container is known to delete: their cgroups are
+    // still killed and removed by the bwrap driver's reaping of the shared scope, so it is reported.
+    const containers = await listContainers(this.runsc).catch((err: unknown) => {
+      this.logger.warn({ err }, 'runsc list failed; orphan gVisor containers are not deleted')
+      return []
+    })
     for (const container of containers) {
       // Each step is tried whatever the one before did: a container whose cgroup is gone still has
       // runsc state to delete, and `remove` below says whether the cgroup stays.

@@ -46,11 +46,12 @@ describe('proxy secrets', () => {
     expect(secretsBoundTo([TOKEN], 'api.example.com.evil.test', 443)).toEqual([])
   })
 
-  it('swaps stand-ins in any request header and names the secrets used', () => {
+  it('swaps stand-ins in credential headers only and names the secrets used', () => {
     const { headers, used } = swapInSecrets(
       {
         authorization: `Bearer ${TOKEN.standIn}`,
         'x-api-key': TOKEN.standIn,
+        'Proxy-Authorization': `Basic ${OTHER.standIn}`,
         'x-custom': `a=${TOKEN.standIn};b=${OTHER.standIn}`,
         'set-cookie': [`t=${TOKEN.standIn}`],
         accept: '*/*',
@@ -60,8 +61,9 @@ describe('proxy secrets', () => {
     expect(headers).toEqual({
       authorization: 'Bearer real-token-1',
       'x-api-key': 'real-token-1',
-      'x-custom': 'a=real-token-1;b=real-other-2',
-      'set-cookie': ['t=real-token-1'],
+      'Proxy-Authorization': 'Basic real-other-2',
+      'x-custom': `a=${TOKEN.standIn};b=${OTHER.standIn}`,
+      'set-cookie': [`t=${TOKEN.standIn}`],
       accept: '*/*',
     })
     expect(used.sort()).toEqual(['OTHER', 'TOKEN'])

@@ -23,8 +23,26 @@ function replaceAll(text: string, from: string, to: string): string {
 }
 
 /**
- * Request headers with every stand-in replaced by its real value: `Authorization: Bearer <stand-in>`,
- * `x-api-key: <stand-in>`, or any other header that carries it. Also names the secrets used.
+ * The request headers that carry credentials: the only ones a stand-in is swapped in. A stand-in
+ * anywhere else (`X-Meta`, a comment field, object metadata) reaches the bound host as is, so the
+ * agent cannot have the host store the real value where it can be read back unscrubbed later.
+ * URLs and bodies are never rewritten.
+ */
+export const CREDENTIAL_HEADERS: ReadonlySet<string> = new Set([
+  'authorization',
+  'proxy-authorization',
+  'x-api-key',
+  'api-key',
+  'x-goog-api-key',
+  'x-auth-token',
+  'x-access-token',
+  'private-token',
+])
+
+/**
+ * Request headers with every stand-in in a credential header (`CREDENTIAL_HEADERS`: `Authorization:
+ * Bearer <stand-in>`, `x-api-key: <stand-in>`) replaced by its real value; other headers pass
+ * unchanged. Also names the secrets used.
  */
 export function swapInSecrets(
   headers: http.IncomingHttpHeaders,
@@ -43,7 +61,8 @@ export function swapInSecrets(
   const out: http.OutgoingHttpHeaders = {}
   for (const [name, value] of Object.entries(headers)) {
     if (value === undefined) continue
-    out[name] = Array.isArray(value) ? value.map(swap) : swap(value)
+    if (!CREDENTIAL_HEADERS.has(name.toLowerCase())) out[name] = value
+    else out[name] = Array.isArray(value) ? value.map(swap) : swap(value)
   }
   return { headers: out, used: [...used] }
 }

@@ -466,6 +466,30 @@ describe('proxy-scoped secrets', () => {
         query: `note=${standIn}`,
       })),
     )
+    // An operator may name another header the host takes the credential in: that one gets the value.
+    const bindings = {
+      secrets: { API_TOKEN: REAL_VALUE },
+      scope: 'proxy',
+      hosts: [`${TEST_HOST}:${PORTS.boundTls}`, `${TEST_HOST}:${PORTS.boundHttp}`],
+    }
+    const declared = await t.api.call('PUT', '/v1/agents/keyed/secrets', { ...bindings, headers: ['X-Meta'] })
+    expect(declared.status, JSON.stringify(declared.body)).toBe(200)
+    try {
+      const { id: next } = await t.api.createSession('keyed')
+      expect((await t.api.send(next, 'token')).text.trim()).toBe(standIn)
+      await t.api.send(next, `fetch ${sent[0]}/store X-Meta=${standIn} X-Comment=${standIn}`)
+      expect(seenByHost().slice(-1)).toEqual([
+        {
+          port: PORTS.boundTls,
+          authorization: `Bearer ${REAL_VALUE}`,
+          apiKey: null,
+          'x-meta': REAL_VALUE,
+          'x-comment': standIn,
+        },
+      ])
+    } finally {
+      expect((await t.api.call('PUT', '/v1/agents/keyed/secrets', bindings)).status).toBe(200)
+    }
   })
 
   it('refuses a proxy secret without hosts, and hosts on other scopes', async () => {

@@ -8,6 +8,8 @@ export const SECRET_INFO_FIELDS = ['name', 'scope', 'createdAt', 'updatedAt'] as
 export type SecretInfo = Record<(typeof SECRET_INFO_FIELDS)[number], string> & {
   /** `proxy` scope: the hosts whose requests get the real value in place of the stand-in. */
   hosts?: string[]
+  /** `proxy` scope: headers it is swapped into besides the credential headers (`Authorization`, …). */
+  headers?: string[]
 }
 
 export interface SecretList {
@@ -31,6 +33,7 @@ function asSecretList(body: unknown): SecretList {
       SECRET_INFO_FIELDS.map((f) => [f, String(s[f] ?? '')]),
     ) as unknown as SecretInfo
     if (Array.isArray(s.hosts)) info.hosts = s.hosts.filter((h): h is string => typeof h === 'string')
+    if (Array.isArray(s.headers)) info.headers = s.headers.filter((h): h is string => typeof h === 'string')
     return info
   })
   const missing = Array.isArray(body.missing)
@@ -50,16 +53,25 @@ export class Secrets {
   /**
    * Sets (or replaces) secrets by name. `scope`: `runtime` (default, an environment variable of the
    * agent), `setup` (the revision build only) or `proxy` (the agent sees a stand-in; the egress
-   * proxy sends the value to `hosts` only).
+   * proxy sends the value to `hosts` only, in their credential headers and in `headers`).
    */
   async set(
     agent: string,
     secrets: Record<string, string>,
-    options: RequestOptions & { scope?: SecretScope | undefined; hosts?: string[] | undefined } = {},
+    options: RequestOptions & {
+      scope?: SecretScope | undefined
+      hosts?: string[] | undefined
+      headers?: string[] | undefined
+    } = {},
   ): Promise<SecretList> {
-    const { scope, hosts, ...request } = options
+    const { scope, hosts, headers, ...request } = options
     return asSecretList(
-      await this.http.json({ method: 'PUT', path: path(agent), json: { secrets, scope, hosts }, ...request }),
+      await this.http.json({
+        method: 'PUT',
+        path: path(agent),
+        json: { secrets, scope, hosts, headers },
+        ...request,
+      }),
     )
   }
 

@@ -69,6 +69,16 @@ describe('proxy secrets', () => {
     expect(used.sort()).toEqual(['OTHER', 'TOKEN'])
   })
 
+  it("swaps a stand-in into the extra headers its own secret declares, not another secret's", () => {
+    const declared = { ...TOKEN, headers: ['x-token'] }
+    const { headers, used } = swapInSecrets(
+      { 'X-Token': `${TOKEN.standIn} ${OTHER.standIn}`, 'x-meta': TOKEN.standIn },
+      [declared, OTHER],
+    )
+    expect(headers).toEqual({ 'X-Token': `real-token-1 ${OTHER.standIn}`, 'x-meta': TOKEN.standIn })
+    expect(used).toEqual(['TOKEN'])
+  })
+
   it('leaves headers alone when no secret is bound, and turns echoed values back', () => {
     const plain = { authorization: `Bearer ${TOKEN.standIn}` }
     expect(swapInSecrets(plain, []).headers).toEqual(plain)

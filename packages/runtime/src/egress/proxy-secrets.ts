@@ -11,6 +11,8 @@ export interface ProxySecret {
   value: string
   /** Hosts in allowlist syntax (`api.example.com`, `*.example.com`, `host:8443`). */
   hosts: readonly string[]
+  /** Request headers (lowercase) it is swapped into besides `CREDENTIAL_HEADERS`, as declared. */
+  headers?: readonly string[] | undefined
 }
 
 /** The secrets bound to a host and port, by the same matching rules as the allowlist. */
@@ -41,17 +43,18 @@ export const CREDENTIAL_HEADERS: ReadonlySet<string> = new Set([
 
 /**
  * Request headers with every stand-in in a credential header (`CREDENTIAL_HEADERS`: `Authorization:
- * Bearer <stand-in>`, `x-api-key: <stand-in>`) replaced by its real value; other headers pass
- * unchanged. Also names the secrets used.
+ * Bearer <stand-in>`, `x-api-key: <stand-in>`, or one its secret declares) replaced by its real
+ * value; other headers pass unchanged. Also names the secrets used.
  */
 export function swapInSecrets(
   headers: http.IncomingHttpHeaders,
   secrets: readonly ProxySecret[],
 ): { headers: http.OutgoingHttpHeaders; used: string[] } {
   const used = new Set<string>()
-  const swap = (value: string) => {
+  const swap = (name: string, value: string) => {
     let out = value
     for (const secret of secrets) {
+      if (!CREDENTIAL_HEADERS.has(name) && !secret.headers?.includes(name)) continue
       const next = replaceAll(out, secret.standIn, secret.value)
       if (next !== out) used.add(secret.name)
       out = next
@@ -61,8 +64,8 @@ export function swapInSecrets(
   const out: http.OutgoingHttpHeaders = {}
   for (const [name, value] of Object.entries(headers)) {
     if (value === undefined) continue
-    if (!CREDENTIAL_HEADERS.has(name.toLowerCase())) out[name] = value
-    else out[name] = Array.isArray(value) ? value.map(swap) : swap(value)
+    const lower = name.toLowerCase()
+    out[name] = Array.isArray(value) ? value.map((v) => swap(lower, v)) : swap(lower, value)
   }
   return { headers: out, used: [...used] }
 }

@@ -109,6 +109,8 @@ describe('agents, builds and secrets from the CLI', () => {
       /P\s+proxy → api\.example\.com, \*\.example\.org:8443/,
     )
     expect((await cairn(['secrets', 'set', 'secretive', 'P=v', '--scope', 'proxy'])).code).not.toBe(0)
+    const withHeader = await json([...proxied, '--header', 'X-Token'])
+    expect(withHeader.data.find((s: { name: string }) => s.name === 'P').headers).toEqual(['x-token'])
     const outside = await cairn([
       'secrets',
       'set',

@@ -226,8 +226,8 @@ describe('SDK and the OpenAPI document', () => {
     expectSameShape(responseSchema('/v1/sessions/{id}/diff', 'get'), DiffSchema, 'diff')
     const secrets = responseSchema('/v1/agents/{id}/secrets', 'get')
     expect(keys(secrets)).toEqual(['data', 'missing'])
-    // `hosts` is optional (proxy secrets only), typed apart from the always-present string fields.
-    expect(keys(secrets.properties.data.items)).toEqual([...SECRET_INFO_FIELDS, 'hosts'].sort())
+    // `hosts` and `headers` are optional (proxy secrets only), typed apart from the always-present string fields.
+    expect(keys(secrets.properties.data.items)).toEqual([...SECRET_INFO_FIELDS, 'headers', 'hosts'].sort())
     const apiKeys = responseSchema('/v1/keys', 'get')
     expect(keys(apiKeys)).toEqual(['data'])
     expect(keys(apiKeys.properties.data.items)).toEqual([...API_KEY_INFO_FIELDS].sort())

@@ -131,6 +131,33 @@ describe('proxy secrets and the allowlist', () => {
     expect((await bind(['api.example.com'])).status).toBe(200)
   })
 
+  it('names extra headers a proxy secret is swapped into, for the proxy scope only, never framing ones', async () => {
+    const put = (body: Record<string, unknown>) =>
+      t.api.call('PUT', '/v1/agents/bound/secrets', { secrets: { API_TOKEN: VALUE }, ...body })
+    const declared = await put({
+      scope: 'proxy',
+      hosts: ['api.example.com'],
+      headers: ['X-Token', 'x-token'],
+    })
+    expect(declared.status, JSON.stringify(declared.body)).toBe(200)
+    expect(declared.body.data).toEqual([
+      expect.objectContaining({ name: 'API_TOKEN', hosts: ['api.example.com'], headers: ['x-token'] }),
+    ])
+    for (const body of [
+      { headers: ['x-token'] },
+      { scope: 'proxy', hosts: ['api.example.com'], headers: ['host'] },
+      { scope: 'proxy', hosts: ['api.example.com'], headers: ['content-length'] },
+      { scope: 'proxy', hosts: ['api.example.com'], headers: ['x token'] },
+    ]) {
+      const refused = await put(body)
+      expect(refused.status, JSON.stringify(body)).toBe(400)
+      expect(refused.body.error.code).toBe('validation_failed')
+    }
+    // Set again without headers: the declaration goes with it.
+    const plain = await put({ scope: 'proxy', hosts: ['api.example.com'] })
+    expect(plain.body.data).toEqual([expect.not.objectContaining({ headers: expect.anything() })])
+  })
+
   it('refuses a deploy whose allowlist drops a host a proxy secret is bound to; no revision is made', async () => {
     const before = (await t.api.call('GET', '/v1/agents/bound')).body.revisions.length
     const narrowed = await t.api.deploy(await project(['*.example.org:8443']))

@@ -817,10 +817,21 @@ describe('request cases fuzzing found (regressions)', () => {
     await mkdir(path.join(workspace, '.cairn'), { recursive: true })
     execFileSync('mkfifo', [path.join(workspace, '.cairn', 'memory.proposed.md')])
     // More reads than the server has file-system threads: blocked opens would stall everything.
+    // Downloads are heavy reads (2 per tenant at once): the others are refused as rate_limited.
     const reads = await Promise.all(
       Array.from({ length: 6 }, () => api.call('GET', `/v1/sessions/${session.id}/files/content?path=pipe`)),
     )
-    for (const read of reads) expectError(read, 400, 'validation_failed')
+    const refused = reads.filter((read) => read.status === 400)
+    expect(refused.length).toBeGreaterThanOrEqual(2)
+    for (const read of refused) expectError(read, 400, 'validation_failed')
+    for (const read of reads.filter((r) => r.status !== 400)) expectError(read, 429, 'rate_limited')
+    // The slots came back: one after another, every read is refused for what the file is.
+    for (let i = 0; i < 6; i++)
+      expectError(
+        await api.call('GET', `/v1/sessions/${session.id}/files/content?path=pipe`),
+        400,
+        'validation_failed',
+      )
     expectError(
       await api.call('POST', `/v1/sessions/${session.id}/artifacts`, { path: 'pipe' }),
       400,

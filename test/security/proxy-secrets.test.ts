@@ -71,6 +71,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         entry = {"port": self.server.server_address[1], "authorization": self.headers.get("Authorization"),
                  "apiKey": self.headers.get("x-api-key")}
+        # Headers a host might store and serve back (metadata, comments), and the query: logged when sent.
+        for name in ("x-meta", "x-comment"):
+            if self.headers.get(name) is not None:
+                entry[name] = self.headers.get(name)
+        if "?" in self.path:
+            entry["query"] = self.path.partition("?")[2]
         with lock, open(log, "a") as f:
             f.write(json.dumps(entry) + "\\n")
         # /echo hands the credential back, as an error message or a "whoami" might.
@@ -435,6 +441,54 @@ describe('proxy-scoped secrets', () => {
     for (const answer of seen.split('\n').filter(Boolean)) {
       expect(answer.startsWith('[200, ')).toBe(true)
       expect(answer).toContain(`echo Bearer ${standIn}\\n`)
+    }
+  })
+
+  it('swaps the value into credential headers only: a stand-in in a header or query the host stores stays a stand-in', async () => {
+    const { id } = await t.api.createSession('keyed')
+    const standIn = (await t.api.send(id, 'token')).text.trim()
+    const sent = [`https://${TEST_HOST}:${PORTS.boundTls}`, `http://${TEST_HOST}:${PORTS.boundHttp}`]
+    for (const base of sent) {
+      const answer = (
+        await t.api.send(id, `fetch ${base}/store?note=${standIn} X-Meta=${standIn} X-Comment=key:${standIn}`)
+      ).text
+      expect(answer.startsWith('[200, ')).toBe(true)
+    }
+    // What the host stores (and could serve to anyone later, unscrubbed) is the stand-in; only the
+    // Authorization header carried the real value.
+    expect(seenByHost().slice(-2)).toEqual(
+      [PORTS.boundTls, PORTS.boundHttp].map((port) => ({
+        port,
+        authorization: `Bearer ${REAL_VALUE}`,
+        apiKey: null,
+        'x-meta': standIn,
+        'x-comment': `key:${standIn}`,
+        query: `note=${standIn}`,
+      })),
+    )
+    // An operator may name another header the host takes the credential in: that one gets the value.
+    const bindings = {
+      secrets: { API_TOKEN: REAL_VALUE },
+      scope: 'proxy',
+      hosts: [`${TEST_HOST}:${PORTS.boundTls}`, `${TEST_HOST}:${PORTS.boundHttp}`],
+    }
+    const declared = await t.api.call('PUT', '/v1/agents/keyed/secrets', { ...bindings, headers: ['X-Meta'] })
+    expect(declared.status, JSON.stringify(declared.body)).toBe(200)
+    try {
+      const { id: next } = await t.api.createSession('keyed')
+      expect((await t.api.send(next, 'token')).text.trim()).toBe(standIn)
+      await t.api.send(next, `fetch ${sent[0]}/store X-Meta=${standIn} X-Comment=${standIn}`)
+      expect(seenByHost().slice(-1)).toEqual([
+        {
+          port: PORTS.boundTls,
+          authorization: `Bearer ${REAL_VALUE}`,
+          apiKey: null,
+          'x-meta': REAL_VALUE,
+          'x-comment': standIn,
+        },
+      ])
+    } finally {
+      expect((await t.api.call('PUT', '/v1/agents/keyed/secrets', bindings)).status).toBe(200)
     }
   })
 

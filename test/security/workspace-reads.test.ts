@@ -4,10 +4,11 @@ import { closeSync, openSync, readdirSync, readFileSync, readlinkSync, readSync 
 import { writeFile } from 'node:fs/promises'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it, onTestFinished } from 'vitest'
+import { BACKGROUND_NICENESS } from '../../packages/server/src/files/reader.js'
 import { DRIVERS, probeDrivers } from '../conformance/harness.js'
 import { makeProject, SHELL_AGENT } from '../helpers/projects.js'
 import { scratchDir } from '../helpers/scratch.js'
-import { startTestServer, type TestServer } from '../helpers/server.js'
+import { Api, startTestServer, type TestServer } from '../helpers/server.js'
 
 /**
  * Attacks on the host-side readers of a workspace (listings, file content, diffs, digests, sizes,
@@ -286,6 +287,75 @@ describe('special files, sparse files and byte names in reads of a workspace', (
     expect(await digestNow()).not.toBe(first)
     await run(id, `mv "$(printf 'n\\376\\377.txt')" "$(printf 'n\\377\\376.txt')"`)
     expect(await digestNow()).toBe(first)
+  })
+
+  it("limits a tenant's concurrent diffs and manifests of a big tree (429 rate_limited) while another tenant's turn completes", {
+    timeout: 120_000,
+  }, async () => {
+    const { id: big } = await t.api.createSession('shell-bwrap', { autoSnapshots: false })
+    await run(big, 'mkdir many && cd many && seq 1 40000 | xargs touch && echo made')
+    const key = await t.api.call('POST', '/v1/keys', { tenant: 'reads-other', role: 'admin' })
+    expect(key.status).toBe(201)
+    const other = new Api(t.url, key.body.key)
+    const project = await makeProject({
+      'cairn.yaml': 'name: shell-bwrap\ncommand: bash agent.sh\nisolation: bwrap\n',
+      'agent.sh': SHELL_AGENT,
+    })
+    expect((await other.deploy(project)).status).toBe(201)
+    const { id: theirs } = await other.createSession('shell-bwrap', { autoSnapshots: false })
+    const [answers, turn] = await Promise.all([
+      Promise.all(
+        [...Array(8).keys()].map((i) =>
+          t.api.call('GET', i % 2 === 0 ? `/v1/sessions/${big}/diff` : `/v1/sessions/${big}/manifest`),
+        ),
+      ),
+      other.send(theirs, 'echo other-tenant-served'),
+    ])
+    const statuses = answers.map((answer) => answer.status)
+    expect(statuses.filter((status) => status !== 200 && status !== 429)).toEqual([])
+    // At most two run at once for this tenant: the others wait their turn with a typed, retryable error.
+    expect(statuses.filter((status) => status === 200).length).toBeGreaterThanOrEqual(2)
+    const limited = answers.filter((answer) => answer.status === 429)
+    expect(limited.length).toBeGreaterThan(0)
+    for (const answer of limited) expect(answer.body.error.code).toBe('rate_limited')
+    expect(turn.text).toContain('other-tenant-served')
+    // The slots are free again.
+    expect((await t.api.call('GET', `/v1/sessions/${big}/diff`)).status).toBe(200)
+  })
+
+  it('counts downloads of a 500G sparse file as heavy reads (429 beyond two), runs them under nice, stops one whose client leaves', {
+    timeout: 120_000,
+  }, async () => {
+    const aborts = [new AbortController(), new AbortController()]
+    onTestFinished(() => {
+      for (const abort of aborts) abort.abort()
+    })
+    const downloads = await Promise.all(
+      aborts.map((abort) => get(`/v1/sessions/${id}/files/content?path=sparse.bin`, abort.signal)),
+    )
+    expect(downloads.map((res) => res.status)).toEqual([200, 200])
+    const readers = downloads.map((res) => res.body?.getReader())
+    await Promise.all(readers.map((reader) => reader?.read()))
+    // The readers yield the CPU to the sessions' turns.
+    const nicenessOf = (pid: string) => {
+      const stat = readFileSync(`/proc/${pid}/stat`, 'utf8')
+      return Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[16])
+    }
+    const niceness = readerChildren().map((line) => nicenessOf(line.split(' ')[0] ?? ''))
+    const background = Math.min(19, nicenessOf('self') + BACKGROUND_NICENESS)
+    expect(niceness).toEqual([background, background])
+    const third = await t.api.call('GET', `/v1/sessions/${id}/files/content?path=plain.txt`)
+    expect(third.status).toBe(429)
+    expect(third.body.error.code).toBe('rate_limited')
+    // Their clients leave: the readers stop at once, not after 30 minutes of zeros.
+    for (const abort of aborts) abort.abort()
+    await Promise.all(readers.map((reader) => reader?.cancel().catch(() => undefined)))
+    expect(await waitUntil(() => readerChildren().length === 0, 5_000), readerChildren().join('\n')).toBe(
+      true,
+    )
+    const again = await get(`/v1/sessions/${id}/files/content?path=plain.txt`)
+    expect(again.status).toBe(200)
+    expect(await again.text()).toBe('plain\n')
   })
 
   it('stops a digest or an export whose client went away, releasing its child, snapshot and descriptors', {

@@ -5,6 +5,8 @@ export const SecretInfoSchema = Type.Object({
   name: Type.String(),
   scope: Type.String(),
   hosts: Type.Optional(Type.Array(Type.String())),
+  /** Proxy scope: the extra headers its stand-in is swapped into, besides the credential headers. */
+  headers: Type.Optional(Type.Array(Type.String())),
   createdAt: Type.String(),
   updatedAt: Type.String(),
 })

@@ -9,6 +9,8 @@ export const SECRET_INFO_FIELDS = ['name', 'scope', 'createdAt', 'updatedAt'] as
 export type SecretInfo = Record<(typeof SECRET_INFO_FIELDS)[number], string> & {
   /** `proxy` scope: the hosts whose requests get the real value in place of the stand-in. */
   hosts?: string[]
+  /** `proxy` scope: headers it is swapped into besides the credential headers (`Authorization`, …). */
+  headers?: string[]
 }
 
 export interface SecretList {
@@ -22,9 +24,10 @@ const path = (agent: string, rest = '') => `/v1/agents/${encodeURIComponent(agen
 /** The secret list, with only the fields this SDK names (whatever a newer server adds). */
 function asSecretList(body: unknown): SecretList {
   const list = checked(SecretListSchema, body, 'secret list')
-  const data = list.data.map(({ name, scope, createdAt, updatedAt, hosts }) => {
+  const data = list.data.map(({ name, scope, createdAt, updatedAt, hosts, headers }) => {
     const info: SecretInfo = { name, scope, createdAt, updatedAt }
     if (hosts) info.hosts = hosts
+    if (headers) info.headers = headers
     return info
   })
   return { data, missing: list.missing }
@@ -41,16 +44,25 @@ export class Secrets {
   /**
    * Sets (or replaces) secrets by name. `scope`: `runtime` (default, an environment variable of the
    * agent), `setup` (the revision build only) or `proxy` (the agent sees a stand-in; the egress
-   * proxy sends the value to `hosts` only).
+   * proxy sends the value to `hosts` only, in their credential headers and in `headers`).
    */
   async set(
     agent: string,
     secrets: Record<string, string>,
-    options: RequestOptions & { scope?: SecretScope | undefined; hosts?: string[] | undefined } = {},
+    options: RequestOptions & {
+      scope?: SecretScope | undefined
+      hosts?: string[] | undefined
+      headers?: string[] | undefined
+    } = {},
   ): Promise<SecretList> {
-    const { scope, hosts, ...request } = options
+    const { scope, hosts, headers, ...request } = options
     return asSecretList(
-      await this.http.json({ method: 'PUT', path: path(agent), json: { secrets, scope, hosts }, ...request }),
+      await this.http.json({
+        method: 'PUT',
+        path: path(agent),
+        json: { secrets, scope, hosts, headers },
+        ...request,
+      }),
     )
   }
 

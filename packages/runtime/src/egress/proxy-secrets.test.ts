@@ -46,11 +46,12 @@ describe('proxy secrets', () => {
     expect(secretsBoundTo([TOKEN], 'api.example.com.evil.test', 443)).toEqual([])
   })
 
-  it('swaps stand-ins in any request header and names the secrets used', () => {
+  it('swaps stand-ins in credential headers only and names the secrets used', () => {
     const { headers, used } = swapInSecrets(
       {
         authorization: `Bearer ${TOKEN.standIn}`,
         'x-api-key': TOKEN.standIn,
+        'Proxy-Authorization': `Basic ${OTHER.standIn}`,
         'x-custom': `a=${TOKEN.standIn};b=${OTHER.standIn}`,
         'set-cookie': [`t=${TOKEN.standIn}`],
         accept: '*/*',
@@ -60,11 +61,22 @@ describe('proxy secrets', () => {
     expect(headers).toEqual({
       authorization: 'Bearer real-token-1',
       'x-api-key': 'real-token-1',
-      'x-custom': 'a=real-token-1;b=real-other-2',
-      'set-cookie': ['t=real-token-1'],
+      'Proxy-Authorization': 'Basic real-other-2',
+      'x-custom': `a=${TOKEN.standIn};b=${OTHER.standIn}`,
+      'set-cookie': [`t=${TOKEN.standIn}`],
       accept: '*/*',
     })
     expect(used.sort()).toEqual(['OTHER', 'TOKEN'])
+  })
+
+  it("swaps a stand-in into the extra headers its own secret declares, not another secret's", () => {
+    const declared = { ...TOKEN, headers: ['x-token'] }
+    const { headers, used } = swapInSecrets(
+      { 'X-Token': `${TOKEN.standIn} ${OTHER.standIn}`, 'x-meta': TOKEN.standIn },
+      [declared, OTHER],
+    )
+    expect(headers).toEqual({ 'X-Token': `real-token-1 ${OTHER.standIn}`, 'x-meta': TOKEN.standIn })
+    expect(used).toEqual(['TOKEN'])
   })
 
   it('leaves headers alone when no secret is bound, and turns echoed values back', () => {

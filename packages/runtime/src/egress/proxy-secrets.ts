@@ -11,6 +11,8 @@ export interface ProxySecret {
   value: string
   /** Hosts in allowlist syntax (`api.example.com`, `*.example.com`, `host:8443`). */
   hosts: readonly string[]
+  /** Request headers (lowercase) it is swapped into besides `CREDENTIAL_HEADERS`, as declared. */
+  headers?: readonly string[] | undefined
 }
 
 /** The secrets bound to a host and port, by the same matching rules as the allowlist. */
@@ -23,17 +25,36 @@ function replaceAll(text: string, from: string, to: string): string {
 }
 
 /**
- * Request headers with every stand-in replaced by its real value: `Authorization: Bearer <stand-in>`,
- * `x-api-key: <stand-in>`, or any other header that carries it. Also names the secrets used.
+ * The request headers that carry credentials: the only ones a stand-in is swapped in. A stand-in
+ * anywhere else (`X-Meta`, a comment field, object metadata) reaches the bound host as is, so the
+ * agent cannot have the host store the real value where it can be read back unscrubbed later.
+ * URLs and bodies are never rewritten.
+ */
+export const CREDENTIAL_HEADERS: ReadonlySet<string> = new Set([
+  'authorization',
+  'proxy-authorization',
+  'x-api-key',
+  'api-key',
+  'x-goog-api-key',
+  'x-auth-token',
+  'x-access-token',
+  'private-token',
+])
+
+/**
+ * Request headers with every stand-in in a credential header (`CREDENTIAL_HEADERS`: `Authorization:
+ * Bearer <stand-in>`, `x-api-key: <stand-in>`, or one its secret declares) replaced by its real
+ * value; other headers pass unchanged. Also names the secrets used.
  */
 export function swapInSecrets(
   headers: http.IncomingHttpHeaders,
   secrets: readonly ProxySecret[],
 ): { headers: http.OutgoingHttpHeaders; used: string[] } {
   const used = new Set<string>()
-  const swap = (value: string) => {
+  const swap = (name: string, value: string) => {
     let out = value
     for (const secret of secrets) {
+      if (!CREDENTIAL_HEADERS.has(name) && !secret.headers?.includes(name)) continue
       const next = replaceAll(out, secret.standIn, secret.value)
       if (next !== out) used.add(secret.name)
       out = next
@@ -43,7 +64,8 @@ export function swapInSecrets(
   const out: http.OutgoingHttpHeaders = {}
   for (const [name, value] of Object.entries(headers)) {
     if (value === undefined) continue
-    out[name] = Array.isArray(value) ? value.map(swap) : swap(value)
+    const lower = name.toLowerCase()
+    out[name] = Array.isArray(value) ? value.map((v) => swap(lower, v)) : swap(lower, value)
   }
   return { headers: out, used: [...used] }
 }

@@ -279,4 +279,12 @@ CREATE TABLE preview_url_epochs (
 );
 `,
   },
+  {
+    // A proxy secret is swapped into the credential headers only; these name more, per secret.
+    version: 16,
+    name: 'proxy secret headers',
+    sql: `
+ALTER TABLE secrets ADD COLUMN headers_json TEXT;
+`,
+  },
 ]

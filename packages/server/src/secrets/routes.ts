@@ -14,6 +14,11 @@ const SetSecretsBody = Type.Object(
     scope: Type.Optional(Type.Union(SECRET_SCOPES.map((s) => Type.Literal(s)))),
     /** `proxy` scope: hosts (allowlist syntax) whose requests get the value in place of the stand-in. */
     hosts: Type.Optional(Type.Array(Type.String({ minLength: 1, maxLength: 260 }), { maxItems: 32 })),
+    /**
+     * `proxy` scope: request headers the value is swapped into besides the credential headers
+     * (`Authorization`, `Proxy-Authorization`, `X-Api-Key`, …); never other headers, URLs or bodies.
+     */
+    headers: Type.Optional(Type.Array(Type.String({ minLength: 1, maxLength: 64 }), { maxItems: 16 })),
   },
   { additionalProperties: false },
 )
@@ -60,6 +65,7 @@ export function secretRoutes(server: FastifyInstance, agents: AgentService, secr
       secrets.set(agent.tenant_id, agent.id, body.secrets, {
         scope: body.scope,
         hosts: body.hosts,
+        headers: body.headers,
         // Refused rather than accepted with a warning: the secret could never be used, and a
         // warning in the listing would go unseen by every client that only checks the status.
         allowlist: current && {

@@ -20,6 +20,38 @@ function validHost(host: string): boolean {
   return HOST_PATTERN.test(host) || net.isIP(bare) !== 0
 }
 
+/** Headers a proxy secret may name: tokens (RFC 9110), lowercased. */
+const HEADER_NAME_PATTERN = /^[a-z0-9!#$%&'*+.^_`|~-]{1,64}$/
+/** At most this many extra headers per proxy secret. */
+export const MAX_PROXY_HEADERS = 16
+/** Headers that frame or route the request: never a place for a credential. */
+const UNSWAPPABLE_HEADERS = new Set([
+  'host',
+  'content-length',
+  'transfer-encoding',
+  'connection',
+  'upgrade',
+  'te',
+  'trailer',
+  'keep-alive',
+  'proxy-connection',
+])
+
+/** The extra headers a proxy secret is swapped into, checked and lowercased. */
+function proxyHeaders(scope: SecretScope, names: readonly string[]): string[] {
+  const headers = [...new Set(names.map((name) => name.trim().toLowerCase()))]
+  if (headers.length === 0) return headers
+  if (scope !== 'proxy')
+    throw new CairnProblem('validation_failed', 'headers apply to proxy secrets only (scope: proxy)')
+  if (headers.length > MAX_PROXY_HEADERS)
+    throw new CairnProblem('validation_failed', `at most ${MAX_PROXY_HEADERS} headers per secret`)
+  for (const header of headers) {
+    if (!HEADER_NAME_PATTERN.test(header) || UNSWAPPABLE_HEADERS.has(header))
+      throw new CairnProblem('validation_failed', `invalid header '${header}' for a proxy secret`)
+  }
+  return headers
+}
+
 /** What the agent sees in place of a `proxy` secret's value. */
 function newStandIn(): string {
   return `cairn-proxy-secret-${randomBytes(16).toString('hex')}`
@@ -29,6 +61,11 @@ export interface SetSecretsOptions {
   scope?: SecretScope | undefined
   /** Hosts a `proxy` secret is sent to (allowlist syntax); required for that scope, refused for others. */
   hosts?: readonly string[] | undefined
+  /**
+   * `proxy` scope: request headers the value is swapped into besides the credential headers
+   * (`Authorization`, `X-Api-Key`, …: `CREDENTIAL_HEADERS`); refused for other scopes.
+   */
+  headers?: readonly string[] | undefined
   /**
    * `proxy` scope: the allowlist the hosts must be reachable under (the agent's current revision's
    * `network`) and how to name it; a host it does not allow is refused. Unset: not checked.
@@ -41,6 +78,8 @@ export interface SecretInfo {
   scope: SecretScope
   /** `proxy` scope: the hosts requests get the real value for. */
   hosts?: string[]
+  /** `proxy` scope: headers it is swapped into besides the credential headers (when any). */
+  headers?: string[]
   createdAt: string
   updatedAt: string
 }
@@ -53,6 +92,7 @@ interface SecretRow {
   tag: Buffer
   stand_in: string | null
   hosts_json: string | null
+  headers_json: string | null
   created_at: string
   updated_at: string
 }
@@ -95,6 +135,7 @@ export class SecretStore {
     for (const host of hosts) {
       if (!validHost(host)) throw new CairnProblem('validation_failed', `invalid host '${host}'`)
     }
+    const headers = proxyHeaders(scope, options.headers ?? [])
     if (scope === 'proxy' && options.allowlist) {
       const bindings = Object.keys(values).map((name) => ({ name, hosts }))
       assertBindingsAllowed(
@@ -106,12 +147,12 @@ export class SecretStore {
     const at = iso(this.clock.now())
     // A secret keeps its stand-in when its value changes, so copies the agent made still work.
     const upsert = this.db.prepare(
-      `INSERT INTO secrets (agent_id, tenant_id, name, scope, ciphertext, iv, tag, key_version, stand_in, hosts_json, created_at, updated_at)
-       VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+      `INSERT INTO secrets (agent_id, tenant_id, name, scope, ciphertext, iv, tag, key_version, stand_in, hosts_json, headers_json, created_at, updated_at)
+       VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
        ON CONFLICT(agent_id, name) DO UPDATE SET scope = excluded.scope, ciphertext = excluded.ciphertext,
          iv = excluded.iv, tag = excluded.tag, key_version = excluded.key_version,
          stand_in = CASE WHEN excluded.scope = 'proxy' THEN COALESCE(secrets.stand_in, excluded.stand_in) END,
-         hosts_json = excluded.hosts_json, updated_at = excluded.updated_at`,
+         hosts_json = excluded.hosts_json, headers_json = excluded.headers_json, updated_at = excluded.updated_at`,
     )
     for (const [name, value] of Object.entries(values)) {
       if (!SECRET_NAME_PATTERN.test(name)) {
@@ -141,6 +182,7 @@ export class SecretStore {
           sealed.keyVersion,
           scope === 'proxy' ? newStandIn() : null,
           scope === 'proxy' ? JSON.stringify(hosts) : null,
+          headers.length > 0 ? JSON.stringify(headers) : null,
           at,
           at,
         )
@@ -156,6 +198,7 @@ export class SecretStore {
         name: r.name,
         scope: r.scope,
         ...(r.hosts_json ? { hosts: JSON.parse(r.hosts_json) as string[] } : {}),
+        ...(r.headers_json ? { headers: JSON.parse(r.headers_json) as string[] } : {}),
         createdAt: r.created_at,
         updatedAt: r.updated_at,
       }))
@@ -198,6 +241,7 @@ export class SecretStore {
         standIn: row.stand_in as string,
         value: this.cipher.open(row, `${agentId}/${row.name}`),
         hosts: JSON.parse(row.hosts_json ?? '[]') as string[],
+        headers: JSON.parse(row.headers_json ?? '[]') as string[],
       }))
   }
 

@@ -1,10 +1,12 @@
 import { CairnProblem } from '@cairn/protocol'
 
-/** Reads of whole trees (digests, exports) a tenant may have running at once. */
+/** Heavy reads (digests, exports, diffs and manifests, file downloads) a tenant may have running at once. */
 export const HEAVY_READS_PER_TENANT = 2
 
 /**
- * Per-tenant slots for reads that walk whole trees: a tenant that asks for more at once gets
+ * Per-tenant slots for reads that walk whole trees or stream whole files (digests, exports, diffs,
+ * file downloads: a 500 GB sparse file streams zeros for as long as it is read): a tenant that asks
+ * for more at once gets
  * `rate_limited` (429, retryable) instead of starving the host and the other tenants.
  */
 export class HeavyReads {
@@ -18,7 +20,7 @@ export class HeavyReads {
     if (count >= this.perTenant)
       throw new CairnProblem(
         'rate_limited',
-        `${what} must wait: this tenant already has ${count} digests or exports running (at most ${this.perTenant} at once); retry when one is done`,
+        `${what} must wait: this tenant already has ${count} heavy reads (digests, exports, diffs, downloads) running (at most ${this.perTenant} at once); retry when one is done`,
         { limit: this.perTenant },
       )
     this.running.set(tenantId, count + 1)

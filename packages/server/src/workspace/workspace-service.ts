@@ -518,13 +518,26 @@ export class WorkspaceService {
     return this.reading(tenantId, id, snapshotId, () => listDirectory(root, rel, options), WALK)
   }
 
-  /** A regular file of the workspace or a snapshot, opened for streaming (see `openTreeFile`). */
+  /**
+   * A regular file of the workspace or a snapshot, opened for streaming (see `openTreeFile`): a
+   * heavy read of the tenant's until the stream closes (a 500 GB sparse file streams zeros for as
+   * long as the client reads), its reader under nice.
+   */
   async openFile(tenantId: string, id: string, rel: Buffer, snapshotId?: string, options: ReadOptions = {}) {
     const root = this.root(tenantId, id, snapshotId)
     if (rel.length === 0) throw new CairnProblem('validation_failed', '/workspace is not a regular file')
-    const file = await this.reading(tenantId, id, snapshotId, () => openTreeFile(root, rel, options))
-    const slash = rel.lastIndexOf(0x2f)
-    return { ...file, name: rel.subarray(slash + 1).toString('utf8') }
+    const release = this.heavyReads.acquire(tenantId, 'a download')
+    try {
+      const file = await this.reading(tenantId, id, snapshotId, () =>
+        openTreeFile(root, rel, { ...options, background: true }),
+      )
+      file.stream.once('close', release)
+      const slash = rel.lastIndexOf(0x2f)
+      return { ...file, name: rel.subarray(slash + 1).toString('utf8') }
+    } catch (error) {
+      release()
+      throw error
+    }
   }
 
   async writeFile(tenantId: string, id: string, rawPath: string, body: Readable): Promise<void> {
@@ -555,25 +568,34 @@ export class WorkspaceService {
     this.deps.sessions.store.touch(id, this.now())
   }
 
-  /** Files added, changed and deleted since the revision (`from` absent or `revision`) or a snapshot. */
+  /**
+   * Files added, changed and deleted since the revision (`from` absent or `revision`) or a
+   * snapshot. Two walks of whole trees: a heavy read of the tenant's (`rate_limited` beyond its
+   * slots), under nice.
+   */
   async diff(tenantId: string, id: string, from?: string, options: ReadOptions = {}): Promise<WorkspaceDiff> {
     const row = this.deps.sessions.requireLive(tenantId, id)
     const root = this.rootOf(row)
     const { pool } = this.deps.runtime
+    const walk = { ...options, background: true }
     if (!from || from === 'revision')
-      return this.deps.sessions.readingWorkspace(
-        tenantId,
-        id,
-        () => diffTrees(pool.revisionPath(row.revision_id), root, row.revision_id, undefined, options),
-        WALK,
+      return this.heavyReads.run(tenantId, 'a diff', () =>
+        this.deps.sessions.readingWorkspace(
+          tenantId,
+          id,
+          () => diffTrees(pool.revisionPath(row.revision_id), root, row.revision_id, undefined, walk),
+          WALK,
+        ),
       )
     if (!this.snapshots.get(id, from))
       throw new CairnProblem('not_found', `No snapshot ${from} in session ${id}`)
-    return this.deps.sessions.readingWorkspace(
-      tenantId,
-      id,
-      () => diffTrees(pool.snapshotPath(from), root, from, undefined, options),
-      WALK,
+    return this.heavyReads.run(tenantId, 'a diff', () =>
+      this.deps.sessions.readingWorkspace(
+        tenantId,
+        id,
+        () => diffTrees(pool.snapshotPath(from), root, from, undefined, walk),
+        WALK,
+      ),
     )
   }
 

@@ -27,31 +27,46 @@ export const register: Register = (parent, ctx) => {
         '--host <host>',
         'with --scope proxy: a host the value is sent to (repeatable; api.example.com, *.example.com, host:8443)',
         (value: string, previous: string[] = []) => [...previous, value],
+      )
+      .option(
+        '--header <name>',
+        'with --scope proxy: a request header the value is swapped into besides Authorization, X-Api-Key and the other credential headers (repeatable)',
+        (value: string, previous: string[] = []) => [...previous, value],
       ),
-  ).action(async (agent: string, pairs: string[], options: { scope?: SecretScope; host?: string[] }) => {
-    const secrets: Record<string, string> = {}
-    for (const pair of pairs) {
-      const eq = pair.indexOf('=')
-      const name = eq < 0 ? pair : pair.slice(0, eq)
-      if (!NAME.test(name))
-        throw new UsageError(`Invalid secret name '${name}'`, 'Use letters, digits and _ (not first).')
-      if (eq >= 0) {
-        secrets[name] = pair.slice(eq + 1)
-      } else if (canPrompt()) {
-        const answer = await askLine(`Value of ${name}: `, [], true)
-        if (answer.kind !== 'line') throw new UsageError(`No value for ${name}`)
-        secrets[name] = answer.text
-      } else if (pairs.length === 1 && process.stdin.isTTY !== true) {
-        secrets[name] = (await readStdin()).replace(/\r?\n$/, '')
-      } else {
-        throw new UsageError(`No value for ${name}`, 'Write NAME=value, or pipe a single value on stdin.')
+  ).action(
+    async (
+      agent: string,
+      pairs: string[],
+      options: { scope?: SecretScope; host?: string[]; header?: string[] },
+    ) => {
+      const secrets: Record<string, string> = {}
+      for (const pair of pairs) {
+        const eq = pair.indexOf('=')
+        const name = eq < 0 ? pair : pair.slice(0, eq)
+        if (!NAME.test(name))
+          throw new UsageError(`Invalid secret name '${name}'`, 'Use letters, digits and _ (not first).')
+        if (eq >= 0) {
+          secrets[name] = pair.slice(eq + 1)
+        } else if (canPrompt()) {
+          const answer = await askLine(`Value of ${name}: `, [], true)
+          if (answer.kind !== 'line') throw new UsageError(`No value for ${name}`)
+          secrets[name] = answer.text
+        } else if (pairs.length === 1 && process.stdin.isTTY !== true) {
+          secrets[name] = (await readStdin()).replace(/\r?\n$/, '')
+        } else {
+          throw new UsageError(`No value for ${name}`, 'Write NAME=value, or pipe a single value on stdin.')
+        }
       }
-    }
-    const client = await ctx.client()
-    const result = await client.secrets.set(agent, secrets, { scope: options.scope, hosts: options.host })
-    if (ctx.json) return ctx.out.data(result)
-    ctx.out.line(`Set ${Object.keys(secrets).join(', ')} for ${agent}`)
-    if (result.missing.length > 0)
-      ctx.out.note(ctx.out.ec.yellow(`Still missing: ${result.missing.join(', ')}`))
-  })
+      const client = await ctx.client()
+      const result = await client.secrets.set(agent, secrets, {
+        scope: options.scope,
+        hosts: options.host,
+        headers: options.header,
+      })
+      if (ctx.json) return ctx.out.data(result)
+      ctx.out.line(`Set ${Object.keys(secrets).join(', ')} for ${agent}`)
+      if (result.missing.length > 0)
+        ctx.out.note(ctx.out.ec.yellow(`Still missing: ${result.missing.join(', ')}`))
+    },
+  )
 }

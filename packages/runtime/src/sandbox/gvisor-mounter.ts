@@ -1,5 +1,4 @@
-import { type ChildProcessWithoutNullStreams, spawn } from 'node:child_process'
-import { CairnProblem } from '@cairn/protocol'
+import { LineHelper } from '../util/line-helper.js'
 
 /**
  * The pool's mount helper (python3, which every sandbox host has): it makes a claim's binds with
@@ -42,59 +41,14 @@ for line in sys.stdin:
 
 /** One long-lived mount helper, started on first use and again after it died. */
 export class Mounter {
-  private child: ChildProcessWithoutNullStreams | undefined
-  private readonly pending = new Map<string, { resolve: () => void; reject: (error: Error) => void }>()
-  private next = 0
-
-  private ensure(): ChildProcessWithoutNullStreams {
-    if (this.child && this.child.exitCode === null && !this.child.killed) return this.child
-    const child = spawn('python3', ['-c', MOUNTER], {
-      stdio: ['pipe', 'pipe', 'pipe'],
-      env: { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' },
-    })
-    child.stdin.on('error', () => undefined)
-    let buffered = ''
-    child.stdout.setEncoding('utf8')
-    child.stdout.on('data', (chunk: string) => {
-      buffered += chunk
-      for (let nl = buffered.indexOf('\n'); nl >= 0; nl = buffered.indexOf('\n')) {
-        const [id = '', answer = ''] = buffered.slice(0, nl).split('\t')
-        buffered = buffered.slice(nl + 1)
-        const waiter = this.pending.get(id)
-        this.pending.delete(id)
-        if (answer === 'ok') waiter?.resolve()
-        else
-          waiter?.reject(new CairnProblem('sandbox_failed', `bind into a gVisor pool slot failed: ${answer}`))
-      }
-    })
-    child.stderr.resume()
-    child.once('exit', () => {
-      for (const waiter of this.pending.values()) {
-        waiter.reject(new CairnProblem('sandbox_failed', 'the gVisor pool mount helper exited'))
-      }
-      this.pending.clear()
-    })
-    this.child = child
-    return child
-  }
+  private readonly helper = new LineHelper(MOUNTER, 'bind into a gVisor pool slot')
 
   /** Binds `source` onto `point`; read-only binds pass through `staged` (in a private mount). */
   bind(source: string, point: string, readOnly: boolean, staged: string): Promise<void> {
-    for (const field of [source, point, staged]) {
-      if (/[\t\n]/.test(field))
-        return Promise.reject(new CairnProblem('bad_request', `unusable path ${field}`))
-    }
-    const id = String(this.next++)
-    const child = this.ensure()
-    return new Promise((resolve, reject) => {
-      this.pending.set(id, { resolve, reject })
-      child.stdin.write(`${id}\t${source}\t${point}\t${readOnly ? 1 : 0}\t${staged}\n`)
-    })
+    return this.helper.request([source, point, readOnly ? 1 : 0, staged])
   }
 
   close(): void {
-    this.child?.stdin.end()
-    this.child?.kill()
-    this.child = undefined
+    this.helper.close()
   }
 }

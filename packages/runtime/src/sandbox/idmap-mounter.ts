@@ -1,5 +1,4 @@
-import { type ChildProcessWithoutNullStreams, spawn } from 'node:child_process'
-import { CairnProblem } from '@cairn/protocol'
+import { LineHelper } from '../util/line-helper.js'
 
 /**
  * Idmapped mounts for the bwrap driver's per-sandbox host uids (see `SandboxUids`): files stay on
@@ -111,52 +110,10 @@ export interface IdmapRequest {
 
 /** The long-lived helper, started on first use and again after it died. */
 export class IdmapMounter {
-  private child: ChildProcessWithoutNullStreams | undefined
-  private readonly pending = new Map<string, { resolve: () => void; reject: (error: Error) => void }>()
-  private next = 0
-
-  private ensure(): ChildProcessWithoutNullStreams {
-    if (this.child && this.child.exitCode === null && !this.child.killed) return this.child
-    const child = spawn('python3', ['-c', HELPER], {
-      stdio: ['pipe', 'pipe', 'pipe'],
-      env: { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' },
-    })
-    child.stdin.on('error', () => undefined)
-    let buffered = ''
-    child.stdout.setEncoding('utf8')
-    child.stdout.on('data', (chunk: string) => {
-      buffered += chunk
-      for (let nl = buffered.indexOf('\n'); nl >= 0; nl = buffered.indexOf('\n')) {
-        const [id = '', answer = ''] = buffered.slice(0, nl).split('\t')
-        buffered = buffered.slice(nl + 1)
-        const waiter = this.pending.get(id)
-        this.pending.delete(id)
-        if (answer === 'ok') waiter?.resolve()
-        else waiter?.reject(new CairnProblem('sandbox_failed', `idmapped mount failed: ${answer}`))
-      }
-    })
-    child.stderr.resume()
-    child.once('exit', () => {
-      for (const waiter of this.pending.values()) {
-        waiter.reject(new CairnProblem('sandbox_failed', 'the idmapped mount helper exited'))
-      }
-      this.pending.clear()
-    })
-    this.child = child
-    return child
-  }
+  private readonly helper = new LineHelper(HELPER, 'idmapped mount')
 
   private request(fields: (string | number)[]): Promise<void> {
-    for (const field of fields) {
-      if (/[\t\n]/.test(String(field)))
-        return Promise.reject(new CairnProblem('bad_request', `unusable path ${field}`))
-    }
-    const id = String(this.next++)
-    const child = this.ensure()
-    return new Promise((resolve, reject) => {
-      this.pending.set(id, { resolve, reject })
-      child.stdin.write(`${[id, ...fields].join('\t')}\n`)
-    })
+    return this.helper.request(fields)
   }
 
   /** Mounts `source` at `point` (made here) with its `diskUid` files shown as `uid`. */
@@ -170,8 +127,6 @@ export class IdmapMounter {
   }
 
   close(): void {
-    this.child?.stdin.end()
-    this.child?.kill()
-    this.child = undefined
+    this.helper.close()
   }
 }

@@ -1,5 +1,6 @@
 import { expect } from 'vitest'
 import type { IsolationName } from '../../packages/runtime/src/sandbox/driver.js'
+import type { Api } from './server.js'
 
 /**
  * The escape probe: one Python program that tries to break out of its sandbox and prints what the
@@ -459,4 +460,27 @@ export function parseProbeResults(out: string): ProbeResults {
         return [line.slice(0, at), line.slice(at + 1)]
       }),
   )
+}
+
+/**
+ * A project whose stdio agent is the escape probe, deployed as `name` under `isolation`; with
+ * `small`, the tight limits the bombs are tried under (64 MiB, 32 pids).
+ */
+export function probeProjectFiles(
+  name: string,
+  isolation: IsolationName,
+  small = false,
+): Record<string, string> {
+  const limits = small ? 'limits:\n  memoryMiB: 64\n  pids: 32\n' : ''
+  return {
+    'cairn.yaml': `name: ${name}\ncommand: python3 probe.py\nisolation: ${isolation}\n${limits}`,
+    'probe.py': ESCAPE_PROBE,
+  }
+}
+
+/** Sends one message to a probe session; the turn must complete (the attempt failed and the probe said how). */
+export async function askProbe(api: Api, sessionId: string, message: string): Promise<string> {
+  const run = await api.send(sessionId, message)
+  expect(run.terminal?.type, JSON.stringify(run.terminal)).toBe('run.completed')
+  return run.text.trim()
 }

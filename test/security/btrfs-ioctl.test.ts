@@ -3,7 +3,7 @@ import { chownSync, existsSync, readFileSync, writeFileSync } from 'node:fs'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { DRIVERS, probeDrivers, SANDBOX_UID } from '../conformance/harness.js'
-import { ESCAPE_PROBE } from '../helpers/probe.js'
+import { askProbe, probeProjectFiles } from '../helpers/probe.js'
 import { makeProject } from '../helpers/projects.js'
 import { startTestServer, type TestServer } from '../helpers/server.js'
 
@@ -21,10 +21,7 @@ let t: TestServer
 beforeAll(async () => {
   t = await startTestServer({ server: { workspaceQuotaMiB: QUOTA_MIB } })
   for (const isolation of DRIVERS.filter((d) => drivers[d].ok)) {
-    const project = await makeProject({
-      'cairn.yaml': `name: ioctl-${isolation}\ncommand: python3 probe.py\nisolation: ${isolation}\nlimits:\n  memoryMiB: 64\n  pids: 32\n`,
-      'probe.py': ESCAPE_PROBE,
-    })
+    const project = await makeProject(probeProjectFiles(`ioctl-${isolation}`, isolation, true))
     expect((await t.api.deploy(project)).status).toBe(201)
   }
 })
@@ -33,11 +30,7 @@ afterAll(async () => {
   await t?.close()
 })
 
-async function ask(sessionId: string, message: string): Promise<string> {
-  const run = await t.api.send(sessionId, message)
-  expect(run.terminal?.type, JSON.stringify(run.terminal)).toBe('run.completed')
-  return run.text.trim()
-}
+const ask = (sessionId: string, message: string) => askProbe(t.api, sessionId, message)
 
 /** Every subvolume of the pool, by id (`btrfs subvolume list`, as root on the host). */
 function subvolumes(): Map<number, string> {

@@ -5,7 +5,7 @@ import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import type { IsolationName } from '../../packages/runtime/src/sandbox/driver.js'
 import { DRIVERS, limitCgroupDirs, probeDrivers, sandboxCgroupName } from '../conformance/harness.js'
-import { CONTAINED, ESCAPE_PROBE, parseProbeResults } from '../helpers/probe.js'
+import { askProbe, CONTAINED, parseProbeResults, probeProjectFiles } from '../helpers/probe.js'
 import { makeProject } from '../helpers/projects.js'
 import { startTestServer, type TestServer } from '../helpers/server.js'
 
@@ -16,10 +16,7 @@ let t: TestServer
 beforeAll(async () => {
   t = await startTestServer({ server: { workspaceQuotaMiB: QUOTA_MIB } })
   for (const isolation of DRIVERS.filter((d) => drivers[d].ok)) {
-    const project = await makeProject({
-      'cairn.yaml': `name: probe-${isolation}\ncommand: python3 probe.py\nisolation: ${isolation}\nlimits:\n  memoryMiB: 64\n  pids: 32\n`,
-      'probe.py': ESCAPE_PROBE,
-    })
+    const project = await makeProject(probeProjectFiles(`probe-${isolation}`, isolation, true))
     expect((await t.api.deploy(project)).status).toBe(201)
   }
 })
@@ -29,11 +26,7 @@ afterAll(async () => {
 })
 
 /** Sends one message; the turn must complete (the attempt failed and the agent said how). */
-async function ask(sessionId: string, message: string): Promise<string> {
-  const run = await t.api.send(sessionId, message)
-  expect(run.terminal?.type, JSON.stringify(run.terminal)).toBe('run.completed')
-  return run.text.trim()
-}
+const ask = (sessionId: string, message: string) => askProbe(t.api, sessionId, message)
 
 /** Host processes of a session's warm sandbox (its cgroup), and the sandbox id. */
 function sandboxOf(sessionId: string): { sandboxId: string; cgroupName: string; pids: number[] } {

@@ -6,7 +6,7 @@ import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { DRIVERS, probeDrivers } from '../conformance/harness.js'
 import { assertBuilt, CLI_BIN, waitFor } from '../helpers/cli.js'
-import { ESCAPE_PROBE } from '../helpers/probe.js'
+import { askProbe, probeProjectFiles } from '../helpers/probe.js'
 import { makeProject } from '../helpers/projects.js'
 import { Api } from '../helpers/server.js'
 
@@ -66,10 +66,7 @@ beforeAll(async () => {
   // The server process really holds the directory at that number.
   expect(readFileSync(`/proc/${child.pid}/fdinfo/${INHERITED_FD}`, 'utf8')).toMatch(/^pos:/)
   for (const isolation of DRIVERS.filter((d) => drivers[d].ok)) {
-    const project = await makeProject({
-      'cairn.yaml': `name: fds-${isolation}\ncommand: python3 probe.py\nisolation: ${isolation}\n`,
-      'probe.py': ESCAPE_PROBE,
-    })
+    const project = await makeProject(probeProjectFiles(`fds-${isolation}`, isolation))
     expect((await api.deploy(project)).status).toBe(201)
   }
 })
@@ -98,11 +95,7 @@ function sandboxHolders(): string[] {
   return found
 }
 
-async function ask(sessionId: string, message: string): Promise<string> {
-  const run = await api.send(sessionId, message)
-  expect(run.terminal?.type, JSON.stringify(run.terminal)).toBe('run.completed')
-  return run.text.trim()
-}
+const ask = (sessionId: string, message: string) => askProbe(api, sessionId, message)
 
 describe.each(DRIVERS)('%s driver: descriptors inherited by the server', (isolation) => {
   it.skipIf(!drivers[isolation].ok)('do not reach the sandbox', async () => {

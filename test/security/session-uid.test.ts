@@ -3,7 +3,7 @@ import { readFileSync } from 'node:fs'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { SANDBOX_UID } from '../conformance/harness.js'
-import { ESCAPE_PROBE } from '../helpers/probe.js'
+import { askProbe, probeProjectFiles } from '../helpers/probe.js'
 import { makeProject } from '../helpers/projects.js'
 import { startTestServer, type TestServer } from '../helpers/server.js'
 
@@ -22,10 +22,7 @@ let t: TestServer
 
 beforeAll(async () => {
   t = await startTestServer()
-  const project = await makeProject({
-    'cairn.yaml': 'name: uid-probe\ncommand: python3 probe.py\nisolation: bwrap\n',
-    'probe.py': ESCAPE_PROBE,
-  })
+  const project = await makeProject(probeProjectFiles('uid-probe', 'bwrap'))
   expect((await t.api.deploy(project)).status).toBe(201)
 })
 
@@ -33,11 +30,7 @@ afterAll(async () => {
   await t?.close()
 })
 
-async function ask(sessionId: string, message: string): Promise<string> {
-  const run = await t.api.send(sessionId, message)
-  expect(run.terminal?.type, JSON.stringify(run.terminal)).toBe('run.completed')
-  return run.text.trim()
-}
+const ask = (sessionId: string, message: string) => askProbe(t.api, sessionId, message)
 
 /** The host uid of a session's warm sandbox (its agent process). */
 function hostUidOf(sessionId: string): number {

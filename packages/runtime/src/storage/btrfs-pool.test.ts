@@ -39,6 +39,25 @@ function subvolumeShow(dir: string): Record<string, string> {
   return fields
 }
 
+/** Runs python3 `code` with `args` as the sandbox uid on the host (no namespace, no filter). */
+function asSandboxUid(code: string, ...args: string[]): string {
+  return execFileSync(
+    'setpriv',
+    [
+      '--reuid',
+      String(SANDBOX_UID),
+      '--regid',
+      String(SANDBOX_UID),
+      '--clear-groups',
+      '/usr/bin/python3',
+      '-c',
+      code,
+      ...args,
+    ],
+    { encoding: 'utf8' },
+  ).trim()
+}
+
 describe('BtrfsPool', () => {
   it('mounts a btrfs filesystem at the pool root', () => {
     expect(poolMounts(t.runtime)).toBe(1)
@@ -174,22 +193,7 @@ describe('BtrfsPool', () => {
       'fd = os.open(sys.argv[1], os.O_RDONLY)',
       'try:\n    fcntl.ioctl(fd, 0x5000943F, args); print("destroyed")\nexcept OSError as e: print(e.strerror)',
     ].join('\n')
-    const answer = execFileSync(
-      'setpriv',
-      [
-        '--reuid',
-        String(SANDBOX_UID),
-        '--regid',
-        String(SANDBOX_UID),
-        '--clear-groups',
-        '/usr/bin/python3',
-        '-c',
-        destroy,
-        ws,
-        String(innerId),
-      ],
-      { encoding: 'utf8' },
-    ).trim()
+    const answer = asSandboxUid(destroy, ws, String(innerId))
     expect(answer).toBe('Operation not permitted')
     expect(existsSync(inner)).toBe(true)
     // The server (root) still removes the workspace and what is nested in it.
@@ -225,22 +229,7 @@ describe('BtrfsPool', () => {
     }
 
     // trusted.* attributes need CAP_SYS_ADMIN: the sandbox uid neither sees nor writes the marker.
-    const asSandbox = (code: string) =>
-      execFileSync(
-        'setpriv',
-        [
-          '--reuid',
-          String(SANDBOX_UID),
-          '--regid',
-          String(SANDBOX_UID),
-          '--clear-groups',
-          '/usr/bin/python3',
-          '-c',
-          code,
-          ws,
-        ],
-        { encoding: 'utf8' },
-      ).trim()
+    const asSandbox = (code: string) => asSandboxUid(code, ws)
     expect(
       asSandbox(
         'import os, sys\ntry:\n    os.getxattr(sys.argv[1], "trusted.cairn.generation"); print("read")\nexcept OSError as e: print(e.errno)',

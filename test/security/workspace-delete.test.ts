@@ -50,6 +50,30 @@ os.symlink(target, d)
 print("swapped", flush=True)
 `
 
+/**
+ * Runs `remove` while the SWAPPER (given `args`) keeps exchanging the attacker's directory with a
+ * link to the victim's tree; answers the removal's error (undefined: none) and what SWAPPER said.
+ */
+async function deleteWhileSwapping(
+  remove: () => Promise<unknown>,
+  args: string[],
+): Promise<{ deleted: Error | undefined; output: string }> {
+  const swapper = spawn('python3', ['-c', SWAPPER, ...args], { stdio: ['ignore', 'pipe', 'inherit'] })
+  let output = ''
+  swapper.stdout.on('data', (chunk: Buffer) => {
+    output += chunk.toString()
+  })
+  const exited = new Promise<void>((resolve) => swapper.once('exit', () => resolve()))
+  while (!output.includes('ready')) await new Promise((resolve) => setTimeout(resolve, 10))
+  const deleted = await remove().then(
+    () => undefined,
+    (error: Error) => error,
+  )
+  swapper.kill()
+  await exited
+  return { deleted, output }
+}
+
 describe('workspace deletion', () => {
   it("deletes an agent's nested subvolumes by ID, never following a directory swapped for a link to another tenant's tree", async () => {
     const pool = t.runtime.pool
@@ -79,21 +103,10 @@ describe('workspace deletion', () => {
       path.join(deep, 'inner', 'ro'),
     ])
 
-    const swapper = spawn('python3', ['-c', SWAPPER, dir, victim, String(NESTED)], {
-      stdio: ['ignore', 'pipe', 'inherit'],
-    })
-    let output = ''
-    swapper.stdout.on('data', (chunk: Buffer) => {
-      output += chunk.toString()
-    })
-    const exited = new Promise<void>((resolve) => swapper.once('exit', () => resolve()))
-    while (!output.includes('ready')) await new Promise((resolve) => setTimeout(resolve, 10))
-    const deleted = await pool.deleteWorkspace(attackerId).then(
-      () => undefined,
-      (error: Error) => error,
+    const { deleted, output } = await deleteWhileSwapping(
+      () => pool.deleteWorkspace(attackerId),
+      [dir, victim, String(NESTED)],
     )
-    swapper.kill()
-    await exited
     // The link was in place while the deletion ran.
     expect(output).toContain('swapped')
 
@@ -128,21 +141,10 @@ describe('workspace deletion on the dir driver', () => {
         '-c',
         `import os\nfor i in range(${count}):\n    open(os.path.join('${victim}', 'f%d' % i), 'w').close()\n    open(os.path.join('${attacker}', 'd', 'f%d' % i), 'w').close()`,
       ])
-      const swapper = spawn('python3', ['-c', SWAPPER, path.join(attacker, 'd'), victim, String(count)], {
-        stdio: ['ignore', 'pipe', 'inherit'],
-      })
-      let output = ''
-      swapper.stdout.on('data', (chunk: Buffer) => {
-        output += chunk.toString()
-      })
-      const exited = new Promise<void>((resolve) => swapper.once('exit', () => resolve()))
-      while (!output.includes('ready')) await new Promise((resolve) => setTimeout(resolve, 10))
-      const deleted = await pool.deleteWorkspace(attackerId).then(
-        () => undefined,
-        (error: Error) => error,
+      const { deleted, output } = await deleteWhileSwapping(
+        () => pool.deleteWorkspace(attackerId),
+        [path.join(attacker, 'd'), victim, String(count)],
       )
-      swapper.kill()
-      await exited
       expect(output).toContain('swapped')
       expect(readdirSync(victim).length).toBe(count)
       expect(deleted).toBeUndefined()

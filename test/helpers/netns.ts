@@ -52,3 +52,31 @@ export function createNetnsHost(tag: string, subnet: number): NetnsHost {
     },
   }
 }
+
+/**
+ * Serves `dir` over plain HTTP on `port` inside the test host's namespace, and waits (up to 5 s)
+ * until `probePath` answers from the host.
+ */
+export async function serveDirectory(
+  host: NetnsHost,
+  dir: string,
+  probePath: string,
+  port = 8080,
+): Promise<ChildProcess> {
+  const server = host.spawn(
+    ['python3', '-m', 'http.server', String(port), '--bind', host.address, '--directory', dir],
+    { stdio: 'ignore' },
+  )
+  for (let i = 0; i < 50; i++) {
+    try {
+      execFileSync('python3', [
+        '-c',
+        `import urllib.request; urllib.request.urlopen("http://${host.address}:${port}/${probePath}", timeout=1)`,
+      ])
+      break
+    } catch {
+      await new Promise((r) => setTimeout(r, 100))
+    }
+  }
+  return server
+}

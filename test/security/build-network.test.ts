@@ -1,11 +1,11 @@
-import { type ChildProcess, execFileSync } from 'node:child_process'
+import type { ChildProcess } from 'node:child_process'
 import { mkdtemp, rm, writeFile } from 'node:fs/promises'
 import net from 'node:net'
 import os from 'node:os'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { DRIVERS, probeDrivers } from '../conformance/harness.js'
-import { createNetnsHost, type NetnsHost, netnsAddresses } from '../helpers/netns.js'
+import { createNetnsHost, type NetnsHost, netnsAddresses, serveDirectory } from '../helpers/netns.js'
 import { makeProject } from '../helpers/projects.js'
 import { packDir, startTestServer, type TestServer } from '../helpers/server.js'
 
@@ -80,21 +80,7 @@ beforeAll(async () => {
   netnsHost = createNetnsHost('bnet', SUBNET)
   webRoot = await mkdtemp(path.join(os.tmpdir(), 'cairn-build-web-'))
   await writeFile(path.join(webRoot, 'hello.txt'), 'hello from the test host\n')
-  web = netnsHost.spawn(
-    ['python3', '-m', 'http.server', '8080', '--bind', TEST_HOST, '--directory', webRoot],
-    { stdio: 'ignore' },
-  )
-  for (let i = 0; i < 50; i++) {
-    try {
-      execFileSync('python3', [
-        '-c',
-        `import urllib.request; urllib.request.urlopen("http://${TEST_HOST}:8080/hello.txt", timeout=1)`,
-      ])
-      break
-    } catch {
-      await new Promise((r) => setTimeout(r, 100))
-    }
-  }
+  web = await serveDirectory(netnsHost, webRoot, 'hello.txt')
   loopbackPort = portOf(await listen('127.0.0.1', 'host loopback secret'))
   hostOnlyPort = portOf(await listen(HOST_SIDE, 'host-only secret'))
   await listen({ path: `\0${ABSTRACT_NAME}` }, 'abstract socket secret')

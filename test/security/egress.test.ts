@@ -1,11 +1,11 @@
-import { type ChildProcess, execFileSync } from 'node:child_process'
+import type { ChildProcess } from 'node:child_process'
 import { mkdtemp, rm, writeFile } from 'node:fs/promises'
 import http from 'node:http'
 import type { AddressInfo } from 'node:net'
 import os from 'node:os'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { createNetnsHost, type NetnsHost, netnsAddresses } from '../helpers/netns.js'
+import { createNetnsHost, type NetnsHost, netnsAddresses, serveDirectory } from '../helpers/netns.js'
 import { previewFetch, previewOrigin } from '../helpers/preview.js'
 import { makeProject } from '../helpers/projects.js'
 import { startTestServer, type TestServer } from '../helpers/server.js'
@@ -34,23 +34,7 @@ beforeAll(async () => {
   netnsHost = createNetnsHost('egress', SUBNET)
   webRoot = await mkdtemp(path.join(os.tmpdir(), 'cairn-egress-web-'))
   await writeFile(path.join(webRoot, 'hello.txt'), 'hello from the test host\n')
-  web = netnsHost.spawn(
-    ['python3', '-m', 'http.server', '8080', '--bind', TEST_HOST, '--directory', webRoot],
-    {
-      stdio: 'ignore',
-    },
-  )
-  for (let i = 0; i < 50; i++) {
-    try {
-      execFileSync('python3', [
-        '-c',
-        `import urllib.request; urllib.request.urlopen("http://${TEST_HOST}:8080/hello.txt", timeout=1)`,
-      ])
-      break
-    } catch {
-      await new Promise((r) => setTimeout(r, 100))
-    }
-  }
+  web = await serveDirectory(netnsHost, webRoot, 'hello.txt')
   keepAliveWeb = netnsHost.spawn(
     [
       process.execPath,

@@ -99,7 +99,7 @@ describe('SSE streams (one writer for every streaming route)', () => {
     const controller = new AbortController()
     const res = await followLogs('slow-hangup', revision, controller)
     const seen = await readUntil(res, controller, () => true)
-    expect(seen.at(-1)?.event).not.toBe('end')
+    expect(seen.at(-1)?.event, JSON.stringify(seen)).not.toBe('end')
     // The build goes on logging and ends while nobody listens; heartbeats would fire as well.
     await waitForBuild('slow-hangup', revision)
     await new Promise((r) => setTimeout(r, HEARTBEAT_MS * 3))

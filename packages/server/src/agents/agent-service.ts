@@ -169,7 +169,7 @@ export class AgentService {
     const { logs } = this
     const needsBuild = Boolean(plan.dependencies || plan.setup)
     const secrets = this.deps.secrets.valuesForScope(tenantId, agentId, 'setup')
-    if (needsBuild) await logs.open(revisionId)
+    if (needsBuild) logs.open(revisionId)
     const log = (line: string) => logs.append(revisionId, redact(line, secrets))
     try {
       if (needsBuild) {

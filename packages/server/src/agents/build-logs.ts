@@ -1,5 +1,5 @@
-import { createWriteStream, existsSync, type WriteStream } from 'node:fs'
-import { mkdir, readFile } from 'node:fs/promises'
+import { createWriteStream, existsSync, mkdirSync, type WriteStream } from 'node:fs'
+import { readFile } from 'node:fs/promises'
 import path from 'node:path'
 
 export type BuildLogEvent =
@@ -22,8 +22,13 @@ export class BuildLogs {
     return path.join(this.dir, `${revisionId}.log`)
   }
 
-  async open(revisionId: string): Promise<void> {
-    await mkdir(this.dir, { recursive: true, mode: 0o700 })
+  /**
+   * Makes the revision's log live. Synchronous, so that the log is live before the deploy that
+   * starts the build answers: a follower that comes at once never finds a building revision
+   * without a live log (it was answered `end` with status DEPLOYING).
+   */
+  open(revisionId: string): void {
+    mkdirSync(this.dir, { recursive: true, mode: 0o700 })
     this.live.set(revisionId, {
       file: createWriteStream(this.file(revisionId), { flags: 'a', mode: 0o600 }),
       lines: [],

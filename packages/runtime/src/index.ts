@@ -14,6 +14,10 @@ export { EgressCa } from './egress/egress-ca.js'
 export { bindingAllowed, decide, type EgressPolicy, type EgressRule } from './egress/policy.js'
 export { EgressProxy, type EgressRoute, type EgressSite, type NetworkEvent } from './egress/proxy.js'
 export { type ProxySecret, secretsBoundTo, swapInSecrets, swapOutSecrets } from './egress/proxy-secrets.js'
+export { hostDebianMirror } from './images/debian-mirror.js'
+export { type ImageBuildContext, ImageBuilder } from './images/image-builder.js'
+export { describeRecipe, HOST_IMAGE, type ImageRecipe, parseImage } from './images/image-recipe.js'
+export { type ImageRecord, ImageStore } from './images/image-store.js'
 export { AGENT_KIT_DIR, instanceRunDir } from './paths.js'
 export {
   DEFAULT_POOL_IMAGE_BYTES,

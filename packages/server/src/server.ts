@@ -142,6 +142,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       logger,
       archiveLimits: { maxFiles: config.maxArchiveFiles, maxUnpackedBytes: config.maxUnpackedBytes },
       build: { egressSite, buildEgressAllow: config.buildEgressAllow },
+      images: { defaultImage: config.defaultImage, debianMirror: config.debianMirror, egressSite },
       operatorLimits: config.operatorLimits,
     })
     const metrics = new MetricsRegistry()
@@ -274,7 +275,10 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       if (config.writeCredentials) credentialsWritten = await writeCredentialsIfMissing(url, adminKey)
       logger.info({ adminKeyPath, credentials: credentialsWritten }, 'created the admin API key')
     }
-    sessions.startReaper(config.reaperIntervalMs, () => retentionService.apply())
+    sessions.startReaper(config.reaperIntervalMs, async () => {
+      await retentionService.apply()
+      await agents.images.collect()
+    })
     logger.info(
       {
         url,

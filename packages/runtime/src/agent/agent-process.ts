@@ -259,6 +259,7 @@ export class AgentProcess {
       env,
       limits: this.launch.limits,
       binds: this.launch.binds,
+      rootfs: this.launch.rootfs,
     })
     const stderrDecoder = new StringDecoder('utf8')
     sandbox.stderr.on('data', (chunk: Buffer) => this.stderr.push(stderrDecoder.write(chunk)))

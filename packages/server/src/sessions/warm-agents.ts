@@ -135,6 +135,7 @@ export class WarmAgents {
         ...(envKey ? envBinds(this.deps.agents.envs.envPath(envKey), envKey) : []),
         ...(this.deps.memory ? [await this.deps.memory.bind(row.agent_id)] : []),
       ],
+      rootfs: this.deps.agents.images.rootfsOf(revision),
       egress: {
         ...this.deps.egressSite,
         policy: sessionNetwork(row, revision.manifest),

@@ -130,6 +130,7 @@ export class SetupService {
         egress: { ...this.deps.egressSite, policy, onEvent: onNetwork },
         logger: runtime.logger,
         binds: envKey ? envBinds(this.deps.agents.envs.envPath(envKey), envKey) : [],
+        rootfs: this.deps.agents.images.rootfsOf(revision),
         limits: sandboxLimits(revision.manifest, this.deps.operatorLimits),
         timeoutMs,
         onLine: append,

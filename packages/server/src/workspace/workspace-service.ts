@@ -839,7 +839,7 @@ export class WorkspaceService {
         command: revision?.command ?? [],
         protocol: revision?.protocol ?? 'stdio',
       },
-      baseImage: 'host /usr, read-only (bwrap)',
+      baseImage: await this.deps.agents.images.describe(revision?.manifest.imageKey),
       driver: revision?.manifest.isolation ?? this.deps.runtime.driver.name,
       storage: this.deps.runtime.pool.driver,
       setupVersion: revision?.manifest.setup ? revision.contentHash : null,

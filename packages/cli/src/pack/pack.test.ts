@@ -151,7 +151,9 @@ describe('readLocalManifest', () => {
       "unknown key 'ignroe' in cairn.yaml; did you mean 'ignore'?",
     )
     await put('cairn.yaml', 'name: a\ncommand: bash a.sh\nimage: debian:bookworm\npackages: [git]\n')
-    await expect(readLocalManifest(dir)).resolves.toMatchObject({ image: 'debian:bookworm', packages: ['git'] })
+    await expect(readLocalManifest(dir)).resolves.toMatchObject({
+      data: { image: 'debian:bookworm', packages: ['git'] },
+    })
     // Every commented key of `cairn init`'s template is known, once uncommented.
     const template = renderManifest({ name: 'a', command: ['bash', 'a.sh'], protocol: 'stdio' }, true)
     await put(

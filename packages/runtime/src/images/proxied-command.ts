@@ -69,8 +69,15 @@ export interface ProxiedCommand {
  */
 export async function runProxied(spec: ProxiedCommand): Promise<void> {
   const dir = await mkdtemp(path.join(os.tmpdir(), 'cairn-image-'))
+  // The last lines, for the error: what the tool said before it failed.
+  const tail: string[] = []
+  const log = (line: string) => {
+    tail.push(line)
+    if (tail.length > 3) tail.shift()
+    spec.log(line)
+  }
   const onEvent = (event: NetworkEvent) => {
-    if (!event.allowed) spec.log(`egress: refused ${event.host}:${event.port} (${event.reason})`)
+    if (!event.allowed) log(`egress: refused ${event.host}:${event.port} (${event.reason})`)
   }
   const proxy = new EgressProxy({
     ...spec.site,
@@ -116,9 +123,9 @@ export async function runProxied(spec: ProxiedCommand): Promise<void> {
         pending += decoder.write(chunk).replace(/\r(?!\n)/g, '\n')
         const lines = pending.split('\n')
         pending = lines.pop() ?? ''
-        for (const line of lines) spec.log(line)
+        for (const line of lines) log(line)
       })
-      stream.on('end', () => pending && spec.log(pending))
+      stream.on('end', () => pending && log(pending))
     }
     let timedOut = false
     const timer = setTimeout(() => {
@@ -131,7 +138,11 @@ export async function runProxied(spec: ProxiedCommand): Promise<void> {
     }).finally(() => clearTimeout(timer))
     const what = spec.command.slice(0, 2).join(' ')
     if (timedOut) throw new CairnProblem('timeout', `image step '${what}' ran past ${spec.timeoutMs} ms`)
-    if (code !== 0) throw new CairnProblem('build_failed', `image step '${what}' exited with code ${code}`)
+    if (code !== 0)
+      throw new CairnProblem(
+        'build_failed',
+        `image step '${what}' exited with code ${code}${tail.length ? `: ${tail.join(' / ')}` : ''}`,
+      )
   } finally {
     await proxy.close().catch(() => undefined)
     await rm(dir, { recursive: true, force: true })

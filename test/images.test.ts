@@ -1,6 +1,7 @@
 import { execFileSync } from 'node:child_process'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { spawnCli } from './helpers/cli.js'
 import { makeProject, SHELL_AGENT } from './helpers/projects.js'
 import { startTestServer, type TestServer } from './helpers/server.js'
 
@@ -53,7 +54,16 @@ async function shell(sessionId: string, line: string): Promise<string> {
 beforeAll(async () => {
   t = await startTestServer({ server: { defaultImage: 'host' } })
   const dir = await makeProject({
-    'cairn.yaml': `name: imaged\ncommand: bash agent.sh\n${IMAGE_YAML}`,
+    // The revision's setup and each session's setup phase run on the image too (rg is not on the host).
+    'cairn.yaml': [
+      'name: imaged',
+      'command: bash agent.sh',
+      IMAGE_YAML.trim(),
+      'setup: sh -c "rg --version | head -1 > rg-at-build.txt"',
+      'session:',
+      '  setup: sh -c "rg --version | head -1 > rg-at-session.txt"',
+      '',
+    ].join('\n'),
     'agent.sh': SHELL_AGENT,
   })
   writeWheel(dir)
@@ -146,6 +156,24 @@ describe('agent images', () => {
     expect(image.sizeBytes).toBeGreaterThan(50 * 1024 * 1024)
     expect(image.revisions.map((r: { id: string }) => r.id)).toContain(revisionId)
     expect(image.revisions).toHaveLength(2)
+  })
+
+  it("runs the revision's setup and the session's setup phase on the image", async () => {
+    const session = await t.api.createSession('imaged')
+    expect(await shell(session.id, 'cat rg-at-build.txt rg-at-session.txt')).toMatch(
+      /^ripgrep \d+\.\d+\S*\nripgrep \d+\.\d+\S*\n\[exit 0\]\n$/,
+    )
+  })
+
+  it('cairn images lists the image with its size and the revisions that run on it', async () => {
+    const env = { CAIRN_API_URL: t.url, CAIRN_API_KEY: t.key, CAIRN_CONFIG_DIR: path.join(t.dataDir, 'cli') }
+    const table = await spawnCli(['images'], env).done
+    expect(table.code, table.stderr).toBe(0)
+    expect(table.stdout).toMatch(/debian-[0-9a-f]{12}.*debian:bookworm \+ python3-pip, ripgrep.*MiB/)
+    expect(table.stdout).toContain(revisionId)
+    expect(table.stderr).toContain("Agents without image: run on 'host'")
+    const json = await spawnCli(['images', '--json'], env).done
+    expect(JSON.parse(json.stdout)).toMatchObject({ defaultImage: 'host', images: [{ kind: 'debian' }] })
   })
 
   it('refuses an image it cannot make, naming what is accepted', async () => {

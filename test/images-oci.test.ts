@@ -89,6 +89,30 @@ describe('OCI images', () => {
     expect(again.body.revision).toMatchObject({ status: 'READY', imageKey: revision.imageKey })
   })
 
+  it('runs the same image under gVisor, whose own overlay makes the root writable and reset', async (ctx) => {
+    const drivers = (await t.api.call('GET', '/v1/runtime')).body.drivers as {
+      name: string
+      available: boolean
+    }[]
+    if (!drivers.find((d) => d.name === 'gvisor')?.available) ctx.skip()
+    const dir = await makeProject({
+      'cairn.yaml': `name: oci-gvisor\ncommand: [/bin/sh, /agent.sh]\nprotocol: exec\nisolation: gvisor\nimage: ${REFERENCE}\n`,
+    })
+    const deployed = await t.api.deploy(dir)
+    expect(deployed.status, JSON.stringify(deployed.body)).toBe(201)
+    expect((await waitReady('oci-gvisor')).status).toBe('READY')
+    const session = await t.api.createSession('oci-gvisor')
+    const reply = await t.api.send(session.id, 'hello')
+    expect(reply.text, JSON.stringify(reply.events.slice(-2))).toBe(
+      'marker: built by the OCI test, root: image\n',
+    )
+    expect((await t.api.send(session.id, 'write')).text).toBe('wrote /etc/note\n')
+    expect((await t.api.send(session.id, 'read')).text).toBe('no note\n')
+    const manifest = await t.api.call('GET', `/v1/sessions/${session.id}/manifest`)
+    expect(manifest.body.driver).toBe('gvisor')
+    expect((await t.api.call('DELETE', '/v1/agents/oci-gvisor')).status).toBe(200)
+  })
+
   it('collects an image no revision uses once its agents are deleted', async () => {
     for (const name of ['oci', 'oci-again'])
       expect((await t.api.call('DELETE', `/v1/agents/${name}`)).status).toBe(200)

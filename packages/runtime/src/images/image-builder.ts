@@ -22,10 +22,10 @@ export interface ImageBuilderOptions {
   egressSite?: EgressSite | undefined
 }
 
-/** Where a sandbox mounts what the runtime brings: made in every image so read-only roots have them. */
+/** Where a sandbox mounts what the runtime brings: made in every image (gVisor's gofer cannot make them in a read-only root). */
 const MOUNT_POINTS = [
   'workspace',
-  'run',
+  'run/cairn',
   'tmp',
   'proc',
   'dev',

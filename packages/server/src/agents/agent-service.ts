@@ -114,11 +114,6 @@ export class AgentService {
         log: (line) => this.deps.logger.debug({ revision: revisionId }, line),
         timeoutMs: 60_000,
       })
-      if (image.key && (resolved.manifest.isolation ?? this.deps.runtime.driver.name) === 'gvisor')
-        throw new CairnProblem(
-          'invalid_manifest',
-          "images run under bwrap only for now: use 'isolation: bwrap' or 'image: host' with gVisor",
-        )
       plan = { ...plan, image: this.images.needsBuild(image) ? image : undefined }
       // Before anything is recorded: a deploy past the tenant's concurrent builds leaves no trace.
       if (needsBuild(plan)) buildSlot = this.builds.take(tenantId)

@@ -1,6 +1,7 @@
 import { cp, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises'
 import os from 'node:os'
 import path from 'node:path'
+import { OverlayMounter } from '../packages/runtime/dist/index.js'
 import { floor } from './baselines.js'
 import { type Bench, progress, repeat, timedResult } from './lib/bench.js'
 import type { Target } from './lib/results.js'
@@ -78,6 +79,25 @@ export const images: Bench = {
         })
         if (problems.length > 0)
           throw new Error(`image cold starts failed:\n${problems.slice(0, 5).join('\n')}`)
+        // The overlay alone: what a sandbox with an image adds (a tmpfs and an overlay mounted, then unmounted).
+        const mounter = new OverlayMounter()
+        const lower = server.server.images.store.rootfsPath(image.key)
+        const scratch = await mkdtemp(path.join(os.tmpdir(), 'cairn-bench-overlay-'))
+        const mountMs: number[] = []
+        const unmountMs: number[] = []
+        try {
+          for (let i = 0; i < 100; i++) {
+            const a = performance.now()
+            await mounter.mount(path.join(scratch, `o${i}`), lower, 512)
+            const b = performance.now()
+            await mounter.unmount(path.join(scratch, `o${i}`))
+            mountMs.push(b - a)
+            unmountMs.push(performance.now() - b)
+          }
+        } finally {
+          mounter.close()
+          await rm(scratch, { recursive: true, force: true })
+        }
         const host = row('echo on the host root: create -> first byte', samples.host, sandboxFloor)
         const onImage = row(
           'echo on a Debian image (overlay): create -> first byte',
@@ -87,6 +107,8 @@ export const images: Bench = {
         const rows: Row[] = [
           host,
           onImage,
+          row('writable root: tmpfs + overlay mount', mountMs),
+          row('writable root: unmount (both) and rmdir', unmountMs),
           row('first build of debian:bookworm minbase: deploy -> READY', [firstBuildMs]),
           row('same recipe again: deploy answer (READY, image reused)', [cached.ms]),
         ]

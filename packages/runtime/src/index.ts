@@ -47,6 +47,7 @@ export {
   type GvisorDriverOptions,
   probeGvisor,
 } from './sandbox/gvisor-driver.js'
+export { OverlayMounter } from './sandbox/overlay-mounter.js'
 export { BtrfsPool, defaultReserveBytes, tenantQgroup } from './storage/btrfs-pool.js'
 export { DirPool } from './storage/dir-pool.js'
 export { EnvStore } from './storage/env-store.js'

@@ -18,6 +18,12 @@ export { hostDebianMirror } from './images/debian-mirror.js'
 export { type ImageBuildContext, ImageBuilder } from './images/image-builder.js'
 export { describeRecipe, HOST_IMAGE, type ImageRecipe, parseImage } from './images/image-recipe.js'
 export { type ImageRecord, ImageStore } from './images/image-store.js'
+export {
+  type DependencyEnv,
+  ENV_VARIABLES,
+  envBinds,
+  launchEnvironment,
+} from './launch/launch-env.js'
 export { AGENT_KIT_DIR, instanceRunDir } from './paths.js'
 export {
   DEFAULT_POOL_IMAGE_BYTES,

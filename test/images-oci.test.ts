@@ -113,10 +113,18 @@ describe('OCI images', () => {
     expect((await t.api.call('DELETE', '/v1/agents/oci-gvisor')).status).toBe(200)
   })
 
-  it('collects an image no revision uses once its agents are deleted', async () => {
+  it('collects an image once no revision uses it: agents deleted and their sessions too', async () => {
     for (const name of ['oci', 'oci-again'])
       expect((await t.api.call('DELETE', `/v1/agents/${name}`)).status).toBe(200)
-    await t.server.images.collect()
+    // A deleted agent's session may still run on the image: it stays.
+    expect(await t.server.images.collect()).toEqual({ images: 0, bytesFreed: 0 })
+    expect((await t.api.call('GET', '/v1/images')).body.data).toHaveLength(1)
+    const sessions = (await t.api.call('GET', '/v1/sessions?limit=100')).body.data as { id: string }[]
+    for (const session of sessions)
+      expect((await t.api.call('DELETE', `/v1/sessions/${session.id}`)).status).toBeLessThan(300)
+    const collected = await t.server.images.collect()
+    expect(collected.images).toBe(1)
+    expect(collected.bytesFreed).toBeGreaterThan(0)
     expect((await t.api.call('GET', '/v1/images')).body.data).toEqual([])
   })
 })

@@ -114,6 +114,13 @@ describe('agent images', () => {
     expect(
       await shell(session.id, 'echo "127.0.0.1 myapp.local" >> /etc/hosts && getent hosts myapp.local'),
     ).toBe('127.0.0.1       myapp.local\n[exit 0]\n')
+    // A background server started by a turn (the hosted docs' example): it dies with the sandbox.
+    expect(await shell(session.id, 'python3 -m http.server 8123 >/dev/null 2>&1 & echo started')).toBe(
+      'started\n[exit 0]\n',
+    )
+    const serving =
+      'python3 -c "import urllib.request; urllib.request.urlopen(\'http://127.0.0.1:8123/\', timeout=2)" 2>/dev/null; echo "server $?"'
+    expect(await shell(session.id, `sleep 1; ${serving}`)).toBe('server 0\n[exit 0]\n')
     expect(await shell(session.id, 'echo kept > /workspace/kept.txt; touch /usr/bin/planted; echo ok')).toBe(
       'ok\n[exit 0]\n',
     )
@@ -133,6 +140,7 @@ describe('agent images', () => {
         'getent hosts myapp.local; echo "getent $?"; test -e /usr/bin/planted; echo "planted $?"',
       ),
     ).toBe('getent 2\nplanted 1\n[exit 0]\n')
+    expect(await shell(session.id, serving)).toBe('server 1\n[exit 0]\n')
     expect(await shell(session.id, 'cat /etc/hosts')).toBe(
       '127.0.0.1\tlocalhost cairn\n::1\tlocalhost ip6-localhost\n[exit 0]\n',
     )

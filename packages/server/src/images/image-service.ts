@@ -105,12 +105,16 @@ export class ImageService {
     return record ? `${record.source} (${record.digest})` : `${imageKey} (removed)`
   }
 
-  /** Revisions whose sandboxes run on an image: every one not FAILED, of an agent not deleted. */
+  /**
+   * Revisions whose sandboxes run on an image: every one not FAILED, of an agent not deleted or
+   * with a session not deleted (a deleted agent's sessions may still run).
+   */
   private usage(): Map<string, UsageRow[]> {
     const rows = this.deps.db
       .prepare<[], UsageRow>(
         `SELECT r.id, r.agent_id, r.tenant_id, r.manifest_json FROM revisions r JOIN agents a ON a.id = r.agent_id
-         WHERE r.status != 'FAILED' AND a.deleted_at IS NULL AND r.manifest_json LIKE '%"imageKey":"%'`,
+         WHERE r.status != 'FAILED' AND r.manifest_json LIKE '%"imageKey":"%'
+           AND (a.deleted_at IS NULL OR EXISTS (SELECT 1 FROM sessions s WHERE s.revision_id = r.id AND s.status != 'deleted'))`,
       )
       .all()
     const byKey = new Map<string, UsageRow[]>()
@@ -141,7 +145,13 @@ export class ImageService {
     for (const record of await this.store.list()) {
       // Asked again just before: a deploy may have named it while the listing was read.
       if (usage.has(record.key) || this.usage().has(record.key)) continue
-      await this.store.remove(record.key)
+      try {
+        await this.store.remove(record.key)
+      } catch (error) {
+        // Still mounted by a sandbox that outlived its agent's deletion: the next pass tries again.
+        this.deps.logger.warn({ err: error, image: record.key }, 'could not remove an unused image')
+        continue
+      }
       result.images++
       result.bytesFreed += record.sizeBytes
     }

@@ -192,8 +192,8 @@ export class ImageBuilder {
   }
 
   /**
-   * Makes an unpacked root a sandbox root: every file handed to the sandbox uid (one uid is all a
-   * sandbox's user namespace maps; chown also drops setuid bits), the generated /etc files written
+   * Makes an unpacked root a sandbox root: device nodes removed, every file handed to the sandbox
+   * uid (one uid is all a sandbox's user namespace maps; chown also drops setuid bits), the generated /etc files written
    * in, mount points made, and Debian's EXTERNALLY-MANAGED markers removed: the root resets with
    * each sandbox, so `pip install` into it cannot outlive the sandbox that ran it.
    */
@@ -214,6 +214,12 @@ export class ImageBuilder {
     for (const name of await readdir(lib).catch(() => [] as string[]))
       if (/^python3(\.\d+)?$/.test(name))
         await rm(path.join(lib, name, 'EXTERNALLY-MANAGED'), { force: true })
+    // Device nodes an image brought (mmdebstrap's /dev, or an OCI layer's): a sandbox gets its own
+    // /dev, and the overlay is nodev anyway; none stays in a root a tenant chose.
+    await execTool('find', [rootfs, '-xdev', '(', '-type', 'b', '-o', '-type', 'c', ')', '-delete'], {
+      code: 'storage_error',
+      timeoutMs: 600_000,
+    })
     await execTool(
       'chown',
       ['-R', '--no-dereference', `${this.options.hostUid}:${this.options.hostGid}`, rootfs],

@@ -87,4 +87,24 @@ describe('image attacks', () => {
     expect(await readFile(path.join(rootfs, 'etc/cairn-marker'), 'utf8')).toBe('built by the OCI test\n')
     expect(await readFile(path.join(rootfs, 'agent.sh'), 'utf8')).toMatch(/^read -r prompt\n/)
   })
+
+  it("refuses an image larger than the operator's maximum, keeping nothing of it", async () => {
+    // Images are shared and outside every tenant's quota: their size is capped instead.
+    const small = await startTestServer({
+      server: { egressPrivateExceptions: [REGISTRY_HOST], maxImageMiB: 1 },
+    })
+    try {
+      expect((await small.api.deploy(await ociAgent('big', REFERENCE))).status).toBe(201)
+      let revision: { status: string; error: string | null } = { status: 'DEPLOYING', error: null }
+      for (let i = 0; i < 200 && revision.status === 'DEPLOYING'; i++) {
+        await new Promise((r) => setTimeout(r, 250))
+        revision = (await small.api.call('GET', '/v1/agents/big')).body.revisions[0]
+      }
+      expect(revision.status).toBe('FAILED')
+      expect(revision.error).toMatch(/is [0-9.]+ MiB, above the operator's maximum of 1.0 MiB/)
+      expect((await small.api.call('GET', '/v1/images')).body.data).toEqual([])
+    } finally {
+      await small.close()
+    }
+  })
 })

@@ -76,6 +76,8 @@ export interface ServerOptions {
   defaultImage?: string | undefined
   /** Debian mirror images are built from (default: the one this host's apt uses). Env `CAIRN_DEBIAN_MIRROR`. */
   debianMirror?: string | undefined
+  /** Largest image root a build or pull may leave, in MiB (default 4096; env `CAIRN_MAX_IMAGE_MIB`). */
+  maxImageMiB?: number | undefined
   /** Default sandbox driver for agents that do not choose one. */
   isolation?: 'bwrap' | 'gvisor' | undefined
   /** gVisor sandboxes kept booted ahead (default 2 when gVisor is the default). */
@@ -139,6 +141,7 @@ export interface ResolvedConfig {
   buildEgressAllow: string[] | undefined
   defaultImage: string
   debianMirror: string
+  maxImageMiB: number
   workspaceQuotaMiB: number | undefined
   tenantQuotaMiB: number | undefined
   poolReserveMiB: number | undefined
@@ -172,6 +175,15 @@ function quotaMiB(option: number | undefined, env: string | undefined, fallback:
     throw new CairnProblem('validation_failed', `a quota must be a number of MiB (0: off), not '${given}'`)
   const value = given ?? fallback
   return value ? value : undefined
+}
+
+function maxImageMiB(value: number): number {
+  if (!Number.isInteger(value) || value <= 0)
+    throw new CairnProblem(
+      'validation_failed',
+      `the largest image must be a whole number of MiB, not '${value}'`,
+    )
+  return value
 }
 
 export function resolveConfig(options: ServerOptions): ResolvedConfig {
@@ -221,6 +233,7 @@ export function resolveConfig(options: ServerOptions): ResolvedConfig {
     defaultImage: options.defaultImage ?? process.env.CAIRN_DEFAULT_IMAGE ?? HOST_IMAGE,
     debianMirror:
       options.debianMirror ?? process.env.CAIRN_DEBIAN_MIRROR ?? hostDebianMirror() ?? DEFAULT_DEBIAN_MIRROR,
+    maxImageMiB: maxImageMiB(options.maxImageMiB ?? Number(process.env.CAIRN_MAX_IMAGE_MIB ?? 4096)),
     workspaceQuotaMiB: quotaMiB(
       options.workspaceQuotaMiB,
       process.env.CAIRN_WORKSPACE_QUOTA_MIB,

@@ -145,7 +145,12 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       logger,
       archiveLimits: { maxFiles: config.maxArchiveFiles, maxUnpackedBytes: config.maxUnpackedBytes },
       build: { egressSite, buildEgressAllow: config.buildEgressAllow },
-      images: { defaultImage: config.defaultImage, debianMirror: config.debianMirror, egressSite },
+      images: {
+        defaultImage: config.defaultImage,
+        debianMirror: config.debianMirror,
+        maxImageBytes: config.maxImageMiB * 1024 * 1024,
+        egressSite,
+      },
       operatorLimits: config.operatorLimits,
     })
     const metrics = new MetricsRegistry()

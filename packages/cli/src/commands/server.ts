@@ -15,6 +15,7 @@ interface ServerOptions {
   buildEgressAllow?: string
   defaultImage?: string
   debianMirror?: string
+  maxImageMib?: number
   isolation?: 'bwrap' | 'gvisor'
   previewPort?: number
   previewDomain?: string
@@ -158,6 +159,11 @@ export const register: Register = (parent, ctx) => {
       .option(
         '--debian-mirror <url>',
         "Debian mirror images are built from (env CAIRN_DEBIAN_MIRROR; default: the one this host's apt uses)",
+      )
+      .option(
+        '--max-image-mib <mib>',
+        'largest image root a build or pull may leave, in MiB (env CAIRN_MAX_IMAGE_MIB; default 4096)',
+        positiveInt,
       ),
   )
   for (const [flag, description, parse] of OPERATOR_LIMIT_FLAGS) command.option(flag, description, parse)
@@ -185,6 +191,7 @@ export const register: Register = (parent, ctx) => {
       buildEgressAllow: options.buildEgressAllow?.split(',').filter(Boolean),
       defaultImage: options.defaultImage,
       debianMirror: options.debianMirror,
+      maxImageMiB: options.maxImageMib,
       logLevel: options.logLevel ?? (ctx.json ? 'warn' : undefined),
       operatorLimits: {
         maxMemoryMiB: options.maxMemoryMib,

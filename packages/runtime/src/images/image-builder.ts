@@ -20,6 +20,11 @@ export interface ImageBuilderOptions {
   hostUid: number
   hostGid: number
   egressSite?: EgressSite | undefined
+  /**
+   * Largest root a build or pull may leave (images are shared and outside every tenant's quota, so
+   * a recipe of many packages or a huge OCI image is refused here; default 4 GiB).
+   */
+  maxBytes?: number | undefined
 }
 
 /** Where a sandbox mounts what the runtime brings: made in every image (gVisor's gofer cannot make them in a read-only root). */
@@ -35,6 +40,12 @@ const MOUNT_POINTS = [
   'memory',
   'src',
 ]
+
+const DEFAULT_MAX_IMAGE_BYTES = 4096 * 1024 * 1024
+
+function mebibytes(bytes: number): string {
+  return (bytes / 1024 / 1024).toFixed(1)
+}
 
 function hostOf(url: string): string {
   const parsed = new URL(url)
@@ -238,6 +249,12 @@ export class ImageBuilder {
   ): Promise<void> {
     const { stdout } = await execTool('du', ['-sb', path.join(staging, 'rootfs')], { code: 'storage_error' })
     const sizeBytes = Number.parseInt(stdout, 10) || 0
+    const maxBytes = this.options.maxBytes ?? DEFAULT_MAX_IMAGE_BYTES
+    if (sizeBytes > maxBytes)
+      throw new CairnProblem(
+        'build_failed',
+        `image ${key} is ${mebibytes(sizeBytes)} MiB, above the operator's maximum of ${mebibytes(maxBytes)} MiB (--max-image-mib)`,
+      )
     const buildMs = Date.now() - started
     await this.options.store.seal(staging, {
       key,
@@ -248,7 +265,7 @@ export class ImageBuilder {
       builtAt: new Date().toISOString(),
       buildMs,
     })
-    ctx.log(`image: ${key} ready (${(sizeBytes / 1024 / 1024).toFixed(1)} MiB, ${buildMs} ms)`)
+    ctx.log(`image: ${key} ready (${mebibytes(sizeBytes)} MiB, ${buildMs} ms)`)
   }
 }
 

@@ -21,6 +21,8 @@ export interface ImageSettings {
   debianMirror?: string | undefined
   /** The operator's egress settings: builds and pulls go out through the egress proxy. */
   egressSite?: EgressSite | undefined
+  /** Largest image root a build or pull may leave (its staging tree is discarded beyond). */
+  maxImageBytes?: number | undefined
 }
 
 export interface ImageServiceDeps extends ImageSettings {
@@ -61,6 +63,7 @@ export class ImageService {
       hostUid: uid,
       hostGid: uid,
       egressSite: deps.egressSite,
+      maxBytes: deps.maxImageBytes,
     })
     this.defaultImage = deps.defaultImage ?? HOST_IMAGE
     this.mirror = deps.debianMirror ?? 'http://deb.debian.org/debian'

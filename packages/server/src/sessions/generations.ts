@@ -1,5 +1,5 @@
 import { CairnProblem } from '@cairn/protocol'
-import type { StoragePool } from '@cairn/runtime'
+import type { RuntimePort } from '@cairn/runtime/port'
 import { whenNotBusy } from '../db/busy.js'
 import type { SessionRow, SessionStore } from './session-store.js'
 
@@ -14,7 +14,7 @@ type Checked = Pick<SessionRow, 'id' | 'status' | 'status_cause'>
 export class WorkspaceGenerations {
   constructor(
     private readonly store: SessionStore,
-    private readonly pool: StoragePool,
+    private readonly pool: RuntimePort,
     private readonly now: () => string,
   ) {}
 

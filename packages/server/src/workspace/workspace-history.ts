@@ -1,4 +1,3 @@
-import { existsSync } from 'node:fs'
 import {
   CairnProblem,
   type ForkBody,
@@ -37,7 +36,7 @@ export class WorkspaceHistory {
     await this.policy.settled(id)
     return this.deps.sessions.exclusive(tenantId, id, 'a snapshot', (row) =>
       this.deps.manualSnapshotCap.within(row, () =>
-        this.policy.take(row, 'manual', 'manual', row.turn_count, undefined, label),
+        this.policy.take(row, 'manual', 'manual', row.turn_count, label),
       ),
     )
   }
@@ -90,7 +89,7 @@ export class WorkspaceHistory {
     }
     this.snapshots.markDeleted(snap.id, this.now())
     this.policy.snapshotDeleted(id, snap.id)
-    await this.deps.runtime.pool.deleteSnapshot(snap.id)
+    await this.deps.runtime.deleteSnapshot(snap.id)
   }
 
   private pick(
@@ -132,7 +131,7 @@ export class WorkspaceHistory {
           // A restore is a new generation (the marker is set on the incoming copy before the swap).
           const generation = this.deps.sessions.store.generationOf(id) + 1
           await this.fromSnapshot(target, () =>
-            this.deps.runtime.pool.restoreWorkspace(id, target.id, generation, row.tenant_id),
+            this.deps.runtime.restoreWorkspace(id, target.id, generation, row.tenant_id),
           )
           this.deps.sessions.store.setGeneration(id, generation)
           this.deps.sessions.store.transition(
@@ -160,7 +159,7 @@ export class WorkspaceHistory {
     try {
       return await copy()
     } catch (error) {
-      if (!existsSync(this.deps.runtime.pool.snapshotPath(snap.id)))
+      if (!(await this.deps.runtime.hasTree({ snapshotId: snap.id })))
         throw new CairnProblem(
           'not_found',
           `snapshot ${snap.id} is gone from the storage pool; list the snapshots and pick another`,
@@ -199,15 +198,13 @@ export class WorkspaceHistory {
     }
     const childId = newId('session')
     await this.pins.hold(source.id, () =>
-      this.fromSnapshot(source, () =>
-        this.deps.runtime.pool.forkWorkspace(childId, source.id, row.tenant_id),
-      ),
+      this.fromSnapshot(source, () => this.deps.runtime.forkWorkspace(childId, source.id, row.tenant_id)),
     )
     try {
       // The snapshot carries the marker of the generation it was taken at; the child starts there.
-      const [marked] = await this.deps.runtime.pool.readGenerations([childId])
+      const [marked] = await this.deps.runtime.readGenerations([childId])
       const generation = marked ?? source.generation
-      if (marked === undefined) await this.deps.runtime.pool.writeGeneration(childId, generation)
+      if (marked === undefined) await this.deps.runtime.writeGeneration(childId, generation)
       this.deps.sessions.store.insert(
         {
           id: childId,
@@ -226,7 +223,7 @@ export class WorkspaceHistory {
       )
     } catch (error) {
       // The fork's error is the one to answer; a half-made child workspace left behind is logged.
-      await this.deps.runtime.pool
+      await this.deps.runtime
         .deleteWorkspace(childId)
         .catch((e: unknown) =>
           this.deps.logger.warn({ err: e, workspace: childId }, 'removing a failed fork failed'),

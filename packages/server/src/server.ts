@@ -3,8 +3,8 @@ import { chmod, mkdir, readFile, writeFile } from 'node:fs/promises'
 import type { Server } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import path from 'node:path'
-import { type EgressSite, Runtime } from '@cairn/runtime'
-import { LocalRuntimePort } from '@cairn/runtime/port'
+import { Runtime } from '@cairn/runtime'
+import { type EgressSite, LocalRuntimePort } from '@cairn/runtime/port'
 import pino, { type Logger } from 'pino'
 import { AgentService } from './agents/agent-service.js'
 import { BuildLogs } from './agents/build-logs.js'
@@ -220,7 +220,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     })
     const retentionService = new RetentionService({
       db,
-      runtime,
+      runtime: runtimePort,
       sessions,
       workspace,
       clock,
@@ -271,7 +271,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       setup,
       previews,
       previewOrigins: new PreviewOrigins(config.previewDomain, previewPort),
-      runtime,
+      runtime: runtimePort,
       agents,
       sessions,
       maxUploadBytes: config.maxUploadBytes,

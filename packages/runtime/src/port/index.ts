@@ -10,18 +10,10 @@ export { bindingAllowed, type EgressPolicy, type EgressRule } from '../egress/po
 export type { EgressRoute, EgressSite, NetworkEvent } from '../egress/proxy.js'
 export type { ProxySecret } from '../egress/proxy-secrets.js'
 export { type DependencyEnv, launchEnvironment } from '../launch/launch-env.js'
+export type { IsolationInfo } from '../runtime.js'
 export type { IsolationName, SandboxBind, SandboxLimits } from '../sandbox/driver.js'
-export type { PoolArea, PoolStats, TreeSizes } from '../storage/pool.js'
+export type { PoolArea, PoolQuotaStatus, PoolStats, TreeSizes } from '../storage/pool.js'
 export { BACKGROUND_NICENESS } from '../workspace-io/reader.js'
 export { LocalRuntimePort, type LocalRuntimePortOptions } from './local-runtime-port.js'
-export type {
-  Admission,
-  AgentInfo,
-  AgentSpec,
-  RuntimePort,
-  TreeReadOptions,
-  TreeRef,
-  WorkspaceCommand,
-  WorkspaceMark,
-} from './runtime-port.js'
+export type * from './runtime-port.js'
 export { type PoolClock, WarmPool } from './warm-pool.js'

@@ -10,7 +10,7 @@ import { type CommandResult, runSandboxedCommand } from '../build/run-command.js
 import { launchEnvironment } from '../launch/launch-env.js'
 import { DEFAULT_SANDBOX_UID, type Runtime } from '../runtime.js'
 import { EnvStore } from '../storage/env-store.js'
-import type { PoolArea, PoolStats, TreeSizes } from '../storage/pool.js'
+import type { PoolArea, PoolQuotaStatus, PoolStats, TreeSizes } from '../storage/pool.js'
 import { treeDigest } from '../workspace-io/digest.js'
 import { exportTree } from '../workspace-io/export-tree.js'
 import { openTreeFile } from '../workspace-io/reader.js'
@@ -20,6 +20,7 @@ import type {
   Admission,
   AgentInfo,
   AgentSpec,
+  RuntimeDescription,
   RuntimePort,
   TreeReadOptions,
   TreeRef,
@@ -202,6 +203,23 @@ export class LocalRuntimePort implements RuntimePort {
 
   poolStats(): Promise<PoolStats> {
     return this.runtime.pool.poolStats()
+  }
+
+  quotaStatus(): PoolQuotaStatus {
+    return this.runtime.pool.quotaStatus()
+  }
+
+  async tenantUsage(tenantIds: readonly string[]): Promise<Record<string, TreeSizes>> {
+    return Object.fromEntries(await this.runtime.pool.tenantUsage([...tenantIds]))
+  }
+
+  async describe(): Promise<RuntimeDescription> {
+    const { pool, driver } = this.runtime
+    return {
+      drivers: await this.runtime.isolations(),
+      isolation: { name: driver.name, description: driver.describe() },
+      storage: { driver: pool.driver, capabilities: { ...pool.capabilities }, description: pool.describe() },
+    }
   }
 
   listStored(area: PoolArea): Promise<string[]> {

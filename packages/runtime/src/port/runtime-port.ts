@@ -3,8 +3,9 @@ import type { Readable } from 'node:stream'
 import type { FileEntry, WorkspaceDiff } from '@cairn/protocol'
 import type { AgentEvent, AgentLaunch, TurnInput, TurnOutcome } from '../agent/types.js'
 import type { CommandResult, CommandSpec } from '../build/run-command.js'
+import type { IsolationInfo } from '../runtime.js'
 import type { IsolationName } from '../sandbox/driver.js'
-import type { PoolArea, PoolStats, TreeSizes } from '../storage/pool.js'
+import type { PoolArea, PoolQuotaStatus, PoolStats, TreeSizes } from '../storage/pool.js'
 import type { ReadOptions } from '../workspace-io/reader.js'
 
 /**
@@ -43,6 +44,18 @@ export type WorkspaceCommand = Omit<CommandSpec, 'workspaceDir' | 'runDir' | 'lo
   dependencyEnvKey?: string | undefined
   /** The sandbox driver to run under (the runtime's default when unset). */
   isolation?: IsolationName | undefined
+}
+
+/** The runtime's drivers as `GET /v1/runtime` shows them. */
+export interface RuntimeDescription {
+  drivers: IsolationInfo[]
+  /** The default sandbox driver's name and description. */
+  isolation: { name: string; description: string }
+  storage: {
+    driver: string
+    capabilities: { quotas: boolean; constantTimeCopies: boolean }
+    description: string
+  }
 }
 
 /** A tree of the pool, by ID: a session's live workspace, a snapshot, or a revision. */
@@ -128,6 +141,12 @@ export interface RuntimePort {
   readGenerations(sessionIds: readonly string[]): Promise<(number | undefined)[]>
   writeGeneration(sessionId: string, generation: number): Promise<void>
   poolStats(): Promise<PoolStats>
+  /** The storage limits in force, and a warning when they cannot be enforced. */
+  quotaStatus(): PoolQuotaStatus
+  /** What each tenant's trees hold against its quota, by tenant ID. */
+  tenantUsage(tenantIds: readonly string[]): Promise<Record<string, TreeSizes>>
+  /** The sandbox drivers and the storage pool, for `GET /v1/runtime` and the logs. */
+  describe(): Promise<RuntimeDescription>
   /** The names (IDs) stored in one area of the pool, for the start-up check against the database. */
   listStored(area: PoolArea): Promise<string[]>
   /** Finishes a restore or import a crash interrupted (the workspace is the old or the new one). */

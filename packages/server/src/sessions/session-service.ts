@@ -430,6 +430,53 @@ export class SessionService {
     await this.verifyWorkspace(row)
   }
 
+  /**
+   * Records a fork: a new idle session of the parent's agent and revision whose workspace (made by
+   * the caller from `fork.snapshotId`, at `child.generation`) and transcript, up to
+   * `fork.turnsUpTo`, are the parent's. The only place a session row is written besides `create`.
+   */
+  insertFork(
+    parent: SessionRow,
+    child: { id: string; title?: string | undefined; policy: SessionPolicy; generation: number },
+    fork: { snapshotId: string; turnsUpTo: number },
+  ): void {
+    this.store.insert(
+      {
+        id: child.id,
+        tenant_id: parent.tenant_id,
+        agent_id: parent.agent_id,
+        revision_id: parent.revision_id,
+        title: child.title ?? (parent.title ? `${parent.title} (fork)` : null),
+        status: 'idle',
+        status_cause: 'forked',
+        ...policyColumns(child.policy, this.deps.clock.now()),
+        auto_snapshots: parent.auto_snapshots,
+        generation: child.generation,
+        created_at: this.now(),
+      },
+      { parentId: parent.id, ...fork },
+    )
+  }
+
+  /** Records the workspace's new generation (a restore or an import swapped it in, marker first). */
+  setGeneration(sessionId: string, generation: number): void {
+    this.store.setGeneration(sessionId, generation)
+  }
+
+  /** Records what happened to the session's workspace (a restore, an import), its status unchanged. */
+  recordWorkspaceEvent(
+    row: SessionRow,
+    cause: 'workspace_restored' | 'workspace_imported',
+    detail: string,
+  ): void {
+    this.store.transition(row, row.status, cause, this.now(), detail)
+  }
+
+  /** The session was used outside a turn (its files changed through the API). */
+  touch(sessionId: string): void {
+    this.store.touch(sessionId, this.now())
+  }
+
   /** Moves the workspace's generation forward (a file written or deleted through the API). */
   advanceGeneration(sessionId: string): Promise<number> {
     return this.generations.advance(sessionId)

@@ -2,7 +2,6 @@ import type { Readable } from 'node:stream'
 import { newId, type SessionInfo, type SnapshotInfo } from '@cairn/protocol'
 import type { TreeRef } from '@cairn/runtime/port'
 import { DEFAULT_ARCHIVE_LIMITS, inspectArchive } from '../agents/archive.js'
-import { iso } from '../clock.js'
 import type { SnapshotPins } from '../snapshots/snapshot-pins.js'
 import type { HeavyReads } from './heavy-reads.js'
 import type { SnapshotPolicy } from './snapshot-policy.js'
@@ -18,10 +17,6 @@ export class WorkspaceArchive {
     private readonly files: WorkspaceFiles,
     private readonly heavyReads: HeavyReads,
   ) {}
-
-  private now(): string {
-    return iso(this.deps.clock.now())
-  }
 
   /**
    * A consistent tar.gz of the workspace (taken from a temporary snapshot) or of a snapshot, made
@@ -108,7 +103,7 @@ export class WorkspaceArchive {
           // the database follows.
           const generation = store.generationOf(id) + 1
           await this.deps.runtime.replaceWorkspaceWithArchive(id, row.tenant_id, archive, generation)
-          store.setGeneration(id, generation)
+          this.deps.sessions.setGeneration(id, generation)
         } else {
           try {
             await this.deps.runtime.unpackIntoWorkspace(id, archive)
@@ -116,16 +111,14 @@ export class WorkspaceArchive {
             // Rolled back to the snapshot, as a restore would: a new generation, marker first.
             const generation = store.generationOf(id) + 1
             await this.deps.runtime.restoreWorkspace(id, before.id, generation, row.tenant_id)
-            store.setGeneration(id, generation)
+            this.deps.sessions.setGeneration(id, generation)
             throw error
           }
           await this.deps.sessions.advanceGeneration(id)
         }
-        this.deps.sessions.store.transition(
+        this.deps.sessions.recordWorkspaceEvent(
           row,
-          row.status,
           'workspace_imported',
-          this.now(),
           `${mode}: ${summary.fileCount} entries, ${summary.sizeBytes} bytes (undo: restore ${before.id})`,
         )
         return {

@@ -1,7 +1,6 @@
 import type { Readable } from 'node:stream'
 import { CairnProblem, type FileEntry, type WorkspaceDiff } from '@cairn/protocol'
 import type { TreeReadOptions as ReadOptions, TreeRef } from '@cairn/runtime/port'
-import { iso } from '../clock.js'
 import { workspaceRelative } from '../files/confine.js'
 import type { SessionRow } from '../sessions/session-store.js'
 import type { SnapshotStore } from '../snapshots/snapshot-store.js'
@@ -20,10 +19,6 @@ export class WorkspaceFiles {
     private readonly policy: SnapshotPolicy,
     private readonly heavyReads: HeavyReads,
   ) {}
-
-  private now(): string {
-    return iso(this.deps.clock.now())
-  }
 
   /** A session's workspace, or one of its snapshots, as a tree of the runtime. */
   root(tenantId: string, id: string, snapshotId?: string): Promise<TreeRef> {
@@ -103,7 +98,7 @@ export class WorkspaceFiles {
       await this.deps.runtime.writeFile(id, workspaceRelative(rawPath), body)
       await this.deps.sessions.advanceGeneration(id)
     })
-    this.deps.sessions.store.touch(id, this.now())
+    this.deps.sessions.touch(id)
   }
 
   async deleteFile(tenantId: string, id: string, rawPath: string): Promise<void> {
@@ -120,7 +115,7 @@ export class WorkspaceFiles {
         this.deps.logger.warn({ sessionId: id }, 'the workspace generation stays: its quota is full')
       })
     })
-    this.deps.sessions.store.touch(id, this.now())
+    this.deps.sessions.touch(id)
   }
 
   /**

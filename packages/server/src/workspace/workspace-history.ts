@@ -7,7 +7,7 @@ import {
   type SnapshotInfo,
 } from '@cairn/protocol'
 import { iso } from '../clock.js'
-import { applyPolicy, policyColumns, policyOf } from '../sessions/policy.js'
+import { applyPolicy, policyOf } from '../sessions/policy.js'
 import type { SessionRow } from '../sessions/session-store.js'
 import type { SnapshotPins } from '../snapshots/snapshot-pins.js'
 import type { SnapshotStore } from '../snapshots/snapshot-store.js'
@@ -133,12 +133,10 @@ export class WorkspaceHistory {
           await this.fromSnapshot(target, () =>
             this.deps.runtime.restoreWorkspace(id, target.id, generation, row.tenant_id),
           )
-          this.deps.sessions.store.setGeneration(id, generation)
-          this.deps.sessions.store.transition(
+          this.deps.sessions.setGeneration(id, generation)
+          this.deps.sessions.recordWorkspaceEvent(
             row,
-            row.status,
             'workspace_restored',
-            this.now(),
             `${target.id} (after turn ${target.turn}), generation ${generation}`,
           )
           if (body.policy)
@@ -205,21 +203,10 @@ export class WorkspaceHistory {
       const [marked] = await this.deps.runtime.readGenerations([childId])
       const generation = marked ?? source.generation
       if (marked === undefined) await this.deps.runtime.writeGeneration(childId, generation)
-      this.deps.sessions.store.insert(
-        {
-          id: childId,
-          tenant_id: tenantId,
-          agent_id: row.agent_id,
-          revision_id: row.revision_id,
-          title: body.title ?? (row.title ? `${row.title} (fork)` : null),
-          status: 'idle',
-          status_cause: 'forked',
-          ...policyColumns(policy, this.deps.clock.now()),
-          auto_snapshots: row.auto_snapshots,
-          generation,
-          created_at: this.now(),
-        },
-        { parentId: id, snapshotId: source.id, turnsUpTo },
+      this.deps.sessions.insertFork(
+        row,
+        { id: childId, title: body.title, policy, generation },
+        { snapshotId: source.id, turnsUpTo },
       )
     } catch (error) {
       // The fork's error is the one to answer; a half-made child workspace left behind is logged.

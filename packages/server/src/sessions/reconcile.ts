@@ -9,13 +9,13 @@ import type { SessionStore } from './session-store.js'
 export class PoolReconciler {
   constructor(
     private readonly store: SessionStore,
-    private readonly pool: RuntimePort,
+    private readonly runtime: RuntimePort,
     private readonly generations: WorkspaceGenerations,
     private readonly now: () => string,
   ) {}
 
   async reconcile(liveSnapshotIds: Set<string>): Promise<{ lost: string[]; orphans: string[] }> {
-    const { pool } = this
+    const { runtime: pool } = this
     const live = this.store.liveSessions()
     const liveIds = new Set(live.map((s) => s.id))
     // One directory read instead of several stats per session (start-up with 10,000 sessions).

@@ -246,6 +246,10 @@ export class LocalRuntimePort implements RuntimePort {
     return existsSync(this.path(tree))
   }
 
+  async hasPath(tree: TreeRef, rel: string): Promise<boolean> {
+    return existsSync(path.join(this.path(tree), rel))
+  }
+
   listFiles(tree: TreeRef, rel: Buffer, options: TreeReadOptions = {}): Promise<FileEntry[]> {
     return listDirectory(this.path(tree), rel, options)
   }

@@ -157,6 +157,11 @@ export interface RuntimePort {
   // --- reading trees (run by the runtime's reader, never following a link) -------------------
   /** Whether the tree exists in the pool. */
   hasTree(tree: TreeRef): Promise<boolean>
+  /**
+   * Whether anything is at `rel` in the tree: a cheap hint (a stat on the host, no process) for
+   * callers that read a file only when one is there; the read itself goes through `openFile`.
+   */
+  hasPath(tree: TreeRef, rel: string): Promise<boolean>
   /** One directory of the tree (`rel`: the path's bytes below its root; empty: the root). */
   listFiles(tree: TreeRef, rel: Buffer, options?: TreeReadOptions): Promise<FileEntry[]>
   /** A regular file of the tree, opened for streaming: its size and exactly its bytes. */

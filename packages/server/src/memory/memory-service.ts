@@ -43,7 +43,7 @@ export class MemoryService {
     private readonly deps: {
       db: Db
       /** Reads the proposed memory and artifacts from workspaces. */
-      runtime: Pick<RuntimePort, 'openFile'>
+      runtime: Pick<RuntimePort, 'openFile' | 'hasPath'>
       clock: Clock
       /** Host directory sandboxes can reach (under the runtime dir): memory files are written here. */
       mountRoot: string
@@ -116,8 +116,10 @@ export class MemoryService {
     sessionId: string,
     source: string,
   ): Promise<AgentMemory | undefined> {
+    // Asked after every turn: a stat, not a reader process, when nothing is proposed.
+    if (!(await this.deps.runtime.hasPath({ sessionId }, PROPOSED_MEMORY_PATH))) return undefined
     // Read by the runtime's workspace reader: no link at any component is followed, only a
-    // regular file opened. No such file: nothing is proposed.
+    // regular file opened. Gone meanwhile: nothing is proposed.
     const file = await this.deps.runtime
       .openFile({ sessionId }, Buffer.from(PROPOSED_MEMORY_PATH))
       .catch((error: unknown) => {

@@ -16,4 +16,4 @@ export type { PoolArea, PoolQuotaStatus, PoolStats, TreeSizes } from '../storage
 export { BACKGROUND_NICENESS } from '../workspace-io/reader.js'
 export { LocalRuntimePort, type LocalRuntimePortOptions } from './local-runtime-port.js'
 export type * from './runtime-port.js'
-export { type PoolClock, WarmPool } from './warm-pool.js'
+export type { PoolClock } from './warm-pool.js'

@@ -9,12 +9,14 @@ module.exports = {
       comment:
         'packages/server uses the runtime only through @cairn/runtime/port (RuntimePort: IDs, never host paths). ' +
         'Exceptions: server.ts, the composition root that builds the Runtime and its LocalRuntimePort; and the ' +
-        'deploy pipeline (agents/agent-service.ts, agents/builder.ts), which stages and builds revisions in the ' +
-        'pool and moves behind the port with the remote runtime (issue 18).',
+        'pipelines that make what sessions run from, in the pool: deploys (agents/agent-service.ts, ' +
+        'agents/builder.ts) and images (images/image-service.ts). They move behind the port with the remote ' +
+        'runtime (issue 18).',
       severity: 'error',
       from: {
         path: '^packages/server/src/',
-        pathNot: '^packages/server/src/(server\\.ts|agents/agent-service\\.ts|agents/builder\\.ts)$',
+        pathNot:
+          '^packages/server/src/(server\\.ts|agents/agent-service\\.ts|agents/builder\\.ts|images/image-service\\.ts)$',
       },
       to: { path: '^packages/runtime/', pathNot: '^packages/runtime/(src|dist)/port/' },
     },

@@ -23,6 +23,7 @@ import { requireCapability } from '../sandbox/capabilities.js'
 import type { Sandbox, SandboxDriver, SandboxExit } from '../sandbox/driver.js'
 import { type Logger, noopLogger } from '../util/logger.js'
 import { TailBuffer } from '../util/tail.js'
+import { httpAgentEnv, sendHttpTurn } from './http-protocol.js'
 import { StdioMarkerParser } from './stdio-marker.js'
 import {
   type AgentEvent,
@@ -216,6 +217,8 @@ export class AgentProcess {
 
   private async spawn(turn: number): Promise<Sandbox> {
     const env: Record<string, string> = {
+      // An http agent's PORT, unless the agent's own environment sets one.
+      ...(this.launch.protocol === 'http' && this.launch.http ? httpAgentEnv(this.launch.http) : {}),
       ...this.launch.env,
       [AGENT_ENV.sessionId]: this.launch.sessionId,
       [AGENT_ENV.turn]: String(turn),
@@ -335,7 +338,9 @@ export class AgentProcess {
     this.stderr.clear()
     return this.superviseTurn(sandbox, onEvent, signal, () => {
       this.linesSent++
-      if (this.launch.protocol === 'stdio') {
+      if (this.launch.protocol === 'http') {
+        this.sendHttp(input)
+      } else if (this.launch.protocol === 'stdio') {
         // stdio carries one message per line; newlines inside a prompt become spaces.
         sandbox.stdin.write(`${input.prompt.replace(/\r?\n/g, ' ')}\n`)
       } else {
@@ -344,6 +349,37 @@ export class AgentProcess {
         )
       }
     })
+  }
+
+  /** http: the message is a request to the agent's port; its answer feeds the running turn. */
+  private sendHttp(input: TurnInput): void {
+    const turn = this.active
+    const config = this.launch.http
+    if (!turn || !config) return
+    const message = {
+      prompt: input.prompt,
+      sessionId: this.launch.sessionId,
+      turn: input.turn,
+      turnId: input.turnId,
+    }
+    void sendHttpTurn(
+      (port) => this.connectPort(port),
+      config,
+      message,
+      {
+        text: (chunk) => this.appendText(turn, chunk),
+        frame: (json) => this.handleFrame(json),
+        end: (failure) =>
+          turn.finish(
+            failure
+              ? { status: 'failed', ...failure, text: turn.text, stderr: this.stderr.value() }
+              : { status: 'completed', text: turn.text, stderr: this.stderr.value(), agentExited: false },
+          ),
+        fail: (failure) => turn.fail(failure),
+        running: () => this.active === turn,
+      },
+      this.launch.maxOutputChars ?? DEFAULT_MAX_OUTPUT_CHARS,
+    )
   }
 
   /**
@@ -355,7 +391,10 @@ export class AgentProcess {
   /** Routes stdout to the running turn for the lifetime of a warm sandbox. */
   private listen(sandbox: Sandbox): void {
     const decoder = new StringDecoder('utf8')
-    if (this.launch.protocol === 'stdio') {
+    if (this.launch.protocol === 'http') {
+      // An http agent answers on its port; what it prints is a log, kept with its stderr.
+      sandbox.stdout.on('data', (chunk: Buffer) => this.stderr.push(decoder.write(chunk)))
+    } else if (this.launch.protocol === 'stdio') {
       const parser = new StdioMarkerParser(this.nonce)
       sandbox.stdout.on('data', (chunk: Buffer) => {
         for (const piece of parser.push(decoder.write(chunk))) {

@@ -125,6 +125,7 @@ export class WarmAgents {
       workspaceDir: pool.workspacePath(row.id),
       command: revision.command,
       protocol: revision.manifest.protocol ?? 'stdio',
+      http: revision.manifest.http,
       env: {
         ...(envKey ? ENV_VARIABLES : {}),
         ...this.deps.secrets.valuesForScope(row.tenant_id, row.agent_id, 'runtime'),

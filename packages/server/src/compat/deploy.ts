@@ -66,8 +66,8 @@ export async function readDeployForm(body: Buffer, contentType: string): Promise
     )
   }
   return {
-    name: clean.name as string,
-    command: clean.command as string,
+    name: clean.name,
+    command: clean.command,
     config,
     archive: Buffer.from(await file.arrayBuffer()),
   }

@@ -1,25 +1,24 @@
 #!/usr/bin/env node
 // The CLI bundled into one file (dist/cairn.cjs, `npm run build`) and run with V8's code cache;
 // without a bundle as new as the compiled modules (a bare `tsc -b`), the modules themselves.
-import { statSync } from 'node:fs'
-import { createRequire } from 'node:module'
+// CommonJS (bin/package.json): Node's ESM loader alone costs a command more than its request.
+const { statSync } = require('node:fs')
+const path = require('node:path')
 
-const require = createRequire(import.meta.url)
+const dist = path.join(__dirname, '..', 'dist')
 const mtime = (file) => {
   try {
-    return statSync(new URL(file, import.meta.url)).mtimeMs
+    return statSync(path.join(dist, file)).mtimeMs
   } catch {
     return undefined
   }
 }
-const bundled = mtime('../dist/cairn.cjs')
-const compiled = mtime('../dist/main.js')
-let cli
+const bundled = mtime('cairn.cjs')
+const compiled = mtime('main.js')
 if (bundled !== undefined && compiled !== undefined && bundled >= compiled) {
   // One code cache for the CLI, whatever the directory it runs in (the default is named by the cwd).
   require('v8-compile-cache-lib').install({ prefix: 'cairn-cli' })
-  cli = require('../dist/cairn.cjs')
+  require(path.join(dist, 'cairn.cjs')).run()
 } else {
-  cli = await import('../dist/main.js')
+  import(path.join(dist, 'main.js')).then((cli) => cli.run())
 }
-await cli.run()

@@ -15,6 +15,12 @@ export { bindingAllowed, decide, type EgressPolicy, type EgressRule } from './eg
 export { EgressProxy, type EgressRoute, type EgressSite, type NetworkEvent } from './egress/proxy.js'
 export { type ProxySecret, secretsBoundTo, swapInSecrets, swapOutSecrets } from './egress/proxy-secrets.js'
 export { FORWARDER_PORTS } from './egress/transparent.js'
+export {
+  type DependencyEnv,
+  ENV_VARIABLES,
+  envBinds,
+  launchEnvironment,
+} from './launch/launch-env.js'
 export { AGENT_KIT_DIR, instanceRunDir } from './paths.js'
 export {
   DEFAULT_POOL_IMAGE_BYTES,

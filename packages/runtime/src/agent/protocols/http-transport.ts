@@ -5,7 +5,7 @@ import { CairnProblem, type ErrorCode, type HttpAgent, type StatusCause } from '
 import { createParser } from 'eventsource-parser'
 
 /**
- * The `http` agent protocol: the agent serves HTTP on a port of the sandbox's loopback and each
+ * The `http` agent protocol's requests (the protocol itself is http-protocol.ts): the agent serves HTTP on a port of the sandbox's loopback and each
  * message is one `POST` to it (Superserve's HTTP mode: `POST localhost:PORT/run {"prompt"}`). The
  * request body is `{prompt, sessionId, turn, turnId}`; how the answer maps onto a turn depends on
  * its Content-Type:
@@ -59,11 +59,6 @@ export interface HttpTurnMessage {
   sessionId: string
   turn: number
   turnId: string
-}
-
-/** Variables an http agent gets besides Cairn's own: `PORT`, the port it is to serve on. */
-export function httpAgentEnv(config: HttpAgent): Record<string, string> {
-  return { PORT: String(config.port) }
 }
 
 /**

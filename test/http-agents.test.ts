@@ -132,6 +132,34 @@ self.close_connection = True`,
     expect(res.terminal).toMatchObject({ type: 'run.completed', text: 'You said: hello' })
   }, 60_000)
 
+  it('reads an ndjson answer as frames: tool calls, text, and an error frame that fails the turn', async () => {
+    await deploy(
+      httpAgent(
+        'http-ndjson',
+        `frames = [{"type": "tool.start", "id": "t1", "name": "search", "input": {"q": prompt}},
+          {"type": "tool.end", "id": "t1", "output": ["hit"]}]
+if prompt == "fail":
+    frames.append({"type": "error", "message": "the model refused"})
+else:
+    frames += [{"type": "text", "content": "found "}, {"type": "text", "content": prompt}]
+self.reply(200, "application/x-ndjson", "".join(json.dumps(f) + "\\n" for f in frames))`,
+      ),
+    )
+    const session = await t.api.createSession('http-ndjson')
+    const ok = await t.api.send(session.id, 'cats')
+    expect(ok.terminal).toMatchObject({ type: 'run.completed', text: 'found cats' })
+    expect(ok.events.find((e) => e.type === 'tool.start')).toMatchObject({
+      name: 'search',
+      input: { q: 'cats' },
+    })
+    expect(ok.events.find((e) => e.type === 'tool.end')).toMatchObject({ output: ['hit'] })
+    const failed = await t.api.send(session.id, 'fail')
+    expect(failed.terminal).toMatchObject({
+      type: 'run.failed',
+      error: { code: 'agent_crashed', message: 'the model refused' },
+    })
+  }, 60_000)
+
   it('an HTTP error status fails the turn with its body and keeps the agent for the next message', async () => {
     await deploy(
       httpAgent(

@@ -15,6 +15,10 @@ export { bindingAllowed, decide, type EgressPolicy, type EgressRule } from './eg
 export { EgressProxy, type EgressRoute, type EgressSite, type NetworkEvent } from './egress/proxy.js'
 export { type ProxySecret, secretsBoundTo, swapInSecrets, swapOutSecrets } from './egress/proxy-secrets.js'
 export { FORWARDER_PORTS } from './egress/transparent.js'
+export { hostDebianMirror } from './images/debian-mirror.js'
+export { type ImageBuildContext, ImageBuilder } from './images/image-builder.js'
+export { describeRecipe, HOST_IMAGE, type ImageRecipe, parseImage } from './images/image-recipe.js'
+export { type ImageRecord, ImageStore } from './images/image-store.js'
 export {
   type DependencyEnv,
   ENV_VARIABLES,
@@ -50,6 +54,7 @@ export {
   type GvisorDriverOptions,
   probeGvisor,
 } from './sandbox/gvisor-driver.js'
+export { OverlayMounter } from './sandbox/overlay-mounter.js'
 export { BtrfsPool, defaultReserveBytes, tenantQgroup } from './storage/btrfs-pool.js'
 export { DirPool } from './storage/dir-pool.js'
 export { EnvStore } from './storage/env-store.js'

@@ -125,6 +125,7 @@ export class Runtime {
       hostGid: uid,
       etcDir: path.join(this.runDir, 'etc'),
       kitDir: path.join(this.runDir, 'kit'),
+      overlayDir: path.join(this.runDir, 'overlays'),
       sandboxUids:
         options.sandboxUidRange === false
           ? undefined

@@ -17,6 +17,7 @@ import { refuseNonFiniteNumbers } from './http/finite-numbers.js'
 import { acceptEmptyBodies } from './http/optional-body.js'
 import { documentFrameworkAnswers } from './http/responses.js'
 import { runtimeRoute } from './http/runtime-route.js'
+import { imageRoutes } from './images/routes.js'
 import type { OperatorLimits } from './limits/operator-limits.js'
 import type { MemoryService } from './memory/memory-service.js'
 import { memoryRoutes } from './memory/routes.js'
@@ -169,6 +170,7 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   secretRoutes(app, deps.agents, deps.secrets)
   workspaceRoutes(app, deps.workspace)
   retentionRoutes(app, deps.retention)
+  imageRoutes(app, deps.agents.images)
   memoryRoutes(app, deps.memory, deps.agents, deps.sessions)
   previewRoutes(app, deps.previews, deps.previewOrigins)
   setupRoutes(app, deps.setup, deps.sessions)

@@ -15,6 +15,7 @@ import { writeCredentialsIfMissing } from './credentials.js'
 import { createOwnerOnly, secureDataDir } from './data-dir.js'
 import { DataDirLock } from './data-dir-lock.js'
 import { type Db, openDatabase } from './db/database.js'
+import type { ImageService } from './images/image-service.js'
 import { ManualSnapshotCap } from './limits/snapshot-cap.js'
 import { MemoryService } from './memory/memory-service.js'
 import { MetricsRegistry } from './metrics/registry.js'
@@ -46,6 +47,8 @@ export interface RunningServer {
   adminKey: string | undefined
   credentialsWritten: string | undefined
   logger: Logger
+  /** Built images (retention collects the unused ones at each reaper pass; tests call `collect`). */
+  images: ImageService
   sessions: SessionService
   retention: RetentionService
   runtime: Runtime
@@ -142,6 +145,12 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       logger,
       archiveLimits: { maxFiles: config.maxArchiveFiles, maxUnpackedBytes: config.maxUnpackedBytes },
       build: { egressSite, buildEgressAllow: config.buildEgressAllow },
+      images: {
+        defaultImage: config.defaultImage,
+        debianMirror: config.debianMirror,
+        maxImageBytes: config.maxImageMiB * 1024 * 1024,
+        egressSite,
+      },
       operatorLimits: config.operatorLimits,
     })
     const metrics = new MetricsRegistry()
@@ -274,7 +283,10 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       if (config.writeCredentials) credentialsWritten = await writeCredentialsIfMissing(url, adminKey)
       logger.info({ adminKeyPath, credentials: credentialsWritten }, 'created the admin API key')
     }
-    sessions.startReaper(config.reaperIntervalMs, () => retentionService.apply())
+    sessions.startReaper(config.reaperIntervalMs, async () => {
+      await retentionService.apply()
+      await agents.images.collect()
+    })
     logger.info(
       {
         url,
@@ -292,6 +304,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       port,
       previewPort,
       previewDomain: config.previewDomain,
+      images: agents.images,
       retention: retentionService,
       dataDir: config.dataDir,
       adminKeyPath,

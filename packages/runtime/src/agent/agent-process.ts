@@ -167,6 +167,7 @@ export class AgentProcess implements TurnChannel {
       env: this.environment(turn),
       limits: this.launch.limits,
       binds: this.launch.binds,
+      rootfs: this.launch.rootfs,
     })
     const stderrDecoder = new StringDecoder('utf8')
     sandbox.stderr.on('data', (chunk: Buffer) => this.stderrTail.push(stderrDecoder.write(chunk)))

@@ -14,6 +14,7 @@ import { LAUNCHER_SHELL, launcherArgs } from './launcher.js'
 import {
   defaultPlatform,
   findBinary,
+  imageRunscFlags,
   listContainers,
   type RunscConfig,
   runsc,
@@ -218,8 +219,15 @@ export class GvisorDriver implements SandboxDriver {
   async start(spec: SandboxSpec): Promise<Sandbox> {
     if (spec.command.length === 0) throw new CairnProblem('bad_request', 'empty sandbox command')
     await this.prepare()
-    const claimed = await this.pool?.claim(spec)
+    // Pool slots are booted on the host's root: a sandbox with an image starts cold.
+    const claimed = spec.rootfs ? undefined : await this.pool?.claim(spec)
     if (claimed) return claimed
+    const flags = spec.rootfs ? imageRunscFlags(this.runsc) : runscFlags(this.runsc)
+    if (!flags)
+      throw new CairnProblem(
+        'sandbox_failed',
+        'this runsc release has no --overlay2, which a writable root that resets needs: run agents with an image under bwrap, or upgrade runsc',
+      )
     const bundle = path.join(this.bundlesDir, spec.id)
     await mkdir(bundle, { recursive: true })
     await writeFile(path.join(bundle, 'config.json'), JSON.stringify(this.buildSpec(spec)), { mode: 0o600 })
@@ -228,7 +236,7 @@ export class GvisorDriver implements SandboxDriver {
       this.runsc.path,
       '--root',
       this.runsc.root,
-      ...runscFlags(this.runsc),
+      ...flags,
       'run',
       '--bundle',
       bundle,
@@ -247,7 +255,7 @@ export class GvisorDriver implements SandboxDriver {
       throw new CairnProblem('sandbox_failed', 'could not start the gVisor sandbox launcher')
     }
     // The next session with this layout need not wait for a boot.
-    this.pool?.warm(spec)
+    if (!spec.rootfs) this.pool?.warm(spec)
     return new GvisorSandbox(spec.id, child.pid, childIo(child), childEnd(child), {
       cgroups: this.options.cgroups,
       name: spec.id,

@@ -100,10 +100,13 @@ export function sandboxMounts(spec: SandboxSpec, options: GvisorSpecOptions): Oc
     { destination: '/dev', type: 'tmpfs', source: 'tmpfs' },
     { destination: '/dev/shm', type: 'tmpfs', source: 'shm', options: ['nosuid', 'nodev', 'mode=1777'] },
     { destination: '/tmp', type: 'tmpfs', source: 'tmpfs', options: ['nosuid', 'nodev', 'mode=1777'] },
-    bind('/usr', '/usr', true),
   ]
-  for (const top of TOP_LEVEL) {
-    if (existsSync(top) && !lstatSync(top).isSymbolicLink()) mounts.push(bind(top, top, true))
+  // An image brings its own /usr; otherwise the host's, read-only.
+  if (!spec.rootfs) {
+    mounts.push(bind('/usr', '/usr', true))
+    for (const top of TOP_LEVEL) {
+      if (existsSync(top) && !lstatSync(top).isSymbolicLink()) mounts.push(bind(top, top, true))
+    }
   }
   mounts.push(bind(spec.runDir, '/run/cairn', true))
   mounts.push(bind(options.kitDir, '/opt/cairn', true))
@@ -155,7 +158,9 @@ export function buildOciSpec(spec: SandboxSpec, options: GvisorSpecOptions): Rec
       capabilities: { bounding: [], effective: [], inheritable: [], permitted: [], ambient: [] },
       noNewPrivileges: true,
     },
-    root: { path: options.rootfsDir, readonly: true },
+    // An image's root is writable for gVisor, whose own overlay (`--overlay2=root:memory`, see
+    // `imageRunscFlags`) keeps the writes in the sandbox's memory; the host's stays read-only.
+    root: spec.rootfs ? { path: spec.rootfs, readonly: false } : { path: options.rootfsDir, readonly: true },
     hostname: 'cairn',
     mounts: sandboxMounts(spec, options),
     linux: {

@@ -132,6 +132,7 @@ export class WarmAgents {
       http: revision.manifest.http,
       env: launch.env,
       binds: [...launch.binds, ...(this.deps.memory ? [await this.deps.memory.bind(row.agent_id)] : [])],
+      rootfs: this.deps.agents.images.rootfsOf(revision),
       egress: {
         ...this.deps.egressSite,
         policy: sessionNetwork(row, revision.manifest),

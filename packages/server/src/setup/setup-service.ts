@@ -135,6 +135,7 @@ export class SetupService {
         egress: { ...this.deps.egressSite, policy, onEvent: onNetwork },
         logger: runtime.logger,
         binds: launch.binds,
+        rootfs: this.deps.agents.images.rootfsOf(revision),
         limits: sandboxLimits(revision.manifest, this.deps.operatorLimits),
         timeoutMs,
         onLine: append,

@@ -49,7 +49,7 @@ export class WorkspaceManifest {
         command: revision?.command ?? [],
         protocol: revision?.protocol ?? 'stdio',
       },
-      baseImage: 'host /usr, read-only (bwrap)',
+      baseImage: await this.deps.agents.images.describe(revision?.manifest.imageKey),
       driver: revision?.manifest.isolation ?? this.deps.runtime.driver.name,
       storage: this.deps.runtime.pool.driver,
       setupVersion: revision?.manifest.setup ? revision.contentHash : null,

@@ -295,6 +295,15 @@ export class Runtime {
     await agent.stop()
   }
 
+  /**
+   * The running agent of a session on this machine (for the machine's own checks and attack tests;
+   * the server asks the port, which answers by ID).
+   */
+  agentOf(sessionId: string): AgentProcess | undefined {
+    for (const agent of this.agents) if (agent.sessionId === sessionId && agent.alive) return agent
+    return undefined
+  }
+
   get warmCount(): number {
     return this.agents.size
   }

@@ -2,7 +2,7 @@ import { isIP } from 'node:net'
 import os from 'node:os'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
-import { HOST_IMAGE, hostDebianMirror } from '@cairn/runtime'
+import { HOST_IMAGE, hostDebianMirror } from '@cairn/runtime/port'
 import type { Clock } from './clock.js'
 import {
   type OperatorLimitOptions,

@@ -3,7 +3,8 @@ import { chmod, mkdir, readFile, writeFile } from 'node:fs/promises'
 import type { Server } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import path from 'node:path'
-import { type EgressSite, Runtime } from '@cairn/runtime'
+import { Runtime } from '@cairn/runtime'
+import { type EgressSite, LocalRuntimePort } from '@cairn/runtime/port'
 import pino, { type Logger } from 'pino'
 import { AgentService } from './agents/agent-service.js'
 import { BuildLogs } from './agents/build-logs.js'
@@ -27,6 +28,7 @@ import { PreviewSigner } from './previews/preview-signer.js'
 import { RetentionService } from './retention/retention-service.js'
 import { SecretCipher } from './secrets/cipher.js'
 import { SecretStore } from './secrets/secret-store.js'
+import type { SessionObserver } from './sessions/session-observer.js'
 import { SessionService } from './sessions/session-service.js'
 import { SetupService } from './setup/setup-service.js'
 import { WorkspaceService } from './workspace/workspace-service.js'
@@ -125,6 +127,12 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     // The pool image (and anything else the runtime made) owner-only too.
     await secureDataDir(config.dataDir, poolTrees)
     if (orphansReaped > 0) logger.warn({ orphansReaped }, 'reaped sandboxes left by an earlier run')
+    // The server reaches the runtime only through its port; the port's warm pool waits for a
+    // session's lock before letting its sandbox cool down.
+    const runtimePort = new LocalRuntimePort(runtime, {
+      clock,
+      inUse: (id: string): boolean => sessions.isBusy(id),
+    })
     const quotas = runtime.pool.quotaStatus()
     if (quotas.warning) logger.warn({ code: quotas.warning.code }, quotas.warning.message)
     const keys = new ApiKeyStore(db, clock)
@@ -156,6 +164,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     const metrics = new MetricsRegistry()
     const memory = new MemoryService({
       db,
+      runtime: runtimePort,
       clock,
       logger,
       mountRoot: path.join(runtime.runDir, 'memory'),
@@ -167,7 +176,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     })
     const setup = new SetupService({
       db,
-      runtime,
+      runtime: runtimePort,
       agents,
       secrets,
       egressSite,
@@ -175,12 +184,16 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       clock,
       logger,
     })
+    // Told of sessions' creation, turns and deletion: the snapshot policy and the previews, added
+    // below once they exist (they use the session service themselves).
+    const observers: SessionObserver[] = []
     const sessions = new SessionService({
       metrics,
       memory,
       setup,
       db,
-      runtime,
+      runtime: runtimePort,
+      observers,
       agents,
       secrets,
       egressSite,
@@ -194,7 +207,8 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     let retention: RetentionService | undefined
     const workspace = new WorkspaceService({
       db,
-      runtime,
+      runtime: runtimePort,
+      runtimeDrivers: { isolation: runtime.driver.name, storage: runtime.pool.driver },
       sessions,
       agents,
       clock,
@@ -206,7 +220,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     })
     const retentionService = new RetentionService({
       db,
-      runtime,
+      runtime: runtimePort,
       sessions,
       workspace,
       clock,
@@ -233,8 +247,10 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       sessions,
       signer: new PreviewSigner(cipher.deriveKey('preview-url')),
       revocations: new PreviewRevocations(db),
+      runtime: runtimePort,
       clock,
     })
+    observers.push(workspace.policy, previews)
     previewListener = createPreviewListener(previews, config.previewDomain, logger)
     const previewPort = await listen(previewListener.server, config.previewPort, config.host)
     if (config.previewDomain === DEFAULT_PREVIEW_DOMAIN && !LOOPBACK_HOSTS.has(config.host)) {
@@ -255,7 +271,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       setup,
       previews,
       previewOrigins: new PreviewOrigins(config.previewDomain, previewPort),
-      runtime,
+      runtime: runtimePort,
       agents,
       sessions,
       maxUploadBytes: config.maxUploadBytes,

@@ -76,6 +76,11 @@ export class AgentProcess implements TurnChannel {
     )
   }
 
+  /** The session this agent runs for. */
+  get sessionId(): string {
+    return this.launch.sessionId
+  }
+
   get alive(): boolean {
     if (!this.protocol.warm) return !this.stopped
     return !this.stopped && this.sandbox !== undefined && this.exitInfo === undefined

@@ -59,10 +59,6 @@ export class AgentService {
   private readonly builder: Builder
   readonly images: ImageService
 
-  get envs() {
-    return this.builder.envs
-  }
-
   /** Builds running per tenant (each is a sandbox with the build's limits). */
   private readonly builds: TenantSlots
 

@@ -11,7 +11,7 @@ import {
   PLANNED_MANIFEST_KEYS,
   unknownKeyMessage,
 } from '@cairn/protocol'
-import { FORWARDER_PORTS } from '@cairn/runtime'
+import { FORWARDER_PORTS } from '@cairn/runtime/port'
 import { Value } from '@sinclair/typebox/value'
 import YAML from 'yaml'
 

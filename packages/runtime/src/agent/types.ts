@@ -1,4 +1,4 @@
-import type { AgentProtocolName, ErrorCode, StatusCause, TranscriptLine } from '@cairn/protocol'
+import type { AgentProtocolName, ErrorCode, HttpAgent, StatusCause, TranscriptLine } from '@cairn/protocol'
 import type { EgressRoute } from '../egress/proxy.js'
 import type { ProxySecret } from '../egress/proxy-secrets.js'
 import type { IsolationName, SandboxBind, SandboxLimits } from '../sandbox/driver.js'
@@ -35,6 +35,8 @@ export interface AgentLaunch {
   workspaceDir: string
   command: readonly string[]
   protocol: AgentProtocolName
+  /** Where an `http` agent listens (cairn.yaml's `http`); required with that protocol. */
+  http?: HttpAgent | undefined
   env: Readonly<Record<string, string>>
   limits: SandboxLimits
   turnTimeoutMs: number

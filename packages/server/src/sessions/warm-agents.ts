@@ -80,6 +80,7 @@ export class WarmAgents {
       tenantId: row.tenant_id,
       command: revision.command,
       protocol: revision.manifest.protocol ?? 'stdio',
+      http: revision.manifest.http,
       dependencyEnvKey: revision.manifest.envKey ?? undefined,
       env: {
         ...this.deps.secrets.valuesForScope(row.tenant_id, row.agent_id, 'runtime'),

@@ -20,13 +20,14 @@ import { FORWARDER_PORTS, forwarderCommand } from '../egress/transparent.js'
 import { listeningPorts } from '../ports/listening-ports.js'
 import { PortRelay } from '../ports/port-relay.js'
 import { requireCapability } from '../sandbox/capabilities.js'
-import type { Sandbox, SandboxDriver, SandboxExit } from '../sandbox/driver.js'
+import type { Sandbox, SandboxDriver, SandboxExit, SandboxSpec } from '../sandbox/driver.js'
 import { type Logger, noopLogger } from '../util/logger.js'
 import { TailBuffer } from '../util/tail.js'
 import { StdioMarkerParser } from './stdio-marker.js'
 import {
   type AgentEvent,
   type AgentLaunch,
+  type AgentMemoryState,
   DEFAULT_MAX_OUTPUT_CHARS,
   type TurnInput,
   type TurnOutcome,
@@ -57,7 +58,7 @@ export class AgentProcess {
   readonly sandboxId = newId('sandbox')
   private sandbox: Sandbox | undefined
   private readonly stderr = new TailBuffer(16_384)
-  private readonly nonce = randomBytes(8).toString('hex')
+  private readonly nonce: string
   private linesSent = 0
   private active: ActiveTurn | undefined
   private exitInfo: SandboxExit | undefined
@@ -75,6 +76,34 @@ export class AgentProcess {
     private readonly logger: Logger = noopLogger,
   ) {
     this.runDir = path.join(runRoot, this.sandboxId)
+    const resumed = launch.resume?.state
+    this.nonce = resumed?.nonce ?? randomBytes(8).toString('hex')
+    if (resumed) {
+      this.linesSent = resumed.linesSent
+      this.asked = resumed.asked
+    }
+  }
+
+  /**
+   * Writes the warm sandbox's processes and memory to `imageDir` and stops it; the state returned
+   * goes with the image into `AgentLaunch.resume`. Refused with a typed error by a driver without
+   * `memorySnapshot`, for an exec agent (no process between turns) and during a turn.
+   */
+  async checkpoint(imageDir: string): Promise<{ state: AgentMemoryState; bytes: number }> {
+    requireCapability(this.driver, 'memorySnapshot', 'checkpoint a sandbox with its memory')
+    const sandbox = this.sandbox
+    if (this.launch.protocol === 'exec' || !sandbox || !this.alive || !this.driver.checkpoint)
+      throw new CairnProblem('sandbox_not_running', 'the agent has no running sandbox to checkpoint')
+    if (this.busy) throw new CairnProblem('session_busy', 'the agent is running a turn')
+    const state = { nonce: this.nonce, linesSent: this.linesSent, asked: this.asked }
+    this.busy = true
+    try {
+      const { bytes } = await this.driver.checkpoint(sandbox, imageDir)
+      return { state, bytes }
+    } finally {
+      this.busy = false
+      await this.stop()
+    }
   }
 
   get alive(): boolean {
@@ -245,7 +274,8 @@ export class AgentProcess {
       env.PYTHONPATH = joinPath('/opt/cairn/python', this.launch.env.PYTHONPATH)
       env.NODE_PATH = joinPath('/opt/cairn/node', this.launch.env.NODE_PATH)
     }
-    const sandbox = await this.driver.start({
+    const resume = this.launch.protocol === 'exec' ? undefined : this.launch.resume
+    const sandboxSpec: SandboxSpec = {
       id: this.launch.protocol === 'exec' ? newId('sandbox') : this.sandboxId,
       workspaceDir: this.launch.workspaceDir,
       runDir: this.runDir,
@@ -259,7 +289,11 @@ export class AgentProcess {
       env,
       limits: this.launch.limits,
       binds: this.launch.binds,
-    })
+    }
+    const sandbox =
+      resume && this.driver.restore
+        ? await this.driver.restore(sandboxSpec, resume.imageDir)
+        : await this.driver.start(sandboxSpec)
     const stderrDecoder = new StringDecoder('utf8')
     sandbox.stderr.on('data', (chunk: Buffer) => this.stderr.push(stderrDecoder.write(chunk)))
     return sandbox

@@ -56,6 +56,23 @@ export interface AgentLaunch {
     | undefined
   /** Most reply characters one turn may produce (default 8 Mi). */
   maxOutputChars?: number | undefined
+  /** Restores the sandbox from a memory checkpoint instead of starting its command (see checkpoint/). */
+  resume?: AgentResume | undefined
+}
+
+/** What AgentProcess knows of a running agent that its next process must know to talk to it. */
+export interface AgentMemoryState {
+  /** The stdio marker's nonce, in the agent's environment. */
+  nonce: string
+  /** Lines sent to a stdio agent so far, and the last it asked for (its marker count). */
+  linesSent: number
+  asked: number
+}
+
+export interface AgentResume {
+  /** Where `SandboxDriver.checkpoint` wrote the image. */
+  imageDir: string
+  state: AgentMemoryState
 }
 
 export const DEFAULT_LIMITS: SandboxLimits = { memoryMiB: 512, pids: 256, cpus: 1 }

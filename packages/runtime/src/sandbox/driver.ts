@@ -100,6 +100,14 @@ export interface SandboxDriver {
   readonly name: string
   readonly capabilities: DriverCapabilities
   start(spec: SandboxSpec): Promise<Sandbox>
+  /**
+   * Drivers with `memorySnapshot`: writes a running sandbox's processes and memory to `imageDir`
+   * (the sandbox ends with it), and starts a sandbox from such an image instead of its command.
+   */
+  checkpoint?(sandbox: Sandbox, imageDir: string): Promise<{ bytes: number }>
+  restore?(spec: SandboxSpec, imageDir: string): Promise<Sandbox>
+  /** Why a capability this driver lacks cannot be had on this node, where that is known. */
+  readonly unavailableBecause?: Partial<Record<keyof DriverCapabilities, string>> | undefined
   /** Kills and removes sandboxes left by an earlier process of this instance. Returns how many. */
   reapOrphans(): Promise<number>
   /** Releases what the driver holds on the host once no sandbox is left (after `reapOrphans`). */

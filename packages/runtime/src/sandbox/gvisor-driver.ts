@@ -3,6 +3,7 @@ import { existsSync } from 'node:fs'
 import { chmod, mkdir, rm, writeFile } from 'node:fs/promises'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
+import { checkpointGvisor, restoreArgs, restored } from '../checkpoint/gvisor-checkpoint.js'
 import { type Logger, logAndGoOn, noopLogger } from '../util/logger.js'
 import type { CgroupLimits, CgroupManager } from './cgroups.js'
 import type { DriverCapabilities, Sandbox, SandboxDriver, SandboxSpec } from './driver.js'
@@ -76,7 +77,8 @@ export class GvisorDriver implements SandboxDriver {
   readonly capabilities: DriverCapabilities = {
     freeze: true,
     network: false,
-    memorySnapshot: false,
+    // `runsc checkpoint` / `runsc restore` (see checkpoint/gvisor-checkpoint.ts).
+    memorySnapshot: true,
     // The sandbox's loopback lives in gVisor's user-space network stack, not in a host network
     // namespace a relay could enter; reaching it would take a `runsc exec` per connection.
     ports: false,
@@ -220,6 +222,35 @@ export class GvisorDriver implements SandboxDriver {
     await this.prepare()
     const claimed = await this.pool?.claim(spec)
     if (claimed) return claimed
+    const sandbox = await this.launch(spec, ['run'])
+    // The next session with this layout need not wait for a boot.
+    this.pool?.warm(spec)
+    return sandbox
+  }
+
+  /**
+   * Writes the running sandbox's memory and processes to `imageDir` (`runsc checkpoint`); the
+   * sandbox ends with it and is to be destroyed. `restore` brings it back, on this node or after a
+   * restart, with the same mounts (a cold start's layout: pool slots are not restored into).
+   */
+  async checkpoint(sandbox: Sandbox, imageDir: string): Promise<{ bytes: number }> {
+    await this.prepare()
+    return checkpointGvisor(sandbox, this.runsc, imageDir)
+  }
+
+  /** A sandbox restored from `checkpoint`'s image instead of booted: its processes go on where they were. */
+  async restore(spec: SandboxSpec, imageDir: string): Promise<Sandbox> {
+    await this.prepare()
+    const sandbox = await this.launch(spec, restoreArgs(imageDir))
+    await restored(sandbox, this.runsc).catch(async (error: unknown) => {
+      await sandbox.destroy()
+      throw error
+    })
+    return sandbox
+  }
+
+  /** `runsc run` (or `restore`) of a sandbox of its own, inside its cgroups from the start. */
+  private async launch(spec: SandboxSpec, subcommand: readonly string[]): Promise<Sandbox> {
     const bundle = path.join(this.bundlesDir, spec.id)
     await mkdir(bundle, { recursive: true })
     await writeFile(path.join(bundle, 'config.json'), JSON.stringify(this.buildSpec(spec)), { mode: 0o600 })
@@ -229,7 +260,7 @@ export class GvisorDriver implements SandboxDriver {
       '--root',
       this.runsc.root,
       ...runscFlags(this.runsc),
-      'run',
+      ...subcommand,
       '--bundle',
       bundle,
       spec.id,
@@ -246,8 +277,6 @@ export class GvisorDriver implements SandboxDriver {
       await rm(bundle, { recursive: true, force: true })
       throw new CairnProblem('sandbox_failed', 'could not start the gVisor sandbox launcher')
     }
-    // The next session with this layout need not wait for a boot.
-    this.pool?.warm(spec)
     return new GvisorSandbox(spec.id, child.pid, childIo(child), childEnd(child), {
       cgroups: this.options.cgroups,
       name: spec.id,

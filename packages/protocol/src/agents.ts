@@ -45,6 +45,9 @@ export const SetupEnvSchema = Type.Record(Type.String({ pattern: '^[A-Za-z_][A-Z
 /** How long a setup phase may run (cairn.yaml's `session.setup` and the API's `setup`). */
 export const SetupTimeoutMsSchema = Type.Integer({ minimum: 1000, maximum: 6 * 3600 * 1000 })
 
+export const PAUSE_POLICIES = ['stop', 'memory'] as const
+export type PausePolicy = (typeof PAUSE_POLICIES)[number]
+
 export const ISOLATION_NAMES = ['bwrap', 'gvisor'] as const
 export const IsolationSchema = Type.Union(ISOLATION_NAMES.map((n) => Type.Literal(n)))
 
@@ -69,6 +72,12 @@ export const AgentManifestSchema = Type.Object(
     network: Type.Optional(NetworkPolicySchema),
     /** Sandbox driver: `bwrap` (namespaces, default) or `gvisor` (a user-space kernel). */
     isolation: Type.Optional(IsolationSchema),
+    /**
+     * What happens to a session's sandbox when keep-warm ends: `stop` (default; the next message
+     * starts it cold) or `memory` (checkpointed with its processes and memory, and restored by the
+     * next message; needs a driver with `memorySnapshot`, see `GET /v1/runtime`).
+     */
+    pause: Type.Optional(Type.Union(PAUSE_POLICIES.map((p) => Type.Literal(p)))),
     /** Per-session settings; `session.setup` runs before each new session's first turn. */
     session: Type.Optional(
       Type.Object(

@@ -3,7 +3,7 @@ import { chmod, mkdir, readFile, writeFile } from 'node:fs/promises'
 import type { Server } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import path from 'node:path'
-import { type EgressSite, Runtime } from '@cairn/runtime'
+import { type EgressSite, MemoryCheckpoints, Runtime } from '@cairn/runtime'
 import pino, { type Logger } from 'pino'
 import { AgentService } from './agents/agent-service.js'
 import { BuildLogs } from './agents/build-logs.js'
@@ -179,6 +179,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
         ? [await readFile(config.egressUpstreamCaFile, 'utf8')]
         : undefined,
       operatorLimits: config.operatorLimits,
+      checkpoints: new MemoryCheckpoints(path.join(config.dataDir, 'checkpoints')),
       clock,
       logger,
     })

@@ -15,6 +15,7 @@ import type { Db } from '../db/database.js'
 import { checkManifestCeilings } from '../limits/ceilings.js'
 import { type OperatorLimits, operatorLimitSource } from '../limits/operator-limits.js'
 import { TenantSlots } from '../limits/tenant-slots.js'
+import { checkPausePolicy } from '../pause/paused-sessions.js'
 import { assertBindingsAllowed, unreachableBindings } from '../secrets/proxy-bindings.js'
 import { redact, type SecretStore } from '../secrets/secret-store.js'
 import { type AgentRow, AgentStore, type StoredRevision } from './agent-store.js'
@@ -91,6 +92,7 @@ export class AgentService {
       const resolved = await readManifest(staging, options.name)
       manifest = resolved.manifest
       checkManifestCeilings(resolved.manifest, this.deps.operatorLimits)
+      checkPausePolicy(resolved.manifest, this.deps.runtime)
       const setup = resolved.manifest.setup
       plan = await planBuild(tenantId, staging, typeof setup === 'string' ? splitCommand(setup) : setup)
       // Before anything is recorded: a deploy past the tenant's concurrent builds leaves no trace.

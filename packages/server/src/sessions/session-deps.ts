@@ -1,4 +1,4 @@
-import type { EgressSite, Runtime } from '@cairn/runtime'
+import type { EgressSite, MemoryCheckpoints, Runtime } from '@cairn/runtime'
 import type { Logger } from 'pino'
 import type { AgentService } from '../agents/agent-service.js'
 import type { Clock } from '../clock.js'
@@ -24,6 +24,8 @@ export interface SessionServiceDeps {
   setup?: SetupService | undefined
   /** The operator's maxima: sandbox limits, setup timeouts, sandboxes per tenant. */
   operatorLimits: OperatorLimits
+  /** Where `pause: memory` sessions keep their checkpoints; without it every sandbox stops when it cools. */
+  checkpoints?: MemoryCheckpoints | undefined
   clock: Clock
   logger: Logger
 }

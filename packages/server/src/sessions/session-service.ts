@@ -16,6 +16,7 @@ import {
 import type { AgentProcess } from '@cairn/runtime'
 import { iso } from '../clock.js'
 import { checkSetupTimeoutCeiling } from '../limits/ceilings.js'
+import { PausedSessions } from '../pause/paused-sessions.js'
 import { manifestSetup } from '../setup/setup-service.js'
 import { decodeCursor, encodeCursor } from './cursor.js'
 import { WorkspaceGenerations } from './generations.js'
@@ -60,6 +61,9 @@ export class SessionService {
       ...deps,
       store,
       locks,
+      paused: deps.checkpoints
+        ? new PausedSessions({ ...deps, store, checkpoints: deps.checkpoints })
+        : undefined,
       missingWorkspace: (tenantId, id) => this.missingWorkspace(tenantId, id),
     })
     this.runner = new TurnRunner({ ...deps, store, locks, warm: this.warm, generations: this.generations })

@@ -1,7 +1,8 @@
 import { CairnProblem } from '@cairn/protocol'
-import type { AgentProcess } from '@cairn/runtime'
+import type { AgentLaunch, AgentProcess } from '@cairn/runtime'
 import { ENV_VARIABLES, envBinds } from '../agents/builder.js'
 import { iso } from '../clock.js'
+import type { PausedSessions } from '../pause/paused-sessions.js'
 import { sandboxLimits, sessionNetwork, turnTimeoutMs } from './sandbox-settings.js'
 import type { SessionServiceDeps } from './session-deps.js'
 import type { SessionRow, SessionStore } from './session-store.js'
@@ -24,6 +25,8 @@ export type WarmAgentsDeps = Pick<
   locks: TurnLocks
   /** The problem a workspace missing from the pool stands for (see `SessionService.missingWorkspace`). */
   missingWorkspace: (tenantId: string, sessionId: string) => CairnProblem
+  /** Sessions of `pause: memory` agents: checkpointed when they cool, restored by the next turn. */
+  paused?: PausedSessions | undefined
 }
 
 interface WarmAgent {
@@ -34,6 +37,8 @@ interface WarmAgent {
   timer: NodeJS.Timeout | undefined
   /** When the cooldown timer fires (epoch ms), so activity only ever extends it. */
   until?: number | undefined
+  /** Checkpointed with its memory when it cools (`pause: memory`), rather than stopped. */
+  pause?: boolean | undefined
 }
 
 /**
@@ -114,13 +119,14 @@ export class WarmAgents {
       return { agent: warm.agent, cold: false }
     }
     if (warm) await this.drop(row.id)
+    await this.pausing.get(row.id)
     const { pool } = this.deps.runtime
     if (!(await pool.hasWorkspace(row.id))) throw this.deps.missingWorkspace(row.tenant_id, row.id)
     const revision = this.deps.agents.store.revision(row.revision_id)
     if (!revision) throw new CairnProblem('revision_not_found', `revision ${row.revision_id} is gone`)
     const envKey = revision.manifest.envKey ?? undefined
     const proxySecrets = this.deps.secrets.proxySecrets(row.tenant_id, row.agent_id)
-    const agent = await this.deps.runtime.startAgent({
+    const launch: AgentLaunch = {
       sessionId: row.id,
       workspaceDir: pool.workspacePath(row.id),
       command: revision.command,
@@ -145,11 +151,17 @@ export class WarmAgents {
       limits: sandboxLimits(revision.manifest, this.deps.operatorLimits),
       turnTimeoutMs: turnTimeoutMs(revision.manifest, this.deps.operatorLimits),
       isolation: revision.manifest.isolation,
-    })
-    this.warm.set(row.id, { agent, tenantId: row.tenant_id, usedAt: Date.now(), timer: undefined })
+    }
+    // A session paused with its memory comes back from its checkpoint (or cold, saying why).
+    const { paused } = this.deps
+    const { agent, restored } = paused
+      ? await paused.start(row, launch)
+      : { agent: await this.deps.runtime.startAgent(launch), restored: false }
+    const pause = paused?.wants(revision.manifest) ?? false
+    this.warm.set(row.id, { agent, tenantId: row.tenant_id, usedAt: Date.now(), timer: undefined, pause })
     this.starting.delete(row.id)
-    this.deps.metrics?.coldStarts.inc()
-    return { agent, cold: true }
+    if (!restored) this.deps.metrics?.coldStarts.inc()
+    return { agent, cold: !restored }
   }
 
   /** After a turn: the sandbox stays warm for the session's keep-warm window, then stops. */
@@ -164,7 +176,7 @@ export class WarmAgents {
     warm.until = Date.now() + row.keep_warm_ms
     warm.timer = setTimeout(() => {
       if (this.deps.locks.has(row.id)) return
-      void this.drop(row.id)
+      void this.cool(row.id)
     }, row.keep_warm_ms)
     warm.timer.unref()
   }
@@ -179,7 +191,7 @@ export class WarmAgents {
     warm.until = until
     warm.timer = setTimeout(() => {
       if (this.deps.locks.has(id)) return
-      void this.drop(id)
+      void this.cool(id)
     }, ms)
     warm.timer.unref()
   }
@@ -199,7 +211,13 @@ export class WarmAgents {
     this.extend(row.id, row.keep_warm_ms)
   }
 
+  /**
+   * Stops the session's sandbox, and forgets its memory checkpoint if it has one: what drops a
+   * session's sandbox (an end, a delete, a workspace restore, a setup phase) ends its memory too.
+   */
   async drop(sessionId: string): Promise<void> {
+    await this.pausing.get(sessionId)
+    await this.deps.paused?.discard(sessionId)
     this.transcripts.forget(sessionId)
     this.activityWrittenAt.delete(sessionId)
     const warm = this.warm.get(sessionId)
@@ -208,6 +226,25 @@ export class WarmAgents {
     if (warm.timer) clearTimeout(warm.timer)
     await this.deps.runtime.stopAgent(warm.agent)
   }
+
+  /** The end of the keep-warm window: a `pause: memory` sandbox is checkpointed, any other stopped. */
+  private async cool(sessionId: string): Promise<void> {
+    const warm = this.warm.get(sessionId)
+    const { paused } = this.deps
+    if (!warm?.pause || !paused || !warm.agent.alive) return this.drop(sessionId)
+    this.transcripts.forget(sessionId)
+    this.activityWrittenAt.delete(sessionId)
+    this.warm.delete(sessionId)
+    const row = this.deps.store.get(warm.tenantId, sessionId)
+    if (!row) return this.deps.runtime.stopAgent(warm.agent)
+    // A message arriving meanwhile waits for the checkpoint, then restores it (see `acquire`).
+    const pausing = paused.pause(row, warm.agent).finally(() => this.pausing.delete(sessionId))
+    this.pausing.set(sessionId, pausing)
+    await pausing
+  }
+
+  /** Checkpoints under way, by session. */
+  private readonly pausing = new Map<string, Promise<void>>()
 
   async dropAll(): Promise<void> {
     await Promise.all([...this.warm.keys()].map((id) => this.drop(id)))

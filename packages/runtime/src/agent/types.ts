@@ -2,6 +2,7 @@ import type { AgentProtocolName, ErrorCode, StatusCause, TranscriptLine } from '
 import type { EgressRoute } from '../egress/proxy.js'
 import type { ProxySecret } from '../egress/proxy-secrets.js'
 import type { IsolationName, SandboxBind, SandboxLimits } from '../sandbox/driver.js'
+import type { ProtocolState } from './protocols/agent-protocol.js'
 
 export type AgentEvent =
   | { type: 'text'; content: string }
@@ -62,11 +63,8 @@ export interface AgentLaunch {
 
 /** What AgentProcess knows of a running agent that its next process must know to talk to it. */
 export interface AgentMemoryState {
-  /** The stdio marker's nonce, in the agent's environment. */
-  nonce: string
-  /** Lines sent to a stdio agent so far, and the last it asked for (its marker count). */
-  linesSent: number
-  asked: number
+  /** The protocol's (stdio: the marker's nonce in the agent's environment, lines sent and asked). */
+  protocol: ProtocolState
 }
 
 export interface AgentResume {

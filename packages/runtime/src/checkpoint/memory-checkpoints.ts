@@ -117,7 +117,7 @@ export class MemoryCheckpoints {
     }
     try {
       const parsed = JSON.parse(text) as CheckpointManifest
-      return typeof parsed.generation === 'number' && typeof parsed.state?.nonce === 'string'
+      return typeof parsed.generation === 'number' && typeof parsed.state?.protocol === 'object'
         ? parsed
         : 'unreadable'
     } catch {

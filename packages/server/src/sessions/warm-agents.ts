@@ -1,6 +1,5 @@
 import { CairnProblem } from '@cairn/protocol'
-import type { AgentLaunch, AgentProcess } from '@cairn/runtime'
-import { ENV_VARIABLES, envBinds } from '../agents/builder.js'
+import { type AgentLaunch, type AgentProcess, launchEnvironment } from '@cairn/runtime'
 import { iso } from '../clock.js'
 import type { PausedSessions } from '../pause/paused-sessions.js'
 import { sandboxLimits, sessionNetwork, turnTimeoutMs } from './sandbox-settings.js'
@@ -126,21 +125,18 @@ export class WarmAgents {
     if (!revision) throw new CairnProblem('revision_not_found', `revision ${row.revision_id} is gone`)
     const envKey = revision.manifest.envKey ?? undefined
     const proxySecrets = this.deps.secrets.proxySecrets(row.tenant_id, row.agent_id)
+    const environment = launchEnvironment(this.deps.agents.envs.dependency(envKey), {
+      ...this.deps.secrets.valuesForScope(row.tenant_id, row.agent_id, 'runtime'),
+      // A proxy secret's variable holds only its stand-in; the egress proxy swaps in the value.
+      ...Object.fromEntries(proxySecrets.map((secret) => [secret.name, secret.standIn])),
+    })
     const launch: AgentLaunch = {
       sessionId: row.id,
       workspaceDir: pool.workspacePath(row.id),
       command: revision.command,
       protocol: revision.manifest.protocol ?? 'stdio',
-      env: {
-        ...(envKey ? ENV_VARIABLES : {}),
-        ...this.deps.secrets.valuesForScope(row.tenant_id, row.agent_id, 'runtime'),
-        // A proxy secret's variable holds only its stand-in; the egress proxy swaps in the value.
-        ...Object.fromEntries(proxySecrets.map((secret) => [secret.name, secret.standIn])),
-      },
-      binds: [
-        ...(envKey ? envBinds(this.deps.agents.envs.envPath(envKey), envKey) : []),
-        ...(this.deps.memory ? [await this.deps.memory.bind(row.agent_id)] : []),
-      ],
+      env: environment.env,
+      binds: [...environment.binds, ...(this.deps.memory ? [await this.deps.memory.bind(row.agent_id)] : [])],
       egress: {
         ...this.deps.egressSite,
         policy: sessionNetwork(row, revision.manifest),

@@ -191,6 +191,7 @@ export class AgentProcess implements TurnChannel {
       env: this.environment(turn),
       limits: this.launch.limits,
       binds: this.launch.binds,
+      checkpointable: this.launch.checkpointable,
     }
     // A memory checkpoint's sandbox goes on where it was instead of running the command.
     const sandbox =

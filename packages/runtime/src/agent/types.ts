@@ -57,6 +57,8 @@ export interface AgentLaunch {
     | undefined
   /** Most reply characters one turn may produce (default 8 Mi). */
   maxOutputChars?: number | undefined
+  /** The sandbox will be checkpointed when it cools (`pause: memory`; see `SandboxSpec.checkpointable`). */
+  checkpointable?: boolean | undefined
   /** Restores the sandbox from a memory checkpoint instead of starting its command (see checkpoint/). */
   resume?: AgentResume | undefined
 }

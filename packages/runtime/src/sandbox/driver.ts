@@ -24,6 +24,11 @@ export interface SandboxSpec {
   network?: 'none' | 'egress' | undefined
   /** Extra host directories to mount (dependency environments, build sources). */
   binds?: readonly SandboxBind[] | undefined
+  /**
+   * The sandbox may be checkpointed (`pause: memory`): it gets the layout a restore recreates (for
+   * gVisor, booted on demand rather than claimed from the pool, whose slots have their own root).
+   */
+  checkpointable?: boolean | undefined
 }
 
 export interface SandboxBind {

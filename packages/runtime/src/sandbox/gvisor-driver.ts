@@ -220,7 +220,7 @@ export class GvisorDriver implements SandboxDriver {
   async start(spec: SandboxSpec): Promise<Sandbox> {
     if (spec.command.length === 0) throw new CairnProblem('bad_request', 'empty sandbox command')
     await this.prepare()
-    const claimed = await this.pool?.claim(spec)
+    const claimed = spec.checkpointable ? undefined : await this.pool?.claim(spec)
     if (claimed) return claimed
     const sandbox = await this.launch(spec, ['run'])
     // The next session with this layout need not wait for a boot.

@@ -147,6 +147,7 @@ export class WarmAgents {
       limits: sandboxLimits(revision.manifest, this.deps.operatorLimits),
       turnTimeoutMs: turnTimeoutMs(revision.manifest, this.deps.operatorLimits),
       isolation: revision.manifest.isolation,
+      checkpointable: this.deps.paused?.wants(revision.manifest),
     }
     // A session paused with its memory comes back from its checkpoint (or cold, saying why).
     const { paused } = this.deps

@@ -11,8 +11,9 @@ import { Api, startTestServer, type TestServer } from './helpers/server.js'
  * loopback is its own network stack, unreachable from the host: `ports` is false there).
  */
 const COUNTER_AGENT = `
-import subprocess, urllib.request, time
+import os, subprocess, urllib.request, time
 count = 0
+token = os.urandom(6).hex()
 preview = None
 def init_start():
     return open("/proc/1/stat").read().rsplit(")", 1)[1].split()[19]
@@ -31,7 +32,7 @@ while True:
     if preview is None:
         preview = subprocess.Popen(["python3", "-m", "http.server", "8000", "--bind", "127.0.0.1"],
                                    cwd="/tmp", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    print(f"count={count} init={init_start()} preview={ask_preview()}")
+    print(f"count={count} init={init_start()} token={token} preview={ask_preview()}")
 `
 
 const KEEP_WARM_MS = 400
@@ -56,6 +57,8 @@ afterAll(async () => {
 interface Reply {
   count: number
   init: string
+  /** Drawn by the agent when it started: a restarted agent has another. */
+  token: string
   preview: string
   coldStart: boolean
 }
@@ -63,13 +66,14 @@ interface Reply {
 async function ask(api: Api, sessionId: string, prompt: string): Promise<Reply> {
   const run = await api.send(sessionId, prompt)
   expect(run.terminal?.type, JSON.stringify(run.events)).toBe('run.completed')
-  const match = /count=(\d+) init=(\d+) preview=(\S+)/.exec(run.text)
-  if (!match?.[1] || !match[2] || !match[3]) throw new Error(`unexpected reply: ${run.text}`)
+  const match = /count=(\d+) init=(\d+) token=([0-9a-f]+) preview=(\S+)/.exec(run.text)
+  if (!match?.[1] || !match[2] || !match[3] || !match[4]) throw new Error(`unexpected reply: ${run.text}`)
   const started = run.events.find((e) => e.type === 'run.started')
   return {
     count: Number(match[1]),
     init: match[2],
-    preview: match[3],
+    token: match[3],
+    preview: match[4],
     coldStart: started?.type === 'run.started' && started.coldStart,
   }
 }
@@ -109,12 +113,7 @@ describe.skipIf(!gvisor.ok)('pause: memory under gVisor', () => {
       /^checkpoint of \d+ bytes in \d+ ms/,
     )
     expect((await t.api.call('GET', `/v1/sessions/${id}`)).body.warm).toBe(false)
-    expect(await ask(t.api, id, 'two')).toEqual({
-      count: 2,
-      init: first.init,
-      preview: '200',
-      coldStart: false,
-    })
+    expect(await ask(t.api, id, 'two')).toEqual({ ...first, count: 2, coldStart: false })
     await eventually(t.api, id, 'memory_restored')
 
     // Paused again, then the server restarts: the checkpoint is on disk, no sandbox is running.
@@ -124,12 +123,7 @@ describe.skipIf(!gvisor.ok)('pause: memory under gVisor', () => {
     t = await startTestServer({ dataDir })
     // The admin key is printed on the first start only: the restarted server knows the old one.
     t = { ...t, key, api: new Api(t.url, key) }
-    expect(await ask(t.api, id, 'three')).toEqual({
-      count: 3,
-      init: first.init,
-      preview: '200',
-      coldStart: false,
-    })
+    expect(await ask(t.api, id, 'three')).toEqual({ ...first, count: 3, coldStart: false })
   })
 
   it('discards the checkpoint when the workspace changed since (the reason in the events) and starts cold', async () => {
@@ -142,7 +136,7 @@ describe.skipIf(!gvisor.ok)('pause: memory under gVisor', () => {
     expect(put.status).toBe(200)
     const next = await ask(t.api, id, 'two')
     expect(next).toMatchObject({ count: 1, preview: '200', coldStart: true })
-    expect(next.init).not.toBe(first.init)
+    expect(next.token).not.toBe(first.token)
     expect((await eventually(t.api, id, 'memory_discarded')).detail).toMatch(
       /^memory checkpoint discarded: the workspace changed since it was taken \(generation \d+, now \d+/,
     )

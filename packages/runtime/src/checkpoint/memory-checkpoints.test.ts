@@ -12,11 +12,13 @@ import { MemoryCheckpoints, startFromCheckpoint } from './memory-checkpoints.js'
 /**
  * A REPL-style agent: a counter in memory, a `python3 -m http.server` preview started on its first
  * message, and each reply says the count, the start time of its pid namespace's init (field 22 of
- * /proc/1/stat: a restarted sandbox has a new one) and what the preview answers.
+ * /proc/1/stat; under gVisor counted from the sandbox's boot), a token drawn when the agent started
+ * (a restarted agent has another) and what the preview answers.
  */
 const COUNTER_AGENT = `
-import subprocess, urllib.request, time
+import os, subprocess, urllib.request, time
 count = 0
+token = os.urandom(6).hex()
 preview = None
 def init_start():
     return open("/proc/1/stat").read().rsplit(")", 1)[1].split()[19]
@@ -34,7 +36,7 @@ while True:
     if preview is None:
         preview = subprocess.Popen(["python3", "-m", "http.server", "8000", "--bind", "127.0.0.1"],
                                    cwd="/tmp", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    print(f"count={count} init={init_start()} preview={ask_preview()}")
+    print(f"count={count} init={init_start()} token={token} preview={ask_preview()}")
 `
 
 const REVISION = 'rev_memcheckpoints'
@@ -71,10 +73,10 @@ async function launchFor(isolation: 'gvisor' | 'bwrap'): Promise<AgentLaunch> {
   }
 }
 
-function parse(text: string): { count: number; init: string; preview: string } {
-  const match = /count=(\d+) init=(\d+) preview=(.+)/.exec(text)
-  if (!match?.[1] || !match[2] || !match[3]) throw new Error(`unexpected reply: ${text}`)
-  return { count: Number(match[1]), init: match[2], preview: match[3].trim() }
+function parse(text: string): { count: number; init: string; token: string; preview: string } {
+  const match = /count=(\d+) init=(\d+) token=([0-9a-f]+) preview=(.+)/.exec(text)
+  if (!match?.[1] || !match[2] || !match[3] || !match[4]) throw new Error(`unexpected reply: ${text}`)
+  return { count: Number(match[1]), init: match[2], token: match[3], preview: match[4].trim() }
 }
 
 const start = (launch: AgentLaunch) => runtime.startAgent(launch)
@@ -96,7 +98,7 @@ describe.skipIf(!gvisor.ok)('memory checkpoints under gVisor', () => {
     expect(resumed.coldReason).toBeUndefined()
     expect(resumed.resumed).toBe(true)
     agent = resumed.agent
-    expect(parse(await reply(agent, 'hi', 3))).toEqual({ count: 3, init: first.init, preview: '200' })
+    expect(parse(await reply(agent, 'hi', 3))).toEqual({ ...first, count: 3 })
     // Used once: the restored sandbox has moved on from it.
     expect(await checkpoints.bytes(launch.sessionId)).toBe(0)
 
@@ -110,11 +112,7 @@ describe.skipIf(!gvisor.ok)('memory checkpoints under gVisor', () => {
       driver: 'gvisor',
     })
     expect(afterRestart.resumed).toBe(true)
-    expect(parse(await reply(afterRestart.agent, 'hi', 4))).toEqual({
-      count: 4,
-      init: first.init,
-      preview: '200',
-    })
+    expect(parse(await reply(afterRestart.agent, 'hi', 4))).toEqual({ ...first, count: 4 })
     await runtime.stopAgent(afterRestart.agent)
   })
 

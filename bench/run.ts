@@ -29,6 +29,7 @@ async function load(): Promise<Bench[]> {
     { drivers },
     { cli },
     { pause },
+    { images },
   ] = await Promise.all([
     import('./baselines.js'),
     import('./session-create.js'),
@@ -45,6 +46,7 @@ async function load(): Promise<Bench[]> {
     import('./drivers.js'),
     import('./cli.js'),
     import('./pause.js'),
+    import('./images.js'),
   ])
   return [
     baselines,
@@ -62,6 +64,7 @@ async function load(): Promise<Bench[]> {
     drivers,
     cli,
     pause,
+    images,
   ]
 }
 

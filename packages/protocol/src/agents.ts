@@ -55,10 +55,7 @@ export const IsolationSchema = Type.Union(ISOLATION_NAMES.map((n) => Type.Litera
  * `cairn.yaml` keys that are planned but not built: refused with what is planned, rather than as
  * unknown (a manifest written for a later release must not deploy as if they were honoured).
  */
-export const PLANNED_MANIFEST_KEYS: Readonly<Record<string, string>> = {
-  image:
-    'a base image per agent is planned, and until then every agent runs on the host-provided runtimes; remove the key',
-}
+export const PLANNED_MANIFEST_KEYS: Readonly<Record<string, string>> = {}
 
 /** `cairn.yaml` as the server validates it: a key it does not name is refused (see unknown-keys.ts). */
 export const AgentManifestSchema = Type.Object(
@@ -78,6 +75,17 @@ export const AgentManifestSchema = Type.Object(
      * next message; needs a driver with `memorySnapshot`, see `GET /v1/runtime`).
      */
     pause: Type.Optional(Type.Union(PAUSE_POLICIES.map((p) => Type.Literal(p)))),
+    /**
+     * The sandbox's root: `debian:<suite>` (built from the operator's Debian mirror, with
+     * `packages`), an OCI reference (`registry.example.com/team/base:1.4`, pulled), or `host` (the
+     * host's /usr, read-only). Unset: the operator's default image. The root is writable and resets
+     * with every new sandbox; only /workspace (and /memory) persist.
+     */
+    image: Type.Optional(Type.String({ minLength: 1, maxLength: 512 })),
+    /** Debian packages installed into a `debian:<suite>` image when it is built. */
+    packages: Type.Optional(
+      Type.Array(Type.String({ minLength: 1, maxLength: 128 }), { maxItems: 256, uniqueItems: true }),
+    ),
     /** Per-session settings; `session.setup` runs before each new session's first turn. */
     session: Type.Optional(
       Type.Object(
@@ -119,6 +127,8 @@ export const RevisionSchema = Type.Object({
   error: Type.Union([Type.String(), Type.Null()]),
   /** Content address of the dependency environment, when the project has dependencies. */
   envKey: Type.Union([Type.String(), Type.Null()]),
+  /** Key of the image the revision's sandboxes run on (see `GET /v1/images`); null: the host's /usr. */
+  imageKey: Type.Union([Type.String(), Type.Null()]),
   requiredSecrets: Type.Array(Type.String()),
   createdAt: Type.String(),
 })

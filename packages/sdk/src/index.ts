@@ -26,6 +26,7 @@ export { Cairn, type CairnOptions, DEFAULT_BASE_URL, DEFAULT_TIMEOUT_MS, type Ru
 export * from './errors.js'
 export { decodeEvent } from './events.js'
 export type { FetchLike, RequestOptions } from './http.js'
+export { type ImageSummary, Images } from './images.js'
 export {
   API_KEY_INFO_FIELDS,
   type ApiKeyInfo,

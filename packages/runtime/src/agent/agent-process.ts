@@ -99,6 +99,11 @@ export class AgentProcess implements TurnChannel {
     }
   }
 
+  /** The session this agent runs for. */
+  get sessionId(): string {
+    return this.launch.sessionId
+  }
+
   get alive(): boolean {
     if (!this.protocol.warm) return !this.stopped
     return !this.stopped && this.sandbox !== undefined && this.exitInfo === undefined
@@ -192,6 +197,7 @@ export class AgentProcess implements TurnChannel {
       limits: this.launch.limits,
       binds: this.launch.binds,
       checkpointable: this.launch.checkpointable,
+      rootfs: this.launch.rootfs,
     }
     // A memory checkpoint's sandbox goes on where it was instead of running the command.
     const sandbox =

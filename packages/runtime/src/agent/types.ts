@@ -41,6 +41,8 @@ export interface AgentLaunch {
   turnTimeoutMs: number
   /** Extra mounts, such as the revision's dependency environment at /env. */
   binds?: readonly SandboxBind[] | undefined
+  /** The image's root filesystem (`SandboxSpec.rootfs`); unset: the host's /usr. */
+  rootfs?: string | undefined
   /** The sandbox driver to run under; the runtime's default (`RuntimeOptions.isolation`) when unset. */
   isolation?: IsolationName | undefined
   /** Egress allowlist; without one (or with an empty one) the sandbox has loopback only. */

@@ -29,6 +29,12 @@ export interface SandboxSpec {
    * gVisor, booted on demand rather than claimed from the pool, whose slots have their own root).
    */
   checkpointable?: boolean | undefined
+  /**
+   * Host path of an image's read-only root filesystem (see images/): the sandbox's root is then an
+   * overlay of it with a writable layer of the sandbox's own, gone with the sandbox. Unset: the
+   * host's /usr and a few /etc files, read-only.
+   */
+  rootfs?: string | undefined
 }
 
 export interface SandboxBind {

@@ -1,4 +1,4 @@
-import type { StoragePool, TreeSizes } from '@cairn/runtime'
+import type { RuntimePort, TreeSizes } from '@cairn/runtime/port'
 import type { FastifyInstance } from 'fastify'
 import type { Db } from '../db/database.js'
 import type { SessionService } from '../sessions/session-service.js'
@@ -10,7 +10,7 @@ export function installMetrics(
   metrics: MetricsRegistry,
   sessions: SessionService,
   db: Db,
-  pool: StoragePool,
+  pool: Pick<RuntimePort, 'quotaStatus' | 'poolStats' | 'tenantUsage'>,
 ): void {
   const byStatus = db.prepare<[], { status: string; n: number }>(
     'SELECT status, COUNT(*) AS n FROM sessions GROUP BY status',
@@ -81,7 +81,9 @@ export function installMetrics(
     // Every tenant's figures come from one listing of all qgroups (O(subvolumes)): at most every 15 s.
     if (Date.now() - tenantsReadAt >= 15_000) {
       tenantsReadAt = Date.now()
-      byTenant = await pool.tenantUsage(tenants.all().map((t) => t.id)).catch(() => new Map())
+      byTenant = new Map(
+        Object.entries(await pool.tenantUsage(tenants.all().map((t) => t.id)).catch(() => ({}))),
+      )
     }
     return reply.type(metrics.contentType).send(await metrics.render())
   })

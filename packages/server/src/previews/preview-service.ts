@@ -2,9 +2,11 @@ import type { IncomingHttpHeaders } from 'node:http'
 import type net from 'node:net'
 import type { Duplex } from 'node:stream'
 import { CairnProblem } from '@cairn/protocol'
+import type { RuntimePort } from '@cairn/runtime/port'
 import type { ApiKeyStore } from '../auth/api-keys.js'
 import { type Clock, iso } from '../clock.js'
 import type { Db } from '../db/database.js'
+import type { SessionObserver } from '../sessions/session-observer.js'
 import type { SessionService } from '../sessions/session-service.js'
 import type { SessionRow } from '../sessions/session-store.js'
 import type { PreviewRevocations } from './preview-revocations.js'
@@ -66,6 +68,8 @@ export interface PreviewServiceDeps {
   sessions: SessionService
   signer: PreviewSigner
   revocations: PreviewRevocations
+  /** Connections into sandboxes, through the runtime's port. */
+  runtime: Pick<RuntimePort, 'connectPort'>
   clock: Clock
 }
 
@@ -79,7 +83,7 @@ export interface AuthorizedPreview {
  * Previews: a service on a port inside a session's sandbox, reached with the caller's API key or a
  * signed URL. Every request counts as session activity.
  */
-export class PreviewService {
+export class PreviewService implements SessionObserver {
   private readonly tenantOf
   // Relayed Upgrade connections per session port: a revocation closes them, as its URLs stop.
   private readonly relayed = new Map<string, Set<Duplex>>()
@@ -88,9 +92,15 @@ export class PreviewService {
     this.tenantOf = deps.db.prepare<[string], { tenant_id: string }>(
       'SELECT tenant_id FROM sessions WHERE id = ?',
     )
-    // An ended session's URLs stay dead when it is resumed (whoever resumes it hands out new
-    // ones); a deleted one's answer `revoked` like any other.
-    deps.sessions.onEnded((sessionId) => deps.revocations.revokeSession(sessionId))
+  }
+
+  /**
+   * A session ended or deleted (the service is one of the session service's observers): an ended
+   * session's URLs stay dead when it is resumed (whoever resumes it hands out new ones); a deleted
+   * one's answer `revoked` like any other.
+   */
+  ended(sessionId: string): void {
+    this.deps.revocations.revokeSession(sessionId)
   }
 
   signedUrl(
@@ -203,7 +213,7 @@ export class PreviewService {
       )
     }
     this.deps.sessions.noteActivity(row)
-    return agent.connectPort(port)
+    return this.deps.runtime.connectPort(row.id, port)
   }
 
   noteActivity(row: SessionRow): void {

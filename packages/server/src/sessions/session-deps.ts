@@ -1,4 +1,4 @@
-import type { EgressSite, MemoryCheckpoints, Runtime } from '@cairn/runtime'
+import type { EgressSite, RuntimePort } from '@cairn/runtime/port'
 import type { Logger } from 'pino'
 import type { AgentService } from '../agents/agent-service.js'
 import type { Clock } from '../clock.js'
@@ -8,10 +8,14 @@ import type { MemoryService } from '../memory/memory-service.js'
 import type { MetricsRegistry } from '../metrics/registry.js'
 import type { SecretStore } from '../secrets/secret-store.js'
 import type { SetupService } from '../setup/setup-service.js'
+import type { SessionObserver } from './session-observer.js'
 
 export interface SessionServiceDeps {
   db: Db
-  runtime: Runtime
+  /** The runtime, only through its port. */
+  runtime: RuntimePort
+  /** Told of sessions' creation, turns and deletion, in this order (see `SessionObserver`). */
+  observers?: readonly SessionObserver[] | undefined
   agents: AgentService
   secrets: SecretStore
   /** The operator's egress settings (private exceptions, `CAIRN_EGRESS_HOSTS`) for every sandbox. */
@@ -24,8 +28,6 @@ export interface SessionServiceDeps {
   setup?: SetupService | undefined
   /** The operator's maxima: sandbox limits, setup timeouts, sandboxes per tenant. */
   operatorLimits: OperatorLimits
-  /** Where `pause: memory` sessions keep their checkpoints; without it every sandbox stops when it cools. */
-  checkpoints?: MemoryCheckpoints | undefined
   clock: Clock
   logger: Logger
 }

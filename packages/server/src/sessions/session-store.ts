@@ -10,7 +10,7 @@ import {
   type TurnInfo,
   type TurnStatus,
 } from '@cairn/protocol'
-import type { NetworkEvent } from '@cairn/runtime'
+import type { NetworkEvent } from '@cairn/runtime/port'
 import type { Statement } from 'better-sqlite3'
 import type { Db } from '../db/database.js'
 import { policyOf } from './policy.js'

@@ -1,7 +1,7 @@
 import { CairnProblem } from '@cairn/protocol'
-import { type AgentLaunch, type AgentProcess, launchEnvironment } from '@cairn/runtime'
+import type { AgentInfo } from '@cairn/runtime/port'
 import { iso } from '../clock.js'
-import type { PausedSessions } from '../pause/paused-sessions.js'
+import { sessionPause } from '../pause/pause-policy.js'
 import { sandboxLimits, sessionNetwork, turnTimeoutMs } from './sandbox-settings.js'
 import type { SessionServiceDeps } from './session-deps.js'
 import type { SessionRow, SessionStore } from './session-store.js'
@@ -24,31 +24,15 @@ export type WarmAgentsDeps = Pick<
   locks: TurnLocks
   /** The problem a workspace missing from the pool stands for (see `SessionService.missingWorkspace`). */
   missingWorkspace: (tenantId: string, sessionId: string) => CairnProblem
-  /** Sessions of `pause: memory` agents: checkpointed when they cool, restored by the next turn. */
-  paused?: PausedSessions | undefined
-}
-
-interface WarmAgent {
-  agent: AgentProcess
-  tenantId: string
-  /** When its last turn or activity ended (epoch ms): the least recently used idle one goes first. */
-  usedAt: number
-  timer: NodeJS.Timeout | undefined
-  /** When the cooldown timer fires (epoch ms), so activity only ever extends it. */
-  until?: number | undefined
-  /** Checkpointed with its memory when it cools (`pause: memory`), rather than stopped. */
-  pause?: boolean | undefined
 }
 
 /**
- * The agent processes kept warm between turns: started cold on a session's first turn (or after
- * its sandbox went), reused by the next turn within the keep-warm window, stopped when it cools.
- * What is cached per warm sandbox (the transcript, the activity throttle) goes with it.
+ * The session side of the warm agents: what a session's agent is started with (its revision,
+ * secrets, memory, network), and what is cached per warm sandbox (the transcript, the activity
+ * throttle). The pool itself (keep-warm windows, the per-tenant cap) is the runtime's, behind the
+ * port.
  */
 export class WarmAgents {
-  private readonly warm = new Map<string, WarmAgent>()
-  /** Sessions admitted for a cold start whose sandbox is not up yet, with their tenant. */
-  private readonly starting = new Map<string, string>()
   private readonly activityWrittenAt = new Map<string, number>()
   readonly transcripts: TranscriptCache
 
@@ -57,86 +41,54 @@ export class WarmAgents {
   }
 
   has(sessionId: string): boolean {
-    return this.warm.has(sessionId)
+    return this.deps.runtime.agent(sessionId) !== undefined
   }
 
-  agent(sessionId: string): AgentProcess | undefined {
-    return this.warm.get(sessionId)?.agent
+  agent(sessionId: string): AgentInfo | undefined {
+    return this.deps.runtime.agent(sessionId)
   }
 
   get size(): number {
-    return this.warm.size
+    return this.deps.runtime.warmCount
   }
 
   /**
-   * Makes room for this session's sandbox under its tenant's cap (`maxSandboxesPerTenant`): when
-   * the tenant is at the cap, its least recently used idle sandboxes are stopped (their sessions
-   * stay idle and start cold next time, as after the keep-warm window); when every one is running
-   * a turn, `sandbox_limit_reached` (retryable). Synchronous, so concurrent messages cannot pass
-   * the cap together. The answer releases the slot once the sandbox is up (or the turn is over).
+   * Makes room for this session's sandbox under its tenant's cap (`maxSandboxesPerTenant`), see
+   * `RuntimePort.admitAgent`. The answer releases the slot once the sandbox is up (or the turn is over).
    */
-  admit(row: SessionRow, busy: (sessionId: string) => boolean): () => void {
-    if (this.warm.get(row.id)?.agent.alive) return () => undefined
-    const cap = this.deps.operatorLimits.maxSandboxesPerTenant
-    const tenant = row.tenant_id
-    const running = () => {
-      let n = 0
-      for (const [id, warm] of this.warm) if (warm.tenantId === tenant && id !== row.id) n++
-      for (const [id, owner] of this.starting) if (owner === tenant && id !== row.id) n++
-      return n
-    }
-    if (running() >= cap) {
-      const idle = [...this.warm]
-        .filter(([id, warm]) => warm.tenantId === tenant && id !== row.id && !busy(id))
-        .sort(([, a], [, b]) => a.usedAt - b.usedAt)
-      for (const [id] of idle) {
-        if (running() < cap) break
-        // Out of the count at once (drop forgets it before stopping it); the stop finishes behind.
-        void this.drop(id).catch(() => undefined)
-      }
-    }
-    const now = running()
-    if (now >= cap)
-      throw new CairnProblem(
-        'sandbox_limit_reached',
-        `this tenant has ${now} agent sandboxes running turns, the most this server allows (${cap}, CAIRN_MAX_SANDBOXES_PER_TENANT): retry when one ends`,
-        { limit: 'maxSandboxesPerTenant', value: now, ceiling: cap },
-      )
-    this.starting.set(row.id, tenant)
-    return () => {
-      if (this.starting.get(row.id) === tenant) this.starting.delete(row.id)
-    }
+  admit(row: SessionRow): () => void {
+    if (this.deps.runtime.agent(row.id)?.alive) return () => undefined
+    return this.deps.runtime.admitAgent({
+      sessionId: row.id,
+      tenantId: row.tenant_id,
+      maxSandboxesPerTenant: this.deps.operatorLimits.maxSandboxesPerTenant,
+      busy: this.deps.locks.held(),
+    })
   }
 
   /** The session's warm agent (its cooldown stopped while a turn uses it), or a freshly started one. */
-  async acquire(row: SessionRow): Promise<{ agent: AgentProcess; cold: boolean }> {
-    const warm = this.warm.get(row.id)
-    if (warm?.agent.alive) {
-      if (warm.timer) clearTimeout(warm.timer)
-      warm.timer = undefined
-      warm.until = undefined
-      return { agent: warm.agent, cold: false }
-    }
-    if (warm) await this.drop(row.id)
-    await this.pausing.get(row.id)
-    const { pool } = this.deps.runtime
-    if (!(await pool.hasWorkspace(row.id))) throw this.deps.missingWorkspace(row.tenant_id, row.id)
+  async acquire(row: SessionRow): Promise<{ agent: AgentInfo; cold: boolean }> {
+    const warm = this.deps.runtime.resumeAgent(row.id)
+    if (warm) return { agent: warm, cold: false }
+    if (this.deps.runtime.agent(row.id)) await this.drop(row.id)
+    if (!(await this.deps.runtime.hasWorkspace(row.id)))
+      throw this.deps.missingWorkspace(row.tenant_id, row.id)
     const revision = this.deps.agents.store.revision(row.revision_id)
     if (!revision) throw new CairnProblem('revision_not_found', `revision ${row.revision_id} is gone`)
-    const envKey = revision.manifest.envKey ?? undefined
     const proxySecrets = this.deps.secrets.proxySecrets(row.tenant_id, row.agent_id)
-    const environment = launchEnvironment(this.deps.agents.envs.dependency(envKey), {
-      ...this.deps.secrets.valuesForScope(row.tenant_id, row.agent_id, 'runtime'),
-      // A proxy secret's variable holds only its stand-in; the egress proxy swaps in the value.
-      ...Object.fromEntries(proxySecrets.map((secret) => [secret.name, secret.standIn])),
-    })
-    const launch: AgentLaunch = {
+    const agent = await this.deps.runtime.startAgent({
       sessionId: row.id,
-      workspaceDir: pool.workspacePath(row.id),
+      tenantId: row.tenant_id,
       command: revision.command,
       protocol: revision.manifest.protocol ?? 'stdio',
-      env: environment.env,
-      binds: [...environment.binds, ...(this.deps.memory ? [await this.deps.memory.bind(row.agent_id)] : [])],
+      dependencyEnvKey: revision.manifest.envKey ?? undefined,
+      env: {
+        ...this.deps.secrets.valuesForScope(row.tenant_id, row.agent_id, 'runtime'),
+        // A proxy secret's variable holds only its stand-in; the egress proxy swaps in the value.
+        ...Object.fromEntries(proxySecrets.map((secret) => [secret.name, secret.standIn])),
+      },
+      binds: this.deps.memory ? [await this.deps.memory.bind(row.agent_id)] : [],
+      rootfs: this.deps.agents.images.rootfsOf(revision),
       egress: {
         ...this.deps.egressSite,
         policy: sessionNetwork(row, revision.manifest),
@@ -147,50 +99,20 @@ export class WarmAgents {
       limits: sandboxLimits(revision.manifest, this.deps.operatorLimits),
       turnTimeoutMs: turnTimeoutMs(revision.manifest, this.deps.operatorLimits),
       isolation: revision.manifest.isolation,
-      checkpointable: this.deps.paused?.wants(revision.manifest),
-    }
-    // A session paused with its memory comes back from its checkpoint (or cold, saying why).
-    const { paused } = this.deps
-    const { agent, restored } = paused
-      ? await paused.start(row, launch)
-      : { agent: await this.deps.runtime.startAgent(launch), restored: false }
-    const pause = paused?.wants(revision.manifest) ?? false
-    this.warm.set(row.id, { agent, tenantId: row.tenant_id, usedAt: Date.now(), timer: undefined, pause })
-    this.starting.delete(row.id)
-    if (!restored) this.deps.metrics?.coldStarts.inc()
-    return { agent, cold: !restored }
+      pause: sessionPause(row, revision.manifest, this.deps.store, this.deps.clock),
+    })
+    if (!agent.restored) this.deps.metrics?.coldStarts.inc()
+    return { agent, cold: !agent.restored }
   }
 
   /** After a turn: the sandbox stays warm for the session's keep-warm window, then stops. */
   scheduleCooldown(row: SessionRow): void {
-    const warm = this.warm.get(row.id)
-    if (!warm) return
-    warm.usedAt = Date.now()
-    if (row.keep_warm_ms <= 0) {
-      void this.drop(row.id)
-      return
-    }
-    warm.until = Date.now() + row.keep_warm_ms
-    warm.timer = setTimeout(() => {
-      if (this.deps.locks.has(row.id)) return
-      void this.cool(row.id)
-    }, row.keep_warm_ms)
-    warm.timer.unref()
+    this.deps.runtime.coolDown(row.id, row.keep_warm_ms)
   }
 
   /** Moves a cooling warm sandbox's stop to at least `ms` from now (never earlier). */
   extend(id: string, ms: number): void {
-    const warm = this.warm.get(id)
-    if (!warm?.timer) return
-    const until = Date.now() + ms
-    if (warm.until !== undefined && warm.until >= until) return
-    clearTimeout(warm.timer)
-    warm.until = until
-    warm.timer = setTimeout(() => {
-      if (this.deps.locks.has(id)) return
-      void this.cool(id)
-    }, ms)
-    warm.timer.unref()
+    this.deps.runtime.keepWarm(id, ms)
   }
 
   /**
@@ -203,47 +125,16 @@ export class WarmAgents {
       this.activityWrittenAt.set(row.id, now)
       this.deps.store.touch(row.id, iso(now))
     }
-    const warm = this.warm.get(row.id)
-    if (warm) warm.usedAt = Date.now()
-    this.extend(row.id, row.keep_warm_ms)
+    this.deps.runtime.keepWarm(row.id, row.keep_warm_ms, true)
   }
 
-  /**
-   * Stops the session's sandbox, and forgets its memory checkpoint if it has one: what drops a
-   * session's sandbox (an end, a delete, a workspace restore, a setup phase) ends its memory too.
-   */
   async drop(sessionId: string): Promise<void> {
-    await this.pausing.get(sessionId)
-    await this.deps.paused?.discard(sessionId)
     this.transcripts.forget(sessionId)
     this.activityWrittenAt.delete(sessionId)
-    const warm = this.warm.get(sessionId)
-    if (!warm) return
-    this.warm.delete(sessionId)
-    if (warm.timer) clearTimeout(warm.timer)
-    await this.deps.runtime.stopAgent(warm.agent)
+    await this.deps.runtime.stopAgent(sessionId)
   }
-
-  /** The end of the keep-warm window: a `pause: memory` sandbox is checkpointed, any other stopped. */
-  private async cool(sessionId: string): Promise<void> {
-    const warm = this.warm.get(sessionId)
-    const { paused } = this.deps
-    if (!warm?.pause || !paused || !warm.agent.alive) return this.drop(sessionId)
-    this.transcripts.forget(sessionId)
-    this.activityWrittenAt.delete(sessionId)
-    this.warm.delete(sessionId)
-    const row = this.deps.store.get(warm.tenantId, sessionId)
-    if (!row) return this.deps.runtime.stopAgent(warm.agent)
-    // A message arriving meanwhile waits for the checkpoint, then restores it (see `acquire`).
-    const pausing = paused.pause(row, warm.agent).finally(() => this.pausing.delete(sessionId))
-    this.pausing.set(sessionId, pausing)
-    await pausing
-  }
-
-  /** Checkpoints under way, by session. */
-  private readonly pausing = new Map<string, Promise<void>>()
 
   async dropAll(): Promise<void> {
-    await Promise.all([...this.warm.keys()].map((id) => this.drop(id)))
+    await this.deps.runtime.stopAllAgents()
   }
 }

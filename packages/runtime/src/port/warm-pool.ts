@@ -149,9 +149,9 @@ export class WarmPool {
   }
 
   async drop(sessionId: string): Promise<void> {
-    await this.settled(sessionId)
     const warm = this.warm.get(sessionId)
-    if (!warm) return
+    // Forgotten at once (the tenant's count drops now); one being checkpointed is waited for.
+    if (!warm) return this.settled(sessionId)
     this.warm.delete(sessionId)
     if (warm.timer) clearTimeout(warm.timer)
     await this.stop(warm.agent)

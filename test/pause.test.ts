@@ -1,6 +1,6 @@
 import { rm } from 'node:fs/promises'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { probeGvisor } from '../packages/runtime/src/sandbox/gvisor-driver.js'
+import { type GvisorDriver, probeGvisor } from '../packages/runtime/src/sandbox/gvisor-driver.js'
 import { makeProject } from './helpers/projects.js'
 import { Api, startTestServer, type TestServer } from './helpers/server.js'
 
@@ -142,6 +142,34 @@ describe.skipIf(!gvisor.ok)('pause: memory under gVisor', () => {
     )
   })
 })
+
+describe.skipIf(!gvisor.ok)(
+  'pause: memory on a node whose default is gVisor (its pool of booted sandboxes on)',
+  () => {
+    it('boots pausing sandboxes on demand, so their checkpoints restore', async () => {
+      const node = await startTestServer({ server: { isolation: 'gvisor', gvisorPoolSize: 1 } })
+      try {
+        const project = await makeProject({
+          'cairn.yaml': 'name: counter\ncommand: python3 -u agent.py\npause: memory\n',
+          'agent.py': COUNTER_AGENT,
+        })
+        expect((await node.api.deploy(project)).status).toBe(201)
+        // A first session of this layout has the pool keep a booted slot of it.
+        const warmer = await node.api.createSession('counter', { keepWarmMs: 0 })
+        await ask(node.api, warmer.id, 'one')
+        const driver = node.server.runtime.drivers.gvisor as GvisorDriver
+        for (let i = 0; i < 100 && driver.pooled === 0; i++) await new Promise((r) => setTimeout(r, 100))
+        expect(driver.pooled).toBeGreaterThan(0)
+        const { id } = await node.api.createSession('counter', { keepWarmMs: KEEP_WARM_MS })
+        const first = await ask(node.api, id, 'one')
+        await eventually(node.api, id, 'memory_paused')
+        expect(await ask(node.api, id, 'two')).toEqual({ ...first, count: 2, coldStart: false })
+      } finally {
+        await node.close()
+      }
+    })
+  },
+)
 
 describe('pause: memory where the driver cannot checkpoint', () => {
   it('refuses the deploy with the driver, the capability and why', async () => {

@@ -243,7 +243,8 @@ export class GvisorDriver implements SandboxDriver {
     if (spec.command.length === 0) throw new CairnProblem('bad_request', 'empty sandbox command')
     await this.prepare()
     // Pool slots are booted on the host's root: a sandbox with an image starts cold; so does one
-    // that may be checkpointed (a restore recreates the cold layout, not a slot's).
+    // that may be checkpointed (a slot runs under its own container id and root, which `runsc
+    // checkpoint` of the session's sandbox does not find: "loading container: file does not exist").
     const claimed = spec.rootfs || spec.checkpointable ? undefined : await this.pool?.claim(spec)
     if (claimed) return claimed
     const sandbox = await this.launch(spec, ['run'])

@@ -113,8 +113,13 @@ describe.skipIf(!gvisor.ok)('pause: memory under gVisor', () => {
       /^checkpoint of \d+ bytes in \d+ ms/,
     )
     expect((await t.api.call('GET', `/v1/sessions/${id}`)).body.warm).toBe(false)
+    // The checkpoint counts in the tenant's usage until it is restored.
+    const usage = (await t.api.call('GET', '/v1/usage')).body.memoryCheckpoints
+    expect(usage.count).toBe(1)
+    expect(usage.bytes).toBeGreaterThan(0)
     expect(await ask(t.api, id, 'two')).toEqual({ ...first, count: 2, coldStart: false })
     await eventually(t.api, id, 'memory_restored')
+    expect((await t.api.call('GET', '/v1/usage')).body.memoryCheckpoints).toEqual({ count: 0, bytes: 0 })
 
     // Paused again, then the server restarts: the checkpoint is on disk, no sandbox is running.
     await eventually(t.api, id, 'memory_paused', 2)

@@ -160,6 +160,10 @@ export class LocalRuntimePort implements RuntimePort {
     return this.pool.dropAll()
   }
 
+  memoryCheckpointBytes(sessionIds: readonly string[]): Promise<number[]> {
+    return Promise.all(sessionIds.map((id) => this.checkpoints.bytes(id)))
+  }
+
   get warmCount(): number {
     return this.pool.size
   }

@@ -187,6 +187,8 @@ export interface RuntimePort {
   digest(tree: TreeRef, options?: TreeReadOptions): Promise<string>
   /** Referenced and exclusive bytes of the tree. */
   treeSizes(tree: TreeRef): Promise<TreeSizes>
+  /** Bytes each session's memory checkpoint holds on disk (0 without one), in the order asked. */
+  memoryCheckpointBytes(sessionIds: readonly string[]): Promise<number[]>
   /** A tar.gz of a snapshot or a revision (trees nothing changes); `stop` ends it early. */
   exportTree(tree: TreeRef): Promise<{ stream: Readable; stop: () => Promise<void> }>
 

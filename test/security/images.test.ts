@@ -6,7 +6,7 @@ import { createNetnsHost, type NetnsHost, netnsAddresses } from '../helpers/netn
 import { buildImage, registries, run, startRegistry } from '../helpers/oci-registry.js'
 import { makeProject } from '../helpers/projects.js'
 import { scratchDir } from '../helpers/scratch.js'
-import { startTestServer, type TestServer } from '../helpers/server.js'
+import { Api, startTestServer, type TestServer } from '../helpers/server.js'
 
 // Attacks on agent images: an image reference aimed at the host's loopback, and a sandbox that
 // rewrites its (writable) root hoping the next sandbox, or another session, runs what it wrote.
@@ -121,6 +121,37 @@ describe('image attacks', () => {
     expect(lstatSync(path.join(rootfs, 'etc')).isDirectory()).toBe(true)
     expect(readFileSync(path.join(rootfs, 'etc/passwd'), 'utf8')).toMatch(/^root:/)
     expect(lstatSync(path.join(rootfs, 'opt/cairn')).isDirectory()).toBe(true)
+  })
+
+  it("tenant B neither sees tenant A's image nor runs it by naming its digest where B's registry lacks it", async () => {
+    // Images are shared by key (an OCI image's is its digest). Tenant A pulls its private image; B
+    // reads the node's image list for its source and digest, then names that digest on a repository
+    // that does not hold it: reusing A's pulled root would hand B A's files without a pull.
+    const deployed = await t.api.deploy(await ociAgent('private', REFERENCE))
+    expect(deployed.status, JSON.stringify(deployed.body)).toBe(201)
+    let revision: { status: string; error: string | null } = deployed.body.revision
+    for (let i = 0; i < 200 && revision.status === 'DEPLOYING'; i++) {
+      await new Promise((r) => setTimeout(r, 250))
+      revision = (await t.api.call('GET', '/v1/agents/private')).body.revisions[0]
+    }
+    expect(revision.status, revision.error ?? '').toBe('READY')
+    const keyB = await t.api.call('POST', '/v1/keys', { tenant: 'tenant-images-b', role: 'admin' })
+    expect(keyB.status).toBe(201)
+    const b = new Api(t.url, keyB.body.key)
+    const listed = (await b.call('GET', '/v1/images')).body.data as { source: string; digest: string }[]
+    expect(listed.filter((image) => image.digest === digest || image.source === REFERENCE)).toEqual([])
+    const stolen = await b.deploy(
+      await ociAgent('stolen', `${REGISTRY_HOST}:5000/tenant-b/nothing@${digest}`),
+    )
+    let theirs: { status: string; error: string | null } = stolen.body.revision ?? {
+      status: 'FAILED',
+      error: null,
+    }
+    for (let i = 0; i < 200 && stolen.status === 201 && theirs.status === 'DEPLOYING'; i++) {
+      await new Promise((r) => setTimeout(r, 250))
+      theirs = (await b.call('GET', '/v1/agents/stolen')).body.revisions[0]
+    }
+    expect(theirs.status).not.toBe('READY')
   })
 
   it("refuses an image larger than the operator's maximum, keeping nothing of it", async () => {

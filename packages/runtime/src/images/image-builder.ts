@@ -163,9 +163,13 @@ export class ImageBuilder {
     }
   }
 
+  /**
+   * The digest `reference` names, asked of its registry even when the reference pins one: images
+   * are shared by digest across tenants, so a digest alone (another tenant's, read from a log or
+   * guessed from a public image's rebuild) must not reuse a pulled root its registry does not hold.
+   */
   private async resolveDigest(reference: string, ctx: ImageBuildContext): Promise<string> {
     const pinned = /@(sha256:[0-9a-f]{64})$/.exec(reference)?.[1]
-    if (pinned) return pinned
     const lines: string[] = []
     await runProxied({
       command: [
@@ -186,6 +190,8 @@ export class ImageBuilder {
     })
     const digest = lines.find((l) => /^sha256:[0-9a-f]{64}$/.test(l.trim()))?.trim()
     if (!digest) throw new CairnProblem('build_failed', `the registry named no digest for ${reference}`)
+    if (pinned && digest !== pinned)
+      throw new CairnProblem('build_failed', `the registry answered ${digest} for ${reference}`)
     return digest
   }
 

@@ -129,15 +129,20 @@ export class ImageService {
     return byKey
   }
 
-  /** Built images with the tenant's revisions that use them. */
+  /**
+   * The built images the tenant's revisions run on, with those revisions. Images are shared by key
+   * across tenants: one another tenant pulled (its registry, its digest) is not listed.
+   */
   async list(tenantId: string): Promise<ImageList> {
     const usage = this.usage()
-    const data: ImageInfo[] = (await this.store.list()).map((record) => ({
-      ...record,
-      revisions: (usage.get(record.key) ?? [])
-        .filter((row) => row.tenant_id === tenantId)
-        .map((row) => ({ id: row.id, agentId: row.agent_id })),
-    }))
+    const data: ImageInfo[] = (await this.store.list())
+      .map((record) => ({
+        ...record,
+        revisions: (usage.get(record.key) ?? [])
+          .filter((row) => row.tenant_id === tenantId)
+          .map((row) => ({ id: row.id, agentId: row.agent_id })),
+      }))
+      .filter((image) => image.revisions.length > 0)
     return { data, defaultImage: this.defaultImage }
   }
 

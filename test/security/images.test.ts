@@ -1,3 +1,4 @@
+import { execFileSync } from 'node:child_process'
 import { lstatSync, mkdirSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs'
 import { readFile } from 'node:fs/promises'
 import path from 'node:path'
@@ -167,10 +168,49 @@ describe('image attacks', () => {
         revision = (await small.api.call('GET', '/v1/agents/big')).body.revisions[0]
       }
       expect(revision.status).toBe('FAILED')
-      expect(revision.error).toMatch(/is [0-9.]+ MiB, above the operator's maximum of 1.0 MiB/)
+      expect(revision.error).toMatch(/the operator's maximum of 1\.0 MiB/)
       expect((await small.api.call('GET', '/v1/images')).body.data).toEqual([])
     } finally {
       await small.close()
+    }
+  })
+
+  it('refuses a layer that unpacks past the maximum before writing it: a few MiB pulled never fill the pool', async () => {
+    // 256 MiB of zeros gzip to about 256 KiB: the pull is small, the unpacked root is not, and the
+    // size was measured only once the root was on disk.
+    const zeros = 'zero.bin'
+    const layout = buildImage(await scratchDir('cairn-oci-'), (rootfs) => {
+      execFileSync('truncate', ['-s', '256M', path.join(rootfs, zeros)])
+    })
+    const bomb = `${REGISTRY_HOST}:5000/team/bomb:1`
+    run('skopeo', 'copy', '--quiet', '--dest-tls-verify=false', `oci:${layout}:1.4`, `docker://${bomb}`)
+    const capped = await startTestServer({
+      server: { egressPrivateExceptions: [REGISTRY_HOST], maxImageMiB: 8 },
+    })
+    try {
+      const staging = path.join(path.dirname(capped.server.images.store.dir), 'staging')
+      let peakBytes = 0
+      const watch = setInterval(() => {
+        for (const name of readdirSync(staging, { withFileTypes: true }))
+          if (name.name.startsWith('imagepull_')) {
+            const size = lstatSync(path.join(staging, name.name, 'rootfs', zeros), {
+              throwIfNoEntry: false,
+            })?.size
+            peakBytes = Math.max(peakBytes, size ?? 0)
+          }
+      }, 2)
+      expect((await capped.api.deploy(await ociAgent('bomb', bomb))).status).toBe(201)
+      let revision: { status: string; error: string | null } = { status: 'DEPLOYING', error: null }
+      for (let i = 0; i < 400 && revision.status === 'DEPLOYING'; i++) {
+        await new Promise((r) => setTimeout(r, 100))
+        revision = (await capped.api.call('GET', '/v1/agents/bomb')).body.revisions[0]
+      }
+      clearInterval(watch)
+      expect(revision.status).toBe('FAILED')
+      expect(revision.error).toMatch(/the operator's maximum of 8\.0 MiB/)
+      expect(peakBytes).toBeLessThanOrEqual(8 * 1024 * 1024)
+    } finally {
+      await capped.close()
     }
   })
 })

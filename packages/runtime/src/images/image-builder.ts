@@ -8,6 +8,7 @@ import { generatedEtcFiles } from '../sandbox/rootfs.js'
 import { execTool } from '../util/exec.js'
 import { debianImageKey, describeRecipe, type ImageRecipe, ociImageKey } from './image-recipe.js'
 import type { ImageStore } from './image-store.js'
+import { checkUnpackedLayerBytes } from './layer-bytes.js'
 import { runProxied } from './proxied-command.js'
 
 export interface ImageBuildContext {
@@ -90,6 +91,10 @@ export class ImageBuilder {
   private readonly building = new Map<string, Promise<string>>()
 
   constructor(private readonly options: ImageBuilderOptions) {}
+
+  private get maxBytes(): number {
+    return this.options.maxBytes ?? DEFAULT_MAX_IMAGE_BYTES
+  }
 
   /**
    * The key of `recipe`'s image, without building it: a Debian recipe's hash, or the digest an OCI
@@ -222,7 +227,9 @@ export class ImageBuilder {
         timeoutMs: ctx.timeoutMs,
         log: ctx.log,
       })
-      // No network from here: umoci reads the layout the pull wrote.
+      // No network from here: umoci reads the layout the pull wrote, once its layers are known to
+      // fit under the cap (a small compressed layer can unpack to gigabytes).
+      await checkUnpackedLayerBytes(layout, 'image', this.maxBytes)
       await execTool('umoci', ['raw', 'unpack', '--image', `${layout}:image`, path.join(staging, 'rootfs')], {
         code: 'build_failed',
         timeoutMs: ctx.timeoutMs,
@@ -296,7 +303,7 @@ export class ImageBuilder {
   ): Promise<void> {
     const { stdout } = await execTool('du', ['-sb', path.join(staging, 'rootfs')], { code: 'storage_error' })
     const sizeBytes = Number.parseInt(stdout, 10) || 0
-    const maxBytes = this.options.maxBytes ?? DEFAULT_MAX_IMAGE_BYTES
+    const maxBytes = this.maxBytes
     if (sizeBytes > maxBytes)
       throw new CairnProblem(
         'build_failed',

@@ -1,5 +1,6 @@
 import { readFile } from 'node:fs/promises'
 import path from 'node:path'
+import { ImageStore } from '@cairn/runtime'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { createNetnsHost, type NetnsHost, netnsAddresses } from '../helpers/netns.js'
 import { buildImage, registries, run, startRegistry } from '../helpers/oci-registry.js'
@@ -83,7 +84,7 @@ describe('image attacks', () => {
     expect((await t.api.send(a.id, 'hello')).text).toBe('marker: built by the OCI test, root: image\n')
     expect((await t.api.send(b.id, 'hello')).text).toBe('marker: built by the OCI test, root: image\n')
     const key = `oci-${digest.slice('sha256:'.length)}`
-    const rootfs = path.join(t.server.images.store.rootfsPath(key))
+    const rootfs = new ImageStore(t.server.runtime.pool).rootfsPath(key)
     expect(await readFile(path.join(rootfs, 'etc/cairn-marker'), 'utf8')).toBe('built by the OCI test\n')
     expect(await readFile(path.join(rootfs, 'agent.sh'), 'utf8')).toMatch(/^read -r prompt\n/)
   })

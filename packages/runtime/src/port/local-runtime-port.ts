@@ -3,11 +3,18 @@ import { chmod, mkdir, rm, writeFile } from 'node:fs/promises'
 import type net from 'node:net'
 import path from 'node:path'
 import type { Readable } from 'node:stream'
-import type { FileEntry, WorkspaceDiff } from '@cairn/protocol'
+import { CairnProblem, type FileEntry, type WorkspaceDiff } from '@cairn/protocol'
 import type { AgentProcess } from '../agent/agent-process.js'
 import type { AgentEvent, TurnInput, TurnOutcome } from '../agent/types.js'
+import { extractArchive } from '../build/extract-archive.js'
+import { type RevisionBuild, RevisionBuilder, type RevisionBuildResult } from '../build/revision-builder.js'
 import { type CommandResult, runSandboxedCommand } from '../build/run-command.js'
+import type { EgressSite } from '../egress/proxy.js'
+import { type ImageBuildContext, ImageBuilder } from '../images/image-builder.js'
+import type { ImageRecipe } from '../images/image-recipe.js'
+import { type ImageRecord, ImageStore } from '../images/image-store.js'
 import { launchEnvironment } from '../launch/launch-env.js'
+import { MemoryMounts } from '../launch/memory-mounts.js'
 import { DEFAULT_SANDBOX_UID, type Runtime } from '../runtime.js'
 import { EnvStore } from '../storage/env-store.js'
 import type { PoolArea, PoolQuotaStatus, PoolStats, TreeSizes } from '../storage/pool.js'
@@ -34,19 +41,40 @@ export interface LocalRuntimePortOptions {
   clock: PoolClock
   /** Whether a session is in a turn or an exclusive operation: its sandbox's cooldown waits. */
   inUse?: ((sessionId: string) => boolean) | undefined
+  /** The operator's egress settings (private exceptions, hosts map): builds and image pulls use them. */
+  egressSite?: EgressSite | undefined
+  /** Largest image root a build or pull may leave (its staging tree is discarded beyond). */
+  maxImageBytes?: number | undefined
 }
 
 /** The runtime's port served by the runtime in this process (see `RuntimePort`). */
 export class LocalRuntimePort implements RuntimePort {
   private readonly pool: WarmPool
   private readonly envs: EnvStore
+  private readonly images: ImageStore
+  private readonly imageBuilder: ImageBuilder
+  private readonly revisionBuilder: RevisionBuilder
+  private readonly memory: MemoryMounts
+  /** Staging trees of revisions being deployed, by revision ID. */
+  private readonly staged = new Map<string, string>()
 
   constructor(
     private readonly runtime: Runtime,
     options: LocalRuntimePortOptions,
   ) {
+    const uid = runtime.options.sandboxUid ?? DEFAULT_SANDBOX_UID
     this.pool = new WarmPool(options.clock, (agent) => runtime.stopAgent(agent), options.inUse)
-    this.envs = new EnvStore(runtime.pool, runtime.options.sandboxUid ?? DEFAULT_SANDBOX_UID)
+    this.envs = new EnvStore(runtime.pool, uid)
+    this.images = new ImageStore(runtime.pool)
+    this.imageBuilder = new ImageBuilder({
+      store: this.images,
+      hostUid: uid,
+      hostGid: uid,
+      egressSite: options.egressSite,
+      maxBytes: options.maxImageBytes,
+    })
+    this.revisionBuilder = new RevisionBuilder(runtime, this.envs, this.images, uid, options.egressSite)
+    this.memory = new MemoryMounts(path.join(runtime.runDir, 'memory'))
   }
 
   private info(sessionId: string, agent: AgentProcess): AgentInfo {
@@ -72,13 +100,15 @@ export class LocalRuntimePort implements RuntimePort {
   }
 
   async startAgent(spec: AgentSpec): Promise<AgentInfo> {
-    const { sessionId, tenantId, dependencyEnvKey, ...launch } = spec
+    const { sessionId, tenantId, dependencyEnvKey, imageKey, memoryAgentId, ...launch } = spec
     await this.pool.drop(sessionId)
     const environment = launchEnvironment(this.envs.dependency(dependencyEnvKey), launch.env)
+    const memory = memoryAgentId ? [this.memory.bind(memoryAgentId)] : []
     const agent = await this.runtime.startAgent({
       ...launch,
       env: environment.env,
-      binds: [...environment.binds, ...(launch.binds ?? [])],
+      binds: [...environment.binds, ...memory],
+      rootfs: this.rootfs(imageKey),
       sessionId,
       workspaceDir: this.runtime.pool.workspacePath(sessionId),
     })
@@ -239,6 +269,7 @@ export class LocalRuntimePort implements RuntimePort {
     const { pool } = this.runtime
     if ('sessionId' in tree) return pool.workspacePath(tree.sessionId)
     if ('snapshotId' in tree) return pool.snapshotPath(tree.snapshotId)
+    if ('stagedRevisionId' in tree) return this.stagingOf(tree.stagedRevisionId)
     return pool.revisionPath(tree.revisionId)
   }
 
@@ -320,7 +351,7 @@ export class LocalRuntimePort implements RuntimePort {
 
   /** In a fresh sandbox with its own run dir (an empty transcript), removed when it is done. */
   async runCommand(command: WorkspaceCommand): Promise<CommandResult> {
-    const { sessionId, isolation, dependencyEnvKey, ...spec } = command
+    const { sessionId, isolation, dependencyEnvKey, imageKey, ...spec } = command
     const environment = launchEnvironment(this.envs.dependency(dependencyEnvKey), spec.env)
     const runDir = path.join(this.runtime.runDir, 'sandboxes', `setup-${sessionId}`)
     try {
@@ -331,6 +362,7 @@ export class LocalRuntimePort implements RuntimePort {
         ...spec,
         env: environment.env,
         binds: environment.binds,
+        rootfs: this.rootfs(imageKey),
         workspaceDir: this.runtime.pool.workspacePath(sessionId),
         runDir,
         logger: this.runtime.logger,
@@ -341,5 +373,75 @@ export class LocalRuntimePort implements RuntimePort {
         this.runtime.logger.warn({ err: error, runDir }, 'removing a command run dir failed'),
       )
     }
+  }
+
+  /** The root filesystem of an image's sandboxes; undefined: the host's /usr. */
+  private rootfs(imageKey: string | undefined): string | undefined {
+    return imageKey ? this.images.rootfsPath(imageKey) : undefined
+  }
+
+  private stagingOf(revisionId: string): string {
+    const staging = this.staged.get(revisionId)
+    if (!staging) throw new CairnProblem('not_found', `revision ${revisionId} is not being deployed`)
+    return staging
+  }
+
+  async stageRevision(revisionId: string, tenantId: string, archive: Buffer): Promise<void> {
+    if (this.staged.has(revisionId))
+      throw new CairnProblem('conflict', `revision ${revisionId} is staged already`)
+    const staging = await this.runtime.pool.createStaging(revisionId, tenantId)
+    this.staged.set(revisionId, staging)
+    try {
+      await extractArchive(archive, staging)
+    } catch (error) {
+      await this.discardStagedRevision(revisionId).catch((discardError: unknown) =>
+        this.runtime.logger.warn({ err: discardError, staging }, "discarding a deploy's staging tree failed"),
+      )
+      throw error
+    }
+  }
+
+  buildRevision(build: RevisionBuild, onLog: (line: string) => void): Promise<RevisionBuildResult> {
+    return this.revisionBuilder.build(build, this.stagingOf(build.revisionId), onLog)
+  }
+
+  async sealRevision(revisionId: string, tenantId: string): Promise<void> {
+    await this.runtime.pool.sealRevision(this.stagingOf(revisionId), revisionId, tenantId)
+    this.staged.delete(revisionId)
+  }
+
+  async discardStagedRevision(revisionId: string): Promise<void> {
+    const staging = this.staged.get(revisionId)
+    if (!staging) return
+    await this.runtime.pool.discardStaging(staging)
+    this.staged.delete(revisionId)
+  }
+
+  imageKeyOf(recipe: ImageRecipe, ctx: ImageBuildContext): Promise<string | undefined> {
+    return this.imageBuilder.keyOf(recipe, ctx)
+  }
+
+  async hasImage(key: string): Promise<boolean> {
+    return this.images.has(key)
+  }
+
+  async ensureImage(recipe: ImageRecipe, key: string, ctx: ImageBuildContext): Promise<void> {
+    await this.imageBuilder.ensure(recipe, key, ctx)
+  }
+
+  image(key: string): Promise<ImageRecord | undefined> {
+    return this.images.get(key)
+  }
+
+  listImages(): Promise<ImageRecord[]> {
+    return this.images.list()
+  }
+
+  removeImage(key: string): Promise<void> {
+    return this.images.remove(key)
+  }
+
+  publishMemory(agentId: string, version: number, content: string): Promise<void> {
+    return this.memory.publish(agentId, version, content)
   }
 }

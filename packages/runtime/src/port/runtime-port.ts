@@ -2,20 +2,29 @@ import type net from 'node:net'
 import type { Readable } from 'node:stream'
 import type { FileEntry, WorkspaceDiff } from '@cairn/protocol'
 import type { AgentEvent, AgentLaunch, TurnInput, TurnOutcome } from '../agent/types.js'
+import type { RevisionBuild, RevisionBuildResult } from '../build/revision-builder.js'
 import type { CommandResult, CommandSpec } from '../build/run-command.js'
+import type { ImageBuildContext } from '../images/image-builder.js'
+import type { ImageRecipe } from '../images/image-recipe.js'
+import type { ImageRecord } from '../images/image-store.js'
 import type { IsolationInfo } from '../runtime.js'
 import type { IsolationName } from '../sandbox/driver.js'
 import type { PoolArea, PoolQuotaStatus, PoolStats, TreeSizes } from '../storage/pool.js'
 import type { ReadOptions } from '../workspace-io/reader.js'
 
 /**
- * What a session's agent is started with: everything of a launch but where its workspace is (the
- * runtime knows that from the session ID), plus the tenant it counts against and the revision's
- * dependency environment by key (the runtime mounts it and sets its variables).
+ * What a session's agent is started with: everything of a launch but its host paths (workspace,
+ * root filesystem, mounts), plus the tenant it counts against and, by key, what the runtime mounts:
+ * the revision's dependency environment, its image and the agent's memory.
  */
-export type AgentSpec = Omit<AgentLaunch, 'workspaceDir'> & {
+export type AgentSpec = Omit<AgentLaunch, 'workspaceDir' | 'binds' | 'rootfs'> & {
   tenantId: string
+  /** The revision's dependency environment (mounted at /env, its variables set). */
   dependencyEnvKey?: string | undefined
+  /** The image the sandbox runs on; undefined: the host's /usr. */
+  imageKey?: string | undefined
+  /** The agent whose memory (see `publishMemory`) is mounted read-only at /memory. */
+  memoryAgentId?: string | undefined
 }
 
 /** A warm agent as the server sees it: IDs and plain facts, never the process. */
@@ -38,8 +47,13 @@ export interface WorkspaceMark {
 }
 
 /** A command run in a session's workspace (setup phases): a command spec without host paths. */
-export type WorkspaceCommand = Omit<CommandSpec, 'workspaceDir' | 'runDir' | 'logger' | 'binds'> & {
+export type WorkspaceCommand = Omit<
+  CommandSpec,
+  'workspaceDir' | 'runDir' | 'logger' | 'binds' | 'rootfs'
+> & {
   sessionId: string
+  /** The image the command runs on; undefined: the host's /usr. */
+  imageKey?: string | undefined
   /** The revision's dependency environment, by key (mounted at /env, its variables set). */
   dependencyEnvKey?: string | undefined
   /** The sandbox driver to run under (the runtime's default when unset). */
@@ -58,8 +72,15 @@ export interface RuntimeDescription {
   }
 }
 
-/** A tree of the pool, by ID: a session's live workspace, a snapshot, or a revision. */
-export type TreeRef = { sessionId: string } | { snapshotId: string } | { revisionId: string }
+/**
+ * A tree of the pool, by ID: a session's live workspace, a snapshot, a revision, or a revision
+ * being deployed (staged by `stageRevision`, not sealed yet).
+ */
+export type TreeRef =
+  | { sessionId: string }
+  | { snapshotId: string }
+  | { revisionId: string }
+  | { stagedRevisionId: string }
 
 /** Options of a read (a walk of the tree, a file streamed); `signal` stops it. */
 export type TreeReadOptions = ReadOptions
@@ -194,4 +215,35 @@ export interface RuntimePort {
   unpackIntoWorkspace(sessionId: string, archive: Buffer): Promise<void>
   /** Runs a command in the workspace to completion (a setup phase). */
   runCommand(command: WorkspaceCommand): Promise<CommandResult>
+
+  // --- revisions: deploys and their builds --------------------------------------------------
+  /**
+   * Unpacks a project archive (checked by the caller) into a new staging tree for the revision;
+   * what the file system refuses is `invalid_archive`. Read it as `{ stagedRevisionId }`.
+   */
+  stageRevision(revisionId: string, tenantId: string, archive: Buffer): Promise<void>
+  /**
+   * Builds the staged revision: its dependency environment (reused when one with its key exists),
+   * then its setup command, in sandboxes; each line of output goes to `onLog`.
+   */
+  buildRevision(build: RevisionBuild, onLog: (line: string) => void): Promise<RevisionBuildResult>
+  /** Seals the staged revision read-only as `{ revisionId }` (sessions are made from it). */
+  sealRevision(revisionId: string, tenantId: string): Promise<void>
+  /** Removes a revision's staging tree (a failed deploy); nothing when there is none. */
+  discardStagedRevision(revisionId: string): Promise<void>
+
+  // --- images -------------------------------------------------------------------------------
+  /** The key of the recipe's image (an OCI tag is resolved to its digest now); undefined: host. */
+  imageKeyOf(recipe: ImageRecipe, ctx: ImageBuildContext): Promise<string | undefined>
+  hasImage(key: string): Promise<boolean>
+  /** Builds or pulls the image `key` of `recipe` unless it is built (one build per key at a time). */
+  ensureImage(recipe: ImageRecipe, key: string, ctx: ImageBuildContext): Promise<void>
+  image(key: string): Promise<ImageRecord | undefined>
+  listImages(): Promise<ImageRecord[]>
+  /** Removes an image; fails while a sandbox still mounts it. */
+  removeImage(key: string): Promise<void>
+
+  // --- agent memory ---------------------------------------------------------------------------
+  /** Makes `content` (version `version`) the memory mounted in the agent's next sandboxes. */
+  publishMemory(agentId: string, version: number, content: string): Promise<void>
 }

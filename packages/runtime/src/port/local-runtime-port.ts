@@ -274,6 +274,7 @@ export class LocalRuntimePort implements RuntimePort {
   }
 
   async hasTree(tree: TreeRef): Promise<boolean> {
+    if ('stagedRevisionId' in tree && !this.staged.has(tree.stagedRevisionId)) return false
     return existsSync(this.path(tree))
   }
 
@@ -401,7 +402,7 @@ export class LocalRuntimePort implements RuntimePort {
     }
   }
 
-  buildRevision(build: RevisionBuild, onLog: (line: string) => void): Promise<RevisionBuildResult> {
+  async buildRevision(build: RevisionBuild, onLog: (line: string) => void): Promise<RevisionBuildResult> {
     return this.revisionBuilder.build(build, this.stagingOf(build.revisionId), onLog)
   }
 

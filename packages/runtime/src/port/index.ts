@@ -21,4 +21,5 @@ export type { PoolArea, PoolQuotaStatus, PoolStats, TreeSizes } from '../storage
 export { BACKGROUND_NICENESS } from '../workspace-io/reader.js'
 export { LocalRuntimePort, type LocalRuntimePortOptions } from './local-runtime-port.js'
 export type * from './runtime-port.js'
+export type { TurnMessage } from './turn-stream.js'
 export type { PoolClock } from './warm-pool.js'

@@ -6,6 +6,7 @@ import { CairnProblem, newId } from '@cairn/protocol'
 import * as tar from 'tar'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { openTestRuntime, sessionId, type TestRuntime } from '../../test/harness.js'
+import type { TurnOutcome } from '../agent/types.js'
 import { parseImage } from '../images/image-recipe.js'
 import { LocalRuntimePort } from './local-runtime-port.js'
 import type { RevisionBuild } from './runtime-port.js'
@@ -182,11 +183,14 @@ describe('LocalRuntimePort: revisions, images and memory by ID', () => {
       turnTimeoutMs: 10_000,
       memoryAgentId: agentId,
     })
-    const outcome = await port.runTurn(
-      id,
-      { prompt: 'what?', turn: 1, turnId: newId('turn'), transcript: [] },
-      () => undefined,
-    )
+    let outcome: TurnOutcome | undefined
+    for await (const message of port.runTurn(id, {
+      prompt: 'what?',
+      turn: 1,
+      turnId: newId('turn'),
+      transcript: [],
+    }))
+      if (message.type === 'outcome') outcome = message.outcome
     expect(outcome).toMatchObject({ status: 'completed', text: 'remember the milk 3\n' })
     await port.stopAgent(id)
     // A path where an agent ID belongs is refused before anything is written.

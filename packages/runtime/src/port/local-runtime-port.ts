@@ -1,11 +1,10 @@
 import { existsSync } from 'node:fs'
 import { chmod, mkdir, rm, writeFile } from 'node:fs/promises'
-import type net from 'node:net'
 import path from 'node:path'
-import type { Readable } from 'node:stream'
+import type { Duplex, Readable } from 'node:stream'
 import { CairnProblem, type FileEntry, type WorkspaceDiff } from '@cairn/protocol'
 import type { AgentProcess } from '../agent/agent-process.js'
-import type { AgentEvent, TurnInput, TurnOutcome } from '../agent/types.js'
+import type { TurnInput, TurnOutcome } from '../agent/types.js'
 import { extractArchive } from '../build/extract-archive.js'
 import { type RevisionBuild, RevisionBuilder, type RevisionBuildResult } from '../build/revision-builder.js'
 import { type CommandResult, runSandboxedCommand } from '../build/run-command.js'
@@ -34,6 +33,7 @@ import type {
   WorkspaceCommand,
   WorkspaceMark,
 } from './runtime-port.js'
+import { type TurnMessage, turnStream } from './turn-stream.js'
 import { type PoolClock, WarmPool } from './warm-pool.js'
 
 export interface LocalRuntimePortOptions {
@@ -47,6 +47,8 @@ export interface LocalRuntimePortOptions {
   maxImageBytes?: number | undefined
 }
 
+const turnKey = (sessionId: string, turnId: string) => `${sessionId}/${turnId}`
+
 /** The runtime's port served by the runtime in this process (see `RuntimePort`). */
 export class LocalRuntimePort implements RuntimePort {
   private readonly pool: WarmPool
@@ -55,6 +57,8 @@ export class LocalRuntimePort implements RuntimePort {
   private readonly imageBuilder: ImageBuilder
   private readonly revisionBuilder: RevisionBuilder
   private readonly memory: MemoryMounts
+  /** Turns running, by `turnKey`: what `cancelTurn` aborts. */
+  private readonly turns = new Map<string, AbortController>()
   /** Staging trees of revisions being deployed, by revision ID. */
   private readonly staged = new Map<string, string>()
 
@@ -121,13 +125,28 @@ export class LocalRuntimePort implements RuntimePort {
     return agent ? this.info(sessionId, agent) : undefined
   }
 
-  runTurn(
-    sessionId: string,
-    input: TurnInput,
-    onEvent: (event: AgentEvent) => void,
-    signal?: AbortSignal,
-  ): Promise<TurnOutcome> {
-    return this.warmAgent(sessionId).runTurn(input, onEvent, signal)
+  runTurn(sessionId: string, input: TurnInput): AsyncIterable<TurnMessage> {
+    const key = turnKey(sessionId, input.turnId)
+    const controller = new AbortController()
+    this.turns.set(key, controller)
+    return turnStream(
+      (onEvent) => {
+        let outcome: Promise<TurnOutcome>
+        try {
+          outcome = this.warmAgent(sessionId).runTurn(input, onEvent, controller.signal)
+        } catch (error) {
+          outcome = Promise.reject(error)
+        }
+        return outcome.finally(() => {
+          if (this.turns.get(key) === controller) this.turns.delete(key)
+        })
+      },
+      () => controller.abort(),
+    )
+  }
+
+  cancelTurn(sessionId: string, turnId: string): void {
+    this.turns.get(turnKey(sessionId, turnId))?.abort()
   }
 
   coolDown(sessionId: string, keepWarmMs: number): void {
@@ -154,7 +173,7 @@ export class LocalRuntimePort implements RuntimePort {
     return (await this.pool.agent(sessionId)?.listeningPorts()) ?? []
   }
 
-  connectPort(sessionId: string, port: number): Promise<net.Socket> {
+  connectPort(sessionId: string, port: number): Promise<Duplex> {
     return this.warmAgent(sessionId).connectPort(port)
   }
 

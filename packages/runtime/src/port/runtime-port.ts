@@ -1,7 +1,6 @@
-import type net from 'node:net'
-import type { Readable } from 'node:stream'
+import type { Duplex, Readable } from 'node:stream'
 import type { FileEntry, WorkspaceDiff } from '@cairn/protocol'
-import type { AgentEvent, AgentLaunch, TurnInput, TurnOutcome } from '../agent/types.js'
+import type { AgentLaunch, TurnInput } from '../agent/types.js'
 import type { RevisionBuild, RevisionBuildResult } from '../build/revision-builder.js'
 import type { CommandResult, CommandSpec } from '../build/run-command.js'
 import type { ImageBuildContext } from '../images/image-builder.js'
@@ -11,6 +10,7 @@ import type { IsolationInfo } from '../runtime.js'
 import type { IsolationName } from '../sandbox/driver.js'
 import type { PoolArea, PoolQuotaStatus, PoolStats, TreeSizes } from '../storage/pool.js'
 import type { ReadOptions } from '../workspace-io/reader.js'
+import type { TurnMessage } from './turn-stream.js'
 
 /**
  * What a session's agent is started with: everything of a launch but its host paths (workspace,
@@ -114,13 +114,14 @@ export interface RuntimePort {
   startAgent(spec: AgentSpec): Promise<AgentInfo>
   /** The session's warm agent, if it has one. */
   agent(sessionId: string): AgentInfo | undefined
-  /** Runs one turn on the session's warm agent; events arrive through `onEvent` as they happen. */
-  runTurn(
-    sessionId: string,
-    input: TurnInput,
-    onEvent: (event: AgentEvent) => void,
-    signal?: AbortSignal,
-  ): Promise<TurnOutcome>
+  /**
+   * Runs one turn on the session's warm agent, started at once: its messages as they happen, the
+   * outcome last (a remote runtime sends them as frames of one stream). A turn that cannot run
+   * ends the iteration with an error; a reader that stops before the outcome cancels the turn.
+   */
+  runTurn(sessionId: string, input: TurnInput): AsyncIterable<TurnMessage>
+  /** Cancels the session's turn `turnId` if it is running: its outcome is then `cancelled`. */
+  cancelTurn(sessionId: string, turnId: string): void
   /** After a turn: the sandbox stays warm for `keepWarmMs`, then stops (now when 0). */
   coolDown(sessionId: string, keepWarmMs: number): void
   /**
@@ -135,8 +136,8 @@ export interface RuntimePort {
   readonly warmCount: number
   /** TCP ports a service listens on inside the session's sandbox (empty without one). */
   listeningPorts(sessionId: string): Promise<number[]>
-  /** A socket to 127.0.0.1:`port` inside the session's running sandbox (previews). */
-  connectPort(sessionId: string, port: number): Promise<net.Socket>
+  /** A byte stream to 127.0.0.1:`port` inside the session's running sandbox (previews). */
+  connectPort(sessionId: string, port: number): Promise<Duplex>
 
   // --- workspaces and snapshots ---------------------------------------------------------------
   createWorkspace(sessionId: string, revisionId: string, tenantId: string): Promise<void>

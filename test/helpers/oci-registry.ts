@@ -30,8 +30,11 @@ export async function startRegistry(storage: string, addr: string, host?: NetnsH
   throw new Error(`registry on ${addr} did not start`)
 }
 
-/** An image of a few files: dash (and the two libraries it needs), a marker and the agent's script. */
-export function buildImage(dir: string): string {
+/**
+ * An image of a few files: dash (and the two libraries it needs), a marker and the agent's script;
+ * `alter` changes its root before it is packed (an attack's image).
+ */
+export function buildImage(dir: string, alter?: (rootfs: string) => void): string {
   const layout = path.join(dir, 'layout')
   const bundle = path.join(dir, 'bundle')
   run('umoci', 'init', '--layout', layout)
@@ -64,6 +67,7 @@ export function buildImage(dir: string): string {
       '',
     ].join('\n'),
   )
+  alter?.(rootfs)
   run('umoci', 'repack', '--image', `${layout}:1.4`, bundle)
   return layout
 }

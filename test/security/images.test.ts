@@ -1,3 +1,4 @@
+import { lstatSync, mkdirSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs'
 import { readFile } from 'node:fs/promises'
 import path from 'node:path'
 import { ImageStore } from '@cairn/runtime'
@@ -87,6 +88,40 @@ describe('image attacks', () => {
     const rootfs = new ImageStore(t.server.runtime.pool).rootfsPath(key)
     expect(await readFile(path.join(rootfs, 'etc/cairn-marker'), 'utf8')).toBe('built by the OCI test\n')
     expect(await readFile(path.join(rootfs, 'agent.sh'), 'utf8')).toMatch(/^read -r prompt\n/)
+  })
+
+  it("an image's symlinks (etc -> a host directory) do not carry the root-run preparation out of it", async () => {
+    // The image is made a sandbox root as root on the host: written files, mount points and removed
+    // markers must land in the image even when its `etc`, `opt` or `usr/lib` point elsewhere.
+    const victim = await scratchDir('cairn-images-victim-')
+    for (const dir of ['etc', 'opt', 'lib/python3']) mkdirSync(path.join(victim, dir), { recursive: true })
+    writeFileSync(path.join(victim, 'lib/python3/EXTERNALLY-MANAGED'), 'kept\n')
+    const layout = buildImage(await scratchDir('cairn-oci-'), (rootfs) => {
+      rmSync(path.join(rootfs, 'etc'), { recursive: true })
+      symlinkSync(path.join(victim, 'etc'), path.join(rootfs, 'etc'))
+      symlinkSync(path.join(victim, 'opt'), path.join(rootfs, 'opt'))
+      mkdirSync(path.join(rootfs, 'usr'))
+      symlinkSync(path.join(victim, 'lib'), path.join(rootfs, 'usr/lib'))
+    })
+    const evil = `${REGISTRY_HOST}:5000/team/evil:1`
+    run('skopeo', 'copy', '--quiet', '--dest-tls-verify=false', `oci:${layout}:1.4`, `docker://${evil}`)
+    const deployed = await t.api.deploy(await ociAgent('symlinked', evil))
+    expect(deployed.status, JSON.stringify(deployed.body)).toBe(201)
+    let revision: { status: string; error: string | null; imageKey: string } = deployed.body.revision
+    for (let i = 0; i < 200 && revision.status === 'DEPLOYING'; i++) {
+      await new Promise((r) => setTimeout(r, 250))
+      revision = (await t.api.call('GET', '/v1/agents/symlinked')).body.revisions[0]
+    }
+    expect(revision.status, revision.error ?? '').toBe('READY')
+    // Nothing written, made or removed through the links.
+    expect(readdirSync(path.join(victim, 'etc'))).toEqual([])
+    expect(readdirSync(path.join(victim, 'opt'))).toEqual([])
+    expect(readFileSync(path.join(victim, 'lib/python3/EXTERNALLY-MANAGED'), 'utf8')).toBe('kept\n')
+    // The image got real directories in their place, with the generated files.
+    const rootfs = new ImageStore(t.server.runtime.pool).rootfsPath(revision.imageKey)
+    expect(lstatSync(path.join(rootfs, 'etc')).isDirectory()).toBe(true)
+    expect(readFileSync(path.join(rootfs, 'etc/passwd'), 'utf8')).toMatch(/^root:/)
+    expect(lstatSync(path.join(rootfs, 'opt/cairn')).isDirectory()).toBe(true)
   })
 
   it("refuses an image larger than the operator's maximum, keeping nothing of it", async () => {

@@ -1,6 +1,6 @@
 import { type Static, Type } from '@sinclair/typebox'
 
-export const AGENT_PROTOCOLS = ['stdio', 'jsonl', 'exec'] as const
+export const AGENT_PROTOCOLS = ['stdio', 'jsonl', 'exec', 'http'] as const
 export type AgentProtocolName = (typeof AGENT_PROTOCOLS)[number]
 
 export const REVISION_STATUSES = ['DEPLOYING', 'READY', 'FAILED'] as const
@@ -45,6 +45,25 @@ export const SetupEnvSchema = Type.Record(Type.String({ pattern: '^[A-Za-z_][A-Z
 /** How long a setup phase may run (cairn.yaml's `session.setup` and the API's `setup`). */
 export const SetupTimeoutMsSchema = Type.Integer({ minimum: 1000, maximum: 6 * 3600 * 1000 })
 
+/**
+ * cairn.yaml's `http` (with `protocol: http`): the agent serves HTTP on `port` on the sandbox's
+ * loopback, and each message is a `POST` to `path` (docs/agent-protocols.md "http").
+ */
+export const HttpAgentSchema = Type.Object(
+  {
+    port: Type.Integer({ minimum: 1, maximum: 65535 }),
+    /** The request path of a message (default `/run`). */
+    path: Type.Optional(Type.String({ pattern: '^/[!-~]*$', maxLength: 1024 })),
+    /** How long a fresh sandbox may take to listen on the port (default 30 s). */
+    readyTimeoutMs: Type.Optional(Type.Integer({ minimum: 100, maximum: 10 * 60 * 1000 })),
+  },
+  { additionalProperties: false },
+)
+export type HttpAgent = Static<typeof HttpAgentSchema>
+
+export const PAUSE_POLICIES = ['stop', 'memory'] as const
+export type PausePolicy = (typeof PAUSE_POLICIES)[number]
+
 export const ISOLATION_NAMES = ['bwrap', 'gvisor'] as const
 export const IsolationSchema = Type.Union(ISOLATION_NAMES.map((n) => Type.Literal(n)))
 
@@ -60,12 +79,20 @@ export const AgentManifestSchema = Type.Object(
     name: Type.String({ pattern: AGENT_NAME_PATTERN }),
     command: CommandSchema,
     protocol: Type.Optional(Type.Union(AGENT_PROTOCOLS.map((p) => Type.Literal(p)))),
+    /** Where an `http` agent listens; required with `protocol: http`, refused with any other. */
+    http: Type.Optional(HttpAgentSchema),
     limits: Type.Optional(LimitsSchema),
     secrets: Type.Optional(Type.Array(Type.String())),
     ignore: Type.Optional(Type.Array(Type.String())),
     network: Type.Optional(NetworkPolicySchema),
     /** Sandbox driver: `bwrap` (namespaces, default) or `gvisor` (a user-space kernel). */
     isolation: Type.Optional(IsolationSchema),
+    /**
+     * What happens to a session's sandbox when keep-warm ends: `stop` (default; the next message
+     * starts it cold) or `memory` (checkpointed with its processes and memory, and restored by the
+     * next message; needs a driver with `memorySnapshot`, see `GET /v1/runtime`).
+     */
+    pause: Type.Optional(Type.Union(PAUSE_POLICIES.map((p) => Type.Literal(p)))),
     /**
      * The sandbox's root: `debian:<suite>` (built from the operator's Debian mirror, with
      * `packages`), an OCI reference (`registry.example.com/team/base:1.4`, pulled), or `host` (the

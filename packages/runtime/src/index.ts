@@ -11,6 +11,13 @@ export {
 export { extractArchive } from './build/extract-archive.js'
 export { type DependencyInstall, type RevisionBuild, RevisionBuilder } from './build/revision-builder.js'
 export { type CommandResult, type CommandSpec, runSandboxedCommand } from './build/run-command.js'
+export {
+  type CheckpointManifest,
+  MemoryCheckpoints,
+  type ResumedStart,
+  type Resumption,
+  startFromCheckpoint,
+} from './checkpoint/memory-checkpoints.js'
 export { forbiddenReason } from './egress/address-guard.js'
 export { EgressCa } from './egress/egress-ca.js'
 export { bindingAllowed, decide, type EgressPolicy, type EgressRule } from './egress/policy.js'

@@ -3,6 +3,7 @@ import { lstat, mkdir, readdir, rm, writeFile } from 'node:fs/promises'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
 import type { EgressSite } from '../egress/proxy.js'
+import { STATX_PRELOAD_PATH, STATX_SHIM_PATH } from '../sandbox/gvisor-statx-fix.js'
 import { generatedEtcFiles } from '../sandbox/rootfs.js'
 import { execTool } from '../util/exec.js'
 import { debianImageKey, describeRecipe, type ImageRecipe, ociImageKey } from './image-recipe.js'
@@ -40,6 +41,33 @@ const MOUNT_POINTS = [
   'memory',
   'src',
 ]
+
+/**
+ * Makes `relative` (a path under `rootfs`) a real directory, component by component: a symlink or a
+ * file in its place is replaced, since a symlink would resolve on the host, outside the image.
+ */
+async function realDirectory(rootfs: string, relative: string): Promise<string> {
+  let at = rootfs
+  for (const part of relative.split('/')) {
+    at = path.join(at, part)
+    const info = await lstat(at).catch(() => undefined)
+    if (info?.isDirectory()) continue
+    if (info) await rm(at, { recursive: true, force: true })
+    await mkdir(at, { mode: 0o755 })
+  }
+  return at
+}
+
+/** Whether every component of `relative` under `rootfs` is a real directory (no symlink). */
+async function isRealDirectory(rootfs: string, relative: string): Promise<boolean> {
+  let at = rootfs
+  for (const part of relative.split('/')) {
+    at = path.join(at, part)
+    const info = await lstat(at).catch(() => undefined)
+    if (!info?.isDirectory()) return false
+  }
+  return true
+}
 
 const DEFAULT_MAX_IMAGE_BYTES = 4096 * 1024 * 1024
 
@@ -209,22 +237,35 @@ export class ImageBuilder {
    * each sandbox, so `pip install` into it cannot outlive the sandbox that ran it.
    */
   private async prepareRoot(rootfs: string): Promise<void> {
-    const etc = path.join(rootfs, 'etc')
-    await mkdir(etc, { recursive: true })
+    // This runs as root on the host, over files an image's author chose: every directory written
+    // into is made a real directory first, so a symlink in the image (`etc -> /etc`) cannot carry a
+    // write out of the root.
+    const etc = await realDirectory(rootfs, 'etc')
     for (const [name, body] of Object.entries(generatedEtcFiles())) {
-      await rm(path.join(etc, name), { force: true })
+      await rm(path.join(etc, name), { recursive: true, force: true })
       await writeFile(path.join(etc, name), body, { mode: 0o644 })
     }
-    for (const point of MOUNT_POINTS) {
-      const at = path.join(rootfs, point)
-      const info = await lstat(at).catch(() => undefined)
-      if (info?.isSymbolicLink()) await rm(at)
-      if (!info?.isDirectory()) await mkdir(at, { recursive: true, mode: 0o755 })
+    for (const point of MOUNT_POINTS) await realDirectory(rootfs, point)
+    // Mount points of the statx shim the gVisor driver binds in for old runsc releases
+    // (gvisor-statx-fix.ts): an empty /etc/ld.so.preload preloads nothing elsewhere. An image's own
+    // non-empty one is kept, and the driver then leaves the shim out.
+    const shim = path.join(
+      await realDirectory(rootfs, path.dirname(STATX_SHIM_PATH).slice(1)),
+      path.basename(STATX_SHIM_PATH),
+    )
+    await rm(shim, { recursive: true, force: true })
+    await writeFile(shim, '', { mode: 0o644 })
+    const preload = path.join(rootfs, STATX_PRELOAD_PATH)
+    const preloadInfo = await lstat(preload).catch(() => undefined)
+    if (!preloadInfo?.isFile()) {
+      await rm(preload, { recursive: true, force: true })
+      await writeFile(preload, '', { mode: 0o644 })
     }
     const lib = path.join(rootfs, 'usr', 'lib')
-    for (const name of await readdir(lib).catch(() => [] as string[]))
-      if (/^python3(\.\d+)?$/.test(name))
-        await rm(path.join(lib, name, 'EXTERNALLY-MANAGED'), { force: true })
+    if (await isRealDirectory(rootfs, 'usr/lib'))
+      for (const name of await readdir(lib))
+        if (/^python3(\.\d+)?$/.test(name) && (await isRealDirectory(rootfs, `usr/lib/${name}`)))
+          await rm(path.join(lib, name, 'EXTERNALLY-MANAGED'), { force: true })
     // Device nodes an image brought (mmdebstrap's /dev, or an OCI layer's): a sandbox gets its own
     // /dev, and the overlay is nodev anyway; none stays in a root a tenant chose.
     await execTool('find', [rootfs, '-xdev', '(', '-type', 'b', '-o', '-type', 'c', ')', '-delete'], {

@@ -7,7 +7,7 @@ import type { ImageBuildContext } from '../images/image-builder.js'
 import type { ImageRecipe } from '../images/image-recipe.js'
 import type { ImageRecord } from '../images/image-store.js'
 import type { IsolationInfo } from '../runtime.js'
-import type { IsolationName } from '../sandbox/driver.js'
+import type { DriverCapabilities, IsolationName } from '../sandbox/driver.js'
 import type { PoolArea, PoolQuotaStatus, PoolStats, TreeSizes } from '../storage/pool.js'
 import type { ReadOptions } from '../workspace-io/reader.js'
 import type { TurnMessage } from './turn-stream.js'
@@ -17,7 +17,10 @@ import type { TurnMessage } from './turn-stream.js'
  * root filesystem, mounts), plus the tenant it counts against and, by key, what the runtime mounts:
  * the revision's dependency environment, its image and the agent's memory.
  */
-export type AgentSpec = Omit<AgentLaunch, 'workspaceDir' | 'binds' | 'rootfs'> & {
+export type AgentSpec = Omit<
+  AgentLaunch,
+  'workspaceDir' | 'binds' | 'rootfs' | 'resume' | 'checkpointable'
+> & {
   tenantId: string
   /** The revision's dependency environment (mounted at /env, its variables set). */
   dependencyEnvKey?: string | undefined
@@ -25,6 +28,19 @@ export type AgentSpec = Omit<AgentLaunch, 'workspaceDir' | 'binds' | 'rootfs'> &
   imageKey?: string | undefined
   /** The agent whose memory (see `publishMemory`) is mounted read-only at /memory. */
   memoryAgentId?: string | undefined
+  /**
+   * `pause: memory`: when keep-warm ends the sandbox is checkpointed instead of stopped, and the
+   * next start restores it (drivers with `memorySnapshot`; elsewhere ignored).
+   */
+  pause?: AgentPause | undefined
+}
+
+/** A session's memory checkpoints: the generation they are tied to, and where their events go. */
+export interface AgentPause {
+  /** The workspace generation now: a checkpoint taken at another one is discarded, not restored. */
+  generation: number
+  /** What became of the session's checkpoint, for its events (`detail` says why or how much). */
+  onEvent(event: { cause: 'memory_paused' | 'memory_restored' | 'memory_discarded'; detail: string }): void
 }
 
 /** A warm agent as the server sees it: IDs and plain facts, never the process. */
@@ -34,6 +50,8 @@ export interface AgentInfo {
   /** The sandbox driver it runs under (`bwrap`, `gvisor`). */
   isolation: string
   alive: boolean
+  /** Started from the session's memory checkpoint rather than cold. */
+  restored?: boolean | undefined
 }
 
 /**
@@ -58,6 +76,13 @@ export type WorkspaceCommand = Omit<
   dependencyEnvKey?: string | undefined
   /** The sandbox driver to run under (the runtime's default when unset). */
   isolation?: IsolationName | undefined
+}
+
+/** A sandbox driver of this node: its name, what it can do, and why it cannot do the rest. */
+export interface SandboxDriverFacts {
+  name: string
+  capabilities: DriverCapabilities
+  unavailableBecause?: Partial<Record<keyof DriverCapabilities, string>> | undefined
 }
 
 /** The runtime's drivers as `GET /v1/runtime` shows them. */
@@ -129,7 +154,7 @@ export interface RuntimePort {
    * session was used outside a turn (a preview request), so it is the most recently used.
    */
   keepWarm(sessionId: string, ms: number, activity?: boolean): void
-  /** Stops the session's agent and sandbox, if any. */
+  /** Stops the session's agent and sandbox, if any, and forgets its memory checkpoint. */
   stopAgent(sessionId: string): Promise<void>
   stopAllAgents(): Promise<void>
   /** How many agents are warm. */
@@ -167,6 +192,8 @@ export interface RuntimePort {
   quotaStatus(): PoolQuotaStatus
   /** What each tenant's trees hold against its quota, by tenant ID. */
   tenantUsage(tenantIds: readonly string[]): Promise<Record<string, TreeSizes>>
+  /** The driver a sandbox of `isolation` runs under (the node's default when unset). */
+  sandboxDriver(isolation?: IsolationName | undefined): Promise<SandboxDriverFacts>
   /** The sandbox drivers and the storage pool, for `GET /v1/runtime` and the logs. */
   describe(): Promise<RuntimeDescription>
   /** The names (IDs) stored in one area of the pool, for the start-up check against the database. */
@@ -194,6 +221,8 @@ export interface RuntimePort {
   digest(tree: TreeRef, options?: TreeReadOptions): Promise<string>
   /** Referenced and exclusive bytes of the tree. */
   treeSizes(tree: TreeRef): Promise<TreeSizes>
+  /** Bytes each session's memory checkpoint holds on disk (0 without one), in the order asked. */
+  memoryCheckpointBytes(sessionIds: readonly string[]): Promise<number[]>
   /** A tar.gz of a snapshot or a revision (trees nothing changes); `stop` ends it early. */
   exportTree(tree: TreeRef): Promise<{ stream: Readable; stop: () => Promise<void> }>
 

@@ -198,6 +198,12 @@ export class RetentionService {
       }
     }
     const { runtime } = this.deps
+    const live = this.deps.db
+      .prepare<[string], { id: string }>(
+        `SELECT id FROM sessions WHERE tenant_id = ? AND status != 'deleted'`,
+      )
+      .all(tenantId)
+    const checkpointBytes = (await runtime.memoryCheckpointBytes(live.map((r) => r.id))).filter((b) => b > 0)
     const { warning: _warning, ...limits } = runtime.quotaStatus()
     const held = (await runtime.tenantUsage([tenantId]).catch(() => ({}) as Record<string, TreeSizes>))[
       tenantId
@@ -216,6 +222,7 @@ export class RetentionService {
         usedBytes: held?.exclusiveBytes ?? null,
       },
       retention: { policy: this.policy(tenantId), ...this.freed(tenantId) },
+      memoryCheckpoints: { count: checkpointBytes.length, bytes: checkpointBytes.reduce((a, b) => a + b, 0) },
       storage,
     }
   }

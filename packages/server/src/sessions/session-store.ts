@@ -357,6 +357,11 @@ export class SessionStore {
     this.timingChanged(row.id)
   }
 
+  /** Records an event that leaves the status as it is (a sandbox paused or restored, and why). */
+  note(row: Pick<SessionRow, 'id' | 'status'>, cause: StatusCause, at: string, detail: string): void {
+    this.s.insertEvent.run(newId('event'), row.id, row.status, row.status, cause, detail, at)
+  }
+
   list(tenantId: string, filter: ListFilter): SessionRow[] {
     const where = ['s.tenant_id = ?']
     const params: (string | number)[] = [tenantId]

@@ -1,8 +1,10 @@
-import type { AgentProtocolName } from '@cairn/protocol'
+import type net from 'node:net'
+import { CairnProblem } from '@cairn/protocol'
 import type { Sandbox } from '../../sandbox/driver.js'
 import type { TurnChannel } from '../active-turn.js'
-import type { TurnInput } from '../types.js'
+import type { AgentLaunch, TurnInput } from '../types.js'
 import { ExecProtocol } from './exec-protocol.js'
+import { HttpProtocol } from './http-protocol.js'
 import { JsonlProtocol } from './jsonl-protocol.js'
 import { StdioProtocol } from './stdio-protocol.js'
 
@@ -12,7 +14,7 @@ import { StdioProtocol } from './stdio-protocol.js'
  * process (a protocol may keep state across turns, as stdio's line count).
  */
 export interface AgentProtocol {
-  readonly name: AgentProtocolName
+  readonly name: AgentLaunch['protocol']
   /** One sandbox kept warm for the agent's life (stdio, jsonl) or one sandbox per turn (exec). */
   readonly warm: boolean
   /** Whether the agent exiting with code 0 completes the turn (it replied and left). */
@@ -23,16 +25,34 @@ export interface AgentProtocol {
   listen(sandbox: Sandbox, channel: TurnChannel): void
   /** Hands the turn's prompt to the agent; called with the turn already active. */
   send(sandbox: Sandbox, input: TurnInput): void
+  /**
+   * What the protocol knows of the running agent that the next process must know to go on talking
+   * to it after a memory checkpoint (stdio: its nonce and line counts); given back to `protocolFor`.
+   */
+  state?(): ProtocolState
 }
 
-/** The protocol object for a launch's `protocol`. */
-export function protocolFor(name: AgentProtocolName): AgentProtocol {
-  switch (name) {
+/** A protocol's state across a memory checkpoint (see `AgentProtocol.state`). */
+export type ProtocolState = Readonly<Record<string, string | number>>
+
+/**
+ * The protocol object for a launch's `protocol`; an http agent is reached through `connect`;
+ * `state` from `AgentProtocol.state` to go on after a checkpoint.
+ */
+export function protocolFor(
+  launch: AgentLaunch,
+  connect: (port: number) => Promise<net.Socket>,
+  state?: ProtocolState,
+): AgentProtocol {
+  switch (launch.protocol) {
     case 'stdio':
-      return new StdioProtocol()
+      return new StdioProtocol(state)
     case 'jsonl':
       return new JsonlProtocol()
     case 'exec':
       return new ExecProtocol()
+    case 'http':
+      if (!launch.http) throw new CairnProblem('invalid_manifest', 'protocol http needs http.port')
+      return new HttpProtocol(launch.http, launch.sessionId, connect)
   }
 }

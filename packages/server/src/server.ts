@@ -94,8 +94,11 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     }
     // Owner-only before anything else is written in it; what an older install left 0644 is fixed too.
     await secureDataDir(config.dataDir, poolTrees)
-    createOwnerOnly(path.join(config.dataDir, 'cairn.db'))
-    db = openDatabase(path.join(config.dataDir, 'cairn.db'))
+    if (config.databaseUrl) db = await openDatabase(config.databaseUrl)
+    else {
+      createOwnerOnly(path.join(config.dataDir, 'cairn.db'))
+      db = await openDatabase(path.join(config.dataDir, 'cairn.db'))
+    }
   } catch (error) {
     await releaseLocks()
     throw error
@@ -125,7 +128,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     const quotas = runtime.pool.quotaStatus()
     if (quotas.warning) logger.warn({ code: quotas.warning.code }, quotas.warning.message)
     const keys = new ApiKeyStore(db, clock)
-    keys.ensureTenant(DEFAULT_TENANT_ID, 'default')
+    await keys.ensureTenant(DEFAULT_TENANT_ID, 'default')
     const cipher = await SecretCipher.load(path.join(config.dataDir, 'secret.key'))
     const secrets = new SecretStore(db, cipher, clock)
     const logs = new BuildLogs(path.join(config.dataDir, 'build-logs'))
@@ -191,7 +194,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       clock,
       logger,
       archiveLimits: { maxFiles: config.maxArchiveFiles, maxUnpackedBytes: config.maxUnpackedBytes },
-      keepAutoSnapshots: (tenantId) => retention?.policy(tenantId).keepAutoSnapshots ?? 50,
+      keepAutoSnapshots: async (tenantId) => (await retention?.policy(tenantId))?.keepAutoSnapshots ?? 50,
       setupOf: (sessionId) => setup.store.info(sessionId),
       manualSnapshotCap: new ManualSnapshotCap(db, config.operatorLimits),
     })
@@ -206,9 +209,11 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     retention = retentionService
     setup.onSucceeded(async (row) => (await workspace.snapshotAfterSetup(row)).id)
     setup.onWorkspaceWritten((sessionId) => sessions.advanceGeneration(sessionId))
-    setup.store.recoverAfterRestart()
-    const recovered = sessions.recover()
-    const reconciled = await sessions.reconcile(new Set(workspace.snapshots.allLive().map((s) => s.id)))
+    await setup.store.recoverAfterRestart()
+    const recovered = await sessions.recover()
+    const reconciled = await sessions.reconcile(
+      new Set((await workspace.snapshots.allLive()).map((s) => s.id)),
+    )
     if (reconciled.lost.length > 0 || reconciled.orphans.length > 0) {
       logger.warn(reconciled, 'storage pool checked against the database')
     }
@@ -225,6 +230,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       signer: new PreviewSigner(cipher.deriveKey('preview-url')),
       revocations: new PreviewRevocations(db),
       clock,
+      logger,
     })
     previewListener = createPreviewListener(previews, config.previewDomain, logger)
     const previewPort = await listen(previewListener.server, config.previewPort, config.host)
@@ -267,8 +273,8 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     const adminKeyPath = path.join(config.dataDir, 'admin.key')
     let adminKey: string | undefined
     let credentialsWritten: string | undefined
-    if (keys.count() === 0) {
-      adminKey = keys.create(DEFAULT_TENANT_ID, 'admin', 'admin (first start)').key
+    if ((await keys.count()) === 0) {
+      adminKey = (await keys.create(DEFAULT_TENANT_ID, 'admin', 'admin (first start)')).key
       await writeFile(adminKeyPath, `${adminKey}\n`, { mode: 0o600 })
       await chmod(adminKeyPath, 0o600)
       if (config.writeCredentials) credentialsWritten = await writeCredentialsIfMissing(url, adminKey)
@@ -308,7 +314,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
           await workspace.settle()
           await sessions.close()
           await runtime.close()
-          db.close()
+          await db.close()
           await releaseLocks()
           logger.info('cairn server stopped')
         })()
@@ -324,7 +330,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
         .catch((closeError: unknown) =>
           logger.error({ err: closeError }, 'closing the runtime after a failed start failed'),
         )
-    db.close()
+    await db.close()
     await releaseLocks()
     throw error
   }

@@ -74,7 +74,7 @@ export async function compatRoutes(app: FastifyInstance, deps: CompatDeps): Prom
     const match = /^Bearer\s+(\S+)$/i.exec(request.headers.authorization ?? '')
     if (!match?.[1])
       throw new CairnProblem('unauthorized', 'missing API key: send Authorization: Bearer <key>')
-    const principal = deps.keys.verify(match[1])
+    const principal = await deps.keys.verify(match[1])
     if (!principal) throw new CairnProblem('unauthorized', 'invalid API key')
     if (!limiter.take(principal.keyId)) {
       throw new CairnProblem(
@@ -95,14 +95,14 @@ export async function compatRoutes(app: FastifyInstance, deps: CompatDeps): Prom
     return principal
   }
   const idOf = (request: FastifyRequest) => (request.params as { id: string }).id
-  const agentOut = (tenantId: string, idOrName: string) => {
-    const detail = deps.agents.get(tenantId, idOrName)
+  const agentOut = async (tenantId: string, idOrName: string) => {
+    const detail = await deps.agents.get(tenantId, idOrName)
     return toCompatAgent(detail, {
-      environmentKeys: deps.secrets.list(detail.id).map((s) => s.name),
-      requiredSecrets: deps.agents.requiredSecrets(detail.id),
+      environmentKeys: (await deps.secrets.list(detail.id)).map((s) => s.name),
+      requiredSecrets: await deps.agents.requiredSecrets(detail.id),
     })
   }
-  const keysOf = (agentId: string) => ({ keys: deps.secrets.list(agentId).map((s) => s.name) })
+  const keysOf = async (agentId: string) => ({ keys: (await deps.secrets.list(agentId)).map((s) => s.name) })
   const schema = (s: Record<string, unknown>) => ({ hide: true, tags: ['compat'], ...s })
 
   // ==================== auth ====================
@@ -136,7 +136,7 @@ export async function compatRoutes(app: FastifyInstance, deps: CompatDeps): Prom
       }
       const form = await readDeployForm(request.body, contentType)
       const result = await deployForm(deps.agents, tenantId, form, deps.archiveLimits)
-      return reply.status(201).send(agentOut(tenantId, result.agent.id))
+      return reply.status(201).send(await agentOut(tenantId, result.agent.id))
     },
   )
   app.get(
@@ -144,7 +144,9 @@ export async function compatRoutes(app: FastifyInstance, deps: CompatDeps): Prom
     { schema: schema({ response: { 200: CompatAgentListSchema, ...errors } }) },
     async (request) => {
       const { tenantId } = reader(request)
-      return { agents: deps.agents.list(tenantId).map((a) => agentOut(tenantId, a.id)) }
+      return {
+        agents: await Promise.all((await deps.agents.list(tenantId)).map((a) => agentOut(tenantId, a.id))),
+      }
     },
   )
   app.get(
@@ -157,8 +159,8 @@ export async function compatRoutes(app: FastifyInstance, deps: CompatDeps): Prom
     { schema: schema({ params: IdParams, response: { 200: CompatDeletedSchema, ...errors } }) },
     async (request) => {
       const { tenantId } = writer(request)
-      const agent = deps.agents.require(tenantId, idOf(request))
-      deps.agents.delete(tenantId, agent.id)
+      const agent = await deps.agents.require(tenantId, idOf(request))
+      await deps.agents.delete(tenantId, agent.id)
       return { id: agent.id, deleted: true as const }
     },
   )
@@ -167,7 +169,7 @@ export async function compatRoutes(app: FastifyInstance, deps: CompatDeps): Prom
   app.get(
     '/v1/agents/:id/secrets',
     { schema: schema({ params: IdParams, response: { 200: CompatSecretKeysSchema, ...errors } }) },
-    async (request) => keysOf(deps.agents.require(reader(request).tenantId, idOf(request)).id),
+    async (request) => keysOf((await deps.agents.require(reader(request).tenantId, idOf(request))).id),
   )
   app.patch(
     '/v1/agents/:id/secrets',
@@ -180,14 +182,19 @@ export async function compatRoutes(app: FastifyInstance, deps: CompatDeps): Prom
     },
     async (request) => {
       const { tenantId } = writer(request)
-      const agent = deps.agents.require(tenantId, idOf(request))
-      const current = deps.agents.currentNetwork(agent.id)
-      deps.secrets.set(tenantId, agent.id, (request.body as { secrets: Record<string, string> }).secrets, {
-        allowlist: current && {
-          network: current.network,
-          where: `network.allow of the agent's current revision (${current.revisionId})`,
+      const agent = await deps.agents.require(tenantId, idOf(request))
+      const current = await deps.agents.currentNetwork(agent.id)
+      await deps.secrets.set(
+        tenantId,
+        agent.id,
+        (request.body as { secrets: Record<string, string> }).secrets,
+        {
+          allowlist: current && {
+            network: current.network,
+            where: `network.allow of the agent's current revision (${current.revisionId})`,
+          },
         },
-      })
+      )
       return keysOf(agent.id)
     },
   )
@@ -204,9 +211,9 @@ export async function compatRoutes(app: FastifyInstance, deps: CompatDeps): Prom
     },
     async (request) => {
       const { tenantId } = writer(request)
-      const agent = deps.agents.require(tenantId, idOf(request))
+      const agent = await deps.agents.require(tenantId, idOf(request))
       const key = (request.params as { key: string }).key
-      if (!deps.secrets.delete(agent.id, key)) {
+      if (!(await deps.secrets.delete(agent.id, key))) {
         throw new CairnProblem('not_found', `agent ${agent.name} has no secret ${key}`)
       }
       return keysOf(agent.id)
@@ -243,7 +250,7 @@ export async function compatRoutes(app: FastifyInstance, deps: CompatDeps): Prom
     async (request) => {
       const { tenantId } = reader(request)
       const query = request.query as CompatListSessionsQuery
-      const list = deps.sessions.list(tenantId, {
+      const list = await deps.sessions.list(tenantId, {
         agent: query.agent_id,
         status: query.status === undefined ? undefined : cairnStatus(query.status),
         limit: query.limit ?? 500,
@@ -258,7 +265,9 @@ export async function compatRoutes(app: FastifyInstance, deps: CompatDeps): Prom
       const { tenantId } = reader(request)
       try {
         return {
-          ids: [deps.sessions.resolve(tenantId, (request.query as { id_prefix: string }).id_prefix).id],
+          ids: [
+            (await deps.sessions.resolve(tenantId, (request.query as { id_prefix: string }).id_prefix)).id,
+          ],
         }
       } catch (error) {
         // Their client decides on none or several itself (its own "No session found" and "Ambiguous ID").
@@ -274,7 +283,7 @@ export async function compatRoutes(app: FastifyInstance, deps: CompatDeps): Prom
     '/v1/sessions/:id',
     { schema: schema({ params: IdParams, response: { 200: CompatSessionSchema, ...errors } }) },
     async (request) => {
-      const info = deps.sessions.get(reader(request).tenantId, idOf(request))
+      const info = await deps.sessions.get(reader(request).tenantId, idOf(request))
       // Theirs: a deleted session is not found (Cairn keeps its row, with status deleted).
       if (info.status === 'deleted')
         throw new CairnProblem('session_not_found', `No session found matching '${info.id}'`)
@@ -306,7 +315,7 @@ export async function compatRoutes(app: FastifyInstance, deps: CompatDeps): Prom
     async (request, reply) => {
       const { tenantId } = writer(request)
       await deps.sessions.verifyBeforeTurn(tenantId, idOf(request))
-      const handle = deps.sessions.beginTurn(
+      const handle = await deps.sessions.beginTurn(
         tenantId,
         idOf(request),
         (request.body as { prompt: string }).prompt,

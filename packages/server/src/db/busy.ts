@@ -9,11 +9,15 @@ export function isBusy(error: unknown): boolean {
  * another process holds the database's write lock, it tries again, yielding the event loop
  * between attempts, for up to `maxWaitMs`. Each attempt itself waits up to `busy_timeout`.
  */
-export async function whenNotBusy<T>(write: () => T, maxWaitMs = 120_000, pauseMs = 250): Promise<T> {
+export async function whenNotBusy<T>(
+  write: () => Promise<T>,
+  maxWaitMs = 120_000,
+  pauseMs = 250,
+): Promise<T> {
   const started = Date.now()
   for (;;) {
     try {
-      return write()
+      return await write()
     } catch (error) {
       if (!isBusy(error) || Date.now() - started > maxWaitMs) throw error
       await new Promise((resolve) => setTimeout(resolve, pauseMs))

@@ -1,5 +1,5 @@
 import { CairnProblem, newId, type SessionStatus, type StatusCause, type StreamEvent } from '@cairn/protocol'
-import type { AgentEvent, AgentProcess, TurnOutcome } from '@cairn/runtime'
+import type { AgentEvent, AgentProcess, NetworkEvent, TurnOutcome } from '@cairn/runtime'
 import { iso } from '../clock.js'
 import { whenNotBusy } from '../db/busy.js'
 import { redact } from '../secrets/secret-store.js'
@@ -55,14 +55,16 @@ export class TurnRunner {
   }
 
   /**
-   * Validates and locks synchronously, so a second message for the same session is refused with
-   * `session_busy` before anything is streamed.
+   * Validates and locks before anything is streamed: a second message for the same session is
+   * refused with `session_busy`, by the turn lock in this process or, from another replica, by the
+   * database (one running turn per session). `load` reads the session's row once the lock is
+   * held, so what the turn starts from is not older than the turn before it.
    */
-  begin(row: SessionRow, prompt: string): TurnHandle {
-    const { id } = row
+  async begin(id: string, load: () => Promise<SessionRow>, prompt: string): Promise<TurnHandle> {
     const { store, locks } = this.deps
-    if (row.status === 'deleted') throw new CairnProblem('session_deleted', `session ${id} was deleted`)
     if (locks.has(id)) {
+      // Whoever cannot see the session is told it does not exist, not that it is busy.
+      await load()
       throw new CairnProblem(
         'session_busy',
         `session ${id} is already running a turn; wait for it or cancel it`,
@@ -71,30 +73,43 @@ export class TurnRunner {
         },
       )
     }
-    if (!prompt.trim()) throw new CairnProblem('validation_failed', 'prompt must not be empty')
-    this.checkLimits(row)
-    const admitted = this.deps.warm.admit(row, (sessionId) => locks.has(sessionId))
     const turnId = newId('turn')
     const abort = new AbortController()
     const lockRelease = locks.take(id, turnId, abort)
+    let admitted: () => void = () => undefined
     const release = () => {
       lockRelease()
       admitted()
     }
-    const at = this.now()
-    const seq = row.turn_count + 1
+    let row: SessionRow
+    let seq: number
     try {
+      row = await load()
+      if (row.status === 'deleted') throw new CairnProblem('session_deleted', `session ${id} was deleted`)
+      if (!prompt.trim()) throw new CairnProblem('validation_failed', 'prompt must not be empty')
+      await this.checkLimits(row)
+      admitted = this.deps.warm.admit(row, (sessionId) => sessionId !== id && locks.has(sessionId))
+      const at = this.now()
+      seq = row.turn_count + 1
+      const current = row
       // One transaction: a database locked by another writer refuses the whole message (503
       // unavailable), never half of it.
-      this.deps.db.transaction(() => {
-        if (row.status !== 'idle') {
+      await this.deps.db.transaction(async () => {
+        if (current.status !== 'idle') {
           // Messaging a completed, failed or timed-out session resumes it on its workspace (one
           // that a policy limit stopped was refused above: only an explicit resume brings it back).
-          store.transition(row, 'idle', 'user_resume', at, 'message sent')
+          await store.transition(current, 'idle', 'user_resume', at, 'message sent')
         }
-        store.startTurn(id, turnId, seq, prompt, prompt.replace(/\s+/g, ' ').trim().slice(0, TITLE_MAX), at)
-        store.transition({ id, status: 'idle' }, 'active', 'turn_started', at, turnId)
-      })()
+        await store.startTurn(
+          id,
+          turnId,
+          seq,
+          prompt,
+          prompt.replace(/\s+/g, ' ').trim().slice(0, TITLE_MAX),
+          at,
+        )
+        await store.transition({ id, status: 'idle' }, 'active', 'turn_started', at, turnId)
+      })
     } catch (error) {
       release()
       throw error
@@ -113,12 +128,12 @@ export class TurnRunner {
   }
 
   /** Refuses a message that the session's policy no longer allows. */
-  private checkLimits(row: SessionRow): void {
+  private async checkLimits(row: SessionRow): Promise<void> {
     const nowMs = this.deps.clock.now()
     const hit = limitReached(row, nowMs)
     if (!hit) return
     if (hit.timeoutNow)
-      this.deps.store.transition(
+      await this.deps.store.transition(
         row,
         'timeout',
         'max_duration',
@@ -146,17 +161,18 @@ export class TurnRunner {
     try {
       // The setup phase runs before the agent's sandbox exists: the agent never shares a process
       // tree, an environment or a /proc with the setup secrets.
-      if (this.deps.setup?.needed(row.id)) {
+      const setup = this.deps.setup
+      if (setup && (await setup.needed(row.id))) {
         await warm.drop(row.id)
-        await this.deps.setup.run(row, (event) => store.recordNetwork(row.id, event), signal)
+        await setup.run(row, (event) => this.recordNetwork(row.id, event), signal)
       }
       const { agent, cold } = await warm.acquire(row)
       sandboxId = agent.sandboxId
       await whenNotBusy(() => store.setTurnSandbox(turnId, sandboxId, cold))
       if (this.beforeTurnHook) await this.beforeTurnHook(row, seq, agent)
       emit({ type: 'run.started', sessionId: row.id, turnId, turn: seq, sandboxId, coldStart: cold })
-      const transcript = warm.transcripts.before(row.id, seq)
-      const secretValues = this.deps.secrets.values(row.agent_id, ['runtime', 'setup', 'proxy'])
+      const transcript = await warm.transcripts.before(row.id, seq)
+      const secretValues = await this.deps.secrets.values(row.agent_id, ['runtime', 'setup', 'proxy'])
       const clean = (event: StreamEvent): StreamEvent =>
         event.type === 'message.delta' ? { ...event, content: redact(event.content, secretValues) } : event
       promptSent = true
@@ -238,8 +254,8 @@ export class TurnRunner {
     // Nothing is awaited between the terminal event and the release of the turn lock, so a client
     // that sends its next message on `run.completed` never meets `session_busy`.
     await whenNotBusy(() =>
-      this.deps.db.transaction(() => {
-        store.finishTurn(row.id, {
+      this.deps.db.transaction(async () => {
+        await store.finishTurn(row.id, {
           id: turnId,
           status: outcome.status,
           response: outcome.text,
@@ -249,10 +265,10 @@ export class TurnRunner {
           endedAt,
           durationMs,
         })
-        store.transition(row, endedAs, cause, endedAt, failed ? `${turnId}: ${failed.message}` : turnId)
-        if (generation !== undefined) store.setGeneration(row.id, generation)
+        await store.transition(row, endedAs, cause, endedAt, failed ? `${turnId}: ${failed.message}` : turnId)
+        if (generation !== undefined) await store.setGeneration(row.id, generation)
         if (lastTurn) {
-          store.transition(
+          await store.transition(
             { id: row.id, status: endedAs },
             'completed',
             'max_turns',
@@ -260,7 +276,7 @@ export class TurnRunner {
             `${seq} of ${maxTurns} turns`,
           )
         }
-      })(),
+      }),
     )
     if (outcome.status === 'completed') {
       emit({ type: 'run.completed', turnId, text: outcome.text, durationMs })
@@ -285,6 +301,15 @@ export class TurnRunner {
         .promoteProposed(row.agent_id, this.deps.runtime.pool.workspacePath(row.id), `${row.id}/${turnId}`)
         .catch((error) => this.deps.logger.warn({ err: error, session: row.id }, 'memory promotion failed'))
     }
+  }
+
+  /** A network event of the setup phase, recorded behind (a failed write is logged, not thrown). */
+  private recordNetwork(sessionId: string, event: NetworkEvent): void {
+    void this.deps.store
+      .recordNetwork(sessionId, event)
+      .catch((error: unknown) =>
+        this.deps.logger.warn({ err: error, session: sessionId }, 'recording a network event failed'),
+      )
   }
 
   /**

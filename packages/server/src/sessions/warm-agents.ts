@@ -18,12 +18,13 @@ export type WarmAgentsDeps = Pick<
   | 'egressSite'
   | 'egressUpstreamCaPems'
   | 'clock'
+  | 'logger'
   | 'operatorLimits'
 > & {
   store: SessionStore
   locks: TurnLocks
   /** The problem a workspace missing from the pool stands for (see `SessionService.missingWorkspace`). */
-  missingWorkspace: (tenantId: string, sessionId: string) => CairnProblem
+  missingWorkspace: (tenantId: string, sessionId: string) => Promise<CairnProblem>
 }
 
 interface WarmAgent {
@@ -115,11 +116,12 @@ export class WarmAgents {
     }
     if (warm) await this.drop(row.id)
     const { pool } = this.deps.runtime
-    if (!(await pool.hasWorkspace(row.id))) throw this.deps.missingWorkspace(row.tenant_id, row.id)
-    const revision = this.deps.agents.store.revision(row.revision_id)
+    if (!(await pool.hasWorkspace(row.id))) throw await this.deps.missingWorkspace(row.tenant_id, row.id)
+    const revision = await this.deps.agents.store.revision(row.revision_id)
     if (!revision) throw new CairnProblem('revision_not_found', `revision ${row.revision_id} is gone`)
     const envKey = revision.manifest.envKey ?? undefined
-    const proxySecrets = this.deps.secrets.proxySecrets(row.tenant_id, row.agent_id)
+    const proxySecrets = await this.deps.secrets.proxySecrets(row.tenant_id, row.agent_id)
+    const runtimeSecrets = await this.deps.secrets.valuesForScope(row.tenant_id, row.agent_id, 'runtime')
     const agent = await this.deps.runtime.startAgent({
       sessionId: row.id,
       workspaceDir: pool.workspacePath(row.id),
@@ -127,7 +129,7 @@ export class WarmAgents {
       protocol: revision.manifest.protocol ?? 'stdio',
       env: {
         ...(envKey ? ENV_VARIABLES : {}),
-        ...this.deps.secrets.valuesForScope(row.tenant_id, row.agent_id, 'runtime'),
+        ...runtimeSecrets,
         // A proxy secret's variable holds only its stand-in; the egress proxy swaps in the value.
         ...Object.fromEntries(proxySecrets.map((secret) => [secret.name, secret.standIn])),
       },
@@ -138,7 +140,13 @@ export class WarmAgents {
       egress: {
         ...this.deps.egressSite,
         policy: sessionNetwork(row, revision.manifest),
-        onEvent: (event) => this.deps.store.recordNetwork(row.id, event),
+        onEvent: (event) => {
+          void this.deps.store
+            .recordNetwork(row.id, event)
+            .catch((error: unknown) =>
+              this.deps.logger.warn({ err: error, session: row.id }, 'recording a network event failed'),
+            )
+        },
         secrets: proxySecrets,
         upstreamCaPems: this.deps.egressUpstreamCaPems,
       },
@@ -192,7 +200,11 @@ export class WarmAgents {
     const now = this.deps.clock.now()
     if (now - (this.activityWrittenAt.get(row.id) ?? 0) >= 1000) {
       this.activityWrittenAt.set(row.id, now)
-      this.deps.store.touch(row.id, iso(now))
+      void this.deps.store
+        .touch(row.id, iso(now))
+        .catch((error: unknown) =>
+          this.deps.logger.warn({ err: error, session: row.id }, 'recording session activity failed'),
+        )
     }
     const warm = this.warm.get(row.id)
     if (warm) warm.usedAt = Date.now()

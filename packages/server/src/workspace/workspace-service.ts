@@ -64,9 +64,9 @@ export interface WorkspaceServiceDeps {
   /** Limits of an imported archive (the same checks as a deploy). */
   archiveLimits?: ArchiveLimits | undefined
   /** Automatic snapshots kept per session (manual ones are kept until deleted). */
-  keepAutoSnapshots?: (tenantId: string) => number
+  keepAutoSnapshots?: (tenantId: string) => Promise<number>
   /** The session's setup phase, for the manifest. */
-  setupOf?: (sessionId: string) => SetupInfo | undefined
+  setupOf?: (sessionId: string) => Promise<SetupInfo | undefined>
   /** How many manual snapshots a session and a tenant may keep. */
   manualSnapshotCap: ManualSnapshotCap
 }
@@ -112,7 +112,7 @@ export class WorkspaceService {
     deps.sessions.onBeforeTurn(async (row, seq, agent) => {
       if (!row.auto_snapshots) return
       await this.pending.get(row.id)
-      if (this.dirty.has(row.id) || !this.snapshots.atTurn(row.id, seq - 1)) {
+      if (this.dirty.has(row.id) || !(await this.snapshots.atTurn(row.id, seq - 1))) {
         this.dirty.delete(row.id)
         await this.take(row, 'auto', 'before_turn', seq - 1, agent)
       }
@@ -138,7 +138,7 @@ export class WorkspaceService {
     // After the reply's stream is ended (the hook runs just after run.completed is written).
     await new Promise((resolve) => setImmediate(resolve))
     const mark = this.marks.get(row.id)
-    if (mark && agent && unchanged && this.snapshots.extendThrough(mark.snapshotId, seq)) return
+    if (mark && agent && unchanged && (await this.snapshots.extendThrough(mark.snapshotId, seq))) return
     await this.take(row, 'auto', 'before_turn', seq, agent)
   }
 
@@ -168,8 +168,8 @@ export class WorkspaceService {
     return info
   }
 
-  private sessionSetup(sessionId: string) {
-    const setup = this.deps.setupOf?.(sessionId)
+  private async sessionSetup(sessionId: string) {
+    const setup = await this.deps.setupOf?.(sessionId)
     if (!setup) return null
     const { status, attempts, exitCode, snapshotId, command } = setup
     return { status, attempts, exitCode, snapshotId, command }
@@ -203,8 +203,8 @@ export class WorkspaceService {
   ): Promise<SnapshotInfo> {
     const snapshotId = newId('snapshot')
     const seen = await this.frozenSnapshot(row, snapshotId, agent)
-    const current = this.deps.sessions.store.get(row.tenant_id, row.id)
-    const info = this.snapshots.insertWithId(snapshotId, {
+    const current = await this.deps.sessions.store.get(row.tenant_id, row.id)
+    const info = await this.snapshots.insertWithId(snapshotId, {
       session_id: row.id,
       tenant_id: row.tenant_id,
       kind,
@@ -254,12 +254,12 @@ export class WorkspaceService {
   }
 
   private async applyRetention(sessionId: string, tenantId: string): Promise<void> {
-    const keep = this.deps.keepAutoSnapshots?.(tenantId) ?? 50
-    for (const old of this.snapshots.expiredAuto(sessionId, keep)) {
-      if (this.pins.has(old.id)) continue
-      // Marked first (in the same tick as the pin check): a restore or fork can no longer pick it.
+    const keep = (await this.deps.keepAutoSnapshots?.(tenantId)) ?? 50
+    for (const old of await this.snapshots.expiredAuto(sessionId, keep)) {
+      if (!this.pins.claimForDeletion(old.id)) continue
+      // Claimed first (in the same tick as the pin check): a restore or fork can no longer pick it.
       // Should the removal fail, start-up's reconcile removes the unrecorded subvolume.
-      this.snapshots.markDeleted(old.id, this.now())
+      await this.snapshots.markDeleted(old.id, this.now())
       await this.deps.runtime.pool.deleteSnapshot(old.id)
     }
   }
@@ -283,8 +283,8 @@ export class WorkspaceService {
     want: SnapshotExtras = {},
     signal?: AbortSignal,
   ): Promise<SnapshotInfo[]> {
-    this.deps.sessions.require(tenantId, id)
-    const all = this.snapshots.list(id)
+    await this.deps.sessions.require(tenantId, id)
+    const all = await this.snapshots.list(id)
     if (!want.digest && !want.sizes) return all
     const out: SnapshotInfo[] = []
     for (const snap of all) out.push(await this.measures.withExtras(tenantId, snap, want, signal))
@@ -298,8 +298,8 @@ export class WorkspaceService {
     want: SnapshotExtras = {},
     signal?: AbortSignal,
   ) {
-    this.deps.sessions.require(tenantId, id)
-    const snap = this.snapshots.get(id, snapshotId)
+    await this.deps.sessions.require(tenantId, id)
+    const snap = await this.snapshots.get(id, snapshotId)
     if (!snap) throw new CairnProblem('not_found', `No snapshot ${snapshotId} in session ${id}`)
     return this.measures.withExtras(tenantId, snap, want, signal)
   }
@@ -310,32 +310,32 @@ export class WorkspaceService {
    * deleted in the same tick as that check, so none can pick it afterwards.
    */
   async deleteSnapshot(tenantId: string, id: string, snapshotId: string): Promise<void> {
-    this.deps.sessions.require(tenantId, id)
-    const snap = this.snapshots.get(id, snapshotId)
+    await this.deps.sessions.require(tenantId, id)
+    const snap = await this.snapshots.get(id, snapshotId)
     if (!snap) throw new CairnProblem('not_found', `No snapshot ${snapshotId} in session ${id}`)
-    if (this.pins.has(snap.id)) {
+    if (!this.pins.claimForDeletion(snap.id)) {
       throw new CairnProblem(
         'snapshot_in_use',
         `snapshot ${snap.id} is being read by a restore, fork or export; try again once it is done`,
       )
     }
-    this.snapshots.markDeleted(snap.id, this.now())
+    await this.snapshots.markDeleted(snap.id, this.now())
     // The next turn that changed nothing can no longer stand on it: it takes a new snapshot.
     if (this.marks.get(id)?.snapshotId === snap.id) this.marks.delete(id)
     await this.deps.runtime.pool.deleteSnapshot(snap.id)
   }
 
-  private pick(
+  private async pick(
     row: SessionRow,
     body: { snapshotId?: string | undefined; turn?: number | undefined },
-  ): SnapshotInfo {
+  ): Promise<SnapshotInfo> {
     if (body.snapshotId) {
-      const found = this.snapshots.get(row.id, body.snapshotId)
+      const found = await this.snapshots.get(row.id, body.snapshotId)
       if (!found) throw new CairnProblem('not_found', `No snapshot ${body.snapshotId} in session ${row.id}`)
       return found
     }
     if (body.turn !== undefined) {
-      const found = this.snapshots.atTurn(row.id, body.turn)
+      const found = await this.snapshots.atTurn(row.id, body.turn)
       if (!found)
         throw new CairnProblem('not_found', `No snapshot of session ${row.id} follows turn ${body.turn}`)
       return found
@@ -355,7 +355,7 @@ export class WorkspaceService {
       id,
       'a restore',
       async (row) => {
-        const target = this.pick(row, body)
+        const target = await this.pick(row, body)
         // Pinned from the moment it is picked: retention leaves it alone until the restore is done.
         return this.pins.hold(target.id, async () => {
           if (body.policy) this.deps.sessions.validatePolicy(row, body.policy)
@@ -363,12 +363,12 @@ export class WorkspaceService {
           this.marks.delete(id)
           await this.deps.sessions.stopSandbox(id)
           // A restore is a new generation (the marker is set on the incoming copy before the swap).
-          const generation = this.deps.sessions.store.generationOf(id) + 1
+          const generation = (await this.deps.sessions.store.generationOf(id)) + 1
           await this.fromSnapshot(target, () =>
             this.deps.runtime.pool.restoreWorkspace(id, target.id, generation, row.tenant_id),
           )
-          this.deps.sessions.store.setGeneration(id, generation)
-          this.deps.sessions.store.transition(
+          await this.deps.sessions.store.setGeneration(id, generation)
+          await this.deps.sessions.store.transition(
             row,
             row.status,
             'workspace_restored',
@@ -376,8 +376,12 @@ export class WorkspaceService {
             `${target.id} (after turn ${target.turn}), generation ${generation}`,
           )
           if (body.policy)
-            this.deps.sessions.updatePolicy(this.deps.sessions.require(tenantId, id), body.policy, false)
-          return { session: this.deps.sessions.get(tenantId, id), snapshot: target }
+            await this.deps.sessions.updatePolicy(
+              await this.deps.sessions.require(tenantId, id),
+              body.policy,
+              false,
+            )
+          return { session: await this.deps.sessions.get(tenantId, id), snapshot: target }
         })
       },
       SWAPS_WORKSPACE,
@@ -405,9 +409,9 @@ export class WorkspaceService {
   /** Restores the snapshot taken before the last turn. */
   async undo(tenantId: string, id: string): Promise<{ session: SessionInfo; snapshot: SnapshotInfo }> {
     await this.pending.get(id)
-    const row = this.deps.sessions.require(tenantId, id)
+    const row = await this.deps.sessions.require(tenantId, id)
     if (row.turn_count === 0) throw new CairnProblem('conflict', `session ${id} has no turn to undo`)
-    const before = this.snapshots.atTurn(id, row.turn_count - 1)
+    const before = await this.snapshots.atTurn(id, row.turn_count - 1)
     if (!before)
       throw new CairnProblem('not_found', `no snapshot before turn ${row.turn_count} of session ${id}`)
     return this.restore(tenantId, id, { snapshotId: before.id })
@@ -416,8 +420,8 @@ export class WorkspaceService {
   /** A new session whose workspace is the snapshot and whose transcript is the parent's up to its turn. */
   async fork(tenantId: string, id: string, body: ForkBody): Promise<SessionInfo> {
     await this.pending.get(id)
-    const row = this.deps.sessions.require(tenantId, id)
-    const source = this.pick(row, body)
+    const row = await this.deps.sessions.require(tenantId, id)
+    const source = await this.pick(row, body)
     // Asked by turn, the snapshot may be one taken earlier that also stands for that turn (the
     // turns between wrote nothing): the transcript still goes up to the turn asked for.
     const turnsUpTo = body.snapshotId ? source.turn : (body.turn ?? source.turn)
@@ -441,7 +445,7 @@ export class WorkspaceService {
       const [marked] = await this.deps.runtime.pool.readGenerations([childId])
       const generation = marked ?? source.generation
       if (marked === undefined) await this.deps.runtime.pool.writeGeneration(childId, generation)
-      this.deps.sessions.store.insert(
+      await this.deps.sessions.store.insert(
         {
           id: childId,
           tenant_id: tenantId,
@@ -466,25 +470,25 @@ export class WorkspaceService {
         )
       throw error
     }
-    return this.deps.sessions.get(tenantId, childId)
+    return await this.deps.sessions.get(tenantId, childId)
   }
 
   /** Root of a session's workspace, or of one of its snapshots, on the host. */
-  private root(tenantId: string, id: string, snapshotId?: string): string {
-    return this.rootOf(this.deps.sessions.requireLive(tenantId, id), snapshotId)
+  private async root(tenantId: string, id: string, snapshotId?: string): Promise<string> {
+    return this.rootOf(await this.deps.sessions.requireLive(tenantId, id), snapshotId)
   }
 
   /** `root` for a session already read (and found not deleted). */
-  private rootOf(row: SessionRow, snapshotId?: string): string {
+  private async rootOf(row: SessionRow, snapshotId?: string): Promise<string> {
     const { id } = row
     const { pool } = this.deps.runtime
     if (snapshotId) {
-      if (!this.snapshots.get(id, snapshotId))
+      if (!(await this.snapshots.get(id, snapshotId)))
         throw new CairnProblem('not_found', `No snapshot ${snapshotId} in session ${id}`)
       return pool.snapshotPath(snapshotId)
     }
     const dir = pool.workspacePath(id)
-    if (!existsSync(dir)) throw this.deps.sessions.missingWorkspace(row.tenant_id, id)
+    if (!existsSync(dir)) throw await this.deps.sessions.missingWorkspace(row.tenant_id, id)
     return dir
   }
 
@@ -514,7 +518,7 @@ export class WorkspaceService {
     snapshotId?: string,
     options: ReadOptions = {},
   ): Promise<FileEntry[]> {
-    const root = this.root(tenantId, id, snapshotId)
+    const root = await this.root(tenantId, id, snapshotId)
     return this.reading(tenantId, id, snapshotId, () => listDirectory(root, rel, options), WALK)
   }
 
@@ -524,7 +528,7 @@ export class WorkspaceService {
    * long as the client reads), its reader under nice.
    */
   async openFile(tenantId: string, id: string, rel: Buffer, snapshotId?: string, options: ReadOptions = {}) {
-    const root = this.root(tenantId, id, snapshotId)
+    const root = await this.root(tenantId, id, snapshotId)
     if (rel.length === 0) throw new CairnProblem('validation_failed', '/workspace is not a regular file')
     const release = this.heavyReads.acquire(tenantId, 'a download')
     try {
@@ -541,18 +545,18 @@ export class WorkspaceService {
   }
 
   async writeFile(tenantId: string, id: string, rawPath: string, body: Readable): Promise<void> {
-    const root = this.root(tenantId, id)
+    const root = await this.root(tenantId, id)
     await this.deps.sessions.changingWorkspace(id, async () => {
       await this.pending.get(id)
       this.dirty.add(id)
       await writeWorkspaceFile(this.deps.runtime, root, workspaceRelative(rawPath), body)
       await this.deps.sessions.advanceGeneration(id)
     })
-    this.deps.sessions.store.touch(id, this.now())
+    await this.deps.sessions.store.touch(id, this.now())
   }
 
   async deleteFile(tenantId: string, id: string, rawPath: string): Promise<void> {
-    const root = this.root(tenantId, id)
+    const root = await this.root(tenantId, id)
     await this.deps.sessions.changingWorkspace(id, async () => {
       await this.pending.get(id)
       this.dirty.add(id)
@@ -565,7 +569,7 @@ export class WorkspaceService {
         this.deps.logger.warn({ sessionId: id }, 'the workspace generation stays: its quota is full')
       })
     })
-    this.deps.sessions.store.touch(id, this.now())
+    await this.deps.sessions.store.touch(id, this.now())
   }
 
   /**
@@ -574,8 +578,8 @@ export class WorkspaceService {
    * slots), under nice.
    */
   async diff(tenantId: string, id: string, from?: string, options: ReadOptions = {}): Promise<WorkspaceDiff> {
-    const row = this.deps.sessions.requireLive(tenantId, id)
-    const root = this.rootOf(row)
+    const row = await this.deps.sessions.requireLive(tenantId, id)
+    const root = await this.rootOf(row)
     const { pool } = this.deps.runtime
     const walk = { ...options, background: true }
     if (!from || from === 'revision')
@@ -587,7 +591,7 @@ export class WorkspaceService {
           WALK,
         ),
       )
-    if (!this.snapshots.get(id, from))
+    if (!(await this.snapshots.get(id, from)))
       throw new CairnProblem('not_found', `No snapshot ${from} in session ${id}`)
     return this.heavyReads.run(tenantId, 'a diff', () =>
       this.deps.sessions.readingWorkspace(
@@ -612,20 +616,20 @@ export class WorkspaceService {
     id: string,
     snapshotId?: string,
   ): Promise<{ stream: Readable; cleanup: () => Promise<void> }> {
-    const row = this.deps.sessions.requireLive(tenantId, id)
+    const row = await this.deps.sessions.requireLive(tenantId, id)
     const { pool } = this.deps.runtime
     const releaseSlot = this.heavyReads.acquire(tenantId, 'an export')
     let dir: string
     let releaseTree = async () => undefined
     try {
       if (snapshotId) {
-        dir = this.rootOf(row, snapshotId)
+        dir = await this.rootOf(row, snapshotId)
         // Pinned until the stream is done, as for a restore: retention prunes it on a later pass.
         let unpin = () => {}
         void this.pins.hold(snapshotId, () => new Promise<void>((resolve) => (unpin = resolve)))
         releaseTree = async () => void unpin()
       } else {
-        this.rootOf(row)
+        await this.rootOf(row)
         const temp = newId('snapshot')
         await this.deps.sessions.readingWorkspace(tenantId, id, () => this.frozenSnapshot(row, temp))
         dir = pool.snapshotPath(temp)
@@ -712,7 +716,7 @@ export class WorkspaceService {
     archive: Buffer,
     mode: 'replace' | 'merge' = 'replace',
   ): Promise<{ session: SessionInfo; snapshot: SnapshotInfo; fileCount: number; sizeBytes: number }> {
-    this.root(tenantId, id)
+    await this.root(tenantId, id)
     const summary = await inspectArchive(archive, this.deps.archiveLimits ?? DEFAULT_ARCHIVE_LIMITS)
     await this.pending.get(id)
     return this.deps.sessions.exclusive(
@@ -734,7 +738,7 @@ export class WorkspaceService {
           )
           // The imported tree is a new generation: its marker is set before it is swapped in,
           // the database follows.
-          const generation = store.generationOf(id) + 1
+          const generation = (await store.generationOf(id)) + 1
           try {
             await unpackIntoWorkspace(this.deps.runtime, staging, archive)
             await chmod(staging, 0o700)
@@ -748,21 +752,21 @@ export class WorkspaceService {
               )
             throw error
           }
-          store.setGeneration(id, generation)
+          await store.setGeneration(id, generation)
         } else {
           try {
             await unpackIntoWorkspace(this.deps.runtime, pool.workspacePath(id), archive)
             await chmod(pool.workspacePath(id), 0o700)
           } catch (error) {
             // Rolled back to the snapshot, as a restore would: a new generation, marker first.
-            const generation = store.generationOf(id) + 1
+            const generation = (await store.generationOf(id)) + 1
             await pool.restoreWorkspace(id, before.id, generation, row.tenant_id)
-            store.setGeneration(id, generation)
+            await store.setGeneration(id, generation)
             throw error
           }
           await this.deps.sessions.advanceGeneration(id)
         }
-        this.deps.sessions.store.transition(
+        await this.deps.sessions.store.transition(
           row,
           row.status,
           'workspace_imported',
@@ -770,7 +774,7 @@ export class WorkspaceService {
           `${mode}: ${summary.fileCount} entries, ${summary.sizeBytes} bytes (undo: restore ${before.id})`,
         )
         return {
-          session: this.deps.sessions.get(tenantId, id),
+          session: await this.deps.sessions.get(tenantId, id),
           snapshot: before,
           fileCount: summary.fileCount,
           sizeBytes: summary.sizeBytes,
@@ -789,9 +793,9 @@ export class WorkspaceService {
   async completeInterruptedTurns(turns: InterruptedTurn[]): Promise<number> {
     let taken = 0
     for (const turn of turns) {
-      const row = this.deps.sessions.store.get(turn.tenantId, turn.sessionId)
+      const row = await this.deps.sessions.store.get(turn.tenantId, turn.sessionId)
       if (!row?.auto_snapshots || row.status === 'deleted' || row.status_cause === 'state_lost') continue
-      if (this.snapshots.atTurn(row.id, turn.seq - 1)) continue
+      if (await this.snapshots.atTurn(row.id, turn.seq - 1)) continue
       if (!(await this.deps.runtime.pool.hasWorkspace(row.id))) continue
       await this.take(row, 'auto', 'before_turn', turn.seq - 1)
       taken++
@@ -808,8 +812,8 @@ export class WorkspaceService {
   /** Removes every snapshot of a deleted session. */
   async deleteAll(sessionId: string): Promise<void> {
     await this.retention
-    for (const snap of this.snapshots.list(sessionId)) {
-      this.snapshots.markDeleted(snap.id, this.now())
+    for (const snap of await this.snapshots.list(sessionId)) {
+      await this.snapshots.markDeleted(snap.id, this.now())
       await this.deps.runtime.pool.deleteSnapshot(snap.id)
     }
   }
@@ -817,10 +821,10 @@ export class WorkspaceService {
   /** `withSizes` measures the live workspace too (a walk of its extents without btrfs quotas). */
   /** Typed by the wire schema: a field the schema lacks would be dropped from the answer, so it fails to compile. */
   async manifest(tenantId: string, id: string, withSizes = false): Promise<SessionManifest> {
-    const session = this.deps.sessions.get(tenantId, id)
-    const row = this.deps.sessions.require(tenantId, id)
-    const revision = this.deps.agents.store.revision(row.revision_id)
-    const turns = this.deps.sessions.store.turns(id)
+    const session = await this.deps.sessions.get(tenantId, id)
+    const row = await this.deps.sessions.require(tenantId, id)
+    const revision = await this.deps.agents.store.revision(row.revision_id)
+    const turns = await this.deps.sessions.store.turns(id)
     const last = turns[turns.length - 1]
     const workspacePath = this.deps.runtime.pool.workspacePath(id)
     const present = existsSync(workspacePath)
@@ -843,11 +847,11 @@ export class WorkspaceService {
       driver: revision?.manifest.isolation ?? this.deps.runtime.driver.name,
       storage: this.deps.runtime.pool.driver,
       setupVersion: revision?.manifest.setup ? revision.contentHash : null,
-      sessionSetup: this.sessionSetup(id),
+      sessionSetup: await this.sessionSetup(id),
       generation: row.generation,
       parentSessionId: row.parent_session_id,
       forkedFromSnapshotId: row.forked_from_snapshot_id,
-      snapshotIds: this.snapshots.list(id).map((s) => s.id),
+      snapshotIds: (await this.snapshots.list(id)).map((s) => s.id),
       workspaceSizes,
       lastTurn: last
         ? {
@@ -867,7 +871,7 @@ export class WorkspaceService {
       policies: {
         ...policyOf(row),
         deadlineAt: row.deadline_at,
-        keepAutoSnapshots: this.deps.keepAutoSnapshots?.(tenantId) ?? 50,
+        keepAutoSnapshots: (await this.deps.keepAutoSnapshots?.(tenantId)) ?? 50,
       },
     }
   }

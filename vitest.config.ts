@@ -17,6 +17,7 @@ export default defineConfig({
   test: {
     include: ['packages/*/src/**/*.test.ts', 'test/**/*.test.ts'],
     setupFiles: ['test/setup/cleanup.ts'],
+    globalSetup: ['test/setup/postgres.ts'],
     pool: 'forks',
     testTimeout: 60_000,
     hookTimeout: 120_000,

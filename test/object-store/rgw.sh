@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# A real S3 server for the tests: Ceph's RADOS Gateway from Debian on a one-node Ceph cluster
+# (a monitor, one bluestore OSD on a loop device over a sparse file, RGW), all in one directory.
+#
+#   rgw.sh up DIR [SIZE_GIB]   start it; prints KEY=VALUE lines (S3_ENDPOINT, S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY)
+#   rgw.sh down DIR            stop what `up` started in DIR, detach its loop device, delete DIR
+#
+# `auth = none` keeps it to loopback-only test use; with it, `ms_mon_client_mode = crc` is needed
+# or RGW waits 300 s for a secure session the monitor will never offer.
+set -euo pipefail
+
+cmd=${1:?usage: rgw.sh up|down DIR [SIZE_GIB]}
+dir=${2:?usage: rgw.sh up|down DIR [SIZE_GIB]}
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+down() {
+  [ -d "$dir" ] || return 0
+  for name in client.rgw osd.0 mon.a; do
+    if [ -f "$dir/$name.pid" ]; then
+      pid=$(cat "$dir/$name.pid")
+      kill "$pid" 2>/dev/null || true
+      for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+      kill -9 "$pid" 2>/dev/null || true
+    fi
+  done
+  if [ -f "$dir/loop" ]; then losetup -d "$(cat "$dir/loop")" 2>/dev/null || true; fi
+  rm -rf "$dir"
+}
+
+up() {
+  local size_gib=${3:-6}
+  mkdir -p "$dir"/{mon,osd,run,log}
+  dir=$(cd "$dir" && pwd)
+  local mon_port rgw_port fsid osd_uuid loop
+  mon_port=$(free_port)
+  rgw_port=$(free_port)
+  fsid=$(cat /proc/sys/kernel/random/uuid)
+  osd_uuid=$(cat /proc/sys/kernel/random/uuid)
+  # The OSD's disk: a loop device over a sparse file.
+  truncate -s "${size_gib}G" "$dir/osd.img"
+  loop=$(losetup --find --show "$dir/osd.img")
+  echo "$loop" >"$dir/loop"
+  cat >"$dir/ceph.conf" <<CONF
+[global]
+fsid = $fsid
+mon_host = v1:127.0.0.1:$mon_port
+public_network = 127.0.0.0/8
+auth_cluster_required = none
+auth_service_required = none
+auth_client_required = none
+ms_mon_client_mode = crc
+ms_bind_msgr2 = false
+osd_pool_default_size = 1
+osd_pool_default_min_size = 1
+osd_pool_default_pg_num = 8
+osd_pool_default_pgp_num = 8
+mon_allow_pool_size_one = true
+mon_allow_pool_delete = true
+mon_warn_on_pool_no_redundancy = false
+osd_crush_chooseleaf_type = 0
+run_dir = $dir/run
+admin_socket = $dir/run/\$name.\$pid.asok
+log_file = $dir/log/\$name.log
+pid_file = $dir/\$name.pid
+[mon]
+mon_data = $dir/mon
+mon_cluster_log_file = $dir/log/cluster.log
+[osd]
+osd_data = $dir/osd
+osd_objectstore = bluestore
+bluestore_block_path = $loop
+osd_memory_target = 939524096
+bluestore_cache_autotune = false
+bluestore_cache_size = 134217728
+[client.rgw]
+rgw_frontends = beast endpoint=127.0.0.1:$rgw_port
+rgw_data = $dir/rgw
+rgw_dns_name = 127.0.0.1
+rgw_thread_pool_size = 64
+CONF
+  local conf="$dir/ceph.conf"
+
+  # The monitor.
+  monmaptool --create --clobber --fsid "$fsid" --addv a "[v1:127.0.0.1:$mon_port]" "$dir/monmap" >/dev/null
+  ceph-mon -c "$conf" --mkfs -i a --monmap "$dir/monmap" >/dev/null
+  ceph-mon -c "$conf" -i a
+  # The OSD: bluestore on the loop device.
+  ceph -c "$conf" osd new "$osd_uuid" 0 >/dev/null
+  ceph-osd -c "$conf" -i 0 --mkfs --osd-uuid "$osd_uuid" >"$dir/log/osd-mkfs.log" 2>&1
+  ceph-osd -c "$conf" -i 0
+  ceph -c "$conf" osd crush add osd.0 1.0 host=localhost root=default >/dev/null 2>&1 || true
+  # RGW, and a user for the tests.
+  mkdir -p "$dir/rgw"
+  radosgw -c "$conf" -n client.rgw
+  local access secret
+  access=$(head -c 10 /dev/urandom | od -An -tx1 | tr -d ' \n' | tr a-f A-F)
+  secret=$(head -c 20 /dev/urandom | od -An -tx1 | tr -d ' \n')
+  for _ in $(seq 1 600); do
+    if curl -s -o /dev/null "http://127.0.0.1:$rgw_port/"; then break; fi
+    sleep 0.1
+  done
+  radosgw-admin -c "$conf" -n client.rgw user create --uid cairn-test --display-name "Cairn tests" \
+    --access-key "$access" --secret-key "$secret" >/dev/null
+  echo "S3_ENDPOINT=http://127.0.0.1:$rgw_port"
+  echo "S3_ACCESS_KEY_ID=$access"
+  echo "S3_SECRET_ACCESS_KEY=$secret"
+}
+
+case "$cmd" in
+up) up "$@" ;;
+down) down ;;
+*) echo "usage: rgw.sh up|down DIR [SIZE_GIB]" >&2; exit 2 ;;
+esac

@@ -3,18 +3,19 @@ import { chmod, mkdir, readFile, writeFile } from 'node:fs/promises'
 import type { Server } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import path from 'node:path'
-import { type EgressSite, Runtime } from '@cairn/runtime'
+import { EgressCa, type EgressSite, Runtime } from '@cairn/runtime'
 import pino, { type Logger } from 'pino'
 import { AgentService } from './agents/agent-service.js'
 import { BuildLogs } from './agents/build-logs.js'
 import { buildApp } from './app.js'
 import { ApiKeyStore, DEFAULT_TENANT_ID } from './auth/api-keys.js'
-import { systemClock } from './clock.js'
+import { iso, systemClock } from './clock.js'
 import { resolveConfig, type ServerOptions } from './config.js'
 import { writeCredentialsIfMissing } from './credentials.js'
 import { createOwnerOnly, secureDataDir } from './data-dir.js'
 import { DataDirLock } from './data-dir-lock.js'
 import { type Db, openDatabase } from './db/database.js'
+import { SharedFiles } from './db/shared-files.js'
 import { ManualSnapshotCap } from './limits/snapshot-cap.js'
 import { MemoryService } from './memory/memory-service.js'
 import { MetricsRegistry } from './metrics/registry.js'
@@ -129,9 +130,22 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     if (quotas.warning) logger.warn({ code: quotas.warning.code }, quotas.warning.message)
     const keys = new ApiKeyStore(db, clock)
     await keys.ensureTenant(DEFAULT_TENANT_ID, 'default')
+    if (db.dialect === 'postgres') {
+      // Replicas share one database: the secrets key and the egress CA come from it (the first
+      // replica's), so a secret sealed by one opens on another, and sandboxes trust one CA.
+      const shared = new SharedFiles(db, () => iso(clock.now()))
+      if (!process.env.CAIRN_SECRET_KEY)
+        await shared.sync('secret.key', config.dataDir, ['secret.key'], async () => {
+          await SecretCipher.load(path.join(config.dataDir, 'secret.key'))
+        })
+      const caDir = path.join(config.dataDir, 'egress-ca')
+      await shared.sync('egress-ca', caDir, ['ca.key', 'ca.pem'], async () => {
+        await EgressCa.load(caDir)
+      })
+    }
     const cipher = await SecretCipher.load(path.join(config.dataDir, 'secret.key'))
     const secrets = new SecretStore(db, cipher, clock)
-    const logs = new BuildLogs(path.join(config.dataDir, 'build-logs'))
+    const logs = new BuildLogs(path.join(config.dataDir, 'build-logs'), db)
     const egressSite: EgressSite = {
       privateExceptions: new Set(config.egressPrivateExceptions),
       hosts: config.egressHosts,

@@ -303,6 +303,28 @@ UPDATE turns SET status = 'interrupted', ended_at = COALESCE(ended_at, started_a
 CREATE UNIQUE INDEX turns_one_running ON turns(session_id) WHERE status = 'running';
 `,
   },
+  {
+    // With a shared database (PostgreSQL) every replica must reach what one of them wrote: the
+    // files all of them hold the same copy of (the secrets key, the egress CA), build logs and
+    // artifact bytes. On SQLite they are written here too; files in the data dir stay readable.
+    version: 18,
+    name: 'shared files, build logs and artifact bytes in the database',
+    sql: `
+CREATE TABLE shared_files (
+  name TEXT PRIMARY KEY,
+  content BLOB NOT NULL,
+  created_at TEXT NOT NULL
+);
+CREATE TABLE build_logs (
+  revision_id TEXT PRIMARY KEY,
+  log TEXT NOT NULL
+);
+CREATE TABLE artifact_blobs (
+  artifact_id TEXT PRIMARY KEY,
+  content BLOB NOT NULL
+);
+`,
+  },
 ]
 
 export type Dialect = 'sqlite' | 'postgres'

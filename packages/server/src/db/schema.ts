@@ -149,6 +149,9 @@ export interface Schema {
     snapshot_id: string | null
   }
   preview_url_epochs: { session_id: string; port: number; epoch: number }
+  shared_files: { name: string; content: Buffer; created_at: string }
+  build_logs: { revision_id: string; log: string }
+  artifact_blobs: { artifact_id: string; content: Buffer }
 }
 
 export interface SessionsTable {

@@ -189,19 +189,29 @@ export class MemoryService {
       sha256: hash.digest('hex'),
       createdAt: iso(this.deps.clock.now()),
     }
-    await this.deps.db.q
-      .insertInto('artifacts')
-      .values({
-        id: info.id,
-        tenant_id: row.tenantId,
-        agent_id: info.agentId,
-        session_id: info.sessionId,
-        path: info.path,
-        size_bytes: info.sizeBytes,
-        sha256: info.sha256,
-        created_at: info.createdAt,
-      })
-      .execute()
+    // A replica other than this one serves the download: with a shared database the bytes are
+    // stored in it too (on SQLite the file in the data dir is the only copy).
+    const shared = this.deps.db.dialect === 'postgres' ? await readFile(target) : undefined
+    await this.deps.db.transaction(async () => {
+      await this.deps.db.q
+        .insertInto('artifacts')
+        .values({
+          id: info.id,
+          tenant_id: row.tenantId,
+          agent_id: info.agentId,
+          session_id: info.sessionId,
+          path: info.path,
+          size_bytes: info.sizeBytes,
+          sha256: info.sha256,
+          created_at: info.createdAt,
+        })
+        .execute()
+      if (shared)
+        await this.deps.db.q
+          .insertInto('artifact_blobs')
+          .values({ artifact_id: info.id, content: shared })
+          .execute()
+    })
     return info
   }
 
@@ -249,7 +259,16 @@ export class MemoryService {
   }
 
   async readArtifact(agentId: string, id: string): Promise<Buffer> {
-    return readFile((await this.artifactFile(agentId, id)).file)
+    const { file } = await this.artifactFile(agentId, id)
+    if (existsSync(file) || this.deps.db.dialect !== 'postgres') return readFile(file)
+    // Saved through another replica: its bytes are in the database.
+    const row = await this.deps.db.q
+      .selectFrom('artifact_blobs')
+      .select('content')
+      .where('artifact_id', '=', id)
+      .executeTakeFirst()
+    if (!row) throw new CairnProblem('not_found', `the bytes of artifact ${id} are gone`)
+    return row.content
   }
 }
 

@@ -1,7 +1,7 @@
 import { CairnProblem, newId, type SessionStatus, type StatusCause, type StreamEvent } from '@cairn/protocol'
 import type { AgentEvent, AgentProcess, NetworkEvent, TurnOutcome } from '@cairn/runtime'
 import { iso } from '../clock.js'
-import { whenNotBusy } from '../db/busy.js'
+import { unavailableReason, whenNotBusy } from '../db/busy.js'
 import { redact } from '../secrets/secret-store.js'
 import type { WorkspaceGenerations } from './generations.js'
 import { limitReached } from './policy.js'
@@ -21,6 +21,8 @@ export type TurnRunnerDeps = Pick<
 }
 
 const TITLE_MAX = 60
+/** How long a turn's end waits for an unavailable database before the client is told. */
+const RECORD_WAIT_MS = 15_000
 /** Below this much free space, an agent's ENOSPC is blamed on the pool. */
 const POOL_FULL_BYTES = 16 * 1024 * 1024
 
@@ -199,7 +201,7 @@ export class TurnRunner {
         ? { status: 'cancelled', text: '', stderr: '' }
         : {
             status: 'failed',
-            code: problem?.code ?? 'sandbox_failed',
+            code: problem?.code ?? (unavailableReason(error) ? 'unavailable' : 'sandbox_failed'),
             cause: setupFailed
               ? 'setup_failed'
               : problem?.code === 'state_lost' ||
@@ -253,7 +255,7 @@ export class TurnRunner {
     // another process holds the database lock: the reply was streamed already, it must not be lost.
     // Nothing is awaited between the terminal event and the release of the turn lock, so a client
     // that sends its next message on `run.completed` never meets `session_busy`.
-    await whenNotBusy(() =>
+    const record = () =>
       this.deps.db.transaction(async () => {
         await store.finishTurn(row.id, {
           id: turnId,
@@ -276,8 +278,33 @@ export class TurnRunner {
             `${seq} of ${maxTurns} turns`,
           )
         }
-      }),
-    )
+      })
+    try {
+      await whenNotBusy(record, RECORD_WAIT_MS)
+    } catch (error) {
+      // The database did not answer in time (PostgreSQL down, SQLite locked): the client is told
+      // so, typed and retryable, instead of waiting on; the record is retried behind until the
+      // database is back, which ends the session's running turn (the next message is refused
+      // with session_busy until then).
+      const reason = unavailableReason(error)
+      this.deps.logger.error(
+        { err: error, session: row.id, turn: turnId },
+        'recording the end of a turn failed',
+      )
+      emit({
+        type: 'run.failed',
+        turnId,
+        durationMs,
+        error: {
+          code: reason ? 'unavailable' : 'internal',
+          message: `the turn ended (${outcome.status}) but could not be recorded yet: ${reason ?? (error as Error).message}; it is recorded once the database answers, retry then`,
+        },
+      })
+      void whenNotBusy(record, Number.POSITIVE_INFINITY, 1000).catch((late: unknown) =>
+        this.deps.logger.error({ err: late, session: row.id, turn: turnId }, 'a turn could not be recorded'),
+      )
+      return
+    }
     if (outcome.status === 'completed') {
       emit({ type: 'run.completed', turnId, text: outcome.text, durationMs })
     } else if (outcome.status === 'cancelled') {

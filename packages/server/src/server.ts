@@ -12,7 +12,7 @@ import { ApiKeyStore, DEFAULT_TENANT_ID } from './auth/api-keys.js'
 import { iso, systemClock } from './clock.js'
 import { resolveConfig, type ServerOptions } from './config.js'
 import { writeCredentialsIfMissing } from './credentials.js'
-import { createOwnerOnly, secureDataDir } from './data-dir.js'
+import { createOwnerOnly, runtimeIdOf, secureDataDir } from './data-dir.js'
 import { DataDirLock } from './data-dir-lock.js'
 import { type Db, openDatabase } from './db/database.js'
 import { SharedFiles } from './db/shared-files.js'
@@ -130,6 +130,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     if (quotas.warning) logger.warn({ code: quotas.warning.code }, quotas.warning.message)
     const keys = new ApiKeyStore(db, clock)
     await keys.ensureTenant(DEFAULT_TENANT_ID, 'default')
+    const runtimeId = await runtimeIdOf(config.dataDir)
     if (db.dialect === 'postgres') {
       // Replicas share one database: the secrets key and the egress CA come from it (the first
       // replica's), so a secret sealed by one opens on another, and sandboxes trust one CA.
@@ -184,6 +185,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       logger,
     })
     const sessions = new SessionService({
+      runtimeId,
       metrics,
       memory,
       setup,
@@ -223,8 +225,8 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     retention = retentionService
     setup.onSucceeded(async (row) => (await workspace.snapshotAfterSetup(row)).id)
     setup.onWorkspaceWritten((sessionId) => sessions.advanceGeneration(sessionId))
-    await setup.store.recoverAfterRestart()
     const recovered = await sessions.recover()
+    await setup.store.recoverAfterRestart(runtimeId)
     const reconciled = await sessions.reconcile(
       new Set((await workspace.snapshots.allLive()).map((s) => s.id)),
     )

@@ -325,6 +325,16 @@ CREATE TABLE artifact_blobs (
 );
 `,
   },
+  {
+    // The runtime (a replica's data dir: its pool, its sandboxes) that owns the session. Rows
+    // from before have none: the first server to start claims them (see SessionStore.claimUnowned).
+    version: 19,
+    name: 'session owner runtime',
+    sql: `
+ALTER TABLE sessions ADD COLUMN runtime_id TEXT;
+CREATE INDEX sessions_runtime_status ON sessions(runtime_id, status);
+`,
+  },
 ]
 
 export type Dialect = 'sqlite' | 'postgres'

@@ -181,4 +181,5 @@ export interface SessionsTable {
   max_duration_ms: number | null
   deadline_at: string | null
   on_timeout: Generated<string>
+  runtime_id: string | null
 }

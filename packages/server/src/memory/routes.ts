@@ -84,7 +84,7 @@ export function memoryRoutes(
     },
     async (request) => {
       const { tenantId } = requireWrite(request)
-      const row = await sessions.require(tenantId, idOf(request))
+      const row = await sessions.requireOwned(tenantId, idOf(request))
       const promoted = await sessions.readingWorkspace(tenantId, row.id, () =>
         memory.promoteProposed(row.agent_id, sessions.workspaceDir(row.id), `${row.id}/api`),
       )

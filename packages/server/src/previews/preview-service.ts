@@ -122,7 +122,7 @@ export class PreviewService {
    * Upgrade (WebSocket) connections relayed to it.
    */
   async revokeUrls(tenantId: string, sessionId: string, port: number): Promise<void> {
-    const row = await this.deps.sessions.require(tenantId, sessionId)
+    const row = await this.deps.sessions.requireOwned(tenantId, sessionId)
     await this.deps.revocations.revokePort(row.id, port)
     for (const client of this.relayed.get(relayedKey(row.id, port)) ?? []) client.destroy()
   }
@@ -195,7 +195,7 @@ export class PreviewService {
     const principal = await this.deps.keys.verify(match[1])
     if (!principal) throw new CairnProblem('unauthorized', 'invalid API key')
     if (principal.role === 'read') throw new CairnProblem('forbidden', 'this API key is read-only')
-    return { row: await this.deps.sessions.require(principal.tenantId, target.sessionId) }
+    return { row: await this.deps.sessions.requireOwned(principal.tenantId, target.sessionId) }
   }
 
   private async signedRow(target: PreviewTarget): Promise<SessionRow> {

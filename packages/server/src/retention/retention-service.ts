@@ -110,6 +110,8 @@ export class RetentionService {
     const ended = (await this.deps.db.q
       .selectFrom('sessions')
       .select(['id', 'tenant_id', 'status', 'updated_at'])
+      // Each replica applies the policy to the sessions of its own runtime.
+      .where('runtime_id', '=', this.deps.sessions.store.runtimeId)
       .where('status', 'in', ['completed', 'failed', 'timeout'])
       .execute()) as EndedRow[]
     const result = { snapshots: 0, workspaces: 0, bytesFreed: 0 }

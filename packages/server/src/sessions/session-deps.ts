@@ -11,6 +11,8 @@ import type { SetupService } from '../setup/setup-service.js'
 
 export interface SessionServiceDeps {
   db: Db
+  /** The runtime of this replica (its data dir's): the sessions it owns are the ones it acts on. */
+  runtimeId: string
   runtime: Runtime
   agents: AgentService
   secrets: SecretStore

@@ -52,7 +52,7 @@ export class SessionService {
   private readonly endedHooks: ((sessionId: string) => void)[] = []
 
   constructor(private readonly deps: SessionServiceDeps) {
-    this.store = new SessionStore(deps.db)
+    this.store = new SessionStore(deps.db, deps.runtimeId)
     const now = () => this.now()
     const { store, locks } = this
     this.generations = new WorkspaceGenerations(store, deps.runtime.pool, now)
@@ -87,9 +87,24 @@ export class SessionService {
     return row
   }
 
-  /** The session, refused with `session_deleted` once it was deleted (its row stays). */
-  async requireLive(tenantId: string, id: string): Promise<SessionRow> {
+  /**
+   * The session, for an operation on its runtime (its sandbox, workspace or snapshots): refused
+   * with `session_elsewhere` (retryable, naming the owner) when another replica's runtime holds it.
+   */
+  async requireOwned(tenantId: string, id: string): Promise<SessionRow> {
     const row = await this.require(tenantId, id)
+    if (row.runtime_id !== null && row.runtime_id !== this.deps.runtimeId)
+      throw new CairnProblem(
+        'session_elsewhere',
+        `session ${id} lives on runtime ${row.runtime_id}, not on this server's (${this.deps.runtimeId}); send the request to the server of that runtime`,
+        { runtimeId: row.runtime_id },
+      )
+    return row
+  }
+
+  /** The session on this runtime, refused with `session_deleted` once it was deleted (its row stays). */
+  async requireLive(tenantId: string, id: string): Promise<SessionRow> {
+    const row = await this.requireOwned(tenantId, id)
     if (row.status === 'deleted') throw new CairnProblem('session_deleted', `session ${id} was deleted`)
     return row
   }
@@ -268,7 +283,7 @@ export class SessionService {
    * across replicas).
    */
   beginTurn(tenantId: string, id: string, prompt: string): Promise<TurnHandle> {
-    return this.runner.begin(id, () => this.require(tenantId, id), prompt)
+    return this.runner.begin(id, () => this.requireOwned(tenantId, id), prompt)
   }
 
   /**
@@ -387,7 +402,7 @@ export class SessionService {
 
   /** Cancels the running turn, if any, and waits for it to settle. */
   async cancel(tenantId: string, id: string): Promise<boolean> {
-    await this.require(tenantId, id)
+    await this.requireOwned(tenantId, id)
     return this.locks.cancel(id)
   }
 
@@ -469,7 +484,7 @@ export class SessionService {
 
   /** Before a message: the workspace check of a session whose sandbox is not warm. */
   async verifyBeforeTurn(tenantId: string, id: string): Promise<void> {
-    const row = await this.require(tenantId, id)
+    const row = await this.requireOwned(tenantId, id)
     if (row.status === 'deleted' || this.locks.has(id)) return
     await this.verifyWorkspace(row)
   }
@@ -485,7 +500,7 @@ export class SessionService {
     cause: 'user_delete' | 'retention' | 'ephemeral_end' | 'idle_timeout' | 'max_duration' = 'user_delete',
     detail?: string,
   ): Promise<void> {
-    const row = await this.require(tenantId, id)
+    const row = await this.requireOwned(tenantId, id)
     if (row.status === 'deleted') return
     // A second delete of the same session waits for the first instead of racing it in the pool.
     const inFlight = this.deleting.get(id)
@@ -508,7 +523,8 @@ export class SessionService {
   }
 
   /** Marks what a crashed predecessor left running; called once at start. */
-  recover(): Promise<{ sessions: number; turns: InterruptedTurn[] }> {
+  async recover(): Promise<{ sessions: number; turns: InterruptedTurn[] }> {
+    await this.store.claimUnowned()
     return this.store.recoverAfterRestart(this.now())
   }
 

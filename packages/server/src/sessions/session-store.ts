@@ -44,6 +44,7 @@ export interface SessionRow {
   max_duration_ms: number | null
   deadline_at: string | null
   on_timeout: string
+  runtime_id: string | null
 }
 
 interface TurnRow {
@@ -90,6 +91,7 @@ type NewSession = Omit<
   | 'network_json'
   | 'ephemeral'
   | 'keep_transcript'
+  | 'runtime_id'
 > & {
   auto_snapshots?: number
   network_json?: string | null
@@ -102,7 +104,21 @@ type NewSession = Omit<
 export class SessionStore {
   private readonly timingListeners: ((sessionId: string) => void)[] = []
 
-  constructor(private readonly db: Db) {}
+  constructor(
+    private readonly db: Db,
+    /** This replica's runtime: sessions are made on it, and start-up and timeouts act on its own. */
+    readonly runtimeId: string,
+  ) {}
+
+  /** Sessions recorded before owners were (or by an older server) become this runtime's. */
+  async claimUnowned(): Promise<number> {
+    const result = await this.db.q
+      .updateTable('sessions')
+      .set({ runtime_id: this.runtimeId })
+      .where('runtime_id', 'is', null)
+      .executeTakeFirst()
+    return Number(result.numUpdatedRows)
+  }
 
   /**
    * Called after a change that may bring a session's next timeout earlier (a new session, a
@@ -144,6 +160,7 @@ export class SessionStore {
     const rows = await this.db.q
       .selectFrom('sessions')
       .select(TIMING_COLUMNS)
+      .where('runtime_id', '=', this.runtimeId)
       .where('status', 'in', ['idle', 'active'])
       .execute()
     for (const row of rows) {
@@ -174,6 +191,7 @@ export class SessionStore {
           keep_transcript: 1,
           generation: 0,
           ...row,
+          runtime_id: this.runtimeId,
           updated_at: row.created_at,
           last_active_at: row.created_at,
         })
@@ -339,6 +357,7 @@ export class SessionStore {
       .select(['id', 'tenant_id'])
       .where('deadline_at', 'is not', null)
       .where('deadline_at', '<=', nowIso)
+      .where('runtime_id', '=', this.runtimeId)
       .where('status', 'in', ['idle', 'active'])
       .execute()
   }
@@ -551,7 +570,8 @@ export class SessionStore {
   }
 
   /**
-   * After a crash: running turns become `interrupted` and active sessions go back to `idle`.
+   * After a crash: this runtime's running turns become `interrupted` and its active sessions go
+   * back to `idle` (another replica's go on).
    * Returns the interrupted turns (for the check of their pre-turn snapshots).
    */
   async recoverAfterRestart(at: string): Promise<{ sessions: number; turns: InterruptedTurn[] }> {
@@ -561,6 +581,7 @@ export class SessionStore {
         .innerJoin('sessions as s', 's.id', 't.session_id')
         .select(['t.session_id as sessionId', 's.tenant_id as tenantId', 't.seq as seq'])
         .where('t.status', '=', 'running')
+        .where('s.runtime_id', '=', this.runtimeId)
         .execute()
       await this.db.q
         .updateTable('turns')
@@ -571,10 +592,14 @@ export class SessionStore {
           error_message: 'the server stopped while this turn ran',
         })
         .where('status', '=', 'running')
+        .where('session_id', 'in', (eb) =>
+          eb.selectFrom('sessions').select('id').where('runtime_id', '=', this.runtimeId),
+        )
         .execute()
       const active = await this.db.q
         .selectFrom('sessions')
         .select(['id', 'status'])
+        .where('runtime_id', '=', this.runtimeId)
         .where('status', '=', 'active')
         .execute()
       for (const row of active)
@@ -594,6 +619,7 @@ export class SessionStore {
     const rows = await this.db.q
       .selectFrom('sessions')
       .select(['id', 'tenant_id', 'last_active_at', 'idle_timeout_ms', 'lease_until'])
+      .where('runtime_id', '=', this.runtimeId)
       .where('status', '=', 'idle')
       .execute()
     return rows
@@ -625,6 +651,7 @@ export class SessionStore {
     return (await this.db.q
       .selectFrom('sessions')
       .select(['id', 'tenant_id', 'status', 'status_cause', 'generation'])
+      .where('runtime_id', '=', this.runtimeId)
       .where('status', '!=', 'deleted')
       .execute()) as {
       id: string

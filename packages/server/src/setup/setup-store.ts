@@ -114,11 +114,15 @@ export class SetupStore {
       .execute()
   }
 
-  async recoverAfterRestart(): Promise<number> {
+  /** Setups of `runtimeId`'s sessions that a crash left running become failed. */
+  async recoverAfterRestart(runtimeId: string): Promise<number> {
     const result = await this.db.q
       .updateTable('session_setups')
       .set({ status: 'failed', error: 'the server stopped while setup ran' })
       .where('status', '=', 'running')
+      .where('session_id', 'in', (eb) =>
+        eb.selectFrom('sessions').select('id').where('runtime_id', '=', runtimeId),
+      )
       .executeTakeFirst()
     return Number(result.numUpdatedRows)
   }

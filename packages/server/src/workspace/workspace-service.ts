@@ -283,7 +283,7 @@ export class WorkspaceService {
     want: SnapshotExtras = {},
     signal?: AbortSignal,
   ): Promise<SnapshotInfo[]> {
-    await this.deps.sessions.require(tenantId, id)
+    await this.deps.sessions.requireOwned(tenantId, id)
     const all = await this.snapshots.list(id)
     if (!want.digest && !want.sizes) return all
     const out: SnapshotInfo[] = []
@@ -298,7 +298,7 @@ export class WorkspaceService {
     want: SnapshotExtras = {},
     signal?: AbortSignal,
   ) {
-    await this.deps.sessions.require(tenantId, id)
+    await this.deps.sessions.requireOwned(tenantId, id)
     const snap = await this.snapshots.get(id, snapshotId)
     if (!snap) throw new CairnProblem('not_found', `No snapshot ${snapshotId} in session ${id}`)
     return this.measures.withExtras(tenantId, snap, want, signal)
@@ -310,7 +310,7 @@ export class WorkspaceService {
    * deleted in the same tick as that check, so none can pick it afterwards.
    */
   async deleteSnapshot(tenantId: string, id: string, snapshotId: string): Promise<void> {
-    await this.deps.sessions.require(tenantId, id)
+    await this.deps.sessions.requireOwned(tenantId, id)
     const snap = await this.snapshots.get(id, snapshotId)
     if (!snap) throw new CairnProblem('not_found', `No snapshot ${snapshotId} in session ${id}`)
     if (!this.pins.claimForDeletion(snap.id)) {
@@ -377,7 +377,7 @@ export class WorkspaceService {
           )
           if (body.policy)
             await this.deps.sessions.updatePolicy(
-              await this.deps.sessions.require(tenantId, id),
+              await this.deps.sessions.requireOwned(tenantId, id),
               body.policy,
               false,
             )
@@ -409,7 +409,7 @@ export class WorkspaceService {
   /** Restores the snapshot taken before the last turn. */
   async undo(tenantId: string, id: string): Promise<{ session: SessionInfo; snapshot: SnapshotInfo }> {
     await this.pending.get(id)
-    const row = await this.deps.sessions.require(tenantId, id)
+    const row = await this.deps.sessions.requireOwned(tenantId, id)
     if (row.turn_count === 0) throw new CairnProblem('conflict', `session ${id} has no turn to undo`)
     const before = await this.snapshots.atTurn(id, row.turn_count - 1)
     if (!before)
@@ -420,7 +420,7 @@ export class WorkspaceService {
   /** A new session whose workspace is the snapshot and whose transcript is the parent's up to its turn. */
   async fork(tenantId: string, id: string, body: ForkBody): Promise<SessionInfo> {
     await this.pending.get(id)
-    const row = await this.deps.sessions.require(tenantId, id)
+    const row = await this.deps.sessions.requireOwned(tenantId, id)
     const source = await this.pick(row, body)
     // Asked by turn, the snapshot may be one taken earlier that also stands for that turn (the
     // turns between wrote nothing): the transcript still goes up to the turn asked for.
@@ -822,7 +822,7 @@ export class WorkspaceService {
   /** Typed by the wire schema: a field the schema lacks would be dropped from the answer, so it fails to compile. */
   async manifest(tenantId: string, id: string, withSizes = false): Promise<SessionManifest> {
     const session = await this.deps.sessions.get(tenantId, id)
-    const row = await this.deps.sessions.require(tenantId, id)
+    const row = await this.deps.sessions.requireOwned(tenantId, id)
     const revision = await this.deps.agents.store.revision(row.revision_id)
     const turns = await this.deps.sessions.store.turns(id)
     const last = turns[turns.length - 1]

@@ -14,6 +14,12 @@ export { EgressCa } from './egress/egress-ca.js'
 export { bindingAllowed, decide, type EgressPolicy, type EgressRule } from './egress/policy.js'
 export { EgressProxy, type EgressRoute, type EgressSite, type NetworkEvent } from './egress/proxy.js'
 export { type ProxySecret, secretsBoundTo, swapInSecrets, swapOutSecrets } from './egress/proxy-secrets.js'
+export {
+  type DependencyEnv,
+  ENV_VARIABLES,
+  envBinds,
+  launchEnvironment,
+} from './launch/launch-env.js'
 export { AGENT_KIT_DIR, instanceRunDir } from './paths.js'
 export {
   DEFAULT_POOL_IMAGE_BYTES,

@@ -3,6 +3,7 @@ import { StringDecoder } from 'node:string_decoder'
 import { newId } from '@cairn/protocol'
 import { EgressProxy, type EgressRoute } from '../egress/proxy.js'
 import { forwarderCommand } from '../egress/transparent.js'
+import { egressProxyEnv } from '../launch/launch-env.js'
 import type { SandboxBind, SandboxDriver, SandboxLimits } from '../sandbox/driver.js'
 import type { Logger } from '../util/logger.js'
 
@@ -62,14 +63,8 @@ async function runInSandbox(
   spec: CommandSpec,
   proxied: boolean,
 ): Promise<CommandResult> {
-  const env: Record<string, string> = { ...spec.env }
+  const env: Record<string, string> = { ...spec.env, ...(proxied ? egressProxyEnv() : {}) }
   const transparent = proxied && driver.capabilities.transparentEgress
-  if (proxied) {
-    for (const name of ['HTTP_PROXY', 'HTTPS_PROXY', 'http_proxy', 'https_proxy'])
-      env[name] = 'http://127.0.0.1:3128'
-    env.NO_PROXY = 'localhost,127.0.0.1,::1'
-    env.no_proxy = env.NO_PROXY
-  }
   const sandbox = await driver.start({
     id: newId('sandbox'),
     workspaceDir: spec.workspaceDir,

@@ -2,6 +2,7 @@ import { existsSync } from 'node:fs'
 import { chmod, mkdir } from 'node:fs/promises'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
+import type { DependencyEnv } from '../launch/launch-env.js'
 import { execTool } from '../util/exec.js'
 import type { StoragePool } from './pool.js'
 
@@ -24,6 +25,11 @@ export class EnvStore {
   envPath(key: string): string {
     if (!KEY_PATTERN.test(key)) throw new CairnProblem('bad_request', `invalid environment key '${key}'`)
     return path.join(this.dir, key)
+  }
+
+  /** The dependency environment `key` names, for a launch (none without a key). */
+  dependency(key: string | undefined): DependencyEnv | undefined {
+    return key ? { key, dir: this.envPath(key) } : undefined
   }
 
   async has(key: string): Promise<boolean> {

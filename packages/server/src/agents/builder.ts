@@ -7,10 +7,10 @@ import {
   EnvStore,
   execTool,
   type IsolationName,
+  launchEnvironment,
   type NetworkEvent,
   type Runtime,
   runSandboxedCommand,
-  type SandboxBind,
 } from '@cairn/runtime'
 import type { BuildPlan } from './build-plan.js'
 import { hostRegistries } from './build-registries.js'
@@ -47,27 +47,11 @@ export interface BuildResult {
 
 const BUILD_LIMITS = { memoryMiB: 2048, pids: 1024, cpus: 2 }
 
-/** How a sandbox finds the dependency environment mounted at /env. */
-export const ENV_VARIABLES: Record<string, string> = {
-  NODE_PATH: '/env/node_modules',
-  PYTHONPATH: '/env/python',
-  PATH: '/env/node_modules/.bin:/env/python/bin:/usr/local/bin:/usr/bin:/bin',
-}
-
 /**
  * Runs a revision's build in sandboxes with network access (this phase only): dependencies into a
  * content-addressed environment subvolume (skipped when one with the same key exists), then the
  * optional setup command in the revision itself.
  */
-/** Mounts of a dependency environment: all of it at /env, and Node's packages at /node_modules so
- * that ES module resolution (which ignores NODE_PATH) finds them from /workspace. */
-export function envBinds(envDir: string, envKey: string): SandboxBind[] {
-  const binds: SandboxBind[] = [{ source: envDir, dest: '/env', readOnly: true }]
-  if (envKey.startsWith('node-'))
-    binds.push({ source: path.join(envDir, 'node_modules'), dest: '/node_modules', readOnly: true })
-  return binds
-}
-
 export class Builder {
   readonly envs: EnvStore
   private readonly sandboxUid: number
@@ -150,7 +134,11 @@ export class Builder {
     await mkdir(runDir, { recursive: true })
     await chmod(runDir, 0o755)
     await writeFile(path.join(runDir, 'transcript.jsonl'), '', { mode: 0o644 })
-    const extraBinds = envKey ? envBinds(this.envs.envPath(envKey), envKey) : []
+    const launch = launchEnvironment(this.envs.dependency(envKey), {
+      HOME: '/tmp',
+      npm_config_cache: '/tmp/.npm',
+      npm_config_update_notifier: 'false',
+    })
     // Its own network namespace: out only through the egress proxy, never the host's loopback,
     // its other addresses or its abstract unix sockets. Refusals go to the build log.
     const onEvent = (event: NetworkEvent) => {
@@ -161,15 +149,9 @@ export class Builder {
       workspaceDir,
       runDir,
       command,
-      env: {
-        ...ctx.setupEnv,
-        ...(envKey ? ENV_VARIABLES : {}),
-        HOME: '/tmp',
-        npm_config_cache: '/tmp/.npm',
-        npm_config_update_notifier: 'false',
-      },
+      env: { ...ctx.setupEnv, ...launch.env },
       egress: { ...this.options.egressSite, policy: { allow }, onEvent },
-      binds: [...binds, ...extraBinds],
+      binds: [...binds, ...launch.binds],
       limits: BUILD_LIMITS,
       logger: this.runtime.logger,
       timeoutMs: ctx.timeoutMs,

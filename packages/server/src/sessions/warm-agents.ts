@@ -1,6 +1,5 @@
 import { CairnProblem } from '@cairn/protocol'
-import type { AgentProcess } from '@cairn/runtime'
-import { ENV_VARIABLES, envBinds } from '../agents/builder.js'
+import { type AgentProcess, launchEnvironment } from '@cairn/runtime'
 import { iso } from '../clock.js'
 import { sandboxLimits, sessionNetwork, turnTimeoutMs } from './sandbox-settings.js'
 import type { SessionServiceDeps } from './session-deps.js'
@@ -121,22 +120,18 @@ export class WarmAgents {
     if (!revision) throw new CairnProblem('revision_not_found', `revision ${row.revision_id} is gone`)
     const envKey = revision.manifest.envKey ?? undefined
     const proxySecrets = await this.deps.secrets.proxySecrets(row.tenant_id, row.agent_id)
-    const runtimeSecrets = await this.deps.secrets.valuesForScope(row.tenant_id, row.agent_id, 'runtime')
+    const launch = launchEnvironment(this.deps.agents.envs.dependency(envKey), {
+      ...(await this.deps.secrets.valuesForScope(row.tenant_id, row.agent_id, 'runtime')),
+      // A proxy secret's variable holds only its stand-in; the egress proxy swaps in the value.
+      ...Object.fromEntries(proxySecrets.map((secret) => [secret.name, secret.standIn])),
+    })
     const agent = await this.deps.runtime.startAgent({
       sessionId: row.id,
       workspaceDir: pool.workspacePath(row.id),
       command: revision.command,
       protocol: revision.manifest.protocol ?? 'stdio',
-      env: {
-        ...(envKey ? ENV_VARIABLES : {}),
-        ...runtimeSecrets,
-        // A proxy secret's variable holds only its stand-in; the egress proxy swaps in the value.
-        ...Object.fromEntries(proxySecrets.map((secret) => [secret.name, secret.standIn])),
-      },
-      binds: [
-        ...(envKey ? envBinds(this.deps.agents.envs.envPath(envKey), envKey) : []),
-        ...(this.deps.memory ? [await this.deps.memory.bind(row.agent_id)] : []),
-      ],
+      env: launch.env,
+      binds: [...launch.binds, ...(this.deps.memory ? [await this.deps.memory.bind(row.agent_id)] : [])],
       egress: {
         ...this.deps.egressSite,
         policy: sessionNetwork(row, revision.manifest),

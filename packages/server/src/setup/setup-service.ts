@@ -7,10 +7,15 @@ import {
   type SessionSetup,
   type SetupInfo,
 } from '@cairn/protocol'
-import { type EgressSite, type NetworkEvent, type Runtime, runSandboxedCommand } from '@cairn/runtime'
+import {
+  type EgressSite,
+  launchEnvironment,
+  type NetworkEvent,
+  type Runtime,
+  runSandboxedCommand,
+} from '@cairn/runtime'
 import type { Logger } from 'pino'
 import type { AgentService } from '../agents/agent-service.js'
-import { ENV_VARIABLES, envBinds } from '../agents/builder.js'
 import { type Clock, iso } from '../clock.js'
 import type { Db } from '../db/database.js'
 import type { OperatorLimits } from '../limits/operator-limits.js'
@@ -115,21 +120,21 @@ export class SetupService {
       await mkdir(runDir, { recursive: true })
       await chmod(runDir, 0o755)
       await writeFile(path.join(runDir, 'transcript.jsonl'), '', { mode: 0o644 })
+      const launch = launchEnvironment(this.deps.agents.envs.dependency(envKey), {
+        HOME: '/tmp',
+        ...setup.env,
+        ...setupSecrets,
+        CAIRN_SESSION_ID: row.id,
+        CAIRN_PHASE: 'setup',
+      })
       const result = await runSandboxedCommand(runtime.driverFor(revision.manifest.isolation), {
         workspaceDir: runtime.pool.workspacePath(row.id),
         runDir,
         command: setup.command,
-        env: {
-          ...(envKey ? ENV_VARIABLES : {}),
-          HOME: '/tmp',
-          ...setup.env,
-          ...setupSecrets,
-          CAIRN_SESSION_ID: row.id,
-          CAIRN_PHASE: 'setup',
-        },
+        env: launch.env,
         egress: { ...this.deps.egressSite, policy, onEvent: onNetwork },
         logger: runtime.logger,
-        binds: envKey ? envBinds(this.deps.agents.envs.envPath(envKey), envKey) : [],
+        binds: launch.binds,
         limits: sandboxLimits(revision.manifest, this.deps.operatorLimits),
         timeoutMs,
         onLine: append,

@@ -76,7 +76,7 @@ export function workspaceRoutes(server: FastifyInstance, workspace: WorkspaceSer
     },
     async (request, reply) => {
       const body = request.body
-      const info = await workspace.snapshot(requireWrite(request).tenantId, idOf(request), body.label)
+      const info = await workspace.history.snapshot(requireWrite(request).tenantId, idOf(request), body.label)
       return reply.status(201).send(info)
     },
   )
@@ -93,7 +93,7 @@ export function workspaceRoutes(server: FastifyInstance, workspace: WorkspaceSer
       },
     },
     async (request, reply) => ({
-      data: await workspace.list(
+      data: await workspace.history.list(
         principalOf(request).tenantId,
         idOf(request),
         request.query,
@@ -115,7 +115,7 @@ export function workspaceRoutes(server: FastifyInstance, workspace: WorkspaceSer
     },
     async (request, reply) => {
       const { id, snapshotId } = request.params
-      return workspace.getSnapshot(
+      return workspace.history.getSnapshot(
         principalOf(request).tenantId,
         id,
         snapshotId,
@@ -137,7 +137,7 @@ export function workspaceRoutes(server: FastifyInstance, workspace: WorkspaceSer
     },
     async (request) => {
       const { id, snapshotId } = request.params
-      await workspace.deleteSnapshot(requireWrite(request).tenantId, id, snapshotId)
+      await workspace.history.deleteSnapshot(requireWrite(request).tenantId, id, snapshotId)
       return { ok: true }
     },
   )
@@ -152,7 +152,7 @@ export function workspaceRoutes(server: FastifyInstance, workspace: WorkspaceSer
         response: { 200: RestoreResult, ...errors },
       },
     },
-    async (request) => workspace.restore(requireWrite(request).tenantId, idOf(request), request.body),
+    async (request) => workspace.history.restore(requireWrite(request).tenantId, idOf(request), request.body),
   )
   app.post(
     '/v1/sessions/:id/undo',
@@ -164,7 +164,7 @@ export function workspaceRoutes(server: FastifyInstance, workspace: WorkspaceSer
         response: { 200: RestoreResult, ...errors },
       },
     },
-    async (request) => workspace.undo(requireWrite(request).tenantId, idOf(request)),
+    async (request) => workspace.history.undo(requireWrite(request).tenantId, idOf(request)),
   )
   app.post(
     '/v1/sessions/:id/fork',
@@ -178,7 +178,7 @@ export function workspaceRoutes(server: FastifyInstance, workspace: WorkspaceSer
       },
     },
     async (request, reply) => {
-      const info = await workspace.fork(requireWrite(request).tenantId, idOf(request), request.body)
+      const info = await workspace.history.fork(requireWrite(request).tenantId, idOf(request), request.body)
       return reply.status(201).send(info)
     },
   )
@@ -201,7 +201,7 @@ export function workspaceRoutes(server: FastifyInstance, workspace: WorkspaceSer
     async (request, reply) => {
       const q = request.query
       return {
-        data: await workspace.listFiles(
+        data: await workspace.files.listFiles(
           principalOf(request).tenantId,
           idOf(request),
           requestedPath(q),
@@ -224,7 +224,7 @@ export function workspaceRoutes(server: FastifyInstance, workspace: WorkspaceSer
     },
     async (request, reply) => {
       const q = request.query
-      const file = await workspace.openFile(
+      const file = await workspace.files.openFile(
         principalOf(request).tenantId,
         idOf(request),
         requestedPath(q),
@@ -254,7 +254,12 @@ export function workspaceRoutes(server: FastifyInstance, workspace: WorkspaceSer
       const body = Buffer.isBuffer(request.body)
         ? request.body
         : Buffer.from(typeof request.body === 'string' ? request.body : '')
-      await workspace.writeFile(requireWrite(request).tenantId, idOf(request), q.path, Readable.from([body]))
+      await workspace.files.writeFile(
+        requireWrite(request).tenantId,
+        idOf(request),
+        q.path,
+        Readable.from([body]),
+      )
       return { ok: true }
     },
   )
@@ -270,7 +275,7 @@ export function workspaceRoutes(server: FastifyInstance, workspace: WorkspaceSer
       },
     },
     async (request) => {
-      await workspace.deleteFile(requireWrite(request).tenantId, idOf(request), request.query.path)
+      await workspace.files.deleteFile(requireWrite(request).tenantId, idOf(request), request.query.path)
       return { ok: true }
     },
   )
@@ -286,7 +291,7 @@ export function workspaceRoutes(server: FastifyInstance, workspace: WorkspaceSer
       },
     },
     async (request, reply) =>
-      workspace.diff(principalOf(request).tenantId, idOf(request), request.query.from, {
+      workspace.files.diff(principalOf(request).tenantId, idOf(request), request.query.from, {
         signal: whileConnected(reply),
       }),
   )
@@ -303,7 +308,7 @@ export function workspaceRoutes(server: FastifyInstance, workspace: WorkspaceSer
     },
     async (request, reply) => {
       const id = idOf(request)
-      const { stream, cleanup } = await workspace.export(
+      const { stream, cleanup } = await workspace.archive.export(
         principalOf(request).tenantId,
         id,
         request.query.snapshot,
@@ -339,7 +344,7 @@ export function workspaceRoutes(server: FastifyInstance, workspace: WorkspaceSer
         )
       }
       const { mode } = request.query
-      return workspace.import(tenantId, idOf(request), request.body, mode)
+      return workspace.archive.import(tenantId, idOf(request), request.body, mode)
     },
   )
   app.get(
@@ -354,6 +359,7 @@ export function workspaceRoutes(server: FastifyInstance, workspace: WorkspaceSer
         response: { 200: SessionManifestSchema, ...errors },
       },
     },
-    async (request) => workspace.manifest(principalOf(request).tenantId, idOf(request), request.query.sizes),
+    async (request) =>
+      workspace.manifest.build(principalOf(request).tenantId, idOf(request), request.query.sizes),
   )
 }

@@ -1,0 +1,38 @@
+import type { AgentProtocolName } from '@cairn/protocol'
+import type { Sandbox } from '../../sandbox/driver.js'
+import type { TurnChannel } from '../active-turn.js'
+import type { TurnInput } from '../types.js'
+import { ExecProtocol } from './exec-protocol.js'
+import { JsonlProtocol } from './jsonl-protocol.js'
+import { StdioProtocol } from './stdio-protocol.js'
+
+/**
+ * How the runtime talks to one kind of agent: what it adds to the environment, how a prompt
+ * reaches the agent, and how its output becomes the turn's events and end. One instance per agent
+ * process (a protocol may keep state across turns, as stdio's line count).
+ */
+export interface AgentProtocol {
+  readonly name: AgentProtocolName
+  /** One sandbox kept warm for the agent's life (stdio, jsonl) or one sandbox per turn (exec). */
+  readonly warm: boolean
+  /** Whether the agent exiting with code 0 completes the turn (it replied and left). */
+  readonly exitCompletes: boolean
+  /** Variables the protocol adds to the agent's environment (`base` is the launch's). */
+  env(base: Readonly<Record<string, string>>): Record<string, string>
+  /** Routes the sandbox's stdout to the running turn (for a warm sandbox, for its whole life). */
+  listen(sandbox: Sandbox, channel: TurnChannel): void
+  /** Hands the turn's prompt to the agent; called with the turn already active. */
+  send(sandbox: Sandbox, input: TurnInput): void
+}
+
+/** The protocol object for a launch's `protocol`. */
+export function protocolFor(name: AgentProtocolName): AgentProtocol {
+  switch (name) {
+    case 'stdio':
+      return new StdioProtocol()
+    case 'jsonl':
+      return new JsonlProtocol()
+    case 'exec':
+      return new ExecProtocol()
+  }
+}

@@ -1,0 +1,242 @@
+import { newId, type SnapshotInfo, type SnapshotReason } from '@cairn/protocol'
+import type { AgentProcess } from '@cairn/runtime'
+import { iso } from '../clock.js'
+import type { SessionRow } from '../sessions/session-store.js'
+import type { SnapshotPins } from '../snapshots/snapshot-pins.js'
+import type { SnapshotStore } from '../snapshots/snapshot-store.js'
+import type { WorkspaceServiceDeps } from './workspace-deps.js'
+
+/** The workspace as of an automatic snapshot, to tell whether a later turn changed it. */
+interface SnapshotMark {
+  snapshotId: string
+  /** The warm sandbox frozen for the snapshot. */
+  sandboxId: string
+  /** The workspace subvolume's ctransid right after the snapshot. */
+  ctransid: number
+  /** The sandbox's dirtied-bytes counter at the snapshot. */
+  writtenBytes: number
+}
+
+/**
+ * When snapshots are taken and how long automatic ones are kept: the snapshot before each turn
+ * (taken after the previous one, off the reply's critical path), the one at creation and after
+ * setup, keep-last-N, and whether a turn changed the workspace at all.
+ */
+export class SnapshotPolicy {
+  private retention: Promise<void> = Promise.resolve()
+  private readonly pending = new Map<string, Promise<void>>()
+  /** Sessions whose workspace changed outside a turn since their last snapshot. */
+  private readonly dirty = new Set<string>()
+  /** Per session, what its workspace looked like when its newest automatic snapshot was taken. */
+  private readonly marks = new Map<string, SnapshotMark>()
+
+  constructor(
+    private readonly deps: WorkspaceServiceDeps,
+    private readonly snapshots: SnapshotStore,
+    private readonly pins: SnapshotPins,
+  ) {
+    // The snapshot that lets turn N be undone is the state after turn N-1. It is taken as soon as
+    // turn N-1 ends (the agent is waiting for input), off the critical path of the reply; turn N
+    // waits for it, and takes one itself when something changed the workspace in between.
+    deps.sessions.onAfterTurn((row, seq, agent, unchanged) => {
+      if (!row.auto_snapshots) return
+      this.track(row.id, this.snapshotAfterTurn(row, seq, agent?.alive ? agent : undefined, unchanged))
+    })
+    deps.sessions.onUnchangedProbe(async (sessionId, agent) => {
+      const mark = this.marks.get(sessionId)
+      return mark ? this.unchangedSince(sessionId, mark, agent) : false
+    })
+    // The state before turn 1 is the revision: snapshot it at creation, before any sandbox exists,
+    // so the first turn neither waits for it nor freezes a sandbox that is still starting.
+    deps.sessions.onCreated((row) => {
+      if (!row.auto_snapshots) return
+      this.track(row.id, this.take(row, 'auto', 'before_turn', 0))
+    })
+    deps.sessions.onBeforeTurn(async (row, seq, agent) => {
+      if (!row.auto_snapshots) return
+      await this.pending.get(row.id)
+      if (this.dirty.has(row.id) || !(await this.snapshots.atTurn(row.id, seq - 1))) {
+        this.dirty.delete(row.id)
+        await this.take(row, 'auto', 'before_turn', seq - 1, agent)
+      }
+    })
+    deps.sessions.onDeleted((sessionId) => {
+      this.marks.delete(sessionId)
+      return this.deleteAll(sessionId)
+    })
+  }
+
+  /** Waits for the session's background snapshot, if one is being taken. */
+  async settled(sessionId: string): Promise<void> {
+    await this.pending.get(sessionId)
+  }
+
+  /** The workspace changed outside a turn: the next turn takes its own pre-turn snapshot. */
+  changed(sessionId: string): void {
+    this.dirty.add(sessionId)
+  }
+
+  /** The workspace was replaced: no later turn can stand on the last automatic snapshot. */
+  replaced(sessionId: string): void {
+    this.dirty.add(sessionId)
+    this.marks.delete(sessionId)
+  }
+
+  /** The snapshot is gone: the next turn that changed nothing can no longer stand on it. */
+  snapshotDeleted(sessionId: string, snapshotId: string): void {
+    if (this.marks.get(sessionId)?.snapshotId === snapshotId) this.marks.delete(sessionId)
+  }
+
+  /**
+   * The snapshot that makes turn `seq + 1` undoable. When the turn changed nothing in the
+   * workspace, the previous automatic snapshot already is that state: it is recorded as standing
+   * for this turn too, and no snapshot (a btrfs transaction commit) is taken. `unchanged` is the
+   * turn runner's answer from `unchangedSince` (the one that kept the generation), not asked again.
+   */
+  private async snapshotAfterTurn(
+    row: SessionRow,
+    seq: number,
+    agent: AgentProcess | undefined,
+    unchanged: boolean,
+  ): Promise<void> {
+    // After the reply's stream is ended (the hook runs just after run.completed is written).
+    await new Promise((resolve) => setImmediate(resolve))
+    const mark = this.marks.get(row.id)
+    if (mark && agent && unchanged && (await this.snapshots.extendThrough(mark.snapshotId, seq))) return
+    await this.take(row, 'auto', 'before_turn', seq, agent)
+  }
+
+  /**
+   * Whether the workspace is exactly as it was when `mark` was taken: nothing written through the
+   * API, the same sandbox still running (a sandbox that stopped in between could have written and
+   * gone), no page of file data dirtied by its processes (buffered writes reach btrfs's trees only
+   * when flushed), and no inode of the workspace updated (the subvolume's ctransid). Any doubt
+   * answers no.
+   */
+  private async unchangedSince(sessionId: string, mark: SnapshotMark, agent: AgentProcess): Promise<boolean> {
+    if (this.dirty.has(sessionId) || mark.sandboxId !== agent.sandboxId || !agent.alive) return false
+    const written = agent.writtenBytes()
+    if (written === undefined || written !== mark.writtenBytes) return false
+    const ctransid = await this.deps.runtime.pool.workspaceMark(sessionId)
+    return ctransid !== undefined && ctransid === mark.ctransid && !this.dirty.has(sessionId)
+  }
+
+  /**
+   * The automatic snapshot after a successful setup phase. The workspace counts as changed, so the
+   * first turn's pre-turn snapshot is the set-up workspace and undoing turn 1 keeps the setup.
+   */
+  async snapshotAfterSetup(row: SessionRow): Promise<SnapshotInfo> {
+    await this.pending.get(row.id)
+    const info = await this.take(row, 'auto', 'after_setup', 0)
+    if (row.auto_snapshots) this.dirty.add(row.id)
+    return info
+  }
+
+  /** Remembers a background snapshot so the next operation on the session waits for it. */
+  private track(sessionId: string, work: Promise<unknown>): void {
+    const pending = work
+      .then(() => undefined)
+      .catch((error) =>
+        this.deps.logger.warn({ err: error, session: sessionId }, 'background snapshot failed'),
+      )
+    this.pending.set(sessionId, pending)
+    void pending.finally(() => {
+      if (this.pending.get(sessionId) === pending) this.pending.delete(sessionId)
+    })
+  }
+
+  private now(): string {
+    return iso(this.deps.clock.now())
+  }
+
+  /** Takes a snapshot with the sandbox (if warm) frozen, then applies keep-last-N to automatic ones. */
+  async take(
+    row: SessionRow,
+    kind: 'auto' | 'manual',
+    reason: SnapshotReason,
+    turnSeq: number,
+    agent?: AgentProcess,
+    label?: string,
+  ): Promise<SnapshotInfo> {
+    const snapshotId = newId('snapshot')
+    const seen = await this.frozenSnapshot(row, snapshotId, agent)
+    const current = await this.deps.sessions.store.get(row.tenant_id, row.id)
+    const info = await this.snapshots.insertWithId(snapshotId, {
+      session_id: row.id,
+      tenant_id: row.tenant_id,
+      kind,
+      reason,
+      label: label ?? null,
+      turn_seq: turnSeq,
+      generation: current?.generation ?? row.generation,
+      created_at: this.now(),
+    })
+    if (kind === 'auto') {
+      if (seen) this.marks.set(row.id, { snapshotId, ...seen })
+      else this.marks.delete(row.id)
+    }
+    // Pruning old automatic snapshots is off the turn's critical path, serialised per service.
+    if (kind === 'auto')
+      this.retention = this.retention
+        .then(() => this.applyRetention(row.id, row.tenant_id))
+        // Pruning is retried after the next auto snapshot; a failure only keeps snapshots longer.
+        .catch((error: unknown) =>
+          this.deps.logger.warn({ err: error, session: row.id }, 'snapshot pruning failed'),
+        )
+    return info
+  }
+
+  /**
+   * A read-only snapshot of the workspace with the session's warm sandbox (if any) frozen. Returns
+   * what the workspace and its sandbox looked like at that instant (for `unchangedSince`), when
+   * both could be read.
+   */
+  async frozenSnapshot(
+    row: Pick<SessionRow, 'id' | 'tenant_id'>,
+    snapshotId: string,
+    agent?: AgentProcess,
+  ): Promise<Omit<SnapshotMark, 'snapshotId'> | undefined> {
+    const sessionId = row.id
+    const warm = agent ?? this.deps.sessions.warmAgent(sessionId)
+    await warm?.freeze()
+    try {
+      const ctransid = await this.deps.runtime.pool.snapshotWorkspace(sessionId, snapshotId, row.tenant_id)
+      // Read while still frozen: nothing the sandbox writes from here on is in the snapshot.
+      const writtenBytes = warm?.writtenBytes()
+      if (!warm || ctransid === undefined || writtenBytes === undefined) return undefined
+      return { sandboxId: warm.sandboxId, ctransid, writtenBytes }
+    } finally {
+      await warm?.thaw()
+    }
+  }
+
+  /** Automatic snapshots kept per session for the tenant. */
+  async keepAuto(tenantId: string): Promise<number> {
+    return (await this.deps.keepAutoSnapshots?.(tenantId)) ?? 50
+  }
+
+  private async applyRetention(sessionId: string, tenantId: string): Promise<void> {
+    for (const old of await this.snapshots.expiredAuto(sessionId, await this.keepAuto(tenantId))) {
+      // Claimed first (in the same tick as the pin check): a restore or fork can no longer pick it.
+      if (!this.pins.claimForDeletion(old.id)) continue
+      // Should the removal fail, start-up's reconcile removes the unrecorded subvolume.
+      await this.snapshots.markDeleted(old.id, this.now())
+      await this.deps.runtime.pool.deleteSnapshot(old.id)
+    }
+  }
+
+  /** Waits for background snapshots and retention work (used on shutdown and by tests). */
+  async settle(): Promise<void> {
+    await Promise.all(this.pending.values())
+    await this.retention
+  }
+
+  /** Removes every snapshot of a deleted session. */
+  async deleteAll(sessionId: string): Promise<void> {
+    await this.retention
+    for (const snap of await this.snapshots.list(sessionId)) {
+      await this.snapshots.markDeleted(snap.id, this.now())
+      await this.deps.runtime.pool.deleteSnapshot(snap.id)
+    }
+  }
+}

@@ -1,0 +1,31 @@
+import type { SetupInfo } from '@cairn/protocol'
+import type { Runtime } from '@cairn/runtime'
+import type { Logger } from 'pino'
+import type { AgentService } from '../agents/agent-service.js'
+import type { ArchiveLimits } from '../agents/archive.js'
+import type { Clock } from '../clock.js'
+import type { Db } from '../db/database.js'
+import type { ManualSnapshotCap } from '../limits/snapshot-cap.js'
+import type { SessionService } from '../sessions/session-service.js'
+
+export interface WorkspaceServiceDeps {
+  db: Db
+  runtime: Runtime
+  sessions: SessionService
+  agents: AgentService
+  clock: Clock
+  logger: Logger
+  /** Limits of an imported archive (the same checks as a deploy). */
+  archiveLimits?: ArchiveLimits | undefined
+  /** Automatic snapshots kept per session (manual ones are kept until deleted). */
+  keepAutoSnapshots?: (tenantId: string) => Promise<number>
+  /** The session's setup phase, for the manifest. */
+  setupOf?: (sessionId: string) => Promise<SetupInfo | undefined>
+  /** How many manual snapshots a session and a tenant may keep. */
+  manualSnapshotCap: ManualSnapshotCap
+}
+
+/** Restores and imports swap the live workspace: reads that meet one answer `session_busy`. */
+export const SWAPS_WORKSPACE = true
+/** Listings and diffs walk many entries: one that overlapped a swap answers `session_busy`, not a mix. */
+export const WALK = true

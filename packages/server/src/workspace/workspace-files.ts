@@ -1,0 +1,160 @@
+import { existsSync } from 'node:fs'
+import type { Readable } from 'node:stream'
+import { CairnProblem, type FileEntry, type WorkspaceDiff } from '@cairn/protocol'
+import { iso } from '../clock.js'
+import { workspaceRelative } from '../files/confine.js'
+import { openTreeFile, type ReadOptions } from '../files/reader.js'
+import { deleteWorkspacePath, writeWorkspaceFile } from '../files/sandboxed-io.js'
+import { diffTrees, listDirectory } from '../files/tree.js'
+import type { SessionRow } from '../sessions/session-store.js'
+import type { SnapshotStore } from '../snapshots/snapshot-store.js'
+import type { HeavyReads } from './heavy-reads.js'
+import type { SnapshotPolicy } from './snapshot-policy.js'
+import { WALK, type WorkspaceServiceDeps } from './workspace-deps.js'
+
+/**
+ * The files of a session's workspace and of its snapshots: list, download, upload, delete, and the
+ * diff against the revision or a snapshot.
+ */
+export class WorkspaceFiles {
+  constructor(
+    private readonly deps: WorkspaceServiceDeps,
+    private readonly snapshots: SnapshotStore,
+    private readonly policy: SnapshotPolicy,
+    private readonly heavyReads: HeavyReads,
+  ) {}
+
+  private now(): string {
+    return iso(this.deps.clock.now())
+  }
+
+  /** Root of a session's workspace, or of one of its snapshots, on the host. */
+  async root(tenantId: string, id: string, snapshotId?: string): Promise<string> {
+    return this.rootOf(await this.deps.sessions.requireLive(tenantId, id), snapshotId)
+  }
+
+  /** `root` for a session already read (and found not deleted). */
+  async rootOf(row: SessionRow, snapshotId?: string): Promise<string> {
+    const { id } = row
+    const { pool } = this.deps.runtime
+    if (snapshotId) {
+      if (!(await this.snapshots.get(id, snapshotId)))
+        throw new CairnProblem('not_found', `No snapshot ${snapshotId} in session ${id}`)
+      return pool.snapshotPath(snapshotId)
+    }
+    const dir = pool.workspacePath(id)
+    if (!existsSync(dir)) throw await this.deps.sessions.missingWorkspace(row.tenant_id, id)
+    return dir
+  }
+
+  /** Runs a read of a workspace or of a snapshot (which no restore or deletion moves). */
+  private async reading<T>(
+    tenantId: string,
+    id: string,
+    snapshotId: string | undefined,
+    read: () => Promise<T>,
+    walk = false,
+  ): Promise<T> {
+    if (!snapshotId) return this.deps.sessions.readingWorkspace(tenantId, id, read, walk)
+    return read().catch((error: NodeJS.ErrnoException) => {
+      if (error.code === 'ENOENT') throw new CairnProblem('not_found', 'no such file in the snapshot')
+      throw error
+    })
+  }
+
+  /**
+   * Lists a directory of the workspace or a snapshot. `rel` is the path's bytes (see
+   * `requestedPath`); the walk to it follows no link at any component.
+   */
+  async listFiles(
+    tenantId: string,
+    id: string,
+    rel: Buffer,
+    snapshotId?: string,
+    options: ReadOptions = {},
+  ): Promise<FileEntry[]> {
+    const root = await this.root(tenantId, id, snapshotId)
+    return this.reading(tenantId, id, snapshotId, () => listDirectory(root, rel, options), WALK)
+  }
+
+  /**
+   * A regular file of the workspace or a snapshot, opened for streaming (see `openTreeFile`): a
+   * heavy read of the tenant's until the stream closes (a 500 GB sparse file streams zeros for as
+   * long as the client reads), its reader under nice.
+   */
+  async openFile(tenantId: string, id: string, rel: Buffer, snapshotId?: string, options: ReadOptions = {}) {
+    const root = await this.root(tenantId, id, snapshotId)
+    if (rel.length === 0) throw new CairnProblem('validation_failed', '/workspace is not a regular file')
+    const release = this.heavyReads.acquire(tenantId, 'a download')
+    try {
+      const file = await this.reading(tenantId, id, snapshotId, () =>
+        openTreeFile(root, rel, { ...options, background: true }),
+      )
+      file.stream.once('close', release)
+      const slash = rel.lastIndexOf(0x2f)
+      return { ...file, name: rel.subarray(slash + 1).toString('utf8') }
+    } catch (error) {
+      release()
+      throw error
+    }
+  }
+
+  async writeFile(tenantId: string, id: string, rawPath: string, body: Readable): Promise<void> {
+    const root = await this.root(tenantId, id)
+    await this.deps.sessions.changingWorkspace(id, async () => {
+      await this.policy.settled(id)
+      this.policy.changed(id)
+      await writeWorkspaceFile(this.deps.runtime, root, workspaceRelative(rawPath), body)
+      await this.deps.sessions.advanceGeneration(id)
+    })
+    await this.deps.sessions.store.touch(id, this.now())
+  }
+
+  async deleteFile(tenantId: string, id: string, rawPath: string): Promise<void> {
+    const root = await this.root(tenantId, id)
+    await this.deps.sessions.changingWorkspace(id, async () => {
+      await this.policy.settled(id)
+      this.policy.changed(id)
+      await deleteWorkspacePath(this.deps.runtime, root, workspaceRelative(rawPath))
+      // At a full quota the marker (an xattr) cannot be written even though the delete went
+      // through (with simple quotas, data a snapshot still holds keeps counting): the generation
+      // stays, as after a turn that ends at a full quota, and the delete is answered as done.
+      await this.deps.sessions.advanceGeneration(id).catch((error: unknown) => {
+        if (!(error instanceof CairnProblem && error.code === 'quota_exceeded')) throw error
+        this.deps.logger.warn({ sessionId: id }, 'the workspace generation stays: its quota is full')
+      })
+    })
+    await this.deps.sessions.store.touch(id, this.now())
+  }
+
+  /**
+   * Files added, changed and deleted since the revision (`from` absent or `revision`) or a
+   * snapshot. Two walks of whole trees: a heavy read of the tenant's (`rate_limited` beyond its
+   * slots), under nice.
+   */
+  async diff(tenantId: string, id: string, from?: string, options: ReadOptions = {}): Promise<WorkspaceDiff> {
+    const row = await this.deps.sessions.requireLive(tenantId, id)
+    const root = await this.rootOf(row)
+    const { pool } = this.deps.runtime
+    const walk = { ...options, background: true }
+    if (!from || from === 'revision')
+      return this.heavyReads.run(tenantId, 'a diff', () =>
+        this.deps.sessions.readingWorkspace(
+          tenantId,
+          id,
+          () => diffTrees(pool.revisionPath(row.revision_id), root, row.revision_id, undefined, walk),
+          WALK,
+        ),
+      )
+    if (!(await this.snapshots.get(id, from)))
+      throw new CairnProblem('not_found', `No snapshot ${from} in session ${id}`)
+    return this.heavyReads.run(tenantId, 'a diff', () =>
+      this.deps.sessions.readingWorkspace(
+        tenantId,
+        id,
+        () => diffTrees(pool.snapshotPath(from), root, from, undefined, walk),
+        WALK,
+      ),
+    )
+  }
+}

@@ -1,0 +1,242 @@
+import { existsSync } from 'node:fs'
+import {
+  CairnProblem,
+  type ForkBody,
+  newId,
+  type RestoreBody,
+  type SessionInfo,
+  type SnapshotInfo,
+} from '@cairn/protocol'
+import { iso } from '../clock.js'
+import { applyPolicy, policyColumns, policyOf } from '../sessions/policy.js'
+import type { SessionRow } from '../sessions/session-store.js'
+import type { SnapshotPins } from '../snapshots/snapshot-pins.js'
+import type { SnapshotStore } from '../snapshots/snapshot-store.js'
+import type { SnapshotExtras, SnapshotMeasures } from './snapshot-measures.js'
+import type { SnapshotPolicy } from './snapshot-policy.js'
+import { SWAPS_WORKSPACE, type WorkspaceServiceDeps } from './workspace-deps.js'
+
+/**
+ * A session's snapshots as its history: manual snapshots, listing and deleting them, exact
+ * restore, undo and fork. Every mutation holds the session's turn lock.
+ */
+export class WorkspaceHistory {
+  constructor(
+    private readonly deps: WorkspaceServiceDeps,
+    private readonly snapshots: SnapshotStore,
+    private readonly pins: SnapshotPins,
+    private readonly policy: SnapshotPolicy,
+    private readonly measures: SnapshotMeasures,
+  ) {}
+
+  private now(): string {
+    return iso(this.deps.clock.now())
+  }
+
+  async snapshot(tenantId: string, id: string, label?: string): Promise<SnapshotInfo> {
+    await this.policy.settled(id)
+    return this.deps.sessions.exclusive(tenantId, id, 'a snapshot', (row) =>
+      this.deps.manualSnapshotCap.within(row, () =>
+        this.policy.take(row, 'manual', 'manual', row.turn_count, undefined, label),
+      ),
+    )
+  }
+
+  /**
+   * A session's snapshots; `digest` computes each missing content digest, `sizes` measures each
+   * one's referenced and exclusive bytes.
+   */
+  async list(
+    tenantId: string,
+    id: string,
+    want: SnapshotExtras = {},
+    signal?: AbortSignal,
+  ): Promise<SnapshotInfo[]> {
+    await this.deps.sessions.requireOwned(tenantId, id)
+    const all = await this.snapshots.list(id)
+    if (!want.digest && !want.sizes) return all
+    const out: SnapshotInfo[] = []
+    for (const snap of all) out.push(await this.measures.withExtras(tenantId, snap, want, signal))
+    return out
+  }
+
+  async getSnapshot(
+    tenantId: string,
+    id: string,
+    snapshotId: string,
+    want: SnapshotExtras = {},
+    signal?: AbortSignal,
+  ) {
+    await this.deps.sessions.requireOwned(tenantId, id)
+    const snap = await this.snapshots.get(id, snapshotId)
+    if (!snap) throw new CairnProblem('not_found', `No snapshot ${snapshotId} in session ${id}`)
+    return this.measures.withExtras(tenantId, snap, want, signal)
+  }
+
+  /**
+   * Deletes one snapshot and frees what it alone held (btrfs frees it in the background, within
+   * seconds). Refused with `snapshot_in_use` while a restore, fork or export reads it; marked
+   * deleted in the same tick as that check, so none can pick it afterwards.
+   */
+  async deleteSnapshot(tenantId: string, id: string, snapshotId: string): Promise<void> {
+    await this.deps.sessions.requireOwned(tenantId, id)
+    const snap = await this.snapshots.get(id, snapshotId)
+    if (!snap) throw new CairnProblem('not_found', `No snapshot ${snapshotId} in session ${id}`)
+    if (!this.pins.claimForDeletion(snap.id)) {
+      throw new CairnProblem(
+        'snapshot_in_use',
+        `snapshot ${snap.id} is being read by a restore, fork or export; try again once it is done`,
+      )
+    }
+    await this.snapshots.markDeleted(snap.id, this.now())
+    this.policy.snapshotDeleted(id, snap.id)
+    await this.deps.runtime.pool.deleteSnapshot(snap.id)
+  }
+
+  private async pick(
+    row: SessionRow,
+    body: { snapshotId?: string | undefined; turn?: number | undefined },
+  ): Promise<SnapshotInfo> {
+    if (body.snapshotId) {
+      const found = await this.snapshots.get(row.id, body.snapshotId)
+      if (!found) throw new CairnProblem('not_found', `No snapshot ${body.snapshotId} in session ${row.id}`)
+      return found
+    }
+    if (body.turn !== undefined) {
+      const found = await this.snapshots.atTurn(row.id, body.turn)
+      if (!found)
+        throw new CairnProblem('not_found', `No snapshot of session ${row.id} follows turn ${body.turn}`)
+      return found
+    }
+    throw new CairnProblem('validation_failed', 'give snapshotId or turn')
+  }
+
+  /** Replaces the workspace with the snapshot (the warm sandbox is stopped first). */
+  async restore(
+    tenantId: string,
+    id: string,
+    body: RestoreBody,
+  ): Promise<{ session: SessionInfo; snapshot: SnapshotInfo }> {
+    await this.policy.settled(id)
+    return this.deps.sessions.exclusive(
+      tenantId,
+      id,
+      'a restore',
+      async (row) => {
+        const target = await this.pick(row, body)
+        // Pinned from the moment it is picked: retention leaves it alone until the restore is done.
+        return this.pins.hold(target.id, async () => {
+          if (body.policy) this.deps.sessions.validatePolicy(row, body.policy)
+          this.policy.replaced(id)
+          await this.deps.sessions.stopSandbox(id)
+          // A restore is a new generation (the marker is set on the incoming copy before the swap).
+          const generation = (await this.deps.sessions.store.generationOf(id)) + 1
+          await this.fromSnapshot(target, () =>
+            this.deps.runtime.pool.restoreWorkspace(id, target.id, generation, row.tenant_id),
+          )
+          await this.deps.sessions.store.setGeneration(id, generation)
+          await this.deps.sessions.store.transition(
+            row,
+            row.status,
+            'workspace_restored',
+            this.now(),
+            `${target.id} (after turn ${target.turn}), generation ${generation}`,
+          )
+          if (body.policy)
+            await this.deps.sessions.updatePolicy(
+              await this.deps.sessions.requireOwned(tenantId, id),
+              body.policy,
+              false,
+            )
+          return { session: await this.deps.sessions.get(tenantId, id), snapshot: target }
+        })
+      },
+      SWAPS_WORKSPACE,
+    )
+  }
+
+  /**
+   * Runs a copy from a pinned snapshot. Retention marks a snapshot deleted before it removes it
+   * and never touches a pinned one, so a picked snapshot stays; should it vanish all the same (an
+   * operator's hand in the pool), the copy says so instead of failing with a 500 storage error.
+   */
+  private async fromSnapshot<T>(snap: SnapshotInfo, copy: () => Promise<T>): Promise<T> {
+    try {
+      return await copy()
+    } catch (error) {
+      if (!existsSync(this.deps.runtime.pool.snapshotPath(snap.id)))
+        throw new CairnProblem(
+          'not_found',
+          `snapshot ${snap.id} is gone from the storage pool; list the snapshots and pick another`,
+        )
+      throw error
+    }
+  }
+
+  /** Restores the snapshot taken before the last turn. */
+  async undo(tenantId: string, id: string): Promise<{ session: SessionInfo; snapshot: SnapshotInfo }> {
+    await this.policy.settled(id)
+    const row = await this.deps.sessions.requireOwned(tenantId, id)
+    if (row.turn_count === 0) throw new CairnProblem('conflict', `session ${id} has no turn to undo`)
+    const before = await this.snapshots.atTurn(id, row.turn_count - 1)
+    if (!before)
+      throw new CairnProblem('not_found', `no snapshot before turn ${row.turn_count} of session ${id}`)
+    return this.restore(tenantId, id, { snapshotId: before.id })
+  }
+
+  /** A new session whose workspace is the snapshot and whose transcript is the parent's up to its turn. */
+  async fork(tenantId: string, id: string, body: ForkBody): Promise<SessionInfo> {
+    await this.policy.settled(id)
+    const row = await this.deps.sessions.requireOwned(tenantId, id)
+    const source = await this.pick(row, body)
+    // Asked by turn, the snapshot may be one taken earlier that also stands for that turn (the
+    // turns between wrote nothing): the transcript still goes up to the turn asked for.
+    const turnsUpTo = body.snapshotId ? source.turn : (body.turn ?? source.turn)
+    // The fork inherits the parent's whole policy; the request may override any of it.
+    const policy = applyPolicy(policyOf(row), body.policy)
+    if (policy.maxTurns !== null && source.turn >= policy.maxTurns) {
+      throw new CairnProblem(
+        'turn_limit_reached',
+        `a fork at turn ${source.turn} would have no turn left under maxTurns ${policy.maxTurns}; give a higher policy.maxTurns (or null)`,
+        { maxTurns: policy.maxTurns, turnCount: source.turn },
+      )
+    }
+    const childId = newId('session')
+    await this.pins.hold(source.id, () =>
+      this.fromSnapshot(source, () =>
+        this.deps.runtime.pool.forkWorkspace(childId, source.id, row.tenant_id),
+      ),
+    )
+    try {
+      // The snapshot carries the marker of the generation it was taken at; the child starts there.
+      const [marked] = await this.deps.runtime.pool.readGenerations([childId])
+      const generation = marked ?? source.generation
+      if (marked === undefined) await this.deps.runtime.pool.writeGeneration(childId, generation)
+      await this.deps.sessions.store.insert(
+        {
+          id: childId,
+          tenant_id: tenantId,
+          agent_id: row.agent_id,
+          revision_id: row.revision_id,
+          title: body.title ?? (row.title ? `${row.title} (fork)` : null),
+          status: 'idle',
+          status_cause: 'forked',
+          ...policyColumns(policy, this.deps.clock.now()),
+          auto_snapshots: row.auto_snapshots,
+          generation,
+          created_at: this.now(),
+        },
+        { parentId: id, snapshotId: source.id, turnsUpTo },
+      )
+    } catch (error) {
+      // The fork's error is the one to answer; a half-made child workspace left behind is logged.
+      await this.deps.runtime.pool
+        .deleteWorkspace(childId)
+        .catch((e: unknown) =>
+          this.deps.logger.warn({ err: e, workspace: childId }, 'removing a failed fork failed'),
+        )
+      throw error
+    }
+    return await this.deps.sessions.get(tenantId, childId)
+  }
+}

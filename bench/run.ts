@@ -28,6 +28,7 @@ async function load(): Promise<Bench[]> {
     { gvisorStart },
     { drivers },
     { cli },
+    { databases },
   ] = await Promise.all([
     import('./baselines.js'),
     import('./session-create.js'),
@@ -43,6 +44,7 @@ async function load(): Promise<Bench[]> {
     import('./gvisor-start.js'),
     import('./drivers.js'),
     import('./cli.js'),
+    import('./databases.js'),
   ])
   return [
     baselines,
@@ -59,6 +61,7 @@ async function load(): Promise<Bench[]> {
     gvisorStart,
     drivers,
     cli,
+    databases,
   ]
 }
 

@@ -17,6 +17,7 @@ import { TestPostgres } from './helpers/postgres.js'
 const clock = { now: () => Date.parse('2026-01-02T03:04:05.000Z') }
 const T0 = '2026-01-01T00:00:00.000Z'
 const KEY = 'cairn_sk_thekeyanolderinstallhanded0ut'
+const RUNTIME = 'rt_0000000000000000test'
 const TABLES = [
   'tenants',
   'api_keys',
@@ -133,9 +134,17 @@ describe('an install made before the PostgreSQL port', () => {
       expect(migrations.filter((m) => m.version <= 16).every((m) => m.applied_at === T0)).toBe(true)
       expect(await counts(db)).toEqual(rowsBefore)
 
-      const sessions = new SessionStore(db)
+      const sessions = new SessionStore(db, RUNTIME)
+      // Rows from before owners were recorded become the runtime's that starts first.
+      expect(await sessions.claimUnowned()).toBe(1)
       const session = await sessions.get('tnt_default', 'ses_old')
-      expect(session).toMatchObject({ agent_name: 'notes', turn_count: 3, generation: 4, status: 'active' })
+      expect(session).toMatchObject({
+        agent_name: 'notes',
+        turn_count: 3,
+        generation: 4,
+        status: 'active',
+        runtime_id: RUNTIME,
+      })
       // Two running turns of one session were possible before; the older one is interrupted.
       expect((await sessions.turns('ses_old')).map((t) => [t.seq, t.status])).toEqual([
         [1, 'completed'],
@@ -225,7 +234,7 @@ describe.each(['sqlite', 'postgres'] as const)('the control plane on %s', (diale
     })
 
   it('refuses a second running turn of one session (session_busy) and records nothing of it', async () => {
-    const store = new SessionStore(db)
+    const store = new SessionStore(db, RUNTIME)
     await newSession(store, 'ses_busy')
     await store.startTurn('ses_busy', 'trn_first', 1, 'one', 'one', T0)
     // Both at once, as two replicas would: exactly one is refused.
@@ -255,7 +264,7 @@ describe.each(['sqlite', 'postgres'] as const)('the control plane on %s', (diale
   })
 
   it('keeps a transaction whole: a failure inside it leaves nothing behind', async () => {
-    const store = new SessionStore(db)
+    const store = new SessionStore(db, RUNTIME)
     await newSession(store, 'ses_atomic')
     await expect(
       db.transaction(async () => {
@@ -279,7 +288,7 @@ describe.each(['sqlite', 'postgres'] as const)('the control plane on %s', (diale
   })
 
   it('finds sessions by ID prefix in byte order, as SQLite compares text', async () => {
-    const store = new SessionStore(db)
+    const store = new SessionStore(db, RUNTIME)
     await newSession(store, 'ses_prefixaaa')
     await newSession(store, 'ses_prefixb')
     expect(await store.resolvePrefix('tnt_default', 'ses_prefix', 6)).toEqual([

@@ -172,10 +172,13 @@ export class AgentService {
     const { pool } = this.deps.runtime
     const { logs } = this
     const needsBuild = Boolean(plan.dependencies || plan.setup)
-    const secrets = await this.deps.secrets.valuesForScope(tenantId, agentId, 'setup')
+    // Live before anything is awaited: the deploy that started this build answers once this
+    // first await yields, and a follower that comes at once must find the log live.
     if (needsBuild) logs.open(revisionId)
+    let secrets: Record<string, string> = {}
     const log = (line: string) => logs.append(revisionId, redact(line, secrets))
     try {
+      secrets = await this.deps.secrets.valuesForScope(tenantId, agentId, 'setup')
       if (needsBuild) {
         const started = performance.now()
         const result = await this.builder.build({

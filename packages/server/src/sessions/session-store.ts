@@ -444,6 +444,20 @@ export class SessionStore {
       .execute()) as TurnRow[]
   }
 
+  /** The conversation before turn `beforeSeq` (what a fresh sandbox's agent is given), oldest first. */
+  async transcript(
+    sessionId: string,
+    beforeSeq: number,
+  ): Promise<{ seq: number; prompt: string; response: string }[]> {
+    return this.db.q
+      .selectFrom('turns')
+      .select(['seq', 'prompt', 'response'])
+      .where('session_id', '=', sessionId)
+      .where('seq', '<', beforeSeq)
+      .orderBy('seq')
+      .execute()
+  }
+
   async turns(sessionId: string): Promise<TurnInfo[]> {
     return (await this.turnRows(sessionId)).map((t) => ({
       id: t.id,

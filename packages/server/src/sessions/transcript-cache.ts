@@ -15,8 +15,7 @@ export class TranscriptCache {
     const cached = this.transcripts.get(sessionId)
     if (cached && cached.seq === seq - 1) return cached.lines
     const lines: TranscriptLine[] = []
-    for (const turn of await this.store.turns(sessionId)) {
-      if (turn.seq >= seq) break
+    for (const turn of await this.store.transcript(sessionId, seq)) {
       lines.push({ v: 1, role: 'user', turn: turn.seq, content: turn.prompt })
       if (turn.response) lines.push({ v: 1, role: 'assistant', turn: turn.seq, content: turn.response })
     }

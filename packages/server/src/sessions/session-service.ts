@@ -484,6 +484,9 @@ export class SessionService {
 
   /** Before a message: the workspace check of a session whose sandbox is not warm. */
   async verifyBeforeTurn(tenantId: string, id: string): Promise<void> {
+    // A warm or busy session has nothing to check here (and `beginTurn` reads the row, refusing
+    // what this caller may not see): a warm turn reads the session once, not twice.
+    if (this.warm.has(id) || this.locks.has(id)) return
     const row = await this.requireOwned(tenantId, id)
     if (row.status === 'deleted' || this.locks.has(id)) return
     await this.verifyWorkspace(row)

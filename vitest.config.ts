@@ -9,6 +9,7 @@ export default defineConfig({
       // Before '@cairn/protocol', which would otherwise take it as a subpath of its index.
       '@cairn/protocol/core': fileURLToPath(new URL('./packages/protocol/src/core.ts', import.meta.url)),
       '@cairn/protocol': pkg('protocol'),
+      '@cairn/runtime/port': fileURLToPath(new URL('./packages/runtime/src/port/index.ts', import.meta.url)),
       '@cairn/runtime': pkg('runtime'),
       '@cairn/sdk': pkg('sdk'),
       '@cairn/server': pkg('server'),

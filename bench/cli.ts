@@ -5,7 +5,8 @@ import type { Target } from './lib/results.js'
 import { EXAMPLES, REPO_ROOT, startBenchServer } from './lib/server.js'
 import { type Row, row } from './lib/stats.js'
 
-const CLI_BIN = path.join(REPO_ROOT, 'packages/cli/bin/cairn.js')
+/** The binary measured: this checkout's, or another's (`BENCH_CLI_BIN`, e.g. a before/after pair). */
+const CLI_BIN = process.env.BENCH_CLI_BIN ?? path.join(REPO_ROOT, 'packages/cli/bin/cairn.js')
 const RUNS = 20
 /** The target of issue 21: a command that makes one request starts within 1.5x a bare `node -e 0`. */
 const TARGET_RATIO = 1.5
@@ -77,7 +78,7 @@ export const cli: Bench = {
             runs: RUNS,
             targetRatio: TARGET_RATIO,
             agent: 'echo',
-            measured: 'spawn to exit of node bin/cairn.js',
+            measured: `spawn to exit of node ${path.relative(REPO_ROOT, CLI_BIN)}`,
           },
           rows,
           targets,

@@ -19,6 +19,7 @@
 
 import { writeFileSync } from 'node:fs'
 import path from 'node:path'
+import { RunDir } from '../packages/runtime/dist/agent/run-dir.js'
 import {
   AgentProcess,
   BtrfsPool,
@@ -29,6 +30,7 @@ import {
 import { SessionService } from '../packages/server/dist/index.js'
 import { TranscriptCache } from '../packages/server/dist/sessions/transcript-cache.js'
 import { WarmAgents } from '../packages/server/dist/sessions/warm-agents.js'
+import { SnapshotPolicy } from '../packages/server/dist/workspace/snapshot-policy.js'
 import { EXAMPLES, startBenchServer } from './lib/server.js'
 import { printTable, type Row, row } from './lib/stats.js'
 
@@ -77,7 +79,7 @@ try {
   wrap(BtrfsPool.prototype, 'createWorkspace', 'pool.createWorkspace')
   wrap(Runtime.prototype, 'startAgent', 'runtime.startAgent')
   wrap(AgentProcess.prototype, 'start', 'agent.start')
-  wrap(AgentProcess.prototype, 'writeTranscript')
+  wrap(RunDir.prototype, 'writeTranscript')
   wrap(AgentProcess.prototype, 'runTurn', 'agent.runTurn')
   wrap(CgroupManager.prototype, 'create', 'cgroups.create')
   wrap(CgroupManager.prototype, 'freeze', 'cgroups.freeze')
@@ -85,10 +87,9 @@ try {
   // The check that lets a turn which wrote nothing reuse the previous snapshot.
   wrap(AgentProcess.prototype, 'writtenBytes', 'agent.writtenBytes')
   wrap(BtrfsPool.prototype, 'workspaceMark', 'pool.workspaceMark')
-  // Hooks other services register on the session service (pre-turn snapshots, …).
-  const turns = (server.server.sessions as unknown as { runner: Record<string, unknown> }).runner
-  if (typeof turns.beforeTurnHook === 'function') wrap(turns, 'beforeTurnHook', 'beforeTurn hook')
-  if (typeof turns.afterTurnHook === 'function') wrap(turns, 'afterTurnHook', 'afterTurn hook')
+  // The session observers the composition root passes in (pre-turn snapshots, …).
+  wrap(SnapshotPolicy.prototype, 'beforeTurn', 'beforeTurn observer')
+  wrap(SnapshotPolicy.prototype, 'afterTurn', 'afterTurn observer')
   const start = BwrapDriver.prototype.start
   BwrapDriver.prototype.start = async function (this: BwrapDriver, spec) {
     const sandbox = await start.call(this, spec)
@@ -127,13 +128,10 @@ try {
       return lines
     }
     // biome-ignore lint/suspicious/noExplicitAny: simulating a change to private methods
-    ;(AgentProcess.prototype as any).writeTranscript = async function (
-      this: { runDir: string },
-      lines: unknown[],
-    ) {
+    ;(RunDir.prototype as any).writeTranscript = async function (this: { dir: string }, lines: unknown[]) {
       if (lines.length === 0) return
       const body = `${lines.map((l) => JSON.stringify(l)).join('\n')}\n`
-      writeFileSync(path.join(this.runDir, 'transcript.jsonl'), body, { flag: 'a' })
+      writeFileSync(path.join(this.dir, 'transcript.jsonl'), body, { flag: 'a' })
     }
   }
 

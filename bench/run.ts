@@ -28,6 +28,7 @@ async function load(): Promise<Bench[]> {
     { gvisorStart },
     { drivers },
     { cli },
+    { images },
     { databases },
   ] = await Promise.all([
     import('./baselines.js'),
@@ -44,6 +45,7 @@ async function load(): Promise<Bench[]> {
     import('./gvisor-start.js'),
     import('./drivers.js'),
     import('./cli.js'),
+    import('./images.js'),
     import('./databases.js'),
   ])
   return [
@@ -61,6 +63,7 @@ async function load(): Promise<Bench[]> {
     gvisorStart,
     drivers,
     cli,
+    images,
     databases,
   ]
 }

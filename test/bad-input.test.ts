@@ -222,9 +222,9 @@ describe('bad input gets a clear, typed error and loses nothing', () => {
     expect(await refused(`${base}session:\n  setup:\n    command: make\n    timeout: 5000\n`)).toBe(
       "unknown key 'timeout' in 'session.setup' of cairn.yaml; did you mean 'timeoutMs'?",
     )
-    // A planned key is not an unknown one, but it is not honoured either: refused, saying so.
+    // An image Cairn cannot make (no registry host: Docker Hub is not implied) is refused, saying what is accepted.
     expect(await refused(`${base}image: python:3.12\n`)).toContain(
-      "key 'image' in cairn.yaml is not supported yet",
+      "image 'python:3.12' is none of 'host', 'debian:<suite>' or an OCI reference",
     )
     // Free-form maps (a setup phase's environment) take any names.
     const env = await t.api.deploy(

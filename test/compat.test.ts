@@ -239,18 +239,54 @@ describe('compat: the hosted product’s SDK and CLI wire shapes against Cairn',
     expect(one.json.created_at).toMatch(/^\d{4}-\d\d-\d\dT/)
   })
 
-  it('refuses mode: http with a typed error naming what is left', async () => {
-    const tarball = await tarballOf({ 'server.py': 'print(1)\n' })
-    const answer = await client.deploy(
+  it('deploys mode: http (their `deploy server.py --port 8000`) and runs it: each message a POST /run {prompt}', async () => {
+    // Their docs' HTTP-mode server (FastAPI there; the standard library here): POST /run with
+    // {"prompt"} answered {"response"}, on the port given to their deploy.
+    const tarball = await tarballOf({
+      'server.py': `import json
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+class Run(BaseHTTPRequestHandler):
+    def do_POST(self):
+        if self.path != "/run":
+            self.send_error(404)
+            return
+        prompt = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["prompt"]
+        body = json.dumps({"response": "You said: " + prompt}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+HTTPServer(("0.0.0.0", 8000), Run).serve_forever()
+`,
+    })
+    const deployed = await client.deploy(
       'http-agent',
       'python server.py',
-      { mode: 'http', port: 8000 },
+      { name: 'http-agent', command: 'python server.py', entrypoint: 'server.py', mode: 'http', port: 8000 },
       tarball,
     )
+    expect(deployed.status, JSON.stringify(deployed.json)).toBe(201)
+    const session = await client.call('POST', '/sessions', { json: { agent_id: 'http-agent' } })
+    expect(session.status, JSON.stringify(session.json)).toBe(201)
+    const run = await client.stream(session.json.id as string, 'hello')
+    expect(run.status).toBe(200)
+    expect(textOf(run.events)).toBe('You said: hello')
+    expect(run.events.at(-1)).toMatchObject({ type: 'run.completed', data: { text: 'You said: hello' } })
+    const again = await client.stream(session.json.id as string, 'twice')
+    expect(textOf(again.events)).toBe('You said: twice')
+    expect((await client.call('DELETE', '/agents/http-agent')).status).toBe(200)
+  })
+
+  it('refuses mode: http without the port it serves on, naming the field', async () => {
+    const tarball = await tarballOf({ 'server.py': 'print(1)\n' })
+    const answer = await client.deploy('http-portless', 'python server.py', { mode: 'http' }, tarball)
     expect(answer.status).toBe(400)
     expect(answer.json.code).toBe('invalid_manifest')
-    expect(answer.json.detail).toMatch(/mode: http .*port 8000.* not supported/)
-    expect((await client.call('GET', '/agents/http-agent')).status).toBe(404)
+    expect(answer.json.detail).toMatch(/mode http needs config\.port/)
+    expect((await client.call('GET', '/agents/http-portless')).status).toBe(404)
   })
 
   it('refuses a deploy that is not multipart, or misses a field, with detail', async () => {

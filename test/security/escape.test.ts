@@ -30,7 +30,7 @@ const ask = (sessionId: string, message: string) => askProbe(t.api, sessionId, m
 
 /** Host processes of a session's warm sandbox (its cgroup), and the sandbox id. */
 function sandboxOf(sessionId: string): { sandboxId: string; cgroupName: string; pids: number[] } {
-  const agent = t.server.sessions.warmAgent(sessionId)
+  const agent = t.server.runtime.agentOf(sessionId)
   if (!agent) throw new Error(`session ${sessionId} has no warm sandbox`)
   const cgroupName = sandboxCgroupName(t.server.runtime, agent.pid)
   const dirs = limitCgroupDirs(t.server.runtime, cgroupName)

@@ -34,7 +34,7 @@ const ask = (sessionId: string, message: string) => askProbe(t.api, sessionId, m
 
 /** The host uid of a session's warm sandbox (its agent process). */
 function hostUidOf(sessionId: string): number {
-  const pid = t.server.sessions.warmAgent(sessionId)?.pid
+  const pid = t.server.runtime.agentOf(sessionId)?.pid
   const uids = /^Uid:\s+(\d+)/m.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))
   return Number(uids?.[1])
 }

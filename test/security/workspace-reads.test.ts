@@ -4,7 +4,7 @@ import { closeSync, openSync, readdirSync, readFileSync, readlinkSync, readSync 
 import { writeFile } from 'node:fs/promises'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it, onTestFinished } from 'vitest'
-import { BACKGROUND_NICENESS } from '../../packages/server/src/files/reader.js'
+import { BACKGROUND_NICENESS } from '../../packages/runtime/src/workspace-io/reader.js'
 import { DRIVERS, probeDrivers } from '../conformance/harness.js'
 import { makeProject, SHELL_AGENT } from '../helpers/projects.js'
 import { scratchDir } from '../helpers/scratch.js'

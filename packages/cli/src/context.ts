@@ -46,8 +46,9 @@ export class Context {
   async client(): Promise<Cairn> {
     if (this.cached) return this.cached
     const config = await this.api()
-    const { Cairn } = await import('@cairn/sdk')
+    const [{ Cairn }, { httpFetch }] = await Promise.all([import('@cairn/sdk'), import('./http-fetch.js')])
     this.cached = new Cairn({
+      fetch: httpFetch,
       baseUrl: config.apiUrl,
       apiKey: config.apiKey,
       userAgent: `cairn-cli/${CLI_VERSION}`,

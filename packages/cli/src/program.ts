@@ -20,6 +20,7 @@ const COMMANDS: ReadonlyArray<readonly [names: readonly string[], load: Loader]>
   [['sessions', 'session'], () => import('./commands/sessions/index.js')],
   [['secrets', 'secret'], () => import('./commands/secrets/index.js')],
   [['keys', 'key'], () => import('./commands/keys/index.js')],
+  [['images', 'image'], () => import('./commands/images/index.js')],
   [['completion'], () => import('./commands/completion.js')],
 ]
 

@@ -1,6 +1,6 @@
 import { type Static, Type } from '@sinclair/typebox'
 
-export const AGENT_PROTOCOLS = ['stdio', 'jsonl', 'exec'] as const
+export const AGENT_PROTOCOLS = ['stdio', 'jsonl', 'exec', 'http'] as const
 export type AgentProtocolName = (typeof AGENT_PROTOCOLS)[number]
 
 export const REVISION_STATUSES = ['DEPLOYING', 'READY', 'FAILED'] as const
@@ -45,6 +45,22 @@ export const SetupEnvSchema = Type.Record(Type.String({ pattern: '^[A-Za-z_][A-Z
 /** How long a setup phase may run (cairn.yaml's `session.setup` and the API's `setup`). */
 export const SetupTimeoutMsSchema = Type.Integer({ minimum: 1000, maximum: 6 * 3600 * 1000 })
 
+/**
+ * cairn.yaml's `http` (with `protocol: http`): the agent serves HTTP on `port` on the sandbox's
+ * loopback, and each message is a `POST` to `path` (docs/agent-protocols.md "http").
+ */
+export const HttpAgentSchema = Type.Object(
+  {
+    port: Type.Integer({ minimum: 1, maximum: 65535 }),
+    /** The request path of a message (default `/run`). */
+    path: Type.Optional(Type.String({ pattern: '^/[!-~]*$', maxLength: 1024 })),
+    /** How long a fresh sandbox may take to listen on the port (default 30 s). */
+    readyTimeoutMs: Type.Optional(Type.Integer({ minimum: 100, maximum: 10 * 60 * 1000 })),
+  },
+  { additionalProperties: false },
+)
+export type HttpAgent = Static<typeof HttpAgentSchema>
+
 export const ISOLATION_NAMES = ['bwrap', 'gvisor'] as const
 export const IsolationSchema = Type.Union(ISOLATION_NAMES.map((n) => Type.Literal(n)))
 
@@ -52,10 +68,7 @@ export const IsolationSchema = Type.Union(ISOLATION_NAMES.map((n) => Type.Litera
  * `cairn.yaml` keys that are planned but not built: refused with what is planned, rather than as
  * unknown (a manifest written for a later release must not deploy as if they were honoured).
  */
-export const PLANNED_MANIFEST_KEYS: Readonly<Record<string, string>> = {
-  image:
-    'a base image per agent is planned, and until then every agent runs on the host-provided runtimes; remove the key',
-}
+export const PLANNED_MANIFEST_KEYS: Readonly<Record<string, string>> = {}
 
 /** `cairn.yaml` as the server validates it: a key it does not name is refused (see unknown-keys.ts). */
 export const AgentManifestSchema = Type.Object(
@@ -63,12 +76,25 @@ export const AgentManifestSchema = Type.Object(
     name: Type.String({ pattern: AGENT_NAME_PATTERN }),
     command: CommandSchema,
     protocol: Type.Optional(Type.Union(AGENT_PROTOCOLS.map((p) => Type.Literal(p)))),
+    /** Where an `http` agent listens; required with `protocol: http`, refused with any other. */
+    http: Type.Optional(HttpAgentSchema),
     limits: Type.Optional(LimitsSchema),
     secrets: Type.Optional(Type.Array(Type.String())),
     ignore: Type.Optional(Type.Array(Type.String())),
     network: Type.Optional(NetworkPolicySchema),
     /** Sandbox driver: `bwrap` (namespaces, default) or `gvisor` (a user-space kernel). */
     isolation: Type.Optional(IsolationSchema),
+    /**
+     * The sandbox's root: `debian:<suite>` (built from the operator's Debian mirror, with
+     * `packages`), an OCI reference (`registry.example.com/team/base:1.4`, pulled), or `host` (the
+     * host's /usr, read-only). Unset: the operator's default image. The root is writable and resets
+     * with every new sandbox; only /workspace (and /memory) persist.
+     */
+    image: Type.Optional(Type.String({ minLength: 1, maxLength: 512 })),
+    /** Debian packages installed into a `debian:<suite>` image when it is built. */
+    packages: Type.Optional(
+      Type.Array(Type.String({ minLength: 1, maxLength: 128 }), { maxItems: 256, uniqueItems: true }),
+    ),
     /** Per-session settings; `session.setup` runs before each new session's first turn. */
     session: Type.Optional(
       Type.Object(
@@ -110,6 +136,8 @@ export const RevisionSchema = Type.Object({
   error: Type.Union([Type.String(), Type.Null()]),
   /** Content address of the dependency environment, when the project has dependencies. */
   envKey: Type.Union([Type.String(), Type.Null()]),
+  /** Key of the image the revision's sandboxes run on (see `GET /v1/images`); null: the host's /usr. */
+  imageKey: Type.Union([Type.String(), Type.Null()]),
   requiredSecrets: Type.Array(Type.String()),
   createdAt: Type.String(),
 })

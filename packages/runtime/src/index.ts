@@ -14,6 +14,10 @@ export { EgressCa } from './egress/egress-ca.js'
 export { bindingAllowed, decide, type EgressPolicy, type EgressRule } from './egress/policy.js'
 export { EgressProxy, type EgressRoute, type EgressSite, type NetworkEvent } from './egress/proxy.js'
 export { type ProxySecret, secretsBoundTo, swapInSecrets, swapOutSecrets } from './egress/proxy-secrets.js'
+export { hostDebianMirror } from './images/debian-mirror.js'
+export { type ImageBuildContext, ImageBuilder } from './images/image-builder.js'
+export { describeRecipe, HOST_IMAGE, type ImageRecipe, parseImage } from './images/image-recipe.js'
+export { type ImageRecord, ImageStore } from './images/image-store.js'
 export {
   type DependencyEnv,
   ENV_VARIABLES,
@@ -49,6 +53,7 @@ export {
   type GvisorDriverOptions,
   probeGvisor,
 } from './sandbox/gvisor-driver.js'
+export { OverlayMounter } from './sandbox/overlay-mounter.js'
 export { BtrfsPool, defaultReserveBytes, tenantQgroup } from './storage/btrfs-pool.js'
 export { DirPool } from './storage/dir-pool.js'
 export { EnvStore } from './storage/env-store.js'

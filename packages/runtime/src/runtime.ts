@@ -125,6 +125,7 @@ export class Runtime {
       hostGid: uid,
       etcDir: path.join(this.runDir, 'etc'),
       kitDir: path.join(this.runDir, 'kit'),
+      overlayDir: path.join(this.runDir, 'overlays'),
       sandboxUids:
         options.sandboxUidRange === false
           ? undefined
@@ -292,6 +293,15 @@ export class Runtime {
   async stopAgent(agent: AgentProcess): Promise<void> {
     this.agents.delete(agent)
     await agent.stop()
+  }
+
+  /**
+   * The running agent of a session on this machine (for the machine's own checks and attack tests;
+   * the server asks the port, which answers by ID).
+   */
+  agentOf(sessionId: string): AgentProcess | undefined {
+    for (const agent of this.agents) if (agent.sessionId === sessionId && agent.alive) return agent
+    return undefined
   }
 
   get warmCount(): number {

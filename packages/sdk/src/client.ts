@@ -2,6 +2,7 @@ import { Agents } from './agents.js'
 import { readEnv } from './env.js'
 import { CairnError, ValidationError } from './errors.js'
 import { type FetchLike, HttpClient, type RequestOptions } from './http.js'
+import { Images } from './images.js'
 import { Keys } from './keys.js'
 import { assertKnownOptions } from './options.js'
 import { Secrets } from './secrets.js'
@@ -43,6 +44,8 @@ export class Cairn {
   readonly secrets: Secrets
   /** API keys of the caller's tenant (admin keys only). */
   readonly keys: Keys
+  /** Built agent images, with the caller's revisions that use each. */
+  readonly images: Images
   readonly baseUrl: string
   private readonly http: HttpClient
 
@@ -63,6 +66,7 @@ export class Cairn {
     this.sessions = new Sessions(this.http)
     this.secrets = new Secrets(this.http)
     this.keys = new Keys(this.http)
+    this.images = new Images(this.http)
   }
 
   /** `GET /healthz` (no key needed). */

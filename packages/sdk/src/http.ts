@@ -1,6 +1,18 @@
 import { AbortError, ConnectionError, errorFromBody, InvalidResponseError, TimeoutError } from './errors.js'
 
-export type FetchLike = (input: string, init: RequestInit) => Promise<Response>
+/**
+ * What the client reads of an answer. The global fetch's `Response` is one; a `fetch` passed in
+ * may answer a lighter object with these members (the CLI's, over node:http).
+ */
+export interface FetchResponse {
+  readonly ok: boolean
+  readonly status: number
+  readonly headers: { get(name: string): string | null }
+  readonly body: ReadableStream<Uint8Array> | null
+  text(): Promise<string>
+}
+
+export type FetchLike = (input: string, init: RequestInit) => Promise<FetchResponse>
 
 /** What every call accepts. */
 export interface RequestOptions {
@@ -123,7 +135,9 @@ export class HttpClient {
    * Sends a request whose answer is a stream. Errors before the stream starts throw; afterwards the
    * caller reads `response.body` and calls `done()` when finished.
    */
-  async stream(request: HttpRequest): Promise<{ response: Response; abort: () => void; done: () => void }> {
+  async stream(
+    request: HttpRequest,
+  ): Promise<{ response: FetchResponse; abort: () => void; done: () => void }> {
     const call = new CallSignal(request.signal, request.timeoutMs ?? this.options.timeoutMs)
     try {
       const response = await this.send(request, call)
@@ -139,7 +153,7 @@ export class HttpClient {
     }
   }
 
-  private async send(request: HttpRequest, call: CallSignal): Promise<Response> {
+  private async send(request: HttpRequest, call: CallSignal): Promise<FetchResponse> {
     const headers: Record<string, string> = { accept: request.accept ?? 'application/json' }
     if (this.options.apiKey) headers.authorization = `Bearer ${this.options.apiKey}`
     if (this.options.userAgent) headers['user-agent'] = this.options.userAgent
@@ -164,7 +178,7 @@ export class HttpClient {
     }
   }
 
-  private errorOf(response: Response, text: string): Error {
+  private errorOf(response: FetchResponse, text: string): Error {
     let body: unknown
     try {
       body = JSON.parse(text)

@@ -25,7 +25,8 @@ import { Cairn } from './client.js'
 export { Cairn, type CairnOptions, DEFAULT_BASE_URL, DEFAULT_TIMEOUT_MS, type RunOptions } from './client.js'
 export * from './errors.js'
 export { decodeEvent } from './events.js'
-export type { FetchLike, RequestOptions } from './http.js'
+export type { FetchLike, FetchResponse, RequestOptions } from './http.js'
+export { type ImageSummary, Images } from './images.js'
 export {
   API_KEY_INFO_FIELDS,
   type ApiKeyInfo,

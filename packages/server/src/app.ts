@@ -1,5 +1,5 @@
 import { API_VERSION, HealthSchema } from '@cairn/protocol'
-import type { Runtime } from '@cairn/runtime'
+import type { RuntimePort } from '@cairn/runtime/port'
 import swagger from '@fastify/swagger'
 import Fastify, { type FastifyInstance, type FastifyReply } from 'fastify'
 import type { Logger } from 'pino'
@@ -17,6 +17,7 @@ import { refuseNonFiniteNumbers } from './http/finite-numbers.js'
 import { acceptEmptyBodies } from './http/optional-body.js'
 import { documentFrameworkAnswers } from './http/responses.js'
 import { runtimeRoute } from './http/runtime-route.js'
+import { imageRoutes } from './images/routes.js'
 import type { OperatorLimits } from './limits/operator-limits.js'
 import type { MemoryService } from './memory/memory-service.js'
 import { memoryRoutes } from './memory/routes.js'
@@ -51,7 +52,8 @@ export interface AppDeps {
   /** Where previews are served (the preview listener); the API serves none itself. */
   previewOrigins: PreviewOrigins
   setup: SetupService
-  runtime: Runtime
+  /** The runtime, only through its port. */
+  runtime: RuntimePort
   maxUploadBytes: number
   rateLimitPerSecond?: number | undefined
   /** The operator's maxima (shown at `GET /v1/runtime`; the tenant rate and key count are enforced here). */
@@ -160,7 +162,7 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
     ok: true,
     version: deps.version,
   }))
-  installMetrics(app, deps.metrics, deps.sessions, deps.db, deps.runtime.pool)
+  installMetrics(app, deps.metrics, deps.sessions, deps.db, deps.runtime)
   app.get('/v1/openapi.json', { schema: { hide: true } }, async () => app.swagger())
   keyRoutes(app, deps.keys, { maxKeysPerTenant: deps.operatorLimits.maxKeysPerTenant })
   const sse = { heartbeatMs: deps.sseHeartbeatMs }
@@ -169,6 +171,7 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   secretRoutes(app, deps.agents, deps.secrets)
   workspaceRoutes(app, deps.workspace)
   retentionRoutes(app, deps.retention)
+  imageRoutes(app, deps.agents.images)
   memoryRoutes(app, deps.memory, deps.agents, deps.sessions)
   previewRoutes(app, deps.previews, deps.previewOrigins)
   setupRoutes(app, deps.setup, deps.sessions)

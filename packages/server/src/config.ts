@@ -2,6 +2,7 @@ import { isIP } from 'node:net'
 import os from 'node:os'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
+import { HOST_IMAGE, hostDebianMirror } from '@cairn/runtime/port'
 import type { Clock } from './clock.js'
 import {
   type OperatorLimitOptions,
@@ -9,6 +10,9 @@ import {
   resolveOperatorLimits,
 } from './limits/operator-limits.js'
 import { checkPreviewDomain, DEFAULT_PREVIEW_DOMAIN } from './previews/preview-origins.js'
+
+/** Where Debian images come from when neither the operator nor this host's apt names a mirror. */
+const DEFAULT_DEBIAN_MIRROR = 'http://deb.debian.org/debian'
 
 export interface ServerOptions {
   dataDir?: string | undefined
@@ -69,6 +73,16 @@ export interface ServerOptions {
    * configured with on this host (`CAIRN_BUILD_EGRESS_ALLOW=host,host:port,…`; empty: none).
    */
   buildEgressAllow?: string[] | undefined
+  /**
+   * The image of agents whose cairn.yaml names none: `host` (the host's /usr, read-only: the
+   * default, for a machine without a Debian mirror) or an image as cairn.yaml writes it
+   * (`debian:bookworm`, an OCI reference). Env `CAIRN_DEFAULT_IMAGE`.
+   */
+  defaultImage?: string | undefined
+  /** Debian mirror images are built from (default: the one this host's apt uses). Env `CAIRN_DEBIAN_MIRROR`. */
+  debianMirror?: string | undefined
+  /** Largest image root a build or pull may leave, in MiB (default 4096; env `CAIRN_MAX_IMAGE_MIB`). */
+  maxImageMiB?: number | undefined
   /** Default sandbox driver for agents that do not choose one. */
   isolation?: 'bwrap' | 'gvisor' | undefined
   /** gVisor sandboxes kept booted ahead (default 2 when gVisor is the default). */
@@ -132,6 +146,9 @@ export interface ResolvedConfig {
   egressUpstreamCaFile: string | undefined
   /** Undefined: found from the host's npm and pip configuration at the first build. */
   buildEgressAllow: string[] | undefined
+  defaultImage: string
+  debianMirror: string
+  maxImageMiB: number
   workspaceQuotaMiB: number | undefined
   tenantQuotaMiB: number | undefined
   poolReserveMiB: number | undefined
@@ -165,6 +182,15 @@ function quotaMiB(option: number | undefined, env: string | undefined, fallback:
     throw new CairnProblem('validation_failed', `a quota must be a number of MiB (0: off), not '${given}'`)
   const value = given ?? fallback
   return value ? value : undefined
+}
+
+function maxImageMiB(value: number): number {
+  if (!Number.isInteger(value) || value <= 0)
+    throw new CairnProblem(
+      'validation_failed',
+      `the largest image must be a whole number of MiB, not '${value}'`,
+    )
+  return value
 }
 
 export function resolveConfig(options: ServerOptions): ResolvedConfig {
@@ -212,6 +238,10 @@ export function resolveConfig(options: ServerOptions): ResolvedConfig {
       process.env.CAIRN_BUILD_EGRESS_ALLOW?.split(',')
         .map((host) => host.trim())
         .filter(Boolean),
+    defaultImage: options.defaultImage ?? process.env.CAIRN_DEFAULT_IMAGE ?? HOST_IMAGE,
+    debianMirror:
+      options.debianMirror ?? process.env.CAIRN_DEBIAN_MIRROR ?? hostDebianMirror() ?? DEFAULT_DEBIAN_MIRROR,
+    maxImageMiB: maxImageMiB(options.maxImageMiB ?? Number(process.env.CAIRN_MAX_IMAGE_MIB ?? 4096)),
     workspaceQuotaMiB: quotaMiB(
       options.workspaceQuotaMiB,
       process.env.CAIRN_WORKSPACE_QUOTA_MIB,

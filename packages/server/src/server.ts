@@ -3,7 +3,8 @@ import { chmod, mkdir, readFile, writeFile } from 'node:fs/promises'
 import type { Server } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import path from 'node:path'
-import { EgressCa, type EgressSite, Runtime } from '@cairn/runtime'
+import { EgressCa, Runtime } from '@cairn/runtime'
+import { type EgressSite, LocalRuntimePort } from '@cairn/runtime/port'
 import pino, { type Logger } from 'pino'
 import { AgentService } from './agents/agent-service.js'
 import { BuildLogs } from './agents/build-logs.js'
@@ -16,6 +17,7 @@ import { createOwnerOnly, runtimeIdOf, secureDataDir } from './data-dir.js'
 import { DataDirLock } from './data-dir-lock.js'
 import { type Db, openDatabase } from './db/database.js'
 import { SharedFiles } from './db/shared-files.js'
+import type { ImageService } from './images/image-service.js'
 import { ManualSnapshotCap } from './limits/snapshot-cap.js'
 import { MemoryService } from './memory/memory-service.js'
 import { MetricsRegistry } from './metrics/registry.js'
@@ -27,6 +29,7 @@ import { PreviewSigner } from './previews/preview-signer.js'
 import { RetentionService } from './retention/retention-service.js'
 import { SecretCipher } from './secrets/cipher.js'
 import { SecretStore } from './secrets/secret-store.js'
+import type { SessionObserver } from './sessions/session-observer.js'
 import { SessionService } from './sessions/session-service.js'
 import { SetupService } from './setup/setup-service.js'
 import { WorkspaceService } from './workspace/workspace-service.js'
@@ -47,6 +50,8 @@ export interface RunningServer {
   adminKey: string | undefined
   credentialsWritten: string | undefined
   logger: Logger
+  /** Built images (retention collects the unused ones at each reaper pass; tests call `collect`). */
+  images: ImageService
   sessions: SessionService
   retention: RetentionService
   runtime: Runtime
@@ -126,6 +131,12 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     // The pool image (and anything else the runtime made) owner-only too.
     await secureDataDir(config.dataDir, poolTrees)
     if (orphansReaped > 0) logger.warn({ orphansReaped }, 'reaped sandboxes left by an earlier run')
+    // The server reaches the runtime only through its port; the port's warm pool waits for a
+    // session's lock before letting its sandbox cool down.
+    const runtimePort = new LocalRuntimePort(runtime, {
+      clock,
+      inUse: (id: string): boolean => sessions.isBusy(id),
+    })
     const quotas = runtime.pool.quotaStatus()
     if (quotas.warning) logger.warn({ code: quotas.warning.code }, quotas.warning.message)
     const keys = new ApiKeyStore(db, clock)
@@ -160,11 +171,18 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       logger,
       archiveLimits: { maxFiles: config.maxArchiveFiles, maxUnpackedBytes: config.maxUnpackedBytes },
       build: { egressSite, buildEgressAllow: config.buildEgressAllow },
+      images: {
+        defaultImage: config.defaultImage,
+        debianMirror: config.debianMirror,
+        maxImageBytes: config.maxImageMiB * 1024 * 1024,
+        egressSite,
+      },
       operatorLimits: config.operatorLimits,
     })
     const metrics = new MetricsRegistry()
     const memory = new MemoryService({
       db,
+      runtime: runtimePort,
       clock,
       logger,
       mountRoot: path.join(runtime.runDir, 'memory'),
@@ -176,7 +194,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     })
     const setup = new SetupService({
       db,
-      runtime,
+      runtime: runtimePort,
       agents,
       secrets,
       egressSite,
@@ -184,13 +202,17 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       clock,
       logger,
     })
+    // Told of sessions' creation, turns and deletion: the snapshot policy and the previews, added
+    // below once they exist (they use the session service themselves).
+    const observers: SessionObserver[] = []
     const sessions = new SessionService({
       runtimeId,
       metrics,
       memory,
       setup,
       db,
-      runtime,
+      runtime: runtimePort,
+      observers,
       agents,
       secrets,
       egressSite,
@@ -204,7 +226,8 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     let retention: RetentionService | undefined
     const workspace = new WorkspaceService({
       db,
-      runtime,
+      runtime: runtimePort,
+      runtimeDrivers: { isolation: runtime.driver.name, storage: runtime.pool.driver },
       sessions,
       agents,
       clock,
@@ -216,7 +239,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     })
     const retentionService = new RetentionService({
       db,
-      runtime,
+      runtime: runtimePort,
       sessions,
       workspace,
       clock,
@@ -245,9 +268,11 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       sessions,
       signer: new PreviewSigner(cipher.deriveKey('preview-url')),
       revocations: new PreviewRevocations(db),
+      runtime: runtimePort,
       clock,
       logger,
     })
+    observers.push(workspace.policy, previews)
     previewListener = createPreviewListener(previews, config.previewDomain, logger)
     const previewPort = await listen(previewListener.server, config.previewPort, config.host)
     if (config.previewDomain === DEFAULT_PREVIEW_DOMAIN && !LOOPBACK_HOSTS.has(config.host)) {
@@ -268,7 +293,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       setup,
       previews,
       previewOrigins: new PreviewOrigins(config.previewDomain, previewPort),
-      runtime,
+      runtime: runtimePort,
       agents,
       sessions,
       maxUploadBytes: config.maxUploadBytes,
@@ -296,7 +321,10 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       if (config.writeCredentials) credentialsWritten = await writeCredentialsIfMissing(url, adminKey)
       logger.info({ adminKeyPath, credentials: credentialsWritten }, 'created the admin API key')
     }
-    sessions.startReaper(config.reaperIntervalMs, () => retentionService.apply())
+    sessions.startReaper(config.reaperIntervalMs, async () => {
+      await retentionService.apply()
+      await agents.images.collect()
+    })
     logger.info(
       {
         url,
@@ -314,6 +342,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       port,
       previewPort,
       previewDomain: config.previewDomain,
+      images: agents.images,
       retention: retentionService,
       dataDir: config.dataDir,
       adminKeyPath,

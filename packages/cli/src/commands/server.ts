@@ -14,6 +14,9 @@ interface ServerOptions {
   poolReserveMib?: number
   egressAllowPrivate?: string
   buildEgressAllow?: string
+  defaultImage?: string
+  debianMirror?: string
+  maxImageMib?: number
   isolation?: 'bwrap' | 'gvisor'
   previewPort?: number
   previewDomain?: string
@@ -153,6 +156,19 @@ export const register: Register = (parent, ctx) => {
       .option(
         '--build-egress-allow <hosts>',
         "comma-separated hosts every revision build may reach besides the agent's network.allow (env CAIRN_BUILD_EGRESS_ALLOW; default: the registries npm and pip are configured with; '' for none)",
+      )
+      .option(
+        '--default-image <image>',
+        "image of agents whose cairn.yaml names none: host (the host's /usr, read-only; default), debian:<suite> or an OCI reference (env CAIRN_DEFAULT_IMAGE)",
+      )
+      .option(
+        '--debian-mirror <url>',
+        "Debian mirror images are built from (env CAIRN_DEBIAN_MIRROR; default: the one this host's apt uses)",
+      )
+      .option(
+        '--max-image-mib <mib>',
+        'largest image root a build or pull may leave, in MiB (env CAIRN_MAX_IMAGE_MIB; default 4096)',
+        positiveInt,
       ),
   )
   for (const [flag, description, parse] of OPERATOR_LIMIT_FLAGS) command.option(flag, description, parse)
@@ -179,6 +195,9 @@ export const register: Register = (parent, ctx) => {
       isolation: options.isolation,
       egressPrivateExceptions: options.egressAllowPrivate?.split(',').filter(Boolean),
       buildEgressAllow: options.buildEgressAllow?.split(',').filter(Boolean),
+      defaultImage: options.defaultImage,
+      debianMirror: options.debianMirror,
+      maxImageMiB: options.maxImageMib,
       logLevel: options.logLevel ?? (ctx.json ? 'warn' : undefined),
       operatorLimits: {
         maxMemoryMiB: options.maxMemoryMib,

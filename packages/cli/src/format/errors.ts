@@ -94,10 +94,14 @@ export function hintFor(code: string | undefined, context: HintContext = {}): st
 
 /**
  * Whether a turn's stream broke because the connection to the server did: fetch's own error
- * (undici's `TypeError: terminated`, a reset or closed socket) rather than anything the server said.
+ * (undici's `TypeError: terminated`, node:http's reset, a closed socket) rather than anything the
+ * server said.
  */
 export function connectionLost(error: unknown): boolean {
-  if (field(error, 'code') === 'connection_error') return true
+  const code = field(error, 'code')
+  if (code === 'connection_error') return true
+  // node:http's (the CLI's fetch): the answer ended with its socket (`aborted`, ECONNRESET).
+  if (typeof code === 'string' && /^(ECONNRESET|EPIPE|ERR_STREAM_PREMATURE_CLOSE)$/.test(code)) return true
   if (!(error instanceof TypeError)) return false
   const cause = field(error, 'cause')
   const causeCode = field(cause, 'code')

@@ -153,6 +153,7 @@ command: ${command}
 #   stdio  each stdin line is the next user message, stdout is the reply (a plain input()/print() loop)
 #   jsonl  JSON frames on stdin/stdout (text, status, tool.start, tool.end, turn.done, error)
 #   exec   one process per turn: the message on stdin, the process exit ends the turn
+#   http   the agent serves HTTP on a port; each message is a POST (add http: { port: 8000 })
 protocol: ${fields.protocol}
 
 # Left out of the upload, like .gitignore (.git, node_modules, .venv, __pycache__ and .env* always are):

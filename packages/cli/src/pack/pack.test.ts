@@ -150,8 +150,10 @@ describe('readLocalManifest', () => {
     await expect(readLocalManifest(dir)).rejects.toThrow(
       "unknown key 'ignroe' in cairn.yaml; did you mean 'ignore'?",
     )
-    await put('cairn.yaml', 'name: a\ncommand: bash a.sh\nimage: python:3.12\n')
-    await expect(readLocalManifest(dir)).rejects.toThrow("key 'image' in cairn.yaml is not supported yet")
+    await put('cairn.yaml', 'name: a\ncommand: bash a.sh\nimage: debian:bookworm\npackages: [git]\n')
+    await expect(readLocalManifest(dir)).resolves.toMatchObject({
+      data: { image: 'debian:bookworm', packages: ['git'] },
+    })
     // Every commented key of `cairn init`'s template is known, once uncommented.
     const template = renderManifest({ name: 'a', command: ['bash', 'a.sh'], protocol: 'stdio' }, true)
     await put(

@@ -25,7 +25,7 @@ import {
 const LIMIT_POLL_MS = 200
 
 /**
- * One agent process in one sandbox, kept warm between turns (stdio and jsonl), or one sandbox per
+ * One agent process in one sandbox, kept warm between turns (stdio, jsonl, http), or one sandbox per
  * turn (exec). Turns run one at a time; the caller (the session service) enforces that too. How
  * the agent is spoken to is its protocol's (`protocols/`); this supervises the sandbox and the turn.
  */
@@ -53,7 +53,7 @@ export class AgentProcess implements TurnChannel {
     private readonly logger: Logger = noopLogger,
   ) {
     this.runDir = new RunDir(path.join(runRoot, this.sandboxId))
-    this.protocol = protocolFor(launch.protocol)
+    this.protocol = protocolFor(launch, (port) => this.ports.connect(port))
     this.maxOutputChars = launch.maxOutputChars ?? DEFAULT_MAX_OUTPUT_CHARS
     const agent = this
     this.ports = new AgentPorts(
@@ -74,6 +74,11 @@ export class AgentProcess implements TurnChannel {
       this.runDir.file('ports.sock'),
       logger,
     )
+  }
+
+  /** The session this agent runs for. */
+  get sessionId(): string {
+    return this.launch.sessionId
   }
 
   get alive(): boolean {
@@ -167,6 +172,7 @@ export class AgentProcess implements TurnChannel {
       env: this.environment(turn),
       limits: this.launch.limits,
       binds: this.launch.binds,
+      rootfs: this.launch.rootfs,
     })
     const stderrDecoder = new StringDecoder('utf8')
     sandbox.stderr.on('data', (chunk: Buffer) => this.stderrTail.push(stderrDecoder.write(chunk)))

@@ -1,4 +1,4 @@
-import type { AgentProtocolName, ErrorCode, StatusCause, TranscriptLine } from '@cairn/protocol'
+import type { AgentProtocolName, ErrorCode, HttpAgent, StatusCause, TranscriptLine } from '@cairn/protocol'
 import type { EgressRoute } from '../egress/proxy.js'
 import type { ProxySecret } from '../egress/proxy-secrets.js'
 import type { IsolationName, SandboxBind, SandboxLimits } from '../sandbox/driver.js'
@@ -35,11 +35,15 @@ export interface AgentLaunch {
   workspaceDir: string
   command: readonly string[]
   protocol: AgentProtocolName
+  /** Where an `http` agent listens (cairn.yaml's `http`); required with that protocol. */
+  http?: HttpAgent | undefined
   env: Readonly<Record<string, string>>
   limits: SandboxLimits
   turnTimeoutMs: number
   /** Extra mounts, such as the revision's dependency environment at /env. */
   binds?: readonly SandboxBind[] | undefined
+  /** The image's root filesystem (`SandboxSpec.rootfs`); unset: the host's /usr. */
+  rootfs?: string | undefined
   /** The sandbox driver to run under; the runtime's default (`RuntimeOptions.isolation`) when unset. */
   isolation?: IsolationName | undefined
   /** Egress allowlist; without one (or with an empty one) the sandbox has loopback only. */

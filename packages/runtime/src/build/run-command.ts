@@ -14,6 +14,8 @@ export interface CommandSpec {
   command: readonly string[]
   env: Readonly<Record<string, string>>
   binds: readonly SandboxBind[]
+  /** The image's root filesystem (`SandboxSpec.rootfs`); unset: the host's /usr. */
+  rootfs?: string | undefined
   limits: SandboxLimits
   timeoutMs: number
   /** Called with every complete output line (stdout and stderr interleaved as they arrive). */
@@ -75,6 +77,7 @@ async function runInSandbox(
     limits: spec.limits,
     network: transparent ? 'egress' : 'none',
     binds: spec.binds,
+    rootfs: spec.rootfs,
   })
   sandbox.stdin.end()
   const pending = { stdout: '', stderr: '' }

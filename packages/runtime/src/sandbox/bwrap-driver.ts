@@ -13,6 +13,7 @@ import type { DriverCapabilities, Sandbox, SandboxDriver, SandboxExit, SandboxSp
 import { IdmapMounter } from './idmap-mounter.js'
 import { LAUNCHER_SHELL, launcherArgs } from './launcher.js'
 import { LauncherPool } from './launcher-pool.js'
+import { OverlayMounter } from './overlay-mounter.js'
 import { readOnlyRootArgs, SANDBOX_USER } from './rootfs.js'
 import { SandboxUids } from './sandbox-uids.js'
 import { buildSeccompFilter } from './seccomp.js'
@@ -36,6 +37,8 @@ export interface BwrapDriverOptions {
   etcDir: string
   /** Host directory mounted read-only at /opt/cairn (agent-kit shims and libraries). */
   kitDir: string
+  /** Where the writable roots of sandboxes with an image are mounted (a tmpfs and overlay each). */
+  overlayDir?: string | undefined
   bwrapPath?: string
   /**
    * Launchers kept ready in fresh cgroups (see `LauncherPool`), so a cold start skips the cgroup
@@ -60,6 +63,7 @@ export class BwrapDriver implements SandboxDriver {
   private readonly launchers: LauncherPool | undefined
   private readonly uids: SandboxUids | undefined
   private readonly mounter = new IdmapMounter()
+  private readonly overlays = new OverlayMounter()
   /** Whether idmapped mounts work here (asked once; the reason when not). */
   private idmapCheck: Promise<string | undefined> | undefined
   private idmapUnavailable: string | undefined
@@ -171,11 +175,52 @@ export class BwrapDriver implements SandboxDriver {
       const binds = []
       for (const bind of spec.binds ?? [])
         binds.push({ ...bind, source: await mapped(bind.source, bind.readOnly) })
-      return { uid, gid: uid, spec: { ...spec, workspaceDir, binds }, release }
+      // The image's files, the shared uid's on disk, shown as this sandbox's below its overlay.
+      const rootfs = spec.rootfs ? await mapped(spec.rootfs, true) : undefined
+      return { uid, gid: uid, spec: { ...spec, workspaceDir, binds, rootfs }, release }
     } catch (error) {
       await release()
       throw error
     }
+  }
+
+  /**
+   * For a sandbox with an image: mounts its overlay (the image read-only below, a tmpfs of the
+   * sandbox's own above, sized by its memory limit) and makes it the spec's root; released (and
+   * so emptied) with the sandbox, before its idmapped mounts.
+   */
+  private async writableRoot(identity: SandboxIdentity): Promise<SandboxIdentity> {
+    const { spec } = identity
+    if (!spec.rootfs) return identity
+    const overlayDir = this.options.overlayDir
+    if (!overlayDir) {
+      await identity.release()
+      throw new CairnProblem(
+        'sandbox_failed',
+        'this driver was set up without a directory for writable roots',
+      )
+    }
+    await mkdir(overlayDir, { recursive: true, mode: 0o711 })
+    const dir = path.join(overlayDir, spec.id)
+    let root: string
+    try {
+      root = await this.overlays.mount(dir, spec.rootfs, spec.limits.memoryMiB)
+    } catch (error) {
+      await identity.release()
+      throw new CairnProblem(
+        'sandbox_failed',
+        `could not mount the sandbox's root: ${(error as Error).message}`,
+      )
+    }
+    let released: Promise<void> | undefined
+    const release = () => {
+      released ??= this.overlays
+        .unmount(dir)
+        .catch(logAndGoOn(this.logger, 'warn', { dir }, "left a sandbox's writable root mounted"))
+        .then(() => identity.release())
+      return released
+    }
+    return { ...identity, spec: { ...spec, rootfs: root }, release }
   }
 
   /** The seccomp program (x86_64), written once to a file each sandbox reads through fd 3. */
@@ -226,7 +271,8 @@ export class BwrapDriver implements SandboxDriver {
       '--new-session',
       '--hostname',
       'cairn',
-      ...readOnlyRootArgs(etcDir),
+      // An image: its overlay (the image below, the sandbox's tmpfs above) is the root, writable.
+      ...(spec.rootfs ? ['--bind', spec.rootfs, '/'] : readOnlyRootArgs(etcDir)),
       '--proc',
       '/proc',
       '--dev',
@@ -250,9 +296,9 @@ export class BwrapDriver implements SandboxDriver {
         bind.dest,
       ]),
       // Last of the mounts (bwrap creates mount points in the root): the root tmpfs bwrap builds
-      // on is writable, and only /workspace, /tmp and /dev/shm are meant to be.
-      '--remount-ro',
-      '/',
+      // on is writable, and only /workspace, /tmp and /dev/shm are meant to be. An image's root
+      // is the sandbox's own overlay, meant to be written (and gone with the sandbox).
+      ...(spec.rootfs ? [] : ['--remount-ro', '/']),
       '--chdir',
       '/workspace',
       '--uid',
@@ -273,7 +319,7 @@ export class BwrapDriver implements SandboxDriver {
       pids: spec.limits.pids,
       cpus: spec.limits.cpus,
     }
-    const identity = await this.identity(spec)
+    const identity = await this.writableRoot(await this.identity(spec))
     try {
       return await this.launch(identity, limits)
     } catch (error) {
@@ -340,7 +386,27 @@ export class BwrapDriver implements SandboxDriver {
       await this.options.cgroups.remove(name)
     }
     await this.removeIdmapMounts()
+    await this.removeOverlays()
     return names.length
+  }
+
+  /** Writable roots a crashed run left mounted (their sandboxes are gone). */
+  private async removeOverlays(): Promise<void> {
+    const dir = this.options.overlayDir
+    if (!dir) return
+    const points = readMounts()
+      .map((m) => m.mountPoint)
+      .filter((p) => p.startsWith(`${dir}/`))
+      .sort((a, b) => b.length - a.length)
+    for (const point of points) {
+      await execTool('umount', ['-l', point]).catch(
+        logAndGoOn(this.logger, 'warn', { point }, "left a sandbox's writable root mounted"),
+      )
+    }
+    if (!readMounts().some((m) => m.mountPoint.startsWith(`${dir}/`)))
+      await rm(dir, { recursive: true, force: true }).catch(
+        logAndGoOn(this.logger, 'warn', { dir }, 'could not remove the writable roots directory'),
+      )
   }
 
   /** Idmapped mounts a crashed run left behind (their sandboxes are gone). */
@@ -369,7 +435,9 @@ export class BwrapDriver implements SandboxDriver {
     await this.launchers?.close()
     await Promise.all([...this.releasing])
     this.mounter.close()
+    this.overlays.close()
     await this.removeIdmapMounts()
+    await this.removeOverlays()
     await this.options.cgroups.removeScope()
   }
 }

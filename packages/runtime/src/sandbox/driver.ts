@@ -24,6 +24,12 @@ export interface SandboxSpec {
   network?: 'none' | 'egress' | undefined
   /** Extra host directories to mount (dependency environments, build sources). */
   binds?: readonly SandboxBind[] | undefined
+  /**
+   * Host path of an image's read-only root filesystem (see images/): the sandbox's root is then an
+   * overlay of it with a writable layer of the sandbox's own, gone with the sandbox. Unset: the
+   * host's /usr and a few /etc files, read-only.
+   */
+  rootfs?: string | undefined
 }
 
 export interface SandboxBind {

@@ -1,6 +1,6 @@
 import { spawn } from 'node:child_process'
 import { existsSync } from 'node:fs'
-import { chmod, mkdir, rm, writeFile } from 'node:fs/promises'
+import { chmod, lstat, mkdir, rm, writeFile } from 'node:fs/promises'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
 import { type Logger, logAndGoOn, noopLogger } from '../util/logger.js'
@@ -9,11 +9,12 @@ import type { DriverCapabilities, Sandbox, SandboxDriver, SandboxSpec } from './
 import { type ClaimTiming, cleanupSlots, GvisorPool, POOL_SLOT_PREFIX } from './gvisor-pool.js'
 import { childEnd, childIo, GvisorSandbox } from './gvisor-sandbox.js'
 import { buildOciSpec, type GvisorSpecOptions, prepareRootfs } from './gvisor-spec.js'
-import { installStatxShim, STATX_SHIM_PATH } from './gvisor-statx-fix.js'
+import { installStatxShim, STATX_PRELOAD_PATH, STATX_SHIM_PATH } from './gvisor-statx-fix.js'
 import { LAUNCHER_SHELL, launcherArgs } from './launcher.js'
 import {
   defaultPlatform,
   findBinary,
+  imageRunscFlags,
   listContainers,
   type RunscConfig,
   runsc,
@@ -169,9 +170,30 @@ export class GvisorDriver implements SandboxDriver {
     }
   }
 
+  /**
+   * The spec options of a sandbox on the image `rootfs`: the statx shim is bound into it when it
+   * has the mount points (images built since the shim's binds; gVisor's gofer cannot make them in
+   * the read-only image) and an empty /etc/ld.so.preload of its own (an image's own preloads win).
+   */
+  private async imageSpecOptions(rootfs: string): Promise<GvisorSpecOptions> {
+    const options = this.specOptions()
+    if (!this.statxShim) return options
+    const [library, preload] = await Promise.all(
+      [STATX_SHIM_PATH, STATX_PRELOAD_PATH].map((p) => lstat(path.join(rootfs, p)).catch(() => undefined)),
+    )
+    if (!library?.isFile() || !preload?.isFile() || preload.size > 0) return options
+    return {
+      ...options,
+      imageStatxShim: {
+        library: path.join(this.rootfsDir, STATX_SHIM_PATH),
+        preload: path.join(this.rootfsDir, STATX_PRELOAD_PATH),
+      },
+    }
+  }
+
   /** The OCI config.json of a sandbox (exposed for tests and for `cairn` diagnostics). */
-  buildSpec(spec: SandboxSpec): Record<string, unknown> {
-    return buildOciSpec(spec, this.specOptions())
+  buildSpec(spec: SandboxSpec, options: GvisorSpecOptions = this.specOptions()): Record<string, unknown> {
+    return buildOciSpec(spec, options)
   }
 
   /** What the sandbox's cgroup allows: the agent's limits plus the share of gVisor's machinery. */
@@ -218,17 +240,30 @@ export class GvisorDriver implements SandboxDriver {
   async start(spec: SandboxSpec): Promise<Sandbox> {
     if (spec.command.length === 0) throw new CairnProblem('bad_request', 'empty sandbox command')
     await this.prepare()
-    const claimed = await this.pool?.claim(spec)
+    // Pool slots are booted on the host's root: a sandbox with an image starts cold.
+    const claimed = spec.rootfs ? undefined : await this.pool?.claim(spec)
     if (claimed) return claimed
+    const flags = spec.rootfs ? imageRunscFlags(this.runsc) : runscFlags(this.runsc)
+    if (!flags)
+      throw new CairnProblem(
+        'sandbox_failed',
+        'this runsc release has no --overlay2, which a writable root that resets needs: run agents with an image under bwrap, or upgrade runsc',
+      )
     const bundle = path.join(this.bundlesDir, spec.id)
     await mkdir(bundle, { recursive: true })
-    await writeFile(path.join(bundle, 'config.json'), JSON.stringify(this.buildSpec(spec)), { mode: 0o600 })
+    await writeFile(
+      path.join(bundle, 'config.json'),
+      JSON.stringify(
+        this.buildSpec(spec, spec.rootfs ? await this.imageSpecOptions(spec.rootfs) : undefined),
+      ),
+      { mode: 0o600 },
+    )
     const procsFiles = await this.options.cgroups.create(spec.id, this.hostLimits(spec))
     const runscArgs = [
       this.runsc.path,
       '--root',
       this.runsc.root,
-      ...runscFlags(this.runsc),
+      ...flags,
       'run',
       '--bundle',
       bundle,
@@ -247,7 +282,7 @@ export class GvisorDriver implements SandboxDriver {
       throw new CairnProblem('sandbox_failed', 'could not start the gVisor sandbox launcher')
     }
     // The next session with this layout need not wait for a boot.
-    this.pool?.warm(spec)
+    if (!spec.rootfs) this.pool?.warm(spec)
     return new GvisorSandbox(spec.id, child.pid, childIo(child), childEnd(child), {
       cgroups: this.options.cgroups,
       name: spec.id,

@@ -100,6 +100,32 @@ describe('gVisor OCI spec', () => {
     })
     expect(dests).toContain('/opt/cairn')
   })
+
+  it("binds the statx shim into an image's root, whose /etc is not the driver's", () => {
+    const shim = {
+      library: '/state/rootfs/etc/cairn-gvisor/statx-fix.so',
+      preload: '/state/rootfs/etc/ld.so.preload',
+    }
+    const image = buildOciSpec(
+      { ...spec, rootfs: '/pool/images/debian-1/rootfs' },
+      { ...options, imageStatxShim: shim },
+    ) as unknown as Oci
+    expect(image.mounts).toContainEqual({
+      destination: '/etc/cairn-gvisor/statx-fix.so',
+      type: 'bind',
+      source: shim.library,
+      options: ['rbind', 'ro'],
+    })
+    expect(image.mounts).toContainEqual({
+      destination: '/etc/ld.so.preload',
+      type: 'bind',
+      source: shim.preload,
+      options: ['rbind', 'ro'],
+    })
+    // The host's root has the shim in its own /etc already.
+    const host = buildOciSpec(spec, { ...options, imageStatxShim: shim }) as unknown as Oci
+    expect(host.mounts.map((m) => m.destination)).not.toContain('/etc/ld.so.preload')
+  })
 })
 
 describe('runsc flags', () => {

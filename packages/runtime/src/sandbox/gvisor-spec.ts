@@ -2,6 +2,7 @@ import { existsSync, lstatSync, readlinkSync } from 'node:fs'
 import { copyFile, cp, mkdir, rm, symlink } from 'node:fs/promises'
 import path from 'node:path'
 import type { SandboxSpec } from './driver.js'
+import { STATX_PRELOAD_PATH, STATX_SHIM_PATH } from './gvisor-statx-fix.js'
 import { READ_ONLY_ETC, SANDBOX_USER } from './rootfs.js'
 import { sandboxEnvInWorkspace } from './sandbox-env.js'
 import { buildOciSeccomp } from './seccomp.js'
@@ -23,6 +24,12 @@ export interface GvisorSpecOptions {
   kitDir: string
   hostUid: number
   hostGid: number
+  /**
+   * The statx shim (gvisor-statx-fix.ts) for sandboxes whose root is an image rather than
+   * `rootfsDir`: host paths of the compiled library and of the /etc/ld.so.preload naming it, bound
+   * read-only into the image at the same paths (undefined: no shim on this host).
+   */
+  imageStatxShim?: { library: string; preload: string } | undefined
 }
 
 /**
@@ -100,10 +107,18 @@ export function sandboxMounts(spec: SandboxSpec, options: GvisorSpecOptions): Oc
     { destination: '/dev', type: 'tmpfs', source: 'tmpfs' },
     { destination: '/dev/shm', type: 'tmpfs', source: 'shm', options: ['nosuid', 'nodev', 'mode=1777'] },
     { destination: '/tmp', type: 'tmpfs', source: 'tmpfs', options: ['nosuid', 'nodev', 'mode=1777'] },
-    bind('/usr', '/usr', true),
   ]
-  for (const top of TOP_LEVEL) {
-    if (existsSync(top) && !lstatSync(top).isSymbolicLink()) mounts.push(bind(top, top, true))
+  // An image brings its own /usr; otherwise the host's, read-only.
+  if (spec.rootfs && options.imageStatxShim) {
+    // Onto the empty mount points the image builder leaves for them (see GvisorDriver.imageSpecOptions).
+    mounts.push(bind(options.imageStatxShim.library, STATX_SHIM_PATH, true))
+    mounts.push(bind(options.imageStatxShim.preload, STATX_PRELOAD_PATH, true))
+  }
+  if (!spec.rootfs) {
+    mounts.push(bind('/usr', '/usr', true))
+    for (const top of TOP_LEVEL) {
+      if (existsSync(top) && !lstatSync(top).isSymbolicLink()) mounts.push(bind(top, top, true))
+    }
   }
   mounts.push(bind(spec.runDir, '/run/cairn', true))
   mounts.push(bind(options.kitDir, '/opt/cairn', true))
@@ -155,7 +170,9 @@ export function buildOciSpec(spec: SandboxSpec, options: GvisorSpecOptions): Rec
       capabilities: { bounding: [], effective: [], inheritable: [], permitted: [], ambient: [] },
       noNewPrivileges: true,
     },
-    root: { path: options.rootfsDir, readonly: true },
+    // An image's root is writable for gVisor, whose own overlay (`--overlay2=root:memory`, see
+    // `imageRunscFlags`) keeps the writes in the sandbox's memory; the host's stays read-only.
+    root: spec.rootfs ? { path: spec.rootfs, readonly: false } : { path: options.rootfsDir, readonly: true },
     hostname: 'cairn',
     mounts: sandboxMounts(spec, options),
     linux: {

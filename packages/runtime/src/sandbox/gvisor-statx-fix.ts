@@ -22,6 +22,8 @@ int statx(int dirfd, const char *path, int flags, unsigned int mask, struct stat
 
 /** In-sandbox path of the shim, inside the driver's own read-only root. */
 export const STATX_SHIM_PATH = '/etc/cairn-gvisor/statx-fix.so'
+/** The preload list glibc's loader reads at every exec. */
+export const STATX_PRELOAD_PATH = '/etc/ld.so.preload'
 
 /**
  * Compiles the shim into `<rootfsDir>/etc/cairn-gvisor/` and lists it in the root's
@@ -29,7 +31,7 @@ export const STATX_SHIM_PATH = '/etc/cairn-gvisor/statx-fix.so'
  */
 export async function installStatxShim(rootfsDir: string): Promise<boolean> {
   const cc = findBinary('cc') ?? findBinary('gcc')
-  const preload = path.join(rootfsDir, 'etc', 'ld.so.preload')
+  const preload = path.join(rootfsDir, STATX_PRELOAD_PATH)
   const target = path.join(rootfsDir, STATX_SHIM_PATH)
   if (!cc) {
     await rm(preload, { force: true })

@@ -43,6 +43,18 @@ export function runscFlags(config: RunscConfig, options: { sharedRoot?: boolean 
 }
 
 /**
+ * The flags of a sandbox whose root is an image (`SandboxSpec.rootfs`): gVisor's overlay over the
+ * root only, its upper layer in the sandbox's memory (charged to its cgroup: the sentry is in it),
+ * so the root is writable and resets with the sandbox while binds (/workspace) write through.
+ * Undefined when this release has no `--overlay2` (its older `--overlay` would cover /workspace too).
+ */
+export function imageRunscFlags(config: RunscConfig): string[] | undefined {
+  const flags = runscFlags(config)
+  if (!flags.includes('--overlay2=none')) return undefined
+  return flags.map((flag) => (flag === '--overlay2=none' ? '--overlay2=root:memory' : flag))
+}
+
+/**
  * What `runsc flags` says this release supports: its platforms, and the flags that keep Cairn's
  * layout on newer releases (no overlay over the root, whose writes would stay inside the sandbox).
  */

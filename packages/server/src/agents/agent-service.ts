@@ -12,6 +12,7 @@ import type { Runtime } from '@cairn/runtime'
 import type { Logger } from 'pino'
 import { type Clock, iso } from '../clock.js'
 import { type Db, isUniqueViolation } from '../db/database.js'
+import { ImageService, type ImageSettings, type ResolvedImage } from '../images/image-service.js'
 import { checkManifestCeilings } from '../limits/ceilings.js'
 import { type OperatorLimits, operatorLimitSource } from '../limits/operator-limits.js'
 import { TenantSlots } from '../limits/tenant-slots.js'
@@ -37,6 +38,13 @@ export interface AgentServiceDeps {
   build?: BuilderOptions | undefined
   /** The operator's maxima: a manifest asking for more is refused (`limit_above_ceiling`). */
   operatorLimits: OperatorLimits
+  /** The default image and where images come from. */
+  images?: ImageSettings | undefined
+}
+
+/** Whether a revision has a build to run: dependencies, a setup command or an image to make. */
+function needsBuild(plan: BuildPlan): boolean {
+  return Boolean(plan.dependencies || plan.setup || plan.image)
 }
 
 export function revisionInfo(revision: StoredRevision): RevisionInfo {
@@ -49,10 +57,7 @@ export class AgentService {
   readonly store: AgentStore
   readonly logs: BuildLogs
   private readonly builder: Builder
-
-  get envs() {
-    return this.builder.envs
-  }
+  readonly images: ImageService
 
   /** Builds running per tenant (each is a sandbox with the build's limits). */
   private readonly builds: TenantSlots
@@ -64,7 +69,13 @@ export class AgentService {
       () => deps.operatorLimits.maxBuildsPerTenant,
     )
     this.store = new AgentStore(deps.db)
-    this.builder = new Builder(deps.runtime, deps.build)
+    this.images = new ImageService({
+      db: deps.db,
+      runtime: deps.runtime,
+      logger: deps.logger,
+      ...deps.images,
+    })
+    this.builder = new Builder(deps.runtime, deps.build ?? {}, this.images)
     this.logs = deps.logs
   }
 
@@ -84,6 +95,7 @@ export class AgentService {
     const staging = await pool.createStaging(revisionId, tenantId)
     let agentId: string | undefined
     let plan: BuildPlan
+    let image: ResolvedImage
     let manifest: AgentManifest
     let buildSlot: () => void = () => undefined
     try {
@@ -93,8 +105,14 @@ export class AgentService {
       checkManifestCeilings(resolved.manifest, this.deps.operatorLimits)
       const setup = resolved.manifest.setup
       plan = await planBuild(tenantId, staging, typeof setup === 'string' ? splitCommand(setup) : setup)
+      // The image's key now (an OCI tag resolved to its digest): the revision records which it runs on.
+      image = await this.images.resolve(resolved.manifest, {
+        log: (line) => this.deps.logger.debug({ revision: revisionId }, line),
+        timeoutMs: 60_000,
+      })
+      plan = { ...plan, image: this.images.needsBuild(image) ? image : undefined }
       // Before anything is recorded: a deploy past the tenant's concurrent builds leaves no trace.
-      if (plan.dependencies || plan.setup) buildSlot = this.builds.take(tenantId)
+      if (needsBuild(plan)) buildSlot = this.builds.take(tenantId)
       const at = iso(this.deps.clock.now())
       // A first deploy of one name racing another on PostgreSQL: the unique name refuses the
       // second insert, which then finds the agent the first one made.
@@ -122,6 +140,7 @@ export class AgentService {
               ...resolved.manifest,
               resolvedCommand: resolved.command,
               envKey: plan.dependencies?.envKey ?? null,
+              imageKey: image.key ?? null,
             }),
             file_count: summary.fileCount,
             size_bytes: summary.sizeBytes,
@@ -145,8 +164,10 @@ export class AgentService {
       throw error
     }
     const id = agentId
-    const finish = this.finishBuild(tenantId, id, revisionId, staging, plan, manifest).finally(buildSlot)
-    if (options.wait || (!plan.dependencies && !plan.setup)) await finish
+    const finish = this.finishBuild(tenantId, id, revisionId, staging, plan, manifest, image).finally(
+      buildSlot,
+    )
+    if (options.wait || !needsBuild(plan)) await finish
     // Not awaited: finishBuild records its own failures on the revision; what escapes that is logged.
     else
       finish.catch((error: unknown) =>
@@ -155,7 +176,7 @@ export class AgentService {
     const agent = await this.store.find(tenantId, id)
     const revision = await this.store.revision(revisionId)
     if (!agent || !revision) throw new CairnProblem('internal', 'deployed agent vanished')
-    if (revision.status === 'FAILED' && !plan.dependencies && !plan.setup) {
+    if (revision.status === 'FAILED' && !needsBuild(plan)) {
       throw new CairnProblem('build_failed', revision.error ?? 'the revision could not be sealed')
     }
     return { agent: await this.store.toInfo(agent), revision: revisionInfo(revision) }
@@ -168,20 +189,22 @@ export class AgentService {
     staging: string,
     plan: BuildPlan,
     manifest: AgentManifest,
+    image: ResolvedImage,
   ) {
     const { pool } = this.deps.runtime
     const { logs } = this
-    const needsBuild = Boolean(plan.dependencies || plan.setup)
+    const building = needsBuild(plan)
     // Live before anything is awaited: the deploy that started this build answers once this
     // first await yields, and a follower that comes at once must find the log live.
-    if (needsBuild) logs.open(revisionId)
+    if (building) logs.open(revisionId)
     let secrets: Record<string, string> = {}
     const log = (line: string) => logs.append(revisionId, redact(line, secrets))
     try {
       secrets = await this.deps.secrets.valuesForScope(tenantId, agentId, 'setup')
-      if (needsBuild) {
+      if (building) {
         const started = performance.now()
         const result = await this.builder.build({
+          image,
           revisionId,
           stagingDir: staging,
           plan,
@@ -200,7 +223,7 @@ export class AgentService {
         await this.store.setRevisionStatus(revisionId, 'READY', null)
         await this.store.setCurrentRevision(agentId, revisionId, iso(this.deps.clock.now()))
       })
-      if (needsBuild) await logs.close(revisionId, 'READY')
+      if (building) await logs.close(revisionId, 'READY')
       this.deps.logger.info({ agent: agentId, revision: revisionId, tenant: tenantId }, 'revision ready')
     } catch (error) {
       // The revision is marked FAILED below either way; a staging tree left behind is reported.
@@ -216,7 +239,7 @@ export class AgentService {
       const message = redact((error as Error).message, secrets)
       const tail = lines.slice(-15).join('\n')
       await this.store.setRevisionStatus(revisionId, 'FAILED', tail ? `${message}\n${tail}` : message)
-      if (needsBuild) {
+      if (building) {
         log(`build failed: ${message}`)
         await logs.close(revisionId, 'FAILED', message)
       }

@@ -23,7 +23,7 @@ interface RevisionRow {
 }
 
 export interface StoredRevision extends RevisionInfo {
-  manifest: AgentManifest & { resolvedCommand: string[]; envKey?: string | null }
+  manifest: AgentManifest & { resolvedCommand: string[]; envKey?: string | null; imageKey?: string | null }
 }
 
 /** Agents and their revisions (workflow state; tenant-scoped on every query). */
@@ -130,6 +130,7 @@ function toRevision(row: RevisionRow): StoredRevision {
     sizeBytes: row.size_bytes,
     error: row.error,
     envKey: manifest.envKey ?? null,
+    imageKey: manifest.imageKey ?? null,
     requiredSecrets: manifest.secrets ?? [],
     createdAt: row.created_at,
     manifest,

@@ -2,6 +2,7 @@ import { createHash } from 'node:crypto'
 import { existsSync } from 'node:fs'
 import { readFile } from 'node:fs/promises'
 import path from 'node:path'
+import type { ResolvedImage } from '../images/image-service.js'
 import { hashTree } from './tree-hash.js'
 
 export type DependencyKind = 'node' | 'python'
@@ -29,6 +30,8 @@ export interface BuildPlan {
     | undefined
   /** Optional `setup:` command from cairn.yaml, run in the revision after dependencies. */
   setup: string[] | undefined
+  /** The image to build or pull first, when it is not built yet (set by the deploy). */
+  image?: ResolvedImage | undefined
 }
 
 // v2: keys cover the tenant and, for installs that read the project, the whole project; v1

@@ -12,11 +12,14 @@ import {
   type Runtime,
   runSandboxedCommand,
 } from '@cairn/runtime'
+import type { ImageService, ResolvedImage } from '../images/image-service.js'
 import type { BuildPlan } from './build-plan.js'
 import { hostRegistries } from './build-registries.js'
 
 export interface BuildContext {
   revisionId: string
+  /** The image the revision's sandboxes (and so its build steps) run on. */
+  image: ResolvedImage
   /** Writable staging copy of the revision (the project files). */
   stagingDir: string
   plan: BuildPlan
@@ -60,7 +63,8 @@ export class Builder {
 
   constructor(
     private readonly runtime: Runtime,
-    private readonly options: BuilderOptions = {},
+    private readonly options: BuilderOptions,
+    private readonly images: ImageService,
   ) {
     this.sandboxUid = runtime.options.sandboxUid ?? DEFAULT_SANDBOX_UID
     this.envs = new EnvStore(runtime.pool, this.sandboxUid)
@@ -78,6 +82,8 @@ export class Builder {
     const { pool } = this.runtime
     const deps = ctx.plan.dependencies
     let reusedEnv = false
+    // First the image: the dependency environment and the setup command run on it.
+    if (ctx.plan.image) await this.images.ensure(ctx.plan.image, { log: ctx.log, timeoutMs: ctx.timeoutMs })
     if (deps) {
       if (await this.envs.has(deps.envKey)) {
         reusedEnv = true
@@ -152,6 +158,7 @@ export class Builder {
       env: { ...ctx.setupEnv, ...launch.env },
       egress: { ...this.options.egressSite, policy: { allow }, onEvent },
       binds: [...binds, ...launch.binds],
+      rootfs: ctx.image.key ? this.images.store.rootfsPath(ctx.image.key) : undefined,
       limits: BUILD_LIMITS,
       logger: this.runtime.logger,
       timeoutMs: ctx.timeoutMs,

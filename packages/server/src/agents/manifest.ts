@@ -11,6 +11,7 @@ import {
   PLANNED_MANIFEST_KEYS,
   unknownKeyMessage,
 } from '@cairn/protocol'
+import { FORWARDER_PORTS } from '@cairn/runtime/port'
 import { Value } from '@sinclair/typebox/value'
 import YAML from 'yaml'
 
@@ -91,5 +92,29 @@ export async function readManifest(projectDir: string, nameOverride?: string): P
   const command =
     typeof manifest.command === 'string' ? splitCommand(manifest.command) : [...manifest.command]
   if (command.length === 0) throw new CairnProblem('invalid_manifest', 'cairn.yaml: command is empty')
-  return { manifest, name: manifest.name, command, protocol: manifest.protocol ?? 'stdio' }
+  const protocol = manifest.protocol ?? 'stdio'
+  checkHttpAgent(protocol, manifest.http)
+  return { manifest, name: manifest.name, command, protocol }
+}
+
+/** `protocol: http` needs `http.port`; `http:` under another protocol would be ignored, so it is refused. */
+function checkHttpAgent(protocol: AgentProtocolName, http: AgentManifest['http']): void {
+  if (protocol === 'http' && !http)
+    throw new CairnProblem(
+      'invalid_manifest',
+      'cairn.yaml: protocol http needs the port the agent serves on: http: { port: 8000 } (path defaults to /run)',
+      { key: 'http' },
+    )
+  if (protocol !== 'http' && http)
+    throw new CairnProblem(
+      'invalid_manifest',
+      `cairn.yaml: http: is for protocol: http agents; this one is ${protocol} (remove http:, or set protocol: http)`,
+      { key: 'http' },
+    )
+  if (http && FORWARDER_PORTS.has(http.port))
+    throw new CairnProblem(
+      'invalid_manifest',
+      `cairn.yaml: http.port ${http.port} is taken by Cairn's egress forwarder inside the sandbox; choose another port`,
+      { key: 'http.port', port: http.port },
+    )
 }

@@ -66,26 +66,38 @@ export async function readDeployForm(body: Buffer, contentType: string): Promise
     )
   }
   return {
-    name: clean.name as string,
-    command: clean.command as string,
+    name: clean.name,
+    command: clean.command,
     config,
     archive: Buffer.from(await file.arrayBuffer()),
   }
 }
 
-/** The cairn.yaml a deploy form stands for. HTTP mode is a protocol Cairn does not have yet. */
+/**
+ * The cairn.yaml a deploy form stands for. Their HTTP mode (`--port`: the agent serves HTTP and each
+ * message is a `POST localhost:PORT/run {"prompt"}`) is Cairn's `http` protocol on that port.
+ */
 export function manifestOf(form: CompatDeployForm): Record<string, unknown> {
-  if (form.config.mode === 'http') {
+  const http = form.config.mode === 'http'
+  if (http && form.config.port === undefined) {
     throw new CairnProblem(
       'invalid_manifest',
-      `mode: http (an agent serving HTTP on port ${form.config.port ?? '?'} inside the sandbox) is not supported by Cairn yet; deploy the agent in shim mode (read each message from stdin, answer on stdout) — see docs/compat.md`,
-      { mode: 'http', port: form.config.port ?? null },
+      'config.mode http needs config.port, the port the agent serves HTTP on inside the sandbox (their `deploy --port`)',
+      { mode: 'http' },
+    )
+  }
+  if (http && form.config.protocol !== undefined && form.config.protocol !== 'http') {
+    throw new CairnProblem(
+      'invalid_manifest',
+      `config.mode http is Cairn's http protocol; config.protocol ${form.config.protocol} contradicts it`,
+      { mode: 'http', protocol: form.config.protocol },
     )
   }
   return {
     name: form.name,
     command: commandOf(form.command),
-    protocol: form.config.protocol ?? 'stdio',
+    protocol: http ? 'http' : (form.config.protocol ?? 'stdio'),
+    ...(http ? { http: { port: form.config.port } } : {}),
     ...(form.config.secrets === undefined ? {} : { secrets: form.config.secrets }),
     ...(form.config.ignore === undefined ? {} : { ignore: form.config.ignore }),
   }

@@ -1,4 +1,5 @@
 import { CairnProblem, type StreamEvent } from '@cairn/protocol'
+import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox'
 import { Type } from '@sinclair/typebox'
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import type { AgentService } from '../agents/agent-service.js'
@@ -51,7 +52,8 @@ const errors = Object.fromEntries(
  * Cairn's services. Registered under a prefix (`--compat-prefix`); clients use `<prefix>/v1/…`.
  * Routes are hidden from Cairn's OpenAPI document: their contract is the schemas in schemas.ts.
  */
-export async function compatRoutes(app: FastifyInstance, deps: CompatDeps): Promise<void> {
+export async function compatRoutes(server: FastifyInstance, deps: CompatDeps): Promise<void> {
+  const app = server.withTypeProvider<TypeBoxTypeProvider>()
   const limiter = deps.rateLimiter
   const principals = new WeakMap<FastifyRequest, Principal>()
 
@@ -94,7 +96,6 @@ export async function compatRoutes(app: FastifyInstance, deps: CompatDeps): Prom
     if (principal.role === 'read') throw new CairnProblem('forbidden', 'this API key is read-only')
     return principal
   }
-  const idOf = (request: FastifyRequest) => (request.params as { id: string }).id
   const agentOut = async (tenantId: string, idOrName: string) => {
     const detail = await deps.agents.get(tenantId, idOrName)
     return toCompatAgent(detail, {
@@ -103,7 +104,7 @@ export async function compatRoutes(app: FastifyInstance, deps: CompatDeps): Prom
     })
   }
   const keysOf = async (agentId: string) => ({ keys: (await deps.secrets.list(agentId)).map((s) => s.name) })
-  const schema = (s: Record<string, unknown>) => ({ hide: true, tags: ['compat'], ...s })
+  const schema = <S extends object>(s: S) => ({ hide: true, tags: ['compat'], ...s })
 
   // ==================== auth ====================
   const user = (p: Principal) => ({ id: p.tenantId, email: p.keyId, full_name: null })
@@ -152,14 +153,14 @@ export async function compatRoutes(app: FastifyInstance, deps: CompatDeps): Prom
   app.get(
     '/v1/agents/:id',
     { schema: schema({ params: IdParams, response: { 200: CompatAgentSchema, ...errors } }) },
-    async (request) => agentOut(reader(request).tenantId, idOf(request)),
+    async (request) => agentOut(reader(request).tenantId, request.params.id),
   )
   app.delete(
     '/v1/agents/:id',
     { schema: schema({ params: IdParams, response: { 200: CompatDeletedSchema, ...errors } }) },
     async (request) => {
       const { tenantId } = writer(request)
-      const agent = await deps.agents.require(tenantId, idOf(request))
+      const agent = await deps.agents.require(tenantId, request.params.id)
       await deps.agents.delete(tenantId, agent.id)
       return { id: agent.id, deleted: true as const }
     },
@@ -169,7 +170,7 @@ export async function compatRoutes(app: FastifyInstance, deps: CompatDeps): Prom
   app.get(
     '/v1/agents/:id/secrets',
     { schema: schema({ params: IdParams, response: { 200: CompatSecretKeysSchema, ...errors } }) },
-    async (request) => keysOf((await deps.agents.require(reader(request).tenantId, idOf(request))).id),
+    async (request) => keysOf((await deps.agents.require(reader(request).tenantId, request.params.id)).id),
   )
   app.patch(
     '/v1/agents/:id/secrets',
@@ -182,19 +183,14 @@ export async function compatRoutes(app: FastifyInstance, deps: CompatDeps): Prom
     },
     async (request) => {
       const { tenantId } = writer(request)
-      const agent = await deps.agents.require(tenantId, idOf(request))
+      const agent = await deps.agents.require(tenantId, request.params.id)
       const current = await deps.agents.currentNetwork(agent.id)
-      await deps.secrets.set(
-        tenantId,
-        agent.id,
-        (request.body as { secrets: Record<string, string> }).secrets,
-        {
-          allowlist: current && {
-            network: current.network,
-            where: `network.allow of the agent's current revision (${current.revisionId})`,
-          },
+      await deps.secrets.set(tenantId, agent.id, request.body.secrets, {
+        allowlist: current && {
+          network: current.network,
+          where: `network.allow of the agent's current revision (${current.revisionId})`,
         },
-      )
+      })
       return keysOf(agent.id)
     },
   )
@@ -211,8 +207,8 @@ export async function compatRoutes(app: FastifyInstance, deps: CompatDeps): Prom
     },
     async (request) => {
       const { tenantId } = writer(request)
-      const agent = await deps.agents.require(tenantId, idOf(request))
-      const key = (request.params as { key: string }).key
+      const agent = await deps.agents.require(tenantId, request.params.id)
+      const key = request.params.key
       if (!(await deps.secrets.delete(agent.id, key))) {
         throw new CairnProblem('not_found', `agent ${agent.name} has no secret ${key}`)
       }
@@ -226,7 +222,7 @@ export async function compatRoutes(app: FastifyInstance, deps: CompatDeps): Prom
     { schema: schema({ body: CompatCreateSessionBody, response: { 201: CompatSessionSchema, ...errors } }) },
     async (request, reply) => {
       const { tenantId } = writer(request)
-      const body = request.body as CompatCreateSessionBody
+      const body = request.body
       const info = await deps.sessions.create(tenantId, {
         agent: body.agent_id,
         // Their CLI titles a session with its first prompt, of any length; Cairn keeps 200 characters.
@@ -249,7 +245,7 @@ export async function compatRoutes(app: FastifyInstance, deps: CompatDeps): Prom
     },
     async (request) => {
       const { tenantId } = reader(request)
-      const query = request.query as CompatListSessionsQuery
+      const query = request.query
       const list = await deps.sessions.list(tenantId, {
         agent: query.agent_id,
         status: query.status === undefined ? undefined : cairnStatus(query.status),
@@ -265,9 +261,7 @@ export async function compatRoutes(app: FastifyInstance, deps: CompatDeps): Prom
       const { tenantId } = reader(request)
       try {
         return {
-          ids: [
-            (await deps.sessions.resolve(tenantId, (request.query as { id_prefix: string }).id_prefix)).id,
-          ],
+          ids: [(await deps.sessions.resolve(tenantId, request.query.id_prefix)).id],
         }
       } catch (error) {
         // Their client decides on none or several itself (its own "No session found" and "Ambiguous ID").
@@ -283,7 +277,7 @@ export async function compatRoutes(app: FastifyInstance, deps: CompatDeps): Prom
     '/v1/sessions/:id',
     { schema: schema({ params: IdParams, response: { 200: CompatSessionSchema, ...errors } }) },
     async (request) => {
-      const info = await deps.sessions.get(reader(request).tenantId, idOf(request))
+      const info = await deps.sessions.get(reader(request).tenantId, request.params.id)
       // Theirs: a deleted session is not found (Cairn keeps its row, with status deleted).
       if (info.status === 'deleted')
         throw new CairnProblem('session_not_found', `No session found matching '${info.id}'`)
@@ -293,18 +287,19 @@ export async function compatRoutes(app: FastifyInstance, deps: CompatDeps): Prom
   app.post(
     '/v1/sessions/:id/end',
     { schema: schema({ params: IdParams, response: { 200: CompatSessionSchema, ...errors } }) },
-    async (request) => toCompatSession(await deps.sessions.end(writer(request).tenantId, idOf(request))),
+    async (request) => toCompatSession(await deps.sessions.end(writer(request).tenantId, request.params.id)),
   )
   app.post(
     '/v1/sessions/:id/resume',
     { schema: schema({ params: IdParams, response: { 200: CompatSessionSchema, ...errors } }) },
-    async (request) => toCompatSession(await deps.sessions.resume(writer(request).tenantId, idOf(request))),
+    async (request) =>
+      toCompatSession(await deps.sessions.resume(writer(request).tenantId, request.params.id)),
   )
   app.delete(
     '/v1/sessions/:id',
     { schema: schema({ params: IdParams, response: { 200: CompatDeletedSchema, ...errors } }) },
     async (request) => {
-      const id = idOf(request)
+      const id = request.params.id
       await deps.sessions.delete(writer(request).tenantId, id)
       return { id, deleted: true as const }
     },
@@ -314,12 +309,8 @@ export async function compatRoutes(app: FastifyInstance, deps: CompatDeps): Prom
     { schema: schema({ params: IdParams, body: CompatSendMessageBody }) },
     async (request, reply) => {
       const { tenantId } = writer(request)
-      await deps.sessions.verifyBeforeTurn(tenantId, idOf(request))
-      const handle = await deps.sessions.beginTurn(
-        tenantId,
-        idOf(request),
-        (request.body as { prompt: string }).prompt,
-      )
+      await deps.sessions.verifyBeforeTurn(tenantId, request.params.id)
+      const handle = await deps.sessions.beginTurn(tenantId, request.params.id, request.body.prompt)
       await streamRun(reply, (send) => handle.run(send))
     },
   )

@@ -1,3 +1,4 @@
+import { AGENT_PROTOCOLS } from '@cairn/protocol'
 import { type Static, Type } from '@sinclair/typebox'
 
 /**
@@ -112,8 +113,8 @@ export const CompatDeployConfig = Type.Object(
     port: Type.Optional(Type.Integer({ minimum: 1, maximum: 65535 })),
     secrets: Type.Optional(Type.Array(Type.String({ pattern: '^[A-Za-z_][A-Za-z0-9_]{0,127}$' }))),
     ignore: Type.Optional(Type.Array(Type.String())),
-    /** Cairn's own: the agent protocol of a shim-mode agent (default stdio). */
-    protocol: Type.Optional(Type.Union([Type.Literal('stdio'), Type.Literal('jsonl'), Type.Literal('exec')])),
+    /** Cairn's own: the agent protocol of a shim-mode agent (default stdio; `http` is their mode http). */
+    protocol: Type.Optional(Type.Union(AGENT_PROTOCOLS.map((p) => Type.Literal(p)))),
   },
   // superserve.yaml may carry keys of theirs Cairn has no use for; they are ignored (docs/compat.md).
   { additionalProperties: true },

@@ -1,4 +1,4 @@
-import type { Runtime } from '@cairn/runtime'
+import type { RuntimePort } from '@cairn/runtime/port'
 import { Type } from '@sinclair/typebox'
 import type { FastifyInstance } from 'fastify'
 import { principalOf } from '../auth/plugin.js'
@@ -56,7 +56,7 @@ const StorageSchema = Type.Object({
 })
 
 /** `GET /v1/runtime`: the sandbox drivers of this node, which one is the default, what each can do. */
-export function runtimeRoute(app: FastifyInstance, runtime: Runtime, limits: OperatorLimits): void {
+export function runtimeRoute(app: FastifyInstance, runtime: RuntimePort, limits: OperatorLimits): void {
   app.get(
     '/v1/runtime',
     {
@@ -76,16 +76,16 @@ export function runtimeRoute(app: FastifyInstance, runtime: Runtime, limits: Ope
     },
     async (request) => {
       principalOf(request)
-      const { pool } = runtime
-      const { warning, ...quotas } = pool.quotaStatus()
+      const { warning, ...quotas } = runtime.quotaStatus()
+      const { drivers, storage } = await runtime.describe()
       return {
-        drivers: await runtime.isolations(),
+        drivers,
         storage: {
-          driver: pool.driver,
-          capabilities: { ...pool.capabilities },
+          driver: storage.driver,
+          capabilities: storage.capabilities,
           quotas,
           warnings: warning ? [warning] : [],
-          description: pool.describe(),
+          description: storage.description,
         },
         limits,
       }

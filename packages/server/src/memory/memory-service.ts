@@ -5,11 +5,10 @@ import path from 'node:path'
 import { Transform } from 'node:stream'
 import { pipeline } from 'node:stream/promises'
 import { CairnProblem, newId } from '@cairn/protocol'
-import type { SandboxBind } from '@cairn/runtime'
+import type { RuntimePort, SandboxBind } from '@cairn/runtime/port'
 import type { Logger } from 'pino'
 import { type Clock, iso } from '../clock.js'
 import { type Db, isUniqueViolation } from '../db/database.js'
-import { openTreeFile } from '../files/reader.js'
 
 export const MAX_MEMORY_BYTES = 256 * 1024
 export const PROPOSED_MEMORY_PATH = '.cairn/memory.proposed.md'
@@ -43,6 +42,8 @@ export class MemoryService {
   constructor(
     private readonly deps: {
       db: Db
+      /** Reads the proposed memory and artifacts from workspaces. */
+      runtime: Pick<RuntimePort, 'openFile' | 'hasPath'>
       clock: Clock
       /** Host directory sandboxes can reach (under the runtime dir): memory files are written here. */
       mountRoot: string
@@ -131,12 +132,20 @@ export class MemoryService {
   /** Promotes `/workspace/.cairn/memory.proposed.md` when it differs from the current memory. */
   async promoteProposed(
     agentId: string,
-    workspaceDir: string,
+    sessionId: string,
     source: string,
   ): Promise<AgentMemory | undefined> {
-    if (!existsSync(path.join(workspaceDir, PROPOSED_MEMORY_PATH))) return undefined
-    // Read by the workspace reader: no link at any component is followed, only a regular file opened.
-    const file = await openTreeFile(workspaceDir, Buffer.from(PROPOSED_MEMORY_PATH))
+    // Asked after every turn: a stat, not a reader process, when nothing is proposed.
+    if (!(await this.deps.runtime.hasPath({ sessionId }, PROPOSED_MEMORY_PATH))) return undefined
+    // Read by the runtime's workspace reader: no link at any component is followed, only a
+    // regular file opened. Gone meanwhile: nothing is proposed.
+    const file = await this.deps.runtime
+      .openFile({ sessionId }, Buffer.from(PROPOSED_MEMORY_PATH))
+      .catch((error: unknown) => {
+        if (error instanceof CairnProblem && error.code === 'not_found') return undefined
+        throw error
+      })
+    if (!file) return undefined
     if (file.size > MAX_MEMORY_BYTES) {
       file.stream.destroy()
       throw new CairnProblem('payload_too_large', `proposed memory is larger than ${MAX_MEMORY_BYTES} bytes`)
@@ -150,10 +159,9 @@ export class MemoryService {
 
   async saveArtifact(
     row: { tenantId: string; agentId: string; sessionId: string },
-    workspaceDir: string,
     rel: string,
   ): Promise<ArtifactInfo> {
-    const file = await openTreeFile(workspaceDir, Buffer.from(rel))
+    const file = await this.deps.runtime.openFile({ sessionId: row.sessionId }, Buffer.from(rel))
     const id = newId('artifact')
     const dir = path.join(this.deps.artifactRoot, row.agentId)
     await mkdir(dir, { recursive: true, mode: 0o700 })

@@ -86,7 +86,7 @@ export function memoryRoutes(
       const { tenantId } = requireWrite(request)
       const row = await sessions.requireOwned(tenantId, idOf(request))
       const promoted = await sessions.readingWorkspace(tenantId, row.id, () =>
-        memory.promoteProposed(row.agent_id, sessions.workspaceDir(row.id), `${row.id}/api`),
+        memory.promoteProposed(row.agent_id, row.id, `${row.id}/api`),
       )
       return promoted ?? (await memory.get(row.agent_id))
     },
@@ -110,11 +110,7 @@ export function memoryRoutes(
       const row = await sessions.requireLive(tenantId, idOf(request))
       const rel = workspaceRelative(request.body.path)
       const info = await sessions.readingWorkspace(tenantId, row.id, () =>
-        memory.saveArtifact(
-          { tenantId, agentId: row.agent_id, sessionId: row.id },
-          sessions.workspaceDir(row.id),
-          rel,
-        ),
+        memory.saveArtifact({ tenantId, agentId: row.agent_id, sessionId: row.id }, rel),
       )
       return reply.status(201).send(info)
     },

@@ -1,4 +1,4 @@
-import type { StoragePool, TreeSizes } from '@cairn/runtime'
+import type { RuntimePort, TreeSizes } from '@cairn/runtime/port'
 import type { FastifyInstance } from 'fastify'
 import type { Db } from '../db/database.js'
 import type { SessionService } from '../sessions/session-service.js'
@@ -10,7 +10,7 @@ export function installMetrics(
   metrics: MetricsRegistry,
   sessions: SessionService,
   db: Db,
-  pool: StoragePool,
+  pool: Pick<RuntimePort, 'quotaStatus' | 'poolStats' | 'tenantUsage'>,
 ): void {
   // Gauges are read synchronously at render: the figures from the database are read before.
   let byStatus: { status: string; n: number }[] = []
@@ -87,7 +87,7 @@ export function installMetrics(
     if (Date.now() - tenantsReadAt >= 15_000) {
       tenantsReadAt = Date.now()
       const tenants = await db.q.selectFrom('tenants').select('id').execute()
-      byTenant = await pool.tenantUsage(tenants.map((t) => t.id)).catch(() => new Map())
+      byTenant = new Map(Object.entries(await pool.tenantUsage(tenants.map((t) => t.id)).catch(() => ({}))))
     }
     return reply.type(metrics.contentType).send(await metrics.render())
   })

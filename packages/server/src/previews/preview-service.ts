@@ -2,10 +2,12 @@ import type { IncomingHttpHeaders } from 'node:http'
 import type net from 'node:net'
 import type { Duplex } from 'node:stream'
 import { CairnProblem } from '@cairn/protocol'
+import type { RuntimePort } from '@cairn/runtime/port'
 import type { Logger } from 'pino'
 import type { ApiKeyStore } from '../auth/api-keys.js'
 import { type Clock, iso } from '../clock.js'
 import type { Db } from '../db/database.js'
+import type { SessionObserver } from '../sessions/session-observer.js'
 import type { SessionService } from '../sessions/session-service.js'
 import type { SessionRow } from '../sessions/session-store.js'
 import type { PreviewRevocations } from './preview-revocations.js'
@@ -67,6 +69,8 @@ export interface PreviewServiceDeps {
   sessions: SessionService
   signer: PreviewSigner
   revocations: PreviewRevocations
+  /** Connections into sandboxes, through the runtime's port. */
+  runtime: Pick<RuntimePort, 'connectPort'>
   clock: Clock
   logger: Logger
 }
@@ -81,20 +85,23 @@ export interface AuthorizedPreview {
  * Previews: a service on a port inside a session's sandbox, reached with the caller's API key or a
  * signed URL. Every request counts as session activity.
  */
-export class PreviewService {
+export class PreviewService implements SessionObserver {
   // Relayed Upgrade connections per session port: a revocation closes them, as its URLs stop.
   private readonly relayed = new Map<string, Set<Duplex>>()
 
-  constructor(private readonly deps: PreviewServiceDeps) {
-    // An ended session's URLs stay dead when it is resumed (whoever resumes it hands out new
-    // ones); a deleted one's answer `revoked` like any other.
-    deps.sessions.onEnded((sessionId) => {
-      void deps.revocations
-        .revokeSession(sessionId)
-        .catch((error: unknown) =>
-          deps.logger.error({ err: error, session: sessionId }, 'revoking preview URLs failed'),
-        )
-    })
+  constructor(private readonly deps: PreviewServiceDeps) {}
+
+  /**
+   * A session ended or deleted (the service is one of the session service's observers): an ended
+   * session's URLs stay dead when it is resumed (whoever resumes it hands out new ones); a deleted
+   * one's answer `revoked` like any other.
+   */
+  ended(sessionId: string): void {
+    void this.deps.revocations
+      .revokeSession(sessionId)
+      .catch((error: unknown) =>
+        this.deps.logger.error({ err: error, session: sessionId }, 'revoking preview URLs failed'),
+      )
   }
 
   async signedUrl(
@@ -222,7 +229,7 @@ export class PreviewService {
       )
     }
     this.deps.sessions.noteActivity(row)
-    return agent.connectPort(port)
+    return this.deps.runtime.connectPort(row.id, port)
   }
 
   noteActivity(row: SessionRow): void {

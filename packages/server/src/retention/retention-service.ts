@@ -1,5 +1,5 @@
 import { newId, type Usage } from '@cairn/protocol'
-import type { Runtime, TreeSizes } from '@cairn/runtime'
+import type { RuntimePort, TreeRef, TreeSizes } from '@cairn/runtime/port'
 import { sql } from 'kysely'
 import type { Logger } from 'pino'
 import { type Clock, iso } from '../clock.js'
@@ -34,7 +34,8 @@ export class RetentionService {
   constructor(
     private readonly deps: {
       db: Db
-      runtime: Runtime
+      /** The runtime, only through its port. */
+      runtime: RuntimePort
       sessions: SessionService
       workspace: WorkspaceService
       clock: Clock
@@ -99,14 +100,13 @@ export class RetentionService {
    * Bytes only this subvolume references, measured before it is deleted. Data shared with the
    * revision, a fork or another snapshot is not counted (it is not freed by this deletion alone).
    */
-  private async exclusiveBytes(dir: string): Promise<number> {
-    return (await this.deps.runtime.pool.usage(dir).catch(() => ({ exclusiveBytes: 0 }))).exclusiveBytes
+  private async exclusiveBytes(tree: TreeRef): Promise<number> {
+    return (await this.deps.runtime.treeSizes(tree).catch(() => ({ exclusiveBytes: 0 }))).exclusiveBytes
   }
 
   /** Applies every tenant's policy once. Returns what it deleted. */
   async apply(): Promise<{ snapshots: number; workspaces: number; bytesFreed: number }> {
     const now = this.deps.clock.now()
-    const { pool } = this.deps.runtime
     const ended = (await this.deps.db.q
       .selectFrom('sessions')
       .select(['id', 'tenant_id', 'status', 'updated_at'])
@@ -122,12 +122,12 @@ export class RetentionService {
       const endedFor = now - Date.parse(session.updated_at)
       if (policy.endedWorkspaceTtlMs !== null && endedFor >= policy.endedWorkspaceTtlMs) {
         for (const snap of await this.deps.workspace.snapshots.list(session.id)) {
-          const bytes = await this.exclusiveBytes(pool.snapshotPath(snap.id))
+          const bytes = await this.exclusiveBytes({ snapshotId: snap.id })
           await this.record(session.tenant_id, session.id, 'snapshot', snap.id, bytes, 'ended_workspace_ttl')
           result.bytesFreed += bytes
           result.snapshots++
         }
-        const bytes = await this.exclusiveBytes(pool.workspacePath(session.id))
+        const bytes = await this.exclusiveBytes({ sessionId: session.id })
         await this.deps.sessions.delete(session.tenant_id, session.id, 'retention')
         await this.record(
           session.tenant_id,
@@ -146,8 +146,8 @@ export class RetentionService {
           // Claimed first, in the same tick as the pin check, so no restore or fork picks it now.
           if (!this.deps.workspace.pins.claimForDeletion(snap.id)) continue
           await this.deps.workspace.snapshots.markDeleted(snap.id, iso(now))
-          const bytes = await this.exclusiveBytes(pool.snapshotPath(snap.id))
-          await pool.deleteSnapshot(snap.id)
+          const bytes = await this.exclusiveBytes({ snapshotId: snap.id })
+          await this.deps.runtime.deleteSnapshot(snap.id)
           await this.record(session.tenant_id, session.id, 'snapshot', snap.id, bytes, 'ended_snapshot_ttl')
           result.bytesFreed += bytes
           result.snapshots++
@@ -210,8 +210,8 @@ export class RetentionService {
         .limit(100)
         .execute()
       for (const { id } of recent) {
-        const sizes = await this.deps.runtime.pool
-          .usage(this.deps.runtime.pool.workspacePath(id))
+        const sizes = await this.deps.runtime
+          .treeSizes({ sessionId: id })
           // A workspace removed since the query (or unreadable) is left out of the usage report.
           .catch((error: unknown) => {
             this.deps.logger.debug({ err: error, session: id }, 'no storage usage for a session')
@@ -220,13 +220,15 @@ export class RetentionService {
         if (sizes) storage.push({ sessionId: id, ...sizes })
       }
     }
-    const { pool } = this.deps.runtime
-    const { warning: _warning, ...limits } = pool.quotaStatus()
-    const held = (await pool.tenantUsage([tenantId]).catch(() => new Map<string, TreeSizes>())).get(tenantId)
+    const { runtime } = this.deps
+    const { warning: _warning, ...limits } = runtime.quotaStatus()
+    const held = (await runtime.tenantUsage([tenantId]).catch(() => ({}) as Record<string, TreeSizes>))[
+      tenantId
+    ]
     return {
       sessions: { total: Object.values(byStatus).reduce((a, b) => a + b, 0), byStatus },
       snapshots,
-      pool: await pool.poolStats(),
+      pool: await runtime.poolStats(),
       // What this tenant's workspaces, snapshots and revisions hold against its quota (exclusive bytes).
       quota: {
         enforced: limits.enforced,

@@ -1,5 +1,5 @@
 import { CairnProblem, type NetworkPolicy } from '@cairn/protocol'
-import { bindingAllowed } from '@cairn/runtime'
+import { bindingAllowed } from '@cairn/runtime/port'
 
 /** A proxy secret's host binding the agent's allowlist lets no connection through to. */
 export interface UnreachableBinding {

@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto'
 import net from 'node:net'
 import { CairnProblem, type NetworkPolicy } from '@cairn/protocol'
-import type { ProxySecret } from '@cairn/runtime'
+import type { ProxySecret } from '@cairn/runtime/port'
 import { sql } from 'kysely'
 import { type Clock, iso } from '../clock.js'
 import type { Db } from '../db/database.js'

@@ -1,5 +1,5 @@
 import { CairnProblem } from '@cairn/protocol'
-import type { StoragePool } from '@cairn/runtime'
+import type { RuntimePort } from '@cairn/runtime/port'
 import { whenNotBusy } from '../db/busy.js'
 import type { SessionRow, SessionStore } from './session-store.js'
 
@@ -14,7 +14,7 @@ type Checked = Pick<SessionRow, 'id' | 'status' | 'status_cause'>
 export class WorkspaceGenerations {
   constructor(
     private readonly store: SessionStore,
-    private readonly pool: StoragePool,
+    private readonly runtime: RuntimePort,
     private readonly now: () => string,
   ) {}
 
@@ -29,25 +29,25 @@ export class WorkspaceGenerations {
     // The database first, then the disk: every writer puts the marker down before the database,
     // so a change landing between the two reads can only make the disk look newer, never older.
     const recorded = await this.store.generationOf(row.id)
-    if (!(await this.pool.hasWorkspace(row.id))) {
+    if (!(await this.runtime.hasWorkspace(row.id))) {
       if (busy())
         throw new CairnProblem('session_busy', `session ${row.id} is changing its workspace; try again`)
       const message = `the workspace of session ${row.id} is missing from the storage pool`
       await this.markLost(row, message)
       throw new CairnProblem('state_lost', message)
     }
-    const [onDisk] = await this.pool.readGenerations([row.id])
+    const [onDisk] = await this.runtime.readGenerations([row.id])
     const problem = await this.compare(row, onDisk, recorded)
     if (problem) throw problem
   }
 
   /** The start-up check of every workspace at once; returns the sessions found behind. */
   async verifyAll(sessions: (Checked & { generation: number })[]): Promise<string[]> {
-    const found = await this.pool.readGenerations(sessions.map((s) => s.id))
+    const found = await this.runtime.readGenerations(sessions.map((s) => s.id))
     const lost: string[] = []
     for (const [index, session] of sessions.entries()) {
       const onDisk = found[index]
-      if (onDisk === undefined) await this.pool.writeGeneration(session.id, session.generation)
+      if (onDisk === undefined) await this.runtime.writeGeneration(session.id, session.generation)
       else if (await this.compare(session, onDisk, session.generation)) lost.push(session.id)
     }
     return lost
@@ -85,7 +85,7 @@ export class WorkspaceGenerations {
   /** Writes the next generation's marker and returns the number, for the caller to record. */
   async markNext(sessionId: string): Promise<number> {
     const next = (await this.store.generationOf(sessionId)) + 1
-    await this.pool.writeGeneration(sessionId, next)
+    await this.runtime.writeGeneration(sessionId, next)
     return next
   }
 

@@ -1,4 +1,4 @@
-import type { StoragePool } from '@cairn/runtime'
+import type { RuntimePort } from '@cairn/runtime/port'
 import type { WorkspaceGenerations } from './generations.js'
 import type { SessionStore } from './session-store.js'
 
@@ -9,24 +9,24 @@ import type { SessionStore } from './session-store.js'
 export class PoolReconciler {
   constructor(
     private readonly store: SessionStore,
-    private readonly pool: StoragePool,
+    private readonly runtime: RuntimePort,
     private readonly generations: WorkspaceGenerations,
     private readonly now: () => string,
   ) {}
 
   async reconcile(liveSnapshotIds: Set<string>): Promise<{ lost: string[]; orphans: string[] }> {
-    const { pool } = this
+    const { runtime: pool } = this
     const live = await this.store.liveSessions()
     const liveIds = new Set(live.map((s) => s.id))
     // One directory read instead of several stats per session (start-up with 10,000 sessions).
-    let present = new Set(await pool.listArea('sessions'))
+    let present = new Set(await pool.listStored('sessions'))
     const interrupted = [...present].filter(
       (name) => name.endsWith('.restoring') || name.endsWith('.replaced'),
     )
     for (const name of new Set(interrupted.map((n) => n.replace(/\.(restoring|replaced)$/, '')))) {
       await pool.recoverWorkspace(name)
     }
-    if (interrupted.length > 0) present = new Set(await pool.listArea('sessions'))
+    if (interrupted.length > 0) present = new Set(await pool.listStored('sessions'))
     const lost: string[] = []
     for (const session of live) {
       if (!present.has(session.id)) {
@@ -51,15 +51,15 @@ export class PoolReconciler {
         await pool.deleteWorkspace(name)
       }
     }
-    for (const name of await pool.listArea('snapshots')) {
+    for (const name of await pool.listStored('snapshots')) {
       if (/^snap_[0-9a-z]+$/.test(name) && !liveSnapshotIds.has(name)) {
         orphans.push(name)
         await pool.deleteSnapshot(name)
       }
     }
-    for (const name of await pool.listArea('staging')) {
+    for (const name of await pool.listStored('staging')) {
       orphans.push(name)
-      await pool.discardStagingByName(name)
+      await pool.discardStaging(name)
     }
     return { lost, orphans }
   }

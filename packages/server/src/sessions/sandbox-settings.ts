@@ -1,5 +1,5 @@
 import type { AgentManifest, NetworkPolicy } from '@cairn/protocol'
-import { DEFAULT_LIMITS, DEFAULT_TURN_TIMEOUT_MS, type SandboxLimits } from '@cairn/runtime'
+import { DEFAULT_LIMITS, DEFAULT_TURN_TIMEOUT_MS, type SandboxLimits } from '@cairn/runtime/port'
 import type { OperatorLimits } from '../limits/operator-limits.js'
 import type { SessionRow } from './session-store.js'
 

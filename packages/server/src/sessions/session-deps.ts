@@ -1,4 +1,4 @@
-import type { EgressSite, Runtime } from '@cairn/runtime'
+import type { EgressSite, RuntimePort } from '@cairn/runtime/port'
 import type { Logger } from 'pino'
 import type { AgentService } from '../agents/agent-service.js'
 import type { Clock } from '../clock.js'
@@ -8,12 +8,16 @@ import type { MemoryService } from '../memory/memory-service.js'
 import type { MetricsRegistry } from '../metrics/registry.js'
 import type { SecretStore } from '../secrets/secret-store.js'
 import type { SetupService } from '../setup/setup-service.js'
+import type { SessionObserver } from './session-observer.js'
 
 export interface SessionServiceDeps {
   db: Db
   /** The runtime of this replica (its data dir's): the sessions it owns are the ones it acts on. */
   runtimeId: string
-  runtime: Runtime
+  /** The runtime, only through its port. */
+  runtime: RuntimePort
+  /** Told of sessions' creation, turns and deletion, in this order (see `SessionObserver`). */
+  observers?: readonly SessionObserver[] | undefined
   agents: AgentService
   secrets: SecretStore
   /** The operator's egress settings (private exceptions, `CAIRN_EGRESS_HOSTS`) for every sandbox. */

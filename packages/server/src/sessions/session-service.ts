@@ -13,7 +13,7 @@ import {
   type StatusEvent,
   type TurnInfo,
 } from '@cairn/protocol'
-import type { AgentProcess } from '@cairn/runtime'
+import type { AgentInfo } from '@cairn/runtime/port'
 import { iso } from '../clock.js'
 import { checkSetupTimeoutCeiling } from '../limits/ceilings.js'
 import { manifestSetup } from '../setup/setup-service.js'
@@ -47,15 +47,12 @@ export class SessionService {
   private readonly reconciler: PoolReconciler
   /** Deletions in progress: the workspace goes before the row says `deleted`. */
   private readonly deleting = new Map<string, Promise<void>>()
-  private createdHook: ((row: SessionRow) => void) | undefined
-  private deletedHook: ((sessionId: string) => Promise<void>) | undefined
-  private readonly endedHooks: ((sessionId: string) => void)[] = []
 
   constructor(private readonly deps: SessionServiceDeps) {
     this.store = new SessionStore(deps.db, deps.runtimeId)
     const now = () => this.now()
     const { store, locks } = this
-    this.generations = new WorkspaceGenerations(store, deps.runtime.pool, now)
+    this.generations = new WorkspaceGenerations(store, deps.runtime, now)
     this.warm = new WarmAgents({
       ...deps,
       store,
@@ -70,7 +67,7 @@ export class SessionService {
       warm: this.warm,
       deleteSession: (tenantId, id, cause, detail) => this.delete(tenantId, id, cause, detail),
     })
-    this.reconciler = new PoolReconciler(store, deps.runtime.pool, this.generations, now)
+    this.reconciler = new PoolReconciler(store, deps.runtime, this.generations, now)
   }
 
   private now(): string {
@@ -134,7 +131,7 @@ export class SessionService {
       const overlapped = overlappedSwap()
       const code = (error as { code?: unknown }).code
       if (overlapped || code === 'ENOENT' || code === 'not_found' || code === 'forbidden') {
-        if (overlapped || this.deleting.has(id) || !(await this.deps.runtime.pool.hasWorkspace(id)))
+        if (overlapped || this.deleting.has(id) || !(await this.deps.runtime.hasWorkspace(id)))
           throw await this.missingWorkspace(tenantId, id, overlapped)
       }
       if (code === 'ENOENT') throw new CairnProblem('not_found', 'no such file in the workspace')
@@ -190,7 +187,7 @@ export class SessionService {
       checkSetupTimeoutCeiling('session', 'setup.timeoutMs', body.setup.timeoutMs, this.deps.operatorLimits)
     const policy = createPolicy(body)
     const id = newId('session')
-    await this.deps.runtime.pool.createWorkspace(id, agent.current_revision_id, tenantId)
+    await this.deps.runtime.createWorkspace(id, agent.current_revision_id, tenantId)
     await this.store.insert({
       id,
       tenant_id: tenantId,
@@ -208,7 +205,7 @@ export class SessionService {
     })
     if (setup) await this.deps.setup?.record(id, setup)
     const created = await this.require(tenantId, id)
-    this.createdHook?.(created)
+    for (const observer of this.observers) observer.created?.(created)
     return this.info(created)
   }
 
@@ -294,53 +291,21 @@ export class SessionService {
     this.warm.noteActivity(row)
   }
 
-  /** Called when a session is created (not awaited: the turn-0 snapshot is taken in the background). */
-  onCreated(hook: (row: SessionRow) => void): void {
-    this.createdHook = hook
-  }
-
-  onDeleted(hook: (sessionId: string) => Promise<void>): void {
-    this.deletedHook = hook
-  }
-
-  /** Called (each hook) when a session is ended by its user or deleted. */
-  onEnded(hook: (sessionId: string) => void): void {
-    this.endedHooks.push(hook)
+  private get observers() {
+    return this.deps.observers ?? []
   }
 
   private ended(sessionId: string): void {
-    for (const hook of this.endedHooks) hook(sessionId)
+    for (const observer of this.observers) observer.ended?.(sessionId)
   }
 
-  /**
-   * Called once a turn has ended and its outcome was sent (not awaited: off the critical path),
-   * with the answer of the `onUnchangedProbe` probe that kept or advanced its generation.
-   */
-  onAfterTurn(
-    hook: (row: SessionRow, seq: number, agent: AgentProcess | undefined, unchanged: boolean) => void,
-  ): void {
-    this.runner.afterTurnHook = hook
+  /** Whether the session's lock is held (a turn or an exclusive operation runs). */
+  isBusy(sessionId: string): boolean {
+    return this.locks.has(sessionId)
   }
 
-  /** Called after the sandbox is ready and before the prompt is sent (pre-turn snapshots). */
-  onBeforeTurn(hook: (row: SessionRow, seq: number, agent: AgentProcess) => Promise<void>): void {
-    this.runner.beforeTurnHook = hook
-  }
-
-  /**
-   * Tells whether a warm agent's turn left the workspace exactly as its last automatic snapshot
-   * (see `WorkspaceService.unchangedSince`): such a turn moves neither the generation nor, then,
-   * the subvolume's change mark, so no snapshot follows it either.
-   */
-  onUnchangedProbe(probe: (sessionId: string, agent: AgentProcess) => Promise<boolean>): void {
-    this.runner.unchangedProbe = probe
-  }
-
-  workspaceDir(sessionId: string): string {
-    return this.deps.runtime.pool.workspacePath(sessionId)
-  }
-
-  warmAgent(sessionId: string): AgentProcess | undefined {
+  /** The session's warm agent, if it has one. */
+  warmAgent(sessionId: string): AgentInfo | undefined {
     return this.warm.agent(sessionId)
   }
 
@@ -429,7 +394,7 @@ export class SessionService {
    */
   async resume(tenantId: string, id: string, policy?: SessionPolicyInput): Promise<SessionInfo> {
     const row = await this.requireLive(tenantId, id)
-    if (!(await this.deps.runtime.pool.hasWorkspace(id))) throw await this.missingWorkspace(tenantId, id)
+    if (!(await this.deps.runtime.hasWorkspace(id))) throw await this.missingWorkspace(tenantId, id)
     await this.verifyWorkspace(row)
     await this.updatePolicy(row, policy, true)
     if (row.status !== 'idle' && row.status !== 'active')
@@ -492,6 +457,53 @@ export class SessionService {
     await this.verifyWorkspace(row)
   }
 
+  /**
+   * Records a fork: a new idle session of the parent's agent and revision whose workspace (made by
+   * the caller from `fork.snapshotId`, at `child.generation`) and transcript, up to
+   * `fork.turnsUpTo`, are the parent's. The only place a session row is written besides `create`.
+   */
+  async insertFork(
+    parent: SessionRow,
+    child: { id: string; title?: string | undefined; policy: SessionPolicy; generation: number },
+    fork: { snapshotId: string; turnsUpTo: number },
+  ): Promise<void> {
+    await this.store.insert(
+      {
+        id: child.id,
+        tenant_id: parent.tenant_id,
+        agent_id: parent.agent_id,
+        revision_id: parent.revision_id,
+        title: child.title ?? (parent.title ? `${parent.title} (fork)` : null),
+        status: 'idle',
+        status_cause: 'forked',
+        ...policyColumns(child.policy, this.deps.clock.now()),
+        auto_snapshots: parent.auto_snapshots,
+        generation: child.generation,
+        created_at: this.now(),
+      },
+      { parentId: parent.id, ...fork },
+    )
+  }
+
+  /** Records the workspace's new generation (a restore or an import swapped it in, marker first). */
+  async setGeneration(sessionId: string, generation: number): Promise<void> {
+    await this.store.setGeneration(sessionId, generation)
+  }
+
+  /** Records what happened to the session's workspace (a restore, an import), its status unchanged. */
+  async recordWorkspaceEvent(
+    row: SessionRow,
+    cause: 'workspace_restored' | 'workspace_imported',
+    detail: string,
+  ): Promise<void> {
+    await this.store.transition(row, row.status, cause, this.now(), detail)
+  }
+
+  /** The session was used outside a turn (its files changed through the API). */
+  async touch(sessionId: string): Promise<void> {
+    await this.store.touch(sessionId, this.now())
+  }
+
   /** Moves the workspace's generation forward (a file written or deleted through the API). */
   advanceGeneration(sessionId: string): Promise<number> {
     return this.generations.advance(sessionId)
@@ -511,8 +523,8 @@ export class SessionService {
     const work = (async () => {
       await this.locks.cancel(id)
       await this.warm.drop(id)
-      await this.deps.runtime.pool.deleteWorkspace(id)
-      if (this.deletedHook) await this.deletedHook(id)
+      await this.deps.runtime.deleteWorkspace(id)
+      for (const observer of this.observers) await observer.deleted?.(id)
       await this.store.transition(await this.require(tenantId, id), 'deleted', cause, this.now(), detail)
       this.ended(id)
     })()

@@ -10,7 +10,7 @@ import {
   type TurnInfo,
   type TurnStatus,
 } from '@cairn/protocol'
-import type { NetworkEvent } from '@cairn/runtime'
+import type { NetworkEvent } from '@cairn/runtime/port'
 import { sql } from 'kysely'
 import { type Db, isUniqueViolation } from '../db/database.js'
 import {

@@ -23,6 +23,11 @@ export class TurnLocks {
     return this.running.has(sessionId)
   }
 
+  /** The sessions whose lock is held now. */
+  held(): string[] {
+    return [...this.running.keys()]
+  }
+
   get(sessionId: string): RunningTurn | undefined {
     return this.running.get(sessionId)
   }

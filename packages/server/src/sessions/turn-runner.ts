@@ -1,18 +1,19 @@
 import { CairnProblem, newId, type SessionStatus, type StatusCause, type StreamEvent } from '@cairn/protocol'
-import type { AgentEvent, AgentProcess, NetworkEvent, TurnOutcome } from '@cairn/runtime'
+import type { AgentEvent, NetworkEvent, TurnOutcome } from '@cairn/runtime/port'
 import { iso } from '../clock.js'
 import { unavailableReason, whenNotBusy } from '../db/busy.js'
 import { redact } from '../secrets/secret-store.js'
 import type { WorkspaceGenerations } from './generations.js'
 import { limitReached } from './policy.js'
 import type { SessionServiceDeps } from './session-deps.js'
+import { unchangedByAll } from './session-observer.js'
 import type { SessionRow, SessionStore } from './session-store.js'
 import type { TurnLocks } from './turn-locks.js'
 import type { WarmAgents } from './warm-agents.js'
 
 export type TurnRunnerDeps = Pick<
   SessionServiceDeps,
-  'db' | 'runtime' | 'secrets' | 'setup' | 'metrics' | 'memory' | 'clock' | 'logger'
+  'db' | 'runtime' | 'secrets' | 'setup' | 'metrics' | 'memory' | 'clock' | 'logger' | 'observers'
 > & {
   store: SessionStore
   locks: TurnLocks
@@ -38,19 +39,11 @@ export interface TurnHandle {
  * status and the workspace generation in one transaction.
  */
 export class TurnRunner {
-  /** Called after the sandbox is ready and before the prompt is sent (pre-turn snapshots). */
-  beforeTurnHook: ((row: SessionRow, seq: number, agent: AgentProcess) => Promise<void>) | undefined
-  /**
-   * Called once a turn has ended and its outcome was sent (not awaited: off the critical path);
-   * `unchanged` is what `unchangedProbe` answered for the turn.
-   */
-  afterTurnHook:
-    | ((row: SessionRow, seq: number, agent: AgentProcess | undefined, unchanged: boolean) => void)
-    | undefined
-  /** Whether a warm agent's turn left the workspace as its last automatic snapshot. */
-  unchangedProbe: ((sessionId: string, agent: AgentProcess) => Promise<boolean>) | undefined
-
   constructor(private readonly deps: TurnRunnerDeps) {}
+
+  private get observers() {
+    return this.deps.observers ?? []
+  }
 
   private now(): string {
     return iso(this.deps.clock.now())
@@ -90,7 +83,7 @@ export class TurnRunner {
       if (row.status === 'deleted') throw new CairnProblem('session_deleted', `session ${id} was deleted`)
       if (!prompt.trim()) throw new CairnProblem('validation_failed', 'prompt must not be empty')
       await this.checkLimits(row)
-      admitted = this.deps.warm.admit(row, (sessionId) => sessionId !== id && locks.has(sessionId))
+      admitted = this.deps.warm.admit(row)
       const at = this.now()
       seq = row.turn_count + 1
       const current = row
@@ -171,14 +164,15 @@ export class TurnRunner {
       const { agent, cold } = await warm.acquire(row)
       sandboxId = agent.sandboxId
       await whenNotBusy(() => store.setTurnSandbox(turnId, sandboxId, cold))
-      if (this.beforeTurnHook) await this.beforeTurnHook(row, seq, agent)
+      for (const observer of this.observers) await observer.beforeTurn?.(row, seq, agent)
       emit({ type: 'run.started', sessionId: row.id, turnId, turn: seq, sandboxId, coldStart: cold })
       const transcript = await warm.transcripts.before(row.id, seq)
       const secretValues = await this.deps.secrets.values(row.agent_id, ['runtime', 'setup', 'proxy'])
       const clean = (event: StreamEvent): StreamEvent =>
         event.type === 'message.delta' ? { ...event, content: redact(event.content, secretValues) } : event
       promptSent = true
-      outcome = await agent.runTurn(
+      outcome = await this.deps.runtime.runTurn(
+        row.id,
         { prompt, turn: seq, turnId, transcript },
         (event) => emit(clean(toStreamEvent(turnId, event))),
         signal,
@@ -192,7 +186,7 @@ export class TurnRunner {
         outcome = { ...outcome, message: redact(outcome.message, secretValues) }
         outcome = await this.blamePoolIfFull(outcome)
       }
-      if (!agent.alive) await warm.drop(row.id)
+      if (!warm.agent(row.id)?.alive) await warm.drop(row.id)
       else warm.scheduleCooldown(row)
     } catch (error) {
       const problem = error instanceof CairnProblem ? error : undefined
@@ -236,10 +230,9 @@ export class TurnRunner {
     // (a crash after it leaves the disk ahead, never behind), so the snapshot that follows the
     // turn carries it.
     let generation: number | undefined
-    const warmAgent = warm.agent(row.id)
     const unchanged =
-      promptSent && warmAgent?.alive && this.unchangedProbe
-        ? await this.unchangedProbe(row.id, warmAgent).catch(() => false)
+      promptSent && warm.agent(row.id)?.alive
+        ? await unchangedByAll(this.observers, row.id).catch(() => false)
         : false
     if (promptSent && !unchanged) {
       generation = await this.deps.generations.markNext(row.id).catch((error) => {
@@ -321,11 +314,12 @@ export class TurnRunner {
         },
       })
     }
-    this.afterTurnHook?.(row, seq, warm.agent(row.id), unchanged)
+    const after = warm.agent(row.id)
+    for (const observer of this.observers) observer.afterTurn?.(row, seq, after, unchanged)
     const memory = this.deps.memory
     if (memory) {
       void memory
-        .promoteProposed(row.agent_id, this.deps.runtime.pool.workspacePath(row.id), `${row.id}/${turnId}`)
+        .promoteProposed(row.agent_id, row.id, `${row.id}/${turnId}`)
         .catch((error) => this.deps.logger.warn({ err: error, session: row.id }, 'memory promotion failed'))
     }
   }
@@ -356,7 +350,7 @@ export class TurnRunner {
     }
     if (!/No space left on device|ENOSPC/.test(said)) return outcome
     // Without the pool's figures the agent's own failure is reported as it is.
-    const stats = await this.deps.runtime.pool.poolStats().catch((error: unknown) => {
+    const stats = await this.deps.runtime.poolStats().catch((error: unknown) => {
       this.deps.logger.warn({ err: error }, 'reading the pool usage failed')
       return undefined
     })

@@ -1,5 +1,5 @@
 import { CairnProblem } from '@cairn/protocol'
-import { type AgentProcess, launchEnvironment } from '@cairn/runtime'
+import type { AgentInfo } from '@cairn/runtime/port'
 import { iso } from '../clock.js'
 import { sandboxLimits, sessionNetwork, turnTimeoutMs } from './sandbox-settings.js'
 import type { SessionServiceDeps } from './session-deps.js'
@@ -26,25 +26,13 @@ export type WarmAgentsDeps = Pick<
   missingWorkspace: (tenantId: string, sessionId: string) => Promise<CairnProblem>
 }
 
-interface WarmAgent {
-  agent: AgentProcess
-  tenantId: string
-  /** When its last turn or activity ended (epoch ms): the least recently used idle one goes first. */
-  usedAt: number
-  timer: NodeJS.Timeout | undefined
-  /** When the cooldown timer fires (epoch ms), so activity only ever extends it. */
-  until?: number | undefined
-}
-
 /**
- * The agent processes kept warm between turns: started cold on a session's first turn (or after
- * its sandbox went), reused by the next turn within the keep-warm window, stopped when it cools.
- * What is cached per warm sandbox (the transcript, the activity throttle) goes with it.
+ * The session side of the warm agents: what a session's agent is started with (its revision,
+ * secrets, memory, network), and what is cached per warm sandbox (the transcript, the activity
+ * throttle). The pool itself (keep-warm windows, the per-tenant cap) is the runtime's, behind the
+ * port.
  */
 export class WarmAgents {
-  private readonly warm = new Map<string, WarmAgent>()
-  /** Sessions admitted for a cold start whose sandbox is not up yet, with their tenant. */
-  private readonly starting = new Map<string, string>()
   private readonly activityWrittenAt = new Map<string, number>()
   readonly transcripts: TranscriptCache
 
@@ -53,85 +41,55 @@ export class WarmAgents {
   }
 
   has(sessionId: string): boolean {
-    return this.warm.has(sessionId)
+    return this.deps.runtime.agent(sessionId) !== undefined
   }
 
-  agent(sessionId: string): AgentProcess | undefined {
-    return this.warm.get(sessionId)?.agent
+  agent(sessionId: string): AgentInfo | undefined {
+    return this.deps.runtime.agent(sessionId)
   }
 
   get size(): number {
-    return this.warm.size
+    return this.deps.runtime.warmCount
   }
 
   /**
-   * Makes room for this session's sandbox under its tenant's cap (`maxSandboxesPerTenant`): when
-   * the tenant is at the cap, its least recently used idle sandboxes are stopped (their sessions
-   * stay idle and start cold next time, as after the keep-warm window); when every one is running
-   * a turn, `sandbox_limit_reached` (retryable). Synchronous, so concurrent messages cannot pass
-   * the cap together. The answer releases the slot once the sandbox is up (or the turn is over).
+   * Makes room for this session's sandbox under its tenant's cap (`maxSandboxesPerTenant`), see
+   * `RuntimePort.admitAgent`. The answer releases the slot once the sandbox is up (or the turn is over).
    */
-  admit(row: SessionRow, busy: (sessionId: string) => boolean): () => void {
-    if (this.warm.get(row.id)?.agent.alive) return () => undefined
-    const cap = this.deps.operatorLimits.maxSandboxesPerTenant
-    const tenant = row.tenant_id
-    const running = () => {
-      let n = 0
-      for (const [id, warm] of this.warm) if (warm.tenantId === tenant && id !== row.id) n++
-      for (const [id, owner] of this.starting) if (owner === tenant && id !== row.id) n++
-      return n
-    }
-    if (running() >= cap) {
-      const idle = [...this.warm]
-        .filter(([id, warm]) => warm.tenantId === tenant && id !== row.id && !busy(id))
-        .sort(([, a], [, b]) => a.usedAt - b.usedAt)
-      for (const [id] of idle) {
-        if (running() < cap) break
-        // Out of the count at once (drop forgets it before stopping it); the stop finishes behind.
-        void this.drop(id).catch(() => undefined)
-      }
-    }
-    const now = running()
-    if (now >= cap)
-      throw new CairnProblem(
-        'sandbox_limit_reached',
-        `this tenant has ${now} agent sandboxes running turns, the most this server allows (${cap}, CAIRN_MAX_SANDBOXES_PER_TENANT): retry when one ends`,
-        { limit: 'maxSandboxesPerTenant', value: now, ceiling: cap },
-      )
-    this.starting.set(row.id, tenant)
-    return () => {
-      if (this.starting.get(row.id) === tenant) this.starting.delete(row.id)
-    }
+  admit(row: SessionRow): () => void {
+    if (this.deps.runtime.agent(row.id)?.alive) return () => undefined
+    return this.deps.runtime.admitAgent({
+      sessionId: row.id,
+      tenantId: row.tenant_id,
+      maxSandboxesPerTenant: this.deps.operatorLimits.maxSandboxesPerTenant,
+      busy: this.deps.locks.held(),
+    })
   }
 
   /** The session's warm agent (its cooldown stopped while a turn uses it), or a freshly started one. */
-  async acquire(row: SessionRow): Promise<{ agent: AgentProcess; cold: boolean }> {
-    const warm = this.warm.get(row.id)
-    if (warm?.agent.alive) {
-      if (warm.timer) clearTimeout(warm.timer)
-      warm.timer = undefined
-      warm.until = undefined
-      return { agent: warm.agent, cold: false }
-    }
-    if (warm) await this.drop(row.id)
-    const { pool } = this.deps.runtime
-    if (!(await pool.hasWorkspace(row.id))) throw await this.deps.missingWorkspace(row.tenant_id, row.id)
+  async acquire(row: SessionRow): Promise<{ agent: AgentInfo; cold: boolean }> {
+    const warm = this.deps.runtime.resumeAgent(row.id)
+    if (warm) return { agent: warm, cold: false }
+    if (this.deps.runtime.agent(row.id)) await this.drop(row.id)
+    if (!(await this.deps.runtime.hasWorkspace(row.id)))
+      throw await this.deps.missingWorkspace(row.tenant_id, row.id)
     const revision = await this.deps.agents.store.revision(row.revision_id)
     if (!revision) throw new CairnProblem('revision_not_found', `revision ${row.revision_id} is gone`)
-    const envKey = revision.manifest.envKey ?? undefined
     const proxySecrets = await this.deps.secrets.proxySecrets(row.tenant_id, row.agent_id)
-    const launch = launchEnvironment(this.deps.agents.envs.dependency(envKey), {
-      ...(await this.deps.secrets.valuesForScope(row.tenant_id, row.agent_id, 'runtime')),
-      // A proxy secret's variable holds only its stand-in; the egress proxy swaps in the value.
-      ...Object.fromEntries(proxySecrets.map((secret) => [secret.name, secret.standIn])),
-    })
     const agent = await this.deps.runtime.startAgent({
       sessionId: row.id,
-      workspaceDir: pool.workspacePath(row.id),
+      tenantId: row.tenant_id,
       command: revision.command,
       protocol: revision.manifest.protocol ?? 'stdio',
-      env: launch.env,
-      binds: [...launch.binds, ...(this.deps.memory ? [await this.deps.memory.bind(row.agent_id)] : [])],
+      http: revision.manifest.http,
+      dependencyEnvKey: revision.manifest.envKey ?? undefined,
+      env: {
+        ...(await this.deps.secrets.valuesForScope(row.tenant_id, row.agent_id, 'runtime')),
+        // A proxy secret's variable holds only its stand-in; the egress proxy swaps in the value.
+        ...Object.fromEntries(proxySecrets.map((secret) => [secret.name, secret.standIn])),
+      },
+      binds: this.deps.memory ? [await this.deps.memory.bind(row.agent_id)] : [],
+      rootfs: this.deps.agents.images.rootfsOf(revision),
       egress: {
         ...this.deps.egressSite,
         policy: sessionNetwork(row, revision.manifest),
@@ -149,42 +107,18 @@ export class WarmAgents {
       turnTimeoutMs: turnTimeoutMs(revision.manifest, this.deps.operatorLimits),
       isolation: revision.manifest.isolation,
     })
-    this.warm.set(row.id, { agent, tenantId: row.tenant_id, usedAt: Date.now(), timer: undefined })
-    this.starting.delete(row.id)
     this.deps.metrics?.coldStarts.inc()
     return { agent, cold: true }
   }
 
   /** After a turn: the sandbox stays warm for the session's keep-warm window, then stops. */
   scheduleCooldown(row: SessionRow): void {
-    const warm = this.warm.get(row.id)
-    if (!warm) return
-    warm.usedAt = Date.now()
-    if (row.keep_warm_ms <= 0) {
-      void this.drop(row.id)
-      return
-    }
-    warm.until = Date.now() + row.keep_warm_ms
-    warm.timer = setTimeout(() => {
-      if (this.deps.locks.has(row.id)) return
-      void this.drop(row.id)
-    }, row.keep_warm_ms)
-    warm.timer.unref()
+    this.deps.runtime.coolDown(row.id, row.keep_warm_ms)
   }
 
   /** Moves a cooling warm sandbox's stop to at least `ms` from now (never earlier). */
   extend(id: string, ms: number): void {
-    const warm = this.warm.get(id)
-    if (!warm?.timer) return
-    const until = Date.now() + ms
-    if (warm.until !== undefined && warm.until >= until) return
-    clearTimeout(warm.timer)
-    warm.until = until
-    warm.timer = setTimeout(() => {
-      if (this.deps.locks.has(id)) return
-      void this.drop(id)
-    }, ms)
-    warm.timer.unref()
+    this.deps.runtime.keepWarm(id, ms)
   }
 
   /**
@@ -201,22 +135,16 @@ export class WarmAgents {
           this.deps.logger.warn({ err: error, session: row.id }, 'recording session activity failed'),
         )
     }
-    const warm = this.warm.get(row.id)
-    if (warm) warm.usedAt = Date.now()
-    this.extend(row.id, row.keep_warm_ms)
+    this.deps.runtime.keepWarm(row.id, row.keep_warm_ms, true)
   }
 
   async drop(sessionId: string): Promise<void> {
     this.transcripts.forget(sessionId)
     this.activityWrittenAt.delete(sessionId)
-    const warm = this.warm.get(sessionId)
-    if (!warm) return
-    this.warm.delete(sessionId)
-    if (warm.timer) clearTimeout(warm.timer)
-    await this.deps.runtime.stopAgent(warm.agent)
+    await this.deps.runtime.stopAgent(sessionId)
   }
 
   async dropAll(): Promise<void> {
-    await Promise.all([...this.warm.keys()].map((id) => this.drop(id)))
+    await this.deps.runtime.stopAllAgents()
   }
 }

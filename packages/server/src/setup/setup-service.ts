@@ -1,5 +1,3 @@
-import { chmod, mkdir, rm, writeFile } from 'node:fs/promises'
-import path from 'node:path'
 import {
   type AgentManifest,
   CairnProblem,
@@ -7,13 +5,7 @@ import {
   type SessionSetup,
   type SetupInfo,
 } from '@cairn/protocol'
-import {
-  type EgressSite,
-  launchEnvironment,
-  type NetworkEvent,
-  type Runtime,
-  runSandboxedCommand,
-} from '@cairn/runtime'
+import type { EgressSite, NetworkEvent, RuntimePort } from '@cairn/runtime/port'
 import type { Logger } from 'pino'
 import type { AgentService } from '../agents/agent-service.js'
 import { type Clock, iso } from '../clock.js'
@@ -29,7 +21,8 @@ const MAX_LOG_BYTES = 1024 * 1024
 
 export interface SetupServiceDeps {
   db: Db
-  runtime: Runtime
+  /** The runtime, only through its port: the setup command runs in the session's workspace. */
+  runtime: RuntimePort
   agents: AgentService
   secrets: SecretStore
   egressSite?: EgressSite | undefined
@@ -102,7 +95,6 @@ export class SetupService {
     const setupSecrets = await secrets.valuesForScope(row.tenant_id, row.agent_id, 'setup')
     const allSecrets = await secrets.values(row.agent_id, ['runtime', 'setup', 'proxy'])
     const policy: NetworkPolicy = setup.network ?? sessionNetwork(row, revision.manifest)
-    const envKey = revision.manifest.envKey ?? undefined
     const timeoutMs = Math.min(
       setup.timeoutMs ?? DEFAULT_SETUP_TIMEOUT_MS,
       this.deps.operatorLimits.maxSetupTimeoutMs,
@@ -113,28 +105,17 @@ export class SetupService {
       if (log.length > MAX_LOG_BYTES) log = log.slice(log.length - MAX_LOG_BYTES)
     }
     await this.store.start(row.id, iso(this.deps.clock.now()))
-    const runDir = path.join(runtime.runDir, 'sandboxes', `setup-${row.id}`)
     let exitCode: number | null = null
     let error: string | null = null
     try {
-      await mkdir(runDir, { recursive: true })
-      await chmod(runDir, 0o755)
-      await writeFile(path.join(runDir, 'transcript.jsonl'), '', { mode: 0o644 })
-      const launch = launchEnvironment(this.deps.agents.envs.dependency(envKey), {
-        HOME: '/tmp',
-        ...setup.env,
-        ...setupSecrets,
-        CAIRN_SESSION_ID: row.id,
-        CAIRN_PHASE: 'setup',
-      })
-      const result = await runSandboxedCommand(runtime.driverFor(revision.manifest.isolation), {
-        workspaceDir: runtime.pool.workspacePath(row.id),
-        runDir,
+      const result = await runtime.runCommand({
+        sessionId: row.id,
+        isolation: revision.manifest.isolation,
+        dependencyEnvKey: revision.manifest.envKey ?? undefined,
         command: setup.command,
-        env: launch.env,
+        env: { HOME: '/tmp', ...setup.env, ...setupSecrets, CAIRN_SESSION_ID: row.id, CAIRN_PHASE: 'setup' },
         egress: { ...this.deps.egressSite, policy, onEvent: onNetwork },
-        logger: runtime.logger,
-        binds: launch.binds,
+        rootfs: this.deps.agents.images.rootfsOf(revision),
         limits: sandboxLimits(revision.manifest, this.deps.operatorLimits),
         timeoutMs,
         onLine: append,
@@ -147,11 +128,6 @@ export class SetupService {
       else if (result.code !== 0) error = `setup exited with code ${result.code ?? result.signal}`
     } catch (caught) {
       error = `setup could not run: ${(caught as Error).message}`
-    } finally {
-      // The setup's outcome is decided; a run dir left behind goes with the runtime's at shutdown.
-      await rm(runDir, { recursive: true, force: true }).catch((rmError: unknown) =>
-        this.deps.logger.warn({ err: rmError, runDir }, 'removing a setup run dir failed'),
-      )
     }
     // Even a failed setup may have written files. The new generation comes before the snapshot
     // after setup, so that snapshot carries it.

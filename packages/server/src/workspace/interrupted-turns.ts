@@ -20,7 +20,7 @@ export async function completeInterruptedTurns(
     const row = await deps.sessions.store.get(turn.tenantId, turn.sessionId)
     if (!row?.auto_snapshots || row.status === 'deleted' || row.status_cause === 'state_lost') continue
     if (await snapshots.atTurn(row.id, turn.seq - 1)) continue
-    if (!(await deps.runtime.pool.hasWorkspace(row.id))) continue
+    if (!(await deps.runtime.hasWorkspace(row.id))) continue
     await policy.take(row, 'auto', 'before_turn', turn.seq - 1)
     taken++
   }

@@ -1,6 +1,5 @@
 import { CairnProblem, type SnapshotInfo, type TreeSizes } from '@cairn/protocol'
-import type { StoragePool } from '@cairn/runtime'
-import { treeDigest } from '../files/digest.js'
+import type { RuntimePort, TreeRef } from '@cairn/runtime/port'
 import type { SnapshotStore } from '../snapshots/snapshot-store.js'
 import type { HeavyReads } from './heavy-reads.js'
 
@@ -24,11 +23,11 @@ export interface SnapshotExtras {
 export class SnapshotMeasures {
   /** Digests being computed, by snapshot ID. */
   private readonly digests = new Map<string, DigestWork>()
-  /** Size measurements in progress, by tree path. */
+  /** Size measurements in progress, by tree (its ID). */
   private readonly measuring = new Map<string, Promise<TreeSizes>>()
 
   constructor(
-    private readonly pool: StoragePool,
+    private readonly runtime: RuntimePort,
     private readonly snapshots: SnapshotStore,
     private readonly heavyReads: HeavyReads,
   ) {}
@@ -45,12 +44,13 @@ export class SnapshotMeasures {
   }
 
   /** One measurement per tree at a time: concurrent requests for the same tree share it. */
-  measure(dir: string): Promise<TreeSizes> {
-    let work = this.measuring.get(dir)
+  measure(tree: TreeRef): Promise<TreeSizes> {
+    const key = Object.values(tree)[0] as string
+    let work = this.measuring.get(key)
     if (!work) {
-      work = this.pool.usage(dir)
-      this.measuring.set(dir, work)
-      const forget = () => this.measuring.delete(dir)
+      work = this.runtime.treeSizes(tree)
+      this.measuring.set(key, work)
+      const forget = () => this.measuring.delete(key)
       void work.then(forget, forget)
     }
     return work
@@ -64,7 +64,7 @@ export class SnapshotMeasures {
    */
   private async snapshotSizes(snap: SnapshotInfo): Promise<TreeSizes> {
     try {
-      return await this.measure(this.pool.snapshotPath(snap.id))
+      return await this.measure({ snapshotId: snap.id })
     } catch (error) {
       if (!(await this.snapshots.get(snap.sessionId, snap.id)))
         throw new CairnProblem('not_found', `snapshot ${snap.id} was deleted while it was measured`)
@@ -89,7 +89,7 @@ export class SnapshotMeasures {
     if (!work || work.stop.signal.aborted) {
       const release = this.heavyReads.acquire(tenantId, 'a digest')
       const stop = new AbortController()
-      const result = treeDigest(this.pool.snapshotPath(snap.id), { signal: stop.signal })
+      const result = this.runtime.digest({ snapshotId: snap.id }, { background: true, signal: stop.signal })
       const started: DigestWork = { result, stop, waiting: 0 }
       work = started
       this.digests.set(snap.id, started)

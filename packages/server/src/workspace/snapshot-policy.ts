@@ -1,20 +1,15 @@
 import { newId, type SnapshotInfo, type SnapshotReason } from '@cairn/protocol'
-import type { AgentProcess } from '@cairn/runtime'
+import type { AgentInfo, WorkspaceMark } from '@cairn/runtime/port'
 import { iso } from '../clock.js'
+import type { SessionObserver } from '../sessions/session-observer.js'
 import type { SessionRow } from '../sessions/session-store.js'
 import type { SnapshotPins } from '../snapshots/snapshot-pins.js'
 import type { SnapshotStore } from '../snapshots/snapshot-store.js'
 import type { WorkspaceServiceDeps } from './workspace-deps.js'
 
 /** The workspace as of an automatic snapshot, to tell whether a later turn changed it. */
-interface SnapshotMark {
+interface SnapshotMark extends WorkspaceMark {
   snapshotId: string
-  /** The warm sandbox frozen for the snapshot. */
-  sandboxId: string
-  /** The workspace subvolume's ctransid right after the snapshot. */
-  ctransid: number
-  /** The sandbox's dirtied-bytes counter at the snapshot. */
-  writtenBytes: number
 }
 
 /**
@@ -22,7 +17,7 @@ interface SnapshotMark {
  * (taken after the previous one, off the reply's critical path), the one at creation and after
  * setup, keep-last-N, and whether a turn changed the workspace at all.
  */
-export class SnapshotPolicy {
+export class SnapshotPolicy implements SessionObserver {
   private retention: Promise<void> = Promise.resolve()
   private readonly pending = new Map<string, Promise<void>>()
   /** Sessions whose workspace changed outside a turn since their last snapshot. */
@@ -34,36 +29,43 @@ export class SnapshotPolicy {
     private readonly deps: WorkspaceServiceDeps,
     private readonly snapshots: SnapshotStore,
     private readonly pins: SnapshotPins,
-  ) {
-    // The snapshot that lets turn N be undone is the state after turn N-1. It is taken as soon as
-    // turn N-1 ends (the agent is waiting for input), off the critical path of the reply; turn N
-    // waits for it, and takes one itself when something changed the workspace in between.
-    deps.sessions.onAfterTurn((row, seq, agent, unchanged) => {
-      if (!row.auto_snapshots) return
-      this.track(row.id, this.snapshotAfterTurn(row, seq, agent?.alive ? agent : undefined, unchanged))
-    })
-    deps.sessions.onUnchangedProbe(async (sessionId, agent) => {
-      const mark = this.marks.get(sessionId)
-      return mark ? this.unchangedSince(sessionId, mark, agent) : false
-    })
-    // The state before turn 1 is the revision: snapshot it at creation, before any sandbox exists,
-    // so the first turn neither waits for it nor freezes a sandbox that is still starting.
-    deps.sessions.onCreated((row) => {
-      if (!row.auto_snapshots) return
-      this.track(row.id, this.take(row, 'auto', 'before_turn', 0))
-    })
-    deps.sessions.onBeforeTurn(async (row, seq, agent) => {
-      if (!row.auto_snapshots) return
-      await this.pending.get(row.id)
-      if (this.dirty.has(row.id) || !(await this.snapshots.atTurn(row.id, seq - 1))) {
-        this.dirty.delete(row.id)
-        await this.take(row, 'auto', 'before_turn', seq - 1, agent)
-      }
-    })
-    deps.sessions.onDeleted((sessionId) => {
-      this.marks.delete(sessionId)
-      return this.deleteAll(sessionId)
-    })
+  ) {}
+
+  // The snapshot that lets turn N be undone is the state after turn N-1. It is taken as soon as
+  // turn N-1 ends (the agent is waiting for input), off the critical path of the reply; turn N
+  // waits for it, and takes one itself when something changed the workspace in between.
+
+  afterTurn(row: SessionRow, seq: number, agent: AgentInfo | undefined, unchanged: boolean): void {
+    if (!row.auto_snapshots) return
+    this.track(row.id, this.snapshotAfterTurn(row, seq, agent?.alive === true, unchanged))
+  }
+
+  async unchanged(sessionId: string): Promise<boolean> {
+    const mark = this.marks.get(sessionId)
+    return mark ? this.unchangedSince(sessionId, mark) : false
+  }
+
+  /**
+   * The state before turn 1 is the revision: snapshot it at creation, before any sandbox exists,
+   * so the first turn neither waits for it nor freezes a sandbox that is still starting.
+   */
+  created(row: SessionRow): void {
+    if (!row.auto_snapshots) return
+    this.track(row.id, this.take(row, 'auto', 'before_turn', 0))
+  }
+
+  async beforeTurn(row: SessionRow, seq: number): Promise<void> {
+    if (!row.auto_snapshots) return
+    await this.pending.get(row.id)
+    if (this.dirty.has(row.id) || !(await this.snapshots.atTurn(row.id, seq - 1))) {
+      this.dirty.delete(row.id)
+      await this.take(row, 'auto', 'before_turn', seq - 1)
+    }
+  }
+
+  deleted(sessionId: string): Promise<void> {
+    this.marks.delete(sessionId)
+    return this.deleteAll(sessionId)
   }
 
   /** Waits for the session's background snapshot, if one is being taken. */
@@ -96,14 +98,14 @@ export class SnapshotPolicy {
   private async snapshotAfterTurn(
     row: SessionRow,
     seq: number,
-    agent: AgentProcess | undefined,
+    warm: boolean,
     unchanged: boolean,
   ): Promise<void> {
     // After the reply's stream is ended (the hook runs just after run.completed is written).
     await new Promise((resolve) => setImmediate(resolve))
     const mark = this.marks.get(row.id)
-    if (mark && agent && unchanged && (await this.snapshots.extendThrough(mark.snapshotId, seq))) return
-    await this.take(row, 'auto', 'before_turn', seq, agent)
+    if (mark && warm && unchanged && (await this.snapshots.extendThrough(mark.snapshotId, seq))) return
+    await this.take(row, 'auto', 'before_turn', seq)
   }
 
   /**
@@ -113,12 +115,10 @@ export class SnapshotPolicy {
    * when flushed), and no inode of the workspace updated (the subvolume's ctransid). Any doubt
    * answers no.
    */
-  private async unchangedSince(sessionId: string, mark: SnapshotMark, agent: AgentProcess): Promise<boolean> {
-    if (this.dirty.has(sessionId) || mark.sandboxId !== agent.sandboxId || !agent.alive) return false
-    const written = agent.writtenBytes()
-    if (written === undefined || written !== mark.writtenBytes) return false
-    const ctransid = await this.deps.runtime.pool.workspaceMark(sessionId)
-    return ctransid !== undefined && ctransid === mark.ctransid && !this.dirty.has(sessionId)
+  private async unchangedSince(sessionId: string, mark: SnapshotMark): Promise<boolean> {
+    if (this.dirty.has(sessionId)) return false
+    const same = await this.deps.runtime.unchangedSince(sessionId, mark)
+    return same && !this.dirty.has(sessionId)
   }
 
   /**
@@ -155,11 +155,10 @@ export class SnapshotPolicy {
     kind: 'auto' | 'manual',
     reason: SnapshotReason,
     turnSeq: number,
-    agent?: AgentProcess,
     label?: string,
   ): Promise<SnapshotInfo> {
     const snapshotId = newId('snapshot')
-    const seen = await this.frozenSnapshot(row, snapshotId, agent)
+    const seen = await this.frozenSnapshot(row, snapshotId)
     const current = await this.deps.sessions.store.get(row.tenant_id, row.id)
     const info = await this.snapshots.insertWithId(snapshotId, {
       session_id: row.id,
@@ -191,23 +190,11 @@ export class SnapshotPolicy {
    * what the workspace and its sandbox looked like at that instant (for `unchangedSince`), when
    * both could be read.
    */
-  async frozenSnapshot(
+  frozenSnapshot(
     row: Pick<SessionRow, 'id' | 'tenant_id'>,
     snapshotId: string,
-    agent?: AgentProcess,
-  ): Promise<Omit<SnapshotMark, 'snapshotId'> | undefined> {
-    const sessionId = row.id
-    const warm = agent ?? this.deps.sessions.warmAgent(sessionId)
-    await warm?.freeze()
-    try {
-      const ctransid = await this.deps.runtime.pool.snapshotWorkspace(sessionId, snapshotId, row.tenant_id)
-      // Read while still frozen: nothing the sandbox writes from here on is in the snapshot.
-      const writtenBytes = warm?.writtenBytes()
-      if (!warm || ctransid === undefined || writtenBytes === undefined) return undefined
-      return { sandboxId: warm.sandboxId, ctransid, writtenBytes }
-    } finally {
-      await warm?.thaw()
-    }
+  ): Promise<WorkspaceMark | undefined> {
+    return this.deps.runtime.snapshotWorkspace(row.id, snapshotId, row.tenant_id)
   }
 
   /** Automatic snapshots kept per session for the tenant. */
@@ -221,7 +208,7 @@ export class SnapshotPolicy {
       if (!this.pins.claimForDeletion(old.id)) continue
       // Should the removal fail, start-up's reconcile removes the unrecorded subvolume.
       await this.snapshots.markDeleted(old.id, this.now())
-      await this.deps.runtime.pool.deleteSnapshot(old.id)
+      await this.deps.runtime.deleteSnapshot(old.id)
     }
   }
 
@@ -236,7 +223,7 @@ export class SnapshotPolicy {
     await this.retention
     for (const snap of await this.snapshots.list(sessionId)) {
       await this.snapshots.markDeleted(snap.id, this.now())
-      await this.deps.runtime.pool.deleteSnapshot(snap.id)
+      await this.deps.runtime.deleteSnapshot(snap.id)
     }
   }
 }

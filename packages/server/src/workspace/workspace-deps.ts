@@ -1,5 +1,5 @@
 import type { SetupInfo } from '@cairn/protocol'
-import type { Runtime } from '@cairn/runtime'
+import type { RuntimePort } from '@cairn/runtime/port'
 import type { Logger } from 'pino'
 import type { AgentService } from '../agents/agent-service.js'
 import type { ArchiveLimits } from '../agents/archive.js'
@@ -10,7 +10,10 @@ import type { SessionService } from '../sessions/session-service.js'
 
 export interface WorkspaceServiceDeps {
   db: Db
-  runtime: Runtime
+  /** The runtime, only through its port. */
+  runtime: RuntimePort
+  /** The runtime's default sandbox driver and storage driver, for the manifest. */
+  runtimeDrivers: { isolation: string; storage: string }
   sessions: SessionService
   agents: AgentService
   clock: Clock

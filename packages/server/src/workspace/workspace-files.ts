@@ -1,11 +1,7 @@
-import { existsSync } from 'node:fs'
 import type { Readable } from 'node:stream'
 import { CairnProblem, type FileEntry, type WorkspaceDiff } from '@cairn/protocol'
-import { iso } from '../clock.js'
+import type { TreeReadOptions as ReadOptions, TreeRef } from '@cairn/runtime/port'
 import { workspaceRelative } from '../files/confine.js'
-import { openTreeFile, type ReadOptions } from '../files/reader.js'
-import { deleteWorkspacePath, writeWorkspaceFile } from '../files/sandboxed-io.js'
-import { diffTrees, listDirectory } from '../files/tree.js'
 import type { SessionRow } from '../sessions/session-store.js'
 import type { SnapshotStore } from '../snapshots/snapshot-store.js'
 import type { HeavyReads } from './heavy-reads.js'
@@ -24,27 +20,22 @@ export class WorkspaceFiles {
     private readonly heavyReads: HeavyReads,
   ) {}
 
-  private now(): string {
-    return iso(this.deps.clock.now())
-  }
-
-  /** Root of a session's workspace, or of one of its snapshots, on the host. */
-  async root(tenantId: string, id: string, snapshotId?: string): Promise<string> {
+  /** A session's workspace, or one of its snapshots, as a tree of the runtime. */
+  async root(tenantId: string, id: string, snapshotId?: string): Promise<TreeRef> {
     return this.rootOf(await this.deps.sessions.requireLive(tenantId, id), snapshotId)
   }
 
   /** `root` for a session already read (and found not deleted). */
-  async rootOf(row: SessionRow, snapshotId?: string): Promise<string> {
+  async rootOf(row: SessionRow, snapshotId?: string): Promise<TreeRef> {
     const { id } = row
-    const { pool } = this.deps.runtime
     if (snapshotId) {
       if (!(await this.snapshots.get(id, snapshotId)))
         throw new CairnProblem('not_found', `No snapshot ${snapshotId} in session ${id}`)
-      return pool.snapshotPath(snapshotId)
+      return { snapshotId }
     }
-    const dir = pool.workspacePath(id)
-    if (!existsSync(dir)) throw await this.deps.sessions.missingWorkspace(row.tenant_id, id)
-    return dir
+    if (!(await this.deps.runtime.hasWorkspace(id)))
+      throw await this.deps.sessions.missingWorkspace(row.tenant_id, id)
+    return { sessionId: id }
   }
 
   /** Runs a read of a workspace or of a snapshot (which no restore or deletion moves). */
@@ -74,7 +65,7 @@ export class WorkspaceFiles {
     options: ReadOptions = {},
   ): Promise<FileEntry[]> {
     const root = await this.root(tenantId, id, snapshotId)
-    return this.reading(tenantId, id, snapshotId, () => listDirectory(root, rel, options), WALK)
+    return this.reading(tenantId, id, snapshotId, () => this.deps.runtime.listFiles(root, rel, options), WALK)
   }
 
   /**
@@ -88,7 +79,7 @@ export class WorkspaceFiles {
     const release = this.heavyReads.acquire(tenantId, 'a download')
     try {
       const file = await this.reading(tenantId, id, snapshotId, () =>
-        openTreeFile(root, rel, { ...options, background: true }),
+        this.deps.runtime.openFile(root, rel, { ...options, background: true }),
       )
       file.stream.once('close', release)
       const slash = rel.lastIndexOf(0x2f)
@@ -100,22 +91,22 @@ export class WorkspaceFiles {
   }
 
   async writeFile(tenantId: string, id: string, rawPath: string, body: Readable): Promise<void> {
-    const root = await this.root(tenantId, id)
+    await this.root(tenantId, id)
     await this.deps.sessions.changingWorkspace(id, async () => {
       await this.policy.settled(id)
       this.policy.changed(id)
-      await writeWorkspaceFile(this.deps.runtime, root, workspaceRelative(rawPath), body)
+      await this.deps.runtime.writeFile(id, workspaceRelative(rawPath), body)
       await this.deps.sessions.advanceGeneration(id)
     })
-    await this.deps.sessions.store.touch(id, this.now())
+    await this.deps.sessions.touch(id)
   }
 
   async deleteFile(tenantId: string, id: string, rawPath: string): Promise<void> {
-    const root = await this.root(tenantId, id)
+    await this.root(tenantId, id)
     await this.deps.sessions.changingWorkspace(id, async () => {
       await this.policy.settled(id)
       this.policy.changed(id)
-      await deleteWorkspacePath(this.deps.runtime, root, workspaceRelative(rawPath))
+      await this.deps.runtime.deletePath(id, workspaceRelative(rawPath))
       // At a full quota the marker (an xattr) cannot be written even though the delete went
       // through (with simple quotas, data a snapshot still holds keeps counting): the generation
       // stays, as after a turn that ends at a full quota, and the delete is answered as done.
@@ -124,7 +115,7 @@ export class WorkspaceFiles {
         this.deps.logger.warn({ sessionId: id }, 'the workspace generation stays: its quota is full')
       })
     })
-    await this.deps.sessions.store.touch(id, this.now())
+    await this.deps.sessions.touch(id)
   }
 
   /**
@@ -135,14 +126,13 @@ export class WorkspaceFiles {
   async diff(tenantId: string, id: string, from?: string, options: ReadOptions = {}): Promise<WorkspaceDiff> {
     const row = await this.deps.sessions.requireLive(tenantId, id)
     const root = await this.rootOf(row)
-    const { pool } = this.deps.runtime
     const walk = { ...options, background: true }
     if (!from || from === 'revision')
       return this.heavyReads.run(tenantId, 'a diff', () =>
         this.deps.sessions.readingWorkspace(
           tenantId,
           id,
-          () => diffTrees(pool.revisionPath(row.revision_id), root, row.revision_id, undefined, walk),
+          () => this.deps.runtime.diff({ revisionId: row.revision_id }, root, row.revision_id, walk),
           WALK,
         ),
       )
@@ -152,7 +142,7 @@ export class WorkspaceFiles {
       this.deps.sessions.readingWorkspace(
         tenantId,
         id,
-        () => diffTrees(pool.snapshotPath(from), root, from, undefined, walk),
+        () => this.deps.runtime.diff({ snapshotId: from }, root, from, walk),
         WALK,
       ),
     )

@@ -1,4 +1,3 @@
-import { existsSync } from 'node:fs'
 import {
   CairnProblem,
   type ForkBody,
@@ -8,7 +7,7 @@ import {
   type SnapshotInfo,
 } from '@cairn/protocol'
 import { iso } from '../clock.js'
-import { applyPolicy, policyColumns, policyOf } from '../sessions/policy.js'
+import { applyPolicy, policyOf } from '../sessions/policy.js'
 import type { SessionRow } from '../sessions/session-store.js'
 import type { SnapshotPins } from '../snapshots/snapshot-pins.js'
 import type { SnapshotStore } from '../snapshots/snapshot-store.js'
@@ -37,7 +36,7 @@ export class WorkspaceHistory {
     await this.policy.settled(id)
     return this.deps.sessions.exclusive(tenantId, id, 'a snapshot', (row) =>
       this.deps.manualSnapshotCap.within(row, () =>
-        this.policy.take(row, 'manual', 'manual', row.turn_count, undefined, label),
+        this.policy.take(row, 'manual', 'manual', row.turn_count, label),
       ),
     )
   }
@@ -90,7 +89,7 @@ export class WorkspaceHistory {
     }
     await this.snapshots.markDeleted(snap.id, this.now())
     this.policy.snapshotDeleted(id, snap.id)
-    await this.deps.runtime.pool.deleteSnapshot(snap.id)
+    await this.deps.runtime.deleteSnapshot(snap.id)
   }
 
   private async pick(
@@ -132,14 +131,12 @@ export class WorkspaceHistory {
           // A restore is a new generation (the marker is set on the incoming copy before the swap).
           const generation = (await this.deps.sessions.store.generationOf(id)) + 1
           await this.fromSnapshot(target, () =>
-            this.deps.runtime.pool.restoreWorkspace(id, target.id, generation, row.tenant_id),
+            this.deps.runtime.restoreWorkspace(id, target.id, generation, row.tenant_id),
           )
-          await this.deps.sessions.store.setGeneration(id, generation)
-          await this.deps.sessions.store.transition(
+          await this.deps.sessions.setGeneration(id, generation)
+          await this.deps.sessions.recordWorkspaceEvent(
             row,
-            row.status,
             'workspace_restored',
-            this.now(),
             `${target.id} (after turn ${target.turn}), generation ${generation}`,
           )
           if (body.policy)
@@ -164,7 +161,7 @@ export class WorkspaceHistory {
     try {
       return await copy()
     } catch (error) {
-      if (!existsSync(this.deps.runtime.pool.snapshotPath(snap.id)))
+      if (!(await this.deps.runtime.hasTree({ snapshotId: snap.id })))
         throw new CairnProblem(
           'not_found',
           `snapshot ${snap.id} is gone from the storage pool; list the snapshots and pick another`,
@@ -203,34 +200,21 @@ export class WorkspaceHistory {
     }
     const childId = newId('session')
     await this.pins.hold(source.id, () =>
-      this.fromSnapshot(source, () =>
-        this.deps.runtime.pool.forkWorkspace(childId, source.id, row.tenant_id),
-      ),
+      this.fromSnapshot(source, () => this.deps.runtime.forkWorkspace(childId, source.id, row.tenant_id)),
     )
     try {
       // The snapshot carries the marker of the generation it was taken at; the child starts there.
-      const [marked] = await this.deps.runtime.pool.readGenerations([childId])
+      const [marked] = await this.deps.runtime.readGenerations([childId])
       const generation = marked ?? source.generation
-      if (marked === undefined) await this.deps.runtime.pool.writeGeneration(childId, generation)
-      await this.deps.sessions.store.insert(
-        {
-          id: childId,
-          tenant_id: tenantId,
-          agent_id: row.agent_id,
-          revision_id: row.revision_id,
-          title: body.title ?? (row.title ? `${row.title} (fork)` : null),
-          status: 'idle',
-          status_cause: 'forked',
-          ...policyColumns(policy, this.deps.clock.now()),
-          auto_snapshots: row.auto_snapshots,
-          generation,
-          created_at: this.now(),
-        },
-        { parentId: id, snapshotId: source.id, turnsUpTo },
+      if (marked === undefined) await this.deps.runtime.writeGeneration(childId, generation)
+      await this.deps.sessions.insertFork(
+        row,
+        { id: childId, title: body.title, policy, generation },
+        { snapshotId: source.id, turnsUpTo },
       )
     } catch (error) {
       // The fork's error is the one to answer; a half-made child workspace left behind is logged.
-      await this.deps.runtime.pool
+      await this.deps.runtime
         .deleteWorkspace(childId)
         .catch((e: unknown) =>
           this.deps.logger.warn({ err: e, workspace: childId }, 'removing a failed fork failed'),

@@ -1,4 +1,3 @@
-import { existsSync } from 'node:fs'
 import type { SessionManifest } from '@cairn/protocol'
 import { policyOf } from '../sessions/policy.js'
 import type { SnapshotStore } from '../snapshots/snapshot-store.js'
@@ -32,12 +31,13 @@ export class WorkspaceManifest {
     const revision = await this.deps.agents.store.revision(row.revision_id)
     const turns = await this.deps.sessions.store.turns(id)
     const last = turns[turns.length - 1]
-    const workspacePath = this.deps.runtime.pool.workspacePath(id)
-    const present = existsSync(workspacePath)
+    const present = await this.deps.runtime.hasWorkspace(id)
     const dirty = present ? await this.files.diff(tenantId, id) : undefined
     const workspaceSizes =
       withSizes && present
-        ? await this.deps.sessions.readingWorkspace(tenantId, id, () => this.measures.measure(workspacePath))
+        ? await this.deps.sessions.readingWorkspace(tenantId, id, () =>
+            this.measures.measure({ sessionId: id }),
+          )
         : null
     return {
       session,
@@ -49,9 +49,9 @@ export class WorkspaceManifest {
         command: revision?.command ?? [],
         protocol: revision?.protocol ?? 'stdio',
       },
-      baseImage: 'host /usr, read-only (bwrap)',
-      driver: revision?.manifest.isolation ?? this.deps.runtime.driver.name,
-      storage: this.deps.runtime.pool.driver,
+      baseImage: await this.deps.agents.images.describe(revision?.manifest.imageKey),
+      driver: revision?.manifest.isolation ?? this.deps.runtimeDrivers.isolation,
+      storage: this.deps.runtimeDrivers.storage,
       setupVersion: revision?.manifest.setup ? revision.contentHash : null,
       sessionSetup: await this.sessionSetup(id),
       generation: row.generation,
@@ -73,7 +73,7 @@ export class WorkspaceManifest {
         : null,
       limits: revision?.manifest.limits ?? {},
       // Services listening inside the running sandbox, reachable as previews (…/ports/{port}/).
-      openPorts: (await this.deps.sessions.warmAgent(id)?.listeningPorts()) ?? [],
+      openPorts: await this.deps.runtime.listeningPorts(id),
       policies: {
         ...policyOf(row),
         deadlineAt: row.deadline_at,

@@ -36,7 +36,7 @@ export class WorkspaceService {
     this.snapshots = new SnapshotStore(deps.db)
     /** Digests and exports running per tenant. */
     const heavyReads = new HeavyReads()
-    const measures = new SnapshotMeasures(deps.runtime.pool, this.snapshots, heavyReads)
+    const measures = new SnapshotMeasures(deps.runtime, this.snapshots, heavyReads)
     this.policy = new SnapshotPolicy(deps, this.snapshots, this.pins)
     this.history = new WorkspaceHistory(deps, this.snapshots, this.pins, this.policy, measures)
     this.files = new WorkspaceFiles(deps, this.snapshots, this.policy, heavyReads)

@@ -1,8 +1,10 @@
-import type { AgentProtocolName } from '@cairn/protocol'
+import type net from 'node:net'
+import { CairnProblem } from '@cairn/protocol'
 import type { Sandbox } from '../../sandbox/driver.js'
 import type { TurnChannel } from '../active-turn.js'
-import type { TurnInput } from '../types.js'
+import type { AgentLaunch, TurnInput } from '../types.js'
 import { ExecProtocol } from './exec-protocol.js'
+import { HttpProtocol } from './http-protocol.js'
 import { JsonlProtocol } from './jsonl-protocol.js'
 import { StdioProtocol } from './stdio-protocol.js'
 
@@ -12,7 +14,7 @@ import { StdioProtocol } from './stdio-protocol.js'
  * process (a protocol may keep state across turns, as stdio's line count).
  */
 export interface AgentProtocol {
-  readonly name: AgentProtocolName
+  readonly name: AgentLaunch['protocol']
   /** One sandbox kept warm for the agent's life (stdio, jsonl) or one sandbox per turn (exec). */
   readonly warm: boolean
   /** Whether the agent exiting with code 0 completes the turn (it replied and left). */
@@ -25,14 +27,20 @@ export interface AgentProtocol {
   send(sandbox: Sandbox, input: TurnInput): void
 }
 
-/** The protocol object for a launch's `protocol`. */
-export function protocolFor(name: AgentProtocolName): AgentProtocol {
-  switch (name) {
+/** The protocol object for a launch's `protocol`; an http agent is reached through `connect`. */
+export function protocolFor(
+  launch: AgentLaunch,
+  connect: (port: number) => Promise<net.Socket>,
+): AgentProtocol {
+  switch (launch.protocol) {
     case 'stdio':
       return new StdioProtocol()
     case 'jsonl':
       return new JsonlProtocol()
     case 'exec':
       return new ExecProtocol()
+    case 'http':
+      if (!launch.http) throw new CairnProblem('invalid_manifest', 'protocol http needs http.port')
+      return new HttpProtocol(launch.http, launch.sessionId, connect)
   }
 }

@@ -47,7 +47,8 @@ export class JsonlProtocol implements AgentProtocol {
   }
 }
 
-function handleFrame(channel: TurnChannel, line: string): void {
+/** One frame of the agent's (a jsonl line, or an http agent's SSE or ndjson answer) into the turn. */
+export function handleFrame(channel: TurnChannel, line: string): void {
   const turn = channel.active
   if (!turn) return
   let frame: unknown

@@ -3,7 +3,7 @@ import path from 'node:path'
 import { Readable } from 'node:stream'
 import { pipeline } from 'node:stream/promises'
 import { CairnProblem, newId } from '@cairn/protocol'
-import type { Runtime } from '@cairn/runtime'
+import type { Runtime } from '../runtime.js'
 
 const IO_LIMITS = { memoryMiB: 128, pids: 16, cpus: 1 }
 

@@ -1,0 +1,58 @@
+/**
+ * The package boundaries, checked in CI (`npm run check`): the server reaches the runtime only
+ * through its port (`@cairn/runtime/port`), and no package reaches into one above it.
+ */
+module.exports = {
+  forbidden: [
+    {
+      name: 'server-uses-runtime-port',
+      comment:
+        'packages/server uses the runtime only through @cairn/runtime/port (RuntimePort: IDs, never host paths). ' +
+        'Exceptions: server.ts, the composition root that builds the Runtime and its LocalRuntimePort; and the ' +
+        'pipelines that make what sessions run from, in the pool: deploys (agents/agent-service.ts, ' +
+        'agents/builder.ts) and images (images/image-service.ts). They move behind the port with the remote ' +
+        'runtime (issue 18).',
+      severity: 'error',
+      from: {
+        path: '^packages/server/src/',
+        pathNot:
+          '^packages/server/src/(server\\.ts|agents/agent-service\\.ts|agents/builder\\.ts|images/image-service\\.ts)$',
+      },
+      to: { path: '^packages/runtime/', pathNot: '^packages/runtime/(src|dist)/port/' },
+    },
+    {
+      name: 'runtime-knows-no-server',
+      comment: 'The runtime is below the server: it never imports it (nor the SDK, CLI or console).',
+      severity: 'error',
+      from: { path: '^packages/runtime/' },
+      to: { path: '^packages/(server|sdk|cli|console)/' },
+    },
+    {
+      name: 'protocol-is-the-bottom',
+      comment: 'The wire contract depends on no other package of ours.',
+      severity: 'error',
+      from: { path: '^packages/protocol/' },
+      to: { path: '^packages/(runtime|server|sdk|cli|console|agent-kit)/' },
+    },
+    {
+      name: 'cairn-packages-resolve',
+      comment:
+        'Our packages resolve through their built exports (run after `npm run build`): one that does not ' +
+        'resolve would pass every rule above unchecked.',
+      severity: 'error',
+      from: {},
+      to: { couldNotResolve: true, path: '^@cairn/' },
+    },
+  ],
+  options: {
+    doNotFollow: { path: 'node_modules' },
+    exclude: { path: '(^|/)(dist|node_modules)/.*\\.js$' },
+    tsPreCompilationDeps: true,
+    tsConfig: { fileName: 'tsconfig.base.json' },
+    enhancedResolveOptions: {
+      exportsFields: ['exports'],
+      conditionNames: ['import', 'types', 'default'],
+      extensions: ['.ts', '.d.ts', '.js'],
+    },
+  },
+}

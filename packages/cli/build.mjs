@@ -1,0 +1,21 @@
+// Bundles the built CLI (dist/main.js, from `tsc -b`) into one CommonJS file, dist/cairn.cjs, that
+// bin/cairn.js loads with V8's code cache: one file to read and no module graph to resolve, so a
+// command starts at once (bench/cli.ts). `cairn server` still imports @cairn/server on demand.
+import path from 'node:path'
+import { fileURLToPath } from 'node:url'
+import * as esbuild from 'esbuild'
+
+const here = path.dirname(fileURLToPath(import.meta.url))
+
+await esbuild.build({
+  entryPoints: [path.join(here, 'dist/main.js')],
+  outfile: path.join(here, 'dist/cairn.cjs'),
+  bundle: true,
+  format: 'cjs',
+  platform: 'node',
+  target: 'node20',
+  // The server (native modules, its own files) is loaded only by `cairn server`, from its package.
+  external: ['@cairn/server'],
+  legalComments: 'none',
+  logLevel: 'warning',
+})

@@ -1,0 +1,22 @@
+/**
+ * `@cairn/runtime/port`: what the server may know of the runtime. The port (`RuntimePort`) and its
+ * in-process implementation, and the plain data that crosses it; nothing that hands out a host
+ * path, a process or the storage pool.
+ */
+export type { AgentEvent, AgentLaunch, TurnInput, TurnOutcome } from '../agent/types.js'
+export { DEFAULT_LIMITS, DEFAULT_TURN_TIMEOUT_MS } from '../agent/types.js'
+export type { CommandResult } from '../build/run-command.js'
+export { bindingAllowed, type EgressPolicy, type EgressRule } from '../egress/policy.js'
+export type { EgressRoute, EgressSite, NetworkEvent } from '../egress/proxy.js'
+export type { ProxySecret } from '../egress/proxy-secrets.js'
+export { FORWARDER_PORTS } from '../egress/transparent.js'
+export { hostDebianMirror } from '../images/debian-mirror.js'
+export { HOST_IMAGE } from '../images/image-recipe.js'
+export { type DependencyEnv, launchEnvironment } from '../launch/launch-env.js'
+export type { IsolationInfo } from '../runtime.js'
+export type { IsolationName, SandboxBind, SandboxLimits } from '../sandbox/driver.js'
+export type { PoolArea, PoolQuotaStatus, PoolStats, TreeSizes } from '../storage/pool.js'
+export { BACKGROUND_NICENESS } from '../workspace-io/reader.js'
+export { LocalRuntimePort, type LocalRuntimePortOptions } from './local-runtime-port.js'
+export type * from './runtime-port.js'
+export type { PoolClock } from './warm-pool.js'

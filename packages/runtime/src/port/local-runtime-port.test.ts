@@ -1,0 +1,190 @@
+import { Readable } from 'node:stream'
+import { CairnProblem, newId } from '@cairn/protocol'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { makeRevision, openTestRuntime, sessionId, type TestRuntime } from '../../test/harness.js'
+import type { AgentEvent, TurnOutcome } from '../agent/types.js'
+import { LocalRuntimePort } from './local-runtime-port.js'
+import type { AgentSpec } from './runtime-port.js'
+
+/** A clock the test moves by hand: the pool's usage order and cooldown deadlines follow it. */
+class ManualClock {
+  ms = 1_000_000
+  now(): number {
+    return this.ms
+  }
+}
+
+let t: TestRuntime
+let port: LocalRuntimePort
+const clock = new ManualClock()
+const inUse = new Set<string>()
+const REVISION = 'rev_port'
+
+const ECHO =
+  'import sys\nwhile True:\n    line = input()\n    open("seen.txt", "a").write(line + "\\n") if line.startswith("write") else None\n    print("re:", line)\n'
+
+function spec(id: string, tenantId = 'ten_a'): AgentSpec {
+  return {
+    sessionId: id,
+    tenantId,
+    command: ['python3', 'agent.py'],
+    protocol: 'stdio',
+    env: {},
+    limits: { memoryMiB: 256, pids: 64, cpus: 1 },
+    turnTimeoutMs: 10_000,
+  }
+}
+
+async function turn(
+  id: string,
+  prompt: string,
+  n: number,
+): Promise<{ outcome: TurnOutcome; events: AgentEvent[] }> {
+  const events: AgentEvent[] = []
+  const outcome = await port.runTurn(id, { prompt, turn: n, turnId: newId('turn'), transcript: [] }, (e) =>
+    events.push(e),
+  )
+  return { outcome, events }
+}
+
+async function readAll(stream: Readable): Promise<string> {
+  const chunks: Buffer[] = []
+  for await (const chunk of stream) chunks.push(chunk as Buffer)
+  return Buffer.concat(chunks).toString('utf8')
+}
+
+beforeAll(async () => {
+  t = await openTestRuntime()
+  port = new LocalRuntimePort(t.runtime, { clock, inUse: (id) => inUse.has(id) })
+  await makeRevision(t.runtime, REVISION, { 'agent.py': ECHO, 'README.md': 'hello\n' })
+})
+
+afterAll(async () => {
+  await port?.stopAllAgents()
+  await t?.close()
+})
+
+describe('LocalRuntimePort', () => {
+  it('runs a session by ID: workspace, cold start, warm turns, and reads that name no host path', async () => {
+    const id = sessionId('p')
+    await port.createWorkspace(id, REVISION, 'ten_a')
+    expect(await port.hasWorkspace(id)).toBe(true)
+    expect(port.resumeAgent(id)).toBeUndefined()
+    const agent = await port.startAgent(spec(id))
+    expect(agent).toMatchObject({ sessionId: id, alive: true, isolation: 'bwrap' })
+    expect(agent.sandboxId).toMatch(/^sbx_/)
+    // Plain data: what crosses the port survives a trip through JSON.
+    expect(JSON.parse(JSON.stringify(agent))).toEqual(agent)
+
+    const first = await turn(id, 'write one', 1)
+    expect(first.outcome).toMatchObject({ status: 'completed', text: 're: write one\n' })
+    // Events arrive as the agent writes them; together they are the reply.
+    expect(first.events.every((e) => e.type === 'text')).toBe(true)
+    expect(first.events.map((e) => (e.type === 'text' ? e.content : '')).join('')).toBe('re: write one\n')
+    port.coolDown(id, 60_000)
+    // The next turn finds the same sandbox warm.
+    expect(port.resumeAgent(id)?.sandboxId).toBe(agent.sandboxId)
+    expect((await turn(id, 'hi', 2)).outcome).toMatchObject({ text: 're: hi\n' })
+
+    const names = (await port.listFiles({ sessionId: id }, Buffer.alloc(0))).map((e) => e.name).sort()
+    expect(names).toEqual(['README.md', 'agent.py', 'seen.txt'])
+    const file = await port.openFile({ sessionId: id }, Buffer.from('seen.txt'))
+    expect(file.size).toBe('write one\n'.length)
+    expect(await readAll(file.stream)).toBe('write one\n')
+    const diff = await port.diff({ revisionId: REVISION }, { sessionId: id }, REVISION)
+    expect(diff).toMatchObject({ from: REVISION, added: ['seen.txt'], changed: [], deleted: [] })
+    await port.stopAgent(id)
+    expect(port.agent(id)).toBeUndefined()
+  })
+
+  it('snapshots with the warm sandbox frozen, tells an unchanged workspace from a changed one, restores and forks', async () => {
+    const id = sessionId('s')
+    await port.createWorkspace(id, REVISION, 'ten_a')
+    await port.startAgent(spec(id))
+    await turn(id, 'hello', 1)
+    const [generationAtSnapshot] = await port.readGenerations([id])
+    const before = newId('snapshot')
+    const mark = await port.snapshotWorkspace(id, before, 'ten_a')
+    expect(mark).toMatchObject({ sandboxId: port.agent(id)?.sandboxId })
+    expect(mark && (await port.unchangedSince(id, mark))).toBe(true)
+    // A turn that writes changes the workspace (dirtied pages, then the subvolume).
+    await turn(id, 'write two', 2)
+    expect(mark && (await port.unchangedSince(id, mark))).toBe(false)
+
+    await port.writeFile(id, 'notes/a.txt', Readable.from([Buffer.from('by the API')]))
+    expect(await readAll((await port.openFile({ sessionId: id }, Buffer.from('notes/a.txt'))).stream)).toBe(
+      'by the API',
+    )
+    await port.stopAgent(id)
+    await port.restoreWorkspace(id, before, 2, 'ten_a')
+    expect((await port.listFiles({ sessionId: id }, Buffer.alloc(0))).map((e) => e.name)).not.toContain(
+      'notes',
+    )
+    expect(await port.readGenerations([id])).toEqual([2])
+
+    const child = sessionId('f')
+    await port.forkWorkspace(child, before, 'ten_a')
+    expect(await port.hasTree({ sessionId: child })).toBe(true)
+    // The fork carries the marker of the generation the snapshot was taken at.
+    expect(await port.readGenerations([child])).toEqual([generationAtSnapshot])
+    await port.deleteSnapshot(before)
+    expect(port.hasSnapshot(before)).toBe(false)
+    await port.deleteWorkspace(child)
+    expect(await port.hasWorkspace(child)).toBe(false)
+  })
+
+  it('keeps a tenant under its sandbox cap: the least recently used idle sandbox goes, busy ones never', async () => {
+    const [a, b, c] = [sessionId('a'), sessionId('b'), sessionId('c')]
+    for (const id of [a, b, c]) await port.createWorkspace(id, REVISION, 'ten_cap')
+    const startAdmitted = async (id: string, busy: string[] = []) => {
+      const release = port.admitAgent({ sessionId: id, tenantId: 'ten_cap', maxSandboxesPerTenant: 2, busy })
+      try {
+        await port.startAgent(spec(id, 'ten_cap'))
+      } finally {
+        release()
+      }
+    }
+    await startAdmitted(a)
+    clock.ms += 1000
+    await startAdmitted(b)
+    clock.ms += 1000
+    // a is the least recently used (by the injected clock): it makes room for c.
+    await startAdmitted(c)
+    expect(port.agent(a)).toBeUndefined()
+    expect(port.agent(b)?.alive).toBe(true)
+    expect(port.agent(c)?.alive).toBe(true)
+    // With every sandbox of the tenant busy, the next one is refused (retryable), nothing stopped.
+    let refused: unknown
+    try {
+      port.admitAgent({ sessionId: a, tenantId: 'ten_cap', maxSandboxesPerTenant: 2, busy: [b, c] })
+    } catch (error) {
+      refused = error
+    }
+    expect(refused).toBeInstanceOf(CairnProblem)
+    expect((refused as CairnProblem).code).toBe('sandbox_limit_reached')
+    expect(port.warmCount).toBeGreaterThanOrEqual(2)
+    await port.stopAgent(b)
+    await port.stopAgent(c)
+  })
+
+  it('cools a sandbox down after its keep-warm window, unless the session is in use then', async () => {
+    const id = sessionId('k')
+    await port.createWorkspace(id, REVISION, 'ten_a')
+    await port.startAgent(spec(id))
+    inUse.add(id)
+    port.coolDown(id, 50)
+    await new Promise((resolve) => setTimeout(resolve, 200))
+    // The session held its lock when the window ended: the sandbox stays.
+    expect(port.agent(id)?.alive).toBe(true)
+    inUse.delete(id)
+    port.resumeAgent(id)
+    port.coolDown(id, 50)
+    // Activity moves the stop later, never earlier.
+    port.keepWarm(id, 400, true)
+    await new Promise((resolve) => setTimeout(resolve, 200))
+    expect(port.agent(id)?.alive).toBe(true)
+    await new Promise((resolve) => setTimeout(resolve, 400))
+    expect(port.agent(id)).toBeUndefined()
+    port.coolDown(id, 0)
+  })
+})

@@ -1,0 +1,345 @@
+import { existsSync } from 'node:fs'
+import { chmod, mkdir, rm, writeFile } from 'node:fs/promises'
+import type net from 'node:net'
+import path from 'node:path'
+import type { Readable } from 'node:stream'
+import type { FileEntry, WorkspaceDiff } from '@cairn/protocol'
+import type { AgentProcess } from '../agent/agent-process.js'
+import type { AgentEvent, TurnInput, TurnOutcome } from '../agent/types.js'
+import { type CommandResult, runSandboxedCommand } from '../build/run-command.js'
+import { launchEnvironment } from '../launch/launch-env.js'
+import { DEFAULT_SANDBOX_UID, type Runtime } from '../runtime.js'
+import { EnvStore } from '../storage/env-store.js'
+import type { PoolArea, PoolQuotaStatus, PoolStats, TreeSizes } from '../storage/pool.js'
+import { treeDigest } from '../workspace-io/digest.js'
+import { exportTree } from '../workspace-io/export-tree.js'
+import { openTreeFile } from '../workspace-io/reader.js'
+import { deleteWorkspacePath, unpackIntoWorkspace, writeWorkspaceFile } from '../workspace-io/sandboxed-io.js'
+import { diffTrees, listDirectory } from '../workspace-io/tree.js'
+import type {
+  Admission,
+  AgentInfo,
+  AgentSpec,
+  RuntimeDescription,
+  RuntimePort,
+  TreeReadOptions,
+  TreeRef,
+  WorkspaceCommand,
+  WorkspaceMark,
+} from './runtime-port.js'
+import { type PoolClock, WarmPool } from './warm-pool.js'
+
+export interface LocalRuntimePortOptions {
+  /** The clock of the warm pool (usage order, cooldown deadlines). */
+  clock: PoolClock
+  /** Whether a session is in a turn or an exclusive operation: its sandbox's cooldown waits. */
+  inUse?: ((sessionId: string) => boolean) | undefined
+}
+
+/** The runtime's port served by the runtime in this process (see `RuntimePort`). */
+export class LocalRuntimePort implements RuntimePort {
+  private readonly pool: WarmPool
+  private readonly envs: EnvStore
+
+  constructor(
+    private readonly runtime: Runtime,
+    options: LocalRuntimePortOptions,
+  ) {
+    this.pool = new WarmPool(options.clock, (agent) => runtime.stopAgent(agent), options.inUse)
+    this.envs = new EnvStore(runtime.pool, runtime.options.sandboxUid ?? DEFAULT_SANDBOX_UID)
+  }
+
+  private info(sessionId: string, agent: AgentProcess): AgentInfo {
+    return { sessionId, sandboxId: agent.sandboxId, isolation: agent.isolation, alive: agent.alive }
+  }
+
+  private warmAgent(sessionId: string): AgentProcess {
+    const agent = this.pool.agent(sessionId)
+    if (!agent) throw new Error(`session ${sessionId} has no warm agent`)
+    return agent
+  }
+
+  admitAgent(admission: Admission): () => void {
+    const busy = new Set(admission.busy)
+    return this.pool.admit(admission.sessionId, admission.tenantId, admission.maxSandboxesPerTenant, (id) =>
+      busy.has(id),
+    )
+  }
+
+  resumeAgent(sessionId: string): AgentInfo | undefined {
+    const warm = this.pool.take(sessionId)
+    return warm ? this.info(sessionId, warm) : undefined
+  }
+
+  async startAgent(spec: AgentSpec): Promise<AgentInfo> {
+    const { sessionId, tenantId, dependencyEnvKey, ...launch } = spec
+    await this.pool.drop(sessionId)
+    const environment = launchEnvironment(this.envs.dependency(dependencyEnvKey), launch.env)
+    const agent = await this.runtime.startAgent({
+      ...launch,
+      env: environment.env,
+      binds: [...environment.binds, ...(launch.binds ?? [])],
+      sessionId,
+      workspaceDir: this.runtime.pool.workspacePath(sessionId),
+    })
+    this.pool.add(sessionId, tenantId, agent)
+    return this.info(sessionId, agent)
+  }
+
+  agent(sessionId: string): AgentInfo | undefined {
+    const agent = this.pool.agent(sessionId)
+    return agent ? this.info(sessionId, agent) : undefined
+  }
+
+  runTurn(
+    sessionId: string,
+    input: TurnInput,
+    onEvent: (event: AgentEvent) => void,
+    signal?: AbortSignal,
+  ): Promise<TurnOutcome> {
+    return this.warmAgent(sessionId).runTurn(input, onEvent, signal)
+  }
+
+  coolDown(sessionId: string, keepWarmMs: number): void {
+    this.pool.coolDown(sessionId, keepWarmMs)
+  }
+
+  keepWarm(sessionId: string, ms: number, activity = false): void {
+    this.pool.extend(sessionId, ms, activity)
+  }
+
+  stopAgent(sessionId: string): Promise<void> {
+    return this.pool.drop(sessionId)
+  }
+
+  stopAllAgents(): Promise<void> {
+    return this.pool.dropAll()
+  }
+
+  get warmCount(): number {
+    return this.pool.size
+  }
+
+  async listeningPorts(sessionId: string): Promise<number[]> {
+    return (await this.pool.agent(sessionId)?.listeningPorts()) ?? []
+  }
+
+  connectPort(sessionId: string, port: number): Promise<net.Socket> {
+    return this.warmAgent(sessionId).connectPort(port)
+  }
+
+  async createWorkspace(sessionId: string, revisionId: string, tenantId: string): Promise<void> {
+    await this.runtime.pool.createWorkspace(sessionId, revisionId, tenantId)
+  }
+
+  hasWorkspace(sessionId: string): Promise<boolean> {
+    return this.runtime.pool.hasWorkspace(sessionId)
+  }
+
+  deleteWorkspace(sessionId: string): Promise<void> {
+    return this.runtime.pool.deleteWorkspace(sessionId)
+  }
+
+  async snapshotWorkspace(
+    sessionId: string,
+    snapshotId: string,
+    tenantId: string,
+  ): Promise<WorkspaceMark | undefined> {
+    const warm = this.pool.agent(sessionId)
+    await warm?.freeze()
+    try {
+      const ctransid = await this.runtime.pool.snapshotWorkspace(sessionId, snapshotId, tenantId)
+      // Read while still frozen: nothing the sandbox writes from here on is in the snapshot.
+      const writtenBytes = warm?.writtenBytes()
+      if (!warm || ctransid === undefined || writtenBytes === undefined) return undefined
+      return { sandboxId: warm.sandboxId, ctransid, writtenBytes }
+    } finally {
+      await warm?.thaw()
+    }
+  }
+
+  /**
+   * The same sandbox still running (one that stopped in between could have written and gone), no
+   * page of file data dirtied by its processes (buffered writes reach btrfs's trees only when
+   * flushed), and no inode of the workspace updated (the subvolume's ctransid).
+   */
+  async unchangedSince(sessionId: string, mark: WorkspaceMark): Promise<boolean> {
+    const agent = this.pool.agent(sessionId)
+    if (!agent?.alive || mark.sandboxId !== agent.sandboxId) return false
+    const written = agent.writtenBytes()
+    if (written === undefined || written !== mark.writtenBytes) return false
+    const ctransid = await this.runtime.pool.workspaceMark(sessionId)
+    return ctransid !== undefined && ctransid === mark.ctransid
+  }
+
+  restoreWorkspace(
+    sessionId: string,
+    snapshotId: string,
+    generation: number,
+    tenantId: string,
+  ): Promise<void> {
+    return this.runtime.pool.restoreWorkspace(sessionId, snapshotId, generation, tenantId)
+  }
+
+  async forkWorkspace(childId: string, snapshotId: string, tenantId: string): Promise<void> {
+    await this.runtime.pool.forkWorkspace(childId, snapshotId, tenantId)
+  }
+
+  deleteSnapshot(snapshotId: string): Promise<void> {
+    return this.runtime.pool.deleteSnapshot(snapshotId)
+  }
+
+  hasSnapshot(snapshotId: string): boolean {
+    return existsSync(this.runtime.pool.snapshotPath(snapshotId))
+  }
+
+  readGenerations(sessionIds: readonly string[]): Promise<(number | undefined)[]> {
+    return this.runtime.pool.readGenerations([...sessionIds])
+  }
+
+  writeGeneration(sessionId: string, generation: number): Promise<void> {
+    return this.runtime.pool.writeGeneration(sessionId, generation)
+  }
+
+  poolStats(): Promise<PoolStats> {
+    return this.runtime.pool.poolStats()
+  }
+
+  quotaStatus(): PoolQuotaStatus {
+    return this.runtime.pool.quotaStatus()
+  }
+
+  async tenantUsage(tenantIds: readonly string[]): Promise<Record<string, TreeSizes>> {
+    return Object.fromEntries(await this.runtime.pool.tenantUsage([...tenantIds]))
+  }
+
+  async describe(): Promise<RuntimeDescription> {
+    const { pool, driver } = this.runtime
+    return {
+      drivers: await this.runtime.isolations(),
+      isolation: { name: driver.name, description: driver.describe() },
+      storage: { driver: pool.driver, capabilities: { ...pool.capabilities }, description: pool.describe() },
+    }
+  }
+
+  listStored(area: PoolArea): Promise<string[]> {
+    return this.runtime.pool.listArea(area)
+  }
+
+  recoverWorkspace(sessionId: string): Promise<void> {
+    return this.runtime.pool.recoverWorkspace(sessionId)
+  }
+
+  discardStaging(name: string): Promise<void> {
+    return this.runtime.pool.discardStagingByName(name)
+  }
+
+  /** Where a tree is on this machine's pool. */
+  private path(tree: TreeRef): string {
+    const { pool } = this.runtime
+    if ('sessionId' in tree) return pool.workspacePath(tree.sessionId)
+    if ('snapshotId' in tree) return pool.snapshotPath(tree.snapshotId)
+    return pool.revisionPath(tree.revisionId)
+  }
+
+  async hasTree(tree: TreeRef): Promise<boolean> {
+    return existsSync(this.path(tree))
+  }
+
+  async hasPath(tree: TreeRef, rel: string): Promise<boolean> {
+    return existsSync(path.join(this.path(tree), rel))
+  }
+
+  listFiles(tree: TreeRef, rel: Buffer, options: TreeReadOptions = {}): Promise<FileEntry[]> {
+    return listDirectory(this.path(tree), rel, options)
+  }
+
+  openFile(
+    tree: TreeRef,
+    rel: Buffer,
+    options: TreeReadOptions = {},
+  ): Promise<{ size: number; stream: Readable }> {
+    return openTreeFile(this.path(tree), rel, options)
+  }
+
+  diff(from: TreeRef, to: TreeRef, fromLabel: string, options: TreeReadOptions = {}): Promise<WorkspaceDiff> {
+    return diffTrees(this.path(from), this.path(to), fromLabel, undefined, options)
+  }
+
+  digest(tree: TreeRef, options: TreeReadOptions = {}): Promise<string> {
+    return treeDigest(this.path(tree), options)
+  }
+
+  treeSizes(tree: TreeRef): Promise<TreeSizes> {
+    return this.runtime.pool.usage(this.path(tree))
+  }
+
+  async exportTree(tree: TreeRef): Promise<{ stream: Readable; stop: () => Promise<void> }> {
+    return exportTree(this.path(tree))
+  }
+
+  writeFile(sessionId: string, rel: string, body: Readable): Promise<void> {
+    return writeWorkspaceFile(this.runtime, this.runtime.pool.workspacePath(sessionId), rel, body)
+  }
+
+  deletePath(sessionId: string, rel: string): Promise<void> {
+    return deleteWorkspacePath(this.runtime, this.runtime.pool.workspacePath(sessionId), rel)
+  }
+
+  async replaceWorkspaceWithArchive(
+    sessionId: string,
+    tenantId: string,
+    archive: Buffer,
+    generation: number,
+  ): Promise<void> {
+    const { pool } = this.runtime
+    const staging = await pool.createWorkspaceStaging(
+      `imp_${sessionId.slice(sessionId.indexOf('_') + 1)}`,
+      tenantId,
+    )
+    try {
+      await unpackIntoWorkspace(this.runtime, staging, archive)
+      await chmod(staging, 0o700)
+      await pool.replaceWorkspace(sessionId, staging, generation)
+    } catch (error) {
+      // The upload's error is the one to answer; a staging tree left behind is logged.
+      await pool
+        .discardStaging(staging)
+        .catch((e: unknown) =>
+          this.runtime.logger.warn({ err: e, staging }, 'discarding an upload staging tree failed'),
+        )
+      throw error
+    }
+  }
+
+  async unpackIntoWorkspace(sessionId: string, archive: Buffer): Promise<void> {
+    const dir = this.runtime.pool.workspacePath(sessionId)
+    await unpackIntoWorkspace(this.runtime, dir, archive)
+    await chmod(dir, 0o700)
+  }
+
+  /** In a fresh sandbox with its own run dir (an empty transcript), removed when it is done. */
+  async runCommand(command: WorkspaceCommand): Promise<CommandResult> {
+    const { sessionId, isolation, dependencyEnvKey, ...spec } = command
+    const environment = launchEnvironment(this.envs.dependency(dependencyEnvKey), spec.env)
+    const runDir = path.join(this.runtime.runDir, 'sandboxes', `setup-${sessionId}`)
+    try {
+      await mkdir(runDir, { recursive: true })
+      await chmod(runDir, 0o755)
+      await writeFile(path.join(runDir, 'transcript.jsonl'), '', { mode: 0o644 })
+      return await runSandboxedCommand(this.runtime.driverFor(isolation), {
+        ...spec,
+        env: environment.env,
+        binds: environment.binds,
+        workspaceDir: this.runtime.pool.workspacePath(sessionId),
+        runDir,
+        logger: this.runtime.logger,
+      })
+    } finally {
+      // The command's outcome is decided; a run dir left behind goes with the runtime's at shutdown.
+      await rm(runDir, { recursive: true, force: true }).catch((error: unknown) =>
+        this.runtime.logger.warn({ err: error, runDir }, 'removing a command run dir failed'),
+      )
+    }
+  }
+}

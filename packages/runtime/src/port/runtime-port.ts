@@ -1,0 +1,197 @@
+import type net from 'node:net'
+import type { Readable } from 'node:stream'
+import type { FileEntry, WorkspaceDiff } from '@cairn/protocol'
+import type { AgentEvent, AgentLaunch, TurnInput, TurnOutcome } from '../agent/types.js'
+import type { CommandResult, CommandSpec } from '../build/run-command.js'
+import type { IsolationInfo } from '../runtime.js'
+import type { IsolationName } from '../sandbox/driver.js'
+import type { PoolArea, PoolQuotaStatus, PoolStats, TreeSizes } from '../storage/pool.js'
+import type { ReadOptions } from '../workspace-io/reader.js'
+
+/**
+ * What a session's agent is started with: everything of a launch but where its workspace is (the
+ * runtime knows that from the session ID), plus the tenant it counts against and the revision's
+ * dependency environment by key (the runtime mounts it and sets its variables).
+ */
+export type AgentSpec = Omit<AgentLaunch, 'workspaceDir'> & {
+  tenantId: string
+  dependencyEnvKey?: string | undefined
+}
+
+/** A warm agent as the server sees it: IDs and plain facts, never the process. */
+export interface AgentInfo {
+  sessionId: string
+  sandboxId: string
+  /** The sandbox driver it runs under (`bwrap`, `gvisor`). */
+  isolation: string
+  alive: boolean
+}
+
+/**
+ * The workspace as of a snapshot, to tell later whether a turn changed it: the warm sandbox that
+ * was frozen, the subvolume's ctransid and the sandbox's dirtied-bytes counter at that instant.
+ */
+export interface WorkspaceMark {
+  sandboxId: string
+  ctransid: number
+  writtenBytes: number
+}
+
+/** A command run in a session's workspace (setup phases): a command spec without host paths. */
+export type WorkspaceCommand = Omit<CommandSpec, 'workspaceDir' | 'runDir' | 'logger' | 'binds'> & {
+  sessionId: string
+  /** The revision's dependency environment, by key (mounted at /env, its variables set). */
+  dependencyEnvKey?: string | undefined
+  /** The sandbox driver to run under (the runtime's default when unset). */
+  isolation?: IsolationName | undefined
+}
+
+/** The runtime's drivers as `GET /v1/runtime` shows them. */
+export interface RuntimeDescription {
+  drivers: IsolationInfo[]
+  /** The default sandbox driver's name and description. */
+  isolation: { name: string; description: string }
+  storage: {
+    driver: string
+    capabilities: { quotas: boolean; constantTimeCopies: boolean }
+    description: string
+  }
+}
+
+/** A tree of the pool, by ID: a session's live workspace, a snapshot, or a revision. */
+export type TreeRef = { sessionId: string } | { snapshotId: string } | { revisionId: string }
+
+/** Options of a read (a walk of the tree, a file streamed); `signal` stops it. */
+export type TreeReadOptions = ReadOptions
+
+/** The cap on one tenant's running sandboxes, and whose are running turns (not to be stopped). */
+export interface Admission {
+  sessionId: string
+  tenantId: string
+  maxSandboxesPerTenant: number
+  /** Sessions now running a turn or an exclusive operation: their sandboxes are never stopped for room. */
+  busy: readonly string[]
+}
+
+/**
+ * The runtime's port: how the server starts, stops and talks to agents and changes workspaces.
+ * It speaks in session, snapshot, revision and sandbox IDs and plain data (and byte streams),
+ * never host paths or processes, so that a runtime on another machine can stand behind it.
+ * `LocalRuntimePort` calls the runtime in this process.
+ */
+export interface RuntimePort {
+  // --- agents -------------------------------------------------------------------------------
+  /**
+   * Makes room for the session's sandbox under its tenant's cap: idle sandboxes of the tenant are
+   * stopped, least recently used first; `sandbox_limit_reached` when every one is busy. The
+   * answer releases the reserved slot once the sandbox is up (or the turn is over).
+   */
+  admitAgent(admission: Admission): () => void
+  /** The session's warm agent if it is alive, its cooldown stopped while a turn uses it. */
+  resumeAgent(sessionId: string): AgentInfo | undefined
+  /** Starts the session's agent (cold; a dead one left is stopped first) and keeps it warm. */
+  startAgent(spec: AgentSpec): Promise<AgentInfo>
+  /** The session's warm agent, if it has one. */
+  agent(sessionId: string): AgentInfo | undefined
+  /** Runs one turn on the session's warm agent; events arrive through `onEvent` as they happen. */
+  runTurn(
+    sessionId: string,
+    input: TurnInput,
+    onEvent: (event: AgentEvent) => void,
+    signal?: AbortSignal,
+  ): Promise<TurnOutcome>
+  /** After a turn: the sandbox stays warm for `keepWarmMs`, then stops (now when 0). */
+  coolDown(sessionId: string, keepWarmMs: number): void
+  /**
+   * Moves a cooling sandbox's stop to at least `ms` from now (never earlier); `activity`: the
+   * session was used outside a turn (a preview request), so it is the most recently used.
+   */
+  keepWarm(sessionId: string, ms: number, activity?: boolean): void
+  /** Stops the session's agent and sandbox, if any. */
+  stopAgent(sessionId: string): Promise<void>
+  stopAllAgents(): Promise<void>
+  /** How many agents are warm. */
+  readonly warmCount: number
+  /** TCP ports a service listens on inside the session's sandbox (empty without one). */
+  listeningPorts(sessionId: string): Promise<number[]>
+  /** A socket to 127.0.0.1:`port` inside the session's running sandbox (previews). */
+  connectPort(sessionId: string, port: number): Promise<net.Socket>
+
+  // --- workspaces and snapshots ---------------------------------------------------------------
+  createWorkspace(sessionId: string, revisionId: string, tenantId: string): Promise<void>
+  hasWorkspace(sessionId: string): Promise<boolean>
+  deleteWorkspace(sessionId: string): Promise<void>
+  /**
+   * A read-only snapshot of the workspace, with the session's warm sandbox (if any) frozen while
+   * it is taken. Returns the workspace's mark when it could be read (see `WorkspaceMark`).
+   */
+  snapshotWorkspace(
+    sessionId: string,
+    snapshotId: string,
+    tenantId: string,
+  ): Promise<WorkspaceMark | undefined>
+  /** Whether the workspace is exactly as it was at `mark` (any doubt answers false). */
+  unchangedSince(sessionId: string, mark: WorkspaceMark): Promise<boolean>
+  /** Replaces the workspace with the snapshot, as generation `generation`. */
+  restoreWorkspace(sessionId: string, snapshotId: string, generation: number, tenantId: string): Promise<void>
+  /** A new workspace for `childId` from the snapshot (it carries the snapshot's generation marker). */
+  forkWorkspace(childId: string, snapshotId: string, tenantId: string): Promise<void>
+  deleteSnapshot(snapshotId: string): Promise<void>
+  hasSnapshot(snapshotId: string): boolean
+  readGenerations(sessionIds: readonly string[]): Promise<(number | undefined)[]>
+  writeGeneration(sessionId: string, generation: number): Promise<void>
+  poolStats(): Promise<PoolStats>
+  /** The storage limits in force, and a warning when they cannot be enforced. */
+  quotaStatus(): PoolQuotaStatus
+  /** What each tenant's trees hold against its quota, by tenant ID. */
+  tenantUsage(tenantIds: readonly string[]): Promise<Record<string, TreeSizes>>
+  /** The sandbox drivers and the storage pool, for `GET /v1/runtime` and the logs. */
+  describe(): Promise<RuntimeDescription>
+  /** The names (IDs) stored in one area of the pool, for the start-up check against the database. */
+  listStored(area: PoolArea): Promise<string[]>
+  /** Finishes a restore or import a crash interrupted (the workspace is the old or the new one). */
+  recoverWorkspace(sessionId: string): Promise<void>
+  /** Removes a staging tree (an upload or a deploy a crash left) by its name. */
+  discardStaging(name: string): Promise<void>
+
+  // --- reading trees (run by the runtime's reader, never following a link) -------------------
+  /** Whether the tree exists in the pool. */
+  hasTree(tree: TreeRef): Promise<boolean>
+  /**
+   * Whether anything is at `rel` in the tree: a cheap hint (a stat on the host, no process) for
+   * callers that read a file only when one is there; the read itself goes through `openFile`.
+   */
+  hasPath(tree: TreeRef, rel: string): Promise<boolean>
+  /** One directory of the tree (`rel`: the path's bytes below its root; empty: the root). */
+  listFiles(tree: TreeRef, rel: Buffer, options?: TreeReadOptions): Promise<FileEntry[]>
+  /** A regular file of the tree, opened for streaming: its size and exactly its bytes. */
+  openFile(tree: TreeRef, rel: Buffer, options?: TreeReadOptions): Promise<{ size: number; stream: Readable }>
+  /** What changed from `from` to `to`; `fromLabel` is what the answer says it is from. */
+  diff(from: TreeRef, to: TreeRef, fromLabel: string, options?: TreeReadOptions): Promise<WorkspaceDiff>
+  /** The tree's content digest (`sha256:…`, see `treeDigest`). */
+  digest(tree: TreeRef, options?: TreeReadOptions): Promise<string>
+  /** Referenced and exclusive bytes of the tree. */
+  treeSizes(tree: TreeRef): Promise<TreeSizes>
+  /** A tar.gz of a snapshot or a revision (trees nothing changes); `stop` ends it early. */
+  exportTree(tree: TreeRef): Promise<{ stream: Readable; stop: () => Promise<void> }>
+
+  // --- commands in a workspace ---------------------------------------------------------------
+  /** Writes a file of the workspace from a stream, inside a sandbox that sees only the workspace. */
+  writeFile(sessionId: string, rel: string, body: Readable): Promise<void>
+  /** Deletes a file or a tree of the workspace, inside a sandbox. */
+  deletePath(sessionId: string, rel: string): Promise<void>
+  /**
+   * Replaces the workspace with a tar.gz (checked by the caller), unpacked in a sandbox into a
+   * staging tree marked as generation `generation`, then swapped in; nothing changes on failure.
+   */
+  replaceWorkspaceWithArchive(
+    sessionId: string,
+    tenantId: string,
+    archive: Buffer,
+    generation: number,
+  ): Promise<void>
+  /** Unpacks a tar.gz (checked by the caller) over the workspace, in a sandbox. */
+  unpackIntoWorkspace(sessionId: string, archive: Buffer): Promise<void>
+  /** Runs a command in the workspace to completion (a setup phase). */
+  runCommand(command: WorkspaceCommand): Promise<CommandResult>
+}

@@ -1,0 +1,142 @@
+import { CairnProblem } from '@cairn/protocol'
+import type { AgentProcess } from '../agent/agent-process.js'
+
+/** Milliseconds since the epoch; injected so the pool's idea of time can be set in tests. */
+export interface PoolClock {
+  now(): number
+}
+
+interface WarmAgent {
+  agent: AgentProcess
+  tenantId: string
+  /** When its last turn or activity ended (epoch ms): the least recently used idle one goes first. */
+  usedAt: number
+  timer: NodeJS.Timeout | undefined
+  /** When the cooldown timer fires (epoch ms), so activity only ever extends it. */
+  until?: number | undefined
+}
+
+/**
+ * The agent processes kept warm between turns: started cold on a session's first turn (or after
+ * its sandbox went), reused by the next turn within the keep-warm window, stopped when it cools.
+ */
+export class WarmPool {
+  private readonly warm = new Map<string, WarmAgent>()
+  /** Sessions admitted for a cold start whose sandbox is not up yet, with their tenant. */
+  private readonly starting = new Map<string, string>()
+
+  constructor(
+    private readonly clock: PoolClock,
+    /** Stops an agent the pool lets go of. */
+    private readonly stop: (agent: AgentProcess) => Promise<void>,
+    /** Whether the session is in a turn or an exclusive operation: its cooldown waits. */
+    private readonly inUse: (sessionId: string) => boolean = () => false,
+  ) {}
+
+  has(sessionId: string): boolean {
+    return this.warm.has(sessionId)
+  }
+
+  agent(sessionId: string): AgentProcess | undefined {
+    return this.warm.get(sessionId)?.agent
+  }
+
+  get size(): number {
+    return this.warm.size
+  }
+
+  /** See `RuntimePort.admitAgent`. Synchronous, so concurrent messages cannot pass the cap together. */
+  admit(sessionId: string, tenant: string, cap: number, busy: (sessionId: string) => boolean): () => void {
+    if (this.warm.get(sessionId)?.agent.alive) return () => undefined
+    const running = () => {
+      let n = 0
+      for (const [id, warm] of this.warm) if (warm.tenantId === tenant && id !== sessionId) n++
+      for (const [id, owner] of this.starting) if (owner === tenant && id !== sessionId) n++
+      return n
+    }
+    if (running() >= cap) {
+      const idle = [...this.warm]
+        .filter(([id, warm]) => warm.tenantId === tenant && id !== sessionId && !busy(id))
+        .sort(([, a], [, b]) => a.usedAt - b.usedAt)
+      for (const [id] of idle) {
+        if (running() < cap) break
+        // Out of the count at once (drop forgets it before stopping it); the stop finishes behind.
+        void this.drop(id).catch(() => undefined)
+      }
+    }
+    const now = running()
+    if (now >= cap)
+      throw new CairnProblem(
+        'sandbox_limit_reached',
+        `this tenant has ${now} agent sandboxes running turns, the most this server allows (${cap}, CAIRN_MAX_SANDBOXES_PER_TENANT): retry when one ends`,
+        { limit: 'maxSandboxesPerTenant', value: now, ceiling: cap },
+      )
+    this.starting.set(sessionId, tenant)
+    return () => {
+      if (this.starting.get(sessionId) === tenant) this.starting.delete(sessionId)
+    }
+  }
+
+  /** The session's warm agent if it is alive, its cooldown stopped while a turn uses it. */
+  take(sessionId: string): AgentProcess | undefined {
+    const warm = this.warm.get(sessionId)
+    if (!warm?.agent.alive) return undefined
+    if (warm.timer) clearTimeout(warm.timer)
+    warm.timer = undefined
+    warm.until = undefined
+    return warm.agent
+  }
+
+  /** Keeps a freshly started agent. */
+  add(sessionId: string, tenantId: string, agent: AgentProcess): void {
+    this.warm.set(sessionId, { agent, tenantId, usedAt: this.clock.now(), timer: undefined })
+    this.starting.delete(sessionId)
+  }
+
+  /** After a turn: the sandbox stays warm for `keepWarmMs`, then stops. */
+  coolDown(sessionId: string, keepWarmMs: number): void {
+    const warm = this.warm.get(sessionId)
+    if (!warm) return
+    warm.usedAt = this.clock.now()
+    if (keepWarmMs <= 0) {
+      void this.drop(sessionId)
+      return
+    }
+    this.stopIn(sessionId, warm, keepWarmMs)
+  }
+
+  /**
+   * Moves a cooling warm sandbox's stop to at least `ms` from now (never earlier). `activity`: the
+   * session was used (a preview request), which makes it the most recently used.
+   */
+  extend(sessionId: string, ms: number, activity = false): void {
+    const warm = this.warm.get(sessionId)
+    if (!warm) return
+    if (activity) warm.usedAt = this.clock.now()
+    if (!warm.timer) return
+    if (warm.until !== undefined && warm.until >= this.clock.now() + ms) return
+    clearTimeout(warm.timer)
+    this.stopIn(sessionId, warm, ms)
+  }
+
+  private stopIn(sessionId: string, warm: WarmAgent, ms: number): void {
+    warm.until = this.clock.now() + ms
+    warm.timer = setTimeout(() => {
+      if (this.inUse(sessionId)) return
+      void this.drop(sessionId)
+    }, ms)
+    warm.timer.unref()
+  }
+
+  async drop(sessionId: string): Promise<void> {
+    const warm = this.warm.get(sessionId)
+    if (!warm) return
+    this.warm.delete(sessionId)
+    if (warm.timer) clearTimeout(warm.timer)
+    await this.stop(warm.agent)
+  }
+
+  async dropAll(): Promise<void> {
+    await Promise.all([...this.warm.keys()].map((id) => this.drop(id)))
+  }
+}

@@ -1,0 +1,42 @@
+import type { AgentInfo } from '@cairn/runtime/port'
+import type { SessionRow } from './session-store.js'
+
+/**
+ * What other services learn of a session's life, passed to the session service by the composition
+ * root (server.ts). Each method is optional; every observer is told, in the order given.
+ */
+export interface SessionObserver {
+  /** A session was created (not awaited: a snapshot of turn 0 is taken in the background). */
+  created?(row: SessionRow): void
+  /** The sandbox is ready and the prompt not yet sent (pre-turn snapshots); awaited. */
+  beforeTurn?(row: SessionRow, seq: number, agent: AgentInfo): Promise<void>
+  /**
+   * Whether the turn left the workspace exactly as the observer last saw it (see
+   * `SnapshotPolicy.unchanged`). A turn counts as unchanged only when every observer that
+   * answers says so; such a turn moves neither the generation nor, then, the subvolume.
+   */
+  unchanged?(sessionId: string): Promise<boolean>
+  /**
+   * The turn has ended and its outcome was sent (not awaited: off the critical path); `agent` is
+   * the warm agent still up, `unchanged` what the observers answered for the turn.
+   */
+  afterTurn?(row: SessionRow, seq: number, agent: AgentInfo | undefined, unchanged: boolean): void
+  /** A session's workspace was deleted (its snapshots go next); awaited. */
+  deleted?(sessionId: string): Promise<void>
+  /** A session was ended by its user or deleted. */
+  ended?(sessionId: string): void
+}
+
+/** Whether every observer that answers says the turn left the workspace unchanged (none: no). */
+export async function unchangedByAll(
+  observers: readonly SessionObserver[],
+  sessionId: string,
+): Promise<boolean> {
+  let asked = 0
+  for (const observer of observers) {
+    if (!observer.unchanged) continue
+    asked++
+    if (!(await observer.unchanged(sessionId))) return false
+  }
+  return asked > 0
+}

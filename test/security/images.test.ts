@@ -1,0 +1,145 @@
+import { lstatSync, mkdirSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs'
+import { readFile } from 'node:fs/promises'
+import path from 'node:path'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { createNetnsHost, type NetnsHost, netnsAddresses } from '../helpers/netns.js'
+import { buildImage, registries, run, startRegistry } from '../helpers/oci-registry.js'
+import { makeProject } from '../helpers/projects.js'
+import { scratchDir } from '../helpers/scratch.js'
+import { startTestServer, type TestServer } from '../helpers/server.js'
+
+// Attacks on agent images: an image reference aimed at the host's loopback, and a sandbox that
+// rewrites its (writable) root hoping the next sandbox, or another session, runs what it wrote.
+const SUBNET = 240
+const { address: REGISTRY_HOST } = netnsAddresses(SUBNET)
+const REFERENCE = `${REGISTRY_HOST}:5000/team/base:1.4`
+let netnsHost: NetnsHost | undefined
+let loopbackPort = 0
+let digest = ''
+let t: TestServer
+
+beforeAll(async () => {
+  netnsHost = createNetnsHost('oimg', SUBNET)
+  const storage = await scratchDir('cairn-registry-')
+  await startRegistry(storage, `${REGISTRY_HOST}:5000`, netnsHost)
+  const layout = buildImage(await scratchDir('cairn-oci-'))
+  run('skopeo', 'copy', '--quiet', '--dest-tls-verify=false', `oci:${layout}:1.4`, `docker://${REFERENCE}`)
+  digest = run(
+    'skopeo',
+    'inspect',
+    '--tls-verify=false',
+    '--format',
+    '{{.Digest}}',
+    `docker://${REFERENCE}`,
+  ).trim()
+  // The same storage served on the host's loopback: a registry only the host itself reaches.
+  loopbackPort = 20000 + (process.pid % 20000)
+  await startRegistry(storage, `127.0.0.1:${loopbackPort}`)
+  t = await startTestServer({ server: { egressPrivateExceptions: [REGISTRY_HOST] } })
+}, 120_000)
+
+afterAll(async () => {
+  await t?.close()
+  for (const registry of registries) registry.kill('SIGKILL')
+  netnsHost?.remove()
+})
+
+const ociAgent = (name: string, image: string) =>
+  makeProject({
+    'cairn.yaml': `name: ${name}\ncommand: [/bin/sh, /agent.sh]\nprotocol: exec\nimage: ${image}\n`,
+  })
+
+describe('image attacks', () => {
+  it("refuses a reference on the host's loopback: pulls go out through the egress proxy only", async () => {
+    const res = await t.api.deploy(await ociAgent('ssrf', `127.0.0.1:${loopbackPort}/team/base:1.4`))
+    expect(res.status).toBe(422)
+    expect(res.body.error.code).toBe('build_failed')
+    expect(res.body.error.message).toMatch(/skopeo inspect/)
+    // The registry there holds the image: only the wall kept the server from pulling it.
+    const there = run(
+      'skopeo',
+      'inspect',
+      '--tls-verify=false',
+      '--format',
+      '{{.Digest}}',
+      `docker://127.0.0.1:${loopbackPort}/team/base:1.4`,
+    )
+    expect(there.trim()).toBe(digest)
+    expect((await t.api.call('GET', '/v1/agents')).body.data).toEqual([])
+  })
+
+  it('a sandbox that rewrites its root changes neither the image nor any other sandbox', async () => {
+    const deployed = await t.api.deploy(await ociAgent('tamper', REFERENCE))
+    expect(deployed.status, JSON.stringify(deployed.body)).toBe(201)
+    for (let i = 0; i < 200; i++) {
+      const res = await t.api.call('GET', '/v1/agents/tamper')
+      if (res.body.revisions[0].status !== 'DEPLOYING') break
+      await new Promise((r) => setTimeout(r, 250))
+    }
+    const a = await t.api.createSession('tamper')
+    const b = await t.api.createSession('tamper')
+    // The root is writable inside: the agent replaces its own script and the image's marker.
+    expect((await t.api.send(a.id, 'tamper')).text).toBe('tampered\n')
+    // The next sandbox (exec: one per turn) of the same session, and another session, run the image as built.
+    expect((await t.api.send(a.id, 'hello')).text).toBe('marker: built by the OCI test, root: image\n')
+    expect((await t.api.send(b.id, 'hello')).text).toBe('marker: built by the OCI test, root: image\n')
+    const key = `oci-${digest.slice('sha256:'.length)}`
+    const rootfs = path.join(t.server.images.store.rootfsPath(key))
+    expect(await readFile(path.join(rootfs, 'etc/cairn-marker'), 'utf8')).toBe('built by the OCI test\n')
+    expect(await readFile(path.join(rootfs, 'agent.sh'), 'utf8')).toMatch(/^read -r prompt\n/)
+  })
+
+  it("an image's symlinks (etc -> a host directory) do not carry the root-run preparation out of it", async () => {
+    // The image is made a sandbox root as root on the host: written files, mount points and removed
+    // markers must land in the image even when its `etc`, `opt` or `usr/lib` point elsewhere.
+    const victim = await scratchDir('cairn-images-victim-')
+    for (const dir of ['etc', 'opt', 'lib/python3']) mkdirSync(path.join(victim, dir), { recursive: true })
+    writeFileSync(path.join(victim, 'lib/python3/EXTERNALLY-MANAGED'), 'kept\n')
+    const layout = buildImage(await scratchDir('cairn-oci-'), (rootfs) => {
+      rmSync(path.join(rootfs, 'etc'), { recursive: true })
+      symlinkSync(path.join(victim, 'etc'), path.join(rootfs, 'etc'))
+      symlinkSync(path.join(victim, 'opt'), path.join(rootfs, 'opt'))
+      mkdirSync(path.join(rootfs, 'usr'))
+      symlinkSync(path.join(victim, 'lib'), path.join(rootfs, 'usr/lib'))
+    })
+    const evil = `${REGISTRY_HOST}:5000/team/evil:1`
+    run('skopeo', 'copy', '--quiet', '--dest-tls-verify=false', `oci:${layout}:1.4`, `docker://${evil}`)
+    const deployed = await t.api.deploy(await ociAgent('symlinked', evil))
+    expect(deployed.status, JSON.stringify(deployed.body)).toBe(201)
+    let revision: { status: string; error: string | null; imageKey: string } = deployed.body.revision
+    for (let i = 0; i < 200 && revision.status === 'DEPLOYING'; i++) {
+      await new Promise((r) => setTimeout(r, 250))
+      revision = (await t.api.call('GET', '/v1/agents/symlinked')).body.revisions[0]
+    }
+    expect(revision.status, revision.error ?? '').toBe('READY')
+    // Nothing written, made or removed through the links.
+    expect(readdirSync(path.join(victim, 'etc'))).toEqual([])
+    expect(readdirSync(path.join(victim, 'opt'))).toEqual([])
+    expect(readFileSync(path.join(victim, 'lib/python3/EXTERNALLY-MANAGED'), 'utf8')).toBe('kept\n')
+    // The image got real directories in their place, with the generated files.
+    const rootfs = t.server.images.store.rootfsPath(revision.imageKey)
+    expect(lstatSync(path.join(rootfs, 'etc')).isDirectory()).toBe(true)
+    expect(readFileSync(path.join(rootfs, 'etc/passwd'), 'utf8')).toMatch(/^root:/)
+    expect(lstatSync(path.join(rootfs, 'opt/cairn')).isDirectory()).toBe(true)
+  })
+
+  it("refuses an image larger than the operator's maximum, keeping nothing of it", async () => {
+    // Images are shared and outside every tenant's quota: their size is capped instead.
+    const small = await startTestServer({
+      server: { egressPrivateExceptions: [REGISTRY_HOST], maxImageMiB: 1 },
+    })
+    try {
+      expect((await small.api.deploy(await ociAgent('big', REFERENCE))).status).toBe(201)
+      let revision: { status: string; error: string | null } = { status: 'DEPLOYING', error: null }
+      for (let i = 0; i < 200 && revision.status === 'DEPLOYING'; i++) {
+        await new Promise((r) => setTimeout(r, 250))
+        revision = (await small.api.call('GET', '/v1/agents/big')).body.revisions[0]
+      }
+      expect(revision.status).toBe('FAILED')
+      expect(revision.error).toMatch(/is [0-9.]+ MiB, above the operator's maximum of 1.0 MiB/)
+      expect((await small.api.call('GET', '/v1/images')).body.data).toEqual([])
+    } finally {
+      await small.close()
+    }
+  })
+})

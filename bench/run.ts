@@ -28,6 +28,7 @@ async function load(): Promise<Bench[]> {
     { gvisorStart },
     { drivers },
     { cli },
+    { pause },
     { images },
     { databases },
   ] = await Promise.all([
@@ -45,6 +46,7 @@ async function load(): Promise<Bench[]> {
     import('./gvisor-start.js'),
     import('./drivers.js'),
     import('./cli.js'),
+    import('./pause.js'),
     import('./images.js'),
     import('./databases.js'),
   ])
@@ -63,6 +65,7 @@ async function load(): Promise<Bench[]> {
     gvisorStart,
     drivers,
     cli,
+    pause,
     images,
     databases,
   ]

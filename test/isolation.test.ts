@@ -40,6 +40,10 @@ describe('isolation per agent', () => {
     // gVisor's own network stack has no nftables: its egress stays on the proxy variables.
     const listed = res.body.drivers.find((d: { name: string }) => d.name === 'gvisor')
     expect(listed.capabilities.transparentEgress).toBe(false)
+    // Pausing with memory: gVisor checkpoints; bwrap cannot (CRIU), and says why.
+    expect(listed.capabilities.memorySnapshot).toBe(true)
+    expect(bwrap.capabilities.memorySnapshot).toBe(false)
+    expect(bwrap.capabilityReasons.memorySnapshot).toMatch(/CRIU.*vvar_vclock.*isolation: gvisor/s)
   })
 
   it('runs an agent that asks for gVisor under gVisor, with the same workspace semantics', async (ctx) => {

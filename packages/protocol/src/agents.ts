@@ -61,6 +61,9 @@ export const HttpAgentSchema = Type.Object(
 )
 export type HttpAgent = Static<typeof HttpAgentSchema>
 
+export const PAUSE_POLICIES = ['stop', 'memory'] as const
+export type PausePolicy = (typeof PAUSE_POLICIES)[number]
+
 export const ISOLATION_NAMES = ['bwrap', 'gvisor'] as const
 export const IsolationSchema = Type.Union(ISOLATION_NAMES.map((n) => Type.Literal(n)))
 
@@ -84,6 +87,12 @@ export const AgentManifestSchema = Type.Object(
     network: Type.Optional(NetworkPolicySchema),
     /** Sandbox driver: `bwrap` (namespaces, default) or `gvisor` (a user-space kernel). */
     isolation: Type.Optional(IsolationSchema),
+    /**
+     * What happens to a session's sandbox when keep-warm ends: `stop` (default; the next message
+     * starts it cold) or `memory` (checkpointed with its processes and memory, and restored by the
+     * next message; needs a driver with `memorySnapshot`, see `GET /v1/runtime`).
+     */
+    pause: Type.Optional(Type.Union(PAUSE_POLICIES.map((p) => Type.Literal(p)))),
     /**
      * The sandbox's root: `debian:<suite>` (built from the operator's Debian mirror, with
      * `packages`), an OCI reference (`registry.example.com/team/base:1.4`, pulled), or `host` (the

@@ -35,6 +35,8 @@ export const UsageSchema = Type.Object({
     deletedSnapshots: Type.Integer(),
     deletedWorkspaces: Type.Integer(),
   }),
+  /** `pause: memory` checkpoints the tenant's sessions hold (in the data dir, beside the pool). */
+  memoryCheckpoints: Type.Object({ count: Type.Integer(), bytes: Type.Number() }),
   /** Only with `?storage=true` (else empty): the 100 most recently active sessions. */
   storage: Type.Array(
     Type.Object({ sessionId: Type.String(), referencedBytes: Type.Number(), exclusiveBytes: Type.Number() }),

@@ -7,6 +7,12 @@ export const SessionStatusSchema = Type.Union(SESSION_STATUSES.map((s) => Type.L
 /** Why a status changed. Every transition records one of these. */
 export const STATUS_CAUSES = [
   'created',
+  /** `pause: memory`: the sandbox was checkpointed when keep-warm ended (detail: bytes, time). */
+  'memory_paused',
+  /** The next message restored it instead of a cold start. */
+  'memory_restored',
+  /** A checkpoint was not used (the workspace changed since, a failed restore): detail says why. */
+  'memory_discarded',
   'turn_started',
   'turn_completed',
   'turn_failed',

@@ -9,6 +9,13 @@ export {
   type TurnOutcome,
 } from './agent/types.js'
 export { type CommandResult, type CommandSpec, runSandboxedCommand } from './build/run-command.js'
+export {
+  type CheckpointManifest,
+  MemoryCheckpoints,
+  type ResumedStart,
+  type Resumption,
+  startFromCheckpoint,
+} from './checkpoint/memory-checkpoints.js'
 export { forbiddenReason } from './egress/address-guard.js'
 export { EgressCa } from './egress/egress-ca.js'
 export { bindingAllowed, decide, type EgressPolicy, type EgressRule } from './egress/policy.js'

@@ -73,6 +73,8 @@ export interface IsolationInfo {
   /** Why the driver cannot run here, when it cannot. */
   reason?: string | undefined
   capabilities: DriverCapabilities
+  /** Why a capability the driver lacks cannot be had here, where that is known. */
+  capabilityReasons?: Partial<Record<keyof DriverCapabilities, string>> | undefined
   description: string
 }
 
@@ -169,6 +171,7 @@ export class Runtime {
       available: name === 'gvisor' ? gvisorState.ok : true,
       ...(name === 'gvisor' && !gvisorState.ok ? { reason: gvisorState.reason } : {}),
       capabilities: { ...driver.capabilities },
+      ...(driver.unavailableBecause ? { capabilityReasons: { ...driver.unavailableBecause } } : {}),
       description: driver.describe(),
     }))
   }

@@ -1,12 +1,12 @@
 import type net from 'node:net'
 import path from 'node:path'
 import { StringDecoder } from 'node:string_decoder'
-import { AGENT_ENV, newId } from '@cairn/protocol'
+import { AGENT_ENV, CairnProblem, newId } from '@cairn/protocol'
 import type { EgressCa } from '../egress/egress-ca.js'
 import { forwarderCommand } from '../egress/transparent.js'
 import { egressProxyEnv, trustedCaEnv } from '../launch/launch-env.js'
 import { requireCapability } from '../sandbox/capabilities.js'
-import type { Sandbox, SandboxDriver, SandboxExit } from '../sandbox/driver.js'
+import type { Sandbox, SandboxDriver, SandboxExit, SandboxSpec } from '../sandbox/driver.js'
 import { type Logger, noopLogger } from '../util/logger.js'
 import { TailBuffer } from '../util/tail.js'
 import type { ActiveTurn, TurnChannel } from './active-turn.js'
@@ -17,6 +17,7 @@ import { RunDir } from './run-dir.js'
 import {
   type AgentEvent,
   type AgentLaunch,
+  type AgentMemoryState,
   DEFAULT_MAX_OUTPUT_CHARS,
   type TurnInput,
   type TurnOutcome,
@@ -53,7 +54,7 @@ export class AgentProcess implements TurnChannel {
     private readonly logger: Logger = noopLogger,
   ) {
     this.runDir = new RunDir(path.join(runRoot, this.sandboxId))
-    this.protocol = protocolFor(launch, (port) => this.ports.connect(port))
+    this.protocol = protocolFor(launch, (port) => this.ports.connect(port), launch.resume?.state.protocol)
     this.maxOutputChars = launch.maxOutputChars ?? DEFAULT_MAX_OUTPUT_CHARS
     const agent = this
     this.ports = new AgentPorts(
@@ -74,6 +75,28 @@ export class AgentProcess implements TurnChannel {
       this.runDir.file('ports.sock'),
       logger,
     )
+  }
+
+  /**
+   * Writes the warm sandbox's processes and memory to `imageDir` and stops it; the state returned
+   * goes with the image into `AgentLaunch.resume`. Refused with a typed error by a driver without
+   * `memorySnapshot`, for an exec agent (no process between turns) and during a turn.
+   */
+  async checkpoint(imageDir: string): Promise<{ state: AgentMemoryState; bytes: number }> {
+    requireCapability(this.driver, 'memorySnapshot', 'checkpoint a sandbox with its memory')
+    const sandbox = this.sandbox
+    if (!this.protocol.warm || !sandbox || !this.alive || !this.driver.checkpoint)
+      throw new CairnProblem('sandbox_not_running', 'the agent has no running sandbox to checkpoint')
+    if (this.busy) throw new CairnProblem('session_busy', 'the agent is running a turn')
+    const state = { protocol: this.protocol.state?.() ?? {} }
+    this.busy = true
+    try {
+      const { bytes } = await this.driver.checkpoint(sandbox, imageDir)
+      return { state, bytes }
+    } finally {
+      this.busy = false
+      await this.stop()
+    }
   }
 
   /** The session this agent runs for. */
@@ -158,7 +181,8 @@ export class AgentProcess implements TurnChannel {
 
   private async spawn(turn: number): Promise<Sandbox> {
     const transparent = this.driver.capabilities.transparentEgress
-    const sandbox = await this.driver.start({
+    const resume = this.protocol.warm ? this.launch.resume : undefined
+    const spec: SandboxSpec = {
       id: this.protocol.warm ? this.sandboxId : newId('sandbox'),
       workspaceDir: this.launch.workspaceDir,
       runDir: this.runDir.dir,
@@ -172,8 +196,14 @@ export class AgentProcess implements TurnChannel {
       env: this.environment(turn),
       limits: this.launch.limits,
       binds: this.launch.binds,
+      checkpointable: this.launch.checkpointable,
       rootfs: this.launch.rootfs,
-    })
+    }
+    // A memory checkpoint's sandbox goes on where it was instead of running the command.
+    const sandbox =
+      resume && this.driver.restore
+        ? await this.driver.restore(spec, resume.imageDir)
+        : await this.driver.start(spec)
     const stderrDecoder = new StringDecoder('utf8')
     sandbox.stderr.on('data', (chunk: Buffer) => this.stderrTail.push(stderrDecoder.write(chunk)))
     return sandbox

@@ -2,6 +2,7 @@ import type { AgentProtocolName, ErrorCode, HttpAgent, StatusCause, TranscriptLi
 import type { EgressRoute } from '../egress/proxy.js'
 import type { ProxySecret } from '../egress/proxy-secrets.js'
 import type { IsolationName, SandboxBind, SandboxLimits } from '../sandbox/driver.js'
+import type { ProtocolState } from './protocols/agent-protocol.js'
 
 export type AgentEvent =
   | { type: 'text'; content: string }
@@ -60,6 +61,22 @@ export interface AgentLaunch {
     | undefined
   /** Most reply characters one turn may produce (default 8 Mi). */
   maxOutputChars?: number | undefined
+  /** The sandbox will be checkpointed when it cools (`pause: memory`; see `SandboxSpec.checkpointable`). */
+  checkpointable?: boolean | undefined
+  /** Restores the sandbox from a memory checkpoint instead of starting its command (see checkpoint/). */
+  resume?: AgentResume | undefined
+}
+
+/** What AgentProcess knows of a running agent that its next process must know to talk to it. */
+export interface AgentMemoryState {
+  /** The protocol's (stdio: the marker's nonce in the agent's environment, lines sent and asked). */
+  protocol: ProtocolState
+}
+
+export interface AgentResume {
+  /** Where `SandboxDriver.checkpoint` wrote the image. */
+  imageDir: string
+  state: AgentMemoryState
 }
 
 export const DEFAULT_LIMITS: SandboxLimits = { memoryMiB: 512, pids: 256, cpus: 1 }

@@ -5,8 +5,9 @@ import path from 'node:path'
 import type { Readable } from 'node:stream'
 import type { FileEntry, WorkspaceDiff } from '@cairn/protocol'
 import type { AgentProcess } from '../agent/agent-process.js'
-import type { AgentEvent, TurnInput, TurnOutcome } from '../agent/types.js'
+import type { AgentEvent, AgentLaunch, TurnInput, TurnOutcome } from '../agent/types.js'
 import { type CommandResult, runSandboxedCommand } from '../build/run-command.js'
+import { MemoryCheckpoints, startFromCheckpoint } from '../checkpoint/memory-checkpoints.js'
 import { launchEnvironment } from '../launch/launch-env.js'
 import { DEFAULT_SANDBOX_UID, type Runtime } from '../runtime.js'
 import { EnvStore } from '../storage/env-store.js'
@@ -19,6 +20,7 @@ import { diffTrees, listDirectory } from '../workspace-io/tree.js'
 import type {
   Admission,
   AgentInfo,
+  AgentPause,
   AgentSpec,
   RuntimeDescription,
   RuntimePort,
@@ -47,7 +49,11 @@ export class LocalRuntimePort implements RuntimePort {
   ) {
     this.pool = new WarmPool(options.clock, (agent) => runtime.stopAgent(agent), options.inUse)
     this.envs = new EnvStore(runtime.pool, runtime.options.sandboxUid ?? DEFAULT_SANDBOX_UID)
+    this.checkpoints = new MemoryCheckpoints(path.join(runtime.options.dataDir, 'checkpoints'))
   }
+
+  /** `pause: memory` sessions' checkpoints, under the data dir (they outlive a restart). */
+  private readonly checkpoints: MemoryCheckpoints
 
   private info(sessionId: string, agent: AgentProcess): AgentInfo {
     return { sessionId, sandboxId: agent.sandboxId, isolation: agent.isolation, alive: agent.alive }
@@ -72,18 +78,53 @@ export class LocalRuntimePort implements RuntimePort {
   }
 
   async startAgent(spec: AgentSpec): Promise<AgentInfo> {
-    const { sessionId, tenantId, dependencyEnvKey, ...launch } = spec
+    const { sessionId, tenantId, dependencyEnvKey, pause, ...launch } = spec
     await this.pool.drop(sessionId)
     const environment = launchEnvironment(this.envs.dependency(dependencyEnvKey), launch.env)
-    const agent = await this.runtime.startAgent({
+    const full: AgentLaunch = {
       ...launch,
       env: environment.env,
       binds: [...environment.binds, ...(launch.binds ?? [])],
       sessionId,
       workspaceDir: this.runtime.pool.workspacePath(sessionId),
-    })
-    this.pool.add(sessionId, tenantId, agent)
-    return this.info(sessionId, agent)
+    }
+    const driver = this.runtime.driverFor(launch.isolation)
+    if (!pause || !driver.capabilities.memorySnapshot) {
+      await this.checkpoints.discard(sessionId)
+      const agent = await this.runtime.startAgent(full)
+      this.pool.add(sessionId, tenantId, agent)
+      return this.info(sessionId, agent)
+    }
+    const started = await startFromCheckpoint(
+      this.checkpoints,
+      (l) => this.runtime.startAgent(l),
+      { ...full, checkpointable: true },
+      { generation: pause.generation, driver: driver.name },
+    )
+    if (started.resumed) pause.onEvent({ cause: 'memory_restored', detail: started.agent.sandboxId })
+    else if (started.coldReason) pause.onEvent({ cause: 'memory_discarded', detail: started.coldReason })
+    const { agent } = started
+    this.pool.add(sessionId, tenantId, agent, () => this.pauseAgent(sessionId, agent, pause))
+    return { ...this.info(sessionId, agent), restored: started.resumed }
+  }
+
+  /**
+   * Checkpoints a cooled `pause: memory` agent (which stops it) at the workspace's generation now
+   * (its marker); one that fails leaves the session as a stop would, with the reason.
+   */
+  private async pauseAgent(sessionId: string, agent: AgentProcess, pause: AgentPause): Promise<void> {
+    try {
+      const [generation] = await this.runtime.pool.readGenerations([sessionId])
+      const manifest = await this.checkpoints.save(sessionId, agent, generation ?? pause.generation)
+      pause.onEvent({
+        cause: 'memory_paused',
+        detail: `checkpoint of ${manifest.bytes} bytes in ${manifest.checkpointMs} ms at generation ${manifest.generation}`,
+      })
+    } catch (error) {
+      const message = error instanceof Error ? error.message : String(error)
+      pause.onEvent({ cause: 'memory_discarded', detail: `memory checkpoint failed, stopped: ${message}` })
+      await this.runtime.stopAgent(agent)
+    }
   }
 
   agent(sessionId: string): AgentInfo | undefined {
@@ -108,12 +149,19 @@ export class LocalRuntimePort implements RuntimePort {
     this.pool.extend(sessionId, ms, activity)
   }
 
-  stopAgent(sessionId: string): Promise<void> {
-    return this.pool.drop(sessionId)
+  async stopAgent(sessionId: string): Promise<void> {
+    await this.pool.drop(sessionId)
+    // What drops a session's sandbox (an end, a delete, a workspace restore, a setup phase) ends
+    // its memory too.
+    await this.checkpoints.discard(sessionId)
   }
 
   stopAllAgents(): Promise<void> {
     return this.pool.dropAll()
+  }
+
+  memoryCheckpointBytes(sessionIds: readonly string[]): Promise<number[]> {
+    return Promise.all(sessionIds.map((id) => this.checkpoints.bytes(id)))
   }
 
   get warmCount(): number {

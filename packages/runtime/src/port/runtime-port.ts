@@ -13,9 +13,22 @@ import type { ReadOptions } from '../workspace-io/reader.js'
  * runtime knows that from the session ID), plus the tenant it counts against and the revision's
  * dependency environment by key (the runtime mounts it and sets its variables).
  */
-export type AgentSpec = Omit<AgentLaunch, 'workspaceDir'> & {
+export type AgentSpec = Omit<AgentLaunch, 'workspaceDir' | 'resume' | 'checkpointable'> & {
   tenantId: string
   dependencyEnvKey?: string | undefined
+  /**
+   * `pause: memory`: when keep-warm ends the sandbox is checkpointed instead of stopped, and the
+   * next start restores it (drivers with `memorySnapshot`; elsewhere ignored).
+   */
+  pause?: AgentPause | undefined
+}
+
+/** A session's memory checkpoints: the generation they are tied to, and where their events go. */
+export interface AgentPause {
+  /** The workspace generation now: a checkpoint taken at another one is discarded, not restored. */
+  generation: number
+  /** What became of the session's checkpoint, for its events (`detail` says why or how much). */
+  onEvent(event: { cause: 'memory_paused' | 'memory_restored' | 'memory_discarded'; detail: string }): void
 }
 
 /** A warm agent as the server sees it: IDs and plain facts, never the process. */
@@ -25,6 +38,8 @@ export interface AgentInfo {
   /** The sandbox driver it runs under (`bwrap`, `gvisor`). */
   isolation: string
   alive: boolean
+  /** Started from the session's memory checkpoint rather than cold. */
+  restored?: boolean | undefined
 }
 
 /**
@@ -107,7 +122,7 @@ export interface RuntimePort {
    * session was used outside a turn (a preview request), so it is the most recently used.
    */
   keepWarm(sessionId: string, ms: number, activity?: boolean): void
-  /** Stops the session's agent and sandbox, if any. */
+  /** Stops the session's agent and sandbox, if any, and forgets its memory checkpoint. */
   stopAgent(sessionId: string): Promise<void>
   stopAllAgents(): Promise<void>
   /** How many agents are warm. */
@@ -172,6 +187,8 @@ export interface RuntimePort {
   digest(tree: TreeRef, options?: TreeReadOptions): Promise<string>
   /** Referenced and exclusive bytes of the tree. */
   treeSizes(tree: TreeRef): Promise<TreeSizes>
+  /** Bytes each session's memory checkpoint holds on disk (0 without one), in the order asked. */
+  memoryCheckpointBytes(sessionIds: readonly string[]): Promise<number[]>
   /** A tar.gz of a snapshot or a revision (trees nothing changes); `stop` ends it early. */
   exportTree(tree: TreeRef): Promise<{ stream: Readable; stop: () => Promise<void> }>
 

@@ -14,6 +14,8 @@ interface WarmAgent {
   timer: NodeJS.Timeout | undefined
   /** When the cooldown timer fires (epoch ms), so activity only ever extends it. */
   until?: number | undefined
+  /** What ends it when it cools instead of a stop (`pause: memory`: a checkpoint, which stops it). */
+  cool?: (() => Promise<void>) | undefined
 }
 
 /**
@@ -87,9 +89,9 @@ export class WarmPool {
     return warm.agent
   }
 
-  /** Keeps a freshly started agent. */
-  add(sessionId: string, tenantId: string, agent: AgentProcess): void {
-    this.warm.set(sessionId, { agent, tenantId, usedAt: this.clock.now(), timer: undefined })
+  /** Keeps a freshly started agent; `cool` ends it when keep-warm runs out, instead of a stop. */
+  add(sessionId: string, tenantId: string, agent: AgentProcess, cool?: () => Promise<void>): void {
+    this.warm.set(sessionId, { agent, tenantId, usedAt: this.clock.now(), timer: undefined, cool })
     this.starting.delete(sessionId)
   }
 
@@ -123,14 +125,33 @@ export class WarmPool {
     warm.until = this.clock.now() + ms
     warm.timer = setTimeout(() => {
       if (this.inUse(sessionId)) return
-      void this.drop(sessionId)
+      void this.cool(sessionId)
     }, ms)
     warm.timer.unref()
   }
 
+  /** Checkpoints under way, by session (see `cool`). */
+  private readonly cooling = new Map<string, Promise<void>>()
+
+  /** The end of the keep-warm window: the agent's `cool` (a checkpoint) if it has one, else a stop. */
+  private async cool(sessionId: string): Promise<void> {
+    const warm = this.warm.get(sessionId)
+    if (!warm?.cool || !warm.agent.alive) return this.drop(sessionId)
+    this.warm.delete(sessionId)
+    const cooling = warm.cool().finally(() => this.cooling.delete(sessionId))
+    this.cooling.set(sessionId, cooling)
+    await cooling
+  }
+
+  /** Resolves once the session's checkpoint, if one is being taken, is written (or failed). */
+  async settled(sessionId: string): Promise<void> {
+    await this.cooling.get(sessionId)
+  }
+
   async drop(sessionId: string): Promise<void> {
     const warm = this.warm.get(sessionId)
-    if (!warm) return
+    // Forgotten at once (the tenant's count drops now); one being checkpointed is waited for.
+    if (!warm) return this.settled(sessionId)
     this.warm.delete(sessionId)
     if (warm.timer) clearTimeout(warm.timer)
     await this.stop(warm.agent)

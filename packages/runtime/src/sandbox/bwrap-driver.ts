@@ -50,6 +50,17 @@ export interface BwrapDriverOptions {
 /** How long after the sandbox's exit its output pipes may take to drain. */
 const EXIT_DRAIN_MS = 1000
 
+/**
+ * Why bwrap sandboxes stop rather than pause with their memory (measured on the project's hosts,
+ * see docs/architecture.md, "Pausing with memory").
+ */
+export const BWRAP_MEMORY_SNAPSHOT_REASON =
+  "CRIU, the only way to checkpoint a bwrap sandbox's processes, cannot start on kernels since 6.13: " +
+  'they split the vDSO data pages into [vvar] and [vvar_vclock], and the criu of Debian bookworm ' +
+  '(3.17) fails its kernel feature detection on that (criu/vdso.c: "vdso: Unexpected rt vDSO area ' +
+  'bounds", for `criu check` and `criu dump` alike; handled from CRIU 4.1). Run the agent with ' +
+  '`isolation: gvisor` for `pause: memory`.'
+
 export class BwrapDriver implements SandboxDriver {
   readonly name = 'bwrap'
   readonly capabilities: DriverCapabilities = {
@@ -59,6 +70,7 @@ export class BwrapDriver implements SandboxDriver {
     ports: true,
     transparentEgress: nftAvailable(),
   }
+  readonly unavailableBecause = { memorySnapshot: BWRAP_MEMORY_SNAPSHOT_REASON }
 
   private readonly launchers: LauncherPool | undefined
   private readonly uids: SandboxUids | undefined

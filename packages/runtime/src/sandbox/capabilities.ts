@@ -11,8 +11,10 @@ export function requireCapability(
   action: string,
 ): void {
   if (driver.capabilities[capability]) return
-  throw new CairnProblem('bad_request', `the ${driver.name} sandbox driver cannot ${action}`, {
-    driver: driver.name,
-    capability,
-  })
+  const reason = driver.unavailableBecause?.[capability]
+  throw new CairnProblem(
+    'bad_request',
+    `the ${driver.name} sandbox driver cannot ${action}${reason ? `: ${reason}` : ''}`,
+    { driver: driver.name, capability, ...(reason ? { reason } : {}) },
+  )
 }

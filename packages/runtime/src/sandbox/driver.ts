@@ -25,6 +25,11 @@ export interface SandboxSpec {
   /** Extra host directories to mount (dependency environments, build sources). */
   binds?: readonly SandboxBind[] | undefined
   /**
+   * The sandbox may be checkpointed (`pause: memory`): it gets the layout a restore recreates (for
+   * gVisor, booted on demand rather than claimed from the pool, whose slots have their own root).
+   */
+  checkpointable?: boolean | undefined
+  /**
    * Host path of an image's read-only root filesystem (see images/): the sandbox's root is then an
    * overlay of it with a writable layer of the sandbox's own, gone with the sandbox. Unset: the
    * host's /usr and a few /etc files, read-only.
@@ -106,6 +111,14 @@ export interface SandboxDriver {
   readonly name: string
   readonly capabilities: DriverCapabilities
   start(spec: SandboxSpec): Promise<Sandbox>
+  /**
+   * Drivers with `memorySnapshot`: writes a running sandbox's processes and memory to `imageDir`
+   * (the sandbox ends with it), and starts a sandbox from such an image instead of its command.
+   */
+  checkpoint?(sandbox: Sandbox, imageDir: string): Promise<{ bytes: number }>
+  restore?(spec: SandboxSpec, imageDir: string): Promise<Sandbox>
+  /** Why a capability this driver lacks cannot be had on this node, where that is known. */
+  readonly unavailableBecause?: Partial<Record<keyof DriverCapabilities, string>> | undefined
   /** Kills and removes sandboxes left by an earlier process of this instance. Returns how many. */
   reapOrphans(): Promise<number>
   /** Releases what the driver holds on the host once no sandbox is left (after `reapOrphans`). */

@@ -3,6 +3,7 @@ import { existsSync } from 'node:fs'
 import { chmod, lstat, mkdir, rm, writeFile } from 'node:fs/promises'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
+import { checkpointGvisor, restoreArgs, restored } from '../checkpoint/gvisor-checkpoint.js'
 import { type Logger, logAndGoOn, noopLogger } from '../util/logger.js'
 import type { CgroupLimits, CgroupManager } from './cgroups.js'
 import type { DriverCapabilities, Sandbox, SandboxDriver, SandboxSpec } from './driver.js'
@@ -77,7 +78,8 @@ export class GvisorDriver implements SandboxDriver {
   readonly capabilities: DriverCapabilities = {
     freeze: true,
     network: false,
-    memorySnapshot: false,
+    // `runsc checkpoint` / `runsc restore` (see checkpoint/gvisor-checkpoint.ts).
+    memorySnapshot: true,
     // The sandbox's loopback lives in gVisor's user-space network stack, not in a host network
     // namespace a relay could enter; reaching it would take a `runsc exec` per connection.
     ports: false,
@@ -240,9 +242,40 @@ export class GvisorDriver implements SandboxDriver {
   async start(spec: SandboxSpec): Promise<Sandbox> {
     if (spec.command.length === 0) throw new CairnProblem('bad_request', 'empty sandbox command')
     await this.prepare()
-    // Pool slots are booted on the host's root: a sandbox with an image starts cold.
-    const claimed = spec.rootfs ? undefined : await this.pool?.claim(spec)
+    // Pool slots are booted on the host's root: a sandbox with an image starts cold; so does one
+    // that may be checkpointed (a slot runs under its own container id and root, which `runsc
+    // checkpoint` of the session's sandbox does not find: "loading container: file does not exist").
+    const claimed = spec.rootfs || spec.checkpointable ? undefined : await this.pool?.claim(spec)
     if (claimed) return claimed
+    const sandbox = await this.launch(spec, ['run'])
+    // The next session with this layout need not wait for a boot.
+    if (!spec.rootfs) this.pool?.warm(spec)
+    return sandbox
+  }
+
+  /**
+   * Writes the running sandbox's memory and processes to `imageDir` (`runsc checkpoint`); the
+   * sandbox ends with it and is to be destroyed. `restore` brings it back, on this node or after a
+   * restart, with the same mounts (a cold start's layout: pool slots are not restored into).
+   */
+  async checkpoint(sandbox: Sandbox, imageDir: string): Promise<{ bytes: number }> {
+    await this.prepare()
+    return checkpointGvisor(sandbox, this.runsc, imageDir)
+  }
+
+  /** A sandbox restored from `checkpoint`'s image instead of booted: its processes go on where they were. */
+  async restore(spec: SandboxSpec, imageDir: string): Promise<Sandbox> {
+    await this.prepare()
+    const sandbox = await this.launch(spec, restoreArgs(imageDir))
+    await restored(sandbox, this.runsc).catch(async (error: unknown) => {
+      await sandbox.destroy()
+      throw error
+    })
+    return sandbox
+  }
+
+  /** `runsc run` (or `restore`) of a sandbox of its own, inside its cgroups from the start. */
+  private async launch(spec: SandboxSpec, subcommand: readonly string[]): Promise<Sandbox> {
     const flags = spec.rootfs ? imageRunscFlags(this.runsc) : runscFlags(this.runsc)
     if (!flags)
       throw new CairnProblem(
@@ -264,7 +297,7 @@ export class GvisorDriver implements SandboxDriver {
       '--root',
       this.runsc.root,
       ...flags,
-      'run',
+      ...subcommand,
       '--bundle',
       bundle,
       spec.id,
@@ -281,8 +314,6 @@ export class GvisorDriver implements SandboxDriver {
       await rm(bundle, { recursive: true, force: true })
       throw new CairnProblem('sandbox_failed', 'could not start the gVisor sandbox launcher')
     }
-    // The next session with this layout need not wait for a boot.
-    if (!spec.rootfs) this.pool?.warm(spec)
     return new GvisorSandbox(spec.id, child.pid, childIo(child), childEnd(child), {
       cgroups: this.options.cgroups,
       name: spec.id,

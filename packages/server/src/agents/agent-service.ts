@@ -16,6 +16,7 @@ import { ImageService, type ImageSettings, type ResolvedImage } from '../images/
 import { checkManifestCeilings } from '../limits/ceilings.js'
 import { type OperatorLimits, operatorLimitSource } from '../limits/operator-limits.js'
 import { TenantSlots } from '../limits/tenant-slots.js'
+import { checkPausePolicy } from '../pause/pause-policy.js'
 import { assertBindingsAllowed, unreachableBindings } from '../secrets/proxy-bindings.js'
 import { redact, type SecretStore } from '../secrets/secret-store.js'
 import { type AgentRow, AgentStore, type StoredRevision } from './agent-store.js'
@@ -103,6 +104,7 @@ export class AgentService {
       const resolved = await readManifest(staging, options.name)
       manifest = resolved.manifest
       checkManifestCeilings(resolved.manifest, this.deps.operatorLimits)
+      checkPausePolicy(resolved.manifest, this.deps.runtime)
       const setup = resolved.manifest.setup
       plan = await planBuild(tenantId, staging, typeof setup === 'string' ? splitCommand(setup) : setup)
       // The image's key now (an OCI tag resolved to its digest): the revision records which it runs on.

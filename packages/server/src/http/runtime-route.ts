@@ -17,6 +17,12 @@ const DriverSchema = Type.Object({
     ports: Type.Boolean(),
     transparentEgress: Type.Boolean(),
   }),
+  capabilityReasons: Type.Optional(
+    Type.Record(Type.String(), Type.String(), {
+      description:
+        'Why a capability the driver lacks cannot be had on this node, by capability (memorySnapshot for bwrap: what keeps CRIU from checkpointing it)',
+    }),
+  ),
   description: Type.String(),
 })
 

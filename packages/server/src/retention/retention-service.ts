@@ -221,6 +221,13 @@ export class RetentionService {
       }
     }
     const { runtime } = this.deps
+    const live = await this.deps.db.q
+      .selectFrom('sessions')
+      .select('id')
+      .where('tenant_id', '=', tenantId)
+      .where('status', '!=', 'deleted')
+      .execute()
+    const checkpointBytes = (await runtime.memoryCheckpointBytes(live.map((r) => r.id))).filter((b) => b > 0)
     const { warning: _warning, ...limits } = runtime.quotaStatus()
     const held = (await runtime.tenantUsage([tenantId]).catch(() => ({}) as Record<string, TreeSizes>))[
       tenantId
@@ -239,6 +246,7 @@ export class RetentionService {
         usedBytes: held?.exclusiveBytes ?? null,
       },
       retention: { policy: await this.policy(tenantId), ...(await this.freed(tenantId)) },
+      memoryCheckpoints: { count: checkpointBytes.length, bytes: checkpointBytes.reduce((a, b) => a + b, 0) },
       storage,
     }
   }

@@ -307,6 +307,16 @@ export class SessionStore {
     this.timingChanged(row.id)
   }
 
+  /** Records an event that leaves the status as it is (a sandbox paused or restored, and why). */
+  async note(
+    row: Pick<SessionRow, 'id' | 'status'>,
+    cause: StatusCause,
+    at: string,
+    detail: string,
+  ): Promise<void> {
+    await this.insertEvent(row.id, row.status, row.status, cause, detail, at)
+  }
+
   async list(tenantId: string, filter: ListFilter): Promise<SessionRow[]> {
     let query = this.selectSession().where('s.tenant_id', '=', tenantId)
     if (filter.agentId) query = query.where('s.agent_id', '=', filter.agentId)

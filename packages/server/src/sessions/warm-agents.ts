@@ -1,6 +1,7 @@
 import { CairnProblem } from '@cairn/protocol'
 import type { AgentInfo } from '@cairn/runtime/port'
 import { iso } from '../clock.js'
+import { sessionPause } from '../pause/pause-policy.js'
 import { sandboxLimits, sessionNetwork, turnTimeoutMs } from './sandbox-settings.js'
 import type { SessionServiceDeps } from './session-deps.js'
 import type { SessionRow, SessionStore } from './session-store.js'
@@ -106,9 +107,10 @@ export class WarmAgents {
       limits: sandboxLimits(revision.manifest, this.deps.operatorLimits),
       turnTimeoutMs: turnTimeoutMs(revision.manifest, this.deps.operatorLimits),
       isolation: revision.manifest.isolation,
+      pause: await sessionPause(row, revision.manifest, this.deps.store, this.deps.clock, this.deps.logger),
     })
-    this.deps.metrics?.coldStarts.inc()
-    return { agent, cold: true }
+    if (!agent.restored) this.deps.metrics?.coldStarts.inc()
+    return { agent, cold: !agent.restored }
   }
 
   /** After a turn: the sandbox stays warm for the session's keep-warm window, then stops. */

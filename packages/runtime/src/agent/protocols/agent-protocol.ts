@@ -25,16 +25,28 @@ export interface AgentProtocol {
   listen(sandbox: Sandbox, channel: TurnChannel): void
   /** Hands the turn's prompt to the agent; called with the turn already active. */
   send(sandbox: Sandbox, input: TurnInput): void
+  /**
+   * What the protocol knows of the running agent that the next process must know to go on talking
+   * to it after a memory checkpoint (stdio: its nonce and line counts); given back to `protocolFor`.
+   */
+  state?(): ProtocolState
 }
 
-/** The protocol object for a launch's `protocol`; an http agent is reached through `connect`. */
+/** A protocol's state across a memory checkpoint (see `AgentProtocol.state`). */
+export type ProtocolState = Readonly<Record<string, string | number>>
+
+/**
+ * The protocol object for a launch's `protocol`; an http agent is reached through `connect`;
+ * `state` from `AgentProtocol.state` to go on after a checkpoint.
+ */
 export function protocolFor(
   launch: AgentLaunch,
   connect: (port: number) => Promise<net.Socket>,
+  state?: ProtocolState,
 ): AgentProtocol {
   switch (launch.protocol) {
     case 'stdio':
-      return new StdioProtocol()
+      return new StdioProtocol(state)
     case 'jsonl':
       return new JsonlProtocol()
     case 'exec':

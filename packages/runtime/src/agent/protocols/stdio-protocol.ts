@@ -6,7 +6,7 @@ import type { Sandbox } from '../../sandbox/driver.js'
 import type { TurnChannel } from '../active-turn.js'
 import { StdioMarkerParser } from '../stdio-marker.js'
 import type { TurnInput } from '../types.js'
-import type { AgentProtocol } from './agent-protocol.js'
+import type { AgentProtocol, ProtocolState } from './agent-protocol.js'
 
 /**
  * stdio: a warm agent reading one message per line. The shims mark each read of stdin with a
@@ -16,7 +16,7 @@ export class StdioProtocol implements AgentProtocol {
   readonly name = 'stdio' as const
   readonly warm = true
   readonly exitCompletes = true
-  private readonly nonce = randomBytes(8).toString('hex')
+  private readonly nonce: string
   private linesSent = 0
   /** The running turn's line is the agent's `expectLines`-th; its marker with that count ends it. */
   private expectLines = 1
@@ -25,6 +25,18 @@ export class StdioProtocol implements AgentProtocol {
    * the ask for line N and before the ask for line N+1 is the reply to line N+1.
    */
   private asked = -1
+
+  /** `state`: what `state()` returned in the process that checkpointed this agent. */
+  constructor(state?: ProtocolState) {
+    const { nonce, linesSent, asked } = state ?? {}
+    this.nonce = typeof nonce === 'string' ? nonce : randomBytes(8).toString('hex')
+    if (typeof linesSent === 'number') this.linesSent = linesSent
+    if (typeof asked === 'number') this.asked = asked
+  }
+
+  state(): ProtocolState {
+    return { nonce: this.nonce, linesSent: this.linesSent, asked: this.asked }
+  }
 
   env(base: Readonly<Record<string, string>>): Record<string, string> {
     return {

@@ -1,0 +1,85 @@
+import { mkdir, readdir, stat } from 'node:fs/promises'
+import path from 'node:path'
+import { CairnProblem } from '@cairn/protocol'
+import type { Sandbox } from '../sandbox/driver.js'
+import { GvisorSandbox } from '../sandbox/gvisor-sandbox.js'
+import { type RunscConfig, runsc, runscFlags } from '../sandbox/runsc.js'
+
+/** The runsc arguments that restore a sandbox from `imageDir` in place of `run` (see GvisorDriver). */
+export function restoreArgs(imageDir: string): string[] {
+  return ['restore', '--image-path', imageDir]
+}
+
+/** How long a `runsc checkpoint` may take: it writes the sandbox's whole memory (up to its limit). */
+const CHECKPOINT_TIMEOUT_MS = 120_000
+
+/**
+ * Writes a running gVisor sandbox's state (every task, its memory, open files and sockets, the
+ * network stack) to `imageDir/checkpoint.img` with `runsc checkpoint`. The sandbox's processes end
+ * with it: the caller destroys the sandbox afterwards, and `runsc restore` brings it back.
+ */
+export async function checkpointGvisor(
+  sandbox: Sandbox,
+  config: RunscConfig,
+  imageDir: string,
+): Promise<{ bytes: number }> {
+  if (!(sandbox instanceof GvisorSandbox)) {
+    throw new CairnProblem('bad_request', 'this sandbox is not a gVisor sandbox', { driver: sandbox.driver })
+  }
+  await mkdir(imageDir, { recursive: true, mode: 0o700 })
+  await runsc(
+    config,
+    [...runscFlags(config), 'checkpoint', '--image-path', imageDir, sandbox.id],
+    CHECKPOINT_TIMEOUT_MS,
+  )
+  return { bytes: await directoryBytes(imageDir) }
+}
+
+/** Bytes of the files directly in `dir` (a checkpoint's image and manifest). */
+export async function directoryBytes(dir: string): Promise<number> {
+  let total = 0
+  for (const entry of await readdir(dir, { withFileTypes: true })) {
+    if (entry.isFile()) total += (await stat(path.join(dir, entry.name))).size
+  }
+  return total
+}
+
+/** How long a `runsc restore` may take to load an image and run the sandbox again. */
+const RESTORE_TIMEOUT_MS = 120_000
+
+/**
+ * Resolves once `runsc restore` has the sandbox running again (`runsc state` says so); rejects with
+ * runsc's own words when it exits first (an image it cannot load, mounts that do not match).
+ */
+export async function restored(sandbox: Sandbox, config: RunscConfig): Promise<void> {
+  let stderr = ''
+  const collect = (chunk: Buffer) => {
+    stderr = `${stderr}${chunk.toString('utf8')}`.slice(-4000)
+  }
+  sandbox.stderr.on('data', collect)
+  let exited = false
+  const exit = sandbox.exited.then((e) => {
+    exited = true
+    return e
+  })
+  try {
+    const deadline = Date.now() + RESTORE_TIMEOUT_MS
+    while (Date.now() < deadline) {
+      const state = await runsc(config, ['state', sandbox.id]).catch(() => '')
+      if (/"status":\s*"running"/.test(state)) return
+      if (exited) break
+      await Promise.race([exit, new Promise((r) => setTimeout(r, 25))])
+    }
+    const end = exited ? await exit : undefined
+    const last = stderr.trim().split('\n').slice(-3).join(' | ')
+    throw new CairnProblem(
+      'sandbox_failed',
+      end
+        ? `runsc restore exited (code ${end.code ?? end.signal}): ${last || 'no output'}`
+        : `runsc restore did not run the sandbox within ${RESTORE_TIMEOUT_MS / 1000} s`,
+      { driver: 'gvisor' },
+    )
+  } finally {
+    sandbox.stderr.off('data', collect)
+  }
+}

@@ -1,0 +1,168 @@
+import { mkdir, readFile, rename, rm, writeFile } from 'node:fs/promises'
+import path from 'node:path'
+import type { AgentProcess } from '../agent/agent-process.js'
+import type { AgentLaunch, AgentMemoryState } from '../agent/types.js'
+import { directoryBytes } from './gvisor-checkpoint.js'
+
+/** What a session's memory checkpoint was taken with, beside its image (`manifest.json`). */
+export interface CheckpointManifest {
+  sessionId: string
+  /** The sandbox driver that wrote the image; only it can restore it. */
+  driver: string
+  /** The workspace generation when it was taken: a restore, import or fork since discards it. */
+  generation: number
+  state: AgentMemoryState
+  /** Bytes on disk (image and manifest). */
+  bytes: number
+  /** How long the checkpoint took, the sandbox stopped meanwhile. */
+  checkpointMs: number
+  createdAt: string
+}
+
+/** What the next start of a session finds. */
+export type Resumption =
+  | { kind: 'resume'; imageDir: string; manifest: CheckpointManifest }
+  | { kind: 'none' }
+  /** There was one, and it cannot be used: it is deleted and the session starts cold. */
+  | { kind: 'discarded'; reason: string }
+
+const MANIFEST = 'manifest.json'
+
+/**
+ * The memory checkpoints of paused sessions (`pause: memory`), one directory per session under
+ * `root`: the driver's image and a manifest. At most one per session; it is used once (a restored
+ * sandbox goes on from it, so it is deleted once restored) and survives a server restart.
+ */
+export class MemoryCheckpoints {
+  constructor(readonly root: string) {}
+
+  dir(sessionId: string): string {
+    if (!/^[a-z]+_[0-9a-zA-Z]+$/.test(sessionId)) throw new Error(`not a session id: ${sessionId}`)
+    return path.join(this.root, sessionId)
+  }
+
+  /**
+   * Checkpoints the agent's sandbox (which stops it) and records the manifest; the image is only
+   * where `find` looks once complete, so a crash or failure midway leaves nothing to restore.
+   */
+  async save(sessionId: string, agent: AgentProcess, generation: number): Promise<CheckpointManifest> {
+    const dir = this.dir(sessionId)
+    const partial = `${dir}.partial`
+    await rm(partial, { recursive: true, force: true })
+    await mkdir(this.root, { recursive: true, mode: 0o700 })
+    const started = performance.now()
+    try {
+      const { state } = await agent.checkpoint(partial)
+      const manifest: CheckpointManifest = {
+        sessionId,
+        driver: agent.isolation,
+        generation,
+        state,
+        bytes: 0,
+        checkpointMs: Math.round(performance.now() - started),
+        createdAt: new Date().toISOString(),
+      }
+      await writeFile(path.join(partial, MANIFEST), JSON.stringify(manifest), { mode: 0o600 })
+      manifest.bytes = await directoryBytes(partial)
+      await writeFile(path.join(partial, MANIFEST), JSON.stringify(manifest), { mode: 0o600 })
+      await rm(dir, { recursive: true, force: true })
+      await rename(partial, dir)
+      return manifest
+    } catch (error) {
+      await rm(partial, { recursive: true, force: true })
+      throw error
+    }
+  }
+
+  /**
+   * The session's checkpoint if it can be restored here: taken by `driver` at workspace
+   * `generation`. One that cannot (the workspace changed since, another driver, an unreadable
+   * manifest) is deleted, and why is returned for the session's events.
+   */
+  async find(sessionId: string, generation: number, driver: string): Promise<Resumption> {
+    const manifest = await this.manifest(sessionId)
+    if (manifest === undefined) return { kind: 'none' }
+    const reason =
+      manifest === 'unreadable'
+        ? 'its manifest is unreadable'
+        : manifest.generation !== generation
+          ? `the workspace changed since it was taken (generation ${manifest.generation}, now ${generation}: a restore, an import or a fork)`
+          : manifest.driver !== driver
+            ? `it was taken under ${manifest.driver} and the agent now runs under ${driver}`
+            : undefined
+    if (reason || manifest === 'unreadable') {
+      await this.discard(sessionId)
+      return { kind: 'discarded', reason: `memory checkpoint discarded: ${reason}` }
+    }
+    return { kind: 'resume', imageDir: this.dir(sessionId), manifest }
+  }
+
+  /** Bytes the session's checkpoint holds (0 without one), for usage and quotas. */
+  async bytes(sessionId: string): Promise<number> {
+    const manifest = await this.manifest(sessionId)
+    return typeof manifest === 'object' ? manifest.bytes : 0
+  }
+
+  async discard(sessionId: string): Promise<void> {
+    await rm(this.dir(sessionId), { recursive: true, force: true })
+  }
+
+  private async manifest(sessionId: string): Promise<CheckpointManifest | 'unreadable' | undefined> {
+    let text: string
+    try {
+      text = await readFile(path.join(this.dir(sessionId), MANIFEST), 'utf8')
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code === 'ENOENT') return undefined
+      return 'unreadable'
+    }
+    try {
+      const parsed = JSON.parse(text) as CheckpointManifest
+      return typeof parsed.generation === 'number' && typeof parsed.state?.protocol === 'object'
+        ? parsed
+        : 'unreadable'
+    } catch {
+      return 'unreadable'
+    }
+  }
+}
+
+/** How a session's agent came up: restored from its checkpoint, or cold (and why, if one was there). */
+export interface ResumedStart {
+  agent: AgentProcess
+  resumed: boolean
+  /** Why a checkpoint there was not used (discarded, or its restore failed): for the session's events. */
+  coldReason?: string | undefined
+}
+
+/**
+ * Starts a session's agent from its memory checkpoint when there is a usable one, else cold. A
+ * restore that fails falls back to a cold start with the reason, never a broken session; either
+ * way the checkpoint is gone afterwards (a restored sandbox has moved on from it).
+ */
+export async function startFromCheckpoint(
+  checkpoints: MemoryCheckpoints,
+  start: (launch: AgentLaunch) => Promise<AgentProcess>,
+  launch: AgentLaunch,
+  context: { generation: number; driver: string },
+): Promise<ResumedStart> {
+  const found = await checkpoints.find(launch.sessionId, context.generation, context.driver)
+  if (found.kind === 'none') return { agent: await start(launch), resumed: false }
+  if (found.kind === 'discarded')
+    return { agent: await start(launch), resumed: false, coldReason: found.reason }
+  try {
+    const agent = await start({
+      ...launch,
+      resume: { imageDir: found.imageDir, state: found.manifest.state },
+    })
+    await checkpoints.discard(launch.sessionId)
+    return { agent, resumed: true }
+  } catch (error) {
+    await checkpoints.discard(launch.sessionId)
+    const why = error instanceof Error ? error.message : String(error)
+    return {
+      agent: await start(launch),
+      resumed: false,
+      coldReason: `memory checkpoint restore failed, started cold: ${why}`,
+    }
+  }
+}

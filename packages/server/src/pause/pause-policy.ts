@@ -1,0 +1,57 @@
+import { type AgentManifest, CairnProblem } from '@cairn/protocol'
+import type { AgentPause } from '@cairn/runtime/port'
+import type { Logger } from 'pino'
+import { type Clock, iso } from '../clock.js'
+import type { SessionRow, SessionStore } from '../sessions/session-store.js'
+
+/** What the deploy pipeline knows of the node's sandbox drivers (the runtime, in agent-service.ts). */
+export interface SandboxDrivers {
+  driverFor(isolation: AgentManifest['isolation']): {
+    name: string
+    capabilities: { memorySnapshot: boolean }
+    unavailableBecause?: { memorySnapshot?: string | undefined } | undefined
+  }
+}
+
+/**
+ * Refuses (`invalid_manifest`) `pause: memory` for an agent whose sandbox driver cannot checkpoint
+ * memory on this node, with the driver's reason: a deploy must not promise what will not happen.
+ */
+export function checkPausePolicy(manifest: AgentManifest, runtime: SandboxDrivers): void {
+  if (manifest.pause !== 'memory') return
+  const driver = runtime.driverFor(manifest.isolation)
+  if (driver.capabilities.memorySnapshot) return
+  const reason = driver.unavailableBecause?.memorySnapshot
+  throw new CairnProblem(
+    'invalid_manifest',
+    `cairn.yaml: pause: memory needs a sandbox driver that checkpoints memory, and ${driver.name} cannot${reason ? `: ${reason}` : ''}`,
+    { driver: driver.name, capability: 'memorySnapshot', ...(reason ? { reason } : {}) },
+  )
+}
+
+/**
+ * The runtime's `pause` for a session of a `pause: memory` agent: its checkpoint is tied to the
+ * workspace generation now, and what becomes of it is recorded in the session's events.
+ */
+export async function sessionPause(
+  row: Pick<SessionRow, 'id' | 'status' | 'tenant_id'>,
+  manifest: Pick<AgentManifest, 'pause'>,
+  store: SessionStore,
+  clock: Clock,
+  logger: Pick<Logger, 'warn'>,
+): Promise<AgentPause | undefined> {
+  if (manifest.pause !== 'memory') return undefined
+  return {
+    generation: await store.generationOf(row.id),
+    onEvent: ({ cause, detail }) => {
+      // The status now, not at the start: the checkpoint is taken when the session has gone idle.
+      const record = async () => {
+        const status = (await store.get(row.tenant_id, row.id))?.status ?? row.status
+        await store.note({ id: row.id, status }, cause, iso(clock.now()), detail)
+      }
+      void record().catch((error: unknown) =>
+        logger.warn({ err: error, session: row.id }, 'recording a pause event failed'),
+      )
+    },
+  }
+}

@@ -1,0 +1,195 @@
+import { rm } from 'node:fs/promises'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { type GvisorDriver, probeGvisor } from '../packages/runtime/src/sandbox/gvisor-driver.js'
+import { makeProject } from './helpers/projects.js'
+import { Api, startTestServer, type TestServer } from './helpers/server.js'
+
+/**
+ * `pause: memory`: a REPL-style agent keeps a counter in memory and serves a `python3 -m
+ * http.server` preview; each reply says the count, the start time of its pid namespace's init (a
+ * restarted sandbox has a new one) and what the preview answers from inside the sandbox (gVisor's
+ * loopback is its own network stack, unreachable from the host: `ports` is false there).
+ */
+const COUNTER_AGENT = `
+import os, subprocess, urllib.request, time
+count = 0
+token = os.urandom(6).hex()
+preview = None
+def init_start():
+    return open("/proc/1/stat").read().rsplit(")", 1)[1].split()[19]
+def ask_preview():
+    err = ""
+    for _ in range(50):
+        try:
+            return str(urllib.request.urlopen("http://127.0.0.1:8000/", timeout=2).status)
+        except Exception as e:
+            err = type(e).__name__
+            time.sleep(0.1)
+    return "ERR " + err
+while True:
+    input()
+    count += 1
+    if preview is None:
+        preview = subprocess.Popen(["python3", "-m", "http.server", "8000", "--bind", "127.0.0.1"],
+                                   cwd="/tmp", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    print(f"count={count} init={init_start()} token={token} preview={ask_preview()}")
+`
+
+const KEEP_WARM_MS = 400
+
+const gvisor = await probeGvisor()
+if (!gvisor.ok) console.warn(`pause: gVisor cannot run here, its cases are SKIPPED: ${gvisor.reason}`)
+
+let t: TestServer
+let dataDir = ''
+
+beforeAll(async () => {
+  t = await startTestServer()
+  dataDir = t.dataDir
+})
+
+afterAll(async () => {
+  await t?.close()
+  // The restarted server was given the data dir, so its close leaves it.
+  await rm(dataDir, { recursive: true, force: true })
+})
+
+interface Reply {
+  count: number
+  init: string
+  /** Drawn by the agent when it started: a restarted agent has another. */
+  token: string
+  preview: string
+  coldStart: boolean
+}
+
+async function ask(api: Api, sessionId: string, prompt: string): Promise<Reply> {
+  const run = await api.send(sessionId, prompt)
+  expect(run.terminal?.type, JSON.stringify(run.events)).toBe('run.completed')
+  const match = /count=(\d+) init=(\d+) token=([0-9a-f]+) preview=(\S+)/.exec(run.text)
+  if (!match?.[1] || !match[2] || !match[3] || !match[4]) throw new Error(`unexpected reply: ${run.text}`)
+  const started = run.events.find((e) => e.type === 'run.started')
+  return {
+    count: Number(match[1]),
+    init: match[2],
+    token: match[3],
+    preview: match[4],
+    coldStart: started?.type === 'run.started' && started.coldStart,
+  }
+}
+
+async function events(api: Api, sessionId: string): Promise<{ cause: string; detail: string | null }[]> {
+  const res = await api.call('GET', `/v1/sessions/${sessionId}/events`)
+  return res.body.data
+}
+
+/** Waits for the session's `n`th event of `cause` (the checkpoint runs when keep-warm ends). */
+async function eventually(api: Api, sessionId: string, cause: string, n = 1) {
+  for (let i = 0; i < 300; i++) {
+    const found = (await events(api, sessionId)).filter((e) => e.cause === cause)
+    if (found.length >= n) return found[n - 1]
+    await new Promise((r) => setTimeout(r, 50))
+  }
+  throw new Error(
+    `no ${cause} event (${n}) for ${sessionId}: ${JSON.stringify(await events(api, sessionId))}`,
+  )
+}
+
+describe.skipIf(!gvisor.ok)('pause: memory under gVisor', () => {
+  beforeAll(async () => {
+    const project = await makeProject({
+      'cairn.yaml': 'name: counter\ncommand: python3 -u agent.py\nisolation: gvisor\npause: memory\n',
+      'agent.py': COUNTER_AGENT,
+    })
+    expect((await t.api.deploy(project)).status).toBe(201)
+  })
+
+  it('restores the sandbox after keep-warm expiry and after a server restart: counter, preview and init intact', async () => {
+    const { id } = await t.api.createSession('counter', { keepWarmMs: KEEP_WARM_MS })
+    const first = await ask(t.api, id, 'one')
+    expect(first).toMatchObject({ count: 1, preview: '200', coldStart: true })
+
+    expect((await eventually(t.api, id, 'memory_paused')).detail).toMatch(
+      /^checkpoint of \d+ bytes in \d+ ms/,
+    )
+    expect((await t.api.call('GET', `/v1/sessions/${id}`)).body.warm).toBe(false)
+    // The checkpoint counts in the tenant's usage until it is restored.
+    const usage = (await t.api.call('GET', '/v1/usage')).body.memoryCheckpoints
+    expect(usage.count).toBe(1)
+    expect(usage.bytes).toBeGreaterThan(0)
+    expect(await ask(t.api, id, 'two')).toEqual({ ...first, count: 2, coldStart: false })
+    await eventually(t.api, id, 'memory_restored')
+    expect((await t.api.call('GET', '/v1/usage')).body.memoryCheckpoints).toEqual({ count: 0, bytes: 0 })
+
+    // Paused again, then the server restarts: the checkpoint is on disk, no sandbox is running.
+    await eventually(t.api, id, 'memory_paused', 2)
+    const key = t.key
+    await t.server.close()
+    t = await startTestServer({ dataDir })
+    // The admin key is printed on the first start only: the restarted server knows the old one.
+    t = { ...t, key, api: new Api(t.url, key) }
+    expect(await ask(t.api, id, 'three')).toEqual({ ...first, count: 3, coldStart: false })
+  })
+
+  it('discards the checkpoint when the workspace changed since (the reason in the events) and starts cold', async () => {
+    const { id } = await t.api.createSession('counter', { keepWarmMs: KEEP_WARM_MS })
+    const first = await ask(t.api, id, 'one')
+    await eventually(t.api, id, 'memory_paused')
+    const put = await t.api.call('PUT', `/v1/sessions/${id}/files/content?path=notes.txt`, 'changed', {
+      'content-type': 'text/plain',
+    })
+    expect(put.status).toBe(200)
+    const next = await ask(t.api, id, 'two')
+    expect(next).toMatchObject({ count: 1, preview: '200', coldStart: true })
+    expect(next.token).not.toBe(first.token)
+    expect((await eventually(t.api, id, 'memory_discarded')).detail).toMatch(
+      /^memory checkpoint discarded: the workspace changed since it was taken \(generation \d+, now \d+/,
+    )
+  })
+})
+
+describe.skipIf(!gvisor.ok)(
+  'pause: memory on a node whose default is gVisor (its pool of booted sandboxes on)',
+  () => {
+    it('boots pausing sandboxes on demand, so their checkpoints restore', async () => {
+      const node = await startTestServer({ server: { isolation: 'gvisor', gvisorPoolSize: 1 } })
+      try {
+        const project = await makeProject({
+          'cairn.yaml': 'name: counter\ncommand: python3 -u agent.py\npause: memory\n',
+          'agent.py': COUNTER_AGENT,
+        })
+        expect((await node.api.deploy(project)).status).toBe(201)
+        // A first session of this layout has the pool keep a booted slot of it.
+        const warmer = await node.api.createSession('counter', { keepWarmMs: 0 })
+        await ask(node.api, warmer.id, 'one')
+        const driver = node.server.runtime.drivers.gvisor as GvisorDriver
+        for (let i = 0; i < 100 && driver.pooled === 0; i++) await new Promise((r) => setTimeout(r, 100))
+        expect(driver.pooled).toBeGreaterThan(0)
+        const { id } = await node.api.createSession('counter', { keepWarmMs: KEEP_WARM_MS })
+        const first = await ask(node.api, id, 'one')
+        await eventually(node.api, id, 'memory_paused')
+        expect(await ask(node.api, id, 'two')).toEqual({ ...first, count: 2, coldStart: false })
+      } finally {
+        await node.close()
+      }
+    })
+  },
+)
+
+describe('pause: memory where the driver cannot checkpoint', () => {
+  it('refuses the deploy with the driver, the capability and why', async () => {
+    const project = await makeProject({
+      'cairn.yaml': 'name: counter-bwrap\ncommand: python3 -u agent.py\npause: memory\n',
+      'agent.py': COUNTER_AGENT,
+    })
+    const res = await t.api.deploy(project)
+    expect(res.status).toBe(400)
+    expect(res.body.error).toMatchObject({
+      code: 'invalid_manifest',
+      details: { driver: 'bwrap', capability: 'memorySnapshot' },
+    })
+    expect(res.body.error.details.reason).toMatch(/CRIU/)
+    const agents = await t.api.call('GET', '/v1/agents')
+    expect(agents.body.data.map((a: { name: string }) => a.name)).not.toContain('counter-bwrap')
+  })
+})

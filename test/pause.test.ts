@@ -35,6 +35,23 @@ while True:
     print(f"count={count} init={init_start()} token={token} preview={ask_preview()}")
 `
 
+/**
+ * The counter as a Node stdio agent (Cairn's node shim marks its turns): a readline loop whose
+ * count and token live only in the process's memory.
+ */
+const NODE_COUNTER_AGENT = `
+const crypto = require('node:crypto')
+const fs = require('node:fs')
+let count = 0
+const token = crypto.randomBytes(6).toString('hex')
+const init = fs.readFileSync('/proc/1/stat', 'utf8').split(')').pop().trim().split(/\\s+/)[19]
+const rl = require('node:readline').createInterface({ input: process.stdin })
+rl.on('line', () => {
+  count++
+  console.log('count=' + count + ' init=' + init + ' token=' + token + ' preview=none')
+})
+`
+
 const KEEP_WARM_MS = 400
 
 const gvisor = await probeGvisor()
@@ -145,6 +162,22 @@ describe.skipIf(!gvisor.ok)('pause: memory under gVisor', () => {
     expect((await eventually(t.api, id, 'memory_discarded')).detail).toMatch(
       /^memory checkpoint discarded: the workspace changed since it was taken \(generation \d+, now \d+/,
     )
+  })
+
+  it('restores a Node stdio agent after keep-warm expiry: it reads its next line, its memory intact', async () => {
+    const project = await makeProject({
+      'cairn.yaml': 'name: node-counter\ncommand: node agent.js\nisolation: gvisor\npause: memory\n',
+      'agent.js': NODE_COUNTER_AGENT,
+    })
+    expect((await t.api.deploy(project)).status).toBe(201)
+    const { id } = await t.api.createSession('node-counter', { keepWarmMs: KEEP_WARM_MS })
+    const first = await ask(t.api, id, 'one')
+    expect(first).toMatchObject({ count: 1, coldStart: true })
+    await eventually(t.api, id, 'memory_paused')
+    expect(await ask(t.api, id, 'two')).toEqual({ ...first, count: 2, coldStart: false })
+    await eventually(t.api, id, 'memory_restored')
+    await eventually(t.api, id, 'memory_paused', 2)
+    expect(await ask(t.api, id, 'three')).toEqual({ ...first, count: 3, coldStart: false })
   })
 })
 

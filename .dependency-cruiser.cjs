@@ -8,15 +8,11 @@ module.exports = {
       name: 'server-uses-runtime-port',
       comment:
         'packages/server uses the runtime only through @cairn/runtime/port (RuntimePort: IDs, never host paths). ' +
-        'Exceptions: server.ts, the composition root that builds the Runtime and its LocalRuntimePort; and the ' +
-        'pipelines that make what sessions run from, in the pool: deploys (agents/agent-service.ts, ' +
-        'agents/builder.ts) and images (images/image-service.ts). They move behind the port with the remote ' +
-        'runtime (issue 18).',
+        'The one exception: server.ts, the composition root that builds the Runtime and its LocalRuntimePort.',
       severity: 'error',
       from: {
         path: '^packages/server/src/',
-        pathNot:
-          '^packages/server/src/(server\\.ts|agents/agent-service\\.ts|agents/builder\\.ts|images/image-service\\.ts)$',
+        pathNot: '^packages/server/src/server\\.ts$',
       },
       to: { path: '^packages/runtime/', pathNot: '^packages/runtime/(src|dist)/port/' },
     },

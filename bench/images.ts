@@ -1,7 +1,7 @@
 import { cp, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises'
 import os from 'node:os'
 import path from 'node:path'
-import { OverlayMounter } from '../packages/runtime/dist/index.js'
+import { ImageStore, OverlayMounter } from '../packages/runtime/dist/index.js'
 import { floor } from './baselines.js'
 import { type Bench, progress, repeat, timedResult } from './lib/bench.js'
 import type { Target } from './lib/results.js'
@@ -81,7 +81,7 @@ export const images: Bench = {
           throw new Error(`image cold starts failed:\n${problems.slice(0, 5).join('\n')}`)
         // The overlay alone: what a sandbox with an image adds (a tmpfs and an overlay mounted, then unmounted).
         const mounter = new OverlayMounter()
-        const lower = server.server.images.store.rootfsPath(image.key)
+        const lower = new ImageStore(server.server.runtime.pool).rootfsPath(image.key)
         const scratch = await mkdtemp(path.join(os.tmpdir(), 'cairn-bench-overlay-'))
         const mountMs: number[] = []
         const unmountMs: number[] = []

@@ -1,6 +1,7 @@
 import { lstatSync, mkdirSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs'
 import { readFile } from 'node:fs/promises'
 import path from 'node:path'
+import { ImageStore } from '@cairn/runtime'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { createNetnsHost, type NetnsHost, netnsAddresses } from '../helpers/netns.js'
 import { buildImage, registries, run, startRegistry } from '../helpers/oci-registry.js'
@@ -84,7 +85,7 @@ describe('image attacks', () => {
     expect((await t.api.send(a.id, 'hello')).text).toBe('marker: built by the OCI test, root: image\n')
     expect((await t.api.send(b.id, 'hello')).text).toBe('marker: built by the OCI test, root: image\n')
     const key = `oci-${digest.slice('sha256:'.length)}`
-    const rootfs = path.join(t.server.images.store.rootfsPath(key))
+    const rootfs = new ImageStore(t.server.runtime.pool).rootfsPath(key)
     expect(await readFile(path.join(rootfs, 'etc/cairn-marker'), 'utf8')).toBe('built by the OCI test\n')
     expect(await readFile(path.join(rootfs, 'agent.sh'), 'utf8')).toMatch(/^read -r prompt\n/)
   })
@@ -117,7 +118,7 @@ describe('image attacks', () => {
     expect(readdirSync(path.join(victim, 'opt'))).toEqual([])
     expect(readFileSync(path.join(victim, 'lib/python3/EXTERNALLY-MANAGED'), 'utf8')).toBe('kept\n')
     // The image got real directories in their place, with the generated files.
-    const rootfs = t.server.images.store.rootfsPath(revision.imageKey)
+    const rootfs = new ImageStore(t.server.runtime.pool).rootfsPath(revision.imageKey)
     expect(lstatSync(path.join(rootfs, 'etc')).isDirectory()).toBe(true)
     expect(readFileSync(path.join(rootfs, 'etc/passwd'), 'utf8')).toMatch(/^root:/)
     expect(lstatSync(path.join(rootfs, 'opt/cairn')).isDirectory()).toBe(true)

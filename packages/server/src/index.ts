@@ -1,5 +1,5 @@
 export { AgentService } from './agents/agent-service.js'
-export { checkEntryPath, extractArchive, inspectArchive } from './agents/archive.js'
+export { checkEntryPath, inspectArchive } from './agents/archive.js'
 export { readManifest, splitCommand } from './agents/manifest.js'
 export { buildApp } from './app.js'
 export { ApiKeyStore, DEFAULT_TENANT_ID } from './auth/api-keys.js'

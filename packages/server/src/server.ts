@@ -129,9 +129,15 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     if (orphansReaped > 0) logger.warn({ orphansReaped }, 'reaped sandboxes left by an earlier run')
     // The server reaches the runtime only through its port; the port's warm pool waits for a
     // session's lock before letting its sandbox cool down.
+    const egressSite: EgressSite = {
+      privateExceptions: new Set(config.egressPrivateExceptions),
+      hosts: config.egressHosts,
+    }
     const runtimePort = new LocalRuntimePort(runtime, {
       clock,
       inUse: (id: string): boolean => sessions.isBusy(id),
+      egressSite,
+      maxImageBytes: config.maxImageMiB * 1024 * 1024,
     })
     const quotas = runtime.pool.quotaStatus()
     if (quotas.warning) logger.warn({ code: quotas.warning.code }, quotas.warning.message)
@@ -140,25 +146,16 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     const cipher = await SecretCipher.load(path.join(config.dataDir, 'secret.key'))
     const secrets = new SecretStore(db, cipher, clock)
     const logs = new BuildLogs(path.join(config.dataDir, 'build-logs'))
-    const egressSite: EgressSite = {
-      privateExceptions: new Set(config.egressPrivateExceptions),
-      hosts: config.egressHosts,
-    }
     const agents = new AgentService({
       db,
-      runtime,
+      runtime: runtimePort,
       secrets,
       logs,
       clock,
       logger,
       archiveLimits: { maxFiles: config.maxArchiveFiles, maxUnpackedBytes: config.maxUnpackedBytes },
-      build: { egressSite, buildEgressAllow: config.buildEgressAllow },
-      images: {
-        defaultImage: config.defaultImage,
-        debianMirror: config.debianMirror,
-        maxImageBytes: config.maxImageMiB * 1024 * 1024,
-        egressSite,
-      },
+      build: { buildEgressAllow: config.buildEgressAllow },
+      images: { defaultImage: config.defaultImage, debianMirror: config.debianMirror },
       operatorLimits: config.operatorLimits,
     })
     const metrics = new MetricsRegistry()
@@ -167,7 +164,6 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       runtime: runtimePort,
       clock,
       logger,
-      mountRoot: path.join(runtime.runDir, 'memory'),
       artifactRoot: path.join(config.dataDir, 'artifacts'),
       artifactLimits: {
         tenantBytes: mebibytes(config.tenantQuotaMiB),

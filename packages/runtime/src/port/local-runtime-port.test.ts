@@ -1,7 +1,7 @@
 import { Readable } from 'node:stream'
 import { CairnProblem, newId } from '@cairn/protocol'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { makeRevision, openTestRuntime, sessionId, type TestRuntime } from '../../test/harness.js'
+import { makeRevision, openTestRuntime, sessionId, type TestRuntime, waitFor } from '../../test/harness.js'
 import type { AgentEvent, TurnOutcome } from '../agent/types.js'
 import { LocalRuntimePort } from './local-runtime-port.js'
 import type { AgentSpec } from './runtime-port.js'
@@ -19,6 +19,10 @@ let port: LocalRuntimePort
 const clock = new ManualClock()
 const inUse = new Set<string>()
 const REVISION = 'rev_port'
+const SLOW_REVISION = 'rev_portslow'
+/** Says it started, then takes a minute over every turn. */
+const SLOW =
+  'import sys, time\nwhile True:\n    line = input()\n    print("working", flush=True)\n    time.sleep(60)\n    print("done")\n'
 
 const ECHO =
   'import sys\nwhile True:\n    line = input()\n    open("seen.txt", "a").write(line + "\\n") if line.startswith("write") else None\n    print("re:", line)\n'
@@ -41,9 +45,12 @@ async function turn(
   n: number,
 ): Promise<{ outcome: TurnOutcome; events: AgentEvent[] }> {
   const events: AgentEvent[] = []
-  const outcome = await port.runTurn(id, { prompt, turn: n, turnId: newId('turn'), transcript: [] }, (e) =>
-    events.push(e),
-  )
+  let outcome: TurnOutcome | undefined
+  for await (const message of port.runTurn(id, { prompt, turn: n, turnId: newId('turn'), transcript: [] })) {
+    if (message.type === 'event') events.push(message.event)
+    else outcome = message.outcome
+  }
+  if (!outcome) throw new Error('no outcome')
   return { outcome, events }
 }
 
@@ -57,6 +64,7 @@ beforeAll(async () => {
   t = await openTestRuntime()
   port = new LocalRuntimePort(t.runtime, { clock, inUse: (id) => inUse.has(id) })
   await makeRevision(t.runtime, REVISION, { 'agent.py': ECHO, 'README.md': 'hello\n' })
+  await makeRevision(t.runtime, SLOW_REVISION, { 'agent.py': SLOW })
 })
 
 afterAll(async () => {
@@ -186,5 +194,49 @@ describe('LocalRuntimePort', () => {
     await new Promise((resolve) => setTimeout(resolve, 400))
     expect(port.agent(id)).toBeUndefined()
     port.coolDown(id, 0)
+  })
+
+  it('answers a turn as a stream of its messages, cancelled by turn ID or by a reader that stops', async () => {
+    const id = sessionId('t')
+    await port.createWorkspace(id, SLOW_REVISION, 'ten_a')
+    await port.startAgent(spec(id))
+    const turnId = newId('turn')
+    const messages = port.runTurn(id, { prompt: 'go', turn: 1, turnId, transcript: [] })
+    const seen: string[] = []
+    let outcome: TurnOutcome | undefined
+    for await (const message of messages) {
+      if (message.type === 'event') {
+        seen.push(message.event.type === 'text' ? message.event.content : message.event.type)
+        // The agent is at work: a cancel names the turn, as a remote caller would.
+        port.cancelTurn(id, 'turn_other')
+        port.cancelTurn(id, turnId)
+      } else outcome = message.outcome
+    }
+    expect(seen.join('')).toContain('working')
+    expect(outcome).toMatchObject({ status: 'cancelled' })
+
+    // A reader that leaves before the outcome cancels the turn: the agent stops, nothing waits a minute.
+    await port.startAgent(spec(id))
+    for await (const message of port.runTurn(id, {
+      prompt: 'go',
+      turn: 2,
+      turnId: newId('turn'),
+      transcript: [],
+    }))
+      if (message.type === 'event') break
+    expect(await waitFor(() => !port.agent(id)?.alive, 5000)).toBe(true)
+
+    // A turn on a session without an agent ends the iteration with the error.
+    await port.stopAgent(id)
+    const run = async () => {
+      for await (const _ of port.runTurn(id, {
+        prompt: 'x',
+        turn: 3,
+        turnId: newId('turn'),
+        transcript: [],
+      })) {
+      }
+    }
+    await expect(run()).rejects.toThrow(/no warm agent/)
   })
 })

@@ -1,15 +1,22 @@
 import { existsSync } from 'node:fs'
 import { chmod, mkdir, rm, writeFile } from 'node:fs/promises'
-import type net from 'node:net'
 import path from 'node:path'
-import type { Readable } from 'node:stream'
-import type { FileEntry, WorkspaceDiff } from '@cairn/protocol'
+import type { Duplex, Readable } from 'node:stream'
+import { CairnProblem, type FileEntry, type WorkspaceDiff } from '@cairn/protocol'
 import type { AgentProcess } from '../agent/agent-process.js'
-import type { AgentEvent, AgentLaunch, TurnInput, TurnOutcome } from '../agent/types.js'
+import type { AgentLaunch, TurnInput, TurnOutcome } from '../agent/types.js'
+import { extractArchive } from '../build/extract-archive.js'
+import { type RevisionBuild, RevisionBuilder, type RevisionBuildResult } from '../build/revision-builder.js'
 import { type CommandResult, runSandboxedCommand } from '../build/run-command.js'
 import { MemoryCheckpoints, startFromCheckpoint } from '../checkpoint/memory-checkpoints.js'
+import type { EgressSite } from '../egress/proxy.js'
+import { type ImageBuildContext, ImageBuilder } from '../images/image-builder.js'
+import type { ImageRecipe } from '../images/image-recipe.js'
+import { type ImageRecord, ImageStore } from '../images/image-store.js'
 import { launchEnvironment } from '../launch/launch-env.js'
+import { MemoryMounts } from '../launch/memory-mounts.js'
 import { DEFAULT_SANDBOX_UID, type Runtime } from '../runtime.js'
+import type { IsolationName } from '../sandbox/driver.js'
 import { EnvStore } from '../storage/env-store.js'
 import type { PoolArea, PoolQuotaStatus, PoolStats, TreeSizes } from '../storage/pool.js'
 import { treeDigest } from '../workspace-io/digest.js'
@@ -24,11 +31,13 @@ import type {
   AgentSpec,
   RuntimeDescription,
   RuntimePort,
+  SandboxDriverFacts,
   TreeReadOptions,
   TreeRef,
   WorkspaceCommand,
   WorkspaceMark,
 } from './runtime-port.js'
+import { type TurnMessage, turnStream } from './turn-stream.js'
 import { type PoolClock, WarmPool } from './warm-pool.js'
 
 export interface LocalRuntimePortOptions {
@@ -36,19 +45,44 @@ export interface LocalRuntimePortOptions {
   clock: PoolClock
   /** Whether a session is in a turn or an exclusive operation: its sandbox's cooldown waits. */
   inUse?: ((sessionId: string) => boolean) | undefined
+  /** The operator's egress settings (private exceptions, hosts map): builds and image pulls use them. */
+  egressSite?: EgressSite | undefined
+  /** Largest image root a build or pull may leave (its staging tree is discarded beyond). */
+  maxImageBytes?: number | undefined
 }
+
+const turnKey = (sessionId: string, turnId: string) => `${sessionId}/${turnId}`
 
 /** The runtime's port served by the runtime in this process (see `RuntimePort`). */
 export class LocalRuntimePort implements RuntimePort {
   private readonly pool: WarmPool
   private readonly envs: EnvStore
+  private readonly images: ImageStore
+  private readonly imageBuilder: ImageBuilder
+  private readonly revisionBuilder: RevisionBuilder
+  private readonly memory: MemoryMounts
+  /** Turns running, by `turnKey`: what `cancelTurn` aborts. */
+  private readonly turns = new Map<string, AbortController>()
+  /** Staging trees of revisions being deployed, by revision ID. */
+  private readonly staged = new Map<string, string>()
 
   constructor(
     private readonly runtime: Runtime,
     options: LocalRuntimePortOptions,
   ) {
+    const uid = runtime.options.sandboxUid ?? DEFAULT_SANDBOX_UID
     this.pool = new WarmPool(options.clock, (agent) => runtime.stopAgent(agent), options.inUse)
-    this.envs = new EnvStore(runtime.pool, runtime.options.sandboxUid ?? DEFAULT_SANDBOX_UID)
+    this.envs = new EnvStore(runtime.pool, uid)
+    this.images = new ImageStore(runtime.pool)
+    this.imageBuilder = new ImageBuilder({
+      store: this.images,
+      hostUid: uid,
+      hostGid: uid,
+      egressSite: options.egressSite,
+      maxBytes: options.maxImageBytes,
+    })
+    this.revisionBuilder = new RevisionBuilder(runtime, this.envs, this.images, uid, options.egressSite)
+    this.memory = new MemoryMounts(path.join(runtime.runDir, 'memory'))
     this.checkpoints = new MemoryCheckpoints(path.join(runtime.options.dataDir, 'checkpoints'))
   }
 
@@ -78,13 +112,15 @@ export class LocalRuntimePort implements RuntimePort {
   }
 
   async startAgent(spec: AgentSpec): Promise<AgentInfo> {
-    const { sessionId, tenantId, dependencyEnvKey, pause, ...launch } = spec
+    const { sessionId, tenantId, dependencyEnvKey, imageKey, memoryAgentId, pause, ...launch } = spec
     await this.pool.drop(sessionId)
     const environment = launchEnvironment(this.envs.dependency(dependencyEnvKey), launch.env)
+    const memory = memoryAgentId ? [this.memory.bind(memoryAgentId)] : []
     const full: AgentLaunch = {
       ...launch,
       env: environment.env,
-      binds: [...environment.binds, ...(launch.binds ?? [])],
+      binds: [...environment.binds, ...memory],
+      rootfs: this.rootfs(imageKey),
       sessionId,
       workspaceDir: this.runtime.pool.workspacePath(sessionId),
     }
@@ -132,13 +168,28 @@ export class LocalRuntimePort implements RuntimePort {
     return agent ? this.info(sessionId, agent) : undefined
   }
 
-  runTurn(
-    sessionId: string,
-    input: TurnInput,
-    onEvent: (event: AgentEvent) => void,
-    signal?: AbortSignal,
-  ): Promise<TurnOutcome> {
-    return this.warmAgent(sessionId).runTurn(input, onEvent, signal)
+  runTurn(sessionId: string, input: TurnInput): AsyncIterable<TurnMessage> {
+    const key = turnKey(sessionId, input.turnId)
+    const controller = new AbortController()
+    this.turns.set(key, controller)
+    return turnStream(
+      (onEvent) => {
+        let outcome: Promise<TurnOutcome>
+        try {
+          outcome = this.warmAgent(sessionId).runTurn(input, onEvent, controller.signal)
+        } catch (error) {
+          outcome = Promise.reject(error)
+        }
+        return outcome.finally(() => {
+          if (this.turns.get(key) === controller) this.turns.delete(key)
+        })
+      },
+      () => controller.abort(),
+    )
+  }
+
+  cancelTurn(sessionId: string, turnId: string): void {
+    this.turns.get(turnKey(sessionId, turnId))?.abort()
   }
 
   coolDown(sessionId: string, keepWarmMs: number): void {
@@ -172,7 +223,7 @@ export class LocalRuntimePort implements RuntimePort {
     return (await this.pool.agent(sessionId)?.listeningPorts()) ?? []
   }
 
-  connectPort(sessionId: string, port: number): Promise<net.Socket> {
+  connectPort(sessionId: string, port: number): Promise<Duplex> {
     return this.warmAgent(sessionId).connectPort(port)
   }
 
@@ -261,6 +312,15 @@ export class LocalRuntimePort implements RuntimePort {
     return Object.fromEntries(await this.runtime.pool.tenantUsage([...tenantIds]))
   }
 
+  async sandboxDriver(isolation?: IsolationName | undefined): Promise<SandboxDriverFacts> {
+    const driver = this.runtime.driverFor(isolation)
+    return {
+      name: driver.name,
+      capabilities: { ...driver.capabilities },
+      ...(driver.unavailableBecause ? { unavailableBecause: { ...driver.unavailableBecause } } : {}),
+    }
+  }
+
   async describe(): Promise<RuntimeDescription> {
     const { pool, driver } = this.runtime
     return {
@@ -287,10 +347,12 @@ export class LocalRuntimePort implements RuntimePort {
     const { pool } = this.runtime
     if ('sessionId' in tree) return pool.workspacePath(tree.sessionId)
     if ('snapshotId' in tree) return pool.snapshotPath(tree.snapshotId)
+    if ('stagedRevisionId' in tree) return this.stagingOf(tree.stagedRevisionId)
     return pool.revisionPath(tree.revisionId)
   }
 
   async hasTree(tree: TreeRef): Promise<boolean> {
+    if ('stagedRevisionId' in tree && !this.staged.has(tree.stagedRevisionId)) return false
     return existsSync(this.path(tree))
   }
 
@@ -368,7 +430,7 @@ export class LocalRuntimePort implements RuntimePort {
 
   /** In a fresh sandbox with its own run dir (an empty transcript), removed when it is done. */
   async runCommand(command: WorkspaceCommand): Promise<CommandResult> {
-    const { sessionId, isolation, dependencyEnvKey, ...spec } = command
+    const { sessionId, isolation, dependencyEnvKey, imageKey, ...spec } = command
     const environment = launchEnvironment(this.envs.dependency(dependencyEnvKey), spec.env)
     const runDir = path.join(this.runtime.runDir, 'sandboxes', `setup-${sessionId}`)
     try {
@@ -379,6 +441,7 @@ export class LocalRuntimePort implements RuntimePort {
         ...spec,
         env: environment.env,
         binds: environment.binds,
+        rootfs: this.rootfs(imageKey),
         workspaceDir: this.runtime.pool.workspacePath(sessionId),
         runDir,
         logger: this.runtime.logger,
@@ -389,5 +452,75 @@ export class LocalRuntimePort implements RuntimePort {
         this.runtime.logger.warn({ err: error, runDir }, 'removing a command run dir failed'),
       )
     }
+  }
+
+  /** The root filesystem of an image's sandboxes; undefined: the host's /usr. */
+  private rootfs(imageKey: string | undefined): string | undefined {
+    return imageKey ? this.images.rootfsPath(imageKey) : undefined
+  }
+
+  private stagingOf(revisionId: string): string {
+    const staging = this.staged.get(revisionId)
+    if (!staging) throw new CairnProblem('not_found', `revision ${revisionId} is not being deployed`)
+    return staging
+  }
+
+  async stageRevision(revisionId: string, tenantId: string, archive: Buffer): Promise<void> {
+    if (this.staged.has(revisionId))
+      throw new CairnProblem('conflict', `revision ${revisionId} is staged already`)
+    const staging = await this.runtime.pool.createStaging(revisionId, tenantId)
+    this.staged.set(revisionId, staging)
+    try {
+      await extractArchive(archive, staging)
+    } catch (error) {
+      await this.discardStagedRevision(revisionId).catch((discardError: unknown) =>
+        this.runtime.logger.warn({ err: discardError, staging }, "discarding a deploy's staging tree failed"),
+      )
+      throw error
+    }
+  }
+
+  async buildRevision(build: RevisionBuild, onLog: (line: string) => void): Promise<RevisionBuildResult> {
+    return this.revisionBuilder.build(build, this.stagingOf(build.revisionId), onLog)
+  }
+
+  async sealRevision(revisionId: string, tenantId: string): Promise<void> {
+    await this.runtime.pool.sealRevision(this.stagingOf(revisionId), revisionId, tenantId)
+    this.staged.delete(revisionId)
+  }
+
+  async discardStagedRevision(revisionId: string): Promise<void> {
+    const staging = this.staged.get(revisionId)
+    if (!staging) return
+    await this.runtime.pool.discardStaging(staging)
+    this.staged.delete(revisionId)
+  }
+
+  imageKeyOf(recipe: ImageRecipe, ctx: ImageBuildContext): Promise<string | undefined> {
+    return this.imageBuilder.keyOf(recipe, ctx)
+  }
+
+  async hasImage(key: string): Promise<boolean> {
+    return this.images.has(key)
+  }
+
+  async ensureImage(recipe: ImageRecipe, key: string, ctx: ImageBuildContext): Promise<void> {
+    await this.imageBuilder.ensure(recipe, key, ctx)
+  }
+
+  image(key: string): Promise<ImageRecord | undefined> {
+    return this.images.get(key)
+  }
+
+  listImages(): Promise<ImageRecord[]> {
+    return this.images.list()
+  }
+
+  removeImage(key: string): Promise<void> {
+    return this.images.remove(key)
+  }
+
+  publishMemory(agentId: string, version: number, content: string): Promise<void> {
+    return this.memory.publish(agentId, version, content)
   }
 }

@@ -1,21 +1,33 @@
-import type net from 'node:net'
-import type { Readable } from 'node:stream'
+import type { Duplex, Readable } from 'node:stream'
 import type { FileEntry, WorkspaceDiff } from '@cairn/protocol'
-import type { AgentEvent, AgentLaunch, TurnInput, TurnOutcome } from '../agent/types.js'
+import type { AgentLaunch, TurnInput } from '../agent/types.js'
+import type { RevisionBuild, RevisionBuildResult } from '../build/revision-builder.js'
 import type { CommandResult, CommandSpec } from '../build/run-command.js'
+import type { ImageBuildContext } from '../images/image-builder.js'
+import type { ImageRecipe } from '../images/image-recipe.js'
+import type { ImageRecord } from '../images/image-store.js'
 import type { IsolationInfo } from '../runtime.js'
-import type { IsolationName } from '../sandbox/driver.js'
+import type { DriverCapabilities, IsolationName } from '../sandbox/driver.js'
 import type { PoolArea, PoolQuotaStatus, PoolStats, TreeSizes } from '../storage/pool.js'
 import type { ReadOptions } from '../workspace-io/reader.js'
+import type { TurnMessage } from './turn-stream.js'
 
 /**
- * What a session's agent is started with: everything of a launch but where its workspace is (the
- * runtime knows that from the session ID), plus the tenant it counts against and the revision's
- * dependency environment by key (the runtime mounts it and sets its variables).
+ * What a session's agent is started with: everything of a launch but its host paths (workspace,
+ * root filesystem, mounts), plus the tenant it counts against and, by key, what the runtime mounts:
+ * the revision's dependency environment, its image and the agent's memory.
  */
-export type AgentSpec = Omit<AgentLaunch, 'workspaceDir' | 'resume' | 'checkpointable'> & {
+export type AgentSpec = Omit<
+  AgentLaunch,
+  'workspaceDir' | 'binds' | 'rootfs' | 'resume' | 'checkpointable'
+> & {
   tenantId: string
+  /** The revision's dependency environment (mounted at /env, its variables set). */
   dependencyEnvKey?: string | undefined
+  /** The image the sandbox runs on; undefined: the host's /usr. */
+  imageKey?: string | undefined
+  /** The agent whose memory (see `publishMemory`) is mounted read-only at /memory. */
+  memoryAgentId?: string | undefined
   /**
    * `pause: memory`: when keep-warm ends the sandbox is checkpointed instead of stopped, and the
    * next start restores it (drivers with `memorySnapshot`; elsewhere ignored).
@@ -53,12 +65,24 @@ export interface WorkspaceMark {
 }
 
 /** A command run in a session's workspace (setup phases): a command spec without host paths. */
-export type WorkspaceCommand = Omit<CommandSpec, 'workspaceDir' | 'runDir' | 'logger' | 'binds'> & {
+export type WorkspaceCommand = Omit<
+  CommandSpec,
+  'workspaceDir' | 'runDir' | 'logger' | 'binds' | 'rootfs'
+> & {
   sessionId: string
+  /** The image the command runs on; undefined: the host's /usr. */
+  imageKey?: string | undefined
   /** The revision's dependency environment, by key (mounted at /env, its variables set). */
   dependencyEnvKey?: string | undefined
   /** The sandbox driver to run under (the runtime's default when unset). */
   isolation?: IsolationName | undefined
+}
+
+/** A sandbox driver of this node: its name, what it can do, and why it cannot do the rest. */
+export interface SandboxDriverFacts {
+  name: string
+  capabilities: DriverCapabilities
+  unavailableBecause?: Partial<Record<keyof DriverCapabilities, string>> | undefined
 }
 
 /** The runtime's drivers as `GET /v1/runtime` shows them. */
@@ -73,8 +97,15 @@ export interface RuntimeDescription {
   }
 }
 
-/** A tree of the pool, by ID: a session's live workspace, a snapshot, or a revision. */
-export type TreeRef = { sessionId: string } | { snapshotId: string } | { revisionId: string }
+/**
+ * A tree of the pool, by ID: a session's live workspace, a snapshot, a revision, or a revision
+ * being deployed (staged by `stageRevision`, not sealed yet).
+ */
+export type TreeRef =
+  | { sessionId: string }
+  | { snapshotId: string }
+  | { revisionId: string }
+  | { stagedRevisionId: string }
 
 /** Options of a read (a walk of the tree, a file streamed); `signal` stops it. */
 export type TreeReadOptions = ReadOptions
@@ -108,13 +139,14 @@ export interface RuntimePort {
   startAgent(spec: AgentSpec): Promise<AgentInfo>
   /** The session's warm agent, if it has one. */
   agent(sessionId: string): AgentInfo | undefined
-  /** Runs one turn on the session's warm agent; events arrive through `onEvent` as they happen. */
-  runTurn(
-    sessionId: string,
-    input: TurnInput,
-    onEvent: (event: AgentEvent) => void,
-    signal?: AbortSignal,
-  ): Promise<TurnOutcome>
+  /**
+   * Runs one turn on the session's warm agent, started at once: its messages as they happen, the
+   * outcome last (a remote runtime sends them as frames of one stream). A turn that cannot run
+   * ends the iteration with an error; a reader that stops before the outcome cancels the turn.
+   */
+  runTurn(sessionId: string, input: TurnInput): AsyncIterable<TurnMessage>
+  /** Cancels the session's turn `turnId` if it is running: its outcome is then `cancelled`. */
+  cancelTurn(sessionId: string, turnId: string): void
   /** After a turn: the sandbox stays warm for `keepWarmMs`, then stops (now when 0). */
   coolDown(sessionId: string, keepWarmMs: number): void
   /**
@@ -129,8 +161,8 @@ export interface RuntimePort {
   readonly warmCount: number
   /** TCP ports a service listens on inside the session's sandbox (empty without one). */
   listeningPorts(sessionId: string): Promise<number[]>
-  /** A socket to 127.0.0.1:`port` inside the session's running sandbox (previews). */
-  connectPort(sessionId: string, port: number): Promise<net.Socket>
+  /** A byte stream to 127.0.0.1:`port` inside the session's running sandbox (previews). */
+  connectPort(sessionId: string, port: number): Promise<Duplex>
 
   // --- workspaces and snapshots ---------------------------------------------------------------
   createWorkspace(sessionId: string, revisionId: string, tenantId: string): Promise<void>
@@ -160,6 +192,8 @@ export interface RuntimePort {
   quotaStatus(): PoolQuotaStatus
   /** What each tenant's trees hold against its quota, by tenant ID. */
   tenantUsage(tenantIds: readonly string[]): Promise<Record<string, TreeSizes>>
+  /** The driver a sandbox of `isolation` runs under (the node's default when unset). */
+  sandboxDriver(isolation?: IsolationName | undefined): Promise<SandboxDriverFacts>
   /** The sandbox drivers and the storage pool, for `GET /v1/runtime` and the logs. */
   describe(): Promise<RuntimeDescription>
   /** The names (IDs) stored in one area of the pool, for the start-up check against the database. */
@@ -211,4 +245,35 @@ export interface RuntimePort {
   unpackIntoWorkspace(sessionId: string, archive: Buffer): Promise<void>
   /** Runs a command in the workspace to completion (a setup phase). */
   runCommand(command: WorkspaceCommand): Promise<CommandResult>
+
+  // --- revisions: deploys and their builds --------------------------------------------------
+  /**
+   * Unpacks a project archive (checked by the caller) into a new staging tree for the revision;
+   * what the file system refuses is `invalid_archive`. Read it as `{ stagedRevisionId }`.
+   */
+  stageRevision(revisionId: string, tenantId: string, archive: Buffer): Promise<void>
+  /**
+   * Builds the staged revision: its dependency environment (reused when one with its key exists),
+   * then its setup command, in sandboxes; each line of output goes to `onLog`.
+   */
+  buildRevision(build: RevisionBuild, onLog: (line: string) => void): Promise<RevisionBuildResult>
+  /** Seals the staged revision read-only as `{ revisionId }` (sessions are made from it). */
+  sealRevision(revisionId: string, tenantId: string): Promise<void>
+  /** Removes a revision's staging tree (a failed deploy); nothing when there is none. */
+  discardStagedRevision(revisionId: string): Promise<void>
+
+  // --- images -------------------------------------------------------------------------------
+  /** The key of the recipe's image (an OCI tag is resolved to its digest now); undefined: host. */
+  imageKeyOf(recipe: ImageRecipe, ctx: ImageBuildContext): Promise<string | undefined>
+  hasImage(key: string): Promise<boolean>
+  /** Builds or pulls the image `key` of `recipe` unless it is built (one build per key at a time). */
+  ensureImage(recipe: ImageRecipe, key: string, ctx: ImageBuildContext): Promise<void>
+  image(key: string): Promise<ImageRecord | undefined>
+  listImages(): Promise<ImageRecord[]>
+  /** Removes an image; fails while a sandbox still mounts it. */
+  removeImage(key: string): Promise<void>
+
+  // --- agent memory ---------------------------------------------------------------------------
+  /** Makes `content` (version `version`) the memory mounted in the agent's next sandboxes. */
+  publishMemory(agentId: string, version: number, content: string): Promise<void>
 }

@@ -8,7 +8,7 @@ import {
   newId,
   type RevisionInfo,
 } from '@cairn/protocol'
-import type { Runtime } from '@cairn/runtime'
+import type { RuntimePort } from '@cairn/runtime/port'
 import type { Logger } from 'pino'
 import { type Clock, iso } from '../clock.js'
 import type { Db } from '../db/database.js'
@@ -20,15 +20,17 @@ import { checkPausePolicy } from '../pause/pause-policy.js'
 import { assertBindingsAllowed, unreachableBindings } from '../secrets/proxy-bindings.js'
 import { redact, type SecretStore } from '../secrets/secret-store.js'
 import { type AgentRow, AgentStore, type StoredRevision } from './agent-store.js'
-import { type ArchiveLimits, DEFAULT_ARCHIVE_LIMITS, extractArchive, inspectArchive } from './archive.js'
+import { type ArchiveLimits, DEFAULT_ARCHIVE_LIMITS, inspectArchive } from './archive.js'
 import type { BuildLogs } from './build-logs.js'
 import { type BuildPlan, planBuild } from './build-plan.js'
 import { Builder, type BuilderOptions } from './builder.js'
 import { readManifest, splitCommand } from './manifest.js'
+import { stagedProject } from './project-files.js'
 
 export interface AgentServiceDeps {
   db: Db
-  runtime: Runtime
+  /** Stages, builds and seals revisions and builds images, by revision ID and key. */
+  runtime: RuntimePort
   secrets: SecretStore
   logs: BuildLogs
   buildTimeoutMs?: number
@@ -91,28 +93,28 @@ export class AgentService {
     options: { name?: string; wait?: boolean } = {},
   ): Promise<DeployResult> {
     const summary = await inspectArchive(archive, this.deps.archiveLimits ?? DEFAULT_ARCHIVE_LIMITS)
-    const { pool } = this.deps.runtime
+    const { runtime } = this.deps
     const revisionId = newId('revision')
-    const staging = await pool.createStaging(revisionId, tenantId)
     let agentId: string | undefined
     let plan: BuildPlan
     let image: ResolvedImage
     let manifest: AgentManifest
     let buildSlot: () => void = () => undefined
     try {
-      await extractArchive(archive, staging)
-      const resolved = await readManifest(staging, options.name)
+      await runtime.stageRevision(revisionId, tenantId, archive)
+      const project = stagedProject(runtime, revisionId)
+      const resolved = await readManifest(project, options.name)
       manifest = resolved.manifest
       checkManifestCeilings(resolved.manifest, this.deps.operatorLimits)
-      checkPausePolicy(resolved.manifest, this.deps.runtime)
+      await checkPausePolicy(resolved.manifest, this.deps.runtime)
       const setup = resolved.manifest.setup
-      plan = await planBuild(tenantId, staging, typeof setup === 'string' ? splitCommand(setup) : setup)
+      plan = await planBuild(tenantId, project, typeof setup === 'string' ? splitCommand(setup) : setup)
       // The image's key now (an OCI tag resolved to its digest): the revision records which it runs on.
       image = await this.images.resolve(resolved.manifest, {
         log: (line) => this.deps.logger.debug({ revision: revisionId }, line),
         timeoutMs: 60_000,
       })
-      plan = { ...plan, image: this.images.needsBuild(image) ? image : undefined }
+      plan = { ...plan, image: (await this.images.needsBuild(image)) ? image : undefined }
       // Before anything is recorded: a deploy past the tenant's concurrent builds leaves no trace.
       if (needsBuild(plan)) buildSlot = this.builds.take(tenantId)
       const at = iso(this.deps.clock.now())
@@ -151,20 +153,18 @@ export class AgentService {
     } catch (error) {
       buildSlot()
       // The deploy's own error is the one to answer; a staging tree left behind is reported here.
-      await pool
-        .discardStaging(staging)
+      await runtime
+        .discardStagedRevision(revisionId)
         .catch((discardError: unknown) =>
           this.deps.logger.warn(
-            { err: discardError, staging },
+            { err: discardError, revision: revisionId },
             "discarding a failed deploy's staging tree failed",
           ),
         )
       throw error
     }
     const id = agentId
-    const finish = this.finishBuild(tenantId, id, revisionId, staging, plan, manifest, image).finally(
-      buildSlot,
-    )
+    const finish = this.finishBuild(tenantId, id, revisionId, plan, manifest, image).finally(buildSlot)
     if (options.wait || !needsBuild(plan)) await finish
     // Not awaited: finishBuild records its own failures on the revision; what escapes that is logged.
     else
@@ -184,12 +184,11 @@ export class AgentService {
     tenantId: string,
     agentId: string,
     revisionId: string,
-    staging: string,
     plan: BuildPlan,
     manifest: AgentManifest,
     image: ResolvedImage,
   ) {
-    const { pool } = this.deps.runtime
+    const { runtime } = this.deps
     const { logs } = this
     const building = needsBuild(plan)
     const secrets = this.deps.secrets.valuesForScope(tenantId, agentId, 'setup')
@@ -201,7 +200,6 @@ export class AgentService {
         const result = await this.builder.build({
           image,
           revisionId,
-          stagingDir: staging,
           plan,
           setupEnv: secrets,
           log,
@@ -213,7 +211,7 @@ export class AgentService {
           `build finished in ${Math.round(performance.now() - started)} ms${result.reusedEnv ? ' (environment reused)' : ''}`,
         )
       }
-      await pool.sealRevision(staging, revisionId, tenantId)
+      await runtime.sealRevision(revisionId, tenantId)
       this.deps.db.transaction(() => {
         this.store.setRevisionStatus(revisionId, 'READY', null)
         this.store.setCurrentRevision(agentId, revisionId, iso(this.deps.clock.now()))
@@ -222,11 +220,11 @@ export class AgentService {
       this.deps.logger.info({ agent: agentId, revision: revisionId, tenant: tenantId }, 'revision ready')
     } catch (error) {
       // The revision is marked FAILED below either way; a staging tree left behind is reported.
-      await pool
-        .discardStaging(staging)
+      await runtime
+        .discardStagedRevision(revisionId)
         .catch((discardError: unknown) =>
           this.deps.logger.warn(
-            { err: discardError, staging },
+            { err: discardError, revision: revisionId },
             "discarding a failed build's staging tree failed",
           ),
         )

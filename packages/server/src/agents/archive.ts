@@ -15,9 +15,6 @@ export const DEFAULT_ARCHIVE_LIMITS: ArchiveLimits = {
   maxUnpackedBytes: 1024 * 1024 * 1024,
 }
 
-/** How long an extraction may go without reaching a new entry before it is given up. */
-const DEFAULT_EXTRACT_STALL_MS = 120_000
-
 export interface ArchiveSummary {
   fileCount: number
   sizeBytes: number
@@ -161,54 +158,4 @@ export async function inspectArchive(
   if (problem) throw problem
   if (fileCount === 0) refuse('archive is empty')
   return { fileCount, sizeBytes, contentHash: `sha256:${hash.digest('hex')}` }
-}
-
-/**
- * Extracts an archive that `inspectArchive` accepted into `dir` (owner not preserved; setuid,
- * setgid and sticky bits dropped: the server unpacks as root). What the file system refuses (a
- * name too long, a file where a directory must go, a hard link to nothing…) is `invalid_archive`.
- * Entry errors are collected rather than thrown, so this returns only once every write is done:
- * the caller may delete `dir` at once.
- */
-export async function extractArchive(
-  archive: Buffer,
-  dir: string,
-  options: { stallTimeoutMs?: number } = {},
-): Promise<void> {
-  const problems: string[] = []
-  const stallTimeoutMs = options.stallTimeoutMs ?? DEFAULT_EXTRACT_STALL_MS
-  let stalled: NodeJS.Timeout | undefined
-  let onStall: () => void = () => undefined
-  const progress = () => {
-    if (stalled) clearTimeout(stalled)
-    stalled = setTimeout(() => onStall(), stallTimeoutMs)
-  }
-  const extractor = tar.x({
-    cwd: dir,
-    strict: false,
-    preserveOwner: false,
-    noMtime: false,
-    filter: (_path, entry) => {
-      progress()
-      if (typeof entry.mode === 'number') entry.mode &= 0o777
-      return true
-    },
-    onwarn: (code, message) => {
-      if (code !== 'TAR_ENTRY_INFO') problems.push(String(message))
-    },
-  })
-  // node-tar has waited forever on some entry orders the checks above now refuse; should another
-  // one slip through, the deploy fails instead of hanging with its staging area.
-  const stall = new Promise<never>((_resolve, reject) => {
-    onStall = () => reject(new Error(`no progress for ${stallTimeoutMs} ms`))
-  })
-  progress()
-  try {
-    await Promise.race([pipeline(Readable.from([archive]), extractor), stall])
-  } catch (error) {
-    refuse(`archive could not be unpacked: ${(error as Error).message}`)
-  } finally {
-    clearTimeout(stalled)
-  }
-  if (problems.length > 0) refuse(`archive could not be unpacked: ${problems[0]}`)
 }

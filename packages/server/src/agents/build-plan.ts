@@ -1,9 +1,6 @@
 import { createHash } from 'node:crypto'
-import { existsSync } from 'node:fs'
-import { readFile } from 'node:fs/promises'
-import path from 'node:path'
 import type { ResolvedImage } from '../images/image-service.js'
-import { hashTree } from './tree-hash.js'
+import type { ProjectFiles } from './project-files.js'
 
 export type DependencyKind = 'node' | 'python'
 
@@ -35,8 +32,9 @@ export interface BuildPlan {
 }
 
 // v2: keys cover the tenant and, for installs that read the project, the whole project; v1
-// environments (keyed by the manifest alone, shared across tenants) are never reused.
-const ENV_FORMAT = 'env-v2'
+// environments (keyed by the manifest alone, shared across tenants) are never reused. v3: the
+// project is covered by the runtime's tree digest (read through its port).
+const ENV_FORMAT = 'env-v3'
 
 /**
  * Why the tenant is always in the key: an install is not hermetic. It runs the project's own
@@ -48,7 +46,7 @@ const ENV_FORMAT = 'env-v2'
 async function environmentKey(
   kind: DependencyKind,
   tenantId: string,
-  projectDir: string,
+  project: ProjectFiles,
   files: string[],
   readsProject: boolean,
   command: string[],
@@ -56,12 +54,11 @@ async function environmentKey(
   const hash = createHash('sha256').update(`${ENV_FORMAT}\0${tenantId}\0${command.join(' ')}\0`)
   for (const file of files) {
     hash.update(`${file}\0`)
-    hash.update(await readFile(path.join(projectDir, file)))
+    hash.update(await project.read(file))
     hash.update('\0')
   }
   if (readsProject) {
-    hash.update('project\0')
-    await hashTree(hash, projectDir)
+    hash.update(`project\0${await project.digest()}\0`)
   }
   return `${kind}-${hash.digest('hex').slice(0, 32)}`
 }
@@ -73,10 +70,19 @@ async function environmentKey(
  */
 export async function planBuild(
   tenantId: string,
-  projectDir: string,
+  project: ProjectFiles,
   setup: string[] | undefined,
 ): Promise<BuildPlan> {
-  const has = (file: string) => existsSync(path.join(projectDir, file))
+  const found = new Set<string>()
+  for (const file of [
+    'package.json',
+    'package-lock.json',
+    'npm-shrinkwrap.json',
+    'requirements.txt',
+    'pyproject.toml',
+  ])
+    if (await project.has(file)) found.add(file)
+  const has = (file: string) => found.has(file)
   const dependencies = async (
     kind: DependencyKind,
     files: string[],
@@ -88,7 +94,7 @@ export async function planBuild(
       files,
       readsProject,
       command,
-      envKey: await environmentKey(kind, tenantId, projectDir, files, readsProject, command),
+      envKey: await environmentKey(kind, tenantId, project, files, readsProject, command),
     },
     setup,
   })

@@ -1,6 +1,3 @@
-import { existsSync } from 'node:fs'
-import { readFile } from 'node:fs/promises'
-import path from 'node:path'
 import {
   AGENT_NAME_PATTERN,
   type AgentManifest,
@@ -14,6 +11,7 @@ import {
 import { FORWARDER_PORTS } from '@cairn/runtime/port'
 import { Value } from '@sinclair/typebox/value'
 import YAML from 'yaml'
+import { type ProjectFiles, projectInDirectory } from './project-files.js'
 
 export const MANIFEST_FILES = ['cairn.yaml', 'cairn.yml']
 
@@ -56,12 +54,24 @@ export function splitCommand(line: string): string[] {
   return args
 }
 
-export async function readManifest(projectDir: string, nameOverride?: string): Promise<ResolvedManifest> {
-  const file = MANIFEST_FILES.map((f) => path.join(projectDir, f)).find((f) => existsSync(f))
+/** The project's cairn.yaml, checked (`project`: its files, or a directory of this machine). */
+export async function readManifest(
+  project: ProjectFiles | string,
+  nameOverride?: string,
+): Promise<ResolvedManifest> {
+  const files = typeof project === 'string' ? projectInDirectory(project) : project
+  let file: string | undefined
+  for (const name of MANIFEST_FILES) if (!file && (await files.has(name))) file = name
   if (!file) throw new CairnProblem('invalid_manifest', 'the archive has no cairn.yaml at its root')
+  let text: string
+  try {
+    text = (await files.read(file)).toString('utf8')
+  } catch (error) {
+    throw new CairnProblem('invalid_manifest', `${file} could not be read: ${(error as Error).message}`)
+  }
   let raw: unknown
   try {
-    raw = YAML.parse(await readFile(file, 'utf8'))
+    raw = YAML.parse(text)
   } catch (error) {
     throw new CairnProblem('invalid_manifest', `cairn.yaml is not valid YAML: ${(error as Error).message}`)
   }

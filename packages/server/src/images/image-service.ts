@@ -1,16 +1,12 @@
 import type { AgentManifest, ImageInfo, ImageList } from '@cairn/protocol'
 import {
-  DEFAULT_SANDBOX_UID,
   describeRecipe,
-  type EgressSite,
   HOST_IMAGE,
   type ImageBuildContext,
-  ImageBuilder,
   type ImageRecipe,
-  ImageStore,
   parseImage,
-  type Runtime,
-} from '@cairn/runtime'
+  type RuntimePort,
+} from '@cairn/runtime/port'
 import type { Logger } from 'pino'
 import type { Db } from '../db/database.js'
 
@@ -19,15 +15,15 @@ export interface ImageSettings {
   defaultImage?: string | undefined
   /** The Debian mirror images are built from. */
   debianMirror?: string | undefined
-  /** The operator's egress settings: builds and pulls go out through the egress proxy. */
-  egressSite?: EgressSite | undefined
-  /** Largest image root a build or pull may leave (its staging tree is discarded beyond). */
-  maxImageBytes?: number | undefined
 }
 
 export interface ImageServiceDeps extends ImageSettings {
   db: Db
-  runtime: Runtime
+  /** Builds, pulls, lists and removes images (the runtime's egress settings and size cap apply). */
+  runtime: Pick<
+    RuntimePort,
+    'imageKeyOf' | 'hasImage' | 'ensureImage' | 'image' | 'listImages' | 'removeImage'
+  >
   logger: Logger
 }
 
@@ -47,24 +43,14 @@ export interface ResolvedImage {
 
 /**
  * Agent images: which one a manifest names (or the operator's default), building and pulling them
- * at deploy, the root a revision's sandboxes get, listing them and collecting unused ones.
+ * at deploy (by the runtime, through its port), the key a revision's sandboxes run on, listing them
+ * and collecting unused ones.
  */
 export class ImageService {
-  readonly store: ImageStore
-  private readonly builder: ImageBuilder
   readonly defaultImage: string
   private readonly mirror: string
 
   constructor(private readonly deps: ImageServiceDeps) {
-    this.store = new ImageStore(deps.runtime.pool)
-    const uid = deps.runtime.options.sandboxUid ?? DEFAULT_SANDBOX_UID
-    this.builder = new ImageBuilder({
-      store: this.store,
-      hostUid: uid,
-      hostGid: uid,
-      egressSite: deps.egressSite,
-      maxBytes: deps.maxImageBytes,
-    })
     this.defaultImage = deps.defaultImage ?? HOST_IMAGE
     this.mirror = deps.debianMirror ?? 'http://deb.debian.org/debian'
     // A default that cannot be parsed is the operator's mistake: refused at start, not at each deploy.
@@ -82,29 +68,30 @@ export class ImageService {
     ctx: ImageBuildContext,
   ): Promise<ResolvedImage> {
     const recipe = this.recipeOf(manifest)
-    return { recipe, key: await this.builder.keyOf(recipe, ctx) }
+    return { recipe, key: await this.deps.runtime.imageKeyOf(recipe, ctx) }
   }
 
   /** Whether the revision's build must build or pull its image first. */
-  needsBuild(image: ResolvedImage | undefined): boolean {
-    return image?.key !== undefined && !this.store.has(image.key)
+  async needsBuild(image: ResolvedImage | undefined): Promise<boolean> {
+    return image?.key !== undefined && !(await this.deps.runtime.hasImage(image.key))
   }
 
   /** Builds or pulls the image (a no-op when it is there). */
   async ensure(image: ResolvedImage, ctx: ImageBuildContext): Promise<void> {
-    if (image.key) await this.builder.ensure(image.recipe, image.key, ctx)
+    if (image.key) await this.deps.runtime.ensureImage(image.recipe, image.key, ctx)
   }
 
-  /** The root filesystem of a revision's sandboxes; undefined: the host's /usr. */
-  rootfsOf(revision: { manifest: { imageKey?: string | null | undefined } } | undefined): string | undefined {
-    const key = revision?.manifest.imageKey
-    return key ? this.store.rootfsPath(key) : undefined
+  /** The image a revision's sandboxes run on, by key; undefined: the host's /usr. */
+  imageKeyOf(
+    revision: { manifest: { imageKey?: string | null | undefined } } | undefined,
+  ): string | undefined {
+    return revision?.manifest.imageKey ?? undefined
   }
 
   /** What the session manifest names as the base image. */
   async describe(imageKey: string | null | undefined): Promise<string> {
     if (!imageKey) return 'host /usr, read-only'
-    const record = await this.store.get(imageKey)
+    const record = await this.deps.runtime.image(imageKey)
     return record ? `${record.source} (${record.digest})` : `${imageKey} (removed)`
   }
 
@@ -132,7 +119,7 @@ export class ImageService {
   /** Built images with the tenant's revisions that use them. */
   async list(tenantId: string): Promise<ImageList> {
     const usage = this.usage()
-    const data: ImageInfo[] = (await this.store.list()).map((record) => ({
+    const data: ImageInfo[] = (await this.deps.runtime.listImages()).map((record) => ({
       ...record,
       revisions: (usage.get(record.key) ?? [])
         .filter((row) => row.tenant_id === tenantId)
@@ -145,11 +132,11 @@ export class ImageService {
   async collect(): Promise<{ images: number; bytesFreed: number }> {
     const usage = this.usage()
     const result = { images: 0, bytesFreed: 0 }
-    for (const record of await this.store.list()) {
+    for (const record of await this.deps.runtime.listImages()) {
       // Asked again just before: a deploy may have named it while the listing was read.
       if (usage.has(record.key) || this.usage().has(record.key)) continue
       try {
-        await this.store.remove(record.key)
+        await this.deps.runtime.removeImage(record.key)
       } catch (error) {
         // Still mounted by a sandbox that outlived its agent's deletion: the next pass tries again.
         this.deps.logger.warn({ err: error, image: record.key }, 'could not remove an unused image')

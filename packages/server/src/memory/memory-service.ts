@@ -1,11 +1,11 @@
 import { createHash } from 'node:crypto'
-import { createWriteStream, existsSync } from 'node:fs'
-import { chmod, mkdir, readFile, rename, rm, statfs, writeFile } from 'node:fs/promises'
+import { createWriteStream } from 'node:fs'
+import { mkdir, readFile, rm, statfs } from 'node:fs/promises'
 import path from 'node:path'
 import { Transform } from 'node:stream'
 import { pipeline } from 'node:stream/promises'
 import { CairnProblem, newId } from '@cairn/protocol'
-import type { RuntimePort, SandboxBind } from '@cairn/runtime/port'
+import type { RuntimePort } from '@cairn/runtime/port'
 import type { Logger } from 'pino'
 import { type Clock, iso } from '../clock.js'
 import type { Db } from '../db/database.js'
@@ -36,17 +36,12 @@ export interface ArtifactInfo {
  * every new sandbox) and promoted artifacts (files copied out of a workspace).
  */
 export class MemoryService {
-  /** Memory version last written to each agent's mount directory. */
-  private readonly written = new Map<string, number>()
-
   constructor(
     private readonly deps: {
       db: Db
-      /** Reads the proposed memory and artifacts from workspaces. */
-      runtime: Pick<RuntimePort, 'openFile' | 'hasPath'>
+      /** Reads the proposed memory and artifacts from workspaces; mounts memory in sandboxes. */
+      runtime: Pick<RuntimePort, 'openFile' | 'hasPath' | 'publishMemory'>
       clock: Clock
-      /** Host directory sandboxes can reach (under the runtime dir): memory files are written here. */
-      mountRoot: string
       logger: Logger
       /** Host directory for artifact bytes (under the data dir). */
       artifactRoot: string
@@ -89,25 +84,14 @@ export class MemoryService {
     return this.get(agentId)
   }
 
-  /** Writes the current memory where a sandbox can mount it and returns the read-only bind. */
-  async bind(agentId: string): Promise<SandboxBind> {
-    const dir = path.join(this.deps.mountRoot, agentId)
-    await mkdir(dir, { recursive: true })
-    await chmod(this.deps.mountRoot, 0o711)
-    await chmod(dir, 0o755)
+  /**
+   * Hands the current memory to the runtime, to be mounted read-only at /memory in the agent's
+   * sandboxes; returns the agent ID a start spec names it by.
+   */
+  async publish(agentId: string): Promise<string> {
     const memory = this.get(agentId)
-    // Many sandboxes of one agent start at once: write only when the version changed, through a
-    // temporary file of this call's own, so a reader never sees a half-written file.
-    if (this.written.get(agentId) !== memory.version || !existsSync(path.join(dir, 'MEMORY.md'))) {
-      const tmp = path.join(dir, `.MEMORY.${newId('sandbox')}.tmp`)
-      await writeFile(tmp, memory.content, { mode: 0o644 })
-      await rename(tmp, path.join(dir, 'MEMORY.md'))
-      const versionTmp = path.join(dir, `.VERSION.${newId('sandbox')}.tmp`)
-      await writeFile(versionTmp, `${memory.version}\n`, { mode: 0o644 })
-      await rename(versionTmp, path.join(dir, 'VERSION'))
-      this.written.set(agentId, memory.version)
-    }
-    return { source: dir, dest: '/memory', readOnly: true }
+    await this.deps.runtime.publishMemory(agentId, memory.version, memory.content)
+    return agentId
   }
 
   /** Promotes `/workspace/.cairn/memory.proposed.md` when it differs from the current memory. */

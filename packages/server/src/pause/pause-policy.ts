@@ -1,24 +1,18 @@
 import { type AgentManifest, CairnProblem } from '@cairn/protocol'
-import type { AgentPause } from '@cairn/runtime/port'
+import type { AgentPause, RuntimePort } from '@cairn/runtime/port'
 import { type Clock, iso } from '../clock.js'
 import type { SessionRow, SessionStore } from '../sessions/session-store.js'
-
-/** What the deploy pipeline knows of the node's sandbox drivers (the runtime, in agent-service.ts). */
-export interface SandboxDrivers {
-  driverFor(isolation: AgentManifest['isolation']): {
-    name: string
-    capabilities: { memorySnapshot: boolean }
-    unavailableBecause?: { memorySnapshot?: string | undefined } | undefined
-  }
-}
 
 /**
  * Refuses (`invalid_manifest`) `pause: memory` for an agent whose sandbox driver cannot checkpoint
  * memory on this node, with the driver's reason: a deploy must not promise what will not happen.
  */
-export function checkPausePolicy(manifest: AgentManifest, runtime: SandboxDrivers): void {
+export async function checkPausePolicy(
+  manifest: AgentManifest,
+  runtime: Pick<RuntimePort, 'sandboxDriver'>,
+): Promise<void> {
   if (manifest.pause !== 'memory') return
-  const driver = runtime.driverFor(manifest.isolation)
+  const driver = await runtime.sandboxDriver(manifest.isolation)
   if (driver.capabilities.memorySnapshot) return
   const reason = driver.unavailableBecause?.memorySnapshot
   throw new CairnProblem(

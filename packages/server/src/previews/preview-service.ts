@@ -1,5 +1,4 @@
 import type { IncomingHttpHeaders } from 'node:http'
-import type net from 'node:net'
 import type { Duplex } from 'node:stream'
 import { CairnProblem } from '@cairn/protocol'
 import type { RuntimePort } from '@cairn/runtime/port'
@@ -203,7 +202,7 @@ export class PreviewService implements SessionObserver {
   }
 
   /** A connection to the port inside the session's running sandbox; counts as activity. */
-  async connect(row: SessionRow, port: number): Promise<net.Socket> {
+  async connect(row: SessionRow, port: number): Promise<Duplex> {
     if (row.status === 'deleted') throw new CairnProblem('session_deleted', `session ${row.id} was deleted`)
     const agent = this.deps.sessions.warmAgent(row.id)
     if (!agent) {

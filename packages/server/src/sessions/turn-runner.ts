@@ -1,5 +1,5 @@
 import { CairnProblem, newId, type SessionStatus, type StatusCause, type StreamEvent } from '@cairn/protocol'
-import type { AgentEvent, TurnOutcome } from '@cairn/runtime/port'
+import type { AgentEvent, TurnInput, TurnOutcome } from '@cairn/runtime/port'
 import { iso } from '../clock.js'
 import { whenNotBusy } from '../db/busy.js'
 import { redact } from '../secrets/secret-store.js'
@@ -121,6 +121,34 @@ export class TurnRunner {
     throw hit.problem
   }
 
+  /**
+   * Runs the turn through the port: its events go to `onEvent` as they come, `signal` cancels it
+   * (by turn ID, as a remote runtime is told).
+   */
+  private async runTurn(
+    sessionId: string,
+    input: TurnInput,
+    signal: AbortSignal,
+    onEvent: (event: AgentEvent) => void,
+  ): Promise<TurnOutcome> {
+    const { runtime } = this.deps
+    const cancel = () => runtime.cancelTurn(sessionId, input.turnId)
+    const messages = runtime.runTurn(sessionId, input)
+    signal.addEventListener('abort', cancel, { once: true })
+    try {
+      if (signal.aborted) cancel()
+      let outcome: TurnOutcome | undefined
+      for await (const message of messages) {
+        if (message.type === 'event') onEvent(message.event)
+        else outcome = message.outcome
+      }
+      if (!outcome) throw new Error('the turn ended without an outcome')
+      return outcome
+    } finally {
+      signal.removeEventListener('abort', cancel)
+    }
+  }
+
   private async run(
     row: SessionRow,
     turnId: string,
@@ -153,11 +181,8 @@ export class TurnRunner {
       const clean = (event: StreamEvent): StreamEvent =>
         event.type === 'message.delta' ? { ...event, content: redact(event.content, secretValues) } : event
       promptSent = true
-      outcome = await this.deps.runtime.runTurn(
-        row.id,
-        { prompt, turn: seq, turnId, transcript },
-        (event) => emit(clean(toStreamEvent(turnId, event))),
-        signal,
+      outcome = await this.runTurn(row.id, { prompt, turn: seq, turnId, transcript }, signal, (event) =>
+        emit(clean(toStreamEvent(turnId, event))),
       )
       outcome = {
         ...outcome,

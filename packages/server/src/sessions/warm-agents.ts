@@ -88,8 +88,8 @@ export class WarmAgents {
         // A proxy secret's variable holds only its stand-in; the egress proxy swaps in the value.
         ...Object.fromEntries(proxySecrets.map((secret) => [secret.name, secret.standIn])),
       },
-      binds: this.deps.memory ? [await this.deps.memory.bind(row.agent_id)] : [],
-      rootfs: this.deps.agents.images.rootfsOf(revision),
+      memoryAgentId: this.deps.memory ? await this.deps.memory.publish(row.agent_id) : undefined,
+      imageKey: this.deps.agents.images.imageKeyOf(revision),
       egress: {
         ...this.deps.egressSite,
         policy: sessionNetwork(row, revision.manifest),

@@ -115,7 +115,7 @@ export class SetupService {
         command: setup.command,
         env: { HOME: '/tmp', ...setup.env, ...setupSecrets, CAIRN_SESSION_ID: row.id, CAIRN_PHASE: 'setup' },
         egress: { ...this.deps.egressSite, policy, onEvent: onNetwork },
-        rootfs: this.deps.agents.images.rootfsOf(revision),
+        imageKey: this.deps.agents.images.imageKeyOf(revision),
         limits: sandboxLimits(revision.manifest, this.deps.operatorLimits),
         timeoutMs,
         onLine: append,

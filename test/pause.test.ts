@@ -181,6 +181,39 @@ describe.skipIf(!gvisor.ok)('pause: memory under gVisor', () => {
   })
 })
 
+describe.skipIf(!gvisor.ok)('memory checkpoints and retention', () => {
+  it('ages a paused session checkpoint out (memoryCheckpointTtlMs): freed, recorded, and the next message starts cold', async () => {
+    const node = await startTestServer({ server: { memoryCheckpointTtlMs: 0, reaperIntervalMs: 3_600_000 } })
+    try {
+      const project = await makeProject({
+        'cairn.yaml': 'name: counter\ncommand: python3 -u agent.py\nisolation: gvisor\npause: memory\n',
+        'agent.py': COUNTER_AGENT,
+      })
+      expect((await node.api.deploy(project)).status).toBe(201)
+      const { id } = await node.api.createSession('counter', { keepWarmMs: KEEP_WARM_MS })
+      const first = await ask(node.api, id, 'one')
+      await eventually(node.api, id, 'memory_paused')
+      const held = (await node.api.call('GET', '/v1/usage')).body.memoryCheckpoints
+      expect(held.count).toBe(1)
+
+      const applied = await node.server.retention.apply()
+      expect(applied.memoryCheckpoints).toBe(1)
+      expect(applied.bytesFreed).toBeGreaterThanOrEqual(held.bytes)
+      const usage = (await node.api.call('GET', '/v1/usage')).body
+      expect(usage.memoryCheckpoints).toEqual({ count: 0, bytes: 0 })
+      expect(usage.retention.bytesFreed).toBeGreaterThanOrEqual(held.bytes)
+      expect((await eventually(node.api, id, 'memory_discarded')).detail).toMatch(
+        /^memory checkpoint discarded by retention: taken more than 0 ms ago/,
+      )
+      const next = await ask(node.api, id, 'two')
+      expect(next).toMatchObject({ count: 1, coldStart: true })
+      expect(next.token).not.toBe(first.token)
+    } finally {
+      await node.close()
+    }
+  })
+})
+
 describe.skipIf(!gvisor.ok)(
   'pause: memory on a node whose default is gVisor (its pool of booted sandboxes on)',
   () => {

@@ -30,6 +30,7 @@ async function load(): Promise<Bench[]> {
     { cli },
     { pause },
     { images },
+    { databases },
   ] = await Promise.all([
     import('./baselines.js'),
     import('./session-create.js'),
@@ -47,6 +48,7 @@ async function load(): Promise<Bench[]> {
     import('./cli.js'),
     import('./pause.js'),
     import('./images.js'),
+    import('./databases.js'),
   ])
   return [
     baselines,
@@ -65,6 +67,7 @@ async function load(): Promise<Bench[]> {
     cli,
     pause,
     images,
+    databases,
   ]
 }
 

@@ -1,6 +1,8 @@
 import { readFileSync } from 'node:fs'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { openDatabase } from '../packages/server/src/db/database.js'
+import { testDatabaseFor } from './fixtures/test-database.mjs'
 import { makeProject } from './helpers/projects.js'
 import { packDir, startTestServer, type TestServer } from './helpers/server.js'
 
@@ -46,10 +48,27 @@ describe('secrets', () => {
     const transcript = await t.api.call('GET', `/v1/sessions/${session.id}/messages`)
     expect(JSON.stringify(transcript.body)).not.toContain(VALUE)
 
-    const db = readFileSync(path.join(t.dataDir, 'cairn.db'))
-    const wal = readFileSync(path.join(t.dataDir, 'cairn.db-wal'))
-    expect(db.includes(VALUE)).toBe(false)
-    expect(wal.includes(VALUE)).toBe(false)
+    const database = await testDatabaseFor(t.dataDir)
+    if (database) {
+      // PostgreSQL: what its tables hold, byte for byte (secrets sealed; turns and events redacted).
+      const db = await openDatabase(database)
+      try {
+        for (const table of ['secrets', 'turns', 'session_events', 'sessions'] as const) {
+          const rows = await db.kysely.selectFrom(table).selectAll().execute()
+          expect(rows.length).toBeGreaterThan(0)
+          for (const row of rows)
+            for (const value of Object.values(row))
+              expect(Buffer.from(Buffer.isBuffer(value) ? value : String(value)).includes(VALUE)).toBe(false)
+        }
+      } finally {
+        await db.close()
+      }
+    } else {
+      const db = readFileSync(path.join(t.dataDir, 'cairn.db'))
+      const wal = readFileSync(path.join(t.dataDir, 'cairn.db-wal'))
+      expect(db.includes(VALUE)).toBe(false)
+      expect(wal.includes(VALUE)).toBe(false)
+    }
 
     const bad = await t.api.call('PUT', '/v1/agents/keyed/secrets', { secrets: { 'bad name': 'x' } })
     expect(bad.status).toBe(400)

@@ -1,8 +1,9 @@
 import { mkdtemp, rm } from 'node:fs/promises'
 import os from 'node:os'
 import path from 'node:path'
-import Database from 'better-sqlite3'
 import { afterAll, describe, expect, it } from 'vitest'
+import { openDatabase } from '../../packages/server/src/db/database.js'
+import { testDatabaseFor } from '../fixtures/test-database.mjs'
 import { KEEPER_PROJECT, makeProject } from '../helpers/projects.js'
 import { Api, startTestServer, type TestServer } from '../helpers/server.js'
 
@@ -35,16 +36,31 @@ describe('turn atomicity after a crash', () => {
     // The database as a kill -9 leaves it right after turn 2 was recorded and before the snapshot
     // that follows turn 1 was (it is taken in the background when turn 1 ends): the turn row is
     // `running`, the session `active`, and no snapshot row for turn 1.
-    const db = new Database(path.join(dataDir, 'cairn.db'))
+    // Written through the server's own data layer, on whichever database the suite runs on.
+    const db = await openDatabase((await testDatabaseFor(dataDir)) ?? path.join(dataDir, 'cairn.db'))
     const now = new Date().toISOString()
-    db.prepare('DELETE FROM snapshots WHERE session_id = ? AND turn_seq = 1').run(session.id)
-    db.prepare(
-      `INSERT INTO turns (id, session_id, seq, status, prompt, started_at) VALUES ('turn_crashed0000000000000', ?, 2, 'running', 'two', ?)`,
-    ).run(session.id, now)
-    db.prepare(
-      `UPDATE sessions SET status = 'active', turn_count = 2, message_count = message_count + 1 WHERE id = ?`,
-    ).run(session.id)
-    db.close()
+    await db.kysely
+      .deleteFrom('snapshots')
+      .where('session_id', '=', session.id)
+      .where('turn_seq', '=', 1)
+      .execute()
+    await db.kysely
+      .insertInto('turns')
+      .values({
+        id: 'turn_crashed0000000000000',
+        session_id: session.id,
+        seq: 2,
+        status: 'running',
+        prompt: 'two',
+        started_at: now,
+      })
+      .execute()
+    await db.kysely
+      .updateTable('sessions')
+      .set((eb) => ({ status: 'active', turn_count: 2, message_count: eb('message_count', '+', 1) }))
+      .where('id', '=', session.id)
+      .execute()
+    await db.close()
 
     const second = await startTestServer({ dataDir })
     servers.push(second)

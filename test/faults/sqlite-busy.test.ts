@@ -2,6 +2,7 @@ import { type ChildProcess, spawn } from 'node:child_process'
 import { once } from 'node:events'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { testsRunOnPostgres } from '../helpers/postgres.js'
 import { makeProject } from '../helpers/projects.js'
 import { startTestServer, type TestServer } from '../helpers/server.js'
 
@@ -58,7 +59,8 @@ async function holdWriteLock(holdMs: number): Promise<{ released: Promise<unknow
   return { released, release: () => holder.stdin?.end() }
 }
 
-describe('SQLite busy or locked by another writer', () => {
+// SQLite's own fault (one writer per file); PostgreSQL's are in test/faults/postgres.test.ts.
+describe.skipIf(testsRunOnPostgres())('SQLite busy or locked by another writer', () => {
   it('a short lock: requests wait for it (busy_timeout) and succeed', async () => {
     const session = await t.api.createSession('keeper')
     const { released } = await holdWriteLock(1500)

@@ -5,6 +5,7 @@ import type { StreamEvent } from '@cairn/protocol'
 import { SseParser } from '@cairn/sdk'
 import { type RunningServer, type ServerOptions, startServer } from '@cairn/server'
 import * as tar from 'tar'
+import { testDatabaseFor } from '../fixtures/test-database.mjs'
 
 export const REPO_ROOT = path.resolve(import.meta.dirname, '../..')
 export const EXAMPLES = path.join(REPO_ROOT, 'examples')
@@ -18,13 +19,18 @@ export interface TestServer {
   close(): Promise<void>
 }
 
-/** A real server on an ephemeral port with its own data dir and loop-backed btrfs pool. */
+/**
+ * A real server on an ephemeral port with its own data dir and loop-backed btrfs pool; with
+ * CAIRN_TEST_DATABASE=postgres, on a PostgreSQL database of its own (the same one again when it
+ * is started again on the same data dir).
+ */
 export async function startTestServer(
   options: { dataDir?: string; reaperIntervalMs?: number; server?: Partial<ServerOptions> } = {},
 ): Promise<TestServer> {
   const dataDir = options.dataDir ?? (await mkdtemp(path.join(os.tmpdir(), 'cairn-test-')))
   const server = await startServer({
     dataDir,
+    database: await testDatabaseFor(dataDir),
     port: 0,
     writeCredentials: false,
     poolImageSizeBytes: 1024 * 1024 * 1024,

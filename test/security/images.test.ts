@@ -1,3 +1,4 @@
+import { execFileSync } from 'node:child_process'
 import { lstatSync, mkdirSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs'
 import { readFile } from 'node:fs/promises'
 import path from 'node:path'
@@ -7,7 +8,7 @@ import { createNetnsHost, type NetnsHost, netnsAddresses } from '../helpers/netn
 import { buildImage, registries, run, startRegistry } from '../helpers/oci-registry.js'
 import { makeProject } from '../helpers/projects.js'
 import { scratchDir } from '../helpers/scratch.js'
-import { startTestServer, type TestServer } from '../helpers/server.js'
+import { Api, startTestServer, type TestServer } from '../helpers/server.js'
 
 // Attacks on agent images: an image reference aimed at the host's loopback, and a sandbox that
 // rewrites its (writable) root hoping the next sandbox, or another session, runs what it wrote.
@@ -124,6 +125,37 @@ describe('image attacks', () => {
     expect(lstatSync(path.join(rootfs, 'opt/cairn')).isDirectory()).toBe(true)
   })
 
+  it("tenant B neither sees tenant A's image nor runs it by naming its digest where B's registry lacks it", async () => {
+    // Images are shared by key (an OCI image's is its digest). Tenant A pulls its private image; B
+    // reads the node's image list for its source and digest, then names that digest on a repository
+    // that does not hold it: reusing A's pulled root would hand B A's files without a pull.
+    const deployed = await t.api.deploy(await ociAgent('private', REFERENCE))
+    expect(deployed.status, JSON.stringify(deployed.body)).toBe(201)
+    let revision: { status: string; error: string | null } = deployed.body.revision
+    for (let i = 0; i < 200 && revision.status === 'DEPLOYING'; i++) {
+      await new Promise((r) => setTimeout(r, 250))
+      revision = (await t.api.call('GET', '/v1/agents/private')).body.revisions[0]
+    }
+    expect(revision.status, revision.error ?? '').toBe('READY')
+    const keyB = await t.api.call('POST', '/v1/keys', { tenant: 'tenant-images-b', role: 'admin' })
+    expect(keyB.status).toBe(201)
+    const b = new Api(t.url, keyB.body.key)
+    const listed = (await b.call('GET', '/v1/images')).body.data as { source: string; digest: string }[]
+    expect(listed.filter((image) => image.digest === digest || image.source === REFERENCE)).toEqual([])
+    const stolen = await b.deploy(
+      await ociAgent('stolen', `${REGISTRY_HOST}:5000/tenant-b/nothing@${digest}`),
+    )
+    let theirs: { status: string; error: string | null } = stolen.body.revision ?? {
+      status: 'FAILED',
+      error: null,
+    }
+    for (let i = 0; i < 200 && stolen.status === 201 && theirs.status === 'DEPLOYING'; i++) {
+      await new Promise((r) => setTimeout(r, 250))
+      theirs = (await b.call('GET', '/v1/agents/stolen')).body.revisions[0]
+    }
+    expect(theirs.status).not.toBe('READY')
+  })
+
   it("refuses an image larger than the operator's maximum, keeping nothing of it", async () => {
     // Images are shared and outside every tenant's quota: their size is capped instead.
     const small = await startTestServer({
@@ -137,10 +169,49 @@ describe('image attacks', () => {
         revision = (await small.api.call('GET', '/v1/agents/big')).body.revisions[0]
       }
       expect(revision.status).toBe('FAILED')
-      expect(revision.error).toMatch(/is [0-9.]+ MiB, above the operator's maximum of 1.0 MiB/)
+      expect(revision.error).toMatch(/the operator's maximum of 1\.0 MiB/)
       expect((await small.api.call('GET', '/v1/images')).body.data).toEqual([])
     } finally {
       await small.close()
+    }
+  })
+
+  it('refuses a layer that unpacks past the maximum before writing it: a few MiB pulled never fill the pool', async () => {
+    // 256 MiB of zeros gzip to about 256 KiB: the pull is small, the unpacked root is not, and the
+    // size was measured only once the root was on disk.
+    const zeros = 'zero.bin'
+    const layout = buildImage(await scratchDir('cairn-oci-'), (rootfs) => {
+      execFileSync('truncate', ['-s', '256M', path.join(rootfs, zeros)])
+    })
+    const bomb = `${REGISTRY_HOST}:5000/team/bomb:1`
+    run('skopeo', 'copy', '--quiet', '--dest-tls-verify=false', `oci:${layout}:1.4`, `docker://${bomb}`)
+    const capped = await startTestServer({
+      server: { egressPrivateExceptions: [REGISTRY_HOST], maxImageMiB: 8 },
+    })
+    try {
+      const staging = capped.server.runtime.pool.areaDir('staging')
+      let peakBytes = 0
+      const watch = setInterval(() => {
+        for (const name of readdirSync(staging, { withFileTypes: true }))
+          if (name.name.startsWith('imagepull_')) {
+            const size = lstatSync(path.join(staging, name.name, 'rootfs', zeros), {
+              throwIfNoEntry: false,
+            })?.size
+            peakBytes = Math.max(peakBytes, size ?? 0)
+          }
+      }, 2)
+      expect((await capped.api.deploy(await ociAgent('bomb', bomb))).status).toBe(201)
+      let revision: { status: string; error: string | null } = { status: 'DEPLOYING', error: null }
+      for (let i = 0; i < 400 && revision.status === 'DEPLOYING'; i++) {
+        await new Promise((r) => setTimeout(r, 100))
+        revision = (await capped.api.call('GET', '/v1/agents/bomb')).body.revisions[0]
+      }
+      clearInterval(watch)
+      expect(revision.status).toBe('FAILED')
+      expect(revision.error).toMatch(/the operator's maximum of 8\.0 MiB/)
+      expect(peakBytes).toBeLessThanOrEqual(8 * 1024 * 1024)
+    } finally {
+      await capped.close()
     }
   })
 })

@@ -5,6 +5,7 @@ import os from 'node:os'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { DRIVERS, probeDrivers } from '../conformance/harness.js'
+import { testDatabaseFor } from '../fixtures/test-database.mjs'
 import { assertBuilt, CLI_BIN, waitFor } from '../helpers/cli.js'
 import { askProbe, probeProjectFiles } from '../helpers/probe.js'
 import { makeProject } from '../helpers/projects.js'
@@ -35,6 +36,7 @@ beforeAll(async () => {
   const stdio: ('ignore' | 'pipe' | number)[] = ['ignore', 'pipe', 'pipe']
   while (stdio.length < INHERITED_FD) stdio.push('ignore')
   stdio.push(dirFd)
+  const database = await testDatabaseFor(path.join(home, 'data'))
   const child = spawn(
     process.execPath,
     [
@@ -48,7 +50,15 @@ beforeAll(async () => {
       '--log-level',
       'error',
     ],
-    { env: { ...process.env, HOME: home, NO_COLOR: '1' }, stdio },
+    {
+      env: {
+        ...process.env,
+        HOME: home,
+        NO_COLOR: '1',
+        ...(database && { CAIRN_DATABASE_URL: database }),
+      },
+      stdio,
+    },
   )
   closeSync(dirFd)
   let stdout = ''

@@ -26,19 +26,51 @@ function cacheDir() {
 }
 
 /**
+ * Whether `info` (an lstat or fstat) is the user's own and writable by nobody else. V8 checks a code
+ * cache only against its source's length, so a cache another user could write (a `~/.cache` under a
+ * HOME every user can write, such as /tmp) would run their code as this user.
+ */
+function ownedPrivately(info) {
+  const uid = process.getuid ? process.getuid() : undefined
+  return uid === undefined || (info.uid === uid && (info.mode & 0o022) === 0)
+}
+
+/** The cache directory, made if missing, when it is a directory of the user's own only; else undefined. */
+function privateCacheDir(dir) {
+  try {
+    fs.mkdirSync(dir, { recursive: true, mode: 0o700 })
+    const info = fs.lstatSync(dir)
+    return info.isDirectory() && ownedPrivately(info) ? dir : undefined
+  } catch {
+    return undefined
+  }
+}
+
+/** The cache file's bytes, when it is a file of the user's own that no one else can write. */
+function readOwnCache(file) {
+  let fd
+  try {
+    fd = fs.openSync(file, fs.constants.O_RDONLY | fs.constants.O_NOFOLLOW)
+    const info = fs.fstatSync(fd)
+    return info.isFile() && ownedPrivately(info) ? fs.readFileSync(fd) : undefined
+  } catch {
+    return undefined
+  } finally {
+    if (fd !== undefined) fs.closeSync(fd)
+  }
+}
+
+/**
  * Runs the bundle through `vm.Script` with the code cache V8 made on an earlier run, keyed by the
  * bundle's size and mtime; a missing or rejected cache is written at exit, once the command has run,
  * so it holds every function the command compiled (v8-compile-cache-lib makes it before the run, for
  * the top level only, and hashes the 1 MB source each time: 20 ms more per command here).
  */
 function runBundle(info) {
-  const dir = cacheDir()
   const name = `cli-${process.version}-${info.size}-${Math.floor(info.mtimeMs)}.v8cache`
-  const useCache = !process.env.CAIRN_NO_CODE_CACHE
-  let cachedData
-  try {
-    if (useCache) cachedData = fs.readFileSync(path.join(dir, name))
-  } catch {}
+  const dir = process.env.CAIRN_NO_CODE_CACHE ? undefined : privateCacheDir(cacheDir())
+  const useCache = dir !== undefined
+  const cachedData = useCache ? readOwnCache(path.join(dir, name)) : undefined
   const source = fs.readFileSync(bundle, 'utf8')
   const script = new vm.Script(Module.wrap(source), {
     filename: bundle,
@@ -47,7 +79,6 @@ function runBundle(info) {
   if (useCache && (cachedData === undefined || script.cachedDataRejected)) {
     process.once('exit', () => {
       try {
-        fs.mkdirSync(dir, { recursive: true, mode: 0o700 })
         for (const old of fs.readdirSync(dir))
           if (old.startsWith('cli-') && old !== name) fs.rmSync(path.join(dir, old))
         const tmp = path.join(dir, `.${name}.${process.pid}`)
@@ -73,11 +104,12 @@ function start() {
   }
   const bundled = stat(bundle)
   const compiled = stat(path.join(dist, 'main.js'))
-  // `cairn server` imports @cairn/server, which code compiled by vm.Script cannot do on Node 20
-  // without an experimental flag; a server's start-up is its own, so it runs from the modules (as
-  // does any command line that merely names `server`, an agent say: correct, only slower).
+  // `cairn server` and `cairn migrate` import @cairn/server, which code compiled by vm.Script
+  // cannot do on Node 20 without an experimental flag; their start-up is their own, so they run
+  // from the modules (as does any command line that merely names them, an agent say: correct, only
+  // slower).
   const fresh = bundled && compiled && bundled.mtimeMs >= compiled.mtimeMs
-  if (fresh && !args.includes('server')) runBundle(bundled).run()
+  if (fresh && !args.includes('server') && !args.includes('migrate')) runBundle(bundled).run()
   else import(path.join(dist, 'main.js')).then((cli) => cli.run())
 }
 

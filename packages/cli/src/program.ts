@@ -10,6 +10,7 @@ type Loader = () => Promise<{ register: Register }>
  */
 const COMMANDS: ReadonlyArray<readonly [names: readonly string[], load: Loader]> = [
   [['server'], () => import('./commands/server.js')],
+  [['migrate'], () => import('./commands/migrate.js')],
   [['login'], () => import('./commands/login.js')],
   [['logout'], () => import('./commands/logout.js')],
   [['init'], () => import('./commands/init.js')],

@@ -18,6 +18,11 @@ export const ERROR_CODES = {
   session_not_found: { status: 404, retryable: false },
   ambiguous_id: { status: 409, retryable: false },
   session_busy: { status: 409, retryable: true },
+  /**
+   * The session lives on another API replica's runtime (named in details.runtimeId); send the
+   * request there (until the cluster routes it itself).
+   */
+  session_elsewhere: { status: 421, retryable: true },
   session_not_resumable: { status: 409, retryable: false },
   session_deleted: { status: 410, retryable: false },
   turn_limit_reached: { status: 409, retryable: false },

@@ -11,6 +11,7 @@ export const ID_PREFIXES = {
   event: 'evt_',
   artifact: 'art_',
   sandbox: 'sbx_',
+  runtime: 'rt_',
 } as const
 
 export type IdKind = keyof typeof ID_PREFIXES

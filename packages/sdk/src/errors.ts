@@ -132,6 +132,7 @@ const CLASS_BY_CODE: Record<ErrorCode, ErrorClass> = {
   state_lost: InternalServerError,
   internal: InternalServerError,
   unavailable: ServiceUnavailableError,
+  session_elsewhere: ServiceUnavailableError,
   timeout: TimeoutError,
 }
 

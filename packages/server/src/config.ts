@@ -23,6 +23,11 @@ export interface ServerOptions {
   /** btrfs: an existing btrfs directory instead of a loop-mounted image; dir: where the trees live. */
   poolPath?: string | undefined
   poolImageSizeBytes?: number | undefined
+  /**
+   * The control plane's database: a `postgres://` URL (replicas share it), or unset for SQLite in
+   * the data dir (`cairn.db`, the default). Env `CAIRN_DATABASE_URL`.
+   */
+  database?: string | undefined
   logLevel?: string | undefined
   /** Largest accepted upload (deploy archive), in bytes. */
   maxUploadBytes?: number | undefined
@@ -132,6 +137,8 @@ export interface ResolvedConfig {
   storage: 'btrfs' | 'dir'
   poolPath: string | undefined
   poolImageSizeBytes: number | undefined
+  /** A `postgres://` URL, or undefined: SQLite in the data dir. */
+  databaseUrl: string | undefined
   logLevel: string
   maxUploadBytes: number
   maxArchiveFiles: number
@@ -215,6 +222,7 @@ export function resolveConfig(options: ServerOptions): ResolvedConfig {
     storage,
     poolPath: options.poolPath ?? process.env.CAIRN_POOL_PATH,
     poolImageSizeBytes: options.poolImageSizeBytes,
+    databaseUrl: databaseUrl(options.database ?? process.env.CAIRN_DATABASE_URL),
     logLevel: options.logLevel ?? process.env.CAIRN_LOG_LEVEL ?? 'info',
     maxUploadBytes:
       options.maxUploadBytes ??
@@ -318,4 +326,15 @@ export function egressHostMap(
     map.set(key, [...(map.get(key) ?? []), address])
   }
   return map
+}
+
+/** A database given must be a PostgreSQL URL (SQLite needs none: it lives in the data dir). */
+function databaseUrl(value: string | undefined): string | undefined {
+  if (value === undefined || value === '') return undefined
+  if (!/^postgres(ql)?:\/\//.test(value))
+    throw new CairnProblem(
+      'validation_failed',
+      `--database (CAIRN_DATABASE_URL) must be a postgres:// URL, not '${value.replace(/:[^:@/]*@/, ':***@')}'; leave it unset for SQLite in the data dir`,
+    )
+  return value
 }

@@ -1,6 +1,7 @@
-import { closeSync, openSync } from 'node:fs'
-import { chmod, lstat, mkdir, readdir } from 'node:fs/promises'
+import { closeSync, existsSync, openSync } from 'node:fs'
+import { chmod, lstat, mkdir, readdir, readFile, writeFile } from 'node:fs/promises'
 import path from 'node:path'
+import { isId, newId } from '@cairn/protocol'
 
 /**
  * The data dir holds the database, the pool image, the secret, admin and CA keys, logs and
@@ -27,4 +28,21 @@ export async function secureDataDir(dataDir: string, skip: readonly string[] = [
 /** Creates `file` (owner-only) if it does not exist, so SQLite, which gives its WAL the database file's mode, starts owner-only. */
 export function createOwnerOnly(file: string): void {
   closeSync(openSync(file, 'a', 0o600))
+}
+
+/**
+ * The ID of the runtime this data dir holds (its pool, its sandboxes), made on first start and
+ * kept in `runtime-id`: sessions record the runtime that owns them, so replicas sharing one
+ * database each act on their own.
+ */
+export async function runtimeIdOf(dataDir: string): Promise<string> {
+  const file = path.join(dataDir, 'runtime-id')
+  if (existsSync(file)) {
+    const id = (await readFile(file, 'utf8')).trim()
+    if (!isId('runtime', id)) throw new Error(`${file} does not hold a runtime ID (rt_…): ${id.slice(0, 40)}`)
+    return id
+  }
+  const id = newId('runtime')
+  await writeFile(file, `${id}\n`, { mode: 0o600, flag: 'wx' })
+  return id
 }

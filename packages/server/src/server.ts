@@ -3,19 +3,20 @@ import { chmod, mkdir, readFile, writeFile } from 'node:fs/promises'
 import type { Server } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import path from 'node:path'
-import { Runtime } from '@cairn/runtime'
+import { EgressCa, Runtime } from '@cairn/runtime'
 import { type EgressSite, LocalRuntimePort } from '@cairn/runtime/port'
 import pino, { type Logger } from 'pino'
 import { AgentService } from './agents/agent-service.js'
 import { BuildLogs } from './agents/build-logs.js'
 import { buildApp } from './app.js'
 import { ApiKeyStore, DEFAULT_TENANT_ID } from './auth/api-keys.js'
-import { systemClock } from './clock.js'
+import { iso, systemClock } from './clock.js'
 import { resolveConfig, type ServerOptions } from './config.js'
 import { writeCredentialsIfMissing } from './credentials.js'
-import { createOwnerOnly, secureDataDir } from './data-dir.js'
+import { createOwnerOnly, runtimeIdOf, secureDataDir } from './data-dir.js'
 import { DataDirLock } from './data-dir-lock.js'
 import { type Db, openDatabase } from './db/database.js'
+import { SharedFiles } from './db/shared-files.js'
 import type { ImageService } from './images/image-service.js'
 import { ManualSnapshotCap } from './limits/snapshot-cap.js'
 import { MemoryService } from './memory/memory-service.js'
@@ -99,8 +100,11 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     }
     // Owner-only before anything else is written in it; what an older install left 0644 is fixed too.
     await secureDataDir(config.dataDir, poolTrees)
-    createOwnerOnly(path.join(config.dataDir, 'cairn.db'))
-    db = openDatabase(path.join(config.dataDir, 'cairn.db'))
+    if (config.databaseUrl) db = await openDatabase(config.databaseUrl)
+    else {
+      createOwnerOnly(path.join(config.dataDir, 'cairn.db'))
+      db = await openDatabase(path.join(config.dataDir, 'cairn.db'))
+    }
   } catch (error) {
     await releaseLocks()
     throw error
@@ -142,10 +146,24 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     const quotas = runtime.pool.quotaStatus()
     if (quotas.warning) logger.warn({ code: quotas.warning.code }, quotas.warning.message)
     const keys = new ApiKeyStore(db, clock)
-    keys.ensureTenant(DEFAULT_TENANT_ID, 'default')
+    await keys.ensureTenant(DEFAULT_TENANT_ID, 'default')
+    const runtimeId = await runtimeIdOf(config.dataDir)
+    if (db.dialect === 'postgres') {
+      // Replicas share one database: the secrets key and the egress CA come from it (the first
+      // replica's), so a secret sealed by one opens on another, and sandboxes trust one CA.
+      const shared = new SharedFiles(db, () => iso(clock.now()))
+      if (!process.env.CAIRN_SECRET_KEY)
+        await shared.sync('secret.key', config.dataDir, ['secret.key'], async () => {
+          await SecretCipher.load(path.join(config.dataDir, 'secret.key'))
+        })
+      const caDir = path.join(config.dataDir, 'egress-ca')
+      await shared.sync('egress-ca', caDir, ['ca.key', 'ca.pem'], async () => {
+        await EgressCa.load(caDir)
+      })
+    }
     const cipher = await SecretCipher.load(path.join(config.dataDir, 'secret.key'))
     const secrets = new SecretStore(db, cipher, clock)
-    const logs = new BuildLogs(path.join(config.dataDir, 'build-logs'))
+    const logs = new BuildLogs(path.join(config.dataDir, 'build-logs'), db)
     const agents = new AgentService({
       db,
       runtime: runtimePort,
@@ -184,6 +202,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     // below once they exist (they use the session service themselves).
     const observers: SessionObserver[] = []
     const sessions = new SessionService({
+      runtimeId,
       metrics,
       memory,
       setup,
@@ -210,7 +229,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       clock,
       logger,
       archiveLimits: { maxFiles: config.maxArchiveFiles, maxUnpackedBytes: config.maxUnpackedBytes },
-      keepAutoSnapshots: (tenantId) => retention?.policy(tenantId).keepAutoSnapshots ?? 50,
+      keepAutoSnapshots: async (tenantId) => (await retention?.policy(tenantId))?.keepAutoSnapshots ?? 50,
       setupOf: (sessionId) => setup.store.info(sessionId),
       manualSnapshotCap: new ManualSnapshotCap(db, config.operatorLimits),
     })
@@ -226,9 +245,11 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     retention = retentionService
     setup.onSucceeded(async (row) => (await workspace.snapshotAfterSetup(row)).id)
     setup.onWorkspaceWritten((sessionId) => sessions.advanceGeneration(sessionId))
-    setup.store.recoverAfterRestart()
-    const recovered = sessions.recover()
-    const reconciled = await sessions.reconcile(new Set(workspace.snapshots.allLive().map((s) => s.id)))
+    const recovered = await sessions.recover()
+    await setup.store.recoverAfterRestart(runtimeId)
+    const reconciled = await sessions.reconcile(
+      new Set((await workspace.snapshots.allLive()).map((s) => s.id)),
+    )
     if (reconciled.lost.length > 0 || reconciled.orphans.length > 0) {
       logger.warn(reconciled, 'storage pool checked against the database')
     }
@@ -246,6 +267,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       revocations: new PreviewRevocations(db),
       runtime: runtimePort,
       clock,
+      logger,
     })
     observers.push(workspace.policy, previews)
     previewListener = createPreviewListener(previews, config.previewDomain, logger)
@@ -289,8 +311,8 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     const adminKeyPath = path.join(config.dataDir, 'admin.key')
     let adminKey: string | undefined
     let credentialsWritten: string | undefined
-    if (keys.count() === 0) {
-      adminKey = keys.create(DEFAULT_TENANT_ID, 'admin', 'admin (first start)').key
+    if ((await keys.count()) === 0) {
+      adminKey = (await keys.create(DEFAULT_TENANT_ID, 'admin', 'admin (first start)')).key
       await writeFile(adminKeyPath, `${adminKey}\n`, { mode: 0o600 })
       await chmod(adminKeyPath, 0o600)
       if (config.writeCredentials) credentialsWritten = await writeCredentialsIfMissing(url, adminKey)
@@ -334,7 +356,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
           await workspace.settle()
           await sessions.close()
           await runtime.close()
-          db.close()
+          await db.close()
           await releaseLocks()
           logger.info('cairn server stopped')
         })()
@@ -350,7 +372,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
         .catch((closeError: unknown) =>
           logger.error({ err: closeError }, 'closing the runtime after a failed start failed'),
         )
-    db.close()
+    await db.close()
     await releaseLocks()
     throw error
   }

@@ -6,6 +6,7 @@ interface ServerOptions {
   port?: number
   host?: string
   poolPath?: string
+  database?: string
   storage?: string
   logLevel?: string
   workspaceQuotaMib?: number
@@ -121,6 +122,10 @@ export const register: Register = (parent, ctx) => {
         'btrfs: an existing btrfs directory to use as the pool; dir: where the trees live (default <data-dir>/pool)',
       )
       .option(
+        '--database <url>',
+        "the control plane's database: a postgres:// URL (several API replicas can share it); default SQLite in the data dir (env CAIRN_DATABASE_URL)",
+      )
+      .option(
         '--compat-prefix <path>',
         "also serve the hosted agent-session API its own SDK and CLI speak, under this path (e.g. /superserve; their base URL is this server's URL plus it; env CAIRN_COMPAT_PREFIX; default off; see docs/compat.md)",
       )
@@ -182,6 +187,7 @@ export const register: Register = (parent, ctx) => {
       previewDomain: options.previewDomain,
       compatPrefix: options.compatPrefix,
       poolPath: options.poolPath,
+      database: options.database,
       storage: options.storage,
       workspaceQuotaMiB: options.workspaceQuotaMib,
       tenantQuotaMiB: options.tenantQuotaMib,

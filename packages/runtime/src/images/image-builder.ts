@@ -8,6 +8,7 @@ import { generatedEtcFiles } from '../sandbox/rootfs.js'
 import { execTool } from '../util/exec.js'
 import { debianImageKey, describeRecipe, type ImageRecipe, ociImageKey } from './image-recipe.js'
 import type { ImageStore } from './image-store.js'
+import { checkUnpackedLayerBytes } from './layer-bytes.js'
 import { runProxied } from './proxied-command.js'
 
 export interface ImageBuildContext {
@@ -91,6 +92,10 @@ export class ImageBuilder {
 
   constructor(private readonly options: ImageBuilderOptions) {}
 
+  private get maxBytes(): number {
+    return this.options.maxBytes ?? DEFAULT_MAX_IMAGE_BYTES
+  }
+
   /**
    * The key of `recipe`'s image, without building it: a Debian recipe's hash, or the digest an OCI
    * reference names now (asked of its registry); undefined for the host's /usr.
@@ -163,9 +168,13 @@ export class ImageBuilder {
     }
   }
 
+  /**
+   * The digest `reference` names, asked of its registry even when the reference pins one: images
+   * are shared by digest across tenants, so a digest alone (another tenant's, read from a log or
+   * guessed from a public image's rebuild) must not reuse a pulled root its registry does not hold.
+   */
   private async resolveDigest(reference: string, ctx: ImageBuildContext): Promise<string> {
     const pinned = /@(sha256:[0-9a-f]{64})$/.exec(reference)?.[1]
-    if (pinned) return pinned
     const lines: string[] = []
     await runProxied({
       command: [
@@ -186,6 +195,8 @@ export class ImageBuilder {
     })
     const digest = lines.find((l) => /^sha256:[0-9a-f]{64}$/.test(l.trim()))?.trim()
     if (!digest) throw new CairnProblem('build_failed', `the registry named no digest for ${reference}`)
+    if (pinned && digest !== pinned)
+      throw new CairnProblem('build_failed', `the registry answered ${digest} for ${reference}`)
     return digest
   }
 
@@ -216,7 +227,9 @@ export class ImageBuilder {
         timeoutMs: ctx.timeoutMs,
         log: ctx.log,
       })
-      // No network from here: umoci reads the layout the pull wrote.
+      // No network from here: umoci reads the layout the pull wrote, once its layers are known to
+      // fit under the cap (a small compressed layer can unpack to gigabytes).
+      await checkUnpackedLayerBytes(layout, 'image', this.maxBytes)
       await execTool('umoci', ['raw', 'unpack', '--image', `${layout}:image`, path.join(staging, 'rootfs')], {
         code: 'build_failed',
         timeoutMs: ctx.timeoutMs,
@@ -290,7 +303,7 @@ export class ImageBuilder {
   ): Promise<void> {
     const { stdout } = await execTool('du', ['-sb', path.join(staging, 'rootfs')], { code: 'storage_error' })
     const sizeBytes = Number.parseInt(stdout, 10) || 0
-    const maxBytes = this.options.maxBytes ?? DEFAULT_MAX_IMAGE_BYTES
+    const maxBytes = this.maxBytes
     if (sizeBytes > maxBytes)
       throw new CairnProblem(
         'build_failed',

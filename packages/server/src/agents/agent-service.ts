@@ -11,7 +11,7 @@ import {
 import type { RuntimePort } from '@cairn/runtime/port'
 import type { Logger } from 'pino'
 import { type Clock, iso } from '../clock.js'
-import type { Db } from '../db/database.js'
+import { type Db, isUniqueViolation } from '../db/database.js'
 import { ImageService, type ImageSettings, type ResolvedImage } from '../images/image-service.js'
 import { checkManifestCeilings } from '../limits/ceilings.js'
 import { type OperatorLimits, operatorLimitSource } from '../limits/operator-limits.js'
@@ -118,38 +118,42 @@ export class AgentService {
       // Before anything is recorded: a deploy past the tenant's concurrent builds leaves no trace.
       if (needsBuild(plan)) buildSlot = this.builds.take(tenantId)
       const at = iso(this.deps.clock.now())
-      agentId = this.deps.db.transaction(() => {
-        const existing = this.store.find(tenantId, resolved.name)
-        if (existing) {
-          // Like any other manifest error: no revision is recorded.
-          const proxied = this.deps.secrets.list(existing.id).filter((s) => s.scope === 'proxy')
-          assertBindingsAllowed(
-            'invalid_manifest',
-            unreachableBindings(proxied, resolved.manifest.network),
-            `cairn.yaml's network.allow`,
-          )
-        }
-        const id = existing?.id ?? newId('agent')
-        if (!existing) this.store.insertAgent(id, tenantId, resolved.name, at)
-        this.store.insertRevision({
-          id: revisionId,
-          agent_id: id,
-          tenant_id: tenantId,
-          status: 'DEPLOYING',
-          content_hash: summary.contentHash,
-          manifest_json: JSON.stringify({
-            ...resolved.manifest,
-            resolvedCommand: resolved.command,
-            envKey: plan.dependencies?.envKey ?? null,
-            imageKey: image.key ?? null,
-          }),
-          file_count: summary.fileCount,
-          size_bytes: summary.sizeBytes,
-          error: null,
-          created_at: at,
-        })
-        return id
-      })()
+      // A first deploy of one name racing another on PostgreSQL: the unique name refuses the
+      // second insert, which then finds the agent the first one made.
+      agentId = await retryOnUniqueViolation(() =>
+        this.deps.db.transaction(async () => {
+          const existing = await this.store.find(tenantId, resolved.name)
+          if (existing) {
+            // Like any other manifest error: no revision is recorded.
+            const proxied = (await this.deps.secrets.list(existing.id)).filter((s) => s.scope === 'proxy')
+            assertBindingsAllowed(
+              'invalid_manifest',
+              unreachableBindings(proxied, resolved.manifest.network),
+              `cairn.yaml's network.allow`,
+            )
+          }
+          const id = existing?.id ?? newId('agent')
+          if (!existing) await this.store.insertAgent(id, tenantId, resolved.name, at)
+          await this.store.insertRevision({
+            id: revisionId,
+            agent_id: id,
+            tenant_id: tenantId,
+            status: 'DEPLOYING',
+            content_hash: summary.contentHash,
+            manifest_json: JSON.stringify({
+              ...resolved.manifest,
+              resolvedCommand: resolved.command,
+              envKey: plan.dependencies?.envKey ?? null,
+              imageKey: image.key ?? null,
+            }),
+            file_count: summary.fileCount,
+            size_bytes: summary.sizeBytes,
+            error: null,
+            created_at: at,
+          })
+          return id
+        }),
+      )
     } catch (error) {
       buildSlot()
       // The deploy's own error is the one to answer; a staging tree left behind is reported here.
@@ -171,13 +175,13 @@ export class AgentService {
       finish.catch((error: unknown) =>
         this.deps.logger.error({ err: error, agent: id, revision: revisionId }, 'finishing a build failed'),
       )
-    const agent = this.store.find(tenantId, id)
-    const revision = this.store.revision(revisionId)
+    const agent = await this.store.find(tenantId, id)
+    const revision = await this.store.revision(revisionId)
     if (!agent || !revision) throw new CairnProblem('internal', 'deployed agent vanished')
     if (revision.status === 'FAILED' && !needsBuild(plan)) {
       throw new CairnProblem('build_failed', revision.error ?? 'the revision could not be sealed')
     }
-    return { agent: this.store.toInfo(agent), revision: revisionInfo(revision) }
+    return { agent: await this.store.toInfo(agent), revision: revisionInfo(revision) }
   }
 
   private async finishBuild(
@@ -191,10 +195,13 @@ export class AgentService {
     const { runtime } = this.deps
     const { logs } = this
     const building = needsBuild(plan)
-    const secrets = this.deps.secrets.valuesForScope(tenantId, agentId, 'setup')
+    // Live before anything is awaited: the deploy that started this build answers once this
+    // first await yields, and a follower that comes at once must find the log live.
     if (building) logs.open(revisionId)
+    let secrets: Record<string, string> = {}
     const log = (line: string) => logs.append(revisionId, redact(line, secrets))
     try {
+      secrets = await this.deps.secrets.valuesForScope(tenantId, agentId, 'setup')
       if (building) {
         const started = performance.now()
         const result = await this.builder.build({
@@ -212,10 +219,10 @@ export class AgentService {
         )
       }
       await runtime.sealRevision(revisionId, tenantId)
-      this.deps.db.transaction(() => {
-        this.store.setRevisionStatus(revisionId, 'READY', null)
-        this.store.setCurrentRevision(agentId, revisionId, iso(this.deps.clock.now()))
-      })()
+      await this.deps.db.transaction(async () => {
+        await this.store.setRevisionStatus(revisionId, 'READY', null)
+        await this.store.setCurrentRevision(agentId, revisionId, iso(this.deps.clock.now()))
+      })
       if (building) await logs.close(revisionId, 'READY')
       this.deps.logger.info({ agent: agentId, revision: revisionId, tenant: tenantId }, 'revision ready')
     } catch (error) {
@@ -231,7 +238,7 @@ export class AgentService {
       const lines = await logs.read(revisionId)
       const message = redact((error as Error).message, secrets)
       const tail = lines.slice(-15).join('\n')
-      this.store.setRevisionStatus(revisionId, 'FAILED', tail ? `${message}\n${tail}` : message)
+      await this.store.setRevisionStatus(revisionId, 'FAILED', tail ? `${message}\n${tail}` : message)
       if (building) {
         log(`build failed: ${message}`)
         await logs.close(revisionId, 'FAILED', message)
@@ -240,46 +247,61 @@ export class AgentService {
     }
   }
 
-  revisionOf(tenantId: string, idOrName: string, revisionId: string): StoredRevision {
-    const agent = this.require(tenantId, idOrName)
-    const revision = this.store.revision(revisionId)
+  async revisionOf(tenantId: string, idOrName: string, revisionId: string): Promise<StoredRevision> {
+    const agent = await this.require(tenantId, idOrName)
+    const revision = await this.store.revision(revisionId)
     if (!revision || revision.agentId !== agent.id) {
       throw new CairnProblem('revision_not_found', `No revision ${revisionId} for agent '${agent.name}'`)
     }
     return revision
   }
 
-  require(tenantId: string, idOrName: string): AgentRow {
-    const agent = this.store.find(tenantId, idOrName)
+  async require(tenantId: string, idOrName: string): Promise<AgentRow> {
+    const agent = await this.store.find(tenantId, idOrName)
     if (!agent) throw new CairnProblem('agent_not_found', `No agent found matching '${idOrName}'`)
     return agent
   }
 
-  list(tenantId: string): AgentInfo[] {
-    return this.store.list(tenantId).map((row) => this.store.toInfo(row))
+  async list(tenantId: string): Promise<AgentInfo[]> {
+    return Promise.all((await this.store.list(tenantId)).map((row) => this.store.toInfo(row)))
   }
 
-  get(tenantId: string, idOrName: string): AgentDetail {
-    const agent = this.require(tenantId, idOrName)
-    return { ...this.store.toInfo(agent), revisions: this.store.revisions(agent.id).map(revisionInfo) }
+  async get(tenantId: string, idOrName: string): Promise<AgentDetail> {
+    const agent = await this.require(tenantId, idOrName)
+    return {
+      ...(await this.store.toInfo(agent)),
+      revisions: (await this.store.revisions(agent.id)).map(revisionInfo),
+    }
   }
 
   /** Secret names the agent's current revision declares in `cairn.yaml`. */
-  requiredSecrets(agentId: string): string[] {
-    const row = this.store.byId(agentId)
-    const revision = row?.current_revision_id ? this.store.revision(row.current_revision_id) : undefined
+  async requiredSecrets(agentId: string): Promise<string[]> {
+    const row = await this.store.byId(agentId)
+    const revision = row?.current_revision_id ? await this.store.revision(row.current_revision_id) : undefined
     return revision?.manifest.secrets ?? []
   }
 
   /** The `network` of the agent's current revision's cairn.yaml; undefined without a current revision. */
-  currentNetwork(agentId: string): { revisionId: string; network: NetworkPolicy | undefined } | undefined {
-    const row = this.store.byId(agentId)
-    const revision = row?.current_revision_id ? this.store.revision(row.current_revision_id) : undefined
+  async currentNetwork(
+    agentId: string,
+  ): Promise<{ revisionId: string; network: NetworkPolicy | undefined } | undefined> {
+    const row = await this.store.byId(agentId)
+    const revision = row?.current_revision_id ? await this.store.revision(row.current_revision_id) : undefined
     return revision && { revisionId: revision.id, network: revision.manifest.network }
   }
 
-  delete(tenantId: string, idOrName: string): void {
-    const agent = this.require(tenantId, idOrName)
-    this.store.softDelete(agent.id, iso(this.deps.clock.now()))
+  async delete(tenantId: string, idOrName: string): Promise<void> {
+    const agent = await this.require(tenantId, idOrName)
+    await this.store.softDelete(agent.id, iso(this.deps.clock.now()))
+  }
+}
+
+/** Runs `write` again, once, when a unique constraint refused it (a concurrent writer won a race). */
+async function retryOnUniqueViolation<T>(write: () => Promise<T>): Promise<T> {
+  try {
+    return await write()
+  } catch (error) {
+    if (!isUniqueViolation(error)) throw error
+    return write()
   }
 }

@@ -28,82 +28,81 @@ export interface StoredRevision extends RevisionInfo {
 
 /** Agents and their revisions (workflow state; tenant-scoped on every query). */
 export class AgentStore {
-  private readonly stmts
+  constructor(private readonly db: Db) {}
 
-  constructor(db: Db) {
-    this.stmts = {
-      byId: db.prepare<[string, string], AgentRow>(
-        'SELECT * FROM agents WHERE tenant_id = ? AND id = ? AND deleted_at IS NULL',
-      ),
-      byIdAnyTenant: db.prepare<[string], AgentRow>('SELECT * FROM agents WHERE id = ?'),
-      byName: db.prepare<[string, string], AgentRow>(
-        'SELECT * FROM agents WHERE tenant_id = ? AND name = ? AND deleted_at IS NULL',
-      ),
-      list: db.prepare<[string], AgentRow>(
-        'SELECT * FROM agents WHERE tenant_id = ? AND deleted_at IS NULL ORDER BY name',
-      ),
-      insertAgent: db.prepare(
-        'INSERT INTO agents (id, tenant_id, name, current_revision_id, created_at, updated_at) VALUES (?, ?, ?, NULL, ?, ?)',
-      ),
-      setCurrent: db.prepare('UPDATE agents SET current_revision_id = ?, updated_at = ? WHERE id = ?'),
-      softDelete: db.prepare('UPDATE agents SET deleted_at = ?, updated_at = ? WHERE id = ?'),
-      insertRevision: db.prepare(
-        `INSERT INTO revisions (id, agent_id, tenant_id, status, content_hash, manifest_json, file_count, size_bytes, error, created_at)
-         VALUES (@id, @agent_id, @tenant_id, @status, @content_hash, @manifest_json, @file_count, @size_bytes, @error, @created_at)`,
-      ),
-      setRevisionStatus: db.prepare('UPDATE revisions SET status = ?, error = ? WHERE id = ?'),
-      revision: db.prepare<[string], RevisionRow>('SELECT * FROM revisions WHERE id = ?'),
-      revisions: db.prepare<[string], RevisionRow>(
-        'SELECT * FROM revisions WHERE agent_id = ? ORDER BY created_at DESC, id DESC',
-      ),
-    }
+  async find(tenantId: string, idOrName: string): Promise<AgentRow | undefined> {
+    return this.db.q
+      .selectFrom('agents')
+      .select(AGENT_COLUMNS)
+      .where('tenant_id', '=', tenantId)
+      .where(idOrName.startsWith('agt_') ? 'id' : 'name', '=', idOrName)
+      .where('deleted_at', 'is', null)
+      .executeTakeFirst()
   }
 
-  find(tenantId: string, idOrName: string): AgentRow | undefined {
-    return idOrName.startsWith('agt_')
-      ? this.stmts.byId.get(tenantId, idOrName)
-      : this.stmts.byName.get(tenantId, idOrName)
+  async byId(agentId: string): Promise<AgentRow | undefined> {
+    return this.db.q.selectFrom('agents').select(AGENT_COLUMNS).where('id', '=', agentId).executeTakeFirst()
   }
 
-  byId(agentId: string): AgentRow | undefined {
-    return this.stmts.byIdAnyTenant.get(agentId)
+  async list(tenantId: string): Promise<AgentRow[]> {
+    return this.db.q
+      .selectFrom('agents')
+      .select(AGENT_COLUMNS)
+      .where('tenant_id', '=', tenantId)
+      .where('deleted_at', 'is', null)
+      .orderBy('name')
+      .execute()
   }
 
-  list(tenantId: string): AgentRow[] {
-    return this.stmts.list.all(tenantId)
+  async insertAgent(id: string, tenantId: string, name: string, at: string): Promise<void> {
+    await this.db.q
+      .insertInto('agents')
+      .values({ id, tenant_id: tenantId, name, current_revision_id: null, created_at: at, updated_at: at })
+      .execute()
   }
 
-  insertAgent(id: string, tenantId: string, name: string, at: string): void {
-    this.stmts.insertAgent.run(id, tenantId, name, at, at)
+  async setCurrentRevision(agentId: string, revisionId: string, at: string): Promise<void> {
+    await this.db.q
+      .updateTable('agents')
+      .set({ current_revision_id: revisionId, updated_at: at })
+      .where('id', '=', agentId)
+      .execute()
   }
 
-  setCurrentRevision(agentId: string, revisionId: string, at: string): void {
-    this.stmts.setCurrent.run(revisionId, at, agentId)
+  async softDelete(agentId: string, at: string): Promise<void> {
+    await this.db.q
+      .updateTable('agents')
+      .set({ deleted_at: at, updated_at: at })
+      .where('id', '=', agentId)
+      .execute()
   }
 
-  softDelete(agentId: string, at: string): void {
-    this.stmts.softDelete.run(at, at, agentId)
+  async insertRevision(row: RevisionRow & { tenant_id: string }): Promise<void> {
+    await this.db.q.insertInto('revisions').values(row).execute()
   }
 
-  insertRevision(row: RevisionRow & { tenant_id: string }): void {
-    this.stmts.insertRevision.run(row)
+  async setRevisionStatus(id: string, status: RevisionStatus, error: string | null): Promise<void> {
+    await this.db.q.updateTable('revisions').set({ status, error }).where('id', '=', id).execute()
   }
 
-  setRevisionStatus(id: string, status: RevisionStatus, error: string | null): void {
-    this.stmts.setRevisionStatus.run(status, error, id)
+  async revision(id: string): Promise<StoredRevision | undefined> {
+    const row = await this.db.q.selectFrom('revisions').selectAll().where('id', '=', id).executeTakeFirst()
+    return row ? toRevision(row as RevisionRow) : undefined
   }
 
-  revision(id: string): StoredRevision | undefined {
-    const row = this.stmts.revision.get(id)
-    return row ? toRevision(row) : undefined
+  async revisions(agentId: string): Promise<StoredRevision[]> {
+    const rows = await this.db.q
+      .selectFrom('revisions')
+      .selectAll()
+      .where('agent_id', '=', agentId)
+      .orderBy('created_at', 'desc')
+      .orderBy('id', 'desc')
+      .execute()
+    return rows.map((row) => toRevision(row as RevisionRow))
   }
 
-  revisions(agentId: string): StoredRevision[] {
-    return this.stmts.revisions.all(agentId).map(toRevision)
-  }
-
-  toInfo(row: AgentRow): AgentInfo {
-    const current = row.current_revision_id ? this.revision(row.current_revision_id) : undefined
+  async toInfo(row: AgentRow): Promise<AgentInfo> {
+    const current = row.current_revision_id ? await this.revision(row.current_revision_id) : undefined
     return {
       id: row.id,
       name: row.name,
@@ -115,6 +114,8 @@ export class AgentStore {
     }
   }
 }
+
+const AGENT_COLUMNS = ['id', 'tenant_id', 'name', 'current_revision_id', 'created_at', 'updated_at'] as const
 
 function toRevision(row: RevisionRow): StoredRevision {
   const manifest = JSON.parse(row.manifest_json) as StoredRevision['manifest']

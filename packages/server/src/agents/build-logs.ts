@@ -1,6 +1,7 @@
 import { createWriteStream, existsSync, mkdirSync, type WriteStream } from 'node:fs'
 import { readFile } from 'node:fs/promises'
 import path from 'node:path'
+import type { Db } from '../db/database.js'
 
 export type BuildLogEvent =
   | { type: 'log'; line: string }
@@ -12,11 +13,18 @@ interface LiveLog {
   listeners: Set<(event: BuildLogEvent) => void>
 }
 
-/** Build logs: one file per revision, plus live subscribers while the build runs. */
+/**
+ * Build logs: live in memory (with subscribers) while the build runs, written to a file as it
+ * goes, and stored in the database when it ends, where every replica reads it (logs of builds
+ * older than the database copy are read from their file).
+ */
 export class BuildLogs {
   private readonly live = new Map<string, LiveLog>()
 
-  constructor(private readonly dir: string) {}
+  constructor(
+    private readonly dir: string,
+    private readonly db: Db,
+  ) {}
 
   private file(revisionId: string): string {
     return path.join(this.dir, `${revisionId}.log`)
@@ -47,8 +55,14 @@ export class BuildLogs {
   async close(revisionId: string, status: 'READY' | 'FAILED', error?: string): Promise<void> {
     const live = this.live.get(revisionId)
     if (!live) return
-    this.live.delete(revisionId)
     await new Promise<void>((resolve) => live.file.end(resolve))
+    const log = live.lines.map((line) => `${line}\n`).join('')
+    await this.db.q
+      .insertInto('build_logs')
+      .values({ revision_id: revisionId, log })
+      .onConflict((oc) => oc.column('revision_id').doUpdateSet({ log }))
+      .execute()
+    this.live.delete(revisionId)
     for (const listener of live.listeners) listener({ type: 'end', status, ...(error ? { error } : {}) })
   }
 
@@ -60,6 +74,12 @@ export class BuildLogs {
   async read(revisionId: string): Promise<string[]> {
     const live = this.live.get(revisionId)
     if (live) return [...live.lines]
+    const stored = await this.db.q
+      .selectFrom('build_logs')
+      .select('log')
+      .where('revision_id', '=', revisionId)
+      .executeTakeFirst()
+    if (stored) return stored.log ? stored.log.replace(/\n$/, '').split('\n') : []
     if (!existsSync(this.file(revisionId))) return []
     const text = await readFile(this.file(revisionId), 'utf8')
     return text ? text.replace(/\n$/, '').split('\n') : []

@@ -61,7 +61,7 @@ export function agentRoutes(server: FastifyInstance, agents: AgentService, sse: 
         response: { 200: AgentListSchema, ...errorResponses(401) },
       },
     },
-    async (request) => ({ data: agents.list(principalOf(request).tenantId) }),
+    async (request) => ({ data: await agents.list(principalOf(request).tenantId) }),
   )
 
   app.get(
@@ -74,7 +74,7 @@ export function agentRoutes(server: FastifyInstance, agents: AgentService, sse: 
         response: { 200: AgentDetailSchema, ...errors },
       },
     },
-    async (request) => agents.get(principalOf(request).tenantId, request.params.id),
+    async (request) => await agents.get(principalOf(request).tenantId, request.params.id),
   )
 
   const RevisionParams = Type.Object({ id: Type.String(), rev: Type.String() })
@@ -90,7 +90,7 @@ export function agentRoutes(server: FastifyInstance, agents: AgentService, sse: 
     },
     async (request) => {
       const { id, rev } = request.params
-      return revisionInfo(agents.revisionOf(principalOf(request).tenantId, id, rev))
+      return revisionInfo(await agents.revisionOf(principalOf(request).tenantId, id, rev))
     },
   )
 
@@ -116,7 +116,7 @@ export function agentRoutes(server: FastifyInstance, agents: AgentService, sse: 
     },
     async (request, reply) => {
       const { id, rev } = request.params
-      const revision = agents.revisionOf(principalOf(request).tenantId, id, rev)
+      const revision = await agents.revisionOf(principalOf(request).tenantId, id, rev)
       const follow = request.query.follow === true
       if (!follow)
         return { status: revision.status, error: revision.error, lines: await agents.logs.read(rev) }
@@ -135,10 +135,10 @@ export function agentRoutes(server: FastifyInstance, agents: AgentService, sse: 
           resolve()
         })
         agents.logs.read(rev).then(
-          (lines) => {
+          async (lines) => {
             for (const line of lines) writer.sendNamed('log', { line })
             if (!agents.logs.isLive(rev)) {
-              const latest = agents.store.revision(rev)
+              const latest = await agents.store.revision(rev)
               writer.sendNamed('end', {
                 status: latest?.status ?? revision.status,
                 error: latest?.error ?? null,
@@ -167,7 +167,7 @@ export function agentRoutes(server: FastifyInstance, agents: AgentService, sse: 
       },
     },
     async (request) => {
-      agents.delete(requireWrite(request).tenantId, request.params.id)
+      await agents.delete(requireWrite(request).tenantId, request.params.id)
       return { ok: true }
     },
   )

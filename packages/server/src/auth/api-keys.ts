@@ -42,65 +42,69 @@ function hashKey(key: string): string {
 
 /** API keys, stored as SHA-256 hashes; the plain key is shown once, at creation. */
 export class ApiKeyStore {
-  private readonly byHash: import('better-sqlite3').Statement<
-    [string],
-    { id: string; tenant_id: string; role: Role }
-  >
-  private readonly touch: import('better-sqlite3').Statement<[string, string]>
   private readonly cache = new Map<string, Principal>()
 
   constructor(
     private readonly db: Db,
     private readonly clock: Clock,
-  ) {
-    this.byHash = db.prepare('SELECT id, tenant_id, role FROM api_keys WHERE hash = ? AND revoked_at IS NULL')
-    this.touch = db.prepare('UPDATE api_keys SET last_used_at = ? WHERE id = ?')
+  ) {}
+
+  async ensureTenant(tenantId: string, name: string): Promise<void> {
+    await this.db.q
+      .insertInto('tenants')
+      .values({ id: tenantId, name, created_at: iso(this.clock.now()) })
+      .onConflict((oc) => oc.doNothing())
+      .execute()
   }
 
-  ensureTenant(tenantId: string, name: string): void {
-    this.db
-      .prepare('INSERT OR IGNORE INTO tenants (id, name, created_at) VALUES (?, ?, ?)')
-      .run(tenantId, name, iso(this.clock.now()))
+  async count(): Promise<number> {
+    const row = await this.db.q
+      .selectFrom('api_keys')
+      .select((eb) => eb.fn.countAll<number>().as('n'))
+      .where('revoked_at', 'is', null)
+      .executeTakeFirstOrThrow()
+    return Number(row.n)
   }
 
-  count(): number {
-    return (
-      this.db.prepare('SELECT COUNT(*) AS n FROM api_keys WHERE revoked_at IS NULL').get() as { n: number }
-    ).n
-  }
-
-  create(tenantId: string, role: Role, name?: string): { id: string; key: string } {
+  async create(tenantId: string, role: Role, name?: string): Promise<{ id: string; key: string }> {
     const key = KEY_PREFIX + randomBytes(24).toString('base64url')
     const id = newId('apiKey')
-    this.db
-      .prepare(
-        'INSERT INTO api_keys (id, tenant_id, hash, prefix, role, name, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)',
-      )
-      .run(
+    await this.db.q
+      .insertInto('api_keys')
+      .values({
         id,
-        tenantId,
-        hashKey(key),
-        key.slice(0, KEY_PREFIX.length + 4),
+        tenant_id: tenantId,
+        hash: hashKey(key),
+        prefix: key.slice(0, KEY_PREFIX.length + 4),
         role,
-        name ?? null,
-        iso(this.clock.now()),
-      )
+        name: name ?? null,
+        created_at: iso(this.clock.now()),
+      })
+      .execute()
     return { id, key }
   }
 
   /**
    * Creates a key unless the tenant already holds `maxActive` active keys (`key_limit_reached`);
-   * the count and the insert are one transaction, so concurrent creations cannot pass it together.
+   * the count and the insert are one transaction (the tenant's row locked on PostgreSQL), so
+   * concurrent creations cannot pass it together.
    */
-  createWithin(tenantId: string, role: Role, maxActive: number, name?: string): { id: string; key: string } {
-    return this.db.transaction(() => {
-      const active = (
-        this.db
-          .prepare<[string], { n: number }>(
-            'SELECT COUNT(*) AS n FROM api_keys WHERE tenant_id = ? AND revoked_at IS NULL',
-          )
-          .get(tenantId) as { n: number }
-      ).n
+  async createWithin(
+    tenantId: string,
+    role: Role,
+    maxActive: number,
+    name?: string,
+  ): Promise<{ id: string; key: string }> {
+    return this.db.transaction(async () => {
+      if (this.db.dialect === 'postgres')
+        await this.db.q.selectFrom('tenants').select('id').where('id', '=', tenantId).forUpdate().execute()
+      const row = await this.db.q
+        .selectFrom('api_keys')
+        .select((eb) => eb.fn.countAll<number>().as('n'))
+        .where('tenant_id', '=', tenantId)
+        .where('revoked_at', 'is', null)
+        .executeTakeFirstOrThrow()
+      const active = Number(row.n)
       if (active >= maxActive)
         throw new CairnProblem(
           'key_limit_reached',
@@ -108,62 +112,78 @@ export class ApiKeyStore {
           { limit: 'maxKeysPerTenant', value: active, ceiling: maxActive },
         )
       return this.create(tenantId, role, name)
-    })()
+    })
   }
 
-  tenantByNameIfExists(name: string): string | undefined {
-    return this.db
-      .prepare<[string, string], { id: string }>('SELECT id FROM tenants WHERE id = ? OR name = ?')
-      .get(name, name)?.id
+  async tenantByNameIfExists(name: string): Promise<string | undefined> {
+    const row = await this.db.q
+      .selectFrom('tenants')
+      .select('id')
+      .where((eb) => eb.or([eb('id', '=', name), eb('name', '=', name)]))
+      .executeTakeFirst()
+    return row?.id
   }
 
   /** The tenant with this name (or ID), created on first use. */
-  tenantByName(name: string): string {
-    const existing = this.db
-      .prepare<[string, string], { id: string }>('SELECT id FROM tenants WHERE id = ? OR name = ?')
-      .get(name, name)
-    if (existing) return existing.id
+  async tenantByName(name: string): Promise<string> {
+    const existing = await this.tenantByNameIfExists(name)
+    if (existing) return existing
     const id = newId('tenant')
-    this.ensureTenant(id, name)
+    await this.ensureTenant(id, name)
     return id
   }
 
-  list(tenantId: string): KeyInfo[] {
-    return this.db
-      .prepare<[string], KeyRow>('SELECT * FROM api_keys WHERE tenant_id = ? ORDER BY created_at')
-      .all(tenantId)
-      .map((r) => ({
-        id: r.id,
-        prefix: r.prefix,
-        role: r.role,
-        name: r.name,
-        tenantId: r.tenant_id,
-        createdAt: r.created_at,
-        lastUsedAt: r.last_used_at,
-        revokedAt: r.revoked_at,
-      }))
+  async list(tenantId: string): Promise<KeyInfo[]> {
+    const rows = (await this.db.q
+      .selectFrom('api_keys')
+      .select(['id', 'tenant_id', 'prefix', 'role', 'name', 'created_at', 'last_used_at', 'revoked_at'])
+      .where('tenant_id', '=', tenantId)
+      .orderBy('created_at')
+      .execute()) as KeyRow[]
+    return rows.map((r) => ({
+      id: r.id,
+      prefix: r.prefix,
+      role: r.role,
+      name: r.name,
+      tenantId: r.tenant_id,
+      createdAt: r.created_at,
+      lastUsedAt: r.last_used_at,
+      revokedAt: r.revoked_at,
+    }))
   }
 
   /** Revokes a key of the tenant; the verification cache forgets it at once. */
-  revoke(tenantId: string, keyId: string): boolean {
-    const changed =
-      this.db
-        .prepare('UPDATE api_keys SET revoked_at = ? WHERE id = ? AND tenant_id = ? AND revoked_at IS NULL')
-        .run(iso(this.clock.now()), keyId, tenantId).changes > 0
+  async revoke(tenantId: string, keyId: string): Promise<boolean> {
+    const result = await this.db.q
+      .updateTable('api_keys')
+      .set({ revoked_at: iso(this.clock.now()) })
+      .where('id', '=', keyId)
+      .where('tenant_id', '=', tenantId)
+      .where('revoked_at', 'is', null)
+      .executeTakeFirst()
     for (const [hash, principal] of this.cache) if (principal.keyId === keyId) this.cache.delete(hash)
-    return changed
+    return result.numUpdatedRows > 0n
   }
 
-  verify(key: string): Principal | undefined {
+  async verify(key: string): Promise<Principal | undefined> {
     if (!key.startsWith(KEY_PREFIX) || key.length > 200) return undefined
     const hash = hashKey(key)
     const cached = this.cache.get(hash)
     if (cached) return cached
-    const row = this.byHash.get(hash)
+    const row = await this.db.q
+      .selectFrom('api_keys')
+      .select(['id', 'tenant_id', 'role'])
+      .where('hash', '=', hash)
+      .where('revoked_at', 'is', null)
+      .executeTakeFirst()
     if (!row) return undefined
-    const principal: Principal = { keyId: row.id, tenantId: row.tenant_id, role: row.role }
+    const principal: Principal = { keyId: row.id, tenantId: row.tenant_id, role: row.role as Role }
     this.cache.set(hash, principal)
-    this.touch.run(iso(this.clock.now()), row.id)
+    await this.db.q
+      .updateTable('api_keys')
+      .set({ last_used_at: iso(this.clock.now()) })
+      .where('id', '=', row.id)
+      .execute()
     return principal
   }
 }

@@ -29,7 +29,7 @@ export function installAuth(
     const match = header ? /^Bearer\s+(\S+)$/i.exec(header) : null
     if (!match?.[1])
       throw new CairnProblem('unauthorized', 'missing API key: send Authorization: Bearer <key>')
-    const principal = keys.verify(match[1])
+    const principal = await keys.verify(match[1])
     if (!principal) throw new CairnProblem('unauthorized', 'invalid API key')
     if (!limiter.take(principal.keyId)) {
       throw new CairnProblem(

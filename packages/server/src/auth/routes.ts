@@ -47,7 +47,7 @@ export function keyRoutes(
       const body = request.body
       let tenantId = principal.tenantId
       if (body.tenant !== undefined) {
-        const wanted = keys.tenantByNameIfExists(body.tenant)
+        const wanted = await keys.tenantByNameIfExists(body.tenant)
         if (wanted !== principal.tenantId) {
           if (principal.tenantId !== DEFAULT_TENANT_ID) {
             throw new CairnProblem(
@@ -55,11 +55,11 @@ export function keyRoutes(
               'only the install admin (default tenant) creates keys for other tenants',
             )
           }
-          tenantId = wanted ?? keys.tenantByName(body.tenant)
+          tenantId = wanted ?? (await keys.tenantByName(body.tenant))
         }
       }
       const role = body.role ?? 'admin'
-      const created = keys.createWithin(tenantId, role, limits.maxKeysPerTenant, body.name)
+      const created = await keys.createWithin(tenantId, role, limits.maxKeysPerTenant, body.name)
       return reply.status(201).send({ ...created, tenantId, role })
     },
   )
@@ -72,7 +72,7 @@ export function keyRoutes(
         response: { 200: ApiKeyListSchema, ...errors },
       },
     },
-    async (request) => ({ data: keys.list(requireAdmin(request).tenantId) }),
+    async (request) => ({ data: await keys.list(requireAdmin(request).tenantId) }),
   )
   app.delete(
     '/v1/keys/:id',
@@ -87,7 +87,8 @@ export function keyRoutes(
     async (request) => {
       const principal = requireAdmin(request)
       const id = request.params.id
-      if (!keys.revoke(principal.tenantId, id)) throw new CairnProblem('not_found', `No active key ${id}`)
+      if (!(await keys.revoke(principal.tenantId, id)))
+        throw new CairnProblem('not_found', `No active key ${id}`)
       return { ok: true }
     },
   )

@@ -76,7 +76,7 @@ export async function compatRoutes(server: FastifyInstance, deps: CompatDeps): P
     const match = /^Bearer\s+(\S+)$/i.exec(request.headers.authorization ?? '')
     if (!match?.[1])
       throw new CairnProblem('unauthorized', 'missing API key: send Authorization: Bearer <key>')
-    const principal = deps.keys.verify(match[1])
+    const principal = await deps.keys.verify(match[1])
     if (!principal) throw new CairnProblem('unauthorized', 'invalid API key')
     if (!limiter.take(principal.keyId)) {
       throw new CairnProblem(
@@ -96,14 +96,14 @@ export async function compatRoutes(server: FastifyInstance, deps: CompatDeps): P
     if (principal.role === 'read') throw new CairnProblem('forbidden', 'this API key is read-only')
     return principal
   }
-  const agentOut = (tenantId: string, idOrName: string) => {
-    const detail = deps.agents.get(tenantId, idOrName)
+  const agentOut = async (tenantId: string, idOrName: string) => {
+    const detail = await deps.agents.get(tenantId, idOrName)
     return toCompatAgent(detail, {
-      environmentKeys: deps.secrets.list(detail.id).map((s) => s.name),
-      requiredSecrets: deps.agents.requiredSecrets(detail.id),
+      environmentKeys: (await deps.secrets.list(detail.id)).map((s) => s.name),
+      requiredSecrets: await deps.agents.requiredSecrets(detail.id),
     })
   }
-  const keysOf = (agentId: string) => ({ keys: deps.secrets.list(agentId).map((s) => s.name) })
+  const keysOf = async (agentId: string) => ({ keys: (await deps.secrets.list(agentId)).map((s) => s.name) })
   const schema = <S extends object>(s: S) => ({ hide: true, tags: ['compat'], ...s })
 
   // ==================== auth ====================
@@ -137,7 +137,7 @@ export async function compatRoutes(server: FastifyInstance, deps: CompatDeps): P
       }
       const form = await readDeployForm(request.body, contentType)
       const result = await deployForm(deps.agents, tenantId, form, deps.archiveLimits)
-      return reply.status(201).send(agentOut(tenantId, result.agent.id))
+      return reply.status(201).send(await agentOut(tenantId, result.agent.id))
     },
   )
   app.get(
@@ -145,7 +145,9 @@ export async function compatRoutes(server: FastifyInstance, deps: CompatDeps): P
     { schema: schema({ response: { 200: CompatAgentListSchema, ...errors } }) },
     async (request) => {
       const { tenantId } = reader(request)
-      return { agents: deps.agents.list(tenantId).map((a) => agentOut(tenantId, a.id)) }
+      return {
+        agents: await Promise.all((await deps.agents.list(tenantId)).map((a) => agentOut(tenantId, a.id))),
+      }
     },
   )
   app.get(
@@ -158,8 +160,8 @@ export async function compatRoutes(server: FastifyInstance, deps: CompatDeps): P
     { schema: schema({ params: IdParams, response: { 200: CompatDeletedSchema, ...errors } }) },
     async (request) => {
       const { tenantId } = writer(request)
-      const agent = deps.agents.require(tenantId, request.params.id)
-      deps.agents.delete(tenantId, agent.id)
+      const agent = await deps.agents.require(tenantId, request.params.id)
+      await deps.agents.delete(tenantId, agent.id)
       return { id: agent.id, deleted: true as const }
     },
   )
@@ -168,7 +170,7 @@ export async function compatRoutes(server: FastifyInstance, deps: CompatDeps): P
   app.get(
     '/v1/agents/:id/secrets',
     { schema: schema({ params: IdParams, response: { 200: CompatSecretKeysSchema, ...errors } }) },
-    async (request) => keysOf(deps.agents.require(reader(request).tenantId, request.params.id).id),
+    async (request) => keysOf((await deps.agents.require(reader(request).tenantId, request.params.id)).id),
   )
   app.patch(
     '/v1/agents/:id/secrets',
@@ -181,9 +183,9 @@ export async function compatRoutes(server: FastifyInstance, deps: CompatDeps): P
     },
     async (request) => {
       const { tenantId } = writer(request)
-      const agent = deps.agents.require(tenantId, request.params.id)
-      const current = deps.agents.currentNetwork(agent.id)
-      deps.secrets.set(tenantId, agent.id, request.body.secrets, {
+      const agent = await deps.agents.require(tenantId, request.params.id)
+      const current = await deps.agents.currentNetwork(agent.id)
+      await deps.secrets.set(tenantId, agent.id, request.body.secrets, {
         allowlist: current && {
           network: current.network,
           where: `network.allow of the agent's current revision (${current.revisionId})`,
@@ -205,9 +207,9 @@ export async function compatRoutes(server: FastifyInstance, deps: CompatDeps): P
     },
     async (request) => {
       const { tenantId } = writer(request)
-      const agent = deps.agents.require(tenantId, request.params.id)
+      const agent = await deps.agents.require(tenantId, request.params.id)
       const key = request.params.key
-      if (!deps.secrets.delete(agent.id, key)) {
+      if (!(await deps.secrets.delete(agent.id, key))) {
         throw new CairnProblem('not_found', `agent ${agent.name} has no secret ${key}`)
       }
       return keysOf(agent.id)
@@ -244,7 +246,7 @@ export async function compatRoutes(server: FastifyInstance, deps: CompatDeps): P
     async (request) => {
       const { tenantId } = reader(request)
       const query = request.query
-      const list = deps.sessions.list(tenantId, {
+      const list = await deps.sessions.list(tenantId, {
         agent: query.agent_id,
         status: query.status === undefined ? undefined : cairnStatus(query.status),
         limit: query.limit ?? 500,
@@ -259,7 +261,7 @@ export async function compatRoutes(server: FastifyInstance, deps: CompatDeps): P
       const { tenantId } = reader(request)
       try {
         return {
-          ids: [deps.sessions.resolve(tenantId, request.query.id_prefix).id],
+          ids: [(await deps.sessions.resolve(tenantId, request.query.id_prefix)).id],
         }
       } catch (error) {
         // Their client decides on none or several itself (its own "No session found" and "Ambiguous ID").
@@ -275,7 +277,7 @@ export async function compatRoutes(server: FastifyInstance, deps: CompatDeps): P
     '/v1/sessions/:id',
     { schema: schema({ params: IdParams, response: { 200: CompatSessionSchema, ...errors } }) },
     async (request) => {
-      const info = deps.sessions.get(reader(request).tenantId, request.params.id)
+      const info = await deps.sessions.get(reader(request).tenantId, request.params.id)
       // Theirs: a deleted session is not found (Cairn keeps its row, with status deleted).
       if (info.status === 'deleted')
         throw new CairnProblem('session_not_found', `No session found matching '${info.id}'`)
@@ -308,7 +310,7 @@ export async function compatRoutes(server: FastifyInstance, deps: CompatDeps): P
     async (request, reply) => {
       const { tenantId } = writer(request)
       await deps.sessions.verifyBeforeTurn(tenantId, request.params.id)
-      const handle = deps.sessions.beginTurn(tenantId, request.params.id, request.body.prompt)
+      const handle = await deps.sessions.beginTurn(tenantId, request.params.id, request.body.prompt)
       await streamRun(reply, (send) => handle.run(send))
     },
   )

@@ -4,18 +4,45 @@ export function isBusy(error: unknown): boolean {
   return typeof code === 'string' && /^SQLITE_(BUSY|LOCKED)/.test(code)
 }
 
+/** PostgreSQL error classes that mean "not now", not "never": connection lost, server restarting. */
+const POSTGRES_TRANSIENT = /^(08|57P0[123]|53300)/
+const NODE_CONNECTION = new Set(['ECONNREFUSED', 'ECONNRESET', 'EPIPE', 'ETIMEDOUT', 'EHOSTUNREACH'])
+
+/**
+ * Why the database cannot answer now, when that is passing (a retry can succeed): SQLite's write
+ * lock held by another process, or PostgreSQL unreachable, restarting or having dropped the
+ * connection. Undefined for any other error.
+ */
+export function unavailableReason(error: unknown): string | undefined {
+  if (isBusy(error)) return 'the database is locked by another writer'
+  const { code, message } = (error ?? {}) as { code?: unknown; message?: unknown }
+  if (typeof code === 'string' && (POSTGRES_TRANSIENT.test(code) || NODE_CONNECTION.has(code)))
+    return `the database is unreachable (${code})`
+  if (
+    typeof message === 'string' &&
+    /^Connection terminated|^timeout exceeded when trying to connect/.test(message)
+  )
+    return `the database is unreachable (${message})`
+  return undefined
+}
+
 /**
  * Runs a write that must not be lost (the end of a turn whose reply was already streamed): while
- * another process holds the database's write lock, it tries again, yielding the event loop
- * between attempts, for up to `maxWaitMs`. Each attempt itself waits up to `busy_timeout`.
+ * the database cannot answer for a passing reason (another process holds SQLite's write lock,
+ * PostgreSQL restarts or dropped the connection), it tries again, yielding the event loop between
+ * attempts, for up to `maxWaitMs`.
  */
-export async function whenNotBusy<T>(write: () => T, maxWaitMs = 120_000, pauseMs = 250): Promise<T> {
+export async function whenNotBusy<T>(
+  write: () => Promise<T>,
+  maxWaitMs = 120_000,
+  pauseMs = 250,
+): Promise<T> {
   const started = Date.now()
   for (;;) {
     try {
-      return write()
+      return await write()
     } catch (error) {
-      if (!isBusy(error) || Date.now() - started > maxWaitMs) throw error
+      if (unavailableReason(error) === undefined || Date.now() - started > maxWaitMs) throw error
       await new Promise((resolve) => setTimeout(resolve, pauseMs))
     }
   }

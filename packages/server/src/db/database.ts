@@ -1,33 +1,166 @@
+import { AsyncLocalStorage } from 'node:async_hooks'
 import BetterSqlite3 from 'better-sqlite3'
-import { MIGRATIONS } from './migrations.js'
+import { Kysely, PostgresDialect, SqliteDialect, type Transaction } from 'kysely'
+import pg from 'pg'
+import { type Dialect, forDialect, MIGRATIONS } from './migrations.js'
+import type { Schema } from './schema.js'
 
-export type Db = BetterSqlite3.Database
+/**
+ * The control plane's database: SQLite (one machine) or PostgreSQL (replicas), one query layer.
+ * Stores run their queries on `q`: inside `transaction(fn)` that is the transaction (carried by
+ * the async context, so stores called from `fn` join it without being handed it), else the database.
+ */
+export class Db {
+  private readonly current = new AsyncLocalStorage<{
+    trx: Transaction<Schema>
+    afterCommit: (() => void)[]
+  }>()
 
-/** Opens the SQLite database in WAL mode and applies pending migrations in one transaction each. */
-export function openDatabase(file: string): Db {
-  const db = new BetterSqlite3(file)
-  db.pragma('journal_mode = WAL')
-  db.pragma('synchronous = NORMAL')
-  db.pragma('foreign_keys = ON')
-  db.pragma('busy_timeout = 5000')
-  db.exec(
+  constructor(
+    readonly kysely: Kysely<Schema>,
+    readonly dialect: Dialect,
+  ) {}
+
+  /** Where a query runs now: the enclosing transaction, or the database. */
+  get q(): Kysely<Schema> {
+    return this.current.getStore()?.trx ?? this.kysely
+  }
+
+  /**
+   * Runs `fn` in one transaction (all or nothing); inside one already, `fn` joins it. Only the
+   * database is awaited inside: on SQLite every other query waits for the transaction to end.
+   */
+  async transaction<T>(fn: () => Promise<T>): Promise<T> {
+    if (this.current.getStore()) return fn()
+    const afterCommit: (() => void)[] = []
+    const result = await this.kysely
+      .transaction()
+      .execute((trx) => this.current.run({ trx, afterCommit }, fn))
+    for (const callback of afterCommit) callback()
+    return result
+  }
+
+  /** Runs `callback` once the enclosing transaction committed (at once outside of one). */
+  afterCommit(callback: () => void): void {
+    const store = this.current.getStore()
+    if (store) store.afterCommit.push(callback)
+    else callback()
+  }
+
+  async close(): Promise<void> {
+    await this.kysely.destroy()
+  }
+}
+
+/** A `postgres://` (or `postgresql://`) URL names PostgreSQL; anything else is a SQLite file. */
+export function isPostgresUrl(target: string): boolean {
+  return /^postgres(ql)?:\/\//.test(target)
+}
+
+/** A unique constraint refused the row (SQLite and PostgreSQL spell it differently). */
+export function isUniqueViolation(error: unknown): boolean {
+  const code = (error as { code?: unknown } | undefined)?.code
+  return code === 'SQLITE_CONSTRAINT_UNIQUE' || code === '23505'
+}
+
+const STATEMENT_CACHE_SIZE = 500
+
+/**
+ * Opens the database and applies pending migrations, each in its own transaction; versions
+ * already recorded in `schema_migrations` (by this code or an older one) are never applied again.
+ */
+export async function openDatabase(target: string): Promise<Db> {
+  return isPostgresUrl(target) ? openPostgres(target) : openSqlite(target)
+}
+
+function openSqlite(file: string): Db {
+  const raw = new BetterSqlite3(file)
+  raw.pragma('journal_mode = WAL')
+  raw.pragma('synchronous = NORMAL')
+  raw.pragma('foreign_keys = ON')
+  raw.pragma('busy_timeout = 5000')
+  raw.exec(
     'CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)',
   )
   const applied = new Set(
-    (db.prepare('SELECT version FROM schema_migrations').all() as { version: number }[]).map(
+    (raw.prepare('SELECT version FROM schema_migrations').all() as { version: number }[]).map(
       (r) => r.version,
     ),
   )
   for (const migration of MIGRATIONS) {
     if (applied.has(migration.version)) continue
-    db.transaction(() => {
-      db.exec(migration.sql)
-      db.prepare('INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)').run(
+    raw.transaction(() => {
+      raw.exec(forDialect(migration.sql, 'sqlite'))
+      raw
+        .prepare('INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)')
+        .run(migration.version, migration.name, new Date().toISOString())
+    })()
+  }
+  // Kysely prepares each query it runs; the warm path repeats the same few, so statements are
+  // kept (better-sqlite3 statements are reusable) instead of compiled again on every turn.
+  const statements = new Map<string, BetterSqlite3.Statement>()
+  const kysely = new Kysely<Schema>({
+    dialect: new SqliteDialect({
+      database: {
+        close: () => raw.close(),
+        prepare: (sql: string) => {
+          let statement = statements.get(sql)
+          if (!statement) {
+            if (statements.size >= STATEMENT_CACHE_SIZE) statements.clear()
+            statement = raw.prepare(sql)
+            statements.set(sql, statement)
+          }
+          return statement
+        },
+      },
+    }),
+  })
+  return new Db(kysely, 'sqlite')
+}
+
+const INT8_OID = 20
+
+async function openPostgres(url: string): Promise<Db> {
+  // COUNT(*) and BIGINT columns come back as numbers (they stay far below 2^53).
+  const types = {
+    getTypeParser: ((oid: number, format?: 'text' | 'binary') =>
+      oid === INT8_OID
+        ? (value: string) => Number(value)
+        : pg.types.getTypeParser(oid, format as 'text')) as typeof pg.types.getTypeParser,
+  }
+  const pool = new pg.Pool({ connectionString: url, max: 10, types })
+  // A connection the server drops while idle (a restart, pg_terminate_backend) is an error
+  // event on the pool; the next query opens a new one.
+  pool.on('error', () => {})
+  const client = await pool.connect()
+  try {
+    await client.query('BEGIN')
+    // Replicas starting together migrate one at a time.
+    await client.query('SELECT pg_advisory_xact_lock(7302117)')
+    await client.query(
+      'CREATE TABLE IF NOT EXISTS schema_migrations (version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)',
+    )
+    const applied = new Set(
+      (await client.query<{ version: number }>('SELECT version FROM schema_migrations')).rows.map((r) =>
+        Number(r.version),
+      ),
+    )
+    for (const migration of MIGRATIONS) {
+      if (applied.has(migration.version)) continue
+      await client.query(forDialect(migration.sql, 'postgres'))
+      await client.query('INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)', [
         migration.version,
         migration.name,
         new Date().toISOString(),
-      )
-    })()
+      ])
+    }
+    await client.query('COMMIT')
+  } catch (error) {
+    await client.query('ROLLBACK').catch(() => {})
+    client.release()
+    await pool.end()
+    throw error
   }
-  return db
+  client.release()
+  return new Db(new Kysely<Schema>({ dialect: new PostgresDialect({ pool }) }), 'postgres')
 }

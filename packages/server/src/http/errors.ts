@@ -7,7 +7,7 @@ import {
   unknownKeyMessage,
 } from '@cairn/protocol'
 import type { FastifyError, FastifyInstance, FastifyRequest } from 'fastify'
-import { isBusy } from '../db/busy.js'
+import { unavailableReason } from '../db/busy.js'
 
 export function errorBody(
   code: ErrorCode,
@@ -110,16 +110,15 @@ export function toErrorBody(
     return { status: 400, body: errorBody('bad_request', fastifyError.message, requestId) }
   }
   const code = (error as { code?: unknown })?.code
-  // SQLite still locked by another writer after busy_timeout: a retryable condition, not a bug.
-  if (isBusy(error)) {
+  // SQLite still locked by another writer after busy_timeout, PostgreSQL restarting or its
+  // connection dropped: a retryable condition, not a bug (a transaction left nothing behind).
+  const unavailable = unavailableReason(error)
+  if (unavailable) {
     return {
       status: ERROR_STATUS.unavailable,
-      body: errorBody(
-        'unavailable',
-        'the database is locked by another writer; nothing was changed, try again',
-        requestId,
-        { reason: String(code) },
-      ),
+      body: errorBody('unavailable', `${unavailable}; nothing was changed, try again`, requestId, {
+        reason: String(code),
+      }),
     }
   }
   if (isErrorCode(code))

@@ -99,14 +99,26 @@ export class ImageService {
    * Revisions whose sandboxes run on an image: every one not FAILED, of an agent not deleted or
    * with a session not deleted (a deleted agent's sessions may still run).
    */
-  private usage(): Map<string, UsageRow[]> {
-    const rows = this.deps.db
-      .prepare<[], UsageRow>(
-        `SELECT r.id, r.agent_id, r.tenant_id, r.manifest_json FROM revisions r JOIN agents a ON a.id = r.agent_id
-         WHERE r.status != 'FAILED' AND r.manifest_json LIKE '%"imageKey":"%'
-           AND (a.deleted_at IS NULL OR EXISTS (SELECT 1 FROM sessions s WHERE s.revision_id = r.id AND s.status != 'deleted'))`,
+  private async usage(): Promise<Map<string, UsageRow[]>> {
+    const rows = (await this.deps.db.q
+      .selectFrom('revisions as r')
+      .innerJoin('agents as a', 'a.id', 'r.agent_id')
+      .select(['r.id', 'r.agent_id', 'r.tenant_id', 'r.manifest_json'])
+      .where('r.status', '!=', 'FAILED')
+      .where('r.manifest_json', 'like', '%"imageKey":"%')
+      .where((eb) =>
+        eb.or([
+          eb('a.deleted_at', 'is', null),
+          eb.exists(
+            eb
+              .selectFrom('sessions as s')
+              .select('s.id')
+              .whereRef('s.revision_id', '=', 'r.id')
+              .where('s.status', '!=', 'deleted'),
+          ),
+        ]),
       )
-      .all()
+      .execute()) as UsageRow[]
     const byKey = new Map<string, UsageRow[]>()
     for (const row of rows) {
       const key = (JSON.parse(row.manifest_json) as { imageKey?: string | null }).imageKey
@@ -116,25 +128,30 @@ export class ImageService {
     return byKey
   }
 
-  /** Built images with the tenant's revisions that use them. */
+  /**
+   * The built images the tenant's revisions run on, with those revisions. Images are shared by key
+   * across tenants: one another tenant pulled (its registry, its digest) is not listed.
+   */
   async list(tenantId: string): Promise<ImageList> {
-    const usage = this.usage()
-    const data: ImageInfo[] = (await this.deps.runtime.listImages()).map((record) => ({
-      ...record,
-      revisions: (usage.get(record.key) ?? [])
-        .filter((row) => row.tenant_id === tenantId)
-        .map((row) => ({ id: row.id, agentId: row.agent_id })),
-    }))
+    const usage = await this.usage()
+    const data: ImageInfo[] = (await this.deps.runtime.listImages())
+      .map((record) => ({
+        ...record,
+        revisions: (usage.get(record.key) ?? [])
+          .filter((row) => row.tenant_id === tenantId)
+          .map((row) => ({ id: row.id, agentId: row.agent_id })),
+      }))
+      .filter((image) => image.revisions.length > 0)
     return { data, defaultImage: this.defaultImage }
   }
 
   /** Removes the images no revision uses (retention); returns how many and the bytes freed. */
   async collect(): Promise<{ images: number; bytesFreed: number }> {
-    const usage = this.usage()
+    const usage = await this.usage()
     const result = { images: 0, bytesFreed: 0 }
     for (const record of await this.deps.runtime.listImages()) {
       // Asked again just before: a deploy may have named it while the listing was read.
-      if (usage.has(record.key) || this.usage().has(record.key)) continue
+      if (usage.has(record.key) || (await this.usage()).has(record.key)) continue
       try {
         await this.deps.runtime.removeImage(record.key)
       } catch (error) {

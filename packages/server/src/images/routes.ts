@@ -15,7 +15,7 @@ export function imageRoutes(server: FastifyInstance, images: ImageService): void
       schema: {
         tags: ['agents'],
         summary:
-          "Built images (Debian recipes and pulled OCI images): size, recipe or digest, and which of the tenant's revisions run on each",
+          "The built images the tenant's revisions run on (Debian recipes and pulled OCI images): size, recipe or digest, and those revisions",
         response: { 200: ImageListSchema, ...errors },
       },
     },

@@ -9,30 +9,34 @@ import type { OperatorLimits } from './operator-limits.js'
  */
 export class ManualSnapshotCap {
   private readonly inFlight = new Map<string, number>()
-  private readonly bySession
-  private readonly byTenant
+  /** Checks run one at a time: a count read and the in-flight mark it leads to are not split. */
+  private checks: Promise<unknown> = Promise.resolve()
 
   constructor(
-    db: Db,
+    private readonly db: Db,
     private readonly limits: Pick<
       OperatorLimits,
       'maxManualSnapshotsPerSession' | 'maxManualSnapshotsPerTenant'
     >,
-  ) {
-    this.bySession = db.prepare<[string], { n: number }>(
-      "SELECT COUNT(*) AS n FROM snapshots WHERE session_id = ? AND kind = 'manual' AND deleted_at IS NULL",
-    )
-    this.byTenant = db.prepare<[string], { n: number }>(
-      "SELECT COUNT(*) AS n FROM snapshots WHERE tenant_id = ? AND kind = 'manual' AND deleted_at IS NULL",
-    )
+  ) {}
+
+  async within<T>(row: { id: string; tenant_id: string }, take: () => Promise<T>): Promise<T> {
+    const admitted = this.checks.then(() => this.admit(row))
+    this.checks = admitted.catch(() => undefined)
+    const release = await admitted
+    try {
+      return await take()
+    } finally {
+      release()
+    }
   }
 
-  /** Runs `take` (which records one manual snapshot) unless that would pass a cap (`snapshot_limit_reached`). */
-  async within<T>(row: { id: string; tenant_id: string }, take: () => Promise<T>): Promise<T> {
+  /** Checks the caps and counts one more snapshot in flight; the returned function uncounts it. */
+  private async admit(row: { id: string; tenant_id: string }): Promise<() => void> {
     const sessionKey = `s:${row.id}`
     const tenantKey = `t:${row.tenant_id}`
-    const session = (this.bySession.get(row.id)?.n ?? 0) + (this.inFlight.get(sessionKey) ?? 0)
-    const tenant = (this.byTenant.get(row.tenant_id)?.n ?? 0) + (this.inFlight.get(tenantKey) ?? 0)
+    const session = (await this.manual('session_id', row.id)) + (this.inFlight.get(sessionKey) ?? 0)
+    const tenant = (await this.manual('tenant_id', row.tenant_id)) + (this.inFlight.get(tenantKey) ?? 0)
     const { maxManualSnapshotsPerSession: perSession, maxManualSnapshotsPerTenant: perTenant } = this.limits
     if (session >= perSession)
       throw new CairnProblem(
@@ -53,11 +57,20 @@ export class ManualSnapshotCap {
     }
     bump(sessionKey, 1)
     bump(tenantKey, 1)
-    try {
-      return await take()
-    } finally {
+    return () => {
       bump(sessionKey, -1)
       bump(tenantKey, -1)
     }
+  }
+
+  private async manual(column: 'session_id' | 'tenant_id', id: string): Promise<number> {
+    const row = await this.db.q
+      .selectFrom('snapshots')
+      .select((eb) => eb.fn.countAll<number>().as('n'))
+      .where(column, '=', id)
+      .where('kind', '=', 'manual')
+      .where('deleted_at', 'is', null)
+      .executeTakeFirst()
+    return Number(row?.n ?? 0)
   }
 }

@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto'
-import { createWriteStream } from 'node:fs'
+import { createWriteStream, existsSync } from 'node:fs'
 import { mkdir, readFile, rm, statfs } from 'node:fs/promises'
 import path from 'node:path'
 import { Transform } from 'node:stream'
@@ -8,7 +8,7 @@ import { CairnProblem, newId } from '@cairn/protocol'
 import type { RuntimePort } from '@cairn/runtime/port'
 import type { Logger } from 'pino'
 import { type Clock, iso } from '../clock.js'
-import type { Db } from '../db/database.js'
+import { type Db, isUniqueViolation } from '../db/database.js'
 
 export const MAX_MEMORY_BYTES = 256 * 1024
 export const PROPOSED_MEMORY_PATH = '.cairn/memory.proposed.md'
@@ -54,33 +54,52 @@ export class MemoryService {
     },
   ) {}
 
-  get(agentId: string): AgentMemory {
-    const row = this.deps.db
-      .prepare<[string], { version: number; content: string; source: string; created_at: string }>(
-        'SELECT version, content, source, created_at FROM agent_memory WHERE agent_id = ? ORDER BY version DESC LIMIT 1',
-      )
-      .get(agentId)
+  async get(agentId: string): Promise<AgentMemory> {
+    const row = await this.deps.db.q
+      .selectFrom('agent_memory')
+      .select(['version', 'content', 'source', 'created_at'])
+      .where('agent_id', '=', agentId)
+      .orderBy('version', 'desc')
+      .limit(1)
+      .executeTakeFirst()
     return row
       ? { agentId, version: row.version, content: row.content, source: row.source, updatedAt: row.created_at }
       : { agentId, version: 0, content: '', source: 'none', updatedAt: null }
   }
 
-  /** A new version; `baseVersion` (optional) must be the current one, or the write is refused. */
-  put(agentId: string, content: string, source: string, baseVersion?: number): AgentMemory {
+  /**
+   * A new version; `baseVersion` (optional) must be the current one, or the write is refused. Two
+   * writers racing for one version (in this process or another replica): the primary key takes
+   * one, the other is refused as a `conflict`.
+   */
+  async put(agentId: string, content: string, source: string, baseVersion?: number): Promise<AgentMemory> {
     if (Buffer.byteLength(content) > MAX_MEMORY_BYTES) {
       throw new CairnProblem('payload_too_large', `agent memory is limited to ${MAX_MEMORY_BYTES} bytes`)
     }
-    const current = this.get(agentId)
+    const current = await this.get(agentId)
     if (baseVersion !== undefined && baseVersion !== current.version) {
       throw new CairnProblem('conflict', `memory is at version ${current.version}, not ${baseVersion}`, {
         version: current.version,
       })
     }
-    this.deps.db
-      .prepare(
-        'INSERT INTO agent_memory (agent_id, version, content, source, created_at) VALUES (?, ?, ?, ?, ?)',
-      )
-      .run(agentId, current.version + 1, content, source, iso(this.deps.clock.now()))
+    try {
+      await this.deps.db.q
+        .insertInto('agent_memory')
+        .values({
+          agent_id: agentId,
+          version: current.version + 1,
+          content,
+          source,
+          created_at: iso(this.deps.clock.now()),
+        })
+        .execute()
+    } catch (error) {
+      if (!isUniqueViolation(error)) throw error
+      const now = await this.get(agentId)
+      throw new CairnProblem('conflict', `memory moved to version ${now.version} meanwhile`, {
+        version: now.version,
+      })
+    }
     return this.get(agentId)
   }
 
@@ -89,7 +108,7 @@ export class MemoryService {
    * sandboxes; returns the agent ID a start spec names it by.
    */
   async publish(agentId: string): Promise<string> {
-    const memory = this.get(agentId)
+    const memory = await this.get(agentId)
     await this.deps.runtime.publishMemory(agentId, memory.version, memory.content)
     return agentId
   }
@@ -118,7 +137,7 @@ export class MemoryService {
     const chunks: Buffer[] = []
     for await (const chunk of file.stream) chunks.push(chunk as Buffer)
     const content = Buffer.concat(chunks).toString('utf8')
-    if (content === this.get(agentId).content) return undefined
+    if (content === (await this.get(agentId)).content) return undefined
     return this.put(agentId, content, source)
   }
 
@@ -162,20 +181,29 @@ export class MemoryService {
       sha256: hash.digest('hex'),
       createdAt: iso(this.deps.clock.now()),
     }
-    this.deps.db
-      .prepare(
-        'INSERT INTO artifacts (id, tenant_id, agent_id, session_id, path, size_bytes, sha256, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)',
-      )
-      .run(
-        info.id,
-        row.tenantId,
-        info.agentId,
-        info.sessionId,
-        info.path,
-        info.sizeBytes,
-        info.sha256,
-        info.createdAt,
-      )
+    // A replica other than this one serves the download: with a shared database the bytes are
+    // stored in it too (on SQLite the file in the data dir is the only copy).
+    const shared = this.deps.db.dialect === 'postgres' ? await readFile(target) : undefined
+    await this.deps.db.transaction(async () => {
+      await this.deps.db.q
+        .insertInto('artifacts')
+        .values({
+          id: info.id,
+          tenant_id: row.tenantId,
+          agent_id: info.agentId,
+          session_id: info.sessionId,
+          path: info.path,
+          size_bytes: info.sizeBytes,
+          sha256: info.sha256,
+          created_at: info.createdAt,
+        })
+        .execute()
+      if (shared)
+        await this.deps.db.q
+          .insertInto('artifact_blobs')
+          .values({ artifact_id: info.id, content: shared })
+          .execute()
+    })
     return info
   }
 
@@ -186,51 +214,53 @@ export class MemoryService {
     const disk = await statfs(dir)
     let room = disk.bavail * disk.bsize - limits.reserveBytes
     if (limits.tenantBytes) {
-      const held =
-        this.deps.db
-          .prepare<[string], { bytes: number | null }>(
-            'SELECT SUM(size_bytes) AS bytes FROM artifacts WHERE tenant_id = ?',
-          )
-          .get(tenantId)?.bytes ?? 0
+      const row = await this.deps.db.q
+        .selectFrom('artifacts')
+        .select((eb) => eb.fn.sum<number | null>('size_bytes').as('bytes'))
+        .where('tenant_id', '=', tenantId)
+        .executeTakeFirst()
+      const held = Number(row?.bytes ?? 0)
       room = Math.min(room, limits.tenantBytes - held)
     }
     return Math.max(0, room)
   }
 
-  artifacts(agentId: string): ArtifactInfo[] {
-    return this.deps.db
-      .prepare<
-        [string],
-        {
-          id: string
-          agent_id: string
-          session_id: string
-          path: string
-          size_bytes: number
-          sha256: string
-          created_at: string
-        }
-      >('SELECT * FROM artifacts WHERE agent_id = ? ORDER BY created_at, id')
-      .all(agentId)
-      .map((r) => ({
-        id: r.id,
-        agentId: r.agent_id,
-        sessionId: r.session_id,
-        path: r.path,
-        sizeBytes: r.size_bytes,
-        sha256: r.sha256,
-        createdAt: r.created_at,
-      }))
+  async artifacts(agentId: string): Promise<ArtifactInfo[]> {
+    const rows = await this.deps.db.q
+      .selectFrom('artifacts')
+      .selectAll()
+      .where('agent_id', '=', agentId)
+      .orderBy('created_at')
+      .orderBy('id')
+      .execute()
+    return rows.map((r) => ({
+      id: r.id,
+      agentId: r.agent_id,
+      sessionId: r.session_id,
+      path: r.path,
+      sizeBytes: r.size_bytes,
+      sha256: r.sha256,
+      createdAt: r.created_at,
+    }))
   }
 
-  artifactFile(agentId: string, id: string): { file: string; info: ArtifactInfo } {
-    const info = this.artifacts(agentId).find((a) => a.id === id)
+  async artifactFile(agentId: string, id: string): Promise<{ file: string; info: ArtifactInfo }> {
+    const info = (await this.artifacts(agentId)).find((a) => a.id === id)
     if (!info) throw new CairnProblem('not_found', `No artifact ${id}`)
     return { file: path.join(this.deps.artifactRoot, agentId, id), info }
   }
 
   async readArtifact(agentId: string, id: string): Promise<Buffer> {
-    return readFile(this.artifactFile(agentId, id).file)
+    const { file } = await this.artifactFile(agentId, id)
+    if (existsSync(file) || this.deps.db.dialect !== 'postgres') return readFile(file)
+    // Saved through another replica: its bytes are in the database.
+    const row = await this.deps.db.q
+      .selectFrom('artifact_blobs')
+      .select('content')
+      .where('artifact_id', '=', id)
+      .executeTakeFirst()
+    if (!row) throw new CairnProblem('not_found', `the bytes of artifact ${id} are gone`)
+    return row.content
   }
 }
 

@@ -46,7 +46,8 @@ export function memoryRoutes(
         response: { 200: MemorySchema, ...errors },
       },
     },
-    async (request) => memory.get(agents.require(principalOf(request).tenantId, idOf(request)).id),
+    async (request) =>
+      await memory.get((await agents.require(principalOf(request).tenantId, idOf(request))).id),
   )
   app.put(
     '/v1/agents/:id/memory',
@@ -66,9 +67,9 @@ export function memoryRoutes(
       },
     },
     async (request) => {
-      const agent = agents.require(requireWrite(request).tenantId, idOf(request))
+      const agent = await agents.require(requireWrite(request).tenantId, idOf(request))
       const body = request.body
-      return memory.put(agent.id, body.content, 'api', body.baseVersion)
+      return await memory.put(agent.id, body.content, 'api', body.baseVersion)
     },
   )
   app.post(
@@ -83,11 +84,11 @@ export function memoryRoutes(
     },
     async (request) => {
       const { tenantId } = requireWrite(request)
-      const row = sessions.require(tenantId, idOf(request))
+      const row = await sessions.requireOwned(tenantId, idOf(request))
       const promoted = await sessions.readingWorkspace(tenantId, row.id, () =>
         memory.promoteProposed(row.agent_id, row.id, `${row.id}/api`),
       )
-      return promoted ?? memory.get(row.agent_id)
+      return promoted ?? (await memory.get(row.agent_id))
     },
   )
   app.post(
@@ -106,7 +107,7 @@ export function memoryRoutes(
     },
     async (request, reply) => {
       const { tenantId } = requireWrite(request)
-      const row = sessions.requireLive(tenantId, idOf(request))
+      const row = await sessions.requireLive(tenantId, idOf(request))
       const rel = workspaceRelative(request.body.path)
       const info = await sessions.readingWorkspace(tenantId, row.id, () =>
         memory.saveArtifact({ tenantId, agentId: row.agent_id, sessionId: row.id }, rel),
@@ -125,7 +126,7 @@ export function memoryRoutes(
       },
     },
     async (request) => ({
-      data: memory.artifacts(agents.require(principalOf(request).tenantId, idOf(request)).id),
+      data: await memory.artifacts((await agents.require(principalOf(request).tenantId, idOf(request))).id),
     }),
   )
   app.get(
@@ -139,9 +140,9 @@ export function memoryRoutes(
       },
     },
     async (request, reply) => {
-      const agent = agents.require(principalOf(request).tenantId, idOf(request))
+      const agent = await agents.require(principalOf(request).tenantId, idOf(request))
       const { artifactId } = request.params
-      const { info } = memory.artifactFile(agent.id, artifactId)
+      const { info } = await memory.artifactFile(agent.id, artifactId)
       const body = await memory.readArtifact(agent.id, artifactId)
       void reply.header(
         'content-disposition',

@@ -12,14 +12,13 @@ export function installMetrics(
   db: Db,
   pool: Pick<RuntimePort, 'quotaStatus' | 'poolStats' | 'tenantUsage'>,
 ): void {
-  const byStatus = db.prepare<[], { status: string; n: number }>(
-    'SELECT status, COUNT(*) AS n FROM sessions GROUP BY status',
-  )
+  // Gauges are read synchronously at render: the figures from the database are read before.
+  let byStatus: { status: string; n: number }[] = []
   metrics.gauge({
     name: 'cairn_sessions',
     help: 'Sessions by status',
     labelNames: ['status'],
-    read: () => byStatus.all().map((r) => ({ labels: { status: r.status }, value: r.n })),
+    read: () => byStatus.map((r) => ({ labels: { status: r.status }, value: r.n })),
   })
   metrics.gauge({
     name: 'cairn_sandboxes_warm',
@@ -36,7 +35,6 @@ export function installMetrics(
   let fill: { total: number; used: number; free: number } | undefined
   let byTenant = new Map<string, TreeSizes>()
   let tenantsReadAt = 0
-  const tenants = db.prepare<[], { id: string }>('SELECT id FROM tenants')
   metrics.gauge({
     name: 'cairn_pool_bytes',
     help: 'Storage pool filesystem: total, used and free bytes',
@@ -76,14 +74,20 @@ export function installMetrics(
   })
   app.get('/metrics', { schema: { hide: true } }, async (_request, reply) => {
     // Without the pool's figures the scrape still answers; the pool gauges are then left out.
+    byStatus = (
+      await db.q
+        .selectFrom('sessions')
+        .select((eb) => ['status', eb.fn.countAll<number>().as('n')])
+        .groupBy('status')
+        .execute()
+    ).map((r) => ({ status: r.status, n: Number(r.n) }))
     const stats = await pool.poolStats().catch(() => undefined)
     fill = stats && { total: stats.totalBytes, used: stats.usedBytes, free: stats.freeBytes }
     // Every tenant's figures come from one listing of all qgroups (O(subvolumes)): at most every 15 s.
     if (Date.now() - tenantsReadAt >= 15_000) {
       tenantsReadAt = Date.now()
-      byTenant = new Map(
-        Object.entries(await pool.tenantUsage(tenants.all().map((t) => t.id)).catch(() => ({}))),
-      )
+      const tenants = await db.q.selectFrom('tenants').select('id').execute()
+      byTenant = new Map(Object.entries(await pool.tenantUsage(tenants.map((t) => t.id)).catch(() => ({}))))
     }
     return reply.type(metrics.contentType).send(await metrics.render())
   })

@@ -1,5 +1,6 @@
 import { type AgentManifest, CairnProblem } from '@cairn/protocol'
 import type { AgentPause, RuntimePort } from '@cairn/runtime/port'
+import type { Logger } from 'pino'
 import { type Clock, iso } from '../clock.js'
 import type { SessionRow, SessionStore } from '../sessions/session-store.js'
 
@@ -26,19 +27,25 @@ export async function checkPausePolicy(
  * The runtime's `pause` for a session of a `pause: memory` agent: its checkpoint is tied to the
  * workspace generation now, and what becomes of it is recorded in the session's events.
  */
-export function sessionPause(
+export async function sessionPause(
   row: Pick<SessionRow, 'id' | 'status' | 'tenant_id'>,
   manifest: Pick<AgentManifest, 'pause'>,
   store: SessionStore,
   clock: Clock,
-): AgentPause | undefined {
+  logger: Pick<Logger, 'warn'>,
+): Promise<AgentPause | undefined> {
   if (manifest.pause !== 'memory') return undefined
   return {
-    generation: store.generationOf(row.id),
+    generation: await store.generationOf(row.id),
     onEvent: ({ cause, detail }) => {
       // The status now, not at the start: the checkpoint is taken when the session has gone idle.
-      const status = store.get(row.tenant_id, row.id)?.status ?? row.status
-      store.note({ id: row.id, status }, cause, iso(clock.now()), detail)
+      const record = async () => {
+        const status = (await store.get(row.tenant_id, row.id))?.status ?? row.status
+        await store.note({ id: row.id, status }, cause, iso(clock.now()), detail)
+      }
+      void record().catch((error: unknown) =>
+        logger.warn({ err: error, session: row.id }, 'recording a pause event failed'),
+      )
     },
   }
 }

@@ -74,7 +74,7 @@ async function relayRequest(
   response: ServerResponse,
 ): Promise<void> {
   const target = targetOf(domain, request)
-  const { row, cookie } = previews.authorize(target, request.headers, request.method)
+  const { row, cookie } = await previews.authorize(target, request.headers, request.method)
   const socket = await previews.connect(row, target.port)
   const upstream = http.request({
     method: request.method,
@@ -131,7 +131,7 @@ async function relayUpgrade(
   try {
     const target = targetOf(domain, request)
     // The cookie a signed URL leaves is for pages; a WebSocket URL carries its signature itself.
-    const { row } = previews.authorize(target, request.headers, request.method)
+    const { row } = await previews.authorize(target, request.headers, request.method)
     const upstream = await previews.connect(row, target.port)
     previews.trackRelayed(row.id, target.port, client)
     const lines = [`${request.method} ${upstreamPath(target)} HTTP/1.1`]

@@ -11,39 +11,40 @@ const ALL_PORTS = 0
  * larger of its own row and the session's, and it only ever grows.
  */
 export class PreviewRevocations {
-  private readonly s
+  constructor(private readonly db: Db) {}
 
-  constructor(private readonly db: Db) {
-    this.s = {
-      current: db.prepare<[string, number, number], { epoch: number | null }>(
-        'SELECT MAX(epoch) AS epoch FROM preview_url_epochs WHERE session_id = ? AND port IN (?, ?)',
-      ),
-      highest: db.prepare<[string], { epoch: number | null }>(
-        'SELECT MAX(epoch) AS epoch FROM preview_url_epochs WHERE session_id = ?',
-      ),
-      set: db.prepare<[string, number, number]>(
-        `INSERT INTO preview_url_epochs (session_id, port, epoch) VALUES (?, ?, ?)
-         ON CONFLICT(session_id, port) DO UPDATE SET epoch = excluded.epoch`,
-      ),
-    }
+  async current(sessionId: string, port: number): Promise<number> {
+    const row = await this.db.q
+      .selectFrom('preview_url_epochs')
+      .select((eb) => eb.fn.max('epoch').as('epoch'))
+      .where('session_id', '=', sessionId)
+      .where('port', 'in', [port, ALL_PORTS])
+      .executeTakeFirst()
+    return Number(row?.epoch ?? 0)
   }
 
-  /** The epoch a URL for this port is signed with now; 0 until something was revoked. */
-  current(sessionId: string, port: number): number {
-    return this.s.current.get(sessionId, port, ALL_PORTS)?.epoch ?? 0
+  private async set(sessionId: string, port: number, epoch: number): Promise<void> {
+    await this.db.q
+      .insertInto('preview_url_epochs')
+      .values({ session_id: sessionId, port, epoch })
+      .onConflict((oc) => oc.columns(['session_id', 'port']).doUpdateSet({ epoch }))
+      .execute()
   }
 
-  /** Every URL issued so far for this port stops working. */
-  revokePort(sessionId: string, port: number): void {
-    this.db.transaction(() => {
-      this.s.set.run(sessionId, port, this.current(sessionId, port) + 1)
-    })()
+  async revokePort(sessionId: string, port: number): Promise<void> {
+    await this.db.transaction(async () => {
+      await this.set(sessionId, port, (await this.current(sessionId, port)) + 1)
+    })
   }
 
-  /** Every URL issued so far for any port of the session stops working. */
-  revokeSession(sessionId: string): void {
-    this.db.transaction(() => {
-      this.s.set.run(sessionId, ALL_PORTS, (this.s.highest.get(sessionId)?.epoch ?? 0) + 1)
-    })()
+  async revokeSession(sessionId: string): Promise<void> {
+    await this.db.transaction(async () => {
+      const row = await this.db.q
+        .selectFrom('preview_url_epochs')
+        .select((eb) => eb.fn.max('epoch').as('epoch'))
+        .where('session_id', '=', sessionId)
+        .executeTakeFirst()
+      await this.set(sessionId, ALL_PORTS, Number(row?.epoch ?? 0) + 1)
+    })
   }
 }

@@ -2,6 +2,7 @@ import type { IncomingHttpHeaders } from 'node:http'
 import type { Duplex } from 'node:stream'
 import { CairnProblem } from '@cairn/protocol'
 import type { RuntimePort } from '@cairn/runtime/port'
+import type { Logger } from 'pino'
 import type { ApiKeyStore } from '../auth/api-keys.js'
 import { type Clock, iso } from '../clock.js'
 import type { Db } from '../db/database.js'
@@ -70,6 +71,7 @@ export interface PreviewServiceDeps {
   /** Connections into sandboxes, through the runtime's port. */
   runtime: Pick<RuntimePort, 'connectPort'>
   clock: Clock
+  logger: Logger
 }
 
 export interface AuthorizedPreview {
@@ -83,15 +85,10 @@ export interface AuthorizedPreview {
  * signed URL. Every request counts as session activity.
  */
 export class PreviewService implements SessionObserver {
-  private readonly tenantOf
   // Relayed Upgrade connections per session port: a revocation closes them, as its URLs stop.
   private readonly relayed = new Map<string, Set<Duplex>>()
 
-  constructor(private readonly deps: PreviewServiceDeps) {
-    this.tenantOf = deps.db.prepare<[string], { tenant_id: string }>(
-      'SELECT tenant_id FROM sessions WHERE id = ?',
-    )
-  }
+  constructor(private readonly deps: PreviewServiceDeps) {}
 
   /**
    * A session ended or deleted (the service is one of the session service's observers): an ended
@@ -99,20 +96,24 @@ export class PreviewService implements SessionObserver {
    * one's answer `revoked` like any other.
    */
   ended(sessionId: string): void {
-    this.deps.revocations.revokeSession(sessionId)
+    void this.deps.revocations
+      .revokeSession(sessionId)
+      .catch((error: unknown) =>
+        this.deps.logger.error({ err: error, session: sessionId }, 'revoking preview URLs failed'),
+      )
   }
 
-  signedUrl(
+  async signedUrl(
     tenantId: string,
     sessionId: string,
     port: number,
     ttlMs: number,
     /** The origin of the session port's previews, given the session's full id. */
     originOf: (sessionId: string) => string,
-  ): { url: string; expiresAt: string } {
-    const row = this.deps.sessions.requireLive(tenantId, sessionId)
+  ): Promise<{ url: string; expiresAt: string }> {
+    const row = await this.deps.sessions.requireLive(tenantId, sessionId)
     const expiresAtMs = this.deps.clock.now() + ttlMs
-    const epoch = this.deps.revocations.current(row.id, port)
+    const epoch = await this.deps.revocations.current(row.id, port)
     const signature = this.deps.signer.sign({ sessionId: row.id, port, expiresAtMs, epoch })
     const query = new URLSearchParams({
       [EXPIRES_PARAM]: String(expiresAtMs),
@@ -126,9 +127,9 @@ export class PreviewService implements SessionObserver {
    * Revokes every signed URL issued so far for the port (and the cookies they left), and closes the
    * Upgrade (WebSocket) connections relayed to it.
    */
-  revokeUrls(tenantId: string, sessionId: string, port: number): void {
-    const row = this.deps.sessions.require(tenantId, sessionId)
-    this.deps.revocations.revokePort(row.id, port)
+  async revokeUrls(tenantId: string, sessionId: string, port: number): Promise<void> {
+    const row = await this.deps.sessions.requireOwned(tenantId, sessionId)
+    await this.deps.revocations.revokePort(row.id, port)
     for (const client of this.relayed.get(relayedKey(row.id, port)) ?? []) client.destroy()
   }
 
@@ -144,12 +145,17 @@ export class PreviewService implements SessionObserver {
     })
   }
 
-  private verifySigned(target: PreviewTarget, expiresAtMs: number, epoch: number, signature: string) {
+  private async verifySigned(
+    target: PreviewTarget,
+    expiresAtMs: number,
+    epoch: number,
+    signature: string,
+  ): Promise<void> {
     const { sessionId, port } = target
     this.deps.signer.verify(
       { sessionId, port, expiresAtMs, epoch },
       signature,
-      this.deps.revocations.current(sessionId, port),
+      await this.deps.revocations.current(sessionId, port),
       this.deps.clock.now(),
     )
   }
@@ -158,17 +164,21 @@ export class PreviewService implements SessionObserver {
    * Who may reach the preview: a signed URL (query), the cookie a signed URL left, or an API key
    * with write access to the session's tenant. 401 without any, 403 for a bad or expired one.
    */
-  authorize(target: PreviewTarget, headers: IncomingHttpHeaders, method = 'GET'): AuthorizedPreview {
+  async authorize(
+    target: PreviewTarget,
+    headers: IncomingHttpHeaders,
+    method = 'GET',
+  ): Promise<AuthorizedPreview> {
     const now = this.deps.clock.now()
     const signature = target.query.get(SIGNATURE_PARAM)
     const expires = target.query.get(EXPIRES_PARAM)
     if (signature !== null || expires !== null) {
       const expiresAtMs = Number(expires)
       const epoch = Number(target.query.get(EPOCH_PARAM) ?? 0)
-      this.verifySigned(target, expiresAtMs, epoch, signature ?? '')
+      await this.verifySigned(target, expiresAtMs, epoch, signature ?? '')
       const maxAge = Math.max(1, Math.floor((expiresAtMs - now) / 1000))
       return {
-        row: this.signedRow(target),
+        row: await this.signedRow(target),
         cookie: `${PREVIEW_COOKIE}=${expiresAtMs}.${epoch}.${signature}; Path=/; Max-Age=${maxAge}; HttpOnly; SameSite=Lax`,
       }
     }
@@ -178,8 +188,8 @@ export class PreviewService implements SessionObserver {
       // `expires.epoch.signature`; cookies set before revocation existed have no epoch (0).
       const parts = cookie.split('.')
       const [expiresAtMs, epoch, sig] = parts.length === 2 ? [parts[0], '0', parts[1]] : parts
-      this.verifySigned(target, Number(expiresAtMs), Number(epoch), sig ?? '')
-      return { row: this.signedRow(target) }
+      await this.verifySigned(target, Number(expiresAtMs), Number(epoch), sig ?? '')
+      return { row: await this.signedRow(target) }
     }
     const match = headers.authorization ? /^Bearer\s+(\S+)$/i.exec(headers.authorization) : null
     if (!match?.[1]) {
@@ -188,15 +198,21 @@ export class PreviewService implements SessionObserver {
         'a preview needs an API key (Authorization: Bearer <key>) or a signed URL (POST …/ports/{port}/url)',
       )
     }
-    const principal = this.deps.keys.verify(match[1])
+    const principal = await this.deps.keys.verify(match[1])
     if (!principal) throw new CairnProblem('unauthorized', 'invalid API key')
     if (principal.role === 'read') throw new CairnProblem('forbidden', 'this API key is read-only')
-    return { row: this.deps.sessions.require(principal.tenantId, target.sessionId) }
+    return { row: await this.deps.sessions.requireOwned(principal.tenantId, target.sessionId) }
   }
 
-  private signedRow(target: PreviewTarget): SessionRow {
-    const tenant = this.tenantOf.get(target.sessionId)?.tenant_id
-    const row = tenant ? this.deps.sessions.store.get(tenant, target.sessionId) : undefined
+  private async signedRow(target: PreviewTarget): Promise<SessionRow> {
+    const tenant = (
+      await this.deps.db.q
+        .selectFrom('sessions')
+        .select('tenant_id')
+        .where('id', '=', target.sessionId)
+        .executeTakeFirst()
+    )?.tenant_id
+    const row = tenant ? await this.deps.sessions.store.get(tenant, target.sessionId) : undefined
     if (!row) throw new CairnProblem('session_not_found', `No session found matching '${target.sessionId}'`)
     return row
   }

@@ -78,7 +78,7 @@ export function previewRoutes(
     },
     async (request) => {
       const { id, port } = request.params
-      previews.revokeUrls(requireWrite(request).tenantId, id, port)
+      await previews.revokeUrls(requireWrite(request).tenantId, id, port)
       return { ok: true }
     },
   )

@@ -1,10 +1,11 @@
 import { newId, type Usage } from '@cairn/protocol'
 import type { RuntimePort, TreeRef, TreeSizes } from '@cairn/runtime/port'
+import { sql } from 'kysely'
 import type { Logger } from 'pino'
 import { type Clock, iso } from '../clock.js'
 import type { Db } from '../db/database.js'
+import type { SessionRow } from '../sessions/session-rows.js'
 import type { SessionService } from '../sessions/session-service.js'
-import type { SessionRow } from '../sessions/session-store.js'
 import type { WorkspaceService } from '../workspace/workspace-service.js'
 
 export interface RetentionPolicy {
@@ -48,17 +49,12 @@ export class RetentionService {
     },
   ) {}
 
-  policy(tenantId: string): RetentionPolicy {
-    const row = this.deps.db
-      .prepare<
-        [string],
-        {
-          keep_auto_snapshots: number
-          ended_snapshot_ttl_ms: number | null
-          ended_workspace_ttl_ms: number | null
-        }
-      >('SELECT * FROM retention_policies WHERE tenant_id = ?')
-      .get(tenantId)
+  async policy(tenantId: string): Promise<RetentionPolicy> {
+    const row = await this.deps.db.q
+      .selectFrom('retention_policies')
+      .selectAll()
+      .where('tenant_id', '=', tenantId)
+      .executeTakeFirst()
     if (!row) return { ...DEFAULT_RETENTION }
     return {
       keepAutoSnapshots: row.keep_auto_snapshots,
@@ -67,39 +63,43 @@ export class RetentionService {
     }
   }
 
-  setPolicy(tenantId: string, patch: Partial<RetentionPolicy>): RetentionPolicy {
-    const next = { ...this.policy(tenantId), ...patch }
-    this.deps.db
-      .prepare(
-        `INSERT INTO retention_policies (tenant_id, keep_auto_snapshots, ended_snapshot_ttl_ms, ended_workspace_ttl_ms, updated_at)
-         VALUES (?, ?, ?, ?, ?)
-         ON CONFLICT(tenant_id) DO UPDATE SET keep_auto_snapshots = excluded.keep_auto_snapshots,
-           ended_snapshot_ttl_ms = excluded.ended_snapshot_ttl_ms, ended_workspace_ttl_ms = excluded.ended_workspace_ttl_ms,
-           updated_at = excluded.updated_at`,
-      )
-      .run(
-        tenantId,
-        next.keepAutoSnapshots,
-        next.endedSnapshotTtlMs,
-        next.endedWorkspaceTtlMs,
-        iso(this.deps.clock.now()),
-      )
+  async setPolicy(tenantId: string, patch: Partial<RetentionPolicy>): Promise<RetentionPolicy> {
+    const next = { ...(await this.policy(tenantId)), ...patch }
+    const values = {
+      keep_auto_snapshots: next.keepAutoSnapshots,
+      ended_snapshot_ttl_ms: next.endedSnapshotTtlMs,
+      ended_workspace_ttl_ms: next.endedWorkspaceTtlMs,
+      updated_at: iso(this.deps.clock.now()),
+    }
+    await this.deps.db.q
+      .insertInto('retention_policies')
+      .values({ tenant_id: tenantId, ...values })
+      .onConflict((oc) => oc.column('tenant_id').doUpdateSet(values))
+      .execute()
     return next
   }
 
-  private record(
+  private async record(
     tenantId: string,
     sessionId: string,
     kind: string,
     targetId: string,
     bytes: number,
     reason: string,
-  ): void {
-    this.deps.db
-      .prepare(
-        'INSERT INTO retention_events (id, tenant_id, session_id, kind, target_id, bytes_freed, reason, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)',
-      )
-      .run(newId('event'), tenantId, sessionId, kind, targetId, bytes, reason, iso(this.deps.clock.now()))
+  ): Promise<void> {
+    await this.deps.db.q
+      .insertInto('retention_events')
+      .values({
+        id: newId('event'),
+        tenant_id: tenantId,
+        session_id: sessionId,
+        kind,
+        target_id: targetId,
+        bytes_freed: bytes,
+        reason,
+        at: iso(this.deps.clock.now()),
+      })
+      .execute()
   }
 
   /**
@@ -118,39 +118,48 @@ export class RetentionService {
     bytesFreed: number
   }> {
     const now = this.deps.clock.now()
-    const ended = this.deps.db
-      .prepare<[], EndedRow>(
-        `SELECT id, tenant_id, status, updated_at FROM sessions WHERE status IN ('completed', 'failed', 'timeout')`,
-      )
-      .all()
+    const ended = (await this.deps.db.q
+      .selectFrom('sessions')
+      .select(['id', 'tenant_id', 'status', 'updated_at'])
+      // Each replica applies the policy to the sessions of its own runtime.
+      .where('runtime_id', '=', this.deps.sessions.store.runtimeId)
+      .where('status', 'in', ['completed', 'failed', 'timeout'])
+      .execute()) as EndedRow[]
     const result = { snapshots: 0, workspaces: 0, memoryCheckpoints: 0, bytesFreed: 0 }
     const policies = new Map<string, RetentionPolicy>()
     for (const session of ended) {
-      const policy = policies.get(session.tenant_id) ?? this.policy(session.tenant_id)
+      const policy = policies.get(session.tenant_id) ?? (await this.policy(session.tenant_id))
       policies.set(session.tenant_id, policy)
       const endedFor = now - Date.parse(session.updated_at)
       if (policy.endedWorkspaceTtlMs !== null && endedFor >= policy.endedWorkspaceTtlMs) {
-        for (const snap of this.deps.workspace.snapshots.list(session.id)) {
+        for (const snap of await this.deps.workspace.snapshots.list(session.id)) {
           const bytes = await this.exclusiveBytes({ snapshotId: snap.id })
-          this.record(session.tenant_id, session.id, 'snapshot', snap.id, bytes, 'ended_workspace_ttl')
+          await this.record(session.tenant_id, session.id, 'snapshot', snap.id, bytes, 'ended_workspace_ttl')
           result.bytesFreed += bytes
           result.snapshots++
         }
         const bytes = await this.exclusiveBytes({ sessionId: session.id })
         await this.deps.sessions.delete(session.tenant_id, session.id, 'retention')
-        this.record(session.tenant_id, session.id, 'workspace', session.id, bytes, 'ended_workspace_ttl')
+        await this.record(
+          session.tenant_id,
+          session.id,
+          'workspace',
+          session.id,
+          bytes,
+          'ended_workspace_ttl',
+        )
         result.bytesFreed += bytes
         result.workspaces++
         continue
       }
       if (policy.endedSnapshotTtlMs !== null && endedFor >= policy.endedSnapshotTtlMs) {
-        for (const snap of this.deps.workspace.snapshots.list(session.id)) {
-          if (this.deps.workspace.pins.has(snap.id)) continue
-          // Marked first, in the same tick as the pin check, so no restore or fork picks it now.
-          this.deps.workspace.snapshots.markDeleted(snap.id, iso(now))
+        for (const snap of await this.deps.workspace.snapshots.list(session.id)) {
+          // Claimed first, in the same tick as the pin check, so no restore or fork picks it now.
+          if (!this.deps.workspace.pins.claimForDeletion(snap.id)) continue
+          await this.deps.workspace.snapshots.markDeleted(snap.id, iso(now))
           const bytes = await this.exclusiveBytes({ snapshotId: snap.id })
           await this.deps.runtime.deleteSnapshot(snap.id)
-          this.record(session.tenant_id, session.id, 'snapshot', snap.id, bytes, 'ended_snapshot_ttl')
+          await this.record(session.tenant_id, session.id, 'snapshot', snap.id, bytes, 'ended_snapshot_ttl')
           result.bytesFreed += bytes
           result.snapshots++
         }
@@ -173,14 +182,21 @@ export class RetentionService {
     for (const { sessionId, bytes } of await this.deps.runtime.expireMemoryCheckpoints(
       new Date(now - ttlMs),
     )) {
-      const row = this.deps.db
-        .prepare<[string], { tenant_id: string; status: string }>(
-          'SELECT tenant_id, status FROM sessions WHERE id = ?',
-        )
-        .get(sessionId)
+      const row = await this.deps.db.q
+        .selectFrom('sessions')
+        .select(['tenant_id', 'status'])
+        .where('id', '=', sessionId)
+        .executeTakeFirst()
       if (!row) continue
-      this.record(row.tenant_id, sessionId, 'memory_checkpoint', sessionId, bytes, 'memory_checkpoint_ttl')
-      store.note(
+      await this.record(
+        row.tenant_id,
+        sessionId,
+        'memory_checkpoint',
+        sessionId,
+        bytes,
+        'memory_checkpoint_ttl',
+      )
+      await store.note(
         { id: sessionId, status: row.status as SessionRow['status'] },
         'memory_discarded',
         iso(this.deps.clock.now()),
@@ -191,43 +207,57 @@ export class RetentionService {
     }
   }
 
-  freed(tenantId: string): { bytesFreed: number; deletedSnapshots: number; deletedWorkspaces: number } {
-    const row = this.deps.db
-      .prepare<[string], { bytes: number | null; snapshots: number; workspaces: number }>(
-        `SELECT SUM(bytes_freed) AS bytes, SUM(kind = 'snapshot') AS snapshots, SUM(kind = 'workspace') AS workspaces
-         FROM retention_events WHERE tenant_id = ?`,
-      )
-      .get(tenantId)
+  async freed(
+    tenantId: string,
+  ): Promise<{ bytesFreed: number; deletedSnapshots: number; deletedWorkspaces: number }> {
+    const row = await this.deps.db.q
+      .selectFrom('retention_events')
+      .select((eb) => [
+        eb.fn.sum<number | null>('bytes_freed').as('bytes'),
+        eb.fn.sum<number | null>(sql`CASE WHEN kind = 'snapshot' THEN 1 ELSE 0 END`).as('snapshots'),
+        eb.fn.sum<number | null>(sql`CASE WHEN kind = 'workspace' THEN 1 ELSE 0 END`).as('workspaces'),
+      ])
+      .where('tenant_id', '=', tenantId)
+      .executeTakeFirst()
     return {
-      bytesFreed: row?.bytes ?? 0,
-      deletedSnapshots: row?.snapshots ?? 0,
-      deletedWorkspaces: row?.workspaces ?? 0,
+      bytesFreed: Number(row?.bytes ?? 0),
+      deletedSnapshots: Number(row?.snapshots ?? 0),
+      deletedWorkspaces: Number(row?.workspaces ?? 0),
     }
   }
 
   /** Typed by the wire schema: a field the schema lacks would be dropped from the answer, so it fails to compile. */
   async usage(tenantId: string, withStorage: boolean): Promise<Usage> {
     const byStatus = Object.fromEntries(
-      this.deps.db
-        .prepare<[string], { status: string; n: number }>(
-          'SELECT status, COUNT(*) AS n FROM sessions WHERE tenant_id = ? GROUP BY status',
-        )
-        .all(tenantId)
-        .map((r) => [r.status, r.n]),
+      (
+        await this.deps.db.q
+          .selectFrom('sessions')
+          .select((eb) => ['status', eb.fn.countAll<number>().as('n')])
+          .where('tenant_id', '=', tenantId)
+          .groupBy('status')
+          .execute()
+      ).map((r) => [r.status, Number(r.n)]),
     ) as Record<string, number>
-    const snapshots =
-      this.deps.db
-        .prepare<[string], { n: number }>(
-          'SELECT COUNT(*) AS n FROM snapshots WHERE tenant_id = ? AND deleted_at IS NULL',
-        )
-        .get(tenantId)?.n ?? 0
+    const snapshots = Number(
+      (
+        await this.deps.db.q
+          .selectFrom('snapshots')
+          .select((eb) => eb.fn.countAll<number>().as('n'))
+          .where('tenant_id', '=', tenantId)
+          .where('deleted_at', 'is', null)
+          .executeTakeFirst()
+      )?.n ?? 0,
+    )
     const storage: { sessionId: string; referencedBytes: number; exclusiveBytes: number }[] = []
     if (withStorage) {
-      const recent = this.deps.db
-        .prepare<[string], { id: string }>(
-          `SELECT id FROM sessions WHERE tenant_id = ? AND status != 'deleted' ORDER BY last_active_at DESC LIMIT 100`,
-        )
-        .all(tenantId)
+      const recent = await this.deps.db.q
+        .selectFrom('sessions')
+        .select('id')
+        .where('tenant_id', '=', tenantId)
+        .where('status', '!=', 'deleted')
+        .orderBy('last_active_at', 'desc')
+        .limit(100)
+        .execute()
       for (const { id } of recent) {
         const sizes = await this.deps.runtime
           .treeSizes({ sessionId: id })
@@ -240,11 +270,12 @@ export class RetentionService {
       }
     }
     const { runtime } = this.deps
-    const live = this.deps.db
-      .prepare<[string], { id: string }>(
-        `SELECT id FROM sessions WHERE tenant_id = ? AND status != 'deleted'`,
-      )
-      .all(tenantId)
+    const live = await this.deps.db.q
+      .selectFrom('sessions')
+      .select('id')
+      .where('tenant_id', '=', tenantId)
+      .where('status', '!=', 'deleted')
+      .execute()
     const checkpointBytes = (await runtime.memoryCheckpointBytes(live.map((r) => r.id))).filter((b) => b > 0)
     const { warning: _warning, ...limits } = runtime.quotaStatus()
     const held = (await runtime.tenantUsage([tenantId]).catch(() => ({}) as Record<string, TreeSizes>))[
@@ -263,7 +294,7 @@ export class RetentionService {
         ...(limits.agentsTotalBytes === undefined ? {} : { agentsTotalBytes: limits.agentsTotalBytes }),
         usedBytes: held?.exclusiveBytes ?? null,
       },
-      retention: { policy: this.policy(tenantId), ...this.freed(tenantId) },
+      retention: { policy: await this.policy(tenantId), ...(await this.freed(tenantId)) },
       memoryCheckpoints: { count: checkpointBytes.length, bytes: checkpointBytes.reduce((a, b) => a + b, 0) },
       storage,
     }

@@ -19,7 +19,7 @@ export function retentionRoutes(server: FastifyInstance, retention: RetentionSer
         response: { 200: PolicySchema, ...errors },
       },
     },
-    async (request) => retention.policy(principalOf(request).tenantId),
+    async (request) => await retention.policy(principalOf(request).tenantId),
   )
   app.put(
     '/v1/retention',
@@ -31,7 +31,7 @@ export function retentionRoutes(server: FastifyInstance, retention: RetentionSer
         response: { 200: PolicySchema, ...errors },
       },
     },
-    async (request) => retention.setPolicy(requireWrite(request).tenantId, request.body),
+    async (request) => await retention.setPolicy(requireWrite(request).tenantId, request.body),
   )
   app.get(
     '/v1/usage',

@@ -25,13 +25,13 @@ const SetSecretsBody = Type.Object(
 
 export function secretRoutes(server: FastifyInstance, agents: AgentService, secrets: SecretStore): void {
   const app = server.withTypeProvider<TypeBoxTypeProvider>()
-  const agentOf = (request: FastifyRequest & { params: { id: string } }, write: boolean) => {
+  const agentOf = async (request: FastifyRequest & { params: { id: string } }, write: boolean) => {
     const { tenantId } = write ? requireWrite(request) : principalOf(request)
-    return agents.require(tenantId, request.params.id)
+    return await agents.require(tenantId, request.params.id)
   }
-  const listing = (agentId: string) => ({
-    data: secrets.list(agentId),
-    missing: secrets.missing(agentId, agents.requiredSecrets(agentId)),
+  const listing = async (agentId: string) => ({
+    data: await secrets.list(agentId),
+    missing: await secrets.missing(agentId, await agents.requiredSecrets(agentId)),
   })
 
   app.get(
@@ -44,7 +44,7 @@ export function secretRoutes(server: FastifyInstance, agents: AgentService, secr
         response: { 200: SecretListSchema, ...errors },
       },
     },
-    async (request) => listing(agentOf(request, false).id),
+    async (request) => listing((await agentOf(request, false)).id),
   )
 
   app.put(
@@ -59,10 +59,10 @@ export function secretRoutes(server: FastifyInstance, agents: AgentService, secr
       },
     },
     async (request) => {
-      const agent = agentOf(request, true)
+      const agent = await agentOf(request, true)
       const body = request.body
-      const current = agents.currentNetwork(agent.id)
-      secrets.set(agent.tenant_id, agent.id, body.secrets, {
+      const current = await agents.currentNetwork(agent.id)
+      await secrets.set(agent.tenant_id, agent.id, body.secrets, {
         scope: body.scope,
         hosts: body.hosts,
         headers: body.headers,
@@ -88,8 +88,8 @@ export function secretRoutes(server: FastifyInstance, agents: AgentService, secr
       },
     },
     async (request) => {
-      const agent = agentOf(request, true)
-      return { ok: secrets.delete(agent.id, request.params.name) }
+      const agent = await agentOf(request, true)
+      return { ok: await secrets.delete(agent.id, request.params.name) }
     },
   )
 }

@@ -2,6 +2,7 @@ import { randomBytes } from 'node:crypto'
 import net from 'node:net'
 import { CairnProblem, type NetworkPolicy } from '@cairn/protocol'
 import type { ProxySecret } from '@cairn/runtime/port'
+import { sql } from 'kysely'
 import { type Clock, iso } from '../clock.js'
 import type { Db } from '../db/database.js'
 import type { SecretCipher } from './cipher.js'
@@ -99,28 +100,29 @@ interface SecretRow {
 
 /** Per-agent secrets, encrypted at rest; values leave only towards a sandbox, never to the API. */
 export class SecretStore {
-  /** The reads every turn or cold start makes, prepared once. */
-  private readonly s
-
   constructor(
     private readonly db: Db,
     private readonly cipher: SecretCipher,
     private readonly clock: Clock,
-  ) {
-    this.s = {
-      ofAgent: db.prepare<[string], SecretRow>('SELECT * FROM secrets WHERE agent_id = ?'),
-      ofScope: db.prepare<[string, string, string], SecretRow>(
-        'SELECT * FROM secrets WHERE tenant_id = ? AND agent_id = ? AND scope = ? ORDER BY name',
-      ),
-    }
+  ) {}
+
+  private async ofScope(tenantId: string, agentId: string, scope: SecretScope): Promise<SecretRow[]> {
+    return (await this.db.q
+      .selectFrom('secrets')
+      .selectAll()
+      .where('tenant_id', '=', tenantId)
+      .where('agent_id', '=', agentId)
+      .where('scope', '=', scope)
+      .orderBy('name')
+      .execute()) as SecretRow[]
   }
 
-  set(
+  async set(
     tenantId: string,
     agentId: string,
     values: Record<string, string>,
     options: SetSecretsOptions = {},
-  ): void {
+  ): Promise<void> {
     const scope = options.scope ?? 'runtime'
     const hosts = [...new Set((options.hosts ?? []).map((h) => h.trim().toLowerCase()))]
     if (scope === 'proxy' && hosts.length === 0) {
@@ -145,15 +147,6 @@ export class SecretStore {
       )
     }
     const at = iso(this.clock.now())
-    // A secret keeps its stand-in when its value changes, so copies the agent made still work.
-    const upsert = this.db.prepare(
-      `INSERT INTO secrets (agent_id, tenant_id, name, scope, ciphertext, iv, tag, key_version, stand_in, hosts_json, headers_json, created_at, updated_at)
-       VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-       ON CONFLICT(agent_id, name) DO UPDATE SET scope = excluded.scope, ciphertext = excluded.ciphertext,
-         iv = excluded.iv, tag = excluded.tag, key_version = excluded.key_version,
-         stand_in = CASE WHEN excluded.scope = 'proxy' THEN COALESCE(secrets.stand_in, excluded.stand_in) END,
-         hosts_json = excluded.hosts_json, headers_json = excluded.headers_json, updated_at = excluded.updated_at`,
-    )
     for (const [name, value] of Object.entries(values)) {
       if (!SECRET_NAME_PATTERN.test(name)) {
         throw new CairnProblem(
@@ -168,52 +161,82 @@ export class SecretStore {
         )
       }
     }
-    this.db.transaction(() => {
+    // One transaction: every value is stored, or none.
+    await this.db.transaction(async () => {
       for (const [name, value] of Object.entries(values)) {
         const sealed = this.cipher.seal(value, `${agentId}/${name}`)
-        upsert.run(
-          agentId,
-          tenantId,
-          name,
-          scope,
-          sealed.ciphertext,
-          sealed.iv,
-          sealed.tag,
-          sealed.keyVersion,
-          scope === 'proxy' ? newStandIn() : null,
-          scope === 'proxy' ? JSON.stringify(hosts) : null,
-          headers.length > 0 ? JSON.stringify(headers) : null,
-          at,
-          at,
-        )
+        await this.db.q
+          .insertInto('secrets')
+          .values({
+            agent_id: agentId,
+            tenant_id: tenantId,
+            name,
+            scope,
+            ciphertext: sealed.ciphertext,
+            iv: sealed.iv,
+            tag: sealed.tag,
+            key_version: sealed.keyVersion,
+            stand_in: scope === 'proxy' ? newStandIn() : null,
+            hosts_json: scope === 'proxy' ? JSON.stringify(hosts) : null,
+            headers_json: headers.length > 0 ? JSON.stringify(headers) : null,
+            created_at: at,
+            updated_at: at,
+          })
+          // A secret keeps its stand-in when its value changes, so copies the agent made still work.
+          .onConflict((oc) =>
+            oc.columns(['agent_id', 'name']).doUpdateSet((eb) => ({
+              scope: eb.ref('excluded.scope'),
+              ciphertext: eb.ref('excluded.ciphertext'),
+              iv: eb.ref('excluded.iv'),
+              tag: eb.ref('excluded.tag'),
+              key_version: eb.ref('excluded.key_version'),
+              stand_in: sql<
+                string | null
+              >`CASE WHEN excluded.scope = 'proxy' THEN COALESCE(secrets.stand_in, excluded.stand_in) END`,
+              hosts_json: eb.ref('excluded.hosts_json'),
+              headers_json: eb.ref('excluded.headers_json'),
+              updated_at: eb.ref('excluded.updated_at'),
+            })),
+          )
+          .execute()
       }
-    })()
+    })
   }
 
-  list(agentId: string): SecretInfo[] {
-    return this.db
-      .prepare<[string], SecretRow>('SELECT * FROM secrets WHERE agent_id = ? ORDER BY name')
-      .all(agentId)
-      .map((r) => ({
-        name: r.name,
-        scope: r.scope,
-        ...(r.hosts_json ? { hosts: JSON.parse(r.hosts_json) as string[] } : {}),
-        ...(r.headers_json ? { headers: JSON.parse(r.headers_json) as string[] } : {}),
-        createdAt: r.created_at,
-        updatedAt: r.updated_at,
-      }))
+  async list(agentId: string): Promise<SecretInfo[]> {
+    const rows = (await this.db.q
+      .selectFrom('secrets')
+      .selectAll()
+      .where('agent_id', '=', agentId)
+      .orderBy('name')
+      .execute()) as SecretRow[]
+    return rows.map((r) => ({
+      name: r.name,
+      scope: r.scope,
+      ...(r.hosts_json ? { hosts: JSON.parse(r.hosts_json) as string[] } : {}),
+      ...(r.headers_json ? { headers: JSON.parse(r.headers_json) as string[] } : {}),
+      createdAt: r.created_at,
+      updatedAt: r.updated_at,
+    }))
   }
 
-  delete(agentId: string, name: string): boolean {
-    return (
-      this.db.prepare('DELETE FROM secrets WHERE agent_id = ? AND name = ?').run(agentId, name).changes > 0
-    )
+  async delete(agentId: string, name: string): Promise<boolean> {
+    const result = await this.db.q
+      .deleteFrom('secrets')
+      .where('agent_id', '=', agentId)
+      .where('name', '=', name)
+      .executeTakeFirst()
+    return result.numDeletedRows > 0n
   }
 
   /** Decrypted values of the given scopes (all of them, for redaction). */
-  values(agentId: string, scopes: readonly SecretScope[]): Record<string, string> {
+  async values(agentId: string, scopes: readonly SecretScope[]): Promise<Record<string, string>> {
     const out: Record<string, string> = {}
-    const rows = this.s.ofAgent.all(agentId)
+    const rows = (await this.db.q
+      .selectFrom('secrets')
+      .selectAll()
+      .where('agent_id', '=', agentId)
+      .execute()) as SecretRow[]
     for (const row of rows) {
       if (scopes.includes(row.scope)) out[row.name] = this.cipher.open(row, `${agentId}/${row.name}`)
     }
@@ -224,17 +247,20 @@ export class SecretStore {
    * Decrypted values of one scope, tenant-checked: `setup` for the revision build, `runtime` for
    * the agent's environment; `proxy` values only ever reach the egress proxy.
    */
-  valuesForScope(tenantId: string, agentId: string, scope: SecretScope): Record<string, string> {
+  async valuesForScope(
+    tenantId: string,
+    agentId: string,
+    scope: SecretScope,
+  ): Promise<Record<string, string>> {
     const out: Record<string, string> = {}
-    const rows = this.s.ofScope.all(tenantId, agentId, scope)
+    const rows = await this.ofScope(tenantId, agentId, scope)
     for (const row of rows) out[row.name] = this.cipher.open(row, `${agentId}/${row.name}`)
     return out
   }
 
   /** The agent's `proxy` secrets with their stand-ins and hosts, for its egress proxy. */
-  proxySecrets(tenantId: string, agentId: string): ProxySecret[] {
-    return this.s.ofScope
-      .all(tenantId, agentId, 'proxy')
+  async proxySecrets(tenantId: string, agentId: string): Promise<ProxySecret[]> {
+    return (await this.ofScope(tenantId, agentId, 'proxy'))
       .filter((row) => row.stand_in !== null)
       .map((row) => ({
         name: row.name,
@@ -245,8 +271,8 @@ export class SecretStore {
       }))
   }
 
-  missing(agentId: string, required: readonly string[]): string[] {
-    const have = new Set(this.list(agentId).map((s) => s.name))
+  async missing(agentId: string, required: readonly string[]): Promise<string[]> {
+    const have = new Set((await this.list(agentId)).map((s) => s.name))
     return required.filter((name) => !have.has(name))
   }
 }

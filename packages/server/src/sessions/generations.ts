@@ -28,16 +28,16 @@ export class WorkspaceGenerations {
   async verify(row: Checked, busy: () => boolean): Promise<void> {
     // The database first, then the disk: every writer puts the marker down before the database,
     // so a change landing between the two reads can only make the disk look newer, never older.
-    const recorded = this.store.generationOf(row.id)
+    const recorded = await this.store.generationOf(row.id)
     if (!(await this.runtime.hasWorkspace(row.id))) {
       if (busy())
         throw new CairnProblem('session_busy', `session ${row.id} is changing its workspace; try again`)
       const message = `the workspace of session ${row.id} is missing from the storage pool`
-      this.markLost(row, message)
+      await this.markLost(row, message)
       throw new CairnProblem('state_lost', message)
     }
     const [onDisk] = await this.runtime.readGenerations([row.id])
-    const problem = this.compare(row, onDisk, recorded)
+    const problem = await this.compare(row, onDisk, recorded)
     if (problem) throw problem
   }
 
@@ -48,7 +48,7 @@ export class WorkspaceGenerations {
     for (const [index, session] of sessions.entries()) {
       const onDisk = found[index]
       if (onDisk === undefined) await this.runtime.writeGeneration(session.id, session.generation)
-      else if (this.compare(session, onDisk, session.generation)) lost.push(session.id)
+      else if (await this.compare(session, onDisk, session.generation)) lost.push(session.id)
     }
     return lost
   }
@@ -58,14 +58,18 @@ export class WorkspaceGenerations {
    * given the recorded number by the caller; a marker ahead is adopted; one behind marks the
    * session failed with the reason and returns the problem.
    */
-  private compare(row: Checked, onDisk: number | undefined, recorded: number): CairnProblem | undefined {
+  private async compare(
+    row: Checked,
+    onDisk: number | undefined,
+    recorded: number,
+  ): Promise<CairnProblem | undefined> {
     if (onDisk === undefined || onDisk === recorded) return undefined
     if (onDisk > recorded) {
-      this.store.setGeneration(row.id, onDisk)
+      await this.store.setGeneration(row.id, onDisk)
       return undefined
     }
     const message = `the workspace of session ${row.id} is at generation ${onDisk} but generation ${recorded} was recorded: it was rolled back or replaced outside Cairn, so the files of the last ${recorded - onDisk} change(s) are gone; restore a snapshot to continue from a known state`
-    this.markLost(row, message)
+    await this.markLost(row, message)
     return new CairnProblem('state_lost', message, {
       workspaceGeneration: onDisk,
       recordedGeneration: recorded,
@@ -73,14 +77,14 @@ export class WorkspaceGenerations {
   }
 
   /** Moves the session to `failed` with cause `state_lost` (once), the reason as its detail. */
-  private markLost(row: Checked, message: string): void {
+  private async markLost(row: Checked, message: string): Promise<void> {
     if (!(row.status === 'failed' && row.status_cause === 'state_lost'))
-      this.store.transition(row, 'failed', 'state_lost', this.now(), message)
+      await this.store.transition(row, 'failed', 'state_lost', this.now(), message)
   }
 
   /** Writes the next generation's marker and returns the number, for the caller to record. */
   async markNext(sessionId: string): Promise<number> {
-    const next = this.store.generationOf(sessionId) + 1
+    const next = (await this.store.generationOf(sessionId)) + 1
     await this.runtime.writeGeneration(sessionId, next)
     return next
   }

@@ -50,7 +50,9 @@ export class SessionReaper {
     this.started = true
     this.timer = setInterval(() => void this.round(more), intervalMs)
     this.timer.unref()
-    this.armNext()
+    void this.armNext().catch((error: unknown) =>
+      this.deps.logger.error({ err: error }, 'reaper could not arm its next deadline'),
+    )
   }
 
   stop(): void {
@@ -63,8 +65,14 @@ export class SessionReaper {
   /** A session's next timeout may have come earlier: the timer is armed for it if it is. */
   private noteTimingChange(sessionId: string): void {
     if (!this.started) return
-    const due = this.deps.store.dueAt(sessionId)
-    if (due !== undefined && due < this.armedFor) this.arm(due)
+    void this.deps.store
+      .dueAt(sessionId)
+      .then((due) => {
+        if (this.started && due !== undefined && due < this.armedFor) this.arm(due)
+      })
+      .catch((error: unknown) =>
+        this.deps.logger.error({ err: error, session: sessionId }, 'reaper could not read a timeout'),
+      )
   }
 
   /**
@@ -72,9 +80,10 @@ export class SessionReaper {
    * still due after a round (its turn is being cancelled, its lock is held) is tried again a
    * little later, not in a tight loop.
    */
-  private armNext(): void {
+  private async armNext(): Promise<void> {
     if (!this.started) return
-    const due = this.deps.store.nextDue()
+    const due = await this.deps.store.nextDue()
+    if (!this.started) return
     if (due === undefined) {
       if (this.dueTimer) clearTimeout(this.dueTimer)
       this.armedFor = Number.POSITIVE_INFINITY
@@ -106,7 +115,7 @@ export class SessionReaper {
     } finally {
       this.running = false
       try {
-        this.armNext()
+        await this.armNext()
       } catch (error) {
         this.deps.logger.error({ err: error }, 'reaper could not arm its next deadline')
       }
@@ -115,13 +124,13 @@ export class SessionReaper {
 
   async reapIdle(): Promise<number> {
     const { store, locks, warm } = this.deps
-    const expired = store.expiredIdle(this.deps.clock.now())
+    const expired = await store.expiredIdle(this.deps.clock.now())
     for (const { id, tenant_id } of expired) {
       if (locks.has(id)) continue
       await warm.drop(id)
-      const row = store.get(tenant_id, id)
+      const row = await store.get(tenant_id, id)
       if (row?.status !== 'idle') continue
-      store.transition(row, 'timeout', 'idle_timeout', this.now(), `idle for ${row.idle_timeout_ms} ms`)
+      await store.transition(row, 'timeout', 'idle_timeout', this.now(), `idle for ${row.idle_timeout_ms} ms`)
       await this.destroyOnTimeout(row, 'idle_timeout')
     }
     return expired.length
@@ -130,13 +139,13 @@ export class SessionReaper {
   /** Sessions past their `maxDurationMs`: a running turn is cancelled, the session times out. */
   async reapDeadlines(): Promise<number> {
     const { store, locks, warm } = this.deps
-    const expired = store.pastDeadline(this.now())
+    const expired = await store.pastDeadline(this.now())
     for (const { id, tenant_id } of expired) {
       await locks.cancel(id)
       await warm.drop(id)
-      const row = store.get(tenant_id, id)
+      const row = await store.get(tenant_id, id)
       if (row?.status !== 'idle') continue
-      store.transition(
+      await store.transition(
         row,
         'timeout',
         'max_duration',

@@ -16,7 +16,7 @@ export class PoolReconciler {
 
   async reconcile(liveSnapshotIds: Set<string>): Promise<{ lost: string[]; orphans: string[] }> {
     const { runtime: pool } = this
-    const live = this.store.liveSessions()
+    const live = await this.store.liveSessions()
     const liveIds = new Set(live.map((s) => s.id))
     // One directory read instead of several stats per session (start-up with 10,000 sessions).
     let present = new Set(await pool.listStored('sessions'))
@@ -32,7 +32,7 @@ export class PoolReconciler {
       if (!present.has(session.id)) {
         lost.push(session.id)
         if (session.status !== 'failed') {
-          this.store.transition(
+          await this.store.transition(
             session,
             'failed',
             'state_lost',

@@ -98,7 +98,7 @@ export function sessionRoutes(
         response: { 200: MessageListSchema, ...errors },
       },
     },
-    async (request) => ({ data: sessions.messages(principalOf(request).tenantId, idOf(request)) }),
+    async (request) => ({ data: await sessions.messages(principalOf(request).tenantId, idOf(request)) }),
   )
 
   app.get(
@@ -111,7 +111,7 @@ export function sessionRoutes(
         response: { 200: Type.Object({ data: Type.Array(StatusEventSchema) }), ...errors },
       },
     },
-    async (request) => ({ data: sessions.events(principalOf(request).tenantId, idOf(request)) }),
+    async (request) => ({ data: await sessions.events(principalOf(request).tenantId, idOf(request)) }),
   )
 
   app.get(
@@ -124,7 +124,7 @@ export function sessionRoutes(
         response: { 200: Type.Object({ data: Type.Array(NetworkEventSchema) }), ...errors },
       },
     },
-    async (request) => ({ data: sessions.network(principalOf(request).tenantId, idOf(request)) }),
+    async (request) => ({ data: await sessions.network(principalOf(request).tenantId, idOf(request)) }),
   )
 
   app.get(
@@ -137,7 +137,7 @@ export function sessionRoutes(
         response: { 200: Type.Object({ data: Type.Array(TurnSchema) }), ...errors },
       },
     },
-    async (request) => ({ data: sessions.turns(principalOf(request).tenantId, idOf(request)) }),
+    async (request) => ({ data: await sessions.turns(principalOf(request).tenantId, idOf(request)) }),
   )
 
   app.post(
@@ -154,7 +154,7 @@ export function sessionRoutes(
     async (request, reply) => {
       const { tenantId } = requireWrite(request)
       await sessions.verifyBeforeTurn(tenantId, idOf(request))
-      const handle = sessions.beginTurn(tenantId, idOf(request), request.body.prompt)
+      const handle = await sessions.beginTurn(tenantId, idOf(request), request.body.prompt)
       reply.hijack()
       const writer = new SseWriter(reply.raw, sse)
       try {
@@ -192,7 +192,7 @@ export function sessionRoutes(
             'validation_failed',
             `'${given[0]}' applies to a new session, not to an existing one (sessionId); change a session's policy with POST /v1/sessions/{id}/resume`,
           )
-        const info = sessions.get(tenantId, sessionId)
+        const info = await sessions.get(tenantId, sessionId)
         if (info.agentId !== create.agent && info.agentName !== create.agent)
           throw new CairnProblem(
             'validation_failed',
@@ -201,7 +201,7 @@ export function sessionRoutes(
         id = info.id
       }
       await sessions.verifyBeforeTurn(tenantId, id)
-      const handle = sessions.beginTurn(tenantId, id, prompt)
+      const handle = await sessions.beginTurn(tenantId, id, prompt)
       reply.raw.setHeader('cairn-session-id', id)
       reply.hijack()
       const writer = new SseWriter(reply.raw, sse)

@@ -12,6 +12,8 @@ import type { SessionObserver } from './session-observer.js'
 
 export interface SessionServiceDeps {
   db: Db
+  /** The runtime of this replica (its data dir's): the sessions it owns are the ones it acts on. */
+  runtimeId: string
   /** The runtime, only through its port. */
   runtime: RuntimePort
   /** Told of sessions' creation, turns and deletion, in this order (see `SessionObserver`). */

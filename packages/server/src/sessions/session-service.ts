@@ -49,7 +49,7 @@ export class SessionService {
   private readonly deleting = new Map<string, Promise<void>>()
 
   constructor(private readonly deps: SessionServiceDeps) {
-    this.store = new SessionStore(deps.db)
+    this.store = new SessionStore(deps.db, deps.runtimeId)
     const now = () => this.now()
     const { store, locks } = this
     this.generations = new WorkspaceGenerations(store, deps.runtime, now)
@@ -78,15 +78,30 @@ export class SessionService {
     return toSessionInfo(row, this.warm.has(row.id))
   }
 
-  require(tenantId: string, id: string): SessionRow {
-    const row = this.store.get(tenantId, id)
+  async require(tenantId: string, id: string): Promise<SessionRow> {
+    const row = await this.store.get(tenantId, id)
     if (!row) throw new CairnProblem('session_not_found', `No session found matching '${id}'`)
     return row
   }
 
-  /** The session, refused with `session_deleted` once it was deleted (its row stays). */
-  requireLive(tenantId: string, id: string): SessionRow {
-    const row = this.require(tenantId, id)
+  /**
+   * The session, for an operation on its runtime (its sandbox, workspace or snapshots): refused
+   * with `session_elsewhere` (retryable, naming the owner) when another replica's runtime holds it.
+   */
+  async requireOwned(tenantId: string, id: string): Promise<SessionRow> {
+    const row = await this.require(tenantId, id)
+    if (row.runtime_id !== null && row.runtime_id !== this.deps.runtimeId)
+      throw new CairnProblem(
+        'session_elsewhere',
+        `session ${id} lives on runtime ${row.runtime_id}, not on this server's (${this.deps.runtimeId}); send the request to the server of that runtime`,
+        { runtimeId: row.runtime_id },
+      )
+    return row
+  }
+
+  /** The session on this runtime, refused with `session_deleted` once it was deleted (its row stays). */
+  async requireLive(tenantId: string, id: string): Promise<SessionRow> {
+    const row = await this.requireOwned(tenantId, id)
     if (row.status === 'deleted') throw new CairnProblem('session_deleted', `session ${id} was deleted`)
     return row
   }
@@ -117,12 +132,12 @@ export class SessionService {
       const code = (error as { code?: unknown }).code
       if (overlapped || code === 'ENOENT' || code === 'not_found' || code === 'forbidden') {
         if (overlapped || this.deleting.has(id) || !(await this.deps.runtime.hasWorkspace(id)))
-          throw this.missingWorkspace(tenantId, id, overlapped)
+          throw await this.missingWorkspace(tenantId, id, overlapped)
       }
       if (code === 'ENOENT') throw new CairnProblem('not_found', 'no such file in the workspace')
       throw error
     }
-    if (walk && overlappedSwap()) throw this.missingWorkspace(tenantId, id, true)
+    if (walk && overlappedSwap()) throw await this.missingWorkspace(tenantId, id, true)
     return result
   }
 
@@ -136,8 +151,8 @@ export class SessionService {
    * while a deletion or a restore's swap runs: those are `session_deleted` and `session_busy`
    * (retry), not `state_lost`, which is kept for a workspace that is really gone.
    */
-  missingWorkspace(tenantId: string, id: string, swapped = false): CairnProblem {
-    if (this.deleting.has(id) || this.store.get(tenantId, id)?.status === 'deleted')
+  async missingWorkspace(tenantId: string, id: string, swapped = false): Promise<CairnProblem> {
+    if (this.deleting.has(id) || (await this.store.get(tenantId, id))?.status === 'deleted')
       return new CairnProblem('session_deleted', `session ${id} was deleted`)
     const op = this.busyWith(id)
     if (op) return new CairnProblem('session_busy', `session ${id} is busy with ${op}; retry when it is done`)
@@ -150,11 +165,14 @@ export class SessionService {
   }
 
   async create(tenantId: string, body: CreateSessionBody): Promise<SessionInfo> {
-    const agent = this.deps.agents.require(tenantId, body.agent)
+    const agent = await this.deps.agents.require(tenantId, body.agent)
     if (!agent.current_revision_id) {
       throw new CairnProblem('agent_not_ready', `agent '${agent.name}' has no READY revision yet`)
     }
-    const missing = this.deps.secrets.missing(agent.id, this.deps.agents.requiredSecrets(agent.id))
+    const missing = await this.deps.secrets.missing(
+      agent.id,
+      await this.deps.agents.requiredSecrets(agent.id),
+    )
     if (missing.length > 0) {
       throw new CairnProblem(
         'secrets_missing',
@@ -162,7 +180,7 @@ export class SessionService {
         { missing },
       )
     }
-    const revision = this.deps.agents.store.revision(agent.current_revision_id)
+    const revision = await this.deps.agents.store.revision(agent.current_revision_id)
     const setup = body.setup ?? (revision ? manifestSetup(revision.manifest) : undefined)
     if (setup && !this.deps.setup) throw new CairnProblem('bad_request', 'this server has no setup phase')
     if (body.setup)
@@ -170,7 +188,7 @@ export class SessionService {
     const policy = createPolicy(body)
     const id = newId('session')
     await this.deps.runtime.createWorkspace(id, agent.current_revision_id, tenantId)
-    this.store.insert({
+    await this.store.insert({
       id,
       tenant_id: tenantId,
       agent_id: agent.id,
@@ -185,17 +203,17 @@ export class SessionService {
       keep_transcript: body.ephemeral && !body.keepTranscript ? 0 : 1,
       created_at: this.now(),
     })
-    if (setup) this.deps.setup?.record(id, setup)
-    const created = this.require(tenantId, id)
+    if (setup) await this.deps.setup?.record(id, setup)
+    const created = await this.require(tenantId, id)
     for (const observer of this.observers) observer.created?.(created)
     return this.info(created)
   }
 
-  get(tenantId: string, id: string): SessionInfo {
-    return this.info(this.require(tenantId, id))
+  async get(tenantId: string, id: string): Promise<SessionInfo> {
+    return this.info(await this.require(tenantId, id))
   }
 
-  list(
+  async list(
     tenantId: string,
     query: {
       agent?: string | undefined
@@ -203,10 +221,10 @@ export class SessionService {
       limit?: number | undefined
       cursor?: string | undefined
     },
-  ): SessionList {
+  ): Promise<SessionList> {
     const limit = query.limit ?? 50
-    const agentId = query.agent ? this.deps.agents.require(tenantId, query.agent).id : undefined
-    const rows = this.store.list(tenantId, {
+    const agentId = query.agent ? (await this.deps.agents.require(tenantId, query.agent)).id : undefined
+    const rows = await this.store.list(tenantId, {
       agentId,
       status: query.status,
       limit: limit + 1,
@@ -220,12 +238,12 @@ export class SessionService {
     }
   }
 
-  resolve(tenantId: string, rawPrefix: string): SessionInfo {
+  async resolve(tenantId: string, rawPrefix: string): Promise<SessionInfo> {
     const prefix = rawPrefix.startsWith('ses_') ? rawPrefix : `ses_${rawPrefix}`
     if (!/^ses_[0-9a-z]*$/.test(prefix)) {
       throw new CairnProblem('session_not_found', `No session found matching '${rawPrefix}'`)
     }
-    const matches = this.store.resolvePrefix(tenantId, prefix, 6)
+    const matches = await this.store.resolvePrefix(tenantId, prefix, 6)
     if (matches.length === 0)
       throw new CairnProblem('session_not_found', `No session found matching '${rawPrefix}'`)
     if (matches.length > 1) {
@@ -236,32 +254,33 @@ export class SessionService {
     return this.get(tenantId, matches[0] as string)
   }
 
-  messages(tenantId: string, id: string): Message[] {
-    this.require(tenantId, id)
+  async messages(tenantId: string, id: string): Promise<Message[]> {
+    await this.require(tenantId, id)
     return this.store.messages(id)
   }
 
-  events(tenantId: string, id: string): StatusEvent[] {
-    this.require(tenantId, id)
+  async events(tenantId: string, id: string): Promise<StatusEvent[]> {
+    await this.require(tenantId, id)
     return this.store.events(id)
   }
 
-  network(tenantId: string, id: string, limit = 500): NetworkEventInfo[] {
-    this.require(tenantId, id)
+  async network(tenantId: string, id: string, limit = 500): Promise<NetworkEventInfo[]> {
+    await this.require(tenantId, id)
     return this.store.network(id, limit)
   }
 
-  turns(tenantId: string, id: string): TurnInfo[] {
-    this.require(tenantId, id)
+  async turns(tenantId: string, id: string): Promise<TurnInfo[]> {
+    await this.require(tenantId, id)
     return this.store.turns(id)
   }
 
   /**
-   * Validates and locks synchronously, so a second message for the same session is refused with
-   * `session_busy` before anything is streamed.
+   * Validates and locks before anything is streamed, so a second message for the same session is
+   * refused with `session_busy` (the turn lock here, the database's one running turn per session
+   * across replicas).
    */
-  beginTurn(tenantId: string, id: string, prompt: string): TurnHandle {
-    return this.runner.begin(this.require(tenantId, id), prompt)
+  beginTurn(tenantId: string, id: string, prompt: string): Promise<TurnHandle> {
+    return this.runner.begin(id, () => this.requireOwned(tenantId, id), prompt)
   }
 
   /**
@@ -306,7 +325,7 @@ export class SessionService {
     fn: (row: SessionRow) => Promise<T>,
     swapsWorkspace = false,
   ): Promise<T> {
-    const row = this.requireLive(tenantId, id)
+    const row = await this.requireLive(tenantId, id)
     if (this.locks.has(id)) {
       throw new CairnProblem(
         'session_busy',
@@ -348,22 +367,23 @@ export class SessionService {
 
   /** Cancels the running turn, if any, and waits for it to settle. */
   async cancel(tenantId: string, id: string): Promise<boolean> {
-    this.require(tenantId, id)
+    await this.requireOwned(tenantId, id)
     return this.locks.cancel(id)
   }
 
   async end(tenantId: string, id: string): Promise<SessionInfo> {
-    this.requireLive(tenantId, id)
+    await this.requireLive(tenantId, id)
     await this.locks.cancel(id)
     await this.warm.drop(id)
-    const current = this.require(tenantId, id)
+    const current = await this.require(tenantId, id)
     if (current.ephemeral) {
       // Nothing of an ephemeral session stays on disk; its transcript only when asked for.
       await this.delete(tenantId, id, 'ephemeral_end')
-      if (!current.keep_transcript) this.store.deleteTranscript(id)
+      if (!current.keep_transcript) await this.store.deleteTranscript(id)
       return this.get(tenantId, id)
     }
-    if (current.status !== 'completed') this.store.transition(current, 'completed', 'user_end', this.now())
+    if (current.status !== 'completed')
+      await this.store.transition(current, 'completed', 'user_end', this.now())
     this.ended(id)
     return this.get(tenantId, id)
   }
@@ -373,13 +393,13 @@ export class SessionService {
    * generation first), with `policy` changes applied; the `maxDurationMs` clock restarts.
    */
   async resume(tenantId: string, id: string, policy?: SessionPolicyInput): Promise<SessionInfo> {
-    const row = this.requireLive(tenantId, id)
-    if (!(await this.deps.runtime.hasWorkspace(id))) throw this.missingWorkspace(tenantId, id)
+    const row = await this.requireLive(tenantId, id)
+    if (!(await this.deps.runtime.hasWorkspace(id))) throw await this.missingWorkspace(tenantId, id)
     await this.verifyWorkspace(row)
-    this.updatePolicy(row, policy, true)
+    await this.updatePolicy(row, policy, true)
     if (row.status !== 'idle' && row.status !== 'active')
-      this.store.transition(row, 'idle', 'user_resume', this.now())
-    this.store.touch(id, this.now())
+      await this.store.transition(row, 'idle', 'user_resume', this.now())
+    await this.store.touch(id, this.now())
     return this.get(tenantId, id)
   }
 
@@ -388,16 +408,20 @@ export class SessionService {
    * the session has already used up. `restartClock`: the `maxDurationMs` clock starts again now
    * (otherwise only when `maxDurationMs` itself changes).
    */
-  updatePolicy(row: SessionRow, input: SessionPolicyInput | undefined, restartClock: boolean): void {
+  async updatePolicy(
+    row: SessionRow,
+    input: SessionPolicyInput | undefined,
+    restartClock: boolean,
+  ): Promise<void> {
     const before = policyOf(row)
     const policy = this.validatePolicy(row, input)
     const nowMs = this.deps.clock.now()
     const deadline =
       restartClock || input?.maxDurationMs !== undefined ? deadlineFor(policy, nowMs) : row.deadline_at
-    this.store.setPolicy(row.id, policy, deadline, iso(nowMs))
+    await this.store.setPolicy(row.id, policy, deadline, iso(nowMs))
     const changed = (Object.keys(policy) as (keyof typeof policy)[]).filter((k) => policy[k] !== before[k])
     if (changed.length > 0) {
-      this.store.transition(
+      await this.store.transition(
         row,
         row.status,
         'policy_changed',
@@ -425,7 +449,10 @@ export class SessionService {
 
   /** Before a message: the workspace check of a session whose sandbox is not warm. */
   async verifyBeforeTurn(tenantId: string, id: string): Promise<void> {
-    const row = this.require(tenantId, id)
+    // A warm or busy session has nothing to check here (and `beginTurn` reads the row, refusing
+    // what this caller may not see): a warm turn reads the session once, not twice.
+    if (this.warm.has(id) || this.locks.has(id)) return
+    const row = await this.requireOwned(tenantId, id)
     if (row.status === 'deleted' || this.locks.has(id)) return
     await this.verifyWorkspace(row)
   }
@@ -435,12 +462,12 @@ export class SessionService {
    * the caller from `fork.snapshotId`, at `child.generation`) and transcript, up to
    * `fork.turnsUpTo`, are the parent's. The only place a session row is written besides `create`.
    */
-  insertFork(
+  async insertFork(
     parent: SessionRow,
     child: { id: string; title?: string | undefined; policy: SessionPolicy; generation: number },
     fork: { snapshotId: string; turnsUpTo: number },
-  ): void {
-    this.store.insert(
+  ): Promise<void> {
+    await this.store.insert(
       {
         id: child.id,
         tenant_id: parent.tenant_id,
@@ -459,22 +486,22 @@ export class SessionService {
   }
 
   /** Records the workspace's new generation (a restore or an import swapped it in, marker first). */
-  setGeneration(sessionId: string, generation: number): void {
-    this.store.setGeneration(sessionId, generation)
+  async setGeneration(sessionId: string, generation: number): Promise<void> {
+    await this.store.setGeneration(sessionId, generation)
   }
 
   /** Records what happened to the session's workspace (a restore, an import), its status unchanged. */
-  recordWorkspaceEvent(
+  async recordWorkspaceEvent(
     row: SessionRow,
     cause: 'workspace_restored' | 'workspace_imported',
     detail: string,
-  ): void {
-    this.store.transition(row, row.status, cause, this.now(), detail)
+  ): Promise<void> {
+    await this.store.transition(row, row.status, cause, this.now(), detail)
   }
 
   /** The session was used outside a turn (its files changed through the API). */
-  touch(sessionId: string): void {
-    this.store.touch(sessionId, this.now())
+  async touch(sessionId: string): Promise<void> {
+    await this.store.touch(sessionId, this.now())
   }
 
   /** Moves the workspace's generation forward (a file written or deleted through the API). */
@@ -488,7 +515,7 @@ export class SessionService {
     cause: 'user_delete' | 'retention' | 'ephemeral_end' | 'idle_timeout' | 'max_duration' = 'user_delete',
     detail?: string,
   ): Promise<void> {
-    const row = this.require(tenantId, id)
+    const row = await this.requireOwned(tenantId, id)
     if (row.status === 'deleted') return
     // A second delete of the same session waits for the first instead of racing it in the pool.
     const inFlight = this.deleting.get(id)
@@ -498,7 +525,7 @@ export class SessionService {
       await this.warm.drop(id)
       await this.deps.runtime.deleteWorkspace(id)
       for (const observer of this.observers) await observer.deleted?.(id)
-      this.store.transition(this.require(tenantId, id), 'deleted', cause, this.now(), detail)
+      await this.store.transition(await this.require(tenantId, id), 'deleted', cause, this.now(), detail)
       this.ended(id)
     })()
     this.deleting.set(id, work)
@@ -511,7 +538,8 @@ export class SessionService {
   }
 
   /** Marks what a crashed predecessor left running; called once at start. */
-  recover(): { sessions: number; turns: InterruptedTurn[] } {
+  async recover(): Promise<{ sessions: number; turns: InterruptedTurn[] }> {
+    await this.store.claimUnowned()
     return this.store.recoverAfterRestart(this.now())
   }
 
@@ -533,11 +561,15 @@ export class SessionService {
    * An explicit lease ("the orchestrator is thinking"): the session counts as active until it
    * expires, the idle timeout does not fire, and a warm sandbox stays warm at least that long.
    */
-  lease(tenantId: string, id: string, ttlMs: number): { sessionId: string; leaseUntil: string } {
-    const row = this.requireLive(tenantId, id)
+  async lease(
+    tenantId: string,
+    id: string,
+    ttlMs: number,
+  ): Promise<{ sessionId: string; leaseUntil: string }> {
+    const row = await this.requireLive(tenantId, id)
     const now = this.deps.clock.now()
     const until = iso(now + ttlMs)
-    this.store.setLease(id, until, iso(now))
+    await this.store.setLease(id, until, iso(now))
     this.warm.extend(id, Math.max(ttlMs, row.keep_warm_ms))
     return { sessionId: id, leaseUntil: until }
   }

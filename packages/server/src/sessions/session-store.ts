@@ -1,8 +1,8 @@
 import {
+  CairnProblem,
   type Message,
   type NetworkEventInfo,
   newId,
-  type SessionInfo,
   type SessionPolicy,
   type SessionStatus,
   type StatusCause,
@@ -11,229 +11,118 @@ import {
   type TurnStatus,
 } from '@cairn/protocol'
 import type { NetworkEvent } from '@cairn/runtime/port'
-import type { Statement } from 'better-sqlite3'
-import type { Db } from '../db/database.js'
-import { policyOf } from './policy.js'
+import { sql } from 'kysely'
+import { type Db, isUniqueViolation } from '../db/database.js'
+import {
+  dueOf,
+  type InterruptedTurn,
+  type ListFilter,
+  type NewSession,
+  type SessionRow,
+  type SessionTiming,
+  TIMING_COLUMNS,
+  type TurnRow,
+} from './session-rows.js'
 
-export interface SessionRow {
-  id: string
-  tenant_id: string
-  agent_id: string
-  agent_name: string
-  revision_id: string
-  title: string | null
-  status: SessionStatus
-  status_cause: string
-  turn_count: number
-  message_count: number
-  idle_timeout_ms: number
-  keep_warm_ms: number
-  created_at: string
-  updated_at: string
-  last_active_at: string
-  generation: number
-  parent_session_id: string | null
-  forked_from_snapshot_id: string | null
-  auto_snapshots: number
-  lease_until: string | null
-  network_json: string | null
-  ephemeral: number
-  keep_transcript: number
-  max_turns: number | null
-  max_duration_ms: number | null
-  deadline_at: string | null
-  on_timeout: string
-}
+export { type InterruptedTurn, type ListFilter, type SessionRow, toSessionInfo } from './session-rows.js'
 
-interface TurnRow {
-  id: string
-  session_id: string
-  seq: number
-  status: TurnStatus
-  prompt: string
-  response: string
-  stderr: string
-  sandbox_id: string | null
-  error_code: string | null
-  error_message: string | null
-  started_at: string
-  ended_at: string | null
-  duration_ms: number | null
-}
-
-const SESSION_SELECT = `SELECT s.*, a.name AS agent_name FROM sessions s JOIN agents a ON a.id = s.agent_id`
-
-export interface InterruptedTurn {
-  sessionId: string
-  tenantId: string
-  seq: number
-}
-
-export interface ListFilter {
-  agentId?: string | undefined
-  status?: SessionStatus | undefined
-  limit: number
-  cursor?: { createdAt: string; id: string } | undefined
-}
-
-/** Sessions, turns and status events. Statements are prepared once. */
+/** Sessions, turns and status events. */
 export class SessionStore {
-  private readonly s
-
   private readonly timingListeners: ((sessionId: string) => void)[] = []
 
-  constructor(private readonly db: Db) {
-    this.s = {
-      get: db.prepare<[string, string], SessionRow>(`${SESSION_SELECT} WHERE s.tenant_id = ? AND s.id = ?`),
-      insert: db.prepare(
-        `INSERT INTO sessions (id, tenant_id, agent_id, revision_id, title, status, status_cause, idle_timeout_ms, keep_warm_ms, max_turns, max_duration_ms, deadline_at, on_timeout, auto_snapshots, network_json, ephemeral, keep_transcript, generation, created_at, updated_at, last_active_at)
-         VALUES (@id, @tenant_id, @agent_id, @revision_id, @title, @status, @status_cause, @idle_timeout_ms, @keep_warm_ms, @max_turns, @max_duration_ms, @deadline_at, @on_timeout, @auto_snapshots, @network_json, @ephemeral, @keep_transcript, @generation, @created_at, @created_at, @created_at)`,
-      ),
-      setStatus: db.prepare('UPDATE sessions SET status = ?, status_cause = ?, updated_at = ? WHERE id = ?'),
-      insertEvent: db.prepare(
-        'INSERT INTO session_events (id, session_id, from_status, to_status, cause, detail, at) VALUES (?, ?, ?, ?, ?, ?, ?)',
-      ),
-      events: db.prepare<
-        [string],
-        {
-          id: string
-          from_status: string | null
-          to_status: string
-          cause: string
-          detail: string | null
-          at: string
-        }
-      >('SELECT * FROM session_events WHERE session_id = ? ORDER BY at, rowid'),
-      resolve: db.prepare<[string, string, string, number], { id: string }>(
-        `SELECT id FROM sessions WHERE tenant_id = ? AND id >= ? AND id < ? AND status != 'deleted' ORDER BY id LIMIT ?`,
-      ),
-      insertTurn: db.prepare(
-        `INSERT INTO turns (id, session_id, seq, status, prompt, started_at) VALUES (?, ?, ?, 'running', ?, ?)`,
-      ),
-      startTurnOnSession: db.prepare(
-        `UPDATE sessions SET turn_count = turn_count + 1, message_count = message_count + 1, title = COALESCE(title, ?), last_active_at = ?, updated_at = ? WHERE id = ?`,
-      ),
-      setTurnSandbox: db.prepare('UPDATE turns SET sandbox_id = ?, cold_start = ? WHERE id = ?'),
-      finishTurn: db.prepare(
-        `UPDATE turns SET status = @status, response = @response, stderr = @stderr, error_code = @error_code, error_message = @error_message, ended_at = @ended_at, duration_ms = @duration_ms WHERE id = @id`,
-      ),
-      finishTurnOnSession: db.prepare(
-        `UPDATE sessions SET message_count = message_count + ?, last_active_at = ?, updated_at = ? WHERE id = ?`,
-      ),
-      turns: db.prepare<[string], TurnRow>('SELECT * FROM turns WHERE session_id = ? ORDER BY seq'),
-      touch: db.prepare('UPDATE sessions SET last_active_at = ? WHERE id = ?'),
-      interruptTurns: db.prepare(
-        `UPDATE turns SET status = 'interrupted', ended_at = ?, error_code = 'internal', error_message = 'the server stopped while this turn ran' WHERE status = 'running'`,
-      ),
-      activeSessions: db.prepare<[], { id: string; status: SessionStatus }>(
-        `SELECT id, status FROM sessions WHERE status = 'active'`,
-      ),
-      idleSessions: db.prepare<
-        [],
-        {
-          id: string
-          tenant_id: string
-          last_active_at: string
-          idle_timeout_ms: number
-          lease_until: string | null
-        }
-      >(
-        `SELECT id, tenant_id, last_active_at, idle_timeout_ms, lease_until FROM sessions WHERE status = 'idle'`,
-      ),
-      setLease: db.prepare('UPDATE sessions SET lease_until = ?, last_active_at = ? WHERE id = ?'),
-      liveIds: db.prepare<
-        [],
-        { id: string; tenant_id: string; status: SessionStatus; status_cause: string; generation: number }
-      >(`SELECT id, tenant_id, status, status_cause, generation FROM sessions WHERE status != 'deleted'`),
-      // Per turn (and per file written through the API): prepared once.
-      setGeneration: db.prepare('UPDATE sessions SET generation = MAX(generation, ?) WHERE id = ?'),
-      generationOf: db.prepare<[string], { generation: number }>(
-        'SELECT generation FROM sessions WHERE id = ?',
-      ),
-      insertNetwork: db.prepare(
-        'INSERT INTO network_events (session_id, at, host, port, method, allowed, reason, address) VALUES (?, ?, ?, ?, ?, ?, ?, ?)',
-      ),
-      timingOf: db.prepare<[string], SessionTiming>(
-        `SELECT status, last_active_at, idle_timeout_ms, lease_until, deadline_at FROM sessions WHERE id = ?`,
-      ),
-      timings: db.prepare<[], SessionTiming>(
-        `SELECT status, last_active_at, idle_timeout_ms, lease_until, deadline_at FROM sessions WHERE status IN ('idle', 'active')`,
-      ),
-      pastDeadline: db.prepare<[string], { id: string; tenant_id: string }>(
-        `SELECT id, tenant_id FROM sessions WHERE deadline_at IS NOT NULL AND deadline_at <= ? AND status IN ('idle', 'active')`,
-      ),
-    }
+  constructor(
+    private readonly db: Db,
+    /** This replica's runtime: sessions are made on it, and start-up and timeouts act on its own. */
+    readonly runtimeId: string,
+  ) {}
+
+  /** Sessions recorded before owners were (or by an older server) become this runtime's. */
+  async claimUnowned(): Promise<number> {
+    const result = await this.db.q
+      .updateTable('sessions')
+      .set({ runtime_id: this.runtimeId })
+      .where('runtime_id', 'is', null)
+      .executeTakeFirst()
+    return Number(result.numUpdatedRows)
   }
 
   /**
    * Called after a change that may bring a session's next timeout earlier (a new session, a
-   * status change, a new policy); changes that only move it later (activity, a lease) are not
-   * reported: a timer armed for the old time finds nothing due and looks again.
+   * status change, a new policy), once it is committed; changes that only move it later
+   * (activity, a lease) are not reported: a timer armed for the old time finds nothing due and
+   * looks again.
    */
   onTimingChange(listener: (sessionId: string) => void): void {
     this.timingListeners.push(listener)
   }
 
   private timingChanged(sessionId: string): void {
-    for (const listener of this.timingListeners) listener(sessionId)
+    this.db.afterCommit(() => {
+      for (const listener of this.timingListeners) listener(sessionId)
+    })
+  }
+
+  private selectSession() {
+    return this.db.q
+      .selectFrom('sessions as s')
+      .innerJoin('agents as a', 'a.id', 's.agent_id')
+      .selectAll('s')
+      .select('a.name as agent_name')
   }
 
   /** When the session next times out (idle timeout or max duration), in ms; undefined: never. */
-  dueAt(sessionId: string): number | undefined {
-    const row = this.s.timingOf.get(sessionId)
-    return row === undefined ? undefined : dueOf(row)
+  async dueAt(sessionId: string): Promise<number | undefined> {
+    const row = await this.db.q
+      .selectFrom('sessions')
+      .select(TIMING_COLUMNS)
+      .where('id', '=', sessionId)
+      .executeTakeFirst()
+    return row === undefined ? undefined : dueOf(row as SessionTiming)
   }
 
   /** The earliest timeout of any idle or active session, in ms; undefined: none. */
-  nextDue(): number | undefined {
+  async nextDue(): Promise<number | undefined> {
     let next: number | undefined
-    for (const row of this.s.timings.all()) {
-      const due = dueOf(row)
+    const rows = await this.db.q
+      .selectFrom('sessions')
+      .select(TIMING_COLUMNS)
+      .where('runtime_id', '=', this.runtimeId)
+      .where('status', 'in', ['idle', 'active'])
+      .execute()
+    for (const row of rows) {
+      const due = dueOf(row as SessionTiming)
       if (due !== undefined && (next === undefined || due < next)) next = due
     }
     return next
   }
 
-  get(tenantId: string, id: string): SessionRow | undefined {
-    return this.s.get.get(tenantId, id)
+  async get(tenantId: string, id: string): Promise<SessionRow | undefined> {
+    return (await this.selectSession()
+      .where('s.tenant_id', '=', tenantId)
+      .where('s.id', '=', id)
+      .executeTakeFirst()) as SessionRow | undefined
   }
 
-  insert(
-    row: Omit<
-      SessionRow,
-      | 'agent_name'
-      | 'turn_count'
-      | 'message_count'
-      | 'updated_at'
-      | 'last_active_at'
-      | 'generation'
-      | 'parent_session_id'
-      | 'forked_from_snapshot_id'
-      | 'auto_snapshots'
-      | 'lease_until'
-      | 'network_json'
-      | 'ephemeral'
-      | 'keep_transcript'
-    > & {
-      auto_snapshots?: number
-      network_json?: string | null
-      ephemeral?: number
-      keep_transcript?: number
-      generation?: number
-    },
+  async insert(
+    row: NewSession,
     fork?: { parentId: string; snapshotId: string; turnsUpTo: number },
-  ): void {
-    this.db.transaction(() => {
-      this.s.insert.run({
-        auto_snapshots: 1,
-        network_json: null,
-        ephemeral: 0,
-        keep_transcript: 1,
-        generation: 0,
-        ...row,
-      })
-      this.s.insertEvent.run(
-        newId('event'),
+  ): Promise<void> {
+    await this.db.transaction(async () => {
+      await this.db.q
+        .insertInto('sessions')
+        .values({
+          auto_snapshots: 1,
+          network_json: null,
+          ephemeral: 0,
+          keep_transcript: 1,
+          generation: 0,
+          ...row,
+          runtime_id: this.runtimeId,
+          updated_at: row.created_at,
+          last_active_at: row.created_at,
+        })
+        .execute()
+      await this.insertEvent(
         row.id,
         null,
         row.status,
@@ -241,173 +130,279 @@ export class SessionStore {
         fork ? `forked from ${fork.parentId} at ${fork.snapshotId}` : null,
         row.created_at,
       )
-      if (fork) this.copyTurns(fork.parentId, row.id, fork.turnsUpTo, fork.snapshotId)
-    })()
+      if (fork) await this.copyTurns(fork.parentId, row.id, fork.turnsUpTo, fork.snapshotId)
+    })
     this.timingChanged(row.id)
   }
 
+  private async insertEvent(
+    sessionId: string,
+    from: string | null,
+    to: string,
+    cause: string,
+    detail: string | null,
+    at: string,
+  ): Promise<void> {
+    await this.db.q
+      .insertInto('session_events')
+      .values({
+        id: newId('event'),
+        session_id: sessionId,
+        from_status: from,
+        to_status: to,
+        cause,
+        detail,
+        at,
+      })
+      .execute()
+  }
+
   /** Copies a parent's transcript up to a turn into a fork (new turn IDs, same content). */
-  private copyTurns(parentId: string, childId: string, upTo: number, snapshotId: string): void {
-    const turns = this.s.turns.all(parentId).filter((t) => t.seq <= upTo)
-    const insert = this.db.prepare(
-      `INSERT INTO turns (id, session_id, seq, status, prompt, response, stderr, sandbox_id, error_code, error_message, started_at, ended_at, duration_ms)
-       VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?, ?)`,
-    )
+  private async copyTurns(
+    parentId: string,
+    childId: string,
+    upTo: number,
+    snapshotId: string,
+  ): Promise<void> {
+    const turns = (await this.turnRows(parentId)).filter((t) => t.seq <= upTo)
     let messages = 0
     for (const t of turns) {
-      insert.run(
-        newId('turn'),
-        childId,
-        t.seq,
-        t.status,
-        t.prompt,
-        t.response,
-        t.stderr,
-        t.error_code,
-        t.error_message,
-        t.started_at,
-        t.ended_at,
-        t.duration_ms,
-      )
+      await this.db.q
+        .insertInto('turns')
+        .values({
+          id: newId('turn'),
+          session_id: childId,
+          seq: t.seq,
+          status: t.status,
+          prompt: t.prompt,
+          response: t.response,
+          stderr: t.stderr,
+          sandbox_id: null,
+          error_code: t.error_code,
+          error_message: t.error_message,
+          started_at: t.started_at,
+          ended_at: t.ended_at,
+          duration_ms: t.duration_ms,
+        })
+        .execute()
       messages += t.response ? 2 : 1
     }
-    this.db
-      .prepare(
-        'UPDATE sessions SET turn_count = ?, message_count = ?, parent_session_id = ?, forked_from_snapshot_id = ? WHERE id = ?',
-      )
-      .run(turns.length, messages, parentId, snapshotId, childId)
+    await this.db.q
+      .updateTable('sessions')
+      .set({
+        turn_count: turns.length,
+        message_count: messages,
+        parent_session_id: parentId,
+        forked_from_snapshot_id: snapshotId,
+      })
+      .where('id', '=', childId)
+      .execute()
   }
 
-  recordNetwork(sessionId: string, event: NetworkEvent): void {
-    this.s.insertNetwork.run(
-      sessionId,
-      event.at,
-      event.host,
-      event.port,
-      event.method,
-      event.allowed ? 1 : 0,
-      event.reason,
-      event.address ?? null,
-    )
+  async recordNetwork(sessionId: string, event: NetworkEvent): Promise<void> {
+    await this.db.q
+      .insertInto('network_events')
+      .values({
+        session_id: sessionId,
+        at: event.at,
+        host: event.host,
+        port: event.port,
+        method: event.method,
+        allowed: event.allowed ? 1 : 0,
+        reason: event.reason,
+        address: event.address ?? null,
+      })
+      .execute()
   }
 
-  network(sessionId: string, limit: number): NetworkEventInfo[] {
-    return this.db
-      .prepare<[string, number], Omit<NetworkEventInfo, 'allowed'> & { allowed: number }>(
-        'SELECT at, host, port, method, allowed, reason, address FROM network_events WHERE session_id = ? ORDER BY id DESC LIMIT ?',
-      )
-      .all(sessionId, limit)
-      .reverse()
-      .map((row) => ({ ...row, allowed: row.allowed === 1 }))
+  async network(sessionId: string, limit: number): Promise<NetworkEventInfo[]> {
+    const rows = await this.db.q
+      .selectFrom('network_events')
+      .select(['at', 'host', 'port', 'method', 'allowed', 'reason', 'address'])
+      .where('session_id', '=', sessionId)
+      .orderBy('id', 'desc')
+      .limit(limit)
+      .execute()
+    return rows.reverse().map((row) => ({ ...row, allowed: row.allowed === 1 }))
   }
 
   /** Forgets a session's conversation (an ephemeral session that did not ask to keep it). */
-  deleteTranscript(sessionId: string): void {
-    this.db.transaction(() => {
-      this.db.prepare('DELETE FROM turns WHERE session_id = ?').run(sessionId)
-      this.db.prepare('UPDATE sessions SET message_count = 0 WHERE id = ?').run(sessionId)
-    })()
+  async deleteTranscript(sessionId: string): Promise<void> {
+    await this.db.transaction(async () => {
+      await this.db.q.deleteFrom('turns').where('session_id', '=', sessionId).execute()
+      await this.db.q.updateTable('sessions').set({ message_count: 0 }).where('id', '=', sessionId).execute()
+    })
   }
 
   /** Records the workspace generation; it only moves forward (a lower value is ignored). */
-  setGeneration(sessionId: string, generation: number): void {
-    this.s.setGeneration.run(generation, sessionId)
+  async setGeneration(sessionId: string, generation: number): Promise<void> {
+    await this.db.q
+      .updateTable('sessions')
+      .set({ generation })
+      .where('id', '=', sessionId)
+      .where('generation', '<', generation)
+      .execute()
   }
 
-  generationOf(sessionId: string): number {
-    return this.s.generationOf.get(sessionId)?.generation ?? 0
+  async generationOf(sessionId: string): Promise<number> {
+    const row = await this.db.q
+      .selectFrom('sessions')
+      .select('generation')
+      .where('id', '=', sessionId)
+      .executeTakeFirst()
+    return row?.generation ?? 0
   }
 
   /** Stores a session's lifecycle policy and the deadline `maxDurationMs` gives it. */
-  setPolicy(sessionId: string, policy: SessionPolicy, deadlineAt: string | null, at: string): void {
-    this.db
-      .prepare(
-        'UPDATE sessions SET idle_timeout_ms = ?, keep_warm_ms = ?, max_turns = ?, max_duration_ms = ?, on_timeout = ?, deadline_at = ?, updated_at = ? WHERE id = ?',
-      )
-      .run(
-        policy.idleTimeoutMs,
-        policy.keepWarmMs,
-        policy.maxTurns,
-        policy.maxDurationMs,
-        policy.onTimeout,
-        deadlineAt,
-        at,
-        sessionId,
-      )
+  async setPolicy(
+    sessionId: string,
+    policy: SessionPolicy,
+    deadlineAt: string | null,
+    at: string,
+  ): Promise<void> {
+    await this.db.q
+      .updateTable('sessions')
+      .set({
+        idle_timeout_ms: policy.idleTimeoutMs,
+        keep_warm_ms: policy.keepWarmMs,
+        max_turns: policy.maxTurns,
+        max_duration_ms: policy.maxDurationMs,
+        on_timeout: policy.onTimeout,
+        deadline_at: deadlineAt,
+        updated_at: at,
+      })
+      .where('id', '=', sessionId)
+      .execute()
     this.timingChanged(sessionId)
   }
 
   /** Idle or active sessions whose `maxDurationMs` has run out. */
-  pastDeadline(nowIso: string): { id: string; tenant_id: string }[] {
-    return this.s.pastDeadline.all(nowIso)
+  async pastDeadline(nowIso: string): Promise<{ id: string; tenant_id: string }[]> {
+    return this.db.q
+      .selectFrom('sessions')
+      .select(['id', 'tenant_id'])
+      .where('deadline_at', 'is not', null)
+      .where('deadline_at', '<=', nowIso)
+      .where('runtime_id', '=', this.runtimeId)
+      .where('status', 'in', ['idle', 'active'])
+      .execute()
   }
 
   /** Changes a session's status and records the transition with its cause, atomically. */
-  transition(
+  async transition(
     row: Pick<SessionRow, 'id' | 'status'>,
     to: SessionStatus,
     cause: StatusCause,
     at: string,
     detail?: string,
-  ): void {
-    this.db.transaction(() => {
-      this.s.setStatus.run(to, cause, at, row.id)
-      this.s.insertEvent.run(newId('event'), row.id, row.status, to, cause, detail ?? null, at)
-    })()
+  ): Promise<void> {
+    await this.db.transaction(async () => {
+      await this.db.q
+        .updateTable('sessions')
+        .set({ status: to, status_cause: cause, updated_at: at })
+        .where('id', '=', row.id)
+        .execute()
+      await this.insertEvent(row.id, row.status, to, cause, detail ?? null, at)
+    })
     this.timingChanged(row.id)
   }
 
   /** Records an event that leaves the status as it is (a sandbox paused or restored, and why). */
-  note(row: Pick<SessionRow, 'id' | 'status'>, cause: StatusCause, at: string, detail: string): void {
-    this.s.insertEvent.run(newId('event'), row.id, row.status, row.status, cause, detail, at)
+  async note(
+    row: Pick<SessionRow, 'id' | 'status'>,
+    cause: StatusCause,
+    at: string,
+    detail: string,
+  ): Promise<void> {
+    await this.insertEvent(row.id, row.status, row.status, cause, detail, at)
   }
 
-  list(tenantId: string, filter: ListFilter): SessionRow[] {
-    const where = ['s.tenant_id = ?']
-    const params: (string | number)[] = [tenantId]
-    if (filter.agentId) {
-      where.push('s.agent_id = ?')
-      params.push(filter.agentId)
-    }
-    if (filter.status) {
-      where.push('s.status = ?')
-      params.push(filter.status)
-    } else {
-      where.push(`s.status != 'deleted'`)
-    }
-    if (filter.cursor) {
-      where.push('(s.created_at < ? OR (s.created_at = ? AND s.id < ?))')
-      params.push(filter.cursor.createdAt, filter.cursor.createdAt, filter.cursor.id)
-    }
-    params.push(filter.limit)
-    // One statement per filter combination, prepared once (at most eight shapes).
-    const sql = `${SESSION_SELECT} WHERE ${where.join(' AND ')} ORDER BY s.created_at DESC, s.id DESC LIMIT ?`
-    let statement = this.listStatements.get(sql)
-    if (!statement) {
-      statement = this.db.prepare<(string | number)[], SessionRow>(sql)
-      this.listStatements.set(sql, statement)
-    }
-    return statement.all(...params)
+  async list(tenantId: string, filter: ListFilter): Promise<SessionRow[]> {
+    let query = this.selectSession().where('s.tenant_id', '=', tenantId)
+    if (filter.agentId) query = query.where('s.agent_id', '=', filter.agentId)
+    query = filter.status
+      ? query.where('s.status', '=', filter.status)
+      : query.where('s.status', '!=', 'deleted')
+    const cursor = filter.cursor
+    if (cursor)
+      query = query.where((eb) =>
+        eb.or([
+          eb('s.created_at', '<', cursor.createdAt),
+          eb.and([eb('s.created_at', '=', cursor.createdAt), eb('s.id', '<', cursor.id)]),
+        ]),
+      )
+    return (await query
+      .orderBy('s.created_at', 'desc')
+      .orderBy('s.id', 'desc')
+      .limit(filter.limit)
+      .execute()) as SessionRow[]
   }
 
-  private readonly listStatements = new Map<string, Statement<(string | number)[], SessionRow>>()
-
-  resolvePrefix(tenantId: string, prefix: string, max: number): string[] {
-    return this.s.resolve.all(tenantId, prefix, `${prefix}~`, max).map((r) => r.id)
+  async resolvePrefix(tenantId: string, prefix: string, max: number): Promise<string[]> {
+    const rows = await this.db.q
+      .selectFrom('sessions')
+      .select('id')
+      .where('tenant_id', '=', tenantId)
+      .where('id', '>=', prefix)
+      .where('id', '<', `${prefix}~`)
+      .where('status', '!=', 'deleted')
+      .orderBy('id')
+      .limit(max)
+      .execute()
+    return rows.map((r) => r.id)
   }
 
-  startTurn(sessionId: string, turnId: string, seq: number, prompt: string, title: string, at: string): void {
-    this.db.transaction(() => {
-      this.s.insertTurn.run(turnId, sessionId, seq, prompt, at)
-      this.s.startTurnOnSession.run(title, at, at, sessionId)
-    })()
+  /**
+   * Records a new running turn. The database holds at most one running turn per session (a
+   * partial unique index): a second one, from this process or another replica, is refused with
+   * `session_busy` and nothing of it is recorded.
+   */
+  async startTurn(
+    sessionId: string,
+    turnId: string,
+    seq: number,
+    prompt: string,
+    title: string,
+    at: string,
+  ): Promise<void> {
+    await this.db.transaction(async () => {
+      try {
+        await this.db.q
+          .insertInto('turns')
+          .values({ id: turnId, session_id: sessionId, seq, status: 'running', prompt, started_at: at })
+          .execute()
+      } catch (error) {
+        if (isUniqueViolation(error)) {
+          throw new CairnProblem(
+            'session_busy',
+            `session ${sessionId} is already running a turn; wait for it or cancel it`,
+          )
+        }
+        throw error
+      }
+      await this.db.q
+        .updateTable('sessions')
+        .set((eb) => ({
+          turn_count: eb('turn_count', '+', 1),
+          message_count: eb('message_count', '+', 1),
+          title: eb.fn.coalesce('title', eb.val(title)),
+          last_active_at: at,
+          updated_at: at,
+        }))
+        .where('id', '=', sessionId)
+        .execute()
+    })
   }
 
-  setTurnSandbox(turnId: string, sandboxId: string, coldStart: boolean): void {
-    this.s.setTurnSandbox.run(sandboxId, coldStart ? 1 : 0, turnId)
+  async setTurnSandbox(turnId: string, sandboxId: string, coldStart: boolean): Promise<void> {
+    await this.db.q
+      .updateTable('turns')
+      .set({ sandbox_id: sandboxId, cold_start: coldStart ? 1 : 0 })
+      .where('id', '=', turnId)
+      .execute()
   }
 
-  finishTurn(
+  async finishTurn(
     sessionId: string,
     turn: {
       id: string
@@ -419,28 +414,62 @@ export class SessionStore {
       endedAt: string
       durationMs: number
     },
-  ): void {
-    this.db.transaction(() => {
-      this.s.finishTurn.run({
-        id: turn.id,
-        status: turn.status,
-        response: turn.response,
-        stderr: turn.stderr,
-        error_code: turn.errorCode,
-        error_message: turn.errorMessage,
-        ended_at: turn.endedAt,
-        duration_ms: turn.durationMs,
-      })
-      this.s.finishTurnOnSession.run(turn.response ? 1 : 0, turn.endedAt, turn.endedAt, sessionId)
-    })()
+  ): Promise<void> {
+    await this.db.transaction(async () => {
+      await this.db.q
+        .updateTable('turns')
+        .set({
+          status: turn.status,
+          response: turn.response,
+          stderr: turn.stderr,
+          error_code: turn.errorCode,
+          error_message: turn.errorMessage,
+          ended_at: turn.endedAt,
+          duration_ms: turn.durationMs,
+        })
+        .where('id', '=', turn.id)
+        .execute()
+      await this.db.q
+        .updateTable('sessions')
+        .set((eb) => ({
+          message_count: eb('message_count', '+', turn.response ? 1 : 0),
+          last_active_at: turn.endedAt,
+          updated_at: turn.endedAt,
+        }))
+        .where('id', '=', sessionId)
+        .execute()
+    })
   }
 
-  touch(sessionId: string, at: string): void {
-    this.s.touch.run(at, sessionId)
+  async touch(sessionId: string, at: string): Promise<void> {
+    await this.db.q.updateTable('sessions').set({ last_active_at: at }).where('id', '=', sessionId).execute()
   }
 
-  turns(sessionId: string): TurnInfo[] {
-    return this.s.turns.all(sessionId).map((t) => ({
+  private async turnRows(sessionId: string): Promise<TurnRow[]> {
+    return (await this.db.q
+      .selectFrom('turns')
+      .selectAll()
+      .where('session_id', '=', sessionId)
+      .orderBy('seq')
+      .execute()) as TurnRow[]
+  }
+
+  /** The conversation before turn `beforeSeq` (what a fresh sandbox's agent is given), oldest first. */
+  async transcript(
+    sessionId: string,
+    beforeSeq: number,
+  ): Promise<{ seq: number; prompt: string; response: string }[]> {
+    return this.db.q
+      .selectFrom('turns')
+      .select(['seq', 'prompt', 'response'])
+      .where('session_id', '=', sessionId)
+      .where('seq', '<', beforeSeq)
+      .orderBy('seq')
+      .execute()
+  }
+
+  async turns(sessionId: string): Promise<TurnInfo[]> {
+    return (await this.turnRows(sessionId)).map((t) => ({
       id: t.id,
       seq: t.seq,
       status: t.status,
@@ -454,9 +483,9 @@ export class SessionStore {
     }))
   }
 
-  messages(sessionId: string): Message[] {
+  async messages(sessionId: string): Promise<Message[]> {
     const out: Message[] = []
-    for (const t of this.s.turns.all(sessionId)) {
+    for (const t of await this.turnRows(sessionId)) {
       out.push({ role: 'user', content: t.prompt, turnId: t.id, turn: t.seq, createdAt: t.started_at })
       if (t.response || t.status !== 'running') {
         out.push({
@@ -472,8 +501,15 @@ export class SessionStore {
     return out
   }
 
-  events(sessionId: string): StatusEvent[] {
-    return this.s.events.all(sessionId).map((e) => ({
+  async events(sessionId: string): Promise<StatusEvent[]> {
+    const rows = await this.db.q
+      .selectFrom('session_events')
+      .selectAll()
+      .where('session_id', '=', sessionId)
+      .orderBy('at')
+      .orderBy(sql`rowid`)
+      .execute()
+    return rows.map((e) => ({
       id: e.id,
       from: e.from_status,
       to: e.to_status,
@@ -484,93 +520,95 @@ export class SessionStore {
   }
 
   /**
-   * After a crash: running turns become `interrupted` and active sessions go back to `idle`.
+   * After a crash: this runtime's running turns become `interrupted` and its active sessions go
+   * back to `idle` (another replica's go on).
    * Returns the interrupted turns (for the check of their pre-turn snapshots).
    */
-  recoverAfterRestart(at: string): { sessions: number; turns: InterruptedTurn[] } {
-    return this.db.transaction(() => {
-      const turns = this.db
-        .prepare<[], InterruptedTurn>(
-          `SELECT t.session_id AS sessionId, s.tenant_id AS tenantId, t.seq AS seq FROM turns t JOIN sessions s ON s.id = t.session_id WHERE t.status = 'running'`,
+  async recoverAfterRestart(at: string): Promise<{ sessions: number; turns: InterruptedTurn[] }> {
+    return this.db.transaction(async () => {
+      const turns = await this.db.q
+        .selectFrom('turns as t')
+        .innerJoin('sessions as s', 's.id', 't.session_id')
+        .select(['t.session_id as sessionId', 's.tenant_id as tenantId', 't.seq as seq'])
+        .where('t.status', '=', 'running')
+        .where('s.runtime_id', '=', this.runtimeId)
+        .execute()
+      await this.db.q
+        .updateTable('turns')
+        .set({
+          status: 'interrupted',
+          ended_at: at,
+          error_code: 'internal',
+          error_message: 'the server stopped while this turn ran',
+        })
+        .where('status', '=', 'running')
+        .where('session_id', 'in', (eb) =>
+          eb.selectFrom('sessions').select('id').where('runtime_id', '=', this.runtimeId),
         )
-        .all()
-      this.s.interruptTurns.run(at)
-      const active = this.s.activeSessions.all()
+        .execute()
+      const active = await this.db.q
+        .selectFrom('sessions')
+        .select(['id', 'status'])
+        .where('runtime_id', '=', this.runtimeId)
+        .where('status', '=', 'active')
+        .execute()
       for (const row of active)
-        this.transition(row, 'idle', 'server_restart', at, 'the server restarted while a turn ran')
+        await this.transition(
+          row as Pick<SessionRow, 'id' | 'status'>,
+          'idle',
+          'server_restart',
+          at,
+          'the server restarted while a turn ran',
+        )
       return { sessions: active.length, turns }
-    })()
+    })
   }
 
   /** Idle sessions past their idle timeout and not held by a lease. */
-  expiredIdle(nowMs: number): { id: string; tenant_id: string }[] {
-    return this.s.idleSessions
-      .all()
+  async expiredIdle(nowMs: number): Promise<{ id: string; tenant_id: string }[]> {
+    const rows = await this.db.q
+      .selectFrom('sessions')
+      .select(['id', 'tenant_id', 'last_active_at', 'idle_timeout_ms', 'lease_until'])
+      .where('runtime_id', '=', this.runtimeId)
+      .where('status', '=', 'idle')
+      .execute()
+    return rows
       .filter(
         (r) =>
           Date.parse(r.last_active_at) + r.idle_timeout_ms <= nowMs &&
           !(r.lease_until && Date.parse(r.lease_until) > nowMs),
       )
+      .map((r) => ({ id: r.id, tenant_id: r.tenant_id }))
   }
 
-  setLease(sessionId: string, until: string, at: string): void {
-    this.s.setLease.run(until, at, sessionId)
+  async setLease(sessionId: string, until: string, at: string): Promise<void> {
+    await this.db.q
+      .updateTable('sessions')
+      .set({ lease_until: until, last_active_at: at })
+      .where('id', '=', sessionId)
+      .execute()
   }
 
-  liveSessions(): {
-    id: string
-    tenant_id: string
-    status: SessionStatus
-    status_cause: string
-    generation: number
-  }[] {
-    return this.s.liveIds.all()
+  async liveSessions(): Promise<
+    {
+      id: string
+      tenant_id: string
+      status: SessionStatus
+      status_cause: string
+      generation: number
+    }[]
+  > {
+    return (await this.db.q
+      .selectFrom('sessions')
+      .select(['id', 'tenant_id', 'status', 'status_cause', 'generation'])
+      .where('runtime_id', '=', this.runtimeId)
+      .where('status', '!=', 'deleted')
+      .execute()) as {
+      id: string
+      tenant_id: string
+      status: SessionStatus
+      status_cause: string
+      generation: number
+    }[]
   }
-}
-
-export function toSessionInfo(row: SessionRow, warm: boolean): SessionInfo {
-  return {
-    id: row.id,
-    agentId: row.agent_id,
-    agentName: row.agent_name,
-    revisionId: row.revision_id,
-    title: row.title,
-    status: row.status,
-    statusCause: row.status_cause,
-    turnCount: row.turn_count,
-    messageCount: row.message_count,
-    idleTimeoutMs: row.idle_timeout_ms,
-    keepWarmMs: row.keep_warm_ms,
-    policy: policyOf(row),
-    deadlineAt: row.deadline_at,
-    generation: row.generation,
-    autoSnapshots: row.auto_snapshots !== 0,
-    ephemeral: row.ephemeral === 1,
-    warm,
-    createdAt: row.created_at,
-    updatedAt: row.updated_at,
-    lastActiveAt: row.last_active_at,
-  }
-}
-
-interface SessionTiming {
-  status: SessionStatus
-  last_active_at: string
-  idle_timeout_ms: number
-  lease_until: string | null
-  deadline_at: string | null
-}
-
-/** An idle session times out at its idle timeout (held off by a lease); idle or active, at its deadline. */
-function dueOf(row: SessionTiming): number | undefined {
-  let due: number | undefined
-  if (row.status === 'idle') {
-    const idleDue = Date.parse(row.last_active_at) + row.idle_timeout_ms
-    due = row.lease_until ? Math.max(idleDue, Date.parse(row.lease_until)) : idleDue
-  }
-  if (row.deadline_at && (row.status === 'idle' || row.status === 'active')) {
-    const deadline = Date.parse(row.deadline_at)
-    due = due === undefined ? deadline : Math.min(due, deadline)
-  }
-  return due
 }

@@ -11,12 +11,11 @@ export class TranscriptCache {
   constructor(private readonly store: SessionStore) {}
 
   /** The conversation before turn `seq`. */
-  before(sessionId: string, seq: number): TranscriptLine[] {
+  async before(sessionId: string, seq: number): Promise<TranscriptLine[]> {
     const cached = this.transcripts.get(sessionId)
     if (cached && cached.seq === seq - 1) return cached.lines
     const lines: TranscriptLine[] = []
-    for (const turn of this.store.turns(sessionId)) {
-      if (turn.seq >= seq) break
+    for (const turn of await this.store.transcript(sessionId, seq)) {
       lines.push({ v: 1, role: 'user', turn: turn.seq, content: turn.prompt })
       if (turn.response) lines.push({ v: 1, role: 'assistant', turn: turn.seq, content: turn.response })
     }

@@ -1,7 +1,7 @@
 import { CairnProblem, newId, type SessionStatus, type StatusCause, type StreamEvent } from '@cairn/protocol'
-import type { AgentEvent, TurnInput, TurnOutcome } from '@cairn/runtime/port'
+import type { AgentEvent, NetworkEvent, TurnInput, TurnOutcome } from '@cairn/runtime/port'
 import { iso } from '../clock.js'
-import { whenNotBusy } from '../db/busy.js'
+import { unavailableReason, whenNotBusy } from '../db/busy.js'
 import { redact } from '../secrets/secret-store.js'
 import type { WorkspaceGenerations } from './generations.js'
 import { limitReached } from './policy.js'
@@ -22,6 +22,8 @@ export type TurnRunnerDeps = Pick<
 }
 
 const TITLE_MAX = 60
+/** How long a turn's end waits for an unavailable database before the client is told. */
+const RECORD_WAIT_MS = 15_000
 /** Below this much free space, an agent's ENOSPC is blamed on the pool. */
 const POOL_FULL_BYTES = 16 * 1024 * 1024
 
@@ -48,14 +50,16 @@ export class TurnRunner {
   }
 
   /**
-   * Validates and locks synchronously, so a second message for the same session is refused with
-   * `session_busy` before anything is streamed.
+   * Validates and locks before anything is streamed: a second message for the same session is
+   * refused with `session_busy`, by the turn lock in this process or, from another replica, by the
+   * database (one running turn per session). `load` reads the session's row once the lock is
+   * held, so what the turn starts from is not older than the turn before it.
    */
-  begin(row: SessionRow, prompt: string): TurnHandle {
-    const { id } = row
+  async begin(id: string, load: () => Promise<SessionRow>, prompt: string): Promise<TurnHandle> {
     const { store, locks } = this.deps
-    if (row.status === 'deleted') throw new CairnProblem('session_deleted', `session ${id} was deleted`)
     if (locks.has(id)) {
+      // Whoever cannot see the session is told it does not exist, not that it is busy.
+      await load()
       throw new CairnProblem(
         'session_busy',
         `session ${id} is already running a turn; wait for it or cancel it`,
@@ -64,30 +68,43 @@ export class TurnRunner {
         },
       )
     }
-    if (!prompt.trim()) throw new CairnProblem('validation_failed', 'prompt must not be empty')
-    this.checkLimits(row)
-    const admitted = this.deps.warm.admit(row)
     const turnId = newId('turn')
     const abort = new AbortController()
     const lockRelease = locks.take(id, turnId, abort)
+    let admitted: () => void = () => undefined
     const release = () => {
       lockRelease()
       admitted()
     }
-    const at = this.now()
-    const seq = row.turn_count + 1
+    let row: SessionRow
+    let seq: number
     try {
+      row = await load()
+      if (row.status === 'deleted') throw new CairnProblem('session_deleted', `session ${id} was deleted`)
+      if (!prompt.trim()) throw new CairnProblem('validation_failed', 'prompt must not be empty')
+      await this.checkLimits(row)
+      admitted = this.deps.warm.admit(row)
+      const at = this.now()
+      seq = row.turn_count + 1
+      const current = row
       // One transaction: a database locked by another writer refuses the whole message (503
       // unavailable), never half of it.
-      this.deps.db.transaction(() => {
-        if (row.status !== 'idle') {
+      await this.deps.db.transaction(async () => {
+        if (current.status !== 'idle') {
           // Messaging a completed, failed or timed-out session resumes it on its workspace (one
           // that a policy limit stopped was refused above: only an explicit resume brings it back).
-          store.transition(row, 'idle', 'user_resume', at, 'message sent')
+          await store.transition(current, 'idle', 'user_resume', at, 'message sent')
         }
-        store.startTurn(id, turnId, seq, prompt, prompt.replace(/\s+/g, ' ').trim().slice(0, TITLE_MAX), at)
-        store.transition({ id, status: 'idle' }, 'active', 'turn_started', at, turnId)
-      })()
+        await store.startTurn(
+          id,
+          turnId,
+          seq,
+          prompt,
+          prompt.replace(/\s+/g, ' ').trim().slice(0, TITLE_MAX),
+          at,
+        )
+        await store.transition({ id, status: 'idle' }, 'active', 'turn_started', at, turnId)
+      })
     } catch (error) {
       release()
       throw error
@@ -106,12 +123,12 @@ export class TurnRunner {
   }
 
   /** Refuses a message that the session's policy no longer allows. */
-  private checkLimits(row: SessionRow): void {
+  private async checkLimits(row: SessionRow): Promise<void> {
     const nowMs = this.deps.clock.now()
     const hit = limitReached(row, nowMs)
     if (!hit) return
     if (hit.timeoutNow)
-      this.deps.store.transition(
+      await this.deps.store.transition(
         row,
         'timeout',
         'max_duration',
@@ -167,17 +184,18 @@ export class TurnRunner {
     try {
       // The setup phase runs before the agent's sandbox exists: the agent never shares a process
       // tree, an environment or a /proc with the setup secrets.
-      if (this.deps.setup?.needed(row.id)) {
+      const setup = this.deps.setup
+      if (setup && (await setup.needed(row.id))) {
         await warm.drop(row.id)
-        await this.deps.setup.run(row, (event) => store.recordNetwork(row.id, event), signal)
+        await setup.run(row, (event) => this.recordNetwork(row.id, event), signal)
       }
       const { agent, cold } = await warm.acquire(row)
       sandboxId = agent.sandboxId
       await whenNotBusy(() => store.setTurnSandbox(turnId, sandboxId, cold))
       for (const observer of this.observers) await observer.beforeTurn?.(row, seq, agent)
       emit({ type: 'run.started', sessionId: row.id, turnId, turn: seq, sandboxId, coldStart: cold })
-      const transcript = warm.transcripts.before(row.id, seq)
-      const secretValues = this.deps.secrets.values(row.agent_id, ['runtime', 'setup', 'proxy'])
+      const transcript = await warm.transcripts.before(row.id, seq)
+      const secretValues = await this.deps.secrets.values(row.agent_id, ['runtime', 'setup', 'proxy'])
       const clean = (event: StreamEvent): StreamEvent =>
         event.type === 'message.delta' ? { ...event, content: redact(event.content, secretValues) } : event
       promptSent = true
@@ -202,7 +220,7 @@ export class TurnRunner {
         ? { status: 'cancelled', text: '', stderr: '' }
         : {
             status: 'failed',
-            code: problem?.code ?? 'sandbox_failed',
+            code: problem?.code ?? (unavailableReason(error) ? 'unavailable' : 'sandbox_failed'),
             cause: setupFailed
               ? 'setup_failed'
               : problem?.code === 'state_lost' ||
@@ -255,9 +273,9 @@ export class TurnRunner {
     // another process holds the database lock: the reply was streamed already, it must not be lost.
     // Nothing is awaited between the terminal event and the release of the turn lock, so a client
     // that sends its next message on `run.completed` never meets `session_busy`.
-    await whenNotBusy(() =>
-      this.deps.db.transaction(() => {
-        store.finishTurn(row.id, {
+    const record = () =>
+      this.deps.db.transaction(async () => {
+        await store.finishTurn(row.id, {
           id: turnId,
           status: outcome.status,
           response: outcome.text,
@@ -267,10 +285,10 @@ export class TurnRunner {
           endedAt,
           durationMs,
         })
-        store.transition(row, endedAs, cause, endedAt, failed ? `${turnId}: ${failed.message}` : turnId)
-        if (generation !== undefined) store.setGeneration(row.id, generation)
+        await store.transition(row, endedAs, cause, endedAt, failed ? `${turnId}: ${failed.message}` : turnId)
+        if (generation !== undefined) await store.setGeneration(row.id, generation)
         if (lastTurn) {
-          store.transition(
+          await store.transition(
             { id: row.id, status: endedAs },
             'completed',
             'max_turns',
@@ -278,8 +296,33 @@ export class TurnRunner {
             `${seq} of ${maxTurns} turns`,
           )
         }
-      })(),
-    )
+      })
+    try {
+      await whenNotBusy(record, RECORD_WAIT_MS)
+    } catch (error) {
+      // The database did not answer in time (PostgreSQL down, SQLite locked): the client is told
+      // so, typed and retryable, instead of waiting on; the record is retried behind until the
+      // database is back, which ends the session's running turn (the next message is refused
+      // with session_busy until then).
+      const reason = unavailableReason(error)
+      this.deps.logger.error(
+        { err: error, session: row.id, turn: turnId },
+        'recording the end of a turn failed',
+      )
+      emit({
+        type: 'run.failed',
+        turnId,
+        durationMs,
+        error: {
+          code: reason ? 'unavailable' : 'internal',
+          message: `the turn ended (${outcome.status}) but could not be recorded yet: ${reason ?? (error as Error).message}; it is recorded once the database answers, retry then`,
+        },
+      })
+      void whenNotBusy(record, Number.POSITIVE_INFINITY, 1000).catch((late: unknown) =>
+        this.deps.logger.error({ err: late, session: row.id, turn: turnId }, 'a turn could not be recorded'),
+      )
+      return
+    }
     if (outcome.status === 'completed') {
       emit({ type: 'run.completed', turnId, text: outcome.text, durationMs })
     } else if (outcome.status === 'cancelled') {
@@ -304,6 +347,15 @@ export class TurnRunner {
         .promoteProposed(row.agent_id, row.id, `${row.id}/${turnId}`)
         .catch((error) => this.deps.logger.warn({ err: error, session: row.id }, 'memory promotion failed'))
     }
+  }
+
+  /** A network event of the setup phase, recorded behind (a failed write is logged, not thrown). */
+  private recordNetwork(sessionId: string, event: NetworkEvent): void {
+    void this.deps.store
+      .recordNetwork(sessionId, event)
+      .catch((error: unknown) =>
+        this.deps.logger.warn({ err: error, session: sessionId }, 'recording a network event failed'),
+      )
   }
 
   /**

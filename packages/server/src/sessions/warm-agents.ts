@@ -18,12 +18,13 @@ export type WarmAgentsDeps = Pick<
   | 'egressSite'
   | 'egressUpstreamCaPems'
   | 'clock'
+  | 'logger'
   | 'operatorLimits'
 > & {
   store: SessionStore
   locks: TurnLocks
   /** The problem a workspace missing from the pool stands for (see `SessionService.missingWorkspace`). */
-  missingWorkspace: (tenantId: string, sessionId: string) => CairnProblem
+  missingWorkspace: (tenantId: string, sessionId: string) => Promise<CairnProblem>
 }
 
 /**
@@ -72,10 +73,10 @@ export class WarmAgents {
     if (warm) return { agent: warm, cold: false }
     if (this.deps.runtime.agent(row.id)) await this.drop(row.id)
     if (!(await this.deps.runtime.hasWorkspace(row.id)))
-      throw this.deps.missingWorkspace(row.tenant_id, row.id)
-    const revision = this.deps.agents.store.revision(row.revision_id)
+      throw await this.deps.missingWorkspace(row.tenant_id, row.id)
+    const revision = await this.deps.agents.store.revision(row.revision_id)
     if (!revision) throw new CairnProblem('revision_not_found', `revision ${row.revision_id} is gone`)
-    const proxySecrets = this.deps.secrets.proxySecrets(row.tenant_id, row.agent_id)
+    const proxySecrets = await this.deps.secrets.proxySecrets(row.tenant_id, row.agent_id)
     const agent = await this.deps.runtime.startAgent({
       sessionId: row.id,
       tenantId: row.tenant_id,
@@ -84,7 +85,7 @@ export class WarmAgents {
       http: revision.manifest.http,
       dependencyEnvKey: revision.manifest.envKey ?? undefined,
       env: {
-        ...this.deps.secrets.valuesForScope(row.tenant_id, row.agent_id, 'runtime'),
+        ...(await this.deps.secrets.valuesForScope(row.tenant_id, row.agent_id, 'runtime')),
         // A proxy secret's variable holds only its stand-in; the egress proxy swaps in the value.
         ...Object.fromEntries(proxySecrets.map((secret) => [secret.name, secret.standIn])),
       },
@@ -93,14 +94,20 @@ export class WarmAgents {
       egress: {
         ...this.deps.egressSite,
         policy: sessionNetwork(row, revision.manifest),
-        onEvent: (event) => this.deps.store.recordNetwork(row.id, event),
+        onEvent: (event) => {
+          void this.deps.store
+            .recordNetwork(row.id, event)
+            .catch((error: unknown) =>
+              this.deps.logger.warn({ err: error, session: row.id }, 'recording a network event failed'),
+            )
+        },
         secrets: proxySecrets,
         upstreamCaPems: this.deps.egressUpstreamCaPems,
       },
       limits: sandboxLimits(revision.manifest, this.deps.operatorLimits),
       turnTimeoutMs: turnTimeoutMs(revision.manifest, this.deps.operatorLimits),
       isolation: revision.manifest.isolation,
-      pause: sessionPause(row, revision.manifest, this.deps.store, this.deps.clock),
+      pause: await sessionPause(row, revision.manifest, this.deps.store, this.deps.clock, this.deps.logger),
     })
     if (!agent.restored) this.deps.metrics?.coldStarts.inc()
     return { agent, cold: !agent.restored }
@@ -124,7 +131,11 @@ export class WarmAgents {
     const now = this.deps.clock.now()
     if (now - (this.activityWrittenAt.get(row.id) ?? 0) >= 1000) {
       this.activityWrittenAt.set(row.id, now)
-      this.deps.store.touch(row.id, iso(now))
+      void this.deps.store
+        .touch(row.id, iso(now))
+        .catch((error: unknown) =>
+          this.deps.logger.warn({ err: error, session: row.id }, 'recording session activity failed'),
+        )
     }
     this.deps.runtime.keepWarm(row.id, row.keep_warm_ms, true)
   }

@@ -21,7 +21,7 @@ export function setupRoutes(server: FastifyInstance, setup: SetupService, sessio
         response: { 200: SetupInfoSchema, ...errors },
       },
     },
-    async (request) => setup.info(sessions.require(principalOf(request).tenantId, idOf(request)).id),
+    async (request) => setup.info((await sessions.require(principalOf(request).tenantId, idOf(request))).id),
   )
 
   app.get(
@@ -35,8 +35,8 @@ export function setupRoutes(server: FastifyInstance, setup: SetupService, sessio
       },
     },
     async (request, reply) => {
-      const row = sessions.require(principalOf(request).tenantId, idOf(request))
-      return reply.type('text/plain; charset=utf-8').send(setup.log(row.id))
+      const row = await sessions.require(principalOf(request).tenantId, idOf(request))
+      return reply.type('text/plain; charset=utf-8').send(await setup.log(row.id))
     },
   )
 }

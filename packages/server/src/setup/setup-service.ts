@@ -63,37 +63,37 @@ export class SetupService {
     this.afterWrite = hook
   }
 
-  record(sessionId: string, setup: SessionSetup): void {
-    this.store.insert(sessionId, setup)
+  async record(sessionId: string, setup: SessionSetup): Promise<void> {
+    await this.store.insert(sessionId, setup)
   }
 
   /** Whether the session's next turn must run setup first. */
-  needed(sessionId: string): boolean {
-    const setup = this.store.get(sessionId)
+  async needed(sessionId: string): Promise<boolean> {
+    const setup = await this.store.get(sessionId)
     return setup !== undefined && setup.status !== 'succeeded'
   }
 
-  info(sessionId: string): SetupInfo {
-    const info = this.store.info(sessionId)
+  async info(sessionId: string): Promise<SetupInfo> {
+    const info = await this.store.info(sessionId)
     if (!info) throw new CairnProblem('not_found', `session ${sessionId} has no setup phase`)
     return info
   }
 
-  log(sessionId: string): string {
-    const log = this.store.log(sessionId)
+  async log(sessionId: string): Promise<string> {
+    const log = await this.store.log(sessionId)
     if (log === undefined) throw new CairnProblem('not_found', `session ${sessionId} has no setup phase`)
     return log
   }
 
   /** Runs the setup; throws `setup_failed` (with the log tail in details) when it does not succeed. */
   async run(row: SessionRow, onNetwork: (event: NetworkEvent) => void, signal?: AbortSignal): Promise<void> {
-    const setup = this.store.get(row.id)
+    const setup = await this.store.get(row.id)
     if (!setup) return
-    const revision = this.deps.agents.store.revision(row.revision_id)
+    const revision = await this.deps.agents.store.revision(row.revision_id)
     if (!revision) throw new CairnProblem('revision_not_found', `revision ${row.revision_id} is gone`)
     const { runtime, secrets } = this.deps
-    const setupSecrets = secrets.valuesForScope(row.tenant_id, row.agent_id, 'setup')
-    const allSecrets = secrets.values(row.agent_id, ['runtime', 'setup', 'proxy'])
+    const setupSecrets = await secrets.valuesForScope(row.tenant_id, row.agent_id, 'setup')
+    const allSecrets = await secrets.values(row.agent_id, ['runtime', 'setup', 'proxy'])
     const policy: NetworkPolicy = setup.network ?? sessionNetwork(row, revision.manifest)
     const timeoutMs = Math.min(
       setup.timeoutMs ?? DEFAULT_SETUP_TIMEOUT_MS,
@@ -104,7 +104,7 @@ export class SetupService {
       log += `${redact(line, allSecrets)}\n`
       if (log.length > MAX_LOG_BYTES) log = log.slice(log.length - MAX_LOG_BYTES)
     }
-    this.store.start(row.id, iso(this.deps.clock.now()))
+    await this.store.start(row.id, iso(this.deps.clock.now()))
     let exitCode: number | null = null
     let error: string | null = null
     try {
@@ -139,7 +139,7 @@ export class SetupService {
         ),
       )
     }
-    this.store.finish(row.id, {
+    await this.store.finish(row.id, {
       status: error ? 'failed' : 'succeeded',
       exitCode,
       error,
@@ -153,6 +153,6 @@ export class SetupService {
         logTail: tail,
       })
     }
-    if (this.afterSuccess) this.store.setSnapshot(row.id, await this.afterSuccess(row))
+    if (this.afterSuccess) await this.store.setSnapshot(row.id, await this.afterSuccess(row))
   }
 }

@@ -30,40 +30,33 @@ const LOG_TAIL_LINES = 20
 
 /** The setup phase of each session that has one: its command, its state and its log. */
 export class SetupStore {
-  private readonly s
+  constructor(private readonly db: Db) {}
 
-  constructor(db: Db) {
-    this.s = {
-      insert: db.prepare(
-        `INSERT INTO session_setups (session_id, command_json, env_json, network_json, timeout_ms, status) VALUES (?, ?, ?, ?, ?, 'pending')`,
-      ),
-      get: db.prepare<[string], SetupRow>('SELECT * FROM session_setups WHERE session_id = ?'),
-      start: db.prepare(
-        `UPDATE session_setups SET status = 'running', attempts = attempts + 1, exit_code = NULL, error = NULL, log = '', started_at = ?, ended_at = NULL WHERE session_id = ?`,
-      ),
-      finish: db.prepare(
-        'UPDATE session_setups SET status = ?, exit_code = ?, error = ?, log = ?, ended_at = ? WHERE session_id = ?',
-      ),
-      setSnapshot: db.prepare('UPDATE session_setups SET snapshot_id = ? WHERE session_id = ?'),
-      interrupt: db.prepare(
-        `UPDATE session_setups SET status = 'failed', error = 'the server stopped while setup ran' WHERE status = 'running'`,
-      ),
-    }
-  }
-
-  insert(sessionId: string, setup: SessionSetup): void {
+  async insert(sessionId: string, setup: SessionSetup): Promise<void> {
     const command = typeof setup.command === 'string' ? ['sh', '-c', setup.command] : setup.command
-    this.s.insert.run(
-      sessionId,
-      JSON.stringify(command),
-      JSON.stringify(setup.env ?? {}),
-      setup.network ? JSON.stringify(setup.network) : null,
-      setup.timeoutMs ?? null,
-    )
+    await this.db.q
+      .insertInto('session_setups')
+      .values({
+        session_id: sessionId,
+        command_json: JSON.stringify(command),
+        env_json: JSON.stringify(setup.env ?? {}),
+        network_json: setup.network ? JSON.stringify(setup.network) : null,
+        timeout_ms: setup.timeoutMs ?? null,
+        status: 'pending',
+      })
+      .execute()
   }
 
-  get(sessionId: string): StoredSetup | undefined {
-    const row = this.s.get.get(sessionId)
+  private async row(sessionId: string): Promise<SetupRow | undefined> {
+    return (await this.db.q
+      .selectFrom('session_setups')
+      .selectAll()
+      .where('session_id', '=', sessionId)
+      .executeTakeFirst()) as SetupRow | undefined
+  }
+
+  async get(sessionId: string): Promise<StoredSetup | undefined> {
+    const row = await this.row(sessionId)
     if (!row) return undefined
     return {
       command: JSON.parse(row.command_json) as string[],
@@ -74,11 +67,23 @@ export class SetupStore {
     }
   }
 
-  start(sessionId: string, at: string): void {
-    this.s.start.run(at, sessionId)
+  async start(sessionId: string, at: string): Promise<void> {
+    await this.db.q
+      .updateTable('session_setups')
+      .set((eb) => ({
+        status: 'running',
+        attempts: eb('attempts', '+', 1),
+        exit_code: null,
+        error: null,
+        log: '',
+        started_at: at,
+        ended_at: null,
+      }))
+      .where('session_id', '=', sessionId)
+      .execute()
   }
 
-  finish(
+  async finish(
     sessionId: string,
     result: {
       status: 'succeeded' | 'failed'
@@ -87,25 +92,47 @@ export class SetupStore {
       log: string
       at: string
     },
-  ): void {
-    this.s.finish.run(result.status, result.exitCode, result.error, result.log, result.at, sessionId)
+  ): Promise<void> {
+    await this.db.q
+      .updateTable('session_setups')
+      .set({
+        status: result.status,
+        exit_code: result.exitCode,
+        error: result.error,
+        log: result.log,
+        ended_at: result.at,
+      })
+      .where('session_id', '=', sessionId)
+      .execute()
   }
 
-  setSnapshot(sessionId: string, snapshotId: string): void {
-    this.s.setSnapshot.run(snapshotId, sessionId)
+  async setSnapshot(sessionId: string, snapshotId: string): Promise<void> {
+    await this.db.q
+      .updateTable('session_setups')
+      .set({ snapshot_id: snapshotId })
+      .where('session_id', '=', sessionId)
+      .execute()
   }
 
-  /** Marks setups a stopped server left running as failed (they run again on the next turn). */
-  recoverAfterRestart(): number {
-    return this.s.interrupt.run().changes
+  /** Setups of `runtimeId`'s sessions that a crash left running become failed. */
+  async recoverAfterRestart(runtimeId: string): Promise<number> {
+    const result = await this.db.q
+      .updateTable('session_setups')
+      .set({ status: 'failed', error: 'the server stopped while setup ran' })
+      .where('status', '=', 'running')
+      .where('session_id', 'in', (eb) =>
+        eb.selectFrom('sessions').select('id').where('runtime_id', '=', runtimeId),
+      )
+      .executeTakeFirst()
+    return Number(result.numUpdatedRows)
   }
 
-  log(sessionId: string): string | undefined {
-    return this.s.get.get(sessionId)?.log
+  async log(sessionId: string): Promise<string | undefined> {
+    return (await this.row(sessionId))?.log
   }
 
-  info(sessionId: string): SetupInfo | undefined {
-    const row = this.s.get.get(sessionId)
+  async info(sessionId: string): Promise<SetupInfo | undefined> {
+    const row = await this.row(sessionId)
     if (!row) return undefined
     return {
       sessionId,

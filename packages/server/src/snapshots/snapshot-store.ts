@@ -1,4 +1,5 @@
 import type { SnapshotInfo, SnapshotReason } from '@cairn/protocol'
+import { sql } from 'kysely'
 import type { Db } from '../db/database.js'
 
 interface SnapshotRow {
@@ -34,97 +35,109 @@ function toInfo(row: SnapshotRow): SnapshotInfo {
 
 /** Snapshot records; the subvolumes themselves live in the pool's `snapshots` area. */
 export class SnapshotStore {
-  constructor(private readonly db: Db) {
-    this.statements = prepareTurnStatements(db)
-  }
+  constructor(private readonly db: Db) {}
 
-  insertWithId(id: string, row: Omit<SnapshotRow, 'id'>): SnapshotInfo {
+  async insertWithId(id: string, row: Omit<SnapshotRow, 'id'>): Promise<SnapshotInfo> {
     const full = { id, ...row }
-    this.db
-      .prepare(
-        `INSERT INTO snapshots (id, session_id, tenant_id, kind, reason, label, turn_seq, generation, created_at)
-         VALUES (@id, @session_id, @tenant_id, @kind, @reason, @label, @turn_seq, @generation, @created_at)`,
-      )
-      .run(full)
+    await this.db.q
+      .insertInto('snapshots')
+      .values({
+        id,
+        session_id: row.session_id,
+        tenant_id: row.tenant_id,
+        kind: row.kind,
+        reason: row.reason,
+        label: row.label,
+        turn_seq: row.turn_seq,
+        generation: row.generation,
+        created_at: row.created_at,
+      })
+      .execute()
     return toInfo(full)
   }
 
-  get(sessionId: string, id: string): SnapshotInfo | undefined {
-    const row = this.db
-      .prepare<[string, string], SnapshotRow>(
-        'SELECT * FROM snapshots WHERE session_id = ? AND id = ? AND deleted_at IS NULL',
-      )
-      .get(sessionId, id)
-    return row ? toInfo(row) : undefined
+  private live(sessionId: string) {
+    return this.db.q
+      .selectFrom('snapshots')
+      .selectAll()
+      .where('session_id', '=', sessionId)
+      .where('deleted_at', 'is', null)
   }
 
-  list(sessionId: string): SnapshotInfo[] {
-    return this.db
-      .prepare<[string], SnapshotRow>(
-        'SELECT * FROM snapshots WHERE session_id = ? AND deleted_at IS NULL ORDER BY created_at, rowid',
-      )
-      .all(sessionId)
-      .map(toInfo)
+  async get(sessionId: string, id: string): Promise<SnapshotInfo | undefined> {
+    const row = await this.live(sessionId).where('id', '=', id).executeTakeFirst()
+    return row ? toInfo(row as SnapshotRow) : undefined
+  }
+
+  async list(sessionId: string): Promise<SnapshotInfo[]> {
+    const rows = await this.live(sessionId).orderBy('created_at').orderBy(sql`rowid`).execute()
+    return rows.map((row) => toInfo(row as SnapshotRow))
   }
 
   /**
    * The newest snapshot that follows `turn` (automatic before-turn ones preferred), including one
    * taken after an earlier turn that stands for this one too (the turns between changed nothing).
    */
-  atTurn(sessionId: string, turn: number): SnapshotInfo | undefined {
-    const row = this.statements.atTurn.get({ sessionId, turn })
-    return row ? toInfo(row) : undefined
+  async atTurn(sessionId: string, turn: number): Promise<SnapshotInfo | undefined> {
+    const row = await this.live(sessionId)
+      .where((eb) =>
+        eb.or([
+          eb('turn_seq', '=', turn),
+          eb.and([eb('turn_seq', '<', turn), eb('through_turn_seq', '>=', turn)]),
+        ]),
+      )
+      .orderBy(sql`(reason = 'before_turn')`, 'desc')
+      .orderBy('turn_seq', 'desc')
+      .orderBy('created_at', 'desc')
+      .orderBy(sql`rowid`, 'desc')
+      .limit(1)
+      .executeTakeFirst()
+    return row ? toInfo(row as SnapshotRow) : undefined
   }
 
   /**
    * Records that the snapshot is also the state after `turn` (the turns since it was taken changed
    * nothing). False when the snapshot is gone (pruned or deleted): take a new one.
    */
-  extendThrough(id: string, turn: number): boolean {
-    return this.statements.extendThrough.run({ id, turn }).changes === 1
+  async extendThrough(id: string, turn: number): Promise<boolean> {
+    const result = await this.db.q
+      .updateTable('snapshots')
+      .set({ through_turn_seq: turn })
+      .where('id', '=', id)
+      .where('deleted_at', 'is', null)
+      .executeTakeFirst()
+    return result.numUpdatedRows === 1n
   }
 
   /** Automatic snapshots beyond the newest `keep` of a session, oldest first. */
-  expiredAuto(sessionId: string, keep: number): SnapshotInfo[] {
-    return this.db
-      .prepare<[string, number], SnapshotRow>(
-        `SELECT * FROM snapshots WHERE session_id = ? AND kind = 'auto' AND deleted_at IS NULL
-         ORDER BY created_at DESC, rowid DESC LIMIT -1 OFFSET ?`,
-      )
-      .all(sessionId, keep)
-      .map(toInfo)
+  async expiredAuto(sessionId: string, keep: number): Promise<SnapshotInfo[]> {
+    const rows = await this.live(sessionId)
+      .where('kind', '=', 'auto')
+      .orderBy('created_at', 'desc')
+      .orderBy(sql`rowid`, 'desc')
+      .execute()
+    return rows.slice(keep).map((row) => toInfo(row as SnapshotRow))
   }
 
   /** Records a computed content digest (a snapshot is read-only, so it never changes). */
-  setDigest(id: string, digest: string): void {
-    this.db.prepare('UPDATE snapshots SET digest = ? WHERE id = ? AND digest IS NULL').run(digest, id)
+  async setDigest(id: string, digest: string): Promise<void> {
+    await this.db.q
+      .updateTable('snapshots')
+      .set({ digest })
+      .where('id', '=', id)
+      .where('digest', 'is', null)
+      .execute()
   }
 
-  markDeleted(id: string, at: string): void {
-    this.db.prepare('UPDATE snapshots SET deleted_at = ? WHERE id = ?').run(at, id)
+  async markDeleted(id: string, at: string): Promise<void> {
+    await this.db.q.updateTable('snapshots').set({ deleted_at: at }).where('id', '=', id).execute()
   }
 
-  allLive(): { id: string; session_id: string }[] {
-    return this.db
-      .prepare<[], { id: string; session_id: string }>(
-        'SELECT id, session_id FROM snapshots WHERE deleted_at IS NULL',
-      )
-      .all()
-  }
-
-  // Statements on the warm path of every turn, prepared once.
-  private readonly statements: ReturnType<typeof prepareTurnStatements>
-}
-
-function prepareTurnStatements(db: Db) {
-  return {
-    atTurn: db.prepare<{ sessionId: string; turn: number }, SnapshotRow>(
-      `SELECT * FROM snapshots WHERE session_id = @sessionId AND deleted_at IS NULL
-         AND (turn_seq = @turn OR (turn_seq < @turn AND through_turn_seq >= @turn))
-       ORDER BY (reason = 'before_turn') DESC, turn_seq DESC, created_at DESC, rowid DESC LIMIT 1`,
-    ),
-    extendThrough: db.prepare<{ id: string; turn: number }>(
-      `UPDATE snapshots SET through_turn_seq = @turn WHERE id = @id AND deleted_at IS NULL`,
-    ),
+  async allLive(): Promise<{ id: string; session_id: string }[]> {
+    return this.db.q
+      .selectFrom('snapshots')
+      .select(['id', 'session_id'])
+      .where('deleted_at', 'is', null)
+      .execute()
   }
 }

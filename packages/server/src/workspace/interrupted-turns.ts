@@ -17,9 +17,9 @@ export async function completeInterruptedTurns(
 ): Promise<number> {
   let taken = 0
   for (const turn of turns) {
-    const row = deps.sessions.store.get(turn.tenantId, turn.sessionId)
+    const row = await deps.sessions.store.get(turn.tenantId, turn.sessionId)
     if (!row?.auto_snapshots || row.status === 'deleted' || row.status_cause === 'state_lost') continue
-    if (snapshots.atTurn(row.id, turn.seq - 1)) continue
+    if (await snapshots.atTurn(row.id, turn.seq - 1)) continue
     if (!(await deps.runtime.hasWorkspace(row.id))) continue
     await policy.take(row, 'auto', 'before_turn', turn.seq - 1)
     taken++

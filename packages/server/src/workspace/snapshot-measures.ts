@@ -66,7 +66,7 @@ export class SnapshotMeasures {
     try {
       return await this.measure({ snapshotId: snap.id })
     } catch (error) {
-      if (!this.snapshots.get(snap.sessionId, snap.id))
+      if (!(await this.snapshots.get(snap.sessionId, snap.id)))
         throw new CairnProblem('not_found', `snapshot ${snap.id} was deleted while it was measured`)
       throw error
     }
@@ -112,13 +112,13 @@ export class SnapshotMeasures {
       digest = await shared.result
     } catch (error) {
       // Retention may delete the snapshot while it is being read.
-      if (!this.snapshots.get(snap.sessionId, snap.id))
+      if (!(await this.snapshots.get(snap.sessionId, snap.id)))
         throw new CairnProblem('not_found', `snapshot ${snap.id} was deleted while its digest was computed`)
       throw error
     } finally {
       signal?.removeEventListener('abort', leave)
     }
-    this.snapshots.setDigest(snap.id, digest)
+    await this.snapshots.setDigest(snap.id, digest)
     return { ...snap, digest }
   }
 }

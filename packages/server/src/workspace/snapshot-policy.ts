@@ -57,7 +57,7 @@ export class SnapshotPolicy implements SessionObserver {
   async beforeTurn(row: SessionRow, seq: number): Promise<void> {
     if (!row.auto_snapshots) return
     await this.pending.get(row.id)
-    if (this.dirty.has(row.id) || !this.snapshots.atTurn(row.id, seq - 1)) {
+    if (this.dirty.has(row.id) || !(await this.snapshots.atTurn(row.id, seq - 1))) {
       this.dirty.delete(row.id)
       await this.take(row, 'auto', 'before_turn', seq - 1)
     }
@@ -104,7 +104,7 @@ export class SnapshotPolicy implements SessionObserver {
     // After the reply's stream is ended (the hook runs just after run.completed is written).
     await new Promise((resolve) => setImmediate(resolve))
     const mark = this.marks.get(row.id)
-    if (mark && warm && unchanged && this.snapshots.extendThrough(mark.snapshotId, seq)) return
+    if (mark && warm && unchanged && (await this.snapshots.extendThrough(mark.snapshotId, seq))) return
     await this.take(row, 'auto', 'before_turn', seq)
   }
 
@@ -159,8 +159,8 @@ export class SnapshotPolicy implements SessionObserver {
   ): Promise<SnapshotInfo> {
     const snapshotId = newId('snapshot')
     const seen = await this.frozenSnapshot(row, snapshotId)
-    const current = this.deps.sessions.store.get(row.tenant_id, row.id)
-    const info = this.snapshots.insertWithId(snapshotId, {
+    const current = await this.deps.sessions.store.get(row.tenant_id, row.id)
+    const info = await this.snapshots.insertWithId(snapshotId, {
       session_id: row.id,
       tenant_id: row.tenant_id,
       kind,
@@ -198,16 +198,16 @@ export class SnapshotPolicy implements SessionObserver {
   }
 
   /** Automatic snapshots kept per session for the tenant. */
-  keepAuto(tenantId: string): number {
-    return this.deps.keepAutoSnapshots?.(tenantId) ?? 50
+  async keepAuto(tenantId: string): Promise<number> {
+    return (await this.deps.keepAutoSnapshots?.(tenantId)) ?? 50
   }
 
   private async applyRetention(sessionId: string, tenantId: string): Promise<void> {
-    for (const old of this.snapshots.expiredAuto(sessionId, this.keepAuto(tenantId))) {
-      if (this.pins.has(old.id)) continue
-      // Marked first (in the same tick as the pin check): a restore or fork can no longer pick it.
+    for (const old of await this.snapshots.expiredAuto(sessionId, await this.keepAuto(tenantId))) {
+      // Claimed first (in the same tick as the pin check): a restore or fork can no longer pick it.
+      if (!this.pins.claimForDeletion(old.id)) continue
       // Should the removal fail, start-up's reconcile removes the unrecorded subvolume.
-      this.snapshots.markDeleted(old.id, this.now())
+      await this.snapshots.markDeleted(old.id, this.now())
       await this.deps.runtime.deleteSnapshot(old.id)
     }
   }
@@ -221,8 +221,8 @@ export class SnapshotPolicy implements SessionObserver {
   /** Removes every snapshot of a deleted session. */
   async deleteAll(sessionId: string): Promise<void> {
     await this.retention
-    for (const snap of this.snapshots.list(sessionId)) {
-      this.snapshots.markDeleted(snap.id, this.now())
+    for (const snap of await this.snapshots.list(sessionId)) {
+      await this.snapshots.markDeleted(snap.id, this.now())
       await this.deps.runtime.deleteSnapshot(snap.id)
     }
   }

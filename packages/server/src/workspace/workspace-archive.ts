@@ -31,7 +31,7 @@ export class WorkspaceArchive {
     id: string,
     snapshotId?: string,
   ): Promise<{ stream: Readable; cleanup: () => Promise<void> }> {
-    const row = this.deps.sessions.requireLive(tenantId, id)
+    const row = await this.deps.sessions.requireLive(tenantId, id)
     const releaseSlot = this.heavyReads.acquire(tenantId, 'an export')
     let tree: TreeRef
     let releaseTree = async () => undefined
@@ -101,28 +101,28 @@ export class WorkspaceArchive {
         if (mode === 'replace') {
           // The imported tree is a new generation: its marker is set before it is swapped in,
           // the database follows.
-          const generation = store.generationOf(id) + 1
+          const generation = (await store.generationOf(id)) + 1
           await this.deps.runtime.replaceWorkspaceWithArchive(id, row.tenant_id, archive, generation)
-          this.deps.sessions.setGeneration(id, generation)
+          await this.deps.sessions.setGeneration(id, generation)
         } else {
           try {
             await this.deps.runtime.unpackIntoWorkspace(id, archive)
           } catch (error) {
             // Rolled back to the snapshot, as a restore would: a new generation, marker first.
-            const generation = store.generationOf(id) + 1
+            const generation = (await store.generationOf(id)) + 1
             await this.deps.runtime.restoreWorkspace(id, before.id, generation, row.tenant_id)
-            this.deps.sessions.setGeneration(id, generation)
+            await this.deps.sessions.setGeneration(id, generation)
             throw error
           }
           await this.deps.sessions.advanceGeneration(id)
         }
-        this.deps.sessions.recordWorkspaceEvent(
+        await this.deps.sessions.recordWorkspaceEvent(
           row,
           'workspace_imported',
           `${mode}: ${summary.fileCount} entries, ${summary.sizeBytes} bytes (undo: restore ${before.id})`,
         )
         return {
-          session: this.deps.sessions.get(tenantId, id),
+          session: await this.deps.sessions.get(tenantId, id),
           snapshot: before,
           fileCount: summary.fileCount,
           sizeBytes: summary.sizeBytes,

@@ -21,9 +21,9 @@ export interface WorkspaceServiceDeps {
   /** Limits of an imported archive (the same checks as a deploy). */
   archiveLimits?: ArchiveLimits | undefined
   /** Automatic snapshots kept per session (manual ones are kept until deleted). */
-  keepAutoSnapshots?: (tenantId: string) => number
+  keepAutoSnapshots?: (tenantId: string) => Promise<number>
   /** The session's setup phase, for the manifest. */
-  setupOf?: (sessionId: string) => SetupInfo | undefined
+  setupOf?: (sessionId: string) => Promise<SetupInfo | undefined>
   /** How many manual snapshots a session and a tenant may keep. */
   manualSnapshotCap: ManualSnapshotCap
 }

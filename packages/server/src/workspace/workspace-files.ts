@@ -21,20 +21,20 @@ export class WorkspaceFiles {
   ) {}
 
   /** A session's workspace, or one of its snapshots, as a tree of the runtime. */
-  root(tenantId: string, id: string, snapshotId?: string): Promise<TreeRef> {
-    return this.rootOf(this.deps.sessions.requireLive(tenantId, id), snapshotId)
+  async root(tenantId: string, id: string, snapshotId?: string): Promise<TreeRef> {
+    return this.rootOf(await this.deps.sessions.requireLive(tenantId, id), snapshotId)
   }
 
   /** `root` for a session already read (and found not deleted). */
   async rootOf(row: SessionRow, snapshotId?: string): Promise<TreeRef> {
     const { id } = row
     if (snapshotId) {
-      if (!this.snapshots.get(id, snapshotId))
+      if (!(await this.snapshots.get(id, snapshotId)))
         throw new CairnProblem('not_found', `No snapshot ${snapshotId} in session ${id}`)
       return { snapshotId }
     }
     if (!(await this.deps.runtime.hasWorkspace(id)))
-      throw this.deps.sessions.missingWorkspace(row.tenant_id, id)
+      throw await this.deps.sessions.missingWorkspace(row.tenant_id, id)
     return { sessionId: id }
   }
 
@@ -98,7 +98,7 @@ export class WorkspaceFiles {
       await this.deps.runtime.writeFile(id, workspaceRelative(rawPath), body)
       await this.deps.sessions.advanceGeneration(id)
     })
-    this.deps.sessions.touch(id)
+    await this.deps.sessions.touch(id)
   }
 
   async deleteFile(tenantId: string, id: string, rawPath: string): Promise<void> {
@@ -115,7 +115,7 @@ export class WorkspaceFiles {
         this.deps.logger.warn({ sessionId: id }, 'the workspace generation stays: its quota is full')
       })
     })
-    this.deps.sessions.touch(id)
+    await this.deps.sessions.touch(id)
   }
 
   /**
@@ -124,7 +124,7 @@ export class WorkspaceFiles {
    * slots), under nice.
    */
   async diff(tenantId: string, id: string, from?: string, options: ReadOptions = {}): Promise<WorkspaceDiff> {
-    const row = this.deps.sessions.requireLive(tenantId, id)
+    const row = await this.deps.sessions.requireLive(tenantId, id)
     const root = await this.rootOf(row)
     const walk = { ...options, background: true }
     if (!from || from === 'revision')
@@ -136,7 +136,7 @@ export class WorkspaceFiles {
           WALK,
         ),
       )
-    if (!this.snapshots.get(id, from))
+    if (!(await this.snapshots.get(id, from)))
       throw new CairnProblem('not_found', `No snapshot ${from} in session ${id}`)
     return this.heavyReads.run(tenantId, 'a diff', () =>
       this.deps.sessions.readingWorkspace(

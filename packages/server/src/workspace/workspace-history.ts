@@ -51,8 +51,8 @@ export class WorkspaceHistory {
     want: SnapshotExtras = {},
     signal?: AbortSignal,
   ): Promise<SnapshotInfo[]> {
-    this.deps.sessions.require(tenantId, id)
-    const all = this.snapshots.list(id)
+    await this.deps.sessions.requireOwned(tenantId, id)
+    const all = await this.snapshots.list(id)
     if (!want.digest && !want.sizes) return all
     const out: SnapshotInfo[] = []
     for (const snap of all) out.push(await this.measures.withExtras(tenantId, snap, want, signal))
@@ -66,8 +66,8 @@ export class WorkspaceHistory {
     want: SnapshotExtras = {},
     signal?: AbortSignal,
   ) {
-    this.deps.sessions.require(tenantId, id)
-    const snap = this.snapshots.get(id, snapshotId)
+    await this.deps.sessions.requireOwned(tenantId, id)
+    const snap = await this.snapshots.get(id, snapshotId)
     if (!snap) throw new CairnProblem('not_found', `No snapshot ${snapshotId} in session ${id}`)
     return this.measures.withExtras(tenantId, snap, want, signal)
   }
@@ -78,31 +78,31 @@ export class WorkspaceHistory {
    * deleted in the same tick as that check, so none can pick it afterwards.
    */
   async deleteSnapshot(tenantId: string, id: string, snapshotId: string): Promise<void> {
-    this.deps.sessions.require(tenantId, id)
-    const snap = this.snapshots.get(id, snapshotId)
+    await this.deps.sessions.requireOwned(tenantId, id)
+    const snap = await this.snapshots.get(id, snapshotId)
     if (!snap) throw new CairnProblem('not_found', `No snapshot ${snapshotId} in session ${id}`)
-    if (this.pins.has(snap.id)) {
+    if (!this.pins.claimForDeletion(snap.id)) {
       throw new CairnProblem(
         'snapshot_in_use',
         `snapshot ${snap.id} is being read by a restore, fork or export; try again once it is done`,
       )
     }
-    this.snapshots.markDeleted(snap.id, this.now())
+    await this.snapshots.markDeleted(snap.id, this.now())
     this.policy.snapshotDeleted(id, snap.id)
     await this.deps.runtime.deleteSnapshot(snap.id)
   }
 
-  private pick(
+  private async pick(
     row: SessionRow,
     body: { snapshotId?: string | undefined; turn?: number | undefined },
-  ): SnapshotInfo {
+  ): Promise<SnapshotInfo> {
     if (body.snapshotId) {
-      const found = this.snapshots.get(row.id, body.snapshotId)
+      const found = await this.snapshots.get(row.id, body.snapshotId)
       if (!found) throw new CairnProblem('not_found', `No snapshot ${body.snapshotId} in session ${row.id}`)
       return found
     }
     if (body.turn !== undefined) {
-      const found = this.snapshots.atTurn(row.id, body.turn)
+      const found = await this.snapshots.atTurn(row.id, body.turn)
       if (!found)
         throw new CairnProblem('not_found', `No snapshot of session ${row.id} follows turn ${body.turn}`)
       return found
@@ -122,26 +122,30 @@ export class WorkspaceHistory {
       id,
       'a restore',
       async (row) => {
-        const target = this.pick(row, body)
+        const target = await this.pick(row, body)
         // Pinned from the moment it is picked: retention leaves it alone until the restore is done.
         return this.pins.hold(target.id, async () => {
           if (body.policy) this.deps.sessions.validatePolicy(row, body.policy)
           this.policy.replaced(id)
           await this.deps.sessions.stopSandbox(id)
           // A restore is a new generation (the marker is set on the incoming copy before the swap).
-          const generation = this.deps.sessions.store.generationOf(id) + 1
+          const generation = (await this.deps.sessions.store.generationOf(id)) + 1
           await this.fromSnapshot(target, () =>
             this.deps.runtime.restoreWorkspace(id, target.id, generation, row.tenant_id),
           )
-          this.deps.sessions.setGeneration(id, generation)
-          this.deps.sessions.recordWorkspaceEvent(
+          await this.deps.sessions.setGeneration(id, generation)
+          await this.deps.sessions.recordWorkspaceEvent(
             row,
             'workspace_restored',
             `${target.id} (after turn ${target.turn}), generation ${generation}`,
           )
           if (body.policy)
-            this.deps.sessions.updatePolicy(this.deps.sessions.require(tenantId, id), body.policy, false)
-          return { session: this.deps.sessions.get(tenantId, id), snapshot: target }
+            await this.deps.sessions.updatePolicy(
+              await this.deps.sessions.requireOwned(tenantId, id),
+              body.policy,
+              false,
+            )
+          return { session: await this.deps.sessions.get(tenantId, id), snapshot: target }
         })
       },
       SWAPS_WORKSPACE,
@@ -169,9 +173,9 @@ export class WorkspaceHistory {
   /** Restores the snapshot taken before the last turn. */
   async undo(tenantId: string, id: string): Promise<{ session: SessionInfo; snapshot: SnapshotInfo }> {
     await this.policy.settled(id)
-    const row = this.deps.sessions.require(tenantId, id)
+    const row = await this.deps.sessions.requireOwned(tenantId, id)
     if (row.turn_count === 0) throw new CairnProblem('conflict', `session ${id} has no turn to undo`)
-    const before = this.snapshots.atTurn(id, row.turn_count - 1)
+    const before = await this.snapshots.atTurn(id, row.turn_count - 1)
     if (!before)
       throw new CairnProblem('not_found', `no snapshot before turn ${row.turn_count} of session ${id}`)
     return this.restore(tenantId, id, { snapshotId: before.id })
@@ -180,8 +184,8 @@ export class WorkspaceHistory {
   /** A new session whose workspace is the snapshot and whose transcript is the parent's up to its turn. */
   async fork(tenantId: string, id: string, body: ForkBody): Promise<SessionInfo> {
     await this.policy.settled(id)
-    const row = this.deps.sessions.require(tenantId, id)
-    const source = this.pick(row, body)
+    const row = await this.deps.sessions.requireOwned(tenantId, id)
+    const source = await this.pick(row, body)
     // Asked by turn, the snapshot may be one taken earlier that also stands for that turn (the
     // turns between wrote nothing): the transcript still goes up to the turn asked for.
     const turnsUpTo = body.snapshotId ? source.turn : (body.turn ?? source.turn)
@@ -203,7 +207,7 @@ export class WorkspaceHistory {
       const [marked] = await this.deps.runtime.readGenerations([childId])
       const generation = marked ?? source.generation
       if (marked === undefined) await this.deps.runtime.writeGeneration(childId, generation)
-      this.deps.sessions.insertFork(
+      await this.deps.sessions.insertFork(
         row,
         { id: childId, title: body.title, policy, generation },
         { snapshotId: source.id, turnsUpTo },
@@ -217,6 +221,6 @@ export class WorkspaceHistory {
         )
       throw error
     }
-    return this.deps.sessions.get(tenantId, childId)
+    return await this.deps.sessions.get(tenantId, childId)
   }
 }

@@ -16,8 +16,8 @@ export class WorkspaceManifest {
     private readonly measures: SnapshotMeasures,
   ) {}
 
-  private sessionSetup(sessionId: string) {
-    const setup = this.deps.setupOf?.(sessionId)
+  private async sessionSetup(sessionId: string) {
+    const setup = await this.deps.setupOf?.(sessionId)
     if (!setup) return null
     const { status, attempts, exitCode, snapshotId, command } = setup
     return { status, attempts, exitCode, snapshotId, command }
@@ -26,10 +26,10 @@ export class WorkspaceManifest {
   /** `withSizes` measures the live workspace too (a walk of its extents without btrfs quotas). */
   /** Typed by the wire schema: a field the schema lacks would be dropped from the answer, so it fails to compile. */
   async build(tenantId: string, id: string, withSizes = false): Promise<SessionManifest> {
-    const session = this.deps.sessions.get(tenantId, id)
-    const row = this.deps.sessions.require(tenantId, id)
-    const revision = this.deps.agents.store.revision(row.revision_id)
-    const turns = this.deps.sessions.store.turns(id)
+    const session = await this.deps.sessions.get(tenantId, id)
+    const row = await this.deps.sessions.requireOwned(tenantId, id)
+    const revision = await this.deps.agents.store.revision(row.revision_id)
+    const turns = await this.deps.sessions.store.turns(id)
     const last = turns[turns.length - 1]
     const present = await this.deps.runtime.hasWorkspace(id)
     const dirty = present ? await this.files.diff(tenantId, id) : undefined
@@ -53,11 +53,11 @@ export class WorkspaceManifest {
       driver: revision?.manifest.isolation ?? this.deps.runtimeDrivers.isolation,
       storage: this.deps.runtimeDrivers.storage,
       setupVersion: revision?.manifest.setup ? revision.contentHash : null,
-      sessionSetup: this.sessionSetup(id),
+      sessionSetup: await this.sessionSetup(id),
       generation: row.generation,
       parentSessionId: row.parent_session_id,
       forkedFromSnapshotId: row.forked_from_snapshot_id,
-      snapshotIds: this.snapshots.list(id).map((s) => s.id),
+      snapshotIds: (await this.snapshots.list(id)).map((s) => s.id),
       workspaceSizes,
       lastTurn: last
         ? {
@@ -77,7 +77,7 @@ export class WorkspaceManifest {
       policies: {
         ...policyOf(row),
         deadlineAt: row.deadline_at,
-        keepAutoSnapshots: this.policy.keepAuto(tenantId),
+        keepAutoSnapshots: await this.policy.keepAuto(tenantId),
       },
     }
   }

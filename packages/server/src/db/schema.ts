@@ -1,0 +1,185 @@
+import type { Generated } from 'kysely'
+
+/**
+ * The control plane's tables as Kysely sees them (one description for SQLite and PostgreSQL).
+ * Times are ISO-8601 text; flags are 0/1 integers (SQLite has no boolean); JSON is text.
+ */
+export interface Schema {
+  schema_migrations: { version: number; name: string; applied_at: string }
+  tenants: { id: string; name: string; created_at: string }
+  api_keys: {
+    id: string
+    tenant_id: string
+    hash: string
+    prefix: string
+    role: string
+    name: string | null
+    created_at: string
+    last_used_at: string | null
+    revoked_at: string | null
+  }
+  agents: {
+    id: string
+    tenant_id: string
+    name: string
+    current_revision_id: string | null
+    created_at: string
+    updated_at: string
+    deleted_at: string | null
+  }
+  revisions: {
+    id: string
+    agent_id: string
+    tenant_id: string
+    status: string
+    content_hash: string
+    manifest_json: string
+    file_count: number
+    size_bytes: number
+    error: string | null
+    created_at: string
+  }
+  sessions: SessionsTable
+  turns: {
+    id: string
+    session_id: string
+    seq: number
+    status: string
+    prompt: string
+    response: Generated<string>
+    stderr: Generated<string>
+    sandbox_id: string | null
+    cold_start: Generated<number>
+    error_code: string | null
+    error_message: string | null
+    started_at: string
+    ended_at: string | null
+    duration_ms: number | null
+  }
+  session_events: {
+    id: string
+    session_id: string
+    from_status: string | null
+    to_status: string
+    cause: string
+    detail: string | null
+    at: string
+  }
+  secrets: {
+    agent_id: string
+    tenant_id: string
+    name: string
+    scope: string
+    ciphertext: Buffer
+    iv: Buffer
+    tag: Buffer
+    key_version: number
+    stand_in: string | null
+    hosts_json: string | null
+    headers_json: string | null
+    created_at: string
+    updated_at: string
+  }
+  snapshots: {
+    id: string
+    session_id: string
+    tenant_id: string
+    kind: string
+    reason: string
+    label: string | null
+    turn_seq: number
+    through_turn_seq: number | null
+    generation: number
+    digest: string | null
+    created_at: string
+    deleted_at: string | null
+  }
+  retention_policies: {
+    tenant_id: string
+    keep_auto_snapshots: number
+    ended_snapshot_ttl_ms: number | null
+    ended_workspace_ttl_ms: number | null
+    updated_at: string
+  }
+  retention_events: {
+    id: string
+    tenant_id: string
+    session_id: string
+    kind: string
+    target_id: string
+    bytes_freed: number
+    reason: string
+    at: string
+  }
+  network_events: {
+    id: Generated<number>
+    session_id: string
+    at: string
+    host: string
+    port: number
+    method: string
+    allowed: number
+    reason: string
+    address: string | null
+  }
+  agent_memory: { agent_id: string; version: number; content: string; source: string; created_at: string }
+  artifacts: {
+    id: string
+    tenant_id: string
+    agent_id: string
+    session_id: string
+    path: string
+    size_bytes: number
+    sha256: string
+    created_at: string
+  }
+  session_setups: {
+    session_id: string
+    command_json: string
+    env_json: string
+    network_json: string | null
+    timeout_ms: number | null
+    status: string
+    attempts: Generated<number>
+    exit_code: number | null
+    error: string | null
+    log: Generated<string>
+    started_at: string | null
+    ended_at: string | null
+    snapshot_id: string | null
+  }
+  preview_url_epochs: { session_id: string; port: number; epoch: number }
+  shared_files: { name: string; content: Buffer; created_at: string }
+  build_logs: { revision_id: string; log: string }
+  artifact_blobs: { artifact_id: string; content: Buffer }
+}
+
+export interface SessionsTable {
+  id: string
+  tenant_id: string
+  agent_id: string
+  revision_id: string
+  title: string | null
+  status: string
+  status_cause: string
+  turn_count: Generated<number>
+  message_count: Generated<number>
+  idle_timeout_ms: number
+  keep_warm_ms: number
+  created_at: string
+  updated_at: string
+  last_active_at: string
+  generation: Generated<number>
+  parent_session_id: string | null
+  forked_from_snapshot_id: string | null
+  auto_snapshots: Generated<number>
+  lease_until: string | null
+  network_json: string | null
+  ephemeral: Generated<number>
+  keep_transcript: Generated<number>
+  max_turns: number | null
+  max_duration_ms: number | null
+  deadline_at: string | null
+  on_timeout: Generated<string>
+  runtime_id: string | null
+}

@@ -1,0 +1,95 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { TestPostgres } from '../helpers/postgres.js'
+import { makeProject, SHELL_PROJECT } from '../helpers/projects.js'
+import { startTestServer, type TestServer } from '../helpers/server.js'
+
+// PostgreSQL failing under a running server: its connections dropped (a failover, an operator's
+// pg_terminate_backend), the server restarted, or gone for longer than a turn waits. Each ends in
+// a finished turn or a typed, retryable error, and the session goes on; no turn hangs. The cluster
+// is this file's own: stopping it must not disturb other tests.
+let postgres: TestPostgres
+let t: TestServer
+let database = ''
+
+beforeAll(async () => {
+  postgres = await TestPostgres.start()
+  const url = await postgres.createDatabase()
+  database = new URL(url).pathname.slice(1)
+  t = await startTestServer({ server: { database: url } })
+  expect((await t.api.deploy(await makeProject(SHELL_PROJECT))).status).toBe(201)
+}, 120_000)
+
+afterAll(async () => {
+  await t?.close()
+  await postgres?.stop()
+})
+
+async function turnsOf(sessionId: string): Promise<{ seq: number; status: string; response: string }[]> {
+  return (await t.api.call('GET', `/v1/sessions/${sessionId}/turns`)).body.data
+}
+
+describe('PostgreSQL failing under a running server', () => {
+  it('finishes a turn whose connections were dropped while it ran, and takes the next message', async () => {
+    const session = await t.api.createSession('shell')
+    const running = t.api.send(session.id, 'sleep 2 && echo survived')
+    await new Promise((r) => setTimeout(r, 700))
+    expect(await postgres.terminateConnections(database)).toBeGreaterThan(0)
+    const turn = await running
+    expect(turn.terminal?.type).toBe('run.completed')
+    expect(turn.text).toContain('survived')
+    // Dropped again between turns: a request that meets a connection the pool has not yet seen
+    // die is refused 503 unavailable (nothing recorded); the pool then opens new ones.
+    await postgres.terminateConnections(database)
+    let next = await t.api.send(session.id, 'echo next')
+    if (next.status === 503) {
+      expect(next.body).toMatchObject({ error: { code: 'unavailable' } })
+      next = await t.api.send(session.id, 'echo next')
+    }
+    expect(next.text).toContain('next')
+    expect((await turnsOf(session.id)).map((x) => [x.seq, x.status])).toEqual([
+      [1, 'completed'],
+      [2, 'completed'],
+    ])
+  })
+
+  it('answers 503 unavailable while PostgreSQL is down, and a turn spanning its restart is recorded', async () => {
+    const session = await t.api.createSession('shell')
+    const running = t.api.send(session.id, 'sleep 3 && echo across the restart')
+    await new Promise((r) => setTimeout(r, 700))
+    await postgres.stopServer()
+    const down = await t.api.call('GET', `/v1/sessions/${session.id}`)
+    expect(down.status).toBe(503)
+    expect(down.body.error.code).toBe('unavailable')
+    await postgres.startServer()
+    const turn = await running
+    expect(turn.terminal?.type).toBe('run.completed')
+    expect(turn.text).toContain('across the restart')
+    expect((await t.api.call('GET', `/v1/sessions/${session.id}`)).body).toMatchObject({
+      status: 'idle',
+      turnCount: 1,
+    })
+    expect((await t.api.send(session.id, 'echo resumed')).text).toContain('resumed')
+  })
+
+  it('tells the client unavailable when PostgreSQL stays down past the turn, then records it and resumes', async () => {
+    const session = await t.api.createSession('shell')
+    const running = t.api.send(session.id, 'sleep 1 && echo unrecorded for now')
+    await new Promise((r) => setTimeout(r, 300))
+    await postgres.stopServer()
+    const turn = await running
+    expect(turn.text).toContain('unrecorded for now')
+    expect(turn.terminal).toMatchObject({ type: 'run.failed', error: { code: 'unavailable' } })
+    await postgres.startServer()
+    // Recorded behind once the database is back; the session's running turn ends with it.
+    let turns: { seq: number; status: string; response: string }[] = []
+    for (let i = 0; i < 100; i++) {
+      const res = await t.api.call('GET', `/v1/sessions/${session.id}/turns`)
+      turns = res.status === 200 ? res.body.data : []
+      if (turns[0]?.status === 'completed') break
+      await new Promise((r) => setTimeout(r, 200))
+    }
+    expect(turns.map((x) => [x.seq, x.status])).toEqual([[1, 'completed']])
+    expect(turns[0]?.response).toContain('unrecorded for now')
+    expect((await t.api.send(session.id, 'echo after')).text).toContain('after')
+  }, 60_000)
+})

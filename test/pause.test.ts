@@ -181,6 +181,55 @@ describe.skipIf(!gvisor.ok)('pause: memory under gVisor', () => {
   })
 })
 
+describe.skipIf(!gvisor.ok)('a session of its own pause (POST /v1/sessions {pause})', () => {
+  beforeAll(async () => {
+    for (const [name, extra] of [
+      ['counter-stop', 'isolation: gvisor\n'],
+      ['counter-bwrap', 'isolation: bwrap\n'],
+      ['counter-memory', 'isolation: gvisor\npause: memory\n'],
+    ] as const) {
+      const project = await makeProject({
+        'cairn.yaml': `name: ${name}\ncommand: python3 -u agent.py\n${extra}`,
+        'agent.py': COUNTER_AGENT,
+      })
+      expect((await t.api.deploy(project)).status).toBe(201)
+    }
+  })
+
+  it('pause: memory on an agent whose cairn.yaml says stop: checkpointed and restored', async () => {
+    const { id } = await t.api.createSession('counter-stop', { keepWarmMs: KEEP_WARM_MS, pause: 'memory' })
+    expect((await t.api.call('GET', `/v1/sessions/${id}`)).body.pause).toBe('memory')
+    const first = await ask(t.api, id, 'one')
+    await eventually(t.api, id, 'memory_paused')
+    expect(await ask(t.api, id, 'two')).toEqual({ ...first, count: 2, coldStart: false })
+  })
+
+  it('pause: stop on an agent whose cairn.yaml says memory: stopped, the next message starts cold', async () => {
+    const { id } = await t.api.createSession('counter-memory', { keepWarmMs: KEEP_WARM_MS, pause: 'stop' })
+    expect((await t.api.call('GET', `/v1/sessions/${id}`)).body.pause).toBe('stop')
+    const first = await ask(t.api, id, 'one')
+    for (let i = 0; i < 200 && (await t.api.call('GET', `/v1/sessions/${id}`)).body.warm; i++)
+      await new Promise((r) => setTimeout(r, 50))
+    const next = await ask(t.api, id, 'two')
+    expect(next).toMatchObject({ count: 1, coldStart: true })
+    expect(next.token).not.toBe(first.token)
+    expect((await events(t.api, id)).map((e) => e.cause)).not.toContain('memory_paused')
+  })
+
+  it('refuses pause: memory for an agent under bwrap, typed, with the reason, and creates nothing', async () => {
+    const before = (await t.api.call('GET', '/v1/sessions?agent=counter-bwrap')).body.data.length
+    const res = await t.api.call('POST', '/v1/sessions', { agent: 'counter-bwrap', pause: 'memory' })
+    expect(res.status).toBe(400)
+    expect(res.body).toMatchObject({
+      error: { code: 'bad_request', details: { driver: 'bwrap', capability: 'memorySnapshot' } },
+    })
+    expect(res.body.error.details.reason).toMatch(/CRIU/)
+    expect((await t.api.call('GET', '/v1/sessions?agent=counter-bwrap')).body.data.length).toBe(before)
+    const bad = await t.api.call('POST', '/v1/sessions', { agent: 'counter-bwrap', pause: 'sleep' })
+    expect(bad.status).toBe(400)
+  })
+})
+
 describe.skipIf(!gvisor.ok)('memory checkpoints and retention', () => {
   it('ages a paused session checkpoint out (memoryCheckpointTtlMs): freed, recorded, and the next message starts cold', async () => {
     const node = await startTestServer({ server: { memoryCheckpointTtlMs: 0, reaperIntervalMs: 3_600_000 } })

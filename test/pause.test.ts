@@ -185,7 +185,7 @@ describe.skipIf(!gvisor.ok)('a session of its own pause (POST /v1/sessions {paus
   beforeAll(async () => {
     for (const [name, extra] of [
       ['counter-stop', 'isolation: gvisor\n'],
-      ['counter-bwrap', 'isolation: bwrap\n'],
+      ['counter-under-bwrap', 'isolation: bwrap\n'],
       ['counter-memory', 'isolation: gvisor\npause: memory\n'],
     ] as const) {
       const project = await makeProject({
@@ -217,15 +217,15 @@ describe.skipIf(!gvisor.ok)('a session of its own pause (POST /v1/sessions {paus
   })
 
   it('refuses pause: memory for an agent under bwrap, typed, with the reason, and creates nothing', async () => {
-    const before = (await t.api.call('GET', '/v1/sessions?agent=counter-bwrap')).body.data.length
-    const res = await t.api.call('POST', '/v1/sessions', { agent: 'counter-bwrap', pause: 'memory' })
+    const before = (await t.api.call('GET', '/v1/sessions?agent=counter-under-bwrap')).body.data.length
+    const res = await t.api.call('POST', '/v1/sessions', { agent: 'counter-under-bwrap', pause: 'memory' })
     expect(res.status).toBe(400)
     expect(res.body).toMatchObject({
       error: { code: 'bad_request', details: { driver: 'bwrap', capability: 'memorySnapshot' } },
     })
     expect(res.body.error.details.reason).toMatch(/CRIU/)
-    expect((await t.api.call('GET', '/v1/sessions?agent=counter-bwrap')).body.data.length).toBe(before)
-    const bad = await t.api.call('POST', '/v1/sessions', { agent: 'counter-bwrap', pause: 'sleep' })
+    expect((await t.api.call('GET', '/v1/sessions?agent=counter-under-bwrap')).body.data.length).toBe(before)
+    const bad = await t.api.call('POST', '/v1/sessions', { agent: 'counter-under-bwrap', pause: 'sleep' })
     expect(bad.status).toBe(400)
   })
 })

@@ -35,6 +35,23 @@ while True:
     print(f"count={count} init={init_start()} token={token} preview={ask_preview()}")
 `
 
+/**
+ * The counter as a Node stdio agent (Cairn's node shim marks its turns): a readline loop whose
+ * count and token live only in the process's memory.
+ */
+const NODE_COUNTER_AGENT = `
+const crypto = require('node:crypto')
+const fs = require('node:fs')
+let count = 0
+const token = crypto.randomBytes(6).toString('hex')
+const init = fs.readFileSync('/proc/1/stat', 'utf8').split(')').pop().trim().split(/\\s+/)[19]
+const rl = require('node:readline').createInterface({ input: process.stdin })
+rl.on('line', () => {
+  count++
+  console.log('count=' + count + ' init=' + init + ' token=' + token + ' preview=none')
+})
+`
+
 const KEEP_WARM_MS = 400
 
 const gvisor = await probeGvisor()
@@ -145,6 +162,104 @@ describe.skipIf(!gvisor.ok)('pause: memory under gVisor', () => {
     expect((await eventually(t.api, id, 'memory_discarded')).detail).toMatch(
       /^memory checkpoint discarded: the workspace changed since it was taken \(generation \d+, now \d+/,
     )
+  })
+
+  it('restores a Node stdio agent after keep-warm expiry: it reads its next line, its memory intact', async () => {
+    const project = await makeProject({
+      'cairn.yaml': 'name: node-counter\ncommand: node agent.js\nisolation: gvisor\npause: memory\n',
+      'agent.js': NODE_COUNTER_AGENT,
+    })
+    expect((await t.api.deploy(project)).status).toBe(201)
+    const { id } = await t.api.createSession('node-counter', { keepWarmMs: KEEP_WARM_MS })
+    const first = await ask(t.api, id, 'one')
+    expect(first).toMatchObject({ count: 1, coldStart: true })
+    await eventually(t.api, id, 'memory_paused')
+    expect(await ask(t.api, id, 'two')).toEqual({ ...first, count: 2, coldStart: false })
+    await eventually(t.api, id, 'memory_restored')
+    await eventually(t.api, id, 'memory_paused', 2)
+    expect(await ask(t.api, id, 'three')).toEqual({ ...first, count: 3, coldStart: false })
+  })
+})
+
+describe.skipIf(!gvisor.ok)('a session of its own pause (POST /v1/sessions {pause})', () => {
+  beforeAll(async () => {
+    for (const [name, extra] of [
+      ['counter-stop', 'isolation: gvisor\n'],
+      ['counter-under-bwrap', 'isolation: bwrap\n'],
+      ['counter-memory', 'isolation: gvisor\npause: memory\n'],
+    ] as const) {
+      const project = await makeProject({
+        'cairn.yaml': `name: ${name}\ncommand: python3 -u agent.py\n${extra}`,
+        'agent.py': COUNTER_AGENT,
+      })
+      expect((await t.api.deploy(project)).status).toBe(201)
+    }
+  })
+
+  it('pause: memory on an agent whose cairn.yaml says stop: checkpointed and restored', async () => {
+    const { id } = await t.api.createSession('counter-stop', { keepWarmMs: KEEP_WARM_MS, pause: 'memory' })
+    expect((await t.api.call('GET', `/v1/sessions/${id}`)).body.pause).toBe('memory')
+    const first = await ask(t.api, id, 'one')
+    await eventually(t.api, id, 'memory_paused')
+    expect(await ask(t.api, id, 'two')).toEqual({ ...first, count: 2, coldStart: false })
+  })
+
+  it('pause: stop on an agent whose cairn.yaml says memory: stopped, the next message starts cold', async () => {
+    const { id } = await t.api.createSession('counter-memory', { keepWarmMs: KEEP_WARM_MS, pause: 'stop' })
+    expect((await t.api.call('GET', `/v1/sessions/${id}`)).body.pause).toBe('stop')
+    const first = await ask(t.api, id, 'one')
+    for (let i = 0; i < 200 && (await t.api.call('GET', `/v1/sessions/${id}`)).body.warm; i++)
+      await new Promise((r) => setTimeout(r, 50))
+    const next = await ask(t.api, id, 'two')
+    expect(next).toMatchObject({ count: 1, coldStart: true })
+    expect(next.token).not.toBe(first.token)
+    expect((await events(t.api, id)).map((e) => e.cause)).not.toContain('memory_paused')
+  })
+
+  it('refuses pause: memory for an agent under bwrap, typed, with the reason, and creates nothing', async () => {
+    const before = (await t.api.call('GET', '/v1/sessions?agent=counter-under-bwrap')).body.data.length
+    const res = await t.api.call('POST', '/v1/sessions', { agent: 'counter-under-bwrap', pause: 'memory' })
+    expect(res.status).toBe(400)
+    expect(res.body).toMatchObject({
+      error: { code: 'bad_request', details: { driver: 'bwrap', capability: 'memorySnapshot' } },
+    })
+    expect(res.body.error.details.reason).toMatch(/CRIU/)
+    expect((await t.api.call('GET', '/v1/sessions?agent=counter-under-bwrap')).body.data.length).toBe(before)
+    const bad = await t.api.call('POST', '/v1/sessions', { agent: 'counter-under-bwrap', pause: 'sleep' })
+    expect(bad.status).toBe(400)
+  })
+})
+
+describe.skipIf(!gvisor.ok)('memory checkpoints and retention', () => {
+  it('ages a paused session checkpoint out (memoryCheckpointTtlMs): freed, recorded, and the next message starts cold', async () => {
+    const node = await startTestServer({ server: { memoryCheckpointTtlMs: 0, reaperIntervalMs: 3_600_000 } })
+    try {
+      const project = await makeProject({
+        'cairn.yaml': 'name: counter\ncommand: python3 -u agent.py\nisolation: gvisor\npause: memory\n',
+        'agent.py': COUNTER_AGENT,
+      })
+      expect((await node.api.deploy(project)).status).toBe(201)
+      const { id } = await node.api.createSession('counter', { keepWarmMs: KEEP_WARM_MS })
+      const first = await ask(node.api, id, 'one')
+      await eventually(node.api, id, 'memory_paused')
+      const held = (await node.api.call('GET', '/v1/usage')).body.memoryCheckpoints
+      expect(held.count).toBe(1)
+
+      const applied = await node.server.retention.apply()
+      expect(applied.memoryCheckpoints).toBe(1)
+      expect(applied.bytesFreed).toBeGreaterThanOrEqual(held.bytes)
+      const usage = (await node.api.call('GET', '/v1/usage')).body
+      expect(usage.memoryCheckpoints).toEqual({ count: 0, bytes: 0 })
+      expect(usage.retention.bytesFreed).toBeGreaterThanOrEqual(held.bytes)
+      expect((await eventually(node.api, id, 'memory_discarded')).detail).toMatch(
+        /^memory checkpoint discarded by retention: taken more than 0 ms ago/,
+      )
+      const next = await ask(node.api, id, 'two')
+      expect(next).toMatchObject({ count: 1, coldStart: true })
+      expect(next.token).not.toBe(first.token)
+    } finally {
+      await node.close()
+    }
   })
 })
 

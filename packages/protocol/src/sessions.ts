@@ -1,5 +1,5 @@
 import { type Static, Type } from '@sinclair/typebox'
-import { NetworkPolicySchema, SetupEnvSchema, SetupTimeoutMsSchema } from './agents.js'
+import { NetworkPolicySchema, PAUSE_POLICIES, SetupEnvSchema, SetupTimeoutMsSchema } from './agents.js'
 import { SESSION_STATUSES } from './names.js'
 
 export const SessionStatusSchema = Type.Union(SESSION_STATUSES.map((s) => Type.Literal(s)))
@@ -177,6 +177,15 @@ export const CreateSessionBody = Type.Object(
       }),
     ),
     setup: Type.Optional(SessionSetupSchema),
+    pause: Type.Optional(
+      Type.Union(
+        PAUSE_POLICIES.map((p) => Type.Literal(p)),
+        {
+          description:
+            "what this session's sandbox becomes when keep-warm ends, over the agent's cairn.yaml `pause`: memory (checkpointed, restored at the next message) or stop",
+        },
+      ),
+    ),
   },
   { additionalProperties: false },
 )
@@ -229,6 +238,8 @@ export const SessionSchema = Type.Object({
   generation: Type.Integer(),
   autoSnapshots: Type.Boolean(),
   ephemeral: Type.Boolean(),
+  /** The session's own `pause` (POST /v1/sessions); null: the agent's cairn.yaml decides. */
+  pause: Type.Union([...PAUSE_POLICIES.map((p) => Type.Literal(p)), Type.Null()]),
   warm: Type.Boolean(),
   createdAt: Type.String(),
   updatedAt: Type.String(),

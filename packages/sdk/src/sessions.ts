@@ -1,5 +1,6 @@
 import {
   type Message,
+  type PausePolicy,
   PreviewUrlSchema,
   type SessionInfo,
   SessionLeaseSchema,
@@ -47,6 +48,11 @@ export interface CreateSessionOptions extends RequestOptions {
    * agent's `setup`-scoped secrets; overrides `session.setup` of cairn.yaml.
    */
   setup?: SessionSetup | undefined
+  /**
+   * What the sandbox becomes when keep-warm ends, over the agent's cairn.yaml `pause`: `'memory'`
+   * (checkpointed with its processes and memory, restored at the next message) or `'stop'`.
+   */
+  pause?: PausePolicy | undefined
 }
 
 export interface ResumeOptions extends RequestOptions {
@@ -93,6 +99,7 @@ export const CREATE_SESSION_OPTION_KEYS = [
   'ephemeral',
   'keepTranscript',
   'setup',
+  'pause',
   ...REQUEST_OPTION_KEYS,
 ] as const satisfies ReadonlyArray<keyof CreateSessionOptions>
 // A key added to CreateSessionOptions but not to the list above fails to compile here.
@@ -158,6 +165,7 @@ export class Sessions {
       ephemeral,
       keepTranscript,
       setup,
+      pause,
       ...request
     } = options
     const info = asSession(
@@ -174,6 +182,7 @@ export class Sessions {
           ephemeral,
           keepTranscript,
           setup,
+          pause,
         },
         ...request,
       }),

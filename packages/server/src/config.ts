@@ -41,6 +41,12 @@ export interface ServerOptions {
    */
   reaperIntervalMs?: number | undefined
   /**
+   * How long a paused session's memory checkpoint (`pause: memory`) is kept after it was taken;
+   * retention deletes it then and the session's next message starts cold. Default 7 days; null
+   * keeps them until the session's sandbox goes (an end, a delete, a workspace restore).
+   */
+  memoryCheckpointTtlMs?: number | null | undefined
+  /**
    * The time the control plane records (session activity, keys, secrets, memory). Default: the
    * system clock. Tests set it back to make sessions whose last activity is in the past.
    */
@@ -121,6 +127,9 @@ export interface ServerOptions {
   compatPrefix?: string | undefined
 }
 
+/** How long a memory checkpoint is kept by default (see ServerConfig.memoryCheckpointTtlMs). */
+export const DEFAULT_MEMORY_CHECKPOINT_TTL_MS = 7 * 24 * 3600 * 1000
+
 export interface ResolvedConfig {
   dataDir: string
   port: number
@@ -135,6 +144,7 @@ export interface ResolvedConfig {
   maxArchiveFiles: number
   maxUnpackedBytes: number
   reaperIntervalMs: number
+  memoryCheckpointTtlMs: number | null
   rateLimitPerSecond: number
   sseHeartbeatMs: number | undefined
   shutdownGraceMs: number
@@ -222,6 +232,10 @@ export function resolveConfig(options: ServerOptions): ResolvedConfig {
     maxArchiveFiles: options.maxArchiveFiles ?? 50_000,
     maxUnpackedBytes: options.maxUnpackedBytes ?? 1024 * 1024 * 1024,
     reaperIntervalMs: options.reaperIntervalMs ?? 60_000,
+    memoryCheckpointTtlMs:
+      options.memoryCheckpointTtlMs === undefined
+        ? DEFAULT_MEMORY_CHECKPOINT_TTL_MS
+        : options.memoryCheckpointTtlMs,
     shutdownGraceMs: options.shutdownGraceMs ?? 10_000,
     sseHeartbeatMs: options.sseHeartbeatMs,
     isolation: options.isolation ?? (process.env.CAIRN_ISOLATION === 'gvisor' ? 'gvisor' : 'bwrap'),

@@ -240,6 +240,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       workspace,
       clock,
       logger,
+      memoryCheckpointTtlMs: config.memoryCheckpointTtlMs,
     })
     retention = retentionService
     setup.onSucceeded(async (row) => (await workspace.snapshotAfterSetup(row)).id)

@@ -10,6 +10,27 @@ export function restoreArgs(imageDir: string): string[] {
   return ['restore', '--image-path', imageDir]
 }
 
+/**
+ * The agent's command behind a stdin relay, for a sandbox that may be checkpointed. A process that
+ * waits for its stdin with epoll (Node's libuv; `read(2)` callers such as Python, bash or `cat` are
+ * not affected) is never woken again after `runsc restore` when that stdin is the host pipe: the
+ * restored sandbox's stdin is the restoring runsc's new pipe, and the agent's epoll no longer hears
+ * of it (runsc 20221219, ptrace; a line written after the restore stays unread). Behind the relay
+ * the agent reads a FIFO inside the sandbox (gVisor's own pipe, saved and restored whole), and only
+ * `cat`, which blocks in `read(2)`, reads the host pipe. The agent is still the sandbox's init
+ * (`exec`): its exit ends the sandbox; the FIFO's name is gone once both ends are open.
+ */
+export function stdinRelayCommand(command: readonly string[]): string[] {
+  const script = [
+    'f=$(mktemp -u /tmp/.cairn-stdin.XXXXXX) && mkfifo -m 600 "$f" || { echo "cairn: the stdin relay of a pause: memory sandbox needs sh, mktemp, mkfifo and cat" >&2; exit 127; }',
+    // A background job's stdin would be /dev/null: the host pipe goes to it as fd 4.
+    'exec 4<&0',
+    '{ exec 3>"$f" && rm -f "$f" && exec cat <&4 >&3 4<&-; } &',
+    'exec "$@" <"$f" 4<&-',
+  ].join('\n')
+  return ['/bin/sh', '-c', script, 'cairn-stdin-relay', ...command]
+}
+
 /** How long a `runsc checkpoint` may take: it writes the sandbox's whole memory (up to its limit). */
 const CHECKPOINT_TIMEOUT_MS = 120_000
 

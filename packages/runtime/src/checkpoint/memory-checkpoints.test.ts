@@ -39,6 +39,21 @@ while True:
     print(f"count={count} init={init_start()} token={token} preview={ask_preview()}")
 `
 
+/** The same counter in Node: a readline loop, its count and token only in the process's memory. */
+const NODE_COUNTER_AGENT = `
+const readline = require('node:readline')
+const crypto = require('node:crypto')
+const fs = require('node:fs')
+let count = 0
+const token = crypto.randomBytes(6).toString('hex')
+const init = fs.readFileSync('/proc/1/stat', 'utf8').split(')').pop().trim().split(/\\s+/)[19]
+const rl = readline.createInterface({ input: process.stdin })
+rl.on('line', () => {
+  count++
+  console.log('count=' + count + ' init=' + init + ' token=' + token + ' preview=none')
+})
+`
+
 const REVISION = 'rev_memcheckpoints'
 const gvisor = await probeGvisor()
 if (!gvisor.ok) console.warn(`memory checkpoints: gVisor cannot run here, cases SKIPPED: ${gvisor.reason}`)
@@ -70,6 +85,8 @@ async function launchFor(isolation: 'gvisor' | 'bwrap'): Promise<AgentLaunch> {
     limits: { memoryMiB: 256, pids: 64, cpus: 1 },
     turnTimeoutMs: 20_000,
     isolation,
+    // As LocalRuntimePort starts a `pause: memory` agent.
+    checkpointable: isolation === 'gvisor',
   }
 }
 
@@ -114,6 +131,22 @@ describe.skipIf(!gvisor.ok)('memory checkpoints under gVisor', () => {
     expect(afterRestart.resumed).toBe(true)
     expect(parse(await reply(afterRestart.agent, 'hi', 4))).toEqual({ ...first, count: 4 })
     await runtime.stopAgent(afterRestart.agent)
+  })
+
+  it('restores a Node stdio agent (the node shim, readline) with its memory, and it reads its next line', async () => {
+    const launch = { ...(await launchFor('gvisor')), command: ['node', '-e', NODE_COUNTER_AGENT] }
+    let agent: AgentProcess = await start(launch)
+    const first = parse(await reply(agent, 'hi', 1))
+    expect(first.count).toBe(1)
+    // Idle long enough to be waiting for stdin in epoll_wait (checkpointed mid-turn-end it resumed fine).
+    await new Promise((r) => setTimeout(r, 1000))
+    await checkpoints.save(launch.sessionId, agent, 1)
+    const resumed = await startFromCheckpoint(checkpoints, start, launch, { generation: 1, driver: 'gvisor' })
+    expect(resumed.resumed).toBe(true)
+    agent = resumed.agent
+    expect(parse(await reply(agent, 'hi', 2))).toEqual({ ...first, count: 2 })
+    expect(parse(await reply(agent, 'hi', 3))).toEqual({ ...first, count: 3 })
+    await runtime.stopAgent(agent)
   })
 
   it('discards a checkpoint taken at an older workspace generation, and says why', async () => {

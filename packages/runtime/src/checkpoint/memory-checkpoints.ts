@@ -1,4 +1,4 @@
-import { mkdir, readFile, rename, rm, writeFile } from 'node:fs/promises'
+import { mkdir, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises'
 import path from 'node:path'
 import type { AgentProcess } from '../agent/agent-process.js'
 import type { AgentLaunch, AgentMemoryState } from '../agent/types.js'
@@ -101,6 +101,24 @@ export class MemoryCheckpoints {
   async bytes(sessionId: string): Promise<number> {
     const manifest = await this.manifest(sessionId)
     return typeof manifest === 'object' ? manifest.bytes : 0
+  }
+
+  /**
+   * Deletes the checkpoints taken before `cutoff` (retention: a paused session's memory does not
+   * stay on disk forever) and says whose, with the bytes freed. An unreadable one goes too.
+   */
+  async expire(cutoff: Date): Promise<{ sessionId: string; bytes: number }[]> {
+    const entries = await readdir(this.root, { withFileTypes: true }).catch(() => [])
+    const expired: { sessionId: string; bytes: number }[] = []
+    for (const entry of entries) {
+      if (!entry.isDirectory() || entry.name.endsWith('.partial')) continue
+      const manifest = await this.manifest(entry.name)
+      if (manifest === undefined) continue
+      if (manifest !== 'unreadable' && Date.parse(manifest.createdAt) >= cutoff.getTime()) continue
+      await this.discard(entry.name)
+      expired.push({ sessionId: entry.name, bytes: manifest === 'unreadable' ? 0 : manifest.bytes })
+    }
+    return expired
   }
 
   async discard(sessionId: string): Promise<void> {

@@ -215,6 +215,10 @@ export class LocalRuntimePort implements RuntimePort {
     return Promise.all(sessionIds.map((id) => this.checkpoints.bytes(id)))
   }
 
+  expireMemoryCheckpoints(cutoff: Date): Promise<{ sessionId: string; bytes: number }[]> {
+    return this.checkpoints.expire(cutoff)
+  }
+
   get warmCount(): number {
     return this.pool.size
   }

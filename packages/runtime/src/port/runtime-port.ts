@@ -223,6 +223,8 @@ export interface RuntimePort {
   treeSizes(tree: TreeRef): Promise<TreeSizes>
   /** Bytes each session's memory checkpoint holds on disk (0 without one), in the order asked. */
   memoryCheckpointBytes(sessionIds: readonly string[]): Promise<number[]>
+  /** Deletes the memory checkpoints taken before `cutoff` (retention); whose, and their bytes. */
+  expireMemoryCheckpoints(cutoff: Date): Promise<{ sessionId: string; bytes: number }[]>
   /** A tar.gz of a snapshot or a revision (trees nothing changes); `stop` ends it early. */
   exportTree(tree: TreeRef): Promise<{ stream: Readable; stop: () => Promise<void> }>
 

@@ -3,7 +3,12 @@ import { existsSync } from 'node:fs'
 import { chmod, lstat, mkdir, rm, writeFile } from 'node:fs/promises'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
-import { checkpointGvisor, restoreArgs, restored } from '../checkpoint/gvisor-checkpoint.js'
+import {
+  checkpointGvisor,
+  restoreArgs,
+  restored,
+  stdinRelayCommand,
+} from '../checkpoint/gvisor-checkpoint.js'
 import { type Logger, logAndGoOn, noopLogger } from '../util/logger.js'
 import type { CgroupLimits, CgroupManager } from './cgroups.js'
 import type { DriverCapabilities, Sandbox, SandboxDriver, SandboxSpec } from './driver.js'
@@ -275,7 +280,10 @@ export class GvisorDriver implements SandboxDriver {
   }
 
   /** `runsc run` (or `restore`) of a sandbox of its own, inside its cgroups from the start. */
-  private async launch(spec: SandboxSpec, subcommand: readonly string[]): Promise<Sandbox> {
+  private async launch(given: SandboxSpec, subcommand: readonly string[]): Promise<Sandbox> {
+    // A sandbox that may be checkpointed reads its stdin through a relay inside it (see
+    // stdinRelayCommand): the same command for `run` and `restore`, whose bundles must match.
+    const spec = given.checkpointable ? { ...given, command: stdinRelayCommand(given.command) } : given
     const flags = spec.rootfs ? imageRunscFlags(this.runsc) : runscFlags(this.runsc)
     if (!flags)
       throw new CairnProblem(

@@ -335,6 +335,14 @@ ALTER TABLE sessions ADD COLUMN runtime_id TEXT;
 CREATE INDEX sessions_runtime_status ON sessions(runtime_id, status);
 `,
   },
+  {
+    // A session's own `pause` (stop | memory) over its agent's cairn.yaml; NULL: the agent's.
+    version: 20,
+    name: 'session pause policy',
+    sql: `
+ALTER TABLE sessions ADD COLUMN pause TEXT;
+`,
+  },
 ]
 
 export type Dialect = 'sqlite' | 'postgres'

@@ -182,4 +182,5 @@ export interface SessionsTable {
   deadline_at: string | null
   on_timeout: Generated<string>
   runtime_id: string | null
+  pause: string | null
 }

@@ -1,4 +1,4 @@
-import { type AgentManifest, CairnProblem } from '@cairn/protocol'
+import { type AgentManifest, CairnProblem, type PausePolicy } from '@cairn/protocol'
 import type { AgentPause, RuntimePort } from '@cairn/runtime/port'
 import type { Logger } from 'pino'
 import { type Clock, iso } from '../clock.js'
@@ -24,17 +24,38 @@ export async function checkPausePolicy(
 }
 
 /**
+ * Refuses (`bad_request`) a session's own `pause: memory` when its agent's sandbox driver cannot
+ * checkpoint memory on this node, with the driver's reason (as a deploy of such an agent is).
+ */
+export async function checkSessionPause(
+  pause: PausePolicy,
+  manifest: Pick<AgentManifest, 'isolation'>,
+  runtime: Pick<RuntimePort, 'sandboxDriver'>,
+): Promise<void> {
+  if (pause !== 'memory') return
+  const driver = await runtime.sandboxDriver(manifest.isolation)
+  if (driver.capabilities.memorySnapshot) return
+  const reason = driver.unavailableBecause?.memorySnapshot
+  throw new CairnProblem(
+    'bad_request',
+    `pause: memory needs a sandbox driver that checkpoints memory, and this agent's (${driver.name}) cannot${reason ? `: ${reason}` : ''}`,
+    { driver: driver.name, capability: 'memorySnapshot', ...(reason ? { reason } : {}) },
+  )
+}
+
+/**
  * The runtime's `pause` for a session of a `pause: memory` agent: its checkpoint is tied to the
  * workspace generation now, and what becomes of it is recorded in the session's events.
  */
 export async function sessionPause(
-  row: Pick<SessionRow, 'id' | 'status' | 'tenant_id'>,
+  row: Pick<SessionRow, 'id' | 'status' | 'tenant_id' | 'pause'>,
   manifest: Pick<AgentManifest, 'pause'>,
   store: SessionStore,
   clock: Clock,
   logger: Pick<Logger, 'warn'>,
 ): Promise<AgentPause | undefined> {
-  if (manifest.pause !== 'memory') return undefined
+  // The session's own policy, if it was given one, over its agent's.
+  if ((row.pause ?? manifest.pause) !== 'memory') return undefined
   return {
     generation: await store.generationOf(row.id),
     onEvent: ({ cause, detail }) => {

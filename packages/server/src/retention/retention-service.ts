@@ -4,6 +4,7 @@ import { sql } from 'kysely'
 import type { Logger } from 'pino'
 import { type Clock, iso } from '../clock.js'
 import type { Db } from '../db/database.js'
+import type { SessionRow } from '../sessions/session-rows.js'
 import type { SessionService } from '../sessions/session-service.js'
 import type { WorkspaceService } from '../workspace/workspace-service.js'
 
@@ -40,6 +41,11 @@ export class RetentionService {
       workspace: WorkspaceService
       clock: Clock
       logger: Logger
+      /**
+       * A paused session's memory checkpoint is deleted this long after it was taken (the session
+       * starts cold next time, and says why); null keeps them until the session's sandbox goes.
+       */
+      memoryCheckpointTtlMs?: number | null | undefined
     },
   ) {}
 
@@ -105,7 +111,12 @@ export class RetentionService {
   }
 
   /** Applies every tenant's policy once. Returns what it deleted. */
-  async apply(): Promise<{ snapshots: number; workspaces: number; bytesFreed: number }> {
+  async apply(): Promise<{
+    snapshots: number
+    workspaces: number
+    memoryCheckpoints: number
+    bytesFreed: number
+  }> {
     const now = this.deps.clock.now()
     const ended = (await this.deps.db.q
       .selectFrom('sessions')
@@ -114,7 +125,7 @@ export class RetentionService {
       .where('runtime_id', '=', this.deps.sessions.store.runtimeId)
       .where('status', 'in', ['completed', 'failed', 'timeout'])
       .execute()) as EndedRow[]
-    const result = { snapshots: 0, workspaces: 0, bytesFreed: 0 }
+    const result = { snapshots: 0, workspaces: 0, memoryCheckpoints: 0, bytesFreed: 0 }
     const policies = new Map<string, RetentionPolicy>()
     for (const session of ended) {
       const policy = policies.get(session.tenant_id) ?? (await this.policy(session.tenant_id))
@@ -154,8 +165,46 @@ export class RetentionService {
         }
       }
     }
-    if (result.snapshots + result.workspaces > 0) this.deps.logger.info(result, 'retention applied')
+    await this.expireMemoryCheckpoints(now, result)
+    if (result.snapshots + result.workspaces + result.memoryCheckpoints > 0)
+      this.deps.logger.info(result, 'retention applied')
     return result
+  }
+
+  /** Ages out memory checkpoints past `memoryCheckpointTtlMs`, recorded for the tenant and the session. */
+  private async expireMemoryCheckpoints(
+    now: number,
+    result: { memoryCheckpoints: number; bytesFreed: number },
+  ): Promise<void> {
+    const ttlMs = this.deps.memoryCheckpointTtlMs
+    if (ttlMs === null || ttlMs === undefined) return
+    const { store } = this.deps.sessions
+    for (const { sessionId, bytes } of await this.deps.runtime.expireMemoryCheckpoints(
+      new Date(now - ttlMs),
+    )) {
+      const row = await this.deps.db.q
+        .selectFrom('sessions')
+        .select(['tenant_id', 'status'])
+        .where('id', '=', sessionId)
+        .executeTakeFirst()
+      if (!row) continue
+      await this.record(
+        row.tenant_id,
+        sessionId,
+        'memory_checkpoint',
+        sessionId,
+        bytes,
+        'memory_checkpoint_ttl',
+      )
+      await store.note(
+        { id: sessionId, status: row.status as SessionRow['status'] },
+        'memory_discarded',
+        iso(this.deps.clock.now()),
+        `memory checkpoint discarded by retention: taken more than ${ttlMs} ms ago (memoryCheckpointTtlMs)`,
+      )
+      result.memoryCheckpoints++
+      result.bytesFreed += bytes
+    }
   }
 
   async freed(

@@ -1,4 +1,4 @@
-import type { SessionInfo, SessionStatus, TurnStatus } from '@cairn/protocol'
+import type { PausePolicy, SessionInfo, SessionStatus, TurnStatus } from '@cairn/protocol'
 import { policyOf } from './policy.js'
 
 /** The rows of sessions and turns as the stores read them, and what is derived from them alone. */
@@ -32,6 +32,8 @@ export interface SessionRow {
   deadline_at: string | null
   on_timeout: string
   runtime_id: string | null
+  /** The session's own pause policy; null: the agent's. */
+  pause: PausePolicy | null
 }
 
 export interface TurnRow {
@@ -79,7 +81,9 @@ export type NewSession = Omit<
   | 'ephemeral'
   | 'keep_transcript'
   | 'runtime_id'
+  | 'pause'
 > & {
+  pause?: PausePolicy | null
   auto_snapshots?: number
   network_json?: string | null
   ephemeral?: number
@@ -113,6 +117,7 @@ export function toSessionInfo(row: SessionRow, warm: boolean): SessionInfo {
     generation: row.generation,
     autoSnapshots: row.auto_snapshots !== 0,
     ephemeral: row.ephemeral === 1,
+    pause: row.pause,
     warm,
     createdAt: row.created_at,
     updatedAt: row.updated_at,

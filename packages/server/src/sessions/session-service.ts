@@ -16,6 +16,7 @@ import {
 import type { AgentInfo } from '@cairn/runtime/port'
 import { iso } from '../clock.js'
 import { checkSetupTimeoutCeiling } from '../limits/ceilings.js'
+import { checkSessionPause } from '../pause/pause-policy.js'
 import { manifestSetup } from '../setup/setup-service.js'
 import { decodeCursor, encodeCursor } from './cursor.js'
 import { WorkspaceGenerations } from './generations.js'
@@ -186,6 +187,7 @@ export class SessionService {
     if (body.setup)
       checkSetupTimeoutCeiling('session', 'setup.timeoutMs', body.setup.timeoutMs, this.deps.operatorLimits)
     const policy = createPolicy(body)
+    if (body.pause && revision) await checkSessionPause(body.pause, revision.manifest, this.deps.runtime)
     const id = newId('session')
     await this.deps.runtime.createWorkspace(id, agent.current_revision_id, tenantId)
     await this.store.insert({
@@ -201,6 +203,7 @@ export class SessionService {
       network_json: body.network ? JSON.stringify(body.network) : null,
       ephemeral: body.ephemeral ? 1 : 0,
       keep_transcript: body.ephemeral && !body.keepTranscript ? 0 : 1,
+      pause: body.pause ?? null,
       created_at: this.now(),
     })
     if (setup) await this.deps.setup?.record(id, setup)
@@ -478,6 +481,7 @@ export class SessionService {
         status_cause: 'forked',
         ...policyColumns(child.policy, this.deps.clock.now()),
         auto_snapshots: parent.auto_snapshots,
+        pause: parent.pause,
         generation: child.generation,
         created_at: this.now(),
       },

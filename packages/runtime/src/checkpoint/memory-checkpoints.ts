@@ -7,6 +7,8 @@ import { directoryBytes } from './gvisor-checkpoint.js'
 /** What a session's memory checkpoint was taken with, beside its image (`manifest.json`). */
 export interface CheckpointManifest {
   sessionId: string
+  /** Whose quota it counts against (older checkpoints have none). */
+  tenantId?: string | undefined
   /** The sandbox driver that wrote the image; only it can restore it. */
   driver: string
   /** The workspace generation when it was taken: a restore, import or fork since discards it. */
@@ -45,7 +47,12 @@ export class MemoryCheckpoints {
    * Checkpoints the agent's sandbox (which stops it) and records the manifest; the image is only
    * where `find` looks once complete, so a crash or failure midway leaves nothing to restore.
    */
-  async save(sessionId: string, agent: AgentProcess, generation: number): Promise<CheckpointManifest> {
+  async save(
+    sessionId: string,
+    agent: AgentProcess,
+    generation: number,
+    tenantId?: string,
+  ): Promise<CheckpointManifest> {
     const dir = this.dir(sessionId)
     const partial = `${dir}.partial`
     await rm(partial, { recursive: true, force: true })
@@ -55,6 +62,7 @@ export class MemoryCheckpoints {
       const { state } = await agent.checkpoint(partial)
       const manifest: CheckpointManifest = {
         sessionId,
+        tenantId,
         driver: agent.isolation,
         generation,
         state,
@@ -101,6 +109,17 @@ export class MemoryCheckpoints {
   async bytes(sessionId: string): Promise<number> {
     const manifest = await this.manifest(sessionId)
     return typeof manifest === 'object' ? manifest.bytes : 0
+  }
+
+  /** Bytes the tenant's checkpoints hold, but for `exceptSessionId`'s (its quota's share). */
+  async tenantBytes(tenantId: string, exceptSessionId: string): Promise<number> {
+    let total = 0
+    for (const entry of await readdir(this.root, { withFileTypes: true }).catch(() => [])) {
+      if (!entry.isDirectory() || entry.name.endsWith('.partial') || entry.name === exceptSessionId) continue
+      const manifest = await this.manifest(entry.name).catch(() => undefined)
+      if (typeof manifest === 'object' && manifest.tenantId === tenantId) total += manifest.bytes
+    }
+    return total
   }
 
   /**

@@ -140,18 +140,33 @@ export class LocalRuntimePort implements RuntimePort {
     if (started.resumed) pause.onEvent({ cause: 'memory_restored', detail: started.agent.sandboxId })
     else if (started.coldReason) pause.onEvent({ cause: 'memory_discarded', detail: started.coldReason })
     const { agent } = started
-    this.pool.add(sessionId, tenantId, agent, () => this.pauseAgent(sessionId, agent, pause))
+    this.pool.add(sessionId, tenantId, agent, () => this.pauseAgent(sessionId, tenantId, agent, pause))
     return { ...this.info(sessionId, agent), restored: started.resumed }
   }
 
   /**
    * Checkpoints a cooled `pause: memory` agent (which stops it) at the workspace's generation now
-   * (its marker); one that fails leaves the session as a stop would, with the reason.
+   * (its marker); one that fails, or that would not fit in the session's storage quota, leaves the
+   * session as a stop would, with the reason.
    */
-  private async pauseAgent(sessionId: string, agent: AgentProcess, pause: AgentPause): Promise<void> {
+  private async pauseAgent(
+    sessionId: string,
+    tenantId: string,
+    agent: AgentProcess,
+    pause: AgentPause,
+  ): Promise<void> {
     try {
       const [generation] = await this.runtime.pool.readGenerations([sessionId])
-      const manifest = await this.checkpoints.save(sessionId, agent, generation ?? pause.generation)
+      const manifest = await this.checkpoints.save(sessionId, agent, generation ?? pause.generation, tenantId)
+      const overQuota = await this.checkpointOverQuota(sessionId, tenantId, manifest.bytes)
+      if (overQuota) {
+        await this.checkpoints.discard(sessionId)
+        pause.onEvent({
+          cause: 'memory_discarded',
+          detail: `memory checkpoint not kept, stopped: ${overQuota}`,
+        })
+        return
+      }
       pause.onEvent({
         cause: 'memory_paused',
         detail: `checkpoint of ${manifest.bytes} bytes in ${manifest.checkpointMs} ms at generation ${manifest.generation}`,
@@ -161,6 +176,34 @@ export class LocalRuntimePort implements RuntimePort {
       pause.onEvent({ cause: 'memory_discarded', detail: `memory checkpoint failed, stopped: ${message}` })
       await this.runtime.stopAgent(agent)
     }
+  }
+
+  /**
+   * Why a checkpoint of `bytes` may not be kept (undefined: it may). Checkpoints live beside the
+   * pool, outside its btrfs quota groups, so they are charged here: with the workspace's own bytes
+   * against the workspace quota, and with the tenant's trees and its other checkpoints against the
+   * tenant quota. Only where the pool enforces quotas.
+   */
+  private async checkpointOverQuota(
+    sessionId: string,
+    tenantId: string,
+    bytes: number,
+  ): Promise<string | undefined> {
+    const pool = this.runtime.pool
+    const quotas = pool.quotaStatus()
+    if (!quotas.enforced) return undefined
+    if (quotas.workspaceBytes !== undefined) {
+      const used = (await pool.usage(pool.workspacePath(sessionId))).referencedBytes
+      if (used + bytes > quotas.workspaceBytes)
+        return `quota_exceeded: its ${bytes} bytes with the workspace's ${used} bytes exceed the workspace quota of ${quotas.workspaceBytes} bytes`
+    }
+    if (quotas.tenantBytes !== undefined) {
+      const trees = (await pool.tenantUsage([tenantId])).get(tenantId)?.exclusiveBytes ?? 0
+      const others = await this.checkpoints.tenantBytes(tenantId, sessionId)
+      if (trees + others + bytes > quotas.tenantBytes)
+        return `quota_exceeded: its ${bytes} bytes with the tenant's ${trees + others} bytes exceed the tenant quota of ${quotas.tenantBytes} bytes`
+    }
+    return undefined
   }
 
   agent(sessionId: string): AgentInfo | undefined {

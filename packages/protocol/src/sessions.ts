@@ -345,7 +345,15 @@ export const SnapshotSchema = Type.Object({
 export type SnapshotInfo = Static<typeof SnapshotSchema>
 
 export const CreateSnapshotBody = Type.Object(
-  { label: Type.Optional(Type.String({ maxLength: 200 })) },
+  {
+    label: Type.Optional(Type.String({ maxLength: 200 })),
+    /**
+     * Also keep the memory of the session's running sandbox (drivers with `memorySnapshot`, a
+     * `pause: memory` session): a fork from this snapshot starts from that running state. The
+     * session itself goes on where it was (its sandbox is restored on its next message).
+     */
+    memory: Type.Optional(Type.Boolean()),
+  },
   { additionalProperties: false },
 )
 

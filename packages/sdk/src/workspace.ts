@@ -57,13 +57,20 @@ export class Snapshots {
     private readonly sessionId: string,
   ) {}
 
-  async create(options: RequestOptions & { label?: string | undefined } = {}): Promise<SnapshotInfo> {
-    const { label, ...request } = options
+  /**
+   * Takes a snapshot. `memory: true` also keeps the memory of the session's running sandbox (a
+   * `pause: memory` session under a driver that checkpoints memory): forks from the snapshot start
+   * from that running state.
+   */
+  async create(
+    options: RequestOptions & { label?: string | undefined; memory?: boolean | undefined } = {},
+  ): Promise<SnapshotInfo> {
+    const { label, memory, ...request } = options
     return asSnapshot(
       await this.http.json({
         method: 'POST',
         path: path(this.sessionId, '/snapshots'),
-        json: { label },
+        json: memory === undefined ? { label } : { label, memory },
         ...request,
       }),
     )

@@ -99,6 +99,11 @@ export class AgentProcess implements TurnChannel {
     }
   }
 
+  /** Its sandbox was started to be checkpointed (`AgentLaunch.checkpointable`). */
+  get checkpointable(): boolean {
+    return this.launch.checkpointable === true
+  }
+
   /** The session this agent runs for. */
   get sessionId(): string {
     return this.launch.sessionId

@@ -1,4 +1,4 @@
-import { mkdir, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises'
+import { cp, mkdir, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises'
 import path from 'node:path'
 import type { AgentProcess } from '../agent/agent-process.js'
 import type { AgentLaunch, AgentMemoryState } from '../agent/types.js'
@@ -9,6 +9,8 @@ export interface CheckpointManifest {
   sessionId: string
   /** Whose quota it counts against (older checkpoints have none). */
   tenantId?: string | undefined
+  /** Set on a fork's checkpoint: the snapshot whose memory it is (`POST …/snapshots {memory: true}`). */
+  fromSnapshotId?: string | undefined
   /** The sandbox driver that wrote the image; only it can restore it. */
   driver: string
   /** The workspace generation when it was taken: a restore, import or fork since discards it. */
@@ -105,6 +107,36 @@ export class MemoryCheckpoints {
     return { kind: 'resume', imageDir: this.dir(sessionId), manifest }
   }
 
+  /**
+   * Copies the checkpoint kept as `fromId` into `to` as `toId`, its manifest changed by `patch`
+   * (a snapshot's memory from its session's checkpoint, a fork's from its snapshot's). False: there
+   * is none (or it is unreadable).
+   */
+  async copyTo(
+    fromId: string,
+    to: MemoryCheckpoints,
+    toId: string,
+    patch: Partial<CheckpointManifest>,
+  ): Promise<CheckpointManifest | undefined> {
+    const manifest = await this.manifest(fromId)
+    if (typeof manifest !== 'object') return undefined
+    const dir = to.dir(toId)
+    const partial = `${dir}.partial`
+    await rm(partial, { recursive: true, force: true })
+    await mkdir(to.root, { recursive: true, mode: 0o700 })
+    try {
+      await cp(this.dir(fromId), partial, { recursive: true })
+      const copied = { ...manifest, ...patch }
+      await writeFile(path.join(partial, MANIFEST), JSON.stringify(copied), { mode: 0o600 })
+      await rm(dir, { recursive: true, force: true })
+      await rename(partial, dir)
+      return copied
+    } catch (error) {
+      await rm(partial, { recursive: true, force: true })
+      throw error
+    }
+  }
+
   /** Bytes the session's checkpoint holds (0 without one), for usage and quotas. */
   async bytes(sessionId: string): Promise<number> {
     const manifest = await this.manifest(sessionId)
@@ -167,6 +199,8 @@ export class MemoryCheckpoints {
 export interface ResumedStart {
   agent: AgentProcess
   resumed: boolean
+  /** The snapshot whose memory it was restored from (a fork of a memory snapshot). */
+  fromSnapshotId?: string | undefined
   /** Why a checkpoint there was not used (discarded, or its restore failed): for the session's events. */
   coldReason?: string | undefined
 }
@@ -192,7 +226,7 @@ export async function startFromCheckpoint(
       resume: { imageDir: found.imageDir, state: found.manifest.state },
     })
     await checkpoints.discard(launch.sessionId)
-    return { agent, resumed: true }
+    return { agent, resumed: true, fromSnapshotId: found.manifest.fromSnapshotId }
   } catch (error) {
     await checkpoints.discard(launch.sessionId)
     const why = error instanceof Error ? error.message : String(error)

@@ -84,13 +84,23 @@ export class LocalRuntimePort implements RuntimePort {
     this.revisionBuilder = new RevisionBuilder(runtime, this.envs, this.images, uid, options.egressSite)
     this.memory = new MemoryMounts(path.join(runtime.runDir, 'memory'))
     this.checkpoints = new MemoryCheckpoints(path.join(runtime.options.dataDir, 'checkpoints'))
+    this.snapshotMemory = new MemoryCheckpoints(path.join(runtime.options.dataDir, 'snapshot-checkpoints'))
   }
+
+  /** The memory of snapshots taken with `memory: true`, by snapshot ID (forks restore copies). */
+  private readonly snapshotMemory: MemoryCheckpoints
 
   /** `pause: memory` sessions' checkpoints, under the data dir (they outlive a restart). */
   private readonly checkpoints: MemoryCheckpoints
 
   private info(sessionId: string, agent: AgentProcess): AgentInfo {
-    return { sessionId, sandboxId: agent.sandboxId, isolation: agent.isolation, alive: agent.alive }
+    return {
+      sessionId,
+      sandboxId: agent.sandboxId,
+      isolation: agent.isolation,
+      alive: agent.alive,
+      checkpointable: agent.checkpointable,
+    }
   }
 
   private warmAgent(sessionId: string): AgentProcess {
@@ -137,7 +147,13 @@ export class LocalRuntimePort implements RuntimePort {
       { ...full, checkpointable: true },
       { generation: pause.generation, driver: driver.name },
     )
-    if (started.resumed) pause.onEvent({ cause: 'memory_restored', detail: started.agent.sandboxId })
+    if (started.resumed)
+      pause.onEvent({
+        cause: 'memory_restored',
+        detail: started.fromSnapshotId
+          ? `restored from the memory of snapshot ${started.fromSnapshotId} into ${started.agent.sandboxId}`
+          : started.agent.sandboxId,
+      })
     else if (started.coldReason) pause.onEvent({ cause: 'memory_discarded', detail: started.coldReason })
     const { agent } = started
     this.pool.add(sessionId, tenantId, agent, () => this.pauseAgent(sessionId, tenantId, agent, pause))
@@ -254,6 +270,49 @@ export class LocalRuntimePort implements RuntimePort {
     return this.pool.dropAll()
   }
 
+  async checkpointForSnapshot(
+    sessionId: string,
+    snapshotId: string,
+  ): Promise<{ bytes: number; checkpointMs: number }> {
+    const warm = this.pool.agent(sessionId)
+    if (!warm?.alive)
+      throw new CairnProblem(
+        'sandbox_not_running',
+        `session ${sessionId} has no running sandbox: a snapshot with memory keeps a running sandbox's state (send it a message first)`,
+      )
+    if (!warm.checkpointable)
+      throw new CairnProblem(
+        'bad_request',
+        `session ${sessionId}'s sandbox was not started to be checkpointed: only a pause: memory session's sandbox can be`,
+      )
+    const detached = this.pool.detach(sessionId)
+    if (!detached)
+      throw new CairnProblem('sandbox_not_running', `session ${sessionId} has no running sandbox`)
+    const [generation] = await this.runtime.pool.readGenerations([sessionId])
+    try {
+      const manifest = await this.checkpoints.save(
+        sessionId,
+        detached.agent,
+        generation ?? 0,
+        detached.tenantId,
+      )
+      await this.checkpoints.copyTo(sessionId, this.snapshotMemory, snapshotId, { sessionId: snapshotId })
+      return { bytes: manifest.bytes, checkpointMs: manifest.checkpointMs }
+    } catch (error) {
+      await this.runtime.stopAgent(detached.agent)
+      throw error
+    }
+  }
+
+  async forkMemory(snapshotId: string, childId: string, generation: number): Promise<boolean> {
+    const copied = await this.snapshotMemory.copyTo(snapshotId, this.checkpoints, childId, {
+      sessionId: childId,
+      generation,
+      fromSnapshotId: snapshotId,
+    })
+    return copied !== undefined
+  }
+
   memoryCheckpointBytes(sessionIds: readonly string[]): Promise<number[]> {
     return Promise.all(sessionIds.map((id) => this.checkpoints.bytes(id)))
   }
@@ -331,8 +390,9 @@ export class LocalRuntimePort implements RuntimePort {
     await this.runtime.pool.forkWorkspace(childId, snapshotId, tenantId)
   }
 
-  deleteSnapshot(snapshotId: string): Promise<void> {
-    return this.runtime.pool.deleteSnapshot(snapshotId)
+  async deleteSnapshot(snapshotId: string): Promise<void> {
+    await this.runtime.pool.deleteSnapshot(snapshotId)
+    await this.snapshotMemory.discard(snapshotId)
   }
 
   hasSnapshot(snapshotId: string): boolean {

@@ -52,6 +52,8 @@ export interface AgentInfo {
   alive: boolean
   /** Started from the session's memory checkpoint rather than cold. */
   restored?: boolean | undefined
+  /** Its sandbox may be checkpointed (started for `pause: memory` under a driver that can). */
+  checkpointable?: boolean | undefined
 }
 
 /**
@@ -223,6 +225,21 @@ export interface RuntimePort {
   treeSizes(tree: TreeRef): Promise<TreeSizes>
   /** Bytes each session's memory checkpoint holds on disk (0 without one), in the order asked. */
   memoryCheckpointBytes(sessionIds: readonly string[]): Promise<number[]>
+  /**
+   * Keeps the memory of the session's warm, checkpointable sandbox as `snapshotId`'s (a snapshot
+   * with memory): the sandbox is checkpointed as the session's own `pause: memory` checkpoint (its
+   * next start restores it, so the session goes on where it was) and the image is copied for the
+   * snapshot. `sandbox_not_running` without a warm sandbox.
+   */
+  checkpointForSnapshot(
+    sessionId: string,
+    snapshotId: string,
+  ): Promise<{ bytes: number; checkpointMs: number }>
+  /**
+   * Seeds a fork's memory checkpoint from its snapshot's memory, at the fork's workspace
+   * `generation`: the fork's first start restores it. False: the snapshot kept no memory.
+   */
+  forkMemory(snapshotId: string, childId: string, generation: number): Promise<boolean>
   /** Deletes the memory checkpoints taken before `cutoff` (retention); whose, and their bytes. */
   expireMemoryCheckpoints(cutoff: Date): Promise<{ sessionId: string; bytes: number }[]>
   /** A tar.gz of a snapshot or a revision (trees nothing changes); `stop` ends it early. */

@@ -148,6 +148,15 @@ export class WarmPool {
     await this.cooling.get(sessionId)
   }
 
+  /** Forgets the session's warm agent without stopping it (the caller ends it), with its tenant. */
+  detach(sessionId: string): { agent: AgentProcess; tenantId: string } | undefined {
+    const warm = this.warm.get(sessionId)
+    if (!warm) return undefined
+    this.warm.delete(sessionId)
+    if (warm.timer) clearTimeout(warm.timer)
+    return { agent: warm.agent, tenantId: warm.tenantId }
+  }
+
   async drop(sessionId: string): Promise<void> {
     const warm = this.warm.get(sessionId)
     // Forgotten at once (the tenant's count drops now); one being checkpointed is waited for.

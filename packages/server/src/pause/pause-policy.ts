@@ -32,13 +32,24 @@ export async function checkSessionPause(
   manifest: Pick<AgentManifest, 'isolation'>,
   runtime: Pick<RuntimePort, 'sandboxDriver'>,
 ): Promise<void> {
-  if (pause !== 'memory') return
+  if (pause === 'memory') await checkMemoryCapable(manifest, runtime, 'pause: memory')
+}
+
+/**
+ * Refuses (`bad_request`) `what` (a snapshot with memory) for a session whose agent's sandbox
+ * driver cannot checkpoint memory on this node, with the driver's reason.
+ */
+export async function checkMemoryCapable(
+  manifest: Pick<AgentManifest, 'isolation'>,
+  runtime: Pick<RuntimePort, 'sandboxDriver'>,
+  what: string,
+): Promise<void> {
   const driver = await runtime.sandboxDriver(manifest.isolation)
   if (driver.capabilities.memorySnapshot) return
   const reason = driver.unavailableBecause?.memorySnapshot
   throw new CairnProblem(
     'bad_request',
-    `pause: memory needs a sandbox driver that checkpoints memory, and this agent's (${driver.name}) cannot${reason ? `: ${reason}` : ''}`,
+    `${what} needs a sandbox driver that checkpoints memory, and this agent's (${driver.name}) cannot${reason ? `: ${reason}` : ''}`,
     { driver: driver.name, capability: 'memorySnapshot', ...(reason ? { reason } : {}) },
   )
 }

@@ -68,7 +68,8 @@ export function workspaceRoutes(server: FastifyInstance, workspace: WorkspaceSer
     {
       schema: {
         tags,
-        summary: 'Take a snapshot (sandbox frozen, O(1))',
+        summary:
+          "Take a snapshot (sandbox frozen, O(1)); memory=true also keeps the running sandbox's memory for forks",
         params: IdParams,
         body: CreateSnapshotBody,
         response: { 201: SnapshotSchema, ...errors },
@@ -76,7 +77,14 @@ export function workspaceRoutes(server: FastifyInstance, workspace: WorkspaceSer
     },
     async (request, reply) => {
       const body = request.body
-      const info = await workspace.history.snapshot(requireWrite(request).tenantId, idOf(request), body.label)
+      const info = await workspace.history.snapshot(
+        requireWrite(request).tenantId,
+        idOf(request),
+        body.label,
+        {
+          memory: body.memory === true,
+        },
+      )
       return reply.status(201).send(info)
     },
   )

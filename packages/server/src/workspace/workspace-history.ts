@@ -7,6 +7,7 @@ import {
   type SnapshotInfo,
 } from '@cairn/protocol'
 import { iso } from '../clock.js'
+import { checkMemoryCapable } from '../pause/pause-policy.js'
 import { applyPolicy, policyOf } from '../sessions/policy.js'
 import type { SessionRow } from '../sessions/session-store.js'
 import type { SnapshotPins } from '../snapshots/snapshot-pins.js'
@@ -32,13 +33,60 @@ export class WorkspaceHistory {
     return iso(this.deps.clock.now())
   }
 
-  async snapshot(tenantId: string, id: string, label?: string): Promise<SnapshotInfo> {
+  async snapshot(
+    tenantId: string,
+    id: string,
+    label?: string,
+    options: { memory?: boolean } = {},
+  ): Promise<SnapshotInfo> {
     await this.policy.settled(id)
     return this.deps.sessions.exclusive(tenantId, id, 'a snapshot', (row) =>
-      this.deps.manualSnapshotCap.within(row, () =>
-        this.policy.take(row, 'manual', 'manual', row.turn_count, label),
-      ),
+      this.deps.manualSnapshotCap.within(row, async () => {
+        if (options.memory) await this.requireMemorySnapshot(row)
+        const snap = await this.policy.take(row, 'manual', 'manual', row.turn_count, label)
+        if (options.memory) await this.keepMemory(row, snap)
+        return snap
+      }),
     )
+  }
+
+  /**
+   * Refuses a snapshot with memory the session cannot give: its agent's driver cannot checkpoint
+   * memory (`bad_request`, the driver's reason), or no sandbox of its runs (`sandbox_not_running`).
+   */
+  private async requireMemorySnapshot(row: SessionRow): Promise<void> {
+    const revision = await this.deps.agents.store.revision(row.revision_id)
+    if (revision) await checkMemoryCapable(revision.manifest, this.deps.runtime, 'a snapshot with memory')
+    const agent = this.deps.runtime.agent(row.id)
+    if (!agent?.alive)
+      throw new CairnProblem(
+        'sandbox_not_running',
+        `session ${row.id} has no running sandbox: a snapshot with memory keeps a running sandbox's state (send it a message first)`,
+      )
+    if (!agent.checkpointable)
+      throw new CairnProblem(
+        'bad_request',
+        `session ${row.id}'s sandbox cannot be checkpointed: only a pause: memory session's sandbox can (create the session with pause: memory)`,
+        { pause: row.pause },
+      )
+  }
+
+  /** Checkpoints the session's sandbox as the snapshot's memory; a failure deletes the snapshot too. */
+  private async keepMemory(row: SessionRow, snap: SnapshotInfo): Promise<void> {
+    try {
+      const { bytes, checkpointMs } = await this.deps.runtime.checkpointForSnapshot(row.id, snap.id)
+      await this.deps.sessions.store.note(
+        { id: row.id, status: row.status },
+        'memory_paused',
+        this.now(),
+        `checkpoint of ${bytes} bytes in ${checkpointMs} ms kept with snapshot ${snap.id}; the next message restores it`,
+      )
+    } catch (error) {
+      await this.snapshots.markDeleted(snap.id, this.now())
+      this.policy.snapshotDeleted(row.id, snap.id)
+      await this.deps.runtime.deleteSnapshot(snap.id)
+      throw error
+    }
   }
 
   /**
@@ -207,6 +255,8 @@ export class WorkspaceHistory {
       const [marked] = await this.deps.runtime.readGenerations([childId])
       const generation = marked ?? source.generation
       if (marked === undefined) await this.deps.runtime.writeGeneration(childId, generation)
+      // A snapshot with memory: the fork's first message restores its running state.
+      await this.deps.runtime.forkMemory(source.id, childId, generation)
       await this.deps.sessions.insertFork(
         row,
         { id: childId, title: body.title, policy, generation },

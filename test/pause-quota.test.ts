@@ -6,7 +6,9 @@ import { startTestServer, type TestServer } from './helpers/server.js'
 /**
  * Memory checkpoints count inside the session's storage quota: a counter agent that holds 24 MiB
  * of random (incompressible) bytes in memory cannot be paused with memory under a 16 MiB
- * workspace quota; it stops as with `pause: stop`, the reason in its events.
+ * workspace quota; it stops as with `pause: stop`, the reason in its events. A snapshot's memory
+ * counts against the tenant quota (40 MiB: the session's own checkpoint and the snapshot's copy
+ * are 48 MiB together).
  */
 const BIG_COUNTER_AGENT = `
 import os
@@ -25,7 +27,7 @@ if (!gvisor.ok) console.warn(`pause-quota: gVisor cannot run here, its cases are
 let t: TestServer
 
 beforeAll(async () => {
-  t = await startTestServer({ server: { workspaceQuotaMiB: 16 } })
+  t = await startTestServer({ server: { workspaceQuotaMiB: 16, tenantQuotaMiB: 40 } })
 })
 
 afterAll(async () => {
@@ -46,12 +48,15 @@ async function eventually(sessionId: string, cause: string) {
 }
 
 describe.skipIf(!gvisor.ok)('memory checkpoints within the storage quota', () => {
-  it('does not keep a checkpoint over the workspace quota: the session stops, the reason in its events', async () => {
+  beforeAll(async () => {
     const project = await makeProject({
       'cairn.yaml': 'name: big-counter\ncommand: python3 -u agent.py\nisolation: gvisor\npause: memory\n',
       'agent.py': BIG_COUNTER_AGENT,
     })
     expect((await t.api.deploy(project)).status).toBe(201)
+  })
+
+  it('does not keep a checkpoint over the workspace quota: the session stops, the reason in its events', async () => {
     const { id } = await t.api.createSession('big-counter', { keepWarmMs: 400 })
     const first = await t.api.send(id, 'one')
     expect(first.text).toMatch(/count=1 token=\w+ blob=25165824/)
@@ -68,5 +73,22 @@ describe.skipIf(!gvisor.ok)('memory checkpoints within the storage quota', () =>
     expect(second.text).toMatch(/count=1 /)
     const started = second.events.find((e) => e.type === 'run.started')
     expect(started?.type === 'run.started' && started.coldStart).toBe(true)
+  })
+
+  it('refuses a snapshot with memory over the tenant quota (quota_exceeded); the session goes on where it was', async () => {
+    const { id } = await t.api.createSession('big-counter', { keepWarmMs: 600_000 })
+    const first = await t.api.send(id, 'one')
+    const token = /token=(\w+)/.exec(first.text)?.[1]
+    expect(token).toBeDefined()
+    const res = await t.api.call('POST', `/v1/sessions/${id}/snapshots`, { memory: true })
+    expect(res.status, JSON.stringify(res.body)).toBe(507)
+    expect(res.body.error.code).toBe('quota_exceeded')
+    expect(res.body.error.message).toMatch(
+      /^the snapshot's memory was not kept: its \d+ bytes with the tenant's \d+ bytes exceed the tenant quota of 41943040 bytes/,
+    )
+    const snaps: { kind: string }[] = (await t.api.call('GET', `/v1/sessions/${id}/snapshots`)).body.data
+    expect(snaps.filter((s) => s.kind === 'manual')).toEqual([])
+    const second = await t.api.send(id, 'two')
+    expect(second.text).toContain(`count=2 token=${token}`)
   })
 })

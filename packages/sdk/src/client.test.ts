@@ -30,6 +30,7 @@ const SESSION = {
   deadlineAt: null,
   generation: 1,
   autoSnapshots: true,
+  pause: null,
   ephemeral: false,
   warm: false,
   createdAt: '2026-01-01T00:00:00.000Z',

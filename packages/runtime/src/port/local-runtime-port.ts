@@ -8,6 +8,7 @@ import type { AgentLaunch, TurnInput, TurnOutcome } from '../agent/types.js'
 import { extractArchive } from '../build/extract-archive.js'
 import { type RevisionBuild, RevisionBuilder, type RevisionBuildResult } from '../build/revision-builder.js'
 import { type CommandResult, runSandboxedCommand } from '../build/run-command.js'
+import { checkpointOverQuota } from '../checkpoint/checkpoint-quota.js'
 import { MemoryCheckpoints, startFromCheckpoint } from '../checkpoint/memory-checkpoints.js'
 import type { EgressSite } from '../egress/proxy.js'
 import { type ImageBuildContext, ImageBuilder } from '../images/image-builder.js'
@@ -174,12 +175,21 @@ export class LocalRuntimePort implements RuntimePort {
     try {
       const [generation] = await this.runtime.pool.readGenerations([sessionId])
       const manifest = await this.checkpoints.save(sessionId, agent, generation ?? pause.generation, tenantId)
-      const overQuota = await this.checkpointOverQuota(sessionId, tenantId, manifest.bytes)
+      const overQuota = await checkpointOverQuota(
+        this.runtime.pool,
+        [this.checkpoints, this.snapshotMemory],
+        tenantId,
+        manifest.bytes,
+        {
+          sessionId,
+          except: sessionId,
+        },
+      )
       if (overQuota) {
         await this.checkpoints.discard(sessionId)
         pause.onEvent({
           cause: 'memory_discarded',
-          detail: `memory checkpoint not kept, stopped: ${overQuota}`,
+          detail: `memory checkpoint not kept, stopped: quota_exceeded: ${overQuota}`,
         })
         return
       }
@@ -192,34 +202,6 @@ export class LocalRuntimePort implements RuntimePort {
       pause.onEvent({ cause: 'memory_discarded', detail: `memory checkpoint failed, stopped: ${message}` })
       await this.runtime.stopAgent(agent)
     }
-  }
-
-  /**
-   * Why a checkpoint of `bytes` may not be kept (undefined: it may). Checkpoints live beside the
-   * pool, outside its btrfs quota groups, so they are charged here: with the workspace's own bytes
-   * against the workspace quota, and with the tenant's trees and its other checkpoints against the
-   * tenant quota. Only where the pool enforces quotas.
-   */
-  private async checkpointOverQuota(
-    sessionId: string,
-    tenantId: string,
-    bytes: number,
-  ): Promise<string | undefined> {
-    const pool = this.runtime.pool
-    const quotas = pool.quotaStatus()
-    if (!quotas.enforced) return undefined
-    if (quotas.workspaceBytes !== undefined) {
-      const used = (await pool.usage(pool.workspacePath(sessionId))).referencedBytes
-      if (used + bytes > quotas.workspaceBytes)
-        return `quota_exceeded: its ${bytes} bytes with the workspace's ${used} bytes exceed the workspace quota of ${quotas.workspaceBytes} bytes`
-    }
-    if (quotas.tenantBytes !== undefined) {
-      const trees = (await pool.tenantUsage([tenantId])).get(tenantId)?.exclusiveBytes ?? 0
-      const others = await this.checkpoints.tenantBytes(tenantId, sessionId)
-      if (trees + others + bytes > quotas.tenantBytes)
-        return `quota_exceeded: its ${bytes} bytes with the tenant's ${trees + others} bytes exceed the tenant quota of ${quotas.tenantBytes} bytes`
-    }
-    return undefined
   }
 
   agent(sessionId: string): AgentInfo | undefined {
@@ -297,6 +279,19 @@ export class LocalRuntimePort implements RuntimePort {
         detached.tenantId,
       )
       await this.checkpoints.copyTo(sessionId, this.snapshotMemory, snapshotId, { sessionId: snapshotId })
+      const overQuota = await checkpointOverQuota(
+        this.runtime.pool,
+        [this.checkpoints, this.snapshotMemory],
+        detached.tenantId,
+        manifest.bytes,
+        {
+          except: snapshotId,
+        },
+      )
+      if (overQuota) {
+        await this.snapshotMemory.discard(snapshotId)
+        throw new CairnProblem('quota_exceeded', `the snapshot's memory was not kept: ${overQuota}`)
+      }
       return { bytes: manifest.bytes, checkpointMs: manifest.checkpointMs }
     } catch (error) {
       await this.runtime.stopAgent(detached.agent)

@@ -7,11 +7,17 @@ export const SessionStatusSchema = Type.Union(SESSION_STATUSES.map((s) => Type.L
 /** Why a status changed. Every transition records one of these. */
 export const STATUS_CAUSES = [
   'created',
-  /** `pause: memory`: the sandbox was checkpointed when keep-warm ended (detail: bytes, time). */
+  /**
+   * `pause: memory`: the sandbox was checkpointed when keep-warm ended, or for a snapshot with
+   * memory (detail: bytes, time).
+   */
   'memory_paused',
-  /** The next message restored it instead of a cold start. */
+  /** The next message restored it instead of a cold start (a fork's: detail names the snapshot). */
   'memory_restored',
-  /** A checkpoint was not used (the workspace changed since, a failed restore): detail says why. */
+  /**
+   * A checkpoint was not used or not kept (the workspace changed since, a failed restore, over the
+   * storage quota): detail says why.
+   */
   'memory_discarded',
   'turn_started',
   'turn_completed',

@@ -17,5 +17,7 @@ await esbuild.build({
   // The server (native modules, its own files) is loaded only by `cairn server`, from its package.
   external: ['@cairn/server'],
   legalComments: 'none',
+  minify: true,
+  keepNames: false,
   logLevel: 'warning',
 })

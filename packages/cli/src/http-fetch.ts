@@ -1,7 +1,15 @@
 import http from 'node:http'
-import https from 'node:https'
+import type https from 'node:https'
 import { Readable } from 'node:stream'
 import type { FetchResponse } from '@cairn/sdk'
+
+/**
+ * node:https, loaded for an https URL only: it loads TLS and crypto, which a request to a local
+ * server (the usual `cairn sessions list`) never needs (a few ms of every command's start).
+ */
+function httpsModule(): typeof https {
+  return process.getBuiltinModule('node:https')
+}
 
 /** Statuses whose answer has no body. */
 const NULL_BODY_STATUSES = new Set([101, 103, 204, 205, 304])
@@ -15,7 +23,7 @@ const NULL_BODY_STATUSES = new Set([101, 103, 204, 205, 304])
  */
 export function httpFetch(input: string, init: RequestInit = {}): Promise<FetchResponse> {
   const url = new URL(input)
-  const transport = url.protocol === 'https:' ? https : url.protocol === 'http:' ? http : undefined
+  const transport = url.protocol === 'https:' ? httpsModule() : url.protocol === 'http:' ? http : undefined
   if (!transport) return Promise.reject(new TypeError(`unsupported URL scheme: ${url.protocol}`))
   const signal = init.signal ?? undefined
   return new Promise<FetchResponse>((resolve, reject) => {
@@ -29,9 +37,14 @@ export function httpFetch(input: string, init: RequestInit = {}): Promise<FetchR
     request.once('response', (answer) => {
       const status = answer.statusCode ?? 0
       if (NULL_BODY_STATUSES.has(status)) answer.resume()
-      const body = NULL_BODY_STATUSES.has(status)
-        ? null
-        : (Readable.toWeb(answer) as unknown as ReadableStream<Uint8Array>)
+      const empty = NULL_BODY_STATUSES.has(status)
+      // The web stream is made when the body is read as one (SSE, downloads): Node's web streams
+      // are modules of their own to load, which a JSON answer, read by `text()`, does without.
+      let web: ReadableStream<Uint8Array> | undefined
+      const webBody = () => {
+        web ??= Readable.toWeb(answer) as unknown as ReadableStream<Uint8Array>
+        return web
+      }
       resolve({
         ok: status >= 200 && status <= 299,
         status,
@@ -41,8 +54,10 @@ export function httpFetch(input: string, init: RequestInit = {}): Promise<FetchR
             return value === undefined ? null : Array.isArray(value) ? value.join(', ') : value
           },
         },
-        body,
-        text: () => textOf(body),
+        get body() {
+          return empty ? null : webBody()
+        },
+        text: () => (empty ? Promise.resolve('') : web ? textOf(web) : textOf(answer)),
       })
     })
     const body = init.body
@@ -66,8 +81,7 @@ function plainHeaders(headers: RequestInit['headers']): http.OutgoingHttpHeaders
   return Object.fromEntries([...pairs].map(([name, value]) => [name, String(value)]))
 }
 
-async function textOf(body: ReadableStream<Uint8Array> | null): Promise<string> {
-  if (body === null) return ''
+async function textOf(body: ReadableStream<Uint8Array> | AsyncIterable<Uint8Array>): Promise<string> {
   const decoder = new TextDecoder()
   let text = ''
   for await (const chunk of body as unknown as AsyncIterable<Uint8Array>)

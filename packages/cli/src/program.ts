@@ -2,7 +2,8 @@ import { Command } from 'commander'
 import type { Register } from './command.js'
 import { CLI_VERSION, type Context } from './context.js'
 
-type Loader = () => Promise<{ register: Register }>
+/** Loads a command; `rest` is the words after its name when it alone is run (see sessions/index.ts). */
+type Loader = (rest?: readonly string[]) => Promise<{ register: Register }>
 
 /**
  * The top-level commands (and their aliases), each loaded only when it is the one being run, so that
@@ -17,7 +18,7 @@ const COMMANDS: ReadonlyArray<readonly [names: readonly string[], load: Loader]>
   [['deploy'], () => import('./commands/deploy.js')],
   [['run'], () => import('./commands/run.js')],
   [['agents', 'agent'], () => import('./commands/agents/index.js')],
-  [['sessions', 'session'], () => import('./commands/sessions/index.js')],
+  [['sessions', 'session'], (rest) => import('./commands/sessions/index.js').then((m) => m.load(rest))],
   [['secrets', 'secret'], () => import('./commands/secrets/index.js')],
   [['keys', 'key'], () => import('./commands/keys/index.js')],
   [['images', 'image'], () => import('./commands/images/index.js')],
@@ -25,8 +26,12 @@ const COMMANDS: ReadonlyArray<readonly [names: readonly string[], load: Loader]>
 ]
 
 /** The commands `args` needs: the one it names; all of them for help, a typo or no command at all. */
-function loadersFor(args: readonly string[] | undefined): Loader[] {
-  const all = COMMANDS.map(([, load]) => load)
+function loadersFor(args: readonly string[] | undefined): Array<() => ReturnType<Loader>> {
+  const all = COMMANDS.map(
+    ([, load]) =>
+      () =>
+        load(),
+  )
   if (args === undefined) return all
   const first = args.find((a) => !a.startsWith('-'))
   if (first === undefined) {
@@ -35,7 +40,9 @@ function loadersFor(args: readonly string[] | undefined): Loader[] {
   }
   const named = COMMANDS.find(([names]) => names.includes(first))
   // `completion` describes the whole tree.
-  return named && first !== 'completion' ? [named[1]] : all
+  if (!named || first === 'completion') return all
+  const rest = args.slice(args.indexOf(first) + 1)
+  return [() => named[1](rest)]
 }
 
 /**

@@ -1,14 +1,17 @@
 import http from 'node:http'
 import type https from 'node:https'
+import { createRequire } from 'node:module'
 import { Readable } from 'node:stream'
 import type { FetchResponse } from '@cairn/sdk'
 
 /**
  * node:https, loaded for an https URL only: it loads TLS and crypto, which a request to a local
- * server (the usual `cairn sessions list`) never needs (a few ms of every command's start).
+ * server (the usual `cairn sessions list`) never needs (~2.5 ms of every command's start). Not an
+ * `import()`: the bundle runs in `vm.Script`, which cannot import on Node 20. Before Node 20.16
+ * (no `process.getBuiltinModule`) a require from anywhere: built-ins resolve from any path.
  */
 function httpsModule(): typeof https {
-  return process.getBuiltinModule('node:https')
+  return process.getBuiltinModule?.('node:https') ?? createRequire(`${process.cwd()}/`)('node:https')
 }
 
 /** Statuses whose answer has no body. */

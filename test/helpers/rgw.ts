@@ -1,5 +1,5 @@
 import { execFile } from 'node:child_process'
-import { mkdtemp } from 'node:fs/promises'
+import { mkdir, mkdtemp } from 'node:fs/promises'
 import os from 'node:os'
 import path from 'node:path'
 import { promisify } from 'node:util'
@@ -20,12 +20,18 @@ export interface TestObjectStore {
 /** A real S3 server: Ceph RGW on a one-node cluster (test/object-store/rgw.sh), about 20 s to start. */
 export async function startObjectStore(): Promise<TestObjectStore> {
   const dir = await mkdtemp(path.join(os.tmpdir(), 'cairn-rgw-'))
-  let stdout: string
-  try {
-    ;({ stdout } = await run('bash', [SCRIPT, 'up', dir], { timeout: 180_000 }))
-  } catch (error) {
-    await run('bash', [SCRIPT, 'down', dir]).catch(() => undefined)
-    throw error
+  // A one-node Ceph now and then fails to bring its OSD up on a loaded machine (the OSD is refused
+  // by its monitor at boot); a second bring-up in a fresh directory is the remedy, not a wait.
+  let stdout = ''
+  for (let attempt = 1; ; attempt++) {
+    try {
+      ;({ stdout } = await run('bash', [SCRIPT, 'up', dir], { timeout: 180_000 }))
+      break
+    } catch (error) {
+      await run('bash', [SCRIPT, 'down', dir]).catch(() => undefined)
+      if (attempt >= 2) throw error
+      await mkdir(dir, { recursive: true })
+    }
   }
   const values = Object.fromEntries(
     stdout

@@ -90,6 +90,12 @@ CONF
   ceph-osd -c "$conf" -i 0 --mkfs --osd-uuid "$osd_uuid" >"$dir/log/osd-mkfs.log" 2>&1
   ceph-osd -c "$conf" -i 0
   ceph -c "$conf" osd crush add osd.0 1.0 host=localhost root=default >/dev/null 2>&1 || true
+  # RGW creates its pools at start; it needs the OSD up and in.
+  for _ in $(seq 1 600); do
+    ceph -c "$conf" osd stat 2>/dev/null | grep -q '1 up' && break
+    sleep 0.1
+  done
+  ceph -c "$conf" osd stat | grep -q '1 up' || { echo "the OSD did not come up: $(tail -5 "$dir/log/osd.0.log")" >&2; exit 1; }
   # RGW, and a user for the tests.
   mkdir -p "$dir/rgw"
   radosgw -c "$conf" -n client.rgw

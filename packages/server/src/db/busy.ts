@@ -20,7 +20,7 @@ export function unavailableReason(error: unknown): string | undefined {
     return `the database is unreachable (${code})`
   if (
     typeof message === 'string' &&
-    /^Connection terminated|^timeout exceeded when trying to connect/.test(message)
+    /^Connection terminated|^timeout exceeded when trying to connect|is not queryable/.test(message)
   )
     return `the database is unreachable (${message})`
   return undefined

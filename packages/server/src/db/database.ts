@@ -132,6 +132,12 @@ async function openPostgres(url: string): Promise<Db> {
   // A connection the server drops while idle (a restart, pg_terminate_backend) is an error
   // event on the pool; the next query opens a new one.
   pool.on('error', () => {})
+  // One dropped while checked out but between statements (inside a transaction, say) is an error
+  // event on the client itself, which would otherwise end the process; the statement that uses it
+  // next fails and is answered as the database being unavailable.
+  pool.on('connect', (connection) => {
+    connection.on('error', () => {})
+  })
   const client = await pool.connect()
   try {
     await client.query('BEGIN')

@@ -6,6 +6,7 @@ import path from 'node:path'
 import { promisify } from 'node:util'
 import { startServer } from '@cairn/server'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { testDatabaseFor } from './fixtures/test-database.mjs'
 import { makeProject, SHELL_PROJECT } from './helpers/projects.js'
 import { Api, EXAMPLES, startTestServer, type TestServer } from './helpers/server.js'
 import { treeManifest } from './helpers/tree.js'
@@ -61,6 +62,7 @@ describe.each(['btrfs', 'dir'] as const)('storage driver %s', (storage) => {
     await t.server.close()
     const server = await startServer({
       dataDir,
+      database: await testDatabaseFor(dataDir),
       port: 0,
       storage,
       writeCredentials: false,

@@ -3,6 +3,7 @@ import BetterSqlite3 from 'better-sqlite3'
 import { Kysely, PostgresDialect, SqliteDialect, type Transaction } from 'kysely'
 import pg from 'pg'
 import { type Dialect, forDialect, MIGRATIONS } from './migrations.js'
+import { PostgresTextPlugin } from './postgres-text.js'
 import type { Schema } from './schema.js'
 
 /**
@@ -168,5 +169,8 @@ async function openPostgres(url: string): Promise<Db> {
     throw error
   }
   client.release()
-  return new Db(new Kysely<Schema>({ dialect: new PostgresDialect({ pool }) }), 'postgres')
+  return new Db(
+    new Kysely<Schema>({ dialect: new PostgresDialect({ pool }), plugins: [new PostgresTextPlugin()] }),
+    'postgres',
+  )
 }

@@ -1,7 +1,7 @@
-import { mkdir, mkdtemp, writeFile } from 'node:fs/promises'
+import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises'
 import os from 'node:os'
 import path from 'node:path'
-import { describe, expect, it } from 'vitest'
+import { describe, expect, it, onTestFinished } from 'vitest'
 import { hostDebianMirror } from './debian-mirror.js'
 import { repositoryOf } from './image-builder.js'
 import { debianImageKey, ociImageKey, parseImage } from './image-recipe.js'
@@ -77,6 +77,7 @@ describe('image keys', () => {
 describe('hostDebianMirror', () => {
   it('finds the first non-security source in sources.list or deb822 files', async () => {
     const dir = await mkdtemp(path.join(os.tmpdir(), 'cairn-apt-'))
+    onTestFinished(() => rm(dir, { recursive: true, force: true }))
     await mkdir(path.join(dir, 'sources.list.d'))
     expect(hostDebianMirror(dir)).toBeUndefined()
     await writeFile(

@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { createNetnsHost, type NetnsHost, netnsAddresses } from './helpers/netns.js'
-import { buildImage, registries, run, startRegistry } from './helpers/oci-registry.js'
+import { buildImage, imageDigest, pushImage, registries, startRegistry } from './helpers/oci-registry.js'
 import { makeProject } from './helpers/projects.js'
 import { scratchDir } from './helpers/scratch.js'
 import { startTestServer, type TestServer } from './helpers/server.js'
@@ -20,15 +20,8 @@ beforeAll(async () => {
   const storage = await scratchDir('cairn-registry-')
   await startRegistry(storage, `${REGISTRY_HOST}:5000`, netnsHost)
   const layout = buildImage(await scratchDir('cairn-oci-'))
-  run('skopeo', 'copy', '--quiet', '--dest-tls-verify=false', `oci:${layout}:1.4`, `docker://${REFERENCE}`)
-  pushedDigest = run(
-    'skopeo',
-    'inspect',
-    '--tls-verify=false',
-    '--format',
-    '{{.Digest}}',
-    `docker://${REFERENCE}`,
-  ).trim()
+  pushImage(layout, REFERENCE)
+  pushedDigest = imageDigest(REFERENCE)
   t = await startTestServer({ server: { egressPrivateExceptions: [REGISTRY_HOST] } })
 }, 120_000)
 

@@ -8,6 +8,23 @@ export const run = (file: string, ...args: string[]) => execFileSync(file, args,
 /** The registries a test file started (killed in its afterAll). */
 export const registries: ChildProcess[] = []
 
+/** Pushes the OCI layout's `1.4` tag to `reference` on a plain-HTTP test registry. */
+export function pushImage(layout: string, reference: string): void {
+  run('skopeo', 'copy', '--quiet', '--dest-tls-verify=false', `oci:${layout}:1.4`, `docker://${reference}`)
+}
+
+/** The digest a plain-HTTP test registry answers for `reference`. */
+export function imageDigest(reference: string): string {
+  return run(
+    'skopeo',
+    'inspect',
+    '--tls-verify=false',
+    '--format',
+    '{{.Digest}}',
+    `docker://${reference}`,
+  ).trim()
+}
+
 /** Starts docker-registry on `addr` (inside the test host's namespace when `host` is given) and waits for it. */
 export async function startRegistry(storage: string, addr: string, host?: NetnsHost): Promise<void> {
   const config = path.join(storage, `config-${registries.length}.yml`)

@@ -5,7 +5,7 @@ import path from 'node:path'
 import { ImageStore } from '@cairn/runtime'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { createNetnsHost, type NetnsHost, netnsAddresses } from '../helpers/netns.js'
-import { buildImage, registries, run, startRegistry } from '../helpers/oci-registry.js'
+import { buildImage, imageDigest, pushImage, registries, startRegistry } from '../helpers/oci-registry.js'
 import { makeProject } from '../helpers/projects.js'
 import { scratchDir } from '../helpers/scratch.js'
 import { Api, startTestServer, type TestServer } from '../helpers/server.js'
@@ -25,15 +25,8 @@ beforeAll(async () => {
   const storage = await scratchDir('cairn-registry-')
   await startRegistry(storage, `${REGISTRY_HOST}:5000`, netnsHost)
   const layout = buildImage(await scratchDir('cairn-oci-'))
-  run('skopeo', 'copy', '--quiet', '--dest-tls-verify=false', `oci:${layout}:1.4`, `docker://${REFERENCE}`)
-  digest = run(
-    'skopeo',
-    'inspect',
-    '--tls-verify=false',
-    '--format',
-    '{{.Digest}}',
-    `docker://${REFERENCE}`,
-  ).trim()
+  pushImage(layout, REFERENCE)
+  digest = imageDigest(REFERENCE)
   // The same storage served on the host's loopback: a registry only the host itself reaches.
   loopbackPort = 20000 + (process.pid % 20000)
   await startRegistry(storage, `127.0.0.1:${loopbackPort}`)
@@ -58,15 +51,8 @@ describe('image attacks', () => {
     expect(res.body.error.code).toBe('build_failed')
     expect(res.body.error.message).toMatch(/skopeo inspect/)
     // The registry there holds the image: only the wall kept the server from pulling it.
-    const there = run(
-      'skopeo',
-      'inspect',
-      '--tls-verify=false',
-      '--format',
-      '{{.Digest}}',
-      `docker://127.0.0.1:${loopbackPort}/team/base:1.4`,
-    )
-    expect(there.trim()).toBe(digest)
+    const there = imageDigest(`127.0.0.1:${loopbackPort}/team/base:1.4`)
+    expect(there).toBe(digest)
     expect((await t.api.call('GET', '/v1/agents')).body.data).toEqual([])
   })
 
@@ -105,7 +91,7 @@ describe('image attacks', () => {
       symlinkSync(path.join(victim, 'lib'), path.join(rootfs, 'usr/lib'))
     })
     const evil = `${REGISTRY_HOST}:5000/team/evil:1`
-    run('skopeo', 'copy', '--quiet', '--dest-tls-verify=false', `oci:${layout}:1.4`, `docker://${evil}`)
+    pushImage(layout, evil)
     const deployed = await t.api.deploy(await ociAgent('symlinked', evil))
     expect(deployed.status, JSON.stringify(deployed.body)).toBe(201)
     let revision: { status: string; error: string | null; imageKey: string } = deployed.body.revision
@@ -184,7 +170,7 @@ describe('image attacks', () => {
       execFileSync('truncate', ['-s', '256M', path.join(rootfs, zeros)])
     })
     const bomb = `${REGISTRY_HOST}:5000/team/bomb:1`
-    run('skopeo', 'copy', '--quiet', '--dest-tls-verify=false', `oci:${layout}:1.4`, `docker://${bomb}`)
+    pushImage(layout, bomb)
     const capped = await startTestServer({
       server: { egressPrivateExceptions: [REGISTRY_HOST], maxImageMiB: 8 },
     })

@@ -1,56 +1,9 @@
 import { rm } from 'node:fs/promises'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { type GvisorDriver, probeGvisor } from '../packages/runtime/src/sandbox/gvisor-driver.js'
+import { COUNTER_AGENT, NODE_COUNTER_AGENT } from '../packages/runtime/test/counter-agents.js'
 import { makeProject } from './helpers/projects.js'
 import { Api, startTestServer, type TestServer } from './helpers/server.js'
-
-/**
- * `pause: memory`: a REPL-style agent keeps a counter in memory and serves a `python3 -m
- * http.server` preview; each reply says the count, the start time of its pid namespace's init (a
- * restarted sandbox has a new one) and what the preview answers from inside the sandbox (gVisor's
- * loopback is its own network stack, unreachable from the host: `ports` is false there).
- */
-const COUNTER_AGENT = `
-import os, subprocess, urllib.request, time
-count = 0
-token = os.urandom(6).hex()
-preview = None
-def init_start():
-    return open("/proc/1/stat").read().rsplit(")", 1)[1].split()[19]
-def ask_preview():
-    err = ""
-    for _ in range(50):
-        try:
-            return str(urllib.request.urlopen("http://127.0.0.1:8000/", timeout=2).status)
-        except Exception as e:
-            err = type(e).__name__
-            time.sleep(0.1)
-    return "ERR " + err
-while True:
-    input()
-    count += 1
-    if preview is None:
-        preview = subprocess.Popen(["python3", "-m", "http.server", "8000", "--bind", "127.0.0.1"],
-                                   cwd="/tmp", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    print(f"count={count} init={init_start()} token={token} preview={ask_preview()}")
-`
-
-/**
- * The counter as a Node stdio agent (Cairn's node shim marks its turns): a readline loop whose
- * count and token live only in the process's memory.
- */
-const NODE_COUNTER_AGENT = `
-const crypto = require('node:crypto')
-const fs = require('node:fs')
-let count = 0
-const token = crypto.randomBytes(6).toString('hex')
-const init = fs.readFileSync('/proc/1/stat', 'utf8').split(')').pop().trim().split(/\\s+/)[19]
-const rl = require('node:readline').createInterface({ input: process.stdin })
-rl.on('line', () => {
-  count++
-  console.log('count=' + count + ' init=' + init + ' token=' + token + ' preview=none')
-})
-`
 
 const KEEP_WARM_MS = 400
 

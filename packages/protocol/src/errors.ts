@@ -55,6 +55,11 @@ export const ERROR_CODES = {
   state_lost: { status: 500, retryable: false },
   internal: { status: 500, retryable: true },
   unavailable: { status: 503, retryable: true },
+  /**
+   * The session's node was declared lost (its lease ended or its process died); retry once it
+   * registers again (or the session is moved to another node).
+   */
+  node_lost: { status: 503, retryable: true },
   timeout: { status: 504, retryable: true },
 } as const satisfies Record<string, { status: number; retryable: boolean }>
 

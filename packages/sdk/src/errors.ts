@@ -133,6 +133,7 @@ const CLASS_BY_CODE: Record<ErrorCode, ErrorClass> = {
   internal: InternalServerError,
   unavailable: ServiceUnavailableError,
   session_elsewhere: ServiceUnavailableError,
+  node_lost: ServiceUnavailableError,
   timeout: TimeoutError,
 }
 

@@ -9,6 +9,7 @@ import { BuildLogs } from './agents/build-logs.js'
 import { buildApp } from './app.js'
 import { ApiKeyStore, DEFAULT_TENANT_ID } from './auth/api-keys.js'
 import { systemClock } from './clock.js'
+import { type ClusterControl, startClusterControl } from './cluster/cluster-control.js'
 import { resolveConfig, type ServerOptions } from './config.js'
 import { writeCredentialsIfMissing } from './credentials.js'
 import { createOwnerOnly, runtimeIdOf } from './data-dir.js'
@@ -80,6 +81,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
   const runtime = newRuntime(config, logger)
   let opened = false
   let previewListener: PreviewListener | undefined
+  let cluster: ClusterControl | undefined
   try {
     // The server reaches the runtime only through its port; what the runtime reports outside
     // a call (pause and network events) goes to the sessions' records once they exist.
@@ -214,7 +216,21 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
         'previews are served at <port>-ses-<id>.localhost, which only a browser on this machine reaches; set --preview-domain (CAIRN_PREVIEW_DOMAIN) to a domain whose subdomains resolve to this server',
       )
     }
+    // On PostgreSQL the server is part of a cluster's control plane: a candidate for leader (node
+    // failure handling), the nodes' routes and figures. The reaper's passes stay with each
+    // replica here: they act on the sessions of its own runtime.
+    cluster =
+      db.dialect === 'postgres' && config.databaseUrl
+        ? startClusterControl({
+            db,
+            databaseUrl: config.databaseUrl,
+            heartbeatMs: config.heartbeatMs,
+            leaseMs: config.leaseMs,
+            logger,
+          })
+        : undefined
     const app = await buildApp({
+      cluster,
       db,
       logger,
       keys,
@@ -292,6 +308,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
           await workspace.settle()
           await sessions.close()
           await runtime.close()
+          await cluster?.close()
           await db.close()
           await releaseLocks()
           logger.info('cairn server stopped')
@@ -301,6 +318,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     }
   } catch (error) {
     await previewListener?.close()
+    await cluster?.close()
     // The start's own error is rethrown below; a runtime that also fails to close is logged.
     if (opened)
       await runtime

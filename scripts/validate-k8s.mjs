@@ -137,11 +137,14 @@ function containersOf(object) {
 const matches = (selector, labels) =>
   isObject(selector) && Object.entries(selector).every(([key, value]) => labels?.[key] === value)
 
-/** The Secrets and ConfigMaps a pod template reads (required ones only). */
+/**
+ * The Secrets and ConfigMaps a pod template reads, optional ones too: a misspelt optional name
+ * would turn what it configures off without a word.
+ */
 function referencesOf(object) {
   const refs = []
   const add = (kind, ref) => {
-    if (ref?.name && ref.optional !== true) refs.push({ kind, name: ref.name })
+    if (ref?.name) refs.push({ kind, name: ref.name })
   }
   for (const container of containersOf(object)) {
     for (const env of container.env ?? []) {
@@ -154,7 +157,7 @@ function referencesOf(object) {
     }
   }
   for (const volume of podTemplate(object)?.spec?.volumes ?? []) {
-    if (volume.secret) add('Secret', { name: volume.secret.secretName, optional: volume.secret.optional })
+    if (volume.secret) add('Secret', { name: volume.secret.secretName })
     add('ConfigMap', volume.configMap)
   }
   return refs

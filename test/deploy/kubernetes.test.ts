@@ -167,3 +167,24 @@ describe('Kubernetes manifests', () => {
     )
   })
 })
+
+describe('the shell the node pod runs', () => {
+  const sh = promisify(execFile)
+
+  it('parses (the cgroup move before cairn node, and the preStop drain)', async () => {
+    const daemonSet = await objectOf<IDaemonSet>('base/node.yaml', 'DaemonSet')
+    const node = daemonSet.spec!.template.spec!.containers[0]!
+    const [shell, flag, start] = node.command!
+    expect([shell, flag]).toEqual(['/bin/sh', '-c'])
+    await sh('/bin/sh', ['-n', '-c', start!])
+    await sh('/bin/sh', ['-n', '-c', node.lifecycle!.preStop!.exec!.command![2]!])
+  })
+
+  it('preStop stops without draining, and says why, before the admin key exists', async () => {
+    const daemonSet = await objectOf<IDaemonSet>('base/node.yaml', 'DaemonSet')
+    const preStop = daemonSet.spec!.template.spec!.containers[0]!.lifecycle!.preStop!.exec!.command!
+    const { CAIRN_API_KEY: _, ...env } = process.env
+    const { stderr } = await sh(preStop[0]!, preStop.slice(1), { env })
+    expect(stderr).toContain('not draining')
+  })
+})

@@ -96,4 +96,17 @@ describe.skipIf(!systemdAnalyze())('systemd units (systemd-analyze is on this ma
     expect(text).toMatch(/^Restart=on-failure$/m)
     expect(text).toMatch(/^ExecStop=.*cairn nodes drain/m)
   })
+
+  it("the node's ExecStop is shell that parses, and does nothing when the node is not running", async () => {
+    const text = await readFile(path.join(UNITS, 'cairn-node.service'), 'utf8')
+    // systemd turns `$$` into `$` and hands the quoted word to /bin/sh -c.
+    const script = /^ExecStop=-\/bin\/sh -c '(.*)'$/m.exec(text)?.[1]?.replaceAll('$$', '$')
+    expect(script).toContain('cairn nodes drain "$id"')
+    await run('/bin/sh', ['-n', '-c', script!])
+    const { MAINPID: _, ...env } = process.env
+    expect(await run('/bin/sh', ['-c', script!], { env: { ...env, CAIRN_API_KEY: 'cairn_sk_x' } })).toEqual({
+      stdout: '',
+      stderr: '',
+    })
+  })
 })

@@ -70,7 +70,7 @@ describe('Kubernetes manifests', () => {
     expect(node.securityContext!.privileged).toBe(true)
     const preStop = node.lifecycle!.preStop!.exec!.command!.join(' ')
     expect(preStop).toContain('cairn nodes drain "$id"')
-    const drainSeconds = Number(/timeout (\d+) cairn nodes drain/.exec(preStop)?.[1])
+    const drainSeconds = 60 * Number(/cairn nodes drain "\$id" --timeout (\d+)m/.exec(preStop)?.[1])
     expect(pod.terminationGracePeriodSeconds).toBeGreaterThan(drainSeconds)
     const hostPaths = pod.volumes!.flatMap((v) => (v.hostPath ? [v.hostPath.path] : []))
     expect(hostPaths).toEqual(['/var/lib/cairn', '/run/cairn'])

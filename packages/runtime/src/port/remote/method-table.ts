@@ -18,10 +18,11 @@ export type ArgKind =
 
 /**
  * How the answer crosses: a JSON result frame (after any log frames); a turn's messages as
- * frames (`turn`); a byte stream (`file`: with its size; `export`: stopped by resetting it); a
+ * frames (`turn`); a byte stream (`file`: with its size; `export`: stopped by resetting it;
+ * `stream`: a bare Readable); a
  * bidirectional byte stream (`duplex`); an admission, whose release is a call of its own.
  */
-export type ResultKind = 'json' | 'turn' | 'file' | 'export' | 'duplex' | 'admission'
+export type ResultKind = 'json' | 'turn' | 'file' | 'export' | 'stream' | 'duplex' | 'admission'
 
 export interface MethodSpec {
   args: readonly ArgKind[]

@@ -270,6 +270,8 @@ export class RemoteRuntimePort {
           const { stream, headers } = await this.bytes(call)
           return { size: Number(headers[HEADER.size]), stream }
         }
+        case 'stream':
+          return (await this.bytes(call)).stream as Readable
         case 'export': {
           const { stream } = await this.bytes(call)
           return {

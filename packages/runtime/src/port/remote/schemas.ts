@@ -140,6 +140,12 @@ export const ImageRecipe = Type.Union([
   Type.Object({ kind: Type.Literal('oci'), reference: Type.String() }, { additionalProperties: false }),
 ])
 
+/** A tree shipped whole from one node to another (a revision, a dependency environment). */
+export const ShippedTree = Type.Union([
+  Type.Object({ revisionId: Id }, { additionalProperties: false }),
+  Type.Object({ dependencyEnvKey: Key }, { additionalProperties: false }),
+])
+
 /** An image build's context on the wire: its timeout (its `log` lines come back as frames). */
 export const BuildContext = Type.Object({ timeoutMs: Count }, { additionalProperties: false })
 

@@ -231,6 +231,11 @@ export async function serveRuntimePort(
         stream.respond({ ':status': 200, [HEADER.kind]: 'bytes', [HEADER.size]: String(file.size) })
         return await pipeline(file.stream, stream)
       }
+      case 'stream': {
+        const body = (await call()) as Readable
+        stream.respond({ ':status': 200, [HEADER.kind]: 'bytes' })
+        return await pipeline(body, stream)
+      }
       case 'export': {
         const exported = (await call()) as { stream: Readable; stop: () => Promise<void> }
         stream.respond({ ':status': 200, [HEADER.kind]: 'bytes' })

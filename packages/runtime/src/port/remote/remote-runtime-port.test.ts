@@ -323,6 +323,30 @@ describe('RemoteRuntimePort over mutual TLS to a served LocalRuntimePort', () =>
     })
   })
 
+  it('carries thousands of calls on one connection, with and without signals, promptly', async () => {
+    const id = sessionId('m')
+    await runWithOwnerEpoch(1, async () => {
+      await remote.createWorkspace(id, REVISION, 'ten_r')
+      for (let i = 0; i < 1500; i++) {
+        if (i % 50 === 0) {
+          // A call with a signal keeps its request open until its answer: it must not wait on it.
+          const started = Date.now()
+          const signal = new AbortController().signal
+          await remote.listFiles({ sessionId: id }, Buffer.alloc(0), { signal })
+          await readAll(
+            (await remote.openFile({ sessionId: id }, Buffer.from('agent.py'), { signal })).stream,
+          )
+          expect(Date.now() - started).toBeLessThan(5000)
+        } else if (i % 2 === 0) await remote.coolDown(id, 1000)
+        else
+          await (
+            await remote.admitAgent({ sessionId: id, tenantId: 'ten_r', maxSandboxesPerTenant: 64, busy: [] })
+          )()
+      }
+      await remote.deleteWorkspace(id)
+    })
+  })
+
   it('refuses a call under a stale owner epoch, or a session-keyed call without one', async () => {
     const id = sessionId('o')
     await runWithOwnerEpoch(5, () => remote.createWorkspace(id, REVISION, 'ten_r'))

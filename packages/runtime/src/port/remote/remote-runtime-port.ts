@@ -193,10 +193,13 @@ export class RemoteRuntimePort {
     }
     if (body) body.pipe(stream)
     else if (!streamsBody) {
-      stream.write(`${encodeJson(wire)}\n`)
-      if (signal?.aborted) abort()
-      else if (signal) signal.addEventListener('abort', abort, { once: true })
-      else stream.end()
+      // Without a signal the arguments and the request's end go in one frame.
+      if (!signal) stream.end(`${encodeJson(wire)}\n`)
+      else {
+        stream.write(`${encodeJson(wire)}\n`)
+        if (signal.aborted) abort()
+        else signal.addEventListener('abort', abort, { once: true })
+      }
     }
     return {
       stream,
@@ -218,8 +221,14 @@ export class RemoteRuntimePort {
       for await (const line of lines(call.stream)) {
         const frame = decodeJson(line) as Frame
         if ('log' in frame) call.onLine?.(frame.log)
-        else if ('error' in frame) throw problemOf(frame)
-        else yield frame
+        else if ('error' in frame) {
+          call.settle()
+          throw problemOf(frame)
+        } else {
+          // The answer is in: the request ends (the node ends its answer after it).
+          if ('result' in frame) call.settle()
+          yield frame
+        }
       }
       const reset = call.stream.rstCode
       if (reset !== undefined && reset !== http2.constants.NGHTTP2_NO_ERROR)
@@ -232,8 +241,13 @@ export class RemoteRuntimePort {
   }
 
   private async result(call: Call): Promise<unknown> {
-    for await (const frame of this.frames(call)) if ('result' in frame) return frame.result ?? undefined
-    throw this.unavailable(new Error('the call ended without its result'))
+    // Read to the end: a stream dropped before its end would be reset, and a reset of a stream
+    // the node has closed counts against the connection.
+    let result: { value: unknown } | undefined
+    for await (const frame of this.frames(call))
+      if ('result' in frame) result = { value: frame.result ?? undefined }
+    if (!result) throw this.unavailable(new Error('the call ended without its result'))
+    return result.value
   }
 
   /** Waits for a byte stream's answer: its headers, or the error the node answered instead. */
@@ -246,7 +260,11 @@ export class RemoteRuntimePort {
     } catch (error) {
       throw this.unavailable(error)
     }
-    if (headers[HEADER.kind] === 'bytes') return { stream: call.stream, headers }
+    if (headers[HEADER.kind] === 'bytes') {
+      // From here the caller stops the bytes by destroying the stream (a reset), not by a signal.
+      call.settle()
+      return { stream: call.stream, headers }
+    }
     await this.result(call)
     throw this.unavailable(new Error('the node answered no byte stream'))
   }

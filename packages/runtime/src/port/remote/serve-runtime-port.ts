@@ -144,6 +144,9 @@ export async function serveRuntimePort(
       fail(stream, error)
     } finally {
       finished = true
+      // The answer ends after the request has: a stream closed first would make the caller's
+      // late end-of-request an invalid frame, and enough of those close the connection.
+      await requestEnd(stream)
       if (!stream.closed && !stream.destroyed && stream.headersSent && !stream.writableEnded) stream.end()
     }
   }
@@ -275,6 +278,21 @@ export async function serveRuntimePort(
         for (const session of connections) session.destroy()
       }),
   }
+}
+
+/** Resolves once the request side has ended (what is left of it is read and dropped), or in 10 s. */
+async function requestEnd(stream: ServerHttp2Stream): Promise<void> {
+  if (stream.readableEnded || stream.closed || stream.destroyed) return
+  await new Promise<void>((resolve) => {
+    const timer = setTimeout(resolve, 10_000)
+    const done = () => {
+      clearTimeout(timer)
+      resolve()
+    }
+    stream.once('end', done)
+    stream.once('close', done)
+    stream.resume()
+  })
 }
 
 /** The call's arguments: a JSON line of the request body, or a header when the body is a byte stream. */

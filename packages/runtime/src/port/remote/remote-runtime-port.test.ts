@@ -274,6 +274,37 @@ describe('RemoteRuntimePort over mutual TLS to a served LocalRuntimePort', () =>
     await remote.sealRevision(revisionId, 'ten_r')
     expect(await remote.hasTree({ revisionId })).toBe(true)
 
+    // A setup command's lines come as frames too; its signal crosses as a control line: the
+    // command is stopped on the node and the result says so.
+    const id = sessionId('s')
+    await runWithOwnerEpoch(1, async () => {
+      await remote.createWorkspace(id, REVISION, 'ten_r')
+      const output: string[] = []
+      const abort = new AbortController()
+      const started = Date.now()
+      const command = remote.runCommand(
+        {
+          sessionId: id,
+          command: ['sh', '-c', 'echo started; sleep 30; echo never'],
+          env: {},
+          limits: { memoryMiB: 128, pids: 32, cpus: 1 },
+          timeoutMs: 60_000,
+        },
+        (line) => {
+          output.push(line)
+          abort.abort()
+        },
+        abort.signal,
+      )
+      expect(await command).toMatchObject({ cancelled: true })
+      expect(output).toEqual(['started'])
+      expect(Date.now() - started).toBeLessThan(15_000)
+      await remote.deleteWorkspace(id)
+    })
+    expect(
+      await remote.imageKeyOf({ kind: 'host' }, { log: () => undefined, timeoutMs: 1000 }),
+    ).toBeUndefined()
+
     // What the node's runtime reports outside any call reaches the API's observer.
     hub.network('ses_x', {
       at: 'now',

@@ -1,7 +1,9 @@
+import { randomBytes } from 'node:crypto'
 import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises'
 import http2 from 'node:http2'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
+import { Readable } from 'node:stream'
 import { Runtime } from '../packages/runtime/dist/index.js'
 import {
   type AgentSpec,
@@ -17,6 +19,8 @@ import { type Bench, progress, repeat, timedResult } from './lib/bench.js'
 import { type Row, row } from './lib/stats.js'
 
 const TURNS = 300
+const FILE_MIB = 64
+const FILE_RUNS = 10
 const WARMUP = 30
 const REVISION = 'rev_benchremote'
 const ECHO = 'import sys\nwhile True:\n    line = input()\n    print("re:", line, flush=True)\n'
@@ -154,7 +158,42 @@ export const remotePort: Bench = {
           await timed(TURNS, (i) => onRemote(() => serverTurn(remote, viaRemote, i + 1000))),
           { name: 'local, same calls', median: localServer.summary.median },
         )
-        const rows: Row[] = [h2, localCall, remoteCall, localTurn, remoteTurn, localServer, remoteServer]
+        progress(`a ${FILE_MIB} MiB file read ${FILE_RUNS} times each way`)
+        await local.writeFile(
+          viaLocal.sessionId,
+          'big.bin',
+          Readable.from(
+            (function* () {
+              for (let i = 0; i < FILE_MIB; i++) yield randomBytes(1024 * 1024)
+            })(),
+          ),
+        )
+        const readFile = async (port: RuntimePort) => {
+          const file = await port.openFile({ sessionId: viaLocal.sessionId }, Buffer.from('big.bin'))
+          let bytes = 0
+          for await (const chunk of file.stream) bytes += (chunk as Buffer).length
+          if (bytes !== FILE_MIB * 1024 * 1024) throw new Error(`read ${bytes} bytes`)
+        }
+        const localFile = row(
+          `${FILE_MIB} MiB file read, local (openFile)`,
+          await timed(FILE_RUNS, () => readFile(local)),
+        )
+        const remoteFile = row(
+          `${FILE_MIB} MiB file read, remote (openFile)`,
+          await timed(FILE_RUNS, () => onRemote(() => readFile(remote))),
+          { name: 'local read', median: localFile.summary.median },
+        )
+        const rows: Row[] = [
+          h2,
+          localCall,
+          remoteCall,
+          localTurn,
+          remoteTurn,
+          localServer,
+          remoteServer,
+          localFile,
+          remoteFile,
+        ]
         const extra = remoteTurn.summary.median - localTurn.summary.median
         return {
           config: {

@@ -14,6 +14,7 @@ import type { RuntimeEventHub } from './event-hub.js'
 import { METHODS, type MethodSpec, RELEASE_ADMISSION, wireSchema } from './method-table.js'
 import { EpochFence } from './owner-epoch.js'
 import {
+  CONNECTION_WINDOW_BYTES,
   decodeJson,
   EVENTS_PATH,
   encodeJson,
@@ -22,6 +23,7 @@ import {
   HEADER,
   lines,
   PATH_PREFIX,
+  STREAM_WINDOW_BYTES,
 } from './wire.js'
 
 export interface ServeRuntimePortOptions {
@@ -84,6 +86,7 @@ export async function serveRuntimePort(
     key: options.tls.key,
     requestCert: true,
     rejectUnauthorized: true,
+    settings: { initialWindowSize: STREAM_WINDOW_BYTES },
   })
   const keepaliveMs = options.keepaliveMs ?? 5000
   /** The API connections open (node:http2 does not list them): `close` ends them. */
@@ -94,6 +97,7 @@ export async function serveRuntimePort(
       return
     }
     connections.add(session)
+    session.setLocalWindowSize(CONNECTION_WINDOW_BYTES)
     const timer = setInterval(() => {
       if (session.destroyed || session.closed) return
       const deadline = setTimeout(() => session.destroy(), keepaliveMs)

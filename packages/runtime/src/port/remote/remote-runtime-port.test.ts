@@ -1,5 +1,6 @@
 import { randomBytes } from 'node:crypto'
 import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises'
+import http from 'node:http'
 import net from 'node:net'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
@@ -36,6 +37,9 @@ const ECHO = [
   '        c, _ = s.accept()',
   '        threading.Thread(target=pump, args=(c,), daemon=True).start()',
   'threading.Thread(target=serve, daemon=True).start()',
+  'from http.server import HTTPServer, SimpleHTTPRequestHandler',
+  'web = HTTPServer(("127.0.0.1", 8081), SimpleHTTPRequestHandler)',
+  'threading.Thread(target=web.serve_forever, daemon=True).start()',
   'while True:',
   '    line = input()',
   '    print("re:", line, flush=True)',
@@ -221,6 +225,27 @@ describe('RemoteRuntimePort over mutual TLS to a served LocalRuntimePort', () =>
       socket.write('ping pong')
       expect(await echoed).toBe('ping pong')
       socket.destroy()
+      // An HTTP request over it, as the preview relay makes one (node:http on the stream as its socket).
+      expect(await waitFor(async () => (await remote.listeningPorts(id)).includes(8081), 5000)).toBe(true)
+      const web = await remote.connectPort(id, 8081)
+      const page = await new Promise<string>((resolve, reject) => {
+        const request = http.request({
+          method: 'GET',
+          path: '/agent.py',
+          createConnection: () => web as net.Socket,
+        })
+        request.on('response', (answer) => {
+          let body = ''
+          answer.on('data', (d: Buffer) => {
+            body += d.toString()
+          })
+          answer.on('end', () => resolve(`${answer.statusCode} ${body}`))
+        })
+        request.on('error', reject)
+        request.end()
+      })
+      expect(page).toBe(`200 ${ECHO}`)
+      web.destroy()
       await remote.stopAgent(id)
       expect(await remote.agent(id)).toBeUndefined()
     })

@@ -92,7 +92,7 @@ export const METHODS: Record<keyof RuntimePort, MethodSpec> = {
   discardStaging: { args: [id], result: 'json' },
   // reading trees
   hasTree: { args: [tree], result: 'json', session: treeSession },
-  hasPath: { args: [tree, text], result: 'json', session: treeSession },
+  hasPath: { args: [tree, json(S.RelPath)], result: 'json', session: treeSession },
   listFiles: { args: [tree, bytes, readOptions], result: 'json', session: treeSession },
   openFile: { args: [tree, bytes, readOptions], result: 'file', session: treeSession },
   diff: { args: [tree, tree, text, readOptions], result: 'json' },

@@ -375,6 +375,10 @@ describe('RemoteRuntimePort over mutual TLS to a served LocalRuntimePort', () =>
       const traversal = await refusal(remote.hasTree({ revisionId: '../../etc' }))
       expect(traversal.code).toBe('bad_request')
       expect(traversal.message).toMatch(/hasTree: argument \/0/)
+      expect((await refusal(remote.hasPath({ revisionId: REVISION }, '../../../etc/passwd'))).code).toBe(
+        'bad_request',
+      )
+      expect(await remote.hasPath({ revisionId: REVISION }, 'agent.py')).toBe(true)
       await remote.stopAgent(a)
     })
   })

@@ -15,6 +15,8 @@ export const Id = Type.String({ pattern: '^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$' })
 /** A content key (an image's `sha256:…`, a dependency environment's). */
 export const Key = Type.String({ pattern: '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$' })
 const Count = Type.Integer({ minimum: 0 })
+/** A path below a tree's root: relative, no `..` component (a stat must not leave the tree). */
+export const RelPath = Type.String({ maxLength: 4096, pattern: '^(?!/)(?!(.*/)?\\.\\.(/|$))' })
 const Strings = Type.Array(Type.String())
 const Env = Type.Record(Type.String(), Type.String())
 export const IsolationName = literals(ISOLATIONS)

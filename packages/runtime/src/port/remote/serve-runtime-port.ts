@@ -97,6 +97,8 @@ export async function serveRuntimePort(
       return
     }
     connections.add(session)
+    // A connection's failure ends its calls (their streams close); nothing else to do with it.
+    session.on('error', () => undefined)
     session.setLocalWindowSize(CONNECTION_WINDOW_BYTES)
     const timer = setInterval(() => {
       if (session.destroyed || session.closed) return

@@ -21,6 +21,7 @@ export type { IsolationName, SandboxBind, SandboxLimits } from '../sandbox/drive
 export type { PoolArea, PoolQuotaStatus, PoolStats, TreeSizes } from '../storage/pool.js'
 export { BACKGROUND_NICENESS } from '../workspace-io/reader.js'
 export { LocalRuntimePort, type LocalRuntimePortOptions } from './local-runtime-port.js'
+export { currentOwnerEpoch, runWithOwnerEpoch } from './owner-epoch.js'
 export type * from './runtime-port.js'
 export type { TurnMessage } from './turn-stream.js'
 export type { PoolClock } from './warm-pool.js'

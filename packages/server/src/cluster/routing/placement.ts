@@ -21,8 +21,8 @@ export interface PlacementNode {
 }
 
 export interface PlacementRequest {
-  /** The sandbox driver the agent runs under. */
-  driver: string
+  /** The sandbox driver the agent runs under; undefined: any (the node's default). */
+  driver?: string | undefined
   /** Nodes already holding the agent's revision (and its dependency environment). */
   revisionHolders: ReadonlySet<string>
   /** The pool space a node must have free to take the session. */
@@ -53,7 +53,8 @@ export const REVISION_HELD_BONUS = 0.5
 export function unfitBecause(node: PlacementNode, request: PlacementRequest): string | undefined {
   if (node.state !== 'ready') return `is ${node.state}`
   if (node.leaseExpiresAtMs <= request.nowMs) return 'has no live lease'
-  if (!node.drivers.includes(request.driver)) return `has no ${request.driver} driver`
+  if (request.driver !== undefined && !node.drivers.includes(request.driver))
+    return `has no ${request.driver} driver`
   if (node.poolFreeBytes !== null && node.poolFreeBytes < request.minFreeBytes)
     return `has ${node.poolFreeBytes} bytes free in its pool (${request.minFreeBytes} needed)`
   return undefined

@@ -3,15 +3,17 @@ import { chmod, mkdir, readFile, writeFile } from 'node:fs/promises'
 import type { Server } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import path from 'node:path'
-import { EgressCa, Runtime } from '@cairn/runtime'
-import { type EgressSite, LocalRuntimePort } from '@cairn/runtime/port'
+import { CairnProblem } from '@cairn/protocol'
+import type { Runtime } from '@cairn/runtime'
+import type { EgressSite } from '@cairn/runtime/port'
 import pino, { type Logger } from 'pino'
 import { AgentService } from './agents/agent-service.js'
 import { BuildLogs } from './agents/build-logs.js'
 import { buildApp } from './app.js'
 import { ApiKeyStore, DEFAULT_TENANT_ID } from './auth/api-keys.js'
 import { iso, systemClock } from './clock.js'
-import { resolveConfig, type ServerOptions } from './config.js'
+import { type NodeConnector, openClusterRuntime } from './cluster/routing/cluster-runtime-host.js'
+import { type ResolvedConfig, resolveConfig, type ServerOptions } from './config.js'
 import { writeCredentialsIfMissing } from './credentials.js'
 import { createOwnerOnly, runtimeIdOf, secureDataDir } from './data-dir.js'
 import { DataDirLock } from './data-dir-lock.js'
@@ -27,6 +29,8 @@ import { PreviewRevocations } from './previews/preview-revocations.js'
 import { PreviewService } from './previews/preview-service.js'
 import { PreviewSigner } from './previews/preview-signer.js'
 import { RetentionService } from './retention/retention-service.js'
+import { openLocalRuntime } from './runtime-host/local-runtime-host.js'
+import { DeferredRuntimeEvents, type RuntimeHost } from './runtime-host/runtime-host.js'
 import { SecretCipher } from './secrets/cipher.js'
 import { SecretStore } from './secrets/secret-store.js'
 import type { SessionObserver } from './sessions/session-observer.js'
@@ -55,7 +59,8 @@ export interface RunningServer {
   images: ImageService
   sessions: SessionService
   retention: RetentionService
-  runtime: Runtime
+  /** The runtime in this process; a `role: 'api'` server has none (reading this throws). */
+  readonly runtime: Runtime
   close(): Promise<void>
 }
 
@@ -66,26 +71,62 @@ function mebibytes(mib: number | undefined): number | undefined {
   return mib ? mib * 1024 * 1024 : undefined
 }
 
-/** Starts the control plane and the local runtime: database, storage pool, sandboxes, HTTP API. */
-export async function startServer(options: ServerOptions = {}): Promise<RunningServer> {
+/** What only tests and embedders set: how an API replica reaches its nodes. */
+export interface StartServerExtras {
+  /**
+   * `role: 'api'`: makes the port of a node from its `nodes` row (default: the remote runtime
+   * port over mutual TLS with the cluster dir's certificates).
+   */
+  connectNode?: NodeConnector | undefined
+}
+
+/** The typed refusal of a `role: 'api'` start that lacks what it needs. */
+function checkApiRole(config: ResolvedConfig, extras: StartServerExtras): void {
+  if (!config.databaseUrl)
+    throw new CairnProblem(
+      'validation_failed',
+      '--role api needs --database postgres://… (CAIRN_DATABASE_URL): the nodes and the sessions they hold are there',
+    )
+  if (!config.clusterDir && !extras.connectNode)
+    throw new CairnProblem(
+      'validation_failed',
+      '--role api needs --cluster-dir (CAIRN_CLUSTER_DIR), the certificates `cairn cluster init` wrote, to reach the nodes',
+    )
+}
+
+/**
+ * Starts the control plane and what it runs sessions on: the local runtime (database, storage
+ * pool, sandboxes; `role: 'all'`), or the cluster's nodes (`role: 'api'`), and the HTTP API.
+ */
+export async function startServer(
+  options: ServerOptions = {},
+  extras: StartServerExtras = {},
+): Promise<RunningServer> {
   const config = resolveConfig(options)
+  const api = config.role === 'api'
+  if (api) checkApiRole(config, extras)
   const clock = options.clock ?? systemClock
   const logger = pino({ level: config.logLevel, base: { service: 'cairn' } })
   await mkdir(config.dataDir, { recursive: true, mode: 0o700 })
   // Before anything else (database, reaping, reconciling, mounting): a second server on this dir
-  // would take the running one's sandboxes, snapshots and pool for a crashed predecessor's.
-  const locks = [
-    await DataDirLock.acquire(config.dataDir, {
-      onLost: () =>
-        logger.error({ dataDir: config.dataDir }, 'the data dir lock was lost (its flock helper ended)'),
-    }),
-  ]
+  // would take the running one's sandboxes, snapshots and pool for a crashed predecessor's. An
+  // API replica has no pool: nothing of its data dir is its alone.
+  const locks = api
+    ? []
+    : [
+        await DataDirLock.acquire(config.dataDir, {
+          onLost: () =>
+            logger.error({ dataDir: config.dataDir }, 'the data dir lock was lost (its flock helper ended)'),
+        }),
+      ]
   const releaseLocks = () => Promise.all(locks.map((lock) => lock.release()))
-  const poolTrees = [path.join(config.dataDir, 'pool'), ...(config.poolPath ? [config.poolPath] : [])]
+  const poolTrees = api
+    ? []
+    : [path.join(config.dataDir, 'pool'), ...(config.poolPath ? [config.poolPath] : [])]
   let db: Db
   try {
     // A pool given by path could be shared by two data dirs by mistake: it is claimed as well.
-    if (config.poolPath !== undefined) {
+    if (!api && config.poolPath !== undefined) {
       if (config.storage === 'dir') await mkdir(config.poolPath, { recursive: true })
       if (existsSync(config.poolPath)) {
         const poolPath = config.poolPath
@@ -110,62 +151,46 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     await releaseLocks()
     throw error
   }
-  const runtime = new Runtime({
-    dataDir: config.dataDir,
-    storage: config.storage,
-    poolPath: config.poolPath,
-    poolImageSizeBytes: config.poolImageSizeBytes,
-    runBase: config.runBase,
-    isolation: config.isolation,
-    spareLaunchers: config.spareLaunchers,
-    gvisor: config.gvisorPoolSize === undefined ? undefined : { poolSize: config.gvisorPoolSize },
-    workspaceQuotaBytes: mebibytes(config.workspaceQuotaMiB),
-    tenantQuotaBytes: mebibytes(config.tenantQuotaMiB),
-    poolReserveBytes: mebibytes(config.poolReserveMiB),
-    logger: logger.child({ component: 'runtime' }),
-  })
-  let opened = false
+  const egressSite: EgressSite = {
+    privateExceptions: new Set(config.egressPrivateExceptions),
+    hosts: config.egressHosts,
+  }
+  // Replicas share one database: the secrets key and the egress CA come from it (the first
+  // replica's), so a secret sealed by one opens on another, and sandboxes trust one CA.
+  const shared = db.dialect === 'postgres' ? new SharedFiles(db, () => iso(clock.now())) : undefined
+  // What the runtime reports outside a call (pause and network events) goes to the sessions'
+  // records once they exist.
+  const runtimeEvents = new DeferredRuntimeEvents()
+  let host: RuntimeHost | undefined
   let previewListener: PreviewListener | undefined
   try {
-    const { orphansReaped } = await runtime.open()
-    opened = true
-    // The pool image (and anything else the runtime made) owner-only too.
-    await secureDataDir(config.dataDir, poolTrees)
-    if (orphansReaped > 0) logger.warn({ orphansReaped }, 'reaped sandboxes left by an earlier run')
-    // The server reaches the runtime only through its port; what the runtime reports outside
-    // a call (pause and network events) goes to the sessions' records once they exist.
-    const egressSite: EgressSite = {
-      privateExceptions: new Set(config.egressPrivateExceptions),
-      hosts: config.egressHosts,
-    }
-    let runtimeEvents: SessionRuntimeEvents | undefined
-    const runtimePort = new LocalRuntimePort(runtime, {
-      clock,
-      events: {
-        pause: (id, event) => runtimeEvents?.pause(id, event),
-        network: (id, event) => runtimeEvents?.network(id, event),
-      },
-      egressSite,
-      maxImageBytes: config.maxImageMiB * 1024 * 1024,
-    })
-    const quotas = runtime.pool.quotaStatus()
-    if (quotas.warning) logger.warn({ code: quotas.warning.code }, quotas.warning.message)
+    host = api
+      ? await openClusterRuntime({
+          config,
+          db,
+          logger,
+          events: runtimeEvents,
+          apiId: await runtimeIdOf(config.dataDir),
+          connect: extras.connectNode ?? remoteNodeConnector(config),
+        })
+      : await openLocalRuntime({
+          config,
+          clock,
+          logger,
+          events: runtimeEvents,
+          egressSite,
+          poolTrees,
+          shared,
+        })
+    const runtimeHost = host
+    const runtimePort = host.port
+    const runtimeId = host.runtimeId
     const keys = new ApiKeyStore(db, clock)
     await keys.ensureTenant(DEFAULT_TENANT_ID, 'default')
-    const runtimeId = await runtimeIdOf(config.dataDir)
-    if (db.dialect === 'postgres') {
-      // Replicas share one database: the secrets key and the egress CA come from it (the first
-      // replica's), so a secret sealed by one opens on another, and sandboxes trust one CA.
-      const shared = new SharedFiles(db, () => iso(clock.now()))
-      if (!process.env.CAIRN_SECRET_KEY)
-        await shared.sync('secret.key', config.dataDir, ['secret.key'], async () => {
-          await SecretCipher.load(path.join(config.dataDir, 'secret.key'))
-        })
-      const caDir = path.join(config.dataDir, 'egress-ca')
-      await shared.sync('egress-ca', caDir, ['ca.key', 'ca.pem'], async () => {
-        await EgressCa.load(caDir)
+    if (shared && !process.env.CAIRN_SECRET_KEY)
+      await shared.sync('secret.key', config.dataDir, ['secret.key'], async () => {
+        await SecretCipher.load(path.join(config.dataDir, 'secret.key'))
       })
-    }
     const cipher = await SecretCipher.load(path.join(config.dataDir, 'secret.key'))
     const secrets = new SecretStore(db, cipher, clock)
     const logs = new BuildLogs(path.join(config.dataDir, 'build-logs'), db)
@@ -190,7 +215,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       artifactRoot: path.join(config.dataDir, 'artifacts'),
       artifactLimits: {
         tenantBytes: mebibytes(config.tenantQuotaMiB),
-        reserveBytes: quotas.reserveBytes ?? DATA_DISK_RESERVE_BYTES,
+        reserveBytes: host.reserveBytes ?? DATA_DISK_RESERVE_BYTES,
       },
     })
     const setup = new SetupService({
@@ -207,6 +232,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     const observers: SessionObserver[] = []
     const sessions = new SessionService({
       runtimeId,
+      routing: host.routing,
       metrics,
       memory,
       setup,
@@ -222,12 +248,12 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       clock,
       logger,
     })
-    runtimeEvents = new SessionRuntimeEvents(sessions.store, clock, logger)
+    runtimeEvents.target = new SessionRuntimeEvents(sessions.store, clock, logger)
     let retention: RetentionService | undefined
     const workspace = new WorkspaceService({
       db,
       runtime: runtimePort,
-      runtimeDrivers: { isolation: runtime.driver.name, storage: runtime.pool.driver },
+      runtimeDrivers: host.drivers,
       sessions,
       agents,
       clock,
@@ -249,20 +275,24 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     retention = retentionService
     setup.onSucceeded(async (row) => (await workspace.snapshotAfterSetup(row)).id)
     setup.onWorkspaceWritten((sessionId) => sessions.advanceGeneration(sessionId))
-    const recovered = await sessions.recover()
-    await setup.store.recoverAfterRestart(runtimeId)
-    const reconciled = await sessions.reconcile(
-      new Set((await workspace.snapshots.allLive()).map((s) => s.id)),
-    )
-    if (reconciled.lost.length > 0 || reconciled.orphans.length > 0) {
-      logger.warn(reconciled, 'storage pool checked against the database')
-    }
-    const repaired = await workspace.completeInterruptedTurns(recovered.turns)
-    if (recovered.sessions > 0 || recovered.turns.length > 0)
-      logger.warn(
-        { sessions: recovered.sessions, turns: recovered.turns.length, preTurnSnapshotsTaken: repaired },
-        'marked turns interrupted by the last shutdown',
+    // What a crash of this process left is its own runtime's: an API replica has none (a node's
+    // turns cut short are the leader's to fail).
+    if (!api) {
+      const recovered = await sessions.recover()
+      await setup.store.recoverAfterRestart(runtimeId)
+      const reconciled = await sessions.reconcile(
+        new Set((await workspace.snapshots.allLive()).map((s) => s.id)),
       )
+      if (reconciled.lost.length > 0 || reconciled.orphans.length > 0) {
+        logger.warn(reconciled, 'storage pool checked against the database')
+      }
+      const repaired = await workspace.completeInterruptedTurns(recovered.turns)
+      if (recovered.sessions > 0 || recovered.turns.length > 0)
+        logger.warn(
+          { sessions: recovered.sessions, turns: recovered.turns.length, preTurnSnapshotsTaken: repaired },
+          'marked turns interrupted by the last shutdown',
+        )
+    }
     const previews = new PreviewService({
       db,
       keys,
@@ -331,9 +361,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
         url,
         previews: `http://<port>-ses-<id>.${config.previewDomain}:${previewPort}`,
         dataDir: config.dataDir,
-        pool: runtime.pool.root,
-        storage: runtime.pool.describe(),
-        driver: runtime.driver.describe(),
+        ...host.describe(),
       },
       'cairn server listening',
     )
@@ -351,7 +379,10 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       credentialsWritten,
       logger,
       sessions,
-      runtime,
+      get runtime(): Runtime {
+        if (!runtimeHost.runtime) throw new Error('a --role api server has no runtime of its own')
+        return runtimeHost.runtime
+      },
       close() {
         closing ??= (async () => {
           await previewListener?.close()
@@ -359,7 +390,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
           await sessions.drain(config.shutdownGraceMs)
           await workspace.settle()
           await sessions.close()
-          await runtime.close()
+          await runtimeHost.close()
           await db.close()
           await releaseLocks()
           logger.info('cairn server stopped')
@@ -370,15 +401,24 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
   } catch (error) {
     await previewListener?.close()
     // The start's own error is rethrown below; a runtime that also fails to close is logged.
-    if (opened)
-      await runtime
-        .close()
-        .catch((closeError: unknown) =>
-          logger.error({ err: closeError }, 'closing the runtime after a failed start failed'),
-        )
+    await host
+      ?.close()
+      .catch((closeError: unknown) =>
+        logger.error({ err: closeError }, 'closing the runtime after a failed start failed'),
+      )
     await db.close()
     await releaseLocks()
     throw error
+  }
+}
+
+/**
+ * The nodes' ports over the network (mutual TLS with the cluster dir's `api` certificate): the
+ * remote runtime port is port-remote's; until it is in this build an API replica needs one given.
+ */
+function remoteNodeConnector(_config: ResolvedConfig): NodeConnector {
+  return () => {
+    throw new CairnProblem('node_unavailable', 'this build has no remote runtime port to reach nodes with')
   }
 }
 

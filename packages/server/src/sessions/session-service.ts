@@ -50,7 +50,11 @@ export class SessionService {
   private readonly deleting = new Map<string, Promise<void>>()
 
   constructor(private readonly deps: SessionServiceDeps) {
-    this.store = new SessionStore(deps.db, deps.runtimeId)
+    this.store = new SessionStore(
+      deps.db,
+      deps.runtimeId,
+      deps.routing && ((id) => deps.routing?.placedNode(id)),
+    )
     const now = () => this.now()
     const { store, locks } = this
     this.generations = new WorkspaceGenerations(store, deps.runtime, now)
@@ -91,6 +95,8 @@ export class SessionService {
    */
   async requireOwned(tenantId: string, id: string): Promise<SessionRow> {
     const row = await this.require(tenantId, id)
+    // An API replica routes every session to its node.
+    if (this.deps.routing) return row
     if (row.runtime_id !== null && row.runtime_id !== this.deps.runtimeId)
       throw new CairnProblem(
         'session_elsewhere',

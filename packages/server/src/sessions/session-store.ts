@@ -34,6 +34,8 @@ export class SessionStore {
     private readonly db: Db,
     /** This replica's runtime: sessions are made on it, and start-up and timeouts act on its own. */
     readonly runtimeId: string,
+    /** Routing (`--role api`): a new session's node, where its workspace was placed. */
+    private readonly placedNode?: ((sessionId: string) => string | undefined) | undefined,
   ) {}
 
   /** Sessions recorded before owners were (or by an older server) become this runtime's. */
@@ -127,7 +129,7 @@ export class SessionStore {
           keep_transcript: 1,
           generation: 0,
           ...row,
-          runtime_id: this.runtimeId,
+          runtime_id: this.placedNode?.(row.id) ?? this.runtimeId,
           updated_at: row.created_at,
           last_active_at: row.created_at,
         })
@@ -410,6 +412,18 @@ export class SessionStore {
       .set({ sandbox_id: sandboxId, cold_start: coldStart ? 1 : 0 })
       .where('id', '=', turnId)
       .execute()
+  }
+
+  /**
+   * The session's owner epoch, its row locked for the rest of the enclosing transaction (on
+   * PostgreSQL; SQLite has one writer at a time): a write made only while it is unchanged cannot
+   * land after the session's owner was declared lost or changed.
+   */
+  async ownerEpochForUpdate(sessionId: string): Promise<number | undefined> {
+    let query = this.db.q.selectFrom('sessions').select('owner_epoch').where('id', '=', sessionId)
+    if (this.db.dialect === 'postgres') query = query.forUpdate()
+    const row = await query.executeTakeFirst()
+    return row === undefined ? undefined : Number(row.owner_epoch)
   }
 
   async finishTurn(

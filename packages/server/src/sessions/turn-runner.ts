@@ -281,8 +281,16 @@ export class TurnRunner {
     // another process holds the database lock: the reply was streamed already, it must not be lost.
     // Nothing is awaited between the terminal event and the release of the turn lock, so a client
     // that sends its next message on `run.completed` never meets `session_busy`.
+    // Only while the session's owner epoch is the one the turn began with: once its node was
+    // declared lost (or the session moved) the leader has failed this turn, and a late end from
+    // the old owner changes nothing.
+    let ownerChanged = false
     const record = () =>
       this.deps.db.transaction(async () => {
+        if ((await store.ownerEpochForUpdate(row.id)) !== row.owner_epoch) {
+          ownerChanged = true
+          return
+        }
         await store.finishTurn(row.id, {
           id: turnId,
           status: outcome.status,
@@ -329,6 +337,22 @@ export class TurnRunner {
       void whenNotBusy(record, Number.POSITIVE_INFINITY, 1000).catch((late: unknown) =>
         this.deps.logger.error({ err: late, session: row.id, turn: turnId }, 'a turn could not be recorded'),
       )
+      return
+    }
+    if (ownerChanged) {
+      this.deps.logger.warn(
+        { session: row.id, turn: turnId, ownerEpoch: row.owner_epoch },
+        "a turn's end was not recorded: the session's owner changed during the turn",
+      )
+      emit({
+        type: 'run.failed',
+        turnId,
+        durationMs,
+        error: {
+          code: 'node_lost',
+          message: `the session's node was declared lost (or the session moved) while turn ${turnId} ran; its end was not recorded`,
+        },
+      })
       return
     }
     if (outcome.status === 'completed') {

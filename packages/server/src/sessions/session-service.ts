@@ -80,7 +80,17 @@ export class SessionService {
   }
 
   private async info(row: SessionRow): Promise<SessionInfo> {
-    return toSessionInfo(row, await this.warm.has(row.id))
+    return toSessionInfo(row, await this.warm.has(row.id).catch((error: unknown) => this.unreachable(error)))
+  }
+
+  /**
+   * A session's row is answered whatever its node's state: a node lost or out of reach (an API
+   * replica's routing) only means its sandbox is not known to be warm.
+   */
+  private unreachable(error: unknown): false {
+    const code = error instanceof CairnProblem ? error.code : undefined
+    if (code === 'node_lost' || code === 'node_unavailable' || code === 'node_fenced') return false
+    throw error
   }
 
   async require(tenantId: string, id: string): Promise<SessionRow> {

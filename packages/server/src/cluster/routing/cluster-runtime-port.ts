@@ -152,9 +152,11 @@ export class ClusterRuntimePort implements RuntimePort {
 
   /** Every node that serves now (for what is asked of all: images, memory, figures). */
   private async servingNodes(): Promise<{ node: NodeRow; port: RuntimePort }[]> {
-    return (await this.options.directory.nodes())
-      .filter((node) => node.state === 'ready' || SERVING_STATES.has(node.state))
-      .map((node) => ({ node, port: this.options.directory.port(node) }))
+    const serving = (rows: NodeRow[]) => rows.filter((node) => SERVING_STATES.has(node.state))
+    let nodes = serving(await this.options.directory.nodes())
+    // None in the cached rows: a node may have registered since.
+    if (nodes.length === 0) nodes = serving(await this.options.directory.nodes(true))
+    return nodes.map((node) => ({ node, port: this.options.directory.port(node) }))
   }
 
   private async anyNode(): Promise<{ node: NodeRow; port: RuntimePort }> {
@@ -166,7 +168,16 @@ export class ClusterRuntimePort implements RuntimePort {
 
   /** Picks a node for a new session (or a deploy) by power of two choices. */
   private async place(revisionId: string | undefined): Promise<NodeRow> {
-    const nodes = await this.options.directory.nodes()
+    try {
+      return await this.placeOn(await this.options.directory.nodes(), revisionId)
+    } catch (error) {
+      // Refused on cached rows: a node may have registered or come back since.
+      if (!(error instanceof CairnProblem) || error.code !== 'node_unavailable') throw error
+      return this.placeOn(await this.options.directory.nodes(true), revisionId)
+    }
+  }
+
+  private async placeOn(nodes: NodeRow[], revisionId: string | undefined): Promise<NodeRow> {
     const facts = revisionId ? await this.rows.revisionFacts(revisionId) : undefined
     const holders = new Set(revisionId ? await this.rows.revisionHolders(revisionId) : [])
     const candidates: PlacementNode[] = nodes.map((node) => {

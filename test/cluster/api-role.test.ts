@@ -1,0 +1,210 @@
+import { mkdtemp, rm } from 'node:fs/promises'
+import os from 'node:os'
+import path from 'node:path'
+import { Runtime } from '@cairn/runtime'
+import { LocalRuntimePort } from '@cairn/runtime/port'
+import { type RunningServer, startServer } from '@cairn/server'
+import pg from 'pg'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { TestPostgres, testsRunOnPostgres } from '../helpers/postgres.js'
+import { makeProject } from '../helpers/projects.js'
+import { Api } from '../helpers/server.js'
+
+// An API replica (`role: 'api'`) with no runtime of its own, on a real PostgreSQL, in front of two
+// nodes: real runtimes (own data dir, btrfs pool, sandboxes) behind real LocalRuntimePorts, in
+// this process (the remote port is port-remote's; `connectNode` stands where it goes).
+const NODES = ['rt_nodea', 'rt_nodeb'] as const
+const ECHO = {
+  'cairn.yaml': 'name: echo\ncommand: bash agent.sh\n',
+  'agent.sh':
+    'while IFS= read -r line; do echo "got $line"; pwd > /dev/null; echo "$line" >> seen.txt; done\n',
+}
+const SLOW = {
+  'cairn.yaml': 'name: slow\ncommand: bash agent.sh\n',
+  'agent.sh': 'while IFS= read -r line; do echo "working"; sleep 3; echo "done $line"; done\n',
+}
+
+let postgres: TestPostgres
+let url = ''
+let apiDir = ''
+let server: RunningServer
+let api: Api
+let client: pg.Client
+const runtimes = new Map<string, { runtime: Runtime; dataDir: string }>()
+const connected: string[] = []
+
+async function registerNode(id: string, state = 'ready'): Promise<void> {
+  const now = new Date()
+  await client.query(
+    `INSERT INTO nodes (id, name, address, boot_id, state, drivers, cpus, warm_sandboxes, pool_free_bytes,
+       pool_size_bytes, epoch, lease_expires_at, heartbeat_at, registered_at)
+     VALUES ($1, $1, $2, 'boot', $3, '["bwrap"]', 2, 0, $4, $5, 1, $6, $7, $7)
+     ON CONFLICT (id) DO UPDATE SET state = EXCLUDED.state, lease_expires_at = EXCLUDED.lease_expires_at`,
+    [
+      id,
+      `https://127.0.0.1/${id}`,
+      state,
+      900 * 1024 * 1024,
+      1024 * 1024 * 1024,
+      new Date(now.getTime() + 3600_000).toISOString(),
+      now.toISOString(),
+    ],
+  )
+}
+
+async function nodeOf(sessionId: string): Promise<string> {
+  const { rows } = await client.query('SELECT runtime_id FROM sessions WHERE id = $1', [sessionId])
+  return rows[0].runtime_id as string
+}
+
+/** Waits past the routing caches (1 s) so a row changed by hand is seen. */
+const pastCaches = () => new Promise((resolve) => setTimeout(resolve, 1200))
+
+beforeAll(async () => {
+  postgres = await TestPostgres.start()
+  url = await postgres.createDatabase()
+  for (const id of NODES) {
+    const dataDir = await mkdtemp(path.join(os.tmpdir(), `cairn-cluster-routing-${id}-`))
+    const runtime = new Runtime({ dataDir, poolImageSizeBytes: 1024 * 1024 * 1024 })
+    await runtime.open()
+    runtimes.set(id, { runtime, dataDir })
+  }
+  apiDir = await mkdtemp(path.join(os.tmpdir(), 'cairn-cluster-routing-api-'))
+  server = await startServer(
+    { role: 'api', dataDir: apiDir, database: url, port: 0, writeCredentials: false, logLevel: 'error' },
+    {
+      connectNode: (row, events) => {
+        connected.push(row.id)
+        const node = runtimes.get(row.id)
+        if (!node) throw new Error(`no node ${row.id}`)
+        return new LocalRuntimePort(node.runtime, { clock: { now: () => Date.now() }, events })
+      },
+    },
+  )
+  api = new Api(server.url, server.adminKey ?? '')
+  client = new pg.Client({ connectionString: url })
+  await client.connect()
+  for (const id of NODES) await registerNode(id)
+}, 180_000)
+
+afterAll(async () => {
+  await server?.close()
+  await client?.end()
+  for (const { runtime, dataDir } of runtimes.values()) {
+    await runtime.close().catch(() => undefined)
+    await rm(dataDir, { recursive: true, force: true })
+  }
+  if (apiDir) await rm(apiDir, { recursive: true, force: true })
+  await postgres?.stop()
+})
+
+// On a PostgreSQL of its own in either pass of the suite: run once (the SQLite pass).
+describe.skipIf(testsRunOnPostgres())('cairn server --role api in front of two nodes', () => {
+  it('has no runtime of its own and refuses to start without PostgreSQL or a cluster dir', async () => {
+    expect(() => server.runtime).toThrow('no runtime of its own')
+    const dataDir = await mkdtemp(path.join(os.tmpdir(), 'cairn-cluster-routing-bad-'))
+    try {
+      await expect(startServer({ role: 'api', dataDir, port: 0, logLevel: 'error' })).rejects.toMatchObject({
+        code: 'validation_failed',
+        message: expect.stringContaining('--database'),
+      })
+      await expect(
+        startServer({ role: 'api', dataDir, database: url, port: 0, logLevel: 'error' }),
+      ).rejects.toMatchObject({
+        code: 'validation_failed',
+        message: expect.stringContaining('--cluster-dir'),
+      })
+    } finally {
+      await rm(dataDir, { recursive: true, force: true })
+    }
+  })
+
+  it('deploys on a placed node, places sessions on both, ships the revision once, and runs each turn on its node', async () => {
+    const deploy = await api.deploy(await makeProject(ECHO))
+    expect(deploy.status, JSON.stringify(deploy.body)).toBe(201)
+    const holders = async () =>
+      (await client.query('SELECT runtime_id FROM revision_nodes ORDER BY runtime_id')).rows.map(
+        (r) => r.runtime_id as string,
+      )
+    expect(await holders()).toHaveLength(1)
+    const sessions: string[] = []
+    for (let i = 0; i < 8; i++) sessions.push((await api.createSession('echo')).id)
+    const placed: string[] = []
+    for (const id of sessions) placed.push(await nodeOf(id))
+    for (const id of NODES) expect(placed.filter((n) => n === id).length).toBeGreaterThanOrEqual(2)
+    // Shipped to the other node once, for all of its sessions.
+    expect(await holders()).toEqual([...NODES])
+    for (const [i, id] of sessions.entries()) {
+      const result = await api.send(id, `hello ${i}`)
+      expect(result.terminal?.type, JSON.stringify(result.events)).toBe('run.completed')
+      expect(result.text).toBe(`got hello ${i}\n`)
+      // The workspace is on the session's node and nowhere else.
+      const home = placed[i] as string
+      for (const [nodeId, { runtime }] of runtimes)
+        expect(await runtime.pool.hasWorkspace(id), `${id} on ${nodeId}`).toBe(nodeId === home)
+    }
+    // The files API, snapshots and a fork reach the session's node.
+    const first = sessions[0] as string
+    const file = await api.call('GET', `/v1/sessions/${first}/files/content?path=seen.txt`)
+    expect(file.status).toBe(200)
+    expect(file.body).toBe('hello 0\n')
+    const snapshot = await api.call('POST', `/v1/sessions/${first}/snapshots`, { label: 'routed' })
+    expect(snapshot.status, JSON.stringify(snapshot.body)).toBe(201)
+    const fork = await api.call('POST', `/v1/sessions/${first}/fork`, { snapshotId: snapshot.body.id })
+    expect(fork.status, JSON.stringify(fork.body)).toBe(201)
+    expect(await nodeOf(fork.body.id)).toBe(placed[0])
+    const forked = await api.send(fork.body.id, 'in the fork')
+    expect(forked.text).toBe('got in the fork\n')
+  }, 240_000)
+
+  it("answers node_lost for a lost node's sessions while the other node's go on", async () => {
+    const a = (await api.createSession('echo')).id
+    let b = (await api.createSession('echo')).id
+    // Until the two are on different nodes.
+    while ((await nodeOf(b)) === (await nodeOf(a))) b = (await api.createSession('echo')).id
+    const lostNode = await nodeOf(b)
+    await client.query(`UPDATE nodes SET state = 'lost', lost_at = $2 WHERE id = $1`, [
+      lostNode,
+      new Date().toISOString(),
+    ])
+    await pastCaches()
+    try {
+      const refused = await api.send(b, 'anyone there?')
+      expect(refused.status).toBe(503)
+      expect(refused.body).toMatchObject({ error: { code: 'node_lost' } })
+      // Its row is still answered (its sandbox is just not known to be warm), and so is the list.
+      expect((await api.call('GET', `/v1/sessions/${b}`)).body).toMatchObject({ id: b })
+      expect((await api.call('GET', '/v1/sessions')).status).toBe(200)
+      expect((await api.send(a, 'still here')).text).toBe('got still here\n')
+      // No new session goes to the lost node.
+      for (let i = 0; i < 4; i++)
+        expect(await nodeOf((await api.createSession('echo')).id)).not.toBe(lostNode)
+    } finally {
+      await registerNode(lostNode)
+      await client.query('UPDATE nodes SET lost_at = NULL WHERE id = $1', [lostNode])
+    }
+    await pastCaches()
+    expect((await api.send(b, 'back again')).text).toBe('got back again\n')
+  }, 120_000)
+
+  it("records nothing of a turn whose session's owner epoch changed while it ran", async () => {
+    expect((await api.deploy(await makeProject(SLOW))).status).toBe(201)
+    const id = (await api.createSession('slow')).id
+    const sending = api.send(id, 'one')
+    // Once the turn runs, the leader declares its owner lost (the epoch goes up).
+    for (let i = 0; i < 100; i++) {
+      const { rows } = await client.query(`SELECT status FROM turns WHERE session_id = $1`, [id])
+      if (rows[0]?.status === 'running') break
+      await new Promise((r) => setTimeout(r, 50))
+    }
+    await client.query('UPDATE sessions SET owner_epoch = owner_epoch + 1 WHERE id = $1', [id])
+    const result = await sending
+    expect(result.terminal).toMatchObject({ type: 'run.failed', error: { code: 'node_lost' } })
+    const { rows } = await client.query(
+      `SELECT t.status AS turn, t.response, s.status AS session FROM turns t JOIN sessions s ON s.id = t.session_id WHERE t.session_id = $1`,
+      [id],
+    )
+    // Left as the turn began: the leader, not this late owner, ends it.
+    expect(rows).toEqual([{ turn: 'running', response: '', session: 'active' }])
+  }, 120_000)
+})

@@ -1,11 +1,9 @@
-import { existsSync } from 'node:fs'
 import { chmod, mkdir, readFile, writeFile } from 'node:fs/promises'
 import type { Server } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
 import type { Runtime } from '@cairn/runtime'
-import type { EgressSite } from '@cairn/runtime/port'
 import pino, { type Logger } from 'pino'
 import { AgentService } from './agents/agent-service.js'
 import { BuildLogs } from './agents/build-logs.js'
@@ -16,11 +14,11 @@ import { type NodeConnector, openClusterRuntime } from './cluster/routing/cluste
 import { type ResolvedConfig, resolveConfig, type ServerOptions } from './config.js'
 import { writeCredentialsIfMissing } from './credentials.js'
 import { createOwnerOnly, runtimeIdOf, secureDataDir } from './data-dir.js'
-import { DataDirLock } from './data-dir-lock.js'
 import { type Db, openDatabase } from './db/database.js'
 import { SharedFiles } from './db/shared-files.js'
 import type { ImageService } from './images/image-service.js'
 import { ManualSnapshotCap } from './limits/snapshot-cap.js'
+import { type ClaimedDataDir, claimDataDir, mebibytes, syncSharedFiles } from './local-runtime.js'
 import { MemoryService } from './memory/memory-service.js'
 import { MetricsRegistry } from './metrics/registry.js'
 import { createPreviewListener, type PreviewListener } from './previews/preview-listener.js'
@@ -67,10 +65,6 @@ export interface RunningServer {
 /** Kept free on the data dir's disk (database, transcripts) when the pool has no reserve of its own. */
 const DATA_DISK_RESERVE_BYTES = 64 * 1024 * 1024
 
-function mebibytes(mib: number | undefined): number | undefined {
-  return mib ? mib * 1024 * 1024 : undefined
-}
-
 /** What only tests and embedders set: how an API replica reaches its nodes. */
 export interface StartServerExtras {
   /**
@@ -95,6 +89,16 @@ function checkApiRole(config: ResolvedConfig, extras: StartServerExtras): void {
 }
 
 /**
+ * An API replica's data dir: no pool, so nothing in it is its alone (no lock); owner-only, as it
+ * holds the secrets key and the admin key.
+ */
+async function apiDataDir(config: ResolvedConfig): Promise<ClaimedDataDir> {
+  await mkdir(config.dataDir, { recursive: true, mode: 0o700 })
+  await secureDataDir(config.dataDir, [])
+  return { poolTrees: [], releaseLocks: async () => {} }
+}
+
+/**
  * Starts the control plane and what it runs sessions on: the local runtime (database, storage
  * pool, sandboxes; `role: 'all'`), or the cluster's nodes (`role: 'api'`), and the HTTP API.
  */
@@ -107,41 +111,10 @@ export async function startServer(
   if (api) checkApiRole(config, extras)
   const clock = options.clock ?? systemClock
   const logger = pino({ level: config.logLevel, base: { service: 'cairn' } })
-  await mkdir(config.dataDir, { recursive: true, mode: 0o700 })
-  // Before anything else (database, reaping, reconciling, mounting): a second server on this dir
-  // would take the running one's sandboxes, snapshots and pool for a crashed predecessor's. An
-  // API replica has no pool: nothing of its data dir is its alone.
-  const locks = api
-    ? []
-    : [
-        await DataDirLock.acquire(config.dataDir, {
-          onLost: () =>
-            logger.error({ dataDir: config.dataDir }, 'the data dir lock was lost (its flock helper ended)'),
-        }),
-      ]
-  const releaseLocks = () => Promise.all(locks.map((lock) => lock.release()))
-  const poolTrees = api
-    ? []
-    : [path.join(config.dataDir, 'pool'), ...(config.poolPath ? [config.poolPath] : [])]
+  const dataDir = api ? await apiDataDir(config) : await claimDataDir(config, logger)
+  const releaseLocks = () => dataDir.releaseLocks()
   let db: Db
   try {
-    // A pool given by path could be shared by two data dirs by mistake: it is claimed as well.
-    if (!api && config.poolPath !== undefined) {
-      if (config.storage === 'dir') await mkdir(config.poolPath, { recursive: true })
-      if (existsSync(config.poolPath)) {
-        const poolPath = config.poolPath
-        locks.push(
-          await DataDirLock.acquire(poolPath, {
-            what: 'storage pool',
-            option: '--pool-path',
-            onLost: () =>
-              logger.error({ poolPath }, 'the storage pool lock was lost (its flock helper ended)'),
-          }),
-        )
-      }
-    }
-    // Owner-only before anything else is written in it; what an older install left 0644 is fixed too.
-    await secureDataDir(config.dataDir, poolTrees)
     if (config.databaseUrl) db = await openDatabase(config.databaseUrl)
     else {
       createOwnerOnly(path.join(config.dataDir, 'cairn.db'))
@@ -151,13 +124,6 @@ export async function startServer(
     await releaseLocks()
     throw error
   }
-  const egressSite: EgressSite = {
-    privateExceptions: new Set(config.egressPrivateExceptions),
-    hosts: config.egressHosts,
-  }
-  // Replicas share one database: the secrets key and the egress CA come from it (the first
-  // replica's), so a secret sealed by one opens on another, and sandboxes trust one CA.
-  const shared = db.dialect === 'postgres' ? new SharedFiles(db, () => iso(clock.now())) : undefined
   // What the runtime reports outside a call (pause and network events) goes to the sessions'
   // records once they exist.
   const runtimeEvents = new DeferredRuntimeEvents()
@@ -173,24 +139,16 @@ export async function startServer(
           apiId: await runtimeIdOf(config.dataDir),
           connect: extras.connectNode ?? remoteNodeConnector(config),
         })
-      : await openLocalRuntime({
-          config,
-          clock,
-          logger,
-          events: runtimeEvents,
-          egressSite,
-          poolTrees,
-          shared,
-        })
+      : await openLocalRuntime({ config, clock, logger, events: runtimeEvents, dataDir })
     const runtimeHost = host
     const runtimePort = host.port
     const runtimeId = host.runtimeId
     const keys = new ApiKeyStore(db, clock)
     await keys.ensureTenant(DEFAULT_TENANT_ID, 'default')
-    if (shared && !process.env.CAIRN_SECRET_KEY)
-      await shared.sync('secret.key', config.dataDir, ['secret.key'], async () => {
-        await SecretCipher.load(path.join(config.dataDir, 'secret.key'))
-      })
+    // Replicas share one database: the secrets key (and, where sandboxes run, the egress CA) come
+    // from it. An API replica runs no sandbox: it needs the secrets key only.
+    if (db.dialect === 'postgres' && api) await syncSecretKey(db, config.dataDir, clock)
+    else if (db.dialect === 'postgres') await syncSharedFiles(db, config.dataDir, clock, { secretKey: true })
     const cipher = await SecretCipher.load(path.join(config.dataDir, 'secret.key'))
     const secrets = new SecretStore(db, cipher, clock)
     const logs = new BuildLogs(path.join(config.dataDir, 'build-logs'), db)
@@ -410,6 +368,19 @@ export async function startServer(
     await releaseLocks()
     throw error
   }
+}
+
+/** The secrets key every replica shares (the first replica's, kept in the database). */
+async function syncSecretKey(db: Db, dataDirPath: string, clock: { now(): number }): Promise<void> {
+  if (process.env.CAIRN_SECRET_KEY) return
+  await new SharedFiles(db, () => iso(clock.now())).sync(
+    'secret.key',
+    dataDirPath,
+    ['secret.key'],
+    async () => {
+      await SecretCipher.load(path.join(dataDirPath, 'secret.key'))
+    },
+  )
 }
 
 /**

@@ -31,6 +31,8 @@ export const NodeSchema = Type.Object({
   epoch: Type.Integer({ minimum: 0 }),
   /** Sessions the node owns (not deleted). */
   sessions: Type.Integer({ minimum: 0 }),
+  /** Turns running on the node now: a draining node is drained when none is left. */
+  runningTurns: Type.Integer({ minimum: 0 }),
   /** Whether the lease is still running now (a `ready` node whose lease ended is about to be `lost`). */
   leaseLive: Type.Boolean(),
   leaseExpiresAt: Type.String(),

@@ -10,6 +10,7 @@ import { BuildLogs } from './agents/build-logs.js'
 import { buildApp } from './app.js'
 import { ApiKeyStore, DEFAULT_TENANT_ID } from './auth/api-keys.js'
 import { iso, systemClock } from './clock.js'
+import { type ClusterControl, startClusterControl } from './cluster/cluster-control.js'
 import { type NodeConnector, openClusterRuntime } from './cluster/routing/cluster-runtime-host.js'
 import { type ResolvedConfig, resolveConfig, type ServerOptions } from './config.js'
 import { writeCredentialsIfMissing } from './credentials.js'
@@ -129,6 +130,7 @@ export async function startServer(
   const runtimeEvents = new DeferredRuntimeEvents()
   let host: RuntimeHost | undefined
   let previewListener: PreviewListener | undefined
+  let cluster: ClusterControl | undefined
   try {
     host = api
       ? await openClusterRuntime({
@@ -270,7 +272,21 @@ export async function startServer(
         'previews are served at <port>-ses-<id>.localhost, which only a browser on this machine reaches; set --preview-domain (CAIRN_PREVIEW_DOMAIN) to a domain whose subdomains resolve to this server',
       )
     }
+    // On PostgreSQL the server is part of a cluster's control plane: a candidate for leader (node
+    // failure handling), the nodes' routes and figures. The reaper's passes stay with each
+    // replica here: they act on the sessions of its own runtime.
+    cluster =
+      db.dialect === 'postgres' && config.databaseUrl
+        ? startClusterControl({
+            db,
+            databaseUrl: config.databaseUrl,
+            heartbeatMs: config.heartbeatMs,
+            leaseMs: config.leaseMs,
+            logger,
+          })
+        : undefined
     const app = await buildApp({
+      cluster,
       db,
       logger,
       keys,
@@ -349,6 +365,7 @@ export async function startServer(
           await workspace.settle()
           await sessions.close()
           await runtimeHost.close()
+          await cluster?.close()
           await db.close()
           await releaseLocks()
           logger.info('cairn server stopped')
@@ -358,6 +375,7 @@ export async function startServer(
     }
   } catch (error) {
     await previewListener?.close()
+    await cluster?.close()
     // The start's own error is rethrown below; a runtime that also fails to close is logged.
     await host
       ?.close()

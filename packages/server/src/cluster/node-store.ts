@@ -179,13 +179,26 @@ export class NodeStore {
           .whereRef('s.runtime_id', '=', 'n.id')
           .where('s.status', '!=', 'deleted')
           .as('sessions'),
+        eb
+          .selectFrom('turns as t')
+          .innerJoin('sessions as s', 's.id', 't.session_id')
+          .select(eb.fn.countAll<number>().as('c'))
+          .whereRef('s.runtime_id', '=', 'n.id')
+          .where('t.status', '=', 'running')
+          .as('running_turns'),
         sql<boolean>`n.lease_expires_at > ${dbTime()}`.as('lease_live'),
       ])
       .orderBy('n.name')
       .orderBy('n.id')
     if (id !== undefined) query = query.where('n.id', '=', id)
     const rows = await query.execute()
-    return rows.map((row) => toInfo(row as NodeRow, Number(row.sessions ?? 0), Boolean(row.lease_live)))
+    return rows.map((row) =>
+      toInfo(row as NodeRow, {
+        sessions: Number(row.sessions ?? 0),
+        runningTurns: Number(row.running_turns ?? 0),
+        leaseLive: Boolean(row.lease_live),
+      }),
+    )
   }
 
   /** Nodes that hold a lease, with whether it ended (in the database's time). */
@@ -199,7 +212,10 @@ export class NodeStore {
   }
 }
 
-function toInfo(row: NodeRow, sessions: number, leaseLive: boolean): NodeInfo {
+function toInfo(
+  row: NodeRow,
+  counts: { sessions: number; runningTurns: number; leaseLive: boolean },
+): NodeInfo {
   return {
     id: row.id,
     name: row.name,
@@ -212,8 +228,7 @@ function toInfo(row: NodeRow, sessions: number, leaseLive: boolean): NodeInfo {
     ...(row.pool_free_bytes === null ? {} : { poolFreeBytes: row.pool_free_bytes }),
     ...(row.pool_size_bytes === null ? {} : { poolSizeBytes: row.pool_size_bytes }),
     epoch: row.epoch,
-    sessions,
-    leaseLive,
+    ...counts,
     leaseExpiresAt: row.lease_expires_at,
     heartbeatAt: row.heartbeat_at,
     registeredAt: row.registered_at,

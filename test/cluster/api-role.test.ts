@@ -3,9 +3,11 @@ import os from 'node:os'
 import path from 'node:path'
 import { Runtime } from '@cairn/runtime'
 import { LocalRuntimePort } from '@cairn/runtime/port'
-import { type RunningServer, startServer } from '@cairn/server'
+import { openDatabase, type RunningServer, startServer } from '@cairn/server'
 import pg from 'pg'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { NODE_LOCK_CLASS } from '../../packages/server/src/cluster/dedicated-connection.js'
+import { NodeStore } from '../../packages/server/src/cluster/node-store.js'
 import { TestPostgres, testsRunOnPostgres } from '../helpers/postgres.js'
 import { makeProject } from '../helpers/projects.js'
 import { Api } from '../helpers/server.js'
@@ -32,24 +34,40 @@ let api: Api
 let client: pg.Client
 const runtimes = new Map<string, { runtime: Runtime; dataDir: string }>()
 const connected: string[] = []
+const livenessLocks = new Map<string, pg.Client>()
+let nodeDb: Awaited<ReturnType<typeof openDatabase>>
+let nodeStore: NodeStore
+const MiB = 1024 * 1024
 
-async function registerNode(id: string, state = 'ready'): Promise<void> {
-  const now = new Date()
-  await client.query(
-    `INSERT INTO nodes (id, name, address, boot_id, state, drivers, cpus, warm_sandboxes, pool_free_bytes,
-       pool_size_bytes, epoch, lease_expires_at, heartbeat_at, registered_at)
-     VALUES ($1, $1, $2, 'boot', $3, '["bwrap"]', 2, 0, $4, $5, 1, $6, $7, $7)
-     ON CONFLICT (id) DO UPDATE SET state = EXCLUDED.state, lease_expires_at = EXCLUDED.lease_expires_at`,
-    [
-      id,
-      `https://127.0.0.1/${id}`,
-      state,
-      900 * 1024 * 1024,
-      1024 * 1024 * 1024,
-      new Date(now.getTime() + 3600_000).toISOString(),
-      now.toISOString(),
-    ],
-  )
+/**
+ * Registers a node as `cairn node` does: its row (epoch + 1 each time) and its liveness lock held
+ * on a connection of its own, which the leader probes; closing that connection is the node's crash.
+ */
+async function registerNode(id: string): Promise<void> {
+  const lock = new pg.Client({ connectionString: url })
+  await lock.connect()
+  await lock.query('SELECT pg_advisory_lock($1, hashtext($2))', [NODE_LOCK_CLASS, id])
+  livenessLocks.set(id, lock)
+  await nodeStore.register({
+    id,
+    name: id,
+    address: `https://127.0.0.1/${id}`,
+    bootId: 'boot',
+    figures: {
+      drivers: ['bwrap'],
+      cpus: 2,
+      warmSandboxes: 0,
+      poolFreeBytes: 900 * MiB,
+      poolSizeBytes: 1024 * MiB,
+    },
+    leaseMs: 3600_000,
+  })
+}
+
+/** The node's process dies: its liveness lock goes with its connection. */
+async function crashNode(id: string): Promise<void> {
+  await livenessLocks.get(id)?.end()
+  livenessLocks.delete(id)
 }
 
 async function nodeOf(sessionId: string): Promise<string> {
@@ -84,11 +102,15 @@ beforeAll(async () => {
   api = new Api(server.url, server.adminKey ?? '')
   client = new pg.Client({ connectionString: url })
   await client.connect()
+  nodeDb = await openDatabase(url)
+  nodeStore = new NodeStore(nodeDb)
   for (const id of NODES) await registerNode(id)
 }, 180_000)
 
 afterAll(async () => {
   await server?.close()
+  for (const lock of livenessLocks.values()) await lock.end().catch(() => undefined)
+  await nodeDb?.close()
   await client?.end()
   for (const { runtime, dataDir } of runtimes.values()) {
     await runtime.close().catch(() => undefined)
@@ -163,10 +185,16 @@ describe.skipIf(testsRunOnPostgres())('cairn server --role api in front of two n
     // Until the two are on different nodes.
     while ((await nodeOf(b)) === (await nodeOf(a))) b = (await api.createSession('echo')).id
     const lostNode = await nodeOf(b)
-    await client.query(`UPDATE nodes SET state = 'lost', lost_at = $2 WHERE id = $1`, [
-      lostNode,
-      new Date().toISOString(),
-    ])
+    const { rows: before } = await client.query('SELECT owner_epoch FROM sessions WHERE id = $1', [b])
+    await crashNode(lostNode)
+    // The leader (in the API replica) sees the free liveness lock and declares the node lost.
+    for (let i = 0; i < 100; i++) {
+      const { rows } = await client.query('SELECT state FROM nodes WHERE id = $1', [lostNode])
+      if (rows[0]?.state === 'lost') break
+      await new Promise((r) => setTimeout(r, 100))
+    }
+    const { rows: after } = await client.query('SELECT owner_epoch FROM sessions WHERE id = $1', [b])
+    expect(Number(after[0].owner_epoch)).toBe(Number(before[0].owner_epoch) + 1)
     await pastCaches()
     try {
       const refused = await api.send(b, 'anyone there?')
@@ -180,8 +208,8 @@ describe.skipIf(testsRunOnPostgres())('cairn server --role api in front of two n
       for (let i = 0; i < 4; i++)
         expect(await nodeOf((await api.createSession('echo')).id)).not.toBe(lostNode)
     } finally {
+      // The node comes back (same runtime ID, a new incarnation): its sessions are served again.
       await registerNode(lostNode)
-      await client.query('UPDATE nodes SET lost_at = NULL WHERE id = $1', [lostNode])
     }
     await pastCaches()
     expect((await api.send(b, 'back again')).text).toBe('got back again\n')
@@ -206,5 +234,32 @@ describe.skipIf(testsRunOnPostgres())('cairn server --role api in front of two n
     )
     // Left as the turn began: the leader, not this late owner, ends it.
     expect(rows).toEqual([{ turn: 'running', response: '', session: 'active' }])
+  }, 120_000)
+
+  it("a node that dies mid-turn: the leader fails the turn node_lost, and the node's late end changes nothing", async () => {
+    const id = (await api.createSession('slow')).id
+    const home = await nodeOf(id)
+    const sending = api.send(id, 'two')
+    for (let i = 0; i < 100; i++) {
+      const { rows } = await client.query(`SELECT status FROM turns WHERE session_id = $1`, [id])
+      if (rows[0]?.status === 'running') break
+      await new Promise((r) => setTimeout(r, 50))
+    }
+    // The node's liveness lock goes (its process "died"); its sandbox here runs on and answers late.
+    await crashNode(home)
+    try {
+      const result = await sending
+      expect(result.terminal, JSON.stringify(result)).toMatchObject({ type: 'run.failed', error: { code: 'node_lost' } })
+      const { rows } = await client.query(
+        `SELECT t.status AS turn, t.response, t.error_code, s.status_cause FROM turns t JOIN sessions s ON s.id = t.session_id WHERE t.session_id = $1`,
+        [id],
+      )
+      // The leader's record stands; the agent's late reply ("done two") is nowhere.
+      expect(rows).toEqual([
+        { turn: 'failed', response: '', error_code: 'node_lost', status_cause: 'node_lost' },
+      ])
+    } finally {
+      await registerNode(home)
+    }
   }, 120_000)
 })

@@ -219,8 +219,9 @@ export class TurnRunner {
         outcome = { ...outcome, message: redact(outcome.message, secretValues) }
         outcome = await this.blamePoolIfFull(outcome)
       }
-      if (!(await warm.agent(row.id))?.alive) await warm.drop(row.id)
-      else await warm.scheduleCooldown(row)
+      if (!(await this.afterTurn(row.id, () => warm.agent(row.id), undefined))?.alive)
+        await this.afterTurn(row.id, () => warm.drop(row.id), undefined)
+      else await this.afterTurn(row.id, () => warm.scheduleCooldown(row), undefined)
     } catch (error) {
       const problem = error instanceof CairnProblem ? error : undefined
       const setupFailed = problem?.code === 'setup_failed'
@@ -242,7 +243,7 @@ export class TurnRunner {
           }
       if (!sandboxId)
         emit({ type: 'run.started', sessionId: row.id, turnId, turn: seq, sandboxId: '', coldStart: true })
-      await warm.drop(row.id)
+      await this.afterTurn(row.id, () => warm.drop(row.id), undefined)
     }
     const durationMs = elapsed()
     const endedAt = iso(Math.max(this.deps.clock.now(), startedAt))
@@ -264,7 +265,7 @@ export class TurnRunner {
     // turn carries it.
     let generation: number | undefined
     const unchanged =
-      promptSent && (await warm.agent(row.id))?.alive
+      promptSent && (await this.afterTurn(row.id, () => warm.agent(row.id), undefined))?.alive
         ? await unchangedByAll(this.observers, row.id).catch(() => false)
         : false
     if (promptSent && !unchanged) {
@@ -276,7 +277,7 @@ export class TurnRunner {
     // The policy's last turn ends the session; its sandbox goes before the reply's end is sent.
     const maxTurns = row.max_turns
     const lastTurn = maxTurns !== null && seq >= maxTurns
-    if (lastTurn) await warm.drop(row.id)
+    if (lastTurn) await this.afterTurn(row.id, () => warm.drop(row.id), undefined)
     // The turn's entry, the session's status and generation in one transaction, retried while
     // another process holds the database lock: the reply was streamed already, it must not be lost.
     // Nothing is awaited between the terminal event and the release of the turn lock, so a client
@@ -371,13 +372,27 @@ export class TurnRunner {
         },
       })
     }
-    const after = await warm.agent(row.id)
+    const after = await this.afterTurn(row.id, () => warm.agent(row.id), undefined)
     for (const observer of this.observers) observer.afterTurn?.(row, seq, after, unchanged)
     const memory = this.deps.memory
     if (memory) {
       void memory
         .promoteProposed(row.agent_id, row.id, `${row.id}/${turnId}`)
         .catch((error) => this.deps.logger.warn({ err: error, session: row.id }, 'memory promotion failed'))
+    }
+  }
+
+  /**
+   * A step after the agent answered (its sandbox's state, a stop): the turn's end is recorded and
+   * told whatever becomes of it. Its node may be gone by then (lost, unreachable): that is
+   * logged and `fallback` stands in.
+   */
+  private async afterTurn<T>(sessionId: string, step: () => Promise<T>, fallback: T): Promise<T> {
+    try {
+      return await step()
+    } catch (error) {
+      this.deps.logger.warn({ err: error, session: sessionId }, 'a step after the turn failed')
+      return fallback
     }
   }
 

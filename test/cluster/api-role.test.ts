@@ -249,7 +249,10 @@ describe.skipIf(testsRunOnPostgres())('cairn server --role api in front of two n
     await crashNode(home)
     try {
       const result = await sending
-      expect(result.terminal, JSON.stringify(result)).toMatchObject({ type: 'run.failed', error: { code: 'node_lost' } })
+      expect(result.terminal, JSON.stringify(result)).toMatchObject({
+        type: 'run.failed',
+        error: { code: 'node_lost' },
+      })
       const { rows } = await client.query(
         `SELECT t.status AS turn, t.response, t.error_code, s.status_cause FROM turns t JOIN sessions s ON s.id = t.session_id WHERE t.session_id = $1`,
         [id],

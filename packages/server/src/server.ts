@@ -19,7 +19,13 @@ import { type Db, openDatabase } from './db/database.js'
 import { SharedFiles } from './db/shared-files.js'
 import type { ImageService } from './images/image-service.js'
 import { ManualSnapshotCap } from './limits/snapshot-cap.js'
-import { type ClaimedDataDir, claimDataDir, mebibytes, syncSharedFiles } from './local-runtime.js'
+import {
+  type ClaimedDataDir,
+  claimDataDir,
+  mebibytes,
+  openLocalRuntime,
+  syncSharedFiles,
+} from './local-runtime.js'
 import { MemoryService } from './memory/memory-service.js'
 import { MetricsRegistry } from './metrics/registry.js'
 import { createPreviewListener, type PreviewListener } from './previews/preview-listener.js'
@@ -28,7 +34,6 @@ import { PreviewRevocations } from './previews/preview-revocations.js'
 import { PreviewService } from './previews/preview-service.js'
 import { PreviewSigner } from './previews/preview-signer.js'
 import { RetentionService } from './retention/retention-service.js'
-import { openLocalRuntime } from './runtime-host/local-runtime-host.js'
 import { DeferredRuntimeEvents, type RuntimeHost } from './runtime-host/runtime-host.js'
 import { SecretCipher } from './secrets/cipher.js'
 import { SecretStore } from './secrets/secret-store.js'
@@ -129,19 +134,24 @@ export async function startServer(
   // records once they exist.
   const runtimeEvents = new DeferredRuntimeEvents()
   let host: RuntimeHost | undefined
+  let localRuntime: Runtime | undefined
   let previewListener: PreviewListener | undefined
   let cluster: ClusterControl | undefined
   try {
-    host = api
-      ? await openClusterRuntime({
-          config,
-          db,
-          logger,
-          events: runtimeEvents,
-          apiId: await runtimeIdOf(config.dataDir),
-          connect: extras.connectNode ?? remoteNodeConnector(config),
-        })
-      : await openLocalRuntime({ config, clock, logger, events: runtimeEvents, dataDir })
+    if (api) {
+      host = await openClusterRuntime({
+        config,
+        db,
+        logger,
+        events: runtimeEvents,
+        apiId: await runtimeIdOf(config.dataDir),
+        connect: extras.connectNode ?? remoteNodeConnector(config),
+      })
+    } else {
+      const local = await openLocalRuntime(config, dataDir, { clock, logger, events: runtimeEvents })
+      localRuntime = local.runtime
+      host = local
+    }
     const runtimeHost = host
     const runtimePort = host.port
     const runtimeId = host.runtimeId
@@ -354,8 +364,8 @@ export async function startServer(
       logger,
       sessions,
       get runtime(): Runtime {
-        if (!runtimeHost.runtime) throw new Error('a --role api server has no runtime of its own')
-        return runtimeHost.runtime
+        if (!localRuntime) throw new Error('a --role api server has no runtime of its own')
+        return localRuntime
       },
       close() {
         closing ??= (async () => {

@@ -1,4 +1,3 @@
-import type { Runtime } from '@cairn/runtime'
 import type { RuntimeEvents, RuntimePort } from '@cairn/runtime/port'
 import type { SessionRouting } from '../sessions/session-deps.js'
 
@@ -15,8 +14,6 @@ export interface RuntimeHost {
   drivers: { isolation: string; storage: string }
   /** Kept free in the pool for Cairn's own writes (undefined: none set). */
   reserveBytes: number | undefined
-  /** The runtime in this process (`--role all`). */
-  runtime: Runtime | undefined
   /** Set for an API replica: every session is routed to its node. */
   routing: SessionRouting | undefined
   /** For the start-up log line. */

@@ -41,7 +41,6 @@ export async function openClusterRuntime(options: {
       storage: described?.storage.driver ?? 'btrfs',
     },
     reserveBytes: undefined,
-    runtime: undefined,
     routing: port,
     describe: () => ({ role: 'api', nodes: 'routed (see GET /v1/runtime)' }),
     close: () => directory.close(),

@@ -2,7 +2,7 @@ import { mkdtemp, rm } from 'node:fs/promises'
 import os from 'node:os'
 import path from 'node:path'
 import { Runtime } from '@cairn/runtime'
-import { LocalRuntimePort } from '@cairn/runtime/port'
+import { LocalRuntimePort, type RuntimeEvents } from '@cairn/runtime/port'
 import { openDatabase, type RunningServer, startServer } from '@cairn/server'
 import pg from 'pg'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
@@ -29,8 +29,11 @@ const SLOW = {
 let postgres: TestPostgres
 let url = ''
 let apiDir = ''
+let apiDir2 = ''
 let server: RunningServer
+let server2: RunningServer
 let api: Api
+let api2: Api
 let client: pg.Client
 const runtimes = new Map<string, { runtime: Runtime; dataDir: string }>()
 const connected: string[] = []
@@ -88,18 +91,31 @@ beforeAll(async () => {
     runtimes.set(id, { runtime, dataDir })
   }
   apiDir = await mkdtemp(path.join(os.tmpdir(), 'cairn-cluster-routing-api-'))
-  server = await startServer(
-    { role: 'api', dataDir: apiDir, database: url, port: 0, writeCredentials: false, logLevel: 'error' },
-    {
-      connectNode: (row, events) => {
-        connected.push(row.id)
-        const node = runtimes.get(row.id)
-        if (!node) throw new Error(`no node ${row.id}`)
-        return new LocalRuntimePort(node.runtime, { clock: { now: () => Date.now() }, events })
-      },
-    },
-  )
+  // One port per node, whichever replica reaches it (as one node serves every replica); its
+  // events go to the first replica's observer (a node's event reaches one replica).
+  const ports = new Map<string, LocalRuntimePort>()
+  const connectNode = (row: { id: string }, events: RuntimeEvents) => {
+    connected.push(row.id)
+    const node = runtimes.get(row.id)
+    if (!node) throw new Error(`no node ${row.id}`)
+    const port =
+      ports.get(row.id) ?? new LocalRuntimePort(node.runtime, { clock: { now: () => Date.now() }, events })
+    ports.set(row.id, port)
+    return port
+  }
+  const apiOptions = {
+    role: 'api',
+    database: url,
+    port: 0,
+    writeCredentials: false,
+    logLevel: 'error',
+  } as const
+  server = await startServer({ ...apiOptions, dataDir: apiDir }, { connectNode })
   api = new Api(server.url, server.adminKey ?? '')
+  // A second API replica on the same database (it finds the install and its keys there).
+  apiDir2 = await mkdtemp(path.join(os.tmpdir(), 'cairn-cluster-routing-api2-'))
+  server2 = await startServer({ ...apiOptions, dataDir: apiDir2 }, { connectNode })
+  api2 = new Api(server2.url, server.adminKey ?? '')
   client = new pg.Client({ connectionString: url })
   await client.connect()
   nodeDb = await openDatabase(url)
@@ -108,6 +124,7 @@ beforeAll(async () => {
 }, 180_000)
 
 afterAll(async () => {
+  await server2?.close()
   await server?.close()
   for (const lock of livenessLocks.values()) await lock.end().catch(() => undefined)
   await nodeDb?.close()
@@ -116,7 +133,7 @@ afterAll(async () => {
     await runtime.close().catch(() => undefined)
     await rm(dataDir, { recursive: true, force: true })
   }
-  if (apiDir) await rm(apiDir, { recursive: true, force: true })
+  for (const dir of [apiDir, apiDir2]) if (dir) await rm(dir, { recursive: true, force: true })
   await postgres?.stop()
 })
 
@@ -215,8 +232,31 @@ describe.skipIf(testsRunOnPostgres())('cairn server --role api in front of two n
     expect((await api.send(b, 'back again')).text).toBe('got back again\n')
   }, 120_000)
 
-  it("records nothing of a turn whose session's owner epoch changed while it ran", async () => {
+  it('serves every session from either replica: no session_elsewhere; a cancel through one ends a turn relayed by the other', async () => {
+    const id = (await api.createSession('echo')).id
+    expect((await api2.send(id, 'via two')).text).toBe('got via two\n')
+    expect((await api.send(id, 'via one')).text).toBe('got via one\n')
+    expect((await api2.call('GET', `/v1/sessions/${id}/files/content?path=seen.txt`)).body).toBe(
+      'via two\nvia one\n',
+    )
     expect((await api.deploy(await makeProject(SLOW))).status).toBe(201)
+    const slow = (await api.createSession('slow')).id
+    const sending = api.send(slow, 'long')
+    for (let i = 0; i < 100; i++) {
+      const { rows } = await client.query(`SELECT status FROM turns WHERE session_id = $1`, [slow])
+      if (rows[0]?.status === 'running') break
+      await new Promise((r) => setTimeout(r, 50))
+    }
+    // Wait for the agent to be in its turn (it says "working" first), then cancel through replica 2.
+    await new Promise((r) => setTimeout(r, 500))
+    expect((await api2.call('POST', `/v1/sessions/${slow}/cancel`)).body).toEqual({ ok: true })
+    const result = await sending
+    expect(result.terminal).toMatchObject({ type: 'run.cancelled' })
+    const { rows } = await client.query(`SELECT status FROM turns WHERE session_id = $1`, [slow])
+    expect(rows).toEqual([{ status: 'cancelled' }])
+  }, 120_000)
+
+  it("records nothing of a turn whose session's owner epoch changed while it ran", async () => {
     const id = (await api.createSession('slow')).id
     const sending = api.send(id, 'one')
     // Once the turn runs, the leader declares its owner lost (the epoch goes up).

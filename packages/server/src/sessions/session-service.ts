@@ -387,7 +387,13 @@ export class SessionService {
   /** Cancels the running turn, if any, and waits for it to settle. */
   async cancel(tenantId: string, id: string): Promise<boolean> {
     await this.requireOwned(tenantId, id)
-    return this.locks.cancel(id)
+    if (this.locks.has(id) || !this.deps.routing) return this.locks.cancel(id)
+    // An API replica: the turn may be relayed by another replica. Its node is told directly; the
+    // replica relaying it records the outcome (`cancelled`) as the node ends the turn.
+    const turnId = await this.store.runningTurn(id)
+    if (!turnId) return false
+    await this.deps.runtime.cancelTurn(id, turnId)
+    return true
   }
 
   async end(tenantId: string, id: string): Promise<SessionInfo> {

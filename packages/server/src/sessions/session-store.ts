@@ -414,6 +414,17 @@ export class SessionStore {
       .execute()
   }
 
+  /** The ID of the session's running turn, if one runs (on whatever replica relays it). */
+  async runningTurn(sessionId: string): Promise<string | undefined> {
+    const row = await this.db.q
+      .selectFrom('turns')
+      .select('id')
+      .where('session_id', '=', sessionId)
+      .where('status', '=', 'running')
+      .executeTakeFirst()
+    return row?.id
+  }
+
   /**
    * The session's owner epoch, its row locked for the rest of the enclosing transaction (on
    * PostgreSQL; SQLite has one writer at a time): a write made only while it is unchanged cannot

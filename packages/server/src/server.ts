@@ -4,6 +4,7 @@ import type { AddressInfo } from 'node:net'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
 import type { Runtime } from '@cairn/runtime'
+import { loadClusterTls, RemoteRuntimePort } from '@cairn/runtime/port'
 import pino, { type Logger } from 'pino'
 import { AgentService } from './agents/agent-service.js'
 import { BuildLogs } from './agents/build-logs.js'
@@ -145,7 +146,7 @@ export async function startServer(
         logger,
         events: runtimeEvents,
         apiId: await runtimeIdOf(config.dataDir),
-        connect: extras.connectNode ?? remoteNodeConnector(config),
+        connect: extras.connectNode ?? (await remoteNodeConnector(config)),
       })
     } else {
       const local = await openLocalRuntime(config, dataDir, { clock, logger, events: runtimeEvents })
@@ -412,13 +413,13 @@ async function syncSecretKey(db: Db, dataDirPath: string, clock: { now(): number
 }
 
 /**
- * The nodes' ports over the network (mutual TLS with the cluster dir's `api` certificate): the
- * remote runtime port is port-remote's; until it is in this build an API replica needs one given.
+ * The nodes' ports over the network: HTTP/2 with mutual TLS, this replica presenting the cluster
+ * dir's `api` certificate and accepting only the CA's `node` certificates.
  */
-function remoteNodeConnector(_config: ResolvedConfig): NodeConnector {
-  return () => {
-    throw new CairnProblem('node_unavailable', 'this build has no remote runtime port to reach nodes with')
-  }
+async function remoteNodeConnector(config: ResolvedConfig): Promise<NodeConnector> {
+  if (!config.clusterDir) throw new CairnProblem('validation_failed', '--role api needs --cluster-dir')
+  const tls = await loadClusterTls(config.clusterDir, 'api')
+  return (row, events) => new RemoteRuntimePort({ url: row.address, tls, events })
 }
 
 /** Listens on `port` (0: any) and answers the port bound. */

@@ -1,11 +1,11 @@
-import { generateKeyPairSync, randomBytes } from 'node:crypto'
+import { randomBytes } from 'node:crypto'
 import { existsSync } from 'node:fs'
-import { chmod, mkdir, mkdtemp, readFile, rename, rm, writeFile } from 'node:fs/promises'
+import { chmod, mkdir, readFile, rename } from 'node:fs/promises'
 import net from 'node:net'
 import path from 'node:path'
 import tls from 'node:tls'
 import { CairnProblem } from '@cairn/protocol'
-import { execTool } from '../util/exec.js'
+import { makeCaCertificate, signCertificate } from '../tls/openssl-certificates.js'
 
 const CA_DAYS = 3650
 /** Leaf certificates live in memory only; a short validity keeps a leaked one of little use. */
@@ -34,31 +34,12 @@ export class EgressCa {
     if (!existsSync(keyFile) || !existsSync(certFile)) {
       const tag = randomBytes(4).toString('hex')
       // Written beside, then renamed: a crash half-way must not leave a key without its certificate.
-      await execTool(
-        'openssl',
-        [
-          'req',
-          '-x509',
-          '-newkey',
-          'ec',
-          '-pkeyopt',
-          'ec_paramgen_curve:prime256v1',
-          '-nodes',
-          '-keyout',
-          `${keyFile}.new`,
-          '-out',
-          `${certFile}.new`,
-          '-days',
-          String(CA_DAYS),
-          '-subj',
-          `/O=Cairn/CN=Cairn egress CA ${tag}`,
-          '-addext',
-          'basicConstraints=critical,CA:TRUE,pathlen:0',
-          '-addext',
-          'keyUsage=critical,keyCertSign,cRLSign',
-        ],
-        { code: 'internal' },
-      )
+      await makeCaCertificate({
+        keyFile: `${keyFile}.new`,
+        certFile: `${certFile}.new`,
+        subject: `/O=Cairn/CN=Cairn egress CA ${tag}`,
+        days: CA_DAYS,
+      })
       await chmod(`${keyFile}.new`, 0o600)
       await rename(`${keyFile}.new`, keyFile)
       await rename(`${certFile}.new`, certFile)
@@ -89,45 +70,15 @@ export class EgressCa {
     if (!net.isIP(host) && !/^[a-z0-9_-]+(\.[a-z0-9_-]+)*$/.test(host)) {
       throw new CairnProblem('validation_failed', `cannot issue a certificate for '${host}'`)
     }
-    const { privateKey } = generateKeyPairSync('ec', { namedCurve: 'prime256v1' })
-    const keyPem = privateKey.export({ type: 'pkcs8', format: 'pem' }).toString()
-    const work = await mkdtemp(path.join(this.dir, 'leaf-'))
-    try {
-      const keyFile = path.join(work, 'leaf.key')
-      const certFile = path.join(work, 'leaf.pem')
-      await writeFile(keyFile, keyPem, { mode: 0o600 })
-      const san = net.isIP(host) ? `IP:${host}` : `DNS:${host}`
-      await execTool(
-        'openssl',
-        [
-          'req',
-          '-x509',
-          '-new',
-          '-key',
-          keyFile,
-          '-CA',
-          path.join(this.dir, 'ca.pem'),
-          '-CAkey',
-          path.join(this.dir, 'ca.key'),
-          '-subj',
-          `/CN=${host}`,
-          '-days',
-          String(LEAF_DAYS),
-          '-addext',
-          `subjectAltName=${san}`,
-          '-addext',
-          'basicConstraints=critical,CA:FALSE',
-          '-addext',
-          'extendedKeyUsage=serverAuth',
-          '-out',
-          certFile,
-        ],
-        { code: 'internal' },
-      )
-      const certPem = await readFile(certFile, 'utf8')
-      return tls.createSecureContext({ key: keyPem, cert: `${certPem}${this.certificatePem}` })
-    } finally {
-      await rm(work, { recursive: true, force: true })
-    }
+    const san = net.isIP(host) ? `IP:${host}` : `DNS:${host}`
+    const { keyPem, certPem } = await signCertificate({
+      caCertFile: path.join(this.dir, 'ca.pem'),
+      caKeyFile: path.join(this.dir, 'ca.key'),
+      subject: `/CN=${host}`,
+      days: LEAF_DAYS,
+      extensions: [`subjectAltName=${san}`, 'extendedKeyUsage=serverAuth'],
+      workIn: this.dir,
+    })
+    return tls.createSecureContext({ key: keyPem, cert: `${certPem}${this.certificatePem}` })
   }
 }

@@ -21,7 +21,15 @@ export type { IsolationName, SandboxBind, SandboxLimits } from '../sandbox/drive
 export type { PoolArea, PoolQuotaStatus, PoolStats, TreeSizes } from '../storage/pool.js'
 export { BACKGROUND_NICENESS } from '../workspace-io/reader.js'
 export { LocalRuntimePort, type LocalRuntimePortOptions } from './local-runtime-port.js'
-export { currentOwnerEpoch, runWithOwnerEpoch } from './owner-epoch.js'
+export { type ClusterRole, type ClusterTls, loadClusterTls } from './remote/cluster-tls.js'
+export { RuntimeEventHub } from './remote/event-hub.js'
+export { currentOwnerEpoch, runWithOwnerEpoch } from './remote/owner-epoch.js'
+export { RemoteRuntimePort, type RemoteRuntimePortOptions } from './remote/remote-runtime-port.js'
+export {
+  type ServedRuntimePort,
+  type ServeRuntimePortOptions,
+  serveRuntimePort,
+} from './remote/serve-runtime-port.js'
 export type * from './runtime-port.js'
 export type { TurnMessage } from './turn-stream.js'
 export type { PoolClock } from './warm-pool.js'

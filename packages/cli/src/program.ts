@@ -12,6 +12,7 @@ type Loader = (rest?: readonly string[]) => Promise<{ register: Register }>
 const COMMANDS: ReadonlyArray<readonly [names: readonly string[], load: Loader]> = [
   [['server'], () => import('./commands/server.js')],
   [['migrate'], () => import('./commands/migrate.js')],
+  [['cluster'], () => import('./commands/cluster/index.js')],
   [['login'], () => import('./commands/login.js')],
   [['logout'], () => import('./commands/logout.js')],
   [['init'], () => import('./commands/init.js')],

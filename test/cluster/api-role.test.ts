@@ -38,6 +38,8 @@ let client: pg.Client
 const runtimes = new Map<string, { runtime: Runtime; dataDir: string }>()
 const connected: string[] = []
 const livenessLocks = new Map<string, pg.Client>()
+/** Each node's port (one per node, whichever replica reaches it). */
+const ports = new Map<string, LocalRuntimePort>()
 let nodeDb: Awaited<ReturnType<typeof openDatabase>>
 let nodeStore: NodeStore
 const MiB = 1024 * 1024
@@ -93,7 +95,6 @@ beforeAll(async () => {
   apiDir = await mkdtemp(path.join(os.tmpdir(), 'cairn-cluster-routing-api-'))
   // One port per node, whichever replica reaches it (as one node serves every replica); its
   // events go to the first replica's observer (a node's event reaches one replica).
-  const ports = new Map<string, LocalRuntimePort>()
   const connectNode = (row: { id: string }, events: RuntimeEvents) => {
     connected.push(row.id)
     const node = runtimes.get(row.id)
@@ -255,6 +256,22 @@ describe.skipIf(testsRunOnPostgres())('cairn server --role api in front of two n
     const { rows } = await client.query(`SELECT status FROM turns WHERE session_id = $1`, [slow])
     expect(rows).toEqual([{ status: 'cancelled' }])
   }, 120_000)
+
+  it("times out a node's idle session from the leader's sweep, stopping its sandbox there", async () => {
+    const id = (await api.createSession('echo', { policy: { idleTimeoutMs: 1000 } })).id
+    expect((await api.send(id, 'then idle')).text).toBe('got then idle\n')
+    const home = ports.get(await nodeOf(id)) as LocalRuntimePort
+    expect(await home.agent(id)).toBeDefined()
+    let status = ''
+    for (let i = 0; i < 100 && status !== 'timeout'; i++) {
+      await new Promise((r) => setTimeout(r, 100))
+      status = (await api.call('GET', `/v1/sessions/${id}`)).body.status
+    }
+    expect(status).toBe('timeout')
+    const { rows } = await client.query('SELECT status_cause FROM sessions WHERE id = $1', [id])
+    expect(rows[0].status_cause).toBe('idle_timeout')
+    expect(await home.agent(id)).toBeUndefined()
+  }, 60_000)
 
   it("records nothing of a turn whose session's owner epoch changed while it ran", async () => {
     const id = (await api.createSession('slow')).id

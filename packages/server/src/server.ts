@@ -69,6 +69,9 @@ export interface RunningServer {
   close(): Promise<void>
 }
 
+/** How often a cluster's leader looks for sessions past their idle timeout or deadline (`--role api`). */
+const SWEEP_MS = 1000
+
 /** Kept free on the data dir's disk (database, transcripts) when the pool has no reserve of its own. */
 const DATA_DISK_RESERVE_BYTES = 64 * 1024 * 1024
 
@@ -283,6 +286,10 @@ export async function startServer(
         'previews are served at <port>-ses-<id>.localhost, which only a browser on this machine reaches; set --preview-domain (CAIRN_PREVIEW_DOMAIN) to a domain whose subdomains resolve to this server',
       )
     }
+    const housekeeping = async () => {
+      await retentionService.apply()
+      await agents.images.collect()
+    }
     // On PostgreSQL the server is part of a cluster's control plane: a candidate for leader (node
     // failure handling), the nodes' routes and figures. The reaper's passes stay with each
     // replica here: they act on the sessions of its own runtime.
@@ -294,6 +301,13 @@ export async function startServer(
             heartbeatMs: config.heartbeatMs,
             leaseMs: config.leaseMs,
             logger,
+            // API replicas own no sessions of their own: their leader reaps every node's.
+            passes: api
+              ? [
+                  { name: 'session timeouts', intervalMs: SWEEP_MS, run: () => sessions.sweep() },
+                  { name: 'retention', intervalMs: config.reaperIntervalMs, run: housekeeping },
+                ]
+              : [],
           })
         : undefined
     const app = await buildApp({
@@ -337,10 +351,7 @@ export async function startServer(
       if (config.writeCredentials) credentialsWritten = await writeCredentialsIfMissing(url, adminKey)
       logger.info({ adminKeyPath, credentials: credentialsWritten }, 'created the admin API key')
     }
-    sessions.startReaper(config.reaperIntervalMs, async () => {
-      await retentionService.apply()
-      await agents.images.collect()
-    })
+    if (!api) sessions.startReaper(config.reaperIntervalMs, housekeeping)
     logger.info(
       {
         url,

@@ -70,6 +70,7 @@ export class SessionService {
       store,
       locks,
       warm: this.warm,
+      cancelTurn: (id) => this.cancelRunning(id),
       deleteSession: (tenantId, id, cause, detail) => this.delete(tenantId, id, cause, detail),
     })
     this.reconciler = new PoolReconciler(store, deps.runtime, this.generations, now)
@@ -387,6 +388,10 @@ export class SessionService {
   /** Cancels the running turn, if any, and waits for it to settle. */
   async cancel(tenantId: string, id: string): Promise<boolean> {
     await this.requireOwned(tenantId, id)
+    return this.cancelRunning(id)
+  }
+
+  private async cancelRunning(id: string): Promise<boolean> {
     if (this.locks.has(id) || !this.deps.routing) return this.locks.cancel(id)
     // An API replica: the turn may be relayed by another replica. Its node is told directly; the
     // replica relaying it records the outcome (`cancelled`) as the node ends the turn.
@@ -572,6 +577,15 @@ export class SessionService {
   /** Reaps idle and expired sessions every `intervalMs`, then runs `more` (other services' sweeps). */
   startReaper(intervalMs: number, more?: () => Promise<unknown>): void {
     this.reaper.start(intervalMs, more)
+  }
+
+  /**
+   * One sweep of idle timeouts and deadlines, without the timers of `startReaper`: what a
+   * cluster's leader runs for the sessions of every node (`--role api`).
+   */
+  async sweep(): Promise<void> {
+    await this.reaper.reapIdle()
+    await this.reaper.reapDeadlines()
   }
 
   reapIdle(): Promise<number> {

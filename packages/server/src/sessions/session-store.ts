@@ -38,6 +38,14 @@ export class SessionStore {
     private readonly placedNode?: ((sessionId: string) => string | undefined) | undefined,
   ) {}
 
+  /**
+   * Whether timeouts act on every session (an API replica, whose sessions all live on nodes: its
+   * leader reaps them) rather than on this runtime's own.
+   */
+  get everySession(): boolean {
+    return this.placedNode !== undefined
+  }
+
   /** Sessions recorded before owners were (or by an older server) become this runtime's. */
   async claimUnowned(): Promise<number> {
     const result = await this.db.q
@@ -88,7 +96,7 @@ export class SessionStore {
     const rows = await this.db.q
       .selectFrom('sessions')
       .select(TIMING_COLUMNS)
-      .where('runtime_id', '=', this.runtimeId)
+      .$if(!this.everySession, (q) => q.where('runtime_id', '=', this.runtimeId))
       .where('status', 'in', ['idle', 'active'])
       .execute()
     for (const row of rows) {
@@ -295,7 +303,7 @@ export class SessionStore {
       .select(['id', 'tenant_id'])
       .where('deadline_at', 'is not', null)
       .where('deadline_at', '<=', nowIso)
-      .where('runtime_id', '=', this.runtimeId)
+      .$if(!this.everySession, (q) => q.where('runtime_id', '=', this.runtimeId))
       .where('status', 'in', ['idle', 'active'])
       .execute()
   }
@@ -604,7 +612,7 @@ export class SessionStore {
     const rows = await this.db.q
       .selectFrom('sessions')
       .select(['id', 'tenant_id', 'last_active_at', 'idle_timeout_ms', 'lease_until'])
-      .where('runtime_id', '=', this.runtimeId)
+      .$if(!this.everySession, (q) => q.where('runtime_id', '=', this.runtimeId))
       .where('status', '=', 'idle')
       .execute()
     return rows

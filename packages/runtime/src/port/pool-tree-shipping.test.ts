@@ -72,6 +72,17 @@ describe('shipping pool trees between nodes', () => {
     expect(await to.hasTree({ revisionId: REVISION })).toBe(true)
   })
 
+  it('imports of one tree at once (two API replicas shipping it) all succeed: one copy, no staging left', async () => {
+    await makeRevision(source.runtime, 'rev_raced', { 'agent.py': 'print("raced")\n' })
+    const tree = { revisionId: 'rev_raced' }
+    const streams = await Promise.all([1, 2, 3, 4].map(() => from.exportPoolTree(tree)))
+    await Promise.all(streams.map((stream) => to.importPoolTree(tree, 'ten_ship', stream)))
+    expect(await to.hasTree(tree)).toBe(true)
+    expect(await target.runtime.pool.listArea('staging')).toEqual([])
+    const file = await to.openFile(tree, Buffer.from('agent.py'))
+    expect(await readAll(file.stream)).toBe('print("raced")\n')
+  })
+
   it('ships a dependency environment under its key', async () => {
     const tree = { dependencyEnvKey: ENV_KEY }
     await to.importPoolTree(tree, 'ten_ship', await from.exportPoolTree(tree))

@@ -1,4 +1,5 @@
 import { spawn } from 'node:child_process'
+import { randomBytes } from 'node:crypto'
 import { existsSync } from 'node:fs'
 import { PassThrough, type Readable } from 'node:stream'
 import { pipeline } from 'node:stream/promises'
@@ -64,7 +65,9 @@ export async function exportPoolTree(
 /**
  * Makes the tree here from `exportPoolTree`'s stream, sealed read-only as the original is; a tree
  * already here is kept (the stream is read to its end and dropped). A stream that breaks leaves
- * nothing (the staging tree is removed).
+ * nothing (the staging tree is removed). Imports of one tree may run at once (two API replicas
+ * shipping a revision for their first sessions): each unpacks into a staging tree of its own, the
+ * first to seal wins and the others drop theirs.
  */
 export async function importPoolTree(
   pool: StoragePool,
@@ -73,7 +76,8 @@ export async function importPoolTree(
   tenantId: string,
   stream: Readable,
 ): Promise<void> {
-  if (existsSync(pathOf(pool, envs, tree))) {
+  const target = pathOf(pool, envs, tree)
+  if (existsSync(target)) {
     stream.resume()
     await new Promise<void>((resolve) =>
       stream
@@ -83,12 +87,13 @@ export async function importPoolTree(
     )
     return
   }
+  const unique = randomBytes(6).toString('hex')
   const staging =
     'revisionId' in tree
-      ? await pool.createStaging(`ship${tree.revisionId}`, tenantId)
+      ? await pool.createStaging(`ship${tree.revisionId}${unique}`, tenantId)
       : await envs.createStaging(
           tree.dependencyEnvKey,
-          `shipenv_${tree.dependencyEnvKey.replace(/[^0-9a-z]/g, '')}`,
+          `shipenv_${tree.dependencyEnvKey.replace(/[^0-9a-z]/g, '')}${unique}`,
         )
   try {
     const tar = spawn('tar', ['-x', '--numeric-owner', '--same-owner', '-p', '--xattrs', '-C', staging], {
@@ -109,10 +114,17 @@ export async function importPoolTree(
         'storage_error',
         `importing ${describe(tree)} failed (tar ${code}): ${stderr.trim()}`,
       )
+    // Another import of the same tree may have sealed it meanwhile: its copy stands.
+    if (existsSync(target)) {
+      await pool.discardStaging(staging)
+      return
+    }
     if ('revisionId' in tree) await pool.sealRevision(staging, tree.revisionId, tenantId)
     else await envs.seal(staging, tree.dependencyEnvKey)
   } catch (error) {
     await pool.discardStaging(staging).catch(() => undefined)
+    // Sealing lost a race with another import of the same tree: that one is the tree.
+    if (existsSync(target)) return
     throw error
   }
 }

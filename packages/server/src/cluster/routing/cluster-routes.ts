@@ -30,7 +30,10 @@ export class ClusterRoutes {
 
   /** The node's port, refused as `node_lost` or `node_unavailable` when it cannot serve. */
   async nodePort(nodeId: string): Promise<{ node: NodeRow; port: RuntimePort }> {
-    const node = await this.options.directory.node(nodeId)
+    return this.serving(nodeId, await this.options.directory.node(nodeId))
+  }
+
+  private serving(nodeId: string, node: NodeRow | undefined): { node: NodeRow; port: RuntimePort } {
     if (!node) throw new CairnProblem('node_unavailable', `node ${nodeId} is not registered`, { nodeId })
     if (node.state === 'lost')
       throw new CairnProblem(
@@ -48,12 +51,30 @@ export class ClusterRoutes {
     return { ...(await this.nodePort(home.nodeId)), ownerEpoch: home.ownerEpoch }
   }
 
+  /**
+   * What a node that could not be reached stands for: its row read again (the cached one may be
+   * from before the leader declared it lost), `node_lost` if it now says so, else the error itself.
+   */
+  async explain(error: unknown, nodeId: string): Promise<unknown> {
+    if (!(error instanceof CairnProblem) || error.code !== 'node_unavailable') return error
+    const fresh = (await this.options.directory.nodes(true).catch(() => [])).find((n) => n.id === nodeId)
+    if (fresh?.state !== 'lost') return error
+    try {
+      this.serving(nodeId, fresh)
+    } catch (problem) {
+      return problem
+    }
+    return error
+  }
+
   /** Runs `call` on the session's node under its owner epoch (once more on `stale_epoch`). */
   async onSession<T>(sessionId: string, call: (port: RuntimePort) => Promise<T>): Promise<T> {
     const route = await this.sessionRoute(sessionId)
     try {
       return await runWithOwnerEpoch(route.ownerEpoch, () => call(route.port))
     } catch (error) {
+      if (error instanceof CairnProblem && error.code === 'node_unavailable')
+        throw await this.explain(error, route.node.id)
       // The node has seen a newer owner epoch than the one cached here (another replica read it
       // first): the call did nothing; it is made once more with the epoch read again.
       if (!(error instanceof CairnProblem) || error.code !== 'stale_epoch') throw error
@@ -100,7 +121,11 @@ export class ClusterRoutes {
   /** Runs a read of a tree on the node that holds it (a session's trees under its epoch). */
   async onTree<T>(tree: TreeRef, call: (port: RuntimePort) => Promise<T>): Promise<T> {
     const route = await this.treeRoute(tree)
-    return runWithOwnerEpoch(route.ownerEpoch, () => call(route.port))
+    try {
+      return await runWithOwnerEpoch(route.ownerEpoch, () => call(route.port))
+    } catch (error) {
+      throw await this.explain(error, route.node.id)
+    }
   }
 
   /** Every node that serves now (for what is asked of all: images, memory, figures). */

@@ -100,7 +100,12 @@ export class ClusterRuntimePort implements RuntimePort {
     let done = false
     try {
       while (true) {
-        const step = await runWithOwnerEpoch(route.ownerEpoch, () => iterator.next())
+        const step = await runWithOwnerEpoch(route.ownerEpoch, () => iterator.next()).catch(
+          async (error: unknown) => {
+            done = true
+            throw await this.routes.explain(error, route.node.id)
+          },
+        )
         if (step.done) {
           done = true
           return

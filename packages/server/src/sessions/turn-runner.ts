@@ -1,5 +1,5 @@
 import { CairnProblem, newId, type SessionStatus, type StatusCause, type StreamEvent } from '@cairn/protocol'
-import type { AgentEvent, TurnInput, TurnOutcome } from '@cairn/runtime/port'
+import type { AgentEvent, AgentInfo, TurnInput, TurnOutcome } from '@cairn/runtime/port'
 import { iso } from '../clock.js'
 import { unavailableReason, whenNotBusy } from '../db/busy.js'
 import { redact } from '../secrets/secret-store.js'
@@ -189,6 +189,11 @@ export class TurnRunner {
     let outcome: TurnOutcome
     let sandboxId = ''
     let promptSent = false
+    /**
+     * The session's agent once the turn is over (read once: the runtime may be a round trip away,
+     * and nothing but this turn stops it meanwhile; its cooldown has just begun).
+     */
+    let agentAfter: AgentInfo | undefined
     try {
       // The setup phase runs before the agent's sandbox exists: the agent never shares a process
       // tree, an environment or a /proc with the setup secrets.
@@ -219,9 +224,11 @@ export class TurnRunner {
         outcome = { ...outcome, message: redact(outcome.message, secretValues) }
         outcome = await this.blamePoolIfFull(outcome)
       }
-      if (!(await this.afterTurn(row.id, () => warm.agent(row.id), undefined))?.alive)
+      agentAfter = await this.afterTurn(row.id, () => warm.agent(row.id), undefined)
+      if (!agentAfter?.alive) {
         await this.afterTurn(row.id, () => warm.drop(row.id), undefined)
-      else await this.afterTurn(row.id, () => warm.scheduleCooldown(row), undefined)
+        agentAfter = undefined
+      } else await this.afterTurn(row.id, () => warm.scheduleCooldown(row), undefined)
     } catch (error) {
       const problem = error instanceof CairnProblem ? error : undefined
       const setupFailed = problem?.code === 'setup_failed'
@@ -244,6 +251,7 @@ export class TurnRunner {
       if (!sandboxId)
         emit({ type: 'run.started', sessionId: row.id, turnId, turn: seq, sandboxId: '', coldStart: true })
       await this.afterTurn(row.id, () => warm.drop(row.id), undefined)
+      agentAfter = undefined
     }
     const durationMs = elapsed()
     const endedAt = iso(Math.max(this.deps.clock.now(), startedAt))
@@ -265,7 +273,7 @@ export class TurnRunner {
     // turn carries it.
     let generation: number | undefined
     const unchanged =
-      promptSent && (await this.afterTurn(row.id, () => warm.agent(row.id), undefined))?.alive
+      promptSent && agentAfter?.alive
         ? await unchangedByAll(this.observers, row.id).catch(() => false)
         : false
     if (promptSent && !unchanged) {
@@ -277,7 +285,10 @@ export class TurnRunner {
     // The policy's last turn ends the session; its sandbox goes before the reply's end is sent.
     const maxTurns = row.max_turns
     const lastTurn = maxTurns !== null && seq >= maxTurns
-    if (lastTurn) await this.afterTurn(row.id, () => warm.drop(row.id), undefined)
+    if (lastTurn) {
+      await this.afterTurn(row.id, () => warm.drop(row.id), undefined)
+      agentAfter = undefined
+    }
     // The turn's entry, the session's status and generation in one transaction, retried while
     // another process holds the database lock: the reply was streamed already, it must not be lost.
     // Nothing is awaited between the terminal event and the release of the turn lock, so a client
@@ -372,7 +383,7 @@ export class TurnRunner {
         },
       })
     }
-    const after = await this.afterTurn(row.id, () => warm.agent(row.id), undefined)
+    const after = agentAfter
     for (const observer of this.observers) observer.afterTurn?.(row, seq, after, unchanged)
     const memory = this.deps.memory
     if (memory) {

@@ -9,5 +9,6 @@ export { DEFAULT_HOST, DEFAULT_PORT, defaultDataDir, resolveConfig, type ServerO
 export { credentialsPath, writeCredentialsIfMissing } from './credentials.js'
 export { openDatabase } from './db/database.js'
 export { type MigrationReport, migrateToPostgres } from './db/migrate-to-postgres.js'
+export { DEFAULT_NODE_LISTEN, type NodeOptions, type RunningNode, startNode } from './node/start-node.js'
 export { type RunningServer, SERVER_VERSION, startServer } from './server.js'
 export { SessionService } from './sessions/session-service.js'

@@ -252,6 +252,27 @@ describe('nodes in PostgreSQL', () => {
     await r.stop()
   })
 
+  it("a new incarnation keeps an operator's cordon, not a drain (every stop drains first)", async () => {
+    const node = {
+      id: 'rt_states',
+      name: 'states',
+      address: 'https://states.test:7443',
+      bootId: 'b',
+      figures: FIGURES,
+      leaseMs: 60_000,
+    }
+    expect(await store().register(node)).toEqual({ epoch: 1, state: 'ready' })
+    await store().apply('rt_states', 'drain')
+    expect(await store().register(node)).toEqual({ epoch: 2, state: 'ready' })
+    await store().apply('rt_states', 'drain')
+    await store().apply('rt_states', 'cordon')
+    expect(await store().register(node)).toEqual({ epoch: 3, state: 'cordoned' })
+    expect(await store().deregister('rt_states', 2)).toBe(false)
+    expect(await store().deregister('rt_states', 3)).toBe(true)
+    expect(await store().register(node)).toEqual({ epoch: 4, state: 'ready' })
+    await store().deregister('rt_states', 4)
+  })
+
   it("the leader lock moves when its holder's connection dies", async () => {
     const one = leader({ checkMs: 50, leaseMs: 5000 })
     const two = leader({ checkMs: 50, leaseMs: 5000 })

@@ -53,8 +53,9 @@ export class NodeStore {
   }
 
   /**
-   * Registers a node (a new incarnation: `epoch` one more than the last). An operator's cordon or
-   * drain outlives a restart; a node that was lost or stopped is ready again. Its sessions stay
+   * Registers a node (a new incarnation: `epoch` one more than the last). An operator's cordon
+   * outlives a restart; a drain is the incarnation's way down (every stop drains first), so the
+   * next one is ready, as is a node that was lost or stopped. Its sessions stay
    * its own (their `runtime_id`), so they are served again.
    */
   async register(node: NodeRegistration): Promise<{ epoch: number; state: NodeState }> {
@@ -83,7 +84,7 @@ export class NodeStore {
           name: eb.ref('excluded.name'),
           address: eb.ref('excluded.address'),
           boot_id: eb.ref('excluded.boot_id'),
-          state: sql<string>`CASE WHEN nodes.state IN ('cordoned', 'draining') THEN nodes.state ELSE 'ready' END`,
+          state: sql<string>`CASE WHEN nodes.state = 'cordoned' THEN nodes.state ELSE 'ready' END`,
           drivers: eb.ref('excluded.drivers'),
           cpus: eb.ref('excluded.cpus'),
           warm_sandboxes: eb.ref('excluded.warm_sandboxes'),

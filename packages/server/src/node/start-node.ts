@@ -1,0 +1,222 @@
+import os from 'node:os'
+import { CairnProblem } from '@cairn/protocol'
+import type { Runtime } from '@cairn/runtime'
+import {
+  type LocalRuntimePort,
+  loadClusterTls,
+  RuntimeEventHub,
+  type ServedRuntimePort,
+  serveRuntimePort,
+} from '@cairn/runtime/port'
+import pino, { type Logger } from 'pino'
+import { systemClock } from '../clock.js'
+import { NodeRegistry } from '../cluster/node-registry.js'
+import type { NodeFigures } from '../cluster/node-store.js'
+import { resolveConfig, type ServerOptions } from '../config.js'
+import { runtimeIdOf } from '../data-dir.js'
+import { type Db, openDatabase } from '../db/database.js'
+import { claimDataDir, newRuntime, openRuntimePort, syncSharedFiles } from '../local-runtime.js'
+
+/** `cairn node`: the runtime flags `cairn server` has, and where the node meets its cluster. */
+export interface NodeOptions
+  extends Pick<
+    ServerOptions,
+    | 'dataDir'
+    | 'storage'
+    | 'poolPath'
+    | 'poolImageSizeBytes'
+    | 'logLevel'
+    | 'clock'
+    | 'workspaceQuotaMiB'
+    | 'tenantQuotaMiB'
+    | 'poolReserveMiB'
+    | 'egressPrivateExceptions'
+    | 'egressHosts'
+    | 'maxImageMiB'
+    | 'isolation'
+    | 'gvisorPoolSize'
+    | 'spareLaunchers'
+    | 'runBase'
+    | 'heartbeatMs'
+    | 'leaseMs'
+  > {
+  /** The cluster's PostgreSQL (env `CAIRN_DATABASE_URL`); required: a node has no database of its own. */
+  database?: string | undefined
+  /** The certificates `cairn cluster init` wrote (env `CAIRN_CLUSTER_DIR`). */
+  clusterDir?: string | undefined
+  /** `HOST:PORT` the runtime port listens on (env `CAIRN_NODE_LISTEN`; port 0: any). */
+  listen?: string | undefined
+  /** Where API replicas reach it (env `CAIRN_NODE_ADVERTISE`; default `https://<listen host>:<port>`). */
+  advertise?: string | undefined
+  /** The node's name in `cairn nodes list` (default the host name). */
+  name?: string | undefined
+}
+
+export interface RunningNode {
+  /** The node's ID: its runtime ID (`<data-dir>/runtime-id`). */
+  nodeId: string
+  /** Where its runtime port listens. */
+  url: string
+  /** What it registered as its address. */
+  address: string
+  dataDir: string
+  registry: NodeRegistry
+  runtime: Runtime
+  port: LocalRuntimePort
+  logger: Logger
+  close(): Promise<void>
+}
+
+export const DEFAULT_NODE_LISTEN = '127.0.0.1:7443'
+
+/** `HOST:PORT` or `[v6]:PORT`. */
+export function parseListen(value: string): { host: string; port: number } {
+  const match = /^(?:\[([^\]]+)\]|([^:[\]]+)):(\d{1,5})$/.exec(value)
+  const port = Number(match?.[3])
+  if (!match || port > 65535)
+    throw new CairnProblem(
+      'validation_failed',
+      `--listen (CAIRN_NODE_LISTEN) must be HOST:PORT, not '${value}'`,
+    )
+  return { host: (match[1] ?? match[2]) as string, port }
+}
+
+function urlHost(host: string): string {
+  return host.includes(':') ? `[${host}]` : host
+}
+
+/**
+ * Starts a runtime node: this machine's runtime (as `cairn server` opens it), its port served to
+ * the cluster's API replicas over mutual TLS, registered in the cluster's PostgreSQL with a lease
+ * it renews, fenced (every sandbox stopped, every call refused) when it cannot renew. A node
+ * needs PostgreSQL: the cluster's nodes, leases and owner epochs live there.
+ */
+export async function startNode(options: NodeOptions = {}): Promise<RunningNode> {
+  const databaseUrl = options.database ?? process.env.CAIRN_DATABASE_URL
+  if (!databaseUrl)
+    throw new CairnProblem(
+      'validation_failed',
+      "cairn node needs the cluster's PostgreSQL (--database postgres://… or CAIRN_DATABASE_URL): a node keeps no database of its own, and SQLite cannot be shared",
+      { option: 'database' },
+    )
+  const config = resolveConfig({ ...options, database: databaseUrl, port: 0 })
+  const clusterDir = options.clusterDir ?? process.env.CAIRN_CLUSTER_DIR
+  if (!clusterDir)
+    throw new CairnProblem(
+      'validation_failed',
+      'cairn node needs the cluster certificates (--cluster-dir DIR or CAIRN_CLUSTER_DIR; see cairn cluster init)',
+      { option: 'cluster-dir' },
+    )
+  const listen = parseListen(options.listen ?? process.env.CAIRN_NODE_LISTEN ?? DEFAULT_NODE_LISTEN)
+  const advertised = options.advertise ?? process.env.CAIRN_NODE_ADVERTISE
+  const tls = await loadClusterTls(clusterDir, 'node')
+  const clock = options.clock ?? systemClock
+  const logger = pino({ level: config.logLevel, base: { service: 'cairn-node' } })
+  const dataDir = await claimDataDir(config, logger)
+  let db: Db
+  try {
+    db = await openDatabase(databaseUrl)
+  } catch (error) {
+    await dataDir.releaseLocks()
+    throw error
+  }
+  const runtime = newRuntime(config, logger)
+  let opened = false
+  let served: ServedRuntimePort | undefined
+  let registry: NodeRegistry | undefined
+  try {
+    const nodeId = await runtimeIdOf(config.dataDir)
+    // Sandboxes trust one egress CA wherever they run: the cluster's, from the database.
+    await syncSharedFiles(db, config.dataDir, clock, { secretKey: false })
+    const events = new RuntimeEventHub()
+    const { port } = await openRuntimePort(runtime, config, dataDir, { clock, logger, events })
+    opened = true
+    const figures = async (): Promise<NodeFigures> => {
+      const [description, warm, stats] = await Promise.all([
+        port.describe(),
+        port.warmCount(),
+        port.poolStats().catch(() => undefined),
+      ])
+      return {
+        drivers: description.drivers.filter((d) => d.available).map((d) => d.name),
+        cpus: os.availableParallelism(),
+        warmSandboxes: warm,
+        poolFreeBytes: stats?.freeBytes,
+        poolSizeBytes: stats?.totalBytes,
+      }
+    }
+    // Served before it registers (so its address answers once the cluster sees it), and fenced
+    // until then: every call is refused while the registry says so.
+    served = await serveRuntimePort(port, {
+      host: listen.host,
+      port: listen.port,
+      tls,
+      events,
+      isFenced: () => registry?.isFenced() ?? true,
+    })
+    const boundPort = Number(new URL(served.url).port)
+    const address = advertised ?? `https://${urlHost(listen.host)}:${boundPort}`
+    registry = new NodeRegistry({
+      db,
+      databaseUrl,
+      nodeId,
+      name: options.name ?? os.hostname(),
+      address,
+      figures,
+      stopAllAgents: () => port.stopAllAgents(),
+      heartbeatMs: config.heartbeatMs,
+      leaseMs: config.leaseMs,
+      logger: logger.child({ component: 'node-registry' }),
+    })
+    const epoch = await registry.start()
+    logger.info(
+      {
+        nodeId,
+        address,
+        listen: served.url,
+        epoch,
+        dataDir: config.dataDir,
+        driver: runtime.driver.describe(),
+      },
+      'cairn node serving its runtime',
+    )
+    const registered = registry
+    const servedPort = served
+    let closing: Promise<void> | undefined
+    return {
+      nodeId,
+      url: served.url,
+      address,
+      dataDir: config.dataDir,
+      registry: registered,
+      runtime,
+      port,
+      logger,
+      close() {
+        closing ??= (async () => {
+          // Out of the cluster first (state stopped: nothing is routed here any more), then the
+          // port, the sandboxes and the pool.
+          await registered.stop()
+          await servedPort.close()
+          await runtime.close()
+          await db.close()
+          await dataDir.releaseLocks()
+          logger.info('cairn node stopped')
+        })()
+        return closing
+      },
+    }
+  } catch (error) {
+    await registry?.stop().catch(() => {})
+    await served?.close().catch(() => {})
+    if (opened)
+      await runtime
+        .close()
+        .catch((closeError: unknown) =>
+          logger.error({ err: closeError }, 'closing the runtime after a failed start failed'),
+        )
+    await db.close()
+    await dataDir.releaseLocks()
+    throw error
+  }
+}

@@ -34,7 +34,6 @@ export {
   launchEnvironment,
 } from './launch/launch-env.js'
 export { AGENT_KIT_DIR, instanceRunDir } from './paths.js'
-export { initClusterTls } from './port/remote/cluster-tls.js'
 export {
   DEFAULT_POOL_IMAGE_BYTES,
   DEFAULT_SANDBOX_UID,

@@ -48,3 +48,21 @@ describe('compat prefix (--compat-prefix, CAIRN_COMPAT_PREFIX)', () => {
     }
   })
 })
+
+describe('server role (--role, CAIRN_ROLE)', () => {
+  it('is all unless api is asked for; anything else is refused, typed', () => {
+    const saved = process.env.CAIRN_ROLE
+    try {
+      delete process.env.CAIRN_ROLE
+      expect(resolveConfig({}).role).toBe('all')
+      process.env.CAIRN_ROLE = 'api'
+      expect(resolveConfig({}).role).toBe('api')
+      expect(resolveConfig({ role: 'all' }).role).toBe('all')
+      process.env.CAIRN_ROLE = 'node'
+      expect(() => resolveConfig({})).toThrow(expect.objectContaining({ code: 'validation_failed' }))
+    } finally {
+      if (saved === undefined) delete process.env.CAIRN_ROLE
+      else process.env.CAIRN_ROLE = saved
+    }
+  })
+})

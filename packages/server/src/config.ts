@@ -28,6 +28,13 @@ export interface ServerOptions {
    * the data dir (`cairn.db`, the default). Env `CAIRN_DATABASE_URL`.
    */
   database?: string | undefined
+  /**
+   * `all` (default): API and runtime in one process. `api`: an API replica without a runtime of
+   * its own, every session routed to its node (needs `database` and `clusterDir`). Env `CAIRN_ROLE`.
+   */
+  role?: ServerRole | undefined
+  /** The cluster's certificates (`cairn cluster init`), for `role: 'api'`. Env `CAIRN_CLUSTER_DIR`. */
+  clusterDir?: string | undefined
   logLevel?: string | undefined
   /** Largest accepted upload (deploy archive), in bytes. */
   maxUploadBytes?: number | undefined
@@ -146,6 +153,8 @@ export interface ResolvedConfig {
   poolImageSizeBytes: number | undefined
   /** A `postgres://` URL, or undefined: SQLite in the data dir. */
   databaseUrl: string | undefined
+  role: ServerRole
+  clusterDir: string | undefined
   logLevel: string
   maxUploadBytes: number
   maxArchiveFiles: number
@@ -232,6 +241,8 @@ export function resolveConfig(options: ServerOptions): ResolvedConfig {
     poolPath: options.poolPath ?? process.env.CAIRN_POOL_PATH,
     poolImageSizeBytes: options.poolImageSizeBytes,
     databaseUrl: databaseUrl(options.database ?? process.env.CAIRN_DATABASE_URL),
+    role: serverRole(options.role ?? process.env.CAIRN_ROLE),
+    clusterDir: options.clusterDir ?? process.env.CAIRN_CLUSTER_DIR,
     logLevel: options.logLevel ?? process.env.CAIRN_LOG_LEVEL ?? 'info',
     maxUploadBytes:
       options.maxUploadBytes ??
@@ -362,6 +373,15 @@ export function egressHostMap(
     map.set(key, [...(map.get(key) ?? []), address])
   }
   return map
+}
+
+/** What a server process runs: both API and runtime (`all`), or the API only (`api`). */
+export type ServerRole = 'all' | 'api'
+
+function serverRole(value: string | undefined): ServerRole {
+  if (value === undefined || value === '' || value === 'all') return 'all'
+  if (value === 'api') return 'api'
+  throw new CairnProblem('validation_failed', `--role (CAIRN_ROLE) must be 'all' or 'api', not '${value}'`)
 }
 
 /** A database given must be a PostgreSQL URL (SQLite needs none: it lives in the data dir). */

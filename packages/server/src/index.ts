@@ -1,3 +1,5 @@
+/** `cairn cluster init`: the cluster CA and role certificates (the runtime writes them). */
+export { initClusterTls } from '@cairn/runtime/port'
 export { AgentService } from './agents/agent-service.js'
 export { checkEntryPath, inspectArchive } from './agents/archive.js'
 export { readManifest, splitCommand } from './agents/manifest.js'

@@ -6,10 +6,11 @@ import { type EgressSite, LocalRuntimePort, type RuntimeEvents } from '@cairn/ru
 import type { Logger } from 'pino'
 import { type Clock, iso } from './clock.js'
 import type { ResolvedConfig } from './config.js'
-import { secureDataDir } from './data-dir.js'
+import { runtimeIdOf, secureDataDir } from './data-dir.js'
 import { DataDirLock } from './data-dir-lock.js'
 import type { Db } from './db/database.js'
 import { SharedFiles } from './db/shared-files.js'
+import type { RuntimeHost } from './runtime-host/runtime-host.js'
 import { SecretCipher } from './secrets/cipher.js'
 
 /**
@@ -142,4 +143,42 @@ export async function syncSharedFiles(
   await shared.sync('egress-ca', caDir, ['ca.key', 'ca.pem'], async () => {
     await EgressCa.load(caDir)
   })
+}
+
+/**
+ * `--role all`: the runtime in this process, on the claimed data dir's pool, as the server's
+ * runtime host (its `LocalRuntimePort`); `runtime` is for the composition root alone.
+ */
+export async function openLocalRuntime(
+  config: ResolvedConfig,
+  dataDir: ClaimedDataDir,
+  options: { clock: Clock; logger: Logger; events: RuntimeEvents },
+): Promise<RuntimeHost & { runtime: Runtime }> {
+  const { logger } = options
+  const runtime = newRuntime(config, logger)
+  const { port } = await openRuntimePort(runtime, config, dataDir, options)
+  try {
+    const quotas = await port.quotaStatus()
+    return {
+      port,
+      runtimeId: await runtimeIdOf(config.dataDir),
+      drivers: { isolation: runtime.driver.name, storage: runtime.pool.driver },
+      reserveBytes: quotas.reserveBytes,
+      runtime,
+      routing: undefined,
+      describe: () => ({
+        pool: runtime.pool.root,
+        storage: runtime.pool.describe(),
+        driver: runtime.driver.describe(),
+      }),
+      close: () => runtime.close(),
+    }
+  } catch (error) {
+    await runtime
+      .close()
+      .catch((closeError: unknown) =>
+        logger.error({ err: closeError }, 'closing the runtime after a failed start failed'),
+      )
+    throw error
+  }
 }

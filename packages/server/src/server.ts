@@ -1,22 +1,32 @@
-import { chmod, readFile, writeFile } from 'node:fs/promises'
+import { chmod, mkdir, readFile, writeFile } from 'node:fs/promises'
 import type { Server } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import path from 'node:path'
+import { CairnProblem } from '@cairn/protocol'
 import type { Runtime } from '@cairn/runtime'
+import { loadClusterTls, RemoteRuntimePort } from '@cairn/runtime/port'
 import pino, { type Logger } from 'pino'
 import { AgentService } from './agents/agent-service.js'
 import { BuildLogs } from './agents/build-logs.js'
 import { buildApp } from './app.js'
 import { ApiKeyStore, DEFAULT_TENANT_ID } from './auth/api-keys.js'
-import { systemClock } from './clock.js'
+import { iso, systemClock } from './clock.js'
 import { type ClusterControl, startClusterControl } from './cluster/cluster-control.js'
-import { resolveConfig, type ServerOptions } from './config.js'
+import { type NodeConnector, openClusterRuntime } from './cluster/routing/cluster-runtime-host.js'
+import { type ResolvedConfig, resolveConfig, type ServerOptions } from './config.js'
 import { writeCredentialsIfMissing } from './credentials.js'
-import { createOwnerOnly, runtimeIdOf } from './data-dir.js'
+import { createOwnerOnly, runtimeIdOf, secureDataDir } from './data-dir.js'
 import { type Db, openDatabase } from './db/database.js'
+import { SharedFiles } from './db/shared-files.js'
 import type { ImageService } from './images/image-service.js'
 import { ManualSnapshotCap } from './limits/snapshot-cap.js'
-import { claimDataDir, mebibytes, newRuntime, openRuntimePort, syncSharedFiles } from './local-runtime.js'
+import {
+  type ClaimedDataDir,
+  claimDataDir,
+  mebibytes,
+  openLocalRuntime,
+  syncSharedFiles,
+} from './local-runtime.js'
 import { MemoryService } from './memory/memory-service.js'
 import { MetricsRegistry } from './metrics/registry.js'
 import { createPreviewListener, type PreviewListener } from './previews/preview-listener.js'
@@ -25,6 +35,7 @@ import { PreviewRevocations } from './previews/preview-revocations.js'
 import { PreviewService } from './previews/preview-service.js'
 import { PreviewSigner } from './previews/preview-signer.js'
 import { RetentionService } from './retention/retention-service.js'
+import { DeferredRuntimeEvents, type RuntimeHost } from './runtime-host/runtime-host.js'
 import { SecretCipher } from './secrets/cipher.js'
 import { SecretStore } from './secrets/secret-store.js'
 import type { SessionObserver } from './sessions/session-observer.js'
@@ -53,19 +64,64 @@ export interface RunningServer {
   images: ImageService
   sessions: SessionService
   retention: RetentionService
-  runtime: Runtime
+  /** The runtime in this process; a `role: 'api'` server has none (reading this throws). */
+  readonly runtime: Runtime
   close(): Promise<void>
 }
+
+/** How often a cluster's leader looks for sessions past their idle timeout or deadline (`--role api`). */
+const SWEEP_MS = 1000
 
 /** Kept free on the data dir's disk (database, transcripts) when the pool has no reserve of its own. */
 const DATA_DISK_RESERVE_BYTES = 64 * 1024 * 1024
 
-/** Starts the control plane and the local runtime: database, storage pool, sandboxes, HTTP API. */
-export async function startServer(options: ServerOptions = {}): Promise<RunningServer> {
+/** What only tests and embedders set: how an API replica reaches its nodes. */
+export interface StartServerExtras {
+  /**
+   * `role: 'api'`: makes the port of a node from its `nodes` row (default: the remote runtime
+   * port over mutual TLS with the cluster dir's certificates).
+   */
+  connectNode?: NodeConnector | undefined
+}
+
+/** The typed refusal of a `role: 'api'` start that lacks what it needs. */
+function checkApiRole(config: ResolvedConfig, extras: StartServerExtras): void {
+  if (!config.databaseUrl)
+    throw new CairnProblem(
+      'validation_failed',
+      '--role api needs --database postgres://… (CAIRN_DATABASE_URL): the nodes and the sessions they hold are there',
+    )
+  if (!config.clusterDir && !extras.connectNode)
+    throw new CairnProblem(
+      'validation_failed',
+      '--role api needs --cluster-dir (CAIRN_CLUSTER_DIR), the certificates `cairn cluster init` wrote, to reach the nodes',
+    )
+}
+
+/**
+ * An API replica's data dir: no pool, so nothing in it is its alone (no lock); owner-only, as it
+ * holds the secrets key and the admin key.
+ */
+async function apiDataDir(config: ResolvedConfig): Promise<ClaimedDataDir> {
+  await mkdir(config.dataDir, { recursive: true, mode: 0o700 })
+  await secureDataDir(config.dataDir, [])
+  return { poolTrees: [], releaseLocks: async () => {} }
+}
+
+/**
+ * Starts the control plane and what it runs sessions on: the local runtime (database, storage
+ * pool, sandboxes; `role: 'all'`), or the cluster's nodes (`role: 'api'`), and the HTTP API.
+ */
+export async function startServer(
+  options: ServerOptions = {},
+  extras: StartServerExtras = {},
+): Promise<RunningServer> {
   const config = resolveConfig(options)
+  const api = config.role === 'api'
+  if (api) checkApiRole(config, extras)
   const clock = options.clock ?? systemClock
   const logger = pino({ level: config.logLevel, base: { service: 'cairn' } })
-  const dataDir = await claimDataDir(config, logger)
+  const dataDir = api ? await apiDataDir(config) : await claimDataDir(config, logger)
   const releaseLocks = () => dataDir.releaseLocks()
   let db: Db
   try {
@@ -78,28 +134,37 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     await releaseLocks()
     throw error
   }
-  const runtime = newRuntime(config, logger)
-  let opened = false
+  // What the runtime reports outside a call (pause and network events) goes to the sessions'
+  // records once they exist.
+  const runtimeEvents = new DeferredRuntimeEvents()
+  let host: RuntimeHost | undefined
+  let localRuntime: Runtime | undefined
   let previewListener: PreviewListener | undefined
   let cluster: ClusterControl | undefined
   try {
-    // The server reaches the runtime only through its port; what the runtime reports outside
-    // a call (pause and network events) goes to the sessions' records once they exist.
-    let runtimeEvents: SessionRuntimeEvents | undefined
-    const { port: runtimePort } = await openRuntimePort(runtime, config, dataDir, {
-      clock,
-      logger,
-      events: {
-        pause: (id, event) => runtimeEvents?.pause(id, event),
-        network: (id, event) => runtimeEvents?.network(id, event),
-      },
-    })
-    opened = true
-    const quotas = await runtimePort.quotaStatus()
+    if (api) {
+      host = await openClusterRuntime({
+        config,
+        db,
+        logger,
+        events: runtimeEvents,
+        apiId: await runtimeIdOf(config.dataDir),
+        connect: extras.connectNode ?? (await remoteNodeConnector(config)),
+      })
+    } else {
+      const local = await openLocalRuntime(config, dataDir, { clock, logger, events: runtimeEvents })
+      localRuntime = local.runtime
+      host = local
+    }
+    const runtimeHost = host
+    const runtimePort = host.port
+    const runtimeId = host.runtimeId
     const keys = new ApiKeyStore(db, clock)
     await keys.ensureTenant(DEFAULT_TENANT_ID, 'default')
-    const runtimeId = await runtimeIdOf(config.dataDir)
-    if (db.dialect === 'postgres') await syncSharedFiles(db, config.dataDir, clock, { secretKey: true })
+    // Replicas share one database: the secrets key (and, where sandboxes run, the egress CA) come
+    // from it. An API replica runs no sandbox: it needs the secrets key only.
+    if (db.dialect === 'postgres' && api) await syncSecretKey(db, config.dataDir, clock)
+    else if (db.dialect === 'postgres') await syncSharedFiles(db, config.dataDir, clock, { secretKey: true })
     const cipher = await SecretCipher.load(path.join(config.dataDir, 'secret.key'))
     const secrets = new SecretStore(db, cipher, clock)
     const logs = new BuildLogs(path.join(config.dataDir, 'build-logs'), db)
@@ -124,7 +189,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       artifactRoot: path.join(config.dataDir, 'artifacts'),
       artifactLimits: {
         tenantBytes: mebibytes(config.tenantQuotaMiB),
-        reserveBytes: quotas.reserveBytes ?? DATA_DISK_RESERVE_BYTES,
+        reserveBytes: host.reserveBytes ?? DATA_DISK_RESERVE_BYTES,
       },
     })
     const setup = new SetupService({
@@ -141,6 +206,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     const observers: SessionObserver[] = []
     const sessions = new SessionService({
       runtimeId,
+      routing: host.routing,
       metrics,
       memory,
       setup,
@@ -156,12 +222,12 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       clock,
       logger,
     })
-    runtimeEvents = new SessionRuntimeEvents(sessions.store, clock, logger)
+    runtimeEvents.target = new SessionRuntimeEvents(sessions.store, clock, logger)
     let retention: RetentionService | undefined
     const workspace = new WorkspaceService({
       db,
       runtime: runtimePort,
-      runtimeDrivers: { isolation: runtime.driver.name, storage: runtime.pool.driver },
+      runtimeDrivers: host.drivers,
       sessions,
       agents,
       clock,
@@ -183,20 +249,24 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     retention = retentionService
     setup.onSucceeded(async (row) => (await workspace.snapshotAfterSetup(row)).id)
     setup.onWorkspaceWritten((sessionId) => sessions.advanceGeneration(sessionId))
-    const recovered = await sessions.recover()
-    await setup.store.recoverAfterRestart(runtimeId)
-    const reconciled = await sessions.reconcile(
-      new Set((await workspace.snapshots.allLive()).map((s) => s.id)),
-    )
-    if (reconciled.lost.length > 0 || reconciled.orphans.length > 0) {
-      logger.warn(reconciled, 'storage pool checked against the database')
-    }
-    const repaired = await workspace.completeInterruptedTurns(recovered.turns)
-    if (recovered.sessions > 0 || recovered.turns.length > 0)
-      logger.warn(
-        { sessions: recovered.sessions, turns: recovered.turns.length, preTurnSnapshotsTaken: repaired },
-        'marked turns interrupted by the last shutdown',
+    // What a crash of this process left is its own runtime's: an API replica has none (a node's
+    // turns cut short are the leader's to fail).
+    if (!api) {
+      const recovered = await sessions.recover()
+      await setup.store.recoverAfterRestart(runtimeId)
+      const reconciled = await sessions.reconcile(
+        new Set((await workspace.snapshots.allLive()).map((s) => s.id)),
       )
+      if (reconciled.lost.length > 0 || reconciled.orphans.length > 0) {
+        logger.warn(reconciled, 'storage pool checked against the database')
+      }
+      const repaired = await workspace.completeInterruptedTurns(recovered.turns)
+      if (recovered.sessions > 0 || recovered.turns.length > 0)
+        logger.warn(
+          { sessions: recovered.sessions, turns: recovered.turns.length, preTurnSnapshotsTaken: repaired },
+          'marked turns interrupted by the last shutdown',
+        )
+    }
     const previews = new PreviewService({
       db,
       keys,
@@ -216,6 +286,10 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
         'previews are served at <port>-ses-<id>.localhost, which only a browser on this machine reaches; set --preview-domain (CAIRN_PREVIEW_DOMAIN) to a domain whose subdomains resolve to this server',
       )
     }
+    const housekeeping = async () => {
+      await retentionService.apply()
+      await agents.images.collect()
+    }
     // On PostgreSQL the server is part of a cluster's control plane: a candidate for leader (node
     // failure handling), the nodes' routes and figures. The reaper's passes stay with each
     // replica here: they act on the sessions of its own runtime.
@@ -227,6 +301,13 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
             heartbeatMs: config.heartbeatMs,
             leaseMs: config.leaseMs,
             logger,
+            // API replicas own no sessions of their own: their leader reaps every node's.
+            passes: api
+              ? [
+                  { name: 'session timeouts', intervalMs: SWEEP_MS, run: () => sessions.sweep() },
+                  { name: 'retention', intervalMs: config.reaperIntervalMs, run: housekeeping },
+                ]
+              : [],
           })
         : undefined
     const app = await buildApp({
@@ -270,18 +351,13 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       if (config.writeCredentials) credentialsWritten = await writeCredentialsIfMissing(url, adminKey)
       logger.info({ adminKeyPath, credentials: credentialsWritten }, 'created the admin API key')
     }
-    sessions.startReaper(config.reaperIntervalMs, async () => {
-      await retentionService.apply()
-      await agents.images.collect()
-    })
+    if (!api) sessions.startReaper(config.reaperIntervalMs, housekeeping)
     logger.info(
       {
         url,
         previews: `http://<port>-ses-<id>.${config.previewDomain}:${previewPort}`,
         dataDir: config.dataDir,
-        pool: runtime.pool.root,
-        storage: runtime.pool.describe(),
-        driver: runtime.driver.describe(),
+        ...host.describe(),
       },
       'cairn server listening',
     )
@@ -299,7 +375,10 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       credentialsWritten,
       logger,
       sessions,
-      runtime,
+      get runtime(): Runtime {
+        if (!localRuntime) throw new Error('a --role api server has no runtime of its own')
+        return localRuntime
+      },
       close() {
         closing ??= (async () => {
           await previewListener?.close()
@@ -307,7 +386,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
           await sessions.drain(config.shutdownGraceMs)
           await workspace.settle()
           await sessions.close()
-          await runtime.close()
+          await runtimeHost.close()
           await cluster?.close()
           await db.close()
           await releaseLocks()
@@ -320,16 +399,38 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     await previewListener?.close()
     await cluster?.close()
     // The start's own error is rethrown below; a runtime that also fails to close is logged.
-    if (opened)
-      await runtime
-        .close()
-        .catch((closeError: unknown) =>
-          logger.error({ err: closeError }, 'closing the runtime after a failed start failed'),
-        )
+    await host
+      ?.close()
+      .catch((closeError: unknown) =>
+        logger.error({ err: closeError }, 'closing the runtime after a failed start failed'),
+      )
     await db.close()
     await releaseLocks()
     throw error
   }
+}
+
+/** The secrets key every replica shares (the first replica's, kept in the database). */
+async function syncSecretKey(db: Db, dataDirPath: string, clock: { now(): number }): Promise<void> {
+  if (process.env.CAIRN_SECRET_KEY) return
+  await new SharedFiles(db, () => iso(clock.now())).sync(
+    'secret.key',
+    dataDirPath,
+    ['secret.key'],
+    async () => {
+      await SecretCipher.load(path.join(dataDirPath, 'secret.key'))
+    },
+  )
+}
+
+/**
+ * The nodes' ports over the network: HTTP/2 with mutual TLS, this replica presenting the cluster
+ * dir's `api` certificate and accepting only the CA's `node` certificates.
+ */
+async function remoteNodeConnector(config: ResolvedConfig): Promise<NodeConnector> {
+  if (!config.clusterDir) throw new CairnProblem('validation_failed', '--role api needs --cluster-dir')
+  const tls = await loadClusterTls(config.clusterDir, 'api')
+  return (row, events) => new RemoteRuntimePort({ url: row.address, tls, events })
 }
 
 /** Listens on `port` (0: any) and answers the port bound. */

@@ -7,6 +7,8 @@ interface ServerOptions {
   host?: string
   poolPath?: string
   database?: string
+  role?: string
+  clusterDir?: string
   storage?: string
   logLevel?: string
   workspaceQuotaMib?: number
@@ -126,6 +128,14 @@ export const register: Register = (parent, ctx) => {
         "the control plane's database: a postgres:// URL (several API replicas can share it); default SQLite in the data dir (env CAIRN_DATABASE_URL)",
       )
       .option(
+        '--role <role>',
+        'all (default): API and runtime in this process; api: an API replica without a runtime, every session routed to its node (needs --database and --cluster-dir) (env CAIRN_ROLE)',
+      )
+      .option(
+        '--cluster-dir <dir>',
+        'with --role api: the certificates `cairn cluster init` wrote, to reach the nodes (env CAIRN_CLUSTER_DIR)',
+      )
+      .option(
         '--compat-prefix <path>',
         "also serve the hosted agent-session API its own SDK and CLI speak, under this path (e.g. /superserve; their base URL is this server's URL plus it; env CAIRN_COMPAT_PREFIX; default off; see docs/compat.md)",
       )
@@ -174,6 +184,9 @@ export const register: Register = (parent, ctx) => {
   for (const [flag, description, parse] of OPERATOR_LIMIT_FLAGS) command.option(flag, description, parse)
   command.action(async (options: ServerOptions) => {
     const { out } = ctx
+    if (options.role !== undefined && options.role !== 'all' && options.role !== 'api') {
+      throw new UsageError(`--role must be all or api, not '${options.role}'`)
+    }
     if (options.storage !== undefined && options.storage !== 'btrfs' && options.storage !== 'dir') {
       throw new UsageError(`--storage must be btrfs or dir, not '${options.storage}'`)
     }
@@ -188,6 +201,8 @@ export const register: Register = (parent, ctx) => {
       compatPrefix: options.compatPrefix,
       poolPath: options.poolPath,
       database: options.database,
+      role: options.role,
+      clusterDir: options.clusterDir,
       storage: options.storage,
       workspaceQuotaMiB: options.workspaceQuotaMib,
       tenantQuotaMiB: options.tenantQuotaMib,

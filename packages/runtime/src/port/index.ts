@@ -21,7 +21,7 @@ export type { IsolationName, SandboxBind, SandboxLimits } from '../sandbox/drive
 export type { PoolArea, PoolQuotaStatus, PoolStats, TreeSizes } from '../storage/pool.js'
 export { BACKGROUND_NICENESS } from '../workspace-io/reader.js'
 export { LocalRuntimePort, type LocalRuntimePortOptions } from './local-runtime-port.js'
-export { type ClusterRole, type ClusterTls, loadClusterTls } from './remote/cluster-tls.js'
+export { type ClusterRole, type ClusterTls, initClusterTls, loadClusterTls } from './remote/cluster-tls.js'
 export { RuntimeEventHub } from './remote/event-hub.js'
 export { currentOwnerEpoch, runWithOwnerEpoch } from './remote/owner-epoch.js'
 export { RemoteRuntimePort, type RemoteRuntimePortOptions } from './remote/remote-runtime-port.js'

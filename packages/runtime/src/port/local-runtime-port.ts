@@ -25,6 +25,7 @@ import { exportTree } from '../workspace-io/export-tree.js'
 import { openTreeFile } from '../workspace-io/reader.js'
 import { deleteWorkspacePath, unpackIntoWorkspace, writeWorkspaceFile } from '../workspace-io/sandboxed-io.js'
 import { diffTrees, listDirectory } from '../workspace-io/tree.js'
+import { exportPoolTree, importPoolTree, type ShippedTree } from './pool-tree-shipping.js'
 import type {
   Admission,
   AgentInfo,
@@ -703,6 +704,14 @@ export class LocalRuntimePort implements RuntimePort {
     if (!staging) return
     await this.runtime.pool.discardStaging(staging)
     this.staged.delete(revisionId)
+  }
+
+  exportPoolTree(tree: ShippedTree): Promise<Readable> {
+    return exportPoolTree(this.runtime.pool, this.envs, tree)
+  }
+
+  importPoolTree(tree: ShippedTree, tenantId: string, stream: Readable): Promise<void> {
+    return importPoolTree(this.runtime.pool, this.envs, tree, tenantId, stream)
   }
 
   imageKeyOf(recipe: ImageRecipe, ctx: ImageBuildContext): Promise<string | undefined> {

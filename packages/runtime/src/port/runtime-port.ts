@@ -13,7 +13,10 @@ import type { IsolationInfo } from '../runtime.js'
 import type { DriverCapabilities, IsolationName } from '../sandbox/driver.js'
 import type { PoolArea, PoolQuotaStatus, PoolStats, TreeSizes } from '../storage/pool.js'
 import type { ReadOptions } from '../workspace-io/reader.js'
+import type { ShippedTree } from './pool-tree-shipping.js'
 import type { TurnMessage } from './turn-stream.js'
+
+export type { ShippedTree } from './pool-tree-shipping.js'
 
 /**
  * What a session's agent is started with: everything of a launch but its host paths (workspace,
@@ -329,6 +332,16 @@ export interface RuntimePort {
   sealRevision(revisionId: string, tenantId: string): Promise<void>
   /** Removes a revision's staging tree (a failed deploy); nothing when there is none. */
   discardStagedRevision(revisionId: string): Promise<void>
+  /**
+   * A revision or a dependency environment, whole, as a tar stream for a node that lacks it (the
+   * cluster ships both before a node's first session of the revision). `not_found` when absent.
+   */
+  exportPoolTree(tree: ShippedTree): Promise<Readable>
+  /**
+   * Makes the tree here from `exportPoolTree`'s stream, sealed read-only; one already here is kept
+   * (the stream is drained). Nothing is left when the stream breaks.
+   */
+  importPoolTree(tree: ShippedTree, tenantId: string, stream: Readable): Promise<void>
 
   // --- images (the context's `log` gets the lines of this call: a remote port sends them as frames)
   /** The key of the recipe's image (an OCI tag is resolved to its digest now); undefined: host. */

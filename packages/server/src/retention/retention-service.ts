@@ -121,8 +121,11 @@ export class RetentionService {
     const ended = (await this.deps.db.q
       .selectFrom('sessions')
       .select(['id', 'tenant_id', 'status', 'updated_at'])
-      // Each replica applies the policy to the sessions of its own runtime.
-      .where('runtime_id', '=', this.deps.sessions.store.runtimeId)
+      // Each replica applies the policy to the sessions of its own runtime (an API replica's
+      // leader: to every node's).
+      .$if(!this.deps.sessions.store.everySession, (q) =>
+        q.where('runtime_id', '=', this.deps.sessions.store.runtimeId),
+      )
       .where('status', 'in', ['completed', 'failed', 'timeout'])
       .execute()) as EndedRow[]
     const result = { snapshots: 0, workspaces: 0, memoryCheckpoints: 0, bytesFreed: 0 }

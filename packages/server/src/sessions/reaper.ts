@@ -8,6 +8,8 @@ export type SessionReaperDeps = Pick<SessionServiceDeps, 'clock' | 'logger'> & {
   store: SessionStore
   locks: TurnLocks
   warm: WarmAgents
+  /** Cancels the session's running turn, wherever it runs (`SessionService`); false: none ran. */
+  cancelTurn: (sessionId: string) => Promise<boolean>
   /** Deletes a session (`SessionService.delete`), for `onTimeout: destroy`. */
   deleteSession: (
     tenantId: string,
@@ -127,34 +129,56 @@ export class SessionReaper {
     const expired = await store.expiredIdle(this.deps.clock.now())
     for (const { id, tenant_id } of expired) {
       if (locks.has(id)) continue
-      await warm.drop(id)
-      const row = await store.get(tenant_id, id)
-      if (row?.status !== 'idle') continue
-      await store.transition(row, 'timeout', 'idle_timeout', this.now(), `idle for ${row.idle_timeout_ms} ms`)
-      await this.destroyOnTimeout(row, 'idle_timeout')
+      await this.each(id, async () => {
+        await warm.drop(id)
+        const row = await store.get(tenant_id, id)
+        if (row?.status !== 'idle') return
+        await store.transition(
+          row,
+          'timeout',
+          'idle_timeout',
+          this.now(),
+          `idle for ${row.idle_timeout_ms} ms`,
+        )
+        await this.destroyOnTimeout(row, 'idle_timeout')
+      })
     }
     return expired.length
   }
 
   /** Sessions past their `maxDurationMs`: a running turn is cancelled, the session times out. */
   async reapDeadlines(): Promise<number> {
-    const { store, locks, warm } = this.deps
+    const { store, warm } = this.deps
     const expired = await store.pastDeadline(this.now())
     for (const { id, tenant_id } of expired) {
-      await locks.cancel(id)
-      await warm.drop(id)
-      const row = await store.get(tenant_id, id)
-      if (row?.status !== 'idle') continue
-      await store.transition(
-        row,
-        'timeout',
-        'max_duration',
-        this.now(),
-        `maxDurationMs ${row.max_duration_ms} ran out at ${row.deadline_at}`,
-      )
-      await this.destroyOnTimeout(row, 'max_duration')
+      await this.each(id, async () => {
+        await this.deps.cancelTurn(id)
+        await warm.drop(id)
+        const row = await store.get(tenant_id, id)
+        if (row?.status !== 'idle') return
+        await store.transition(
+          row,
+          'timeout',
+          'max_duration',
+          this.now(),
+          `maxDurationMs ${row.max_duration_ms} ran out at ${row.deadline_at}`,
+        )
+        await this.destroyOnTimeout(row, 'max_duration')
+      })
     }
     return expired.length
+  }
+
+  /**
+   * One session's timeout: a failure (its node gone, say) is logged and the round goes on with
+   * the others; the session is still due, so a later round tries again.
+   */
+  private async each(sessionId: string, reap: () => Promise<void>): Promise<void> {
+    try {
+      await reap()
+    } catch (error) {
+      this.deps.logger.warn({ err: error, session: sessionId }, 'reaping a session failed')
+    }
   }
 
   /** `onTimeout: destroy`: the workspace and snapshots go at the timeout, the cause recorded. */

@@ -10,12 +10,24 @@ import type { SecretStore } from '../secrets/secret-store.js'
 import type { SetupService } from '../setup/setup-service.js'
 import type { SessionObserver } from './session-observer.js'
 
+/** Where a session made by this replica lives (see `SessionServiceDeps.routing`). */
+export interface SessionRouting {
+  /** The node the new session's workspace was placed on (its row's `runtime_id`). */
+  placedNode(sessionId: string): string | undefined
+}
+
 export interface SessionServiceDeps {
   db: Db
   /** The runtime of this replica (its data dir's): the sessions it owns are the ones it acts on. */
   runtimeId: string
   /** The runtime, only through its port. */
   runtime: RuntimePort
+  /**
+   * An API replica's routing (`--role api`): every session is served here whatever its node, and
+   * a new one is recorded on the node its workspace was placed on. Unset: sessions are this
+   * runtime's (`runtimeId`) and another runtime's are refused with `session_elsewhere`.
+   */
+  routing?: SessionRouting | undefined
   /** Told of sessions' creation, turns and deletion, in this order (see `SessionObserver`). */
   observers?: readonly SessionObserver[] | undefined
   agents: AgentService

@@ -32,6 +32,8 @@ export interface SessionRow {
   deadline_at: string | null
   on_timeout: string
   runtime_id: string | null
+  /** Goes up whenever the session's owner (node) changes or is declared lost (cluster). */
+  owner_epoch: number
   /** The session's own pause policy; null: the agent's. */
   pause: PausePolicy | null
 }
@@ -81,6 +83,7 @@ export type NewSession = Omit<
   | 'ephemeral'
   | 'keep_transcript'
   | 'runtime_id'
+  | 'owner_epoch'
   | 'pause'
 > & {
   pause?: PausePolicy | null

@@ -50,7 +50,11 @@ export class SessionService {
   private readonly deleting = new Map<string, Promise<void>>()
 
   constructor(private readonly deps: SessionServiceDeps) {
-    this.store = new SessionStore(deps.db, deps.runtimeId)
+    this.store = new SessionStore(
+      deps.db,
+      deps.runtimeId,
+      deps.routing && ((id) => deps.routing?.placedNode(id)),
+    )
     const now = () => this.now()
     const { store, locks } = this
     this.generations = new WorkspaceGenerations(store, deps.runtime, now)
@@ -66,6 +70,7 @@ export class SessionService {
       store,
       locks,
       warm: this.warm,
+      cancelTurn: (id) => this.cancelRunning(id),
       deleteSession: (tenantId, id, cause, detail) => this.delete(tenantId, id, cause, detail),
     })
     this.reconciler = new PoolReconciler(store, deps.runtime, this.generations, now)
@@ -76,7 +81,17 @@ export class SessionService {
   }
 
   private async info(row: SessionRow): Promise<SessionInfo> {
-    return toSessionInfo(row, await this.warm.has(row.id))
+    return toSessionInfo(row, await this.warm.has(row.id).catch((error: unknown) => this.unreachable(error)))
+  }
+
+  /**
+   * A session's row is answered whatever its node's state: a node lost or out of reach (an API
+   * replica's routing) only means its sandbox is not known to be warm.
+   */
+  private unreachable(error: unknown): false {
+    const code = error instanceof CairnProblem ? error.code : undefined
+    if (code === 'node_lost' || code === 'node_unavailable' || code === 'node_fenced') return false
+    throw error
   }
 
   async require(tenantId: string, id: string): Promise<SessionRow> {
@@ -91,6 +106,8 @@ export class SessionService {
    */
   async requireOwned(tenantId: string, id: string): Promise<SessionRow> {
     const row = await this.require(tenantId, id)
+    // An API replica routes every session to its node.
+    if (this.deps.routing) return row
     if (row.runtime_id !== null && row.runtime_id !== this.deps.runtimeId)
       throw new CairnProblem(
         'session_elsewhere',
@@ -371,7 +388,17 @@ export class SessionService {
   /** Cancels the running turn, if any, and waits for it to settle. */
   async cancel(tenantId: string, id: string): Promise<boolean> {
     await this.requireOwned(tenantId, id)
-    return this.locks.cancel(id)
+    return this.cancelRunning(id)
+  }
+
+  private async cancelRunning(id: string): Promise<boolean> {
+    if (this.locks.has(id) || !this.deps.routing) return this.locks.cancel(id)
+    // An API replica: the turn may be relayed by another replica. Its node is told directly; the
+    // replica relaying it records the outcome (`cancelled`) as the node ends the turn.
+    const turnId = await this.store.runningTurn(id)
+    if (!turnId) return false
+    await this.deps.runtime.cancelTurn(id, turnId)
+    return true
   }
 
   async end(tenantId: string, id: string): Promise<SessionInfo> {
@@ -550,6 +577,15 @@ export class SessionService {
   /** Reaps idle and expired sessions every `intervalMs`, then runs `more` (other services' sweeps). */
   startReaper(intervalMs: number, more?: () => Promise<unknown>): void {
     this.reaper.start(intervalMs, more)
+  }
+
+  /**
+   * One sweep of idle timeouts and deadlines, without the timers of `startReaper`: what a
+   * cluster's leader runs for the sessions of every node (`--role api`).
+   */
+  async sweep(): Promise<void> {
+    await this.reaper.reapIdle()
+    await this.reaper.reapDeadlines()
   }
 
   reapIdle(): Promise<number> {

@@ -34,7 +34,17 @@ export class SessionStore {
     private readonly db: Db,
     /** This replica's runtime: sessions are made on it, and start-up and timeouts act on its own. */
     readonly runtimeId: string,
+    /** Routing (`--role api`): a new session's node, where its workspace was placed. */
+    private readonly placedNode?: ((sessionId: string) => string | undefined) | undefined,
   ) {}
+
+  /**
+   * Whether timeouts act on every session (an API replica, whose sessions all live on nodes: its
+   * leader reaps them) rather than on this runtime's own.
+   */
+  get everySession(): boolean {
+    return this.placedNode !== undefined
+  }
 
   /** Sessions recorded before owners were (or by an older server) become this runtime's. */
   async claimUnowned(): Promise<number> {
@@ -86,7 +96,7 @@ export class SessionStore {
     const rows = await this.db.q
       .selectFrom('sessions')
       .select(TIMING_COLUMNS)
-      .where('runtime_id', '=', this.runtimeId)
+      .$if(!this.everySession, (q) => q.where('runtime_id', '=', this.runtimeId))
       .where('status', 'in', ['idle', 'active'])
       .execute()
     for (const row of rows) {
@@ -127,7 +137,7 @@ export class SessionStore {
           keep_transcript: 1,
           generation: 0,
           ...row,
-          runtime_id: this.runtimeId,
+          runtime_id: this.placedNode?.(row.id) ?? this.runtimeId,
           updated_at: row.created_at,
           last_active_at: row.created_at,
         })
@@ -293,7 +303,7 @@ export class SessionStore {
       .select(['id', 'tenant_id'])
       .where('deadline_at', 'is not', null)
       .where('deadline_at', '<=', nowIso)
-      .where('runtime_id', '=', this.runtimeId)
+      .$if(!this.everySession, (q) => q.where('runtime_id', '=', this.runtimeId))
       .where('status', 'in', ['idle', 'active'])
       .execute()
   }
@@ -410,6 +420,29 @@ export class SessionStore {
       .set({ sandbox_id: sandboxId, cold_start: coldStart ? 1 : 0 })
       .where('id', '=', turnId)
       .execute()
+  }
+
+  /** The ID of the session's running turn, if one runs (on whatever replica relays it). */
+  async runningTurn(sessionId: string): Promise<string | undefined> {
+    const row = await this.db.q
+      .selectFrom('turns')
+      .select('id')
+      .where('session_id', '=', sessionId)
+      .where('status', '=', 'running')
+      .executeTakeFirst()
+    return row?.id
+  }
+
+  /**
+   * The session's owner epoch, its row locked for the rest of the enclosing transaction (on
+   * PostgreSQL; SQLite has one writer at a time): a write made only while it is unchanged cannot
+   * land after the session's owner was declared lost or changed.
+   */
+  async ownerEpochForUpdate(sessionId: string): Promise<number | undefined> {
+    let query = this.db.q.selectFrom('sessions').select('owner_epoch').where('id', '=', sessionId)
+    if (this.db.dialect === 'postgres') query = query.forUpdate()
+    const row = await query.executeTakeFirst()
+    return row === undefined ? undefined : Number(row.owner_epoch)
   }
 
   async finishTurn(
@@ -579,7 +612,7 @@ export class SessionStore {
     const rows = await this.db.q
       .selectFrom('sessions')
       .select(['id', 'tenant_id', 'last_active_at', 'idle_timeout_ms', 'lease_until'])
-      .where('runtime_id', '=', this.runtimeId)
+      .$if(!this.everySession, (q) => q.where('runtime_id', '=', this.runtimeId))
       .where('status', '=', 'idle')
       .execute()
     return rows

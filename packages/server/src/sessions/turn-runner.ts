@@ -1,5 +1,5 @@
 import { CairnProblem, newId, type SessionStatus, type StatusCause, type StreamEvent } from '@cairn/protocol'
-import type { AgentEvent, TurnInput, TurnOutcome } from '@cairn/runtime/port'
+import type { AgentEvent, AgentInfo, TurnInput, TurnOutcome } from '@cairn/runtime/port'
 import { iso } from '../clock.js'
 import { unavailableReason, whenNotBusy } from '../db/busy.js'
 import { redact } from '../secrets/secret-store.js'
@@ -189,6 +189,11 @@ export class TurnRunner {
     let outcome: TurnOutcome
     let sandboxId = ''
     let promptSent = false
+    /**
+     * The session's agent once the turn is over (read once: the runtime may be a round trip away,
+     * and nothing but this turn stops it meanwhile; its cooldown has just begun).
+     */
+    let agentAfter: AgentInfo | undefined
     try {
       // The setup phase runs before the agent's sandbox exists: the agent never shares a process
       // tree, an environment or a /proc with the setup secrets.
@@ -219,8 +224,11 @@ export class TurnRunner {
         outcome = { ...outcome, message: redact(outcome.message, secretValues) }
         outcome = await this.blamePoolIfFull(outcome)
       }
-      if (!(await warm.agent(row.id))?.alive) await warm.drop(row.id)
-      else await warm.scheduleCooldown(row)
+      agentAfter = await this.afterTurn(row.id, () => warm.agent(row.id), undefined)
+      if (!agentAfter?.alive) {
+        await this.afterTurn(row.id, () => warm.drop(row.id), undefined)
+        agentAfter = undefined
+      } else await this.afterTurn(row.id, () => warm.scheduleCooldown(row), undefined)
     } catch (error) {
       const problem = error instanceof CairnProblem ? error : undefined
       const setupFailed = problem?.code === 'setup_failed'
@@ -242,7 +250,8 @@ export class TurnRunner {
           }
       if (!sandboxId)
         emit({ type: 'run.started', sessionId: row.id, turnId, turn: seq, sandboxId: '', coldStart: true })
-      await warm.drop(row.id)
+      await this.afterTurn(row.id, () => warm.drop(row.id), undefined)
+      agentAfter = undefined
     }
     const durationMs = elapsed()
     const endedAt = iso(Math.max(this.deps.clock.now(), startedAt))
@@ -264,7 +273,7 @@ export class TurnRunner {
     // turn carries it.
     let generation: number | undefined
     const unchanged =
-      promptSent && (await warm.agent(row.id))?.alive
+      promptSent && agentAfter?.alive
         ? await unchangedByAll(this.observers, row.id).catch(() => false)
         : false
     if (promptSent && !unchanged) {
@@ -276,13 +285,24 @@ export class TurnRunner {
     // The policy's last turn ends the session; its sandbox goes before the reply's end is sent.
     const maxTurns = row.max_turns
     const lastTurn = maxTurns !== null && seq >= maxTurns
-    if (lastTurn) await warm.drop(row.id)
+    if (lastTurn) {
+      await this.afterTurn(row.id, () => warm.drop(row.id), undefined)
+      agentAfter = undefined
+    }
     // The turn's entry, the session's status and generation in one transaction, retried while
     // another process holds the database lock: the reply was streamed already, it must not be lost.
     // Nothing is awaited between the terminal event and the release of the turn lock, so a client
     // that sends its next message on `run.completed` never meets `session_busy`.
+    // Only while the session's owner epoch is the one the turn began with: once its node was
+    // declared lost (or the session moved) the leader has failed this turn, and a late end from
+    // the old owner changes nothing.
+    let ownerChanged = false
     const record = () =>
       this.deps.db.transaction(async () => {
+        if ((await store.ownerEpochForUpdate(row.id)) !== row.owner_epoch) {
+          ownerChanged = true
+          return
+        }
         await store.finishTurn(row.id, {
           id: turnId,
           status: outcome.status,
@@ -331,6 +351,22 @@ export class TurnRunner {
       )
       return
     }
+    if (ownerChanged) {
+      this.deps.logger.warn(
+        { session: row.id, turn: turnId, ownerEpoch: row.owner_epoch },
+        "a turn's end was not recorded: the session's owner changed during the turn",
+      )
+      emit({
+        type: 'run.failed',
+        turnId,
+        durationMs,
+        error: {
+          code: 'node_lost',
+          message: `the session's node was declared lost (or the session moved) while turn ${turnId} ran; its end was not recorded`,
+        },
+      })
+      return
+    }
     if (outcome.status === 'completed') {
       emit({ type: 'run.completed', turnId, text: outcome.text, durationMs })
     } else if (outcome.status === 'cancelled') {
@@ -347,13 +383,27 @@ export class TurnRunner {
         },
       })
     }
-    const after = await warm.agent(row.id)
+    const after = agentAfter
     for (const observer of this.observers) observer.afterTurn?.(row, seq, after, unchanged)
     const memory = this.deps.memory
     if (memory) {
       void memory
         .promoteProposed(row.agent_id, row.id, `${row.id}/${turnId}`)
         .catch((error) => this.deps.logger.warn({ err: error, session: row.id }, 'memory promotion failed'))
+    }
+  }
+
+  /**
+   * A step after the agent answered (its sandbox's state, a stop): the turn's end is recorded and
+   * told whatever becomes of it. Its node may be gone by then (lost, unreachable): that is
+   * logged and `fallback` stands in.
+   */
+  private async afterTurn<T>(sessionId: string, step: () => Promise<T>, fallback: T): Promise<T> {
+    try {
+      return await step()
+    } catch (error) {
+      this.deps.logger.warn({ err: error, session: sessionId }, 'a step after the turn failed')
+      return fallback
     }
   }
 

@@ -118,6 +118,8 @@ export const METHODS: Record<keyof RuntimePort, MethodSpec> = {
   buildRevision: { args: [json(S.RevisionBuild), { kind: 'lines' }], result: 'json' },
   sealRevision: { args: [id, id], result: 'json' },
   discardStagedRevision: { args: [id], result: 'json' },
+  exportPoolTree: { args: [json(S.ShippedTree)], result: 'stream' },
+  importPoolTree: { args: [json(S.ShippedTree), id, { kind: 'body' }], result: 'json' },
   // images
   imageKeyOf: { args: [json(S.ImageRecipe), context], result: 'json' },
   hasImage: { args: [json(S.Key)], result: 'json' },

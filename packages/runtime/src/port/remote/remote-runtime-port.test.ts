@@ -1,5 +1,6 @@
 import { randomBytes } from 'node:crypto'
 import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises'
+import http from 'node:http'
 import net from 'node:net'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
@@ -36,6 +37,9 @@ const ECHO = [
   '        c, _ = s.accept()',
   '        threading.Thread(target=pump, args=(c,), daemon=True).start()',
   'threading.Thread(target=serve, daemon=True).start()',
+  'from http.server import HTTPServer, SimpleHTTPRequestHandler',
+  'web = HTTPServer(("127.0.0.1", 8081), SimpleHTTPRequestHandler)',
+  'threading.Thread(target=web.serve_forever, daemon=True).start()',
   'while True:',
   '    line = input()',
   '    print("re:", line, flush=True)',
@@ -221,6 +225,27 @@ describe('RemoteRuntimePort over mutual TLS to a served LocalRuntimePort', () =>
       socket.write('ping pong')
       expect(await echoed).toBe('ping pong')
       socket.destroy()
+      // An HTTP request over it, as the preview relay makes one (node:http on the stream as its socket).
+      expect(await waitFor(async () => (await remote.listeningPorts(id)).includes(8081), 5000)).toBe(true)
+      const web = await remote.connectPort(id, 8081)
+      const page = await new Promise<string>((resolve, reject) => {
+        const request = http.request({
+          method: 'GET',
+          path: '/agent.py',
+          createConnection: () => web as net.Socket,
+        })
+        request.on('response', (answer) => {
+          let body = ''
+          answer.on('data', (d: Buffer) => {
+            body += d.toString()
+          })
+          answer.on('end', () => resolve(`${answer.statusCode} ${body}`))
+        })
+        request.on('error', reject)
+        request.end()
+      })
+      expect(page).toBe(`200 ${ECHO}`)
+      web.destroy()
       await remote.stopAgent(id)
       expect(await remote.agent(id)).toBeUndefined()
     })
@@ -274,6 +299,37 @@ describe('RemoteRuntimePort over mutual TLS to a served LocalRuntimePort', () =>
     await remote.sealRevision(revisionId, 'ten_r')
     expect(await remote.hasTree({ revisionId })).toBe(true)
 
+    // A setup command's lines come as frames too; its signal crosses as a control line: the
+    // command is stopped on the node and the result says so.
+    const id = sessionId('s')
+    await runWithOwnerEpoch(1, async () => {
+      await remote.createWorkspace(id, REVISION, 'ten_r')
+      const output: string[] = []
+      const abort = new AbortController()
+      const started = Date.now()
+      const command = remote.runCommand(
+        {
+          sessionId: id,
+          command: ['sh', '-c', 'echo started; sleep 30; echo never'],
+          env: {},
+          limits: { memoryMiB: 128, pids: 32, cpus: 1 },
+          timeoutMs: 60_000,
+        },
+        (line) => {
+          output.push(line)
+          abort.abort()
+        },
+        abort.signal,
+      )
+      expect(await command).toMatchObject({ cancelled: true })
+      expect(output).toEqual(['started'])
+      expect(Date.now() - started).toBeLessThan(15_000)
+      await remote.deleteWorkspace(id)
+    })
+    expect(
+      await remote.imageKeyOf({ kind: 'host' }, { log: () => undefined, timeoutMs: 1000 }),
+    ).toBeUndefined()
+
     // What the node's runtime reports outside any call reaches the API's observer.
     hub.network('ses_x', {
       at: 'now',
@@ -320,6 +376,30 @@ describe('RemoteRuntimePort over mutual TLS to a served LocalRuntimePort', () =>
       expect(traversal.code).toBe('bad_request')
       expect(traversal.message).toMatch(/hasTree: argument \/0/)
       await remote.stopAgent(a)
+    })
+  })
+
+  it('carries thousands of calls on one connection, with and without signals, promptly', async () => {
+    const id = sessionId('m')
+    await runWithOwnerEpoch(1, async () => {
+      await remote.createWorkspace(id, REVISION, 'ten_r')
+      for (let i = 0; i < 1500; i++) {
+        if (i % 50 === 0) {
+          // A call with a signal keeps its request open until its answer: it must not wait on it.
+          const started = Date.now()
+          const signal = new AbortController().signal
+          await remote.listFiles({ sessionId: id }, Buffer.alloc(0), { signal })
+          await readAll(
+            (await remote.openFile({ sessionId: id }, Buffer.from('agent.py'), { signal })).stream,
+          )
+          expect(Date.now() - started).toBeLessThan(5000)
+        } else if (i % 2 === 0) await remote.coolDown(id, 1000)
+        else
+          await (
+            await remote.admitAgent({ sessionId: id, tenantId: 'ten_r', maxSandboxesPerTenant: 64, busy: [] })
+          )()
+      }
+      await remote.deleteWorkspace(id)
     })
   })
 

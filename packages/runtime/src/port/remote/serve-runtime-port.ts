@@ -14,6 +14,7 @@ import type { RuntimeEventHub } from './event-hub.js'
 import { METHODS, type MethodSpec, RELEASE_ADMISSION, wireSchema } from './method-table.js'
 import { EpochFence } from './owner-epoch.js'
 import {
+  CONNECTION_WINDOW_BYTES,
   decodeJson,
   EVENTS_PATH,
   encodeJson,
@@ -22,6 +23,7 @@ import {
   HEADER,
   lines,
   PATH_PREFIX,
+  STREAM_WINDOW_BYTES,
 } from './wire.js'
 
 export interface ServeRuntimePortOptions {
@@ -84,6 +86,7 @@ export async function serveRuntimePort(
     key: options.tls.key,
     requestCert: true,
     rejectUnauthorized: true,
+    settings: { initialWindowSize: STREAM_WINDOW_BYTES },
   })
   const keepaliveMs = options.keepaliveMs ?? 5000
   /** The API connections open (node:http2 does not list them): `close` ends them. */
@@ -94,6 +97,7 @@ export async function serveRuntimePort(
       return
     }
     connections.add(session)
+    session.setLocalWindowSize(CONNECTION_WINDOW_BYTES)
     const timer = setInterval(() => {
       if (session.destroyed || session.closed) return
       const deadline = setTimeout(() => session.destroy(), keepaliveMs)
@@ -144,6 +148,9 @@ export async function serveRuntimePort(
       fail(stream, error)
     } finally {
       finished = true
+      // The answer ends after the request has: a stream closed first would make the caller's
+      // late end-of-request an invalid frame, and enough of those close the connection.
+      await requestEnd(stream)
       if (!stream.closed && !stream.destroyed && stream.headersSent && !stream.writableEnded) stream.end()
     }
   }
@@ -275,6 +282,21 @@ export async function serveRuntimePort(
         for (const session of connections) session.destroy()
       }),
   }
+}
+
+/** Resolves once the request side has ended (what is left of it is read and dropped), or in 10 s. */
+async function requestEnd(stream: ServerHttp2Stream): Promise<void> {
+  if (stream.readableEnded || stream.closed || stream.destroyed) return
+  await new Promise<void>((resolve) => {
+    const timer = setTimeout(resolve, 10_000)
+    const done = () => {
+      clearTimeout(timer)
+      resolve()
+    }
+    stream.once('end', done)
+    stream.once('close', done)
+    stream.resume()
+  })
 }
 
 /** The call's arguments: a JSON line of the request body, or a header when the body is a byte stream. */

@@ -75,6 +75,10 @@ export async function* lines(
 /** The largest frame (a call's arguments with an archive in them, a result): 1 GiB. */
 export const MAX_FRAME_BYTES = 1024 * 1024 * 1024
 
+/** HTTP/2 flow-control windows of a call and of a connection (the defaults, 64 KiB, throttle bulk bytes). */
+export const STREAM_WINDOW_BYTES = 4 * 1024 * 1024
+export const CONNECTION_WINDOW_BYTES = 32 * 1024 * 1024
+
 /** HTTP/2 headers of a call. */
 export const HEADER = {
   /** The call's JSON arguments, base64, when the request body is a byte stream. */

@@ -1,0 +1,477 @@
+import type { Duplex, Readable } from 'node:stream'
+import { CairnProblem, type FileEntry, type WorkspaceDiff } from '@cairn/protocol'
+import {
+  type Admission,
+  type AgentInfo,
+  type AgentSpec,
+  type CommandResult,
+  type ImageBuildContext,
+  type ImageRecipe,
+  type ImageRecord,
+  type IsolationName,
+  type PoolArea,
+  type PoolQuotaStatus,
+  type PoolStats,
+  type RevisionBuild,
+  type RevisionBuildResult,
+  type RuntimeDescription,
+  type RuntimePort,
+  runWithOwnerEpoch,
+  type SandboxDriverFacts,
+  type ShippedTree,
+  type TreeReadOptions,
+  type TreeRef,
+  type TreeSizes,
+  type TurnInput,
+  type TurnMessage,
+  type WorkspaceCommand,
+  type WorkspaceMark,
+} from '@cairn/runtime/port'
+import type { Logger } from 'pino'
+import type { Db } from '../../db/database.js'
+import { ClusterRoutes, parseDrivers } from './cluster-routes.js'
+import { ClusterRows } from './cluster-rows.js'
+import type { NodeDirectory } from './node-directory.js'
+import { RevisionShipping, SERVING_STATES } from './revision-shipping.js'
+
+export interface ClusterRuntimePortOptions {
+  db: Db
+  directory: NodeDirectory
+  logger: Logger
+  /** How long a session's node and epoch, a revision's holders and the nodes' rows are reused. */
+  cacheMs?: number | undefined
+  /** Free pool space a node needs to take a new session (default 64 MiB). */
+  minFreeBytes?: number | undefined
+  /** Placement's random source (tests seed it). */
+  random?: (() => number) | undefined
+  now?: (() => number) | undefined
+}
+
+/**
+ * The runtime port of an API replica (`cairn server --role api`): no runtime of its own, every
+ * call goes to a node. A call about a session goes to the node in `sessions.runtime_id`, under
+ * the session's owner epoch (`runWithOwnerEpoch`: a node that has seen a newer owner refuses it);
+ * a snapshot's to its session's node; a revision's to a node holding it (`revision_nodes`); a new
+ * session to the node placement picks (power of two choices), its revision shipped there first;
+ * a fork to its parent's node; a deploy to a placed node, recorded as the revision's holder once
+ * sealed. A session whose node was declared lost is `node_lost`; one that cannot be reached,
+ * `node_unavailable` (both 503, retryable).
+ */
+export class ClusterRuntimePort implements RuntimePort {
+  readonly rows: ClusterRows
+  private readonly shipping: RevisionShipping
+  private readonly routes: ClusterRoutes
+
+  constructor(private readonly options: ClusterRuntimePortOptions) {
+    const now = options.now ?? Date.now
+    this.rows = new ClusterRows(options.db, options.cacheMs ?? 1000, now)
+    this.shipping = new RevisionShipping(this.rows, options.directory, options.logger)
+    this.routes = new ClusterRoutes(options, this.rows)
+  }
+
+  /** The node a new session was placed on (for its row's `runtime_id`), until the row says so. */
+  placedNode(sessionId: string): string | undefined {
+    return this.rows.placedNode(sessionId)
+  }
+
+  // --- agents -------------------------------------------------------------------------------
+  admitAgent(admission: Admission): Promise<() => Promise<void>> {
+    return this.routes.onSession(admission.sessionId, (port) => port.admitAgent(admission))
+  }
+
+  resumeAgent(sessionId: string): Promise<AgentInfo | undefined> {
+    return this.routes.onSession(sessionId, (port) => port.resumeAgent(sessionId))
+  }
+
+  startAgent(spec: AgentSpec): Promise<AgentInfo> {
+    return this.routes.onSession(spec.sessionId, (port) => port.startAgent(spec))
+  }
+
+  agent(sessionId: string): Promise<AgentInfo | undefined> {
+    return this.routes.onSession(sessionId, (port) => port.agent(sessionId))
+  }
+
+  async *runTurn(sessionId: string, input: TurnInput): AsyncIterable<TurnMessage> {
+    const route = await this.routes.sessionRoute(sessionId)
+    // Each step runs under the epoch: a remote port may open its stream on the first `next`.
+    const iterator = runWithOwnerEpoch(route.ownerEpoch, () =>
+      route.port.runTurn(sessionId, input)[Symbol.asyncIterator](),
+    )
+    let done = false
+    try {
+      while (true) {
+        const step = await runWithOwnerEpoch(route.ownerEpoch, () => iterator.next()).catch(
+          async (error: unknown) => {
+            done = true
+            throw await this.routes.explain(error, route.node.id)
+          },
+        )
+        if (step.done) {
+          done = true
+          return
+        }
+        yield step.value
+      }
+    } finally {
+      // A reader that stopped early cancels the turn on the node (its stream is ended).
+      if (!done) await runWithOwnerEpoch(route.ownerEpoch, async () => iterator.return?.())
+    }
+  }
+
+  cancelTurn(sessionId: string, turnId: string): Promise<void> {
+    return this.routes.onSession(sessionId, (port) => port.cancelTurn(sessionId, turnId))
+  }
+
+  coolDown(sessionId: string, keepWarmMs: number): Promise<void> {
+    return this.routes.onSession(sessionId, (port) => port.coolDown(sessionId, keepWarmMs))
+  }
+
+  keepWarm(sessionId: string, ms: number, activity?: boolean): Promise<void> {
+    return this.routes.onSession(sessionId, (port) => port.keepWarm(sessionId, ms, activity))
+  }
+
+  stopAgent(sessionId: string): Promise<void> {
+    return this.routes.onSession(sessionId, (port) => port.stopAgent(sessionId))
+  }
+
+  /**
+   * Nothing: an API replica that shuts down leaves the nodes' sandboxes to their sessions (each
+   * node stops its own when it shuts down or its keep-warm windows end).
+   */
+  async stopAllAgents(): Promise<void> {}
+
+  /** The warm sandboxes of every node, as their last heartbeats counted them. */
+  async warmCount(): Promise<number> {
+    return (await this.options.directory.nodes())
+      .filter((node) => SERVING_STATES.has(node.state))
+      .reduce((sum, node) => sum + Number(node.warm_sandboxes), 0)
+  }
+
+  listeningPorts(sessionId: string): Promise<number[]> {
+    return this.routes.onSession(sessionId, (port) => port.listeningPorts(sessionId))
+  }
+
+  connectPort(sessionId: string, tcpPort: number): Promise<Duplex> {
+    return this.routes.onSession(sessionId, (port) => port.connectPort(sessionId, tcpPort))
+  }
+
+  // --- workspaces and snapshots ---------------------------------------------------------------
+  /** Places the new session, ships its revision to that node if it lacks it, makes the workspace. */
+  async createWorkspace(sessionId: string, revisionId: string, tenantId: string): Promise<void> {
+    const node = await this.routes.place(revisionId)
+    await this.shipping.ensure(node, revisionId)
+    this.rows.notePlaced(sessionId, node.id)
+    const { port } = await this.routes.nodePort(node.id)
+    await runWithOwnerEpoch(0, () => port.createWorkspace(sessionId, revisionId, tenantId))
+  }
+
+  hasWorkspace(sessionId: string): Promise<boolean> {
+    return this.routes.onSession(sessionId, (port) => port.hasWorkspace(sessionId))
+  }
+
+  deleteWorkspace(sessionId: string): Promise<void> {
+    return this.routes.onSession(sessionId, (port) => port.deleteWorkspace(sessionId))
+  }
+
+  snapshotWorkspace(
+    sessionId: string,
+    snapshotId: string,
+    tenantId: string,
+  ): Promise<WorkspaceMark | undefined> {
+    this.rows.noteSnapshot(snapshotId, sessionId)
+    return this.routes.onSession(sessionId, (port) => port.snapshotWorkspace(sessionId, snapshotId, tenantId))
+  }
+
+  unchangedSince(sessionId: string, mark: WorkspaceMark): Promise<boolean> {
+    return this.routes.onSession(sessionId, (port) => port.unchangedSince(sessionId, mark))
+  }
+
+  restoreWorkspace(
+    sessionId: string,
+    snapshotId: string,
+    generation: number,
+    tenantId: string,
+  ): Promise<void> {
+    return this.routes.onSession(sessionId, (port) =>
+      port.restoreWorkspace(sessionId, snapshotId, generation, tenantId),
+    )
+  }
+
+  /** A fork lives where its parent's snapshot is: on the parent's node. */
+  async forkWorkspace(childId: string, snapshotId: string, tenantId: string): Promise<void> {
+    const parent = await this.routes.snapshotRoute(snapshotId)
+    this.rows.notePlaced(childId, parent.node.id)
+    await runWithOwnerEpoch(0, () => parent.port.forkWorkspace(childId, snapshotId, tenantId))
+  }
+
+  async deleteSnapshot(snapshotId: string): Promise<void> {
+    const route = await this.routes.snapshotRoute(snapshotId)
+    await runWithOwnerEpoch(route.ownerEpoch, () => route.port.deleteSnapshot(snapshotId))
+  }
+
+  async hasSnapshot(snapshotId: string): Promise<boolean> {
+    const route = await this.routes.snapshotRoute(snapshotId)
+    return runWithOwnerEpoch(route.ownerEpoch, () => route.port.hasSnapshot(snapshotId))
+  }
+
+  /** Each session's generation from its own node, under its own epoch. */
+  readGenerations(sessionIds: readonly string[]): Promise<(number | undefined)[]> {
+    return Promise.all(
+      sessionIds.map(
+        async (id) => (await this.routes.onSession(id, (port) => port.readGenerations([id])))[0],
+      ),
+    )
+  }
+
+  writeGeneration(sessionId: string, generation: number): Promise<void> {
+    return this.routes.onSession(sessionId, (port) => port.writeGeneration(sessionId, generation))
+  }
+
+  /** The pools of every serving node, added up (a node that does not answer is left out). */
+  async poolStats(): Promise<PoolStats> {
+    const stats = await this.routes.fromEveryNode((port) => port.poolStats())
+    return stats.reduce(
+      (sum, s) => ({
+        totalBytes: sum.totalBytes + s.totalBytes,
+        usedBytes: sum.usedBytes + s.usedBytes,
+        freeBytes: sum.freeBytes + s.freeBytes,
+      }),
+      { totalBytes: 0, usedBytes: 0, freeBytes: 0 },
+    )
+  }
+
+  /** The limits of a ready node (every node of a cluster runs with the same storage flags). */
+  async quotaStatus(): Promise<PoolQuotaStatus> {
+    return (await this.routes.anyNode()).port.quotaStatus()
+  }
+
+  /** Each tenant's trees on every node, added up. */
+  async tenantUsage(tenantIds: readonly string[]): Promise<Record<string, TreeSizes>> {
+    const usage: Record<string, TreeSizes> = {}
+    for (const perNode of await this.routes.fromEveryNode((port) => port.tenantUsage(tenantIds))) {
+      for (const [tenantId, sizes] of Object.entries(perNode)) {
+        const sum = usage[tenantId] ?? { referencedBytes: 0, exclusiveBytes: 0 }
+        usage[tenantId] = {
+          referencedBytes: sum.referencedBytes + sizes.referencedBytes,
+          exclusiveBytes: sum.exclusiveBytes + sizes.exclusiveBytes,
+        }
+      }
+    }
+    return usage
+  }
+
+  /** A node that runs the driver answers for it. */
+  async sandboxDriver(isolation?: IsolationName | undefined): Promise<SandboxDriverFacts> {
+    const nodes = await this.routes.servingNodes()
+    const withDriver = isolation
+      ? nodes.find(({ node }) => parseDrivers(node.drivers).includes(isolation))
+      : undefined
+    return (withDriver ?? (await this.routes.anyNode())).port.sandboxDriver(isolation)
+  }
+
+  async describe(): Promise<RuntimeDescription> {
+    return (await this.routes.anyNode()).port.describe()
+  }
+
+  /** The names stored in that area on any serving node. */
+  async listStored(area: PoolArea): Promise<string[]> {
+    return [...new Set((await this.routes.fromEveryNode((port) => port.listStored(area))).flat())]
+  }
+
+  recoverWorkspace(sessionId: string): Promise<void> {
+    return this.routes.onSession(sessionId, (port) => port.recoverWorkspace(sessionId))
+  }
+
+  async discardStaging(name: string): Promise<void> {
+    await this.routes.fromEveryNode((port) => port.discardStaging(name))
+  }
+
+  // --- reading trees --------------------------------------------------------------------------
+  hasTree(tree: TreeRef): Promise<boolean> {
+    return this.routes.onTree(tree, (port) => port.hasTree(tree))
+  }
+
+  hasPath(tree: TreeRef, rel: string): Promise<boolean> {
+    return this.routes.onTree(tree, (port) => port.hasPath(tree, rel))
+  }
+
+  listFiles(tree: TreeRef, rel: Buffer, options?: TreeReadOptions): Promise<FileEntry[]> {
+    return this.routes.onTree(tree, (port) => port.listFiles(tree, rel, options))
+  }
+
+  openFile(
+    tree: TreeRef,
+    rel: Buffer,
+    options?: TreeReadOptions,
+  ): Promise<{ size: number; stream: Readable }> {
+    return this.routes.onTree(tree, (port) => port.openFile(tree, rel, options))
+  }
+
+  /** On the node of the tree that is not a revision (a session's node holds its revision too). */
+  diff(from: TreeRef, to: TreeRef, fromLabel: string, options?: TreeReadOptions): Promise<WorkspaceDiff> {
+    const decides = 'revisionId' in to ? from : to
+    return this.routes.onTree(decides, (port) => port.diff(from, to, fromLabel, options))
+  }
+
+  digest(tree: TreeRef, options?: TreeReadOptions): Promise<string> {
+    return this.routes.onTree(tree, (port) => port.digest(tree, options))
+  }
+
+  treeSizes(tree: TreeRef): Promise<TreeSizes> {
+    return this.routes.onTree(tree, (port) => port.treeSizes(tree))
+  }
+
+  memoryCheckpointBytes(sessionIds: readonly string[]): Promise<number[]> {
+    return Promise.all(
+      sessionIds.map(
+        async (id) => (await this.routes.onSession(id, (port) => port.memoryCheckpointBytes([id])))[0] ?? 0,
+      ),
+    )
+  }
+
+  checkpointForSnapshot(
+    sessionId: string,
+    snapshotId: string,
+  ): Promise<{ bytes: number; checkpointMs: number }> {
+    this.rows.noteSnapshot(snapshotId, sessionId)
+    return this.routes.onSession(sessionId, (port) => port.checkpointForSnapshot(sessionId, snapshotId))
+  }
+
+  /** On the snapshot's node, which is the fork's (see `forkWorkspace`), under the fork's epoch. */
+  async forkMemory(snapshotId: string, childId: string, generation: number): Promise<boolean> {
+    const route = await this.routes.snapshotRoute(snapshotId)
+    const child = await this.rows.home(childId)
+    return runWithOwnerEpoch(child.ownerEpoch, () => route.port.forkMemory(snapshotId, childId, generation))
+  }
+
+  async expireMemoryCheckpoints(cutoff: Date): Promise<{ sessionId: string; bytes: number }[]> {
+    return (await this.routes.fromEveryNode((port) => port.expireMemoryCheckpoints(cutoff))).flat()
+  }
+
+  exportTree(tree: TreeRef): Promise<{ stream: Readable; stop: () => Promise<void> }> {
+    return this.routes.onTree(tree, (port) => port.exportTree(tree))
+  }
+
+  // --- commands in a workspace ---------------------------------------------------------------
+  writeFile(sessionId: string, rel: string, body: Readable): Promise<void> {
+    return this.routes.onSession(sessionId, (port) => port.writeFile(sessionId, rel, body))
+  }
+
+  deletePath(sessionId: string, rel: string): Promise<void> {
+    return this.routes.onSession(sessionId, (port) => port.deletePath(sessionId, rel))
+  }
+
+  replaceWorkspaceWithArchive(
+    sessionId: string,
+    tenantId: string,
+    archive: Buffer,
+    generation: number,
+  ): Promise<void> {
+    return this.routes.onSession(sessionId, (port) =>
+      port.replaceWorkspaceWithArchive(sessionId, tenantId, archive, generation),
+    )
+  }
+
+  unpackIntoWorkspace(sessionId: string, archive: Buffer): Promise<void> {
+    return this.routes.onSession(sessionId, (port) => port.unpackIntoWorkspace(sessionId, archive))
+  }
+
+  runCommand(
+    command: WorkspaceCommand,
+    onLine: (line: string) => void,
+    signal?: AbortSignal | undefined,
+  ): Promise<CommandResult> {
+    return this.routes.onSession(command.sessionId, (port) => port.runCommand(command, onLine, signal))
+  }
+
+  // --- revisions ----------------------------------------------------------------------------
+  /** A deploy is staged, built and sealed on one placed node, then recorded as its holder. */
+  async stageRevision(revisionId: string, tenantId: string, archive: Buffer): Promise<void> {
+    const node = await this.routes.place(undefined)
+    this.routes.staged.set(revisionId, node.id)
+    try {
+      await this.options.directory.port(node).stageRevision(revisionId, tenantId, archive)
+    } catch (error) {
+      this.routes.staged.delete(revisionId)
+      throw error
+    }
+  }
+
+  async buildRevision(build: RevisionBuild, onLog: (line: string) => void): Promise<RevisionBuildResult> {
+    return (await this.routes.stagedRoute(build.revisionId)).port.buildRevision(build, onLog)
+  }
+
+  async sealRevision(revisionId: string, tenantId: string): Promise<void> {
+    const route = await this.routes.stagedRoute(revisionId)
+    await route.port.sealRevision(revisionId, tenantId)
+    this.routes.staged.delete(revisionId)
+    await this.rows.addRevisionHolder(revisionId, route.node.id)
+  }
+
+  async discardStagedRevision(revisionId: string): Promise<void> {
+    const nodeId = this.routes.staged.get(revisionId)
+    if (!nodeId) return
+    await (await this.routes.nodePort(nodeId)).port.discardStagedRevision(revisionId)
+    this.routes.staged.delete(revisionId)
+  }
+
+  async exportPoolTree(tree: ShippedTree): Promise<Readable> {
+    if ('revisionId' in tree)
+      return (await this.routes.revisionRoute(tree.revisionId)).port.exportPoolTree(tree)
+    throw new CairnProblem('bad_request', 'a dependency environment is shipped with its revision')
+  }
+
+  async importPoolTree(_tree: ShippedTree, _tenantId: string, _stream: Readable): Promise<void> {
+    throw new CairnProblem(
+      'bad_request',
+      'trees are shipped between nodes by the cluster, not imported into it',
+    )
+  }
+
+  // --- images: every serving node holds the images its sessions may need --------------------
+  async imageKeyOf(recipe: ImageRecipe, ctx: ImageBuildContext): Promise<string | undefined> {
+    return (await this.routes.anyNode()).port.imageKeyOf(recipe, ctx)
+  }
+
+  /** Built only when every serving node has it (so that a deploy builds it where it is missing). */
+  async hasImage(key: string): Promise<boolean> {
+    const answers = await Promise.all(
+      (await this.routes.servingNodes()).map(({ port }) => port.hasImage(key)),
+    )
+    return answers.length > 0 && answers.every(Boolean)
+  }
+
+  async ensureImage(recipe: ImageRecipe, key: string, ctx: ImageBuildContext): Promise<void> {
+    const nodes = await this.routes.servingNodes()
+    if (nodes.length === 0) throw new CairnProblem('node_unavailable', 'no runtime node is serving')
+    await Promise.all(nodes.map(({ port }) => port.ensureImage(recipe, key, ctx)))
+  }
+
+  async image(key: string): Promise<ImageRecord | undefined> {
+    for (const record of await this.routes.fromEveryNode((port) => port.image(key))) if (record) return record
+    return undefined
+  }
+
+  /** Each image once (by key), as the first node that holds it describes it. */
+  async listImages(): Promise<ImageRecord[]> {
+    const byKey = new Map<string, ImageRecord>()
+    for (const record of (await this.routes.fromEveryNode((port) => port.listImages())).flat())
+      if (!byKey.has(record.key)) byKey.set(record.key, record)
+    return [...byKey.values()]
+  }
+
+  async removeImage(key: string): Promise<void> {
+    const nodes = await this.routes.servingNodes()
+    await Promise.all(
+      nodes.map(async ({ port }) => {
+        if (await port.hasImage(key)) await port.removeImage(key)
+      }),
+    )
+  }
+
+  // --- agent memory ---------------------------------------------------------------------------
+  async publishMemory(agentId: string, version: number, content: string): Promise<void> {
+    const nodes = await this.routes.servingNodes()
+    await Promise.all(nodes.map(({ port }) => port.publishMemory(agentId, version, content)))
+  }
+}

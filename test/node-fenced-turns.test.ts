@@ -1,12 +1,18 @@
 import { newId } from '@cairn/protocol'
 import { LocalRuntimePort, type TurnMessage } from '@cairn/runtime/port'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { makeRevision, openTestRuntime, sessionId, type TestRuntime } from '../../../runtime/test/harness.js'
-import { quietLogger } from '../../test/cluster-rows.js'
-import { SelfFence } from '../cluster/self-fence.js'
-import { reportFencedTurns } from './fenced-turns.js'
+import {
+  makeRevision,
+  openTestRuntime,
+  sessionId,
+  type TestRuntime,
+} from '../packages/runtime/test/harness.js'
+import { SelfFence } from '../packages/server/src/cluster/self-fence.js'
+import { reportFencedTurns } from '../packages/server/src/node/fenced-turns.js'
+import { quietLogger } from '../packages/server/test/cluster-rows.js'
 
-// A node's own fence stops the sandbox of a running turn: the turn says node_fenced, not that the
+// (Here, not beside fenced-turns.ts: the test builds a Runtime, which packages/server/src reaches only
+// through its port.) A node's own fence stops the sandbox of a running turn: the turn says node_fenced, not that the
 // agent crashed. A real runtime, a real agent, the fence that cairn node uses.
 const SLOW =
   'while True:\n    line = input()\n    print("working", flush=True)\n    import time; time.sleep(60)\n'

@@ -11,6 +11,7 @@ type Loader = (rest?: readonly string[]) => Promise<{ register: Register }>
  */
 const COMMANDS: ReadonlyArray<readonly [names: readonly string[], load: Loader]> = [
   [['server'], () => import('./commands/server.js')],
+  [['node'], () => import('./commands/node.js')],
   [['migrate'], () => import('./commands/migrate.js')],
   [['cluster'], () => import('./commands/cluster/index.js')],
   [['login'], () => import('./commands/login.js')],

@@ -17,12 +17,18 @@ export interface SelfFenceDeps {
 export class SelfFence {
   private deadline: NodeJS.Timeout | undefined
   private fenced = true
+  private fences = 0
   private stopping: Promise<void> | undefined
 
   constructor(
     private readonly leaseMs: number,
     private readonly deps: SelfFenceDeps,
   ) {}
+
+  /** How many times the node fenced itself so far (a turn that saw it change was cut by a fence). */
+  get generation(): number {
+    return this.fences
+  }
 
   /** Whether the node must refuse work (fenced, or not yet registered). */
   isFenced(): boolean {
@@ -54,6 +60,7 @@ export class SelfFence {
     this.deadline = undefined
     if (!this.fenced) {
       this.fenced = true
+      this.fences++
       this.deps.logger.error({ reason }, 'node fenced: stopping every sandbox until it registers again')
       this.deps.onChange?.(true, reason)
       this.stopping = this.deps

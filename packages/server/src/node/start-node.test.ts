@@ -4,6 +4,7 @@ import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
 import { loadClusterTls, RemoteRuntimePort } from '@cairn/runtime/port'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { assertBuilt, spawnCli } from '../../../../test/helpers/cli.js'
 import { TestPostgres } from '../../../../test/helpers/postgres.js'
 import { initClusterTls } from '../../../runtime/src/port/remote/cluster-tls.js'
 import { eventually } from '../../test/cluster-rows.js'
@@ -102,5 +103,56 @@ describe('cairn node', () => {
     await node.close()
     node = undefined
     expect(await store.get(row.id)).toMatchObject({ state: 'stopped', epoch: 2, leaseLive: false })
+  })
+
+  it('`cairn node` runs until SIGTERM, then deregisters', async () => {
+    assertBuilt()
+    const cliDataDir = await mkdtemp(path.join(os.tmpdir(), 'cairn-cluster-control-cli-'))
+    try {
+      const run = spawnCli(
+        [
+          'node',
+          '--json',
+          '--listen',
+          '127.0.0.1:0',
+          '--storage',
+          'dir',
+          '--data-dir',
+          cliDataDir,
+          '--name',
+          'cli-node',
+        ],
+        {
+          CAIRN_DATABASE_URL: url,
+          CAIRN_CLUSTER_DIR: clusterDir,
+          CAIRN_HEARTBEAT_MS: '200',
+          CAIRN_LEASE_MS: '1000',
+        },
+      )
+      const line = await eventually(
+        async () =>
+          run
+            .output()
+            .stdout.split('\n')
+            .find((l) => l.includes('nodeId')),
+        30_000,
+      ).catch((e: unknown) => {
+        throw new Error(`${String(e)}: ${JSON.stringify(run.output())}`)
+      })
+      const started = JSON.parse(line) as { nodeId: string; url: string; epoch: number }
+      expect(started).toMatchObject({ epoch: 1, url: expect.stringMatching(/^https:\/\/127\.0\.0\.1:\d+$/) })
+      const store = new NodeStore(db)
+      expect(await store.get(started.nodeId)).toMatchObject({
+        name: 'cli-node',
+        state: 'ready',
+        address: started.url,
+      })
+      run.child.kill('SIGTERM')
+      const done = await run.done
+      expect(done.code).toBe(0)
+      expect(await store.get(started.nodeId)).toMatchObject({ state: 'stopped' })
+    } finally {
+      await rm(cliDataDir, { recursive: true, force: true })
+    }
   })
 })

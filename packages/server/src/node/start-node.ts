@@ -1,10 +1,9 @@
 import os from 'node:os'
 import { CairnProblem } from '@cairn/protocol'
-import type { Runtime } from '@cairn/runtime'
 import {
-  type LocalRuntimePort,
   loadClusterTls,
   RuntimeEventHub,
+  type RuntimePort,
   type ServedRuntimePort,
   serveRuntimePort,
 } from '@cairn/runtime/port'
@@ -13,9 +12,10 @@ import { systemClock } from '../clock.js'
 import { NodeRegistry } from '../cluster/node-registry.js'
 import type { NodeFigures } from '../cluster/node-store.js'
 import { resolveConfig, type ServerOptions } from '../config.js'
-import { runtimeIdOf } from '../data-dir.js'
 import { type Db, openDatabase } from '../db/database.js'
-import { claimDataDir, newRuntime, openRuntimePort, syncSharedFiles } from '../local-runtime.js'
+import { claimDataDir, openLocalRuntime, syncSharedFiles } from '../local-runtime.js'
+import type { RuntimeHost } from '../runtime-host/runtime-host.js'
+import { reportFencedTurns } from './fenced-turns.js'
 
 /** `cairn node`: the runtime flags `cairn server` has, and where the node meets its cluster. */
 export interface NodeOptions
@@ -61,8 +61,8 @@ export interface RunningNode {
   address: string
   dataDir: string
   registry: NodeRegistry
-  runtime: Runtime
-  port: LocalRuntimePort
+  /** The runtime's port (the local one, as served). */
+  port: RuntimePort
   logger: Logger
   close(): Promise<void>
 }
@@ -120,17 +120,16 @@ export async function startNode(options: NodeOptions = {}): Promise<RunningNode>
     await dataDir.releaseLocks()
     throw error
   }
-  const runtime = newRuntime(config, logger)
-  let opened = false
+  let host: RuntimeHost | undefined
   let served: ServedRuntimePort | undefined
   let registry: NodeRegistry | undefined
   try {
-    const nodeId = await runtimeIdOf(config.dataDir)
     // Sandboxes trust one egress CA wherever they run: the cluster's, from the database.
     await syncSharedFiles(db, config.dataDir, clock, { secretKey: false })
     const events = new RuntimeEventHub()
-    const { port } = await openRuntimePort(runtime, config, dataDir, { clock, logger, events })
-    opened = true
+    host = await openLocalRuntime(config, dataDir, { clock, logger, events })
+    const nodeId = host.runtimeId
+    const port = host.port
     const figures = async (): Promise<NodeFigures> => {
       const [description, warm, stats] = await Promise.all([
         port.describe(),
@@ -147,13 +146,17 @@ export async function startNode(options: NodeOptions = {}): Promise<RunningNode>
     }
     // Served before it registers (so its address answers once the cluster sees it), and fenced
     // until then: every call is refused while the registry says so.
-    served = await serveRuntimePort(port, {
-      host: listen.host,
-      port: listen.port,
-      tls,
-      events,
-      isFenced: () => registry?.isFenced() ?? true,
-    })
+    // A turn its own fence cut says so (node_fenced), not that the agent crashed.
+    served = await serveRuntimePort(
+      reportFencedTurns(port, () => registry?.fence.generation ?? 0),
+      {
+        host: listen.host,
+        port: listen.port,
+        tls,
+        events,
+        isFenced: () => registry?.isFenced() ?? true,
+      },
+    )
     const boundPort = Number(new URL(served.url).port)
     const address = advertised ?? `https://${urlHost(listen.host)}:${boundPort}`
     registry = new NodeRegistry({
@@ -176,12 +179,13 @@ export async function startNode(options: NodeOptions = {}): Promise<RunningNode>
         listen: served.url,
         epoch,
         dataDir: config.dataDir,
-        driver: runtime.driver.describe(),
+        ...host.describe(),
       },
       'cairn node serving its runtime',
     )
     const registered = registry
     const servedPort = served
+    const runtime = host
     let closing: Promise<void> | undefined
     return {
       nodeId,
@@ -189,7 +193,6 @@ export async function startNode(options: NodeOptions = {}): Promise<RunningNode>
       address,
       dataDir: config.dataDir,
       registry: registered,
-      runtime,
       port,
       logger,
       close() {
@@ -209,12 +212,11 @@ export async function startNode(options: NodeOptions = {}): Promise<RunningNode>
   } catch (error) {
     await registry?.stop().catch(() => {})
     await served?.close().catch(() => {})
-    if (opened)
-      await runtime
-        .close()
-        .catch((closeError: unknown) =>
-          logger.error({ err: closeError }, 'closing the runtime after a failed start failed'),
-        )
+    await host
+      ?.close()
+      .catch((closeError: unknown) =>
+        logger.error({ err: closeError }, 'closing the runtime after a failed start failed'),
+      )
     await db.close()
     await dataDir.releaseLocks()
     throw error

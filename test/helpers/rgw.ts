@@ -14,6 +14,10 @@ export interface TestObjectStore {
   secretAccessKey: string
   /** An S3 client configured for RGW (path-style, checksums only when an operation requires one). */
   client(): S3Client
+  /** Kills the gateway process alone with SIGKILL (the endpoint refuses connections; the data stays). */
+  killGateway(): Promise<void>
+  /** Starts the gateway again on the same endpoint. */
+  startGateway(): Promise<void>
   stop(): Promise<void>
 }
 
@@ -52,6 +56,12 @@ export async function startObjectStore(): Promise<TestObjectStore> {
         requestChecksumCalculation: 'WHEN_REQUIRED',
         responseChecksumValidation: 'WHEN_REQUIRED',
       }),
+    async killGateway() {
+      await run('bash', [SCRIPT, 'gateway-kill', dir])
+    },
+    async startGateway() {
+      await run('bash', [SCRIPT, 'gateway-start', dir], { timeout: 120_000 })
+    },
     async stop() {
       await run('bash', [SCRIPT, 'down', dir])
     },

@@ -63,6 +63,16 @@ export {
   probeGvisor,
 } from './sandbox/gvisor-driver.js'
 export { OverlayMounter } from './sandbox/overlay-mounter.js'
+export {
+  type ChainLink,
+  type RestoredWorkspace,
+  restoreFromBucket,
+  ShippingBucket,
+  type ShippingLag,
+  type ShippingObserver,
+  WorkspaceShipper,
+  type WorkspaceShipperOptions,
+} from './shipping/index.js'
 export { BtrfsPool, defaultReserveBytes, tenantQgroup } from './storage/btrfs-pool.js'
 export { DirPool } from './storage/dir-pool.js'
 export { EnvStore } from './storage/env-store.js'

@@ -1,4 +1,4 @@
-import { execFile } from 'node:child_process'
+import { execFile, execFileSync } from 'node:child_process'
 import { mkdir, mkdtemp } from 'node:fs/promises'
 import os from 'node:os'
 import path from 'node:path'
@@ -14,8 +14,12 @@ export interface TestObjectStore {
   secretAccessKey: string
   /** An S3 client configured for RGW (path-style, checksums only when an operation requires one). */
   client(): S3Client
-  /** Kills the gateway process alone with SIGKILL (the endpoint refuses connections; the data stays). */
-  killGateway(): Promise<void>
+  /**
+   * Kills the gateway process alone with SIGKILL (the endpoint refuses connections; the data
+   * stays). Synchronous: it is dead when this returns, so a caller can cut the store between two
+   * requests of its own.
+   */
+  killGateway(): void
   /** Starts the gateway again on the same endpoint. */
   startGateway(): Promise<void>
   stop(): Promise<void>
@@ -56,8 +60,8 @@ export async function startObjectStore(): Promise<TestObjectStore> {
         requestChecksumCalculation: 'WHEN_REQUIRED',
         responseChecksumValidation: 'WHEN_REQUIRED',
       }),
-    async killGateway() {
-      await run('bash', [SCRIPT, 'gateway-kill', dir])
+    killGateway() {
+      execFileSync('bash', [SCRIPT, 'gateway-kill', dir])
     },
     async startGateway() {
       await run('bash', [SCRIPT, 'gateway-start', dir], { timeout: 120_000 })

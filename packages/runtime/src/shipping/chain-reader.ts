@@ -39,9 +39,8 @@ export async function readLink(bucket: ShippingBucket, sessionId: string, seq: n
 export async function readChain(bucket: ShippingBucket, sessionId: string): Promise<ChainLink[] | undefined> {
   const head = await readChainHead(bucket, sessionId)
   if (!head) return undefined
-  const links: ChainLink[] = [head]
-  for (let seq = head.seq - 1; seq >= head.baseSeq; seq--)
-    links.unshift(await readLink(bucket, sessionId, seq))
+  const earlier = Array.from({ length: head.seq - head.baseSeq }, (_, i) => head.baseSeq + i)
+  const links = [...(await Promise.all(earlier.map((seq) => readLink(bucket, sessionId, seq)))), head]
   const [base] = links
   if (base?.kind !== 'full' || base.seq !== head.baseSeq)
     throw new CairnProblem(

@@ -3,6 +3,7 @@ import { mkdir, rename } from 'node:fs/promises'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
 import { BtrfsOps } from '../storage/btrfs-ops.js'
+import { BtrfsPool } from '../storage/btrfs-pool.js'
 import type { StoragePool } from '../storage/pool.js'
 import { safeName } from '../storage/pool.js'
 import { treeDigest } from '../workspace-io/digest.js'
@@ -114,10 +115,11 @@ async function placeSnapshot(pool: StoragePool, snapshotId: string, received: st
     await rename(received, target)
     return
   }
-  const ops = new BtrfsOps(1)
+  // The pool's own helper when it has one (no process to start), else one for this call.
+  const ops = pool instanceof BtrfsPool ? pool.ops : new BtrfsOps(1)
   try {
     await ops.adoptReceived(received, target)
   } finally {
-    ops.close()
+    if (!(pool instanceof BtrfsPool)) ops.close()
   }
 }

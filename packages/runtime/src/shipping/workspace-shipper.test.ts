@@ -187,15 +187,18 @@ describe('WorkspaceShipper (btrfs pools, Ceph RGW)', () => {
       await shipper.flush(id)
       expect(await shipper.shippedGeneration(id)).toBe(1)
 
-      // Turn 2's stream is several parts: the gateway is killed once its first part is in.
-      let killed: Promise<void> | undefined
+      // Turn 2's stream is several parts: the gateway is killed once its first part is in, before
+      // the second is sent (the kill is synchronous).
+      let killed = false
       killAtPart = (key) => {
-        if (!killed && key.includes('/streams/0000000002-')) killed = store.killGateway()
+        if (killed || !key.includes('/streams/0000000002-')) return
+        killed = true
+        store.killGateway()
       }
       const second = await turn(source, id, 2, { file: 'b.bin', bytes: 2 * MiB })
       shipper.enqueue(id, second)
       await waitUntil(() => failures.length >= 2, 60_000)
-      await killed
+      expect(killed).toBe(true)
       expect(failures.every((error) => error.code === 'shipping_failed')).toBe(true)
       expect(await shipper.shippedGeneration(id)).toBe(1)
       // Turns go on meanwhile: a third snapshot joins the queue; the lag counts both.

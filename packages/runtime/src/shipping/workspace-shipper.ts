@@ -241,7 +241,9 @@ export class WorkspaceShipper {
     const [generation] = await this.markers.getGenerations([dir])
     if (generation === undefined)
       throw new CairnProblem('storage_error', `snapshot ${snapshotId} carries no workspace generation marker`)
-    const digest = await treeDigest(dir)
+    // Read beside the send: the digest and the stream both only read the read-only snapshot.
+    const digesting = treeDigest(dir)
+    digesting.catch(() => undefined)
     const seq = (head?.seq ?? 0) + 1
     const parent =
       pool.driver === 'btrfs' &&
@@ -276,7 +278,7 @@ export class WorkspaceShipper {
       snapshotId,
       ...(parent ? { parentSnapshotId: parent.snapshotId } : {}),
       generation,
-      treeDigest: digest,
+      treeDigest: await digesting,
       stream,
       shippedAt: new Date().toISOString(),
     }

@@ -65,11 +65,14 @@ export {
 export { OverlayMounter } from './sandbox/overlay-mounter.js'
 export {
   type ChainLink,
+  createShippingBucket,
   type RestoredWorkspace,
   restoreFromBucket,
   ShippingBucket,
+  type ShippingBucketConfig,
   type ShippingLag,
   type ShippingObserver,
+  shippingBucketFromEnv,
   WorkspaceShipper,
   type WorkspaceShipperOptions,
 } from './shipping/index.js'

@@ -1,4 +1,5 @@
 export { type PutOutcome, ShippingBucket } from './bucket.js'
+export { createShippingBucket, type ShippingBucketConfig, shippingBucketFromEnv } from './bucket-config.js'
 export {
   type ChainLink,
   ChainLinkV1,

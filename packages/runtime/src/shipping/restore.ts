@@ -42,6 +42,7 @@ export async function restoreFromBucket(
   bucket: ShippingBucket,
   sessionId: string,
   pool: StoragePool,
+  options: { tenantId?: string | undefined } = {},
 ): Promise<RestoredWorkspace> {
   safeName(sessionId)
   const links = await readChain(bucket, sessionId)
@@ -81,7 +82,7 @@ export async function restoreFromBucket(
         `the restored tree of session ${sessionId} digests ${digest}, not ${head.treeDigest} as shipped`,
       )
     await placeSnapshot(pool, head.snapshotId, received, digest)
-    await pool.restoreWorkspace(sessionId, head.snapshotId, head.generation)
+    await pool.restoreWorkspace(sessionId, head.snapshotId, head.generation, options.tenantId)
   } finally {
     await removeReceived(staging)
   }

@@ -155,10 +155,10 @@ export class WorkspaceShipper {
    * Restores the session's workspace in this shipper's pool from its newest confirmed link (see
    * `restoreFromBucket`); shipping then continues that chain from the restored snapshot.
    */
-  async restoreFromBucket(sessionId: string): Promise<RestoredWorkspace> {
+  async restoreFromBucket(sessionId: string, tenantId?: string): Promise<RestoredWorkspace> {
     const state = this.state(sessionId)
     if (state.running) await this.flush(sessionId)
-    const restored = await restoreFromBucket(this.options.bucket, sessionId, this.options.pool)
+    const restored = await restoreFromBucket(this.options.bucket, sessionId, this.options.pool, { tenantId })
     state.head = restored.head
     return restored
   }

@@ -52,15 +52,20 @@ export class ShippingPools {
 
 let revisionCount = 0
 
-/** A sealed revision holding a couple of files, and a new session workspace on it. */
-export async function newWorkspace(pool: StoragePool, sessionId: string): Promise<string> {
+/** A sealed revision holding a couple of files. */
+export async function newRevision(pool: StoragePool): Promise<string> {
   const revisionId = `rev_ship${process.pid.toString(36)}x${(++revisionCount).toString(36)}`
   const staging = await pool.createStaging(`build_${revisionId.slice(4)}`)
   await writeFile(path.join(staging, 'README.md'), '# shipped project\n')
   await mkdir(path.join(staging, 'src'))
   await writeFile(path.join(staging, 'src', 'main.py'), 'print("hello")\n')
   await pool.sealRevision(staging, revisionId)
-  return pool.createWorkspace(sessionId, revisionId)
+  return revisionId
+}
+
+/** A new session workspace on a new revision. */
+export async function newWorkspace(pool: StoragePool, sessionId: string): Promise<string> {
+  return pool.createWorkspace(sessionId, await newRevision(pool))
 }
 
 /**

@@ -61,8 +61,31 @@ export async function shipTree(
 }
 
 /**
- * Fetches a shipped tree into `target` (which must not exist): extracted beside it in a hidden
- * directory, checked against the digest recorded at ship time, then renamed into place.
+ * Unpacks a shipped tree into the empty directory `dir` and checks it against the digest recorded
+ * at ship time (`chain_invalid` otherwise; the caller discards `dir`).
+ */
+export async function receiveTree(
+  bucket: ShippingBucket,
+  kind: TreeKind,
+  id: string,
+  dir: string,
+): Promise<void> {
+  checkTreeId(kind, id)
+  const bytes = await bucket.get(treeKey(kind, id), MAX_MANIFEST_BYTES)
+  if (!bytes) throw new CairnProblem('not_found', `${kind} ${id} was not shipped to the bucket`)
+  const manifest = parseTreeManifest(bytes, kind, id)
+  await feedParts(bucket, manifest.stream, tarExtract(dir))
+  const digest = await treeDigest(dir)
+  if (digest !== manifest.treeDigest)
+    throw new CairnProblem(
+      'chain_invalid',
+      `${kind} ${id} digests ${digest}, not ${manifest.treeDigest} as shipped`,
+    )
+}
+
+/**
+ * Fetches a shipped tree to `target` (which must not exist), as a plain directory: unpacked beside
+ * it in a hidden directory, checked, then renamed into place.
  */
 export async function fetchTree(
   bucket: ShippingBucket,
@@ -70,24 +93,14 @@ export async function fetchTree(
   id: string,
   target: string,
 ): Promise<void> {
-  checkTreeId(kind, id)
   if (existsSync(target)) throw new CairnProblem('conflict', `${target} already exists`)
-  const bytes = await bucket.get(treeKey(kind, id), MAX_MANIFEST_BYTES)
-  if (!bytes) throw new CairnProblem('not_found', `${kind} ${id} was not shipped to the bucket`)
-  const manifest = parseTreeManifest(bytes, kind, id)
   const holder = path.join(path.dirname(target), `.fetch-${path.basename(target)}`)
   await removeReceived(holder)
   await mkdir(holder, { recursive: true, mode: 0o700 })
   try {
     const tree = path.join(holder, 'tree')
     await mkdir(tree)
-    await feedParts(bucket, manifest.stream, tarExtract(tree))
-    const digest = await treeDigest(tree)
-    if (digest !== manifest.treeDigest)
-      throw new CairnProblem(
-        'chain_invalid',
-        `${kind} ${id} digests ${digest}, not ${manifest.treeDigest} as shipped`,
-      )
+    await receiveTree(bucket, kind, id, tree)
     await rename(tree, target)
   } finally {
     await removeReceived(holder)

@@ -5,7 +5,7 @@ import { CairnProblem } from '@cairn/protocol'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { startObjectStore, type TestObjectStore } from '../../../../test/helpers/rgw.js'
 import { sessionId } from '../../test/harness.js'
-import { newWorkspace, openBucket, ShippingPools, turn } from '../../test/shipping-pools.js'
+import { newRevision, newWorkspace, openBucket, ShippingPools, turn } from '../../test/shipping-pools.js'
 import type { BtrfsPool } from '../storage/btrfs-pool.js'
 import type { StoragePool } from '../storage/pool.js'
 import { treeDigest } from '../workspace-io/digest.js'
@@ -249,6 +249,34 @@ describe('WorkspaceShipper (btrfs pools, Ceph RGW)', () => {
       expect((await bucket.get(chainKey(id, 1), 1024))?.toString()).toBe('{"written": "by someone else"}')
     } finally {
       await shipper.close()
+    }
+  })
+})
+
+describe('trees that never change', () => {
+  it('ships a revision once, and another pool fetches it back as a sealed revision sessions can start on', async () => {
+    const revisionId = await newRevision(source)
+    const shipper = new WorkspaceShipper({ pool: source, bucket })
+    const target = await freshPool('trees')
+    const fetcher = new WorkspaceShipper({ pool: target, bucket })
+    try {
+      expect(await shipper.shipTree('revision', revisionId)).toEqual({ shipped: true })
+      expect(await shipper.shipTree('revision', revisionId)).toEqual({ shipped: false })
+      await fetcher.fetchTree('revision', revisionId)
+      expect(await target.hasRevision(revisionId)).toBe(true)
+      expect(await treeDigest(target.revisionPath(revisionId))).toBe(
+        await treeDigest(source.revisionPath(revisionId)),
+      )
+      // Sealed as the pool seals its own: a session's workspace is a snapshot of it.
+      const id = sessionId('onrev')
+      await target.createWorkspace(id, revisionId)
+      expect(await target.readGenerations([id])).toEqual([0])
+      const again = await rejection(fetcher.fetchTree('revision', revisionId))
+      expect(again.code).toBe('conflict')
+      expect(stagingLeftovers(target)).toEqual([])
+    } finally {
+      await shipper.close()
+      await fetcher.close()
     }
   })
 })

@@ -1,4 +1,6 @@
 import { randomBytes } from 'node:crypto'
+import { existsSync } from 'node:fs'
+import { mkdir } from 'node:fs/promises'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
 import { BtrfsOps } from '../storage/btrfs-ops.js'
@@ -9,7 +11,7 @@ import { type ChainLink, chainKey, streamPrefix, type TreeKind } from './chain-l
 import { readChainHead } from './chain-reader.js'
 import { type RestoredWorkspace, restoreFromBucket } from './restore.js'
 import { type PartObserver, shipToolOutput } from './stream-parts.js'
-import { checkTreeId, fetchTree, shipTree } from './tree-shipping.js'
+import { checkTreeId, fetchTree, receiveTree, shipTree } from './tree-shipping.js'
 import { btrfsSend, tarCreate } from './tree-streams.js'
 
 /** What shipping reports, for logs and metrics (passed in by the composition root). */
@@ -146,9 +148,31 @@ export class WorkspaceShipper {
     return { shipped }
   }
 
-  /** Fetches a shipped revision, image or environment to where this pool keeps it. */
+  /**
+   * Fetches a shipped revision, image or environment to where this pool keeps it: a revision or
+   * environment is unpacked into a staging tree of the pool and sealed read-only as the pool seals
+   * its own (a subvolume on btrfs), an image unpacked where `locateTree` says.
+   */
   async fetchTree(kind: TreeKind, id: string): Promise<void> {
-    await fetchTree(this.options.bucket, kind, id, this.treePath(kind, id))
+    const { pool, bucket } = this.options
+    const target = this.treePath(kind, id)
+    if (kind === 'image') {
+      await fetchTree(bucket, kind, id, target)
+      return
+    }
+    if (existsSync(target)) throw new CairnProblem('conflict', `${kind} ${id} is already in the pool`)
+    const staging = await pool.createStaging(`fetch_${randomBytes(6).toString('hex')}`)
+    try {
+      await receiveTree(bucket, kind, id, staging)
+      if (kind === 'revision') await pool.sealRevision(staging, id)
+      else {
+        await mkdir(path.dirname(target), { recursive: true })
+        await pool.sealStaging(staging, target)
+      }
+    } catch (error) {
+      await pool.discardStaging(staging).catch(() => undefined)
+      throw error
+    }
   }
 
   /**

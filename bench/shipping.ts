@@ -226,7 +226,7 @@ async function measureSize(
       median: median(putIncrementMs),
     }),
     row(`${sizeMb} MB: restore (full + ${TURNS} increments)`, restoreMs, {
-      name: 'btrfs send | receive, same chain',
+      name: 'btrfs send → receive, same chain',
       median: median(localMs),
     }),
     row(`${sizeMb} MB: S3 GET of the full stream's bytes`, getMs),

@@ -120,20 +120,32 @@ describe('a shipped chain from the bucket is untrusted', () => {
     await refused(flipped, /does not match the digest/)
   })
 
-  it('refuses a stream btrfs receive rejects, with nothing half-made left in the pool', async () => {
-    // Garbage with consistent digests: only btrfs receive can tell.
-    const garbage = await forged((link, parts) => {
+  /** A forged copy whose first stream has `damage` done to its first part, digests made to match. */
+  function damaged(damage: (body: Buffer) => void) {
+    return forged((link, parts) => {
       if (link.seq !== 1) return
       const part = link.stream.parts[0]
       const body = part && parts.get(part.key)
       if (!part || !body) return
-      body.fill(0x41, 0, Math.min(64, body.length))
+      damage(body)
       part.sha256 = createHash('sha256').update(body).digest('hex')
       const whole = createHash('sha256')
       for (const p of link.stream.parts) whole.update(parts.get(p.key) as Buffer)
       link.stream.sha256 = whole.digest('hex')
     })
-    await refused(garbage, /btrfs receive/)
+  }
+
+  it('refuses a stream btrfs receive rejects, with nothing half-made left in the pool', async () => {
+    // A byte of file data changed, digests made to match: the stream's own checksums are what
+    // catch it, in btrfs receive, after it has made part of the tree.
+    const corrupt = await damaged((body) => {
+      const at = Math.floor(body.length / 2)
+      body[at] = (body[at] ?? 0) ^ 0xff
+    })
+    await refused(corrupt, /btrfs receive|btrfs send stream is refused/)
+    // Not a send stream at all: refused before a byte reaches btrfs receive.
+    const garbage = await damaged((body) => body.fill(0x41, 0, 64))
+    await refused(garbage, /no btrfs-stream header/)
   })
 
   it('refuses a chain whose restored tree does not match the digest recorded at ship time', async () => {
@@ -148,5 +160,52 @@ describe('a shipped chain from the bucket is untrusted', () => {
       if (link.seq === 2) link.parentSnapshotId = 'snap_someoneelse'
     })
     await refused(spliced, /does not follow link 1/)
+  })
+
+  it("refuses a stream that builds on another session's snapshot in the pool", async () => {
+    // The victim's session was restored on this node: its snapshot is in the pool, with the
+    // received UUID its next increment names. btrfs receive finds a parent by that UUID anywhere
+    // on the filesystem, chroot or not. The attacker ships the victim's next increment (copied
+    // from the bucket) as the "full" first link of a session of their own, its digest and name
+    // copied too: without the stream check their workspace would be the victim's files.
+    const node = await pools.btrfs('victim-node')
+    const victim = sessionId('victim')
+    await newWorkspace(source, victim)
+    const shipper = new WorkspaceShipper({ pool: source, bucket })
+    try {
+      for (let generation = 1; generation <= 2; generation++) {
+        shipper.enqueue(victim, await turn(source, victim, generation, { file: 'secret.txt', bytes: 4096 }))
+        await shipper.flush(victim)
+      }
+      await restoreFromBucket(bucket, victim, node)
+      shipper.enqueue(victim, await turn(source, victim, 3, { file: 'secret.txt', bytes: 4096 }))
+      await shipper.flush(victim)
+    } finally {
+      await shipper.close()
+    }
+    const increment = (await shipper.shippedHead(victim)) as ChainLink
+    expect(increment.kind).toBe('increment')
+
+    const attacker = sessionId('forged')
+    const link = structuredClone(increment)
+    link.sessionId = attacker
+    link.seq = 1
+    link.baseSeq = 1
+    link.kind = 'full'
+    delete link.parentSnapshotId
+    for (const part of link.stream.parts) {
+      const body = (await bucket.get(part.key, part.bytes)) as Buffer
+      part.key = part.key.replace(`sessions/${victim}/`, `sessions/${attacker}/`)
+      await bucket.putOnce(part.key, body)
+    }
+    await bucket.putOnce(chainKey(attacker, 1), Buffer.from(JSON.stringify(link)))
+
+    const before = await node.listArea('snapshots')
+    const error = await rejection(restoreFromBucket(bucket, attacker, node))
+    expect(error.code).toBe('chain_invalid')
+    expect(error.message).toMatch(/a full link that snapshots a parent/)
+    expect(await node.hasWorkspace(attacker)).toBe(false)
+    expect(stagingLeftovers(node)).toEqual([])
+    expect(await node.listArea('snapshots')).toEqual(before)
   })
 })

@@ -10,6 +10,7 @@ import { treeDigest } from '../workspace-io/digest.js'
 import type { ShippingBucket } from './bucket.js'
 import type { ChainLink } from './chain-link.js'
 import { readChain } from './chain-reader.js'
+import { SendStreamCheck } from './send-stream-check.js'
 import { feedParts } from './stream-parts.js'
 import { btrfsReceive, removeReceived, tarExtract } from './tree-streams.js'
 
@@ -59,9 +60,18 @@ export async function restoreFromBucket(
   await mkdir(staging, { mode: 0o700 })
   let streamBytes = 0
   try {
+    let parentUuid: string | undefined
     for (const link of links) {
       if (link.driver === 'btrfs') {
-        await feedParts(bucket, link.stream, btrfsReceive(staging))
+        // Each stream must make its own subvolume on the previous link's: receive would otherwise
+        // take a parent or clone source anywhere in the pool (another session's snapshot).
+        const check = new SendStreamCheck(
+          parentUuid === undefined
+            ? { kind: 'full', name: link.snapshotId }
+            : { kind: 'increment', name: link.snapshotId, parentUuid },
+        )
+        await feedParts(bucket, link.stream, btrfsReceive(staging), check)
+        parentUuid = check.subvolumeUuid
       } else {
         const dir = path.join(staging, link.snapshotId)
         await mkdir(dir)

@@ -122,13 +122,14 @@ export async function shipToolOutput(
 
 /**
  * Feeds a shipped stream's parts, each read from the bucket and checked against the digest the
- * manifest recorded, into `tool`'s stdin. A part missing or not matching is `chain_invalid` and
+ * manifest recorded (and by `check`, when given), into `tool`'s stdin. A part missing or not matching is `chain_invalid` and
  * the tool is killed; the tool's own refusal is its error (the caller passes `chain_invalid`).
  */
 export async function feedParts(
   bucket: ShippingBucket,
   stream: ShippedStream,
   tool: StreamTool,
+  check?: { push(chunk: Buffer): void; finish(): void },
 ): Promise<void> {
   const stdin = tool.child.stdin
   if (!stdin) throw new CairnProblem('internal', 'the stream tool has no stdin')
@@ -143,6 +144,7 @@ export async function feedParts(
           `part ${part.key} does not match the digest its manifest recorded`,
         )
       whole.update(body)
+      check?.push(body)
       const accepted = stdin.write(body)
       if (!accepted)
         await new Promise<void>((resolve) => {
@@ -151,6 +153,7 @@ export async function feedParts(
         })
       if (tool.child.exitCode !== null) break
     }
+    check?.finish()
     stdin.end()
     await tool.done
     if (whole.digest('hex') !== stream.sha256)

@@ -17,7 +17,7 @@ export function btrfsSend(snapshotDir: string, parentDir?: string): StreamTool {
   const parent = parentDir ? ['-p', parentDir] : []
   return startTool(
     'nice',
-    ['-n', String(BACKGROUND_NICENESS), 'btrfs', 'send', '-q', ...parent, snapshotDir],
+    ['-n', String(BACKGROUND_NICENESS), 'btrfs', 'send', '-q', '--proto', '1', ...parent, snapshotDir],
     'read',
     'storage_error',
   )

@@ -24,7 +24,9 @@ let source: BtrfsPool
 let bucket: ShippingBucket
 
 beforeAll(async () => {
-  ;[store, pools] = await Promise.all([startObjectStore(), ShippingPools.create()])
+  // The pools first: if the object store fails to come up, afterAll still removes their directory.
+  pools = await ShippingPools.create()
+  store = await startObjectStore()
   source = await pools.btrfs('source')
   bucket = await openBucket(store, 'cairn-forged')
 }, 240_000)

@@ -32,6 +32,7 @@ async function load(): Promise<Bench[]> {
     { images },
     { databases },
     { remotePort },
+    { shipping },
   ] = await Promise.all([
     import('./baselines.js'),
     import('./session-create.js'),
@@ -51,6 +52,7 @@ async function load(): Promise<Bench[]> {
     import('./images.js'),
     import('./databases.js'),
     import('./remote-port.js'),
+    import('./shipping.js'),
   ])
   return [
     baselines,
@@ -71,6 +73,7 @@ async function load(): Promise<Bench[]> {
     images,
     databases,
     remotePort,
+    shipping,
   ]
 }
 

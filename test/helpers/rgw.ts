@@ -1,4 +1,4 @@
-import { execFile } from 'node:child_process'
+import { execFile, execFileSync } from 'node:child_process'
 import { mkdir, mkdtemp } from 'node:fs/promises'
 import os from 'node:os'
 import path from 'node:path'
@@ -14,6 +14,14 @@ export interface TestObjectStore {
   secretAccessKey: string
   /** An S3 client configured for RGW (path-style, checksums only when an operation requires one). */
   client(): S3Client
+  /**
+   * Kills the gateway process alone with SIGKILL (the endpoint refuses connections; the data
+   * stays). Synchronous: it is dead when this returns, so a caller can cut the store between two
+   * requests of its own.
+   */
+  killGateway(): void
+  /** Starts the gateway again on the same endpoint. */
+  startGateway(): Promise<void>
   stop(): Promise<void>
 }
 
@@ -52,6 +60,12 @@ export async function startObjectStore(): Promise<TestObjectStore> {
         requestChecksumCalculation: 'WHEN_REQUIRED',
         responseChecksumValidation: 'WHEN_REQUIRED',
       }),
+    killGateway() {
+      execFileSync('bash', [SCRIPT, 'gateway-kill', dir])
+    },
+    async startGateway() {
+      await run('bash', [SCRIPT, 'gateway-start', dir], { timeout: 120_000 })
+    },
     async stop() {
       await run('bash', [SCRIPT, 'down', dir])
     },

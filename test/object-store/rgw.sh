@@ -4,6 +4,8 @@
 #
 #   rgw.sh up DIR [SIZE_GIB]   start it; prints KEY=VALUE lines (S3_ENDPOINT, S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY)
 #   rgw.sh down DIR            stop what `up` started in DIR, detach its loop device, delete DIR
+#   rgw.sh gateway-kill DIR    kill -9 the RGW process alone (the S3 endpoint goes away, the cluster stays)
+#   rgw.sh gateway-start DIR   start RGW again on the same port and wait for it to answer
 #
 # `auth = none` keeps it to loopback-only test use; with it, `ms_mon_client_mode = crc` is needed
 # or RGW waits 300 s for a secure session the monitor will never offer.
@@ -74,7 +76,8 @@ osd_memory_target = 939524096
 bluestore_cache_autotune = false
 bluestore_cache_size = 134217728
 [client.rgw]
-rgw_frontends = beast endpoint=127.0.0.1:$rgw_port
+# tcp_nodelay: without it a small GET answer waits ~40 ms (Nagle against the client's delayed ACK).
+rgw_frontends = beast endpoint=127.0.0.1:$rgw_port tcp_nodelay=1
 rgw_data = $dir/rgw
 rgw_dns_name = 127.0.0.1
 rgw_thread_pool_size = 64
@@ -113,8 +116,30 @@ CONF
   echo "S3_SECRET_ACCESS_KEY=$secret"
 }
 
+gateway_kill() {
+  local pid
+  pid=$(cat "$dir/client.rgw.pid")
+  kill -9 "$pid" 2>/dev/null || true
+  for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
+  rm -f "$dir/client.rgw.pid"
+}
+
+gateway_start() {
+  local port
+  port=$(sed -n 's/^rgw_frontends = beast endpoint=127.0.0.1:\([0-9]*\).*$/\1/p' "$dir/ceph.conf")
+  radosgw -c "$dir/ceph.conf" -n client.rgw
+  for _ in $(seq 1 600); do
+    if curl -s -o /dev/null "http://127.0.0.1:$port/"; then return 0; fi
+    sleep 0.1
+  done
+  echo "RGW did not answer on port $port" >&2
+  exit 1
+}
+
 case "$cmd" in
 up) up "$@" ;;
 down) down ;;
-*) echo "usage: rgw.sh up|down DIR [SIZE_GIB]" >&2; exit 2 ;;
+gateway-kill) gateway_kill ;;
+gateway-start) gateway_start ;;
+*) echo "usage: rgw.sh up|down|gateway-kill|gateway-start DIR [SIZE_GIB]" >&2; exit 2 ;;
 esac

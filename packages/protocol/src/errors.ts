@@ -52,6 +52,12 @@ export const ERROR_CODES = {
   sandbox_failed: { status: 500, retryable: true },
   limit_exceeded: { status: 500, retryable: true },
   storage_error: { status: 500, retryable: true },
+  /** The object store (the bucket workspaces ship to) could not be reached or refused a write; shipping retries. */
+  shipping_failed: { status: 503, retryable: true },
+  /** A key in the bucket already holds different bytes than this writer's (another writer, or tampering): never overwritten. */
+  shipping_conflict: { status: 409, retryable: false },
+  /** A shipped chain from the bucket was refused: a manifest or stream malformed, out of order, or not matching its digests. */
+  chain_invalid: { status: 502, retryable: false },
   state_lost: { status: 500, retryable: false },
   internal: { status: 500, retryable: true },
   unavailable: { status: 503, retryable: true },

@@ -5,7 +5,8 @@ JSON line each on stdout: {"id", "ok": true} or {"id", "ok": false, "errno", "er
 Operations: snapshot {src, dst, readonly, mark, qgroup, max_referenced}, create {path, qgroup,
 max_referenced}, delete {path}, delete_tree {path}, mark {path}, enable_quotas {path} (answers
 {"mode": "squota" | "qgroup"}),
-set_generation {path, value} and get_generations {paths} (answers {"values": [int or null]}).
+set_generation {path, value}, get_generations {paths} (answers {"values": [int or null]}) and
+adopt_received {src, dst}.
 With a request as its only argument, it answers that one request and exits.
 
 The generation marker is a `trusted.` extended attribute on the subvolume's root directory: it is
@@ -31,6 +32,12 @@ BTRFS_IOC_SUBVOL_CREATE_V2 = 0x50009418
 BTRFS_IOC_GET_SUBVOL_INFO = 0x81F8943C
 SUBVOL_INFO_SIZE = 504
 SUBVOL_INFO_CTRANSID = 344
+SUBVOL_INFO_RECEIVED_UUID = 328
+SUBVOL_INFO_STRANSID = 360
+SUBVOL_INFO_STIME = 408
+BTRFS_IOC_SET_RECEIVED_SUBVOL = 0xC0C89425
+RECEIVED_SUBVOL_ARGS_SIZE = 200
+BTRFS_IOC_SUBVOL_SETFLAGS = 0x4008941A
 BTRFS_SUBVOL_RDONLY = 1 << 1
 BTRFS_SUBVOL_QGROUP_INHERIT = 1 << 2
 # _IOR(0x94, 43, struct btrfs_ioctl_qgroup_limit_args): qgroupid (0: the fd's subvolume), then limits.
@@ -149,6 +156,40 @@ def mark(path):
     finally:
         os.close(fd)
     return struct.unpack_from("Q", args, SUBVOL_INFO_CTRANSID)[0]
+
+
+def adopt_received(src, dst):
+    """Gives a subvolume `btrfs receive` made a second name elsewhere, as received.
+
+    A read-only subvolume cannot be moved to another directory (its root's `..` would change), and
+    a plain snapshot of it would lose its received UUID, by which a later incremental stream finds
+    its parent. So `dst` is made a writable snapshot of `src`, given `src`'s received UUID, send
+    transid and time (as `btrfs receive` does to the subvolumes it makes), then made read-only.
+    """
+    info = bytearray(SUBVOL_INFO_SIZE)
+    fd = os.open(src, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.ioctl(fd, BTRFS_IOC_GET_SUBVOL_INFO, info)
+    finally:
+        os.close(fd)
+    received_uuid = bytes(info[SUBVOL_INFO_RECEIVED_UUID:SUBVOL_INFO_RECEIVED_UUID + 16])
+    if received_uuid == bytes(16):
+        raise OSError(errno.EINVAL, "%s is not a received subvolume" % src)
+    snapshot(src, dst, False)
+    try:
+        args = bytearray(RECEIVED_SUBVOL_ARGS_SIZE)
+        args[0:16] = received_uuid
+        args[16:24] = info[SUBVOL_INFO_STRANSID:SUBVOL_INFO_STRANSID + 8]
+        args[32:48] = info[SUBVOL_INFO_STIME:SUBVOL_INFO_STIME + 16]
+        fd = os.open(dst, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.ioctl(fd, BTRFS_IOC_SET_RECEIVED_SUBVOL, args)
+            fcntl.ioctl(fd, BTRFS_IOC_SUBVOL_SETFLAGS, struct.pack("Q", BTRFS_SUBVOL_RDONLY))
+        finally:
+            os.close(fd)
+    except OSError:
+        delete(dst)
+        raise
 
 
 def create(path, qgroup=None, max_referenced=None):
@@ -332,6 +373,8 @@ def handle(request):
         delete(request["path"])
     elif op == "delete_tree":
         delete_tree(request["path"])
+    elif op == "adopt_received":
+        adopt_received(request["src"], request["dst"])
     elif op == "enable_quotas":
         return {"mode": enable_quotas(request["path"])}
     elif op == "ping":

@@ -63,6 +63,19 @@ export {
   probeGvisor,
 } from './sandbox/gvisor-driver.js'
 export { OverlayMounter } from './sandbox/overlay-mounter.js'
+export {
+  type ChainLink,
+  createShippingBucket,
+  type RestoredWorkspace,
+  restoreFromBucket,
+  ShippingBucket,
+  type ShippingBucketConfig,
+  type ShippingLag,
+  type ShippingObserver,
+  shippingBucketFromEnv,
+  WorkspaceShipper,
+  type WorkspaceShipperOptions,
+} from './shipping/index.js'
 export { BtrfsPool, defaultReserveBytes, tenantQgroup } from './storage/btrfs-pool.js'
 export { DirPool } from './storage/dir-pool.js'
 export { EnvStore } from './storage/env-store.js'

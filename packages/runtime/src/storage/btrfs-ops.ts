@@ -221,6 +221,15 @@ export class BtrfsOps {
     await this.request({ op: 'delete_tree', path }, `delete subvolume tree ${path}`)
   }
 
+  /**
+   * Makes `dst` a read-only copy of the received subvolume `src` that keeps its received UUID (a
+   * later increment finds its parent by it): a read-only subvolume cannot be moved to another
+   * directory. Needs the helper.
+   */
+  async adoptReceived(src: string, dst: string): Promise<void> {
+    await this.request({ op: 'adopt_received', src, dst }, `adopt received subvolume ${src} as ${dst}`)
+  }
+
   /** Writes a subvolume's generation marker (an extended attribute on its root directory). */
   async setGeneration(path: string, value: number): Promise<void> {
     await this.request({ op: 'set_generation', path, value }, `set the generation of ${path}`)

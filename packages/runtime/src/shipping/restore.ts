@@ -1,0 +1,136 @@
+import { existsSync } from 'node:fs'
+import { mkdir, rename } from 'node:fs/promises'
+import path from 'node:path'
+import { CairnProblem } from '@cairn/protocol'
+import { BtrfsOps } from '../storage/btrfs-ops.js'
+import { BtrfsPool } from '../storage/btrfs-pool.js'
+import type { StoragePool } from '../storage/pool.js'
+import { safeName } from '../storage/pool.js'
+import { treeDigest } from '../workspace-io/digest.js'
+import type { ShippingBucket } from './bucket.js'
+import type { ChainLink } from './chain-link.js'
+import { readChain } from './chain-reader.js'
+import { SendStreamCheck } from './send-stream-check.js'
+import { feedParts } from './stream-parts.js'
+import { btrfsReceive, removeReceived, tarExtract } from './tree-streams.js'
+
+/** What a restore from the bucket brought back. */
+export interface RestoredWorkspace {
+  sessionId: string
+  /** The snapshot the workspace came back from (now also in the pool's snapshots). */
+  snapshotId: string
+  /** The workspace generation that snapshot carried (the workspace's marker is set to it). */
+  generation: number
+  /** The chain link it was (see docs/shipping.md). */
+  seq: number
+  treeDigest: string
+  shippedAt: string
+  /** Bytes read from the bucket (every stream of the chain). */
+  streamBytes: number
+  /** The newest link itself, for whoever continues the chain from here. */
+  head: ChainLink
+}
+
+/**
+ * Brings a session's workspace back from its newest confirmed chain link: the full stream and
+ * every increment after it, received in order into a staging directory of `pool` (never where a
+ * tree could be used), the result checked against the digest recorded at ship time, then moved
+ * into the pool's snapshots and made the session's workspace (a writable copy, marker set to the
+ * shipped generation). Anything the bucket holds that does not check out is `chain_invalid` and
+ * leaves nothing behind; a session with nothing shipped is `state_lost`.
+ */
+export async function restoreFromBucket(
+  bucket: ShippingBucket,
+  sessionId: string,
+  pool: StoragePool,
+  options: { tenantId?: string | undefined } = {},
+): Promise<RestoredWorkspace> {
+  safeName(sessionId)
+  const links = await readChain(bucket, sessionId)
+  const head = links?.at(-1)
+  if (!links || !head)
+    throw new CairnProblem('state_lost', `nothing of session ${sessionId} was shipped to the bucket`)
+  if (head.driver !== pool.driver)
+    throw new CairnProblem(
+      'unavailable',
+      `session ${sessionId} was shipped from a ${head.driver} pool; this pool is ${pool.driver}`,
+    )
+  const staging = path.join(pool.areaDir('staging'), `.ship-${sessionId}`)
+  await removeReceived(staging)
+  await mkdir(staging, { mode: 0o700 })
+  let streamBytes = 0
+  try {
+    let parentUuid: string | undefined
+    for (const link of links) {
+      if (link.driver === 'btrfs') {
+        // Each stream must make its own subvolume on the previous link's: receive would otherwise
+        // take a parent or clone source anywhere in the pool (another session's snapshot).
+        const check = new SendStreamCheck(
+          parentUuid === undefined
+            ? { kind: 'full', name: link.snapshotId }
+            : { kind: 'increment', name: link.snapshotId, parentUuid },
+        )
+        await feedParts(bucket, link.stream, btrfsReceive(staging), check)
+        parentUuid = check.subvolumeUuid
+      } else {
+        const dir = path.join(staging, link.snapshotId)
+        await mkdir(dir)
+        await feedParts(bucket, link.stream, tarExtract(dir))
+      }
+      streamBytes += link.stream.bytes
+    }
+    const received = path.join(staging, head.snapshotId)
+    if (!existsSync(received))
+      throw new CairnProblem(
+        'chain_invalid',
+        `the chain of session ${sessionId} did not make ${head.snapshotId}`,
+      )
+    const digest = await treeDigest(received)
+    if (digest !== head.treeDigest)
+      throw new CairnProblem(
+        'chain_invalid',
+        `the restored tree of session ${sessionId} digests ${digest}, not ${head.treeDigest} as shipped`,
+      )
+    await placeSnapshot(pool, head.snapshotId, received, digest)
+    await pool.restoreWorkspace(sessionId, head.snapshotId, head.generation, options.tenantId)
+  } finally {
+    await removeReceived(staging)
+  }
+  return {
+    sessionId,
+    snapshotId: head.snapshotId,
+    generation: head.generation,
+    seq: head.seq,
+    treeDigest: head.treeDigest,
+    shippedAt: head.shippedAt,
+    streamBytes,
+    head,
+  }
+}
+
+/**
+ * Moves the received tree into the pool's snapshots (a received btrfs subvolume, read-only, is
+ * adopted there under the same received UUID instead: it cannot change directories). A snapshot of that ID already there (a
+ * node taking back a session it held) is used if it is the same tree, and refused otherwise.
+ */
+async function placeSnapshot(pool: StoragePool, snapshotId: string, received: string, digest: string) {
+  const target = pool.snapshotPath(snapshotId)
+  if (existsSync(target)) {
+    if ((await treeDigest(target)) === digest) return
+    throw new CairnProblem(
+      'conflict',
+      `this pool already holds a different snapshot ${snapshotId}; it is not replaced by the shipped one`,
+    )
+  }
+  if (pool.driver === 'dir') {
+    await rename(received, target)
+    return
+  }
+  // The pool's own helper when it has one (no process to start), else one for this call.
+  const ops = pool instanceof BtrfsPool ? pool.ops : new BtrfsOps(1)
+  try {
+    await ops.adoptReceived(received, target)
+  } finally {
+    if (!(pool instanceof BtrfsPool)) ops.close()
+  }
+}

@@ -4,11 +4,13 @@ import {
   type Admission,
   type AgentInfo,
   type AgentSpec,
+  type BucketRestore,
   type CommandResult,
   type ImageBuildContext,
   type ImageRecipe,
   type ImageRecord,
   type IsolationName,
+  type NodeShippingLag,
   type PoolArea,
   type PoolQuotaStatus,
   type PoolStats,
@@ -19,6 +21,7 @@ import {
   runWithOwnerEpoch,
   type SandboxDriverFacts,
   type ShippedTree,
+  type SnapshotOptions,
   type TreeReadOptions,
   type TreeRef,
   type TreeSizes,
@@ -177,9 +180,12 @@ export class ClusterRuntimePort implements RuntimePort {
     sessionId: string,
     snapshotId: string,
     tenantId: string,
+    options?: SnapshotOptions,
   ): Promise<WorkspaceMark | undefined> {
     this.rows.noteSnapshot(snapshotId, sessionId)
-    return this.routes.onSession(sessionId, (port) => port.snapshotWorkspace(sessionId, snapshotId, tenantId))
+    return this.routes.onSession(sessionId, (port) =>
+      port.snapshotWorkspace(sessionId, snapshotId, tenantId, options),
+    )
   }
 
   unchangedSince(sessionId: string, mark: WorkspaceMark): Promise<boolean> {
@@ -425,6 +431,34 @@ export class ClusterRuntimePort implements RuntimePort {
     throw new CairnProblem(
       'bad_request',
       'trees are shipped between nodes by the cluster, not imported into it',
+    )
+  }
+
+  /** On the session's node (a lost node's session is recovered by `NodeLossRecovery` instead). */
+  restoreFromBucket(sessionId: string, tenantId: string): Promise<BucketRestore> {
+    return this.routes.onSession(sessionId, (port) => port.restoreFromBucket(sessionId, tenantId))
+  }
+
+  async shipPoolTree(tree: ShippedTree): Promise<{ shipped: boolean }> {
+    if ('revisionId' in tree)
+      return (await this.routes.revisionRoute(tree.revisionId)).port.shipPoolTree(tree)
+    throw new CairnProblem('bad_request', 'a dependency environment is shipped with its revision')
+  }
+
+  async fetchPoolTree(_tree: ShippedTree): Promise<void> {
+    throw new CairnProblem('bad_request', 'a node fetches trees from the bucket, not the cluster')
+  }
+
+  /** Summed over the serving nodes; the oldest unshipped snapshot anywhere. */
+  async shippingLag(): Promise<NodeShippingLag> {
+    const lags = await this.routes.fromEveryNode((port) => port.shippingLag())
+    return lags.reduce(
+      (sum, lag) => ({
+        enabled: sum.enabled || lag.enabled,
+        unshippedSnapshots: sum.unshippedSnapshots + lag.unshippedSnapshots,
+        secondsBehind: Math.max(sum.secondsBehind, lag.secondsBehind),
+      }),
+      { enabled: false, unshippedSnapshots: 0, secondsBehind: 0 },
     )
   }
 

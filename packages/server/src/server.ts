@@ -13,6 +13,7 @@ import { ApiKeyStore, DEFAULT_TENANT_ID } from './auth/api-keys.js'
 import { iso, systemClock } from './clock.js'
 import { type ClusterControl, startClusterControl } from './cluster/cluster-control.js'
 import { type NodeConnector, openClusterRuntime } from './cluster/routing/cluster-runtime-host.js'
+import { ClusterRuntimePort } from './cluster/routing/cluster-runtime-port.js'
 import { type ResolvedConfig, resolveConfig, type ServerOptions } from './config.js'
 import { writeCredentialsIfMissing } from './credentials.js'
 import { createOwnerOnly, runtimeIdOf, secureDataDir } from './data-dir.js'
@@ -29,6 +30,7 @@ import {
 } from './local-runtime.js'
 import { MemoryService } from './memory/memory-service.js'
 import { MetricsRegistry } from './metrics/registry.js'
+import { nodeShippingHooks } from './node/shipped-record.js'
 import { createPreviewListener, type PreviewListener } from './previews/preview-listener.js'
 import { DEFAULT_PREVIEW_DOMAIN, PreviewOrigins } from './previews/preview-origins.js'
 import { PreviewRevocations } from './previews/preview-revocations.js'
@@ -152,7 +154,15 @@ export async function startServer(
         connect: extras.connectNode ?? (await remoteNodeConnector(config)),
       })
     } else {
-      const local = await openLocalRuntime(config, dataDir, { clock, logger, events: runtimeEvents })
+      let ownId: string | undefined
+      const local = await openLocalRuntime(config, dataDir, {
+        clock,
+        logger,
+        events: runtimeEvents,
+        // Role all with a bucket: shipped snapshots recorded as a node records them.
+        shipping: nodeShippingHooks(db, () => ownId, logger.child({ component: 'shipping' })),
+      })
+      ownId = local.runtimeId
       localRuntime = local.runtime
       host = local
     }
@@ -301,6 +311,17 @@ export async function startServer(
             heartbeatMs: config.heartbeatMs,
             leaseMs: config.leaseMs,
             logger,
+            // `--recover-lost eager`: the leader brings a lost node's sessions back at once.
+            onNodeLost:
+              api && config.recoverLost === 'eager' && runtimePort instanceof ClusterRuntimePort
+                ? (lost) => {
+                    void runtimePort.recovery
+                      .recoverNode(lost.nodeId)
+                      .then((done) =>
+                        logger.info({ node: lost.nodeId, ...done }, 'eager recovery of a lost node'),
+                      )
+                  }
+                : undefined,
             // API replicas own no sessions of their own: their leader reaps every node's.
             passes: api
               ? [

@@ -24,6 +24,11 @@ export interface PortShippingOptions {
   retryInitialMs?: number | undefined
   retryMaxMs?: number | undefined
   observer?: ShippingObserver | undefined
+  /**
+   * Whether the node still owns the session at the epoch the snapshot was taken under; asked
+   * before each link is written (see `WorkspaceShipperOptions.mayShip`).
+   */
+  owns?: ((sessionId: string, ownerEpoch: number | undefined) => Promise<boolean>) | undefined
   /** Told of each confirmed link, to record it (the node writes it to the cluster's database). */
   confirmed?: ((ship: ConfirmedShip) => void) | undefined
 }
@@ -51,6 +56,15 @@ export class PortShipping {
       ...(options.fullEvery === undefined ? {} : { fullEvery: options.fullEvery }),
       ...(options.retryInitialMs === undefined ? {} : { retryInitialMs: options.retryInitialMs }),
       ...(options.retryMaxMs === undefined ? {} : { retryMaxMs: options.retryMaxMs }),
+      ...(options.owns
+        ? {
+            mayShip: (sessionId: string, snapshotId: string) =>
+              (options.owns as NonNullable<PortShippingOptions['owns']>)(
+                sessionId,
+                this.epochs.get(snapshotId),
+              ),
+          }
+        : {}),
       locateTree: (kind, id) => {
         if (kind === 'revision') return pool.revisionPath(id)
         if (kind === 'environment') return envs.envPath(id)

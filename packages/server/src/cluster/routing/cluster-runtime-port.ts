@@ -35,7 +35,8 @@ import type { Db } from '../../db/database.js'
 import { ClusterRoutes, parseDrivers } from './cluster-routes.js'
 import { ClusterRows } from './cluster-rows.js'
 import type { NodeDirectory } from './node-directory.js'
-import { RevisionShipping, SERVING_STATES } from './revision-shipping.js'
+import { NodeLossRecovery } from './node-loss-recovery.js'
+import { RevisionShipping, SERVING_STATES, shipSealed } from './revision-shipping.js'
 
 export interface ClusterRuntimePortOptions {
   db: Db
@@ -48,6 +49,12 @@ export interface ClusterRuntimePortOptions {
   /** Placement's random source (tests seed it). */
   random?: (() => number) | undefined
   now?: (() => number) | undefined
+  /**
+   * Whether a session of a lost node is recovered from the shipping bucket on its next use
+   * (default) or not at all (`never`: it waits for its node, `node_lost`). `eager` recovery is
+   * the leader's (`recoverNode`), on top of the on-use one.
+   */
+  recoverLost?: 'on-message' | 'eager' | 'never' | undefined
 }
 
 /**
@@ -70,7 +77,19 @@ export class ClusterRuntimePort implements RuntimePort {
     this.rows = new ClusterRows(options.db, options.cacheMs ?? 1000, now)
     this.shipping = new RevisionShipping(this.rows, options.directory, options.logger)
     this.routes = new ClusterRoutes(options, this.rows)
+    this.recovery = new NodeLossRecovery({
+      db: options.db,
+      directory: options.directory,
+      rows: this.rows,
+      routes: this.routes,
+      shipping: this.shipping,
+      logger: options.logger.child({ component: 'node-loss-recovery' }),
+    })
+    if (options.recoverLost !== 'never') this.routes.recovery = this.recovery
   }
+
+  /** Brings lost nodes' sessions back from the shipping bucket (see `NodeLossRecovery`). */
+  readonly recovery: NodeLossRecovery
 
   /** The node a new session was placed on (for its row's `runtime_id`), until the row says so. */
   placedNode(sessionId: string): string | undefined {
@@ -91,7 +110,13 @@ export class ClusterRuntimePort implements RuntimePort {
   }
 
   agent(sessionId: string): Promise<AgentInfo | undefined> {
-    return this.routes.onSession(sessionId, (port) => port.agent(sessionId))
+    // Asking whether it is warm never moves a session: a lost node's sessions have no agent.
+    return this.routes
+      .onSession(sessionId, (port) => port.agent(sessionId), { recover: false })
+      .catch((error: unknown) => {
+        if (this.recovery && error instanceof CairnProblem && error.code === 'node_lost') return undefined
+        throw error
+      })
   }
 
   async *runTurn(sessionId: string, input: TurnInput): AsyncIterable<TurnMessage> {
@@ -412,6 +437,8 @@ export class ClusterRuntimePort implements RuntimePort {
     await route.port.sealRevision(revisionId, tenantId)
     this.routes.staged.delete(revisionId)
     await this.rows.addRevisionHolder(revisionId, route.node.id)
+    const facts = await this.rows.revisionFacts(revisionId).catch(() => undefined)
+    shipSealed(route.port, revisionId, facts?.envKey, this.options.logger)
   }
 
   async discardStagedRevision(revisionId: string): Promise<void> {

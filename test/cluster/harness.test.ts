@@ -7,6 +7,7 @@ import { promisify } from 'node:util'
 import { CgroupManager, readMounts } from '@cairn/runtime'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { CAIRN_CLI, type ClusterNode, TestCluster } from '../helpers/cluster.js'
+import { replyDevice, WHERE_AGENT } from '../helpers/cluster-cairn.js'
 import { routeTo } from '../helpers/cluster-network.js'
 import { waitFor } from '../helpers/cluster-process.js'
 import { postgresBinDir, testsRunOnPostgres } from '../helpers/postgres.js'
@@ -132,15 +133,14 @@ describe.skipIf(!testsRunOnPostgres())('the cluster test bed', () => {
     }
     expect(new URL(url).hostname).toBe(n1.network.address)
     const api = new Api(url, (await readFile(adminKeyPath, 'utf8')).trim())
-    const project = await makeProject({
-      'cairn.yaml': 'name: where\ncommand: bash agent.sh\n',
-      'agent.sh': 'while IFS= read -r line; do echo "$line on $(cat /proc/sys/kernel/hostname)"; done\n',
-    })
+    const project = await makeProject(WHERE_AGENT)
     expect((await api.deploy(project)).status).toBe(201)
     const session = await api.createSession('where', { keepWarmMs: 600_000 })
     const turn = await api.send(session.id, 'hello')
     expect(turn.terminal?.type).toBe('run.completed')
-    expect(turn.text).toMatch(/^hello on /)
+    // The reply names the device of the workspace: this node's pool.
+    expect(turn.text).toBe(`hello @${await n1.poolDevice()}\n`)
+    expect(replyDevice(turn.text)).toMatch(/^\/dev\/loop\d+$/)
     // Its sandbox lives in the node's own cgroup scope; its pool is the node's btrfs.
     const scope = new CgroupManager(`cairn/${path.basename(n1.runDir)}`)
     expect((await scope.list()).length).toBeGreaterThan(0)

@@ -8,10 +8,10 @@ import { CgroupManager, instanceRunDir, readMounts } from '@cairn/runtime'
 import { claimTestRange, NodeNetwork, type TestRange } from './cluster-network.js'
 import { ClusterProcess, cgroupV2Root } from './cluster-process.js'
 import { TestPostgres } from './postgres.js'
-import { REPO_ROOT } from './server.js'
 
 const run = promisify(execFile)
 
+const REPO_ROOT = path.resolve(import.meta.dirname, '..', '..')
 export const CAIRN_CLI = path.join(REPO_ROOT, 'packages', 'cli', 'bin', 'cairn.js')
 /** The port every node's runtime port listens on, at its namespace's address. */
 export const NODE_PORT = 7443
@@ -61,6 +61,14 @@ export class ClusterNode {
   runtimeId(): string | undefined {
     const file = path.join(this.dataDir, 'runtime-id')
     return existsSync(file) ? readFileSync(file, 'utf8').trim() : undefined
+  }
+
+  /** The loop device the node's pool is mounted from. */
+  async poolDevice(): Promise<string> {
+    const { stdout } = await run('losetup', ['--associated', this.poolImage])
+    const device = stdout.split(':')[0]
+    if (!device) throw new Error(`${this.name}: no loop device for ${this.poolImage}`)
+    return device
   }
 
   /** Starts any `argv` inside the node's namespace, in its cgroup, logging to `process.log`. */

@@ -31,6 +31,7 @@ async function load(): Promise<Bench[]> {
     { pause },
     { images },
     { databases },
+    { cluster },
   ] = await Promise.all([
     import('./baselines.js'),
     import('./session-create.js'),
@@ -49,6 +50,7 @@ async function load(): Promise<Bench[]> {
     import('./pause.js'),
     import('./images.js'),
     import('./databases.js'),
+    import('./cluster.js'),
   ])
   return [
     baselines,
@@ -68,6 +70,7 @@ async function load(): Promise<Bench[]> {
     pause,
     images,
     databases,
+    cluster,
   ]
 }
 

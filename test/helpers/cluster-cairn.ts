@@ -31,24 +31,31 @@ export class CairnCluster {
     readonly nodeFlags: string[],
   ) {}
 
-  static async start(options: { nodes: number; apis: number; nodeFlags?: string[] }): Promise<CairnCluster> {
+  /** `startNodes` (default all): how many of the nodes run `cairn node` at first (see `startNode`). */
+  static async start(options: {
+    nodes: number
+    apis: number
+    nodeFlags?: string[]
+    startNodes?: number
+  }): Promise<CairnCluster> {
     const bed = await TestCluster.start({ nodes: options.nodes })
     try {
       await bed.initCertificates()
       const name = await bed.postgres.createDatabase()
       const database = name.slice(name.lastIndexOf('/') + 1)
       // The first replica makes the schema and the admin key; the others find both in the database.
-      const first = await bed.startApi(database)
-      const info = JSON.parse(await first.process.waitForLine(/"url"/)) as { adminKeyPath: string }
+      const replica = await bed.startApi(database)
+      const info = JSON.parse(await replica.process.waitForLine(/"url"/)) as { adminKeyPath: string }
       const key = (await readFile(info.adminKeyPath, 'utf8')).trim()
-      const apis: ApiReplica[] = [{ url: first.url, dataDir: first.dataDir }]
+      const apis: ApiReplica[] = [{ url: replica.url, dataDir: replica.dataDir }]
       for (let i = 1; i < options.apis; i++) {
         const api = await bed.startApi(database)
         apis.push({ url: api.url, dataDir: api.dataDir })
       }
       const cluster = new CairnCluster(bed, database, apis, key, options.nodeFlags ?? [])
-      for (const node of bed.nodes) await cluster.startNode(node)
-      await cluster.waitForReady(options.nodes)
+      const first = bed.nodes.slice(0, options.startNodes ?? options.nodes)
+      for (const node of first) await cluster.startNode(node)
+      await cluster.waitForReady(first.length)
       return cluster
     } catch (error) {
       await bed.close()

@@ -48,7 +48,7 @@ export class ClusterProcess {
   static async start(
     name: string,
     argv: string[],
-    options: { cgroupDir: string; logPath: string; env?: NodeJS.ProcessEnv; cwd?: string },
+    options: { cgroupDir: string; logPath: string; env?: NodeJS.ProcessEnv | undefined; cwd?: string },
   ): Promise<ClusterProcess> {
     await mkdir(options.cgroupDir, { recursive: true })
     const log = createWriteStream(options.logPath, { flags: 'a' })

@@ -1,6 +1,6 @@
 import { execFile } from 'node:child_process'
 import { existsSync, readFileSync } from 'node:fs'
-import { mkdir, mkdtemp, rm, rmdir } from 'node:fs/promises'
+import { mkdir, mkdtemp, readdir, readFile, rm, rmdir, writeFile } from 'node:fs/promises'
 import os from 'node:os'
 import path from 'node:path'
 import { promisify } from 'node:util'
@@ -194,6 +194,7 @@ export class TestCluster {
   }
 
   static async start(options: { nodes: number }): Promise<TestCluster> {
+    await sweepDeadRuns()
     const prefix = `cairnc-${process.pid}`
     const dir = await mkdtemp(path.join(os.tmpdir(), `${prefix}-`))
     const cluster = new TestCluster(prefix, dir, path.join(cgroupV2Root(), prefix))
@@ -211,6 +212,8 @@ export class TestCluster {
         listenAddresses: cluster.nodes.map((n) => n.network.hostSide),
         trustedNetworks: [cluster.range.cidr],
       })
+      // Where a later run finds it if this one is killed before its cleanup.
+      await writeFile(path.join(dir, 'postgres-dir'), cluster.postgres.dir)
     } catch (error) {
       await cluster.close()
       throw error
@@ -297,4 +300,49 @@ async function makePool(node: ClusterNode): Promise<void> {
   await run('truncate', ['-s', String(POOL_BYTES), node.poolImage])
   await run('mkfs.btrfs', ['-q', '-L', node.network.ns, node.poolImage])
   await run('mount', ['-o', 'loop', node.poolImage, node.poolPath])
+}
+
+const alive = (pid: number) => {
+  try {
+    process.kill(pid, 0)
+    return true
+  } catch (error) {
+    return (error as NodeJS.ErrnoException).code === 'EPERM'
+  }
+}
+
+/**
+ * What runs of the harness whose process is gone (killed before their cleanup) left: their
+ * processes and cgroups, pools and loop devices, namespaces (their veth pairs go with them),
+ * temp dirs. Their blackhole routes stay (a new run claims another /24).
+ */
+async function sweepDeadRuns(): Promise<void> {
+  const dead = (name: string) => {
+    const pid = /^cairnc-(\d+)(-|$)/.exec(name)?.[1]
+    return pid !== undefined && !alive(Number(pid))
+  }
+  const cgroups = cgroupV2Root()
+  for (const name of (await readdir(cgroups)).filter(dead)) {
+    for (const child of await readdir(path.join(cgroups, name), { withFileTypes: true })) {
+      if (!child.isDirectory()) continue
+      await writeFile(path.join(cgroups, name, child.name, 'cgroup.kill'), '1').catch(() => undefined)
+      await rmdir(path.join(cgroups, name, child.name)).catch(() => undefined)
+    }
+    await rmdir(path.join(cgroups, name)).catch(() => undefined)
+  }
+  for (const name of (await readdir(os.tmpdir())).filter(dead)) {
+    const dir = path.join(os.tmpdir(), name)
+    const postgres = await readFile(path.join(dir, 'postgres-dir'), 'utf8').catch(() => undefined)
+    if (postgres) await TestPostgres.stopLeftover(postgres)
+    for (const node of (await readdir(dir)).filter((n) => /^n\d+$/.test(n))) {
+      await killSandboxes(instanceRunDir(path.join(dir, node, 'data'))).catch(() => undefined)
+      await unmountBeneath([instanceRunDir(path.join(dir, node, 'data')), path.join(dir, node)])
+      await detachLoops(path.join(dir, node, 'pool.img'))
+    }
+    await rm(dir, { recursive: true, force: true })
+  }
+  const { stdout } = await run('ip', ['netns', 'list']).catch(() => ({ stdout: '' }))
+  for (const ns of stdout.split('\n').map((l) => l.split(' ')[0] ?? '')) {
+    if (dead(ns)) await run('ip', ['netns', 'del', ns]).catch(() => undefined)
+  }
 }

@@ -97,6 +97,11 @@ export class TestPostgres {
     return pg
   }
 
+  /** Stops a cluster whose `TestPostgres` is gone (its process killed) and deletes it. */
+  static async stopLeftover(dir: string): Promise<void> {
+    await new TestPostgres(dir, 0).stop()
+  }
+
   get dataDir(): string {
     return path.join(this.dir, 'data')
   }

@@ -55,6 +55,15 @@ export const ERROR_CODES = {
   state_lost: { status: 500, retryable: false },
   internal: { status: 500, retryable: true },
   unavailable: { status: 503, retryable: true },
+  /** The runtime node that holds the session could not be reached (down, partitioned, its link dropped). */
+  node_unavailable: { status: 503, retryable: true },
+  /** The node stopped serving: it could not renew its lease and fenced itself (its sandboxes are stopped). */
+  node_fenced: { status: 503, retryable: true },
+  /**
+   * A runtime call made under an older owner epoch than the node has seen for the session: another
+   * owner has taken it over since (cluster), so this caller's write changes nothing.
+   */
+  stale_epoch: { status: 409, retryable: false },
   timeout: { status: 504, retryable: true },
 } as const satisfies Record<string, { status: number; retryable: boolean }>
 

@@ -204,10 +204,10 @@ export function instanceProcesses(
   return pids
 }
 
-export async function waitFor(check: () => boolean, timeoutMs = 3000): Promise<boolean> {
+export async function waitFor(check: () => boolean | Promise<boolean>, timeoutMs = 3000): Promise<boolean> {
   const deadline = Date.now() + timeoutMs
   while (Date.now() < deadline) {
-    if (check()) return true
+    if (await check()) return true
     await new Promise((r) => setTimeout(r, 25))
   }
   return check()

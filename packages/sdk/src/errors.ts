@@ -133,6 +133,9 @@ const CLASS_BY_CODE: Record<ErrorCode, ErrorClass> = {
   internal: InternalServerError,
   unavailable: ServiceUnavailableError,
   session_elsewhere: ServiceUnavailableError,
+  node_unavailable: ServiceUnavailableError,
+  node_fenced: ServiceUnavailableError,
+  stale_epoch: ConflictError,
   timeout: TimeoutError,
 }
 

@@ -30,6 +30,7 @@ import { RetentionService } from './retention/retention-service.js'
 import { SecretCipher } from './secrets/cipher.js'
 import { SecretStore } from './secrets/secret-store.js'
 import type { SessionObserver } from './sessions/session-observer.js'
+import { SessionRuntimeEvents } from './sessions/session-runtime-events.js'
 import { SessionService } from './sessions/session-service.js'
 import { SetupService } from './setup/setup-service.js'
 import { WorkspaceService } from './workspace/workspace-service.js'
@@ -131,15 +132,19 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     // The pool image (and anything else the runtime made) owner-only too.
     await secureDataDir(config.dataDir, poolTrees)
     if (orphansReaped > 0) logger.warn({ orphansReaped }, 'reaped sandboxes left by an earlier run')
-    // The server reaches the runtime only through its port; the port's warm pool waits for a
-    // session's lock before letting its sandbox cool down.
+    // The server reaches the runtime only through its port; what the runtime reports outside
+    // a call (pause and network events) goes to the sessions' records once they exist.
     const egressSite: EgressSite = {
       privateExceptions: new Set(config.egressPrivateExceptions),
       hosts: config.egressHosts,
     }
+    let runtimeEvents: SessionRuntimeEvents | undefined
     const runtimePort = new LocalRuntimePort(runtime, {
       clock,
-      inUse: (id: string): boolean => sessions.isBusy(id),
+      events: {
+        pause: (id, event) => runtimeEvents?.pause(id, event),
+        network: (id, event) => runtimeEvents?.network(id, event),
+      },
       egressSite,
       maxImageBytes: config.maxImageMiB * 1024 * 1024,
     })
@@ -193,7 +198,6 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       runtime: runtimePort,
       agents,
       secrets,
-      egressSite,
       operatorLimits: config.operatorLimits,
       clock,
       logger,
@@ -211,7 +215,6 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       observers,
       agents,
       secrets,
-      egressSite,
       egressUpstreamCaPems: config.egressUpstreamCaFile
         ? [await readFile(config.egressUpstreamCaFile, 'utf8')]
         : undefined,
@@ -219,6 +222,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       clock,
       logger,
     })
+    runtimeEvents = new SessionRuntimeEvents(sessions.store, clock, logger)
     let retention: RetentionService | undefined
     const workspace = new WorkspaceService({
       db,

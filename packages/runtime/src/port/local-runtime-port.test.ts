@@ -17,7 +17,6 @@ class ManualClock {
 let t: TestRuntime
 let port: LocalRuntimePort
 const clock = new ManualClock()
-const inUse = new Set<string>()
 const REVISION = 'rev_port'
 const SLOW_REVISION = 'rev_portslow'
 /** Says it started, then takes a minute over every turn. */
@@ -62,7 +61,7 @@ async function readAll(stream: Readable): Promise<string> {
 
 beforeAll(async () => {
   t = await openTestRuntime()
-  port = new LocalRuntimePort(t.runtime, { clock, inUse: (id) => inUse.has(id) })
+  port = new LocalRuntimePort(t.runtime, { clock })
   await makeRevision(t.runtime, REVISION, { 'agent.py': ECHO, 'README.md': 'hello\n' })
   await makeRevision(t.runtime, SLOW_REVISION, { 'agent.py': SLOW })
 })
@@ -77,7 +76,7 @@ describe('LocalRuntimePort', () => {
     const id = sessionId('p')
     await port.createWorkspace(id, REVISION, 'ten_a')
     expect(await port.hasWorkspace(id)).toBe(true)
-    expect(port.resumeAgent(id)).toBeUndefined()
+    expect(await port.resumeAgent(id)).toBeUndefined()
     const agent = await port.startAgent(spec(id))
     expect(agent).toMatchObject({ sessionId: id, alive: true, isolation: 'bwrap' })
     expect(agent.sandboxId).toMatch(/^sbx_/)
@@ -89,9 +88,9 @@ describe('LocalRuntimePort', () => {
     // Events arrive as the agent writes them; together they are the reply.
     expect(first.events.every((e) => e.type === 'text')).toBe(true)
     expect(first.events.map((e) => (e.type === 'text' ? e.content : '')).join('')).toBe('re: write one\n')
-    port.coolDown(id, 60_000)
+    await port.coolDown(id, 60_000)
     // The next turn finds the same sandbox warm.
-    expect(port.resumeAgent(id)?.sandboxId).toBe(agent.sandboxId)
+    expect((await port.resumeAgent(id))?.sandboxId).toBe(agent.sandboxId)
     expect((await turn(id, 'hi', 2)).outcome).toMatchObject({ text: 're: hi\n' })
 
     const names = (await port.listFiles({ sessionId: id }, Buffer.alloc(0))).map((e) => e.name).sort()
@@ -102,7 +101,7 @@ describe('LocalRuntimePort', () => {
     const diff = await port.diff({ revisionId: REVISION }, { sessionId: id }, REVISION)
     expect(diff).toMatchObject({ from: REVISION, added: ['seen.txt'], changed: [], deleted: [] })
     await port.stopAgent(id)
-    expect(port.agent(id)).toBeUndefined()
+    expect(await port.agent(id)).toBeUndefined()
   })
 
   it('snapshots with the warm sandbox frozen, tells an unchanged workspace from a changed one, restores and forks', async () => {
@@ -113,7 +112,7 @@ describe('LocalRuntimePort', () => {
     const [generationAtSnapshot] = await port.readGenerations([id])
     const before = newId('snapshot')
     const mark = await port.snapshotWorkspace(id, before, 'ten_a')
-    expect(mark).toMatchObject({ sandboxId: port.agent(id)?.sandboxId })
+    expect(mark).toMatchObject({ sandboxId: (await port.agent(id))?.sandboxId })
     expect(mark && (await port.unchangedSince(id, mark))).toBe(true)
     // A turn that writes changes the workspace (dirtied pages, then the subvolume).
     await turn(id, 'write two', 2)
@@ -136,7 +135,7 @@ describe('LocalRuntimePort', () => {
     // The fork carries the marker of the generation the snapshot was taken at.
     expect(await port.readGenerations([child])).toEqual([generationAtSnapshot])
     await port.deleteSnapshot(before)
-    expect(port.hasSnapshot(before)).toBe(false)
+    expect(await port.hasSnapshot(before)).toBe(false)
     await port.deleteWorkspace(child)
     expect(await port.hasWorkspace(child)).toBe(false)
   })
@@ -145,11 +144,16 @@ describe('LocalRuntimePort', () => {
     const [a, b, c] = [sessionId('a'), sessionId('b'), sessionId('c')]
     for (const id of [a, b, c]) await port.createWorkspace(id, REVISION, 'ten_cap')
     const startAdmitted = async (id: string, busy: string[] = []) => {
-      const release = port.admitAgent({ sessionId: id, tenantId: 'ten_cap', maxSandboxesPerTenant: 2, busy })
+      const release = await port.admitAgent({
+        sessionId: id,
+        tenantId: 'ten_cap',
+        maxSandboxesPerTenant: 2,
+        busy,
+      })
       try {
         await port.startAgent(spec(id, 'ten_cap'))
       } finally {
-        release()
+        await release()
       }
     }
     await startAdmitted(a)
@@ -158,42 +162,45 @@ describe('LocalRuntimePort', () => {
     clock.ms += 1000
     // a is the least recently used (by the injected clock): it makes room for c.
     await startAdmitted(c)
-    expect(port.agent(a)).toBeUndefined()
-    expect(port.agent(b)?.alive).toBe(true)
-    expect(port.agent(c)?.alive).toBe(true)
+    expect(await port.agent(a)).toBeUndefined()
+    expect((await port.agent(b))?.alive).toBe(true)
+    expect((await port.agent(c))?.alive).toBe(true)
     // With every sandbox of the tenant busy, the next one is refused (retryable), nothing stopped.
-    let refused: unknown
-    try {
-      port.admitAgent({ sessionId: a, tenantId: 'ten_cap', maxSandboxesPerTenant: 2, busy: [b, c] })
-    } catch (error) {
-      refused = error
-    }
+    const refused = await port
+      .admitAgent({ sessionId: a, tenantId: 'ten_cap', maxSandboxesPerTenant: 2, busy: [b, c] })
+      .catch((error: unknown) => error)
     expect(refused).toBeInstanceOf(CairnProblem)
     expect((refused as CairnProblem).code).toBe('sandbox_limit_reached')
-    expect(port.warmCount).toBeGreaterThanOrEqual(2)
+    expect(await port.warmCount()).toBeGreaterThanOrEqual(2)
     await port.stopAgent(b)
     await port.stopAgent(c)
   })
 
   it('cools a sandbox down after its keep-warm window, unless the session is in use then', async () => {
     const id = sessionId('k')
-    await port.createWorkspace(id, REVISION, 'ten_a')
+    await port.createWorkspace(id, SLOW_REVISION, 'ten_a')
     await port.startAgent(spec(id))
-    inUse.add(id)
-    port.coolDown(id, 50)
+    // A turn of the session runs when the window ends: the sandbox stays (the node decides alone).
+    const turnId = newId('turn')
+    const messages = port
+      .runTurn(id, { prompt: 'go', turn: 1, turnId, transcript: [] })
+      [Symbol.asyncIterator]()
+    expect((await messages.next()).value).toMatchObject({ type: 'event' })
+    await port.coolDown(id, 50)
     await new Promise((resolve) => setTimeout(resolve, 200))
-    // The session held its lock when the window ended: the sandbox stays.
-    expect(port.agent(id)?.alive).toBe(true)
-    inUse.delete(id)
-    port.resumeAgent(id)
-    port.coolDown(id, 50)
+    expect((await port.agent(id))?.alive).toBe(true)
+    await port.cancelTurn(id, turnId)
+    while (!(await messages.next()).done) {}
+    // A cancelled stdio turn ends its sandbox: a fresh one for the rest.
+    await port.startAgent(spec(id))
+    await port.coolDown(id, 50)
     // Activity moves the stop later, never earlier.
-    port.keepWarm(id, 400, true)
+    await port.keepWarm(id, 400, true)
     await new Promise((resolve) => setTimeout(resolve, 200))
-    expect(port.agent(id)?.alive).toBe(true)
+    expect((await port.agent(id))?.alive).toBe(true)
     await new Promise((resolve) => setTimeout(resolve, 400))
-    expect(port.agent(id)).toBeUndefined()
-    port.coolDown(id, 0)
+    expect(await port.agent(id)).toBeUndefined()
+    await port.coolDown(id, 0)
   })
 
   it('answers a turn as a stream of its messages, cancelled by turn ID or by a reader that stops', async () => {
@@ -208,8 +215,8 @@ describe('LocalRuntimePort', () => {
       if (message.type === 'event') {
         seen.push(message.event.type === 'text' ? message.event.content : message.event.type)
         // The agent is at work: a cancel names the turn, as a remote caller would.
-        port.cancelTurn(id, 'turn_other')
-        port.cancelTurn(id, turnId)
+        await port.cancelTurn(id, 'turn_other')
+        await port.cancelTurn(id, turnId)
       } else outcome = message.outcome
     }
     expect(seen.join('')).toContain('working')
@@ -224,7 +231,7 @@ describe('LocalRuntimePort', () => {
       transcript: [],
     }))
       if (message.type === 'event') break
-    expect(await waitFor(() => !port.agent(id)?.alive, 5000)).toBe(true)
+    expect(await waitFor(async () => !(await port.agent(id))?.alive, 5000)).toBe(true)
 
     // A turn on a session without an agent ends the iteration with the error.
     await port.stopAgent(id)

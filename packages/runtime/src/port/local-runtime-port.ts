@@ -28,9 +28,10 @@ import { diffTrees, listDirectory } from '../workspace-io/tree.js'
 import type {
   Admission,
   AgentInfo,
-  AgentPause,
   AgentSpec,
+  PauseEvent,
   RuntimeDescription,
+  RuntimeEvents,
   RuntimePort,
   SandboxDriverFacts,
   TreeReadOptions,
@@ -44,9 +45,12 @@ import { type PoolClock, WarmPool } from './warm-pool.js'
 export interface LocalRuntimePortOptions {
   /** The clock of the warm pool (usage order, cooldown deadlines). */
   clock: PoolClock
-  /** Whether a session is in a turn or an exclusive operation: its sandbox's cooldown waits. */
-  inUse?: ((sessionId: string) => boolean) | undefined
-  /** The operator's egress settings (private exceptions, hosts map): builds and image pulls use them. */
+  /** Where pause and network events go (the server's observer); dropped without one. */
+  events?: RuntimeEvents | undefined
+  /**
+   * The operator's egress settings (private exceptions, hosts map): every sandbox's proxy (agents,
+   * setup commands, builds, image pulls) uses them.
+   */
   egressSite?: EgressSite | undefined
   /** Largest image root a build or pull may leave (its staging tree is discarded beyond). */
   maxImageBytes?: number | undefined
@@ -66,13 +70,23 @@ export class LocalRuntimePort implements RuntimePort {
   private readonly turns = new Map<string, AbortController>()
   /** Staging trees of revisions being deployed, by revision ID. */
   private readonly staged = new Map<string, string>()
+  /** Calls under way that use a session's sandbox or workspace, by session: its cooldown waits. */
+  private readonly calls = new Map<string, number>()
+  private readonly events: RuntimeEvents | undefined
+  private readonly egressSite: EgressSite | undefined
 
   constructor(
     private readonly runtime: Runtime,
     options: LocalRuntimePortOptions,
   ) {
     const uid = runtime.options.sandboxUid ?? DEFAULT_SANDBOX_UID
-    this.pool = new WarmPool(options.clock, (agent) => runtime.stopAgent(agent), options.inUse)
+    this.events = options.events
+    this.egressSite = options.egressSite
+    this.pool = new WarmPool(
+      options.clock,
+      (agent) => runtime.stopAgent(agent),
+      (id) => this.inUse(id),
+    )
     this.envs = new EnvStore(runtime.pool, uid)
     this.images = new ImageStore(runtime.pool)
     this.imageBuilder = new ImageBuilder({
@@ -94,6 +108,34 @@ export class LocalRuntimePort implements RuntimePort {
   /** `pause: memory` sessions' checkpoints, under the data dir (they outlive a restart). */
   private readonly checkpoints: MemoryCheckpoints
 
+  /**
+   * Whether the session is in use on this node: a turn of it runs, or a call that uses its
+   * sandbox or workspace is under way (a snapshot, a restore, a setup command, a file written).
+   * Its sandbox's cooldown then waits (the runtime decides this alone: a node cannot ask the API).
+   */
+  private inUse(sessionId: string): boolean {
+    if ((this.calls.get(sessionId) ?? 0) > 0) return true
+    const prefix = `${sessionId}/`
+    for (const key of this.turns.keys()) if (key.startsWith(prefix)) return true
+    return false
+  }
+
+  /** Runs `fn` with the session counted as in use (see `inUse`). */
+  private async using<T>(sessionId: string, fn: () => Promise<T>): Promise<T> {
+    this.calls.set(sessionId, (this.calls.get(sessionId) ?? 0) + 1)
+    try {
+      return await fn()
+    } finally {
+      const left = (this.calls.get(sessionId) ?? 1) - 1
+      if (left > 0) this.calls.set(sessionId, left)
+      else this.calls.delete(sessionId)
+    }
+  }
+
+  private pauseEvent(sessionId: string, event: PauseEvent): void {
+    this.events?.pause(sessionId, event)
+  }
+
   private info(sessionId: string, agent: AgentProcess): AgentInfo {
     return {
       sessionId,
@@ -110,20 +152,25 @@ export class LocalRuntimePort implements RuntimePort {
     return agent
   }
 
-  admitAgent(admission: Admission): () => void {
+  async admitAgent(admission: Admission): Promise<() => Promise<void>> {
     const busy = new Set(admission.busy)
-    return this.pool.admit(admission.sessionId, admission.tenantId, admission.maxSandboxesPerTenant, (id) =>
-      busy.has(id),
+    // The pool admits synchronously, so concurrent admissions cannot pass the cap together.
+    const release = this.pool.admit(
+      admission.sessionId,
+      admission.tenantId,
+      admission.maxSandboxesPerTenant,
+      (id) => busy.has(id),
     )
+    return async () => release()
   }
 
-  resumeAgent(sessionId: string): AgentInfo | undefined {
+  async resumeAgent(sessionId: string): Promise<AgentInfo | undefined> {
     const warm = this.pool.take(sessionId)
     return warm ? this.info(sessionId, warm) : undefined
   }
 
   async startAgent(spec: AgentSpec): Promise<AgentInfo> {
-    const { sessionId, tenantId, dependencyEnvKey, imageKey, memoryAgentId, pause, ...launch } = spec
+    const { sessionId, tenantId, dependencyEnvKey, imageKey, memoryAgentId, pause, egress, ...launch } = spec
     await this.pool.drop(sessionId)
     const environment = launchEnvironment(this.envs.dependency(dependencyEnvKey), launch.env)
     const memory = memoryAgentId ? [this.memory.bind(memoryAgentId)] : []
@@ -134,6 +181,11 @@ export class LocalRuntimePort implements RuntimePort {
       rootfs: this.rootfs(imageKey),
       sessionId,
       workspaceDir: this.runtime.pool.workspacePath(sessionId),
+      egress: egress && {
+        ...this.egressSite,
+        ...egress,
+        onEvent: (event) => this.events?.network(sessionId, event),
+      },
     }
     const driver = this.runtime.driverFor(launch.isolation)
     if (!pause || !driver.capabilities.memorySnapshot) {
@@ -149,13 +201,14 @@ export class LocalRuntimePort implements RuntimePort {
       { generation: pause.generation, driver: driver.name },
     )
     if (started.resumed)
-      pause.onEvent({
+      this.pauseEvent(sessionId, {
         cause: 'memory_restored',
         detail: started.fromSnapshotId
           ? `restored from the memory of snapshot ${started.fromSnapshotId} into ${started.agent.sandboxId}`
           : started.agent.sandboxId,
       })
-    else if (started.coldReason) pause.onEvent({ cause: 'memory_discarded', detail: started.coldReason })
+    else if (started.coldReason)
+      this.pauseEvent(sessionId, { cause: 'memory_discarded', detail: started.coldReason })
     const { agent } = started
     this.pool.add(sessionId, tenantId, agent, () => this.pauseAgent(sessionId, tenantId, agent, pause))
     return { ...this.info(sessionId, agent), restored: started.resumed }
@@ -170,7 +223,7 @@ export class LocalRuntimePort implements RuntimePort {
     sessionId: string,
     tenantId: string,
     agent: AgentProcess,
-    pause: AgentPause,
+    pause: { generation: number },
   ): Promise<void> {
     try {
       const [generation] = await this.runtime.pool.readGenerations([sessionId])
@@ -187,24 +240,27 @@ export class LocalRuntimePort implements RuntimePort {
       )
       if (overQuota) {
         await this.checkpoints.discard(sessionId)
-        pause.onEvent({
+        this.pauseEvent(sessionId, {
           cause: 'memory_discarded',
           detail: `memory checkpoint not kept, stopped: quota_exceeded: ${overQuota}`,
         })
         return
       }
-      pause.onEvent({
+      this.pauseEvent(sessionId, {
         cause: 'memory_paused',
         detail: `checkpoint of ${manifest.bytes} bytes in ${manifest.checkpointMs} ms at generation ${manifest.generation}`,
       })
     } catch (error) {
       const message = error instanceof Error ? error.message : String(error)
-      pause.onEvent({ cause: 'memory_discarded', detail: `memory checkpoint failed, stopped: ${message}` })
+      this.pauseEvent(sessionId, {
+        cause: 'memory_discarded',
+        detail: `memory checkpoint failed, stopped: ${message}`,
+      })
       await this.runtime.stopAgent(agent)
     }
   }
 
-  agent(sessionId: string): AgentInfo | undefined {
+  async agent(sessionId: string): Promise<AgentInfo | undefined> {
     const agent = this.pool.agent(sessionId)
     return agent ? this.info(sessionId, agent) : undefined
   }
@@ -229,15 +285,15 @@ export class LocalRuntimePort implements RuntimePort {
     )
   }
 
-  cancelTurn(sessionId: string, turnId: string): void {
+  async cancelTurn(sessionId: string, turnId: string): Promise<void> {
     this.turns.get(turnKey(sessionId, turnId))?.abort()
   }
 
-  coolDown(sessionId: string, keepWarmMs: number): void {
+  async coolDown(sessionId: string, keepWarmMs: number): Promise<void> {
     this.pool.coolDown(sessionId, keepWarmMs)
   }
 
-  keepWarm(sessionId: string, ms: number, activity = false): void {
+  async keepWarm(sessionId: string, ms: number, activity = false): Promise<void> {
     this.pool.extend(sessionId, ms, activity)
   }
 
@@ -252,7 +308,14 @@ export class LocalRuntimePort implements RuntimePort {
     return this.pool.dropAll()
   }
 
-  async checkpointForSnapshot(
+  checkpointForSnapshot(
+    sessionId: string,
+    snapshotId: string,
+  ): Promise<{ bytes: number; checkpointMs: number }> {
+    return this.using(sessionId, () => this.checkpointWarm(sessionId, snapshotId))
+  }
+
+  private async checkpointWarm(
     sessionId: string,
     snapshotId: string,
   ): Promise<{ bytes: number; checkpointMs: number }> {
@@ -316,7 +379,7 @@ export class LocalRuntimePort implements RuntimePort {
     return this.checkpoints.expire(cutoff)
   }
 
-  get warmCount(): number {
+  async warmCount(): Promise<number> {
     return this.pool.size
   }
 
@@ -340,7 +403,15 @@ export class LocalRuntimePort implements RuntimePort {
     return this.runtime.pool.deleteWorkspace(sessionId)
   }
 
-  async snapshotWorkspace(
+  snapshotWorkspace(
+    sessionId: string,
+    snapshotId: string,
+    tenantId: string,
+  ): Promise<WorkspaceMark | undefined> {
+    return this.using(sessionId, () => this.snapshotFrozen(sessionId, snapshotId, tenantId))
+  }
+
+  private async snapshotFrozen(
     sessionId: string,
     snapshotId: string,
     tenantId: string,
@@ -378,7 +449,9 @@ export class LocalRuntimePort implements RuntimePort {
     generation: number,
     tenantId: string,
   ): Promise<void> {
-    return this.runtime.pool.restoreWorkspace(sessionId, snapshotId, generation, tenantId)
+    return this.using(sessionId, () =>
+      this.runtime.pool.restoreWorkspace(sessionId, snapshotId, generation, tenantId),
+    )
   }
 
   async forkWorkspace(childId: string, snapshotId: string, tenantId: string): Promise<void> {
@@ -390,7 +463,7 @@ export class LocalRuntimePort implements RuntimePort {
     await this.snapshotMemory.discard(snapshotId)
   }
 
-  hasSnapshot(snapshotId: string): boolean {
+  async hasSnapshot(snapshotId: string): Promise<boolean> {
     return existsSync(this.runtime.pool.snapshotPath(snapshotId))
   }
 
@@ -406,7 +479,7 @@ export class LocalRuntimePort implements RuntimePort {
     return this.runtime.pool.poolStats()
   }
 
-  quotaStatus(): PoolQuotaStatus {
+  async quotaStatus(): Promise<PoolQuotaStatus> {
     return this.runtime.pool.quotaStatus()
   }
 
@@ -491,14 +564,27 @@ export class LocalRuntimePort implements RuntimePort {
   }
 
   writeFile(sessionId: string, rel: string, body: Readable): Promise<void> {
-    return writeWorkspaceFile(this.runtime, this.runtime.pool.workspacePath(sessionId), rel, body)
+    return this.using(sessionId, () =>
+      writeWorkspaceFile(this.runtime, this.runtime.pool.workspacePath(sessionId), rel, body),
+    )
   }
 
   deletePath(sessionId: string, rel: string): Promise<void> {
-    return deleteWorkspacePath(this.runtime, this.runtime.pool.workspacePath(sessionId), rel)
+    return this.using(sessionId, () =>
+      deleteWorkspacePath(this.runtime, this.runtime.pool.workspacePath(sessionId), rel),
+    )
   }
 
-  async replaceWorkspaceWithArchive(
+  replaceWorkspaceWithArchive(
+    sessionId: string,
+    tenantId: string,
+    archive: Buffer,
+    generation: number,
+  ): Promise<void> {
+    return this.using(sessionId, () => this.replaceWithArchive(sessionId, tenantId, archive, generation))
+  }
+
+  private async replaceWithArchive(
     sessionId: string,
     tenantId: string,
     archive: Buffer,
@@ -524,15 +610,29 @@ export class LocalRuntimePort implements RuntimePort {
     }
   }
 
-  async unpackIntoWorkspace(sessionId: string, archive: Buffer): Promise<void> {
-    const dir = this.runtime.pool.workspacePath(sessionId)
-    await unpackIntoWorkspace(this.runtime, dir, archive)
-    await chmod(dir, 0o700)
+  unpackIntoWorkspace(sessionId: string, archive: Buffer): Promise<void> {
+    return this.using(sessionId, async () => {
+      const dir = this.runtime.pool.workspacePath(sessionId)
+      await unpackIntoWorkspace(this.runtime, dir, archive)
+      await chmod(dir, 0o700)
+    })
   }
 
   /** In a fresh sandbox with its own run dir (an empty transcript), removed when it is done. */
-  async runCommand(command: WorkspaceCommand): Promise<CommandResult> {
-    const { sessionId, isolation, dependencyEnvKey, imageKey, ...spec } = command
+  runCommand(
+    command: WorkspaceCommand,
+    onLine: (line: string) => void,
+    signal?: AbortSignal | undefined,
+  ): Promise<CommandResult> {
+    return this.using(command.sessionId, () => this.runInWorkspace(command, onLine, signal))
+  }
+
+  private async runInWorkspace(
+    command: WorkspaceCommand,
+    onLine: (line: string) => void,
+    signal: AbortSignal | undefined,
+  ): Promise<CommandResult> {
+    const { sessionId, isolation, dependencyEnvKey, imageKey, egress, ...spec } = command
     const environment = launchEnvironment(this.envs.dependency(dependencyEnvKey), spec.env)
     const runDir = path.join(this.runtime.runDir, 'sandboxes', `setup-${sessionId}`)
     try {
@@ -541,6 +641,13 @@ export class LocalRuntimePort implements RuntimePort {
       await writeFile(path.join(runDir, 'transcript.jsonl'), '', { mode: 0o644 })
       return await runSandboxedCommand(this.runtime.driverFor(isolation), {
         ...spec,
+        onLine,
+        signal,
+        egress: egress && {
+          ...this.egressSite,
+          ...egress,
+          onEvent: (event) => this.events?.network(sessionId, event),
+        },
         env: environment.env,
         binds: environment.binds,
         rootfs: this.rootfs(imageKey),

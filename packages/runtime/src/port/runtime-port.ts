@@ -3,6 +3,9 @@ import type { FileEntry, WorkspaceDiff } from '@cairn/protocol'
 import type { AgentLaunch, TurnInput } from '../agent/types.js'
 import type { RevisionBuild, RevisionBuildResult } from '../build/revision-builder.js'
 import type { CommandResult, CommandSpec } from '../build/run-command.js'
+import type { EgressPolicy } from '../egress/policy.js'
+import type { EgressRoute, NetworkEvent } from '../egress/proxy.js'
+import type { ProxySecret } from '../egress/proxy-secrets.js'
 import type { ImageBuildContext } from '../images/image-builder.js'
 import type { ImageRecipe } from '../images/image-recipe.js'
 import type { ImageRecord } from '../images/image-store.js'
@@ -19,8 +22,13 @@ import type { TurnMessage } from './turn-stream.js'
  */
 export type AgentSpec = Omit<
   AgentLaunch,
-  'workspaceDir' | 'binds' | 'rootfs' | 'resume' | 'checkpointable'
+  'workspaceDir' | 'binds' | 'rootfs' | 'resume' | 'checkpointable' | 'egress'
 > & {
+  /**
+   * Egress allowlist (without one, or with an empty one, the sandbox has loopback only). The
+   * node adds its operator's settings (`EgressSite`); its decisions go to `RuntimeEvents.network`.
+   */
+  egress?: AgentEgress | undefined
   tenantId: string
   /** The revision's dependency environment (mounted at /env, its variables set). */
   dependencyEnvKey?: string | undefined
@@ -35,12 +43,36 @@ export type AgentSpec = Omit<
   pause?: AgentPause | undefined
 }
 
-/** A session's memory checkpoints: the generation they are tied to, and where their events go. */
+/** A sandbox's way out as the server gives it: plain data (the node adds its `EgressSite`). */
+export interface AgentEgress {
+  policy: EgressPolicy
+  /** `proxy`-scoped secrets: the environment holds each stand-in, the proxy swaps in the value. */
+  secrets?: readonly ProxySecret[] | undefined
+  /** Extra CA certificates (PEM) the proxy trusts for upstream TLS. */
+  upstreamCaPems?: readonly string[] | undefined
+}
+
+/** A session's memory checkpoints: the generation they are tied to (events: `RuntimeEvents.pause`). */
 export interface AgentPause {
   /** The workspace generation now: a checkpoint taken at another one is discarded, not restored. */
   generation: number
-  /** What became of the session's checkpoint, for its events (`detail` says why or how much). */
-  onEvent(event: { cause: 'memory_paused' | 'memory_restored' | 'memory_discarded'; detail: string }): void
+}
+
+/** What became of a session's memory checkpoint, for its events (`detail` says why or how much). */
+export interface PauseEvent {
+  cause: 'memory_paused' | 'memory_restored' | 'memory_discarded'
+  detail: string
+}
+
+/**
+ * What the runtime tells the server over a sandbox's life, outside any one call: given to the
+ * port's constructor by the composition root (a remote port relays the node's event stream).
+ */
+export interface RuntimeEvents {
+  /** A `pause: memory` session's checkpoint was taken, restored or discarded. */
+  pause(sessionId: string, event: PauseEvent): void
+  /** A decision of the egress proxy of a session's agent or setup command. */
+  network(sessionId: string, event: NetworkEvent): void
 }
 
 /** A warm agent as the server sees it: IDs and plain facts, never the process. */
@@ -66,11 +98,16 @@ export interface WorkspaceMark {
   writtenBytes: number
 }
 
-/** A command run in a session's workspace (setup phases): a command spec without host paths. */
+/**
+ * A command run in a session's workspace (setup phases): a command spec without host paths or
+ * callbacks (output lines are the call's `onLine`, egress decisions go to `RuntimeEvents.network`).
+ */
 export type WorkspaceCommand = Omit<
   CommandSpec,
-  'workspaceDir' | 'runDir' | 'logger' | 'binds' | 'rootfs'
+  'workspaceDir' | 'runDir' | 'logger' | 'binds' | 'rootfs' | 'onLine' | 'signal' | 'egress'
 > & {
+  /** The command's allowlist (the node adds its `EgressSite`); without one: loopback only. */
+  egress?: Pick<EgressRoute, 'policy'> | undefined
   sessionId: string
   /** The image the command runs on; undefined: the host's /usr. */
   imageKey?: string | undefined
@@ -109,7 +146,10 @@ export type TreeRef =
   | { revisionId: string }
   | { stagedRevisionId: string }
 
-/** Options of a read (a walk of the tree, a file streamed); `signal` stops it. */
+/**
+ * Options of a read (a walk of the tree, a file streamed); `signal` stops it (a remote port
+ * carries it as the call's stream being reset).
+ */
 export type TreeReadOptions = ReadOptions
 
 /** The cap on one tenant's running sandboxes, and whose are running turns (not to be stopped). */
@@ -124,8 +164,10 @@ export interface Admission {
 /**
  * The runtime's port: how the server starts, stops and talks to agents and changes workspaces.
  * It speaks in session, snapshot, revision and sandbox IDs and plain data (and byte streams),
- * never host paths or processes, so that a runtime on another machine can stand behind it.
- * `LocalRuntimePort` calls the runtime in this process.
+ * never host paths or processes, so that a runtime on another machine can stand behind it: every
+ * method is async, and a callback is either per call (a log line, an abort signal: a remote port
+ * carries them as frames of the call's stream) or a `RuntimeEvents` observer's, given to the
+ * port's constructor. `LocalRuntimePort` calls the runtime in this process.
  */
 export interface RuntimePort {
   // --- agents -------------------------------------------------------------------------------
@@ -134,13 +176,13 @@ export interface RuntimePort {
    * stopped, least recently used first; `sandbox_limit_reached` when every one is busy. The
    * answer releases the reserved slot once the sandbox is up (or the turn is over).
    */
-  admitAgent(admission: Admission): () => void
+  admitAgent(admission: Admission): Promise<() => Promise<void>>
   /** The session's warm agent if it is alive, its cooldown stopped while a turn uses it. */
-  resumeAgent(sessionId: string): AgentInfo | undefined
+  resumeAgent(sessionId: string): Promise<AgentInfo | undefined>
   /** Starts the session's agent (cold; a dead one left is stopped first) and keeps it warm. */
   startAgent(spec: AgentSpec): Promise<AgentInfo>
   /** The session's warm agent, if it has one. */
-  agent(sessionId: string): AgentInfo | undefined
+  agent(sessionId: string): Promise<AgentInfo | undefined>
   /**
    * Runs one turn on the session's warm agent, started at once: its messages as they happen, the
    * outcome last (a remote runtime sends them as frames of one stream). A turn that cannot run
@@ -148,19 +190,19 @@ export interface RuntimePort {
    */
   runTurn(sessionId: string, input: TurnInput): AsyncIterable<TurnMessage>
   /** Cancels the session's turn `turnId` if it is running: its outcome is then `cancelled`. */
-  cancelTurn(sessionId: string, turnId: string): void
+  cancelTurn(sessionId: string, turnId: string): Promise<void>
   /** After a turn: the sandbox stays warm for `keepWarmMs`, then stops (now when 0). */
-  coolDown(sessionId: string, keepWarmMs: number): void
+  coolDown(sessionId: string, keepWarmMs: number): Promise<void>
   /**
    * Moves a cooling sandbox's stop to at least `ms` from now (never earlier); `activity`: the
    * session was used outside a turn (a preview request), so it is the most recently used.
    */
-  keepWarm(sessionId: string, ms: number, activity?: boolean): void
+  keepWarm(sessionId: string, ms: number, activity?: boolean): Promise<void>
   /** Stops the session's agent and sandbox, if any, and forgets its memory checkpoint. */
   stopAgent(sessionId: string): Promise<void>
   stopAllAgents(): Promise<void>
   /** How many agents are warm. */
-  readonly warmCount: number
+  warmCount(): Promise<number>
   /** TCP ports a service listens on inside the session's sandbox (empty without one). */
   listeningPorts(sessionId: string): Promise<number[]>
   /** A byte stream to 127.0.0.1:`port` inside the session's running sandbox (previews). */
@@ -186,12 +228,12 @@ export interface RuntimePort {
   /** A new workspace for `childId` from the snapshot (it carries the snapshot's generation marker). */
   forkWorkspace(childId: string, snapshotId: string, tenantId: string): Promise<void>
   deleteSnapshot(snapshotId: string): Promise<void>
-  hasSnapshot(snapshotId: string): boolean
+  hasSnapshot(snapshotId: string): Promise<boolean>
   readGenerations(sessionIds: readonly string[]): Promise<(number | undefined)[]>
   writeGeneration(sessionId: string, generation: number): Promise<void>
   poolStats(): Promise<PoolStats>
   /** The storage limits in force, and a warning when they cannot be enforced. */
-  quotaStatus(): PoolQuotaStatus
+  quotaStatus(): Promise<PoolQuotaStatus>
   /** What each tenant's trees hold against its quota, by tenant ID. */
   tenantUsage(tenantIds: readonly string[]): Promise<Record<string, TreeSizes>>
   /** The driver a sandbox of `isolation` runs under (the node's default when unset). */
@@ -262,8 +304,15 @@ export interface RuntimePort {
   ): Promise<void>
   /** Unpacks a tar.gz (checked by the caller) over the workspace, in a sandbox. */
   unpackIntoWorkspace(sessionId: string, archive: Buffer): Promise<void>
-  /** Runs a command in the workspace to completion (a setup phase). */
-  runCommand(command: WorkspaceCommand): Promise<CommandResult>
+  /**
+   * Runs a command in the workspace to completion (a setup phase): each output line (stdout and
+   * stderr as they arrive) goes to `onLine`; `signal` stops it (the result says `cancelled`).
+   */
+  runCommand(
+    command: WorkspaceCommand,
+    onLine: (line: string) => void,
+    signal?: AbortSignal | undefined,
+  ): Promise<CommandResult>
 
   // --- revisions: deploys and their builds --------------------------------------------------
   /**
@@ -281,7 +330,7 @@ export interface RuntimePort {
   /** Removes a revision's staging tree (a failed deploy); nothing when there is none. */
   discardStagedRevision(revisionId: string): Promise<void>
 
-  // --- images -------------------------------------------------------------------------------
+  // --- images (the context's `log` gets the lines of this call: a remote port sends them as frames)
   /** The key of the recipe's image (an OCI tag is resolved to its digest now); undefined: host. */
   imageKeyOf(recipe: ImageRecipe, ctx: ImageBuildContext): Promise<string | undefined>
   hasImage(key: string): Promise<boolean>

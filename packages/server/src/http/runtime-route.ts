@@ -82,7 +82,7 @@ export function runtimeRoute(app: FastifyInstance, runtime: RuntimePort, limits:
     },
     async (request) => {
       principalOf(request)
-      const { warning, ...quotas } = runtime.quotaStatus()
+      const { warning, ...quotas } = await runtime.quotaStatus()
       const { drivers, storage } = await runtime.describe()
       return {
         drivers,

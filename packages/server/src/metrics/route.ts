@@ -1,4 +1,4 @@
-import type { RuntimePort, TreeSizes } from '@cairn/runtime/port'
+import type { PoolQuotaStatus, RuntimePort, TreeSizes } from '@cairn/runtime/port'
 import type { FastifyInstance } from 'fastify'
 import type { Db } from '../db/database.js'
 import type { SessionService } from '../sessions/session-service.js'
@@ -20,10 +20,11 @@ export function installMetrics(
     labelNames: ['status'],
     read: () => byStatus.map((r) => ({ labels: { status: r.status }, value: r.n })),
   })
+  let warm = 0
   metrics.gauge({
     name: 'cairn_sandboxes_warm',
     help: 'Warm sandboxes (agent process kept between turns)',
-    read: () => sessions.warmCount,
+    read: () => warm,
   })
   metrics.gauge({ name: 'cairn_turns_running', help: 'Turns running now', read: () => sessions.runningCount })
   metrics.gauge({
@@ -57,7 +58,7 @@ export function installMetrics(
         { labels: { tenant, kind: 'referenced' }, value: sizes.referencedBytes },
       ]),
   })
-  const quotas = pool.quotaStatus()
+  let quotas: Partial<PoolQuotaStatus> = {}
   metrics.gauge({
     name: 'cairn_pool_quota_bytes',
     help: 'Storage limits in force (workspace, tenant, reserve, agents_total)',
@@ -81,6 +82,8 @@ export function installMetrics(
         .groupBy('status')
         .execute()
     ).map((r) => ({ status: r.status, n: Number(r.n) }))
+    warm = await sessions.warmCount().catch(() => warm)
+    quotas = await pool.quotaStatus().catch(() => quotas)
     const stats = await pool.poolStats().catch(() => undefined)
     fill = stats && { total: stats.totalBytes, used: stats.usedBytes, free: stats.freeBytes }
     // Every tenant's figures come from one listing of all qgroups (O(subvolumes)): at most every 15 s.

@@ -1,6 +1,5 @@
 import { type AgentManifest, CairnProblem, type PausePolicy } from '@cairn/protocol'
-import type { AgentPause, RuntimePort } from '@cairn/runtime/port'
-import type { Logger } from 'pino'
+import type { AgentPause, PauseEvent, RuntimePort } from '@cairn/runtime/port'
 import { type Clock, iso } from '../clock.js'
 import type { SessionRow, SessionStore } from '../sessions/session-store.js'
 
@@ -56,28 +55,26 @@ export async function checkMemoryCapable(
 
 /**
  * The runtime's `pause` for a session of a `pause: memory` agent: its checkpoint is tied to the
- * workspace generation now, and what becomes of it is recorded in the session's events.
+ * workspace generation now (what becomes of it comes back as `RuntimeEvents.pause`).
  */
 export async function sessionPause(
-  row: Pick<SessionRow, 'id' | 'status' | 'tenant_id' | 'pause'>,
+  row: Pick<SessionRow, 'id' | 'pause'>,
   manifest: Pick<AgentManifest, 'pause'>,
-  store: SessionStore,
-  clock: Clock,
-  logger: Pick<Logger, 'warn'>,
+  store: Pick<SessionStore, 'generationOf'>,
 ): Promise<AgentPause | undefined> {
   // The session's own policy, if it was given one, over its agent's.
   if ((row.pause ?? manifest.pause) !== 'memory') return undefined
-  return {
-    generation: await store.generationOf(row.id),
-    onEvent: ({ cause, detail }) => {
-      // The status now, not at the start: the checkpoint is taken when the session has gone idle.
-      const record = async () => {
-        const status = (await store.get(row.tenant_id, row.id))?.status ?? row.status
-        await store.note({ id: row.id, status }, cause, iso(clock.now()), detail)
-      }
-      void record().catch((error: unknown) =>
-        logger.warn({ err: error, session: row.id }, 'recording a pause event failed'),
-      )
-    },
-  }
+  return { generation: await store.generationOf(row.id) }
+}
+
+/** What became of a session's memory checkpoint, recorded in its events at its status now. */
+export async function recordPauseEvent(
+  store: Pick<SessionStore, 'statusOf' | 'note'>,
+  clock: Clock,
+  sessionId: string,
+  event: PauseEvent,
+): Promise<void> {
+  // The status now, not at the start: the checkpoint is taken when the session has gone idle.
+  const status = await store.statusOf(sessionId)
+  if (status) await store.note({ id: sessionId, status }, event.cause, iso(clock.now()), event.detail)
 }

@@ -220,7 +220,7 @@ export class PreviewService implements SessionObserver {
   /** A connection to the port inside the session's running sandbox; counts as activity. */
   async connect(row: SessionRow, port: number): Promise<Duplex> {
     if (row.status === 'deleted') throw new CairnProblem('session_deleted', `session ${row.id} was deleted`)
-    const agent = this.deps.sessions.warmAgent(row.id)
+    const agent = await this.deps.sessions.warmAgent(row.id)
     if (!agent) {
       throw new CairnProblem(
         'sandbox_not_running',

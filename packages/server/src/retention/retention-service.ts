@@ -277,7 +277,7 @@ export class RetentionService {
       .where('status', '!=', 'deleted')
       .execute()
     const checkpointBytes = (await runtime.memoryCheckpointBytes(live.map((r) => r.id))).filter((b) => b > 0)
-    const { warning: _warning, ...limits } = runtime.quotaStatus()
+    const { warning: _warning, ...limits } = await runtime.quotaStatus()
     const held = (await runtime.tenantUsage([tenantId]).catch(() => ({}) as Record<string, TreeSizes>))[
       tenantId
     ]

@@ -1,4 +1,4 @@
-import type { EgressSite, RuntimePort } from '@cairn/runtime/port'
+import type { RuntimePort } from '@cairn/runtime/port'
 import type { Logger } from 'pino'
 import type { AgentService } from '../agents/agent-service.js'
 import type { Clock } from '../clock.js'
@@ -20,8 +20,6 @@ export interface SessionServiceDeps {
   observers?: readonly SessionObserver[] | undefined
   agents: AgentService
   secrets: SecretStore
-  /** The operator's egress settings (private exceptions, `CAIRN_EGRESS_HOSTS`) for every sandbox. */
-  egressSite?: EgressSite | undefined
   /** Extra CA certificates (PEM) the egress proxy trusts upstream when it terminates TLS. */
   egressUpstreamCaPems?: readonly string[] | undefined
   metrics?: MetricsRegistry | undefined

@@ -75,8 +75,8 @@ export class SessionService {
     return iso(this.deps.clock.now())
   }
 
-  private info(row: SessionRow): SessionInfo {
-    return toSessionInfo(row, this.warm.has(row.id))
+  private async info(row: SessionRow): Promise<SessionInfo> {
+    return toSessionInfo(row, await this.warm.has(row.id))
   }
 
   async require(tenantId: string, id: string): Promise<SessionRow> {
@@ -236,7 +236,7 @@ export class SessionService {
     const page = rows.slice(0, limit)
     const last = page[page.length - 1]
     return {
-      data: page.map((row) => this.info(row)),
+      data: await Promise.all(page.map((row) => this.info(row))),
       nextCursor: rows.length > limit && last ? encodeCursor(last.created_at, last.id) : null,
     }
   }
@@ -308,7 +308,7 @@ export class SessionService {
   }
 
   /** The session's warm agent, if it has one. */
-  warmAgent(sessionId: string): AgentInfo | undefined {
+  warmAgent(sessionId: string): Promise<AgentInfo | undefined> {
     return this.warm.agent(sessionId)
   }
 
@@ -356,15 +356,15 @@ export class SessionService {
     return this.locks.holdFileChange(id, fn)
   }
 
-  get warmCount(): number {
-    return this.warm.size
+  warmCount(): Promise<number> {
+    return this.warm.size()
   }
 
   get runningCount(): number {
     return this.locks.size
   }
 
-  isWarm(sessionId: string): boolean {
+  isWarm(sessionId: string): Promise<boolean> {
     return this.warm.has(sessionId)
   }
 
@@ -446,7 +446,7 @@ export class SessionService {
    * used quietly. A warm sandbox already holds its workspace, so it is not checked again.
    */
   async verifyWorkspace(row: SessionRow): Promise<void> {
-    if (this.warm.has(row.id)) return
+    if (await this.warm.has(row.id)) return
     await this.generations.verify(row, () => this.locks.has(row.id))
   }
 
@@ -454,7 +454,7 @@ export class SessionService {
   async verifyBeforeTurn(tenantId: string, id: string): Promise<void> {
     // A warm or busy session has nothing to check here (and `beginTurn` reads the row, refusing
     // what this caller may not see): a warm turn reads the session once, not twice.
-    if (this.warm.has(id) || this.locks.has(id)) return
+    if (this.locks.has(id) || (await this.warm.has(id))) return
     const row = await this.requireOwned(tenantId, id)
     if (row.status === 'deleted' || this.locks.has(id)) return
     await this.verifyWorkspace(row)
@@ -574,7 +574,7 @@ export class SessionService {
     const now = this.deps.clock.now()
     const until = iso(now + ttlMs)
     await this.store.setLease(id, until, iso(now))
-    this.warm.extend(id, Math.max(ttlMs, row.keep_warm_ms))
+    await this.warm.extend(id, Math.max(ttlMs, row.keep_warm_ms))
     return { sessionId: id, leaseUntil: until }
   }
 

@@ -103,6 +103,16 @@ export class SessionStore {
       .executeTakeFirst()) as SessionRow | undefined
   }
 
+  /** The session's status, whoever's it is (events the runtime reports by session ID). */
+  async statusOf(id: string): Promise<SessionRow['status'] | undefined> {
+    const row = await this.db.q
+      .selectFrom('sessions')
+      .select('status')
+      .where('id', '=', id)
+      .executeTakeFirst()
+    return row?.status as SessionRow['status'] | undefined
+  }
+
   async insert(
     row: NewSession,
     fork?: { parentId: string; snapshotId: string; turnsUpTo: number },

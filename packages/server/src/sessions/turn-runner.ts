@@ -1,5 +1,5 @@
 import { CairnProblem, newId, type SessionStatus, type StatusCause, type StreamEvent } from '@cairn/protocol'
-import type { AgentEvent, NetworkEvent, TurnInput, TurnOutcome } from '@cairn/runtime/port'
+import type { AgentEvent, TurnInput, TurnOutcome } from '@cairn/runtime/port'
 import { iso } from '../clock.js'
 import { unavailableReason, whenNotBusy } from '../db/busy.js'
 import { redact } from '../secrets/secret-store.js'
@@ -71,10 +71,12 @@ export class TurnRunner {
     const turnId = newId('turn')
     const abort = new AbortController()
     const lockRelease = locks.take(id, turnId, abort)
-    let admitted: () => void = () => undefined
+    let admitted: () => Promise<void> = async () => undefined
     const release = () => {
       lockRelease()
-      admitted()
+      void admitted().catch((error: unknown) =>
+        this.deps.logger.warn({ err: error, session: id }, 'releasing a sandbox admission failed'),
+      )
     }
     let row: SessionRow
     let seq: number
@@ -83,7 +85,7 @@ export class TurnRunner {
       if (row.status === 'deleted') throw new CairnProblem('session_deleted', `session ${id} was deleted`)
       if (!prompt.trim()) throw new CairnProblem('validation_failed', 'prompt must not be empty')
       await this.checkLimits(row)
-      admitted = this.deps.warm.admit(row)
+      admitted = await this.deps.warm.admit(row)
       const at = this.now()
       seq = row.turn_count + 1
       const current = row
@@ -149,7 +151,13 @@ export class TurnRunner {
     onEvent: (event: AgentEvent) => void,
   ): Promise<TurnOutcome> {
     const { runtime } = this.deps
-    const cancel = () => runtime.cancelTurn(sessionId, input.turnId)
+    const cancel = () => {
+      void runtime
+        .cancelTurn(sessionId, input.turnId)
+        .catch((error: unknown) =>
+          this.deps.logger.warn({ err: error, session: sessionId }, 'cancelling a turn failed'),
+        )
+    }
     const messages = runtime.runTurn(sessionId, input)
     signal.addEventListener('abort', cancel, { once: true })
     try {
@@ -187,7 +195,7 @@ export class TurnRunner {
       const setup = this.deps.setup
       if (setup && (await setup.needed(row.id))) {
         await warm.drop(row.id)
-        await setup.run(row, (event) => this.recordNetwork(row.id, event), signal)
+        await setup.run(row, signal)
       }
       const { agent, cold } = await warm.acquire(row)
       sandboxId = agent.sandboxId
@@ -211,8 +219,8 @@ export class TurnRunner {
         outcome = { ...outcome, message: redact(outcome.message, secretValues) }
         outcome = await this.blamePoolIfFull(outcome)
       }
-      if (!warm.agent(row.id)?.alive) await warm.drop(row.id)
-      else warm.scheduleCooldown(row)
+      if (!(await warm.agent(row.id))?.alive) await warm.drop(row.id)
+      else await warm.scheduleCooldown(row)
     } catch (error) {
       const problem = error instanceof CairnProblem ? error : undefined
       const setupFailed = problem?.code === 'setup_failed'
@@ -256,7 +264,7 @@ export class TurnRunner {
     // turn carries it.
     let generation: number | undefined
     const unchanged =
-      promptSent && warm.agent(row.id)?.alive
+      promptSent && (await warm.agent(row.id))?.alive
         ? await unchangedByAll(this.observers, row.id).catch(() => false)
         : false
     if (promptSent && !unchanged) {
@@ -339,7 +347,7 @@ export class TurnRunner {
         },
       })
     }
-    const after = warm.agent(row.id)
+    const after = await warm.agent(row.id)
     for (const observer of this.observers) observer.afterTurn?.(row, seq, after, unchanged)
     const memory = this.deps.memory
     if (memory) {
@@ -347,15 +355,6 @@ export class TurnRunner {
         .promoteProposed(row.agent_id, row.id, `${row.id}/${turnId}`)
         .catch((error) => this.deps.logger.warn({ err: error, session: row.id }, 'memory promotion failed'))
     }
-  }
-
-  /** A network event of the setup phase, recorded behind (a failed write is logged, not thrown). */
-  private recordNetwork(sessionId: string, event: NetworkEvent): void {
-    void this.deps.store
-      .recordNetwork(sessionId, event)
-      .catch((error: unknown) =>
-        this.deps.logger.warn({ err: error, session: sessionId }, 'recording a network event failed'),
-      )
   }
 
   /**

@@ -15,7 +15,6 @@ export type WarmAgentsDeps = Pick<
   | 'secrets'
   | 'memory'
   | 'metrics'
-  | 'egressSite'
   | 'egressUpstreamCaPems'
   | 'clock'
   | 'logger'
@@ -41,24 +40,24 @@ export class WarmAgents {
     this.transcripts = new TranscriptCache(deps.store)
   }
 
-  has(sessionId: string): boolean {
-    return this.deps.runtime.agent(sessionId) !== undefined
+  async has(sessionId: string): Promise<boolean> {
+    return (await this.deps.runtime.agent(sessionId)) !== undefined
   }
 
-  agent(sessionId: string): AgentInfo | undefined {
+  agent(sessionId: string): Promise<AgentInfo | undefined> {
     return this.deps.runtime.agent(sessionId)
   }
 
-  get size(): number {
-    return this.deps.runtime.warmCount
+  size(): Promise<number> {
+    return this.deps.runtime.warmCount()
   }
 
   /**
    * Makes room for this session's sandbox under its tenant's cap (`maxSandboxesPerTenant`), see
    * `RuntimePort.admitAgent`. The answer releases the slot once the sandbox is up (or the turn is over).
    */
-  admit(row: SessionRow): () => void {
-    if (this.deps.runtime.agent(row.id)?.alive) return () => undefined
+  async admit(row: SessionRow): Promise<() => Promise<void>> {
+    if ((await this.deps.runtime.agent(row.id))?.alive) return async () => undefined
     return this.deps.runtime.admitAgent({
       sessionId: row.id,
       tenantId: row.tenant_id,
@@ -69,9 +68,9 @@ export class WarmAgents {
 
   /** The session's warm agent (its cooldown stopped while a turn uses it), or a freshly started one. */
   async acquire(row: SessionRow): Promise<{ agent: AgentInfo; cold: boolean }> {
-    const warm = this.deps.runtime.resumeAgent(row.id)
+    const warm = await this.deps.runtime.resumeAgent(row.id)
     if (warm) return { agent: warm, cold: false }
-    if (this.deps.runtime.agent(row.id)) await this.drop(row.id)
+    if (await this.deps.runtime.agent(row.id)) await this.drop(row.id)
     if (!(await this.deps.runtime.hasWorkspace(row.id)))
       throw await this.deps.missingWorkspace(row.tenant_id, row.id)
     const revision = await this.deps.agents.store.revision(row.revision_id)
@@ -91,36 +90,29 @@ export class WarmAgents {
       },
       memoryAgentId: this.deps.memory ? await this.deps.memory.publish(row.agent_id) : undefined,
       imageKey: this.deps.agents.images.imageKeyOf(revision),
+      // Its decisions reach the session's network log through the port's `RuntimeEvents`.
       egress: {
-        ...this.deps.egressSite,
         policy: sessionNetwork(row, revision.manifest),
-        onEvent: (event) => {
-          void this.deps.store
-            .recordNetwork(row.id, event)
-            .catch((error: unknown) =>
-              this.deps.logger.warn({ err: error, session: row.id }, 'recording a network event failed'),
-            )
-        },
         secrets: proxySecrets,
         upstreamCaPems: this.deps.egressUpstreamCaPems,
       },
       limits: sandboxLimits(revision.manifest, this.deps.operatorLimits),
       turnTimeoutMs: turnTimeoutMs(revision.manifest, this.deps.operatorLimits),
       isolation: revision.manifest.isolation,
-      pause: await sessionPause(row, revision.manifest, this.deps.store, this.deps.clock, this.deps.logger),
+      pause: await sessionPause(row, revision.manifest, this.deps.store),
     })
     if (!agent.restored) this.deps.metrics?.coldStarts.inc()
     return { agent, cold: !agent.restored }
   }
 
   /** After a turn: the sandbox stays warm for the session's keep-warm window, then stops. */
-  scheduleCooldown(row: SessionRow): void {
-    this.deps.runtime.coolDown(row.id, row.keep_warm_ms)
+  scheduleCooldown(row: SessionRow): Promise<void> {
+    return this.deps.runtime.coolDown(row.id, row.keep_warm_ms)
   }
 
   /** Moves a cooling warm sandbox's stop to at least `ms` from now (never earlier). */
-  extend(id: string, ms: number): void {
-    this.deps.runtime.keepWarm(id, ms)
+  extend(id: string, ms: number): Promise<void> {
+    return this.deps.runtime.keepWarm(id, ms)
   }
 
   /**
@@ -137,7 +129,11 @@ export class WarmAgents {
           this.deps.logger.warn({ err: error, session: row.id }, 'recording session activity failed'),
         )
     }
-    this.deps.runtime.keepWarm(row.id, row.keep_warm_ms, true)
+    void this.deps.runtime
+      .keepWarm(row.id, row.keep_warm_ms, true)
+      .catch((error: unknown) =>
+        this.deps.logger.warn({ err: error, session: row.id }, 'keeping a sandbox warm failed'),
+      )
   }
 
   async drop(sessionId: string): Promise<void> {

@@ -5,7 +5,7 @@ import {
   type SessionSetup,
   type SetupInfo,
 } from '@cairn/protocol'
-import type { EgressSite, NetworkEvent, RuntimePort } from '@cairn/runtime/port'
+import type { RuntimePort } from '@cairn/runtime/port'
 import type { Logger } from 'pino'
 import type { AgentService } from '../agents/agent-service.js'
 import { type Clock, iso } from '../clock.js'
@@ -25,7 +25,6 @@ export interface SetupServiceDeps {
   runtime: RuntimePort
   agents: AgentService
   secrets: SecretStore
-  egressSite?: EgressSite | undefined
   /** The operator's maxima: the setup sandbox's limits and timeout never go above them. */
   operatorLimits: OperatorLimits
   clock: Clock
@@ -86,7 +85,7 @@ export class SetupService {
   }
 
   /** Runs the setup; throws `setup_failed` (with the log tail in details) when it does not succeed. */
-  async run(row: SessionRow, onNetwork: (event: NetworkEvent) => void, signal?: AbortSignal): Promise<void> {
+  async run(row: SessionRow, signal?: AbortSignal): Promise<void> {
     const setup = await this.store.get(row.id)
     if (!setup) return
     const revision = await this.deps.agents.store.revision(row.revision_id)
@@ -108,19 +107,28 @@ export class SetupService {
     let exitCode: number | null = null
     let error: string | null = null
     try {
-      const result = await runtime.runCommand({
-        sessionId: row.id,
-        isolation: revision.manifest.isolation,
-        dependencyEnvKey: revision.manifest.envKey ?? undefined,
-        command: setup.command,
-        env: { HOME: '/tmp', ...setup.env, ...setupSecrets, CAIRN_SESSION_ID: row.id, CAIRN_PHASE: 'setup' },
-        egress: { ...this.deps.egressSite, policy, onEvent: onNetwork },
-        imageKey: this.deps.agents.images.imageKeyOf(revision),
-        limits: sandboxLimits(revision.manifest, this.deps.operatorLimits),
-        timeoutMs,
-        onLine: append,
+      // Its network decisions reach the session's log through the port's `RuntimeEvents`.
+      const result = await runtime.runCommand(
+        {
+          sessionId: row.id,
+          isolation: revision.manifest.isolation,
+          dependencyEnvKey: revision.manifest.envKey ?? undefined,
+          command: setup.command,
+          env: {
+            HOME: '/tmp',
+            ...setup.env,
+            ...setupSecrets,
+            CAIRN_SESSION_ID: row.id,
+            CAIRN_PHASE: 'setup',
+          },
+          egress: { policy },
+          imageKey: this.deps.agents.images.imageKeyOf(revision),
+          limits: sandboxLimits(revision.manifest, this.deps.operatorLimits),
+          timeoutMs,
+        },
+        append,
         signal,
-      })
+      )
       exitCode = result.code
       if (result.cancelled) error = 'setup was cancelled'
       else if (result.timedOut) error = `setup ran past its timeout of ${timeoutMs} ms`

@@ -57,7 +57,7 @@ export class WorkspaceHistory {
   private async requireMemorySnapshot(row: SessionRow): Promise<void> {
     const revision = await this.deps.agents.store.revision(row.revision_id)
     if (revision) await checkMemoryCapable(revision.manifest, this.deps.runtime, 'a snapshot with memory')
-    const agent = this.deps.runtime.agent(row.id)
+    const agent = await this.deps.runtime.agent(row.id)
     if (!agent?.alive)
       throw new CairnProblem(
         'sandbox_not_running',

@@ -8,11 +8,11 @@ module.exports = {
       name: 'server-uses-runtime-port',
       comment:
         'packages/server uses the runtime only through @cairn/runtime/port (RuntimePort: IDs, never host paths). ' +
-        'The one exception: server.ts, the composition root that builds the Runtime and its LocalRuntimePort.',
+        'The exceptions: the composition root (server.ts) and local-runtime.ts, which builds the Runtime and its LocalRuntimePort for it and for cairn node.',
       severity: 'error',
       from: {
         path: '^packages/server/src/',
-        pathNot: '^packages/server/src/server\\.ts$',
+        pathNot: '^packages/server/src/(server|local-runtime)\\.ts$',
       },
       to: { path: '^packages/runtime/', pathNot: '^packages/runtime/(src|dist)/port/' },
     },

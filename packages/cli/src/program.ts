@@ -22,6 +22,7 @@ const COMMANDS: ReadonlyArray<readonly [names: readonly string[], load: Loader]>
   [['secrets', 'secret'], () => import('./commands/secrets/index.js')],
   [['keys', 'key'], () => import('./commands/keys/index.js')],
   [['images', 'image'], () => import('./commands/images/index.js')],
+  [['nodes'], () => import('./commands/nodes/index.js')],
   [['completion'], () => import('./commands/completion.js')],
 ]
 

@@ -64,6 +64,11 @@ export const ERROR_CODES = {
    * owner has taken it over since (cluster), so this caller's write changes nothing.
    */
   stale_epoch: { status: 409, retryable: false },
+  /**
+   * The session's node was declared lost (its lease ended or its process died); retry once it
+   * registers again (or the session is moved to another node).
+   */
+  node_lost: { status: 503, retryable: true },
   timeout: { status: 504, retryable: true },
 } as const satisfies Record<string, { status: number; retryable: boolean }>
 

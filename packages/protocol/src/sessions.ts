@@ -48,6 +48,11 @@ export const STATUS_CAUSES = [
   'storage_error',
   'quota_exceeded',
   'policy_changed',
+  /**
+   * The session's node was declared lost (lease ended, process gone): its running turn failed
+   * with `node_lost`; it resumes when the node registers again.
+   */
+  'node_lost',
 ] as const
 export type StatusCause = (typeof STATUS_CAUSES)[number]
 

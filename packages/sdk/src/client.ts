@@ -4,6 +4,7 @@ import { CairnError, ValidationError } from './errors.js'
 import { type FetchLike, HttpClient, type RequestOptions } from './http.js'
 import { Images } from './images.js'
 import { Keys } from './keys.js'
+import { Nodes } from './nodes.js'
 import { assertKnownOptions } from './options.js'
 import { Secrets } from './secrets.js'
 import { CREATE_SESSION_OPTION_KEYS, type CreateSessionOptions, type Session, Sessions } from './sessions.js'
@@ -46,6 +47,8 @@ export class Cairn {
   readonly keys: Keys
   /** Built agent images, with the caller's revisions that use each. */
   readonly images: Images
+  /** The cluster's runtime nodes (install admin keys only). */
+  readonly nodes: Nodes
   readonly baseUrl: string
   private readonly http: HttpClient
 
@@ -67,6 +70,7 @@ export class Cairn {
     this.secrets = new Secrets(this.http)
     this.keys = new Keys(this.http)
     this.images = new Images(this.http)
+    this.nodes = new Nodes(this.http)
   }
 
   /** `GET /healthz` (no key needed). */

@@ -136,6 +136,7 @@ const CLASS_BY_CODE: Record<ErrorCode, ErrorClass> = {
   node_unavailable: ServiceUnavailableError,
   node_fenced: ServiceUnavailableError,
   stale_epoch: ConflictError,
+  node_lost: ServiceUnavailableError,
   timeout: TimeoutError,
 }
 

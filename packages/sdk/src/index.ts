@@ -35,6 +35,7 @@ export {
   type CreatedApiKey,
   Keys,
 } from './keys.js'
+export { type NodeAction, type NodeState, type NodeSummary, Nodes } from './nodes.js'
 export { SECRET_INFO_FIELDS, type SecretInfo, type SecretList, type SecretScope, Secrets } from './secrets.js'
 export {
   type CreateSessionOptions,

@@ -9,6 +9,10 @@ import { agentRoutes } from './agents/routes.js'
 import type { ApiKeyStore } from './auth/api-keys.js'
 import { installAuth } from './auth/plugin.js'
 import { keyRoutes } from './auth/routes.js'
+import type { ClusterHint } from './cluster/cluster-hints.js'
+import { installNodeMetrics } from './cluster/node-metrics.js'
+import type { NodeStore } from './cluster/node-store.js'
+import { nodeRoutes } from './cluster/routes.js'
 import { compatRoutes } from './compat/routes.js'
 import type { Db } from './db/database.js'
 import { consoleRoutes } from './http/console.js'
@@ -66,6 +70,11 @@ export interface AppDeps {
    * clients use `/superserve/v1/…`); undefined: not served. See docs/compat.md.
    */
   compat?: { prefix: string; archiveLimits: ArchiveLimits } | undefined
+  /**
+   * The cluster's nodes (a server on PostgreSQL): `/v1/nodes`, node status in `/v1/runtime` and
+   * per-node figures in `/metrics`. Undefined: not in a cluster (the list is empty).
+   */
+  cluster?: { nodes: NodeStore; publish?: (hint: ClusterHint) => Promise<void> } | undefined
 }
 
 const JSON_LIMIT: BodyLimit = { bytes: 2 * 1024 * 1024, applies: 'JSON bodies' }
@@ -162,7 +171,15 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
     ok: true,
     version: deps.version,
   }))
-  installMetrics(app, deps.metrics, deps.sessions, deps.db, deps.runtime)
+  const cluster = deps.cluster
+  installMetrics(
+    app,
+    deps.metrics,
+    deps.sessions,
+    deps.db,
+    deps.runtime,
+    cluster ? installNodeMetrics(deps.metrics, () => cluster.nodes.list()) : undefined,
+  )
   app.get('/v1/openapi.json', { schema: { hide: true } }, async () => app.swagger())
   keyRoutes(app, deps.keys, { maxKeysPerTenant: deps.operatorLimits.maxKeysPerTenant })
   const sse = { heartbeatMs: deps.sseHeartbeatMs }
@@ -175,7 +192,8 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   memoryRoutes(app, deps.memory, deps.agents, deps.sessions)
   previewRoutes(app, deps.previews, deps.previewOrigins)
   setupRoutes(app, deps.setup, deps.sessions)
-  runtimeRoute(app, deps.runtime, deps.operatorLimits)
+  runtimeRoute(app, deps.runtime, deps.operatorLimits, cluster ? () => cluster.nodes.list() : undefined)
+  nodeRoutes(app, cluster?.nodes, cluster?.publish)
   consoleRoutes(app)
   const compat = deps.compat
   if (compat) {

@@ -125,6 +125,13 @@ export interface ServerOptions {
    * `/superserve`; env `CAIRN_COMPAT_PREFIX`); unset or empty: off. See docs/compat.md.
    */
   compatPrefix?: string | undefined
+  /**
+   * A cluster's liveness timing (PostgreSQL): nodes renew their lease every `heartbeatMs` (env
+   * `CAIRN_HEARTBEAT_MS`, default 1000) for `leaseMs` (env `CAIRN_LEASE_MS`, default 5000); the
+   * leader looks at the nodes every heartbeat.
+   */
+  heartbeatMs?: number | undefined
+  leaseMs?: number | undefined
 }
 
 /** How long a memory checkpoint is kept by default (see ServerConfig.memoryCheckpointTtlMs). */
@@ -168,6 +175,8 @@ export interface ResolvedConfig {
   previewDomain: string
   operatorLimits: OperatorLimits
   compatPrefix: string | undefined
+  heartbeatMs: number
+  leaseMs: number
 }
 
 export function defaultDataDir(): string {
@@ -272,7 +281,34 @@ export function resolveConfig(options: ServerOptions): ResolvedConfig {
     runBase: options.runBase,
     operatorLimits: resolveOperatorLimits(options.operatorLimits, rateLimitPerSecond),
     compatPrefix: checkCompatPrefix(options.compatPrefix ?? process.env.CAIRN_COMPAT_PREFIX),
+    ...clusterTiming(options),
   }
+}
+
+/** The lease must outlast two heartbeats, so one lost heartbeat never ends it. */
+function clusterTiming(options: ServerOptions): { heartbeatMs: number; leaseMs: number } {
+  const number = (value: number | undefined, env: string | undefined, fallback: number, name: string) => {
+    const n = value ?? (env === undefined || env === '' ? fallback : Number(env))
+    if (!Number.isInteger(n) || n < 10)
+      throw new CairnProblem(
+        'validation_failed',
+        `${name} must be a whole number of milliseconds ≥ 10, not '${n}'`,
+      )
+    return n
+  }
+  const heartbeatMs = number(
+    options.heartbeatMs,
+    process.env.CAIRN_HEARTBEAT_MS,
+    1000,
+    '--heartbeat-ms (CAIRN_HEARTBEAT_MS)',
+  )
+  const leaseMs = number(options.leaseMs, process.env.CAIRN_LEASE_MS, 5000, '--lease-ms (CAIRN_LEASE_MS)')
+  if (leaseMs < 2 * heartbeatMs)
+    throw new CairnProblem(
+      'validation_failed',
+      `--lease-ms (${leaseMs}) must be at least two heartbeats (--heartbeat-ms ${heartbeatMs}) long`,
+    )
+  return { heartbeatMs, leaseMs }
 }
 
 /** `/name[/name…]`: a path prefix of plain segments, never `/v1` (Cairn's own API) or the root. */

@@ -1,24 +1,22 @@
-import { existsSync } from 'node:fs'
-import { chmod, mkdir, readFile, writeFile } from 'node:fs/promises'
+import { chmod, readFile, writeFile } from 'node:fs/promises'
 import type { Server } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import path from 'node:path'
-import { EgressCa, Runtime } from '@cairn/runtime'
-import { type EgressSite, LocalRuntimePort } from '@cairn/runtime/port'
+import type { Runtime } from '@cairn/runtime'
 import pino, { type Logger } from 'pino'
 import { AgentService } from './agents/agent-service.js'
 import { BuildLogs } from './agents/build-logs.js'
 import { buildApp } from './app.js'
 import { ApiKeyStore, DEFAULT_TENANT_ID } from './auth/api-keys.js'
-import { iso, systemClock } from './clock.js'
+import { systemClock } from './clock.js'
+import { type ClusterControl, startClusterControl } from './cluster/cluster-control.js'
 import { resolveConfig, type ServerOptions } from './config.js'
 import { writeCredentialsIfMissing } from './credentials.js'
-import { createOwnerOnly, runtimeIdOf, secureDataDir } from './data-dir.js'
-import { DataDirLock } from './data-dir-lock.js'
+import { createOwnerOnly, runtimeIdOf } from './data-dir.js'
 import { type Db, openDatabase } from './db/database.js'
-import { SharedFiles } from './db/shared-files.js'
 import type { ImageService } from './images/image-service.js'
 import { ManualSnapshotCap } from './limits/snapshot-cap.js'
+import { claimDataDir, mebibytes, newRuntime, openRuntimePort, syncSharedFiles } from './local-runtime.js'
 import { MemoryService } from './memory/memory-service.js'
 import { MetricsRegistry } from './metrics/registry.js'
 import { createPreviewListener, type PreviewListener } from './previews/preview-listener.js'
@@ -62,45 +60,15 @@ export interface RunningServer {
 /** Kept free on the data dir's disk (database, transcripts) when the pool has no reserve of its own. */
 const DATA_DISK_RESERVE_BYTES = 64 * 1024 * 1024
 
-function mebibytes(mib: number | undefined): number | undefined {
-  return mib ? mib * 1024 * 1024 : undefined
-}
-
 /** Starts the control plane and the local runtime: database, storage pool, sandboxes, HTTP API. */
 export async function startServer(options: ServerOptions = {}): Promise<RunningServer> {
   const config = resolveConfig(options)
   const clock = options.clock ?? systemClock
   const logger = pino({ level: config.logLevel, base: { service: 'cairn' } })
-  await mkdir(config.dataDir, { recursive: true, mode: 0o700 })
-  // Before anything else (database, reaping, reconciling, mounting): a second server on this dir
-  // would take the running one's sandboxes, snapshots and pool for a crashed predecessor's.
-  const locks = [
-    await DataDirLock.acquire(config.dataDir, {
-      onLost: () =>
-        logger.error({ dataDir: config.dataDir }, 'the data dir lock was lost (its flock helper ended)'),
-    }),
-  ]
-  const releaseLocks = () => Promise.all(locks.map((lock) => lock.release()))
-  const poolTrees = [path.join(config.dataDir, 'pool'), ...(config.poolPath ? [config.poolPath] : [])]
+  const dataDir = await claimDataDir(config, logger)
+  const releaseLocks = () => dataDir.releaseLocks()
   let db: Db
   try {
-    // A pool given by path could be shared by two data dirs by mistake: it is claimed as well.
-    if (config.poolPath !== undefined) {
-      if (config.storage === 'dir') await mkdir(config.poolPath, { recursive: true })
-      if (existsSync(config.poolPath)) {
-        const poolPath = config.poolPath
-        locks.push(
-          await DataDirLock.acquire(poolPath, {
-            what: 'storage pool',
-            option: '--pool-path',
-            onLost: () =>
-              logger.error({ poolPath }, 'the storage pool lock was lost (its flock helper ended)'),
-          }),
-        )
-      }
-    }
-    // Owner-only before anything else is written in it; what an older install left 0644 is fixed too.
-    await secureDataDir(config.dataDir, poolTrees)
     if (config.databaseUrl) db = await openDatabase(config.databaseUrl)
     else {
       createOwnerOnly(path.join(config.dataDir, 'cairn.db'))
@@ -110,62 +78,28 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     await releaseLocks()
     throw error
   }
-  const runtime = new Runtime({
-    dataDir: config.dataDir,
-    storage: config.storage,
-    poolPath: config.poolPath,
-    poolImageSizeBytes: config.poolImageSizeBytes,
-    runBase: config.runBase,
-    isolation: config.isolation,
-    spareLaunchers: config.spareLaunchers,
-    gvisor: config.gvisorPoolSize === undefined ? undefined : { poolSize: config.gvisorPoolSize },
-    workspaceQuotaBytes: mebibytes(config.workspaceQuotaMiB),
-    tenantQuotaBytes: mebibytes(config.tenantQuotaMiB),
-    poolReserveBytes: mebibytes(config.poolReserveMiB),
-    logger: logger.child({ component: 'runtime' }),
-  })
+  const runtime = newRuntime(config, logger)
   let opened = false
   let previewListener: PreviewListener | undefined
+  let cluster: ClusterControl | undefined
   try {
-    const { orphansReaped } = await runtime.open()
-    opened = true
-    // The pool image (and anything else the runtime made) owner-only too.
-    await secureDataDir(config.dataDir, poolTrees)
-    if (orphansReaped > 0) logger.warn({ orphansReaped }, 'reaped sandboxes left by an earlier run')
     // The server reaches the runtime only through its port; what the runtime reports outside
     // a call (pause and network events) goes to the sessions' records once they exist.
-    const egressSite: EgressSite = {
-      privateExceptions: new Set(config.egressPrivateExceptions),
-      hosts: config.egressHosts,
-    }
     let runtimeEvents: SessionRuntimeEvents | undefined
-    const runtimePort = new LocalRuntimePort(runtime, {
+    const { port: runtimePort } = await openRuntimePort(runtime, config, dataDir, {
       clock,
+      logger,
       events: {
         pause: (id, event) => runtimeEvents?.pause(id, event),
         network: (id, event) => runtimeEvents?.network(id, event),
       },
-      egressSite,
-      maxImageBytes: config.maxImageMiB * 1024 * 1024,
     })
-    const quotas = runtime.pool.quotaStatus()
-    if (quotas.warning) logger.warn({ code: quotas.warning.code }, quotas.warning.message)
+    opened = true
+    const quotas = await runtimePort.quotaStatus()
     const keys = new ApiKeyStore(db, clock)
     await keys.ensureTenant(DEFAULT_TENANT_ID, 'default')
     const runtimeId = await runtimeIdOf(config.dataDir)
-    if (db.dialect === 'postgres') {
-      // Replicas share one database: the secrets key and the egress CA come from it (the first
-      // replica's), so a secret sealed by one opens on another, and sandboxes trust one CA.
-      const shared = new SharedFiles(db, () => iso(clock.now()))
-      if (!process.env.CAIRN_SECRET_KEY)
-        await shared.sync('secret.key', config.dataDir, ['secret.key'], async () => {
-          await SecretCipher.load(path.join(config.dataDir, 'secret.key'))
-        })
-      const caDir = path.join(config.dataDir, 'egress-ca')
-      await shared.sync('egress-ca', caDir, ['ca.key', 'ca.pem'], async () => {
-        await EgressCa.load(caDir)
-      })
-    }
+    if (db.dialect === 'postgres') await syncSharedFiles(db, config.dataDir, clock, { secretKey: true })
     const cipher = await SecretCipher.load(path.join(config.dataDir, 'secret.key'))
     const secrets = new SecretStore(db, cipher, clock)
     const logs = new BuildLogs(path.join(config.dataDir, 'build-logs'), db)
@@ -282,7 +216,21 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
         'previews are served at <port>-ses-<id>.localhost, which only a browser on this machine reaches; set --preview-domain (CAIRN_PREVIEW_DOMAIN) to a domain whose subdomains resolve to this server',
       )
     }
+    // On PostgreSQL the server is part of a cluster's control plane: a candidate for leader (node
+    // failure handling), the nodes' routes and figures. The reaper's passes stay with each
+    // replica here: they act on the sessions of its own runtime.
+    cluster =
+      db.dialect === 'postgres' && config.databaseUrl
+        ? startClusterControl({
+            db,
+            databaseUrl: config.databaseUrl,
+            heartbeatMs: config.heartbeatMs,
+            leaseMs: config.leaseMs,
+            logger,
+          })
+        : undefined
     const app = await buildApp({
+      cluster,
       db,
       logger,
       keys,
@@ -360,6 +308,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
           await workspace.settle()
           await sessions.close()
           await runtime.close()
+          await cluster?.close()
           await db.close()
           await releaseLocks()
           logger.info('cairn server stopped')
@@ -369,6 +318,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     }
   } catch (error) {
     await previewListener?.close()
+    await cluster?.close()
     // The start's own error is rethrown below; a runtime that also fails to close is logged.
     if (opened)
       await runtime

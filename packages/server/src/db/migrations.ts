@@ -343,6 +343,39 @@ CREATE INDEX sessions_runtime_status ON sessions(runtime_id, status);
 ALTER TABLE sessions ADD COLUMN pause TEXT;
 `,
   },
+  {
+    // A cluster's runtime nodes (PostgreSQL; the tables exist on SQLite too, unused there). A
+    // node's ID is its runtime ID; `epoch` counts its registrations, and a session's
+    // `owner_epoch` goes up whenever its owner changes or is declared lost, so a stale owner's
+    // writes change nothing. `revision_nodes`: which nodes hold a revision.
+    version: 21,
+    name: 'cluster nodes and session owner epochs',
+    sql: `
+ALTER TABLE sessions ADD COLUMN owner_epoch INTEGER NOT NULL DEFAULT 0;
+CREATE TABLE nodes (
+  id TEXT PRIMARY KEY,
+  name TEXT NOT NULL,
+  address TEXT NOT NULL,
+  boot_id TEXT NOT NULL,
+  state TEXT NOT NULL,
+  drivers TEXT NOT NULL,
+  cpus INTEGER NOT NULL,
+  warm_sandboxes INTEGER NOT NULL DEFAULT 0,
+  pool_free_bytes INTEGER,
+  pool_size_bytes INTEGER,
+  epoch INTEGER NOT NULL,
+  lease_expires_at TEXT NOT NULL,
+  heartbeat_at TEXT NOT NULL,
+  registered_at TEXT NOT NULL,
+  lost_at TEXT
+);
+CREATE TABLE revision_nodes (
+  revision_id TEXT NOT NULL,
+  runtime_id TEXT NOT NULL,
+  PRIMARY KEY (revision_id, runtime_id)
+);
+`,
+  },
 ]
 
 export type Dialect = 'sqlite' | 'postgres'

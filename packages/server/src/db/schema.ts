@@ -152,6 +152,27 @@ export interface Schema {
   shared_files: { name: string; content: Buffer; created_at: string }
   build_logs: { revision_id: string; log: string }
   artifact_blobs: { artifact_id: string; content: Buffer }
+  nodes: NodesTable
+  revision_nodes: { revision_id: string; runtime_id: string }
+}
+
+/** A cluster's runtime node (its ID is its runtime ID); `drivers` is a JSON array of names. */
+export interface NodesTable {
+  id: string
+  name: string
+  address: string
+  boot_id: string
+  state: string
+  drivers: string
+  cpus: number
+  warm_sandboxes: Generated<number>
+  pool_free_bytes: number | null
+  pool_size_bytes: number | null
+  epoch: number
+  lease_expires_at: string
+  heartbeat_at: string
+  registered_at: string
+  lost_at: string | null
 }
 
 export interface SessionsTable {
@@ -183,4 +204,5 @@ export interface SessionsTable {
   on_timeout: Generated<string>
   runtime_id: string | null
   pause: string | null
+  owner_epoch: Generated<number>
 }

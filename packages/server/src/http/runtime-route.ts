@@ -1,6 +1,8 @@
+import { type NodeInfo, NodeSchema } from '@cairn/protocol'
 import type { RuntimePort } from '@cairn/runtime/port'
 import { Type } from '@sinclair/typebox'
 import type { FastifyInstance } from 'fastify'
+import { DEFAULT_TENANT_ID } from '../auth/api-keys.js'
 import { principalOf } from '../auth/plugin.js'
 import { type OperatorLimits, OperatorLimitsSchema } from '../limits/operator-limits.js'
 import { errorResponses } from './responses.js'
@@ -62,7 +64,13 @@ const StorageSchema = Type.Object({
 })
 
 /** `GET /v1/runtime`: the sandbox drivers of this node, which one is the default, what each can do. */
-export function runtimeRoute(app: FastifyInstance, runtime: RuntimePort, limits: OperatorLimits): void {
+export function runtimeRoute(
+  app: FastifyInstance,
+  runtime: RuntimePort,
+  limits: OperatorLimits,
+  /** A cluster's nodes (undefined: not in a cluster). */
+  nodes?: () => Promise<NodeInfo[]>,
+): void {
   app.get(
     '/v1/runtime',
     {
@@ -75,13 +83,19 @@ export function runtimeRoute(app: FastifyInstance, runtime: RuntimePort, limits:
             drivers: Type.Array(DriverSchema),
             storage: StorageSchema,
             limits: OperatorLimitsSchema,
+            nodes: Type.Optional(
+              Type.Array(NodeSchema, {
+                description:
+                  'In a cluster, to an admin key of the install: the runtime nodes and their state (as GET /v1/nodes)',
+              }),
+            ),
           }),
           ...errorResponses(401),
         },
       },
     },
     async (request) => {
-      principalOf(request)
+      const principal = principalOf(request)
       const { warning, ...quotas } = await runtime.quotaStatus()
       const { drivers, storage } = await runtime.describe()
       return {
@@ -94,6 +108,9 @@ export function runtimeRoute(app: FastifyInstance, runtime: RuntimePort, limits:
           description: storage.description,
         },
         limits,
+        ...(nodes && principal.role === 'admin' && principal.tenantId === DEFAULT_TENANT_ID
+          ? { nodes: await nodes() }
+          : {}),
       }
     },
   )

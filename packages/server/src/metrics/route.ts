@@ -11,6 +11,8 @@ export function installMetrics(
   sessions: SessionService,
   db: Db,
   pool: Pick<RuntimePort, 'quotaStatus' | 'poolStats' | 'tenantUsage'>,
+  /** Reads other figures before each scrape (a cluster's nodes). */
+  beforeScrape?: () => Promise<void>,
 ): void {
   // Gauges are read synchronously at render: the figures from the database are read before.
   let byStatus: { status: string; n: number }[] = []
@@ -92,6 +94,7 @@ export function installMetrics(
       const tenants = await db.q.selectFrom('tenants').select('id').execute()
       byTenant = new Map(Object.entries(await pool.tenantUsage(tenants.map((t) => t.id)).catch(() => ({}))))
     }
+    await beforeScrape?.()
     return reply.type(metrics.contentType).send(await metrics.render())
   })
 }

@@ -1,0 +1,121 @@
+import { type Static, Type } from '@sinclair/typebox'
+import { Value } from '@sinclair/typebox/value'
+import { sql } from 'kysely'
+import type { Logger } from 'pino'
+import type { Db } from '../db/database.js'
+import { DedicatedConnection } from './dedicated-connection.js'
+
+/** The channel every replica and node LISTENs on. */
+export const CLUSTER_CHANNEL = 'cairn_cluster'
+
+/**
+ * What crosses `cairn_cluster`: hints only (everything is also in the tables), so a hint lost
+ * while a listener reconnects costs latency, never correctness.
+ */
+export const ClusterHintSchema = Type.Union([
+  /** Cancel a running turn (the replica streaming it, or the node running it, acts). */
+  Type.Object({ kind: Type.Literal('turn.cancel'), sessionId: Type.String(), turnId: Type.String() }),
+  /** A preview URL epoch went up: cached grants for the session are stale. */
+  Type.Object({
+    kind: Type.Literal('preview.revoke'),
+    sessionId: Type.String(),
+    port: Type.Optional(Type.Integer()),
+  }),
+  /** A node's state changed (registered, cordoned, drained, stopped). */
+  Type.Object({
+    kind: Type.Literal('node.state'),
+    nodeId: Type.String(),
+    state: Type.String(),
+    epoch: Type.Integer(),
+  }),
+  /** The leader declared a node lost: these turns failed with `node_lost` (streams end now). */
+  Type.Object({
+    kind: Type.Literal('node.lost'),
+    nodeId: Type.String(),
+    epoch: Type.Integer(),
+    turns: Type.Array(Type.Object({ sessionId: Type.String(), turnId: Type.String() })),
+  }),
+])
+export type ClusterHint = Static<typeof ClusterHintSchema>
+
+/** NOTIFY's payload limit is 8000 bytes; a larger hint is cut to what still says enough. */
+const MAX_PAYLOAD_BYTES = 7900
+
+/**
+ * Publishes hints (through the pool, inside the caller's transaction if there is one: NOTIFY is
+ * delivered on commit) and delivers the ones received to subscribers (one dedicated LISTEN
+ * connection, reconnected when it drops).
+ */
+export class ClusterHints {
+  private readonly listeners = new Set<(hint: ClusterHint) => void>()
+  private connection: DedicatedConnection | undefined
+  private retry: NodeJS.Timeout | undefined
+  private closed = false
+
+  constructor(private readonly deps: { db: Db; url: string; logger: Logger; reconnectMs?: number }) {}
+
+  async publish(hint: ClusterHint): Promise<void> {
+    let payload = JSON.stringify(hint)
+    if (Buffer.byteLength(payload) > MAX_PAYLOAD_BYTES && hint.kind === 'node.lost')
+      payload = JSON.stringify({ ...hint, turns: [] })
+    await sql`SELECT pg_notify(${CLUSTER_CHANNEL}, ${payload})`.execute(this.deps.db.q)
+  }
+
+  /** Calls `listener` with every valid hint received; the first subscriber starts listening. */
+  async subscribe(listener: (hint: ClusterHint) => void): Promise<() => void> {
+    this.listeners.add(listener)
+    if (!this.connection) await this.listen()
+    return () => this.listeners.delete(listener)
+  }
+
+  private async listen(): Promise<void> {
+    const connection = new DedicatedConnection(this.deps.url, {
+      connectTimeoutMs: 5000,
+      queryTimeoutMs: 5000,
+    })
+    this.connection = connection
+    connection.onLost(() => this.scheduleReconnect())
+    try {
+      const client = await connection.open()
+      client.on('notification', (message) => {
+        if (message.channel !== CLUSTER_CHANNEL || !message.payload) return
+        let hint: unknown
+        try {
+          hint = JSON.parse(message.payload)
+        } catch {
+          return
+        }
+        if (!Value.Check(ClusterHintSchema, hint)) {
+          this.deps.logger.warn(
+            { payload: message.payload.slice(0, 200) },
+            'ignored a malformed cluster hint',
+          )
+          return
+        }
+        for (const listener of this.listeners) listener(hint)
+      })
+      await connection.query(`LISTEN ${CLUSTER_CHANNEL}`)
+    } catch (error) {
+      this.deps.logger.warn({ err: error }, 'could not listen for cluster hints; trying again')
+      this.scheduleReconnect()
+    }
+  }
+
+  private scheduleReconnect(): void {
+    if (this.closed || this.retry) return
+    this.retry = setTimeout(() => {
+      this.retry = undefined
+      const old = this.connection
+      this.connection = undefined
+      void old?.close().then(() => (this.closed ? undefined : this.listen()))
+    }, this.deps.reconnectMs ?? 1000)
+    this.retry.unref()
+  }
+
+  async close(): Promise<void> {
+    this.closed = true
+    if (this.retry) clearTimeout(this.retry)
+    this.listeners.clear()
+    await this.connection?.close()
+  }
+}

@@ -1,0 +1,80 @@
+import {
+  CairnProblem,
+  type NodeAction,
+  NodeIdParamsSchema,
+  NodeListSchema,
+  NodeSchema,
+} from '@cairn/protocol'
+import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox'
+import type { FastifyInstance, FastifyRequest } from 'fastify'
+import { DEFAULT_TENANT_ID } from '../auth/api-keys.js'
+import { principalOf } from '../auth/plugin.js'
+import { errorResponses } from '../http/responses.js'
+import type { ClusterHint } from './cluster-hints.js'
+import type { NodeStore } from './node-store.js'
+
+/** Nodes are the install's machines: only an admin key of the install (default tenant) sees them. */
+function requireInstallAdmin(request: FastifyRequest): void {
+  const principal = principalOf(request)
+  if (principal.role !== 'admin' || principal.tenantId !== DEFAULT_TENANT_ID)
+    throw new CairnProblem(
+      'forbidden',
+      "the cluster's nodes need an admin key of the install (default tenant)",
+    )
+}
+
+const SUMMARIES: Record<NodeAction, string> = {
+  cordon: 'Cordon a node: it keeps its sessions and takes no new ones',
+  uncordon: 'Uncordon a node (cordoned or draining): it takes new sessions again',
+  drain:
+    'Drain a node: it takes no new sessions; its sessions stay until they are moved (the next cluster step: until then drain waits). Drained when runningTurns is 0',
+}
+
+/**
+ * `GET /v1/nodes` and `POST /v1/nodes/{id}/cordon|uncordon|drain`. Without a cluster (`nodes`
+ * undefined: a SQLite server) the list is empty and no node exists.
+ */
+export function nodeRoutes(
+  server: FastifyInstance,
+  nodes: NodeStore | undefined,
+  publish?: (hint: ClusterHint) => Promise<void>,
+): void {
+  const app = server.withTypeProvider<TypeBoxTypeProvider>()
+  app.get(
+    '/v1/nodes',
+    {
+      schema: {
+        tags: ['nodes'],
+        summary:
+          "The cluster's runtime nodes: state, lease, capacity (CPUs, warm sandboxes, pool space), sessions and running turns",
+        response: { 200: NodeListSchema, ...errorResponses(401, 403) },
+      },
+    },
+    async (request) => {
+      requireInstallAdmin(request)
+      return { data: nodes ? await nodes.list() : [] }
+    },
+  )
+  for (const action of ['cordon', 'uncordon', 'drain'] as const)
+    app.post(
+      `/v1/nodes/:id/${action}`,
+      {
+        schema: {
+          tags: ['nodes'],
+          summary: SUMMARIES[action],
+          params: NodeIdParamsSchema,
+          response: { 200: NodeSchema, ...errorResponses(400, 401, 403, 404, 409) },
+        },
+      },
+      async (request) => {
+        requireInstallAdmin(request)
+        const { id } = request.params
+        if (!nodes) throw new CairnProblem('not_found', `no node ${id} (this server is not in a cluster)`)
+        const node = await nodes.apply(id, action)
+        await publish?.({ kind: 'node.state', nodeId: node.id, state: node.state, epoch: node.epoch }).catch(
+          () => {},
+        )
+        return node
+      },
+    )
+}

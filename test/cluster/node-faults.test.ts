@@ -27,7 +27,7 @@ beforeAll(async () => {
   cluster = await CairnCluster.start({
     nodes: 3,
     apis: 1,
-    nodeFlags: ['--heartbeat-ms', String(HEARTBEAT_MS), '--lease-ms', String(LEASE_MS)],
+    timing: { heartbeatMs: HEARTBEAT_MS, leaseMs: LEASE_MS },
   })
   api = new Api(cluster.apis[0]?.url as string, cluster.key)
   expect((await api.deploy(await makeProject(WHERE_AGENT))).status).toBe(201)

@@ -27,32 +27,44 @@ export class CairnCluster {
     readonly database: string,
     readonly apis: ApiReplica[],
     readonly key: string,
-    /** Runtime flags every node gets (`--heartbeat-ms`, `--lease-ms` …). */
+    /** Runtime flags every node gets. */
     readonly nodeFlags: string[],
+    /** Environment of every process (the cluster's timing: CAIRN_HEARTBEAT_MS, CAIRN_LEASE_MS). */
+    readonly env: NodeJS.ProcessEnv,
   ) {}
 
-  /** `startNodes` (default all): how many of the nodes run `cairn node` at first (see `startNode`). */
+  /**
+   * `startNodes` (default all): how many of the nodes run `cairn node` at first (see `startNode`);
+   * `timing`: the nodes' heartbeat and lease, which the API replicas' leader goes by too.
+   */
   static async start(options: {
     nodes: number
     apis: number
     nodeFlags?: string[]
     startNodes?: number
+    timing?: { heartbeatMs: number; leaseMs: number }
   }): Promise<CairnCluster> {
+    const env: NodeJS.ProcessEnv = options.timing
+      ? {
+          CAIRN_HEARTBEAT_MS: String(options.timing.heartbeatMs),
+          CAIRN_LEASE_MS: String(options.timing.leaseMs),
+        }
+      : {}
     const bed = await TestCluster.start({ nodes: options.nodes })
     try {
       await bed.initCertificates()
       const name = await bed.postgres.createDatabase()
       const database = name.slice(name.lastIndexOf('/') + 1)
       // The first replica makes the schema and the admin key; the others find both in the database.
-      const replica = await bed.startApi(database)
+      const replica = await bed.startApi(database, [], env)
       const info = JSON.parse(await replica.process.waitForLine(/"url"/)) as { adminKeyPath: string }
       const key = (await readFile(info.adminKeyPath, 'utf8')).trim()
       const apis: ApiReplica[] = [{ url: replica.url, dataDir: replica.dataDir }]
       for (let i = 1; i < options.apis; i++) {
-        const api = await bed.startApi(database)
+        const api = await bed.startApi(database, [], env)
         apis.push({ url: api.url, dataDir: api.dataDir })
       }
-      const cluster = new CairnCluster(bed, database, apis, key, options.nodeFlags ?? [])
+      const cluster = new CairnCluster(bed, database, apis, key, options.nodeFlags ?? [], env)
       const first = bed.nodes.slice(0, options.startNodes ?? options.nodes)
       for (const node of first) await cluster.startNode(node)
       await cluster.waitForReady(first.length)
@@ -68,7 +80,7 @@ export class CairnCluster {
   }
 
   async startNode(node: ClusterNode): Promise<void> {
-    await node.start(this.database, this.nodeFlags)
+    await node.start(this.database, ['--name', node.name, ...this.nodeFlags], this.env)
   }
 
   /** SQL on the cluster's database (psql, as the superuser); rows of `SELECT …` as JSON objects. */

@@ -87,25 +87,28 @@ export class ClusterNode {
    * `cairn node` on this node (the contract's flags; `extra` adds or overrides runtime flags).
    * Does not wait for it: see `TestCluster.waitForNodes`.
    */
-  async start(database: string, extra: string[] = []): Promise<ClusterProcess> {
-    return await this.spawn([
-      process.execPath,
-      CAIRN_CLI,
-      'node',
-      '--database',
-      this.databaseUrl(database),
-      '--cluster-dir',
-      this.cluster.clusterDir,
-      '--listen',
-      this.listen,
-      '--data-dir',
-      this.dataDir,
-      '--pool-path',
-      this.poolPath,
-      '--log-level',
-      'info',
-      ...extra,
-    ])
+  async start(database: string, extra: string[] = [], env?: NodeJS.ProcessEnv): Promise<ClusterProcess> {
+    return await this.spawn(
+      [
+        process.execPath,
+        CAIRN_CLI,
+        'node',
+        '--database',
+        this.databaseUrl(database),
+        '--cluster-dir',
+        this.cluster.clusterDir,
+        '--listen',
+        this.listen,
+        '--data-dir',
+        this.dataDir,
+        '--pool-path',
+        this.poolPath,
+        '--log-level',
+        'info',
+        ...extra,
+      ],
+      { ...process.env, ...env },
+    )
   }
 
   /** `kill -9` of the node process alone (its sandboxes stay, as after a crash of the process). */
@@ -233,6 +236,7 @@ export class TestCluster {
   async startApi(
     database: string,
     extra: string[] = [],
+    env?: NodeJS.ProcessEnv,
   ): Promise<{ process: ClusterProcess; url: string; dataDir: string }> {
     const index = this.apis.length + 1
     const dataDir = path.join(this.dir, `api${index}`)
@@ -256,7 +260,11 @@ export class TestCluster {
         '--json',
         ...extra,
       ],
-      { cgroupDir: path.join(this.cgroupDir, `api${index}`), logPath: path.join(dataDir, 'process.log') },
+      {
+        cgroupDir: path.join(this.cgroupDir, `api${index}`),
+        logPath: path.join(dataDir, 'process.log'),
+        env: { ...process.env, ...env },
+      },
     )
     this.apis.push(api)
     const line = await api.waitForLine(/"url"/)

@@ -1,6 +1,6 @@
 import { readFile } from 'node:fs/promises'
 import { type ClusterNode, TestCluster } from './cluster.js'
-import { waitFor } from './cluster-process.js'
+import { StopWaiting, waitFor } from './cluster-process.js'
 
 /** A row of the `nodes` table, as the tests read it. */
 export interface NodeRow {
@@ -105,7 +105,7 @@ export class CairnCluster {
       async () => {
         for (const node of this.nodes)
           if (node.process && !node.process.running)
-            throw new Error(`${node.name} exited:\n${node.process.logTail()}`)
+            throw new StopWaiting(`${node.name} exited:\n${node.process.logTail()}`)
         const rows = await this.query<NodeRow>(
           "SELECT id, state, epoch, lease_expires_at, heartbeat_at, lost_at FROM nodes WHERE state = 'ready' AND lease_expires_at::timestamptz > now()",
         )

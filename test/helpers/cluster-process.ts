@@ -139,6 +139,9 @@ export class ClusterProcess {
   }
 }
 
+/** Thrown by a `waitFor` check to stop waiting at once (other errors are retried). */
+export class StopWaiting extends Error {}
+
 /** Polls `check` every `intervalMs` until it returns a value other than undefined/false. */
 export async function waitFor<T>(
   what: string,
@@ -153,6 +156,7 @@ export async function waitFor<T>(
       const value = await check()
       if (value !== undefined && value !== false) return value
     } catch (error) {
+      if (error instanceof StopWaiting) throw error
       last = error
     }
     await new Promise((r) => setTimeout(r, intervalMs))

@@ -4,7 +4,7 @@ import { CgroupManager } from '@cairn/runtime'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import type { ClusterNode } from '../helpers/cluster.js'
 import { CairnCluster, type NodeRow, replyDevice, WHERE_AGENT } from '../helpers/cluster-cairn.js'
-import { waitFor } from '../helpers/cluster-process.js'
+import { StopWaiting, waitFor } from '../helpers/cluster-process.js'
 import { testsRunOnPostgres } from '../helpers/postgres.js'
 import { makeProject } from '../helpers/projects.js'
 import { Api, type RunResult } from '../helpers/server.js'
@@ -87,13 +87,30 @@ const nodeRow = async (node: ClusterNode) =>
 /** A message whose stream must end within `withinMs`: its result, or 'hung'. */
 async function sendWithin(id: string, prompt: string, withinMs: number): Promise<RunResult | 'hung'> {
   return await Promise.race([
-    api.send(id, prompt),
+    api.send(id, prompt).catch(
+      (error: unknown): RunResult => ({
+        status: 0,
+        events: [],
+        text: '',
+        terminal: undefined,
+        body: String(error),
+      }),
+    ),
     new Promise<'hung'>((r) => setTimeout(() => r('hung'), withinMs).unref()),
   ])
 }
 
 const failedCode = (result: RunResult | 'hung') =>
-  result === 'hung' ? 'hung' : (result.terminal as { error?: { code?: string } } | undefined)?.error?.code
+  result === 'hung'
+    ? 'hung'
+    : result.terminal?.type === 'run.failed'
+      ? (result.terminal as { error?: { code?: string } }).error?.code
+      : `${result.terminal?.type ?? result.status} ${JSON.stringify(result.body ?? '')}`
+/**
+ * How a turn on a node that went away ends: `node_unavailable` when the API replica sees the
+ * node's stream break first (a killed process), `node_lost` when the leader declared it lost first.
+ */
+const NODE_GONE = ['node_lost', 'node_unavailable']
 
 /** Processes of the node's sandboxes that run `sleep` (an agent mid-turn). */
 async function sleepingAgents(node: ClusterNode): Promise<number> {
@@ -107,6 +124,16 @@ async function sleepingAgents(node: ClusterNode): Promise<number> {
   return count
 }
 
+/** Waits until `count` agents of `node` sleep mid-turn; fails at once if a turn already ended. */
+async function untilSleeping(node: ClusterNode, count: number, turns: Promise<RunResult | 'hung'>[]) {
+  let ended: RunResult | 'hung' | undefined
+  for (const turn of turns) void turn.then((result) => (ended ??= result))
+  await waitFor(`${count} agents of ${node.name} mid-turn`, async () => {
+    if (ended !== undefined) throw new StopWaiting(`a turn ended first: ${failedCode(ended)}`)
+    return (await sleepingAgents(node)) >= count
+  })
+}
+
 /** Restarts `node` (same data dir: same runtime ID) and waits for all three to be ready. */
 async function restart(node: ClusterNode): Promise<void> {
   if (node.process?.running) await node.process.stop()
@@ -114,8 +141,23 @@ async function restart(node: ClusterNode): Promise<void> {
   await cluster.waitForReady(3)
 }
 
+/** Each test starts from three running, ready nodes and no running turn, whatever the one before left. */
+async function allNodesUp(): Promise<void> {
+  for (const node of cluster.nodes) {
+    node.healPartition()
+    node.resume()
+    if (!node.process?.running) await cluster.startNode(node)
+  }
+  await cluster.waitForReady(3)
+  await waitFor('no running turn', async () => {
+    const running = await cluster.query<{ id: string }>("SELECT id FROM turns WHERE status = 'running'")
+    return running.length === 0
+  })
+}
+
 describe.skipIf(!testsRunOnPostgres())('runtime node faults', () => {
   it('kill -9 of a node: its sessions node_lost within the lease, its turns run.failed once; the others go on', async () => {
+    await allNodesUp()
     const [victim, ...others] = cluster.nodes as [ClusterNode, ClusterNode, ClusterNode]
     const lost = sessionsOn.get(victim.name) as string[]
     const kept = others.flatMap((n) => sessionsOn.get(n.name) as string[])
@@ -124,27 +166,36 @@ describe.skipIf(!testsRunOnPostgres())('runtime node faults', () => {
 
     const victimTurns = lost.map((id) => sendWithin(id, 'sleep 30', LEASE_MS + NOTICE_MS + 10_000))
     const otherTurns = kept.map((id) => sendWithin(id, 'sleep 3', 30_000))
-    await waitFor('the turns to run', async () => (await sleepingAgents(victim)) === lost.length)
+    await untilSleeping(victim, lost.length, victimTurns)
     const killedAt = Date.now()
     await victim.kill9()
 
     // Its running turns end run.failed node_lost, none hangs; the session is typed node_lost.
-    for (const result of await Promise.all(victimTurns)) expect(failedCode(result)).toBe('node_lost')
-    const row = await nodeRow(victim)
-    expect(row.state).toBe('lost')
+    for (const result of await Promise.all(victimTurns)) expect(NODE_GONE).toContain(failedCode(result))
+    const row = await waitFor(
+      `${victim.name} declared lost`,
+      async () => {
+        const r = await nodeRow(victim)
+        return r.state === 'lost' ? r : undefined
+      },
+      LEASE_MS + NOTICE_MS,
+    )
     expect(Date.parse(row.lost_at as string) - killedAt).toBeLessThan(LEASE_MS + NOTICE_MS)
     for (const s of await sessionRows(lost)) {
-      expect(s).toMatchObject({ status: 'idle', status_cause: 'node_lost' })
+      // Typed; not active (its turn ended failed): resumable once the node is back, below.
+      expect(s.status_cause).toBe('node_lost')
+      expect(s.status).not.toBe('active')
       expect(s.owner_epoch).toBe((epochsBefore.get(s.id) as number) + 1)
     }
     // Each ran once: its first turn and the failed one, nothing more.
     const turns = await turnRows(lost)
     for (const id of lost) {
       const mine = turns.filter((t) => t.session_id === id)
-      expect(mine.map((t) => [t.prompt, t.status, t.error_code])).toEqual([
-        ['hello', 'completed', null],
-        ['sleep 30', 'failed', 'node_lost'],
+      expect(mine.map((t) => [t.prompt, t.status])).toEqual([
+        ['hello', 'completed'],
+        ['sleep 30', 'failed'],
       ])
+      expect(NODE_GONE).toContain(mine[1]?.error_code)
     }
     const refused = await api.send(lost[0] as string, 'anyone there?')
     expect(refused.status).toBe(503)
@@ -170,22 +221,32 @@ describe.skipIf(!testsRunOnPostgres())('runtime node faults', () => {
   }, 120_000)
 
   it('a node partitioned from PostgreSQL fences itself; what it does after its lease changes nothing', async () => {
+    await allNodesUp()
     const node = cluster.nodes[1] as ClusterNode
     const ids = sessionsOn.get(node.name) as string[]
     const before = await nodeRow(node)
     const turn = sendWithin(ids[0] as string, 'sleep 6', LEASE_MS + NOTICE_MS + 15_000)
-    await waitFor('the turn to run', async () => (await sleepingAgents(node)) === 1)
+    await untilSleeping(node, 1, [turn])
     node.partitionFromPostgres()
     try {
-      expect(failedCode(await turn)).toBe('node_lost')
+      // Cut by its own node's fence (before its lease ends), or by the leader's declaration.
+      expect([...NODE_GONE, 'node_fenced']).toContain(failedCode(await turn))
       // Fenced: it stopped its sandboxes itself (the leader cannot reach into a node).
       await waitFor(
         'the node to stop its sandboxes',
         async () => (await sleepingAgents(node)) === 0,
         LEASE_MS + NOTICE_MS,
       )
-      const lostRow = await nodeRow(node)
-      expect(lostRow).toMatchObject({ state: 'lost', epoch: before.epoch })
+      // The leader declares it lost once its lease is over.
+      const lostRow = await waitFor(
+        `${node.name} declared lost`,
+        async () => {
+          const r = await nodeRow(node)
+          return r.state === 'lost' ? r : undefined
+        },
+        LEASE_MS + NOTICE_MS,
+      )
+      expect(lostRow.epoch).toBe(before.epoch)
       // Its last heartbeat came before its lease ended.
       expect(Date.parse(lostRow.heartbeat_at)).toBeLessThanOrEqual(Date.parse(lostRow.lease_expires_at))
       const snapshot = await turnRows(ids)
@@ -200,27 +261,26 @@ describe.skipIf(!testsRunOnPostgres())('runtime node faults', () => {
       await new Promise((r) => setTimeout(r, 2 * HEARTBEAT_MS))
       expect(await turnRows(ids)).toEqual(snapshot)
       expect(await sessionRows(ids)).toEqual(sessions)
-      expect(snapshot.find((t) => t.prompt === 'sleep 6')).toMatchObject({
-        status: 'failed',
-        error_code: 'node_lost',
-        response: null,
-      })
+      const cut = snapshot.find((t) => t.prompt === 'sleep 6')
+      expect(cut?.status).toBe('failed')
+      expect(cut?.response ?? '').toBe('')
     } finally {
       node.healPartition()
     }
   }, 120_000)
 
   it('a SIGSTOPped node is declared lost at its lease; woken, it fences itself and its late output changes nothing', async () => {
+    await allNodesUp()
     const node = cluster.nodes[2] as ClusterNode
     const ids = sessionsOn.get(node.name) as string[]
     const before = await nodeRow(node)
     const turn = sendWithin(ids[0] as string, 'sleep 2', LEASE_MS + NOTICE_MS + 10_000)
-    await waitFor('the turn to run', async () => (await sleepingAgents(node)) === 1)
+    await untilSleeping(node, 1, [turn])
     node.pause()
     let resumed = false
     try {
       // Its advisory lock stays held (the process lives): the lease is what gives it away.
-      expect(failedCode(await turn)).toBe('node_lost')
+      expect(NODE_GONE).toContain(failedCode(await turn))
       const lostRow = await nodeRow(node)
       expect(lostRow).toMatchObject({ state: 'lost', epoch: before.epoch })
       const snapshot = await turnRows(ids)
@@ -234,11 +294,9 @@ describe.skipIf(!testsRunOnPostgres())('runtime node faults', () => {
       await new Promise((r) => setTimeout(r, 1000))
       expect(await turnRows(ids)).toEqual(snapshot)
       expect(await sessionRows(ids)).toEqual(sessions)
-      expect(snapshot.find((t) => t.prompt === 'sleep 2')).toMatchObject({
-        status: 'failed',
-        error_code: 'node_lost',
-        response: null,
-      })
+      const stopped = snapshot.find((t) => t.prompt === 'sleep 2')
+      expect(stopped?.status).toBe('failed')
+      expect(stopped?.response ?? '').toBe('')
       // Served again by its new incarnation.
       const again = await api.send(ids[1] as string, 'awake')
       expect(again.terminal?.type).toBe('run.completed')
@@ -248,14 +306,17 @@ describe.skipIf(!testsRunOnPostgres())('runtime node faults', () => {
   }, 120_000)
 
   it('PostgreSQL restarted mid-run: every turn ends, every node is ready again and serves its sessions', async () => {
-    await cluster.waitForReady(3)
+    await allNodesUp()
     const ids = cluster.nodes.map((n) => (sessionsOn.get(n.name) as string[])[2] as string)
     const turns = ids.map((id) => sendWithin(id, 'sleep 2', 60_000))
     await new Promise((r) => setTimeout(r, 500))
     await cluster.bed.restartPostgres(500)
     for (const result of await Promise.all(turns)) {
       expect(result).not.toBe('hung')
-      expect(['run.completed', 'run.failed']).toContain((result as RunResult).terminal?.type)
+      const { terminal, status, body, events } = result as RunResult
+      expect(['run.completed', 'run.failed'], JSON.stringify({ status, body, events })).toContain(
+        terminal?.type,
+      )
     }
     await cluster.waitForReady(3)
     const devices = await cluster.poolDevices()

@@ -4,7 +4,7 @@ import type { ClusterNode } from '../test/helpers/cluster.js'
 import { CairnCluster } from '../test/helpers/cluster-cairn.js'
 import { type Bench, progress, timedResult } from './lib/bench.js'
 import { type Client, NodeHttpClient, type StreamTiming } from './lib/client.js'
-import { EXAMPLES, packDir, startBenchServer } from './lib/server.js'
+import { EXAMPLES, packDir } from './lib/server.js'
 import { type Row, row, summarize } from './lib/stats.js'
 import { healthzSamples, roundTrips } from './lib/turns.js'
 
@@ -116,7 +116,8 @@ async function echoServer(host: string, node?: ClusterNode): Promise<() => void>
 /**
  * The cluster of issue 18 against the single process, on one machine: a warm echo turn and a cold
  * start (new session to its first reply) through an API replica to a `cairn node` in a network
- * namespace of its own, beside the same through `cairn server` alone (on the same PostgreSQL);
+ * namespace of its own, beside the same through `cairn server` alone (its own process, as the
+ * replica and the nodes are, on the same PostgreSQL);
  * floors: a TCP round trip on loopback and into a node's namespace, and GET /healthz. Then turns/s
  * from 12 closed-loop clients with 1, 2 and 3 nodes behind the replica.
  */
@@ -145,18 +146,18 @@ export const cluster: Bench = {
         rows.push(loopback, veth)
         const floor = { name: 'TCP loopback', median: loopback.summary.median }
 
-        progress('single process (cairn server, role all) on the same PostgreSQL')
-        const single = await startBenchServer({
-          server: { database: await bed.bed.postgres.createDatabase() },
-        })
+        progress('single process (cairn server, role all, its own process) on the same PostgreSQL')
+        const database = await bed.bed.postgres.createDatabase()
+        const single = await bed.bed.startSingleServer(database.slice(database.lastIndexOf('/') + 1))
         let alone: { warm: number[]; cold: number[] }
+        const client = new NodeHttpClient(single.url, single.key)
         try {
-          const client = single.http
           rows.push(row('GET /healthz, single process', await healthzSamples(client, FLOOR_RUNS), floor))
           await deploy(client, `${EXAMPLES}/echo`)
           alone = await latencies({ label: 'single', client })
         } finally {
-          await single.close()
+          client.close()
+          await single.process.stop()
         }
         const api = new NodeHttpClient(bed.apis[0]?.url as string, bed.key, CLIENTS + 4)
         try {

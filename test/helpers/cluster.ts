@@ -271,6 +271,39 @@ export class TestCluster {
     return { process: api, url: (JSON.parse(line) as { url: string }).url, dataDir }
   }
 
+  /**
+   * `cairn server` as one process (role all: API and runtime, its own pool image in its data
+   * dir) on loopback: what a cluster is compared with. Stop it with `process.stop()`.
+   */
+  async startSingleServer(
+    database: string,
+  ): Promise<{ process: ClusterProcess; url: string; key: string; dataDir: string }> {
+    const dataDir = path.join(this.dir, 'single')
+    await mkdir(dataDir, { recursive: true })
+    const server = await ClusterProcess.start(
+      'single',
+      [
+        process.execPath,
+        CAIRN_CLI,
+        'server',
+        '--database',
+        this.postgres.url(database),
+        '--data-dir',
+        dataDir,
+        '--port',
+        '0',
+        '--json',
+      ],
+      { cgroupDir: path.join(this.cgroupDir, 'single'), logPath: path.join(this.dir, 'single.log') },
+    )
+    this.apis.push(server)
+    const { url, adminKeyPath } = JSON.parse(await server.waitForLine(/"url"/)) as {
+      url: string
+      adminKeyPath: string
+    }
+    return { process: server, url, key: (await readFile(adminKeyPath, 'utf8')).trim(), dataDir }
+  }
+
   /** Stops PostgreSQL (fast: every connection drops), waits `downMs`, starts it again. */
   async restartPostgres(downMs = 0): Promise<void> {
     await this.postgres.stopServer()
@@ -290,6 +323,12 @@ export class TestCluster {
       }
     }
     for (const api of this.apis) await step(() => api.killAll())
+    // A single server killed before its own close left its pool mounted.
+    await step(async () => {
+      await unmountBeneath([path.join(this.dir, 'single'), instanceRunDir(path.join(this.dir, 'single'))])
+      await detachLoops(path.join(this.dir, 'single', 'pool.img'))
+      await rm(instanceRunDir(path.join(this.dir, 'single')), { recursive: true, force: true })
+    })
     for (const node of this.nodes) await step(() => node.cleanUp())
     for (const node of this.nodes) await step(() => node.network.remove())
     await step(() => this.range?.release())

@@ -230,7 +230,7 @@ describe.skipIf(!testsRunOnPostgres())('runtime node faults', () => {
     node.partitionFromPostgres()
     try {
       // Cut by its own node's fence (before its lease ends), or by the leader's declaration.
-      expect([...NODE_GONE, 'node_fenced']).toContain(failedCode(await turn))
+      expect(['node_fenced', 'node_lost']).toContain(failedCode(await turn))
       // Fenced: it stopped its sandboxes itself (the leader cannot reach into a node).
       await waitFor(
         'the node to stop its sandboxes',

@@ -66,6 +66,8 @@ export { OverlayMounter } from './sandbox/overlay-mounter.js'
 export {
   type ChainLink,
   createShippingBucket,
+  readChain,
+  readChainHead,
   type RestoredWorkspace,
   restoreFromBucket,
   ShippingBucket,

@@ -66,9 +66,9 @@ export { OverlayMounter } from './sandbox/overlay-mounter.js'
 export {
   type ChainLink,
   createShippingBucket,
+  type RestoredWorkspace,
   readChain,
   readChainHead,
-  type RestoredWorkspace,
   restoreFromBucket,
   ShippingBucket,
   type ShippingBucketConfig,

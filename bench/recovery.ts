@@ -221,8 +221,10 @@ async function registered(db: pg.Client, name: string, child: ChildProcess): Pro
 async function shipped(db: pg.Client, sessionId: string): Promise<void> {
   await waitFor(async () => {
     const { rows } = await db.query(
-      `SELECT s.shipped_snapshot_id = (SELECT id FROM snapshots WHERE session_id = s.id AND deleted_at IS NULL
-         ORDER BY created_at DESC, id DESC LIMIT 1) AS done FROM sessions s WHERE s.id = $1`,
+      // The snapshot after the fill turn (taken in the background once the turn ends) is the shipped one.
+      `SELECT bool_or(s.shipped_snapshot_id = n.id) AS done FROM sessions s
+         JOIN snapshots n ON n.session_id = s.id AND COALESCE(n.through_turn_seq, n.turn_seq) >= 1
+        WHERE s.id = $1`,
       [sessionId],
     )
     return rows[0]?.done === true ? true : undefined

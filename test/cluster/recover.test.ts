@@ -164,23 +164,23 @@ async function sessionRow(id: string) {
   }
 }
 
-/** The session's newest snapshot (the one taken after its last turn). */
-async function newestSnapshot(sessionId: string): Promise<string> {
-  const { rows } = await client.query(
-    'SELECT id FROM snapshots WHERE session_id = $1 AND deleted_at IS NULL ORDER BY created_at DESC, id DESC LIMIT 1',
-    [sessionId],
-  )
-  return rows[0]?.id as string
-}
-
-/** Waits until the session's newest snapshot is recorded as shipped (the bucket confirmed it). */
+/**
+ * Waits until the snapshot taken after the session's last turn (it is taken in the background
+ * once the turn ends) is recorded as shipped (the bucket confirmed it); returns its ID.
+ */
 async function shippedNewest(sessionId: string, timeoutMs = 60_000): Promise<string> {
   return waitFor(
-    `session ${sessionId} to ship its newest snapshot`,
+    `session ${sessionId} to ship the snapshot after its last turn`,
     async () => {
-      const newest = await newestSnapshot(sessionId)
-      const row = await sessionRow(sessionId)
-      return newest && row.shipped_snapshot_id === newest ? newest : undefined
+      const { rows } = await client.query(
+        `SELECT s.shipped_snapshot_id AS shipped, n.id AS newest FROM sessions s
+           JOIN snapshots n ON n.session_id = s.id AND n.deleted_at IS NULL
+             AND COALESCE(n.through_turn_seq, n.turn_seq) = (SELECT max(seq) FROM turns WHERE session_id = s.id)
+          WHERE s.id = $1`,
+        [sessionId],
+      )
+      const found = rows.find((r) => r.shipped === r.newest)
+      return found ? (found.newest as string) : undefined
     },
     timeoutMs,
   )

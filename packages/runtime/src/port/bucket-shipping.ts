@@ -48,7 +48,7 @@ export class PortShipping {
   constructor(
     pool: StoragePool,
     envs: EnvStore,
-    private readonly options: PortShippingOptions,
+    options: PortShippingOptions,
   ) {
     this.shipper = new WorkspaceShipper({
       pool,

@@ -45,11 +45,7 @@ export class PortShipping {
   private readonly shipper: WorkspaceShipper
   private readonly epochs = new Map<string, number | undefined>()
 
-  constructor(
-    pool: StoragePool,
-    envs: EnvStore,
-    options: PortShippingOptions,
-  ) {
+  constructor(pool: StoragePool, envs: EnvStore, options: PortShippingOptions) {
     this.shipper = new WorkspaceShipper({
       pool,
       bucket: options.bucket,

@@ -53,6 +53,8 @@ export const STATUS_CAUSES = [
    * with `node_lost`; it resumes when the node registers again.
    */
   'node_lost',
+  /** The session was moved to another node (drain, `cairn sessions move`); the detail says from → to. */
+  'moved',
 ] as const
 export type StatusCause = (typeof STATUS_CAUSES)[number]
 

@@ -32,6 +32,7 @@ import {
 } from './local-runtime.js'
 import { MemoryService } from './memory/memory-service.js'
 import { MetricsRegistry } from './metrics/registry.js'
+import { nodeShippingHooks } from './node/shipped-record.js'
 import { createPreviewListener, type PreviewListener } from './previews/preview-listener.js'
 import { DEFAULT_PREVIEW_DOMAIN, PreviewOrigins } from './previews/preview-origins.js'
 import { PreviewRevocations } from './previews/preview-revocations.js'
@@ -155,7 +156,15 @@ export async function startServer(
         connect: extras.connectNode ?? (await remoteNodeConnector(config)),
       })
     } else {
-      const local = await openLocalRuntime(config, dataDir, { clock, logger, events: runtimeEvents })
+      let ownId: string | undefined
+      const local = await openLocalRuntime(config, dataDir, {
+        clock,
+        logger,
+        events: runtimeEvents,
+        // Role all with a bucket: shipped snapshots recorded as a node records them.
+        shipping: nodeShippingHooks(db, () => ownId, logger.child({ component: 'shipping' })),
+      })
+      ownId = local.runtimeId
       localRuntime = local.runtime
       host = local
     }
@@ -318,6 +327,17 @@ export async function startServer(
             heartbeatMs: config.heartbeatMs,
             leaseMs: config.leaseMs,
             logger,
+            // `--recover-lost eager`: the leader brings a lost node's sessions back at once.
+            onNodeLost:
+              api && config.recoverLost === 'eager' && runtimePort instanceof ClusterRuntimePort
+                ? (lost) => {
+                    void runtimePort.recovery
+                      .recoverNode(lost.nodeId)
+                      .then((done) =>
+                        logger.info({ node: lost.nodeId, ...done }, 'eager recovery of a lost node'),
+                      )
+                  }
+                : undefined,
             // API replicas own no sessions of their own: their leader reaps every node's.
             passes: api
               ? [

@@ -4,11 +4,13 @@ import {
   type Admission,
   type AgentInfo,
   type AgentSpec,
+  type BucketRestore,
   type CommandResult,
   type ImageBuildContext,
   type ImageRecipe,
   type ImageRecord,
   type IsolationName,
+  type NodeShippingLag,
   type PoolArea,
   type PoolQuotaStatus,
   type PoolStats,
@@ -19,6 +21,7 @@ import {
   runWithOwnerEpoch,
   type SandboxDriverFacts,
   type ShippedTree,
+  type SnapshotOptions,
   type TreeReadOptions,
   type TreeRef,
   type TreeSizes,
@@ -32,7 +35,8 @@ import type { Db } from '../../db/database.js'
 import { ClusterRoutes, parseDrivers } from './cluster-routes.js'
 import { ClusterRows } from './cluster-rows.js'
 import type { NodeDirectory, NodeRow } from './node-directory.js'
-import { RevisionShipping, SERVING_STATES } from './revision-shipping.js'
+import { NodeLossRecovery } from './node-loss-recovery.js'
+import { RevisionShipping, SERVING_STATES, shipSealed } from './revision-shipping.js'
 
 export interface ClusterRuntimePortOptions {
   db: Db
@@ -45,6 +49,12 @@ export interface ClusterRuntimePortOptions {
   /** Placement's random source (tests seed it). */
   random?: (() => number) | undefined
   now?: (() => number) | undefined
+  /**
+   * Whether a session of a lost node is recovered from the shipping bucket on its next use
+   * (default) or not at all (`never`: it waits for its node, `node_lost`). `eager` recovery is
+   * the leader's (`recoverNode`), on top of the on-use one.
+   */
+  recoverLost?: 'on-message' | 'eager' | 'never' | undefined
 }
 
 /**
@@ -67,7 +77,19 @@ export class ClusterRuntimePort implements RuntimePort {
     this.rows = new ClusterRows(options.db, options.cacheMs ?? 1000, now)
     this.shipping = new RevisionShipping(this.rows, options.directory, options.logger)
     this.routes = new ClusterRoutes(options, this.rows)
+    this.recovery = new NodeLossRecovery({
+      db: options.db,
+      directory: options.directory,
+      rows: this.rows,
+      routes: this.routes,
+      shipping: this.shipping,
+      logger: options.logger.child({ component: 'node-loss-recovery' }),
+    })
+    if (options.recoverLost !== 'never') this.routes.recovery = this.recovery
   }
+
+  /** Brings lost nodes' sessions back from the shipping bucket (see `NodeLossRecovery`). */
+  readonly recovery: NodeLossRecovery
 
   // --- moves (see SessionMover) --------------------------------------------------------------
   /**
@@ -117,7 +139,13 @@ export class ClusterRuntimePort implements RuntimePort {
   }
 
   agent(sessionId: string): Promise<AgentInfo | undefined> {
-    return this.routes.onSession(sessionId, (port) => port.agent(sessionId))
+    // Asking whether it is warm never moves a session: a lost node's sessions have no agent.
+    return this.routes
+      .onSession(sessionId, (port) => port.agent(sessionId), { recover: false })
+      .catch((error: unknown) => {
+        if (this.recovery && error instanceof CairnProblem && error.code === 'node_lost') return undefined
+        throw error
+      })
   }
 
   async *runTurn(sessionId: string, input: TurnInput): AsyncIterable<TurnMessage> {
@@ -206,9 +234,12 @@ export class ClusterRuntimePort implements RuntimePort {
     sessionId: string,
     snapshotId: string,
     tenantId: string,
+    options?: SnapshotOptions,
   ): Promise<WorkspaceMark | undefined> {
     this.rows.noteSnapshot(snapshotId, sessionId)
-    return this.routes.onSession(sessionId, (port) => port.snapshotWorkspace(sessionId, snapshotId, tenantId))
+    return this.routes.onSession(sessionId, (port) =>
+      port.snapshotWorkspace(sessionId, snapshotId, tenantId, options),
+    )
   }
 
   unchangedSince(sessionId: string, mark: WorkspaceMark): Promise<boolean> {
@@ -435,6 +466,8 @@ export class ClusterRuntimePort implements RuntimePort {
     await route.port.sealRevision(revisionId, tenantId)
     this.routes.staged.delete(revisionId)
     await this.rows.addRevisionHolder(revisionId, route.node.id)
+    const facts = await this.rows.revisionFacts(revisionId).catch(() => undefined)
+    shipSealed(route.port, revisionId, facts?.envKey, this.options.logger)
   }
 
   async discardStagedRevision(revisionId: string): Promise<void> {
@@ -454,6 +487,34 @@ export class ClusterRuntimePort implements RuntimePort {
     throw new CairnProblem(
       'bad_request',
       'trees are shipped between nodes by the cluster, not imported into it',
+    )
+  }
+
+  /** On the session's node (a lost node's session is recovered by `NodeLossRecovery` instead). */
+  restoreFromBucket(sessionId: string, tenantId: string): Promise<BucketRestore> {
+    return this.routes.onSession(sessionId, (port) => port.restoreFromBucket(sessionId, tenantId))
+  }
+
+  async shipPoolTree(tree: ShippedTree): Promise<{ shipped: boolean }> {
+    if ('revisionId' in tree)
+      return (await this.routes.revisionRoute(tree.revisionId)).port.shipPoolTree(tree)
+    throw new CairnProblem('bad_request', 'a dependency environment is shipped with its revision')
+  }
+
+  async fetchPoolTree(_tree: ShippedTree): Promise<void> {
+    throw new CairnProblem('bad_request', 'a node fetches trees from the bucket, not the cluster')
+  }
+
+  /** Summed over the serving nodes; the oldest unshipped snapshot anywhere. */
+  async shippingLag(): Promise<NodeShippingLag> {
+    const lags = await this.routes.fromEveryNode((port) => port.shippingLag())
+    return lags.reduce(
+      (sum, lag) => ({
+        enabled: sum.enabled || lag.enabled,
+        unshippedSnapshots: sum.unshippedSnapshots + lag.unshippedSnapshots,
+        secondsBehind: Math.max(sum.secondsBehind, lag.secondsBehind),
+      }),
+      { enabled: false, unshippedSnapshots: 0, secondsBehind: 0 },
     )
   }
 

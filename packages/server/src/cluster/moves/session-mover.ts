@@ -14,15 +14,19 @@ export interface SessionMoverDeps {
   cluster: ClusterRuntimePort
   sessions: SessionService
   logger: Logger
+  /** How long the last increment may take to reach the bucket (default 60 s). */
+  shipWaitMs?: number
 }
 
 /**
  * Moves a session's workspace from the node that owns it to another, then its ownership. The
  * session is held exclusively the whole time (as a restore holds it: no turn, no file change, no
  * read of a half-swapped workspace starts meanwhile; a message answers `session_moving`, 409
- * retryable). Its warm sandbox (if any) is stopped, a snapshot is taken on the source, exported
- * and unpacked on the target as the session's workspace at the same generation, the two digests
- * are compared; then, in one transaction, `sessions.runtime_id` becomes the target and
+ * retryable). Its warm sandbox (if any) is stopped and a last snapshot taken on the source. When
+ * both nodes ship to the bucket, that snapshot is shipped (an increment on the chain the node has
+ * been shipping after every turn) and the target restores the session from the bucket; without
+ * one it is exported and unpacked on the target at the same generation. The two digests are
+ * compared; then, in one transaction, `sessions.runtime_id` becomes the target and
  * `owner_epoch` one more, checked against what the move started from (a turn that slipped in
  * from another replica, or a leader declaring the node lost, aborts the move and the target's
  * copy is dropped); the session's events record `moved` (from → to). Last the source's copy and
@@ -79,22 +83,49 @@ export class SessionMover {
           runWithOwnerEpoch(epoch + 1, () => fn(target.port))
         await onSource((port) => port.stopAgent(sessionId))
         const [generation] = await onSource((port) => port.readGenerations([sessionId]))
+        // Through the bucket when both nodes ship to one: the node has shipped the session's
+        // snapshots as they were taken, so only the last increment crosses now, and the target
+        // continues the session's chain. Else straight from node to node through the port.
+        const viaBucket = await this.bothShip(source.port, target.port)
         const snapshotId = newId('snapshot')
-        await onSource((port) => port.snapshotWorkspace(sessionId, snapshotId, row.tenant_id))
+        await onSource((port) =>
+          port.snapshotWorkspace(
+            sessionId,
+            snapshotId,
+            row.tenant_id,
+            viaBucket ? { ship: true } : undefined,
+          ),
+        )
         let created = false
         let moved = false
         try {
           const digest = await onSource((port) => port.digest({ snapshotId }))
-          const archive = await onSource(async (port) => {
-            const { stream } = await port.exportTree({ snapshotId })
-            return readAll(stream)
-          })
           await this.deps.cluster.ensureRevisionOn(target.node, row.revision_id)
-          await onTarget((port) => port.createWorkspace(sessionId, row.revision_id, row.tenant_id))
-          created = true
-          await onTarget((port) =>
-            port.replaceWorkspaceWithArchive(sessionId, row.tenant_id, archive, generation ?? row.generation),
-          )
+          if (viaBucket) {
+            await this.shipped(sessionId, snapshotId)
+            created = true
+            const restored = await onTarget((port) => port.restoreFromBucket(sessionId, row.tenant_id))
+            if (restored.snapshotId !== snapshotId)
+              throw new CairnProblem(
+                'conflict',
+                `the bucket's newest link of session ${sessionId} is snapshot ${restored.snapshotId}, not the move's ${snapshotId}; the session stays on ${fromNode}`,
+              )
+          } else {
+            const archive = await onSource(async (port) => {
+              const { stream } = await port.exportTree({ snapshotId })
+              return readAll(stream)
+            })
+            await onTarget((port) => port.createWorkspace(sessionId, row.revision_id, row.tenant_id))
+            created = true
+            await onTarget((port) =>
+              port.replaceWorkspaceWithArchive(
+                sessionId,
+                row.tenant_id,
+                archive,
+                generation ?? row.generation,
+              ),
+            )
+          }
           const copied = await onTarget((port) => port.digest({ sessionId }))
           if (copied !== digest)
             throw new CairnProblem(
@@ -131,6 +162,35 @@ export class SessionMover {
       },
       true,
     )
+  }
+
+  /** Whether both nodes ship to a bucket (the same one: a cluster's nodes share one). */
+  private async bothShip(source: RuntimePort, target: RuntimePort): Promise<boolean> {
+    const [from, to] = await Promise.all([source.shippingLag(), target.shippingLag()])
+    return from.enabled && to.enabled
+  }
+
+  /**
+   * Waits until the node recorded the snapshot's chain link as confirmed in the bucket
+   * (`sessions.shipped_snapshot_id`, written by the node at the owner epoch it was taken under);
+   * `shipping_failed` (retryable) when it does not come within `shipWaitMs`.
+   */
+  private async shipped(sessionId: string, snapshotId: string): Promise<void> {
+    const deadline = performance.now() + (this.deps.shipWaitMs ?? 60_000)
+    for (;;) {
+      const row = await this.deps.db.q
+        .selectFrom('sessions')
+        .select('shipped_snapshot_id')
+        .where('id', '=', sessionId)
+        .executeTakeFirst()
+      if (row?.shipped_snapshot_id === snapshotId) return
+      if (performance.now() > deadline)
+        throw new CairnProblem(
+          'shipping_failed',
+          `the last increment of session ${sessionId} did not reach the bucket in time; the session stays where it is (retry the move)`,
+        )
+      await new Promise((resolve) => setTimeout(resolve, 20))
+    }
   }
 
   /** The node to move to: the one asked for, if it takes sessions; else placement's pick. */

@@ -64,6 +64,11 @@ export const SessionMoveSchema = Type.Object({
   fromNode: Type.String(),
   toNode: Type.String(),
   ownerEpoch: Type.Integer({ minimum: 0 }),
+  /**
+   * How the workspace crossed: `bucket` (the last increment shipped, restored on the target from
+   * the session's chain) or `direct` (exported from the source, unpacked on the target).
+   */
+  via: Type.Union([Type.Literal('bucket'), Type.Literal('direct')]),
   /** The workspace's digest, the same on both nodes (checked before the owner changed). */
   digest: Type.String(),
   /** How long the move took, from the hold to the source's copy deleted. */

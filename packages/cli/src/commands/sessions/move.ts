@@ -23,7 +23,7 @@ export const register: Register = (parent, ctx) => {
     )
     if (ctx.json) return ctx.out.data(moved)
     ctx.out.line(
-      `Session ${shortId(moved.sessionId)} moved: ${moved.fromNode} → ${moved.toNode} (owner epoch ${moved.ownerEpoch}, ${moved.durationMs} ms)`,
+      `Session ${shortId(moved.sessionId)} moved: ${moved.fromNode} → ${moved.toNode} (via ${moved.via}, owner epoch ${moved.ownerEpoch}, ${moved.durationMs} ms)`,
     )
   })
 }

@@ -149,6 +149,7 @@ export class SessionMover {
             fromNode,
             toNode: target.node.id,
             ownerEpoch: epoch + 1,
+            via: viaBucket ? 'bucket' : 'direct',
             digest,
             durationMs: Math.round(performance.now() - startedMs),
           }

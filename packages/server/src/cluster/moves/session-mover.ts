@@ -132,7 +132,10 @@ export class SessionMover {
               'storage_error',
               `the copy of session ${sessionId} on node ${target.node.id} differs from its source (${copied} ≠ ${digest}); the session stays on ${fromNode}`,
             )
-          await this.changeOwner(sessionId, fromNode, target.node.id, epoch)
+          await this.changeOwner(sessionId, fromNode, target.node.id, epoch, {
+            turnCount: Number(row.turn_count),
+            generation: Number(row.generation),
+          })
           moved = true
           this.deps.cluster.forgetHome(sessionId)
           await runWithOwnerEpoch(epoch + 1, async () => {
@@ -219,13 +222,14 @@ export class SessionMover {
     fromNode: string,
     toNode: string,
     epoch: number,
+    seen: { turnCount: number; generation: number },
   ): Promise<void> {
     const { db } = this.deps
     await db.transaction(async () => {
       const at = await dbNow(db)
       const row = await db.q
         .selectFrom('sessions')
-        .select(['runtime_id', 'owner_epoch', 'status'])
+        .select(['runtime_id', 'owner_epoch', 'status', 'turn_count', 'generation'])
         .where('id', '=', sessionId)
         .forUpdate()
         .executeTakeFirst()
@@ -242,10 +246,12 @@ export class SessionMover {
         .where('session_id', '=', sessionId)
         .where('status', '=', 'running')
         .executeTakeFirst()
-      if (running)
+      // A turn begun and ended through another replica while the copy was made: its changes may
+      // not be in the copy.
+      if (running || Number(row.turn_count) !== seen.turnCount || Number(row.generation) > seen.generation)
         throw new CairnProblem(
           'session_busy',
-          `session ${sessionId} started a turn (${running.id}) on another replica during the move; the move was dropped`,
+          `session ${sessionId} ran a turn${running ? ` (${running.id})` : ''} through another replica during the move; the move was dropped (retry it)`,
         )
       await db.q
         .updateTable('sessions')

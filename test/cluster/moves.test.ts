@@ -6,6 +6,7 @@ import pg from 'pg'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { initClusterTls } from '../../packages/runtime/src/port/remote/cluster-tls.js'
 import { type RunningNode, startNode } from '../../packages/server/src/node/start-node.js'
+import { spawnCli } from '../helpers/cli.js'
 import { TestPostgres, testsRunOnPostgres } from '../helpers/postgres.js'
 import { makeProject } from '../helpers/projects.js'
 import { Api } from '../helpers/server.js'
@@ -233,6 +234,24 @@ describe.skipIf(testsRunOnPostgres())('moving sessions between nodes', () => {
       expect(await digestOf(id)).toBe(digest)
     }
     expect((await home(id)).node).toBe(start.node)
+    // The CLI: `cairn sessions move ID --to NODE` (by a unique prefix of the ID, as every sessions command).
+    const other = nodes.find((n) => n.nodeId !== start.node) as RunningNode
+    const env = { CAIRN_API_URL: server.url, CAIRN_API_KEY: server.adminKey ?? '' }
+    const cli = await spawnCli(['sessions', 'move', id, '--to', other.nodeId, '--json'], env).done
+    expect(cli.code, cli.stderr).toBe(0)
+    expect(JSON.parse(cli.stdout)).toMatchObject({
+      sessionId: id,
+      fromNode: start.node,
+      toNode: other.nodeId,
+    })
+    // rt_lostmove: the lost node's row from the test before.
+    const toLost = await spawnCli(['sessions', 'move', id, '--to', 'rt_lostmove'], env).done
+    expect(toLost.code).toBe(1)
+    expect(toLost.stderr).toMatch(/declared lost/)
+    const cliBack = await spawnCli(['sessions', 'move', id], env).done
+    expect(cliBack.code, cliBack.stderr).toBe(0)
+    expect(cliBack.stdout).toMatch(/moved: .* → .*via direct, owner epoch 6/)
+    expect((await home(id)).node).toBe(start.node)
     expect((await api.send(id, 'y')).text).toBe('got y\n')
     const file = await api.call('GET', `/v1/sessions/${id}/files/content?path=seen.txt`)
     expect(file.body).toBe('x\ny\n')
@@ -246,6 +265,6 @@ describe.skipIf(testsRunOnPostgres())('moving sessions between nodes', () => {
       const res = await new Api(server.url, key.body.key).call('POST', `/v1/sessions/${id}/move`, {})
       expect(res.status).toBe(403)
     }
-    expect((await home(id)).epoch).toBe(start.epoch + 4)
+    expect((await home(id)).epoch).toBe(start.epoch + 6)
   }, 120_000)
 })

@@ -14,6 +14,7 @@ import type { SessionMover } from './cluster/moves/session-mover.js'
 import { installNodeMetrics } from './cluster/node-metrics.js'
 import type { NodeStore } from './cluster/node-store.js'
 import { nodeRoutes } from './cluster/routes.js'
+import { ClusterRuntimePort } from './cluster/routing/cluster-runtime-port.js'
 import { compatRoutes } from './compat/routes.js'
 import type { Db } from './db/database.js'
 import { consoleRoutes } from './http/console.js'
@@ -28,6 +29,7 @@ import type { MemoryService } from './memory/memory-service.js'
 import { memoryRoutes } from './memory/routes.js'
 import type { MetricsRegistry } from './metrics/registry.js'
 import { installMetrics } from './metrics/route.js'
+import { installShippingMetrics, type NodeLag } from './metrics/shipping-metrics.js'
 import type { PreviewOrigins } from './previews/preview-origins.js'
 import type { PreviewService } from './previews/preview-service.js'
 import { isPreviewRequest, previewRoutes } from './previews/routes.js'
@@ -181,7 +183,10 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
     deps.sessions,
     deps.db,
     deps.runtime,
-    cluster ? installNodeMetrics(deps.metrics, () => cluster.nodes.list()) : undefined,
+    beforeEach([
+      cluster ? installNodeMetrics(deps.metrics, () => cluster.nodes.list()) : undefined,
+      installShippingMetrics(deps.metrics, () => shippingLags(deps.runtime)),
+    ]),
   )
   app.get('/v1/openapi.json', { schema: { hide: true } }, async () => app.swagger())
   keyRoutes(app, deps.keys, { maxKeysPerTenant: deps.operatorLimits.maxKeysPerTenant })
@@ -223,4 +228,17 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
     }
   })
   return app
+}
+
+/** Runs every reader before a scrape. */
+function beforeEach(readers: ((() => Promise<void>) | undefined)[]): () => Promise<void> {
+  return async () => {
+    await Promise.all(readers.map((read) => read?.()))
+  }
+}
+
+/** Each node's shipping lag: every serving node's in a cluster, this process's own otherwise. */
+async function shippingLags(runtime: RuntimePort): Promise<NodeLag[]> {
+  if (runtime instanceof ClusterRuntimePort) return runtime.shippingLagByNode()
+  return [{ node: 'local', lag: await runtime.shippingLag() }]
 }

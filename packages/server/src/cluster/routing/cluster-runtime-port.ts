@@ -505,6 +505,16 @@ export class ClusterRuntimePort implements RuntimePort {
     throw new CairnProblem('bad_request', 'a node fetches trees from the bucket, not the cluster')
   }
 
+  /** Each serving node's shipping lag (`/metrics`); a node that does not answer is left out. */
+  async shippingLagByNode(): Promise<{ node: string; lag: NodeShippingLag }[]> {
+    const nodes = await this.routes.servingNodes()
+    const settled = await Promise.allSettled(nodes.map(({ port }) => port.shippingLag()))
+    return nodes.flatMap(({ node }, i) => {
+      const result = settled[i]
+      return result?.status === 'fulfilled' ? [{ node: node.id, lag: result.value }] : []
+    })
+  }
+
   /** Summed over the serving nodes; the oldest unshipped snapshot anywhere. */
   async shippingLag(): Promise<NodeShippingLag> {
     const lags = await this.routes.fromEveryNode((port) => port.shippingLag())

@@ -8,8 +8,8 @@ import type { SessionRow } from './session-store.js'
 export interface SessionObserver {
   /** A session was created (not awaited: a snapshot of turn 0 is taken in the background). */
   created?(row: SessionRow): void
-  /** The sandbox is ready and the prompt not yet sent (pre-turn snapshots); awaited. */
-  beforeTurn?(row: SessionRow, seq: number, agent: AgentInfo): Promise<void>
+  /** The turn is about to be sent to its agent (pre-turn snapshots); awaited. */
+  beforeTurn?(row: SessionRow, seq: number): Promise<void>
   /**
    * Whether the turn left the workspace exactly as the observer last saw it (see
    * `SnapshotPolicy.unchanged`). A turn counts as unchanged only when every observer that

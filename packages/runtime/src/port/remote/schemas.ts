@@ -94,6 +94,11 @@ export const TurnInput = Type.Object(
   { additionalProperties: false },
 )
 
+export const TurnOptions = Type.Object(
+  { resume: optional(Type.Boolean()), keepWarmMs: optional(Count) },
+  { additionalProperties: false },
+)
+
 export const WorkspaceMark = Type.Object(
   { sandboxId: Id, ctransid: Count, writtenBytes: Count },
   { additionalProperties: false },

@@ -14,6 +14,7 @@ import {
   type RuntimePort,
   runWithOwnerEpoch,
   serveRuntimePort,
+  type WorkspaceMark,
 } from '../packages/runtime/dist/port/index.js'
 import { type Bench, progress, repeat, timedResult } from './lib/bench.js'
 import { type Row, row } from './lib/stats.js'
@@ -50,6 +51,32 @@ async function serverTurn(port: RuntimePort, spec: AgentSpec, n: number): Promis
   } finally {
     await release()
   }
+}
+
+/**
+ * A warm turn as the server makes it now: the message check's look at the agent (which also
+ * serves the admission), then one `runTurn` that resumes the agent, runs the turn, cools the
+ * sandbox down and compares the workspace's mark.
+ */
+async function oneCallTurn(
+  port: RuntimePort,
+  spec: AgentSpec,
+  n: number,
+  mark: WorkspaceMark,
+): Promise<void> {
+  if (!(await port.agent(spec.sessionId))?.alive) throw new Error('the agent went cold')
+  const input = { prompt: `hi ${n}`, turn: n, turnId: `turn_c${n.toString(36)}`, transcript: [] }
+  let completed = false
+  for await (const message of port.runTurn(spec.sessionId, input, {
+    resume: true,
+    keepWarmMs: 600_000,
+    mark,
+  })) {
+    if (message.type === 'cold') throw new Error('the agent went cold')
+    if (message.type === 'outcome')
+      completed = message.outcome.status === 'completed' && !!message.after?.agent
+  }
+  if (!completed) throw new Error(`turn ${n} did not complete warm`)
 }
 
 async function timed(runs: number, fn: (i: number) => Promise<unknown>): Promise<number[]> {
@@ -150,13 +177,27 @@ export const remotePort: Bench = {
           { name: 'local turn', median: localTurn.summary.median },
         )
         const localServer = row(
-          "warm turn, local, with the server's 6 other port calls",
+          'warm turn, local, as the server made it before (7 port calls)',
           await timed(TURNS, (i) => serverTurn(local, viaLocal, i + 1000)),
         )
         const remoteServer = row(
-          "warm turn, remote, with the server's 6 other port calls",
+          'warm turn, remote, as the server made it before (7 port calls)',
           await timed(TURNS, (i) => onRemote(() => serverTurn(remote, viaRemote, i + 1000))),
           { name: 'local, same calls', median: localServer.summary.median },
+        )
+        const localMark = await local.snapshotWorkspace(viaLocal.sessionId, 'snp_benchlocal', 'ten_bench')
+        const remoteMark = await onRemote(() =>
+          remote.snapshotWorkspace(viaRemote.sessionId, 'snp_benchremote', 'ten_bench'),
+        )
+        if (!localMark || !remoteMark) throw new Error('no workspace mark')
+        const localOne = row(
+          'warm turn, local, as the server makes it now (agent + one runTurn)',
+          await timed(TURNS, (i) => oneCallTurn(local, viaLocal, i + 2000, localMark)),
+        )
+        const remoteOne = row(
+          'warm turn, remote, as the server makes it now (agent + one runTurn)',
+          await timed(TURNS, (i) => onRemote(() => oneCallTurn(remote, viaRemote, i + 2000, remoteMark))),
+          { name: 'local, same calls', median: localOne.summary.median },
         )
         progress(`a ${FILE_MIB} MiB file read ${FILE_RUNS} times each way`)
         await local.writeFile(
@@ -191,6 +232,8 @@ export const remotePort: Bench = {
           remoteTurn,
           localServer,
           remoteServer,
+          localOne,
+          remoteOne,
           localFile,
           remoteFile,
         ]
@@ -206,6 +249,7 @@ export const remotePort: Bench = {
           targets: [],
           notes: [
             `the network port adds ${extra.toFixed(2)} ms to runTurn (${(extra / h2.summary.median).toFixed(1)} bare h2 round trips)`,
+            `a warm turn as the server makes it now costs ${(remoteOne.summary.median - localOne.summary.median).toFixed(2)} ms more remote than local (before: ${(remoteServer.summary.median - localServer.summary.median).toFixed(2)} ms)`,
           ],
         }
       } finally {

@@ -297,10 +297,13 @@ export class LocalRuntimePort implements RuntimePort {
           if (this.turns.get(key) === controller) this.turns.delete(key)
         }
         if (options.keepWarmMs === undefined) return { type: 'outcome', outcome }
+        const agent = await this.afterTurn(sessionId, options.keepWarmMs)
+        const { mark } = options
+        if (!mark) return { type: 'outcome', outcome, after: { agent } }
         return {
           type: 'outcome',
           outcome,
-          after: { agent: await this.afterTurn(sessionId, options.keepWarmMs) },
+          after: { agent, unchanged: await this.unchangedSince(sessionId, mark) },
         }
       },
       () => controller.abort(),

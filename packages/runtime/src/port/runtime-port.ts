@@ -171,6 +171,11 @@ export interface TurnOptions {
    * one is stopped (as `stopAgent`); the outcome message says which (`after.agent`).
    */
   keepWarmMs?: number | undefined
+  /**
+   * With `keepWarmMs`: after the cooldown, whether the workspace is exactly as at `mark` (as
+   * `unchangedSince`), answered as `after.unchanged`.
+   */
+  mark?: WorkspaceMark | undefined
 }
 
 /** The cap on one tenant's running sandboxes, and whose are running turns (not to be stopped). */

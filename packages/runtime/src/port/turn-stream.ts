@@ -6,7 +6,12 @@ import type { AgentInfo } from './runtime-port.js'
  * what became of its sandbox after it (`after.agent`: the agent still up and cooling down; absent:
  * none, a dead one was stopped).
  */
-export type TurnEnd = { type: 'outcome'; outcome: TurnOutcome; after?: { agent?: AgentInfo | undefined } }
+export type TurnEnd = {
+  type: 'outcome'
+  outcome: TurnOutcome
+  /** `unchanged`: the answer to `TurnOptions.mark`, when one was given. */
+  after?: { agent?: AgentInfo | undefined; unchanged?: boolean | undefined }
+}
 
 /**
  * What a turn sends back as it runs. With `TurnOptions.resume`, first the warm agent it took

@@ -6,7 +6,7 @@ import { redact } from '../secrets/secret-store.js'
 import type { WorkspaceGenerations } from './generations.js'
 import { limitReached } from './policy.js'
 import type { SessionServiceDeps } from './session-deps.js'
-import { unchangedByAll } from './session-observer.js'
+import { type MarkAnswer, turnMarkOf, unchangedByAll } from './session-observer.js'
 import type { SessionRow, SessionStore } from './session-store.js'
 import type { TurnLocks } from './turn-locks.js'
 import type { SeenAgent, WarmAgents } from './warm-agents.js'
@@ -207,6 +207,8 @@ export class TurnRunner {
      * and nothing but this turn stops it meanwhile; its cooldown has just begun).
      */
     let agentAfter: AgentInfo | undefined
+    /** The runtime's answer, after the turn, to the workspace mark sent with it. */
+    let answered: MarkAnswer | undefined
     const maxTurns = row.max_turns
     const lastTurn = maxTurns !== null && seq >= maxTurns
     try {
@@ -234,7 +236,9 @@ export class TurnRunner {
       const input: TurnInput = { prompt, turn: seq, turnId, transcript }
       // One call to the runtime: the warm agent taken, the turn, its sandbox cooled down after it
       // (the policy's last turn drops it below instead).
-      const options: TurnOptions = lastTurn ? {} : { keepWarmMs: row.keep_warm_ms }
+      // The workspace's mark goes with it: the node says whether the turn changed it.
+      const mark = lastTurn ? undefined : turnMarkOf(this.observers, row.id)
+      const options: TurnOptions = lastTurn ? {} : { keepWarmMs: row.keep_warm_ms, mark }
       const resumed = warmNow
       let end = resumed
         ? await this.runTurn(
@@ -265,6 +269,7 @@ export class TurnRunner {
       }
       if (end.after) {
         agentAfter = end.after.agent
+        if (mark && end.after.unchanged !== undefined) answered = { mark, unchanged: end.after.unchanged }
         if (!agentAfter) warm.forget(row.id)
       } else if (!lastTurn) {
         // A runtime that did not do the after-turn step itself.
@@ -319,7 +324,7 @@ export class TurnRunner {
     let generation: number | undefined
     const unchanged =
       promptSent && agentAfter?.alive
-        ? await unchangedByAll(this.observers, row.id).catch(() => false)
+        ? await unchangedByAll(this.observers, row.id, answered).catch(() => false)
         : false
     if (promptSent && !unchanged) {
       generation = await this.deps.generations.markNext(row.id).catch((error) => {

@@ -94,13 +94,13 @@ export const TurnInput = Type.Object(
   { additionalProperties: false },
 )
 
-export const TurnOptions = Type.Object(
-  { resume: optional(Type.Boolean()), keepWarmMs: optional(Count) },
+export const WorkspaceMark = Type.Object(
+  { sandboxId: Id, ctransid: Count, writtenBytes: Count },
   { additionalProperties: false },
 )
 
-export const WorkspaceMark = Type.Object(
-  { sandboxId: Id, ctransid: Count, writtenBytes: Count },
+export const TurnOptions = Type.Object(
+  { resume: optional(Type.Boolean()), keepWarmMs: optional(Count), mark: optional(WorkspaceMark) },
   { additionalProperties: false },
 )
 

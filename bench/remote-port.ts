@@ -34,23 +34,19 @@ async function turn(port: RuntimePort, sessionId: string, n: number): Promise<vo
       throw new Error(`turn ${n}: ${message.outcome.status}`)
 }
 
-/** A warm turn as the server makes it: the port calls of TurnRunner and WarmAgents around runTurn. */
-async function serverTurn(port: RuntimePort, spec: AgentSpec, n: number): Promise<void> {
+/**
+ * A warm turn as the server made it before one call did it: the message check's and the
+ * admission's looks at the agent, `resumeAgent`, the turn, a look at the agent after it, its
+ * cooldown and the workspace's mark compared (`unchangedSince`): seven port calls.
+ */
+async function serverTurn(port: RuntimePort, spec: AgentSpec, n: number, mark: WorkspaceMark): Promise<void> {
   await port.agent(spec.sessionId)
-  const release = await port.admitAgent({
-    sessionId: spec.sessionId,
-    tenantId: spec.tenantId,
-    maxSandboxesPerTenant: 64,
-    busy: [],
-  })
-  try {
-    if (!(await port.resumeAgent(spec.sessionId))) throw new Error('the agent went cold')
-    await turn(port, spec.sessionId, n)
-    await port.agent(spec.sessionId)
-    await port.coolDown(spec.sessionId, 600_000)
-  } finally {
-    await release()
-  }
+  if (!(await port.agent(spec.sessionId))?.alive) throw new Error('the agent went cold')
+  if (!(await port.resumeAgent(spec.sessionId))) throw new Error('the agent went cold')
+  await turn(port, spec.sessionId, n)
+  await port.agent(spec.sessionId)
+  await port.coolDown(spec.sessionId, 600_000)
+  await port.unchangedSince(spec.sessionId, mark)
 }
 
 /**
@@ -176,20 +172,20 @@ export const remotePort: Bench = {
           await timed(TURNS, (i) => onRemote(() => turn(remote, viaRemote.sessionId, i + WARMUP))),
           { name: 'local turn', median: localTurn.summary.median },
         )
-        const localServer = row(
-          'warm turn, local, as the server made it before (7 port calls)',
-          await timed(TURNS, (i) => serverTurn(local, viaLocal, i + 1000)),
-        )
-        const remoteServer = row(
-          'warm turn, remote, as the server made it before (7 port calls)',
-          await timed(TURNS, (i) => onRemote(() => serverTurn(remote, viaRemote, i + 1000))),
-          { name: 'local, same calls', median: localServer.summary.median },
-        )
         const localMark = await local.snapshotWorkspace(viaLocal.sessionId, 'snp_benchlocal', 'ten_bench')
         const remoteMark = await onRemote(() =>
           remote.snapshotWorkspace(viaRemote.sessionId, 'snp_benchremote', 'ten_bench'),
         )
         if (!localMark || !remoteMark) throw new Error('no workspace mark')
+        const localServer = row(
+          'warm turn, local, as the server made it before (7 port calls)',
+          await timed(TURNS, (i) => serverTurn(local, viaLocal, i + 1000, localMark)),
+        )
+        const remoteServer = row(
+          'warm turn, remote, as the server made it before (7 port calls)',
+          await timed(TURNS, (i) => onRemote(() => serverTurn(remote, viaRemote, i + 1000, remoteMark))),
+          { name: 'local, same calls', median: localServer.summary.median },
+        )
         const localOne = row(
           'warm turn, local, as the server makes it now (agent + one runTurn)',
           await timed(TURNS, (i) => oneCallTurn(local, viaLocal, i + 2000, localMark)),

@@ -8,7 +8,7 @@ import { limitReached } from './policy.js'
 import type { SessionServiceDeps } from './session-deps.js'
 import { type MarkAnswer, turnMarkOf, unchangedByAll } from './session-observer.js'
 import type { SessionRow, SessionStore } from './session-store.js'
-import type { TurnLocks } from './turn-locks.js'
+import { MOVE_OPERATION, type TurnLocks } from './turn-locks.js'
 import type { SeenAgent, WarmAgents } from './warm-agents.js'
 
 export type TurnRunnerDeps = Pick<
@@ -65,6 +65,11 @@ export class TurnRunner {
     if (locks.has(id)) {
       // Whoever cannot see the session is told it does not exist, not that it is busy.
       await load()
+      if (locks.busyWith(id) === MOVE_OPERATION)
+        throw new CairnProblem(
+          'session_moving',
+          `session ${id} is being moved to another node; retry in a moment`,
+        )
       throw new CairnProblem(
         'session_busy',
         `session ${id} is already running a turn; wait for it or cancel it`,

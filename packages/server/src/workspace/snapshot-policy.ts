@@ -1,5 +1,5 @@
 import { newId, type SnapshotInfo, type SnapshotReason } from '@cairn/protocol'
-import type { AgentInfo, WorkspaceMark } from '@cairn/runtime/port'
+import type { AgentInfo, SnapshotOptions, WorkspaceMark } from '@cairn/runtime/port'
 import { iso } from '../clock.js'
 import type { MarkAnswer, SessionObserver } from '../sessions/session-observer.js'
 import type { SessionRow } from '../sessions/session-store.js'
@@ -176,7 +176,8 @@ export class SnapshotPolicy implements SessionObserver {
     label?: string,
   ): Promise<SnapshotInfo> {
     const snapshotId = newId('snapshot')
-    const seen = await this.frozenSnapshot(row, snapshotId)
+    // Every kept snapshot is shipped by a node that has a bucket (docs/shipping.md).
+    const seen = await this.frozenSnapshot(row, snapshotId, { ship: true })
     const current = await this.deps.sessions.store.get(row.tenant_id, row.id)
     const info = await this.snapshots.insertWithId(snapshotId, {
       session_id: row.id,
@@ -211,8 +212,9 @@ export class SnapshotPolicy implements SessionObserver {
   frozenSnapshot(
     row: Pick<SessionRow, 'id' | 'tenant_id'>,
     snapshotId: string,
+    options?: SnapshotOptions,
   ): Promise<WorkspaceMark | undefined> {
-    return this.deps.runtime.snapshotWorkspace(row.id, snapshotId, row.tenant_id)
+    return this.deps.runtime.snapshotWorkspace(row.id, snapshotId, row.tenant_id, options)
   }
 
   /** Automatic snapshots kept per session for the tenant. */

@@ -74,7 +74,7 @@ export const METHODS: Record<keyof RuntimePort, MethodSpec> = {
   createWorkspace: { args: [id, id, id], result: 'json', session: first },
   hasWorkspace: { args: [id], result: 'json', session: first },
   deleteWorkspace: { args: [id], result: 'json', session: first },
-  snapshotWorkspace: { args: [id, id, id], result: 'json', session: first },
+  snapshotWorkspace: { args: [id, id, id, maybe(S.SnapshotOptions)], result: 'json', session: first },
   unchangedSince: { args: [id, json(S.WorkspaceMark)], result: 'json', session: first },
   restoreWorkspace: { args: [id, id, count, id], result: 'json', session: first },
   forkWorkspace: { args: [id, id, id], result: 'json', session: first },
@@ -120,6 +120,11 @@ export const METHODS: Record<keyof RuntimePort, MethodSpec> = {
   discardStagedRevision: { args: [id], result: 'json' },
   exportPoolTree: { args: [json(S.ShippedTree)], result: 'stream' },
   importPoolTree: { args: [json(S.ShippedTree), id, { kind: 'body' }], result: 'json' },
+  // the shipping bucket
+  restoreFromBucket: { args: [id, id], result: 'json', session: first },
+  shipPoolTree: { args: [json(S.ShippedTree)], result: 'json' },
+  fetchPoolTree: { args: [json(S.ShippedTree)], result: 'json' },
+  shippingLag: { args: [], result: 'json' },
   // images
   imageKeyOf: { args: [json(S.ImageRecipe), context], result: 'json' },
   hasImage: { args: [json(S.Key)], result: 'json' },

@@ -153,6 +153,12 @@ export const ShippedTree = Type.Union([
   Type.Object({ dependencyEnvKey: Key }, { additionalProperties: false }),
 ])
 
+/** `snapshotWorkspace`'s options. */
+export const SnapshotOptions = Type.Object(
+  { ship: Type.Optional(Type.Boolean()) },
+  { additionalProperties: false },
+)
+
 /** An image build's context on the wire: its timeout (its `log` lines come back as frames). */
 export const BuildContext = Type.Object({ timeoutMs: Count }, { additionalProperties: false })
 

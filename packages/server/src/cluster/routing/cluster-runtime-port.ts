@@ -27,6 +27,7 @@ import {
   type TreeSizes,
   type TurnInput,
   type TurnMessage,
+  type TurnOptions,
   type WorkspaceCommand,
   type WorkspaceMark,
 } from '@cairn/runtime/port'
@@ -148,11 +149,11 @@ export class ClusterRuntimePort implements RuntimePort {
       })
   }
 
-  async *runTurn(sessionId: string, input: TurnInput): AsyncIterable<TurnMessage> {
+  async *runTurn(sessionId: string, input: TurnInput, options?: TurnOptions): AsyncIterable<TurnMessage> {
     const route = await this.routes.sessionRoute(sessionId)
     // Each step runs under the epoch: a remote port may open its stream on the first `next`.
     const iterator = runWithOwnerEpoch(route.ownerEpoch, () =>
-      route.port.runTurn(sessionId, input)[Symbol.asyncIterator](),
+      route.port.runTurn(sessionId, input, options)[Symbol.asyncIterator](),
     )
     let done = false
     try {

@@ -35,6 +35,7 @@ async function load(): Promise<Bench[]> {
     { shipping },
     { cluster },
     { recovery },
+    { moves },
   ] = await Promise.all([
     import('./baselines.js'),
     import('./session-create.js'),
@@ -57,6 +58,7 @@ async function load(): Promise<Bench[]> {
     import('./shipping.js'),
     import('./cluster.js'),
     import('./recovery.js'),
+    import('./moves.js'),
   ])
   return [
     baselines,
@@ -80,6 +82,7 @@ async function load(): Promise<Bench[]> {
     shipping,
     cluster,
     recovery,
+    moves,
   ]
 }
 

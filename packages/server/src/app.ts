@@ -10,6 +10,7 @@ import type { ApiKeyStore } from './auth/api-keys.js'
 import { installAuth } from './auth/plugin.js'
 import { keyRoutes } from './auth/routes.js'
 import type { ClusterHint } from './cluster/cluster-hints.js'
+import type { SessionMover } from './cluster/moves/session-mover.js'
 import { installNodeMetrics } from './cluster/node-metrics.js'
 import type { NodeStore } from './cluster/node-store.js'
 import { nodeRoutes } from './cluster/routes.js'
@@ -76,7 +77,9 @@ export interface AppDeps {
    * The cluster's nodes (a server on PostgreSQL): `/v1/nodes`, node status in `/v1/runtime` and
    * per-node figures in `/metrics`. Undefined: not in a cluster (the list is empty).
    */
-  cluster?: { nodes: NodeStore; publish?: (hint: ClusterHint) => Promise<void> } | undefined
+  cluster?:
+    | { nodes: NodeStore; publish?: (hint: ClusterHint) => Promise<void>; mover?: SessionMover | undefined }
+    | undefined
 }
 
 const JSON_LIMIT: BodyLimit = { bytes: 2 * 1024 * 1024, applies: 'JSON bodies' }
@@ -198,7 +201,7 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   previewRoutes(app, deps.previews, deps.previewOrigins)
   setupRoutes(app, deps.setup, deps.sessions)
   runtimeRoute(app, deps.runtime, deps.operatorLimits, cluster ? () => cluster.nodes.list() : undefined)
-  nodeRoutes(app, cluster?.nodes, cluster?.publish)
+  nodeRoutes(app, cluster?.nodes, cluster?.publish, cluster?.mover)
   consoleRoutes(app)
   const compat = deps.compat
   if (compat) {

@@ -12,6 +12,8 @@ import { buildApp } from './app.js'
 import { ApiKeyStore, DEFAULT_TENANT_ID } from './auth/api-keys.js'
 import { iso, systemClock } from './clock.js'
 import { type ClusterControl, startClusterControl } from './cluster/cluster-control.js'
+import { DrainMoves } from './cluster/moves/drain-moves.js'
+import { SessionMover } from './cluster/moves/session-mover.js'
 import { type NodeConnector, openClusterRuntime } from './cluster/routing/cluster-runtime-host.js'
 import { ClusterRuntimePort } from './cluster/routing/cluster-runtime-port.js'
 import { type ResolvedConfig, resolveConfig, type ServerOptions } from './config.js'
@@ -303,6 +305,20 @@ export async function startServer(
     // On PostgreSQL the server is part of a cluster's control plane: a candidate for leader (node
     // failure handling), the nodes' routes and figures. The reaper's passes stay with each
     // replica here: they act on the sessions of its own runtime.
+    // An API replica moves sessions between nodes (`POST /v1/sessions/{id}/move`); its leader
+    // empties draining nodes by moving their idle sessions.
+    const mover =
+      runtimePort instanceof ClusterRuntimePort
+        ? new SessionMover({
+            db,
+            cluster: runtimePort,
+            sessions,
+            logger: logger.child({ component: 'moves' }),
+          })
+        : undefined
+    const drainMoves = mover
+      ? new DrainMoves({ db, mover, logger: logger.child({ component: 'drain' }) })
+      : undefined
     cluster =
       db.dialect === 'postgres' && config.databaseUrl
         ? startClusterControl({
@@ -327,12 +343,15 @@ export async function startServer(
               ? [
                   { name: 'session timeouts', intervalMs: SWEEP_MS, run: () => sessions.sweep() },
                   { name: 'retention', intervalMs: config.reaperIntervalMs, run: housekeeping },
+                  ...(drainMoves
+                    ? [{ name: 'drain moves', intervalMs: SWEEP_MS, run: () => drainMoves.pass() }]
+                    : []),
                 ]
               : [],
           })
         : undefined
     const app = await buildApp({
-      cluster,
+      cluster: cluster ? { nodes: cluster.nodes, publish: cluster.publish, mover } : undefined,
       db,
       logger,
       keys,
@@ -404,6 +423,8 @@ export async function startServer(
         closing ??= (async () => {
           await previewListener?.close()
           await app.close()
+          drainMoves?.stop()
+          await drainMoves?.settle()
           await sessions.drain(config.shutdownGraceMs)
           await workspace.settle()
           await sessions.close()

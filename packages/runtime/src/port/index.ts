@@ -32,5 +32,5 @@ export {
   serveRuntimePort,
 } from './remote/serve-runtime-port.js'
 export type * from './runtime-port.js'
-export type { TurnMessage } from './turn-stream.js'
+export type { TurnEnd, TurnMessage } from './turn-stream.js'
 export type { PoolClock } from './warm-pool.js'

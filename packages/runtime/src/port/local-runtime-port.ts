@@ -41,6 +41,7 @@ import type {
   SnapshotOptions,
   TreeReadOptions,
   TreeRef,
+  TurnOptions,
   WorkspaceCommand,
   WorkspaceMark,
 } from './runtime-port.js'
@@ -275,24 +276,59 @@ export class LocalRuntimePort implements RuntimePort {
     return agent ? this.info(sessionId, agent) : undefined
   }
 
-  runTurn(sessionId: string, input: TurnInput): AsyncIterable<TurnMessage> {
+  runTurn(sessionId: string, input: TurnInput, options: TurnOptions = {}): AsyncIterable<TurnMessage> {
+    let first: TurnMessage | undefined
+    if (options.resume) {
+      const warm = this.pool.take(sessionId)
+      if (!warm) {
+        // A dead agent left is stopped here (as `stopAgent`), so that the start that follows is clean.
+        const dead = this.pool.agent(sessionId) !== undefined
+        return turnStream(
+          async () => {
+            if (dead) await this.stopAgent(sessionId)
+            return undefined
+          },
+          () => undefined,
+          { type: 'cold', stopped: dead },
+        )
+      }
+      first = { type: 'started', agent: this.info(sessionId, warm) }
+    }
     const key = turnKey(sessionId, input.turnId)
     const controller = new AbortController()
     this.turns.set(key, controller)
     return turnStream(
-      (onEvent) => {
-        let outcome: Promise<TurnOutcome>
+      async (onEvent) => {
+        let outcome: TurnOutcome
         try {
-          outcome = this.warmAgent(sessionId).runTurn(input, onEvent, controller.signal)
-        } catch (error) {
-          outcome = Promise.reject(error)
-        }
-        return outcome.finally(() => {
+          outcome = await this.warmAgent(sessionId).runTurn(input, onEvent, controller.signal)
+        } finally {
           if (this.turns.get(key) === controller) this.turns.delete(key)
-        })
+        }
+        if (options.keepWarmMs === undefined) return { type: 'outcome', outcome }
+        const agent = await this.afterTurn(sessionId, options.keepWarmMs)
+        const { mark } = options
+        if (!mark) return { type: 'outcome', outcome, after: { agent } }
+        return {
+          type: 'outcome',
+          outcome,
+          after: { agent, unchanged: await this.unchangedSince(sessionId, mark) },
+        }
       },
       () => controller.abort(),
+      first,
     )
+  }
+
+  /** The turn's sandbox after it: alive, it cools down; dead, it is stopped (`TurnOptions.keepWarmMs`). */
+  private async afterTurn(sessionId: string, keepWarmMs: number): Promise<AgentInfo | undefined> {
+    const agent = await this.agent(sessionId)
+    if (agent?.alive) {
+      await this.coolDown(sessionId, keepWarmMs)
+      return agent
+    }
+    await this.stopAgent(sessionId)
+    return undefined
   }
 
   async cancelTurn(sessionId: string, turnId: string): Promise<void> {

@@ -185,6 +185,29 @@ export type TreeRef =
  */
 export type TreeReadOptions = ReadOptions
 
+/**
+ * What a turn does on the node besides running, so that a turn crosses to a remote runtime once
+ * (one call instead of a resume, the turn, a look at the agent and its cooldown).
+ */
+export interface TurnOptions {
+  /**
+   * Takes the session's warm agent first (as `resumeAgent`: its cooldown stopped), told as the
+   * turn's first message (`started`); without one the turn's only message is `cold` and nothing
+   * runs (the caller starts the agent and asks again without `resume`).
+   */
+  resume?: boolean | undefined
+  /**
+   * After the outcome: a sandbox still alive cools down for this long (as `coolDown`), a dead
+   * one is stopped (as `stopAgent`); the outcome message says which (`after.agent`).
+   */
+  keepWarmMs?: number | undefined
+  /**
+   * With `keepWarmMs`: after the cooldown, whether the workspace is exactly as at `mark` (as
+   * `unchangedSince`), answered as `after.unchanged`.
+   */
+  mark?: WorkspaceMark | undefined
+}
+
 /** The cap on one tenant's running sandboxes, and whose are running turns (not to be stopped). */
 export interface Admission {
   sessionId: string
@@ -220,8 +243,9 @@ export interface RuntimePort {
    * Runs one turn on the session's warm agent, started at once: its messages as they happen, the
    * outcome last (a remote runtime sends them as frames of one stream). A turn that cannot run
    * ends the iteration with an error; a reader that stops before the outcome cancels the turn.
+   * `options`: what else the call does on the node (see `TurnOptions`).
    */
-  runTurn(sessionId: string, input: TurnInput): AsyncIterable<TurnMessage>
+  runTurn(sessionId: string, input: TurnInput, options?: TurnOptions): AsyncIterable<TurnMessage>
   /** Cancels the session's turn `turnId` if it is running: its outcome is then `cancelled`. */
   cancelTurn(sessionId: string, turnId: string): Promise<void>
   /** After a turn: the sandbox stays warm for `keepWarmMs`, then stops (now when 0). */

@@ -57,7 +57,7 @@ export const METHODS: Record<keyof RuntimePort, MethodSpec> = {
   resumeAgent: { args: [id], result: 'json', session: first },
   startAgent: { args: [json(S.AgentSpec)], result: 'json', session: field('sessionId') },
   agent: { args: [id], result: 'json', session: first },
-  runTurn: { args: [id, json(S.TurnInput)], result: 'turn', session: first },
+  runTurn: { args: [id, json(S.TurnInput), maybe(S.TurnOptions)], result: 'turn', session: first },
   cancelTurn: { args: [id, id], result: 'json', session: first },
   coolDown: { args: [id, count], result: 'json', session: first },
   keepWarm: { args: [id, count, maybe(Type.Boolean())], result: 'json', session: first },

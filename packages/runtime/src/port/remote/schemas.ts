@@ -99,6 +99,11 @@ export const WorkspaceMark = Type.Object(
   { additionalProperties: false },
 )
 
+export const TurnOptions = Type.Object(
+  { resume: optional(Type.Boolean()), keepWarmMs: optional(Count), mark: optional(WorkspaceMark) },
+  { additionalProperties: false },
+)
+
 export const WorkspaceCommand = Type.Object(
   {
     sessionId: Id,

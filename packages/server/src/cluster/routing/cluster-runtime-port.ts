@@ -27,6 +27,7 @@ import {
   type TreeSizes,
   type TurnInput,
   type TurnMessage,
+  type TurnOptions,
   type WorkspaceCommand,
   type WorkspaceMark,
 } from '@cairn/runtime/port'
@@ -34,7 +35,7 @@ import type { Logger } from 'pino'
 import type { Db } from '../../db/database.js'
 import { ClusterRoutes, parseDrivers } from './cluster-routes.js'
 import { ClusterRows } from './cluster-rows.js'
-import type { NodeDirectory } from './node-directory.js'
+import type { NodeDirectory, NodeRow } from './node-directory.js'
 import { NodeLossRecovery } from './node-loss-recovery.js'
 import { RevisionShipping, SERVING_STATES, shipSealed } from './revision-shipping.js'
 
@@ -91,6 +92,35 @@ export class ClusterRuntimePort implements RuntimePort {
   /** Brings lost nodes' sessions back from the shipping bucket (see `NodeLossRecovery`). */
   readonly recovery: NodeLossRecovery
 
+  // --- moves (see SessionMover) --------------------------------------------------------------
+  /**
+   * A node's port, refused as `node_lost` / `node_unavailable` when it cannot serve; `fresh`: its
+   * row read now (an operator's cordon a moment ago counts).
+   */
+  async nodePort(nodeId: string, fresh = false): Promise<{ node: NodeRow; port: RuntimePort }> {
+    if (fresh) await this.options.directory.nodes(true)
+    return this.routes.nodePort(nodeId)
+  }
+
+  /** Where placement would put a session of the revision, leaving out the node it leaves. */
+  async placeMove(revisionId: string, fromNode: string): Promise<{ node: NodeRow; port: RuntimePort }> {
+    const others = async (fresh: boolean) =>
+      (await this.options.directory.nodes(fresh)).filter((node) => node.id !== fromNode)
+    // Read now: a move must not land on a node cordoned a moment ago.
+    const node = await this.routes.placeOn(await others(true), revisionId)
+    return this.routes.nodePort(node.id)
+  }
+
+  /** Ships the revision (and its dependency environment) to the node unless it holds it. */
+  ensureRevisionOn(node: NodeRow, revisionId: string): Promise<void> {
+    return this.shipping.ensure(node, revisionId)
+  }
+
+  /** Forgets the session's cached node and epoch (it moved: the next call reads them again). */
+  forgetHome(sessionId: string): void {
+    this.rows.forget(sessionId)
+  }
+
   /** The node a new session was placed on (for its row's `runtime_id`), until the row says so. */
   placedNode(sessionId: string): string | undefined {
     return this.rows.placedNode(sessionId)
@@ -119,11 +149,11 @@ export class ClusterRuntimePort implements RuntimePort {
       })
   }
 
-  async *runTurn(sessionId: string, input: TurnInput): AsyncIterable<TurnMessage> {
+  async *runTurn(sessionId: string, input: TurnInput, options?: TurnOptions): AsyncIterable<TurnMessage> {
     const route = await this.routes.sessionRoute(sessionId)
     // Each step runs under the epoch: a remote port may open its stream on the first `next`.
     const iterator = runWithOwnerEpoch(route.ownerEpoch, () =>
-      route.port.runTurn(sessionId, input)[Symbol.asyncIterator](),
+      route.port.runTurn(sessionId, input, options)[Symbol.asyncIterator](),
     )
     let done = false
     try {

@@ -96,9 +96,14 @@ export async function importPoolTree(
           `shipenv_${tree.dependencyEnvKey.replace(/[^0-9a-z]/g, '')}${unique}`,
         )
   try {
-    const tar = spawn('tar', ['-x', '--numeric-owner', '--same-owner', '-p', '--xattrs', '-C', staging], {
-      stdio: ['pipe', 'ignore', 'pipe'],
-    })
+    // --ignore-zeros: tar reads its input to the end instead of leaving at the end-of-archive
+    // blocks, which closed its stdin before the stream's last bytes were written ("Premature close"
+    // on a loaded machine).
+    const tar = spawn(
+      'tar',
+      ['-x', '--ignore-zeros', '--numeric-owner', '--same-owner', '-p', '--xattrs', '-C', staging],
+      { stdio: ['pipe', 'ignore', 'pipe'] },
+    )
     let stderr = ''
     tar.stderr.setEncoding('utf8').on('data', (chunk: string) => {
       stderr = (stderr + chunk).slice(-2000)

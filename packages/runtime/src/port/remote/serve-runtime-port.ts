@@ -12,7 +12,7 @@ import type { TurnMessage } from '../turn-stream.js'
 import { CLUSTER_ROLE_NAMES, type ClusterTls } from './cluster-tls.js'
 import type { RuntimeEventHub } from './event-hub.js'
 import { METHODS, type MethodSpec, RELEASE_ADMISSION, wireSchema } from './method-table.js'
-import { EpochFence } from './owner-epoch.js'
+import { EpochFence, type EpochFloor } from './owner-epoch.js'
 import {
   CONNECTION_WINDOW_BYTES,
   decodeJson,
@@ -37,6 +37,11 @@ export interface ServeRuntimePortOptions {
   isFenced?: (() => boolean) | undefined
   /** An API connection that leaves a ping unanswered this long is closed (its admissions released). */
   keepaliveMs?: number | undefined
+  /**
+   * A session's owner epoch as the cluster's database has it, read at the session's first call in
+   * this process: without it a restarted node would take any epoch (see `EpochFloor`).
+   */
+  epochFloor?: EpochFloor | undefined
 }
 
 export interface ServedRuntimePort {
@@ -69,7 +74,7 @@ export async function serveRuntimePort(
   port: RuntimePort,
   options: ServeRuntimePortOptions,
 ): Promise<ServedRuntimePort> {
-  const fence = new EpochFence()
+  const fence = new EpochFence(options.epochFloor)
   const schemas = new Map<string, TSchema>()
   const schemaOf = (name: string, spec: MethodSpec) => {
     const known = schemas.get(name)
@@ -185,7 +190,7 @@ export async function serveRuntimePort(
     if (sessionId !== undefined) {
       const raw = headers[HEADER.ownerEpoch]
       const epoch = typeof raw === 'string' && /^\d{1,15}$/.test(raw) ? Number(raw) : undefined
-      const refused = fence.admit(sessionId, epoch)
+      const refused = await fence.admit(sessionId, epoch)
       if (refused) throw new CairnProblem('stale_epoch', refused, { sessionId, epoch: epoch ?? null })
     }
     const frames = () => {

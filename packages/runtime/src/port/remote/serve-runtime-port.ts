@@ -23,6 +23,7 @@ import {
   HEADER,
   lines,
   PATH_PREFIX,
+  SESSION_MEMORY_MIB,
   STREAM_WINDOW_BYTES,
 } from './wire.js'
 
@@ -92,6 +93,7 @@ export async function serveRuntimePort(
     requestCert: true,
     rejectUnauthorized: true,
     settings: { initialWindowSize: STREAM_WINDOW_BYTES },
+    maxSessionMemory: SESSION_MEMORY_MIB,
   })
   const keepaliveMs = options.keepaliveMs ?? 5000
   /** The API connections open (node:http2 does not list them): `close` ends them. */

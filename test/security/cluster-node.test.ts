@@ -1,4 +1,6 @@
-import { mkdtemp, rm } from 'node:fs/promises'
+import { execFileSync } from 'node:child_process'
+import { randomBytes } from 'node:crypto'
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises'
 import os from 'node:os'
 import path from 'node:path'
 import { initClusterTls, loadClusterTls, RemoteRuntimePort, runWithOwnerEpoch } from '@cairn/runtime/port'
@@ -8,7 +10,8 @@ import { type RunningNode, startNode } from '../../packages/server/src/node/star
 import { seedSessions } from '../../packages/server/test/cluster-rows.js'
 import { TestPostgres } from '../helpers/postgres.js'
 
-// Every call a runtime node takes for a session carries the session's owner epoch, and the node
+// A runtime node serves every tenant's sessions of its machine: no call may take it out for the
+// others. Every call a runtime node takes for a session carries the session's owner epoch, and the node
 // refuses one below the highest it has seen: an API replica that lost the session (the node was
 // declared lost, the session moved) changes nothing there. The node keeps what it saw in memory
 // only. Restarted, it must not take an epoch the session has left: a call held up in a replica (a
@@ -31,9 +34,21 @@ async function start(): Promise<RunningNode> {
     listen: '127.0.0.1:0',
     name: 'review-epochs',
     heartbeatMs: 200,
-    leaseMs: 2000,
+    leaseMs: 4000,
     logLevel: 'silent',
   })
+}
+
+/** A gzipped tar of one file of random bytes (incompressible: the archive is as large as the file). */
+async function randomArchive(bytes: number): Promise<Buffer> {
+  const dir = await mkdtemp(path.join(os.tmpdir(), 'cairn-review-archive-'))
+  try {
+    await writeFile(path.join(dir, 'data.bin'), randomBytes(bytes))
+    execFileSync('tar', ['-czf', path.join(dir, 'a.tgz'), '-C', dir, 'data.bin'])
+    return await readFile(path.join(dir, 'a.tgz'))
+  } finally {
+    await rm(dir, { recursive: true, force: true })
+  }
 }
 
 async function refusal(promise: Promise<unknown>): Promise<unknown> {
@@ -95,4 +110,30 @@ describe("a runtime node's owner epochs", () => {
     // A session the database does not know yet (placed, its row not written): its first epoch stands.
     expect(await runWithOwnerEpoch(0, () => late.agent('ses_reviewunknown'))).toBeUndefined()
   }, 120_000)
+})
+
+describe("a runtime node's port under a large call", () => {
+  it("takes a tenant's 48 MiB archive in one call, without stalling the node past its lease", async () => {
+    node ??= await start()
+    client ??= new RemoteRuntimePort({ url: node.url, tls: await loadClusterTls(clusterDir, 'api') })
+    const running = node
+    const fencesBefore = running.registry.fence.generation
+    // A deploy or a workspace upload (up to 100 MiB by default) crosses as base64 in one JSON frame
+    // (64 MiB here). It failed three ways: the replica's encoding went through Buffer#toJSON (an
+    // array of one number per byte: 6 s), node:http2's default session memory (10 MiB) reset the
+    // stream (ENHANCE_YOUR_CALM: node_unavailable), and the node searched the whole frame held so
+    // far at every 16 KiB data frame (minutes of event loop: heartbeats missed, the node fenced
+    // itself and every session on it failed).
+    const archive = await randomArchive(48 * 1024 * 1024)
+    const answer = await (client as RemoteRuntimePort)
+      .stageRevision('rev_reviewbig', 'ten_reviewbig', archive)
+      .then(
+        () => 'staged',
+        (error: unknown) => error,
+      )
+    expect(answer).toBe('staged')
+    expect(running.registry.fence.generation).toBe(fencesBefore)
+    expect(await (client as RemoteRuntimePort).warmCount()).toBe(0)
+    await (client as RemoteRuntimePort).discardStagedRevision('rev_reviewbig')
+  }, 60_000)
 })

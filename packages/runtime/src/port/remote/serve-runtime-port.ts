@@ -52,6 +52,8 @@ export interface ServedRuntimePort {
 }
 
 const CANCEL = http2.constants.NGHTTP2_CANCEL
+/** How long a connection may take to show its certificate (node:tls waits 120 s by default). */
+const HANDSHAKE_TIMEOUT_MS = 10_000
 const INTERNAL = http2.constants.NGHTTP2_INTERNAL_ERROR
 const RELEASE_SPEC: MethodSpec = {
   args: [{ kind: 'json', schema: Type.String({ maxLength: 64 }) }],
@@ -94,6 +96,8 @@ export async function serveRuntimePort(
     rejectUnauthorized: true,
     settings: { initialWindowSize: STREAM_WINDOW_BYTES },
     maxSessionMemory: SESSION_MEMORY_MIB,
+    // Before its handshake a peer is anyone on the network: it holds a socket this long at most.
+    handshakeTimeout: HANDSHAKE_TIMEOUT_MS,
   })
   const keepaliveMs = options.keepaliveMs ?? 5000
   /** The API connections open (node:http2 does not list them): `close` ends them. */

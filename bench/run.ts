@@ -33,6 +33,7 @@ async function load(): Promise<Bench[]> {
     { databases },
     { remotePort },
     { shipping },
+    { cluster },
   ] = await Promise.all([
     import('./baselines.js'),
     import('./session-create.js'),
@@ -53,6 +54,7 @@ async function load(): Promise<Bench[]> {
     import('./databases.js'),
     import('./remote-port.js'),
     import('./shipping.js'),
+    import('./cluster.js'),
   ])
   return [
     baselines,
@@ -74,6 +76,7 @@ async function load(): Promise<Bench[]> {
     databases,
     remotePort,
     shipping,
+    cluster,
   ]
 }
 

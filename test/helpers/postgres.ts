@@ -1,7 +1,7 @@
 import { execFile, spawn } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
 import { existsSync, readdirSync } from 'node:fs'
-import { chown, mkdtemp, rm, writeFile } from 'node:fs/promises'
+import { appendFile, chown, mkdtemp, rm, writeFile } from 'node:fs/promises'
 import net from 'node:net'
 import os from 'node:os'
 import path from 'node:path'
@@ -53,7 +53,13 @@ export class TestPostgres {
     readonly port: number,
   ) {}
 
-  static async start(): Promise<TestPostgres> {
+  /**
+   * @param options.listenAddresses where it listens besides 127.0.0.1 (the root namespace's ends
+   *   of the cluster harness's veth links); `trustedNetworks` are let in (CIDRs, trust auth).
+   */
+  static async start(
+    options: { listenAddresses?: string[]; trustedNetworks?: string[] } = {},
+  ): Promise<TestPostgres> {
     const dir = await mkdtemp(path.join(os.tmpdir(), 'cairn-pg-'))
     await chown(dir, ...(await postgresIds()))
     const port = await freePort()
@@ -74,7 +80,7 @@ export class TestPostgres {
       path.join(pg.dataDir, 'postgresql.auto.conf'),
       [
         `port = ${port}`,
-        "listen_addresses = '127.0.0.1'",
+        `listen_addresses = '${['127.0.0.1', ...(options.listenAddresses ?? [])].join(',')}'`,
         `unix_socket_directories = '${dir}'`,
         'max_connections = 400',
         'fsync = off',
@@ -85,8 +91,15 @@ export class TestPostgres {
       ].join('\n'),
     )
     await chown(path.join(pg.dataDir, 'postgresql.auto.conf'), ...(await postgresIds()))
+    const trusted = (options.trustedNetworks ?? []).map((cidr) => `host all all ${cidr} trust\n`)
+    if (trusted.length > 0) await appendFile(path.join(pg.dataDir, 'pg_hba.conf'), trusted.join(''))
     await pg.startServer()
     return pg
+  }
+
+  /** Stops a cluster whose `TestPostgres` is gone (its process killed) and deletes it. */
+  static async stopLeftover(dir: string): Promise<void> {
+    await new TestPostgres(dir, 0).stop()
   }
 
   get dataDir(): string {
@@ -94,8 +107,8 @@ export class TestPostgres {
   }
 
   /** A URL for `database` as the superuser. */
-  url(database = 'postgres'): string {
-    return `postgres://postgres@127.0.0.1:${this.port}/${database}`
+  url(database = 'postgres', host = '127.0.0.1'): string {
+    return `postgres://postgres@${host}:${this.port}/${database}`
   }
 
   /** A fresh, empty database; its URL. */
@@ -186,7 +199,14 @@ export class TestPostgres {
     runuser.stderr.on('data', (chunk) => {
       output += chunk
     })
-    const code = await new Promise<number | null>((resolve) => runuser.on('close', resolve))
+    const code = await new Promise<number | null>((resolve) => {
+      runuser.on('close', resolve)
+      // A spawn that fails (its cwd gone: the cluster already stopped) never closes.
+      runuser.on('error', (error) => {
+        output += String(error)
+        resolve(-1)
+      })
+    })
     if (code !== 0) throw new Error(`${path.basename(command)} ${args.join(' ')} failed (${code}): ${output}`)
   }
 }

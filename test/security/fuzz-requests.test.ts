@@ -815,6 +815,24 @@ describe('request cases fuzzing found (regressions)', () => {
     expect(res.body.error.message).toContain('not a directory')
   })
 
+  it('answers a path with a name longer than the file system allows with 400, wherever the path goes', async () => {
+    const session = await api.createSession('echo')
+    const long = 'x'.repeat(256)
+    for (const res of [
+      await api.call('POST', `/v1/sessions/${session.id}/artifacts`, { path: long }),
+      await api.call('GET', `/v1/sessions/${session.id}/files/content?path=${long}`),
+      await api.call('GET', `/v1/sessions/${session.id}/files?path=${long}`),
+      await api.call('GET', `/v1/sessions/${session.id}/files/content?path=dir/${long}/file`),
+      await api.call('DELETE', `/v1/sessions/${session.id}/files?path=${long}`),
+      await api.call('PUT', `/v1/sessions/${session.id}/files/content?path=${long}`, Buffer.from('bytes'), {
+        'content-type': 'application/octet-stream',
+      }),
+    ]) {
+      expectError(res, 400, 'validation_failed')
+      expect(res.body.error.message).toContain('longer than 255 bytes')
+    }
+  })
+
   it('answers a FIFO in the workspace with 400 instead of blocking a server thread on it', async () => {
     const session = await api.createSession('echo')
     const workspace = path.join(instanceRunDir(dataDir), 'pool', 'sessions', session.id)

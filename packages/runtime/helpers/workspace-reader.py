@@ -64,6 +64,8 @@ def components(rel):
     parts = [p for p in rel.split(b"/") if p not in (b"", b".")]
     if b".." in parts:
         raise Refused("validation_failed", "path escapes the workspace")
+    if any(len(p) > 255 for p in parts):  # NAME_MAX: the file system would answer ENAMETOOLONG
+        raise Refused("validation_failed", "a name in the path is longer than 255 bytes")
     return parts
 
 

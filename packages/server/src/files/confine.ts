@@ -2,6 +2,7 @@ import { CairnProblem } from '@cairn/protocol'
 
 const SLASH = 0x2f
 const WORKSPACE = Buffer.from('/workspace')
+const NAME_MAX_BYTES = 255
 
 /** Normalises an API path (relative to /workspace; a leading /workspace/ or / is accepted). */
 export function workspaceRelative(raw: string): string {
@@ -26,6 +27,9 @@ export function workspaceRelativeBytes(raw: Buffer): Buffer {
     if (segment.length === 0 || (segment.length === 1 && segment[0] === 0x2e)) continue
     if (segment.length === 2 && segment[0] === 0x2e && segment[1] === 0x2e)
       throw new CairnProblem('validation_failed', `path escapes the workspace: ${raw.toString('utf8')}`)
+    // NAME_MAX: the file system answers ENAMETOOLONG, which no caller should see as a storage error.
+    if (segment.length > NAME_MAX_BYTES)
+      throw new CairnProblem('validation_failed', `a name in the path is longer than ${NAME_MAX_BYTES} bytes`)
     segments.push(segment)
   }
   const out: Buffer[] = []

@@ -14,6 +14,7 @@ import {
   type RuntimePort,
   runWithOwnerEpoch,
   serveRuntimePort,
+  type WorkspaceMark,
 } from '../packages/runtime/dist/port/index.js'
 import { type Bench, progress, repeat, timedResult } from './lib/bench.js'
 import { type Row, row } from './lib/stats.js'
@@ -33,23 +34,45 @@ async function turn(port: RuntimePort, sessionId: string, n: number): Promise<vo
       throw new Error(`turn ${n}: ${message.outcome.status}`)
 }
 
-/** A warm turn as the server makes it: the port calls of TurnRunner and WarmAgents around runTurn. */
-async function serverTurn(port: RuntimePort, spec: AgentSpec, n: number): Promise<void> {
+/**
+ * A warm turn as the server made it before one call did it: the message check's and the
+ * admission's looks at the agent, `resumeAgent`, the turn, a look at the agent after it, its
+ * cooldown and the workspace's mark compared (`unchangedSince`): seven port calls.
+ */
+async function serverTurn(port: RuntimePort, spec: AgentSpec, n: number, mark: WorkspaceMark): Promise<void> {
   await port.agent(spec.sessionId)
-  const release = await port.admitAgent({
-    sessionId: spec.sessionId,
-    tenantId: spec.tenantId,
-    maxSandboxesPerTenant: 64,
-    busy: [],
-  })
-  try {
-    if (!(await port.resumeAgent(spec.sessionId))) throw new Error('the agent went cold')
-    await turn(port, spec.sessionId, n)
-    await port.agent(spec.sessionId)
-    await port.coolDown(spec.sessionId, 600_000)
-  } finally {
-    await release()
+  if (!(await port.agent(spec.sessionId))?.alive) throw new Error('the agent went cold')
+  if (!(await port.resumeAgent(spec.sessionId))) throw new Error('the agent went cold')
+  await turn(port, spec.sessionId, n)
+  await port.agent(spec.sessionId)
+  await port.coolDown(spec.sessionId, 600_000)
+  await port.unchangedSince(spec.sessionId, mark)
+}
+
+/**
+ * A warm turn as the server makes it now: the message check's look at the agent (which also
+ * serves the admission), then one `runTurn` that resumes the agent, runs the turn, cools the
+ * sandbox down and compares the workspace's mark.
+ */
+async function oneCallTurn(
+  port: RuntimePort,
+  spec: AgentSpec,
+  n: number,
+  mark: WorkspaceMark,
+): Promise<void> {
+  if (!(await port.agent(spec.sessionId))?.alive) throw new Error('the agent went cold')
+  const input = { prompt: `hi ${n}`, turn: n, turnId: `turn_c${n.toString(36)}`, transcript: [] }
+  let completed = false
+  for await (const message of port.runTurn(spec.sessionId, input, {
+    resume: true,
+    keepWarmMs: 600_000,
+    mark,
+  })) {
+    if (message.type === 'cold') throw new Error('the agent went cold')
+    if (message.type === 'outcome')
+      completed = message.outcome.status === 'completed' && !!message.after?.agent
   }
+  if (!completed) throw new Error(`turn ${n} did not complete warm`)
 }
 
 async function timed(runs: number, fn: (i: number) => Promise<unknown>): Promise<number[]> {
@@ -149,14 +172,28 @@ export const remotePort: Bench = {
           await timed(TURNS, (i) => onRemote(() => turn(remote, viaRemote.sessionId, i + WARMUP))),
           { name: 'local turn', median: localTurn.summary.median },
         )
+        const localMark = await local.snapshotWorkspace(viaLocal.sessionId, 'snp_benchlocal', 'ten_bench')
+        const remoteMark = await onRemote(() =>
+          remote.snapshotWorkspace(viaRemote.sessionId, 'snp_benchremote', 'ten_bench'),
+        )
+        if (!localMark || !remoteMark) throw new Error('no workspace mark')
         const localServer = row(
-          "warm turn, local, with the server's 6 other port calls",
-          await timed(TURNS, (i) => serverTurn(local, viaLocal, i + 1000)),
+          'warm turn, local, as the server made it before (7 port calls)',
+          await timed(TURNS, (i) => serverTurn(local, viaLocal, i + 1000, localMark)),
         )
         const remoteServer = row(
-          "warm turn, remote, with the server's 6 other port calls",
-          await timed(TURNS, (i) => onRemote(() => serverTurn(remote, viaRemote, i + 1000))),
+          'warm turn, remote, as the server made it before (7 port calls)',
+          await timed(TURNS, (i) => onRemote(() => serverTurn(remote, viaRemote, i + 1000, remoteMark))),
           { name: 'local, same calls', median: localServer.summary.median },
+        )
+        const localOne = row(
+          'warm turn, local, as the server makes it now (agent + one runTurn)',
+          await timed(TURNS, (i) => oneCallTurn(local, viaLocal, i + 2000, localMark)),
+        )
+        const remoteOne = row(
+          'warm turn, remote, as the server makes it now (agent + one runTurn)',
+          await timed(TURNS, (i) => onRemote(() => oneCallTurn(remote, viaRemote, i + 2000, remoteMark))),
+          { name: 'local, same calls', median: localOne.summary.median },
         )
         progress(`a ${FILE_MIB} MiB file read ${FILE_RUNS} times each way`)
         await local.writeFile(
@@ -191,6 +228,8 @@ export const remotePort: Bench = {
           remoteTurn,
           localServer,
           remoteServer,
+          localOne,
+          remoteOne,
           localFile,
           remoteFile,
         ]
@@ -206,6 +245,7 @@ export const remotePort: Bench = {
           targets: [],
           notes: [
             `the network port adds ${extra.toFixed(2)} ms to runTurn (${(extra / h2.summary.median).toFixed(1)} bare h2 round trips)`,
+            `a warm turn as the server makes it now costs ${(remoteOne.summary.median - localOne.summary.median).toFixed(2)} ms more remote than local (before: ${(remoteServer.summary.median - localServer.summary.median).toFixed(2)} ms)`,
           ],
         }
       } finally {

@@ -34,6 +34,7 @@ async function load(): Promise<Bench[]> {
     { remotePort },
     { shipping },
     { cluster },
+    { moves },
   ] = await Promise.all([
     import('./baselines.js'),
     import('./session-create.js'),
@@ -55,6 +56,7 @@ async function load(): Promise<Bench[]> {
     import('./remote-port.js'),
     import('./shipping.js'),
     import('./cluster.js'),
+    import('./moves.js'),
   ])
   return [
     baselines,
@@ -77,6 +79,7 @@ async function load(): Promise<Bench[]> {
     remotePort,
     shipping,
     cluster,
+    moves,
   ]
 }
 

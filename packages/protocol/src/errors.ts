@@ -75,6 +75,11 @@ export const ERROR_CODES = {
    * registers again (or the session is moved to another node).
    */
   node_lost: { status: 503, retryable: true },
+  /**
+   * The session is being moved to another node (drain, rebalance, `cairn sessions move`): its
+   * workspace is held while the last changes cross; retry in a moment (it is served by its new node).
+   */
+  session_moving: { status: 409, retryable: true },
   timeout: { status: 504, retryable: true },
 } as const satisfies Record<string, { status: number; retryable: boolean }>
 

@@ -2,8 +2,8 @@ import { type Static, Type } from '@sinclair/typebox'
 
 /**
  * A runtime node's state: `ready` takes new sessions; `cordoned` keeps its sessions and takes no
- * new ones; `draining` takes no new ones and hands its sessions over as they go idle (the move is
- * the next cluster step: until then drain waits); `lost` was declared dead by the leader (lease
+ * new ones; `draining` takes no new ones and hands its sessions over as they go idle (the cluster's
+ * leader moves each idle session to another node until none is left); `lost` was declared dead by the leader (lease
  * ended or process gone); `stopped` shut down cleanly.
  */
 export const NODE_STATES = ['ready', 'cordoned', 'draining', 'lost', 'stopped'] as const
@@ -50,3 +50,28 @@ export const NodeIdParamsSchema = Type.Object({ id: Type.String({ minLength: 1, 
 /** `POST /v1/nodes/{id}/cordon|uncordon|drain`: the node as it is now. */
 export const NODE_ACTIONS = ['cordon', 'uncordon', 'drain'] as const
 export type NodeAction = (typeof NODE_ACTIONS)[number]
+
+/** `POST /v1/sessions/{id}/move`: where to (a node ID); absent, placement picks a ready node. */
+export const SessionMoveRequestSchema = Type.Object(
+  { toNode: Type.Optional(Type.String({ minLength: 1, maxLength: 200 })) },
+  { additionalProperties: false },
+)
+export type SessionMoveRequest = Static<typeof SessionMoveRequestSchema>
+
+/** A finished move: the session now lives on `toNode`, its calls carry `ownerEpoch`. */
+export const SessionMoveSchema = Type.Object({
+  sessionId: Type.String(),
+  fromNode: Type.String(),
+  toNode: Type.String(),
+  ownerEpoch: Type.Integer({ minimum: 0 }),
+  /**
+   * How the workspace crossed: `bucket` (the last increment shipped, restored on the target from
+   * the session's chain) or `direct` (exported from the source, unpacked on the target).
+   */
+  via: Type.Union([Type.Literal('bucket'), Type.Literal('direct')]),
+  /** The workspace's digest, the same on both nodes (checked before the owner changed). */
+  digest: Type.String(),
+  /** How long the move took, from the hold to the source's copy deleted. */
+  durationMs: Type.Number({ minimum: 0 }),
+})
+export type SessionMove = Static<typeof SessionMoveSchema>

@@ -53,6 +53,14 @@ export const STATUS_CAUSES = [
    * with `node_lost`; it resumes when the node registers again.
    */
   'node_lost',
+  /** The session was moved to another node (drain, `cairn sessions move`); the detail says from → to. */
+  'moved',
+  /**
+   * The session's node was lost and the session came back on another node from the shipping
+   * bucket: detail names the snapshot it was restored from and every turn whose workspace changes
+   * did not make it (never a silent rollback).
+   */
+  'node_recovered',
 ] as const
 export type StatusCause = (typeof STATUS_CAUSES)[number]
 

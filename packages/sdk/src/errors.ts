@@ -140,6 +140,7 @@ const CLASS_BY_CODE: Record<ErrorCode, ErrorClass> = {
   node_fenced: ServiceUnavailableError,
   stale_epoch: ConflictError,
   node_lost: ServiceUnavailableError,
+  session_moving: SessionBusyError,
   timeout: TimeoutError,
 }
 

@@ -1,8 +1,16 @@
-import { type NodeAction, type NodeInfo, NodeListSchema, NodeSchema, type NodeState } from '@cairn/protocol'
+import {
+  type NodeAction,
+  type NodeInfo,
+  NodeListSchema,
+  NodeSchema,
+  type NodeState,
+  type SessionMove,
+  SessionMoveSchema,
+} from '@cairn/protocol'
 import { checked } from './guards.js'
 import type { HttpClient, RequestOptions } from './http.js'
 
-export type { NodeAction, NodeState }
+export type { NodeAction, NodeState, SessionMove }
 
 /** A runtime node of the cluster (`cairn node`), as the database says. */
 export interface NodeSummary {
@@ -84,5 +92,24 @@ export class Nodes {
   /** Drain: no new sessions; the node is drained once `runningTurns` is 0 (see `cairn nodes drain`). */
   drain(id: string, options: RequestOptions = {}): Promise<NodeSummary> {
     return this.apply(id, 'drain', options)
+  }
+
+  /**
+   * Moves a session to another node (`toNode`, or the one placement picks): its workspace crosses
+   * while the session is held (a message sent meanwhile gets `session_moving`, retryable), then
+   * its owner changes. Install admin keys only.
+   */
+  async moveSession(
+    sessionId: string,
+    move: { toNode?: string } = {},
+    options: RequestOptions = {},
+  ): Promise<SessionMove> {
+    const body = await this.http.json({
+      method: 'POST',
+      path: `/v1/sessions/${encodeURIComponent(sessionId)}/move`,
+      json: move.toNode === undefined ? {} : { toNode: move.toNode },
+      ...options,
+    })
+    return checked(SessionMoveSchema, body, 'session move')
   }
 }

@@ -10,9 +10,11 @@ import type { ApiKeyStore } from './auth/api-keys.js'
 import { installAuth } from './auth/plugin.js'
 import { keyRoutes } from './auth/routes.js'
 import type { ClusterHint } from './cluster/cluster-hints.js'
+import type { SessionMover } from './cluster/moves/session-mover.js'
 import { installNodeMetrics } from './cluster/node-metrics.js'
 import type { NodeStore } from './cluster/node-store.js'
 import { nodeRoutes } from './cluster/routes.js'
+import { ClusterRuntimePort } from './cluster/routing/cluster-runtime-port.js'
 import { compatRoutes } from './compat/routes.js'
 import type { Db } from './db/database.js'
 import { consoleRoutes } from './http/console.js'
@@ -27,6 +29,7 @@ import type { MemoryService } from './memory/memory-service.js'
 import { memoryRoutes } from './memory/routes.js'
 import type { MetricsRegistry } from './metrics/registry.js'
 import { installMetrics } from './metrics/route.js'
+import { installShippingMetrics, type NodeLag } from './metrics/shipping-metrics.js'
 import type { PreviewOrigins } from './previews/preview-origins.js'
 import type { PreviewService } from './previews/preview-service.js'
 import { isPreviewRequest, previewRoutes } from './previews/routes.js'
@@ -74,7 +77,9 @@ export interface AppDeps {
    * The cluster's nodes (a server on PostgreSQL): `/v1/nodes`, node status in `/v1/runtime` and
    * per-node figures in `/metrics`. Undefined: not in a cluster (the list is empty).
    */
-  cluster?: { nodes: NodeStore; publish?: (hint: ClusterHint) => Promise<void> } | undefined
+  cluster?:
+    | { nodes: NodeStore; publish?: (hint: ClusterHint) => Promise<void>; mover?: SessionMover | undefined }
+    | undefined
 }
 
 const JSON_LIMIT: BodyLimit = { bytes: 2 * 1024 * 1024, applies: 'JSON bodies' }
@@ -178,7 +183,10 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
     deps.sessions,
     deps.db,
     deps.runtime,
-    cluster ? installNodeMetrics(deps.metrics, () => cluster.nodes.list()) : undefined,
+    beforeEach([
+      cluster ? installNodeMetrics(deps.metrics, () => cluster.nodes.list()) : undefined,
+      installShippingMetrics(deps.metrics, () => shippingLags(deps.runtime)),
+    ]),
   )
   app.get('/v1/openapi.json', { schema: { hide: true } }, async () => app.swagger())
   keyRoutes(app, deps.keys, { maxKeysPerTenant: deps.operatorLimits.maxKeysPerTenant })
@@ -193,7 +201,7 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   previewRoutes(app, deps.previews, deps.previewOrigins)
   setupRoutes(app, deps.setup, deps.sessions)
   runtimeRoute(app, deps.runtime, deps.operatorLimits, cluster ? () => cluster.nodes.list() : undefined)
-  nodeRoutes(app, cluster?.nodes, cluster?.publish)
+  nodeRoutes(app, cluster?.nodes, cluster?.publish, cluster?.mover)
   consoleRoutes(app)
   const compat = deps.compat
   if (compat) {
@@ -220,4 +228,17 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
     }
   })
   return app
+}
+
+/** Runs every reader before a scrape. */
+function beforeEach(readers: ((() => Promise<void>) | undefined)[]): () => Promise<void> {
+  return async () => {
+    await Promise.all(readers.map((read) => read?.()))
+  }
+}
+
+/** Each node's shipping lag: every serving node's in a cluster, this process's own otherwise. */
+async function shippingLags(runtime: RuntimePort): Promise<NodeLag[]> {
+  if (runtime instanceof ClusterRuntimePort) return runtime.shippingLagByNode()
+  return [{ node: 'local', lag: await runtime.shippingLag() }]
 }

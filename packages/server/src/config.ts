@@ -139,6 +139,30 @@ export interface ServerOptions {
    */
   heartbeatMs?: number | undefined
   leaseMs?: number | undefined
+  /**
+   * The shipping bucket (docs/shipping.md): a node ships its sessions' snapshots there (flags
+   * `--s3-bucket`, `--s3-endpoint`, `--s3-prefix`; env `CAIRN_S3_BUCKET`, `CAIRN_S3_ENDPOINT`,
+   * `CAIRN_S3_PREFIX`, `AWS_REGION`; credentials from the AWS SDK's chain). Unset: nothing ships.
+   */
+  s3Bucket?: string | undefined
+  s3Endpoint?: string | undefined
+  s3Prefix?: string | undefined
+  /**
+   * When a lost node's sessions come back on another node from the bucket: on their next message
+   * (`on-message`, default) or as soon as the leader declares the node lost (`eager`); flag
+   * `--recover-lost`, env `CAIRN_RECOVER_LOST`.
+   */
+  recoverLost?: RecoverLost | undefined
+}
+
+export type RecoverLost = 'on-message' | 'eager'
+
+/** Where workspaces ship to (see `ServerOptions.s3Bucket`). */
+export interface ShippingSettings {
+  bucket: string
+  endpoint: string | undefined
+  prefix: string | undefined
+  region: string | undefined
 }
 
 /** How long a memory checkpoint is kept by default (see ServerConfig.memoryCheckpointTtlMs). */
@@ -186,6 +210,8 @@ export interface ResolvedConfig {
   compatPrefix: string | undefined
   heartbeatMs: number
   leaseMs: number
+  shipping: ShippingSettings | undefined
+  recoverLost: RecoverLost
 }
 
 export function defaultDataDir(): string {
@@ -293,7 +319,31 @@ export function resolveConfig(options: ServerOptions): ResolvedConfig {
     operatorLimits: resolveOperatorLimits(options.operatorLimits, rateLimitPerSecond),
     compatPrefix: checkCompatPrefix(options.compatPrefix ?? process.env.CAIRN_COMPAT_PREFIX),
     ...clusterTiming(options),
+    shipping: shippingSettings(options),
+    recoverLost: recoverLost(options.recoverLost ?? process.env.CAIRN_RECOVER_LOST),
   }
+}
+
+function shippingSettings(options: ServerOptions): ShippingSettings | undefined {
+  const bucket = (options.s3Bucket ?? process.env.CAIRN_S3_BUCKET)?.trim()
+  if (!bucket) return undefined
+  const text = (value: string | undefined) => value?.trim() || undefined
+  return {
+    bucket,
+    endpoint: text(options.s3Endpoint ?? process.env.CAIRN_S3_ENDPOINT),
+    prefix: text(options.s3Prefix ?? process.env.CAIRN_S3_PREFIX),
+    region: text(process.env.AWS_REGION),
+  }
+}
+
+function recoverLost(value: string | undefined): RecoverLost {
+  if (value === undefined || value === '' || value === 'on-message') return 'on-message'
+  if (value === 'eager') return 'eager'
+  throw new CairnProblem(
+    'validation_failed',
+    `--recover-lost (CAIRN_RECOVER_LOST) must be eager or on-message, not '${value}'`,
+    { option: 'recover-lost' },
+  )
 }
 
 /** The lease must outlast two heartbeats, so one lost heartbeat never ends it. */

@@ -1,8 +1,13 @@
 import { existsSync } from 'node:fs'
 import { mkdir } from 'node:fs/promises'
 import path from 'node:path'
-import { EgressCa, Runtime } from '@cairn/runtime'
-import { type EgressSite, LocalRuntimePort, type RuntimeEvents } from '@cairn/runtime/port'
+import { createShippingBucket, EgressCa, Runtime } from '@cairn/runtime'
+import {
+  type EgressSite,
+  LocalRuntimePort,
+  type PortShippingOptions,
+  type RuntimeEvents,
+} from '@cairn/runtime/port'
 import type { Logger } from 'pino'
 import { type Clock, iso } from './clock.js'
 import type { ResolvedConfig } from './config.js'
@@ -96,7 +101,7 @@ export async function openRuntimePort(
   runtime: Runtime,
   config: ResolvedConfig,
   dataDir: ClaimedDataDir,
-  options: { clock: Clock; logger: Logger; events?: RuntimeEvents },
+  options: { clock: Clock; logger: Logger; events?: RuntimeEvents; shipping?: ShippingHooks | undefined },
 ): Promise<{ port: LocalRuntimePort; egressSite: EgressSite }> {
   const { logger } = options
   const { orphansReaped } = await runtime.open()
@@ -117,6 +122,19 @@ export async function openRuntimePort(
     events: options.events,
     egressSite,
     maxImageBytes: config.maxImageMiB * 1024 * 1024,
+    shipping: config.shipping
+      ? {
+          bucket: createShippingBucket(config.shipping),
+          observer: {
+            failed: ({ sessionId, error, attempt, retryInMs }) =>
+              logger.warn(
+                { session: sessionId, code: error.code, err: error.message, attempt, retryInMs },
+                'shipping a snapshot failed; it is tried again',
+              ),
+          },
+          ...options.shipping,
+        }
+      : undefined,
   })
   const quotas = await port.quotaStatus()
   if (quotas.warning) logger.warn({ code: quotas.warning.code }, quotas.warning.message)
@@ -149,11 +167,14 @@ export async function syncSharedFiles(
  * `--role all`: the runtime in this process, on the claimed data dir's pool, as the server's
  * runtime host (its `LocalRuntimePort`); `runtime` is for the composition root alone.
  */
+/** What the composition root does with shipped snapshots (the node records them in PostgreSQL). */
+export type ShippingHooks = Pick<PortShippingOptions, 'confirmed' | 'owns'>
+
 export async function openLocalRuntime(
   config: ResolvedConfig,
   dataDir: ClaimedDataDir,
-  options: { clock: Clock; logger: Logger; events: RuntimeEvents },
-): Promise<RuntimeHost & { runtime: Runtime }> {
+  options: { clock: Clock; logger: Logger; events: RuntimeEvents; shipping?: ShippingHooks | undefined },
+): Promise<RuntimeHost & { runtime: Runtime; port: LocalRuntimePort }> {
   const { logger } = options
   const runtime = newRuntime(config, logger)
   const { port } = await openRuntimePort(runtime, config, dataDir, options)
@@ -171,7 +192,10 @@ export async function openLocalRuntime(
         storage: runtime.pool.describe(),
         driver: runtime.driver.describe(),
       }),
-      close: () => runtime.close(),
+      close: async () => {
+        await port.closeShipping()
+        await runtime.close()
+      },
     }
   } catch (error) {
     await runtime

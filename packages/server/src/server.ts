@@ -12,7 +12,10 @@ import { buildApp } from './app.js'
 import { ApiKeyStore, DEFAULT_TENANT_ID } from './auth/api-keys.js'
 import { iso, systemClock } from './clock.js'
 import { type ClusterControl, startClusterControl } from './cluster/cluster-control.js'
+import { DrainMoves } from './cluster/moves/drain-moves.js'
+import { SessionMover } from './cluster/moves/session-mover.js'
 import { type NodeConnector, openClusterRuntime } from './cluster/routing/cluster-runtime-host.js'
+import { ClusterRuntimePort } from './cluster/routing/cluster-runtime-port.js'
 import { type ResolvedConfig, resolveConfig, type ServerOptions } from './config.js'
 import { writeCredentialsIfMissing } from './credentials.js'
 import { createOwnerOnly, runtimeIdOf, secureDataDir } from './data-dir.js'
@@ -29,6 +32,7 @@ import {
 } from './local-runtime.js'
 import { MemoryService } from './memory/memory-service.js'
 import { MetricsRegistry } from './metrics/registry.js'
+import { nodeShippingHooks } from './node/shipped-record.js'
 import { createPreviewListener, type PreviewListener } from './previews/preview-listener.js'
 import { DEFAULT_PREVIEW_DOMAIN, PreviewOrigins } from './previews/preview-origins.js'
 import { PreviewRevocations } from './previews/preview-revocations.js'
@@ -152,7 +156,15 @@ export async function startServer(
         connect: extras.connectNode ?? (await remoteNodeConnector(config)),
       })
     } else {
-      const local = await openLocalRuntime(config, dataDir, { clock, logger, events: runtimeEvents })
+      let ownId: string | undefined
+      const local = await openLocalRuntime(config, dataDir, {
+        clock,
+        logger,
+        events: runtimeEvents,
+        // Role all with a bucket: shipped snapshots recorded as a node records them.
+        shipping: nodeShippingHooks(db, () => ownId, logger.child({ component: 'shipping' })),
+      })
+      ownId = local.runtimeId
       localRuntime = local.runtime
       host = local
     }
@@ -293,6 +305,20 @@ export async function startServer(
     // On PostgreSQL the server is part of a cluster's control plane: a candidate for leader (node
     // failure handling), the nodes' routes and figures. The reaper's passes stay with each
     // replica here: they act on the sessions of its own runtime.
+    // An API replica moves sessions between nodes (`POST /v1/sessions/{id}/move`); its leader
+    // empties draining nodes by moving their idle sessions.
+    const mover =
+      runtimePort instanceof ClusterRuntimePort
+        ? new SessionMover({
+            db,
+            cluster: runtimePort,
+            sessions,
+            logger: logger.child({ component: 'moves' }),
+          })
+        : undefined
+    const drainMoves = mover
+      ? new DrainMoves({ db, mover, logger: logger.child({ component: 'drain' }) })
+      : undefined
     cluster =
       db.dialect === 'postgres' && config.databaseUrl
         ? startClusterControl({
@@ -301,17 +327,31 @@ export async function startServer(
             heartbeatMs: config.heartbeatMs,
             leaseMs: config.leaseMs,
             logger,
+            // `--recover-lost eager`: the leader brings a lost node's sessions back at once.
+            onNodeLost:
+              api && config.recoverLost === 'eager' && runtimePort instanceof ClusterRuntimePort
+                ? (lost) => {
+                    void runtimePort.recovery
+                      .recoverNode(lost.nodeId)
+                      .then((done) =>
+                        logger.info({ node: lost.nodeId, ...done }, 'eager recovery of a lost node'),
+                      )
+                  }
+                : undefined,
             // API replicas own no sessions of their own: their leader reaps every node's.
             passes: api
               ? [
                   { name: 'session timeouts', intervalMs: SWEEP_MS, run: () => sessions.sweep() },
                   { name: 'retention', intervalMs: config.reaperIntervalMs, run: housekeeping },
+                  ...(drainMoves
+                    ? [{ name: 'drain moves', intervalMs: SWEEP_MS, run: () => drainMoves.pass() }]
+                    : []),
                 ]
               : [],
           })
         : undefined
     const app = await buildApp({
-      cluster,
+      cluster: cluster ? { nodes: cluster.nodes, publish: cluster.publish, mover } : undefined,
       db,
       logger,
       keys,
@@ -383,6 +423,8 @@ export async function startServer(
         closing ??= (async () => {
           await previewListener?.close()
           await app.close()
+          drainMoves?.stop()
+          await drainMoves?.settle()
           await sessions.drain(config.shutdownGraceMs)
           await workspace.settle()
           await sessions.close()

@@ -9,6 +9,9 @@ interface NodeCommandOptions {
   name?: string
   heartbeatMs?: number
   leaseMs?: number
+  s3Bucket?: string
+  s3Endpoint?: string
+  s3Prefix?: string
   dataDir?: string
   storage?: string
   poolPath?: string
@@ -45,6 +48,18 @@ export const register: Register = (parent, ctx) => {
         'where API replicas reach it (env CAIRN_NODE_ADVERTISE; default https://<listen host>:<port>)',
       )
       .option('--name <name>', "the node's name in `cairn nodes list` (default the host name)")
+      .option(
+        '--s3-bucket <name>',
+        "the shipping bucket: each session's snapshots are shipped there so another node can restore them (env CAIRN_S3_BUCKET; default: nothing ships; credentials AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, region AWS_REGION)",
+      )
+      .option(
+        '--s3-endpoint <url>',
+        'an S3-compatible endpoint for the bucket (Ceph RGW, MinIO; env CAIRN_S3_ENDPOINT; default AWS S3)',
+      )
+      .option(
+        '--s3-prefix <prefix>',
+        'prepended to every key in the bucket, ending in / (env CAIRN_S3_PREFIX)',
+      )
       .option(
         '--heartbeat-ms <ms>',
         'how often the node renews its lease (env CAIRN_HEARTBEAT_MS; default 1000)',
@@ -109,6 +124,9 @@ export const register: Register = (parent, ctx) => {
       name: options.name,
       heartbeatMs: options.heartbeatMs,
       leaseMs: options.leaseMs,
+      s3Bucket: options.s3Bucket,
+      s3Endpoint: options.s3Endpoint,
+      s3Prefix: options.s3Prefix,
       dataDir: options.dataDir,
       storage: options.storage,
       poolPath: options.poolPath,

@@ -9,6 +9,10 @@ interface ServerOptions {
   database?: string
   role?: string
   clusterDir?: string
+  s3Bucket?: string
+  s3Endpoint?: string
+  s3Prefix?: string
+  recoverLost?: string
   storage?: string
   logLevel?: string
   workspaceQuotaMib?: number
@@ -136,6 +140,22 @@ export const register: Register = (parent, ctx) => {
         'with --role api: the certificates `cairn cluster init` wrote, to reach the nodes (env CAIRN_CLUSTER_DIR)',
       )
       .option(
+        '--s3-bucket <name>',
+        "the shipping bucket: each session's snapshots are shipped there so another node can restore them (env CAIRN_S3_BUCKET; default: nothing ships; credentials AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, region AWS_REGION)",
+      )
+      .option(
+        '--s3-endpoint <url>',
+        'an S3-compatible endpoint for the bucket (Ceph RGW, MinIO; env CAIRN_S3_ENDPOINT; default AWS S3)',
+      )
+      .option(
+        '--s3-prefix <prefix>',
+        'prepended to every key in the bucket, ending in / (env CAIRN_S3_PREFIX)',
+      )
+      .option(
+        '--recover-lost <when>',
+        "when a lost node's sessions are restored on another node from the bucket: on-message (default: at their next message) or eager (as soon as the node is declared lost) (env CAIRN_RECOVER_LOST)",
+      )
+      .option(
         '--compat-prefix <path>',
         "also serve the hosted agent-session API its own SDK and CLI speak, under this path (e.g. /superserve; their base URL is this server's URL plus it; env CAIRN_COMPAT_PREFIX; default off; see docs/compat.md)",
       )
@@ -203,6 +223,10 @@ export const register: Register = (parent, ctx) => {
       database: options.database,
       role: options.role,
       clusterDir: options.clusterDir,
+      s3Bucket: options.s3Bucket,
+      s3Endpoint: options.s3Endpoint,
+      s3Prefix: options.s3Prefix,
+      recoverLost: recoverLostOption(options.recoverLost),
       storage: options.storage,
       workspaceQuotaMiB: options.workspaceQuotaMib,
       tenantQuotaMiB: options.tenantQuotaMib,
@@ -260,4 +284,9 @@ export const register: Register = (parent, ctx) => {
     process.off('SIGTERM', force)
     out.progress('Stopped.')
   })
+}
+
+function recoverLostOption(value: string | undefined): 'eager' | 'on-message' | undefined {
+  if (value === undefined || value === 'eager' || value === 'on-message') return value
+  throw new UsageError(`--recover-lost must be eager or on-message, not '${value}'`)
 }

@@ -25,18 +25,23 @@ import { exportTree } from '../workspace-io/export-tree.js'
 import { openTreeFile } from '../workspace-io/reader.js'
 import { deleteWorkspacePath, unpackIntoWorkspace, writeWorkspaceFile } from '../workspace-io/sandboxed-io.js'
 import { diffTrees, listDirectory } from '../workspace-io/tree.js'
+import { noBucket, PortShipping, type PortShippingOptions } from './bucket-shipping.js'
 import { exportPoolTree, importPoolTree, type ShippedTree } from './pool-tree-shipping.js'
 import type {
   Admission,
   AgentInfo,
   AgentSpec,
+  BucketRestore,
+  NodeShippingLag,
   PauseEvent,
   RuntimeDescription,
   RuntimeEvents,
   RuntimePort,
   SandboxDriverFacts,
+  SnapshotOptions,
   TreeReadOptions,
   TreeRef,
+  TurnOptions,
   WorkspaceCommand,
   WorkspaceMark,
 } from './runtime-port.js'
@@ -55,6 +60,8 @@ export interface LocalRuntimePortOptions {
   egressSite?: EgressSite | undefined
   /** Largest image root a build or pull may leave (its staging tree is discarded beyond). */
   maxImageBytes?: number | undefined
+  /** The node's shipping bucket (docs/shipping.md); without one, nothing ships. */
+  shipping?: PortShippingOptions | undefined
 }
 
 const turnKey = (sessionId: string, turnId: string) => `${sessionId}/${turnId}`
@@ -75,6 +82,8 @@ export class LocalRuntimePort implements RuntimePort {
   private readonly calls = new Map<string, number>()
   private readonly events: RuntimeEvents | undefined
   private readonly egressSite: EgressSite | undefined
+  /** Shipping to the node's bucket, when it has one. */
+  readonly shipping: PortShipping | undefined
 
   constructor(
     private readonly runtime: Runtime,
@@ -89,6 +98,7 @@ export class LocalRuntimePort implements RuntimePort {
       (id) => this.inUse(id),
     )
     this.envs = new EnvStore(runtime.pool, uid)
+    this.shipping = options.shipping ? new PortShipping(runtime.pool, this.envs, options.shipping) : undefined
     this.images = new ImageStore(runtime.pool)
     this.imageBuilder = new ImageBuilder({
       store: this.images,
@@ -266,24 +276,59 @@ export class LocalRuntimePort implements RuntimePort {
     return agent ? this.info(sessionId, agent) : undefined
   }
 
-  runTurn(sessionId: string, input: TurnInput): AsyncIterable<TurnMessage> {
+  runTurn(sessionId: string, input: TurnInput, options: TurnOptions = {}): AsyncIterable<TurnMessage> {
+    let first: TurnMessage | undefined
+    if (options.resume) {
+      const warm = this.pool.take(sessionId)
+      if (!warm) {
+        // A dead agent left is stopped here (as `stopAgent`), so that the start that follows is clean.
+        const dead = this.pool.agent(sessionId) !== undefined
+        return turnStream(
+          async () => {
+            if (dead) await this.stopAgent(sessionId)
+            return undefined
+          },
+          () => undefined,
+          { type: 'cold', stopped: dead },
+        )
+      }
+      first = { type: 'started', agent: this.info(sessionId, warm) }
+    }
     const key = turnKey(sessionId, input.turnId)
     const controller = new AbortController()
     this.turns.set(key, controller)
     return turnStream(
-      (onEvent) => {
-        let outcome: Promise<TurnOutcome>
+      async (onEvent) => {
+        let outcome: TurnOutcome
         try {
-          outcome = this.warmAgent(sessionId).runTurn(input, onEvent, controller.signal)
-        } catch (error) {
-          outcome = Promise.reject(error)
-        }
-        return outcome.finally(() => {
+          outcome = await this.warmAgent(sessionId).runTurn(input, onEvent, controller.signal)
+        } finally {
           if (this.turns.get(key) === controller) this.turns.delete(key)
-        })
+        }
+        if (options.keepWarmMs === undefined) return { type: 'outcome', outcome }
+        const agent = await this.afterTurn(sessionId, options.keepWarmMs)
+        const { mark } = options
+        if (!mark) return { type: 'outcome', outcome, after: { agent } }
+        return {
+          type: 'outcome',
+          outcome,
+          after: { agent, unchanged: await this.unchangedSince(sessionId, mark) },
+        }
       },
       () => controller.abort(),
+      first,
     )
+  }
+
+  /** The turn's sandbox after it: alive, it cools down; dead, it is stopped (`TurnOptions.keepWarmMs`). */
+  private async afterTurn(sessionId: string, keepWarmMs: number): Promise<AgentInfo | undefined> {
+    const agent = await this.agent(sessionId)
+    if (agent?.alive) {
+      await this.coolDown(sessionId, keepWarmMs)
+      return agent
+    }
+    await this.stopAgent(sessionId)
+    return undefined
   }
 
   async cancelTurn(sessionId: string, turnId: string): Promise<void> {
@@ -404,12 +449,15 @@ export class LocalRuntimePort implements RuntimePort {
     return this.runtime.pool.deleteWorkspace(sessionId)
   }
 
-  snapshotWorkspace(
+  async snapshotWorkspace(
     sessionId: string,
     snapshotId: string,
     tenantId: string,
+    options?: SnapshotOptions,
   ): Promise<WorkspaceMark | undefined> {
-    return this.using(sessionId, () => this.snapshotFrozen(sessionId, snapshotId, tenantId))
+    const mark = await this.using(sessionId, () => this.snapshotFrozen(sessionId, snapshotId, tenantId))
+    if (options?.ship) this.shipping?.enqueue(sessionId, snapshotId)
+    return mark
   }
 
   private async snapshotFrozen(
@@ -712,6 +760,31 @@ export class LocalRuntimePort implements RuntimePort {
 
   importPoolTree(tree: ShippedTree, tenantId: string, stream: Readable): Promise<void> {
     return importPoolTree(this.runtime.pool, this.envs, tree, tenantId, stream)
+  }
+
+  restoreFromBucket(sessionId: string, tenantId: string): Promise<BucketRestore> {
+    const shipping = this.shipping
+    if (!shipping) return Promise.reject(noBucket())
+    return this.using(sessionId, () => shipping.restore(sessionId, tenantId))
+  }
+
+  async shipPoolTree(tree: ShippedTree): Promise<{ shipped: boolean }> {
+    if (!this.shipping) throw noBucket()
+    return this.shipping.shipTree(tree)
+  }
+
+  async fetchPoolTree(tree: ShippedTree): Promise<void> {
+    if (!this.shipping) throw noBucket()
+    await this.shipping.fetchTree(tree)
+  }
+
+  async shippingLag(): Promise<NodeShippingLag> {
+    return this.shipping?.lag() ?? { enabled: false, unshippedSnapshots: 0, secondsBehind: 0 }
+  }
+
+  /** Stops shipping (what is not shipped yet stays unshipped); the composition root calls it on close. */
+  async closeShipping(): Promise<void> {
+    await this.shipping?.close()
   }
 
   imageKeyOf(recipe: ImageRecipe, ctx: ImageBuildContext): Promise<string | undefined> {

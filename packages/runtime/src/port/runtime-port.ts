@@ -71,6 +71,36 @@ export interface PauseEvent {
  * What the runtime tells the server over a sandbox's life, outside any one call: given to the
  * port's constructor by the composition root (a remote port relays the node's event stream).
  */
+/** How a snapshot is taken. */
+export interface SnapshotOptions {
+  /**
+   * Ship it to the node's bucket after it is taken (never waited for; a node without a bucket
+   * ignores it). The node records the confirmed link against the session's owner epoch.
+   */
+  ship?: boolean | undefined
+}
+
+/** A workspace restored from the shipping bucket (`restoreFromBucket`). */
+export interface BucketRestore {
+  /** The snapshot it came back from (now in this node's pool too). */
+  snapshotId: string
+  /** The workspace generation that snapshot carried; the workspace is marked with it. */
+  generation: number
+  /** The chain link's number, its tree digest, and when it was shipped. */
+  seq: number
+  treeDigest: string
+  shippedAt: string
+  /** Bytes read from the bucket. */
+  streamBytes: number
+}
+
+/** Shipping lag of a node: snapshots not yet confirmed in the bucket, and the oldest one's age. */
+export interface NodeShippingLag {
+  enabled: boolean
+  unshippedSnapshots: number
+  secondsBehind: number
+}
+
 export interface RuntimeEvents {
   /** A `pause: memory` session's checkpoint was taken, restored or discarded. */
   pause(sessionId: string, event: PauseEvent): void
@@ -155,6 +185,29 @@ export type TreeRef =
  */
 export type TreeReadOptions = ReadOptions
 
+/**
+ * What a turn does on the node besides running, so that a turn crosses to a remote runtime once
+ * (one call instead of a resume, the turn, a look at the agent and its cooldown).
+ */
+export interface TurnOptions {
+  /**
+   * Takes the session's warm agent first (as `resumeAgent`: its cooldown stopped), told as the
+   * turn's first message (`started`); without one the turn's only message is `cold` and nothing
+   * runs (the caller starts the agent and asks again without `resume`).
+   */
+  resume?: boolean | undefined
+  /**
+   * After the outcome: a sandbox still alive cools down for this long (as `coolDown`), a dead
+   * one is stopped (as `stopAgent`); the outcome message says which (`after.agent`).
+   */
+  keepWarmMs?: number | undefined
+  /**
+   * With `keepWarmMs`: after the cooldown, whether the workspace is exactly as at `mark` (as
+   * `unchangedSince`), answered as `after.unchanged`.
+   */
+  mark?: WorkspaceMark | undefined
+}
+
 /** The cap on one tenant's running sandboxes, and whose are running turns (not to be stopped). */
 export interface Admission {
   sessionId: string
@@ -190,8 +243,9 @@ export interface RuntimePort {
    * Runs one turn on the session's warm agent, started at once: its messages as they happen, the
    * outcome last (a remote runtime sends them as frames of one stream). A turn that cannot run
    * ends the iteration with an error; a reader that stops before the outcome cancels the turn.
+   * `options`: what else the call does on the node (see `TurnOptions`).
    */
-  runTurn(sessionId: string, input: TurnInput): AsyncIterable<TurnMessage>
+  runTurn(sessionId: string, input: TurnInput, options?: TurnOptions): AsyncIterable<TurnMessage>
   /** Cancels the session's turn `turnId` if it is running: its outcome is then `cancelled`. */
   cancelTurn(sessionId: string, turnId: string): Promise<void>
   /** After a turn: the sandbox stays warm for `keepWarmMs`, then stops (now when 0). */
@@ -223,6 +277,7 @@ export interface RuntimePort {
     sessionId: string,
     snapshotId: string,
     tenantId: string,
+    options?: SnapshotOptions,
   ): Promise<WorkspaceMark | undefined>
   /** Whether the workspace is exactly as it was at `mark` (any doubt answers false). */
   unchangedSince(sessionId: string, mark: WorkspaceMark): Promise<boolean>
@@ -342,6 +397,21 @@ export interface RuntimePort {
    * (the stream is drained). Nothing is left when the stream breaks.
    */
   importPoolTree(tree: ShippedTree, tenantId: string, stream: Readable): Promise<void>
+
+  // --- the shipping bucket (docs/shipping.md; `unavailable` on a node without one) -------------
+  /**
+   * Restores the session's workspace here from its newest chain link in the bucket, as the
+   * generation that link carries (the snapshot is kept in the pool too); shipping then continues
+   * that chain. `state_lost` when nothing of the session was shipped; `chain_invalid` when what
+   * the bucket holds does not check. The caller holds the session exclusively.
+   */
+  restoreFromBucket(sessionId: string, tenantId: string): Promise<BucketRestore>
+  /** Ships a revision or dependency environment to the bucket once (false: it was already there). */
+  shipPoolTree(tree: ShippedTree): Promise<{ shipped: boolean }>
+  /** Fetches a shipped revision or dependency environment into this pool, sealed read-only. */
+  fetchPoolTree(tree: ShippedTree): Promise<void>
+  /** How far this node's shipping is behind (all zero and `enabled: false` without a bucket). */
+  shippingLag(): Promise<NodeShippingLag>
 
   // --- images (the context's `log` gets the lines of this call: a remote port sends them as frames)
   /** The key of the recipe's image (an OCI tag is resolved to its digest now); undefined: host. */

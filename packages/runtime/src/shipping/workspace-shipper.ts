@@ -38,6 +38,11 @@ export interface WorkspaceShipperOptions {
   retryInitialMs?: number
   retryMaxMs?: number
   observer?: ShippingObserver
+  /**
+   * Asked just before a link is written: false drops the snapshot unshipped (the session is no
+   * longer this node's: a stale owner must not continue the new owner's chain).
+   */
+  mayShip?: (sessionId: string, snapshotId: string) => Promise<boolean>
   /** Where a revision, image or environment lives (revisions and environments have defaults). */
   locateTree?: (kind: TreeKind, id: string) => string
 }
@@ -306,6 +311,7 @@ export class WorkspaceShipper {
       stream,
       shippedAt: new Date().toISOString(),
     }
+    if (this.options.mayShip && !(await this.options.mayShip(sessionId, snapshotId))) return false
     // Written last and once: a reader sees this link only with every part of its stream in place.
     await bucket.putOnce(chainKey(sessionId, seq), Buffer.from(JSON.stringify(link)), 'application/json')
     state.head = link

@@ -2,6 +2,7 @@ import type { Logger } from 'pino'
 import type { Db } from '../db/database.js'
 import { type ClusterHint, ClusterHints } from './cluster-hints.js'
 import { ClusterLeader, type LeaderPass } from './cluster-leader.js'
+import type { NodeLost } from './node-failures.js'
 import { NodeStore } from './node-store.js'
 
 /** What an API process (role all or api) on PostgreSQL runs of the cluster's control plane. */
@@ -24,6 +25,8 @@ export function startClusterControl(options: {
   leaseMs: number
   logger: Logger
   passes?: LeaderPass[]
+  /** Told of each node this process, as leader, declared lost (eager recovery). */
+  onNodeLost?: ((lost: NodeLost) => void) | undefined
 }): ClusterControl {
   const logger = options.logger.child({ component: 'cluster' })
   const hints = new ClusterHints({ db: options.db, url: options.databaseUrl, logger })
@@ -36,6 +39,7 @@ export function startClusterControl(options: {
     passes: options.passes ?? [],
     logger,
     publish,
+    ...(options.onNodeLost ? { onNodeLost: options.onNodeLost } : {}),
   })
   leader.start()
   return {

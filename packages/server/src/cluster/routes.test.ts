@@ -130,13 +130,13 @@ describe('cluster nodes over the API', () => {
     expect(turns).toHaveLength(1)
   })
 
-  it('`cairn nodes drain` waits until no turn runs on the node; a timeout exits 1', async () => {
+  it('`cairn nodes drain` waits until the node owns no session and runs no turn; a timeout exits 1', async () => {
     await registerNode('rt_drain')
     const { turns } = await seedSessions(db, 'rt_drain', ['active'])
     const env = { CAIRN_API_URL: t.url, CAIRN_API_KEY: t.key }
     const timedOut = await spawnCli(['nodes', 'drain', 'rt_drain', '--timeout', '1500ms'], env).done
     expect(timedOut.code).toBe(1)
-    expect(timedOut.stderr).toMatch(/still runs 1 turn/)
+    expect(timedOut.stderr).toMatch(/still owns 1 session\(s\) and runs 1 turn/)
     const drain = spawnCli(['nodes', 'drain', 'rt_drain', '--json'], env)
     let exited = false
     void drain.done.then(() => {
@@ -149,10 +149,24 @@ describe('cluster nodes over the API', () => {
       .set({ status: 'completed', ended_at: new Date().toISOString() })
       .where('id', '=', turns[0] as string)
       .execute()
+    // The turn ended; the node still owns the session until it is moved (an API replica's leader
+    // moves it; this server has a local runtime: the row changes as a move's transaction changes it).
+    await new Promise((resolve) => setTimeout(resolve, 2500))
+    expect(exited).toBe(false)
+    await db.q
+      .updateTable('sessions')
+      .set((eb) => ({ runtime_id: 'rt_elsewhere', owner_epoch: eb('owner_epoch', '+', 1) }))
+      .where('runtime_id', '=', 'rt_drain')
+      .execute()
     const done = await drain.done
     expect(done.stderr).toBe('')
     expect(done.code).toBe(0)
-    expect(JSON.parse(done.stdout)).toMatchObject({ id: 'rt_drain', state: 'draining', runningTurns: 0 })
+    expect(JSON.parse(done.stdout)).toMatchObject({
+      id: 'rt_drain',
+      state: 'draining',
+      runningTurns: 0,
+      sessions: 0,
+    })
     const list = await spawnCli(['nodes', 'list'], env).done
     expect(list.code).toBe(0)
     expect(list.stdout).toMatch(/rt_drain\s+node-rain\s+draining/)

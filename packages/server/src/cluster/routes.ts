@@ -4,13 +4,17 @@ import {
   NodeIdParamsSchema,
   NodeListSchema,
   NodeSchema,
+  SessionMoveRequestSchema,
+  SessionMoveSchema,
 } from '@cairn/protocol'
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox'
+import { Type } from '@sinclair/typebox'
 import type { FastifyInstance, FastifyRequest } from 'fastify'
 import { DEFAULT_TENANT_ID } from '../auth/api-keys.js'
 import { principalOf } from '../auth/plugin.js'
 import { errorResponses } from '../http/responses.js'
 import type { ClusterHint } from './cluster-hints.js'
+import type { SessionMover } from './moves/session-mover.js'
 import type { NodeStore } from './node-store.js'
 
 /** Nodes are the install's machines: only an admin key of the install (default tenant) sees them. */
@@ -27,7 +31,7 @@ const SUMMARIES: Record<NodeAction, string> = {
   cordon: 'Cordon a node: it keeps its sessions and takes no new ones',
   uncordon: 'Uncordon a node (cordoned or draining): it takes new sessions again',
   drain:
-    'Drain a node: it takes no new sessions; its sessions stay until they are moved (the next cluster step: until then drain waits). Drained when runningTurns is 0',
+    "Drain a node: it takes no new sessions; the cluster's leader moves its idle sessions to other nodes. Drained when sessions and runningTurns are 0",
 }
 
 /**
@@ -38,6 +42,7 @@ export function nodeRoutes(
   server: FastifyInstance,
   nodes: NodeStore | undefined,
   publish?: (hint: ClusterHint) => Promise<void>,
+  mover?: SessionMover,
 ): void {
   const app = server.withTypeProvider<TypeBoxTypeProvider>()
   app.get(
@@ -77,4 +82,26 @@ export function nodeRoutes(
         return node
       },
     )
+  app.post(
+    '/v1/sessions/:id/move',
+    {
+      schema: {
+        tags: ['nodes'],
+        summary:
+          'Move a session to another node (toNode, or the one placement picks): the workspace is copied while the session is held (a message meanwhile gets session_moving, retryable), then its owner and owner epoch change. Install admin only',
+        params: Type.Object({ id: Type.String({ minLength: 1, maxLength: 200 }) }),
+        body: SessionMoveRequestSchema,
+        response: { 200: SessionMoveSchema, ...errorResponses(400, 401, 403, 404, 409, 503) },
+      },
+    },
+    async (request) => {
+      requireInstallAdmin(request)
+      if (!mover)
+        throw new CairnProblem(
+          'conflict',
+          'sessions move between the nodes of a cluster: this server is not an API replica (--role api)',
+        )
+      return mover.moveById(request.params.id, request.body.toNode)
+    },
+  )
 }

@@ -309,8 +309,8 @@ export async function compatRoutes(server: FastifyInstance, deps: CompatDeps): P
     { schema: schema({ params: IdParams, body: CompatSendMessageBody }) },
     async (request, reply) => {
       const { tenantId } = writer(request)
-      await deps.sessions.verifyBeforeTurn(tenantId, request.params.id)
-      const handle = await deps.sessions.beginTurn(tenantId, request.params.id, request.body.prompt)
+      const seen = await deps.sessions.verifyBeforeTurn(tenantId, request.params.id)
+      const handle = await deps.sessions.beginTurn(tenantId, request.params.id, request.body.prompt, seen)
       await streamRun(reply, (send) => handle.run(send))
     },
   )

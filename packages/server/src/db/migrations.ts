@@ -376,6 +376,19 @@ CREATE TABLE revision_nodes (
 );
 `,
   },
+  {
+    // What of a session's workspace is safe in the shipping bucket (docs/shipping.md): the newest
+    // snapshot whose chain link the bucket confirmed, its workspace generation and when. Written by
+    // the owning node only while the session's owner_epoch is still the one it serves, so a stale
+    // node's late confirmation changes nothing; read when a lost node's session is recovered.
+    version: 22,
+    name: 'shipped workspace snapshots',
+    sql: `
+ALTER TABLE sessions ADD COLUMN shipped_generation INTEGER;
+ALTER TABLE sessions ADD COLUMN shipped_snapshot_id TEXT;
+ALTER TABLE sessions ADD COLUMN shipped_at TEXT;
+`,
+  },
 ]
 
 export type Dialect = 'sqlite' | 'postgres'

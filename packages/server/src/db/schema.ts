@@ -205,4 +205,8 @@ export interface SessionsTable {
   runtime_id: string | null
   pause: string | null
   owner_epoch: Generated<number>
+  /** The newest snapshot the shipping bucket confirmed (migration 22); null: nothing shipped. */
+  shipped_generation: number | null
+  shipped_snapshot_id: string | null
+  shipped_at: string | null
 }

@@ -1,5 +1,5 @@
 import { CairnProblem } from '@cairn/protocol'
-import type { RuntimePort, TurnInput, TurnMessage } from '@cairn/runtime/port'
+import type { RuntimePort, TurnInput, TurnMessage, TurnOptions } from '@cairn/runtime/port'
 
 const FENCED_MESSAGE =
   'the node fenced itself (it could not renew its lease in the cluster database) and stopped its sandboxes while this turn ran'
@@ -11,16 +11,20 @@ const FENCED_MESSAGE =
  * port's own.
  */
 export function reportFencedTurns(port: RuntimePort, fenceGeneration: () => number): RuntimePort {
-  const runTurn = (sessionId: string, input: TurnInput): AsyncIterable<TurnMessage> => ({
+  const runTurn = (
+    sessionId: string,
+    input: TurnInput,
+    options?: TurnOptions,
+  ): AsyncIterable<TurnMessage> => ({
     async *[Symbol.asyncIterator]() {
       const before = fenceGeneration()
       const fenced = () => fenceGeneration() !== before
       try {
-        for await (const message of port.runTurn(sessionId, input)) {
+        for await (const message of port.runTurn(sessionId, input, options)) {
           if (message.type === 'outcome' && message.outcome.status === 'failed' && fenced()) {
             const { text, stderr } = message.outcome
             yield {
-              type: 'outcome',
+              ...message,
               outcome: {
                 status: 'failed',
                 code: 'node_fenced',

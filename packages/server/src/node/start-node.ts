@@ -16,6 +16,7 @@ import { type Db, openDatabase } from '../db/database.js'
 import { claimDataDir, openLocalRuntime, syncSharedFiles } from '../local-runtime.js'
 import type { RuntimeHost } from '../runtime-host/runtime-host.js'
 import { reportFencedTurns } from './fenced-turns.js'
+import { nodeShippingHooks } from './shipped-record.js'
 
 /** `cairn node`: the runtime flags `cairn server` has, and where the node meets its cluster. */
 export interface NodeOptions
@@ -39,6 +40,9 @@ export interface NodeOptions
     | 'runBase'
     | 'heartbeatMs'
     | 'leaseMs'
+    | 's3Bucket'
+    | 's3Endpoint'
+    | 's3Prefix'
   > {
   /** The cluster's PostgreSQL (env `CAIRN_DATABASE_URL`); required: a node has no database of its own. */
   database?: string | undefined
@@ -127,8 +131,16 @@ export async function startNode(options: NodeOptions = {}): Promise<RunningNode>
     // Sandboxes trust one egress CA wherever they run: the cluster's, from the database.
     await syncSharedFiles(db, config.dataDir, clock, { secretKey: false })
     const events = new RuntimeEventHub()
-    host = await openLocalRuntime(config, dataDir, { clock, logger, events })
+    let opened: string | undefined
+    host = await openLocalRuntime(config, dataDir, {
+      clock,
+      logger,
+      events,
+      // A link the bucket confirmed is recorded against the epoch its snapshot was taken under.
+      shipping: nodeShippingHooks(db, () => opened, logger.child({ component: 'shipping' })),
+    })
     const nodeId = host.runtimeId
+    opened = nodeId
     const port = host.port
     const figures = async (): Promise<NodeFigures> => {
       const [description, warm, stats] = await Promise.all([

@@ -153,8 +153,8 @@ export function sessionRoutes(
     },
     async (request, reply) => {
       const { tenantId } = requireWrite(request)
-      await sessions.verifyBeforeTurn(tenantId, idOf(request))
-      const handle = await sessions.beginTurn(tenantId, idOf(request), request.body.prompt)
+      const seen = await sessions.verifyBeforeTurn(tenantId, idOf(request))
+      const handle = await sessions.beginTurn(tenantId, idOf(request), request.body.prompt, seen)
       reply.hijack()
       const writer = new SseWriter(reply.raw, sse)
       try {
@@ -200,8 +200,8 @@ export function sessionRoutes(
           )
         id = info.id
       }
-      await sessions.verifyBeforeTurn(tenantId, id)
-      const handle = await sessions.beginTurn(tenantId, id, prompt)
+      const seen = await sessions.verifyBeforeTurn(tenantId, id)
+      const handle = await sessions.beginTurn(tenantId, id, prompt, seen)
       reply.raw.setHeader('cairn-session-id', id)
       reply.hijack()
       const writer = new SseWriter(reply.raw, sse)

@@ -1,4 +1,4 @@
-import type { AgentInfo } from '@cairn/runtime/port'
+import type { AgentInfo, WorkspaceMark } from '@cairn/runtime/port'
 import type { SessionRow } from './session-store.js'
 
 /**
@@ -8,14 +8,20 @@ import type { SessionRow } from './session-store.js'
 export interface SessionObserver {
   /** A session was created (not awaited: a snapshot of turn 0 is taken in the background). */
   created?(row: SessionRow): void
-  /** The sandbox is ready and the prompt not yet sent (pre-turn snapshots); awaited. */
-  beforeTurn?(row: SessionRow, seq: number, agent: AgentInfo): Promise<void>
+  /** The turn is about to be sent to its agent (pre-turn snapshots); awaited. */
+  beforeTurn?(row: SessionRow, seq: number): Promise<void>
   /**
    * Whether the turn left the workspace exactly as the observer last saw it (see
    * `SnapshotPolicy.unchanged`). A turn counts as unchanged only when every observer that
    * answers says so; such a turn moves neither the generation nor, then, the subvolume.
    */
-  unchanged?(sessionId: string): Promise<boolean>
+  unchanged?(sessionId: string, answered?: MarkAnswer): Promise<boolean>
+  /**
+   * The workspace as the observer last saw it, asked just before the turn is sent: the runtime
+   * compares it after the turn in the same call (`TurnOptions.mark`), and `unchanged` is given
+   * the answer instead of asking again. Undefined: nothing to compare against.
+   */
+  turnMark?(sessionId: string): WorkspaceMark | undefined
   /**
    * The turn has ended and its outcome was sent (not awaited: off the critical path); `agent` is
    * the warm agent still up, `unchanged` what the observers answered for the turn.
@@ -27,16 +33,35 @@ export interface SessionObserver {
   ended?(sessionId: string): void
 }
 
+/** What the runtime answered after the turn for the mark it was given (`turnMark`). */
+export interface MarkAnswer {
+  mark: WorkspaceMark
+  unchanged: boolean
+}
+
+/** The mark sent with the turn (the first observer's that has one). */
+export function turnMarkOf(
+  observers: readonly SessionObserver[],
+  sessionId: string,
+): WorkspaceMark | undefined {
+  for (const observer of observers) {
+    const mark = observer.turnMark?.(sessionId)
+    if (mark) return mark
+  }
+  return undefined
+}
+
 /** Whether every observer that answers says the turn left the workspace unchanged (none: no). */
 export async function unchangedByAll(
   observers: readonly SessionObserver[],
   sessionId: string,
+  answered?: MarkAnswer,
 ): Promise<boolean> {
   let asked = 0
   for (const observer of observers) {
     if (!observer.unchanged) continue
     asked++
-    if (!(await observer.unchanged(sessionId))) return false
+    if (!(await observer.unchanged(sessionId, answered))) return false
   }
   return asked > 0
 }

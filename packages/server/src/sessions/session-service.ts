@@ -27,7 +27,7 @@ import type { SessionServiceDeps } from './session-deps.js'
 import { type InterruptedTurn, type SessionRow, SessionStore, toSessionInfo } from './session-store.js'
 import { TurnLocks } from './turn-locks.js'
 import { type TurnHandle, TurnRunner } from './turn-runner.js'
-import { WarmAgents } from './warm-agents.js'
+import { type SeenAgent, WarmAgents } from './warm-agents.js'
 
 export type { SessionServiceDeps } from './session-deps.js'
 export type { TurnHandle } from './turn-runner.js'
@@ -299,8 +299,8 @@ export class SessionService {
    * refused with `session_busy` (the turn lock here, the database's one running turn per session
    * across replicas).
    */
-  beginTurn(tenantId: string, id: string, prompt: string): Promise<TurnHandle> {
-    return this.runner.begin(id, () => this.requireOwned(tenantId, id), prompt)
+  beginTurn(tenantId: string, id: string, prompt: string, seen?: SeenAgent): Promise<TurnHandle> {
+    return this.runner.begin(id, () => this.requireOwned(tenantId, id), prompt, seen)
   }
 
   /**
@@ -477,14 +477,21 @@ export class SessionService {
     await this.generations.verify(row, () => this.locks.has(row.id))
   }
 
-  /** Before a message: the workspace check of a session whose sandbox is not warm. */
-  async verifyBeforeTurn(tenantId: string, id: string): Promise<void> {
+  /**
+   * Before a message: the workspace check of a session whose sandbox is not warm. Answers what it
+   * saw of the session's agent (for `beginTurn`, so a turn asks its runtime once); undefined when
+   * it did not ask (the session is busy).
+   */
+  async verifyBeforeTurn(tenantId: string, id: string): Promise<SeenAgent | undefined> {
     // A warm or busy session has nothing to check here (and `beginTurn` reads the row, refusing
     // what this caller may not see): a warm turn reads the session once, not twice.
-    if (this.locks.has(id) || (await this.warm.has(id))) return
+    if (this.locks.has(id)) return undefined
+    const seen: SeenAgent = { agent: await this.warm.agent(id) }
+    if (seen.agent) return seen
     const row = await this.requireOwned(tenantId, id)
-    if (row.status === 'deleted' || this.locks.has(id)) return
-    await this.verifyWorkspace(row)
+    if (row.status === 'deleted' || this.locks.has(id)) return seen
+    await this.generations.verify(row, () => this.locks.has(row.id))
+    return seen
   }
 
   /**

@@ -1,3 +1,9 @@
+/**
+ * The exclusive operation a move between nodes holds a session as (cluster): a message sent
+ * meanwhile answers `session_moving` (retryable) rather than `session_busy`.
+ */
+export const MOVE_OPERATION = 'a move to another node'
+
 export interface RunningTurn {
   turnId: string
   abort: AbortController

@@ -1,15 +1,15 @@
 import { CairnProblem, newId, type SessionStatus, type StatusCause, type StreamEvent } from '@cairn/protocol'
-import type { AgentEvent, AgentInfo, TurnInput, TurnOutcome } from '@cairn/runtime/port'
+import type { AgentEvent, AgentInfo, TurnEnd, TurnInput, TurnOptions, TurnOutcome } from '@cairn/runtime/port'
 import { iso } from '../clock.js'
 import { unavailableReason, whenNotBusy } from '../db/busy.js'
 import { redact } from '../secrets/secret-store.js'
 import type { WorkspaceGenerations } from './generations.js'
 import { limitReached } from './policy.js'
 import type { SessionServiceDeps } from './session-deps.js'
-import { unchangedByAll } from './session-observer.js'
+import { type MarkAnswer, turnMarkOf, unchangedByAll } from './session-observer.js'
 import type { SessionRow, SessionStore } from './session-store.js'
-import type { TurnLocks } from './turn-locks.js'
-import type { WarmAgents } from './warm-agents.js'
+import { MOVE_OPERATION, type TurnLocks } from './turn-locks.js'
+import type { SeenAgent, WarmAgents } from './warm-agents.js'
 
 export type TurnRunnerDeps = Pick<
   SessionServiceDeps,
@@ -55,11 +55,21 @@ export class TurnRunner {
    * database (one running turn per session). `load` reads the session's row once the lock is
    * held, so what the turn starts from is not older than the turn before it.
    */
-  async begin(id: string, load: () => Promise<SessionRow>, prompt: string): Promise<TurnHandle> {
+  async begin(
+    id: string,
+    load: () => Promise<SessionRow>,
+    prompt: string,
+    seen?: SeenAgent,
+  ): Promise<TurnHandle> {
     const { store, locks } = this.deps
     if (locks.has(id)) {
       // Whoever cannot see the session is told it does not exist, not that it is busy.
       await load()
+      if (locks.busyWith(id) === MOVE_OPERATION)
+        throw new CairnProblem(
+          'session_moving',
+          `session ${id} is being moved to another node; retry in a moment`,
+        )
       throw new CairnProblem(
         'session_busy',
         `session ${id} is already running a turn; wait for it or cancel it`,
@@ -85,7 +95,7 @@ export class TurnRunner {
       if (row.status === 'deleted') throw new CairnProblem('session_deleted', `session ${id} was deleted`)
       if (!prompt.trim()) throw new CairnProblem('validation_failed', 'prompt must not be empty')
       await this.checkLimits(row)
-      admitted = await this.deps.warm.admit(row)
+      admitted = await this.deps.warm.admit(row, seen)
       const at = this.now()
       seq = row.turn_count + 1
       const current = row
@@ -116,7 +126,7 @@ export class TurnRunner {
       turnId,
       run: async (emit) => {
         try {
-          await this.run(started, turnId, seq, prompt, abort.signal, emit)
+          await this.run(started, turnId, seq, prompt, seen, abort.signal, emit)
         } finally {
           release()
         }
@@ -141,15 +151,18 @@ export class TurnRunner {
   }
 
   /**
-   * Runs the turn through the port: its events go to `onEvent` as they come, `signal` cancels it
-   * (by turn ID, as a remote runtime is told).
+   * Runs the turn through the port in one call: its events go to `onEvent` as they come,
+   * `onStarted` hears of the warm agent a `resume` took, `signal` cancels it (by turn ID, as a
+   * remote runtime is told). Undefined: `resume` found no warm agent (nothing ran).
    */
   private async runTurn(
     sessionId: string,
     input: TurnInput,
+    options: TurnOptions,
     signal: AbortSignal,
+    onStarted: (agent: AgentInfo) => Promise<void>,
     onEvent: (event: AgentEvent) => void,
-  ): Promise<TurnOutcome> {
+  ): Promise<TurnEnd | undefined> {
     const { runtime } = this.deps
     const cancel = () => {
       void runtime
@@ -158,17 +171,21 @@ export class TurnRunner {
           this.deps.logger.warn({ err: error, session: sessionId }, 'cancelling a turn failed'),
         )
     }
-    const messages = runtime.runTurn(sessionId, input)
+    const messages = runtime.runTurn(sessionId, input, options)
     signal.addEventListener('abort', cancel, { once: true })
     try {
       if (signal.aborted) cancel()
-      let outcome: TurnOutcome | undefined
+      let end: TurnEnd | undefined
       for await (const message of messages) {
         if (message.type === 'event') onEvent(message.event)
-        else outcome = message.outcome
+        else if (message.type === 'started') await onStarted(message.agent)
+        else if (message.type === 'cold') {
+          if (message.stopped) this.deps.warm.forget(sessionId)
+          return undefined
+        } else end = message
       }
-      if (!outcome) throw new Error('the turn ended without an outcome')
-      return outcome
+      if (!end) throw new Error('the turn ended without an outcome')
+      return end
     } finally {
       signal.removeEventListener('abort', cancel)
     }
@@ -179,6 +196,7 @@ export class TurnRunner {
     turnId: string,
     seq: number,
     prompt: string,
+    seen: SeenAgent | undefined,
     signal: AbortSignal,
     emit: (event: StreamEvent) => void,
   ): Promise<void> {
@@ -194,27 +212,57 @@ export class TurnRunner {
      * and nothing but this turn stops it meanwhile; its cooldown has just begun).
      */
     let agentAfter: AgentInfo | undefined
+    /** The runtime's answer, after the turn, to the workspace mark sent with it. */
+    let answered: MarkAnswer | undefined
+    const maxTurns = row.max_turns
+    const lastTurn = maxTurns !== null && seq >= maxTurns
     try {
       // The setup phase runs before the agent's sandbox exists: the agent never shares a process
       // tree, an environment or a /proc with the setup secrets.
       const setup = this.deps.setup
+      let warmNow = seen ? seen.agent?.alive === true : true
       if (setup && (await setup.needed(row.id))) {
         await warm.drop(row.id)
         await setup.run(row, signal)
+        warmNow = false
       }
-      const { agent, cold } = await warm.acquire(row)
-      sandboxId = agent.sandboxId
-      await whenNotBusy(() => store.setTurnSandbox(turnId, sandboxId, cold))
-      for (const observer of this.observers) await observer.beforeTurn?.(row, seq, agent)
-      emit({ type: 'run.started', sessionId: row.id, turnId, turn: seq, sandboxId, coldStart: cold })
+      for (const observer of this.observers) await observer.beforeTurn?.(row, seq)
       const transcript = await warm.transcripts.before(row.id, seq)
       const secretValues = await this.deps.secrets.values(row.agent_id, ['runtime', 'setup', 'proxy'])
       const clean = (event: StreamEvent): StreamEvent =>
         event.type === 'message.delta' ? { ...event, content: redact(event.content, secretValues) } : event
-      promptSent = true
-      outcome = await this.runTurn(row.id, { prompt, turn: seq, turnId, transcript }, signal, (event) =>
-        emit(clean(toStreamEvent(turnId, event))),
-      )
+      const onEvent = (event: AgentEvent) => emit(clean(toStreamEvent(turnId, event)))
+      const started = async (agent: AgentInfo, cold: boolean) => {
+        sandboxId = agent.sandboxId
+        await whenNotBusy(() => store.setTurnSandbox(turnId, sandboxId, cold))
+        emit({ type: 'run.started', sessionId: row.id, turnId, turn: seq, sandboxId, coldStart: cold })
+        promptSent = true
+      }
+      const input: TurnInput = { prompt, turn: seq, turnId, transcript }
+      // One call to the runtime: the warm agent taken, the turn, its sandbox cooled down after it
+      // (the policy's last turn drops it below instead).
+      // The workspace's mark goes with it: the node says whether the turn changed it.
+      const mark = lastTurn ? undefined : turnMarkOf(this.observers, row.id)
+      const options: TurnOptions = lastTurn ? {} : { keepWarmMs: row.keep_warm_ms, mark }
+      const resumed = warmNow
+      let end = resumed
+        ? await this.runTurn(
+            row.id,
+            input,
+            { ...options, resume: true },
+            signal,
+            (agent) => started(agent, false),
+            onEvent,
+          )
+        : undefined
+      if (!end) {
+        // Cold: the agent is started (`seen` told whether a dead one may be left), then the turn.
+        const { agent, cold } = await warm.start(row, !resumed && seen?.agent !== undefined)
+        await started(agent, cold)
+        end = await this.runTurn(row.id, input, options, signal, async () => undefined, onEvent)
+      }
+      if (!end) throw new Error('the agent just started is not warm')
+      outcome = end.outcome
       outcome = {
         ...outcome,
         text: redact(outcome.text, secretValues),
@@ -224,11 +272,18 @@ export class TurnRunner {
         outcome = { ...outcome, message: redact(outcome.message, secretValues) }
         outcome = await this.blamePoolIfFull(outcome)
       }
-      agentAfter = await this.afterTurn(row.id, () => warm.agent(row.id), undefined)
-      if (!agentAfter?.alive) {
-        await this.afterTurn(row.id, () => warm.drop(row.id), undefined)
-        agentAfter = undefined
-      } else await this.afterTurn(row.id, () => warm.scheduleCooldown(row), undefined)
+      if (end.after) {
+        agentAfter = end.after.agent
+        if (mark && end.after.unchanged !== undefined) answered = { mark, unchanged: end.after.unchanged }
+        if (!agentAfter) warm.forget(row.id)
+      } else if (!lastTurn) {
+        // A runtime that did not do the after-turn step itself.
+        agentAfter = await this.afterTurn(row.id, () => warm.agent(row.id), undefined)
+        if (!agentAfter?.alive) {
+          await this.afterTurn(row.id, () => warm.drop(row.id), undefined)
+          agentAfter = undefined
+        } else await this.afterTurn(row.id, () => warm.scheduleCooldown(row), undefined)
+      }
     } catch (error) {
       const problem = error instanceof CairnProblem ? error : undefined
       const setupFailed = problem?.code === 'setup_failed'
@@ -274,7 +329,7 @@ export class TurnRunner {
     let generation: number | undefined
     const unchanged =
       promptSent && agentAfter?.alive
-        ? await unchangedByAll(this.observers, row.id).catch(() => false)
+        ? await unchangedByAll(this.observers, row.id, answered).catch(() => false)
         : false
     if (promptSent && !unchanged) {
       generation = await this.deps.generations.markNext(row.id).catch((error) => {
@@ -283,8 +338,6 @@ export class TurnRunner {
       })
     }
     // The policy's last turn ends the session; its sandbox goes before the reply's end is sent.
-    const maxTurns = row.max_turns
-    const lastTurn = maxTurns !== null && seq >= maxTurns
     if (lastTurn) {
       await this.afterTurn(row.id, () => warm.drop(row.id), undefined)
       agentAfter = undefined

@@ -27,6 +27,14 @@ export type WarmAgentsDeps = Pick<
 }
 
 /**
+ * What was asked of the runtime about the session's agent just before its turn (see
+ * `SessionService.verifyBeforeTurn`): the turn needs not ask again.
+ */
+export interface SeenAgent {
+  agent: AgentInfo | undefined
+}
+
+/**
  * The session side of the warm agents: what a session's agent is started with (its revision,
  * secrets, memory, network), and what is cached per warm sandbox (the transcript, the activity
  * throttle). The pool itself (keep-warm windows, the per-tenant cap) is the runtime's, behind the
@@ -56,8 +64,9 @@ export class WarmAgents {
    * Makes room for this session's sandbox under its tenant's cap (`maxSandboxesPerTenant`), see
    * `RuntimePort.admitAgent`. The answer releases the slot once the sandbox is up (or the turn is over).
    */
-  async admit(row: SessionRow): Promise<() => Promise<void>> {
-    if ((await this.deps.runtime.agent(row.id))?.alive) return async () => undefined
+  async admit(row: SessionRow, seen?: SeenAgent): Promise<() => Promise<void>> {
+    const agent = seen ? seen.agent : await this.deps.runtime.agent(row.id)
+    if (agent?.alive) return async () => undefined
     return this.deps.runtime.admitAgent({
       sessionId: row.id,
       tenantId: row.tenant_id,
@@ -66,11 +75,13 @@ export class WarmAgents {
     })
   }
 
-  /** The session's warm agent (its cooldown stopped while a turn uses it), or a freshly started one. */
-  async acquire(row: SessionRow): Promise<{ agent: AgentInfo; cold: boolean }> {
-    const warm = await this.deps.runtime.resumeAgent(row.id)
-    if (warm) return { agent: warm, cold: false }
-    if (await this.deps.runtime.agent(row.id)) await this.drop(row.id)
+  /**
+   * Starts the session's agent (no warm one is alive: a turn's `resume` answered `cold`, or the
+   * session's agent was just seen down). `deadLeft`: a dead agent may still be there (it is
+   * dropped first, with what is cached for it).
+   */
+  async start(row: SessionRow, deadLeft: boolean): Promise<{ agent: AgentInfo; cold: boolean }> {
+    if (deadLeft && (await this.deps.runtime.agent(row.id))) await this.drop(row.id)
     if (!(await this.deps.runtime.hasWorkspace(row.id)))
       throw await this.deps.missingWorkspace(row.tenant_id, row.id)
     const revision = await this.deps.agents.store.revision(row.revision_id)
@@ -136,9 +147,14 @@ export class WarmAgents {
       )
   }
 
-  async drop(sessionId: string): Promise<void> {
+  /** Forgets what is cached for the session's sandbox (the runtime stopped it). */
+  forget(sessionId: string): void {
     this.transcripts.forget(sessionId)
     this.activityWrittenAt.delete(sessionId)
+  }
+
+  async drop(sessionId: string): Promise<void> {
+    this.forget(sessionId)
     await this.deps.runtime.stopAgent(sessionId)
   }
 

@@ -1,7 +1,7 @@
 import { newId, type SnapshotInfo, type SnapshotReason } from '@cairn/protocol'
-import type { AgentInfo, WorkspaceMark } from '@cairn/runtime/port'
+import type { AgentInfo, SnapshotOptions, WorkspaceMark } from '@cairn/runtime/port'
 import { iso } from '../clock.js'
-import type { SessionObserver } from '../sessions/session-observer.js'
+import type { MarkAnswer, SessionObserver } from '../sessions/session-observer.js'
 import type { SessionRow } from '../sessions/session-store.js'
 import type { SnapshotPins } from '../snapshots/snapshot-pins.js'
 import type { SnapshotStore } from '../snapshots/snapshot-store.js'
@@ -24,6 +24,8 @@ export class SnapshotPolicy implements SessionObserver {
   private readonly dirty = new Set<string>()
   /** Per session, what its workspace looked like when its newest automatic snapshot was taken. */
   private readonly marks = new Map<string, SnapshotMark>()
+  /** The mark each session's turn was sent with (`turnMark`), and the snapshot mark it stands for. */
+  private readonly sent = new Map<string, { mark: WorkspaceMark; of: SnapshotMark }>()
 
   constructor(
     private readonly deps: WorkspaceServiceDeps,
@@ -40,9 +42,23 @@ export class SnapshotPolicy implements SessionObserver {
     this.track(row.id, this.snapshotAfterTurn(row, seq, agent?.alive === true, unchanged))
   }
 
-  async unchanged(sessionId: string): Promise<boolean> {
+  async unchanged(sessionId: string, answered?: MarkAnswer): Promise<boolean> {
     const mark = this.marks.get(sessionId)
-    return mark ? this.unchangedSince(sessionId, mark) : false
+    if (!mark) return false
+    // The runtime compared this very mark after the turn (see `turnMark`): its answer stands.
+    const sent = this.sent.get(sessionId)
+    if (answered && sent && answered.mark === sent.mark && sent.of === mark)
+      return answered.unchanged && !this.dirty.has(sessionId)
+    return this.unchangedSince(sessionId, mark)
+  }
+
+  turnMark(sessionId: string): WorkspaceMark | undefined {
+    const of = this.marks.get(sessionId)
+    if (!of || this.dirty.has(sessionId)) return undefined
+    // Plain data for the port (the snapshot's ID is the server's).
+    const mark = { sandboxId: of.sandboxId, ctransid: of.ctransid, writtenBytes: of.writtenBytes }
+    this.sent.set(sessionId, { mark, of })
+    return mark
   }
 
   /**
@@ -65,6 +81,7 @@ export class SnapshotPolicy implements SessionObserver {
 
   deleted(sessionId: string): Promise<void> {
     this.marks.delete(sessionId)
+    this.sent.delete(sessionId)
     return this.deleteAll(sessionId)
   }
 
@@ -117,7 +134,8 @@ export class SnapshotPolicy implements SessionObserver {
    */
   private async unchangedSince(sessionId: string, mark: SnapshotMark): Promise<boolean> {
     if (this.dirty.has(sessionId)) return false
-    const same = await this.deps.runtime.unchangedSince(sessionId, mark)
+    const { sandboxId, ctransid, writtenBytes } = mark
+    const same = await this.deps.runtime.unchangedSince(sessionId, { sandboxId, ctransid, writtenBytes })
     return same && !this.dirty.has(sessionId)
   }
 
@@ -158,7 +176,8 @@ export class SnapshotPolicy implements SessionObserver {
     label?: string,
   ): Promise<SnapshotInfo> {
     const snapshotId = newId('snapshot')
-    const seen = await this.frozenSnapshot(row, snapshotId)
+    // Every kept snapshot is shipped by a node that has a bucket (docs/shipping.md).
+    const seen = await this.frozenSnapshot(row, snapshotId, { ship: true })
     const current = await this.deps.sessions.store.get(row.tenant_id, row.id)
     const info = await this.snapshots.insertWithId(snapshotId, {
       session_id: row.id,
@@ -193,8 +212,9 @@ export class SnapshotPolicy implements SessionObserver {
   frozenSnapshot(
     row: Pick<SessionRow, 'id' | 'tenant_id'>,
     snapshotId: string,
+    options?: SnapshotOptions,
   ): Promise<WorkspaceMark | undefined> {
-    return this.deps.runtime.snapshotWorkspace(row.id, snapshotId, row.tenant_id)
+    return this.deps.runtime.snapshotWorkspace(row.id, snapshotId, row.tenant_id, options)
   }
 
   /** Automatic snapshots kept per session for the tenant. */

@@ -72,9 +72,9 @@ export const register: Register = (parent, ctx) => {
     nodes
       .command('drain <node>')
       .description(
-        'Drain a node: it takes no new sessions; waits until no turn runs on it (its sessions stay on it until they can be moved to another node)',
+        "Drain a node: it takes no new sessions; the cluster's leader moves its sessions to other nodes as their turns end; waits until it owns no session and runs no turn",
       )
-      .option('--no-wait', 'return once the node is draining, without waiting for its turns to end')
+      .option('--no-wait', 'return once the node is draining, without waiting for its sessions to be moved')
       .option(
         '--timeout <duration>',
         'give up waiting after this long (exit 1), e.g. 90s, 10m (default 10m)',
@@ -85,13 +85,19 @@ export const register: Register = (parent, ctx) => {
     let node = await client.nodes.drain(id)
     if (options.wait) {
       const until = Date.now() + (options.timeout ?? DEFAULT_DRAIN_TIMEOUT_MS)
-      while (node.runningTurns > 0) {
+      while (node.runningTurns > 0 || node.sessions > 0) {
         if (Date.now() > until)
-          throw new CliError(`node ${node.id} still runs ${node.runningTurns} turn(s)`, {
-            hint: 'wait longer (--timeout), or cancel those turns',
-            code: 'timeout',
-          })
-        if (!ctx.json) ctx.out.note(`Waiting for ${node.runningTurns} running turn(s) on ${node.id}…`)
+          throw new CliError(
+            `node ${node.id} still owns ${node.sessions} session(s) and runs ${node.runningTurns} turn(s)`,
+            {
+              hint: 'wait longer (--timeout), or cancel those turns; sessions are moved by the leader of a cluster of API replicas (--role api)',
+              code: 'timeout',
+            },
+          )
+        if (!ctx.json)
+          ctx.out.note(
+            `Waiting: ${node.id} owns ${node.sessions} session(s), runs ${node.runningTurns} turn(s)…`,
+          )
         await new Promise((resolve) => setTimeout(resolve, DRAIN_POLL_MS))
         const now = (await client.nodes.list()).find((n) => n.id === id)
         if (!now) throw new CliError(`node ${id} is gone from the cluster`)
@@ -103,8 +109,8 @@ export const register: Register = (parent, ctx) => {
     if (ctx.json) return ctx.out.data(node)
     ctx.out.note(
       options.wait
-        ? `Node ${node.id} is drained: no turn runs on it; it takes no new sessions (its ${node.sessions} session(s) stay on it until they can be moved)`
-        : `Node ${node.id} is draining (${node.runningTurns} turn(s) running)`,
+        ? `Node ${node.id} is drained: its sessions were moved to other nodes and no turn runs on it`
+        : `Node ${node.id} is draining (${node.sessions} session(s) to move, ${node.runningTurns} turn(s) running)`,
     )
   })
 }

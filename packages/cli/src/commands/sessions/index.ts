@@ -4,7 +4,7 @@ type Loader = () => Promise<{ register: Register }>
 
 /**
  * The `sessions` subcommands (names and aliases), in help order. Each is loaded only when it is the
- * one run: `cairn sessions list` registers one command with commander, not 21, and loads none of
+ * one run: `cairn sessions list` registers one command with commander, not 22, and loads none of
  * the others' modules (streams, readline, archives).
  */
 const SUBCOMMANDS: ReadonlyArray<readonly [names: readonly string[], load: Loader]> = [
@@ -29,6 +29,7 @@ const SUBCOMMANDS: ReadonlyArray<readonly [names: readonly string[], load: Loade
   [['diff'], () => import('./diff.js')],
   [['export'], () => import('./export.js')],
   [['import'], () => import('./import.js')],
+  [['move'], () => import('./move.js')],
 ]
 
 /**

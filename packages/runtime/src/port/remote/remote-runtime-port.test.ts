@@ -45,6 +45,9 @@ const ECHO = [
   '    print("re:", line, flush=True)',
   '',
 ].join('\n')
+/** Answers one line, then exits. */
+const ONCE = 'line = input()\nprint("bye:", line, flush=True)\n'
+const ONCE_REVISION = 'rev_remoteonce'
 /** Says it started, then takes a minute over every turn. */
 const SLOW =
   'import sys, time\nwhile True:\n    line = input()\n    print("working", flush=True)\n    time.sleep(60)\n    print("done")\n'
@@ -162,6 +165,7 @@ beforeAll(async () => {
   remote = new RemoteRuntimePort({ url: served.url, tls: apiTls, events: recorder })
   await makeRevision(t.runtime, REVISION, { 'agent.py': ECHO })
   await makeRevision(t.runtime, SLOW_REVISION, { 'agent.py': SLOW })
+  await makeRevision(t.runtime, ONCE_REVISION, { 'agent.py': ONCE })
 })
 
 afterAll(async () => {
@@ -248,6 +252,64 @@ describe('RemoteRuntimePort over mutual TLS to a served LocalRuntimePort', () =>
       web.destroy()
       await remote.stopAgent(id)
       expect(await remote.agent(id)).toBeUndefined()
+    })
+  })
+
+  it('runs a warm turn in one call: the agent resumed, the turn, its cooldown; cold when there is none', async () => {
+    const id = sessionId('w')
+    const input = (turn: number) => ({ prompt: `p${turn}`, turn, turnId: newId('turn'), transcript: [] })
+    const all = async (messages: AsyncIterable<TurnMessage>) => {
+      const got: TurnMessage[] = []
+      for await (const message of messages) got.push(message)
+      return got
+    }
+    await runWithOwnerEpoch(1, async () => {
+      await remote.createWorkspace(id, REVISION, 'ten_w')
+      // No agent yet: the call says cold, and nothing ran.
+      expect(await all(remote.runTurn(id, input(1), { resume: true, keepWarmMs: 60_000 }))).toEqual([
+        { type: 'cold', stopped: false },
+      ])
+      const agent = await remote.startAgent(spec(id, 'ten_w'))
+      const first = await all(remote.runTurn(id, input(1), { keepWarmMs: 60_000 }))
+      expect(first.at(-1)).toMatchObject({
+        type: 'outcome',
+        outcome: { status: 'completed', text: 're: p1\n' },
+        after: { agent: { sandboxId: agent.sandboxId, alive: true } },
+      })
+      // Cooling down now: the next turn takes it (its cooldown stopped) and tells which it took.
+      const second = await all(remote.runTurn(id, input(2), { resume: true, keepWarmMs: 60_000 }))
+      expect(second[0]).toEqual({
+        type: 'started',
+        agent: expect.objectContaining({ sandboxId: agent.sandboxId }),
+      })
+      expect(second.at(-1)).toMatchObject({ type: 'outcome', outcome: { text: 're: p2\n' } })
+      expect(second.filter((m) => m.type === 'event').length).toBeGreaterThan(0)
+      // keepWarmMs 0 after the turn: the sandbox stops, as coolDown(0) does.
+      const third = await all(remote.runTurn(id, input(3), { resume: true, keepWarmMs: 0 }))
+      expect(third.at(-1)).toMatchObject({ type: 'outcome', outcome: { status: 'completed' } })
+      expect(await waitFor(async () => (await remote.agent(id)) === undefined, 5000)).toBe(true)
+      expect(await all(remote.runTurn(id, input(4), { resume: true }))).toEqual([
+        { type: 'cold', stopped: false },
+      ])
+
+      // An agent that exits after its answer: without `keepWarmMs` the dead one stays until the
+      // next resume stops it; with it, the turn's end stops it and says there is none.
+      const once = sessionId('o')
+      await remote.createWorkspace(once, ONCE_REVISION, 'ten_w')
+      await remote.startAgent(spec(once, 'ten_w'))
+      expect((await all(remote.runTurn(once, input(1)))).at(-1)).toMatchObject({ type: 'outcome' })
+      expect(await waitFor(async () => (await remote.agent(once))?.alive === false, 5000)).toBe(true)
+      expect(await all(remote.runTurn(once, input(2), { resume: true }))).toEqual([
+        { type: 'cold', stopped: true },
+      ])
+      expect(await remote.agent(once)).toBeUndefined()
+      await remote.startAgent(spec(once, 'ten_w'))
+      const ended = (await all(remote.runTurn(once, input(2), { keepWarmMs: 60_000 }))).at(-1)
+      expect(ended).toMatchObject({ type: 'outcome', after: {} })
+      expect(ended?.type === 'outcome' && ended.after?.agent).toBeFalsy()
+      expect(await remote.agent(once)).toBeUndefined()
+      await remote.deleteWorkspace(once)
+      await remote.deleteWorkspace(id)
     })
   })
 

@@ -337,7 +337,7 @@ export class RemoteRuntimePort {
           for await (const frame of frames) {
             if (!('message' in frame)) continue
             const message = frame.message as TurnMessage
-            done = message.type === 'outcome'
+            done = message.type === 'outcome' || message.type === 'cold'
             yield message
           }
           // The call ended without the turn's outcome: the link to the node went.

@@ -99,6 +99,11 @@ export const WorkspaceMark = Type.Object(
   { additionalProperties: false },
 )
 
+export const TurnOptions = Type.Object(
+  { resume: optional(Type.Boolean()), keepWarmMs: optional(Count), mark: optional(WorkspaceMark) },
+  { additionalProperties: false },
+)
+
 export const WorkspaceCommand = Type.Object(
   {
     sessionId: Id,
@@ -147,6 +152,12 @@ export const ShippedTree = Type.Union([
   Type.Object({ revisionId: Id }, { additionalProperties: false }),
   Type.Object({ dependencyEnvKey: Key }, { additionalProperties: false }),
 ])
+
+/** `snapshotWorkspace`'s options. */
+export const SnapshotOptions = Type.Object(
+  { ship: Type.Optional(Type.Boolean()) },
+  { additionalProperties: false },
+)
 
 /** An image build's context on the wire: its timeout (its `log` lines come back as frames). */
 export const BuildContext = Type.Object({ timeoutMs: Count }, { additionalProperties: false })

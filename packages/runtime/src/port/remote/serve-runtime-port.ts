@@ -12,7 +12,7 @@ import type { TurnMessage } from '../turn-stream.js'
 import { CLUSTER_ROLE_NAMES, type ClusterTls } from './cluster-tls.js'
 import type { RuntimeEventHub } from './event-hub.js'
 import { METHODS, type MethodSpec, RELEASE_ADMISSION, wireSchema } from './method-table.js'
-import { EpochFence, type EpochFloor } from './owner-epoch.js'
+import { EpochFence, type EpochFloor, runWithOwnerEpoch } from './owner-epoch.js'
 import {
   CONNECTION_WINDOW_BYTES,
   decodeJson,
@@ -193,11 +193,13 @@ export async function serveRuntimePort(
       )
     }
     const sessionId = spec.session?.(args)
+    let admittedEpoch: number | undefined
     if (sessionId !== undefined) {
       const raw = headers[HEADER.ownerEpoch]
       const epoch = typeof raw === 'string' && /^\d{1,15}$/.test(raw) ? Number(raw) : undefined
       const refused = await fence.admit(sessionId, epoch)
       if (refused) throw new CairnProblem('stale_epoch', refused, { sessionId, epoch: epoch ?? null })
+      admittedEpoch = epoch
     }
     const frames = () => {
       if (!stream.headersSent) stream.respond({ ':status': 200, [HEADER.kind]: 'frames' })
@@ -231,7 +233,12 @@ export async function serveRuntimePort(
       return send({ result: null })
     }
     const method = (port as unknown as Record<string, (...a: unknown[]) => unknown>)[name]
-    const call = () => method!.apply(port, callArgs)
+    // The node's port sees the epoch it was called under (`currentOwnerEpoch`): what it records
+    // for the session later (a shipped snapshot) is conditioned on it.
+    const call = () =>
+      admittedEpoch === undefined
+        ? method!.apply(port, callArgs)
+        : runWithOwnerEpoch(admittedEpoch, () => method!.apply(port, callArgs))
     switch (spec.result) {
       case 'json':
         // undefined (a void method, an agent not there) crosses as null, read back as undefined.

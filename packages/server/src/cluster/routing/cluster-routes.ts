@@ -67,8 +67,37 @@ export class ClusterRoutes {
     return error
   }
 
-  /** Runs `call` on the session's node under its owner epoch (once more on `stale_epoch`). */
-  async onSession<T>(sessionId: string, call: (port: RuntimePort) => Promise<T>): Promise<T> {
+  /**
+   * Runs `call` on the session's node under its owner epoch (once more on `stale_epoch`). A
+   * session whose node was declared lost is first recovered on another node from the shipping
+   * bucket (`recovery`, when set and `recover` is not false), then the call goes there.
+   */
+  async onSession<T>(
+    sessionId: string,
+    call: (port: RuntimePort) => Promise<T>,
+    options: { recover?: boolean } = {},
+  ): Promise<T> {
+    try {
+      return await this.onSessionOnce(sessionId, call)
+    } catch (error) {
+      if (!this.recovery || options.recover === false || !isNodeLost(error)) throw error
+      try {
+        await this.recovery.recover(sessionId)
+      } catch (problem) {
+        // No bucket on the nodes: the session waits for its node as before (node_lost).
+        if (problem instanceof CairnProblem && problem.code === 'unavailable') throw error
+        throw problem
+      }
+      this.rows.forget(sessionId)
+      // Moved here or by another replica meanwhile: the call goes to the session's node now.
+      return this.onSessionOnce(sessionId, call)
+    }
+  }
+
+  /** Recovers sessions of lost nodes (set by `ClusterRuntimePort` when shipping is on). */
+  recovery: { recover(sessionId: string): Promise<unknown> } | undefined
+
+  private async onSessionOnce<T>(sessionId: string, call: (port: RuntimePort) => Promise<T>): Promise<T> {
     const route = await this.sessionRoute(sessionId)
     try {
       return await runWithOwnerEpoch(route.ownerEpoch, () => call(route.port))
@@ -221,3 +250,7 @@ function parseDrivers(json: string): string[] {
 }
 
 export { parseDrivers }
+
+function isNodeLost(error: unknown): boolean {
+  return error instanceof CairnProblem && error.code === 'node_lost'
+}

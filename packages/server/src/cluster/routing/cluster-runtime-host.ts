@@ -30,7 +30,12 @@ export async function openClusterRuntime(options: {
       '--role api needs --database postgres://… (the cluster lives in PostgreSQL)',
     )
   const directory = new DatabaseNodeDirectory(db, (row) => options.connect(row, events))
-  const port = new ClusterRuntimePort({ db, directory, logger: logger.child({ component: 'routing' }) })
+  const port = new ClusterRuntimePort({
+    db,
+    directory,
+    logger: logger.child({ component: 'routing' }),
+    recoverLost: options.config.recoverLost,
+  })
   // What workspace manifests name: a serving node's drivers, else the cluster's defaults.
   const described = await port.describe().catch(() => undefined)
   return {

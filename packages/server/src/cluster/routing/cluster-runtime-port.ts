@@ -4,11 +4,13 @@ import {
   type Admission,
   type AgentInfo,
   type AgentSpec,
+  type BucketRestore,
   type CommandResult,
   type ImageBuildContext,
   type ImageRecipe,
   type ImageRecord,
   type IsolationName,
+  type NodeShippingLag,
   type PoolArea,
   type PoolQuotaStatus,
   type PoolStats,
@@ -19,11 +21,13 @@ import {
   runWithOwnerEpoch,
   type SandboxDriverFacts,
   type ShippedTree,
+  type SnapshotOptions,
   type TreeReadOptions,
   type TreeRef,
   type TreeSizes,
   type TurnInput,
   type TurnMessage,
+  type TurnOptions,
   type WorkspaceCommand,
   type WorkspaceMark,
 } from '@cairn/runtime/port'
@@ -31,8 +35,9 @@ import type { Logger } from 'pino'
 import type { Db } from '../../db/database.js'
 import { ClusterRoutes, parseDrivers } from './cluster-routes.js'
 import { ClusterRows } from './cluster-rows.js'
-import type { NodeDirectory } from './node-directory.js'
-import { RevisionShipping, SERVING_STATES } from './revision-shipping.js'
+import type { NodeDirectory, NodeRow } from './node-directory.js'
+import { NodeLossRecovery } from './node-loss-recovery.js'
+import { RevisionShipping, SERVING_STATES, shipSealed } from './revision-shipping.js'
 
 export interface ClusterRuntimePortOptions {
   db: Db
@@ -45,6 +50,12 @@ export interface ClusterRuntimePortOptions {
   /** Placement's random source (tests seed it). */
   random?: (() => number) | undefined
   now?: (() => number) | undefined
+  /**
+   * Whether a session of a lost node is recovered from the shipping bucket on its next use
+   * (default) or not at all (`never`: it waits for its node, `node_lost`). `eager` recovery is
+   * the leader's (`recoverNode`), on top of the on-use one.
+   */
+  recoverLost?: 'on-message' | 'eager' | 'never' | undefined
 }
 
 /**
@@ -67,6 +78,47 @@ export class ClusterRuntimePort implements RuntimePort {
     this.rows = new ClusterRows(options.db, options.cacheMs ?? 1000, now)
     this.shipping = new RevisionShipping(this.rows, options.directory, options.logger)
     this.routes = new ClusterRoutes(options, this.rows)
+    this.recovery = new NodeLossRecovery({
+      db: options.db,
+      directory: options.directory,
+      rows: this.rows,
+      routes: this.routes,
+      shipping: this.shipping,
+      logger: options.logger.child({ component: 'node-loss-recovery' }),
+    })
+    if (options.recoverLost !== 'never') this.routes.recovery = this.recovery
+  }
+
+  /** Brings lost nodes' sessions back from the shipping bucket (see `NodeLossRecovery`). */
+  readonly recovery: NodeLossRecovery
+
+  // --- moves (see SessionMover) --------------------------------------------------------------
+  /**
+   * A node's port, refused as `node_lost` / `node_unavailable` when it cannot serve; `fresh`: its
+   * row read now (an operator's cordon a moment ago counts).
+   */
+  async nodePort(nodeId: string, fresh = false): Promise<{ node: NodeRow; port: RuntimePort }> {
+    if (fresh) await this.options.directory.nodes(true)
+    return this.routes.nodePort(nodeId)
+  }
+
+  /** Where placement would put a session of the revision, leaving out the node it leaves. */
+  async placeMove(revisionId: string, fromNode: string): Promise<{ node: NodeRow; port: RuntimePort }> {
+    const others = async (fresh: boolean) =>
+      (await this.options.directory.nodes(fresh)).filter((node) => node.id !== fromNode)
+    // Read now: a move must not land on a node cordoned a moment ago.
+    const node = await this.routes.placeOn(await others(true), revisionId)
+    return this.routes.nodePort(node.id)
+  }
+
+  /** Ships the revision (and its dependency environment) to the node unless it holds it. */
+  ensureRevisionOn(node: NodeRow, revisionId: string): Promise<void> {
+    return this.shipping.ensure(node, revisionId)
+  }
+
+  /** Forgets the session's cached node and epoch (it moved: the next call reads them again). */
+  forgetHome(sessionId: string): void {
+    this.rows.forget(sessionId)
   }
 
   /** The node a new session was placed on (for its row's `runtime_id`), until the row says so. */
@@ -88,14 +140,20 @@ export class ClusterRuntimePort implements RuntimePort {
   }
 
   agent(sessionId: string): Promise<AgentInfo | undefined> {
-    return this.routes.onSession(sessionId, (port) => port.agent(sessionId))
+    // Asking whether it is warm never moves a session: a lost node's sessions have no agent.
+    return this.routes
+      .onSession(sessionId, (port) => port.agent(sessionId), { recover: false })
+      .catch((error: unknown) => {
+        if (this.recovery && error instanceof CairnProblem && error.code === 'node_lost') return undefined
+        throw error
+      })
   }
 
-  async *runTurn(sessionId: string, input: TurnInput): AsyncIterable<TurnMessage> {
+  async *runTurn(sessionId: string, input: TurnInput, options?: TurnOptions): AsyncIterable<TurnMessage> {
     const route = await this.routes.sessionRoute(sessionId)
     // Each step runs under the epoch: a remote port may open its stream on the first `next`.
     const iterator = runWithOwnerEpoch(route.ownerEpoch, () =>
-      route.port.runTurn(sessionId, input)[Symbol.asyncIterator](),
+      route.port.runTurn(sessionId, input, options)[Symbol.asyncIterator](),
     )
     let done = false
     try {
@@ -177,9 +235,12 @@ export class ClusterRuntimePort implements RuntimePort {
     sessionId: string,
     snapshotId: string,
     tenantId: string,
+    options?: SnapshotOptions,
   ): Promise<WorkspaceMark | undefined> {
     this.rows.noteSnapshot(snapshotId, sessionId)
-    return this.routes.onSession(sessionId, (port) => port.snapshotWorkspace(sessionId, snapshotId, tenantId))
+    return this.routes.onSession(sessionId, (port) =>
+      port.snapshotWorkspace(sessionId, snapshotId, tenantId, options),
+    )
   }
 
   unchangedSince(sessionId: string, mark: WorkspaceMark): Promise<boolean> {
@@ -406,6 +467,8 @@ export class ClusterRuntimePort implements RuntimePort {
     await route.port.sealRevision(revisionId, tenantId)
     this.routes.staged.delete(revisionId)
     await this.rows.addRevisionHolder(revisionId, route.node.id)
+    const facts = await this.rows.revisionFacts(revisionId).catch(() => undefined)
+    shipSealed(route.port, revisionId, facts?.envKey, this.options.logger)
   }
 
   async discardStagedRevision(revisionId: string): Promise<void> {
@@ -425,6 +488,44 @@ export class ClusterRuntimePort implements RuntimePort {
     throw new CairnProblem(
       'bad_request',
       'trees are shipped between nodes by the cluster, not imported into it',
+    )
+  }
+
+  /** On the session's node (a lost node's session is recovered by `NodeLossRecovery` instead). */
+  restoreFromBucket(sessionId: string, tenantId: string): Promise<BucketRestore> {
+    return this.routes.onSession(sessionId, (port) => port.restoreFromBucket(sessionId, tenantId))
+  }
+
+  async shipPoolTree(tree: ShippedTree): Promise<{ shipped: boolean }> {
+    if ('revisionId' in tree)
+      return (await this.routes.revisionRoute(tree.revisionId)).port.shipPoolTree(tree)
+    throw new CairnProblem('bad_request', 'a dependency environment is shipped with its revision')
+  }
+
+  async fetchPoolTree(_tree: ShippedTree): Promise<void> {
+    throw new CairnProblem('bad_request', 'a node fetches trees from the bucket, not the cluster')
+  }
+
+  /** Each serving node's shipping lag (`/metrics`); a node that does not answer is left out. */
+  async shippingLagByNode(): Promise<{ node: string; lag: NodeShippingLag }[]> {
+    const nodes = await this.routes.servingNodes()
+    const settled = await Promise.allSettled(nodes.map(({ port }) => port.shippingLag()))
+    return nodes.flatMap(({ node }, i) => {
+      const result = settled[i]
+      return result?.status === 'fulfilled' ? [{ node: node.id, lag: result.value }] : []
+    })
+  }
+
+  /** Summed over the serving nodes; the oldest unshipped snapshot anywhere. */
+  async shippingLag(): Promise<NodeShippingLag> {
+    const lags = await this.routes.fromEveryNode((port) => port.shippingLag())
+    return lags.reduce(
+      (sum, lag) => ({
+        enabled: sum.enabled || lag.enabled,
+        unshippedSnapshots: sum.unshippedSnapshots + lag.unshippedSnapshots,
+        secondsBehind: Math.max(sum.secondsBehind, lag.secondsBehind),
+      }),
+      { enabled: false, unshippedSnapshots: 0, secondsBehind: 0 },
     )
   }
 

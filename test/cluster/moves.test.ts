@@ -1,0 +1,270 @@
+import { mkdtemp, rm } from 'node:fs/promises'
+import os from 'node:os'
+import path from 'node:path'
+import { type RunningServer, startServer } from '@cairn/server'
+import pg from 'pg'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { initClusterTls } from '../../packages/runtime/src/port/remote/cluster-tls.js'
+import { type RunningNode, startNode } from '../../packages/server/src/node/start-node.js'
+import { spawnCli } from '../helpers/cli.js'
+import { TestPostgres, testsRunOnPostgres } from '../helpers/postgres.js'
+import { makeProject } from '../helpers/projects.js'
+import { Api } from '../helpers/server.js'
+
+// Moving sessions between nodes: `cairn server --role api` in front of two in-process `cairn
+// node`s (real PostgreSQL, mutual TLS, each node its own btrfs pool). A drain moves every idle
+// session of the node; a message sent during a move waits for it or is refused retryably, never
+// served from the wrong workspace; a move to a node that takes no sessions is refused typed.
+const ECHO = {
+  'cairn.yaml': 'name: echo\ncommand: bash agent.sh\n',
+  'agent.sh': 'while IFS= read -r line; do echo "got $line"; echo "$line" >> seen.txt; done\n',
+}
+
+let postgres: TestPostgres
+let client: pg.Client
+const dirs: string[] = []
+const nodes: RunningNode[] = []
+let server: RunningServer
+let api: Api
+
+async function tempDir(tag: string): Promise<string> {
+  const dir = await mkdtemp(path.join(os.tmpdir(), `cairn-move-${tag}-`))
+  dirs.push(dir)
+  return dir
+}
+
+const nodeA = () => nodes[0] as RunningNode
+const nodeB = () => nodes[1] as RunningNode
+const nodeById = (id: string) => nodes.find((n) => n.nodeId === id) as RunningNode
+
+async function home(sessionId: string): Promise<{ node: string; epoch: number }> {
+  const { rows } = await client.query('SELECT runtime_id, owner_epoch FROM sessions WHERE id = $1', [
+    sessionId,
+  ])
+  return { node: rows[0].runtime_id, epoch: Number(rows[0].owner_epoch) }
+}
+
+async function digestOf(sessionId: string): Promise<string> {
+  const { node } = await home(sessionId)
+  return nodeById(node).port.digest({ sessionId })
+}
+
+async function nodeAction(node: RunningNode, action: string) {
+  const res = await api.call('POST', `/v1/nodes/${node.nodeId}/${action}`)
+  expect(res.status, JSON.stringify(res.body)).toBe(200)
+}
+
+beforeAll(async () => {
+  postgres = await TestPostgres.start()
+  const url = await postgres.createDatabase()
+  client = new pg.Client({ connectionString: url })
+  await client.connect()
+  const clusterDir = await tempDir('tls')
+  await initClusterTls(clusterDir)
+  for (const name of ['node-a', 'node-b'])
+    nodes.push(
+      await startNode({
+        dataDir: await tempDir(name),
+        clusterDir,
+        database: url,
+        listen: '127.0.0.1:0',
+        name,
+        poolImageSizeBytes: 1024 * 1024 * 1024,
+        logLevel: 'error',
+      }),
+    )
+  server = await startServer({
+    role: 'api',
+    dataDir: await tempDir('api'),
+    database: url,
+    clusterDir,
+    port: 0,
+    writeCredentials: false,
+    logLevel: 'error',
+  })
+  api = new Api(server.url, server.adminKey ?? '')
+  expect((await api.deploy(await makeProject(ECHO))).status).toBe(201)
+}, 180_000)
+
+afterAll(async () => {
+  await server?.close()
+  for (const node of nodes) await node.close().catch(() => undefined)
+  await client?.end()
+  await postgres?.stop()
+  for (const dir of dirs) await rm(dir, { recursive: true, force: true })
+})
+
+describe.skipIf(testsRunOnPostgres())('moving sessions between nodes', () => {
+  it('a drain of a node with 50 idle sessions moves all of them, workspaces and transcripts intact', async () => {
+    // Every session on node A: B takes none while cordoned.
+    await nodeAction(nodeB(), 'cordon')
+    // Placement reads the nodes' rows at most a second old: the cordon counts after that.
+    await new Promise((r) => setTimeout(r, 1100))
+    const sessions: string[] = []
+    for (let i = 0; i < 50; i++) sessions.push((await api.createSession('echo')).id)
+    const before = new Map<string, { digest: string; messages: unknown }>()
+    for (const [i, id] of sessions.entries()) {
+      expect((await home(id)).node).toBe(nodeA().nodeId)
+      // A few with a turn (a transcript and a changed workspace), the rest as created.
+      if (i % 5 === 0) expect((await api.send(id, `hello ${i}`)).text).toBe(`got hello ${i}\n`)
+    }
+    for (const id of sessions)
+      before.set(id, {
+        digest: await digestOf(id),
+        messages: (await api.call('GET', `/v1/sessions/${id}/messages`)).body,
+      })
+    await nodeAction(nodeB(), 'uncordon')
+    await nodeAction(nodeA(), 'drain')
+    const deadline = Date.now() + 180_000
+    for (;;) {
+      const list = await api.call('GET', '/v1/nodes')
+      const a = (list.body.data as { id: string; sessions: number }[]).find((n) => n.id === nodeA().nodeId)
+      if (a?.sessions === 0) break
+      expect(Date.now(), `node A still owns ${a?.sessions} sessions`).toBeLessThan(deadline)
+      await new Promise((r) => setTimeout(r, 200))
+    }
+    for (const [i, id] of sessions.entries()) {
+      expect(await home(id)).toEqual({ node: nodeB().nodeId, epoch: 1 })
+      expect(await digestOf(id)).toBe(before.get(id)?.digest)
+      expect((await api.call('GET', `/v1/sessions/${id}/messages`)).body).toEqual(before.get(id)?.messages)
+      // The source's copy is gone.
+      expect(await nodeA().port.hasWorkspace(id)).toBe(false)
+      const events = (await api.call('GET', `/v1/sessions/${id}/events`)).body.data as {
+        cause: string
+        detail?: string
+      }[]
+      expect(events.at(-1)?.cause).toBe('moved')
+      expect(events.at(-1)?.detail).toContain(`${nodeA().nodeId} → ${nodeB().nodeId}`)
+      if (i % 5 === 0) {
+        expect((await api.send(id, 'after')).text).toBe('got after\n')
+        const file = await api.call('GET', `/v1/sessions/${id}/files/content?path=seen.txt`)
+        expect(file.body).toBe(`hello ${i}\nafter\n`)
+      }
+    }
+    await nodeAction(nodeA(), 'uncordon')
+  }, 400_000)
+
+  it('a message sent during a move waits or is refused retryably, never served from the wrong workspace', async () => {
+    const id = (await api.createSession('echo')).id
+    expect((await api.send(id, 'one')).text).toBe('got one\n')
+    const sent: string[] = ['one']
+    const allRefused: string[] = []
+    for (let round = 0; round < 4; round++) {
+      const { node } = await home(id)
+      const to = nodes.find((n) => n.nodeId !== node) as RunningNode
+      const move = api.call('POST', `/v1/sessions/${id}/move`, { toNode: to.nodeId })
+      const refused: string[] = []
+      // Messages while the move runs: each is served (before the hold, or after on the new node)
+      // or refused with a retryable code; what a served one wrote is in the workspace after.
+      for (let i = 0; i < 5; i++) {
+        const prompt = `r${round}m${i}`
+        const result = await api.send(id, prompt)
+        if (result.terminal?.type === 'run.completed') {
+          expect(result.text).toBe(`got ${prompt}\n`)
+          sent.push(prompt)
+        } else {
+          expect(['session_moving', 'session_busy'], JSON.stringify(result.body)).toContain(
+            result.body?.error?.code,
+          )
+          expect(result.status).toBe(409)
+          refused.push(result.body.error.code)
+        }
+      }
+      // The move waits for a turn it meets; it happens.
+      const moved = await move
+      expect(moved.status, JSON.stringify(moved.body)).toBe(200)
+      expect(moved.body.toNode).toBe(to.nodeId)
+      expect(await home(id)).toMatchObject({ node: to.nodeId })
+      allRefused.push(...refused)
+      const file = await api.call('GET', `/v1/sessions/${id}/files/content?path=seen.txt`)
+      expect(file.body).toBe(`${sent.join('\n')}\n`)
+    }
+    // Some messages met a move: they were told so (retryable), not served elsewhere.
+    expect(allRefused).toContain('session_moving')
+    expect((await home(id)).epoch).toBe(4)
+  }, 240_000)
+
+  it('refuses a move to a cordoned, lost or unknown node, typed, and the session stays', async () => {
+    const id = (await api.createSession('echo')).id
+    expect((await api.send(id, 'stay')).text).toBe('got stay\n')
+    const { node } = await home(id)
+    const other = nodes.find((n) => n.nodeId !== node) as RunningNode
+    await nodeAction(other, 'cordon')
+    const cordoned = await api.call('POST', `/v1/sessions/${id}/move`, { toNode: other.nodeId })
+    expect(cordoned.status).toBe(409)
+    expect(cordoned.body.error.code).toBe('conflict')
+    expect(cordoned.body.error.message).toContain('cordoned')
+    // Nowhere to go by placement either: the only other node takes no sessions.
+    const placed = await api.call('POST', `/v1/sessions/${id}/move`, {})
+    expect(placed.status).toBe(503)
+    expect(placed.body.error.code).toBe('node_unavailable')
+    await nodeAction(other, 'uncordon')
+    // A node the leader declared lost (its row as declareNodeLost leaves it).
+    await client.query(
+      `INSERT INTO nodes (id, name, address, boot_id, state, drivers, cpus, epoch, lease_expires_at, heartbeat_at, registered_at, lost_at)
+       VALUES ('rt_lostmove', 'lost', 'https://127.0.0.1:1', 'b', 'lost', '["bwrap"]', 2, 1, now()::text, now()::text, now()::text, now()::text)`,
+    )
+    const lost = await api.call('POST', `/v1/sessions/${id}/move`, { toNode: 'rt_lostmove' })
+    expect(lost.status).toBe(503)
+    expect(lost.body.error.code).toBe('node_lost')
+    const unknown = await api.call('POST', `/v1/sessions/${id}/move`, { toNode: 'rt_nosuchnode' })
+    expect(unknown.status).toBe(503)
+    expect(unknown.body.error.code).toBe('node_unavailable')
+    const self = await api.call('POST', `/v1/sessions/${id}/move`, { toNode: node })
+    expect(self.status).toBe(409)
+    expect(await home(id)).toEqual({ node, epoch: 0 })
+    expect((await api.send(id, 'still')).text).toBe('got still\n')
+  }, 120_000)
+
+  it('moves a session back and forth: same workspace each time, epoch one more per move', async () => {
+    const id = (await api.createSession('echo')).id
+    expect((await api.send(id, 'x')).text).toBe('got x\n')
+    const digest = await digestOf(id)
+    const start = await home(id)
+    for (let i = 1; i <= 4; i++) {
+      const res = await api.call('POST', `/v1/sessions/${id}/move`, {})
+      expect(res.status, JSON.stringify(res.body)).toBe(200)
+      const now = await home(id)
+      expect(now.epoch).toBe(start.epoch + i)
+      expect(now.node).toBe(res.body.toNode)
+      expect(now.node).not.toBe(res.body.fromNode)
+      expect(res.body.digest).toBe(digest)
+      // No bucket here: straight from node to node.
+      expect(res.body.via).toBe('direct')
+      expect(await digestOf(id)).toBe(digest)
+    }
+    expect((await home(id)).node).toBe(start.node)
+    // The CLI: `cairn sessions move ID --to NODE` (by a unique prefix of the ID, as every sessions command).
+    const other = nodes.find((n) => n.nodeId !== start.node) as RunningNode
+    const env = { CAIRN_API_URL: server.url, CAIRN_API_KEY: server.adminKey ?? '' }
+    const cli = await spawnCli(['sessions', 'move', id, '--to', other.nodeId, '--json'], env).done
+    expect(cli.code, cli.stderr).toBe(0)
+    expect(JSON.parse(cli.stdout)).toMatchObject({
+      sessionId: id,
+      fromNode: start.node,
+      toNode: other.nodeId,
+    })
+    // rt_lostmove: the lost node's row from the test before.
+    const toLost = await spawnCli(['sessions', 'move', id, '--to', 'rt_lostmove'], env).done
+    expect(toLost.code).toBe(1)
+    expect(toLost.stderr).toMatch(/declared lost/)
+    const cliBack = await spawnCli(['sessions', 'move', id], env).done
+    expect(cliBack.code, cliBack.stderr).toBe(0)
+    expect(cliBack.stdout).toMatch(/moved: .* → .*via direct, owner epoch 6/)
+    expect((await home(id)).node).toBe(start.node)
+    expect((await api.send(id, 'y')).text).toBe('got y\n')
+    const file = await api.call('GET', `/v1/sessions/${id}/files/content?path=seen.txt`)
+    expect(file.body).toBe('x\ny\n')
+    // Only the install's admin moves sessions: not a read key, not another tenant's admin.
+    for (const body of [
+      { role: 'read', name: 'reader' },
+      { tenant: 'tnt_movers', name: 'other admin' },
+    ]) {
+      const key = await api.call('POST', '/v1/keys', body)
+      expect(key.status, JSON.stringify(key.body)).toBe(201)
+      const res = await new Api(server.url, key.body.key).call('POST', `/v1/sessions/${id}/move`, {})
+      expect(res.status).toBe(403)
+    }
+    expect((await home(id)).epoch).toBe(start.epoch + 6)
+  }, 120_000)
+})

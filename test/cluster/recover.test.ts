@@ -1,0 +1,451 @@
+import { type ChildProcess, spawn } from 'node:child_process'
+import { mkdtemp, rm } from 'node:fs/promises'
+import os from 'node:os'
+import path from 'node:path'
+import { CreateBucketCommand } from '@aws-sdk/client-s3'
+import { type RunningServer, startServer } from '@cairn/server'
+import pg from 'pg'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { initClusterTls, loadClusterTls } from '../../packages/runtime/src/port/remote/cluster-tls.js'
+import { RemoteRuntimePort } from '../../packages/runtime/src/port/remote/remote-runtime-port.js'
+import {
+  createShippingBucket,
+  readChainHead,
+  type ShippingBucket,
+} from '../../packages/runtime/src/shipping/index.js'
+import { openDatabase } from '../../packages/server/src/db/database.js'
+import { recordShipped } from '../../packages/server/src/node/shipped-record.js'
+import { CAIRN_CLI } from '../helpers/cluster.js'
+import { TestPostgres, testsRunOnPostgres } from '../helpers/postgres.js'
+import { makeProject } from '../helpers/projects.js'
+import { startObjectStore, type TestObjectStore } from '../helpers/rgw.js'
+import { Api } from '../helpers/server.js'
+
+// Step 3 of the cluster, end to end: real `cairn node` processes (killed with SIGKILL), an API
+// replica in this process, PostgreSQL, and a real S3 server (Ceph RGW) as the shipping bucket.
+const BUCKET = 'cairn-recover'
+const WRITER = {
+  'cairn.yaml': 'name: writer\ncommand: bash agent.sh\n',
+  'agent.sh': 'while IFS= read -r line; do echo "$line" >> seen.txt; echo "got $line"; done\n',
+}
+
+let postgres: TestPostgres
+let store: TestObjectStore
+let url = ''
+let client: pg.Client
+let clusterDir = ''
+let bucket: ShippingBucket
+const dirs: string[] = []
+let server: RunningServer
+let api: Api
+
+interface NodeProcess {
+  name: string
+  dataDir: string
+  child: ChildProcess
+  id: string
+  log: string[]
+}
+const running = new Map<string, NodeProcess>()
+/** Nodes killed and not started again: started once more at the end, which reaps their sandboxes. */
+const killed = new Map<string, NodeProcess>()
+
+async function tempDir(tag: string): Promise<string> {
+  const dir = await mkdtemp(path.join(os.tmpdir(), `cairn-recover-${tag}-`))
+  dirs.push(dir)
+  return dir
+}
+
+async function waitFor<T>(what: string, check: () => Promise<T | undefined>, timeoutMs = 60_000): Promise<T> {
+  const deadline = Date.now() + timeoutMs
+  for (;;) {
+    const value = await check()
+    if (value !== undefined) return value
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`)
+    await new Promise((resolve) => setTimeout(resolve, 200))
+  }
+}
+
+/** Starts `cairn node` as its own process (a second start on the same data dir is the node coming back). */
+async function startNodeProcess(name: string, dataDir: string): Promise<NodeProcess> {
+  const child = spawn(
+    process.execPath,
+    [
+      CAIRN_CLI,
+      'node',
+      '--database',
+      url,
+      '--cluster-dir',
+      clusterDir,
+      '--listen',
+      '127.0.0.1:0',
+      '--name',
+      name,
+      '--data-dir',
+      dataDir,
+      '--heartbeat-ms',
+      '500',
+      '--lease-ms',
+      '2000',
+      '--s3-bucket',
+      BUCKET,
+      '--s3-endpoint',
+      store.endpoint,
+      '--log-level',
+      'warn',
+    ],
+    {
+      env: {
+        ...process.env,
+        AWS_ACCESS_KEY_ID: store.accessKeyId,
+        AWS_SECRET_ACCESS_KEY: store.secretAccessKey,
+        AWS_REGION: 'default',
+      },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    },
+  )
+  const log: string[] = []
+  child.stdout?.on('data', (chunk: Buffer) => log.push(chunk.toString()))
+  child.stderr?.on('data', (chunk: Buffer) => log.push(chunk.toString()))
+  const before = await client.query('SELECT epoch FROM nodes WHERE name = $1', [name])
+  const epochBefore = Number(before.rows[0]?.epoch ?? 0)
+  const id = await waitFor(
+    `node ${name} to register`,
+    async () => {
+      if (child.exitCode !== null) throw new Error(`node ${name} exited: ${log.join('')}`)
+      const { rows } = await client.query(
+        "SELECT id FROM nodes WHERE name = $1 AND state = 'ready' AND epoch > $2",
+        [name, epochBefore],
+      )
+      return rows[0]?.id as string | undefined
+    },
+    120_000,
+  )
+  const node = { name, dataDir, child, id, log }
+  running.set(name, node)
+  killed.delete(name)
+  return node
+}
+
+/** SIGKILL: no deregistration, no flush; its sandboxes are reaped when it starts again. */
+async function kill9(node: NodeProcess): Promise<void> {
+  const exited = new Promise((resolve) => node.child.once('exit', resolve))
+  node.child.kill('SIGKILL')
+  await exited
+  running.delete(node.name)
+  killed.set(node.name, node)
+}
+
+async function stopNode(node: NodeProcess): Promise<void> {
+  const exited = new Promise((resolve) => node.child.once('exit', resolve))
+  node.child.kill('SIGTERM')
+  await exited
+  running.delete(node.name)
+}
+
+async function nodeState(id: string): Promise<string> {
+  const { rows } = await client.query('SELECT state FROM nodes WHERE id = $1', [id])
+  return rows[0]?.state as string
+}
+
+async function sessionRow(id: string) {
+  const { rows } = await client.query(
+    'SELECT runtime_id, owner_epoch, generation, shipped_generation, shipped_snapshot_id, status_cause FROM sessions WHERE id = $1',
+    [id],
+  )
+  const row = rows[0]
+  return {
+    runtime_id: row.runtime_id as string,
+    owner_epoch: Number(row.owner_epoch),
+    generation: Number(row.generation),
+    shipped_generation: row.shipped_generation === null ? null : Number(row.shipped_generation),
+    shipped_snapshot_id: row.shipped_snapshot_id as string | null,
+    status_cause: row.status_cause as string,
+  }
+}
+
+/** The session's newest snapshot (the one taken after its last turn). */
+async function newestSnapshot(sessionId: string): Promise<string> {
+  const { rows } = await client.query(
+    'SELECT id FROM snapshots WHERE session_id = $1 AND deleted_at IS NULL ORDER BY created_at DESC, id DESC LIMIT 1',
+    [sessionId],
+  )
+  return rows[0]?.id as string
+}
+
+/** Waits until the session's newest snapshot is recorded as shipped (the bucket confirmed it). */
+async function shippedNewest(sessionId: string, timeoutMs = 60_000): Promise<string> {
+  return waitFor(
+    `session ${sessionId} to ship its newest snapshot`,
+    async () => {
+      const newest = await newestSnapshot(sessionId)
+      const row = await sessionRow(sessionId)
+      return newest && row.shipped_snapshot_id === newest ? newest : undefined
+    },
+    timeoutMs,
+  )
+}
+
+async function nodePort(nodeId: string): Promise<RemoteRuntimePort> {
+  const { rows } = await client.query('SELECT address FROM nodes WHERE id = $1', [nodeId])
+  return new RemoteRuntimePort({
+    url: rows[0].address as string,
+    tls: await loadClusterTls(clusterDir, 'api'),
+  })
+}
+
+async function events(sessionId: string, cause: string) {
+  const { rows } = await client.query(
+    'SELECT detail FROM session_events WHERE session_id = $1 AND cause = $2 ORDER BY at',
+    [sessionId, cause],
+  )
+  return rows.map((r) => r.detail as string)
+}
+
+async function turnIds(sessionId: string): Promise<{ id: string; seq: number }[]> {
+  const { rows } = await client.query('SELECT id, seq FROM turns WHERE session_id = $1 ORDER BY seq', [
+    sessionId,
+  ])
+  return rows.map((r) => ({ id: r.id as string, seq: Number(r.seq) }))
+}
+
+async function readSeen(sessionId: string) {
+  return api.call('GET', `/v1/sessions/${sessionId}/files/content?path=seen.txt`)
+}
+
+beforeAll(async () => {
+  postgres = await TestPostgres.start()
+  url = await postgres.createDatabase()
+  client = new pg.Client({ connectionString: url })
+  await client.connect()
+  store = await startObjectStore()
+  await store.client().send(new CreateBucketCommand({ Bucket: BUCKET }))
+  process.env.AWS_ACCESS_KEY_ID = store.accessKeyId
+  process.env.AWS_SECRET_ACCESS_KEY = store.secretAccessKey
+  bucket = createShippingBucket({ bucket: BUCKET, endpoint: store.endpoint, region: 'default' })
+  clusterDir = await tempDir('tls')
+  await initClusterTls(clusterDir)
+  // The API first: it runs the cluster's migrations (a node needs the tables).
+  server = await startServer({
+    role: 'api',
+    dataDir: await tempDir('api'),
+    database: url,
+    clusterDir,
+    port: 0,
+    writeCredentials: false,
+    logLevel: 'error',
+    heartbeatMs: 500,
+    leaseMs: 2000,
+  })
+  api = new Api(server.url, server.adminKey ?? '')
+  for (const name of ['node-a', 'node-b']) await startNodeProcess(name, await tempDir(name))
+  expect((await api.deploy(await makeProject(WRITER))).status).toBe(201)
+}, 300_000)
+
+afterAll(async () => {
+  for (const node of [...killed.values()])
+    await startNodeProcess(node.name, node.dataDir).catch(() => undefined)
+  await server?.close()
+  for (const node of [...running.values()]) await stopNode(node).catch(() => undefined)
+  await client?.end()
+  await postgres?.stop()
+  await store?.stop()
+  for (const dir of dirs) await rm(dir, { recursive: true, force: true })
+})
+
+describe.skipIf(testsRunOnPostgres())('workspaces outlive their node (shipping bucket, node loss)', () => {
+  it('ship → kill -9 the node → next use on another node: the shipped snapshot byte for byte, the lost turn named', async () => {
+    const a = running.get('node-a') as NodeProcess
+    const b = running.get('node-b') as NodeProcess
+    // A session on node a (placement spreads them: make a few, keep one there).
+    let sessionId = ''
+    for (let i = 0; i < 10 && !sessionId; i++) {
+      const id = (await api.createSession('writer')).id
+      if ((await sessionRow(id)).runtime_id === a.id) sessionId = id
+    }
+    expect(sessionId).not.toBe('')
+    for (const prompt of ['one', 'two', 'three'])
+      expect((await api.send(sessionId, prompt)).text).toBe(`got ${prompt}\n`)
+    const shipped = await shippedNewest(sessionId)
+    const row = await sessionRow(sessionId)
+    const head = await readChainHead(bucket, sessionId)
+    // What the database says is shipped is what the bucket holds.
+    expect(head?.snapshotId).toBe(shipped)
+    expect(head?.generation).toBe(row.shipped_generation)
+    const onA = await nodePort(a.id)
+    const shippedDigest = await onA.digest({ snapshotId: shipped })
+    expect(head?.treeDigest).toBe(shippedDigest)
+    onA.close()
+
+    // Turn 4 runs while the bucket is unreachable, so its changes are not shipped; then the node dies.
+    store.killGateway()
+    expect((await api.send(sessionId, 'four')).text).toBe('got four\n')
+    await kill9(a)
+    await store.startGateway()
+    await waitFor('node a to be declared lost', async () =>
+      (await nodeState(a.id)) === 'lost' ? true : undefined,
+    )
+
+    // The next use of the session brings it back on node b, from the shipped snapshot.
+    const seen = await readSeen(sessionId)
+    expect(seen.status, JSON.stringify(seen.body)).toBe(200)
+    expect(seen.body).toBe('one\ntwo\nthree\n')
+    const moved = await sessionRow(sessionId)
+    expect(moved.runtime_id).toBe(b.id)
+    expect(moved.owner_epoch).toBe(row.owner_epoch + 2) // + 1 lost, + 1 recovered
+    expect(moved.shipped_snapshot_id).toBe(shipped)
+    expect(moved.generation).toBe(row.shipped_generation)
+    expect(moved.status_cause).toBe('node_recovered')
+    const onB = await nodePort(b.id)
+    expect(await onB.digest({ snapshotId: shipped })).toBe(shippedDigest)
+    onB.close()
+    // Never a silent rollback: the event names the snapshot and turn 4, whose changes did not make it.
+    const turns = await turnIds(sessionId)
+    expect(turns.map((t) => t.seq)).toEqual([1, 2, 3, 4])
+    const [detail] = await events(sessionId, 'node_recovered')
+    expect(detail).toContain(shipped)
+    expect(detail).toContain(`turn 4 (${turns[3]?.id})`)
+    expect(detail).not.toContain(`turn 3 (`)
+    // The transcript is complete and the session goes on, on node b.
+    expect((await api.send(sessionId, 'five')).text).toBe('got five\n')
+    expect((await readSeen(sessionId)).body).toBe('one\ntwo\nthree\nfive\n')
+    const transcript = await client.query('SELECT prompt FROM turns WHERE session_id = $1 ORDER BY seq', [
+      sessionId,
+    ])
+    expect(transcript.rows.map((r) => r.prompt)).toEqual(['one', 'two', 'three', 'four', 'five'])
+
+    // Node a comes back (same runtime ID): it does not serve the session that moved, and a write
+    // it makes at the old epoch changes nothing.
+    const back = await startNodeProcess('node-a', a.dataDir)
+    expect(back.id).toBe(a.id)
+    expect((await api.send(sessionId, 'six')).text).toBe('got six\n')
+    expect((await sessionRow(sessionId)).runtime_id).toBe(b.id)
+    const db = await openDatabase(url)
+    try {
+      const stale = await recordShipped(db, a.id, {
+        sessionId,
+        snapshotId: 'snap_stale',
+        generation: 999,
+        shippedAt: new Date().toISOString(),
+        ownerEpoch: row.owner_epoch,
+      })
+      expect(stale).toBe(false)
+      // Nor does the new owner's write at an epoch it no longer holds.
+      expect(
+        await recordShipped(db, b.id, {
+          sessionId,
+          snapshotId: 'snap_stale',
+          generation: 999,
+          shippedAt: new Date().toISOString(),
+          ownerEpoch: row.owner_epoch + 1,
+        }),
+      ).toBe(false)
+    } finally {
+      await db.close()
+    }
+    expect((await sessionRow(sessionId)).shipped_snapshot_id).not.toBe('snap_stale')
+  }, 300_000)
+
+  it('the bucket stopped mid-ship: turns go on, shipping resumes, nothing is marked shipped that is not', async () => {
+    const node = running.get('node-b') as NodeProcess
+    let sessionId = ''
+    for (let i = 0; i < 10 && !sessionId; i++) {
+      const id = (await api.createSession('writer')).id
+      if ((await sessionRow(id)).runtime_id === node.id) sessionId = id
+    }
+    expect(sessionId).not.toBe('')
+    expect((await api.send(sessionId, 'before')).text).toBe('got before\n')
+    const before = await shippedNewest(sessionId)
+    // Cut the gateway right behind a turn: the snapshot after it is being shipped.
+    const first = api.send(sessionId, 'during 1')
+    await new Promise((resolve) => setTimeout(resolve, 50))
+    store.killGateway()
+    try {
+      expect((await first).text).toBe('got during 1\n')
+      for (const prompt of ['during 2', 'during 3'])
+        expect((await api.send(sessionId, prompt)).text).toBe(`got ${prompt}\n`)
+      await new Promise((resolve) => setTimeout(resolve, 1500))
+      // Nothing after `before` is marked shipped, and the node says how far behind it is.
+      const during = await sessionRow(sessionId)
+      expect(during.shipped_snapshot_id).toBe(before)
+      const port = await nodePort(node.id)
+      const lag = await port.shippingLag()
+      port.close()
+      expect(lag.enabled).toBe(true)
+      expect(lag.unshippedSnapshots).toBeGreaterThan(0)
+    } finally {
+      await store.startGateway()
+    }
+    // Shipping resumes by itself (backoff) and catches up with the newest snapshot.
+    const after = await shippedNewest(sessionId, 90_000)
+    expect(after).not.toBe(before)
+    const head = await readChainHead(bucket, sessionId)
+    expect(head?.snapshotId).toBe(after)
+    expect(head?.generation).toBe((await sessionRow(sessionId)).shipped_generation)
+    expect((await readSeen(sessionId)).body).toBe('before\nduring 1\nduring 2\nduring 3\n')
+  }, 300_000)
+
+  it('100 sessions on a node that dies: every one comes back, and none silently loses a turn', async () => {
+    const victim = running.get('node-b') as NodeProcess
+    const survivor = running.get('node-a') as NodeProcess
+    const sessions: string[] = []
+    const queue = Array.from({ length: 100 }, (_, i) => i)
+    const expected = new Map<string, string>()
+    await Promise.all(
+      Array.from({ length: 6 }, async () => {
+        for (let i = queue.shift(); i !== undefined; i = queue.shift()) {
+          const id = (await api.createSession('writer')).id
+          sessions.push(id)
+          const result = await api.send(id, `hello ${i}`)
+          expect(result.text).toBe(`got hello ${i}\n`)
+          expected.set(id, `hello ${i}\n`)
+        }
+      }),
+    )
+    const onVictim: string[] = []
+    for (const id of sessions) if ((await sessionRow(id)).runtime_id === victim.id) onVictim.push(id)
+    expect(onVictim.length).toBeGreaterThan(20)
+    for (const id of onVictim) await shippedNewest(id, 120_000)
+    // Five of them take one more turn while the bucket is down: those turns cannot be shipped.
+    const unshipped = onVictim.slice(0, 5)
+    store.killGateway()
+    try {
+      for (const id of unshipped) expect((await api.send(id, 'late')).text).toBe('got late\n')
+      await kill9(victim)
+    } finally {
+      await store.startGateway()
+    }
+    await waitFor('the node to be declared lost', async () =>
+      (await nodeState(victim.id)) === 'lost' ? true : undefined,
+    )
+    const silent: string[] = []
+    const work = [...onVictim]
+    // Two at a time: a tenant's heavy reads (downloads) are limited to two at once.
+    await Promise.all(
+      Array.from({ length: 2 }, async () => {
+        for (let id = work.shift(); id !== undefined; id = work.shift()) {
+          const seen = await readSeen(id)
+          const [detail] = await events(id, 'node_recovered')
+          const row = await sessionRow(id)
+          const turns = await turnIds(id)
+          const lostNamed = turns.filter((t) => detail?.includes(`turn ${t.seq} (${t.id})`))
+          // Silent: the workspace misses a turn's change that the event does not name.
+          const intact = seen.body === expected.get(id)
+          const named = unshipped.includes(id)
+            ? lostNamed.length === 1 && lostNamed[0]?.seq === 2
+            : lostNamed.length === 0
+          if (seen.status !== 200 || !detail || row.runtime_id !== survivor.id || !intact || !named)
+            silent.push(`${id}: ${seen.status} ${JSON.stringify(seen.body)} ${detail}`)
+        }
+      }),
+    )
+    expect(silent).toEqual([])
+    // The victim comes back (its orphaned sandboxes reaped) and serves none of them.
+    await startNodeProcess('node-b', victim.dataDir)
+    const { rows } = await client.query(
+      'SELECT count(*) AS n FROM sessions WHERE runtime_id = $1 AND id = ANY($2)',
+      [victim.id, onVictim],
+    )
+    expect(Number(rows[0].n)).toBe(0)
+  }, 600_000)
+})

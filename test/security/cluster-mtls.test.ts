@@ -1,5 +1,6 @@
 import { mkdtemp, readFile, rm } from 'node:fs/promises'
 import http2 from 'node:http2'
+import net from 'node:net'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
@@ -110,6 +111,17 @@ describe("a runtime node's port on the network", () => {
     expect(await rawCall(cluster.node)).toMatch(/^refused/)
     expect(await rawCall(stranger)).toMatch(/^refused/)
   })
+
+  it('closes a connection that never finishes its handshake, so strangers cannot hold its sockets', async () => {
+    // Anyone on the network can open a connection; only the handshake tells who it is. A peer that
+    // opens many and never speaks must not hold them (node:tls waits 120 s by default).
+    const { hostname, port: tcpPort } = new URL(node.url)
+    const socket = net.connect(Number(tcpPort), hostname)
+    socket.on('error', () => undefined)
+    const openedMs = Date.now()
+    await new Promise((resolve) => socket.once('close', resolve))
+    expect(Date.now() - openedMs).toBeLessThan(30_000)
+  }, 40_000)
 
   it('an API replica refuses a server that is not a node of its cluster, however willing it is', async () => {
     // Impostors that accept any client and answer every call: one with another CA's node

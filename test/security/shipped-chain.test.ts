@@ -1,5 +1,8 @@
+import { execFileSync } from 'node:child_process'
 import { createHash } from 'node:crypto'
 import { readdirSync } from 'node:fs'
+import { chmod, writeFile } from 'node:fs/promises'
+import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import type { ShippingBucket } from '../../packages/runtime/src/shipping/bucket.js'
@@ -209,5 +212,39 @@ describe('a shipped chain from the bucket is untrusted', () => {
     expect(await node.hasWorkspace(attacker)).toBe(false)
     expect(stagingLeftovers(node)).toEqual([])
     expect(await node.listArea('snapshots')).toEqual(before)
+  })
+
+  it('refuses a chain whose tree holds a device node or a set-uid root file, on btrfs and dir pools', async () => {
+    // A compromised node ships what no sandbox can make (a block device of the host's disk, a
+    // set-uid root program) in a session's workspace; the node restoring it must not take it
+    // into its pool, whatever digest the link records.
+    for (const driver of ['btrfs', 'dir'] as const) {
+      for (const plant of ['device', 'setuid'] as const) {
+        const from = driver === 'btrfs' ? source : await pools.dir(`planted-from-${plant}`)
+        const to = driver === 'btrfs' ? target : await pools.dir(`planted-to-${plant}`)
+        const planted = sessionId('planted')
+        await newWorkspace(from, planted)
+        const file = path.join(from.workspacePath(planted), 'planted')
+        if (plant === 'device') execFileSync('mknod', ['-m', '0666', file, 'b', '8', '0'])
+        else {
+          await writeFile(file, '#!/bin/sh\nid\n')
+          await chmod(file, 0o4755)
+        }
+        const shipper = new WorkspaceShipper({ pool: from, bucket, partBytes: 256 * 1024 })
+        try {
+          shipper.enqueue(planted, await turn(from, planted, 1, { file: 'd.bin', bytes: 1024 }))
+          await shipper.flush(planted)
+        } finally {
+          await shipper.close()
+        }
+        const before = await to.listArea('snapshots')
+        const error = await rejection(restoreFromBucket(bucket, planted, to))
+        expect(error.code).toBe('chain_invalid')
+        expect(error.message).toMatch(plant === 'device' ? /a device node/ : /a set-id file owned by root/)
+        expect(await to.hasWorkspace(planted)).toBe(false)
+        expect(stagingLeftovers(to)).toEqual([])
+        expect(await to.listArea('snapshots')).toEqual(before)
+      }
+    }
   })
 })

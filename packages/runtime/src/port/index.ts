@@ -24,7 +24,7 @@ export { type ConfirmedShip, PortShipping, type PortShippingOptions } from './bu
 export { LocalRuntimePort, type LocalRuntimePortOptions } from './local-runtime-port.js'
 export { type ClusterRole, type ClusterTls, initClusterTls, loadClusterTls } from './remote/cluster-tls.js'
 export { RuntimeEventHub } from './remote/event-hub.js'
-export { currentOwnerEpoch, runWithOwnerEpoch } from './remote/owner-epoch.js'
+export { currentOwnerEpoch, type EpochFloor, runWithOwnerEpoch } from './remote/owner-epoch.js'
 export { RemoteRuntimePort, type RemoteRuntimePortOptions } from './remote/remote-runtime-port.js'
 export {
   type ServedRuntimePort,

@@ -5,6 +5,7 @@ import { PassThrough, type Readable } from 'node:stream'
 import { pipeline } from 'node:stream/promises'
 import { CairnProblem } from '@cairn/protocol'
 import type { EnvStore } from '../storage/env-store.js'
+import { assertInertTree } from '../storage/inert-tree.js'
 import type { StoragePool } from '../storage/pool.js'
 
 /**
@@ -119,6 +120,8 @@ export async function importPoolTree(
         'storage_error',
         `importing ${describe(tree)} failed (tar ${code}): ${stderr.trim()}`,
       )
+    // The exporting node is another machine: what no sandbox makes is not taken from it.
+    await assertInertTree(staging, describe(tree))
     // Another import of the same tree may have sealed it meanwhile: its copy stands.
     if (existsSync(target)) {
       await pool.discardStaging(staging)

@@ -4,6 +4,7 @@ import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
 import { BtrfsOps } from '../storage/btrfs-ops.js'
 import { BtrfsPool } from '../storage/btrfs-pool.js'
+import { assertInertTree } from '../storage/inert-tree.js'
 import type { StoragePool } from '../storage/pool.js'
 import { safeName } from '../storage/pool.js'
 import { treeDigest } from '../workspace-io/digest.js'
@@ -91,6 +92,8 @@ export async function restoreFromBucket(
         'chain_invalid',
         `the restored tree of session ${sessionId} digests ${digest}, not ${head.treeDigest} as shipped`,
       )
+    // Whoever wrote the chain (a node, or anyone with the bucket's keys) is not this machine.
+    await assertInertTree(received, `the restored tree of session ${sessionId}`)
     await placeSnapshot(pool, head.snapshotId, received, digest)
     await pool.restoreWorkspace(sessionId, head.snapshotId, head.generation, options.tenantId)
   } finally {

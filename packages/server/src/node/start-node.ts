@@ -167,6 +167,8 @@ export async function startNode(options: NodeOptions = {}): Promise<RunningNode>
         tls,
         events,
         isFenced: () => registry?.isFenced() ?? true,
+        // The node keeps the epochs it saw in memory: after a restart, the database's stand.
+        epochFloor: (sessionId) => sessionEpoch(db, sessionId),
       },
     )
     const boundPort = Number(new URL(served.url).port)
@@ -233,4 +235,20 @@ export async function startNode(options: NodeOptions = {}): Promise<RunningNode>
     await dataDir.releaseLocks()
     throw error
   }
+}
+
+/** The session's owner epoch in the database (undefined: no row yet); the database unreachable is `unavailable`. */
+async function sessionEpoch(db: Db, sessionId: string): Promise<number | undefined> {
+  const row = await db.q
+    .selectFrom('sessions')
+    .select('owner_epoch')
+    .where('id', '=', sessionId)
+    .executeTakeFirst()
+    .catch((error: unknown) => {
+      throw new CairnProblem(
+        'unavailable',
+        `the owner epoch of session ${sessionId} could not be read: ${error instanceof Error ? error.message : String(error)}`,
+      )
+    })
+  return row === undefined ? undefined : Number(row.owner_epoch)
 }

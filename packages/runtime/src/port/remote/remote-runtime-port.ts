@@ -19,6 +19,7 @@ import {
   lines,
   PATH_PREFIX,
   problemOf,
+  SESSION_MEMORY_MIB,
   STREAM_WINDOW_BYTES,
 } from './wire.js'
 
@@ -107,6 +108,7 @@ export class RemoteRuntimePort {
       key: this.options.tls.key,
       // Files and exports stream at the link's speed, not 64 KiB per round trip.
       settings: { initialWindowSize: STREAM_WINDOW_BYTES },
+      maxSessionMemory: SESSION_MEMORY_MIB,
       // Nodes are reached by address: their identity is the CA's `cairn-node` certificate.
       checkServerIdentity: (_host, cert) =>
         cert.subject?.CN === CLUSTER_ROLE_NAMES.node

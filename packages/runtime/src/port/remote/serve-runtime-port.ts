@@ -12,7 +12,7 @@ import type { TurnMessage } from '../turn-stream.js'
 import { CLUSTER_ROLE_NAMES, type ClusterTls } from './cluster-tls.js'
 import type { RuntimeEventHub } from './event-hub.js'
 import { METHODS, type MethodSpec, RELEASE_ADMISSION, wireSchema } from './method-table.js'
-import { EpochFence, runWithOwnerEpoch } from './owner-epoch.js'
+import { EpochFence, type EpochFloor, runWithOwnerEpoch } from './owner-epoch.js'
 import {
   CONNECTION_WINDOW_BYTES,
   decodeJson,
@@ -23,6 +23,7 @@ import {
   HEADER,
   lines,
   PATH_PREFIX,
+  SESSION_MEMORY_MIB,
   STREAM_WINDOW_BYTES,
 } from './wire.js'
 
@@ -37,6 +38,11 @@ export interface ServeRuntimePortOptions {
   isFenced?: (() => boolean) | undefined
   /** An API connection that leaves a ping unanswered this long is closed (its admissions released). */
   keepaliveMs?: number | undefined
+  /**
+   * A session's owner epoch as the cluster's database has it, read at the session's first call in
+   * this process: without it a restarted node would take any epoch (see `EpochFloor`).
+   */
+  epochFloor?: EpochFloor | undefined
 }
 
 export interface ServedRuntimePort {
@@ -46,6 +52,8 @@ export interface ServedRuntimePort {
 }
 
 const CANCEL = http2.constants.NGHTTP2_CANCEL
+/** How long a connection may take to show its certificate (node:tls waits 120 s by default). */
+const HANDSHAKE_TIMEOUT_MS = 10_000
 const INTERNAL = http2.constants.NGHTTP2_INTERNAL_ERROR
 const RELEASE_SPEC: MethodSpec = {
   args: [{ kind: 'json', schema: Type.String({ maxLength: 64 }) }],
@@ -69,7 +77,7 @@ export async function serveRuntimePort(
   port: RuntimePort,
   options: ServeRuntimePortOptions,
 ): Promise<ServedRuntimePort> {
-  const fence = new EpochFence()
+  const fence = new EpochFence(options.epochFloor)
   const schemas = new Map<string, TSchema>()
   const schemaOf = (name: string, spec: MethodSpec) => {
     const known = schemas.get(name)
@@ -87,6 +95,9 @@ export async function serveRuntimePort(
     requestCert: true,
     rejectUnauthorized: true,
     settings: { initialWindowSize: STREAM_WINDOW_BYTES },
+    maxSessionMemory: SESSION_MEMORY_MIB,
+    // Before its handshake a peer is anyone on the network: it holds a socket this long at most.
+    handshakeTimeout: HANDSHAKE_TIMEOUT_MS,
   })
   const keepaliveMs = options.keepaliveMs ?? 5000
   /** The API connections open (node:http2 does not list them): `close` ends them. */
@@ -186,7 +197,7 @@ export async function serveRuntimePort(
     if (sessionId !== undefined) {
       const raw = headers[HEADER.ownerEpoch]
       const epoch = typeof raw === 'string' && /^\d{1,15}$/.test(raw) ? Number(raw) : undefined
-      const refused = fence.admit(sessionId, epoch)
+      const refused = await fence.admit(sessionId, epoch)
       if (refused) throw new CairnProblem('stale_epoch', refused, { sessionId, epoch: epoch ?? null })
       admittedEpoch = epoch
     }

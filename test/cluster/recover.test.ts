@@ -1,7 +1,8 @@
-import { type ChildProcess, spawn } from 'node:child_process'
+import { type ChildProcess, execFile, spawn } from 'node:child_process'
 import { mkdtemp, rm } from 'node:fs/promises'
 import os from 'node:os'
 import path from 'node:path'
+import { promisify } from 'node:util'
 import { CreateBucketCommand } from '@aws-sdk/client-s3'
 import { type RunningServer, startServer } from '@cairn/server'
 import pg from 'pg'
@@ -16,7 +17,7 @@ import {
 import { openDatabase } from '../../packages/server/src/db/database.js'
 import { recordShipped } from '../../packages/server/src/node/shipped-record.js'
 import { CAIRN_CLI } from '../helpers/cluster.js'
-import { TestPostgres, testsRunOnPostgres } from '../helpers/postgres.js'
+import { postgresBinDir, TestPostgres, testsRunOnPostgres } from '../helpers/postgres.js'
 import { makeProject } from '../helpers/projects.js'
 import { startObjectStore, type TestObjectStore } from '../helpers/rgw.js'
 import { Api } from '../helpers/server.js'
@@ -38,6 +39,7 @@ let bucket: ShippingBucket
 const dirs: string[] = []
 let server: RunningServer
 let api: Api
+let apiDataDir = ''
 
 interface NodeProcess {
   name: string
@@ -226,9 +228,10 @@ beforeAll(async () => {
   clusterDir = await tempDir('tls')
   await initClusterTls(clusterDir)
   // The API first: it runs the cluster's migrations (a node needs the tables).
+  apiDataDir = await tempDir('api')
   server = await startServer({
     role: 'api',
-    dataDir: await tempDir('api'),
+    dataDir: apiDataDir,
     database: url,
     clusterDir,
     port: 0,
@@ -448,4 +451,97 @@ describe.skipIf(testsRunOnPostgres())('workspaces outlive their node (shipping b
     )
     expect(Number(rows[0].n)).toBe(0)
   }, 600_000)
+
+  it('a lost machine room: the bucket + a pg_dump restore the whole install on new machines', async () => {
+    const token = 'tok-backup-5c1e9a'
+    const keyed = await makeProject({
+      'cairn.yaml': 'name: keyed-writer\ncommand: bash agent.sh\nsecrets: [API_TOKEN]\n',
+      'agent.sh':
+        'while IFS= read -r line; do echo "$line" >> seen.txt; echo "got $line len=${#API_TOKEN}"; done\n',
+    })
+    expect((await api.deploy(keyed)).status).toBe(201)
+    expect(
+      (await api.call('PUT', '/v1/agents/keyed-writer/secrets', { secrets: { API_TOKEN: token } })).status,
+    ).toBe(200)
+    const sessions = [
+      (await api.createSession('keyed-writer')).id,
+      (await api.createSession('keyed-writer')).id,
+    ]
+    const prompts = ['alpha', 'beta']
+    const shipped = new Map<string, { snapshotId: string; digest: string }>()
+    for (const id of sessions) {
+      for (const prompt of prompts)
+        expect((await api.send(id, prompt)).text).toBe(`got ${prompt} len=${token.length}\n`)
+      const snapshotId = await shippedNewest(id)
+      const head = await readChainHead(bucket, id)
+      expect(head?.snapshotId).toBe(snapshotId)
+      expect(head?.generation).toBe((await sessionRow(id)).shipped_generation)
+      shipped.set(id, { snapshotId, digest: head?.treeDigest ?? '' })
+    }
+
+    // The backup: the dump, taken after the bucket has every snapshot it names.
+    const backupDir = await tempDir('backup')
+    const dumpFile = path.join(backupDir, 'cairn.dump')
+    const run = promisify(execFile)
+    await run(path.join(postgresBinDir(), 'pg_dump'), ['--format=custom', `--file=${dumpFile}`, url])
+
+    // The machine room is lost: every node and the API replica stop, their disks are gone.
+    const adminKey = server.adminKey ?? ''
+    await server.close()
+    await rm(apiDataDir, { recursive: true, force: true })
+    for (const node of [...running.values()]) {
+      await stopNode(node)
+      await rm(node.dataDir, { recursive: true, force: true })
+    }
+    await client.end()
+
+    // New machines: a new database restored from the dump, the same bucket, the same cluster CA.
+    url = await postgres.createDatabase()
+    await run(path.join(postgresBinDir(), 'pg_restore'), ['--no-owner', `--dbname=${url}`, dumpFile])
+    client = new pg.Client({ connectionString: url })
+    await client.connect()
+    server = await startServer({
+      role: 'api',
+      dataDir: await tempDir('api-restored'),
+      database: url,
+      clusterDir,
+      port: 0,
+      writeCredentials: false,
+      logLevel: 'error',
+      heartbeatMs: 500,
+      leaseMs: 2000,
+    })
+    api = new Api(server.url, adminKey)
+    const fresh = await startNodeProcess('node-new', await tempDir('node-new'))
+    // The old nodes' rows are lost by lease (nobody heartbeats them).
+    const { rows: old } = await client.query('SELECT id FROM nodes WHERE id <> $1', [fresh.id])
+    for (const row of old)
+      await waitFor(`old node ${row.id} to be declared lost`, async () =>
+        (await nodeState(row.id as string)) === 'lost' ? true : undefined,
+      )
+
+    for (const id of sessions) {
+      // Its next message is answered on the new node, the secret still opens.
+      expect((await api.send(id, 'gamma')).text).toBe(`got gamma len=${token.length}\n`)
+      const row = await sessionRow(id)
+      expect(row.runtime_id).toBe(fresh.id)
+      const expected = shipped.get(id)
+      const [detail] = await events(id, 'node_recovered')
+      expect(detail).toContain(expected?.snapshotId)
+      const port = await nodePort(fresh.id)
+      expect(await port.digest({ snapshotId: expected?.snapshotId ?? '' })).toBe(expected?.digest)
+      port.close()
+      expect((await readSeen(id)).body).toBe('alpha\nbeta\ngamma\n')
+      const transcript = await client.query('SELECT prompt FROM turns WHERE session_id = $1 ORDER BY seq', [
+        id,
+      ])
+      expect(transcript.rows.map((r) => r.prompt)).toEqual(['alpha', 'beta', 'gamma'])
+    }
+    // The agent's revision came from the bucket too (no node that held it is left).
+    const { rows: holders } = await client.query(
+      `SELECT r.runtime_id FROM revision_nodes r JOIN agents a ON a.current_revision_id = r.revision_id
+        WHERE a.name = 'keyed-writer'`,
+    )
+    expect(holders.map((r) => r.runtime_id)).toContain(fresh.id)
+  }, 300_000)
 })

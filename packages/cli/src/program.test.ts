@@ -28,8 +28,9 @@ describe('buildProgram', () => {
 
   it('registers every sessions subcommand for help, a typo, an agent name or none', async () => {
     const all = await sessionSubcommands()
-    expect(all).toHaveLength(21)
+    expect(all).toHaveLength(22)
     expect(all.slice(0, 3)).toEqual(['list', 'get', 'resume'])
+    expect(all).toContain('move')
     for (const args of [['sessions'], ['sessions', '--help'], ['sessions', 'lsit'], ['sessions', 'my-agent']])
       expect(await sessionSubcommands(args)).toEqual(all)
   })

@@ -201,7 +201,9 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   previewRoutes(app, deps.previews, deps.previewOrigins)
   setupRoutes(app, deps.setup, deps.sessions)
   runtimeRoute(app, deps.runtime, deps.operatorLimits, cluster ? () => cluster.nodes.list() : undefined)
-  nodeRoutes(app, cluster?.nodes, cluster?.publish, cluster?.mover)
+  nodeRoutes(app, cluster?.nodes, cluster?.publish, cluster?.mover, (tenantId, id) =>
+    deps.sessions.get(tenantId, id),
+  )
   consoleRoutes(app)
   const compat = deps.compat
   if (compat) {

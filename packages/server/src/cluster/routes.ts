@@ -41,8 +41,10 @@ const SUMMARIES: Record<NodeAction, string> = {
 export function nodeRoutes(
   server: FastifyInstance,
   nodes: NodeStore | undefined,
-  publish?: (hint: ClusterHint) => Promise<void>,
-  mover?: SessionMover,
+  publish: ((hint: ClusterHint) => Promise<void>) | undefined,
+  mover: SessionMover | undefined,
+  /** The session `id` of `tenantId` (not_found otherwise). */
+  sessionOf: (tenantId: string, id: string) => Promise<unknown>,
 ): void {
   const app = server.withTypeProvider<TypeBoxTypeProvider>()
   app.get(
@@ -95,6 +97,10 @@ export function nodeRoutes(
       },
     },
     async (request) => {
+      // Another tenant's session is not found, as on every ID-taking route; one's own is forbidden
+      // to all but the install's admin.
+      const principal = principalOf(request)
+      if (principal.tenantId !== DEFAULT_TENANT_ID) await sessionOf(principal.tenantId, request.params.id)
       requireInstallAdmin(request)
       if (!mover)
         throw new CairnProblem(

@@ -226,6 +226,9 @@ export class TurnRunner {
         await setup.run(row, signal)
         warmNow = false
       }
+      // A cold agent starts before the pre-turn snapshot: the snapshot's mark then names its
+      // sandbox, so a turn that changes nothing keeps the generation and needs no new snapshot.
+      const coldStart = warmNow ? undefined : await warm.start(row, seen?.agent !== undefined)
       for (const observer of this.observers) await observer.beforeTurn?.(row, seq)
       const transcript = await warm.transcripts.before(row.id, seq)
       const secretValues = await this.deps.secrets.values(row.agent_id, ['runtime', 'setup', 'proxy'])
@@ -256,8 +259,8 @@ export class TurnRunner {
           )
         : undefined
       if (!end) {
-        // Cold: the agent is started (`seen` told whether a dead one may be left), then the turn.
-        const { agent, cold } = await warm.start(row, !resumed && seen?.agent !== undefined)
+        // Cold (started above, or the warm one was found dead by the resume, which stopped it).
+        const { agent, cold } = coldStart ?? (await warm.start(row, false))
         await started(agent, cold)
         end = await this.runTurn(row.id, input, options, signal, async () => undefined, onEvent)
       }

@@ -1,7 +1,7 @@
 import { execFileSync } from 'node:child_process'
 import { createHash } from 'node:crypto'
 import { readdirSync } from 'node:fs'
-import { chmod, writeFile } from 'node:fs/promises'
+import { chmod, readFile, writeFile } from 'node:fs/promises'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
@@ -245,6 +245,77 @@ describe('a shipped chain from the bucket is untrusted', () => {
         expect(stagingLeftovers(to)).toEqual([])
         expect(await to.listArea('snapshots')).toEqual(before)
       }
+    }
+  })
+
+  it("ignores a newer link forged with consistent digests: a restore ends at the owner's recorded head", async () => {
+    // Anyone with the bucket's keys (every node has them) adds link 3 to a victim's chain: a full
+    // stream of a tree of their own, every digest made to match. Taking the newest link would
+    // bring it back as the victim's workspace; the restore is pinned to the link the owner
+    // recorded in the database under its epoch (`sessions.shipped_link_seq`, `shipped_tree_digest`).
+    const victim = sessionId('victim')
+    const attacker = sessionId('forged')
+    await newWorkspace(source, victim)
+    await newWorkspace(source, attacker)
+    const shipper = new WorkspaceShipper({ pool: source, bucket })
+    try {
+      for (let generation = 1; generation <= 2; generation++) {
+        shipper.enqueue(victim, await turn(source, victim, generation, { file: 'secret.txt', bytes: 4096 }))
+        await shipper.flush(victim)
+      }
+      await writeFile(path.join(source.workspacePath(attacker), 'owned.txt'), 'the attacker was here\n')
+      shipper.enqueue(attacker, await turn(source, attacker, 9, { file: 'secret.txt', bytes: 4096 }))
+      await shipper.flush(attacker)
+    } finally {
+      await shipper.close()
+    }
+    const recorded = (await shipper.shippedHead(victim)) as ChainLink
+    expect(recorded.seq).toBe(2)
+    const own = (await shipper.shippedHead(attacker)) as ChainLink
+    const link = structuredClone(own)
+    link.sessionId = victim
+    link.seq = recorded.seq + 1
+    link.baseSeq = link.seq
+    link.generation = recorded.generation + 1
+    for (const part of link.stream.parts) {
+      const body = (await bucket.get(part.key, part.bytes)) as Buffer
+      part.key = part.key.replace(`sessions/${attacker}/`, `sessions/${victim}/`)
+      await bucket.putOnce(part.key, body)
+    }
+    await bucket.putOnce(chainKey(victim, link.seq), Buffer.from(JSON.stringify(link)))
+
+    // The forgery is consistent: unpinned, the newest link is what comes back.
+    const unpinned = await pools.btrfs('unpinned-node')
+    const taken = await restoreFromBucket(bucket, victim, unpinned)
+    expect(taken.snapshotId).toBe(own.snapshotId)
+    expect(await readFile(path.join(unpinned.workspacePath(victim), 'owned.txt'), 'utf8')).toBe(
+      'the attacker was here\n',
+    )
+
+    // Pinned to the recorded head, the forged link is never read.
+    const node = await pools.btrfs('pinned-node')
+    const expectedHead = { seq: recorded.seq, treeDigest: recorded.treeDigest }
+    const restored = await restoreFromBucket(bucket, victim, node, { expectedHead })
+    expect(restored.seq).toBe(2)
+    expect(restored.snapshotId).toBe(recorded.snapshotId)
+    expect(restored.treeDigest).toBe(recorded.treeDigest)
+    const workspace = node.workspacePath(victim)
+    expect(await readFile(path.join(workspace, 'notes.txt'), 'utf8')).toBe('turn 2\n')
+    expect(readdirSync(workspace)).not.toContain('owned.txt')
+
+    // A recorded head the bucket does not hold, or holds with another tree, is refused.
+    const other = await pools.btrfs('refusing-node')
+    for (const head of [
+      { seq: 7, treeDigest: recorded.treeDigest },
+      { seq: link.seq, treeDigest: recorded.treeDigest },
+      { seq: 2, treeDigest: own.treeDigest },
+    ]) {
+      const error = await rejection(restoreFromBucket(bucket, victim, other, { expectedHead: head }))
+      expect(error.code).toBe('chain_invalid')
+      expect(error.message).toMatch(/is missing from the bucket|not the one its owner recorded/)
+      expect(await other.hasWorkspace(victim)).toBe(false)
+      expect(stagingLeftovers(other)).toEqual([])
+      expect(await other.listArea('snapshots')).toEqual([])
     }
   })
 })

@@ -4,7 +4,7 @@ import type { EnvStore } from '../storage/env-store.js'
 import type { StoragePool } from '../storage/pool.js'
 import type { ShippedTree } from './pool-tree-shipping.js'
 import { currentOwnerEpoch } from './remote/owner-epoch.js'
-import type { BucketRestore, NodeShippingLag } from './runtime-port.js'
+import type { BucketRestore, NodeShippingLag, ShippedHead } from './runtime-port.js'
 
 /** A chain link the bucket confirmed, with the owner epoch its snapshot was taken under. */
 export interface ConfirmedShip {
@@ -12,6 +12,9 @@ export interface ConfirmedShip {
   snapshotId: string
   generation: number
   shippedAt: string
+  /** The chain link's number and its tree's digest: what a restore is pinned to (`ShippedHead`). */
+  seq: number
+  treeDigest: string
   /** The session's owner epoch the snapshot call came with (undefined: not called remotely). */
   ownerEpoch: number | undefined
 }
@@ -78,6 +81,8 @@ export class PortShipping {
             snapshotId: link.snapshotId,
             generation: link.generation,
             shippedAt: link.shippedAt,
+            seq: link.seq,
+            treeDigest: link.treeDigest,
             ownerEpoch,
           })
         },
@@ -95,8 +100,8 @@ export class PortShipping {
     this.shipper.enqueue(sessionId, snapshotId)
   }
 
-  async restore(sessionId: string, tenantId: string): Promise<BucketRestore> {
-    const restored = await this.shipper.restoreFromBucket(sessionId, tenantId)
+  async restore(sessionId: string, tenantId: string, expected: ShippedHead): Promise<BucketRestore> {
+    const restored = await this.shipper.restoreFromBucket(sessionId, tenantId, expected)
     return {
       snapshotId: restored.snapshotId,
       generation: restored.generation,

@@ -38,6 +38,7 @@ import type {
   RuntimeEvents,
   RuntimePort,
   SandboxDriverFacts,
+  ShippedHead,
   SnapshotOptions,
   TreeReadOptions,
   TreeRef,
@@ -762,10 +763,10 @@ export class LocalRuntimePort implements RuntimePort {
     return importPoolTree(this.runtime.pool, this.envs, tree, tenantId, stream)
   }
 
-  restoreFromBucket(sessionId: string, tenantId: string): Promise<BucketRestore> {
+  restoreFromBucket(sessionId: string, tenantId: string, expected: ShippedHead): Promise<BucketRestore> {
     const shipping = this.shipping
     if (!shipping) return Promise.reject(noBucket())
-    return this.using(sessionId, () => shipping.restore(sessionId, tenantId))
+    return this.using(sessionId, () => shipping.restore(sessionId, tenantId, expected))
   }
 
   async shipPoolTree(tree: ShippedTree): Promise<{ shipped: boolean }> {

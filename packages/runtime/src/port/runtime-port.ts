@@ -80,6 +80,16 @@ export interface SnapshotOptions {
   ship?: boolean | undefined
 }
 
+/**
+ * The chain link a restore must end at, as the session's owner recorded it under its owner epoch
+ * (`sessions.shipped_link_seq`, `shipped_tree_digest`): anyone with the bucket's keys can add a
+ * newer link, so the bucket's newest is never taken on its own word.
+ */
+export interface ShippedHead {
+  seq: number
+  treeDigest: string
+}
+
 /** A workspace restored from the shipping bucket (`restoreFromBucket`). */
 export interface BucketRestore {
   /** The snapshot it came back from (now in this node's pool too). */
@@ -400,12 +410,13 @@ export interface RuntimePort {
 
   // --- the shipping bucket (docs/shipping.md; `unavailable` on a node without one) -------------
   /**
-   * Restores the session's workspace here from its newest chain link in the bucket, as the
-   * generation that link carries (the snapshot is kept in the pool too); shipping then continues
-   * that chain. `state_lost` when nothing of the session was shipped; `chain_invalid` when what
-   * the bucket holds does not check. The caller holds the session exclusively.
+   * Restores the session's workspace here from chain link `expected.seq` in the bucket (links
+   * after it are ignored), as the generation that link carries (the snapshot is kept in the pool
+   * too); shipping then continues that chain. `state_lost` when nothing of the session was
+   * shipped; `chain_invalid` when that link is missing, its tree digest is not `expected`'s, or
+   * what the bucket holds does not check. The caller holds the session exclusively.
    */
-  restoreFromBucket(sessionId: string, tenantId: string): Promise<BucketRestore>
+  restoreFromBucket(sessionId: string, tenantId: string, expected: ShippedHead): Promise<BucketRestore>
   /** Ships a revision or dependency environment to the bucket once (false: it was already there). */
   shipPoolTree(tree: ShippedTree): Promise<{ shipped: boolean }>
   /** Fetches a shipped revision or dependency environment into this pool, sealed read-only. */

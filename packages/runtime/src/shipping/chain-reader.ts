@@ -32,12 +32,21 @@ export async function readLink(bucket: ShippingBucket, sessionId: string, seq: n
 }
 
 /**
- * What a restore applies, in order: the newest link's full and every increment after it up to
- * the newest. Each increment must name the link before it as its parent and share its base, so a
- * chain spliced from two lineages is refused (`chain_invalid`) before a byte is received.
+ * What a restore applies, in order: the head link's full and every increment after it up to the
+ * head. The head is link `headSeq` when given (the one the session's owner recorded; links after
+ * it are not read, and a missing one is `chain_invalid`), else the newest in the bucket. Each
+ * increment must name the link before it as its parent and share its base, so a chain spliced
+ * from two lineages is refused (`chain_invalid`) before a byte is received.
  */
-export async function readChain(bucket: ShippingBucket, sessionId: string): Promise<ChainLink[] | undefined> {
-  const head = await readChainHead(bucket, sessionId)
+export async function readChain(
+  bucket: ShippingBucket,
+  sessionId: string,
+  headSeq?: number,
+): Promise<ChainLink[] | undefined> {
+  const head =
+    headSeq === undefined
+      ? await readChainHead(bucket, sessionId)
+      : await readLink(bucket, sessionId, headSeq)
   if (!head) return undefined
   const earlier = Array.from({ length: head.seq - head.baseSeq }, (_, i) => head.baseSeq + i)
   const links = [...(await Promise.all(earlier.map((seq) => readLink(bucket, sessionId, seq)))), head]

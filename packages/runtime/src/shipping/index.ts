@@ -11,7 +11,7 @@ export {
   TreeManifestV1,
 } from './chain-link.js'
 export { readChain, readChainHead } from './chain-reader.js'
-export { type RestoredWorkspace, restoreFromBucket } from './restore.js'
+export { type ExpectedHead, type RestoredWorkspace, restoreFromBucket } from './restore.js'
 export {
   type ShippingLag,
   type ShippingObserver,

@@ -32,8 +32,17 @@ export interface RestoredWorkspace {
   head: ChainLink
 }
 
+/** The chain link a restore must end at: what the session's owner recorded (`sessions.shipped_link_seq`). */
+export interface ExpectedHead {
+  seq: number
+  treeDigest: string
+}
+
 /**
- * Brings a session's workspace back from its newest confirmed chain link: the full stream and
+ * Brings a session's workspace back from a confirmed chain link: the one `expectedHead` names
+ * (what the session's owner recorded under its epoch; links after it, which anyone with the
+ * bucket's keys could add, are ignored, and a missing or different one is `chain_invalid`), else
+ * the newest. It takes the full stream and
  * every increment after it, received in order into a staging directory of `pool` (never where a
  * tree could be used), the result checked against the digest recorded at ship time, then moved
  * into the pool's snapshots and made the session's workspace (a writable copy, marker set to the
@@ -44,13 +53,21 @@ export async function restoreFromBucket(
   bucket: ShippingBucket,
   sessionId: string,
   pool: StoragePool,
-  options: { tenantId?: string | undefined } = {},
+  options: { tenantId?: string | undefined; expectedHead?: ExpectedHead | undefined } = {},
 ): Promise<RestoredWorkspace> {
   safeName(sessionId)
-  const links = await readChain(bucket, sessionId)
+  const expected = options.expectedHead
+  const links = await readChain(bucket, sessionId, expected?.seq)
   const head = links?.at(-1)
   if (!links || !head)
     throw new CairnProblem('state_lost', `nothing of session ${sessionId} was shipped to the bucket`)
+  // The digest the owner recorded, not the one the bucket's link claims.
+  const wantDigest = expected?.treeDigest ?? head.treeDigest
+  if (head.treeDigest !== wantDigest)
+    throw new CairnProblem(
+      'chain_invalid',
+      `chain link ${head.seq} of session ${sessionId} is not the one its owner recorded (tree digest ${head.treeDigest}, recorded ${wantDigest})`,
+    )
   if (head.driver !== pool.driver)
     throw new CairnProblem(
       'unavailable',
@@ -87,10 +104,10 @@ export async function restoreFromBucket(
         `the chain of session ${sessionId} did not make ${head.snapshotId}`,
       )
     const digest = await treeDigest(received)
-    if (digest !== head.treeDigest)
+    if (digest !== wantDigest)
       throw new CairnProblem(
         'chain_invalid',
-        `the restored tree of session ${sessionId} digests ${digest}, not ${head.treeDigest} as shipped`,
+        `the restored tree of session ${sessionId} digests ${digest}, not ${wantDigest} as shipped`,
       )
     // Whoever wrote the chain (a node, or anyone with the bucket's keys) is not this machine.
     await assertInertTree(received, `the restored tree of session ${sessionId}`)

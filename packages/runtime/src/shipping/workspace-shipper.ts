@@ -9,7 +9,7 @@ import { treeDigest } from '../workspace-io/digest.js'
 import type { ShippingBucket } from './bucket.js'
 import { type ChainLink, chainKey, streamPrefix, type TreeKind } from './chain-link.js'
 import { readChainHead } from './chain-reader.js'
-import { type RestoredWorkspace, restoreFromBucket } from './restore.js'
+import { type ExpectedHead, type RestoredWorkspace, restoreFromBucket } from './restore.js'
 import { type PartObserver, shipToolOutput } from './stream-parts.js'
 import { checkTreeId, fetchTree, receiveTree, shipTree } from './tree-shipping.js'
 import { btrfsSend, tarCreate } from './tree-streams.js'
@@ -181,13 +181,20 @@ export class WorkspaceShipper {
   }
 
   /**
-   * Restores the session's workspace in this shipper's pool from its newest confirmed link (see
-   * `restoreFromBucket`); shipping then continues that chain from the restored snapshot.
+   * Restores the session's workspace in this shipper's pool from the expected link, else its newest
+   * confirmed one (see `restoreFromBucket`); shipping then continues that chain from the restored snapshot.
    */
-  async restoreFromBucket(sessionId: string, tenantId?: string): Promise<RestoredWorkspace> {
+  async restoreFromBucket(
+    sessionId: string,
+    tenantId?: string,
+    expectedHead?: ExpectedHead,
+  ): Promise<RestoredWorkspace> {
     const state = this.state(sessionId)
     if (state.running) await this.flush(sessionId)
-    const restored = await restoreFromBucket(this.options.bucket, sessionId, this.options.pool, { tenantId })
+    const restored = await restoreFromBucket(this.options.bucket, sessionId, this.options.pool, {
+      tenantId,
+      expectedHead,
+    })
     state.head = restored.head
     return restored
   }

@@ -389,6 +389,18 @@ ALTER TABLE sessions ADD COLUMN shipped_snapshot_id TEXT;
 ALTER TABLE sessions ADD COLUMN shipped_at TEXT;
 `,
   },
+  {
+    // The chain link of that snapshot and its tree's digest, written with the rest by the owning
+    // node under its epoch: a restore (node-loss recovery, a move) ends at exactly this link and
+    // checks the restored tree against this digest, so a newer link anyone with the bucket's keys
+    // adds is never taken as the session's workspace (docs/security.md).
+    version: 23,
+    name: 'pinned shipped chain head',
+    sql: `
+ALTER TABLE sessions ADD COLUMN shipped_link_seq INTEGER;
+ALTER TABLE sessions ADD COLUMN shipped_tree_digest TEXT;
+`,
+  },
 ]
 
 export type Dialect = 'sqlite' | 'postgres'

@@ -209,4 +209,7 @@ export interface SessionsTable {
   shipped_generation: number | null
   shipped_snapshot_id: string | null
   shipped_at: string | null
+  /** That snapshot's chain link and tree digest (migration 23): what a restore is pinned to. */
+  shipped_link_seq: number | null
+  shipped_tree_digest: string | null
 }

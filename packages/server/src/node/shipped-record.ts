@@ -15,6 +15,8 @@ export async function recordShipped(db: Db, nodeId: string, ship: ConfirmedShip)
       shipped_generation: ship.generation,
       shipped_snapshot_id: ship.snapshotId,
       shipped_at: ship.shippedAt,
+      shipped_link_seq: ship.seq,
+      shipped_tree_digest: ship.treeDigest,
     })
     .where('id', '=', ship.sessionId)
     .where('runtime_id', '=', nodeId)

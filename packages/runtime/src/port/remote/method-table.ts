@@ -121,7 +121,7 @@ export const METHODS: Record<keyof RuntimePort, MethodSpec> = {
   exportPoolTree: { args: [json(S.ShippedTree)], result: 'stream' },
   importPoolTree: { args: [json(S.ShippedTree), id, { kind: 'body' }], result: 'json' },
   // the shipping bucket
-  restoreFromBucket: { args: [id, id], result: 'json', session: first },
+  restoreFromBucket: { args: [id, id, json(S.ShippedHead)], result: 'json', session: first },
   shipPoolTree: { args: [json(S.ShippedTree)], result: 'json' },
   fetchPoolTree: { args: [json(S.ShippedTree)], result: 'json' },
   shippingLag: { args: [], result: 'json' },

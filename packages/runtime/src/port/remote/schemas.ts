@@ -29,6 +29,12 @@ export const TreeRef = Type.Union([
   Type.Object({ stagedRevisionId: Id }, { additionalProperties: false }),
 ])
 
+/** The chain link a bucket restore is pinned to (`RuntimePort.restoreFromBucket`). */
+export const ShippedHead = Type.Object(
+  { seq: Count, treeDigest: Type.String({ pattern: '^sha256:[0-9a-f]{64}$' }) },
+  { additionalProperties: false },
+)
+
 const Limits = Type.Object({ memoryMiB: Type.Number(), pids: Type.Number(), cpus: Type.Number() })
 const EgressRule = Type.Union([
   Type.String(),

@@ -1,6 +1,6 @@
 import type { Readable } from 'node:stream'
 import { CairnProblem, newId, type SessionMove } from '@cairn/protocol'
-import { type RuntimePort, runWithOwnerEpoch } from '@cairn/runtime/port'
+import { type RuntimePort, runWithOwnerEpoch, type ShippedHead } from '@cairn/runtime/port'
 import type { Logger } from 'pino'
 import type { Db } from '../../db/database.js'
 import type { SessionService } from '../../sessions/session-service.js'
@@ -102,9 +102,9 @@ export class SessionMover {
           const digest = await onSource((port) => port.digest({ snapshotId }))
           await this.deps.cluster.ensureRevisionOn(target.node, row.revision_id)
           if (viaBucket) {
-            await this.shipped(sessionId, snapshotId)
+            const head = await this.shipped(sessionId, snapshotId)
             created = true
-            const restored = await onTarget((port) => port.restoreFromBucket(sessionId, row.tenant_id))
+            const restored = await onTarget((port) => port.restoreFromBucket(sessionId, row.tenant_id, head))
             if (restored.snapshotId !== snapshotId)
               throw new CairnProblem(
                 'conflict',
@@ -177,17 +177,24 @@ export class SessionMover {
   /**
    * Waits until the node recorded the snapshot's chain link as confirmed in the bucket
    * (`sessions.shipped_snapshot_id`, written by the node at the owner epoch it was taken under);
-   * `shipping_failed` (retryable) when it does not come within `shipWaitMs`.
+   * `shipping_failed` (retryable) when it does not come within `shipWaitMs`. Resolves to that
+   * link's number and tree digest as recorded: the restore is pinned to them, never to whatever
+   * is newest in the bucket (docs/security.md).
    */
-  private async shipped(sessionId: string, snapshotId: string): Promise<void> {
+  private async shipped(sessionId: string, snapshotId: string): Promise<ShippedHead> {
     const deadline = performance.now() + (this.deps.shipWaitMs ?? 60_000)
     for (;;) {
       const row = await this.deps.db.q
         .selectFrom('sessions')
-        .select('shipped_snapshot_id')
+        .select(['shipped_snapshot_id', 'shipped_link_seq', 'shipped_tree_digest'])
         .where('id', '=', sessionId)
         .executeTakeFirst()
-      if (row?.shipped_snapshot_id === snapshotId) return
+      if (
+        row?.shipped_snapshot_id === snapshotId &&
+        row.shipped_link_seq !== null &&
+        row.shipped_tree_digest !== null
+      )
+        return { seq: Number(row.shipped_link_seq), treeDigest: row.shipped_tree_digest }
       if (performance.now() > deadline)
         throw new CairnProblem(
           'shipping_failed',

@@ -20,6 +20,7 @@ import {
   type RuntimePort,
   runWithOwnerEpoch,
   type SandboxDriverFacts,
+  type ShippedHead,
   type ShippedTree,
   type SnapshotOptions,
   type TreeReadOptions,
@@ -492,8 +493,8 @@ export class ClusterRuntimePort implements RuntimePort {
   }
 
   /** On the session's node (a lost node's session is recovered by `NodeLossRecovery` instead). */
-  restoreFromBucket(sessionId: string, tenantId: string): Promise<BucketRestore> {
-    return this.routes.onSession(sessionId, (port) => port.restoreFromBucket(sessionId, tenantId))
+  restoreFromBucket(sessionId: string, tenantId: string, expected: ShippedHead): Promise<BucketRestore> {
+    return this.routes.onSession(sessionId, (port) => port.restoreFromBucket(sessionId, tenantId, expected))
   }
 
   async shipPoolTree(tree: ShippedTree): Promise<{ shipped: boolean }> {

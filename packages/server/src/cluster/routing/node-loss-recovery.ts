@@ -86,12 +86,31 @@ export class NodeLossRecovery {
     const { db, directory, rows, routes, shipping, logger } = this.deps
     const row = await db.q
       .selectFrom('sessions')
-      .select(['id', 'tenant_id', 'revision_id', 'runtime_id', 'owner_epoch', 'status'])
+      .select([
+        'id',
+        'tenant_id',
+        'revision_id',
+        'runtime_id',
+        'owner_epoch',
+        'status',
+        'shipped_link_seq',
+        'shipped_tree_digest',
+      ])
       .where('id', '=', sessionId)
       .executeTakeFirst()
     if (!row?.runtime_id || row.status === 'deleted') return undefined
     const from = (await directory.nodes(true)).find((node) => node.id === row.runtime_id)
     if (from?.state !== 'lost') return undefined
+    const lostState = () =>
+      new CairnProblem(
+        'state_lost',
+        `session ${sessionId}'s node ${from.id} was lost and nothing of its workspace was shipped to the bucket; it is served again if that node comes back`,
+        { sessionId, nodeId: from.id },
+      )
+    // Only the link the owner recorded under its epoch is the session's: a newer one in the
+    // bucket may be anyone's with the bucket's keys (docs/security.md).
+    if (row.shipped_link_seq === null || row.shipped_tree_digest === null) throw lostState()
+    const expected = { seq: Number(row.shipped_link_seq), treeDigest: row.shipped_tree_digest }
     const epoch = Number(row.owner_epoch) + 1
     const target = await routes.place(row.revision_id)
     await shipping.ensure(target, row.revision_id)
@@ -99,14 +118,11 @@ export class NodeLossRecovery {
     const startedMs = performance.now()
     let restore: BucketRestore
     try {
-      restore = await runWithOwnerEpoch(epoch, () => port.restoreFromBucket(sessionId, row.tenant_id))
+      restore = await runWithOwnerEpoch(epoch, () =>
+        port.restoreFromBucket(sessionId, row.tenant_id, expected),
+      )
     } catch (error) {
-      if (error instanceof CairnProblem && error.code === 'state_lost')
-        throw new CairnProblem(
-          'state_lost',
-          `session ${sessionId}'s node ${from.id} was lost and nothing of its workspace was shipped to the bucket; it is served again if that node comes back`,
-          { sessionId, nodeId: from.id },
-        )
+      if (error instanceof CairnProblem && error.code === 'state_lost') throw lostState()
       throw error
     }
     const moved = await this.commit(row, from, target, epoch, restore)
@@ -181,6 +197,8 @@ export class NodeLossRecovery {
           shipped_generation: restore.generation,
           shipped_snapshot_id: restore.snapshotId,
           shipped_at: restore.shippedAt,
+          shipped_link_seq: restore.seq,
+          shipped_tree_digest: restore.treeDigest,
           updated_at: at,
         })
         .where('id', '=', row.id)

@@ -33,7 +33,8 @@ export interface NodeLossRecoveryDeps {
 /**
  * Brings a session of a lost node back on another node from the shipping bucket (step 3 of the
  * cluster; docs/architecture.md): the node placement picks restores the workspace from the
- * session's newest shipped chain link (`restoreFromBucket`, called under the next owner epoch, so
+ * chain link the session's owner recorded (`shipped_link_seq`, `shipped_tree_digest`: a newer link
+ * in the bucket may be anyone's with its keys) (`restoreFromBucket`, called under the next owner epoch, so
  * the target fences out anything older), then one transaction — only if the session is still the
  * lost node's at the epoch read — makes the target its owner with the epoch one more and the
  * restored generation, and records a `node_recovered` event naming the snapshot it came back from

@@ -441,6 +441,16 @@ describe('RemoteRuntimePort over mutual TLS to a served LocalRuntimePort', () =>
         'bad_request',
       )
       expect(await remote.hasPath({ revisionId: REVISION }, 'agent.py')).toBe(true)
+      // A bucket restore is pinned to a recorded chain head: without one, or a malformed one, it is refused.
+      for (const head of [
+        undefined,
+        { seq: -1, treeDigest: `sha256:${'0'.repeat(64)}` },
+        { seq: 2, treeDigest: 'x' },
+      ]) {
+        const unpinned = await refusal(remote.restoreFromBucket(b, 'ten_cap', head as never))
+        expect(unpinned.code).toBe('bad_request')
+        expect(unpinned.message).toMatch(/restoreFromBucket: argument \/2/)
+      }
       await remote.stopAgent(a)
     })
   })

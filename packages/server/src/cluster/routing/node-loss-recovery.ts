@@ -108,14 +108,20 @@ export class NodeLossRecovery {
         `session ${sessionId}'s node ${from.id} was lost and nothing of its workspace was shipped to the bucket; it is served again if that node comes back`,
         { sessionId, nodeId: from.id },
       )
-    // Only the link the owner recorded under its epoch is the session's: a newer one in the
-    // bucket may be anyone's with the bucket's keys (docs/security.md).
-    if (row.shipped_link_seq === null || row.shipped_tree_digest === null) throw lostState()
-    const expected = { seq: Number(row.shipped_link_seq), treeDigest: row.shipped_tree_digest }
     const epoch = Number(row.owner_epoch) + 1
     const target = await routes.place(row.revision_id)
-    await shipping.ensure(target, row.revision_id)
     const { port } = await routes.nodePort(target.id)
+    // Only the link the owner recorded under its epoch is the session's: a newer one in the
+    // bucket may be anyone's with the bucket's keys (docs/security.md). Nothing recorded is
+    // state_lost where nodes ship; where they do not, the session waits for its node (the node's
+    // own `unavailable` answer, which the caller turns back into node_lost).
+    if (row.shipped_link_seq === null || row.shipped_tree_digest === null) {
+      if (!(await port.shippingLag()).enabled)
+        throw new CairnProblem('unavailable', `node ${target.id} has no shipping bucket`)
+      throw lostState()
+    }
+    const expected = { seq: Number(row.shipped_link_seq), treeDigest: row.shipped_tree_digest }
+    await shipping.ensure(target, row.revision_id)
     const startedMs = performance.now()
     let restore: BucketRestore
     try {

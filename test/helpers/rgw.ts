@@ -7,6 +7,7 @@ import { S3Client } from '@aws-sdk/client-s3'
 
 const run = promisify(execFile)
 const SCRIPT = path.resolve(import.meta.dirname, '../object-store/rgw.sh')
+const UP_LOCK = path.join(os.tmpdir(), 'cairn-rgw-up.lock')
 
 export interface TestObjectStore {
   endpoint: string
@@ -33,7 +34,9 @@ export async function startObjectStore(): Promise<TestObjectStore> {
   let stdout = ''
   for (let attempt = 1; ; attempt++) {
     try {
-      ;({ stdout } = await run('bash', [SCRIPT, 'up', dir], { timeout: 180_000 }))
+      // One bring-up at a time on the machine (-o: the daemons do not inherit the lock): two
+      // clusters made at once were seen to cross (an OSD refused by "wrong fsid").
+      ;({ stdout } = await run('flock', ['-o', UP_LOCK, 'bash', SCRIPT, 'up', dir], { timeout: 240_000 }))
       break
     } catch (error) {
       await run('bash', [SCRIPT, 'down', dir]).catch(() => undefined)

@@ -95,8 +95,9 @@ export class PreviewService implements SessionObserver {
    * session's URLs stay dead when it is resumed (whoever resumes it hands out new ones); a deleted
    * one's answer `revoked` like any other.
    */
-  ended(sessionId: string): void {
-    void this.deps.revocations
+  async ended(sessionId: string): Promise<void> {
+    // Before the end is answered: a URL fetched right after must already be dead.
+    await this.deps.revocations
       .revokeSession(sessionId)
       .catch((error: unknown) =>
         this.deps.logger.error({ err: error, session: sessionId }, 'revoking preview URLs failed'),

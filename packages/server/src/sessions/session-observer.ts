@@ -29,8 +29,8 @@ export interface SessionObserver {
   afterTurn?(row: SessionRow, seq: number, agent: AgentInfo | undefined, unchanged: boolean): void
   /** A session's workspace was deleted (its snapshots go next); awaited. */
   deleted?(sessionId: string): Promise<void>
-  /** A session was ended by its user or deleted. */
-  ended?(sessionId: string): void
+  /** A session was ended by its user or deleted; awaited (the answer says it is over). */
+  ended?(sessionId: string): Promise<void>
 }
 
 /** What the runtime answered after the turn for the mark it was given (`turnMark`). */

@@ -315,8 +315,8 @@ export class SessionService {
     return this.deps.observers ?? []
   }
 
-  private ended(sessionId: string): void {
-    for (const observer of this.observers) observer.ended?.(sessionId)
+  private async ended(sessionId: string): Promise<void> {
+    for (const observer of this.observers) await observer.ended?.(sessionId)
   }
 
   /** Whether the session's lock is held (a turn or an exclusive operation runs). */
@@ -414,7 +414,7 @@ export class SessionService {
     }
     if (current.status !== 'completed')
       await this.store.transition(current, 'completed', 'user_end', this.now())
-    this.ended(id)
+    await this.ended(id)
     return this.get(tenantId, id)
   }
 
@@ -564,7 +564,7 @@ export class SessionService {
       await this.deps.runtime.deleteWorkspace(id)
       for (const observer of this.observers) await observer.deleted?.(id)
       await this.store.transition(await this.require(tenantId, id), 'deleted', cause, this.now(), detail)
-      this.ended(id)
+      await this.ended(id)
     })()
     this.deleting.set(id, work)
     try {

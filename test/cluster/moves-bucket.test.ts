@@ -99,7 +99,7 @@ beforeAll(async () => {
   })
   api = new Api(server.url, server.adminKey ?? '')
   expect((await api.deploy(await makeProject(ECHO))).status).toBe(201)
-}, 300_000)
+}, 600_000)
 
 afterAll(async () => {
   await server?.close()

@@ -243,7 +243,7 @@ beforeAll(async () => {
   api = new Api(server.url, server.adminKey ?? '')
   for (const name of ['node-a', 'node-b']) await startNodeProcess(name, await tempDir(name))
   expect((await api.deploy(await makeProject(WRITER))).status).toBe(201)
-}, 300_000)
+}, 600_000)
 
 afterAll(async () => {
   for (const node of [...killed.values()])

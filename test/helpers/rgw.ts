@@ -1,4 +1,4 @@
-import { execFile, execFileSync } from 'node:child_process'
+import { execFile, execFileSync, spawn } from 'node:child_process'
 import { mkdir, mkdtemp } from 'node:fs/promises'
 import os from 'node:os'
 import path from 'node:path'
@@ -7,7 +7,7 @@ import { S3Client } from '@aws-sdk/client-s3'
 
 const run = promisify(execFile)
 const SCRIPT = path.resolve(import.meta.dirname, '../object-store/rgw.sh')
-const UP_LOCK = path.join(os.tmpdir(), 'cairn-rgw-up.lock')
+const STORE_LOCK = path.join(os.tmpdir(), 'cairn-rgw-store.lock')
 
 export interface TestObjectStore {
   endpoint: string
@@ -28,15 +28,33 @@ export interface TestObjectStore {
 
 /** A real S3 server: Ceph RGW on a one-node cluster (test/object-store/rgw.sh), about 20 s to start. */
 export async function startObjectStore(): Promise<TestObjectStore> {
+  // One test object store on the machine at a time: a one-node Ceph brought up while another runs
+  // was seen to cross with it (its OSD refused by "wrong fsid"). The lock is held by a flock
+  // process until `stop` (or this process's end) closes its stdin.
+  const holder = spawn('flock', [STORE_LOCK, 'sh', '-c', 'echo locked && exec cat >/dev/null'], {
+    stdio: ['pipe', 'pipe', 'inherit'],
+  })
+  await new Promise<void>((resolve, reject) => {
+    holder.stdout.once('data', () => resolve())
+    holder.once('exit', (code) => reject(new Error(`flock ${STORE_LOCK} exited ${code}`)))
+  })
+  const release = () => holder.stdin.end()
+  try {
+    return await bringUp(release)
+  } catch (error) {
+    release()
+    throw error
+  }
+}
+
+async function bringUp(release: () => void): Promise<TestObjectStore> {
   const dir = await mkdtemp(path.join(os.tmpdir(), 'cairn-rgw-'))
   // A one-node Ceph now and then fails to bring its OSD up on a loaded machine (the OSD is refused
   // by its monitor at boot); a second bring-up in a fresh directory is the remedy, not a wait.
   let stdout = ''
   for (let attempt = 1; ; attempt++) {
     try {
-      // One bring-up at a time on the machine (-o: the daemons do not inherit the lock): two
-      // clusters made at once were seen to cross (an OSD refused by "wrong fsid").
-      ;({ stdout } = await run('flock', ['-o', UP_LOCK, 'bash', SCRIPT, 'up', dir], { timeout: 240_000 }))
+      ;({ stdout } = await run('bash', [SCRIPT, 'up', dir], { timeout: 180_000 }))
       break
     } catch (error) {
       await run('bash', [SCRIPT, 'down', dir]).catch(() => undefined)
@@ -70,7 +88,11 @@ export async function startObjectStore(): Promise<TestObjectStore> {
       await run('bash', [SCRIPT, 'gateway-start', dir], { timeout: 120_000 })
     },
     async stop() {
-      await run('bash', [SCRIPT, 'down', dir])
+      try {
+        await run('bash', [SCRIPT, 'down', dir])
+      } finally {
+        release()
+      }
     },
   }
   return store

@@ -9,7 +9,7 @@ describe('Ceph RGW as the test object store', () => {
   let store: TestObjectStore
   beforeAll(async () => {
     store = await startObjectStore()
-  }, 240_000)
+  }, 600_000)
   afterAll(async () => {
     await store?.stop()
   })

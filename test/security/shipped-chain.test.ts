@@ -32,7 +32,7 @@ beforeAll(async () => {
   store = await startObjectStore()
   source = await pools.btrfs('source')
   bucket = await openBucket(store, 'cairn-forged')
-}, 240_000)
+}, 600_000)
 
 afterAll(async () => {
   await pools?.close()

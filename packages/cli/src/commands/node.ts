@@ -1,5 +1,6 @@
 import { jsonOption, positiveInt, positiveIntOrZero, type Register } from '../command.js'
 import { UsageError } from '../errors.js'
+import { closeOnSignal } from './until-signal.js'
 
 interface NodeCommandOptions {
   database?: string
@@ -152,18 +153,6 @@ export const register: Register = (parent, ctx) => {
       out.line(`Data:     ${node.dataDir}`)
       out.progress('Press Ctrl-C to stop (drain it first: cairn nodes drain <id>).')
     }
-    const signal = await new Promise<NodeJS.Signals>((resolve) => {
-      process.once('SIGINT', resolve)
-      process.once('SIGTERM', resolve)
-    })
-    out.progress(`Received ${signal}, stopping…`)
-    // A second signal while closing stops at once.
-    const force = () => process.exit(130)
-    process.once('SIGINT', force)
-    process.once('SIGTERM', force)
-    await node.close()
-    process.off('SIGINT', force)
-    process.off('SIGTERM', force)
-    out.progress('Stopped.')
+    await closeOnSignal(out, () => node.close())
   })
 }

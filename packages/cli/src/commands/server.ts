@@ -1,5 +1,6 @@
 import { jsonOption, positiveInt, positiveIntOrZero, positiveNumber, type Register } from '../command.js'
 import { UsageError } from '../errors.js'
+import { closeOnSignal } from './until-signal.js'
 
 interface ServerOptions {
   dataDir?: string
@@ -270,19 +271,7 @@ export const register: Register = (parent, ctx) => {
         out.line(`Credentials:   ${server.credentialsWritten} (the CLI uses them)`)
       out.progress('Press Ctrl-C to stop.')
     }
-    const signal = await new Promise<NodeJS.Signals>((resolve) => {
-      process.once('SIGINT', resolve)
-      process.once('SIGTERM', resolve)
-    })
-    out.progress(`Received ${signal}, stopping…`)
-    // A second signal while closing stops at once.
-    const force = () => process.exit(130)
-    process.once('SIGINT', force)
-    process.once('SIGTERM', force)
-    await server.close()
-    process.off('SIGINT', force)
-    process.off('SIGTERM', force)
-    out.progress('Stopped.')
+    await closeOnSignal(out, () => server.close())
   })
 }
 

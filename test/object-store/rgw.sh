@@ -70,6 +70,11 @@ mon_data = $dir/mon
 mon_cluster_log_file = $dir/log/cluster.log
 [osd]
 osd_data = $dir/osd
+# At start an OSD sends its device class and crush location to the monitor; Ceph 16 sends them
+# before its monitor client holds the cluster's fsid now and then ('wrong fsid' from the monitor,
+# the OSD exits at init). This script places osd.0 in the crush map itself instead.
+osd_class_update_on_start = false
+osd_crush_update_on_start = false
 osd_objectstore = bluestore
 bluestore_block_path = $loop
 osd_memory_target = 939524096
@@ -91,8 +96,19 @@ CONF
   # The OSD: bluestore on the loop device.
   ceph -c "$conf" osd new "$osd_uuid" 0 >/dev/null
   ceph-osd -c "$conf" -i 0 --mkfs --osd-uuid "$osd_uuid" >"$dir/log/osd-mkfs.log" 2>&1
-  ceph-osd -c "$conf" -i 0
-  ceph -c "$conf" osd crush add osd.0 1.0 host=localhost root=default >/dev/null 2>&1 || true
+  ceph -c "$conf" osd crush add osd.0 1.0 host=localhost root=default >/dev/null
+  # ceph-osd returns once its daemon finished init, with init's status: an OSD that failed to
+  # start is started again (three tries) rather than waited for.
+  local try
+  for try in 1 2 3; do
+    if ceph-osd -c "$conf" -i 0 2>>"$dir/log/osd-start.log"; then break; fi
+    if [ "$try" -eq 3 ]; then
+      echo "the OSD did not start: $(tail -5 "$dir/log/osd-start.log")" >&2
+      exit 1
+    fi
+    rm -f "$dir/osd.0.pid"
+    sleep 1
+  done
   # RGW creates its pools at start; it needs the OSD up and in.
   for _ in $(seq 1 600); do
     ceph -c "$conf" osd stat 2>/dev/null | grep -q '1 up' && break
@@ -109,6 +125,7 @@ CONF
     if curl -s -o /dev/null "http://127.0.0.1:$rgw_port/"; then break; fi
     sleep 0.1
   done
+  curl -s -o /dev/null "http://127.0.0.1:$rgw_port/" || { echo "RGW did not answer on port $rgw_port: $(tail -5 "$dir/log/client.rgw.log")" >&2; exit 1; }
   radosgw-admin -c "$conf" -n client.rgw user create --uid cairn-test --display-name "Cairn tests" \
     --access-key "$access" --secret-key "$secret" >/dev/null
   echo "S3_ENDPOINT=http://127.0.0.1:$rgw_port"

@@ -12,6 +12,7 @@ import { buildApp } from './app.js'
 import { ApiKeyStore, DEFAULT_TENANT_ID } from './auth/api-keys.js'
 import { iso, systemClock } from './clock.js'
 import { type ClusterControl, startClusterControl } from './cluster/cluster-control.js'
+import { ClusterHints } from './cluster/cluster-hints.js'
 import { DrainMoves } from './cluster/moves/drain-moves.js'
 import { SessionMover } from './cluster/moves/session-mover.js'
 import { type NodeConnector, openClusterRuntime } from './cluster/routing/cluster-runtime-host.js'
@@ -145,6 +146,12 @@ export async function startServer(
   let localRuntime: Runtime | undefined
   let previewListener: PreviewListener | undefined
   let cluster: ClusterControl | undefined
+  // On PostgreSQL, replicas share one database and tell each other what they must not go on
+  // remembering (a revoked key, a revoked preview port) through hints.
+  const hints =
+    db.dialect === 'postgres' && config.databaseUrl
+      ? new ClusterHints({ db, url: config.databaseUrl, logger: logger.child({ component: 'cluster' }) })
+      : undefined
   try {
     if (api) {
       host = await openClusterRuntime({
@@ -171,7 +178,7 @@ export async function startServer(
     const runtimeHost = host
     const runtimePort = host.port
     const runtimeId = host.runtimeId
-    const keys = new ApiKeyStore(db, clock)
+    const keys = new ApiKeyStore(db, clock, hints)
     await keys.ensureTenant(DEFAULT_TENANT_ID, 'default')
     // Replicas share one database: the secrets key (and, where sandboxes run, the egress CA) come
     // from it. An API replica runs no sandbox: it needs the secrets key only.
@@ -288,6 +295,7 @@ export async function startServer(
       runtime: runtimePort,
       clock,
       logger,
+      hints,
     })
     observers.push(workspace.policy, previews)
     previewListener = createPreviewListener(previews, config.previewDomain, logger)
@@ -320,10 +328,11 @@ export async function startServer(
       ? new DrainMoves({ db, mover, logger: logger.child({ component: 'drain' }) })
       : undefined
     cluster =
-      db.dialect === 'postgres' && config.databaseUrl
+      hints && config.databaseUrl
         ? startClusterControl({
             db,
             databaseUrl: config.databaseUrl,
+            hints,
             heartbeatMs: config.heartbeatMs,
             leaseMs: config.leaseMs,
             logger,
@@ -430,6 +439,7 @@ export async function startServer(
           await sessions.close()
           await runtimeHost.close()
           await cluster?.close()
+          await hints?.close()
           await db.close()
           await releaseLocks()
           logger.info('cairn server stopped')
@@ -440,6 +450,7 @@ export async function startServer(
   } catch (error) {
     await previewListener?.close()
     await cluster?.close()
+    await hints?.close()
     // The start's own error is rethrown below; a runtime that also fails to close is logged.
     await host
       ?.close()

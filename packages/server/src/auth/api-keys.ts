@@ -1,6 +1,7 @@
 import { createHash, randomBytes } from 'node:crypto'
 import { CairnProblem, newId } from '@cairn/protocol'
 import { type Clock, iso } from '../clock.js'
+import type { HintFeed } from '../cluster/cluster-hints.js'
 import type { Db } from '../db/database.js'
 
 export type Role = 'admin' | 'read'
@@ -40,14 +41,32 @@ function hashKey(key: string): string {
   return createHash('sha256').update(key).digest('hex')
 }
 
-/** API keys, stored as SHA-256 hashes; the plain key is shown once, at creation. */
+/**
+ * API keys, stored as SHA-256 hashes; the plain key is shown once, at creation. A verified key is
+ * remembered (one query per request saved). With replicas (`hints`) a revocation made by any of
+ * them reaches the others as a hint, and a key remembered while hints could have been missed is
+ * read again: it is trusted only within the stretch of listening it was verified in.
+ */
 export class ApiKeyStore {
-  private readonly cache = new Map<string, Principal>()
+  private readonly cache = new Map<string, { principal: Principal; stretch: number | undefined }>()
+  /** Revocations heard so far: a verification that overlapped one does not remember its answer. */
+  private revocationsHeard = 0
 
   constructor(
     private readonly db: Db,
     private readonly clock: Clock,
-  ) {}
+    private readonly hints?: HintFeed,
+  ) {
+    void hints?.subscribe((hint) => {
+      if (hint.kind !== 'key.revoke') return
+      this.revocationsHeard++
+      this.forget(hint.keyId)
+    })
+  }
+
+  private forget(keyId: string): void {
+    for (const [hash, entry] of this.cache) if (entry.principal.keyId === keyId) this.cache.delete(hash)
+  }
 
   async ensureTenant(tenantId: string, name: string): Promise<void> {
     await this.db.q
@@ -152,7 +171,10 @@ export class ApiKeyStore {
     }))
   }
 
-  /** Revokes a key of the tenant; the verification cache forgets it at once. */
+  /**
+   * Revokes a key of the tenant; this process forgets it at once, the other replicas when its
+   * hint reaches them.
+   */
   async revoke(tenantId: string, keyId: string): Promise<boolean> {
     const result = await this.db.q
       .updateTable('api_keys')
@@ -161,15 +183,22 @@ export class ApiKeyStore {
       .where('tenant_id', '=', tenantId)
       .where('revoked_at', 'is', null)
       .executeTakeFirst()
-    for (const [hash, principal] of this.cache) if (principal.keyId === keyId) this.cache.delete(hash)
-    return result.numUpdatedRows > 0n
+    this.revocationsHeard++
+    this.forget(keyId)
+    const revoked = result.numUpdatedRows > 0n
+    if (revoked) await this.hints?.publish({ kind: 'key.revoke', keyId })
+    return revoked
   }
 
   async verify(key: string): Promise<Principal | undefined> {
     if (!key.startsWith(KEY_PREFIX) || key.length > 200) return undefined
     const hash = hashKey(key)
+    // With replicas, nothing is remembered while hints could be missed.
+    const stretch = this.hints?.continuity
+    const remembering = !this.hints || stretch !== undefined
     const cached = this.cache.get(hash)
-    if (cached) return cached
+    if (remembering && cached && cached.stretch === stretch) return cached.principal
+    const heard = this.revocationsHeard
     const row = await this.db.q
       .selectFrom('api_keys')
       .select(['id', 'tenant_id', 'role'])
@@ -178,7 +207,8 @@ export class ApiKeyStore {
       .executeTakeFirst()
     if (!row) return undefined
     const principal: Principal = { keyId: row.id, tenantId: row.tenant_id, role: row.role as Role }
-    this.cache.set(hash, principal)
+    if (remembering && this.revocationsHeard === heard && this.hints?.continuity === stretch)
+      this.cache.set(hash, { principal, stretch })
     await this.db.q
       .updateTable('api_keys')
       .set({ last_used_at: iso(this.clock.now()) })

@@ -1,6 +1,6 @@
 import type { Logger } from 'pino'
 import type { Db } from '../db/database.js'
-import { type ClusterHint, ClusterHints } from './cluster-hints.js'
+import type { ClusterHint, ClusterHints } from './cluster-hints.js'
 import { ClusterLeader, type LeaderPass } from './cluster-leader.js'
 import type { NodeLost } from './node-failures.js'
 import { NodeStore } from './node-store.js'
@@ -21,6 +21,8 @@ export interface ClusterControl {
 export function startClusterControl(options: {
   db: Db
   databaseUrl: string
+  /** The process's hints (its owner closes them). */
+  hints: ClusterHints
   heartbeatMs: number
   leaseMs: number
   logger: Logger
@@ -29,7 +31,7 @@ export function startClusterControl(options: {
   onNodeLost?: ((lost: NodeLost) => void) | undefined
 }): ClusterControl {
   const logger = options.logger.child({ component: 'cluster' })
-  const hints = new ClusterHints({ db: options.db, url: options.databaseUrl, logger })
+  const hints = options.hints
   const publish = (hint: ClusterHint) => hints.publish(hint)
   const leader = new ClusterLeader({
     db: options.db,
@@ -49,7 +51,6 @@ export function startClusterControl(options: {
     publish,
     async close() {
       await leader.stop()
-      await hints.close()
     },
   }
 }

@@ -7,6 +7,8 @@ import { DedicatedConnection } from './dedicated-connection.js'
 
 /** The channel every replica and node LISTENs on. */
 export const CLUSTER_CHANNEL = 'cairn_cluster'
+/** The listening connection's `application_name`. */
+export const HINTS_APPLICATION_NAME = 'cairn-hints'
 
 /**
  * What crosses `cairn_cluster`: hints only (everything is also in the tables), so a hint lost
@@ -15,12 +17,17 @@ export const CLUSTER_CHANNEL = 'cairn_cluster'
 export const ClusterHintSchema = Type.Union([
   /** Cancel a running turn (the replica streaming it, or the node running it, acts). */
   Type.Object({ kind: Type.Literal('turn.cancel'), sessionId: Type.String(), turnId: Type.String() }),
-  /** A preview URL epoch went up: cached grants for the session are stale. */
+  /**
+   * A preview URL epoch went up (a port's, or without `port` the whole session's): connections
+   * relayed to it are closed by whichever replica relays them.
+   */
   Type.Object({
     kind: Type.Literal('preview.revoke'),
     sessionId: Type.String(),
     port: Type.Optional(Type.Integer()),
   }),
+  /** An API key was revoked: every replica forgets it had verified it. */
+  Type.Object({ kind: Type.Literal('key.revoke'), keyId: Type.String() }),
   /** A node's state changed (registered, cordoned, drained, stopped). */
   Type.Object({
     kind: Type.Literal('node.state'),
@@ -38,21 +45,59 @@ export const ClusterHintSchema = Type.Union([
 ])
 export type ClusterHint = Static<typeof ClusterHintSchema>
 
+/**
+ * What a holder of remembered state needs of the hints: to publish one, to hear them, and to know
+ * whether it may have missed one (then what it remembers is not to be trusted).
+ */
+export interface HintFeed {
+  publish(hint: ClusterHint): Promise<void>
+  subscribe(listener: (hint: ClusterHint) => void): Promise<() => void>
+  /**
+   * Names the current unbroken stretch of listening: it changes whenever hints may have been
+   * missed (the connection dropped, or a probe of it failed), and is undefined while none are
+   * being received. State remembered in one stretch is good only in the same one.
+   */
+  readonly continuity: number | undefined
+  /** `listener` is called each time listening starts again after hints may have been missed. */
+  onResumed(listener: () => void): void
+}
+
 /** NOTIFY's payload limit is 8000 bytes; a larger hint is cut to what still says enough. */
 const MAX_PAYLOAD_BYTES = 7900
 
 /**
  * Publishes hints (through the pool, inside the caller's transaction if there is one: NOTIFY is
  * delivered on commit) and delivers the ones received to subscribers (one dedicated LISTEN
- * connection, reconnected when it drops).
+ * connection, reconnected when it drops, and probed every `probeMs`: a partition never errors by
+ * itself, and a listener cut off unknowingly would miss hints while trusting what it remembers).
  */
-export class ClusterHints {
+export class ClusterHints implements HintFeed {
   private readonly listeners = new Set<(hint: ClusterHint) => void>()
+  private readonly resumedListeners: (() => void)[] = []
   private connection: DedicatedConnection | undefined
   private retry: NodeJS.Timeout | undefined
+  private probe: NodeJS.Timeout | undefined
   private closed = false
+  private stretch = 0
+  private listening = false
 
-  constructor(private readonly deps: { db: Db; url: string; logger: Logger; reconnectMs?: number }) {}
+  constructor(
+    private readonly deps: {
+      db: Db
+      url: string
+      logger: Logger
+      reconnectMs?: number
+      probeMs?: number
+    },
+  ) {}
+
+  get continuity(): number | undefined {
+    return this.listening ? this.stretch : undefined
+  }
+
+  onResumed(listener: () => void): void {
+    this.resumedListeners.push(listener)
+  }
 
   async publish(hint: ClusterHint): Promise<void> {
     let payload = JSON.stringify(hint)
@@ -72,9 +117,13 @@ export class ClusterHints {
     const connection = new DedicatedConnection(this.deps.url, {
       connectTimeoutMs: 5000,
       queryTimeoutMs: 5000,
+      applicationName: HINTS_APPLICATION_NAME,
     })
     this.connection = connection
-    connection.onLost(() => this.scheduleReconnect())
+    connection.onLost(() => {
+      this.interrupted()
+      this.scheduleReconnect()
+    })
     try {
       const client = await connection.open()
       client.on('notification', (message) => {
@@ -95,10 +144,34 @@ export class ClusterHints {
         for (const listener of this.listeners) listener(hint)
       })
       await connection.query(`LISTEN ${CLUSTER_CHANNEL}`)
+      if (this.connection !== connection || !connection.connected) return
+      this.stretch++
+      this.listening = true
+      this.startProbe(connection)
+      for (const listener of this.resumedListeners) listener()
     } catch (error) {
+      this.interrupted()
       this.deps.logger.warn({ err: error }, 'could not listen for cluster hints; trying again')
       this.scheduleReconnect()
     }
+  }
+
+  /** Hints may be missed from now on: what was remembered in the last stretch is stale. */
+  private interrupted(): void {
+    if (this.listening) this.stretch++
+    this.listening = false
+    if (this.probe) clearInterval(this.probe)
+    this.probe = undefined
+  }
+
+  private startProbe(connection: DedicatedConnection): void {
+    if (this.probe) clearInterval(this.probe)
+    this.probe = setInterval(() => {
+      // A failed or timed-out probe drops the connection (onLost: interrupted, reconnect); a
+      // dropped one is never opened again by a probe.
+      if (connection.connected) connection.query('SELECT 1').catch(() => connection.drop())
+    }, this.deps.probeMs ?? 5000)
+    this.probe.unref()
   }
 
   private scheduleReconnect(): void {
@@ -114,6 +187,7 @@ export class ClusterHints {
 
   async close(): Promise<void> {
     this.closed = true
+    this.interrupted()
     if (this.retry) clearTimeout(this.retry)
     this.listeners.clear()
     await this.connection?.close()

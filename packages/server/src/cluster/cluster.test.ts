@@ -3,7 +3,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest'
 import { TestPostgres } from '../../../../test/helpers/postgres.js'
 import { eventually, quietLogger, seedSessions } from '../../test/cluster-rows.js'
 import { type Db, openDatabase } from '../db/database.js'
-import { type ClusterHint, ClusterHints } from './cluster-hints.js'
+import { type ClusterHint, ClusterHints, HINTS_APPLICATION_NAME } from './cluster-hints.js'
 import { ClusterLeader } from './cluster-leader.js'
 import { NODE_LOCK_CLASS } from './dedicated-connection.js'
 import { NodeRegistry } from './node-registry.js'
@@ -293,6 +293,41 @@ describe('nodes in PostgreSQL', () => {
     await one.stop()
     await two.stop()
   })
+
+  it('hints: a listener that may have missed one says so (a new stretch), cut off or hung, and listens again', async () => {
+    const hints = new ClusterHints({ db, url, logger: quietLogger, reconnectMs: 100, probeMs: 100 })
+    closers.push(() => hints.close())
+    let resumed = 0
+    hints.onResumed(() => resumed++)
+    const received: ClusterHint[] = []
+    await hints.subscribe((hint) => received.push(hint))
+    const first = hints.continuity
+    expect(first).toBeDefined()
+    expect(resumed).toBe(1)
+    const listener = async () =>
+      Number(
+        await postgres.sql(
+          `SELECT pid FROM pg_stat_activity WHERE application_name = '${HINTS_APPLICATION_NAME}'`,
+          url.split('/').pop(),
+        ),
+      )
+    // Cut off: the connection ends.
+    await postgres.sql(`SELECT pg_terminate_backend(${await listener()})`)
+    await eventually(async () => hints.continuity !== undefined && resumed === 2, 5000)
+    expect(hints.continuity).not.toBe(first)
+    // Hung: the connection stays open and says nothing (a partition); the probe times out.
+    const second = hints.continuity
+    const hung = await listener()
+    process.kill(hung, 'SIGSTOP')
+    try {
+      await eventually(async () => hints.continuity !== second, 15_000)
+    } finally {
+      process.kill(hung, 'SIGCONT')
+    }
+    await eventually(async () => hints.continuity !== undefined && resumed === 3, 10_000)
+    await hints.publish({ kind: 'key.revoke', keyId: 'key_after' })
+    await eventually(async () => received.some((h) => h.kind === 'key.revoke' && h.keyId === 'key_after'))
+  }, 60_000)
 
   it('a node fences itself when PostgreSQL stops, and registers with a new epoch when it is back', async () => {
     const stops: string[] = []

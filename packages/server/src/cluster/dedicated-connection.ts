@@ -15,6 +15,8 @@ export interface DedicatedConnectionOptions {
   connectTimeoutMs: number
   /** How long one statement may take before it counts as failed (a partition hangs, never errors). */
   queryTimeoutMs: number
+  /** What the connection is for, as `pg_stat_activity.application_name` shows it. */
+  applicationName?: string
 }
 
 /**
@@ -50,6 +52,7 @@ export class DedicatedConnection {
       query_timeout: this.options.queryTimeoutMs,
       keepAlive: true,
       keepAliveInitialDelayMillis: 1000,
+      ...(this.options.applicationName ? { application_name: this.options.applicationName } : {}),
     })
     let ended = false
     const lost = () => {

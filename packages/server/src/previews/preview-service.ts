@@ -5,6 +5,7 @@ import type { RuntimePort } from '@cairn/runtime/port'
 import type { Logger } from 'pino'
 import type { ApiKeyStore } from '../auth/api-keys.js'
 import { type Clock, iso } from '../clock.js'
+import type { HintFeed } from '../cluster/cluster-hints.js'
 import type { Db } from '../db/database.js'
 import type { SessionObserver } from '../sessions/session-observer.js'
 import type { SessionService } from '../sessions/session-service.js'
@@ -72,6 +73,8 @@ export interface PreviewServiceDeps {
   runtime: Pick<RuntimePort, 'connectPort'>
   clock: Clock
   logger: Logger
+  /** With replicas: revocations made by any of them close the connections this one relays. */
+  hints?: HintFeed | undefined
 }
 
 export interface AuthorizedPreview {
@@ -85,10 +88,21 @@ export interface AuthorizedPreview {
  * signed URL. Every request counts as session activity.
  */
 export class PreviewService implements SessionObserver {
-  // Relayed Upgrade connections per session port: a revocation closes them, as its URLs stop.
-  private readonly relayed = new Map<string, Set<Duplex>>()
+  // Relayed Upgrade connections per session port, each with the port's URL epoch when it was
+  // relayed: a revocation closes them, as its URLs stop.
+  private readonly relayed = new Map<string, Map<Duplex, number>>()
 
-  constructor(private readonly deps: PreviewServiceDeps) {}
+  constructor(private readonly deps: PreviewServiceDeps) {
+    void deps.hints?.subscribe((hint) => {
+      if (hint.kind === 'preview.revoke') this.closeRelayed(hint.sessionId, hint.port)
+    })
+    // Hints may have been missed: every relayed connection is checked against the database.
+    deps.hints?.onResumed(() => {
+      void this.closeRevokedRelays().catch((error: unknown) =>
+        deps.logger.warn({ err: error }, 'checking relayed preview connections failed'),
+      )
+    })
+  }
 
   /**
    * A session ended or deleted (the service is one of the session service's observers): an ended
@@ -99,6 +113,10 @@ export class PreviewService implements SessionObserver {
     // Before the end is answered: a URL fetched right after must already be dead.
     await this.deps.revocations
       .revokeSession(sessionId)
+      .then(() => {
+        this.closeRelayed(sessionId, undefined)
+        return this.deps.hints?.publish({ kind: 'preview.revoke', sessionId })
+      })
       .catch((error: unknown) =>
         this.deps.logger.error({ err: error, session: sessionId }, 'revoking preview URLs failed'),
       )
@@ -131,19 +149,45 @@ export class PreviewService implements SessionObserver {
   async revokeUrls(tenantId: string, sessionId: string, port: number): Promise<void> {
     const row = await this.deps.sessions.requireOwned(tenantId, sessionId)
     await this.deps.revocations.revokePort(row.id, port)
-    for (const client of this.relayed.get(relayedKey(row.id, port)) ?? []) client.destroy()
+    this.closeRelayed(row.id, port)
+    await this.deps.hints?.publish({ kind: 'preview.revoke', sessionId: row.id, port })
   }
 
-  /** Remembers a relayed Upgrade connection until it closes, so a revocation can close it. */
-  trackRelayed(sessionId: string, port: number, client: Duplex): void {
+  /**
+   * Remembers a relayed Upgrade connection until it closes, so a revocation can close it (one made
+   * since `epoch`, the port's URL epoch when the connection was authorized, included).
+   */
+  trackRelayed(sessionId: string, port: number, client: Duplex, epoch: number): void {
     if (client.destroyed) return
     const key = relayedKey(sessionId, port)
-    const clients = this.relayed.get(key) ?? new Set<Duplex>()
-    this.relayed.set(key, clients.add(client))
+    const clients = this.relayed.get(key) ?? new Map<Duplex, number>()
+    this.relayed.set(key, clients.set(client, epoch))
     client.once('close', () => {
       clients.delete(client)
       if (clients.size === 0 && this.relayed.get(key) === clients) this.relayed.delete(key)
     })
+  }
+
+  /** The port's URL epoch now, to relay a connection under. */
+  relayEpoch(sessionId: string, port: number): Promise<number> {
+    return this.deps.revocations.current(sessionId, port)
+  }
+
+  /** Closes the connections relayed to the session's port (without a port: to any of its ports). */
+  private closeRelayed(sessionId: string, port: number | undefined): void {
+    for (const [key, clients] of this.relayed) {
+      if (port === undefined ? key.startsWith(`${sessionId}:`) : key === relayedKey(sessionId, port))
+        for (const client of clients.keys()) client.destroy()
+    }
+  }
+
+  /** Closes every relayed connection whose port's URLs were revoked since it was relayed. */
+  private async closeRevokedRelays(): Promise<void> {
+    for (const [key, clients] of [...this.relayed]) {
+      const at = key.lastIndexOf(':')
+      const current = await this.deps.revocations.current(key.slice(0, at), Number(key.slice(at + 1)))
+      for (const [client, epoch] of [...clients]) if (current > epoch) client.destroy()
+    }
   }
 
   private async verifySigned(

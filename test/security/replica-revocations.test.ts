@@ -1,0 +1,176 @@
+import { mkdtemp, rm } from 'node:fs/promises'
+import net from 'node:net'
+import os from 'node:os'
+import path from 'node:path'
+import { type RunningServer, startServer } from '@cairn/server'
+import pg from 'pg'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { initClusterTls } from '../../packages/runtime/src/port/remote/cluster-tls.js'
+import { type RunningNode, startNode } from '../../packages/server/src/node/start-node.js'
+import { TestPostgres, testsRunOnPostgres } from '../helpers/postgres.js'
+import { previewSocketAddress } from '../helpers/preview.js'
+import { makeProject, SHELL_PROJECT } from '../helpers/projects.js'
+import { Api } from '../helpers/server.js'
+
+// Two API replicas (`--role api`) on one PostgreSQL, in front of a runtime node. A revocation answered by one replica must hold on the other:
+// a revoked API key is refused there too (each replica keeps verified keys in memory), and a
+// WebSocket it relays for a preview port whose URLs were revoked is closed (each replica holds its
+// own relayed connections). What crosses is a hint over LISTEN/NOTIFY; a replica that could have
+// missed one does not trust what it remembers.
+const UPGRADE_ECHO = [
+  'import socket',
+  's = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)',
+  's.bind(("127.0.0.1", 8001)); s.listen(4)',
+  'while True:',
+  '    c, _ = s.accept(); head = b""; more = b"."',
+  '    while more and b"\\r\\n\\r\\n" not in head: more = c.recv(1024); head += more',
+  '    if not more: c.close(); continue',
+  '    c.sendall(b"HTTP/1.1 101 Switching Protocols\\r\\nUpgrade: echo\\r\\nConnection: Upgrade\\r\\n\\r\\nready\\n")',
+  '    while True:',
+  '        d = c.recv(1024)',
+  '        if not d: break',
+  '        c.sendall(d)',
+  '    c.close()',
+].join('\n')
+
+let postgres: TestPostgres
+let databaseUrl = ''
+let node: RunningNode
+const replicas: RunningServer[] = []
+const dirs: string[] = []
+let admin = ''
+
+const tempDir = async (tag: string) => {
+  const dir = await mkdtemp(path.join(os.tmpdir(), `cairn-replica-revocations-${tag}-`))
+  dirs.push(dir)
+  return dir
+}
+
+beforeAll(async () => {
+  postgres = await TestPostgres.start()
+  const database = await postgres.createDatabase()
+  databaseUrl = database
+  const clusterDir = await tempDir('tls')
+  await initClusterTls(clusterDir)
+  node = await startNode({
+    dataDir: await tempDir('node'),
+    clusterDir,
+    database,
+    listen: '127.0.0.1:0',
+    name: 'node-a',
+    poolImageSizeBytes: 1024 * 1024 * 1024,
+    logLevel: 'error',
+  })
+  // One after the other: the second finds the install (its admin key) in the database.
+  for (let i = 0; i < 2; i++)
+    replicas.push(
+      await startServer({
+        role: 'api',
+        dataDir: await tempDir(`api-${i}`),
+        database,
+        clusterDir,
+        port: 0,
+        writeCredentials: false,
+        logLevel: 'error',
+      }),
+    )
+  admin = replicas[0]?.adminKey ?? ''
+}, 180_000)
+
+afterAll(async () => {
+  for (const r of replicas) await r.close().catch(() => undefined)
+  await node?.close().catch(() => undefined)
+  await postgres?.stop()
+  for (const dir of dirs) await rm(dir, { recursive: true, force: true })
+})
+
+const until = async (done: () => Promise<boolean> | boolean, timeoutMs = 5000) => {
+  const deadline = Date.now() + timeoutMs
+  while (!(await done()) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 25))
+}
+
+// On a PostgreSQL of its own in either pass of the suite: run once (the SQLite pass).
+describe.skipIf(testsRunOnPostgres())('revocations across API replicas', () => {
+  it('a key revoked through one replica is refused by the other, which had verified it before', async () => {
+    const one = new Api(replicas[0]?.url ?? '', admin)
+    const created = await one.call('POST', '/v1/keys', { name: 'short-lived' })
+    expect(created.status).toBe(201)
+    const { id, key } = created.body as { id: string; key: string }
+    const onTwo = new Api(replicas[1]?.url ?? '', key)
+    // Verified (and remembered) by the other replica, several times.
+    for (let i = 0; i < 3; i++) expect((await onTwo.call('GET', '/v1/sessions')).status).toBe(200)
+    expect((await one.call('DELETE', `/v1/keys/${id}`)).status).toBe(200)
+    let status = 0
+    await until(async () => {
+      status = (await onTwo.call('GET', '/v1/sessions')).status
+      return status === 401
+    })
+    expect(status).toBe(401)
+    // And on the replica that revoked it.
+    expect((await new Api(replicas[0]?.url ?? '', key).call('GET', '/v1/sessions')).status).toBe(401)
+  })
+
+  it("a preview WebSocket relayed by one replica closes when the other revokes its port's URLs", async () => {
+    const [one, two] = replicas.map((r) => new Api(r.url, admin)) as [Api, Api]
+    const project = await makeProject({ ...SHELL_PROJECT, 'upgrade_echo.py': UPGRADE_ECHO })
+    expect((await one.deploy(project)).status).toBe(201)
+    const sessionId = (await one.createSession('shell')).id
+    const started = await one.send(
+      sessionId,
+      `(nohup python3 upgrade_echo.py >/tmp/echo.log 2>&1 &) && for i in $(seq 100); do python3 -c "import socket; socket.create_connection(('127.0.0.1', 8001))" 2>/dev/null && break; sleep 0.05; done`,
+    )
+    expect(started.text).toContain('[exit 0]')
+    const signed = await one.call('POST', `/v1/sessions/${sessionId}/ports/8001/url`, { ttlMs: 60_000 })
+    expect(signed.status).toBe(200)
+    const { url } = signed.body as { url: string }
+    const target = new URL(url)
+    const address = previewSocketAddress(url)
+    const socket = net.connect(address.port, address.host)
+    let received = ''
+    let closed = false
+    socket.on('data', (chunk) => {
+      received += chunk.toString()
+    })
+    socket.on('error', () => undefined)
+    socket.on('close', () => {
+      closed = true
+    })
+    socket.write(
+      `GET ${target.pathname}ws${target.search} HTTP/1.1\r\nHost: ${target.host}\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n`,
+    )
+    await until(() => received.includes('ready'))
+    expect(received).toMatch(/^HTTP\/1\.1 101 /)
+    // Revoked through the replica that does not relay it (its URLs: any replica may revoke them).
+    expect((await two.call('DELETE', `/v1/sessions/${sessionId}/ports/8001/url`)).status).toBe(200)
+    await until(() => closed)
+    socket.destroy()
+    expect(closed).toBe(true)
+  })
+
+  it('a replica that could have missed a hint does not trust the keys it remembers', async () => {
+    const created = await new Api(replicas[0]?.url ?? '', admin).call('POST', '/v1/keys', { name: 'gap' })
+    expect(created.status).toBe(201)
+    const { id, key } = created.body as { id: string; key: string }
+    const onTwo = new Api(replicas[1]?.url ?? '', key)
+    expect((await onTwo.call('GET', '/v1/sessions')).status).toBe(200)
+    // The listeners' connections are cut, and the key revoked in the database with no hint at all
+    // (as if it had been sent while they were away): what the replica remembers is stale.
+    const client = new pg.Client({ connectionString: databaseUrl })
+    await client.connect()
+    try {
+      const cut = await client.query(
+        `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'cairn-hints'`,
+      )
+      expect(cut.rowCount).toBeGreaterThan(0)
+      await client.query('UPDATE api_keys SET revoked_at = $1 WHERE id = $2', [new Date().toISOString(), id])
+    } finally {
+      await client.end()
+    }
+    let status = 0
+    await until(async () => {
+      status = (await onTwo.call('GET', '/v1/sessions')).status
+      return status === 401
+    })
+    expect(status).toBe(401)
+  })
+})

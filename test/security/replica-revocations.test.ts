@@ -1,19 +1,14 @@
-import { mkdtemp, rm } from 'node:fs/promises'
 import net from 'node:net'
-import os from 'node:os'
-import path from 'node:path'
-import { type RunningServer, startServer } from '@cairn/server'
 import pg from 'pg'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { initClusterTls } from '../../packages/runtime/src/port/remote/cluster-tls.js'
-import { type RunningNode, startNode } from '../../packages/server/src/node/start-node.js'
-import { TestPostgres, testsRunOnPostgres } from '../helpers/postgres.js'
+import { type ApiReplicas, startApiReplicas } from '../helpers/api-replicas.js'
+import { testsRunOnPostgres } from '../helpers/postgres.js'
 import { previewSocketAddress } from '../helpers/preview.js'
 import { makeProject, SHELL_PROJECT } from '../helpers/projects.js'
 import { Api } from '../helpers/server.js'
 
-// Two API replicas (`--role api`) on one PostgreSQL, in front of a runtime node. A revocation answered by one replica must hold on the other:
-// a revoked API key is refused there too (each replica keeps verified keys in memory), and a
+// Two API replicas (`--role api`) on one PostgreSQL, in front of a runtime node. A revocation
+// answered by one replica must hold on the other: a revoked API key is refused there too (each replica keeps verified keys in memory), and a
 // WebSocket it relays for a preview port whose URLs were revoked is closed (each replica holds its
 // own relayed connections). What crosses is a hint over LISTEN/NOTIFY; a replica that could have
 // missed one does not trust what it remembers.
@@ -33,55 +28,14 @@ const UPGRADE_ECHO = [
   '    c.close()',
 ].join('\n')
 
-let postgres: TestPostgres
-let databaseUrl = ''
-let node: RunningNode
-const replicas: RunningServer[] = []
-const dirs: string[] = []
-let admin = ''
-
-const tempDir = async (tag: string) => {
-  const dir = await mkdtemp(path.join(os.tmpdir(), `cairn-replica-revocations-${tag}-`))
-  dirs.push(dir)
-  return dir
-}
+let cluster: ApiReplicas
 
 beforeAll(async () => {
-  postgres = await TestPostgres.start()
-  const database = await postgres.createDatabase()
-  databaseUrl = database
-  const clusterDir = await tempDir('tls')
-  await initClusterTls(clusterDir)
-  node = await startNode({
-    dataDir: await tempDir('node'),
-    clusterDir,
-    database,
-    listen: '127.0.0.1:0',
-    name: 'node-a',
-    poolImageSizeBytes: 1024 * 1024 * 1024,
-    logLevel: 'error',
-  })
-  // One after the other: the second finds the install (its admin key) in the database.
-  for (let i = 0; i < 2; i++)
-    replicas.push(
-      await startServer({
-        role: 'api',
-        dataDir: await tempDir(`api-${i}`),
-        database,
-        clusterDir,
-        port: 0,
-        writeCredentials: false,
-        logLevel: 'error',
-      }),
-    )
-  admin = replicas[0]?.adminKey ?? ''
+  cluster = await startApiReplicas(2, 'replica-revocations')
 }, 180_000)
 
 afterAll(async () => {
-  for (const r of replicas) await r.close().catch(() => undefined)
-  await node?.close().catch(() => undefined)
-  await postgres?.stop()
-  for (const dir of dirs) await rm(dir, { recursive: true, force: true })
+  await cluster?.close()
 })
 
 const until = async (done: () => Promise<boolean> | boolean, timeoutMs = 5000) => {
@@ -92,11 +46,11 @@ const until = async (done: () => Promise<boolean> | boolean, timeoutMs = 5000) =
 // On a PostgreSQL of its own in either pass of the suite: run once (the SQLite pass).
 describe.skipIf(testsRunOnPostgres())('revocations across API replicas', () => {
   it('a key revoked through one replica is refused by the other, which had verified it before', async () => {
-    const one = new Api(replicas[0]?.url ?? '', admin)
+    const one = cluster.api(0)
     const created = await one.call('POST', '/v1/keys', { name: 'short-lived' })
     expect(created.status).toBe(201)
     const { id, key } = created.body as { id: string; key: string }
-    const onTwo = new Api(replicas[1]?.url ?? '', key)
+    const onTwo = new Api(cluster.replicas[1]?.url ?? '', key)
     // Verified (and remembered) by the other replica, several times.
     for (let i = 0; i < 3; i++) expect((await onTwo.call('GET', '/v1/sessions')).status).toBe(200)
     expect((await one.call('DELETE', `/v1/keys/${id}`)).status).toBe(200)
@@ -107,11 +61,11 @@ describe.skipIf(testsRunOnPostgres())('revocations across API replicas', () => {
     })
     expect(status).toBe(401)
     // And on the replica that revoked it.
-    expect((await new Api(replicas[0]?.url ?? '', key).call('GET', '/v1/sessions')).status).toBe(401)
+    expect((await new Api(cluster.replicas[0]?.url ?? '', key).call('GET', '/v1/sessions')).status).toBe(401)
   })
 
   it("a preview WebSocket relayed by one replica closes when the other revokes its port's URLs", async () => {
-    const [one, two] = replicas.map((r) => new Api(r.url, admin)) as [Api, Api]
+    const [one, two] = [cluster.api(0), cluster.api(1)]
     const project = await makeProject({ ...SHELL_PROJECT, 'upgrade_echo.py': UPGRADE_ECHO })
     expect((await one.deploy(project)).status).toBe(201)
     const sessionId = (await one.createSession('shell')).id
@@ -148,14 +102,14 @@ describe.skipIf(testsRunOnPostgres())('revocations across API replicas', () => {
   })
 
   it('a replica that could have missed a hint does not trust the keys it remembers', async () => {
-    const created = await new Api(replicas[0]?.url ?? '', admin).call('POST', '/v1/keys', { name: 'gap' })
+    const created = await cluster.api(0).call('POST', '/v1/keys', { name: 'gap' })
     expect(created.status).toBe(201)
     const { id, key } = created.body as { id: string; key: string }
-    const onTwo = new Api(replicas[1]?.url ?? '', key)
+    const onTwo = new Api(cluster.replicas[1]?.url ?? '', key)
     expect((await onTwo.call('GET', '/v1/sessions')).status).toBe(200)
     // The listeners' connections are cut, and the key revoked in the database with no hint at all
     // (as if it had been sent while they were away): what the replica remembers is stale.
-    const client = new pg.Client({ connectionString: databaseUrl })
+    const client = new pg.Client({ connectionString: cluster.databaseUrl })
     await client.connect()
     try {
       const cut = await client.query(

@@ -212,4 +212,8 @@ export interface SessionsTable {
   /** That snapshot's chain link and tree digest (migration 23): what a restore is pinned to. */
   shipped_link_seq: number | null
   shipped_tree_digest: string | null
+  /** The exclusive operation holding the session, the hold's token and until when (migration 24). */
+  held_for: string | null
+  held_by: string | null
+  held_until: string | null
 }

@@ -1,3 +1,4 @@
+import { randomUUID } from 'node:crypto'
 import {
   CairnProblem,
   type CreateSessionBody,
@@ -25,12 +26,18 @@ import { SessionReaper } from './reaper.js'
 import { PoolReconciler } from './reconcile.js'
 import type { SessionServiceDeps } from './session-deps.js'
 import { type InterruptedTurn, type SessionRow, SessionStore, toSessionInfo } from './session-store.js'
-import { TurnLocks } from './turn-locks.js'
+import { MOVE_OPERATION, TurnLocks } from './turn-locks.js'
 import { type TurnHandle, TurnRunner } from './turn-runner.js'
 import { type SeenAgent, WarmAgents } from './warm-agents.js'
 
 export type { SessionServiceDeps } from './session-deps.js'
 export type { TurnHandle } from './turn-runner.js'
+
+/**
+ * How long an exclusive operation's hold on a session lasts in the database unless renewed (it is,
+ * every third of this, while the operation runs): what a replica that died holding one costs.
+ */
+const HOLD_MS = 60_000
 
 /**
  * Sessions and their turns: one turn at a time per session, a warm agent process between turns
@@ -358,7 +365,53 @@ export class SessionService {
         `session ${id} has a file write in progress; retry ${what} after it`,
       )
     }
-    return this.locks.holdExclusive(id, what, () => fn(row), swapsWorkspace)
+    return this.heldInDatabase(id, what, () =>
+      this.locks.holdExclusive(id, what, () => fn(row), swapsWorkspace),
+    )
+  }
+
+  /**
+   * Runs `fn` with the session held in the database too: replicas share it, and a turn begun
+   * through another one (which cannot see this process's locks) is refused while `fn` runs. The
+   * hold is renewed while it lasts and lapses `HOLD_MS` after a replica that died with it.
+   */
+  private async heldInDatabase<T>(id: string, what: string, fn: () => Promise<T>): Promise<T> {
+    const token = randomUUID()
+    const until = () => iso(this.deps.clock.now() + HOLD_MS)
+    const refused = await this.store.hold(id, what, token, this.now(), until())
+    if (refused && 'turnRunning' in refused)
+      throw new CairnProblem(
+        'session_busy',
+        `session ${id} is running a turn; ${what} must wait for it or cancel it`,
+      )
+    if (refused)
+      throw refused.heldFor === MOVE_OPERATION
+        ? new CairnProblem(
+            'session_moving',
+            `session ${id} is being moved to another node; retry in a moment`,
+          )
+        : new CairnProblem(
+            'session_busy',
+            `session ${id} is busy with ${refused.heldFor}; retry when it is done`,
+          )
+    const renewal = setInterval(() => {
+      this.store
+        .renewHold(id, token, until())
+        .catch((error: unknown) =>
+          this.deps.logger.warn({ err: error, session: id }, 'renewing a session hold failed'),
+        )
+    }, HOLD_MS / 3)
+    renewal.unref()
+    try {
+      return await fn()
+    } finally {
+      clearInterval(renewal)
+      await this.store
+        .releaseHold(id, token)
+        .catch((error: unknown) =>
+          this.deps.logger.warn({ err: error, session: id }, 'releasing a session hold failed'),
+        )
+    }
   }
 
   /**
@@ -368,7 +421,7 @@ export class SessionService {
    * a write is in flight.
    */
   async changingWorkspace<T>(id: string, fn: () => Promise<T>): Promise<T> {
-    const op = this.busyWith(id)
+    const op = this.busyWith(id) ?? (await this.store.heldFor(id, this.now()))
     if (op) throw new CairnProblem('session_busy', `session ${id} is busy with ${op}; retry when it is done`)
     return this.locks.holdFileChange(id, fn)
   }

@@ -23,6 +23,7 @@ import {
   TIMING_COLUMNS,
   type TurnRow,
 } from './session-rows.js'
+import { MOVE_OPERATION } from './turn-locks.js'
 
 export { type InterruptedTurn, type ListFilter, type SessionRow, toSessionInfo } from './session-rows.js'
 
@@ -400,7 +401,7 @@ export class SessionStore {
         }
         throw error
       }
-      await this.db.q
+      const counted = await this.db.q
         .updateTable('sessions')
         .set((eb) => ({
           turn_count: eb('turn_count', '+', 1),
@@ -410,8 +411,77 @@ export class SessionStore {
           updated_at: at,
         }))
         .where('id', '=', sessionId)
-        .execute()
+        .where((eb) => eb.or([eb('held_by', 'is', null), eb('held_until', '<', at)]))
+        .executeTakeFirst()
+      if (counted.numUpdatedRows === 0n) {
+        // An exclusive operation holds the session (through any replica): the turn is not begun.
+        const held = await this.heldFor(sessionId, at)
+        throw held === MOVE_OPERATION
+          ? new CairnProblem(
+              'session_moving',
+              `session ${sessionId} is being moved to another node; retry in a moment`,
+            )
+          : new CairnProblem(
+              'session_busy',
+              `session ${sessionId} is busy with ${held ?? 'an operation'}; retry when it is done`,
+            )
+      }
     })
+  }
+
+  /**
+   * Holds the session in the database for the exclusive operation `what` until `until` (every
+   * replica sees it; a turn is refused while it lasts). Refused while a turn runs or another hold
+   * lasts: answers what stands in the way then, undefined once held. The session row is the one
+   * place a turn's beginning and a hold meet, so the two exclude each other however they race.
+   */
+  async hold(
+    sessionId: string,
+    what: string,
+    token: string,
+    at: string,
+    until: string,
+  ): Promise<{ turnRunning: true } | { heldFor: string } | undefined> {
+    const result = await this.db.q
+      .updateTable('sessions')
+      .set({ held_for: what, held_by: token, held_until: until })
+      .where('id', '=', sessionId)
+      .where('status', '!=', 'active')
+      .where((eb) => eb.or([eb('held_by', 'is', null), eb('held_until', '<', at)]))
+      .executeTakeFirst()
+    if (result.numUpdatedRows > 0n) return undefined
+    const heldFor = await this.heldFor(sessionId, at)
+    return heldFor ? { heldFor } : { turnRunning: true }
+  }
+
+  /** Extends the hold `token` took (false: it lapsed, or was never taken). */
+  async renewHold(sessionId: string, token: string, until: string): Promise<boolean> {
+    const result = await this.db.q
+      .updateTable('sessions')
+      .set({ held_until: until })
+      .where('id', '=', sessionId)
+      .where('held_by', '=', token)
+      .executeTakeFirst()
+    return result.numUpdatedRows > 0n
+  }
+
+  async releaseHold(sessionId: string, token: string): Promise<void> {
+    await this.db.q
+      .updateTable('sessions')
+      .set({ held_for: null, held_by: null, held_until: null })
+      .where('id', '=', sessionId)
+      .where('held_by', '=', token)
+      .execute()
+  }
+
+  /** The exclusive operation holding the session at `at` (through any replica), if any. */
+  async heldFor(sessionId: string, at: string): Promise<string | undefined> {
+    const row = await this.db.q
+      .selectFrom('sessions')
+      .select(['held_for', 'held_until'])
+      .where('id', '=', sessionId)
+      .executeTakeFirst()
+    return row?.held_for && row.held_until && row.held_until >= at ? row.held_for : undefined
   }
 
   async setTurnSandbox(turnId: string, sandboxId: string, coldStart: boolean): Promise<void> {

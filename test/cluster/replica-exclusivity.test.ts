@@ -74,6 +74,81 @@ describe.skipIf(testsRunOnPostgres())('one session through two API replicas', ()
     console.log('[replica-exclusivity] outcomes', JSON.stringify(Object.fromEntries(outcomes)))
   })
 
+  it('reads through one replica that meet restores through the other answer 200 or 409 (or 429), never 404 or 5xx', async () => {
+    const { id, snapshotId } = await sessionWithSnapshot()
+    const statuses = new Map<string, number>()
+    let restoring = true
+    // Three readers: a file's content, and listings of the workspace (a walk).
+    const reader = (route: string) => async () => {
+      while (restoring) {
+        const read = await one.call('GET', route)
+        const key = `${read.status} ${code(read.body) ?? ''}`.trim()
+        statuses.set(key, (statuses.get(key) ?? 0) + 1)
+      }
+    }
+    const content = reader(`/v1/sessions/${id}/files/content?path=f.txt`)
+    const listing = reader(`/v1/sessions/${id}/files?path=`)
+    const reads = Promise.all([content(), content(), listing()])
+    try {
+      for (let i = 0; i < 30; i++) {
+        const restored = await two.call('POST', `/v1/sessions/${id}/restore`, { snapshotId })
+        expect(restored.status).toBe(200)
+      }
+    } finally {
+      restoring = false
+      await reads
+    }
+    console.log('[replica-exclusivity] reads during restores', JSON.stringify(Object.fromEntries(statuses)))
+    for (const key of statuses.keys()) expect(['200', '409 session_busy', '429 rate_limited']).toContain(key)
+  })
+
+  it('writes through one replica that meet restores through the other answer success or 409, never 5xx', async () => {
+    const { id, snapshotId } = await sessionWithSnapshot()
+    const statuses = new Map<string, number>()
+    let restoring = true
+    const writer = async (n: number) => {
+      for (let i = 0; restoring; i++) {
+        const path = `w${n}-${i}.txt`
+        const put = await fetch(`${one.url}/v1/sessions/${id}/files/content?path=${path}`, {
+          method: 'PUT',
+          headers: { authorization: `Bearer ${one.key}`, 'content-type': 'application/octet-stream' },
+          body: `write ${n}.${i}`,
+        })
+        const del = await one.call('DELETE', `/v1/sessions/${id}/files?path=${path}`)
+        for (const [status, body] of [
+          [put.status, await put.json()],
+          [del.status, del.body],
+        ] as const) {
+          const key = `${status < 300 ? '2xx' : status} ${code(body) ?? ''}`.trim()
+          statuses.set(key, (statuses.get(key) ?? 0) + 1)
+        }
+      }
+    }
+    const writers = Promise.all([writer(0), writer(1)])
+    try {
+      for (let i = 0; i < 20; i++) {
+        // Gaps between restores, so writes find the session free as well as held.
+        await new Promise((r) => setTimeout(r, 40))
+        const restored = await two.call('POST', `/v1/sessions/${id}/restore`, { snapshotId })
+        expect([200, 409]).toContain(restored.status)
+      }
+    } finally {
+      restoring = false
+      await writers
+    }
+    console.log('[replica-exclusivity] writes during restores', JSON.stringify(Object.fromEntries(statuses)))
+    for (const key of statuses.keys())
+      expect(['2xx', '409 session_busy', '404 not_found', '429 rate_limited']).toContain(key)
+    // Once nothing races it, a write answered with success is in the workspace, read through either.
+    const put = await fetch(`${one.url}/v1/sessions/${id}/files/content?path=kept.txt`, {
+      method: 'PUT',
+      headers: { authorization: `Bearer ${one.key}`, 'content-type': 'application/octet-stream' },
+      body: 'kept',
+    })
+    expect(put.status).toBeLessThan(300)
+    expect((await two.call('GET', `/v1/sessions/${id}/files/content?path=kept.txt`)).body).toBe('kept')
+  })
+
   it('a hold another replica took refuses messages and file writes until it is released or lapses', async () => {
     const { id } = await one.createSession('shell')
     expect((await one.send(id, 'echo hi')).text).toContain('[exit 0]')

@@ -405,13 +405,17 @@ ALTER TABLE sessions ADD COLUMN shipped_tree_digest TEXT;
     // An exclusive operation on a session (a restore, an import, a snapshot, a move) holds it in
     // the database, not only in the memory of the replica doing it: a turn begun through another
     // replica is refused while it lasts, and it is refused while a turn runs. `held_until` lets a
-    // hold of a replica that died lapse.
+    // hold of a replica that died lapse; `held_swaps` says the operation swaps the workspace, and
+    // `swap_count` moves on as each such hold is taken: a read through another replica that saw
+    // either met a swap.
     version: 24,
     name: 'session holds',
     sql: `
 ALTER TABLE sessions ADD COLUMN held_for TEXT;
 ALTER TABLE sessions ADD COLUMN held_by TEXT;
 ALTER TABLE sessions ADD COLUMN held_until TEXT;
+ALTER TABLE sessions ADD COLUMN held_swaps INTEGER;
+ALTER TABLE sessions ADD COLUMN swap_count INTEGER NOT NULL DEFAULT 0;
 `,
   },
 ]

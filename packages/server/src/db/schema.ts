@@ -216,4 +216,6 @@ export interface SessionsTable {
   held_for: string | null
   held_by: string | null
   held_until: string | null
+  held_swaps: number | null
+  swap_count: Generated<number>
 }

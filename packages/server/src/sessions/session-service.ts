@@ -146,14 +146,20 @@ export class SessionService {
     // Only a swap moves the workspace: a read failing during a manual snapshot keeps its own error.
     const epoch = this.locks.swapEpoch(id)
     const swappingAtStart = this.locks.swapping(id)
-    const overlappedSwap = () =>
-      swappingAtStart || this.locks.swapping(id) || this.locks.swapEpoch(id) !== epoch
+    // A swap through another replica, as the database shows it: held, or started since.
+    const shared = await this.store.swaps(id, this.now())
+    const overlappedSwap = async () => {
+      if (shared.swapping || this.locks.swapping(id) || this.locks.swapEpoch(id) !== epoch) return true
+      if (swappingAtStart) return true
+      const now = await this.store.swaps(id, this.now())
+      return now.swapping || now.started !== shared.started
+    }
     let result: T
     try {
       result = await read()
     } catch (error) {
       // Any failure of a read that overlapped a swap is the swap's doing, whatever it looked like.
-      const overlapped = overlappedSwap()
+      const overlapped = await overlappedSwap()
       const code = (error as { code?: unknown }).code
       if (overlapped || code === 'ENOENT' || code === 'not_found' || code === 'forbidden') {
         if (overlapped || this.deleting.has(id) || !(await this.deps.runtime.hasWorkspace(id)))
@@ -162,7 +168,7 @@ export class SessionService {
       if (code === 'ENOENT') throw new CairnProblem('not_found', 'no such file in the workspace')
       throw error
     }
-    if (walk && overlappedSwap()) throw await this.missingWorkspace(tenantId, id, true)
+    if (walk && (await overlappedSwap())) throw await this.missingWorkspace(tenantId, id, true)
     return result
   }
 
@@ -179,9 +185,11 @@ export class SessionService {
   async missingWorkspace(tenantId: string, id: string, swapped = false): Promise<CairnProblem> {
     if (this.deleting.has(id) || (await this.store.get(tenantId, id))?.status === 'deleted')
       return new CairnProblem('session_deleted', `session ${id} was deleted`)
-    const op = this.busyWith(id)
+    // Held here, or through another replica (its hold is in the database).
+    const op = this.busyWith(id) ?? (await this.store.heldFor(id, this.now()))
     if (op) return new CairnProblem('session_busy', `session ${id} is busy with ${op}; retry when it is done`)
-    if (swapped)
+    // Missing a moment ago and there now: a swap (through any replica) ended meanwhile.
+    if (swapped || (await this.deps.runtime.hasWorkspace(id)))
       return new CairnProblem(
         'session_busy',
         `the workspace of session ${id} was replaced (a restore or an import) while it was read; retry`,
@@ -365,7 +373,7 @@ export class SessionService {
         `session ${id} has a file write in progress; retry ${what} after it`,
       )
     }
-    return this.heldInDatabase(id, what, () =>
+    return this.heldInDatabase(id, { operation: what, swapsWorkspace }, () =>
       this.locks.holdExclusive(id, what, () => fn(row), swapsWorkspace),
     )
   }
@@ -375,10 +383,15 @@ export class SessionService {
    * through another one (which cannot see this process's locks) is refused while `fn` runs. The
    * hold is renewed while it lasts and lapses `HOLD_MS` after a replica that died with it.
    */
-  private async heldInDatabase<T>(id: string, what: string, fn: () => Promise<T>): Promise<T> {
+  private async heldInDatabase<T>(
+    id: string,
+    hold: { operation: string; swapsWorkspace: boolean },
+    fn: () => Promise<T>,
+  ): Promise<T> {
+    const what = hold.operation
     const token = randomUUID()
     const until = () => iso(this.deps.clock.now() + HOLD_MS)
-    const refused = await this.store.hold(id, what, token, this.now(), until())
+    const refused = await this.store.hold(id, hold, token, this.now(), until())
     if (refused && 'turnRunning' in refused)
       throw new CairnProblem(
         'session_busy',
@@ -421,9 +434,30 @@ export class SessionService {
    * a write is in flight.
    */
   async changingWorkspace<T>(id: string, fn: () => Promise<T>): Promise<T> {
-    const op = this.busyWith(id) ?? (await this.store.heldFor(id, this.now()))
+    const before = await this.store.swaps(id, this.now())
+    const op = this.busyWith(id) ?? before.heldFor
     if (op) throw new CairnProblem('session_busy', `session ${id} is busy with ${op}; retry when it is done`)
-    return this.locks.holdFileChange(id, fn)
+    // Through another replica a swap cannot see this write in flight: one that started meanwhile
+    // may have left the write in the copy it replaced, so the write is not answered as done.
+    const metSwap = async () => {
+      const after = await this.store.swaps(id, this.now())
+      return after.swapping || after.started !== before.started
+    }
+    const replaced = () =>
+      new CairnProblem(
+        'session_busy',
+        `the workspace of session ${id} was replaced (a restore or an import) while it was written; write again`,
+      )
+    let result: T
+    try {
+      result = await this.locks.holdFileChange(id, fn)
+    } catch (error) {
+      // Any failure of a write that met a swap is the swap's doing (a path missing for a moment).
+      if (await metSwap()) throw replaced()
+      throw error
+    }
+    if (await metSwap()) throw replaced()
+    return result
   }
 
   warmCount(): Promise<number> {

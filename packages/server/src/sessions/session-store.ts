@@ -437,14 +437,20 @@ export class SessionStore {
    */
   async hold(
     sessionId: string,
-    what: string,
+    what: { operation: string; swapsWorkspace: boolean },
     token: string,
     at: string,
     until: string,
   ): Promise<{ turnRunning: true } | { heldFor: string } | undefined> {
     const result = await this.db.q
       .updateTable('sessions')
-      .set({ held_for: what, held_by: token, held_until: until })
+      .set((eb) => ({
+        held_for: what.operation,
+        held_by: token,
+        held_until: until,
+        held_swaps: what.swapsWorkspace ? 1 : 0,
+        swap_count: what.swapsWorkspace ? eb('swap_count', '+', 1) : eb.ref('swap_count'),
+      }))
       .where('id', '=', sessionId)
       .where('status', '!=', 'active')
       .where((eb) => eb.or([eb('held_by', 'is', null), eb('held_until', '<', at)]))
@@ -468,7 +474,7 @@ export class SessionStore {
   async releaseHold(sessionId: string, token: string): Promise<void> {
     await this.db.q
       .updateTable('sessions')
-      .set({ held_for: null, held_by: null, held_until: null })
+      .set({ held_for: null, held_by: null, held_until: null, held_swaps: null })
       .where('id', '=', sessionId)
       .where('held_by', '=', token)
       .execute()
@@ -476,12 +482,40 @@ export class SessionStore {
 
   /** The exclusive operation holding the session at `at` (through any replica), if any. */
   async heldFor(sessionId: string, at: string): Promise<string | undefined> {
+    return (await this.liveHold(sessionId, at))?.operation
+  }
+
+  /**
+   * Swaps of the workspace as any replica sees them: how many have started (holds taken for one),
+   * and whether one holds the session at `at`.
+   */
+  async swaps(
+    sessionId: string,
+    at: string,
+  ): Promise<{ started: number; swapping: boolean; heldFor: string | undefined }> {
     const row = await this.db.q
       .selectFrom('sessions')
-      .select(['held_for', 'held_until'])
+      .select(['held_for', 'held_until', 'held_swaps', 'swap_count'])
       .where('id', '=', sessionId)
       .executeTakeFirst()
-    return row?.held_for && row.held_until && row.held_until >= at ? row.held_for : undefined
+    const hold = await this.liveHold(sessionId, at, row)
+    return { started: Number(row?.swap_count ?? 0), swapping: hold?.swaps === true, heldFor: hold?.operation }
+  }
+
+  private async liveHold(
+    sessionId: string,
+    at: string,
+    known?: { held_for: string | null; held_until: string | null; held_swaps: number | null },
+  ) {
+    const row =
+      known ??
+      (await this.db.q
+        .selectFrom('sessions')
+        .select(['held_for', 'held_until', 'held_swaps'])
+        .where('id', '=', sessionId)
+        .executeTakeFirst())
+    if (!row?.held_for || !row.held_until || row.held_until < at) return undefined
+    return { operation: row.held_for, swaps: Number(row.held_swaps) === 1 }
   }
 
   async setTurnSandbox(turnId: string, sandboxId: string, coldStart: boolean): Promise<void> {

@@ -1,37 +1,17 @@
 import { mkdtemp, rm } from 'node:fs/promises'
-import net from 'node:net'
 import os from 'node:os'
 import path from 'node:path'
 import { Cairn } from '@cairn/sdk'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { probeGvisor } from '../packages/runtime/src/sandbox/gvisor-driver.js'
 import { assertBuilt, spawnCli } from './helpers/cli.js'
-import { previewFetch, previewOrigin, previewSocketAddress } from './helpers/preview.js'
+import { previewFetch, previewOrigin, rawPreviewUpgrade, UPGRADE_ECHO_PY } from './helpers/preview.js'
 import { makeProject, SHELL_PROJECT } from './helpers/projects.js'
 import { Api, startTestServer, type TestServer } from './helpers/server.js'
 
 let t: TestServer
 let sessionId = ''
 const gvisor = await probeGvisor()
-
-// A raw-socket server that answers any request with 101, reports whether it saw an API key, then
-// echoes: enough to show an Upgrade handshake and the bytes after it are relayed.
-const UPGRADE_ECHO = [
-  'import socket',
-  's = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)',
-  's.bind(("127.0.0.1", 8001)); s.listen(4)',
-  'while True:',
-  '    c, _ = s.accept(); head = b""; more = b"."',
-  '    while more and b"\\r\\n\\r\\n" not in head: more = c.recv(1024); head += more',
-  '    if not more: c.close(); continue',
-  '    saw = b"yes" if b"authorization" in head.lower() else b"no"',
-  '    c.sendall(b"HTTP/1.1 101 Switching Protocols\\r\\nUpgrade: echo\\r\\nConnection: Upgrade\\r\\n\\r\\nsaw-key: " + saw + b"\\n")',
-  '    while True:',
-  '        d = c.recv(1024)',
-  '        if not d: break',
-  '        c.sendall(d)',
-  '    c.close()',
-].join('\n')
 
 const waitFor = (port: number) =>
   `for i in $(seq 100); do python3 -c "import socket; socket.create_connection(('127.0.0.1', ${port}))" 2>/dev/null && break; sleep 0.05; done`
@@ -40,7 +20,7 @@ beforeAll(async () => {
   t = await startTestServer()
   const shell = await makeProject({
     ...SHELL_PROJECT,
-    'upgrade_echo.py': UPGRADE_ECHO,
+    'upgrade_echo.py': UPGRADE_ECHO_PY,
   })
   expect((await t.api.deploy(shell)).status).toBe(201)
   sessionId = (await t.api.createSession('shell')).id
@@ -238,47 +218,28 @@ describe('previews of services inside a session sandbox', () => {
 
   it('relays an HTTP Upgrade and the bytes after it, without the API key', async () => {
     const { url } = await signedUrl(8001, 60_000)
-    const target = new URL(url)
-    const address = previewSocketAddress(url)
-    const socket = net.connect(address.port, address.host)
-    let received = ''
-    socket.on('data', (chunk) => {
-      received += chunk.toString()
-      if (received.includes('saw-key') && !received.includes('ping')) socket.write('ping\n')
-    })
-    socket.write(
-      `GET ${target.pathname}ws${target.search} HTTP/1.1\r\nHost: ${target.host}\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n`,
-    )
-    for (let i = 0; i < 100 && !received.endsWith('ping\n'); i++) await new Promise((r) => setTimeout(r, 50))
-    socket.destroy()
-    expect(received).toMatch(/^HTTP\/1\.1 101 /)
-    expect(received).toContain('saw-key: no\n')
-    expect(received.endsWith('ping\n')).toBe(true)
+    const upgrade = rawPreviewUpgrade(url)
+    for (let i = 0; i < 100 && !upgrade.received().includes('saw-key'); i++)
+      await new Promise((r) => setTimeout(r, 50))
+    upgrade.socket.write('ping\n')
+    for (let i = 0; i < 100 && !upgrade.received().endsWith('ping\n'); i++)
+      await new Promise((r) => setTimeout(r, 50))
+    upgrade.socket.destroy()
+    expect(upgrade.received()).toMatch(/^HTTP\/1\.1 101 /)
+    expect(upgrade.received()).toContain('saw-key: no\n')
+    expect(upgrade.received().endsWith('ping\n')).toBe(true)
   })
 
   it('closes a relayed Upgrade when the URLs of its port are revoked', async () => {
     const { url } = await signedUrl(8001, 60_000)
-    const target = new URL(url)
-    const address = previewSocketAddress(url)
-    const socket = net.connect(address.port, address.host)
-    let received = ''
-    let closed = false
-    socket.on('data', (chunk) => {
-      received += chunk.toString()
-    })
-    socket.on('error', () => undefined)
-    socket.on('close', () => {
-      closed = true
-    })
-    socket.write(
-      `GET ${target.pathname}ws${target.search} HTTP/1.1\r\nHost: ${target.host}\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n`,
-    )
-    for (let i = 0; i < 100 && !received.includes('saw-key'); i++) await new Promise((r) => setTimeout(r, 50))
-    expect(received).toMatch(/^HTTP\/1\.1 101 /)
+    const upgrade = rawPreviewUpgrade(url)
+    for (let i = 0; i < 100 && !upgrade.received().includes('saw-key'); i++)
+      await new Promise((r) => setTimeout(r, 50))
+    expect(upgrade.received()).toMatch(/^HTTP\/1\.1 101 /)
     expect((await t.api.call('DELETE', `/v1/sessions/${sessionId}/ports/8001/url`)).status).toBe(200)
-    for (let i = 0; i < 100 && !closed; i++) await new Promise((r) => setTimeout(r, 50))
-    socket.destroy()
-    expect(closed).toBe(true)
+    for (let i = 0; i < 100 && !upgrade.closed(); i++) await new Promise((r) => setTimeout(r, 50))
+    upgrade.socket.destroy()
+    expect(upgrade.closed()).toBe(true)
   })
 
   it('answers with typed errors when nothing listens or no sandbox runs', async () => {

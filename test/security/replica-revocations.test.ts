@@ -1,9 +1,8 @@
-import net from 'node:net'
 import pg from 'pg'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { type ApiReplicas, startApiReplicas } from '../helpers/api-replicas.js'
 import { testsRunOnPostgres } from '../helpers/postgres.js'
-import { previewSocketAddress } from '../helpers/preview.js'
+import { rawPreviewUpgrade, UPGRADE_ECHO_PY } from '../helpers/preview.js'
 import { makeProject, SHELL_PROJECT } from '../helpers/projects.js'
 import { Api } from '../helpers/server.js'
 
@@ -12,21 +11,6 @@ import { Api } from '../helpers/server.js'
 // WebSocket it relays for a preview port whose URLs were revoked is closed (each replica holds its
 // own relayed connections). What crosses is a hint over LISTEN/NOTIFY; a replica that could have
 // missed one does not trust what it remembers.
-const UPGRADE_ECHO = [
-  'import socket',
-  's = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)',
-  's.bind(("127.0.0.1", 8001)); s.listen(4)',
-  'while True:',
-  '    c, _ = s.accept(); head = b""; more = b"."',
-  '    while more and b"\\r\\n\\r\\n" not in head: more = c.recv(1024); head += more',
-  '    if not more: c.close(); continue',
-  '    c.sendall(b"HTTP/1.1 101 Switching Protocols\\r\\nUpgrade: echo\\r\\nConnection: Upgrade\\r\\n\\r\\nready\\n")',
-  '    while True:',
-  '        d = c.recv(1024)',
-  '        if not d: break',
-  '        c.sendall(d)',
-  '    c.close()',
-].join('\n')
 
 let cluster: ApiReplicas
 
@@ -66,7 +50,7 @@ describe.skipIf(testsRunOnPostgres())('revocations across API replicas', () => {
 
   it("a preview WebSocket relayed by one replica closes when the other revokes its port's URLs", async () => {
     const [one, two] = [cluster.api(0), cluster.api(1)]
-    const project = await makeProject({ ...SHELL_PROJECT, 'upgrade_echo.py': UPGRADE_ECHO })
+    const project = await makeProject({ ...SHELL_PROJECT, 'upgrade_echo.py': UPGRADE_ECHO_PY })
     expect((await one.deploy(project)).status).toBe(201)
     const sessionId = (await one.createSession('shell')).id
     const started = await one.send(
@@ -77,28 +61,14 @@ describe.skipIf(testsRunOnPostgres())('revocations across API replicas', () => {
     const signed = await one.call('POST', `/v1/sessions/${sessionId}/ports/8001/url`, { ttlMs: 60_000 })
     expect(signed.status).toBe(200)
     const { url } = signed.body as { url: string }
-    const target = new URL(url)
-    const address = previewSocketAddress(url)
-    const socket = net.connect(address.port, address.host)
-    let received = ''
-    let closed = false
-    socket.on('data', (chunk) => {
-      received += chunk.toString()
-    })
-    socket.on('error', () => undefined)
-    socket.on('close', () => {
-      closed = true
-    })
-    socket.write(
-      `GET ${target.pathname}ws${target.search} HTTP/1.1\r\nHost: ${target.host}\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n`,
-    )
-    await until(() => received.includes('ready'))
-    expect(received).toMatch(/^HTTP\/1\.1 101 /)
+    const upgrade = rawPreviewUpgrade(url)
+    await until(() => upgrade.received().includes('saw-key'))
+    expect(upgrade.received()).toMatch(/^HTTP\/1\.1 101 /)
     // Revoked through the replica that does not relay it (its URLs: any replica may revoke them).
     expect((await two.call('DELETE', `/v1/sessions/${sessionId}/ports/8001/url`)).status).toBe(200)
-    await until(() => closed)
-    socket.destroy()
-    expect(closed).toBe(true)
+    await until(() => upgrade.closed())
+    upgrade.socket.destroy()
+    expect(upgrade.closed()).toBe(true)
   })
 
   it('a replica that could have missed a hint does not trust the keys it remembers', async () => {

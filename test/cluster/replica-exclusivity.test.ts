@@ -149,7 +149,7 @@ describe.skipIf(testsRunOnPostgres())('one session through two API replicas', ()
     expect((await two.call('GET', `/v1/sessions/${id}/files/content?path=kept.txt`)).body).toBe('kept')
   })
 
-  it('a hold another replica took refuses messages and file writes until it is released or lapses', async () => {
+  it('a hold another replica took refuses messages, file writes, snapshots and deletion until it lapses', async () => {
     const { id } = await one.createSession('shell')
     expect((await one.send(id, 'echo hi')).text).toContain('[exit 0]')
     const client = new pg.Client({ connectionString: cluster.databaseUrl })
@@ -174,6 +174,9 @@ describe.skipIf(testsRunOnPostgres())('one session through two API replicas', ()
       expect(code(await write.json())).toBe('session_busy')
       const snapshot = await two.call('POST', `/v1/sessions/${id}/snapshots`, {})
       expect(code(snapshot.body)).toBe('session_busy')
+      const deleted = await two.call('DELETE', `/v1/sessions/${id}`)
+      expect(deleted.status).toBe(409)
+      expect(code(deleted.body)).toBe('session_busy')
       // A replica that died holding it: the hold lapses.
       await hold(-1000)
       expect((await one.send(id, 'echo after')).terminal?.type).toBe('run.completed')

@@ -176,17 +176,21 @@ export class ApiKeyStore {
    * hint reaches them.
    */
   async revoke(tenantId: string, keyId: string): Promise<boolean> {
-    const result = await this.db.q
-      .updateTable('api_keys')
-      .set({ revoked_at: iso(this.clock.now()) })
-      .where('id', '=', keyId)
-      .where('tenant_id', '=', tenantId)
-      .where('revoked_at', 'is', null)
-      .executeTakeFirst()
+    // The hint in the same transaction (NOTIFY is sent on commit): a revocation is never committed
+    // without it.
+    const revoked = await this.db.transaction(async () => {
+      const result = await this.db.q
+        .updateTable('api_keys')
+        .set({ revoked_at: iso(this.clock.now()) })
+        .where('id', '=', keyId)
+        .where('tenant_id', '=', tenantId)
+        .where('revoked_at', 'is', null)
+        .executeTakeFirst()
+      if (result.numUpdatedRows > 0n) await this.hints?.publish({ kind: 'key.revoke', keyId })
+      return result.numUpdatedRows > 0n
+    })
     this.revocationsHeard++
     this.forget(keyId)
-    const revoked = result.numUpdatedRows > 0n
-    if (revoked) await this.hints?.publish({ kind: 'key.revoke', keyId })
     return revoked
   }
 

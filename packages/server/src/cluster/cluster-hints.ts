@@ -126,6 +126,11 @@ export class ClusterHints implements HintFeed {
     })
     try {
       const client = await connection.open()
+      // Closed while connecting: this connection is the last one and must not outlive `close`.
+      if (this.closed) {
+        await connection.close()
+        return
+      }
       client.on('notification', (message) => {
         if (message.channel !== CLUSTER_CHANNEL || !message.payload) return
         let hint: unknown
@@ -144,6 +149,10 @@ export class ClusterHints implements HintFeed {
         for (const listener of this.listeners) listener(hint)
       })
       await connection.query(`LISTEN ${CLUSTER_CHANNEL}`)
+      if (this.closed) {
+        await connection.close()
+        return
+      }
       if (this.connection !== connection || !connection.connected) return
       this.stretch++
       this.listening = true
@@ -151,6 +160,7 @@ export class ClusterHints implements HintFeed {
       for (const listener of this.resumedListeners) listener()
     } catch (error) {
       this.interrupted()
+      if (this.closed) return
       this.deps.logger.warn({ err: error }, 'could not listen for cluster hints; trying again')
       this.scheduleReconnect()
     }

@@ -131,11 +131,18 @@ async function relayUpgrade(
   try {
     const target = targetOf(domain, request)
     // The cookie a signed URL leaves is for pages; a WebSocket URL carries its signature itself.
-    const { row } = await previews.authorize(target, request.headers, request.method)
-    // The epoch after authorizing: a revocation from here on closes the connection.
-    const epoch = await previews.relayEpoch(row.id, target.port)
+    const authorized = await previews.authorize(target, request.headers, request.method)
+    const { row } = authorized
+    // The epoch the connection was authorized at: a revocation past it closes the connection.
+    const epoch = authorized.epoch ?? (await previews.relayEpoch(row.id, target.port))
     const upstream = await previews.connect(row, target.port)
     previews.trackRelayed(row.id, target.port, client, epoch)
+    // A revocation (and its hint) between the authorization and the tracking found nothing to close.
+    if ((await previews.relayEpoch(row.id, target.port)) > epoch) {
+      upstream.destroy()
+      client.destroy()
+      return
+    }
     const lines = [`${request.method} ${upstreamPath(target)} HTTP/1.1`]
     for (const [name, value] of Object.entries(upstreamHeaders(request.headers, target.port, true))) {
       for (const v of Array.isArray(value) ? value : [value]) lines.push(`${name}: ${v}`)

@@ -79,6 +79,8 @@ export interface PreviewServiceDeps {
 
 export interface AuthorizedPreview {
   row: SessionRow
+  /** The URL epoch a signed URL (or its cookie) was verified at; none for an API key. */
+  epoch?: number
   /** A `Set-Cookie` value carrying a URL's signature, so the page's own links keep working. */
   cookie?: string | undefined
 }
@@ -111,12 +113,13 @@ export class PreviewService implements SessionObserver {
    */
   async ended(sessionId: string): Promise<void> {
     // Before the end is answered: a URL fetched right after must already be dead.
-    await this.deps.revocations
-      .revokeSession(sessionId)
-      .then(() => {
-        this.closeRelayed(sessionId, undefined)
-        return this.deps.hints?.publish({ kind: 'preview.revoke', sessionId })
+    // The hint in the same transaction (NOTIFY is sent on commit).
+    await this.deps.db
+      .transaction(async () => {
+        await this.deps.revocations.revokeSession(sessionId)
+        await this.deps.hints?.publish({ kind: 'preview.revoke', sessionId })
       })
+      .then(() => this.closeRelayed(sessionId, undefined))
       .catch((error: unknown) =>
         this.deps.logger.error({ err: error, session: sessionId }, 'revoking preview URLs failed'),
       )
@@ -148,9 +151,11 @@ export class PreviewService implements SessionObserver {
    */
   async revokeUrls(tenantId: string, sessionId: string, port: number): Promise<void> {
     const row = await this.deps.sessions.requireOwned(tenantId, sessionId)
-    await this.deps.revocations.revokePort(row.id, port)
+    await this.deps.db.transaction(async () => {
+      await this.deps.revocations.revokePort(row.id, port)
+      await this.deps.hints?.publish({ kind: 'preview.revoke', sessionId: row.id, port })
+    })
     this.closeRelayed(row.id, port)
-    await this.deps.hints?.publish({ kind: 'preview.revoke', sessionId: row.id, port })
   }
 
   /**
@@ -225,6 +230,7 @@ export class PreviewService implements SessionObserver {
       return {
         row: await this.signedRow(target),
         cookie: `${PREVIEW_COOKIE}=${expiresAtMs}.${epoch}.${signature}; Path=/; Max-Age=${maxAge}; HttpOnly; SameSite=Lax`,
+        epoch,
       }
     }
     const cookie = previewCookie(headers.cookie)
@@ -234,7 +240,7 @@ export class PreviewService implements SessionObserver {
       const parts = cookie.split('.')
       const [expiresAtMs, epoch, sig] = parts.length === 2 ? [parts[0], '0', parts[1]] : parts
       await this.verifySigned(target, Number(expiresAtMs), Number(epoch), sig ?? '')
-      return { row: await this.signedRow(target) }
+      return { row: await this.signedRow(target), epoch: Number(epoch) }
     }
     const match = headers.authorization ? /^Bearer\s+(\S+)$/i.exec(headers.authorization) : null
     if (!match?.[1]) {

@@ -373,8 +373,13 @@ export class SessionService {
         `session ${id} has a file write in progress; retry ${what} after it`,
       )
     }
-    return this.heldInDatabase(id, { operation: what, swapsWorkspace }, () =>
-      this.locks.holdExclusive(id, what, () => fn(row), swapsWorkspace),
+    // This process's lock first (taken at once after the checks above, nothing awaited between),
+    // then the database's, which other replicas see.
+    return this.locks.holdExclusive(
+      id,
+      what,
+      () => this.heldInDatabase(id, { operation: what, swapsWorkspace }, () => fn(row)),
+      swapsWorkspace,
     )
   }
 
@@ -390,8 +395,7 @@ export class SessionService {
   ): Promise<T> {
     const what = hold.operation
     const token = randomUUID()
-    const until = () => iso(this.deps.clock.now() + HOLD_MS)
-    const refused = await this.store.hold(id, hold, token, this.now(), until())
+    const refused = await this.store.hold(id, hold, token, this.now(), HOLD_MS)
     if (refused && 'turnRunning' in refused)
       throw new CairnProblem(
         'session_busy',
@@ -409,7 +413,14 @@ export class SessionService {
           )
     const renewal = setInterval(() => {
       this.store
-        .renewHold(id, token, until())
+        .renewHold(id, token, this.now(), HOLD_MS)
+        .then((renewed) => {
+          if (!renewed)
+            this.deps.logger.error(
+              { session: id, operation: what },
+              'a session hold lapsed while its operation runs: other replicas may act on the session',
+            )
+        })
         .catch((error: unknown) =>
           this.deps.logger.warn({ err: error, session: id }, 'renewing a session hold failed'),
         )
@@ -647,6 +658,14 @@ export class SessionService {
     if (inFlight) return inFlight
     const work = (async () => {
       await this.locks.cancel(id)
+      // What this process held is cancelled and released by now: a live hold is another
+      // replica's operation (a restore swapping the workspace), not to be deleted under.
+      const heldElsewhere = await this.store.heldFor(id, this.now())
+      if (heldElsewhere)
+        throw new CairnProblem(
+          'session_busy',
+          `session ${id} is busy with ${heldElsewhere}; retry when it is done`,
+        )
       await this.warm.drop(id)
       await this.deps.runtime.deleteWorkspace(id)
       for (const observer of this.observers) await observer.deleted?.(id)

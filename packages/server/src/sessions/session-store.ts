@@ -12,6 +12,8 @@ import {
 } from '@cairn/protocol'
 import type { NetworkEvent } from '@cairn/runtime/port'
 import { sql } from 'kysely'
+import { iso } from '../clock.js'
+import { dbTime } from '../cluster/db-time.js'
 import { type Db, isUniqueViolation } from '../db/database.js'
 import {
   dueOf,
@@ -411,7 +413,7 @@ export class SessionStore {
           updated_at: at,
         }))
         .where('id', '=', sessionId)
-        .where((eb) => eb.or([eb('held_by', 'is', null), eb('held_until', '<', at)]))
+        .where((eb) => eb.or([eb('held_by', 'is', null), eb('held_until', '<', this.holdClock(at))]))
         .executeTakeFirst()
       if (counted.numUpdatedRows === 0n) {
         // An exclusive operation holds the session (through any replica): the turn is not begun.
@@ -440,33 +442,34 @@ export class SessionStore {
     what: { operation: string; swapsWorkspace: boolean },
     token: string,
     at: string,
-    until: string,
+    forMs: number,
   ): Promise<{ turnRunning: true } | { heldFor: string } | undefined> {
     const result = await this.db.q
       .updateTable('sessions')
       .set((eb) => ({
         held_for: what.operation,
         held_by: token,
-        held_until: until,
+        held_until: this.holdClock(at, forMs),
         held_swaps: what.swapsWorkspace ? 1 : 0,
         swap_count: what.swapsWorkspace ? eb('swap_count', '+', 1) : eb.ref('swap_count'),
       }))
       .where('id', '=', sessionId)
       .where('status', '!=', 'active')
-      .where((eb) => eb.or([eb('held_by', 'is', null), eb('held_until', '<', at)]))
+      .where((eb) => eb.or([eb('held_by', 'is', null), eb('held_until', '<', this.holdClock(at))]))
       .executeTakeFirst()
     if (result.numUpdatedRows > 0n) return undefined
     const heldFor = await this.heldFor(sessionId, at)
     return heldFor ? { heldFor } : { turnRunning: true }
   }
 
-  /** Extends the hold `token` took (false: it lapsed, or was never taken). */
-  async renewHold(sessionId: string, token: string, until: string): Promise<boolean> {
+  /** Extends the hold `token` took, if it has not lapsed (false: it lapsed, or was never taken). */
+  async renewHold(sessionId: string, token: string, at: string, forMs: number): Promise<boolean> {
     const result = await this.db.q
       .updateTable('sessions')
-      .set({ held_until: until })
+      .set({ held_until: this.holdClock(at, forMs) })
       .where('id', '=', sessionId)
       .where('held_by', '=', token)
+      .where('held_until', '>=', this.holdClock(at))
       .executeTakeFirst()
     return result.numUpdatedRows > 0n
   }
@@ -482,7 +485,7 @@ export class SessionStore {
 
   /** The exclusive operation holding the session at `at` (through any replica), if any. */
   async heldFor(sessionId: string, at: string): Promise<string | undefined> {
-    return (await this.liveHold(sessionId, at))?.operation
+    return liveHold(await this.holdRow(sessionId, at))?.operation
   }
 
   /**
@@ -493,29 +496,27 @@ export class SessionStore {
     sessionId: string,
     at: string,
   ): Promise<{ started: number; swapping: boolean; heldFor: string | undefined }> {
-    const row = await this.db.q
-      .selectFrom('sessions')
-      .select(['held_for', 'held_until', 'held_swaps', 'swap_count'])
-      .where('id', '=', sessionId)
-      .executeTakeFirst()
-    const hold = await this.liveHold(sessionId, at, row)
+    const row = await this.holdRow(sessionId, at)
+    const hold = liveHold(row)
     return { started: Number(row?.swap_count ?? 0), swapping: hold?.swaps === true, heldFor: hold?.operation }
   }
 
-  private async liveHold(
-    sessionId: string,
-    at: string,
-    known?: { held_for: string | null; held_until: string | null; held_swaps: number | null },
-  ) {
-    const row =
-      known ??
-      (await this.db.q
-        .selectFrom('sessions')
-        .select(['held_for', 'held_until', 'held_swaps'])
-        .where('id', '=', sessionId)
-        .executeTakeFirst())
-    if (!row?.held_for || !row.held_until || row.held_until < at) return undefined
-    return { operation: row.held_for, swaps: Number(row.held_swaps) === 1 }
+  private holdRow(sessionId: string, at: string) {
+    return this.db.q
+      .selectFrom('sessions')
+      .select(['held_for', 'held_swaps', 'swap_count'])
+      .select(sql<number>`CASE WHEN held_until >= ${this.holdClock(at)} THEN 1 ELSE 0 END`.as('held_live'))
+      .where('id', '=', sessionId)
+      .executeTakeFirst()
+  }
+
+  /**
+   * Now (plus `plusMs`) as holds are judged: on PostgreSQL the database's clock, the one clock of
+   * every replica (a replica's own running ahead would see live holds as lapsed); on SQLite, one
+   * process, the server's (`at`).
+   */
+  private holdClock(at: string, plusMs = 0) {
+    return this.db.dialect === 'postgres' ? dbTime(plusMs) : sql<string>`${iso(Date.parse(at) + plusMs)}`
   }
 
   async setTurnSandbox(turnId: string, sandboxId: string, coldStart: boolean): Promise<void> {
@@ -758,4 +759,12 @@ export class SessionStore {
       generation: number
     }[]
   }
+}
+
+/** The hold a session row shows, if it is live. */
+function liveHold(
+  row: { held_for: string | null; held_swaps: number | null; held_live: number | string } | undefined,
+): { operation: string; swaps: boolean } | undefined {
+  if (!row?.held_for || Number(row.held_live) !== 1) return undefined
+  return { operation: row.held_for, swaps: Number(row.held_swaps) === 1 }
 }

@@ -27,13 +27,21 @@ export interface TestObjectStore {
 
 /** A real S3 server: Ceph RGW on a one-node cluster (test/object-store/rgw.sh), about 20 s to start. */
 export async function startObjectStore(): Promise<TestObjectStore> {
-  const dir = await mkdtemp(path.join(os.tmpdir(), 'cairn-rgw-'))
+  // The script picks free ports before its daemons bind them; on a machine where other tests bind
+  // ports all the time one can be taken in between. A failed bring-up is made again, in a fresh
+  // directory on fresh ports.
+  let dir = ''
   let stdout = ''
-  try {
-    ;({ stdout } = await run('bash', [SCRIPT, 'up', dir], { timeout: 180_000 }))
-  } catch (error) {
-    await run('bash', [SCRIPT, 'down', dir]).catch(() => undefined)
-    throw error
+  for (let attempt = 1; ; attempt++) {
+    dir = await mkdtemp(path.join(os.tmpdir(), 'cairn-rgw-'))
+    try {
+      ;({ stdout } = await run('bash', [SCRIPT, 'up', dir], { timeout: 180_000 }))
+      break
+    } catch (error) {
+      await run('bash', [SCRIPT, 'down', dir]).catch(() => undefined)
+      if (attempt >= 3) throw error
+      console.warn(`the test object store did not come up (attempt ${attempt}), trying again: ${error}`)
+    }
   }
   const values = Object.fromEntries(
     stdout

@@ -125,7 +125,8 @@ CONF
     if curl -s -o /dev/null "http://127.0.0.1:$rgw_port/"; then break; fi
     sleep 0.1
   done
-  curl -s -o /dev/null "http://127.0.0.1:$rgw_port/" || { echo "RGW did not answer on port $rgw_port: $(tail -5 "$dir/log/client.rgw.log")" >&2; exit 1; }
+  # The answer must be our gateway's (an S3 bucket list), not another server's that took the port.
+  curl -s "http://127.0.0.1:$rgw_port/" | grep -q ListAllMyBucketsResult || { echo "RGW did not answer on port $rgw_port: $(tail -5 "$dir/log/client.rgw.log")" >&2; exit 1; }
   radosgw-admin -c "$conf" -n client.rgw user create --uid cairn-test --display-name "Cairn tests" \
     --access-key "$access" --secret-key "$secret" >/dev/null
   echo "S3_ENDPOINT=http://127.0.0.1:$rgw_port"

@@ -708,6 +708,14 @@ export class SessionStore {
           at,
           'the server restarted while a turn ran',
         )
+      // Holds the last process took for its operations (a restore cut by kill -9): they are over,
+      // and nobody else holds this runtime's sessions (the data dir is locked to one process).
+      await this.db.q
+        .updateTable('sessions')
+        .set({ held_for: null, held_by: null, held_until: null, held_swaps: null })
+        .where('runtime_id', '=', this.runtimeId)
+        .where('held_by', 'is not', null)
+        .execute()
       return { sessions: active.length, turns }
     })
   }

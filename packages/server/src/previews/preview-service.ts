@@ -90,9 +90,9 @@ export interface AuthorizedPreview {
  * signed URL. Every request counts as session activity.
  */
 export class PreviewService implements SessionObserver {
-  // Relayed Upgrade connections per session port, each with the port's URL epoch when it was
-  // relayed: a revocation closes them, as its URLs stop.
-  private readonly relayed = new Map<string, Map<Duplex, number>>()
+  // Relayed Upgrade connections, each with its session port and that port's URL epoch when it
+  // was relayed: a revocation closes them, as its URLs stop.
+  private readonly relayed = new Map<Duplex, { sessionId: string; port: number; epoch: number }>()
 
   constructor(private readonly deps: PreviewServiceDeps) {
     void deps.hints?.subscribe((hint) => {
@@ -164,13 +164,8 @@ export class PreviewService implements SessionObserver {
    */
   trackRelayed(sessionId: string, port: number, client: Duplex, epoch: number): void {
     if (client.destroyed) return
-    const key = relayedKey(sessionId, port)
-    const clients = this.relayed.get(key) ?? new Map<Duplex, number>()
-    this.relayed.set(key, clients.set(client, epoch))
-    client.once('close', () => {
-      clients.delete(client)
-      if (clients.size === 0 && this.relayed.get(key) === clients) this.relayed.delete(key)
-    })
+    this.relayed.set(client, { sessionId, port, epoch })
+    client.once('close', () => this.relayed.delete(client))
   }
 
   /** The port's URL epoch now, to relay a connection under. */
@@ -180,19 +175,14 @@ export class PreviewService implements SessionObserver {
 
   /** Closes the connections relayed to the session's port (without a port: to any of its ports). */
   private closeRelayed(sessionId: string, port: number | undefined): void {
-    for (const [key, clients] of this.relayed) {
-      if (port === undefined ? key.startsWith(`${sessionId}:`) : key === relayedKey(sessionId, port))
-        for (const client of clients.keys()) client.destroy()
-    }
+    for (const [client, to] of this.relayed)
+      if (to.sessionId === sessionId && (port === undefined || to.port === port)) client.destroy()
   }
 
   /** Closes every relayed connection whose port's URLs were revoked since it was relayed. */
   private async closeRevokedRelays(): Promise<void> {
-    for (const [key, clients] of [...this.relayed]) {
-      const at = key.lastIndexOf(':')
-      const current = await this.deps.revocations.current(key.slice(0, at), Number(key.slice(at + 1)))
-      for (const [client, epoch] of [...clients]) if (current > epoch) client.destroy()
-    }
+    for (const [client, to] of [...this.relayed])
+      if ((await this.deps.revocations.current(to.sessionId, to.port)) > to.epoch) client.destroy()
   }
 
   private async verifySigned(
@@ -286,8 +276,6 @@ export class PreviewService implements SessionObserver {
     this.deps.sessions.noteActivity(row)
   }
 }
-
-const relayedKey = (sessionId: string, port: number) => `${sessionId}:${port}`
 
 /**
  * The preview cookie stands for the user only on the preview's own pages: a request that another

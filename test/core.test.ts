@@ -166,7 +166,7 @@ describe('an agent deployed and a session answered', () => {
     const session = await t.api.createSession('echo', { idleTimeoutMs: 1000 })
     await t.api.send(session.id, 'hello')
     await new Promise((r) => setTimeout(r, 1100))
-    await t.server.sessions.reapIdle()
+    await t.server.sessions.reap()
     const info = await t.api.call('GET', `/v1/sessions/${session.id}`)
     expect(info.body).toMatchObject({ status: 'timeout', statusCause: 'idle_timeout', warm: false })
     expect((await t.api.send(session.id, 'back')).text).toBe('back\n')

@@ -34,7 +34,7 @@ describe('durability', () => {
     expect(lease.status).toBe(200)
     expect(Date.parse(lease.body.leaseUntil)).toBeGreaterThan(Date.now() + 50_000)
     await new Promise((r) => setTimeout(r, 1100))
-    await t.server.sessions.reapIdle()
+    await t.server.sessions.reap()
     expect((await t.api.call('GET', `/v1/sessions/${leased.id}`)).body.status).toBe('idle')
     expect((await t.api.call('GET', `/v1/sessions/${plain.id}`)).body).toMatchObject({
       status: 'timeout',

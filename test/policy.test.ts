@@ -146,7 +146,7 @@ describe('the lifecycle policy', () => {
     const session = await t.api.createSession('keeper', { policy: { maxDurationMs: 1000 } })
     expect((await t.api.send(session.id, 'early')).text).toBe('kept 1\n')
     await new Promise((r) => setTimeout(r, 1100))
-    await t.server.sessions.reapDeadlines()
+    await t.server.sessions.reap()
     expect(await get(session.id)).toMatchObject({
       status: 'timeout',
       statusCause: 'max_duration',
@@ -172,7 +172,7 @@ describe('the lifecycle policy', () => {
     const workspace = t.server.runtime.pool.workspacePath(session.id)
     expect(existsSync(workspace)).toBe(true)
     await new Promise((r) => setTimeout(r, 1100))
-    await t.server.sessions.reapIdle()
+    await t.server.sessions.reap()
     // The server's own deadline timer may have begun the deletion first: it finishes on its own.
     for (let i = 0; i < 100 && (await get(session.id)).status !== 'deleted'; i++)
       await new Promise((r) => setTimeout(r, 50))

@@ -1,5 +1,6 @@
 import { newId } from '@cairn/protocol'
 import type { Db } from '../db/database.js'
+import { refreshNextDue } from '../sessions/deadline-index.js'
 import type { ClusterHint } from './cluster-hints.js'
 import { dbNow } from './db-time.js'
 import { LEASED_STATES } from './node-store.js'
@@ -80,6 +81,8 @@ export async function declareNodeLost(
         .where('runtime_id', '=', nodeId)
         .where('status', '!=', 'deleted')
         .execute()
+      // An active session became idle: its idle timeout counts from now on.
+      for (const s of sessions) if (s.status === 'active') await refreshNextDue(db, s.id)
       await db.q
         .insertInto('session_events')
         .values(

@@ -418,6 +418,19 @@ ALTER TABLE sessions ADD COLUMN held_swaps INTEGER;
 ALTER TABLE sessions ADD COLUMN swap_count INTEGER NOT NULL DEFAULT 0;
 `,
   },
+  {
+    // When each session may next time out (idle timeout, max duration), indexed: the reaper reads
+    // the sessions due, never every idle one (sessions/deadline-index.ts). Never later than the
+    // true time; the epoch for every idle or active session of an older install, so the first
+    // pass reads each once and sets its true time.
+    version: 25,
+    name: 'session deadline index',
+    sql: `
+ALTER TABLE sessions ADD COLUMN next_due_at TEXT;
+UPDATE sessions SET next_due_at = '1970-01-01T00:00:00.000Z' WHERE status IN ('idle', 'active');
+CREATE INDEX sessions_next_due ON sessions(next_due_at, id) WHERE next_due_at IS NOT NULL;
+`,
+  },
 ]
 
 export type Dialect = 'sqlite' | 'postgres'

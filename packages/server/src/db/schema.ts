@@ -218,4 +218,6 @@ export interface SessionsTable {
   held_until: string | null
   held_swaps: number | null
   swap_count: Generated<number>
+  /** When the session may next time out, never later than it will (migration 25); null: never. */
+  next_due_at: string | null
 }

@@ -1,4 +1,5 @@
 import { iso } from '../clock.js'
+import type { DueCursor, DueRow } from './deadline-index.js'
 import type { SessionServiceDeps } from './session-deps.js'
 import type { SessionRow, SessionStore } from './session-store.js'
 import type { TurnLocks } from './turn-locks.js'
@@ -7,7 +8,8 @@ import type { WarmAgents } from './warm-agents.js'
 export type SessionReaperDeps = Pick<SessionServiceDeps, 'clock' | 'logger'> & {
   store: SessionStore
   locks: TurnLocks
-  warm: WarmAgents
+  /** Only to drop a timed-out session's warm sandbox. */
+  warm: Pick<WarmAgents, 'drop'>
   /** Cancels the session's running turn, wherever it runs (`SessionService`); false: none ran. */
   cancelTurn: (sessionId: string) => Promise<boolean>
   /** Deletes a session (`SessionService.delete`), for `onTimeout: destroy`. */
@@ -18,6 +20,15 @@ export type SessionReaperDeps = Pick<SessionServiceDeps, 'clock' | 'logger'> & {
     detail: string,
   ) => Promise<void>
 }
+
+/** What one pass over the due sessions did: sessions it read, and how many it timed out. */
+export interface ReapReport {
+  considered: number
+  timedOut: number
+}
+
+/** Sessions read from the deadline index at a time. */
+const DUE_BATCH = 100
 
 /** setTimeout's longest delay; a later deadline is re-armed when this one fires. */
 const MAX_TIMER_MS = 2 ** 31 - 1
@@ -67,7 +78,7 @@ export class SessionReaper {
   /** A session's next timeout may have come earlier: the timer is armed for it if it is. */
   private noteTimingChange(sessionId: string): void {
     if (!this.started) return
-    void this.deps.store
+    void this.deps.store.deadlines
       .dueAt(sessionId)
       .then((due) => {
         if (this.started && due !== undefined && due < this.armedFor) this.arm(due)
@@ -84,7 +95,7 @@ export class SessionReaper {
    */
   private async armNext(): Promise<void> {
     if (!this.started) return
-    const due = await this.deps.store.nextDue()
+    const due = await this.deps.store.deadlines.next()
     if (!this.started) return
     if (due === undefined) {
       if (this.dueTimer) clearTimeout(this.dueTimer)
@@ -109,8 +120,7 @@ export class SessionReaper {
     if (this.running) return
     this.running = true
     try {
-      await this.reapIdle()
-      await this.reapDeadlines()
+      await this.reapDue()
       await more?.()
     } catch (error) {
       this.deps.logger.error({ err: error }, 'reaper failed')
@@ -124,49 +134,49 @@ export class SessionReaper {
     }
   }
 
-  async reapIdle(): Promise<number> {
-    const { store, locks, warm } = this.deps
-    const expired = await store.expiredIdle(this.deps.clock.now())
-    for (const { id, tenant_id } of expired) {
-      if (locks.has(id)) continue
-      await this.each(id, async () => {
-        await warm.drop(id)
-        const row = await store.get(tenant_id, id)
-        if (row?.status !== 'idle') return
-        await store.transition(
-          row,
-          'timeout',
-          'idle_timeout',
-          this.now(),
-          `idle for ${row.idle_timeout_ms} ms`,
-        )
-        await this.destroyOnTimeout(row, 'idle_timeout')
-      })
+  /**
+   * Times out the sessions due now, read from the deadline index in batches (due first): the
+   * sessions not due are never read, and one read as due whose timeout activity moved later has
+   * its true time written back, so it is not read again until then.
+   */
+  async reapDue(): Promise<ReapReport> {
+    const { deadlines } = this.deps.store
+    const nowMs = this.deps.clock.now()
+    const report: ReapReport = { considered: 0, timedOut: 0 }
+    let cursor: DueCursor | undefined
+    for (;;) {
+      const rows = await deadlines.due(nowMs, DUE_BATCH, cursor)
+      for (const row of rows) {
+        report.considered++
+        const cause = timeoutOf(row, nowMs)
+        if (cause === undefined) await this.each(row.id, () => deadlines.settle(row))
+        else if (await this.timeOut(row, cause)) report.timedOut++
+      }
+      const last = rows.at(-1)
+      if (!last || rows.length < DUE_BATCH) return report
+      cursor = { dueAt: last.next_due_at, id: last.id }
     }
-    return expired.length
   }
 
-  /** Sessions past their `maxDurationMs`: a running turn is cancelled, the session times out. */
-  async reapDeadlines(): Promise<number> {
-    const { store, warm } = this.deps
-    const expired = await store.pastDeadline(this.now())
-    for (const { id, tenant_id } of expired) {
-      await this.each(id, async () => {
-        await this.deps.cancelTurn(id)
-        await warm.drop(id)
-        const row = await store.get(tenant_id, id)
-        if (row?.status !== 'idle') return
-        await store.transition(
-          row,
-          'timeout',
-          'max_duration',
-          this.now(),
-          `maxDurationMs ${row.max_duration_ms} ran out at ${row.deadline_at}`,
-        )
-        await this.destroyOnTimeout(row, 'max_duration')
-      })
-    }
-    return expired.length
+  /** One session's timeout; false: it was not timed out (a turn holds it, it changed, it failed). */
+  private async timeOut(due: DueRow, cause: 'idle_timeout' | 'max_duration'): Promise<boolean> {
+    const { store, locks, warm } = this.deps
+    if (cause === 'idle_timeout' && locks.has(due.id)) return false
+    let done = false
+    await this.each(due.id, async () => {
+      if (cause === 'max_duration') await this.deps.cancelTurn(due.id)
+      await warm.drop(due.id)
+      const row = await store.get(due.tenant_id, due.id)
+      if (row?.status !== 'idle') return
+      const detail =
+        cause === 'idle_timeout'
+          ? `idle for ${row.idle_timeout_ms} ms`
+          : `maxDurationMs ${row.max_duration_ms} ran out at ${row.deadline_at}`
+      await store.transition(row, 'timeout', cause, this.now(), detail)
+      done = true
+      await this.destroyOnTimeout(row, cause)
+    })
+    return done
   }
 
   /**
@@ -186,4 +196,14 @@ export class SessionReaper {
     if (row.on_timeout !== 'destroy') return
     await this.deps.deleteSession(row.tenant_id, row.id, cause, 'policy onTimeout: destroy')
   }
+}
+
+/** Which timeout a session read as due has reached at `nowMs`, if any (the idle one first). */
+function timeoutOf(row: DueRow, nowMs: number): 'idle_timeout' | 'max_duration' | undefined {
+  const leased = row.lease_until !== null && Date.parse(row.lease_until) > nowMs
+  if (row.status === 'idle' && !leased && Date.parse(row.last_active_at) + row.idle_timeout_ms <= nowMs)
+    return 'idle_timeout'
+  const live = row.status === 'idle' || row.status === 'active'
+  if (live && row.deadline_at !== null && Date.parse(row.deadline_at) <= nowMs) return 'max_duration'
+  return undefined
 }

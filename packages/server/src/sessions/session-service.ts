@@ -22,7 +22,7 @@ import { manifestSetup } from '../setup/setup-service.js'
 import { decodeCursor, encodeCursor } from './cursor.js'
 import { WorkspaceGenerations } from './generations.js'
 import { changedPolicy, createPolicy, deadlineFor, policyColumns, policyOf } from './policy.js'
-import { SessionReaper } from './reaper.js'
+import { type ReapReport, SessionReaper } from './reaper.js'
 import { PoolReconciler } from './reconcile.js'
 import type { SessionServiceDeps } from './session-deps.js'
 import { type InterruptedTurn, type SessionRow, SessionStore, toSessionInfo } from './session-store.js'
@@ -697,17 +697,15 @@ export class SessionService {
    * cluster's leader runs for the sessions of every node (`--role api`).
    */
   async sweep(): Promise<void> {
-    await this.reaper.reapIdle()
-    await this.reaper.reapDeadlines()
+    await this.reaper.reapDue()
   }
 
-  reapIdle(): Promise<number> {
-    return this.reaper.reapIdle()
-  }
-
-  /** Sessions past their `maxDurationMs`: a running turn is cancelled, the session times out. */
-  reapDeadlines(): Promise<number> {
-    return this.reaper.reapDeadlines()
+  /**
+   * One pass over the sessions due now: idle past their idle timeout, or past their
+   * `maxDurationMs` (a running turn is cancelled); each times out.
+   */
+  reap(): Promise<ReapReport> {
+    return this.reaper.reapDue()
   }
 
   /**

@@ -15,16 +15,8 @@ import { sql } from 'kysely'
 import { iso } from '../clock.js'
 import { dbTime } from '../cluster/db-time.js'
 import { type Db, isUniqueViolation } from '../db/database.js'
-import {
-  dueOf,
-  type InterruptedTurn,
-  type ListFilter,
-  type NewSession,
-  type SessionRow,
-  type SessionTiming,
-  TIMING_COLUMNS,
-  type TurnRow,
-} from './session-rows.js'
+import { DeadlineIndex, nextDueColumn, refreshNextDue } from './deadline-index.js'
+import type { InterruptedTurn, ListFilter, NewSession, SessionRow, TurnRow } from './session-rows.js'
 import { MOVE_OPERATION } from './turn-locks.js'
 
 export { type InterruptedTurn, type ListFilter, type SessionRow, toSessionInfo } from './session-rows.js'
@@ -32,6 +24,8 @@ export { type InterruptedTurn, type ListFilter, type SessionRow, toSessionInfo }
 /** Sessions, turns and status events. */
 export class SessionStore {
   private readonly timingListeners: ((sessionId: string) => void)[] = []
+  /** When sessions time out, indexed: the timeouts this store's replica acts on. */
+  readonly deadlines: DeadlineIndex
 
   constructor(
     private readonly db: Db,
@@ -39,7 +33,9 @@ export class SessionStore {
     readonly runtimeId: string,
     /** Routing (`--role api`): a new session's node, where its workspace was placed. */
     private readonly placedNode?: ((sessionId: string) => string | undefined) | undefined,
-  ) {}
+  ) {
+    this.deadlines = new DeadlineIndex(db, placedNode === undefined ? runtimeId : undefined)
+  }
 
   /**
    * Whether timeouts act on every session (an API replica, whose sessions all live on nodes: its
@@ -61,9 +57,8 @@ export class SessionStore {
 
   /**
    * Called after a change that may bring a session's next timeout earlier (a new session, a
-   * status change, a new policy), once it is committed; changes that only move it later
-   * (activity, a lease) are not reported: a timer armed for the old time finds nothing due and
-   * looks again.
+   * status change, a new policy, a lease), once it is committed; changes that only move it later
+   * (activity) are not reported: a timer armed for the old time finds nothing due and looks again.
    */
   onTimingChange(listener: (sessionId: string) => void): void {
     this.timingListeners.push(listener)
@@ -81,32 +76,6 @@ export class SessionStore {
       .innerJoin('agents as a', 'a.id', 's.agent_id')
       .selectAll('s')
       .select('a.name as agent_name')
-  }
-
-  /** When the session next times out (idle timeout or max duration), in ms; undefined: never. */
-  async dueAt(sessionId: string): Promise<number | undefined> {
-    const row = await this.db.q
-      .selectFrom('sessions')
-      .select(TIMING_COLUMNS)
-      .where('id', '=', sessionId)
-      .executeTakeFirst()
-    return row === undefined ? undefined : dueOf(row as SessionTiming)
-  }
-
-  /** The earliest timeout of any idle or active session, in ms; undefined: none. */
-  async nextDue(): Promise<number | undefined> {
-    let next: number | undefined
-    const rows = await this.db.q
-      .selectFrom('sessions')
-      .select(TIMING_COLUMNS)
-      .$if(!this.everySession, (q) => q.where('runtime_id', '=', this.runtimeId))
-      .where('status', 'in', ['idle', 'active'])
-      .execute()
-    for (const row of rows) {
-      const due = dueOf(row as SessionTiming)
-      if (due !== undefined && (next === undefined || due < next)) next = due
-    }
-    return next
   }
 
   async get(tenantId: string, id: string): Promise<SessionRow | undefined> {
@@ -143,6 +112,13 @@ export class SessionStore {
           runtime_id: this.placedNode?.(row.id) ?? this.runtimeId,
           updated_at: row.created_at,
           last_active_at: row.created_at,
+          next_due_at: nextDueColumn({
+            status: row.status,
+            last_active_at: row.created_at,
+            idle_timeout_ms: row.idle_timeout_ms,
+            lease_until: null,
+            deadline_at: row.deadline_at,
+          }),
         })
         .execute()
       await this.insertEvent(
@@ -283,32 +259,23 @@ export class SessionStore {
     deadlineAt: string | null,
     at: string,
   ): Promise<void> {
-    await this.db.q
-      .updateTable('sessions')
-      .set({
-        idle_timeout_ms: policy.idleTimeoutMs,
-        keep_warm_ms: policy.keepWarmMs,
-        max_turns: policy.maxTurns,
-        max_duration_ms: policy.maxDurationMs,
-        on_timeout: policy.onTimeout,
-        deadline_at: deadlineAt,
-        updated_at: at,
-      })
-      .where('id', '=', sessionId)
-      .execute()
+    await this.db.transaction(async () => {
+      await this.db.q
+        .updateTable('sessions')
+        .set({
+          idle_timeout_ms: policy.idleTimeoutMs,
+          keep_warm_ms: policy.keepWarmMs,
+          max_turns: policy.maxTurns,
+          max_duration_ms: policy.maxDurationMs,
+          on_timeout: policy.onTimeout,
+          deadline_at: deadlineAt,
+          updated_at: at,
+        })
+        .where('id', '=', sessionId)
+        .execute()
+      await refreshNextDue(this.db, sessionId)
+    })
     this.timingChanged(sessionId)
-  }
-
-  /** Idle or active sessions whose `maxDurationMs` has run out. */
-  async pastDeadline(nowIso: string): Promise<{ id: string; tenant_id: string }[]> {
-    return this.db.q
-      .selectFrom('sessions')
-      .select(['id', 'tenant_id'])
-      .where('deadline_at', 'is not', null)
-      .where('deadline_at', '<=', nowIso)
-      .$if(!this.everySession, (q) => q.where('runtime_id', '=', this.runtimeId))
-      .where('status', 'in', ['idle', 'active'])
-      .execute()
   }
 
   /** Changes a session's status and records the transition with its cause, atomically. */
@@ -325,6 +292,7 @@ export class SessionStore {
         .set({ status: to, status_cause: cause, updated_at: at })
         .where('id', '=', row.id)
         .execute()
+      await refreshNextDue(this.db, row.id)
       await this.insertEvent(row.id, row.status, to, cause, detail ?? null, at)
     })
     this.timingChanged(row.id)
@@ -720,29 +688,17 @@ export class SessionStore {
     })
   }
 
-  /** Idle sessions past their idle timeout and not held by a lease. */
-  async expiredIdle(nowMs: number): Promise<{ id: string; tenant_id: string }[]> {
-    const rows = await this.db.q
-      .selectFrom('sessions')
-      .select(['id', 'tenant_id', 'last_active_at', 'idle_timeout_ms', 'lease_until'])
-      .$if(!this.everySession, (q) => q.where('runtime_id', '=', this.runtimeId))
-      .where('status', '=', 'idle')
-      .execute()
-    return rows
-      .filter(
-        (r) =>
-          Date.parse(r.last_active_at) + r.idle_timeout_ms <= nowMs &&
-          !(r.lease_until && Date.parse(r.lease_until) > nowMs),
-      )
-      .map((r) => ({ id: r.id, tenant_id: r.tenant_id }))
-  }
-
+  /** A lease shorter than the last one brings the idle timeout earlier: the index is set again. */
   async setLease(sessionId: string, until: string, at: string): Promise<void> {
-    await this.db.q
-      .updateTable('sessions')
-      .set({ lease_until: until, last_active_at: at })
-      .where('id', '=', sessionId)
-      .execute()
+    await this.db.transaction(async () => {
+      await this.db.q
+        .updateTable('sessions')
+        .set({ lease_until: until, last_active_at: at })
+        .where('id', '=', sessionId)
+        .execute()
+      await refreshNextDue(this.db, sessionId)
+    })
+    this.timingChanged(sessionId)
   }
 
   async liveSessions(): Promise<

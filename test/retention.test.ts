@@ -145,4 +145,37 @@ describe('quotas, retention and usage', () => {
     for (let i = 0; i < 50 && existsSync(path); i++) await new Promise((r) => setTimeout(r, 100))
     expect(existsSync(path)).toBe(false)
   })
+
+  it('a lowered keepAutoSnapshots prunes an idle session at the next retention pass, without a new turn', async () => {
+    expect((await t.api.call('PUT', '/v1/retention', { keepAutoSnapshots: 10 })).status).toBe(200)
+    const session = await t.api.createSession('shell')
+    for (let i = 1; i <= 4; i++) await t.api.send(session.id, `echo ${i} >> log`)
+    await t.api.snapshotAfter(session.id, 4)
+    const autos = async () =>
+      (
+        (await t.api.call('GET', `/v1/sessions/${session.id}/snapshots`)).body.data as {
+          id: string
+          kind: string
+          turn: number
+        }[]
+      ).filter((s) => s.kind === 'auto')
+    const before = await autos()
+    expect(before.length).toBe(5)
+    const freedBefore = (await t.api.call('GET', '/v1/usage')).body.retention.deletedSnapshots
+
+    expect((await t.api.call('PUT', '/v1/retention', { keepAutoSnapshots: 2 })).status).toBe(200)
+    const applied = await t.server.retention.apply()
+    expect(applied.snapshots).toBeGreaterThanOrEqual(3)
+    const after = await autos()
+    expect(after.map((s) => s.turn)).toEqual([3, 4])
+    for (const gone of before.filter((s) => s.turn < 3))
+      expect(existsSync(t.server.runtime.pool.snapshotPath(gone.id))).toBe(false)
+    const usage = (await t.api.call('GET', '/v1/usage')).body
+    expect(usage.retention.deletedSnapshots).toBeGreaterThanOrEqual(freedBefore + 3)
+    // The session is as it was: idle, its workspace whole.
+    expect((await t.api.call('GET', `/v1/sessions/${session.id}`)).body).toMatchObject({
+      status: 'idle',
+      turnCount: 4,
+    })
+  })
 })

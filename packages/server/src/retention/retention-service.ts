@@ -30,8 +30,19 @@ interface EndedRow {
   updated_at: string
 }
 
+/** Sessions whose automatic snapshots are pruned at a time by a retention pass. */
+const PRUNE_BATCH = 100
+
 /** Per-tenant retention: applies the policy, records what was deleted and the bytes freed. */
 export class RetentionService {
+  /**
+   * Per tenant, the policy (its `updated_at` and N) every session in this process's care was last
+   * pruned to (keep-last-N); a tenant is pruned again when its policy changes. Empty until the
+   * first pass, which prunes every tenant's sessions (after a start, or a new cluster leader).
+   */
+  private readonly pruned = new Map<string, string>()
+  private prunedOnce = false
+
   constructor(
     private readonly deps: {
       db: Db
@@ -168,10 +179,83 @@ export class RetentionService {
         }
       }
     }
+    await this.pruneAutoSnapshots(result)
     await this.expireMemoryCheckpoints(now, result)
     if (result.snapshots + result.workspaces + result.memoryCheckpoints > 0)
       this.deps.logger.info(result, 'retention applied')
     return result
+  }
+
+  /**
+   * Keep-last-N applied to every session, not only at a session's next turn: a tenant whose
+   * `keepAutoSnapshots` changed since this process last pruned it (every tenant, at the first
+   * pass) has its sessions with more automatic snapshots than that pruned, a batch of sessions
+   * at a time. A tenant is done once none was left over (a snapshot being read is pruned on the
+   * next pass).
+   */
+  private async pruneAutoSnapshots(result: { snapshots: number; bytesFreed: number }): Promise<void> {
+    const { db } = this.deps
+    const policies = await db.q
+      .selectFrom('retention_policies')
+      .select(['tenant_id', 'keep_auto_snapshots', 'updated_at'])
+      .execute()
+    const stamps = new Map(policies.map((p) => [p.tenant_id, `${p.updated_at} ${p.keep_auto_snapshots}`]))
+    const tenants = this.prunedOnce
+      ? policies
+          .filter((p) => this.pruned.get(p.tenant_id) !== stamps.get(p.tenant_id))
+          .map((p) => p.tenant_id)
+      : (await db.q.selectFrom('tenants').select('id').execute()).map((t) => t.id)
+    for (const tenantId of tenants) {
+      const keep = (await this.policy(tenantId)).keepAutoSnapshots
+      if (await this.pruneTenant(tenantId, keep, result))
+        this.pruned.set(tenantId, stamps.get(tenantId) ?? '')
+    }
+    this.prunedOnce = true
+  }
+
+  /** Prunes the tenant's sessions with more than `keep` automatic snapshots; true: none is left over. */
+  private async pruneTenant(
+    tenantId: string,
+    keep: number,
+    result: { snapshots: number; bytesFreed: number },
+  ): Promise<boolean> {
+    const { store } = this.deps.sessions
+    let complete = true
+    let after = ''
+    for (;;) {
+      const over = await this.deps.db.q
+        .selectFrom('snapshots as sn')
+        .innerJoin('sessions as s', 's.id', 'sn.session_id')
+        .select('sn.session_id as id')
+        .where('sn.tenant_id', '=', tenantId)
+        .where('sn.kind', '=', 'auto')
+        .where('sn.deleted_at', 'is', null)
+        .where('s.status', '!=', 'deleted')
+        .$if(!store.everySession, (q) => q.where('s.runtime_id', '=', store.runtimeId))
+        .where('sn.session_id', '>', after)
+        .groupBy('sn.session_id')
+        .having((eb) => eb.fn.countAll(), '>', keep)
+        .orderBy('sn.session_id')
+        .limit(PRUNE_BATCH)
+        .execute()
+      for (const { id } of over) {
+        const done = await this.deps.workspace.policy
+          .pruneAuto(id, tenantId, async (snap) => {
+            const bytes = await this.exclusiveBytes({ snapshotId: snap.id })
+            await this.record(tenantId, id, 'snapshot', snap.id, bytes, 'keep_auto_snapshots')
+            result.bytesFreed += bytes
+            result.snapshots++
+          })
+          .catch((error: unknown) => {
+            this.deps.logger.warn({ err: error, session: id }, 'pruning automatic snapshots failed')
+            return { deleted: 0, pinned: 1 }
+          })
+        if (done.pinned > 0) complete = false
+      }
+      const last = over.at(-1)
+      if (!last || over.length < PRUNE_BATCH) return complete
+      after = last.id
+    }
   }
 
   /** Ages out memory checkpoints past `memoryCheckpointTtlMs`, recorded for the tenant and the session. */

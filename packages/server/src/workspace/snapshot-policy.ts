@@ -196,7 +196,9 @@ export class SnapshotPolicy implements SessionObserver {
     // Pruning old automatic snapshots is off the turn's critical path, serialised per service.
     if (kind === 'auto')
       this.retention = this.retention
-        .then(() => this.applyRetention(row.id, row.tenant_id))
+        .then(async () => {
+          await this.applyRetention(row.id, row.tenant_id)
+        })
         // Pruning is retried after the next auto snapshot; a failure only keeps snapshots longer.
         .catch((error: unknown) =>
           this.deps.logger.warn({ err: error, session: row.id }, 'snapshot pruning failed'),
@@ -222,14 +224,44 @@ export class SnapshotPolicy implements SessionObserver {
     return (await this.deps.keepAutoSnapshots?.(tenantId)) ?? 50
   }
 
-  private async applyRetention(sessionId: string, tenantId: string): Promise<void> {
+  /**
+   * Applies keep-last-N to the session's automatic snapshots now, after the pruning already under
+   * way (a retention pass: a lowered `keepAutoSnapshots` reaches sessions that run no new turn).
+   * `deleting` is told of each snapshot just before it goes. Answers how many went, and how many
+   * beyond the newest N were kept because a restore, fork or export was reading them.
+   */
+  pruneAuto(
+    sessionId: string,
+    tenantId: string,
+    deleting?: (snapshot: SnapshotInfo) => Promise<void>,
+  ): Promise<{ deleted: number; pinned: number }> {
+    const work = this.retention.then(() => this.applyRetention(sessionId, tenantId, deleting))
+    this.retention = work.then(
+      () => undefined,
+      () => undefined,
+    )
+    return work
+  }
+
+  private async applyRetention(
+    sessionId: string,
+    tenantId: string,
+    deleting?: (snapshot: SnapshotInfo) => Promise<void>,
+  ): Promise<{ deleted: number; pinned: number }> {
+    const done = { deleted: 0, pinned: 0 }
     for (const old of await this.snapshots.expiredAuto(sessionId, await this.keepAuto(tenantId))) {
       // Claimed first (in the same tick as the pin check): a restore or fork can no longer pick it.
-      if (!this.pins.claimForDeletion(old.id)) continue
+      if (!this.pins.claimForDeletion(old.id)) {
+        done.pinned++
+        continue
+      }
+      await deleting?.(old)
       // Should the removal fail, start-up's reconcile removes the unrecorded subvolume.
       await this.snapshots.markDeleted(old.id, this.now())
       await this.deps.runtime.deleteSnapshot(old.id)
+      done.deleted++
     }
+    return done
   }
 
   /** Waits for background snapshots and retention work (used on shutdown and by tests). */

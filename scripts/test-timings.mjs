@@ -1,0 +1,48 @@
+#!/usr/bin/env node
+// Prints the slowest test files of the last test run, from the JSON reports vitest wrote under
+// test-results/ (one per pass: sqlite.json, postgres.json), and each pass's wall time.
+// Usage: node scripts/test-timings.mjs [--top N] [report.json …]
+import { existsSync, readFileSync } from 'node:fs'
+import path from 'node:path'
+
+const args = process.argv.slice(2)
+const topIndex = args.indexOf('--top')
+const top = topIndex >= 0 ? Number(args.splice(topIndex, 2)[1]) : 25
+const reports = args.length > 0 ? args : ['test-results/sqlite.json', 'test-results/postgres.json']
+const root = process.cwd()
+
+const rows = []
+for (const report of reports) {
+  if (!existsSync(report)) continue
+  const pass = path.basename(report, '.json')
+  const json = JSON.parse(readFileSync(report, 'utf8'))
+  let first = Number.POSITIVE_INFINITY
+  let last = 0
+  for (const file of json.testResults ?? []) {
+    const durationMs = Math.max(0, (file.endTime ?? 0) - (file.startTime ?? 0))
+    first = Math.min(first, file.startTime ?? first)
+    last = Math.max(last, file.endTime ?? last)
+    const failed = (file.assertionResults ?? []).filter((t) => t.status === 'failed').length
+    rows.push({ pass, file: path.relative(root, file.name), durationMs, failed })
+  }
+  const wallS = Number.isFinite(first) ? ((last - first) / 1000).toFixed(0) : '?'
+  const files = (json.testResults ?? []).length
+  console.log(
+    `${pass}: ${files} files, ${json.numTotalTests ?? '?'} tests, ${json.numFailedTests ?? '?'} failed, ${wallS} s wall`,
+  )
+}
+if (rows.length === 0) {
+  console.log('no test reports found under test-results/')
+  process.exit(0)
+}
+rows.sort((a, b) => b.durationMs - a.durationMs)
+const sumS = rows.reduce((total, row) => total + row.durationMs, 0) / 1000
+console.log(
+  `\nslowest ${Math.min(top, rows.length)} of ${rows.length} file runs (sum of file times ${sumS.toFixed(0)} s; two files run at once):`,
+)
+console.log('| seconds | pass | file |')
+console.log('|--------:|------|------|')
+for (const row of rows.slice(0, top)) {
+  const mark = row.failed > 0 ? ` (${row.failed} failed)` : ''
+  console.log(`| ${(row.durationMs / 1000).toFixed(1)} | ${row.pass} | ${row.file}${mark} |`)
+}

@@ -1,0 +1,53 @@
+import { configDefaults, defineConfig, mergeConfig } from 'vitest/config'
+import base from './vitest.config'
+
+/**
+ * The PostgreSQL pass (`npm run test:postgres`): the suite again where the database can behave
+ * differently. Left out are the files whose subject never reaches the database, which the SQLite
+ * pass proves once: the packages' unit tests, the runtime's own conformance, sandbox and kernel
+ * walls, image builds, agent protocols, the browser console, and the deployment and object-store
+ * harnesses. A file that starts a server still touches the database, but these only ask it what
+ * the other pass already asked; what they test (a syscall refused, a link in an archive, a
+ * pixel) is decided below it.
+ */
+const RUNTIME_ONLY = [
+  'packages/**',
+  'test/conformance/**',
+  'test/console/**',
+  'test/deploy/**',
+  'test/object-store/**',
+  'test/agent-kit.test.ts',
+  'test/archive.test.ts',
+  'test/cli-interactive.test.ts',
+  'test/examples-frameworks.test.ts',
+  'test/faults/disk-full.test.ts',
+  'test/faults/hang.test.ts',
+  'test/http-agents.test.ts',
+  'test/images*.test.ts',
+  'test/isolation.test.ts',
+  'test/limits.test.ts',
+  'test/openapi-lint.test.ts',
+  'test/security/btrfs-ioctl.test.ts',
+  'test/security/build-envs.test.ts',
+  'test/security/build-network.test.ts',
+  'test/security/cli-code-cache.test.ts',
+  'test/security/cluster-mtls.test.ts',
+  'test/security/data-dir.test.ts',
+  'test/security/egress.test.ts',
+  'test/security/escape.test.ts',
+  'test/security/fuzz-archive.test.ts',
+  'test/security/images.test.ts',
+  'test/security/inherited-fds.test.ts',
+  'test/security/previews-origin.test.ts',
+  'test/security/proxy-secrets.test.ts',
+  'test/security/session-uid.test.ts',
+  'test/security/shipped-*.test.ts',
+  'test/security/workspace-delete.test.ts',
+  'test/security/workspace-listing.test.ts',
+  'test/security/workspace-reads.test.ts',
+]
+
+export default mergeConfig(
+  base,
+  defineConfig({ test: { exclude: [...configDefaults.exclude, ...RUNTIME_ONLY] } }),
+)

@@ -71,6 +71,40 @@ describe('PostgreSQL failing under a running server', () => {
     expect((await t.api.send(session.id, 'echo resumed')).text).toContain('resumed')
   })
 
+  it('answers 503 unavailable within its bound while PostgreSQL does not answer, and recovers when it does', async () => {
+    const session = await t.api.createSession('shell')
+    expect((await t.api.send(session.id, 'echo before')).text).toContain('before')
+    // Frozen, not stopped: its connections stay open and nothing answers (a hung server, a
+    // partition). Each request waits at most POSTGRES_CONNECT/QUERY_TIMEOUT_MS (2 s) for it;
+    // 6 s here is a correctness bound (the outage lasts longer), not a speed claim.
+    await postgres.pause()
+    const thawAt = setTimeout(() => void postgres.resume(), 20_000)
+    try {
+      const timed = async (request: () => Promise<{ status: number; body: unknown }>) => {
+        const startedAt = Date.now()
+        const res = await request()
+        return { ...res, ms: Date.now() - startedAt }
+      }
+      const answers = await Promise.all([
+        timed(() => t.api.call('GET', `/v1/sessions/${session.id}`)),
+        timed(() => t.api.call('GET', '/v1/sessions')),
+        timed(() => t.api.call('POST', '/v1/sessions', { agent: 'shell' })),
+        timed(() => t.api.send(session.id, 'echo during')),
+      ])
+      for (const answer of answers) {
+        expect(answer.status).toBe(503)
+        expect(answer.body).toMatchObject({ error: { code: 'unavailable' } })
+        expect(answer.ms).toBeLessThan(6000)
+      }
+    } finally {
+      clearTimeout(thawAt)
+      await postgres.resume()
+    }
+    // Back: the connections that timed out were dropped, new ones answer.
+    expect((await t.api.call('GET', `/v1/sessions/${session.id}`)).body).toMatchObject({ status: 'idle' })
+    expect((await t.api.send(session.id, 'echo after')).text).toContain('after')
+  }, 60_000)
+
   it('tells the client unavailable when PostgreSQL stays down past the turn, then records it and resumes', async () => {
     const session = await t.api.createSession('shell')
     const running = t.api.send(session.id, 'sleep 1 && echo unrecorded for now')

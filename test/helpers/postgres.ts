@@ -1,7 +1,7 @@
 import { execFile, spawn } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
 import { existsSync, readdirSync } from 'node:fs'
-import { appendFile, chown, mkdtemp, rm, writeFile } from 'node:fs/promises'
+import { appendFile, chown, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises'
 import net from 'node:net'
 import os from 'node:os'
 import path from 'node:path'
@@ -178,6 +178,26 @@ export class TestPostgres {
       '60',
       'start',
     ])
+  }
+
+  /**
+   * Freezes the server and every backend (SIGSTOP): connections stay open and nothing answers, as
+   * when PostgreSQL hangs or the network to it drops packets. `resume` thaws them.
+   */
+  async pause(): Promise<void> {
+    for (const pid of await this.processes()) process.kill(pid, 'SIGSTOP')
+  }
+
+  async resume(): Promise<void> {
+    for (const pid of await this.processes()) process.kill(pid, 'SIGCONT')
+  }
+
+  /** The postmaster and its children (backends, background workers). */
+  private async processes(): Promise<number[]> {
+    const head = (await readFile(path.join(this.dataDir, 'postmaster.pid'), 'utf8')).split('\n')[0]
+    const postmaster = Number(head)
+    const { stdout } = await run('pgrep', ['-P', String(postmaster)]).catch(() => ({ stdout: '' }))
+    return [postmaster, ...stdout.split('\n').filter(Boolean).map(Number)]
   }
 
   /** Stops the server and deletes the cluster. */

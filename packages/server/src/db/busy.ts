@@ -8,6 +8,9 @@ export function isBusy(error: unknown): boolean {
 const POSTGRES_TRANSIENT = /^(08|57P0[123]|53300)/
 const NODE_CONNECTION = new Set(['ECONNREFUSED', 'ECONNRESET', 'EPIPE', 'ETIMEDOUT', 'EHOSTUNREACH'])
 
+/** A statement sent but not answered in time: it may still take effect once the database answers. */
+export const NO_ANSWER = 'the database did not answer in time'
+
 /**
  * Why the database cannot answer now, when that is passing (a retry can succeed): SQLite's write
  * lock held by another process, or PostgreSQL unreachable, restarting or having dropped the
@@ -18,6 +21,7 @@ export function unavailableReason(error: unknown): string | undefined {
   const { code, message } = (error ?? {}) as { code?: unknown; message?: unknown }
   if (typeof code === 'string' && (POSTGRES_TRANSIENT.test(code) || NODE_CONNECTION.has(code)))
     return `the database is unreachable (${code})`
+  if (typeof message === 'string' && /^Query read timeout/.test(message)) return `${NO_ANSWER} (${message})`
   if (
     typeof message === 'string' &&
     /^Connection terminated|^timeout exceeded when trying to connect|is not queryable/.test(message)

@@ -3,6 +3,7 @@ import BetterSqlite3 from 'better-sqlite3'
 import { Kysely, PostgresDialect, SqliteDialect, type Transaction } from 'kysely'
 import pg from 'pg'
 import { type Dialect, forDialect, MIGRATIONS } from './migrations.js'
+import { boundedPool, POSTGRES_CONNECT_TIMEOUT_MS, POSTGRES_QUERY_TIMEOUT_MS } from './postgres-pool.js'
 import { PostgresTextPlugin } from './postgres-text.js'
 import type { Schema } from './schema.js'
 
@@ -70,8 +71,16 @@ const STATEMENT_CACHE_SIZE = 500
  * Opens the database and applies pending migrations, each in its own transaction; versions
  * already recorded in `schema_migrations` (by this code or an older one) are never applied again.
  */
-export async function openDatabase(target: string): Promise<Db> {
-  return isPostgresUrl(target) ? openPostgres(target) : openSqlite(target)
+export async function openDatabase(target: string, options: OpenDatabaseOptions = {}): Promise<Db> {
+  return isPostgresUrl(target) ? openPostgres(target, options) : openSqlite(target)
+}
+
+export interface OpenDatabaseOptions {
+  /**
+   * PostgreSQL: how long a statement may go unanswered before it fails as the database being
+   * unavailable (default `POSTGRES_QUERY_TIMEOUT_MS`; 0: unbounded, for bulk copies).
+   */
+  queryTimeoutMs?: number | undefined
 }
 
 function openSqlite(file: string): Db {
@@ -121,7 +130,7 @@ function openSqlite(file: string): Db {
 
 const INT8_OID = 20
 
-async function openPostgres(url: string): Promise<Db> {
+async function openPostgres(url: string, options: OpenDatabaseOptions): Promise<Db> {
   // COUNT(*) and BIGINT columns come back as numbers (they stay far below 2^53).
   const types = {
     getTypeParser: ((oid: number, format?: 'text' | 'binary') =>
@@ -129,7 +138,15 @@ async function openPostgres(url: string): Promise<Db> {
         ? (value: string) => Number(value)
         : pg.types.getTypeParser(oid, format as 'text')) as typeof pg.types.getTypeParser,
   }
-  const pool = new pg.Pool({ connectionString: url, max: 10, types })
+  // A request waits a bounded time for a connection (see postgres-pool.ts); the migrations below
+  // (which may wait for another replica's) run unbounded on the raw pool.
+  const pool = new pg.Pool({
+    connectionString: url,
+    max: 10,
+    types,
+    connectionTimeoutMillis: POSTGRES_CONNECT_TIMEOUT_MS,
+    keepAlive: true,
+  })
   // A connection the server drops while idle (a restart, pg_terminate_backend) is an error
   // event on the pool; the next query opens a new one.
   pool.on('error', () => {})
@@ -170,7 +187,12 @@ async function openPostgres(url: string): Promise<Db> {
   }
   client.release()
   return new Db(
-    new Kysely<Schema>({ dialect: new PostgresDialect({ pool }), plugins: [new PostgresTextPlugin()] }),
+    new Kysely<Schema>({
+      dialect: new PostgresDialect({
+        pool: boundedPool(pool, options.queryTimeoutMs ?? POSTGRES_QUERY_TIMEOUT_MS),
+      }),
+      plugins: [new PostgresTextPlugin()],
+    }),
     'postgres',
   )
 }

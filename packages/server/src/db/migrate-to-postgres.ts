@@ -55,7 +55,8 @@ export async function migrateToPostgres(from: string, to: string): Promise<Migra
   if (!existsSync(file)) throw new CairnProblem('not_found', `no SQLite database at ${file}`)
   const source = await openDatabase(file)
   try {
-    const target = await openDatabase(to)
+    // A bulk copy: its statements are not bounded as a request's are.
+    const target = await openDatabase(to, { queryTimeoutMs: 0 })
     try {
       const held = await target.kysely
         .selectFrom('tenants')

@@ -7,7 +7,7 @@ import {
   unknownKeyMessage,
 } from '@cairn/protocol'
 import type { FastifyError, FastifyInstance, FastifyRequest } from 'fastify'
-import { unavailableReason } from '../db/busy.js'
+import { NO_ANSWER, unavailableReason } from '../db/busy.js'
 
 export function errorBody(
   code: ErrorCode,
@@ -114,9 +114,11 @@ export function toErrorBody(
   // connection dropped: a retryable condition, not a bug (a transaction left nothing behind).
   const unavailable = unavailableReason(error)
   if (unavailable) {
+    // A statement that went unanswered may still be applied when the database comes back.
+    const outcome = unavailable.startsWith(NO_ANSWER) ? 'try again' : 'nothing was changed, try again'
     return {
       status: ERROR_STATUS.unavailable,
-      body: errorBody('unavailable', `${unavailable}; nothing was changed, try again`, requestId, {
+      body: errorBody('unavailable', `${unavailable}; ${outcome}`, requestId, {
         reason: String(code),
       }),
     }

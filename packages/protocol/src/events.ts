@@ -77,7 +77,9 @@ export const StreamEventSchema = Type.Union(
   ],
   {
     description:
-      'Server-sent events: each message is `event: <type>` then `data: <one JSON object of this schema>`; ' +
+      'Server-sent events: each message is `event: <type>`, `id: <n>` then `data: <one JSON object of this schema>`; ' +
+      'the id counts the events of the turn from 1 (heartbeats have none), so a client whose connection dropped ' +
+      'gets exactly what it missed from GET /v1/sessions/{id}/turns/{turnId}/events with Last-Event-ID; ' +
       'the stream ends after run.completed, run.failed or run.cancelled; heartbeats keep idle connections open.',
   },
 )
@@ -104,6 +106,24 @@ export type StreamEvent =
   | RunCancelledEvent
   | HeartbeatEvent
 
+/**
+ * Where a turn's event stream is picked up again (`GET /v1/sessions/{id}/turns/{turnId}/events`):
+ * after the event with this id (`after`, or the `Last-Event-ID` header, which wins when both are
+ * sent: an EventSource reconnecting to a URL with `after` sends it).
+ */
+export const TurnEventsQuery = Type.Object(
+  {
+    after: Type.Optional(
+      Type.Integer({ minimum: 0, description: 'Send only the events whose id is greater (default 0: all)' }),
+    ),
+  },
+  { additionalProperties: false },
+)
+export const TurnParams = Type.Object({
+  id: Type.String({ minLength: 1, maxLength: 200 }),
+  turnId: Type.String({ minLength: 1, maxLength: 200 }),
+})
+
 /** Events of a build log followed live (`GET …/revisions/{rev}/logs?follow=true`). */
 export const BuildLogEventSchema = Type.Union(
   [
@@ -112,7 +132,9 @@ export const BuildLogEventSchema = Type.Union(
   ],
   {
     description:
-      'Server-sent events: `event: log` with one line of the build log, then one `event: end` with the outcome.',
+      'Server-sent events: `event: log` with one line of the build log (`id:` its line number from 1), then one ' +
+      '`event: end` with the outcome (`id:` the line count + 1); a reconnect with Last-Event-ID gets the lines ' +
+      'after it, and one at or after the end an empty 204 (an EventSource stops there).',
   },
 )
 
@@ -131,7 +153,8 @@ export function isTerminalEvent(event: StreamEvent): boolean {
   return event.type === 'run.completed' || event.type === 'run.failed' || event.type === 'run.cancelled'
 }
 
-/** Encodes one event in SSE wire format. */
-export function encodeSse(event: StreamEvent): string {
-  return `event: ${event.type}\ndata: ${JSON.stringify(event)}\n\n`
+/** Encodes one event in SSE wire format, with its id when it has one (heartbeats have none). */
+export function encodeSse(event: StreamEvent, id?: number): string {
+  const idLine = id === undefined ? '' : `id: ${id}\n`
+  return `event: ${event.type}\n${idLine}data: ${JSON.stringify(event)}\n\n`
 }

@@ -240,6 +240,7 @@ export async function startServer(
       operatorLimits: config.operatorLimits,
       clock,
       logger,
+      hints,
     })
     runtimeEvents.target = new SessionRuntimeEvents(sessions.store, clock, logger)
     let retention: RetentionService | undefined

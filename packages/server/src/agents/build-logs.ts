@@ -3,9 +3,10 @@ import { readFile } from 'node:fs/promises'
 import path from 'node:path'
 import type { Db } from '../db/database.js'
 
+/** `index`: the event's place in the log's stream from 1 (its SSE `id:`); the end's is the line count + 1. */
 export type BuildLogEvent =
-  | { type: 'log'; line: string }
-  | { type: 'end'; status: 'READY' | 'FAILED'; error?: string }
+  | { type: 'log'; index: number; line: string }
+  | { type: 'end'; index: number; status: 'READY' | 'FAILED'; error?: string }
 
 interface LiveLog {
   file: WriteStream
@@ -49,7 +50,8 @@ export class BuildLogs {
     if (!live) return
     live.lines.push(line)
     live.file.write(`${line}\n`)
-    for (const listener of live.listeners) listener({ type: 'log', line })
+    const index = live.lines.length
+    for (const listener of live.listeners) listener({ type: 'log', index, line })
   }
 
   async close(revisionId: string, status: 'READY' | 'FAILED', error?: string): Promise<void> {
@@ -63,7 +65,9 @@ export class BuildLogs {
       .onConflict((oc) => oc.column('revision_id').doUpdateSet({ log }))
       .execute()
     this.live.delete(revisionId)
-    for (const listener of live.listeners) listener({ type: 'end', status, ...(error ? { error } : {}) })
+    const index = live.lines.length + 1
+    for (const listener of live.listeners)
+      listener({ type: 'end', index, status, ...(error ? { error } : {}) })
   }
 
   isLive(revisionId: string): boolean {

@@ -14,8 +14,9 @@ import { Type } from '@sinclair/typebox'
 import type { FastifyInstance } from 'fastify'
 import { principalOf, requireWrite } from '../auth/plugin.js'
 import { bytesBody, errorResponses } from '../http/responses.js'
-import { SseWriter, type SseWriterOptions } from '../http/sse.js'
+import { eventIdAfter, SseWriter, type SseWriterOptions } from '../http/sse.js'
 import { type AgentService, revisionInfo } from './agent-service.js'
+import { followBuildLog } from './build-log-stream.js'
 
 const errors = errorResponses(400, 401, 404)
 
@@ -102,6 +103,14 @@ export function agentRoutes(server: FastifyInstance, agents: AgentService, sse: 
         summary: 'Build log of a revision; with ?follow=true an SSE stream (log, end) while it builds',
         params: RevisionParams,
         querystring: Type.Object({ follow: Type.Optional(Type.Boolean()) }),
+        headers: Type.Object({
+          'last-event-id': Type.Optional(
+            Type.String({
+              maxLength: 32,
+              description: 'With follow=true: the id of the last event received',
+            }),
+          ),
+        }),
         response: {
           200: {
             description: 'The log so far (JSON), or with follow=true an event stream of it',
@@ -109,6 +118,10 @@ export function agentRoutes(server: FastifyInstance, agents: AgentService, sse: 
               'application/json': { schema: BuildLogSchema },
               'text/event-stream': { schema: BuildLogEventSchema },
             },
+          },
+          204: {
+            description:
+              'With follow=true and Last-Event-ID at or after the end of a finished build: nothing follows',
           },
           ...errors,
         },
@@ -120,38 +133,16 @@ export function agentRoutes(server: FastifyInstance, agents: AgentService, sse: 
       const follow = request.query.follow === true
       if (!follow)
         return { status: revision.status, error: revision.error, lines: await agents.logs.read(rev) }
+      const after = eventIdAfter(request.headers['last-event-id'], undefined)
+      // A build over, whose end the client has (an EventSource reconnecting after it): 204, so
+      // that it stops instead of replaying the log forever.
+      if (after > 0 && !agents.logs.isLive(rev) && after > (await agents.logs.read(rev)).length)
+        return reply.status(204).send()
       reply.hijack()
       const writer = new SseWriter(reply.raw, { heartbeatMs: sse.heartbeatMs })
-      await new Promise<void>((resolve) => {
-        const unsubscribe = agents.logs.subscribe(rev, (event) => {
-          if (event.type === 'log') writer.sendNamed('log', { line: event.line })
-          else {
-            writer.sendNamed('end', { status: event.status, error: event.error ?? null })
-            resolve()
-          }
-        })
-        writer.onClose(() => {
-          unsubscribe()
-          resolve()
-        })
-        agents.logs.read(rev).then(
-          async (lines) => {
-            for (const line of lines) writer.sendNamed('log', { line })
-            if (!agents.logs.isLive(rev)) {
-              const latest = await agents.store.revision(rev)
-              writer.sendNamed('end', {
-                status: latest?.status ?? revision.status,
-                error: latest?.error ?? null,
-              })
-              resolve()
-            }
-          },
-          (error: unknown) => {
-            request.log.warn({ err: error, revision: rev }, 'reading a build log for a follower failed')
-            resolve()
-          },
-        )
-      })
+      await followBuildLog(agents, rev, revision, after, writer).catch((error: unknown) =>
+        request.log.warn({ err: error, revision: rev }, 'reading a build log for a follower failed'),
+      )
       writer.end()
     },
   )

@@ -26,6 +26,8 @@ export const ClusterHintSchema = Type.Union([
     sessionId: Type.String(),
     port: Type.Optional(Type.Integer()),
   }),
+  /** A turn's events up to `id` were written (replicas streaming it to a resumed client read them). */
+  Type.Object({ kind: Type.Literal('turn.events'), turnId: Type.String(), id: Type.Integer() }),
   /** An API key was revoked: every replica forgets it had verified it. */
   Type.Object({ kind: Type.Literal('key.revoke'), keyId: Type.String() }),
   /** A node's state changed (registered, cordoned, drained, stopped). */

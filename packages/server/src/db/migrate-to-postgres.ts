@@ -17,6 +17,7 @@ const TABLES: readonly (keyof Schema)[] = [
   'revisions',
   'sessions',
   'turns',
+  'turn_events',
   'session_events',
   'secrets',
   'snapshots',

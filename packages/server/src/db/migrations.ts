@@ -431,6 +431,22 @@ UPDATE sessions SET next_due_at = '1970-01-01T00:00:00.000Z' WHERE status IN ('i
 CREATE INDEX sessions_next_due ON sessions(next_due_at, id) WHERE next_due_at IS NOT NULL;
 `,
   },
+  {
+    // Every event a turn streamed (its JSON), numbered from 1 in the turn: the id of its SSE
+    // message. A client whose stream dropped gets, through any replica, exactly the events after
+    // the last id it saw. Written in batches, not per event (see docs/architecture.md).
+    version: 26,
+    name: 'turn events',
+    sql: `
+CREATE TABLE turn_events (
+  turn_id TEXT NOT NULL,
+  seq INTEGER NOT NULL,
+  type TEXT NOT NULL,
+  event TEXT NOT NULL,
+  PRIMARY KEY (turn_id, seq)
+);
+`,
+  },
 ]
 
 export type Dialect = 'sqlite' | 'postgres'

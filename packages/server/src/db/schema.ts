@@ -56,6 +56,7 @@ export interface Schema {
     ended_at: string | null
     duration_ms: number | null
   }
+  turn_events: { turn_id: string; seq: number; type: string; event: string }
   session_events: {
     id: string
     session_id: string

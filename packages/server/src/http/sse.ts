@@ -1,5 +1,5 @@
 import type { ServerResponse } from 'node:http'
-import { encodeSse, type StreamEvent } from '@cairn/protocol'
+import { CairnProblem, encodeSse, type StreamEvent } from '@cairn/protocol'
 
 /** How often an idle stream gets a `heartbeat` event (keeps proxies from timing it out). */
 export const DEFAULT_SSE_HEARTBEAT_MS = 15_000
@@ -53,16 +53,17 @@ export class SseWriter {
     else this.closeListeners.push(listener)
   }
 
-  /** Sends a stream event (its type is the SSE event name). */
-  send(event: StreamEvent): void {
+  /** Sends a stream event (its type is the SSE event name), with its `id:` when it has one. */
+  send(event: StreamEvent, id?: number): void {
     if (this.closed) return
-    this.res.write(encodeSse(event))
+    this.res.write(encodeSse(event, id))
   }
 
   /** Sends a named event whose data is `data` as JSON (streams that are not runs: build logs). */
-  sendNamed(name: string, data: unknown): void {
+  sendNamed(name: string, data: unknown, id?: number): void {
     if (this.closed) return
-    this.res.write(`event: ${name}\ndata: ${JSON.stringify(data)}\n\n`)
+    const idLine = id === undefined ? '' : `id: ${id}\n`
+    this.res.write(`event: ${name}\n${idLine}data: ${JSON.stringify(data)}\n\n`)
   }
 
   end(): void {
@@ -76,4 +77,19 @@ export class SseWriter {
     clearInterval(this.heartbeat)
     for (const listener of this.closeListeners.splice(0)) listener()
   }
+}
+
+/**
+ * Where a resumed stream starts: after `Last-Event-ID` when sent (an EventSource reconnecting to a
+ * URL with `after` sends it, and it is the newer), else after `after`, else from the start.
+ */
+export function eventIdAfter(header: string | string[] | undefined, after: number | undefined): number {
+  const value = Array.isArray(header) ? header.at(-1) : header
+  if (value === undefined || value.trim() === '') return after ?? 0
+  if (!/^\d{1,15}$/.test(value.trim()))
+    throw new CairnProblem(
+      'validation_failed',
+      `Last-Event-ID must be the id of an event of this stream (a whole number), not '${value.slice(0, 40)}'`,
+    )
+  return Number(value.trim())
 }

@@ -14,6 +14,8 @@ import {
   SessionListSchema,
   SessionSchema,
   StatusEventSchema,
+  TurnEventsQuery,
+  TurnParams,
   TurnSchema,
 } from '@cairn/protocol'
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox'
@@ -21,7 +23,7 @@ import { Type } from '@sinclair/typebox'
 import type { FastifyInstance } from 'fastify'
 import { principalOf, requireWrite } from '../auth/plugin.js'
 import { errorResponses, eventStreamResponse } from '../http/responses.js'
-import { SseWriter, type SseWriterOptions } from '../http/sse.js'
+import { eventIdAfter, SseWriter, type SseWriterOptions } from '../http/sse.js'
 import type { SessionService } from './session-service.js'
 
 const errors = errorResponses(400, 401, 404, 409, 410)
@@ -140,6 +142,49 @@ export function sessionRoutes(
     async (request) => ({ data: await sessions.turns(principalOf(request).tenantId, idOf(request)) }),
   )
 
+  app.get(
+    '/v1/sessions/:id/turns/:turnId/events',
+    {
+      schema: {
+        tags: ['sessions'],
+        summary:
+          "A turn's event stream picked up again, through any replica: the events after Last-Event-ID (or `after`), then the live ones until the turn ends; 204 when the turn ended and the client has its last event",
+        params: TurnParams,
+        querystring: TurnEventsQuery,
+        headers: Type.Object({
+          'last-event-id': Type.Optional(
+            Type.String({
+              maxLength: 32,
+              description: 'The id of the last event received (wins over `after`)',
+            }),
+          ),
+        }),
+        response: {
+          200: eventStreamResponse("The turn's events after the one named"),
+          204: {
+            description: 'The turn ended and its last event is at or before the one named: nothing follows',
+          },
+          ...errors,
+        },
+      },
+    },
+    async (request, reply) => {
+      const { tenantId } = principalOf(request)
+      const after = eventIdAfter(request.headers['last-event-id'], request.query.after)
+      const replay = await sessions.replayTurn(tenantId, idOf(request), request.params.turnId, after)
+      if (!replay) return reply.status(204).send()
+      reply.hijack()
+      const writer = new SseWriter(reply.raw, sse)
+      const stop = new AbortController()
+      writer.onClose(() => stop.abort())
+      try {
+        await replay.stream(({ id, event }) => writer.send(event, id), stop.signal)
+      } finally {
+        writer.end()
+      }
+    },
+  )
+
   app.post(
     '/v1/sessions/:id/messages',
     {
@@ -155,10 +200,11 @@ export function sessionRoutes(
       const { tenantId } = requireWrite(request)
       const seen = await sessions.verifyBeforeTurn(tenantId, idOf(request))
       const handle = await sessions.beginTurn(tenantId, idOf(request), request.body.prompt, seen)
+      reply.raw.setHeader('cairn-turn-id', handle.turnId)
       reply.hijack()
       const writer = new SseWriter(reply.raw, sse)
       try {
-        await handle.run((event) => writer.send(event))
+        await handle.run((event, id) => writer.send(event, id))
       } finally {
         writer.end()
       }
@@ -203,10 +249,11 @@ export function sessionRoutes(
       const seen = await sessions.verifyBeforeTurn(tenantId, id)
       const handle = await sessions.beginTurn(tenantId, id, prompt, seen)
       reply.raw.setHeader('cairn-session-id', id)
+      reply.raw.setHeader('cairn-turn-id', handle.turnId)
       reply.hijack()
       const writer = new SseWriter(reply.raw, sse)
       try {
-        await handle.run((event) => writer.send(event))
+        await handle.run((event, id) => writer.send(event, id))
       } finally {
         writer.end()
       }

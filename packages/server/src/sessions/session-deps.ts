@@ -2,6 +2,7 @@ import type { RuntimePort } from '@cairn/runtime/port'
 import type { Logger } from 'pino'
 import type { AgentService } from '../agents/agent-service.js'
 import type { Clock } from '../clock.js'
+import type { HintFeed } from '../cluster/cluster-hints.js'
 import type { Db } from '../db/database.js'
 import type { OperatorLimits } from '../limits/operator-limits.js'
 import type { MemoryService } from '../memory/memory-service.js'
@@ -42,4 +43,13 @@ export interface SessionServiceDeps {
   operatorLimits: OperatorLimits
   clock: Clock
   logger: Logger
+  /**
+   * The cluster's hints (PostgreSQL): a replica streaming a turn to a resumed client hears that
+   * its events were written. Without them it reads at `turnEventsPollMs`.
+   */
+  hints?: HintFeed | undefined
+  /** How long a running turn's events wait before they are written (default 250 ms). */
+  turnEventsFlushMs?: number | undefined
+  /** How often a resumed stream of a turn running elsewhere reads its new events (default 500 ms). */
+  turnEventsPollMs?: number | undefined
 }

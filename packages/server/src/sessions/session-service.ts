@@ -26,12 +26,15 @@ import { type ReapReport, SessionReaper } from './reaper.js'
 import { PoolReconciler } from './reconcile.js'
 import type { SessionServiceDeps } from './session-deps.js'
 import { type InterruptedTurn, type SessionRow, SessionStore, toSessionInfo } from './session-store.js'
+import { TurnEvents } from './turn-events.js'
 import { MOVE_OPERATION, TurnLocks } from './turn-locks.js'
 import { type TurnHandle, TurnRunner } from './turn-runner.js'
+import { type TurnReplay, TurnStreams } from './turn-stream.js'
 import { type SeenAgent, WarmAgents } from './warm-agents.js'
 
 export type { SessionServiceDeps } from './session-deps.js'
 export type { TurnHandle } from './turn-runner.js'
+export type { TurnReplay } from './turn-stream.js'
 
 /**
  * How long an exclusive operation's hold on a session lasts in the database unless renewed (it is,
@@ -51,6 +54,8 @@ export class SessionService {
   private readonly locks = new TurnLocks()
   private readonly warm: WarmAgents
   private readonly runner: TurnRunner
+  private readonly turnEvents: TurnEvents
+  private readonly turnStreams: TurnStreams
   private readonly reaper: SessionReaper
   private readonly reconciler: PoolReconciler
   /** Deletions in progress: the workspace goes before the row says `deleted`. */
@@ -71,7 +76,25 @@ export class SessionService {
       locks,
       missingWorkspace: (tenantId, id) => this.missingWorkspace(tenantId, id),
     })
-    this.runner = new TurnRunner({ ...deps, store, locks, warm: this.warm, generations: this.generations })
+    this.turnEvents = new TurnEvents({
+      db: deps.db,
+      logger: deps.logger,
+      hints: deps.hints,
+      flushMs: deps.turnEventsFlushMs,
+    })
+    this.turnStreams = new TurnStreams({
+      events: this.turnEvents,
+      logger: deps.logger,
+      pollMs: deps.turnEventsPollMs,
+    })
+    this.runner = new TurnRunner({
+      ...deps,
+      store,
+      locks,
+      warm: this.warm,
+      generations: this.generations,
+      events: this.turnEvents,
+    })
     this.reaper = new SessionReaper({
       ...deps,
       store,
@@ -316,6 +339,22 @@ export class SessionService {
    */
   beginTurn(tenantId: string, id: string, prompt: string, seen?: SeenAgent): Promise<TurnHandle> {
     return this.runner.begin(id, () => this.requireOwned(tenantId, id), prompt, seen)
+  }
+
+  /**
+   * A turn's event stream picked up after event `after`, through any replica; undefined when the
+   * turn ended and its terminal event is at or before `after` (nothing more will come).
+   */
+  async replayTurn(
+    tenantId: string,
+    id: string,
+    turnId: string,
+    after: number,
+  ): Promise<TurnReplay | undefined> {
+    await this.require(tenantId, id)
+    const turn = await this.turnEvents.turn(id, turnId)
+    if (!turn) throw new CairnProblem('not_found', `No turn '${turnId}' in session ${id}`)
+    return this.turnStreams.replay(turn, after)
   }
 
   /**

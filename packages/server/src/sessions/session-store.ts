@@ -228,6 +228,12 @@ export class SessionStore {
   /** Forgets a session's conversation (an ephemeral session that did not ask to keep it). */
   async deleteTranscript(sessionId: string): Promise<void> {
     await this.db.transaction(async () => {
+      await this.db.q
+        .deleteFrom('turn_events')
+        .where('turn_id', 'in', (eb) =>
+          eb.selectFrom('turns').select('id').where('session_id', '=', sessionId),
+        )
+        .execute()
       await this.db.q.deleteFrom('turns').where('session_id', '=', sessionId).execute()
       await this.db.q.updateTable('sessions').set({ message_count: 0 }).where('id', '=', sessionId).execute()
     })

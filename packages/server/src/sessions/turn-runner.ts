@@ -8,6 +8,7 @@ import { limitReached } from './policy.js'
 import type { SessionServiceDeps } from './session-deps.js'
 import { type MarkAnswer, turnMarkOf, unchangedByAll } from './session-observer.js'
 import type { SessionRow, SessionStore } from './session-store.js'
+import type { TurnEventLog, TurnEvents } from './turn-events.js'
 import { MOVE_OPERATION, type TurnLocks } from './turn-locks.js'
 import type { SeenAgent, WarmAgents } from './warm-agents.js'
 
@@ -19,7 +20,14 @@ export type TurnRunnerDeps = Pick<
   locks: TurnLocks
   warm: WarmAgents
   generations: WorkspaceGenerations
+  events: TurnEvents
 }
+
+/**
+ * Where a turn's events go: each with its id (its place in the turn, the SSE `id:`), except one
+ * that is not part of the turn's record (a `run.failed` saying the end could not be recorded yet).
+ */
+export type TurnEmit = (event: StreamEvent, id?: number) => void
 
 const TITLE_MAX = 60
 /** How long a turn's end waits for an unavailable database before the client is told. */
@@ -30,7 +38,7 @@ const POOL_FULL_BYTES = 16 * 1024 * 1024
 /** A turn accepted by `beginTurn`: validation is over, the lock is held, `run` streams it. */
 export interface TurnHandle {
   readonly turnId: string
-  run(emit: (event: StreamEvent) => void): Promise<void>
+  run(emit: TurnEmit): Promise<void>
 }
 
 /**
@@ -122,11 +130,12 @@ export class TurnRunner {
       throw error
     }
     const started: SessionRow = { ...row, status: 'active' }
+    const log = this.deps.events.open(turnId)
     return {
       turnId,
       run: async (emit) => {
         try {
-          await this.run(started, turnId, seq, prompt, seen, abort.signal, emit)
+          await this.run(started, turnId, seq, prompt, seen, abort.signal, emit, log)
         } finally {
           release()
         }
@@ -198,9 +207,11 @@ export class TurnRunner {
     prompt: string,
     seen: SeenAgent | undefined,
     signal: AbortSignal,
-    emit: (event: StreamEvent) => void,
+    emitNumbered: TurnEmit,
+    log: TurnEventLog,
   ): Promise<void> {
     const { store, warm } = this.deps
+    const emit = (event: StreamEvent) => emitNumbered(event, log.append(event))
     const startedAt = this.deps.clock.now()
     const elapsed = () => Math.max(0, Math.round(performance.now() - startedPerf))
     const startedPerf = performance.now()
@@ -353,12 +364,26 @@ export class TurnRunner {
     // declared lost (or the session moved) the leader has failed this turn, and a late end from
     // the old owner changes nothing.
     let ownerChanged = false
+    const ended = terminalEvent(turnId, outcome, durationMs)
+    const lost: StreamEvent = {
+      type: 'run.failed',
+      turnId,
+      durationMs,
+      error: {
+        code: 'node_lost',
+        message: `the session's node was declared lost (or the session moved) while turn ${turnId} ran; its end was not recorded`,
+      },
+    }
+    // The turn's events not written yet go with its record, its terminal event last: a client
+    // resuming the stream through any replica gets exactly what it streamed.
     const record = () =>
       this.deps.db.transaction(async () => {
         if ((await store.ownerEpochForUpdate(row.id)) !== row.owner_epoch) {
           ownerChanged = true
+          await log.writeEnd(lost)
           return
         }
+        ownerChanged = false
         await store.finishTurn(row.id, {
           id: turnId,
           status: outcome.status,
@@ -380,20 +405,23 @@ export class TurnRunner {
             `${seq} of ${maxTurns} turns`,
           )
         }
+        await log.writeEnd(ended)
       })
+    await log.settle()
     try {
       await whenNotBusy(record, RECORD_WAIT_MS)
     } catch (error) {
       // The database did not answer in time (PostgreSQL down, SQLite locked): the client is told
       // so, typed and retryable, instead of waiting on; the record is retried behind until the
       // database is back, which ends the session's running turn (the next message is refused
-      // with session_busy until then).
+      // with session_busy until then). This event is not the turn's: it has no id, and a client
+      // resuming the stream later gets the turn's own end once it is recorded.
       const reason = unavailableReason(error)
       this.deps.logger.error(
         { err: error, session: row.id, turn: turnId },
         'recording the end of a turn failed',
       )
-      emit({
+      emitNumbered({
         type: 'run.failed',
         turnId,
         durationMs,
@@ -402,8 +430,13 @@ export class TurnRunner {
           message: `the turn ended (${outcome.status}) but could not be recorded yet: ${reason ?? (error as Error).message}; it is recorded once the database answers, retry then`,
         },
       })
-      void whenNotBusy(record, Number.POSITIVE_INFINITY, 1000).catch((late: unknown) =>
-        this.deps.logger.error({ err: late, session: row.id, turn: turnId }, 'a turn could not be recorded'),
+      void whenNotBusy(record, Number.POSITIVE_INFINITY, 1000).then(
+        () => log.end(ownerChanged ? lost : ended),
+        (late: unknown) =>
+          this.deps.logger.error(
+            { err: late, session: row.id, turn: turnId },
+            'a turn could not be recorded',
+          ),
       )
       return
     }
@@ -412,33 +445,10 @@ export class TurnRunner {
         { session: row.id, turn: turnId, ownerEpoch: row.owner_epoch },
         "a turn's end was not recorded: the session's owner changed during the turn",
       )
-      emit({
-        type: 'run.failed',
-        turnId,
-        durationMs,
-        error: {
-          code: 'node_lost',
-          message: `the session's node was declared lost (or the session moved) while turn ${turnId} ran; its end was not recorded`,
-        },
-      })
+      emitNumbered(lost, log.end(lost))
       return
     }
-    if (outcome.status === 'completed') {
-      emit({ type: 'run.completed', turnId, text: outcome.text, durationMs })
-    } else if (outcome.status === 'cancelled') {
-      emit({ type: 'run.cancelled', turnId, durationMs })
-    } else if (failed) {
-      emit({
-        type: 'run.failed',
-        turnId,
-        durationMs,
-        error: {
-          code: failed.code,
-          message: failed.message,
-          details: { stderrTail: failed.stderr.slice(-2000) },
-        },
-      })
-    }
+    emitNumbered(ended, log.end(ended))
     const after = agentAfter
     for (const observer of this.observers) observer.afterTurn?.(row, seq, after, unchanged)
     const memory = this.deps.memory
@@ -491,6 +501,22 @@ export class TurnRunner {
       cause: 'storage_error',
       message: `the storage pool is full (${stats.freeBytes} of ${stats.totalBytes} bytes free): the agent's writes failed with "No space left on device"; free space in the pool, then resume the session. Agent: ${outcome.message}`,
     }
+  }
+}
+
+/** The event that ends a turn's stream, from its outcome. */
+function terminalEvent(turnId: string, outcome: TurnOutcome, durationMs: number): StreamEvent {
+  if (outcome.status === 'completed') return { type: 'run.completed', turnId, text: outcome.text, durationMs }
+  if (outcome.status === 'cancelled') return { type: 'run.cancelled', turnId, durationMs }
+  return {
+    type: 'run.failed',
+    turnId,
+    durationMs,
+    error: {
+      code: outcome.code,
+      message: outcome.message,
+      details: { stderrTail: outcome.stderr.slice(-2000) },
+    },
   }
 }
 

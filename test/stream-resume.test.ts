@@ -1,0 +1,157 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { makeProject, SHELL_PROJECT } from './helpers/projects.js'
+import { packDir, startTestServer, type TestServer } from './helpers/server.js'
+import { deltaText, idsOf, readEvents } from './helpers/sse.js'
+
+// A run's stream that drops (a laptop's Wi-Fi, a proxy's timeout, a replica's restart) is picked
+// up again with Last-Event-ID (or `after`): exactly the events missed, then the live ones, then
+// the stream closes; a reconnect after the end gets an empty 204 (an EventSource stops there).
+let t: TestServer
+
+beforeAll(async () => {
+  t = await startTestServer()
+  const deployed = await t.api.call(
+    'POST',
+    '/v1/agents?wait=true',
+    await packDir(await makeProject(SHELL_PROJECT)),
+  )
+  expect(deployed.body.revision.status).toBe('READY')
+}, 120_000)
+
+afterAll(async () => {
+  await t?.close()
+})
+
+/** A prompt for the shell agent that answers four lines over about a second. */
+const SLOW = 'for i in 1 2 3 4; do echo line-$i; sleep 0.3; done'
+
+function post(sessionId: string, prompt: string, controller: AbortController) {
+  return fetch(`${t.url}/v1/sessions/${sessionId}/messages`, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${t.key}`, 'content-type': 'application/json' },
+    body: JSON.stringify({ prompt }),
+    signal: controller.signal,
+  })
+}
+
+function resume(sessionId: string, turnId: string, headers: Record<string, string> = {}, query = '') {
+  return fetch(`${t.url}/v1/sessions/${sessionId}/turns/${turnId}/events${query}`, {
+    headers: { authorization: `Bearer ${t.key}`, ...headers },
+  })
+}
+
+/** Starts a slow turn and hangs up after its first delta; the turn goes on. */
+async function droppedTurn() {
+  const { id } = await t.api.createSession('shell')
+  const controller = new AbortController()
+  const res = await post(id, SLOW, controller)
+  expect(res.status).toBe(200)
+  const turnId = res.headers.get('cairn-turn-id') ?? ''
+  expect(turnId).toMatch(/^trn_/)
+  const { messages: before } = await readEvents(res, controller, (m) => m.event === 'message.delta')
+  return { id, turnId, before, lastId: before.at(-1)?.id ?? '' }
+}
+
+async function waitForTurnEnd(sessionId: string): Promise<void> {
+  for (let i = 0; i < 400; i++) {
+    const turns = (await t.api.call('GET', `/v1/sessions/${sessionId}/turns`)).body.data as {
+      status: string
+    }[]
+    if (turns.length > 0 && turns.every((turn) => turn.status !== 'running')) return
+    await new Promise((r) => setTimeout(r, 25))
+  }
+  throw new Error(`a turn of ${sessionId} still runs`)
+}
+
+describe('resumable run streams', () => {
+  it('a stream dropped mid-turn, resumed with Last-Event-ID, gets exactly the events missed, then the live ones, then closes', async () => {
+    const { id, turnId, before, lastId } = await droppedTurn()
+    // Every event of a turn has an id: 1, 2, … in the order sent.
+    expect(idsOf(before)).toEqual(before.map((_, i) => i + 1))
+    const res = await resume(id, turnId, { 'last-event-id': lastId })
+    expect(res.status).toBe(200)
+    expect(res.headers.get('content-type')).toContain('text/event-stream')
+    const { messages: after, ended } = await readEvents(res)
+    expect(ended).toBe(true)
+    const all = [...before, ...after]
+    expect(idsOf(all)).toEqual(all.map((_, i) => i + 1))
+    expect(after.at(-1)?.event).toBe('run.completed')
+    const completed = JSON.parse(after.at(-1)?.data ?? '{}') as { text: string }
+    expect(deltaText(all)).toBe(completed.text)
+    expect(completed.text).toBe('line-1\nline-2\nline-3\nline-4\n[exit 0]\n')
+    // The whole stream read again from the start is what the two halves were, byte for byte.
+    const { messages: whole } = await readEvents(await resume(id, turnId, {}, '?after=0'))
+    expect(whole.map((m) => [m.id, m.event, m.data])).toEqual(all.map((m) => [m.id, m.event, m.data]))
+  })
+
+  it('resumed after the turn ended: the remainder, then the stream closes', async () => {
+    const { id, turnId, before, lastId } = await droppedTurn()
+    await waitForTurnEnd(id)
+    const { messages: after, ended } = await readEvents(await resume(id, turnId, {}, `?after=${lastId}`))
+    expect(ended).toBe(true)
+    const all = [...before, ...after]
+    expect(idsOf(all)).toEqual(all.map((_, i) => i + 1))
+    expect(after.at(-1)?.event).toBe('run.completed')
+    expect(deltaText(all)).toContain('line-4')
+  })
+
+  it('a resume at or past the end of an ended turn answers 204 at once; Last-Event-ID wins over after', async () => {
+    const { id, turnId } = await droppedTurn()
+    await waitForTurnEnd(id)
+    const { messages: whole } = await readEvents(await resume(id, turnId))
+    const endId = whole.at(-1)?.id ?? ''
+    expect(whole.at(-1)?.event).toBe('run.completed')
+    for (const [headers, query] of [
+      [{ 'last-event-id': endId }, ''],
+      [{ 'last-event-id': String(Number(endId) + 50) }, ''],
+      [{}, `?after=${endId}`],
+      // An EventSource that opened `…?after=0` reconnects to it with the id it last got.
+      [{ 'last-event-id': endId }, '?after=0'],
+    ] as const) {
+      const res = await resume(id, turnId, headers, query)
+      expect(res.status, JSON.stringify({ headers, query })).toBe(204)
+      expect(await res.text()).toBe('')
+    }
+    const { messages: tail } = await readEvents(
+      await resume(id, turnId, { 'last-event-id': '2' }, '?after=0'),
+    )
+    expect(idsOf(tail)[0]).toBe(3)
+  })
+
+  it('refuses a Last-Event-ID that is not an event id, and a turn of another session', async () => {
+    const { id, turnId } = await droppedTurn()
+    const bad = await t.api.call('GET', `/v1/sessions/${id}/turns/${turnId}/events`, undefined, {
+      'last-event-id': 'abc',
+    })
+    expect(bad.status).toBe(400)
+    expect(bad.body.error.code).toBe('validation_failed')
+    const other = await t.api.createSession('shell')
+    const elsewhere = await t.api.call('GET', `/v1/sessions/${other.id}/turns/${turnId}/events`)
+    expect(elsewhere.status).toBe(404)
+    expect(elsewhere.body.error.code).toBe('not_found')
+    await waitForTurnEnd(id)
+  })
+})
+
+describe('a finished build log is not replayed to a reconnecting EventSource', () => {
+  it('numbers log lines and the end; a reconnect after a line gets the rest, one at the end a 204', async () => {
+    const project = await makeProject({
+      'cairn.yaml': 'name: logged\ncommand: bash agent.sh\nsetup: bash setup.sh\n',
+      'setup.sh': 'echo one\necho two\necho three\n',
+      'agent.sh': 'while read -r l; do echo ok; done\n',
+    })
+    const deployed = await t.api.call('POST', '/v1/agents?wait=true', await packDir(project))
+    expect(deployed.status).toBe(201)
+    const logs = `${t.url}/v1/agents/logged/revisions/${deployed.body.revision.id}/logs?follow=true`
+    const follow = (headers: Record<string, string> = {}) =>
+      fetch(logs, { headers: { authorization: `Bearer ${t.key}`, ...headers } })
+    const { messages: whole, ended } = await readEvents(await follow())
+    expect(ended).toBe(true)
+    expect(whole.at(-1)?.event).toBe('end')
+    expect(idsOf(whole)).toEqual(whole.map((_, i) => i + 1))
+    const { messages: rest } = await readEvents(await follow({ 'last-event-id': '1' }))
+    expect(rest.map((m) => [m.id, m.data])).toEqual(whole.slice(1).map((m) => [m.id, m.data]))
+    const again = await follow({ 'last-event-id': whole.at(-1)?.id ?? '' })
+    expect(again.status).toBe(204)
+  })
+})

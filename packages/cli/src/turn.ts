@@ -32,7 +32,16 @@ function summarize(value: unknown): string {
  */
 export async function runTurn(ctx: Context, session: Session, prompt: string): Promise<RunResult> {
   const { out } = ctx
-  const stream = session.stream(prompt)
+  // A dropped connection (a server restart, Wi-Fi, a proxy's timeout) is picked up again after
+  // the last event received; each try is said on stderr.
+  const stream = session.stream(prompt, {
+    onReconnect: ({ attempt, maxAttempts, afterEventId, delayMs }) =>
+      out.note(
+        out.ec.yellow(
+          `Connection lost; picking the turn up again after event ${afterEventId} in ${formatSeconds(delayMs)} (try ${attempt} of ${maxAttempts})…`,
+        ),
+      ),
+  })
   let interrupts = 0
   const onSigint = () => {
     // A second Ctrl-C does not wait for the server any more.

@@ -64,13 +64,15 @@ function client(handler: Handler, calls: string[] = []) {
 const json = (body: unknown, status = 200) =>
   new Response(JSON.stringify(body), { status, headers: { 'content-type': 'application/json' } })
 
+/** An SSE answer; with `ids`, the events are numbered from it. */
 function sse(
   events: StreamEvent[],
-  { hold = false, signal }: { hold?: boolean; signal?: AbortSignal | null } = {},
+  { hold = false, signal, ids }: { hold?: boolean; signal?: AbortSignal | null; ids?: number } = {},
 ) {
   const body = new ReadableStream<Uint8Array>({
     start(controller) {
-      for (const e of events) controller.enqueue(new TextEncoder().encode(encodeSse(e)))
+      for (const [i, e] of events.entries())
+        controller.enqueue(new TextEncoder().encode(encodeSse(e, ids === undefined ? undefined : ids + i)))
       if (!hold) controller.close()
       signal?.addEventListener('abort', () => controller.error(new DOMException('aborted', 'AbortError')))
     },
@@ -211,15 +213,37 @@ describe('Cairn client', () => {
     })
   })
 
-  it('throws a connection error when the stream ends without a final event', async () => {
+  it('throws a connection error when the stream ends without a final event (reconnecting off)', async () => {
     const c = client(() => sse([started]))
-    const stream = c.sessions.stream(SESSION.id, 'hi')
+    const stream = c.sessions.stream(SESSION.id, 'hi', { maxReconnects: 0 })
     await expect(stream.result).rejects.toBeInstanceOf(ConnectionError)
     const seen: string[] = []
     await expect(async () => {
       for await (const e of stream) seen.push(e.type)
     }).rejects.toBeInstanceOf(ConnectionError)
     expect(seen).toEqual(['run.started'])
+  })
+
+  it('picks a dropped stream up after the last event id, and says so', async () => {
+    const delta = (content: string): StreamEvent => ({ type: 'message.delta', turnId: 'trn_1', content })
+    const calls: string[] = []
+    const c = client((url) => {
+      if (url.pathname.endsWith('/messages')) return sse([started, delta('a'), delta('b')], { ids: 1 })
+      return sse([delta('c'), { type: 'run.completed', turnId: 'trn_1', text: 'abc', durationMs: 3 }], {
+        ids: 4,
+      })
+    }, calls)
+    const told: { attempt: number; afterEventId: number }[] = []
+    const stream = c.sessions.stream(SESSION.id, 'hi', {
+      onReconnect: ({ attempt, afterEventId }) => told.push({ attempt, afterEventId }),
+    })
+    expect(await stream.result).toMatchObject({ finishReason: 'completed', text: 'abc' })
+    const seen: string[] = []
+    for await (const e of stream) seen.push(e.type === 'message.delta' ? e.content : e.type)
+    expect(seen).toEqual(['run.started', 'a', 'b', 'c', 'run.completed'])
+    expect(told).toEqual([{ attempt: 1, afterEventId: 3 }])
+    expect(calls.at(-1)).toBe(`GET /v1/sessions/${SESSION.id}/turns/trn_1/events?after=3`)
+    expect(stream.reconnects).toBe(1)
   })
 
   it('abort() cancels on the server and resolves cancelled', async () => {

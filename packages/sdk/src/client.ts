@@ -8,7 +8,7 @@ import { Nodes } from './nodes.js'
 import { assertKnownOptions } from './options.js'
 import { Secrets } from './secrets.js'
 import { CREATE_SESSION_OPTION_KEYS, type CreateSessionOptions, type Session, Sessions } from './sessions.js'
-import { AgentStream, type RunResult } from './stream.js'
+import { AgentStream, type ReconnectOptions, type RunResult } from './stream.js'
 
 export const DEFAULT_BASE_URL = 'http://127.0.0.1:7070'
 export const DEFAULT_TIMEOUT_MS = 60_000
@@ -26,7 +26,7 @@ export interface CairnOptions {
   userAgent?: string | undefined
 }
 
-export interface RunOptions extends CreateSessionOptions {
+export interface RunOptions extends CreateSessionOptions, ReconnectOptions {
   message: string
   /**
    * Run in this existing session (full ID); without it a fresh session is created for this one
@@ -36,7 +36,13 @@ export interface RunOptions extends CreateSessionOptions {
   sessionId?: string | undefined
 }
 
-const RUN_OPTION_KEYS = ['message', 'sessionId', ...CREATE_SESSION_OPTION_KEYS] as const
+const RUN_OPTION_KEYS = [
+  'message',
+  'sessionId',
+  'maxReconnects',
+  'onReconnect',
+  ...CREATE_SESSION_OPTION_KEYS,
+] as const
 
 /** The Cairn API client. Core code: fetch, streams and text decoding only, so it runs in browsers too. */
 export class Cairn {
@@ -94,7 +100,7 @@ export class Cairn {
   /** One turn, streamed. Without `sessionId` it runs in a new session that is ended when the run is over. */
   stream(agent: string, options: RunOptions): AgentStream {
     assertKnownOptions('run', options, RUN_OPTION_KEYS)
-    const { message, sessionId, signal, timeoutMs, ...create } = options
+    const { message, sessionId, signal, timeoutMs, maxReconnects, onReconnect, ...create } = options
     if (typeof message !== 'string') {
       throw new ValidationError({ code: 'validation_failed', message: 'run: message must be a string' })
     }
@@ -107,7 +113,7 @@ export class Cairn {
           message: `run: '${dropped}' applies to a new session, not to an existing one (sessionId); change a session's policy with sessions.resume(id, { policy })`,
         })
       }
-      return this.sessions.stream(sessionId, message, { signal, timeoutMs })
+      return this.sessions.stream(sessionId, message, { signal, timeoutMs, maxReconnects, onReconnect })
     }
     let created: string | undefined
     return new AgentStream(
@@ -123,6 +129,8 @@ export class Cairn {
           created = session.id
           return this.sessions.openRun(session.id, message, openSignal, timeoutMs)
         },
+        resume: (turnId, after, resumeSignal) =>
+          this.sessions.openTurnEvents(created ?? '', turnId, after, resumeSignal, timeoutMs),
         cancel: async () => {
           if (created !== undefined) await this.sessions.cancel(created)
         },
@@ -131,6 +139,7 @@ export class Cairn {
         },
       },
       signal,
+      { maxReconnects, onReconnect },
     )
   }
 }

@@ -46,9 +46,19 @@ export {
   type SessionLease,
   type SessionPage,
   Sessions,
+  type StreamOptions,
 } from './sessions.js'
 export { readSse, type SseMessage, SseParser } from './sse.js'
-export { AgentStream, type FinishReason, type RunResult, type StreamDriver } from './stream.js'
+export {
+  AgentStream,
+  DEFAULT_MAX_RECONNECTS,
+  type FinishReason,
+  type OpenedRun,
+  type ReconnectInfo,
+  type ReconnectOptions,
+  type RunResult,
+  type StreamDriver,
+} from './stream.js'
 export {
   type FileOptions,
   Files,

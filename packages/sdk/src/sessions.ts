@@ -14,13 +14,19 @@ import {
   type StreamEvent,
   type TurnInfo,
 } from '@cairn/protocol'
-import { InvalidResponseError } from './errors.js'
+import { ConnectionError, InvalidResponseError } from './errors.js'
 import { decodeEvent } from './events.js'
 import { asCursor, asList, asMessage, asSession, asStatusEvent, asTurn, checked } from './guards.js'
 import type { HttpClient, RequestOptions } from './http.js'
 import { assertKnownOptions, idleTimeoutMsOf, REQUEST_OPTION_KEYS } from './options.js'
 import { readSse } from './sse.js'
-import { AgentStream, type RunResult, type StreamDriver } from './stream.js'
+import {
+  AgentStream,
+  type OpenedRun,
+  type ReconnectOptions,
+  type RunResult,
+  type StreamDriver,
+} from './stream.js'
 import { Files, Snapshots } from './workspace.js'
 
 export interface CreateSessionOptions extends RequestOptions {
@@ -113,11 +119,22 @@ void everyCreateKeyListed
 
 const path = (id: string, rest = '') => `/v1/sessions/${encodeURIComponent(id)}${rest}`
 
-async function* decodeEvents(body: ReadableStream<Uint8Array>): AsyncGenerator<StreamEvent> {
-  for await (const message of readSse(body)) {
-    const event = decodeEvent(message)
-    if (event !== undefined) yield event
+/** What `stream` and `run` take: the call's options and what to do when the stream drops. */
+export interface StreamOptions extends RequestOptions, ReconnectOptions {}
+
+/** A run's SSE body as events; `eventId()` is the SSE id of the event yielded last. */
+function decodeEvents(body: ReadableStream<Uint8Array>): Pick<OpenedRun, 'events' | 'eventId'> {
+  let current: number | undefined
+  async function* events(): AsyncGenerator<StreamEvent> {
+    for await (const message of readSse(body)) {
+      const event = decodeEvent(message)
+      if (event === undefined) continue
+      const id = message.id === undefined ? Number.NaN : Number(message.id)
+      current = Number.isSafeInteger(id) ? id : undefined
+      yield event
+    }
   }
+  return { events: events(), eventId: () => current }
 }
 
 /** Session calls by ID. `Session` handles wrap these for one session. */
@@ -349,19 +366,26 @@ export class Sessions {
     )
   }
 
-  stream(id: string, message: string, options: RequestOptions = {}): AgentStream {
+  /**
+   * Sends a message and streams the run. A connection that drops before the run's end is picked
+   * up again after the last event received (`maxReconnects`, `onReconnect`).
+   */
+  stream(id: string, message: string, options: StreamOptions = {}): AgentStream {
+    const { maxReconnects, onReconnect } = options
     return new AgentStream(
       {
         open: (signal) => this.openRun(id, message, signal, options.timeoutMs),
+        resume: (turnId, after, signal) => this.openTurnEvents(id, turnId, after, signal, options.timeoutMs),
         cancel: async () => {
           await this.cancel(id)
         },
       },
       options.signal,
+      { maxReconnects, onReconnect },
     )
   }
 
-  run(id: string, message: string, options: RequestOptions = {}): Promise<RunResult> {
+  run(id: string, message: string, options: StreamOptions = {}): Promise<RunResult> {
     return this.stream(id, message, options).result
   }
 
@@ -386,7 +410,46 @@ export class Sessions {
     }
     return {
       sessionId: id,
-      events: decodeEvents(response.body),
+      turnId: response.headers.get('cairn-turn-id') ?? undefined,
+      ...decodeEvents(response.body),
+      close: () => {
+        abort()
+        done()
+      },
+    }
+  }
+
+  /**
+   * @internal A turn's stream picked up after event `after` (`GET …/turns/{turnId}/events`). A
+   * turn that ended with its last event at or before `after` answers 204: nothing more comes.
+   */
+  async openTurnEvents(
+    id: string,
+    turnId: string,
+    after: number,
+    signal: AbortSignal,
+    timeoutMs?: number,
+  ): Promise<OpenedRun> {
+    const { response, abort, done } = await this.http.stream({
+      method: 'GET',
+      path: path(id, `/turns/${encodeURIComponent(turnId)}/events`),
+      query: { after },
+      accept: 'text/event-stream',
+      signal,
+      timeoutMs,
+    })
+    if (response.status === 204 || !response.body) {
+      done()
+      throw new ConnectionError({
+        code: 'connection_error',
+        message: `turn ${turnId} ended, but its last events did not arrive before the connection dropped`,
+        retryable: false,
+      })
+    }
+    return {
+      sessionId: id,
+      turnId,
+      ...decodeEvents(response.body),
       close: () => {
         abort()
         done()
@@ -424,11 +487,11 @@ export class Session {
     return this.info.title ?? undefined
   }
 
-  run(message: string, options: RequestOptions = {}): Promise<RunResult> {
+  run(message: string, options: StreamOptions = {}): Promise<RunResult> {
     return this.sessions.run(this.id, message, options)
   }
 
-  stream(message: string, options: RequestOptions = {}): AgentStream {
+  stream(message: string, options: StreamOptions = {}): AgentStream {
     return this.sessions.stream(this.id, message, options)
   }
 

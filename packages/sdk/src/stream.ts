@@ -1,5 +1,5 @@
 import type { StreamEvent, ToolCall } from '@cairn/protocol'
-import { AbortError, CairnError, ConnectionError } from './errors.js'
+import { AbortError, CairnError, ConnectionError, TimeoutError } from './errors.js'
 
 export type FinishReason = 'completed' | 'failed' | 'cancelled'
 
@@ -16,10 +16,55 @@ export interface RunResult {
   error?: { code: string; message: string }
 }
 
+/** A run's stream as it is opened (or picked up again). */
+export interface OpenedRun {
+  sessionId: string
+  /** The turn (the `Cairn-Turn-Id` header); else the `run.started` event names it. */
+  turnId?: string | undefined
+  events: AsyncIterable<StreamEvent>
+  /** The SSE id of the event `events` yielded last (undefined for one without: a heartbeat). */
+  eventId?(): number | undefined
+  close(): void
+}
+
+/** What a stream does when its connection drops before the run's end. */
+export interface ReconnectOptions {
+  /**
+   * How many times in a row a dropped stream is picked up again (`GET …/turns/{turnId}/events`
+   * after the last event received), waiting 250 ms, 0.5 s, 1 s … (at most 5 s) before each;
+   * the count starts again with each event received. Default 5; 0 turns reconnecting off.
+   */
+  maxReconnects?: number | undefined
+  /** Told before each reconnect (to say so: the CLI prints a line). */
+  onReconnect?: ((info: ReconnectInfo) => void) | undefined
+}
+
+export interface ReconnectInfo {
+  /** 1 for the first try after a drop. */
+  attempt: number
+  maxAttempts: number
+  turnId: string
+  /** The id of the last event received: the stream goes on after it. */
+  afterEventId: number
+  /** How long it waits before this try. */
+  delayMs: number
+  /** Why: the connection's error, or undefined when the stream ended early. */
+  cause: unknown
+}
+
+export const DEFAULT_MAX_RECONNECTS = 5
+const RECONNECT_BASE_MS = 250
+const RECONNECT_MAX_MS = 5000
+
 /** How an `AgentStream` opens, cancels and finishes its run; the client supplies it. */
 export interface StreamDriver {
   /** Opens the run. `signal` aborts the request while it is being opened. */
-  open(signal: AbortSignal): Promise<{ sessionId: string; events: AsyncIterable<StreamEvent>; close(): void }>
+  open(signal: AbortSignal): Promise<OpenedRun>
+  /**
+   * Picks the run's stream up again after event `afterEventId`, once its connection dropped;
+   * without it a dropped stream fails with `ConnectionError`.
+   */
+  resume?(turnId: string, afterEventId: number, signal: AbortSignal): Promise<OpenedRun>
   /** Asks the server to cancel the running turn (no-op when nothing was started). */
   cancel(): Promise<void>
   /** Runs once the run is over, before `result` settles (ends a session the stream created). */
@@ -33,7 +78,8 @@ const CANCEL_GRACE_MS = 3000
  * One run, streamed: an async iterable of events (replayed from the start for every iterator), its
  * text as `textStream`, and `result`. Reading starts at once, so `result` settles even when nobody
  * iterates. `abort()` (or the call's `signal`) cancels the turn on the server and resolves
- * `finishReason: 'cancelled'`.
+ * `finishReason: 'cancelled'`. A connection that drops before the run's end is picked up again
+ * after the last event received (see `ReconnectOptions`): every event is yielded once.
  */
 export class AgentStream implements AsyncIterable<StreamEvent> {
   readonly result: Promise<RunResult>
@@ -43,6 +89,12 @@ export class AgentStream implements AsyncIterable<StreamEvent> {
   private failure: unknown
   private aborting = false
   private opened: { sessionId: string; close(): void } | undefined
+  /** Reconnects tried since the last event received. */
+  private failures = 0
+  /** The id of the last event received (0: none). */
+  private lastEventId = 0
+  /** How many times the stream was picked up again. */
+  reconnects = 0
   private readonly opener = new AbortController()
   private readonly startedAt = Date.now()
   private sessionId = ''
@@ -50,6 +102,7 @@ export class AgentStream implements AsyncIterable<StreamEvent> {
   constructor(
     private readonly driver: StreamDriver,
     signal?: AbortSignal,
+    private readonly reconnect: ReconnectOptions = {},
   ) {
     const onAbort = () => void this.abort()
     if (signal?.aborted) this.aborting = true
@@ -121,31 +174,17 @@ export class AgentStream implements AsyncIterable<StreamEvent> {
     let terminal: StreamEvent | undefined
     try {
       if (this.aborting) throw new AbortError({ code: 'aborted', message: 'the run was aborted' })
-      const opened = await this.driver.open(this.opener.signal)
+      let opened = await this.driver.open(this.opener.signal)
       this.opened = opened
       this.sessionId = opened.sessionId
+      const turnId = () => opened.turnId ?? this.turnId()
       if (this.aborting) void this.abortOpened()
-      try {
-        for await (const event of opened.events) {
-          this.push(event)
-          if (
-            event.type === 'run.completed' ||
-            event.type === 'run.failed' ||
-            event.type === 'run.cancelled'
-          ) {
-            terminal = event
-            break
-          }
-        }
-      } finally {
-        opened.close()
-      }
-      if (terminal === undefined && !this.aborting) {
-        throw new ConnectionError({
-          code: 'connection_error',
-          message: 'the stream ended before the run finished',
-          retryable: true,
-        })
+      while (true) {
+        const { end, broken } = await this.read(opened)
+        terminal = end
+        if (terminal !== undefined || this.aborting) break
+        opened = await this.pickUp(turnId(), broken)
+        this.opened = opened
       }
     } catch (error) {
       // Once aborting, a broken connection or an aborted fetch is the cancellation itself; only an
@@ -166,6 +205,66 @@ export class AgentStream implements AsyncIterable<StreamEvent> {
     for (const w of this.wake.splice(0)) w()
     if (this.failure !== undefined) throw this.failure
     return this.toResult(terminal as StreamEvent)
+  }
+
+  /** Reads a stream until the run's terminal event, its end, or its connection's failure. */
+  private async read(opened: OpenedRun): Promise<{ end?: StreamEvent; broken?: unknown }> {
+    try {
+      for await (const event of opened.events) {
+        const id = opened.eventId?.()
+        if (id !== undefined) {
+          // Already received before the connection dropped.
+          if (id <= this.lastEventId) continue
+          this.lastEventId = id
+          this.failures = 0
+        }
+        this.push(event)
+        if (event.type === 'run.completed' || event.type === 'run.failed' || event.type === 'run.cancelled')
+          return { end: event }
+      }
+      return {}
+    } catch (error) {
+      return { broken: error }
+    } finally {
+      opened.close()
+    }
+  }
+
+  /**
+   * The connection dropped before the run's end: picks the stream up after the last event
+   * received, trying up to `maxReconnects` times with a growing wait. Throws what broke it when
+   * it cannot (no turn known yet, reconnecting off, tries used up, an answer that is an error).
+   */
+  private async pickUp(turnId: string, broken: unknown): Promise<OpenedRun> {
+    const maxAttempts = this.reconnect.maxReconnects ?? DEFAULT_MAX_RECONNECTS
+    let cause = broken
+    while (true) {
+      if (this.driver.resume === undefined || turnId === '' || this.failures >= maxAttempts) {
+        throw cause ?? streamEndedEarly()
+      }
+      const attempt = ++this.failures
+      const delayMs = Math.min(RECONNECT_BASE_MS * 2 ** (attempt - 1), RECONNECT_MAX_MS)
+      this.reconnect.onReconnect?.({
+        attempt,
+        maxAttempts,
+        turnId,
+        afterEventId: this.lastEventId,
+        delayMs,
+        cause,
+      })
+      await new Promise((resolve) => setTimeout(resolve, delayMs))
+      if (this.aborting) throw new AbortError({ code: 'aborted', message: 'the run was aborted' })
+      try {
+        const opened = await this.driver.resume(turnId, this.lastEventId, this.opener.signal)
+        this.reconnects++
+        return opened
+      } catch (error) {
+        // The server is back but refuses (the turn is gone, the key revoked): that is the answer.
+        if (!(error instanceof ConnectionError || error instanceof TimeoutError) || !error.retryable)
+          throw error
+        cause = error
+      }
+    }
   }
 
   /** `abort()` arrived while the request was being opened: cancel now that the turn is known. */
@@ -223,4 +322,12 @@ export class AgentStream implements AsyncIterable<StreamEvent> {
     }
     return result
   }
+}
+
+function streamEndedEarly(): ConnectionError {
+  return new ConnectionError({
+    code: 'connection_error',
+    message: 'the stream ended before the run finished',
+    retryable: true,
+  })
 }

@@ -5,12 +5,11 @@ import path from 'node:path'
 import { promisify } from 'node:util'
 import * as tar from 'tar'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { type RunEvent, TheirClient } from './helpers/compat-client.js'
 import { startTestServer, type TestServer } from './helpers/server.js'
 
-// The hosted agent-session product's own clients (SDK and CLI), as their source sends requests:
-// `<base>/v1/<path>`, a bearer key, `Content-Type: application/json` on every request but the
-// multipart deploy, snake_case bodies; run streams read from `data: {"type", "data"}` lines.
-// Written by hand from their wire shapes; none of their code is used.
+// The hosted agent-session product's own clients (SDK and CLI) against Cairn's compat API: requests
+// as their source sends them, run streams read as their SDK reads them (test/helpers/compat-client.ts).
 
 const execFileAsync = promisify(execFile)
 const PREFIX = '/superserve'
@@ -29,7 +28,8 @@ while True:
         print("echo: " + line)
 `
 
-// A shim agent that reports a tool call (Cairn's jsonl protocol, chosen with config.protocol).
+// A shim agent that reports a tool call, or fails its run when told to (Cairn's jsonl protocol,
+// chosen with config.protocol).
 const TOOL_AGENT = `import json, sys, time
 def send(frame):
     sys.stdout.write(json.dumps(frame) + "\\n")
@@ -37,86 +37,15 @@ def send(frame):
 send({"type": "ready"})
 for raw in sys.stdin:
     frame = json.loads(raw)
+    if frame["content"] == "fail":
+        send({"type": "error", "message": "the ledger is locked"})
+        continue
     send({"type": "tool.start", "id": "t1", "name": "list_files", "input": {"path": "/workspace"}})
     time.sleep(0.05)
     send({"type": "tool.end", "id": "t1", "output": ["a"]})
     send({"type": "text", "content": "listed for " + frame["content"]})
     send({"type": "turn.done"})
 `
-
-interface Answer {
-  status: number
-  json: Record<string, unknown>
-}
-
-interface RunEvent {
-  type: string
-  data: Record<string, unknown>
-}
-
-class TheirClient {
-  constructor(
-    readonly baseUrl: string,
-    private readonly token: string | undefined,
-  ) {}
-
-  private headers(json: boolean): Record<string, string> {
-    const headers: Record<string, string> = { 'User-Agent': 'superserve-cli/compat-test' }
-    if (json) headers['Content-Type'] = 'application/json'
-    if (this.token !== undefined) headers.Authorization = `Bearer ${this.token}`
-    return headers
-  }
-
-  async request(
-    method: string,
-    endpoint: string,
-    options: { json?: unknown; formData?: FormData; params?: Record<string, string> } = {},
-  ): Promise<Response> {
-    let url = `${this.baseUrl}/v1${endpoint}`
-    if (options.params) url += `?${new URLSearchParams(options.params).toString()}`
-    return fetch(url, {
-      method,
-      headers: this.headers(options.formData === undefined),
-      body: options.formData ?? (options.json ? JSON.stringify(options.json) : undefined),
-    })
-  }
-
-  async call(
-    method: string,
-    endpoint: string,
-    options: { json?: unknown; formData?: FormData; params?: Record<string, string> } = {},
-  ): Promise<Answer> {
-    const response = await this.request(method, endpoint, options)
-    return { status: response.status, json: (await response.json()) as Record<string, unknown> }
-  }
-
-  /** Their SDK's and CLI's stream reader: only `data: ` lines, each one JSON envelope. */
-  async stream(sessionId: string, prompt: string): Promise<{ status: number; events: RunEvent[] }> {
-    const response = await this.request('POST', `/sessions/${encodeURIComponent(sessionId)}/messages`, {
-      json: { prompt },
-    })
-    const text = await response.text()
-    const events = text
-      .split('\n')
-      .filter((line) => line.startsWith('data: '))
-      .map((line) => JSON.parse(line.slice(6)) as RunEvent)
-    return { status: response.status, events }
-  }
-
-  async deploy(
-    name: string,
-    command: string,
-    config: Record<string, unknown>,
-    tarball: Buffer,
-  ): Promise<Answer> {
-    const form = new FormData()
-    form.append('file', new Blob([tarball]), 'agent.tar.gz')
-    form.append('name', name)
-    form.append('command', command)
-    form.append('config', JSON.stringify(config))
-    return this.call('POST', '/agents', { formData: form })
-  }
-}
 
 async function tarballOf(files: Record<string, string>): Promise<Buffer> {
   const dir = await mkdtemp(path.join(os.tmpdir(), 'compat-agent-'))
@@ -131,12 +60,6 @@ async function tarballOf(files: Record<string, string>): Promise<Buffer> {
     await rm(dir, { recursive: true, force: true })
   }
 }
-
-const textOf = (events: RunEvent[]) =>
-  events
-    .filter((e) => e.type === 'message.delta')
-    .map((e) => e.data.content)
-    .join('')
 
 describe('compat: the hosted product’s SDK and CLI wire shapes against Cairn', () => {
   let t: TestServer
@@ -273,10 +196,11 @@ HTTPServer(("0.0.0.0", 8000), Run).serve_forever()
     expect(session.status, JSON.stringify(session.json)).toBe(201)
     const run = await client.stream(session.json.id as string, 'hello')
     expect(run.status).toBe(200)
-    expect(textOf(run.events)).toBe('You said: hello')
+    expect(run.result).toMatchObject({ text: 'You said: hello', finishReason: 'completed' })
+    expect(run.result.duration).toBeGreaterThan(0)
     expect(run.events.at(-1)).toMatchObject({ type: 'run.completed', data: { text: 'You said: hello' } })
     const again = await client.stream(session.json.id as string, 'twice')
-    expect(textOf(again.events)).toBe('You said: twice')
+    expect(again.result.text).toBe('You said: twice')
     expect((await client.call('DELETE', '/agents/http-agent')).status).toBe(200)
   })
 
@@ -348,10 +272,19 @@ HTTPServer(("0.0.0.0", 8000), Run).serve_forever()
     const types = first.events.map((e) => e.type)
     expect(types[0]).toBe('run.started')
     expect(types.at(-1), JSON.stringify(first.events.at(-1))).toBe('run.completed')
-    expect(textOf(first.events)).toContain('noted')
-    const completed = first.events.at(-1) as RunEvent
-    expect(typeof completed.data.duration_ms).toBe('number')
-    expect(completed.data.max_turns_reached).toBe(false)
+    // Their SDK's session.run(): the agent's answer, and the run's duration from run.completed.
+    expect(first.result).toEqual({
+      text: 'noted\n',
+      toolCalls: [],
+      finishReason: 'completed',
+      duration: expect.any(Number),
+      maxTurnsReached: false,
+      error: undefined,
+    })
+    expect(first.result.duration).toBeGreaterThan(0)
+    // Cairn's own transcript holds the same answer.
+    const transcript = await t.api.call('GET', `/v1/sessions/${id}/messages`)
+    expect(JSON.stringify(transcript.body)).toContain('noted')
 
     const got = await client.call('GET', `/sessions/${id}`)
     expect(got.json.message_count).toBe(2)
@@ -385,7 +318,7 @@ HTTPServer(("0.0.0.0", 8000), Run).serve_forever()
     expect(resumed.status).toBe(200)
     expect(resumed.json.status).toBe('idle')
     const recalled = await client.stream(id, 'recall')
-    expect(textOf(recalled.events)).toContain('42')
+    expect(recalled.result.text).toBe('42\n')
 
     const deleted = await client.call('DELETE', `/sessions/${id}`)
     expect(deleted.status).toBe(200)
@@ -412,7 +345,8 @@ HTTPServer(("0.0.0.0", 8000), Run).serve_forever()
     expect(session.status, JSON.stringify(session.json)).toBe(201)
     expect(session.json.idle_timeout_seconds).toBe(2_592_000)
     expect(session.json.title).toBe('p'.repeat(200))
-    const run = await client.stream(session.json.id as string, 'hello')
+    const sessionId = session.json.id as string
+    const run = await client.stream(sessionId, 'hello')
     const start = run.events.find((e) => e.type === 'tool.start')
     const end = run.events.find((e) => e.type === 'tool.end')
     expect(start?.data).toMatchObject({ tool: 'list_files', input: { path: '/workspace' } })
@@ -421,8 +355,64 @@ HTTPServer(("0.0.0.0", 8000), Run).serve_forever()
     expect(end?.data.duration_ms).toEqual(expect.any(Number))
     expect(end?.data.duration_ms).toBeGreaterThanOrEqual(0)
     expect(end?.data.durationMs).toBeUndefined()
-    expect(textOf(run.events)).toBe('listed for hello')
+    // Their SDK's result: the tool call by its name and input (not `unknown`), the text, the duration.
+    expect(run.result.toolCalls).toEqual([
+      { name: 'list_files', input: { path: '/workspace' }, duration: end?.data.duration_ms },
+    ])
+    expect(run.result.text).toBe('listed for hello')
+    expect(run.result.finishReason).toBe('completed')
+    expect(run.result.duration).toBeGreaterThan(0)
+
+    // A failed run: their stream's run-failed event carries the agent's own message.
+    const failed = await client.stream(sessionId, 'fail')
+    expect(failed.status).toBe(200)
+    expect(failed.result.finishReason).toBe('failed')
+    expect(failed.result.error).toBe('the ledger is locked')
+    expect(failed.events.at(-1)).toMatchObject({
+      type: 'run.failed',
+      data: { error: { code: 'agent_crashed', message: 'the ledger is locked' } },
+    })
     expect((await client.call('DELETE', '/agents/tool-agent')).status).toBe(200)
+  })
+
+  it('frames a run as the agent-era clients read it: the type on `event:`, the payload alone on `data:`', async () => {
+    const session = await client.call('POST', '/sessions', { json: { agent_id: 'shim-agent' } })
+    const run = await client.stream(session.json.id as string, 'framing')
+    const blocks = run.body.split('\n\n').filter((b) => b !== '')
+    expect(blocks.length).toBeGreaterThanOrEqual(3)
+    for (const block of blocks) {
+      const [event, data, ...rest] = block.split('\n')
+      expect(rest).toEqual([])
+      const type = event?.replace(/^event: /, '')
+      const payload = JSON.parse(data?.replace(/^data: /, '') ?? '') as Record<string, unknown>
+      // The payload is the event's data: no {type, data} envelope inside it.
+      expect(payload.type, block).toBeUndefined()
+      expect(payload.data, block).toBeUndefined()
+      if (type === 'message.delta') expect(payload.content).toEqual(expect.any(String))
+    }
+    expect(run.result.text).toBe('echo: framing\n')
+  })
+
+  it('frames a run as {type, data} envelopes on `data:` lines only when asked: ?format=envelope', async () => {
+    const session = await client.call('POST', '/sessions', { json: { agent_id: 'shim-agent' } })
+    const id = session.json.id as string
+    const run = await client.stream(id, 'wrapped', { format: 'envelope' })
+    expect(run.status).toBe(200)
+    const envelopes = run.body
+      .split('\n')
+      .filter((line) => line.startsWith('data: '))
+      .map((line) => JSON.parse(line.slice(6)) as RunEvent)
+    expect(envelopes[0]?.type).toBe('run.started')
+    expect(envelopes.at(-1)).toMatchObject({ type: 'run.completed', data: { text: 'echo: wrapped\n' } })
+    const text = envelopes.filter((e) => e.type === 'message.delta').map((e) => e.data.content)
+    expect(text.join('')).toBe('echo: wrapped\n')
+
+    const refused = await client.request('POST', `/sessions/${id}/messages`, {
+      json: { prompt: 'x' },
+      params: { format: 'jsonl' },
+    })
+    expect(refused.status).toBe(400)
+    expect(((await refused.json()) as { detail: string }).detail).toMatch(/format/)
   })
 
   it('errors: unknown session, bad body, unknown agent — all with top-level detail', async () => {

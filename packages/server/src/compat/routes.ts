@@ -22,8 +22,10 @@ import {
   CompatSecretKeysSchema,
   CompatSecretsBody,
   CompatSendMessageBody,
+  CompatSendMessageQuery,
   CompatSessionListSchema,
   CompatSessionSchema,
+  type CompatStreamFormat,
   CompatUserSchema,
   CompatValidationSchema,
 } from './schemas.js'
@@ -306,12 +308,14 @@ export async function compatRoutes(server: FastifyInstance, deps: CompatDeps): P
   )
   app.post(
     '/v1/sessions/:id/messages',
-    { schema: schema({ params: IdParams, body: CompatSendMessageBody }) },
+    {
+      schema: schema({ params: IdParams, querystring: CompatSendMessageQuery, body: CompatSendMessageBody }),
+    },
     async (request, reply) => {
       const { tenantId } = writer(request)
       const seen = await deps.sessions.verifyBeforeTurn(tenantId, request.params.id)
       const handle = await deps.sessions.beginTurn(tenantId, request.params.id, request.body.prompt, seen)
-      await streamRun(reply, (send) => handle.run(send))
+      await streamRun(reply, request.query.format ?? 'events', (send) => handle.run(send))
     },
   )
 }
@@ -329,9 +333,10 @@ function compatError(
   }
 }
 
-/** Writes a run as their SSE stream; stops writing (not running) when the client goes away. */
+/** Writes a run as their SSE stream (framed as `format` says); stops writing (not running) when the client goes away. */
 async function streamRun(
   reply: FastifyReply,
+  format: CompatStreamFormat,
   run: (send: (event: StreamEvent) => void) => Promise<unknown>,
 ): Promise<void> {
   reply.hijack()
@@ -350,7 +355,7 @@ async function streamRun(
   })
   const mapper = new RunEventMapper()
   const send = (event: StreamEvent) => {
-    if (!closed) res.write(encodeCompatSse(mapper.map(event)))
+    if (!closed) res.write(encodeCompatSse(mapper.map(event), format))
   }
   const heartbeat = setInterval(() => send({ type: 'heartbeat', at: new Date().toISOString() }), HEARTBEAT_MS)
   heartbeat.unref()

@@ -129,8 +129,9 @@ export const CompatDeployFields = Type.Object({
 })
 
 /**
- * One event of their run stream: a line `data: {"type": …, "data": {…}}` (an `event:` line is sent
- * too; their parser skips it). Field names inside `data` are theirs: `tool`, `duration_ms` …
+ * One event of their run stream: the type on the `event:` line, `data` on the `data:` line (as the
+ * agent-era SDK and CLI parse it); with `?format=envelope`, the `data:` line carries the whole
+ * `{"type", "data"}` object instead. Field names inside `data` are theirs: `tool`, `duration_ms` …
  */
 export const CompatRunEventSchema = Type.Union([
   Type.Object({
@@ -171,3 +172,21 @@ export const CompatRunEventSchema = Type.Union([
   Type.Object({ type: Type.Literal('heartbeat'), data: Type.Object({ at: Type.String() }) }),
 ])
 export type CompatRunEvent = Static<typeof CompatRunEventSchema>
+
+/** How a run stream frames its events: `events` (the default) or `envelope` (see CompatRunEventSchema). */
+export const COMPAT_STREAM_FORMATS = ['events', 'envelope'] as const
+export type CompatStreamFormat = (typeof COMPAT_STREAM_FORMATS)[number]
+export const CompatSendMessageQuery = Type.Object(
+  {
+    format: Type.Optional(
+      Type.Union(
+        COMPAT_STREAM_FORMATS.map((f) => Type.Literal(f)),
+        {
+          description:
+            'events (default): `event: <type>` then `data: <the event\'s data>`; envelope: `data: {"type", "data"}`',
+        },
+      ),
+    ),
+  },
+  { additionalProperties: false },
+)

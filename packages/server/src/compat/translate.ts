@@ -1,5 +1,11 @@
 import type { AgentDetail, SessionInfo, SessionStatus, StreamEvent } from '@cairn/protocol'
-import type { CompatAgent, CompatRunEvent, CompatSession, CompatSessionStatus } from './schemas.js'
+import type {
+  CompatAgent,
+  CompatRunEvent,
+  CompatSession,
+  CompatSessionStatus,
+  CompatStreamFormat,
+} from './schemas.js'
 
 /** Cairn's session statuses as theirs: a session ended by the user (or a limit) is `ended`. */
 export function compatStatus(status: SessionStatus): CompatSessionStatus {
@@ -111,7 +117,12 @@ export class RunEventMapper {
   }
 }
 
-/** One event in their SSE framing: the JSON envelope on a `data:` line. */
-export function encodeCompatSse(event: CompatRunEvent): string {
-  return `event: ${event.type}\ndata: ${JSON.stringify(event)}\n\n`
+/**
+ * One event in their SSE framing: its type on the `event:` line and its data on the `data:` line
+ * (the agent-era clients read the type from the one and the payload from the other); `envelope`
+ * puts the whole `{"type", "data"}` object on the `data:` line, for a client that asks for it.
+ */
+export function encodeCompatSse(event: CompatRunEvent, format: CompatStreamFormat = 'events'): string {
+  const data = format === 'envelope' ? event : event.data
+  return `event: ${event.type}\ndata: ${JSON.stringify(data)}\n\n`
 }

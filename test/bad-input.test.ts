@@ -1,8 +1,11 @@
 import { existsSync } from 'node:fs'
 import { readdir } from 'node:fs/promises'
 import path from 'node:path'
+import { isDeepStrictEqual } from 'node:util'
 import { readManifest } from '@cairn/server'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { bodyFields, JSON_KINDS, wrongValue } from './helpers/body-fields.js'
+import type { JsonSchema } from './helpers/fuzz.js'
 import { makeProject } from './helpers/projects.js'
 import { EXAMPLES, startTestServer, type TestServer } from './helpers/server.js'
 
@@ -260,5 +263,117 @@ describe('bad input gets a clear, typed error and loses nothing', () => {
     )
     const far = await t.api.call('POST', '/v1/sessions', { agent: 'echo', colour: 'red' })
     expect(far.body.error.message).toMatch(/^unknown field 'colour' in body; known fields: agent, title, /)
+  })
+})
+
+describe('a JSON body is validated as typed: nothing is coerced', () => {
+  interface BodyOperation {
+    method: string
+    template: string
+    schema: JsonSchema
+  }
+  const jsonBodyOperations = (doc: {
+    paths: Record<
+      string,
+      Record<string, { requestBody?: { content?: Record<string, { schema: JsonSchema }> } }>
+    >
+  }): BodyOperation[] =>
+    Object.entries(doc.paths).flatMap(([template, ops]) =>
+      Object.entries(ops).flatMap(([method, op]) => {
+        const schema = op.requestBody?.content?.['application/json']?.schema
+        return schema ? [{ method: method.toUpperCase(), template, schema }] : []
+      }),
+    )
+  /** What 400 answer a wrongly typed field must get; undefined when it got it. */
+  interface Answer {
+    status: number
+    body: { error?: { code?: string; message?: string; details?: { issues?: { instancePath: string }[] } } }
+  }
+  const misjudged = (res: Answer, path: string[]): string | undefined => {
+    const error = res.body?.error
+    if (res.status !== 400 || error?.code !== 'validation_failed')
+      return `answered ${res.status} ${JSON.stringify(res.body).slice(0, 200)}`
+    const pointer = path.map((p) => `/${p}`).join('')
+    const issues = error.details?.issues ?? []
+    if (!issues.some((issue) => issue.instancePath === pointer))
+      return `no issue at ${pointer}: ${JSON.stringify(issues)}`
+    const elsewhere = issues.find(
+      (i) => i.instancePath !== pointer && !pointer.startsWith(`${i.instancePath}/`),
+    )
+    if (elsewhere) return `an issue off the field, at ${elsewhere.instancePath}`
+    if (!String(error.message).includes(`body${pointer}`)) return `the message does not name body${pointer}`
+    return undefined
+  }
+
+  it('refuses each wrong JSON type of every field of every JSON body in the OpenAPI document with 400 naming it, and changes nothing', async () => {
+    const session = await t.api.createSession('echo')
+    expect((await t.api.send(session.id, 'hi')).text).toBe('hi\n')
+    await t.api.snapshotAfter(session.id, 1)
+    const agentId = (await t.api.call('GET', '/v1/agents')).body.data.find(
+      (a: { name: string }) => a.name === 'echo',
+    ).id as string
+    const state = async () => {
+      const reads = [
+        '/v1/sessions?limit=500',
+        `/v1/sessions/${session.id}`,
+        `/v1/sessions/${session.id}/snapshots`,
+        `/v1/sessions/${session.id}/turns`,
+        `/v1/sessions/${session.id}/files`,
+        '/v1/agents',
+        `/v1/agents/${agentId}/secrets`,
+        `/v1/agents/${agentId}/memory`,
+        `/v1/agents/${agentId}/artifacts`,
+        '/v1/keys',
+        '/v1/retention',
+      ]
+      return Object.fromEntries(
+        await Promise.all(reads.map(async (r) => [r, (await t.api.call('GET', r)).body])),
+      )
+    }
+    const doc = await (await fetch(`${t.url}/v1/openapi.json`)).json()
+    const operations = jsonBodyOperations(doc)
+    expect(operations.length).toBeGreaterThanOrEqual(15)
+    const findings: string[] = []
+    let sent = 0
+    for (const op of operations) {
+      const url = op.template
+        .replace(/^\/v1\/agents\/\{id\}/, `/v1/agents/${agentId}`)
+        .replace(/^\/v1\/sessions\/\{id\}/, `/v1/sessions/${session.id}`)
+        .replace('{port}', '8080')
+      expect(url, op.template).not.toContain('{')
+      const before = await state()
+      // The body itself of a wrong type (a field at the root), then each field at any depth.
+      const root = { path: [], schema: op.schema, bodyWith: (value: unknown) => value }
+      for (const field of [root, ...bodyFields(op.schema)]) {
+        for (const kind of JSON_KINDS) {
+          const value = wrongValue(field.schema, kind)
+          // A JSON null for the whole body is taken as no body (as an empty one is).
+          if (value === undefined || (field.path.length === 0 && value === null)) continue
+          const res = await t.api.call(op.method, url, JSON.stringify(field.bodyWith(value)))
+          sent++
+          const wrong = misjudged(res, field.path)
+          if (wrong)
+            findings.push(
+              `${op.method} ${op.template} ${field.path.join('.')}=${JSON.stringify(value)}: ${wrong}`,
+            )
+        }
+      }
+      const after = await state()
+      for (const read of Object.keys(before)) {
+        if (!isDeepStrictEqual(after[read], before[read]))
+          findings.push(`${op.method} ${op.template} changed what GET ${read} answers`)
+      }
+    }
+    console.log(`[bad-input] ${sent} wrongly typed bodies over ${operations.length} operations`)
+    expect(findings).toEqual([])
+    expect(sent).toBeGreaterThan(300)
+  })
+
+  it('still reads numbers and booleans from query strings and path parameters, which are text', async () => {
+    const listed = await t.api.call('GET', '/v1/sessions?limit=1')
+    expect(listed.status).toBe(200)
+    expect(listed.body.data).toHaveLength(1)
+    expect((await t.api.call('GET', '/v1/usage?storage=true')).status).toBe(200)
+    expect((await t.api.call('GET', '/v1/sessions?limit=one')).body.error.code).toBe('validation_failed')
   })
 })

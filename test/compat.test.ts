@@ -427,6 +427,42 @@ HTTPServer(("0.0.0.0", 8000), Run).serve_forever()
     expect(noAgent.json.detail).toMatch(/nope/)
   })
 
+  it('refuses a wrongly typed body field with 400 naming it, and creates, sends or sets nothing', async () => {
+    const count = async () =>
+      ((await client.call('GET', '/sessions', { params: { limit: '500' } })).json.sessions as unknown[])
+        .length
+    const sessionsBefore = await count()
+    const refused = (answer: Answer, field: string) => {
+      expect(answer.status, JSON.stringify(answer.json)).toBe(400)
+      expect(answer.json).toMatchObject({ code: 'validation_failed' })
+      expect(answer.json.detail).toContain(`body/${field} must be`)
+    }
+    for (const [field, value] of [
+      ['idle_timeout_seconds', '60'],
+      ['idle_timeout_seconds', [60]],
+      ['idle_timeout_seconds', true],
+      ['title', 5],
+      ['title', false],
+      ['agent_id', 5],
+    ] as const) {
+      refused(await client.call('POST', '/sessions', { json: { agent_id: agentId, [field]: value } }), field)
+    }
+    expect(await count()).toBe(sessionsBefore)
+    const session = await client.call('POST', '/sessions', { json: { agent_id: agentId } })
+    expect(session.status).toBe(201)
+    const id = session.json.id as string
+    for (const prompt of [false, 42, null, ['hi']]) {
+      refused(await client.call('POST', `/sessions/${id}/messages`, { json: { prompt } }), 'prompt')
+    }
+    expect((await client.call('GET', `/sessions/${id}`)).json.message_count).toBe(0)
+    refused(
+      await client.call('PATCH', `/agents/${agentId}/secrets`, { json: { secrets: { API_TOKEN: 7 } } }),
+      'secrets/API_TOKEN',
+    )
+    expect((await client.call('GET', `/agents/${agentId}/secrets`)).json).toEqual({ keys: [] })
+    expect((await client.call('DELETE', `/sessions/${id}`)).status).toBe(200)
+  })
+
   it('secrets: PATCH sets, GET lists keys, DELETE removes', async () => {
     const set = await client.call('PATCH', `/agents/${agentId}/secrets`, {
       json: { secrets: { API_TOKEN: 's3cr3t' } },

@@ -142,6 +142,37 @@ describe('the lifecycle policy', () => {
     )
   })
 
+  it('refuses a limit that is not a number or null (0, false, "") instead of taking it as no limit', async () => {
+    const before = (await t.api.call('GET', '/v1/sessions?limit=500')).body.data.length
+    for (const [field, value, says] of [
+      ['maxTurns', 0, 'must be >= 1 or null'],
+      ['maxTurns', false, 'must be integer or null'],
+      ['maxTurns', '5', 'must be integer or null'],
+      ['maxDurationMs', '', 'must be integer or null'],
+      ['maxDurationMs', 0, 'must be >= 1000 or null'],
+    ] as const) {
+      const res = await t.api.call('POST', '/v1/sessions', { agent: 'keeper', policy: { [field]: value } })
+      expect(res.status, `${field}: ${JSON.stringify(value)}`).toBe(400)
+      expect(res.body.error).toMatchObject({
+        code: 'validation_failed',
+        message: `body/policy/${field} ${says}`,
+      })
+    }
+    expect((await t.api.call('GET', '/v1/sessions?limit=500')).body.data.length).toBe(before)
+    // The same on resume: the session keeps its limit.
+    const session = await t.api.createSession('keeper', { policy: { maxTurns: 2 } })
+    const resumed = await t.api.call('POST', `/v1/sessions/${session.id}/resume`, {
+      policy: { maxTurns: false },
+    })
+    expect(resumed.status).toBe(400)
+    expect((await get(session.id)).policy.maxTurns).toBe(2)
+    // A prompt is text: `false` is not the prompt "false", and no turn runs.
+    const sent = await t.api.call('POST', `/v1/sessions/${session.id}/messages`, { prompt: false })
+    expect(sent.status).toBe(400)
+    expect(sent.body.error.message).toBe('body/prompt must be string')
+    expect((await get(session.id)).turnCount).toBe(0)
+  })
+
   it('maxDurationMs: past it the session times out (max_duration); a resume restarts the clock', async () => {
     const session = await t.api.createSession('keeper', { policy: { maxDurationMs: 1000 } })
     expect((await t.api.send(session.id, 'early')).text).toBe('kept 1\n')

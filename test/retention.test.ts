@@ -70,6 +70,33 @@ describe('quotas, retention and usage', () => {
     await t.api.call('PUT', '/v1/retention', { endedWorkspaceTtlMs: null })
   })
 
+  it('keeps an ended session when a TTL is null ("keep"), and refuses a TTL of the wrong type without changing the policy', async () => {
+    const session = await t.api.createSession('shell')
+    expect((await t.api.send(session.id, 'echo kept > kept.txt && echo ok')).text).toContain('ok')
+    // null is the documented "keep"; a coercing validator stored it as 0: deleted at the next pass.
+    const keep = { endedSnapshotTtlMs: null, endedWorkspaceTtlMs: null }
+    const put = await t.api.call('PUT', '/v1/retention', keep)
+    expect(put.status, JSON.stringify(put.body)).toBe(200)
+    expect(put.body).toMatchObject(keep)
+    for (const wrong of [false, '', '0', [0], {}]) {
+      const res = await t.api.call('PUT', '/v1/retention', { endedWorkspaceTtlMs: wrong })
+      expect(res.status, JSON.stringify(wrong)).toBe(400)
+      expect(res.body.error.code).toBe('validation_failed')
+      expect(res.body.error.message).toBe('body/endedWorkspaceTtlMs must be integer or null')
+    }
+    expect((await t.api.call('GET', '/v1/retention')).body).toMatchObject(keep)
+    expect((await t.api.call('POST', `/v1/sessions/${session.id}/end`)).body.status).toBe('completed')
+    const applied = await t.server.retention.apply()
+    expect(applied).toMatchObject({ workspaces: 0, snapshots: 0 })
+    expect((await t.api.call('GET', `/v1/sessions/${session.id}`)).body.status).toBe('completed')
+    expect(existsSync(t.server.runtime.pool.workspacePath(session.id))).toBe(true)
+    const file = await t.api.call('GET', `/v1/sessions/${session.id}/files/content?path=kept.txt`)
+    expect(file.body).toBe('kept\n')
+    expect(
+      (await t.api.call('GET', `/v1/sessions/${session.id}/snapshots`)).body.data.length,
+    ).toBeGreaterThan(0)
+  })
+
   it('never pulls a snapshot out from under a restore: the restore succeeds or says the snapshot is gone', async () => {
     expect((await t.api.call('PUT', '/v1/retention', { keepAutoSnapshots: 1 })).status).toBe(200)
     const session = await t.api.createSession('shell')

@@ -23,6 +23,7 @@ import { refuseNonFiniteNumbers } from './http/finite-numbers.js'
 import { acceptEmptyBodies } from './http/optional-body.js'
 import { documentFrameworkAnswers } from './http/responses.js'
 import { runtimeRoute } from './http/runtime-route.js'
+import { typedBodyValidators } from './http/validators.js'
 import { imageRoutes } from './images/routes.js'
 import type { OperatorLimits } from './limits/operator-limits.js'
 import type { MemoryService } from './memory/memory-service.js'
@@ -122,9 +123,11 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
     },
     // verbose: an issue carries the schema that holds it, so an unknown field's answer can name the
     // nearest known one (the schema and value are dropped from the answer; see http/errors.ts).
+    // Coercion applies to the parts that are text on the wire; JSON bodies are validated as typed.
     ajv: {
       customOptions: { removeAdditional: false, coerceTypes: 'array', useDefaults: true, verbose: true },
     },
+    schemaController: { compilersFactory: { buildValidator: typedBodyValidators() } },
   }) as unknown as FastifyInstance
   const uploadLimit: BodyLimit = { bytes: deps.maxUploadBytes, applies: 'uploads' }
   installErrorHandlers(app, (request) =>

@@ -43,18 +43,35 @@ interface ValidationIssue {
 
 /**
  * An unknown field is named, with the nearest known one (as cairn.yaml's keys are); any other
- * issue keeps the validator's message.
+ * issue names its field and what it must be, a union's branches in one clause
+ * (`body/policy/maxTurns must be integer or null`).
  */
-function validationMessage(fallback: string, issues: ValidationIssue[]): string {
+function validationMessage(fallback: string, context: string | undefined, issues: ValidationIssue[]): string {
   const extra = issues.find((issue) => issue.keyword === 'additionalProperties')
   const key = extra?.params.additionalProperty
-  if (extra === undefined || typeof key !== 'string') return fallback
+  if (extra === undefined || typeof key !== 'string') return issuesMessage(context, issues) ?? fallback
   const path = extra.instancePath.split('/').filter(Boolean).map(decodePointer)
   return unknownKeyMessage(
     { key, path, known: Object.keys(extra.parentSchema?.properties ?? {}) },
     'body',
     'field',
   )
+}
+
+function issuesMessage(context: string | undefined, issues: ValidationIssue[]): string | undefined {
+  const byPlace = new Map<string, string[]>()
+  for (const { keyword, instancePath, message } of issues) {
+    // "must match a schema in anyOf" says nothing its branches' issues do not.
+    if (keyword === 'anyOf' || message === undefined) continue
+    byPlace.set(instancePath, [...(byPlace.get(instancePath) ?? []), message])
+  }
+  if (context === undefined || byPlace.size === 0) return undefined
+  return [...byPlace]
+    .map(([place, [first, ...rest]]) => {
+      const alternatives = rest.map((m) => (first?.startsWith('must be ') ? m.replace(/^must be /, '') : m))
+      return `${context}${place} ${[first, ...alternatives].join(' or ')}`
+    })
+    .join(', ')
 }
 
 function decodePointer(segment: string): string {
@@ -70,21 +87,26 @@ export function toErrorBody(
   if (error instanceof CairnProblem) {
     return { status: error.status, body: errorBody(error.code, error.message, requestId, error.details) }
   }
-  const fastifyError = error as FastifyError & { validation?: unknown }
+  const fastifyError = error as FastifyError & { validation?: unknown; validationContext?: string }
   if (fastifyError?.validation) {
     const issues = fastifyError.validation as ValidationIssue[]
     return {
       status: 400,
-      body: errorBody('validation_failed', validationMessage(fastifyError.message, issues), requestId, {
-        // Without what verbose validation adds (the schema, the value): the issue, not an echo.
-        issues: issues.map(({ instancePath, schemaPath, keyword, params, message }) => ({
-          instancePath,
-          schemaPath,
-          keyword,
-          params,
-          message,
-        })),
-      }),
+      body: errorBody(
+        'validation_failed',
+        validationMessage(fastifyError.message, fastifyError.validationContext, issues),
+        requestId,
+        {
+          // Without what verbose validation adds (the schema, the value): the issue, not an echo.
+          issues: issues.map(({ instancePath, schemaPath, keyword, params, message }) => ({
+            instancePath,
+            schemaPath,
+            keyword,
+            params,
+            message,
+          })),
+        },
+      ),
     }
   }
   switch (fastifyError?.code) {

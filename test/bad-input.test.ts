@@ -369,6 +369,39 @@ describe('a JSON body is validated as typed: nothing is coerced', () => {
     expect(sent).toBeGreaterThan(300)
   })
 
+  it('bounds every number a request carries, so none reaches the database out of its range', async () => {
+    // Unbounded, 1e20 as a TTL or a turn was a 500 from PostgreSQL's BIGINT (SQLite stored a float).
+    const doc = await (await fetch(`${t.url}/v1/openapi.json`)).json()
+    const unbounded: string[] = []
+    const walk = (schema: JsonSchema | undefined, at: string) => {
+      if (!schema) return
+      if ((schema.type === 'integer' || schema.type === 'number') && schema.maximum === undefined)
+        unbounded.push(at)
+      for (const [name, child] of Object.entries(schema.properties ?? {})) walk(child, `${at}.${name}`)
+      for (const branch of schema.anyOf ?? []) walk(branch, at)
+      walk(schema.items, `${at}[]`)
+      if (typeof schema.additionalProperties === 'object') walk(schema.additionalProperties, `${at}.*`)
+    }
+    type Op = {
+      requestBody?: { content?: Record<string, { schema: JsonSchema }> }
+      parameters?: { in: string; name: string; schema: JsonSchema }[]
+    }
+    for (const [template, ops] of Object.entries(doc.paths as Record<string, Record<string, Op>>)) {
+      for (const [method, op] of Object.entries(ops)) {
+        const where = `${method.toUpperCase()} ${template}`
+        walk(op.requestBody?.content?.['application/json']?.schema, `${where} body`)
+        for (const p of op.parameters ?? []) walk(p.schema, `${where} ${p.in} ${p.name}`)
+      }
+    }
+    expect(unbounded).toEqual([])
+    const huge = await t.api.call('PUT', '/v1/retention', { endedWorkspaceTtlMs: 1e20 })
+    expect(huge.status).toBe(400)
+    expect(huge.body.error.message).toBe('body/endedWorkspaceTtlMs must be <= 9007199254740991 or null')
+    const session = await t.api.createSession('echo')
+    const restore = await t.api.call('POST', `/v1/sessions/${session.id}/restore`, { turn: 1e20 })
+    expect(restore.body.error.code).toBe('validation_failed')
+  })
+
   it('still reads numbers and booleans from query strings and path parameters, which are text', async () => {
     const listed = await t.api.call('GET', '/v1/sessions?limit=1')
     expect(listed.status).toBe(200)

@@ -9,6 +9,12 @@ export const ErrorBodySchema = Type.Object({
   }),
 })
 
+/**
+ * The largest integer a JSON number carries exactly: the ceiling of request integers that have no
+ * smaller one (above it PostgreSQL's BIGINT refused the value with a 500, and JavaScript rounds it).
+ */
+export const MAX_EXACT_INTEGER = Number.MAX_SAFE_INTEGER
+
 export const IdParams = Type.Object({ id: Type.String({ minLength: 1, maxLength: 200 }) })
 
 export const OkSchema = Type.Object({ ok: Type.Boolean() })

@@ -1,4 +1,5 @@
 import { type Static, Type } from '@sinclair/typebox'
+import { MAX_EXACT_INTEGER } from './common.js'
 import { DiffSchema, SessionSchema } from './sessions.js'
 
 /** Objects whose inner fields vary with the agent or the server version: documented open. */
@@ -8,8 +9,9 @@ const nullable = <T extends Parameters<typeof Type.Union>[0][number]>(schema: T)
 
 export const RetentionPolicySchema = Type.Object({
   keepAutoSnapshots: Type.Integer({ minimum: 1, maximum: 10_000 }),
-  endedSnapshotTtlMs: Type.Union([Type.Integer({ minimum: 0 }), Type.Null()]),
-  endedWorkspaceTtlMs: Type.Union([Type.Integer({ minimum: 0 }), Type.Null()]),
+  /** null: kept until deleted (never coerced: a TTL of 0 deletes at the next pass). */
+  endedSnapshotTtlMs: Type.Union([Type.Integer({ minimum: 0, maximum: MAX_EXACT_INTEGER }), Type.Null()]),
+  endedWorkspaceTtlMs: Type.Union([Type.Integer({ minimum: 0, maximum: MAX_EXACT_INTEGER }), Type.Null()]),
 })
 
 /** `GET /v1/usage`: what a tenant holds, and what retention freed. */

@@ -1,5 +1,6 @@
 import { type Static, Type } from '@sinclair/typebox'
 import { NetworkPolicySchema, PAUSE_POLICIES, SetupEnvSchema, SetupTimeoutMsSchema } from './agents.js'
+import { MAX_EXACT_INTEGER } from './common.js'
 import { SESSION_STATUSES } from './names.js'
 
 export const SessionStatusSchema = Type.Union(SESSION_STATUSES.map((s) => Type.Literal(s)))
@@ -379,7 +380,7 @@ export const CreateSnapshotBody = Type.Object(
 export const RestoreBody = Type.Object(
   {
     snapshotId: Type.Optional(Type.String({ maxLength: 64 })),
-    turn: Type.Optional(Type.Integer({ minimum: 0 })),
+    turn: Type.Optional(Type.Integer({ minimum: 0, maximum: MAX_EXACT_INTEGER })),
     policy: Type.Optional(SessionPolicyInput),
   },
   { additionalProperties: false },
@@ -389,7 +390,7 @@ export type RestoreBody = Static<typeof RestoreBody>
 export const ForkBody = Type.Object(
   {
     snapshotId: Type.Optional(Type.String({ maxLength: 64 })),
-    turn: Type.Optional(Type.Integer({ minimum: 0 })),
+    turn: Type.Optional(Type.Integer({ minimum: 0, maximum: MAX_EXACT_INTEGER })),
     title: Type.Optional(Type.String({ maxLength: 200 })),
     policy: Type.Optional(SessionPolicyInput),
   },

@@ -1,4 +1,4 @@
-import { IdParams } from '@cairn/protocol'
+import { IdParams, MAX_EXACT_INTEGER } from '@cairn/protocol'
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox'
 import { Type } from '@sinclair/typebox'
 import type { FastifyInstance } from 'fastify'
@@ -59,7 +59,7 @@ export function memoryRoutes(
         body: Type.Object(
           {
             content: Type.String({ maxLength: MAX_MEMORY_BYTES }),
-            baseVersion: Type.Optional(Type.Integer({ minimum: 0 })),
+            baseVersion: Type.Optional(Type.Integer({ minimum: 0, maximum: MAX_EXACT_INTEGER })),
           },
           { additionalProperties: false },
         ),

@@ -1,5 +1,5 @@
 import { type Static, Type } from '@sinclair/typebox'
-import { ErrorBodySchema } from './common.js'
+import { ErrorBodySchema, MAX_EXACT_INTEGER } from './common.js'
 import type { ErrorBody } from './errors.js'
 
 /** Fields every event of a turn carries. */
@@ -114,7 +114,11 @@ export type StreamEvent =
 export const TurnEventsQuery = Type.Object(
   {
     after: Type.Optional(
-      Type.Integer({ minimum: 0, description: 'Send only the events whose id is greater (default 0: all)' }),
+      Type.Integer({
+        minimum: 0,
+        maximum: MAX_EXACT_INTEGER,
+        description: 'Send only the events whose id is greater (default 0: all)',
+      }),
     ),
   },
   { additionalProperties: false },

@@ -1,4 +1,6 @@
 import { readFile } from 'node:fs/promises'
+import path from 'node:path'
+import { CgroupManager } from '@cairn/runtime'
 import { type ClusterNode, TestCluster } from './cluster.js'
 import { StopWaiting, waitFor } from './cluster-process.js'
 
@@ -156,4 +158,16 @@ export const WHERE_AGENT = {
 /** The device a `WHERE_AGENT` reply names. */
 export function replyDevice(text: string): string | undefined {
   return /@(\S+)\s*$/.exec(text)?.[1]
+}
+
+/** How many processes of `node`'s sandboxes run `sleep` (agents mid-turn on a `sleep N` prompt). */
+export async function sleepingAgents(node: ClusterNode): Promise<number> {
+  const scope = new CgroupManager(`cairn/${path.basename(node.runDir)}`)
+  let count = 0
+  for (const name of await scope.list())
+    for (const pid of await scope.pids(name)) {
+      const cmdline = await readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '')
+      if (cmdline.startsWith('sleep\0')) count++
+    }
+  return count
 }

@@ -231,15 +231,17 @@ export class TestCluster {
 
   /**
    * `cairn server --role api` on loopback, port 0; resolves with its process and URL once it
-   * listens. `extra` adds flags (the first replica creates the admin key in its data dir).
+   * listens. `extra` adds flags (the first replica creates the admin key in its data dir);
+   * `dataDir` starts it again in the data dir of an earlier one (the same replica ID).
    */
   async startApi(
     database: string,
     extra: string[] = [],
     env?: NodeJS.ProcessEnv,
+    dataDirOf?: string,
   ): Promise<{ process: ClusterProcess; url: string; dataDir: string }> {
     const index = this.apis.length + 1
-    const dataDir = path.join(this.dir, `api${index}`)
+    const dataDir = dataDirOf ?? path.join(this.dir, `api${index}`)
     await mkdir(dataDir, { recursive: true })
     const api = await ClusterProcess.start(
       `api${index}`,

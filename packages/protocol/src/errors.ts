@@ -80,6 +80,16 @@ export const ERROR_CODES = {
    * workspace is held while the last changes cross; retry in a moment (it is served by its new node).
    */
   session_moving: { status: 409, retryable: true },
+  /**
+   * The API replica relaying a turn died or could not renew its lease (cluster): the turn was
+   * ended and its agent told to stop; the session takes messages again (through any replica).
+   */
+  replica_lost: { status: 503, retryable: true },
+  /**
+   * The API replica relaying a turn was asked to stop (SIGTERM, a rollout) and the turn outlasted
+   * its shutdown grace: the turn was ended and its agent told to stop; send the message again.
+   */
+  replica_stopping: { status: 503, retryable: true },
   timeout: { status: 504, retryable: true },
 } as const satisfies Record<string, { status: number; retryable: boolean }>
 

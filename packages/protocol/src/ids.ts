@@ -12,6 +12,8 @@ export const ID_PREFIXES = {
   artifact: 'art_',
   sandbox: 'sbx_',
   runtime: 'rt_',
+  /** One process of an API replica (cluster): its lease and the turns it relays. */
+  replica: 'rpl_',
 } as const
 
 export type IdKind = keyof typeof ID_PREFIXES

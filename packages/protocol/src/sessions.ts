@@ -62,6 +62,13 @@ export const STATUS_CAUSES = [
    * did not make it (never a silent rollback).
    */
   'node_recovered',
+  /**
+   * The API replica relaying the session's turn died (its lease ended, or it started again): the
+   * turn failed with `replica_lost`, its agent told to stop; the next message resumes the session.
+   */
+  'replica_lost',
+  /** The API replica relaying the turn stopped (its shutdown grace ran out): the turn failed with `replica_stopping`. */
+  'replica_stopping',
 ] as const
 export type StatusCause = (typeof STATUS_CAUSES)[number]
 

@@ -141,6 +141,8 @@ const CLASS_BY_CODE: Record<ErrorCode, ErrorClass> = {
   stale_epoch: ConflictError,
   node_lost: ServiceUnavailableError,
   session_moving: SessionBusyError,
+  replica_lost: ServiceUnavailableError,
+  replica_stopping: ServiceUnavailableError,
   timeout: TimeoutError,
 }
 

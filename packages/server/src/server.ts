@@ -15,6 +15,8 @@ import { type ClusterControl, startClusterControl } from './cluster/cluster-cont
 import { ClusterHints } from './cluster/cluster-hints.js'
 import { DrainMoves } from './cluster/moves/drain-moves.js'
 import { SessionMover } from './cluster/moves/session-mover.js'
+import { ReplicaLease } from './cluster/replica-lease.js'
+import { ReplicaTurns } from './cluster/replica-turns.js'
 import { type NodeConnector, openClusterRuntime } from './cluster/routing/cluster-runtime-host.js'
 import { ClusterRuntimePort } from './cluster/routing/cluster-runtime-port.js'
 import { type ResolvedConfig, resolveConfig, type ServerOptions } from './config.js'
@@ -146,6 +148,7 @@ export async function startServer(
   let localRuntime: Runtime | undefined
   let previewListener: PreviewListener | undefined
   let cluster: ClusterControl | undefined
+  let lease: ReplicaLease | undefined
   // On PostgreSQL, replicas share one database and tell each other what they must not go on
   // remembering (a revoked key, a revoked preview port) through hints.
   const hints =
@@ -223,9 +226,31 @@ export async function startServer(
     // Told of sessions' creation, turns and deletion: the snapshot policy and the previews, added
     // below once they exist (they use the session service themselves).
     const observers: SessionObserver[] = []
+    // An API replica's turns belong to this process while its lease lives (docs/cluster.md).
+    lease =
+      api && hints
+        ? new ReplicaLease({
+            db,
+            replicaId: runtimeId,
+            heartbeatMs: config.heartbeatMs,
+            leaseMs: config.leaseMs,
+            logger: logger.child({ component: 'cluster' }),
+          })
+        : undefined
+    const relays =
+      lease && hints
+        ? new ReplicaTurns({
+            db,
+            lease,
+            hints,
+            runtime: runtimePort,
+            logger: logger.child({ component: 'cluster' }),
+          })
+        : undefined
     const sessions = new SessionService({
       runtimeId,
       routing: host.routing,
+      relays,
       metrics,
       memory,
       setup,
@@ -286,7 +311,7 @@ export async function startServer(
           { sessions: recovered.sessions, turns: recovered.turns.length, preTurnSnapshotsTaken: repaired },
           'marked turns interrupted by the last shutdown',
         )
-    }
+    } else await relays?.start()
     const previews = new PreviewService({
       db,
       keys,
@@ -353,6 +378,15 @@ export async function startServer(
               ? [
                   { name: 'session timeouts', intervalMs: SWEEP_MS, run: () => sessions.sweep() },
                   { name: 'retention', intervalMs: config.reaperIntervalMs, run: housekeeping },
+                  ...(relays
+                    ? [
+                        {
+                          name: 'lost replicas',
+                          intervalMs: config.heartbeatMs,
+                          run: () => relays.failLostRelays(),
+                        },
+                      ]
+                    : []),
                   ...(drainMoves
                     ? [{ name: 'drain moves', intervalMs: SWEEP_MS, run: () => drainMoves.pass() }]
                     : []),
@@ -432,12 +466,17 @@ export async function startServer(
       close() {
         closing ??= (async () => {
           await previewListener?.close()
-          await app.close()
+          // New requests are refused from here; a stream of a running turn ends with its turn,
+          // which is given the grace and then cancelled (a replica's: failed replica_stopping).
+          const appClosed = app.close()
+          await sessions.drain(config.shutdownGraceMs)
+          await appClosed
           drainMoves?.stop()
           await drainMoves?.settle()
           await sessions.drain(config.shutdownGraceMs)
           await workspace.settle()
           await sessions.close()
+          await lease?.stop()
           await runtimeHost.close()
           await cluster?.close()
           await hints?.close()
@@ -450,6 +489,7 @@ export async function startServer(
     }
   } catch (error) {
     await previewListener?.close()
+    await lease?.stop()
     await cluster?.close()
     await hints?.close()
     // The start's own error is rethrown below; a runtime that also fails to close is logged.

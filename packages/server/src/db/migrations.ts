@@ -447,6 +447,27 @@ CREATE TABLE turn_events (
 );
 `,
   },
+  {
+    // A turn belongs to the live process that relays it, not only to its row: each API replica
+    // process (`--role api`) keeps a lease here, renewed every heartbeat on the database's clock,
+    // and records itself on every turn it begins (`turns.relay_id`). A running turn whose relay's
+    // lease ended (a replica killed, partitioned, stopped) is ended `replica_lost` by the leader; a
+    // replica started again in the same data dir (`replica_id`) ends its predecessors' at its start.
+    version: 27,
+    name: 'replica leases',
+    sql: `
+CREATE TABLE replicas (
+  id TEXT PRIMARY KEY,
+  replica_id TEXT NOT NULL,
+  started_at TEXT NOT NULL,
+  lease_until TEXT NOT NULL,
+  stopped_at TEXT
+);
+CREATE INDEX replicas_by_replica ON replicas (replica_id);
+ALTER TABLE turns ADD COLUMN relay_id TEXT;
+CREATE INDEX turns_running_relay ON turns (relay_id) WHERE status = 'running';
+`,
+  },
 ]
 
 export type Dialect = 'sqlite' | 'postgres'

@@ -55,6 +55,8 @@ export interface Schema {
     started_at: string
     ended_at: string | null
     duration_ms: number | null
+    /** The API replica process (`replicas.id`) that relays the turn; null where no replica does. */
+    relay_id: string | null
   }
   turn_events: { turn_id: string; seq: number; type: string; event: string }
   session_events: {
@@ -155,6 +157,19 @@ export interface Schema {
   artifact_blobs: { artifact_id: string; content: Buffer }
   nodes: NodesTable
   revision_nodes: { revision_id: string; runtime_id: string }
+  replicas: ReplicasTable
+}
+
+/**
+ * An API replica process's lease (`id` is this process's, `replica_id` its data dir's runtime ID,
+ * the same across its restarts); times are the database's clock.
+ */
+export interface ReplicasTable {
+  id: string
+  replica_id: string
+  started_at: string
+  lease_until: string
+  stopped_at: string | null
 }
 
 /** A cluster's runtime node (its ID is its runtime ID); `drivers` is a JSON array of names. */

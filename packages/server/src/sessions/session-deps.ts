@@ -17,6 +17,22 @@ export interface SessionRouting {
   placedNode(sessionId: string): string | undefined
 }
 
+/**
+ * An API replica's part in turns relayed by several replicas (cluster, `--role api`): each turn
+ * names the live process relaying it, and a turn another replica relays can be cancelled here.
+ */
+export interface TurnRelays {
+  /** This process's relay ID (its lease), recorded on each turn it begins. */
+  readonly relayId: string
+  /**
+   * Cancels the session's running turn, which another replica relays: true once it has ended
+   * (recorded by its relay, or ended here when the relay is gone), false if none runs.
+   */
+  cancel(sessionId: string): Promise<boolean>
+  /** Calls `listener` for each turn another replica asks this one to cancel. */
+  onCancelAsked(listener: (sessionId: string, turnId: string) => void): void
+}
+
 export interface SessionServiceDeps {
   db: Db
   /** The runtime of this replica (its data dir's): the sessions it owns are the ones it acts on. */
@@ -29,6 +45,8 @@ export interface SessionServiceDeps {
    * runtime's (`runtimeId`) and another runtime's are refused with `session_elsewhere`.
    */
   routing?: SessionRouting | undefined
+  /** An API replica's relays (with `routing`): turns owned by a live process, cancel from anywhere. */
+  relays?: TurnRelays | undefined
   /** Told of sessions' creation, turns and deletion, in this order (see `SessionObserver`). */
   observers?: readonly SessionObserver[] | undefined
   agents: AgentService

@@ -27,7 +27,7 @@ import { PoolReconciler } from './reconcile.js'
 import type { SessionServiceDeps } from './session-deps.js'
 import { type InterruptedTurn, type SessionRow, SessionStore, toSessionInfo } from './session-store.js'
 import { TurnEvents } from './turn-events.js'
-import { MOVE_OPERATION, TurnLocks } from './turn-locks.js'
+import { MOVE_OPERATION, TurnLocks, TurnStop } from './turn-locks.js'
 import { type TurnHandle, TurnRunner } from './turn-runner.js'
 import { type TurnReplay, TurnStreams } from './turn-stream.js'
 import { type SeenAgent, WarmAgents } from './warm-agents.js'
@@ -104,6 +104,10 @@ export class SessionService {
       deleteSession: (tenantId, id, cause, detail) => this.delete(tenantId, id, cause, detail),
     })
     this.reconciler = new PoolReconciler(store, deps.runtime, this.generations, now)
+    // Another replica asked (a cancel through it) to cancel a turn this one relays.
+    deps.relays?.onCancelAsked((sessionId, turnId) => {
+      if (locks.get(sessionId)?.turnId === turnId) void locks.cancel(sessionId)
+    })
   }
 
   private now(): string {
@@ -529,13 +533,10 @@ export class SessionService {
   }
 
   private async cancelRunning(id: string): Promise<boolean> {
-    if (this.locks.has(id) || !this.deps.routing) return this.locks.cancel(id)
-    // An API replica: the turn may be relayed by another replica. Its node is told directly; the
-    // replica relaying it records the outcome (`cancelled`) as the node ends the turn.
-    const turnId = await this.store.runningTurn(id)
-    if (!turnId) return false
-    await this.deps.runtime.cancelTurn(id, turnId)
-    return true
+    const { relays } = this.deps
+    if (this.locks.has(id) || !relays) return this.locks.cancel(id)
+    // An API replica: another replica may relay the turn (or may have died relaying it).
+    return relays.cancel(id)
   }
 
   async end(tenantId: string, id: string): Promise<SessionInfo> {
@@ -764,9 +765,19 @@ export class SessionService {
     return { sessionId: id, leaseUntil: until }
   }
 
-  /** Lets running turns finish for up to `graceMs`, then cancels what is left. */
+  /**
+   * Lets running turns finish for up to `graceMs`, then cancels what is left: on a single server
+   * `cancelled`; an API replica's fail `replica_stopping` (their agents told to stop), so a turn
+   * is never left running by a replica that stopped.
+   */
   drain(graceMs: number): Promise<void> {
-    return this.locks.drain(graceMs)
+    const stop = this.deps.relays
+      ? new TurnStop(
+          'replica_stopping',
+          `the API replica relaying this turn was stopped and the turn outlasted its shutdown grace (${graceMs} ms); send the message again`,
+        )
+      : undefined
+    return this.locks.drain(graceMs, stop)
   }
 
   /**

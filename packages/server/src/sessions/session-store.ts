@@ -361,12 +361,21 @@ export class SessionStore {
     prompt: string,
     title: string,
     at: string,
+    relayId: string | null = null,
   ): Promise<void> {
     await this.db.transaction(async () => {
       try {
         await this.db.q
           .insertInto('turns')
-          .values({ id: turnId, session_id: sessionId, seq, status: 'running', prompt, started_at: at })
+          .values({
+            id: turnId,
+            session_id: sessionId,
+            seq,
+            status: 'running',
+            prompt,
+            started_at: at,
+            relay_id: relayId,
+          })
           .execute()
       } catch (error) {
         if (isUniqueViolation(error)) {
@@ -501,17 +510,6 @@ export class SessionStore {
       .execute()
   }
 
-  /** The ID of the session's running turn, if one runs (on whatever replica relays it). */
-  async runningTurn(sessionId: string): Promise<string | undefined> {
-    const row = await this.db.q
-      .selectFrom('turns')
-      .select('id')
-      .where('session_id', '=', sessionId)
-      .where('status', '=', 'running')
-      .executeTakeFirst()
-    return row?.id
-  }
-
   /**
    * The session's owner epoch, its row locked for the rest of the enclosing transaction (on
    * PostgreSQL; SQLite has one writer at a time): a write made only while it is unchanged cannot
@@ -522,6 +520,20 @@ export class SessionStore {
     if (this.db.dialect === 'postgres') query = query.forUpdate()
     const row = await query.executeTakeFirst()
     return row === undefined ? undefined : Number(row.owner_epoch)
+  }
+
+  /**
+   * The error code of a turn someone else ended while it ran (its relay's loss, cluster), read
+   * inside the transaction that would record its end; undefined while it still runs.
+   */
+  async endedElsewhere(turnId: string): Promise<string | undefined> {
+    const row = await this.db.q
+      .selectFrom('turns')
+      .select(['status', 'error_code'])
+      .where('id', '=', turnId)
+      .executeTakeFirst()
+    if (!row || row.status === 'running') return undefined
+    return row.error_code ?? row.status
   }
 
   async finishTurn(

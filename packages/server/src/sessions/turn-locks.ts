@@ -4,6 +4,20 @@
  */
 export const MOVE_OPERATION = 'a move to another node'
 
+/**
+ * Why this process ends turns it runs itself rather than at a user's cancel (an API replica
+ * stopping): the turn fails with `code`, the session with it as cause, not `cancelled`.
+ */
+export class TurnStop extends Error {
+  constructor(
+    readonly code: 'replica_stopping' | 'replica_lost',
+    message: string,
+  ) {
+    super(message)
+    this.name = 'TurnStop'
+  }
+}
+
 export interface RunningTurn {
   turnId: string
   abort: AbortController
@@ -125,8 +139,8 @@ export class TurnLocks {
     return true
   }
 
-  /** Lets running turns finish for up to `graceMs`, then cancels what is left. */
-  async drain(graceMs: number): Promise<void> {
+  /** Lets running turns finish for up to `graceMs`, then cancels what is left (`stop`: why). */
+  async drain(graceMs: number, stop?: TurnStop): Promise<void> {
     const pending = [...this.running.values()].map((r) => r.done)
     if (pending.length === 0) return
     let timer: NodeJS.Timeout | undefined
@@ -135,12 +149,12 @@ export class TurnLocks {
     })
     await Promise.race([Promise.all(pending), timeout])
     if (timer) clearTimeout(timer)
-    await this.cancelAll()
+    await this.cancelAll(stop)
   }
 
-  /** Cancels every running turn and waits for all of them to settle. */
-  async cancelAll(): Promise<void> {
-    for (const running of this.running.values()) running.abort.abort()
+  /** Cancels every running turn (`stop`: as that failure) and waits for all of them to settle. */
+  async cancelAll(stop?: TurnStop): Promise<void> {
+    for (const running of this.running.values()) running.abort.abort(stop)
     await Promise.all([...this.running.values()].map((r) => r.done))
   }
 }

@@ -1,4 +1,12 @@
-import { CairnProblem, newId, type SessionStatus, type StatusCause, type StreamEvent } from '@cairn/protocol'
+import {
+  CairnProblem,
+  type ErrorCode,
+  isErrorCode,
+  newId,
+  type SessionStatus,
+  type StatusCause,
+  type StreamEvent,
+} from '@cairn/protocol'
 import type { AgentEvent, AgentInfo, TurnEnd, TurnInput, TurnOptions, TurnOutcome } from '@cairn/runtime/port'
 import { iso } from '../clock.js'
 import { unavailableReason, whenNotBusy } from '../db/busy.js'
@@ -9,12 +17,12 @@ import type { SessionServiceDeps } from './session-deps.js'
 import { type MarkAnswer, turnMarkOf, unchangedByAll } from './session-observer.js'
 import type { SessionRow, SessionStore } from './session-store.js'
 import type { TurnEventLog, TurnEvents } from './turn-events.js'
-import { MOVE_OPERATION, type TurnLocks } from './turn-locks.js'
+import { MOVE_OPERATION, type TurnLocks, TurnStop } from './turn-locks.js'
 import type { SeenAgent, WarmAgents } from './warm-agents.js'
 
 export type TurnRunnerDeps = Pick<
   SessionServiceDeps,
-  'db' | 'runtime' | 'secrets' | 'setup' | 'metrics' | 'memory' | 'clock' | 'logger' | 'observers'
+  'db' | 'runtime' | 'secrets' | 'setup' | 'metrics' | 'memory' | 'clock' | 'logger' | 'observers' | 'relays'
 > & {
   store: SessionStore
   locks: TurnLocks
@@ -122,6 +130,7 @@ export class TurnRunner {
           prompt,
           prompt.replace(/\s+/g, ' ').trim().slice(0, TITLE_MAX),
           at,
+          this.deps.relays?.relayId ?? null,
         )
         await store.transition({ id, status: 'idle' }, 'active', 'turn_started', at, turnId)
       })
@@ -322,6 +331,7 @@ export class TurnRunner {
       await this.afterTurn(row.id, () => warm.drop(row.id), undefined)
       agentAfter = undefined
     }
+    outcome = stoppedAs(signal, outcome)
     const durationMs = elapsed()
     const endedAt = iso(Math.max(this.deps.clock.now(), startedAt))
     warm.transcripts.remember(row.id, seq, prompt, outcome.text)
@@ -374,6 +384,8 @@ export class TurnRunner {
         message: `the session's node was declared lost (or the session moved) while turn ${turnId} ran; its end was not recorded`,
       },
     }
+    // Ended meanwhile by someone else (its relay's lease lapsed: `replica_lost`): not overwritten.
+    let endedElsewhere: StreamEvent | undefined
     // The turn's events not written yet go with its record, its terminal event last: a client
     // resuming the stream through any replica gets exactly what it streamed.
     const record = () =>
@@ -384,6 +396,11 @@ export class TurnRunner {
           return
         }
         ownerChanged = false
+        endedElsewhere = elsewhereEnd(turnId, durationMs, await store.endedElsewhere(turnId))
+        if (endedElsewhere) {
+          await log.writeEnd(endedElsewhere)
+          return
+        }
         await store.finishTurn(row.id, {
           id: turnId,
           status: outcome.status,
@@ -431,7 +448,7 @@ export class TurnRunner {
         },
       })
       void whenNotBusy(record, Number.POSITIVE_INFINITY, 1000).then(
-        () => log.end(ownerChanged ? lost : ended),
+        () => log.end(endedElsewhere ?? (ownerChanged ? lost : ended)),
         (late: unknown) =>
           this.deps.logger.error(
             { err: late, session: row.id, turn: turnId },
@@ -446,6 +463,14 @@ export class TurnRunner {
         "a turn's end was not recorded: the session's owner changed during the turn",
       )
       emitNumbered(lost, log.end(lost))
+      return
+    }
+    if (endedElsewhere) {
+      this.deps.logger.warn(
+        { session: row.id, turn: turnId, event: endedElsewhere },
+        "a turn's end was not recorded: it was ended while it ran",
+      )
+      emitNumbered(endedElsewhere, log.end(endedElsewhere))
       return
     }
     emitNumbered(ended, log.end(ended))
@@ -516,6 +541,41 @@ function terminalEvent(turnId: string, outcome: TurnOutcome, durationMs: number)
       code: outcome.code,
       message: outcome.message,
       details: { stderrTail: outcome.stderr.slice(-2000) },
+    },
+  }
+}
+
+/**
+ * A turn its own process ended (an API replica stopping: `TurnStop`) fails with that code and
+ * cause, not as a user's cancel.
+ */
+function stoppedAs(signal: AbortSignal, outcome: TurnOutcome): TurnOutcome {
+  const stop: unknown = signal.aborted ? signal.reason : undefined
+  if (!(stop instanceof TurnStop) || outcome.status !== 'cancelled') return outcome
+  return {
+    status: 'failed',
+    code: stop.code,
+    cause: stop.code,
+    message: stop.message,
+    text: outcome.text,
+    stderr: outcome.stderr,
+  }
+}
+
+/**
+ * What a relay tells its client of a turn someone else ended while it ran (`code`: the row's, a
+ * lapsed lease's `replica_lost`); undefined while the turn still runs.
+ */
+function elsewhereEnd(turnId: string, durationMs: number, code: string | undefined): StreamEvent | undefined {
+  if (!code) return undefined
+  const known: ErrorCode = isErrorCode(code) ? code : 'replica_lost'
+  return {
+    type: 'run.failed',
+    turnId,
+    durationMs,
+    error: {
+      code: known,
+      message: `turn ${turnId} was ended (${known}) while this replica relayed it (its lease lapsed); its end was not recorded`,
     },
   }
 }

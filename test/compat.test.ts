@@ -5,7 +5,7 @@ import path from 'node:path'
 import { promisify } from 'node:util'
 import * as tar from 'tar'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { type RunEvent, TheirClient } from './helpers/compat-client.js'
+import { type Answer, type RunEvent, TheirClient } from './helpers/compat-client.js'
 import { startTestServer, type TestServer } from './helpers/server.js'
 
 // The hosted agent-session product's own clients (SDK and CLI) against Cairn's compat API: requests

@@ -133,6 +133,19 @@ describe('resumable run streams', () => {
   })
 })
 
+describe('the wire contract', () => {
+  it('the OpenAPI document names the resume route, its Last-Event-ID header, its 204, and Cairn-Turn-Id', async () => {
+    const doc = (await t.api.call('GET', '/v1/openapi.json')).body
+    const resume = doc.paths['/v1/sessions/{id}/turns/{turnId}/events'].get
+    expect(resume.parameters.map((p: { name: string; in: string }) => `${p.in} ${p.name}`)).toEqual(
+      expect.arrayContaining(['query after', 'header last-event-id', 'path turnId']),
+    )
+    expect(Object.keys(resume.responses)).toEqual(expect.arrayContaining(['200', '204']))
+    const message = doc.paths['/v1/sessions/{id}/messages'].post.responses['200']
+    expect(Object.keys(message.headers ?? {})).toContain('Cairn-Turn-Id')
+  })
+})
+
 describe('a finished build log is not replayed to a reconnecting EventSource', () => {
   it('numbers log lines and the end; a reconnect after a line gets the rest, one at the end a 204', async () => {
     const project = await makeProject({

@@ -10,6 +10,8 @@ import type { FastifyInstance, RouteOptions } from 'fastify'
 export interface ResponseSpec {
   description: string
   content: Record<string, { schema: TSchema }>
+  /** Response headers worth naming (their JSON schema, with a description). */
+  headers?: Record<string, { type: 'string'; description: string }>
 }
 
 function codesWithStatus(status: number): string[] {
@@ -42,11 +44,21 @@ export function bytesResponse(mediaType: string, description: string): ResponseS
 }
 
 /** The answer of a run: an SSE stream whose messages' data are the protocol's stream events. */
-export function eventStreamResponse(description: string): ResponseSpec {
+export function eventStreamResponse(description: string, headers?: ResponseSpec['headers']): ResponseSpec {
   return {
     description: `${description}. ${StreamEventSchema.description ?? ''}`.trim(),
     content: { 'text/event-stream': { schema: StreamEventSchema } },
+    ...(headers ? { headers } : {}),
   }
+}
+
+/** The header naming the turn a message began (for `GET …/turns/{turnId}/events` after a drop). */
+export const TURN_ID_HEADER: NonNullable<ResponseSpec['headers']> = {
+  'Cairn-Turn-Id': {
+    type: 'string',
+    description:
+      'The turn this message began: its stream is picked up again at GET /v1/sessions/{id}/turns/{turnId}/events',
+  },
 }
 
 /**

@@ -22,7 +22,7 @@ import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox'
 import { Type } from '@sinclair/typebox'
 import type { FastifyInstance } from 'fastify'
 import { principalOf, requireWrite } from '../auth/plugin.js'
-import { errorResponses, eventStreamResponse } from '../http/responses.js'
+import { errorResponses, eventStreamResponse, TURN_ID_HEADER } from '../http/responses.js'
 import { eventIdAfter, SseWriter, type SseWriterOptions } from '../http/sse.js'
 import type { SessionService } from './session-service.js'
 
@@ -193,7 +193,7 @@ export function sessionRoutes(
         summary: 'Send a message; the answer is an SSE stream of the run',
         params: IdParams,
         body: SendMessageBody,
-        response: { 200: eventStreamResponse('The run, as it happens'), ...errors },
+        response: { 200: eventStreamResponse('The run, as it happens', TURN_ID_HEADER), ...errors },
       },
     },
     async (request, reply) => {
@@ -220,7 +220,10 @@ export function sessionRoutes(
           'Send a message to an agent: in sessionId, or in a new session created for it (the options of POST /v1/sessions); the answer is an SSE stream of the run, whose run.started event and Cairn-Session-Id header name the session',
         body: AgentMessageBody,
         response: {
-          200: eventStreamResponse('The run, as it happens (the Cairn-Session-Id header names its session)'),
+          200: eventStreamResponse('The run, as it happens (the Cairn-Session-Id header names its session)', {
+            ...TURN_ID_HEADER,
+            'Cairn-Session-Id': { type: 'string', description: 'The session the message ran in' },
+          }),
           ...errors,
         },
       },

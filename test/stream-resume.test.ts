@@ -1,4 +1,7 @@
+import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { openDatabase } from '../packages/server/src/db/database.js'
+import { testDatabaseFor } from './fixtures/test-database.mjs'
 import { makeProject, SHELL_PROJECT } from './helpers/projects.js'
 import { packDir, startTestServer, type TestServer } from './helpers/server.js'
 import { deltaText, idsOf, readEvents } from './helpers/sse.js'
@@ -130,6 +133,63 @@ describe('resumable run streams', () => {
     expect(elsewhere.status).toBe(404)
     expect(elsewhere.body.error.code).toBe('not_found')
     await waitForTurnEnd(id)
+  })
+})
+
+describe('a turn whose replica was lost before it wrote its end', () => {
+  it('is given its end from its row, at one id for every reader; a reconnect with that id answers 204', async () => {
+    const { id } = await t.api.createSession('shell')
+    // The database as a replica that died mid-turn leaves it once the turn is failed for it: two
+    // events written (one batch), no terminal one; written through the server's own data layer.
+    const db = await openDatabase((await testDatabaseFor(t.dataDir)) ?? path.join(t.dataDir, 'cairn.db'))
+    const turnId = 'trn_lostreplica000000000'
+    const at = new Date().toISOString()
+    const events = [
+      { type: 'run.started', sessionId: id, turnId, turn: 1, sandboxId: 'sbx_x', coldStart: false },
+      { type: 'message.delta', turnId, content: 'half' },
+    ]
+    try {
+      await db.kysely
+        .insertInto('turns')
+        .values({
+          id: turnId,
+          session_id: id,
+          seq: 1,
+          status: 'failed',
+          prompt: 'p',
+          error_code: 'node_lost',
+          error_message: 'its replica was lost',
+          started_at: at,
+          ended_at: at,
+          duration_ms: 5,
+        })
+        .execute()
+      await db.kysely
+        .insertInto('turn_events')
+        .values(
+          events.map((e, i) => ({ turn_id: turnId, seq: i + 1, type: e.type, event: JSON.stringify(e) })),
+        )
+        .execute()
+    } finally {
+      await db.close()
+    }
+    const { messages, ended } = await readEvents(await resume(id, turnId, { 'last-event-id': '1' }))
+    expect(ended).toBe(true)
+    expect(messages.map((m) => [m.id, m.event])).toEqual([
+      ['2', 'message.delta'],
+      ['3', 'run.failed'],
+    ])
+    expect(JSON.parse(messages[1]?.data ?? '{}')).toMatchObject({
+      error: { code: 'node_lost', message: 'its replica was lost' },
+    })
+    // Stored: read again from the start, the same end at the same id.
+    const { messages: again } = await readEvents(await resume(id, turnId))
+    expect(again.map((m) => [m.id, m.data])).toEqual([
+      ['1', JSON.stringify(events[0])],
+      ['2', JSON.stringify(events[1])],
+      ['3', messages[1]?.data],
+    ])
+    expect((await resume(id, turnId, { 'last-event-id': '3' })).status).toBe(204)
   })
 })
 

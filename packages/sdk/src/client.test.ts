@@ -246,6 +246,19 @@ describe('Cairn client', () => {
     expect(stream.reconnects).toBe(1)
   })
 
+  it('abort() while waiting to reconnect resolves cancelled without the try', async () => {
+    const calls: string[] = []
+    const c = client(
+      (url) => (url.pathname.endsWith('/cancel') ? json({ ok: true }) : sse([started], { ids: 1 })),
+      calls,
+    )
+    const stream = c.sessions.stream(SESSION.id, 'hi', {
+      onReconnect: () => void stream.abort(),
+    })
+    expect(await stream.result).toMatchObject({ finishReason: 'cancelled' })
+    expect(calls.filter((call) => call.includes('/turns/'))).toEqual([])
+  })
+
   it('abort() cancels on the server and resolves cancelled', async () => {
     const calls: string[] = []
     let onCancel: () => void = () => undefined

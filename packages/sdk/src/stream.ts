@@ -95,6 +95,8 @@ export class AgentStream implements AsyncIterable<StreamEvent> {
   private lastEventId = 0
   /** How many times the stream was picked up again. */
   reconnects = 0
+  /** Ends the wait before a reconnect (set while it waits). */
+  private wakeReconnect: (() => void) | undefined
   private readonly opener = new AbortController()
   private readonly startedAt = Date.now()
   private sessionId = ''
@@ -144,6 +146,7 @@ export class AgentStream implements AsyncIterable<StreamEvent> {
   async abort(): Promise<void> {
     if (!this.aborting && !this.ended) {
       this.aborting = true
+      this.wakeReconnect?.()
       if (this.opened === undefined) {
         this.opener.abort()
       } else {
@@ -252,7 +255,15 @@ export class AgentStream implements AsyncIterable<StreamEvent> {
         delayMs,
         cause,
       })
-      await new Promise((resolve) => setTimeout(resolve, delayMs))
+      await new Promise<void>((resolve) => {
+        const timer = setTimeout(resolve, delayMs)
+        // An abort does not wait for the try: the run is cancelled now.
+        this.wakeReconnect = () => {
+          clearTimeout(timer)
+          resolve()
+        }
+      })
+      this.wakeReconnect = undefined
       if (this.aborting) throw new AbortError({ code: 'aborted', message: 'the run was aborted' })
       try {
         const opened = await this.driver.resume(turnId, this.lastEventId, this.opener.signal)

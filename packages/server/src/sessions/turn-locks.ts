@@ -10,7 +10,7 @@ export const MOVE_OPERATION = 'a move to another node'
  */
 export class TurnStop extends Error {
   constructor(
-    readonly code: 'replica_stopping' | 'replica_lost',
+    readonly code: 'replica_stopping',
     message: string,
   ) {
     super(message)

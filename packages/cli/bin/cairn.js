@@ -95,7 +95,24 @@ function runBundle(info) {
   return cli.exports
 }
 
+/**
+ * A reader that goes away (`cairn … | head -1`) ends the command quietly: a write to a closed stdout
+ * exits at once, status 0 (what was wanted was read), and a closed stderr is written no more. Without
+ * this, Node reports the EPIPE as an uncaught error with its stack. Every command, once, here.
+ */
+function endQuietlyOnClosedPipes() {
+  const closed = (error) => error.code === 'EPIPE' || error.code === 'ERR_STREAM_DESTROYED'
+  process.stdout.on('error', (error) => {
+    if (!closed(error)) throw error
+    process.exit(0)
+  })
+  process.stderr.on('error', (error) => {
+    if (!closed(error)) throw error
+  })
+}
+
 function start() {
+  endQuietlyOnClosedPipes()
   const args = process.argv.slice(2)
   // `cairn --version` alone needs nothing loaded (context.test.ts keeps CLI_VERSION equal to it).
   if (args.length === 1 && (args[0] === '--version' || args[0] === '-v')) {

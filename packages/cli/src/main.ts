@@ -5,6 +5,7 @@ import { CliError, EXIT } from './errors.js'
 import { errorInfo, hintFor } from './format/errors.js'
 import { Output } from './output.js'
 import { buildProgram } from './program.js'
+import { refuseUnknownSubcommand } from './suggest.js'
 
 function commanderExit(error: CommanderError): number {
   if (error.code === 'commander.helpDisplayed' || error.code === 'commander.version') return EXIT.ok
@@ -38,10 +39,15 @@ export async function main(
   env: NodeJS.ProcessEnv = process.env,
 ): Promise<number> {
   const { args, flags } = extractGlobalFlags(argv.slice(2))
-  const out = new Output({ json: flags.json, color: useColor(flags.color, env, true) })
+  const color = {
+    stdout: useColor(flags.color, env, process.stdout.isTTY === true),
+    stderr: useColor(flags.color, env, process.stderr.isTTY === true),
+  }
+  const out = new Output({ json: flags.json, color })
   const ctx = new Context(flags, env, out)
   try {
     const program = await buildProgram(ctx, args)
+    refuseUnknownSubcommand(program, args)
     await program.parseAsync(args, { from: 'user' })
     return EXIT.ok
   } catch (error) {

@@ -6,7 +6,11 @@ type Colors = ReturnType<typeof pc.createColors>
 
 export interface OutputOptions {
   json: boolean
-  color: boolean
+  /**
+   * Whether to colour: one answer for both streams, or each stream's own (`useColor` per stream:
+   * `--color` and `FORCE_COLOR` colour a pipe too).
+   */
+  color: boolean | { stdout: boolean; stderr: boolean }
   stdout?: Writable & { isTTY?: boolean }
   stderr?: Writable & { isTTY?: boolean }
 }
@@ -30,8 +34,10 @@ export class Output {
     this.json = options.json
     this.stdout = options.stdout ?? process.stdout
     this.stderr = options.stderr ?? process.stderr
-    this.c = pc.createColors(options.color && this.stdout.isTTY === true)
-    this.ec = pc.createColors(options.color && this.stderr.isTTY === true)
+    const color =
+      typeof options.color === 'boolean' ? { stdout: options.color, stderr: options.color } : options.color
+    this.c = pc.createColors(color.stdout)
+    this.ec = pc.createColors(color.stderr)
   }
 
   get stdoutIsTty(): boolean {
@@ -74,6 +80,16 @@ export class Output {
   error(error: unknown, apiUrl?: string): void {
     this.clearSpinner()
     this.stderr.write(`${renderError(error, apiUrl === undefined ? {} : { apiUrl }, this.ec)}\n`)
+  }
+
+  /**
+   * A step of a long command (packing, uploading, building): a spinner on a terminal; otherwise one
+   * line on stderr, so that a log or a CI job shows where the command is.
+   */
+  step(text: string): { update(text: string): void; stop(): void } {
+    if (this.stderrIsTty) return this.spinner(text)
+    this.note(this.ec.dim(text))
+    return { update: () => undefined, stop: () => undefined }
   }
 
   /** A spinner on stderr when it is a terminal; nothing otherwise. */

@@ -26,7 +26,7 @@ describe('buildProgram', () => {
     expect(await sessionSubcommands(['sessions', 'files', 'get', 'ses_1', 'a.txt'])).toEqual(['files'])
   })
 
-  it('registers every sessions subcommand for help, a typo, an agent name or none', async () => {
+  it('registers every sessions subcommand for help, a typo, an unknown word or none', async () => {
     const all = await sessionSubcommands()
     expect(all).toHaveLength(22)
     expect(all.slice(0, 3)).toEqual(['list', 'get', 'resume'])

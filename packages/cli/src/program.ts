@@ -57,6 +57,7 @@ export async function buildProgram(ctx: Context, args?: readonly string[]): Prom
     .description('Cairn: deploy AI agents and talk to them in persistent, isolated sessions')
     .version(CLI_VERSION, '-v, --version', 'print the version')
     .option('--json', 'print machine-readable JSON on stdout (accepted anywhere on the line)')
+    .option('--color', 'colours in a pipe too (also FORCE_COLOR=1)')
     .option('--no-color', 'no colours (also NO_COLOR=1)')
     .option('--api-url <url>', 'the server (env CAIRN_API_URL; default http://127.0.0.1:7070)')
     .option('--api-key <key>', 'API key (env CAIRN_API_KEY; default: the one saved by `cairn login`)')

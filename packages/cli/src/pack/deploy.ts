@@ -84,13 +84,13 @@ export async function deploy(
     }
     const name = options.name ?? agentNameFrom(path.basename(dir))
     extra['cairn.yaml'] = renderManifest({ name, command, protocol: 'stdio' }, false)
-    out.progress(`No cairn.yaml: deploying ${name} as \`${command.join(' ')}\` (protocol stdio)`)
+    out.note(out.ec.dim(`No cairn.yaml: deploying ${name} as \`${command.join(' ')}\` (protocol stdio)`))
     if (ask && !(await confirm(`Deploy ${dir} as ${name}?`, true)))
       throw new CancelledError('Nothing deployed')
   } else if (named !== undefined) {
     out.note(out.ec.yellow(`Using ${path.basename(manifest.file)}; the entry file ${named} is not used`))
   }
-  const spinner = out.spinner(`Packing ${dir}…`)
+  const spinner = out.step(`Packing ${dir}…`)
   let packed: Awaited<ReturnType<typeof packProject>>
   try {
     packed = await packProject(dir, await projectIgnore(dir, manifest?.ignore), extra)
@@ -105,7 +105,7 @@ export async function deploy(
       throw new CancelledError('Nothing deployed')
     }
   }
-  const upload = out.spinner(`Uploading ${size} (${formatBytes(packed.archive.byteLength)} compressed)…`)
+  const upload = out.step(`Uploading ${size} (${formatBytes(packed.archive.byteLength)} compressed)…`)
   const client = await ctx.client()
   let result: DeployResult
   try {
@@ -134,27 +134,19 @@ export async function deploy(
   }
 }
 
-/** Follows the build of a DEPLOYING revision (log lines on a terminal; the tail when it fails). */
+/**
+ * Follows the build of a DEPLOYING revision: its log lines on stderr as they come, on a terminal or
+ * not (a build can take a minute: a pipe or a CI log sees it go on), with `--json` too (stdout
+ * carries only the result).
+ */
 async function waitForBuild(ctx: Context, result: DeployResult): Promise<RevisionInfo> {
   const { out } = ctx
   if (result.revision.status !== 'DEPLOYING') return result.revision
   const client = await ctx.client()
-  const live = out.stderrIsTty && !ctx.json
-  const tail: string[] = []
-  const spinner = live ? undefined : out.spinner('Building…')
-  out.progress(`Building ${result.revision.id}…`)
-  try {
-    for await (const event of client.agents.followLogs(result.agent.id, result.revision.id)) {
-      if (event.type !== 'log') break
-      const line = stripTerminalEscapes(event.line)
-      tail.push(line)
-      if (tail.length > 30) tail.shift()
-      if (live) out.note(out.ec.dim(`  ${line}`))
-    }
-  } finally {
-    spinner?.stop()
+  out.note(out.ec.dim(`Building ${result.revision.id}…`))
+  for await (const event of client.agents.followLogs(result.agent.id, result.revision.id)) {
+    if (event.type !== 'log') break
+    out.note(out.ec.dim(`  ${stripTerminalEscapes(event.line)}`))
   }
-  const revision = await client.agents.revision(result.agent.id, result.revision.id)
-  if (revision.status === 'FAILED' && !live) for (const line of tail) out.note(out.ec.dim(`  ${line}`))
-  return revision
+  return client.agents.revision(result.agent.id, result.revision.id)
 }

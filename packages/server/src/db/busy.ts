@@ -24,7 +24,9 @@ export function unavailableReason(error: unknown): string | undefined {
   if (typeof message === 'string' && /^Query read timeout/.test(message)) return `${NO_ANSWER} (${message})`
   if (
     typeof message === 'string' &&
-    /^Connection terminated|^timeout exceeded when trying to connect|is not queryable/.test(message)
+    /^Connection terminated|^timeout expired|^timeout exceeded when trying to connect|is not queryable/.test(
+      message,
+    )
   )
     return `the database is unreachable (${message})`
   return undefined

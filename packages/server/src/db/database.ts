@@ -3,7 +3,7 @@ import BetterSqlite3 from 'better-sqlite3'
 import { Kysely, PostgresDialect, SqliteDialect, type Transaction } from 'kysely'
 import pg from 'pg'
 import { type Dialect, forDialect, MIGRATIONS } from './migrations.js'
-import { boundedPool, POSTGRES_CONNECT_TIMEOUT_MS, POSTGRES_QUERY_TIMEOUT_MS } from './postgres-pool.js'
+import { BoundedConnectClient, boundedPool, POSTGRES_QUERY_TIMEOUT_MS } from './postgres-pool.js'
 import { PostgresTextPlugin } from './postgres-text.js'
 import type { Schema } from './schema.js'
 
@@ -138,14 +138,16 @@ async function openPostgres(url: string, options: OpenDatabaseOptions): Promise<
         ? (value: string) => Number(value)
         : pg.types.getTypeParser(oid, format as 'text')) as typeof pg.types.getTypeParser,
   }
-  // A request waits a bounded time for a connection (see postgres-pool.ts); the migrations below
-  // (which may wait for another replica's) run unbounded on the raw pool.
+  // Opening a connection is bounded (see postgres-pool.ts), waiting for a free one of the pool's
+  // is not: under load requests queue for the ten connections (a bound there answered 503 to a
+  // busy but healthy database), and in an outage each one they wait for frees within a statement's
+  // bound. The migrations below (which may wait for another replica's) run unbounded on the raw pool.
   const pool = new pg.Pool({
     connectionString: url,
     max: 10,
     types,
-    connectionTimeoutMillis: POSTGRES_CONNECT_TIMEOUT_MS,
     keepAlive: true,
+    Client: BoundedConnectClient,
   })
   // A connection the server drops while idle (a restart, pg_terminate_backend) is an error
   // event on the pool; the next query opens a new one.

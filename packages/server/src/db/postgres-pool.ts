@@ -1,14 +1,101 @@
 import type { PostgresPool, PostgresPoolClient, PostgresQueryResult } from 'kysely'
-import type pg from 'pg'
+import pg from 'pg'
 
 /**
- * How long a request waits for PostgreSQL before it is answered `503 unavailable`: for a
- * connection (a new one, or a free one of the pool's) and for the answer to each statement. A
- * database that stopped answering (a paused or partitioned server, a failover in progress) costs
- * a request this long, not the whole outage.
+ * How long a request waits for PostgreSQL before it is answered `503 unavailable`: to open a
+ * connection, and for a statement's answer while the database answers nothing else either (see
+ * AnswerWatch). A database that stopped answering (a paused or partitioned server, a failover in
+ * progress) costs a request about this long, not the whole outage.
  */
 export const POSTGRES_CONNECT_TIMEOUT_MS = 2000
 export const POSTGRES_QUERY_TIMEOUT_MS = 2000
+
+/**
+ * A connection whose opening is bounded by `POSTGRES_CONNECT_TIMEOUT_MS` (a server that accepts
+ * but never answers the start-up fails it as "Connection terminated"). Given to the pool as its
+ * client class, so that the bound holds for opening a connection and not for waiting in the
+ * pool's queue, which pg's own `connectionTimeoutMillis` would bound as well.
+ */
+export class BoundedConnectClient extends pg.Client {
+  constructor(config?: string | pg.ClientConfig) {
+    super({
+      ...(typeof config === 'string' ? { connectionString: config } : config),
+      connectionTimeoutMillis: POSTGRES_CONNECT_TIMEOUT_MS,
+    })
+  }
+}
+
+/**
+ * Watches the statements of one pool: the database counts as not answering when a statement has
+ * waited `timeoutMs` and no statement of the pool got any answer (a result or an error) for as
+ * long. A slow statement of a busy database (a lock wait, a queue of 200 turns, an event loop
+ * behind on its timers) is never failed while others are being answered; a paused or cut-off
+ * server fails every waiting statement within about `timeoutMs`. The decision is taken after the
+ * event loop has read what the sockets hold (setImmediate), so a late timer does not fail a
+ * statement whose answer was already there.
+ */
+class AnswerWatch {
+  private lastAnswerAt = performance.now()
+  private readonly waiting = new Set<Waiting>()
+  private timer: NodeJS.Timeout | undefined
+
+  constructor(private readonly timeoutMs: number) {}
+
+  /** Runs `statement`, failing it (and calling `onNoAnswer`) when the database stopped answering. */
+  run<T>(
+    statement: Promise<T>,
+    parameters: ReadonlyArray<unknown>,
+    onNoAnswer: (error: Error) => void,
+  ): Promise<T> {
+    return new Promise<T>((resolve, reject) => {
+      const waiting: Waiting = {
+        startedAt: performance.now(),
+        timeoutMs: timeoutFor(parameters, this.timeoutMs),
+        fail: (error) => {
+          this.waiting.delete(waiting)
+          onNoAnswer(error)
+          reject(error)
+        },
+      }
+      this.waiting.add(waiting)
+      this.arm()
+      statement.then(
+        (value) => this.settled(waiting, () => resolve(value)),
+        (error: unknown) => this.settled(waiting, () => reject(error)),
+      )
+    })
+  }
+
+  private settled(waiting: Waiting, settle: () => void): void {
+    this.lastAnswerAt = performance.now()
+    if (this.waiting.delete(waiting)) settle()
+  }
+
+  private arm(): void {
+    if (this.timer) return
+    this.timer = setInterval(() => setImmediate(() => this.check()), Math.max(50, this.timeoutMs / 8))
+    this.timer.unref()
+  }
+
+  private check(): void {
+    const now = performance.now()
+    const silentMs = now - this.lastAnswerAt
+    for (const waiting of [...this.waiting]) {
+      if (silentMs < waiting.timeoutMs || now - waiting.startedAt < waiting.timeoutMs) continue
+      waiting.fail(new Error(`${READ_TIMEOUT}: no answer from PostgreSQL for ${Math.round(silentMs)} ms`))
+    }
+    if (this.waiting.size === 0 && this.timer) {
+      clearInterval(this.timer)
+      this.timer = undefined
+    }
+  }
+}
+
+interface Waiting {
+  startedAt: number
+  timeoutMs: number
+  fail(error: Error): void
+}
 
 /** More time for a statement carrying a large value (an artifact's bytes), per MiB it carries. */
 const QUERY_TIMEOUT_PER_MIB_MS = 1000
@@ -23,27 +110,25 @@ const READ_TIMEOUT = 'Query read timeout'
  * handed to another request.
  */
 export function boundedPool(pool: pg.Pool, queryTimeoutMs: number): PostgresPool {
+  const watch = queryTimeoutMs > 0 ? new AnswerWatch(queryTimeoutMs) : undefined
   return {
-    connect: async () => boundedClient(await pool.connect(), queryTimeoutMs),
+    connect: async () => boundedClient(await pool.connect(), watch),
     end: () => pool.end(),
   }
 }
 
-function boundedClient(client: pg.PoolClient, queryTimeoutMs: number): PostgresPoolClient {
+function boundedClient(client: pg.PoolClient, watch: AnswerWatch | undefined): PostgresPoolClient {
   let timedOut: Error | undefined
   const query = async <R>(sql: string, parameters: ReadonlyArray<unknown>) => {
     if (timedOut) throw timedOut
-    try {
-      const result = await client.query({
-        text: sql,
-        values: [...parameters],
-        ...(queryTimeoutMs > 0 ? { query_timeout: timeoutFor(parameters, queryTimeoutMs) } : {}),
-      })
-      return result as unknown as PostgresQueryResult<R>
-    } catch (error) {
-      if ((error as Error | undefined)?.message === READ_TIMEOUT) timedOut = error as Error
-      throw error
-    }
+    const statement = client.query({ text: sql, values: [...parameters] })
+    if (!watch) return (await statement) as unknown as PostgresQueryResult<R>
+    // An abandoned statement's own answer (or its connection's end) is no one's any more.
+    statement.catch(() => {})
+    const result = await watch.run(statement, parameters, (error) => {
+      timedOut = error
+    })
+    return result as unknown as PostgresQueryResult<R>
   }
   return {
     query: query as PostgresPoolClient['query'],

@@ -211,6 +211,19 @@ async function turnIds(sessionId: string): Promise<{ id: string; seq: number }[]
   return rows.map((r) => ({ id: r.id as string, seq: Number(r.seq) }))
 }
 
+/**
+ * A new session of `agent` and the running node it was placed on (wherever placement put it: the
+ * nodes' loads differ after the tests before), with the other running node.
+ */
+async function placedSession(agent: string): Promise<{ id: string; home: NodeProcess; other: NodeProcess }> {
+  const id = (await api.createSession(agent)).id
+  const nodeId = (await sessionRow(id)).runtime_id
+  const home = [...running.values()].find((n) => n.id === nodeId)
+  const other = [...running.values()].find((n) => n.id !== nodeId)
+  if (!home || !other) throw new Error(`session ${id} is on ${nodeId}, not on one of two running nodes`)
+  return { id, home, other }
+}
+
 async function readSeen(sessionId: string) {
   return api.call('GET', `/v1/sessions/${sessionId}/files/content?path=seen.txt`)
 }
@@ -452,6 +465,95 @@ describe.skipIf(testsRunOnPostgres())('workspaces outlive their node (shipping b
     )
     expect(Number(rows[0].n)).toBe(0)
   }, 600_000)
+
+  it('a file written through the API after the last turn: lost with its node, named in the events, and the next message works', async () => {
+    const { id: sessionId, home: a } = await placedSession('writer')
+    expect((await api.send(sessionId, 'one')).text).toBe('got one\n')
+    const shipped = await shippedNewest(sessionId)
+    const put = await api.call('PUT', `/v1/sessions/${sessionId}/files/content?path=late.txt`, 'late', {
+      'content-type': 'application/octet-stream',
+    })
+    expect(put.status).toBe(200)
+    await kill9(a)
+    try {
+      await waitFor('its node to be declared lost', async () =>
+        (await nodeState(a.id)) === 'lost' ? true : undefined,
+      )
+      // The session comes back from the last shipped snapshot: the first message is answered.
+      const next = await api.send(sessionId, 'two')
+      expect(next.status, JSON.stringify(next.body)).toBe(200)
+      expect(next.text).toBe('got two\n')
+      // The write did not make it, and the events say so; turn 1 did, and is not named.
+      const [detail] = await events(sessionId, 'node_recovered')
+      expect(detail).toContain(shipped)
+      expect(detail).toContain('1 change(s) made to the workspace outside turns')
+      expect(detail).not.toContain('turn 1 (')
+      expect((await api.call('GET', `/v1/sessions/${sessionId}/files/content?path=late.txt`)).status).toBe(
+        404,
+      )
+      expect((await readSeen(sessionId)).body).toBe('one\ntwo\n')
+      expect((await api.call('GET', `/v1/sessions/${sessionId}`)).body.status).toBe('idle')
+    } finally {
+      await startNodeProcess(a.name, a.dataDir)
+    }
+  }, 300_000)
+
+  it('a session moved through the bucket, then its new node lost: the move snapshot is a link, no turn is named lost', async () => {
+    const { id: sessionId, other: b } = await placedSession('writer')
+    for (const prompt of ['one', 'two'])
+      expect((await api.send(sessionId, prompt)).text).toBe(`got ${prompt}\n`)
+    await shippedNewest(sessionId)
+    const moved = await api.call('POST', `/v1/sessions/${sessionId}/move`, { toNode: b.id })
+    expect(moved.status, JSON.stringify(moved.body)).toBe(200)
+    expect(moved.body.via).toBe('bucket')
+    const link = (await sessionRow(sessionId)).shipped_snapshot_id
+    await kill9(b)
+    try {
+      await waitFor('its new node to be declared lost', async () =>
+        (await nodeState(b.id)) === 'lost' ? true : undefined,
+      )
+      expect((await readSeen(sessionId)).body).toBe('one\ntwo\n')
+      const [detail] = await events(sessionId, 'node_recovered')
+      expect(detail).toContain(`from snapshot ${link}`)
+      expect(detail).toContain('through turn 2')
+      expect(detail).toContain("no turn's changes were lost")
+      expect((await api.send(sessionId, 'three')).text).toBe('got three\n')
+    } finally {
+      await startNodeProcess(b.name, b.dataDir)
+    }
+  }, 300_000)
+
+  it('a turn running when its node is killed ends run.failed node_lost, as the docs say (not node_unavailable)', async () => {
+    const sleeper = await makeProject({
+      'cairn.yaml': 'name: sleeper\ncommand: bash agent.sh\n',
+      'agent.sh': 'while IFS= read -r line; do sleep 30; echo "woke"; done\n',
+    })
+    expect((await api.deploy(sleeper)).status).toBe(201)
+    const { id: sessionId, home: a } = await placedSession('sleeper')
+    const turn = api.send(sessionId, 'nap')
+    await waitFor('the turn to run', async () => {
+      const { rows } = await client.query(
+        "SELECT id FROM turns WHERE session_id = $1 AND status = 'running'",
+        [sessionId],
+      )
+      return rows[0] ? true : undefined
+    })
+    await new Promise((resolve) => setTimeout(resolve, 500))
+    await kill9(a)
+    try {
+      const result = await turn
+      expect(result.terminal, JSON.stringify(result.terminal)).toMatchObject({
+        type: 'run.failed',
+        error: { code: 'node_lost' },
+      })
+      const { rows } = await client.query('SELECT status, error_code FROM turns WHERE session_id = $1', [
+        sessionId,
+      ])
+      expect(rows).toEqual([{ status: 'failed', error_code: 'node_lost' }])
+    } finally {
+      await startNodeProcess(a.name, a.dataDir)
+    }
+  }, 300_000)
 
   it('a lost machine room: the bucket + a pg_dump restore the whole install on new machines', async () => {
     const token = 'tok-backup-5c1e9a'

@@ -37,7 +37,11 @@ export class WorkspaceGenerations {
       throw new CairnProblem('state_lost', message)
     }
     const [onDisk] = await this.runtime.readGenerations([row.id])
-    const problem = await this.compare(row, onDisk, recorded)
+    // Behind what was read first: a recovery of the session from its node's last shipped snapshot
+    // (which `hasWorkspace` may have set off) records the generation it came back at, and names
+    // what did not make it; that is the generation to compare with, not a loss to report again.
+    const now = onDisk !== undefined && onDisk < recorded ? await this.store.generationOf(row.id) : recorded
+    const problem = await this.compare(row, onDisk, now)
     if (problem) throw problem
   }
 

@@ -15,6 +15,11 @@ import type { SessionObserver } from './session-observer.js'
 export interface SessionRouting {
   /** The node the new session's workspace was placed on (its row's `runtime_id`). */
   placedNode(sessionId: string): string | undefined
+  /**
+   * How long a turn whose node broke its stream waits for the leader's verdict on the node (lost:
+   * the turn ends `node_lost`) before it ends `node_unavailable`: the nodes' lease and a check.
+   */
+  readonly nodeVerdictMs: number
 }
 
 /**

@@ -12,6 +12,7 @@ import { iso } from '../clock.js'
 import { unavailableReason, whenNotBusy } from '../db/busy.js'
 import { redact } from '../secrets/secret-store.js'
 import type { WorkspaceGenerations } from './generations.js'
+import { awaitNodeVerdict } from './node-verdict.js'
 import { limitReached } from './policy.js'
 import type { SessionServiceDeps } from './session-deps.js'
 import { type MarkAnswer, turnMarkOf, unchangedByAll } from './session-observer.js'
@@ -22,7 +23,17 @@ import type { SeenAgent, WarmAgents } from './warm-agents.js'
 
 export type TurnRunnerDeps = Pick<
   SessionServiceDeps,
-  'db' | 'runtime' | 'secrets' | 'setup' | 'metrics' | 'memory' | 'clock' | 'logger' | 'observers' | 'relays'
+  | 'db'
+  | 'runtime'
+  | 'secrets'
+  | 'setup'
+  | 'metrics'
+  | 'memory'
+  | 'clock'
+  | 'logger'
+  | 'observers'
+  | 'relays'
+  | 'routing'
 > & {
   store: SessionStore
   locks: TurnLocks
@@ -361,6 +372,8 @@ export class TurnRunner {
         return undefined
       })
     }
+    if (failed?.code === 'node_unavailable')
+      await awaitNodeVerdict(store, row, this.deps.routing?.nodeVerdictMs)
     // The policy's last turn ends the session; its sandbox goes before the reply's end is sent.
     if (lastTurn) {
       await this.afterTurn(row.id, () => warm.drop(row.id), undefined)

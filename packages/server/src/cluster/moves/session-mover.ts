@@ -31,6 +31,9 @@ export interface SessionMoverDeps {
  * from another replica, or a leader declaring the node lost, aborts the move and the target's
  * copy is dropped); the session's events record `moved` (from → to). Last the source's copy and
  * the move's snapshot are deleted (under the new epoch: the source then refuses the old owner).
+ * Through the bucket, the move's snapshot (restored into the target's pool) is recorded in the
+ * same transaction as an automatic snapshot after the session's last turn: it is the session's
+ * newest chain link.
  */
 export class SessionMover {
   constructor(private readonly deps: SessionMoverDeps) {}
@@ -132,10 +135,19 @@ export class SessionMover {
               'storage_error',
               `the copy of session ${sessionId} on node ${target.node.id} differs from its source (${copied} ≠ ${digest}); the session stays on ${fromNode}`,
             )
-          await this.changeOwner(sessionId, fromNode, target.node.id, epoch, {
-            turnCount: Number(row.turn_count),
-            generation: Number(row.generation),
-          })
+          await this.changeOwner(
+            sessionId,
+            fromNode,
+            target.node.id,
+            epoch,
+            { turnCount: Number(row.turn_count), generation: Number(row.generation) },
+            // Through the bucket the move's snapshot is a chain link, and now in the target's pool:
+            // recorded, so a later recovery (or a database restored from a backup) knows the turn it
+            // stands for and names no turn before it as lost.
+            viaBucket
+              ? { snapshotId, tenantId: row.tenant_id, generation: generation ?? row.generation }
+              : undefined,
+          )
           moved = true
           this.deps.cluster.forgetHome(sessionId)
           await runWithOwnerEpoch(epoch + 1, async () => {
@@ -230,6 +242,7 @@ export class SessionMover {
     toNode: string,
     epoch: number,
     seen: { turnCount: number; generation: number },
+    link?: { snapshotId: string; tenantId: string; generation: number },
   ): Promise<void> {
     const { db } = this.deps
     await db.transaction(async () => {
@@ -282,6 +295,21 @@ export class SessionMover {
           at,
         })
         .execute()
+      if (link)
+        await db.q
+          .insertInto('snapshots')
+          .values({
+            id: link.snapshotId,
+            session_id: sessionId,
+            tenant_id: link.tenantId,
+            kind: 'auto',
+            reason: 'before_turn',
+            label: null,
+            turn_seq: seen.turnCount,
+            generation: link.generation,
+            created_at: at,
+          })
+          .execute()
     })
   }
 }

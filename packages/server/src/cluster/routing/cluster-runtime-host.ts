@@ -35,6 +35,7 @@ export async function openClusterRuntime(options: {
     directory,
     logger: logger.child({ component: 'routing' }),
     recoverLost: options.config.recoverLost,
+    leaseMs: options.config.leaseMs,
   })
   // What workspace manifests name: a serving node's drivers, else the cluster's defaults.
   const described = await port.describe().catch(() => undefined)

@@ -57,7 +57,12 @@ export interface ClusterRuntimePortOptions {
    * the leader's (`recoverNode`), on top of the on-use one.
    */
   recoverLost?: 'on-message' | 'eager' | 'never' | undefined
+  /** The nodes' lease (default 5000): how soon the leader declares a dead node lost. */
+  leaseMs?: number | undefined
 }
+
+/** The leader's check interval and slack: a dead node is declared lost within its lease and this. */
+const LEADER_NOTICE_MS = 2000
 
 /**
  * The runtime port of an API replica (`cairn server --role api`): no runtime of its own, every
@@ -92,6 +97,11 @@ export class ClusterRuntimePort implements RuntimePort {
 
   /** Brings lost nodes' sessions back from the shipping bucket (see `NodeLossRecovery`). */
   readonly recovery: NodeLossRecovery
+
+  /** How long a turn whose node broke its stream waits for the leader's verdict (`SessionRouting`). */
+  get nodeVerdictMs(): number {
+    return (this.options.leaseMs ?? 5000) + LEADER_NOTICE_MS
+  }
 
   // --- moves (see SessionMover) --------------------------------------------------------------
   /**

@@ -94,6 +94,7 @@ export class NodeLossRecovery {
         'runtime_id',
         'owner_epoch',
         'status',
+        'generation',
         'shipped_link_seq',
         'shipped_tree_digest',
       ])
@@ -161,7 +162,7 @@ export class NodeLossRecovery {
   }
 
   private commit(
-    row: { id: string; status: string; owner_epoch: number; runtime_id: string | null },
+    row: { id: string; status: string; owner_epoch: number; runtime_id: string | null; generation: number },
     from: NodeRow,
     target: NodeRow,
     epoch: number,
@@ -172,7 +173,7 @@ export class NodeLossRecovery {
       const at = await dbNow(db)
       const locked = await db.q
         .selectFrom('sessions')
-        .select(['status'])
+        .select(['status', 'generation'])
         .where('id', '=', row.id)
         .where('runtime_id', '=', from.id)
         .where('owner_epoch', '=', Number(row.owner_epoch))
@@ -193,7 +194,14 @@ export class NodeLossRecovery {
         .orderBy('seq')
         .execute()
       const lostTurns = lost.map((t) => ({ turnId: t.id, seq: Number(t.seq), status: t.status }))
-      const detail = describeRecovery(from.id, target.id, restore, throughSeq, lostTurns)
+      const detail = describeRecovery(
+        from.id,
+        target.id,
+        restore,
+        throughSeq,
+        lostTurns,
+        Number(locked.generation),
+      )
       await db.q
         .updateTable('sessions')
         .set({
@@ -235,20 +243,34 @@ export class NodeLossRecovery {
   }
 }
 
-/** The event's words: where from, which snapshot, and every turn whose changes did not make it. */
+/**
+ * The event's words: where from, which snapshot, every turn whose changes did not make it, and the
+ * changes made outside turns (a file written or deleted through the API, an import) that did not:
+ * every acknowledged change moved the workspace's generation on, so a generation recorded past the
+ * restored one is changes lost; with no turn lost they were all made outside turns.
+ */
 export function describeRecovery(
   fromNodeId: string,
   toNodeId: string,
   restore: BucketRestore,
   throughSeq: number,
   lostTurns: readonly { turnId: string; seq: number }[],
+  recordedGeneration: number,
 ): string {
   const base =
     `restored on node ${toNodeId} after node ${fromNodeId} was lost, from snapshot ${restore.snapshotId} ` +
     `(workspace generation ${restore.generation}, ` +
     (throughSeq >= 0 ? `through turn ${throughSeq}, ` : '') +
     `shipped ${restore.shippedAt})`
-  if (lostTurns.length === 0) return `${base}; no turn's changes were lost`
+  const behind = recordedGeneration - restore.generation
+  if (lostTurns.length === 0) {
+    if (behind <= 0) return `${base}; no turn's changes were lost`
+    return `${base}; no turn's changes were lost, but ${behind} change(s) made to the workspace outside turns after it (files written or deleted through the API, an import) did not make it (the workspace had reached generation ${recordedGeneration})`
+  }
   const named = lostTurns.map((t) => `turn ${t.seq} (${t.turnId})`).join(', ')
-  return `${base}; the workspace changes of ${named} did not make it (their transcript is kept)`
+  const outside =
+    behind > 0
+      ? `; nor did any change made outside turns after the snapshot (files written or deleted through the API, an import: the workspace had reached generation ${recordedGeneration})`
+      : ''
+  return `${base}; the workspace changes of ${named} did not make it (their transcript is kept)${outside}`
 }

@@ -24,6 +24,7 @@ import { writeCredentialsIfMissing } from './credentials.js'
 import { createOwnerOnly, runtimeIdOf, secureDataDir } from './data-dir.js'
 import { type Db, openDatabase } from './db/database.js'
 import { SharedFiles } from './db/shared-files.js'
+import { reservePorts } from './http/port-reservation.js'
 import type { ImageService } from './images/image-service.js'
 import { ManualSnapshotCap } from './limits/snapshot-cap.js'
 import {
@@ -73,7 +74,10 @@ export interface RunningServer {
   retention: RetentionService
   /** The runtime in this process; a `role: 'api'` server has none (reading this throws). */
   readonly runtime: Runtime
+  /** Stops: running turns get `shutdownGraceMs` to finish, then sandboxes, pool and locks go. */
   close(): Promise<void>
+  /** Stops as `close` does, but cancels running turns at once (also when a `close` is under way). */
+  closeNow(): Promise<void>
 }
 
 /** How often a cluster's leader looks for sessions past their idle timeout or deadline (`--role api`). */
@@ -128,8 +132,21 @@ export async function startServer(
   if (api) checkApiRole(config, extras)
   const clock = options.clock ?? systemClock
   const logger = pino({ level: config.logLevel, base: { service: 'cairn' } })
-  const dataDir = api ? await apiDataDir(config) : await claimDataDir(config, logger)
-  const releaseLocks = () => dataDir.releaseLocks()
+  // The ports first: one taken fails the start before the data dir, database or pool are touched.
+  const ports = await reservePorts([
+    { port: config.port, host: config.host, option: '--port' },
+    { port: config.previewPort, host: config.host, option: '--preview-port' },
+  ])
+  const dataDir = await (api ? apiDataDir(config) : claimDataDir(config, logger)).catch(
+    async (error: unknown) => {
+      await ports.release()
+      throw error
+    },
+  )
+  const releaseLocks = async () => {
+    await ports.release()
+    await dataDir.releaseLocks()
+  }
   let db: Db
   try {
     if (config.databaseUrl) db = await openDatabase(config.databaseUrl)
@@ -325,6 +342,7 @@ export async function startServer(
     })
     observers.push(workspace.policy, previews)
     previewListener = createPreviewListener(previews, config.previewDomain, logger)
+    await ports.release()
     const previewPort = await listen(previewListener.server, config.previewPort, config.host)
     if (config.previewDomain === DEFAULT_PREVIEW_DOMAIN && !LOOPBACK_HOSTS.has(config.host)) {
       logger.warn(
@@ -446,7 +464,8 @@ export async function startServer(
       'cairn server listening',
     )
     let closing: Promise<void> | undefined
-    return {
+    const cutShort = new AbortController()
+    const running: RunningServer = {
       url,
       port,
       previewPort,
@@ -469,11 +488,11 @@ export async function startServer(
           // New requests are refused from here; a stream of a running turn ends with its turn,
           // which is given the grace and then cancelled (a replica's: failed replica_stopping).
           const appClosed = app.close()
-          await sessions.drain(config.shutdownGraceMs)
+          await sessions.drain(config.shutdownGraceMs, cutShort.signal)
           await appClosed
           drainMoves?.stop()
           await drainMoves?.settle()
-          await sessions.drain(config.shutdownGraceMs)
+          await sessions.drain(config.shutdownGraceMs, cutShort.signal)
           await workspace.settle()
           await sessions.close()
           await lease?.stop()
@@ -486,7 +505,12 @@ export async function startServer(
         })()
         return closing
       },
+      closeNow() {
+        cutShort.abort()
+        return running.close()
+      },
     }
+    return running
   } catch (error) {
     await previewListener?.close()
     await lease?.stop()

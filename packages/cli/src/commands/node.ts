@@ -153,6 +153,6 @@ export const register: Register = (parent, ctx) => {
       out.line(`Data:     ${node.dataDir}`)
       out.progress('Press Ctrl-C to stop (drain it first: cairn nodes drain <id>).')
     }
-    await closeOnSignal(out, () => node.close())
+    await closeOnSignal(out, node)
   })
 }

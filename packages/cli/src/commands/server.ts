@@ -271,7 +271,7 @@ export const register: Register = (parent, ctx) => {
         out.line(`Credentials:   ${server.credentialsWritten} (the CLI uses them)`)
       out.progress('Press Ctrl-C to stop.')
     }
-    await closeOnSignal(out, () => server.close())
+    await closeOnSignal(out, server)
   })
 }
 

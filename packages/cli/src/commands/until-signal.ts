@@ -1,20 +1,52 @@
 import type { Output } from '../output.js'
 
+/** What `cairn server` and `cairn node` run until a signal. */
+export interface Stoppable {
+  /** The orderly stop: running turns drained, sandboxes stopped, the pool unmounted, locks dropped. */
+  close(): Promise<void>
+  /** The same stop without waiting for running turns (cancelled at once); none: as `close`. */
+  closeNow?(): Promise<void>
+}
+
 /**
  * Keeps a long-running process (`cairn server`, `cairn node`) up until SIGINT or SIGTERM, then
- * closes it; a second signal while closing stops at once.
+ * stops it in order. A second signal while stopping cancels running turns instead of waiting for
+ * them (the stop still unmounts everything); a third exits at once, leaving what is mounted to the
+ * next start. The process's own children are in process groups of their own, so a Ctrl-C or a
+ * `kill -- -PGID` reaches this process alone (see `OWN_PROCESS_GROUP` in the runtime).
  */
-export async function closeOnSignal(out: Output, close: () => Promise<void>): Promise<void> {
+export async function closeOnSignal(out: Output, target: Stoppable): Promise<void> {
   const signal = await new Promise<NodeJS.Signals>((resolve) => {
     process.once('SIGINT', resolve)
     process.once('SIGTERM', resolve)
   })
-  out.progress(`Received ${signal}, stopping…`)
-  const force = () => process.exit(130)
-  process.once('SIGINT', force)
-  process.once('SIGTERM', force)
-  await close()
-  process.off('SIGINT', force)
-  process.off('SIGTERM', force)
+  out.progress(`Received ${signal}, stopping (again: cancel running turns now)…`)
+  let signals = 1
+  const again = (next: NodeJS.Signals) => {
+    signals += 1
+    if (signals === 2 && target.closeNow) {
+      out.progress(`Received ${next} again: cancelling running turns, then stopping…`)
+      void target.closeNow().catch(() => undefined)
+      return
+    }
+    out.note(`Received ${next} again: exiting now; what is still mounted is reused at the next start.`)
+    process.exit(130)
+  }
+  // A stop waiting on something nothing will ever settle would end the process with exit 0 and
+  // everything still mounted: it ends with an error instead.
+  const stuck = () => {
+    out.note('Stopping did not finish (it waited on something that will not happen); exiting with an error.')
+    process.exitCode = 1
+  }
+  process.on('SIGINT', again)
+  process.on('SIGTERM', again)
+  process.once('beforeExit', stuck)
+  try {
+    await target.close()
+  } finally {
+    process.off('beforeExit', stuck)
+    process.off('SIGINT', again)
+    process.off('SIGTERM', again)
+  }
   out.progress('Stopped.')
 }

@@ -5,6 +5,7 @@ import path from 'node:path'
 import type { Readable } from 'node:stream'
 import { createGunzip } from 'node:zlib'
 import { CairnProblem } from '@cairn/protocol'
+import { OWN_PROCESS_GROUP } from '../util/process-group.js'
 
 interface Descriptor {
   mediaType?: string
@@ -26,7 +27,10 @@ function tarStream(blob: string, mediaType: string): Readable {
     return file.pipe(createGunzip()).once('close', () => file.destroy())
   }
   if (/\+zstd$/.test(mediaType)) {
-    const child = spawn('zstd', ['-dcq', blob], { stdio: ['ignore', 'pipe', 'ignore'] })
+    const child = spawn('zstd', ['-dcq', blob], {
+      stdio: ['ignore', 'pipe', 'ignore'],
+      ...OWN_PROCESS_GROUP,
+    })
     return child.stdout.once('close', () => child.kill('SIGKILL'))
   }
   if (/(\.tar|\+tar|layer\.v1\.tar)$/.test(mediaType)) return createReadStream(blob)

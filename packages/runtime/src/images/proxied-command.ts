@@ -5,6 +5,7 @@ import path from 'node:path'
 import { StringDecoder } from 'node:string_decoder'
 import { CairnProblem } from '@cairn/protocol'
 import { EgressProxy, type EgressSite, type NetworkEvent } from '../egress/proxy.js'
+import { OWN_PROCESS_GROUP } from '../util/process-group.js'
 
 /**
  * Relays 127.0.0.1:3128 to the egress proxy's unix socket (argv[1]) inside a fresh network
@@ -104,6 +105,7 @@ export async function runProxied(spec: ProxiedCommand): Promise<void> {
       ],
       {
         stdio: ['ignore', 'pipe', 'pipe'],
+        ...OWN_PROCESS_GROUP,
         env: {
           PATH: '/usr/sbin:/usr/bin:/sbin:/bin',
           HOME: '/root',

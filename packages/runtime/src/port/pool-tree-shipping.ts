@@ -7,6 +7,7 @@ import { CairnProblem } from '@cairn/protocol'
 import type { EnvStore } from '../storage/env-store.js'
 import { assertInertTree } from '../storage/inert-tree.js'
 import type { StoragePool } from '../storage/pool.js'
+import { OWN_PROCESS_GROUP } from '../util/process-group.js'
 
 /**
  * A read-only tree of the pool that a node may lack and another has: a revision, or a dependency
@@ -37,6 +38,7 @@ export async function exportPoolTree(
   if (!existsSync(dir)) throw new CairnProblem('not_found', `${describe(tree)} is not in this node's pool`)
   const tar = spawn('tar', ['-c', '--numeric-owner', '--xattrs', '-C', dir, '.'], {
     stdio: ['ignore', 'pipe', 'pipe'],
+    ...OWN_PROCESS_GROUP,
   })
   let stderr = ''
   tar.stderr.setEncoding('utf8').on('data', (chunk: string) => {
@@ -103,7 +105,7 @@ export async function importPoolTree(
     const tar = spawn(
       'tar',
       ['-x', '--ignore-zeros', '--numeric-owner', '--same-owner', '-p', '--xattrs', '-C', staging],
-      { stdio: ['pipe', 'ignore', 'pipe'] },
+      { stdio: ['pipe', 'ignore', 'pipe'], ...OWN_PROCESS_GROUP },
     )
     let stderr = ''
     tar.stderr.setEncoding('utf8').on('data', (chunk: string) => {

@@ -2,6 +2,7 @@ import { type ChildProcess, spawn } from 'node:child_process'
 import net from 'node:net'
 import { fileURLToPath } from 'node:url'
 import { CairnProblem } from '@cairn/protocol'
+import { OWN_PROCESS_GROUP } from '../util/process-group.js'
 
 const HELPER = fileURLToPath(new URL('../../helpers/port_relay.py', import.meta.url))
 /** The relay drops to this uid once inside the sandbox's network namespace (`nobody`). */
@@ -23,6 +24,7 @@ export class PortRelay {
     // -I -S: no site packages or user environment to read; a third of Python's start-up here.
     const child = spawn('python3', ['-I', '-S', HELPER, netnsPath, socketPath, String(RELAY_UID)], {
       stdio: ['ignore', 'pipe', 'pipe'],
+      ...OWN_PROCESS_GROUP,
     })
     let stderr = ''
     child.stderr?.on('data', (chunk: Buffer) => {

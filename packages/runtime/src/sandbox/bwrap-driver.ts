@@ -8,6 +8,7 @@ import { execTool } from '../util/exec.js'
 import { type Logger, logAndGoOn, noopLogger } from '../util/logger.js'
 import { readMounts } from '../util/mounts.js'
 import { dirtiedBytes } from '../util/proc-io.js'
+import { OWN_PROCESS_GROUP } from '../util/process-group.js'
 import type { CgroupLimits, CgroupManager } from './cgroups.js'
 import type { DriverCapabilities, Sandbox, SandboxDriver, SandboxExit, SandboxSpec } from './driver.js'
 import { IdmapMounter } from './idmap-mounter.js'
@@ -375,6 +376,7 @@ export class BwrapDriver implements SandboxDriver {
       // fd 3: the seccomp program, read by bwrap before it execs the agent.
       stdio: ['pipe', 'pipe', 'pipe', seccompFd ? seccompFd.fd : 'ignore'],
       env: { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' },
+      ...OWN_PROCESS_GROUP,
     }) as ChildProcessWithoutNullStreams
     await seccompFd?.close()
     if (child.pid === undefined) {

@@ -10,6 +10,7 @@ import {
   stdinRelayCommand,
 } from '../checkpoint/gvisor-checkpoint.js'
 import { type Logger, logAndGoOn, noopLogger } from '../util/logger.js'
+import { OWN_PROCESS_GROUP } from '../util/process-group.js'
 import type { CgroupLimits, CgroupManager } from './cgroups.js'
 import type { DriverCapabilities, Sandbox, SandboxDriver, SandboxSpec } from './driver.js'
 import { type ClaimTiming, cleanupSlots, GvisorPool, POOL_SLOT_PREFIX } from './gvisor-pool.js'
@@ -316,6 +317,7 @@ export class GvisorDriver implements SandboxDriver {
     const child = spawn(LAUNCHER_SHELL, launcherArgs(2, procsFiles, runscArgs), {
       stdio: ['pipe', 'pipe', 'pipe'],
       env: { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' },
+      ...OWN_PROCESS_GROUP,
     })
     if (child.pid === undefined) {
       await this.options.cgroups.remove(spec.id)

@@ -9,6 +9,7 @@ import type { Readable } from 'node:stream'
 import { execTool } from '../util/exec.js'
 import { type Logger, logAndGoOn, noopLogger } from '../util/logger.js'
 import { readMounts } from '../util/mounts.js'
+import { OWN_PROCESS_GROUP } from '../util/process-group.js'
 import type { CgroupLimits, CgroupManager } from './cgroups.js'
 import type { Sandbox, SandboxSpec } from './driver.js'
 import { Mounter } from './gvisor-mounter.js'
@@ -343,7 +344,11 @@ export class GvisorPool {
         pidFile,
         id,
       ]),
-      { stdio: ['pipe', 'pipe', 'pipe', 'pipe'], env: { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' } },
+      {
+        stdio: ['pipe', 'pipe', 'pipe', 'pipe'],
+        env: { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' },
+        ...OWN_PROCESS_GROUP,
+      },
     ) as ChildProcessWithoutNullStreams
     child.stdin.on('error', () => undefined)
     const slot: Slot = { id, layout: key, dir, bundle, child, pid: -1, mountPoints }

@@ -4,6 +4,7 @@ import type { FileHandle } from 'node:fs/promises'
 import type { Writable } from 'node:stream'
 import { newId } from '@cairn/protocol'
 import { type Logger, logAndGoOn, noopLogger } from '../util/logger.js'
+import { OWN_PROCESS_GROUP } from '../util/process-group.js'
 import type { CgroupLimits, CgroupManager } from './cgroups.js'
 import { LAUNCHER_SHELL, pooledLauncherArgs } from './launcher.js'
 
@@ -104,6 +105,7 @@ export class LauncherPool {
     const child = spawn(LAUNCHER_SHELL, pooledLauncherArgs(procsFiles), {
       stdio: ['pipe', 'pipe', 'pipe', seccompFd ? seccompFd.fd : 'ignore', 'pipe'],
       env: { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' },
+      ...OWN_PROCESS_GROUP,
     }) as ChildProcessWithoutNullStreams
     await seccompFd?.close()
     const commandPipe = child.stdio[4] as Writable | null | undefined

@@ -2,6 +2,7 @@ import { type ChildProcessByStdio, spawn } from 'node:child_process'
 import { createHash } from 'node:crypto'
 import type { Readable, Writable } from 'node:stream'
 import { CairnProblem, type ErrorCode } from '@cairn/protocol'
+import { OWN_PROCESS_GROUP } from '../util/process-group.js'
 import { type ShippingBucket, sha256Hex } from './bucket.js'
 import { MAX_PART_BYTES, type ShippedStream } from './chain-link.js'
 
@@ -21,6 +22,7 @@ export function startTool(
 ): StreamTool {
   const child = spawn(file, args, {
     stdio: io === 'read' ? ['ignore', 'pipe', 'pipe'] : ['pipe', 'ignore', 'pipe'],
+    ...OWN_PROCESS_GROUP,
     ...options,
   }) as StreamTool['child']
   let stderr = ''

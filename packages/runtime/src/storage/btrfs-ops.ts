@@ -4,6 +4,7 @@ import { createInterface } from 'node:readline'
 import { fileURLToPath } from 'node:url'
 import { CairnProblem } from '@cairn/protocol'
 import { execTool } from '../util/exec.js'
+import { OWN_PROCESS_GROUP } from '../util/process-group.js'
 
 const HELPER = fileURLToPath(new URL('../../helpers/btrfs_ops.py', import.meta.url))
 
@@ -90,7 +91,10 @@ export class BtrfsOps {
     const existing = this.helpers[slot]
     if (existing && existing.exitCode === null) return existing
     if (!existsSync(HELPER) || process.env.CAIRN_BTRFS_HELPER === 'off') return undefined
-    const child = spawn('python3', ['-u', HELPER], { stdio: ['pipe', 'pipe', 'pipe'] })
+    const child = spawn('python3', ['-u', HELPER], {
+      stdio: ['pipe', 'pipe', 'pipe'],
+      ...OWN_PROCESS_GROUP,
+    })
     child.stderr.resume()
     child.stdin.on('error', () => undefined)
     createInterface({ input: child.stdout }).on('line', (line) => {

@@ -2,6 +2,7 @@ import { spawn } from 'node:child_process'
 import { lstat } from 'node:fs/promises'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
+import { OWN_PROCESS_GROUP } from '../util/process-group.js'
 
 /**
  * Refuses a tree that came from outside this machine (another node's export, the bucket) if it
@@ -49,7 +50,7 @@ function findSuspects(root: string): Promise<string[]> {
         '-printf',
         '%P\\0',
       ],
-      { stdio: ['ignore', 'pipe', 'pipe'] },
+      { stdio: ['ignore', 'pipe', 'pipe'], ...OWN_PROCESS_GROUP },
     )
     const chunks: Buffer[] = []
     let stderr = ''

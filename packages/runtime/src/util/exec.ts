@@ -1,5 +1,6 @@
 import { execFile } from 'node:child_process'
 import { CairnProblem, type ErrorCode } from '@cairn/protocol'
+import { OWN_PROCESS_GROUP } from './process-group.js'
 
 export interface ExecResult {
   stdout: string
@@ -16,7 +17,12 @@ export function execTool(
     execFile(
       file,
       args,
-      { timeout: options.timeoutMs ?? 60_000, maxBuffer: 16 * 1024 * 1024, encoding: 'utf8' },
+      {
+        timeout: options.timeoutMs ?? 60_000,
+        maxBuffer: 16 * 1024 * 1024,
+        encoding: 'utf8',
+        ...OWN_PROCESS_GROUP,
+      },
       (error, stdout, stderr) => {
         if (error) {
           const detail = stderr.trim() || error.message

@@ -3,6 +3,7 @@ import { type ChildProcessByStdio, spawn } from 'node:child_process'
 import { PassThrough, type Readable } from 'node:stream'
 import { fileURLToPath } from 'node:url'
 import { CairnProblem, isErrorCode } from '@cairn/protocol'
+import { OWN_PROCESS_GROUP } from '../util/process-group.js'
 
 /**
  * The only host-side reader of workspace trees: a python3 helper (helpers/workspace-reader.py)
@@ -38,6 +39,7 @@ function startHelper(root: string, args: string[], options: ReadOptions): Helper
   const child = spawn(command[0] ?? 'python3', command.slice(1), {
     stdio: ['ignore', 'pipe', 'pipe'],
     env: { PATH: '/usr/bin:/bin', LC_ALL: 'C.UTF-8' },
+    ...OWN_PROCESS_GROUP,
   })
   const kill = () => child.kill('SIGKILL')
   const timer = setTimeout(kill, options.timeoutMs ?? READ_TIMEOUT_MS)

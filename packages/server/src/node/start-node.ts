@@ -13,6 +13,7 @@ import { NodeRegistry } from '../cluster/node-registry.js'
 import type { NodeFigures } from '../cluster/node-store.js'
 import { resolveConfig, type ServerOptions } from '../config.js'
 import { type Db, openDatabase } from '../db/database.js'
+import { reservePort } from '../http/port-reservation.js'
 import { claimDataDir, openLocalRuntime, syncSharedFiles } from '../local-runtime.js'
 import type { RuntimeHost } from '../runtime-host/runtime-host.js'
 import { reportFencedTurns } from './fenced-turns.js'
@@ -116,11 +117,17 @@ export async function startNode(options: NodeOptions = {}): Promise<RunningNode>
   const tls = await loadClusterTls(clusterDir, 'node')
   const clock = options.clock ?? systemClock
   const logger = pino({ level: config.logLevel, base: { service: 'cairn-node' } })
-  const dataDir = await claimDataDir(config, logger)
+  // The port first: taken, the start fails before the data dir, database or pool are touched.
+  const reserved = await reservePort(listen.port, listen.host, '--listen')
+  const dataDir = await claimDataDir(config, logger).catch(async (error: unknown) => {
+    await reserved.release()
+    throw error
+  })
   let db: Db
   try {
     db = await openDatabase(databaseUrl)
   } catch (error) {
+    await reserved.release()
     await dataDir.releaseLocks()
     throw error
   }
@@ -159,6 +166,7 @@ export async function startNode(options: NodeOptions = {}): Promise<RunningNode>
     // Served before it registers (so its address answers once the cluster sees it), and fenced
     // until then: every call is refused while the registry says so.
     // A turn its own fence cut says so (node_fenced), not that the agent crashed.
+    await reserved.release()
     served = await serveRuntimePort(
       reportFencedTurns(port, () => registry?.fence.generation ?? 0),
       {
@@ -232,6 +240,7 @@ export async function startNode(options: NodeOptions = {}): Promise<RunningNode>
         logger.error({ err: closeError }, 'closing the runtime after a failed start failed'),
       )
     await db.close()
+    await reserved.release()
     await dataDir.releaseLocks()
     throw error
   }

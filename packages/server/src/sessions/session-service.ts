@@ -766,18 +766,19 @@ export class SessionService {
   }
 
   /**
-   * Lets running turns finish for up to `graceMs`, then cancels what is left: on a single server
-   * `cancelled`; an API replica's fail `replica_stopping` (their agents told to stop), so a turn
-   * is never left running by a replica that stopped.
+   * Lets running turns finish for up to `graceMs` (or until `cutShort`, a second Ctrl-C), then
+   * cancels what is left: on a single server `cancelled`; an API replica's fail
+   * `replica_stopping` (their agents told to stop), so a turn is never left running by a replica
+   * that stopped.
    */
-  drain(graceMs: number): Promise<void> {
+  drain(graceMs: number, cutShort?: AbortSignal): Promise<void> {
     const stop = this.deps.relays
       ? new TurnStop(
           'replica_stopping',
           `the API replica relaying this turn was stopped and the turn outlasted its shutdown grace (${graceMs} ms); send the message again`,
         )
       : undefined
-    return this.locks.drain(graceMs, stop)
+    return this.locks.drain(graceMs, stop, cutShort)
   }
 
   /**

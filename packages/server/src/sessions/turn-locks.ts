@@ -139,16 +139,24 @@ export class TurnLocks {
     return true
   }
 
-  /** Lets running turns finish for up to `graceMs`, then cancels what is left (`stop`: why). */
-  async drain(graceMs: number, stop?: TurnStop): Promise<void> {
+  /**
+   * Lets running turns finish for up to `graceMs`, then cancels what is left (`stop`: why);
+   * `cutShort` aborted (a second Ctrl-C) cancels them at once.
+   */
+  async drain(graceMs: number, stop?: TurnStop, cutShort?: AbortSignal): Promise<void> {
     const pending = [...this.running.values()].map((r) => r.done)
     if (pending.length === 0) return
     let timer: NodeJS.Timeout | undefined
+    let onAbort: (() => void) | undefined
     const timeout = new Promise<void>((resolve) => {
       timer = setTimeout(resolve, graceMs)
+      onAbort = () => resolve()
+      if (cutShort?.aborted) resolve()
+      cutShort?.addEventListener('abort', onAbort, { once: true })
     })
     await Promise.race([Promise.all(pending), timeout])
     if (timer) clearTimeout(timer)
+    if (onAbort) cutShort?.removeEventListener('abort', onAbort)
     await this.cancelAll(stop)
   }
 

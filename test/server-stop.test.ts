@@ -7,6 +7,7 @@ import { instanceRunDir } from '@cairn/runtime'
 import { afterAll, describe, expect, it } from 'vitest'
 import { testDatabaseFor } from './fixtures/test-database.mjs'
 import { assertBuilt, CLI_BIN, spawnCli, waitFor } from './helpers/cli.js'
+import { makeProject, SHELL_PROJECT } from './helpers/projects.js'
 import { releasePoolImage, scratchDir } from './helpers/scratch.js'
 import { Api, EXAMPLES } from './helpers/server.js'
 
@@ -132,6 +133,34 @@ describe('a signal to the process group of cairn server', () => {
       expect(existsSync(runDir)).toBe(false)
     })
   }
+})
+
+describe('a second Ctrl-C while cairn server drains its turns', () => {
+  it('cancels the running turn at once and still stops cleanly', async () => {
+    const group = await startGroup()
+    const runDir = instanceRunDir(group.dataDir)
+    expect((await group.api.deploy(await makeProject(SHELL_PROJECT))).status).toBe(201)
+    const session = await group.api.createSession('shell')
+    // Longer than the shutdown grace (10 s) and than STOP_BOUND_MS: only a cancel ends it in time.
+    const turn = group.api.send(session.id, 'sleep 60; echo finished')
+    for (let tries = 0; ; tries++) {
+      const info = await group.api.call('GET', `/v1/sessions/${session.id}`)
+      if (info.body.status === 'active') break
+      expect(tries, 'the turn starts').toBeLessThan(100)
+      await new Promise((resolve) => setTimeout(resolve, 100))
+    }
+    process.kill(-(group.leader.pid as number), 'SIGINT')
+    await new Promise((resolve) => setTimeout(resolve, 1000))
+    expect(alive(group.serverPid), 'the first Ctrl-C waits for the running turn').toBe(true)
+    process.kill(-(group.leader.pid as number), 'SIGINT')
+    const ended = await turn
+    expect(ended.text).not.toContain('finished')
+    expect(ended.terminal?.type).toBe('run.cancelled')
+    await waitFor(() => !alive(group.serverPid), STOP_BOUND_MS, 'the server to exit')
+    expect(await group.exitCode()).toBe(0)
+    expect(mountsUnder(runDir)).toEqual([])
+    expect(loopDevicesOf(path.join(group.dataDir, 'pool.img'))).toBe('')
+  })
 })
 
 describe('SIGTERM to every process of cairn server at once (systemd KillMode=control-group, harsher)', () => {

@@ -305,13 +305,8 @@ export const content = fc
   .uint8Array({ minLength: 8, maxLength: 48 })
   .map((bytes) => Buffer.from(bytes).toString('base64'))
 
-/**
- * A TTL: one that never fires within a sequence, or one that fires at the next sweep. `null`
- * (keep, the documented default) is left out until issue 27 item 1 lands: the body validator
- * coerces it to 0, so "keep" deletes ended workspaces at the next sweep (this test found it:
- * PUT /v1/retention {"endedSnapshotTtlMs": null} answered {"endedSnapshotTtlMs": 0}).
- */
-const ttl = fc.constantFrom<number | null>(24 * 3600_000, 0)
+/** A TTL: none (keep), one that never fires within a sequence, or one that fires at the next sweep. */
+const ttl = fc.constantFrom<number | null>(null, 24 * 3600_000, 0)
 
 export function operations(): fc.Arbitrary<Step>[] {
   return [

@@ -8,20 +8,11 @@ import { type Real, SETTLE_BOUND_MS, sleep } from './system.js'
 import { endsWithin, eventsOf, openTurn, uniqueSleep, writeCommand } from './turns.js'
 
 /**
- * What was in flight when the server went down. A file write (`PUT …/files/content`) is left out
- * by default: this test found that kill -9 of the server during one leaves the file truncated
- * (empty), neither its acknowledged old bytes nor the new ones (seed 642968815, path 4, replay
- * AS:B: `kill -9 server (file write in flight, after 64 ms)`, then c.bin read ""). Not yet fixed;
- * CAIRN_MODEL_TORN_WRITES=1 puts it back.
+ * What was in flight when the server went down. (A file write in flight once left the file
+ * truncated, neither its acknowledged old bytes nor the new ones: seed 642968815, path 4.)
  */
-export const IN_FLIGHT = [
-  'nothing',
-  'turn',
-  ...(process.env.CAIRN_MODEL_TORN_WRITES === '1' ? (['file write'] as const) : []),
-  'restore',
-  'snapshot',
-] as const
-export type InFlight = 'nothing' | 'turn' | 'file write' | 'restore' | 'snapshot'
+export const IN_FLIGHT = ['nothing', 'turn', 'file write', 'restore', 'snapshot'] as const
+export type InFlight = (typeof IN_FLIGHT)[number]
 
 /**
  * Starts `inFlight` against the model's session `index`, and returns what to do with the model

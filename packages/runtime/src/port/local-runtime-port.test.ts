@@ -140,6 +140,35 @@ describe('LocalRuntimePort', () => {
     expect(await port.hasWorkspace(child)).toBe(false)
   })
 
+  it('writes a file whole or not at all: a body whose stream breaks leaves the old bytes, and nothing beside them', async () => {
+    const id = sessionId('w')
+    await port.createWorkspace(id, REVISION, 'ten_a')
+    await port.writeFile(id, 'notes/kept.txt', Readable.from([Buffer.from('acknowledged')]))
+    const broken = new Readable({
+      read() {
+        this.push(Buffer.from('half of a new'))
+        this.destroy(new Error('the client went away'))
+      },
+    })
+    await expect(port.writeFile(id, 'notes/kept.txt', broken)).rejects.toThrow('the client went away')
+    const file = await port.openFile({ sessionId: id }, Buffer.from('notes/kept.txt'))
+    expect(await readAll(file.stream)).toBe('acknowledged')
+    expect((await port.listFiles({ sessionId: id }, Buffer.from('notes'))).map((e) => e.name)).toEqual([
+      'kept.txt',
+    ])
+    // A whole write replaces the bytes; a directory is not replaced by a file.
+    await port.writeFile(id, 'notes/kept.txt', Readable.from([Buffer.from('replaced')]))
+    expect(
+      await readAll((await port.openFile({ sessionId: id }, Buffer.from('notes/kept.txt'))).stream),
+    ).toBe('replaced')
+    await expect(port.writeFile(id, 'notes', Readable.from([Buffer.from('x')]))).rejects.toThrow(
+      /could not write/,
+    )
+    expect((await port.listFiles({ sessionId: id }, Buffer.from('notes'))).map((e) => e.name)).toEqual([
+      'kept.txt',
+    ])
+  })
+
   it('keeps a tenant under its sandbox cap: the least recently used idle sandbox goes, busy ones never', async () => {
     const [a, b, c] = [sessionId('a'), sessionId('b'), sessionId('c')]
     for (const id of [a, b, c]) await port.createWorkspace(id, REVISION, 'ten_cap')

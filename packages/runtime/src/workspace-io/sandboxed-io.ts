@@ -54,6 +54,12 @@ export async function runInWorkspace(
   }
 }
 
+/**
+ * Puts `body` at `rel`: written to a staging file beside it, then renamed over it once every byte
+ * arrived. A write cut short (its stream broke, the server died mid-write) leaves the file as it
+ * was, never truncated or half written; at worst a `.cairn-put-*.tmp` file beside it. The old
+ * file's mode is kept; a symlink is written through (its target replaced), as `cat >` did.
+ */
 export async function writeWorkspaceFile(
   runtime: Runtime,
   workspaceDir: string,
@@ -61,14 +67,29 @@ export async function writeWorkspaceFile(
   body: Readable,
 ): Promise<void> {
   if (!rel) throw new CairnProblem('validation_failed', 'path must name a file inside /workspace')
-  const result = await runInWorkspace(
-    runtime,
-    workspaceDir,
-    ['sh', '-c', 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"', 'cairn-put', `/workspace/${rel}`],
-    body,
-  )
-  if (result.code !== 0) {
-    const detail = result.stderr.trim() || `exit ${result.code}`
+  const target = `/workspace/${rel}`
+  const staged = `${path.posix.dirname(target)}/.cairn-put-${newId('sandbox')}.tmp`
+  const stage = 'mkdir -p -- "$(dirname -- "$1")" && cat > "$2" || { rm -f -- "$2"; exit 1; }'
+  let written: { code: number | null; stderr: string }
+  try {
+    written = await runInWorkspace(
+      runtime,
+      workspaceDir,
+      ['sh', '-c', stage, 'cairn-put', target, staged],
+      body,
+    )
+  } catch (error) {
+    // The body's stream broke: nothing of it reaches the file.
+    await runInWorkspace(runtime, workspaceDir, ['rm', '-f', '--', staged])
+    throw error
+  }
+  if (written.code === 0) {
+    const commit =
+      't="$(readlink -f -- "$1")" || t="$1"; chmod --reference="$t" -- "$2" 2>/dev/null; mv -fT -- "$2" "$t" || { rm -f -- "$2"; exit 1; }'
+    written = await runInWorkspace(runtime, workspaceDir, ['sh', '-c', commit, 'cairn-put', target, staged])
+  }
+  if (written.code !== 0) {
+    const detail = written.stderr.trim() || `exit ${written.code}`
     if (/No space left on device/.test(detail))
       throw new CairnProblem(
         'storage_error',

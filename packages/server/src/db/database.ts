@@ -191,7 +191,11 @@ async function openPostgres(url: string, options: OpenDatabaseOptions): Promise<
   return new Db(
     new Kysely<Schema>({
       dialect: new PostgresDialect({
-        pool: boundedPool(pool, options.queryTimeoutMs ?? POSTGRES_QUERY_TIMEOUT_MS),
+        pool: boundedPool(
+          pool,
+          { connectionString: url, types },
+          options.queryTimeoutMs ?? POSTGRES_QUERY_TIMEOUT_MS,
+        ),
       }),
       plugins: [new PostgresTextPlugin()],
     }),

@@ -27,19 +27,24 @@ export class BoundedConnectClient extends pg.Client {
 
 /**
  * Watches the statements of one pool: the database counts as not answering when a statement has
- * waited `timeoutMs` and no statement of the pool got any answer (a result or an error) for as
- * long. A slow statement of a busy database (a lock wait, a queue of 200 turns, an event loop
- * behind on its timers) is never failed while others are being answered; a paused or cut-off
- * server fails every waiting statement within about `timeoutMs`. The decision is taken after the
- * event loop has read what the sockets hold (setImmediate), so a late timer does not fail a
- * statement whose answer was already there.
+ * waited `timeoutMs`, no statement of the pool got any answer (a result or an error) for as long,
+ * and a probe (`SELECT 1` on a connection of its own, bounded by the same time) goes unanswered
+ * too. A slow statement of a busy database (a lock wait on another process's transaction, a large
+ * read, a queue of 200 turns, an event loop behind on its timers) is never failed while the
+ * database answers; a paused or cut-off server fails every waiting statement within about twice
+ * `timeoutMs`. The decision is taken after the event loop has read what the sockets hold
+ * (setImmediate), so a late timer does not fail a statement whose answer was already there.
  */
 class AnswerWatch {
   private lastAnswerAt = performance.now()
   private readonly waiting = new Set<Waiting>()
   private timer: NodeJS.Timeout | undefined
+  private probing = false
 
-  constructor(private readonly timeoutMs: number) {}
+  constructor(
+    private readonly timeoutMs: number,
+    private readonly probe: () => Promise<void>,
+  ) {}
 
   /** Runs `statement`, failing it (and calling `onNoAnswer`) when the database stopped answering. */
   run<T>(
@@ -78,16 +83,37 @@ class AnswerWatch {
   }
 
   private check(): void {
-    const now = performance.now()
-    const silentMs = now - this.lastAnswerAt
-    for (const waiting of [...this.waiting]) {
-      if (silentMs < waiting.timeoutMs || now - waiting.startedAt < waiting.timeoutMs) continue
-      waiting.fail(new Error(`${READ_TIMEOUT}: no answer from PostgreSQL for ${Math.round(silentMs)} ms`))
+    if (this.overdue().length > 0 && !this.probing) {
+      this.probing = true
+      this.probe().then(
+        () => {
+          this.probing = false
+          this.lastAnswerAt = performance.now()
+        },
+        (error: unknown) => {
+          this.probing = false
+          const silentMs = Math.round(performance.now() - this.lastAnswerAt)
+          const reason = (error as Error | undefined)?.message ?? String(error)
+          const failure = new Error(
+            `${READ_TIMEOUT}: no answer from PostgreSQL for ${silentMs} ms (${reason})`,
+          )
+          for (const waiting of this.overdue()) waiting.fail(failure)
+        },
+      )
     }
-    if (this.waiting.size === 0 && this.timer) {
+    if (this.waiting.size === 0 && !this.probing && this.timer) {
       clearInterval(this.timer)
       this.timer = undefined
     }
+  }
+
+  /** The statements that waited their time while the database answered nothing for as long. */
+  private overdue(): Waiting[] {
+    const now = performance.now()
+    const silentMs = now - this.lastAnswerAt
+    return [...this.waiting].filter(
+      (waiting) => silentMs >= waiting.timeoutMs && now - waiting.startedAt >= waiting.timeoutMs,
+    )
   }
 }
 
@@ -109,8 +135,9 @@ const READ_TIMEOUT = 'Query read timeout'
  * refuses what follows at once (a transaction's rollback) and is closed when released, never
  * handed to another request.
  */
-export function boundedPool(pool: pg.Pool, queryTimeoutMs: number): PostgresPool {
-  const watch = queryTimeoutMs > 0 ? new AnswerWatch(queryTimeoutMs) : undefined
+export function boundedPool(pool: pg.Pool, config: pg.ClientConfig, queryTimeoutMs: number): PostgresPool {
+  const watch =
+    queryTimeoutMs > 0 ? new AnswerWatch(queryTimeoutMs, () => probe(config, queryTimeoutMs)) : undefined
   return {
     connect: async () => boundedClient(await pool.connect(), watch),
     end: () => pool.end(),
@@ -133,6 +160,18 @@ function boundedClient(client: pg.PoolClient, watch: AnswerWatch | undefined): P
   return {
     query: query as PostgresPoolClient['query'],
     release: (destroy?: boolean) => client.release(destroy === true || timedOut !== undefined),
+  }
+}
+
+/** Whether PostgreSQL answers `SELECT 1` on a new connection within `timeoutMs` (else throws). */
+async function probe(config: pg.ClientConfig, timeoutMs: number): Promise<void> {
+  const client = new BoundedConnectClient({ ...config, query_timeout: timeoutMs })
+  client.on('error', () => {})
+  try {
+    await client.connect()
+    await client.query('SELECT 1')
+  } finally {
+    client.end().catch(() => {})
   }
 }
 

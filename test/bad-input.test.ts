@@ -347,8 +347,8 @@ describe('a JSON body is validated as typed: nothing is coerced', () => {
       for (const field of [root, ...bodyFields(op.schema)]) {
         for (const kind of JSON_KINDS) {
           const value = wrongValue(field.schema, kind)
-          // A JSON null for the whole body is taken as no body (as an empty one is).
-          if (value === undefined || (field.path.length === 0 && value === null)) continue
+          // A JSON null for the whole body is a wrong type too (only an absent body is `{}`).
+          if (value === undefined) continue
           const res = await t.api.call(op.method, url, JSON.stringify(field.bodyWith(value)))
           sent++
           const wrong = misjudged(res, field.path)

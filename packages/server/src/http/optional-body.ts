@@ -9,7 +9,8 @@ import type { FastifyInstance, FastifyRequest } from 'fastify'
  *
  * Then a request with no body to a route whose body schema is an object with no required field is
  * that empty object, so a bare `POST …/snapshots` or `POST …/resume` works. A route that needs a
- * field still answers `validation_failed` naming it.
+ * field still answers `validation_failed` naming it, and a body of literal `null` answers
+ * `validation_failed` everywhere (it is not an object).
  */
 export function acceptEmptyBodies(
   app: FastifyInstance,
@@ -27,7 +28,8 @@ export function acceptEmptyBodies(
     }
   })
   app.addHook('preValidation', async (request) => {
-    if (request.body !== undefined && request.body !== null) return
+    // Only an absent body is the empty object: a JSON `null` is a body, and a wrong one.
+    if (request.body !== undefined) return
     const schema = request.routeOptions.schema?.body as { type?: unknown; required?: unknown[] } | undefined
     if (schema?.type === 'object' && (schema.required ?? []).length === 0) request.body = {}
   })

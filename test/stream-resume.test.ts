@@ -228,3 +228,60 @@ describe('a finished build log is not replayed to a reconnecting EventSource', (
     expect(again.status).toBe(204)
   })
 })
+
+describe('stored stream events are not kept forever', () => {
+  /** How many stream events the database holds for `turnIds`, read through the server's data layer. */
+  async function storedEvents(turnIds: string[]): Promise<number> {
+    const db = await openDatabase((await testDatabaseFor(t.dataDir)) ?? path.join(t.dataDir, 'cairn.db'))
+    try {
+      const row = await db.kysely
+        .selectFrom('turn_events')
+        .select((eb) => eb.fn.countAll().as('n'))
+        .where('turn_id', 'in', turnIds)
+        .executeTakeFirst()
+      return Number(row?.n ?? 0)
+    } finally {
+      await db.close()
+    }
+  }
+
+  async function endedTurn(): Promise<{ id: string; turnId: string }> {
+    const { id } = await t.api.createSession('shell')
+    await t.api.send(id, 'echo hi')
+    const turns = (await t.api.call('GET', `/v1/sessions/${id}/turns`)).body.data as { id: string }[]
+    const turnId = turns[0]?.id ?? ''
+    expect(await storedEvents([turnId])).toBeGreaterThan(0)
+    return { id, turnId }
+  }
+
+  it('a deleted session leaves no stored events', async () => {
+    const { id, turnId } = await endedTurn()
+    expect((await t.api.call('DELETE', `/v1/sessions/${id}`)).status).toBeLessThan(300)
+    expect(await storedEvents([turnId])).toBe(0)
+  })
+
+  it('a retention pass deletes the events of turns that ended over a day ago, keeps recent ones; a late resume gets the end', async () => {
+    const old = await endedTurn()
+    const recent = await endedTurn()
+    const db = await openDatabase((await testDatabaseFor(t.dataDir)) ?? path.join(t.dataDir, 'cairn.db'))
+    try {
+      const twoDaysAgo = new Date(Date.now() - 2 * 24 * 60 * 60 * 1000).toISOString()
+      await db.kysely
+        .updateTable('turns')
+        .set({ ended_at: twoDaysAgo })
+        .where('id', '=', old.turnId)
+        .execute()
+    } finally {
+      await db.close()
+    }
+    await t.server.retention.apply()
+    expect(await storedEvents([old.turnId])).toBe(0)
+    expect(await storedEvents([recent.turnId])).toBeGreaterThan(0)
+    // A resume after the window is answered from the turn's row: its end, then the stream closes.
+    const res = await resume(old.id, old.turnId, { 'last-event-id': '2' })
+    expect(res.status).toBe(200)
+    const { messages, ended } = await readEvents(res)
+    expect(ended).toBe(true)
+    expect(messages.map((m) => m.event)).toEqual(['run.completed'])
+  })
+})

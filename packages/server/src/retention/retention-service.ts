@@ -30,6 +30,15 @@ interface EndedRow {
   updated_at: string
 }
 
+/**
+ * A turn's stored stream events (only needed to resume a dropped stream) are deleted this long after
+ * the turn ended; a resume after that is answered from the turn's row (its end event alone).
+ */
+export const TURN_EVENTS_KEPT_MS = 24 * 60 * 60 * 1000
+
+/** Turns whose stored events one retention pass deletes at most (the rest: the next passes). */
+const TURN_EVENTS_PRUNE_BATCH = 500
+
 /** Sessions whose automatic snapshots are pruned at a time by a retention pass. */
 const PRUNE_BATCH = 100
 
@@ -181,9 +190,34 @@ export class RetentionService {
     }
     await this.pruneAutoSnapshots(result)
     await this.expireMemoryCheckpoints(now, result)
+    await this.pruneTurnEvents(now)
     if (result.snapshots + result.workspaces + result.memoryCheckpoints > 0)
       this.deps.logger.info(result, 'retention applied')
     return result
+  }
+
+  /** Deletes the stored stream events of up to a batch of turns that ended `TURN_EVENTS_KEPT_MS` ago. */
+  private async pruneTurnEvents(nowMs: number): Promise<void> {
+    const { db, sessions } = this.deps
+    const turns = await db.q
+      .selectFrom('turn_events')
+      .innerJoin('turns', 'turns.id', 'turn_events.turn_id')
+      .innerJoin('sessions', 'sessions.id', 'turns.session_id')
+      .select('turn_events.turn_id')
+      .distinct()
+      .where('turns.ended_at', '<', iso(nowMs - TURN_EVENTS_KEPT_MS))
+      .$if(!sessions.store.everySession, (q) => q.where('sessions.runtime_id', '=', sessions.store.runtimeId))
+      .limit(TURN_EVENTS_PRUNE_BATCH)
+      .execute()
+    if (turns.length === 0) return
+    await db.q
+      .deleteFrom('turn_events')
+      .where(
+        'turn_id',
+        'in',
+        turns.map((t) => t.turn_id),
+      )
+      .execute()
   }
 
   /**

@@ -710,6 +710,9 @@ export class SessionService {
       await this.deps.runtime.deleteWorkspace(id)
       for (const observer of this.observers) await observer.deleted?.(id)
       await this.store.transition(await this.require(tenantId, id), 'deleted', cause, this.now(), detail)
+      // Every deletion (DELETE, retention, an ephemeral end or timeout) ends here: no stream of
+      // a deleted session is resumed, so its stored events go with it.
+      await this.store.deleteTurnEvents(id)
       await this.ended(id)
     })()
     this.deleting.set(id, work)

@@ -239,6 +239,17 @@ export class SessionStore {
     })
   }
 
+  /**
+   * Forgets the stored stream events of a session's turns (a deleted session's streams are not
+   * resumed; its turns stay, its transcript too).
+   */
+  async deleteTurnEvents(sessionId: string): Promise<void> {
+    await this.db.q
+      .deleteFrom('turn_events')
+      .where('turn_id', 'in', (eb) => eb.selectFrom('turns').select('id').where('session_id', '=', sessionId))
+      .execute()
+  }
+
   /** Records the workspace generation; it only moves forward (a lower value is ignored). */
   async setGeneration(sessionId: string, generation: number): Promise<void> {
     await this.db.q

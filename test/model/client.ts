@@ -48,10 +48,13 @@ export interface TurnStream {
  * more is a violation at once: the model test's "no 5xx, ever".
  *
  * Each request has a connection of its own (`connection: close`), as curl's have. With keep-alive
- * connections this test found a server that did not stop: SIGTERM, and `cairn server` still ran
- * 30 s later, waiting in Fastify's close on one established connection of the test's (seed
- * 640735960, path 0:2, replay CAGABAACG:VF; not every time). Recorded in issue 27's notes; until
- * it is understood and fixed, keep-alive clients are left out rather than the stop bound loosened.
+ * connections this test finds a server that does not stop: after SIGTERM `cairn server` still ran
+ * 30 s later, its close waiting in Fastify's app.close on one established keep-alive connection
+ * of the test's, idle (every byte acknowledged, its last request answered ~100 ms before the
+ * signal); presumably until Fastify's keepAliveTimeout (72 s). Reproduced on main after the stop
+ * fixes: CAIRN_MODEL_SEED=644156004 CAIRN_MODEL_PATH=4:3 CAIRN_MODEL_REPLAY=j:B with keep-alive
+ * (first seen as seed 640735960). Until that is fixed, keep-alive clients are left out rather
+ * than the stop bound loosened.
  */
 const CONNECTION = { connection: 'close' }
 export class ModelClient {

@@ -40,9 +40,11 @@ afterAll(async () => {
 async function teardown(workDir: string, failed = false): Promise<void> {
   await ServerProcess.stopAll(workDir, STOP_BOUND_MS)
   if (failed) {
-    const kept = path.join(os.tmpdir(), `cairn-model-${SEED}-run${stats.runs}.log`)
+    const kept = path.join(os.tmpdir(), `cairn-model-${SEED}.log`)
     await copyFile(path.join(workDir, 'server.log'), kept).catch(() => undefined)
-    process.stdout.write(`[model] run ${stats.runs} failed; its server log: ${kept}\n`)
+    process.stdout.write(
+      `[model] sequence ${stats.runs} failed; its server log: ${kept} (the last failing one kept)\n`,
+    )
   }
   const dataDir = ServerProcess.dataDirOf(workDir)
   if (mountsUnder(instanceRunDir(dataDir)).length > 0) {

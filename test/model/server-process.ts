@@ -157,9 +157,10 @@ export class ServerProcess {
     const procs = rows
       .filter((row) => tree.has(Number(row[0])) || Number(row[2]) === this.pid)
       .map((row) => row.join(' ').slice(0, 160))
-    const sockets = (spawnSync('ss', ['-tanp'], { encoding: 'utf8' }).stdout ?? '')
-      .split('\n')
-      .filter((line) => line.includes(`pid=${this.pid},`))
+    const lines = (spawnSync('ss', ['-tanpiO'], { encoding: 'utf8' }).stdout ?? '').split('\n')
+    const own = lines.filter((line) => line.includes(`pid=${this.pid},`))
+    const ports = own.flatMap((line) => (line.split(/\s+/)[3] ?? '').split(':').slice(-1))
+    const sockets = lines.filter((line) => ports.some((port) => line.includes(`:${port} `)))
     return [...procs, 'its TCP sockets:', ...sockets].join('\n')
   }
 

@@ -185,3 +185,41 @@ describe.skipIf(testsRunOnPostgres())('one session through two API replicas', ()
     }
   })
 })
+
+describe.skipIf(testsRunOnPostgres())('a turn through one API replica, stopped through the other', () => {
+  async function runningTurn(): Promise<{ id: string; turn: ReturnType<Api['send']> }> {
+    const { id } = await one.createSession('shell')
+    const turn = one.send(id, 'echo working; sleep 30')
+    const client = new pg.Client({ connectionString: cluster.databaseUrl })
+    await client.connect()
+    try {
+      for (let i = 0; i < 200; i++) {
+        const { rows } = await client.query(`SELECT status FROM turns WHERE session_id = $1`, [id])
+        if (rows[0]?.status === 'running') break
+        await new Promise((r) => setTimeout(r, 50))
+      }
+    } finally {
+      await client.end()
+    }
+    return { id, turn }
+  }
+
+  it('a cancel through two of a turn sent through one cancels it and answers ok', async () => {
+    const { id, turn } = await runningTurn()
+    const cancelled = await two.call('POST', `/v1/sessions/${id}/cancel`)
+    expect(cancelled, JSON.stringify(cancelled.body)).toEqual({ status: 200, body: { ok: true } })
+    const result = await turn
+    expect(result.terminal?.type, JSON.stringify(result.terminal ?? result.body)).toBe('run.cancelled')
+    expect((await two.send(id, 'echo next')).terminal?.type).toBe('run.completed')
+  }, 60_000)
+
+  it('an end through two of a turn running through one cancels the turn, then ends the session', async () => {
+    const { id, turn } = await runningTurn()
+    const ended = await two.call('POST', `/v1/sessions/${id}/end`)
+    expect(ended.status, JSON.stringify(ended.body)).toBe(200)
+    expect((ended.body as { status?: string }).status).toBe('completed')
+    const result = await turn
+    expect(result.terminal?.type, JSON.stringify(result.terminal ?? result.body)).toBe('run.cancelled')
+    expect((await one.call('GET', `/v1/sessions/${id}`)).body).toMatchObject({ status: 'completed' })
+  }, 60_000)
+})

@@ -66,6 +66,11 @@ export interface LocalRuntimePortOptions {
 }
 
 const turnKey = (sessionId: string, turnId: string) => `${sessionId}/${turnId}`
+/**
+ * How long a cancel of a turn not running here yet is remembered: the turn may still be on its
+ * way (its sandbox starting, or the call not arrived) and then starts cancelled.
+ */
+const EARLY_CANCEL_KEEP_MS = 10 * 60 * 1000
 
 /** The runtime's port served by the runtime in this process (see `RuntimePort`). */
 export class LocalRuntimePort implements RuntimePort {
@@ -77,6 +82,8 @@ export class LocalRuntimePort implements RuntimePort {
   private readonly memory: MemoryMounts
   /** Turns running, by `turnKey`: what `cancelTurn` aborts. */
   private readonly turns = new Map<string, AbortController>()
+  /** Cancels of turns that were not running yet, by `turnKey`: when each is forgotten (ms). */
+  private readonly earlyCancels = new Map<string, number>()
   /** Staging trees of revisions being deployed, by revision ID. */
   private readonly staged = new Map<string, string>()
   /** Calls under way that use a session's sandbox or workspace, by session: its cooldown waits. */
@@ -298,6 +305,7 @@ export class LocalRuntimePort implements RuntimePort {
     const key = turnKey(sessionId, input.turnId)
     const controller = new AbortController()
     this.turns.set(key, controller)
+    if (this.earlyCancels.delete(key)) controller.abort()
     return turnStream(
       async (onEvent) => {
         let outcome: TurnOutcome
@@ -333,7 +341,14 @@ export class LocalRuntimePort implements RuntimePort {
   }
 
   async cancelTurn(sessionId: string, turnId: string): Promise<void> {
-    this.turns.get(turnKey(sessionId, turnId))?.abort()
+    const key = turnKey(sessionId, turnId)
+    const running = this.turns.get(key)
+    if (running) return running.abort()
+    // Asked before the turn runs here (its sandbox still starting, or its call from an API
+    // replica not arrived yet): it starts cancelled instead of running on unstopped.
+    const nowMs = Date.now()
+    for (const [early, untilMs] of this.earlyCancels) if (untilMs < nowMs) this.earlyCancels.delete(early)
+    this.earlyCancels.set(key, nowMs + EARLY_CANCEL_KEEP_MS)
   }
 
   async coolDown(sessionId: string, keepWarmMs: number): Promise<void> {

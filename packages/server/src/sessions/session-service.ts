@@ -541,7 +541,7 @@ export class SessionService {
 
   async end(tenantId: string, id: string): Promise<SessionInfo> {
     await this.requireLive(tenantId, id)
-    await this.locks.cancel(id)
+    await this.cancelRunning(id)
     await this.warm.drop(id)
     const current = await this.require(tenantId, id)
     if (current.ephemeral) {
@@ -697,7 +697,7 @@ export class SessionService {
     const inFlight = this.deleting.get(id)
     if (inFlight) return inFlight
     const work = (async () => {
-      await this.locks.cancel(id)
+      await this.cancelRunning(id)
       // What this process held is cancelled and released by now: a live hold is another
       // replica's operation (a restore swapping the workspace), not to be deleted under.
       const heldElsewhere = await this.store.heldFor(id, this.now())

@@ -86,6 +86,7 @@ const ids = {
   snapshot: '',
   victimKey: '',
   artifact: '',
+  turn: '',
 }
 
 /** The shared places, and where a server started from this checkout could also write. */
@@ -126,6 +127,7 @@ beforeAll(async () => {
   // With a setup phase, so its setup routes answer too.
   ids.liveSession = (await api.createSession('echo', { setup: { command: 'echo set up' } })).id
   expect((await api.send(ids.liveSession, 'warm up')).text).toBe('warm up\n')
+  ids.turn = (await api.call('GET', `/v1/sessions/${ids.liveSession}/turns`)).body.data[0].id
   ids.snapshot = (await api.call('POST', `/v1/sessions/${ids.liveSession}/snapshots`, {})).body.id
   ids.endedSession = (await api.createSession('echo')).id
   expect((await api.call('POST', `/v1/sessions/${ids.endedSession}/end`)).status).toBe(200)
@@ -246,6 +248,7 @@ const REAL_PARAMS: Record<string, () => string[]> = {
   name: () => ['K1', 'SECRET', FUZZ_MARKER],
   snapshotId: () => [ids.snapshot],
   artifactId: () => [ids.artifact],
+  turnId: () => [ids.turn],
   port: () => ['8000', '3000'],
 }
 

@@ -224,6 +224,15 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
       { prefix: compat.prefix },
     )
   }
+  // Node's server.close closes the keep-alive connections idle at that moment only; one whose
+  // response ends after it would be held open for keepAliveTimeout (72 s), and the close with it.
+  let closing = false
+  app.addHook('preClose', async () => {
+    closing = true
+  })
+  app.addHook('onResponse', async () => {
+    if (closing) app.server.closeIdleConnections()
+  })
   app.addHook('onResponse', async (request, reply) => {
     if (reply.statusCode >= 400) {
       request.log.warn(

@@ -152,14 +152,41 @@ export async function openTreeFile(
   if (tag === 'size' && Number.isSafeInteger(size)) {
     // Handed on through a stream of our own: when the child exits, node resumes its stdout, which
     // would drop whatever the caller has not read yet.
+    // It ends at the size's last byte, not at the helper's exit: a helper under nice on a busy host
+    // exits late, and a response (and its heavy-read slot) held open after the client has every
+    // byte leaves a keep-alive connection busy (a server's close waits on it; a next read is refused).
     const body = new PassThrough()
-    if (head.rest.length > 0) body.write(head.rest)
-    stdout.pipe(body)
     body.once('close', () => child.kill('SIGKILL'))
+    passBytes(stdout, head.rest, size, body)
     return { size, stream: body }
   }
   const [code, signal] = await exited
   throw failure(Buffer.from(head.line ?? ''), stderr, code, signal, { ...options, subject })
+}
+
+/** Writes `first`, then what `stdout` gives, into `body` up to `size` bytes, and ends it there. */
+function passBytes(stdout: Readable, first: Buffer, size: number, body: PassThrough): void {
+  let left = size
+  const pass = (chunk: Buffer) => {
+    if (body.destroyed) return finish()
+    const part = chunk.subarray(0, left)
+    left -= part.length
+    const flowing = part.length === 0 || body.write(part)
+    if (left === 0) return finish()
+    if (!flowing) {
+      stdout.pause()
+      body.once('drain', () => stdout.resume())
+    }
+  }
+  const finish = () => {
+    stdout.off('data', pass)
+    stdout.off('end', finish)
+    body.end()
+  }
+  stdout.on('data', pass)
+  stdout.once('end', finish)
+  pass(first)
+  if (left > 0) stdout.resume()
 }
 
 /** One entry as the helper prints it (`list`, `stamps`). */

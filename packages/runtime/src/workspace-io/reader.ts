@@ -181,7 +181,7 @@ function passBytes(stdout: Readable, first: Buffer, size: number, body: PassThro
   const finish = () => {
     stdout.off('data', pass)
     stdout.off('end', finish)
-    body.end()
+    if (!body.destroyed) body.end()
   }
   stdout.on('data', pass)
   stdout.once('end', finish)

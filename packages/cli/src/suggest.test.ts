@@ -1,7 +1,8 @@
+import { editDistance } from '@cairn/protocol/core'
 import { Command } from 'commander'
 import { describe, expect, it } from 'vitest'
 import { UsageError } from './errors.js'
-import { editDistance, nearestCommands, refuseUnknownSubcommand } from './suggest.js'
+import { nearestCommands, refuseUnknownSubcommand } from './suggest.js'
 
 function program(): Command {
   const root = new Command('cairn')

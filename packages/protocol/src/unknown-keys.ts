@@ -22,7 +22,7 @@ export interface UnknownKey {
 }
 
 /** Optimal-string-alignment distance: edits, with a swap of two neighbours counted as one. */
-function editDistance(a: string, b: string): number {
+export function editDistance(a: string, b: string): number {
   const rows = Array.from({ length: a.length + 1 }, (_, i) =>
     Array.from({ length: b.length + 1 }, (_, j) => (i === 0 ? j : j === 0 ? i : 0)),
   )

@@ -16,6 +16,8 @@ Commands (ARG is a workspace-relative path, base64 of its bytes):
                relative to the root for NAME, in walk order; for diffs. The walk stops early once
                the paths printed pass STAMPS_MAX_PATH_BYTES, and then a last line `truncated`
   digest       the tree's content digest (see `cmd_digest` below)
+  exists ARG   `yes` if an entry of any type (a link included, never followed) is at ARG, else `no`;
+               a link or non-directory among ARG's parents is `no` as well, whatever it points to
 Failures: a line `error CODE MESSAGE` (tab-separated) on stdout and exit status 3.
 Only built-in modules are imported up front (no json, no re): a listing costs one process start.
 """
@@ -191,6 +193,30 @@ def cmd_read(root_fd, rel):
     os.close(fd)
 
 
+def cmd_exists(root_fd, rel):
+    """Answers from the tree alone: a link anywhere on the path is never followed, so where it
+    points on the host (a file there or not) changes nothing in the answer."""
+    parts = components(rel)
+    if not parts:
+        sys.stdout.write("yes\n")
+        return
+    try:
+        dir_fd = open_dir_at(root_fd, parts[:-1])
+    except Refused as e:
+        if e.code in ("not_found", "forbidden", "validation_failed"):
+            sys.stdout.write("no\n")
+            return
+        raise
+    try:
+        os.stat(parts[-1], dir_fd=dir_fd, follow_symlinks=False)
+        found = True
+    except (FileNotFoundError, NotADirectoryError):
+        found = False
+    finally:
+        os.close(dir_fd)
+    sys.stdout.write("yes\n" if found else "no\n")
+
+
 def walk(root_fd, visit, limit=None):
     """Depth first, names in byte order; `visit(rel, name, info, dir_fd)` for every entry below root.
     Directories are entered by descriptor with O_NOFOLLOW: one swapped for a link is not entered."""
@@ -323,6 +349,8 @@ def main():
             cmd_stamps(root_fd, int(arg))
         elif command == "digest":
             cmd_digest(root_fd)
+        elif command == "exists":
+            cmd_exists(root_fd, unb64(arg))
         else:
             raise Refused("internal", "unknown command " + command)
         sys.stdout.flush()

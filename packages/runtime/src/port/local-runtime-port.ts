@@ -24,7 +24,7 @@ import { treeDigest } from '../workspace-io/digest.js'
 import { exportTree } from '../workspace-io/export-tree.js'
 import { openTreeFile } from '../workspace-io/reader.js'
 import { deleteWorkspacePath, unpackIntoWorkspace, writeWorkspaceFile } from '../workspace-io/sandboxed-io.js'
-import { diffTrees, listDirectory } from '../workspace-io/tree.js'
+import { diffTrees, listDirectory, pathExists } from '../workspace-io/tree.js'
 import { noBucket, PortShipping, type PortShippingOptions } from './bucket-shipping.js'
 import { exportPoolTree, importPoolTree, type ShippedTree } from './pool-tree-shipping.js'
 import type {
@@ -596,8 +596,8 @@ export class LocalRuntimePort implements RuntimePort {
     return existsSync(this.path(tree))
   }
 
-  async hasPath(tree: TreeRef, rel: string): Promise<boolean> {
-    return existsSync(path.join(this.path(tree), rel))
+  hasPath(tree: TreeRef, rel: string): Promise<boolean> {
+    return pathExists(this.path(tree), rel)
   }
 
   listFiles(tree: TreeRef, rel: Buffer, options: TreeReadOptions = {}): Promise<FileEntry[]> {

@@ -319,8 +319,10 @@ export interface RuntimePort {
   /** Whether the tree exists in the pool. */
   hasTree(tree: TreeRef): Promise<boolean>
   /**
-   * Whether anything is at `rel` in the tree: a cheap hint (a stat on the host, no process) for
-   * callers that read a file only when one is there; the read itself goes through `openFile`.
+   * Whether anything is at `rel` in the tree (a link counts, never followed; a link among its
+   * parents means no): for callers that read a file only when one is there; the read itself goes
+   * through `openFile`. Walked by descriptors like every read, so where a link points on the host
+   * never changes the answer; a missing first component costs one `lstat` and no process.
    */
   hasPath(tree: TreeRef, rel: string): Promise<boolean>
   /** One directory of the tree (`rel`: the path's bytes below its root; empty: the root). */

@@ -1,4 +1,6 @@
-import type { FileEntry, WorkspaceDiff } from '@cairn/protocol'
+import { lstat } from 'node:fs/promises'
+import path from 'node:path'
+import { CairnProblem, type FileEntry, type WorkspaceDiff } from '@cairn/protocol'
 import { parseEntries, pathArg, type ReadOptions, readTree, wireName } from './reader.js'
 
 /** Lists one directory beneath `root` (no recursion, links reported, never followed). */
@@ -127,5 +129,40 @@ export async function diffTrees(
     ...(a.bytes.length + c.bytes.length + d.bytes.length > 0
       ? { bytePaths: { added: a.bytes, changed: c.bytes, deleted: d.bytes } }
       : {}),
+  }
+}
+
+/**
+ * Whether anything (a link included, never followed) is at `rel` beneath `root`, answered from
+ * the tree alone: where a link in the path points on the host changes nothing. A first component
+ * that is not there (the common answer) is known from one `lstat` of a name directly beneath the
+ * root, which follows nothing; anything deeper is walked by descriptors by the reader helper.
+ */
+export async function pathExists(root: string, rel: string, options: ReadOptions = {}): Promise<boolean> {
+  const first = rel.split('/').find((part) => part !== '' && part !== '.')
+  if (first === undefined)
+    return await lstat(root).then(
+      () => true,
+      () => false,
+    )
+  if (first !== '..') {
+    const there = await lstat(path.join(root, first)).then(
+      () => true,
+      (error: NodeJS.ErrnoException) => {
+        if (error.code === 'ENOENT') return false
+        throw error
+      },
+    )
+    if (!there) return false
+  }
+  try {
+    const answer = await readTree(root, ['exists', pathArg(rel)], {
+      subject: `/workspace/${rel}`,
+      ...options,
+    })
+    return answer.toString('utf8').trim() === 'yes'
+  } catch (error) {
+    if (error instanceof CairnProblem && error.code === 'not_found') return false
+    throw error
   }
 }

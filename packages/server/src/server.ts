@@ -24,6 +24,7 @@ import { writeCredentialsIfMissing } from './credentials.js'
 import { createOwnerOnly, runtimeIdOf, secureDataDir } from './data-dir.js'
 import { type Db, openDatabase } from './db/database.js'
 import { SharedFiles } from './db/shared-files.js'
+import { ConnectionAdmission } from './http/admission.js'
 import { reservePorts } from './http/port-reservation.js'
 import type { ImageService } from './images/image-service.js'
 import { ManualSnapshotCap } from './limits/snapshot-cap.js'
@@ -342,6 +343,14 @@ export async function startServer(
     })
     observers.push(workspace.policy, previews)
     previewListener = createPreviewListener(previews, config.previewDomain, logger)
+    // One admission for both listeners: a peer's connections and the total count over the two.
+    const admission = new ConnectionAdmission(config.operatorLimits)
+    if (admission.maxConnections < config.operatorLimits.maxConnections)
+      logger.warn(
+        { asked: config.operatorLimits.maxConnections, allowed: admission.maxConnections },
+        "CAIRN_MAX_CONNECTIONS is above what the descriptor limit leaves after the runtime's reserve; lowered",
+      )
+    admission.attach(previewListener.server)
     await ports.release()
     const previewPort = await listen(previewListener.server, config.previewPort, config.host)
     if (config.previewDomain === DEFAULT_PREVIEW_DOMAIN && !LOOPBACK_HOSTS.has(config.host)) {
@@ -440,6 +449,7 @@ export async function startServer(
           }
         : undefined,
     })
+    admission.attach(app.server)
     const address = await app.listen({ port: config.port, host: config.host })
     const port = Number(new URL(address).port)
     const url = `http://${config.host.includes(':') ? `[${config.host}]` : config.host}:${port}`

@@ -38,6 +38,10 @@ interface ServerOptions {
   maxSnapshotsPerTenant?: number
   maxKeysPerTenant?: number
   tenantRateLimit?: number
+  maxConnections?: number
+  maxConnectionsPerPeer?: number
+  headersTimeoutMs?: number
+  idleTimeoutMs?: number
   compatPrefix?: string
 }
 
@@ -93,6 +97,26 @@ const OPERATOR_LIMIT_FLAGS = [
     '--tenant-rate-limit <n>',
     "requests per second of all of a tenant's keys together (env CAIRN_TENANT_RATE_LIMIT; default the per-key rate)",
     positiveNumber,
+  ],
+  [
+    '--max-connections <n>',
+    "connections the API and preview listeners may hold together (env CAIRN_MAX_CONNECTIONS; default and ceiling: the descriptor limit less the runtime's reserve, a quarter of it)",
+    positiveInt,
+  ],
+  [
+    '--max-connections-per-peer <n>',
+    'connections one peer (an IPv4 address, an IPv6 /64) may hold (env CAIRN_MAX_CONNECTIONS_PER_PEER; default 512)',
+    positiveInt,
+  ],
+  [
+    '--headers-timeout-ms <ms>',
+    "time a connection has to send a request's headers (env CAIRN_HEADERS_TIMEOUT_MS; default 10 s)",
+    positiveInt,
+  ],
+  [
+    '--idle-timeout-ms <ms>',
+    'time an idle keep-alive connection is kept (env CAIRN_IDLE_TIMEOUT_MS; default 72 s)',
+    positiveInt,
   ],
 ] as const
 
@@ -251,6 +275,10 @@ export const register: Register = (parent, ctx) => {
         maxManualSnapshotsPerTenant: options.maxSnapshotsPerTenant,
         maxKeysPerTenant: options.maxKeysPerTenant,
         tenantRateLimitPerSecond: options.tenantRateLimit,
+        maxConnections: options.maxConnections,
+        maxConnectionsPerPeer: options.maxConnectionsPerPeer,
+        headersTimeoutMs: options.headersTimeoutMs,
+        idleTimeoutMs: options.idleTimeoutMs,
       },
     })
     if (ctx.json) {

@@ -1,6 +1,7 @@
 import os from 'node:os'
 import { CairnProblem } from '@cairn/protocol'
 import { type Static, Type } from '@sinclair/typebox'
+import { connectionCeiling, descriptorLimit } from '../http/admission.js'
 
 /**
  * The operator's maxima: the most an agent's manifest or a session may ask for, and how many
@@ -33,6 +34,17 @@ export const OperatorLimitsSchema = Type.Object({
    * (`CAIRN_TENANT_RATE_LIMIT`; default: the per-key rate).
    */
   tenantRateLimitPerSecond: Type.Number(),
+  /**
+   * Connections the API and preview listeners may hold together (`CAIRN_MAX_CONNECTIONS`; default
+   * and ceiling: the descriptor limit less the runtime's reserve, a quarter of it and at least 256).
+   */
+  maxConnections: Type.Number(),
+  /** Connections one peer (an IPv4 address, an IPv6 /64) may hold (`CAIRN_MAX_CONNECTIONS_PER_PEER`). */
+  maxConnectionsPerPeer: Type.Number(),
+  /** Time a connection has to send a request's headers, its first from its start (`CAIRN_HEADERS_TIMEOUT_MS`). */
+  headersTimeoutMs: Type.Number(),
+  /** Time a keep-alive connection with no request in flight is kept (`CAIRN_IDLE_TIMEOUT_MS`). */
+  idleTimeoutMs: Type.Number(),
 })
 export type OperatorLimits = Static<typeof OperatorLimitsSchema>
 /** The maxima given as server options (each left out or undefined: the environment's, else the default). */
@@ -50,6 +62,10 @@ const ENV: Record<keyof OperatorLimits, string> = {
   maxManualSnapshotsPerTenant: 'CAIRN_MAX_SNAPSHOTS_PER_TENANT',
   maxKeysPerTenant: 'CAIRN_MAX_KEYS_PER_TENANT',
   tenantRateLimitPerSecond: 'CAIRN_TENANT_RATE_LIMIT',
+  maxConnections: 'CAIRN_MAX_CONNECTIONS',
+  maxConnectionsPerPeer: 'CAIRN_MAX_CONNECTIONS_PER_PEER',
+  headersTimeoutMs: 'CAIRN_HEADERS_TIMEOUT_MS',
+  idleTimeoutMs: 'CAIRN_IDLE_TIMEOUT_MS',
 }
 
 /** Where each maximum is set, for the messages that name it. */
@@ -70,6 +86,11 @@ export function defaultOperatorLimits(rateLimitPerSecond: number): OperatorLimit
     maxManualSnapshotsPerTenant: 1000,
     maxKeysPerTenant: 20,
     tenantRateLimitPerSecond: rateLimitPerSecond,
+    maxConnections: connectionCeiling(descriptorLimit()),
+    maxConnectionsPerPeer: 512,
+    headersTimeoutMs: 10_000,
+    // Fastify's keep-alive default: above the 60 s idle timeout of common load balancers.
+    idleTimeoutMs: 72_000,
   }
 }
 

@@ -12,6 +12,7 @@ const reports = args.length > 0 ? args : ['test-results/sqlite.json', 'test-resu
 const root = process.cwd()
 
 const rows = []
+const failures = []
 for (const report of reports) {
   if (!existsSync(report)) continue
   const pass = path.basename(report, '.json')
@@ -22,7 +23,12 @@ for (const report of reports) {
     const durationMs = Math.max(0, (file.endTime ?? 0) - (file.startTime ?? 0))
     first = Math.min(first, file.startTime ?? first)
     last = Math.max(last, file.endTime ?? last)
-    const failed = (file.assertionResults ?? []).filter((t) => t.status === 'failed').length
+    const failedTests = (file.assertionResults ?? []).filter((t) => t.status === 'failed')
+    const failed = failedTests.length
+    for (const test of failedTests)
+      failures.push({ pass, file: path.relative(root, file.name), test, message: test.failureMessages ?? [] })
+    if (file.status === 'failed' && failed === 0 && file.message)
+      failures.push({ pass, file: path.relative(root, file.name), test: undefined, message: [file.message] })
     rows.push({ pass, file: path.relative(root, file.name), durationMs, failed })
   }
   const wallS = Number.isFinite(first) ? ((last - first) / 1000).toFixed(0) : '?'
@@ -45,4 +51,14 @@ console.log('|--------:|------|------|')
 for (const row of rows.slice(0, top)) {
   const mark = row.failed > 0 ? ` (${row.failed} failed)` : ''
   console.log(`| ${(row.durationMs / 1000).toFixed(1)} | ${row.pass} | ${row.file}${mark} |`)
+}
+
+// The failures last, whole enough to act on: CI's log is often read only at its end.
+const LINES_PER_FAILURE = 60
+for (const failure of failures) {
+  const name = failure.test ? ` > ${failure.test.fullName ?? failure.test.title}` : ''
+  console.log(`\n== failed (${failure.pass}): ${failure.file}${name} ==`)
+  const lines = failure.message.join('\n').split('\n')
+  console.log(lines.slice(0, LINES_PER_FAILURE).join('\n'))
+  if (lines.length > LINES_PER_FAILURE) console.log(`[… ${lines.length - LINES_PER_FAILURE} more lines]`)
 }

@@ -3,6 +3,7 @@ import { closeSync, existsSync, openSync, readFileSync } from 'node:fs'
 import { chmod, chown, mkdir, mkdtemp, rm, rmdir, writeFile } from 'node:fs/promises'
 import os from 'node:os'
 import path from 'node:path'
+import type { Writable } from 'node:stream'
 import { BwrapDriver, CgroupManager, DEFAULT_SANDBOX_UID, execTool } from '../packages/runtime/dist/index.js'
 import { type Bench, progress, repeat } from './lib/bench.js'
 import { machineInfo } from './lib/machine.js'
@@ -41,13 +42,26 @@ export async function floor(name: BaselineName): Promise<{ name: string; median:
   return { name, median: r.summary.median }
 }
 
-/** Runs a command to its exit; `fd3` is handed to it as fd 3 (bwrap's --seccomp program). */
-function run(file: string, args: readonly string[], fd3?: string): Promise<number> {
+/**
+ * Runs a command to its exit; `fd3` is handed to it as fd 3 (bwrap's --seccomp program), `fd5`
+ * written to a pipe on fd 5 (bwrap's environment, `--args 5`).
+ */
+function run(file: string, args: readonly string[], fd3?: string, fd5?: string): Promise<number> {
   return new Promise((resolve, reject) => {
     const start = performance.now()
     const extra = fd3 === undefined ? undefined : openSync(fd3, 'r')
-    const child = spawn(file, args, { stdio: ['ignore', 'ignore', 'ignore', extra ?? 'ignore'] })
+    const child = spawn(file, args, {
+      stdio: [
+        'ignore',
+        'ignore',
+        'ignore',
+        extra ?? 'ignore',
+        'ignore',
+        fd5 === undefined ? 'ignore' : 'pipe',
+      ],
+    })
     if (extra !== undefined) closeSync(extra)
+    if (fd5 !== undefined) (child.stdio as unknown as Writable[])[5]?.end(fd5)
     child.once('error', reject)
     child.once('exit', (code) => {
       const ms = performance.now() - start
@@ -121,6 +135,8 @@ async function sandboxFixture(dir: string) {
   return {
     /** The driver's own bwrap arguments (setpriv, namespaces, read-only root, seccomp), no cgroups. */
     args: (command: string[]) => driver.buildArgs(spec(command)),
+    /** What bwrap reads on fd 5 (`--args 5`): the sandbox's environment. */
+    fd5: (command: string[]) => driver.envStream(spec(command)),
     /** The file bwrap reads on fd 3 when the arguments say `--seccomp 3`. */
     fd3: (args: readonly string[]) =>
       args.includes('--seccomp') && existsSync(seccompFile) ? seccompFile : undefined,
@@ -254,7 +270,8 @@ async function measure(names: readonly BaselineName[], runs: number): Promise<Ro
       if (!want.has(name)) continue
       const [file, ...args] = sandbox.args(argv)
       const fd3 = sandbox.fd3(args)
-      probes.set(name, () => run(file as string, args, fd3))
+      const fd5 = sandbox.fd5(argv)
+      probes.set(name, () => run(file as string, args, fd3, fd5))
     }
     if (want.has('driver /bin/true (+cgroups)'))
       probes.set('driver /bin/true (+cgroups)', () => sandbox.start(['/bin/true']))

@@ -1,4 +1,4 @@
-import { type ChildProcessWithoutNullStreams, spawn } from 'node:child_process'
+import type { ChildProcessWithoutNullStreams } from 'node:child_process'
 import { type FileHandle, mkdir, open, rename, rm, stat, writeFile } from 'node:fs/promises'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
@@ -8,14 +8,14 @@ import { execTool } from '../util/exec.js'
 import { type Logger, logAndGoOn, noopLogger } from '../util/logger.js'
 import { readMounts } from '../util/mounts.js'
 import { dirtiedBytes } from '../util/proc-io.js'
-import { OWN_PROCESS_GROUP } from '../util/process-group.js'
 import type { CgroupLimits, CgroupManager } from './cgroups.js'
 import type { DriverCapabilities, Sandbox, SandboxDriver, SandboxExit, SandboxSpec } from './driver.js'
 import { IdmapMounter } from './idmap-mounter.js'
-import { LAUNCHER_SHELL, launcherArgs } from './launcher.js'
-import { LauncherPool } from './launcher-pool.js'
+import { ENV_FD } from './launcher.js'
+import { LauncherPool, type SpareLauncher, startLauncher } from './launcher-pool.js'
 import { OverlayMounter } from './overlay-mounter.js'
 import { readOnlyRootArgs, SANDBOX_USER } from './rootfs.js'
+import { sandboxEnv } from './sandbox-env.js'
 import { SandboxUids } from './sandbox-uids.js'
 import { buildSeccompFilter } from './seccomp.js'
 
@@ -252,17 +252,28 @@ export class BwrapDriver implements SandboxDriver {
     return open(await this.seccompFile, 'r')
   }
 
-  /** bwrap's command line for `spec`, run as host `uid`/`gid` (by default the shared uid). */
+  /**
+   * The sandbox's environment as bwrap options (`--setenv NAME VALUE`…), which bwrap reads from
+   * `ENV_FD` (`--args`), never from its command line: argv is in `/proc/PID/cmdline`, which every
+   * local user can read, and the environment holds the runtime and setup secrets.
+   */
+  envArgs(spec: Pick<SandboxSpec, 'env'>): string[] {
+    return Object.entries(sandboxEnv(spec)).flatMap(([key, value]) => ['--setenv', key, value])
+  }
+
+  /** `envArgs` as bwrap's `--args` reads them on `ENV_FD`: each NUL-terminated. */
+  envStream(spec: Pick<SandboxSpec, 'env'>): string {
+    return this.envArgs(spec)
+      .map((arg) => `${arg}\0`)
+      .join('')
+  }
+
+  /**
+   * bwrap's command line for `spec`, run as host `uid`/`gid` (by default the shared uid): no
+   * variable of the sandbox's environment is on it (see `envArgs`).
+   */
   buildArgs(spec: SandboxSpec, hostUid = this.options.hostUid, hostGid = this.options.hostGid): string[] {
     const { etcDir, kitDir } = this.options
-    const env: Record<string, string> = {
-      PATH: '/usr/local/bin:/usr/bin:/bin',
-      HOME: SANDBOX_USER.home,
-      USER: SANDBOX_USER.name,
-      LANG: 'C.UTF-8',
-      TMPDIR: '/tmp',
-      ...spec.env,
-    }
     // `egress`: the launcher (root) makes the sandbox's network namespace and its redirect rules,
     // then bwrap shares it instead of making an empty one. The sandbox's processes are not root in
     // the namespace's owner (the host's user namespace), so they cannot change the rules.
@@ -319,9 +330,11 @@ export class BwrapDriver implements SandboxDriver {
       '--gid',
       String(SANDBOX_USER.gid),
       '--clearenv',
+      '--args',
+      String(ENV_FD),
+      '--',
+      ...spec.command,
     ]
-    for (const [key, value] of Object.entries(env)) args.push('--setenv', key, value)
-    args.push('--', ...spec.command)
     return args
   }
 
@@ -342,7 +355,6 @@ export class BwrapDriver implements SandboxDriver {
   }
 
   private async launch(identity: SandboxIdentity, limits: CgroupLimits): Promise<Sandbox> {
-    const { spec, uid, gid, release } = identity
     const spare = this.launchers?.take(limits)
     if (spare) {
       let limited = false
@@ -354,36 +366,30 @@ export class BwrapDriver implements SandboxDriver {
         // A cgroup that refuses these limits (or is gone): drop the spare, start from scratch.
         await this.launchers?.discard(spare)
       }
-      if (limited) {
-        spare.commandPipe.end(`${this.buildArgs(spec, uid, gid).join('\0')}\0`)
-        return new BwrapSandbox(
-          spec.id,
-          spare.child,
-          this.options.cgroups,
-          spare.cgroupName,
-          release,
-          this.logger,
-        )
-      }
+      if (limited) return this.handOver(spare, identity)
     }
-    const cgroupName = spec.id
-    const procsFiles = await this.options.cgroups.create(cgroupName, limits)
+    // The launcher (launcher.ts) closes what it inherited above fd 5, joins the cgroups as root,
+    // then drops to the sandbox uid and becomes bwrap: the whole sandbox, including processes bwrap
+    // forks, is inside the cgroup from its first instruction. fd 3: the seccomp program.
     const seccompFd = this.seccomp ? await this.seccompFd() : undefined
-    // The launcher (launcher.ts) closes what it inherited above fd 3, joins the cgroups as root, then
-    // drops to the sandbox uid and becomes bwrap: the whole sandbox, including processes bwrap
-    // forks, is inside the cgroup from its first instruction.
-    const child = spawn(LAUNCHER_SHELL, launcherArgs(3, procsFiles, this.buildArgs(spec, uid, gid)), {
-      // fd 3: the seccomp program, read by bwrap before it execs the agent.
-      stdio: ['pipe', 'pipe', 'pipe', seccompFd ? seccompFd.fd : 'ignore'],
-      env: { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' },
-      ...OWN_PROCESS_GROUP,
-    }) as ChildProcessWithoutNullStreams
-    await seccompFd?.close()
-    if (child.pid === undefined) {
-      await this.options.cgroups.remove(cgroupName)
-      throw new CairnProblem('sandbox_failed', 'could not start the sandbox launcher')
-    }
-    return new BwrapSandbox(spec.id, child, this.options.cgroups, cgroupName, release, this.logger)
+    const launcher = await startLauncher(this.options.cgroups, identity.spec.id, limits, seccompFd)
+    if (!launcher) throw new CairnProblem('sandbox_failed', 'could not start the sandbox launcher')
+    return this.handOver(launcher, identity)
+  }
+
+  /** Gives a waiting launcher its sandbox: the environment on fd 5, then the command on fd 4. */
+  private handOver(launcher: SpareLauncher, identity: SandboxIdentity): Sandbox {
+    const { spec, uid, gid, release } = identity
+    launcher.envPipe.end(this.envStream(spec))
+    launcher.commandPipe.end(`${this.buildArgs(spec, uid, gid).join('\0')}\0`)
+    return new BwrapSandbox(
+      spec.id,
+      launcher.child,
+      this.options.cgroups,
+      launcher.cgroupName,
+      release,
+      this.logger,
+    )
   }
 
   async reapOrphans(): Promise<number> {

@@ -34,7 +34,7 @@ describe('gVisor OCI spec', () => {
       hostGid: 61000,
       etcDir: '/etc-gen',
       kitDir: '/kit',
-    }).buildArgs(spec)
+    }).envArgs(spec)
     const bwrapEnv: string[] = []
     args.forEach((arg, i) => {
       if (arg === '--setenv') bwrapEnv.push(`${args[i + 1]}=${args[i + 2]}`)

@@ -6,7 +6,7 @@ import { newId } from '@cairn/protocol'
 import { type Logger, logAndGoOn, noopLogger } from '../util/logger.js'
 import { OWN_PROCESS_GROUP } from '../util/process-group.js'
 import type { CgroupLimits, CgroupManager } from './cgroups.js'
-import { LAUNCHER_SHELL, pooledLauncherArgs } from './launcher.js'
+import { ENV_FD, LAUNCHER_SHELL, pooledLauncherArgs } from './launcher.js'
 
 /** How long after a launcher was taken the pool starts its replacement. */
 const REFILL_DELAY_MS = 25
@@ -18,6 +18,8 @@ export interface SpareLauncher {
   limits: CgroupLimits
   /** fd 4 of the launcher: the command goes here. */
   commandPipe: Writable
+  /** fd 5 of the launcher (`ENV_FD`): the sandbox's environment, for bwrap's `--args`. */
+  envPipe: Writable
 }
 
 export interface LauncherPoolOptions {
@@ -98,31 +100,13 @@ export class LauncherPool {
   }
 
   private async launch(limits: CgroupLimits): Promise<SpareLauncher | undefined> {
-    const cgroupName = newId('sandbox')
-    const procsFiles = await this.options.cgroups.create(cgroupName, limits)
-    const seccompFd = await this.options.seccompFd()
-    // Closes what it inherited above fd 4, joins the cgroups, waits for its command (launcher.ts).
-    const child = spawn(LAUNCHER_SHELL, pooledLauncherArgs(procsFiles), {
-      stdio: ['pipe', 'pipe', 'pipe', seccompFd ? seccompFd.fd : 'ignore', 'pipe'],
-      env: { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' },
-      ...OWN_PROCESS_GROUP,
-    }) as ChildProcessWithoutNullStreams
-    await seccompFd?.close()
-    const commandPipe = child.stdio[4] as Writable | null | undefined
-    if (child.pid === undefined || !commandPipe) {
-      await this.options.cgroups.remove(cgroupName)
-      return undefined
-    }
-    // A launcher that dies while waiting (killed from outside) is skipped by `take`.
-    child.on('error', () => undefined)
-    child.stdin.on('error', () => undefined)
-    commandPipe.on('error', () => undefined)
-    return { child, cgroupName, limits, commandPipe }
+    return startLauncher(this.options.cgroups, newId('sandbox'), limits, await this.options.seccompFd())
   }
 
   /** Ends a launcher (taken or not) that will not be used, and removes its cgroup. */
   async discard(launcher: SpareLauncher): Promise<void> {
     launcher.commandPipe.end()
+    launcher.envPipe.end()
     // Its command pipe is closed, so the launcher exits on its own; `remove` below still reaps the cgroup.
     await this.options.cgroups
       .kill(launcher.cgroupName)
@@ -142,3 +126,37 @@ export class LauncherPool {
 }
 
 const DEFAULT_LIMITS: CgroupLimits = { memoryBytes: 512 * 1024 * 1024, pids: 256, cpus: 1 }
+
+/**
+ * A launcher in a new cgroup `cgroupName` with `limits`, waiting for its command on fd 4 and
+ * bwrap's environment on fd 5 (`ENV_FD`); `seccompFd` (closed here once passed on) is its fd 3.
+ * Undefined when it could not start (its cgroup removed).
+ */
+export async function startLauncher(
+  cgroups: CgroupManager,
+  cgroupName: string,
+  limits: CgroupLimits,
+  seccompFd: FileHandle | undefined,
+): Promise<SpareLauncher | undefined> {
+  const procsFiles = await cgroups.create(cgroupName, limits)
+  // Closes what it inherited above fd 5, joins the cgroups, waits for its command (launcher.ts).
+  const child = spawn(LAUNCHER_SHELL, pooledLauncherArgs(procsFiles), {
+    stdio: ['pipe', 'pipe', 'pipe', seccompFd ? seccompFd.fd : 'ignore', 'pipe', 'pipe'],
+    env: { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' },
+    ...OWN_PROCESS_GROUP,
+  }) as ChildProcessWithoutNullStreams
+  await seccompFd?.close()
+  const commandPipe = child.stdio[4] as Writable | null | undefined
+  const envPipe = (child.stdio as unknown as (Writable | null | undefined)[])[ENV_FD]
+  if (child.pid === undefined || !commandPipe || !envPipe) {
+    await cgroups.remove(cgroupName)
+    return undefined
+  }
+  // A launcher that dies while waiting (killed from outside) is skipped by `take`; one that dies
+  // before reading its pipes ends the sandbox, whose exit says so.
+  child.on('error', () => undefined)
+  child.stdin.on('error', () => undefined)
+  commandPipe.on('error', () => undefined)
+  envPipe.on('error', () => undefined)
+  return { child, cgroupName, limits, commandPipe, envPipe }
+}

@@ -7,10 +7,19 @@
  * (`exec 300</some/dir` in the shell before `cairn server`, a supervisor's pipe) is open in the
  * server, and Node passes it to every child it spawns. bwrap keeps what it is given, so the agent
  * held it. The launcher closes every descriptor above the ones the driver passes on purpose
- * (bwrap's seccomp program on fd 3, the pool's command pipe on fd 4) before anything else runs.
+ * (bwrap's seccomp program on fd 3, the pool's command pipe on fd 4, bwrap's environment on fd 5)
+ * before anything else runs.
  * dash cannot name a descriptor above 9, hence bash.
  */
 export const LAUNCHER_SHELL = '/bin/bash'
+
+/**
+ * Where bwrap reads the sandbox's environment (`--args 5`: NUL-terminated `--setenv NAME VALUE`
+ * options), so no value of it is ever an argument: a process's arguments are in
+ * `/proc/PID/cmdline`, readable by every local user, for the launcher's and bwrap's whole life.
+ * bwrap closes it once read.
+ */
+export const ENV_FD = 5
 
 /**
  * Closes every descriptor above `$keep`. The listing's own descriptor is closed by the time the
@@ -28,10 +37,11 @@ export const LAUNCHER = ['keep=$1; shift', CLOSE_INHERITED, JOIN_CGROUPS, 'exec 
 
 /**
  * A pooled launcher: the same, then it waits for its command, NUL-terminated arguments on fd 4
- * ended by EOF (none: the pool is closing, exit). `mapfile -d ''` needs bash 4.4.
+ * ended by EOF (none: the pool is closing, exit). `mapfile -d ''` needs bash 4.4. fd 5 (`ENV_FD`)
+ * is kept for bwrap.
  */
 export const POOLED_LAUNCHER = [
-  'keep=4',
+  `keep=${ENV_FD}`,
   CLOSE_INHERITED,
   JOIN_CGROUPS,
   "mapfile -d '' -t a <&4 || exit 112",

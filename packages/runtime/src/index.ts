@@ -21,7 +21,14 @@ export {
 export { forbiddenReason } from './egress/address-guard.js'
 export { EgressCa } from './egress/egress-ca.js'
 export { bindingAllowed, decide, type EgressPolicy, type EgressRule } from './egress/policy.js'
-export { EgressProxy, type EgressRoute, type EgressSite, type NetworkEvent } from './egress/proxy.js'
+export {
+  DEFAULT_EGRESS_LIMITS,
+  type EgressLimits,
+  EgressProxy,
+  type EgressRoute,
+  type EgressSite,
+  type NetworkEvent,
+} from './egress/proxy.js'
 export { type ProxySecret, secretsBoundTo, swapInSecrets, swapOutSecrets } from './egress/proxy-secrets.js'
 export { hostDebianMirror } from './images/debian-mirror.js'
 export { type ImageBuildContext, ImageBuilder } from './images/image-builder.js'

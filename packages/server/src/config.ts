@@ -2,8 +2,9 @@ import { isIP } from 'node:net'
 import os from 'node:os'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
-import { HOST_IMAGE, hostDebianMirror } from '@cairn/runtime/port'
+import { type EgressLimits, HOST_IMAGE, hostDebianMirror } from '@cairn/runtime/port'
 import type { Clock } from './clock.js'
+import { type EgressLimitOptions, resolveEgressLimits } from './egress-limits.js'
 import {
   type OperatorLimitOptions,
   type OperatorLimits,
@@ -80,6 +81,13 @@ export interface ServerOptions {
   egressHosts?: Record<string, string> | undefined
   /** PEM file of extra CA certificates the egress proxy trusts upstream (internal hosts, tests). */
   egressUpstreamCaFile?: string | undefined
+  /**
+   * Bounds on each sandbox's egress: connections at once (`CAIRN_EGRESS_MAX_CONNECTIONS`, default
+   * 128), idle time of a connection (`CAIRN_EGRESS_IDLE_TIMEOUT_MS`, 300000), name lookups at once
+   * (`CAIRN_EGRESS_MAX_LOOKUPS`, 8) and their timeout (`CAIRN_EGRESS_LOOKUP_TIMEOUT_MS`, 5000),
+   * and the DNS servers asked (`CAIRN_EGRESS_DNS_SERVERS=addr[:port],…`; default /etc/resolv.conf's).
+   */
+  egressLimits?: EgressLimitOptions | undefined
   /**
    * Hosts every revision build may reach through the egress proxy besides the agent's
    * `network.allow` (allowlist syntax: package registries). Unset: the registries npm and pip are
@@ -194,6 +202,7 @@ export interface ResolvedConfig {
   egressPrivateExceptions: string[]
   egressHosts: ReadonlyMap<string, readonly string[]>
   egressUpstreamCaFile: string | undefined
+  egressLimits: EgressLimits
   /** Undefined: found from the host's npm and pip configuration at the first build. */
   buildEgressAllow: string[] | undefined
   defaultImage: string
@@ -293,6 +302,7 @@ export function resolveConfig(options: ServerOptions): ResolvedConfig {
       [],
     egressHosts: egressHostMap(options.egressHosts ?? process.env.CAIRN_EGRESS_HOSTS),
     egressUpstreamCaFile: options.egressUpstreamCaFile ?? process.env.CAIRN_EGRESS_UPSTREAM_CA,
+    egressLimits: resolveEgressLimits(options.egressLimits),
     buildEgressAllow:
       options.buildEgressAllow ??
       process.env.CAIRN_BUILD_EGRESS_ALLOW?.split(',')

@@ -116,6 +116,7 @@ export async function openRuntimePort(
   const egressSite: EgressSite = {
     privateExceptions: new Set(config.egressPrivateExceptions),
     hosts: config.egressHosts,
+    limits: config.egressLimits,
   }
   const port = new LocalRuntimePort(runtime, {
     clock: options.clock,

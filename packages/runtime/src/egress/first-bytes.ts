@@ -1,16 +1,17 @@
-import net from 'node:net'
 import { canonicalAddress } from './address-guard.js'
+import { egressName } from './names.js'
 
 /**
  * What a tunnel's client said first, read before anything reaches the host: the TLS server name
- * (SNI) of a ClientHello, or the `Host` of a plain HTTP request. An opaque CONNECT tunnel is
- * allowed by its target's name; these say which name the client is really talking to, so a
- * client cannot open a tunnel to an allowed host and then ask the same address for another site
- * (domain fronting on a shared CDN address).
+ * (SNI) of a ClientHello, or that it is plain HTTP. An opaque CONNECT tunnel is allowed by its
+ * target's name; the server name says which name the client is really talking to, so a client
+ * cannot open a tunnel to an allowed host and then ask the same address for another site (domain
+ * fronting on a shared CDN address). Plain HTTP in a tunnel is not relayed as bytes (a second
+ * request on the same connection could name any site): the proxy serves it request by request.
  */
 export type FirstBytes =
   | { kind: 'tls'; serverName: string | undefined }
-  | { kind: 'http'; host: string | undefined }
+  | { kind: 'http' }
   | { kind: 'other' }
   /** Not readable: a ClientHello split across records, a header block past the cap, garbage. */
   | { kind: 'unreadable'; why: string }
@@ -24,11 +25,20 @@ export const FIRST_BYTES_CAP = 16 * 1024 + 5
 // line that names an HTTP version but does not read as this (HTTP/2's preface) is not let through.
 const HTTP_REQUEST_LINE = /^[A-Za-z]{3,10}[ \t]+(\S+)[ \t]+HTTP\/1\.\d[ \t]*\r?\n/i
 const HTTP_VERSION = /[ \t]HTTP\/\d/i
+// HTTP/0.9's one request, which some servers still answer: `GET /path`, no version, no headers.
+const HTTP_09_REQUEST_LINE = /^GET[ \t]+\S+[ \t]*\r?\n/i
 
 /** Reads what the client has sent so far (`partial` until it can tell). */
 export function inspectFirstBytes(data: Buffer): FirstBytes {
   if (data.length === 0) return { kind: 'partial' }
   if (data[0] === 0x16) return inspectTls(data)
+  // An SSLv2-format ClientHello (RFC 6101 E.2: a two-byte length with the high bit set, then
+  // message type 1) has no extensions, so no server name; servers that still take it pick the site.
+  if ((data[0] ?? 0) & 0x80) {
+    if (data.length < 3) return { kind: 'partial' }
+    if (data[2] === 0x01)
+      return { kind: 'unreadable', why: 'an SSLv2-format ClientHello, which names no server' }
+  }
   // Another TLS record (change_cipher_spec, alert, application data) ahead of the ClientHello
   // would carry it past the check.
   if (data[0] !== undefined && data[0] >= 0x14 && data[0] <= 0x17) {
@@ -134,65 +144,41 @@ class Reader {
 }
 
 function inspectHttp(data: Buffer): FirstBytes {
-  // Servers also end lines with a bare LF.
-  const end = /\r?\n\r?\n/.exec(data.toString('latin1'))?.index ?? -1
   const firstLine = data.indexOf('\n')
-  const line = firstLine >= 0 ? data.subarray(0, firstLine + 1).toString('latin1') : undefined
-  if (line !== undefined && !HTTP_REQUEST_LINE.test(line))
-    return HTTP_VERSION.test(line)
-      ? { kind: 'unreadable', why: 'a request line other than HTTP/1' }
-      : { kind: 'other' }
-  if (end < 0) {
-    if (data.length >= FIRST_BYTES_CAP) return { kind: 'unreadable', why: 'HTTP header block too long' }
-    return { kind: 'partial' }
-  }
-  const head = data.subarray(0, end + 1).toString('latin1')
-  // The target's authority (absolute form) wins over Host (RFC 9112 3.2.2): every name counts.
-  const target = HTTP_REQUEST_LINE.exec(line ?? '')?.[1] ?? ''
-  const names = new Set<string>()
-  const authority = /^[a-z][a-z0-9+.-]*:\/\/([^/?#]*)/i.exec(target)?.[1]
-  if (authority !== undefined) names.add(stripPort(authority.slice(authority.lastIndexOf('@') + 1)))
-  for (const match of head.matchAll(/\nhost[ \t]*:[ \t]*([^\r\n]*)/gi))
-    names.add(stripPort((match[1] ?? '').trim()))
-  const hosts = [...names].map((name) => name.toLowerCase().replace(/\.$/, '')).filter(Boolean)
-  if (new Set(hosts).size > 1) return { kind: 'unreadable', why: `the request names ${hosts.join(' and ')}` }
-  return { kind: 'http', host: hosts[0] }
-}
-
-function stripPort(hostHeader: string): string {
-  if (hostHeader.startsWith('[')) return hostHeader.slice(1, hostHeader.indexOf(']'))
-  const colon = hostHeader.lastIndexOf(':')
-  return colon > 0 && net.isIP(hostHeader) === 0 ? hostHeader.slice(0, colon) : hostHeader
+  if (firstLine < 0)
+    return data.length >= FIRST_BYTES_CAP
+      ? { kind: 'unreadable', why: 'a first line too long' }
+      : { kind: 'partial' }
+  const line = data.subarray(0, firstLine + 1).toString('latin1')
+  if (HTTP_REQUEST_LINE.test(line) || HTTP_09_REQUEST_LINE.test(line)) return { kind: 'http' }
+  return HTTP_VERSION.test(line)
+    ? { kind: 'unreadable', why: 'a request line other than HTTP/1' }
+    : { kind: 'other' }
 }
 
 /**
- * Why the first bytes of a tunnel to `target` must not go on, if they must not. The allowlist
+ * Why the first bytes of a tunnel to `target` must not be relayed, if they must not. The allowlist
  * allowed the tunnel for its target, so the client may name that and nothing else:
- * - a tunnel to a name: its TLS server name or HTTP Host must be that name, and must be there (a
- *   ClientHello without SNI, or a request without Host, leaves the host to pick the site: its
- *   default, or the Host sent inside the TLS, which no one here can read);
+ * - a tunnel to a name: its TLS server name must be that name, and must be there (a ClientHello
+ *   without SNI leaves the host to pick the site: its default, or the Host sent inside the TLS,
+ *   which no one here can read);
  * - a tunnel to an address: it may name that address or nothing (clients send no SNI for an
  *   address), never a site, which would ask the shared address for another host.
- * Bytes no check can read are refused either way; other protocols (SSH, SMTP…) go on.
+ * Plain HTTP is never relayed (the proxy serves it request by request, see `EgressProxy`); bytes
+ * no check can read are refused either way; other protocols (SSH, SMTP…) go on.
  */
 export function firstBytesRefusal(target: string, seen: FirstBytes): string | undefined {
-  const wanted = target.toLowerCase().replace(/\.$/, '')
+  const wanted = egressName(target)
   if (seen.kind === 'unreadable') return `unreadable start of the connection (${seen.why})`
-  if (seen.kind !== 'tls' && seen.kind !== 'http') return undefined
-  const named = seen.kind === 'tls' ? seen.serverName : seen.host
+  if (seen.kind === 'http') return 'plain HTTP is served request by request, not relayed'
+  if (seen.kind !== 'tls') return undefined
+  const named = seen.serverName === undefined ? undefined : egressName(seen.serverName)
   const address = canonicalAddress(wanted)
   if (address !== undefined) {
     if (named === undefined || canonicalAddress(named) === address) return undefined
-    return seen.kind === 'tls'
-      ? `TLS server name '${named}' is not the tunnel's address '${wanted}'`
-      : `HTTP Host '${named}' is not the tunnel's address '${wanted}'`
+    return `TLS server name '${named}' is not the tunnel's address '${wanted}'`
   }
-  if (named === undefined)
-    return seen.kind === 'tls'
-      ? `TLS ClientHello without a server name on a tunnel to '${wanted}'`
-      : `HTTP request without a Host on a tunnel to '${wanted}'`
-  if (named.replace(/\.$/, '') === wanted) return undefined
-  return seen.kind === 'tls'
-    ? `TLS server name '${named}' is not the tunnel's host '${wanted}'`
-    : `HTTP Host '${named}' is not the tunnel's host '${wanted}'`
+  if (named === undefined) return `TLS ClientHello without a server name on a tunnel to '${wanted}'`
+  if (named === wanted) return undefined
+  return `TLS server name '${named}' is not the tunnel's host '${wanted}'`
 }

@@ -1,3 +1,5 @@
+import { egressName } from './names.js'
+
 /** One allowlist entry: `api.example.com`, `*.example.com`, `host:8443`, or `{host, methods}`. */
 export type EgressRule = string | { host: string; methods?: string[] | undefined }
 
@@ -28,11 +30,11 @@ function hostMatches(pattern: string, host: string): boolean {
 
 /** Default deny: a connection is allowed only when a rule names its host, port and method. */
 export function decide(policy: EgressPolicy, host: string, port: number, method?: string): EgressDecision {
-  const wanted = host.toLowerCase().replace(/\.$/, '')
+  const wanted = egressName(host)
   for (const rule of policy.allow) {
     const spec = typeof rule === 'string' ? { host: rule, methods: undefined } : rule
-    const { host: pattern, port: rulePort } = splitHostPort(spec.host)
-    if (!hostMatches(pattern, wanted)) continue
+    const { host: patternHost, port: rulePort } = splitHostPort(spec.host)
+    if (!hostMatches(egressName(patternHost), wanted)) continue
     if (rulePort !== undefined ? rulePort !== port : !DEFAULT_PORTS.has(port)) continue
     if (method && spec.methods && !spec.methods.map((m) => m.toUpperCase()).includes(method.toUpperCase())) {
       return { allowed: false, reason: `method ${method} is not allowed for ${host}` }

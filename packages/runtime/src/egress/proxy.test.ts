@@ -15,6 +15,8 @@ describe('the egress proxy and keep-alive', () => {
   /** Connections the upstream accepted, and the hop-by-hop headers its requests carried. */
   let upstreamConnections = 0
   const hopSeen: (string | undefined)[] = []
+  /** The `Host` of every request the upstream answered. */
+  const hostsSeen: (string | undefined)[] = []
 
   beforeAll(async () => {
     dir = await mkdtemp(path.join(os.tmpdir(), 'cairn-keepalive-'))
@@ -22,6 +24,7 @@ describe('the egress proxy and keep-alive', () => {
     // An upstream that says keep-alive (as most SSE handlers do) and names a hop-by-hop header.
     upstream = http.createServer((req, res) => {
       hopSeen.push(req.headers['x-hop-request'] ?? req.headers['keep-alive'])
+      hostsSeen.push(req.headers.host)
       res.writeHead(200, {
         connection: 'keep-alive, x-hop',
         'keep-alive': 'timeout=30',
@@ -98,6 +101,33 @@ describe('the egress proxy and keep-alive', () => {
       expect(headers['keep-alive']).not.toBe('timeout=30')
     }
     expect(hopSeen).toEqual([undefined, undefined, undefined, undefined])
+  })
+
+  it('serves plain HTTP in a CONNECT tunnel request by request, each for the tunnel host only', async () => {
+    hostsSeen.length = 0
+    const socket = net.connect(socketPath)
+    let answer = ''
+    socket.on('data', (chunk: Buffer) => {
+      answer += chunk.toString('latin1')
+    })
+    socket.write(`CONNECT up.test.:${port} HTTP/1.1\r\nHost: up.test:${port}\r\n\r\n`)
+    // Pipelined: the second names another site, the third asks for it in absolute form.
+    socket.write(
+      `GET /one HTTP/1.1\r\nHost: up.test:${port}\r\n\r\n` +
+        'GET /two HTTP/1.1\r\nHost: evil.test\r\n\r\n' +
+        'GET http://evil.test/three HTTP/1.1\r\nHost: evil.test\r\nConnection: close\r\n\r\n',
+    )
+    await new Promise<void>((resolve) => socket.once('close', () => resolve()))
+    const statuses = [...answer.matchAll(/HTTP\/1\.1 \d{3} [^\r]*/g)].map((match) => match[0])
+    expect(statuses).toEqual([
+      'HTTP/1.1 200 Connection Established',
+      'HTTP/1.1 200 OK',
+      'HTTP/1.1 200 OK',
+      'HTTP/1.1 400 Bad Request',
+    ])
+    expect(answer).toContain('ok /one\n')
+    expect(answer).toContain('ok /two\n')
+    expect(hostsSeen).toEqual([`up.test:${port}`, `up.test:${port}`])
   })
 
   it('closes a connection whose client asked for close, whatever the upstream says', async () => {

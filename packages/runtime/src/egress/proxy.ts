@@ -1,4 +1,3 @@
-import { lookup } from 'node:dns/promises'
 import { chmod, rm } from 'node:fs/promises'
 import http from 'node:http'
 import https from 'node:https'
@@ -7,8 +6,9 @@ import { pipeline } from 'node:stream'
 import tls from 'node:tls'
 import { canonicalAddress, forbiddenReason, hostAddresses } from './address-guard.js'
 import type { EgressCa } from './egress-ca.js'
-import { firstBytesRefusal, inspectFirstBytes } from './first-bytes.js'
+import { type FirstBytes, firstBytesRefusal, inspectFirstBytes } from './first-bytes.js'
 import { endToEndHeaders, forwardedRequestHeaders } from './hop-by-hop.js'
+import { DEFAULT_LOOKUP_LIMITS, egressName, type LookupLimits, NameResolver } from './names.js'
 import { decide, type EgressPolicy } from './policy.js'
 import {
   askPlainAnswer,
@@ -40,6 +40,31 @@ export interface EgressSite {
    * alone): internal services without public DNS. The address guard still applies to them.
    */
   hosts?: ReadonlyMap<string, readonly string[]> | undefined
+  /** Bounds on each sandbox's egress (each field defaults to `DEFAULT_EGRESS_LIMITS`'s). */
+  limits?: Partial<EgressLimits> | undefined
+}
+
+/** What one sandbox's egress may hold at once, like its memory: connections, idle time, lookups. */
+export interface EgressLimits extends LookupLimits {
+  /**
+   * Connections of one sandbox to its proxy at once (each CONNECT tunnel and each proxied
+   * request holds one, and at most one connection upstream): more are answered 429 and closed.
+   */
+  maxConnections: number
+  /** A connection (tunnel or proxied request) with no byte either way this long is closed. */
+  idleTimeoutMs: number
+}
+
+export const DEFAULT_EGRESS_LIMITS: EgressLimits = {
+  maxConnections: 128,
+  idleTimeoutMs: 300_000,
+  ...DEFAULT_LOOKUP_LIMITS,
+}
+
+/** `given` over the defaults, fields left undefined keeping theirs. */
+export function egressLimits(given: Partial<EgressLimits> | undefined): EgressLimits {
+  const set = Object.entries(given ?? {}).filter(([, value]) => value !== undefined)
+  return { ...DEFAULT_EGRESS_LIMITS, ...Object.fromEntries(set) }
 }
 
 /** A sandbox's way out: its allowlist, the operator's settings, and where decisions are logged. */
@@ -87,6 +112,10 @@ function sendThrough(
   secrets: readonly ProxySecret[],
 ): void {
   upstream.on('error', (error) => badGateway(res, `upstream error: ${error.message}`, secrets))
+  // A client that goes away (or idles out) takes its upstream request with it.
+  res.once('close', () => {
+    if (!res.writableFinished) upstream.destroy()
+  })
   req.pipe(upstream)
 }
 
@@ -134,35 +163,129 @@ function relayResponse(
  * verifying its certificate. Every other CONNECT stays an opaque tunnel.
  */
 export class EgressProxy {
+  /** Accepts the sandbox's connections and admits them (up to the cap) to `server`. */
+  private readonly listener: net.Server
+  /** Serves admitted connections (never listens itself). */
   private readonly server: http.Server
   /** Serves the requests of terminated TLS connections (never listens itself). */
   private readonly terminated: http.Server
+  /** Serves plain HTTP requests sent inside CONNECT tunnels (never listens itself). */
+  private readonly tunnelled: http.Server
+  private readonly tunnelTargets = new WeakMap<net.Socket, { host: string; port: number }>()
   private readonly targets = new WeakMap<net.Socket, TerminatedTarget>()
   private readonly upstreamAgent: https.Agent
   /** This sandbox's own pool of plain HTTP connections (never shared with another sandbox's). */
-  private readonly httpAgent = new http.Agent({ keepAlive: true })
+  private readonly httpAgent: http.Agent
   private readonly sockets = new Set<net.Socket>()
+  /** Connections past the cap, answered 429 and about to close. */
+  private readonly refusing = new Set<net.Socket>()
+  private readonly limits: EgressLimits
+  private readonly names: NameResolver
+  /** Whether the cap was reported since the sandbox last dropped below it (one event per episode). */
+  private capReported = false
 
   constructor(private readonly options: EgressProxyOptions) {
+    this.limits = egressLimits(options.limits)
+    this.names = new NameResolver(options.hosts, this.limits)
     const extraCa = options.upstreamCaPems ?? []
+    // Upstream connections kept for reuse count within the cap too.
+    const pooled = { keepAlive: true, maxTotalSockets: this.limits.maxConnections, maxFreeSockets: 16 }
+    this.httpAgent = new http.Agent(pooled)
     this.upstreamAgent = new https.Agent({
-      keepAlive: true,
+      ...pooled,
       ...(extraCa.length > 0 ? { ca: [...tls.rootCertificates, ...extraCa] } : {}),
     })
-    this.terminated = http.createServer((req, res) => void this.forwardTerminated(req, res))
-    this.server = http.createServer((req, res) => void this.forward(req, res))
-    this.server.on('connect', (req, socket: net.Socket, head) => void this.tunnel(req, socket, head))
-    this.server.on('connection', (socket) => {
-      this.sockets.add(socket)
-      socket.once('close', () => this.sockets.delete(socket))
+    // No error in a request's path ends the process: each handler's failure ends its connection.
+    this.terminated = http.createServer((req, res) =>
+      this.guard(this.forwardTerminated(req, res), req.socket, res),
+    )
+    this.server = http.createServer((req, res) => this.guard(this.forward(req, res), req.socket, res))
+    this.tunnelled = http.createServer((req, res) =>
+      this.guard(this.forwardTunnelled(req, res), req.socket, res),
+    )
+    this.server.on('connect', (req, socket: net.Socket, head) =>
+      this.guard(this.tunnel(req, socket, head), socket),
+    )
+    // A connection with no byte either way for the idle timeout is closed (the servers' default).
+    this.server.timeout = this.limits.idleTimeoutMs
+    this.terminated.timeout = this.limits.idleTimeoutMs
+    this.tunnelled.timeout = this.limits.idleTimeoutMs
+    // Half-open like an HTTP server's: a client's FIN ends its side of a tunnel, not the answer.
+    this.listener = net.createServer({ allowHalfOpen: true }, (socket) => this.admit(socket))
+    // Accept failures (EMFILE) are the listener's events, not the process's end.
+    this.listener.on('error', () => undefined)
+  }
+
+  /** Hands a new connection to the HTTP server, or answers 429 when the sandbox is at its cap. */
+  private admit(socket: net.Socket): void {
+    socket.on('error', () => undefined)
+    if (this.sockets.size >= this.limits.maxConnections) {
+      this.refuse(socket)
+      return
+    }
+    this.sockets.add(socket)
+    socket.once('close', () => {
+      this.sockets.delete(socket)
+      if (this.sockets.size < this.limits.maxConnections) this.capReported = false
+    })
+    this.server.emit('connection', socket)
+  }
+
+  /**
+   * Answers a connection past the cap 429 and closes it once the client has read that (it ends,
+   * or sends its request into our half-closed socket) or within a second; past as many refusals
+   * in flight as the cap, a connection is closed at once.
+   */
+  private refuse(socket: net.Socket): void {
+    const { maxConnections } = this.limits
+    if (!this.capReported) {
+      this.capReported = true
+      const reason = `too many egress connections at once (limit ${maxConnections})`
+      this.report({ host: '', port: 0, method: 'CONNECT', allowed: false, reason })
+    }
+    if (this.refusing.size >= maxConnections) {
+      socket.destroy()
+      return
+    }
+    this.refusing.add(socket)
+    const text = `egress refused: this sandbox has ${maxConnections} connections open, its limit\n`
+    socket.end(
+      `HTTP/1.1 429 Too Many Requests\r\ncontent-type: text/plain\r\nconnection: close\r\ncontent-length: ${text.length}\r\n\r\n${text}`,
+    )
+    const timer = setTimeout(() => socket.destroy(), 1_000)
+    socket.once('data', () => socket.destroy())
+    socket.once('end', () => socket.destroy())
+    socket.once('close', () => {
+      clearTimeout(timer)
+      this.refusing.delete(socket)
+    })
+  }
+
+  /**
+   * Ends a connection whose handler failed (out of descriptors, an unexpected throw) with a 503
+   * when it can still answer, so the failure stays this connection's.
+   */
+  private guard(work: Promise<void>, socket: net.Socket, res?: http.ServerResponse): void {
+    work.catch((error: NodeJS.ErrnoException) => {
+      const text = `egress proxy error: ${error?.code ?? error?.message ?? String(error)}\n`
+      if (res && !res.headersSent) {
+        res.writeHead(503, { 'content-type': 'text/plain', connection: 'close' }).end(text)
+      } else if (!res && socket.writable && socket.bytesWritten === 0) {
+        socket.end(`HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\n\r\n${text}`)
+      } else {
+        socket.destroy()
+      }
     })
   }
 
   async listen(): Promise<void> {
     await rm(this.options.socketPath, { force: true })
     await new Promise<void>((resolve, reject) => {
-      this.server.once('error', reject)
-      this.server.listen(this.options.socketPath, () => resolve())
+      this.listener.once('error', reject)
+      this.listener.listen(this.options.socketPath, () => {
+        this.listener.off('error', reject)
+        resolve()
+      })
     })
     // The sandbox uid connects to it through the read-only bind of the run dir.
     await chmod(this.options.socketPath, 0o666)
@@ -172,6 +295,7 @@ export class EgressProxy {
     this.options.onEvent({ at: new Date().toISOString(), ...event })
   }
 
+  /** `host` must be spelled by `egressName`: the allowlist, the map and DNS then read one name. */
   private async resolve(host: string, port: number, method: string, note = ''): Promise<string | undefined> {
     const record = (allowed: boolean, reason: string, address?: string) =>
       this.report({ host, port, method, allowed, reason, address })
@@ -184,14 +308,9 @@ export class EgressProxy {
     const literal = canonicalAddress(host)
     let addresses: string[]
     try {
-      addresses = literal
-        ? [literal]
-        : [
-            ...(this.options.hosts?.get(host.toLowerCase()) ??
-              (await lookup(host, { all: true })).map((a) => a.address)),
-          ]
-    } catch {
-      record(false, `cannot resolve ${host}`)
+      addresses = literal ? [literal] : await this.names.addresses(host)
+    } catch (error) {
+      record(false, (error as Error).message || `cannot resolve ${host}`)
       return undefined
     }
     // Judged on the addresses themselves, and the connection goes to the address judged (in its
@@ -219,7 +338,7 @@ export class EgressProxy {
   private async tunnel(req: http.IncomingMessage, client: net.Socket, head: Buffer): Promise<void> {
     client.on('error', () => undefined)
     const match = /^\[?([^\]]+?)\]?:(\d+)$/.exec(req.url ?? '')
-    const host = match?.[1] ?? ''
+    const host = egressName(match?.[1] ?? '')
     const port = Number(match?.[2] ?? 0)
     const bound = this.boundSecrets(host, port)
     const terminate = bound.length > 0 && this.options.ca !== undefined
@@ -230,17 +349,33 @@ export class EgressProxy {
       return
     }
     if (terminate) {
-      await this.terminate(client, head, { host: host.toLowerCase(), port, address, secrets: bound })
+      await this.terminate(client, head, { host, port, address, secrets: bound })
       return
     }
+    // The tunnel is idle when neither side sends: the client socket sees both ways.
+    client.setTimeout(this.limits.idleTimeoutMs, () => client.destroy())
     const upstream = net.connect(port, address)
     upstream.on('error', () => client.destroy())
+    // Until its bytes are relayed or served, a client that ends is gone (it would stay half-open).
+    let handed = false
+    client.once('end', () => {
+      if (!handed) client.destroy()
+    })
     upstream.once('connect', () => {
       client.write('HTTP/1.1 200 Connection Established\r\n\r\n')
       // The host may speak first (SSH, SMTP…): its bytes flow at once. The client's go on only
-      // once its first bytes name the host the tunnel was allowed for (TLS SNI, HTTP Host).
+      // once its first bytes name the host the tunnel was allowed for (TLS SNI), or are served
+      // request by request when they are plain HTTP.
       upstream.pipe(client)
-      this.checkFirstBytes(client, head, host, (first, refusal) => {
+      this.checkFirstBytes(client, head, (first, seen) => {
+        handed = true
+        if (seen.kind === 'http') {
+          upstream.unpipe(client)
+          upstream.destroy()
+          this.serveTunnelledHttp(client, first, host, port)
+          return
+        }
+        const refusal = firstBytesRefusal(host, seen)
         if (refusal) {
           this.report({ host, port, method: 'CONNECT', allowed: false, reason: refusal, address })
           client.destroy()
@@ -255,14 +390,13 @@ export class EgressProxy {
   }
 
   /**
-   * Collects the client's first bytes of a tunnel to `target` until they say which name it talks
-   * to (or that they cannot), then calls `done` with them and the refusal, if any.
+   * Collects the client's first bytes of a tunnel until they say what it speaks and which name it
+   * talks to (or that they cannot), then calls `done` with them and what they say.
    */
   private checkFirstBytes(
     client: net.Socket,
     head: Buffer,
-    target: string,
-    done: (first: Buffer, refusal: string | undefined) => void,
+    done: (first: Buffer, seen: FirstBytes) => void,
   ): void {
     let first = head
     const settle = (): boolean => {
@@ -270,7 +404,7 @@ export class EgressProxy {
       if (seen.kind === 'partial') return false
       client.off('data', onData)
       client.pause()
-      done(first, firstBytesRefusal(target, seen))
+      done(first, seen)
       return true
     }
     const onData = (chunk: Buffer) => {
@@ -279,6 +413,32 @@ export class EgressProxy {
     }
     if (settle()) return
     client.on('data', onData)
+  }
+
+  /**
+   * Serves plain HTTP sent inside a tunnel request by request, each as a proxy request for the
+   * tunnel's host (its `Host` is that name, an absolute-form target is refused): the allowlist,
+   * method rules, address guard and proxy secrets judge every request, not just the first, so a
+   * pipelined second request cannot name another site.
+   */
+  private serveTunnelledHttp(client: net.Socket, first: Buffer, host: string, port: number): void {
+    client.unshift(first)
+    this.tunnelTargets.set(client, { host, port })
+    this.tunnelled.emit('connection', client)
+    client.resume()
+  }
+
+  private async forwardTunnelled(req: http.IncomingMessage, res: http.ServerResponse): Promise<void> {
+    const target = this.tunnelTargets.get(req.socket)
+    if (!target || !(req.url ?? '').startsWith('/')) {
+      res.writeHead(400, { 'content-type': 'text/plain' }).end('origin-form request target required\n')
+      return
+    }
+    const authority = target.host.includes(':')
+      ? `[${target.host}]:${target.port}`
+      : `${target.host}:${target.port}`
+    req.url = `http://${authority}${req.url}`
+    await this.forward(req, res)
   }
 
   private boundSecrets(host: string, port: number): ProxySecret[] {
@@ -358,7 +518,7 @@ export class EgressProxy {
     }
     const port = Number(target.port || 80)
     // An IPv6 host keeps its brackets in a URL; the allowlist and the guard take the address.
-    const hostname = target.hostname.replace(/^\[(.*)\]$/, '$1')
+    const hostname = egressName(target.hostname)
     const address = await this.resolve(hostname, port, req.method ?? 'GET')
     if (!address) {
       deny(res)
@@ -388,9 +548,10 @@ export class EgressProxy {
 
   async close(): Promise<void> {
     for (const socket of this.sockets) socket.destroy()
+    this.names.close()
     this.upstreamAgent.destroy()
     this.httpAgent.destroy()
-    await new Promise<void>((resolve) => this.server.close(() => resolve()))
+    await new Promise<void>((resolve) => this.listener.close(() => resolve()))
     await rm(this.options.socketPath, { force: true })
   }
 }

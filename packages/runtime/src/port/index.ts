@@ -8,7 +8,13 @@ export { DEFAULT_LIMITS, DEFAULT_TURN_TIMEOUT_MS } from '../agent/types.js'
 export type { DependencyInstall, RevisionBuild, RevisionBuildResult } from '../build/revision-builder.js'
 export type { CommandResult } from '../build/run-command.js'
 export { bindingAllowed, type EgressPolicy, type EgressRule } from '../egress/policy.js'
-export type { EgressRoute, EgressSite, NetworkEvent } from '../egress/proxy.js'
+export {
+  DEFAULT_EGRESS_LIMITS,
+  type EgressLimits,
+  type EgressRoute,
+  type EgressSite,
+  type NetworkEvent,
+} from '../egress/proxy.js'
 export type { ProxySecret } from '../egress/proxy-secrets.js'
 export { FORWARDER_PORTS } from '../egress/transparent.js'
 export { hostDebianMirror } from '../images/debian-mirror.js'

@@ -34,6 +34,7 @@ export interface NodeOptions
     | 'poolReserveMiB'
     | 'egressPrivateExceptions'
     | 'egressHosts'
+    | 'egressLimits'
     | 'maxImageMiB'
     | 'isolation'
     | 'gvisorPoolSize'

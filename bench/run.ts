@@ -36,6 +36,7 @@ async function load(): Promise<Bench[]> {
     { cluster },
     { recovery },
     { moves },
+    { turnStatements },
   ] = await Promise.all([
     import('./baselines.js'),
     import('./session-create.js'),
@@ -59,6 +60,7 @@ async function load(): Promise<Bench[]> {
     import('./cluster.js'),
     import('./recovery.js'),
     import('./moves.js'),
+    import('./turn-statements.js'),
   ])
   return [
     baselines,
@@ -83,6 +85,7 @@ async function load(): Promise<Bench[]> {
     cluster,
     recovery,
     moves,
+    turnStatements,
   ]
 }
 

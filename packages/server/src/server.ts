@@ -22,7 +22,7 @@ import { ClusterRuntimePort } from './cluster/routing/cluster-runtime-port.js'
 import { type ResolvedConfig, resolveConfig, type ServerOptions } from './config.js'
 import { writeCredentialsIfMissing } from './credentials.js'
 import { createOwnerOnly, runtimeIdOf, secureDataDir } from './data-dir.js'
-import { type Db, openDatabase } from './db/database.js'
+import { type Db, openDatabase, type StatementTap } from './db/database.js'
 import { SharedFiles } from './db/shared-files.js'
 import { ConnectionAdmission } from './http/admission.js'
 import { reservePorts } from './http/port-reservation.js'
@@ -73,6 +73,8 @@ export interface RunningServer {
   images: ImageService
   sessions: SessionService
   retention: RetentionService
+  /** Every statement this server sends its database (benches and tests count a turn's). */
+  statements: StatementTap
   /** The runtime in this process; a `role: 'api'` server has none (reading this throws). */
   readonly runtime: Runtime
   /** Stops: running turns get `shutdownGraceMs` to finish, then sandboxes, pool and locks go. */
@@ -488,6 +490,7 @@ export async function startServer(
       credentialsWritten,
       logger,
       sessions,
+      statements: db.statements,
       get runtime(): Runtime {
         if (!localRuntime) throw new Error('a --role api server has no runtime of its own')
         return localRuntime

@@ -13,6 +13,8 @@ import type { Schema } from './schema.js'
  * the async context, so stores called from `fn` join it without being handed it), else the database.
  */
 export class Db {
+  /** Hears every statement sent to the database (benches and tests count a turn's). */
+  readonly statements: StatementTap
   private readonly current = new AsyncLocalStorage<{
     trx: Transaction<Schema>
     afterCommit: (() => void)[]
@@ -21,7 +23,10 @@ export class Db {
   constructor(
     readonly kysely: Kysely<Schema>,
     readonly dialect: Dialect,
-  ) {}
+    statements?: StatementTap,
+  ) {
+    this.statements = statements ?? new StatementTap()
+  }
 
   /** Where a query runs now: the enclosing transaction, or the database. */
   get q(): Kysely<Schema> {
@@ -51,6 +56,28 @@ export class Db {
 
   async close(): Promise<void> {
     await this.kysely.destroy()
+  }
+}
+
+/**
+ * Every statement the database is sent, as its text (`begin` and `commit` included), told to
+ * whoever listens at the moment; with no one listening it costs a check per statement.
+ */
+export class StatementTap {
+  private readonly listeners = new Set<(sql: string) => void>()
+
+  /** `listener` hears each statement sent from now on, until the returned function is called. */
+  listen(listener: (sql: string) => void): () => void {
+    this.listeners.add(listener)
+    return () => {
+      this.listeners.delete(listener)
+    }
+  }
+
+  /** Called by the connection as it sends `sql`. */
+  sent(sql: string): void {
+    if (this.listeners.size === 0) return
+    for (const listener of this.listeners) listener(sql)
   }
 }
 
@@ -109,11 +136,13 @@ function openSqlite(file: string): Db {
   // Kysely prepares each query it runs; the warm path repeats the same few, so statements are
   // kept (better-sqlite3 statements are reusable) instead of compiled again on every turn.
   const statements = new Map<string, BetterSqlite3.Statement>()
+  const tap = new StatementTap()
   const kysely = new Kysely<Schema>({
     dialect: new SqliteDialect({
       database: {
         close: () => raw.close(),
         prepare: (sql: string) => {
+          tap.sent(sql)
           let statement = statements.get(sql)
           if (!statement) {
             if (statements.size >= STATEMENT_CACHE_SIZE) statements.clear()
@@ -125,7 +154,7 @@ function openSqlite(file: string): Db {
       },
     }),
   })
-  return new Db(kysely, 'sqlite')
+  return new Db(kysely, 'sqlite', tap)
 }
 
 const INT8_OID = 20
@@ -188,6 +217,7 @@ async function openPostgres(url: string, options: OpenDatabaseOptions): Promise<
     throw error
   }
   client.release()
+  const tap = new StatementTap()
   return new Db(
     new Kysely<Schema>({
       dialect: new PostgresDialect({
@@ -195,10 +225,12 @@ async function openPostgres(url: string, options: OpenDatabaseOptions): Promise<
           pool,
           { connectionString: url, types },
           options.queryTimeoutMs ?? POSTGRES_QUERY_TIMEOUT_MS,
+          tap,
         ),
       }),
       plugins: [new PostgresTextPlugin()],
     }),
     'postgres',
+    tap,
   )
 }

@@ -135,19 +135,29 @@ const READ_TIMEOUT = 'Query read timeout'
  * refuses what follows at once (a transaction's rollback) and is closed when released, never
  * handed to another request.
  */
-export function boundedPool(pool: pg.Pool, config: pg.ClientConfig, queryTimeoutMs: number): PostgresPool {
+export function boundedPool(
+  pool: pg.Pool,
+  config: pg.ClientConfig,
+  queryTimeoutMs: number,
+  tap?: { sent(sql: string): void },
+): PostgresPool {
   const watch =
     queryTimeoutMs > 0 ? new AnswerWatch(queryTimeoutMs, () => probe(config, queryTimeoutMs)) : undefined
   return {
-    connect: async () => boundedClient(await pool.connect(), watch),
+    connect: async () => boundedClient(await pool.connect(), watch, tap),
     end: () => pool.end(),
   }
 }
 
-function boundedClient(client: pg.PoolClient, watch: AnswerWatch | undefined): PostgresPoolClient {
+function boundedClient(
+  client: pg.PoolClient,
+  watch: AnswerWatch | undefined,
+  tap: { sent(sql: string): void } | undefined,
+): PostgresPoolClient {
   let timedOut: Error | undefined
   const query = async <R>(sql: string, parameters: ReadonlyArray<unknown>) => {
     if (timedOut) throw timedOut
+    tap?.sent(sql)
     const statement = client.query({ text: sql, values: [...parameters] })
     if (!watch) return (await statement) as unknown as PostgresQueryResult<R>
     // An abandoned statement's own answer (or its connection's end) is no one's any more.

@@ -1,0 +1,47 @@
+import path from 'node:path'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { EXAMPLES, startTestServer, type TestServer } from './helpers/server.js'
+import { type Counted, countStatements, tally } from './helpers/statements.js'
+
+// What a warm turn costs the database, counted statement by statement (a count, not a time):
+// `begin` and `commit` included, each a round trip on PostgreSQL. The ceiling holds on both
+// databases; docs/architecture.md ("The database work of a warm turn") says what each one is for.
+const CEILING = 28
+const WARM_TURNS = 3
+
+let t: TestServer
+let sessionId: string
+
+beforeAll(async () => {
+  // No reaper pass meanwhile: what is counted is the turn's alone.
+  t = await startTestServer({ reaperIntervalMs: 3_600_000 })
+  expect((await t.api.deploy(path.join(EXAMPLES, 'echo'))).status).toBe(201)
+  sessionId = (await t.api.createSession('echo', { keepWarmMs: 600_000 })).id
+  // The first turn starts the agent; the ones counted find it warm.
+  expect((await t.api.send(sessionId, 'cold')).terminal?.type).toBe('run.completed')
+}, 120_000)
+
+afterAll(async () => {
+  await t?.close()
+})
+
+async function warmTurn(i: number): Promise<Counted> {
+  return countStatements(t.server.statements, async () => {
+    const run = await t.api.send(sessionId, `ping ${i}`)
+    expect(run.terminal).toMatchObject({ type: 'run.completed', text: `ping ${i}\n` })
+    expect(run.events.find((e) => e.type === 'run.started')).toMatchObject({ coldStart: false })
+  })
+}
+
+describe('the statements of a warm turn', () => {
+  it(`a warm echo turn sends at most ${CEILING} statements`, async () => {
+    const turns: Counted[] = []
+    for (let i = 0; i < WARM_TURNS; i++) turns.push(await warmTurn(i))
+    const last = turns.at(-1) as Counted
+    const listed = tally([...last.answered, ...last.after.map((sql) => `(after) ${sql}`)])
+    console.log(
+      `a warm turn on ${process.env.CAIRN_TEST_DATABASE ?? 'sqlite'}: ${last.answered.length} statements, then ${last.after.length}\n${[...listed].map(([sql, n]) => `${n} × ${sql}`).join('\n')}`,
+    )
+    for (const turn of turns) expect(turn.answered.length + turn.after.length).toBeLessThanOrEqual(CEILING)
+  })
+})

@@ -202,23 +202,27 @@ describe('btrfs: quotas per workspace and per tenant', () => {
     expect((await tenantB.call('DELETE', `/v1/sessions/${session}/snapshots/${other}`)).status).toBe(404)
   })
 
-  it("copies into the artifact store (beside the database) stay within the tenant's quota", async () => {
+  it("copies into the artifact store (beside the database) count with the tenant's trees against its quota", async () => {
     const session = (await tenantB.createSession('filler')).id
     expect((await tenantB.send(session, 'write art.bin 30')).text).toBe('wrote art.bin\n')
     const save = () => tenantB.call('POST', `/v1/sessions/${session}/artifacts`, { path: 'art.bin' })
+    // The tenant's trees hold the 30 MiB file (and what earlier cases left): one copy fits in 80 MiB, a second does not.
     expect((await save()).status).toBe(201)
-    expect((await save()).status).toBe(201)
-    const third = await save()
-    expect(third.status).toBe(507)
-    expect(third.body.error.code).toBe('quota_exceeded')
-    // Refused before copying: the data disk holds the two copies and nothing else.
+    const second = await save()
+    expect(second.status).toBe(507)
+    expect(second.body.error.code).toBe('quota_exceeded')
+    const { poolBytes, artifactBytes } = second.body.error.details
+    expect(poolBytes).toBeGreaterThanOrEqual(30 * MiB)
+    expect(artifactBytes).toBe(30 * MiB)
+    expect(poolBytes + artifactBytes + 30 * MiB).toBeGreaterThan(TENANT_MIB * MiB)
+    // Refused before copying: the data disk holds the one copy and nothing else.
     const listed = await tenantB.call('GET', `/v1/agents/filler/artifacts`)
-    expect(listed.body.data).toHaveLength(2)
+    expect(listed.body.data).toHaveLength(1)
     const agentDirs = await readdir(path.join(t.dataDir, 'artifacts'))
     const files = (
       await Promise.all(agentDirs.map((d) => readdir(path.join(t.dataDir, 'artifacts', d))))
     ).flat()
-    expect(files).toHaveLength(2)
+    expect(files).toHaveLength(1)
   })
 
   it('exposes the pool fill and each tenant’s usage in /metrics', async () => {

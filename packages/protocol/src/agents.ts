@@ -180,3 +180,20 @@ export const BuildLogSchema = Type.Object({
   error: Type.Union([Type.String(), Type.Null()]),
   lines: Type.Array(Type.String()),
 })
+
+/**
+ * A file promoted out of a workspace into the agent's artifact store (kept after its session is
+ * deleted). Its `sizeBytes` count in the tenant's storage quota until it is deleted.
+ */
+export const ArtifactSchema = Type.Object({
+  id: Type.String(),
+  agentId: Type.String(),
+  sessionId: Type.String(),
+  path: Type.String(),
+  sizeBytes: Type.Integer(),
+  sha256: Type.String(),
+  createdAt: Type.String(),
+})
+export type Artifact = Static<typeof ArtifactSchema>
+
+export const ArtifactListSchema = Type.Object({ data: Type.Array(ArtifactSchema) })

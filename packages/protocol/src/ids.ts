@@ -14,6 +14,8 @@ export const ID_PREFIXES = {
   runtime: 'rt_',
   /** One process of an API replica (cluster): its lease and the turns it relays. */
   replica: 'rpl_',
+  /** Space a tenant's storage budget holds for a copy under way. */
+  reservation: 'rsv_',
 } as const
 
 export type IdKind = keyof typeof ID_PREFIXES

@@ -1,6 +1,9 @@
 import {
   type AgentDetail,
   type AgentInfo,
+  type Artifact,
+  ArtifactListSchema,
+  ArtifactSchema,
   BuildLogSchema,
   type DeployResult,
   type RevisionInfo,
@@ -78,6 +81,26 @@ export class Agents {
   async revision(idOrName: string, revisionId: string, options: RequestOptions = {}): Promise<RevisionInfo> {
     const route = path(idOrName, `/revisions/${encodeURIComponent(revisionId)}`)
     return asRevision(await this.http.json({ method: 'GET', path: route, ...options }))
+  }
+
+  /** The agent's artifacts (files promoted out of its sessions' workspaces), oldest first. */
+  async artifacts(idOrName: string, options: RequestOptions = {}): Promise<Artifact[]> {
+    const body = await this.http.json({ method: 'GET', path: path(idOrName, '/artifacts'), ...options })
+    return checked(ArtifactListSchema, body, 'artifact list').data
+  }
+
+  /** Deletes an artifact: its bytes leave the tenant's storage quota. Answers what was deleted. */
+  async deleteArtifact(
+    idOrName: string,
+    artifactId: string,
+    options: RequestOptions = {},
+  ): Promise<Artifact> {
+    const route = path(idOrName, `/artifacts/${encodeURIComponent(artifactId)}`)
+    return checked(
+      ArtifactSchema,
+      await this.http.json({ method: 'DELETE', path: route, ...options }),
+      'artifact',
+    )
   }
 
   /** The build log of a revision, as it stands. */

@@ -26,6 +26,7 @@ import { runtimeRoute } from './http/runtime-route.js'
 import { typedBodyValidators } from './http/validators.js'
 import { imageRoutes } from './images/routes.js'
 import type { OperatorLimits } from './limits/operator-limits.js'
+import type { ArtifactStore } from './memory/artifact-store.js'
 import type { MemoryService } from './memory/memory-service.js'
 import { memoryRoutes } from './memory/routes.js'
 import type { MetricsRegistry } from './metrics/registry.js'
@@ -56,6 +57,7 @@ export interface AppDeps {
   retention: RetentionService
   metrics: MetricsRegistry
   memory: MemoryService
+  artifacts: ArtifactStore
   previews: PreviewService
   /** Where previews are served (the preview listener); the API serves none itself. */
   previewOrigins: PreviewOrigins
@@ -200,7 +202,7 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   workspaceRoutes(app, deps.workspace)
   retentionRoutes(app, deps.retention)
   imageRoutes(app, deps.agents.images)
-  memoryRoutes(app, deps.memory, deps.agents, deps.sessions)
+  memoryRoutes(app, deps.memory, deps.artifacts, deps.agents, deps.sessions)
   previewRoutes(app, deps.previews, deps.previewOrigins)
   setupRoutes(app, deps.setup, deps.sessions)
   runtimeRoute(app, deps.runtime, deps.operatorLimits, cluster ? () => cluster.nodes.list() : undefined)

@@ -28,6 +28,7 @@ import { ConnectionAdmission } from './http/admission.js'
 import { reservePorts } from './http/port-reservation.js'
 import type { ImageService } from './images/image-service.js'
 import { ManualSnapshotCap } from './limits/snapshot-cap.js'
+import { StorageBudget } from './limits/storage-budget.js'
 import {
   type ClaimedDataDir,
   claimDataDir,
@@ -35,6 +36,7 @@ import {
   openLocalRuntime,
   syncSharedFiles,
 } from './local-runtime.js'
+import { ArtifactStore } from './memory/artifact-store.js'
 import { MemoryService } from './memory/memory-service.js'
 import { MetricsRegistry } from './metrics/registry.js'
 import { nodeShippingHooks } from './node/shipped-record.js'
@@ -223,16 +225,21 @@ export async function startServer(
       operatorLimits: config.operatorLimits,
     })
     const metrics = new MetricsRegistry()
-    const memory = new MemoryService({
+    const memory = new MemoryService({ db, runtime: runtimePort, clock, logger })
+    const storageBudget = new StorageBudget({
+      db,
+      runtime: runtimePort,
+      clock,
+      tenantBytes: mebibytes(config.tenantQuotaMiB),
+    })
+    const artifacts = new ArtifactStore({
       db,
       runtime: runtimePort,
       clock,
       logger,
-      artifactRoot: path.join(config.dataDir, 'artifacts'),
-      artifactLimits: {
-        tenantBytes: mebibytes(config.tenantQuotaMiB),
-        reserveBytes: host.reserveBytes ?? DATA_DISK_RESERVE_BYTES,
-      },
+      budget: storageBudget,
+      root: path.join(config.dataDir, 'artifacts'),
+      diskReserveBytes: host.reserveBytes ?? DATA_DISK_RESERVE_BYTES,
     })
     const setup = new SetupService({
       db,
@@ -433,6 +440,7 @@ export async function startServer(
       retention: retentionService,
       metrics,
       memory,
+      artifacts,
       setup,
       previews,
       previewOrigins: new PreviewOrigins(config.previewDomain, previewPort),

@@ -468,6 +468,24 @@ ALTER TABLE turns ADD COLUMN relay_id TEXT;
 CREATE INDEX turns_running_relay ON turns (relay_id) WHERE status = 'running';
 `,
   },
+  {
+    // Space a tenant's storage budget holds for work under way (an artifact being copied): every
+    // replica's admission check counts it, so concurrent requests cannot each pass the same check.
+    // A row outlives its copy by at most its lease (`expires_at`, renewed while the copy runs).
+    version: 28,
+    name: 'storage reservations',
+    sql: `
+CREATE TABLE storage_reservations (
+  id TEXT PRIMARY KEY,
+  tenant_id TEXT NOT NULL,
+  bytes INTEGER NOT NULL,
+  purpose TEXT NOT NULL,
+  expires_at TEXT NOT NULL
+);
+CREATE INDEX storage_reservations_tenant ON storage_reservations (tenant_id, expires_at);
+CREATE INDEX artifacts_tenant ON artifacts (tenant_id);
+`,
+  },
 ]
 
 export type Dialect = 'sqlite' | 'postgres'

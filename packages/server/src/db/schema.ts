@@ -155,6 +155,7 @@ export interface Schema {
   shared_files: { name: string; content: Buffer; created_at: string }
   build_logs: { revision_id: string; log: string }
   artifact_blobs: { artifact_id: string; content: Buffer }
+  storage_reservations: { id: string; tenant_id: string; bytes: number; purpose: string; expires_at: string }
   nodes: NodesTable
   revision_nodes: { revision_id: string; runtime_id: string }
   replicas: ReplicasTable

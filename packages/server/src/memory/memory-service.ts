@@ -1,10 +1,4 @@
-import { createHash } from 'node:crypto'
-import { createWriteStream, existsSync } from 'node:fs'
-import { mkdir, readFile, rm, statfs } from 'node:fs/promises'
-import path from 'node:path'
-import { Transform } from 'node:stream'
-import { pipeline } from 'node:stream/promises'
-import { CairnProblem, newId } from '@cairn/protocol'
+import { CairnProblem } from '@cairn/protocol'
 import type { RuntimePort } from '@cairn/runtime/port'
 import type { Logger } from 'pino'
 import { type Clock, iso } from '../clock.js'
@@ -21,19 +15,9 @@ export interface AgentMemory {
   updatedAt: string | null
 }
 
-export interface ArtifactInfo {
-  id: string
-  agentId: string
-  sessionId: string
-  path: string
-  sizeBytes: number
-  sha256: string
-  createdAt: string
-}
-
 /**
  * What outlives a session: the agent's memory (versioned text, mounted read-only at /memory in
- * every new sandbox) and promoted artifacts (files copied out of a workspace).
+ * every new sandbox). Promoted artifacts are the ArtifactStore's.
  */
 export class MemoryService {
   constructor(
@@ -43,14 +27,6 @@ export class MemoryService {
       runtime: Pick<RuntimePort, 'openFile' | 'hasPath' | 'publishMemory'>
       clock: Clock
       logger: Logger
-      /** Host directory for artifact bytes (under the data dir). */
-      artifactRoot: string
-      /**
-       * Artifacts live on the data dir's disk, beside the database: a tenant's artifacts together
-       * stay within `tenantBytes` (unset: no limit), and a copy never brings that disk's free space
-       * below `reserveBytes`, so no tenant can starve Cairn's own data.
-       */
-      artifactLimits?: { tenantBytes?: number | undefined; reserveBytes: number } | undefined
     },
   ) {}
 
@@ -140,134 +116,4 @@ export class MemoryService {
     if (content === (await this.get(agentId)).content) return undefined
     return this.put(agentId, content, source)
   }
-
-  async saveArtifact(
-    row: { tenantId: string; agentId: string; sessionId: string },
-    rel: string,
-  ): Promise<ArtifactInfo> {
-    const file = await this.deps.runtime.openFile({ sessionId: row.sessionId }, Buffer.from(rel))
-    const id = newId('artifact')
-    const dir = path.join(this.deps.artifactRoot, row.agentId)
-    await mkdir(dir, { recursive: true, mode: 0o700 })
-    const target = path.join(dir, id)
-    const hash = createHash('sha256')
-    let size = 0
-    const allowedBytes = await this.artifactRoom(row.tenantId, dir)
-    if (file.size > allowedBytes) {
-      file.stream.destroy()
-      throw artifactQuotaProblem(rel, file.size, allowedBytes)
-    }
-    // The file may still grow while it is copied: the room is checked on every chunk too.
-    const counted = new Transform({
-      transform(chunk: Buffer, _encoding, done) {
-        size += chunk.length
-        if (size > allowedBytes) return done(artifactQuotaProblem(rel, size, allowedBytes))
-        hash.update(chunk)
-        done(null, chunk)
-      },
-    })
-    await pipeline(file.stream, counted, createWriteStream(target, { mode: 0o600 })).catch(
-      async (error: unknown) => {
-        await rm(target, { force: true })
-        throw error
-      },
-    )
-    const info: ArtifactInfo = {
-      id,
-      agentId: row.agentId,
-      sessionId: row.sessionId,
-      path: `/workspace/${rel}`,
-      sizeBytes: size,
-      sha256: hash.digest('hex'),
-      createdAt: iso(this.deps.clock.now()),
-    }
-    // A replica other than this one serves the download: with a shared database the bytes are
-    // stored in it too (on SQLite the file in the data dir is the only copy).
-    const shared = this.deps.db.dialect === 'postgres' ? await readFile(target) : undefined
-    await this.deps.db.transaction(async () => {
-      await this.deps.db.q
-        .insertInto('artifacts')
-        .values({
-          id: info.id,
-          tenant_id: row.tenantId,
-          agent_id: info.agentId,
-          session_id: info.sessionId,
-          path: info.path,
-          size_bytes: info.sizeBytes,
-          sha256: info.sha256,
-          created_at: info.createdAt,
-        })
-        .execute()
-      if (shared)
-        await this.deps.db.q
-          .insertInto('artifact_blobs')
-          .values({ artifact_id: info.id, content: shared })
-          .execute()
-    })
-    return info
-  }
-
-  /** Bytes the tenant may still add to the artifact store (see `artifactLimits`). */
-  private async artifactRoom(tenantId: string, dir: string): Promise<number> {
-    const limits = this.deps.artifactLimits
-    if (!limits) return Number.POSITIVE_INFINITY
-    const disk = await statfs(dir)
-    let room = disk.bavail * disk.bsize - limits.reserveBytes
-    if (limits.tenantBytes) {
-      const row = await this.deps.db.q
-        .selectFrom('artifacts')
-        .select((eb) => eb.fn.sum<number | null>('size_bytes').as('bytes'))
-        .where('tenant_id', '=', tenantId)
-        .executeTakeFirst()
-      const held = Number(row?.bytes ?? 0)
-      room = Math.min(room, limits.tenantBytes - held)
-    }
-    return Math.max(0, room)
-  }
-
-  async artifacts(agentId: string): Promise<ArtifactInfo[]> {
-    const rows = await this.deps.db.q
-      .selectFrom('artifacts')
-      .selectAll()
-      .where('agent_id', '=', agentId)
-      .orderBy('created_at')
-      .orderBy('id')
-      .execute()
-    return rows.map((r) => ({
-      id: r.id,
-      agentId: r.agent_id,
-      sessionId: r.session_id,
-      path: r.path,
-      sizeBytes: r.size_bytes,
-      sha256: r.sha256,
-      createdAt: r.created_at,
-    }))
-  }
-
-  async artifactFile(agentId: string, id: string): Promise<{ file: string; info: ArtifactInfo }> {
-    const info = (await this.artifacts(agentId)).find((a) => a.id === id)
-    if (!info) throw new CairnProblem('not_found', `No artifact ${id}`)
-    return { file: path.join(this.deps.artifactRoot, agentId, id), info }
-  }
-
-  async readArtifact(agentId: string, id: string): Promise<Buffer> {
-    const { file } = await this.artifactFile(agentId, id)
-    if (existsSync(file) || this.deps.db.dialect !== 'postgres') return readFile(file)
-    // Saved through another replica: its bytes are in the database.
-    const row = await this.deps.db.q
-      .selectFrom('artifact_blobs')
-      .select('content')
-      .where('artifact_id', '=', id)
-      .executeTakeFirst()
-    if (!row) throw new CairnProblem('not_found', `the bytes of artifact ${id} are gone`)
-    return row.content
-  }
-}
-
-function artifactQuotaProblem(rel: string, bytes: number, allowedBytes: number): CairnProblem {
-  return new CairnProblem(
-    'quota_exceeded',
-    `/workspace/${rel} (${bytes} bytes or more) does not fit in the artifact store: ${allowedBytes} bytes left under the tenant's storage quota and the data disk's reserve`,
-    { allowedBytes },
-  )
 }

@@ -1,4 +1,4 @@
-import { IdParams, MAX_EXACT_INTEGER } from '@cairn/protocol'
+import { ArtifactListSchema, ArtifactSchema, IdParams, MAX_EXACT_INTEGER } from '@cairn/protocol'
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox'
 import { Type } from '@sinclair/typebox'
 import type { FastifyInstance } from 'fastify'
@@ -7,6 +7,7 @@ import { principalOf, requireWrite } from '../auth/plugin.js'
 import { workspaceRelative } from '../files/confine.js'
 import { bytesResponse, errorResponses } from '../http/responses.js'
 import type { SessionService } from '../sessions/session-service.js'
+import type { ArtifactStore } from './artifact-store.js'
 import { MAX_MEMORY_BYTES, type MemoryService } from './memory-service.js'
 
 const MemorySchema = Type.Object({
@@ -16,21 +17,14 @@ const MemorySchema = Type.Object({
   source: Type.String(),
   updatedAt: Type.Union([Type.String(), Type.Null()]),
 })
-const ArtifactSchema = Type.Object({
-  id: Type.String(),
-  agentId: Type.String(),
-  sessionId: Type.String(),
-  path: Type.String(),
-  sizeBytes: Type.Integer(),
-  sha256: Type.String(),
-  createdAt: Type.String(),
-})
 const errors = errorResponses(400, 401, 403, 404, 409, 410)
+const ArtifactParams = Type.Object({ id: Type.String(), artifactId: Type.String() })
 const idOf = (request: { params: { id: string } }) => request.params.id
 
 export function memoryRoutes(
   server: FastifyInstance,
   memory: MemoryService,
+  artifacts: ArtifactStore,
   agents: AgentService,
   sessions: SessionService,
 ): void {
@@ -96,13 +90,14 @@ export function memoryRoutes(
     {
       schema: {
         tags,
-        summary: "Copy a workspace file into the agent's artifact store (kept after the session is deleted)",
+        summary:
+          "Copy a workspace file into the agent's artifact store (kept after the session is deleted; counts in the tenant's storage quota until deleted)",
         params: IdParams,
         body: Type.Object(
           { path: Type.String({ minLength: 1, maxLength: 4096 }) },
           { additionalProperties: false },
         ),
-        response: { 201: ArtifactSchema, ...errors },
+        response: { 201: ArtifactSchema, ...errors, ...errorResponses(507) },
       },
     },
     async (request, reply) => {
@@ -110,7 +105,7 @@ export function memoryRoutes(
       const row = await sessions.requireLive(tenantId, idOf(request))
       const rel = workspaceRelative(request.body.path)
       const info = await sessions.readingWorkspace(tenantId, row.id, () =>
-        memory.saveArtifact({ tenantId, agentId: row.agent_id, sessionId: row.id }, rel),
+        artifacts.save({ tenantId, agentId: row.agent_id, sessionId: row.id }, rel),
       )
       return reply.status(201).send(info)
     },
@@ -122,11 +117,11 @@ export function memoryRoutes(
         tags,
         summary: "The agent's artifacts",
         params: IdParams,
-        response: { 200: Type.Object({ data: Type.Array(ArtifactSchema) }), ...errors },
+        response: { 200: ArtifactListSchema, ...errors },
       },
     },
     async (request) => ({
-      data: await memory.artifacts((await agents.require(principalOf(request).tenantId, idOf(request))).id),
+      data: await artifacts.list((await agents.require(principalOf(request).tenantId, idOf(request))).id),
     }),
   )
   app.get(
@@ -135,20 +130,35 @@ export function memoryRoutes(
       schema: {
         tags,
         summary: 'Download an artifact',
-        params: Type.Object({ id: Type.String(), artifactId: Type.String() }),
+        params: ArtifactParams,
         response: { 200: bytesResponse('application/octet-stream', 'The artifact'), ...errors },
       },
     },
     async (request, reply) => {
       const agent = await agents.require(principalOf(request).tenantId, idOf(request))
       const { artifactId } = request.params
-      const { info } = await memory.artifactFile(agent.id, artifactId)
-      const body = await memory.readArtifact(agent.id, artifactId)
+      const { info } = await artifacts.file(agent.id, artifactId)
+      const body = await artifacts.read(agent.id, artifactId)
       void reply.header(
         'content-disposition',
         `attachment; filename="${encodeURIComponent(info.path.split('/').pop() ?? 'artifact')}"`,
       )
       return reply.type('application/octet-stream').send(body)
+    },
+  )
+  app.delete(
+    '/v1/agents/:id/artifacts/:artifactId',
+    {
+      schema: {
+        tags,
+        summary: "Delete an artifact: its bytes leave the data disk and the tenant's storage quota",
+        params: ArtifactParams,
+        response: { 200: ArtifactSchema, ...errors },
+      },
+    },
+    async (request) => {
+      const agent = await agents.require(requireWrite(request).tenantId, idOf(request))
+      return await artifacts.delete(agent.id, request.params.artifactId)
     },
   )
 }

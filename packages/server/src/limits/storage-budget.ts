@@ -1,0 +1,140 @@
+import { CairnProblem, newId } from '@cairn/protocol'
+import type { RuntimePort } from '@cairn/runtime/port'
+import { sql } from 'kysely'
+import { type Clock, iso } from '../clock.js'
+import type { Db } from '../db/database.js'
+
+/** How long a reservation holds without a renewal: a copy renews it every third of this. */
+export const RESERVATION_LEASE_MS = 60_000
+/** First key of the PostgreSQL advisory lock that serialises one tenant's reservations. */
+const TENANT_LOCK_KEY = 7_302_118
+
+export interface StorageReservation {
+  id: string
+  tenantId: string
+  bytes: number
+}
+
+/** What a tenant holds against its quota, in bytes. */
+export interface TenantHeld {
+  /** The tenant's trees in the pool (exclusive bytes, every node together). */
+  poolBytes: number
+  artifactBytes: number
+  /** Space held for work under way (copies not yet settled). */
+  reservedBytes: number
+}
+
+/**
+ * One storage budget per tenant: the tenant quota the pool enforces on the tenant's trees also
+ * covers what Cairn keeps for it beside the pool (artifacts). Space is reserved before a copy
+ * starts, in the database under a per-tenant lock, so concurrent requests (in this process or on
+ * any replica) see each other's reservations and cannot each pass the same check; the copy then
+ * settles its reservation into the row it writes, or releases it.
+ */
+export class StorageBudget {
+  constructor(
+    private readonly deps: {
+      db: Db
+      runtime: Pick<RuntimePort, 'tenantUsage'>
+      clock: Clock
+      /** The tenant quota in bytes (unset: no limit; reservations are still recorded). */
+      tenantBytes: number | undefined
+    },
+  ) {}
+
+  get tenantBytes(): number | undefined {
+    return this.deps.tenantBytes
+  }
+
+  async held(tenantId: string): Promise<TenantHeld> {
+    const poolBytes = await this.poolBytes(tenantId)
+    return { poolBytes, ...(await this.heldBeside(tenantId)) }
+  }
+
+  /**
+   * Reserves `bytes` for the tenant, or refuses with `quota_exceeded` naming what it holds. The
+   * pool's figure is read before the lock: the pool's own group limit bounds its trees meanwhile.
+   */
+  async reserve(tenantId: string, bytes: number, purpose: string): Promise<StorageReservation> {
+    const quota = this.deps.tenantBytes
+    const poolBytes = quota === undefined ? 0 : await this.poolBytes(tenantId)
+    const reservation = { id: newId('reservation'), tenantId, bytes }
+    await this.deps.db.transaction(async () => {
+      await this.lockTenant(tenantId)
+      const now = iso(this.deps.clock.now())
+      await this.deps.db.q.deleteFrom('storage_reservations').where('expires_at', '<=', now).execute()
+      if (quota !== undefined) {
+        const beside = await this.heldBeside(tenantId)
+        const heldBytes = poolBytes + beside.artifactBytes + beside.reservedBytes
+        if (heldBytes + bytes > quota) throw overQuota(purpose, bytes, quota, { poolBytes, ...beside })
+      }
+      await this.deps.db.q
+        .insertInto('storage_reservations')
+        .values({ id: reservation.id, tenant_id: tenantId, bytes, purpose, expires_at: this.leaseEnd() })
+        .execute()
+    })
+    return reservation
+  }
+
+  /** Extends the reservation's lease (a copy still running). */
+  async renew(reservation: StorageReservation): Promise<void> {
+    await this.deps.db.q
+      .updateTable('storage_reservations')
+      .set({ expires_at: this.leaseEnd() })
+      .where('id', '=', reservation.id)
+      .execute()
+  }
+
+  async release(reservation: StorageReservation): Promise<void> {
+    await this.deps.db.q.deleteFrom('storage_reservations').where('id', '=', reservation.id).execute()
+  }
+
+  /** Replaces the reservation by what `record` writes, in one transaction. */
+  async settle<T>(reservation: StorageReservation, record: () => Promise<T>): Promise<T> {
+    return this.deps.db.transaction(async () => {
+      await this.release(reservation)
+      return record()
+    })
+  }
+
+  private leaseEnd(): string {
+    return iso(this.deps.clock.now() + RESERVATION_LEASE_MS)
+  }
+
+  private async poolBytes(tenantId: string): Promise<number> {
+    return (await this.deps.runtime.tenantUsage([tenantId]))[tenantId]?.exclusiveBytes ?? 0
+  }
+
+  private async heldBeside(tenantId: string): Promise<Omit<TenantHeld, 'poolBytes'>> {
+    const artifacts = await this.deps.db.q
+      .selectFrom('artifacts')
+      .select((eb) => eb.fn.sum<number | string | null>('size_bytes').as('bytes'))
+      .where('tenant_id', '=', tenantId)
+      .executeTakeFirst()
+    const reserved = await this.deps.db.q
+      .selectFrom('storage_reservations')
+      .select((eb) => eb.fn.sum<number | string | null>('bytes').as('bytes'))
+      .where('tenant_id', '=', tenantId)
+      .where('expires_at', '>', iso(this.deps.clock.now()))
+      .executeTakeFirst()
+    return { artifactBytes: Number(artifacts?.bytes ?? 0), reservedBytes: Number(reserved?.bytes ?? 0) }
+  }
+
+  /**
+   * Serialises the tenant's reservations until the transaction ends: an advisory lock on
+   * PostgreSQL (every replica); SQLite runs one transaction at a time already.
+   */
+  private async lockTenant(tenantId: string): Promise<void> {
+    if (this.deps.db.dialect !== 'postgres') return
+    await sql`SELECT pg_advisory_xact_lock(${TENANT_LOCK_KEY}, hashtext(${tenantId}))`.execute(this.deps.db.q)
+  }
+}
+
+function overQuota(purpose: string, bytes: number, quotaBytes: number, held: TenantHeld): CairnProblem {
+  const heldBytes = held.poolBytes + held.artifactBytes + held.reservedBytes
+  return new CairnProblem(
+    'quota_exceeded',
+    `${purpose} (${bytes} bytes) does not fit in the tenant's storage quota of ${quotaBytes} bytes: ${heldBytes} bytes are held (pool ${held.poolBytes}, artifacts ${held.artifactBytes}, copies under way ${held.reservedBytes})`,
+    { quotaBytes, askedBytes: bytes, ...held },
+  )
+}

@@ -28,8 +28,12 @@ describe('agent memory, artifacts and ephemeral sessions', () => {
       first.id,
       'mkdir -p .cairn && printf "The user prefers tabs.\\nThe project is called Cairn.\\n" > .cairn/memory.proposed.md',
     )
-    await new Promise((r) => setTimeout(r, 200))
-    const memory = await t.api.call('GET', '/v1/agents/shell/memory')
+    // Promoted after the turn ends, in the background: the new version shows within a few seconds.
+    let memory = await t.api.call('GET', '/v1/agents/shell/memory')
+    for (let i = 0; i < 50 && memory.body.version < 2; i++) {
+      await new Promise((r) => setTimeout(r, 100))
+      memory = await t.api.call('GET', '/v1/agents/shell/memory')
+    }
     expect(memory.body).toMatchObject({
       version: 2,
       content: 'The user prefers tabs.\nThe project is called Cairn.\n',

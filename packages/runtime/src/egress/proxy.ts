@@ -188,8 +188,14 @@ export class EgressProxy {
     this.limits = egressLimits(options.limits)
     this.names = new NameResolver(options.hosts, this.limits)
     const extraCa = options.upstreamCaPems ?? []
-    // Upstream connections kept for reuse count within the cap too.
-    const pooled = { keepAlive: true, maxTotalSockets: this.limits.maxConnections, maxFreeSockets: 16 }
+    // Upstream connections kept for reuse count within the cap too, and a kept one unused for 5 s
+    // is closed (a full pool would make a request to another host wait for one to close).
+    const pooled = {
+      keepAlive: true,
+      maxTotalSockets: this.limits.maxConnections,
+      maxFreeSockets: 16,
+      timeout: 5_000,
+    }
     this.httpAgent = new http.Agent(pooled)
     this.upstreamAgent = new https.Agent({
       ...pooled,

@@ -18,7 +18,8 @@ import { type OperatorLimits, operatorLimitSource } from '../limits/operator-lim
 import { TenantSlots } from '../limits/tenant-slots.js'
 import { checkPausePolicy } from '../pause/pause-policy.js'
 import { assertBindingsAllowed, unreachableBindings } from '../secrets/proxy-bindings.js'
-import { redact, type SecretStore } from '../secrets/secret-store.js'
+import { Redactor } from '../secrets/redaction.js'
+import type { SecretStore } from '../secrets/secret-store.js'
 import { type AgentRow, AgentStore, type StoredRevision } from './agent-store.js'
 import { type ArchiveLimits, DEFAULT_ARCHIVE_LIMITS, inspectArchive } from './archive.js'
 import type { BuildLogs } from './build-logs.js'
@@ -199,9 +200,11 @@ export class AgentService {
     // first await yields, and a follower that comes at once must find the log live.
     if (building) logs.open(revisionId)
     let secrets: Record<string, string> = {}
-    const log = (line: string) => logs.append(revisionId, redact(line, secrets))
+    let redactor = new Redactor(secrets)
+    const log = (line: string) => logs.append(revisionId, redactor.redact(line))
     try {
       secrets = await this.deps.secrets.valuesForScope(tenantId, agentId, 'setup')
+      redactor = new Redactor(secrets)
       if (building) {
         const started = performance.now()
         const result = await this.builder.build({
@@ -236,7 +239,7 @@ export class AgentService {
           ),
         )
       const lines = await logs.read(revisionId)
-      const message = redact((error as Error).message, secrets)
+      const message = redactor.redact((error as Error).message)
       const tail = lines.slice(-15).join('\n')
       await this.store.setRevisionStatus(revisionId, 'FAILED', tail ? `${message}\n${tail}` : message)
       if (building) {

@@ -276,13 +276,3 @@ export class SecretStore {
     return required.filter((name) => !have.has(name))
   }
 }
-
-/** Replaces every secret value in a text with a marker naming it (transcripts, logs, build output). */
-export function redact(text: string, secrets: Record<string, string>): string {
-  let out = text
-  for (const [name, value] of Object.entries(secrets)) {
-    if (value.length < 4) continue
-    out = out.split(value).join(`[redacted:${name}]`)
-  }
-  return out
-}

@@ -10,7 +10,7 @@ import {
 import type { AgentEvent, AgentInfo, TurnEnd, TurnInput, TurnOptions, TurnOutcome } from '@cairn/runtime/port'
 import { iso } from '../clock.js'
 import { unavailableReason, whenNotBusy } from '../db/busy.js'
-import { redact } from '../secrets/secret-store.js'
+import { Redactor } from '../secrets/redaction.js'
 import type { WorkspaceGenerations } from './generations.js'
 import { awaitNodeVerdict } from './node-verdict.js'
 import { limitReached } from './policy.js'
@@ -19,6 +19,7 @@ import { type MarkAnswer, turnMarkOf, unchangedByAll } from './session-observer.
 import type { SessionRow, SessionStore } from './session-store.js'
 import type { TurnEventLog, TurnEvents } from './turn-events.js'
 import { MOVE_OPERATION, type TurnLocks, TurnStop } from './turn-locks.js'
+import { TurnRedaction } from './turn-redaction.js'
 import type { SeenAgent, WarmAgents } from './warm-agents.js'
 
 export type TurnRunnerDeps = Pick<
@@ -247,6 +248,9 @@ export class TurnRunner {
     let answered: MarkAnswer | undefined
     const maxTurns = row.max_turns
     const lastTurn = maxTurns !== null && seq >= maxTurns
+    let redactor = new Redactor({})
+    /** The turn's events, redacted; the reply's text it holds back goes out before the turn's end. */
+    let redacted: TurnRedaction | undefined
     try {
       // The setup phase runs before the agent's sandbox exists: the agent never shares a process
       // tree, an environment or a /proc with the setup secrets.
@@ -262,10 +266,10 @@ export class TurnRunner {
       const coldStart = warmNow ? undefined : await warm.start(row, seen?.agent !== undefined)
       for (const observer of this.observers) await observer.beforeTurn?.(row, seq)
       const transcript = await warm.transcripts.before(row.id, seq)
-      const secretValues = await this.deps.secrets.values(row.agent_id, ['runtime', 'setup', 'proxy'])
-      const clean = (event: StreamEvent): StreamEvent =>
-        event.type === 'message.delta' ? { ...event, content: redact(event.content, secretValues) } : event
-      const onEvent = (event: AgentEvent) => emit(clean(toStreamEvent(turnId, event)))
+      redactor = new Redactor(await this.deps.secrets.values(row.agent_id, ['runtime', 'setup', 'proxy']))
+      const events = new TurnRedaction(redactor, turnId, emit)
+      redacted = events
+      const onEvent = (event: AgentEvent) => events.event(toStreamEvent(turnId, event))
       const started = async (agent: AgentInfo, cold: boolean) => {
         sandboxId = agent.sandboxId
         await whenNotBusy(() => store.setTurnSandbox(turnId, sandboxId, cold))
@@ -299,11 +303,11 @@ export class TurnRunner {
       outcome = end.outcome
       outcome = {
         ...outcome,
-        text: redact(outcome.text, secretValues),
-        stderr: redact(outcome.stderr, secretValues),
+        text: redactor.redact(outcome.text),
+        stderr: redactor.redact(outcome.stderr),
       }
       if (outcome.status === 'failed') {
-        outcome = { ...outcome, message: redact(outcome.message, secretValues) }
+        outcome = { ...outcome, message: redactor.redact(outcome.message) }
         outcome = await this.blamePoolIfFull(outcome)
       }
       if (end.after) {
@@ -342,6 +346,7 @@ export class TurnRunner {
       await this.afterTurn(row.id, () => warm.drop(row.id), undefined)
       agentAfter = undefined
     }
+    redacted?.flush()
     outcome = stoppedAs(signal, outcome)
     const durationMs = elapsed()
     const endedAt = iso(Math.max(this.deps.clock.now(), startedAt))

@@ -11,7 +11,8 @@ import type { AgentService } from '../agents/agent-service.js'
 import { type Clock, iso } from '../clock.js'
 import type { Db } from '../db/database.js'
 import type { OperatorLimits } from '../limits/operator-limits.js'
-import { redact, type SecretStore } from '../secrets/secret-store.js'
+import { Redactor } from '../secrets/redaction.js'
+import type { SecretStore } from '../secrets/secret-store.js'
 import { sandboxLimits, sessionNetwork } from '../sessions/sandbox-settings.js'
 import type { SessionRow } from '../sessions/session-store.js'
 import { logTail, SetupStore } from './setup-store.js'
@@ -92,7 +93,7 @@ export class SetupService {
     if (!revision) throw new CairnProblem('revision_not_found', `revision ${row.revision_id} is gone`)
     const { runtime, secrets } = this.deps
     const setupSecrets = await secrets.valuesForScope(row.tenant_id, row.agent_id, 'setup')
-    const allSecrets = await secrets.values(row.agent_id, ['runtime', 'setup', 'proxy'])
+    const redactor = new Redactor(await secrets.values(row.agent_id, ['runtime', 'setup', 'proxy']))
     const policy: NetworkPolicy = setup.network ?? sessionNetwork(row, revision.manifest)
     const timeoutMs = Math.min(
       setup.timeoutMs ?? DEFAULT_SETUP_TIMEOUT_MS,
@@ -100,7 +101,7 @@ export class SetupService {
     )
     let log = ''
     const append = (line: string) => {
-      log += `${redact(line, allSecrets)}\n`
+      log += `${redactor.redact(line)}\n`
       if (log.length > MAX_LOG_BYTES) log = log.slice(log.length - MAX_LOG_BYTES)
     }
     await this.store.start(row.id, iso(this.deps.clock.now()))

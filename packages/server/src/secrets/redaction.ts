@@ -108,16 +108,23 @@ export class Redactor {
   /** Where in `text` a form may begin that `text` ends before finishing (its length when nowhere). */
   openFormStart(text: string): number {
     for (let at = Math.max(0, text.length - this.longestForm + 1); at < text.length; at++) {
-      const tail = text.slice(at)
       const candidates = this.byFirst.get(text[at] as string)
-      if (candidates?.some((form) => form.length > tail.length && form.startsWith(tail))) return at
+      if (!candidates) continue
+      const tail = text.slice(at)
+      if (candidates.some((form) => form.length > tail.length && form.startsWith(tail))) return at
     }
     return text.length
   }
 
-  /** Every match of a form in `text`, in order. */
-  matches(text: string): IterableIterator<RegExpMatchArray> | [] {
-    return this.pattern ? text.matchAll(this.pattern) : []
+  /** Every match of a form in `text`, in order (by `exec`: `matchAll` compiles a copy each call). */
+  matches(text: string): { at: number; form: string }[] {
+    const pattern = this.pattern
+    if (!pattern) return []
+    const found: { at: number; form: string }[] = []
+    pattern.lastIndex = 0
+    for (let match = pattern.exec(text); match; match = pattern.exec(text))
+      found.push({ at: match.index, form: match[0] })
+    return found
   }
 }
 
@@ -136,11 +143,10 @@ export class RedactingStream {
     const open = this.redactor.openFormStart(text)
     let out = ''
     let shown = 0
-    for (const match of this.redactor.matches(text)) {
-      const at = match.index ?? 0
+    for (const { at, form } of this.redactor.matches(text)) {
       if (at >= open) break
-      out += text.slice(shown, at) + this.redactor.marker(match[0])
-      shown = at + match[0].length
+      out += text.slice(shown, at) + this.redactor.marker(form)
+      shown = at + form.length
     }
     const cut = Math.max(open, shown)
     out += text.slice(shown, cut)

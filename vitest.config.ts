@@ -10,6 +10,9 @@ export default defineConfig({
       '@cairn/protocol/core': fileURLToPath(new URL('./packages/protocol/src/core.ts', import.meta.url)),
       '@cairn/protocol': pkg('protocol'),
       '@cairn/runtime/port': fileURLToPath(new URL('./packages/runtime/src/port/index.ts', import.meta.url)),
+      '@cairn/runtime/doctor': fileURLToPath(
+        new URL('./packages/runtime/src/doctor/index.ts', import.meta.url),
+      ),
       '@cairn/runtime': pkg('runtime'),
       '@cairn/sdk': pkg('sdk'),
       '@cairn/server': pkg('server'),

@@ -14,11 +14,12 @@ await esbuild.build({
   format: 'cjs',
   platform: 'node',
   target: 'node20',
-  // The server (native modules, its own files) is loaded only by `cairn server`, from its package.
+  // The server (native modules, its own files) is loaded only by `cairn server`, from its package,
+  // and the host checks only by `cairn doctor`.
   // yaml, tar and ignore (a third of the bundle) serve `deploy` and `init` only: required from
   // node_modules when those run, they are not read, nor their code cache deserialised, by every
   // other command.
-  external: ['@cairn/server', 'yaml', 'tar', 'ignore'],
+  external: ['@cairn/server', '@cairn/runtime/doctor', 'yaml', 'tar', 'ignore'],
   legalComments: 'none',
   // Half the bytes to read and V8 code cache to deserialise at each start.
   minify: true,

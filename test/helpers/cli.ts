@@ -25,6 +25,8 @@ export interface CliOptions {
   input?: string
   cwd?: string
   timeoutMs?: number
+  /** Runs the binary as this uid (and gid), with no supplementary groups (setpriv). */
+  runAs?: number
 }
 
 /** Starts the binary; `done` settles when it exits. */
@@ -37,7 +39,10 @@ export function spawnCli(
   for (const [k, v] of Object.entries({ ...process.env, NO_COLOR: '1', ...baseEnv, ...options.env })) {
     if (v !== undefined) env[k] = v
   }
-  const child = spawn(process.execPath, [CLI_BIN, ...args], {
+  const uid = options.runAs
+  const argv = [process.execPath, CLI_BIN, ...args]
+  if (uid !== undefined) argv.unshift('setpriv', `--reuid=${uid}`, `--regid=${uid}`, '--clear-groups')
+  const child = spawn(argv[0] as string, argv.slice(1), {
     env,
     cwd: options.cwd ?? REPO_ROOT,
     stdio: [options.input === undefined ? 'ignore' : 'pipe', 'pipe', 'pipe'],

@@ -13,6 +13,7 @@ const COMMANDS: ReadonlyArray<readonly [names: readonly string[], load: Loader]>
   [['server'], () => import('./commands/server.js')],
   [['node'], () => import('./commands/node.js')],
   [['migrate'], () => import('./commands/migrate.js')],
+  [['doctor'], () => import('./commands/doctor.js')],
   [['cluster'], () => import('./commands/cluster/index.js')],
   [['login'], () => import('./commands/login.js')],
   [['logout'], () => import('./commands/logout.js')],

@@ -2,6 +2,7 @@ import { existsSync } from 'node:fs'
 import { mkdir } from 'node:fs/promises'
 import path from 'node:path'
 import { createShippingBucket, EgressCa, Runtime } from '@cairn/runtime'
+import { checkHost, describeFailure, hostRefusal } from '@cairn/runtime/doctor'
 import {
   type EgressSite,
   LocalRuntimePort,
@@ -27,6 +28,24 @@ export interface ClaimedDataDir {
   /** The trees kept owner-only (the data dir's pool, a pool given by path). */
   poolTrees: string[]
   releaseLocks(): Promise<void>
+}
+
+/**
+ * `cairn doctor`'s checks, at the start of a server or node that runs a runtime, before anything
+ * is touched: what it cannot run without refuses the start (`unavailable`, each missing piece with
+ * its fix), what it can logs a warning in the doctor's words and the start goes on without it.
+ */
+export async function checkRuntimeHost(config: ResolvedConfig, logger: Logger): Promise<void> {
+  const report = await checkHost({
+    dataDir: config.dataDir,
+    storage: config.storage,
+    poolPath: config.poolPath,
+    isolation: config.isolation,
+  })
+  const refusal = hostRefusal(report)
+  if (refusal) throw refusal
+  for (const check of report.degraded)
+    logger.warn({ check: check.id, found: check.found, fix: check.fix }, describeFailure(check))
 }
 
 /**

@@ -31,6 +31,7 @@ import { ManualSnapshotCap } from './limits/snapshot-cap.js'
 import { StorageBudget } from './limits/storage-budget.js'
 import {
   type ClaimedDataDir,
+  checkRuntimeHost,
   claimDataDir,
   mebibytes,
   openLocalRuntime,
@@ -137,7 +138,9 @@ export async function startServer(
   if (api) checkApiRole(config, extras)
   const clock = options.clock ?? systemClock
   const logger = pino({ level: config.logLevel, base: { service: 'cairn' } })
-  // The ports first: one taken fails the start before the data dir, database or pool are touched.
+  // What this host lacks first, then the ports: either fails the start before the data dir,
+  // database or pool are touched.
+  if (!api) await checkRuntimeHost(config, logger)
   const ports = await reservePorts([
     { port: config.port, host: config.host, option: '--port' },
     { port: config.previewPort, host: config.host, option: '--preview-port' },

@@ -1,5 +1,6 @@
 import { jsonOption, positiveInt, positiveIntOrZero, type Register } from '../command.js'
 import { UsageError } from '../errors.js'
+import { explainHostRefusal } from '../host-refusal.js'
 import { closeOnSignal } from './until-signal.js'
 
 interface NodeCommandOptions {
@@ -138,7 +139,7 @@ export const register: Register = (parent, ctx) => {
       egressPrivateExceptions: options.egressAllowPrivate?.split(',').filter(Boolean),
       maxImageMiB: options.maxImageMib,
       logLevel: options.logLevel ?? (ctx.json ? 'warn' : undefined),
-    })
+    }).catch(explainHostRefusal)
     if (ctx.json) {
       out.record({
         nodeId: node.nodeId,

@@ -1,5 +1,6 @@
 import { jsonOption, positiveInt, positiveIntOrZero, positiveNumber, type Register } from '../command.js'
 import { UsageError } from '../errors.js'
+import { explainHostRefusal } from '../host-refusal.js'
 import { closeOnSignal } from './until-signal.js'
 
 interface ServerOptions {
@@ -280,7 +281,7 @@ export const register: Register = (parent, ctx) => {
         headersTimeoutMs: options.headersTimeoutMs,
         idleTimeoutMs: options.idleTimeoutMs,
       },
-    })
+    }).catch(explainHostRefusal)
     if (ctx.json) {
       out.record({
         url: server.url,

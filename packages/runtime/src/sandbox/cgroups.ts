@@ -16,7 +16,7 @@ export interface LimitCounters {
   pidsMaxHits: number
 }
 
-interface Layout {
+export interface CgroupLayout {
   /** cgroup2 mount (pure v2, or the `unified` hierarchy of a hybrid host). */
   v2: string | undefined
   /** Whether the v2 hierarchy carries the memory/pids/cpu controllers. */
@@ -46,8 +46,8 @@ function isNamespaceInit(pid: number): boolean {
   }
 }
 
-function detectLayout(): Layout {
-  const layout: Layout = { v2: undefined, v2Controllers: false, v1: {} }
+export function detectCgroupLayout(): CgroupLayout {
+  const layout: CgroupLayout = { v2: undefined, v2Controllers: false, v1: {} }
   for (const m of readMounts()) {
     if (m.fsType === 'cgroup2' && !layout.v2) layout.v2 = m.mountPoint
     if (m.fsType === 'cgroup') {
@@ -71,7 +71,7 @@ function detectLayout(): Layout {
  * controllers for limits plus the v2 hierarchy (when mounted) for `cgroup.kill` and freezing.
  */
 export class CgroupManager {
-  private readonly layout = detectLayout()
+  private readonly layout = detectCgroupLayout()
 
   /**
    * @param scope path segment under which this instance's cgroups live, e.g. `cairn/3f2a…`.

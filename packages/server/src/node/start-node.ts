@@ -14,7 +14,7 @@ import type { NodeFigures } from '../cluster/node-store.js'
 import { resolveConfig, type ServerOptions } from '../config.js'
 import { type Db, openDatabase } from '../db/database.js'
 import { reservePort } from '../http/port-reservation.js'
-import { claimDataDir, openLocalRuntime, syncSharedFiles } from '../local-runtime.js'
+import { checkRuntimeHost, claimDataDir, openLocalRuntime, syncSharedFiles } from '../local-runtime.js'
 import type { RuntimeHost } from '../runtime-host/runtime-host.js'
 import { reportFencedTurns } from './fenced-turns.js'
 import { nodeShippingHooks } from './shipped-record.js'
@@ -118,7 +118,9 @@ export async function startNode(options: NodeOptions = {}): Promise<RunningNode>
   const tls = await loadClusterTls(clusterDir, 'node')
   const clock = options.clock ?? systemClock
   const logger = pino({ level: config.logLevel, base: { service: 'cairn-node' } })
-  // The port first: taken, the start fails before the data dir, database or pool are touched.
+  // What this host lacks first, then the port: either fails the start before the data dir,
+  // database or pool are touched.
+  await checkRuntimeHost(config, logger)
   const reserved = await reservePort(listen.port, listen.host, '--listen')
   const dataDir = await claimDataDir(config, logger).catch(async (error: unknown) => {
     await reserved.release()

@@ -12,10 +12,13 @@ export interface PortReservation {
  * a port already taken fails the start in milliseconds with nothing mounted or reaped (it used to
  * fail only after the pool was mounted and checked, ~22 s). `port` 0 (any) cannot be taken: no
  * reservation. `option` names the flag that chooses another port.
+ * A connection made to the port meanwhile (an API replica reaching a restarting node's address)
+ * is closed at once: the release waits for none (it waited forever for one left open, so a node
+ * restarted while replicas called it never served: found by the cluster model test).
  */
 export async function reservePort(port: number, host: string, option: string): Promise<PortReservation> {
   if (port === 0) return { release: async () => undefined }
-  const server = net.createServer()
+  const server = net.createServer((socket) => socket.destroy())
   await new Promise<void>((resolve, reject) => {
     server.once('error', (error: NodeJS.ErrnoException) => {
       if (error.code === 'EADDRINUSE')

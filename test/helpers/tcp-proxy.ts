@@ -10,7 +10,8 @@ export interface TcpProxy {
   close(): Promise<void>
 }
 
-export async function startTcpProxy(target: string): Promise<TcpProxy> {
+/** `listenHost`: the address it listens on (loopback; a cluster node's link to reach a loopback server). */
+export async function startTcpProxy(target: string, listenHost = '127.0.0.1'): Promise<TcpProxy> {
   const { hostname, port } = new URL(target)
   const open = new Set<net.Socket>()
   let connections = 0
@@ -27,10 +28,10 @@ export async function startTcpProxy(target: string): Promise<TcpProxy> {
     client.on('close', () => upstream.destroy())
     upstream.on('close', () => client.destroy())
   })
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
+  await new Promise<void>((resolve) => server.listen(0, listenHost, resolve))
   const address = server.address() as net.AddressInfo
   return {
-    url: `http://127.0.0.1:${address.port}`,
+    url: `http://${listenHost}:${address.port}`,
     get connections() {
       return connections
     },

@@ -45,14 +45,39 @@ export interface TurnStream {
 
 /**
  * The API as a client sees it, raw HTTP (so what is asserted is the wire). Every answer of 500 or
- * more is a violation at once: the model test's "no 5xx, ever".
- * Requests share keep-alive connections (fetch's default).
+ * more is a violation at once: the model test's "no 5xx, ever" (but for `503`s with a code in
+ * `allowed503`, which a fault step sets while its fault lasts: a database down answers
+ * `unavailable`, a stopped node `node_lost`, as documented).
+ * Requests share keep-alive connections (fetch's default). With several URLs (API replicas) each
+ * request goes to one of them at random (`pick`, a seeded generator, so a replay routes alike).
  */
 export class ModelClient {
+  /** Codes of `503` answers returned as answers rather than violations (a fault step's window). */
+  allowed503: readonly string[] = []
+
   constructor(
-    readonly url: string,
+    /** The API's URLs: one server's, or every replica's (a restarted replica's is replaced in place). */
+    readonly urls: string[],
     readonly key: string,
+    private readonly pick: () => number = Math.random,
   ) {}
+
+  /** A client of the `index`th URL alone (an operation in flight through one replica). */
+  via(index: number): ModelClient {
+    const one = new ModelClient([this.urls[index % this.urls.length] as string], this.key)
+    one.allowed503 = this.allowed503
+    return one
+  }
+
+  private get url(): string {
+    return this.urls[Math.floor(this.pick() * this.urls.length) % this.urls.length] as string
+  }
+
+  private isViolation(status: number, body: unknown): boolean {
+    if (status < 500) return false
+    const code = (body as { error?: { code?: unknown } } | undefined)?.error?.code
+    return !(status === 503 && typeof code === 'string' && this.allowed503.includes(code))
+  }
 
   async call(
     method: string,
@@ -68,23 +93,21 @@ export class ModelClient {
     }
     let res: Response
     let bytes: Buffer
+    const url = this.url
     try {
-      res = await fetch(this.url + route, {
+      res = await fetch(url + route, {
         method,
         headers,
         ...(payload === undefined ? {} : { body: payload }),
       })
       bytes = Buffer.from(await res.arrayBuffer())
     } catch (error) {
-      throw new ConnectionLost(`${method} ${route}: ${String(error)}`)
+      throw new ConnectionLost(
+        `${method} ${url}${route}: ${String(error)} (${String((error as Error).cause ?? '')})`,
+      )
     }
-    let json: unknown
-    try {
-      json = JSON.parse(bytes.toString('utf8'))
-    } catch {
-      json = undefined
-    }
-    if (res.status >= 500)
+    const json = parseJson(bytes.toString('utf8'))
+    if (this.isViolation(res.status, json))
       throw new Violation(
         `5xx: ${method} ${route} answered ${res.status} ${bytes.toString('utf8').slice(0, 500)}`,
       )
@@ -138,10 +161,11 @@ export class ModelClient {
     }
     outcome.status = res.status
     onHead(res.status)
-    if (res.status >= 500)
-      throw new Violation(`5xx: POST ${route} answered ${res.status} ${await res.text()}`)
     if (!res.headers.get('content-type')?.startsWith('text/event-stream')) {
-      outcome.body = await res.json().catch(() => undefined)
+      const text = await res.text().catch(() => '')
+      outcome.body = parseJson(text)
+      if (this.isViolation(res.status, outcome.body))
+        throw new Violation(`5xx: POST ${route} answered ${res.status} ${text.slice(0, 500)}`)
       return outcome
     }
     const parser = new SseParser()
@@ -165,5 +189,13 @@ export class ModelClient {
     }
     if (outcome.terminal === undefined) outcome.broken = true
     return outcome
+  }
+}
+
+function parseJson(text: string): unknown {
+  try {
+    return JSON.parse(text)
+  } catch {
+    return undefined
   }
 }

@@ -1,5 +1,5 @@
 import fc from 'fast-check'
-import { ConnectionLost, type TurnStream, Violation } from './client.js'
+import { ConnectionLost, type ModelClient, type TurnStream, Violation } from './client.js'
 import { type Content, copyFiles, eitherFiles, type FilePath, type Model } from './model.js'
 import { content, filePath, index } from './operations.js'
 import { agentPidRunning } from './server-process.js'
@@ -14,21 +14,30 @@ import { endsWithin, eventsOf, openTurn, uniqueSleep, writeCommand } from './tur
 export const IN_FLIGHT = ['nothing', 'turn', 'file write', 'restore', 'snapshot'] as const
 export type InFlight = (typeof IN_FLIGHT)[number]
 
+export interface InFlightTarget {
+  index: number
+  path: FilePath
+  content: Content
+  which: number
+}
+
 /**
- * Starts `inFlight` against the model's session `index`, and returns what to do with the model
- * once the server is down: the operation's answer, if it came, decides.
+ * Starts `inFlight` through `client` against the model's session `index`, and returns what to do
+ * with the model once the fault struck: the operation's answer, if it came, decides.
  */
-function startInFlight(
+export function startInFlight(
   model: Model,
-  real: Real,
+  client: ModelClient,
   inFlight: InFlight,
-  target: { index: number; path: FilePath; content: Content; which: number },
+  target: InFlightTarget,
 ): () => Promise<void> {
   const session = model.pick(target.index)
   if (!session || inFlight === 'nothing') return async () => undefined
   if (inFlight === 'turn') {
     const prompt = `sleep 0.3; ${writeCommand(target.path, target.content)}; sleep 0.3`
-    const turn = real.client.startTurn(session.id, prompt)
+    const turn = client.startTurn(session.id, prompt)
+    // Its rejection (a violation) is taken by the settle below; until then it is not unhandled.
+    turn.done.catch(() => undefined)
     return async () => {
       const outcome = await turn.done
       if (outcome.terminal === 'run.completed') model.acknowledged(session, target.path, target.content)
@@ -37,9 +46,10 @@ function startInFlight(
   }
   if (inFlight === 'file write') {
     const route = `/v1/sessions/${session.id}/files/content?path=${encodeURIComponent(target.path)}`
-    const answer = real.client
+    const answer = client
       .call('PUT', route, Buffer.from(target.content ?? '', 'base64'), 'application/octet-stream')
       .catch((error) => (error instanceof ConnectionLost ? undefined : Promise.reject(error)))
+    answer.catch(() => undefined)
     return async () => {
       if ((await answer)?.status === 200) model.acknowledged(session, target.path, target.content)
       else model.unacknowledged(session, target.path, target.content)
@@ -48,9 +58,10 @@ function startInFlight(
   const snapshot = session.snapshots[target.which % Math.max(1, session.snapshots.length)]
   if (inFlight === 'restore' && snapshot) {
     const before = copyFiles(session.files)
-    const answer = real.client
+    const answer = client
       .call('POST', `/v1/sessions/${session.id}/restore`, { snapshotId: snapshot.id })
       .catch((error) => (error instanceof ConnectionLost ? undefined : Promise.reject(error)))
+    answer.catch(() => undefined)
     return async () => {
       const status = (await answer)?.status
       if (status === 200) session.files = copyFiles(snapshot.files)
@@ -59,9 +70,10 @@ function startInFlight(
   }
   if (inFlight === 'snapshot') {
     const files = copyFiles(session.files)
-    const answer = real.client
+    const answer = client
       .call('POST', `/v1/sessions/${session.id}/snapshots`, { label: 'in-flight' })
       .catch((error) => (error instanceof ConnectionLost ? undefined : Promise.reject(error)))
+    answer.catch(() => undefined)
     return async () => {
       const got = await answer
       if (got?.status === 201) session.snapshots.push({ id: got.body.id, files })
@@ -70,42 +82,18 @@ function startInFlight(
   return async () => undefined
 }
 
-/** kill -9 of the server process (its sandboxes live on), then a start on the same data dir. */
-export class KillServer extends Step {
-  readonly kind = 'kill -9 server'
-  protected override readonly fault = true
-  constructor(
-    readonly inFlight: InFlight,
-    readonly target: { index: number; path: FilePath; content: Content; which: number },
-    readonly delayMs: number,
-  ) {
-    super()
-  }
-  protected override get needsSession() {
-    return false
-  }
-  protected async apply(model: Model, real: Real) {
-    const settle = startInFlight(model, real, this.inFlight, this.target)
-    await sleep(this.delayMs)
-    await real.server.kill9()
-    await settle()
-    await real.restart()
-  }
-  toString() {
-    return `kill -9 server (${this.inFlight} in flight, after ${this.delayMs} ms)`
-  }
-}
-
 /**
- * SIGTERM to the server's process group (a terminal's Ctrl-C, systemd's KillMode=control-group):
- * the server must exit within the stop bound leaving nothing mounted; then it is started again.
+ * A fault that strikes `delayMs` after an operation (`inFlight`) was started, then is recovered
+ * from (the process started again): the operation's answer, if it came, tells the model what happened.
+ * While it lasts, `503`s with the codes of `windowCodes` are answers (what the docs promise then).
  */
-export class TerminateGroup extends Step {
-  readonly kind = 'SIGTERM process group'
+export abstract class InFlightFault<S extends Real> extends Step<S> {
   protected override readonly fault = true
+  protected readonly windowCodes: readonly string[] = []
+
   constructor(
     readonly inFlight: InFlight,
-    readonly target: { index: number; path: FilePath; content: Content; which: number },
+    readonly target: InFlightTarget,
     readonly delayMs: number,
   ) {
     super()
@@ -113,15 +101,25 @@ export class TerminateGroup extends Step {
   protected override get needsSession() {
     return false
   }
-  protected async apply(model: Model, real: Real) {
-    const settle = startInFlight(model, real, this.inFlight, this.target)
-    await sleep(this.delayMs)
-    await real.stopAndCheck('group')
-    await settle()
-    await real.restart()
+  /** The client the operation in flight goes through. */
+  protected clientOf(real: S): ModelClient {
+    return real.client
+  }
+  protected abstract strike(real: S): Promise<void>
+  protected abstract recover(real: S): Promise<void>
+  protected abstract get label(): string
+
+  protected async apply(model: Model, real: S) {
+    await real.during(this.windowCodes, async () => {
+      const settle = startInFlight(model, this.clientOf(real), this.inFlight, this.target)
+      await sleep(this.delayMs)
+      await this.strike(real)
+      await settle()
+      await this.recover(real)
+    })
   }
   toString() {
-    return `SIGTERM group (${this.inFlight} in flight, after ${this.delayMs} ms)`
+    return `${this.label} (${this.inFlight} in flight, after ${this.delayMs} ms)`
   }
 }
 
@@ -206,16 +204,14 @@ export class DropStream extends Step {
   }
 }
 
-const inFlightTarget = fc.record({ index, path: filePath, content, which: fc.nat(8) })
+export const inFlightTarget = fc.record({ index, path: filePath, content, which: fc.nat(8) })
 
+/** What is in flight when a fault strikes, and how long after it began. */
+export const inFlight = fc.tuple(fc.constantFrom(...IN_FLIGHT), inFlightTarget, fc.nat({ max: 900 }))
+
+/** The faults of every test bed: an agent killed, a client's connection dropped. */
 export function faults(): fc.Arbitrary<Step>[] {
   return [
-    fc
-      .tuple(fc.constantFrom(...IN_FLIGHT), inFlightTarget, fc.nat({ max: 900 }))
-      .map(([f, t, d]) => new KillServer(f, t, d)),
-    fc
-      .tuple(fc.constantFrom(...IN_FLIGHT), inFlightTarget, fc.nat({ max: 900 }))
-      .map(([f, t, d]) => new TerminateGroup(f, t, d)),
     fc.tuple(index, filePath, content).map(([i, p, c]) => new KillAgent(i, p, c)),
     fc
       .tuple(index, filePath, content, fc.nat({ max: 600 }))

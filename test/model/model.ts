@@ -20,6 +20,22 @@ export const ENDED_STATUSES = ['completed', 'failed', 'timeout']
 /** Status causes that name a loss of workspace state. */
 export const LOSS_CAUSES = ['state_lost', 'node_recovered']
 
+/** A session's event as `GET …/events` lists it. */
+export interface SessionEvent {
+  to: string
+  cause: string
+  detail: string | null
+}
+
+/**
+ * Whether the event names a loss: `state_lost`, or a recovery from the shipping bucket (`node_recovered`)
+ * but for one that says nothing was lost.
+ */
+export function namesLoss(event: SessionEvent): boolean {
+  if (!LOSS_CAUSES.includes(event.cause)) return false
+  return !(event.cause === 'node_recovered' && event.detail?.endsWith("no turn's changes were lost"))
+}
+
 export interface RetentionModel {
   keepAutoSnapshots: number
   endedSnapshotTtlMs: number | null

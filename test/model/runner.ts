@@ -1,74 +1,40 @@
-import { copyFile, mkdtemp, rm } from 'node:fs/promises'
-import os from 'node:os'
-import path from 'node:path'
-import { instanceRunDir } from '@cairn/runtime'
 import fc from 'fast-check'
-import { afterAll, describe, it } from 'vitest'
+import { describe, it } from 'vitest'
 import { makeProject, SHELL_PROJECT } from '../helpers/projects.js'
-import { releasePoolImage } from '../helpers/scratch.js'
 import { packDir } from '../helpers/server.js'
 import { Violation } from './client.js'
-import { faults } from './faults.js'
 import { emptyFiles, Model, PATHS } from './model.js'
-import { AGENT, operations } from './operations.js'
-import { mountsUnder, ServerProcess } from './server-process.js'
+import { AGENT } from './operations.js'
 import type { Step } from './step.js'
-import { checkInvariants, Real, STOP_BOUND_MS, Stats } from './system.js'
+import { checkInvariants, type Real, Stats } from './system.js'
 import { openTurn, writeCommand } from './turns.js'
 
 /**
- * The model-based fault test (docs/architecture.md, "The model-based fault test"): sequences of
- * operations and faults against a real `cairn server`, every invariant checked after each step.
- * CAIRN_MODEL_BUDGET_MS: wall time for all sequences (then it stops, passing if none failed);
+ * The model-based fault test's loop (docs/architecture.md, "The model-based fault test"), shared
+ * by its test beds (one `cairn server`; the cluster): sequences of operations and faults against
+ * the bed's system, every invariant checked after each step.
  * CAIRN_MODEL_SEED / CAIRN_MODEL_PATH (and CAIRN_MODEL_REPLAY, the commands' replayPath): replay
- * a failure as printed; CAIRN_MODEL_STEPS: most steps in a sequence.
+ * a failure as printed; CAIRN_MODEL_STEPS: most steps in a sequence. The budget (wall time for
+ * all sequences; then it stops, passing if none failed) and the default steps are the bed's.
  */
-const BUDGET_MS = Number(process.env.CAIRN_MODEL_BUDGET_MS ?? 150_000)
-/**
- * CI runs the sequences of one fixed seed (passed here 47 sequences in 15 min at load 15), so a
- * red run is a change's doing and replays as printed; elsewhere (and in `npm run soak`) a new
- * seed each run explores new sequences.
- */
-const CI_SEED = 650280898
-const SEED = process.env.CAIRN_MODEL_SEED
-  ? Number(process.env.CAIRN_MODEL_SEED)
-  : process.env.CI
-    ? CI_SEED
-    : Date.now() % 2 ** 31
+const SEED_SET = process.env.CAIRN_MODEL_SEED ? Number(process.env.CAIRN_MODEL_SEED) : undefined
 const PATH = process.env.CAIRN_MODEL_PATH || undefined
 const REPLAY = process.env.CAIRN_MODEL_REPLAY || undefined
-const MAX_STEPS = Number(process.env.CAIRN_MODEL_STEPS ?? 24)
+const STEPS = process.env.CAIRN_MODEL_STEPS ? Number(process.env.CAIRN_MODEL_STEPS) : undefined
 
-const stats = new Stats()
-const workDirs = new Set<string>()
-
-afterAll(async () => {
-  for (const dir of workDirs) await teardown(dir)
-})
-
-/** Leaves nothing running or mounted for `workDir`'s data dir, then removes it. */
-async function teardown(workDir: string, failed = false): Promise<void> {
-  await ServerProcess.stopAll(workDir, STOP_BOUND_MS)
-  if (failed) {
-    const kept = path.join(os.tmpdir(), `cairn-model-${SEED}.log`)
-    await copyFile(path.join(workDir, 'server.log'), kept).catch(() => undefined)
-    process.stdout.write(
-      `[model] sequence ${stats.runs} failed; its server log: ${kept} (the last failing one kept)\n`,
-    )
-  }
-  const dataDir = ServerProcess.dataDirOf(workDir)
-  if (mountsUnder(instanceRunDir(dataDir)).length > 0) {
-    // A server killed last left its mounts: one started on the data dir takes them over and a
-    // graceful stop removes them.
-    const again = await ServerProcess.start(workDir).catch(() => undefined)
-    await again?.stop(STOP_BOUND_MS)
-  }
-  releasePoolImage(path.join(dataDir, 'pool.img'))
-  await rm(workDir, { recursive: true, force: true })
-  workDirs.delete(workDir)
+/** A system the sequences run on: started (or made ready again) for each, left after each. */
+export interface Bed<S extends Real> {
+  /** A system for one sequence; `pick` draws its choices in [0, 1) (which replica a request goes to). */
+  begin(stats: Stats, pick: () => number): Promise<S>
+  /** After the sequence's final check passed: the bed's own end-of-sequence checks. */
+  finish(system: S): Promise<void>
+  /** Whatever the outcome (`failed`: the sequence failed, keep its logs). */
+  end(system: S | undefined, failed: boolean, seed: number): Promise<void>
+  /** Once, after every sequence. */
+  close(): Promise<void>
 }
 
-/** After the sequence: every live session still takes a turn that writes, and the server stops cleanly. */
+/** After the sequence: every live session still takes a turn that writes. */
 async function finalCheck(model: Model, real: Real): Promise<void> {
   for (const session of model.live()) {
     const content = Buffer.from(`final ${session.id}`).toString('base64')
@@ -77,32 +43,121 @@ async function finalCheck(model: Model, real: Real): Promise<void> {
       throw new Violation(`final: ${session.label} refused a message: ${JSON.stringify(opened.refused.body)}`)
     }
     const outcome = await opened.turn.done
-    stats.count(stats.invariants, 'usable at the end')
+    real.stats.count(real.stats.invariants, 'usable at the end')
     if (outcome.terminal !== 'run.completed')
       throw new Violation(`final: ${session.label}'s turn ended ${outcome.terminal ?? 'without an end'}`)
     model.acknowledged(session, PATHS[0], content)
   }
   await checkInvariants(model, real)
-  await real.stopAndCheck('pid')
 }
 
 /**
- * When the budget runs out. A sequence is never cut short (fast-check's time-limit plugin would
- * abandon it still running, its outcome ignored and its server left behind): sequences begun
- * after the deadline pass at once without starting anything, so shrinking stops there too and
- * the smallest failing sequence found so far is reported.
+ * Runs the model test as a vitest case named `title` on `bed` for `budgetMs`. A sequence is never
+ * cut short (fast-check's time-limit plugin would abandon it still running, its outcome ignored
+ * and its system left behind): sequences begun after the deadline pass at once without starting
+ * anything, so shrinking stops there too and the smallest failing sequence found so far is reported.
  */
-let deadline = Number.POSITIVE_INFINITY
+export function describeModel<S extends Real>(options: {
+  name: string
+  title: string
+  budgetMs: number
+  /** Most steps in a sequence (CAIRN_MODEL_STEPS overrides it). */
+  maxSteps: number
+  /**
+   * The seed CI (`CI` set) runs, so a red run is a change's doing and replays as printed;
+   * elsewhere (and in `npm run soak`) a new seed each run explores new sequences.
+   */
+  ciSeed: number
+  /** The system draws choices (which replica a request goes to) from the property's values. */
+  choices?: boolean
+  /** The vitest command that replays it (the test file's path). */
+  file: string
+  skip?: boolean
+  bed: () => Promise<Bed<S>>
+  steps: () => fc.Arbitrary<Step<S>>[]
+}): void {
+  const { budgetMs } = options
+  const MAX_STEPS = STEPS ?? options.maxSteps
+  const SEED = SEED_SET ?? (process.env.CI ? options.ciSeed : Date.now() % 2 ** 31)
+  const log = (line: string) => process.stdout.write(`[${options.name}] ${line}\n`)
+  describe.skipIf(options.skip ?? false)(options.name, () => {
+    it(
+      options.title,
+      async () => {
+        const archive = await packDir(await makeProject(SHELL_PROJECT))
+        log(
+          `seed ${SEED}${PATH ? ` path ${PATH}` : ''}, budget ${budgetMs} ms, at most ${MAX_STEPS} steps a sequence`,
+        )
+        const stats = new Stats()
+        const bed = await options.bed()
+        const deadline = Date.now() + budgetMs
+        const commands = fc.commands(options.steps(), {
+          maxCommands: MAX_STEPS,
+          size: 'max',
+          ...(REPLAY ? { replayPath: REPLAY } : {}),
+        })
+        // The choices a sequence's system makes (which replica each request goes to) come from the
+        // property's own values, so a replay by seed and path makes the same ones.
+        const choices = options.choices
+          ? fc.infiniteStream(fc.double({ min: 0, max: 1, maxExcluded: true, noNaN: true }))
+          : fc.constant(undefined)
+        const sequence = async (
+          steps: Iterable<fc.AsyncCommand<Model, S>>,
+          drawn: fc.Stream<number> | undefined,
+        ) => {
+          if (Date.now() > deadline) return
+          const pick = drawn ? () => drawn.next().value as number : Math.random
+          await runSequence(bed, stats, archive, steps, pick, SEED)
+        }
+        let details: fc.RunDetails<[Iterable<fc.AsyncCommand<Model, S>>, fc.Stream<number> | undefined]>
+        try {
+          const property = options.choices
+            ? fc.asyncProperty(commands, choices, sequence)
+            : fc.asyncProperty(commands, (steps) => sequence(steps, undefined))
+          details = await fc.check(
+            property as fc.IAsyncProperty<
+              [Iterable<fc.AsyncCommand<Model, S>>, fc.Stream<number> | undefined]
+            >,
+            {
+              seed: SEED,
+              ...(PATH ? { path: PATH, endOnFailure: true } : {}),
+              numRuns: PATH ? 1 : 100_000,
+            },
+          )
+        } finally {
+          await bed.close()
+        }
+        log(stats.summary())
+        if (details.failed) {
+          const cause =
+            details.errorInstance instanceof Error
+              ? details.errorInstance.message
+              : String(details.errorInstance)
+          // The cause and the replay first: CI prints only a failure's first lines at its end.
+          throw new Error(
+            `${cause}\n\nReplay: CAIRN_MODEL_STEPS=${MAX_STEPS} CAIRN_MODEL_SEED=${details.seed} CAIRN_MODEL_PATH=${details.counterexamplePath ?? ''} npx vitest run ${options.file}\n(and CAIRN_MODEL_REPLAY=<the counterexample's replayPath>)\n\n${fc.defaultReportMessage(details)}`,
+          )
+        }
+        log(`every sequence passed (${stats.runs} in ${budgetMs} ms)`)
+      },
+      budgetMs + 900_000,
+    )
+  })
+}
 
-async function runSequence(archive: Buffer, steps: Iterable<Step>): Promise<void> {
-  if (Date.now() > deadline) return
+async function runSequence<S extends Real>(
+  bed: Bed<S>,
+  stats: Stats,
+  archive: Buffer,
+  steps: Iterable<fc.AsyncCommand<Model, S>>,
+  pick: () => number,
+  seed: number,
+): Promise<void> {
   stats.runs += 1
-  const workDir = await mkdtemp(path.join(os.tmpdir(), 'cairn-model-'))
-  workDirs.add(workDir)
-  let real: Real | undefined
+  let real: S | undefined
   let failed = true
   try {
-    real = await Real.start(workDir, stats)
+    real = await bed.begin(stats, pick)
     const deployed = await real.client.call('POST', '/v1/agents', archive, 'application/gzip')
     if (deployed.status !== 201)
       throw new Error(`deploy: ${deployed.status} ${JSON.stringify(deployed.body)}`)
@@ -114,48 +169,14 @@ async function runSequence(archive: Buffer, steps: Iterable<Step>): Promise<void
     const system = real
     await fc.asyncModelRun(() => ({ model, real: system }), steps)
     await finalCheck(model, real)
+    await bed.finish(real)
     failed = false
+  } catch (error) {
+    const message = error instanceof Error ? error.message : String(error)
+    process.stdout.write(`[model] sequence ${stats.runs}: ${message.slice(0, 4000)}\n`)
+    throw error
   } finally {
-    await teardown(workDir, failed)
+    if (failed) process.stdout.write(`[model] sequence ${stats.runs} failed\n`)
+    await bed.end(real, failed, seed)
   }
 }
-
-describe('model-based fault test', () => {
-  it(
-    'operations and faults against a real server keep every acknowledged write, strand nothing, answer no 5xx',
-    async () => {
-      const archive = await packDir(await makeProject(SHELL_PROJECT))
-      const log = (line: string) => process.stdout.write(`[model] ${line}\n`)
-      log(
-        `seed ${SEED}${PATH ? ` path ${PATH}` : ''}, budget ${BUDGET_MS} ms, at most ${MAX_STEPS} steps a sequence`,
-      )
-      const commands = fc.commands([...operations(), ...faults()], {
-        maxCommands: MAX_STEPS,
-        size: 'max',
-        ...(REPLAY ? { replayPath: REPLAY } : {}),
-      })
-      deadline = Date.now() + BUDGET_MS
-      const details = await fc.check(
-        fc.asyncProperty(commands, (steps) => runSequence(archive, steps as Iterable<Step>)),
-        {
-          seed: SEED,
-          ...(PATH ? { path: PATH, endOnFailure: true } : {}),
-          numRuns: PATH ? 1 : 100_000,
-        },
-      )
-      log(stats.summary())
-      if (details.failed) {
-        const cause =
-          details.errorInstance instanceof Error
-            ? details.errorInstance.message
-            : String(details.errorInstance)
-        // The cause and the replay first: CI prints only a failure's first lines at its end.
-        throw new Error(
-          `${cause}\n\nReplay: CAIRN_MODEL_STEPS=${MAX_STEPS} CAIRN_MODEL_SEED=${details.seed} CAIRN_MODEL_PATH=${details.counterexamplePath ?? ''} npx vitest run test/model\n(and CAIRN_MODEL_REPLAY=<the counterexample's replayPath>)\n\n${fc.defaultReportMessage(details)}`,
-        )
-      }
-      log(`every sequence passed (${stats.runs} in ${BUDGET_MS} ms)`)
-    },
-    BUDGET_MS + 600_000,
-  )
-})

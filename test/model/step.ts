@@ -4,10 +4,10 @@ import type { Model, SessionModel } from './model.js'
 import { checkInvariants, expectTyped, type Real } from './system.js'
 
 /**
- * One generated step: an operation or a fault, applied to the real server and to the model,
- * followed by a check of every invariant.
+ * One generated step: an operation or a fault, applied to the system under test (`S`: any, or a
+ * test bed's own for its faults) and to the model, followed by a check of every invariant.
  */
-export abstract class Step implements fc.AsyncCommand<Model, Real> {
+export abstract class Step<S extends Real = Real> implements fc.AsyncCommand<Model, S> {
   /** Faults are counted apart from operations. */
   protected readonly fault: boolean = false
 
@@ -22,7 +22,7 @@ export abstract class Step implements fc.AsyncCommand<Model, Real> {
     return true
   }
 
-  async run(model: Model, real: Real): Promise<void> {
+  async run(model: Model, real: S): Promise<void> {
     real.stats.steps += 1
     real.stats.count(this.fault ? real.stats.faults : real.stats.operations, this.kind)
     real.trace.push(this.toString())
@@ -30,14 +30,14 @@ export abstract class Step implements fc.AsyncCommand<Model, Real> {
       await this.apply(model, real)
       await checkInvariants(model, real)
     } catch (error) {
-      if (error instanceof Violation) {
-        error.message = `${error.message}\n  at step ${real.trace.length}: ${this.toString()}\n  steps: ${real.trace.join(' → ')}\n  server log:\n${real.server.logTail(15)}`
+      if (error instanceof Error) {
+        error.message = `${error.message}\n  at step ${real.trace.length}: ${this.toString()}\n  steps: ${real.trace.join(' → ')}\n  log:\n${real.logTail(15)}`
       }
       throw error
     }
   }
 
-  protected abstract apply(model: Model, real: Real): Promise<void>
+  protected abstract apply(model: Model, real: S): Promise<void>
 
   abstract toString(): string
 }

@@ -12,7 +12,7 @@
  *
  * --gap=MS waits MS between runs (think time), so work left by a turn is done before the next.
  *
- * --what-if=append-transcript simulates the fix proposed in docs/benchmarks.md: the transcript
+ * --what-if=append-transcript simulates the fix proposed in docs/benchmarks/targets.md: the transcript
  * file is appended synchronously with only the lines that are new, instead of the whole
  * transcript being read from the database and rewritten (three async file operations) every turn.
  */

@@ -1,5 +1,5 @@
 /**
- * Prints bench/results/*.json as Markdown tables, for docs/benchmarks.md:
+ * Prints bench/results/*.json as Markdown tables, for docs/benchmarks/*.md:
  *   node --import tsx bench/report.ts [name …]
  */
 import { existsSync, readFileSync } from 'node:fs'

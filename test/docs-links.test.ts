@@ -9,7 +9,7 @@ import { REPO_ROOT } from './helpers/server.js'
 
 const FILES = [
   'README.md',
-  ...readdirSync(path.join(REPO_ROOT, 'docs'))
+  ...readdirSync(path.join(REPO_ROOT, 'docs'), { recursive: true, encoding: 'utf8' })
     .filter((f) => f.endsWith('.md'))
     .map((f) => `docs/${f}`),
 ]

@@ -21,6 +21,12 @@ const SEED_SET = process.env.CAIRN_MODEL_SEED ? Number(process.env.CAIRN_MODEL_S
 const PATH = process.env.CAIRN_MODEL_PATH || undefined
 const REPLAY = process.env.CAIRN_MODEL_REPLAY || undefined
 const STEPS = process.env.CAIRN_MODEL_STEPS ? Number(process.env.CAIRN_MODEL_STEPS) : undefined
+/**
+ * The soak's way (`npm run soak`): a failing sequence is reported (its message, its seed and
+ * path, which replay it) and the next one runs, instead of shrinking it and stopping; the test
+ * fails at the end if any failed.
+ */
+const KEEP_GOING = process.env.CAIRN_MODEL_KEEP_GOING === '1'
 
 /** A system the sequences run on: started (or made ready again) for each, left after each. */
 export interface Bed<S extends Real> {
@@ -89,6 +95,7 @@ export function describeModel<S extends Real>(options: {
           `seed ${SEED}${PATH ? ` path ${PATH}` : ''}, budget ${budgetMs} ms, at most ${MAX_STEPS} steps a sequence`,
         )
         const stats = new Stats()
+        const failures: string[] = []
         const bed = await options.bed()
         const deadline = Date.now() + budgetMs
         const commands = fc.commands(options.steps(), {
@@ -107,7 +114,14 @@ export function describeModel<S extends Real>(options: {
         ) => {
           if (Date.now() > deadline) return
           const pick = drawn ? () => drawn.next().value as number : Math.random
-          await runSequence(bed, stats, archive, steps, pick, SEED)
+          const run = stats.runs
+          try {
+            await runSequence(bed, stats, archive, steps, pick, SEED)
+          } catch (error) {
+            if (!KEEP_GOING) throw error
+            const first = (error instanceof Error ? error.message : String(error)).split('\n')[0]
+            failures.push(`CAIRN_MODEL_SEED=${SEED} CAIRN_MODEL_PATH=${run}: ${first?.slice(0, 300)}`)
+          }
         }
         let details: fc.RunDetails<[Iterable<fc.AsyncCommand<Model, S>>, fc.Stream<number> | undefined]>
         try {
@@ -128,6 +142,8 @@ export function describeModel<S extends Real>(options: {
           await bed.close()
         }
         log(stats.summary())
+        if (failures.length > 0)
+          throw new Error(`${failures.length} sequences failed (each replays alone):\n${failures.join('\n')}`)
         if (details.failed) {
           const cause =
             details.errorInstance instanceof Error

@@ -195,6 +195,9 @@ CHECKS = {
     "kexec": lambda: errno_of(lambda: libc.syscall(246, 0, 0, 0, 0)),
     "init-module": lambda: errno_of(lambda: libc.syscall(175, 0, 0, b"")),
     "io-uring": io_uring,
+    # Calls outside the seccomp allow list: one the kernel has long had, one it added in 6.8.
+    "unlisted-sysfs": lambda: errno_of(lambda: libc.syscall(139, 3)),
+    "unlisted-listmount": lambda: errno_of(lambda: libc.syscall(458, 0, 0, 0, 0)),
     # btrfs ioctls on the workspace (a subvolume of the host's pool): none is the agent's.
     "btrfs-subvol-create": subvol_create_check,
     # The request is compared as the kernel reads it (32 bits): high bits change nothing.
@@ -372,6 +375,7 @@ const EPERM = 'Operation not permitted'
 const EACCES = 'Permission denied'
 const ENOENT = 'No such file or directory'
 const EROFS = 'Read-only file system'
+const ENOSYS = 'Function not implemented'
 
 /** What every driver answers alike. */
 const CONTAINED_EVERYWHERE = {
@@ -408,6 +412,9 @@ const CONTAINED_EVERYWHERE = {
 export const CONTAINED: Record<IsolationName, Record<string, unknown>> = {
   bwrap: {
     ...CONTAINED_EVERYWHERE,
+    // The allow list answers as a kernel without the call would.
+    'unlisted-sysfs': ENOSYS,
+    'unlisted-listmount': ENOSYS,
     // --disable-userns leaves the sandbox's user namespace no room for another one.
     'clone-userns': 'No space left on device',
     'clone3-userns': 'No space left on device',
@@ -426,6 +433,9 @@ export const CONTAINED: Record<IsolationName, Record<string, unknown>> = {
   },
   gvisor: {
     ...CONTAINED_EVERYWHERE,
+    // runsc answers every call outside the allow list EPERM (it ignores errnoRet).
+    'unlisted-sysfs': EPERM,
+    'unlisted-listmount': EPERM,
     'clone-userns': EPERM,
     // This gVisor has no clone3 (a release that adds it must refuse CLONE_NEWUSER there too).
     'clone3-userns': 'Function not implemented',

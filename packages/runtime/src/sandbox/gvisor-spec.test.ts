@@ -59,14 +59,16 @@ describe('gVisor OCI spec', () => {
     expect(mount('/usr')?.options).toEqual(['rbind', 'ro'])
   })
 
-  it("carries bwrap's seccomp deny list, and refuses new user namespaces, for runsc --oci-seccomp", () => {
+  it("carries bwrap's seccomp allow list, and refuses new user namespaces, for runsc --oci-seccomp", () => {
     const oci = buildOciSpec(spec, options) as unknown as {
       linux: { seccomp?: { defaultAction: string; syscalls: { names: string[]; action: string }[] } }
     }
     if (process.arch !== 'x64') return expect(oci.linux.seccomp).toBeUndefined()
-    expect(oci.linux.seccomp?.defaultAction).toBe('SCMP_ACT_ALLOW')
-    const denied = oci.linux.seccomp?.syscalls.flatMap((rule) => rule.names) ?? []
-    expect(denied).toEqual(expect.arrayContaining([...Object.keys(DENIED_SYSCALLS_X86_64), 'clone']))
+    expect(oci.linux.seccomp?.defaultAction).toBe('SCMP_ACT_ERRNO')
+    const allowed = oci.linux.seccomp?.syscalls.filter((rule) => rule.action === 'SCMP_ACT_ALLOW')
+    const names = allowed?.flatMap((rule) => rule.names) ?? []
+    expect(names).toEqual(expect.arrayContaining(['read', 'clone', 'clone3', 'ioctl']))
+    for (const denied of Object.keys(DENIED_SYSCALLS_X86_64)) expect(names).not.toContain(denied)
     expect(runscFlags({ path: 'runsc', root: '/r', platform: 'ptrace' })).toContain('--oci-seccomp')
   })
 

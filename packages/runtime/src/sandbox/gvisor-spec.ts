@@ -187,7 +187,7 @@ export function buildOciSpec(spec: SandboxSpec, options: GvisorSpecOptions): Rec
         { containerID: 0, hostID: 0, size: 1 },
         { containerID: SANDBOX_USER.gid, hostID: options.hostGid, size: 1 },
       ],
-      // bwrap's deny list, enforced by gVisor's kernel (runsc --oci-seccomp).
+      // bwrap's allow list, enforced by gVisor's kernel (runsc --oci-seccomp).
       ...(seccomp ? { seccomp } : {}),
     },
   }

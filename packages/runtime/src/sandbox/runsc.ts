@@ -33,7 +33,7 @@ export function runscFlags(config: RunscConfig, options: { sharedRoot?: boolean 
     '--ignore-cgroups',
     // Lets the agent connect to host unix sockets in its binds: the egress proxy's, in /run/cairn.
     '--host-uds=open',
-    // Applies the spec's seccomp section (the bwrap driver's deny list) to the agent's processes.
+    // Applies the spec's seccomp section (the bwrap driver's allow list) to the agent's processes.
     '--oci-seccomp',
     // A pool slot's session directories live under its root: gVisor must see what the host (and
     // Cairn, between turns) changes there, as it does for bind mounts.

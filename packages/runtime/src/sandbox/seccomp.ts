@@ -1,8 +1,12 @@
+import { ALLOWED_SYSCALLS, DENIED_SYSCALLS, SYSCALL_NUMBERS_X86_64 } from './syscalls-x86_64.js'
+
 /**
- * A classic-BPF seccomp filter for bwrap's `--seccomp FD`: the container-default deny list on
- * x86_64 (every syscall allowed except those that manage the host: mounts, kernel modules and
- * keyrings, ptrace, bpf, namespaces, clocks, reboot, io_uring…), plus every btrfs ioctl, which
- * fail with EPERM. Other architectures are killed, so a 32-bit syscall entry cannot bypass the list.
+ * A classic-BPF seccomp filter for bwrap's `--seccomp FD`, an allow list on x86_64: the calls of
+ * `ALLOWED_SYSCALLS` (syscalls-x86_64.ts, each group with the reason it is safe in a sandbox) pass;
+ * the calls that manage the host (mounts, kernel modules and keyrings, ptrace, bpf, namespaces,
+ * clocks, reboot, io_uring…) fail with EPERM; every other number, a call a later kernel adds
+ * included, fails with ENOSYS. Every btrfs ioctl fails with EPERM. Other architectures are killed,
+ * so a 32-bit syscall entry cannot bypass the list.
  *
  * btrfs ioctls: the workspace is a subvolume of the pool every session shares, and btrfs answers
  * ioctls on any file of it. Some need no privilege (SUBVOL_CREATE makes a subvolume outside the
@@ -21,6 +25,7 @@ const SECCOMP_RET_ALLOW = 0x7fff0000
 const SECCOMP_RET_ERRNO = 0x00050000
 const SECCOMP_RET_KILL_PROCESS = 0x80000000
 const EPERM = 1
+const ENOSYS = 38
 const CLONE_NEWUSER = 0x10000000
 const SYS_IOCTL = 16
 /** `_IOC_TYPE` of every btrfs ioctl, in bits 8..15 of the request. */
@@ -31,60 +36,38 @@ const LD_W_ABS = 0x20
 const AND_K = 0x54
 const JEQ_K = 0x15
 const JGE_K = 0x35
+const JGT_K = 0x25
+const JA = 0x05
 const RET_K = 0x06
 /** Offset of the low 32 bits of `seccomp_data.args[1]` (little-endian): the ioctl request. */
 const ARG1_LOW = 16 + 8
 
-/** x86_64 syscall numbers refused inside sandboxes. */
-export const DENIED_SYSCALLS_X86_64: Record<string, number> = {
-  ptrace: 101,
-  syslog: 103,
-  vhangup: 153,
-  pivot_root: 155,
-  acct: 163,
-  settimeofday: 164,
-  mount: 165,
-  umount2: 166,
-  swapon: 167,
-  swapoff: 168,
-  reboot: 169,
-  sethostname: 170,
-  setdomainname: 171,
-  iopl: 172,
-  ioperm: 173,
-  init_module: 175,
-  delete_module: 176,
-  quotactl: 179,
-  lookup_dcookie: 212,
-  clock_settime: 227,
-  kexec_load: 246,
-  add_key: 248,
-  request_key: 249,
-  keyctl: 250,
-  unshare: 272,
-  move_pages: 279,
-  perf_event_open: 298,
-  fanotify_init: 300,
-  name_to_handle_at: 303,
-  open_by_handle_at: 304,
-  setns: 308,
-  process_vm_readv: 310,
-  process_vm_writev: 311,
-  kcmp: 312,
-  finit_module: 313,
-  kexec_file_load: 320,
-  bpf: 321,
-  userfaultfd: 323,
-  open_tree: 428,
-  move_mount: 429,
-  fsopen: 430,
-  fsconfig: 431,
-  fsmount: 432,
-  fspick: 433,
-  io_uring_setup: 425,
-  io_uring_enter: 426,
-  io_uring_register: 427,
-  mount_setattr: 442,
+const numberOf = (name: string): number => {
+  const nr = SYSCALL_NUMBERS_X86_64[name]
+  if (nr === undefined) throw new Error(`seccomp: no x86_64 number for ${name}`)
+  return nr
+}
+
+/** x86_64 syscall numbers refused with EPERM inside sandboxes. */
+export const DENIED_SYSCALLS_X86_64: Readonly<Record<string, number>> = Object.fromEntries(
+  DENIED_SYSCALLS.map((name) => [name, numberOf(name)]),
+)
+
+/** Every allowed name. */
+export const ALLOWED_NAMES: readonly string[] = Object.values(ALLOWED_SYSCALLS).flatMap(
+  (group) => group.names,
+)
+
+/** The allowed numbers as sorted, disjoint, inclusive ranges. */
+export function allowedRanges(): [number, number][] {
+  const numbers = [...new Set(ALLOWED_NAMES.map(numberOf))].sort((a, b) => a - b)
+  const ranges: [number, number][] = []
+  for (const nr of numbers) {
+    const last = ranges.at(-1)
+    if (last && last[1] === nr - 1) last[1] = nr
+    else ranges.push([nr, nr])
+  }
+  return ranges
 }
 
 function instruction(code: number, jt: number, jf: number, k: number): Buffer {
@@ -96,55 +79,70 @@ function instruction(code: number, jt: number, jf: number, k: number): Buffer {
   return b
 }
 
-/** The filter program as bytes (`struct sock_filter[]`), or undefined off x86_64. */
+/**
+ * The filter program as bytes (`struct sock_filter[]`), or undefined off x86_64. Layout: the arch
+ * and x32 checks; the ioctl rule; one block per allowed range (above it: the next block; in it:
+ * ALLOW; below it, a gap: a long jump to the refusals); then the EPERM names, ending in ENOSYS.
+ * Conditional jumps reach at most 255 instructions ahead, so every one stays within its block.
+ */
 export function buildSeccompFilter(arch = process.arch): Buffer | undefined {
   if (arch !== 'x64') return undefined
-  const numbers = Object.values(DENIED_SYSCALLS_X86_64)
+  const denied = Object.values(DENIED_SYSCALLS_X86_64)
+  const ranges = allowedRanges()
   const program: Buffer[] = []
-  program.push(instruction(LD_W_ABS, 0, 0, 4)) // seccomp_data.arch
-  program.push(instruction(JEQ_K, 1, 0, AUDIT_ARCH_X86_64))
-  program.push(instruction(RET_K, 0, 0, SECCOMP_RET_KILL_PROCESS))
-  program.push(instruction(LD_W_ABS, 0, 0, 0)) // seccomp_data.nr
-  // Layout after the x32 check and one jump per denied number: the ioctl check (4 instructions),
-  // then the ALLOW return, then the ERRNO return. Jumps are relative to the next instruction.
-  const allowIndex = program.length + 1 + numbers.length + 4
-  const errnoIndex = allowIndex + 1
-  const to = (target: number) => target - program.length - 1
-  program.push(instruction(JGE_K, to(errnoIndex), 0, X32_SYSCALL_BIT))
-  for (const nr of numbers) program.push(instruction(JEQ_K, to(errnoIndex), 0, nr))
-  program.push(instruction(JEQ_K, 0, to(allowIndex), SYS_IOCTL))
-  program.push(instruction(LD_W_ABS, 0, 0, ARG1_LOW))
-  program.push(instruction(AND_K, 0, 0, IOC_TYPE_MASK))
-  program.push(instruction(JEQ_K, to(errnoIndex), to(allowIndex), BTRFS_IOCTL_MAGIC << 8))
-  program.push(instruction(RET_K, 0, 0, SECCOMP_RET_ALLOW))
-  program.push(instruction(RET_K, 0, 0, SECCOMP_RET_ERRNO | EPERM))
-  if (program.length - 1 !== errnoIndex) throw new Error('seccomp program layout')
+  const push = (code: number, jt: number, jf: number, k: number) => program.push(instruction(code, jt, jf, k))
+  push(LD_W_ABS, 0, 0, 4) // seccomp_data.arch
+  push(JEQ_K, 1, 0, AUDIT_ARCH_X86_64)
+  push(RET_K, 0, 0, SECCOMP_RET_KILL_PROCESS)
+  push(LD_W_ABS, 0, 0, 0) // seccomp_data.nr
+  push(JGE_K, 0, 1, X32_SYSCALL_BIT)
+  push(RET_K, 0, 0, SECCOMP_RET_ERRNO | EPERM)
+  // ioctl: a btrfs request is refused, any other passes.
+  push(JEQ_K, 0, 5, SYS_IOCTL)
+  push(LD_W_ABS, 0, 0, ARG1_LOW)
+  push(AND_K, 0, 0, IOC_TYPE_MASK)
+  push(JEQ_K, 0, 1, BTRFS_IOCTL_MAGIC << 8)
+  push(RET_K, 0, 0, SECCOMP_RET_ERRNO | EPERM)
+  push(RET_K, 0, 0, SECCOMP_RET_ALLOW)
+  const refusals = program.length + ranges.length * 4
+  for (const [low, high] of ranges) {
+    push(JGT_K, 3, 0, high) // above: the next block
+    push(JGE_K, 0, 1, low)
+    push(RET_K, 0, 0, SECCOMP_RET_ALLOW)
+    push(JA, 0, 0, refusals - program.length - 1) // a gap below this range
+  }
+  if (program.length !== refusals) throw new Error('seccomp program layout')
+  for (const [i, nr] of denied.entries()) push(JEQ_K, denied.length - i, 0, nr)
+  push(RET_K, 0, 0, SECCOMP_RET_ERRNO | ENOSYS)
+  push(RET_K, 0, 0, SECCOMP_RET_ERRNO | EPERM)
   return Buffer.concat(program)
 }
 
 /**
- * The same deny list as an OCI `linux.seccomp` section, for gVisor (`runsc --oci-seccomp` applies it
- * inside its kernel). gVisor lets an unprivileged process make a user namespace, which bwrap's
- * `--disable-userns` forbids; here `clone` with CLONE_NEWUSER is refused as well as `unshare`.
- * `clone3`, whose flags a filter cannot see, is left alone: gVisor does not implement it (ENOSYS),
- * and an ERRNO rule would answer EPERM (runsc ignores `errnoRet`), which stops the C library from
- * falling back to `clone` for threads. test/security/escape.test.ts checks all three ways. btrfs
- * ioctls are refused by their type byte as in the bwrap filter (gVisor does not pass them to the
- * host anyway: it answers ENOTTY); the mask clears the request's upper 32 bits, so they cannot
- * dodge the rule.
+ * The same allow list as an OCI `linux.seccomp` section, for gVisor (`runsc --oci-seccomp` applies it
+ * inside its kernel): calls outside it fail with EPERM (runsc ignores `errnoRet`). gVisor lets an
+ * unprivileged process make a user namespace, which bwrap's `--disable-userns` forbids; here `clone`
+ * passes only without CLONE_NEWUSER, and `unshare` is refused. `clone3`, whose flags a filter
+ * cannot see, passes: gVisor does not implement it (ENOSYS), so the C library falls back to `clone`
+ * for threads (refused, it would answer EPERM and stop that fallback). test/security/escape.test.ts
+ * checks all three ways. btrfs ioctls are refused by their type byte as in the bwrap filter (gVisor
+ * does not pass them to the host anyway: it answers ENOTTY); the mask clears the request's upper
+ * 32 bits, so they cannot dodge the rule. runsc takes the first rule that matches a call, so that
+ * refusal comes before ioctl's allow.
  */
 export function buildOciSeccomp(arch = process.arch): Record<string, unknown> | undefined {
   if (arch !== 'x64') return undefined
+  const withRules = new Set(['clone', 'ioctl'])
   return {
-    defaultAction: 'SCMP_ACT_ALLOW',
+    defaultAction: 'SCMP_ACT_ERRNO',
+    defaultErrnoRet: EPERM,
     architectures: ['SCMP_ARCH_X86_64'],
     syscalls: [
-      { names: Object.keys(DENIED_SYSCALLS_X86_64), action: 'SCMP_ACT_ERRNO', errnoRet: EPERM },
+      { names: ALLOWED_NAMES.filter((name) => !withRules.has(name)), action: 'SCMP_ACT_ALLOW' },
       {
         names: ['clone'],
-        action: 'SCMP_ACT_ERRNO',
-        errnoRet: EPERM,
-        args: [{ index: 0, value: CLONE_NEWUSER, valueTwo: CLONE_NEWUSER, op: 'SCMP_CMP_MASKED_EQ' }],
+        action: 'SCMP_ACT_ALLOW',
+        args: [{ index: 0, value: CLONE_NEWUSER, valueTwo: 0, op: 'SCMP_CMP_MASKED_EQ' }],
       },
       {
         names: ['ioctl'],
@@ -154,6 +152,7 @@ export function buildOciSeccomp(arch = process.arch): Record<string, unknown> | 
           { index: 1, value: IOC_TYPE_MASK, valueTwo: BTRFS_IOCTL_MAGIC << 8, op: 'SCMP_CMP_MASKED_EQ' },
         ],
       },
+      { names: ['ioctl'], action: 'SCMP_ACT_ALLOW' },
     ],
   }
 }

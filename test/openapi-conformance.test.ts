@@ -18,11 +18,19 @@ const doc = {
         },
       },
     },
+    '/v1/things/{id}/old-run': {
+      // As the document described streams before: the events' schema as the whole body's.
+      post: { responses: { 200: { content: { 'text/event-stream': { schema: StreamEventSchema } } } } },
+    },
     '/v1/things/special': { get: { responses: { 200: json({ type: 'object', required: ['special'] }) } } },
     '/v1/things/{id}/run': {
       post: {
         responses: {
-          200: { content: { 'text/event-stream': { schema: StreamEventSchema } } },
+          200: {
+            content: {
+              'text/event-stream': { schema: { type: 'string' }, 'x-cairn-event-data': StreamEventSchema },
+            },
+          },
           '4XX': json(ErrorBodySchema),
         },
       },
@@ -104,5 +112,12 @@ describe('OpenAPI conformance checker', () => {
       ),
     ).toContain('does not match')
     expect(checker.check(run, 200, 'text/event-stream', body(''))).toContain('empty event stream')
+  })
+
+  it('reports a stream described by its events’ schema as if the stream were one event', () => {
+    const old = op('POST', '/v1/things/abc/old-run')
+    expect(checker.check(old, 200, 'text/event-stream', sse(['run.completed', completed]))).toContain(
+      'the stream does not match its schema',
+    )
   })
 })

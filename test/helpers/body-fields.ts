@@ -15,7 +15,8 @@ export interface BodyField {
 
 /** The JSON kinds a schema accepts at all (values, ranges and lengths aside); undefined: any. */
 export function acceptedKinds(schema: JsonSchema): Set<JsonKind> | undefined {
-  if (schema.anyOf) {
+  // With a type of its own, a schema's anyOf only adds rules across its fields (one of two named).
+  if (schema.anyOf && schema.type === undefined) {
     const kinds = new Set<JsonKind>()
     for (const branch of schema.anyOf) {
       const some = acceptedKinds(branch)
@@ -42,14 +43,16 @@ export function kindOf(value: unknown): JsonKind {
 export function validValue(schema: JsonSchema): unknown {
   if (schema.const !== undefined) return schema.const
   if (schema.enum) return schema.enum[0]
-  if (schema.anyOf) {
+  if (schema.anyOf && schema.type === undefined) {
     const branch = schema.anyOf.find((b) => b.type !== 'null') ?? schema.anyOf[0]
     return branch ? validValue(branch) : null
   }
   switch (Array.isArray(schema.type) ? schema.type[0] : schema.type) {
     case 'object': {
       const out: Record<string, unknown> = {}
-      for (const name of schema.required ?? []) out[name] = validValue(schema.properties?.[name] ?? {})
+      // An object's anyOf names fields one of which it needs: the first such set.
+      const required = [...(schema.required ?? []), ...(schema.anyOf?.[0]?.required ?? [])]
+      for (const name of required) out[name] = validValue(schema.properties?.[name] ?? {})
       return out
     }
     case 'array':

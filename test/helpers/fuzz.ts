@@ -267,13 +267,18 @@ export function fromSchema(
   if (hint && rng.chance(0.7)) return rng.pick(hint)
   if (schema.const !== undefined) return schema.const
   if (schema.enum) return rng.pick(schema.enum)
-  if (schema.anyOf) return fromSchema(rng, rng.pick(schema.anyOf), hints, key)
+  // With a type of its own, a schema's anyOf only adds rules across its fields (one of two named).
+  if (schema.anyOf && schema.type === undefined) return fromSchema(rng, rng.pick(schema.anyOf), hints, key)
   const type = Array.isArray(schema.type) ? rng.pick(schema.type) : schema.type
   switch (type) {
     case 'object': {
       const out: Record<string, unknown> = {}
+      const required = [
+        ...(schema.required ?? []),
+        ...(schema.anyOf ? (rng.pick(schema.anyOf).required ?? []) : []),
+      ]
       for (const [name, prop] of Object.entries(schema.properties ?? {})) {
-        if (schema.required?.includes(name) || rng.chance(0.5)) out[name] = fromSchema(rng, prop, hints, name)
+        if (required.includes(name) || rng.chance(0.5)) out[name] = fromSchema(rng, prop, hints, name)
       }
       if (!schema.properties && typeof schema.additionalProperties === 'object') {
         for (let i = rng.int(3); i > 0; i--) {

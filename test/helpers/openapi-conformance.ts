@@ -18,9 +18,16 @@ export interface Operation {
   responses: Map<string, Map<string, Validator | undefined>>
 }
 
-/** A body's validator; for an event stream, one per event name (the titles of its union's members). */
+/**
+ * Where the document puts the schema of an event stream's data (OpenAPI 3.1 describes the stream
+ * itself only as text): a union whose members are titled with their event names.
+ */
+const EVENT_DATA = 'x-cairn-event-data'
+
+/** A body's validator; for an event stream, its events' data, and one per event name (the titles of its union's members). */
 interface Validator {
   body: ValidateFunction
+  data: ValidateFunction | undefined
   events: Map<string, ValidateFunction> | undefined
 }
 
@@ -41,7 +48,7 @@ export class OpenApiConformance {
         for (const [status, response] of Object.entries((op.responses ?? {}) as Json)) {
           const media = new Map<string, Validator | undefined>()
           for (const [type, content] of Object.entries((response.content ?? {}) as Json))
-            media.set(type, content.schema === undefined ? undefined : this.validator(content.schema))
+            media.set(type, content.schema === undefined ? undefined : this.validator(content))
           responses.set(status.toUpperCase(), media)
         }
         this.operations.push({
@@ -54,11 +61,14 @@ export class OpenApiConformance {
     }
   }
 
-  private validator(schema: Json): Validator {
-    const members = (schema.anyOf ?? schema.oneOf) as Json[] | undefined
+  /** A media type's validator: its schema, and for an event stream the schema of each event's data. */
+  private validator(media: Json): Validator {
+    const events = media[EVENT_DATA] as Json | undefined
+    const members = (events?.anyOf ?? events?.oneOf) as Json[] | undefined
     const titled = members?.every((m) => typeof m.title === 'string')
     return {
-      body: this.ajv.compile(schema),
+      body: this.ajv.compile(media.schema),
+      data: events ? this.ajv.compile(events) : undefined,
       events: titled ? new Map(members?.map((m) => [m.title as string, this.ajv.compile(m)])) : undefined,
     }
   }
@@ -68,17 +78,9 @@ export class OpenApiConformance {
     const parts = pathname.split('/')
     let best: { op: Operation; score: number } | undefined
     for (const op of this.operations) {
-      if (op.method !== method || op.segments.length !== parts.length) continue
-      let score = 0
-      let fits = true
-      for (let i = 0; i < parts.length && fits; i++) {
-        const segment = op.segments[i] as string
-        // The router hands an empty segment to a parameter too (its schema then refuses it).
-        if (segment.startsWith('{')) continue
-        if (segment === parts[i]) score += 2 ** (parts.length - i)
-        else fits = false
-      }
-      if (fits && (!best || score > best.score)) best = { op, score }
+      if (op.method !== method) continue
+      const score = fitScore(op, parts)
+      if (score !== undefined && (!best || score > best.score)) best = { op, score }
     }
     return best?.op
   }
@@ -94,7 +96,13 @@ export class OpenApiConformance {
       return `${where}: media type "${mediaType}" not documented (documents ${[...response.keys()].join(', ')})`
     const validate = response.get(mediaType)
     if (!validate) return `${where} ${mediaType}: documented without a schema`
-    if (mediaType === 'text/event-stream') return this.checkEvents(where, validate, body.toString('utf8'))
+    if (mediaType === 'text/event-stream') {
+      const text = body.toString('utf8')
+      if (!validate.body(text))
+        return `${where}: the stream does not match its schema: ${this.errors(validate.body)}`
+      if (!validate.data) return `${where}: an event stream without ${EVENT_DATA}`
+      return this.checkEvents(where, validate, text)
+    }
     if (!mediaType.endsWith('json')) return undefined
     let value: unknown
     try {
@@ -129,7 +137,7 @@ export class OpenApiConformance {
       }
       const named = validate.events?.get(event)
       if (validate.events && !named) return `${where}: event "${event}" is not documented`
-      const check = named ?? validate.body
+      const check = named ?? (validate.data as ValidateFunction)
       if (!check(value)) return `${where}: event "${event}" does not match: ${this.errors(check)}`
       const type = (value as { type?: unknown }).type
       if (type !== undefined && type !== event) return `${where}: event named "${event}" carries type ${type}`
@@ -140,4 +148,18 @@ export class OpenApiConformance {
   private errors(validate: ValidateFunction): string {
     return this.ajv.errorsText(validate.errors?.slice(0, 3))
   }
+}
+
+/** How well an operation's template fits a path's segments (literal segments early weigh most); undefined: not at all. */
+function fitScore(op: Operation, parts: string[]): number | undefined {
+  if (op.segments.length !== parts.length) return undefined
+  let score = 0
+  for (let i = 0; i < parts.length; i++) {
+    const segment = op.segments[i] as string
+    // The router hands an empty segment to a parameter too (its schema then refuses it).
+    if (segment.startsWith('{')) continue
+    if (segment !== parts[i]) return undefined
+    score += 2 ** (parts.length - i)
+  }
+  return score
 }

@@ -461,7 +461,7 @@ function wellFormed(
   const schemaHints = { ...hints, path: [path], agent: ['echo'], name: ['fuzzed'] }
   const apiPath = route.template.replace(/\{(\w+)\}/g, (_m, name: string) => pct(realParam(route, name)))
   const query = route.query
-    .filter((q) => q.required)
+    .filter((q) => q.required || q.name === 'path')
     .map((q) => `${q.name}=${pct(String(schemaHints[q.name]?.[0] ?? fromSchema(rng, q.schema, {}, q.name)))}`)
   const headers: Record<string, string> = { authorization: `Bearer ${key}` }
   let body: Buffer | undefined
@@ -884,8 +884,8 @@ describe('request cases fuzzing found (regressions)', () => {
       Buffer.alloc(4 * 1024 * 1024, 1),
       { 'content-type': 'application/octet-stream' },
     )
-    expectError(res, 403, 'forbidden')
-    expect(res.body.error.message).toContain('could not write')
+    expectError(res, 409, 'conflict')
+    expect(res.body.error.message).toContain('/workspace/echo.sh is a file, not a directory')
   })
 
   it('lets concurrent deletes of one session all succeed', async () => {

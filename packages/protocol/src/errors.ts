@@ -13,6 +13,12 @@ export const ERROR_CODES = {
   unauthorized: { status: 401, retryable: false },
   forbidden: { status: 403, retryable: false },
   not_found: { status: 404, retryable: false },
+  /** The path is known but not with this method; the `Allow` header lists the methods it takes. */
+  method_not_allowed: { status: 405, retryable: false },
+  /** The client sent its request too slowly (the server's request timeout); nothing was done. */
+  request_timeout: { status: 408, retryable: true },
+  /** The request's headers are larger than the server reads (431); nothing was done. */
+  headers_too_large: { status: 431, retryable: false },
   agent_not_found: { status: 404, retryable: false },
   revision_not_found: { status: 404, retryable: false },
   session_not_found: { status: 404, retryable: false },

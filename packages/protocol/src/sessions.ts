@@ -384,13 +384,23 @@ export const CreateSnapshotBody = Type.Object(
   { additionalProperties: false },
 )
 
+/**
+ * The snapshot a restore or fork starts from: `snapshotId`, or `turn` (the automatic snapshot
+ * after that turn); with both, `snapshotId`. Said in the schema (anyOf), so the document states
+ * the rule and the validator enforces it.
+ */
+const SNAPSHOT_OR_TURN = {
+  anyOf: [{ required: ['snapshotId'] }, { required: ['turn'] }],
+  description: 'Give snapshotId, or turn (the snapshot after that turn); with both, snapshotId is used.',
+}
+
 export const RestoreBody = Type.Object(
   {
     snapshotId: Type.Optional(Type.String({ maxLength: 64 })),
     turn: Type.Optional(Type.Integer({ minimum: 0, maximum: MAX_EXACT_INTEGER })),
     policy: Type.Optional(SessionPolicyInput),
   },
-  { additionalProperties: false },
+  { additionalProperties: false, ...SNAPSHOT_OR_TURN },
 )
 export type RestoreBody = Static<typeof RestoreBody>
 
@@ -401,7 +411,7 @@ export const ForkBody = Type.Object(
     title: Type.Optional(Type.String({ maxLength: 200 })),
     policy: Type.Optional(SessionPolicyInput),
   },
-  { additionalProperties: false },
+  { additionalProperties: false, ...SNAPSHOT_OR_TURN },
 )
 export type ForkBody = Static<typeof ForkBody>
 

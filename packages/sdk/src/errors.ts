@@ -98,6 +98,7 @@ const CLASS_BY_CODE: Record<ErrorCode, ErrorClass> = {
   invalid_manifest: ValidationError,
   limit_above_ceiling: ValidationError,
   unsupported_media_type: ValidationError,
+  method_not_allowed: ValidationError,
   unauthorized: AuthenticationError,
   forbidden: PermissionDeniedError,
   not_found: NotFoundError,
@@ -118,6 +119,7 @@ const CLASS_BY_CODE: Record<ErrorCode, ErrorClass> = {
   build_failed: BuildFailedError,
   setup_failed: BuildFailedError,
   payload_too_large: PayloadTooLargeError,
+  headers_too_large: PayloadTooLargeError,
   quota_exceeded: QuotaExceededError,
   rate_limited: RateLimitError,
   sandbox_limit_reached: RateLimitError,
@@ -144,6 +146,7 @@ const CLASS_BY_CODE: Record<ErrorCode, ErrorClass> = {
   replica_lost: ServiceUnavailableError,
   replica_stopping: ServiceUnavailableError,
   timeout: TimeoutError,
+  request_timeout: TimeoutError,
 }
 
 /** The code a bare HTTP status stands for, when the body carries none (a proxy's HTML page, say). */
@@ -157,6 +160,10 @@ export function codeForStatus(status: number): ErrorCode {
       return 'forbidden'
     case 404:
       return 'not_found'
+    case 405:
+      return 'method_not_allowed'
+    case 408:
+      return 'request_timeout'
     case 409:
       return 'conflict'
     case 410:
@@ -167,6 +174,8 @@ export function codeForStatus(status: number): ErrorCode {
       return 'build_failed'
     case 415:
       return 'unsupported_media_type'
+    case 431:
+      return 'headers_too_large'
     case 429:
       return 'rate_limited'
     case 503:

@@ -18,7 +18,13 @@ import { ClusterRuntimePort } from './cluster/routing/cluster-runtime-port.js'
 import { compatRoutes } from './compat/routes.js'
 import type { Db } from './db/database.js'
 import { consoleRoutes } from './http/console.js'
-import { type BodyLimit, errorBody, installErrorHandlers } from './http/errors.js'
+import {
+  answerClientError,
+  type BodyLimit,
+  errorBody,
+  installErrorHandlers,
+  newRequestId,
+} from './http/errors.js'
 import { refuseNonFiniteNumbers } from './http/finite-numbers.js'
 import { acceptEmptyBodies } from './http/optional-body.js'
 import { documentFrameworkAnswers } from './http/responses.js'
@@ -112,7 +118,9 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
       { level: deps.logger.levelVal > 40 ? deps.logger.level : 'warn' },
     ),
     bodyLimit: JSON_LIMIT.bytes,
-    genReqId: () => `req_${Math.random().toString(36).slice(2, 12)}`,
+    genReqId: newRequestId,
+    // Refusals of the HTTP parser (headers too large, a request too slow) in the registry's shape.
+    clientErrorHandler: answerClientError,
     routerOptions: { maxParamLength: MAX_PARAM_LENGTH },
     // The router's own refusals (bad percent-encoding, over-long parameters) bypass the error
     // handler; without this they answer in Fastify's shape, with no registry code.

@@ -69,7 +69,7 @@ export async function writeWorkspaceFile(
   if (!rel) throw new CairnProblem('validation_failed', 'path must name a file inside /workspace')
   const target = `/workspace/${rel}`
   const staged = `${path.posix.dirname(target)}/.cairn-put-${newId('sandbox')}.tmp`
-  const stage = 'mkdir -p -- "$(dirname -- "$1")" && cat > "$2" || { rm -f -- "$2"; exit 1; }'
+  const stage = `${CHECK_PLACE} && mkdir -p -- "$(dirname -- "$1")" && cat > "$2" || { rm -f -- "$2"; exit 1; }`
   let written: { code: number | null; stderr: string }
   try {
     written = await runInWorkspace(
@@ -100,8 +100,39 @@ export async function writeWorkspaceFile(
         'quota_exceeded',
         `could not write /workspace/${rel}: the storage quota is used up (the workspace limit, or the tenant's total of workspaces and snapshots): delete files or snapshots (${detail})`,
       )
-    throw new CairnProblem('forbidden', `could not write /workspace/${rel}: ${detail}`)
+    throw (
+      placeProblem(rel, detail) ??
+      new CairnProblem('forbidden', `could not write /workspace/${rel}: ${detail}`)
+    )
   }
+}
+
+/**
+ * Before a file is written at "$1": it is not a directory, and the nearest of its parents that
+ * exists is one. Each refusal is a line of stderr `placeProblem` reads.
+ */
+const CHECK_PLACE =
+  '{ if [ -d "$1" ]; then echo "cairn-put: is a directory" >&2; exit 1; fi; ' +
+  'd="$(dirname -- "$1")"; while [ "$d" != / ]; do ' +
+  'if [ -e "$d" ] || [ -L "$d" ]; then [ -d "$d" ] && break; ' +
+  'printf "cairn-put: not a directory: %s\\n" "$d" >&2; exit 1; fi; d="$(dirname -- "$d")"; done; }'
+
+/** A write refused for where it goes (a directory there, a file above it): 409, with the reason. */
+function placeProblem(rel: string, detail: string): CairnProblem | undefined {
+  if (/cairn-put: is a directory|cannot overwrite directory|Is a directory/.test(detail))
+    return new CairnProblem(
+      'conflict',
+      `/workspace/${rel} is a directory: a file cannot be written over it (delete it first, or name a file inside it)`,
+      { path: rel },
+    )
+  const above = /cairn-put: not a directory: (.*)/.exec(detail)?.[1]
+  if (above !== undefined || /Not a directory/.test(detail))
+    return new CairnProblem(
+      'conflict',
+      `${above ?? 'a parent of the path'} is a file, not a directory: /workspace/${rel} cannot be written under it`,
+      { path: rel },
+    )
+  return undefined
 }
 
 export async function deleteWorkspacePath(

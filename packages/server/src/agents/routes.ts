@@ -13,7 +13,7 @@ import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox'
 import { Type } from '@sinclair/typebox'
 import type { FastifyInstance } from 'fastify'
 import { principalOf, requireWrite } from '../auth/plugin.js'
-import { bytesBody, errorResponses } from '../http/responses.js'
+import { bytesBody, errorResponses, eventStreamMedia } from '../http/responses.js'
 import { eventIdAfter, SseWriter, type SseWriterOptions } from '../http/sse.js'
 import { type AgentService, revisionInfo } from './agent-service.js'
 import { followBuildLog } from './build-log-stream.js'
@@ -116,7 +116,7 @@ export function agentRoutes(server: FastifyInstance, agents: AgentService, sse: 
             description: 'The log so far (JSON), or with follow=true an event stream of it',
             content: {
               'application/json': { schema: BuildLogSchema },
-              'text/event-stream': { schema: BuildLogEventSchema },
+              'text/event-stream': eventStreamMedia(BuildLogEventSchema),
             },
           },
           204: {

@@ -1,3 +1,5 @@
+import { maxHeaderSize, STATUS_CODES } from 'node:http'
+import type { Socket } from 'node:net'
 import {
   CairnProblem,
   ERROR_STATUS,
@@ -8,6 +10,12 @@ import {
 } from '@cairn/protocol'
 import type { FastifyError, FastifyInstance, FastifyRequest } from 'fastify'
 import { NO_ANSWER, unavailableReason } from '../db/busy.js'
+import { RouteMethods } from './route-methods.js'
+
+/** The ID every answer's error carries (`requestId`) and the logs name. */
+export function newRequestId(): string {
+  return `req_${Math.random().toString(36).slice(2, 12)}`
+}
 
 export function errorBody(
   code: ErrorCode,
@@ -68,10 +76,17 @@ function issuesMessage(context: string | undefined, issues: ValidationIssue[]): 
   if (context === undefined || byPlace.size === 0) return undefined
   return [...byPlace]
     .map(([place, [first, ...rest]]) => {
-      const alternatives = rest.map((m) => (first?.startsWith('must be ') ? m.replace(/^must be /, '') : m))
+      const alternatives = rest.map((m) => m.slice(sharedWords(first ?? '', m).length))
       return `${context}${place} ${[first, ...alternatives].join(' or ')}`
     })
     .join(', ')
+}
+
+/** The words two messages start with (`must be `, `must have required property `), with the space after them. */
+function sharedWords(a: string, b: string): string {
+  let n = 0
+  while (n < a.length && a[n] === b[n]) n++
+  return a.slice(0, a.lastIndexOf(' ', n - 1) + 1)
 }
 
 function decodePointer(segment: string): string {
@@ -160,11 +175,60 @@ export function installErrorHandlers(
     if (status >= 500) request.log.error({ err: error }, 'request failed')
     void reply.status(status).send(body)
   })
+  const routes = new RouteMethods(app)
   app.setNotFoundHandler((request, reply) => {
+    const pathname = request.url.split('?')[0] ?? ''
+    const allowed = routes.allowed(pathname)
+    if (allowed.length === 0) {
+      void reply
+        .status(404)
+        .send(errorBody('not_found', `no route for ${request.method} ${pathname}`, request.id))
+      return
+    }
     void reply
-      .status(404)
-      .send(errorBody('not_found', `no route for ${request.method} ${request.url.split('?')[0]}`, request.id))
+      .status(405)
+      .header('allow', allowed.join(', '))
+      .send(
+        errorBody(
+          'method_not_allowed',
+          `${pathname} does not take ${request.method}; it takes ${allowed.join(', ')}`,
+          request.id,
+          { allow: allowed },
+        ),
+      )
   })
+}
+
+/** What the HTTP parser refuses before any route sees the request, by Node's error code. */
+const CLIENT_ERRORS: Record<string, { code: ErrorCode; message: string }> = {
+  HPE_HEADER_OVERFLOW: {
+    code: 'headers_too_large',
+    message: `the request line and headers are larger than the server reads (${maxHeaderSize} bytes in all)`,
+  },
+  ERR_HTTP_REQUEST_TIMEOUT: {
+    code: 'request_timeout',
+    message: 'the request was not received in time; nothing was done',
+  },
+}
+
+/**
+ * Answers a request the HTTP parser refused (headers too large, a request too slow, bytes that are
+ * not HTTP) in the registry's shape, as every other error, and closes the connection (Fastify's
+ * own answer to these has a shape of its own). Nothing reached a route, so nothing was done.
+ */
+export function answerClientError(error: NodeJS.ErrnoException, socket: Socket): void {
+  if (error.code === 'ECONNRESET' || socket.destroyed) return
+  const known = CLIENT_ERRORS[error.code ?? '']
+  const code = known?.code ?? 'bad_request'
+  const message = known?.message ?? 'the request is not valid HTTP'
+  const body = JSON.stringify(errorBody(code, message, newRequestId()))
+  const status = ERROR_STATUS[code]
+  if (socket.writable)
+    socket.write(
+      `HTTP/1.1 ${status} ${STATUS_CODES[status] ?? 'Error'}\r\nContent-Type: application/json; charset=utf-8\r\n` +
+        `Content-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`,
+    )
+  socket.destroy(error)
 }
 
 function formatMiB(bytes: number): string {

@@ -9,7 +9,7 @@ import type { FastifyInstance, RouteOptions } from 'fastify'
  */
 export interface ResponseSpec {
   description: string
-  content: Record<string, { schema: TSchema }>
+  content: Record<string, { schema: TSchema; [EVENT_DATA_EXTENSION]?: TSchema }>
   /** Response headers worth naming (their JSON schema, with a description). */
   headers?: Record<string, { type: 'string'; description: string }>
 }
@@ -43,11 +43,32 @@ export function bytesResponse(mediaType: string, description: string): ResponseS
   return { description, content: { [mediaType]: { schema: Type.String({ format: 'binary' }) } } }
 }
 
+/** The extension on a `text/event-stream` media type naming the schema of each event's data. */
+export const EVENT_DATA_EXTENSION = 'x-cairn-event-data'
+
+/**
+ * A `text/event-stream` media type. OpenAPI 3.1 cannot describe the framing of server-sent
+ * events, so the body is described as what it is on the wire, text; the schema of each event's
+ * `data:` line is in the `x-cairn-event-data` extension: a union whose members are titled with
+ * the event names they go with (`event: run.completed` carries the member titled `run.completed`).
+ * A checker that reads the document validates the stream as a string, and each event's data
+ * against the extension when it knows to.
+ */
+export function eventStreamMedia(events: TSchema): { schema: TSchema; [EVENT_DATA_EXTENSION]: TSchema } {
+  return {
+    schema: Type.String({
+      description:
+        `Server-sent events (text/event-stream), read event by event; the data of each is one JSON object of the schema in ${EVENT_DATA_EXTENSION}, the member titled with the event's name. ${events.description ?? ''}`.trim(),
+    }),
+    [EVENT_DATA_EXTENSION]: events,
+  }
+}
+
 /** The answer of a run: an SSE stream whose messages' data are the protocol's stream events. */
 export function eventStreamResponse(description: string, headers?: ResponseSpec['headers']): ResponseSpec {
   return {
-    description: `${description}. ${StreamEventSchema.description ?? ''}`.trim(),
-    content: { 'text/event-stream': { schema: StreamEventSchema } },
+    description,
+    content: { 'text/event-stream': eventStreamMedia(StreamEventSchema) },
     ...(headers ? { headers } : {}),
   }
 }
@@ -78,7 +99,7 @@ const BODY_METHODS = new Set(['POST', 'PUT', 'PATCH', 'DELETE'])
 
 /**
  * Documents what the framework answers on every route, before or around its handler: 400 for a
- * path, query or body it cannot read; 401 and 429 from the auth hook; 403 for a key without write
+ * path, query or body it cannot read; 431 for headers larger than it reads; 401 and 429 from the auth hook; 403 for a key without write
  * access on every non-GET route; 413 and 415 from the body parser; 404 and 410 from the session
  * lookup every `/v1/sessions/{id}…` route starts with; 500 and 503 from the error handler. A route keeps what it declares itself. Registered before the routes, so a new route is
  * covered without doing anything.
@@ -88,7 +109,8 @@ export function documentFrameworkAnswers(app: FastifyInstance): void {
     const schema = route.schema as (Record<string, unknown> & { hide?: boolean }) | undefined
     if (!schema || schema.hide || !route.url.startsWith('/v1/')) return
     const methods = (Array.isArray(route.method) ? route.method : [route.method]).map(String)
-    const statuses = [400, 401, 429, 500, 503]
+    // 431: headers too large, refused by the HTTP parser before any route (in the registry's shape).
+    const statuses = [400, 401, 429, 431, 500, 503]
     if (methods.some((m) => m !== 'GET' && m !== 'HEAD')) statuses.push(403)
     if (methods.some((m) => BODY_METHODS.has(m))) statuses.push(413, 415)
     // Every route of one session looks the session up first: a deleted one answers 410.

@@ -32,25 +32,27 @@ function whileConnected(reply: FastifyReply): AbortSignal {
   })
   return controller.signal
 }
+// A parameter with a default is optional (Type.Optional): without it, the document would mark it
+// required while the validator fills the default in.
 const PathQuery = Type.Object({
-  path: Type.String({ default: '', maxLength: 4096 }),
+  path: Type.Optional(Type.String({ default: '', maxLength: 4096 })),
   /** The path's exact bytes, base64 (for names that are not UTF-8); overrides `path`. */
   pathBase64: Type.Optional(Type.String({ maxLength: 8192, pattern: '^[A-Za-z0-9+/]*={0,2}$' })),
   snapshot: Type.Optional(Type.String({ maxLength: 64 })),
 })
 const SnapshotQuery = Type.Object({
-  digest: Type.Boolean({ default: false }),
+  digest: Type.Optional(Type.Boolean({ default: false })),
   /** Measure referenced and exclusive bytes (not stored: exclusive changes as other trees do). */
-  sizes: Type.Boolean({ default: false }),
+  sizes: Type.Optional(Type.Boolean({ default: false })),
 })
-const ManifestQuery = Type.Object({ sizes: Type.Boolean({ default: false }) })
+const ManifestQuery = Type.Object({ sizes: Type.Optional(Type.Boolean({ default: false })) })
 const SnapshotParams = Type.Object({
   id: Type.String({ minLength: 1, maxLength: 200 }),
   snapshotId: Type.String({ maxLength: 64 }),
 })
 const RestoreResult = Type.Object({ session: SessionSchema, snapshot: SnapshotSchema })
 const ImportQuery = Type.Object({
-  mode: Type.Union([Type.Literal('replace'), Type.Literal('merge')], { default: 'replace' }),
+  mode: Type.Optional(Type.Union([Type.Literal('replace'), Type.Literal('merge')], { default: 'replace' })),
 })
 const ImportResult = Type.Object({
   session: SessionSchema,
@@ -265,7 +267,7 @@ export function workspaceRoutes(server: FastifyInstance, workspace: WorkspaceSer
       await workspace.files.writeFile(
         requireWrite(request).tenantId,
         idOf(request),
-        q.path,
+        q.path ?? '',
         Readable.from([body]),
       )
       return { ok: true }
@@ -283,7 +285,11 @@ export function workspaceRoutes(server: FastifyInstance, workspace: WorkspaceSer
       },
     },
     async (request) => {
-      await workspace.files.deleteFile(requireWrite(request).tenantId, idOf(request), request.query.path)
+      await workspace.files.deleteFile(
+        requireWrite(request).tenantId,
+        idOf(request),
+        request.query.path ?? '',
+      )
       return { ok: true }
     },
   )

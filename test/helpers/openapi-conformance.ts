@@ -85,6 +85,13 @@ export class OpenApiConformance {
     return best?.op
   }
 
+  /** The methods the document lists for a request path (any of its templates that fit it), sorted. */
+  methodsAt(pathname: string): string[] {
+    const parts = pathname.split('/')
+    const methods = this.operations.filter((op) => fitScore(op, parts) !== undefined).map((op) => op.method)
+    return [...new Set(methods)].sort()
+  }
+
   /** What is wrong with one answer to an operation, or undefined when it conforms. */
   check(op: Operation, status: number, contentType: string, body: Buffer): string | undefined {
     const where = `${op.method} ${op.template} ${status}`

@@ -24,6 +24,7 @@ import {
   type SharedPlaces,
   traversal,
 } from '../helpers/fuzz.js'
+import { LinkPool } from '../helpers/fuzz-links.js'
 import { OpenApiConformance, type Operation } from '../helpers/openapi-conformance.js'
 import { Api, EXAMPLES, packDir, REPO_ROOT } from '../helpers/server.js'
 
@@ -32,6 +33,11 @@ import { Api, EXAMPLES, packDir, REPO_ROOT } from '../helpers/server.js'
 // must answer each with a typed error or a success, never a 500, never crash, and never write
 // outside its data dir and pool. Every answer is also checked against the document itself (its
 // status, media type and body schema, each SSE event), and every operation must reach a success.
+// The run is stateful: the IDs a successful POST hands out (sessions, snapshots, turns, artifacts,
+// agents, revisions, keys) are fed to later requests (LinkPool), so operations are fuzzed on what
+// other operations made. A method the document does not list for a path must answer 405 with the
+// document's methods in Allow; a request without a query parameter the document marks required
+// must be refused. A finding prints its request in full (with the linked IDs it used).
 
 const SEED = fuzzSeed('fuzz-requests', 0x5eed_0006)
 const REQUESTS = Number(process.env.FUZZ_REQUESTS ?? 10_000)
@@ -74,6 +80,7 @@ let readKey = ''
 let api: Api
 const serverLog: string[] = []
 const agent = new http.Agent({ keepAlive: true, maxSockets: CONCURRENCY })
+const links = new LinkPool()
 
 const ids = {
   liveSession: '',
@@ -142,6 +149,7 @@ beforeAll(async () => {
   const artifact = await api.call('POST', `/v1/sessions/${ids.liveSession}/artifacts`, { path: 'echo.sh' })
   expect(artifact.status, JSON.stringify(artifact.body)).toBe(201)
   ids.artifact = artifact.body.id
+  links.protect(...Object.values(ids).flat())
 }, 120_000)
 
 afterAll(async () => {
@@ -213,6 +221,8 @@ function pathParam(rng: Rng, route: Route, method: string, name: string): string
   const destructive = method === 'DELETE' && route.template.split('/').length <= 4
   const pick = (real: string[]) => {
     const r = rng.next()
+    const linked = links.pick(rng, route.template, name)
+    if (r < 0.2 && linked !== undefined) return pct(linked)
     if (r < 0.35 && real.length > 0) return pct(rng.pick(real))
     if (r < 0.55) return raw(traversal(rng))
     if (r < 0.65) return pct('z'.repeat(rng.pick([201, 1000, 4000])))
@@ -355,6 +365,16 @@ function queryFor(rng: Rng, route: Route, hints: Record<string, unknown[]>): str
   return parts.length > 0 ? `?${parts.join('&')}` : rng.chance(0.05) ? '?' : ''
 }
 
+/** The hints, with an ID another operation made for each ID field (snapshotId, sessionId, agent). */
+function linkedHints(rng: Rng, route: Route, hints: Record<string, unknown[]>): Record<string, unknown[]> {
+  const out = { ...hints }
+  for (const name of ['snapshotId', 'sessionId', 'agent']) {
+    const linked = links.pick(rng, route.template, name)
+    if (linked !== undefined) out[name] = [linked, ...(hints[name] ?? [])]
+  }
+  return out
+}
+
 /** Variants of an API path a router or auth check might treat differently. */
 function pathVariant(rng: Rng, apiPath: string): string {
   switch (rng.int(8)) {
@@ -428,16 +448,19 @@ function generate(index: number, routes: Route[], hints: Record<string, unknown[
   )
   const variant = rng.chance(0.05)
   if (variant) apiPath = pathVariant(rng, apiPath)
-  const body = bodyFor(rng, route, hints)
+  const body = bodyFor(rng, route, linkedHints(rng, route, hints))
   if (body?.type) headers['content-type'] = body.type
   if (rng.chance(0.02))
     headers.accept = rng.pick(['text/event-stream', 'application/xml', '*/*;q=0', '\u00ff'])
+  // Headers past what the server reads (16 KiB): refused before any route, in the registry's shape.
+  const padded = rng.chance(0.004)
+  if (padded) headers['x-fuzz-padding'] = 'p'.repeat(rng.pick([8_000, 17_000, 70_000]))
   return {
     index,
     method,
     path: apiPath + queryFor(rng, route, hints),
     headers,
-    body: body?.text,
+    body: padded ? undefined : body?.text,
     authenticated,
     api: true,
     variant,
@@ -517,9 +540,17 @@ const BIG_BODY_BYTES = 1024 * 1024
 /** Requests that met a kept-alive socket the server had just closed, and were sent again. */
 let staleSocketRetries = 0
 
-function send(request: FuzzRequest, fresh = false): Promise<{ status: number; type: string; body: Buffer }> {
+interface Answer {
+  status: number
+  type: string
+  body: Buffer
+  headers: Record<string, string | undefined>
+}
+
+function send(request: FuzzRequest, fresh = false): Promise<Answer> {
   return new Promise((resolve, reject) => {
-    const big = fresh || (request.body?.length ?? 0) > BIG_BODY_BYTES
+    const headerBytes = Object.values(request.headers).reduce((sum, value) => sum + value.length, 0)
+    const big = fresh || (request.body?.length ?? 0) > BIG_BODY_BYTES || headerBytes > 8000
     const req = http.request(
       {
         host: base.hostname,
@@ -542,6 +573,11 @@ function send(request: FuzzRequest, fresh = false): Promise<{ status: number; ty
             status: res.statusCode ?? 0,
             type: String(res.headers['content-type'] ?? ''),
             body: Buffer.concat(chunks),
+            headers: {
+              allow: res.headers.allow,
+              'cairn-session-id': res.headers['cairn-session-id'] as string | undefined,
+              'cairn-turn-id': res.headers['cairn-turn-id'] as string | undefined,
+            },
           }),
         )
         res.on('error', reject)
@@ -599,6 +635,35 @@ function judge(request: FuzzRequest, status: number, type: string, body: Buffer)
   return undefined
 }
 
+/**
+ * The answer to a method the document has no operation for at `pathname`: where the document has
+ * the path, 405 with Allow naming its methods (HEAD beside GET), never the router's 404; anywhere
+ * else an error. Undefined: as it should be.
+ */
+function unlistedAnswer(
+  conformance: OpenApiConformance,
+  method: string,
+  pathname: string,
+  res: Answer,
+): string | undefined {
+  const documented = conformance.methodsAt(pathname)
+  const where = `conformance: ${method} ${pathname}`
+  if (res.status === 405) {
+    const expected = [...new Set([...documented, ...(documented.includes('GET') ? ['HEAD'] : [])])].sort()
+    return res.headers.allow === expected.join(', ')
+      ? undefined
+      : `${where} answered 405 with Allow "${res.headers.allow}", the document lists ${expected.join(', ')}`
+  }
+  if (res.status < 400 || res.status >= 500) return `${where} is in no operation, answered ${res.status}`
+  let message = ''
+  try {
+    message = String(JSON.parse(res.body.toString('utf8')).error?.message)
+  } catch {}
+  if (documented.length > 0 && res.status === 404 && message.startsWith('no route for'))
+    return `${where}: 404 no route, for a path the document has with ${documented.join(', ')} (405 expected)`
+  return undefined
+}
+
 describe('request fuzzing', () => {
   it(`answers ${REQUESTS} generated requests over every route with typed errors, no 500, no crash, no stray writes`, async () => {
     const markersBefore = new Set(markersNow())
@@ -637,38 +702,27 @@ describe('request fuzzing', () => {
     )
     let mismatches = 0
     /** Status, media type and body against the document; a path no operation has must be a 404. */
-    const conform = (
-      request: FuzzRequest,
-      status: number,
-      type: string,
-      body: Buffer,
-    ): string | undefined => {
+    const conform = (request: FuzzRequest, res: Answer): string | undefined => {
+      const { status, type, body } = res
       if (!request.api || request.variant || !request.path.startsWith('/v1/')) return undefined
       const pathname = request.path.split('?')[0] as string
       const op = conformance.match(request.method, pathname)
-      // A path or method no operation has: an error (its registry shape is checked by `judge`).
-      if (!op)
-        return status >= 400 && status < 500
-          ? undefined
-          : `conformance: ${request.method} ${pathname} is in no operation, answered ${status}`
+      // A path or method no operation has: an error (its registry shape is checked by `judge`);
+      // a method the document does not list for a path it has is 405, Allow naming its methods.
+      if (!op) return unlistedAnswer(conformance, request.method, pathname, res)
       const seen = perOperation.get(op) as Map<number, number>
       seen.set(status, (seen.get(status) ?? 0) + 1)
       const what = conformance.check(op, status, type, body)
       if (what) mismatches++
       return what === undefined ? undefined : `conformance: ${what}`
     }
-    const record = (
-      request: FuzzRequest,
-      describe: string,
-      res: { status: number; type: string; body: Buffer },
-    ) => {
+    const record = (request: FuzzRequest, describe: string, res: Answer) => {
+      links.learn(request.method, res.status, res.body, res.headers)
+      links.count(request.path, res.status)
       statuses.set(res.status, (statuses.get(res.status) ?? 0) + 1)
       const routeKey = `${request.method} ${request.path.split('?')[0]?.replace(/\/[^/]*$/, '/…')}`
       perRoute.set(routeKey, (perRoute.get(routeKey) ?? 0) + 1)
-      for (const what of [
-        judge(request, res.status, res.type, res.body),
-        conform(request, res.status, res.type, res.body),
-      ])
+      for (const what of [judge(request, res.status, res.type, res.body), conform(request, res)])
         if (what)
           findings.push({
             index: request.index,
@@ -685,6 +739,26 @@ describe('request fuzzing', () => {
     for (const [n, route] of happy.entries()) {
       const request = wellFormed(-1 - n, route, hints, samples)
       record(request, describeRequest(request), await send(request))
+    }
+    // A query parameter the document marks required, left out of a well-formed request: refused.
+    let withoutRequired = 0
+    for (const [n, route] of routes.entries()) {
+      for (const param of route.query.filter((q) => q.required)) {
+        const request = wellFormed(-1000 - n, route, hints, samples)
+        const [pathname, query = ''] = request.path.split('?')
+        const rest = query.split('&').filter((part) => part !== '' && !part.startsWith(`${param.name}=`))
+        request.path = `${pathname}${rest.length > 0 ? `?${rest.join('&')}` : ''}`
+        const res = await send(request)
+        record(request, describeRequest(request), res)
+        withoutRequired++
+        if (res.status < 400)
+          findings.push({
+            index: request.index,
+            what: `conformance: ${route.method} ${route.template} answered ${res.status} without ${param.name}, which the document marks required`,
+            request: describeRequest(request),
+            answer: res.body.subarray(0, 300).toString('utf8'),
+          })
+      }
     }
     expect((await api.call('POST', `/v1/sessions/${ids.liveSession}/resume`)).status).toBeLessThan(500)
     const only = process.env.FUZZ_ONLY === undefined ? undefined : Number(process.env.FUZZ_ONLY)
@@ -749,11 +823,13 @@ describe('request fuzzing', () => {
       .filter(([, seen]) => ![...seen.keys()].some((status) => status >= 200 && status < 300))
       .map(([op, seen]) => `${op.method} ${op.template} ${JSON.stringify(Object.fromEntries(seen))}`)
     console.log(
-      `[fuzz-requests] report: ${happy.length + last - (only ?? 0)} requests (${happy.length} well-formed), ${conformance.operations.length} operations, ${conformance.operations.length - neverSucceeded.length} answered 2xx; statuses ${JSON.stringify(Object.fromEntries([...statuses].sort((a, b) => a[0] - b[0])))}; ${mismatches} mismatches with the OpenAPI document; ${fiveXx} 5xx`,
+      `[fuzz-requests] report: ${happy.length + withoutRequired + last - (only ?? 0)} requests (${happy.length} well-formed, ${withoutRequired} without a required parameter), ${conformance.operations.length} operations, ${conformance.operations.length - neverSucceeded.length} answered 2xx; links: ${links.counts.learned} IDs made by one operation, ${links.counts.linkedRequests} requests used one, ${links.counts.linkedSuccesses} of them answered 2xx; statuses ${JSON.stringify(Object.fromEntries([...statuses].sort((a, b) => a[0] - b[0])))}; ${mismatches} mismatches with the OpenAPI document; ${fiveXx} 5xx`,
     )
     for (const op of neverSucceeded) console.log(`[fuzz-requests] never answered 2xx: ${op}`)
     expect(findings.map((f) => `#${f.index} ${f.what}`)).toEqual([])
     if (only === undefined) expect(neverSucceeded).toEqual([])
+    // Stateful: requests did reach what other requests of the run made.
+    if (only === undefined) expect(links.counts.linkedSuccesses).toBeGreaterThan(0)
 
     // Still the same process, still answering, still serving the session it had.
     expect(child?.exitCode).toBeNull()
@@ -886,6 +962,27 @@ describe('request cases fuzzing found (regressions)', () => {
     )
     expectError(res, 409, 'conflict')
     expect(res.body.error.message).toContain('/workspace/echo.sh is a file, not a directory')
+  })
+
+  it('answers file writes that meet a delete of their session with success or 410, never a 500 (found by linked requests)', async () => {
+    const seen = new Map<string, number>()
+    for (let i = 0; i < 6; i++) {
+      const session = await api.createSession('echo')
+      const writes = Array.from({ length: 3 }, (_, n) =>
+        api.call('PUT', `/v1/sessions/${session.id}/files/content?path=w${n}.txt`, Buffer.alloc(65_536, n), {
+          'content-type': 'application/octet-stream',
+        }),
+      )
+      // Deletes a moment later each round, to meet the writes at different points.
+      await new Promise((r) => setTimeout(r, 15 * i))
+      expect((await api.call('DELETE', `/v1/sessions/${session.id}`)).status).toBe(200)
+      for (const res of await Promise.all(writes)) {
+        const key = `${res.status} ${res.body?.error?.code ?? ''}`
+        seen.set(key, (seen.get(key) ?? 0) + 1)
+      }
+    }
+    console.log(`[fuzz-requests] writes meeting a delete: ${JSON.stringify(Object.fromEntries(seen))}`)
+    for (const key of seen.keys()) expect(['200 ', '410 session_deleted']).toContain(key)
   })
 
   it('lets concurrent deletes of one session all succeed', async () => {

@@ -508,6 +508,9 @@ export class SessionService {
     } catch (error) {
       // Any failure of a write that met a swap is the swap's doing (a path missing for a moment).
       if (await metSwap()) throw replaced()
+      // One that met a delete found its workspace gone: the session's state, not a server fault.
+      if (this.deleting.has(id) || (await this.store.statusOf(id)) === 'deleted')
+        throw new CairnProblem('session_deleted', `session ${id} was deleted while its workspace was written`)
       throw error
     }
     if (await metSwap()) throw replaced()

@@ -38,6 +38,7 @@ const RUNTIME_ONLY = [
   'test/security/fuzz-archive.test.ts',
   'test/security/images.test.ts',
   'test/security/inherited-fds.test.ts',
+  'test/security/listener-admission.test.ts',
   'test/security/previews-origin.test.ts',
   'test/security/proxy-secrets.test.ts',
   'test/security/session-uid.test.ts',

@@ -76,6 +76,8 @@ export interface AppDeps {
   operatorLimits: OperatorLimits
   /** Interval of the heartbeat events on SSE streams (default 15 s). */
   sseHeartbeatMs?: number | undefined
+  /** How long a client may read nothing of a full SSE stream before it is cut (default 60 s). */
+  sseStallMs?: number | undefined
   version: string
   /**
    * Where the hosted agent-session API's compatibility routes are served (`/superserve` → its
@@ -203,7 +205,7 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   )
   app.get('/v1/openapi.json', { schema: { hide: true } }, async () => app.swagger())
   keyRoutes(app, deps.keys, { maxKeysPerTenant: deps.operatorLimits.maxKeysPerTenant })
-  const sse = { heartbeatMs: deps.sseHeartbeatMs }
+  const sse = { heartbeatMs: deps.sseHeartbeatMs, stallMs: deps.sseStallMs }
   agentRoutes(app, deps.agents, sse)
   sessionRoutes(app, deps.sessions, sse)
   secretRoutes(app, deps.agents, deps.secrets)

@@ -119,6 +119,11 @@ export interface ServerOptions {
   rateLimitPerSecond?: number | undefined
   /** Interval of the heartbeat events on SSE streams, in ms (default 15 s). */
   sseHeartbeatMs?: number | undefined
+  /**
+   * A client that reads nothing of a full SSE stream for this long is cut (default 60 s; env
+   * `CAIRN_SSE_STALL_MS`); a turn's stream picks up again with `Last-Event-ID`.
+   */
+  sseStallMs?: number | undefined
   /** Write the admin key to the CLI credentials file when none exists (default true). */
   writeCredentials?: boolean | undefined
   /** Base directory for per-instance runtime files (default /run/cairn). */
@@ -195,6 +200,7 @@ export interface ResolvedConfig {
   memoryCheckpointTtlMs: number | null
   rateLimitPerSecond: number
   sseHeartbeatMs: number | undefined
+  sseStallMs: number | undefined
   shutdownGraceMs: number
   isolation: 'bwrap' | 'gvisor'
   gvisorPoolSize: number | undefined
@@ -293,6 +299,9 @@ export function resolveConfig(options: ServerOptions): ResolvedConfig {
         : options.memoryCheckpointTtlMs,
     shutdownGraceMs: options.shutdownGraceMs ?? 10_000,
     sseHeartbeatMs: options.sseHeartbeatMs,
+    sseStallMs:
+      options.sseStallMs ??
+      (process.env.CAIRN_SSE_STALL_MS ? Number(process.env.CAIRN_SSE_STALL_MS) : undefined),
     isolation: options.isolation ?? (process.env.CAIRN_ISOLATION === 'gvisor' ? 'gvisor' : 'bwrap'),
     gvisorPoolSize: options.gvisorPoolSize,
     spareLaunchers: options.spareLaunchers ?? Number(process.env.CAIRN_SPARE_LAUNCHERS ?? 2),

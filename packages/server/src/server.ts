@@ -454,6 +454,7 @@ export async function startServer(
       rateLimitPerSecond: config.rateLimitPerSecond,
       operatorLimits: config.operatorLimits,
       sseHeartbeatMs: config.sseHeartbeatMs,
+      sseStallMs: config.sseStallMs,
       version: SERVER_VERSION,
       compat: config.compatPrefix
         ? {

@@ -12,6 +12,7 @@ import { TailBuffer } from '../util/tail.js'
 import type { ActiveTurn, TurnChannel } from './active-turn.js'
 import { type AgentEgress, startAgentEgress } from './agent-egress.js'
 import { AgentPorts } from './agent-ports.js'
+import type { OutputGate } from './output-gate.js'
 import { type AgentProtocol, protocolFor } from './protocols/agent-protocol.js'
 import { RunDir } from './run-dir.js'
 import {
@@ -218,15 +219,17 @@ export class AgentProcess implements TurnChannel {
     return this.stderrTail.value()
   }
 
+  /** Runs one turn; `gate`, when given, pauses the reading of the agent's answer while it is closed. */
   runTurn(
     input: TurnInput,
     onEvent: (event: AgentEvent) => void,
     signal?: AbortSignal,
+    gate?: OutputGate,
   ): Promise<TurnOutcome> {
     // Checked and set synchronously: `active` is only set once the transcript is written.
     if (this.busy) return Promise.reject(new Error('a turn is already running on this agent process'))
     this.busy = true
-    return this.turn(input, onEvent, signal).finally(() => {
+    return this.turn(input, onEvent, signal, gate).finally(() => {
       this.busy = false
     })
   }
@@ -235,17 +238,18 @@ export class AgentProcess implements TurnChannel {
     input: TurnInput,
     onEvent: (event: AgentEvent) => void,
     signal?: AbortSignal,
+    gate?: OutputGate,
   ): Promise<TurnOutcome> {
     const warm = this.sandbox
     if (!this.alive || (this.protocol.warm && !warm)) throw new Error('agent process is not running')
     await this.runDir.writeTranscript(input.transcript, input.turn)
     this.stderrTail.clear()
-    if (warm) return this.superviseTurn(warm, input, onEvent, signal)
+    if (warm) return this.superviseTurn(warm, input, onEvent, signal, gate)
     // A sandbox for this turn alone.
     const sandbox = await this.spawn(input.turn)
     this.protocol.listen(sandbox, this)
     try {
-      return await this.superviseTurn(sandbox, input, onEvent, signal)
+      return await this.superviseTurn(sandbox, input, onEvent, signal, gate)
     } finally {
       await sandbox.destroy()
     }
@@ -276,13 +280,18 @@ export class AgentProcess implements TurnChannel {
     input: TurnInput,
     onEvent: (event: AgentEvent) => void,
     signal: AbortSignal | undefined,
+    gate: OutputGate | undefined,
   ): Promise<TurnOutcome> {
     const { warm } = this.protocol
     return new Promise<TurnOutcome>((resolve) => {
       let done = false
+      const unwatch = gate?.watch((open) => this.protocol.throttle(sandbox, !open))
       const settle = (outcome: () => TurnOutcome, teardown: boolean) => {
         if (done) return
         done = true
+        // Whatever the reader wants now, the agent's output is read again between turns.
+        unwatch?.()
+        this.protocol.throttle(sandbox, false)
         clearTimeout(timeout)
         clearInterval(limitPoll)
         signal?.removeEventListener('abort', onAbort)

@@ -307,10 +307,10 @@ export class LocalRuntimePort implements RuntimePort {
     this.turns.set(key, controller)
     if (this.earlyCancels.delete(key)) controller.abort()
     return turnStream(
-      async (onEvent) => {
+      async (onEvent, gate) => {
         let outcome: TurnOutcome
         try {
-          outcome = await this.warmAgent(sessionId).runTurn(input, onEvent, controller.signal)
+          outcome = await this.warmAgent(sessionId).runTurn(input, onEvent, controller.signal, gate)
         } finally {
           if (this.turns.get(key) === controller) this.turns.delete(key)
         }

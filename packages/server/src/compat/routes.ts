@@ -7,6 +7,7 @@ import type { ArchiveLimits } from '../agents/archive.js'
 import type { ApiKeyStore, Principal } from '../auth/api-keys.js'
 import type { RateLimiter } from '../auth/plugin.js'
 import { toErrorBody } from '../http/errors.js'
+import { DEFAULT_SSE_STALL_MS, whenDrained } from '../http/sse.js'
 import type { SecretStore } from '../secrets/secret-store.js'
 import type { SessionService } from '../sessions/session-service.js'
 import { deployForm, readDeployForm } from './deploy.js'
@@ -337,7 +338,7 @@ function compatError(
 async function streamRun(
   reply: FastifyReply,
   format: CompatStreamFormat,
-  run: (send: (event: StreamEvent) => void) => Promise<unknown>,
+  run: (send: (event: StreamEvent) => Promise<void> | undefined) => Promise<unknown>,
 ): Promise<void> {
   reply.hijack()
   const res = reply.raw
@@ -354,8 +355,16 @@ async function streamRun(
     closed = true
   })
   const mapper = new RunEventMapper()
-  const send = (event: StreamEvent) => {
-    if (!closed) res.write(encodeCompatSse(mapper.map(event), format))
+  let behind: Promise<void> | undefined
+  // As SseWriter: a write the socket cannot take now is a wait for its drain (back-pressure down
+  // to the agent); a client that drains nothing for the stall bound is cut.
+  const send = (event: StreamEvent): Promise<void> | undefined => {
+    if (closed) return undefined
+    if (!res.write(encodeCompatSse(mapper.map(event), format)) && !behind)
+      behind = whenDrained(res, DEFAULT_SSE_STALL_MS).finally(() => {
+        behind = undefined
+      })
+    return behind
   }
   const heartbeat = setInterval(() => send({ type: 'heartbeat', at: new Date().toISOString() }), HEARTBEAT_MS)
   heartbeat.unref()

@@ -3,19 +3,48 @@ import { CairnProblem, encodeSse, type StreamEvent } from '@cairn/protocol'
 
 /** How often an idle stream gets a `heartbeat` event (keeps proxies from timing it out). */
 export const DEFAULT_SSE_HEARTBEAT_MS = 15_000
+/** How long a client may read nothing of a full stream before its connection is cut. */
+export const DEFAULT_SSE_STALL_MS = 60_000
 
 export interface SseWriterOptions {
   /** Interval of the `heartbeat` events, in ms (default 15 s). */
   heartbeatMs?: number | undefined
+  /** A client that drains nothing of a full stream for this long is cut (default 60 s). */
+  stallMs?: number | undefined
+}
+
+/**
+ * Resolves once `res` drained what it buffers (or closed); a client that drains nothing for
+ * `stallMs` has its connection cut (it picks the stream up again with `Last-Event-ID`).
+ */
+export function whenDrained(res: ServerResponse, stallMs: number): Promise<void> {
+  return new Promise<void>((resolve) => {
+    const done = () => {
+      clearTimeout(stall)
+      res.off('drain', done)
+      res.off('close', done)
+      resolve()
+    }
+    const stall = setTimeout(() => {
+      done()
+      res.destroy()
+    }, stallMs)
+    res.once('drain', done)
+    res.once('close', done)
+  })
 }
 
 /**
  * The one SSE writer of the API: every streaming route writes through it. It sends the headers,
  * a `heartbeat` event on an interval, and stops writing (not running) once the client has gone or
- * the stream has ended, so a late event is dropped instead of written to a dead socket.
+ * the stream has ended, so a late event is dropped instead of written to a dead socket. A write
+ * the socket cannot take now answers a promise of its drain: the caller waits for it before the
+ * next (back-pressure down to the agent), and a client that reads nothing is cut after `stallMs`.
  */
 export class SseWriter {
   private done = false
+  private drained: Promise<void> | undefined
+  private readonly stallMs: number
   private readonly heartbeat: NodeJS.Timeout
   private readonly closeListeners: (() => void)[] = []
 
@@ -23,6 +52,7 @@ export class SseWriter {
     private readonly res: ServerResponse,
     options: SseWriterOptions = {},
   ) {
+    this.stallMs = options.stallMs ?? DEFAULT_SSE_STALL_MS
     res.writeHead(200, {
       'content-type': 'text/event-stream; charset=utf-8',
       'cache-control': 'no-cache, no-transform',
@@ -53,17 +83,32 @@ export class SseWriter {
     else this.closeListeners.push(listener)
   }
 
-  /** Sends a stream event (its type is the SSE event name), with its `id:` when it has one. */
-  send(event: StreamEvent, id?: number): void {
-    if (this.closed) return
-    this.res.write(encodeSse(event, id))
+  /**
+   * Sends a stream event (its type is the SSE event name), with its `id:` when it has one; a
+   * promise when the client is behind: the next event waits for it.
+   */
+  send(event: StreamEvent, id?: number): Promise<void> | undefined {
+    return this.write(encodeSse(event, id))
   }
 
   /** Sends a named event whose data is `data` as JSON (streams that are not runs: build logs). */
-  sendNamed(name: string, data: unknown, id?: number): void {
-    if (this.closed) return
+  sendNamed(name: string, data: unknown, id?: number): Promise<void> | undefined {
     const idLine = id === undefined ? '' : `id: ${id}\n`
-    this.res.write(`event: ${name}\n${idLine}data: ${JSON.stringify(data)}\n\n`)
+    return this.write(`event: ${name}\n${idLine}data: ${JSON.stringify(data)}\n\n`)
+  }
+
+  private write(text: string): Promise<void> | undefined {
+    if (this.closed) return undefined
+    if (this.drained) {
+      // Behind already (a heartbeat, an event sent without waiting): written, the same wait.
+      this.res.write(text)
+      return this.drained
+    }
+    if (this.res.write(text)) return undefined
+    this.drained = whenDrained(this.res, this.stallMs).finally(() => {
+      this.drained = undefined
+    })
+    return this.drained
   }
 
   end(): void {

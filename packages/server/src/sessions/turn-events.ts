@@ -11,8 +11,17 @@ export interface NumberedEvent {
 
 /** How long a running turn's events wait in memory before they are written (one batch). */
 export const DEFAULT_TURN_EVENTS_FLUSH_MS = 250
+/**
+ * Characters (as JSON) of a running turn's events not yet written above which they are written
+ * at once and the turn reads nothing more of its agent until they are: a turn's memory is bounded
+ * by this, whatever its length.
+ */
+export const TURN_EVENTS_HIGH_CHARS = 1024 * 1024
 /** Rows per INSERT (SQLite's bound on statement parameters). */
 const ROWS_PER_INSERT = 300
+
+/** Stored events read at once by a resumed stream (its memory is bounded by a page, not by the turn). */
+export const STORED_PAGE_ROWS = 500
 
 export const TERMINAL_EVENT_TYPES = ['run.completed', 'run.failed', 'run.cancelled'] as const
 
@@ -24,21 +33,31 @@ export interface TurnEventsDeps {
   flushMs?: number | undefined
 }
 
+/** An event with its JSON (measured once, written as it is). */
+interface HeldEvent extends NumberedEvent {
+  json: string
+}
+
 /**
  * The events of one turn while it runs on this process: numbered as they are streamed, kept in
- * memory (a client resuming through this replica is served from here), and written to the
- * database in batches, at most every `flushMs` and with the turn's end in the transaction that
- * records it, so a turn shorter than `flushMs` (a warm one) costs no extra write.
+ * memory until written (a client resuming through this replica reads the written ones from the
+ * database, the rest from here), and written to the database in batches, at most every `flushMs`
+ * (at once past `TURN_EVENTS_HIGH_CHARS`) and with the turn's end in the transaction that records
+ * it, so a turn shorter than `flushMs` (a warm one) costs no extra write.
  */
 export class TurnEventLog {
-  private readonly events: NumberedEvent[] = []
-  /** Events [0, written) are in the database. */
+  /** The events not written yet: ids (written, last]. */
+  private events: HeldEvent[] = []
+  private heldChars = 0
+  private last = 0
+  /** Events up to this id are in the database. */
   private written = 0
   private timer: NodeJS.Timeout | undefined
   private flushing: Promise<void> | undefined
   private settled = false
   private ended = false
-  private readonly followers = new Set<(event: NumberedEvent | undefined) => void>()
+  /** Told of the next event or of the end (each once). */
+  private waiters: (() => void)[] = []
 
   constructor(
     readonly turnId: string,
@@ -46,24 +65,64 @@ export class TurnEventLog {
     private readonly onEnd: () => void,
   ) {}
 
-  /** Numbers `event` and hands it to the followers; it is written with the next batch. */
+  /** Numbers `event` and wakes the readers; it is written with the next batch. */
   append(event: StreamEvent): number {
-    const numbered = { id: this.events.length + 1, event }
-    this.events.push(numbered)
-    for (const follower of this.followers) follower(numbered)
-    this.schedule()
-    return numbered.id
+    const held = { id: ++this.last, event, json: JSON.stringify(event) }
+    this.events.push(held)
+    this.heldChars += held.json.length
+    this.wake()
+    if (this.heldChars > TURN_EVENTS_HIGH_CHARS) this.flushNow()
+    else this.schedule()
+    return held.id
   }
 
-  /** The events after `after`, then each one as it comes; `undefined` once the turn's end was sent. */
-  follow(after: number, listener: (event: NumberedEvent | undefined) => void): () => void {
-    for (const numbered of this.events) if (numbered.id > after) listener(numbered)
-    if (this.ended) {
-      listener(undefined)
-      return () => undefined
-    }
-    this.followers.add(listener)
-    return () => this.followers.delete(listener)
+  /**
+   * A promise while the events not written are over `TURN_EVENTS_HIGH_CHARS`: until they are
+   * written (a write that failed is tried again every `flushMs`).
+   */
+  room(): Promise<void> | undefined {
+    if (!this.full()) return undefined
+    return (async () => {
+      while (this.full()) {
+        this.flushNow()
+        await this.flushing
+        if (this.full())
+          await new Promise((resolve) =>
+            setTimeout(resolve, this.deps.flushMs ?? DEFAULT_TURN_EVENTS_FLUSH_MS),
+          )
+      }
+    })()
+  }
+
+  private full(): boolean {
+    return this.heldChars > TURN_EVENTS_HIGH_CHARS && !this.settled
+  }
+
+  /** Whether the terminal event was sent (all events are in the database then). */
+  get over(): boolean {
+    return this.ended
+  }
+
+  /**
+   * The events after `after` while this log still holds them (`after` at or past what is
+   * written), else undefined: they are in the database.
+   */
+  since(after: number): NumberedEvent[] | undefined {
+    if (after < this.written) return undefined
+    return this.events.filter((held) => held.id > after).map(({ id, event }) => ({ id, event }))
+  }
+
+  /** Resolves at the next event, the end, or `signal`'s abort. */
+  next(signal: AbortSignal): Promise<void> {
+    if (this.ended || signal.aborted) return Promise.resolve()
+    return new Promise<void>((resolve) => {
+      const done = () => {
+        signal.removeEventListener('abort', done)
+        resolve()
+      }
+      signal.addEventListener('abort', done, { once: true })
+      this.waiters.push(done)
+    })
   }
 
   /** Stops the batches: what is left is written by `writeEnd`, inside the turn's record. */
@@ -76,27 +135,28 @@ export class TurnEventLog {
 
   /**
    * Writes the events not written yet and the turn's terminal event, in the caller's transaction
-   * (idempotent: a retried transaction writes the same rows). Returns the terminal's id.
+   * (idempotent: a retried write writes the same rows). Returns the terminal's id.
    */
   async writeEnd(terminal: StreamEvent): Promise<number> {
-    const id = this.events.length + 1
-    await this.insert([...this.events.slice(this.written), { id, event: terminal }])
+    const id = this.last + 1
+    await this.insert([...this.events, { id, event: terminal, json: JSON.stringify(terminal) }])
     return id
   }
 
-  /** The terminal event written by `writeEnd` was committed: it goes to the followers, the log ends. */
-  end(terminal: StreamEvent): number {
-    const numbered = { id: this.events.length + 1, event: terminal }
-    this.events.push(numbered)
-    this.written = this.events.length
+  /** The terminal event written by `writeEnd` was committed: the readers are woken, the log ends. */
+  end(): number {
+    const id = ++this.last
+    this.events = []
+    this.heldChars = 0
+    this.written = id
     this.ended = true
-    for (const follower of this.followers) {
-      follower(numbered)
-      follower(undefined)
-    }
-    this.followers.clear()
+    this.wake()
     this.onEnd()
-    return numbered.id
+    return id
+  }
+
+  private wake(): void {
+    for (const waiter of this.waiters.splice(0)) waiter()
   }
 
   private schedule(): void {
@@ -105,15 +165,27 @@ export class TurnEventLog {
     this.timer.unref()
   }
 
+  private flushNow(): void {
+    if (this.settled || this.flushing) return
+    if (this.timer) clearTimeout(this.timer)
+    this.flush()
+  }
+
   private flush(): void {
     this.timer = undefined
-    const rows = this.events.slice(this.written)
+    const rows = this.events.slice()
     if (rows.length === 0) return
+    const upTo = rows.at(-1)?.id ?? 0
     this.flushing = this.deps.db
       .transaction(() => this.insert(rows))
       .then(
         () => {
-          this.written = Math.max(this.written, rows.at(-1)?.id ?? 0)
+          if (upTo <= this.written) return
+          this.written = upTo
+          // Written: dropped from memory (a reader behind reads them from the database).
+          const kept = this.events.filter((held) => held.id > upTo)
+          this.heldChars = kept.reduce((sum, held) => sum + held.json.length, 0)
+          this.events = kept
         },
         (error: unknown) =>
           // Kept in memory: the next batch (or the turn's record) writes them.
@@ -121,11 +193,11 @@ export class TurnEventLog {
       )
       .finally(() => {
         this.flushing = undefined
-        if (this.written < this.events.length) this.schedule()
+        if (this.events.length > 0) this.schedule()
       })
   }
 
-  private async insert(rows: NumberedEvent[]): Promise<void> {
+  private async insert(rows: HeldEvent[]): Promise<void> {
     await insertEvents(this.deps.db, this.turnId, rows)
     const last = rows.at(-1)
     if (last && this.deps.hints)
@@ -161,16 +233,20 @@ function endFromRow(turn: EndedTurn): StreamEvent {
 }
 
 /** Writes events of a turn; rows already there (a retried write) are left as they are. */
-export async function insertEvents(db: Db, turnId: string, rows: NumberedEvent[]): Promise<void> {
+export async function insertEvents(
+  db: Db,
+  turnId: string,
+  rows: (NumberedEvent & { json?: string })[],
+): Promise<void> {
   for (let i = 0; i < rows.length; i += ROWS_PER_INSERT) {
     await db.q
       .insertInto('turn_events')
       .values(
-        rows.slice(i, i + ROWS_PER_INSERT).map(({ id, event }) => ({
+        rows.slice(i, i + ROWS_PER_INSERT).map(({ id, event, json }) => ({
           turn_id: turnId,
           seq: id,
           type: event.type,
-          event: JSON.stringify(event),
+          event: json ?? JSON.stringify(event),
         })),
       )
       .onConflict((oc) => oc.columns(['turn_id', 'seq']).doNothing())
@@ -237,14 +313,15 @@ export class TurnEvents {
     return (await this.bounds(turn.id)).terminal ?? id
   }
 
-  /** Stored events after `after`, up to the first terminal one, oldest first. */
-  async stored(turnId: string, after: number): Promise<NumberedEvent[]> {
+  /** Stored events after `after`, up to the first terminal one, oldest first; at most `limit` rows read. */
+  async stored(turnId: string, after: number, limit = STORED_PAGE_ROWS): Promise<NumberedEvent[]> {
     const rows = await this.deps.db.q
       .selectFrom('turn_events')
       .select(['seq', 'event'])
       .where('turn_id', '=', turnId)
       .where('seq', '>', after)
       .orderBy('seq')
+      .limit(limit)
       .execute()
     const out: NumberedEvent[] = []
     for (const row of rows) {

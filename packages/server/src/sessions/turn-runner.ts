@@ -46,8 +46,9 @@ export type TurnRunnerDeps = Pick<
 /**
  * Where a turn's events go: each with its id (its place in the turn, the SSE `id:`), except one
  * that is not part of the turn's record (a `run.failed` saying the end could not be recorded yet).
+ * A promise: the client is behind, and the turn reads nothing more of its agent until it settles.
  */
-export type TurnEmit = (event: StreamEvent, id?: number) => void
+export type TurnEmit = (event: StreamEvent, id?: number) => Promise<void> | undefined
 
 const TITLE_MAX = 60
 /** How long a turn's end waits for an unavailable database before the client is told. */
@@ -191,7 +192,7 @@ export class TurnRunner {
     options: TurnOptions,
     signal: AbortSignal,
     onStarted: (agent: AgentInfo) => Promise<void>,
-    onEvent: (event: AgentEvent) => void,
+    onEvent: (event: AgentEvent) => Promise<void> | undefined,
   ): Promise<TurnEnd | undefined> {
     const { runtime } = this.deps
     const cancel = () => {
@@ -207,8 +208,12 @@ export class TurnRunner {
       if (signal.aborted) cancel()
       let end: TurnEnd | undefined
       for await (const message of messages) {
-        if (message.type === 'event') onEvent(message.event)
-        else if (message.type === 'started') await onStarted(message.agent)
+        if (message.type === 'event') {
+          // Back-pressure: the runtime's queue fills meanwhile and pauses the agent. A cancel
+          // does not wait for a client that reads nothing.
+          const behind = onEvent(message.event)
+          if (behind && !signal.aborted) await untilAborted(behind, signal)
+        } else if (message.type === 'started') await onStarted(message.agent)
         else if (message.type === 'cold') {
           if (message.stopped) this.deps.warm.forget(sessionId)
           return undefined
@@ -232,7 +237,7 @@ export class TurnRunner {
     log: TurnEventLog,
   ): Promise<void> {
     const { store, warm } = this.deps
-    const emit = (event: StreamEvent) => emitNumbered(event, log.append(event))
+    const emit = (event: StreamEvent) => both(emitNumbered(event, log.append(event)), log.room())
     const startedAt = this.deps.clock.now()
     const elapsed = () => Math.max(0, Math.round(performance.now() - startedPerf))
     const startedPerf = performance.now()
@@ -466,7 +471,7 @@ export class TurnRunner {
         },
       })
       void whenNotBusy(record, Number.POSITIVE_INFINITY, 1000).then(
-        () => log.end(endedElsewhere ?? (ownerChanged ? lost : ended)),
+        () => log.end(),
         (late: unknown) =>
           this.deps.logger.error(
             { err: late, session: row.id, turn: turnId },
@@ -480,7 +485,7 @@ export class TurnRunner {
         { session: row.id, turn: turnId, ownerEpoch: row.owner_epoch },
         "a turn's end was not recorded: the session's owner changed during the turn",
       )
-      emitNumbered(lost, log.end(lost))
+      emitNumbered(lost, log.end())
       return
     }
     if (endedElsewhere) {
@@ -488,10 +493,10 @@ export class TurnRunner {
         { session: row.id, turn: turnId, event: endedElsewhere },
         "a turn's end was not recorded: it was ended while it ran",
       )
-      emitNumbered(endedElsewhere, log.end(endedElsewhere))
+      emitNumbered(endedElsewhere, log.end())
       return
     }
-    emitNumbered(ended, log.end(ended))
+    emitNumbered(ended, log.end())
     const after = agentAfter
     for (const observer of this.observers) observer.afterTurn?.(row, seq, after, unchanged)
     const memory = this.deps.memory
@@ -545,6 +550,24 @@ export class TurnRunner {
       message: `the storage pool is full (${stats.freeBytes} of ${stats.totalBytes} bytes free): the agent's writes failed with "No space left on device"; free space in the pool, then resume the session. Agent: ${outcome.message}`,
     }
   }
+}
+
+/** One promise of two waits (either may be none). */
+function both(a: Promise<void> | undefined, b: Promise<void> | undefined): Promise<void> | undefined {
+  if (!a || !b) return a ?? b
+  return Promise.all([a, b]).then(() => undefined)
+}
+
+/** `wait`, or until `signal` aborts, whichever is first. */
+function untilAborted(wait: Promise<void>, signal: AbortSignal): Promise<void> {
+  return new Promise<void>((resolve) => {
+    const done = () => {
+      signal.removeEventListener('abort', done)
+      resolve()
+    }
+    signal.addEventListener('abort', done, { once: true })
+    void wait.then(done, done)
+  })
 }
 
 /** The event that ends a turn's stream, from its outcome. */

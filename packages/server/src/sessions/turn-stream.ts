@@ -1,13 +1,20 @@
 import { isTerminalEvent } from '@cairn/protocol'
 import type { Logger } from 'pino'
-import type { EndedTurn, NumberedEvent, TurnEvents } from './turn-events.js'
+import type { EndedTurn, NumberedEvent, TurnEventLog, TurnEvents } from './turn-events.js'
+import { STORED_PAGE_ROWS } from './turn-events.js'
 
 /** How often a resumed stream of a turn running elsewhere reads its new events (hints come sooner). */
 export const DEFAULT_TURN_EVENTS_POLL_MS = 500
 
+/**
+ * Sends one event of a resumed stream; a promise when the client is behind (the next event waits
+ * for it, so a stream holds a page of events at most).
+ */
+export type ReplaySend = (event: NumberedEvent) => Promise<void> | undefined
+
 /** A turn's stream picked up after an event: `stream` sends what follows and resolves at its end. */
 export interface TurnReplay {
-  stream(send: (event: NumberedEvent) => void, signal: AbortSignal): Promise<void>
+  stream(send: ReplaySend, signal: AbortSignal): Promise<void>
 }
 
 /**
@@ -29,25 +36,25 @@ export class TurnStreams {
   async replay(turn: EndedTurn, after: number): Promise<TurnReplay | undefined> {
     const { events } = this.deps
     const log = events.running(turn.id)
-    if (log) return { stream: (send, signal) => followLocal(log, after, send, signal) }
+    if (log) return { stream: (send, signal) => followLocal(log, events, after, send, signal) }
     if (turn.status === 'running') return { stream: (send, signal) => this.tail(turn, after, send, signal) }
     const end = await events.endOf(turn, after)
     if (after >= end) return undefined
-    const rows = await events.stored(turn.id, after)
     return {
-      stream: async (send) => {
-        for (const row of rows) send(row)
+      stream: async (send, signal) => {
+        let last = after
+        for (;;) {
+          const rows = await events.stored(turn.id, last)
+          const sent = await sendAll(rows, send, signal)
+          if (sent.over || rows.length < STORED_PAGE_ROWS) return
+          last = sent.last ?? last
+        }
       },
     }
   }
 
   /** Follows a turn running on another replica (or being recorded) through the database. */
-  private async tail(
-    turn: EndedTurn,
-    after: number,
-    send: (event: NumberedEvent) => void,
-    signal: AbortSignal,
-  ): Promise<void> {
+  private async tail(turn: EndedTurn, after: number, send: ReplaySend, signal: AbortSignal): Promise<void> {
     const { events } = this.deps
     let last = after
     while (!signal.aborted) {
@@ -57,12 +64,12 @@ export class TurnStreams {
         const latest = (await events.current(turn.id)) ?? turn
         const ended = latest.status !== 'running'
         if (ended) await events.endOf(latest, last)
-        for (const row of await events.stored(turn.id, last)) {
-          if (signal.aborted) return
-          send(row)
-          last = row.id
-          if (isTerminalEvent(row.event)) return
-        }
+        const rows = await events.stored(turn.id, last)
+        const sent = await sendAll(rows, send, signal)
+        last = sent.last ?? last
+        if (sent.over) return
+        // A full page: more are stored already.
+        if (rows.length === STORED_PAGE_ROWS) continue
         if (ended) return
       } catch (error) {
         this.deps.logger.warn({ err: error, turn: turn.id }, "reading a turn's events failed; retrying")
@@ -111,29 +118,47 @@ export class TurnStreams {
   }
 }
 
-/** Follows a turn this process runs: its events after `after` from memory, then as they come. */
-function followLocal(
-  log: { follow(after: number, listener: (event: NumberedEvent | undefined) => void): () => void },
+/**
+ * Sends `rows` in order, each after the client took the one before; `over`: the terminal event was
+ * sent or the client went; `last`: the id of the last one sent.
+ */
+async function sendAll(
+  rows: NumberedEvent[],
+  send: ReplaySend,
+  signal: AbortSignal,
+): Promise<{ over: boolean; last: number | undefined }> {
+  let last: number | undefined
+  for (const row of rows) {
+    if (signal.aborted) return { over: true, last }
+    const behind = send(row)
+    last = row.id
+    if (isTerminalEvent(row.event)) return { over: true, last }
+    if (behind) await behind
+  }
+  return { over: signal.aborted, last }
+}
+
+/**
+ * Follows a turn this process runs: the events after `after` that are written from the database
+ * (a page at a time), the others from the log's memory, then each as it comes, until its end.
+ */
+async function followLocal(
+  log: TurnEventLog,
+  events: TurnEvents,
   after: number,
-  send: (event: NumberedEvent) => void,
+  send: ReplaySend,
   signal: AbortSignal,
 ): Promise<void> {
-  return new Promise<void>((resolve) => {
-    let finished = false
-    let unfollow: (() => void) | undefined
-    const finish = () => {
-      if (finished) return
-      finished = true
-      unfollow?.()
-      signal.removeEventListener('abort', finish)
-      resolve()
-    }
-    signal.addEventListener('abort', finish, { once: true })
-    unfollow = log.follow(after, (event) => {
-      if (finished) return
-      if (event === undefined) finish()
-      else if (event.id > after) send(event)
-    })
-    if (finished || signal.aborted) finish()
-  })
+  let last = after
+  while (!signal.aborted) {
+    const held = log.over ? undefined : log.since(last)
+    const rows = held ?? (await events.stored(log.turnId, last))
+    const sent = await sendAll(rows, send, signal)
+    last = sent.last ?? last
+    if (sent.over) return
+    if (rows.length > 0) continue
+    // Nothing after `last`: an ended log has every event in the database, the terminal one too.
+    if (log.over && held === undefined) return
+    await log.next(signal)
+  }
 }

@@ -26,6 +26,11 @@ export interface AgentProtocol {
   /** Hands the turn's prompt to the agent; called with the turn already active. */
   send(sandbox: Sandbox, input: TurnInput): void
   /**
+   * Stops reading the agent's answer (`paused`: its reader is behind; the agent's writes block
+   * once the pipe or socket is full) or reads it again.
+   */
+  throttle(sandbox: Sandbox, paused: boolean): void
+  /**
    * What the protocol knows of the running agent that the next process must know to go on talking
    * to it after a memory checkpoint (stdio: its nonce and line counts); given back to `protocolFor`.
    */

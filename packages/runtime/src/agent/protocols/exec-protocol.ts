@@ -4,11 +4,13 @@ import type { TurnChannel } from '../active-turn.js'
 import type { TurnInput } from '../types.js'
 import type { AgentProtocol } from './agent-protocol.js'
 import { kitLibraryEnv } from './kit-env.js'
+import { throttleStdout } from './throttle.js'
 
 /** exec: a sandbox per turn; the prompt is its stdin, everything on stdout is the reply. */
 export class ExecProtocol implements AgentProtocol {
   readonly name = 'exec' as const
   readonly warm = false
+  readonly throttle = throttleStdout
   readonly exitCompletes = true
 
   /** The kit's libraries ahead of the launch's search paths. */

@@ -1,3 +1,4 @@
+import type { IncomingMessage } from 'node:http'
 import type net from 'node:net'
 import type { HttpAgent } from '@cairn/protocol'
 import type { Sandbox } from '../../sandbox/driver.js'
@@ -18,6 +19,9 @@ export class HttpProtocol implements AgentProtocol {
   readonly warm = true
   readonly exitCompletes = false
   private channel: TurnChannel | undefined
+  /** The running turn's answer, and whether its reader asked to stop reading it. */
+  private answer: IncomingMessage | undefined
+  private paused = false
 
   constructor(
     private readonly config: HttpAgent,
@@ -34,6 +38,12 @@ export class HttpProtocol implements AgentProtocol {
   listen(sandbox: Sandbox, channel: TurnChannel): void {
     this.channel = channel
     sandbox.stdout.resume()
+  }
+
+  throttle(_sandbox: Sandbox, paused: boolean): void {
+    this.paused = paused
+    if (paused) this.answer?.pause()
+    else this.answer?.resume()
   }
 
   send(_sandbox: Sandbox, input: TurnInput): void {
@@ -61,6 +71,13 @@ export class HttpProtocol implements AgentProtocol {
           ),
         fail: (failure) => turn.fail(failure),
         running: () => channel.active === turn,
+        answering: (answer) => {
+          this.answer = answer
+          answer.once('close', () => {
+            if (this.answer === answer) this.answer = undefined
+          })
+          if (this.paused) answer.pause()
+        },
       },
       channel.maxOutputChars,
     )

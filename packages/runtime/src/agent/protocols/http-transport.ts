@@ -52,6 +52,8 @@ export interface HttpTurnSink {
   fail(failure: HttpTurnFailure): void
   /** False once the turn is over by other means (the agent's exit, the timeout, a cancel). */
   running(): boolean
+  /** The answer has begun: the caller may pause and resume it (back-pressure). */
+  answering?(answer: http.IncomingMessage): void
 }
 
 export interface HttpTurnMessage {
@@ -99,6 +101,7 @@ export async function sendHttpTurn(
   request.on('response', (response) => {
     answered = true
     readAnswer(response, config, sink, maxChars, () => request.destroy())
+    sink.answering?.(response)
   })
   request.on('error', (error) => {
     if (answered) return

@@ -6,11 +6,13 @@ import type { TurnChannel } from '../active-turn.js'
 import type { TurnInput } from '../types.js'
 import type { AgentProtocol } from './agent-protocol.js'
 import { kitLibraryEnv } from './kit-env.js'
+import { throttleStdout } from './throttle.js'
 
 /** jsonl: a warm agent reading one message frame per line and writing typed frames back. */
 export class JsonlProtocol implements AgentProtocol {
   readonly name = 'jsonl' as const
   readonly warm = true
+  readonly throttle = throttleStdout
   readonly exitCompletes = false
 
   /** The kit's libraries ahead of the launch's search paths. */

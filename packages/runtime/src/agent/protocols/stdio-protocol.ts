@@ -7,6 +7,7 @@ import type { TurnChannel } from '../active-turn.js'
 import { StdioMarkerParser } from '../stdio-marker.js'
 import type { TurnInput } from '../types.js'
 import type { AgentProtocol, ProtocolState } from './agent-protocol.js'
+import { throttleStdout } from './throttle.js'
 
 /**
  * stdio: a warm agent reading one message per line. The shims mark each read of stdin with a
@@ -15,6 +16,7 @@ import type { AgentProtocol, ProtocolState } from './agent-protocol.js'
 export class StdioProtocol implements AgentProtocol {
   readonly name = 'stdio' as const
   readonly warm = true
+  readonly throttle = throttleStdout
   readonly exitCompletes = true
   private readonly nonce: string
   private linesSent = 0

@@ -14,25 +14,27 @@ export class TurnRedaction {
   constructor(
     private readonly redactor: Redactor,
     private readonly turnId: string,
-    private readonly emit: (event: StreamEvent) => void,
+    /** Answers a promise when the client is behind (see `TurnEmit`). */
+    private readonly emit: (event: StreamEvent) => Promise<void> | undefined,
   ) {
     this.text = redactor.stream()
   }
 
-  event(event: StreamEvent): void {
+  /** Sends `event` redacted; a promise when the client is behind (the next event waits for it). */
+  event(event: StreamEvent): Promise<void> | undefined {
     if (event.type === 'message.delta') {
       const content = this.text.write(event.content)
-      if (content) this.emit({ ...event, content })
-      return
+      return content ? this.emit({ ...event, content }) : undefined
     }
-    this.flush()
-    this.emit(this.redactValues(event) as StreamEvent)
+    const held = this.flush()
+    const sent = this.emit(this.redactValues(event) as StreamEvent)
+    return held && sent ? Promise.all([held, sent]).then(() => undefined) : (sent ?? held)
   }
 
   /** Sends what the reply's text held back. */
-  flush(): void {
+  flush(): Promise<void> | undefined {
     const content = this.text.end()
-    if (content) this.emit({ type: 'message.delta', turnId: this.turnId, content })
+    return content ? this.emit({ type: 'message.delta', turnId: this.turnId, content }) : undefined
   }
 
   private redactValues(value: unknown): unknown {

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# README command one: set up this machine, start Cairn on the embedded defaults (SQLite, a
-# loop-backed btrfs pool under the data dir, bubblewrap sandboxes), deploy the notes example and
-# have a session answer twice: a fact in turn 1, recalled from the workspace in turn 2.
+# README command one: set up this machine with what Cairn uses and nothing else (the Debian
+# packages of scripts/install-system-deps.sh, which says which it installs; the tests' are the
+# test command's), start Cairn on the embedded defaults (SQLite, a loop-backed btrfs pool under
+# the data dir, bubblewrap sandboxes), deploy the notes example and have a session answer twice:
+# a fact in turn 1, recalled from the workspace in turn 2.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)

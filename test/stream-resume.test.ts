@@ -285,3 +285,45 @@ describe('stored stream events are not kept forever', () => {
     expect(messages.map((m) => m.event)).toEqual(['run.completed'])
   })
 })
+
+describe('a turn of more events than a resumed stream reads at once', () => {
+  it('resumes whole, in order, while it runs and after it ended (the events are read a page at a time)', async () => {
+    const frames = {
+      'cairn.yaml': 'name: chatty\ncommand: python3 chatty.py\nprotocol: jsonl\n',
+      'chatty.py': [
+        'import json, sys, time',
+        'def send(frame):',
+        '    sys.stdout.write(json.dumps(frame) + "\\n")',
+        '    sys.stdout.flush()',
+        'for line in sys.stdin:',
+        '    for i in range(1300):',
+        '        send({"type": "status", "message": "step %d" % i})',
+        '    time.sleep(1.5)',
+        '    send({"type": "status", "message": "last"})',
+        '    send({"type": "turn.done"})',
+      ].join('\n'),
+    }
+    const deployed = await t.api.call(
+      'POST',
+      '/v1/agents?wait=true',
+      await packDir(await makeProject(frames)),
+    )
+    expect(deployed.body.revision.status).toBe('READY')
+    const { id } = await t.api.createSession('chatty')
+    const controller = new AbortController()
+    const res = await post(id, 'go', controller)
+    const turnId = res.headers.get('cairn-turn-id') ?? ''
+    // Hung up once the first burst is in: the turn sleeps before its end.
+    await readEvents(res, controller, (m) => m.event === 'status' && m.data.includes('step 1299'))
+    const expectWhole = (messages: { id?: string | undefined; event: string }[]) => {
+      expect(idsOf(messages)).toEqual(messages.map((_, i) => i + 1))
+      expect(messages.length).toBe(1303)
+      expect(messages.at(-1)?.event).toBe('run.completed')
+    }
+    const live = await readEvents(await resume(id, turnId, {}, '?after=0'))
+    expect(live.ended).toBe(true)
+    expectWhole(live.messages)
+    await waitForTurnEnd(id)
+    expectWhole((await readEvents(await resume(id, turnId, {}, '?after=0'))).messages)
+  })
+})

@@ -1,5 +1,5 @@
 import { execFile } from 'node:child_process'
-import { mkdir, mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises'
+import { cp, mkdir, mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises'
 import os from 'node:os'
 import path from 'node:path'
 import { promisify } from 'node:util'
@@ -59,8 +59,18 @@ afterAll(async () => {
 
 describe('the SDK from one tarball', () => {
   it('packs alone, installs into an empty project, type-checks strictly, runs the hosted docs’ calls and bundles for the browser', async () => {
+    // Packed from a copy of the two packages as built (prepack rewrites the SDK's dist in place,
+    // which test files running beside this one import).
+    for (const [pkg, parts] of [
+      ['sdk', ['package.json', 'scripts', 'dist']],
+      ['protocol', ['package.json', 'dist']],
+    ] as const)
+      for (const part of parts)
+        await cp(path.join(REPO_ROOT, 'packages', pkg, part), path.join(scratch, 'packages', pkg, part), {
+          recursive: true,
+        })
     await run('npm', ['pack', '--pack-destination', scratch, '--silent'], {
-      cwd: path.join(REPO_ROOT, 'packages/sdk'),
+      cwd: path.join(scratch, 'packages/sdk'),
     })
     const tarballs = (await readdir(scratch)).filter((name) => name.endsWith('.tgz'))
     expect(tarballs).toEqual(['cairn-sdk-0.1.0.tgz'])

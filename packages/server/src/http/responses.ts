@@ -99,7 +99,7 @@ const BODY_METHODS = new Set(['POST', 'PUT', 'PATCH', 'DELETE'])
 
 /**
  * Documents what the framework answers on every route, before or around its handler: 400 for a
- * path, query or body it cannot read; 431 for headers larger than it reads; 401 and 429 from the auth hook; 403 for a key without write
+ * path, query or body it cannot read; 408 and 431 for a request too slow or headers larger than it reads; 401 and 429 from the auth hook; 403 for a key without write
  * access on every non-GET route; 413 and 415 from the body parser; 404 and 410 from the session
  * lookup every `/v1/sessions/{id}…` route starts with; 500 and 503 from the error handler. A route keeps what it declares itself. Registered before the routes, so a new route is
  * covered without doing anything.
@@ -109,8 +109,9 @@ export function documentFrameworkAnswers(app: FastifyInstance): void {
     const schema = route.schema as (Record<string, unknown> & { hide?: boolean }) | undefined
     if (!schema || schema.hide || !route.url.startsWith('/v1/')) return
     const methods = (Array.isArray(route.method) ? route.method : [route.method]).map(String)
-    // 431: headers too large, refused by the HTTP parser before any route (in the registry's shape).
-    const statuses = [400, 401, 429, 431, 500, 503]
+    // 408 and 431: a request too slow or its headers too large, refused by the HTTP parser before
+    // any route (in the registry's shape, http/errors.ts answerClientError).
+    const statuses = [400, 401, 408, 429, 431, 500, 503]
     if (methods.some((m) => m !== 'GET' && m !== 'HEAD')) statuses.push(403)
     if (methods.some((m) => BODY_METHODS.has(m))) statuses.push(413, 415)
     // Every route of one session looks the session up first: a deleted one answers 410.

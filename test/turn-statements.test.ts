@@ -6,7 +6,8 @@ import { type Counted, countStatements, tally } from './helpers/statements.js'
 // What a warm turn costs the database, counted statement by statement (a count, not a time):
 // `begin` and `commit` included, each a round trip on PostgreSQL. The ceiling holds on both
 // databases; docs/architecture.md ("The database work of a warm turn") says what each one is for.
-const CEILING = 28
+const CEILINGS = { sqlite: 15, postgres: 10 }
+const CEILING = CEILINGS[process.env.CAIRN_TEST_DATABASE === 'postgres' ? 'postgres' : 'sqlite']
 const WARM_TURNS = 3
 
 let t: TestServer
@@ -17,8 +18,10 @@ beforeAll(async () => {
   t = await startTestServer({ reaperIntervalMs: 3_600_000 })
   expect((await t.api.deploy(path.join(EXAMPLES, 'echo'))).status).toBe(201)
   sessionId = (await t.api.createSession('echo', { keepWarmMs: 600_000 })).id
-  // The first turn starts the agent; the ones counted find it warm.
-  expect((await t.api.send(sessionId, 'cold')).terminal?.type).toBe('run.completed')
+  // The first turn starts the agent (and leaves its snapshot behind); the ones counted find it
+  // warm, after two more that are not counted.
+  for (const prompt of ['cold', 'warm', 'warm again'])
+    expect((await t.api.send(sessionId, prompt)).terminal?.type).toBe('run.completed')
 }, 120_000)
 
 afterAll(async () => {
@@ -37,11 +40,15 @@ describe('the statements of a warm turn', () => {
   it(`a warm echo turn sends at most ${CEILING} statements`, async () => {
     const turns: Counted[] = []
     for (let i = 0; i < WARM_TURNS; i++) turns.push(await warmTurn(i))
-    const last = turns.at(-1) as Counted
-    const listed = tally([...last.answered, ...last.after.map((sql) => `(after) ${sql}`)])
+    const most = turns.reduce((a, b) => (total(b) > total(a) ? b : a))
+    const listed = tally([...most.answered, ...most.after.map((sql) => `(after) ${sql}`)])
     console.log(
-      `a warm turn on ${process.env.CAIRN_TEST_DATABASE ?? 'sqlite'}: ${last.answered.length} statements, then ${last.after.length}\n${[...listed].map(([sql, n]) => `${n} × ${sql}`).join('\n')}`,
+      `a warm turn on ${process.env.CAIRN_TEST_DATABASE ?? 'sqlite'}: ${most.answered.length} statements, then ${most.after.length}\n${[...listed].map(([sql, n]) => `${n} × ${sql}`).join('\n')}`,
     )
-    for (const turn of turns) expect(turn.answered.length + turn.after.length).toBeLessThanOrEqual(CEILING)
+    for (const turn of turns) expect(total(turn)).toBeLessThanOrEqual(CEILING)
   })
 })
+
+function total(turn: Counted): number {
+  return turn.answered.length + turn.after.length
+}

@@ -1,6 +1,6 @@
 import { type Static, Type } from '@sinclair/typebox'
 import { Value } from '@sinclair/typebox/value'
-import { sql } from 'kysely'
+import { type RawBuilder, sql } from 'kysely'
 import type { Logger } from 'pino'
 import type { Db } from '../db/database.js'
 import { DedicatedConnection } from './dedicated-connection.js'
@@ -53,6 +53,11 @@ export type ClusterHint = Static<typeof ClusterHintSchema>
  */
 export interface HintFeed {
   publish(hint: ClusterHint): Promise<void>
+  /**
+   * `hint` as an expression to put in a statement of one's own, which then publishes it (one
+   * round trip for a write and its hint; delivered on commit, as `publish`'s).
+   */
+  notification(hint: ClusterHint): RawBuilder<unknown>
   subscribe(listener: (hint: ClusterHint) => void): Promise<() => void>
   /**
    * Names the current unbroken stretch of listening: it changes whenever hints may have been
@@ -102,10 +107,14 @@ export class ClusterHints implements HintFeed {
   }
 
   async publish(hint: ClusterHint): Promise<void> {
+    await sql`SELECT ${this.notification(hint)}`.execute(this.deps.db.q)
+  }
+
+  notification(hint: ClusterHint): RawBuilder<unknown> {
     let payload = JSON.stringify(hint)
     if (Buffer.byteLength(payload) > MAX_PAYLOAD_BYTES && hint.kind === 'node.lost')
       payload = JSON.stringify({ ...hint, turns: [] })
-    await sql`SELECT pg_notify(${CLUSTER_CHANNEL}, ${payload})`.execute(this.deps.db.q)
+    return sql`pg_notify(${CLUSTER_CHANNEL}, ${payload})`
   }
 
   /** Calls `listener` with every valid hint received; the first subscriber starts listening. */

@@ -108,6 +108,35 @@ export function nextDueColumn(timing: SessionTiming): string | null {
 }
 
 /**
+ * After an update that changed a session's timing and returned its row (the update holds the row
+ * until its transaction ends): `next_due_at` is written when the session's true next timeout is
+ * earlier than what the column holds (or it holds none), and cleared when the session can no
+ * longer time out. A session whose turn began keeps what it held (early: its timeout only moved
+ * later, and the turn's end writes it as needed), as does one whose turn ended with the column
+ * still before its new idle timeout (as activity leaves it); a pass settles them. Answers the time
+ * written (the reaper's timer may have to come earlier), undefined when none was.
+ */
+export async function keepNextDue(
+  db: Db,
+  sessionId: string,
+  row: SessionTiming & { next_due_at: string | null },
+): Promise<number | undefined> {
+  const due = dueOf(row)
+  const stored = row.next_due_at === null ? undefined : Date.parse(row.next_due_at)
+  if (due === undefined) {
+    if (stored !== undefined && row.status !== 'active') await setNextDue(db, sessionId, null)
+    return undefined
+  }
+  if (stored !== undefined && stored <= due) return undefined
+  await setNextDue(db, sessionId, iso(due))
+  return due
+}
+
+async function setNextDue(db: Db, sessionId: string, nextDueAt: string | null): Promise<void> {
+  await db.q.updateTable('sessions').set({ next_due_at: nextDueAt }).where('id', '=', sessionId).execute()
+}
+
+/**
  * Sets the session's `next_due_at` from its row as it is now, in one transaction with the row
  * locked (PostgreSQL): call it in the transaction that changed what may bring the timeout earlier.
  */
@@ -121,7 +150,6 @@ export async function refreshNextDue(db: Db, sessionId: string): Promise<void> {
     const row = await query.executeTakeFirst()
     if (!row) return
     const next = nextDueColumn(row as SessionTiming)
-    if (next !== row.next_due_at)
-      await db.q.updateTable('sessions').set({ next_due_at: next }).where('id', '=', sessionId).execute()
+    if (next !== row.next_due_at) await setNextDue(db, sessionId, next)
   })
 }

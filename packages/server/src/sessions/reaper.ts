@@ -51,7 +51,7 @@ export class SessionReaper {
   private started = false
 
   constructor(private readonly deps: SessionReaperDeps) {
-    deps.store.onTimingChange((sessionId) => this.noteTimingChange(sessionId))
+    deps.store.onTimingChange((sessionId, dueMs) => this.noteTimingChange(sessionId, dueMs))
   }
 
   private now(): string {
@@ -75,11 +75,14 @@ export class SessionReaper {
     this.armedFor = Number.POSITIVE_INFINITY
   }
 
-  /** A session's next timeout may have come earlier: the timer is armed for it if it is. */
-  private noteTimingChange(sessionId: string): void {
+  /**
+   * A session's next timeout may have come earlier: the timer is armed for it if it is (`dueMs`
+   * when the change knew it, else read).
+   */
+  private noteTimingChange(sessionId: string, dueMs?: number): void {
     if (!this.started) return
-    void this.deps.store.deadlines
-      .dueAt(sessionId)
+    const known = dueMs === undefined ? undefined : Promise.resolve(dueMs)
+    void (known ?? this.deps.store.deadlines.dueAt(sessionId))
       .then((due) => {
         if (this.started && due !== undefined && due < this.armedFor) this.arm(due)
       })

@@ -128,8 +128,13 @@ export class SessionService {
     throw error
   }
 
-  async require(tenantId: string, id: string): Promise<SessionRow> {
-    const row = await this.store.get(tenantId, id)
+  async require<R extends SessionRow = SessionRow>(
+    tenantId: string,
+    id: string,
+    read: (tenantId: string, id: string) => Promise<R | undefined> = (t, i) =>
+      this.store.get(t, i) as Promise<R | undefined>,
+  ): Promise<R> {
+    const row = await read.call(this.store, tenantId, id)
     if (!row) throw new CairnProblem('session_not_found', `No session found matching '${id}'`)
     return row
   }
@@ -138,8 +143,12 @@ export class SessionService {
    * The session, for an operation on its runtime (its sandbox, workspace or snapshots): refused
    * with `session_elsewhere` (retryable, naming the owner) when another replica's runtime holds it.
    */
-  async requireOwned(tenantId: string, id: string): Promise<SessionRow> {
-    const row = await this.require(tenantId, id)
+  async requireOwned<R extends SessionRow = SessionRow>(
+    tenantId: string,
+    id: string,
+    read?: (tenantId: string, id: string) => Promise<R | undefined>,
+  ): Promise<R> {
+    const row = await this.require<R>(tenantId, id, read)
     // An API replica routes every session to its node.
     if (this.deps.routing) return row
     if (row.runtime_id !== null && row.runtime_id !== this.deps.runtimeId)
@@ -342,7 +351,7 @@ export class SessionService {
    * across replicas).
    */
   beginTurn(tenantId: string, id: string, prompt: string, seen?: SeenAgent): Promise<TurnHandle> {
-    return this.runner.begin(id, () => this.requireOwned(tenantId, id), prompt, seen)
+    return this.runner.begin(id, () => this.requireOwned(tenantId, id, this.store.getForTurn), prompt, seen)
   }
 
   /**

@@ -5,25 +5,34 @@ import {
   newId,
   type SessionPolicy,
   type SessionStatus,
+  type SetupStatus,
   type StatusCause,
   type StatusEvent,
   type TurnInfo,
   type TurnStatus,
 } from '@cairn/protocol'
 import type { NetworkEvent } from '@cairn/runtime/port'
-import { sql } from 'kysely'
+import { type QueryCreator, type Selection, sql, type UpdateQueryBuilder } from 'kysely'
 import { iso } from '../clock.js'
 import { dbTime } from '../cluster/db-time.js'
 import { type Db, isUniqueViolation } from '../db/database.js'
-import { DeadlineIndex, nextDueColumn, refreshNextDue } from './deadline-index.js'
-import type { InterruptedTurn, ListFilter, NewSession, SessionRow, TurnRow } from './session-rows.js'
+import type { Schema } from '../db/schema.js'
+import { DeadlineIndex, keepNextDue, nextDueColumn, refreshNextDue } from './deadline-index.js'
+import {
+  type InterruptedTurn,
+  type ListFilter,
+  type NewSession,
+  type SessionRow,
+  TIMING_COLUMNS,
+  type TurnRow,
+} from './session-rows.js'
 import { MOVE_OPERATION } from './turn-locks.js'
 
 export { type InterruptedTurn, type ListFilter, type SessionRow, toSessionInfo } from './session-rows.js'
 
 /** Sessions, turns and status events. */
 export class SessionStore {
-  private readonly timingListeners: ((sessionId: string) => void)[] = []
+  private readonly timingListeners: ((sessionId: string, dueMs?: number) => void)[] = []
   /** When sessions time out, indexed: the timeouts this store's replica acts on. */
   readonly deadlines: DeadlineIndex
 
@@ -59,15 +68,57 @@ export class SessionStore {
    * Called after a change that may bring a session's next timeout earlier (a new session, a
    * status change, a new policy, a lease), once it is committed; changes that only move it later
    * (activity) are not reported: a timer armed for the old time finds nothing due and looks again.
+   * `dueMs`: the session's next timeout when the change knew it (else the listener reads it).
    */
-  onTimingChange(listener: (sessionId: string) => void): void {
+  onTimingChange(listener: (sessionId: string, dueMs?: number) => void): void {
     this.timingListeners.push(listener)
   }
 
-  private timingChanged(sessionId: string): void {
+  private timingChanged(sessionId: string, dueMs?: number): void {
     this.db.afterCommit(() => {
-      for (const listener of this.timingListeners) listener(sessionId)
+      for (const listener of this.timingListeners) listener(sessionId, dueMs)
     })
+  }
+
+  /**
+   * Changes a session's status by `update` (which returns its timing) and records the transition's
+   * event: on PostgreSQL in one statement (the event, and `turn`, written from the updated row), on
+   * SQLite in two. Then the deadline index is kept (written only if the timeout came earlier, and then the
+   * reaper told). Undefined: `update` changed no row, and nothing was written.
+   */
+  private async changeStatus(
+    sessionId: string,
+    update: (qc: QueryCreator<Schema>) => StatusUpdate,
+    change: { from: string; to: SessionStatus; cause: StatusCause; detail?: string | undefined; at: string },
+    /** PostgreSQL: a turn's row, written by the same statement if the session's row was changed. */
+    turn?: Record<string, string | number | null>,
+  ): Promise<ReturnedTiming | undefined> {
+    const event = {
+      id: newId('event'),
+      session_id: sessionId,
+      from_status: change.from,
+      to_status: change.to,
+      cause: change.cause,
+      detail: change.detail ?? null,
+      at: change.at,
+    }
+    let timing: ReturnedTiming | undefined
+    if (this.db.dialect === 'postgres') {
+      const base = this.db.q
+        .with('changed', update)
+        .with('event', (qc) => insertFromChanged(qc, 'session_events', event))
+      const query = turn
+        ? (base.with('turn', (qc) => insertFromChanged(qc, 'turns', turn)) as unknown as typeof base)
+        : base
+      timing = await query.selectFrom('changed').selectAll().executeTakeFirst()
+    } else {
+      timing = await update(this.db.q).executeTakeFirst()
+      if (timing) await this.db.q.insertInto('session_events').values(event).execute()
+    }
+    if (!timing) return undefined
+    const dueMs = await keepNextDue(this.db, sessionId, timing as StatusTiming)
+    if (dueMs !== undefined) this.timingChanged(sessionId, dueMs)
+    return timing
   }
 
   private selectSession() {
@@ -83,6 +134,24 @@ export class SessionStore {
       .where('s.tenant_id', '=', tenantId)
       .where('s.id', '=', id)
       .executeTakeFirst()) as SessionRow | undefined
+  }
+
+  /**
+   * The session as a turn begins from it: its row, and the state of its setup phase (null: it has
+   * none), read in one statement.
+   */
+  async getForTurn(tenantId: string, id: string): Promise<TurnSessionRow | undefined> {
+    return (await this.selectSession()
+      .select((eb) =>
+        eb
+          .selectFrom('session_setups')
+          .select('status')
+          .whereRef('session_setups.session_id', '=', 's.id')
+          .as('setup_status'),
+      )
+      .where('s.tenant_id', '=', tenantId)
+      .where('s.id', '=', id)
+      .executeTakeFirst()) as TurnSessionRow | undefined
   }
 
   /** The session's status, whoever's it is (events the runtime reports by session ID). */
@@ -303,16 +372,18 @@ export class SessionStore {
     at: string,
     detail?: string,
   ): Promise<void> {
-    await this.db.transaction(async () => {
-      await this.db.q
-        .updateTable('sessions')
-        .set({ status: to, status_cause: cause, updated_at: at })
-        .where('id', '=', row.id)
-        .execute()
-      await refreshNextDue(this.db, row.id)
-      await this.insertEvent(row.id, row.status, to, cause, detail ?? null, at)
-    })
-    this.timingChanged(row.id)
+    await this.db.transaction(() =>
+      this.changeStatus(
+        row.id,
+        (qc) =>
+          qc
+            .updateTable('sessions')
+            .set({ status: to, status_cause: cause, updated_at: at })
+            .where('id', '=', row.id)
+            .returning(STATUS_TIMING),
+        { from: row.status, to, cause, detail, at },
+      ),
+    )
   }
 
   /** Records an event that leaves the status as it is (a sandbox paused or restored, and why). */
@@ -361,55 +432,58 @@ export class SessionStore {
   }
 
   /**
-   * Records a new running turn. The database holds at most one running turn per session (a
-   * partial unique index): a second one, from this process or another replica, is refused with
-   * `session_busy` and nothing of it is recorded.
+   * Records a new running turn and the session's `idle → active` transition (one update of its
+   * row). The database holds at most one running turn per session (a partial unique index): a
+   * second one, from this process or another replica, is refused with `session_busy` and nothing
+   * of it is recorded. `sandboxId`: the warm sandbox the turn is expected to run in, if known.
    */
-  async startTurn(
-    sessionId: string,
-    turnId: string,
-    seq: number,
-    prompt: string,
-    title: string,
-    at: string,
-    relayId: string | null = null,
-  ): Promise<void> {
-    await this.db.transaction(async () => {
-      try {
-        await this.db.q
-          .insertInto('turns')
-          .values({
-            id: turnId,
-            session_id: sessionId,
-            seq,
-            status: 'running',
-            prompt,
-            started_at: at,
-            relay_id: relayId,
-          })
-          .execute()
-      } catch (error) {
-        if (isUniqueViolation(error)) {
-          throw new CairnProblem(
-            'session_busy',
-            `session ${sessionId} is already running a turn; wait for it or cancel it`,
-          )
-        }
-        throw error
-      }
-      const counted = await this.db.q
-        .updateTable('sessions')
-        .set((eb) => ({
-          turn_count: eb('turn_count', '+', 1),
-          message_count: eb('message_count', '+', 1),
-          title: eb.fn.coalesce('title', eb.val(title)),
-          last_active_at: at,
-          updated_at: at,
-        }))
-        .where('id', '=', sessionId)
-        .where((eb) => eb.or([eb('held_by', 'is', null), eb('held_until', '<', this.holdClock(at))]))
-        .executeTakeFirst()
-      if (counted.numUpdatedRows === 0n) {
+  async startTurn(turn: {
+    sessionId: string
+    turnId: string
+    seq: number
+    prompt: string
+    title: string
+    at: string
+    relayId: string | null
+    sandboxId?: string | undefined
+  }): Promise<void> {
+    const { sessionId, at } = turn
+    const row = {
+      id: turn.turnId,
+      session_id: sessionId,
+      seq: turn.seq,
+      status: 'running',
+      prompt: turn.prompt,
+      started_at: at,
+      relay_id: turn.relayId,
+      ...(turn.sandboxId === undefined ? {} : { sandbox_id: turn.sandboxId, cold_start: 0 }),
+    }
+    const onPostgres = this.db.dialect === 'postgres'
+    // PostgreSQL: one statement (the turn's row written from the session's, so a held session
+    // writes neither), atomic without a transaction. SQLite: the turn's row first, in one.
+    const begin = async () => {
+      if (!onPostgres) await this.db.q.insertInto('turns').values(row).execute()
+      const timing = await this.changeStatus(
+        sessionId,
+        (qc) =>
+          qc
+            .updateTable('sessions')
+            .set((eb) => ({
+              turn_count: eb('turn_count', '+', 1),
+              message_count: eb('message_count', '+', 1),
+              title: eb.fn.coalesce('title', eb.val(turn.title)),
+              last_active_at: at,
+              updated_at: at,
+              status: 'active',
+              status_cause: 'turn_started',
+            }))
+            .where('id', '=', sessionId)
+            .where((eb) => eb.or([eb('held_by', 'is', null), eb('held_until', '<', this.holdClock(at))]))
+            .returning(STATUS_TIMING),
+        { from: 'idle', to: 'active', cause: 'turn_started', detail: turn.turnId, at },
+        onPostgres ? row : undefined,
+      )
+      if (!timing) {
         // An exclusive operation holds the session (through any replica): the turn is not begun.
         const held = await this.heldFor(sessionId, at)
         throw held === MOVE_OPERATION
@@ -422,7 +496,17 @@ export class SessionStore {
               `session ${sessionId} is busy with ${held ?? 'an operation'}; retry when it is done`,
             )
       }
-    })
+    }
+    try {
+      await (onPostgres ? begin() : this.db.transaction(begin))
+    } catch (error) {
+      if (isUniqueViolation(error))
+        throw new CairnProblem(
+          'session_busy',
+          `session ${sessionId} is already running a turn; wait for it or cancel it`,
+        )
+      throw error
+    }
   }
 
   /**
@@ -547,8 +631,16 @@ export class SessionStore {
     return row.error_code ?? row.status
   }
 
+  /**
+   * Records a turn's end, in the caller's transaction: the session's row first (status, counts,
+   * generation; only while its owner epoch is `session.ownerEpoch`, the row then held to the end
+   * of the transaction, as a relay's loss holds it: sessions before turns), then the turn's row
+   * (only while it runs). False: the owner changed, nothing was written. Throws
+   * `TurnEndedElsewhere` when the turn was ended meanwhile (its relay's lease lapsed): the
+   * caller's transaction must not commit.
+   */
   async finishTurn(
-    sessionId: string,
+    session: { id: string; status: SessionStatus; ownerEpoch: number },
     turn: {
       id: string
       status: TurnStatus
@@ -559,31 +651,55 @@ export class SessionStore {
       endedAt: string
       durationMs: number
     },
-  ): Promise<void> {
-    await this.db.transaction(async () => {
-      await this.db.q
-        .updateTable('turns')
-        .set({
-          status: turn.status,
-          response: turn.response,
-          stderr: turn.stderr,
-          error_code: turn.errorCode,
-          error_message: turn.errorMessage,
-          ended_at: turn.endedAt,
-          duration_ms: turn.durationMs,
-        })
-        .where('id', '=', turn.id)
-        .execute()
-      await this.db.q
-        .updateTable('sessions')
-        .set((eb) => ({
-          message_count: eb('message_count', '+', turn.response ? 1 : 0),
-          last_active_at: turn.endedAt,
-          updated_at: turn.endedAt,
-        }))
-        .where('id', '=', sessionId)
-        .execute()
-    })
+    change: { to: SessionStatus; cause: StatusCause; detail: string; generation: number | undefined },
+  ): Promise<boolean> {
+    const at = turn.endedAt
+    const generation = change.generation
+    const timing = await this.changeStatus(
+      session.id,
+      (qc) =>
+        qc
+          .updateTable('sessions')
+          .set((eb) => ({
+            message_count: eb('message_count', '+', turn.response ? 1 : 0),
+            last_active_at: at,
+            updated_at: at,
+            status: change.to,
+            status_cause: change.cause,
+            ...(generation === undefined
+              ? {}
+              : {
+                  generation: eb
+                    .case()
+                    .when('generation', '<', generation)
+                    .then(generation)
+                    .else(eb.ref('generation'))
+                    .end(),
+                }),
+          }))
+          .where('id', '=', session.id)
+          .where('owner_epoch', '=', session.ownerEpoch)
+          .returning(STATUS_TIMING),
+      { from: session.status, to: change.to, cause: change.cause, detail: change.detail, at },
+    )
+    if (!timing) return false
+    const ended = await this.db.q
+      .updateTable('turns')
+      .set({
+        status: turn.status,
+        response: turn.response,
+        stderr: turn.stderr,
+        error_code: turn.errorCode,
+        error_message: turn.errorMessage,
+        ended_at: at,
+        duration_ms: turn.durationMs,
+      })
+      .where('id', '=', turn.id)
+      .where('status', '=', 'running')
+      .executeTakeFirst()
+    if (ended.numUpdatedRows === 0n)
+      throw new TurnEndedElsewhere((await this.endedElsewhere(turn.id)) ?? 'internal')
+    return true
   }
 
   async touch(sessionId: string, at: string): Promise<void> {
@@ -753,6 +869,49 @@ export class SessionStore {
     }[]
   }
 }
+
+/**
+ * An insert into `table` of `values` for each row of the CTE `changed` (PostgreSQL): written
+ * only if the update it names changed a row. Numbers are cast (a parameter in a select list is
+ * text to PostgreSQL).
+ */
+function insertFromChanged<DB extends Schema>(
+  qc: QueryCreator<DB>,
+  table: 'turns' | 'session_events',
+  values: Record<string, string | number | null>,
+) {
+  const selections = Object.entries(values).map(([column, value]) =>
+    typeof value === 'number'
+      ? sql`cast(${value} as bigint) as ${sql.ref(column)}`
+      : sql`${value} as ${sql.ref(column)}`,
+  )
+  return qc
+    .insertInto(table)
+    .columns(Object.keys(values) as never)
+    .expression(sql`select ${sql.join(selections)} from changed`)
+}
+
+/** A session's row as a turn reads it: with its setup phase's state (null: it has none). */
+export type TurnSessionRow = SessionRow & { setup_status: SetupStatus | null }
+
+/** A turn someone else ended while it ran (`code`: the row's error code or status). */
+export class TurnEndedElsewhere extends Error {
+  constructor(readonly code: string) {
+    super(`the turn was ended elsewhere (${code})`)
+  }
+}
+
+/** What an update that changes a session's status returns: its timing, for the deadline index. */
+const STATUS_TIMING = ['next_due_at', ...TIMING_COLUMNS] as const
+
+type StatusTiming = Parameters<typeof keepNextDue>[2]
+type ReturnedTiming = Omit<StatusTiming, 'status'> & { status: string }
+type StatusUpdate = UpdateQueryBuilder<
+  Schema,
+  'sessions',
+  'sessions',
+  Selection<Schema, 'sessions', (typeof STATUS_TIMING)[number]>
+>
 
 /** The hold a session row shows, if it is live. */
 function liveHold(

@@ -1,7 +1,9 @@
 import { isErrorCode, isTerminalEvent, type StreamEvent } from '@cairn/protocol'
+import type { QueryCreator, RawBuilder } from 'kysely'
 import type { Logger } from 'pino'
 import type { HintFeed } from '../cluster/cluster-hints.js'
 import type { Db } from '../db/database.js'
+import type { Schema } from '../db/schema.js'
 
 /** An event of a turn with its id: its place in the turn, from 1 (the SSE `id:`). */
 export interface NumberedEvent {
@@ -197,11 +199,12 @@ export class TurnEventLog {
       })
   }
 
+  /** Writes `rows`; the hint that they were goes with the write of the last of them. */
   private async insert(rows: HeldEvent[]): Promise<void> {
-    await insertEvents(this.deps.db, this.turnId, rows)
     const last = rows.at(-1)
-    if (last && this.deps.hints)
-      await this.deps.hints.publish({ kind: 'turn.events', turnId: this.turnId, id: last.id })
+    const hint =
+      last && this.deps.hints?.notification({ kind: 'turn.events', turnId: this.turnId, id: last.id })
+    await insertEvents(this.deps.db, this.turnId, rows, hint)
   }
 }
 
@@ -232,25 +235,32 @@ function endFromRow(turn: EndedTurn): StreamEvent {
   }
 }
 
-/** Writes events of a turn; rows already there (a retried write) are left as they are. */
+/**
+ * Writes events of a turn; rows already there (a retried write) are left as they are.
+ * `notification` (a hint, PostgreSQL) is sent by the statement that writes the last rows.
+ */
 export async function insertEvents(
   db: Db,
   turnId: string,
   rows: (NumberedEvent & { json?: string })[],
+  notification?: RawBuilder<unknown>,
 ): Promise<void> {
   for (let i = 0; i < rows.length; i += ROWS_PER_INSERT) {
-    await db.q
-      .insertInto('turn_events')
-      .values(
-        rows.slice(i, i + ROWS_PER_INSERT).map(({ id, event, json }) => ({
-          turn_id: turnId,
-          seq: id,
-          type: event.type,
-          event: json ?? JSON.stringify(event),
-        })),
-      )
-      .onConflict((oc) => oc.columns(['turn_id', 'seq']).doNothing())
-      .execute()
+    const insert = (qc: QueryCreator<Schema>) =>
+      qc
+        .insertInto('turn_events')
+        .values(
+          rows.slice(i, i + ROWS_PER_INSERT).map(({ id, event, json }) => ({
+            turn_id: turnId,
+            seq: id,
+            type: event.type,
+            event: json ?? JSON.stringify(event),
+          })),
+        )
+        .onConflict((oc) => oc.columns(['turn_id', 'seq']).doNothing())
+    if (notification && i + ROWS_PER_INSERT >= rows.length)
+      await db.q.with('written', insert).selectNoFrom(notification.as('notified')).execute()
+    else await insert(db.q).execute()
   }
 }
 

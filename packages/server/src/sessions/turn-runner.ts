@@ -11,12 +11,18 @@ import type { AgentEvent, AgentInfo, TurnEnd, TurnInput, TurnOptions, TurnOutcom
 import { iso } from '../clock.js'
 import { unavailableReason, whenNotBusy } from '../db/busy.js'
 import { Redactor } from '../secrets/redaction.js'
+import { needsSetup } from '../setup/setup-service.js'
 import type { WorkspaceGenerations } from './generations.js'
 import { awaitNodeVerdict } from './node-verdict.js'
 import { limitReached } from './policy.js'
 import type { SessionServiceDeps } from './session-deps.js'
 import { type MarkAnswer, turnMarkOf, unchangedByAll } from './session-observer.js'
-import type { SessionRow, SessionStore } from './session-store.js'
+import {
+  type SessionRow,
+  type SessionStore,
+  TurnEndedElsewhere,
+  type TurnSessionRow,
+} from './session-store.js'
 import type { TurnEventLog, TurnEvents } from './turn-events.js'
 import { MOVE_OPERATION, type TurnLocks, TurnStop } from './turn-locks.js'
 import { TurnRedaction } from './turn-redaction.js'
@@ -86,7 +92,7 @@ export class TurnRunner {
    */
   async begin(
     id: string,
-    load: () => Promise<SessionRow>,
+    load: () => Promise<TurnSessionRow>,
     prompt: string,
     seen?: SeenAgent,
   ): Promise<TurnHandle> {
@@ -117,7 +123,7 @@ export class TurnRunner {
         this.deps.logger.warn({ err: error, session: id }, 'releasing a sandbox admission failed'),
       )
     }
-    let row: SessionRow
+    let row: TurnSessionRow
     let seq: number
     try {
       row = await load()
@@ -128,30 +134,32 @@ export class TurnRunner {
       const at = this.now()
       seq = row.turn_count + 1
       const current = row
-      // One transaction: a database locked by another writer refuses the whole message (503
-      // unavailable), never half of it.
-      await this.deps.db.transaction(async () => {
-        if (current.status !== 'idle') {
-          // Messaging a completed, failed or timed-out session resumes it on its workspace (one
-          // that a policy limit stopped was refused above: only an explicit resume brings it back).
-          await store.transition(current, 'idle', 'user_resume', at, 'message sent')
-        }
-        await store.startTurn(
-          id,
+      const startTurn = () =>
+        store.startTurn({
+          sessionId: id,
           turnId,
           seq,
           prompt,
-          prompt.replace(/\s+/g, ' ').trim().slice(0, TITLE_MAX),
+          title: prompt.replace(/\s+/g, ' ').trim().slice(0, TITLE_MAX),
           at,
-          this.deps.relays?.relayId ?? null,
-        )
-        await store.transition({ id, status: 'idle' }, 'active', 'turn_started', at, turnId)
-      })
+          relayId: this.deps.relays?.relayId ?? null,
+          sandboxId: warmSandboxOf(seen),
+        })
+      // All or nothing: a database locked by another writer refuses the whole message (503
+      // unavailable), never half of it.
+      if (current.status === 'idle') await startTurn()
+      else
+        await this.deps.db.transaction(async () => {
+          // Messaging a completed, failed or timed-out session resumes it on its workspace (one
+          // that a policy limit stopped was refused above: only an explicit resume brings it back).
+          await store.transition(current, 'idle', 'user_resume', at, 'message sent')
+          await startTurn()
+        })
     } catch (error) {
       release()
       throw error
     }
-    const started: SessionRow = { ...row, status: 'active' }
+    const started: TurnSessionRow = { ...row, status: 'active' }
     const log = this.deps.events.open(turnId)
     return {
       turnId,
@@ -227,7 +235,7 @@ export class TurnRunner {
   }
 
   private async run(
-    row: SessionRow,
+    row: TurnSessionRow,
     turnId: string,
     seq: number,
     prompt: string,
@@ -261,7 +269,7 @@ export class TurnRunner {
       // tree, an environment or a /proc with the setup secrets.
       const setup = this.deps.setup
       let warmNow = seen ? seen.agent?.alive === true : true
-      if (setup && (await setup.needed(row.id))) {
+      if (setup && needsSetup(row.setup_status)) {
         await warm.drop(row.id)
         await setup.run(row, signal)
         warmNow = false
@@ -277,7 +285,9 @@ export class TurnRunner {
       const onEvent = (event: AgentEvent) => events.event(toStreamEvent(turnId, event))
       const started = async (agent: AgentInfo, cold: boolean) => {
         sandboxId = agent.sandboxId
-        await whenNotBusy(() => store.setTurnSandbox(turnId, sandboxId, cold))
+        // The turn's row names the warm sandbox `begin` saw: written again only if it ran elsewhere.
+        if (cold || sandboxId !== warmSandboxOf(seen))
+          await whenNotBusy(() => store.setTurnSandbox(turnId, sandboxId, cold))
         emit({ type: 'run.started', sessionId: row.id, turnId, turn: seq, sandboxId, coldStart: cold })
         promptSent = true
       }
@@ -411,31 +421,26 @@ export class TurnRunner {
     let endedElsewhere: StreamEvent | undefined
     // The turn's events not written yet go with its record, its terminal event last: a client
     // resuming the stream through any replica gets exactly what it streamed.
-    const record = () =>
+    const finish = () =>
       this.deps.db.transaction(async () => {
-        if ((await store.ownerEpochForUpdate(row.id)) !== row.owner_epoch) {
-          ownerChanged = true
+        ownerChanged = !(await store.finishTurn(
+          { id: row.id, status: row.status, ownerEpoch: row.owner_epoch },
+          {
+            id: turnId,
+            status: outcome.status,
+            response: outcome.text,
+            stderr: outcome.stderr.slice(-16_384),
+            errorCode: failed?.code ?? null,
+            errorMessage: failed?.message ?? null,
+            endedAt,
+            durationMs,
+          },
+          { to: endedAs, cause, detail: failed ? `${turnId}: ${failed.message}` : turnId, generation },
+        ))
+        if (ownerChanged) {
           await log.writeEnd(lost)
           return
         }
-        ownerChanged = false
-        endedElsewhere = elsewhereEnd(turnId, durationMs, await store.endedElsewhere(turnId))
-        if (endedElsewhere) {
-          await log.writeEnd(endedElsewhere)
-          return
-        }
-        await store.finishTurn(row.id, {
-          id: turnId,
-          status: outcome.status,
-          response: outcome.text,
-          stderr: outcome.stderr.slice(-16_384),
-          errorCode: failed?.code ?? null,
-          errorMessage: failed?.message ?? null,
-          endedAt,
-          durationMs,
-        })
-        await store.transition(row, endedAs, cause, endedAt, failed ? `${turnId}: ${failed.message}` : turnId)
-        if (generation !== undefined) await store.setGeneration(row.id, generation)
         if (lastTurn) {
           await store.transition(
             { id: row.id, status: endedAs },
@@ -447,6 +452,19 @@ export class TurnRunner {
         }
         await log.writeEnd(ended)
       })
+    const record = async () => {
+      endedElsewhere = undefined
+      try {
+        await finish()
+      } catch (error) {
+        if (!(error instanceof TurnEndedElsewhere)) throw error
+        // Nothing of the end above was committed: the stream gets the end someone else recorded.
+        const elsewhere = elsewhereEnd(turnId, durationMs, error.code)
+        ownerChanged = false
+        endedElsewhere = elsewhere
+        await this.deps.db.transaction(() => log.writeEnd(elsewhere))
+      }
+    }
     await log.settle()
     try {
       await whenNotBusy(record, RECORD_WAIT_MS)
@@ -570,6 +588,11 @@ function untilAborted(wait: Promise<void>, signal: AbortSignal): Promise<void> {
   })
 }
 
+/** The sandbox of the warm agent seen before the turn began, if it was alive. */
+function warmSandboxOf(seen: SeenAgent | undefined): string | undefined {
+  return seen?.agent?.alive ? seen.agent.sandboxId : undefined
+}
+
 /** The event that ends a turn's stream, from its outcome. */
 function terminalEvent(turnId: string, outcome: TurnOutcome, durationMs: number): StreamEvent {
   if (outcome.status === 'completed') return { type: 'run.completed', turnId, text: outcome.text, durationMs }
@@ -605,10 +628,9 @@ function stoppedAs(signal: AbortSignal, outcome: TurnOutcome): TurnOutcome {
 
 /**
  * What a relay tells its client of a turn someone else ended while it ran (`code`: the row's, a
- * lapsed lease's `replica_lost`); undefined while the turn still runs.
+ * lapsed lease's `replica_lost`).
  */
-function elsewhereEnd(turnId: string, durationMs: number, code: string | undefined): StreamEvent | undefined {
-  if (!code) return undefined
+function elsewhereEnd(turnId: string, durationMs: number, code: string): StreamEvent {
   const known: ErrorCode = isErrorCode(code) ? code : 'replica_lost'
   return {
     type: 'run.failed',

@@ -4,6 +4,7 @@ import {
   type NetworkPolicy,
   type SessionSetup,
   type SetupInfo,
+  type SetupStatus,
 } from '@cairn/protocol'
 import type { RuntimePort } from '@cairn/runtime/port'
 import type { Logger } from 'pino'
@@ -65,12 +66,6 @@ export class SetupService {
 
   async record(sessionId: string, setup: SessionSetup): Promise<void> {
     await this.store.insert(sessionId, setup)
-  }
-
-  /** Whether the session's next turn must run setup first. */
-  async needed(sessionId: string): Promise<boolean> {
-    const setup = await this.store.get(sessionId)
-    return setup !== undefined && setup.status !== 'succeeded'
   }
 
   async info(sessionId: string): Promise<SetupInfo> {
@@ -164,4 +159,9 @@ export class SetupService {
     }
     if (this.afterSuccess) await this.store.setSnapshot(row.id, await this.afterSuccess(row))
   }
+}
+
+/** Whether a session whose setup phase is in `status` (null: it has none) must run it first. */
+export function needsSetup(status: SetupStatus | null): boolean {
+  return status !== null && status !== 'succeeded'
 }

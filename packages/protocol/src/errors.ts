@@ -40,6 +40,11 @@ export const ERROR_CODES = {
   secrets_missing: { status: 409, retryable: false },
   sandbox_not_running: { status: 409, retryable: true },
   build_failed: { status: 422, retryable: false },
+  /**
+   * An agent image larger than the operator's maximum (--max-image-mib): its registry declares
+   * more, or sent more while it was pulled (the pull is stopped at the cap); details: maxBytes.
+   */
+  image_too_large: { status: 422, retryable: false },
   setup_failed: { status: 422, retryable: false },
   payload_too_large: { status: 413, retryable: false },
   /** A workspace or tenant storage quota is used up (507 Insufficient Storage); only that session or tenant. */

@@ -34,6 +34,7 @@ export { hostDebianMirror } from './images/debian-mirror.js'
 export { type ImageBuildContext, ImageBuilder } from './images/image-builder.js'
 export { describeRecipe, HOST_IMAGE, type ImageRecipe, parseImage } from './images/image-recipe.js'
 export { type ImageRecord, ImageStore } from './images/image-store.js'
+export { treeBytes } from './images/pull-bounds.js'
 export {
   type DependencyEnv,
   ENV_VARIABLES,

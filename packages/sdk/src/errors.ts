@@ -117,6 +117,7 @@ const CLASS_BY_CODE: Record<ErrorCode, ErrorClass> = {
   secrets_missing: SecretsMissingError,
   sandbox_not_running: ConflictError,
   build_failed: BuildFailedError,
+  image_too_large: BuildFailedError,
   setup_failed: BuildFailedError,
   payload_too_large: PayloadTooLargeError,
   headers_too_large: PayloadTooLargeError,

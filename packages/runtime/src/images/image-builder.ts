@@ -10,6 +10,7 @@ import { debianImageKey, describeRecipe, type ImageRecipe, ociImageKey } from '.
 import type { ImageStore } from './image-store.js'
 import { checkUnpackedLayerBytes } from './layer-bytes.js'
 import { runProxied } from './proxied-command.js'
+import { checkDeclaredBytes, platformManifestDigest, watchTreeBytes } from './pull-bounds.js'
 
 export interface ImageBuildContext {
   log: (line: string) => void
@@ -103,7 +104,39 @@ export class ImageBuilder {
   async keyOf(recipe: ImageRecipe, ctx: ImageBuildContext): Promise<string | undefined> {
     if (recipe.kind === 'host') return undefined
     if (recipe.kind === 'debian') return debianImageKey(recipe)
-    return ociImageKey(await this.resolveDigest(recipe.reference, ctx))
+    const digest = await this.resolveDigest(recipe.reference, ctx)
+    const key = ociImageKey(digest)
+    if (!this.options.store.has(key)) await this.checkDeclaredSize(recipe.reference, digest, ctx)
+    return key
+  }
+
+  /**
+   * Refuses, before any layer is downloaded, an image whose manifest (for this host's platform,
+   * when the digest names an index) declares more bytes than the operator's maximum.
+   */
+  private async checkDeclaredSize(reference: string, digest: string, ctx: ImageBuildContext): Promise<void> {
+    const repository = repositoryOf(reference)
+    let manifest = await this.rawManifest(`${repository}@${digest}`, reference, ctx)
+    const platform = platformManifestDigest(manifest)
+    if (platform) manifest = await this.rawManifest(`${repository}@${platform}`, reference, ctx)
+    checkDeclaredBytes(manifest, this.maxBytes)
+  }
+
+  /** The manifest `byDigest` names, as its registry serves it. */
+  private async rawManifest(byDigest: string, reference: string, ctx: ImageBuildContext) {
+    const lines: string[] = []
+    await runProxied({
+      command: ['skopeo', 'inspect', '--tls-verify=false', '--raw', `docker://${byDigest}`],
+      allow: [registryOf(reference)],
+      site: this.options.egressSite,
+      timeoutMs: ctx.timeoutMs,
+      log: (line) => lines.push(line),
+    })
+    try {
+      return JSON.parse(lines.join('\n')) as Parameters<typeof checkDeclaredBytes>[0]
+    } catch {
+      throw new CairnProblem('build_failed', `the registry's manifest for ${reference} is not JSON`)
+    }
   }
 
   /** Builds or pulls the image `key` of `recipe` unless it is built already; returns the key. */
@@ -212,6 +245,9 @@ export class ImageBuilder {
     const staging = await store.createStaging(`imagepull_${randomBytes(8).toString('hex')}`)
     const byDigest = `${repositoryOf(reference)}@${digest}`
     const layout = path.join(staging, 'layout')
+    // What the registry sends is measured as it lands (skopeo's temporary files included) and the
+    // pull stopped at the cap, whatever the manifest declared.
+    const watch = watchTreeBytes(staging, this.maxBytes, `the pull of ${reference}`)
     try {
       await runProxied({
         command: [
@@ -224,9 +260,11 @@ export class ImageBuilder {
         ],
         allow: [registryOf(reference)],
         site: this.options.egressSite,
+        env: { TMPDIR: staging },
+        signal: watch.signal,
         timeoutMs: ctx.timeoutMs,
         log: ctx.log,
-      })
+      }).finally(watch.stop)
       // No network from here: umoci reads the layout the pull wrote, once its layers are known to
       // fit under the cap (a small compressed layer can unpack to gigabytes).
       await checkUnpackedLayerBytes(layout, 'image', this.maxBytes)

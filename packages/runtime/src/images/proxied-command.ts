@@ -58,6 +58,8 @@ export interface ProxiedCommand {
   site: EgressSite | undefined
   env?: Readonly<Record<string, string>> | undefined
   timeoutMs: number
+  /** Stops the command (SIGKILL); the call then rejects with the signal's reason. */
+  signal?: AbortSignal | undefined
   /** Every output line, and each refused connection. */
   log: (line: string) => void
 }
@@ -129,15 +131,29 @@ export async function runProxied(spec: ProxiedCommand): Promise<void> {
       })
       stream.on('end', () => pending && log(pending))
     }
+    // The whole group: the relay and the tool it runs (skopeo, mmdebstrap) stop with unshare.
+    const killGroup = () => {
+      try {
+        if (child.pid) process.kill(-child.pid, 'SIGKILL')
+      } catch {
+        child.kill('SIGKILL')
+      }
+    }
     let timedOut = false
     const timer = setTimeout(() => {
       timedOut = true
-      child.kill('SIGKILL')
+      killGroup()
     }, spec.timeoutMs)
+    const abort = killGroup
+    spec.signal?.addEventListener('abort', abort, { once: true })
     const code = await new Promise<number | null>((resolve, reject) => {
       child.once('error', reject)
       child.once('close', (status) => resolve(status))
-    }).finally(() => clearTimeout(timer))
+    }).finally(() => {
+      clearTimeout(timer)
+      spec.signal?.removeEventListener('abort', abort)
+    })
+    if (spec.signal?.aborted) throw spec.signal.reason
     const what = spec.command.slice(0, 2).join(' ')
     if (timedOut) throw new CairnProblem('timeout', `image step '${what}' ran past ${spec.timeoutMs} ms`)
     if (code !== 0)

@@ -2,6 +2,7 @@ import { newId } from '@cairn/protocol'
 import { sql } from 'kysely'
 import type { Db } from '../db/database.js'
 import { refreshNextDue } from '../sessions/deadline-index.js'
+import { HOLD_TOKEN_SEPARATOR } from '../sessions/session-deps.js'
 import { dbNow, dbTime } from './db-time.js'
 
 /** A turn ended because the replica relaying it is gone. */
@@ -130,6 +131,23 @@ export async function runningRelayedTurn(
     .executeTakeFirst()
   if (!row) return undefined
   return { turnId: row.id, relayId: row.relay_id, relayLive: row.relay_id === null || !row.dead }
+}
+
+/**
+ * Releases the session holds (an exclusive operation's: a snapshot, a restore, a move) taken by
+ * replica processes whose lease is over, as their turns are ended: a replica killed mid-operation
+ * costs its lease, not the hold's own 60 s. How many it released.
+ */
+export async function releaseDeadRelayHolds(db: Db): Promise<number> {
+  const result = await db.q
+    .updateTable('sessions as s')
+    .set({ held_for: null, held_by: null, held_until: null, held_swaps: null })
+    .where('s.held_by', 'like', `rpl_%${HOLD_TOKEN_SEPARATOR}%`)
+    .where(
+      sql<boolean>`NOT EXISTS (SELECT 1 FROM replicas r WHERE r.id = split_part(s.held_by, ${HOLD_TOKEN_SEPARATOR}, 1) AND r.stopped_at IS NULL AND r.lease_until >= ${dbTime()})`,
+    )
+    .executeTakeFirst()
+  return Number(result.numUpdatedRows)
 }
 
 /** Forgets replica processes whose lease ended `keepMs` ago and that relay no running turn. */

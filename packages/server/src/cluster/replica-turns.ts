@@ -4,7 +4,13 @@ import type { Logger } from 'pino'
 import type { Db } from '../db/database.js'
 import type { TurnRelays } from '../sessions/session-deps.js'
 import type { HintFeed } from './cluster-hints.js'
-import { type EndedTurn, endRelayedTurns, pruneReplicas, runningRelayedTurn } from './relayed-turns.js'
+import {
+  type EndedTurn,
+  endRelayedTurns,
+  pruneReplicas,
+  releaseDeadRelayHolds,
+  runningRelayedTurn,
+} from './relayed-turns.js'
 import type { ReplicaLease } from './replica-lease.js'
 
 /** How often a cancel of a turn another replica relays looks whether it has ended. */
@@ -91,7 +97,10 @@ export class ReplicaTurns implements TurnRelays {
     this.report(await this.deps.lease.start(), 'turns a killed process of this replica left ended')
   }
 
-  /** The leader's pass: ends the turns of every replica process whose lease is over. */
+  /**
+   * The leader's pass: ends the turns of every replica process whose lease is over, and releases
+   * the session holds they took.
+   */
   async failLostRelays(): Promise<EndedTurn[]> {
     const ended = await endRelayedTurns(
       this.deps.db,
@@ -99,6 +108,9 @@ export class ReplicaTurns implements TurnRelays {
       { code: 'replica_lost', reason: 'its lease ended' },
     )
     this.report(ended, 'turns of lost API replicas ended')
+    const released = await releaseDeadRelayHolds(this.deps.db)
+    if (released > 0)
+      this.deps.logger.warn({ sessions: released }, 'session holds of lost API replicas released')
     await pruneReplicas(this.deps.db, KEEP_ENDED_REPLICAS_MS)
     return ended
   }

@@ -22,6 +22,9 @@ export interface SessionRouting {
   readonly nodeVerdictMs: number
 }
 
+/** The separator in a session hold's token taken by an API replica: `<relay ID>/<random>`. */
+export const HOLD_TOKEN_SEPARATOR = '/'
+
 /**
  * An API replica's part in turns relayed by several replicas (cluster, `--role api`): each turn
  * names the live process relaying it, and a turn another replica relays can be cancelled here.

@@ -24,7 +24,7 @@ import { WorkspaceGenerations } from './generations.js'
 import { changedPolicy, createPolicy, deadlineFor, policyColumns, policyOf } from './policy.js'
 import { type ReapReport, SessionReaper } from './reaper.js'
 import { PoolReconciler } from './reconcile.js'
-import type { SessionServiceDeps } from './session-deps.js'
+import { HOLD_TOKEN_SEPARATOR, type SessionServiceDeps } from './session-deps.js'
 import { type InterruptedTurn, type SessionRow, SessionStore, toSessionInfo } from './session-store.js'
 import { TurnEvents } from './turn-events.js'
 import { MOVE_OPERATION, TurnLocks, TurnStop } from './turn-locks.js'
@@ -438,7 +438,8 @@ export class SessionService {
   /**
    * Runs `fn` with the session held in the database too: replicas share it, and a turn begun
    * through another one (which cannot see this process's locks) is refused while `fn` runs. The
-   * hold is renewed while it lasts and lapses `HOLD_MS` after a replica that died with it.
+   * hold is renewed while it lasts; a replica that died with it holds it as long as its lease
+   * (the leader releases it then, as it ends its turns), `HOLD_MS` at most.
    */
   private async heldInDatabase<T>(
     id: string,
@@ -446,7 +447,9 @@ export class SessionService {
     fn: () => Promise<T>,
   ): Promise<T> {
     const what = hold.operation
-    const token = randomUUID()
+    // A replica's hold names its lease: the leader releases it once that lease is over.
+    const relayId = this.deps.relays?.relayId
+    const token = relayId ? `${relayId}${HOLD_TOKEN_SEPARATOR}${randomUUID()}` : randomUUID()
     const refused = await this.store.hold(id, hold, token, this.now(), HOLD_MS)
     if (refused && 'turnRunning' in refused)
       throw new CairnProblem(

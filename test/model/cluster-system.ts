@@ -83,6 +83,14 @@ export class ClusterSystem extends Real {
     await this.cluster.waitForReady(NODES)
   }
 
+  /** Every node `ready` again: one a failed sequence left cordoned or draining is uncordoned. */
+  async uncordonAll(): Promise<void> {
+    const held = await this.cluster.query<{ id: string }>(
+      "SELECT id FROM nodes WHERE state IN ('cordoned', 'draining')",
+    )
+    for (const { id } of held) await this.client.call('POST', `/v1/nodes/${id}/uncordon`)
+  }
+
   /** kill -9 of replica `i` (its cgroup goes with it). */
   async killReplica(i: number): Promise<void> {
     const replica = this.replica(i)
@@ -189,6 +197,7 @@ export class ClusterBed implements Bed<ClusterSystem> {
     for (const [i, replica] of this.replicas.entries())
       if (!replica.process.running) await system.restartReplica(i)
     await this.store.startGateway().catch(() => undefined)
+    await system.uncordonAll()
     await system.nodesReady()
     return system
   }

@@ -11,7 +11,8 @@ export interface RawEntry {
   mode?: number
 }
 
-function header(entry: RawEntry, size: number): Buffer {
+/** The 512-byte ustar header of `entry`, declaring `size` bytes. */
+export function tarHeader(entry: RawEntry, size: number): Buffer {
   const block = Buffer.alloc(512, 0)
   const put = (offset: number, length: number, value: string) =>
     block.write(value.slice(0, length), offset, 'utf8')
@@ -38,7 +39,7 @@ export function rawTar(entries: RawEntry[]): Buffer {
   const parts: Buffer[] = []
   for (const entry of entries) {
     const body = Buffer.isBuffer(entry.body) ? entry.body : Buffer.from(entry.body ?? '')
-    parts.push(header(entry, entry.size ?? body.length))
+    parts.push(tarHeader(entry, entry.size ?? body.length))
     parts.push(body)
     const pad = (512 - (body.length % 512)) % 512
     parts.push(Buffer.alloc(pad))

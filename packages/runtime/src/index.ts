@@ -8,7 +8,7 @@ export {
   type TurnInput,
   type TurnOutcome,
 } from './agent/types.js'
-export { extractArchive } from './build/extract-archive.js'
+export { archiveStream, extractArchive } from './build/extract-archive.js'
 export { type DependencyInstall, type RevisionBuild, RevisionBuilder } from './build/revision-builder.js'
 export { type CommandResult, type CommandSpec, runSandboxedCommand } from './build/run-command.js'
 export {

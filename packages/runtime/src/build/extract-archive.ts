@@ -17,6 +17,23 @@ function refuse(message: string): never {
  * Entry errors are collected rather than thrown, so this returns only once every write is done:
  * the caller may delete `dir` at once.
  */
+/**
+ * Compressed bytes per write into a tar parser. A parser inflates each write at once, and deflate
+ * inflates up to about 1,032 times its input: a whole 1 MiB upload written at once became 1 GiB
+ * in memory before any limit was looked at. In 16 KiB writes one holds at most about 16 MiB.
+ */
+const ARCHIVE_CHUNK_BYTES = 16 * 1024
+
+/** An archive held in a Buffer as a stream of small writes (see `ARCHIVE_CHUNK_BYTES`). */
+export function archiveStream(archive: Buffer): Readable {
+  return Readable.from(
+    (function* () {
+      for (let at = 0; at < archive.length; at += ARCHIVE_CHUNK_BYTES)
+        yield archive.subarray(at, at + ARCHIVE_CHUNK_BYTES)
+    })(),
+  )
+}
+
 export async function extractArchive(
   archive: Buffer,
   dir: string,
@@ -51,7 +68,7 @@ export async function extractArchive(
   })
   progress()
   try {
-    await Promise.race([pipeline(Readable.from([archive]), extractor), stall])
+    await Promise.race([pipeline(archiveStream(archive), extractor), stall])
   } catch (error) {
     refuse(`archive could not be unpacked: ${(error as Error).message}`)
   } finally {

@@ -25,7 +25,7 @@ import { type ArchiveLimits, DEFAULT_ARCHIVE_LIMITS, inspectArchive } from './ar
 import type { BuildLogs } from './build-logs.js'
 import { type BuildPlan, planBuild } from './build-plan.js'
 import { Builder, type BuilderOptions } from './builder.js'
-import { readManifest, splitCommand } from './manifest.js'
+import { hashWithManifest, readManifest, splitCommand, withManifest } from './manifest.js'
 import { stagedProject } from './project-files.js'
 
 export interface AgentServiceDeps {
@@ -91,9 +91,21 @@ export class AgentService {
   async deploy(
     tenantId: string,
     archive: Buffer,
-    options: { name?: string; wait?: boolean } = {},
+    options: {
+      name?: string
+      wait?: boolean
+      /**
+       * A cairn.yaml given beside the archive (a translated deploy's, see compat/deploy.ts): it
+       * wins over the project's own and is part of the revision's content hash.
+       */
+      manifest?: string
+    } = {},
   ): Promise<DeployResult> {
-    const summary = await inspectArchive(archive, this.deps.archiveLimits ?? DEFAULT_ARCHIVE_LIMITS)
+    const inspected = await inspectArchive(archive, this.deps.archiveLimits ?? DEFAULT_ARCHIVE_LIMITS)
+    const summary =
+      options.manifest === undefined
+        ? inspected
+        : { ...inspected, contentHash: hashWithManifest(inspected.contentHash, options.manifest) }
     const { runtime } = this.deps
     const revisionId = newId('revision')
     let agentId: string | undefined
@@ -103,7 +115,8 @@ export class AgentService {
     let buildSlot: () => void = () => undefined
     try {
       await runtime.stageRevision(revisionId, tenantId, archive)
-      const project = stagedProject(runtime, revisionId)
+      const staged = stagedProject(runtime, revisionId)
+      const project = options.manifest === undefined ? staged : withManifest(staged, options.manifest)
       const resolved = await readManifest(project, options.name)
       manifest = resolved.manifest
       checkManifestCeilings(resolved.manifest, this.deps.operatorLimits)

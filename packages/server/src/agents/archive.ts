@@ -1,8 +1,8 @@
 import { createHash } from 'node:crypto'
 import path from 'node:path'
-import { Readable } from 'node:stream'
 import { pipeline } from 'node:stream/promises'
 import { CairnProblem } from '@cairn/protocol'
+import { archiveStream } from '@cairn/runtime'
 import * as tar from 'tar'
 
 export interface ArchiveLimits {
@@ -149,7 +149,7 @@ export async function inspectArchive(
     },
   })
   try {
-    await pipeline(Readable.from([archive]), parser)
+    await pipeline(archiveStream(archive), parser)
   } catch (error) {
     if (problem) throw problem
     if (error instanceof CairnProblem) throw error

@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto'
 import {
   AGENT_NAME_PATTERN,
   type AgentManifest,
@@ -52,6 +53,22 @@ export function splitCommand(line: string): string[] {
   if (quote) throw new CairnProblem('invalid_manifest', `unterminated quote in command: ${line}`)
   if (inWord) args.push(current)
   return args
+}
+
+/** The project with `cairn.yaml` given beside it: it wins over the project's own (and over cairn.yml). */
+export function withManifest(project: ProjectFiles, manifest: string): ProjectFiles {
+  const given = (rel: string) => rel === MANIFEST_FILES[0]
+  return {
+    has: async (rel) => given(rel) || (await project.has(rel)),
+    read: async (rel) => (given(rel) ? Buffer.from(manifest) : await project.read(rel)),
+    digest: () => project.digest(),
+  }
+}
+
+/** An archive's content hash with a cairn.yaml given beside it folded in. */
+export function hashWithManifest(contentHash: string, manifest: string): string {
+  const hash = createHash('sha256').update(`${contentHash}\0${MANIFEST_FILES[0]}\0`).update(manifest)
+  return `sha256:${hash.digest('hex')}`
 }
 
 /** The project's cairn.yaml, checked (`project`: its files, or a directory of this machine). */

@@ -1,19 +1,11 @@
-import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises'
-import os from 'node:os'
-import path from 'node:path'
-import { promisify } from 'node:util'
-import { gunzip } from 'node:zlib'
+import type { IncomingHttpHeaders } from 'node:http'
+import type { Readable } from 'node:stream'
 import { CairnProblem, type DeployResult } from '@cairn/protocol'
+import { Busboy, type BusboyInstance } from '@fastify/busboy'
 import { Value } from '@sinclair/typebox/value'
-import * as tar from 'tar'
 import YAML from 'yaml'
 import type { AgentService } from '../agents/agent-service.js'
-import { type ArchiveLimits, inspectArchive } from '../agents/archive.js'
 import { CompatDeployConfig, CompatDeployFields } from './schemas.js'
-
-const gunzipAsync = promisify(gunzip)
-/** A tar header and the padding of its last block, per entry: what an archive adds to its contents. */
-const TAR_OVERHEAD_PER_ENTRY = 1024
 
 export interface CompatDeployForm {
   name: string
@@ -23,21 +15,21 @@ export interface CompatDeployForm {
 }
 
 /** Reads their multipart deploy form (`file`, `name`, `command`, `config`) with the platform's own parser. */
-export async function readDeployForm(body: Buffer, contentType: string): Promise<CompatDeployForm> {
-  let form: FormData
-  try {
-    form = await new Response(body, { headers: { 'content-type': contentType } }).formData()
-  } catch (error) {
-    throw new CairnProblem(
-      'bad_request',
-      `the deploy form is not valid multipart/form-data: ${(error as Error).message}`,
-    )
-  }
-  const text = (field: string) => {
-    const value = form.get(field)
-    return typeof value === 'string' ? value : undefined
-  }
-  const fields = { name: text('name'), command: text('command'), config: text('config') }
+/** What a deploy form may hold besides its file: a few short fields. */
+const FORM_LIMITS = { fields: 8, fieldSize: 64 * 1024, fieldNameSize: 100, parts: 12, headerPairs: 20 }
+
+/**
+ * Reads their multipart deploy form (`file`, `name`, `command`, `config`) as it streams in: the
+ * fields, and the file part (the project's tar.gz, compressed as it came) collected up to
+ * `maxUploadBytes`, the cap the native deploy puts on its body. Nothing is unpacked here: the
+ * archive goes to the native deploy's checks as it is.
+ */
+export async function readDeployForm(
+  body: Readable,
+  headers: IncomingHttpHeaders,
+  maxUploadBytes: number,
+): Promise<CompatDeployForm> {
+  const { fields, archive } = await readParts(body, headers, maxUploadBytes)
   const clean = Object.fromEntries(Object.entries(fields).filter(([, v]) => v !== undefined))
   if (!Value.Check(CompatDeployFields, clean)) {
     const first = [...Value.Errors(CompatDeployFields, clean)][0]
@@ -46,8 +38,7 @@ export async function readDeployForm(body: Buffer, contentType: string): Promise
       `deploy form field ${first?.path.slice(1) || '?'}: ${first?.message ?? 'invalid'}`,
     )
   }
-  const file = form.get('file')
-  if (file === null || typeof file === 'string') {
+  if (archive === undefined) {
     throw new CairnProblem('validation_failed', 'deploy form field file: the project tarball is missing')
   }
   let config: unknown = {}
@@ -65,12 +56,63 @@ export async function readDeployForm(body: Buffer, contentType: string): Promise
       `config${first?.path.replace(/\//g, '.') ?? ''}: ${first?.message ?? 'invalid'}`,
     )
   }
-  return {
-    name: clean.name,
-    command: clean.command,
-    config,
-    archive: Buffer.from(await file.arrayBuffer()),
-  }
+  return { name: clean.name, command: clean.command, config, archive }
+}
+
+/** The form's text fields (the first of each name) and its `file` part, read with busboy. */
+function readParts(
+  body: Readable,
+  headers: IncomingHttpHeaders,
+  maxUploadBytes: number,
+): Promise<{ fields: Record<string, string | undefined>; archive: Buffer | undefined }> {
+  const invalid = (message: string) =>
+    new CairnProblem('bad_request', `the deploy form is not valid multipart/form-data: ${message}`)
+  return new Promise((resolve, reject) => {
+    const fields: Record<string, string | undefined> = {
+      name: undefined,
+      command: undefined,
+      config: undefined,
+    }
+    let archive: Buffer | undefined
+    let parser: BusboyInstance
+    try {
+      parser = Busboy({
+        headers: { ...headers, 'content-type': headers['content-type'] ?? '' },
+        limits: { ...FORM_LIMITS, files: 1, fileSize: maxUploadBytes },
+      })
+    } catch (error) {
+      reject(invalid((error as Error).message))
+      return
+    }
+    const fail = (problem: CairnProblem) => {
+      body.unpipe(parser)
+      body.resume()
+      reject(problem)
+    }
+    parser.on('field', (name, value, _nameTruncated, valueTruncated) => {
+      if (valueTruncated) fail(invalid(`field ${name} is longer than ${FORM_LIMITS.fieldSize} bytes`))
+      else if (name in fields && fields[name] === undefined) fields[name] = value
+    })
+    parser.on('file', (name, stream) => {
+      if (name !== 'file' || archive !== undefined) return void stream.resume()
+      const chunks: Buffer[] = []
+      stream.on('data', (chunk: Buffer) => chunks.push(chunk))
+      stream.on('limit', () =>
+        fail(
+          new CairnProblem('payload_too_large', `the project tarball is larger than ${maxUploadBytes} bytes`),
+        ),
+      )
+      stream.on('end', () => {
+        if (!stream.truncated) archive = Buffer.concat(chunks)
+      })
+    })
+    for (const limit of ['partsLimit', 'fieldsLimit', 'filesLimit'] as const)
+      parser.on(limit, () => fail(invalid('it has more parts than a deploy form')))
+    parser.on('error', (error: unknown) => fail(invalid((error as Error).message)))
+    parser.on('finish', () => resolve({ fields, archive }))
+    body.on('error', (error) => fail(invalid(error.message)))
+    body.pipe(parser)
+  })
 }
 
 /**
@@ -112,51 +154,15 @@ export function commandOf(command: string): string {
 }
 
 /**
- * Deploys their tarball through Cairn's own deploy: the tar (gunzipped within the archive limits)
- * gets a generated cairn.yaml appended, which wins over any of the project's own when unpacked,
- * and the agent service inspects and builds it as any other upload.
+ * Deploys their tarball through Cairn's own deploy, as it came: the native deploy's size,
+ * decompression and hostile-archive checks, unpacked by the runtime into the staging tree, with
+ * the generated cairn.yaml given beside it (it wins over any of the project's own).
  */
 export async function deployForm(
   agents: AgentService,
   tenantId: string,
   form: CompatDeployForm,
-  limits: ArchiveLimits,
 ): Promise<DeployResult> {
-  const manifest = manifestOf(form)
-  const gzipped = form.archive[0] === 0x1f && form.archive[1] === 0x8b
-  let plain: Buffer
-  try {
-    plain = gzipped
-      ? await gunzipAsync(form.archive, {
-          maxOutputLength: limits.maxUnpackedBytes + (limits.maxFiles + 2) * TAR_OVERHEAD_PER_ENTRY,
-        })
-      : form.archive
-  } catch (error) {
-    const code = (error as { code?: string }).code
-    throw new CairnProblem(
-      'invalid_archive',
-      code === 'ERR_BUFFER_TOO_LARGE'
-        ? `archive unpacks to more than ${limits.maxUnpackedBytes} bytes`
-        : `archive is not a valid tar.gz: ${(error as Error).message}`,
-    )
-  }
-  // Their archive as it came, under Cairn's own checks: appending to what is not a tar would
-  // overwrite it, and deploy the manifest alone.
-  await inspectArchive(plain, limits)
-  const dir = await mkdtemp(path.join(os.tmpdir(), 'cairn-compat-'))
-  try {
-    const tarFile = path.join(dir, 'project.tar')
-    const manifestDir = path.join(dir, 'manifest')
-    await writeFile(tarFile, plain)
-    await mkdir(manifestDir)
-    await writeFile(path.join(manifestDir, 'cairn.yaml'), YAML.stringify(manifest))
-    try {
-      await tar.r({ file: tarFile, cwd: manifestDir, portable: true }, ['cairn.yaml'])
-    } catch (error) {
-      throw new CairnProblem('invalid_archive', `archive is not a valid tar.gz: ${(error as Error).message}`)
-    }
-    return await agents.deploy(tenantId, await readFile(tarFile), { name: form.name, wait: true })
-  } finally {
-    await rm(dir, { recursive: true, force: true })
-  }
+  const manifest = YAML.stringify(manifestOf(form))
+  return agents.deploy(tenantId, form.archive, { name: form.name, wait: true, manifest })
 }

@@ -69,11 +69,8 @@ export async function compatRoutes(server: FastifyInstance, deps: CompatDeps): P
     const message = `no route for ${request.method} ${request.url.split('?')[0]}`
     void reply.status(404).send(compatError({ code: 'not_found', message }, request.id))
   })
-  app.addContentTypeParser(
-    'multipart/form-data',
-    { parseAs: 'buffer', bodyLimit: deps.maxUploadBytes },
-    (_request, body, done) => done(null, body),
-  )
+  // The deploy form is left unread here: its route reads it as it streams in (compat/deploy.ts).
+  app.addContentTypeParser('multipart/form-data', (_request, _payload, done) => done(null, undefined))
   // Cairn's bearer keys, on every compat route: their CLI sends the key it stored at login.
   app.addHook('onRequest', async (request) => {
     const match = /^Bearer\s+(\S+)$/i.exec(request.headers.authorization ?? '')
@@ -132,14 +129,14 @@ export async function compatRoutes(server: FastifyInstance, deps: CompatDeps): P
     async (request, reply) => {
       const { tenantId } = writer(request)
       const contentType = request.headers['content-type'] ?? ''
-      if (!Buffer.isBuffer(request.body) || !contentType.toLowerCase().startsWith('multipart/form-data')) {
+      if (!contentType.toLowerCase().startsWith('multipart/form-data')) {
         throw new CairnProblem(
           'unsupported_media_type',
           'send the deploy as multipart/form-data with the fields file, name, command and config',
         )
       }
-      const form = await readDeployForm(request.body, contentType)
-      const result = await deployForm(deps.agents, tenantId, form, deps.archiveLimits)
+      const form = await readDeployForm(request.raw, request.headers, deps.maxUploadBytes)
+      const result = await deployForm(deps.agents, tenantId, form)
       return reply.status(201).send(await agentOut(tenantId, result.agent.id))
     },
   )

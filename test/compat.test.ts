@@ -104,11 +104,17 @@ describe('compat: the hosted product’s SDK and CLI wire shapes against Cairn',
     }
   })
 
-  it('is left out of Cairn’s OpenAPI document (its contract is the compat schemas)', async () => {
+  it('is in Cairn’s OpenAPI document under its prefix, tagged compat', async () => {
     const document = await t.api.call('GET', '/v1/openapi.json')
-    const paths = Object.keys(document.body.paths as Record<string, unknown>)
-    expect(paths.length).toBeGreaterThan(10)
-    expect(paths.filter((p) => p.startsWith(PREFIX))).toEqual([])
+    const paths = document.body.paths as Record<string, Record<string, { tags?: string[] }>>
+    const compat = Object.keys(paths).filter((p) => p.startsWith(PREFIX))
+    expect(compat).toEqual(
+      expect.arrayContaining([`${PREFIX}/v1/agents`, `${PREFIX}/v1/sessions/{id}/messages`]),
+    )
+    for (const path of compat)
+      for (const operation of Object.values(paths[path] ?? {})) expect(operation.tags).toEqual(['compat'])
+    const deploy = paths[`${PREFIX}/v1/agents`]?.post as { requestBody?: { content: object } }
+    expect(Object.keys(deploy.requestBody?.content ?? {})).toEqual(['multipart/form-data'])
   })
 
   it('auth: /auth/validate and /auth/me with a Cairn key; errors carry a top-level detail and message', async () => {

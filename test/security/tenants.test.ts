@@ -8,9 +8,11 @@ let readOnly: Api
 let sessionId = ''
 let agentId = ''
 let snapshotId = ''
+const COMPAT_PREFIX = '/compat'
 
 beforeAll(async () => {
-  t = await startTestServer({ server: { rateLimitPerSecond: 0 } })
+  // With the compat API on: its routes are in the document too, and swept like the native ones.
+  t = await startTestServer({ server: { rateLimitPerSecond: 0, compatPrefix: COMPAT_PREFIX } })
   expect((await t.api.deploy(`${EXAMPLES}/echo`)).status).toBe(201)
   agentId = (await t.api.call('GET', '/v1/agents/echo')).body.id
   sessionId = (await t.api.createSession('echo')).id
@@ -35,9 +37,10 @@ describe('tenants never meet', () => {
     const tried: string[] = []
     for (const [route, methods] of Object.entries(doc.paths)) {
       if (!route.includes('{id}')) continue
-      const id = route.startsWith('/v1/sessions')
+      const native = route.startsWith(COMPAT_PREFIX) ? route.slice(COMPAT_PREFIX.length) : route
+      const id = native.startsWith('/v1/sessions')
         ? sessionId
-        : route.startsWith('/v1/agents')
+        : native.startsWith('/v1/agents')
           ? agentId
           : undefined
       if (!id) continue
@@ -47,9 +50,10 @@ describe('tenants never meet', () => {
           .replace('{rev}', 'rev_00000000000000000000')
           .replace('{name}', 'X')
           .replace('{port}', '8000')
+          .replace('{key}', 'X')
         const withQuery = url.includes('/files') ? `${url}?path=README.md` : url
         const body =
-          method === 'post' || method === 'put'
+          method === 'post' || method === 'put' || method === 'patch'
             ? url.endsWith('/workspace')
               ? gzipSync(Buffer.from('not a tar, never read: the tenant check comes first'))
               : url.endsWith('/messages')
@@ -72,6 +76,7 @@ describe('tenants never meet', () => {
       }
     }
     expect(tried.length).toBeGreaterThan(20)
+    expect(tried.filter((line) => line.includes(` ${COMPAT_PREFIX}/`)).length).toBeGreaterThan(8)
     // Lists show nothing of tenant A.
     expect((await other.call('GET', '/v1/sessions')).body.data).toEqual([])
     expect((await other.call('GET', '/v1/agents')).body.data).toEqual([])

@@ -7,6 +7,7 @@ import type { ArchiveLimits } from '../agents/archive.js'
 import type { ApiKeyStore, Principal } from '../auth/api-keys.js'
 import type { RateLimiter } from '../auth/plugin.js'
 import { toErrorBody } from '../http/errors.js'
+import { bytesBody } from '../http/responses.js'
 import { DEFAULT_SSE_STALL_MS, whenDrained } from '../http/sse.js'
 import type { SecretStore } from '../secrets/secret-store.js'
 import type { SessionService } from '../sessions/session-service.js'
@@ -53,7 +54,8 @@ const errors = Object.fromEntries(
 /**
  * The hosted product's agent-session API (as its own SDK and CLI speak it), translated onto
  * Cairn's services. Registered under a prefix (`--compat-prefix`); clients use `<prefix>/v1/…`.
- * Routes are hidden from Cairn's OpenAPI document: their contract is the schemas in schemas.ts.
+ * Routes are in Cairn's OpenAPI document under the prefix (tag `compat`), typed by the schemas in
+ * schemas.ts, so the document-driven tenant sweep covers them.
  */
 export async function compatRoutes(server: FastifyInstance, deps: CompatDeps): Promise<void> {
   const app = server.withTypeProvider<TypeBoxTypeProvider>()
@@ -104,7 +106,7 @@ export async function compatRoutes(server: FastifyInstance, deps: CompatDeps): P
     })
   }
   const keysOf = async (agentId: string) => ({ keys: (await deps.secrets.list(agentId)).map((s) => s.name) })
-  const schema = <S extends object>(s: S) => ({ hide: true, tags: ['compat'], ...s })
+  const schema = <S extends object>(s: S) => ({ tags: ['compat'], ...s })
 
   // ==================== auth ====================
   const user = (p: Principal) => ({ id: p.tenantId, email: p.keyId, full_name: null })
@@ -125,7 +127,16 @@ export async function compatRoutes(server: FastifyInstance, deps: CompatDeps): P
   // ==================== agents ====================
   app.post(
     '/v1/agents',
-    { schema: schema({ response: { 201: CompatAgentSchema, ...errors } }) },
+    {
+      schema: schema({
+        summary: 'Deploy (their multipart form): the native deploy with a cairn.yaml made from the fields',
+        body: bytesBody(
+          ['multipart/form-data'],
+          'Fields: file (the project tar.gz), name, command, config (JSON: mode, port, secrets, ignore, protocol)',
+        ),
+        response: { 201: CompatAgentSchema, ...errors },
+      }),
+    },
     async (request, reply) => {
       const { tenantId } = writer(request)
       const contentType = request.headers['content-type'] ?? ''

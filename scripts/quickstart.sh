@@ -59,5 +59,6 @@ cat >&2 <<INFO
 Cairn is running at $CAIRN_API_URL (pid $(cat "$CAIRN_DATA_DIR/server.pid" 2>/dev/null || echo '?'), data in $CAIRN_DATA_DIR).
 Try:   cairn sessions list
        cairn run notes
+Check: cairn doctor   (what this machine lacks for Cairn, what that costs, how to fix it)
 Stop:  kill \$(cat $CAIRN_DATA_DIR/server.pid)
 INFO

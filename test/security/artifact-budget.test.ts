@@ -81,6 +81,9 @@ describe('artifacts in the tenant storage budget', () => {
     const files = await artifactFiles(t.dataDir)
     expect(files).toEqual({ count: 2, bytes: 2 * FILE_MIB * MiB })
     expect((await tenant.call('GET', '/v1/agents/shell/artifacts')).body.data).toHaveLength(2)
+    // The tenant sees them in its usage; nothing is left reserved.
+    const usage = await tenant.call('GET', '/v1/usage')
+    expect(usage.body.artifacts).toEqual({ count: 2, bytes: 2 * FILE_MIB * MiB, reservedBytes: 0 })
   })
 
   it('counts with the pool: a file written into the workspace leaves no room for the next copy', async () => {

@@ -39,6 +39,11 @@ export const UsageSchema = Type.Object({
   }),
   /** `pause: memory` checkpoints the tenant's sessions hold (in the data dir, beside the pool). */
   memoryCheckpoints: Type.Object({ count: Type.Integer(), bytes: Type.Number() }),
+  /**
+   * The tenant's artifacts (beside the pool, in the same tenant quota) and the space reserved for
+   * artifact copies under way.
+   */
+  artifacts: Type.Object({ count: Type.Integer(), bytes: Type.Number(), reservedBytes: Type.Number() }),
   /** Only with `?storage=true` (else empty): the 100 most recently active sessions. */
   storage: Type.Array(
     Type.Object({ sessionId: Type.String(), referencedBytes: Type.Number(), exclusiveBytes: Type.Number() }),

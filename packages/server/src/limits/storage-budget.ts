@@ -106,18 +106,8 @@ export class StorageBudget {
   }
 
   private async heldBeside(tenantId: string): Promise<Omit<TenantHeld, 'poolBytes'>> {
-    const artifacts = await this.deps.db.q
-      .selectFrom('artifacts')
-      .select((eb) => eb.fn.sum<number | string | null>('size_bytes').as('bytes'))
-      .where('tenant_id', '=', tenantId)
-      .executeTakeFirst()
-    const reserved = await this.deps.db.q
-      .selectFrom('storage_reservations')
-      .select((eb) => eb.fn.sum<number | string | null>('bytes').as('bytes'))
-      .where('tenant_id', '=', tenantId)
-      .where('expires_at', '>', iso(this.deps.clock.now()))
-      .executeTakeFirst()
-    return { artifactBytes: Number(artifacts?.bytes ?? 0), reservedBytes: Number(reserved?.bytes ?? 0) }
+    const usage = await artifactUsage(this.deps.db, tenantId, this.deps.clock.now())
+    return { artifactBytes: usage.bytes, reservedBytes: usage.reservedBytes }
   }
 
   /**
@@ -137,4 +127,31 @@ function overQuota(purpose: string, bytes: number, quotaBytes: number, held: Ten
     `${purpose} (${bytes} bytes) does not fit in the tenant's storage quota of ${quotaBytes} bytes: ${heldBytes} bytes are held (pool ${held.poolBytes}, artifacts ${held.artifactBytes}, copies under way ${held.reservedBytes})`,
     { quotaBytes, askedBytes: bytes, ...held },
   )
+}
+
+/** The tenant's artifacts, and the space its reservations hold at `nowMs` (lapsed ones left out). */
+export async function artifactUsage(
+  db: Db,
+  tenantId: string,
+  nowMs: number,
+): Promise<{ count: number; bytes: number; reservedBytes: number }> {
+  const kept = await db.q
+    .selectFrom('artifacts')
+    .select((eb) => [
+      eb.fn.countAll<number | string>().as('count'),
+      eb.fn.sum<number | string | null>('size_bytes').as('bytes'),
+    ])
+    .where('tenant_id', '=', tenantId)
+    .executeTakeFirst()
+  const reserved = await db.q
+    .selectFrom('storage_reservations')
+    .select((eb) => eb.fn.sum<number | string | null>('bytes').as('bytes'))
+    .where('tenant_id', '=', tenantId)
+    .where('expires_at', '>', iso(nowMs))
+    .executeTakeFirst()
+  return {
+    count: Number(kept?.count ?? 0),
+    bytes: Number(kept?.bytes ?? 0),
+    reservedBytes: Number(reserved?.bytes ?? 0),
+  }
 }

@@ -4,6 +4,7 @@ import { sql } from 'kysely'
 import type { Logger } from 'pino'
 import { type Clock, iso } from '../clock.js'
 import type { Db } from '../db/database.js'
+import { artifactUsage } from '../limits/storage-budget.js'
 import type { SessionRow } from '../sessions/session-rows.js'
 import type { SessionService } from '../sessions/session-service.js'
 import type { WorkspaceService } from '../workspace/workspace-service.js'
@@ -417,6 +418,7 @@ export class RetentionService {
       },
       retention: { policy: await this.policy(tenantId), ...(await this.freed(tenantId)) },
       memoryCheckpoints: { count: checkpointBytes.length, bytes: checkpointBytes.reduce((a, b) => a + b, 0) },
+      artifacts: await artifactUsage(this.deps.db, tenantId, this.deps.clock.now()),
       storage,
     }
   }

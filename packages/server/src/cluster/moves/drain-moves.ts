@@ -17,12 +17,19 @@ export class DrainMoves {
 
   constructor(private readonly deps: { db: Db; mover: SessionMover; logger: Logger; parallel?: number }) {}
 
-  /** Starts a round unless one runs; resolves at once. */
+  /**
+   * Starts a round unless one runs; resolves at once. A round that fails (PostgreSQL down) is
+   * logged and the next pass tries again: nobody awaits it, so its rejection crashed the replica.
+   */
   async pass(): Promise<void> {
     if (this.round || this.stopped) return
-    this.round = this.runRound().finally(() => {
-      this.round = undefined
-    })
+    this.round = this.runRound()
+      .catch((error: unknown) =>
+        this.deps.logger.warn({ err: error }, 'a round of drain moves failed; the next pass tries again'),
+      )
+      .finally(() => {
+        this.round = undefined
+      })
   }
 
   /** No new round, and the running one takes no further session (shutdown). */

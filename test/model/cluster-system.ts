@@ -4,7 +4,7 @@ import path from 'node:path'
 import { CreateBucketCommand } from '@aws-sdk/client-s3'
 import type { ClusterNode } from '../helpers/cluster.js'
 import { CairnCluster } from '../helpers/cluster-cairn.js'
-import type { ClusterProcess } from '../helpers/cluster-process.js'
+import { type ClusterProcess, waitFor } from '../helpers/cluster-process.js'
 import { startObjectStore, type TestObjectStore } from '../helpers/rgw.js'
 import { startTcpProxy, type TcpProxy } from '../helpers/tcp-proxy.js'
 import { ModelClient, Violation } from './client.js'
@@ -77,9 +77,33 @@ export class ClusterSystem extends Real {
     })
   }
 
-  /** Every node runs and is ready with a live lease (started again where one is not running). */
+  /**
+   * Every node runs and is ready with a live lease: one not running is started again and waited
+   * for until its new incarnation registered (the killed one's row stays `ready` for its lease).
+   */
   async nodesReady(): Promise<void> {
-    for (const node of this.nodes) if (!node.process?.running) await this.startNode(node)
+    const restarted: { id: string; epoch: number }[] = []
+    for (const node of this.nodes) {
+      if (node.process?.running) continue
+      const id = node.runtimeId()
+      const [row] = id
+        ? await this.cluster.query<{ epoch: number }>(`SELECT epoch FROM nodes WHERE id = '${id}'`)
+        : []
+      await this.startNode(node)
+      if (id) restarted.push({ id, epoch: Number(row?.epoch ?? 0) })
+    }
+    for (const { id, epoch } of restarted)
+      await waitFor(
+        `node ${id} registered again`,
+        async () =>
+          (
+            await this.cluster.query(
+              `SELECT id FROM nodes WHERE id = '${id}' AND epoch > ${epoch} AND state = 'ready'`,
+            )
+          ).length > 0,
+        60_000,
+        100,
+      )
     await this.cluster.waitForReady(NODES)
   }
 

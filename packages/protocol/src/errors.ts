@@ -45,6 +45,8 @@ export const ERROR_CODES = {
    * more, or sent more while it was pulled (the pull is stopped at the cap); details: maxBytes.
    */
   image_too_large: { status: 422, retryable: false },
+  /** The tenant's revisions run on as many distinct images as it may (--max-images-per-tenant); details: maxImages. */
+  image_limit_reached: { status: 409, retryable: false },
   setup_failed: { status: 422, retryable: false },
   payload_too_large: { status: 413, retryable: false },
   /** A workspace or tenant storage quota is used up (507 Insufficient Storage); only that session or tenant. */

@@ -126,6 +126,7 @@ const CLASS_BY_CODE: Record<ErrorCode, ErrorClass> = {
   sandbox_limit_reached: RateLimitError,
   snapshot_limit_reached: ConflictError,
   key_limit_reached: ConflictError,
+  image_limit_reached: ConflictError,
   agent_crashed: AgentCrashedError,
   agent_protocol_error: AgentProtocolError,
   port_unreachable: SandboxError,

@@ -104,6 +104,12 @@ export interface ServerOptions {
   debianMirror?: string | undefined
   /** Largest image root a build or pull may leave, in MiB (default 4096; env `CAIRN_MAX_IMAGE_MIB`). */
   maxImageMiB?: number | undefined
+  /**
+   * Distinct images (Debian recipes or OCI digests) one tenant's live revisions may run on
+   * (default 8; env `CAIRN_MAX_IMAGES_PER_TENANT`): with `maxImageMiB`, what a tenant can make the
+   * shared images take.
+   */
+  maxImagesPerTenant?: number | undefined
   /** Default sandbox driver for agents that do not choose one. */
   isolation?: 'bwrap' | 'gvisor' | undefined
   /** gVisor sandboxes kept booted ahead (default 2 when gVisor is the default). */
@@ -214,6 +220,7 @@ export interface ResolvedConfig {
   defaultImage: string
   debianMirror: string
   maxImageMiB: number
+  maxImagesPerTenant: number
   workspaceQuotaMiB: number | undefined
   tenantQuotaMiB: number | undefined
   poolReserveMiB: number | undefined
@@ -258,6 +265,15 @@ function maxImageMiB(value: number): number {
     throw new CairnProblem(
       'validation_failed',
       `the largest image must be a whole number of MiB, not '${value}'`,
+    )
+  return value
+}
+
+function maxImagesPerTenant(value: number): number {
+  if (!Number.isInteger(value) || value <= 0)
+    throw new CairnProblem(
+      'validation_failed',
+      `the distinct images per tenant must be a whole number above 0, not '${value}'`,
     )
   return value
 }
@@ -321,6 +337,9 @@ export function resolveConfig(options: ServerOptions): ResolvedConfig {
     debianMirror:
       options.debianMirror ?? process.env.CAIRN_DEBIAN_MIRROR ?? hostDebianMirror() ?? DEFAULT_DEBIAN_MIRROR,
     maxImageMiB: maxImageMiB(options.maxImageMiB ?? Number(process.env.CAIRN_MAX_IMAGE_MIB ?? 4096)),
+    maxImagesPerTenant: maxImagesPerTenant(
+      options.maxImagesPerTenant ?? Number(process.env.CAIRN_MAX_IMAGES_PER_TENANT ?? 8),
+    ),
     workspaceQuotaMiB: quotaMiB(
       options.workspaceQuotaMiB,
       process.env.CAIRN_WORKSPACE_QUOTA_MIB,

@@ -224,7 +224,11 @@ export async function startServer(
       logger,
       archiveLimits: { maxFiles: config.maxArchiveFiles, maxUnpackedBytes: config.maxUnpackedBytes },
       build: { buildEgressAllow: config.buildEgressAllow },
-      images: { defaultImage: config.defaultImage, debianMirror: config.debianMirror },
+      images: {
+        defaultImage: config.defaultImage,
+        debianMirror: config.debianMirror,
+        maxImagesPerTenant: config.maxImagesPerTenant,
+      },
       operatorLimits: config.operatorLimits,
     })
     const metrics = new MetricsRegistry()

@@ -25,6 +25,7 @@ interface ServerOptions {
   defaultImage?: string
   debianMirror?: string
   maxImageMib?: number
+  maxImagesPerTenant?: number
   isolation?: 'bwrap' | 'gvisor'
   previewPort?: number
   previewDomain?: string
@@ -225,6 +226,11 @@ export const register: Register = (parent, ctx) => {
         '--max-image-mib <mib>',
         'largest image root a build or pull may leave, in MiB (env CAIRN_MAX_IMAGE_MIB; default 4096)',
         positiveInt,
+      )
+      .option(
+        '--max-images-per-tenant <n>',
+        "distinct images one tenant's revisions may run on (env CAIRN_MAX_IMAGES_PER_TENANT; default 8)",
+        positiveInt,
       ),
   )
   for (const [flag, description, parse] of OPERATOR_LIMIT_FLAGS) command.option(flag, description, parse)
@@ -263,6 +269,7 @@ export const register: Register = (parent, ctx) => {
       defaultImage: options.defaultImage,
       debianMirror: options.debianMirror,
       maxImageMiB: options.maxImageMib,
+      maxImagesPerTenant: options.maxImagesPerTenant,
       logLevel: options.logLevel ?? (ctx.json ? 'warn' : undefined),
       operatorLimits: {
         maxMemoryMiB: options.maxMemoryMib,

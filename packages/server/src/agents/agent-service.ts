@@ -113,6 +113,7 @@ export class AgentService {
     let image: ResolvedImage
     let manifest: AgentManifest
     let buildSlot: () => void = () => undefined
+    let imageHeld: () => void = () => undefined
     try {
       await runtime.stageRevision(revisionId, tenantId, archive)
       const staged = stagedProject(runtime, revisionId)
@@ -128,6 +129,8 @@ export class AgentService {
         log: (line) => this.deps.logger.debug({ revision: revisionId }, line),
         timeoutMs: 60_000,
       })
+      // Before the build starts: a tenant past its distinct images is refused with nothing built.
+      imageHeld = await this.images.admit(tenantId, image)
       plan = { ...plan, image: (await this.images.needsBuild(image)) ? image : undefined }
       // Before anything is recorded: a deploy past the tenant's concurrent builds leaves no trace.
       if (needsBuild(plan)) buildSlot = this.builds.take(tenantId)
@@ -168,8 +171,10 @@ export class AgentService {
           return id
         }),
       )
+      imageHeld()
     } catch (error) {
       buildSlot()
+      imageHeld()
       // The deploy's own error is the one to answer; a staging tree left behind is reported here.
       await runtime
         .discardStagedRevision(revisionId)

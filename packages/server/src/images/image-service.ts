@@ -1,4 +1,5 @@
 import type { AgentManifest, ImageInfo, ImageList } from '@cairn/protocol'
+import { CairnProblem } from '@cairn/protocol'
 import {
   describeRecipe,
   HOST_IMAGE,
@@ -15,6 +16,8 @@ export interface ImageSettings {
   defaultImage?: string | undefined
   /** The Debian mirror images are built from. */
   debianMirror?: string | undefined
+  /** Distinct images one tenant's live revisions may run on (default 8). */
+  maxImagesPerTenant?: number | undefined
 }
 
 export interface ImageServiceDeps extends ImageSettings {
@@ -49,6 +52,8 @@ export interface ResolvedImage {
 export class ImageService {
   readonly defaultImage: string
   private readonly mirror: string
+  /** Per tenant, the image keys of deploys admitted and not yet recorded (counted with the recorded ones). */
+  private readonly pending = new Map<string, string[]>()
 
   constructor(private readonly deps: ImageServiceDeps) {
     this.defaultImage = deps.defaultImage ?? HOST_IMAGE
@@ -69,6 +74,38 @@ export class ImageService {
   ): Promise<ResolvedImage> {
     const recipe = this.recipeOf(manifest)
     return { recipe, key: await this.deps.runtime.imageKeyOf(recipe, ctx) }
+  }
+
+  /**
+   * Admits a deploy's image before anything is built: refused (`409 image_limit_reached`) when it
+   * is new to the tenant and the tenant's live revisions, with its deploys under way, already run
+   * on as many distinct images as it may. The key stays counted until `release` (called once the
+   * revision is recorded or the deploy failed), so concurrent deploys cannot each pass.
+   */
+  async admit(tenantId: string, image: ResolvedImage): Promise<() => void> {
+    const key = image.key
+    if (!key) return () => undefined
+    const keys = new Set<string>()
+    for (const [used, rows] of await this.usage())
+      if (rows.some((row) => row.tenant_id === tenantId)) keys.add(used)
+    const pending = this.pending.get(tenantId) ?? []
+    for (const held of pending) keys.add(held)
+    const max = this.deps.maxImagesPerTenant ?? 8
+    if (!keys.has(key) && keys.size >= max)
+      throw new CairnProblem(
+        'image_limit_reached',
+        `this tenant's revisions run on ${keys.size} distinct images, the operator's maximum (--max-images-per-tenant ${max}); delete agents whose images are no longer needed`,
+        { maxImages: max },
+      )
+    pending.push(key)
+    this.pending.set(tenantId, pending)
+    let released = false
+    return () => {
+      if (released) return
+      released = true
+      pending.splice(pending.indexOf(key), 1)
+      if (pending.length === 0 && this.pending.get(tenantId) === pending) this.pending.delete(tenantId)
+    }
   }
 
   /** Whether the revision's build must build or pull its image first. */

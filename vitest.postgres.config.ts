@@ -36,6 +36,7 @@ const RUNTIME_ONLY = [
   'test/security/egress.test.ts',
   'test/security/escape.test.ts',
   'test/security/fuzz-archive.test.ts',
+  'test/security/image-pull-cap.test.ts',
   'test/security/images.test.ts',
   'test/security/inherited-fds.test.ts',
   'test/security/listener-admission.test.ts',

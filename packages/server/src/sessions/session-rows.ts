@@ -4,6 +4,11 @@ import { policyOf } from './policy.js'
 /** The rows of sessions and turns as the stores read them, and what is derived from them alone. */
 
 export interface SessionRow {
+  /**
+   * Read with the row a turn begins from (`getForTurn`): whether a live snapshot stood then for
+   * the state after turn `turn_count` (SQLite answers 0 or 1). Undefined: not read.
+   */
+  snapshot_stands?: boolean | number | undefined
   id: string
   tenant_id: string
   agent_id: string

@@ -17,6 +17,7 @@ import { iso } from '../clock.js'
 import { dbTime } from '../cluster/db-time.js'
 import { type Db, isUniqueViolation } from '../db/database.js'
 import type { Schema } from '../db/schema.js'
+import { standingFor } from '../snapshots/snapshot-store.js'
 import { DeadlineIndex, keepNextDue, nextDueColumn, refreshNextDue } from './deadline-index.js'
 import {
   type InterruptedTurn,
@@ -90,9 +91,12 @@ export class SessionStore {
     sessionId: string,
     update: (qc: QueryCreator<Schema>) => StatusUpdate,
     change: { from: string; to: SessionStatus; cause: StatusCause; detail?: string | undefined; at: string },
-    /** PostgreSQL: a turn's row, written by the same statement if the session's row was changed. */
-    turn?: Record<string, string | number | null>,
-  ): Promise<ReturnedTiming | undefined> {
+    /**
+     * PostgreSQL, in the same statement if the session's row was changed: a new turn's row
+     * written, or a running turn's ended (`turnEnded` says whether it was still running).
+     */
+    turn: { begun?: Record<string, string | number | null>; ended?: { id: string; set: TurnEnd } } = {},
+  ): Promise<(ReturnedTiming & { turnEnded?: boolean }) | undefined> {
     const event = {
       id: newId('event'),
       session_id: sessionId,
@@ -102,15 +106,32 @@ export class SessionStore {
       detail: change.detail ?? null,
       at: change.at,
     }
-    let timing: ReturnedTiming | undefined
+    let timing: (ReturnedTiming & { turnEnded?: boolean }) | undefined
     if (this.db.dialect === 'postgres') {
       const base = this.db.q
         .with('changed', update)
         .with('event', (qc) => insertFromChanged(qc, 'session_events', event))
-      const query = turn
-        ? (base.with('turn', (qc) => insertFromChanged(qc, 'turns', turn)) as unknown as typeof base)
-        : base
-      timing = await query.selectFrom('changed').selectAll().executeTakeFirst()
+      const { begun, ended } = turn
+      let query = base
+      if (begun)
+        query = base.with('turn', (qc) => insertFromChanged(qc, 'turns', begun)) as unknown as typeof base
+      if (ended) {
+        const row = await base
+          .with('ended', (qc) =>
+            qc
+              .updateTable('turns')
+              .set(ended.set)
+              .where('id', '=', ended.id)
+              .where('status', '=', 'running')
+              .where(sql<boolean>`exists (select 1 from changed)`)
+              .returning('id'),
+          )
+          .selectFrom('changed')
+          .selectAll()
+          .select(sql<number>`(select count(*) from ended)`.as('turns_ended'))
+          .executeTakeFirst()
+        timing = row && { ...row, turnEnded: Number(row.turns_ended) > 0 }
+      } else timing = await query.selectFrom('changed').selectAll().executeTakeFirst()
     } else {
       timing = await update(this.db.q).executeTakeFirst()
       if (timing) await this.db.q.insertInto('session_events').values(event).execute()
@@ -137,8 +158,8 @@ export class SessionStore {
   }
 
   /**
-   * The session as a turn begins from it: its row, and the state of its setup phase (null: it has
-   * none), read in one statement.
+   * The session as a turn begins from it: its row, the state of its setup phase (null: it has
+   * none) and whether a snapshot stands for the state the turn starts from, in one statement.
    */
   async getForTurn(tenantId: string, id: string): Promise<TurnSessionRow | undefined> {
     return (await this.selectSession()
@@ -148,6 +169,18 @@ export class SessionStore {
           .select('status')
           .whereRef('session_setups.session_id', '=', 's.id')
           .as('setup_status'),
+      )
+      .select((eb) =>
+        eb
+          .exists(
+            eb
+              .selectFrom('snapshots')
+              .select(sql`1`.as('one'))
+              .whereRef('snapshots.session_id', '=', 's.id')
+              .where('snapshots.deleted_at', 'is', null)
+              .where(standingFor(sql`s.turn_count`)),
+          )
+          .as('snapshot_stands'),
       )
       .where('s.tenant_id', '=', tenantId)
       .where('s.id', '=', id)
@@ -481,7 +514,7 @@ export class SessionStore {
             .where((eb) => eb.or([eb('held_by', 'is', null), eb('held_until', '<', this.holdClock(at))]))
             .returning(STATUS_TIMING),
         { from: 'idle', to: 'active', cause: 'turn_started', detail: turn.turnId, at },
-        onPostgres ? row : undefined,
+        onPostgres ? { begun: row } : {},
       )
       if (!timing) {
         // An exclusive operation holds the session (through any replica): the turn is not begun.
@@ -655,6 +688,16 @@ export class SessionStore {
   ): Promise<boolean> {
     const at = turn.endedAt
     const generation = change.generation
+    const set: TurnEnd = {
+      status: turn.status,
+      response: turn.response,
+      stderr: turn.stderr,
+      error_code: turn.errorCode,
+      error_message: turn.errorMessage,
+      ended_at: at,
+      duration_ms: turn.durationMs,
+    }
+    const onPostgres = this.db.dialect === 'postgres'
     const timing = await this.changeStatus(
       session.id,
       (qc) =>
@@ -681,24 +724,20 @@ export class SessionStore {
           .where('owner_epoch', '=', session.ownerEpoch)
           .returning(STATUS_TIMING),
       { from: session.status, to: change.to, cause: change.cause, detail: change.detail, at },
+      onPostgres ? { ended: { id: turn.id, set } } : {},
     )
     if (!timing) return false
-    const ended = await this.db.q
-      .updateTable('turns')
-      .set({
-        status: turn.status,
-        response: turn.response,
-        stderr: turn.stderr,
-        error_code: turn.errorCode,
-        error_message: turn.errorMessage,
-        ended_at: at,
-        duration_ms: turn.durationMs,
-      })
-      .where('id', '=', turn.id)
-      .where('status', '=', 'running')
-      .executeTakeFirst()
-    if (ended.numUpdatedRows === 0n)
-      throw new TurnEndedElsewhere((await this.endedElsewhere(turn.id)) ?? 'internal')
+    const ended = onPostgres
+      ? timing.turnEnded === true
+      : (
+          await this.db.q
+            .updateTable('turns')
+            .set(set)
+            .where('id', '=', turn.id)
+            .where('status', '=', 'running')
+            .executeTakeFirst()
+        ).numUpdatedRows > 0n
+    if (!ended) throw new TurnEndedElsewhere((await this.endedElsewhere(turn.id)) ?? 'internal')
     return true
   }
 
@@ -905,6 +944,16 @@ export class TurnEndedElsewhere extends Error {
 const STATUS_TIMING = ['next_due_at', ...TIMING_COLUMNS] as const
 
 type StatusTiming = Parameters<typeof keepNextDue>[2]
+/** What a turn's end writes to its row. */
+interface TurnEnd {
+  status: TurnStatus
+  response: string
+  stderr: string
+  error_code: string | null
+  error_message: string | null
+  ended_at: string
+  duration_ms: number
+}
 type ReturnedTiming = Omit<StatusTiming, 'status'> & { status: string }
 type StatusUpdate = UpdateQueryBuilder<
   Schema,

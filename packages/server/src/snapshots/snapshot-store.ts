@@ -1,5 +1,5 @@
 import type { SnapshotInfo, SnapshotReason } from '@cairn/protocol'
-import { sql } from 'kysely'
+import { type RawBuilder, sql } from 'kysely'
 import type { Db } from '../db/database.js'
 
 interface SnapshotRow {
@@ -80,12 +80,7 @@ export class SnapshotStore {
    */
   async atTurn(sessionId: string, turn: number): Promise<SnapshotInfo | undefined> {
     const row = await this.live(sessionId)
-      .where((eb) =>
-        eb.or([
-          eb('turn_seq', '=', turn),
-          eb.and([eb('turn_seq', '<', turn), eb('through_turn_seq', '>=', turn)]),
-        ]),
-      )
+      .where(standingFor(sql`${turn}`))
       .orderBy(sql`(reason = 'before_turn')`, 'desc')
       .orderBy('turn_seq', 'desc')
       .orderBy('created_at', 'desc')
@@ -140,4 +135,12 @@ export class SnapshotStore {
       .where('deleted_at', 'is', null)
       .execute()
   }
+}
+
+/**
+ * Whether a row of `snapshots` stands for the state after `turn`: taken then, or taken after an
+ * earlier turn and extended through this one (the turns between changed nothing).
+ */
+export function standingFor(turn: RawBuilder<unknown>): RawBuilder<boolean> {
+  return sql<boolean>`(snapshots.turn_seq = ${turn} or (snapshots.turn_seq < ${turn} and snapshots.through_turn_seq >= ${turn}))`
 }

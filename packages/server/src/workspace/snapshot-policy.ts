@@ -73,7 +73,12 @@ export class SnapshotPolicy implements SessionObserver {
   async beforeTurn(row: SessionRow, seq: number): Promise<void> {
     if (!row.auto_snapshots) return
     await this.pending.get(row.id)
-    if (this.dirty.has(row.id) || !(await this.snapshots.atTurn(row.id, seq - 1))) {
+    // The turn's own read of its session said whether one stood; one that did not may have been
+    // recorded since (the last turn's, in the background): only then is it looked for.
+    const stands = async () =>
+      (Boolean(row.snapshot_stands) && row.turn_count === seq - 1) ||
+      (await this.snapshots.atTurn(row.id, seq - 1)) !== undefined
+    if (this.dirty.has(row.id) || !(await stands())) {
       this.dirty.delete(row.id)
       await this.take(row, 'auto', 'before_turn', seq - 1)
     }

@@ -236,27 +236,66 @@ describe.each(['sqlite', 'postgres'] as const)('the control plane on %s', (diale
   it('refuses a second running turn of one session (session_busy) and records nothing of it', async () => {
     const store = new SessionStore(db, RUNTIME)
     await newSession(store, 'ses_busy')
-    await store.startTurn('ses_busy', 'trn_first', 1, 'one', 'one', T0)
+    await store.startTurn({
+      sessionId: 'ses_busy',
+      turnId: 'trn_first',
+      seq: 1,
+      prompt: 'one',
+      title: 'one',
+      at: T0,
+      relayId: null,
+    })
     // Both at once, as two replicas would: exactly one is refused.
     const raced = await Promise.allSettled([
-      store.startTurn('ses_busy', 'trn_second', 2, 'two', 'two', T0),
-      store.startTurn('ses_busy', 'trn_third', 2, 'three', 'three', T0),
+      store.startTurn({
+        sessionId: 'ses_busy',
+        turnId: 'trn_second',
+        seq: 2,
+        prompt: 'two',
+        title: 'two',
+        at: T0,
+        relayId: null,
+      }),
+      store.startTurn({
+        sessionId: 'ses_busy',
+        turnId: 'trn_third',
+        seq: 2,
+        prompt: 'three',
+        title: 'three',
+        at: T0,
+        relayId: null,
+      }),
     ])
     expect(raced.map((r) => r.status)).toEqual(['rejected', 'rejected'])
     for (const r of raced) expect((r as PromiseRejectedResult).reason).toMatchObject({ code: 'session_busy' })
     expect((await store.turns('ses_busy')).map((t) => t.id)).toEqual(['trn_first'])
     expect((await store.get('tnt_default', 'ses_busy'))?.turn_count).toBe(1)
-    await store.finishTurn('ses_busy', {
-      id: 'trn_first',
-      status: 'completed',
-      response: 'done',
-      stderr: '',
-      errorCode: null,
-      errorMessage: null,
-      endedAt: T0,
-      durationMs: 5,
+    const ownerEpoch = (await store.get('tnt_default', 'ses_busy'))?.owner_epoch ?? 0
+    await db.transaction(() =>
+      store.finishTurn(
+        { id: 'ses_busy', status: 'active', ownerEpoch },
+        {
+          id: 'trn_first',
+          status: 'completed',
+          response: 'done',
+          stderr: '',
+          errorCode: null,
+          errorMessage: null,
+          endedAt: T0,
+          durationMs: 5,
+        },
+        { to: 'idle', cause: 'turn_completed', detail: 'trn_first', generation: undefined },
+      ),
+    )
+    await store.startTurn({
+      sessionId: 'ses_busy',
+      turnId: 'trn_next',
+      seq: 2,
+      prompt: 'two',
+      title: 'two',
+      at: T0,
+      relayId: null,
     })
-    await store.startTurn('ses_busy', 'trn_next', 2, 'two', 'two', T0)
     expect((await store.turns('ses_busy')).map((t) => [t.seq, t.status])).toEqual([
       [1, 'completed'],
       [2, 'running'],

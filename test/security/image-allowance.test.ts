@@ -70,6 +70,8 @@ describe('distinct images per tenant', () => {
     expect(images.map((image) => image.key)).toEqual([first.imageKey])
     expect(readdirSync(path.join(t.server.runtime.pool.root, 'staging'))).toEqual([])
     expect((await t.api.call('GET', '/v1/agents/second')).status).toBe(404)
+    // The tenant's usage says what it holds and may hold.
+    expect((await t.api.call('GET', '/v1/usage')).body.images).toEqual({ count: 1, maxImages: 1 })
     // Another tenant pulls and runs the image tenant A was refused.
     const b = await tenantApi('tenant-images-b')
     const theirs = await deployReady(b, 'second', SECOND)

@@ -44,6 +44,11 @@ export const UsageSchema = Type.Object({
    * artifact copies under way.
    */
   artifacts: Type.Object({ count: Type.Integer(), bytes: Type.Number(), reservedBytes: Type.Number() }),
+  /**
+   * The distinct agent images the tenant's live revisions run on, and how many it may
+   * (`--max-images-per-tenant`; images are shared, outside the tenant quota).
+   */
+  images: Type.Optional(Type.Object({ count: Type.Integer(), maxImages: Type.Integer() })),
   /** Only with `?storage=true` (else empty): the 100 most recently active sessions. */
   storage: Type.Array(
     Type.Object({ sessionId: Type.String(), referencedBytes: Type.Number(), exclusiveBytes: Type.Number() }),

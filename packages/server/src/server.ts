@@ -324,6 +324,7 @@ export async function startServer(
       clock,
       logger,
       memoryCheckpointTtlMs: config.memoryCheckpointTtlMs,
+      images: agents.images,
     })
     retention = retentionService
     setup.onSucceeded(async (row) => (await workspace.snapshotAfterSetup(row)).id)

@@ -85,12 +85,10 @@ export class ImageService {
   async admit(tenantId: string, image: ResolvedImage): Promise<() => void> {
     const key = image.key
     if (!key) return () => undefined
-    const keys = new Set<string>()
-    for (const [used, rows] of await this.usage())
-      if (rows.some((row) => row.tenant_id === tenantId)) keys.add(used)
+    const keys = await this.tenantKeys(tenantId)
     const pending = this.pending.get(tenantId) ?? []
     for (const held of pending) keys.add(held)
-    const max = this.deps.maxImagesPerTenant ?? 8
+    const max = this.maxImagesPerTenant
     if (!keys.has(key) && keys.size >= max)
       throw new CairnProblem(
         'image_limit_reached',
@@ -106,6 +104,23 @@ export class ImageService {
       pending.splice(pending.indexOf(key), 1)
       if (pending.length === 0 && this.pending.get(tenantId) === pending) this.pending.delete(tenantId)
     }
+  }
+
+  private get maxImagesPerTenant(): number {
+    return this.deps.maxImagesPerTenant ?? 8
+  }
+
+  /** The keys of the images the tenant's live revisions run on. */
+  private async tenantKeys(tenantId: string): Promise<Set<string>> {
+    const keys = new Set<string>()
+    for (const [used, rows] of await this.usage())
+      if (rows.some((row) => row.tenant_id === tenantId)) keys.add(used)
+    return keys
+  }
+
+  /** What `GET /v1/usage` reports: the distinct images the tenant's live revisions run on, and its allowance. */
+  async tenantImages(tenantId: string): Promise<{ count: number; maxImages: number }> {
+    return { count: (await this.tenantKeys(tenantId)).size, maxImages: this.maxImagesPerTenant }
   }
 
   /** Whether the revision's build must build or pull its image first. */

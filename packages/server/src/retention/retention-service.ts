@@ -4,6 +4,7 @@ import { sql } from 'kysely'
 import type { Logger } from 'pino'
 import { type Clock, iso } from '../clock.js'
 import type { Db } from '../db/database.js'
+import type { ImageService } from '../images/image-service.js'
 import { artifactUsage } from '../limits/storage-budget.js'
 import type { SessionRow } from '../sessions/session-rows.js'
 import type { SessionService } from '../sessions/session-service.js'
@@ -67,6 +68,8 @@ export class RetentionService {
        * starts cold next time, and says why); null keeps them until the session's sandbox goes.
        */
       memoryCheckpointTtlMs?: number | null | undefined
+      /** The distinct images the tenant's revisions run on, against its allowance. */
+      images?: Pick<ImageService, 'tenantImages'> | undefined
     },
   ) {}
 
@@ -419,6 +422,7 @@ export class RetentionService {
       retention: { policy: await this.policy(tenantId), ...(await this.freed(tenantId)) },
       memoryCheckpoints: { count: checkpointBytes.length, bytes: checkpointBytes.reduce((a, b) => a + b, 0) },
       artifacts: await artifactUsage(this.deps.db, tenantId, this.deps.clock.now()),
+      ...(this.deps.images ? { images: await this.deps.images.tenantImages(tenantId) } : {}),
       storage,
     }
   }

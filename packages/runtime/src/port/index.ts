@@ -5,6 +5,7 @@
  */
 export type { AgentEvent, AgentLaunch, TurnInput, TurnOutcome } from '../agent/types.js'
 export { DEFAULT_LIMITS, DEFAULT_TURN_TIMEOUT_MS } from '../agent/types.js'
+export { archiveStream } from '../build/extract-archive.js'
 export type { DependencyInstall, RevisionBuild, RevisionBuildResult } from '../build/revision-builder.js'
 export type { CommandResult } from '../build/run-command.js'
 export { bindingAllowed, type EgressPolicy, type EgressRule } from '../egress/policy.js'

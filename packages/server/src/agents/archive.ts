@@ -2,7 +2,7 @@ import { createHash } from 'node:crypto'
 import path from 'node:path'
 import { pipeline } from 'node:stream/promises'
 import { CairnProblem } from '@cairn/protocol'
-import { archiveStream } from '@cairn/runtime'
+import { archiveStream } from '@cairn/runtime/port'
 import * as tar from 'tar'
 
 export interface ArchiveLimits {

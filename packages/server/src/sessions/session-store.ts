@@ -12,24 +12,28 @@ import {
   type TurnStatus,
 } from '@cairn/protocol'
 import type { NetworkEvent } from '@cairn/runtime/port'
-import { type QueryCreator, type Selection, sql, type UpdateQueryBuilder } from 'kysely'
+import { type QueryCreator, sql } from 'kysely'
 import { iso } from '../clock.js'
 import { dbTime } from '../cluster/db-time.js'
 import { type Db, isUniqueViolation } from '../db/database.js'
 import type { Schema } from '../db/schema.js'
 import { standingFor } from '../snapshots/snapshot-store.js'
-import { DeadlineIndex, keepNextDue, nextDueColumn, refreshNextDue } from './deadline-index.js'
+import { DeadlineIndex, nextDueColumn, refreshNextDue } from './deadline-index.js'
+import type { InterruptedTurn, ListFilter, NewSession, SessionRow, TurnRow } from './session-rows.js'
 import {
-  type InterruptedTurn,
-  type ListFilter,
-  type NewSession,
-  type SessionRow,
-  TIMING_COLUMNS,
-  type TurnRow,
-} from './session-rows.js'
+  type ChangedTiming,
+  changeStatus,
+  STATUS_TIMING,
+  type StatusChange,
+  type StatusUpdate,
+  TurnEndedElsewhere,
+  type TurnEndRow,
+  type TurnWrites,
+} from './status-writes.js'
 import { MOVE_OPERATION } from './turn-locks.js'
 
 export { type InterruptedTurn, type ListFilter, type SessionRow, toSessionInfo } from './session-rows.js'
+export { TurnEndedElsewhere } from './status-writes.js'
 
 /** Sessions, turns and status events. */
 export class SessionStore {
@@ -81,65 +85,16 @@ export class SessionStore {
     })
   }
 
-  /**
-   * Changes a session's status by `update` (which returns its timing) and records the transition's
-   * event: on PostgreSQL in one statement (the event, and `turn`, written from the updated row), on
-   * SQLite in two. Then the deadline index is kept (written only if the timeout came earlier, and then the
-   * reaper told). Undefined: `update` changed no row, and nothing was written.
-   */
-  private async changeStatus(
+  /** `changeStatus` (status-writes.ts), the reaper told when the timeout came earlier. */
+  private changeStatus(
     sessionId: string,
     update: (qc: QueryCreator<Schema>) => StatusUpdate,
-    change: { from: string; to: SessionStatus; cause: StatusCause; detail?: string | undefined; at: string },
-    /**
-     * PostgreSQL, in the same statement if the session's row was changed: a new turn's row
-     * written, or a running turn's ended (`turnEnded` says whether it was still running).
-     */
-    turn: { begun?: Record<string, string | number | null>; ended?: { id: string; set: TurnEnd } } = {},
-  ): Promise<(ReturnedTiming & { turnEnded?: boolean }) | undefined> {
-    const event = {
-      id: newId('event'),
-      session_id: sessionId,
-      from_status: change.from,
-      to_status: change.to,
-      cause: change.cause,
-      detail: change.detail ?? null,
-      at: change.at,
-    }
-    let timing: (ReturnedTiming & { turnEnded?: boolean }) | undefined
-    if (this.db.dialect === 'postgres') {
-      const base = this.db.q
-        .with('changed', update)
-        .with('event', (qc) => insertFromChanged(qc, 'session_events', event))
-      const { begun, ended } = turn
-      let query = base
-      if (begun)
-        query = base.with('turn', (qc) => insertFromChanged(qc, 'turns', begun)) as unknown as typeof base
-      if (ended) {
-        const row = await base
-          .with('ended', (qc) =>
-            qc
-              .updateTable('turns')
-              .set(ended.set)
-              .where('id', '=', ended.id)
-              .where('status', '=', 'running')
-              .where(sql<boolean>`exists (select 1 from changed)`)
-              .returning('id'),
-          )
-          .selectFrom('changed')
-          .selectAll()
-          .select(sql<number>`(select count(*) from ended)`.as('turns_ended'))
-          .executeTakeFirst()
-        timing = row && { ...row, turnEnded: Number(row.turns_ended) > 0 }
-      } else timing = await query.selectFrom('changed').selectAll().executeTakeFirst()
-    } else {
-      timing = await update(this.db.q).executeTakeFirst()
-      if (timing) await this.db.q.insertInto('session_events').values(event).execute()
-    }
-    if (!timing) return undefined
-    const dueMs = await keepNextDue(this.db, sessionId, timing as StatusTiming)
-    if (dueMs !== undefined) this.timingChanged(sessionId, dueMs)
-    return timing
+    change: StatusChange,
+    turn: TurnWrites = {},
+  ): Promise<ChangedTiming | undefined> {
+    return changeStatus(this.db, sessionId, update, change, turn, (dueMs) =>
+      this.timingChanged(sessionId, dueMs),
+    )
   }
 
   private selectSession() {
@@ -688,7 +643,7 @@ export class SessionStore {
   ): Promise<boolean> {
     const at = turn.endedAt
     const generation = change.generation
-    const set: TurnEnd = {
+    const set: TurnEndRow = {
       status: turn.status,
       response: turn.response,
       stderr: turn.stderr,
@@ -909,58 +864,8 @@ export class SessionStore {
   }
 }
 
-/**
- * An insert into `table` of `values` for each row of the CTE `changed` (PostgreSQL): written
- * only if the update it names changed a row. Numbers are cast (a parameter in a select list is
- * text to PostgreSQL).
- */
-function insertFromChanged<DB extends Schema>(
-  qc: QueryCreator<DB>,
-  table: 'turns' | 'session_events',
-  values: Record<string, string | number | null>,
-) {
-  const selections = Object.entries(values).map(([column, value]) =>
-    typeof value === 'number'
-      ? sql`cast(${value} as bigint) as ${sql.ref(column)}`
-      : sql`${value} as ${sql.ref(column)}`,
-  )
-  return qc
-    .insertInto(table)
-    .columns(Object.keys(values) as never)
-    .expression(sql`select ${sql.join(selections)} from changed`)
-}
-
 /** A session's row as a turn reads it: with its setup phase's state (null: it has none). */
 export type TurnSessionRow = SessionRow & { setup_status: SetupStatus | null }
-
-/** A turn someone else ended while it ran (`code`: the row's error code or status). */
-export class TurnEndedElsewhere extends Error {
-  constructor(readonly code: string) {
-    super(`the turn was ended elsewhere (${code})`)
-  }
-}
-
-/** What an update that changes a session's status returns: its timing, for the deadline index. */
-const STATUS_TIMING = ['next_due_at', ...TIMING_COLUMNS] as const
-
-type StatusTiming = Parameters<typeof keepNextDue>[2]
-/** What a turn's end writes to its row. */
-interface TurnEnd {
-  status: TurnStatus
-  response: string
-  stderr: string
-  error_code: string | null
-  error_message: string | null
-  ended_at: string
-  duration_ms: number
-}
-type ReturnedTiming = Omit<StatusTiming, 'status'> & { status: string }
-type StatusUpdate = UpdateQueryBuilder<
-  Schema,
-  'sessions',
-  'sessions',
-  Selection<Schema, 'sessions', (typeof STATUS_TIMING)[number]>
->
 
 /** The hold a session row shows, if it is live. */
 function liveHold(

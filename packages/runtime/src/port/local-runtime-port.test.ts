@@ -161,9 +161,10 @@ describe('LocalRuntimePort', () => {
     expect(
       await readAll((await port.openFile({ sessionId: id }, Buffer.from('notes/kept.txt'))).stream),
     ).toBe('replaced')
-    await expect(port.writeFile(id, 'notes', Readable.from([Buffer.from('x')]))).rejects.toThrow(
-      /could not write/,
-    )
+    await expect(port.writeFile(id, 'notes', Readable.from([Buffer.from('x')]))).rejects.toMatchObject({
+      code: 'conflict',
+      message: expect.stringMatching(/is a directory: a file cannot be written over it/),
+    })
     expect((await port.listFiles({ sessionId: id }, Buffer.from('notes'))).map((e) => e.name)).toEqual([
       'kept.txt',
     ])

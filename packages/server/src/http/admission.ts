@@ -104,7 +104,10 @@ export class ConnectionAdmission {
     server.on('connection', (socket: Socket) => this.admit(socket))
     const started = (request: IncomingMessage) => this.started(request.socket)
     server.on('request', started)
-    server.on('upgrade', started)
+    // Only where the server relays upgrades itself (the preview listener, whose handler is added
+    // first): any 'upgrade' listener makes Node hand it every Upgrade request, so on the API
+    // listener one was left unanswered and held open, and the server's close waited for it.
+    if (server.listenerCount('upgrade') > 0) server.on('upgrade', started)
   }
 
   private admit(socket: Socket): void {

@@ -53,12 +53,28 @@ for (const row of rows.slice(0, top)) {
   console.log(`| ${(row.durationMs / 1000).toFixed(1)} | ${row.pass} | ${row.file}${mark} |`)
 }
 
-// The failures last, whole enough to act on: CI's log is often read only at its end.
-const LINES_PER_FAILURE = 60
+// The failures last, whole enough to act on: CI's log is often read only at its head and its end,
+// so each failure is printed in short lines, and a one-line summary of every failure closes the output.
+const LINES_PER_FAILURE = 40
+const LINE_CHARS = 400
+const firstLine = (failure) =>
+  (
+    failure.message
+      .join('\n')
+      .split('\n')
+      .find((line) => line.trim() !== '') ?? ''
+  ).slice(0, LINE_CHARS)
 for (const failure of failures) {
   const name = failure.test ? ` > ${failure.test.fullName ?? failure.test.title}` : ''
   console.log(`\n== failed (${failure.pass}): ${failure.file}${name} ==`)
   const lines = failure.message.join('\n').split('\n')
-  console.log(lines.slice(0, LINES_PER_FAILURE).join('\n'))
+  const shown = lines
+    .slice(0, LINES_PER_FAILURE)
+    .map((line) => (line.length > LINE_CHARS ? `${line.slice(0, LINE_CHARS)} […]` : line))
+  console.log(shown.join('\n'))
   if (lines.length > LINES_PER_FAILURE) console.log(`[… ${lines.length - LINES_PER_FAILURE} more lines]`)
+}
+if (failures.length > 0) {
+  console.log(`\n${failures.length} failed:`)
+  for (const failure of failures) console.log(`- (${failure.pass}) ${failure.file}: ${firstLine(failure)}`)
 }

@@ -41,7 +41,7 @@ export function startInFlight(
     return async () => {
       const outcome = await turn.done
       if (outcome.terminal === 'run.completed') model.acknowledged(session, target.path, target.content)
-      else model.unacknowledged(session, target.path, target.content)
+      else model.interrupted(session, target.path, target.content)
     }
   }
   if (inFlight === 'file write') {
@@ -141,7 +141,7 @@ export class KillAgent extends Step {
     const opened = await openTurn(real, session, `${writeCommand(this.path, this.content)}; sleep ${marker}`)
     if ('refused' in opened)
       throw new Violation(`${session.label}: message refused ${JSON.stringify(opened.refused.body)}`)
-    model.unacknowledged(session, this.path, this.content)
+    model.interrupted(session, this.path, this.content)
     const pid = await findAgent(marker, opened.turn)
     if (pid === undefined) {
       opened.turn.abort()
@@ -197,7 +197,7 @@ export class DropStream extends Step {
     opened.turn.abort()
     const outcome = await opened.turn.done
     if (outcome.terminal === 'run.completed') model.acknowledged(session, this.path, this.content)
-    else model.unacknowledged(session, this.path, this.content)
+    else model.interrupted(session, this.path, this.content)
   }
   toString() {
     return `drop connection(${this.index}, ${this.path}, after ${this.delayMs} ms)`

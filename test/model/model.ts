@@ -2,7 +2,7 @@
  * The model of the model-based fault test: what a client was told, per session. A file's
  * content is known exactly once a write was acknowledged (a turn that completed, an API write
  * that answered 2xx); a write whose answer never came (a fault, a cancel, a dropped stream) may
- * or may not have landed, so the model keeps every content the path may hold.
+ * or may not have landed (a turn's, in part), so the model keeps every content the path may hold.
  */
 
 /** Paths the generated operations write (the agent's turns and the files API alike). */
@@ -117,6 +117,22 @@ export class Model {
     session.files.get(path)?.add(content)
   }
 
+  /**
+   * A turn's write whose turn did not complete (cancelled, failed, its stream lost): the path may
+   * hold `content`, or any start of it (none at all included). This is the server's contract, not
+   * a loss: a turn's writes are the agent's own, made by its processes, and stopping them (a
+   * cancel, a stop, a fault) leaves the workspace as they left it (a shell's `> a.txt` truncates
+   * before anything is written; no rollback, the snapshot before the turn is the undo). Only
+   * writes through the API are all or nothing (`PUT …/files/content` stages and renames). A
+   * cancel 15 ms into a turn left `a.txt` empty: CI's seed 650280898, path 1.
+   */
+  interrupted(session: SessionModel, path: FilePath, content: Content): void {
+    const bytes = Buffer.from(content ?? '', 'base64')
+    const set = session.files.get(path)
+    for (let length = 0; length <= bytes.length; length++)
+      set?.add(bytes.subarray(0, length).toString('base64'))
+  }
+
   /** Records the session's status as seen, and what retention may now do to it. */
   seen(session: SessionModel, status: string): void {
     session.lastStatus = status
@@ -128,7 +144,10 @@ export class Model {
 }
 
 export function describeSet(set: Set<Content> | undefined): string {
-  return `{${[...(set ?? [])].map((c) => (c === null ? 'absent' : short(c))).join(', ')}}`
+  const all = [...(set ?? [])].map((c) => (c === null ? 'absent' : short(c)))
+  // An interrupted turn's write allows every start of its bytes: name a few and the count.
+  const shown = all.length > 8 ? [...all.slice(0, 6), `… ${all.length} in all`] : all
+  return `{${shown.join(', ')}}`
 }
 
 export function short(content: Content): string {

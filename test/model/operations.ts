@@ -83,7 +83,7 @@ export class Cancel extends Step {
     const prompt = `${writeCommand(this.path, this.content)}; sleep ${uniqueSleep()}`
     const opened = await openTurn(real, session, prompt)
     if ('refused' in opened) return unexpected(session, 'message', opened.refused)
-    model.unacknowledged(session, this.path, this.content)
+    model.interrupted(session, this.path, this.content)
     await new Promise((r) => setTimeout(r, this.delayMs))
     const answer = await real.client.call('POST', `/v1/sessions/${session.id}/cancel`)
     if (answer.status !== 200) unexpected(session, 'cancel', answer)

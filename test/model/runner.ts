@@ -143,15 +143,19 @@ export function describeModel<S extends Real>(options: {
         }
         log(stats.summary())
         if (failures.length > 0)
-          throw new Error(`${failures.length} sequences failed (each replays alone):\n${failures.join('\n')}`)
+          throw new Error(
+            `${failures.length} sequences failed (each replays alone):\n${failures.join('\n')}\n\n${brokenLine(failures[0] ?? '')}`,
+          )
         if (details.failed) {
           const cause =
             details.errorInstance instanceof Error
               ? details.errorInstance.message
               : String(details.errorInstance)
-          // The cause and the replay first: CI prints only a failure's first lines at its end.
+          const replay = `CAIRN_MODEL_STEPS=${MAX_STEPS} CAIRN_MODEL_SEED=${details.seed} CAIRN_MODEL_PATH=${details.counterexamplePath ?? ''} npx vitest run ${options.file}`
+          // The cause and the replay first and again last: a log viewer that keeps only the head
+          // and the tail of a long message (CI's) still shows which invariant broke.
           throw new Error(
-            `${cause}\n\nReplay: CAIRN_MODEL_STEPS=${MAX_STEPS} CAIRN_MODEL_SEED=${details.seed} CAIRN_MODEL_PATH=${details.counterexamplePath ?? ''} npx vitest run ${options.file}\n(and CAIRN_MODEL_REPLAY=<the counterexample's replayPath>)\n\n${fc.defaultReportMessage(details)}`,
+            `${cause}\n\nReplay: ${replay}\n(and CAIRN_MODEL_REPLAY=<the counterexample's replayPath>)\n\n${fc.defaultReportMessage(details)}\n\n${brokenLine(cause)}\nReplay: ${replay}`,
           )
         }
         log(`every sequence passed (${stats.runs} in ${budgetMs} ms)`)
@@ -159,6 +163,17 @@ export function describeModel<S extends Real>(options: {
       budgetMs + 900_000,
     )
   })
+}
+
+/**
+ * A failure's closing lines, for a log that keeps only a message's tail: the broken invariant
+ * (its message, up to 4 lines) and the step it broke at (Step.run adds the steps and the log after).
+ */
+export function brokenLine(message: string): string {
+  const head = message.split('\n  steps: ')[0] ?? ''
+  const lines = head.split('\n').map((line) => line.slice(0, 400))
+  const shown = lines.length > 5 ? [...lines.slice(0, 4), ...lines.slice(-1)] : lines
+  return `Broken invariant: ${shown.join('\n')}`
 }
 
 async function runSequence<S extends Real>(

@@ -27,6 +27,7 @@ const RUNTIME_ONLY = [
   'test/isolation.test.ts',
   'test/limits.test.ts',
   'test/openapi-lint.test.ts',
+  'test/release.test.ts',
   'test/security/btrfs-ioctl.test.ts',
   'test/security/build-envs.test.ts',
   'test/security/build-network.test.ts',

@@ -1,6 +1,6 @@
 /**
  * The package boundaries, checked in CI (`npm run check`): the server reaches the runtime only
- * through its port (`@cairn/runtime/port`), and no package reaches into one above it.
+ * through its port (`@cairn/runtime/port`), no package reaches into one above it, and no import circles.
  */
 module.exports = {
   forbidden: [
@@ -29,6 +29,15 @@ module.exports = {
       severity: 'error',
       from: { path: '^packages/protocol/' },
       to: { path: '^packages/(runtime|server|sdk|cli|console|agent-kit)/' },
+    },
+    {
+      name: 'no-import-circles',
+      comment:
+        'No module reaches itself through its imports (type imports count): a circle means two files ' +
+        'are one responsibility split wrongly, or a shared type lives in the wrong one; move it to a leaf.',
+      severity: 'error',
+      from: {},
+      to: { circular: true },
     },
     {
       name: 'cairn-packages-resolve',

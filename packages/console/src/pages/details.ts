@@ -1,7 +1,7 @@
 import { fill, h, timeAgo } from '../dom.js'
 import { highlight } from '../highlight.js'
 import { emptyRow, type PageContext, statusBadge } from '../ui.js'
-import type { Panel, SessionState } from './session.js'
+import type { Panel, SessionState } from './session-state.js'
 
 /** Every status change of the session with its cause: the answer to "why did my session stop?". */
 export function eventsPanel(ctx: PageContext, state: SessionState): Panel {

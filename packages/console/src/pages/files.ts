@@ -2,7 +2,7 @@ import type { FileEntry } from '@cairn/sdk'
 import { fill, formatBytes, h, saveBlob, timeAgo } from '../dom.js'
 import { highlight } from '../highlight.js'
 import { act, button, label, type PageContext } from '../ui.js'
-import type { Panel, SessionState } from './session.js'
+import type { Panel, SessionState } from './session-state.js'
 
 /** Files larger than this are offered for download instead of shown. */
 const VIEW_LIMIT = 2 * 1024 * 1024

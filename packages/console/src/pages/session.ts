@@ -3,27 +3,12 @@ import { fill, formatMs, h, timeAgo } from '../dom.js'
 import { act, button, confirmDialog, type Page, type PageContext, poll, statusBadge } from '../ui.js'
 import { eventsPanel, manifestPanel } from './details.js'
 import { filesPanel } from './files.js'
+import type { Panel, SessionState } from './session-state.js'
 import { sessionTitle } from './sessions.js'
 import { snapshotsPanel } from './snapshots.js'
 import { transcriptPanel } from './transcript.js'
 
-/** One tab of the session page; `show()` runs each time it is selected (it reloads what it shows). */
-export interface Panel {
-  el: HTMLElement
-  show(): void
-  /** Called when the session's info changes (status polling, an action). */
-  onInfo?(info: SessionInfo): void
-}
-
-/** What the session page shares with its tabs. */
-export interface SessionState {
-  id: string
-  info: SessionInfo | undefined
-  /** Reloads the session's info (header and tabs). */
-  refresh(): Promise<void>
-  /** Opens the Files tab, on a snapshot when given. */
-  browse(snapshotId?: string): void
-}
+export type { Panel, SessionState } from './session-state.js'
 
 const TABS = [
   ['transcript', 'Transcript'],

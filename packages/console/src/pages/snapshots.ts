@@ -1,7 +1,7 @@
 import type { SnapshotInfo } from '@cairn/sdk'
 import { fill, h, timeAgo } from '../dom.js'
 import { act, button, confirmDialog, label, type PageContext } from '../ui.js'
-import type { Panel, SessionState } from './session.js'
+import type { Panel, SessionState } from './session-state.js'
 
 const describe = (s: SnapshotInfo) => `the snapshot after turn ${s.turn}${s.label ? ` (“${s.label}”)` : ''}`
 

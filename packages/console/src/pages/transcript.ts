@@ -2,7 +2,7 @@ import type { Message, SessionInfo, TurnInfo } from '@cairn/sdk'
 import { describeError } from '../api.js'
 import { fill, formatMs, h } from '../dom.js'
 import { button, type PageContext } from '../ui.js'
-import type { Panel, SessionState } from './session.js'
+import type { Panel, SessionState } from './session-state.js'
 
 const short = (value: unknown, max = 120): string => {
   const text = typeof value === 'string' ? value : JSON.stringify(value)

@@ -13,7 +13,8 @@ import type { ActiveTurn, TurnChannel } from './active-turn.js'
 import { type AgentEgress, startAgentEgress } from './agent-egress.js'
 import { AgentPorts } from './agent-ports.js'
 import type { OutputGate } from './output-gate.js'
-import { type AgentProtocol, protocolFor } from './protocols/agent-protocol.js'
+import type { AgentProtocol } from './protocols/agent-protocol.js'
+import { protocolFor } from './protocols/protocol-for.js'
 import { RunDir } from './run-dir.js'
 import {
   type AgentEvent,

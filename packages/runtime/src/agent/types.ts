@@ -2,7 +2,6 @@ import type { AgentProtocolName, ErrorCode, HttpAgent, StatusCause, TranscriptLi
 import type { EgressRoute } from '../egress/proxy.js'
 import type { ProxySecret } from '../egress/proxy-secrets.js'
 import type { IsolationName, SandboxBind, SandboxLimits } from '../sandbox/driver.js'
-import type { ProtocolState } from './protocols/agent-protocol.js'
 
 export type AgentEvent =
   | { type: 'text'; content: string }
@@ -82,3 +81,6 @@ export interface AgentResume {
 export const DEFAULT_LIMITS: SandboxLimits = { memoryMiB: 512, pids: 256, cpus: 1 }
 export const DEFAULT_MAX_OUTPUT_CHARS = 8 * 1024 * 1024
 export const DEFAULT_TURN_TIMEOUT_MS = 10 * 60 * 1000
+
+/** A protocol's state across a memory checkpoint (see `AgentProtocol.state`). */
+export type ProtocolState = Readonly<Record<string, string | number>>

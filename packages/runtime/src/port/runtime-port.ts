@@ -13,8 +13,11 @@ import type { IsolationInfo } from '../runtime.js'
 import type { DriverCapabilities, IsolationName } from '../sandbox/driver.js'
 import type { PoolArea, PoolQuotaStatus, PoolStats, TreeSizes } from '../storage/pool.js'
 import type { ReadOptions } from '../workspace-io/reader.js'
+import type { AgentInfo } from './agent-info.js'
 import type { ShippedTree } from './pool-tree-shipping.js'
 import type { TurnMessage } from './turn-stream.js'
+
+export type { AgentInfo } from './agent-info.js'
 
 export type { ShippedTree } from './pool-tree-shipping.js'
 
@@ -116,19 +119,6 @@ export interface RuntimeEvents {
   pause(sessionId: string, event: PauseEvent): void
   /** A decision of the egress proxy of a session's agent or setup command. */
   network(sessionId: string, event: NetworkEvent): void
-}
-
-/** A warm agent as the server sees it: IDs and plain facts, never the process. */
-export interface AgentInfo {
-  sessionId: string
-  sandboxId: string
-  /** The sandbox driver it runs under (`bwrap`, `gvisor`). */
-  isolation: string
-  alive: boolean
-  /** Started from the session's memory checkpoint rather than cold. */
-  restored?: boolean | undefined
-  /** Its sandbox may be checkpointed (started for `pause: memory` under a driver that can). */
-  checkpointable?: boolean | undefined
 }
 
 /**

@@ -1,6 +1,6 @@
 import { eventChars, OutputGate } from '../agent/output-gate.js'
 import type { AgentEvent, TurnOutcome } from '../agent/types.js'
-import type { AgentInfo } from './runtime-port.js'
+import type { AgentInfo } from './agent-info.js'
 
 /**
  * The turn's last message: its outcome and, when the turn was asked to (`TurnOptions.keepWarmMs`),

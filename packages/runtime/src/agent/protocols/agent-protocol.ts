@@ -1,12 +1,8 @@
-import type net from 'node:net'
-import { CairnProblem } from '@cairn/protocol'
 import type { Sandbox } from '../../sandbox/driver.js'
 import type { TurnChannel } from '../active-turn.js'
-import type { AgentLaunch, TurnInput } from '../types.js'
-import { ExecProtocol } from './exec-protocol.js'
-import { HttpProtocol } from './http-protocol.js'
-import { JsonlProtocol } from './jsonl-protocol.js'
-import { StdioProtocol } from './stdio-protocol.js'
+import type { AgentLaunch, ProtocolState, TurnInput } from '../types.js'
+
+export type { ProtocolState } from '../types.js'
 
 /**
  * How the runtime talks to one kind of agent: what it adds to the environment, how a prompt
@@ -35,29 +31,4 @@ export interface AgentProtocol {
    * to it after a memory checkpoint (stdio: its nonce and line counts); given back to `protocolFor`.
    */
   state?(): ProtocolState
-}
-
-/** A protocol's state across a memory checkpoint (see `AgentProtocol.state`). */
-export type ProtocolState = Readonly<Record<string, string | number>>
-
-/**
- * The protocol object for a launch's `protocol`; an http agent is reached through `connect`;
- * `state` from `AgentProtocol.state` to go on after a checkpoint.
- */
-export function protocolFor(
-  launch: AgentLaunch,
-  connect: (port: number) => Promise<net.Socket>,
-  state?: ProtocolState,
-): AgentProtocol {
-  switch (launch.protocol) {
-    case 'stdio':
-      return new StdioProtocol(state)
-    case 'jsonl':
-      return new JsonlProtocol()
-    case 'exec':
-      return new ExecProtocol()
-    case 'http':
-      if (!launch.http) throw new CairnProblem('invalid_manifest', 'protocol http needs http.port')
-      return new HttpProtocol(launch.http, launch.sessionId, connect)
-  }
 }

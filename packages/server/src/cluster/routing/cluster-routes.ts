@@ -1,7 +1,7 @@
 import { CairnProblem } from '@cairn/protocol'
 import { type RuntimePort, runWithOwnerEpoch, type TreeRef } from '@cairn/runtime/port'
 import type { ClusterRows } from './cluster-rows.js'
-import type { ClusterRuntimePortOptions } from './cluster-runtime-port.js'
+import type { ClusterRuntimePortOptions } from './cluster-runtime-port-options.js'
 import type { NodeRow } from './node-directory.js'
 import { NoNodeAvailable, type PlacementNode, placeSession } from './placement.js'
 import { SERVING_STATES } from './revision-shipping.js'

@@ -36,30 +36,12 @@ import type { Logger } from 'pino'
 import type { Db } from '../../db/database.js'
 import { ClusterRoutes, parseDrivers } from './cluster-routes.js'
 import { ClusterRows } from './cluster-rows.js'
+import type { ClusterRuntimePortOptions } from './cluster-runtime-port-options.js'
 import type { NodeDirectory, NodeRow } from './node-directory.js'
 import { NodeLossRecovery } from './node-loss-recovery.js'
 import { RevisionShipping, SERVING_STATES, shipSealed } from './revision-shipping.js'
 
-export interface ClusterRuntimePortOptions {
-  db: Db
-  directory: NodeDirectory
-  logger: Logger
-  /** How long a session's node and epoch, a revision's holders and the nodes' rows are reused. */
-  cacheMs?: number | undefined
-  /** Free pool space a node needs to take a new session (default 64 MiB). */
-  minFreeBytes?: number | undefined
-  /** Placement's random source (tests seed it). */
-  random?: (() => number) | undefined
-  now?: (() => number) | undefined
-  /**
-   * Whether a session of a lost node is recovered from the shipping bucket on its next use
-   * (default) or not at all (`never`: it waits for its node, `node_lost`). `eager` recovery is
-   * the leader's (`recoverNode`), on top of the on-use one.
-   */
-  recoverLost?: 'on-message' | 'eager' | 'never' | undefined
-  /** The nodes' lease (default 5000): how soon the leader declares a dead node lost. */
-  leaseMs?: number | undefined
-}
+export type { ClusterRuntimePortOptions } from './cluster-runtime-port-options.js'
 
 /** The leader's check interval and slack: a dead node is declared lost within its lease and this. */
 const LEADER_NOTICE_MS = 2000

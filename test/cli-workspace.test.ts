@@ -85,6 +85,13 @@ describe('workspace commands', () => {
 
     // The export goes back in: the fork's workspace becomes the parent's, and says how to undo it.
     await cairn(['run', 'notes', '--session', fork.id, 'Only in the fork', '--single'])
+    // The parent is back at the fork point (restored above): the merge would take the fork's notes.md.
+    const preview = await cairn(['sessions', 'merge', fork.id.slice(0, 12), '--preview'])
+    expect(preview.code, preview.stderr).toBe(0)
+    expect(preview.stdout).toMatch(
+      /^Would merge ses_[a-z0-9]{8} into ses_[a-z0-9]{8}: 1 change\(s\), 0 conflict/,
+    )
+    expect(preview.stdout).toContain('  update notes.md\n')
     const imported = await cairn(['sessions', 'import', fork.id, archive])
     expect(imported.code).toBe(0)
     expect(imported.stdout).toMatch(/^Imported \d+ entries \(.+\) into ses_[a-z0-9]{8}\n$/)

@@ -37,6 +37,11 @@ export const ERROR_CODES = {
   conflict: { status: 409, retryable: false },
   /** A restore, fork or export is reading the snapshot; retry once it is done. */
   snapshot_in_use: { status: 409, retryable: true },
+  /**
+   * A merge needs the fork point: the session is not a fork, or the parent's snapshot it was
+   * forked from is gone (deleted by hand or by retention); details: parentSessionId, snapshotId.
+   */
+  merge_base_missing: { status: 409, retryable: false },
   secrets_missing: { status: 409, retryable: false },
   sandbox_not_running: { status: 409, retryable: true },
   build_failed: { status: 422, retryable: false },

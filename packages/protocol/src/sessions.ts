@@ -43,6 +43,8 @@ export const STATUS_CAUSES = [
   'forked',
   'workspace_restored',
   'workspace_imported',
+  /** A fork's changes were merged in: detail names the fork, its snapshot, the base and the undo snapshot. */
+  'workspace_merged',
   'setup_failed',
   'max_turns',
   'max_duration',
@@ -334,6 +336,7 @@ export const SNAPSHOT_REASONS = [
   'manual',
   'before_restore',
   'before_import',
+  'before_merge',
 ] as const
 export type SnapshotReason = (typeof SNAPSHOT_REASONS)[number]
 

@@ -114,6 +114,7 @@ const CLASS_BY_CODE: Record<ErrorCode, ErrorClass> = {
   agent_not_ready: AgentNotReadyError,
   conflict: ConflictError,
   snapshot_in_use: ConflictError,
+  merge_base_missing: ConflictError,
   secrets_missing: SecretsMissingError,
   sandbox_not_running: ConflictError,
   build_failed: BuildFailedError,

@@ -2,6 +2,9 @@ import {
   DiffSchema,
   type FileEntry,
   FileEntrySchema,
+  type MergeResult,
+  MergeResultSchema,
+  type MergeStrategy,
   type SessionInfo,
   type SessionPolicyInput,
   type SnapshotInfo,
@@ -169,6 +172,32 @@ export class Snapshots {
       ...request,
     })
     return asSession(body)
+  }
+
+  /**
+   * Merges this fork's changes since its fork point into its parent (or `into`, another session of
+   * the same agent): a three-way merge, text files line by line. Conflicts are listed per file and
+   * left to you (`strategy: 'markers'` writes overlapping text changes with conflict markers); the
+   * target is snapshotted first (`result.snapshot`: restore it to undo). `preview: true` changes
+   * nothing. A `ConflictError` with code `merge_base_missing` when the fork point is gone.
+   */
+  async merge(
+    options: RequestOptions & {
+      into?: string | undefined
+      /** Merge this snapshot of the fork instead of its live workspace. */
+      snapshotId?: string | undefined
+      preview?: boolean | undefined
+      strategy?: MergeStrategy | undefined
+    } = {},
+  ): Promise<MergeResult> {
+    const { into, snapshotId, preview, strategy, ...request } = options
+    const body = await this.http.json({
+      method: 'POST',
+      path: path(this.sessionId, '/merge'),
+      json: { into, snapshotId, preview, strategy },
+      ...request,
+    })
+    return checked(MergeResultSchema, body, 'merge result')
   }
 
   private restoreResult(body: unknown): RestoreResult {

@@ -315,6 +315,7 @@ export async function startServer(
       keepAutoSnapshots: async (tenantId) => (await retention?.policy(tenantId))?.keepAutoSnapshots ?? 50,
       setupOf: (sessionId) => setup.store.info(sessionId),
       manualSnapshotCap: new ManualSnapshotCap(db, config.operatorLimits),
+      storageBudget,
     })
     const retentionService = new RetentionService({
       db,

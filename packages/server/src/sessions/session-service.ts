@@ -684,7 +684,7 @@ export class SessionService {
   /** Records what happened to the session's workspace (a restore, an import), its status unchanged. */
   async recordWorkspaceEvent(
     row: SessionRow,
-    cause: 'workspace_restored' | 'workspace_imported',
+    cause: 'workspace_restored' | 'workspace_imported' | 'workspace_merged',
     detail: string,
   ): Promise<void> {
     await this.store.transition(row, row.status, cause, this.now(), detail)

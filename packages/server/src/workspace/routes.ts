@@ -6,6 +6,8 @@ import {
   FileEntrySchema,
   ForkBody,
   IdParams,
+  MergeBody,
+  MergeResultSchema,
   OkSchema,
   RestoreBody,
   SessionManifestSchema,
@@ -190,6 +192,24 @@ export function workspaceRoutes(server: FastifyInstance, workspace: WorkspaceSer
     async (request, reply) => {
       const info = await workspace.history.fork(requireWrite(request).tenantId, idOf(request), request.body)
       return reply.status(201).send(info)
+    },
+  )
+  app.post(
+    '/v1/sessions/:id/merge',
+    {
+      schema: {
+        tags,
+        summary:
+          "Merge a fork's changes since its fork point into its parent (or `into`, a session of the same agent); preview: true changes nothing",
+        params: IdParams,
+        body: MergeBody,
+        response: { 200: MergeResultSchema, ...errors, ...errorResponses(413) },
+      },
+    },
+    async (request) => {
+      // A preview changes nothing: a read-only key may ask for one.
+      const { tenantId } = request.body.preview ? principalOf(request) : requireWrite(request)
+      return workspace.merges.merge(tenantId, idOf(request), request.body)
     },
   )
   app.get(

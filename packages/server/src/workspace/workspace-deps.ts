@@ -6,6 +6,7 @@ import type { ArchiveLimits } from '../agents/archive.js'
 import type { Clock } from '../clock.js'
 import type { Db } from '../db/database.js'
 import type { ManualSnapshotCap } from '../limits/snapshot-cap.js'
+import type { StorageBudget } from '../limits/storage-budget.js'
 import type { SessionService } from '../sessions/session-service.js'
 
 export interface WorkspaceServiceDeps {
@@ -26,6 +27,8 @@ export interface WorkspaceServiceDeps {
   setupOf?: (sessionId: string) => Promise<SetupInfo | undefined>
   /** How many manual snapshots a session and a tenant may keep. */
   manualSnapshotCap: ManualSnapshotCap
+  /** The tenant's storage budget: a merge reserves the bytes it writes in it first. */
+  storageBudget?: StorageBudget | undefined
 }
 
 /** Restores and imports swap the live workspace: reads that meet one answer `session_busy`. */

@@ -3,6 +3,7 @@ import { SnapshotPins } from '../snapshots/snapshot-pins.js'
 import { SnapshotStore } from '../snapshots/snapshot-store.js'
 import { HeavyReads } from './heavy-reads.js'
 import { completeInterruptedTurns } from './interrupted-turns.js'
+import { WorkspaceMerge } from './merge/workspace-merge.js'
 import { SnapshotMeasures } from './snapshot-measures.js'
 import { SnapshotPolicy } from './snapshot-policy.js'
 import { WorkspaceArchive } from './workspace-archive.js'
@@ -31,6 +32,8 @@ export class WorkspaceService {
   /** Export and import as tar.gz. */
   readonly archive: WorkspaceArchive
   readonly manifest: WorkspaceManifest
+  /** Merging a fork's changes back into its parent (or another session of its agent). */
+  readonly merges: WorkspaceMerge
 
   constructor(private readonly deps: WorkspaceServiceDeps) {
     this.snapshots = new SnapshotStore(deps.db)
@@ -42,6 +45,7 @@ export class WorkspaceService {
     this.files = new WorkspaceFiles(deps, this.snapshots, this.policy, heavyReads)
     this.archive = new WorkspaceArchive(deps, this.pins, this.policy, this.files, heavyReads)
     this.manifest = new WorkspaceManifest(deps, this.snapshots, this.policy, this.files, measures)
+    this.merges = new WorkspaceMerge(deps, this.snapshots, this.pins, this.policy, heavyReads)
   }
 
   /** The automatic snapshot after a successful setup phase (see `SnapshotPolicy`). */

@@ -24,6 +24,7 @@ const SUBCOMMANDS: ReadonlyArray<readonly [names: readonly string[], load: Loade
   [['restore'], () => import('./restore.js')],
   [['undo'], () => import('./undo.js')],
   [['fork'], () => import('./fork.js')],
+  [['merge'], () => import('./merge.js')],
   [['files', 'ls-files'], () => import('./files.js')],
   [['cat'], () => import('./cat.js')],
   [['diff'], () => import('./diff.js')],

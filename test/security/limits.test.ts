@@ -15,6 +15,8 @@ const OPERATOR_LIMITS = {
   maxTurnTimeoutMs: 60_000,
   maxSetupTimeoutMs: 30_000,
   maxSandboxesPerTenant: 2,
+  // A message over the cap waits this long for a sandbox (the sleeper's turns take 6 s).
+  sandboxWaitMs: 2000,
   maxBuildsPerTenant: 1,
   maxManualSnapshotsPerSession: 3,
   maxManualSnapshotsPerTenant: 5,
@@ -169,7 +171,7 @@ describe('agent sandboxes per tenant', () => {
     for (const id of ids) await t.api.call('DELETE', `/v1/sessions/${id}`)
   })
 
-  it('answers sandbox_limit_reached (retryable) while every sandbox of the tenant runs a turn; another tenant starts', async () => {
+  it('answers sandbox_limit_reached (retryable) when every sandbox of the tenant ran a turn for the whole wait; another tenant starts; a cancel ends the wait', async () => {
     const busy = [
       (await t.api.createSession('sleeper')).id,
       (await t.api.createSession('sleeper')).id,
@@ -195,6 +197,23 @@ describe('agent sandboxes per tenant', () => {
     })
     const theirs = (await other.createSession('echo')).id
     expect((await other.send(theirs, 'unaffected')).terminal?.type).toBe('run.completed')
+    // A cancel ends a message's wait for a sandbox: refused, saying so, and nothing ran.
+    const waiting = t.api.send(third, 'cancelled before it ran')
+    // { ok: true } once the cancel found the message (waiting: it holds the session's turn lock).
+    let found = false
+    for (let i = 0; i < 100 && !found; i++) {
+      const cancel = await t.api.call('POST', `/v1/sessions/${third}/cancel`)
+      expect(cancel.status).toBe(200)
+      found = cancel.body.ok === true
+      if (!found) await new Promise((r) => setTimeout(r, 20))
+    }
+    expect(found).toBe(true)
+    const cancelled = await waiting
+    expect(cancelled.status).toBe(429)
+    expect((cancelled.body as { error: { message: string } }).error.message).toContain(
+      'cancelled while it waited',
+    )
+    expect((await t.api.call('GET', `/v1/sessions/${third}`)).body).toMatchObject({ turnCount: 0 })
     for (const run of await Promise.all(running)) expect(run.terminal?.type).toBe('run.completed')
     expect((await t.api.send(third, 'now')).text).toBe('done now\n')
   })

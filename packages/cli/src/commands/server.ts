@@ -35,6 +35,7 @@ interface ServerOptions {
   maxTurnTimeoutMs?: number
   maxSetupTimeoutMs?: number
   maxSandboxesPerTenant?: number
+  sandboxWaitMs?: number
   maxBuildsPerTenant?: number
   maxSnapshotsPerSession?: number
   maxSnapshotsPerTenant?: number
@@ -74,6 +75,11 @@ const OPERATOR_LIMIT_FLAGS = [
     '--max-sandboxes-per-tenant <n>',
     'agent sandboxes one tenant may run at once (env CAIRN_MAX_SANDBOXES_PER_TENANT; default 64)',
     positiveInt,
+  ],
+  [
+    '--sandbox-wait-ms <ms>',
+    "how long a message waits for one of its tenant's sandboxes when all run turns, before 429 sandbox_limit_reached; 0 refuses at once (env CAIRN_SANDBOX_WAIT_MS; default 60 s)",
+    positiveIntOrZero,
   ],
   [
     '--max-builds-per-tenant <n>',
@@ -278,6 +284,7 @@ export const register: Register = (parent, ctx) => {
         maxTurnTimeoutMs: options.maxTurnTimeoutMs,
         maxSetupTimeoutMs: options.maxSetupTimeoutMs,
         maxSandboxesPerTenant: options.maxSandboxesPerTenant,
+        sandboxWaitMs: options.sandboxWaitMs,
         maxBuildsPerTenant: options.maxBuildsPerTenant,
         maxManualSnapshotsPerSession: options.maxSnapshotsPerSession,
         maxManualSnapshotsPerTenant: options.maxSnapshotsPerTenant,

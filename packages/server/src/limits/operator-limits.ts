@@ -21,6 +21,11 @@ export const OperatorLimitsSchema = Type.Object({
   maxSetupTimeoutMs: Type.Number(),
   /** Agent sandboxes one tenant may have running at once (`CAIRN_MAX_SANDBOXES_PER_TENANT`). */
   maxSandboxesPerTenant: Type.Number(),
+  /**
+   * How long a message waits for one of its tenant's sandboxes to be free when all are running
+   * turns, before it is refused `sandbox_limit_reached`; 0 refuses at once (`CAIRN_SANDBOX_WAIT_MS`).
+   */
+  sandboxWaitMs: Type.Number(),
   /** Builds (dependencies, `setup`) one tenant may run at once (`CAIRN_MAX_BUILDS_PER_TENANT`). */
   maxBuildsPerTenant: Type.Number(),
   /** Manual snapshots one session may keep (`CAIRN_MAX_SNAPSHOTS_PER_SESSION`). */
@@ -57,6 +62,7 @@ const ENV: Record<keyof OperatorLimits, string> = {
   maxTurnTimeoutMs: 'CAIRN_MAX_TURN_TIMEOUT_MS',
   maxSetupTimeoutMs: 'CAIRN_MAX_SETUP_TIMEOUT_MS',
   maxSandboxesPerTenant: 'CAIRN_MAX_SANDBOXES_PER_TENANT',
+  sandboxWaitMs: 'CAIRN_SANDBOX_WAIT_MS',
   maxBuildsPerTenant: 'CAIRN_MAX_BUILDS_PER_TENANT',
   maxManualSnapshotsPerSession: 'CAIRN_MAX_SNAPSHOTS_PER_SESSION',
   maxManualSnapshotsPerTenant: 'CAIRN_MAX_SNAPSHOTS_PER_TENANT',
@@ -81,6 +87,7 @@ export function defaultOperatorLimits(rateLimitPerSecond: number): OperatorLimit
     maxTurnTimeoutMs: 3600 * 1000,
     maxSetupTimeoutMs: 3600 * 1000,
     maxSandboxesPerTenant: 64,
+    sandboxWaitMs: 60_000,
     maxBuildsPerTenant: 4,
     maxManualSnapshotsPerSession: 100,
     maxManualSnapshotsPerTenant: 1000,
@@ -105,7 +112,7 @@ export function resolveOperatorLimits(
     const raw = given?.[name] ?? env[ENV[name]]
     if (raw === undefined || raw === '') continue
     const value = Number(raw)
-    const zeroAllowed = name === 'tenantRateLimitPerSecond'
+    const zeroAllowed = name === 'tenantRateLimitPerSecond' || name === 'sandboxWaitMs'
     if (!Number.isFinite(value) || value < 0 || (value === 0 && !zeroAllowed))
       throw new CairnProblem(
         'validation_failed',

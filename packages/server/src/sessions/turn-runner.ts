@@ -130,7 +130,7 @@ export class TurnRunner {
       if (row.status === 'deleted') throw new CairnProblem('session_deleted', `session ${id} was deleted`)
       if (!prompt.trim()) throw new CairnProblem('validation_failed', 'prompt must not be empty')
       await this.checkLimits(row)
-      admitted = await this.deps.warm.admit(row, seen)
+      admitted = await this.deps.warm.admit(row, seen, abort.signal)
       const at = this.now()
       seq = row.turn_count + 1
       const current = row

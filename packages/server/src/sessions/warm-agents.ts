@@ -26,6 +26,24 @@ export type WarmAgentsDeps = Pick<
   missingWorkspace: (tenantId: string, sessionId: string) => Promise<CairnProblem>
 }
 
+/** A message waiting for a sandbox slot asks again after this, then twice as long each time… */
+const ADMIT_RETRY_FIRST_MS = 25
+/** …up to this. */
+const ADMIT_RETRY_MAX_MS = 250
+
+/** Resolves after `ms`, or at once when `signal` aborts. */
+function delay(ms: number, signal: AbortSignal | undefined): Promise<void> {
+  return new Promise((resolve) => {
+    const timer = setTimeout(done, ms)
+    function done() {
+      clearTimeout(timer)
+      signal?.removeEventListener('abort', done)
+      resolve()
+    }
+    signal?.addEventListener('abort', done, { once: true })
+  })
+}
+
 /**
  * What was asked of the runtime about the session's agent just before its turn (see
  * `SessionService.verifyBeforeTurn`): the turn needs not ask again.
@@ -63,16 +81,34 @@ export class WarmAgents {
   /**
    * Makes room for this session's sandbox under its tenant's cap (`maxSandboxesPerTenant`), see
    * `RuntimePort.admitAgent`. The answer releases the slot once the sandbox is up (or the turn is over).
+   * While every one of the tenant's sandboxes runs a turn, the message waits for one to end (asking
+   * again at growing intervals, up to `ADMIT_RETRY_MAX_MS`) for at most `sandboxWaitMs`, then is
+   * refused `sandbox_limit_reached`; a cancel (`signal`) ends the wait with that refusal too.
    */
-  async admit(row: SessionRow, seen?: SeenAgent): Promise<() => Promise<void>> {
+  async admit(row: SessionRow, seen?: SeenAgent, signal?: AbortSignal): Promise<() => Promise<void>> {
     const agent = seen ? seen.agent : await this.deps.runtime.agent(row.id)
     if (agent?.alive) return async () => undefined
-    return this.deps.runtime.admitAgent({
-      sessionId: row.id,
-      tenantId: row.tenant_id,
-      maxSandboxesPerTenant: this.deps.operatorLimits.maxSandboxesPerTenant,
-      busy: this.deps.locks.held(),
-    })
+    const deadline = Date.now() + this.deps.operatorLimits.sandboxWaitMs
+    for (let retryMs = ADMIT_RETRY_FIRST_MS; ; retryMs = Math.min(retryMs * 2, ADMIT_RETRY_MAX_MS)) {
+      try {
+        return await this.deps.runtime.admitAgent({
+          sessionId: row.id,
+          tenantId: row.tenant_id,
+          maxSandboxesPerTenant: this.deps.operatorLimits.maxSandboxesPerTenant,
+          busy: this.deps.locks.held(),
+        })
+      } catch (error) {
+        const full = error instanceof CairnProblem && error.code === 'sandbox_limit_reached'
+        if (!full || Date.now() + retryMs > deadline) throw error
+        await delay(retryMs, signal)
+        if (signal?.aborted)
+          throw new CairnProblem(
+            'sandbox_limit_reached',
+            `${error.message} (the message was cancelled while it waited for one; nothing ran)`,
+            error.details,
+          )
+      }
+    }
   }
 
   /**

@@ -68,7 +68,15 @@ describe('tenants never meet', () => {
                         ? { ttlMs: 60_000 }
                         : url.endsWith('/secrets')
                           ? { secrets: { A: 'b' } }
-                          : {}
+                          : url.endsWith('/a2a')
+                            ? { jsonrpc: '2.0', id: 1, method: 'GetTask', params: { id: 'trn_x' } }
+                            : url.endsWith('/ag-ui')
+                              ? {
+                                  threadId: 't',
+                                  runId: 'r',
+                                  messages: [{ id: 'm', role: 'user', content: 'hi' }],
+                                }
+                              : {}
             : undefined
         const res = await other.call(method.toUpperCase(), withQuery, body)
         tried.push(`${method.toUpperCase()} ${route} -> ${res.status}`)

@@ -1,4 +1,5 @@
 export * from './agent-frames.js'
+export * from './agent-protocols.js'
 export * from './agents.js'
 export * from './common.js'
 export * from './errors.js'

@@ -3,6 +3,9 @@ import type { RuntimePort } from '@cairn/runtime/port'
 import swagger from '@fastify/swagger'
 import Fastify, { type FastifyInstance, type FastifyReply } from 'fastify'
 import type { Logger } from 'pino'
+import { a2aRoutes } from './a2a/routes.js'
+import { AgUiThreads } from './ag-ui/ag-ui-threads.js'
+import { agUiRoutes } from './ag-ui/routes.js'
 import type { AgentService } from './agents/agent-service.js'
 import type { ArchiveLimits } from './agents/archive.js'
 import { agentRoutes } from './agents/routes.js'
@@ -219,6 +222,8 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   nodeRoutes(app, cluster?.nodes, cluster?.publish, cluster?.mover, (tenantId, id) =>
     deps.sessions.get(tenantId, id),
   )
+  a2aRoutes(app, { ...deps, version: deps.version, sse })
+  agUiRoutes(app, { ...deps, threads: new AgUiThreads(deps), sse })
   consoleRoutes(app)
   const compat = deps.compat
   if (compat) {

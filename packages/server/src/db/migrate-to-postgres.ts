@@ -31,6 +31,7 @@ const TABLES: readonly (keyof Schema)[] = [
   'shared_files',
   'build_logs',
   'artifact_blobs',
+  'ag_ui_threads',
 ]
 
 const BATCH_ROWS = 200

@@ -486,6 +486,22 @@ CREATE INDEX storage_reservations_tenant ON storage_reservations (tenant_id, exp
 CREATE INDEX artifacts_tenant ON artifacts (tenant_id);
 `,
   },
+  {
+    // AG-UI front ends name their threads themselves (a UUID per conversation): each name a
+    // tenant gives one of its agents stands for one session, made at the thread's first run.
+    version: 29,
+    name: 'ag-ui threads',
+    sql: `
+CREATE TABLE ag_ui_threads (
+  tenant_id TEXT NOT NULL,
+  agent_id TEXT NOT NULL,
+  thread_id TEXT NOT NULL,
+  session_id TEXT NOT NULL,
+  created_at TEXT NOT NULL,
+  PRIMARY KEY (tenant_id, agent_id, thread_id)
+);
+`,
+  },
 ]
 
 export type Dialect = 'sqlite' | 'postgres'

@@ -156,6 +156,13 @@ export interface Schema {
   build_logs: { revision_id: string; log: string }
   artifact_blobs: { artifact_id: string; content: Buffer }
   storage_reservations: { id: string; tenant_id: string; bytes: number; purpose: string; expires_at: string }
+  ag_ui_threads: {
+    tenant_id: string
+    agent_id: string
+    thread_id: string
+    session_id: string
+    created_at: string
+  }
   nodes: NodesTable
   revision_nodes: { revision_id: string; runtime_id: string }
   replicas: ReplicasTable

@@ -11,6 +11,11 @@ export interface SseWriterOptions {
   heartbeatMs?: number | undefined
   /** A client that drains nothing of a full stream for this long is cut (default 60 s). */
   stallMs?: number | undefined
+  /**
+   * How the heartbeat is written: a `heartbeat` event (Cairn's streams, default) or an SSE comment
+   * line (streams of other protocols, whose clients parse every event's data: A2A, AG-UI).
+   */
+  heartbeat?: 'event' | 'comment' | undefined
 }
 
 /**
@@ -65,10 +70,11 @@ export class SseWriter {
     // A write racing the socket's teardown fails here, not as an uncaught 'error': the close above
     // follows and stops the stream.
     res.on('error', () => this.finish())
-    this.heartbeat = setInterval(
-      () => this.send({ type: 'heartbeat', at: new Date().toISOString() }),
-      options.heartbeatMs ?? DEFAULT_SSE_HEARTBEAT_MS,
-    )
+    const beat =
+      options.heartbeat === 'comment'
+        ? () => this.write(': heartbeat\n\n')
+        : () => this.send({ type: 'heartbeat', at: new Date().toISOString() })
+    this.heartbeat = setInterval(beat, options.heartbeatMs ?? DEFAULT_SSE_HEARTBEAT_MS)
     this.heartbeat.unref()
   }
 
@@ -95,6 +101,11 @@ export class SseWriter {
   sendNamed(name: string, data: unknown, id?: number): Promise<void> | undefined {
     const idLine = id === undefined ? '' : `id: ${id}\n`
     return this.write(`event: ${name}\n${idLine}data: ${JSON.stringify(data)}\n\n`)
+  }
+
+  /** Sends an unnamed event whose data is `data` as JSON (the framing A2A and AG-UI clients read). */
+  sendData(data: unknown): Promise<void> | undefined {
+    return this.write(`data: ${JSON.stringify(data)}\n\n`)
   }
 
   private write(text: string): Promise<void> | undefined {

@@ -25,7 +25,13 @@ import { changedPolicy, createPolicy, deadlineFor, policyColumns, policyOf } fro
 import { type ReapReport, SessionReaper } from './reaper.js'
 import { PoolReconciler } from './reconcile.js'
 import { HOLD_TOKEN_SEPARATOR, type SessionServiceDeps } from './session-deps.js'
-import { type InterruptedTurn, type SessionRow, SessionStore, toSessionInfo } from './session-store.js'
+import {
+  type InterruptedTurn,
+  type SessionRow,
+  SessionStore,
+  type StoredTurn,
+  toSessionInfo,
+} from './session-store.js'
 import { TurnEvents } from './turn-events.js'
 import { MOVE_OPERATION, TurnLocks, TurnStop } from './turn-locks.js'
 import { type TurnHandle, TurnRunner } from './turn-runner.js'
@@ -343,6 +349,15 @@ export class SessionService {
   async turns(tenantId: string, id: string): Promise<TurnInfo[]> {
     await this.require(tenantId, id)
     return this.store.turns(id)
+  }
+
+  /** A turn of the tenant's by its ID alone (`not_found` for another tenant's, as for none). */
+  async turn(tenantId: string, turnId: string): Promise<StoredTurn> {
+    const turn = await this.store.turnById(turnId)
+    // The store reads a session by tenant and ID: another tenant's is none.
+    if (!turn || !(await this.store.get(tenantId, turn.sessionId)))
+      throw new CairnProblem('not_found', `No turn '${turnId}'`)
+    return turn
   }
 
   /**

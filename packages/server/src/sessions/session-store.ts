@@ -724,18 +724,19 @@ export class SessionStore {
   }
 
   async turns(sessionId: string): Promise<TurnInfo[]> {
-    return (await this.turnRows(sessionId)).map((t) => ({
-      id: t.id,
-      seq: t.seq,
-      status: t.status,
-      prompt: t.prompt,
-      response: t.response,
-      stderrTail: t.stderr,
-      sandboxId: t.sandbox_id,
-      startedAt: t.started_at,
-      endedAt: t.ended_at,
-      durationMs: t.duration_ms,
-    }))
+    return (await this.turnRows(sessionId)).map(toTurnInfo)
+  }
+
+  /** One turn by its ID alone, with its session and its error (a failed turn's); undefined: none. */
+  async turnById(turnId: string): Promise<StoredTurn | undefined> {
+    const row = (await this.db.q
+      .selectFrom('turns')
+      .selectAll()
+      .where('id', '=', turnId)
+      .executeTakeFirst()) as TurnRow | undefined
+    if (!row) return undefined
+    const error = row.error_code === null ? null : { code: row.error_code, message: row.error_message ?? '' }
+    return { ...toTurnInfo(row), sessionId: row.session_id, error }
   }
 
   async messages(sessionId: string): Promise<Message[]> {
@@ -873,4 +874,25 @@ function liveHold(
 ): { operation: string; swaps: boolean } | undefined {
   if (!row?.held_for || Number(row.held_live) !== 1) return undefined
   return { operation: row.held_for, swaps: Number(row.held_swaps) === 1 }
+}
+
+/** A turn as `turnById` reads it: its session, and the error a failed turn ended with. */
+export interface StoredTurn extends TurnInfo {
+  sessionId: string
+  error: { code: string; message: string } | null
+}
+
+function toTurnInfo(t: TurnRow): TurnInfo {
+  return {
+    id: t.id,
+    seq: t.seq,
+    status: t.status,
+    prompt: t.prompt,
+    response: t.response,
+    stderrTail: t.stderr,
+    sandboxId: t.sandbox_id,
+    startedAt: t.started_at,
+    endedAt: t.ended_at,
+    durationMs: t.duration_ms === null ? null : Number(t.duration_ms),
+  }
 }

@@ -1,0 +1,69 @@
+import type { AgentCard } from '@a2a-js/sdk'
+
+/** The security scheme the card names: Cairn's API keys, as bearer tokens. */
+export const A2A_SECURITY_SCHEME = 'cairnApiKey'
+
+/** The A2A version served (JSON-RPC binding). */
+export const A2A_VERSION = '1.0'
+
+/** Where an agent's A2A endpoint is, under the API's base URL. */
+export function a2aPath(agentName: string): string {
+  return `/v1/agents/${encodeURIComponent(agentName)}/a2a`
+}
+
+/**
+ * An agent's A2A card: one JSON-RPC interface at its endpoint, streaming, no push notifications,
+ * Cairn API keys as bearer tokens, text in and text or JSON (a task's files artifact) out.
+ */
+export function agentCard(
+  agent: { name: string; currentRevisionId: string | null },
+  baseUrl: string,
+  version: string,
+): AgentCard {
+  return {
+    name: agent.name,
+    description:
+      `The Cairn agent ${agent.name}. Each context is a persistent session with its own /workspace ` +
+      '(send the contextId of an answer to continue in it); each task is one turn.',
+    supportedInterfaces: [
+      {
+        url: `${baseUrl}${a2aPath(agent.name)}`,
+        protocolBinding: 'JSONRPC',
+        tenant: '',
+        protocolVersion: A2A_VERSION,
+      },
+    ],
+    provider: { organization: 'Cairn', url: baseUrl },
+    version: agent.currentRevisionId ?? version,
+    capabilities: { streaming: true, pushNotifications: false, extensions: [], extendedAgentCard: false },
+    securitySchemes: {
+      [A2A_SECURITY_SCHEME]: {
+        scheme: {
+          $case: 'httpAuthSecurityScheme',
+          value: {
+            scheme: 'Bearer',
+            bearerFormat: 'Cairn API key',
+            description:
+              "A Cairn API key (its tenant's agents and sessions only): Authorization: Bearer <key>",
+          },
+        },
+      },
+    },
+    securityRequirements: [{ schemes: { [A2A_SECURITY_SCHEME]: { list: [] } } }],
+    defaultInputModes: ['text/plain'],
+    defaultOutputModes: ['text/plain', 'application/json'],
+    skills: [
+      {
+        id: 'converse',
+        name: 'Converse',
+        description: `Talk to ${agent.name}; its workspace persists across the tasks of a context`,
+        tags: ['cairn', 'session'],
+        examples: [],
+        inputModes: [],
+        outputModes: [],
+        securityRequirements: [],
+      },
+    ],
+    signatures: [],
+  }
+}

@@ -12,6 +12,8 @@ let forkPoint: string
 const lines = (n: number, change: Record<number, string> = {}) =>
   Array.from({ length: n }, (_, i) => change[i] ?? `line ${i}`).join('\n') + '\n'
 const BINARY = Buffer.from([0, 1, 2, 3, 0xff, 0xfe, 0])
+const MiB = 1024 * 1024
+const TENANT_MIB = 128
 
 async function put(id: string, path: string, content: string | Buffer) {
   const body = typeof content === 'string' ? Buffer.from(content) : content
@@ -36,7 +38,8 @@ const merge = (id: string, body: Record<string, unknown> = {}) =>
   t.api.call('POST', `/v1/sessions/${id}/merge`, body)
 
 beforeAll(async () => {
-  t = await startTestServer()
+  // A tenant quota, so a merge's writes are reserved against it (a sparse file below outgrows it).
+  t = await startTestServer({ server: { tenantQuotaMiB: TENANT_MIB } })
   expect((await t.api.deploy(await makeProject(SHELL_PROJECT))).status).toBe(201)
   parent = (await t.api.createSession('shell')).id
   await put(parent, 'notes.txt', lines(10))
@@ -184,6 +187,18 @@ describe('merging a fork back', () => {
     }
     await expectError(await merge(fork), 409, 'session_busy')
     expect((await turn).terminal?.type).toBe('run.completed')
+
+    // A sparse file the size of twice the tenant quota, written whole by the merge: refused before
+    // anything is written (the budget's answer names the bytes asked), the target as it was.
+    expect((await t.api.send(fork, `truncate -s ${2 * TENANT_MIB}M big.bin`)).terminal?.type).toBe(
+      'run.completed',
+    )
+    const before = await text(parent, 'notes.txt')
+    const over = await merge(fork)
+    await expectError(over, 507, 'quota_exceeded')
+    expect(over.body.error.details.askedBytes).toBeGreaterThanOrEqual(2 * TENANT_MIB * MiB)
+    expect(await read(parent, 'big.bin')).toBeUndefined()
+    expect(await text(parent, 'notes.txt')).toBe(before)
 
     // The fork point deleted: no base to merge against.
     expect((await t.api.call('DELETE', `/v1/sessions/${parent}/snapshots/${forkPoint}`)).status).toBe(200)

@@ -45,6 +45,13 @@ const extrasQuery = (digest: boolean | undefined, sizes: boolean | undefined) =>
   sizes: sizes ? 'true' : undefined,
 })
 
+/**
+ * How long a merge call waits unless told otherwise: each file is written by the server's
+ * sandboxed writer (a fraction of a second each), so a merge of many files outlasts the client's
+ * usual timeout.
+ */
+const MERGE_TIMEOUT_MS = 15 * 60_000
+
 /** Which snapshot: its ID, or the turn it follows (0: before the first turn). */
 export type SnapshotRef = { snapshotId: string } | { turn: number }
 
@@ -179,7 +186,8 @@ export class Snapshots {
    * the same agent): a three-way merge, text files line by line. Conflicts are listed per file and
    * left to you (`strategy: 'markers'` writes overlapping text changes with conflict markers); the
    * target is snapshotted first (`result.snapshot`: restore it to undo). `preview: true` changes
-   * nothing. A `ConflictError` with code `merge_base_missing` when the fork point is gone.
+   * nothing. A `ConflictError` with code `merge_base_missing` when the fork point is gone. Waits
+   * up to 15 minutes unless `timeoutMs` says otherwise (the server writes file by file).
    */
   async merge(
     options: RequestOptions & {
@@ -196,6 +204,7 @@ export class Snapshots {
       path: path(this.sessionId, '/merge'),
       json: { into, snapshotId, preview, strategy },
       ...request,
+      timeoutMs: request.timeoutMs ?? MERGE_TIMEOUT_MS,
     })
     return checked(MergeResultSchema, body, 'merge result')
   }

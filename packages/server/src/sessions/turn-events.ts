@@ -16,9 +16,12 @@ export const DEFAULT_TURN_EVENTS_FLUSH_MS = 250
 /**
  * Characters (as JSON) of a running turn's events not yet written above which they are written
  * at once and the turn reads nothing more of its agent until they are: a turn's memory is bounded
- * by this, whatever its length.
+ * by this, whatever its length. Small beside V8's young generation (16 MiB semi-spaces), so that
+ * an agent flooding at the database's pace has each batch written and dropped before garbage
+ * collection promotes it: at 1 MiB the events reached the old space, whose garbage V8 let grow
+ * by 100–150 MiB between full collections.
  */
-export const TURN_EVENTS_HIGH_CHARS = 1024 * 1024
+export const TURN_EVENTS_HIGH_CHARS = 256 * 1024
 /** Rows per INSERT (SQLite's bound on statement parameters). */
 const ROWS_PER_INSERT = 300
 

@@ -3,7 +3,9 @@ import { makeProject, SHELL_PROJECT } from './helpers/projects.js'
 import { startTestServer, type TestServer } from './helpers/server.js'
 
 // Merging a fork back (issue 32 item 6) against a real server and btrfs pool: one server, one
-// parent and its fork, edited through the files API on both sides.
+// parent and its fork, edited through the files API on both sides. About 30 s on a loaded 2-core
+// machine, over 20 s because every file written (about 40, by the tests and by the merges) starts
+// two short sandboxes of the sandboxed writer, and three turns run.
 let t: TestServer
 let parent: string
 let fork: string
@@ -46,6 +48,7 @@ beforeAll(async () => {
   await put(parent, 'same.txt', lines(3))
   await put(parent, 'gone.txt', 'to be deleted in the fork\n')
   await put(parent, 'logo.bin', BINARY)
+  await put(parent, 'both.txt', 'deleted in the fork, changed in the parent\n')
   forkPoint = (await t.api.call('POST', `/v1/sessions/${parent}/snapshots`, { label: 'fork point' })).body.id
   const forked = await t.api.call('POST', `/v1/sessions/${parent}/fork`, { snapshotId: forkPoint })
   expect(forked.status).toBe(201)
@@ -56,10 +59,14 @@ beforeAll(async () => {
   await put(fork, 'src/new.txt', 'added in the fork\n')
   expect((await t.api.call('DELETE', `/v1/sessions/${fork}/files?path=gone.txt`)).status).toBe(200)
   await put(fork, 'logo.bin', Buffer.concat([BINARY, Buffer.from([1])]))
+  expect((await t.api.call('DELETE', `/v1/sessions/${fork}/files?path=both.txt`)).status).toBe(200)
+  await put(fork, 'd/a.txt', 'a directory d in the fork\n')
   // The parent: line 8, the same line 0, the binary changed differently.
   await put(parent, 'notes.txt', lines(10, { 8: 'line 8 from the parent' }))
   await put(parent, 'same.txt', lines(3, { 0: 'parent' }))
   await put(parent, 'logo.bin', Buffer.concat([BINARY, Buffer.from([2])]))
+  await put(parent, 'both.txt', 'changed in the parent\n')
+  await put(parent, 'd', 'a file d in the parent\n')
 })
 
 afterAll(async () => {
@@ -67,6 +74,9 @@ afterAll(async () => {
 })
 
 const expectedConflicts = [
+  { path: 'both.txt', kind: 'delete_modify', deletedIn: 'fork', resolution: 'keep' },
+  { path: 'd', kind: 'type', resolution: 'keep' },
+  { path: 'd/a.txt', kind: 'type', resolution: 'keep' },
   { path: 'logo.bin', kind: 'content', binary: true, resolution: 'keep' },
   { path: 'same.txt', kind: 'content', binary: false, resolution: 'keep' },
 ]
@@ -112,6 +122,8 @@ describe('merging a fork back', () => {
     // Conflicts: the target keeps its own version.
     expect(await text(parent, 'same.txt')).toBe(lines(3, { 0: 'parent' }))
     expect(await read(parent, 'logo.bin')).toEqual(Buffer.concat([BINARY, Buffer.from([2])]))
+    expect(await text(parent, 'both.txt')).toBe('changed in the parent\n')
+    expect(await text(parent, 'd')).toBe('a file d in the parent\n')
     const events = (await t.api.call('GET', `/v1/sessions/${parent}/events`)).body.data as {
       cause: string
       detail: string
@@ -146,6 +158,8 @@ describe('merging a fork back', () => {
     expect(into.body).toMatchObject({ fork: { snapshotId: at }, into: { id: sibling }, conflicts: [] })
     expect(await text(sibling, 'same.txt')).toBe(lines(3, { 0: 'fork' }))
     expect(await text(sibling, 'later.txt')).toBeUndefined()
+    expect(await text(sibling, 'd/a.txt')).toBe('a directory d in the fork\n')
+    expect(await text(sibling, 'both.txt')).toBeUndefined()
   })
 
   it('refuses bad input with typed errors and a busy target with session_busy', async () => {

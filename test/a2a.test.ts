@@ -131,12 +131,23 @@ describe('A2A', () => {
     ])
   })
 
-  it('cancels a running task, and refuses to cancel an ended one', async () => {
+  it('follows a running task from another connection, cancels it, and refuses to cancel an ended one', async () => {
     const client = await clientFor(env.t.key)
     const started = asTask(await client.sendMessage(send(userMessage('sleep 60'), true)))
     expect(started.status?.state).toBe(TaskState.TASK_STATE_WORKING)
-    const cancelled = await client.cancelTask({ tenant: '', id: started.id, metadata: undefined })
-    expect(cancelled.status?.state).toBe(TaskState.TASK_STATE_CANCELED)
+    const followed: StreamResponse[] = []
+    let cancelled: Task | undefined
+    for await (const event of client.resubscribeTask({ tenant: '', id: started.id })) {
+      followed.push(event)
+      const reply =
+        event.payload?.$case === 'artifactUpdate' ? texts(event.payload.value.artifact?.parts) : []
+      if (reply.includes('sleeping'))
+        cancelled = await client.cancelTask({ tenant: '', id: started.id, metadata: undefined })
+    }
+    expect(followed[0]?.payload?.$case).toBe('task')
+    const last = followed.at(-1)?.payload
+    expect(last?.$case === 'statusUpdate' && last.value.status?.state).toBe(TaskState.TASK_STATE_CANCELED)
+    expect(cancelled?.status?.state).toBe(TaskState.TASK_STATE_CANCELED)
     await expect(
       client.cancelTask({ tenant: '', id: started.id, metadata: undefined }),
     ).rejects.toMatchObject({

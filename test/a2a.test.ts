@@ -6,6 +6,7 @@ import {
   DefaultAgentCardResolver,
   JsonRpcTransportFactory,
 } from '@a2a-js/sdk/client'
+import { isLegacyAgentCard } from '@a2a-js/sdk/compat/v0_3/client'
 import { describe, expect, it } from 'vitest'
 import { useProtocolServer } from './helpers/protocol-server.js'
 
@@ -14,20 +15,30 @@ import { useProtocolServer } from './helpers/protocol-server.js'
 
 const env = useProtocolServer()
 
-/** The SDK's client for an agent, its requests carrying the key (card fetch included). */
-function clientFor(key: string, agent = 'file-tools'): Promise<Client> {
-  const fetchImpl: typeof fetch = (input, init) => {
+/** A fetch that sends the key, and notes the JSON-RPC methods it calls. */
+function keyedFetch(key: string, methods: string[] = []): typeof fetch {
+  return (input, init) => {
     const headers = new Headers(init?.headers)
     headers.set('authorization', `Bearer ${key}`)
+    if (typeof init?.body === 'string') methods.push(JSON.parse(init.body).method)
     return fetch(input, { ...init, headers })
   }
-  const factory = new ClientFactory(
+}
+
+/** The SDK's client factory, its requests carrying the key (card fetch included); `legacy`: 0.3 too. */
+function factoryFor(fetchImpl: typeof fetch, legacy = false): ClientFactory {
+  const legacyCompat = { enabled: legacy }
+  return new ClientFactory(
     ClientFactoryOptions.createFrom(ClientFactoryOptions.default, {
-      transports: [new JsonRpcTransportFactory({ fetchImpl })],
-      cardResolver: new DefaultAgentCardResolver({ fetchImpl }),
+      transports: [new JsonRpcTransportFactory({ fetchImpl, legacyCompat })],
+      cardResolver: new DefaultAgentCardResolver({ fetchImpl, legacyCompat }),
     }),
   )
-  return factory.createFromUrl(`${env.t.url}/v1/agents/${agent}/a2a/`)
+}
+
+/** The SDK's client for an agent, from its card (found under the base URL, as any A2A client finds it). */
+function clientFor(key: string, agent = 'file-tools'): Promise<Client> {
+  return factoryFor(keyedFetch(key)).createFromUrl(`${env.t.url}/v1/agents/${agent}/a2a/`)
 }
 
 function userMessage(text: string, contextId = ''): Message {
@@ -155,6 +166,33 @@ describe('A2A', () => {
     })
   })
 
+  it('speaks A2A 0.3 to a 0.3 client (message/send, message/stream, tasks/get) in the same sessions', async () => {
+    const card = await fetch(`${env.t.url}/v1/agents/file-tools/a2a/.well-known/agent-card.json`, {
+      headers: { authorization: `Bearer ${env.t.key}` },
+    }).then((res) => res.json())
+    // A client that sends no A2A-Version is a 0.3 one: the card it gets is 0.3's, as the SDK reads it.
+    expect(isLegacyAgentCard(card)).toBe(true)
+    expect(card).toMatchObject({ protocolVersion: '0.3.0', url: `${env.t.url}/v1/agents/file-tools/a2a` })
+    const methods: string[] = []
+    const client = await factoryFor(keyedFetch(env.t.key, methods), true).createFromAgentCard(card)
+    expect(client.protocolVersion).toMatch(/^0\.3/)
+
+    const first = asTask(await client.sendMessage(send(userMessage('write old.txt from 0.3'))))
+    expect(first.status?.state).toBe(TaskState.TASK_STATE_COMPLETED)
+    const events: StreamResponse[] = []
+    for await (const event of client.sendMessageStream(send(userMessage('read old.txt', first.contextId))))
+      events.push(event)
+    const reply = events.flatMap((e) =>
+      e.payload?.$case === 'artifactUpdate' && e.payload.value.artifact?.name === 'reply'
+        ? texts(e.payload.value.artifact.parts)
+        : [],
+    )
+    expect(reply.join('')).toBe('old.txt says: from 0.3')
+    const again = await client.getTask({ tenant: '', id: first.id })
+    expect(again.contextId).toBe(first.contextId)
+    expect(methods).toEqual(['message/send', 'message/stream', 'tasks/get'])
+  })
+
   it("keeps tenants apart: another tenant's key reaches neither the context nor the task", async () => {
     const mine = asTask(
       await (await clientFor(env.t.key)).sendMessage(send(userMessage('write secret.txt tenant a'))),
@@ -210,7 +248,18 @@ describe('A2A', () => {
     expect(noTask.body.error).toMatchObject({ code: -32001 })
 
     expect((await rpc(call('NoSuchMethod', {}))).body.error).toMatchObject({ code: -32601 })
-    expect((await rpc(call('SendMessage', { message: text }), {})).body.error).toMatchObject({ code: -32009 })
+    const version = await rpc(call('SendMessage', { message: text }), { 'a2a-version': '2.0' })
+    expect(version.body.error).toMatchObject({ code: -32009 })
+    // Without A2A-Version the request is 0.3's, whose methods have other names.
+    expect((await rpc(call('SendMessage', { message: text }), {})).body.error).toMatchObject({ code: -32601 })
+    const legacy = await rpc(
+      call('message/send', { message: { kind: 'message', messageId: 'm', role: 'user', parts: [] } }),
+      {},
+    )
+    expect(legacy.body.error).toMatchObject({
+      code: -32602,
+      message: expect.stringContaining('/message/parts'),
+    })
 
     const envelope = await rpc({ jsonrpc: '1.0', id: 1, method: 'GetTask', params: {} })
     expect(envelope.status).toBe(400)

@@ -56,6 +56,55 @@ export const JsonRpcStreamAnswerSchema = Type.Union(
   { description: 'Each event is data only (no event name): one JSON-RPC response, as A2A streams them.' },
 )
 
+/** A part of an A2A 0.3 message (`kind` names it): Cairn's turns take text. */
+export const A2ALegacyPartSchema = Type.Object(
+  {
+    kind: Type.Union([Type.Literal('text'), Type.Literal('file'), Type.Literal('data')]),
+    text: Type.Optional(Type.String({ maxLength: MAX_PROMPT_BYTES })),
+    metadata,
+  },
+  open,
+)
+
+/** `message/send` and `message/stream` params (A2A 0.3). */
+export const A2ALegacySendParams = Type.Object(
+  {
+    message: Type.Object(
+      {
+        kind: Type.Literal('message'),
+        messageId: id("The client's ID of the message"),
+        contextId: Type.Optional(Type.String({ maxLength: 200 })),
+        taskId: Type.Optional(Type.String({ maxLength: 200 })),
+        role: Type.Union([Type.Literal('user'), Type.Literal('agent')]),
+        parts: Type.Array(A2ALegacyPartSchema, { minItems: 1, maxItems: 100 }),
+        metadata,
+      },
+      open,
+    ),
+    configuration: Type.Optional(
+      Type.Object(
+        {
+          blocking: Type.Optional(Type.Boolean()),
+          historyLength: Type.Optional(Type.Integer({ minimum: 0 })),
+        },
+        open,
+      ),
+    ),
+    metadata,
+  },
+  open,
+)
+
+/** `tasks/get`, `tasks/cancel` and `tasks/resubscribe` params (A2A 0.3). */
+export const A2ALegacyTaskParams = Type.Object(
+  {
+    id: id('The task: a Cairn turn ID'),
+    historyLength: Type.Optional(Type.Integer({ minimum: 0 })),
+    metadata,
+  },
+  open,
+)
+
 /** One part of an A2A message: Cairn's turns take text; the others are refused by name. */
 export const A2APartSchema = Type.Object(
   {

@@ -1,7 +1,10 @@
 import { type AgentCard, AgentCard as AgentCardJson } from '@a2a-js/sdk'
+import { LegacyJsonRpcTransportHandler } from '@a2a-js/sdk/compat/v0_3/server'
 import { RequestMalformedError, VersionNotSupportedError } from '@a2a-js/sdk/errors'
-import { JsonRpcTransportHandler, ServerCallContext } from '@a2a-js/sdk/server'
+import { type A2ARequestHandler, JsonRpcTransportHandler, ServerCallContext } from '@a2a-js/sdk/server'
 import {
+  A2ALegacySendParams,
+  A2ALegacyTaskParams,
   A2ASendMessageParams,
   A2ATaskParams,
   CairnProblem,
@@ -18,7 +21,7 @@ import type { AgentService } from '../agents/agent-service.js'
 import { principalOf } from '../auth/plugin.js'
 import { errorResponses, eventStreamMedia, jsonResponse } from '../http/responses.js'
 import { SseWriter, type SseWriterOptions } from '../http/sse.js'
-import { A2A_VERSION, agentCard } from './a2a-card.js'
+import { A2A_LEGACY_VERSION, A2A_VERSION, agentCard, legacyAgentCard } from './a2a-card.js'
 import { type A2AScope, type A2AServices, CairnA2AHandler } from './a2a-handler.js'
 
 export interface A2ADeps extends A2AServices {
@@ -28,24 +31,70 @@ export interface A2ADeps extends A2AServices {
 }
 
 const HEADER = 'a2a-version'
-/** Methods a read-only key may call. */
-const READ_METHODS = new Set(['GetTask', 'SubscribeToTask', 'GetExtendedAgentCard', 'ListTasks'])
-/** The params each served method is checked against before the A2A library decodes them. */
-const PARAMS: Record<string, ReturnType<typeof TypeCompiler.Compile<TSchema>>> = {
-  SendMessage: TypeCompiler.Compile(A2ASendMessageParams),
-  SendStreamingMessage: TypeCompiler.Compile(A2ASendMessageParams),
-  GetTask: TypeCompiler.Compile(A2ATaskParams),
-  CancelTask: TypeCompiler.Compile(A2ATaskParams),
-  SubscribeToTask: TypeCompiler.Compile(A2ATaskParams),
+type ParamsCheck = ReturnType<typeof TypeCompiler.Compile<TSchema>>
+type RpcTransport = Pick<JsonRpcTransportHandler, 'handle'>
+
+/**
+ * A version of A2A's JSON-RPC as served: the params each method is checked against before the
+ * A2A library decodes them, the methods a read-only key may call, and the library's transport
+ * handler and error encoding for that version (both answer with the same `CairnA2AHandler`).
+ */
+interface Dialect {
+  version: string
+  params: Record<string, ParamsCheck>
+  reads: Set<string>
+  transport(handler: A2ARequestHandler): RpcTransport
+  encodeError(error: unknown): unknown
 }
+
+const V1: Dialect = {
+  version: A2A_VERSION,
+  params: {
+    SendMessage: TypeCompiler.Compile(A2ASendMessageParams),
+    SendStreamingMessage: TypeCompiler.Compile(A2ASendMessageParams),
+    GetTask: TypeCompiler.Compile(A2ATaskParams),
+    CancelTask: TypeCompiler.Compile(A2ATaskParams),
+    SubscribeToTask: TypeCompiler.Compile(A2ATaskParams),
+  },
+  reads: new Set(['GetTask', 'SubscribeToTask', 'GetExtendedAgentCard', 'ListTasks']),
+  transport: (handler) => new JsonRpcTransportHandler(handler),
+  encodeError: (error) => JsonRpcTransportHandler.mapToJSONRPCError(error),
+}
+
+const V03: Dialect = {
+  version: A2A_LEGACY_VERSION,
+  params: {
+    'message/send': TypeCompiler.Compile(A2ALegacySendParams),
+    'message/stream': TypeCompiler.Compile(A2ALegacySendParams),
+    'tasks/get': TypeCompiler.Compile(A2ALegacyTaskParams),
+    'tasks/cancel': TypeCompiler.Compile(A2ALegacyTaskParams),
+    'tasks/resubscribe': TypeCompiler.Compile(A2ALegacyTaskParams),
+  },
+  reads: new Set(['tasks/get', 'tasks/resubscribe', 'agent/getAuthenticatedExtendedCard']),
+  transport: (handler) => new LegacyJsonRpcTransportHandler(handler),
+  encodeError: (error) => LegacyJsonRpcTransportHandler.mapToLegacyJSONRPCError(error),
+}
+
+/** The dialect a request asks for: no `A2A-Version` is 0.3 (the spec's rule), `1.0` is 1.0. */
+function dialectOf(header: string | string[] | undefined): Dialect | Error {
+  const version = Array.isArray(header) ? header.at(-1) : header
+  if (version === undefined || version === '0.3' || version === '0.3.0') return V03
+  if (version === '1.0' || version === '1') return V1
+  return new VersionNotSupportedError({
+    message: `A2A version ${version} is not served: send A2A-Version: ${A2A_VERSION} (or none, for 0.3)`,
+    metadata: { code: 'bad_request' },
+  })
+}
+
 const errors = errorResponses(400, 401, 403, 404)
 const tags = ['a2a']
 
 /**
- * Each agent as an A2A server (v1.0, JSON-RPC binding): its card under the endpoint's
+ * Each agent as an A2A server (JSON-RPC binding, 1.0 and 0.3): its card under the endpoint's
  * `.well-known/agent-card.json`, and the endpoint. The JSON-RPC is decoded and encoded by the
- * official A2A library (`JsonRpcTransportHandler`); what it asks for is done by `CairnA2AHandler`
- * on the session and turn services. Under /v1, so keys, rate limits and the tenant sweep apply.
+ * official A2A library (`JsonRpcTransportHandler`, and its `LegacyJsonRpcTransportHandler` for
+ * 0.3); what it asks for is done by `CairnA2AHandler` on the session and turn services. Under
+ * /v1, so keys, rate limits and the tenant sweep apply.
  */
 export function a2aRoutes(server: FastifyInstance, deps: A2ADeps): void {
   const app = server.withTypeProvider<TypeBoxTypeProvider>()
@@ -74,7 +123,12 @@ export function a2aRoutes(server: FastifyInstance, deps: A2ADeps): void {
         },
       },
     },
-    async (request) => cardBody((await scopeOf(request, request.params.id)).card),
+    async (request) => {
+      const { card, agent, baseUrl } = await scopeOf(request, request.params.id)
+      if (dialectOf(request.headers[HEADER]) !== V03) return cardBody(card)
+      const legacy = { name: agent.name, currentRevisionId: card.version }
+      return legacyAgentCard(legacy, baseUrl, deps.version)
+    },
   )
 
   app.post(
@@ -83,7 +137,7 @@ export function a2aRoutes(server: FastifyInstance, deps: A2ADeps): void {
       schema: {
         tags,
         summary:
-          'A2A JSON-RPC (v1.0): SendMessage, SendStreamingMessage (SSE), GetTask, CancelTask, SubscribeToTask; a context is a session, a task a turn',
+          'A2A JSON-RPC, 1.0 (A2A-Version: 1.0: SendMessage, SendStreamingMessage, GetTask, CancelTask, SubscribeToTask) and 0.3 (no A2A-Version: message/send, message/stream, tasks/get, tasks/cancel, tasks/resubscribe); a context is a session, a task a turn',
         params: IdParams,
         body: JsonRpcRequestSchema,
         response: {
@@ -101,15 +155,20 @@ export function a2aRoutes(server: FastifyInstance, deps: A2ADeps): void {
     async (request, reply) => {
       const principal = principalOf(request)
       const body = request.body
-      if (!READ_METHODS.has(body.method) && principal.role === 'read')
+      const dialect = dialectOf(request.headers[HEADER])
+      if (dialect instanceof Error) return rpcError(body, V1.encodeError(dialect))
+      if (!dialect.reads.has(body.method) && principal.role === 'read')
         throw new CairnProblem('forbidden', 'this API key is read-only')
       const scope = await scopeOf(request, request.params.id)
-      const refused = refusal(body, request.headers[HEADER])
-      if (refused) return rpcError(body, refused)
-      const transport = new JsonRpcTransportHandler(new CairnA2AHandler(deps, scope))
-      const answer = await transport.handle(body, new ServerCallContext({ requestedVersion: A2A_VERSION }))
+      const refused = paramsRefusal(dialect, body)
+      if (refused) return rpcError(body, dialect.encodeError(refused))
+      const transport = dialect.transport(new CairnA2AHandler(deps, scope))
+      const answer = await transport.handle(
+        body,
+        new ServerCallContext({ requestedVersion: dialect.version }),
+      )
       if (!isStream(answer)) return answer
-      await streamAnswers(reply, body, answer, deps.sse)
+      await streamAnswers(reply, body, answer, { ...deps.sse, encodeError: dialect.encodeError })
     },
   )
 }
@@ -119,16 +178,9 @@ function cardBody(card: AgentCard): Record<string, unknown> {
   return AgentCardJson.toJSON(card) as Record<string, unknown>
 }
 
-/** A version or params the request cannot be served with (answered as a JSON-RPC error). */
-function refusal(body: JsonRpcRequest, header: string | string[] | undefined): Error | undefined {
-  // A request without the header is A2A 0.3's (the spec's default); Cairn serves 1.0.
-  const version = (Array.isArray(header) ? header.at(-1) : header) ?? '0.3'
-  if (version !== A2A_VERSION && version !== '1')
-    return new VersionNotSupportedError({
-      message: `A2A version ${version} is not served: send A2A-Version: ${A2A_VERSION}`,
-      metadata: { code: 'bad_request' },
-    })
-  const check = PARAMS[body.method]
+/** Params the method cannot be served with (answered as a JSON-RPC error naming the path). */
+function paramsRefusal(dialect: Dialect, body: JsonRpcRequest): Error | undefined {
+  const check = dialect.params[body.method]
   if (!check || check.Check(body.params)) return undefined
   const first = check.Errors(body.params).First()
   return new RequestMalformedError({
@@ -137,11 +189,11 @@ function refusal(body: JsonRpcRequest, header: string | string[] | undefined): E
   })
 }
 
-function rpcError(body: JsonRpcRequest, error: Error) {
-  return { jsonrpc: '2.0', id: body.id ?? null, error: JsonRpcTransportHandler.mapToJSONRPCError(error) }
+function rpcError(body: JsonRpcRequest, error: unknown) {
+  return { jsonrpc: '2.0', id: body.id ?? null, error }
 }
 
-type RpcAnswer = Awaited<ReturnType<JsonRpcTransportHandler['handle']>>
+type RpcAnswer = Awaited<ReturnType<RpcTransport['handle']>>
 type RpcStream = Extract<RpcAnswer, AsyncGenerator>
 
 function isStream(answer: RpcAnswer): answer is RpcStream {
@@ -156,13 +208,14 @@ async function streamAnswers(
   reply: FastifyReply,
   body: JsonRpcRequest,
   answers: RpcStream,
-  sse: SseWriterOptions,
+  options: SseWriterOptions & { encodeError: (error: unknown) => unknown },
 ): Promise<void> {
+  const { encodeError, ...sse } = options
   let first: IteratorResult<unknown>
   try {
     first = await answers.next()
   } catch (error) {
-    return void reply.send(rpcError(body, error as Error))
+    return void reply.send(rpcError(body, encodeError(error)))
   }
   reply.hijack()
   const writer = new SseWriter(reply.raw, { ...sse, heartbeat: 'comment' })
@@ -173,7 +226,7 @@ async function streamAnswers(
       await writer.sendData(answer)
     }
   } catch (error) {
-    await writer.sendData(rpcError(body, error as Error))
+    await writer.sendData(rpcError(body, encodeError(error)))
   } finally {
     writer.end()
   }

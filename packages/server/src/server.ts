@@ -368,7 +368,7 @@ export async function startServer(
         { asked: config.operatorLimits.maxConnections, allowed: admission.maxConnections },
         "CAIRN_MAX_CONNECTIONS is above what the descriptor limit leaves after the runtime's reserve; lowered",
       )
-    admission.attach(previewListener.server)
+    admission.attach(previewListener.server, { relaysUpgrades: true })
     await ports.release()
     const previewPort = await listen(previewListener.server, config.previewPort, config.host)
     if (config.previewDomain === DEFAULT_PREVIEW_DOMAIN && !LOOPBACK_HOSTS.has(config.host)) {
@@ -469,7 +469,7 @@ export async function startServer(
           }
         : undefined,
     })
-    admission.attach(app.server)
+    admission.attach(app.server, { relaysUpgrades: false })
     const address = await app.listen({ port: config.port, host: config.host })
     const port = Number(new URL(address).port)
     const url = `http://${config.host.includes(':') ? `[${config.host}]` : config.host}:${port}`

@@ -92,8 +92,12 @@ export class ConnectionAdmission {
     return this.total
   }
 
-  /** Puts `server` under this admission and its timeouts (before it listens). */
-  attach(server: Server): void {
+  /**
+   * Puts `server` under this admission and its timeouts (before it listens). `relaysUpgrades`: the
+   * server answers Upgrade requests itself (the preview listener), so an upgraded connection counts
+   * as started like a request.
+   */
+  attach(server: Server, options: { relaysUpgrades: boolean }): void {
     server.headersTimeout = this.limits.headersTimeoutMs
     server.keepAliveTimeout = this.limits.idleTimeoutMs
     // How often Node looks for connections past their header timeout (30 s by default).
@@ -104,10 +108,10 @@ export class ConnectionAdmission {
     server.on('connection', (socket: Socket) => this.admit(socket))
     const started = (request: IncomingMessage) => this.started(request.socket)
     server.on('request', started)
-    // Only where the server relays upgrades itself (the preview listener, whose handler is added
-    // first): any 'upgrade' listener makes Node hand it every Upgrade request, so on the API
-    // listener one was left unanswered and held open, and the server's close waited for it.
-    if (server.listenerCount('upgrade') > 0) server.on('upgrade', started)
+    // Only where the server relays upgrades itself: any 'upgrade' listener makes Node hand it every
+    // Upgrade request, so on the API listener one was left unanswered and held open, and the
+    // server's close waited for it.
+    if (options.relaysUpgrades) server.on('upgrade', started)
   }
 
   private admit(socket: Socket): void {

@@ -5,8 +5,8 @@ import base from './vitest.config'
  * The PostgreSQL pass (`npm run test:postgres`): the suite again where the database can behave
  * differently. Left out are the files whose subject never reaches the database, which the SQLite
  * pass proves once: the packages' unit tests, the runtime's own conformance, sandbox and kernel
- * walls, image builds, agent protocols, the browser console, and the deployment and object-store
- * harnesses. A file that starts a server still touches the database, but these only ask it what
+ * walls, image builds, agent protocols, the MCP translation (its walls run in both passes), the
+ * browser console, and the deployment and object-store harnesses. A file that starts a server still touches the database, but these only ask it what
  * the other pass already asked; what they test (a syscall refused, a link in an archive, a
  * pixel) is decided below it.
  */
@@ -26,6 +26,7 @@ const RUNTIME_ONLY = [
   'test/images*.test.ts',
   'test/isolation.test.ts',
   'test/limits.test.ts',
+  'test/mcp.test.ts',
   'test/openapi-lint.test.ts',
   'test/release.test.ts',
   'test/security/btrfs-ioctl.test.ts',

@@ -121,12 +121,14 @@ function start() {
   }
   const bundled = stat(bundle)
   const compiled = stat(path.join(dist, 'main.js'))
-  // `cairn server`, `cairn node`, `cairn migrate` and `cairn cluster` import @cairn/server, and
-  // `cairn doctor` @cairn/runtime/doctor, which code compiled by vm.Script cannot do on Node 20
+  // `cairn server`, `cairn node`, `cairn migrate`, `cairn cluster` and `cairn mcp` import
+  // @cairn/server, and `cairn doctor` @cairn/runtime/doctor, which code compiled by vm.Script cannot do on Node 20
   // without an experimental flag; their start-up is their own, so they run from the modules (as
   // does any command line that merely names them, an agent say: correct, only slower).
   const fresh = bundled && compiled && bundled.mtimeMs >= compiled.mtimeMs
-  const importsServer = ['server', 'node', 'migrate', 'cluster', 'doctor'].some((name) => args.includes(name))
+  const importsServer = ['server', 'node', 'migrate', 'cluster', 'doctor', 'mcp'].some((name) =>
+    args.includes(name),
+  )
   if (fresh && !importsServer) runBundle(bundled).run()
   else import(path.join(dist, 'main.js')).then((cli) => cli.run())
 }

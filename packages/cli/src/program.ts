@@ -26,6 +26,7 @@ const COMMANDS: ReadonlyArray<readonly [names: readonly string[], load: Loader]>
   [['keys', 'key'], () => import('./commands/keys/index.js')],
   [['images', 'image'], () => import('./commands/images/index.js')],
   [['nodes'], () => import('./commands/nodes/index.js')],
+  [['mcp'], () => import('./commands/mcp.js')],
   [['completion'], () => import('./commands/completion.js')],
 ]
 

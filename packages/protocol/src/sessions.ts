@@ -443,6 +443,21 @@ export const FileEntrySchema = Type.Object({
 })
 export type FileEntry = Static<typeof FileEntrySchema>
 
+/**
+ * The file or directory of a workspace, or of one of its snapshots, that a request names. A
+ * parameter with a default is optional (Type.Optional): without it, the document would mark it
+ * required while the validator fills the default in.
+ */
+export const WorkspacePathQuery = Type.Object({
+  path: Type.Optional(Type.String({ default: '', maxLength: 4096 })),
+  /** The path's exact bytes, base64 (for names that are not UTF-8); overrides `path`. */
+  pathBase64: Type.Optional(Type.String({ maxLength: 8192, pattern: '^[A-Za-z0-9+/]*={0,2}$' })),
+  snapshot: Type.Optional(Type.String({ maxLength: 64 })),
+})
+
+/** What a diff compares the workspace with: `revision` (the default) or a snapshot's ID. */
+export const DiffQuery = Type.Object({ from: Type.Optional(Type.String()) })
+
 export const DiffSchema = Type.Object({
   from: Type.String(),
   added: Type.Array(Type.String()),

@@ -32,9 +32,10 @@ import { refuseNonFiniteNumbers } from './http/finite-numbers.js'
 import { acceptEmptyBodies } from './http/optional-body.js'
 import { documentFrameworkAnswers } from './http/responses.js'
 import { runtimeRoute } from './http/runtime-route.js'
-import { typedBodyValidators } from './http/validators.js'
+import { AJV_OPTIONS, typedBodyValidators } from './http/validators.js'
 import { imageRoutes } from './images/routes.js'
 import type { OperatorLimits } from './limits/operator-limits.js'
+import { mcpRoutes } from './mcp/routes.js'
 import type { ArtifactStore } from './memory/artifact-store.js'
 import type { MemoryService } from './memory/memory-service.js'
 import { memoryRoutes } from './memory/routes.js'
@@ -136,12 +137,7 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
           : 'the request path is not valid percent-encoded UTF-8'
       void (reply as FastifyReply).status(400).send(errorBody('bad_request', message, request.id))
     },
-    // verbose: an issue carries the schema that holds it, so an unknown field's answer can name the
-    // nearest known one (the schema and value are dropped from the answer; see http/errors.ts).
-    // Coercion applies to the parts that are text on the wire; JSON bodies are validated as typed.
-    ajv: {
-      customOptions: { removeAdditional: false, coerceTypes: 'array', useDefaults: true, verbose: true },
-    },
+    ajv: { customOptions: { ...AJV_OPTIONS } },
     schemaController: { compilersFactory: { buildValidator: typedBodyValidators() } },
   }) as unknown as FastifyInstance
   const uploadLimit: BodyLimit = { bytes: deps.maxUploadBytes, applies: 'uploads' }
@@ -213,6 +209,13 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   sessionRoutes(app, deps.sessions, sse)
   secretRoutes(app, deps.agents, deps.secrets)
   workspaceRoutes(app, deps.workspace)
+  mcpRoutes(app, {
+    agents: deps.agents,
+    sessions: deps.sessions,
+    workspace: deps.workspace,
+    version: deps.version,
+    logger: app.log,
+  })
   retentionRoutes(app, deps.retention)
   imageRoutes(app, deps.agents.images)
   memoryRoutes(app, deps.memory, deps.artifacts, deps.agents, deps.sessions)

@@ -55,7 +55,11 @@ export function principalOf(request: FastifyRequest): Principal {
 }
 
 export function requireWrite(request: FastifyRequest): Principal {
-  const principal = principalOf(request)
+  return writer(principalOf(request))
+}
+
+/** The principal, when its key may change things; a read-only key is refused (`forbidden`). */
+export function writer(principal: Principal): Principal {
   if (principal.role === 'read') throw new CairnProblem('forbidden', 'this API key is read-only')
   return principal
 }

@@ -40,7 +40,7 @@ export interface BodyLimit {
 }
 
 /** One validation issue as Ajv reports it (`verbose`: with the schema that holds it). */
-interface ValidationIssue {
+export interface ValidationIssue {
   instancePath: string
   schemaPath: string
   keyword: string
@@ -54,19 +54,23 @@ interface ValidationIssue {
  * issue names its field and what it must be, a union's branches in one clause
  * (`body/policy/maxTurns must be integer or null`).
  */
-function validationMessage(fallback: string, context: string | undefined, issues: ValidationIssue[]): string {
+function validationMessage(
+  fallback: string,
+  context: string | undefined,
+  issues: readonly ValidationIssue[],
+): string {
   const extra = issues.find((issue) => issue.keyword === 'additionalProperties')
   const key = extra?.params.additionalProperty
   if (extra === undefined || typeof key !== 'string') return issuesMessage(context, issues) ?? fallback
   const path = extra.instancePath.split('/').filter(Boolean).map(decodePointer)
   return unknownKeyMessage(
     { key, path, known: Object.keys(extra.parentSchema?.properties ?? {}) },
-    'body',
+    context === 'arguments' ? 'arguments' : 'body',
     'field',
   )
 }
 
-function issuesMessage(context: string | undefined, issues: ValidationIssue[]): string | undefined {
+function issuesMessage(context: string | undefined, issues: readonly ValidationIssue[]): string | undefined {
   const byPlace = new Map<string, string[]>()
   for (const { keyword, instancePath, message } of issues) {
     // "must match a schema in anyOf" says nothing its branches' issues do not.
@@ -93,6 +97,27 @@ function decodePointer(segment: string): string {
   return segment.replace(/~1/g, '/').replace(/~0/g, '~')
 }
 
+/**
+ * Ajv's issues as a `validation_failed` problem: the message names the field at fault (`context`
+ * is where the value came from: `body`, `querystring`, an MCP tool's `arguments`), the details
+ * list the issues without what verbose validation adds (the schema, the value): the issue, not an echo.
+ */
+export function validationProblem(
+  issues: readonly ValidationIssue[],
+  context: string | undefined,
+  fallback: string,
+): CairnProblem {
+  return new CairnProblem('validation_failed', validationMessage(fallback, context, issues), {
+    issues: issues.map(({ instancePath, schemaPath, keyword, params, message }) => ({
+      instancePath,
+      schemaPath,
+      keyword,
+      params,
+      message,
+    })),
+  })
+}
+
 /** Maps anything thrown by a handler to the registry's error shape and status. */
 export function toErrorBody(
   error: unknown,
@@ -104,25 +129,12 @@ export function toErrorBody(
   }
   const fastifyError = error as FastifyError & { validation?: unknown; validationContext?: string }
   if (fastifyError?.validation) {
-    const issues = fastifyError.validation as ValidationIssue[]
-    return {
-      status: 400,
-      body: errorBody(
-        'validation_failed',
-        validationMessage(fastifyError.message, fastifyError.validationContext, issues),
-        requestId,
-        {
-          // Without what verbose validation adds (the schema, the value): the issue, not an echo.
-          issues: issues.map(({ instancePath, schemaPath, keyword, params, message }) => ({
-            instancePath,
-            schemaPath,
-            keyword,
-            params,
-            message,
-          })),
-        },
-      ),
-    }
+    const problem = validationProblem(
+      fastifyError.validation as ValidationIssue[],
+      fastifyError.validationContext,
+      fastifyError.message,
+    )
+    return { status: 400, body: errorBody(problem.code, problem.message, requestId, problem.details) }
   }
   switch (fastifyError?.code) {
     case 'FST_ERR_CTP_INVALID_JSON_BODY':

@@ -2,6 +2,7 @@ import { Readable } from 'node:stream'
 import {
   CairnProblem,
   CreateSnapshotBody,
+  DiffQuery,
   DiffSchema,
   FileEntrySchema,
   ForkBody,
@@ -13,6 +14,7 @@ import {
   SessionManifestSchema,
   SessionSchema,
   SnapshotSchema,
+  WorkspacePathQuery,
 } from '@cairn/protocol'
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox'
 import { Type } from '@sinclair/typebox'
@@ -34,14 +36,6 @@ function whileConnected(reply: FastifyReply): AbortSignal {
   })
   return controller.signal
 }
-// A parameter with a default is optional (Type.Optional): without it, the document would mark it
-// required while the validator fills the default in.
-const PathQuery = Type.Object({
-  path: Type.Optional(Type.String({ default: '', maxLength: 4096 })),
-  /** The path's exact bytes, base64 (for names that are not UTF-8); overrides `path`. */
-  pathBase64: Type.Optional(Type.String({ maxLength: 8192, pattern: '^[A-Za-z0-9+/]*={0,2}$' })),
-  snapshot: Type.Optional(Type.String({ maxLength: 64 })),
-})
 const SnapshotQuery = Type.Object({
   digest: Type.Optional(Type.Boolean({ default: false })),
   /** Measure referenced and exclusive bytes (not stored: exclusive changes as other trees do). */
@@ -220,7 +214,7 @@ export function workspaceRoutes(server: FastifyInstance, workspace: WorkspaceSer
         summary:
           'List a workspace directory (413 payload_too_large past 50,000 entries or 16 MiB of their paths)',
         params: IdParams,
-        querystring: PathQuery,
+        querystring: WorkspacePathQuery,
         response: {
           200: Type.Object({ data: Type.Array(FileEntrySchema) }),
           ...errors,
@@ -248,7 +242,7 @@ export function workspaceRoutes(server: FastifyInstance, workspace: WorkspaceSer
         tags,
         summary: 'Download a file (streamed)',
         params: IdParams,
-        querystring: PathQuery,
+        querystring: WorkspacePathQuery,
         response: { 200: bytesResponse('application/octet-stream', 'The file'), ...errors },
       },
     },
@@ -274,7 +268,7 @@ export function workspaceRoutes(server: FastifyInstance, workspace: WorkspaceSer
         tags,
         summary: 'Upload a file (body: the raw bytes)',
         params: IdParams,
-        querystring: PathQuery,
+        querystring: WorkspacePathQuery,
         body: bytesBody(['application/octet-stream', 'text/plain'], 'The raw bytes of the file'),
         response: { 200: OkSchema, ...errors },
       },
@@ -300,7 +294,7 @@ export function workspaceRoutes(server: FastifyInstance, workspace: WorkspaceSer
         tags,
         summary: 'Delete a file or directory',
         params: IdParams,
-        querystring: PathQuery,
+        querystring: WorkspacePathQuery,
         response: { 200: OkSchema, ...errors },
       },
     },
@@ -320,7 +314,7 @@ export function workspaceRoutes(server: FastifyInstance, workspace: WorkspaceSer
         tags,
         summary: 'Files added, changed and deleted since the revision or a snapshot',
         params: IdParams,
-        querystring: Type.Object({ from: Type.Optional(Type.String()) }),
+        querystring: DiffQuery,
         response: { 200: DiffSchema, ...errors },
       },
     },

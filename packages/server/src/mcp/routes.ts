@@ -1,0 +1,29 @@
+import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js'
+import type { FastifyInstance } from 'fastify'
+import { principalOf } from '../auth/plugin.js'
+import { type McpDeps, McpTools, mcpServer } from './mcp-server.js'
+import { MCP_PATH } from './path.js'
+
+/**
+ * The MCP server over Streamable HTTP, stateless: each POST is answered by a server and transport
+ * of its own, for the key that sent it, so any API replica answers any request and nothing is held
+ * between them (the Cairn session is the state). Only POST is served: with no MCP session there is
+ * no stream to GET or session to DELETE, and both answer 405 (the SDK's client expects that). Not
+ * in the OpenAPI document: its contract is MCP's (JSON-RPC; `tools/list` gives each tool's schema).
+ */
+export function mcpRoutes(app: FastifyInstance, deps: McpDeps): void {
+  const tools = new McpTools()
+  app.post(MCP_PATH, { schema: { hide: true } }, async (request, reply) => {
+    const principal = principalOf(request)
+    // No sessionIdGenerator: the transport's stateless mode.
+    const server = mcpServer(deps, tools, { principal, requestId: request.id })
+    const transport = new StreamableHTTPServerTransport({})
+    reply.hijack()
+    // The response's end, or its client leaving: the server's handlers see their signal abort.
+    reply.raw.once('close', () => {
+      void server.close().catch(() => undefined)
+    })
+    await server.connect(transport)
+    await transport.handleRequest(request.raw, reply.raw, request.body)
+  })
+}

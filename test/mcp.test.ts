@@ -1,7 +1,11 @@
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
-import { LATEST_PROTOCOL_VERSION, SUPPORTED_PROTOCOL_VERSIONS } from '@modelcontextprotocol/sdk/types.js'
+import {
+  LATEST_PROTOCOL_VERSION,
+  ProgressNotificationSchema,
+  SUPPORTED_PROTOCOL_VERSIONS,
+} from '@modelcontextprotocol/sdk/types.js'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { assertBuilt, CLI_BIN } from './helpers/cli.js'
 import { EXAMPLES, startTestServer, type TestServer } from './helpers/server.js'
@@ -140,13 +144,19 @@ describe('cairn mcp (stdio)', () => {
       const [viaStdio, viaHttp] = await Promise.all([stdio.listTools(), client.listTools()])
       expect(viaStdio.tools).toEqual(viaHttp.tools)
       const { id } = await call(stdio, 'create_session', { agent: 'notes' })
+      // Progress read by a handler of our own: the SDK client's `onprogress` drops a notification
+      // that reaches it in the same read from the pipe as the result (its notification handlers run
+      // a microtask later than its response handler), which a fast turn over stdio makes likely.
       const progress: string[] = []
-      const said = await stdio.callTool(
-        { name: 'send_message', arguments: { sessionId: id, prompt: 'Kestrels hover' } },
-        undefined,
-        { onprogress: (p) => progress.push(String(p.message)) },
-      )
-      expect(progress.join('')).toContain('Noted: Kestrels hover')
+      stdio.setNotificationHandler(ProgressNotificationSchema, ({ params }) => {
+        if (params.progressToken === 'kestrel') progress.push(String(params.message))
+      })
+      const said = await stdio.callTool({
+        name: 'send_message',
+        arguments: { sessionId: id, prompt: 'Kestrels hover' },
+        _meta: { progressToken: 'kestrel' },
+      })
+      await expect.poll(() => progress.join('')).toContain('Noted: Kestrels hover')
       expect(said.structuredContent).toMatchObject({ status: 'completed' })
       const bad = await stdio.callTool({ name: 'read_file', arguments: { sessionId: id, path: 7 } })
       expect(bad.isError).toBe(true)

@@ -18,7 +18,8 @@ import { writer } from '../auth/plugin.js'
 import { toErrorBody, type ValidationIssue, validationProblem } from '../http/errors.js'
 import { typedValidator, type Validate } from '../http/validators.js'
 import { listResources, RESOURCE_TEMPLATES, readResource } from './resources.js'
-import { MCP_TOOLS, type McpServices, type McpTool, type ToolCall } from './tools.js'
+import type { McpServices, ToolCall } from './tool-call.js'
+import { MCP_TOOLS, type McpTool } from './tools.js'
 
 export interface McpDeps extends McpServices {
   version: string

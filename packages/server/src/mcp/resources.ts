@@ -6,7 +6,7 @@ import type {
 } from '@modelcontextprotocol/sdk/types.js'
 import { workspaceRelativeBytes } from '../files/confine.js'
 import { readWorkspaceFile } from './file-reads.js'
-import type { McpServices } from './tools.js'
+import type { McpServices } from './tool-call.js'
 
 /**
  * A session's transcript and files as MCP resources:

@@ -1,6 +1,6 @@
 import { CairnProblem, isErrorCode, type StreamEvent } from '@cairn/protocol'
 import type { SessionService } from '../sessions/session-service.js'
-import type { ToolAnswer, ToolCall } from './tools.js'
+import type { ToolAnswer, ToolCall } from './tool-call.js'
 
 /** What a progress notification says of a turn's event (nothing for its start and end). */
 function progressOf(event: StreamEvent): string | undefined {

@@ -87,6 +87,30 @@ describe('AG-UI', () => {
     })
   })
 
+  it('makes one session of a new thread that two first runs name at once', async () => {
+    const live = async () => {
+      const list = await env.t.api.call('GET', '/v1/sessions?agent=file-tools&limit=500')
+      return new Set(
+        (list.body.data as { id: string; status: string }[])
+          .filter((x) => x.status !== 'deleted')
+          .map((x) => x.id),
+      )
+    }
+    const before = await live()
+    const threadId = `race-${crypto.randomUUID()}`
+    const [a, b] = [agentFor(env.t.key, threadId), agentFor(env.t.key, threadId)]
+    const outcomes = await Promise.allSettled([run(a, 'write a.txt 1'), run(b, 'write b.txt 2')])
+    const made = [...(await live())].filter((id) => !before.has(id))
+    expect(made).toHaveLength(1)
+    // Each run either ran in that session or met the other's turn there (409 session_busy).
+    for (const [index, outcome] of outcomes.entries()) {
+      if (outcome.status === 'fulfilled')
+        expect(cairnState([a, b][index] as HttpAgent).sessionId).toBe(made[0])
+      else expect(outcome.reason).toMatchObject({ status: 409, payload: { error: { code: 'session_busy' } } })
+    }
+    expect(outcomes.some((o) => o.status === 'fulfilled')).toBe(true)
+  })
+
   it('reports a failed turn as RUN_ERROR with its code', async () => {
     const agent = agentFor(env.t.key, `thread-${crypto.randomUUID()}`)
     const failed = await run(agent, 'read missing.txt')

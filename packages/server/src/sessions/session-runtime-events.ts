@@ -10,7 +10,7 @@ import type { SessionStore } from './session-store.js'
  */
 export class SessionRuntimeEvents implements RuntimeEvents {
   constructor(
-    private readonly store: Pick<SessionStore, 'recordNetwork' | 'statusOf' | 'note'>,
+    private readonly store: Pick<SessionStore, 'networkLog' | 'statusOf' | 'note'>,
     private readonly clock: Clock,
     private readonly logger: Pick<Logger, 'warn'>,
   ) {}
@@ -22,8 +22,8 @@ export class SessionRuntimeEvents implements RuntimeEvents {
   }
 
   network(sessionId: string, event: NetworkEvent): void {
-    void this.store
-      .recordNetwork(sessionId, event)
+    void this.store.networkLog
+      .record(sessionId, event)
       .catch((error: unknown) =>
         this.logger.warn({ err: error, session: sessionId }, 'recording a network event failed'),
       )

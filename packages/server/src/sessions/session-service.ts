@@ -343,7 +343,7 @@ export class SessionService {
 
   async network(tenantId: string, id: string, limit = 500): Promise<NetworkEventInfo[]> {
     await this.require(tenantId, id)
-    return this.store.network(id, limit)
+    return this.store.networkLog.recent(id, limit)
   }
 
   async turns(tenantId: string, id: string): Promise<TurnInfo[]> {

@@ -1,25 +1,21 @@
 import {
   CairnProblem,
-  type Message,
-  type NetworkEventInfo,
   newId,
   type SessionPolicy,
   type SessionStatus,
   type SetupStatus,
   type StatusCause,
-  type StatusEvent,
-  type TurnInfo,
   type TurnStatus,
 } from '@cairn/protocol'
-import type { NetworkEvent } from '@cairn/runtime/port'
 import { type QueryCreator, sql } from 'kysely'
-import { iso } from '../clock.js'
-import { dbTime } from '../cluster/db-time.js'
 import { type Db, isUniqueViolation } from '../db/database.js'
 import type { Schema } from '../db/schema.js'
 import { standingFor } from '../snapshots/snapshot-store.js'
 import { DeadlineIndex, nextDueColumn, refreshNextDue } from './deadline-index.js'
-import type { InterruptedTurn, ListFilter, NewSession, SessionRow, TurnRow } from './session-rows.js'
+import { NetworkLog } from './network-log.js'
+import { recoverAfterRestart } from './restart-recovery.js'
+import { SessionHolds } from './session-holds.js'
+import type { InterruptedTurn, ListFilter, NewSession, SessionRow } from './session-rows.js'
 import {
   type ChangedTiming,
   changeStatus,
@@ -31,15 +27,21 @@ import {
   type TurnWrites,
 } from './status-writes.js'
 import { MOVE_OPERATION } from './turn-locks.js'
+import { TurnRecords } from './turn-records.js'
 
 export { type InterruptedTurn, type ListFilter, type SessionRow, toSessionInfo } from './session-rows.js'
 export { TurnEndedElsewhere } from './status-writes.js'
+export type { StoredTurn } from './turn-records.js'
 
 /** Sessions, turns and status events. */
 export class SessionStore {
   private readonly timingListeners: ((sessionId: string, dueMs?: number) => void)[] = []
   /** When sessions time out, indexed: the timeouts this store's replica acts on. */
   readonly deadlines: DeadlineIndex
+  private readonly holds: SessionHolds
+  private readonly reads: TurnRecords
+  /** The session's network log: the egress proxy's decisions. */
+  readonly networkLog: NetworkLog
 
   constructor(
     private readonly db: Db,
@@ -49,6 +51,9 @@ export class SessionStore {
     private readonly placedNode?: ((sessionId: string) => string | undefined) | undefined,
   ) {
     this.deadlines = new DeadlineIndex(db, placedNode === undefined ? runtimeId : undefined)
+    this.holds = new SessionHolds(db)
+    this.reads = new TurnRecords(db)
+    this.networkLog = new NetworkLog(db)
   }
 
   /**
@@ -186,7 +191,7 @@ export class SessionStore {
         fork ? `forked from ${fork.parentId} at ${fork.snapshotId}` : null,
         row.created_at,
       )
-      if (fork) await this.copyTurns(fork.parentId, row.id, fork.turnsUpTo, fork.snapshotId)
+      if (fork) await this.reads.copyIntoFork(fork.parentId, row.id, fork.turnsUpTo, fork.snapshotId)
     })
     this.timingChanged(row.id)
   }
@@ -213,98 +218,11 @@ export class SessionStore {
       .execute()
   }
 
-  /** Copies a parent's transcript up to a turn into a fork (new turn IDs, same content). */
-  private async copyTurns(
-    parentId: string,
-    childId: string,
-    upTo: number,
-    snapshotId: string,
-  ): Promise<void> {
-    const turns = (await this.turnRows(parentId)).filter((t) => t.seq <= upTo)
-    let messages = 0
-    for (const t of turns) {
-      await this.db.q
-        .insertInto('turns')
-        .values({
-          id: newId('turn'),
-          session_id: childId,
-          seq: t.seq,
-          status: t.status,
-          prompt: t.prompt,
-          response: t.response,
-          stderr: t.stderr,
-          sandbox_id: null,
-          error_code: t.error_code,
-          error_message: t.error_message,
-          started_at: t.started_at,
-          ended_at: t.ended_at,
-          duration_ms: t.duration_ms,
-        })
-        .execute()
-      messages += t.response ? 2 : 1
-    }
-    await this.db.q
-      .updateTable('sessions')
-      .set({
-        turn_count: turns.length,
-        message_count: messages,
-        parent_session_id: parentId,
-        forked_from_snapshot_id: snapshotId,
-      })
-      .where('id', '=', childId)
-      .execute()
+  deleteTranscript(sessionId: string): Promise<void> {
+    return this.reads.deleteTranscript(sessionId)
   }
-
-  async recordNetwork(sessionId: string, event: NetworkEvent): Promise<void> {
-    await this.db.q
-      .insertInto('network_events')
-      .values({
-        session_id: sessionId,
-        at: event.at,
-        host: event.host,
-        port: event.port,
-        method: event.method,
-        allowed: event.allowed ? 1 : 0,
-        reason: event.reason,
-        address: event.address ?? null,
-      })
-      .execute()
-  }
-
-  async network(sessionId: string, limit: number): Promise<NetworkEventInfo[]> {
-    const rows = await this.db.q
-      .selectFrom('network_events')
-      .select(['at', 'host', 'port', 'method', 'allowed', 'reason', 'address'])
-      .where('session_id', '=', sessionId)
-      .orderBy('id', 'desc')
-      .limit(limit)
-      .execute()
-    return rows.reverse().map((row) => ({ ...row, allowed: row.allowed === 1 }))
-  }
-
-  /** Forgets a session's conversation (an ephemeral session that did not ask to keep it). */
-  async deleteTranscript(sessionId: string): Promise<void> {
-    await this.db.transaction(async () => {
-      await this.db.q
-        .deleteFrom('turn_events')
-        .where('turn_id', 'in', (eb) =>
-          eb.selectFrom('turns').select('id').where('session_id', '=', sessionId),
-        )
-        .execute()
-      await this.db.q.deleteFrom('turns').where('session_id', '=', sessionId).execute()
-      await this.db.q.updateTable('sessions').set({ message_count: 0 }).where('id', '=', sessionId).execute()
-    })
-  }
-
-  /**
-   * Forgets the stored stream events of a session's turns (a deleted session's streams are not
-   * resumed; its turns stay, its transcript too).
-   */
-  async deleteTurnEvents(sessionId: string): Promise<void> {
-    await this.db.q
-      .deleteFrom('turn_events')
-      .where('turn_id', 'in', (eb) => eb.selectFrom('turns').select('id').where('session_id', '=', sessionId))
-      .execute()
+  deleteTurnEvents(sessionId: string): Promise<void> {
+    return this.reads.deleteTurnEvents(sessionId)
   }
 
   /** Records the workspace generation; it only moves forward (a lower value is ignored). */
@@ -466,7 +384,9 @@ export class SessionStore {
               status_cause: 'turn_started',
             }))
             .where('id', '=', sessionId)
-            .where((eb) => eb.or([eb('held_by', 'is', null), eb('held_until', '<', this.holdClock(at))]))
+            .where((eb) =>
+              eb.or([eb('held_by', 'is', null), eb('held_until', '<', this.holds.holdClock(at))]),
+            )
             .returning(STATUS_TIMING),
         { from: 'idle', to: 'active', cause: 'turn_started', detail: turn.turnId, at },
         onPostgres ? { begun: row } : {},
@@ -497,92 +417,21 @@ export class SessionStore {
     }
   }
 
-  /**
-   * Holds the session in the database for the exclusive operation `what` until `until` (every
-   * replica sees it; a turn is refused while it lasts). Refused while a turn runs or another hold
-   * lasts: answers what stands in the way then, undefined once held. The session row is the one
-   * place a turn's beginning and a hold meet, so the two exclude each other however they race.
-   */
-  async hold(
-    sessionId: string,
-    what: { operation: string; swapsWorkspace: boolean },
-    token: string,
-    at: string,
-    forMs: number,
-  ): Promise<{ turnRunning: true } | { heldFor: string } | undefined> {
-    const result = await this.db.q
-      .updateTable('sessions')
-      .set((eb) => ({
-        held_for: what.operation,
-        held_by: token,
-        held_until: this.holdClock(at, forMs),
-        held_swaps: what.swapsWorkspace ? 1 : 0,
-        swap_count: what.swapsWorkspace ? eb('swap_count', '+', 1) : eb.ref('swap_count'),
-      }))
-      .where('id', '=', sessionId)
-      .where('status', '!=', 'active')
-      .where((eb) => eb.or([eb('held_by', 'is', null), eb('held_until', '<', this.holdClock(at))]))
-      .executeTakeFirst()
-    if (result.numUpdatedRows > 0n) return undefined
-    const heldFor = await this.heldFor(sessionId, at)
-    return heldFor ? { heldFor } : { turnRunning: true }
+  /** The session's holds for exclusive operations (see SessionHolds). */
+  hold(...args: Parameters<SessionHolds['hold']>) {
+    return this.holds.hold(...args)
   }
-
-  /** Extends the hold `token` took, if it has not lapsed (false: it lapsed, or was never taken). */
-  async renewHold(sessionId: string, token: string, at: string, forMs: number): Promise<boolean> {
-    const result = await this.db.q
-      .updateTable('sessions')
-      .set({ held_until: this.holdClock(at, forMs) })
-      .where('id', '=', sessionId)
-      .where('held_by', '=', token)
-      .where('held_until', '>=', this.holdClock(at))
-      .executeTakeFirst()
-    return result.numUpdatedRows > 0n
+  renewHold(...args: Parameters<SessionHolds['renewHold']>) {
+    return this.holds.renewHold(...args)
   }
-
-  async releaseHold(sessionId: string, token: string): Promise<void> {
-    await this.db.q
-      .updateTable('sessions')
-      .set({ held_for: null, held_by: null, held_until: null, held_swaps: null })
-      .where('id', '=', sessionId)
-      .where('held_by', '=', token)
-      .execute()
+  releaseHold(...args: Parameters<SessionHolds['releaseHold']>) {
+    return this.holds.releaseHold(...args)
   }
-
-  /** The exclusive operation holding the session at `at` (through any replica), if any. */
-  async heldFor(sessionId: string, at: string): Promise<string | undefined> {
-    return liveHold(await this.holdRow(sessionId, at))?.operation
+  heldFor(...args: Parameters<SessionHolds['heldFor']>) {
+    return this.holds.heldFor(...args)
   }
-
-  /**
-   * Swaps of the workspace as any replica sees them: how many have started (holds taken for one),
-   * and whether one holds the session at `at`.
-   */
-  async swaps(
-    sessionId: string,
-    at: string,
-  ): Promise<{ started: number; swapping: boolean; heldFor: string | undefined }> {
-    const row = await this.holdRow(sessionId, at)
-    const hold = liveHold(row)
-    return { started: Number(row?.swap_count ?? 0), swapping: hold?.swaps === true, heldFor: hold?.operation }
-  }
-
-  private holdRow(sessionId: string, at: string) {
-    return this.db.q
-      .selectFrom('sessions')
-      .select(['held_for', 'held_swaps', 'swap_count'])
-      .select(sql<number>`CASE WHEN held_until >= ${this.holdClock(at)} THEN 1 ELSE 0 END`.as('held_live'))
-      .where('id', '=', sessionId)
-      .executeTakeFirst()
-  }
-
-  /**
-   * Now (plus `plusMs`) as holds are judged: on PostgreSQL the database's clock, the one clock of
-   * every replica (a replica's own running ahead would see live holds as lapsed); on SQLite, one
-   * process, the server's (`at`).
-   */
-  private holdClock(at: string, plusMs = 0) {
-    return this.db.dialect === 'postgres' ? dbTime(plusMs) : sql<string>`${iso(Date.parse(at) + plusMs)}`
+  swaps(...args: Parameters<SessionHolds['swaps']>) {
+    return this.holds.swaps(...args)
   }
 
   async setTurnSandbox(turnId: string, sandboxId: string, coldStart: boolean): Promise<void> {
@@ -700,132 +549,27 @@ export class SessionStore {
     await this.db.q.updateTable('sessions').set({ last_active_at: at }).where('id', '=', sessionId).execute()
   }
 
-  private async turnRows(sessionId: string): Promise<TurnRow[]> {
-    return (await this.db.q
-      .selectFrom('turns')
-      .selectAll()
-      .where('session_id', '=', sessionId)
-      .orderBy('seq')
-      .execute()) as TurnRow[]
+  /** The session's conversation as recorded (see TurnRecords). */
+  transcript(...args: Parameters<TurnRecords['transcript']>) {
+    return this.reads.transcript(...args)
   }
-
-  /** The conversation before turn `beforeSeq` (what a fresh sandbox's agent is given), oldest first. */
-  async transcript(
-    sessionId: string,
-    beforeSeq: number,
-  ): Promise<{ seq: number; prompt: string; response: string }[]> {
-    return this.db.q
-      .selectFrom('turns')
-      .select(['seq', 'prompt', 'response'])
-      .where('session_id', '=', sessionId)
-      .where('seq', '<', beforeSeq)
-      .orderBy('seq')
-      .execute()
+  turns(sessionId: string) {
+    return this.reads.turns(sessionId)
   }
-
-  async turns(sessionId: string): Promise<TurnInfo[]> {
-    return (await this.turnRows(sessionId)).map(toTurnInfo)
+  turnById(turnId: string) {
+    return this.reads.turnById(turnId)
   }
-
-  /** One turn by its ID alone, with its session and its error (a failed turn's); undefined: none. */
-  async turnById(turnId: string): Promise<StoredTurn | undefined> {
-    const row = (await this.db.q
-      .selectFrom('turns')
-      .selectAll()
-      .where('id', '=', turnId)
-      .executeTakeFirst()) as TurnRow | undefined
-    if (!row) return undefined
-    const error = row.error_code === null ? null : { code: row.error_code, message: row.error_message ?? '' }
-    return { ...toTurnInfo(row), sessionId: row.session_id, error }
+  messages(sessionId: string) {
+    return this.reads.messages(sessionId)
   }
-
-  async messages(sessionId: string): Promise<Message[]> {
-    const out: Message[] = []
-    for (const t of await this.turnRows(sessionId)) {
-      out.push({ role: 'user', content: t.prompt, turnId: t.id, turn: t.seq, createdAt: t.started_at })
-      if (t.response || t.status !== 'running') {
-        out.push({
-          role: 'assistant',
-          content: t.response,
-          turnId: t.id,
-          turn: t.seq,
-          status: t.status,
-          createdAt: t.ended_at ?? t.started_at,
-        })
-      }
-    }
-    return out
+  events(sessionId: string) {
+    return this.reads.events(sessionId)
   }
-
-  async events(sessionId: string): Promise<StatusEvent[]> {
-    const rows = await this.db.q
-      .selectFrom('session_events')
-      .selectAll()
-      .where('session_id', '=', sessionId)
-      .orderBy('at')
-      .orderBy(sql`rowid`)
-      .execute()
-    return rows.map((e) => ({
-      id: e.id,
-      from: e.from_status,
-      to: e.to_status,
-      cause: e.cause,
-      detail: e.detail,
-      at: e.at,
-    }))
-  }
-
-  /**
-   * After a crash: this runtime's running turns become `interrupted` and its active sessions go
-   * back to `idle` (another replica's go on).
-   * Returns the interrupted turns (for the check of their pre-turn snapshots).
-   */
-  async recoverAfterRestart(at: string): Promise<{ sessions: number; turns: InterruptedTurn[] }> {
-    return this.db.transaction(async () => {
-      const turns = await this.db.q
-        .selectFrom('turns as t')
-        .innerJoin('sessions as s', 's.id', 't.session_id')
-        .select(['t.session_id as sessionId', 's.tenant_id as tenantId', 't.seq as seq'])
-        .where('t.status', '=', 'running')
-        .where('s.runtime_id', '=', this.runtimeId)
-        .execute()
-      await this.db.q
-        .updateTable('turns')
-        .set({
-          status: 'interrupted',
-          ended_at: at,
-          error_code: 'internal',
-          error_message: 'the server stopped while this turn ran',
-        })
-        .where('status', '=', 'running')
-        .where('session_id', 'in', (eb) =>
-          eb.selectFrom('sessions').select('id').where('runtime_id', '=', this.runtimeId),
-        )
-        .execute()
-      const active = await this.db.q
-        .selectFrom('sessions')
-        .select(['id', 'status'])
-        .where('runtime_id', '=', this.runtimeId)
-        .where('status', '=', 'active')
-        .execute()
-      for (const row of active)
-        await this.transition(
-          row as Pick<SessionRow, 'id' | 'status'>,
-          'idle',
-          'server_restart',
-          at,
-          'the server restarted while a turn ran',
-        )
-      // Holds the last process took for its operations (a restore cut by kill -9): they are over,
-      // and nobody else holds this runtime's sessions (the data dir is locked to one process).
-      await this.db.q
-        .updateTable('sessions')
-        .set({ held_for: null, held_by: null, held_until: null, held_swaps: null })
-        .where('runtime_id', '=', this.runtimeId)
-        .where('held_by', 'is not', null)
-        .execute()
-      return { sessions: active.length, turns }
-    })
+  /** See `recoverAfterRestart` (restart-recovery.ts). */
+  recoverAfterRestart(at: string): Promise<{ sessions: number; turns: InterruptedTurn[] }> {
+    return recoverAfterRestart(this.db, this.runtimeId, at, (row, cause, detail) =>
+      this.transition(row, 'idle', cause, at, detail),
+    )
   }
 
   /** A lease shorter than the last one brings the idle timeout earlier: the index is set again. */
@@ -841,58 +585,24 @@ export class SessionStore {
     this.timingChanged(sessionId)
   }
 
-  async liveSessions(): Promise<
-    {
-      id: string
-      tenant_id: string
-      status: SessionStatus
-      status_cause: string
-      generation: number
-    }[]
-  > {
+  async liveSessions(): Promise<LiveSession[]> {
     return (await this.db.q
       .selectFrom('sessions')
       .select(['id', 'tenant_id', 'status', 'status_cause', 'generation'])
       .where('runtime_id', '=', this.runtimeId)
       .where('status', '!=', 'deleted')
-      .execute()) as {
-      id: string
-      tenant_id: string
-      status: SessionStatus
-      status_cause: string
-      generation: number
-    }[]
+      .execute()) as LiveSession[]
   }
 }
 
 /** A session's row as a turn reads it: with its setup phase's state (null: it has none). */
 export type TurnSessionRow = SessionRow & { setup_status: SetupStatus | null }
 
-/** The hold a session row shows, if it is live. */
-function liveHold(
-  row: { held_for: string | null; held_swaps: number | null; held_live: number | string } | undefined,
-): { operation: string; swaps: boolean } | undefined {
-  if (!row?.held_for || Number(row.held_live) !== 1) return undefined
-  return { operation: row.held_for, swaps: Number(row.held_swaps) === 1 }
-}
-
-/** A turn as `turnById` reads it: its session, and the error a failed turn ended with. */
-export interface StoredTurn extends TurnInfo {
-  sessionId: string
-  error: { code: string; message: string } | null
-}
-
-function toTurnInfo(t: TurnRow): TurnInfo {
-  return {
-    id: t.id,
-    seq: t.seq,
-    status: t.status,
-    prompt: t.prompt,
-    response: t.response,
-    stderrTail: t.stderr,
-    sandboxId: t.sandbox_id,
-    startedAt: t.started_at,
-    endedAt: t.ended_at,
-    durationMs: t.duration_ms === null ? null : Number(t.duration_ms),
-  }
+/** A session of this runtime that is not deleted, as start-up reconciles it with the pool. */
+export interface LiveSession {
+  id: string
+  tenant_id: string
+  status: SessionStatus
+  status_cause: string
+  generation: number
 }

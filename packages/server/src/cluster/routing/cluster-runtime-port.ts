@@ -32,12 +32,10 @@ import {
   type WorkspaceCommand,
   type WorkspaceMark,
 } from '@cairn/runtime/port'
-import type { Logger } from 'pino'
-import type { Db } from '../../db/database.js'
 import { ClusterRoutes, parseDrivers } from './cluster-routes.js'
 import { ClusterRows } from './cluster-rows.js'
 import type { ClusterRuntimePortOptions } from './cluster-runtime-port-options.js'
-import type { NodeDirectory, NodeRow } from './node-directory.js'
+import type { NodeRow } from './node-directory.js'
 import { NodeLossRecovery } from './node-loss-recovery.js'
 import { RevisionShipping, SERVING_STATES, shipSealed } from './revision-shipping.js'
 

@@ -20,6 +20,15 @@ export const ERROR_CODES = {
   /** The request's headers are larger than the server reads (431); nothing was done. */
   headers_too_large: { status: 431, retryable: false },
   agent_not_found: { status: 404, retryable: false },
+  webhook_not_found: { status: 404, retryable: false },
+  /**
+   * A webhook URL names (or resolves to) an address the server may not send to: loopback, a
+   * private or link-local range, this host or the control plane, unless the operator allowed it
+   * (--webhook-allow-cidr); details: url, address, reason.
+   */
+  webhook_url_forbidden: { status: 422, retryable: false },
+  /** The tenant has as many webhook endpoints as it may (details.maxWebhooks): delete one first. */
+  webhook_limit_reached: { status: 409, retryable: false },
   revision_not_found: { status: 404, retryable: false },
   session_not_found: { status: 404, retryable: false },
   ambiguous_id: { status: 409, retryable: false },

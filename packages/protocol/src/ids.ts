@@ -16,6 +16,12 @@ export const ID_PREFIXES = {
   replica: 'rpl_',
   /** Space a tenant's storage budget holds for a copy under way. */
   reservation: 'rsv_',
+  /** A tenant's webhook endpoint. */
+  webhook: 'whk_',
+  /** One message to one webhook endpoint, with its attempts. */
+  webhookDelivery: 'whd_',
+  /** A webhook message (the `webhook-id` header): one event, the same on every endpoint and attempt. */
+  webhookMessage: 'msg_',
 } as const
 
 export type IdKind = keyof typeof ID_PREFIXES

@@ -53,6 +53,8 @@ import { sessionRoutes } from './sessions/routes.js'
 import type { SessionService } from './sessions/session-service.js'
 import { setupRoutes } from './setup/routes.js'
 import type { SetupService } from './setup/setup-service.js'
+import { webhookRoutes } from './webhooks/routes.js'
+import type { WebhookStore } from './webhooks/webhook-store.js'
 import { workspaceRoutes } from './workspace/routes.js'
 import type { WorkspaceService } from './workspace/workspace-service.js'
 
@@ -72,6 +74,7 @@ export interface AppDeps {
   /** Where previews are served (the preview listener); the API serves none itself. */
   previewOrigins: PreviewOrigins
   setup: SetupService
+  webhooks: WebhookStore
   /** The runtime, only through its port. */
   runtime: RuntimePort
   maxUploadBytes: number
@@ -221,6 +224,7 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   memoryRoutes(app, deps.memory, deps.artifacts, deps.agents, deps.sessions)
   previewRoutes(app, deps.previews, deps.previewOrigins)
   setupRoutes(app, deps.setup, deps.sessions)
+  webhookRoutes(app, deps.webhooks)
   runtimeRoute(app, deps.runtime, deps.operatorLimits, cluster ? () => cluster.nodes.list() : undefined)
   nodeRoutes(app, cluster?.nodes, cluster?.publish, cluster?.mover, (tenantId, id) =>
     deps.sessions.get(tenantId, id),

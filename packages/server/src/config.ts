@@ -2,7 +2,7 @@ import { isIP } from 'node:net'
 import os from 'node:os'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
-import { type EgressLimits, HOST_IMAGE, hostDebianMirror } from '@cairn/runtime/port'
+import { canonicalCidr, type EgressLimits, HOST_IMAGE, hostDebianMirror } from '@cairn/runtime/port'
 import type { Clock } from './clock.js'
 import { type EgressLimitOptions, resolveEgressLimits } from './egress-limits.js'
 import {
@@ -77,6 +77,13 @@ export interface ServerOptions {
   poolReserveMiB?: number | undefined
   /** Private addresses sandboxes may reach through the egress proxy (internal services). */
   egressPrivateExceptions?: string[] | undefined
+  /**
+   * Address ranges (CIDR) webhooks may be sent to although the egress rule refuses them (loopback,
+   * private ranges: a receiver inside your network). Env `CAIRN_WEBHOOK_ALLOW_CIDR=cidr,…`.
+   */
+  webhookAllowCidrs?: string[] | undefined
+  /** Webhook timing (tests): the outbox's poll (default 1 s) and the first retry's wait (default 5 s). */
+  webhookTiming?: { pollMs?: number; retryBaseMs?: number } | undefined
   /** Names the egress proxy resolves to these addresses before DNS (`CAIRN_EGRESS_HOSTS=name=addr,…`). */
   egressHosts?: Record<string, string> | undefined
   /** PEM file of extra CA certificates the egress proxy trusts upstream (internal hosts, tests). */
@@ -212,6 +219,8 @@ export interface ResolvedConfig {
   gvisorPoolSize: number | undefined
   spareLaunchers: number
   egressPrivateExceptions: string[]
+  webhookAllowCidrs: string[]
+  webhookTiming: { pollMs?: number; retryBaseMs?: number }
   egressHosts: ReadonlyMap<string, readonly string[]>
   egressUpstreamCaFile: string | undefined
   egressLimits: EgressLimits
@@ -234,6 +243,19 @@ export interface ResolvedConfig {
   leaseMs: number
   shipping: ShippingSettings | undefined
   recoverLost: RecoverLost
+}
+
+/** Each range in canonical form; one that is not a CIDR range is refused. */
+function webhookAllowCidrs(cidrs: string[]): string[] {
+  return cidrs.map((cidr) => {
+    const canonical = canonicalCidr(cidr)
+    if (!canonical)
+      throw new CairnProblem(
+        'validation_failed',
+        `--webhook-allow-cidr: ${JSON.stringify(cidr)} is not a CIDR range (e.g. 10.0.0.0/8, 127.0.0.1/32, fd00::/8)`,
+      )
+    return canonical
+  })
 }
 
 export function defaultDataDir(): string {
@@ -325,6 +347,10 @@ export function resolveConfig(options: ServerOptions): ResolvedConfig {
       options.egressPrivateExceptions ??
       process.env.CAIRN_EGRESS_ALLOW_PRIVATE?.split(',').filter(Boolean) ??
       [],
+    webhookAllowCidrs: webhookAllowCidrs(
+      options.webhookAllowCidrs ?? process.env.CAIRN_WEBHOOK_ALLOW_CIDR?.split(',').filter(Boolean) ?? [],
+    ),
+    webhookTiming: options.webhookTiming ?? {},
     egressHosts: egressHostMap(options.egressHosts ?? process.env.CAIRN_EGRESS_HOSTS),
     egressUpstreamCaFile: options.egressUpstreamCaFile ?? process.env.CAIRN_EGRESS_UPSTREAM_CA,
     egressLimits: resolveEgressLimits(options.egressLimits),

@@ -54,6 +54,7 @@ import type { SessionObserver } from './sessions/session-observer.js'
 import { SessionRuntimeEvents } from './sessions/session-runtime-events.js'
 import { SessionService } from './sessions/session-service.js'
 import { SetupService } from './setup/setup-service.js'
+import { openWebhooks, type Webhooks } from './webhooks/open-webhooks.js'
 import { WorkspaceService } from './workspace/workspace-service.js'
 
 export const SERVER_VERSION = '0.1.0'
@@ -174,6 +175,7 @@ export async function startServer(
   let previewListener: PreviewListener | undefined
   let cluster: ClusterControl | undefined
   let lease: ReplicaLease | undefined
+  let webhooks: Webhooks | undefined
   // On PostgreSQL, replicas share one database and tell each other what they must not go on
   // remembering (a revoked key, a revoked preview port) through hints.
   const hints =
@@ -214,6 +216,7 @@ export async function startServer(
     else if (db.dialect === 'postgres') await syncSharedFiles(db, config.dataDir, clock, { secretKey: true })
     const cipher = await SecretCipher.load(path.join(config.dataDir, 'secret.key'))
     const secrets = new SecretStore(db, cipher, clock)
+    webhooks = openWebhooks(config, { db, clock, logger, cipher })
     const logs = new BuildLogs(path.join(config.dataDir, 'build-logs'), db)
     const agents = new AgentService({
       db,
@@ -451,6 +454,7 @@ export async function startServer(
       memory,
       artifacts,
       setup,
+      webhooks: webhooks.store,
       previews,
       previewOrigins: new PreviewOrigins(config.previewDomain, previewPort),
       runtime: runtimePort,
@@ -472,6 +476,7 @@ export async function startServer(
     admission.attach(app.server, { relaysUpgrades: false })
     const address = await app.listen({ port: config.port, host: config.host })
     const port = Number(new URL(address).port)
+    webhooks.listening([port, previewPort])
     const url = `http://${config.host.includes(':') ? `[${config.host}]` : config.host}:${port}`
     const adminKeyPath = path.join(config.dataDir, 'admin.key')
     let adminKey: string | undefined
@@ -526,6 +531,7 @@ export async function startServer(
           await sessions.drain(config.shutdownGraceMs, cutShort.signal)
           await workspace.settle()
           await sessions.close()
+          await webhooks?.deliverer.close()
           await lease?.stop()
           await runtimeHost.close()
           await cluster?.close()
@@ -544,6 +550,7 @@ export async function startServer(
     return running
   } catch (error) {
     await previewListener?.close()
+    await webhooks?.deliverer.close()
     await lease?.stop()
     await cluster?.close()
     await hints?.close()

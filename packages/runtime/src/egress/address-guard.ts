@@ -125,3 +125,27 @@ function canonicalSet(addresses: ReadonlySet<string>): Set<string> {
   }
   return out
 }
+
+/** `cidr` (`10.0.0.0/8`, `::1/128`) when it is a valid CIDR range, in canonical form; else undefined. */
+export function canonicalCidr(cidr: string): string | undefined {
+  try {
+    const [address, bits] = ipaddr.parseCIDR(cidr.trim())
+    return `${address.toString()}/${bits}`
+  } catch {
+    return undefined
+  }
+}
+
+/** Whether `address` (any spelling; IPv4-mapped IPv6 as its IPv4) lies in one of `cidrs`. */
+export function inCidrs(address: string, cidrs: readonly string[]): boolean {
+  const parsed = parse(address)
+  if (parsed === undefined) return false
+  return cidrs.some((cidr) => {
+    try {
+      const range = ipaddr.parseCIDR(cidr)
+      return range[0].kind() === parsed.kind() && parsed.match(range)
+    } catch {
+      return false
+    }
+  })
+}

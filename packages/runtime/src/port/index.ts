@@ -8,6 +8,13 @@ export { DEFAULT_LIMITS, DEFAULT_TURN_TIMEOUT_MS } from '../agent/types.js'
 export { archiveStream } from '../build/extract-archive.js'
 export type { DependencyInstall, RevisionBuild, RevisionBuildResult } from '../build/revision-builder.js'
 export type { CommandResult } from '../build/run-command.js'
+export {
+  canonicalAddress,
+  canonicalCidr,
+  forbiddenReason,
+  hostAddresses,
+  inCidrs,
+} from '../egress/address-guard.js'
 export { bindingAllowed, type EgressPolicy, type EgressRule } from '../egress/policy.js'
 export {
   DEFAULT_EGRESS_LIMITS,

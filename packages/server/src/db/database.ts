@@ -128,6 +128,7 @@ function openSqlite(file: string): Db {
     if (applied.has(migration.version)) continue
     raw.transaction(() => {
       raw.exec(forDialect(migration.sql, 'sqlite'))
+      if (migration.dialectSql) raw.exec(migration.dialectSql('sqlite'))
       raw
         .prepare('INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)')
         .run(migration.version, migration.name, new Date().toISOString())
@@ -203,6 +204,7 @@ async function openPostgres(url: string, options: OpenDatabaseOptions): Promise<
     for (const migration of MIGRATIONS) {
       if (applied.has(migration.version)) continue
       await client.query(forDialect(migration.sql, 'postgres'))
+      if (migration.dialectSql) await client.query(migration.dialectSql('postgres'))
       await client.query('INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)', [
         migration.version,
         migration.name,

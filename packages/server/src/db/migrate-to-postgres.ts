@@ -32,6 +32,11 @@ const TABLES: readonly (keyof Schema)[] = [
   'build_logs',
   'artifact_blobs',
   'ag_ui_threads',
+  // After every table whose rows the outbox triggers watch: copied events write no outbox rows
+  // (no endpoint exists yet); the outbox and deliveries are copied as they were.
+  'webhook_endpoints',
+  'webhook_outbox',
+  'webhook_deliveries',
 ]
 
 const BATCH_ROWS = 200
@@ -75,8 +80,11 @@ export async function migrateToPostgres(from: string, to: string): Promise<Migra
         rows.shared_files = (rows.shared_files ?? 0) + (await copySharedFiles(dataDir, target))
         rows.build_logs = (rows.build_logs ?? 0) + (await copyBuildLogs(dataDir, target))
         rows.artifact_blobs = (rows.artifact_blobs ?? 0) + (await copyArtifactBytes(dataDir, source, target))
-        // network_events.id is an identity column: what comes next follows the copied IDs.
+        // Identity columns: what comes next follows the copied values.
         await sql`SELECT setval(pg_get_serial_sequence('network_events', 'id'), COALESCE((SELECT MAX(id) FROM network_events), 0) + 1, false)`.execute(
+          target.q,
+        )
+        await sql`SELECT setval(pg_get_serial_sequence('webhook_outbox', 'seq'), COALESCE((SELECT MAX(seq) FROM webhook_outbox), 0) + 1, false)`.execute(
           target.q,
         )
       })

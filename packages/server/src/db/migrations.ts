@@ -1,8 +1,16 @@
+import { webhookTriggers } from './webhook-triggers.js'
+
 /**
  * Schema migrations, applied in order, each once. Never edit a released one; add a new one.
- * Written in SQLite's dialect; `forDialect` turns each into PostgreSQL's (see there).
+ * Written in SQLite's dialect; `forDialect` turns each into PostgreSQL's (see there). `dialectSql`
+ * is what the two spell too differently for that (triggers), appended as given.
  */
-export const MIGRATIONS: readonly { version: number; name: string; sql: string }[] = [
+export const MIGRATIONS: readonly {
+  version: number
+  name: string
+  sql: string
+  dialectSql?: (dialect: Dialect) => string
+}[] = [
   {
     version: 1,
     name: 'core',
@@ -501,6 +509,52 @@ CREATE TABLE ag_ui_threads (
   PRIMARY KEY (tenant_id, agent_id, thread_id)
 );
 `,
+  },
+  {
+    // Lifecycle webhooks (docs/webhooks.md): a tenant's endpoints; the outbox, written by
+    // triggers (webhook-triggers.ts) in the statement that writes each event; one delivery per
+    // message and endpoint, its attempts kept with it (the delivery log), claimed by one process
+    // at a time (`claimed_until`).
+    version: 30,
+    name: 'webhooks',
+    sql: `
+CREATE TABLE webhook_endpoints (
+  id TEXT PRIMARY KEY,
+  tenant_id TEXT NOT NULL,
+  url TEXT NOT NULL,
+  events_json TEXT NOT NULL,
+  description TEXT,
+  enabled INTEGER NOT NULL DEFAULT 1,
+  created_at TEXT NOT NULL,
+  updated_at TEXT NOT NULL
+);
+CREATE INDEX webhook_endpoints_tenant ON webhook_endpoints (tenant_id, created_at);
+CREATE TABLE webhook_outbox (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  tenant_id TEXT NOT NULL,
+  source TEXT NOT NULL,
+  data TEXT NOT NULL,
+  at TEXT NOT NULL
+);
+CREATE TABLE webhook_deliveries (
+  id TEXT PRIMARY KEY,
+  endpoint_id TEXT NOT NULL,
+  tenant_id TEXT NOT NULL,
+  message_id TEXT NOT NULL,
+  event_type TEXT NOT NULL,
+  payload TEXT NOT NULL,
+  status TEXT NOT NULL,
+  attempts_json TEXT NOT NULL DEFAULT '[]',
+  next_attempt_at TEXT,
+  claimed_until TEXT,
+  created_at TEXT NOT NULL,
+  ended_at TEXT
+);
+CREATE INDEX webhook_deliveries_due ON webhook_deliveries (next_attempt_at) WHERE status = 'pending';
+CREATE INDEX webhook_deliveries_endpoint ON webhook_deliveries (endpoint_id, created_at);
+CREATE INDEX webhook_deliveries_ended ON webhook_deliveries (ended_at) WHERE ended_at IS NOT NULL;
+`,
+    dialectSql: webhookTriggers,
   },
 ]
 

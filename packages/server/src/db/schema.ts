@@ -165,6 +165,34 @@ export interface Schema {
   }
   nodes: NodesTable
   revision_nodes: { revision_id: string; runtime_id: string }
+  /** A tenant's webhook endpoints (migration 30); `events_json`: the event types it takes. */
+  webhook_endpoints: {
+    id: string
+    tenant_id: string
+    url: string
+    events_json: string
+    description: string | null
+    enabled: Generated<number>
+    created_at: string
+    updated_at: string
+  }
+  /** Events waiting to become deliveries, written by triggers (db/webhook-triggers.ts). */
+  webhook_outbox: { seq: Generated<number>; tenant_id: string; source: string; data: string; at: string }
+  /** One message to one endpoint; `attempts_json`: every attempt (the delivery log). */
+  webhook_deliveries: {
+    id: string
+    endpoint_id: string
+    tenant_id: string
+    message_id: string
+    event_type: string
+    payload: string
+    status: string
+    attempts_json: Generated<string>
+    next_attempt_at: string | null
+    claimed_until: string | null
+    created_at: string
+    ended_at: string | null
+  }
   replicas: ReplicasTable
 }
 

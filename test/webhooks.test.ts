@@ -1,0 +1,187 @@
+import { Webhook } from 'standardwebhooks'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { makeProject } from './helpers/projects.js'
+import { Api, startTestServer, type TestServer } from './helpers/server.js'
+import { type Received, WebhookReceiver } from './helpers/webhook-receiver.js'
+
+// One server for the file; the receiver is on loopback, which the operator allowed.
+let t: TestServer
+let receiver: WebhookReceiver
+const ECHO = {
+  'cairn.yaml': 'name: hooked\ncommand: bash agent.sh\n',
+  'agent.sh': 'while IFS= read -r line; do echo "got $line"; done\n',
+}
+
+beforeAll(async () => {
+  receiver = await new WebhookReceiver().listen()
+  t = await startTestServer({
+    server: { webhookAllowCidrs: ['127.0.0.1/32'], webhookTiming: { pollMs: 100, retryBaseMs: 200 } },
+  })
+  expect((await t.api.deploy(await makeProject(ECHO))).status).toBe(201)
+})
+
+afterAll(async () => {
+  await t?.close()
+  await receiver?.close()
+})
+
+interface Message {
+  type: string
+  timestamp: string
+  data: Record<string, unknown>
+}
+
+const parse = (r: Received) => JSON.parse(r.body) as Message
+const ofSession = (sessionId: string) => (r: Received) => parse(r).data.sessionId === sessionId
+
+async function register(api: Api, path: string, events: string[]) {
+  const res = await api.call('POST', '/v1/webhooks', { url: `${receiver.url}${path}`, events })
+  expect(res.status).toBe(201)
+  return res.body as { id: string; secret: string }
+}
+
+describe('webhooks', () => {
+  it('delivers signed lifecycle events that the standardwebhooks package verifies', async () => {
+    const hook = await register(t.api, '/signed', [
+      'session.status_changed',
+      'turn.completed',
+      'snapshot.taken',
+    ])
+    expect(hook.id).toMatch(/^whk_/)
+    expect(hook.secret).toMatch(/^whsec_/)
+    const listed = await t.api.call('GET', `/v1/webhooks/${hook.id}`)
+    expect(listed.body).not.toHaveProperty('secret')
+    const { id: sessionId } = await t.api.createSession('hooked')
+    expect((await t.api.send(sessionId, 'hello')).terminal?.type).toBe('run.completed')
+    const mine = (r: Received) => r.path === '/hooks/signed' && ofSession(sessionId)(r)
+    await receiver.until((all) => all.filter(mine).some((r) => parse(r).type === 'turn.completed'))
+    const verifier = new Webhook(hook.secret)
+    const got = receiver.received.filter(mine)
+    for (const r of got) expect(verifier.verify(r.body, r.headers)).toEqual(parse(r))
+    // Another secret does not verify them.
+    expect(() =>
+      new Webhook(`whsec_${Buffer.alloc(32, 7).toString('base64')}`).verify(
+        got[0]?.body ?? '',
+        got[0]?.headers ?? {},
+      ),
+    ).toThrow()
+    const changes = got.filter((r) => parse(r).type === 'session.status_changed').map((r) => parse(r).data)
+    expect(changes).toContainEqual(
+      expect.objectContaining({ from: 'idle', to: 'active', cause: expect.any(String) }),
+    )
+    const turn = got.find((r) => parse(r).type === 'turn.completed')
+    expect(parse(turn as Received).data).toMatchObject({ sessionId, turn: 1, status: 'completed' })
+    const log = await t.api.call('GET', `/v1/webhooks/${hook.id}/deliveries`)
+    expect(log.status).toBe(200)
+    const delivered = log.body.data as { id: string; status: string; attempts: { statusCode: number }[] }[]
+    expect(delivered.length).toBeGreaterThanOrEqual(got.length)
+    expect(delivered.every((d) => d.id.startsWith('whd_'))).toBe(true)
+    expect(
+      delivered.filter((d) => d.status === 'delivered').map((d) => d.attempts.map((a) => a.statusCode)),
+    ).toContainEqual([200])
+    await t.api.call('DELETE', `/v1/webhooks/${hook.id}`)
+  })
+
+  it('retries a delivery the receiver answered 500, with the same webhook-id, and logs both attempts', async () => {
+    const hook = await register(t.api, '/flaky', ['turn.completed'])
+    const refused = new Set<string>()
+    receiver.answer = (r) => {
+      if (r.path !== '/hooks/flaky') return 200
+      const id = r.headers['webhook-id'] ?? ''
+      if (refused.has(id)) return 200
+      refused.add(id)
+      return 500
+    }
+    const { id: sessionId } = await t.api.createSession('hooked')
+    await t.api.send(sessionId, 'again')
+    const tries = await receiver.until((all) => {
+      const mine = all.filter((r) => r.path === '/hooks/flaky' && ofSession(sessionId)(r))
+      return mine.length >= 2 ? mine : undefined
+    })
+    expect(tries[0]?.headers['webhook-id']).toBe(tries[1]?.headers['webhook-id'])
+    const log = await waitFor(async () => {
+      const res = await t.api.call('GET', `/v1/webhooks/${hook.id}/deliveries`)
+      const d = (res.body.data as { status: string }[])[0]
+      return d?.status === 'delivered' ? d : undefined
+    })
+    expect(
+      (log as unknown as { attempts: { statusCode: number }[] }).attempts.map((a) => a.statusCode),
+    ).toEqual([500, 200])
+    receiver.answer = () => 200
+    await t.api.call('DELETE', `/v1/webhooks/${hook.id}`)
+  })
+
+  it("keeps each tenant's endpoints and deliveries its own", async () => {
+    const a = await register(t.api, '/a', ['turn.completed'])
+    const other = await t.api.call('POST', '/v1/keys', { tenant: 'hooks-b', role: 'admin' })
+    const b = new Api(t.url, other.body.key)
+    expect((await b.call('GET', '/v1/webhooks')).body.data).toEqual([])
+    for (const [method, route] of [
+      ['GET', `/v1/webhooks/${a.id}`],
+      ['PATCH', `/v1/webhooks/${a.id}`],
+      ['DELETE', `/v1/webhooks/${a.id}`],
+      ['GET', `/v1/webhooks/${a.id}/deliveries`],
+    ] as const) {
+      const res = await b.call(method, route, method === 'PATCH' ? { enabled: false } : undefined)
+      expect(res.status, `${method} ${route}`).toBe(404)
+      expect(res.body.error.code).toBe('webhook_not_found')
+    }
+    expect((await t.api.call('GET', `/v1/webhooks/${a.id}`)).body.enabled).toBe(true)
+    // Tenant B's turn goes to B's endpoint only.
+    await register(b, '/b', ['turn.completed'])
+    expect((await b.deploy(await makeProject(ECHO))).status).toBe(201)
+    const { id: sessionB } = await b.createSession('hooked')
+    await b.send(sessionB, 'from b')
+    await receiver.until((all) => all.some((r) => r.path === '/hooks/b' && ofSession(sessionB)(r)))
+    const { id: sessionA } = await t.api.createSession('hooked')
+    await t.api.send(sessionA, 'from a')
+    await receiver.until((all) => all.some((r) => r.path === '/hooks/a' && ofSession(sessionA)(r)))
+    expect(receiver.received.filter((r) => r.path === '/hooks/a' && ofSession(sessionB)(r))).toEqual([])
+    expect(receiver.received.filter((r) => r.path === '/hooks/b' && ofSession(sessionA)(r))).toEqual([])
+  })
+
+  it('refuses bad input with typed errors and keeps nothing of it', async () => {
+    const before = (await t.api.call('GET', '/v1/webhooks')).body.data.length
+    const bad: [unknown, string][] = [
+      [{ url: 'ftp://127.0.0.1/x', events: ['turn.completed'] }, 'validation_failed'],
+      [{ url: 'not a url', events: ['turn.completed'] }, 'validation_failed'],
+      [{ url: 'http://user:pw@127.0.0.1/', events: ['turn.completed'] }, 'validation_failed'],
+      [{ url: receiver.url, events: ['turn.exploded'] }, 'validation_failed'],
+      [{ url: receiver.url, events: [] }, 'validation_failed'],
+      [{ url: receiver.url }, 'validation_failed'],
+      [{ url: receiver.url, events: ['turn.completed'], secret: 'mine' }, 'validation_failed'],
+      ['{"url":', 'invalid_json'],
+    ]
+    for (const [body, code] of bad) {
+      const res = await t.api.call('POST', '/v1/webhooks', body)
+      expect(res.status, JSON.stringify(body)).toBe(400)
+      expect(res.body.error.code, JSON.stringify(body)).toBe(code)
+    }
+    expect((await t.api.call('GET', '/v1/webhooks')).body.data.length).toBe(before)
+    const hook = await register(t.api, '/bad', ['turn.completed'])
+    expect((await t.api.call('PATCH', `/v1/webhooks/${hook.id}`, {})).body.error.code).toBe(
+      'validation_failed',
+    )
+    const badUrl = await t.api.call('PATCH', `/v1/webhooks/${hook.id}`, { url: 'gopher://x' })
+    expect(badUrl.body.error.code).toBe('validation_failed')
+    expect((await t.api.call('GET', `/v1/webhooks/${hook.id}`)).body.url).toBe(`${receiver.url}/bad`)
+    const missing = await t.api.call('GET', '/v1/webhooks/whk_00000000000000000000/deliveries')
+    expect([missing.status, missing.body.error.code]).toEqual([404, 'webhook_not_found'])
+    const reader = await t.api.call('POST', '/v1/keys', { role: 'read' })
+    const read = new Api(t.url, reader.body.key)
+    expect((await read.call('GET', `/v1/webhooks/${hook.id}`)).status).toBe(200)
+    expect((await read.call('DELETE', `/v1/webhooks/${hook.id}`)).status).toBe(403)
+    expect((await t.api.call('DELETE', `/v1/webhooks/${hook.id}`)).status).toBe(200)
+    expect((await t.api.call('GET', `/v1/webhooks/${hook.id}`)).status).toBe(404)
+  })
+})
+
+async function waitFor<T>(check: () => Promise<T | undefined>, timeoutMs = 20_000): Promise<T> {
+  const deadline = Date.now() + timeoutMs
+  for (;;) {
+    const found = await check()
+    if (found !== undefined) return found
+    if (Date.now() > deadline) throw new Error('timed out waiting')
+    await new Promise((resolve) => setTimeout(resolve, 100))
+  }
+}

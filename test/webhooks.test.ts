@@ -2,9 +2,12 @@ import { Webhook } from 'standardwebhooks'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { makeProject } from './helpers/projects.js'
 import { Api, startTestServer, type TestServer } from './helpers/server.js'
+import { startServerProcess } from './helpers/server-process.js'
 import { type Received, WebhookReceiver } from './helpers/webhook-receiver.js'
 
-// One server for the file; the receiver is on loopback, which the operator allowed.
+// One server for the file; the receiver is on loopback, which the operator allowed. The file takes
+// about 30 s: the crash case starts two server processes, the second after a kill -9 of the first
+// (its start then recovers the killed one's pool and sandboxes, ~10 s here).
 let t: TestServer
 let receiver: WebhookReceiver
 const ECHO = {
@@ -173,6 +176,39 @@ describe('webhooks', () => {
     expect((await read.call('DELETE', `/v1/webhooks/${hook.id}`)).status).toBe(403)
     expect((await t.api.call('DELETE', `/v1/webhooks/${hook.id}`)).status).toBe(200)
     expect((await t.api.call('GET', `/v1/webhooks/${hook.id}`)).status).toBe(404)
+  })
+})
+
+describe('a webhook delivery across a crash', () => {
+  it('is sent by the next server when the one that recorded the event was killed before sending it', async () => {
+    const allowed = { webhookAllowCidrs: ['127.0.0.1/32'] }
+    // The first server never looks at its outbox: what it recorded, only the database holds.
+    const first = await startServerProcess({ ...allowed, webhookTiming: { pollMs: 3_600_000 } })
+    let second: Awaited<ReturnType<typeof startServerProcess>> | undefined
+    try {
+      const api = new Api(first.url, first.key)
+      const hook = await register(api, '/crash', ['session.status_changed'])
+      expect((await api.deploy(await makeProject(ECHO))).status).toBe(201)
+      const { id: sessionId } = await api.createSession('hooked')
+      first.child.kill('SIGKILL')
+      await new Promise((resolve) => first.child.once('close', resolve))
+      second = await startServerProcess(
+        { ...allowed, webhookTiming: { pollMs: 100 } },
+        undefined,
+        first.dataDir,
+      )
+      const created = await receiver.until((all) =>
+        all.find(
+          (r) => r.path === '/hooks/crash' && ofSession(sessionId)(r) && parse(r).data.cause === 'created',
+        ),
+      )
+      expect(new Webhook(hook.secret).verify(created.body, created.headers)).toMatchObject({
+        type: 'session.status_changed',
+        data: { sessionId, to: 'idle', cause: 'created' },
+      })
+    } finally {
+      await (second ?? first).stop()
+    }
   })
 })
 

@@ -23,13 +23,14 @@ export interface ServerProcess {
 
 /**
  * Starts `test/fixtures/server-process.mjs` under `prlimit --nofile=<n>:<n>` when `nofile` is
- * given, with `options` as extra server options.
+ * given, with `options` as extra server options, on `dataDir` (default: a new one).
  */
 export async function startServerProcess(
   options: Record<string, unknown>,
   nofile?: number,
-): Promise<ServerProcess> {
-  const dataDir = await scratchDir('cairn-proc-')
+  dataDir?: string,
+): Promise<ServerProcess & { dataDir: string }> {
+  dataDir ??= await scratchDir('cairn-proc-')
   const argv = [process.execPath, FIXTURE, dataDir, JSON.stringify(options)]
   const child = nofile
     ? spawn('prlimit', [`--nofile=${nofile}:${nofile}`, ...argv], { stdio: ['ignore', 'pipe', 'pipe'] })
@@ -51,6 +52,7 @@ export async function startServerProcess(
   return {
     child,
     url,
+    dataDir,
     port: Number(new URL(url).port),
     key,
     async stop() {

@@ -312,6 +312,13 @@ describe('a JSON body is validated as typed: nothing is coerced', () => {
     const agentId = (await t.api.call('GET', '/v1/agents')).body.data.find(
       (a: { name: string }) => a.name === 'echo',
     ).id as string
+    // A documentation address (public to the guard) and an event never sent: nothing is delivered.
+    const webhookId = (
+      await t.api.call('POST', '/v1/webhooks', {
+        url: 'https://203.0.113.10/hook',
+        events: ['approval.requested'],
+      })
+    ).body.id as string
     const state = async () => {
       const reads = [
         '/v1/sessions?limit=500',
@@ -325,6 +332,7 @@ describe('a JSON body is validated as typed: nothing is coerced', () => {
         `/v1/agents/${agentId}/artifacts`,
         '/v1/keys',
         '/v1/retention',
+        '/v1/webhooks',
       ]
       return Object.fromEntries(
         await Promise.all(reads.map(async (r) => [r, (await t.api.call('GET', r)).body])),
@@ -339,6 +347,7 @@ describe('a JSON body is validated as typed: nothing is coerced', () => {
       const url = op.template
         .replace(/^\/v1\/agents\/\{id\}/, `/v1/agents/${agentId}`)
         .replace(/^\/v1\/sessions\/\{id\}/, `/v1/sessions/${session.id}`)
+        .replace(/^\/v1\/webhooks\/\{id\}/, `/v1/webhooks/${webhookId}`)
         .replace('{port}', '8080')
       expect(url, op.template).not.toContain('{')
       const before = await state()

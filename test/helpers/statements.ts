@@ -30,9 +30,15 @@ export function normalised(sql: string): string {
 
 /**
  * What a server sends on its own, whatever its requests: the cluster leader's look at the nodes
- * once a second (every server on PostgreSQL leads its cluster, of one). Not counted.
+ * once a second (every server on PostgreSQL leads its cluster, of one), and the webhook
+ * deliverer's look at its outbox and due deliveries (a statement each, no transaction, when there
+ * is nothing to send). Not counted.
  */
-const BACKGROUND = [/^select … from nodes where state in /]
+const BACKGROUND = [
+  /^select … from nodes where state in /,
+  /^select … from webhook_outbox /,
+  /^update webhook_deliveries set claimed_until /,
+]
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms))
 

@@ -8,6 +8,7 @@ let readOnly: Api
 let sessionId = ''
 let agentId = ''
 let snapshotId = ''
+let webhookId = ''
 const COMPAT_PREFIX = '/compat'
 
 beforeAll(async () => {
@@ -18,6 +19,13 @@ beforeAll(async () => {
   sessionId = (await t.api.createSession('echo')).id
   await t.api.send(sessionId, 'tenant A secret conversation')
   snapshotId = (await t.api.call('POST', `/v1/sessions/${sessionId}/snapshots`, {})).body.id
+  // A documentation address (public to the guard) and an event never sent: nothing is delivered.
+  webhookId = (
+    await t.api.call('POST', '/v1/webhooks', {
+      url: 'https://203.0.113.10/hook',
+      events: ['approval.requested'],
+    })
+  ).body.id
   const b = await t.api.call('POST', '/v1/keys', { tenant: 'tenant-b', role: 'admin' })
   expect(b.status).toBe(201)
   other = new Api(t.url, b.body.key)
@@ -42,7 +50,9 @@ describe('tenants never meet', () => {
         ? sessionId
         : native.startsWith('/v1/agents')
           ? agentId
-          : undefined
+          : native.startsWith('/v1/webhooks')
+            ? webhookId
+            : undefined
       if (!id) continue
       for (const method of Object.keys(methods)) {
         const url = route
@@ -76,7 +86,9 @@ describe('tenants never meet', () => {
                                   runId: 'r',
                                   messages: [{ id: 'm', role: 'user', content: 'hi' }],
                                 }
-                              : {}
+                              : url.includes('/webhooks/')
+                                ? { enabled: false }
+                                : {}
             : undefined
         const res = await other.call(method.toUpperCase(), withQuery, body)
         tried.push(`${method.toUpperCase()} ${route} -> ${res.status}`)
@@ -88,12 +100,14 @@ describe('tenants never meet', () => {
     // Lists show nothing of tenant A.
     expect((await other.call('GET', '/v1/sessions')).body.data).toEqual([])
     expect((await other.call('GET', '/v1/agents')).body.data).toEqual([])
+    expect((await other.call('GET', '/v1/webhooks')).body.data).toEqual([])
     expect((await other.call('GET', `/v1/sessions/resolve?prefix=${sessionId.slice(0, 10)}`)).status).toBe(
       404,
     )
     // And tenant A's session is untouched.
     const info = await t.api.call('GET', `/v1/sessions/${sessionId}`)
     expect(info.body).toMatchObject({ status: 'idle', turnCount: 1 })
+    expect((await t.api.call('GET', `/v1/webhooks/${webhookId}`)).body.enabled).toBe(true)
   })
 
   it('lets a read-only key read but not change anything', async () => {

@@ -24,6 +24,7 @@ const COMMANDS: ReadonlyArray<readonly [names: readonly string[], load: Loader]>
   [['sessions', 'session'], (rest) => import('./commands/sessions/index.js').then((m) => m.load(rest))],
   [['secrets', 'secret'], () => import('./commands/secrets/index.js')],
   [['keys', 'key'], () => import('./commands/keys/index.js')],
+  [['webhooks', 'webhook'], () => import('./commands/webhooks/index.js')],
   [['images', 'image'], () => import('./commands/images/index.js')],
   [['nodes'], () => import('./commands/nodes/index.js')],
   [['mcp'], () => import('./commands/mcp.js')],

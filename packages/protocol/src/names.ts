@@ -19,3 +19,26 @@ export type SseEventName = (typeof SSE_EVENT_NAMES)[number]
 
 export const SESSION_STATUSES = ['active', 'idle', 'completed', 'failed', 'timeout', 'deleted'] as const
 export type SessionStatus = (typeof SESSION_STATUSES)[number]
+
+/**
+ * What a webhook endpoint can subscribe to. `approval.requested` is reserved for human review
+ * (issue 32 item 2): accepted in a subscription, sent once that exists.
+ */
+export const WEBHOOK_EVENT_TYPES = [
+  /** Every session status change, with its cause (`data.from`, `data.to`, `data.cause`, `data.detail`). */
+  'session.status_changed',
+  /** The session's node was declared lost (cluster); also sent as a `session.status_changed`. */
+  'session.node_lost',
+  'turn.completed',
+  /** A turn that failed or was interrupted (`data.status`, `data.errorCode`). */
+  'turn.failed',
+  'turn.cancelled',
+  'snapshot.taken',
+  /** The session's setup phase ended (`data.status`: succeeded | failed). */
+  'setup.finished',
+  'approval.requested',
+] as const
+export type WebhookEventType = (typeof WEBHOOK_EVENT_TYPES)[number]
+
+export const WEBHOOK_DELIVERY_STATUSES = ['pending', 'delivered', 'failed'] as const
+export type WebhookDeliveryStatus = (typeof WEBHOOK_DELIVERY_STATUSES)[number]

@@ -1,24 +1,6 @@
 import { type Static, Type } from '@sinclair/typebox'
+import { WEBHOOK_DELIVERY_STATUSES, WEBHOOK_EVENT_TYPES } from './names.js'
 
-/**
- * What a webhook endpoint can subscribe to. `approval.requested` is reserved for human review
- * (issue 32 item 2): accepted in a subscription, sent once that exists.
- */
-export const WEBHOOK_EVENT_TYPES = [
-  /** Every session status change, with its cause (`data.from`, `data.to`, `data.cause`, `data.detail`). */
-  'session.status_changed',
-  /** The session's node was declared lost (cluster); also sent as a `session.status_changed`. */
-  'session.node_lost',
-  'turn.completed',
-  /** A turn that failed or was interrupted (`data.status`, `data.errorCode`). */
-  'turn.failed',
-  'turn.cancelled',
-  'snapshot.taken',
-  /** The session's setup phase ended (`data.status`: succeeded | failed). */
-  'setup.finished',
-  'approval.requested',
-] as const
-export type WebhookEventType = (typeof WEBHOOK_EVENT_TYPES)[number]
 export const WebhookEventTypeSchema = Type.Union(WEBHOOK_EVENT_TYPES.map((t) => Type.Literal(t)))
 
 /** Most endpoints one tenant may register. */
@@ -65,9 +47,6 @@ export const CreatedWebhookSchema = Type.Composite([WebhookSchema, Type.Object({
 export type CreatedWebhook = Static<typeof CreatedWebhookSchema>
 
 export const WebhookListSchema = Type.Object({ data: Type.Array(WebhookSchema) })
-
-export const WEBHOOK_DELIVERY_STATUSES = ['pending', 'delivered', 'failed'] as const
-export type WebhookDeliveryStatus = (typeof WEBHOOK_DELIVERY_STATUSES)[number]
 
 /** One try of a delivery: the receiver's status code, or why no answer counted. */
 export const WebhookAttemptSchema = Type.Object({

@@ -9,6 +9,7 @@ import { assertKnownOptions } from './options.js'
 import { Secrets } from './secrets.js'
 import { CREATE_SESSION_OPTION_KEYS, type CreateSessionOptions, type Session, Sessions } from './sessions.js'
 import { AgentStream, type ReconnectOptions, type RunResult } from './stream.js'
+import { Webhooks } from './webhooks.js'
 
 export const DEFAULT_BASE_URL = 'http://127.0.0.1:7070'
 export const DEFAULT_TIMEOUT_MS = 60_000
@@ -55,6 +56,8 @@ export class Cairn {
   readonly images: Images
   /** The cluster's runtime nodes (install admin keys only). */
   readonly nodes: Nodes
+  /** Webhook endpoints for lifecycle events, and their delivery logs. */
+  readonly webhooks: Webhooks
   readonly baseUrl: string
   private readonly http: HttpClient
 
@@ -77,6 +80,7 @@ export class Cairn {
     this.keys = new Keys(this.http)
     this.images = new Images(this.http)
     this.nodes = new Nodes(this.http)
+    this.webhooks = new Webhooks(this.http)
   }
 
   /** `GET /healthz` (no key needed). */

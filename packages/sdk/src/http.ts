@@ -22,7 +22,7 @@ export interface RequestOptions {
 }
 
 export interface HttpRequest extends RequestOptions {
-  method: 'GET' | 'POST' | 'PUT' | 'DELETE'
+  method: 'GET' | 'POST' | 'PUT' | 'PATCH' | 'DELETE'
   path: string
   query?: Record<string, string | number | undefined> | undefined
   json?: unknown

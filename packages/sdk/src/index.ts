@@ -64,6 +64,17 @@ export {
   type StreamDriver,
 } from './stream.js'
 export {
+  type CreatedWebhook,
+  type CreateWebhookOptions,
+  type ListDeliveriesOptions,
+  type UpdateWebhookOptions,
+  type WebhookDelivery,
+  type WebhookDeliveryStatus,
+  type WebhookEventType,
+  type WebhookInfo,
+  Webhooks,
+} from './webhooks.js'
+export {
   type FileOptions,
   Files,
   type ImportResult,

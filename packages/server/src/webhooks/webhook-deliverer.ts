@@ -1,8 +1,10 @@
 import { newId, WEBHOOK_MAX_ATTEMPTS, type WebhookAttempt } from '@cairn/protocol'
+import type { ExpressionBuilder } from 'kysely'
 import type { Logger } from 'pino'
 import { type Clock, iso } from '../clock.js'
 import type { Db } from '../db/database.js'
-import { messagesOf, retryDelayMs } from './webhook-events.js'
+import type { Schema } from '../db/schema.js'
+import { messagesOf, type OutboxEvent, retryDelayMs } from './webhook-events.js'
 import type { AttemptOutcome, WebhookRequest, WebhookSender } from './webhook-sender.js'
 
 export interface WebhookDelivererOptions {
@@ -34,7 +36,6 @@ interface Claimed {
   message_id: string
   payload: string
   attempts_json: string
-  created_at: string
 }
 
 /**
@@ -91,37 +92,14 @@ export class WebhookDeliverer {
   /** Turns up to a batch of outbox rows into deliveries; answers how many rows it took. */
   private async dispatch(): Promise<number> {
     const { db } = this.options
+    // One statement, and no transaction, when there is nothing (the usual case).
+    if (!(await db.q.selectFrom('webhook_outbox').select('seq').limit(1).executeTakeFirst())) return 0
     return db.transaction(async () => {
       let select = db.q.selectFrom('webhook_outbox').selectAll().orderBy('seq').limit(OUTBOX_BATCH)
       if (db.dialect === 'postgres') select = select.forUpdate().skipLocked()
       const rows = await select.execute()
       if (rows.length === 0) return 0
-      const tenants = [...new Set(rows.map((r) => r.tenant_id))]
-      const endpoints = await db.q
-        .selectFrom('webhook_endpoints')
-        .select(['id', 'tenant_id', 'events_json'])
-        .where('tenant_id', 'in', tenants)
-        .where('enabled', '=', 1)
-        .execute()
-      const created = iso(this.options.clock.now())
-      const deliveries = rows.flatMap((row) =>
-        messagesOf(row).flatMap((message) => {
-          const messageId = newId('webhookMessage')
-          return endpoints
-            .filter((e) => e.tenant_id === row.tenant_id && parseEvents(e.events_json).includes(message.type))
-            .map((e) => ({
-              id: newId('webhookDelivery'),
-              endpoint_id: e.id,
-              tenant_id: row.tenant_id,
-              message_id: messageId,
-              event_type: message.type,
-              payload: JSON.stringify(message),
-              status: 'pending',
-              next_attempt_at: created,
-              created_at: created,
-            }))
-        }),
-      )
+      const deliveries = await this.deliveriesFor(rows)
       for (let i = 0; i < deliveries.length; i += OUTBOX_BATCH)
         await db.q
           .insertInto('webhook_deliveries')
@@ -139,42 +117,82 @@ export class WebhookDeliverer {
     })
   }
 
-  /** The deliveries due that no live claim holds, now this process's for `CLAIM_MS`. */
+  /** One delivery per message of each row and enabled endpoint of its tenant subscribed to it. */
+  private async deliveriesFor(rows: (OutboxEvent & { tenant_id: string })[]) {
+    const endpoints = await this.options.db.q
+      .selectFrom('webhook_endpoints')
+      .select(['id', 'tenant_id', 'events_json'])
+      .where('tenant_id', 'in', [...new Set(rows.map((r) => r.tenant_id))])
+      .where('enabled', '=', 1)
+      .execute()
+    const created = iso(this.options.clock.now())
+    return rows.flatMap((row) =>
+      messagesOf(row).flatMap((message) => {
+        const messageId = newId('webhookMessage')
+        return endpoints
+          .filter((e) => e.tenant_id === row.tenant_id && parseEvents(e.events_json).includes(message.type))
+          .map((e) => ({
+            id: newId('webhookDelivery'),
+            endpoint_id: e.id,
+            tenant_id: row.tenant_id,
+            message_id: messageId,
+            event_type: message.type,
+            payload: JSON.stringify(message),
+            status: 'pending',
+            next_attempt_at: created,
+            created_at: created,
+          }))
+      }),
+    )
+  }
+
+  /**
+   * The deliveries due that no live claim holds, now this process's for `CLAIM_MS`: one
+   * statement (on PostgreSQL the rows another process is claiming are skipped, not waited for).
+   */
   private async claim(): Promise<Claimed[]> {
     const { db } = this.options
     const now = this.options.clock.now()
-    return db.transaction(async () => {
-      let select = db.q
-        .selectFrom('webhook_deliveries as d')
-        .innerJoin('webhook_endpoints as e', 'e.id', 'd.endpoint_id')
-        .select([
-          'd.id',
-          'd.endpoint_id',
-          'e.url',
-          'd.message_id',
-          'd.payload',
-          'd.attempts_json',
-          'd.created_at',
-        ])
-        .where('d.status', '=', 'pending')
-        .where('d.next_attempt_at', '<=', iso(now))
-        .where((eb) => eb.or([eb('d.claimed_until', 'is', null), eb('d.claimed_until', '<', iso(now))]))
-        .where('e.enabled', '=', 1)
-        .orderBy('d.next_attempt_at')
-        .limit(SEND_BATCH)
-      if (db.dialect === 'postgres') select = select.forUpdate('d').skipLocked()
-      const rows = await select.execute()
-      if (rows.length === 0) return []
-      await db.q
-        .updateTable('webhook_deliveries')
-        .set({ claimed_until: iso(now + CLAIM_MS) })
-        .where(
-          'id',
-          'in',
-          rows.map((r) => r.id),
-        )
-        .execute()
-      return rows
+    const unclaimed = (eb: ExpressionBuilder<Schema, 'webhook_deliveries'>) =>
+      eb.and([
+        eb('status', '=', 'pending'),
+        eb('next_attempt_at', '<=', iso(now)),
+        eb.or([eb('claimed_until', 'is', null), eb('claimed_until', '<', iso(now))]),
+      ])
+    let due = db.q
+      .selectFrom('webhook_deliveries')
+      .select('id')
+      .where(unclaimed)
+      .where('endpoint_id', 'in', (eb) =>
+        eb.selectFrom('webhook_endpoints').select('id').where('enabled', '=', 1),
+      )
+      .orderBy('next_attempt_at')
+      .limit(SEND_BATCH)
+    if (db.dialect === 'postgres') due = due.forUpdate().skipLocked()
+    const rows = await db.q
+      .updateTable('webhook_deliveries')
+      .set({ claimed_until: iso(now + CLAIM_MS) })
+      .where('id', 'in', due)
+      .where(unclaimed)
+      .returning(['id', 'endpoint_id', 'message_id', 'payload', 'attempts_json'])
+      .execute()
+    if (rows.length === 0) return []
+    const urls = new Map(
+      (
+        await db.q
+          .selectFrom('webhook_endpoints')
+          .select(['id', 'url'])
+          .where(
+            'id',
+            'in',
+            rows.map((r) => r.endpoint_id),
+          )
+          .execute()
+      ).map((e) => [e.id, e.url]),
+    )
+    return rows.flatMap((r) => {
+      const url = urls.get(r.endpoint_id)
+      return url ? [{ ...r, url }] : []
     })
   }
 

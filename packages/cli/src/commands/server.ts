@@ -21,6 +21,7 @@ interface ServerOptions {
   tenantQuotaMib?: number
   poolReserveMib?: number
   egressAllowPrivate?: string
+  webhookAllowCidr?: string
   buildEgressAllow?: string
   defaultImage?: string
   debianMirror?: string
@@ -217,6 +218,10 @@ export const register: Register = (parent, ctx) => {
         'comma-separated private addresses sandboxes may reach through the egress proxy',
       )
       .option(
+        '--webhook-allow-cidr <ranges>',
+        "comma-separated CIDR ranges webhooks may be sent to although private or loopback (env CAIRN_WEBHOOK_ALLOW_CIDR; the server's own listeners stay refused)",
+      )
+      .option(
         '--build-egress-allow <hosts>',
         "comma-separated hosts every revision build may reach besides the agent's network.allow (env CAIRN_BUILD_EGRESS_ALLOW; default: the registries npm and pip are configured with; '' for none)",
       )
@@ -271,6 +276,7 @@ export const register: Register = (parent, ctx) => {
       poolReserveMiB: options.poolReserveMib,
       isolation: options.isolation,
       egressPrivateExceptions: options.egressAllowPrivate?.split(',').filter(Boolean),
+      webhookAllowCidrs: options.webhookAllowCidr?.split(',').filter(Boolean),
       buildEgressAllow: options.buildEgressAllow?.split(',').filter(Boolean),
       defaultImage: options.defaultImage,
       debianMirror: options.debianMirror,

@@ -1,4 +1,5 @@
-import type { Dialect } from './migrations.js'
+/** As migrations.ts names them (not imported: migrations.ts imports this file). */
+type Dialect = 'sqlite' | 'postgres'
 
 /**
  * Migration 30's triggers: the webhook outbox is written by the database in the statement that

@@ -1,6 +1,7 @@
 import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js'
 import type { FastifyInstance } from 'fastify'
 import { principalOf } from '../auth/plugin.js'
+import { errorBody } from '../http/errors.js'
 import { type McpDeps, McpTools, mcpServer } from './mcp-server.js'
 import { MCP_PATH } from './path.js'
 
@@ -23,7 +24,17 @@ export function mcpRoutes(app: FastifyInstance, deps: McpDeps): void {
     reply.raw.once('close', () => {
       void server.close().catch(() => undefined)
     })
-    await server.connect(transport)
-    await transport.handleRequest(request.raw, reply.raw, request.body)
+    try {
+      await server.connect(transport)
+      await transport.handleRequest(request.raw, reply.raw, request.body)
+    } catch (error) {
+      // The transport answers what it refuses itself; this is a failure of ours, after the hijack.
+      request.log.error({ err: error }, 'MCP request failed')
+      if (!reply.raw.headersSent)
+        reply.raw
+          .writeHead(500, { 'content-type': 'application/json' })
+          .end(JSON.stringify(errorBody('internal', 'internal error', request.id)))
+      else reply.raw.destroy()
+    }
   })
 }

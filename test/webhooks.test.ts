@@ -49,15 +49,21 @@ describe('webhooks', () => {
       'session.status_changed',
       'turn.completed',
       'snapshot.taken',
+      'setup.finished',
     ])
     expect(hook.id).toMatch(/^whk_/)
     expect(hook.secret).toMatch(/^whsec_/)
     const listed = await t.api.call('GET', `/v1/webhooks/${hook.id}`)
     expect(listed.body).not.toHaveProperty('secret')
-    const { id: sessionId } = await t.api.createSession('hooked')
+    const { id: sessionId } = await t.api.createSession('hooked', { setup: { command: 'echo ready' } })
     expect((await t.api.send(sessionId, 'hello')).terminal?.type).toBe('run.completed')
     const mine = (r: Received) => r.path === '/hooks/signed' && ofSession(sessionId)(r)
-    await receiver.until((all) => all.filter(mine).some((r) => parse(r).type === 'turn.completed'))
+    // Sent concurrently: each awaited, whatever the order they arrive in.
+    await receiver.until((all) => {
+      const types = new Set(all.filter(mine).map((r) => parse(r).type))
+      const began = all.filter(mine).some((r) => parse(r).data.to === 'active')
+      return began && ['turn.completed', 'setup.finished', 'snapshot.taken'].every((type) => types.has(type))
+    })
     const verifier = new Webhook(hook.secret)
     const got = receiver.received.filter(mine)
     for (const r of got) expect(verifier.verify(r.body, r.headers)).toEqual(parse(r))
@@ -72,6 +78,11 @@ describe('webhooks', () => {
     expect(changes).toContainEqual(
       expect.objectContaining({ from: 'idle', to: 'active', cause: expect.any(String) }),
     )
+    const of = (type: string) => got.filter((r) => parse(r).type === type).map((r) => parse(r).data)
+    expect(of('setup.finished')).toEqual([
+      expect.objectContaining({ sessionId, status: 'succeeded', attempts: 1 }),
+    ])
+    expect(of('snapshot.taken')).toContainEqual(expect.objectContaining({ sessionId, reason: 'after_setup' }))
     const turn = got.find((r) => parse(r).type === 'turn.completed')
     expect(parse(turn as Received).data).toMatchObject({ sessionId, turn: 1, status: 'completed' })
     const log = await t.api.call('GET', `/v1/webhooks/${hook.id}/deliveries`)

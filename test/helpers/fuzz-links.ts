@@ -7,6 +7,7 @@ const PREFIX_OF_FIELD: Record<string, string> = {
   snapshot: 'snap_',
   artifactId: 'art_',
   turnId: 'trn_',
+  commandId: 'cmd_',
   sessionId: 'ses_',
   agent: 'agt_',
 }
@@ -14,7 +15,7 @@ const PREFIX_OF_FIELD: Record<string, string> = {
 /** The prefix of a route's `{id}`, by the collection it names. */
 const PREFIX_OF_COLLECTION: Record<string, string> = { sessions: 'ses_', agents: 'agt_', keys: 'key_' }
 
-const ID = /^(ses|snap|art|key|agt|rev|trn)_[0-9a-z]{20}$/
+const ID = /^(ses|snap|art|key|agt|rev|trn|cmd)_[0-9a-z]{20}$/
 /** Response headers that name what a request made (a message's session and turn). */
 const ID_HEADERS = ['cairn-session-id', 'cairn-turn-id']
 

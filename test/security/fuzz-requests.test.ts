@@ -94,6 +94,7 @@ const ids = {
   victimKey: '',
   artifact: '',
   turn: '',
+  command: '',
 }
 
 /** The shared places, and where a server started from this checkout could also write. */
@@ -136,6 +137,13 @@ beforeAll(async () => {
   expect((await api.send(ids.liveSession, 'warm up')).text).toBe('warm up\n')
   ids.turn = (await api.call('GET', `/v1/sessions/${ids.liveSession}/turns`)).body.data[0].id
   ids.snapshot = (await api.call('POST', `/v1/sessions/${ids.liveSession}/snapshots`, {})).body.id
+  // A command that waits on its stdin, so the stdin and signal routes have one to act on.
+  const command = await api.call('POST', `/v1/sessions/${ids.liveSession}/commands`, {
+    command: ['cat'],
+    stdin: true,
+  })
+  expect(command.status, JSON.stringify(command.body)).toBe(201)
+  ids.command = command.body.id
   ids.endedSession = (await api.createSession('echo')).id
   expect((await api.call('POST', `/v1/sessions/${ids.endedSession}/end`)).status).toBe(200)
   ids.deletedSession = (await api.createSession('echo')).id
@@ -259,6 +267,7 @@ const REAL_PARAMS: Record<string, () => string[]> = {
   snapshotId: () => [ids.snapshot],
   artifactId: () => [ids.artifact],
   turnId: () => [ids.turn],
+  commandId: () => [ids.command],
   port: () => ['8000', '3000'],
 }
 

@@ -31,6 +31,8 @@ export const ERROR_CODES = {
   webhook_limit_reached: { status: 409, retryable: false },
   revision_not_found: { status: 404, retryable: false },
   session_not_found: { status: 404, retryable: false },
+  /** No command with that id in the session (it never ran there, or its session was deleted). */
+  command_not_found: { status: 404, retryable: false },
   ambiguous_id: { status: 409, retryable: false },
   session_busy: { status: 409, retryable: true },
   /**

@@ -22,6 +22,8 @@ export const ID_PREFIXES = {
   webhookDelivery: 'whd_',
   /** A webhook message (the `webhook-id` header): one event, the same on every endpoint and attempt. */
   webhookMessage: 'msg_',
+  /** A command run in a session's sandbox outside a turn. */
+  command: 'cmd_',
 } as const
 
 export type IdKind = keyof typeof ID_PREFIXES

@@ -51,6 +51,10 @@ export const STATUS_CAUSES = [
   'storage_error',
   'quota_exceeded',
   'policy_changed',
+  /** A command started in the session's sandbox outside a turn (detail: its id and argv). */
+  'command_started',
+  /** A command of the session ended (detail: its id, how it ended). */
+  'command_ended',
   /**
    * The session's node was declared lost (lease ended, process gone): its running turn failed
    * with `node_lost`; it resumes when the node registers again.

@@ -107,6 +107,7 @@ const CLASS_BY_CODE: Record<ErrorCode, ErrorClass> = {
   webhook_url_forbidden: ValidationError,
   webhook_limit_reached: ConflictError,
   revision_not_found: NotFoundError,
+  command_not_found: NotFoundError,
   session_not_found: SessionNotFoundError,
   session_deleted: SessionDeletedError,
   ambiguous_id: AmbiguousIdError,

@@ -18,6 +18,8 @@ import { installNodeMetrics } from './cluster/node-metrics.js'
 import type { NodeStore } from './cluster/node-store.js'
 import { nodeRoutes } from './cluster/routes.js'
 import { ClusterRuntimePort } from './cluster/routing/cluster-runtime-port.js'
+import type { CommandService } from './commands/command-service.js'
+import { commandRoutes } from './commands/routes.js'
 import { compatRoutes } from './compat/routes.js'
 import type { Db } from './db/database.js'
 import { consoleRoutes } from './http/console.js'
@@ -60,6 +62,8 @@ import type { WorkspaceService } from './workspace/workspace-service.js'
 
 export interface AppDeps {
   logger: Logger
+  /** Commands in sessions' sandboxes outside turns. */
+  commands: CommandService
   keys: ApiKeyStore
   db: Db
   agents: AgentService
@@ -219,6 +223,7 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
     version: deps.version,
     logger: app.log,
   })
+  commandRoutes(app, deps.commands, sse)
   retentionRoutes(app, deps.retention)
   imageRoutes(app, deps.agents.images)
   memoryRoutes(app, deps.memory, deps.artifacts, deps.agents, deps.sessions)

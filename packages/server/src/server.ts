@@ -19,6 +19,7 @@ import { ReplicaLease } from './cluster/replica-lease.js'
 import { ReplicaTurns } from './cluster/replica-turns.js'
 import { type NodeConnector, openClusterRuntime } from './cluster/routing/cluster-runtime-host.js'
 import { ClusterRuntimePort } from './cluster/routing/cluster-runtime-port.js'
+import { CommandService } from './commands/command-service.js'
 import { type ResolvedConfig, resolveConfig, type ServerOptions } from './config.js'
 import { writeCredentialsIfMissing } from './credentials.js'
 import { createOwnerOnly, runtimeIdOf, secureDataDir } from './data-dir.js'
@@ -442,8 +443,10 @@ export async function startServer(
               : [],
           })
         : undefined
+    const commands = new CommandService({ db, sessions, runtime: runtimePort, clock, logger })
     const app = await buildApp({
       cluster: cluster ? { nodes: cluster.nodes, publish: cluster.publish, mover } : undefined,
+      commands,
       db,
       logger,
       keys,
@@ -530,6 +533,7 @@ export async function startServer(
           await drainMoves?.settle()
           await sessions.drain(config.shutdownGraceMs, cutShort.signal)
           await workspace.settle()
+          commands.close()
           await sessions.close()
           await webhooks?.deliverer.close()
           await lease?.stop()

@@ -6,7 +6,14 @@ import type { EgressCa } from '../egress/egress-ca.js'
 import { forwarderCommand } from '../egress/transparent.js'
 import { egressProxyEnv, trustedCaEnv } from '../launch/launch-env.js'
 import { requireCapability } from '../sandbox/capabilities.js'
-import type { Sandbox, SandboxDriver, SandboxExit, SandboxSpec } from '../sandbox/driver.js'
+import type {
+  Sandbox,
+  SandboxDriver,
+  SandboxExecProcess,
+  SandboxExit,
+  SandboxSpec,
+} from '../sandbox/driver.js'
+import { sandboxEnv } from '../sandbox/sandbox-env.js'
 import { type Logger, noopLogger } from '../util/logger.js'
 import { TailBuffer } from '../util/tail.js'
 import type { ActiveTurn, TurnChannel } from './active-turn.js'
@@ -155,6 +162,39 @@ export class AgentProcess implements TurnChannel {
   /** TCP ports a service listens on inside the sandbox (empty without a running sandbox). */
   listeningPorts(): Promise<number[]> {
     return this.ports.listening()
+  }
+
+  /**
+   * Runs a command in the warm sandbox beside the agent (see `Sandbox.exec`): the agent's
+   * environment (its secrets, egress settings; not its protocol's shims nor the turn) plus `env`.
+   */
+  async exec(
+    command: readonly string[],
+    env: Record<string, string>,
+    cwd: string,
+  ): Promise<SandboxExecProcess> {
+    if (!this.protocol.warm)
+      throw new CairnProblem(
+        'bad_request',
+        `this agent's protocol (${this.launch.protocol}) keeps no sandbox between turns, so there is none to run a command in`,
+      )
+    const sandbox = this.sandbox
+    if (!sandbox || !this.alive)
+      throw new CairnProblem('sandbox_not_running', "the session's sandbox is not running")
+    if (!sandbox.exec)
+      throw new CairnProblem(
+        'bad_request',
+        `the ${this.driver.name} driver cannot run a command beside the agent`,
+      )
+    const base = sandboxEnv({
+      env: {
+        ...this.launch.env,
+        [AGENT_ENV.sessionId]: this.launch.sessionId,
+        ...(this.egress ? egressProxyEnv() : {}),
+        ...(this.egress?.trustsCa ? trustedCaEnv() : {}),
+      },
+    })
+    return sandbox.exec({ command, env: { ...base, PWD: cwd, ...env }, cwd })
   }
 
   /** Prepares the run directory and, for warm protocols, starts the sandbox. */

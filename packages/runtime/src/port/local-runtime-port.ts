@@ -1,8 +1,8 @@
-import { existsSync } from 'node:fs'
+import { existsSync, rmSync } from 'node:fs'
 import { chmod, mkdir, rm, writeFile } from 'node:fs/promises'
 import path from 'node:path'
 import type { Duplex, Readable } from 'node:stream'
-import { CairnProblem, type FileEntry, type WorkspaceDiff } from '@cairn/protocol'
+import { CairnProblem, COMMAND_SIGNALS, type FileEntry, type WorkspaceDiff } from '@cairn/protocol'
 import type { AgentProcess } from '../agent/agent-process.js'
 import type { AgentLaunch, TurnInput, TurnOutcome } from '../agent/types.js'
 import { extractArchive } from '../build/extract-archive.js'
@@ -10,6 +10,13 @@ import { type RevisionBuild, RevisionBuilder, type RevisionBuildResult } from '.
 import { type CommandResult, runSandboxedCommand } from '../build/run-command.js'
 import { checkpointOverQuota } from '../checkpoint/checkpoint-quota.js'
 import { MemoryCheckpoints, startFromCheckpoint } from '../checkpoint/memory-checkpoints.js'
+import {
+  type CommandRead,
+  type CommandReadRequest,
+  type CommandStart,
+  type CommandState,
+  NodeCommands,
+} from '../commands/node-commands.js'
 import type { EgressSite } from '../egress/proxy.js'
 import { type ImageBuildContext, ImageBuilder } from '../images/image-builder.js'
 import type { ImageRecipe } from '../images/image-recipe.js'
@@ -92,6 +99,8 @@ export class LocalRuntimePort implements RuntimePort {
   private readonly egressSite: EgressSite | undefined
   /** Shipping to the node's bucket, when it has one. */
   readonly shipping: PortShipping | undefined
+  /** Commands running (and ended ones' logs) in sessions' sandboxes. */
+  private readonly commands: NodeCommands
 
   constructor(
     private readonly runtime: Runtime,
@@ -102,9 +111,15 @@ export class LocalRuntimePort implements RuntimePort {
     this.egressSite = options.egressSite
     this.pool = new WarmPool(
       options.clock,
-      (agent) => runtime.stopAgent(agent),
+      (agent) => this.stopWithCommands(agent),
       (id) => this.inUse(id),
     )
+    const commandLogs = path.join(runtime.options.dataDir, 'command-logs')
+    // Commands of an earlier process died with their sandboxes; their logs go with them.
+    rmSync(commandLogs, { recursive: true, force: true })
+    this.commands = new NodeCommands(commandLogs, runtime.logger, (id, keepWarmMs) => {
+      if (!this.inUse(id)) this.pool.rest(id, keepWarmMs)
+    })
     this.envs = new EnvStore(runtime.pool, uid)
     this.shipping = options.shipping ? new PortShipping(runtime.pool, this.envs, options.shipping) : undefined
     this.images = new ImageStore(runtime.pool)
@@ -134,6 +149,7 @@ export class LocalRuntimePort implements RuntimePort {
    */
   private inUse(sessionId: string): boolean {
     if ((this.calls.get(sessionId) ?? 0) > 0) return true
+    if (this.commands.running(sessionId)) return true
     const prefix = `${sessionId}/`
     for (const key of this.turns.keys()) if (key.startsWith(prefix)) return true
     return false
@@ -178,7 +194,7 @@ export class LocalRuntimePort implements RuntimePort {
       admission.sessionId,
       admission.tenantId,
       admission.maxSandboxesPerTenant,
-      (id) => busy.has(id),
+      (id) => busy.has(id) || this.commands.running(id),
     )
     return async () => release()
   }
@@ -461,8 +477,9 @@ export class LocalRuntimePort implements RuntimePort {
     return this.runtime.pool.hasWorkspace(sessionId)
   }
 
-  deleteWorkspace(sessionId: string): Promise<void> {
-    return this.runtime.pool.deleteWorkspace(sessionId)
+  async deleteWorkspace(sessionId: string): Promise<void> {
+    await this.commands.forget(sessionId)
+    await this.runtime.pool.deleteWorkspace(sessionId)
   }
 
   async snapshotWorkspace(
@@ -626,6 +643,41 @@ export class LocalRuntimePort implements RuntimePort {
 
   async exportTree(tree: TreeRef): Promise<{ stream: Readable; stop: () => Promise<void> }> {
     return exportTree(this.path(tree))
+  }
+
+  /** Stops an agent's sandbox; the commands running in it end with it (their cause says so). */
+  private async stopWithCommands(agent: AgentProcess): Promise<void> {
+    const ending = this.commands.sandboxStopping(agent.sessionId)
+    await this.runtime.stopAgent(agent)
+    await ending
+  }
+
+  startCommand(start: CommandStart): Promise<CommandState> {
+    return this.using(start.sessionId, async () => {
+      const agent = this.pool.agent(start.sessionId)
+      if (!agent?.alive)
+        throw new CairnProblem('sandbox_not_running', `session ${start.sessionId} has no running sandbox`)
+      return this.commands.start(agent, start)
+    })
+  }
+
+  readCommand(request: CommandReadRequest): Promise<CommandRead> {
+    return this.commands.read(request)
+  }
+
+  writeCommandInput(
+    sessionId: string,
+    commandId: string,
+    data: Uint8Array,
+    close: boolean,
+  ): Promise<CommandState> {
+    return this.commands.writeInput(sessionId, commandId, data, close)
+  }
+
+  async signalCommand(sessionId: string, commandId: string, signal: string): Promise<CommandState> {
+    if (!(COMMAND_SIGNALS as readonly string[]).includes(signal))
+      throw new CairnProblem('bad_request', `signal ${signal} cannot be sent to a command`)
+    return this.commands.signal(sessionId, commandId, signal as NodeJS.Signals)
   }
 
   writeFile(sessionId: string, rel: string, body: Readable): Promise<void> {

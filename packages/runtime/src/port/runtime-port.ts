@@ -3,6 +3,12 @@ import type { FileEntry, WorkspaceDiff } from '@cairn/protocol'
 import type { AgentLaunch, TurnInput } from '../agent/types.js'
 import type { RevisionBuild, RevisionBuildResult } from '../build/revision-builder.js'
 import type { CommandResult, CommandSpec } from '../build/run-command.js'
+import type {
+  CommandRead,
+  CommandReadRequest,
+  CommandStart,
+  CommandState,
+} from '../commands/node-commands.js'
 import type { EgressPolicy } from '../egress/policy.js'
 import type { EgressRoute, NetworkEvent } from '../egress/proxy.js'
 import type { ProxySecret } from '../egress/proxy-secrets.js'
@@ -17,8 +23,13 @@ import type { AgentInfo } from './agent-info.js'
 import type { ShippedTree } from './pool-tree-shipping.js'
 import type { TurnMessage } from './turn-stream.js'
 
+export type {
+  CommandRead,
+  CommandReadRequest,
+  CommandStart,
+  CommandState,
+} from '../commands/node-commands.js'
 export type { AgentInfo } from './agent-info.js'
-
 export type { ShippedTree } from './pool-tree-shipping.js'
 
 /**
@@ -373,6 +384,29 @@ export interface RuntimePort {
     onLine: (line: string) => void,
     signal?: AbortSignal | undefined,
   ): Promise<CommandResult>
+
+  // --- commands beside the agent (docs/commands.md) ------------------------------------------
+  /**
+   * Starts a command in the session's running sandbox (`sandbox_not_running` without one: the
+   * caller starts it as a turn would). While it runs the sandbox stays warm (up to the command's
+   * timeout); its output goes to a bounded log on the node, read by offset.
+   */
+  startCommand(start: CommandStart): Promise<CommandState>
+  /**
+   * The command's output from byte `offset` (up to `maxBytes`), with its state; `waitMs`: a read
+   * of a running command that finds nothing new waits that long for output or its end first.
+   * `command_not_found` when the node keeps nothing of it.
+   */
+  readCommand(request: CommandReadRequest): Promise<CommandRead>
+  /** Writes to the command's stdin (`close`: then closes it); `conflict` once it is closed. */
+  writeCommandInput(
+    sessionId: string,
+    commandId: string,
+    data: Uint8Array,
+    close: boolean,
+  ): Promise<CommandState>
+  /** Sends a signal (a `COMMAND_SIGNALS` name) to the command's process group. */
+  signalCommand(sessionId: string, commandId: string, signal: string): Promise<CommandState>
 
   // --- revisions: deploys and their builds --------------------------------------------------
   /**

@@ -121,6 +121,25 @@ export class WarmPool {
     this.stopIn(sessionId, warm, ms)
   }
 
+  /**
+   * Work outside a turn ended (a command): the sandbox is the most recently used, and its stop
+   * moves to at least `ms` from now, scheduled if none was (a stop that came while the work ran
+   * waited for it, and is due again).
+   */
+  rest(sessionId: string, ms: number): void {
+    const warm = this.warm.get(sessionId)
+    if (!warm) return
+    const now = this.clock.now()
+    warm.usedAt = now
+    if (warm.timer && warm.until !== undefined && warm.until >= now + ms) return
+    if (warm.timer) clearTimeout(warm.timer)
+    if (ms <= 0) {
+      void this.drop(sessionId)
+      return
+    }
+    this.stopIn(sessionId, warm, ms)
+  }
+
   private stopIn(sessionId: string, warm: WarmAgent, ms: number): void {
     warm.until = this.clock.now() + ms
     warm.timer = setTimeout(() => {

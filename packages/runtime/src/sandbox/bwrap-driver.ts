@@ -9,13 +9,22 @@ import { type Logger, logAndGoOn, noopLogger } from '../util/logger.js'
 import { readMounts } from '../util/mounts.js'
 import { dirtiedBytes } from '../util/proc-io.js'
 import type { CgroupLimits, CgroupManager } from './cgroups.js'
-import type { DriverCapabilities, Sandbox, SandboxDriver, SandboxExit, SandboxSpec } from './driver.js'
+import type {
+  DriverCapabilities,
+  Sandbox,
+  SandboxDriver,
+  SandboxExecProcess,
+  SandboxExecSpec,
+  SandboxExit,
+  SandboxSpec,
+} from './driver.js'
 import { IdmapMounter } from './idmap-mounter.js'
 import { ENV_FD } from './launcher.js'
 import { LauncherPool, type SpareLauncher, startLauncher } from './launcher-pool.js'
 import { OverlayMounter } from './overlay-mounter.js'
 import { readOnlyRootArgs, SANDBOX_USER } from './rootfs.js'
 import { sandboxEnv } from './sandbox-env.js'
+import { execInSandbox } from './sandbox-exec.js'
 import { SandboxUids } from './sandbox-uids.js'
 import { buildSeccompFilter } from './seccomp.js'
 
@@ -240,8 +249,8 @@ export class BwrapDriver implements SandboxDriver {
   private readonly seccomp = buildSeccompFilter()
   private seccompFile: Promise<string> | undefined
 
-  private async seccompFd(): Promise<FileHandle> {
-    // One write, shared by every concurrent first start (they must not open it half-written).
+  /** The seccomp program's file, written once (every concurrent first start waits for the one write). */
+  private seccompPath(): Promise<string> {
     this.seccompFile ??= (async () => {
       const file = path.join(this.options.etcDir, 'seccomp.bpf')
       const tmp = `${file}.${process.pid}.tmp`
@@ -249,7 +258,11 @@ export class BwrapDriver implements SandboxDriver {
       await rename(tmp, file)
       return file
     })()
-    return open(await this.seccompFile, 'r')
+    return this.seccompFile
+  }
+
+  private async seccompFd(): Promise<FileHandle> {
+    return open(await this.seccompPath(), 'r')
   }
 
   /**
@@ -382,14 +395,19 @@ export class BwrapDriver implements SandboxDriver {
     const { spec, uid, gid, release } = identity
     launcher.envPipe.end(this.envStream(spec))
     launcher.commandPipe.end(`${this.buildArgs(spec, uid, gid).join('\0')}\0`)
-    return new BwrapSandbox(
-      spec.id,
-      launcher.child,
-      this.options.cgroups,
-      launcher.cgroupName,
-      release,
-      this.logger,
-    )
+    const { cgroups } = this.options
+    const child = launcher.child
+    // A command joins the sandbox's cgroups and gets its seccomp program (none only where it has none).
+    const exec = async (execSpec: SandboxExecSpec) =>
+      execInSandbox(
+        {
+          outerPid: child.pid ?? -1,
+          procsFiles: cgroups.procsFiles(launcher.cgroupName),
+          seccompFile: this.seccomp ? await this.seccompPath() : undefined,
+        },
+        execSpec,
+      )
+    return new BwrapSandbox(spec.id, child, cgroups, launcher.cgroupName, release, this.logger, exec)
   }
 
   async reapOrphans(): Promise<number> {
@@ -483,6 +501,7 @@ class BwrapSandbox implements Sandbox {
     private readonly cgroupName: string,
     private readonly release: () => Promise<void>,
     private readonly logger: Logger,
+    private readonly execIn: (spec: SandboxExecSpec) => Promise<SandboxExecProcess>,
   ) {
     this.pid = child.pid ?? -1
     // A write to a dead agent's stdin must surface as the turn's failure, not as a crash.
@@ -517,6 +536,11 @@ class BwrapSandbox implements Sandbox {
     if (counters.oomKills > 0) return 'memory'
     if (counters.pidsMaxHits > 0) return 'pids'
     return undefined
+  }
+
+  exec(spec: SandboxExecSpec): Promise<SandboxExecProcess> {
+    if (this.destroyed) throw new CairnProblem('sandbox_not_running', 'the sandbox was stopped')
+    return this.execIn(spec)
   }
 
   async networkNamespace(): Promise<string | undefined> {

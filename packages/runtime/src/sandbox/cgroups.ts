@@ -117,6 +117,11 @@ export class CgroupManager {
     return Object.values(dirs).map((dir) => path.join(dir, 'cgroup.procs'))
   }
 
+  /** The `cgroup.procs` files of an existing cgroup (a process joins it by writing its pid there). */
+  procsFiles(name: string): string[] {
+    return Object.values(this.dirs(name)).map((dir) => path.join(dir, 'cgroup.procs'))
+  }
+
   /** Writes the cgroup's limits; also rewrites those of a cgroup made ahead with other limits. */
   setLimits(name: string, limits: CgroupLimits): void {
     const dirs = this.dirs(name)

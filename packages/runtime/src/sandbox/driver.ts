@@ -74,8 +74,34 @@ export interface Sandbox {
    * whose writes can happen outside the sandbox's host processes leaves it out.
    */
   writtenBytes?(): number | undefined
+  /**
+   * Runs a command inside the running sandbox, beside its agent: in its namespaces, cgroups,
+   * user and seccomp filter. A driver without it cannot run commands beside the agent (the
+   * caller refuses them with a typed error).
+   */
+  exec?(spec: SandboxExecSpec): Promise<SandboxExecProcess>
   /** Kills every process of the sandbox and releases its resources. */
   destroy(): Promise<void>
+}
+
+/** A command to run inside a running sandbox (`Sandbox.exec`). */
+export interface SandboxExecSpec {
+  command: readonly string[]
+  /** Its whole environment (nothing of the host's or the agent's is added). */
+  env: Readonly<Record<string, string>>
+  /** The directory it runs in, inside the sandbox (default /workspace). */
+  cwd?: string | undefined
+}
+
+/** A command running inside a sandbox: its stdio, its end, and signals to its process group. */
+export interface SandboxExecProcess {
+  readonly stdin: Writable
+  readonly stdout: Readable
+  readonly stderr: Readable
+  /** Once it exited (and its output drained, within a bound): its code, or the signal that ended it. */
+  readonly exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>
+  /** Sends a signal to the command and every process it started (its process group). */
+  signal(name: NodeJS.Signals): void
 }
 
 /**

@@ -556,6 +556,34 @@ CREATE INDEX webhook_deliveries_ended ON webhook_deliveries (ended_at) WHERE end
 `,
     dialectSql: webhookTriggers,
   },
+  {
+    // Commands run in a session's sandbox outside a turn (docs/commands.md): the row any replica
+    // reads; the output itself is in a bounded log on the session's node.
+    version: 31,
+    name: 'commands',
+    sql: `
+CREATE TABLE commands (
+  id TEXT PRIMARY KEY,
+  session_id TEXT NOT NULL,
+  tenant_id TEXT NOT NULL,
+  command_json TEXT NOT NULL,
+  cwd TEXT NOT NULL,
+  status TEXT NOT NULL,
+  exit_code INTEGER,
+  signal TEXT,
+  end_cause TEXT,
+  output_bytes INTEGER NOT NULL DEFAULT 0,
+  kept_from_offset INTEGER NOT NULL DEFAULT 0,
+  stdin_open INTEGER NOT NULL DEFAULT 0,
+  timeout_ms INTEGER NOT NULL,
+  max_output_bytes INTEGER NOT NULL,
+  started_at TEXT NOT NULL,
+  ended_at TEXT
+);
+CREATE INDEX commands_session ON commands (session_id, started_at);
+CREATE INDEX commands_tenant_running ON commands (tenant_id) WHERE status = 'running';
+`,
+  },
 ]
 
 export type Dialect = 'sqlite' | 'postgres'

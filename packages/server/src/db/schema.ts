@@ -59,6 +59,24 @@ export interface Schema {
     relay_id: string | null
   }
   turn_events: { turn_id: string; seq: number; type: string; event: string }
+  commands: {
+    id: string
+    session_id: string
+    tenant_id: string
+    command_json: string
+    cwd: string
+    status: string
+    exit_code: number | null
+    signal: string | null
+    end_cause: string | null
+    output_bytes: number
+    kept_from_offset: number
+    stdin_open: number
+    timeout_ms: number
+    max_output_bytes: number
+    started_at: string
+    ended_at: string | null
+  }
   session_events: {
     id: string
     session_id: string

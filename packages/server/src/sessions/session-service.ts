@@ -18,7 +18,7 @@ import type { AgentInfo } from '@cairn/runtime/port'
 import { iso } from '../clock.js'
 import { checkSetupTimeoutCeiling } from '../limits/ceilings.js'
 import { checkSessionPause } from '../pause/pause-policy.js'
-import { manifestSetup } from '../setup/setup-service.js'
+import { manifestSetup, needsSetup } from '../setup/setup-service.js'
 import { decodeCursor, encodeCursor } from './cursor.js'
 import { WorkspaceGenerations } from './generations.js'
 import { changedPolicy, createPolicy, deadlineFor, policyColumns, policyOf } from './policy.js'
@@ -409,6 +409,31 @@ export class SessionService {
   /** The session's warm agent, if it has one. */
   warmAgent(sessionId: string): Promise<AgentInfo | undefined> {
     return this.warm.agent(sessionId)
+  }
+
+  /**
+   * The session's sandbox, running: a warm one as it is, else started as a turn starts one (its
+   * setup phase first if it has not run, the tenant's sandbox cap, the session's revision,
+   * secrets, limits and network), held exclusively meanwhile so no turn starts a second one.
+   * Used by work outside turns (commands).
+   */
+  async ensureSandbox(tenantId: string, id: string): Promise<SessionRow> {
+    const row = await this.requireLive(tenantId, id)
+    if ((await this.warm.agent(id))?.alive) return row
+    return this.exclusive(tenantId, id, 'starting the sandbox', async (held) => {
+      const seen = await this.warm.agent(id)
+      if (seen?.alive) return held
+      const setup = this.deps.setup
+      const forTurn = await this.store.getForTurn(tenantId, id)
+      if (setup && forTurn && needsSetup(forTurn.setup_status)) await setup.run(held)
+      const release = await this.warm.admit(held, { agent: seen })
+      try {
+        await this.warm.start(held, seen !== undefined)
+      } finally {
+        await release()
+      }
+      return held
+    })
   }
 
   /** Stops the session's warm sandbox, if any (runtime state is disposable). */

@@ -1,4 +1,4 @@
-import { AGENT_PROTOCOLS, HttpAgentSchema } from '@cairn/protocol'
+import { AGENT_PROTOCOLS, COMMAND_SIGNALS, HttpAgentSchema } from '@cairn/protocol'
 import { type TSchema, Type } from '@sinclair/typebox'
 import { ISOLATIONS } from '../../sandbox/driver.js'
 import { POOL_AREAS } from '../../storage/pool.js'
@@ -41,6 +41,33 @@ const EgressRule = Type.Union([
   Type.Object({ host: Type.String(), methods: optional(Strings) }, { additionalProperties: false }),
 ])
 const EgressPolicy = Type.Object({ allow: Type.Array(EgressRule) }, { additionalProperties: false })
+
+/** A command to start beside a session's agent (`RuntimePort.startCommand`). */
+export const CommandStart = Type.Object(
+  {
+    sessionId: Id,
+    commandId: Id,
+    command: Type.Array(Type.String(), { minItems: 1 }),
+    env: optional(Env),
+    cwd: Type.String({ maxLength: 4200, pattern: '^/workspace(/(?!\\.\\.(/|$))[^/]+)*$' }),
+    timeoutMs: Type.Integer({ minimum: 1 }),
+    maxOutputBytes: Type.Integer({ minimum: 1 }),
+    stdin: Type.Boolean(),
+    keepWarmMs: Count,
+  },
+  { additionalProperties: false },
+)
+export const CommandSignal = literals(COMMAND_SIGNALS)
+export const CommandReadRequest = Type.Object(
+  {
+    sessionId: Id,
+    commandId: Id,
+    offset: Count,
+    maxBytes: Count,
+    waitMs: Type.Integer({ minimum: 0, maximum: 60_000 }),
+  },
+  { additionalProperties: false },
+)
 
 export const Admission = Type.Object(
   { sessionId: Id, tenantId: Id, maxSandboxesPerTenant: Count, busy: Type.Array(Id) },

@@ -5,7 +5,11 @@ import {
   type AgentInfo,
   type AgentSpec,
   type BucketRestore,
+  type CommandRead,
+  type CommandReadRequest,
   type CommandResult,
+  type CommandStart,
+  type CommandState,
   type ImageBuildContext,
   type ImageRecipe,
   type ImageRecord,
@@ -434,6 +438,30 @@ export class ClusterRuntimePort implements RuntimePort {
     signal?: AbortSignal | undefined,
   ): Promise<CommandResult> {
     return this.routes.onSession(command.sessionId, (port) => port.runCommand(command, onLine, signal))
+  }
+
+  // --- commands beside the agent --------------------------------------------------------------
+  startCommand(start: CommandStart): Promise<CommandState> {
+    return this.routes.onSession(start.sessionId, (port) => port.startCommand(start))
+  }
+
+  readCommand(request: CommandReadRequest): Promise<CommandRead> {
+    return this.routes.onSession(request.sessionId, (port) => port.readCommand(request))
+  }
+
+  writeCommandInput(
+    sessionId: string,
+    commandId: string,
+    data: Uint8Array,
+    close: boolean,
+  ): Promise<CommandState> {
+    return this.routes.onSession(sessionId, (port) =>
+      port.writeCommandInput(sessionId, commandId, data, close),
+    )
+  }
+
+  signalCommand(sessionId: string, commandId: string, signal: string): Promise<CommandState> {
+    return this.routes.onSession(sessionId, (port) => port.signalCommand(sessionId, commandId, signal))
   }
 
   // --- revisions ----------------------------------------------------------------------------

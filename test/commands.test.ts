@@ -1,0 +1,337 @@
+import type { SseMessage } from '@cairn/sdk'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { makeProject, SHELL_PROJECT } from './helpers/projects.js'
+import { Api, startTestServer, type TestServer } from './helpers/server.js'
+import { readEvents } from './helpers/sse.js'
+
+/**
+ * Commands in a session's sandbox outside turns (issue 30, item 1; docs/commands.md): one server
+ * for the file, with the `shell` agent (each line run by bash) so turns and commands can be told
+ * apart in one sandbox.
+ */
+let t: TestServer
+let session = ''
+
+beforeAll(async () => {
+  t = await startTestServer({ server: { rateLimitPerSecond: 0 } })
+  expect((await t.api.deploy(await makeProject(SHELL_PROJECT))).status).toBe(201)
+  session = (await t.api.createSession('shell', { keepWarmMs: 60_000 })).id
+})
+
+afterAll(async () => {
+  await t?.close()
+})
+
+const start = (id: string, body: Record<string, unknown>, api: Api = t.api) =>
+  api.call('POST', `/v1/sessions/${id}/commands`, body)
+
+/** The output stream from `offset`, read until `stop` says so or the stream ends. */
+async function output(id: string, commandId: string, offset = 0, stop?: (m: SseMessage) => boolean) {
+  const controller = new AbortController()
+  const res = await fetch(`${t.url}/v1/sessions/${id}/commands/${commandId}/output?offset=${offset}`, {
+    headers: { authorization: `Bearer ${t.key}` },
+    signal: controller.signal,
+  })
+  expect(res.status).toBe(200)
+  return readEvents(res, controller, stop)
+}
+
+/** stdout and stderr bytes of `output` events, and the `exit` event's command. */
+function collect(messages: SseMessage[]) {
+  const bytes = { stdout: [] as Buffer[], stderr: [] as Buffer[], all: [] as Buffer[] }
+  let exit: { status: string; exitCode: number | null; signal: string | null; endCause: string } | undefined
+  for (const m of messages) {
+    const data = JSON.parse(m.data)
+    if (m.event === 'output') {
+      const chunk = Buffer.from(data.data, 'base64')
+      bytes[data.stream as 'stdout' | 'stderr'].push(chunk)
+      bytes.all.push(chunk)
+    }
+    if (m.event === 'exit') exit = data.command
+  }
+  return {
+    stdout: Buffer.concat(bytes.stdout).toString(),
+    stderr: Buffer.concat(bytes.stderr).toString(),
+    all: Buffer.concat(bytes.all),
+    exit,
+  }
+}
+
+describe('commands in a session', () => {
+  it('runs a command in the sandbox (started cold), streams its output and exit status', async () => {
+    const started = await start(session, {
+      command: ['sh', '-c', 'echo out; echo err >&2; pwd; id -u; exit 3'],
+    })
+    expect(started.status, JSON.stringify(started.body)).toBe(201)
+    expect(started.body).toMatchObject({ status: 'running', cwd: '/workspace', sessionId: session })
+    expect(started.body.id).toMatch(/^cmd_/)
+    const read = collect((await output(session, started.body.id)).messages)
+    expect(read.stdout).toBe('out\n/workspace\n1000\n')
+    expect(read.stderr).toBe('err\n')
+    expect(read.exit).toMatchObject({ status: 'exited', exitCode: 3, signal: null, endCause: 'exit' })
+    const got = await t.api.call('GET', `/v1/sessions/${session}/commands/${started.body.id}`)
+    expect(got.body).toMatchObject({ status: 'exited', exitCode: 3, outputBytes: read.all.length })
+  })
+
+  it("runs under the agent's walls: its user, cgroup, seccomp filter and no_new_privs, beside its processes", async () => {
+    const probe = 'id -u; cat /proc/self/cgroup; grep -E "^(Seccomp|NoNewPrivs|CapEff):" /proc/self/status'
+    const turn = await t.api.send(session, probe)
+    expect(turn.text).toContain('[exit 0]')
+    const started = await start(session, { command: ['sh', '-c', `${probe}; ps -eo args`] })
+    const read = collect((await output(session, started.body.id)).messages)
+    expect(read.exit).toMatchObject({ exitCode: 0 })
+    // The same identity, cgroup and filter as the agent's own command (the turn's bash).
+    expect(read.stdout.startsWith(turn.text.replace('[exit 0]\n', ''))).toBe(true)
+    expect(read.stdout).toMatch(/CapEff:\s+0+\nNoNewPrivs:\s+1\nSeccomp:\s+2\n/)
+    // One sandbox: the agent's process is in the command's pid namespace.
+    expect(read.stdout).toContain('bash agent.sh')
+  })
+
+  it('takes stdin, closes it, and runs in a cwd under /workspace with extra env', async () => {
+    expect((await t.api.send(session, 'mkdir -p sub/dir')).text).toBe('[exit 0]\n')
+    const started = await start(session, {
+      command: ['sh', '-c', 'pwd; echo "$GREETING"; cat'],
+      stdin: true,
+      cwd: 'sub/dir',
+      env: { GREETING: 'hi there' },
+    })
+    expect(started.body).toMatchObject({ stdinOpen: true, cwd: '/workspace/sub/dir' })
+    const route = `/v1/sessions/${session}/commands/${started.body.id}/stdin`
+    expect((await t.api.call('POST', route, { text: 'line one\n' })).status).toBe(200)
+    const bytes = Buffer.from([0, 1, 2, 255, 10])
+    const closed = await t.api.call('POST', route, { data: bytes.toString('base64'), close: true })
+    expect(closed.body).toMatchObject({ stdinOpen: false })
+    const read = collect((await output(session, started.body.id)).messages)
+    expect(read.exit).toMatchObject({ exitCode: 0 })
+    expect(
+      read.all.equals(Buffer.concat([Buffer.from('/workspace/sub/dir\nhi there\nline one\n'), bytes])),
+    ).toBe(true)
+    // stdin once closed, and once the command ended: a typed refusal.
+    expect((await t.api.call('POST', route, { text: 'late' })).body.error.code).toBe('conflict')
+  })
+
+  it('signals the command and what it started; the end names the signal', async () => {
+    const started = await start(session, {
+      command: ['sh', '-c', 'sleep 1000 & echo started; wait'],
+    })
+    const id = started.body.id
+    await output(session, id, 0, (m) => m.event === 'output')
+    const route = `/v1/sessions/${session}/commands/${id}/signal`
+    expect((await t.api.call('POST', route, { signal: 'SIGTERM' })).status).toBe(200)
+    const read = collect((await output(session, id)).messages)
+    expect(read.exit).toMatchObject({
+      status: 'exited',
+      exitCode: null,
+      signal: 'SIGTERM',
+      endCause: 'signal',
+    })
+    // The sleep it started went with it (the signal went to its process group).
+    const ps = await t.api.send(session, 'ps -eo args | grep -c "^sleep 1000" || true')
+    expect(ps.text).toBe('0\n[exit 0]\n')
+  })
+
+  it('reattaches by offset from a new connection after a dropped one: no byte lost or repeated', async () => {
+    // Half the output, then a wait on stdin (the client drops meanwhile), then the other half.
+    const script = [
+      'import sys',
+      'def burst(a, b):',
+      '    for i in range(a, b):',
+      '        s = sys.stderr if i % 7 == 0 else sys.stdout',
+      '        s.buffer.write(b"line %d \\xff\\x00\\n" % i)',
+      '        s.flush()',
+      'burst(0, 1500)',
+      'sys.stdout.write("HALF\\n"); sys.stdout.flush()',
+      'sys.stdin.readline()',
+      'burst(1500, 3000)',
+    ].join('\n')
+    const expected = { stdout: [] as Buffer[], stderr: [] as Buffer[] }
+    for (let i = 0; i < 3000; i++) {
+      const line = Buffer.concat([Buffer.from(`line ${i} `), Buffer.from([0xff, 0, 10])])
+      expected[i % 7 === 0 ? 'stderr' : 'stdout'].push(line)
+      if (i === 1499) expected.stdout.push(Buffer.from('HALF\n'))
+    }
+    const started = await start(session, { command: ['python3', '-c', script], stdin: true })
+    const id = started.body.id
+    // The first connection reads until the half-way mark, then hangs up.
+    let seen = ''
+    const first = await output(session, id, 0, (m) => {
+      if (m.event === 'output') seen += Buffer.from(JSON.parse(m.data).data, 'base64').toString('latin1')
+      return seen.includes('HALF\n')
+    })
+    expect(first.ended).toBe(false)
+    const lastId = Number(first.messages.at(-1)?.id)
+    await t.api.call('POST', `/v1/sessions/${session}/commands/${id}/stdin`, { text: '\n', close: true })
+    // A new connection picks up at the last event's id.
+    const second = await output(session, id, lastId)
+    expect(second.ended).toBe(true)
+    const messages = [...first.messages, ...second.messages]
+    // Offsets run on without a hole or an overlap: each event starts where the previous ended.
+    let at = 0
+    for (const m of messages.filter((x) => x.event === 'output')) {
+      const data = JSON.parse(m.data)
+      expect(data.offset).toBe(at)
+      at += Buffer.from(data.data, 'base64').length
+      expect(Number(m.id)).toBe(at)
+    }
+    const read = collect(messages)
+    expect(Buffer.from(read.stdout, 'utf8').length).toBeGreaterThan(0)
+    const stdout = Buffer.concat(
+      messages
+        .filter((m) => m.event === 'output' && JSON.parse(m.data).stream === 'stdout')
+        .map((m) => Buffer.from(JSON.parse(m.data).data, 'base64')),
+    )
+    const stderr = Buffer.concat(
+      messages
+        .filter((m) => m.event === 'output' && JSON.parse(m.data).stream === 'stderr')
+        .map((m) => Buffer.from(JSON.parse(m.data).data, 'base64')),
+    )
+    expect(stdout.equals(Buffer.concat(expected.stdout))).toBe(true)
+    expect(stderr.equals(Buffer.concat(expected.stderr))).toBe(true)
+    expect(read.exit).toMatchObject({ exitCode: 0, outputBytes: at })
+    // From an offset inside an event: exactly the bytes from there.
+    const tail = collect((await output(session, id, at - 5)).messages)
+    expect(tail.all.equals(read.all.subarray(at - 5))).toBe(true)
+  })
+
+  it('a command across a turn, a snapshot and a fork: the turn runs beside it, the fork gets the files, not the process', async () => {
+    const started = await start(session, {
+      command: [
+        'sh',
+        '-c',
+        'echo one > progress.txt; echo ready; read x; echo two >> progress.txt; echo done',
+      ],
+      stdin: true,
+    })
+    const id = started.body.id
+    await output(session, id, 0, (m) => m.event === 'output')
+    // A turn runs beside the command (it is not refused busy), in the same sandbox.
+    const turn = await t.api.send(
+      session,
+      'cat progress.txt; ps -eo args | grep -c "^read\\|echo two" || true',
+    )
+    expect(turn.status).toBe(200)
+    expect(turn.text).toMatch(/^one\n/)
+    const snapshot = await t.api.call('POST', `/v1/sessions/${session}/snapshots`, { label: 'mid-command' })
+    expect(snapshot.status).toBe(201)
+    const fork = await t.api.call('POST', `/v1/sessions/${session}/fork`, { snapshotId: snapshot.body.id })
+    expect(fork.status).toBe(201)
+    await t.api.call('POST', `/v1/sessions/${session}/commands/${id}/stdin`, { text: '\n', close: true })
+    const read = collect((await output(session, id)).messages)
+    expect(read.exit).toMatchObject({ exitCode: 0 })
+    expect(read.stdout).toBe('ready\ndone\n')
+    const file = (sid: string) => t.api.call('GET', `/v1/sessions/${sid}/files/content?path=progress.txt`)
+    expect((await file(session)).body).toBe('one\ntwo\n')
+    // The fork has the files as the snapshot froze them, and none of the parent's commands.
+    expect((await file(fork.body.id)).body).toBe('one\n')
+    expect((await t.api.call('GET', `/v1/sessions/${fork.body.id}/commands`)).body.data).toEqual([])
+    const events = await t.api.call('GET', `/v1/sessions/${session}/events`)
+    const causes = (events.body.data as { cause: string; detail: string }[]).filter((e) =>
+      e.detail?.startsWith(id),
+    )
+    expect(causes.map((e) => e.cause)).toEqual(['command_started', 'command_ended'])
+  })
+
+  it("keeps the sandbox past keep-warm's end while a command runs, and lets it go after", async () => {
+    const brief = (await t.api.createSession('shell', { keepWarmMs: 500 })).id
+    expect((await t.api.send(brief, 'true')).text).toBe('[exit 0]\n')
+    // The turn left a 500 ms keep-warm window; the command outlives it.
+    const started = await start(brief, { command: ['sh', '-c', 'read x; echo "got $x"'], stdin: true })
+    await new Promise((resolve) => setTimeout(resolve, 1500))
+    expect((await t.api.call('GET', `/v1/sessions/${brief}`)).body.warm).toBe(true)
+    await t.api.call('POST', `/v1/sessions/${brief}/commands/${started.body.id}/stdin`, { text: 'late\n' })
+    const read = collect((await output(brief, started.body.id)).messages)
+    expect(read.exit).toMatchObject({ exitCode: 0, endCause: 'exit' })
+    expect(read.stdout).toBe('got late\n')
+    // Its end starts the keep-warm window again: the sandbox stops once it runs out.
+    let warm = true
+    for (let i = 0; i < 100 && warm; i++) {
+      await new Promise((resolve) => setTimeout(resolve, 100))
+      warm = (await t.api.call('GET', `/v1/sessions/${brief}`)).body.warm
+    }
+    expect(warm).toBe(false)
+  })
+
+  it('ends running commands with the session (their cause says so) and refuses new ones until it is resumed', async () => {
+    const doomed = (await t.api.createSession('shell')).id
+    const started = await start(doomed, { command: ['sleep', '1000'] })
+    expect(started.status).toBe(201)
+    const missing = await start(doomed, { command: ['no-such-program'] })
+    expect(missing.status).toBe(400)
+    expect(missing.body.error).toMatchObject({
+      code: 'bad_request',
+      message: expect.stringContaining('No such file'),
+    })
+    expect((await t.api.call('POST', `/v1/sessions/${doomed}/end`)).status).toBe(200)
+    const got = await t.api.call('GET', `/v1/sessions/${doomed}/commands/${started.body.id}`)
+    expect(got.body).toMatchObject({ status: 'exited', endCause: 'sandbox_stopped', signal: 'SIGKILL' })
+    const again = await start(doomed, { command: ['true'] })
+    expect(again.status).toBe(409)
+    expect(again.body.error.code).toBe('conflict')
+  })
+})
+
+describe('commands: bad input gets typed errors', () => {
+  const bad = async (body: unknown, code = 'validation_failed', status = 400) => {
+    const res = await t.api.call('POST', `/v1/sessions/${session}/commands`, body)
+    expect(res.status, JSON.stringify(body)).toBe(status)
+    expect(res.body.error.code).toBe(code)
+  }
+
+  it('refuses every field of the wrong type or out of range', async () => {
+    await bad({})
+    await bad({ command: [] })
+    await bad({ command: 'ls' })
+    await bad({ command: [1] })
+    await bad({ command: ['ls'], env: { 'A B': 'x' } })
+    await bad({ command: ['ls'], env: { A: 1 } })
+    await bad({ command: ['ls'], env: [] })
+    await bad({ command: ['ls'], cwd: 7 })
+    await bad({ command: ['ls'], cwd: '../..' })
+    await bad({ command: ['ls'], cwd: '/etc' })
+    await bad({ command: ['ls'], timeoutMs: 0 })
+    await bad({ command: ['ls'], timeoutMs: 'soon' })
+    await bad({ command: ['ls'], stdin: 'yes' })
+    await bad({ command: ['ls'], extra: true })
+    const started = await start(session, { command: ['true'] })
+    const route = `/v1/sessions/${session}/commands/${started.body.id}`
+    for (const body of [{ signal: 'SIGNOPE' }, { signal: 9 }, {}]) {
+      const res = await t.api.call('POST', `${route}/signal`, body)
+      expect(res.status).toBe(400)
+    }
+    for (const body of [{ data: 'not base64!' }, { text: 5 }, { close: 'yes' }]) {
+      const res = await t.api.call('POST', `${route}/stdin`, body)
+      expect(res.status).toBe(400)
+    }
+    expect((await t.api.call('GET', `${route}/output?offset=-1`)).status).toBe(400)
+  })
+
+  it("answers an unknown session, an unknown command and another tenant's session as not found", async () => {
+    const missing = await t.api.call('POST', '/v1/sessions/ses_00000000000000000000/commands', {
+      command: ['ls'],
+    })
+    expect(missing.body.error.code).toBe('session_not_found')
+    const unknown = await t.api.call('GET', `/v1/sessions/${session}/commands/cmd_00000000000000000000`)
+    expect(unknown.status).toBe(404)
+    expect(unknown.body.error.code).toBe('command_not_found')
+    const output404 = await t.api.call(
+      'GET',
+      `/v1/sessions/${session}/commands/cmd_00000000000000000000/output`,
+    )
+    expect(output404.body.error.code).toBe('command_not_found')
+    const started = await start(session, { command: ['true'] })
+    const key = await t.api.call('POST', '/v1/keys', { tenant: 'other-tenant', role: 'admin' })
+    const other = new Api(t.url, key.body.key)
+    expect((await start(session, { command: ['ls'] }, other)).body.error.code).toBe('session_not_found')
+    for (const [method, route, body] of [
+      ['GET', `/v1/sessions/${session}/commands`, undefined],
+      ['GET', `/v1/sessions/${session}/commands/${started.body.id}`, undefined],
+      ['GET', `/v1/sessions/${session}/commands/${started.body.id}/output`, undefined],
+      ['POST', `/v1/sessions/${session}/commands/${started.body.id}/stdin`, { text: 'x' }],
+      ['POST', `/v1/sessions/${session}/commands/${started.body.id}/signal`, { signal: 'SIGKILL' }],
+    ] as const) {
+      const res = await other.call(method, route, body)
+      expect(res.status, route).toBe(404)
+      expect(res.body.error.code).toBe('session_not_found')
+    }
+  })
+})

@@ -37,6 +37,7 @@ async function load(): Promise<Bench[]> {
     { recovery },
     { moves },
     { turnStatements },
+    { commands },
   ] = await Promise.all([
     import('./baselines.js'),
     import('./session-create.js'),
@@ -61,6 +62,7 @@ async function load(): Promise<Bench[]> {
     import('./recovery.js'),
     import('./moves.js'),
     import('./turn-statements.js'),
+    import('./commands.js'),
   ])
   return [
     baselines,
@@ -86,6 +88,7 @@ async function load(): Promise<Bench[]> {
     recovery,
     moves,
     turnStatements,
+    commands,
   ]
 }
 

@@ -1,5 +1,9 @@
-import type { SseMessage } from '@cairn/sdk'
+import { mkdtemp, rm } from 'node:fs/promises'
+import os from 'node:os'
+import path from 'node:path'
+import { Cairn, type SseMessage } from '@cairn/sdk'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { assertBuilt, spawnCli } from './helpers/cli.js'
 import { makeProject, SHELL_PROJECT } from './helpers/projects.js'
 import { Api, startTestServer, type TestServer } from './helpers/server.js'
 import { readEvents } from './helpers/sse.js'
@@ -97,6 +101,16 @@ describe('commands in a session', () => {
     })
     expect(started.body).toMatchObject({ stdinOpen: true, cwd: '/workspace/sub/dir' })
     const route = `/v1/sessions/${session}/commands/${started.body.id}/stdin`
+    // Without following it, output that is not there yet is 204, not an empty stream.
+    let seen = ''
+    await output(session, started.body.id, 0, (m) => {
+      if (m.event === 'output') seen += Buffer.from(JSON.parse(m.data).data, 'base64').toString()
+      return seen.endsWith('hi there\n')
+    })
+    const caughtUp = (await t.api.call('GET', `/v1/sessions/${session}/commands/${started.body.id}`)).body
+      .outputBytes
+    const unfollowed = `/v1/sessions/${session}/commands/${started.body.id}/output?follow=false&offset=${caughtUp}`
+    expect((await t.api.call('GET', unfollowed)).status).toBe(204)
     expect((await t.api.call('POST', route, { text: 'line one\n' })).status).toBe(200)
     const bytes = Buffer.from([0, 1, 2, 255, 10])
     const closed = await t.api.call('POST', route, { data: bytes.toString('base64'), close: true })
@@ -332,6 +346,47 @@ describe('commands: bad input gets typed errors', () => {
       const res = await other.call(method, route, body)
       expect(res.status, route).toBe(404)
       expect(res.body.error.code).toBe('session_not_found')
+    }
+  })
+})
+
+describe('commands through the SDK and the CLI', () => {
+  it('runs one with the SDK: its output by stream, its exit status, its stdin', async () => {
+    const client = new Cairn({ apiKey: t.key, baseUrl: t.url })
+    const commands = client.sessions.commands(session)
+    const result = await commands.run(['sh', '-c', 'printf out; printf err >&2; exit 4'])
+    expect(result).toMatchObject({ exitCode: 4, signal: null, stdout: 'out', stderr: 'err' })
+    expect(result.command.id).toMatch(/^cmd_/)
+    const cat = await commands.start(['cat'], { stdin: true })
+    await commands.sendStdin(cat.id, new Uint8Array([104, 105, 0]))
+    await commands.closeStdin(cat.id)
+    const chunks: Uint8Array[] = []
+    const ended = await commands.wait(cat.id, { onOutput: (e) => e.type === 'output' && chunks.push(e.data) })
+    expect(ended).toMatchObject({ status: 'exited', exitCode: 0 })
+    expect(Buffer.concat(chunks)).toEqual(Buffer.from([104, 105, 0]))
+    expect((await commands.list()).map((c) => c.id)).toContain(cat.id)
+  })
+
+  it("cairn sessions exec streams the output and exits with the command's status", async () => {
+    assertBuilt()
+    const config = await mkdtemp(path.join(os.tmpdir(), 'cairn-exec-cli-'))
+    try {
+      const env = { CAIRN_API_URL: t.url, CAIRN_API_KEY: t.key, CAIRN_CONFIG_DIR: config }
+      const prefix = session.slice(0, 10)
+      const run = await spawnCli(
+        ['sessions', 'exec', prefix, '--', 'sh', '-c', 'echo to-out; echo to-err >&2; exit 7'],
+        env,
+      ).done
+      expect(run).toMatchObject({ code: 7, stdout: 'to-out\n' })
+      expect(run.stderr).toContain('to-err\n')
+      const piped = await spawnCli(['sessions', 'exec', '-i', prefix, '--', 'wc', '-c'], env, {
+        input: 'twelve bytes',
+      }).done
+      expect(piped).toMatchObject({ code: 0, stdout: '12\n' })
+      const killed = await spawnCli(['sessions', 'exec', prefix, '--', 'sh', '-c', 'kill -TERM $$'], env).done
+      expect(killed.code).toBe(128 + 15)
+    } finally {
+      await rm(config, { recursive: true, force: true })
     }
   })
 })

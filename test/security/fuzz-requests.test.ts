@@ -95,6 +95,7 @@ const ids = {
   artifact: '',
   turn: '',
   command: '',
+  endedCommand: '',
 }
 
 /** The shared places, and where a server started from this checkout could also write. */
@@ -137,13 +138,24 @@ beforeAll(async () => {
   expect((await api.send(ids.liveSession, 'warm up')).text).toBe('warm up\n')
   ids.turn = (await api.call('GET', `/v1/sessions/${ids.liveSession}/turns`)).body.data[0].id
   ids.snapshot = (await api.call('POST', `/v1/sessions/${ids.liveSession}/snapshots`, {})).body.id
-  // A command that waits on its stdin, so the stdin and signal routes have one to act on.
+  // A command reading its stdin until the well-formed stdin write closes it (see `wellFormedJson`),
+  // so every output stream of it ends once the well-formed requests are done; the well-formed read
+  // of output is of one that has ended. The run's own starts make more (ending within 3 s).
   const command = await api.call('POST', `/v1/sessions/${ids.liveSession}/commands`, {
     command: ['cat'],
     stdin: true,
   })
   expect(command.status, JSON.stringify(command.body)).toBe(201)
   ids.command = command.body.id
+  const ended = await api.call('POST', `/v1/sessions/${ids.liveSession}/commands`, {
+    command: ['echo', 'ended'],
+  })
+  ids.endedCommand = ended.body.id
+  for (let i = 0; i < 100; i++) {
+    const got = await api.call('GET', `/v1/sessions/${ids.liveSession}/commands/${ids.endedCommand}`)
+    if (got.body.status === 'exited') break
+    await new Promise((resolve) => setTimeout(resolve, 50))
+  }
   ids.endedSession = (await api.createSession('echo')).id
   expect((await api.call('POST', `/v1/sessions/${ids.endedSession}/end`)).status).toBe(200)
   ids.deletedSession = (await api.createSession('echo')).id
@@ -267,7 +279,7 @@ const REAL_PARAMS: Record<string, () => string[]> = {
   snapshotId: () => [ids.snapshot],
   artifactId: () => [ids.artifact],
   turnId: () => [ids.turn],
-  commandId: () => [ids.command],
+  commandId: () => [ids.command, ids.endedCommand],
   port: () => ['8000', '3000'],
 }
 
@@ -279,6 +291,7 @@ function realParam(route: Route, name: string): string {
   if (name === 'id' && route.template.startsWith('/v1/agents'))
     return destructive ? ids.victimAgent : ids.agent
   if (name === 'id' && route.template.startsWith('/v1/keys')) return ids.victimKey
+  if (name === 'commandId') return route.template.endsWith('/output') ? ids.endedCommand : ids.command
   return REAL_PARAMS[name]?.()[0] ?? 'x'
 }
 
@@ -523,6 +536,11 @@ function wellFormed(
 function wellFormedJson(route: Route, rng: Rng, hints: Record<string, unknown[]>): unknown {
   if (route.template.endsWith('/restore') || route.template.endsWith('/fork'))
     return { snapshotId: ids.snapshot }
+  // A command that ends at its first byte of stdin, or in 3 s: streams that follow it end.
+  if (route.template.endsWith('/commands'))
+    return { command: ['sh', '-c', 'head -c 1 >/dev/null'], stdin: true, timeoutMs: 3000 }
+  if (route.template.endsWith('/stdin')) return { text: 'fuzzed\n', close: true }
+  if (route.template.endsWith('/commands/{commandId}/signal')) return { signal: 'SIGCONT' }
   const schema = route.body as JsonSchema
   const out: Record<string, unknown> = {}
   for (const name of schema.required ?? [])
@@ -539,6 +557,8 @@ interface Samples {
 const WRITE_ORDER: Record<string, number> = { GET: 0, PUT: 1, POST: 2, DELETE: 3 }
 /** Ending and resuming the session come after its other writes, deleting last. */
 function happyOrder(route: Route): number {
+  // A command's writes before the workspace's (an import or a restore stops its sandbox).
+  if (route.template.includes('/commands/{commandId}/')) return 0.9
   const last = route.template.endsWith('/end') ? 0.5 : route.template.endsWith('/resume') ? 0.7 : 0
   return (WRITE_ORDER[route.method] ?? 2) + last
 }

@@ -1,6 +1,8 @@
 export type {
   AgentDetail,
   AgentInfo,
+  CommandInfo,
+  CommandSignal,
   DeployResult,
   FileEntry,
   MergeChange,
@@ -27,6 +29,13 @@ export { Agents, type BuildLog, type BuildLogEvent, DEPLOY_TIMEOUT_MS, type Depl
 import { Cairn } from './client.js'
 
 export { Cairn, type CairnOptions, DEFAULT_BASE_URL, DEFAULT_TIMEOUT_MS, type RunOptions } from './client.js'
+export {
+  type CommandOutput,
+  type CommandResult,
+  Commands,
+  type OutputOptions,
+  type StartCommandOptions,
+} from './commands.js'
 export * from './errors.js'
 export { decodeEvent } from './events.js'
 export type { FetchLike, FetchResponse, RequestOptions } from './http.js'

@@ -14,6 +14,7 @@ import {
   type StreamEvent,
   type TurnInfo,
 } from '@cairn/protocol'
+import { Commands } from './commands.js'
 import { ConnectionError, InvalidResponseError } from './errors.js'
 import { decodeEvent } from './events.js'
 import { asCursor, asList, asMessage, asSession, asStatusEvent, asTurn, checked } from './guards.js'
@@ -149,6 +150,11 @@ export class Sessions {
   /** The workspace files of a session (by full ID). */
   files(id: string): Files {
     return new Files(this.http, id)
+  }
+
+  /** Commands in a session's sandbox outside turns (by full ID). */
+  commands(id: string): Commands {
+    return new Commands(this.http, id)
   }
 
   /**
@@ -476,6 +482,10 @@ export class Session {
   /** Files of the workspace: list, read, write, delete, diff, export. */
   get files(): Files {
     return this.sessions.files(this.id)
+  }
+  /** Commands in the sandbox outside turns: start, output by offset, stdin, signal, run. */
+  get commands(): Commands {
+    return this.sessions.commands(this.id)
   }
   get agentName(): string {
     return this.info.agentName

@@ -95,6 +95,9 @@ export function commandRoutes(
             description: 'An event stream of the output from the offset',
             content: { 'text/event-stream': eventStreamMedia(CommandOutputEventSchema) },
           },
+          204: {
+            description: 'With follow=false: the command runs and has written nothing after the offset yet',
+          },
           ...errors,
         },
       },
@@ -106,6 +109,11 @@ export function commandRoutes(
       const follow = request.query.follow !== false
       // Refused before the stream starts (unknown session or command: a typed error, not an empty stream).
       await commands.get(tenantId, id, commandId)
+      if (!follow) {
+        const { read, command } = await commands.read(tenantId, id, commandId, offset, 0, 0)
+        const nothing = read !== undefined && !read.gap && read.state.outputBytes <= offset
+        if (nothing && command.status === 'running') return reply.status(204).send()
+      }
       reply.hijack()
       const writer = new SseWriter(reply.raw, sse)
       await streamOutput(commands, writer, { tenantId, id, commandId, offset, follow }).catch(

@@ -31,6 +31,7 @@ const SUBCOMMANDS: ReadonlyArray<readonly [names: readonly string[], load: Loade
   [['export'], () => import('./export.js')],
   [['import'], () => import('./import.js')],
   [['move'], () => import('./move.js')],
+  [['exec'], () => import('./exec.js')],
 ]
 
 /**

@@ -238,6 +238,33 @@ describe('cairn CLI against a real server', () => {
     )
   })
 
+  it('registers, lists, pauses and deletes webhooks, and refuses what it may not send to', async () => {
+    // A documentation address (public to the guard) and an event never sent: nothing is delivered.
+    const url = 'https://203.0.113.10/hook'
+    const created = await cairn(['webhooks', 'create', url, '--events', 'approval.requested'])
+    expect(created.code).toBe(0)
+    expect(created.stdout).toMatch(/^whsec_\S+\n$/)
+    const id = /Created webhook (whk_[a-z0-9]+)/.exec(created.stderr)?.[1] as string
+    expect(created.stderr).toContain('not shown again')
+    expect((await cairn(['webhooks', 'list'])).stdout).toMatch(
+      new RegExp(`${id}\\s+${url}\\s+approval.requested\\s+yes`),
+    )
+    expect(await json(['webhooks', 'update', id, '--no-enable'])).toMatchObject({ id, enabled: false })
+    expect(await json(['webhooks', 'deliveries', id])).toEqual([])
+    expect((await cairn(['webhooks', 'create', url, '--events', 'turn.exploded'])).code).toBe(2)
+    const refused = await cairn([
+      'webhooks',
+      'create',
+      'http://169.254.169.254/',
+      '--events',
+      'all',
+      '--json',
+    ])
+    expect([refused.code, JSON.parse(refused.stdout).error.code]).toEqual([1, 'webhook_url_forbidden'])
+    expect((await cairn(['webhooks', 'delete', id, '--yes'])).code).toBe(0)
+    expect(await json(['webhooks'])).toEqual([])
+  })
+
   it('creates, lists and revokes API keys, with and without --json', async () => {
     const created = await cairn(['keys', 'create', '--role', 'read', '--name', 'ci reader'])
     expect(created.code).toBe(0)

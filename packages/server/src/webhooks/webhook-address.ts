@@ -11,6 +11,9 @@ import { canonicalAddress, forbiddenReason, hostAddresses, inCidrs } from '@cair
  * this server's own listeners on this host stay refused whatever is allowed.
  */
 export class WebhookAddressGuard {
+  private lookups = 0
+  private readonly waiting: (() => void)[] = []
+
   constructor(
     private readonly allowCidrs: readonly string[],
     /** The ports this server listens on (the API, previews): set once it listens. */
@@ -34,7 +37,7 @@ export class WebhookAddressGuard {
   async check(text: string): Promise<URL> {
     const url = parseWebhookUrl(text)
     const host = bareHost(url)
-    const addresses = isIP(host) ? [host] : await resolveAll(host).catch(() => undefined)
+    const addresses = isIP(host) ? [host] : await this.resolveAll(host).catch(() => undefined)
     if (!addresses || addresses.length === 0)
       throw new CairnProblem('validation_failed', `the webhook URL's host ${host} does not resolve`, {
         url: text,
@@ -64,7 +67,7 @@ export class WebhookAddressGuard {
       options: { all?: boolean; family?: number | string },
       callback: (error: Error | null, address: string | LookupAddress[], family?: number) => void,
     ) => {
-      dnsLookup(hostname, { all: true, family: Number(options.family ?? 0) || 0 }, (error, found) => {
+      this.lookupAll(hostname, Number(options.family ?? 0) || 0, (error, found) => {
         if (error) return callback(error, '')
         try {
           for (const { address } of found) this.refuse(url, address)
@@ -79,7 +82,40 @@ export class WebhookAddressGuard {
     }
     return lookup as unknown as typeof dnsLookup
   }
+
+  private resolveAll(host: string): Promise<string[]> {
+    return new Promise((resolve, reject) =>
+      this.lookupAll(host, 0, (error, found) =>
+        error ? reject(error) : resolve(found.map((f) => f.address)),
+      ),
+    )
+  }
+
+  /**
+   * `dns.lookup` with every address, at most `MAX_LOOKUPS` at once: it runs on libuv's four
+   * threads, which the server's file and crypto work share, and a name whose DNS never answers
+   * holds one for the resolver's whole timeout.
+   */
+  private lookupAll(
+    host: string,
+    family: number,
+    callback: (error: NodeJS.ErrnoException | null, found: LookupAddress[]) => void,
+  ): void {
+    const run = () => {
+      this.lookups++
+      dnsLookup(host, { all: true, family }, (error, found) => {
+        this.lookups--
+        this.waiting.shift()?.()
+        callback(error, found)
+      })
+    }
+    if (this.lookups < MAX_LOOKUPS) run()
+    else this.waiting.push(run)
+  }
 }
+
+/** Webhook name lookups at once, per process. */
+const MAX_LOOKUPS = 2
 
 function parseWebhookUrl(text: string): URL {
   let url: URL
@@ -110,14 +146,6 @@ export function bareHost(url: URL): string {
 
 export function portOf(url: URL): number {
   return url.port ? Number(url.port) : url.protocol === 'https:' ? 443 : 80
-}
-
-function resolveAll(host: string): Promise<string[]> {
-  return new Promise((resolve, reject) =>
-    dnsLookup(host, { all: true }, (error, found) =>
-      error ? reject(error) : resolve(found.map((f) => f.address)),
-    ),
-  )
 }
 
 /** Loopback, unspecified, or one of this host's interface addresses. */

@@ -216,6 +216,35 @@ describe.skipIf(testsRunOnPostgres())('moving sessions between nodes', () => {
     expect((await api.send(id, 'still')).text).toBe('got still\n')
   }, 120_000)
 
+  it('a snapshot taken before a move is refused 409 snapshot_left_behind naming the move, and restores once the session is back on its node', async () => {
+    const id = (await api.createSession('echo')).id
+    expect((await api.send(id, 'x')).text).toBe('got x\n')
+    const snap = await api.call('POST', `/v1/sessions/${id}/snapshots`, { label: 'before the move' })
+    expect(snap.status, JSON.stringify(snap.body)).toBe(201)
+    expect((await api.send(id, 'y')).text).toBe('got y\n')
+    const start = await home(id)
+    const moved = await api.call('POST', `/v1/sessions/${id}/move`, {})
+    expect(moved.status, JSON.stringify(moved.body)).toBe(200)
+    // A move carries the workspace, not the snapshots before it: refused typed, naming the move
+    // (it was a bare 404 "gone from the storage pool" while the list still showed the snapshot).
+    for (const action of ['restore', 'fork']) {
+      const res = await api.call('POST', `/v1/sessions/${id}/${action}`, { snapshotId: snap.body.id })
+      expect(res.status, JSON.stringify(res.body)).toBe(409)
+      expect(res.body.error.code).toBe('snapshot_left_behind')
+      expect(res.body.error.message).toContain(start.node)
+      expect(res.body.error.details).toMatchObject({ snapshotId: snap.body.id })
+    }
+    const kept = await api.call('GET', `/v1/sessions/${id}/files/content?path=seen.txt`)
+    expect(kept.body).toBe('x\ny\n')
+    // Back on the node that holds it, the snapshot restores.
+    const back = await api.call('POST', `/v1/sessions/${id}/move`, { toNode: start.node })
+    expect(back.status, JSON.stringify(back.body)).toBe(200)
+    const restored = await api.call('POST', `/v1/sessions/${id}/restore`, { snapshotId: snap.body.id })
+    expect(restored.status, JSON.stringify(restored.body)).toBe(200)
+    const file = await api.call('GET', `/v1/sessions/${id}/files/content?path=seen.txt`)
+    expect(file.body).toBe('x\n')
+  }, 120_000)
+
   it('moves a session back and forth: same workspace each time, epoch one more per move', async () => {
     const id = (await api.createSession('echo')).id
     expect((await api.send(id, 'x')).text).toBe('got x\n')

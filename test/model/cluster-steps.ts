@@ -40,6 +40,7 @@ export class Move extends Step<ClusterSystem> {
     const answer = await real.unlessBusy(`${session.label} move`, () =>
       real.client.call('POST', `/v1/sessions/${session.id}/move`, {}),
     )
+    model.mayHaveMoved(session)
     if (answer.status !== 200) unexpected(session, 'move', answer)
   }
   toString() {
@@ -56,8 +57,9 @@ export class Drain extends Step<ClusterSystem> {
   constructor(readonly node: number) {
     super()
   }
-  protected async apply(_model: Model, real: ClusterSystem) {
+  protected async apply(model: Model, real: ClusterSystem) {
     const node = (await nodeViews(real))[this.node % real.nodes.length] as NodeView
+    model.mayHaveMoved()
     const drained = await real.client.call('POST', `/v1/nodes/${node.id}/drain`)
     if (drained.status !== 200)
       throw new Violation(`drain ${node.name}: ${drained.status} ${JSON.stringify(drained.body)}`)
@@ -81,6 +83,8 @@ export class Drain extends Step<ClusterSystem> {
 
 /** A cluster fault on part `which` (a replica, a node), down for `downMs` before it comes back. */
 abstract class PartFault extends InFlightFault<ClusterSystem> {
+  /** A node may be declared lost meanwhile, and its sessions recovered on another node. */
+  protected readonly losesNodes: boolean = false
   constructor(
     flight: [InFlight, InFlightTarget, number],
     readonly which: number,
@@ -91,6 +95,13 @@ abstract class PartFault extends InFlightFault<ClusterSystem> {
   protected abstract get part(): string
   protected get label() {
     return `${this.kind} ${this.part}${this.downMs > 0 ? `, down ${this.downMs} ms` : ''}`
+  }
+  protected override async apply(model: Model, real: ClusterSystem) {
+    try {
+      await super.apply(model, real)
+    } finally {
+      if (this.losesNodes) model.mayHaveMoved()
+    }
   }
 }
 
@@ -131,6 +142,7 @@ export class TerminateReplica extends ReplicaFault {
  */
 export class KillNode extends PartFault {
   readonly kind = 'kill -9 node'
+  protected override readonly losesNodes = true
   protected override readonly windowCodes = ['node_lost', 'node_unavailable', 'unavailable']
   protected get part() {
     return `n${(this.which % 2) + 1}`
@@ -147,6 +159,7 @@ export class KillNode extends PartFault {
 /** PostgreSQL stopped (every connection drops) for `downMs`, then started: requests meanwhile `503 unavailable`. */
 export class RestartPostgres extends PartFault {
   readonly kind = 'PostgreSQL restart'
+  protected override readonly losesNodes = true
   protected override readonly windowCodes = ['unavailable', 'node_unavailable', 'node_fenced']
   protected get part() {
     return ''

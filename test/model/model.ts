@@ -45,13 +45,24 @@ export interface RetentionModel {
 /** A TTL this short may fire while a sequence runs (the server sweeps retention every 60 s). */
 export const RETENTION_HORIZON_MS = 10 * 60_000
 
+export interface SnapshotModel {
+  id: string
+  files: Files
+  /**
+   * The session may have moved to another node since it was taken (a move, a drain, a recovery
+   * after a node or PostgreSQL fault): a move carries the workspace, not earlier snapshots, so
+   * a restore or fork of it may be refused `409 snapshot_left_behind` (docs/cluster.md).
+   */
+  mayBeLeftBehind?: boolean
+}
+
 export interface SessionModel {
   id: string
   /** s0, s1 … in the order the sequence made them (for readable failure reports). */
   label: string
   files: Files
   /** Manual snapshots, oldest first, with the files each stands for. */
-  snapshots: { id: string; files: Files }[]
+  snapshots: SnapshotModel[]
   /** Deleted by the sequence (DELETE) or, where the model allowed it, by retention. */
   deleted: boolean
   /** The status the last look at the session found. */
@@ -131,6 +142,12 @@ export class Model {
     const set = session.files.get(path)
     for (let length = 0; length <= bytes.length; length++)
       set?.add(bytes.subarray(0, length).toString('base64'))
+  }
+
+  /** The sessions (every live one when not given) may have moved to another node. */
+  mayHaveMoved(session?: SessionModel): void {
+    for (const one of session ? [session] : this.live())
+      for (const snapshot of one.snapshots) snapshot.mayBeLeftBehind = true
   }
 
   /** Records the session's status as seen, and what retention may now do to it. */

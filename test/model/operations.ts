@@ -9,6 +9,7 @@ import {
   PATHS,
   type RetentionModel,
   type SessionModel,
+  type SnapshotModel,
 } from './model.js'
 import { Step, unexpected } from './step.js'
 import { codeOf, type Real, SETTLE_BOUND_MS } from './system.js'
@@ -149,15 +150,21 @@ function snapshotOf(model: Readonly<Model>, index: number, which: number) {
   }
 }
 
-/** A snapshot's 404: only where retention may have deleted it (it then leaves the model). */
+/**
+ * A snapshot refused: `404` only where retention may have deleted it, `409 snapshot_left_behind`
+ * only where the session may have moved since it was taken (it then leaves the model).
+ */
 function snapshotGone(
   session: SessionModel,
-  id: string,
+  snapshot: SnapshotModel,
   what: string,
   answer: { status: number; body: unknown },
 ) {
-  if (answer.status === 404 && session.retentionMayDeleteSnapshots) {
-    session.snapshots = session.snapshots.filter((s) => s.id !== id)
+  const gone = answer.status === 404 && session.retentionMayDeleteSnapshots
+  const leftBehind =
+    answer.status === 409 && codeOf(answer.body) === 'snapshot_left_behind' && snapshot.mayBeLeftBehind
+  if (gone || leftBehind) {
+    session.snapshots = session.snapshots.filter((s) => s.id !== snapshot.id)
     return
   }
   unexpected(session, what, answer)
@@ -180,7 +187,7 @@ export class Restore extends Step {
     const answer = await real.unlessBusy(`${session.label} restore`, () =>
       real.client.call('POST', `/v1/sessions/${session.id}/restore`, { snapshotId: snapshot.id }),
     )
-    if (answer.status !== 200) return snapshotGone(session, snapshot.id, 'restore', answer)
+    if (answer.status !== 200) return snapshotGone(session, snapshot, 'restore', answer)
     session.files = copyFiles(snapshot.files)
   }
   toString() {
@@ -205,7 +212,7 @@ export class Fork extends Step {
     const answer = await real.unlessBusy(`${session.label} fork`, () =>
       real.client.call('POST', `/v1/sessions/${session.id}/fork`, { snapshotId: snapshot.id }),
     )
-    if (answer.status !== 201) return snapshotGone(session, snapshot.id, 'fork', answer)
+    if (answer.status !== 201) return snapshotGone(session, snapshot, 'fork', answer)
     model.add(answer.body.id, copyFiles(snapshot.files))
   }
   toString() {

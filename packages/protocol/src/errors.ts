@@ -53,6 +53,12 @@ export const ERROR_CODES = {
    * forked from is gone (deleted by hand or by retention); details: parentSessionId, snapshotId.
    */
   merge_base_missing: { status: 409, retryable: false },
+  /**
+   * The snapshot was taken before the session moved to another node (a move, a drain, a recovery
+   * from the bucket), which carries the workspace and not the snapshots before it: they stay in
+   * the old node's pool. details: snapshotId, movedAt, move (the move's event).
+   */
+  snapshot_left_behind: { status: 409, retryable: false },
   secrets_missing: { status: 409, retryable: false },
   sandbox_not_running: { status: 409, retryable: true },
   build_failed: { status: 422, retryable: false },

@@ -119,6 +119,7 @@ const CLASS_BY_CODE: Record<ErrorCode, ErrorClass> = {
   conflict: ConflictError,
   snapshot_in_use: ConflictError,
   merge_base_missing: ConflictError,
+  snapshot_left_behind: ConflictError,
   secrets_missing: SecretsMissingError,
   sandbox_not_running: ConflictError,
   build_failed: BuildFailedError,

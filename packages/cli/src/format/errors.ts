@@ -73,6 +73,8 @@ export function hintFor(code: string | undefined, context: HintContext = {}): st
       return 'The storage quota is used up: delete files, or old snapshots with `cairn sessions snapshots rm <session> <snapshot>`.'
     case 'snapshot_in_use':
       return 'A restore, fork or export is reading that snapshot; try again once it is done.'
+    case 'snapshot_left_behind':
+      return 'The session moved to another node after that snapshot; `cairn sessions move <id> --to <node>` back to use it, or pick a newer one.'
     case 'limit_exceeded':
       return 'The agent hit a memory, process or time limit; raise `limits:` in cairn.yaml.'
     case 'rate_limited':

@@ -16,6 +16,9 @@ import type { SnapshotExtras, SnapshotMeasures } from './snapshot-measures.js'
 import type { SnapshotPolicy } from './snapshot-policy.js'
 import { SWAPS_WORKSPACE, type WorkspaceServiceDeps } from './workspace-deps.js'
 
+/** Session events after which the session's node may not hold its earlier snapshots. */
+const MOVES = ['moved', 'node_recovered']
+
 /**
  * A session's snapshots as its history: manual snapshots, listing and deleting them, exact
  * restore, undo and fork. Every mutation holds the session's turn lock.
@@ -209,13 +212,31 @@ export class WorkspaceHistory {
     try {
       return await copy()
     } catch (error) {
-      if (!(await this.deps.runtime.hasTree({ snapshotId: snap.id })))
-        throw new CairnProblem(
-          'not_found',
-          `snapshot ${snap.id} is gone from the storage pool; list the snapshots and pick another`,
-        )
+      if (!(await this.deps.runtime.hasTree({ snapshotId: snap.id }))) throw await this.missing(snap)
       throw error
     }
+  }
+
+  /**
+   * Why the session's node does not hold a snapshot: the session moved since it was taken (a
+   * move carries the workspace, not the snapshots before it: `snapshot_left_behind`, naming the
+   * move), or it is gone (`not_found`).
+   */
+  private async missing(snap: SnapshotInfo): Promise<CairnProblem> {
+    const takenMs = Date.parse(snap.createdAt)
+    const move = (await this.deps.sessions.store.events(snap.sessionId)).find(
+      (event) => MOVES.includes(event.cause) && Date.parse(event.at) >= takenMs,
+    )
+    if (!move)
+      return new CairnProblem(
+        'not_found',
+        `snapshot ${snap.id} is gone from the storage pool; list the snapshots and pick another`,
+      )
+    return new CairnProblem(
+      'snapshot_left_behind',
+      `snapshot ${snap.id} was taken before session ${snap.sessionId} moved to another node (${move.cause} at ${move.at}: ${move.detail ?? ''}); a move carries the workspace, not the snapshots before it, which stay in the old node's pool: move the session back to that node to use it, or pick a snapshot taken since`,
+      { snapshotId: snap.id, movedAt: move.at, move: move.detail },
+    )
   }
 
   /** Restores the snapshot taken before the last turn. */

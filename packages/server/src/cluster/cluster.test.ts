@@ -329,6 +329,35 @@ describe('nodes in PostgreSQL', () => {
     await eventually(async () => received.some((h) => h.kind === 'key.revoke' && h.keyId === 'key_after'))
   }, 60_000)
 
+  it('a PostgreSQL restart longer than a lease makes no live node lost: the leader judges leases a lease after it leads again', async () => {
+    const stops: string[] = []
+    // The node renews more slowly than the leader checks, so the leader's first round after the
+    // restart comes before the node's registration: it used to declare the node lost then.
+    const r = registry('rt_blip', stops, { heartbeatMs: 250, leaseMs: 600 })
+    await r.start()
+    const { sessions } = await seedSessions(db, 'rt_blip', ['idle'])
+    const l = leader({ checkMs: 50, leaseMs: 600 })
+    l.start()
+    await eventually(async () => l.isLeader)
+    await postgres.stopServer()
+    try {
+      await eventually(async () => r.isFenced(), 3000)
+    } finally {
+      await postgres.startServer()
+    }
+    await eventually(async () => !r.isFenced() && l.isLeader, 15_000)
+    // Past the leader's wait: a lease it would judge by has come and gone.
+    await new Promise((resolve) => setTimeout(resolve, 1000))
+    expect(await store().get('rt_blip')).toMatchObject({ state: 'ready', epoch: 2, leaseLive: true })
+    const [session] = await db.q
+      .selectFrom('sessions')
+      .select(['status_cause', 'owner_epoch'])
+      .where('id', '=', sessions[0] as string)
+      .execute()
+    expect(session).toMatchObject({ status_cause: 'created', owner_epoch: 0 })
+    expect(stops).toEqual(['rt_blip'])
+  })
+
   it('a node fences itself when PostgreSQL stops, and registers with a new epoch when it is back', async () => {
     const stops: string[] = []
     const r = registry('rt_fence', stops, { heartbeatMs: 100, leaseMs: 600 })

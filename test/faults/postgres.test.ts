@@ -129,6 +129,35 @@ describe('PostgreSQL failing under a running server', () => {
     expect((await t.api.send(session.id, 'echo after')).text).toContain('after')
   }, 60_000)
 
+  it('lets go of a session hold whose release the database did not take, once it does: not 60 s of session_busy later', async () => {
+    const session = await t.api.createSession('shell')
+    const snapshot = () => t.api.call('POST', `/v1/sessions/${session.id}/snapshots`, { label: 'held' })
+    // While this trigger stands PostgreSQL refuses to clear the session's hold, as an outage
+    // did when a snapshot's release met a restart (the cluster model test's soak).
+    await postgres.sql(
+      `CREATE FUNCTION refuse_release() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN IF OLD.held_by IS NOT NULL AND NEW.held_by IS NULL THEN RAISE EXCEPTION 'release refused by the test'; END IF; RETURN NEW; END $$; CREATE TRIGGER refuse_release BEFORE UPDATE ON sessions FOR EACH ROW EXECUTE FUNCTION refuse_release()`,
+      database,
+    )
+    try {
+      expect((await snapshot()).status).toBe(201)
+      const held = await snapshot()
+      expect(held.status).toBe(409)
+      expect(held.body.error).toMatchObject({ code: 'session_busy' })
+      expect(held.body.error.message).toContain('busy with a snapshot')
+    } finally {
+      await postgres.sql('DROP TRIGGER refuse_release ON sessions; DROP FUNCTION refuse_release()', database)
+    }
+    // The release is tried again every second: the session is free within seconds, well inside
+    // the hold's 60 s (it stayed held until then).
+    const deadline = Date.now() + 10_000
+    let answer = await snapshot()
+    while (answer.status === 409 && Date.now() < deadline) {
+      await new Promise((r) => setTimeout(r, 250))
+      answer = await snapshot()
+    }
+    expect(answer.status, JSON.stringify(answer.body)).toBe(201)
+  }, 60_000)
+
   it('waits out a lock another process holds past the bound while the pool is quiet: the database answers, so nothing fails', async () => {
     // The server's own database handle, opened alone, so that nothing else of this process asks
     // PostgreSQL anything meanwhile (a replica with little traffic): an outside transaction holds

@@ -21,6 +21,7 @@ import { checkSessionPause } from '../pause/pause-policy.js'
 import { manifestSetup, needsSetup } from '../setup/setup-service.js'
 import { decodeCursor, encodeCursor } from './cursor.js'
 import { WorkspaceGenerations } from './generations.js'
+import { releaseHold } from './hold-release.js'
 import { changedPolicy, createPolicy, deadlineFor, policyColumns, policyOf } from './policy.js'
 import { type ReapReport, SessionReaper } from './reaper.js'
 import { PoolReconciler } from './reconcile.js'
@@ -490,7 +491,20 @@ export class SessionService {
     // A replica's hold names its lease: the leader releases it once that lease is over.
     const relayId = this.deps.relays?.relayId
     const token = relayId ? `${relayId}${HOLD_TOKEN_SEPARATOR}${randomUUID()}` : randomUUID()
-    const refused = await this.store.hold(id, hold, token, this.now(), HOLD_MS)
+    const release = () =>
+      releaseHold(
+        () => this.store.releaseHold(id, token),
+        { session: id, operation: what },
+        { untilMs: Date.now() + HOLD_MS, logger: this.deps.logger },
+      )
+    let refused: Awaited<ReturnType<SessionStore['hold']>>
+    try {
+      refused = await this.store.hold(id, hold, token, this.now(), HOLD_MS)
+    } catch (error) {
+      // Unanswered, the hold may still have been taken: it is let go once the database answers.
+      void release()
+      throw error
+    }
     if (refused && 'turnRunning' in refused)
       throw new CairnProblem(
         'session_busy',
@@ -525,11 +539,7 @@ export class SessionService {
       return await fn()
     } finally {
       clearInterval(renewal)
-      await this.store
-        .releaseHold(id, token)
-        .catch((error: unknown) =>
-          this.deps.logger.warn({ err: error, session: id }, 'releasing a session hold failed'),
-        )
+      await release()
     }
   }
 

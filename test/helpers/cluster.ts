@@ -260,6 +260,8 @@ export class TestCluster {
         '--port',
         '0',
         '--json',
+        // --json logs warnings and errors only; a replay of a model-test failure may ask for more.
+        ...(process.env.CAIRN_CLUSTER_LOG_LEVEL ? ['--log-level', process.env.CAIRN_CLUSTER_LOG_LEVEL] : []),
         ...extra,
       ],
       {

@@ -164,11 +164,16 @@ export class RestartPostgres extends PartFault {
   protected get part() {
     return ''
   }
+  /** PostgreSQL's clock once it answered again. */
+  private backAt: string | undefined
   protected async strike(real: ClusterSystem) {
     await real.cluster.bed.restartPostgres(this.downMs)
+    this.backAt = await real.databaseNow()
   }
   protected async recover(real: ClusterSystem) {
     await real.nodesReady()
+    // A node that fenced itself meanwhile serves again once it registered again.
+    if (this.backAt) await real.nodesLiveSince(this.backAt)
   }
 }
 

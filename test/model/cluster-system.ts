@@ -9,7 +9,7 @@ import { startObjectStore, type TestObjectStore } from '../helpers/rgw.js'
 import { startTcpProxy, type TcpProxy } from '../helpers/tcp-proxy.js'
 import { ModelClient, Violation } from './client.js'
 import type { Bed } from './runner.js'
-import { Real, STOP_BOUND_MS, type Stats } from './system.js'
+import { Real, SETTLE_BOUND_MS, STOP_BOUND_MS, type Stats } from './system.js'
 
 /**
  * The cluster's timing on the bed (as test/cluster/replica-faults and node-faults): a node and a
@@ -105,6 +105,40 @@ export class ClusterSystem extends Real {
         100,
       )
     await this.cluster.waitForReady(NODES)
+  }
+
+  /** PostgreSQL's clock now (what the nodes' lease times are written in). */
+  async databaseNow(): Promise<string> {
+    const [row] = await this.cluster.query<{ now: string }>('SELECT clock_timestamp() AS now')
+    if (!row) throw new Error('PostgreSQL answered no time')
+    return row.now
+  }
+
+  /**
+   * Every node renewed its lease or registered again after `since` (PostgreSQL's clock), within
+   * the settle bound. After PostgreSQL was down past a lease a node has fenced itself and answers
+   * `503 node_fenced` until it registers again, at its next heartbeat once the database answers
+   * (docs/architecture/faults.md); its row still reads `ready` with a live lease meanwhile (the
+   * lease was renewed last just before the outage), so `nodesReady` alone let the checks meet the
+   * fence (4 of the 30-minute soak's failures, seed 654197258).
+   */
+  async nodesLiveSince(since: string): Promise<void> {
+    const ids = this.nodes.map((node) => node.runtimeId()).filter((id) => id !== undefined)
+    try {
+      await waitFor(
+        'every node renewed or registered again after PostgreSQL came back',
+        async () =>
+          (
+            await this.cluster.query(
+              `SELECT id FROM nodes WHERE id IN (${ids.map((id) => `'${id}'`).join(', ')}) AND state = 'ready' AND heartbeat_at::timestamptz > '${since}'::timestamptz`,
+            )
+          ).length === ids.length,
+        SETTLE_BOUND_MS,
+        100,
+      )
+    } catch (error) {
+      throw new Violation(`${String(error)}; the nodes:\n${this.logTail(8)}`)
+    }
   }
 
   /** Every node `ready` again: one a failed sequence left cordoned or draining is uncordoned. */
@@ -228,8 +262,13 @@ export class ClusterBed implements Bed<ClusterSystem> {
 
   async finish(): Promise<void> {}
 
-  async end(system: ClusterSystem | undefined, failed: boolean, seed: number): Promise<void> {
-    if (failed) await this.keepLogs(seed)
+  async end(
+    system: ClusterSystem | undefined,
+    failed: boolean,
+    seed: number,
+    sequence: number,
+  ): Promise<void> {
+    if (failed) await this.keepLogs(seed, sequence)
     if (system) await deleteAll(system).catch(() => undefined)
   }
 
@@ -239,9 +278,12 @@ export class ClusterBed implements Bed<ClusterSystem> {
     await this.store.stop()
   }
 
-  /** The logs of every process, to `/tmp/cairn-cluster-model-<seed>/` (the last failing sequence's). */
-  private async keepLogs(seed: number): Promise<void> {
-    const dir = path.join(os.tmpdir(), `cairn-cluster-model-${seed}`)
+  /**
+   * The logs of every process, to `/tmp/cairn-cluster-model-<seed>-<sequence>/` (each failing
+   * sequence's: a soak's later failure no longer overwrites an earlier one's).
+   */
+  private async keepLogs(seed: number, sequence: number): Promise<void> {
+    const dir = path.join(os.tmpdir(), `cairn-cluster-model-${seed}-${sequence}`)
     await mkdir(dir, { recursive: true })
     for (const [i, replica] of this.replicas.entries())
       await cp(replica.process.logPath, path.join(dir, `api${i + 1}.log`)).catch(() => undefined)

@@ -34,8 +34,8 @@ export interface Bed<S extends Real> {
   begin(stats: Stats, pick: () => number): Promise<S>
   /** After the sequence's final check passed: the bed's own end-of-sequence checks. */
   finish(system: S): Promise<void>
-  /** Whatever the outcome (`failed`: the sequence failed, keep its logs). */
-  end(system: S | undefined, failed: boolean, seed: number): Promise<void>
+  /** Whatever the outcome (`failed`: the sequence failed, keep its logs; `sequence`: as `[model] sequence N` prints it). */
+  end(system: S | undefined, failed: boolean, seed: number, sequence: number): Promise<void>
   /** Once, after every sequence. */
   close(): Promise<void>
 }
@@ -208,6 +208,6 @@ async function runSequence<S extends Real>(
     throw error
   } finally {
     if (failed) process.stdout.write(`[model] sequence ${stats.runs} failed\n`)
-    await bed.end(real, failed, seed)
+    await bed.end(real, failed, seed, stats.runs)
   }
 }

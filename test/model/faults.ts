@@ -65,7 +65,10 @@ export function startInFlight(
     return async () => {
       const status = (await answer)?.status
       if (status === 200) session.files = copyFiles(snapshot.files)
-      else if (status === undefined) session.files = eitherFiles(before, snapshot.files)
+      // No answer, or a 503 the fault allowed: the swap on the node may have been made before
+      // the database went away (a 503 says try again, not that nothing changed; a restore again
+      // makes the same workspace). A 4xx refused it before anything was touched.
+      else if (status === undefined || status >= 500) session.files = eitherFiles(before, snapshot.files)
     }
   }
   if (inFlight === 'snapshot') {

@@ -129,6 +129,32 @@ describe('MCP over Streamable HTTP', () => {
   })
 })
 
+describe('run_command', () => {
+  it('runs a command in the session beside its turns: same workspace, output as progress, exit status', async () => {
+    const { id } = await call(client, 'create_session', { agent: 'notes' })
+    const progress: string[] = []
+    const ran = await client.callTool(
+      {
+        name: 'run_command',
+        arguments: {
+          sessionId: id,
+          command: ['sh', '-c', 'echo "- The kite is red" >> notes.md; echo wrote; echo oops >&2; exit 3'],
+        },
+      },
+      undefined,
+      { onprogress: (p) => progress.push(String(p.message)) },
+    )
+    expect(ran.structuredContent).toMatchObject({
+      command: { status: 'exited', exitCode: 3 },
+      stdout: 'wrote\n',
+      stderr: 'oops\n',
+    })
+    expect(progress.join('')).toContain('wrote')
+    const asked = await call(client, 'send_message', { sessionId: id, prompt: 'What colour is the kite?' })
+    expect(asked.text).toContain('The kite is red')
+  })
+})
+
 describe('cairn mcp (stdio)', () => {
   it('serves the same tools over stdio, proxied to the server with the CLI’s key', async () => {
     const stdio = new Client({ name: 'cairn-test-stdio', version: '1.0.0' })

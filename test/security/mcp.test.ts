@@ -36,6 +36,7 @@ function argsFor(tool: Tool): Record<string, unknown> {
     path: 'notes.md',
     content: 'overwritten',
     snapshotId,
+    command: ['sh', '-c', 'echo tenant B was here > notes.md'],
   }
   const required = new Set(tool.inputSchema.required ?? [])
   if (tool.name === 'restore' || tool.name === 'fork') required.add('snapshotId')
@@ -96,7 +97,7 @@ describe('MCP walls', () => {
       expect(error.code, `${tool.name}: ${error.message}`).toMatch(/^(session_)?not_found$/)
       swept.push(tool.name)
     }
-    expect(swept.length).toBeGreaterThanOrEqual(11)
+    expect(swept.length).toBeGreaterThanOrEqual(12)
     // The tools that take no session: none shows or uses tenant A's agent or sessions.
     expect(swept.length + 3).toBe(tools.length)
     expect(

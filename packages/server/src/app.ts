@@ -218,6 +218,7 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   workspaceRoutes(app, deps.workspace)
   mcpRoutes(app, {
     agents: deps.agents,
+    commands: deps.commands,
     sessions: deps.sessions,
     workspace: deps.workspace,
     version: deps.version,

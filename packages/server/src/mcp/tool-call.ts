@@ -1,10 +1,12 @@
 import type { AgentService } from '../agents/agent-service.js'
+import type { CommandService } from '../commands/command-service.js'
 import type { SessionService } from '../sessions/session-service.js'
 import type { WorkspaceService } from '../workspace/workspace-service.js'
 
 /** The services the native routes call; every tool is a call of one of them. */
 export interface McpServices {
   agents: AgentService
+  commands: CommandService
   sessions: SessionService
   workspace: WorkspaceService
 }

@@ -14,6 +14,7 @@ import {
 } from '@cairn/protocol'
 import { type Static, type TObject, type TProperties, Type } from '@sinclair/typebox'
 import { requestedPath } from '../files/confine.js'
+import { RunCommandInput, runCommand } from './command-tool.js'
 import { readWorkspaceFile } from './file-reads.js'
 import type { McpServices, ToolAnswer, ToolCall } from './tool-call.js'
 import { sendMessage } from './turn.js'
@@ -228,5 +229,16 @@ const WORKSPACE_TOOLS: McpTool[] = [
   }),
 ]
 
+const COMMAND_TOOLS: McpTool[] = [
+  tool({
+    name: 'run_command',
+    description:
+      "Run a command in the session's sandbox (beside its agent, on /workspace, under its limits, network policy and secrets; started cold if needed) and wait for its exit: output streams as progress notifications, the result is its exit status with stdout and stderr (their newest 512 KiB).",
+    input: RunCommandInput,
+    writes: true,
+    run: runCommand,
+  }),
+]
+
 /** Every tool, in the order `tools/list` gives them. */
-export const MCP_TOOLS: readonly McpTool[] = [...SESSION_TOOLS, ...WORKSPACE_TOOLS]
+export const MCP_TOOLS: readonly McpTool[] = [...SESSION_TOOLS, ...WORKSPACE_TOOLS, ...COMMAND_TOOLS]

@@ -1,12 +1,4 @@
-import {
-  CairnProblem,
-  type ErrorCode,
-  isErrorCode,
-  newId,
-  type SessionStatus,
-  type StatusCause,
-  type StreamEvent,
-} from '@cairn/protocol'
+import { CairnProblem, newId, type SessionStatus, type StatusCause, type StreamEvent } from '@cairn/protocol'
 import type { AgentEvent, AgentInfo, TurnEnd, TurnInput, TurnOptions, TurnOutcome } from '@cairn/runtime/port'
 import { iso } from '../clock.js'
 import { unavailableReason, whenNotBusy } from '../db/busy.js'
@@ -17,12 +9,8 @@ import { awaitNodeVerdict } from './node-verdict.js'
 import { limitReached } from './policy.js'
 import type { SessionServiceDeps } from './session-deps.js'
 import { type MarkAnswer, turnMarkOf, unchangedByAll } from './session-observer.js'
-import {
-  type SessionRow,
-  type SessionStore,
-  TurnEndedElsewhere,
-  type TurnSessionRow,
-} from './session-store.js'
+import type { SessionRow, SessionStore, TurnSessionRow } from './session-store.js'
+import { recordTurnEnd, type TurnEmit } from './turn-end-record.js'
 import type { TurnEventLog, TurnEvents } from './turn-events.js'
 import { MOVE_OPERATION, type TurnLocks, TurnStop } from './turn-locks.js'
 import { TurnRedaction } from './turn-redaction.js'
@@ -49,16 +37,9 @@ export type TurnRunnerDeps = Pick<
   events: TurnEvents
 }
 
-/**
- * Where a turn's events go: each with its id (its place in the turn, the SSE `id:`), except one
- * that is not part of the turn's record (a `run.failed` saying the end could not be recorded yet).
- * A promise: the client is behind, and the turn reads nothing more of its agent until it settles.
- */
-export type TurnEmit = (event: StreamEvent, id?: number) => Promise<void> | undefined
+export type { TurnEmit } from './turn-end-record.js'
 
 const TITLE_MAX = 60
-/** How long a turn's end waits for an unavailable database before the client is told. */
-const RECORD_WAIT_MS = 15_000
 /** Below this much free space, an agent's ENOSPC is blamed on the pool. */
 const POOL_FULL_BYTES = 16 * 1024 * 1024
 
@@ -338,24 +319,7 @@ export class TurnRunner {
         } else await this.afterTurn(row.id, () => warm.scheduleCooldown(row), undefined)
       }
     } catch (error) {
-      const problem = error instanceof CairnProblem ? error : undefined
-      const setupFailed = problem?.code === 'setup_failed'
-      outcome = signal.aborted
-        ? { status: 'cancelled', text: '', stderr: '' }
-        : {
-            status: 'failed',
-            code: problem?.code ?? (unavailableReason(error) ? 'unavailable' : 'sandbox_failed'),
-            cause: setupFailed
-              ? 'setup_failed'
-              : problem?.code === 'state_lost' ||
-                  problem?.code === 'storage_error' ||
-                  problem?.code === 'quota_exceeded'
-                ? problem.code
-                : 'agent_crash',
-            message: problem?.message ?? `the sandbox could not start: ${(error as Error).message}`,
-            text: '',
-            stderr: setupFailed ? String(problem.details?.logTail ?? '') : '',
-          }
+      outcome = failedOutcome(error, signal)
       if (!sandboxId)
         emit({ type: 'run.started', sessionId: row.id, turnId, turn: seq, sandboxId: '', coldStart: true })
       await this.afterTurn(row.id, () => warm.drop(row.id), undefined)
@@ -370,13 +334,7 @@ export class TurnRunner {
     this.deps.metrics?.turnSeconds.observe(durationMs / 1000)
     const failed = outcome.status === 'failed' ? outcome : undefined
     const endedAs: SessionStatus = failed ? 'failed' : 'idle'
-    const cause: StatusCause = failed
-      ? failed.cause
-      : outcome.status === 'cancelled'
-        ? 'turn_cancelled'
-        : outcome.status === 'completed' && outcome.agentExited
-          ? 'agent_exit'
-          : 'turn_completed'
+    const cause = endCause(outcome)
     // Whatever the agent did to the workspace is a new generation (a turn that provably changed
     // nothing keeps it, so its unchanged subvolume needs no snapshot): the marker in the pool first
     // (a crash after it leaves the disk ahead, never behind), so the snapshot that follows the
@@ -399,122 +357,12 @@ export class TurnRunner {
       await this.afterTurn(row.id, () => warm.drop(row.id), undefined)
       agentAfter = undefined
     }
-    // The turn's entry, the session's status and generation in one transaction, retried while
-    // another process holds the database lock: the reply was streamed already, it must not be lost.
-    // Nothing is awaited between the terminal event and the release of the turn lock, so a client
-    // that sends its next message on `run.completed` never meets `session_busy`.
-    // Only while the session's owner epoch is the one the turn began with: once its node was
-    // declared lost (or the session moved) the leader has failed this turn, and a late end from
-    // the old owner changes nothing.
-    let ownerChanged = false
-    const ended = terminalEvent(turnId, outcome, durationMs)
-    const lost: StreamEvent = {
-      type: 'run.failed',
-      turnId,
-      durationMs,
-      error: {
-        code: 'node_lost',
-        message: `the session's node was declared lost (or the session moved) while turn ${turnId} ran; its end was not recorded`,
-      },
-    }
-    // Ended meanwhile by someone else (its relay's lease lapsed: `replica_lost`): not overwritten.
-    let endedElsewhere: StreamEvent | undefined
-    // The turn's events not written yet go with its record, its terminal event last: a client
-    // resuming the stream through any replica gets exactly what it streamed.
-    const finish = () =>
-      this.deps.db.transaction(async () => {
-        ownerChanged = !(await store.finishTurn(
-          { id: row.id, status: row.status, ownerEpoch: row.owner_epoch },
-          {
-            id: turnId,
-            status: outcome.status,
-            response: outcome.text,
-            stderr: outcome.stderr.slice(-16_384),
-            errorCode: failed?.code ?? null,
-            errorMessage: failed?.message ?? null,
-            endedAt,
-            durationMs,
-          },
-          { to: endedAs, cause, detail: failed ? `${turnId}: ${failed.message}` : turnId, generation },
-        ))
-        if (ownerChanged) {
-          await log.writeEnd(lost)
-          return
-        }
-        if (lastTurn) {
-          await store.transition(
-            { id: row.id, status: endedAs },
-            'completed',
-            'max_turns',
-            endedAt,
-            `${seq} of ${maxTurns} turns`,
-          )
-        }
-        await log.writeEnd(ended)
-      })
-    const record = async () => {
-      endedElsewhere = undefined
-      try {
-        await finish()
-      } catch (error) {
-        if (!(error instanceof TurnEndedElsewhere)) throw error
-        // Nothing of the end above was committed: the stream gets the end someone else recorded.
-        const elsewhere = elsewhereEnd(turnId, durationMs, error.code)
-        ownerChanged = false
-        endedElsewhere = elsewhere
-        await this.deps.db.transaction(() => log.writeEnd(elsewhere))
-      }
-    }
-    await log.settle()
-    try {
-      await whenNotBusy(record, RECORD_WAIT_MS)
-    } catch (error) {
-      // The database did not answer in time (PostgreSQL down, SQLite locked): the client is told
-      // so, typed and retryable, instead of waiting on; the record is retried behind until the
-      // database is back, which ends the session's running turn (the next message is refused
-      // with session_busy until then). This event is not the turn's: it has no id, and a client
-      // resuming the stream later gets the turn's own end once it is recorded.
-      const reason = unavailableReason(error)
-      this.deps.logger.error(
-        { err: error, session: row.id, turn: turnId },
-        'recording the end of a turn failed',
-      )
-      emitNumbered({
-        type: 'run.failed',
-        turnId,
-        durationMs,
-        error: {
-          code: reason ? 'unavailable' : 'internal',
-          message: `the turn ended (${outcome.status}) but could not be recorded yet: ${reason ?? (error as Error).message}; it is recorded once the database answers, retry then`,
-        },
-      })
-      void whenNotBusy(record, Number.POSITIVE_INFINITY, 1000).then(
-        () => log.end(),
-        (late: unknown) =>
-          this.deps.logger.error(
-            { err: late, session: row.id, turn: turnId },
-            'a turn could not be recorded',
-          ),
-      )
-      return
-    }
-    if (ownerChanged) {
-      this.deps.logger.warn(
-        { session: row.id, turn: turnId, ownerEpoch: row.owner_epoch },
-        "a turn's end was not recorded: the session's owner changed during the turn",
-      )
-      emitNumbered(lost, log.end())
-      return
-    }
-    if (endedElsewhere) {
-      this.deps.logger.warn(
-        { session: row.id, turn: turnId, event: endedElsewhere },
-        "a turn's end was not recorded: it was ended while it ran",
-      )
-      emitNumbered(endedElsewhere, log.end())
-      return
-    }
-    emitNumbered(ended, log.end())
+    const recorded = await recordTurnEnd(
+      { db: this.deps.db, store, logger: this.deps.logger },
+      { row, turnId, seq, outcome, durationMs, endedAt, endedAs, cause, generation, lastTurn, log },
+      emitNumbered,
+    )
+    if (!recorded) return
     const after = agentAfter
     for (const observer of this.observers) observer.afterTurn?.(row, seq, after, unchanged)
     const memory = this.deps.memory
@@ -570,6 +418,34 @@ export class TurnRunner {
   }
 }
 
+/** What a turn that threw ended as: cancelled when it was cancelled, else failed with the error's code. */
+function failedOutcome(error: unknown, signal: AbortSignal): TurnOutcome {
+  const problem = error instanceof CairnProblem ? error : undefined
+  const setupFailed = problem?.code === 'setup_failed'
+  if (signal.aborted) return { status: 'cancelled', text: '', stderr: '' }
+  return {
+    status: 'failed',
+    code: problem?.code ?? (unavailableReason(error) ? 'unavailable' : 'sandbox_failed'),
+    cause: setupFailed
+      ? 'setup_failed'
+      : problem?.code === 'state_lost' ||
+          problem?.code === 'storage_error' ||
+          problem?.code === 'quota_exceeded'
+        ? problem.code
+        : 'agent_crash',
+    message: problem?.message ?? `the sandbox could not start: ${(error as Error).message}`,
+    text: '',
+    stderr: setupFailed ? String(problem.details?.logTail ?? '') : '',
+  }
+}
+
+/** The cause of the session's status change a turn's end makes. */
+function endCause(outcome: TurnOutcome): StatusCause {
+  if (outcome.status === 'failed') return outcome.cause
+  if (outcome.status === 'cancelled') return 'turn_cancelled'
+  return outcome.agentExited ? 'agent_exit' : 'turn_completed'
+}
+
 /** One promise of two waits (either may be none). */
 function both(a: Promise<void> | undefined, b: Promise<void> | undefined): Promise<void> | undefined {
   if (!a || !b) return a ?? b
@@ -593,22 +469,6 @@ function warmSandboxOf(seen: SeenAgent | undefined): string | undefined {
   return seen?.agent?.alive ? seen.agent.sandboxId : undefined
 }
 
-/** The event that ends a turn's stream, from its outcome. */
-function terminalEvent(turnId: string, outcome: TurnOutcome, durationMs: number): StreamEvent {
-  if (outcome.status === 'completed') return { type: 'run.completed', turnId, text: outcome.text, durationMs }
-  if (outcome.status === 'cancelled') return { type: 'run.cancelled', turnId, durationMs }
-  return {
-    type: 'run.failed',
-    turnId,
-    durationMs,
-    error: {
-      code: outcome.code,
-      message: outcome.message,
-      details: { stderrTail: outcome.stderr.slice(-2000) },
-    },
-  }
-}
-
 /**
  * A turn its own process ended (an API replica stopping: `TurnStop`) fails with that code and
  * cause, not as a user's cancel.
@@ -623,23 +483,6 @@ function stoppedAs(signal: AbortSignal, outcome: TurnOutcome): TurnOutcome {
     message: stop.message,
     text: outcome.text,
     stderr: outcome.stderr,
-  }
-}
-
-/**
- * What a relay tells its client of a turn someone else ended while it ran (`code`: the row's, a
- * lapsed lease's `replica_lost`).
- */
-function elsewhereEnd(turnId: string, durationMs: number, code: string): StreamEvent {
-  const known: ErrorCode = isErrorCode(code) ? code : 'replica_lost'
-  return {
-    type: 'run.failed',
-    turnId,
-    durationMs,
-    error: {
-      code: known,
-      message: `turn ${turnId} was ended (${known}) while this replica relayed it (its lease lapsed); its end was not recorded`,
-    },
   }
 }
 

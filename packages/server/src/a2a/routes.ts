@@ -180,7 +180,8 @@ function cardBody(card: AgentCard): Record<string, unknown> {
 
 /** Params the method cannot be served with (answered as a JSON-RPC error naming the path). */
 function paramsRefusal(dialect: Dialect, body: JsonRpcRequest): Error | undefined {
-  const check = dialect.params[body.method]
+  // Own properties only: a method named `constructor` or `__proto__` is an unknown method.
+  const check = Object.hasOwn(dialect.params, body.method) ? dialect.params[body.method] : undefined
   if (!check || check.Check(body.params)) return undefined
   const first = check.Errors(body.params).First()
   return new RequestMalformedError({

@@ -1,0 +1,214 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { makeProject, SHELL_PROJECT } from '../helpers/projects.js'
+import { FILE_TOOLS_AGENT } from '../helpers/protocol-server.js'
+import { Api, startTestServer, type TestServer } from '../helpers/server.js'
+
+// The session's new surfaces (A2A, AG-UI, merging a fork back) attacked from outside, against one
+// real server: tenant B's key, a read-only key, wrong JSON types and ids of other sessions.
+let t: TestServer
+let b: Api
+let readKey = ''
+/** Tenant A: a file-tools session with one turn, a shell parent and its fork. */
+const a = { session: '', turn: '', parent: '', fork: '', snapshot: '' }
+/** Tenant B: its own shell parent and fork. */
+const own = { parent: '', fork: '' }
+
+async function forkOf(api: Api): Promise<{ parent: string; fork: string; snapshot: string }> {
+  const parent = (await api.createSession('shell')).id
+  const snapshot = (await api.call('POST', `/v1/sessions/${parent}/snapshots`, {})).body.id
+  const forked = await api.call('POST', `/v1/sessions/${parent}/fork`, { snapshotId: snapshot })
+  expect(forked.status, JSON.stringify(forked.body)).toBe(201)
+  return { parent, fork: forked.body.id, snapshot }
+}
+
+beforeAll(async () => {
+  t = await startTestServer({ server: { rateLimitPerSecond: 0 } })
+  const shell = await makeProject(SHELL_PROJECT)
+  for (const dir of [FILE_TOOLS_AGENT, shell]) expect((await t.api.deploy(dir)).status).toBe(201)
+  const made = await t.api.call('POST', '/v1/keys', { tenant: 'tenant-b', role: 'admin' })
+  b = new Api(t.url, made.body.key)
+  for (const dir of [FILE_TOOLS_AGENT, shell]) expect((await b.deploy(dir)).status).toBe(201)
+  readKey = (await t.api.call('POST', '/v1/keys', { name: 'reader', role: 'read' })).body.key
+  a.session = (await t.api.createSession('file-tools')).id
+  await t.api.send(a.session, 'write a.txt hello')
+  a.turn = (await t.api.call('GET', `/v1/sessions/${a.session}/turns`)).body.data[0].id
+  Object.assign(a, await forkOf(t.api))
+  Object.assign(own, await forkOf(b))
+}, 120_000)
+
+afterAll(async () => {
+  await t?.close()
+})
+
+const a2a = (api: Api, body: unknown, agent = 'file-tools') =>
+  api.call('POST', `/v1/agents/${agent}/a2a`, body, { 'a2a-version': '1.0' })
+const rpc = (method: string, params: unknown) => ({ jsonrpc: '2.0', id: 1, method, params })
+const text = (value: unknown, contextId?: string) => ({
+  message: {
+    messageId: 'm1',
+    role: 'ROLE_USER',
+    parts: [{ text: value }],
+    ...(contextId ? { contextId } : {}),
+  },
+})
+
+describe('A2A from outside', () => {
+  it("tenant B reaches none of A's tasks or contexts", async () => {
+    for (const method of ['GetTask', 'CancelTask', 'SubscribeToTask']) {
+      const res = await a2a(b, rpc(method, { id: a.turn }))
+      expect(res.status, method).toBe(200)
+      expect(res.body.error?.code, `${method}: ${JSON.stringify(res.body)}`).toBe(-32001)
+    }
+    const res = await a2a(b, rpc('SendMessage', text('read a.txt', a.session)))
+    expect(res.body.error?.data?.[0]?.metadata?.code, JSON.stringify(res.body)).toBe('session_not_found')
+    const card = await b.call(
+      'GET',
+      `/v1/agents/${(await t.api.call('GET', '/v1/agents/file-tools')).body.id}/a2a/.well-known/agent-card.json`,
+    )
+    expect(card.status).toBe(404)
+  })
+
+  it("answers a method named like an object's own property as an unknown method, in both dialects", async () => {
+    for (const method of ['constructor', '__proto__', 'toString', 'hasOwnProperty'])
+      for (const headers of [{ 'a2a-version': '1.0' }, {}]) {
+        const res = await t.api.call(
+          'POST',
+          '/v1/agents/file-tools/a2a',
+          rpc(method, { id: a.turn }),
+          headers,
+        )
+        expect(res.status, `${method} ${JSON.stringify(res.body)}`).toBe(200)
+        expect(res.body.error?.code, method).toBe(-32601)
+      }
+  })
+
+  it('a read-only key writes nothing', async () => {
+    const reader = new Api(t.url, readKey)
+    for (const method of ['SendMessage', 'SendStreamingMessage', 'CancelTask']) {
+      const res = await a2a(reader, rpc(method, method === 'CancelTask' ? { id: a.turn } : text('hi')))
+      expect(res.status, method).toBe(403)
+    }
+  })
+
+  it('refuses wrong types naming the field, coercing nothing', async () => {
+    for (const [params, where] of [
+      [text(5), '/message/parts/0/text'],
+      [text(null), '/message/parts/0/text'],
+      [{ message: null }, '/message'],
+      [{ ...text('hi'), configuration: { returnImmediately: 'true' } }, '/configuration/returnImmediately'],
+      [{ message: { ...text('hi').message, contextId: 7 } }, '/message/contextId'],
+    ] as const) {
+      const res = await a2a(t.api, rpc('SendMessage', params))
+      expect(res.body.error?.code, JSON.stringify(params)).toBe(-32602)
+      expect(res.body.error?.message).toContain(where)
+    }
+    for (const body of [
+      { ...rpc('GetTask', { id: a.turn }), id: {} },
+      { ...rpc('GetTask', { id: a.turn }), params: null },
+      { ...rpc('GetTask', { id: a.turn }), jsonrpc: 2 },
+      { ...rpc('GetTask', { id: a.turn }), extra: 1 },
+    ]) {
+      const res = await a2a(t.api, body)
+      expect(res.status, JSON.stringify(body)).toBe(400)
+      expect(res.body.error.code).toBe('validation_failed')
+    }
+    const res = await a2a(t.api, rpc('GetTask', { id: 12 }))
+    expect(res.body.error?.code).toBe(-32602)
+  })
+
+  it('a context of another agent, a deleted or an ended session is refused, and leaves no session behind', async () => {
+    const shell = (await t.api.createSession('shell')).id
+    const gone = (await t.api.createSession('file-tools')).id
+    expect((await t.api.call('DELETE', `/v1/sessions/${gone}`)).status).toBe(200)
+    const before = (await t.api.call('GET', '/v1/sessions?limit=200')).body.data.length
+    for (const ctx of [shell, gone, 'ses_nope']) {
+      const res = await a2a(t.api, rpc('SendMessage', text('hi', ctx)))
+      expect(res.body.error?.code, JSON.stringify(res.body)).toBe(-32602)
+    }
+    expect((await t.api.call('GET', '/v1/sessions?limit=200')).body.data.length).toBe(before)
+  })
+})
+
+const agUi = (api: Api, body: unknown, agent = 'file-tools') =>
+  fetch(`${t.url}/v1/agents/${agent}/ag-ui`, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${api.key}`, 'content-type': 'application/json' },
+    body: JSON.stringify(body),
+  })
+const run = (threadId: unknown, content: unknown = 'read a.txt') => ({
+  threadId,
+  runId: 'r1',
+  messages: [{ id: 'm1', role: 'user', content }],
+})
+
+describe('AG-UI from outside', () => {
+  it("tenant B reaches none of A's sessions as threads", async () => {
+    const res = await agUi(b, run(a.session))
+    expect(res.status).toBe(404)
+    expect(((await res.json()) as { error: { code: string } }).error.code).toBe('session_not_found')
+  })
+
+  it('a read-only key runs nothing', async () => {
+    expect((await agUi(new Api(t.url, readKey), run('thread-r'))).status).toBe(403)
+  })
+
+  it('refuses wrong types naming the field', async () => {
+    for (const [body, where] of [
+      [run(5), 'threadId'],
+      [run(null), 'threadId'],
+      [run('t-1', 5), 'content'],
+      [run('t-1', [{ type: 'text', text: 5 }]), 'text'],
+      [{ ...run('t-1'), messages: null }, 'messages'],
+      [{ ...run('t-1'), runId: 'x'.repeat(201) }, 'runId'],
+    ] as const) {
+      const res = await agUi(t.api, body)
+      expect(res.status, JSON.stringify(body).slice(0, 200)).toBe(400)
+      const answer = (await res.json()) as { error: { code: string; message: string } }
+      expect(answer.error.code).toBe('validation_failed')
+      expect(answer.error.message).toContain(where)
+    }
+  })
+
+  it('a thread of a deleted session is 410, of another agent 400', async () => {
+    const gone = (await t.api.createSession('file-tools')).id
+    expect((await t.api.call('DELETE', `/v1/sessions/${gone}`)).status).toBe(200)
+    expect((await agUi(t.api, run(gone))).status).toBe(410)
+    const shell = (await t.api.createSession('shell')).id
+    expect((await agUi(t.api, run(shell))).status).toBe(400)
+  })
+})
+
+describe('merging from outside', () => {
+  const merge = (api: Api, id: string, body: unknown) => api.call('POST', `/v1/sessions/${id}/merge`, body)
+
+  it("tenant B neither merges A's fork nor merges into A's sessions", async () => {
+    expect((await merge(b, a.fork, {})).status).toBe(404)
+    expect((await merge(b, a.fork, { preview: true })).status).toBe(404)
+    expect((await merge(b, own.fork, { into: a.parent })).status).toBe(404)
+    expect((await merge(b, own.fork, { into: a.parent, preview: true })).status).toBe(404)
+    expect((await merge(b, own.fork, { snapshotId: a.snapshot })).status).toBe(404)
+  })
+
+  it('a read-only key previews but does not merge', async () => {
+    const reader = new Api(t.url, readKey)
+    expect((await merge(reader, a.fork, {})).status).toBe(403)
+    expect((await merge(reader, a.fork, { preview: true })).status).toBe(200)
+  })
+
+  it('refuses wrong types naming the field', async () => {
+    for (const [body, where] of [
+      [{ preview: 'true' }, 'preview'],
+      [{ preview: null }, 'preview'],
+      [{ into: 5 }, 'into'],
+      [{ strategy: null }, 'strategy'],
+      [{ snapshotId: 5 }, 'snapshotId'],
+      [{ extra: 1 }, 'extra'],
+      [null, 'body'],
+    ] as const) {
+      const res = await merge(t.api, a.fork, body)
+      expect(res.status, JSON.stringify(body)).toBe(400)
+      expect(res.body.error.code).toBe('validation_failed')
+      expect(res.body.error.message.toLowerCase()).toContain(where.toLowerCase())
+    }
+  })
+})

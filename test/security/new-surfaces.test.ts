@@ -212,3 +212,36 @@ describe('merging from outside', () => {
     }
   })
 })
+
+describe('A2A under the sandbox cap', () => {
+  let capped: TestServer
+  beforeAll(async () => {
+    capped = await startTestServer({
+      server: { operatorLimits: { maxSandboxesPerTenant: 1, sandboxWaitMs: 0 } },
+    })
+    expect((await capped.api.deploy(FILE_TOOLS_AGENT)).status).toBe(201)
+  }, 60_000)
+  afterAll(async () => {
+    await capped?.close()
+  })
+
+  it('a message without a context that cannot begin leaves no session behind', async () => {
+    const busy = (await capped.api.createSession('file-tools')).id
+    const sleeping = capped.api.send(busy, 'sleep 30')
+    for (let i = 0; i < 200; i++) {
+      if ((await capped.api.call('GET', `/v1/sessions/${busy}`)).body.status === 'active') break
+      await new Promise((r) => setTimeout(r, 100))
+    }
+    const count = async () => (await capped.api.call('GET', '/v1/sessions?limit=200')).body.data.length
+    const before = await count()
+    for (let i = 0; i < 3; i++) {
+      const res = await a2a(capped.api, rpc('SendMessage', text('hello')))
+      expect(res.body.error?.data?.[0]?.metadata?.code, JSON.stringify(res.body)).toBe(
+        'sandbox_limit_reached',
+      )
+    }
+    expect(await count()).toBe(before)
+    expect((await capped.api.call('POST', `/v1/sessions/${busy}/cancel`)).status).toBe(200)
+    await sleeping
+  })
+})

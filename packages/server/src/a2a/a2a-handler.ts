@@ -177,11 +177,27 @@ export class CairnA2AHandler implements A2ARequestHandler {
     const prompt = promptOf(message.parts)
     const { sessions } = this.services
     const { tenantId, agent } = this.scope
-    const sessionId = message.contextId
-      ? await this.contextSession(message.contextId)
-      : (await sessions.create(tenantId, { agent: agent.id })).id
-    const seen = await sessions.verifyBeforeTurn(tenantId, sessionId)
-    const handle = await sessions.beginTurn(tenantId, sessionId, prompt, seen)
+    if (message.contextId) {
+      const sessionId = await this.contextSession(message.contextId)
+      return this.beginIn(sessionId, prompt)
+    }
+    // A new context: a turn that cannot begin (the tenant's sandboxes all busy …) takes its
+    // session with it, so a client retrying a refused message does not pile up sessions.
+    const created = await sessions.create(tenantId, { agent: agent.id })
+    try {
+      return await this.beginIn(created.id, prompt)
+    } catch (error) {
+      await sessions.delete(tenantId, created.id).catch((e: unknown) => {
+        this.services.logger.warn({ err: e, sessionId: created.id }, 'a2a: a new context was not deleted')
+      })
+      throw error
+    }
+  }
+
+  private async beginIn(sessionId: string, prompt: string) {
+    const { sessions } = this.services
+    const seen = await sessions.verifyBeforeTurn(this.scope.tenantId, sessionId)
+    const handle = await sessions.beginTurn(this.scope.tenantId, sessionId, prompt, seen)
     const ref: TurnRef = { turnId: handle.turnId, sessionId }
     return { ref, prompt, run: (emit: TurnEmit) => handle.run(emit) }
   }

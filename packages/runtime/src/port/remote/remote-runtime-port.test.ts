@@ -1,6 +1,7 @@
 import { randomBytes } from 'node:crypto'
 import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises'
 import http from 'node:http'
+import type { ClientHttp2Session } from 'node:http2'
 import net from 'node:net'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
@@ -511,6 +512,24 @@ describe('RemoteRuntimePort over mutual TLS to a served LocalRuntimePort', () =>
     } finally {
       await client.close()
       await node.close()
+    }
+  })
+
+  it('a connection destroyed as it connects fails its calls, and the process goes on (its connect event comes a tick later)', async () => {
+    const client = new RemoteRuntimePort({ url: served.url, tls: apiTls })
+    try {
+      const call = client.warmCount()
+      // What a node closing the connection at once does: the session is destroyed in the same
+      // tick as its handshake ended, before its 'connect' event is emitted. Widening the
+      // destroyed session's window then threw, uncaught, and an API replica just started died
+      // (ERR_HTTP2_INVALID_SESSION; the cluster model test's soak, seed 662845832, sequence 28).
+      const connection = (client as unknown as { connection: ClientHttp2Session }).connection
+      connection.socket.once('secureConnect', () => connection.destroy())
+      expect((await refusal(call)).code).toBe('node_unavailable')
+      // The next call opens a new connection.
+      expect(typeof (await client.warmCount())).toBe('number')
+    } finally {
+      await client.close()
     }
   })
 

@@ -126,7 +126,10 @@ export class RemoteRuntimePort {
     connecting.unref()
     connection.once('connect', () => {
       clearTimeout(connecting)
-      connection.setLocalWindowSize(CONNECTION_WINDOW_BYTES)
+      // Emitted a tick after the handshake: a node that closed the connection at once has had it
+      // destroyed by then, and widening a destroyed session's window throws (uncaught, it killed
+      // an API replica: the cluster model test's soak, seed 662845832, sequence 28).
+      if (!connection.destroyed) connection.setLocalWindowSize(CONNECTION_WINDOW_BYTES)
     })
     const forget = () => {
       clearTimeout(connecting)

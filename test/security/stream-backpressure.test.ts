@@ -1,19 +1,10 @@
-import http from 'node:http'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { makeProject } from '../helpers/projects.js'
 import { Api, packDir } from '../helpers/server.js'
 import { rssMiB, type ServerProcess, startServerProcess } from '../helpers/server-process.js'
+import { FLOOD_RSS_GROWTH_BOUND_MIB, peakRss, slowTurn } from '../helpers/slow-client.js'
 
 // The server runs in its own process, so that its resident memory (/proc/<pid>/status) is its own.
-/**
- * How much the server's memory may grow while an agent floods: a sandbox's start (~15 MiB), the
- * turn's bounded buffers (256 KiB of events not yet written, the runtime's queue of 256 Ki
- * characters, the socket's writes) and V8's room for garbage at a flood's allocation rate (its
- * young generation, 2 × 16 MiB, and the old space it lets grow between full collections: up to
- * 103 MiB measured with every event promoted, `--max-semi-space-size=1`). 14–28 MiB measured;
- * a server that kept the flood grew 307 MiB in 8 s.
- */
-const RSS_GROWTH_BOUND_MIB = 128
 /**
  * How much higher the flood's last third may take the server than its middle one: a server that
  * keeps the flood grows with it (~38 MiB/s: ~125 MiB a third), a bounded one levels off (its
@@ -56,56 +47,6 @@ afterAll(async () => {
   await server?.stop()
 })
 
-/** A turn's stream whose client reads `bytesPerSecond` (0: nothing); `closed` settles when the server ends it. */
-function slowTurn(sessionId: string, bytesPerSecond: number) {
-  let received = 0
-  let timer: NodeJS.Timeout | undefined
-  let response: http.IncomingMessage | undefined
-  const request = http.request(`${server.url}/v1/sessions/${sessionId}/messages`, {
-    method: 'POST',
-    headers: { authorization: `Bearer ${server.key}`, 'content-type': 'application/json' },
-  })
-  const closed = new Promise<void>((resolve) => {
-    request.on('error', () => resolve())
-    request.on('response', (res) => {
-      response = res
-      res.pause()
-      res.on('error', () => resolve())
-      res.on('close', () => resolve())
-      if (bytesPerSecond > 0)
-        timer = setInterval(() => {
-          received += res.read(Math.max(1, bytesPerSecond / 10))?.length ?? 0
-        }, 100)
-    })
-  })
-  request.end(JSON.stringify({ prompt: 'flood' }))
-  return {
-    closed: closed.finally(() => clearInterval(timer)),
-    get received() {
-      return received
-    },
-    readAll() {
-      response?.resume()
-    },
-    stop() {
-      clearInterval(timer)
-      request.destroy()
-    },
-  }
-}
-
-/** The highest resident memory of the server in each of `parts` equal spans of `ms` (sampled every 200 ms). */
-async function peakRss(ms: number, parts = 1): Promise<number[]> {
-  const peaks = new Array<number>(parts).fill(0)
-  const start = Date.now()
-  for (let now = start; now < start + ms; now = Date.now()) {
-    const part = Math.min(parts - 1, Math.floor(((now - start) / ms) * parts))
-    peaks[part] = Math.max(peaks[part] ?? 0, rssMiB(server.child.pid ?? 0))
-    await new Promise((resolve) => setTimeout(resolve, 200))
-  }
-  return peaks
-}
-
 describe("a turn's stream is held to its client's pace", () => {
   // At 40 KiB/s the client frees less of its socket's kernel buffers (MiBs on loopback) within
   // STALL_MS than the kernel waits for before it reports the socket writable again, so the server
@@ -118,9 +59,9 @@ describe("a turn's stream is held to its client's pace", () => {
     const other = await api.createSession('echo')
     expect((await api.send(other.id, 'warm up')).terminal?.type).toBe('run.completed')
     const before = rssMiB(server.child.pid ?? 0)
-    const client = slowTurn(flooded.id, 40 * 1024)
+    const client = slowTurn(server, flooded.id, 40 * 1024)
     try {
-      const peaks = peakRss(FLOOD_MS, 3)
+      const peaks = peakRss(server.child.pid ?? 0, FLOOD_MS, 3)
       const meanwhile = await api.send(other.id, 'still served')
       expect(meanwhile.terminal?.type, JSON.stringify(meanwhile.terminal)).toBe('run.completed')
       // The last two thirds are past the cut (at STALL_MS and a little): the middle one's peak is the level of a flood with no
@@ -130,7 +71,7 @@ describe("a turn's stream is held to its client's pace", () => {
       console.log(
         `server RSS ${before.toFixed(0)} MiB before, grew by ${first.toFixed(0)}, ${middle.toFixed(0)} and ${last.toFixed(0)} MiB at most in the flood's thirds`,
       )
-      expect(most, `the server grew by ${most.toFixed(0)} MiB`).toBeLessThan(RSS_GROWTH_BOUND_MIB)
+      expect(most, `the server grew by ${most.toFixed(0)} MiB`).toBeLessThan(FLOOD_RSS_GROWTH_BOUND_MIB)
       expect(last - middle, "the server's growth did not level off").toBeLessThan(LEVEL_GROWTH_BOUND_MIB)
       expect(client.received).toBeGreaterThan(0)
     } finally {
@@ -142,9 +83,9 @@ describe("a turn's stream is held to its client's pace", () => {
   it('a client that reads nothing is cut after the stall bound, and the turn goes on until cancelled', async () => {
     const flooded = await api.createSession('flooder')
     const before = rssMiB(server.child.pid ?? 0)
-    const client = slowTurn(flooded.id, 0)
+    const client = slowTurn(server, flooded.id, 0)
     try {
-      const peaks = peakRss(STALL_MS + 3000)
+      const peaks = peakRss(server.child.pid ?? 0, STALL_MS + 3000)
       // Past the stall bound (and a margin for the first events to fill the socket), the client
       // reads again: what the kernel held for it, then the end of a connection cut by the server.
       await new Promise((resolve) => setTimeout(resolve, STALL_MS + 2000))
@@ -156,7 +97,7 @@ describe("a turn's stream is held to its client's pace", () => {
       expect(cut, 'the server cut the stream of a client that read nothing').toBe(true)
       const growth = Math.max(...(await peaks)) - before
       console.log(`server RSS ${before.toFixed(0)} MiB before, grew by ${growth.toFixed(0)} MiB at most`)
-      expect(growth, `the server grew by ${growth.toFixed(0)} MiB`).toBeLessThan(RSS_GROWTH_BOUND_MIB)
+      expect(growth, `the server grew by ${growth.toFixed(0)} MiB`).toBeLessThan(FLOOD_RSS_GROWTH_BOUND_MIB)
       const session = await api.call('GET', `/v1/sessions/${flooded.id}`)
       expect(session.body.status).toBe('active')
     } finally {

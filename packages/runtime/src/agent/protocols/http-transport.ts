@@ -3,6 +3,7 @@ import type net from 'node:net'
 import { StringDecoder } from 'node:string_decoder'
 import { CairnProblem, type ErrorCode, type HttpAgent, type StatusCause } from '@cairn/protocol'
 import { createParser } from 'eventsource-parser'
+import { LineSplitter } from './line-splitter.js'
 
 /**
  * The `http` agent protocol's requests (the protocol itself is http-protocol.ts): the agent serves HTTP on a port of the sandbox's loopback and each
@@ -217,20 +218,17 @@ function readAnswer(
         parser.feed(text)
       }
     } else if (kind === 'ndjson') {
-      let pending = ''
+      const lines = new LineSplitter()
       onText = (text) => {
-        pending += text
-        let newline = pending.indexOf('\n')
-        while (newline >= 0) {
-          const line = pending.slice(0, newline).trim()
-          pending = pending.slice(newline + 1)
-          if (line) sink.frame(line)
-          newline = pending.indexOf('\n')
+        for (const line of lines.push(text)) {
+          const frame = line.trim()
+          if (frame) sink.frame(frame)
         }
-        if (pending.length > maxChars) sink.fail(tooLong('a frame'))
+        if (lines.pendingChars > maxChars) sink.fail(tooLong('a frame'))
       }
       onEnd = () => {
-        if (pending.trim()) sink.frame(pending.trim())
+        const last = lines.rest().trim()
+        if (last) sink.frame(last)
         return undefined
       }
     } else if (kind === 'json') {

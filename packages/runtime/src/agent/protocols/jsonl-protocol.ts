@@ -6,6 +6,7 @@ import type { TurnChannel } from '../active-turn.js'
 import type { TurnInput } from '../types.js'
 import type { AgentProtocol } from './agent-protocol.js'
 import { kitLibraryEnv } from './kit-env.js'
+import { LineSplitter } from './line-splitter.js'
 import { throttleStdout } from './throttle.js'
 
 /** jsonl: a warm agent reading one message frame per line and writing typed frames back. */
@@ -20,19 +21,15 @@ export class JsonlProtocol implements AgentProtocol {
 
   listen(sandbox: Sandbox, channel: TurnChannel): void {
     const decoder = new StringDecoder('utf8')
-    let pending = ''
+    const lines = new LineSplitter()
     sandbox.stdout.on('data', (chunk: Buffer) => {
-      pending += decoder.write(chunk)
-      let newline = pending.indexOf('\n')
-      while (newline >= 0) {
-        const line = pending.slice(0, newline).trim()
-        pending = pending.slice(newline + 1)
-        if (line) handleFrame(channel, line)
-        newline = pending.indexOf('\n')
+      for (const line of lines.push(decoder.write(chunk))) {
+        const frame = line.trim()
+        if (frame) handleFrame(channel, frame)
       }
       const cap = channel.maxOutputChars
-      if (pending.length > cap) {
-        pending = ''
+      if (lines.pendingChars > cap) {
+        lines.rest()
         channel.active?.fail({
           code: 'limit_exceeded',
           cause: 'output_limit',

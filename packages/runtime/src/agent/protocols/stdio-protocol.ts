@@ -3,7 +3,7 @@ import { StringDecoder } from 'node:string_decoder'
 import { AGENT_ENV } from '@cairn/protocol'
 import { joinSearchPath } from '../../launch/launch-env.js'
 import type { Sandbox } from '../../sandbox/driver.js'
-import type { TurnChannel } from '../active-turn.js'
+import type { ActiveTurn, TurnChannel } from '../active-turn.js'
 import { StdioMarkerParser } from '../stdio-marker.js'
 import type { TurnInput } from '../types.js'
 import type { AgentProtocol, ProtocolState } from './agent-protocol.js'
@@ -57,11 +57,8 @@ export class StdioProtocol implements AgentProtocol {
         const turn = channel.active
         if (turn && piece.text) {
           // A piece's text was printed before its marker, so it is judged by the asks seen so far.
-          if (this.asked >= this.expectLines - 1) {
-            channel.appendText(turn, piece.text)
-          } else {
-            turn.early += piece.text
-          }
+          if (this.asked >= this.expectLines - 1) channel.appendText(turn, piece.text)
+          else appendEarly(channel, turn, piece.text)
         }
         if (piece.marker === undefined) continue
         this.asked = Math.max(this.asked, piece.marker)
@@ -81,4 +78,22 @@ export class StdioProtocol implements AgentProtocol {
     // stdio carries one message per line; newlines inside a prompt become spaces.
     sandbox.stdin.write(`${input.prompt.replace(/\r?\n/g, ' ')}\n`)
   }
+}
+
+/**
+ * Output before the agent read this turn's line (a banner, unless it exits): held back, and capped
+ * like the reply (it makes no events, so nothing else stops the reading of an agent that prints
+ * without ever reading its line).
+ */
+function appendEarly(channel: TurnChannel, turn: ActiveTurn, text: string): void {
+  const cap = channel.maxOutputChars
+  if (turn.early.length + text.length > cap) {
+    turn.fail({
+      code: 'limit_exceeded',
+      cause: 'output_limit',
+      message: `the agent wrote more than ${cap} characters before it read its line and was stopped`,
+    })
+    return
+  }
+  turn.early += text
 }

@@ -144,6 +144,13 @@ describe('commands in a session', () => {
     expect(ps.text).toBe('0\n[exit 0]\n')
   })
 
+  it('kills a command at its timeout, and says so', async () => {
+    const started = await start(session, { command: ['sh', '-c', 'echo begun; sleep 1000'], timeoutMs: 300 })
+    const read = collect((await output(session, started.body.id)).messages)
+    expect(read.stdout).toBe('begun\n')
+    expect(read.exit).toMatchObject({ status: 'exited', signal: 'SIGKILL', endCause: 'timeout' })
+  })
+
   it('reattaches by offset from a new connection after a dropped one: no byte lost or repeated', async () => {
     // Half the output, then a wait on stdin (the client drops meanwhile), then the other half.
     const script = [

@@ -111,4 +111,32 @@ describe('artifacts in the tenant storage budget', () => {
     const fits = await save('small.bin')
     expect(fits.status, JSON.stringify(fits.body)).toBe(201)
   })
+
+  it("counts a running command's output log at its bound: it leaves no room for a copy that fits without it", async () => {
+    const cat = await tenant.call('POST', `/v1/sessions/${session}/commands`, {
+      command: ['cat'],
+      stdin: true,
+    })
+    expect(cat.status, JSON.stringify(cat.body)).toBe(201)
+    const usage = (await tenant.call('GET', '/v1/usage')).body
+    expect(usage.commandLogs).toEqual({ count: 1, bytes: 8 * MiB })
+    // A file 4 MiB smaller than what is left without the command's log: it fits only without it.
+    const held = usage.quota.usedBytes + usage.artifacts.bytes
+    const size = TENANT_MIB * MiB - held - 4 * MiB
+    expect((await tenant.send(session, `truncate -s ${size} edge.bin && echo ok`)).text).toContain('ok')
+    const refused = await save('edge.bin')
+    expect(refused.status).toBe(507)
+    expect(refused.body.error.details).toMatchObject({ commandLogBytes: 8 * MiB, askedBytes: size })
+    // Ended, the command keeps what it wrote (nothing): the same copy fits.
+    const input = `/v1/sessions/${session}/commands/${cat.body.id}/stdin`
+    expect((await tenant.call('POST', input, { close: true })).status).toBe(200)
+    for (let i = 0; i < 100; i++) {
+      const got = await tenant.call('GET', `/v1/sessions/${session}/commands/${cat.body.id}`)
+      if (got.body.status === 'exited') break
+      await new Promise((resolve) => setTimeout(resolve, 50))
+    }
+    expect((await tenant.call('GET', '/v1/usage')).body.commandLogs).toEqual({ count: 1, bytes: 0 })
+    const fits = await save('edge.bin')
+    expect(fits.status, JSON.stringify(fits.body)).toBe(201)
+  })
 })

@@ -32,6 +32,8 @@ export const DEFAULT_COMMAND_TIMEOUT_MS = 10 * 60 * 1000
 export const MAX_COMMAND_TIMEOUT_MS = 24 * 3600 * 1000
 /** Bytes of a command's output (stdout and stderr together) its log keeps: the newest ones. */
 export const DEFAULT_COMMAND_OUTPUT_BYTES = 8 * 1024 * 1024
+/** Logs of ended commands a session keeps on its node (the ones started last). */
+export const KEPT_ENDED_COMMANDS = 16
 export const MAX_COMMAND_ARGS = 1024
 export const MAX_COMMAND_ARG_BYTES = 128 * 1024
 /** One stdin write's bytes, decoded. */

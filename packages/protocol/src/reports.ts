@@ -45,6 +45,11 @@ export const UsageSchema = Type.Object({
    */
   artifacts: Type.Object({ count: Type.Integer(), bytes: Type.Number(), reservedBytes: Type.Number() }),
   /**
+   * The output logs of the tenant's commands on their nodes, in its storage budget: a running
+   * command's counts at its bound (8 MiB), an ended one's at what it kept.
+   */
+  commandLogs: Type.Object({ count: Type.Integer(), bytes: Type.Number() }),
+  /**
    * The distinct agent images the tenant's live revisions run on, and how many it may
    * (`--max-images-per-tenant`; images are shared, outside the tenant quota).
    */

@@ -443,7 +443,14 @@ export async function startServer(
               : [],
           })
         : undefined
-    const commands = new CommandService({ db, sessions, runtime: runtimePort, clock, logger })
+    const commands = new CommandService({
+      db,
+      sessions,
+      runtime: runtimePort,
+      clock,
+      logger,
+      budget: storageBudget,
+    })
     const app = await buildApp({
       cluster: cluster ? { nodes: cluster.nodes, publish: cluster.publish, mover } : undefined,
       commands,

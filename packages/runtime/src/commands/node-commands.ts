@@ -1,6 +1,6 @@
 import { rm } from 'node:fs/promises'
 import path from 'node:path'
-import { CairnProblem, type CommandEndCause } from '@cairn/protocol'
+import { CairnProblem, type CommandEndCause, KEPT_ENDED_COMMANDS } from '@cairn/protocol'
 import type { AgentProcess } from '../agent/agent-process.js'
 import type { SandboxExecProcess } from '../sandbox/driver.js'
 import type { Logger } from '../util/logger.js'
@@ -57,8 +57,6 @@ export interface CommandRead {
   nextOffset: number
 }
 
-/** Logs of ended commands a session keeps on the node (the oldest go first). */
-export const KEPT_ENDED_COMMANDS = 16
 /** The most one read of a command's output returns. */
 export const MAX_READ_BYTES = 256 * 1024
 

@@ -10,6 +10,7 @@ import type { CommandRead, CommandState, RuntimePort } from '@cairn/runtime/port
 import type { Logger } from 'pino'
 import { type Clock, iso } from '../clock.js'
 import type { Db } from '../db/database.js'
+import type { StorageBudget } from '../limits/storage-budget.js'
 import type { SessionService } from '../sessions/session-service.js'
 import type { SessionRow } from '../sessions/session-store.js'
 import { type CommandRow, CommandStore, toCommandInfo } from './command-store.js'
@@ -32,6 +33,8 @@ export interface CommandServiceDeps {
   runtime: Pick<RuntimePort, 'startCommand' | 'readCommand' | 'writeCommandInput' | 'signalCommand'>
   clock: Clock
   logger: Logger
+  /** The tenant's storage budget: a command's log is reserved at its bound before it starts. */
+  budget?: StorageBudget | undefined
 }
 
 /** `cwd` of a start body as the sandbox sees it: under /workspace, no `..`. */
@@ -96,8 +99,17 @@ export class CommandService {
       started_at: this.now(),
       ended_at: null,
     }
-    // The row first: a command never runs unrecorded (a start that fails removes it).
-    await this.store.insert(command)
+    // The row first: a command never runs unrecorded (a start that fails removes it). Its log's
+    // bound is reserved in the tenant's budget first, and the row (which counts it) settles that.
+    const budget = this.deps.budget
+    if (budget) {
+      const reservation = await budget.reserve(
+        tenantId,
+        DEFAULT_COMMAND_OUTPUT_BYTES,
+        "a command's output log",
+      )
+      await budget.settle(reservation, () => this.store.insert(command))
+    } else await this.store.insert(command)
     try {
       await this.deps.runtime.startCommand({
         sessionId: row.id,

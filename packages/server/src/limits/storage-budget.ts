@@ -1,4 +1,4 @@
-import { CairnProblem, newId } from '@cairn/protocol'
+import { CairnProblem, KEPT_ENDED_COMMANDS, newId } from '@cairn/protocol'
 import type { RuntimePort } from '@cairn/runtime/port'
 import { sql } from 'kysely'
 import { type Clock, iso } from '../clock.js'
@@ -20,6 +20,8 @@ export interface TenantHeld {
   /** The tenant's trees in the pool (exclusive bytes, every node together). */
   poolBytes: number
   artifactBytes: number
+  /** The output logs of its commands (see `commandLogUsage`). */
+  commandLogBytes: number
   /** Space held for work under way (copies not yet settled). */
   reservedBytes: number
 }
@@ -65,7 +67,7 @@ export class StorageBudget {
       await this.deps.db.q.deleteFrom('storage_reservations').where('expires_at', '<=', now).execute()
       if (quota !== undefined) {
         const beside = await this.heldBeside(tenantId)
-        const heldBytes = poolBytes + beside.artifactBytes + beside.reservedBytes
+        const heldBytes = poolBytes + beside.artifactBytes + beside.commandLogBytes + beside.reservedBytes
         if (heldBytes + bytes > quota) throw overQuota(purpose, bytes, quota, { poolBytes, ...beside })
       }
       await this.deps.db.q
@@ -107,7 +109,8 @@ export class StorageBudget {
 
   private async heldBeside(tenantId: string): Promise<Omit<TenantHeld, 'poolBytes'>> {
     const usage = await artifactUsage(this.deps.db, tenantId, this.deps.clock.now())
-    return { artifactBytes: usage.bytes, reservedBytes: usage.reservedBytes }
+    const logs = await commandLogUsage(this.deps.db, tenantId)
+    return { artifactBytes: usage.bytes, commandLogBytes: logs.bytes, reservedBytes: usage.reservedBytes }
   }
 
   /**
@@ -121,10 +124,10 @@ export class StorageBudget {
 }
 
 function overQuota(purpose: string, bytes: number, quotaBytes: number, held: TenantHeld): CairnProblem {
-  const heldBytes = held.poolBytes + held.artifactBytes + held.reservedBytes
+  const heldBytes = held.poolBytes + held.artifactBytes + held.commandLogBytes + held.reservedBytes
   return new CairnProblem(
     'quota_exceeded',
-    `${purpose} (${bytes} bytes) does not fit in the tenant's storage quota of ${quotaBytes} bytes: ${heldBytes} bytes are held (pool ${held.poolBytes}, artifacts ${held.artifactBytes}, copies under way ${held.reservedBytes})`,
+    `${purpose} (${bytes} bytes) does not fit in the tenant's storage quota of ${quotaBytes} bytes: ${heldBytes} bytes are held (pool ${held.poolBytes}, artifacts ${held.artifactBytes}, command logs ${held.commandLogBytes}, copies under way ${held.reservedBytes})`,
     { quotaBytes, askedBytes: bytes, ...held },
   )
 }
@@ -154,4 +157,25 @@ export async function artifactUsage(
     bytes: Number(kept?.bytes ?? 0),
     reservedBytes: Number(reserved?.bytes ?? 0),
   }
+}
+
+/**
+ * What the output logs of the tenant's commands hold on their nodes: a running command's at its
+ * bound (it may write that much), an ended one's at the bytes it kept, for the ones its node
+ * keeps (a session's last `KEPT_ENDED_COMMANDS` ended ones; none of a deleted session, nor of a
+ * command lost with its node).
+ */
+export async function commandLogUsage(db: Db, tenantId: string): Promise<{ count: number; bytes: number }> {
+  const result = await sql<{ count: number | string; bytes: number | string | null }>`
+    SELECT COUNT(*) AS count,
+      SUM(CASE WHEN k.status = 'running' THEN k.max_output_bytes ELSE k.output_bytes - k.kept_from_offset END) AS bytes
+    FROM (
+      SELECT c.status, c.max_output_bytes, c.output_bytes, c.kept_from_offset,
+        ROW_NUMBER() OVER (PARTITION BY c.session_id, c.status ORDER BY c.started_at DESC, c.id DESC) AS n
+      FROM commands c JOIN sessions s ON s.id = c.session_id
+      WHERE c.tenant_id = ${tenantId} AND c.status != 'lost' AND s.status != 'deleted'
+    ) k
+    WHERE k.status = 'running' OR k.n <= ${KEPT_ENDED_COMMANDS}`.execute(db.q)
+  const row = result.rows[0]
+  return { count: Number(row?.count ?? 0), bytes: Number(row?.bytes ?? 0) }
 }

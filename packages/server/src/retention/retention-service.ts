@@ -5,7 +5,7 @@ import type { Logger } from 'pino'
 import { type Clock, iso } from '../clock.js'
 import type { Db } from '../db/database.js'
 import type { ImageService } from '../images/image-service.js'
-import { artifactUsage } from '../limits/storage-budget.js'
+import { artifactUsage, commandLogUsage } from '../limits/storage-budget.js'
 import type { SessionRow } from '../sessions/session-rows.js'
 import type { SessionService } from '../sessions/session-service.js'
 import type { WorkspaceService } from '../workspace/workspace-service.js'
@@ -422,6 +422,7 @@ export class RetentionService {
       retention: { policy: await this.policy(tenantId), ...(await this.freed(tenantId)) },
       memoryCheckpoints: { count: checkpointBytes.length, bytes: checkpointBytes.reduce((a, b) => a + b, 0) },
       artifacts: await artifactUsage(this.deps.db, tenantId, this.deps.clock.now()),
+      commandLogs: await commandLogUsage(this.deps.db, tenantId),
       ...(this.deps.images ? { images: await this.deps.images.tenantImages(tenantId) } : {}),
       storage,
     }

@@ -245,3 +245,27 @@ describe('A2A under the sandbox cap', () => {
     await sleeping
   })
 })
+
+describe('MCP from outside', () => {
+  const mcp = (body: unknown) =>
+    t.api.call('POST', '/v1/mcp', body, {
+      accept: 'application/json, text/event-stream',
+      'mcp-protocol-version': '2025-03-26',
+    })
+  const create = (id: number) => ({
+    jsonrpc: '2.0',
+    id,
+    method: 'tools/call',
+    params: { name: 'create_session', arguments: { agent: 'file-tools' } },
+  })
+
+  it('a JSON-RPC batch is refused whole: one request cannot carry many tool calls past the rate limit', async () => {
+    const count = async () => (await t.api.call('GET', '/v1/sessions?limit=500')).body.data.length
+    const before = await count()
+    const res = await mcp(Array.from({ length: 20 }, (_, i) => create(i + 1)))
+    expect(res.status, JSON.stringify(res.body).slice(0, 300)).toBe(400)
+    expect(res.body.error.code).toBe('validation_failed')
+    expect(await count()).toBe(before)
+    expect((await mcp(create(1))).status).toBe(200)
+  })
+})

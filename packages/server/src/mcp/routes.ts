@@ -1,3 +1,4 @@
+import { CairnProblem } from '@cairn/protocol'
 import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js'
 import type { FastifyInstance } from 'fastify'
 import { principalOf } from '../auth/plugin.js'
@@ -16,6 +17,14 @@ export function mcpRoutes(app: FastifyInstance, deps: McpDeps): void {
   const tools = new McpTools()
   app.post(MCP_PATH, { schema: { hide: true } }, async (request, reply) => {
     const principal = principalOf(request)
+    // One message per request: a JSON-RPC batch (MCP 2025-03-26 allowed them, 2025-06-18 dropped
+    // them) would carry any number of tool calls past the per-key and per-tenant rate limits,
+    // which count requests.
+    if (Array.isArray(request.body))
+      throw new CairnProblem(
+        'validation_failed',
+        'JSON-RPC batches are not served: send one message per request',
+      )
     // No sessionIdGenerator: the transport's stateless mode.
     const server = mcpServer(deps, tools, { principal, requestId: request.id })
     const transport = new StreamableHTTPServerTransport({})

@@ -201,6 +201,33 @@ describe('BtrfsPool', () => {
     expect(existsSync(ws)).toBe(false)
   })
 
+  it('swaps one workspace at a time: concurrent restores of a session each finish, and the workspace is one of them', async () => {
+    const pool = t.runtime.pool
+    const id = sessionId('swaps')
+    const ws = await pool.createWorkspace(id, 'rev_base')
+    const snapshots: string[] = []
+    for (const n of [1, 2, 3, 4]) {
+      await writeFile(path.join(ws, 'which.txt'), String(n))
+      snapshots.push(`snap_${id.slice(4)}${n}`)
+      await pool.snapshotWorkspace(id, snapshots.at(-1) as string)
+    }
+    // What a node meets when a restore and a recovery from the bucket (or two replicas'
+    // recoveries) reach it at once: each swap made its new tree beside the workspace after
+    // removing what was there, so one removed the other's half-made tree and a rename found
+    // nothing: the workspace was left missing (a read then answered 500 state_lost).
+    const results = await Promise.allSettled(
+      snapshots.map((snapshotId, i) => pool.restoreWorkspace(id, snapshotId, 20 + i)),
+    )
+    expect(results.map((r) => r.status)).toEqual(['fulfilled', 'fulfilled', 'fulfilled', 'fulfilled'])
+    expect(existsSync(ws)).toBe(true)
+    expect(['1', '2', '3', '4']).toContain(readFileSync(path.join(ws, 'which.txt'), 'utf8'))
+    expect(readdirSync(path.dirname(ws)).filter((name) => name.startsWith(`${path.basename(ws)}.`))).toEqual(
+      [],
+    )
+    await pool.deleteWorkspace(id)
+    for (const snapshotId of snapshots) await pool.deleteSnapshot(snapshotId)
+  })
+
   it('keeps a generation marker inside each workspace: snapshots carry it, restores set it, the sandbox uid cannot touch it', async () => {
     const pool = t.runtime.pool
     const id = sessionId('gen')

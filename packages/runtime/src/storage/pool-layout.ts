@@ -105,8 +105,33 @@ export abstract class PoolLayout {
   /** Called with a workspace just swapped into place (the btrfs pool sets its quota). */
   protected async afterSwap(_target: string): Promise<void> {}
 
-  /** The new workspace is made beside the old one and renamed into place (see `swapPaths`). */
+  /** The swap of each session's workspace under way (they run one after another). */
+  private readonly swapping = new Map<string, Promise<void>>()
+
+  /**
+   * The new workspace is made beside the old one and renamed into place (see `swapPaths`), one
+   * swap of a session at a time: a restore and a recovery from the bucket reaching a node at once
+   * (or two replicas' recoveries) each removed what stood beside the workspace first, the other's
+   * half-made tree included, and a rename then found nothing: the workspace was left missing.
+   */
   protected async swapWorkspace(
+    sessionId: string,
+    make: (incoming: string) => Promise<void>,
+    generation: number | undefined,
+  ): Promise<void> {
+    const before = this.swapping.get(sessionId)
+    const swap = (before ?? Promise.resolve())
+      .catch(() => undefined)
+      .then(() => this.swapNow(sessionId, make, generation))
+    this.swapping.set(sessionId, swap)
+    try {
+      await swap
+    } finally {
+      if (this.swapping.get(sessionId) === swap) this.swapping.delete(sessionId)
+    }
+  }
+
+  private async swapNow(
     sessionId: string,
     make: (incoming: string) => Promise<void>,
     generation: number | undefined,

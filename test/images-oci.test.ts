@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { createNetnsHost, type NetnsHost, netnsAddresses } from './helpers/netns.js'
 import { buildImage, imageDigest, pushImage, registries, startRegistry } from './helpers/oci-registry.js'
-import { makeProject } from './helpers/projects.js'
+import { makeProject, ociAgent } from './helpers/projects.js'
 import { scratchDir } from './helpers/scratch.js'
 import { startTestServer, type TestServer } from './helpers/server.js'
 
@@ -40,11 +40,6 @@ async function waitReady(agent: string) {
   }
   throw new Error(`revision of ${agent} still DEPLOYING`)
 }
-
-const ociAgent = (name: string, image: string) =>
-  makeProject({
-    'cairn.yaml': `name: ${name}\ncommand: [/bin/sh, /agent.sh]\nprotocol: exec\nimage: ${image}\n`,
-  })
 
 describe('OCI images', () => {
   it('pulls an image by reference from a real registry, keyed by its digest, and runs the agent on it', async () => {

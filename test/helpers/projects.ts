@@ -34,3 +34,10 @@ export const SHELL_PROJECT: Record<string, string> = {
   'cairn.yaml': 'name: shell\ncommand: bash agent.sh\n',
   'agent.sh': SHELL_AGENT,
 }
+
+/** An exec agent project on the OCI image `image` (its `/agent.sh`, run by `/bin/sh`): its directory. */
+export function ociAgent(name: string, image: string): Promise<string> {
+  return makeProject({
+    'cairn.yaml': `name: ${name}\ncommand: [/bin/sh, /agent.sh]\nprotocol: exec\nimage: ${image}\n`,
+  })
+}

@@ -3,7 +3,7 @@ import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { createNetnsHost, type NetnsHost, netnsAddresses } from '../helpers/netns.js'
 import { buildImage, pushImage, registries, startRegistry } from '../helpers/oci-registry.js'
-import { makeProject } from '../helpers/projects.js'
+import { ociAgent } from '../helpers/projects.js'
 import { scratchDir } from '../helpers/scratch.js'
 import { Api, startTestServer, type TestServer } from '../helpers/server.js'
 
@@ -32,11 +32,6 @@ afterAll(async () => {
   for (const registry of registries) registry.kill('SIGKILL')
   netnsHost?.remove()
 })
-
-const ociAgent = (name: string, image: string) =>
-  makeProject({
-    'cairn.yaml': `name: ${name}\ncommand: [/bin/sh, /agent.sh]\nprotocol: exec\nimage: ${image}\n`,
-  })
 
 async function deployReady(api: Api, name: string, image: string) {
   const res = await api.deploy(await ociAgent(name, image))

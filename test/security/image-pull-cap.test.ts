@@ -4,7 +4,7 @@ import path from 'node:path'
 import { treeBytes } from '@cairn/runtime'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { createNetnsHost, type NetnsHost, netnsAddresses } from '../helpers/netns.js'
-import { makeProject } from '../helpers/projects.js'
+import { ociAgent } from '../helpers/projects.js'
 import { startTestServer, type TestServer } from '../helpers/server.js'
 
 // A hostile registry (test/fixtures/lying-registry.mjs, in a network namespace of its own: a
@@ -48,11 +48,6 @@ async function layerBytesSent(): Promise<number> {
   const res = await fetch(`http://${REGISTRY}/stats`)
   return ((await res.json()) as { layerBytesSent: number }).layerBytesSent
 }
-
-const ociAgent = (name: string, image: string) =>
-  makeProject({
-    'cairn.yaml': `name: ${name}\ncommand: [/bin/sh, /agent.sh]\nprotocol: exec\nimage: ${image}\n`,
-  })
 
 /** The pool's staging area measured every few milliseconds until `done` settles: the largest total seen. */
 async function peakStagedBytes<T>(done: Promise<T>): Promise<{ result: T; peakBytes: number }> {

@@ -6,7 +6,7 @@ import { ImageStore } from '@cairn/runtime'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { createNetnsHost, type NetnsHost, netnsAddresses } from '../helpers/netns.js'
 import { buildImage, imageDigest, pushImage, registries, startRegistry } from '../helpers/oci-registry.js'
-import { makeProject } from '../helpers/projects.js'
+import { ociAgent } from '../helpers/projects.js'
 import { scratchDir } from '../helpers/scratch.js'
 import { Api, startTestServer, type TestServer } from '../helpers/server.js'
 
@@ -38,11 +38,6 @@ afterAll(async () => {
   for (const registry of registries) registry.kill('SIGKILL')
   netnsHost?.remove()
 })
-
-const ociAgent = (name: string, image: string) =>
-  makeProject({
-    'cairn.yaml': `name: ${name}\ncommand: [/bin/sh, /agent.sh]\nprotocol: exec\nimage: ${image}\n`,
-  })
 
 describe('image attacks', () => {
   it("refuses a reference on the host's loopback: pulls go out through the egress proxy only", async () => {

@@ -5,6 +5,7 @@ import os from 'node:os'
 import path from 'node:path'
 import tls from 'node:tls'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { type LocalEgress, startLocalEgress } from '../../../../test/helpers/local-egress.js'
 import { EgressCa } from './egress-ca.js'
 import { FIRST_BYTES_CAP, firstBytesRefusal, inspectFirstBytes } from './first-bytes.js'
 import { EgressProxy, type NetworkEvent } from './proxy.js'
@@ -111,36 +112,32 @@ describe('first bytes of a tunnel', () => {
 
 describe('the egress proxy checks what a CONNECT tunnel carries', () => {
   let dir = ''
-  let proxy: EgressProxy
   let upstream: net.Server
+  let egress: LocalEgress
   let upstreamPort = 0
   const received: Buffer[] = []
   const events: NetworkEvent[] = []
 
   beforeAll(async () => {
-    dir = await mkdtemp(path.join(os.tmpdir(), 'cairn-first-bytes-'))
     // The host speaks first (like SSH), and keeps what it is sent.
     upstream = net.createServer((socket) => {
       socket.write('banner\n')
       socket.on('data', (chunk: Buffer) => received.push(chunk))
       socket.on('error', () => undefined)
     })
-    await new Promise<void>((resolve) => upstream.listen(0, '127.0.0.1', resolve))
-    upstreamPort = (upstream.address() as net.AddressInfo).port
-    proxy = new EgressProxy({
-      socketPath: path.join(dir, 'egress.sock'),
-      policy: { allow: [`good.test:${upstreamPort}`, `127.0.0.1:${upstreamPort}`] },
-      privateExceptions: new Set(['127.0.0.1']),
-      hosts: new Map([['good.test', ['127.0.0.1']]]),
-      onEvent: (event) => events.push(event),
+    egress = await startLocalEgress(upstream, {
+      name: 'good.test',
+      prefix: 'cairn-first-bytes-',
+      options: (at) => ({
+        policy: { allow: [`good.test:${at}`, `127.0.0.1:${at}`] },
+        onEvent: (event) => events.push(event),
+      }),
     })
-    await proxy.listen()
+    ;({ dir, port: upstreamPort } = egress)
   })
 
   afterAll(async () => {
-    await proxy?.close()
-    upstream?.close()
-    await rm(dir, { recursive: true, force: true })
+    await egress?.close()
   })
 
   /** Opens a tunnel, sends `payload`, and returns what came back before the tunnel closed or 500 ms. */

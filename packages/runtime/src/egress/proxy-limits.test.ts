@@ -1,11 +1,10 @@
 import { execFileSync } from 'node:child_process'
 import { readdirSync } from 'node:fs'
-import { mkdtemp, rm } from 'node:fs/promises'
 import net from 'node:net'
-import os from 'node:os'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { EgressProxy, type NetworkEvent } from './proxy.js'
+import { type LocalEgress, startLocalEgress } from '../../../../test/helpers/local-egress.js'
+import type { NetworkEvent } from './proxy.js'
 
 /** Sets the descriptor limit back once the closed tunnels' descriptors are free (prlimit needs some). */
 async function restoreLimit(limit: number): Promise<void> {
@@ -22,32 +21,23 @@ async function restoreLimit(limit: number): Promise<void> {
 
 describe('the egress proxy at the limits of its sandbox and its process', () => {
   let dir = ''
-  let proxy: EgressProxy
   let upstream: net.Server
+  let egress: LocalEgress
   let port = 0
   const events: NetworkEvent[] = []
 
   beforeAll(async () => {
-    dir = await mkdtemp(path.join(os.tmpdir(), 'cairn-egress-limits-'))
     // Keeps every connection open and says nothing.
     upstream = net.createServer((socket) => socket.on('error', () => undefined))
-    await new Promise<void>((resolve) => upstream.listen(0, '127.0.0.1', resolve))
-    port = (upstream.address() as net.AddressInfo).port
-    proxy = new EgressProxy({
-      socketPath: path.join(dir, 'egress.sock'),
-      policy: { allow: [`up.test:${port}`] },
-      privateExceptions: new Set(['127.0.0.1']),
-      hosts: new Map([['up.test', ['127.0.0.1']]]),
-      onEvent: (event) => events.push(event),
-      limits: { idleTimeoutMs: 300 },
+    egress = await startLocalEgress(upstream, {
+      prefix: 'cairn-egress-limits-',
+      options: () => ({ onEvent: (event) => events.push(event), limits: { idleTimeoutMs: 300 } }),
     })
-    await proxy.listen()
+    ;({ dir, port } = egress)
   })
 
   afterAll(async () => {
-    await proxy?.close()
-    upstream?.close()
-    await rm(dir, { recursive: true, force: true })
+    await egress?.close()
   })
 
   /** Opens a tunnel to up.test; resolves with its socket and the proxy's first answer. */

@@ -1,16 +1,13 @@
-import { mkdtemp, rm } from 'node:fs/promises'
 import http from 'node:http'
 import net from 'node:net'
-import os from 'node:os'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { EgressProxy } from './proxy.js'
+import { type LocalEgress, startLocalEgress } from '../../../../test/helpers/local-egress.js'
 
 describe('the egress proxy and keep-alive', () => {
-  let dir = ''
   let socketPath = ''
-  let proxy: EgressProxy
   let upstream: http.Server
+  let egress: LocalEgress
   let port = 0
   /** Connections the upstream accepted, and the hop-by-hop headers its requests carried. */
   let upstreamConnections = 0
@@ -19,8 +16,6 @@ describe('the egress proxy and keep-alive', () => {
   const hostsSeen: (string | undefined)[] = []
 
   beforeAll(async () => {
-    dir = await mkdtemp(path.join(os.tmpdir(), 'cairn-keepalive-'))
-    socketPath = path.join(dir, 'egress.sock')
     // An upstream that says keep-alive (as most SSE handlers do) and names a hop-by-hop header.
     upstream = http.createServer((req, res) => {
       hopSeen.push(req.headers['x-hop-request'] ?? req.headers['keep-alive'])
@@ -35,22 +30,12 @@ describe('the egress proxy and keep-alive', () => {
       res.end(`ok ${req.url}\n`)
     })
     upstream.on('connection', () => upstreamConnections++)
-    await new Promise<void>((resolve) => upstream.listen(0, '127.0.0.1', resolve))
-    port = (upstream.address() as net.AddressInfo).port
-    proxy = new EgressProxy({
-      socketPath,
-      policy: { allow: [`up.test:${port}`] },
-      privateExceptions: new Set(['127.0.0.1']),
-      hosts: new Map([['up.test', ['127.0.0.1']]]),
-      onEvent: () => undefined,
-    })
-    await proxy.listen()
+    egress = await startLocalEgress(upstream, { prefix: 'cairn-keepalive-' })
+    ;({ socketPath, port } = egress)
   })
 
   afterAll(async () => {
-    await proxy?.close()
-    upstream?.close()
-    await rm(dir, { recursive: true, force: true })
+    await egress?.close()
   })
 
   it('serves several calls of a keep-alive client on one socket, and keeps the upstream connection', async () => {
@@ -152,34 +137,27 @@ describe('the egress proxy and keep-alive', () => {
 describe('the egress proxy refusing an answer of a host with a proxy secret', () => {
   const VALUE = 'sk-Value-0123456789ABCDEF'
   let dir = ''
-  let proxy: EgressProxy
   let upstream: http.Server
+  let egress: LocalEgress
   let port = 0
 
   beforeAll(async () => {
-    dir = await mkdtemp(path.join(os.tmpdir(), 'cairn-refusal-'))
     // Names the value it was sent as its content coding: the refusal must not quote it.
     upstream = http.createServer((req, res) => {
       res.writeHead(200, { 'content-encoding': String(req.headers.authorization), 'content-length': '2' })
       res.end('xx')
     })
-    await new Promise<void>((resolve) => upstream.listen(0, '127.0.0.1', resolve))
-    port = (upstream.address() as net.AddressInfo).port
-    proxy = new EgressProxy({
-      socketPath: path.join(dir, 'egress.sock'),
-      policy: { allow: [`up.test:${port}`] },
-      privateExceptions: new Set(['127.0.0.1']),
-      hosts: new Map([['up.test', ['127.0.0.1']]]),
-      onEvent: () => undefined,
-      secrets: [{ name: 'K', standIn: 'cairn-proxy-secret-k', value: VALUE, hosts: [`up.test:${port}`] }],
+    egress = await startLocalEgress(upstream, {
+      prefix: 'cairn-refusal-',
+      options: (at) => ({
+        secrets: [{ name: 'K', standIn: 'cairn-proxy-secret-k', value: VALUE, hosts: [`up.test:${at}`] }],
+      }),
     })
-    await proxy.listen()
+    ;({ dir, port } = egress)
   })
 
   afterAll(async () => {
-    await proxy?.close()
-    upstream?.close()
-    await rm(dir, { recursive: true, force: true })
+    await egress?.close()
   })
 
   it('answers 502 without quoting the value', async () => {

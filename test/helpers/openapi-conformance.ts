@@ -122,12 +122,18 @@ export class OpenApiConformance {
       : `${where}: body does not match its schema: ${this.errors(validate.body)}`
   }
 
-  /** Each event's data against its schema: the union member titled with the event's name, if named so. */
+  /**
+   * Each event's data against its schema: the union member titled with the event's name, if named
+   * so. A stream none of whose events is named (the data-only framing of the A2A and AG-UI
+   * streams) has each checked against the whole union; in a stream of named events, one without a
+   * name is the SSE default `message`.
+   */
   private checkEvents(where: string, validate: Validator, text: string): string | undefined {
     const messages = text.split(/\r?\n\r?\n/).filter((m) => m.trim() !== '')
     if (messages.length === 0) return `${where}: empty event stream`
+    const dataOnly = !/^event:/m.test(text)
     for (const message of messages) {
-      let event = 'message'
+      let event: string | undefined
       const data: string[] = []
       for (const line of message.split(/\r?\n/)) {
         if (line.startsWith(':')) continue
@@ -140,8 +146,14 @@ export class OpenApiConformance {
       try {
         value = JSON.parse(data.join('\n'))
       } catch {
-        return `${where}: event "${event}" data is not JSON`
+        return `${where}: event "${event ?? 'message'}" data is not JSON`
       }
+      if (event === undefined && dataOnly) {
+        const all = validate.data as ValidateFunction
+        if (!all(value)) return `${where}: an unnamed event does not match: ${this.errors(all)}`
+        continue
+      }
+      event ??= 'message'
       const named = validate.events?.get(event)
       if (validate.events && !named) return `${where}: event "${event}" is not documented`
       const check = named ?? (validate.data as ValidateFunction)

@@ -84,6 +84,8 @@ const links = new LinkPool()
 
 const ids = {
   liveSession: '',
+  /** A fork of the live session, so a merge has something to merge. */
+  fork: '',
   endedSession: '',
   deletedSession: '',
   spareSessions: [] as string[],
@@ -92,11 +94,19 @@ const ids = {
   revision: '',
   snapshot: '',
   victimKey: '',
+  webhook: '',
+  victimWebhook: '',
   artifact: '',
   turn: '',
   command: '',
   endedCommand: '',
 }
+
+/**
+ * A webhook the address guard accepts (a public address, no name to resolve) for an event never
+ * sent yet, so the run makes no deliveries leave the machine.
+ */
+const WEBHOOK = { url: 'https://93.184.215.14/fuzz', events: ['approval.requested'] }
 
 /** The shared places, and where a server started from this checkout could also write. */
 const PLACES: SharedPlaces = [...SHARED_PLACES, ['/run', 1], [REPO_ROOT, 2]]
@@ -156,12 +166,20 @@ beforeAll(async () => {
     if (got.body.status === 'exited') break
     await new Promise((resolve) => setTimeout(resolve, 50))
   }
+  const forked = await api.call('POST', `/v1/sessions/${ids.liveSession}/fork`, { snapshotId: ids.snapshot })
+  expect(forked.status, JSON.stringify(forked.body)).toBe(201)
+  ids.fork = forked.body.id
   ids.endedSession = (await api.createSession('echo')).id
   expect((await api.call('POST', `/v1/sessions/${ids.endedSession}/end`)).status).toBe(200)
   ids.deletedSession = (await api.createSession('echo')).id
   expect((await api.call('DELETE', `/v1/sessions/${ids.deletedSession}`)).status).toBe(200)
   for (let i = 0; i < 3; i++) ids.spareSessions.push((await api.createSession('echo')).id)
   ids.victimKey = (await api.call('POST', '/v1/keys', { name: 'victim' })).body.id
+  for (const which of ['webhook', 'victimWebhook'] as const) {
+    const hook = await api.call('POST', '/v1/webhooks', WEBHOOK)
+    expect(hook.status, JSON.stringify(hook.body)).toBe(201)
+    ids[which] = hook.body.id
+  }
   readKey = (await api.call('POST', '/v1/keys', { name: 'reader', role: 'read' })).body.key
   expect((await api.call('PUT', `/v1/agents/${ids.agent}/secrets`, { secrets: { K1: 'v' } })).status).toBe(
     200,
@@ -286,11 +304,14 @@ const REAL_PARAMS: Record<string, () => string[]> = {
 /** The real IDs a well-formed request to `route` uses (DELETE on the spare and victim ones). */
 function realParam(route: Route, name: string): string {
   const destructive = route.method === 'DELETE' && route.template.split('/').length <= 4
+  if (name === 'id' && route.template === '/v1/sessions/{id}/merge') return ids.fork
   if (name === 'id' && route.template.startsWith('/v1/sessions'))
     return destructive ? (ids.spareSessions[0] as string) : ids.liveSession
   if (name === 'id' && route.template.startsWith('/v1/agents'))
     return destructive ? ids.victimAgent : ids.agent
   if (name === 'id' && route.template.startsWith('/v1/keys')) return ids.victimKey
+  if (name === 'id' && route.template.startsWith('/v1/webhooks'))
+    return destructive ? ids.victimWebhook : ids.webhook
   if (name === 'commandId') return route.template.endsWith('/output') ? ids.endedCommand : ids.command
   return REAL_PARAMS[name]?.()[0] ?? 'x'
 }
@@ -503,7 +524,14 @@ function wellFormed(
   // Paths: a directory to list, an existing file to read, a file the upload made to delete.
   const file = route.template.endsWith('/files') && route.method === 'GET' ? '' : 'echo.sh'
   const path = route.method === 'PUT' || route.method === 'DELETE' ? 'fuzzed.txt' : file
-  const schemaHints = { ...hints, path: [path], agent: ['echo'], name: ['fuzzed'] }
+  const schemaHints = {
+    ...hints,
+    path: [path],
+    agent: ['echo'],
+    name: ['fuzzed'],
+    url: [WEBHOOK.url],
+    events: [WEBHOOK.events],
+  }
   const apiPath = route.template.replace(/\{(\w+)\}/g, (_m, name: string) => pct(realParam(route, name)))
   const query = route.query
     .filter((q) => q.required || q.name === 'path')
@@ -546,6 +574,10 @@ function wellFormedJson(route: Route, rng: Rng, hints: Record<string, unknown[]>
   for (const name of schema.required ?? [])
     out[name] = hints[name]?.[0] ?? fromSchema(rng, schema.properties?.[name] ?? {}, {}, name)
   if (route.template.endsWith('/secrets')) return { secrets: { K2: 'v' } }
+  if (route.template === '/v1/webhooks/{id}' && route.method === 'PATCH') return { enabled: true }
+  // A run's last message must be the user's, with text (any role or content is a 400).
+  if (route.template.endsWith('/ag-ui'))
+    return { ...out, messages: [{ id: 'm1', role: 'user', content: 'fuzzed' }] }
   return out
 }
 

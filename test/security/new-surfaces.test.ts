@@ -195,6 +195,39 @@ describe('merging from outside', () => {
     expect((await merge(reader, a.fork, { preview: true })).status).toBe(200)
   })
 
+  it("writes nothing through links: the fork's links, a directory it made a link, a target's link over a directory", async () => {
+    const mark = `pwned-${process.pid}-${Date.now()}`
+    const parent = (await t.api.createSession('shell')).id
+    expect(
+      (await t.api.send(parent, 'mkdir -p keep tgt && echo base > keep/a.txt && echo base > tgt/b.txt')).text,
+    ).toContain('[exit 0]')
+    const point = (await t.api.call('POST', `/v1/sessions/${parent}/snapshots`, {})).body.id
+    const fork = (await t.api.call('POST', `/v1/sessions/${parent}/fork`, { snapshotId: point })).body.id
+    const inFork = [
+      'ln -s /etc evil',
+      'ln -s ../../../.. up',
+      'rm -r keep && ln -s /tmp keep',
+      `echo fork > tgt/${mark}`,
+      'echo fork > tgt/b.txt',
+    ].join(' && ')
+    expect((await t.api.send(fork, inFork)).text).toContain('[exit 0]')
+    // The target makes tgt a link to the sandbox's /tmp (the host's /tmp, were it followed host-side).
+    expect((await t.api.send(parent, 'rm -r tgt && ln -s /tmp tgt')).text).toContain('[exit 0]')
+    const res = await merge(t.api, fork, {})
+    expect(res.status, JSON.stringify(res.body)).toBe(200)
+    const conflicts = new Map(
+      (res.body.conflicts as { path: string; kind: string }[]).map((c) => [c.path, c.kind]),
+    )
+    for (const path of ['evil', 'up', 'keep']) expect(conflicts.get(path), path).toBe('unsupported')
+    for (const path of [`tgt/${mark}`, 'tgt/b.txt']) expect(conflicts.get(path), path).toBe('type')
+    expect(res.body.changes).toEqual([])
+    const host = await import('node:fs')
+    expect(host.existsSync(`/tmp/${mark}`)).toBe(false)
+    const listed = (await t.api.send(parent, `ls -la /tmp/${mark} keep/a.txt; readlink tgt`)).text
+    expect(listed).toContain('keep/a.txt')
+    expect(listed).toContain('No such file')
+  })
+
   it('refuses wrong types naming the field', async () => {
     for (const [body, where] of [
       [{ preview: 'true' }, 'preview'],

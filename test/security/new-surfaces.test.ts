@@ -1,3 +1,5 @@
+import { isErrorCode } from '@cairn/protocol'
+import fc from 'fast-check'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { makeProject, SHELL_PROJECT } from '../helpers/projects.js'
 import { FILE_TOOLS_AGENT } from '../helpers/protocol-server.js'
@@ -80,6 +82,68 @@ describe('A2A from outside', () => {
         expect(res.status, `${method} ${JSON.stringify(res.body)}`).toBe(200)
         expect(res.body.error?.code, method).toBe(-32601)
       }
+  })
+
+  it('answers params with any JSON at any place with a typed JSON-RPC error or a task, never a fault (property)', async () => {
+    const valid = (method: string) =>
+      method.startsWith('Send') || method.startsWith('message/')
+        ? { message: { messageId: 'm1', role: 'ROLE_USER', parts: [{ text: 'hi' }] } }
+        : { id: a.turn }
+    const methods = ['SendMessage', 'GetTask', 'CancelTask', 'SubscribeToTask', 'message/send', 'tasks/get']
+    // A path into the valid params (existing or new keys, array indexes) and what to put there.
+    const place = fc.array(
+      fc.oneof(
+        fc.constantFrom(
+          'message',
+          'parts',
+          0,
+          'text',
+          'id',
+          'contextId',
+          'role',
+          'configuration',
+          'returnImmediately',
+          'metadata',
+        ),
+        fc.string({ maxLength: 8 }),
+      ),
+      { minLength: 1, maxLength: 4 },
+    )
+    await fc.assert(
+      fc.asyncProperty(
+        fc.constantFrom(...methods),
+        place,
+        fc.jsonValue({ maxDepth: 2 }),
+        async (method, path, value) => {
+          const params: Record<string, unknown> = structuredClone(valid(method))
+          let at: Record<string | number, unknown> = params
+          for (const key of path.slice(0, -1)) {
+            if (at[key] === null || typeof at[key] !== 'object') at[key] = {}
+            at = at[key] as typeof at
+          }
+          at[path.at(-1) as string | number] = value
+          const legacy = method.includes('/')
+          const res = await t.api.call(
+            'POST',
+            '/v1/agents/file-tools/a2a',
+            rpc(method, params),
+            legacy ? {} : { 'a2a-version': '1.0' },
+          )
+          const what = `${method} ${JSON.stringify(params).slice(0, 300)} → ${res.status} ${JSON.stringify(res.body).slice(0, 300)}`
+          if (res.status !== 200) {
+            expect(res.status, what).toBeLessThan(500)
+            expect(isErrorCode(res.body.error?.code), what).toBe(true)
+            return
+          }
+          if (typeof res.body === 'string') return // a stream, begun: a valid streaming call
+          if (res.body.error === undefined) return
+          expect(res.body.error.code, what).not.toBe(-32603)
+          const code = res.body.error.data?.[0]?.metadata?.code
+          if (code !== undefined) expect(isErrorCode(code), what).toBe(true)
+        },
+      ),
+      { numRuns: Number(process.env.PROPERTY_RUNS ?? 60) },
+    )
   })
 
   it('a read-only key writes nothing', async () => {

@@ -1,9 +1,9 @@
 import { writeFile } from 'node:fs/promises'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { makeProject, SHELL_PROJECT } from '../helpers/projects.js'
 import { scratchDir } from '../helpers/scratch.js'
-import { startTestServer, type TestServer } from '../helpers/server.js'
+import type { TestServer } from '../helpers/server.js'
+import { startShellServer } from '../helpers/shell-server.js'
 
 /**
  * An agent links a name the host looks at (`.cairn/memory.proposed.md`, asked about after every
@@ -13,8 +13,7 @@ import { startTestServer, type TestServer } from '../helpers/server.js'
 let t: TestServer
 
 beforeAll(async () => {
-  t = await startTestServer()
-  expect((await t.api.deploy(await makeProject(SHELL_PROJECT))).status).toBe(201)
+  t = await startShellServer()
 })
 
 afterAll(async () => {

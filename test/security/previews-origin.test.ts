@@ -5,8 +5,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { buildConsole } from '../../packages/console/build.mjs'
 import { type Browser, CHROMIUM, launchBrowser } from '../console/browser.js'
 import { previewFetch, previewOrigin, previewSocketAddress } from '../helpers/preview.js'
-import { makeProject, SHELL_PROJECT } from '../helpers/projects.js'
-import { startTestServer, type TestServer } from '../helpers/server.js'
+import type { TestServer } from '../helpers/server.js'
+import { startShellServer } from '../helpers/shell-server.js'
 
 /**
  * A hostile preview. The page a session's agent serves tries to reach the console's API key (kept
@@ -130,9 +130,7 @@ const signedUrl = async (port = 8000) => {
 }
 
 beforeAll(async () => {
-  t = await startTestServer()
-  const project = await makeProject({ ...SHELL_PROJECT, 'hostile.py': HOSTILE_SERVER })
-  expect((await t.api.deploy(project)).status).toBe(201)
+  t = await startShellServer({}, { files: { 'hostile.py': HOSTILE_SERVER } })
   sessionId = (await t.api.createSession('shell')).id
   const started = await t.api.send(
     sessionId,

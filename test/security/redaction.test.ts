@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { makeProject, SHELL_AGENT } from '../helpers/projects.js'
-import { startTestServer, type TestServer } from '../helpers/server.js'
+import type { TestServer } from '../helpers/server.js'
+import { startShellServer } from '../helpers/shell-server.js'
 
 /**
  * A secret printed encoded (base64 at each alignment, URL-safe base64, hex, percent-encoded as in
@@ -49,13 +49,7 @@ function shownForms(value: string): string[] {
 const token = (label: string) => `${label}/${randomBytes(9).toString('hex')}+a=b&c é`
 
 beforeAll(async () => {
-  t = await startTestServer()
-  const project = await makeProject({
-    'cairn.yaml': 'name: printer\ncommand: bash agent.sh\n',
-    'agent.sh': SHELL_AGENT,
-    'print.py': PRINTER,
-  })
-  expect((await t.api.deploy(project)).status).toBe(201)
+  t = await startShellServer({}, { name: 'printer', files: { 'print.py': PRINTER } })
 })
 
 afterAll(async () => {

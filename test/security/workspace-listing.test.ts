@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { makeProject, SHELL_AGENT } from '../helpers/projects.js'
-import { startTestServer, type TestServer } from '../helpers/server.js'
+import type { TestServer } from '../helpers/server.js'
+import { startShellServer } from '../helpers/shell-server.js'
 
 /**
  * A directory listing is answered whole, so its size is the agent's to choose: a directory of
@@ -11,12 +11,7 @@ import { startTestServer, type TestServer } from '../helpers/server.js'
 let t: TestServer
 
 beforeAll(async () => {
-  t = await startTestServer()
-  const project = await makeProject({
-    'cairn.yaml': 'name: shell-listing\ncommand: bash agent.sh\n',
-    'agent.sh': SHELL_AGENT,
-  })
-  expect((await t.api.deploy(project)).status).toBe(201)
+  t = await startShellServer({}, { name: 'shell-listing' })
 })
 
 afterAll(async () => {

@@ -242,6 +242,52 @@ describe('AG-UI from outside', () => {
   })
 })
 
+describe('a client that drops mid-stream', () => {
+  /** Opens a stream, reads its first bytes, drops it; answers the session the stream named. */
+  async function dropAfterFirst(url: string, body: unknown, headers: Record<string, string> = {}) {
+    const abort = new AbortController()
+    const res = await fetch(url, {
+      method: 'POST',
+      signal: abort.signal,
+      headers: { authorization: `Bearer ${t.key}`, 'content-type': 'application/json', ...headers },
+      body: JSON.stringify(body),
+    })
+    expect(res.headers.get('content-type')).toContain('text/event-stream')
+    const first = await res.body?.getReader().read()
+    abort.abort()
+    return Buffer.from(first?.value ?? []).toString('utf8')
+  }
+
+  /** The session's last turn once it ended (polled: the turn runs on after the drop). */
+  async function lastTurnEnded(session: string) {
+    for (let i = 0; i < 300; i++) {
+      const turns = (await t.api.call('GET', `/v1/sessions/${session}/turns`)).body.data as {
+        status: string
+      }[]
+      const last = turns.at(-1)
+      if (last && last.status !== 'running') return last
+      await new Promise((r) => setTimeout(r, 100))
+    }
+    throw new Error(`the turn of ${session} did not end`)
+  }
+
+  it('AG-UI and A2A: the turn runs to its own end, and the session takes the next message', async () => {
+    const thread = (await t.api.createSession('file-tools')).id
+    await dropAfterFirst(`${t.url}/v1/agents/file-tools/ag-ui`, run(thread, 'sleep 1'))
+    expect((await lastTurnEnded(thread)).status).toBe('completed')
+    expect((await t.api.send(thread, 'read a.txt')).status).toBe(200)
+    const context = (await t.api.createSession('file-tools')).id
+    const first = await dropAfterFirst(
+      `${t.url}/v1/agents/file-tools/a2a`,
+      rpc('SendStreamingMessage', text('sleep 1', context)),
+      { 'a2a-version': '1.0' },
+    )
+    expect(first).toContain('TASK_STATE_WORKING')
+    expect((await lastTurnEnded(context)).status).toBe('completed')
+    expect((await t.api.send(context, 'read a.txt')).status).toBe(200)
+  })
+})
+
 describe('merging from outside', () => {
   const merge = (api: Api, id: string, body: unknown) => api.call('POST', `/v1/sessions/${id}/merge`, body)
 

@@ -7,6 +7,8 @@ import { Api, startTestServer, type TestServer } from '../helpers/server.js'
 
 // The session's new surfaces (A2A, AG-UI, merging a fork back) attacked from outside, against one
 // real server: tenant B's key, a read-only key, wrong JSON types and ids of other sessions.
+// About 25 s: a second server (a sandbox cap of 1, for the refused A2A message), 60 property
+// runs of A2A calls, and turns the agent sleeps in while a client drops its stream.
 let t: TestServer
 let b: Api
 let readKey = ''
@@ -239,6 +241,34 @@ describe('AG-UI from outside', () => {
     expect((await agUi(t.api, run(gone))).status).toBe(410)
     const shell = (await t.api.createSession('shell')).id
     expect((await agUi(t.api, run(shell))).status).toBe(400)
+  })
+})
+
+describe('commands from outside', () => {
+  it("tenant B names A's command under its own session: not found, and the command untouched", async () => {
+    const started = await t.api.call('POST', `/v1/sessions/${a.parent}/commands`, {
+      command: ['cat'],
+      stdin: true,
+    })
+    expect(started.status, JSON.stringify(started.body)).toBe(201)
+    const cmd = started.body.id as string
+    for (const session of [own.parent, a.parent]) {
+      const base = `/v1/sessions/${session}/commands/${cmd}`
+      expect((await b.call('GET', base)).status).toBe(404)
+      expect((await b.call('GET', `${base}/output?follow=false`)).status).toBe(404)
+      expect((await b.call('POST', `${base}/stdin`, { text: 'B was here', close: true })).status).toBe(404)
+      expect((await b.call('POST', `${base}/signal`, { signal: 'SIGKILL' })).status).toBe(404)
+    }
+    expect((await b.call('GET', `/v1/sessions/${own.parent}/commands`)).body.data).toEqual([])
+    const still = await t.api.call('GET', `/v1/sessions/${a.parent}/commands/${cmd}`)
+    expect(still.body).toMatchObject({ status: 'running', outputBytes: 0 })
+    const wrong = await t.api.call('POST', `/v1/sessions/${a.parent}/commands`, { command: 'cat' })
+    expect(wrong.status).toBe(400)
+    expect(wrong.body.error.message).toContain('command')
+    expect(
+      (await t.api.call('POST', `/v1/sessions/${a.parent}/commands/${cmd}/signal`, { signal: 'SIGKILL' }))
+        .status,
+    ).toBe(200)
   })
 })
 

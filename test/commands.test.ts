@@ -3,6 +3,7 @@ import os from 'node:os'
 import path from 'node:path'
 import { Cairn, type SseMessage } from '@cairn/sdk'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import WebSocket from 'ws'
 import { assertBuilt, spawnCli } from './helpers/cli.js'
 import { makeProject, SHELL_PROJECT } from './helpers/projects.js'
 import { Api, startTestServer, type TestServer } from './helpers/server.js'
@@ -392,8 +393,70 @@ describe('commands through the SDK and the CLI', () => {
       expect(piped).toMatchObject({ code: 0, stdout: '12\n' })
       const killed = await spawnCli(['sessions', 'exec', prefix, '--', 'sh', '-c', 'kill -TERM $$'], env).done
       expect(killed.code).toBe(128 + 15)
+      // A terminal: what is typed (here piped) runs in a shell on a pty, and its status is the CLI's.
+      const shell = await spawnCli(['sessions', 'shell', prefix], env, {
+        input: 'tty; echo "sum $((40 + 2))"; exit 4\n',
+      }).done
+      expect(shell.code).toBe(4)
+      expect(shell.stdout).toMatch(/\/dev\/pts\/\d+/)
+      expect(shell.stdout).toContain('sum 42')
     } finally {
       await rm(config, { recursive: true, force: true })
     }
+  })
+})
+
+describe('a terminal over WebSocket', () => {
+  const socketUrl = (path: string) => `${t.url.replace(/^http/, 'ws')}${path}`
+  /** The HTTP status an upgrade was refused with (or 101). */
+  const upgradeStatus = (path: string, headers: Record<string, string>) =>
+    new Promise<number>((resolve) => {
+      const ws = new WebSocket(socketUrl(path), { headers })
+      ws.once('open', () => {
+        ws.close()
+        resolve(101)
+      })
+      ws.once('unexpected-response', (_req, res) => {
+        res.resume()
+        resolve(res.statusCode ?? 0)
+      })
+      ws.once('error', () => resolve(0))
+    })
+
+  it('runs a shell on a terminal: keystrokes in, output out, a resize, the exit status last', async () => {
+    const started = await start(session, { command: ['sh'], tty: { rows: 24, cols: 80 } })
+    expect(started.status, JSON.stringify(started.body)).toBe(201)
+    expect(started.body.stdinOpen).toBe(true)
+    const path = `/v1/sessions/${session}/commands/${started.body.id}/terminal`
+    const ws = new WebSocket(socketUrl(path), { headers: { authorization: `Bearer ${t.key}` } })
+    let screen = ''
+    const exit = new Promise<{ command: { exitCode: number } }>((resolve, reject) => {
+      ws.on('message', (data, binary) => {
+        if (binary) screen += data.toString()
+        else {
+          const message = JSON.parse(data.toString())
+          if (message.type === 'exit') resolve(message)
+        }
+      })
+      ws.once('error', reject)
+    })
+    await new Promise((resolve) => ws.once('open', resolve))
+    ws.send(JSON.stringify({ type: 'resize', rows: 33, cols: 101 }))
+    ws.send(Buffer.from('stty size; tty; echo $((6 * 7)); exit 3\n'), { binary: true })
+    const ended = await exit
+    expect(ended.command).toMatchObject({ status: 'exited', exitCode: 3 })
+    expect(screen).toContain('33 101')
+    expect(screen).toMatch(/\/dev\/pts\/\d+/)
+    expect(screen).toContain('42')
+    await new Promise((resolve) => ws.once('close', resolve))
+  })
+
+  it('refuses an upgrade without a key, of another tenant, or anywhere else, in HTTP', async () => {
+    const started = await start(session, { command: ['true'] })
+    const path = `/v1/sessions/${session}/commands/${started.body.id}/terminal`
+    expect(await upgradeStatus(path, {})).toBe(401)
+    const key = await t.api.call('POST', '/v1/keys', { tenant: 'terminal-other', role: 'admin' })
+    expect(await upgradeStatus(path, { authorization: `Bearer ${key.body.key}` })).toBe(404)
+    expect(await upgradeStatus('/v1/agents', { authorization: `Bearer ${t.key}` })).toBe(404)
   })
 })

@@ -39,6 +39,11 @@ export const MAX_COMMAND_ARG_BYTES = 128 * 1024
 /** One stdin write's bytes, decoded. */
 export const MAX_STDIN_BYTES = 1024 * 1024
 
+export const TerminalSizeSchema = Type.Object(
+  { rows: Type.Integer({ minimum: 1, maximum: 1000 }), cols: Type.Integer({ minimum: 1, maximum: 1000 }) },
+  { additionalProperties: false },
+)
+
 const EnvName = Type.String({ minLength: 1, maxLength: 256, pattern: '^[A-Za-z_][A-Za-z0-9_]*$' })
 
 export const StartCommandBody = Type.Object(
@@ -61,6 +66,11 @@ export const StartCommandBody = Type.Object(
     timeoutMs: Type.Optional(Type.Integer({ minimum: 1, maximum: MAX_COMMAND_TIMEOUT_MS })),
     /** Keep stdin open for `…/stdin` writes (default: closed at once, as `< /dev/null`). */
     stdin: Type.Optional(Type.Boolean()),
+    /**
+     * Run it on a terminal of this size (a shell: `["bash", "-l"]`): its output is all `stdout`,
+     * stdin stays open, `…/resize` resizes it; `…/terminal` attaches a WebSocket to it.
+     */
+    tty: Type.Optional(TerminalSizeSchema),
   },
   { additionalProperties: false },
 )

@@ -12,14 +12,20 @@ goes to the command's process group. The end of fd 4 (the runtime gone or done) 
 fd 5: one status line to the runtime once the command runs (`OK`), or why it could not start
 (`ERR sandbox <reason>`: the sandbox is gone; `ERR exec <reason>`: the program could not be run).
 The helper exits as the command did: its code, or killed by the same signal.
-Usage: sandbox_exec.py <pid> <seccomp program file or -> <uid> <gid> <cwd> -- <command...>
+With `--pty <rows> <cols>` before `--`, the command runs on a terminal of the sandbox's own devpts
+(its stdin, stdout and stderr, its controlling terminal); the helper relays the terminal to its
+stdin and stdout, and a `WINSIZE <rows> <cols>` control line resizes it.
+Usage: sandbox_exec.py <pid> <seccomp program file or -> <uid> <gid> <cwd> [--pty <rows> <cols>] -- <command...>
 """
 import ctypes
+import fcntl
 import os
 import resource
 import select
 import signal
+import struct
 import sys
+import termios
 import warnings  # noqa: F401  loaded now: os.execvpe imports it, and the host's files are out of reach inside
 
 # The user namespace last: the others may be owned by an outer one of the sandbox's (bwrap's
@@ -83,8 +89,12 @@ def parse_env(raw):
 
 def main():
     args = sys.argv[1:]
+    pty = None
+    if len(args) > 8 and args[5] == "--pty":
+        pty = (int(args[6]), int(args[7]))
+        args = args[:5] + args[8:]
     if len(args) < 7 or args[5] != "--":
-        fail("usage: sandbox_exec.py <pid> <seccomp file> <uid> <gid> <cwd> -- <command...>", 2)
+        fail("usage: sandbox_exec.py <pid> <seccomp file> <uid> <gid> <cwd> [--pty <rows> <cols>] -- <command...>", 2)
     pid, seccomp_file, uid, gid, cwd = int(args[0]), args[1], int(args[2]), int(args[3]), args[4]
     command = args[6:]
     env = parse_env(read_all(ENV_FD))
@@ -103,29 +113,67 @@ def main():
     for fd, name, flag in fds:
         check(LIBC.setns(fd, flag), f"entering the sandbox's {name} namespace")
         os.close(fd)
+    # A terminal of the sandbox's own devpts (its /dev/ptmx, in the mount namespace entered).
+    master = slave = None
+    if pty:
+        master, slave = os.openpty()
+        resize(master, *pty)
     # Closed by a successful exec (close-on-exec); the child writes why it could not exec instead.
     exec_read, exec_write = os.pipe2(os.O_CLOEXEC)
     child = os.fork()
     if child == 0:
         os.close(exec_read)
-        run(command, env, program, uid, gid, cwd, exec_write)
+        if master is not None:
+            os.close(master)
+        run(command, env, program, uid, gid, cwd, exec_write, slave)
     os.close(exec_write)
+    if slave is not None:
+        os.close(slave)
     why = read_all(exec_read)
     report(f"ERR exec {why.decode(errors='replace')}" if why else "OK")
-    supervise(child)
+    supervise(child, master)
 
 
-def supervise(child):
+def resize(master, rows, cols):
+    fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+def write_all(fd, data):
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def supervise(child, master=None):
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda s, _f: send(child, s))
     pidfd = os.pidfd_open(child)
     control = CONTROL_FD
     line = b""
+    # With a terminal: its output to stdout, stdin to it (until either ends).
+    terminal = master
+    keyboard = 0 if master is not None else None
     while True:
-        watched = [pidfd] + ([control] if control is not None else [])
+        watched = [pidfd] + [fd for fd in (control, terminal, keyboard) if fd is not None]
         try:
             ready, _, _ = select.select(watched, [], [])
         except InterruptedError:
+            continue
+        if terminal is not None and terminal in ready:
+            try:
+                data = os.read(terminal, 65536)
+            except OSError:
+                data = b""
+            if data:
+                write_all(1, data)
+            else:
+                terminal = None
+            continue
+        if keyboard is not None and keyboard in ready:
+            data = os.read(keyboard, 65536)
+            if data:
+                write_all(master, data)
+            else:
+                keyboard = None
             continue
         if pidfd in ready:
             break
@@ -142,8 +190,21 @@ def supervise(child):
             parts = one.split(b" ")
             if len(parts) == 2 and parts[0] == b"SIG" and parts[1].isdigit():
                 send(child, int(parts[1]))
+            if len(parts) == 3 and parts[0] == b"WINSIZE" and master is not None:
+                if parts[1].isdigit() and parts[2].isdigit():
+                    resize(master, min(int(parts[1]), 1000), min(int(parts[2]), 1000))
         if len(line) > MAX_CONTROL_LINE:
             line = b""
+    # What the terminal still holds once the command is gone.
+    while terminal is not None:
+        ready, _, _ = select.select([terminal], [], [], 0.2)
+        try:
+            data = os.read(terminal, 65536) if ready else b""
+        except OSError:
+            data = b""
+        if not data:
+            break
+        write_all(1, data)
     _, status = os.waitpid(child, 0)
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
@@ -161,7 +222,7 @@ def send(child, sig):
         pass
 
 
-def run(command, env, program, uid, gid, cwd, exec_write):
+def run(command, env, program, uid, gid, cwd, exec_write, terminal=None):
     def refuse(message, code):
         os.write(exec_write, message.encode())
         os._exit(code)
@@ -170,6 +231,12 @@ def run(command, env, program, uid, gid, cwd, exec_write):
         os.close(CONTROL_FD)
         os.close(STATUS_FD)
         os.setsid()
+        if terminal is not None:
+            # Its controlling terminal, and its stdin, stdout and stderr.
+            fcntl.ioctl(terminal, termios.TIOCSCTTY, 0)
+            for fd in (0, 1, 2):
+                os.dup2(terminal, fd)
+            os.close(terminal)
         os.setresgid(gid, gid, gid)
         os.setresuid(uid, uid, uid)
         # After the uid change, which clears it: the command never outlives this helper.

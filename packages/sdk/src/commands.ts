@@ -23,6 +23,8 @@ export interface StartCommandOptions extends RequestOptions {
   timeoutMs?: number | undefined
   /** Keep stdin open for `sendStdin` (default: closed at once). */
   stdin?: boolean | undefined
+  /** Run it on a terminal of this size (output all on stdout; `resize` resizes it). */
+  tty?: { rows: number; cols: number } | undefined
 }
 
 /** One event of a command's output stream. */
@@ -65,12 +67,12 @@ export class Commands {
 
   /** Starts `command` (an argv; `['sh', '-c', '…']` for a shell line) beside the agent. */
   async start(command: readonly string[], options: StartCommandOptions = {}): Promise<CommandInfo> {
-    const { env, cwd, timeoutMs, stdin, ...request } = options
+    const { env, cwd, timeoutMs, stdin, tty, ...request } = options
     return asCommand(
       await this.http.json({
         method: 'POST',
         path: path(this.sessionId),
-        json: { command, env, cwd, timeoutMs, stdin },
+        json: { command, env, cwd, timeoutMs, stdin, tty },
         ...request,
       }),
     )
@@ -197,6 +199,22 @@ export class Commands {
         method: 'POST',
         path: path(this.sessionId, `/${encodeURIComponent(commandId)}/signal`),
         json: { signal },
+        ...options,
+      }),
+    )
+  }
+
+  /** Resizes the terminal of a command started with `tty`. */
+  async resize(
+    commandId: string,
+    size: { rows: number; cols: number },
+    options: RequestOptions = {},
+  ): Promise<CommandInfo> {
+    return asCommand(
+      await this.http.json({
+        method: 'POST',
+        path: path(this.sessionId, `/${encodeURIComponent(commandId)}/resize`),
+        json: size,
         ...options,
       }),
     )

@@ -20,6 +20,7 @@ import { ReplicaTurns } from './cluster/replica-turns.js'
 import { type NodeConnector, openClusterRuntime } from './cluster/routing/cluster-runtime-host.js'
 import { ClusterRuntimePort } from './cluster/routing/cluster-runtime-port.js'
 import { CommandService } from './commands/command-service.js'
+import { TerminalSockets } from './commands/terminal-socket.js'
 import { type ResolvedConfig, resolveConfig, type ServerOptions } from './config.js'
 import { writeCredentialsIfMissing } from './credentials.js'
 import { createOwnerOnly, runtimeIdOf, secureDataDir } from './data-dir.js'
@@ -483,7 +484,10 @@ export async function startServer(
           }
         : undefined,
     })
-    admission.attach(app.server, { relaysUpgrades: false })
+    // The API listener answers every Upgrade request: terminals over WebSocket, 404 for the rest.
+    const terminals = new TerminalSockets({ keys, commands, logger })
+    terminals.attach(app.server)
+    admission.attach(app.server, { relaysUpgrades: true })
     const address = await app.listen({ port: config.port, host: config.host })
     const port = Number(new URL(address).port)
     webhooks.listening([port, previewPort])
@@ -533,6 +537,7 @@ export async function startServer(
           await previewListener?.close()
           // New requests are refused from here; a stream of a running turn ends with its turn,
           // which is given the grace and then cancelled (a replica's: failed replica_stopping).
+          terminals.close()
           const appClosed = app.close()
           await sessions.drain(config.shutdownGraceMs, cutShort.signal)
           await appClosed

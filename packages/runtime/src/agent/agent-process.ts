@@ -172,6 +172,7 @@ export class AgentProcess implements TurnChannel {
     command: readonly string[],
     env: Record<string, string>,
     cwd: string,
+    pty?: { rows: number; cols: number } | undefined,
   ): Promise<SandboxExecProcess> {
     if (!this.protocol.warm)
       throw new CairnProblem(
@@ -194,7 +195,8 @@ export class AgentProcess implements TurnChannel {
         ...(this.egress?.trustsCa ? trustedCaEnv() : {}),
       },
     })
-    return sandbox.exec({ command, env: { ...base, PWD: cwd, ...env }, cwd })
+    const terminal = pty ? { TERM: 'xterm-256color' } : {}
+    return sandbox.exec({ command, env: { ...base, ...terminal, PWD: cwd, ...env }, cwd, pty })
   }
 
   /** Prepares the run directory and, for warm protocols, starts the sandbox. */

@@ -20,6 +20,8 @@ export interface CommandStart {
   maxOutputBytes: number
   /** Keep stdin open for writes (else it is closed at once). */
   stdin: boolean
+  /** Run it on a terminal of this size (its output is all stdout). */
+  tty?: { rows: number; cols: number } | undefined
   /** Once it ends (the last of the session's), the sandbox cools down for this long. */
   keepWarmMs: number
 }
@@ -111,7 +113,7 @@ export class NodeCommands {
     }
     let process: SandboxExecProcess
     try {
-      process = await agent.exec(start.command, start.env ?? {}, start.cwd)
+      process = await agent.exec(start.command, start.env ?? {}, start.cwd, start.tty)
     } catch (error) {
       log.remove()
       throw error
@@ -220,6 +222,12 @@ export class NodeCommands {
       if (data.length === 0) return finish()
       process.stdin.write(data, finish)
     })
+  }
+
+  resize(sessionId: string, commandId: string, rows: number, cols: number): CommandState {
+    const command = this.get(sessionId, commandId)
+    command.process?.resize(rows, cols)
+    return { ...command.state }
   }
 
   signal(sessionId: string, commandId: string, signal: NodeJS.Signals): CommandState {

@@ -47,6 +47,7 @@ import type {
   SandboxDriverFacts,
   ShippedHead,
   SnapshotOptions,
+  TerminalSize,
   TreeReadOptions,
   TreeRef,
   TurnOptions,
@@ -678,6 +679,10 @@ export class LocalRuntimePort implements RuntimePort {
     if (!(COMMAND_SIGNALS as readonly string[]).includes(signal))
       throw new CairnProblem('bad_request', `signal ${signal} cannot be sent to a command`)
     return this.commands.signal(sessionId, commandId, signal as NodeJS.Signals)
+  }
+
+  async resizeCommand(sessionId: string, commandId: string, size: TerminalSize): Promise<CommandState> {
+    return this.commands.resize(sessionId, commandId, size.rows, size.cols)
   }
 
   writeFile(sessionId: string, rel: string, body: Readable): Promise<void> {

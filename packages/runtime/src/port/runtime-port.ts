@@ -125,6 +125,12 @@ export interface NodeShippingLag {
   secondsBehind: number
 }
 
+/** A terminal's size, in characters. */
+export interface TerminalSize {
+  rows: number
+  cols: number
+}
+
 export interface RuntimeEvents {
   /** A `pause: memory` session's checkpoint was taken, restored or discarded. */
   pause(sessionId: string, event: PauseEvent): void
@@ -407,6 +413,8 @@ export interface RuntimePort {
   ): Promise<CommandState>
   /** Sends a signal (a `COMMAND_SIGNALS` name) to the command's process group. */
   signalCommand(sessionId: string, commandId: string, signal: string): Promise<CommandState>
+  /** Resizes the terminal of a command started with `tty` (others: nothing changes). */
+  resizeCommand(sessionId: string, commandId: string, size: TerminalSize): Promise<CommandState>
 
   // --- revisions: deploys and their builds --------------------------------------------------
   /**

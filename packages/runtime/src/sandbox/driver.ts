@@ -91,6 +91,8 @@ export interface SandboxExecSpec {
   env: Readonly<Record<string, string>>
   /** The directory it runs in, inside the sandbox (default /workspace). */
   cwd?: string | undefined
+  /** Run it on a terminal of this size (stdout then carries the terminal, stderr nothing). */
+  pty?: { rows: number; cols: number } | undefined
 }
 
 /** A command running inside a sandbox: its stdio, its end, and signals to its process group. */
@@ -102,6 +104,8 @@ export interface SandboxExecProcess {
   readonly exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>
   /** Sends a signal to the command and every process it started (its process group). */
   signal(name: NodeJS.Signals): void
+  /** Resizes its terminal (a command started with `pty`; others ignore it). */
+  resize(rows: number, cols: number): void
 }
 
 /**

@@ -79,6 +79,7 @@ export async function execInSandbox(target: ExecTarget, spec: SandboxExecSpec): 
     String(SANDBOX_USER.uid),
     String(SANDBOX_USER.gid),
     spec.cwd ?? '/workspace',
+    ...(spec.pty ? ['--pty', String(spec.pty.rows), String(spec.pty.cols)] : []),
     '--',
     ...spec.command,
   ]
@@ -172,6 +173,11 @@ class ExecProcess implements SandboxExecProcess {
       throw new CairnProblem('bad_request', `signal ${name} cannot be sent to a command`)
     if (this.child.exitCode !== null || this.child.signalCode !== null) return
     this.control.write(`SIG ${number}\n`)
+  }
+
+  resize(rows: number, cols: number): void {
+    if (this.child.exitCode !== null || this.child.signalCode !== null) return
+    this.control.write(`WINSIZE ${Math.trunc(rows)} ${Math.trunc(cols)}\n`)
   }
 }
 

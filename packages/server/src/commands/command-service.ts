@@ -30,7 +30,10 @@ export interface CommandServiceDeps {
   db: Db
   sessions: SessionService
   /** The runtime, only through its port. */
-  runtime: Pick<RuntimePort, 'startCommand' | 'readCommand' | 'writeCommandInput' | 'signalCommand'>
+  runtime: Pick<
+    RuntimePort,
+    'startCommand' | 'readCommand' | 'writeCommandInput' | 'signalCommand' | 'resizeCommand'
+  >
   clock: Clock
   logger: Logger
   /** The tenant's storage budget: a command's log is reserved at its bound before it starts. */
@@ -93,7 +96,7 @@ export class CommandService {
       end_cause: null,
       output_bytes: 0,
       kept_from_offset: 0,
-      stdin_open: body.stdin ? 1 : 0,
+      stdin_open: body.stdin || body.tty ? 1 : 0,
       timeout_ms: timeoutMs,
       max_output_bytes: DEFAULT_COMMAND_OUTPUT_BYTES,
       started_at: this.now(),
@@ -119,7 +122,9 @@ export class CommandService {
         cwd,
         timeoutMs,
         maxOutputBytes: DEFAULT_COMMAND_OUTPUT_BYTES,
-        stdin: body.stdin === true,
+        // A terminal's keyboard is its stdin: open.
+        stdin: body.stdin === true || body.tty !== undefined,
+        tty: body.tty,
         keepWarmMs: row.keep_warm_ms,
       })
     } catch (error) {
@@ -214,6 +219,19 @@ export class CommandService {
     if (row.status !== 'running')
       throw new CairnProblem('conflict', `command ${commandId} has ended`, { status: row.status })
     const state = await this.deps.runtime.writeCommandInput(sessionId, commandId, data, close)
+    return toCommandInfo((await this.record(row, state)) ?? row)
+  }
+
+  /** Resizes the terminal of a command started with `tty`. */
+  async resize(
+    tenantId: string,
+    sessionId: string,
+    commandId: string,
+    size: { rows: number; cols: number },
+  ): Promise<CommandInfo> {
+    const row = await this.require(tenantId, sessionId, commandId)
+    if (row.status !== 'running') return toCommandInfo(row)
+    const state = await this.deps.runtime.resizeCommand(sessionId, commandId, size)
     return toCommandInfo((await this.record(row, state)) ?? row)
   }
 

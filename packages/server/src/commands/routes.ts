@@ -10,6 +10,7 @@ import {
   IdParams,
   MAX_STDIN_BYTES,
   StartCommandBody,
+  TerminalSizeSchema,
 } from '@cairn/protocol'
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox'
 import { Type } from '@sinclair/typebox'
@@ -147,6 +148,23 @@ export function commandRoutes(
         throw new CairnProblem('payload_too_large', `one stdin write takes at most ${MAX_STDIN_BYTES} bytes`)
       const { id, commandId } = request.params
       return commands.stdin(requireWrite(request).tenantId, id, commandId, bytes, close === true)
+    },
+  )
+
+  app.post(
+    '/v1/sessions/:id/commands/:commandId/resize',
+    {
+      schema: {
+        tags,
+        summary: 'Resize the terminal of a command started with `tty`',
+        params: CommandParams,
+        body: TerminalSizeSchema,
+        response: { 200: CommandSchema, ...errors },
+      },
+    },
+    async (request) => {
+      const { id, commandId } = request.params
+      return commands.resize(requireWrite(request).tenantId, id, commandId, request.body)
     },
   )
 

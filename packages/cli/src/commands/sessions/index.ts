@@ -32,6 +32,7 @@ const SUBCOMMANDS: ReadonlyArray<readonly [names: readonly string[], load: Loade
   [['import'], () => import('./import.js')],
   [['move'], () => import('./move.js')],
   [['exec'], () => import('./exec.js')],
+  [['shell'], () => import('./shell.js')],
 ]
 
 /**

@@ -118,6 +118,7 @@ export const METHODS: Record<keyof RuntimePort, MethodSpec> = {
   readCommand: { args: [json(S.CommandReadRequest)], result: 'json', session: field('sessionId') },
   writeCommandInput: { args: [id, id, bytes, json(Type.Boolean())], result: 'json', session: first },
   signalCommand: { args: [id, id, json(S.CommandSignal)], result: 'json', session: first },
+  resizeCommand: { args: [id, id, json(S.TerminalSize)], result: 'json', session: first },
   // revisions
   stageRevision: { args: [id, id, bytes], result: 'json' },
   buildRevision: { args: [json(S.RevisionBuild), { kind: 'lines' }], result: 'json' },

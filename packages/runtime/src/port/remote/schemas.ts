@@ -42,6 +42,11 @@ const EgressRule = Type.Union([
 ])
 const EgressPolicy = Type.Object({ allow: Type.Array(EgressRule) }, { additionalProperties: false })
 
+export const TerminalSize = Type.Object(
+  { rows: Type.Integer({ minimum: 1, maximum: 1000 }), cols: Type.Integer({ minimum: 1, maximum: 1000 }) },
+  { additionalProperties: false },
+)
+
 /** A command to start beside a session's agent (`RuntimePort.startCommand`). */
 export const CommandStart = Type.Object(
   {
@@ -53,6 +58,7 @@ export const CommandStart = Type.Object(
     timeoutMs: Type.Integer({ minimum: 1 }),
     maxOutputBytes: Type.Integer({ minimum: 1 }),
     stdin: Type.Boolean(),
+    tty: optional(TerminalSize),
     keepWarmMs: Count,
   },
   { additionalProperties: false },

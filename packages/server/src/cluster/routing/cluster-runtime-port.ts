@@ -27,6 +27,7 @@ import {
   type ShippedHead,
   type ShippedTree,
   type SnapshotOptions,
+  type TerminalSize,
   type TreeReadOptions,
   type TreeRef,
   type TreeSizes,
@@ -458,6 +459,10 @@ export class ClusterRuntimePort implements RuntimePort {
     return this.routes.onSession(sessionId, (port) =>
       port.writeCommandInput(sessionId, commandId, data, close),
     )
+  }
+
+  resizeCommand(sessionId: string, commandId: string, size: TerminalSize): Promise<CommandState> {
+    return this.routes.onSession(sessionId, (port) => port.resizeCommand(sessionId, commandId, size))
   }
 
   signalCommand(sessionId: string, commandId: string, signal: string): Promise<CommandState> {

@@ -1,0 +1,174 @@
+import type { IncomingMessage, Server } from 'node:http'
+import type { Duplex } from 'node:stream'
+import { CairnProblem, COMMAND_SIGNALS, newId } from '@cairn/protocol'
+import type { Logger } from 'pino'
+import { type RawData, type WebSocket, WebSocketServer } from 'ws'
+import type { ApiKeyStore, Principal } from '../auth/api-keys.js'
+import { toErrorBody } from '../http/errors.js'
+import { COMMAND_WAIT_MS, type CommandService } from './command-service.js'
+import { toCommandInfo } from './command-store.js'
+
+const TERMINAL_PATH = /^\/v1\/sessions\/([^/?]{1,200})\/commands\/([^/?]{1,64})\/terminal(?:\?(.*))?$/
+/** A browser cannot set Authorization on a WebSocket: it offers the key as a subprotocol instead. */
+const KEY_PROTOCOL = 'cairn-key.'
+/** Bytes of output one message carries at most. */
+const MESSAGE_BYTES = 64 * 1024
+/** Input one message may carry (as a stdin write). */
+const MAX_INPUT_BYTES = 1024 * 1024
+
+/**
+ * Terminals over WebSocket (docs/commands.md): `GET /v1/sessions/{id}/commands/{commandId}/terminal`
+ * with `Upgrade: websocket` attaches to a command (a `tty` one for a shell): binary messages from
+ * the client are its stdin, text ones control it (`{"type":"resize","rows","cols"}`,
+ * `{"type":"signal","signal"}`, `{"type":"close"}` to end stdin); the server sends its output as
+ * binary messages from `?offset=` (default 0), then `{"type":"exit","command"}` and closes. It is
+ * the same command API underneath: any replica serves it, and a dropped socket reattaches by offset.
+ * Every other Upgrade request to the API listener is answered 404 and closed.
+ */
+export class TerminalSockets {
+  private readonly wss = new WebSocketServer({ noServer: true, maxPayload: MAX_INPUT_BYTES })
+  private readonly sockets = new Set<Duplex>()
+
+  constructor(private readonly deps: { keys: ApiKeyStore; commands: CommandService; logger: Logger }) {}
+
+  attach(server: Server): void {
+    server.on('upgrade', (request: IncomingMessage, socket: Duplex, head: Buffer) => {
+      this.sockets.add(socket)
+      socket.once('close', () => this.sockets.delete(socket))
+      socket.on('error', () => undefined)
+      void this.upgrade(request, socket, head).catch((error: unknown) => refuse(socket, error))
+    })
+  }
+
+  private async upgrade(request: IncomingMessage, socket: Duplex, head: Buffer): Promise<void> {
+    const match = TERMINAL_PATH.exec(request.url ?? '')
+    if (!match || request.method !== 'GET' || request.headers.upgrade?.toLowerCase() !== 'websocket')
+      throw new CairnProblem(
+        'not_found',
+        'the API takes WebSocket upgrades only at …/commands/{commandId}/terminal',
+      )
+    const principal = await this.principal(request)
+    if (principal.role === 'read') throw new CairnProblem('forbidden', 'this API key is read-only')
+    const sessionId = decodeURIComponent(match[1] ?? '')
+    const commandId = decodeURIComponent(match[2] ?? '')
+    const offset = Number(new URLSearchParams(match[3] ?? '').get('offset') ?? 0)
+    if (!Number.isSafeInteger(offset) || offset < 0)
+      throw new CairnProblem('validation_failed', 'offset must be a whole number of bytes')
+    // Refused before the handshake: an unknown session or command is a typed HTTP answer.
+    await this.deps.commands.get(principal.tenantId, sessionId, commandId)
+    this.wss.handleUpgrade(request, socket, head, (ws) => {
+      const at = { tenantId: principal.tenantId, sessionId, commandId }
+      this.bridge(ws, at, offset).catch((error: unknown) => {
+        this.deps.logger.warn({ err: error, command: commandId }, 'a terminal socket failed')
+        ws.close(1011, error instanceof CairnProblem ? error.code : 'internal')
+      })
+    })
+  }
+
+  private async principal(request: IncomingMessage): Promise<Principal> {
+    const header = request.headers.authorization
+    const bearer = header ? /^Bearer\s+(\S+)$/i.exec(header)?.[1] : undefined
+    const offered = String(request.headers['sec-websocket-protocol'] ?? '')
+      .split(',')
+      .map((p) => p.trim())
+      .find((p) => p.startsWith(KEY_PROTOCOL))
+    const key = bearer ?? offered?.slice(KEY_PROTOCOL.length)
+    if (!key) throw new CairnProblem('unauthorized', 'missing API key: send Authorization: Bearer <key>')
+    const principal = await this.deps.keys.verify(key)
+    if (!principal) throw new CairnProblem('unauthorized', 'invalid API key')
+    return principal
+  }
+
+  /** Output to the socket from `offset` until the command's end; the socket's messages to the command. */
+  private async bridge(
+    ws: WebSocket,
+    at: { tenantId: string; sessionId: string; commandId: string },
+    offset: number,
+  ): Promise<void> {
+    const { commands } = this.deps
+    let open = true
+    ws.on('close', () => {
+      open = false
+    })
+    ws.on('message', (data: RawData, binary: boolean) => {
+      void this.input(at, data, binary).catch((error: unknown) => {
+        if (open) ws.send(JSON.stringify({ type: 'error', error: problemOf(error) }))
+      })
+    })
+    let next = offset
+    while (open) {
+      const { read, command } = await commands.read(
+        at.tenantId,
+        at.sessionId,
+        at.commandId,
+        next,
+        MESSAGE_BYTES * 4,
+        COMMAND_WAIT_MS,
+      )
+      for (const chunk of read?.chunks ?? []) {
+        const data = Buffer.from(chunk.data)
+        for (let start = 0; start < data.length; start += MESSAGE_BYTES)
+          await sendBinary(ws, data.subarray(start, start + MESSAGE_BYTES))
+      }
+      if (read) next = read.nextOffset
+      if (command.status !== 'running' && (!read || next >= Number(command.output_bytes))) {
+        if (open) ws.send(JSON.stringify({ type: 'exit', command: toCommandInfo(command) }))
+        ws.close(1000)
+        return
+      }
+    }
+  }
+
+  private async input(
+    at: { tenantId: string; sessionId: string; commandId: string },
+    data: RawData,
+    binary: boolean,
+  ): Promise<void> {
+    const { commands } = this.deps
+    const bytes = Array.isArray(data) ? Buffer.concat(data) : Buffer.from(data as ArrayBuffer)
+    if (binary) {
+      await commands.stdin(at.tenantId, at.sessionId, at.commandId, bytes, false)
+      return
+    }
+    const message = JSON.parse(bytes.toString('utf8')) as Record<string, unknown>
+    if (message.type === 'resize' && isSize(message.rows) && isSize(message.cols))
+      await commands.resize(at.tenantId, at.sessionId, at.commandId, {
+        rows: message.rows,
+        cols: message.cols,
+      })
+    else if (message.type === 'signal' && (COMMAND_SIGNALS as readonly unknown[]).includes(message.signal))
+      await commands.signal(at.tenantId, at.sessionId, at.commandId, String(message.signal))
+    else if (message.type === 'close')
+      await commands.stdin(at.tenantId, at.sessionId, at.commandId, Buffer.alloc(0), true)
+    else
+      throw new CairnProblem('validation_failed', 'a text message is {"type":"resize"|"signal"|"close", …}')
+  }
+
+  /** Closes every terminal socket (the server is stopping). */
+  close(): void {
+    for (const socket of this.sockets) socket.destroy()
+    this.wss.close()
+  }
+}
+
+const isSize = (value: unknown): value is number =>
+  typeof value === 'number' && Number.isInteger(value) && value >= 1 && value <= 1000
+
+function sendBinary(ws: WebSocket, data: Buffer): Promise<void> {
+  return new Promise((resolve) => ws.send(data, { binary: true }, () => resolve()))
+}
+
+function problemOf(error: unknown): { code: string; message: string } {
+  if (error instanceof CairnProblem) return { code: error.code, message: error.message }
+  if (error instanceof SyntaxError) return { code: 'invalid_json', message: error.message }
+  return { code: 'internal', message: 'the message could not be handled' }
+}
+
+/** Answers a refused upgrade as HTTP, in the registry's shape, and closes the connection. */
+function refuse(socket: Duplex, error: unknown): void {
+  const { status, body } = toErrorBody(error, newId('request'))
+  const text = JSON.stringify(body)
+  socket.end(
+    `HTTP/1.1 ${status} ${status === 404 ? 'Not Found' : 'Refused'}\r\ncontent-type: application/json; charset=utf-8\r\ncontent-length: ${Buffer.byteLength(text)}\r\nconnection: close\r\n\r\n${text}`,
+  )
+}

@@ -5,8 +5,9 @@ import base from './vitest.config'
  * The PostgreSQL pass (`npm run test:postgres`): the suite again where the database can behave
  * differently. Left out are the files whose subject never reaches the database, which the SQLite
  * pass proves once: the packages' unit tests, the runtime's own conformance, sandbox and kernel
- * walls, image builds, agent protocols, the MCP translation (its walls run in both passes), the
- * browser console, and the deployment and object-store harnesses. A file that starts a server still touches the database, but these only ask it what
+ * walls, image builds, agent protocols, the MCP translation (its walls run in both passes), a
+ * turn's stream held to its client's pace, the sandbox cap's wait, a merge's three-way walk of the
+ * workspaces, the browser console, and the deployment and object-store harnesses. A file that starts a server still touches the database, but these only ask it what
  * the other pass already asked; what they test (a syscall refused, a link in an archive, a
  * pixel) is decided below it.
  */
@@ -27,6 +28,8 @@ const RUNTIME_ONLY = [
   'test/isolation.test.ts',
   'test/limits.test.ts',
   'test/mcp.test.ts',
+  'test/merge.test.ts',
+  'test/parallel-sessions.test.ts',
   'test/openapi-lint.test.ts',
   'test/release.test.ts',
   'test/security/btrfs-ioctl.test.ts',
@@ -46,6 +49,7 @@ const RUNTIME_ONLY = [
   'test/security/proxy-secrets.test.ts',
   'test/security/session-uid.test.ts',
   'test/security/shipped-*.test.ts',
+  'test/security/stream-backpressure*.test.ts',
   'test/security/workspace-delete.test.ts',
   'test/security/workspace-listing.test.ts',
   'test/security/workspace-reads.test.ts',

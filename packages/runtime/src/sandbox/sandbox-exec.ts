@@ -1,8 +1,9 @@
 import { type ChildProcess, spawn } from 'node:child_process'
 import { readFile } from 'node:fs/promises'
+import os from 'node:os'
 import type { Readable, Writable } from 'node:stream'
 import { fileURLToPath } from 'node:url'
-import { CairnProblem } from '@cairn/protocol'
+import { CairnProblem, COMMAND_SIGNALS } from '@cairn/protocol'
 import { OWN_PROCESS_GROUP } from '../util/process-group.js'
 import type { SandboxExecProcess, SandboxExecSpec } from './driver.js'
 import { LAUNCHER_SHELL, launcherArgs } from './launcher.js'
@@ -11,19 +12,6 @@ import { SANDBOX_USER } from './rootfs.js'
 const HELPER = fileURLToPath(new URL('../../helpers/sandbox_exec.py', import.meta.url))
 /** How long after the command's exit its output pipes may take to drain (a child it left holds them). */
 const EXIT_DRAIN_MS = 1000
-const SIGNALS: Readonly<Record<string, number>> = {
-  SIGHUP: 1,
-  SIGINT: 2,
-  SIGQUIT: 3,
-  SIGKILL: 9,
-  SIGUSR1: 10,
-  SIGUSR2: 12,
-  SIGTERM: 15,
-  SIGCONT: 18,
-  SIGSTOP: 19,
-  SIGTSTP: 20,
-  SIGWINCH: 28,
-}
 
 /** Where a command enters a running bwrap sandbox: its cgroups, its first process, its seccomp program. */
 export interface ExecTarget {
@@ -168,7 +156,9 @@ class ExecProcess implements SandboxExecProcess {
   }
 
   signal(name: NodeJS.Signals): void {
-    const number = SIGNALS[name]
+    const number = (COMMAND_SIGNALS as readonly string[]).includes(name)
+      ? os.constants.signals[name]
+      : undefined
     if (number === undefined)
       throw new CairnProblem('bad_request', `signal ${name} cannot be sent to a command`)
     if (this.child.exitCode !== null || this.child.signalCode !== null) return
@@ -180,6 +170,3 @@ class ExecProcess implements SandboxExecProcess {
     this.control.write(`WINSIZE ${Math.trunc(rows)} ${Math.trunc(cols)}\n`)
   }
 }
-
-/** The signals a command may be sent by name. */
-export const COMMAND_SIGNALS = Object.keys(SIGNALS)

@@ -1,22 +1,10 @@
+import os from 'node:os'
 import type { CommandInfo } from '@cairn/protocol'
 import type { Commands } from '@cairn/sdk'
 import { InvalidArgumentError } from 'commander'
 import { duration, jsonOption, type Register } from '../../command.js'
 import { CliError } from '../../errors.js'
 import { resolveSession } from '../../session-arg.js'
-
-/** Signal numbers for an exit status the way a shell reports a signalled command (128 + N). */
-const SIGNAL_NUMBERS: Readonly<Record<string, number>> = {
-  SIGHUP: 1,
-  SIGINT: 2,
-  SIGQUIT: 3,
-  SIGKILL: 9,
-  SIGUSR1: 10,
-  SIGUSR2: 12,
-  SIGTERM: 15,
-  SIGSTOP: 19,
-  SIGTSTP: 20,
-}
 
 const envPair = (value: string, previous: Record<string, string> = {}) => {
   const eq = value.indexOf('=')
@@ -27,7 +15,7 @@ const envPair = (value: string, previous: Record<string, string> = {}) => {
 /** The command's exit status as a shell gives it: its code, 128 + the signal, 1 when lost. */
 export function exitStatusOf(command: CommandInfo): number {
   if (command.exitCode !== null) return command.exitCode
-  if (command.signal) return 128 + (SIGNAL_NUMBERS[command.signal] ?? 0)
+  if (command.signal) return 128 + (os.constants.signals[command.signal as NodeJS.Signals] ?? 0)
   return 1
 }
 

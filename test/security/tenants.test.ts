@@ -126,6 +126,7 @@ function bodyFor(url: string): unknown {
     ['/commands', { command: ['true'] }],
     ['/stdin', { text: 'x' }],
     ['/signal', { signal: 'SIGTERM' }],
+    ['/resize', { rows: 24, cols: 80 }],
   ]
   if (url.endsWith('/workspace'))
     return gzipSync(Buffer.from('not a tar, never read: the tenant check comes first'))

@@ -442,10 +442,15 @@ describe('a terminal over WebSocket', () => {
     })
     await new Promise((resolve) => ws.once('open', resolve))
     ws.send(JSON.stringify({ type: 'resize', rows: 33, cols: 101 }))
-    ws.send(Buffer.from('stty size; tty; echo $((6 * 7)); exit 3\n'), { binary: true })
+    // The resize (the helper's control pipe) and the keystrokes (the pty) travel apart: the shell
+    // waits until its terminal has the new size (a resize never applied fails by the test's timeout).
+    const keys =
+      'until [ "$(stty size)" = "33 101" ]; do sleep 0.05; done; stty size; tty; echo $((6 * 7)); exit 3\n'
+    ws.send(Buffer.from(keys), { binary: true })
     const ended = await exit
     expect(ended.command).toMatchObject({ status: 'exited', exitCode: 3 })
-    expect(screen).toContain('33 101')
+    // stty's own line (the typed line echoes "33 101" too, but not alone on a line).
+    expect(screen).toMatch(/(^|\n)33 101\r?\n/)
     expect(screen).toMatch(/\/dev\/pts\/\d+/)
     expect(screen).toContain('42')
     await new Promise((resolve) => ws.once('close', resolve))

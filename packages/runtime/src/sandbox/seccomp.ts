@@ -123,16 +123,17 @@ export function buildSeccompFilter(arch = process.arch): Buffer | undefined {
  * inside its kernel): calls outside it fail with EPERM (runsc ignores `errnoRet`). gVisor lets an
  * unprivileged process make a user namespace, which bwrap's `--disable-userns` forbids; here `clone`
  * passes only without CLONE_NEWUSER, and `unshare` is refused. `clone3`, whose flags a filter
- * cannot see, passes: gVisor does not implement it (ENOSYS), so the C library falls back to `clone`
- * for threads (refused, it would answer EPERM and stop that fallback). test/security/escape.test.ts
- * checks all three ways. btrfs ioctls are refused by their type byte as in the bwrap filter (gVisor
+ * cannot see, must answer ENOSYS (runsc 20240729 implements it and would make the namespace), so
+ * the C library falls back to `clone` for threads (EPERM would stop that fallback). runsc 20240729
+ * ignores `errnoRet`, so the rule is SCMP_ACT_TRACE: with no tracer the call fails with ENOSYS, and
+ * no tracer can be (ptrace is refused). test/security/escape.test.ts checks all three ways. btrfs ioctls are refused by their type byte as in the bwrap filter (gVisor
  * does not pass them to the host anyway: it answers ENOTTY); the mask clears the request's upper
  * 32 bits, so they cannot dodge the rule. runsc takes the first rule that matches a call, so that
  * refusal comes before ioctl's allow.
  */
 export function buildOciSeccomp(arch = process.arch): Record<string, unknown> | undefined {
   if (arch !== 'x64') return undefined
-  const withRules = new Set(['clone', 'ioctl'])
+  const withRules = new Set(['clone', 'clone3', 'ioctl'])
   return {
     defaultAction: 'SCMP_ACT_ERRNO',
     defaultErrnoRet: EPERM,
@@ -144,6 +145,7 @@ export function buildOciSeccomp(arch = process.arch): Record<string, unknown> | 
         action: 'SCMP_ACT_ALLOW',
         args: [{ index: 0, value: CLONE_NEWUSER, valueTwo: 0, op: 'SCMP_CMP_MASKED_EQ' }],
       },
+      { names: ['clone3'], action: 'SCMP_ACT_TRACE' },
       {
         names: ['ioctl'],
         action: 'SCMP_ACT_ERRNO',

@@ -3,7 +3,9 @@
 # scripts/install-test-deps.sh); it says which it installs. What each one costs when missing is
 # what `cairn doctor` reports.
 #   bubblewrap                      sandboxes (the default isolation)
-#   runsc                           gVisor sandboxes (`isolation: gvisor`)
+#   runsc                           gVisor sandboxes (`isolation: gvisor`); on Debian 12 the 20240729
+#                                   release from bookworm-backports (systrap), pinned so nothing else
+#                                   comes from backports (scripts/lib/runsc-backports.sh)
 #   btrfs-progs, util-linux         the storage pool (mkfs.btrfs, btrfs, mount, losetup, setpriv)
 #   iproute2, nftables              transparent egress in each sandbox's network namespace
 #   python3                         the idmapped-mount helper and the agent kit's shims
@@ -14,6 +16,8 @@
 #   ca-certificates, openssl        HTTPS, and the cluster's certificates (`cairn cluster init`)
 set -euo pipefail
 source "$(dirname "$0")/lib/apt-packages.sh"
+source "$(dirname "$0")/lib/runsc-backports.sh"
+runsc_from_backports
 apt_packages "system packages for cairn" bubblewrap runsc btrfs-progs util-linux iproute2 nftables python3 \
   mmdebstrap skopeo umoci debian-archive-keyring ca-certificates openssl
 keyring=$(dpkg-query -W -f='${Version}' debian-archive-keyring 2>/dev/null || true)

@@ -1,3 +1,4 @@
+import { spawnSync } from 'node:child_process'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { makeProject } from './helpers/projects.js'
 import { startTestServer, type TestServer } from './helpers/server.js'
@@ -44,6 +45,18 @@ describe('isolation per agent', () => {
     expect(listed.capabilities.memorySnapshot).toBe(true)
     expect(bwrap.capabilities.memorySnapshot).toBe(false)
     expect(bwrap.capabilityReasons.memorySnapshot).toMatch(/CRIU.*vvar_vclock.*isolation: gvisor/s)
+  })
+
+  it("names gVisor's platform: systrap where the installed runsc offers it, else ptrace", async (ctx) => {
+    if (!gvisor?.available) ctx.skip()
+    // runsc prints its flags on stderr.
+    const flags = spawnSync(process.env.CAIRN_RUNSC ?? 'runsc', ['flags'], { encoding: 'utf8' }).stderr
+    const listed = (await t.api.call('GET', '/v1/runtime')).body.drivers.find(
+      (d: { name: string }) => d.name === 'gvisor',
+    )
+    expect(listed.platform).toBe(/which platform to use: [^.]*systrap/.test(flags) ? 'systrap' : 'ptrace')
+    expect(listed.platformReason).toBeUndefined()
+    expect(listed.description).toContain(`${listed.platform} platform`)
   })
 
   it('runs an agent that asks for gVisor under gVisor, with the same workspace semantics', async (ctx) => {

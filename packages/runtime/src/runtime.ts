@@ -75,6 +75,9 @@ export interface IsolationInfo {
   capabilities: DriverCapabilities
   /** Why a capability the driver lacks cannot be had here, where that is known. */
   capabilityReasons?: Partial<Record<keyof DriverCapabilities, string>> | undefined
+  /** gVisor's platform (systrap, ptrace, kvm) and why it is not the fastest the release offers. */
+  platform?: string | undefined
+  platformReason?: string | undefined
   description: string
 }
 
@@ -172,6 +175,7 @@ export class Runtime {
       ...(name === 'gvisor' && !gvisorState.ok ? { reason: gvisorState.reason } : {}),
       capabilities: { ...driver.capabilities },
       ...(driver.unavailableBecause ? { capabilityReasons: { ...driver.unavailableBecause } } : {}),
+      ...(driver === this.gvisor && gvisorState.ok ? gvisorPlatform(this.gvisor) : {}),
       description: driver.describe(),
     }))
   }
@@ -336,4 +340,10 @@ export class Runtime {
       await rm(this.runDir, { recursive: true, force: true })
     }
   }
+}
+
+/** The platform fields of gVisor's entry in `isolations` (once its self-test chose one). */
+function gvisorPlatform(driver: GvisorDriver): Pick<IsolationInfo, 'platform' | 'platformReason'> {
+  const { name, reason } = driver.platform
+  return { platform: name, ...(reason ? { platformReason: reason } : {}) }
 }

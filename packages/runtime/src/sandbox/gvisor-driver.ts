@@ -101,6 +101,8 @@ export class GvisorDriver implements SandboxDriver {
   private prepared: Promise<void> | undefined
   /** Whether the statx shim for old runsc releases is in place (see gvisor-statx-fix.ts). */
   private statxShim = false
+  private platformChoice: Promise<PlatformChoice> | undefined
+  private chosenPlatform: PlatformChoice | undefined
 
   constructor(private readonly options: GvisorDriverOptions) {
     this.logger = options.logger ?? noopLogger
@@ -136,9 +138,34 @@ export class GvisorDriver implements SandboxDriver {
     return runscAvailability(this.runsc.path)
   }
 
-  /** Whether a sandbox really starts here (one throwaway `runsc do`, about 0.2 s). */
-  selfTest(): Promise<GvisorAvailability> {
+  /** Whether a sandbox really starts here (one throwaway `runsc do`, about 0.2 s) on the platform it runs. */
+  async selfTest(): Promise<GvisorAvailability> {
+    const availability = await this.availability()
+    if (!availability.ok) return availability
+    await this.choosePlatform()
     return probeGvisor(this.runsc)
+  }
+
+  /**
+   * The platform sandboxes run on, and why: the one the operator named, else systrap where this
+   * runsc offers it (runsc since 2023) and a throwaway sandbox starts on it, else ptrace.
+   */
+  choosePlatform(): Promise<PlatformChoice> {
+    this.platformChoice ??= (async () => {
+      const features = await runscFeatures(findBinary(this.runsc.path) ?? this.runsc.path)
+      this.runsc.featureFlags = features.featureFlags
+      const choice = await pickPlatform(this.runsc, features.platforms, this.options.platform)
+      this.runsc.platform = choice.platform
+      if (choice.reason) this.logger.warn({ reason: choice.reason }, 'gVisor runs on ptrace')
+      this.chosenPlatform = choice
+      return choice
+    })()
+    return this.platformChoice
+  }
+
+  /** The platform chosen so far (`choosePlatform`), with the reason when it is not the fastest. */
+  get platform(): { name: string; reason?: string | undefined } {
+    return { name: this.runsc.platform, reason: this.chosenPlatform?.reason }
   }
 
   private prepare(): Promise<void> {
@@ -149,9 +176,7 @@ export class GvisorDriver implements SandboxDriver {
           driver: this.name,
         })
       }
-      const features = await runscFeatures(findBinary(this.runsc.path) ?? this.runsc.path)
-      this.runsc.featureFlags = features.featureFlags
-      if (this.options.platform === undefined) this.runsc.platform = defaultPlatform(features.platforms)
+      await this.choosePlatform()
       await mkdir(this.options.stateDir, { recursive: true })
       await chmod(this.options.stateDir, 0o711)
       await prepareRootfs(this.rootfsDir, this.options.etcDir)
@@ -394,4 +419,27 @@ export async function probeGvisor(
   if (!availability.ok) return availability
   const run = await runscSelfTest(config)
   return run.ok ? availability : { ok: false, reason: run.reason }
+}
+
+export interface PlatformChoice {
+  platform: string
+  /** Why the platform is ptrace on a runsc that offers systrap (its probe failed). */
+  reason?: string | undefined
+}
+
+/**
+ * The operator's platform when named; else systrap where the release offers it and a throwaway
+ * sandbox starts on it (seccomp-based stubs need a host that lets them trap), else ptrace.
+ */
+export async function pickPlatform(
+  config: Pick<RunscConfig, 'path'>,
+  platforms: readonly string[],
+  named: string | undefined,
+): Promise<PlatformChoice> {
+  if (named !== undefined) return { platform: named }
+  const fastest = defaultPlatform(platforms)
+  if (fastest === 'ptrace') return { platform: 'ptrace' }
+  const probe = await runscSelfTest({ path: findBinary(config.path) ?? config.path, platform: fastest })
+  if (probe.ok) return { platform: fastest }
+  return { platform: 'ptrace', reason: `${fastest} did not start a sandbox here: ${probe.reason}` }
 }

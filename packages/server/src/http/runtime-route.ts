@@ -25,6 +25,15 @@ const DriverSchema = Type.Object({
         'Why a capability the driver lacks cannot be had on this node, by capability (memorySnapshot for bwrap: what keeps CRIU from checkpointing it)',
     }),
   ),
+  platform: Type.Optional(
+    Type.String({
+      description:
+        'gvisor: the platform its sandboxes run on (systrap where runsc offers it and it starts a sandbox here, else ptrace; CAIRN_GVISOR_PLATFORM names one)',
+    }),
+  ),
+  platformReason: Type.Optional(
+    Type.String({ description: 'gvisor: why the platform is ptrace on a runsc that offers systrap' }),
+  ),
   description: Type.String(),
 })
 

@@ -233,6 +233,23 @@ describe('LocalRuntimePort', () => {
     await port.coolDown(id, 0)
   })
 
+  it('stops a sandbox whose keep-warm window ran out during a file write once the write is done', async () => {
+    const id = sessionId('h')
+    await port.createWorkspace(id, REVISION, 'ten_a')
+    await port.startAgent(spec(id))
+    await port.coolDown(id, 50)
+    // A write whose body outlasts the window: the stop waits for it (the write is in use)…
+    const body = new Readable({ read() {} })
+    body.push('slow')
+    const writing = port.writeFile(id, 'slow.txt', body)
+    await new Promise((resolve) => setTimeout(resolve, 200))
+    expect((await port.agent(id))?.alive).toBe(true)
+    body.push(null)
+    await writing
+    // …and comes once it is done: the sandbox is not left running with no window to end it.
+    expect(await waitFor(async () => (await port.agent(id)) === undefined)).toBe(true)
+  })
+
   it('answers a turn as a stream of its messages, cancelled by turn ID or by a reader that stops', async () => {
     const id = sessionId('t')
     await port.createWorkspace(id, SLOW_REVISION, 'ten_a')

@@ -164,7 +164,10 @@ export class LocalRuntimePort implements RuntimePort {
     } finally {
       const left = (this.calls.get(sessionId) ?? 1) - 1
       if (left > 0) this.calls.set(sessionId, left)
-      else this.calls.delete(sessionId)
+      else {
+        this.calls.delete(sessionId)
+        this.pool.released(sessionId)
+      }
     }
   }
 

@@ -14,6 +14,8 @@ interface WarmAgent {
   timer: NodeJS.Timeout | undefined
   /** When the cooldown timer fires (epoch ms), so activity only ever extends it. */
   until?: number | undefined
+  /** Its window ran out while the session was in use: the stop waits for that use's end (`released`). */
+  heldOff?: boolean | undefined
   /** What ends it when it cools instead of a stop (`pause: memory`: a checkpoint, which stops it). */
   cool?: (() => Promise<void>) | undefined
 }
@@ -86,6 +88,7 @@ export class WarmPool {
     if (warm.timer) clearTimeout(warm.timer)
     warm.timer = undefined
     warm.until = undefined
+    warm.heldOff = false
     return warm.agent
   }
 
@@ -140,11 +143,23 @@ export class WarmPool {
     this.stopIn(sessionId, warm, ms)
   }
 
+  /**
+   * Work that held the session in use ended (a file write, a snapshot, a command's start): a stop
+   * its keep-warm window called for meanwhile, and held off, comes now.
+   */
+  released(sessionId: string): void {
+    const warm = this.warm.get(sessionId)
+    if (!warm?.heldOff || this.inUse(sessionId)) return
+    warm.heldOff = false
+    void this.cool(sessionId)
+  }
+
   private stopIn(sessionId: string, warm: WarmAgent, ms: number): void {
     warm.until = this.clock.now() + ms
+    warm.heldOff = false
     warm.timer = setTimeout(() => {
-      if (this.inUse(sessionId)) return
-      void this.cool(sessionId)
+      warm.heldOff = this.inUse(sessionId)
+      if (!warm.heldOff) void this.cool(sessionId)
     }, ms)
     warm.timer.unref()
   }

@@ -15,6 +15,7 @@ export default defineConfig({
       ),
       '@cairn/runtime': pkg('runtime'),
       '@cairn/sdk': pkg('sdk'),
+      '@cairn/openai-agents': pkg('openai-agents'),
       '@cairn/server': pkg('server'),
     },
   },

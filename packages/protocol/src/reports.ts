@@ -7,12 +7,28 @@ const open = (description: string) => Type.Object({}, { additionalProperties: tr
 const nullable = <T extends Parameters<typeof Type.Union>[0][number]>(schema: T) =>
   Type.Union([schema, Type.Null()])
 
+/** A TTL in ms: null keeps (never coerced: a TTL of 0 deletes at the next pass). */
+const ttl = (description: string) =>
+  Type.Union([Type.Integer({ minimum: 0, maximum: MAX_EXACT_INTEGER }), Type.Null()], { description })
+
+/** A tenant's retention policy, one TTL per layer; defaults and what each keeps: docs/retention.md. */
 export const RetentionPolicySchema = Type.Object({
   keepAutoSnapshots: Type.Integer({ minimum: 1, maximum: 10_000 }),
-  /** null: kept until deleted (never coerced: a TTL of 0 deletes at the next pass). */
-  endedSnapshotTtlMs: Type.Union([Type.Integer({ minimum: 0, maximum: MAX_EXACT_INTEGER }), Type.Null()]),
-  endedWorkspaceTtlMs: Type.Union([Type.Integer({ minimum: 0, maximum: MAX_EXACT_INTEGER }), Type.Null()]),
+  endedSnapshotTtlMs: ttl('Snapshots of ended sessions, counted from the end'),
+  endedWorkspaceTtlMs: ttl('Workspaces of ended sessions (the session becomes deleted), from the end'),
+  artifactTtlMs: ttl('Artifacts, counted from their promotion'),
+  buildLogTtlMs: ttl(
+    "Build logs of revisions other than an agent's current one, from the revision's creation",
+  ),
+  setupLogTtlMs: ttl("Setup and resume logs, from the phase's end (the phase's status and exit code stay)"),
+  memoryVersionTtlMs: ttl("An agent memory's past versions, from their creation (the current one stays)"),
+  networkLogTtlMs: ttl("Sessions' network log entries, from the decision"),
+  sessionEventTtlMs: ttl("Sessions' status events, from the change (each session's latest one stays)"),
+  turnEventTtlMs: ttl("A turn's stored stream events (to resume a dropped stream), from the turn's end"),
 })
+
+/** What retention deleted in one layer, over the tenant's life. */
+const LayerFreedSchema = Type.Object({ deleted: Type.Integer(), bytesFreed: Type.Number() })
 
 /** `GET /v1/usage`: what a tenant holds, and what retention freed. */
 export const UsageSchema = Type.Object({
@@ -36,6 +52,8 @@ export const UsageSchema = Type.Object({
     bytesFreed: Type.Number(),
     deletedSnapshots: Type.Integer(),
     deletedWorkspaces: Type.Integer(),
+    /** Per layer (`snapshot`, `workspace`, `artifact`, `build_log`, `setup_log`, …: docs/retention.md). */
+    layers: Type.Record(Type.String(), LayerFreedSchema),
   }),
   /** `pause: memory` checkpoints the tenant's sessions hold (in the data dir, beside the pool). */
   memoryCheckpoints: Type.Object({ count: Type.Integer(), bytes: Type.Number() }),

@@ -9,6 +9,8 @@ export const SecretInfoSchema = Type.Object({
   headers: Type.Optional(Type.Array(Type.String())),
   createdAt: Type.String(),
   updatedAt: Type.String(),
+  /** When it stops being injected and is deleted by the retention pass; null: never. */
+  expiresAt: Type.Union([Type.String(), Type.Null()]),
 })
 
 /** An agent's secrets, and the ones its cairn.yaml requires that are not set yet. */

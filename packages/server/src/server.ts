@@ -331,6 +331,8 @@ export async function startServer(
       logger,
       memoryCheckpointTtlMs: config.memoryCheckpointTtlMs,
       images: agents.images,
+      artifacts,
+      buildLogs: logs,
     })
     retention = retentionService
     setup.onSucceeded(async (row) => (await workspace.snapshotAfterSetup(row)).id)

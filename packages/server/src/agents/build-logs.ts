@@ -1,5 +1,5 @@
 import { createWriteStream, existsSync, mkdirSync, type WriteStream } from 'node:fs'
-import { readFile } from 'node:fs/promises'
+import { readFile, rm } from 'node:fs/promises'
 import path from 'node:path'
 import type { Db } from '../db/database.js'
 
@@ -68,6 +68,11 @@ export class BuildLogs {
     const index = live.lines.length + 1
     for (const listener of live.listeners)
       listener({ type: 'end', index, status, ...(error ? { error } : {}) })
+  }
+
+  /** Removes the log's file from this data dir (retention emptied its stored copy; a live log stays). */
+  async forget(revisionId: string): Promise<void> {
+    if (!this.live.has(revisionId)) await rm(this.file(revisionId), { force: true })
   }
 
   isLive(revisionId: string): boolean {

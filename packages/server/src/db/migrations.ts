@@ -584,6 +584,24 @@ CREATE INDEX commands_session ON commands (session_id, started_at);
 CREATE INDEX commands_tenant_running ON commands (tenant_id) WHERE status = 'running';
 `,
   },
+  {
+    // Retention on every layer (docs/retention.md): a TTL per layer (NULL keeps; turn events keep
+    // their former fixed 24 h as the default), and an optional expiry per secret.
+    version: 32,
+    name: 'retention_layers',
+    sql: `
+ALTER TABLE retention_policies ADD COLUMN artifact_ttl_ms INTEGER;
+ALTER TABLE retention_policies ADD COLUMN build_log_ttl_ms INTEGER;
+ALTER TABLE retention_policies ADD COLUMN setup_log_ttl_ms INTEGER;
+ALTER TABLE retention_policies ADD COLUMN memory_version_ttl_ms INTEGER;
+ALTER TABLE retention_policies ADD COLUMN network_log_ttl_ms INTEGER;
+ALTER TABLE retention_policies ADD COLUMN session_event_ttl_ms INTEGER;
+ALTER TABLE retention_policies ADD COLUMN turn_event_ttl_ms INTEGER DEFAULT 86400000;
+ALTER TABLE secrets ADD COLUMN expires_at TEXT;
+CREATE INDEX secrets_expiry ON secrets (expires_at) WHERE expires_at IS NOT NULL;
+CREATE INDEX network_events_at ON network_events (at);
+`,
+  },
 ]
 
 export type Dialect = 'sqlite' | 'postgres'

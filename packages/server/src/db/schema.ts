@@ -98,6 +98,8 @@ export interface Schema {
     stand_in: string | null
     hosts_json: string | null
     headers_json: string | null
+    /** After this the secret is no longer injected, and the retention pass deletes it; null: never. */
+    expires_at: string | null
     created_at: string
     updated_at: string
   }
@@ -120,6 +122,13 @@ export interface Schema {
     keep_auto_snapshots: number
     ended_snapshot_ttl_ms: number | null
     ended_workspace_ttl_ms: number | null
+    artifact_ttl_ms: number | null
+    build_log_ttl_ms: number | null
+    setup_log_ttl_ms: number | null
+    memory_version_ttl_ms: number | null
+    network_log_ttl_ms: number | null
+    session_event_ttl_ms: number | null
+    turn_event_ttl_ms: number | null
     updated_at: string
   }
   retention_events: {

@@ -1,16 +1,19 @@
 import { newId, type Usage } from '@cairn/protocol'
 import type { RuntimePort, TreeRef, TreeSizes } from '@cairn/runtime/port'
-import { sql } from 'kysely'
 import type { Logger } from 'pino'
+import type { BuildLogs } from '../agents/build-logs.js'
 import { type Clock, iso } from '../clock.js'
 import type { Db } from '../db/database.js'
+import type { Schema } from '../db/schema.js'
 import type { ImageService } from '../images/image-service.js'
 import { artifactUsage, commandLogUsage } from '../limits/storage-budget.js'
+import type { ArtifactStore } from '../memory/artifact-store.js'
 import type { SessionRow } from '../sessions/session-rows.js'
 import type { SessionService } from '../sessions/session-service.js'
 import type { WorkspaceService } from '../workspace/workspace-service.js'
+import { DEFAULT_LAYER_TTLS, type LayerCounts, LayerRetention, type LayerTtls } from './layers.js'
 
-export interface RetentionPolicy {
+export interface RetentionPolicy extends LayerTtls {
   /** Automatic snapshots kept per session (newest first); manual ones are kept until deleted. */
   keepAutoSnapshots: number
   /** Snapshots of ended sessions (completed, failed, timeout) are deleted this long after the end. */
@@ -23,7 +26,22 @@ export const DEFAULT_RETENTION: RetentionPolicy = {
   keepAutoSnapshots: 50,
   endedSnapshotTtlMs: null,
   endedWorkspaceTtlMs: null,
+  ...DEFAULT_LAYER_TTLS,
 }
+
+/** The policy's columns in `retention_policies`, by field. */
+const COLUMNS = {
+  keepAutoSnapshots: 'keep_auto_snapshots',
+  endedSnapshotTtlMs: 'ended_snapshot_ttl_ms',
+  endedWorkspaceTtlMs: 'ended_workspace_ttl_ms',
+  artifactTtlMs: 'artifact_ttl_ms',
+  buildLogTtlMs: 'build_log_ttl_ms',
+  setupLogTtlMs: 'setup_log_ttl_ms',
+  memoryVersionTtlMs: 'memory_version_ttl_ms',
+  networkLogTtlMs: 'network_log_ttl_ms',
+  sessionEventTtlMs: 'session_event_ttl_ms',
+  turnEventTtlMs: 'turn_event_ttl_ms',
+} as const satisfies Record<keyof RetentionPolicy, keyof Schema['retention_policies']>
 
 interface EndedRow {
   id: string
@@ -31,15 +49,6 @@ interface EndedRow {
   status: 'completed' | 'failed' | 'timeout'
   updated_at: string
 }
-
-/**
- * A turn's stored stream events (only needed to resume a dropped stream) are deleted this long after
- * the turn ended; a resume after that is answered from the turn's row (its end event alone).
- */
-export const TURN_EVENTS_KEPT_MS = 24 * 60 * 60 * 1000
-
-/** Turns whose stored events one retention pass deletes at most (the rest: the next passes). */
-const TURN_EVENTS_PRUNE_BATCH = 500
 
 /** Sessions whose automatic snapshots are pruned at a time by a retention pass. */
 const PRUNE_BATCH = 100
@@ -53,6 +62,7 @@ export class RetentionService {
    */
   private readonly pruned = new Map<string, string>()
   private prunedOnce = false
+  private readonly layers: LayerRetention
 
   constructor(
     private readonly deps: {
@@ -70,8 +80,22 @@ export class RetentionService {
       memoryCheckpointTtlMs?: number | null | undefined
       /** The distinct images the tenant's revisions run on, against its allowance. */
       images?: Pick<ImageService, 'tenantImages'> | undefined
+      /** Deletes artifacts past `artifactTtlMs`. */
+      artifacts?: Pick<ArtifactStore, 'delete'> | undefined
+      /** Removes build log files past `buildLogTtlMs`. */
+      buildLogs?: Pick<BuildLogs, 'forget'> | undefined
     },
-  ) {}
+  ) {
+    const { store } = deps.sessions
+    this.layers = new LayerRetention({
+      db: deps.db,
+      logger: deps.logger,
+      artifacts: deps.artifacts,
+      buildLogs: deps.buildLogs,
+      runtimeId: () => (store.everySession ? undefined : store.runtimeId),
+      record: (...args) => this.record(...args),
+    })
+  }
 
   async policy(tenantId: string): Promise<RetentionPolicy> {
     const row = await this.deps.db.q
@@ -80,19 +104,21 @@ export class RetentionService {
       .where('tenant_id', '=', tenantId)
       .executeTakeFirst()
     if (!row) return { ...DEFAULT_RETENTION }
-    return {
-      keepAutoSnapshots: row.keep_auto_snapshots,
-      endedSnapshotTtlMs: row.ended_snapshot_ttl_ms,
-      endedWorkspaceTtlMs: row.ended_workspace_ttl_ms,
+    const policy = { ...DEFAULT_RETENTION }
+    for (const [field, column] of Object.entries(COLUMNS)) {
+      const value = row[column]
+      // PostgreSQL hands 64-bit integers back as they were stored; null is "keep".
+      Object.assign(policy, { [field]: value === null ? null : Number(value) })
     }
+    return policy
   }
 
   async setPolicy(tenantId: string, patch: Partial<RetentionPolicy>): Promise<RetentionPolicy> {
     const next = { ...(await this.policy(tenantId)), ...patch }
     const values = {
-      keep_auto_snapshots: next.keepAutoSnapshots,
-      ended_snapshot_ttl_ms: next.endedSnapshotTtlMs,
-      ended_workspace_ttl_ms: next.endedWorkspaceTtlMs,
+      ...(Object.fromEntries(
+        Object.entries(COLUMNS).map(([field, column]) => [column, next[field as keyof RetentionPolicy]]),
+      ) as Omit<Schema['retention_policies'], 'tenant_id' | 'updated_at'>),
       updated_at: iso(this.deps.clock.now()),
     }
     await this.deps.db.q
@@ -140,6 +166,8 @@ export class RetentionService {
     workspaces: number
     memoryCheckpoints: number
     bytesFreed: number
+    /** The other layers (artifacts, logs, memory versions, events, secrets): rows and bytes. */
+    layers: LayerCounts
   }> {
     const now = this.deps.clock.now()
     const ended = (await this.deps.db.q
@@ -194,34 +222,21 @@ export class RetentionService {
     }
     await this.pruneAutoSnapshots(result)
     await this.expireMemoryCheckpoints(now, result)
-    await this.pruneTurnEvents(now)
-    if (result.snapshots + result.workspaces + result.memoryCheckpoints > 0)
-      this.deps.logger.info(result, 'retention applied')
-    return result
+    const layers: LayerCounts = {}
+    await this.applyLayers(now, layers)
+    for (const layer of Object.values(layers)) result.bytesFreed += layer.bytesFreed
+    if (result.snapshots + result.workspaces + result.memoryCheckpoints + Object.keys(layers).length > 0)
+      this.deps.logger.info({ ...result, layers }, 'retention applied')
+    return { ...result, layers }
   }
 
-  /** Deletes the stored stream events of up to a batch of turns that ended `TURN_EVENTS_KEPT_MS` ago. */
-  private async pruneTurnEvents(nowMs: number): Promise<void> {
-    const { db, sessions } = this.deps
-    const turns = await db.q
-      .selectFrom('turn_events')
-      .innerJoin('turns', 'turns.id', 'turn_events.turn_id')
-      .innerJoin('sessions', 'sessions.id', 'turns.session_id')
-      .select('turn_events.turn_id')
-      .distinct()
-      .where('turns.ended_at', '<', iso(nowMs - TURN_EVENTS_KEPT_MS))
-      .$if(!sessions.store.everySession, (q) => q.where('sessions.runtime_id', '=', sessions.store.runtimeId))
-      .limit(TURN_EVENTS_PRUNE_BATCH)
-      .execute()
-    if (turns.length === 0) return
-    await db.q
-      .deleteFrom('turn_events')
-      .where(
-        'turn_id',
-        'in',
-        turns.map((t) => t.turn_id),
-      )
-      .execute()
+  /** Every tenant's layer TTLs (the defaults where it set none), then expired secrets. */
+  private async applyLayers(nowMs: number, layers: LayerCounts): Promise<void> {
+    for (const { id } of await this.deps.db.q.selectFrom('tenants').select('id').execute())
+      await this.layers.apply(id, await this.policy(id), nowMs, layers)
+    await this.layers
+      .expireSecrets(nowMs, layers)
+      .catch((error: unknown) => this.deps.logger.warn({ err: error }, 'deleting expired secrets failed'))
   }
 
   /**
@@ -332,22 +347,30 @@ export class RetentionService {
     }
   }
 
-  async freed(
-    tenantId: string,
-  ): Promise<{ bytesFreed: number; deletedSnapshots: number; deletedWorkspaces: number }> {
-    const row = await this.deps.db.q
+  async freed(tenantId: string): Promise<{
+    bytesFreed: number
+    deletedSnapshots: number
+    deletedWorkspaces: number
+    layers: LayerCounts
+  }> {
+    const rows = await this.deps.db.q
       .selectFrom('retention_events')
       .select((eb) => [
+        'kind',
         eb.fn.sum<number | null>('bytes_freed').as('bytes'),
-        eb.fn.sum<number | null>(sql`CASE WHEN kind = 'snapshot' THEN 1 ELSE 0 END`).as('snapshots'),
-        eb.fn.sum<number | null>(sql`CASE WHEN kind = 'workspace' THEN 1 ELSE 0 END`).as('workspaces'),
+        eb.fn.countAll<number>().as('events'),
       ])
       .where('tenant_id', '=', tenantId)
-      .executeTakeFirst()
+      .groupBy('kind')
+      .execute()
+    const layers: LayerCounts = {}
+    for (const row of rows)
+      layers[row.kind] = { deleted: Number(row.events), bytesFreed: Number(row.bytes ?? 0) }
     return {
-      bytesFreed: Number(row?.bytes ?? 0),
-      deletedSnapshots: Number(row?.snapshots ?? 0),
-      deletedWorkspaces: Number(row?.workspaces ?? 0),
+      bytesFreed: rows.reduce((sum, row) => sum + Number(row.bytes ?? 0), 0),
+      deletedSnapshots: layers.snapshot?.deleted ?? 0,
+      deletedWorkspaces: layers.workspace?.deleted ?? 0,
+      layers,
     }
   }
 

@@ -19,6 +19,12 @@ const SetSecretsBody = Type.Object(
      * (`Authorization`, `Proxy-Authorization`, `X-Api-Key`, …); never other headers, URLs or bodies.
      */
     headers: Type.Optional(Type.Array(Type.String({ minLength: 1, maxLength: 64 }), { maxItems: 16 })),
+    /**
+     * When these secrets expire (an ISO 8601 time in the future): from then on they are no longer
+     * injected, and the next retention pass deletes them. Absent or null: they never expire (a
+     * secret set again without it loses its former expiry).
+     */
+    expiresAt: Type.Optional(Type.Union([Type.String({ minLength: 1, maxLength: 64 }), Type.Null()])),
   },
   { additionalProperties: false },
 )
@@ -66,6 +72,7 @@ export function secretRoutes(server: FastifyInstance, agents: AgentService, secr
         scope: body.scope,
         hosts: body.hosts,
         headers: body.headers,
+        expiresAt: body.expiresAt ?? null,
         // Refused rather than accepted with a warning: the secret could never be used, and a
         // warning in the listing would go unseen by every client that only checks the status.
         allowlist: current && {

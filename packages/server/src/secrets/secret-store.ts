@@ -72,6 +72,8 @@ export interface SetSecretsOptions {
    * `network`) and how to name it; a host it does not allow is refused. Unset: not checked.
    */
   allowlist?: { network: NetworkPolicy | undefined; where: string } | undefined
+  /** An ISO 8601 time in the future after which the secrets are no longer injected; null: never. */
+  expiresAt?: string | null | undefined
 }
 
 export interface SecretInfo {
@@ -83,6 +85,7 @@ export interface SecretInfo {
   headers?: string[]
   createdAt: string
   updatedAt: string
+  expiresAt: string | null
 }
 
 interface SecretRow {
@@ -94,6 +97,7 @@ interface SecretRow {
   stand_in: string | null
   hosts_json: string | null
   headers_json: string | null
+  expires_at: string | null
   created_at: string
   updated_at: string
 }
@@ -106,15 +110,29 @@ export class SecretStore {
     private readonly clock: Clock,
   ) {}
 
+  /** The scope's secrets that have not expired: an expired one is never injected, deleted or not. */
   private async ofScope(tenantId: string, agentId: string, scope: SecretScope): Promise<SecretRow[]> {
+    const now = iso(this.clock.now())
     return (await this.db.q
       .selectFrom('secrets')
       .selectAll()
       .where('tenant_id', '=', tenantId)
       .where('agent_id', '=', agentId)
       .where('scope', '=', scope)
+      .where((eb) => eb.or([eb('expires_at', 'is', null), eb('expires_at', '>', now)]))
       .orderBy('name')
       .execute()) as SecretRow[]
+  }
+
+  /** `expiresAt` as stored (ISO 8601 in UTC), refused unless it is a valid time in the future. */
+  private expiry(expiresAt: string | null | undefined): string | null {
+    if (expiresAt === null || expiresAt === undefined) return null
+    const ms = Date.parse(expiresAt)
+    if (!Number.isFinite(ms))
+      throw new CairnProblem('validation_failed', `expiresAt '${expiresAt}' is not an ISO 8601 time`)
+    if (ms <= this.clock.now())
+      throw new CairnProblem('validation_failed', `expiresAt '${expiresAt}' is not in the future`)
+    return iso(ms)
   }
 
   async set(
@@ -138,6 +156,7 @@ export class SecretStore {
       if (!validHost(host)) throw new CairnProblem('validation_failed', `invalid host '${host}'`)
     }
     const headers = proxyHeaders(scope, options.headers ?? [])
+    const expiresAt = this.expiry(options.expiresAt)
     if (scope === 'proxy' && options.allowlist) {
       const bindings = Object.keys(values).map((name) => ({ name, hosts }))
       assertBindingsAllowed(
@@ -179,6 +198,7 @@ export class SecretStore {
             stand_in: scope === 'proxy' ? newStandIn() : null,
             hosts_json: scope === 'proxy' ? JSON.stringify(hosts) : null,
             headers_json: headers.length > 0 ? JSON.stringify(headers) : null,
+            expires_at: expiresAt,
             created_at: at,
             updated_at: at,
           })
@@ -195,6 +215,7 @@ export class SecretStore {
               >`CASE WHEN excluded.scope = 'proxy' THEN COALESCE(secrets.stand_in, excluded.stand_in) END`,
               hosts_json: eb.ref('excluded.hosts_json'),
               headers_json: eb.ref('excluded.headers_json'),
+              expires_at: eb.ref('excluded.expires_at'),
               updated_at: eb.ref('excluded.updated_at'),
             })),
           )
@@ -217,6 +238,7 @@ export class SecretStore {
       ...(r.headers_json ? { headers: JSON.parse(r.headers_json) as string[] } : {}),
       createdAt: r.created_at,
       updatedAt: r.updated_at,
+      expiresAt: r.expires_at,
     }))
   }
 
@@ -271,8 +293,28 @@ export class SecretStore {
       }))
   }
 
+  /** When the first of the agent's unexpired secrets in `scopes` expires; null: none does. */
+  async firstExpiry(
+    tenantId: string,
+    agentId: string,
+    scopes: readonly SecretScope[],
+  ): Promise<string | null> {
+    const row = await this.db.q
+      .selectFrom('secrets')
+      .select((eb) => eb.fn.min<string | null>('expires_at').as('at'))
+      .where('tenant_id', '=', tenantId)
+      .where('agent_id', '=', agentId)
+      .where('scope', 'in', [...scopes])
+      .where('expires_at', '>', iso(this.clock.now()))
+      .executeTakeFirst()
+    return row?.at ?? null
+  }
+
+  /** Required secrets not set, or expired. */
   async missing(agentId: string, required: readonly string[]): Promise<string[]> {
-    const have = new Set((await this.list(agentId)).map((s) => s.name))
+    const now = iso(this.clock.now())
+    const live = (await this.list(agentId)).filter((s) => s.expiresAt === null || s.expiresAt > now)
+    const have = new Set(live.map((s) => s.name))
     return required.filter((name) => !have.has(name))
   }
 }

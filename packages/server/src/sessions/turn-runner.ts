@@ -250,6 +250,10 @@ export class TurnRunner {
       // tree, an environment or a /proc with the setup secrets.
       const setup = this.deps.setup
       let warmNow = seen ? seen.agent?.alive === true : true
+      if (warmNow && warm.secretsExpired(row.id)) {
+        await warm.drop(row.id)
+        warmNow = false
+      }
       if (setup && needsSetup(row.setup_status)) {
         await warm.drop(row.id)
         await setup.run(row, signal)

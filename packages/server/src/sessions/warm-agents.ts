@@ -60,6 +60,8 @@ export interface SeenAgent {
  */
 export class WarmAgents {
   private readonly activityWrittenAt = new Map<string, number>()
+  /** Per session, when the first secret its warm agent was started with expires (ms). */
+  private readonly secretsExpireAtMs = new Map<string, number>()
   readonly transcripts: TranscriptCache
 
   constructor(private readonly deps: WarmAgentsDeps) {
@@ -123,6 +125,9 @@ export class WarmAgents {
     const revision = await this.deps.agents.store.revision(row.revision_id)
     if (!revision) throw new CairnProblem('revision_not_found', `revision ${row.revision_id} is gone`)
     const proxySecrets = await this.deps.secrets.proxySecrets(row.tenant_id, row.agent_id)
+    const expiresAt = await this.deps.secrets.firstExpiry(row.tenant_id, row.agent_id, ['runtime', 'proxy'])
+    if (expiresAt === null) this.secretsExpireAtMs.delete(row.id)
+    else this.secretsExpireAtMs.set(row.id, Date.parse(expiresAt))
     const agent = await this.deps.runtime.startAgent({
       sessionId: row.id,
       tenantId: row.tenant_id,
@@ -184,9 +189,20 @@ export class WarmAgents {
   }
 
   /** Forgets what is cached for the session's sandbox (the runtime stopped it). */
+  /**
+   * Whether a secret the session's warm agent was started with has expired since: its environment
+   * still holds it, so the next turn starts a new sandbox without it (an expired secret is never
+   * handed to a turn).
+   */
+  secretsExpired(sessionId: string): boolean {
+    const atMs = this.secretsExpireAtMs.get(sessionId)
+    return atMs !== undefined && atMs <= this.deps.clock.now()
+  }
+
   forget(sessionId: string): void {
     this.transcripts.forget(sessionId)
     this.activityWrittenAt.delete(sessionId)
+    this.secretsExpireAtMs.delete(sessionId)
   }
 
   async drop(sessionId: string): Promise<void> {

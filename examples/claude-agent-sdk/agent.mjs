@@ -22,8 +22,8 @@ function resultOutput(content) {
 
 let sessionId // Claude's own session, resumed on each later turn of this process
 for await (const turn of turns()) {
-  // HOME is the persistent /workspace, so in a fresh sandbox `continue` picks up the conversation
-  // Claude stored there on an earlier turn.
+  // ~/.claude persists with the session (cairn.yaml `persist:`), so in a fresh sandbox `continue`
+  // picks up the conversation Claude stored there on an earlier turn.
   const resume = sessionId ? { resume: sessionId } : turn.turn > 1 ? { continue: true } : {}
   const calls = new Map() // Claude's tool_use id → the kit's tool call id
   let wrote = false

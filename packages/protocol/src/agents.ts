@@ -1,4 +1,5 @@
 import { type Static, Type } from '@sinclair/typebox'
+import { PersistSchema } from './persist.js'
 
 export const AGENT_PROTOCOLS = ['stdio', 'jsonl', 'exec', 'http'] as const
 export type AgentProtocolName = (typeof AGENT_PROTOCOLS)[number]
@@ -97,9 +98,15 @@ export const AgentManifestSchema = Type.Object(
      * The sandbox's root: `debian:<suite>` (built from the operator's Debian mirror, with
      * `packages`), an OCI reference (`registry.example.com/team/base:1.4`, pulled), or `host` (the
      * host's /usr, read-only). Unset: the operator's default image. The root is writable and resets
-     * with every new sandbox; only /workspace (and /memory) persist.
+     * with every new sandbox; only /workspace (and /memory, and the paths in `persist:`) persist.
      */
     image: Type.Optional(Type.String({ minLength: 1, maxLength: 512 })),
+    /**
+     * Directories outside /workspace kept with the session (`~/.claude`, `/var/cache/app`): `~` is
+     * the agent's home, then /home/agent instead of /workspace. Kept in the workspace's subvolume,
+     * so snapshots, restores, forks, exports, shipping and quotas take them (docs/persist.md).
+     */
+    persist: Type.Optional(PersistSchema),
     /** Debian packages installed into a `debian:<suite>` image when it is built. */
     packages: Type.Optional(
       Type.Array(Type.String({ minLength: 1, maxLength: 128 }), { maxItems: 256, uniqueItems: true }),

@@ -1,5 +1,6 @@
 import { type Static, Type } from '@sinclair/typebox'
 import { MAX_EXACT_INTEGER } from './common.js'
+import { PersistedPathSchema } from './persist.js'
 import { DiffSchema, SessionSchema } from './sessions.js'
 
 /** Objects whose inner fields vary with the agent or the server version: documented open. */
@@ -110,6 +111,11 @@ export const SessionManifestSchema = Type.Object({
     }),
   ),
   dirtyFiles: nullable(Type.Omit(DiffSchema, ['from'])),
+  /**
+   * The directories outside /workspace the agent keeps (cairn.yaml's `persist:`): each as declared,
+   * its path in the sandbox and where diffs, exports and file reads name it (`.cairn-persist/…`).
+   */
+  persist: Type.Array(PersistedPathSchema),
   limits: open('The revision manifest limits'),
   openPorts: Type.Array(Type.Integer()),
   policies: open('The session lifecycle policy, its deadline and how many automatic snapshots are kept'),

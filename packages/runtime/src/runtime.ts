@@ -94,6 +94,10 @@ export class Runtime {
   readonly driver: SandboxDriver
   readonly drivers: Readonly<Record<IsolationName, SandboxDriver>>
   readonly runDir: string
+  /** An empty root-owned directory (see `persistLaunch`). */
+  get emptyDir(): string {
+    return path.join(this.runDir, 'empty')
+  }
   private readonly cgroups: CgroupManager
   private readonly gvisor: GvisorDriver
   private gvisorProbe: Promise<GvisorAvailability> | undefined
@@ -207,6 +211,9 @@ export class Runtime {
     for (const [name, body] of Object.entries(generatedEtcFiles())) {
       await writeFile(path.join(etcDir, name), body, { mode: 0o644 })
     }
+    // Mounted read-only over /workspace/.cairn-persist in sandboxes with persisted paths.
+    await mkdir(this.emptyDir, { recursive: true })
+    await chmod(this.emptyDir, 0o555)
     const kitDir = path.join(this.runDir, 'kit')
     await rm(kitDir, { recursive: true, force: true })
     await cp(AGENT_KIT_DIR, kitDir, {

@@ -245,6 +245,7 @@ export class AgentProcess implements TurnChannel {
       env: this.environment(turn),
       limits: this.launch.limits,
       binds: this.launch.binds,
+      home: this.launch.home,
       checkpointable: this.launch.checkpointable,
       rootfs: this.launch.rootfs,
     }

@@ -42,6 +42,8 @@ export interface AgentLaunch {
   turnTimeoutMs: number
   /** Extra mounts, such as the revision's dependency environment at /env. */
   binds?: readonly SandboxBind[] | undefined
+  /** A writable home of the sandbox's own (`SandboxSpec.home`; agents with persisted paths). */
+  home?: string | undefined
   /** The image's root filesystem (`SandboxSpec.rootfs`); unset: the host's /usr. */
   rootfs?: string | undefined
   /** The sandbox driver to run under; the runtime's default (`RuntimeOptions.isolation`) when unset. */

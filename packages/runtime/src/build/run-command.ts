@@ -14,6 +14,8 @@ export interface CommandSpec {
   command: readonly string[]
   env: Readonly<Record<string, string>>
   binds: readonly SandboxBind[]
+  /** A writable home of the sandbox's own (`SandboxSpec.home`). */
+  home?: string | undefined
   /** The image's root filesystem (`SandboxSpec.rootfs`); unset: the host's /usr. */
   rootfs?: string | undefined
   limits: SandboxLimits
@@ -77,6 +79,7 @@ async function runInSandbox(
     limits: spec.limits,
     network: transparent ? 'egress' : 'none',
     binds: spec.binds,
+    home: spec.home,
     rootfs: spec.rootfs,
   })
   sandbox.stdin.end()

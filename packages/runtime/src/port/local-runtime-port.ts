@@ -23,6 +23,7 @@ import type { ImageRecipe } from '../images/image-recipe.js'
 import { type ImageRecord, ImageStore } from '../images/image-store.js'
 import { launchEnvironment } from '../launch/launch-env.js'
 import { MemoryMounts } from '../launch/memory-mounts.js'
+import { persistLaunch } from '../launch/persist-mounts.js'
 import { DEFAULT_SANDBOX_UID, type Runtime } from '../runtime.js'
 import type { IsolationName } from '../sandbox/driver.js'
 import { EnvStore } from '../storage/env-store.js'
@@ -209,17 +210,33 @@ export class LocalRuntimePort implements RuntimePort {
   }
 
   async startAgent(spec: AgentSpec): Promise<AgentInfo> {
-    const { sessionId, tenantId, dependencyEnvKey, imageKey, memoryAgentId, pause, egress, ...launch } = spec
+    const {
+      sessionId,
+      tenantId,
+      dependencyEnvKey,
+      imageKey,
+      memoryAgentId,
+      pause,
+      egress,
+      persist,
+      ...launch
+    } = spec
     await this.pool.drop(sessionId)
-    const environment = launchEnvironment(this.envs.dependency(dependencyEnvKey), launch.env)
+    const workspaceDir = this.runtime.pool.workspacePath(sessionId)
+    const persisted = await this.persistLaunch(workspaceDir, persist, launch.isolation)
+    const environment = launchEnvironment(this.envs.dependency(dependencyEnvKey), {
+      ...launch.env,
+      ...persisted?.env,
+    })
     const memory = memoryAgentId ? [this.memory.bind(memoryAgentId)] : []
     const full: AgentLaunch = {
       ...launch,
       env: environment.env,
-      binds: [...environment.binds, ...memory],
+      binds: [...environment.binds, ...memory, ...(persisted?.binds ?? [])],
+      home: persisted?.home,
       rootfs: this.rootfs(imageKey),
       sessionId,
-      workspaceDir: this.runtime.pool.workspacePath(sessionId),
+      workspaceDir,
       egress: egress && {
         ...this.egressSite,
         ...egress,
@@ -757,8 +774,13 @@ export class LocalRuntimePort implements RuntimePort {
     onLine: (line: string) => void,
     signal: AbortSignal | undefined,
   ): Promise<CommandResult> {
-    const { sessionId, isolation, dependencyEnvKey, imageKey, egress, ...spec } = command
-    const environment = launchEnvironment(this.envs.dependency(dependencyEnvKey), spec.env)
+    const { sessionId, isolation, dependencyEnvKey, imageKey, egress, persist, ...spec } = command
+    const workspaceDir = this.runtime.pool.workspacePath(sessionId)
+    const persisted = await this.persistLaunch(workspaceDir, persist, isolation)
+    const environment = launchEnvironment(this.envs.dependency(dependencyEnvKey), {
+      ...spec.env,
+      ...persisted?.env,
+    })
     const runDir = path.join(this.runtime.runDir, 'sandboxes', `setup-${sessionId}`)
     try {
       await mkdir(runDir, { recursive: true })
@@ -774,9 +796,10 @@ export class LocalRuntimePort implements RuntimePort {
           onEvent: (event) => this.events?.network(sessionId, event),
         },
         env: environment.env,
-        binds: environment.binds,
+        binds: [...environment.binds, ...(persisted?.binds ?? [])],
+        home: persisted?.home,
         rootfs: this.rootfs(imageKey),
-        workspaceDir: this.runtime.pool.workspacePath(sessionId),
+        workspaceDir,
         runDir,
         logger: this.runtime.logger,
       })
@@ -786,6 +809,23 @@ export class LocalRuntimePort implements RuntimePort {
         this.runtime.logger.warn({ err: error, runDir }, 'removing a command run dir failed'),
       )
     }
+  }
+
+  /** The mounts of a sandbox's persisted paths (none declared: undefined); not under gVisor yet. */
+  private async persistLaunch(
+    workspaceDir: string,
+    persist: readonly string[] | undefined,
+    isolation: IsolationName | undefined,
+  ) {
+    if (!persist?.length) return undefined
+    if (this.runtime.driverFor(isolation).name === 'gvisor')
+      throw new CairnProblem(
+        'unavailable',
+        'persisted paths (cairn.yaml persist:) are not supported under gVisor yet',
+      )
+    return persistLaunch(workspaceDir, persist, this.runtime.emptyDir, (dir) =>
+      this.runtime.pool.chownToSandbox(dir),
+    )
   }
 
   /** The root filesystem of an image's sandboxes; undefined: the host's /usr. */

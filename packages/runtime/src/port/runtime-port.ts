@@ -54,6 +54,11 @@ export type AgentSpec = Omit<
   /** The agent whose memory (see `publishMemory`) is mounted read-only at /memory. */
   memoryAgentId?: string | undefined
   /**
+   * Sandbox paths kept with the workspace (cairn.yaml's `persist:`, resolved): each bound from
+   * the subvolume's `.cairn-persist/<path>`, HOME then /home/agent (see `persistLaunch`).
+   */
+  persist?: readonly string[] | undefined
+  /**
    * `pause: memory`: when keep-warm ends the sandbox is checkpointed instead of stopped, and the
    * next start restores it (drivers with `memorySnapshot`; elsewhere ignored).
    */
@@ -165,6 +170,8 @@ export type WorkspaceCommand = Omit<
   dependencyEnvKey?: string | undefined
   /** The sandbox driver to run under (the runtime's default when unset). */
   isolation?: IsolationName | undefined
+  /** The agent's persisted paths (`AgentSpec.persist`): mounted as for the agent, HOME its home. */
+  persist?: readonly string[] | undefined
 }
 
 /** A sandbox driver of this node: its name, what it can do, and why it cannot do the rest. */

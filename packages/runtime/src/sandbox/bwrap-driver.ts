@@ -327,6 +327,8 @@ export class BwrapDriver implements SandboxDriver {
       '--bind',
       spec.workspaceDir,
       '/workspace',
+      // Before the binds, which keep persisted directories inside it.
+      ...(spec.home ? ['--perms', '0700', '--tmpfs', spec.home] : []),
       ...(spec.binds ?? []).flatMap((bind) => [
         bind.readOnly ? '--ro-bind' : '--bind',
         bind.source,

@@ -25,6 +25,11 @@ export interface SandboxSpec {
   /** Extra host directories to mount (dependency environments, build sources). */
   binds?: readonly SandboxBind[] | undefined
   /**
+   * A writable home of the sandbox's own at this path (a tmpfs, gone with the sandbox), mounted
+   * before `binds` (which may keep directories inside it): agents that declare `persist:`.
+   */
+  home?: string | undefined
+  /**
    * The sandbox may be checkpointed (`pause: memory`): it gets the layout a restore recreates (for
    * gVisor, booted on demand rather than claimed from the pool, whose slots have their own root).
    */

@@ -6,7 +6,9 @@ import {
   type AgentProtocolName,
   CairnProblem,
   findUnknownKey,
+  PERSIST_DIR,
   PLANNED_MANIFEST_KEYS,
+  resolvePersistPaths,
   unknownKeyMessage,
 } from '@cairn/protocol'
 import { FORWARDER_PORTS } from '@cairn/runtime/port'
@@ -121,6 +123,14 @@ export async function readManifest(
   if (command.length === 0) throw new CairnProblem('invalid_manifest', 'cairn.yaml: command is empty')
   const protocol = manifest.protocol ?? 'stdio'
   checkHttpAgent(protocol, manifest.http)
+  checkPersist(manifest)
+  // The name of the persisted paths' store in every workspace: a project may not bring its own.
+  if (await files.has(PERSIST_DIR))
+    throw new CairnProblem(
+      'invalid_archive',
+      `the project has ${PERSIST_DIR} at its root, a name Cairn keeps for persisted paths: rename it or leave it out`,
+      { path: PERSIST_DIR },
+    )
   return { manifest, name: manifest.name, command, protocol }
 }
 
@@ -143,5 +153,16 @@ function checkHttpAgent(protocol: AgentProtocolName, http: AgentManifest['http']
       'invalid_manifest',
       `cairn.yaml: http.port ${http.port} is taken by Cairn's egress forwarder inside the sandbox; choose another port`,
       { key: 'http.port', port: http.port },
+    )
+}
+
+/** `persist:` resolved (`invalid_manifest` names the entry), and not under gVisor, which does not mount it yet. */
+function checkPersist(manifest: AgentManifest): void {
+  const paths = resolvePersistPaths(manifest.persist)
+  if (paths.length > 0 && manifest.isolation === 'gvisor')
+    throw new CairnProblem(
+      'invalid_manifest',
+      'cairn.yaml: persist: is not supported with isolation: gvisor yet (use bwrap, or keep the state in /workspace)',
+      { key: 'persist' },
     )
 }

@@ -1,4 +1,4 @@
-import { CairnProblem } from '@cairn/protocol'
+import { CairnProblem, resolvePersistPaths } from '@cairn/protocol'
 import type { AgentInfo } from '@cairn/runtime/port'
 import { iso } from '../clock.js'
 import { sessionPause } from '../pause/pause-policy.js'
@@ -141,6 +141,7 @@ export class WarmAgents {
         ...Object.fromEntries(proxySecrets.map((secret) => [secret.name, secret.standIn])),
       },
       memoryAgentId: this.deps.memory ? await this.deps.memory.publish(row.agent_id) : undefined,
+      persist: resolvePersistPaths(revision.manifest.persist).map((p) => p.sandboxPath),
       imageKey: this.deps.agents.images.imageKeyOf(revision),
       // Its decisions reach the session's network log through the port's `RuntimeEvents`.
       egress: {

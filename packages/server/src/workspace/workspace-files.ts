@@ -1,5 +1,5 @@
 import type { Readable } from 'node:stream'
-import { CairnProblem, type FileEntry, type WorkspaceDiff } from '@cairn/protocol'
+import { CairnProblem, type FileEntry, isPersistPath, PERSIST_DIR, type WorkspaceDiff } from '@cairn/protocol'
 import type { TreeReadOptions as ReadOptions, TreeRef } from '@cairn/runtime/port'
 import { workspaceRelative } from '../files/confine.js'
 import type { SessionRow } from '../sessions/session-store.js'
@@ -91,22 +91,24 @@ export class WorkspaceFiles {
   }
 
   async writeFile(tenantId: string, id: string, rawPath: string, body: Readable): Promise<void> {
+    const rel = writablePath(rawPath)
     await this.root(tenantId, id)
     await this.deps.sessions.changingWorkspace(id, async () => {
       await this.policy.settled(id)
       this.policy.changed(id)
-      await this.deps.runtime.writeFile(id, workspaceRelative(rawPath), body)
+      await this.deps.runtime.writeFile(id, rel, body)
       await this.deps.sessions.advanceGeneration(id)
     })
     await this.deps.sessions.touch(id)
   }
 
   async deleteFile(tenantId: string, id: string, rawPath: string): Promise<void> {
+    const rel = writablePath(rawPath)
     await this.root(tenantId, id)
     await this.deps.sessions.changingWorkspace(id, async () => {
       await this.policy.settled(id)
       this.policy.changed(id)
-      await this.deps.runtime.deletePath(id, workspaceRelative(rawPath))
+      await this.deps.runtime.deletePath(id, rel)
       // At a full quota the marker (an xattr) cannot be written even though the delete went
       // through (with simple quotas, data a snapshot still holds keeps counting): the generation
       // stays, as after a turn that ends at a full quota, and the delete is answered as done.
@@ -147,4 +149,19 @@ export class WorkspaceFiles {
       ),
     )
   }
+}
+
+/**
+ * A path the files API may write or delete: not the persisted paths' store (`.cairn-persist`),
+ * which only the agent writes, at the paths it declared (read it, export it, restore a snapshot).
+ */
+function writablePath(rawPath: string): string {
+  const rel = workspaceRelative(rawPath)
+  if (isPersistPath(rel))
+    throw new CairnProblem(
+      'validation_failed',
+      `${PERSIST_DIR}/ holds the agent's persisted paths: the files API reads it but does not write it`,
+      { path: rel },
+    )
+  return rel
 }

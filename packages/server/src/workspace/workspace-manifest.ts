@@ -1,4 +1,4 @@
-import type { SessionManifest } from '@cairn/protocol'
+import { resolvePersistPaths, type SessionManifest } from '@cairn/protocol'
 import { policyOf } from '../sessions/policy.js'
 import type { SnapshotStore } from '../snapshots/snapshot-store.js'
 import type { SnapshotMeasures } from './snapshot-measures.js'
@@ -71,6 +71,7 @@ export class WorkspaceManifest {
       dirtyFiles: dirty
         ? { added: dirty.added, changed: dirty.changed, deleted: dirty.deleted, truncated: dirty.truncated }
         : null,
+      persist: resolvePersistPaths(revision?.manifest.persist),
       limits: revision?.manifest.limits ?? {},
       // Services listening inside the running sandbox, reachable as previews (…/ports/{port}/).
       openPorts: await this.deps.runtime.listeningPorts(id),

@@ -80,6 +80,9 @@ export const Admission = Type.Object(
   { additionalProperties: false },
 )
 
+/** Persisted sandbox paths, as resolved by the server (see `resolvePersistPaths`). */
+const PersistPaths = Type.Array(Type.String({ pattern: '^/', maxLength: 512 }), { maxItems: 16 })
+
 export const AgentSpec = Type.Object(
   {
     sessionId: Id,
@@ -118,6 +121,7 @@ export const AgentSpec = Type.Object(
     dependencyEnvKey: optional(Key),
     imageKey: optional(Key),
     memoryAgentId: optional(Id),
+    persist: optional(PersistPaths),
     pause: optional(Type.Object({ generation: Count }, { additionalProperties: false })),
   },
   { additionalProperties: false },
@@ -154,6 +158,7 @@ export const WorkspaceCommand = Type.Object(
     dependencyEnvKey: optional(Key),
     isolation: optional(IsolationName),
     egress: optional(Type.Object({ policy: EgressPolicy }, { additionalProperties: false })),
+    persist: optional(PersistPaths),
   },
   { additionalProperties: false },
 )

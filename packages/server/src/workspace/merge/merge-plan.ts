@@ -3,6 +3,7 @@ import path from 'node:path'
 import {
   CairnProblem,
   type FileEntry,
+  isPersistPath,
   type MergeChange,
   type MergeConflict,
   type MergeStrategy,
@@ -55,7 +56,8 @@ function changedPaths(diff: WorkspaceDiff, what: string): string[] {
       'payload_too_large',
       `${what} changed more than a diff walks (100,000 entries per tree): merge by hand`,
     )
-  return [...diff.added, ...diff.changed, ...diff.deleted]
+  // The agent's persisted paths are its own state (a session store, caches), not merged.
+  return [...diff.added, ...diff.changed, ...diff.deleted].filter((rel) => !isPersistPath(rel))
 }
 
 /**

@@ -94,6 +94,18 @@ describe('the OpenAI Agents SDK on a Cairn session', () => {
     expect((await session.files.list()).map((entry) => entry.name)).not.toContain('notes.txt')
     // The snapshot still has the file as the first run left it.
     expect(await session.files.readText('notes.txt', { snapshot: snapshot.id })).toBe('hello, patched\n')
+
+    // With a `cwd`, both tools take relative paths from that directory.
+    const inSrc = { cwd: 'src' }
+    const pwd = await new CairnShell(session, inSrc).run({ commands: ['pwd; ls'] })
+    expect(pwd.output[0]?.stdout).toBe('/workspace/src\napp.txt\n')
+    const created = await new CairnEditor(session, inSrc).createFile({
+      type: 'create_file',
+      path: 'b.txt',
+      diff: '+b',
+    })
+    expect(created).toEqual({ status: 'completed', output: 'created b.txt' })
+    expect(await session.files.readText('src/b.txt')).toBe('b')
   })
 
   it('tells the model about failed commands, timeouts, long output and patches that do not apply', async () => {

@@ -170,5 +170,9 @@ protocol: ${fields.protocol}
 #   pids: 256
 #   cpus: 1
 #   turnTimeoutMs: 600000
+
+# Directories outside /workspace kept with each session, like it (~ is then the home, /home/agent):
+# persist:
+#   - ~/.cache/my-tool
 `
 }

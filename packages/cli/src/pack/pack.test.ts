@@ -159,14 +159,18 @@ describe('readLocalManifest', () => {
     await put(
       'cairn.yaml',
       template.replace(
-        /^# ?(\s*(?:(?:ignore|secrets|limits|memoryMiB|pids|cpus|turnTimeoutMs):|- ))/gm,
+        /^# ?(\s*(?:(?:ignore|secrets|limits|memoryMiB|pids|cpus|turnTimeoutMs|persist):|- ))/gm,
         '$1',
       ),
     )
     await expect(readLocalManifest(dir)).resolves.toMatchObject({
       name: 'a',
       ignore: ['data/*.csv'],
-      data: { secrets: ['ANTHROPIC_API_KEY'], limits: { memoryMiB: 512, turnTimeoutMs: 600000 } },
+      data: {
+        secrets: ['ANTHROPIC_API_KEY'],
+        limits: { memoryMiB: 512, turnTimeoutMs: 600000 },
+        persist: ['~/.cache/my-tool'],
+      },
     })
   })
 })

@@ -93,8 +93,12 @@ describe('persisted paths', () => {
       headers: { authorization: `Bearer ${t.key}` },
     })
     expect(res.status).toBe(200)
-    const tarText = gunzipSync(Buffer.from(await res.arrayBuffer())).toString('latin1')
-    expect(tarText).toContain(`${STATE}/note`)
+    const exported = Buffer.from(await res.arrayBuffer())
+    expect(gunzipSync(exported).toString('latin1')).toContain(`${STATE}/note`)
+    // The archive imported into another session brings the state with it.
+    const { id: copy } = await t.api.createSession('stateful')
+    expect((await t.api.call('PUT', `/v1/sessions/${copy}/workspace`, exported)).status).toBe(200)
+    expect(await run(copy, 'cat ~/.state/note')).toBe('one\n[exit 0]\n')
 
     const read = await t.api.call('GET', `/v1/sessions/${id}/files/content?path=${STATE}/note`)
     expect(read.status).toBe(200)

@@ -350,6 +350,7 @@ describe('a JSON body is validated as typed: nothing is coerced', () => {
         .replace(/^\/v1\/webhooks\/\{id\}/, `/v1/webhooks/${webhookId}`)
         .replace('{port}', '8080')
         .replace('{commandId}', 'cmd_00000000000000000000')
+        .replace('{approvalId}', 'apr_00000000000000000000')
       expect(url, op.template).not.toContain('{')
       const before = await state()
       // The body itself of a wrong type (a field at the root), then each field at any depth.

@@ -45,6 +45,7 @@ describe('the lifecycle policy', () => {
       maxTurns: null,
       maxDurationMs: null,
       onTimeout: 'keep',
+      approvalTimeoutMs: null,
     })
 
     const session = await t.api.createSession('keeper', {
@@ -58,6 +59,7 @@ describe('the lifecycle policy', () => {
       maxTurns: 5,
       maxDurationMs: 3_600_000,
       onTimeout: 'destroy',
+      approvalTimeoutMs: null,
     })
     expect(info).toMatchObject({ idleTimeoutMs: 600_000, keepWarmMs: 0 })
     expect(Date.parse(info.deadlineAt)).toBeGreaterThan(Date.now() + 3_500_000)

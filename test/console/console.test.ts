@@ -4,7 +4,7 @@ import type { Page } from 'playwright-core'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 // @ts-expect-error: a plain ESM build script without type declarations
 import { buildConsole } from '../../packages/console/build.mjs'
-import { makeProject } from '../helpers/projects.js'
+import { makeProject, REVIEWER_PROJECT } from '../helpers/projects.js'
 import { startTestServer, type TestServer } from '../helpers/server.js'
 import { SHELL_AGENT } from './agent.js'
 import { type Browser, CHROMIUM, launchBrowser, screenshot } from './browser.js'
@@ -241,5 +241,21 @@ describe.skipIf(!existsSync(CHROMIUM))('web console in chromium', () => {
     await other.close()
     expect(browser.urls.filter((u) => u.includes(t.key))).toEqual([])
     expect(browser.foreignRequests).toEqual([])
+  })
+
+  it("shows the request the session's agent waits on, and approves it with a note", async () => {
+    expect((await t.api.deploy(await makeProject(REVIEWER_PROJECT))).status).toBe(201)
+    const { id } = await t.api.createSession('reviewed')
+    expect((await t.api.send(id, 'ask from the console test')).terminal?.type).toBe('run.completed')
+    await page.goto(`${t.url}/#/sessions/${id}`)
+    await page.locator('#approval').getByText('delete build/').waitFor()
+    await page.locator('#approval-note').fill('from the console')
+    await page.locator('#approval-approve').click()
+    await expect
+      .poll(() => turn(2).locator('.msg.agent').textContent(), { timeout: 30_000 })
+      .toMatch(/got apr_\w+ approve from the console/)
+    await expect.poll(() => page.locator('#approval').isHidden()).toBe(true)
+    const [request] = (await t.api.call('GET', `/v1/sessions/${id}/approvals`)).body.data
+    expect(request).toMatchObject({ status: 'approved', note: 'from the console' })
   })
 })

@@ -25,6 +25,30 @@ export const KEEPER_PROJECT: Record<string, string> = {
   ].join('\n'),
 }
 
+/**
+ * A jsonl agent that asks for approval (human review): `ask …` writes review.txt and asks to
+ * delete build/; an answer is said back as `got <id> <decision> <note>`; anything else is echoed.
+ */
+export const REVIEWER_PROJECT: Record<string, string> = {
+  'cairn.yaml': 'name: reviewed\ncommand: python3 agent.py\nprotocol: jsonl\n',
+  'agent.py': `import json, sys
+def say(frame):
+    sys.stdout.write(json.dumps(frame) + "\\n")
+    sys.stdout.flush()
+for line in sys.stdin:
+    m = json.loads(line)
+    a = m.get("approval")
+    if a:
+        say({"type": "text", "content": "got %s %s %s" % (a["id"], a["decision"], a["note"])})
+    elif m["content"].startswith("ask"):
+        open("review.txt", "w").write(m["content"])
+        say({"type": "approval.request", "summary": "delete build/", "action": {"run": "rm -rf build"}})
+    else:
+        say({"type": "text", "content": "echo " + m["content"]})
+    say({"type": "turn.done"})
+`,
+}
+
 /** An agent that runs each line as a bash command and answers its output and `[exit <status>]`. */
 export const SHELL_AGENT =
   'while IFS= read -r line; do bash -c "$line" </dev/null 2>&1; echo "[exit $?]"; done\n'

@@ -26,6 +26,7 @@ import {
 } from '../helpers/fuzz.js'
 import { LinkPool } from '../helpers/fuzz-links.js'
 import { OpenApiConformance, type Operation } from '../helpers/openapi-conformance.js'
+import { makeProject, REVIEWER_PROJECT } from '../helpers/projects.js'
 import { Api, EXAMPLES, packDir, REPO_ROOT } from '../helpers/server.js'
 
 // Request-schema fuzzing against a real server in its own process: every route of the OpenAPI
@@ -100,6 +101,9 @@ const ids = {
   turn: '',
   command: '',
   endedCommand: '',
+  /** A session whose agent asked for approval, and its request (pending until the run answers it). */
+  approvalSession: '',
+  approval: '',
 }
 
 /**
@@ -187,6 +191,13 @@ beforeAll(async () => {
   const artifact = await api.call('POST', `/v1/sessions/${ids.liveSession}/artifacts`, { path: 'echo.sh' })
   expect(artifact.status, JSON.stringify(artifact.body)).toBe(201)
   ids.artifact = artifact.body.id
+  const reviewer = await api.call('POST', '/v1/agents', await packDir(await makeProject(REVIEWER_PROJECT)))
+  expect(reviewer.status, JSON.stringify(reviewer.body)).toBe(201)
+  ids.approvalSession = (await api.createSession('reviewed')).id
+  const asked = await api.send(ids.approvalSession, 'ask fuzz')
+  const requested = asked.events.find((e) => e.type === 'approval.requested')
+  ids.approval = requested?.type === 'approval.requested' ? requested.approvalId : ''
+  expect(ids.approval).toMatch(/^apr_/)
   links.protect(...Object.values(ids).flat())
 }, 120_000)
 
@@ -298,6 +309,7 @@ const REAL_PARAMS: Record<string, () => string[]> = {
   artifactId: () => [ids.artifact],
   turnId: () => [ids.turn],
   commandId: () => [ids.command, ids.endedCommand],
+  approvalId: () => [ids.approval],
   port: () => ['8000', '3000'],
 }
 
@@ -305,6 +317,7 @@ const REAL_PARAMS: Record<string, () => string[]> = {
 function realParam(route: Route, name: string): string {
   const destructive = route.method === 'DELETE' && route.template.split('/').length <= 4
   if (name === 'id' && route.template === '/v1/sessions/{id}/merge') return ids.fork
+  if (name === 'id' && route.template.includes('/approvals')) return ids.approvalSession
   if (name === 'id' && route.template.startsWith('/v1/sessions'))
     return destructive ? (ids.spareSessions[0] as string) : ids.liveSession
   if (name === 'id' && route.template.startsWith('/v1/agents'))

@@ -127,6 +127,7 @@ function bodyFor(url: string): unknown {
     ['/stdin', { text: 'x' }],
     ['/signal', { signal: 'SIGTERM' }],
     ['/resize', { rows: 24, cols: 80 }],
+    ['/answer', { decision: 'approve' }],
   ]
   if (url.endsWith('/workspace'))
     return gzipSync(Buffer.from('not a tar, never read: the tenant check comes first'))

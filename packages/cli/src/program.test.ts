@@ -28,9 +28,10 @@ describe('buildProgram', () => {
 
   it('registers every sessions subcommand for help, a typo, an unknown word or none', async () => {
     const all = await sessionSubcommands()
-    expect(all).toHaveLength(25)
+    expect(all).toHaveLength(28)
     expect(all.slice(0, 3)).toEqual(['list', 'get', 'resume'])
-    for (const name of ['move', 'merge', 'exec', 'shell']) expect(all).toContain(name)
+    for (const name of ['move', 'merge', 'exec', 'shell', 'approvals', 'approve', 'deny'])
+      expect(all).toContain(name)
     for (const args of [['sessions'], ['sessions', '--help'], ['sessions', 'lsit'], ['sessions', 'my-agent']])
       expect(await sessionSubcommands(args)).toEqual(all)
   })

@@ -1,4 +1,5 @@
 import { type Static, Type } from '@sinclair/typebox'
+import { ApprovalAnswerSchema, MAX_APPROVAL_SUMMARY_CHARS } from './approvals.js'
 
 /**
  * Frames of the `jsonl` agent protocol: one JSON object per line on the agent's stdin (in) and
@@ -9,6 +10,8 @@ export const InboundFrameSchema = Type.Object({
   content: Type.String(),
   turn: Type.Integer(),
   turnId: Type.String(),
+  /** The answer to the agent's approval request this turn carries (human review), if any. */
+  approval: Type.Optional(ApprovalAnswerSchema),
 })
 export type InboundFrame = Static<typeof InboundFrameSchema>
 
@@ -29,6 +32,12 @@ export const OutboundFrameSchema = Type.Union([
     isError: Type.Optional(Type.Boolean()),
   }),
   Type.Object({ type: Type.Literal('metadata'), data: Type.Record(Type.String(), Type.Unknown()) }),
+  /** Asks a person to approve an action (human review); the answer comes as a later turn's input. */
+  Type.Object({
+    type: Type.Literal('approval.request'),
+    summary: Type.String({ minLength: 1, maxLength: MAX_APPROVAL_SUMMARY_CHARS }),
+    action: Type.Optional(Type.Unknown()),
+  }),
   Type.Object({ type: Type.Literal('turn.done') }),
   Type.Object({ type: Type.Literal('error'), message: Type.String() }),
 ])

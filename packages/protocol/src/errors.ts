@@ -33,6 +33,12 @@ export const ERROR_CODES = {
   session_not_found: { status: 404, retryable: false },
   /** No command with that id in the session (it never ran there, or its session was deleted). */
   command_not_found: { status: 404, retryable: false },
+  /** No approval request with that id in the session. */
+  approval_not_found: { status: 404, retryable: false },
+  /** The approval request was answered already (details.status: approved or denied); the first answer stands. */
+  approval_answered: { status: 409, retryable: false },
+  /** The approval request expired unanswered (its session's approvalTimeoutMs; details.expiresAt). */
+  approval_expired: { status: 409, retryable: false },
   ambiguous_id: { status: 409, retryable: false },
   session_busy: { status: 409, retryable: true },
   /**

@@ -42,6 +42,19 @@ export const StatusStreamEventSchema = Type.Object(
   { ...turnEvent('status'), message: Type.String() },
   { title: 'status' },
 )
+export const ApprovalRequestedEventSchema = Type.Object(
+  {
+    ...turnEvent('approval.requested'),
+    approvalId: Type.String(),
+    summary: Type.String(),
+    action: Type.Optional(Type.Unknown()),
+  },
+  {
+    title: 'approval.requested',
+    description:
+      'The agent asked for approval (GET /v1/sessions/{id}/approvals/{approvalId} once the turn ended)',
+  },
+)
 export const RunCompletedEventSchema = Type.Object(
   { ...turnEvent('run.completed'), text: Type.String(), durationMs: Type.Number() },
   { title: 'run.completed' },
@@ -70,6 +83,7 @@ export const StreamEventSchema = Type.Union(
     ToolStartEventSchema,
     ToolEndEventSchema,
     StatusStreamEventSchema,
+    ApprovalRequestedEventSchema,
     RunCompletedEventSchema,
     RunFailedEventSchema,
     RunCancelledEventSchema,
@@ -89,6 +103,7 @@ export type MessageDeltaEvent = Static<typeof MessageDeltaEventSchema>
 export type ToolStartEvent = Static<typeof ToolStartEventSchema>
 export type ToolEndEvent = Static<typeof ToolEndEventSchema>
 export type StatusStreamEvent = Static<typeof StatusStreamEventSchema>
+export type ApprovalRequestedEvent = Static<typeof ApprovalRequestedEventSchema>
 export type RunCompletedEvent = Static<typeof RunCompletedEventSchema>
 /** Its error code is one of the registry's. */
 export type RunFailedEvent = Omit<Static<typeof RunFailedEventSchema>, 'error'> & ErrorBody
@@ -101,6 +116,7 @@ export type StreamEvent =
   | ToolStartEvent
   | ToolEndEvent
   | StatusStreamEvent
+  | ApprovalRequestedEvent
   | RunCompletedEvent
   | RunFailedEvent
   | RunCancelledEvent

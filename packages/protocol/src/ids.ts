@@ -24,6 +24,8 @@ export const ID_PREFIXES = {
   webhookMessage: 'msg_',
   /** A command run in a session's sandbox outside a turn. */
   command: 'cmd_',
+  /** An agent's request for a human's approval (human review). */
+  approval: 'apr_',
 } as const
 
 export type IdKind = keyof typeof ID_PREFIXES

@@ -1,6 +1,7 @@
 export * from './agent-frames.js'
 export * from './agent-protocols.js'
 export * from './agents.js'
+export * from './approvals.js'
 export * from './commands.js'
 export * from './common.js'
 export * from './errors.js'

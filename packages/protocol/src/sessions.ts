@@ -128,6 +128,12 @@ export const SessionPolicyInput = Type.Object(
         { description: 'keep (default): the workspace stays, resumable; destroy: deleted at the timeout' },
       ),
     ),
+    approvalTimeoutMs: Type.Optional(
+      Type.Union([Type.Integer({ minimum: 1000, maximum: MAX_IDLE_TIMEOUT_MS }), Type.Null()], {
+        description:
+          "an agent's approval request left unanswered this long → status expired (docs/approvals.md); null (default): it waits",
+      }),
+    ),
   },
   { additionalProperties: false },
 )
@@ -140,6 +146,7 @@ export const SessionPolicySchema = Type.Object({
   maxTurns: Type.Union([Type.Integer(), Type.Null()]),
   maxDurationMs: Type.Union([Type.Integer(), Type.Null()]),
   onTimeout: Type.Union(ON_TIMEOUT_ACTIONS.map((a) => Type.Literal(a))),
+  approvalTimeoutMs: Type.Union([Type.Integer(), Type.Null()]),
 })
 export type SessionPolicy = Static<typeof SessionPolicySchema>
 
@@ -274,6 +281,8 @@ export const SessionSchema = Type.Object({
   /** The session's own `pause` (POST /v1/sessions); null: the agent's cairn.yaml decides. */
   pause: Type.Union([...PAUSE_POLICIES.map((p) => Type.Literal(p)), Type.Null()]),
   warm: Type.Boolean(),
+  /** The agent's approval request whose answer it has not had yet (human review); null: none. */
+  approvalId: Type.Union([Type.String(), Type.Null()]),
   createdAt: Type.String(),
   updatedAt: Type.String(),
   lastActiveAt: Type.String(),
@@ -341,6 +350,8 @@ export const SNAPSHOT_REASONS = [
   'before_restore',
   'before_import',
   'before_merge',
+  /** The workspace as it was when the agent asked for approval (human review). */
+  'review',
 ] as const
 export type SnapshotReason = (typeof SNAPSHOT_REASONS)[number]
 

@@ -28,6 +28,13 @@ export { Agents, type BuildLog, type BuildLogEvent, DEPLOY_TIMEOUT_MS, type Depl
 
 import { Cairn } from './client.js'
 
+export {
+  type AnswerOptions,
+  type Approval,
+  type ApprovalDecision,
+  type ApprovalStatus,
+  Approvals,
+} from './approvals.js'
 export { Cairn, type CairnOptions, DEFAULT_BASE_URL, DEFAULT_TIMEOUT_MS, type RunOptions } from './client.js'
 export {
   type CommandOutput,

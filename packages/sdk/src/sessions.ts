@@ -14,6 +14,7 @@ import {
   type StreamEvent,
   type TurnInfo,
 } from '@cairn/protocol'
+import { Approvals } from './approvals.js'
 import { Commands } from './commands.js'
 import { ConnectionError, InvalidResponseError } from './errors.js'
 import { decodeEvent } from './events.js'
@@ -155,6 +156,11 @@ export class Sessions {
   /** Commands in a session's sandbox outside turns (by full ID). */
   commands(id: string): Commands {
     return new Commands(this.http, id)
+  }
+
+  /** The approval requests of a session's agent (by full ID). */
+  approvals(id: string): Approvals {
+    return new Approvals(this.http, id)
   }
 
   /**
@@ -486,6 +492,10 @@ export class Session {
   /** Commands in the sandbox outside turns: start, output by offset, stdin, signal, run. */
   get commands(): Commands {
     return this.sessions.commands(this.id)
+  }
+  /** The agent's approval requests: list, get, approve, deny. */
+  get approvals(): Approvals {
+    return this.sessions.approvals(this.id)
   }
   get agentName(): string {
     return this.info.agentName

@@ -9,6 +9,8 @@ import { agUiRoutes } from './ag-ui/routes.js'
 import type { AgentService } from './agents/agent-service.js'
 import type { ArchiveLimits } from './agents/archive.js'
 import { agentRoutes } from './agents/routes.js'
+import type { ApprovalService } from './approvals/approval-service.js'
+import { approvalRoutes } from './approvals/routes.js'
 import type { ApiKeyStore } from './auth/api-keys.js'
 import { installAuth } from './auth/plugin.js'
 import { keyRoutes } from './auth/routes.js'
@@ -79,6 +81,8 @@ export interface AppDeps {
   previewOrigins: PreviewOrigins
   setup: SetupService
   webhooks: WebhookStore
+  /** Agents' approval requests (human review). */
+  approvals: ApprovalService
   /** The runtime, only through its port. */
   runtime: RuntimePort
   maxUploadBytes: number
@@ -231,6 +235,7 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   previewRoutes(app, deps.previews, deps.previewOrigins)
   setupRoutes(app, deps.setup, deps.sessions)
   webhookRoutes(app, deps.webhooks)
+  approvalRoutes(app, deps.approvals)
   runtimeRoute(app, deps.runtime, deps.operatorLimits, cluster ? () => cluster.nodes.list() : undefined)
   nodeRoutes(app, cluster?.nodes, cluster?.publish, cluster?.mover, (tenantId, id) =>
     deps.sessions.get(tenantId, id),

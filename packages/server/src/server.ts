@@ -9,6 +9,8 @@ import pino, { type Logger } from 'pino'
 import { AgentService } from './agents/agent-service.js'
 import { BuildLogs } from './agents/build-logs.js'
 import { buildApp } from './app.js'
+import { ApprovalService } from './approvals/approval-service.js'
+import { ApprovalStore } from './approvals/approval-store.js'
 import { ApiKeyStore, DEFAULT_TENANT_ID } from './auth/api-keys.js'
 import { iso, systemClock } from './clock.js'
 import { type ClusterControl, startClusterControl } from './cluster/cluster-control.js'
@@ -366,7 +368,15 @@ export async function startServer(
       logger,
       hints,
     })
-    observers.push(workspace.policy, previews)
+    const approvals = new ApprovalService({
+      store: new ApprovalStore(db),
+      sessions,
+      reviewSnapshot: async (row, seq, approvalId) =>
+        (await workspace.policy.take(row, 'manual', 'review', seq, `review ${approvalId}`)).id,
+      clock,
+      logger: logger.child({ component: 'approvals' }),
+    })
+    observers.push(workspace.policy, previews, approvals)
     previewListener = createPreviewListener(previews, config.previewDomain, logger)
     // One admission for both listeners: a peer's connections and the total count over the two.
     const admission = new ConnectionAdmission(config.operatorLimits)
@@ -468,6 +478,7 @@ export async function startServer(
       artifacts,
       setup,
       webhooks: webhooks.store,
+      approvals,
       previews,
       previewOrigins: new PreviewOrigins(config.previewDomain, previewPort),
       runtime: runtimePort,

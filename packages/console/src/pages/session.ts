@@ -1,6 +1,7 @@
 import type { SessionInfo } from '@cairn/protocol'
 import { fill, formatMs, h, timeAgo } from '../dom.js'
 import { act, button, confirmDialog, type Page, type PageContext, poll, statusBadge } from '../ui.js'
+import { approvalBox } from './approval.js'
 import { eventsPanel, manifestPanel } from './details.js'
 import { filesPanel } from './files.js'
 import type { Panel, SessionState } from './session-state.js'
@@ -30,6 +31,7 @@ export function sessionPage(ctx: PageContext, id: string, initialTab?: string): 
   const panels = new Map<Tab, Panel>()
   let selected: Tab | undefined
   let files: ReturnType<typeof filesPanel> | undefined
+  let review: ReturnType<typeof approvalBox> | undefined
 
   const state: SessionState = {
     id,
@@ -40,6 +42,7 @@ export function sessionPage(ctx: PageContext, id: string, initialTab?: string): 
       state.info = info
       if (!changed) return
       renderHeader(info)
+      review?.onInfo(info)
       for (const panel of panels.values()) panel.onInfo?.(info)
     },
     browse: (snapshotId) => {
@@ -144,6 +147,7 @@ export function sessionPage(ctx: PageContext, id: string, initialTab?: string): 
     remove.hidden = info.status === 'deleted'
   }
 
+  review = approvalBox(ctx, state)
   fill(actions, resume, end, remove)
   for (const [tab, text] of TABS) {
     tabs.append(h('a', { href: `#/sessions/${id}/${tab}`, 'data-tab': tab }, text))
@@ -153,6 +157,7 @@ export function sessionPage(ctx: PageContext, id: string, initialTab?: string): 
     h('p', { class: 'crumbs' }, h('a', { href: '#/sessions' }, '← Sessions')),
     h('div', { class: 'row wrap spread' }, title, actions),
     meta,
+    review.el,
     tabs,
     body,
   )

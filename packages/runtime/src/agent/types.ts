@@ -1,4 +1,11 @@
-import type { AgentProtocolName, ErrorCode, HttpAgent, StatusCause, TranscriptLine } from '@cairn/protocol'
+import type {
+  AgentProtocolName,
+  ApprovalAnswer,
+  ErrorCode,
+  HttpAgent,
+  StatusCause,
+  TranscriptLine,
+} from '@cairn/protocol'
 import type { EgressRoute } from '../egress/proxy.js'
 import type { ProxySecret } from '../egress/proxy-secrets.js'
 import type { IsolationName, SandboxBind, SandboxLimits } from '../sandbox/driver.js'
@@ -9,6 +16,7 @@ export type AgentEvent =
   | { type: 'tool.start'; id: string; name: string; input?: unknown }
   | { type: 'tool.end'; id: string; output?: unknown; isError?: boolean }
   | { type: 'metadata'; data: Record<string, unknown> }
+  | { type: 'approval.request'; summary: string; action?: unknown }
 
 export type TurnOutcome =
   | { status: 'completed'; text: string; stderr: string; agentExited: boolean }
@@ -28,6 +36,8 @@ export interface TurnInput {
   turnId: string
   /** Transcript before this turn, written to `$CAIRN_TRANSCRIPT` for the agent. */
   transcript: readonly TranscriptLine[]
+  /** The answer to the agent's approval request this turn carries (jsonl: in the frame; http: in the body). */
+  approval?: ApprovalAnswer | undefined
 }
 
 export interface AgentLaunch {

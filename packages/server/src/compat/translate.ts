@@ -96,6 +96,12 @@ export class RunEventMapper {
       }
       case 'status':
         return { type: 'status', data: { message: event.message } }
+      case 'approval.requested':
+        // Their stream has no such event: a status line names the request.
+        return {
+          type: 'status',
+          data: { message: `approval requested (${event.approvalId}): ${event.summary}` },
+        }
       case 'run.completed':
         return {
           type: 'run.completed',

@@ -32,6 +32,7 @@ const TABLES: readonly (keyof Schema)[] = [
   'build_logs',
   'artifact_blobs',
   'ag_ui_threads',
+  'approvals',
   // After every table whose rows the outbox triggers watch: copied events write no outbox rows
   // (no endpoint exists yet); the outbox and deliveries are copied as they were.
   'webhook_endpoints',

@@ -602,6 +602,33 @@ CREATE INDEX secrets_expiry ON secrets (expires_at) WHERE expires_at IS NOT NULL
 CREATE INDEX network_events_at ON network_events (at);
 `,
   },
+  {
+    // Human review (docs/approvals.md): an agent's approval requests and their answers, read by
+    // any replica; a session names the request whose answer its agent has not had yet, and how
+    // long one may wait.
+    version: 33,
+    name: 'approvals',
+    sql: `
+CREATE TABLE approvals (
+  id TEXT PRIMARY KEY,
+  tenant_id TEXT NOT NULL,
+  session_id TEXT NOT NULL,
+  turn_id TEXT NOT NULL,
+  status TEXT NOT NULL,
+  summary TEXT NOT NULL,
+  action_json TEXT,
+  note TEXT,
+  snapshot_id TEXT,
+  requested_at TEXT NOT NULL,
+  expires_at TEXT,
+  answered_at TEXT,
+  delivered_turn_id TEXT
+);
+CREATE INDEX approvals_session ON approvals (session_id, requested_at);
+ALTER TABLE sessions ADD COLUMN approval_timeout_ms INTEGER;
+ALTER TABLE sessions ADD COLUMN approval_id TEXT;
+`,
+  },
 ]
 
 export type Dialect = 'sqlite' | 'postgres'

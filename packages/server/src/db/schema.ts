@@ -221,6 +221,25 @@ export interface Schema {
     ended_at: string | null
   }
   replicas: ReplicasTable
+  /** Agents' approval requests and their answers (migration 33, docs/approvals.md). */
+  approvals: ApprovalsTable
+}
+
+export interface ApprovalsTable {
+  id: string
+  tenant_id: string
+  session_id: string
+  turn_id: string
+  status: string
+  summary: string
+  /** The agent's `action` as JSON; null: it gave none. */
+  action_json: string | null
+  note: string | null
+  snapshot_id: string | null
+  requested_at: string
+  expires_at: string | null
+  answered_at: string | null
+  delivered_turn_id: string | null
 }
 
 /**
@@ -299,4 +318,8 @@ export interface SessionsTable {
   swap_count: Generated<number>
   /** When the session may next time out, never later than it will (migration 25); null: never. */
   next_due_at: string | null
+  /** How long an approval request may wait (migration 33); null: no limit. */
+  approval_timeout_ms: number | null
+  /** The approval request whose answer the agent has not had yet (migration 33). */
+  approval_id: string | null
 }

@@ -14,6 +14,7 @@ export const DEFAULT_POLICY: SessionPolicy = {
   maxTurns: null,
   maxDurationMs: null,
   onTimeout: 'keep',
+  approvalTimeoutMs: null,
 }
 
 /** The policy columns of a session row. */
@@ -23,6 +24,7 @@ export interface PolicyColumns {
   max_turns: number | null
   max_duration_ms: number | null
   on_timeout: string
+  approval_timeout_ms: number | null
 }
 
 export function policyOf(row: PolicyColumns): SessionPolicy {
@@ -32,6 +34,7 @@ export function policyOf(row: PolicyColumns): SessionPolicy {
     maxTurns: row.max_turns,
     maxDurationMs: row.max_duration_ms,
     onTimeout: row.on_timeout === 'destroy' ? 'destroy' : ('keep' satisfies OnTimeoutAction),
+    approvalTimeoutMs: row.approval_timeout_ms ?? null,
   }
 }
 
@@ -44,6 +47,8 @@ export function applyPolicy(base: SessionPolicy, input: SessionPolicyInput | und
     maxTurns: input.maxTurns === undefined ? base.maxTurns : input.maxTurns,
     maxDurationMs: input.maxDurationMs === undefined ? base.maxDurationMs : input.maxDurationMs,
     onTimeout: input.onTimeout ?? base.onTimeout,
+    approvalTimeoutMs:
+      input.approvalTimeoutMs === undefined ? base.approvalTimeoutMs : input.approvalTimeoutMs,
   }
 }
 
@@ -92,6 +97,7 @@ export function policyColumns(
     max_duration_ms: policy.maxDurationMs,
     deadline_at: deadlineFor(policy, startMs),
     on_timeout: policy.onTimeout,
+    approval_timeout_ms: policy.approvalTimeoutMs,
   }
 }
 

@@ -1,5 +1,15 @@
+import type { ApprovalAnswer } from '@cairn/protocol'
 import type { AgentInfo, WorkspaceMark } from '@cairn/runtime/port'
 import type { SessionRow } from './session-store.js'
+
+/** An approval request the agent made during a turn (human review), redacted. */
+export interface ApprovalAsked {
+  id: string
+  turnId: string
+  seq: number
+  summary: string
+  action?: unknown
+}
 
 /**
  * What other services learn of a session's life, passed to the session service by the composition
@@ -27,6 +37,16 @@ export interface SessionObserver {
    * the warm agent still up, `unchanged` what the observers answered for the turn.
    */
   afterTurn?(row: SessionRow, seq: number, agent: AgentInfo | undefined, unchanged: boolean): void
+  /**
+   * The agent asked for approval during the turn, which completed: recorded (with its review
+   * snapshot) before the turn's end is; awaited.
+   */
+  approvalRequested?(row: SessionRow, asked: ApprovalAsked): Promise<void>
+  /**
+   * The answer (or expiry) of the session's open approval request (`row.approval_id`) for the turn
+   * `turnId`, just begun, to carry to the agent; claimed for that turn. Undefined: nothing to tell yet.
+   */
+  approvalFor?(row: SessionRow, turnId: string): Promise<ApprovalAnswer | undefined>
   /** A session's workspace was deleted (its snapshots go next); awaited. */
   deleted?(sessionId: string): Promise<void>
   /** A session was ended by its user or deleted; awaited (the answer says it is over). */

@@ -41,6 +41,10 @@ export interface SessionRow {
   owner_epoch: number
   /** The session's own pause policy; null: the agent's. */
   pause: PausePolicy | null
+  /** How long an approval request may wait (policy `approvalTimeoutMs`); null: no limit. */
+  approval_timeout_ms: number | null
+  /** The approval request whose answer (or expiry) the agent has not had yet. */
+  approval_id: string | null
 }
 
 export interface TurnRow {
@@ -90,6 +94,7 @@ export type NewSession = Omit<
   | 'runtime_id'
   | 'owner_epoch'
   | 'pause'
+  | 'approval_id'
 > & {
   pause?: PausePolicy | null
   auto_snapshots?: number
@@ -127,6 +132,7 @@ export function toSessionInfo(row: SessionRow, warm: boolean): SessionInfo {
     ephemeral: row.ephemeral === 1,
     pause: row.pause,
     warm,
+    approvalId: row.approval_id ?? null,
     createdAt: row.created_at,
     updatedAt: row.updated_at,
     lastActiveAt: row.last_active_at,

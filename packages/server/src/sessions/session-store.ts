@@ -260,6 +260,7 @@ export class SessionStore {
           max_turns: policy.maxTurns,
           max_duration_ms: policy.maxDurationMs,
           on_timeout: policy.onTimeout,
+          approval_timeout_ms: policy.approvalTimeoutMs,
           deadline_at: deadlineAt,
           updated_at: at,
         })

@@ -37,7 +37,8 @@ export class TurnRedaction {
     return content ? this.emit({ type: 'message.delta', turnId: this.turnId, content }) : undefined
   }
 
-  private redactValues(value: unknown): unknown {
+  /** Every string inside `value` redacted (a copy). */
+  redactValues(value: unknown): unknown {
     if (typeof value === 'string') return this.redactor.redact(value)
     if (Array.isArray(value)) return value.map((item) => this.redactValues(item))
     if (value !== null && typeof value === 'object')

@@ -1,4 +1,11 @@
-import { CairnProblem, newId, type SessionStatus, type StatusCause, type StreamEvent } from '@cairn/protocol'
+import {
+  type ApprovalAnswer,
+  CairnProblem,
+  newId,
+  type SessionStatus,
+  type StatusCause,
+  type StreamEvent,
+} from '@cairn/protocol'
 import type { AgentEvent, AgentInfo, TurnEnd, TurnInput, TurnOptions, TurnOutcome } from '@cairn/runtime/port'
 import { iso } from '../clock.js'
 import { unavailableReason, whenNotBusy } from '../db/busy.js'
@@ -8,7 +15,7 @@ import type { WorkspaceGenerations } from './generations.js'
 import { awaitNodeVerdict } from './node-verdict.js'
 import { limitReached } from './policy.js'
 import type { SessionServiceDeps } from './session-deps.js'
-import { type MarkAnswer, turnMarkOf, unchangedByAll } from './session-observer.js'
+import { type ApprovalAsked, type MarkAnswer, turnMarkOf, unchangedByAll } from './session-observer.js'
 import type { SessionRow, SessionStore, TurnSessionRow } from './session-store.js'
 import { recordTurnEnd, type TurnEmit } from './turn-end-record.js'
 import type { TurnEventLog, TurnEvents } from './turn-events.js'
@@ -142,15 +149,42 @@ export class TurnRunner {
     }
     const started: TurnSessionRow = { ...row, status: 'active' }
     const log = this.deps.events.open(turnId)
+    // The answer to the agent's approval request (or its expiry) goes with the first turn after it.
+    const approval = row.approval_id ? await this.approvalFor(started, turnId) : undefined
     return {
       turnId,
       run: async (emit) => {
         try {
-          await this.run(started, turnId, seq, prompt, seen, abort.signal, emit, log)
+          await this.run(started, turnId, seq, { prompt, approval }, seen, abort.signal, emit, log)
         } finally {
           release()
         }
       },
+    }
+  }
+
+  /** The approval answer the turn carries, claimed for it; never throws (the turn is recorded already). */
+  private async approvalFor(row: TurnSessionRow, turnId: string): Promise<ApprovalAnswer | undefined> {
+    for (const observer of this.observers) {
+      if (!observer.approvalFor) continue
+      try {
+        const answer = await observer.approvalFor(row, turnId)
+        if (answer) return answer
+      } catch (error) {
+        this.deps.logger.warn({ err: error, session: row.id }, 'reading the approval answer failed')
+      }
+    }
+    return undefined
+  }
+
+  /** The agent's approval request recorded (its review snapshot first); a failure is logged. */
+  private async recordApproval(row: TurnSessionRow, asked: ApprovalAsked): Promise<void> {
+    for (const observer of this.observers) {
+      await observer
+        .approvalRequested?.(row, asked)
+        .catch((error: unknown) =>
+          this.deps.logger.warn({ err: error, session: row.id }, 'recording the approval request failed'),
+        )
     }
   }
 
@@ -219,12 +253,15 @@ export class TurnRunner {
     row: TurnSessionRow,
     turnId: string,
     seq: number,
-    prompt: string,
+    message: { prompt: string; approval: ApprovalAnswer | undefined },
     seen: SeenAgent | undefined,
     signal: AbortSignal,
     emitNumbered: TurnEmit,
     log: TurnEventLog,
   ): Promise<void> {
+    const { prompt, approval } = message
+    /** The agent's approval request of this turn (the last one, if it asked twice). */
+    let asked: ApprovalAsked | undefined
     const { store, warm } = this.deps
     const emit = (event: StreamEvent) => both(emitNumbered(event, log.append(event)), log.room())
     const startedAt = this.deps.clock.now()
@@ -267,7 +304,13 @@ export class TurnRunner {
       redactor = new Redactor(await this.deps.secrets.values(row.agent_id, ['runtime', 'setup', 'proxy']))
       const events = new TurnRedaction(redactor, turnId, emit)
       redacted = events
-      const onEvent = (event: AgentEvent) => events.event(toStreamEvent(turnId, event))
+      const onEvent = (event: AgentEvent) => {
+        if (event.type !== 'approval.request') return events.event(toStreamEvent(turnId, event))
+        const { summary, action } = event
+        asked = { id: newId('approval'), turnId, seq, summary: redactor.redact(summary) }
+        if (action !== undefined) asked.action = events.redactValues(action)
+        return events.event({ type: 'approval.requested', turnId, approvalId: asked.id, summary, action })
+      }
       const started = async (agent: AgentInfo, cold: boolean) => {
         sandboxId = agent.sandboxId
         // The turn's row names the warm sandbox `begin` saw: written again only if it ran elsewhere.
@@ -276,7 +319,7 @@ export class TurnRunner {
         emit({ type: 'run.started', sessionId: row.id, turnId, turn: seq, sandboxId, coldStart: cold })
         promptSent = true
       }
-      const input: TurnInput = { prompt, turn: seq, turnId, transcript }
+      const input: TurnInput = { prompt, turn: seq, turnId, transcript, ...(approval ? { approval } : {}) }
       // One call to the runtime: the warm agent taken, the turn, its sandbox cooled down after it
       // (the policy's last turn drops it below instead).
       // The workspace's mark goes with it: the node says whether the turn changed it.
@@ -361,6 +404,7 @@ export class TurnRunner {
       await this.afterTurn(row.id, () => warm.drop(row.id), undefined)
       agentAfter = undefined
     }
+    if (asked && outcome.status === 'completed') await this.recordApproval(row, asked)
     const recorded = await recordTurnEnd(
       { db: this.deps.db, store, logger: this.deps.logger },
       { row, turnId, seq, outcome, durationMs, endedAt, endedAs, cause, generation, lastTurn, log },
@@ -508,5 +552,7 @@ function toStreamEvent(turnId: string, event: AgentEvent): StreamEvent {
       }
     case 'metadata':
       return { type: 'status', turnId, message: JSON.stringify(event.data) }
+    case 'approval.request':
+      throw new Error('approval requests are recorded by the turn, not mapped')
   }
 }

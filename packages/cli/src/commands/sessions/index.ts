@@ -33,6 +33,9 @@ const SUBCOMMANDS: ReadonlyArray<readonly [names: readonly string[], load: Loade
   [['move'], () => import('./move.js')],
   [['exec'], () => import('./exec.js')],
   [['shell'], () => import('./shell.js')],
+  [['approvals'], () => import('./approvals.js')],
+  [['approve'], () => import('./approve.js')],
+  [['deny'], () => import('./deny.js')],
 ]
 
 /**

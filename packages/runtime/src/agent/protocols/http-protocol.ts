@@ -55,6 +55,7 @@ export class HttpProtocol implements AgentProtocol {
       sessionId: this.sessionId,
       turn: input.turn,
       turnId: input.turnId,
+      ...(input.approval ? { approval: input.approval } : {}),
     }
     void sendHttpTurn(
       this.connect,

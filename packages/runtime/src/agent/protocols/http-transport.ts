@@ -1,7 +1,13 @@
 import http from 'node:http'
 import type net from 'node:net'
 import { StringDecoder } from 'node:string_decoder'
-import { CairnProblem, type ErrorCode, type HttpAgent, type StatusCause } from '@cairn/protocol'
+import {
+  type ApprovalAnswer,
+  CairnProblem,
+  type ErrorCode,
+  type HttpAgent,
+  type StatusCause,
+} from '@cairn/protocol'
 import { createParser } from 'eventsource-parser'
 import { LineSplitter } from './line-splitter.js'
 
@@ -62,6 +68,8 @@ export interface HttpTurnMessage {
   sessionId: string
   turn: number
   turnId: string
+  /** The answer to the agent's approval request (human review), on the turn that carries it. */
+  approval?: ApprovalAnswer
 }
 
 /**

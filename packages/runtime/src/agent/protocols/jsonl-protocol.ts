@@ -40,8 +40,9 @@ export class JsonlProtocol implements AgentProtocol {
   }
 
   send(sandbox: Sandbox, input: TurnInput): void {
+    const { prompt: content, turn, turnId, approval } = input
     sandbox.stdin.write(
-      `${JSON.stringify({ type: 'message', content: input.prompt, turn: input.turn, turnId: input.turnId })}\n`,
+      `${JSON.stringify({ type: 'message', content, turn, turnId, ...(approval ? { approval } : {}) })}\n`,
     )
   }
 }
@@ -85,6 +86,9 @@ export function handleFrame(channel: TurnChannel, line: string): void {
       break
     case 'metadata':
       turn.onEvent({ type: 'metadata', data: frame.data })
+      break
+    case 'approval.request':
+      turn.onEvent({ type: 'approval.request', summary: frame.summary, action: frame.action })
       break
     case 'turn.done':
       turn.finish({ status: 'completed', text: turn.text, stderr: channel.stderr(), agentExited: false })

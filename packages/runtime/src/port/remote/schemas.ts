@@ -1,4 +1,4 @@
-import { AGENT_PROTOCOLS, COMMAND_SIGNALS, HttpAgentSchema } from '@cairn/protocol'
+import { AGENT_PROTOCOLS, ApprovalAnswerSchema, COMMAND_SIGNALS, HttpAgentSchema } from '@cairn/protocol'
 import { type TSchema, Type } from '@sinclair/typebox'
 import { ISOLATIONS } from '../../sandbox/driver.js'
 import { POOL_AREAS } from '../../storage/pool.js'
@@ -133,6 +133,7 @@ export const TurnInput = Type.Object(
     turn: Count,
     turnId: Id,
     transcript: Type.Array(Type.Record(Type.String(), Type.Unknown())),
+    approval: Type.Optional(ApprovalAnswerSchema),
   },
   { additionalProperties: false },
 )

@@ -1,0 +1,3 @@
+import { answerCommand } from './approvals.js'
+
+export const register = answerCommand('deny')

@@ -7,7 +7,8 @@ import base from './vitest.config'
  * pass proves once: the packages' unit tests, the runtime's own conformance, sandbox and kernel
  * walls, image builds, agent protocols, the MCP translation (its walls run in both passes), a
  * turn's stream held to its client's pace, the sandbox cap's wait, a merge's three-way walk of the
- * workspaces, the browser console, and the deployment and object-store harnesses. A file that starts a server still touches the database, but these only ask it what
+ * workspaces, the browser console, the deployment and object-store harnesses, and the pool cut off
+ * from a PostgreSQL of its own (which must listen on a veth link). A file that starts a server still touches the database, but these only ask it what
  * the other pass already asked; what they test (a syscall refused, a link in an archive, a
  * pixel) is decided below it.
  */
@@ -23,6 +24,7 @@ const RUNTIME_ONLY = [
   'test/examples-frameworks.test.ts',
   'test/faults/disk-full.test.ts',
   'test/faults/hang.test.ts',
+  'test/faults/postgres-partition.test.ts',
   'test/http-agents.test.ts',
   'test/images*.test.ts',
   'test/isolation.test.ts',

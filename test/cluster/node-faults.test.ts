@@ -257,6 +257,8 @@ describe.skipIf(!testsRunOnPostgres())('runtime node faults', () => {
       await new Promise((r) => setTimeout(r, 2 * HEARTBEAT_MS))
       expect(await turnRows(ids)).toEqual(snapshot)
       expect(await sessionRows(ids)).toEqual(sessions)
+      // No registration it gave up on while cut off arrives late as one more incarnation.
+      expect((await nodeRow(node)).epoch).toBe(before.epoch + 1)
       const cut = snapshot.find((t) => t.prompt === 'sleep 6')
       expect(cut?.status).toBe('failed')
       expect(cut?.response ?? '').toBe('')

@@ -160,6 +160,17 @@ function openSqlite(file: string): Db {
 
 const INT8_OID = 20
 
+/**
+ * PostgreSQL's side of a connection notices a client that went away without a word within about
+ * 10 s (5 s idle, then five probes a second apart; at once when the link is back, whose first
+ * probe is answered with a reset). The pool resets a connection whose statement went unanswered
+ * (postgres-pool.ts `abandonConnection`), and a reset sent into a cut link never arrives: without
+ * these the backend, and any lock its open transaction holds, would wait for the operating
+ * system's two hours.
+ */
+const DEAD_PEER_SETTINGS =
+  'SET tcp_keepalives_idle = 5; SET tcp_keepalives_interval = 1; SET tcp_keepalives_count = 5'
+
 async function openPostgres(url: string, options: OpenDatabaseOptions): Promise<Db> {
   // COUNT(*) and BIGINT columns come back as numbers (they stay far below 2^53).
   const types = {
@@ -187,6 +198,8 @@ async function openPostgres(url: string, options: OpenDatabaseOptions): Promise<
   // next fails and is answered as the database being unavailable.
   pool.on('connect', (connection) => {
     connection.on('error', () => {})
+    // Queued ahead of the statement the connection was opened for; a failure shows there.
+    connection.query(DEAD_PEER_SETTINGS).catch(() => {})
   })
   const client = await pool.connect()
   try {

@@ -1,3 +1,4 @@
+import type { Socket } from 'node:net'
 import type { PostgresPool, PostgresPoolClient, PostgresQueryResult } from 'kysely'
 import pg from 'pg'
 
@@ -164,12 +165,31 @@ function boundedClient(
     statement.catch(() => {})
     const result = await watch.run(statement, parameters, (error) => {
       timedOut = error
+      abandonConnection(client)
     })
     return result as unknown as PostgresQueryResult<R>
   }
   return {
     query: query as PostgresPoolClient['query'],
     release: (destroy?: boolean) => client.release(destroy === true || timedOut !== undefined),
+  }
+}
+
+/**
+ * Drops the connection of a statement nobody waits for any more with a reset, not a close: a
+ * closed socket's kernel goes on sending what it still holds, so a statement written into a cut
+ * link (a partition, a frozen server) would reach PostgreSQL and run once the link heals, seconds
+ * or minutes after its request was answered `unavailable` (a node's abandoned registrations did:
+ * each one, delivered after the heal, was a new incarnation). A reset discards the unsent bytes;
+ * what PostgreSQL already received may still run, as with any lost answer.
+ */
+export function abandonConnection(client: pg.Client | pg.PoolClient): void {
+  const stream = (client as unknown as { connection?: { stream?: Socket } }).connection?.stream
+  if (!stream || stream.destroyed) return
+  try {
+    stream.resetAndDestroy()
+  } catch {
+    stream.destroy()
   }
 }
 

@@ -46,6 +46,20 @@ export const SetupEnvSchema = Type.Record(Type.String({ pattern: '^[A-Za-z_][A-Z
 /** How long a setup phase may run (cairn.yaml's `session.setup` and the API's `setup`). */
 export const SetupTimeoutMsSchema = Type.Integer({ minimum: 1000, maximum: 6 * 3600 * 1000 })
 
+/** A session phase of cairn.yaml (`session.setup`, `session.resume`): a command, or one with its settings. */
+const SessionPhaseSchema = Type.Union([
+  ...CommandSchema.anyOf,
+  Type.Object(
+    {
+      command: CommandSchema,
+      env: Type.Optional(SetupEnvSchema),
+      network: Type.Optional(NetworkPolicySchema),
+      timeoutMs: Type.Optional(SetupTimeoutMsSchema),
+    },
+    { additionalProperties: false },
+  ),
+])
+
 /**
  * cairn.yaml's `http` (with `protocol: http`): the agent serves HTTP on `port` on the sandbox's
  * loopback, and each message is a `POST` to `path` (docs/agent-protocols.md "http").
@@ -115,20 +129,13 @@ export const AgentManifestSchema = Type.Object(
     session: Type.Optional(
       Type.Object(
         {
-          setup: Type.Optional(
-            Type.Union([
-              ...CommandSchema.anyOf,
-              Type.Object(
-                {
-                  command: CommandSchema,
-                  env: Type.Optional(SetupEnvSchema),
-                  network: Type.Optional(NetworkPolicySchema),
-                  timeoutMs: Type.Optional(SetupTimeoutMsSchema),
-                },
-                { additionalProperties: false },
-              ),
-            ]),
-          ),
+          setup: Type.Optional(SessionPhaseSchema),
+          /**
+           * Maintenance run when a cold sandbox starts on a workspace a turn has run on, before
+           * the agent (after keep-warm, a restart, a restore, on a fork): its log is kept as the
+           * setup's; a failure fails the turn with `resume_failed` and runs again on the next one.
+           */
+          resume: Type.Optional(SessionPhaseSchema),
         },
         { additionalProperties: false },
       ),

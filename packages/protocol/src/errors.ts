@@ -76,6 +76,8 @@ export const ERROR_CODES = {
   /** The tenant's revisions run on as many distinct images as it may (--max-images-per-tenant); details: maxImages. */
   image_limit_reached: { status: 409, retryable: false },
   setup_failed: { status: 422, retryable: false },
+  /** The agent's `session.resume` command failed before a cold start; it runs again on the next message. */
+  resume_failed: { status: 422, retryable: false },
   payload_too_large: { status: 413, retryable: false },
   /** A workspace or tenant storage quota is used up (507 Insufficient Storage); only that session or tenant. */
   quota_exceeded: { status: 507, retryable: false },

@@ -46,6 +46,8 @@ export const STATUS_CAUSES = [
   /** A fork's changes were merged in: detail names the fork, its snapshot, the base and the undo snapshot. */
   'workspace_merged',
   'setup_failed',
+  /** The `session.resume` command failed before a cold start: the next message runs it again. */
+  'resume_failed',
   'max_turns',
   'max_duration',
   'storage_error',
@@ -188,6 +190,22 @@ export const SetupInfoSchema = Type.Object({
   logTail: Type.String(),
 })
 export type SetupInfo = Static<typeof SetupInfoSchema>
+
+/** The latest run of the session's `session.resume` command (`GET /v1/sessions/{id}/resume-phase`). */
+export const ResumeInfoSchema = Type.Object({
+  sessionId: Type.String(),
+  status: Type.Union([Type.Literal('running'), Type.Literal('succeeded'), Type.Literal('failed')]),
+  command: Type.Array(Type.String()),
+  /** How many times it ran (once per cold start on an existing workspace). */
+  runs: Type.Integer(),
+  exitCode: Type.Union([Type.Integer(), Type.Null()]),
+  error: Type.Union([Type.String(), Type.Null()]),
+  startedAt: Type.Union([Type.String(), Type.Null()]),
+  endedAt: Type.Union([Type.String(), Type.Null()]),
+  /** The last lines of the latest run's log (`…/resume-phase/log` has all of it, up to 1 MiB). */
+  logTail: Type.String(),
+})
+export type ResumeInfo = Static<typeof ResumeInfoSchema>
 
 export const CreateSessionBody = Type.Object(
   {

@@ -128,6 +128,7 @@ const CLASS_BY_CODE: Record<ErrorCode, ErrorClass> = {
   build_failed: BuildFailedError,
   image_too_large: BuildFailedError,
   setup_failed: BuildFailedError,
+  resume_failed: BuildFailedError,
   payload_too_large: PayloadTooLargeError,
   headers_too_large: PayloadTooLargeError,
   quota_exceeded: QuotaExceededError,

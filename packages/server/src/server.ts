@@ -344,6 +344,7 @@ export async function startServer(
     if (!api) {
       const recovered = await sessions.recover()
       await setup.store.recoverAfterRestart(runtimeId)
+      await setup.resume.recoverAfterRestart(runtimeId)
       const reconciled = await sessions.reconcile(
         new Set((await workspace.snapshots.allLive()).map((s) => s.id)),
       )

@@ -27,6 +27,7 @@ const TABLES: readonly (keyof Schema)[] = [
   'agent_memory',
   'artifacts',
   'session_setups',
+  'session_resume_runs',
   'preview_url_epochs',
   'shared_files',
   'build_logs',

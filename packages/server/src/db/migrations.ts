@@ -629,6 +629,24 @@ ALTER TABLE sessions ADD COLUMN approval_timeout_ms INTEGER;
 ALTER TABLE sessions ADD COLUMN approval_id TEXT;
 `,
   },
+  {
+    // The latest run of each session's `session.resume` command (cairn.yaml), with its log.
+    version: 34,
+    name: 'session_resume_runs',
+    sql: `
+CREATE TABLE session_resume_runs (
+  session_id TEXT PRIMARY KEY,
+  command_json TEXT NOT NULL,
+  status TEXT NOT NULL,
+  runs INTEGER NOT NULL DEFAULT 0,
+  exit_code INTEGER,
+  error TEXT,
+  log TEXT NOT NULL DEFAULT '',
+  started_at TEXT,
+  ended_at TEXT
+);
+`,
+  },
 ]
 
 export type Dialect = 'sqlite' | 'postgres'

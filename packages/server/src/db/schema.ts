@@ -178,6 +178,17 @@ export interface Schema {
     ended_at: string | null
     snapshot_id: string | null
   }
+  session_resume_runs: {
+    session_id: string
+    command_json: string
+    status: string
+    runs: Generated<number>
+    exit_code: number | null
+    error: string | null
+    log: Generated<string>
+    started_at: string | null
+    ended_at: string | null
+  }
   preview_url_epochs: { session_id: string; port: number; epoch: number }
   shared_files: { name: string; content: Buffer; created_at: string }
   build_logs: { revision_id: string; log: string }

@@ -25,9 +25,11 @@ export function checkManifestCeilings(manifest: AgentManifest, ceilings: Operato
     if (value !== undefined && value > ceilings[ceilingName])
       refuse('cairn.yaml', `limits.${key}`, value, ceilings[ceilingName], operatorLimitSource(ceilingName))
   }
-  const setup = manifest.session?.setup
-  if (setup && typeof setup === 'object' && !Array.isArray(setup))
-    checkSetupTimeoutCeiling('cairn.yaml', 'session.setup.timeoutMs', setup.timeoutMs, ceilings)
+  for (const phase of ['setup', 'resume'] as const) {
+    const declared = manifest.session?.[phase]
+    if (declared && typeof declared === 'object' && !Array.isArray(declared))
+      checkSetupTimeoutCeiling('cairn.yaml', `session.${phase}.timeoutMs`, declared.timeoutMs, ceilings)
+  }
 }
 
 /** Refuses a setup phase (cairn.yaml's or a session's own) that may run longer than the operator allows. */

@@ -161,27 +161,29 @@ export class LayerRetention {
     }
   }
 
-  /** Empties ended setup (and resume) logs; the phase's status, exit code and error stay. */
+  /** Empties ended setup and resume logs; each phase's status, exit code and error stay. */
   private async setupLogs(tenantId: string, before: string, counts: LayerCounts): Promise<void> {
-    const { db } = this.deps
-    const rows = await db.q
-      .selectFrom('session_setups')
-      .select(['session_id', 'log'])
-      .where('session_id', 'in', this.sessionsOf(tenantId))
-      .where('status', '!=', 'running')
-      .where('ended_at', '<=', before)
-      .where('log', '!=', '')
-      .limit(LAYER_BATCH)
-      .execute()
-    for (const row of rows) {
-      await db.q
-        .updateTable('session_setups')
-        .set({ log: '' })
-        .where('session_id', '=', row.session_id)
+    for (const table of ['session_setups', 'session_resume_runs'] as const) {
+      const { db } = this.deps
+      const rows = await db.q
+        .selectFrom(table)
+        .select(['session_id', 'log'])
+        .where('session_id', 'in', this.sessionsOf(tenantId))
         .where('status', '!=', 'running')
+        .where('ended_at', '<=', before)
+        .where('log', '!=', '')
+        .limit(LAYER_BATCH)
         .execute()
-      const bytes = Buffer.byteLength(row.log)
-      await this.note(counts, tenantId, 'setup_log', [row.session_id, row.session_id], [1, bytes])
+      for (const row of rows) {
+        await db.q
+          .updateTable(table)
+          .set({ log: '' })
+          .where('session_id', '=', row.session_id)
+          .where('status', '!=', 'running')
+          .execute()
+        const bytes = Buffer.byteLength(row.log)
+        await this.note(counts, tenantId, 'setup_log', [row.session_id, row.session_id], [1, bytes])
+      }
     }
   }
 

@@ -298,7 +298,7 @@ export class TurnRunner {
       }
       // A cold agent starts before the pre-turn snapshot: the snapshot's mark then names its
       // sandbox, so a turn that changes nothing keeps the generation and needs no new snapshot.
-      const coldStart = warmNow ? undefined : await warm.start(row, seen?.agent !== undefined)
+      const coldStart = warmNow ? undefined : await warm.start(row, seen?.agent !== undefined, signal)
       for (const observer of this.observers) await observer.beforeTurn?.(row, seq)
       const transcript = await warm.transcripts.before(row.id, seq)
       redactor = new Redactor(await this.deps.secrets.values(row.agent_id, ['runtime', 'setup', 'proxy']))
@@ -338,7 +338,7 @@ export class TurnRunner {
         : undefined
       if (!end) {
         // Cold (started above, or the warm one was found dead by the resume, which stopped it).
-        const { agent, cold } = coldStart ?? (await warm.start(row, false))
+        const { agent, cold } = coldStart ?? (await warm.start(row, false, signal))
         await started(agent, cold)
         end = await this.runTurn(row.id, input, options, signal, async () => undefined, onEvent)
       }
@@ -469,13 +469,13 @@ export class TurnRunner {
 /** What a turn that threw ended as: cancelled when it was cancelled, else failed with the error's code. */
 function failedOutcome(error: unknown, signal: AbortSignal): TurnOutcome {
   const problem = error instanceof CairnProblem ? error : undefined
-  const setupFailed = problem?.code === 'setup_failed'
+  const setupFailed = problem?.code === 'setup_failed' || problem?.code === 'resume_failed'
   if (signal.aborted) return { status: 'cancelled', text: '', stderr: '' }
   return {
     status: 'failed',
     code: problem?.code ?? (unavailableReason(error) ? 'unavailable' : 'sandbox_failed'),
     cause: setupFailed
-      ? 'setup_failed'
+      ? (problem.code as 'setup_failed' | 'resume_failed')
       : problem?.code === 'state_lost' ||
           problem?.code === 'storage_error' ||
           problem?.code === 'quota_exceeded'

@@ -19,6 +19,7 @@ export type WarmAgentsDeps = Pick<
   | 'clock'
   | 'logger'
   | 'operatorLimits'
+  | 'setup'
 > & {
   store: SessionStore
   locks: TurnLocks
@@ -118,10 +119,16 @@ export class WarmAgents {
    * session's agent was just seen down). `deadLeft`: a dead agent may still be there (it is
    * dropped first, with what is cached for it).
    */
-  async start(row: SessionRow, deadLeft: boolean): Promise<{ agent: AgentInfo; cold: boolean }> {
+  async start(
+    row: SessionRow,
+    deadLeft: boolean,
+    signal?: AbortSignal,
+  ): Promise<{ agent: AgentInfo; cold: boolean }> {
     if (deadLeft && (await this.deps.runtime.agent(row.id))) await this.drop(row.id)
     if (!(await this.deps.runtime.hasWorkspace(row.id)))
       throw await this.deps.missingWorkspace(row.tenant_id, row.id)
+    // Maintenance (`session.resume`) on a workspace a turn has run on, before the agent starts.
+    await this.deps.setup?.resume.runIfDue(row, signal)
     const revision = await this.deps.agents.store.revision(row.revision_id)
     if (!revision) throw new CairnProblem('revision_not_found', `revision ${row.revision_id} is gone`)
     const proxySecrets = await this.deps.secrets.proxySecrets(row.tenant_id, row.agent_id)

@@ -1,4 +1,4 @@
-import { IdParams, SetupInfoSchema } from '@cairn/protocol'
+import { IdParams, ResumeInfoSchema, SetupInfoSchema } from '@cairn/protocol'
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox'
 import type { FastifyInstance } from 'fastify'
 import { principalOf } from '../auth/plugin.js'
@@ -37,6 +37,37 @@ export function setupRoutes(server: FastifyInstance, setup: SetupService, sessio
     async (request, reply) => {
       const row = await sessions.require(principalOf(request).tenantId, idOf(request))
       return reply.type('text/plain; charset=utf-8').send(await setup.log(row.id))
+    },
+  )
+
+  app.get(
+    '/v1/sessions/:id/resume-phase',
+    {
+      schema: {
+        tags: ['sessions'],
+        summary:
+          "The latest run of the agent's session.resume command (before a cold start on an existing workspace): status, runs, exit code, log tail",
+        params: IdParams,
+        response: { 200: ResumeInfoSchema, ...errors },
+      },
+    },
+    async (request) =>
+      setup.resume.info((await sessions.require(principalOf(request).tenantId, idOf(request))).id),
+  )
+
+  app.get(
+    '/v1/sessions/:id/resume-phase/log',
+    {
+      schema: {
+        tags: ['sessions'],
+        summary: 'The log of the latest run of the session.resume command (secrets redacted), as text',
+        params: IdParams,
+        response: { 200: bytesResponse('text/plain', 'The log, as text'), ...errors },
+      },
+    },
+    async (request, reply) => {
+      const row = await sessions.require(principalOf(request).tenantId, idOf(request))
+      return reply.type('text/plain; charset=utf-8').send(await setup.resume.log(row.id))
     },
   )
 }

@@ -227,7 +227,9 @@ describe('SDK and the OpenAPI document', () => {
     const secrets = responseSchema('/v1/agents/{id}/secrets', 'get')
     expect(keys(secrets)).toEqual(['data', 'missing'])
     // `hosts` and `headers` are optional (proxy secrets only), typed apart from the always-present string fields.
-    expect(keys(secrets.properties.data.items)).toEqual([...SECRET_INFO_FIELDS, 'headers', 'hosts'].sort())
+    expect(keys(secrets.properties.data.items)).toEqual(
+      [...SECRET_INFO_FIELDS, 'expiresAt', 'headers', 'hosts'].sort(),
+    )
     const apiKeys = responseSchema('/v1/keys', 'get')
     expect(keys(apiKeys)).toEqual(['data'])
     expect(keys(apiKeys.properties.data.items)).toEqual([...API_KEY_INFO_FIELDS].sort())

@@ -11,6 +11,8 @@ export type SecretInfo = Record<(typeof SECRET_INFO_FIELDS)[number], string> & {
   hosts?: string[]
   /** `proxy` scope: headers it is swapped into besides the credential headers (`Authorization`, …). */
   headers?: string[]
+  /** When it stops being injected and is deleted by retention; null: never (absent: a server without expiries). */
+  expiresAt?: string | null
 }
 
 export interface SecretList {
@@ -24,8 +26,8 @@ const path = (agent: string, rest = '') => `/v1/agents/${encodeURIComponent(agen
 /** The secret list, with only the fields this SDK names (whatever a newer server adds). */
 function asSecretList(body: unknown): SecretList {
   const list = checked(SecretListSchema, body, 'secret list')
-  const data = list.data.map(({ name, scope, createdAt, updatedAt, hosts, headers }) => {
-    const info: SecretInfo = { name, scope, createdAt, updatedAt }
+  const data = list.data.map(({ name, scope, createdAt, updatedAt, hosts, headers, expiresAt }) => {
+    const info: SecretInfo = { name, scope, createdAt, updatedAt, expiresAt }
     if (hosts) info.hosts = hosts
     if (headers) info.headers = headers
     return info
@@ -45,6 +47,7 @@ export class Secrets {
    * Sets (or replaces) secrets by name. `scope`: `runtime` (default, an environment variable of the
    * agent), `setup` (the revision build only) or `proxy` (the agent sees a stand-in; the egress
    * proxy sends the value to `hosts` only, in their credential headers and in `headers`).
+   * `expiresAt` (a future ISO 8601 time): past it they are no longer injected, then deleted.
    */
   async set(
     agent: string,
@@ -53,14 +56,15 @@ export class Secrets {
       scope?: SecretScope | undefined
       hosts?: string[] | undefined
       headers?: string[] | undefined
+      expiresAt?: string | null | undefined
     } = {},
   ): Promise<SecretList> {
-    const { scope, hosts, headers, ...request } = options
+    const { scope, hosts, headers, expiresAt, ...request } = options
     return asSecretList(
       await this.http.json({
         method: 'PUT',
         path: path(agent),
-        json: { secrets, scope, hosts, headers },
+        json: { secrets, scope, hosts, headers, expiresAt },
         ...request,
       }),
     )

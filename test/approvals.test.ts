@@ -151,6 +151,8 @@ describe('human review', () => {
     const { id } = await t.api.createSession('reviewed')
     const approvalId = await ask(id)
     const env = { CAIRN_API_URL: t.url, CAIRN_API_KEY: t.api.key, CAIRN_CONFIG_DIR: dataDir }
+    const shown = await spawnCli(['sessions', 'get', id], env).done
+    expect(shown.stdout).toMatch(new RegExp(`Awaiting approval:\\s+${approvalId}`))
     const listed = await spawnCli(['sessions', 'approvals', id.slice(0, 12)], env).done
     expect(listed.code, listed.stderr).toBe(0)
     expect(listed.stdout).toMatch(new RegExp(`${approvalId}\\s+pending\\s+delete build/`))

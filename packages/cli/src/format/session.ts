@@ -22,6 +22,9 @@ export function sessionFields(s: SessionInfo, now: Date): [string, string][] {
     ['Agent', `${oneLine(s.agentName)} (${s.agentId})`],
     ['Title', oneLine(s.title ?? '-')],
     ['Status', `${s.status} (${s.statusCause})`],
+    ...(s.approvalId
+      ? ([['Awaiting approval', `${s.approvalId} (cairn sessions approvals)`]] as [string, string][])
+      : []),
     ['Turns', String(s.turnCount)],
     ['Messages', String(s.messageCount)],
     ['Sandbox', s.warm ? 'warm' : 'stopped'],
@@ -49,6 +52,9 @@ function policyFields(s: SessionInfo): [string, string][] {
         : `${formatDuration(policy.maxDurationMs)}${s.deadlineAt ? ` (until ${s.deadlineAt})` : ''}`,
     ],
     ['On timeout', policy.onTimeout],
+    ...(policy.approvalTimeoutMs
+      ? ([['Approval timeout', formatDuration(policy.approvalTimeoutMs)]] as [string, string][])
+      : []),
   ]
 }
 

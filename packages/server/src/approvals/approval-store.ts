@@ -90,15 +90,15 @@ export class ApprovalStore {
         .orderBy('requested_at')
         .orderBy('id')
         .executeTakeFirst()
-      if (row) {
-        const claimed = await this.db.q
-          .updateTable('approvals')
-          .set({ delivered_turn_id: turnId })
-          .where('id', '=', row.id)
-          .where('delivered_turn_id', 'is', null)
-          .executeTakeFirst()
-        if (Number(claimed.numUpdatedRows) === 0) return undefined
-      }
+      // Nothing to tell (still pending): the session keeps naming its request.
+      if (!row) return undefined
+      const claimed = await this.db.q
+        .updateTable('approvals')
+        .set({ delivered_turn_id: turnId })
+        .where('id', '=', row.id)
+        .where('delivered_turn_id', 'is', null)
+        .executeTakeFirst()
+      if (Number(claimed.numUpdatedRows) === 0) return undefined
       await this.db.q
         .updateTable('sessions')
         .set({
@@ -108,7 +108,7 @@ export class ApprovalStore {
         })
         .where('id', '=', sessionId)
         .execute()
-      return row ? { ...row, delivered_turn_id: turnId } : undefined
+      return { ...row, delivered_turn_id: turnId }
     })
   }
 }

@@ -38,6 +38,7 @@ async function load(): Promise<Bench[]> {
     { moves },
     { turnStatements },
     { commands },
+    { warmTurnProcess },
   ] = await Promise.all([
     import('./baselines.js'),
     import('./session-create.js'),
@@ -63,6 +64,7 @@ async function load(): Promise<Bench[]> {
     import('./moves.js'),
     import('./turn-statements.js'),
     import('./commands.js'),
+    import('./warm-turn-process.js'),
   ])
   return [
     baselines,
@@ -89,6 +91,7 @@ async function load(): Promise<Bench[]> {
     moves,
     turnStatements,
     commands,
+    warmTurnProcess,
   ]
 }
 

@@ -131,7 +131,7 @@ export async function makeProject(name: string, fileCount: number, agent = ECHO_
  * The runtime leaves its per-instance directory under /run/cairn and its (empty) cgroup scope
  * behind when it closes; a bench makes a new instance per run, so it removes both.
  */
-async function removeInstanceLeftovers(dataDir: string): Promise<void> {
+export async function removeInstanceLeftovers(dataDir: string): Promise<void> {
   const runDir = instanceRunDir(dataDir)
   const mounts = readFileSync('/proc/mounts', 'utf8')
     .split('\n')

@@ -540,9 +540,12 @@ export class LocalRuntimePort implements RuntimePort {
   async unchangedSince(sessionId: string, mark: WorkspaceMark): Promise<boolean> {
     const agent = this.pool.agent(sessionId)
     if (!agent?.alive || mark.sandboxId !== agent.sandboxId) return false
+    // The change mark is asked first (the storage helper's round trip), the processes' written
+    // bytes read while it is under way.
+    const asked = this.runtime.pool.workspaceMark(sessionId).catch(() => undefined)
     const written = agent.writtenBytes()
+    const ctransid = await asked
     if (written === undefined || written !== mark.writtenBytes) return false
-    const ctransid = await this.runtime.pool.workspaceMark(sessionId)
     return ctransid !== undefined && ctransid === mark.ctransid
   }
 

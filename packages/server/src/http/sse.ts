@@ -39,12 +39,29 @@ export function whenDrained(res: ServerResponse, stallMs: number): Promise<void>
   })
 }
 
+/** How long the headers wait for the stream's first event to go out with it. */
+export const SSE_HEADERS_WAIT_MS = 20
+/**
+ * How long a run's `run.started` waits for the run's first output (or its end) to go out with it:
+ * a warm turn's reply then reaches the client in one write with it.
+ */
+export const RUN_STARTED_HOLD_MS = 5
+/** Events held for one write at most this many bytes: more is written at once. */
+const COALESCE_BYTES = 16 * 1024
+
 /**
  * The one SSE writer of the API: every streaming route writes through it. It sends the headers,
  * a `heartbeat` event on an interval, and stops writing (not running) once the client has gone or
  * the stream has ended, so a late event is dropped instead of written to a dead socket. A write
  * the socket cannot take now answers a promise of its drain: the caller waits for it before the
  * next (back-pressure down to the agent), and a client that reads nothing is cut after `stallMs`.
+ *
+ * Each write to the socket wakes the client, so writes are coalesced: the headers go with the
+ * first event (or after `SSE_HEADERS_WAIT_MS` without one: a cold start, a setup phase), and the
+ * events sent in one pass of the event loop go in one write (a run's last event with the end of
+ * the response). Nothing waits for a timer but the headers and a `run.started` (up to
+ * `RUN_STARTED_HOLD_MS`, for the run's first output): any other event goes out, with whatever is
+ * pending, before the loop next polls for I/O.
  */
 export class SseWriter {
   private done = false
@@ -52,6 +69,12 @@ export class SseWriter {
   private readonly stallMs: number
   private readonly heartbeat: NodeJS.Timeout
   private readonly closeListeners: (() => void)[] = []
+  /** Events not written yet (one write at the end of this pass of the event loop). */
+  private pending: string[] = []
+  private pendingBytes = 0
+  private flushing: NodeJS.Immediate | undefined
+  private holding: NodeJS.Timeout | undefined
+  private headersTimer: NodeJS.Timeout | undefined
 
   constructor(
     private readonly res: ServerResponse,
@@ -64,8 +87,11 @@ export class SseWriter {
       connection: 'keep-alive',
       'x-accel-buffering': 'no',
     })
-    res.flushHeaders()
     res.socket?.setNoDelay(true)
+    this.headersTimer = setTimeout(() => {
+      this.headersTimer = undefined
+      if (!this.closed && !res.headersSent) res.flushHeaders()
+    }, SSE_HEADERS_WAIT_MS)
     res.on('close', () => this.finish())
     // A write racing the socket's teardown fails here, not as an uncaught 'error': the close above
     // follows and stops the stream.
@@ -94,7 +120,7 @@ export class SseWriter {
    * promise when the client is behind: the next event waits for it.
    */
   send(event: StreamEvent, id?: number): Promise<void> | undefined {
-    return this.write(encodeSse(event, id))
+    return this.write(encodeSse(event, id), event.type === 'run.started')
   }
 
   /** Sends a named event whose data is `data` as JSON (streams that are not runs: build logs). */
@@ -108,22 +134,46 @@ export class SseWriter {
     return this.write(`data: ${JSON.stringify(data)}\n\n`)
   }
 
-  private write(text: string): Promise<void> | undefined {
+  private write(text: string, hold = false): Promise<void> | undefined {
     if (this.closed) return undefined
-    if (this.drained) {
-      // Behind already (a heartbeat, an event sent without waiting): written, the same wait.
-      this.res.write(text)
-      return this.drained
-    }
-    if (this.res.write(text)) return undefined
+    this.pending.push(text)
+    this.pendingBytes += text.length
+    if (this.pendingBytes >= COALESCE_BYTES) return this.flush()
+    if (hold) this.holding ??= setTimeout(() => this.flush(), RUN_STARTED_HOLD_MS)
+    else this.flushing ??= setImmediate(() => this.flush())
+    // Behind already (a heartbeat, an event sent without waiting): the same wait.
+    return this.drained
+  }
+
+  /** Writes what is pending in one write; a promise of its drain when the socket is behind. */
+  private flush(): Promise<void> | undefined {
+    this.cancelFlush()
+    const text = this.pending.join('')
+    this.pending = []
+    this.pendingBytes = 0
+    if (this.closed || text === '') return this.drained
+    if (this.res.write(text) || this.drained) return this.drained
     this.drained = whenDrained(this.res, this.stallMs).finally(() => {
       this.drained = undefined
     })
     return this.drained
   }
 
+  private cancelFlush(): void {
+    if (this.flushing) clearImmediate(this.flushing)
+    if (this.holding) clearTimeout(this.holding)
+    this.flushing = undefined
+    this.holding = undefined
+  }
+
   end(): void {
-    if (!this.closed) this.res.end()
+    if (!this.closed) {
+      // What is pending and the end of the response in one write.
+      this.cancelFlush()
+      this.res.end(this.pending.join(''))
+      this.pending = []
+      this.pendingBytes = 0
+    }
     this.finish()
   }
 
@@ -131,6 +181,8 @@ export class SseWriter {
     if (this.done) return
     this.done = true
     clearInterval(this.heartbeat)
+    if (this.headersTimer) clearTimeout(this.headersTimer)
+    this.cancelFlush()
     for (const listener of this.closeListeners.splice(0)) listener()
   }
 }

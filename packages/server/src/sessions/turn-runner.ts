@@ -413,8 +413,10 @@ export class TurnRunner {
     if (!recorded) return
     const after = agentAfter
     for (const observer of this.observers) observer.afterTurn?.(row, seq, after, unchanged)
+    // A proposed memory appears by a change to the workspace: after a turn that changed nothing
+    // since the last snapshot (the last look), there is nothing new to look at.
     const memory = this.deps.memory
-    if (memory) {
+    if (memory && !unchanged) {
       void memory
         .promoteProposed(row.agent_id, row.id, `${row.id}/${turnId}`)
         .catch((error) => this.deps.logger.warn({ err: error, session: row.id }, 'memory promotion failed'))

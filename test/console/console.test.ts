@@ -1,6 +1,6 @@
 import { existsSync } from 'node:fs'
 import { readFile } from 'node:fs/promises'
-import type { Page } from 'playwright-core'
+import type { Page, WebSocket } from 'playwright-core'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 // @ts-expect-error: a plain ESM build script without type declarations
 import { buildConsole } from '../../packages/console/build.mjs'
@@ -178,6 +178,50 @@ describe.skipIf(!existsSync(CHROMIUM))('web console in chromium', () => {
     await page.locator('#file-tree button.file[data-path="/workspace/notes.txt"]').waitFor()
     await page.goto(parent)
     await page.getByRole('heading', { name: 'Console demo' }).waitFor()
+  })
+
+  it('opens a shell in the terminal tab: typed input runs, output renders, resizes reach it', async () => {
+    const sockets: WebSocket[] = []
+    page.on('websocket', (ws) => sockets.push(ws))
+    const screen = page.locator('#terminal-screen .xterm-rows')
+    /** Types a line into the terminal and waits for what it prints. */
+    const run = async (line: string, output: RegExp) => {
+      await page.locator('#terminal-screen').click()
+      await page.keyboard.type(line)
+      await page.keyboard.press('Enter')
+      await expect.poll(() => screen.textContent(), { timeout: 20_000 }).toMatch(output)
+    }
+    await tab('terminal')
+    // Typed before the socket is open: kept and sent once it is.
+    await page.locator('#terminal-screen').click()
+    await page.keyboard.type('echo "sum $((40 + 2))" in "$PWD"')
+    await page.keyboard.press('Enter')
+    await expect.poll(() => screen.textContent(), { timeout: 20_000 }).toContain('sum 42 in /workspace')
+    await page.locator('#terminal-status').getByText('in /workspace').waitFor()
+    const cols = async (name: string) => {
+      await run(`echo ${name}=$(tput cols)`, new RegExp(`${name}=\\d+`))
+      return Number(new RegExp(`${name}=(\\d+)`).exec((await screen.textContent()) ?? '')?.[1])
+    }
+    const wide = await cols('wide')
+    await page.setViewportSize({ width: 900, height: 860 })
+    const narrow = await cols('narrow')
+    expect(narrow).toBeGreaterThan(20)
+    expect(narrow).toBeLessThan(wide)
+    await page.setViewportSize({ width: 1280, height: 860 })
+    await run('printf "\\033[1;32mgreen\\033[0m\\n"', /green/)
+    // xterm's colours reach the page under its CSP (no inline style): green is not the default white.
+    const green = screen.getByText('green', { exact: true })
+    expect(await green.evaluate((el) => getComputedStyle(el).color)).not.toBe('rgb(255, 255, 255)')
+    await screenshot(page, 'session-terminal')
+    // Leaving the tab closes the socket; coming back reattaches to the same shell.
+    await tab('events')
+    await expect.poll(() => sockets.map((ws) => ws.isClosed())).toEqual([true])
+    await tab('terminal')
+    await expect.poll(() => sockets.length).toBe(2)
+    await run('echo back=$((6 * 7))', /back=42/)
+    await run('exit 5', /exit/)
+    await page.locator('#terminal-status').getByText('exited (exit 5)').waitFor()
+    await expect.poll(() => sockets.every((ws) => ws.isClosed())).toBe(true)
   })
 
   it('ends the session after a confirmation', async () => {

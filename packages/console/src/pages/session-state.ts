@@ -4,6 +4,8 @@ import type { SessionInfo } from '@cairn/protocol'
 export interface Panel {
   el: HTMLElement
   show(): void
+  /** Called when another tab is selected. */
+  hide?(): void
   /** Called when the session's info changes (status polling, an action). */
   onInfo?(info: SessionInfo): void
 }

@@ -7,6 +7,7 @@ import { filesPanel } from './files.js'
 import type { Panel, SessionState } from './session-state.js'
 import { sessionTitle } from './sessions.js'
 import { snapshotsPanel } from './snapshots.js'
+import { terminalPanel } from './terminal.js'
 import { transcriptPanel } from './transcript.js'
 
 export type { Panel, SessionState } from './session-state.js'
@@ -17,6 +18,7 @@ const TABS = [
   ['snapshots', 'Snapshots'],
   ['events', 'Events'],
   ['manifest', 'Manifest'],
+  ['terminal', 'Terminal'],
 ] as const
 type Tab = (typeof TABS)[number][0]
 const RESUMABLE = new Set(['completed', 'failed', 'timeout'])
@@ -61,6 +63,7 @@ export function sessionPage(ctx: PageContext, id: string, initialTab?: string): 
     }
     if (tab === 'snapshots') return snapshotsPanel(ctx, state)
     if (tab === 'events') return eventsPanel(ctx, state)
+    if (tab === 'terminal') return terminalPanel(ctx, state)
     return manifestPanel(ctx, state)
   }
 
@@ -72,6 +75,7 @@ export function sessionPage(ctx: PageContext, id: string, initialTab?: string): 
       panels.set(tab, panel)
       body.append(panel.el)
     }
+    if (selected && selected !== tab) panels.get(selected)?.hide?.()
     for (const [t, p] of panels) p.el.hidden = t !== tab
     for (const a of tabs.querySelectorAll('a')) {
       if (a.dataset.tab === tab) a.setAttribute('aria-current', 'page')

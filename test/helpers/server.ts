@@ -113,6 +113,13 @@ export class Api {
   }
 
   /** The ID of the automatic snapshot that follows `turn` (taken in the background once the turn ends). */
+  /** The session's manifest (`GET …/manifest`), asserted to answer 200. */
+  async manifest(sessionId: string) {
+    const res = await this.call('GET', `/v1/sessions/${sessionId}/manifest`)
+    if (res.status !== 200) throw new Error(`manifest failed: ${res.status} ${JSON.stringify(res.body)}`)
+    return res.body
+  }
+
   async snapshotAfter(sessionId: string, turn: number): Promise<string> {
     for (let i = 0; i < 200; i++) {
       const list = await this.call('GET', `/v1/sessions/${sessionId}/snapshots`)

@@ -80,6 +80,23 @@ export const UsageSchema = Type.Object({
 })
 export type Usage = Static<typeof UsageSchema>
 
+/**
+ * The agent's report of its last test run: `/workspace/.cairn/last-tests.json`, written by the agent
+ * or its test command (a file that is not this shape is not reported).
+ */
+export const LastTestsSchema = Type.Object(
+  {
+    status: Type.Union([Type.Literal('passed'), Type.Literal('failed')]),
+    passed: Type.Optional(Type.Integer({ minimum: 0 })),
+    failed: Type.Optional(Type.Integer({ minimum: 0 })),
+    skipped: Type.Optional(Type.Integer({ minimum: 0 })),
+    command: Type.Optional(Type.String({ maxLength: 4096 })),
+    at: Type.Optional(Type.String({ maxLength: 64 })),
+  },
+  { additionalProperties: false },
+)
+export type LastTests = Static<typeof LastTestsSchema>
+
 /** `GET /v1/sessions/{id}/manifest`: everything that makes a session what it is, in one answer. */
 export const SessionManifestSchema = Type.Object({
   session: SessionSchema,
@@ -94,12 +111,24 @@ export const SessionManifestSchema = Type.Object({
   baseImage: Type.String(),
   driver: Type.String(),
   storage: Type.String(),
+  /** A hash of the revision's `setup:` and the session's setup command; null: neither. */
   setupVersion: nullable(Type.String()),
   sessionSetup: nullable(open('The session setup phase: status, attempts, exitCode, snapshotId, command')),
   generation: Type.Integer(),
   parentSessionId: nullable(Type.String()),
   forkedFromSnapshotId: nullable(Type.String()),
   snapshotIds: Type.Array(Type.String()),
+  /** The newest snapshot of the workspace (the last of `snapshotIds`); null: none. */
+  snapshotId: nullable(Type.String()),
+  /** The agent memory's version mounted at /memory in new sandboxes (0: none written). */
+  memoryVersion: Type.Integer(),
+  /**
+   * The git checkout at /workspace (read from `.git/HEAD` and its refs, no git run, no link
+   * followed): its branch (null: detached) and commit; null when /workspace is not one.
+   */
+  repo: nullable(Type.Object({ branch: nullable(Type.String()), sha: nullable(Type.String()) })),
+  /** The agent's report of its last test run (`/workspace/.cairn/last-tests.json`); null: none. */
+  lastTests: nullable(LastTestsSchema),
   workspaceSizes: nullable(open('With sizes=true: the measured bytes of the live workspace')),
   lastTurn: nullable(
     Type.Object({

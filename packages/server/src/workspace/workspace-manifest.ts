@@ -1,6 +1,7 @@
 import { resolvePersistPaths, type SessionManifest } from '@cairn/protocol'
 import { policyOf } from '../sessions/policy.js'
 import type { SnapshotStore } from '../snapshots/snapshot-store.js'
+import { gitCheckout, lastTests, setupVersion } from './provenance.js'
 import type { SnapshotMeasures } from './snapshot-measures.js'
 import type { SnapshotPolicy } from './snapshot-policy.js'
 import type { WorkspaceServiceDeps } from './workspace-deps.js'
@@ -23,6 +24,15 @@ export class WorkspaceManifest {
     return { status, attempts, exitCode, snapshotId, command }
   }
 
+  private async memoryVersion(agentId: string): Promise<number> {
+    const row = await this.deps.db.q
+      .selectFrom('agent_memory')
+      .select((eb) => eb.fn.max<number | null>('version').as('version'))
+      .where('agent_id', '=', agentId)
+      .executeTakeFirst()
+    return Number(row?.version ?? 0)
+  }
+
   /** `withSizes` measures the live workspace too (a walk of its extents without btrfs quotas). */
   /** Typed by the wire schema: a field the schema lacks would be dropped from the answer, so it fails to compile. */
   async build(tenantId: string, id: string, withSizes = false): Promise<SessionManifest> {
@@ -33,6 +43,14 @@ export class WorkspaceManifest {
     const last = turns[turns.length - 1]
     const present = await this.deps.runtime.hasWorkspace(id)
     const dirty = present ? await this.files.diff(tenantId, id) : undefined
+    const sessionSetup = await this.sessionSetup(id)
+    const snapshotIds = (await this.snapshots.list(id)).map((s) => s.id)
+    const read = present
+      ? await this.deps.sessions.readingWorkspace(tenantId, id, async () => ({
+          repo: await gitCheckout(this.deps.runtime, id),
+          lastTests: await lastTests(this.deps.runtime, id),
+        }))
+      : { repo: null, lastTests: null }
     const workspaceSizes =
       withSizes && present
         ? await this.deps.sessions.readingWorkspace(tenantId, id, () =>
@@ -52,12 +70,15 @@ export class WorkspaceManifest {
       baseImage: await this.deps.agents.images.describe(revision?.manifest.imageKey),
       driver: revision?.manifest.isolation ?? this.deps.runtimeDrivers.isolation,
       storage: this.deps.runtimeDrivers.storage,
-      setupVersion: revision?.manifest.setup ? revision.contentHash : null,
-      sessionSetup: await this.sessionSetup(id),
+      setupVersion: setupVersion(revision?.manifest.setup, sessionSetup?.command),
+      sessionSetup,
       generation: row.generation,
       parentSessionId: row.parent_session_id,
       forkedFromSnapshotId: row.forked_from_snapshot_id,
-      snapshotIds: (await this.snapshots.list(id)).map((s) => s.id),
+      snapshotIds,
+      snapshotId: snapshotIds.at(-1) ?? null,
+      memoryVersion: await this.memoryVersion(row.agent_id),
+      ...read,
       workspaceSizes,
       lastTurn: last
         ? {

@@ -4,6 +4,8 @@ import { makeProject, SHELL_AGENT } from './helpers/projects.js'
 import { startTestServer, type TestServer } from './helpers/server.js'
 
 // Retention of every layer beside workspaces and snapshots (docs/retention.md): one server.
+// Most of the file's time (10-30 s under load) is its two revision builds: a build log is only
+// emptied for a revision that is no longer the agent's current one, so one must follow another.
 let t: TestServer
 let agentId = ''
 let oldRevision = ''

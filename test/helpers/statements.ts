@@ -31,13 +31,14 @@ export function normalised(sql: string): string {
 /**
  * What a server sends on its own, whatever its requests: the cluster leader's look at the nodes
  * once a second (every server on PostgreSQL leads its cluster, of one), and the webhook
- * deliverer's look at its outbox and due deliveries (a statement each, no transaction, when there
+ * deliverer's look at its outbox and at the tenants with deliveries due (a statement each, no transaction, when there
  * is nothing to send) and its purge of ended deliveries past their retention (a delete on its own
  * timer, which once fell inside a counted turn on CI: 9 > 8). Not counted.
  */
 const BACKGROUND = [
   /^select … from nodes where state in /,
   /^select … from webhook_outbox /,
+  /^select distinct tenant_id from webhook_deliveries /,
   /^update webhook_deliveries set claimed_until /,
   /^delete from webhook_deliveries where ended_at is not null /,
 ]

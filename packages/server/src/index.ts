@@ -12,3 +12,4 @@ export { type MigrationReport, migrateToPostgres } from './db/migrate-to-postgre
 export { DEFAULT_NODE_LISTEN, type NodeOptions, type RunningNode, startNode } from './node/start-node.js'
 export { type RunningServer, SERVER_VERSION, startServer } from './server.js'
 export { SessionService } from './sessions/session-service.js'
+export { WEBHOOK_SEND_SLOTS, WEBHOOK_TENANT_SLOTS } from './webhooks/webhook-deliverer.js'

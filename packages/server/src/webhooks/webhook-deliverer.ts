@@ -23,8 +23,10 @@ export interface WebhookDelivererOptions {
 
 /** Outbox rows turned into deliveries per pass. */
 const OUTBOX_BATCH = 100
-/** Deliveries sent at once by one process. */
-const SEND_BATCH = 8
+/** Deliveries sent at once by one process: its slots. */
+export const WEBHOOK_SEND_SLOTS = 16
+/** Of those, the most one tenant's deliveries hold at once, so others always find a slot free. */
+export const WEBHOOK_TENANT_SLOTS = 4
 /** How long a claimed delivery is this process's: longer than an attempt may take. */
 const CLAIM_MS = 60_000
 const PURGE_EVERY_MS = 60_000
@@ -45,10 +47,24 @@ interface Claimed {
  * so with several replicas each is sent by one; a process that dies lets its claims lapse, and
  * another sends them (at least once: a receiver drops repeats by `webhook-id`). An attempt that
  * fails is retried with exponential backoff; after `WEBHOOK_MAX_ATTEMPTS` the delivery is `failed`.
+ *
+ * Sending is in slots, shared fairly between tenants: a process sends at most
+ * `WEBHOOK_SEND_SLOTS` at once and at most `WEBHOOK_TENANT_SLOTS` of one tenant's, and the slots
+ * free are given one at a time, round-robin, to the tenants with deliveries due. A slot that frees
+ * is claimed again at once, so one slow receiver holds only its own slot (for at most its
+ * attempt's timeout), never a batch, and never another tenant's deliveries.
  */
 export class WebhookDeliverer {
   private timer: NodeJS.Timeout | undefined
   private running: Promise<void> | undefined
+  private closing = false
+  private wantPass = false
+  private wantFill = false
+  /** The deliveries being sent, and how many of each tenant's. */
+  private readonly sending = new Set<Promise<void>>()
+  private readonly heldBy = new Map<string, number>()
+  /** The tenant last given a slot: the next round starts after it. */
+  private lastTenant = ''
   private lastPurgeMs = 0
   private readonly pollMs: number
   private readonly retryBaseMs: number
@@ -61,32 +77,97 @@ export class WebhookDeliverer {
   }
 
   start(): void {
-    this.timer = setInterval(() => {
-      this.running ??= this.pass()
-        .catch((error: unknown) => this.options.logger.warn({ err: error }, 'webhook pass failed'))
-        .finally(() => {
-          this.running = undefined
-        })
-    }, this.pollMs)
+    this.timer = setInterval(() => this.schedule('pass'), this.pollMs)
     this.timer.unref()
   }
 
-  /** Stops passing; a pass under way (its attempts bounded by their timeout) is waited for. */
+  /** Stops passing; the attempts under way (each bounded by its timeout) are waited for. */
   async close(): Promise<void> {
+    this.closing = true
     clearInterval(this.timer)
     await this.running
+    await Promise.all(this.sending)
   }
 
-  /** One pass: the outbox into deliveries, the due deliveries sent, old ones purged. */
+  /** One pass: the outbox into deliveries, the free slots filled, old deliveries purged. */
   async pass(): Promise<void> {
     while ((await this.dispatch()) === OUTBOX_BATCH) {}
-    const claimed = await this.claim()
-    await Promise.all(claimed.map((delivery) => this.deliver(delivery)))
+    await this.fill()
     const now = this.options.clock.now()
     if (now - this.lastPurgeMs >= PURGE_EVERY_MS) {
       this.lastPurgeMs = now
       await this.purge(now)
     }
+  }
+
+  /** Runs a pass, or only a fill (a slot freed), one at a time: what is asked meanwhile runs next. */
+  private schedule(work: 'pass' | 'fill'): void {
+    if (this.closing) return
+    if (work === 'pass') this.wantPass = true
+    else this.wantFill = true
+    this.running ??= this.work().finally(() => {
+      this.running = undefined
+      if (this.wantPass || this.wantFill) this.schedule(this.wantPass ? 'pass' : 'fill')
+    })
+  }
+
+  private async work(): Promise<void> {
+    while (!this.closing && (this.wantPass || this.wantFill)) {
+      const full = this.wantPass
+      this.wantPass = false
+      this.wantFill = false
+      try {
+        await (full ? this.pass() : this.fill())
+      } catch (error) {
+        this.options.logger.warn({ err: error }, 'webhook pass failed')
+      }
+    }
+  }
+
+  /** Claims deliveries for the free slots, one slot at a time to each tenant in turn, and sends them. */
+  private async fill(): Promise<void> {
+    const free = WEBHOOK_SEND_SLOTS - this.sending.size
+    if (free <= 0) return
+    const tenants = await this.dueTenants()
+    for (const [tenantId, slots] of this.shares(tenants, free)) {
+      for (const delivery of await this.claim(tenantId, slots)) this.send(tenantId, delivery)
+      this.lastTenant = tenantId
+    }
+  }
+
+  /** The free slots shared round-robin, starting after the last tenant served, each up to its cap. */
+  private shares(tenants: string[], free: number): Map<string, number> {
+    const sorted = [...tenants].sort()
+    const start = sorted.findIndex((id) => id > this.lastTenant)
+    const order = start <= 0 ? sorted : [...sorted.slice(start), ...sorted.slice(0, start)]
+    const shares = new Map<string, number>()
+    let left = free
+    for (let given = true; left > 0 && given; ) {
+      given = false
+      for (const id of order) {
+        const share = shares.get(id) ?? 0
+        if (left === 0 || (this.heldBy.get(id) ?? 0) + share >= WEBHOOK_TENANT_SLOTS) continue
+        shares.set(id, share + 1)
+        left--
+        given = true
+      }
+    }
+    return shares
+  }
+
+  /** Sends in a slot of its tenant's; the slot, once free, is claimed again at once. */
+  private send(tenantId: string, delivery: Claimed): void {
+    this.heldBy.set(tenantId, (this.heldBy.get(tenantId) ?? 0) + 1)
+    const sent: Promise<void> = this.deliver(delivery)
+      .catch((error: unknown) => this.options.logger.warn({ err: error }, 'webhook delivery failed'))
+      .finally(() => {
+        this.sending.delete(sent)
+        const held = (this.heldBy.get(tenantId) ?? 1) - 1
+        if (held > 0) this.heldBy.set(tenantId, held)
+        else this.heldBy.delete(tenantId)
+        this.schedule('fill')
+      })
+    this.sending.add(sent)
   }
 
   /** Turns up to a batch of outbox rows into deliveries; answers how many rows it took. */
@@ -146,34 +227,45 @@ export class WebhookDeliverer {
     )
   }
 
+  /** The tenants with deliveries due that no live claim holds (one statement; none when idle). */
+  private async dueTenants(): Promise<string[]> {
+    const rows = await this.options.db.q
+      .selectFrom('webhook_deliveries')
+      .select('tenant_id')
+      .distinct()
+      .where(unclaimed(this.options.clock.now()))
+      .where('endpoint_id', 'in', enabledEndpoints)
+      .execute()
+    return rows.map((r) => r.tenant_id)
+  }
+
   /**
-   * The deliveries due that no live claim holds, now this process's for `CLAIM_MS`: one
-   * statement (on PostgreSQL the rows another process is claiming are skipped, not waited for).
+   * Up to `limit` of the tenant's deliveries due that no live claim holds, oldest first, now this
+   * process's for `CLAIM_MS`: one statement (on PostgreSQL the rows another process is claiming
+   * are skipped, not waited for).
    */
-  private async claim(): Promise<Claimed[]> {
+  private async claim(tenantId: string, limit: number): Promise<Claimed[]> {
     const { db } = this.options
     const now = this.options.clock.now()
-    const unclaimed = (eb: ExpressionBuilder<Schema, 'webhook_deliveries'>) =>
-      eb.and([
-        eb('status', '=', 'pending'),
-        eb('next_attempt_at', '<=', iso(now)),
-        eb.or([eb('claimed_until', 'is', null), eb('claimed_until', '<', iso(now))]),
-      ])
-    let due = db.q
-      .selectFrom('webhook_deliveries')
-      .select('id')
-      .where(unclaimed)
-      .where('endpoint_id', 'in', (eb) =>
-        eb.selectFrom('webhook_endpoints').select('id').where('enabled', '=', 1),
-      )
-      .orderBy('next_attempt_at')
-      .limit(SEND_BATCH)
-    if (db.dialect === 'postgres') due = due.forUpdate().skipLocked()
+    // In a CTE, which PostgreSQL runs once (a locking one is never folded into the UPDATE): as
+    // an `IN (SELECT … LIMIT)` the subquery may be run again per row, each time skipping other
+    // rows, and one claim took 16 rows for a limit of 4.
     const rows = await db.q
+      .with('due', (qc) => {
+        const due = qc
+          .selectFrom('webhook_deliveries')
+          .select('id')
+          .where(unclaimed(now))
+          .where('tenant_id', '=', tenantId)
+          .where('endpoint_id', 'in', enabledEndpoints)
+          .orderBy('next_attempt_at')
+          .limit(limit)
+        return db.dialect === 'postgres' ? due.forUpdate().skipLocked() : due
+      })
       .updateTable('webhook_deliveries')
       .set({ claimed_until: iso(now + CLAIM_MS) })
-      .where('id', 'in', due)
-      .where(unclaimed)
+      .where('id', 'in', (eb) => eb.selectFrom('due').select('due.id'))
+      .where(unclaimed(now))
       .returning(['id', 'endpoint_id', 'message_id', 'payload', 'attempts_json'])
       .execute()
     if (rows.length === 0) return []
@@ -240,6 +332,20 @@ export class WebhookDeliverer {
       .where('ended_at', '<', iso(now - this.retentionMs))
       .execute()
   }
+}
+
+function enabledEndpoints(eb: ExpressionBuilder<Schema, 'webhook_deliveries'>) {
+  return eb.selectFrom('webhook_endpoints').select('id').where('enabled', '=', 1)
+}
+
+/** A delivery due now that no live claim holds. */
+function unclaimed(now: number) {
+  return (eb: ExpressionBuilder<Schema, 'webhook_deliveries'>) =>
+    eb.and([
+      eb('status', '=', 'pending'),
+      eb('next_attempt_at', '<=', iso(now)),
+      eb.or([eb('claimed_until', 'is', null), eb('claimed_until', '<', iso(now))]),
+    ])
 }
 
 function parseEvents(json: string): string[] {

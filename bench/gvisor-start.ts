@@ -22,7 +22,7 @@ const CASES = [
 type CaseName = (typeof CASES)[number]['name']
 
 /** `runsc do /bin/true` with the driver's runsc, platform and flags: one sandbox booted and gone. */
-export async function runscTrue(config: GvisorDriver['runsc']): Promise<number> {
+export async function runscTrue(config: Pick<GvisorDriver['runsc'], 'path' | 'platform'>): Promise<number> {
   const root = await mkdtemp(path.join(os.tmpdir(), 'cairn-bench-runsc-'))
   try {
     const start = performance.now()

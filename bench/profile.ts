@@ -5,6 +5,8 @@
  *
  *   node --import tsx bench/profile.ts warm [echo|notes] [runs]   # turns on one warm session
  *   node --import tsx bench/profile.ts cold [echo|notes] [runs]   # new session + first message
+ *   node --import tsx bench/profile.ts restore [echo|notes] [runs] # a paused (pause: memory, gVisor)
+ *                                                               # session's next message, restored
  *
  * Add --cpu-prof --cpu-prof-dir=DIR after `node` for a V8 CPU profile of the same runs.
  *
@@ -17,7 +19,8 @@
  * transcript being read from the database and rewritten (three async file operations) every turn.
  */
 
-import { writeFileSync } from 'node:fs'
+import { cpSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { RunDir } from '../packages/runtime/dist/agent/run-dir.js'
 import {
@@ -25,12 +28,15 @@ import {
   BtrfsPool,
   BwrapDriver,
   CgroupManager,
+  GvisorDriver,
+  MemoryCheckpoints,
   Runtime,
 } from '../packages/runtime/dist/index.js'
 import { SessionService } from '../packages/server/dist/index.js'
 import { TranscriptCache } from '../packages/server/dist/sessions/transcript-cache.js'
 import { WarmAgents } from '../packages/server/dist/sessions/warm-agents.js'
 import { SnapshotPolicy } from '../packages/server/dist/workspace/snapshot-policy.js'
+import { runscRestoreFloor } from './lib/runsc-floors.js'
 import { EXAMPLES, startBenchServer } from './lib/server.js'
 import { printTable, type Row, row } from './lib/stats.js'
 
@@ -61,13 +67,47 @@ const whatIf = process.argv.includes('--what-if=append-transcript')
 const gapMs = Number(process.argv.find((a) => a.startsWith('--gap='))?.slice(6) ?? 0)
 /** --no-auto-snapshots: sessions created with autoSnapshots: false (no snapshot before each turn). */
 const autoSnapshots = !process.argv.includes('--no-auto-snapshots')
-const mode = positional[0] === 'cold' ? 'cold' : 'warm'
+const mode = positional[0] === 'cold' || positional[0] === 'restore' ? positional[0] : 'warm'
 const agentName = positional[1] ?? 'echo'
-const runs = Number(positional[2] ?? (mode === 'cold' ? 60 : 300))
-const warmup = mode === 'cold' ? 5 : 20
-const slowMs = mode === 'cold' ? 60 : 15
+const runs = Number(positional[2] ?? (mode === 'warm' ? 300 : mode === 'cold' ? 60 : 20))
+const warmup = mode === 'warm' ? 20 : mode === 'cold' ? 5 : 2
+const slowMs = mode === 'warm' ? 15 : mode === 'cold' ? 60 : 300
 
-const server = await startBenchServer()
+/** Marks the sandbox's first stdin write and each stdout chunk of a started or restored sandbox. */
+function watchSandbox(
+  sandbox: { stdin: NodeJS.WritableStream; stdout: NodeJS.ReadableStream },
+  first: string,
+) {
+  mark('sandbox handed over')
+  const write = sandbox.stdin.write.bind(sandbox.stdin) as (...a: unknown[]) => boolean
+  // biome-ignore lint/suspicious/noExplicitAny: instrumenting a stream
+  ;(sandbox.stdin as any).write = (...a: unknown[]) => {
+    mark('stdin.write')
+    return write(...a)
+  }
+  sandbox.stdout.prependListener('data', () => mark(first))
+}
+
+/** A copy of the example with `isolation: gvisor` and `pause: memory` (restore mode). */
+async function pausingCopy(name: string): Promise<string> {
+  const dir = mkdtempSync(path.join(tmpdir(), `cairn-profile-${name}-`))
+  cpSync(path.join(EXAMPLES, name), dir, { recursive: true })
+  const manifest = readFileSync(path.join(dir, 'cairn.yaml'), 'utf8')
+  writeFileSync(path.join(dir, 'cairn.yaml'), `${manifest}isolation: gvisor\npause: memory\n`)
+  return dir
+}
+
+/** Waits for the session's checkpoint (its memory_paused event). */
+async function waitForPause(id: string): Promise<void> {
+  for (let i = 0; i < 1500; i++) {
+    const res = await server.http.json('GET', `/v1/sessions/${id}/events`)
+    if ((res.body.data as { cause: string }[]).some((e) => e.cause === 'memory_paused')) return
+    await new Promise((r) => setTimeout(r, 20))
+  }
+  throw new Error(`no memory_paused event for ${id}`)
+}
+
+const server = await startBenchServer(mode === 'restore' ? { server: { gvisorPoolSize: 0 } } : {})
 try {
   wrap(SessionService.prototype, 'create', 'sessions.create')
   wrap(SessionService.prototype, 'beginTurn')
@@ -93,17 +133,21 @@ try {
   const start = BwrapDriver.prototype.start
   BwrapDriver.prototype.start = async function (this: BwrapDriver, spec) {
     const sandbox = await start.call(this, spec)
-    mark('launcher spawned')
-    const write = sandbox.stdin.write.bind(sandbox.stdin) as (...a: unknown[]) => boolean
-    // biome-ignore lint/suspicious/noExplicitAny: instrumenting a stream
-    ;(sandbox.stdin as any).write = (...a: unknown[]) => {
-      mark('stdin.write')
-      return write(...a)
-    }
     // The first output of a fresh agent is the shim's marker at its first read: the agent is up.
-    sandbox.stdout.prependListener('data', () =>
-      mark(mode === 'cold' ? 'agent ready (first stdout)' : 'stdout'),
-    )
+    watchSandbox(sandbox, mode === 'cold' ? 'agent ready (first stdout)' : 'stdout')
+    return sandbox
+  }
+  // A resumed session: the checkpoint looked up, the sandbox's bundle, cgroups and `runsc restore`
+  // spawned (launch), then polled with `runsc state` until it runs (restore <), the image deleted.
+  wrap(MemoryCheckpoints.prototype, 'find', 'checkpoints.find')
+  wrap(MemoryCheckpoints.prototype, 'discard', 'checkpoints.discard')
+  wrap(GvisorDriver.prototype, 'launch', 'gvisor.launch (bundle, cgroups, spawn runsc restore)')
+  const restore = GvisorDriver.prototype.restore
+  GvisorDriver.prototype.restore = async function (this: GvisorDriver, spec, imageDir) {
+    mark('gvisor.restore >')
+    const sandbox = await restore.call(this, spec, imageDir)
+    mark('gvisor.restore < (runsc state: running)')
+    watchSandbox(sandbox, 'agent reply (first stdout)')
     return sandbox
   }
 
@@ -135,7 +179,7 @@ try {
     }
   }
 
-  await server.deploy(`${EXAMPLES}/${agentName}`)
+  await server.deploy(mode === 'restore' ? await pausingCopy(agentName) : `${EXAMPLES}/${agentName}`)
   const intervals = new Map<string, number[]>()
   const totals: number[] = []
   const slow = new Map<string, number[]>()
@@ -149,21 +193,28 @@ try {
     if (!id) {
       id = (
         await server.createSession(agentName, {
-          keepWarmMs: 600_000,
-          ...(autoSnapshots ? {} : { autoSnapshots: false }),
+          keepWarmMs: mode === 'restore' ? 200 : 600_000,
+          ...(autoSnapshots && mode !== 'restore' ? {} : { autoSnapshots: false }),
         })
       ).id
       mark('client session created')
       if (mode === 'warm') warmSession = id
     }
+    if (mode === 'restore') {
+      // Untimed: a cold first message, then the checkpoint when keep-warm (200 ms) ends.
+      await server.http.stream(`/v1/sessions/${id}/messages`, { prompt: 'cold' })
+      await waitForPause(id)
+      marks = new Map()
+    }
     const before = performance.now()
+    mark('client message POST')
     const t = await server.http.stream(`/v1/sessions/${id}/messages`, { prompt: `turn ${i}` })
     if (t.terminal !== 'run.completed') throw new Error(`run ${i}: ${t.terminal} ${t.error}`)
     marks.set('client message POST', before)
     marks.set('client headers', before + t.headersMs)
     marks.set('client first delta', before + (t.firstDeltaMs as number))
     marks.set('client run.completed', before + (t.completedMs as number))
-    if (mode === 'cold') await server.deleteSession(id)
+    if (mode !== 'warm') await server.deleteSession(id)
     if (i < warmup) continue
     const ordered = [...marks.entries()].sort((a, b) => a[1] - b[1])
     let worst: [string, number] = ['', 0]
@@ -175,7 +226,7 @@ try {
       intervals.get(key)?.push(b - a)
       if (b - a > worst[1]) worst = [key, b - a]
     }
-    const total = (marks.get('client first delta') as number) - sent
+    const total = (marks.get('client first delta') as number) - (mode === 'restore' ? before : sent)
     totals.push(total)
     if (total > slowMs) {
       if (!slow.has(worst[0])) slow.set(worst[0], [])
@@ -186,6 +237,12 @@ try {
     .filter(([, s]) => s.length >= runs / 2)
     .map(([key, s]) => row(key, s, undefined, s.length < runs ? `${s.length} of ${runs} runs` : undefined))
   rows.push(row(mode === 'cold' ? 'TOTAL create -> first delta' : 'TOTAL POST -> first delta', totals))
+  if (mode === 'restore') {
+    const driver = server.server.runtime.drivers.gvisor as InstanceType<typeof GvisorDriver>
+    rows.push(
+      row(`floor: runsc restore alone (${driver.runsc.platform})`, await runscRestoreFloor(driver.runsc, 8)),
+    )
+  }
   printTable(
     `${agentName} ${mode}${whatIf ? ' (what-if: append-transcript)' : ''}${gapMs ? ` (gap ${gapMs} ms)` : ''}${autoSnapshots ? '' : ' (no auto snapshots)'}: timeline (${runs} runs after ${warmup} warm-up)`,
     rows,

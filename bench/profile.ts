@@ -241,6 +241,10 @@ try {
     const driver = server.server.runtime.drivers.gvisor as InstanceType<typeof GvisorDriver>
     rows.push(
       row(`floor: runsc restore alone (${driver.runsc.platform})`, await runscRestoreFloor(driver.runsc, 8)),
+      row(
+        `what-if: runsc restore into a pre-started target (runsc create ahead, ${driver.runsc.platform})`,
+        await runscRestoreFloor(driver.runsc, 8, { preCreated: true }),
+      ),
     )
   }
   printTable(

@@ -27,13 +27,15 @@ function run(binary: string, args: readonly string[], cwd?: string): Promise<voi
  * The floor of a resume with memory: `runsc restore` alone, of a checkpoint of a sandbox that runs
  * `sleep` on the host's root (read-only, no network), the image fresh in the page cache. Each
  * sample boots and checkpoints the sandbox untimed, then times `runsc restore --detach`, which
- * returns once the restored sandbox runs; the sandbox is deleted, untimed.
+ * returns once the restored sandbox runs; the sandbox is deleted, untimed. `preCreated`: into a
+ * sandbox `runsc create` booted beforehand (runsc 20240729 restores into a created container).
  */
 export async function runscRestoreFloor(
   config: RunscUnderTest,
   samples: number,
-  checkpointFlags: readonly string[] = [],
+  options: { checkpointFlags?: readonly string[]; preCreated?: boolean } = {},
 ): Promise<number[]> {
+  const checkpointFlags = options.checkpointFlags ?? []
   const dir = await mkdtemp(path.join(os.tmpdir(), 'cairn-bench-restore-'))
   const root = path.join(dir, 'root')
   const bundle = path.join(dir, 'bundle')
@@ -53,6 +55,9 @@ export async function runscRestoreFloor(
       await run(config.path, [...flags, 'run', '--detach', '--bundle', bundle, id])
       await run(config.path, [...flags, 'checkpoint', ...checkpointFlags, '--image-path', image, id])
       await run(config.path, [...flags, 'delete', '--force', id]).catch(() => undefined)
+      // A pre-started restore target: `runsc create` of the same bundle (the sandbox and its gofer
+      // booted, nothing run in it), untimed; `runsc restore` then loads the image into it.
+      if (options.preCreated) await run(config.path, [...flags, 'create', '--bundle', bundle, id])
       const start = performance.now()
       await run(config.path, [...flags, 'restore', '--detach', '--image-path', image, '--bundle', bundle, id])
       out.push(performance.now() - start)

@@ -37,6 +37,20 @@ export type LayerCounts = Record<string, { deleted: number; bytesFreed: number }
 /** Items of a row-by-row layer (artifacts, logs) one pass deletes at most per tenant. */
 const LAYER_BATCH = 500
 
+/**
+ * What a delete freed: the rows it deleted, and their share of the bytes counted before it (another
+ * process applying the same TTL may have deleted some first); undefined when it deleted none.
+ */
+function freedBy(
+  result: { numDeletedRows: bigint },
+  counted: { n: number | string; bytes: number | string | null },
+): [number, number] | undefined {
+  const deleted = Number(result.numDeletedRows)
+  const n = Number(counted.n)
+  if (deleted === 0 || n === 0) return undefined
+  return [deleted, Math.round((Number(counted.bytes ?? 0) * Math.min(deleted, n)) / n)]
+}
+
 /** Records one deletion: the tenant, its owner (session, or agent for agent-level layers), what, bytes. */
 export type RecordDeletion = (
   tenantId: string,
@@ -206,16 +220,16 @@ export class LayerRetention {
       .groupBy('m.agent_id')
       .execute()
     for (const row of past) {
-      await db.q
+      const gone = await db.q
         .deleteFrom('agent_memory')
         .where('agent_id', '=', row.agent_id)
         .where('created_at', '<=', before)
         .where(
           sql<boolean>`version < (SELECT max(c.version) FROM agent_memory c WHERE c.agent_id = ${row.agent_id})`,
         )
-        .execute()
-      const freed: [number, number] = [Number(row.n), Number(row.bytes ?? 0)]
-      await this.note(counts, tenantId, 'memory_version', [row.agent_id, row.agent_id], freed)
+        .executeTakeFirst()
+      const freed = freedBy(gone, row)
+      if (freed) await this.note(counts, tenantId, 'memory_version', [row.agent_id, row.agent_id], freed)
     }
   }
 
@@ -266,14 +280,14 @@ export class LayerRetention {
       .groupBy('session_id')
       .execute()
     for (const row of rows) {
-      await db.q
+      const gone = await db.q
         .deleteFrom(layer.table)
         .where('session_id', '=', row.session_id)
         .where('at', '<=', layer.before)
         .$if(layer.keep !== undefined, (q) => q.where(layer.keep as ReturnType<typeof sql<boolean>>))
-        .execute()
-      const freed: [number, number] = [Number(row.n), Number(row.bytes ?? 0)]
-      await this.note(counts, tenantId, kind, [row.session_id, row.session_id], freed)
+        .executeTakeFirst()
+      const freed = freedBy(gone, row)
+      if (freed) await this.note(counts, tenantId, kind, [row.session_id, row.session_id], freed)
     }
   }
 
@@ -295,9 +309,9 @@ export class LayerRetention {
       .limit(LAYER_BATCH)
       .execute()
     for (const turn of turns) {
-      await db.q.deleteFrom('turn_events').where('turn_id', '=', turn.turn_id).execute()
-      const freed: [number, number] = [Number(turn.n), Number(turn.bytes ?? 0)]
-      await this.note(counts, tenantId, 'turn_event', [turn.session_id, turn.turn_id], freed)
+      const gone = await db.q.deleteFrom('turn_events').where('turn_id', '=', turn.turn_id).executeTakeFirst()
+      const freed = freedBy(gone, turn)
+      if (freed) await this.note(counts, tenantId, 'turn_event', [turn.session_id, turn.turn_id], freed)
     }
   }
 

@@ -142,7 +142,8 @@ export class GvisorDriver implements SandboxDriver {
   async selfTest(): Promise<GvisorAvailability> {
     const availability = await this.availability()
     if (!availability.ok) return availability
-    await this.choosePlatform()
+    // The platform's own probe already started a sandbox here: no second one.
+    if ((await this.choosePlatform()).started) return availability
     return probeGvisor(this.runsc)
   }
 
@@ -425,6 +426,8 @@ export interface PlatformChoice {
   platform: string
   /** Why the platform is ptrace on a runsc that offers systrap (its probe failed). */
   reason?: string | undefined
+  /** A throwaway sandbox started on it while choosing. */
+  started?: true
 }
 
 /**
@@ -440,6 +443,6 @@ export async function pickPlatform(
   const fastest = defaultPlatform(platforms)
   if (fastest === 'ptrace') return { platform: 'ptrace' }
   const probe = await runscSelfTest({ path: findBinary(config.path) ?? config.path, platform: fastest })
-  if (probe.ok) return { platform: fastest }
+  if (probe.ok) return { platform: fastest, started: true }
   return { platform: 'ptrace', reason: `${fastest} did not start a sandbox here: ${probe.reason}` }
 }

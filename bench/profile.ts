@@ -19,7 +19,7 @@
  * transcript being read from the database and rewritten (three async file operations) every turn.
  */
 
-import { cpSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs'
+import { cpSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { RunDir } from '../packages/runtime/dist/agent/run-dir.js'
@@ -179,7 +179,9 @@ try {
     }
   }
 
-  await server.deploy(mode === 'restore' ? await pausingCopy(agentName) : `${EXAMPLES}/${agentName}`)
+  const project = mode === 'restore' ? await pausingCopy(agentName) : `${EXAMPLES}/${agentName}`
+  await server.deploy(project)
+  if (mode === 'restore') rmSync(project, { recursive: true, force: true })
   const intervals = new Map<string, number[]>()
   const totals: number[] = []
   const slow = new Map<string, number[]>()

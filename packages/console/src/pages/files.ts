@@ -197,6 +197,8 @@ export function filesPanel(
     const wanted = openPath
     const parent = wanted.includes('/') ? wanted.slice(0, wanted.lastIndexOf('/')) : ''
     const siblings = await files.list(parent, { snapshot: snapshot(), signal: ctx.signal }).catch(() => [])
+    // A file clicked while this looked for the one open before stays open: it is the newer choice.
+    if (openPath !== wanted) return
     const entry = siblings.find((e) => e.path === wanted)
     if (entry) await view(entry)
     else fill(viewer, h('p', { class: 'muted' }, `${wanted} is not in this view.`))

@@ -156,6 +156,12 @@ describe.skipIf(!existsSync(CHROMIUM))('web console in chromium', () => {
     await snap.locator('button[data-action="restore"]').click()
     await confirm('Restore')
     await page.locator('.notice').getByText('Workspace restored').waitFor()
+    // Each entry says which turn's files it holds and why it was taken, in words.
+    const auto = page
+      .locator('#snapshot-list li', { hasText: 'After turn 2' })
+      .filter({ has: page.locator('.kind-auto') })
+    expect(await auto.locator('.reason').textContent()).toBe('what turn 3 starts from')
+    expect(await page.locator('#snapshot-list li').first().textContent()).toContain('After turn 3')
     await screenshot(page, 'session-snapshots')
     await tab('files')
     await openFile('notes.txt')
@@ -165,7 +171,13 @@ describe.skipIf(!existsSync(CHROMIUM))('web console in chromium', () => {
     await page.locator('#event-log').getByText('workspace_restored').waitFor()
     await screenshot(page, 'session-events')
     await tab('manifest')
-    await page.locator('#manifest').getByText('"revision"').waitFor()
+    // The manifest reads as fields, not JSON (which is one click away).
+    const field = (term: string) =>
+      page.locator('#manifest dt', { hasText: term }).locator('xpath=following-sibling::dd[1]')
+    await field('Agent').getByText('console-demo').waitFor()
+    expect(await field('Generation').textContent()).toMatch(/^\d+$/)
+    expect(await page.locator('#manifest').textContent()).not.toContain('"revision"')
+    await screenshot(page, 'session-manifest', true)
 
     const parent = page.url()
     await tab('snapshots')
@@ -253,7 +265,19 @@ describe.skipIf(!existsSync(CHROMIUM))('web console in chromium', () => {
     await page.getByRole('link', { name: 'Usage', exact: true }).click()
     await expect.poll(() => page.locator('#usage-stats .stat').first().textContent()).toBe('2sessions')
     await expect.poll(() => page.locator('#usage-sessions tbody tr').count()).toBe(2)
-    await screenshot(page, 'usage')
+    // Storage and retention come from GET /v1/usage?storage=true, per session and per layer.
+    expect(await page.locator('main').textContent()).not.toContain('not reported by the API')
+    const size = /^\d+(\.\d)? (B|KiB|MiB|GiB)$/
+    const exclusive = page.locator('#usage-sessions td[data-label="Exclusive"]')
+    expect(await exclusive.allTextContents()).toEqual([
+      expect.stringMatching(size),
+      expect.stringMatching(size),
+    ])
+    const layers = page.locator('#usage-retention td[data-label="Layer"]')
+    expect(await layers.allTextContents()).toEqual(
+      expect.arrayContaining(['Snapshots', 'Workspaces of ended sessions', 'In all']),
+    )
+    await screenshot(page, 'usage', true)
   })
 
   it('is readable at 360 px wide', async () => {

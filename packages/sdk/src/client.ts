@@ -1,6 +1,8 @@
+import { type Usage, UsageSchema } from '@cairn/protocol'
 import { Agents } from './agents.js'
 import { readEnv } from './env.js'
 import { CairnError, ValidationError } from './errors.js'
+import { checked } from './guards.js'
 import { type FetchLike, HttpClient, type RequestOptions } from './http.js'
 import { Images } from './images.js'
 import { Keys } from './keys.js'
@@ -90,6 +92,17 @@ export class Cairn {
       unknown
     >
     return { ok: body?.ok === true, version: typeof body?.version === 'string' ? body.version : 'unknown' }
+  }
+
+  /**
+   * `GET /v1/usage`: the tenant's sessions, snapshots, storage against its quota and what retention
+   * freed (per layer); with `storage: true`, the bytes of its 100 most recently active sessions.
+   */
+  async usage(options: RequestOptions & { storage?: boolean | undefined } = {}): Promise<Usage> {
+    const { storage, ...request } = options
+    const query = storage ? { storage: 'true' } : undefined
+    const body = await this.http.json({ method: 'GET', path: '/v1/usage', query, ...request })
+    return checked(UsageSchema, body, 'usage report')
   }
 
   createSession(agent: string, options: CreateSessionOptions = {}): Promise<Session> {

@@ -22,6 +22,7 @@ export type {
   ToolCall,
   TreeSizes,
   TurnInfo,
+  Usage,
   WorkspaceDiff,
 } from '@cairn/protocol'
 export { Agents, type BuildLog, type BuildLogEvent, DEPLOY_TIMEOUT_MS, type DeployOptions } from './agents.js'

@@ -1,5 +1,4 @@
 import { fill, h, timeAgo } from '../dom.js'
-import { highlight } from '../highlight.js'
 import { emptyRow, type PageContext, statusBadge } from '../ui.js'
 import type { Panel, SessionState } from './session-state.js'
 
@@ -51,15 +50,4 @@ export function eventsPanel(ctx: PageContext, state: SessionState): Panel {
     // A background refresh: a failure keeps the shown details, and the next poll tries again.
     onInfo: () => void (!el.hidden && load().catch(() => undefined)),
   }
-}
-
-/** The manifest: revision and hash, environment, snapshots, last turn, dirty files, limits, policies. */
-export function manifestPanel(ctx: PageContext, state: SessionState): Panel {
-  const pre = h('pre', { class: 'code', id: 'manifest', tabindex: '0', 'aria-label': 'Manifest (JSON)' })
-  const el = h('section', { class: 'panel', 'aria-label': 'Manifest' }, pre)
-  const load = async () => {
-    const manifest = await ctx.client.sessions.manifest(state.id, { signal: ctx.signal })
-    fill(pre, highlight(JSON.stringify(manifest, null, 2), 'manifest.json'))
-  }
-  return { el, show: () => void load().catch(ctx.report) }
 }

@@ -3,7 +3,28 @@ import { fill, h, timeAgo } from '../dom.js'
 import { act, button, confirmDialog, label, type PageContext } from '../ui.js'
 import type { Panel, SessionState } from './session-state.js'
 
-const describe = (s: SnapshotInfo) => `the snapshot after turn ${s.turn}${s.label ? ` (“${s.label}”)` : ''}`
+/** When a snapshot was taken, by its reason (SNAPSHOT_REASONS); the turn it follows is its title. */
+const REASONS: Record<string, (s: SnapshotInfo) => string> = {
+  before_turn: (s) => `what turn ${s.throughTurn + 1} starts from`,
+  after_setup: () => 'after the setup phase',
+  at_end: () => 'when the session ended',
+  manual: () => 'taken by hand',
+  before_restore: () => 'the files before a restore',
+  before_import: () => 'the files before an import',
+  before_merge: () => 'the files before a merge',
+  review: () => 'the files the agent asked a review of',
+}
+
+/** "Before the first turn", "After turn 2", or "After turns 2–4" when turns 3 and 4 changed nothing. */
+const when = (s: SnapshotInfo) => {
+  if (s.throughTurn === 0) return 'Before the first turn'
+  if (s.throughTurn > s.turn) return `After turns ${s.turn}–${s.throughTurn}`
+  return `After turn ${s.turn}`
+}
+const reasonOf = (s: SnapshotInfo) => REASONS[s.reason]?.(s) ?? s.reason.replace(/_/g, ' ')
+
+const describe = (s: SnapshotInfo) =>
+  `the snapshot ${s.throughTurn === 0 ? 'from before the first turn' : `after turn ${s.turn}`}${s.label ? ` (“${s.label}”)` : ''}`
 
 /** The snapshot timeline: take one, restore one, undo the last turn, fork a new session from one. */
 export function snapshotsPanel(ctx: PageContext, state: SessionState): Panel {
@@ -64,11 +85,11 @@ export function snapshotsPanel(ctx: PageContext, state: SessionState): Panel {
         h(
           'div',
           null,
-          h('strong', null, `After turn ${s.turn}`),
+          h('strong', null, when(s)),
           ' ',
           h('span', { class: `badge kind-${s.kind}` }, s.kind),
           ' ',
-          h('span', { class: 'muted' }, s.reason.replace(/_/g, ' ')),
+          h('span', { class: 'muted reason' }, reasonOf(s)),
           s.label ? h('span', { class: 'label' }, ` — ${s.label}`) : null,
           h('div', { class: 'muted small' }, h('span', { class: 'mono' }, s.id), ' · ', timeAgo(s.createdAt)),
         ),

@@ -1,14 +1,25 @@
-import { SESSION_STATUSES, type SessionInfo } from '@cairn/protocol'
-import { fill, h, timeAgo } from '../dom.js'
+import { SESSION_STATUSES, type SessionInfo, type Usage } from '@cairn/protocol'
+import { fill, formatBytes, h, timeAgo } from '../dom.js'
 import { act, button, type Page, type PageContext, section, statusBadge } from '../ui.js'
 import { sessionTitle } from './sessions.js'
 
-/** Sessions whose snapshots are counted one by one (one request each); past this the count is partial. */
-const SNAPSHOT_SCAN_LIMIT = 300
+/** What a retention layer holds (docs/retention.md), as the page names it. */
+const LAYERS: Record<string, string> = {
+  snapshot: 'Snapshots',
+  workspace: 'Workspaces of ended sessions',
+  artifact: 'Artifacts',
+  build_log: 'Build logs',
+  setup_log: 'Setup logs',
+  memory_version: 'Memory versions',
+  network_log: 'Network log entries',
+  session_event: 'Session events',
+  turn_event: 'Turn stream events',
+}
 
 /**
- * Usage from the list endpoints (the API has no usage endpoint yet): sessions by status and agent,
- * turns, and snapshots per session. Storage bytes and retention's bytes freed are not exposed by the API.
+ * Usage: the tenant's report (`GET /v1/usage?storage=true`: snapshots, storage against the quota,
+ * what retention freed per layer, bytes per session) and counts from the session list (by status,
+ * by agent, turns).
  */
 export function usagePage(ctx: PageContext): Page {
   const { client } = ctx
@@ -16,6 +27,8 @@ export function usagePage(ctx: PageContext): Page {
   const byStatus = h('tbody')
   const byAgent = h('tbody')
   const perSession = h('tbody')
+  const storage = h('tbody')
+  const retention = h('tbody')
   const note = h('p', { class: 'muted small' })
   const recount = button('Recount', { id: 'usage-recount' })
 
@@ -43,32 +56,19 @@ export function usagePage(ctx: PageContext): Page {
       agents.set(s.agentName, a)
       turns += s.turnCount
     }
-    const scanned = sessions.slice(0, SNAPSHOT_SCAN_LIMIT)
-    const snapshotCounts = new Map<string, number>()
-    let next = 0
-    const worker = async () => {
-      while (next < scanned.length) {
-        const s = scanned[next++] as SessionInfo
-        const list = await client.sessions
-          .snapshots(s.id)
-          .list({ signal: ctx.signal })
-          .catch(() => [])
-        snapshotCounts.set(s.id, list.length)
-      }
-    }
-    await Promise.all([worker(), worker(), worker(), worker()])
-    const snapshots = [...snapshotCounts.values()].reduce((a, b) => a + b, 0)
-
+    const usage = await client.usage({ storage: true, signal: ctx.signal })
+    const bytes = new Map(usage.storage.map((s) => [s.sessionId, s]))
+    fillStorage(storage, usage)
+    fillRetention(retention, usage)
     fill(
       summary,
       stat('sessions', sessions.length),
       stat('active now', statuses.get('active') ?? 0),
       stat('turns', turns),
-      stat(
-        sessions.length > scanned.length ? `snapshots (first ${scanned.length} sessions)` : 'snapshots',
-        snapshots,
-      ),
+      stat('snapshots', usage.snapshots),
       stat('agents', agents.size),
+      stat('stored', usage.quota.usedBytes === null ? '–' : formatBytes(usage.quota.usedBytes)),
+      stat('freed by retention', formatBytes(usage.retention.bytesFreed)),
     )
     fill(
       byStatus,
@@ -95,19 +95,20 @@ export function usagePage(ctx: PageContext): Page {
     )
     fill(
       perSession,
-      scanned.map((s) =>
+      sessions.map((s) =>
         h(
           'tr',
           null,
           h('td', { 'data-label': 'Session' }, h('a', { href: `#/sessions/${s.id}` }, sessionTitle(s))),
           h('td', { 'data-label': 'Status' }, statusBadge(s.status)),
           h('td', { 'data-label': 'Turns', class: 'num' }, String(s.turnCount)),
-          h('td', { 'data-label': 'Snapshots', class: 'num' }, String(snapshotCounts.get(s.id) ?? '–')),
+          h('td', { 'data-label': 'Exclusive', class: 'num' }, sizeOf(bytes.get(s.id)?.exclusiveBytes)),
+          h('td', { 'data-label': 'Referenced', class: 'num' }, sizeOf(bytes.get(s.id)?.referencedBytes)),
           h('td', { 'data-label': 'Last active' }, timeAgo(s.lastActiveAt)),
         ),
       ),
     )
-    note.textContent = `Counted ${new Date().toLocaleTimeString()} from the session list. Storage per session and bytes freed by retention are not reported by the API yet.`
+    note.textContent = `Counted ${new Date().toLocaleTimeString()}. Exclusive bytes are what deleting a session's workspace alone would free; referenced bytes include what it shares with its snapshots and forks (measured for the ${usage.storage.length} most recently active sessions).`
   }
 
   const table = (id: string, heads: string[], body: HTMLElement) =>
@@ -140,9 +141,82 @@ export function usagePage(ctx: PageContext): Page {
     ),
     section(
       'Per session',
-      table('usage-sessions', ['Session', 'Status', 'Turns', 'Snapshots', 'Last active'], perSession),
+      table(
+        'usage-sessions',
+        ['Session', 'Status', 'Turns', 'Exclusive', 'Referenced', 'Last active'],
+        perSession,
+      ),
+    ),
+    h(
+      'div',
+      { class: 'grid2' },
+      section('Storage', table('usage-storage', ['What', 'Count', 'Bytes'], storage)),
+      section('Freed by retention', table('usage-retention', ['Layer', 'Deleted', 'Bytes freed'], retention)),
     ),
   )
   void act(ctx, recount, count)
   return {}
+}
+
+const sizeOf = (n: number | undefined) => (n === undefined ? '–' : formatBytes(n))
+
+const row = (cells: [string, string | number][]) =>
+  h(
+    'tr',
+    null,
+    cells.map(([label, text], i) =>
+      h('td', { 'data-label': label, class: i ? 'num' : undefined }, String(text)),
+    ),
+  )
+
+/** What the tenant stores against its quota: workspaces and snapshots, artifacts, checkpoints, logs. */
+function fillStorage(tbody: HTMLElement, usage: Usage): void {
+  const { quota } = usage
+  const limit = quota.tenantBytes === undefined ? '' : ` of ${formatBytes(quota.tenantBytes)}`
+  const stored = quota.usedBytes === null ? 'unknown' : `${formatBytes(quota.usedBytes)}${limit}`
+  const counted = (what: string, part: { count: number; bytes: number }) =>
+    row([
+      ['What', what],
+      ['Count', part.count],
+      ['Bytes', formatBytes(part.bytes)],
+    ])
+  fill(
+    tbody,
+    row([
+      ['What', 'Workspaces and snapshots'],
+      ['Count', usage.snapshots],
+      ['Bytes', stored],
+    ]),
+    counted('Artifacts', usage.artifacts),
+    counted('Memory checkpoints', usage.memoryCheckpoints),
+    counted('Command logs', usage.commandLogs),
+    row([
+      ['What', 'Pool free'],
+      ['Count', ''],
+      ['Bytes', `${formatBytes(usage.pool.freeBytes)} of ${formatBytes(usage.pool.totalBytes)}`],
+    ]),
+  )
+}
+
+/** Each retention layer with what it deleted and freed, over the tenant's life (docs/retention.md). */
+function fillRetention(tbody: HTMLElement, usage: Usage): void {
+  // Every layer, those retention has not deleted from yet at 0.
+  const layers = [...new Set([...Object.keys(LAYERS), ...Object.keys(usage.retention.layers)])].map(
+    (layer) => [layer, usage.retention.layers[layer] ?? { deleted: 0, bytesFreed: 0 }] as const,
+  )
+  fill(
+    tbody,
+    layers.map(([layer, freed]) =>
+      row([
+        ['Layer', LAYERS[layer] ?? layer],
+        ['Deleted', freed.deleted],
+        ['Bytes freed', formatBytes(freed.bytesFreed)],
+      ]),
+    ),
+    row([
+      ['Layer', 'In all'],
+      ['Deleted', layers.reduce((n, [, f]) => n + f.deleted, 0)],
+      ['Bytes freed', formatBytes(usage.retention.bytesFreed)],
+    ]),
+  )
 }

@@ -67,6 +67,7 @@ function agentRows(m: SessionManifest): HTMLElement {
     ['Storage', m.storage],
     ['Setup version', m.setupVersion ? mono(m.setupVersion) : none()],
     ['Session setup', value('sessionSetup', m.sessionSetup)],
+    ['Memory version', m.memoryVersion ? String(m.memoryVersion) : 'none written'],
   ])
 }
 
@@ -83,10 +84,23 @@ function workspaceRows(m: SessionManifest, id: string): HTMLElement {
         ? `${dirty.added.length} added, ${dirty.changed.length} changed, ${dirty.deleted.length} deleted since the last snapshot${dirty.truncated ? ' (truncated)' : ''}`
         : none(),
     ],
+    [
+      'Git checkout',
+      m.repo ? mono(`${m.repo.branch ?? '(detached)'} @ ${m.repo.sha?.slice(0, 12) ?? '?'}`) : none(),
+    ],
+    ['Last tests', m.lastTests ? testsText(m.lastTests) : none()],
     ['Sizes', value('workspaceSizes', m.workspaceSizes)],
     ['Persisted paths', list(m.persist.map((p) => `${p.path} → ${p.workspacePath}`))],
     ['Open ports', list(m.openPorts.map(String))],
   ])
+}
+
+/** "passed: 12 passed, 0 failed (npm test)" from the agent's `.cairn/last-tests.json`. */
+function testsText(tests: NonNullable<SessionManifest['lastTests']>): string {
+  const counts = (['passed', 'failed', 'skipped'] as const)
+    .filter((k) => tests[k] !== undefined)
+    .map((k) => `${tests[k]} ${k}`)
+  return `${tests.status}${counts.length ? `: ${counts.join(', ')}` : ''}${tests.command ? ` (${tests.command})` : ''}`
 }
 
 function lastTurnRows(m: SessionManifest): HTMLElement {

@@ -14,6 +14,7 @@ const LAYERS: Record<string, string> = {
   network_log: 'Network log entries',
   session_event: 'Session events',
   turn_event: 'Turn stream events',
+  secret: 'Expired secrets',
 }
 
 /**

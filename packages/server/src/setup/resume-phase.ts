@@ -3,7 +3,7 @@ import type { Logger } from 'pino'
 import { type Clock, iso } from '../clock.js'
 import type { Db } from '../db/database.js'
 import type { SessionRow } from '../sessions/session-store.js'
-import { type PhaseCommand, runPhaseCommand, type SetupServiceDeps } from './setup-service.js'
+import { type PhaseCommand, runPhaseCommand, type SetupServiceDeps } from './phase-command.js'
 import { logTail } from './setup-store.js'
 
 /** `session.resume` of cairn.yaml in a normalized form (a bare command runs through `sh -c`). */

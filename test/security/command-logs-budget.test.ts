@@ -1,14 +1,20 @@
 import { execFileSync } from 'node:child_process'
 import path from 'node:path'
+import { sql } from 'kysely'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { openDatabase } from '../../packages/server/src/db/database.js'
+import { testDatabaseFor } from '../fixtures/test-database.mjs'
 import { makeProject, SHELL_PROJECT } from '../helpers/projects.js'
-import { startTestServer, type TestServer } from '../helpers/server.js'
+import { Api, startTestServer, type TestServer } from '../helpers/server.js'
 
 // Command output logs (docs/commands.md: 8 MiB per command, a session's last 16 ended commands
 // kept) are written under the node's data dir, beside the database: bytes a tenant makes the
 // server keep, so they count in its storage budget. Before 57b9ed6 they did not: 16 commands of
 // one session kept 134,291,456 bytes of logs under a 40 MiB tenant quota (sessions have no cap,
 // so a tenant filled the data disk at 128 MiB per session). Now the fifth command is refused.
+// A turn's stream events (the turn_events table, in the database) count the same way: before,
+// eight turns of the shell agent printing 7 MiB each kept 117 MB of events (the deltas, and the
+// reply again in each terminal event) under the same 40 MiB quota.
 const TENANT_MIB = 40
 const MiB = 1024 * 1024
 let t: TestServer
@@ -46,3 +52,40 @@ describe('command output logs in the tenant storage budget', () => {
     expect(await logBytes()).toBeLessThanOrEqual(TENANT_MIB * MiB)
   })
 })
+
+describe("a turn's stream events in the tenant storage budget", () => {
+  it('are reserved before they are written: past the quota the turn fails quota_exceeded', async () => {
+    const made = await t.api.call('POST', '/v1/keys', { tenant: 'tenant-events', role: 'admin' })
+    const api = new Api(t.url, made.body.key)
+    expect((await api.deploy(await makeProject(SHELL_PROJECT))).status).toBe(201)
+    const session = (await api.createSession('shell')).id
+    // A turn's reply is capped at 8 MiB (limit_exceeded): 7 MiB a turn, until one is refused.
+    const ends: string[] = []
+    for (let i = 0; i < 8 && !ends.includes('quota_exceeded'); i++) {
+      const run = await api.send(session, `head -c ${7 * MiB} /dev/zero | tr '\\0' x | fold -w 65536`)
+      ends.push(run.terminal?.type === 'run.failed' ? run.terminal.error.code : String(run.terminal?.type))
+      if (run.terminal?.type === 'run.failed')
+        expect((await api.call('GET', `/v1/sessions/${session}`)).body.statusCause).toBe('quota_exceeded')
+    }
+    const kept = await keptEventBytes(session)
+    console.log(`[turn-events-budget] kept ${kept} bytes of events; the turns ended ${ends.join(', ')}`)
+    expect(ends.at(-1)).toBe('quota_exceeded')
+    // A turn's end (its terminal event repeats the reply, at most 8 MiB, with the events held,
+    // at most 256 KiB) is counted once written, not reserved: the quota holds to within that.
+    expect(kept).toBeLessThanOrEqual((TENANT_MIB + 8) * MiB + 256 * 1024)
+  })
+})
+
+/** The bytes of the session's stored stream events, read from the database with SQL of its own. */
+async function keptEventBytes(sessionId: string): Promise<number> {
+  const db = await openDatabase((await testDatabaseFor(t.dataDir)) ?? path.join(t.dataDir, 'cairn.db'))
+  try {
+    const size = db.dialect === 'postgres' ? 'octet_length(e.event)' : 'length(CAST(e.event AS BLOB))'
+    const result = await sql<{ bytes: number | string | null }>`
+      SELECT SUM(${sql.raw(size)}) AS bytes FROM turn_events e JOIN turns t ON t.id = e.turn_id
+      WHERE t.session_id = ${sessionId}`.execute(db.kysely)
+    return Number(result.rows[0]?.bytes ?? 0)
+  } finally {
+    await db.close()
+  }
+}

@@ -307,6 +307,7 @@ export async function startServer(
       clock,
       logger,
       hints,
+      storageBudget,
     })
     runtimeEvents.target = new SessionRuntimeEvents(sessions.store, clock, logger)
     let retention: RetentionService | undefined

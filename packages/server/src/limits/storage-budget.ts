@@ -22,13 +22,15 @@ export interface TenantHeld {
   artifactBytes: number
   /** The output logs of its commands (see `commandLogUsage`). */
   commandLogBytes: number
+  /** The stored stream events of its turns (see `turnEventUsage`). */
+  turnEventBytes: number
   /** Space held for work under way (copies not yet settled). */
   reservedBytes: number
 }
 
 /**
  * One storage budget per tenant: the tenant quota the pool enforces on the tenant's trees also
- * covers what Cairn keeps for it beside the pool (artifacts). Space is reserved before a copy
+ * covers what Cairn keeps for it beside the pool (artifacts, command logs, turn events). Space is reserved before a copy
  * starts, in the database under a per-tenant lock, so concurrent requests (in this process or on
  * any replica) see each other's reservations and cannot each pass the same check; the copy then
  * settles its reservation into the row it writes, or releases it.
@@ -67,7 +69,7 @@ export class StorageBudget {
       await this.deps.db.q.deleteFrom('storage_reservations').where('expires_at', '<=', now).execute()
       if (quota !== undefined) {
         const beside = await this.heldBeside(tenantId)
-        const heldBytes = poolBytes + beside.artifactBytes + beside.commandLogBytes + beside.reservedBytes
+        const heldBytes = heldTotal({ poolBytes, ...beside })
         if (heldBytes + bytes > quota) throw overQuota(purpose, bytes, quota, { poolBytes, ...beside })
       }
       await this.deps.db.q
@@ -110,7 +112,12 @@ export class StorageBudget {
   private async heldBeside(tenantId: string): Promise<Omit<TenantHeld, 'poolBytes'>> {
     const usage = await artifactUsage(this.deps.db, tenantId, this.deps.clock.now())
     const logs = await commandLogUsage(this.deps.db, tenantId)
-    return { artifactBytes: usage.bytes, commandLogBytes: logs.bytes, reservedBytes: usage.reservedBytes }
+    return {
+      artifactBytes: usage.bytes,
+      commandLogBytes: logs.bytes,
+      turnEventBytes: await turnEventUsage(this.deps.db, tenantId),
+      reservedBytes: usage.reservedBytes,
+    }
   }
 
   /**
@@ -124,12 +131,28 @@ export class StorageBudget {
 }
 
 function overQuota(purpose: string, bytes: number, quotaBytes: number, held: TenantHeld): CairnProblem {
-  const heldBytes = held.poolBytes + held.artifactBytes + held.commandLogBytes + held.reservedBytes
   return new CairnProblem(
     'quota_exceeded',
-    `${purpose} (${bytes} bytes) does not fit in the tenant's storage quota of ${quotaBytes} bytes: ${heldBytes} bytes are held (pool ${held.poolBytes}, artifacts ${held.artifactBytes}, command logs ${held.commandLogBytes}, copies under way ${held.reservedBytes})`,
+    `${purpose} (${bytes} bytes) does not fit in the tenant's storage quota of ${quotaBytes} bytes: ${heldTotal(held)} bytes are held (pool ${held.poolBytes}, artifacts ${held.artifactBytes}, command logs ${held.commandLogBytes}, turn events ${held.turnEventBytes}, copies under way ${held.reservedBytes})`,
     { quotaBytes, askedBytes: bytes, ...held },
   )
+}
+
+function heldTotal(held: TenantHeld): number {
+  return held.poolBytes + held.artifactBytes + held.commandLogBytes + held.turnEventBytes + held.reservedBytes
+}
+
+/**
+ * The bytes (UTF-8, as JSON) of the stored stream events of the tenant's turns: kept until the
+ * retention's turn-events layer deletes them, or their session is deleted.
+ */
+export async function turnEventUsage(db: Db, tenantId: string): Promise<number> {
+  const size = db.dialect === 'postgres' ? sql`octet_length(e.event)` : sql`length(CAST(e.event AS BLOB))`
+  const result = await sql<{ bytes: number | string | null }>`
+    SELECT SUM(${size}) AS bytes
+    FROM turn_events e JOIN turns t ON t.id = e.turn_id JOIN sessions s ON s.id = t.session_id
+    WHERE s.tenant_id = ${tenantId}`.execute(db.q)
+  return Number(result.rows[0]?.bytes ?? 0)
 }
 
 /** The tenant's artifacts, and the space its reservations hold at `nowMs` (lapsed ones left out). */

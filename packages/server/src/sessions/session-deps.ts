@@ -5,6 +5,7 @@ import type { Clock } from '../clock.js'
 import type { HintFeed } from '../cluster/cluster-hints.js'
 import type { Db } from '../db/database.js'
 import type { OperatorLimits } from '../limits/operator-limits.js'
+import type { StorageBudget } from '../limits/storage-budget.js'
 import type { MemoryService } from '../memory/memory-service.js'
 import type { MetricsRegistry } from '../metrics/registry.js'
 import type { SecretStore } from '../secrets/secret-store.js'
@@ -76,6 +77,8 @@ export interface SessionServiceDeps {
   hints?: HintFeed | undefined
   /** How long a running turn's events wait before they are written (default 250 ms). */
   turnEventsFlushMs?: number | undefined
+  /** The tenant storage budget a running turn's event batches are reserved in before they are written. */
+  storageBudget?: StorageBudget | undefined
   /** How often a resumed stream of a turn running elsewhere reads its new events (default 500 ms). */
   turnEventsPollMs?: number | undefined
 }

@@ -88,6 +88,7 @@ export class SessionService {
       logger: deps.logger,
       hints: deps.hints,
       flushMs: deps.turnEventsFlushMs,
+      budget: deps.storageBudget,
     })
     this.turnStreams = new TurnStreams({
       events: this.turnEvents,

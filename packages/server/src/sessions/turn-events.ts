@@ -1,9 +1,10 @@
-import { isErrorCode, isTerminalEvent, type StreamEvent } from '@cairn/protocol'
+import { CairnProblem, isErrorCode, isTerminalEvent, type StreamEvent } from '@cairn/protocol'
 import type { QueryCreator, RawBuilder } from 'kysely'
 import type { Logger } from 'pino'
 import type { HintFeed } from '../cluster/cluster-hints.js'
 import type { Db } from '../db/database.js'
 import type { Schema } from '../db/schema.js'
+import type { StorageBudget } from '../limits/storage-budget.js'
 
 /** An event of a turn with its id: its place in the turn, from 1 (the SSE `id:`). */
 export interface NumberedEvent {
@@ -36,6 +37,15 @@ export interface TurnEventsDeps {
   /** Told after each write, so replicas streaming the turn to a resumed client read at once. */
   hints?: HintFeed | undefined
   flushMs?: number | undefined
+  /** The tenant storage budget each batch written while the turn runs is reserved in first. */
+  budget?: StorageBudget | undefined
+}
+
+/** Who the turn's events are kept for, and what to do when its budget refuses them. */
+export interface TurnEventOwner {
+  tenantId: string
+  /** Told once, when a batch did not fit: the turn is to stop (its held events go with its end). */
+  refused: (problem: CairnProblem) => void
 }
 
 /** An event with its JSON (measured once, written as it is). */
@@ -49,6 +59,12 @@ interface HeldEvent extends NumberedEvent {
  * database, the rest from here), and written to the database in batches, at most every `flushMs`
  * (at once past `TURN_EVENTS_HIGH_CHARS`) and with the turn's end in the transaction that records
  * it, so a turn shorter than `flushMs` (a warm one) costs no extra write.
+ *
+ * Each batch written while the turn runs is reserved in the tenant's storage budget first (the
+ * reservation settled into the rows in one transaction); one that does not fit is not written,
+ * no batch is tried after it, and the owner is told, which stops the turn. What the turn's end
+ * writes with it (at most `TURN_EVENTS_HIGH_CHARS` and what the agent sent before it stopped) is
+ * counted once written, not reserved: the end of a turn is always recorded.
  */
 export class TurnEventLog {
   /** The events not written yet: ids (written, last]. */
@@ -61,6 +77,7 @@ export class TurnEventLog {
   private flushing: Promise<void> | undefined
   private settled = false
   private ended = false
+  private refusal: CairnProblem | undefined
   /** Told of the next event or of the end (each once). */
   private waiters: (() => void)[] = []
 
@@ -68,6 +85,7 @@ export class TurnEventLog {
     readonly turnId: string,
     private readonly deps: TurnEventsDeps,
     private readonly onEnd: () => void,
+    private readonly owner?: TurnEventOwner | undefined,
   ) {}
 
   /** Numbers `event` and wakes the readers; it is written with the next batch. */
@@ -100,7 +118,7 @@ export class TurnEventLog {
   }
 
   private full(): boolean {
-    return this.heldChars > TURN_EVENTS_HIGH_CHARS && !this.settled
+    return this.heldChars > TURN_EVENTS_HIGH_CHARS && !this.settled && !this.refusal
   }
 
   /** Whether the terminal event was sent (all events are in the database then). */
@@ -165,13 +183,13 @@ export class TurnEventLog {
   }
 
   private schedule(): void {
-    if (this.settled || this.timer || this.flushing) return
+    if (this.settled || this.refusal || this.timer || this.flushing) return
     this.timer = setTimeout(() => this.flush(), this.deps.flushMs ?? DEFAULT_TURN_EVENTS_FLUSH_MS)
     this.timer.unref()
   }
 
   private flushNow(): void {
-    if (this.settled || this.flushing) return
+    if (this.settled || this.refusal || this.flushing) return
     if (this.timer) clearTimeout(this.timer)
     this.flush()
   }
@@ -181,8 +199,7 @@ export class TurnEventLog {
     const rows = this.events.slice()
     if (rows.length === 0) return
     const upTo = rows.at(-1)?.id ?? 0
-    this.flushing = this.deps.db
-      .transaction(() => this.insert(rows))
+    this.flushing = this.write(rows)
       .then(
         () => {
           if (upTo <= this.written) return
@@ -192,14 +209,40 @@ export class TurnEventLog {
           this.heldChars = kept.reduce((sum, held) => sum + held.json.length, 0)
           this.events = kept
         },
-        (error: unknown) =>
+        (error: unknown) => {
           // Kept in memory: the next batch (or the turn's record) writes them.
-          this.deps.logger.warn({ err: error, turn: this.turnId }, "writing a turn's events failed"),
+          if (error instanceof CairnProblem && error.code === 'quota_exceeded') return this.refuse(error)
+          this.deps.logger.warn({ err: error, turn: this.turnId }, "writing a turn's events failed")
+        },
       )
       .finally(() => {
         this.flushing = undefined
         if (this.events.length > 0) this.schedule()
       })
+  }
+
+  /** A batch written while the turn runs: reserved in the tenant's budget, then settled into its rows. */
+  private async write(rows: HeldEvent[]): Promise<void> {
+    const { budget, db } = this.deps
+    if (!budget || !this.owner) return db.transaction(() => this.insert(rows))
+    const bytes = rows.reduce((sum, held) => sum + Buffer.byteLength(held.json), 0)
+    const reservation = await budget.reserve(this.owner.tenantId, bytes, "a turn's events")
+    try {
+      await budget.settle(reservation, () => this.insert(rows))
+    } catch (error) {
+      await budget.release(reservation).catch(() => undefined)
+      throw error
+    }
+  }
+
+  private refuse(problem: CairnProblem): void {
+    if (this.refusal) return
+    this.refusal = problem
+    this.deps.logger.info(
+      { turn: this.turnId, err: problem },
+      "a turn's events did not fit its tenant's budget",
+    )
+    this.owner?.refused(problem)
   }
 
   /** Writes `rows`; the hint that they were goes with the write of the last of them. */
@@ -280,9 +323,9 @@ export class TurnEvents {
     return this.deps.hints
   }
 
-  /** A log for a turn that begins on this process. */
-  open(turnId: string): TurnEventLog {
-    const log = new TurnEventLog(turnId, this.deps, () => this.live.delete(turnId))
+  /** A log for a turn that begins on this process (its events kept for `owner`'s tenant). */
+  open(turnId: string, owner?: TurnEventOwner): TurnEventLog {
+    const log = new TurnEventLog(turnId, this.deps, () => this.live.delete(turnId), owner)
     this.live.set(turnId, log)
     return log
   }

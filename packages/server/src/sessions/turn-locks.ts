@@ -10,7 +10,7 @@ export const MOVE_OPERATION = 'a move to another node'
  */
 export class TurnStop extends Error {
   constructor(
-    readonly code: 'replica_stopping',
+    readonly code: 'replica_stopping' | 'quota_exceeded',
     message: string,
   ) {
     super(message)

@@ -148,7 +148,11 @@ export class TurnRunner {
       throw error
     }
     const started: TurnSessionRow = { ...row, status: 'active' }
-    const log = this.deps.events.open(turnId)
+    // Refused room for its events (the tenant's storage budget), the turn stops and fails quota_exceeded.
+    const log = this.deps.events.open(turnId, {
+      tenantId: row.tenant_id,
+      refused: (problem) => abort.abort(new TurnStop('quota_exceeded', problem.message)),
+    })
     // The answer to the agent's approval request (or its expiry) goes with the first turn after it.
     const approval = row.approval_id ? await this.approvalFor(started, turnId) : undefined
     return {
@@ -520,8 +524,8 @@ function warmSandboxOf(seen: SeenAgent | undefined): string | undefined {
 }
 
 /**
- * A turn its own process ended (an API replica stopping: `TurnStop`) fails with that code and
- * cause, not as a user's cancel.
+ * A turn its own process ended (an API replica stopping, its events refused by the tenant's
+ * storage budget: `TurnStop`) fails with that code and cause, not as a user's cancel.
  */
 function stoppedAs(signal: AbortSignal, outcome: TurnOutcome): TurnOutcome {
   const stop: unknown = signal.aborted ? signal.reason : undefined

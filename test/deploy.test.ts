@@ -100,4 +100,29 @@ describe('deploy pipeline', () => {
     const session = await t.api.createSession('with-setup')
     expect((await t.api.send(session.id, 'go')).text).toBe('built at setup\n')
   })
+
+  it("makes the newest deploy current even when an older deploy's build finishes after it", async () => {
+    const agentSh = (tag: string) => `while read -r l; do echo ${tag}; done\n`
+    // A's build waits in its setup; B has none, so B is READY when its POST answers, before A is.
+    const older = await makeProject({
+      'cairn.yaml': 'name: deploy-race\ncommand: bash agent.sh\nsetup: sleep 4\n',
+      'agent.sh': agentSh('A'),
+    })
+    const newer = await makeProject({
+      'cairn.yaml': 'name: deploy-race\ncommand: bash agent.sh\n',
+      'agent.sh': agentSh('B'),
+    })
+    const a = await t.api.call('POST', '/v1/agents', await packDir(older))
+    expect(a.body.revision.status).toBe('DEPLOYING')
+    const b = await t.api.call('POST', '/v1/agents?wait=true', await packDir(newer))
+    expect(b.body.revision.status).toBe('READY')
+    const aMidway = await t.api.call('GET', `/v1/agents/deploy-race/revisions/${a.body.revision.id}`)
+    expect(aMidway.body.status, 'the older build must still be running here').toBe('DEPLOYING')
+    const { lines, end } = await follow('deploy-race', a.body.revision.id)
+    expect(end.status, lines.join('\n')).toBe('READY')
+    const detail = await t.api.call('GET', '/v1/agents/deploy-race')
+    expect(detail.body.currentRevisionId).toBe(b.body.revision.id)
+    const session = await t.api.createSession('deploy-race')
+    expect((await t.api.send(session.id, 'go')).text).toBe('B\n')
+  })
 })

@@ -240,12 +240,15 @@ export class AgentService {
         )
       }
       await runtime.sealRevision(revisionId, tenantId)
-      await this.deps.db.transaction(async () => {
+      const current = await this.deps.db.transaction(async () => {
         await this.store.setRevisionStatus(revisionId, 'READY', null)
-        await this.store.setCurrentRevision(agentId, revisionId, iso(this.deps.clock.now()))
+        return this.promote(agentId, revisionId)
       })
       if (building) await logs.close(revisionId, 'READY')
-      this.deps.logger.info({ agent: agentId, revision: revisionId, tenant: tenantId }, 'revision ready')
+      this.deps.logger.info(
+        { agent: agentId, revision: revisionId, tenant: tenantId, current },
+        'revision ready',
+      )
     } catch (error) {
       // The revision is marked FAILED below either way; a staging tree left behind is reported.
       await runtime
@@ -266,6 +269,13 @@ export class AgentService {
       }
       this.deps.logger.warn({ agent: agentId, revision: revisionId, err: message }, 'revision failed')
     }
+  }
+
+  /** A READY revision becomes current unless a newer deploy's already is (see promoteFinishedRevision). */
+  private async promote(agentId: string, revisionId: string): Promise<boolean> {
+    const revision = await this.store.revision(revisionId)
+    if (!revision) throw new CairnProblem('internal', `revision ${revisionId} vanished`)
+    return this.store.promoteFinishedRevision(agentId, revision, iso(this.deps.clock.now()))
   }
 
   async revisionOf(tenantId: string, idOrName: string, revisionId: string): Promise<StoredRevision> {

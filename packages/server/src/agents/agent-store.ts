@@ -61,12 +61,42 @@ export class AgentStore {
       .execute()
   }
 
-  async setCurrentRevision(agentId: string, revisionId: string, at: string): Promise<void> {
-    await this.db.q
+  /**
+   * Makes a finished build's revision current unless a newer revision of the agent (created later;
+   * on the same instant, the higher ID, the order `revisions` lists) already is: one conditional
+   * write, so concurrent builds on any replica and either database end with the newest deploy
+   * current whatever order they finish in. Returns whether it became current.
+   */
+  async promoteFinishedRevision(
+    agentId: string,
+    revision: { id: string; createdAt: string },
+    at: string,
+  ): Promise<boolean> {
+    const result = await this.db.q
       .updateTable('agents')
-      .set({ current_revision_id: revisionId, updated_at: at })
+      .set({ current_revision_id: revision.id, updated_at: at })
       .where('id', '=', agentId)
-      .execute()
+      .where((eb) =>
+        eb.not(
+          eb.exists(
+            eb
+              .selectFrom('revisions as cur')
+              .select('cur.id')
+              .whereRef('cur.id', '=', 'agents.current_revision_id')
+              .where((newer) =>
+                newer.or([
+                  newer('cur.created_at', '>', revision.createdAt),
+                  newer.and([
+                    newer('cur.created_at', '=', revision.createdAt),
+                    newer('cur.id', '>', revision.id),
+                  ]),
+                ]),
+              ),
+          ),
+        ),
+      )
+      .executeTakeFirst()
+    return Number(result.numUpdatedRows) > 0
   }
 
   async softDelete(agentId: string, at: string): Promise<void> {

@@ -6,7 +6,7 @@ import path from 'node:path'
 import { createInterface } from 'node:readline'
 import { instanceRunDir } from '@cairn/runtime'
 import { afterAll, describe, expect, it } from 'vitest'
-import { assertBuilt, spawnCli } from './helpers/cli.js'
+import { assertBuilt, CLI_BIN, spawnCli } from './helpers/cli.js'
 import { makeProject } from './helpers/projects.js'
 import { releasePoolImage, scratchDir } from './helpers/scratch.js'
 import { Api, EXAMPLES, packDir, REPO_ROOT, startTestServer } from './helpers/server.js'
@@ -169,4 +169,31 @@ describe('a stopped server leaves nothing behind', () => {
     await t.close()
     expect(existsSync(runDir), `${runDir} is left behind`).toBe(false)
   })
+
+  it('a SIGTERM while `cairn server` starts is a clean stop once it has started, not a death with its pool mounted', async () => {
+    // Sent as soon as the server makes its run dir, about to mount its pool: the signal used to
+    // meet Node's default there (nothing listened before the address was printed) and end the
+    // process with the pool mounted. It is now a clean stop once the start is done.
+    const dataDir = path.join(await scratchDir('cairn-early-term-'), 'data')
+    dataDirs.push(dataDir)
+    const runDir = instanceRunDir(dataDir)
+    runDirs.push(runDir)
+    const home = path.join(dataDir, '..', 'home')
+    const child = spawn(
+      process.execPath,
+      [CLI_BIN, 'server', '--data-dir', dataDir, '--port', '0', '--json'],
+      {
+        stdio: 'ignore',
+        env: { ...process.env, HOME: home, XDG_CONFIG_HOME: home },
+      },
+    )
+    children.push(child)
+    const exit = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
+      child.once('exit', (code, signal) => resolve({ code, signal })),
+    )
+    while (!existsSync(runDir) && child.exitCode === null) await new Promise((r) => setTimeout(r, 2))
+    child.kill('SIGTERM')
+    expect(await exit).toEqual({ code: 0, signal: null })
+    expect(existsSync(runDir), `${runDir} is left behind`).toBe(false)
+  }, 60_000)
 })

@@ -1,7 +1,7 @@
 import { jsonOption, positiveInt, positiveIntOrZero, type Register } from '../command.js'
 import { UsageError } from '../errors.js'
 import { explainHostRefusal } from '../host-refusal.js'
-import { closeOnSignal } from './until-signal.js'
+import { closeOnSignal, listenForStop } from './until-signal.js'
 
 interface NodeCommandOptions {
   database?: string
@@ -118,6 +118,8 @@ export const register: Register = (parent, ctx) => {
       throw new UsageError(`--isolation must be bwrap or gvisor, not '${options.isolation}'`)
     // Loaded here so that every other command starts without the server's dependencies.
     const { startNode } = await import('@cairn/server')
+    // Listened for before anything is mounted: a stop signal from here on is a clean stop.
+    const stopSignal = listenForStop()
     const node = await startNode({
       database: options.database,
       clusterDir: options.clusterDir,
@@ -154,6 +156,6 @@ export const register: Register = (parent, ctx) => {
       out.line(`Data:     ${node.dataDir}`)
       out.progress('Press Ctrl-C to stop (drain it first: cairn nodes drain <id>).')
     }
-    await closeOnSignal(out, node)
+    await closeOnSignal(out, node, stopSignal)
   })
 }

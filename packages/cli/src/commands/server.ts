@@ -1,7 +1,7 @@
 import { jsonOption, positiveInt, positiveIntOrZero, positiveNumber, type Register } from '../command.js'
 import { UsageError } from '../errors.js'
 import { explainHostRefusal } from '../host-refusal.js'
-import { closeOnSignal } from './until-signal.js'
+import { closeOnSignal, listenForStop } from './until-signal.js'
 
 interface ServerOptions {
   dataDir?: string
@@ -255,6 +255,8 @@ export const register: Register = (parent, ctx) => {
     }
     // Loaded here so that every other command starts without the server's dependencies.
     const { startServer } = await import('@cairn/server')
+    // Listened for before anything is mounted: a stop signal from here on is a clean stop.
+    const stopSignal = listenForStop()
     const server = await startServer({
       dataDir: options.dataDir,
       port: options.port,
@@ -320,7 +322,7 @@ export const register: Register = (parent, ctx) => {
         out.line(`Credentials:   ${server.credentialsWritten} (the CLI uses them)`)
       out.progress('Press Ctrl-C to stop.')
     }
-    await closeOnSignal(out, server)
+    await closeOnSignal(out, server, stopSignal)
   })
 }
 

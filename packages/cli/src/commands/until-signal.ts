@@ -9,17 +9,38 @@ export interface Stoppable {
 }
 
 /**
+ * The first SIGINT or SIGTERM from now on. Called before the process starts what a stop must undo
+ * (the pool mounted, the port listened on), so that a signal arriving meanwhile, or the moment its
+ * address is printed, is held for `closeOnSignal` instead of ending the process with everything
+ * still mounted: Node's default for a signal nobody listens to. A supervisor woken by the printed
+ * address can run before the printing process's next statement (seen as a model test's SIGTERM,
+ * sent right after a restart printed its URL, killing the server with its pool mounted).
+ */
+export function listenForStop(): Promise<NodeJS.Signals> {
+  return new Promise<NodeJS.Signals>((resolve) => {
+    const heard = (signal: NodeJS.Signals) => {
+      process.off('SIGINT', heard)
+      process.off('SIGTERM', heard)
+      resolve(signal)
+    }
+    process.on('SIGINT', heard)
+    process.on('SIGTERM', heard)
+  })
+}
+
+/**
  * Keeps a long-running process (`cairn server`, `cairn node`) up until SIGINT or SIGTERM, then
  * stops it in order. A second signal while stopping cancels running turns instead of waiting for
  * them (the stop still unmounts everything); a third exits at once, leaving what is mounted to the
  * next start. The process's own children are in process groups of their own, so a Ctrl-C or a
  * `kill -- -PGID` reaches this process alone (see `OWN_PROCESS_GROUP` in the runtime).
  */
-export async function closeOnSignal(out: Output, target: Stoppable): Promise<void> {
-  const signal = await new Promise<NodeJS.Signals>((resolve) => {
-    process.once('SIGINT', resolve)
-    process.once('SIGTERM', resolve)
-  })
+export async function closeOnSignal(
+  out: Output,
+  target: Stoppable,
+  stopSignal: Promise<NodeJS.Signals> = listenForStop(),
+): Promise<void> {
+  const signal = await stopSignal
   out.progress(`Received ${signal}, stopping (again: cancel running turns now)…`)
   let signals = 1
   const again = (next: NodeJS.Signals) => {

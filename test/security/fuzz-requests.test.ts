@@ -1,5 +1,5 @@
 import { type ChildProcess, execFileSync, spawn } from 'node:child_process'
-import { mkdir, mkdtemp, readFile, rm } from 'node:fs/promises'
+import { appendFile, cp, mkdir, mkdtemp, readFile, rm } from 'node:fs/promises'
 import http from 'node:http'
 import os from 'node:os'
 import path from 'node:path'
@@ -139,7 +139,12 @@ beforeAll(async () => {
   key = (await readFile(path.join(dataDir, 'admin.key'), 'utf8')).trim()
   api = new Api(started.url, key)
 
-  const archive = await packDir(`${EXAMPLES}/echo`)
+  // The echo example with a resume phase, so its routes answer too (see the live session below).
+  const echoDir = await mkdtemp(path.join(os.tmpdir(), 'cairn-fuzz-echo-'))
+  await cp(`${EXAMPLES}/echo`, echoDir, { recursive: true })
+  await appendFile(path.join(echoDir, 'cairn.yaml'), 'session:\n  resume: echo resumed\n')
+  const archive = await packDir(echoDir)
+  await rm(echoDir, { recursive: true, force: true })
   const deployed = await api.call('POST', '/v1/agents', archive)
   expect(deployed.status).toBe(201)
   ids.agent = deployed.body.agent.id
@@ -150,6 +155,12 @@ beforeAll(async () => {
   // With a setup phase, so its setup routes answer too.
   ids.liveSession = (await api.createSession('echo', { setup: { command: 'echo set up' } })).id
   expect((await api.send(ids.liveSession, 'warm up')).text).toBe('warm up\n')
+  // Ended and messaged again: a cold start on its workspace runs the resume phase.
+  expect((await api.call('POST', `/v1/sessions/${ids.liveSession}/end`)).status).toBe(200)
+  expect((await api.send(ids.liveSession, 'resumed')).text).toBe('resumed\n')
+  expect((await api.call('GET', `/v1/sessions/${ids.liveSession}/resume-phase`)).body).toMatchObject({
+    status: 'succeeded',
+  })
   ids.turn = (await api.call('GET', `/v1/sessions/${ids.liveSession}/turns`)).body.data[0].id
   ids.snapshot = (await api.call('POST', `/v1/sessions/${ids.liveSession}/snapshots`, {})).body.id
   // A command reading its stdin until the well-formed stdin write closes it (see `wellFormedJson`),

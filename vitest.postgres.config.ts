@@ -7,8 +7,11 @@ import base from './vitest.config'
  * pass proves once: the packages' unit tests, the runtime's own conformance, sandbox and kernel
  * walls, image builds, agent protocols, the MCP translation (its walls run in both passes), a
  * turn's stream held to its client's pace, the sandbox cap's wait, a merge's three-way walk of the
- * workspaces, the browser console, the deployment and object-store harnesses, and the pool cut off
- * from a PostgreSQL of its own (which must listen on a veth link). A file that starts a server still touches the database, but these only ask it what
+ * workspaces, the browser console, the deployment and object-store harnesses, the files that start a
+ * PostgreSQL of their own (the same run in both passes: a server on it, or the pool cut off from it
+ * on a veth link), persisted paths and a manifest's git provenance (bind mounts and a workspace
+ * read), the OpenAI Agents adapter (the commands and files API, run the same on either database),
+ * and a data dir's and a pool's one-server locks (files and mounts). A file that starts a server still touches the database, but these only ask it what
  * the other pass already asked; what they test (a syscall refused, a link in an archive, a
  * pixel) is decided below it.
  */
@@ -25,6 +28,7 @@ const RUNTIME_ONLY = [
   'test/faults/disk-full.test.ts',
   'test/faults/hang.test.ts',
   'test/faults/postgres-partition.test.ts',
+  'test/faults/postgres.test.ts',
   'test/http-agents.test.ts',
   'test/images*.test.ts',
   'test/isolation.test.ts',
@@ -33,7 +37,11 @@ const RUNTIME_ONLY = [
   'test/merge.test.ts',
   'test/parallel-sessions.test.ts',
   'test/openapi-lint.test.ts',
+  'test/openai-agents.test.ts',
+  'test/persist.test.ts',
+  'test/provenance.test.ts',
   'test/release.test.ts',
+  'test/server-lifecycle.test.ts',
   'test/security/btrfs-ioctl.test.ts',
   'test/security/build-envs.test.ts',
   'test/security/build-network.test.ts',
@@ -47,6 +55,7 @@ const RUNTIME_ONLY = [
   'test/security/images.test.ts',
   'test/security/inherited-fds.test.ts',
   'test/security/listener-admission.test.ts',
+  'test/security/manifest-git-links.test.ts',
   'test/security/previews-origin.test.ts',
   'test/security/proxy-secrets.test.ts',
   'test/security/session-uid.test.ts',

@@ -183,7 +183,7 @@ function boundedClient(
  * each one, delivered after the heal, was a new incarnation). A reset discards the unsent bytes;
  * what PostgreSQL already received may still run, as with any lost answer.
  */
-export function abandonConnection(client: pg.Client | pg.PoolClient): void {
+function abandonConnection(client: pg.PoolClient): void {
   const stream = (client as unknown as { connection?: { stream?: Socket } }).connection?.stream
   if (!stream || stream.destroyed) return
   try {

@@ -1,6 +1,6 @@
 import { Webhook } from 'standardwebhooks'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { makeProject } from './helpers/projects.js'
+import { makeProject, REVIEWER_PROJECT } from './helpers/projects.js'
 import { Api, startTestServer, type TestServer } from './helpers/server.js'
 import { startServerProcess } from './helpers/server-process.js'
 import { type Received, WebhookReceiver } from './helpers/webhook-receiver.js'
@@ -17,10 +17,13 @@ const ECHO = {
 
 beforeAll(async () => {
   receiver = await new WebhookReceiver().listen()
+  // The housekeeping pass (which expires approval requests) every 500 ms.
   t = await startTestServer({
+    reaperIntervalMs: 500,
     server: { webhookAllowCidrs: ['127.0.0.1/32'], webhookTiming: { pollMs: 100, retryBaseMs: 200 } },
   })
-  expect((await t.api.deploy(await makeProject(ECHO))).status).toBe(201)
+  for (const project of [ECHO, REVIEWER_PROJECT])
+    expect((await t.api.deploy(await makeProject(project))).status).toBe(201)
 })
 
 afterAll(async () => {
@@ -122,6 +125,70 @@ describe('webhooks', () => {
       (log as unknown as { attempts: { statusCode: number }[] }).attempts.map((a) => a.statusCode),
     ).toEqual([500, 200])
     receiver.answer = () => 200
+    await t.api.call('DELETE', `/v1/webhooks/${hook.id}`)
+  })
+
+  it('sends approval.requested, approval.answered and approval.expired, signed, with the request', async () => {
+    const hook = await register(t.api, '/review', [
+      'approval.requested',
+      'approval.answered',
+      'approval.expired',
+    ])
+    const verifier = new Webhook(hook.secret)
+    const signed = async (sessionId: string, type: string) => {
+      const r = await receiver.until((all) =>
+        all.find((r) => r.path === '/hooks/review' && ofSession(sessionId)(r) && parse(r).type === type),
+      )
+      return verifier.verify(r.body, r.headers) as Message
+    }
+    const { id: sessionId } = await t.api.createSession('reviewed')
+    const run = await t.api.send(sessionId, 'ask first')
+    const asked = run.events.find((e) => e.type === 'approval.requested')
+    const approvalId = asked?.type === 'approval.requested' ? asked.approvalId : ''
+    expect(approvalId).toMatch(/^apr_/)
+    const requested = await signed(sessionId, 'approval.requested')
+    const stored = (await t.api.call('GET', `/v1/sessions/${sessionId}/approvals/${approvalId}`)).body
+    expect(requested.data).toEqual({
+      approvalId,
+      sessionId,
+      agentId: expect.stringMatching(/^agt_/),
+      turnId: stored.turnId,
+      status: 'pending',
+      summary: 'delete build/',
+      action: { run: 'rm -rf build' },
+      snapshotId: stored.snapshotId,
+      requestedAt: stored.requestedAt,
+      expiresAt: null,
+    })
+    expect(stored.snapshotId).toMatch(/^snap_/)
+    const answered = await t.api.call('POST', `/v1/sessions/${sessionId}/approvals/${approvalId}/answer`, {
+      decision: 'deny',
+      note: 'not on a Friday',
+    })
+    expect(answered.status).toBe(200)
+    const answer = await signed(sessionId, 'approval.answered')
+    expect(answer.data).toMatchObject({ approvalId, sessionId, status: 'denied', note: 'not on a Friday' })
+    expect(answer.timestamp).toBe(answered.body.answeredAt)
+    // Nobody reads the second session: the housekeeping pass expires its request, and says so.
+    const { id: lapsed } = await t.api.createSession('reviewed', { policy: { approvalTimeoutMs: 1000 } })
+    await t.api.send(lapsed, 'ask second')
+    const expired = await signed(lapsed, 'approval.expired')
+    expect(expired.data).toMatchObject({ sessionId: lapsed, status: 'expired', note: null, answeredAt: null })
+    expect(expired.timestamp).toBe(expired.data.expiresAt)
+    // Each event once per request, however often the session is read after.
+    await t.api.call('GET', `/v1/sessions/${lapsed}/approvals`)
+    const types = receiver.received
+      .filter((r) => r.path === '/hooks/review')
+      .map((r) => `${parse(r).data.sessionId} ${parse(r).type}`)
+      .sort()
+    expect(types).toEqual(
+      [
+        `${sessionId} approval.requested`,
+        `${sessionId} approval.answered`,
+        `${lapsed} approval.requested`,
+        `${lapsed} approval.expired`,
+      ].sort(),
+    )
     await t.api.call('DELETE', `/v1/webhooks/${hook.id}`)
   })
 

@@ -20,10 +20,7 @@ export type SseEventName = (typeof SSE_EVENT_NAMES)[number]
 export const SESSION_STATUSES = ['active', 'idle', 'completed', 'failed', 'timeout', 'deleted'] as const
 export type SessionStatus = (typeof SESSION_STATUSES)[number]
 
-/**
- * What a webhook endpoint can subscribe to. `approval.requested` is reserved for human review
- * (issue 32 item 2): accepted in a subscription, sent once that exists.
- */
+/** What a webhook endpoint can subscribe to (docs/webhooks.md). */
 export const WEBHOOK_EVENT_TYPES = [
   /** Every session status change, with its cause (`data.from`, `data.to`, `data.cause`, `data.detail`). */
   'session.status_changed',
@@ -36,7 +33,12 @@ export const WEBHOOK_EVENT_TYPES = [
   'snapshot.taken',
   /** The session's setup phase ended (`data.status`: succeeded | failed). */
   'setup.finished',
+  /** An agent asked for approval (docs/approvals.md): `data.approvalId`, `summary`, `action`, `snapshotId`. */
   'approval.requested',
+  /** A write key approved or denied a request (`data.status`: approved | denied, `data.note`). */
+  'approval.answered',
+  /** A request nobody answered passed its `expiresAt`. */
+  'approval.expired',
 ] as const
 export type WebhookEventType = (typeof WEBHOOK_EVENT_TYPES)[number]
 

@@ -397,6 +397,7 @@ export async function startServer(
       )
     }
     const housekeeping = async () => {
+      await approvals.expireDue()
       await retentionService.apply()
       await agents.images.collect()
     }

@@ -67,6 +67,14 @@ export class ApprovalService implements SessionObserver {
     return { id: claimed.id, decision, note: claimed.note }
   }
 
+  /**
+   * Expires every request past its `expiresAt` (the housekeeping pass): an expiry is then seen, and
+   * its `approval.expired` webhook sent, within one pass even if nobody reads the session.
+   */
+  async expireDue(): Promise<number> {
+    return this.deps.store.expireAllDue(this.now())
+  }
+
   async list(tenantId: string, sessionId: string): Promise<Approval[]> {
     const session = await this.deps.sessions.get(tenantId, sessionId)
     await this.deps.store.expireDue(session.id, this.now())

@@ -57,6 +57,18 @@ export class ApprovalStore {
       .execute()
   }
 
+  /** Every tenant's pending requests past their expiry become `expired`; answers how many. */
+  async expireAllDue(at: string): Promise<number> {
+    const result = await this.db.q
+      .updateTable('approvals')
+      .set({ status: 'expired' })
+      .where('status', '=', 'pending')
+      .where('expires_at', 'is not', null)
+      .where('expires_at', '<=', at)
+      .executeTakeFirst()
+    return Number(result.numUpdatedRows)
+  }
+
   /** Answers a pending, unexpired request: false if it was not (answered, expired, elsewhere). */
   async answer(
     tenantId: string,

@@ -1,4 +1,4 @@
-import { webhookTriggers } from './webhook-triggers.js'
+import { approvalWebhookTriggers, webhookTriggers } from './webhook-triggers.js'
 
 /**
  * Schema migrations, applied in order, each once. Never edit a released one; add a new one.
@@ -646,6 +646,16 @@ CREATE TABLE session_resume_runs (
   ended_at TEXT
 );
 `,
+  },
+  {
+    // Approval webhooks (docs/webhooks.md): a request recorded, answered or expired writes its
+    // outbox row (webhook-triggers.ts); the housekeeping pass expires due requests by this index.
+    version: 35,
+    name: 'approval_webhooks',
+    sql: `
+CREATE INDEX approvals_pending_expiry ON approvals (expires_at) WHERE status = 'pending' AND expires_at IS NOT NULL;
+`,
+    dialectSql: approvalWebhookTriggers,
   },
 ]
 

@@ -24,8 +24,8 @@ interface Source {
   tenant: 'session' | 'row'
   /** The event's time. */
   at: string
-  /** The event's data: name and SQL expression over `NEW`. */
-  fields: [string, string][]
+  /** The event's data: name and SQL expression over `NEW` (`json`: the column holds JSON text, nested as such). */
+  fields: ([string, string] | [string, string, 'json'])[]
 }
 
 const SOURCES: Source[] = [
@@ -100,10 +100,67 @@ const SOURCES: Source[] = [
   },
 ]
 
+/** A JSON text column's value nested in the data as JSON (NULL stays null). */
+function nested(dialect: Dialect, expr: string): string {
+  return dialect === 'sqlite' ? `json(${expr})` : `CAST(${expr} AS json)`
+}
+
+/**
+ * Migration 35's triggers: an approval request recorded (`approval.requested`) and its first
+ * change from `pending` (`approval.answered` when approved or denied, `approval.expired`).
+ * Part of a released migration once landed: never edit; add a new migration instead.
+ */
+export function approvalWebhookTriggers(dialect: Dialect): string {
+  return APPROVAL_SOURCES.map((source) => trigger(dialect, source)).join('\n')
+}
+
+const APPROVAL_SOURCES: Source[] = [
+  {
+    name: 'webhook_approval_requested',
+    kind: 'approval',
+    on: 'INSERT ON approvals',
+    tenant: 'session',
+    at: 'NEW.requested_at',
+    fields: [
+      ['approvalId', 'NEW.id'],
+      ['sessionId', 'NEW.session_id'],
+      ['agentId', 's.agent_id'],
+      ['turnId', 'NEW.turn_id'],
+      ['status', 'NEW.status'],
+      ['summary', 'NEW.summary'],
+      ['action', 'NEW.action_json', 'json'],
+      ['snapshotId', 'NEW.snapshot_id'],
+      ['requestedAt', 'NEW.requested_at'],
+      ['expiresAt', 'NEW.expires_at'],
+    ],
+  },
+  {
+    name: 'webhook_approval_answered',
+    kind: 'approval_answer',
+    on: 'UPDATE OF status ON approvals',
+    when: "OLD.status = 'pending' AND NEW.status <> 'pending'",
+    tenant: 'session',
+    at: 'COALESCE(NEW.answered_at, NEW.expires_at, NEW.requested_at)',
+    fields: [
+      ['approvalId', 'NEW.id'],
+      ['sessionId', 'NEW.session_id'],
+      ['agentId', 's.agent_id'],
+      ['status', 'NEW.status'],
+      ['note', 'NEW.note'],
+      ['summary', 'NEW.summary'],
+      ['requestedAt', 'NEW.requested_at'],
+      ['answeredAt', 'NEW.answered_at'],
+      ['expiresAt', 'NEW.expires_at'],
+    ],
+  },
+]
+
 /** The outbox row for `NEW`, if its tenant has an enabled endpoint. */
 function outboxInsert(dialect: Dialect, source: Source): string {
   const json = dialect === 'sqlite' ? 'json_object' : 'json_build_object'
-  const pairs = source.fields.map(([name, expr]) => `'${name}', ${expr}`).join(', ')
+  const pairs = source.fields
+    .map(([name, expr, json]) => `'${name}', ${json ? nested(dialect, expr) : expr}`)
+    .join(', ')
   const data = dialect === 'sqlite' ? `${json}(${pairs})` : `CAST(${json}(${pairs}) AS text)`
   const tenant = source.tenant === 'session' ? 's.tenant_id' : 'NEW.tenant_id'
   const from = source.tenant === 'session' ? ' FROM sessions s WHERE s.id = NEW.session_id AND' : ' WHERE'

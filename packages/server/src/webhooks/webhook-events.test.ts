@@ -24,6 +24,14 @@ describe('webhook messages of an outbox row', () => {
     expect(messagesOf(row('something_newer', {}))).toEqual([])
   })
 
+  it("names an approval's request, its answer and its expiry", () => {
+    expect(messagesOf(row('approval', { status: 'pending' }))[0]?.type).toBe('approval.requested')
+    const types = ['approved', 'denied', 'expired'].map(
+      (status) => messagesOf(row('approval_answer', { status }))[0]?.type,
+    )
+    expect(types).toEqual(['approval.answered', 'approval.answered', 'approval.expired'])
+  })
+
   it('waits 4 times longer before each retry, at most 6 hours', () => {
     expect([1, 2, 3, 4, 7, 20].map((attempt) => retryDelayMs(attempt, 5000))).toEqual([
       5000,

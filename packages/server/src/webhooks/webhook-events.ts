@@ -12,7 +12,8 @@ export interface OutboxEvent {
  * The messages an outbox row stands for: a status change is `session.status_changed` (and
  * `session.node_lost` when that was its cause), a turn's end `turn.completed`, `turn.cancelled`
  * or `turn.failed` (failed or interrupted), a snapshot `snapshot.taken`, a setup's end
- * `setup.finished`. A row of a source this code does not know stands for none.
+ * `setup.finished`, an approval request `approval.requested`, its answer `approval.answered` or
+ * its expiry `approval.expired`. A row of a source this code does not know stands for none.
  */
 export function messagesOf(event: OutboxEvent): WebhookMessage[] {
   const data = JSON.parse(event.data) as Record<string, unknown>
@@ -37,6 +38,10 @@ function typesOf(source: string, data: Record<string, unknown>): WebhookEventTyp
       return ['snapshot.taken']
     case 'setup':
       return ['setup.finished']
+    case 'approval':
+      return ['approval.requested']
+    case 'approval_answer':
+      return [data.status === 'expired' ? 'approval.expired' : 'approval.answered']
     default:
       return []
   }

@@ -123,6 +123,10 @@ describe('commands in a session', () => {
     ).toBe(true)
     // stdin once closed, and once the command ended: a typed refusal.
     expect((await t.api.call('POST', route, { text: 'late' })).body.error.code).toBe('conflict')
+    // Closing it again changes nothing and is no error (a terminal's input can end after its command).
+    const again = await t.api.call('POST', route, { close: true })
+    expect(again.status, JSON.stringify(again.body)).toBe(200)
+    expect(again.body).toMatchObject({ stdinOpen: false, status: 'exited' })
   })
 
   it('signals the command and what it started; the end names the signal', async () => {
@@ -454,6 +458,39 @@ describe('a terminal over WebSocket', () => {
     expect(screen).toMatch(/\/dev\/pts\/\d+/)
     expect(screen).toContain('42')
     await new Promise((resolve) => ws.once('close', resolve))
+  })
+
+  it('takes its messages in the order sent: a line typed a key at a time, then close', async () => {
+    // What `cairn sessions shell` sends with piped input: keys, then `close` at once. Each message
+    // goes through the database before it reaches the command; taken concurrently, a later one
+    // (`close`) could overtake the keys (on PostgreSQL it did: the shell never saw its line).
+    for (let round = 0; round < 3; round++) {
+      const started = await start(session, { command: ['sh'], tty: { rows: 24, cols: 80 } })
+      const path = `/v1/sessions/${session}/commands/${started.body.id}/terminal`
+      const ws = new WebSocket(socketUrl(path), { headers: { authorization: `Bearer ${t.key}` } })
+      let screen = ''
+      const errors: unknown[] = []
+      const exit = new Promise<{ command: { exitCode: number } }>((resolve, reject) => {
+        ws.on('message', (data, binary) => {
+          if (binary) screen += data.toString()
+          else {
+            const message = JSON.parse(data.toString())
+            if (message.type === 'exit') resolve(message)
+            if (message.type === 'error') errors.push(message.error)
+          }
+        })
+        ws.once('error', reject)
+        ws.once('close', () => reject(new Error(`closed before the exit: ${JSON.stringify(errors)}`)))
+        setTimeout(() => reject(new Error(`no exit in 15 s: ${JSON.stringify({ screen, errors })}`)), 15_000)
+      })
+      await new Promise((resolve) => ws.once('open', resolve))
+      for (const key of 'echo "in $((20 + 3)) order"; exit 5\n') ws.send(Buffer.from(key), { binary: true })
+      ws.send(JSON.stringify({ type: 'close' }))
+      const ended = await exit
+      expect(ended.command).toMatchObject({ status: 'exited', exitCode: 5 })
+      expect(screen).toContain('in 23 order')
+      expect(errors).toEqual([])
+    }
   })
 
   it('refuses an upgrade without a key, of another tenant, or anywhere else, in HTTP', async () => {

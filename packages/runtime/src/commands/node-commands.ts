@@ -207,6 +207,7 @@ export class NodeCommands {
   writeInput(sessionId: string, commandId: string, data: Uint8Array, close: boolean): Promise<CommandState> {
     const command = this.get(sessionId, commandId)
     const { process, state } = command
+    if (close && data.length === 0 && (!process || !state.stdinOpen)) return Promise.resolve({ ...state })
     if (!process || !state.stdinOpen)
       throw new CairnProblem('conflict', `command ${commandId}'s stdin is closed`)
     return new Promise((resolve, reject) => {

@@ -216,6 +216,10 @@ export class CommandService {
     close: boolean,
   ): Promise<CommandInfo> {
     const row = await this.require(tenantId, sessionId, commandId)
+    // Closing what is closed already (or a command's that has ended) changes nothing: a terminal
+    // sends its `close` when its input ends, which can come after the command's own end.
+    const closeOnly = close && data.length === 0
+    if (closeOnly && (row.status !== 'running' || Number(row.stdin_open) !== 1)) return toCommandInfo(row)
     if (row.status !== 'running')
       throw new CairnProblem('conflict', `command ${commandId} has ended`, { status: row.status })
     const state = await this.deps.runtime.writeCommandInput(sessionId, commandId, data, close)

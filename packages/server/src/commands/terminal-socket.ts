@@ -90,10 +90,15 @@ export class TerminalSockets {
     ws.on('close', () => {
       open = false
     })
+    // One message at a time, in the order sent: keys typed and then `close` must reach the
+    // command as typed (each goes through the database first, whose answers can come in any order).
+    let inputs = Promise.resolve()
     ws.on('message', (data: RawData, binary: boolean) => {
-      void this.input(at, data, binary).catch((error: unknown) => {
-        if (open) ws.send(JSON.stringify({ type: 'error', error: problemOf(error) }))
-      })
+      inputs = inputs.then(() =>
+        this.input(at, data, binary).catch((error: unknown) => {
+          if (open) ws.send(JSON.stringify({ type: 'error', error: problemOf(error) }))
+        }),
+      )
     })
     let next = offset
     while (open) {

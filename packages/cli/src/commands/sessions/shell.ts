@@ -52,12 +52,27 @@ export const register: Register = (parent, ctx) => {
         ws.on('message', (data: Buffer, binary: boolean) => {
           if (binary) stdout.write(data)
           else {
-            const message = JSON.parse(data.toString()) as { type: string; command?: CommandInfo }
+            const message = JSON.parse(data.toString()) as {
+              type: string
+              command?: CommandInfo
+              error?: { message?: string }
+            }
+            if (message.type === 'error')
+              ctx.out.note(`cairn: ${message.error?.message ?? 'the terminal refused input'}`)
             if (message.type === 'exit' && message.command) {
               restore()
               resolve(message.command)
             }
           }
+        })
+        // A socket closed without the command's end (the server stopped, the link dropped): said, not waited on.
+        ws.once('close', (code: number, reason: Buffer) => {
+          restore()
+          reject(
+            new CliError(
+              `the terminal closed before the command ended (${code}${reason.length > 0 ? ` ${reason}` : ''})`,
+            ),
+          )
         })
         ws.once('unexpected-response', (_request, response) => {
           restore()

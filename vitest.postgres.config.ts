@@ -10,7 +10,8 @@ import base from './vitest.config'
  * workspaces, the browser console, the deployment and object-store harnesses, the files that start a
  * PostgreSQL of their own (the same run in both passes: a server on it, or the pool cut off from it
  * on a veth link), persisted paths and a manifest's git provenance (bind mounts and a workspace
- * read), the OpenAI Agents adapter (the commands and files API, run the same on either database),
+ * read), the guide walk (the claims the approvals, provenance and retention-layers files test,
+ * read as a user would), the OpenAI Agents adapter (the commands and files API, run the same on either database),
  * and a data dir's and a pool's one-server locks (files and mounts). A file that starts a server still touches the database, but these only ask it what
  * the other pass already asked; what they test (a syscall refused, a link in an archive, a
  * pixel) is decided below it.
@@ -29,6 +30,7 @@ const RUNTIME_ONLY = [
   'test/faults/hang.test.ts',
   'test/faults/postgres-partition.test.ts',
   'test/faults/postgres.test.ts',
+  'test/guide-walk.test.ts',
   'test/http-agents.test.ts',
   'test/images*.test.ts',
   'test/isolation.test.ts',

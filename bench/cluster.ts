@@ -84,7 +84,7 @@ async function turnsPerSecond(client: Client): Promise<{ perSecond: number; late
 }
 
 /** One-byte TCP ping-pong round trips to `host:port` (an echo server), after 20 unmeasured. */
-async function tcpRoundTrips(host: string, port: number, runs: number): Promise<number[]> {
+export async function tcpRoundTrips(host: string, port: number, runs: number): Promise<number[]> {
   const socket = net.connect(port, host)
   socket.setNoDelay(true)
   await new Promise((resolve, reject) => socket.once('connect', resolve).once('error', reject))
@@ -105,7 +105,7 @@ const ECHO_SERVER = (host: string) =>
   `require('net').createServer((s)=>{s.setNoDelay(true);s.pipe(s)}).listen(7999,'${host}',()=>console.log('up'))`
 
 /** A TCP echo server on `host:7999`, in `node`'s namespace when given; stop it with the returned function. */
-async function echoServer(host: string, node?: ClusterNode): Promise<() => void> {
+export async function echoServer(host: string, node?: ClusterNode): Promise<() => void> {
   const argv = [process.execPath, '-e', ECHO_SERVER(host)]
   const [command, ...args] = (node ? node.network.wrap(argv) : argv) as [string, ...string[]]
   const child = spawn(command, args, { stdio: ['ignore', 'pipe', 'inherit'] })

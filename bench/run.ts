@@ -40,6 +40,7 @@ async function load(): Promise<Bench[]> {
     { turnStatements },
     { commands },
     { warmTurnProcess },
+    { hop },
   ] = await Promise.all([
     import('./baselines.js'),
     import('./session-create.js'),
@@ -67,6 +68,7 @@ async function load(): Promise<Bench[]> {
     import('./turn-statements.js'),
     import('./commands.js'),
     import('./warm-turn-process.js'),
+    import('./hop.js'),
   ])
   return [
     baselines,
@@ -95,6 +97,7 @@ async function load(): Promise<Bench[]> {
     turnStatements,
     commands,
     warmTurnProcess,
+    hop,
   ]
 }
 

@@ -1,0 +1,183 @@
+import path from 'node:path'
+import { CairnProblem } from '@cairn/protocol'
+import type { AgentProcess } from '../agent/agent-process.js'
+import type { AgentLaunch } from '../agent/types.js'
+import { checkpointOverQuota } from '../checkpoint/checkpoint-quota.js'
+import {
+  MemoryCheckpoints,
+  type ResumedStart,
+  startFromCheckpoint,
+} from '../checkpoint/memory-checkpoints.js'
+import type { Runtime } from '../runtime.js'
+import type { PauseEvent } from './runtime-port.js'
+import type { WarmPool } from './warm-pool.js'
+
+/**
+ * The memory of sandboxes (docs/architecture: `pause: memory`): a cooled sandbox checkpointed
+ * instead of stopped and restored on its next start, a snapshot's memory (`memory: true`) kept
+ * beside it and copied to its forks, each charged to the storage quotas.
+ */
+export class MemoryPause {
+  /** `pause: memory` sessions' checkpoints, under the data dir (they outlive a restart). */
+  private readonly checkpoints: MemoryCheckpoints
+  /** The memory of snapshots taken with `memory: true`, by snapshot ID (forks restore copies). */
+  private readonly snapshotMemory: MemoryCheckpoints
+
+  constructor(
+    private readonly runtime: Runtime,
+    private readonly pool: WarmPool,
+    private readonly pauseEvent: (sessionId: string, event: PauseEvent) => void,
+  ) {
+    this.checkpoints = new MemoryCheckpoints(path.join(runtime.options.dataDir, 'checkpoints'))
+    this.snapshotMemory = new MemoryCheckpoints(path.join(runtime.options.dataDir, 'snapshot-checkpoints'))
+  }
+
+  /** Forgets the session's memory checkpoint (its sandbox starts cold next). */
+  discard(sessionId: string): Promise<void> {
+    return this.checkpoints.discard(sessionId)
+  }
+
+  /** Forgets a snapshot's memory. */
+  discardSnapshot(snapshotId: string): Promise<void> {
+    return this.snapshotMemory.discard(snapshotId)
+  }
+
+  /**
+   * Starts a `pause: memory` session's sandbox from its checkpoint when one is there at the
+   * workspace's `generation` (cold otherwise), saying which happened.
+   */
+  async start(
+    sessionId: string,
+    launch: AgentLaunch,
+    generation: number,
+    driver: string,
+  ): Promise<ResumedStart> {
+    const started = await startFromCheckpoint(
+      this.checkpoints,
+      (l) => this.runtime.startAgent(l),
+      { ...launch, checkpointable: true },
+      { generation, driver },
+    )
+    if (started.resumed)
+      this.pauseEvent(sessionId, {
+        cause: 'memory_restored',
+        detail: started.fromSnapshotId
+          ? `restored from the memory of snapshot ${started.fromSnapshotId} into ${started.agent.sandboxId}`
+          : started.agent.sandboxId,
+      })
+    else if (started.coldReason)
+      this.pauseEvent(sessionId, { cause: 'memory_discarded', detail: started.coldReason })
+    return started
+  }
+
+  /**
+   * Checkpoints a cooled `pause: memory` agent (which stops it) at the workspace's generation now
+   * (its marker); one that fails, or that would not fit in the session's storage quota, leaves the
+   * session as a stop would, with the reason.
+   */
+  async pause(
+    sessionId: string,
+    tenantId: string,
+    agent: AgentProcess,
+    pause: { generation: number },
+  ): Promise<void> {
+    try {
+      const [generation] = await this.runtime.pool.readGenerations([sessionId])
+      const manifest = await this.checkpoints.save(sessionId, agent, generation ?? pause.generation, tenantId)
+      const overQuota = await checkpointOverQuota(
+        this.runtime.pool,
+        [this.checkpoints, this.snapshotMemory],
+        tenantId,
+        manifest.bytes,
+        {
+          sessionId,
+          except: sessionId,
+        },
+      )
+      if (overQuota) {
+        await this.checkpoints.discard(sessionId)
+        this.pauseEvent(sessionId, {
+          cause: 'memory_discarded',
+          detail: `memory checkpoint not kept, stopped: quota_exceeded: ${overQuota}`,
+        })
+        return
+      }
+      this.pauseEvent(sessionId, {
+        cause: 'memory_paused',
+        detail: `checkpoint of ${manifest.bytes} bytes in ${manifest.checkpointMs} ms at generation ${manifest.generation}`,
+      })
+    } catch (error) {
+      const message = error instanceof Error ? error.message : String(error)
+      this.pauseEvent(sessionId, {
+        cause: 'memory_discarded',
+        detail: `memory checkpoint failed, stopped: ${message}`,
+      })
+      await this.runtime.stopAgent(agent)
+    }
+  }
+
+  /** See `RuntimePort.checkpointForSnapshot` (the caller counts the session as in use). */
+  async checkpointWarm(
+    sessionId: string,
+    snapshotId: string,
+  ): Promise<{ bytes: number; checkpointMs: number }> {
+    const warm = this.pool.agent(sessionId)
+    if (!warm?.alive)
+      throw new CairnProblem(
+        'sandbox_not_running',
+        `session ${sessionId} has no running sandbox: a snapshot with memory keeps a running sandbox's state (send it a message first)`,
+      )
+    if (!warm.checkpointable)
+      throw new CairnProblem(
+        'bad_request',
+        `session ${sessionId}'s sandbox was not started to be checkpointed: only a pause: memory session's sandbox can be`,
+      )
+    const detached = this.pool.detach(sessionId)
+    if (!detached)
+      throw new CairnProblem('sandbox_not_running', `session ${sessionId} has no running sandbox`)
+    const [generation] = await this.runtime.pool.readGenerations([sessionId])
+    try {
+      const manifest = await this.checkpoints.save(
+        sessionId,
+        detached.agent,
+        generation ?? 0,
+        detached.tenantId,
+      )
+      await this.checkpoints.copyTo(sessionId, this.snapshotMemory, snapshotId, { sessionId: snapshotId })
+      const overQuota = await checkpointOverQuota(
+        this.runtime.pool,
+        [this.checkpoints, this.snapshotMemory],
+        detached.tenantId,
+        manifest.bytes,
+        {
+          except: snapshotId,
+        },
+      )
+      if (overQuota) {
+        await this.snapshotMemory.discard(snapshotId)
+        throw new CairnProblem('quota_exceeded', `the snapshot's memory was not kept: ${overQuota}`)
+      }
+      return { bytes: manifest.bytes, checkpointMs: manifest.checkpointMs }
+    } catch (error) {
+      await this.runtime.stopAgent(detached.agent)
+      throw error
+    }
+  }
+
+  async fork(snapshotId: string, childId: string, generation: number): Promise<boolean> {
+    const copied = await this.snapshotMemory.copyTo(snapshotId, this.checkpoints, childId, {
+      sessionId: childId,
+      generation,
+      fromSnapshotId: snapshotId,
+    })
+    return copied !== undefined
+  }
+
+  bytes(sessionIds: readonly string[]): Promise<number[]> {
+    return Promise.all(sessionIds.map((id) => this.checkpoints.bytes(id)))
+  }
+
+  expire(cutoff: Date): Promise<{ sessionId: string; bytes: number }[]> {
+    return this.checkpoints.expire(cutoff)
+  }
+}

@@ -76,6 +76,27 @@ describe("a turn's stream events in the tenant storage budget", () => {
   })
 })
 
+describe("the budget's check", () => {
+  it("reads the tenant's counters, not every row it stores (work that would grow with the install)", async () => {
+    // The tenant holds turn events, command rows (the tests above); a command's start reserves its log.
+    const session = (await t.api.createSession('shell')).id
+    const sent: string[] = []
+    const stop = t.server.statements.listen((statement) => sent.push(statement.replace(/"/g, '')))
+    let started: Awaited<ReturnType<Api['call']>>
+    try {
+      started = await t.api.call('POST', `/v1/sessions/${session}/commands`, { command: ['true'] })
+    } finally {
+      stop()
+    }
+    expect([201, 507]).toContain(started.status)
+    const scans = sent.filter((statement) =>
+      /\b(from|join)\s+(turn_events|artifacts|commands)\b/i.test(statement),
+    )
+    expect(scans, sent.join('\n')).toEqual([])
+    expect(sent.filter((statement) => /\bfrom\s+tenant_storage\b/i.test(statement))).toHaveLength(1)
+  })
+})
+
 /** The bytes of the session's stored stream events, read from the database with SQL of its own. */
 async function keptEventBytes(sessionId: string): Promise<number> {
   const db = await openDatabase((await testDatabaseFor(t.dataDir)) ?? path.join(t.dataDir, 'cairn.db'))

@@ -8,7 +8,9 @@ import type { Schema } from './schema.js'
 
 /**
  * Every table, parents before children; rows are read back in the order they were written
- * (SQLite's rowid), so tables ordered by insertion keep their order on PostgreSQL.
+ * (SQLite's rowid), so tables ordered by insertion keep their order on PostgreSQL. The tenants'
+ * storage counters (`tenant_storage`, `session_command_logs`) are not copied: the target's
+ * triggers count the rows as they are copied.
  */
 const TABLES: readonly (keyof Schema)[] = [
   'tenants',

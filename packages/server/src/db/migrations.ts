@@ -1,3 +1,4 @@
+import { storageTriggers } from './storage-triggers.js'
 import { approvalWebhookTriggers, webhookTriggers } from './webhook-triggers.js'
 
 /**
@@ -656,6 +657,28 @@ CREATE TABLE session_resume_runs (
 CREATE INDEX approvals_pending_expiry ON approvals (expires_at) WHERE status = 'pending' AND expires_at IS NOT NULL;
 `,
     dialectSql: approvalWebhookTriggers,
+  },
+  {
+    // One budget per tenant (docs/architecture/storage.md): the bytes each tenant holds beside
+    // the pool, kept by triggers (storage-triggers.ts) with every write and delete, and backfilled
+    // here, so a reservation's check reads one row instead of summing the tenant's rows.
+    version: 36,
+    name: 'tenant_storage',
+    sql: `
+CREATE TABLE tenant_storage (
+  tenant_id TEXT PRIMARY KEY,
+  artifact_bytes INTEGER NOT NULL DEFAULT 0,
+  command_log_bytes INTEGER NOT NULL DEFAULT 0,
+  turn_event_bytes INTEGER NOT NULL DEFAULT 0,
+  turn_text_bytes INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE session_command_logs (
+  session_id TEXT PRIMARY KEY,
+  tenant_id TEXT NOT NULL,
+  bytes INTEGER NOT NULL
+);
+`,
+    dialectSql: storageTriggers,
   },
 ]
 

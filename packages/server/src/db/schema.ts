@@ -194,6 +194,14 @@ export interface Schema {
   build_logs: { revision_id: string; log: string }
   artifact_blobs: { artifact_id: string; content: Buffer }
   storage_reservations: { id: string; tenant_id: string; bytes: number; purpose: string; expires_at: string }
+  tenant_storage: {
+    tenant_id: string
+    artifact_bytes: number
+    command_log_bytes: number
+    turn_event_bytes: number
+    turn_text_bytes: number
+  }
+  session_command_logs: { session_id: string; tenant_id: string; bytes: number }
   ag_ui_threads: {
     tenant_id: string
     agent_id: string

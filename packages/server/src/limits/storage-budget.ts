@@ -22,15 +22,17 @@ export interface TenantHeld {
   artifactBytes: number
   /** The output logs of its commands (see `commandLogUsage`). */
   commandLogBytes: number
-  /** The stored stream events of its turns (see `turnEventUsage`). */
+  /** The stored stream events of its turns (kept until retention's turn-events layer deletes them). */
   turnEventBytes: number
+  /** Its turns' prompts, responses and stderr: the transcripts (kept until the session's transcript is deleted). */
+  turnTextBytes: number
   /** Space held for work under way (copies not yet settled). */
   reservedBytes: number
 }
 
 /**
  * One storage budget per tenant: the tenant quota the pool enforces on the tenant's trees also
- * covers what Cairn keeps for it beside the pool (artifacts, command logs, turn events). Space is reserved before a copy
+ * covers what Cairn keeps for it beside the pool (artifacts, command logs, turn events, transcripts). Space is reserved before a copy
  * starts, in the database under a per-tenant lock, so concurrent requests (in this process or on
  * any replica) see each other's reservations and cannot each pass the same check; the copy then
  * settles its reservation into the row it writes, or releases it.
@@ -66,7 +68,11 @@ export class StorageBudget {
     await this.deps.db.transaction(async () => {
       await this.lockTenant(tenantId)
       const now = iso(this.deps.clock.now())
-      await this.deps.db.q.deleteFrom('storage_reservations').where('expires_at', '<=', now).execute()
+      await this.deps.db.q
+        .deleteFrom('storage_reservations')
+        .where('tenant_id', '=', tenantId)
+        .where('expires_at', '<=', now)
+        .execute()
       if (quota !== undefined) {
         const beside = await this.heldBeside(tenantId)
         const heldBytes = heldTotal({ poolBytes, ...beside })
@@ -109,14 +115,22 @@ export class StorageBudget {
     return (await this.deps.runtime.tenantUsage([tenantId]))[tenantId]?.exclusiveBytes ?? 0
   }
 
+  /**
+   * What the tenant holds beside the pool: one row the database keeps with every write and delete
+   * (`tenant_storage`, storage-triggers.ts), and its reservations under way (a few rows).
+   */
   private async heldBeside(tenantId: string): Promise<Omit<TenantHeld, 'poolBytes'>> {
-    const usage = await artifactUsage(this.deps.db, tenantId, this.deps.clock.now())
-    const logs = await commandLogUsage(this.deps.db, tenantId)
+    const kept = await this.deps.db.q
+      .selectFrom('tenant_storage')
+      .select(['artifact_bytes', 'command_log_bytes', 'turn_event_bytes', 'turn_text_bytes'])
+      .where('tenant_id', '=', tenantId)
+      .executeTakeFirst()
     return {
-      artifactBytes: usage.bytes,
-      commandLogBytes: logs.bytes,
-      turnEventBytes: await turnEventUsage(this.deps.db, tenantId),
-      reservedBytes: usage.reservedBytes,
+      artifactBytes: Number(kept?.artifact_bytes ?? 0),
+      commandLogBytes: Number(kept?.command_log_bytes ?? 0),
+      turnEventBytes: Number(kept?.turn_event_bytes ?? 0),
+      turnTextBytes: Number(kept?.turn_text_bytes ?? 0),
+      reservedBytes: await reservedBytes(this.deps.db, tenantId, this.deps.clock.now()),
     }
   }
 
@@ -133,26 +147,20 @@ export class StorageBudget {
 function overQuota(purpose: string, bytes: number, quotaBytes: number, held: TenantHeld): CairnProblem {
   return new CairnProblem(
     'quota_exceeded',
-    `${purpose} (${bytes} bytes) does not fit in the tenant's storage quota of ${quotaBytes} bytes: ${heldTotal(held)} bytes are held (pool ${held.poolBytes}, artifacts ${held.artifactBytes}, command logs ${held.commandLogBytes}, turn events ${held.turnEventBytes}, copies under way ${held.reservedBytes})`,
+    `${purpose} (${bytes} bytes) does not fit in the tenant's storage quota of ${quotaBytes} bytes: ${heldTotal(held)} bytes are held (pool ${held.poolBytes}, artifacts ${held.artifactBytes}, command logs ${held.commandLogBytes}, turn events ${held.turnEventBytes}, transcripts ${held.turnTextBytes}, copies under way ${held.reservedBytes})`,
     { quotaBytes, askedBytes: bytes, ...held },
   )
 }
 
 function heldTotal(held: TenantHeld): number {
-  return held.poolBytes + held.artifactBytes + held.commandLogBytes + held.turnEventBytes + held.reservedBytes
-}
-
-/**
- * The bytes (UTF-8, as JSON) of the stored stream events of the tenant's turns: kept until the
- * retention's turn-events layer deletes them, or their session is deleted.
- */
-export async function turnEventUsage(db: Db, tenantId: string): Promise<number> {
-  const size = db.dialect === 'postgres' ? sql`octet_length(e.event)` : sql`length(CAST(e.event AS BLOB))`
-  const result = await sql<{ bytes: number | string | null }>`
-    SELECT SUM(${size}) AS bytes
-    FROM turn_events e JOIN turns t ON t.id = e.turn_id JOIN sessions s ON s.id = t.session_id
-    WHERE s.tenant_id = ${tenantId}`.execute(db.q)
-  return Number(result.rows[0]?.bytes ?? 0)
+  return (
+    held.poolBytes +
+    held.artifactBytes +
+    held.commandLogBytes +
+    held.turnEventBytes +
+    held.turnTextBytes +
+    held.reservedBytes
+  )
 }
 
 /** The tenant's artifacts, and the space its reservations hold at `nowMs` (lapsed ones left out). */
@@ -169,17 +177,22 @@ export async function artifactUsage(
     ])
     .where('tenant_id', '=', tenantId)
     .executeTakeFirst()
+  return {
+    count: Number(kept?.count ?? 0),
+    bytes: Number(kept?.bytes ?? 0),
+    reservedBytes: await reservedBytes(db, tenantId, nowMs),
+  }
+}
+
+/** The space the tenant's reservations hold at `nowMs` (lapsed ones left out). */
+async function reservedBytes(db: Db, tenantId: string, nowMs: number): Promise<number> {
   const reserved = await db.q
     .selectFrom('storage_reservations')
     .select((eb) => eb.fn.sum<number | string | null>('bytes').as('bytes'))
     .where('tenant_id', '=', tenantId)
     .where('expires_at', '>', iso(nowMs))
     .executeTakeFirst()
-  return {
-    count: Number(kept?.count ?? 0),
-    bytes: Number(kept?.bytes ?? 0),
-    reservedBytes: Number(reserved?.bytes ?? 0),
-  }
+  return Number(reserved?.bytes ?? 0)
 }
 
 /**

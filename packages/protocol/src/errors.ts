@@ -8,6 +8,11 @@ export const ERROR_CODES = {
   invalid_json: { status: 400, retryable: false },
   invalid_archive: { status: 400, retryable: false },
   invalid_manifest: { status: 400, retryable: false },
+  /**
+   * The agent's sandbox driver cannot do what was asked on this node (a fork with memory under
+   * bwrap); details: driver, capability, reason (`GET /v1/runtime`'s capabilityReasons).
+   */
+  capability_unavailable: { status: 400, retryable: false },
   /** A limit asked for (cairn.yaml, a session) above the operator's maximum; details: limit, value, ceiling. */
   limit_above_ceiling: { status: 400, retryable: false },
   unauthorized: { status: 401, retryable: false },

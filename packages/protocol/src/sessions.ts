@@ -451,6 +451,44 @@ export const ForkBody = Type.Object(
 )
 export type ForkBody = Static<typeof ForkBody>
 
+/** The most forks one `POST /v1/sessions/{id}/forks` makes. */
+export const MAX_FORKS_PER_REQUEST = 16
+
+/**
+ * Forks of the session as it is now (`POST /v1/sessions/{id}/forks`): one snapshot is taken and
+ * `count` sessions start from it. With `memory: true` the snapshot also keeps the memory of the
+ * session's running (or paused) sandbox, taken at the same instant as its files, and each fork's
+ * first message restores it: its processes go on from that instant.
+ */
+export const ForksBody = Type.Object(
+  {
+    memory: Type.Optional(
+      Type.Boolean({
+        description:
+          "keep the running sandbox's memory too (drivers with memorySnapshot, a pause: memory session); default false",
+      }),
+    ),
+    count: Type.Optional(
+      Type.Integer({ minimum: 1, maximum: MAX_FORKS_PER_REQUEST, description: 'how many forks (default 1)' }),
+    ),
+    title: Type.Optional(Type.String({ maxLength: 200 })),
+    /** The label of the snapshot the forks start from. */
+    label: Type.Optional(Type.String({ maxLength: 200 })),
+    policy: Type.Optional(SessionPolicyInput),
+  },
+  { additionalProperties: false },
+)
+export type ForksBody = Static<typeof ForksBody>
+
+export const ForksResultSchema = Type.Object({
+  /** The parent's snapshot every fork starts from (its fork point for merges). */
+  snapshot: SnapshotSchema,
+  /** Whether the forks start from the parent's running state (their first message restores it). */
+  memory: Type.Boolean(),
+  sessions: Type.Array(SessionSchema),
+})
+export type ForksResult = Static<typeof ForksResultSchema>
+
 /**
  * Names are bytes. A name, path or link target that is valid UTF-8 is carried as is; one that is
  * not is carried exactly as base64 of its bytes in the `…Base64` field beside it (the plain field

@@ -96,6 +96,7 @@ const CLASS_BY_CODE: Record<ErrorCode, ErrorClass> = {
   invalid_json: ValidationError,
   invalid_archive: ValidationError,
   invalid_manifest: ValidationError,
+  capability_unavailable: ValidationError,
   limit_above_ceiling: ValidationError,
   unsupported_media_type: ValidationError,
   method_not_allowed: ValidationError,

@@ -5,6 +5,7 @@ export type {
   CommandSignal,
   DeployResult,
   FileEntry,
+  ForksResult,
   MergeChange,
   MergeConflict,
   MergeResult,

@@ -10,6 +10,7 @@ import {
   type SessionStatus,
   type SetupInfo,
   SetupInfoSchema,
+  type SnapshotInfo,
   type StatusEvent,
   type StreamEvent,
   type TurnInfo,
@@ -509,6 +510,17 @@ export class Session {
 
   run(message: string, options: StreamOptions = {}): Promise<RunResult> {
     return this.sessions.run(this.id, message, options)
+  }
+
+  /**
+   * Forks of this session as it is now (see `Snapshots.forks`): `fork({ memory: true, count: 3 })`
+   * gives three sessions whose processes go on from this instant, each with its own workspace.
+   */
+  async fork(
+    options: Parameters<Snapshots['forks']>[0] = {},
+  ): Promise<{ snapshot: SnapshotInfo; memory: boolean; sessions: Session[] }> {
+    const result = await this.snapshots.forks(options)
+    return { ...result, sessions: result.sessions.map((info) => new Session(this.sessions, info)) }
   }
 
   stream(message: string, options: StreamOptions = {}): AgentStream {

@@ -2,6 +2,8 @@ import {
   DiffSchema,
   type FileEntry,
   FileEntrySchema,
+  type ForksResult,
+  ForksResultSchema,
   type MergeResult,
   MergeResultSchema,
   type MergeStrategy,
@@ -179,6 +181,35 @@ export class Snapshots {
       ...request,
     })
     return asSession(body)
+  }
+
+  /**
+   * `count` forks (default 1) of the session as it is now, all from one snapshot taken for them.
+   * With `memory: true` (a `pause: memory` session, warm or paused, under a driver that checkpoints
+   * memory) each fork's first message restores the session's running state as of that instant:
+   * its processes and their memory, beside the files of the same instant. The session goes on
+   * from there at its next message. A `ValidationError` with code `capability_unavailable` (its
+   * `details.reason` says why) where the agent's driver cannot.
+   */
+  async forks(
+    options: RequestOptions & {
+      memory?: boolean | undefined
+      count?: number | undefined
+      title?: string | undefined
+      /** The label of the snapshot the forks start from. */
+      label?: string | undefined
+      /** Overrides of the parent's lifecycle policy (the forks inherit the rest). */
+      policy?: SessionPolicyInput | undefined
+    } = {},
+  ): Promise<ForksResult> {
+    const { memory, count, title, label, policy, ...request } = options
+    const body = await this.http.json({
+      method: 'POST',
+      path: path(this.sessionId, '/forks'),
+      json: { memory, count, title, label, policy },
+      ...request,
+    })
+    return checked(ForksResultSchema, body, 'forks result')
   }
 
   /**

@@ -58,6 +58,8 @@ export function hintFor(code: string | undefined, context: HintContext = {}): st
       return 'See the revisions with `cairn agents get <agent>`.'
     case 'invalid_manifest':
       return 'Fix cairn.yaml (`cairn init` writes a commented example).'
+    case 'capability_unavailable':
+      return "The server's GET /v1/runtime says which sandbox drivers can and why not; memory needs `isolation: gvisor` in cairn.yaml."
     case 'invalid_archive':
       return 'The upload was not a readable tar.gz; try `cairn deploy` again.'
     case 'secrets_missing':

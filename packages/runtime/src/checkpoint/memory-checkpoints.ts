@@ -137,6 +137,15 @@ export class MemoryCheckpoints {
     }
   }
 
+  /**
+   * The session's checkpoint if one is kept at workspace `generation` (what its next start would
+   * restore); nothing is deleted, unlike `find`.
+   */
+  async current(sessionId: string, generation: number): Promise<CheckpointManifest | undefined> {
+    const manifest = await this.manifest(sessionId)
+    return typeof manifest === 'object' && manifest.generation === generation ? manifest : undefined
+  }
+
   /** Bytes the session's checkpoint holds (0 without one), for usage and quotas. */
   async bytes(sessionId: string): Promise<number> {
     const manifest = await this.manifest(sessionId)

@@ -31,6 +31,7 @@ import type {
   AgentInfo,
   AgentSpec,
   BucketRestore,
+  ForkCheckpoint,
   NodeShippingLag,
   RuntimeEvents,
   RuntimePort,
@@ -265,6 +266,16 @@ export class LocalRuntimePort extends LocalPoolPort implements RuntimePort {
     snapshotId: string,
   ): Promise<{ bytes: number; checkpointMs: number }> {
     return this.use.using(sessionId, () => this.memoryPause.checkpointWarm(sessionId, snapshotId))
+  }
+
+  checkpointForFork(sessionId: string): Promise<ForkCheckpoint> {
+    return this.use.using(sessionId, () => this.memoryPause.checkpointForFork(sessionId))
+  }
+
+  keepSnapshotMemory(sessionId: string, snapshotId: string, tenantId: string): Promise<void> {
+    return this.use.using(sessionId, () =>
+      this.memoryPause.keepSnapshotMemory(sessionId, snapshotId, tenantId),
+    )
   }
 
   forkMemory(snapshotId: string, childId: string, generation: number): Promise<boolean> {

@@ -9,7 +9,7 @@ import {
   startFromCheckpoint,
 } from '../checkpoint/memory-checkpoints.js'
 import type { Runtime } from '../runtime.js'
-import type { PauseEvent } from './runtime-port.js'
+import type { ForkCheckpoint, PauseEvent } from './runtime-port.js'
 import type { WarmPool } from './warm-pool.js'
 
 /**
@@ -121,6 +121,42 @@ export class MemoryPause {
     sessionId: string,
     snapshotId: string,
   ): Promise<{ bytes: number; checkpointMs: number }> {
+    const taken = await this.checkpointRunning(sessionId)
+    await this.copySnapshotMemory(sessionId, snapshotId, taken.tenantId, taken.bytes)
+    return { bytes: taken.bytes, checkpointMs: taken.checkpointMs }
+  }
+
+  /** See `RuntimePort.checkpointForFork` (the caller counts the session as in use). */
+  async checkpointForFork(sessionId: string): Promise<ForkCheckpoint> {
+    // A keep-warm window that ended just now may be checkpointing the sandbox: its image is the one.
+    await this.pool.settled(sessionId)
+    if (this.pool.agent(sessionId)?.alive) {
+      const { bytes, checkpointMs } = await this.checkpointRunning(sessionId)
+      return { bytes, checkpointMs, wasPaused: false }
+    }
+    const [generation] = await this.runtime.pool.readGenerations([sessionId])
+    const kept = await this.checkpoints.current(sessionId, generation ?? 0)
+    if (!kept)
+      throw new CairnProblem(
+        'sandbox_not_running',
+        `session ${sessionId} has no running sandbox and no memory checkpoint of its workspace as it is: a fork with memory starts from a running or paused sandbox (send it a message first)`,
+      )
+    return { bytes: kept.bytes, checkpointMs: kept.checkpointMs, wasPaused: true }
+  }
+
+  /** See `RuntimePort.keepSnapshotMemory` (the caller counts the session as in use). */
+  async keepSnapshotMemory(sessionId: string, snapshotId: string, tenantId: string): Promise<void> {
+    await this.copySnapshotMemory(sessionId, snapshotId, tenantId, await this.checkpoints.bytes(sessionId))
+  }
+
+  /**
+   * Checkpoints the session's warm sandbox as its own `pause: memory` checkpoint, which stops it
+   * (its next start restores it). `sandbox_not_running` without one; `bad_request` for a sandbox
+   * not started to be checkpointed.
+   */
+  private async checkpointRunning(
+    sessionId: string,
+  ): Promise<{ bytes: number; checkpointMs: number; tenantId: string }> {
     const warm = this.pool.agent(sessionId)
     if (!warm?.alive)
       throw new CairnProblem(
@@ -143,24 +179,35 @@ export class MemoryPause {
         generation ?? 0,
         detached.tenantId,
       )
-      await this.checkpoints.copyTo(sessionId, this.snapshotMemory, snapshotId, { sessionId: snapshotId })
-      const overQuota = await checkpointOverQuota(
-        this.runtime.pool,
-        [this.checkpoints, this.snapshotMemory],
-        detached.tenantId,
-        manifest.bytes,
-        {
-          except: snapshotId,
-        },
-      )
-      if (overQuota) {
-        await this.snapshotMemory.discard(snapshotId)
-        throw new CairnProblem('quota_exceeded', `the snapshot's memory was not kept: ${overQuota}`)
-      }
-      return { bytes: manifest.bytes, checkpointMs: manifest.checkpointMs }
+      return { bytes: manifest.bytes, checkpointMs: manifest.checkpointMs, tenantId: detached.tenantId }
     } catch (error) {
       await this.runtime.stopAgent(detached.agent)
       throw error
+    }
+  }
+
+  /** Copies the session's checkpoint as `snapshotId`'s memory; `quota_exceeded` keeps none. */
+  private async copySnapshotMemory(
+    sessionId: string,
+    snapshotId: string,
+    tenantId: string,
+    bytes: number,
+  ): Promise<void> {
+    const copied = await this.checkpoints.copyTo(sessionId, this.snapshotMemory, snapshotId, {
+      sessionId: snapshotId,
+    })
+    if (!copied)
+      throw new CairnProblem('sandbox_not_running', `session ${sessionId} has no memory checkpoint to keep`)
+    const overQuota = await checkpointOverQuota(
+      this.runtime.pool,
+      [this.checkpoints, this.snapshotMemory],
+      tenantId,
+      bytes,
+      { except: snapshotId },
+    )
+    if (overQuota) {
+      await this.snapshotMemory.discard(snapshotId)
+      throw new CairnProblem('quota_exceeded', `the snapshot's memory was not kept: ${overQuota}`)
     }
   }
 

@@ -362,6 +362,19 @@ export interface RuntimePort {
     snapshotId: string,
   ): Promise<{ bytes: number; checkpointMs: number }>
   /**
+   * Puts the session's running state in its own memory checkpoint for a fork with memory: its
+   * warm, checkpointable sandbox is checkpointed (which stops it, so nothing it runs writes the
+   * workspace after that instant), or the checkpoint its pause kept at the workspace's generation
+   * now is the one (`wasPaused`). `sandbox_not_running` with neither; `bad_request` for a warm
+   * sandbox not started to be checkpointed.
+   */
+  checkpointForFork(sessionId: string): Promise<ForkCheckpoint>
+  /**
+   * Copies the session's memory checkpoint as `snapshotId`'s memory (a fork of the snapshot
+   * starts from it); `quota_exceeded` keeps none.
+   */
+  keepSnapshotMemory(sessionId: string, snapshotId: string, tenantId: string): Promise<void>
+  /**
    * Seeds a fork's memory checkpoint from its snapshot's memory, at the fork's workspace
    * `generation`: the fork's first start restores it. False: the snapshot kept no memory.
    */
@@ -479,4 +492,12 @@ export interface RuntimePort {
   // --- agent memory ---------------------------------------------------------------------------
   /** Makes `content` (version `version`) the memory mounted in the agent's next sandboxes. */
   publishMemory(agentId: string, version: number, content: string): Promise<void>
+}
+
+/** What `checkpointForFork` kept: the image's bytes, how long it took, and whether it was there already. */
+export interface ForkCheckpoint {
+  bytes: number
+  checkpointMs: number
+  /** The sandbox was paused already (its keep-warm window had ended): its checkpoint is the one. */
+  wasPaused: boolean
 }

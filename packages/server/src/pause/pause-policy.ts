@@ -42,12 +42,13 @@ export async function checkMemoryCapable(
   manifest: Pick<AgentManifest, 'isolation'>,
   runtime: Pick<RuntimePort, 'sandboxDriver'>,
   what: string,
+  code: 'bad_request' | 'capability_unavailable' = 'bad_request',
 ): Promise<void> {
   const driver = await runtime.sandboxDriver(manifest.isolation)
   if (driver.capabilities.memorySnapshot) return
   const reason = driver.unavailableBecause?.memorySnapshot
   throw new CairnProblem(
-    'bad_request',
+    code,
     `${what} needs a sandbox driver that checkpoints memory, and this agent's (${driver.name}) cannot${reason ? `: ${reason}` : ''}`,
     { driver: driver.name, capability: 'memorySnapshot', ...(reason ? { reason } : {}) },
   )

@@ -6,6 +6,8 @@ import {
   DiffSchema,
   FileEntrySchema,
   ForkBody,
+  ForksBody,
+  ForksResultSchema,
   IdParams,
   MergeBody,
   MergeResultSchema,
@@ -186,6 +188,27 @@ export function workspaceRoutes(server: FastifyInstance, workspace: WorkspaceSer
     async (request, reply) => {
       const info = await workspace.history.fork(requireWrite(request).tenantId, idOf(request), request.body)
       return reply.status(201).send(info)
+    },
+  )
+  app.post(
+    '/v1/sessions/:id/forks',
+    {
+      schema: {
+        tags,
+        summary:
+          'Forks of the session as it is now (count, default 1), from one snapshot; memory: true also carries its running processes and memory',
+        params: IdParams,
+        body: ForksBody,
+        response: { 201: ForksResultSchema, ...errors },
+      },
+    },
+    async (request, reply) => {
+      const result = await workspace.history.forks(
+        requireWrite(request).tenantId,
+        idOf(request),
+        request.body,
+      )
+      return reply.status(201).send(result)
     },
   )
   app.post(

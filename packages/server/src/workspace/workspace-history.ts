@@ -1,6 +1,8 @@
 import {
   CairnProblem,
   type ForkBody,
+  type ForksBody,
+  type ForksResult,
   newId,
   type RestoreBody,
   type SessionInfo,
@@ -85,9 +87,7 @@ export class WorkspaceHistory {
         `checkpoint of ${bytes} bytes in ${checkpointMs} ms kept with snapshot ${snap.id}; the next message restores it`,
       )
     } catch (error) {
-      await this.snapshots.markDeleted(snap.id, this.now())
-      this.policy.snapshotDeleted(row.id, snap.id)
-      await this.deps.runtime.deleteSnapshot(snap.id)
+      await this.dropSnapshot(row.id, snap)
       throw error
     }
   }
@@ -248,6 +248,63 @@ export class WorkspaceHistory {
     if (!before)
       throw new CairnProblem('not_found', `no snapshot before turn ${row.turn_count} of session ${id}`)
     return this.restore(tenantId, id, { snapshotId: before.id })
+  }
+
+  /**
+   * `count` forks of the session as it is now, all from one snapshot. With `memory`, the session's
+   * running state is checkpointed first (its sandbox stops, so nothing it runs writes after that
+   * instant) or taken from its pause, then its workspace is snapshotted and the checkpoint kept as
+   * the snapshot's memory, all under the turn lock: files and memory are of the same instant. The
+   * session itself goes on from there at its next message (its sandbox is restored).
+   */
+  async forks(tenantId: string, id: string, body: ForksBody): Promise<ForksResult> {
+    await this.policy.settled(id)
+    const memory = body.memory === true
+    const snap = await this.deps.sessions.exclusive(tenantId, id, 'a fork', (row) =>
+      this.deps.manualSnapshotCap.within(row, () =>
+        memory
+          ? this.snapshotWithMemory(row, body.label)
+          : this.policy.take(row, 'manual', 'manual', row.turn_count, body.label),
+      ),
+    )
+    const { title, policy } = body
+    const fork: ForkBody = { snapshotId: snap.id, ...(title ? { title } : {}), ...(policy ? { policy } : {}) }
+    const sessions: SessionInfo[] = []
+    for (let i = 0; i < (body.count ?? 1); i++) sessions.push(await this.fork(tenantId, id, fork))
+    return { snapshot: snap, memory, sessions }
+  }
+
+  private async snapshotWithMemory(row: SessionRow, label: string | undefined): Promise<SnapshotInfo> {
+    const revision = await this.deps.agents.store.revision(row.revision_id)
+    if (revision)
+      await checkMemoryCapable(
+        revision.manifest,
+        this.deps.runtime,
+        'a fork with memory',
+        'capability_unavailable',
+      )
+    const held = await this.deps.runtime.checkpointForFork(row.id)
+    if (!held.wasPaused)
+      await this.deps.sessions.store.note(
+        { id: row.id, status: row.status },
+        'memory_paused',
+        this.now(),
+        `checkpoint of ${held.bytes} bytes in ${held.checkpointMs} ms for a fork with memory; the next message restores it`,
+      )
+    const snap = await this.policy.take(row, 'manual', 'manual', row.turn_count, label)
+    try {
+      await this.deps.runtime.keepSnapshotMemory(row.id, snap.id, row.tenant_id)
+    } catch (error) {
+      await this.dropSnapshot(row.id, snap)
+      throw error
+    }
+    return snap
+  }
+
+  private async dropSnapshot(sessionId: string, snap: SnapshotInfo): Promise<void> {
+    await this.snapshots.markDeleted(snap.id, this.now())
+    this.policy.snapshotDeleted(sessionId, snap.id)
+    await this.deps.runtime.deleteSnapshot(snap.id)
   }
 
   /** A new session whose workspace is the snapshot and whose transcript is the parent's up to its turn. */

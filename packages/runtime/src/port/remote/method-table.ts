@@ -100,6 +100,8 @@ export const METHODS: Record<keyof RuntimePort, MethodSpec> = {
   treeSizes: { args: [tree], result: 'json', session: treeSession },
   memoryCheckpointBytes: { args: [ids], result: 'json' },
   checkpointForSnapshot: { args: [id, id], result: 'json', session: first },
+  checkpointForFork: { args: [id], result: 'json', session: first },
+  keepSnapshotMemory: { args: [id, id, id], result: 'json', session: first },
   forkMemory: { args: [id, id, count], result: 'json', session: second },
   expireMemoryCheckpoints: { args: [json(Type.Date())], result: 'json' },
   exportTree: { args: [tree], result: 'export', session: treeSession },

@@ -10,6 +10,7 @@ import {
   type CommandResult,
   type CommandStart,
   type CommandState,
+  type ForkCheckpoint,
   type ImageBuildContext,
   type ImageRecipe,
   type ImageRecord,
@@ -392,6 +393,17 @@ export class ClusterRuntimePort implements RuntimePort {
   ): Promise<{ bytes: number; checkpointMs: number }> {
     this.rows.noteSnapshot(snapshotId, sessionId)
     return this.routes.onSession(sessionId, (port) => port.checkpointForSnapshot(sessionId, snapshotId))
+  }
+
+  checkpointForFork(sessionId: string): Promise<ForkCheckpoint> {
+    return this.routes.onSession(sessionId, (port) => port.checkpointForFork(sessionId))
+  }
+
+  keepSnapshotMemory(sessionId: string, snapshotId: string, tenantId: string): Promise<void> {
+    this.rows.noteSnapshot(snapshotId, sessionId)
+    return this.routes.onSession(sessionId, (port) =>
+      port.keepSnapshotMemory(sessionId, snapshotId, tenantId),
+    )
   }
 
   /** On the snapshot's node, which is the fork's (see `forkWorkspace`), under the fork's epoch. */

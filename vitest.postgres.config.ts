@@ -12,9 +12,11 @@ import base from './vitest.config'
  * on a veth link), persisted paths and a manifest's git provenance (bind mounts and a workspace
  * read), the guide walk (the claims the approvals, provenance and retention-layers files test,
  * read as a user would), the OpenAI Agents adapter (the commands and files API, run the same on either database),
- * and a data dir's and a pool's one-server locks (files and mounts). A file that starts a server still touches the database, but these only ask it what
- * the other pass already asked; what they test (a syscall refused, a link in an archive, a
- * pixel) is decided below it.
+ * a data dir's and a pool's one-server locks (files and mounts), and forks with memory (gVisor's
+ * checkpoints and restores; the rows a fork writes are a plain fork's, which both passes test).
+ * A file that starts a server still touches the database, but these only ask it what the other
+ * pass already asked; what they test (a syscall refused, a link in an archive, a pixel) is
+ * decided below it.
  */
 const RUNTIME_ONLY = [
   'packages/**',
@@ -30,6 +32,7 @@ const RUNTIME_ONLY = [
   'test/faults/hang.test.ts',
   'test/faults/postgres-partition.test.ts',
   'test/faults/postgres.test.ts',
+  'test/fork-memory.test.ts',
   'test/guide-walk.test.ts',
   'test/http-agents.test.ts',
   'test/images*.test.ts',

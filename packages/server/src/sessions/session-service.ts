@@ -1,79 +1,57 @@
-import { randomUUID } from 'node:crypto'
 import {
   CairnProblem,
   type CreateSessionBody,
   type ErrorCode,
-  type Message,
-  type NetworkEventInfo,
   newId,
   type SessionInfo,
-  type SessionList,
   type SessionPolicy,
   type SessionPolicyInput,
-  type SessionStatus,
-  type StatusEvent,
-  type TurnInfo,
 } from '@cairn/protocol'
 import type { AgentInfo } from '@cairn/runtime/port'
 import { iso } from '../clock.js'
 import { checkSetupTimeoutCeiling } from '../limits/ceilings.js'
 import { checkSessionPause } from '../pause/pause-policy.js'
 import { manifestSetup, needsSetup } from '../setup/setup-service.js'
-import { decodeCursor, encodeCursor } from './cursor.js'
 import { WorkspaceGenerations } from './generations.js'
-import { releaseHold } from './hold-release.js'
 import { changedPolicy, createPolicy, deadlineFor, policyColumns, policyOf } from './policy.js'
 import { type ReapReport, SessionReaper } from './reaper.js'
 import { PoolReconciler } from './reconcile.js'
-import { HOLD_TOKEN_SEPARATOR, type SessionServiceDeps } from './session-deps.js'
-import {
-  type InterruptedTurn,
-  type SessionRow,
-  SessionStore,
-  type StoredTurn,
-  toSessionInfo,
-} from './session-store.js'
+import type { SessionServiceDeps } from './session-deps.js'
+import { SessionReads } from './session-reads.js'
+import type { InterruptedTurn, SessionRow } from './session-store.js'
 import { TurnEvents } from './turn-events.js'
-import { MOVE_OPERATION, TurnLocks, TurnStop } from './turn-locks.js'
+import { TurnLocks, TurnStop } from './turn-locks.js'
 import { type TurnHandle, TurnRunner } from './turn-runner.js'
 import { type TurnReplay, TurnStreams } from './turn-stream.js'
 import { type SeenAgent, WarmAgents } from './warm-agents.js'
+import { WorkspaceAccess } from './workspace-access.js'
 
 export type { SessionServiceDeps } from './session-deps.js'
 export type { TurnHandle } from './turn-runner.js'
 export type { TurnReplay } from './turn-stream.js'
 
 /**
- * How long an exclusive operation's hold on a session lasts in the database unless renewed (it is,
- * every third of this, while the operation runs): what a replica that died holding one costs.
- */
-const HOLD_MS = 60_000
-
-/**
  * Sessions and their turns: one turn at a time per session, a warm agent process between turns
  * for the keep-warm window, every status change recorded with its cause. The pieces live beside
  * it: the turn lock (`turn-locks.ts`), the warm agents (`warm-agents.ts`), the turn itself
- * (`turn-runner.ts`), the policy timeouts (`reaper.ts`) and the start-up check (`reconcile.ts`).
+ * (`turn-runner.ts`), the policy timeouts (`reaper.ts`), the start-up check (`reconcile.ts`), the
+ * reads of sessions (`session-reads.ts`, its base) and the files API's and exclusive operations'
+ * way in to the workspace (`workspace-access.ts`).
  */
-export class SessionService {
-  readonly store: SessionStore
+export class SessionService extends SessionReads {
   private readonly generations: WorkspaceGenerations
   private readonly locks = new TurnLocks()
-  private readonly warm: WarmAgents
+  protected readonly warm: WarmAgents
   private readonly runner: TurnRunner
   private readonly turnEvents: TurnEvents
   private readonly turnStreams: TurnStreams
   private readonly reaper: SessionReaper
   private readonly reconciler: PoolReconciler
-  /** Deletions in progress: the workspace goes before the row says `deleted`. */
-  private readonly deleting = new Map<string, Promise<void>>()
+  /** Reads, writes and exclusive operations on the live workspace (and the deletions in progress). */
+  private readonly access: WorkspaceAccess
 
-  constructor(private readonly deps: SessionServiceDeps) {
-    this.store = new SessionStore(
-      deps.db,
-      deps.runtimeId,
-      deps.routing && ((id) => deps.routing?.placedNode(id)),
-    )
+  constructor(deps: SessionServiceDeps) {
+    super(deps)
     const now = () => this.now()
     const { store, locks } = this
     this.generations = new WorkspaceGenerations(store, deps.runtime, now)
@@ -112,108 +90,21 @@ export class SessionService {
       deleteSession: (tenantId, id, cause, detail) => this.delete(tenantId, id, cause, detail),
     })
     this.reconciler = new PoolReconciler(store, deps.runtime, this.generations, now)
+    this.access = new WorkspaceAccess({
+      ...deps,
+      store,
+      locks,
+      requireLive: (tenantId, id) => this.requireLive(tenantId, id),
+    })
     // Another replica asked (a cancel through it) to cancel a turn this one relays.
     deps.relays?.onCancelAsked((sessionId, turnId) => {
       if (locks.get(sessionId)?.turnId === turnId) void locks.cancel(sessionId)
     })
   }
 
-  private now(): string {
-    return iso(this.deps.clock.now())
-  }
-
-  private async info(row: SessionRow): Promise<SessionInfo> {
-    return toSessionInfo(row, await this.warm.has(row.id).catch((error: unknown) => this.unreachable(error)))
-  }
-
-  /**
-   * A session's row is answered whatever its node's state: a node lost or out of reach (an API
-   * replica's routing) only means its sandbox is not known to be warm.
-   */
-  private unreachable(error: unknown): false {
-    const code = error instanceof CairnProblem ? error.code : undefined
-    if (code === 'node_lost' || code === 'node_unavailable' || code === 'node_fenced') return false
-    throw error
-  }
-
-  async require<R extends SessionRow = SessionRow>(
-    tenantId: string,
-    id: string,
-    read: (tenantId: string, id: string) => Promise<R | undefined> = (t, i) =>
-      this.store.get(t, i) as Promise<R | undefined>,
-  ): Promise<R> {
-    const row = await read.call(this.store, tenantId, id)
-    if (!row) throw new CairnProblem('session_not_found', `No session found matching '${id}'`)
-    return row
-  }
-
-  /**
-   * The session, for an operation on its runtime (its sandbox, workspace or snapshots): refused
-   * with `session_elsewhere` (retryable, naming the owner) when another replica's runtime holds it.
-   */
-  async requireOwned<R extends SessionRow = SessionRow>(
-    tenantId: string,
-    id: string,
-    read?: (tenantId: string, id: string) => Promise<R | undefined>,
-  ): Promise<R> {
-    const row = await this.require<R>(tenantId, id, read)
-    // An API replica routes every session to its node.
-    if (this.deps.routing) return row
-    if (row.runtime_id !== null && row.runtime_id !== this.deps.runtimeId)
-      throw new CairnProblem(
-        'session_elsewhere',
-        `session ${id} lives on runtime ${row.runtime_id}, not on this server's (${this.deps.runtimeId}); send the request to the server of that runtime`,
-        { runtimeId: row.runtime_id },
-      )
-    return row
-  }
-
-  /** The session on this runtime, refused with `session_deleted` once it was deleted (its row stays). */
-  async requireLive(tenantId: string, id: string): Promise<SessionRow> {
-    const row = await this.requireOwned(tenantId, id)
-    if (row.status === 'deleted') throw new CairnProblem('session_deleted', `session ${id} was deleted`)
-    return row
-  }
-
-  /**
-   * Runs a read of a session's live workspace. A restore or an import renames it aside for a moment
-   * and a deletion removes it before the row says so: a read that meets either answers
-   * `session_busy` or `session_deleted`, not a 404, a 403 (its file seen outside the path) or a 500.
-   */
-  async readingWorkspace<T>(
-    tenantId: string,
-    id: string,
-    read: () => Promise<T>,
-    /** A walk over many entries (a listing, a diff): one that overlapped a swap may mix both trees. */
-    walk = false,
-  ): Promise<T> {
-    // Only a swap moves the workspace: a read failing during a manual snapshot keeps its own error.
-    const epoch = this.locks.swapEpoch(id)
-    const swappingAtStart = this.locks.swapping(id)
-    // A swap through another replica, as the database shows it: held, or started since.
-    const shared = await this.store.swaps(id, this.now())
-    const overlappedSwap = async () => {
-      if (shared.swapping || this.locks.swapping(id) || this.locks.swapEpoch(id) !== epoch) return true
-      if (swappingAtStart) return true
-      const now = await this.store.swaps(id, this.now())
-      return now.swapping || now.started !== shared.started
-    }
-    let result: T
-    try {
-      result = await read()
-    } catch (error) {
-      // Any failure of a read that overlapped a swap is the swap's doing, whatever it looked like.
-      const overlapped = await overlappedSwap()
-      const code = (error as { code?: unknown }).code
-      if (overlapped || code === 'ENOENT' || code === 'not_found' || code === 'forbidden') {
-        if (overlapped || this.deleting.has(id) || !(await this.deps.runtime.hasWorkspace(id)))
-          throw await this.missingWorkspace(tenantId, id, overlapped)
-      }
-      if (code === 'ENOENT') throw new CairnProblem('not_found', 'no such file in the workspace')
-      throw error
-    }
-    if (walk && (await overlappedSwap())) throw await this.missingWorkspace(tenantId, id, true)
-    return result
+  /** See `WorkspaceAccess.readingWorkspace`. */
+  readingWorkspace<T>(tenantId: string, id: string, read: () => Promise<T>, walk = false): Promise<T> {
+    return this.access.readingWorkspace(tenantId, id, read, walk)
   }
 
   /** The exclusive operation (e.g. "a restore") holding the session, if any. */
@@ -221,24 +112,9 @@ export class SessionService {
     return this.locks.busyWith(id)
   }
 
-  /**
-   * What a workspace missing from the pool means. Concurrent requests see it missing for a moment
-   * while a deletion or a restore's swap runs: those are `session_deleted` and `session_busy`
-   * (retry), not `state_lost`, which is kept for a workspace that is really gone.
-   */
-  async missingWorkspace(tenantId: string, id: string, swapped = false): Promise<CairnProblem> {
-    if (this.deleting.has(id) || (await this.store.get(tenantId, id))?.status === 'deleted')
-      return new CairnProblem('session_deleted', `session ${id} was deleted`)
-    // Held here, or through another replica (its hold is in the database).
-    const op = this.busyWith(id) ?? (await this.store.heldFor(id, this.now()))
-    if (op) return new CairnProblem('session_busy', `session ${id} is busy with ${op}; retry when it is done`)
-    // Missing a moment ago and there now: a swap (through any replica) ended meanwhile.
-    if (swapped || (await this.deps.runtime.hasWorkspace(id)))
-      return new CairnProblem(
-        'session_busy',
-        `the workspace of session ${id} was replaced (a restore or an import) while it was read; retry`,
-      )
-    return new CairnProblem('state_lost', `the workspace of session ${id} is missing from the storage pool`)
+  /** See `WorkspaceAccess.missingWorkspace`. */
+  missingWorkspace(tenantId: string, id: string, swapped = false): Promise<CairnProblem> {
+    return this.access.missingWorkspace(tenantId, id, swapped)
   }
 
   async create(tenantId: string, body: CreateSessionBody): Promise<SessionInfo> {
@@ -286,80 +162,6 @@ export class SessionService {
     const created = await this.require(tenantId, id)
     for (const observer of this.observers) observer.created?.(created)
     return this.info(created)
-  }
-
-  async get(tenantId: string, id: string): Promise<SessionInfo> {
-    return this.info(await this.require(tenantId, id))
-  }
-
-  async list(
-    tenantId: string,
-    query: {
-      agent?: string | undefined
-      status?: SessionStatus | undefined
-      limit?: number | undefined
-      cursor?: string | undefined
-    },
-  ): Promise<SessionList> {
-    const limit = query.limit ?? 50
-    const agentId = query.agent ? (await this.deps.agents.require(tenantId, query.agent)).id : undefined
-    const rows = await this.store.list(tenantId, {
-      agentId,
-      status: query.status,
-      limit: limit + 1,
-      cursor: query.cursor ? decodeCursor(query.cursor) : undefined,
-    })
-    const page = rows.slice(0, limit)
-    const last = page[page.length - 1]
-    return {
-      data: await Promise.all(page.map((row) => this.info(row))),
-      nextCursor: rows.length > limit && last ? encodeCursor(last.created_at, last.id) : null,
-    }
-  }
-
-  async resolve(tenantId: string, rawPrefix: string): Promise<SessionInfo> {
-    const prefix = rawPrefix.startsWith('ses_') ? rawPrefix : `ses_${rawPrefix}`
-    if (!/^ses_[0-9a-z]*$/.test(prefix)) {
-      throw new CairnProblem('session_not_found', `No session found matching '${rawPrefix}'`)
-    }
-    const matches = await this.store.resolvePrefix(tenantId, prefix, 6)
-    if (matches.length === 0)
-      throw new CairnProblem('session_not_found', `No session found matching '${rawPrefix}'`)
-    if (matches.length > 1) {
-      throw new CairnProblem('ambiguous_id', `Ambiguous ID '${rawPrefix}' — matches: ${matches.join(', ')}`, {
-        matches,
-      })
-    }
-    return this.get(tenantId, matches[0] as string)
-  }
-
-  async messages(tenantId: string, id: string): Promise<Message[]> {
-    await this.require(tenantId, id)
-    return this.store.messages(id)
-  }
-
-  async events(tenantId: string, id: string): Promise<StatusEvent[]> {
-    await this.require(tenantId, id)
-    return this.store.events(id)
-  }
-
-  async network(tenantId: string, id: string, limit = 500): Promise<NetworkEventInfo[]> {
-    await this.require(tenantId, id)
-    return this.store.networkLog.recent(id, limit)
-  }
-
-  async turns(tenantId: string, id: string): Promise<TurnInfo[]> {
-    await this.require(tenantId, id)
-    return this.store.turns(id)
-  }
-
-  /** A turn of the tenant's by its ID alone (`not_found` for another tenant's, as for none). */
-  async turn(tenantId: string, turnId: string): Promise<StoredTurn> {
-    const turn = await this.store.turnById(turnId)
-    // The store reads a session by tenant and ID: another tenant's is none.
-    if (!turn || !(await this.store.get(tenantId, turn.sessionId)))
-      throw new CairnProblem('not_found', `No turn '${turnId}'`)
-    return turn
   }
 
   /**
@@ -443,141 +245,20 @@ export class SessionService {
     return this.warm.drop(sessionId)
   }
 
-  /**
-   * Runs `fn` holding the session's turn lock, so no message starts meanwhile; refuses with
-   * `session_busy` while a turn runs.
-   */
-  async exclusive<T>(
+  /** See `WorkspaceAccess.exclusive`. */
+  exclusive<T>(
     tenantId: string,
     id: string,
     what: string,
     fn: (row: SessionRow) => Promise<T>,
     swapsWorkspace = false,
   ): Promise<T> {
-    const row = await this.requireLive(tenantId, id)
-    if (this.locks.has(id)) {
-      throw new CairnProblem(
-        'session_busy',
-        `session ${id} is running a turn; ${what} must wait for it or cancel it`,
-      )
-    }
-    if (this.locks.changingFiles(id)) {
-      throw new CairnProblem(
-        'session_busy',
-        `session ${id} has a file write in progress; retry ${what} after it`,
-      )
-    }
-    // This process's lock first (taken at once after the checks above, nothing awaited between),
-    // then the database's, which other replicas see.
-    return this.locks.holdExclusive(
-      id,
-      what,
-      () => this.heldInDatabase(id, { operation: what, swapsWorkspace }, () => fn(row)),
-      swapsWorkspace,
-    )
+    return this.access.exclusive(tenantId, id, what, fn, swapsWorkspace)
   }
 
-  /**
-   * Runs `fn` with the session held in the database too: replicas share it, and a turn begun
-   * through another one (which cannot see this process's locks) is refused while `fn` runs. The
-   * hold is renewed while it lasts; a replica that died with it holds it as long as its lease
-   * (the leader releases it then, as it ends its turns), `HOLD_MS` at most.
-   */
-  private async heldInDatabase<T>(
-    id: string,
-    hold: { operation: string; swapsWorkspace: boolean },
-    fn: () => Promise<T>,
-  ): Promise<T> {
-    const what = hold.operation
-    // A replica's hold names its lease: the leader releases it once that lease is over.
-    const relayId = this.deps.relays?.relayId
-    const token = relayId ? `${relayId}${HOLD_TOKEN_SEPARATOR}${randomUUID()}` : randomUUID()
-    const release = () =>
-      releaseHold(
-        () => this.store.releaseHold(id, token),
-        { session: id, operation: what },
-        { untilMs: Date.now() + HOLD_MS, logger: this.deps.logger },
-      )
-    let refused: Awaited<ReturnType<SessionStore['hold']>>
-    try {
-      refused = await this.store.hold(id, hold, token, this.now(), HOLD_MS)
-    } catch (error) {
-      // Unanswered, the hold may still have been taken: it is let go once the database answers.
-      void release()
-      throw error
-    }
-    if (refused && 'turnRunning' in refused)
-      throw new CairnProblem(
-        'session_busy',
-        `session ${id} is running a turn; ${what} must wait for it or cancel it`,
-      )
-    if (refused)
-      throw refused.heldFor === MOVE_OPERATION
-        ? new CairnProblem(
-            'session_moving',
-            `session ${id} is being moved to another node; retry in a moment`,
-          )
-        : new CairnProblem(
-            'session_busy',
-            `session ${id} is busy with ${refused.heldFor}; retry when it is done`,
-          )
-    const renewal = setInterval(() => {
-      this.store
-        .renewHold(id, token, this.now(), HOLD_MS)
-        .then((renewed) => {
-          if (!renewed)
-            this.deps.logger.error(
-              { session: id, operation: what },
-              'a session hold lapsed while its operation runs: other replicas may act on the session',
-            )
-        })
-        .catch((error: unknown) =>
-          this.deps.logger.warn({ err: error, session: id }, 'renewing a session hold failed'),
-        )
-    }, HOLD_MS / 3)
-    renewal.unref()
-    try {
-      return await fn()
-    } finally {
-      clearInterval(renewal)
-      await release()
-    }
-  }
-
-  /**
-   * Runs a change to the live workspace through the files API. A restore or an import swaps the
-   * workspace: a write meeting one would land in the copy being replaced (lost) or find no
-   * workspace at all, so it answers `session_busy` instead, and no such operation starts while
-   * a write is in flight.
-   */
-  async changingWorkspace<T>(id: string, fn: () => Promise<T>): Promise<T> {
-    const before = await this.store.swaps(id, this.now())
-    const op = this.busyWith(id) ?? before.heldFor
-    if (op) throw new CairnProblem('session_busy', `session ${id} is busy with ${op}; retry when it is done`)
-    // Through another replica a swap cannot see this write in flight: one that started meanwhile
-    // may have left the write in the copy it replaced, so the write is not answered as done.
-    const metSwap = async () => {
-      const after = await this.store.swaps(id, this.now())
-      return after.swapping || after.started !== before.started
-    }
-    const replaced = () =>
-      new CairnProblem(
-        'session_busy',
-        `the workspace of session ${id} was replaced (a restore or an import) while it was written; write again`,
-      )
-    let result: T
-    try {
-      result = await this.locks.holdFileChange(id, fn)
-    } catch (error) {
-      // Any failure of a write that met a swap is the swap's doing (a path missing for a moment).
-      if (await metSwap()) throw replaced()
-      // One that met a delete found its workspace gone: the session's state, not a server fault.
-      if (this.deleting.has(id) || (await this.store.statusOf(id)) === 'deleted')
-        throw new CairnProblem('session_deleted', `session ${id} was deleted while its workspace was written`)
-      throw error
-    }
-    if (await metSwap()) throw replaced()
-    return result
+  /** See `WorkspaceAccess.changingWorkspace`. */
+  changingWorkspace<T>(id: string, fn: () => Promise<T>): Promise<T> {
+    return this.access.changingWorkspace(id, fn)
   }
 
   warmCount(): Promise<number> {
@@ -760,7 +441,7 @@ export class SessionService {
     const row = await this.requireOwned(tenantId, id)
     if (row.status === 'deleted') return
     // A second delete of the same session waits for the first instead of racing it in the pool.
-    const inFlight = this.deleting.get(id)
+    const inFlight = this.access.deleting.get(id)
     if (inFlight) return inFlight
     const work = (async () => {
       await this.cancelRunning(id)
@@ -781,11 +462,11 @@ export class SessionService {
       await this.store.deleteTurnEvents(id)
       await this.ended(id)
     })()
-    this.deleting.set(id, work)
+    this.access.deleting.set(id, work)
     try {
       await work
     } finally {
-      this.deleting.delete(id)
+      this.access.deleting.delete(id)
       this.locks.forget(id)
     }
   }

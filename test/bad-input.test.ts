@@ -312,11 +312,12 @@ describe('a JSON body is validated as typed: nothing is coerced', () => {
     const agentId = (await t.api.call('GET', '/v1/agents')).body.data.find(
       (a: { name: string }) => a.name === 'echo',
     ).id as string
-    // A documentation address (public to the guard) and an event never sent: nothing is delivered.
+    // A documentation address (public to the guard) and an event a single server never sends (a
+    // node lost, in a cluster only): nothing is delivered.
     const webhookId = (
       await t.api.call('POST', '/v1/webhooks', {
         url: 'https://203.0.113.10/hook',
-        events: ['approval.requested'],
+        events: ['session.node_lost'],
       })
     ).body.id as string
     const state = async () => {

@@ -239,15 +239,16 @@ describe('cairn CLI against a real server', () => {
   })
 
   it('registers, lists, pauses and deletes webhooks, and refuses what it may not send to', async () => {
-    // A documentation address (public to the guard) and an event never sent: nothing is delivered.
+    // A documentation address (public to the guard) and an event a single server never sends (a
+    // node lost, in a cluster only): nothing is delivered.
     const url = 'https://203.0.113.10/hook'
-    const created = await cairn(['webhooks', 'create', url, '--events', 'approval.requested'])
+    const created = await cairn(['webhooks', 'create', url, '--events', 'session.node_lost'])
     expect(created.code).toBe(0)
     expect(created.stdout).toMatch(/^whsec_\S+\n$/)
     const id = /Created webhook (whk_[a-z0-9]+)/.exec(created.stderr)?.[1] as string
     expect(created.stderr).toContain('not shown again')
     expect((await cairn(['webhooks', 'list'])).stdout).toMatch(
-      new RegExp(`${id}\\s+${url}\\s+approval.requested\\s+yes`),
+      new RegExp(`${id}\\s+${url}\\s+session.node_lost\\s+yes`),
     )
     expect(await json(['webhooks', 'update', id, '--no-enable'])).toMatchObject({ id, enabled: false })
     expect(await json(['webhooks', 'deliveries', id])).toEqual([])

@@ -19,11 +19,12 @@ beforeAll(async () => {
   sessionId = (await t.api.createSession('echo')).id
   await t.api.send(sessionId, 'tenant A secret conversation')
   snapshotId = (await t.api.call('POST', `/v1/sessions/${sessionId}/snapshots`, {})).body.id
-  // A documentation address (public to the guard) and an event never sent: nothing is delivered.
+  // A documentation address (public to the guard) and an event a single server never sends (a
+  // node lost, in a cluster only): nothing is delivered.
   webhookId = (
     await t.api.call('POST', '/v1/webhooks', {
       url: 'https://203.0.113.10/hook',
-      events: ['approval.requested'],
+      events: ['session.node_lost'],
     })
   ).body.id
   const b = await t.api.call('POST', '/v1/keys', { tenant: 'tenant-b', role: 'admin' })

@@ -14,6 +14,8 @@ import { EXAMPLES, REPO_ROOT, startTestServer, type TestServer } from './helpers
 // public DNS) the operator's `egressHosts` (CAIRN_EGRESS_HOSTS) plus a private-address exception.
 // The "model server" is a stand-in for a hosted API outside the machine, in a network namespace of
 // its own: test/fixtures/fake-model-server.mjs (OpenAI Responses and Anthropic Messages, SSE).
+// The file takes about 4 minutes: four revision builds (npm ci through the egress proxy; the Claude
+// Agent SDK's is ~50 s, its Claude Code binary a 175 MB download) and each example's turns.
 const SUBNET = 226
 const { address: MODEL_ADDRESS } = netnsAddresses(SUBNET)
 const MODEL_HOST = `models-${process.pid}.cairn.test`
@@ -28,6 +30,7 @@ let t: TestServer
 
 interface LoggedRequest {
   url: string
+  body: { messages?: unknown[] }
   authorization: string | null
   apiKey: string | null
   stream: boolean
@@ -40,7 +43,7 @@ const loggedRequests = async (): Promise<LoggedRequest[]> =>
     .map((line) => JSON.parse(line) as LoggedRequest)
 
 interface Example {
-  name: 'openai-agents' | 'langchain' | 'mastra'
+  name: 'openai-agents' | 'langchain' | 'mastra' | 'claude-agent-sdk'
   /** The model API path the framework calls on the server. */
   apiPath: string
   /** Runtime secrets pointing the framework at the model server. */
@@ -76,7 +79,18 @@ const EXAMPLE_SETUPS: Example[] = [
     key: { name: 'ANTHROPIC_API_KEY', value: 'sk-ant-fake-mastra-51c0' },
     sentKey: (request) => request.apiKey,
   },
+  {
+    name: 'claude-agent-sdk',
+    // Claude Code asks for /v1/messages?beta=true, its base URL without /v1; its side traffic
+    // (telemetry, update checks) off, as for any model server of one's own.
+    apiPath: '/v1/messages?beta=true',
+    env: { ANTHROPIC_BASE_URL: MODEL_URL, CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC: '1' },
+    key: { name: 'ANTHROPIC_API_KEY', value: 'sk-ant-fake-claude-93b1' },
+    sentKey: (request) => request.apiKey,
+  },
 ]
+/** The examples that keep their conversation by replaying the session's transcript. */
+const REPLAYING = EXAMPLE_SETUPS.filter((example) => example.name !== 'claude-agent-sdk')
 
 /** Build times of the examples' first revisions (npm ci through the egress proxy), by name. */
 const buildMs: Record<string, number> = {}
@@ -169,7 +183,7 @@ const ofType = <T extends StreamEvent['type']>(events: StreamEvent[], type: T) =
   events.filter((e): e is Extract<StreamEvent, { type: T }> => e.type === type)
 
 describe('framework examples against a self-hosted model server', () => {
-  it.each(EXAMPLE_SETUPS)(
+  it.each(REPLAYING)(
     '$name: two turns with a tool call each, then a cold start that keeps the conversation',
     async (example) => {
       const { id } = await t.api.createSession(example.name)
@@ -228,4 +242,57 @@ describe('framework examples against a self-hosted model server', () => {
     },
     300_000,
   )
+
+  it('claude-agent-sdk: after a cold start Claude resumes its own session, kept in the persisted ~/.claude', async () => {
+    const example = EXAMPLE_SETUPS.find((e) => e.name === 'claude-agent-sdk') as Example
+    const { id } = await t.api.createSession(example.name)
+    const upload = await t.api.call('PUT', `/v1/sessions/${id}/files/content?path=notes.txt`, NOTES, {
+      'content-type': 'application/octet-stream',
+    })
+    expect(upload.status).toBe(200)
+    const before = (await loggedRequests()).length
+    const prompts = ['What do my notes say?', 'And again?', 'Once more?']
+    for (const [turn, prompt] of prompts.entries()) {
+      // Before the third turn the sandbox is stopped (not kept warm): Claude Code starts in a new
+      // one, and this agent replays nothing of Cairn's transcript; only Claude's own session,
+      // stored in ~/.claude (cairn.yaml `persist:`), can carry the conversation over.
+      if (turn === 2) {
+        await t.server.sessions.stopSandbox(id)
+        expect((await t.api.call('GET', `/v1/sessions/${id}`)).body.warm).toBe(false)
+      }
+      const reply = await t.api.send(id, prompt)
+      expect(reply.terminal?.type, JSON.stringify(reply.events)).toBe('run.completed')
+      expect(ofType(reply.events, 'run.started')[0]).toMatchObject({ coldStart: turn !== 1 })
+      // The fake model counts the user messages it was sent: 3 on the cold turn is Claude's resume.
+      expect(reply.text).toBe(`Fake model, user message ${turn + 1}: notes.txt says "${NOTES}".`)
+      const [start] = ofType(reply.events, 'tool.start')
+      expect(start).toMatchObject({ name: 'Bash', input: { command: 'cat notes.txt' } })
+      const [end] = ofType(reply.events, 'tool.end')
+      expect(end).toMatchObject({ toolCallId: start?.toolCallId })
+      expect(JSON.stringify(end?.output)).toContain(NOTES)
+    }
+    const requests = (await loggedRequests()).slice(before)
+    for (const request of requests) {
+      expect(request).toMatchObject({ url: example.apiPath, stream: true })
+      expect(example.sentKey(request)).toContain(example.key.value)
+    }
+    const conversation = JSON.stringify(requests.at(-1)?.body.messages)
+    for (const prompt of prompts) expect(conversation).toContain(prompt)
+    // Claude's session file is kept with the workspace, under the persisted path, not among the
+    // workspace's own files (without `persist:` Claude's home would be /workspace itself).
+    const root = await t.api.call('GET', `/v1/sessions/${id}/files`)
+    expect(root.status).toBe(200)
+    expect(JSON.stringify(root.body)).toContain('notes.txt')
+    expect(JSON.stringify(root.body)).not.toContain('.claude')
+    const manifest = (await t.api.call('GET', `/v1/sessions/${id}/manifest`)).body
+    expect(manifest.persist).toEqual([
+      expect.objectContaining({ path: '~/.claude', sandboxPath: '/home/agent/.claude' }),
+    ])
+    const kept = manifest.persist[0].workspacePath as string
+    const added = manifest.dirtyFiles.added as string[]
+    expect(
+      added.filter((p) => p.startsWith(`${kept}/projects/`) && p.endsWith('.jsonl')),
+      added.join(),
+    ).not.toEqual([])
+  }, 300_000)
 })

@@ -1,5 +1,4 @@
-/** As migrations.ts names them (not imported: migrations.ts imports this file). */
-type Dialect = 'sqlite' | 'postgres'
+import type { Dialect } from './migrations/migration.js'
 
 /**
  * Ended commands whose logs a node keeps per session (`KEPT_ENDED_COMMANDS` in

@@ -1,5 +1,4 @@
-/** As migrations.ts names them (not imported: migrations.ts imports this file). */
-type Dialect = 'sqlite' | 'postgres'
+import type { Dialect } from './migrations/migration.js'
 
 /**
  * Migration 30's triggers: the webhook outbox is written by the database in the statement that

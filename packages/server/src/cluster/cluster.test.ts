@@ -8,6 +8,7 @@ import { ClusterLeader } from './cluster-leader.js'
 import { NODE_LOCK_CLASS } from './dedicated-connection.js'
 import { NodeRegistry } from './node-registry.js'
 import { NodeStore } from './node-store.js'
+import { deadRelayHolds, releaseDeadRelayHolds } from './relayed-turns.js'
 
 // Registration, liveness and failure handling against a real PostgreSQL of the test's own.
 let postgres: TestPostgres
@@ -380,5 +381,53 @@ describe('nodes in PostgreSQL', () => {
     expect(r.epoch).toBe(2)
     expect(await store().get('rt_fence')).toMatchObject({ state: 'ready', epoch: 2, leaseLive: true })
     await r.stop()
+  })
+})
+
+describe("the leader's pass over lost replicas (every second)", () => {
+  it("releases dead replicas' session holds, found through an index of the held sessions, not by reading every session", async () => {
+    const { sessions } = await seedSessions(db, 'rt_holds', ['idle', 'idle', 'idle'])
+    const [live, dead, free] = sessions as [string, string, string]
+    const now = Date.now()
+    const iso = (ms: number) => new Date(now + ms).toISOString()
+    await db.q
+      .insertInto('replicas')
+      .values([
+        { id: 'rpl_holdlive', replica_id: 'rep_a', started_at: iso(-60_000), lease_until: iso(60_000) },
+        { id: 'rpl_holddead', replica_id: 'rep_b', started_at: iso(-60_000), lease_until: iso(-30_000) },
+      ])
+      .execute()
+    const hold = async (id: string, token: string) =>
+      db.q
+        .updateTable('sessions')
+        .set({ held_for: 'snapshot', held_by: token, held_until: iso(60_000) })
+        .where('id', '=', id)
+        .execute()
+    await hold(live, 'rpl_holdlive/k1')
+    await hold(dead, 'rpl_holddead/k2')
+
+    // With sequential scans priced out, the planner shows whether anything else can serve the
+    // statement: without the index it reads the whole sessions table all the same.
+    const { sql, parameters } = deadRelayHolds(db).compile()
+    const client = new pg.Client({ connectionString: url })
+    await client.connect()
+    try {
+      await client.query('SET enable_seqscan = off')
+      const plan = await client.query(`EXPLAIN ${sql}`, parameters as unknown[])
+      const text = plan.rows.map((row) => row['QUERY PLAN'] as string).join('\n')
+      expect(text).not.toMatch(/Seq Scan on sessions/)
+      expect(text).toMatch(/sessions_held/)
+    } finally {
+      await client.end()
+    }
+
+    expect(await releaseDeadRelayHolds(db)).toBe(1)
+    const rows = await db.q
+      .selectFrom('sessions')
+      .select(['id', 'held_by'])
+      .where('id', 'in', [live, dead, free])
+      .execute()
+    const heldBy = Object.fromEntries(rows.map((row) => [row.id, row.held_by]))
+    expect(heldBy).toEqual({ [live]: 'rpl_holdlive/k1', [dead]: null, [free]: null })
   })
 })

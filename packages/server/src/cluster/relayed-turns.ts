@@ -24,6 +24,28 @@ function deadRelay() {
   return sql<boolean>`NOT EXISTS (SELECT 1 FROM replicas r WHERE r.id = t.relay_id AND r.stopped_at IS NULL AND r.lease_until >= ${dbTime()})`
 }
 
+/** Whose turns `endRelayedTurns` ends. */
+type Relays = { deadRelays: true; turnId?: string } | { predecessorsOf: string; self: string }
+
+/** The running turns of `endRelayedTurns`' relays. */
+function relayedTurns(db: Db, which: Relays) {
+  let query = db.q
+    .selectFrom('turns as t')
+    .select([
+      't.id as turnId',
+      't.session_id as sessionId',
+      't.relay_id as relayId',
+      't.started_at as startedAt',
+    ])
+    .where('t.status', '=', 'running')
+    .where('t.relay_id', 'is not', null)
+  if ('deadRelays' in which) {
+    query = query.where(deadRelay())
+    if (which.turnId) query = query.where('t.id', '=', which.turnId)
+  } else query = query.where('t.relay_id', 'in', relayIdsOf(db, which.predecessorsOf, which.self))
+  return query
+}
+
 function relayIdsOf(db: Db, replicaId: string, except: string) {
   return db.q
     .selectFrom('replicas')
@@ -39,27 +61,11 @@ function relayIdsOf(db: Db, replicaId: string, except: string) {
  * end and this one never both land. `which`: the turns of relays whose lease is over (optionally
  * one turn), or the turns of the predecessors of `replicaId` (processes of the same data dir).
  */
-export async function endRelayedTurns(
-  db: Db,
-  which: { deadRelays: true; turnId?: string } | { predecessorsOf: string; self: string },
-  loss: RelayLoss,
-): Promise<EndedTurn[]> {
+export async function endRelayedTurns(db: Db, which: Relays, loss: RelayLoss): Promise<EndedTurn[]> {
+  // Nearly always there is none (the leader asks every second): one read, no transaction.
+  if ((await relayedTurns(db, which).execute()).length === 0) return []
   return db.transaction(async () => {
-    let query = db.q
-      .selectFrom('turns as t')
-      .select([
-        't.id as turnId',
-        't.session_id as sessionId',
-        't.relay_id as relayId',
-        't.started_at as startedAt',
-      ])
-      .where('t.status', '=', 'running')
-      .where('t.relay_id', 'is not', null)
-    if ('deadRelays' in which) {
-      query = query.where(deadRelay())
-      if (which.turnId) query = query.where('t.id', '=', which.turnId)
-    } else query = query.where('t.relay_id', 'in', relayIdsOf(db, which.predecessorsOf, which.self))
-    const running = await query.execute()
+    const running = await relayedTurns(db, which).execute()
     if (running.length === 0) return []
     const sessionIds = [...new Set(running.map((t) => t.sessionId))].sort()
     const sessions = await db.q
@@ -139,15 +145,23 @@ export async function runningRelayedTurn(
  * costs its lease, not the hold's own 60 s. How many it released.
  */
 export async function releaseDeadRelayHolds(db: Db): Promise<number> {
-  const result = await db.q
+  const result = await deadRelayHolds(db).executeTakeFirst()
+  return Number(result.numUpdatedRows)
+}
+
+/**
+ * The update of `releaseDeadRelayHolds`: it runs every second on the leader, so it finds the held
+ * sessions through their index (`sessions_held`, the held ones only), not by reading every session.
+ */
+export function deadRelayHolds(db: Db) {
+  return db.q
     .updateTable('sessions as s')
     .set({ held_for: null, held_by: null, held_until: null, held_swaps: null })
+    .where('s.held_by', 'is not', null)
     .where('s.held_by', 'like', `rpl_%${HOLD_TOKEN_SEPARATOR}%`)
     .where(
       sql<boolean>`NOT EXISTS (SELECT 1 FROM replicas r WHERE r.id = split_part(s.held_by, ${HOLD_TOKEN_SEPARATOR}, 1) AND r.stopped_at IS NULL AND r.lease_until >= ${dbTime()})`,
     )
-    .executeTakeFirst()
-  return Number(result.numUpdatedRows)
 }
 
 /** Forgets replica processes whose lease ended `keepMs` ago and that relay no running turn. */

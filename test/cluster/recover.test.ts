@@ -498,6 +498,62 @@ describe.skipIf(testsRunOnPostgres())('workspaces outlive their node (shipping b
     }
   }, 300_000)
 
+  it('two replicas recovering the sessions of one lost node at once: one recovery commits, no acknowledged write undone', async () => {
+    // A second API replica beside the first, on the same database and nodes.
+    const second = await startServer({
+      role: 'api',
+      dataDir: await tempDir('api2'),
+      database: url,
+      clusterDir,
+      port: 0,
+      writeCredentials: false,
+      logLevel: 'error',
+      heartbeatMs: 500,
+      leaseMs: 2000,
+    })
+    const api2 = new Api(second.url, server.adminKey ?? '')
+    const first = await placedSession('writer')
+    const sessions = [first.id]
+    for (let i = 0; i < 12 && sessions.length < 3; i++) {
+      const id = (await api.createSession('writer')).id
+      if ((await sessionRow(id)).runtime_id === first.home.id) sessions.push(id)
+    }
+    for (const id of sessions) {
+      expect((await api.send(id, 'one')).text).toBe('got one\n')
+      await shippedNewest(id)
+    }
+    await kill9(first.home)
+    try {
+      await waitFor('its node to be declared lost', async () =>
+        (await nodeState(first.home.id)) === 'lost' ? true : undefined,
+      )
+      // Each replica writes its own file at once: each write sets off a recovery in its replica.
+      // Restored twice, the later restore would put back the bucket's copy over the file the
+      // first replica wrote after its recovery committed.
+      const put = (through: Api, id: string, name: string) =>
+        through.call('PUT', `/v1/sessions/${id}/files/content?path=${name}`, name, {
+          'content-type': 'application/octet-stream',
+        })
+      await Promise.all(
+        sessions.map(async (id) => {
+          const [a, b] = await Promise.all([put(api, id, 'from-1.txt'), put(api2, id, 'from-2.txt')])
+          expect([a.status, b.status], JSON.stringify([a.body, b.body])).toEqual([200, 200])
+        }),
+      )
+      for (const id of sessions) {
+        for (const name of ['from-1.txt', 'from-2.txt']) {
+          const read = await api.call('GET', `/v1/sessions/${id}/files/content?path=${name}`)
+          expect([read.status, read.body], `${id} ${name}`).toEqual([200, name])
+        }
+        expect(await events(id, 'node_recovered')).toHaveLength(1)
+        expect((await api2.send(id, 'two')).text).toBe('got two\n')
+      }
+    } finally {
+      await second.close()
+      await startNodeProcess(first.home.name, first.home.dataDir)
+    }
+  }, 300_000)
+
   it('a session moved through the bucket, then its new node lost: the move snapshot is a link, no turn is named lost', async () => {
     const { id: sessionId, other: b } = await placedSession('writer')
     for (const prompt of ['one', 'two'])

@@ -5,6 +5,7 @@ import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
 import { BtrfsOps } from '../storage/btrfs-ops.js'
 import { type StoragePool, safeName } from '../storage/pool.js'
+import { OneAtATime } from '../util/one-at-a-time.js'
 import { treeDigest } from '../workspace-io/digest.js'
 import type { ShippingBucket } from './bucket.js'
 import { type ChainLink, chainKey, streamPrefix, type TreeKind } from './chain-link.js'
@@ -84,6 +85,7 @@ const DEFAULTS = { fullEvery: 16, partBytes: 64 * 1024 * 1024, retryInitialMs: 5
 export class WorkspaceShipper {
   private readonly sessions = new Map<string, SessionState>()
   private readonly markers = new BtrfsOps(1)
+  private readonly restores = new OneAtATime()
   private readonly settings: typeof DEFAULTS
   private closed = false
   private readonly sleeping = new Set<() => void>()
@@ -184,7 +186,17 @@ export class WorkspaceShipper {
    * Restores the session's workspace in this shipper's pool from the expected link, else its newest
    * confirmed one (see `restoreFromBucket`); shipping then continues that chain from the restored snapshot.
    */
-  async restoreFromBucket(
+  restoreFromBucket(
+    sessionId: string,
+    tenantId?: string,
+    expectedHead?: ExpectedHead,
+  ): Promise<RestoredWorkspace> {
+    // One restore of a session at a time: two (two replicas recovering it at once) received into
+    // the same staging directory and each broke the other's tree.
+    return this.restores.run(sessionId, () => this.restoreNow(sessionId, tenantId, expectedHead))
+  }
+
+  private async restoreNow(
     sessionId: string,
     tenantId?: string,
     expectedHead?: ExpectedHead,

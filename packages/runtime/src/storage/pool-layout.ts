@@ -4,6 +4,7 @@ import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
 import { execTool } from '../util/exec.js'
 import { findMount } from '../util/mounts.js'
+import { OneAtATime } from '../util/one-at-a-time.js'
 import { type PoolArea, type PoolStats, type StoragePoolOptions, safeName } from './pool.js'
 
 /**
@@ -105,8 +106,8 @@ export abstract class PoolLayout {
   /** Called with a workspace just swapped into place (the btrfs pool sets its quota). */
   protected async afterSwap(_target: string): Promise<void> {}
 
-  /** The swap of each session's workspace under way (they run one after another). */
-  private readonly swapping = new Map<string, Promise<void>>()
+  /** Each session's swaps, one after another. */
+  private readonly swaps = new OneAtATime()
 
   /**
    * The new workspace is made beside the old one and renamed into place (see `swapPaths`), one
@@ -114,21 +115,12 @@ export abstract class PoolLayout {
    * (or two replicas' recoveries) each removed what stood beside the workspace first, the other's
    * half-made tree included, and a rename then found nothing: the workspace was left missing.
    */
-  protected async swapWorkspace(
+  protected swapWorkspace(
     sessionId: string,
     make: (incoming: string) => Promise<void>,
     generation: number | undefined,
   ): Promise<void> {
-    const before = this.swapping.get(sessionId)
-    const swap = (before ?? Promise.resolve())
-      .catch(() => undefined)
-      .then(() => this.swapNow(sessionId, make, generation))
-    this.swapping.set(sessionId, swap)
-    try {
-      await swap
-    } finally {
-      if (this.swapping.get(sessionId) === swap) this.swapping.delete(sessionId)
-    }
+    return this.swaps.run(sessionId, () => this.swapNow(sessionId, make, generation))
   }
 
   private async swapNow(

@@ -21,6 +21,9 @@ export interface Recovered {
   detail: string
 }
 
+/** How long a replica waits for another one's recovery of the same session (a restore takes seconds). */
+const RECOVERY_WAIT_MS = 30_000
+
 export interface NodeLossRecoveryDeps {
   db: Db
   directory: NodeDirectory
@@ -122,6 +125,12 @@ export class NodeLossRecovery {
       throw lostState()
     }
     const expected = { seq: Number(row.shipped_link_seq), treeDigest: row.shipped_tree_digest }
+    // The session is claimed before anything is restored: its owner epoch moves on while it is
+    // still the lost node's, so a replica that read the same row waits instead of restoring over
+    // what is written after the first one's commit. One that reads the claimed row claims it
+    // again (the first may have died): the node then refuses the older epoch's restore, and a
+    // commit needs the epoch its claim set, so whichever claimed last restores and commits.
+    if (!(await this.claim(row, from.id, epoch))) return this.awaitOther(sessionId, from.id)
     await shipping.ensure(target, row.revision_id)
     const startedMs = performance.now()
     let restore: BucketRestore
@@ -131,6 +140,10 @@ export class NodeLossRecovery {
       )
     } catch (error) {
       if (error instanceof CairnProblem && error.code === 'state_lost') throw lostState()
+      // Another replica claimed it after this one (it read the claimed row) and reached the node
+      // first: that one's restore is the session's.
+      if (error instanceof CairnProblem && error.code === 'stale_epoch')
+        return this.awaitOther(sessionId, from.id)
       throw error
     }
     const moved = await this.commit(row, from, target, epoch, restore)
@@ -144,7 +157,7 @@ export class NodeLossRecovery {
         .executeTakeFirst()
       if (now?.runtime_id !== target.id)
         await runWithOwnerEpoch(epoch, () => port.deleteWorkspace(sessionId)).catch(() => undefined)
-      return undefined
+      return this.awaitOther(sessionId, from.id)
     }
     logger.info(
       {
@@ -159,6 +172,38 @@ export class NodeLossRecovery {
       'recovered a session of a lost node from the shipping bucket',
     )
     return moved
+  }
+
+  /** Moves the owner epoch on if the session is still the lost node's at the epoch read. */
+  private async claim(row: { id: string; owner_epoch: number }, fromNodeId: string, epoch: number) {
+    const claimed = await this.deps.db.q
+      .updateTable('sessions')
+      .set({ owner_epoch: epoch })
+      .where('id', '=', row.id)
+      .where('runtime_id', '=', fromNodeId)
+      .where('owner_epoch', '=', Number(row.owner_epoch))
+      .where('status', '!=', 'deleted')
+      .executeTakeFirst()
+    return Number(claimed.numUpdatedRows) === 1
+  }
+
+  /**
+   * Another replica claimed the session first: waits (up to `RECOVERY_WAIT_MS`) until it is no
+   * longer the lost node's, so the caller's next call goes to where that replica put it. Should
+   * that replica die mid-way, the wait ends and the next call claims it again (a newer epoch).
+   */
+  private async awaitOther(sessionId: string, fromNodeId: string): Promise<undefined> {
+    const deadline = Date.now() + RECOVERY_WAIT_MS
+    while (Date.now() < deadline) {
+      const now = await this.deps.db.q
+        .selectFrom('sessions')
+        .select(['runtime_id', 'status'])
+        .where('id', '=', sessionId)
+        .executeTakeFirst()
+      if (!now || now.status === 'deleted' || now.runtime_id !== fromNodeId) return undefined
+      await new Promise((resolve) => setTimeout(resolve, 200))
+    }
+    return undefined
   }
 
   private commit(
@@ -176,7 +221,7 @@ export class NodeLossRecovery {
         .select(['status', 'generation'])
         .where('id', '=', row.id)
         .where('runtime_id', '=', from.id)
-        .where('owner_epoch', '=', Number(row.owner_epoch))
+        .where('owner_epoch', '=', epoch)
         .forUpdate()
         .executeTakeFirst()
       if (!locked || locked.status === 'deleted') return undefined

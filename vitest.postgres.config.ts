@@ -13,7 +13,8 @@ import base from './vitest.config'
  * read), the guide walk (the claims the approvals, provenance and retention-layers files test,
  * read as a user would), the OpenAI Agents adapter (the commands and files API, run the same on either database),
  * a data dir's and a pool's one-server locks (files and mounts), and forks with memory (gVisor's
- * checkpoints and restores; the rows a fork writes are a plain fork's, which both passes test).
+ * checkpoints and restores; the rows a fork writes are a plain fork's, and a secret's expiry is
+ * read as in test/secrets.test.ts, which both passes run).
  * A file that starts a server still touches the database, but these only ask it what the other
  * pass already asked; what they test (a syscall refused, a link in an archive, a pixel) is
  * decided below it.
@@ -55,6 +56,7 @@ const RUNTIME_ONLY = [
   'test/security/data-dir.test.ts',
   'test/security/egress.test.ts',
   'test/security/escape.test.ts',
+  'test/security/fork-memory-secrets.test.ts',
   'test/security/fuzz-archive.test.ts',
   'test/security/image-pull-cap.test.ts',
   'test/security/images.test.ts',

@@ -240,6 +240,14 @@ export class SessionService extends SessionReads {
     })
   }
 
+  /**
+   * Whether the session's sandbox was started with a runtime or proxy secret that has expired
+   * since: its memory still holds it (the next turn replaces the sandbox without it).
+   */
+  sandboxSecretsExpired(sessionId: string): boolean {
+    return this.warm.secretsExpired(sessionId)
+  }
+
   /** Stops the session's warm sandbox, if any (runtime state is disposable). */
   stopSandbox(sessionId: string): Promise<void> {
     return this.warm.drop(sessionId)

@@ -62,6 +62,7 @@ export class WorkspaceHistory {
   private async requireMemorySnapshot(row: SessionRow): Promise<void> {
     const revision = await this.deps.agents.store.revision(row.revision_id)
     if (revision) await checkMemoryCapable(revision.manifest, this.deps.runtime, 'a snapshot with memory')
+    this.refuseExpiredSecrets(row, 'a snapshot with memory')
     const agent = await this.deps.runtime.agent(row.id)
     if (!agent?.alive)
       throw new CairnProblem(
@@ -74,6 +75,20 @@ export class WorkspaceHistory {
         `session ${row.id}'s sandbox cannot be checkpointed: only a pause: memory session's sandbox can (create the session with pause: memory)`,
         { pause: row.pause },
       )
+  }
+
+  /**
+   * Memory carries the secrets the sandbox was started with: one that expired since must not reach
+   * a fork through it (an expired secret is never handed to a new sandbox). `conflict` until the
+   * session's next message has replaced its sandbox without it.
+   */
+  private refuseExpiredSecrets(row: SessionRow, what: string): void {
+    if (!this.deps.sessions.sandboxSecretsExpired(row.id)) return
+    throw new CairnProblem(
+      'conflict',
+      `session ${row.id}'s sandbox was started with a secret that has expired since, and its memory holds it: ${what} would hand it on; send the session a message first (its sandbox is then started again without it)`,
+      { reason: 'secret_expired' },
+    )
   }
 
   /** Checkpoints the session's sandbox as the snapshot's memory; a failure deletes the snapshot too. */
@@ -283,6 +298,7 @@ export class WorkspaceHistory {
         'a fork with memory',
         'capability_unavailable',
       )
+    this.refuseExpiredSecrets(row, 'a fork with memory')
     const held = await this.deps.runtime.checkpointForFork(row.id)
     if (!held.wasPaused)
       await this.deps.sessions.store.note(

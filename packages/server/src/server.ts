@@ -1,40 +1,40 @@
-import { chmod, mkdir, readFile, writeFile } from 'node:fs/promises'
+import { chmod, readFile, writeFile } from 'node:fs/promises'
 import type { Server } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import path from 'node:path'
-import { CairnProblem } from '@cairn/protocol'
 import type { Runtime } from '@cairn/runtime'
-import { loadClusterTls, RemoteRuntimePort } from '@cairn/runtime/port'
 import pino, { type Logger } from 'pino'
 import { AgentService } from './agents/agent-service.js'
 import { BuildLogs } from './agents/build-logs.js'
+import {
+  apiDataDir,
+  checkApiRole,
+  remoteNodeConnector,
+  type StartServerExtras,
+  syncSecretKey,
+} from './api-role.js'
 import { buildApp } from './app.js'
 import { ApprovalService } from './approvals/approval-service.js'
 import { ApprovalStore } from './approvals/approval-store.js'
 import { ApiKeyStore, DEFAULT_TENANT_ID } from './auth/api-keys.js'
-import { iso, systemClock } from './clock.js'
-import { type ClusterControl, startClusterControl } from './cluster/cluster-control.js'
+import { systemClock } from './clock.js'
 import { ClusterHints } from './cluster/cluster-hints.js'
-import { DrainMoves } from './cluster/moves/drain-moves.js'
-import { SessionMover } from './cluster/moves/session-mover.js'
 import { ReplicaLease } from './cluster/replica-lease.js'
 import { ReplicaTurns } from './cluster/replica-turns.js'
-import { type NodeConnector, openClusterRuntime } from './cluster/routing/cluster-runtime-host.js'
-import { ClusterRuntimePort } from './cluster/routing/cluster-runtime-port.js'
+import { openClusterRuntime } from './cluster/routing/cluster-runtime-host.js'
+import { type ServerCluster, startServerCluster } from './cluster/server-cluster.js'
 import { CommandService } from './commands/command-service.js'
 import { TerminalSockets } from './commands/terminal-socket.js'
-import { type ResolvedConfig, resolveConfig, type ServerOptions } from './config.js'
+import { resolveConfig, type ServerOptions } from './config.js'
 import { writeCredentialsIfMissing } from './credentials.js'
-import { createOwnerOnly, runtimeIdOf, secureDataDir } from './data-dir.js'
+import { createOwnerOnly, runtimeIdOf } from './data-dir.js'
 import { type Db, openDatabase, type StatementTap } from './db/database.js'
-import { SharedFiles } from './db/shared-files.js'
 import { ConnectionAdmission } from './http/admission.js'
 import { reservePorts } from './http/port-reservation.js'
 import type { ImageService } from './images/image-service.js'
 import { ManualSnapshotCap } from './limits/snapshot-cap.js'
 import { StorageBudget } from './limits/storage-budget.js'
 import {
-  type ClaimedDataDir,
   checkRuntimeHost,
   claimDataDir,
   mebibytes,
@@ -60,6 +60,8 @@ import { SessionService } from './sessions/session-service.js'
 import { SetupService } from './setup/setup-service.js'
 import { openWebhooks, type Webhooks } from './webhooks/open-webhooks.js'
 import { WorkspaceService } from './workspace/workspace-service.js'
+
+export type { StartServerExtras } from './api-role.js'
 
 export const SERVER_VERSION = '0.1.0'
 
@@ -91,44 +93,8 @@ export interface RunningServer {
   closeNow(): Promise<void>
 }
 
-/** How often a cluster's leader looks for sessions past their idle timeout or deadline (`--role api`). */
-const SWEEP_MS = 1000
-
 /** Kept free on the data dir's disk (database, transcripts) when the pool has no reserve of its own. */
 const DATA_DISK_RESERVE_BYTES = 64 * 1024 * 1024
-
-/** What only tests and embedders set: how an API replica reaches its nodes. */
-export interface StartServerExtras {
-  /**
-   * `role: 'api'`: makes the port of a node from its `nodes` row (default: the remote runtime
-   * port over mutual TLS with the cluster dir's certificates).
-   */
-  connectNode?: NodeConnector | undefined
-}
-
-/** The typed refusal of a `role: 'api'` start that lacks what it needs. */
-function checkApiRole(config: ResolvedConfig, extras: StartServerExtras): void {
-  if (!config.databaseUrl)
-    throw new CairnProblem(
-      'validation_failed',
-      '--role api needs --database postgres://… (CAIRN_DATABASE_URL): the nodes and the sessions they hold are there',
-    )
-  if (!config.clusterDir && !extras.connectNode)
-    throw new CairnProblem(
-      'validation_failed',
-      '--role api needs --cluster-dir (CAIRN_CLUSTER_DIR), the certificates `cairn cluster init` wrote, to reach the nodes',
-    )
-}
-
-/**
- * An API replica's data dir: no pool, so nothing in it is its alone (no lock); owner-only, as it
- * holds the secrets key and the admin key.
- */
-async function apiDataDir(config: ResolvedConfig): Promise<ClaimedDataDir> {
-  await mkdir(config.dataDir, { recursive: true, mode: 0o700 })
-  await secureDataDir(config.dataDir, [])
-  return { poolTrees: [], releaseLocks: async () => {} }
-}
 
 /**
  * Starts the control plane and what it runs sessions on: the local runtime (database, storage
@@ -177,7 +143,7 @@ export async function startServer(
   let host: RuntimeHost | undefined
   let localRuntime: Runtime | undefined
   let previewListener: PreviewListener | undefined
-  let cluster: ClusterControl | undefined
+  let cluster: ServerCluster['cluster']
   let lease: ReplicaLease | undefined
   let webhooks: Webhooks | undefined
   // On PostgreSQL, replicas share one database and tell each other what they must not go on
@@ -401,64 +367,19 @@ export async function startServer(
       await retentionService.apply()
       await agents.images.collect()
     }
-    // On PostgreSQL the server is part of a cluster's control plane: a candidate for leader (node
-    // failure handling), the nodes' routes and figures. The reaper's passes stay with each
-    // replica here: they act on the sessions of its own runtime.
-    // An API replica moves sessions between nodes (`POST /v1/sessions/{id}/move`); its leader
-    // empties draining nodes by moving their idle sessions.
-    const mover =
-      runtimePort instanceof ClusterRuntimePort
-        ? new SessionMover({
-            db,
-            cluster: runtimePort,
-            sessions,
-            logger: logger.child({ component: 'moves' }),
-          })
-        : undefined
-    const drainMoves = mover
-      ? new DrainMoves({ db, mover, logger: logger.child({ component: 'drain' }) })
-      : undefined
-    cluster =
-      hints && config.databaseUrl
-        ? startClusterControl({
-            db,
-            databaseUrl: config.databaseUrl,
-            hints,
-            heartbeatMs: config.heartbeatMs,
-            leaseMs: config.leaseMs,
-            logger,
-            // `--recover-lost eager`: the leader brings a lost node's sessions back at once.
-            onNodeLost:
-              api && config.recoverLost === 'eager' && runtimePort instanceof ClusterRuntimePort
-                ? (lost) => {
-                    void runtimePort.recovery
-                      .recoverNode(lost.nodeId)
-                      .then((done) =>
-                        logger.info({ node: lost.nodeId, ...done }, 'eager recovery of a lost node'),
-                      )
-                  }
-                : undefined,
-            // API replicas own no sessions of their own: their leader reaps every node's.
-            passes: api
-              ? [
-                  { name: 'session timeouts', intervalMs: SWEEP_MS, run: () => sessions.sweep() },
-                  { name: 'retention', intervalMs: config.reaperIntervalMs, run: housekeeping },
-                  ...(relays
-                    ? [
-                        {
-                          name: 'lost replicas',
-                          intervalMs: config.heartbeatMs,
-                          run: () => relays.failLostRelays(),
-                        },
-                      ]
-                    : []),
-                  ...(drainMoves
-                    ? [{ name: 'drain moves', intervalMs: SWEEP_MS, run: () => drainMoves.pass() }]
-                    : []),
-                ]
-              : [],
-          })
-        : undefined
+    const started = startServerCluster({
+      api,
+      config,
+      db,
+      hints,
+      logger,
+      runtimePort,
+      sessions,
+      relays,
+      housekeeping,
+    })
+    cluster = started.cluster
+    const { mover, drainMoves } = started
     const commands = new CommandService({
       db,
       sessions,
@@ -596,29 +517,6 @@ export async function startServer(
     await releaseLocks()
     throw error
   }
-}
-
-/** The secrets key every replica shares (the first replica's, kept in the database). */
-async function syncSecretKey(db: Db, dataDirPath: string, clock: { now(): number }): Promise<void> {
-  if (process.env.CAIRN_SECRET_KEY) return
-  await new SharedFiles(db, () => iso(clock.now())).sync(
-    'secret.key',
-    dataDirPath,
-    ['secret.key'],
-    async () => {
-      await SecretCipher.load(path.join(dataDirPath, 'secret.key'))
-    },
-  )
-}
-
-/**
- * The nodes' ports over the network: HTTP/2 with mutual TLS, this replica presenting the cluster
- * dir's `api` certificate and accepting only the CA's `node` certificates.
- */
-async function remoteNodeConnector(config: ResolvedConfig): Promise<NodeConnector> {
-  if (!config.clusterDir) throw new CairnProblem('validation_failed', '--role api needs --cluster-dir')
-  const tls = await loadClusterTls(config.clusterDir, 'api')
-  return (row, events) => new RemoteRuntimePort({ url: row.address, tls, events })
 }
 
 /** Listens on `port` (0: any) and answers the port bound. */

@@ -67,12 +67,16 @@ describe("a turn's stream events in the tenant storage budget", () => {
       if (run.terminal?.type === 'run.failed')
         expect((await api.call('GET', `/v1/sessions/${session}`)).body.statusCause).toBe('quota_exceeded')
     }
-    const kept = await keptEventBytes(session)
-    console.log(`[turn-events-budget] kept ${kept} bytes of events; the turns ended ${ends.join(', ')}`)
+    const kept = await keptBytes(session)
+    console.log(
+      `[turn-events-budget] kept ${kept.events} bytes of events, ${kept.transcript} of transcript; the turns ended ${ends.join(', ')}`,
+    )
     expect(ends.at(-1)).toBe('quota_exceeded')
-    // A turn's end (its terminal event repeats the reply, at most 8 MiB, with the events held,
-    // at most 256 KiB) is counted once written, not reserved: the quota holds to within that.
-    expect(kept).toBeLessThanOrEqual((TENANT_MIB + 8) * MiB + 256 * 1024)
+    // A turn's end (the events held, and the terminal event repeating the reply) and its reply in
+    // the transcript are reserved before they are written: the tenant's events and transcript
+    // together stay within its quota. Before, the end was counted once written and the transcript
+    // not at all: 7 MiB over the quota with three of these turns.
+    expect(kept.events + kept.transcript).toBeLessThanOrEqual(TENANT_MIB * MiB)
   })
 })
 
@@ -97,15 +101,22 @@ describe("the budget's check", () => {
   })
 })
 
-/** The bytes of the session's stored stream events, read from the database with SQL of its own. */
-async function keptEventBytes(sessionId: string): Promise<number> {
+/** The bytes of the session's stored stream events and transcript, read with SQL of its own. */
+async function keptBytes(sessionId: string): Promise<{ events: number; transcript: number }> {
   const db = await openDatabase((await testDatabaseFor(t.dataDir)) ?? path.join(t.dataDir, 'cairn.db'))
   try {
-    const size = db.dialect === 'postgres' ? 'octet_length(e.event)' : 'length(CAST(e.event AS BLOB))'
-    const result = await sql<{ bytes: number | string | null }>`
-      SELECT SUM(${sql.raw(size)}) AS bytes FROM turn_events e JOIN turns t ON t.id = e.turn_id
+    const size = (column: string) =>
+      sql.raw(db.dialect === 'postgres' ? `octet_length(${column})` : `length(CAST(${column} AS BLOB))`)
+    const events = await sql<{ bytes: number | string | null }>`
+      SELECT SUM(${size('e.event')}) AS bytes FROM turn_events e JOIN turns t ON t.id = e.turn_id
       WHERE t.session_id = ${sessionId}`.execute(db.kysely)
-    return Number(result.rows[0]?.bytes ?? 0)
+    const transcript = await sql<{ bytes: number | string | null }>`
+      SELECT SUM(${size('t.prompt')} + ${size('t.response')} + ${size('t.stderr')}) AS bytes FROM turns t
+      WHERE t.session_id = ${sessionId}`.execute(db.kysely)
+    return {
+      events: Number(events.rows[0]?.bytes ?? 0),
+      transcript: Number(transcript.rows[0]?.bytes ?? 0),
+    }
   } finally {
     await db.close()
   }

@@ -1,4 +1,5 @@
 import {
+  CairnProblem,
   type ErrorCode,
   isErrorCode,
   type SessionStatus,
@@ -9,6 +10,7 @@ import type { TurnOutcome } from '@cairn/runtime/port'
 import type { Logger } from 'pino'
 import { unavailableReason, whenNotBusy } from '../db/busy.js'
 import type { Db } from '../db/database.js'
+import type { StorageBudget, StorageReservation } from '../limits/storage-budget.js'
 import { type SessionStore, TurnEndedElsewhere, type TurnSessionRow } from './session-store.js'
 import type { TurnEventLog } from './turn-events.js'
 
@@ -21,6 +23,16 @@ export type TurnEmit = (event: StreamEvent, id?: number) => Promise<void> | unde
 
 /** How long a turn's end waits for an unavailable database before the client is told. */
 const RECORD_WAIT_MS = 15_000
+
+/**
+ * A turn's end of at most this many bytes (its held events, terminal event, reply and stderr) is
+ * counted once written, not reserved: a warm turn's end takes no extra statement. A larger one is
+ * reserved in the tenant's budget before it is written.
+ */
+export const END_UNRESERVED_BYTES = 64 * 1024
+
+/** Characters of a turn's stderr its row keeps (the last ones). */
+const STDERR_KEPT_CHARS = 16_384
 
 /** A turn that has run, as its end is recorded. */
 export interface TurnEnding {
@@ -46,9 +58,59 @@ export interface TurnEnding {
  * retried behind).
  */
 export async function recordTurnEnd(
-  deps: { db: Db; store: SessionStore; logger: Logger },
+  deps: { db: Db; store: SessionStore; logger: Logger; budget?: StorageBudget | undefined },
+  ending: TurnEnding,
+  emitNumbered: TurnEmit,
+): Promise<boolean> {
+  await ending.log.settle()
+  const { turn, reservation } = await reserveEnd(deps, ending)
+  let recorded = false
+  try {
+    recorded = await recordReserved(deps, turn, emitNumbered, reservation)
+    return recorded
+  } finally {
+    // Recorded: settled into the rows already. Else (the record is retried behind) it lapses.
+    if (reservation && !recorded) await deps.budget?.release(reservation).catch(() => undefined)
+  }
+}
+
+/**
+ * Reserves what the turn's end writes in its tenant's budget (its events not written yet, its
+ * terminal event, its reply and stderr). An end that does not fit is recorded without them: the
+ * turn fails `quota_exceeded`, its reply and held events dropped, its terminal event alone stored.
+ */
+async function reserveEnd(
+  deps: { budget?: StorageBudget | undefined },
+  turn: TurnEnding,
+): Promise<{ turn: TurnEnding; reservation?: StorageReservation }> {
+  const { outcome, log, row } = turn
+  const bytes =
+    log.endBytes(terminalEvent(turn.turnId, outcome, turn.durationMs)) +
+    Buffer.byteLength(outcome.text) +
+    Buffer.byteLength(outcome.stderr.slice(-STDERR_KEPT_CHARS))
+  if (!deps.budget || bytes <= END_UNRESERVED_BYTES) return { turn }
+  try {
+    return { turn, reservation: await deps.budget.reserve(row.tenant_id, bytes, "a turn's end") }
+  } catch (error) {
+    if (!(error instanceof CairnProblem && error.code === 'quota_exceeded')) throw error
+    log.dropHeld()
+    const refused: TurnOutcome = {
+      status: 'failed',
+      code: 'quota_exceeded',
+      cause: 'quota_exceeded',
+      message: `the turn's end did not fit: ${error.message}`,
+      text: '',
+      stderr: '',
+    }
+    return { turn: { ...turn, outcome: refused, endedAs: 'failed', cause: 'quota_exceeded' } }
+  }
+}
+
+async function recordReserved(
+  deps: { db: Db; store: SessionStore; logger: Logger; budget?: StorageBudget | undefined },
   turn: TurnEnding,
   emitNumbered: TurnEmit,
+  reservation: StorageReservation | undefined,
 ): Promise<boolean> {
   const { row, turnId, seq, outcome, durationMs, endedAt, endedAs, cause, generation, lastTurn, log } = turn
   const maxTurns = row.max_turns
@@ -77,13 +139,15 @@ export async function recordTurnEnd(
   // resuming the stream through any replica gets exactly what it streamed.
   const finish = () =>
     deps.db.transaction(async () => {
+      // The reservation is settled into the rows this writes (the counters count them).
+      if (reservation) await deps.budget?.release(reservation)
       ownerChanged = !(await deps.store.finishTurn(
         { id: row.id, status: row.status, ownerEpoch: row.owner_epoch },
         {
           id: turnId,
           status: outcome.status,
           response: outcome.text,
-          stderr: outcome.stderr.slice(-16_384),
+          stderr: outcome.stderr.slice(-STDERR_KEPT_CHARS),
           errorCode: failed?.code ?? null,
           errorMessage: failed?.message ?? null,
           endedAt,
@@ -119,7 +183,6 @@ export async function recordTurnEnd(
       await deps.db.transaction(() => log.writeEnd(elsewhere))
     }
   }
-  await log.settle()
   try {
     await whenNotBusy(record, RECORD_WAIT_MS)
   } catch (error) {

@@ -63,8 +63,7 @@ interface HeldEvent extends NumberedEvent {
  * Each batch written while the turn runs is reserved in the tenant's storage budget first (the
  * reservation settled into the rows in one transaction); one that does not fit is not written,
  * no batch is tried after it, and the owner is told, which stops the turn. What the turn's end
- * writes with it (at most `TURN_EVENTS_HIGH_CHARS` and what the agent sent before it stopped) is
- * counted once written, not reserved: the end of a turn is always recorded.
+ * writes with it is reserved by `recordTurnEnd` (turn-end-record.ts) before it is written.
  */
 export class TurnEventLog {
   /** The events not written yet: ids (written, last]. */
@@ -164,6 +163,21 @@ export class TurnEventLog {
     const id = this.last + 1
     await this.insert([...this.events, { id, event: terminal, json: JSON.stringify(terminal) }])
     return id
+  }
+
+  /** Bytes (UTF-8 JSON) `writeEnd(terminal)` writes: the events not written yet and `terminal`. */
+  endBytes(terminal: StreamEvent): number {
+    const held = this.events.reduce((sum, event) => sum + Buffer.byteLength(event.json), 0)
+    return held + Buffer.byteLength(JSON.stringify(terminal))
+  }
+
+  /**
+   * Forgets the events not written yet: a turn's end that did not fit in its tenant's budget keeps
+   * its terminal event only (the ids of the dropped ones are not stored; a resumed stream skips them).
+   */
+  dropHeld(): void {
+    this.events = []
+    this.heldChars = 0
   }
 
   /** The terminal event written by `writeEnd` was committed: the readers are woken, the log ends. */

@@ -36,6 +36,7 @@ export type TurnRunnerDeps = Pick<
   | 'observers'
   | 'relays'
   | 'routing'
+  | 'storageBudget'
 > & {
   store: SessionStore
   locks: TurnLocks
@@ -410,7 +411,7 @@ export class TurnRunner {
     }
     if (asked && outcome.status === 'completed') await this.recordApproval(row, asked)
     const recorded = await recordTurnEnd(
-      { db: this.deps.db, store, logger: this.deps.logger },
+      { db: this.deps.db, store, logger: this.deps.logger, budget: this.deps.storageBudget },
       { row, turnId, seq, outcome, durationMs, endedAt, endedAs, cause, generation, lastTurn, log },
       emitNumbered,
     )

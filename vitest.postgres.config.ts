@@ -68,6 +68,7 @@ const RUNTIME_ONLY = [
   'test/security/session-uid.test.ts',
   'test/security/shipped-*.test.ts',
   'test/security/stream-backpressure*.test.ts',
+  'test/security/tenant-at-limits.test.ts',
   'test/security/workspace-delete.test.ts',
   'test/security/workspace-listing.test.ts',
   'test/security/workspace-reads.test.ts',

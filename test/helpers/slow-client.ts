@@ -28,7 +28,7 @@ export interface SlowTurn {
  * (0: nothing), a tenth of it every 100 ms.
  */
 export function slowTurn(
-  server: ServerProcess,
+  server: Pick<ServerProcess, 'url' | 'key'>,
   sessionId: string,
   bytesPerSecond: number,
   prompt = 'flood',

@@ -1,14 +1,12 @@
 import {
-  CairnProblem,
   newId,
   type SessionPolicy,
   type SessionStatus,
   type SetupStatus,
   type StatusCause,
-  type TurnStatus,
 } from '@cairn/protocol'
 import { type QueryCreator, sql } from 'kysely'
-import { type Db, isUniqueViolation } from '../db/database.js'
+import type { Db } from '../db/database.js'
 import type { Schema } from '../db/schema.js'
 import { standingFor } from '../snapshots/snapshot-store.js'
 import { DeadlineIndex, nextDueColumn, refreshNextDue } from './deadline-index.js'
@@ -16,17 +14,15 @@ import { NetworkLog } from './network-log.js'
 import { recoverAfterRestart } from './restart-recovery.js'
 import { SessionHolds } from './session-holds.js'
 import type { InterruptedTurn, ListFilter, NewSession, SessionRow } from './session-rows.js'
+import { SessionTurnWrites } from './session-turn-writes.js'
 import {
   type ChangedTiming,
   changeStatus,
   STATUS_TIMING,
   type StatusChange,
   type StatusUpdate,
-  TurnEndedElsewhere,
-  type TurnEndRow,
   type TurnWrites,
 } from './status-writes.js'
-import { MOVE_OPERATION } from './turn-locks.js'
 import { TurnRecords } from './turn-records.js'
 
 export { type InterruptedTurn, type ListFilter, type SessionRow, toSessionInfo } from './session-rows.js'
@@ -40,6 +36,7 @@ export class SessionStore {
   readonly deadlines: DeadlineIndex
   private readonly holds: SessionHolds
   private readonly reads: TurnRecords
+  private readonly turnWrites: SessionTurnWrites
   /** The session's network log: the egress proxy's decisions. */
   readonly networkLog: NetworkLog
 
@@ -53,6 +50,9 @@ export class SessionStore {
     this.deadlines = new DeadlineIndex(db, placedNode === undefined ? runtimeId : undefined)
     this.holds = new SessionHolds(db)
     this.reads = new TurnRecords(db)
+    this.turnWrites = new SessionTurnWrites(db, this.holds, (id, update, change, turn) =>
+      this.changeStatus(id, update, change, turn),
+    )
     this.networkLog = new NetworkLog(db)
   }
 
@@ -338,84 +338,21 @@ export class SessionStore {
     return rows.map((r) => r.id)
   }
 
-  /**
-   * Records a new running turn and the session's `idle → active` transition (one update of its
-   * row). The database holds at most one running turn per session (a partial unique index): a
-   * second one, from this process or another replica, is refused with `session_busy` and nothing
-   * of it is recorded. `sandboxId`: the warm sandbox the turn is expected to run in, if known.
-   */
-  async startTurn(turn: {
-    sessionId: string
-    turnId: string
-    seq: number
-    prompt: string
-    title: string
-    at: string
-    relayId: string | null
-    sandboxId?: string | undefined
-  }): Promise<void> {
-    const { sessionId, at } = turn
-    const row = {
-      id: turn.turnId,
-      session_id: sessionId,
-      seq: turn.seq,
-      status: 'running',
-      prompt: turn.prompt,
-      started_at: at,
-      relay_id: turn.relayId,
-      ...(turn.sandboxId === undefined ? {} : { sandbox_id: turn.sandboxId, cold_start: 0 }),
-    }
-    const onPostgres = this.db.dialect === 'postgres'
-    // PostgreSQL: one statement (the turn's row written from the session's, so a held session
-    // writes neither), atomic without a transaction. SQLite: the turn's row first, in one.
-    const begin = async () => {
-      if (!onPostgres) await this.db.q.insertInto('turns').values(row).execute()
-      const timing = await this.changeStatus(
-        sessionId,
-        (qc) =>
-          qc
-            .updateTable('sessions')
-            .set((eb) => ({
-              turn_count: eb('turn_count', '+', 1),
-              message_count: eb('message_count', '+', 1),
-              title: eb.fn.coalesce('title', eb.val(turn.title)),
-              last_active_at: at,
-              updated_at: at,
-              status: 'active',
-              status_cause: 'turn_started',
-            }))
-            .where('id', '=', sessionId)
-            .where((eb) =>
-              eb.or([eb('held_by', 'is', null), eb('held_until', '<', this.holds.holdClock(at))]),
-            )
-            .returning(STATUS_TIMING),
-        { from: 'idle', to: 'active', cause: 'turn_started', detail: turn.turnId, at },
-        onPostgres ? { begun: row } : {},
-      )
-      if (!timing) {
-        // An exclusive operation holds the session (through any replica): the turn is not begun.
-        const held = await this.heldFor(sessionId, at)
-        throw held === MOVE_OPERATION
-          ? new CairnProblem(
-              'session_moving',
-              `session ${sessionId} is being moved to another node; retry in a moment`,
-            )
-          : new CairnProblem(
-              'session_busy',
-              `session ${sessionId} is busy with ${held ?? 'an operation'}; retry when it is done`,
-            )
-      }
-    }
-    try {
-      await (onPostgres ? begin() : this.db.transaction(begin))
-    } catch (error) {
-      if (isUniqueViolation(error))
-        throw new CairnProblem(
-          'session_busy',
-          `session ${sessionId} is already running a turn; wait for it or cancel it`,
-        )
-      throw error
-    }
+  /** A turn's begin and end (see SessionTurnWrites). */
+  startTurn(...args: Parameters<SessionTurnWrites['startTurn']>) {
+    return this.turnWrites.startTurn(...args)
+  }
+  setTurnSandbox(...args: Parameters<SessionTurnWrites['setTurnSandbox']>) {
+    return this.turnWrites.setTurnSandbox(...args)
+  }
+  ownerEpochForUpdate(sessionId: string) {
+    return this.turnWrites.ownerEpochForUpdate(sessionId)
+  }
+  endedElsewhere(turnId: string) {
+    return this.turnWrites.endedElsewhere(turnId)
+  }
+  finishTurn(...args: Parameters<SessionTurnWrites['finishTurn']>) {
+    return this.turnWrites.finishTurn(...args)
   }
 
   /** The session's holds for exclusive operations (see SessionHolds). */
@@ -433,117 +370,6 @@ export class SessionStore {
   }
   swaps(...args: Parameters<SessionHolds['swaps']>) {
     return this.holds.swaps(...args)
-  }
-
-  async setTurnSandbox(turnId: string, sandboxId: string, coldStart: boolean): Promise<void> {
-    await this.db.q
-      .updateTable('turns')
-      .set({ sandbox_id: sandboxId, cold_start: coldStart ? 1 : 0 })
-      .where('id', '=', turnId)
-      .execute()
-  }
-
-  /**
-   * The session's owner epoch, its row locked for the rest of the enclosing transaction (on
-   * PostgreSQL; SQLite has one writer at a time): a write made only while it is unchanged cannot
-   * land after the session's owner was declared lost or changed.
-   */
-  async ownerEpochForUpdate(sessionId: string): Promise<number | undefined> {
-    let query = this.db.q.selectFrom('sessions').select('owner_epoch').where('id', '=', sessionId)
-    if (this.db.dialect === 'postgres') query = query.forUpdate()
-    const row = await query.executeTakeFirst()
-    return row === undefined ? undefined : Number(row.owner_epoch)
-  }
-
-  /**
-   * The error code of a turn someone else ended while it ran (its relay's loss, cluster), read
-   * inside the transaction that would record its end; undefined while it still runs.
-   */
-  async endedElsewhere(turnId: string): Promise<string | undefined> {
-    const row = await this.db.q
-      .selectFrom('turns')
-      .select(['status', 'error_code'])
-      .where('id', '=', turnId)
-      .executeTakeFirst()
-    if (!row || row.status === 'running') return undefined
-    return row.error_code ?? row.status
-  }
-
-  /**
-   * Records a turn's end, in the caller's transaction: the session's row first (status, counts,
-   * generation; only while its owner epoch is `session.ownerEpoch`, the row then held to the end
-   * of the transaction, as a relay's loss holds it: sessions before turns), then the turn's row
-   * (only while it runs). False: the owner changed, nothing was written. Throws
-   * `TurnEndedElsewhere` when the turn was ended meanwhile (its relay's lease lapsed): the
-   * caller's transaction must not commit.
-   */
-  async finishTurn(
-    session: { id: string; status: SessionStatus; ownerEpoch: number },
-    turn: {
-      id: string
-      status: TurnStatus
-      response: string
-      stderr: string
-      errorCode: string | null
-      errorMessage: string | null
-      endedAt: string
-      durationMs: number
-    },
-    change: { to: SessionStatus; cause: StatusCause; detail: string; generation: number | undefined },
-  ): Promise<boolean> {
-    const at = turn.endedAt
-    const generation = change.generation
-    const set: TurnEndRow = {
-      status: turn.status,
-      response: turn.response,
-      stderr: turn.stderr,
-      error_code: turn.errorCode,
-      error_message: turn.errorMessage,
-      ended_at: at,
-      duration_ms: turn.durationMs,
-    }
-    const onPostgres = this.db.dialect === 'postgres'
-    const timing = await this.changeStatus(
-      session.id,
-      (qc) =>
-        qc
-          .updateTable('sessions')
-          .set((eb) => ({
-            message_count: eb('message_count', '+', turn.response ? 1 : 0),
-            last_active_at: at,
-            updated_at: at,
-            status: change.to,
-            status_cause: change.cause,
-            ...(generation === undefined
-              ? {}
-              : {
-                  generation: eb
-                    .case()
-                    .when('generation', '<', generation)
-                    .then(generation)
-                    .else(eb.ref('generation'))
-                    .end(),
-                }),
-          }))
-          .where('id', '=', session.id)
-          .where('owner_epoch', '=', session.ownerEpoch)
-          .returning(STATUS_TIMING),
-      { from: session.status, to: change.to, cause: change.cause, detail: change.detail, at },
-      onPostgres ? { ended: { id: turn.id, set } } : {},
-    )
-    if (!timing) return false
-    const ended = onPostgres
-      ? timing.turnEnded === true
-      : (
-          await this.db.q
-            .updateTable('turns')
-            .set(set)
-            .where('id', '=', turn.id)
-            .where('status', '=', 'running')
-            .executeTakeFirst()
-        ).numUpdatedRows > 0n
-    if (!ended) throw new TurnEndedElsewhere((await this.endedElsewhere(turn.id)) ?? 'internal')
-    return true
   }
 
   async touch(sessionId: string, at: string): Promise<void> {

@@ -5,6 +5,7 @@ import type { Readable } from 'node:stream'
 import { initClusterTls } from '../packages/runtime/dist/port/index.js'
 import { startServer } from '../packages/server/dist/index.js'
 import { type RunningNode, startNode } from '../packages/server/dist/node/start-node.js'
+import { nodeDatabaseUrl } from '../test/helpers/node-role.js'
 import { TestPostgres } from '../test/helpers/postgres.js'
 import { type Bench, progress, timedResult } from './lib/bench.js'
 import { NodeHttpClient } from './lib/client.js'
@@ -48,7 +49,9 @@ export const moves: Bench = {
             await startNode({
               dataDir: path.join(work, name),
               clusterDir,
-              database: url,
+              database: await nodeDatabaseUrl(postgres, url, {
+                role: `cairn_node_${name.replace('-', '_')}`,
+              }),
               listen: '127.0.0.1:0',
               name,
               poolImageSizeBytes: 2 * 1024 * 1024 * 1024,

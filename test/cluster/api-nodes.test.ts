@@ -6,6 +6,7 @@ import pg from 'pg'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { initClusterTls } from '../../packages/runtime/src/port/remote/cluster-tls.js'
 import { type RunningNode, startNode } from '../../packages/server/src/node/start-node.js'
+import { nodeDatabaseUrl } from '../helpers/node-role.js'
 import { TestPostgres, testsRunOnPostgres } from '../helpers/postgres.js'
 import { makeProject } from '../helpers/projects.js'
 import { Api } from '../helpers/server.js'
@@ -45,7 +46,7 @@ beforeAll(async () => {
       await startNode({
         dataDir: await tempDir(name),
         clusterDir,
-        database: url,
+        database: await nodeDatabaseUrl(postgres, url, { role: `cairn_node_${name.replaceAll('-', '_')}` }),
         listen: '127.0.0.1:0',
         name,
         poolImageSizeBytes: 1024 * 1024 * 1024,

@@ -17,6 +17,7 @@ import {
 import { openDatabase } from '../../packages/server/src/db/database.js'
 import { recordShipped } from '../../packages/server/src/node/shipped-record.js'
 import { CAIRN_CLI } from '../helpers/cluster.js'
+import { nodeDatabaseUrl } from '../helpers/node-role.js'
 import { postgresBinDir, TestPostgres, testsRunOnPostgres } from '../helpers/postgres.js'
 import { makeProject } from '../helpers/projects.js'
 import { startObjectStore, type TestObjectStore } from '../helpers/rgw.js'
@@ -76,7 +77,7 @@ async function startNodeProcess(name: string, dataDir: string): Promise<NodeProc
       CAIRN_CLI,
       'node',
       '--database',
-      url,
+      await nodeDatabaseUrl(postgres, url, { role: `cairn_node_${name.replaceAll('-', '_')}` }),
       '--cluster-dir',
       clusterDir,
       '--listen',

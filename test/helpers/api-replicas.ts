@@ -4,6 +4,7 @@ import path from 'node:path'
 import { type RunningServer, startServer } from '@cairn/server'
 import { initClusterTls } from '../../packages/runtime/src/port/remote/cluster-tls.js'
 import { type RunningNode, startNode } from '../../packages/server/src/node/start-node.js'
+import { nodeDatabaseUrl } from './node-role.js'
 import { TestPostgres } from './postgres.js'
 import { Api } from './server.js'
 
@@ -41,7 +42,7 @@ export async function startApiReplicas(count: number, tag: string): Promise<ApiR
     node = await startNode({
       dataDir: await tempDir('node'),
       clusterDir,
-      database: databaseUrl,
+      database: await nodeDatabaseUrl(postgres, databaseUrl, { role: 'cairn_node_a' }),
       listen: '127.0.0.1:0',
       name: 'node-a',
       poolImageSizeBytes: 1024 * 1024 * 1024,

@@ -7,6 +7,7 @@ import { promisify } from 'node:util'
 import { CgroupManager, instanceRunDir, readMounts } from '@cairn/runtime'
 import { claimTestRange, NodeNetwork, type TestRange } from './cluster-network.js'
 import { ClusterProcess, cgroupV2Root } from './cluster-process.js'
+import { nodeDatabaseUrl } from './node-role.js'
 import { TestPostgres } from './postgres.js'
 
 const run = promisify(execFile)
@@ -25,6 +26,7 @@ const POOL_BYTES = 2 * 1024 * 1024 * 1024
 export class ClusterNode {
   process: ClusterProcess | undefined
   private starts = 0
+  private readonly credentials = new Map<string, string>()
 
   constructor(
     readonly cluster: TestCluster,
@@ -53,9 +55,21 @@ export class ClusterNode {
   get listen(): string {
     return `${this.network.address}:${NODE_PORT}`
   }
-  /** The PostgreSQL URL as the node reaches it (the root end of its link). */
+  /** The PostgreSQL URL as the node reaches it (the root end of its link), as the superuser. */
   databaseUrl(database: string): string {
     return this.cluster.postgres.url(database, this.network.hostSide)
+  }
+  /** What `cairn node` is given: the node's own login role in `cairn_node` (see node-role.ts). */
+  async nodeCredential(database: string): Promise<string> {
+    let url = this.credentials.get(database)
+    if (url === undefined) {
+      url = await nodeDatabaseUrl(this.cluster.postgres, this.cluster.postgres.url(database), {
+        role: `cairn_node_${this.name}`,
+        host: this.network.hostSide,
+      })
+      this.credentials.set(database, url)
+    }
+    return url
   }
   /** The node's runtime ID (`rt_…`), once it has started once. */
   runtimeId(): string | undefined {
@@ -94,7 +108,7 @@ export class ClusterNode {
         CAIRN_CLI,
         'node',
         '--database',
-        this.databaseUrl(database),
+        await this.nodeCredential(database),
         '--cluster-dir',
         this.cluster.clusterDir,
         '--listen',

@@ -8,6 +8,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { type Db, openDatabase } from '../../packages/server/src/db/database.js'
 import { type RunningNode, startNode } from '../../packages/server/src/node/start-node.js'
 import { seedSessions } from '../../packages/server/test/cluster-rows.js'
+import { nodeDatabaseUrl } from '../helpers/node-role.js'
 import { TestPostgres } from '../helpers/postgres.js'
 
 // A runtime node serves every tenant's sessions of its machine: no call may take it out for the
@@ -20,6 +21,7 @@ import { TestPostgres } from '../helpers/postgres.js'
 let postgres: TestPostgres
 let db: Db
 let url: string
+let nodeUrl: string
 let clusterDir: string
 let dataDir: string
 let node: RunningNode | undefined
@@ -30,7 +32,7 @@ async function start(): Promise<RunningNode> {
     dataDir,
     clusterDir,
     storage: 'dir',
-    database: url,
+    database: nodeUrl,
     listen: '127.0.0.1:0',
     name: 'review-epochs',
     heartbeatMs: 200,
@@ -62,6 +64,7 @@ beforeAll(async () => {
   postgres = await TestPostgres.start()
   url = await postgres.createDatabase()
   db = await openDatabase(url)
+  nodeUrl = await nodeDatabaseUrl(postgres, url, { role: 'cairn_node_review' })
   clusterDir = await mkdtemp(path.join(os.tmpdir(), 'cairn-review-epochs-tls-'))
   await initClusterTls(clusterDir)
   dataDir = await mkdtemp(path.join(os.tmpdir(), 'cairn-review-epochs-node-'))

@@ -170,9 +170,9 @@ export async function syncSharedFiles(
   db: Db,
   dataDirPath: string,
   clock: Clock,
-  what: { secretKey: boolean },
+  what: { secretKey: boolean; node?: boolean },
 ): Promise<void> {
-  const shared = new SharedFiles(db, () => iso(clock.now()))
+  const shared = new SharedFiles(db, () => iso(clock.now()), { node: what.node ?? false })
   if (what.secretKey && !process.env.CAIRN_SECRET_KEY)
     await shared.sync('secret.key', dataDirPath, ['secret.key'], async () => {
       await SecretCipher.load(path.join(dataDirPath, 'secret.key'))

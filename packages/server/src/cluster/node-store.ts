@@ -39,8 +39,10 @@ export type RunCompiled = <R>(query: CompiledQuery<R>) => Promise<R[]>
 
 /**
  * The `nodes` table (PostgreSQL only: a cluster needs it). Times are the database's. A node's
- * own writes (register, renew, deregister) may run on its dedicated connection (`run`), whose
- * statements time out, so a partition is seen as a failure, never as a wait.
+ * own writes (register, renew, deregister) go through the functions its role may call
+ * (node-role.ts: they check the row is the calling role's) and may run on its dedicated
+ * connection (`run`), whose statements time out, so a partition is seen as a failure, never as a
+ * wait.
  */
 export class NodeStore {
   constructor(
@@ -48,8 +50,9 @@ export class NodeStore {
     private readonly run?: RunCompiled,
   ) {}
 
-  private rows<R>(query: { compile(): CompiledQuery<R>; execute(): Promise<R[]> }): Promise<R[]> {
-    return this.run ? this.run(query.compile()) : query.execute()
+  private async rows<R>(query: CompiledQuery<R>): Promise<R[]> {
+    if (this.run) return this.run(query)
+    return (await this.db.q.executeQuery(query)).rows
   }
 
   /**
@@ -59,48 +62,17 @@ export class NodeStore {
    * its own (their `runtime_id`), so they are served again.
    */
   async register(node: NodeRegistration): Promise<{ epoch: number; state: NodeState }> {
-    const lease = dbTime(node.leaseMs)
-    const query = this.db.kysely
-      .insertInto('nodes')
-      .values({
-        id: node.id,
-        name: node.name,
-        address: node.address,
-        boot_id: node.bootId,
-        state: 'ready',
-        drivers: JSON.stringify(node.figures.drivers),
-        cpus: node.figures.cpus,
-        warm_sandboxes: node.figures.warmSandboxes,
-        pool_free_bytes: node.figures.poolFreeBytes ?? null,
-        pool_size_bytes: node.figures.poolSizeBytes ?? null,
-        epoch: 1,
-        lease_expires_at: lease,
-        heartbeat_at: dbTime(),
-        registered_at: dbTime(),
-        lost_at: null,
-      })
-      .onConflict((oc) =>
-        oc.column('id').doUpdateSet((eb) => ({
-          name: eb.ref('excluded.name'),
-          address: eb.ref('excluded.address'),
-          boot_id: eb.ref('excluded.boot_id'),
-          state: sql<string>`CASE WHEN nodes.state = 'cordoned' THEN nodes.state ELSE 'ready' END`,
-          drivers: eb.ref('excluded.drivers'),
-          cpus: eb.ref('excluded.cpus'),
-          warm_sandboxes: eb.ref('excluded.warm_sandboxes'),
-          pool_free_bytes: eb.ref('excluded.pool_free_bytes'),
-          pool_size_bytes: eb.ref('excluded.pool_size_bytes'),
-          epoch: sql<number>`nodes.epoch + 1`,
-          lease_expires_at: eb.ref('excluded.lease_expires_at'),
-          heartbeat_at: eb.ref('excluded.heartbeat_at'),
-          registered_at: eb.ref('excluded.registered_at'),
-          lost_at: null,
-        })),
-      )
-      .returning(['epoch', 'state'])
-    const [row] = await this.rows(query)
+    const f = node.figures
+    const [row] = await this.rows(
+      sql<{
+        node_epoch: number
+        node_state: string
+      }>`SELECT node_epoch, node_state FROM cairn_node_register(${node.id}, ${node.name}, ${node.address}, ${node.bootId}, ${JSON.stringify(f.drivers)}, ${f.cpus}::bigint, ${f.warmSandboxes}::bigint, ${f.poolFreeBytes ?? null}::bigint, ${f.poolSizeBytes ?? null}::bigint, ${node.leaseMs}::bigint)`.compile(
+        this.db.kysely,
+      ),
+    )
     if (!row) throw new Error(`registering node ${node.id} returned no row`)
-    return { epoch: Number(row.epoch), state: row.state as NodeState }
+    return { epoch: Number(row.node_epoch), state: row.node_state as NodeState }
   }
 
   /**
@@ -114,32 +86,24 @@ export class NodeStore {
     leaseMs: number,
     figures: Pick<NodeFigures, 'warmSandboxes' | 'poolFreeBytes'>,
   ): Promise<NodeState | undefined> {
-    const query = this.db.kysely
-      .updateTable('nodes')
-      .set({
-        lease_expires_at: dbTime(leaseMs),
-        heartbeat_at: dbTime(),
-        warm_sandboxes: figures.warmSandboxes,
-        pool_free_bytes: figures.poolFreeBytes ?? null,
-      })
-      .where('id', '=', id)
-      .where('epoch', '=', epoch)
-      .where('state', 'in', LEASED_STATES)
-      .returning('state')
-    const [row] = await this.rows(query)
-    return row?.state as NodeState | undefined
+    const [row] = await this.rows(
+      sql<{
+        state: string | null
+      }>`SELECT cairn_node_renew(${id}, ${epoch}::bigint, ${leaseMs}::bigint, ${figures.warmSandboxes}::bigint, ${figures.poolFreeBytes ?? null}::bigint) AS state`.compile(
+        this.db.kysely,
+      ),
+    )
+    return (row?.state ?? undefined) as NodeState | undefined
   }
 
   /** A clean shutdown: the incarnation's lease ends now, state `stopped`. */
   async deregister(id: string, epoch: number): Promise<boolean> {
-    const query = this.db.kysely
-      .updateTable('nodes')
-      .set({ state: 'stopped', lease_expires_at: dbTime() })
-      .where('id', '=', id)
-      .where('epoch', '=', epoch)
-      .where('state', 'in', LEASED_STATES)
-      .returning('id')
-    return (await this.rows(query)).length > 0
+    const [row] = await this.rows(
+      sql<{ stopped: boolean }>`SELECT cairn_node_deregister(${id}, ${epoch}::bigint) AS stopped`.compile(
+        this.db.kysely,
+      ),
+    )
+    return row?.stopped === true
   }
 
   /** An operator's cordon, uncordon or drain; a lost or stopped node cannot be moved. */

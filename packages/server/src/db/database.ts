@@ -1,4 +1,5 @@
 import { AsyncLocalStorage } from 'node:async_hooks'
+import { CairnProblem } from '@cairn/protocol'
 import BetterSqlite3 from 'better-sqlite3'
 import { Kysely, PostgresDialect, SqliteDialect, type Transaction } from 'kysely'
 import pg from 'pg'
@@ -95,7 +96,7 @@ export function isUniqueViolation(error: unknown): boolean {
 const STATEMENT_CACHE_SIZE = 500
 
 /**
- * Opens the database and applies pending migrations, each in its own transaction; versions
+ * Opens the database and applies pending migrations (a node, `migrate: false`, only checks them), each in its own transaction; versions
  * already recorded in `schema_migrations` (by this code or an older one) are never applied again.
  */
 export async function openDatabase(target: string, options: OpenDatabaseOptions = {}): Promise<Db> {
@@ -108,6 +109,12 @@ export interface OpenDatabaseOptions {
    * unavailable (default `POSTGRES_QUERY_TIMEOUT_MS`; 0: unbounded, for bulk copies).
    */
   queryTimeoutMs?: number | undefined
+  /**
+   * PostgreSQL: false for a node, which may not change the schema (its role has no such right):
+   * it checks that every migration it knows was applied (by an API replica) and refuses to open
+   * otherwise. Default true.
+   */
+  migrate?: boolean | undefined
 }
 
 function openSqlite(file: string): Db {
@@ -203,6 +210,35 @@ async function openPostgres(url: string, options: OpenDatabaseOptions): Promise<
   })
   const client = await pool.connect()
   try {
+    if (options.migrate === false) await checkMigrated(client)
+    else await migratePostgres(client)
+  } catch (error) {
+    client.release()
+    await pool.end()
+    throw error
+  }
+  client.release()
+  const tap = new StatementTap()
+  return new Db(
+    new Kysely<Schema>({
+      dialect: new PostgresDialect({
+        pool: boundedPool(
+          pool,
+          { connectionString: url, types },
+          options.queryTimeoutMs ?? POSTGRES_QUERY_TIMEOUT_MS,
+          tap,
+        ),
+      }),
+      plugins: [new PostgresTextPlugin()],
+    }),
+    'postgres',
+    tap,
+  )
+}
+
+/** Applies every migration not applied yet, one replica at a time. */
+async function migratePostgres(client: pg.PoolClient): Promise<void> {
+  try {
     await client.query('BEGIN')
     // Replicas starting together migrate one at a time.
     await client.query('SELECT pg_advisory_xact_lock(7302117)')
@@ -227,25 +263,27 @@ async function openPostgres(url: string, options: OpenDatabaseOptions): Promise<
     await client.query('COMMIT')
   } catch (error) {
     await client.query('ROLLBACK').catch(() => {})
-    client.release()
-    await pool.end()
     throw error
   }
-  client.release()
-  const tap = new StatementTap()
-  return new Db(
-    new Kysely<Schema>({
-      dialect: new PostgresDialect({
-        pool: boundedPool(
-          pool,
-          { connectionString: url, types },
-          options.queryTimeoutMs ?? POSTGRES_QUERY_TIMEOUT_MS,
-          tap,
-        ),
-      }),
-      plugins: [new PostgresTextPlugin()],
-    }),
-    'postgres',
-    tap,
-  )
+}
+
+/** A node's open: the schema must be this version's already (an API replica migrates it). */
+async function checkMigrated(client: pg.PoolClient): Promise<void> {
+  const rows = await client
+    .query<{ version: number }>('SELECT version FROM schema_migrations')
+    .then((result) => result.rows)
+    .catch((error: unknown) => {
+      throw new CairnProblem(
+        'unavailable',
+        `the cluster database's schema could not be read (${error instanceof Error ? error.message : String(error)}): start an API replica first (it applies the migrations), and give the node a role in cairn_node (docs/cluster.md)`,
+      )
+    })
+  const applied = new Set(rows.map((r) => Number(r.version)))
+  const missing = MIGRATIONS.filter((m) => !applied.has(m.version)).map((m) => m.version)
+  if (missing.length > 0)
+    throw new CairnProblem(
+      'unavailable',
+      `the cluster database lacks migrations ${missing.join(', ')}: start (or upgrade) an API replica first; it applies them, a node may not`,
+      { missing },
+    )
 }

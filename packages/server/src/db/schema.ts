@@ -191,6 +191,8 @@ export interface Schema {
   }
   preview_url_epochs: { session_id: string; port: number; epoch: number }
   shared_files: { name: string; content: Buffer; created_at: string }
+  /** A view (PostgreSQL): the shared files a node's role may read. */
+  node_shared_files: { name: string; content: Buffer }
   build_logs: { revision_id: string; log: string }
   artifact_blobs: { artifact_id: string; content: Buffer }
   storage_reservations: { id: string; tenant_id: string; bytes: number; purpose: string; expires_at: string }

@@ -1,7 +1,9 @@
 import { existsSync } from 'node:fs'
 import { mkdir, readFile, rename, writeFile } from 'node:fs/promises'
 import path from 'node:path'
+import { CairnProblem } from '@cairn/protocol'
 import type { Db } from './database.js'
+import { NODE_SHARED_FILES_VIEW } from './node-role.js'
 
 /**
  * Files every API replica must hold the same copy of (the secrets key, the egress CA), kept in the
@@ -9,9 +11,14 @@ import type { Db } from './database.js'
  * it; the first replica to start makes it (a race between two keeps one: the first insert).
  */
 export class SharedFiles {
+  /**
+   * @param options.node a node's copy: read through the view its role may read (the egress CA
+   *   only, never the secrets key), and never stored (an API replica stores the first copy).
+   */
   constructor(
     private readonly db: Db,
     private readonly now: () => string,
+    private readonly options: { node?: boolean } = {},
   ) {}
 
   /**
@@ -26,6 +33,11 @@ export class SharedFiles {
     create: () => Promise<void>,
   ): Promise<void> {
     let stored = await this.read(name)
+    if (!stored && this.options.node)
+      throw new CairnProblem(
+        'unavailable',
+        `the cluster database holds no ${name} yet: start an API replica first (it stores the cluster's copy)`,
+      )
     if (!stored) {
       if (!files.every((file) => existsSync(path.join(dir, file)))) await create()
       const local: Record<string, string> = {}
@@ -51,7 +63,7 @@ export class SharedFiles {
 
   private async read(name: string): Promise<Record<string, string> | undefined> {
     const row = await this.db.q
-      .selectFrom('shared_files')
+      .selectFrom(this.options.node ? NODE_SHARED_FILES_VIEW : 'shared_files')
       .select('content')
       .where('name', '=', name)
       .executeTakeFirst()

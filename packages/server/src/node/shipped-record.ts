@@ -1,4 +1,5 @@
 import type { ConfirmedShip } from '@cairn/runtime/port'
+import { sql } from 'kysely'
 import type { Logger } from 'pino'
 import type { Db } from '../db/database.js'
 
@@ -29,12 +30,33 @@ export async function recordShipped(db: Db, nodeId: string, ship: ConfirmedShip)
   return Number(result.numUpdatedRows) > 0
 }
 
+/**
+ * A cluster node's `recordShipped`: through the function its role may call, which checks in the
+ * database what the node could leave out (node-role.ts): the session is its role's node's, at that
+ * owner epoch, and the node is not declared lost nor past its lease.
+ */
+export async function recordShippedAsNode(db: Db, _nodeId: string, ship: ConfirmedShip): Promise<boolean> {
+  const { rows } = await sql<{
+    recorded: boolean
+  }>`SELECT cairn_node_record_shipped(${ship.sessionId}, ${ship.ownerEpoch ?? null}::bigint, ${ship.generation}::bigint, ${ship.snapshotId}, ${ship.shippedAt}, ${ship.seq}::bigint, ${ship.treeDigest}) AS recorded`.execute(
+    db.q,
+  )
+  return rows[0]?.recorded === true
+}
+
+type Recorder = (db: Db, nodeId: string, ship: ConfirmedShip) => Promise<boolean>
+
 /** `recordShipped` for the port's `confirmed` hook: never throws, logs what it did not record. */
-export function shippedRecorder(db: Db, nodeId: () => string | undefined, logger: Logger) {
+export function shippedRecorder(
+  db: Db,
+  nodeId: () => string | undefined,
+  logger: Logger,
+  record: Recorder = recordShipped,
+) {
   return (ship: ConfirmedShip): void => {
     const id = nodeId()
     if (!id) return
-    recordShipped(db, id, ship).then(
+    record(db, id, ship).then(
       (written) => {
         if (!written)
           logger.info(
@@ -64,10 +86,18 @@ export async function ownsSession(
   return (await query.executeTakeFirst()) !== undefined
 }
 
-/** The node's shipping hooks: links only for sessions it owns, each recorded against its epoch. */
-export function nodeShippingHooks(db: Db, nodeId: () => string | undefined, logger: Logger) {
+/**
+ * The node's shipping hooks: links only for sessions it owns, each recorded against its epoch
+ * (`record`: `recordShippedAsNode` on a cluster node, whose role may not write the table).
+ */
+export function nodeShippingHooks(
+  db: Db,
+  nodeId: () => string | undefined,
+  logger: Logger,
+  record: Recorder = recordShipped,
+) {
   return {
-    confirmed: shippedRecorder(db, nodeId, logger),
+    confirmed: shippedRecorder(db, nodeId, logger, record),
     owns: async (sessionId: string, ownerEpoch: number | undefined) => {
       const id = nodeId()
       return id !== undefined && (await ownsSession(db, id, sessionId, ownerEpoch))

@@ -5,6 +5,7 @@ import { CairnProblem } from '@cairn/protocol'
 import { loadClusterTls, RemoteRuntimePort } from '@cairn/runtime/port'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { assertBuilt, spawnCli } from '../../../../test/helpers/cli.js'
+import { nodeDatabaseUrl } from '../../../../test/helpers/node-role.js'
 import { TestPostgres } from '../../../../test/helpers/postgres.js'
 import { initClusterTls } from '../../../runtime/src/port/remote/cluster-tls.js'
 import { eventually } from '../../test/cluster-rows.js'
@@ -63,7 +64,7 @@ describe('cairn node', () => {
       dataDir,
       clusterDir,
       storage: 'dir',
-      database: url,
+      database: await nodeDatabaseUrl(postgres, url, { role: 'cairn_node_a' }),
       listen: '127.0.0.1:0',
       name: 'node-a',
       heartbeatMs: 100,

@@ -17,7 +17,7 @@ import { reservePort } from '../http/port-reservation.js'
 import { checkRuntimeHost, claimDataDir, openLocalRuntime, syncSharedFiles } from '../local-runtime.js'
 import type { RuntimeHost } from '../runtime-host/runtime-host.js'
 import { reportFencedTurns } from './fenced-turns.js'
-import { nodeShippingHooks } from './shipped-record.js'
+import { nodeShippingHooks, recordShippedAsNode } from './shipped-record.js'
 
 /** `cairn node`: the runtime flags `cairn server` has, and where the node meets its cluster. */
 export interface NodeOptions
@@ -128,7 +128,8 @@ export async function startNode(options: NodeOptions = {}): Promise<RunningNode>
   })
   let db: Db
   try {
-    db = await openDatabase(databaseUrl)
+    // A node may not change the schema (its role cannot): an API replica migrates it first.
+    db = await openDatabase(databaseUrl, { migrate: false })
   } catch (error) {
     await reserved.release()
     await dataDir.releaseLocks()
@@ -138,8 +139,10 @@ export async function startNode(options: NodeOptions = {}): Promise<RunningNode>
   let served: ServedRuntimePort | undefined
   let registry: NodeRegistry | undefined
   try {
-    // Sandboxes trust one egress CA wherever they run: the cluster's, from the database.
-    await syncSharedFiles(db, config.dataDir, clock, { secretKey: false })
+    // Sandboxes trust one egress CA wherever they run: the cluster's, from the database (through
+    // the view a node's role may read: the secrets key is not in it; secrets come per sandbox
+    // from the API replica over the runtime port).
+    await syncSharedFiles(db, config.dataDir, clock, { secretKey: false, node: true })
     const events = new RuntimeEventHub()
     let opened: string | undefined
     host = await openLocalRuntime(config, dataDir, {
@@ -147,7 +150,12 @@ export async function startNode(options: NodeOptions = {}): Promise<RunningNode>
       logger,
       events,
       // A link the bucket confirmed is recorded against the epoch its snapshot was taken under.
-      shipping: nodeShippingHooks(db, () => opened, logger.child({ component: 'shipping' })),
+      shipping: nodeShippingHooks(
+        db,
+        () => opened,
+        logger.child({ component: 'shipping' }),
+        recordShippedAsNode,
+      ),
     })
     const nodeId = host.runtimeId
     opened = nodeId

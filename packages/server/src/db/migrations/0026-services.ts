@@ -1,8 +1,9 @@
+import { nodeRoleMigration } from '../node-role.js'
 import { storageTriggers } from '../storage-triggers.js'
 import { approvalWebhookTriggers, webhookTriggers } from '../webhook-triggers.js'
 import type { Migration } from './migration.js'
 
-/** Migrations 26–36. Services on top: turn events, replica leases, storage reservations, AG-UI, webhooks, commands, retention layers, approvals, resume runs, tenant storage. */
+/** Migrations 26–38. Services on top: turn events, replica leases, storage reservations, AG-UI, webhooks, commands, retention layers, approvals, resume runs, tenant storage, the held sessions' index, the nodes' role. */
 export const MIGRATIONS_0026: readonly Migration[] = [
   {
     // Every event a turn streamed (its JSON), numbered from 1 in the turn: the id of its SSE
@@ -252,5 +253,16 @@ CREATE TABLE session_command_logs (
     sql: `
 CREATE INDEX sessions_held ON sessions (held_by) WHERE held_by IS NOT NULL;
 `,
+  },
+  {
+    // A node's least privilege (docs/cluster.md, "The nodes' role"): the role nodes log in as
+    // members of, what it may read, its writes through functions that check who calls; a node's
+    // row names the role that registered it (none on rows from before: the next registration).
+    version: 38,
+    name: 'node_role',
+    sql: `
+ALTER TABLE nodes ADD COLUMN db_role TEXT;
+`,
+    dialectSql: nodeRoleMigration,
   },
 ]

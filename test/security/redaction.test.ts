@@ -1,4 +1,5 @@
 import { randomBytes } from 'node:crypto'
+import { Cairn } from '@cairn/sdk'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import type { TestServer } from '../helpers/server.js'
 import { startShellServer } from '../helpers/shell-server.js'
@@ -89,5 +90,31 @@ describe('redaction of encoded and split secrets', () => {
         .map((form) => `${where}: ${form}`),
     )
     expect(found).toEqual([])
+  })
+
+  it("keeps them out of a command's output, on pipes and on a terminal, as its log keeps it", async () => {
+    const runtime = token('cmd')
+    const put = await t.api.call('PUT', '/v1/agents/printer/secrets', {
+      secrets: { CMD_TOKEN: runtime },
+      scope: 'runtime',
+    })
+    expect(put.status).toBe(200)
+    const { id } = await t.api.createSession('printer')
+    const commands = new Cairn({ apiKey: t.key, baseUrl: t.url }).sessions.commands(id)
+    const piped = await commands.run(['python3', 'print.py', 'CMD_TOKEN'])
+    expect(piped.exitCode, piped.stderr).toBe(0)
+    const onTerminal = await commands.start(['python3', 'print.py', 'CMD_TOKEN'], {
+      tty: { rows: 24, cols: 200 },
+    })
+    const screen: Uint8Array[] = []
+    await commands.wait(onTerminal.id, { onOutput: (e) => e.type === 'output' && screen.push(e.data) })
+    const texts = { piped: piped.stdout, terminal: Buffer.concat(screen).toString() }
+    for (const [where, text] of Object.entries(texts)) {
+      expect(text.split('[redacted:CMD_TOKEN]').length - 1, where).toBeGreaterThanOrEqual(8)
+      expect(
+        shownForms(runtime).filter((form) => text.includes(form)),
+        where,
+      ).toEqual([])
+    }
   })
 })

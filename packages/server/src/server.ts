@@ -383,6 +383,7 @@ export async function startServer(
     const commands = new CommandService({
       db,
       sessions,
+      secrets,
       runtime: runtimePort,
       clock,
       logger,

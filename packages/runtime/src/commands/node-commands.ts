@@ -4,7 +4,8 @@ import { CairnProblem, type CommandEndCause, KEPT_ENDED_COMMANDS } from '@cairn/
 import type { AgentProcess } from '../agent/agent-process.js'
 import type { SandboxExecProcess } from '../sandbox/driver.js'
 import type { Logger } from '../util/logger.js'
-import { CommandLog } from './command-log.js'
+import { RedactingByteStream, Redactor } from '../util/redaction.js'
+import { CommandLog, type OutputStream } from './command-log.js'
 
 /** A command to start in a session's warm sandbox (see `RuntimePort.startCommand`). */
 export interface CommandStart {
@@ -24,6 +25,8 @@ export interface CommandStart {
   tty?: { rows: number; cols: number } | undefined
   /** Once it ends (the last of the session's), the sandbox cools down for this long. */
   keepWarmMs: number
+  /** Secret values (name → value) redacted from its output before it is kept, as in transcripts. */
+  redact?: Record<string, string> | undefined
 }
 
 /** A command as its node knows it. */
@@ -134,12 +137,13 @@ export class NodeCommands {
       for (const waiter of command.waiters) waiter()
       command.waiters.clear()
     }
+    const output = outputStreams(start.redact)
     process.stdout.on('data', (chunk: Buffer) => {
-      log.append('stdout', chunk)
+      log.append('stdout', output.stdout(chunk))
       wake()
     })
     process.stderr.on('data', (chunk: Buffer) => {
-      log.append('stderr', chunk)
+      log.append('stderr', output.stderr(chunk))
       wake()
     })
     if (!start.stdin) process.stdin.end()
@@ -147,6 +151,8 @@ export class NodeCommands {
     command.timer.unref()
     command.ended = process.exited.then(({ code, signal }) => {
       clearTimeout(command.timer)
+      // What redaction held back (a possible start of a value) is kept before the end is told.
+      for (const [stream, rest] of output.end()) log.append(stream, rest)
       state.status = 'exited'
       state.exitCode = signal ? null : code
       state.signal = signal
@@ -279,5 +285,24 @@ export class NodeCommands {
   /** Removes every log (at start: the commands of an earlier process died with their sandboxes). */
   async clear(): Promise<void> {
     await rm(this.dir, { recursive: true, force: true })
+  }
+}
+
+/** A command's stdout and stderr on their way to its log, each redacted of `secrets` as it comes. */
+function outputStreams(secrets: Record<string, string> | undefined) {
+  const redactor = new Redactor(secrets ?? {}, { bytes: true })
+  if (redactor.longestForm === 0) {
+    const same = (chunk: Buffer) => chunk
+    return { stdout: same, stderr: same, end: (): [OutputStream, Buffer][] => [] }
+  }
+  const stdout = new RedactingByteStream(redactor)
+  const stderr = new RedactingByteStream(redactor)
+  return {
+    stdout: (chunk: Buffer) => stdout.write(chunk),
+    stderr: (chunk: Buffer) => stderr.write(chunk),
+    end: (): [OutputStream, Buffer][] => [
+      ['stdout', stdout.end()],
+      ['stderr', stderr.end()],
+    ],
   }
 }

@@ -18,7 +18,7 @@ import { type OperatorLimits, operatorLimitSource } from '../limits/operator-lim
 import { TenantSlots } from '../limits/tenant-slots.js'
 import { checkPausePolicy } from '../pause/pause-policy.js'
 import { assertBindingsAllowed, unreachableBindings } from '../secrets/proxy-bindings.js'
-import { Redactor } from '../secrets/redaction.js'
+import { Redactor } from '@cairn/runtime'
 import type { SecretStore } from '../secrets/secret-store.js'
 import { type AgentRow, AgentStore, type StoredRevision } from './agent-store.js'
 import { type ArchiveLimits, DEFAULT_ARCHIVE_LIMITS, inspectArchive } from './archive.js'

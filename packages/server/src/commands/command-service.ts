@@ -11,6 +11,7 @@ import type { Logger } from 'pino'
 import { type Clock, iso } from '../clock.js'
 import type { Db } from '../db/database.js'
 import type { StorageBudget } from '../limits/storage-budget.js'
+import type { SecretStore } from '../secrets/secret-store.js'
 import type { SessionService } from '../sessions/session-service.js'
 import type { SessionRow } from '../sessions/session-store.js'
 import { type CommandRow, CommandStore, toCommandInfo } from './command-store.js'
@@ -29,6 +30,8 @@ const GONE = new Set(['command_not_found', 'node_lost', 'state_lost'])
 export interface CommandServiceDeps {
   db: Db
   sessions: SessionService
+  /** The agent's secret values, redacted from a command's output as from a turn's transcript. */
+  secrets: Pick<SecretStore, 'values'>
   /** The runtime, only through its port. */
   runtime: Pick<
     RuntimePort,
@@ -126,6 +129,7 @@ export class CommandService {
         stdin: body.stdin === true || body.tty !== undefined,
         tty: body.tty,
         keepWarmMs: row.keep_warm_ms,
+        redact: await this.deps.secrets.values(row.agent_id, ['runtime', 'setup', 'proxy']),
       })
     } catch (error) {
       await this.store.delete(id)

@@ -9,7 +9,7 @@ import {
 import type { AgentEvent, AgentInfo, TurnEnd, TurnInput, TurnOptions, TurnOutcome } from '@cairn/runtime/port'
 import { iso } from '../clock.js'
 import { unavailableReason, whenNotBusy } from '../db/busy.js'
-import { Redactor } from '../secrets/redaction.js'
+import { Redactor } from '@cairn/runtime'
 import { needsSetup } from '../setup/setup-service.js'
 import type { WorkspaceGenerations } from './generations.js'
 import { awaitNodeVerdict } from './node-verdict.js'

@@ -60,6 +60,7 @@ export const CommandStart = Type.Object(
     stdin: Type.Boolean(),
     tty: optional(TerminalSize),
     keepWarmMs: Count,
+    redact: optional(Type.Record(Type.String(), Type.String())),
   },
   { additionalProperties: false },
 )

@@ -77,9 +77,14 @@ export class Redactor {
   private readonly byFirst = new Map<string, string[]>()
   readonly longestForm: number = 0
 
-  constructor(secrets: Readonly<Record<string, string>>) {
+  /**
+   * `bytes`: the texts redacted are bytes read as latin1 (one character a byte: a command's
+   * output), so each form is looked for as its UTF-8 bytes.
+   */
+  constructor(secrets: Readonly<Record<string, string>>, options: { bytes?: boolean } = {}) {
+    const asText = (form: string) => (options.bytes ? Buffer.from(form, 'utf8').toString('latin1') : form)
     for (const [name, value] of Object.entries(secrets)) {
-      for (const form of secretForms(value)) if (!this.names.has(form)) this.names.set(form, name)
+      for (const form of secretForms(value).map(asText)) if (!this.names.has(form)) this.names.set(form, name)
     }
     const forms = [...this.names.keys()].sort((a, b) => b.length - a.length)
     this.pattern = forms.length > 0 ? new RegExp(forms.map(escapeRegExp).join('|'), 'g') : undefined
@@ -159,5 +164,29 @@ export class RedactingStream {
     const rest = this.redactor.redact(this.held)
     this.held = ''
     return rest
+  }
+}
+
+/**
+ * A byte stream (a command's stdout or stderr) redacted as it comes, like `RedactingStream`; after
+ * `end` (the command has ended) what still comes is redacted a chunk at a time, nothing held.
+ */
+export class RedactingByteStream {
+  private readonly text: RedactingStream
+  private ended = false
+
+  /** `redactor` made with `bytes: true`. */
+  constructor(private readonly redactor: Redactor) {
+    this.text = redactor.stream()
+  }
+
+  write(chunk: Buffer): Buffer {
+    const text = chunk.toString('latin1')
+    return Buffer.from(this.ended ? this.redactor.redact(text) : this.text.write(text), 'latin1')
+  }
+
+  end(): Buffer {
+    this.ended = true
+    return Buffer.from(this.text.end(), 'latin1')
   }
 }

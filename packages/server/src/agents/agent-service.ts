@@ -8,6 +8,7 @@ import {
   newId,
   type RevisionInfo,
 } from '@cairn/protocol'
+import { Redactor } from '@cairn/runtime'
 import type { RuntimePort } from '@cairn/runtime/port'
 import type { Logger } from 'pino'
 import { type Clock, iso } from '../clock.js'
@@ -18,7 +19,6 @@ import { type OperatorLimits, operatorLimitSource } from '../limits/operator-lim
 import { TenantSlots } from '../limits/tenant-slots.js'
 import { checkPausePolicy } from '../pause/pause-policy.js'
 import { assertBindingsAllowed, unreachableBindings } from '../secrets/proxy-bindings.js'
-import { Redactor } from '@cairn/runtime'
 import type { SecretStore } from '../secrets/secret-store.js'
 import { type AgentRow, AgentStore, type StoredRevision } from './agent-store.js'
 import { type ArchiveLimits, DEFAULT_ARCHIVE_LIMITS, inspectArchive } from './archive.js'

@@ -6,10 +6,10 @@ import {
   type StatusCause,
   type StreamEvent,
 } from '@cairn/protocol'
+import { Redactor } from '@cairn/runtime'
 import type { AgentEvent, AgentInfo, TurnEnd, TurnInput, TurnOptions, TurnOutcome } from '@cairn/runtime/port'
 import { iso } from '../clock.js'
 import { unavailableReason, whenNotBusy } from '../db/busy.js'
-import { Redactor } from '@cairn/runtime'
 import { needsSetup } from '../setup/setup-service.js'
 import type { WorkspaceGenerations } from './generations.js'
 import { awaitNodeVerdict } from './node-verdict.js'

@@ -44,7 +44,7 @@ describe('isolation per agent', () => {
     // Pausing with memory: gVisor checkpoints; bwrap cannot (CRIU), and says why.
     expect(listed.capabilities.memorySnapshot).toBe(true)
     expect(bwrap.capabilities.memorySnapshot).toBe(false)
-    expect(bwrap.capabilityReasons.memorySnapshot).toMatch(/CRIU.*vvar_vclock.*isolation: gvisor/s)
+    expect(bwrap.capabilityReasons.memorySnapshot).toMatch(/CRIU.*root mapped.*isolation: gvisor/s)
   })
 
   it("names gVisor's platform: systrap where the installed runsc offers it, else ptrace", async (ctx) => {

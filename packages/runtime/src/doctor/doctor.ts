@@ -176,7 +176,7 @@ function specs(options: HostCheckOptions): Spec[] {
       run: () => checks.tools(['criu'], env, version),
       costs:
         'nothing today: bwrap sandboxes do not pause with their memory (gVisor sandboxes do, with runsc)',
-      fix: 'nothing to do (bwrap would need CRIU 4.1 or later; Debian 12 has 3.17)',
+      fix: 'nothing to do (no CRIU checkpoints a bwrap sandbox yet: docs/architecture/pausing.md)',
     },
     {
       id: 'mmdebstrap',

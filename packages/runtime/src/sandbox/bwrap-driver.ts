@@ -61,15 +61,14 @@ export interface BwrapDriverOptions {
 const EXIT_DRAIN_MS = 1000
 
 /**
- * Why bwrap sandboxes stop rather than pause with their memory (measured on the project's hosts,
- * see docs/architecture.md, "Pausing with memory").
+ * Why bwrap sandboxes stop rather than pause with their memory (measured on the project's hosts
+ * with Debian 13's CRIU 4.1.1: docs/architecture/pausing.md, "bwrap and CRIU 4.1.1").
  */
 export const BWRAP_MEMORY_SNAPSHOT_REASON =
-  "CRIU, the only way to checkpoint a bwrap sandbox's processes, cannot start on kernels since 6.13: " +
-  'they split the vDSO data pages into [vvar] and [vvar_vclock], and the criu of Debian bookworm ' +
-  '(3.17) fails its kernel feature detection on that (criu/vdso.c: "vdso: Unexpected rt vDSO area ' +
-  'bounds", for `criu check` and `criu dump` alike; handled from CRIU 4.1). Run the agent with ' +
-  '`isolation: gvisor` for `pause: memory`.'
+  "CRIU cannot checkpoint a bwrap sandbox: its user namespace maps only the agent's uid, and CRIU needs " +
+  "the namespace's root mapped (Debian 13's CRIU 4.1.1: \"Unable to convert uid or gid\"; Debian 12's " +
+  '3.17 does not start on kernels since 6.13, [vvar_vclock]; docs/architecture/pausing.md). Run the ' +
+  'agent with `isolation: gvisor` for `pause: memory`.'
 
 export class BwrapDriver implements SandboxDriver {
   readonly name = 'bwrap'

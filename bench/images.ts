@@ -1,9 +1,11 @@
+import { spawn } from 'node:child_process'
+import { readlinkSync } from 'node:fs'
 import { cp, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises'
 import os from 'node:os'
 import path from 'node:path'
 import { ImageStore, OverlayMounter } from '../packages/runtime/dist/index.js'
 import { floor } from './baselines.js'
-import { type Bench, progress, repeat, timedResult } from './lib/bench.js'
+import { type Bench, progress, repeat, timedResult, waitFor } from './lib/bench.js'
 import type { Target } from './lib/results.js'
 import { type BenchServer, EXAMPLES, startBenchServer } from './lib/server.js'
 import { type Row, row } from './lib/stats.js'
@@ -79,22 +81,32 @@ export const images: Bench = {
         })
         if (problems.length > 0)
           throw new Error(`image cold starts failed:\n${problems.slice(0, 5).join('\n')}`)
-        // The overlay alone: what a sandbox with an image adds (a tmpfs and an overlay mounted, then unmounted).
+        // The overlay alone: what a sandbox with an image adds (a tmpfs and an overlay mounted in the
+        // launcher's own mount namespace, here a process of this bench's; they go with it).
         const mounter = new OverlayMounter()
         const lower = new ImageStore(server.server.runtime.pool).rootfsPath(image.key)
         const scratch = await mkdtemp(path.join(os.tmpdir(), 'cairn-bench-overlay-'))
+        const holder = spawn('unshare', ['--mount', '--propagation', 'private', '--', 'sleep', '600'], {
+          stdio: 'ignore',
+        })
+        const ownNs = readlinkSync('/proc/self/ns/mnt')
+        const unshared = () => {
+          try {
+            return readlinkSync(`/proc/${holder.pid}/ns/mnt`) !== ownNs
+          } catch {
+            return false
+          }
+        }
         const mountMs: number[] = []
-        const unmountMs: number[] = []
         try {
+          if (!(await waitFor(unshared, 5000))) throw new Error('unshare did not make a mount namespace')
           for (let i = 0; i < 100; i++) {
             const a = performance.now()
-            await mounter.mount(path.join(scratch, `o${i}`), lower, 512)
-            const b = performance.now()
-            await mounter.unmount(path.join(scratch, `o${i}`))
-            mountMs.push(b - a)
-            unmountMs.push(performance.now() - b)
+            await mounter.mountIn(holder.pid as number, scratch, path.join(scratch, `o${i}`), lower, 512)
+            mountMs.push(performance.now() - a)
           }
         } finally {
+          holder.kill('SIGKILL')
           mounter.close()
           await rm(scratch, { recursive: true, force: true })
         }
@@ -107,8 +119,7 @@ export const images: Bench = {
         const rows: Row[] = [
           host,
           onImage,
-          row('writable root: tmpfs + overlay mount', mountMs),
-          row('writable root: unmount (both) and rmdir', unmountMs),
+          row("writable root: tmpfs + overlay mount, in a launcher's namespace", mountMs),
           row('first build of debian:bookworm minbase: deploy -> READY', [firstBuildMs]),
           row('same recipe again: deploy answer (READY, image reused)', [cached.ms]),
         ]

@@ -18,9 +18,9 @@ import type {
   SandboxExit,
   SandboxSpec,
 } from './driver.js'
-import { IdmapMounter } from './idmap-mounter.js'
+import { type IdmapMount, IdmapMounter } from './idmap-mounter.js'
 import { ENV_FD } from './launcher.js'
-import { LauncherPool, type SpareLauncher, startLauncher } from './launcher-pool.js'
+import { discardLauncher, LauncherPool, type SpareLauncher, startLauncher } from './launcher-pool.js'
 import { OverlayMounter } from './overlay-mounter.js'
 import { readOnlyRootArgs, SANDBOX_USER } from './rootfs.js'
 import { sandboxEnv } from './sandbox-env.js'
@@ -88,8 +88,6 @@ export class BwrapDriver implements SandboxDriver {
   /** Whether idmapped mounts work here (asked once; the reason when not). */
   private idmapCheck: Promise<string | undefined> | undefined
   private idmapUnavailable: string | undefined
-  /** Releases of idmapped mounts under way (`close` waits for them before stopping the helper). */
-  private readonly releasing = new Set<Promise<void>>()
   private readonly logger: Logger
 
   constructor(private readonly options: BwrapDriverOptions) {
@@ -119,85 +117,57 @@ export class BwrapDriver implements SandboxDriver {
 
   /**
    * Whether an idmapped mount can be made here (kernel 5.12+; btrfs since 5.15, tmpfs since 6.3),
-   * tried once on the first sandbox's workspace, as read-only. The check uses the first uid of the
-   * range, so the first sandbox finds its user namespace made.
+   * tried once on the first sandbox's workspace, as read-only, and never attached. The check uses
+   * the first uid of the range, so the first sandbox finds its user namespace made.
    */
-  private checkIdmap(dir: string, uid: number, source: string): Promise<string | undefined> {
-    this.idmapCheck ??= (async () => {
-      const point = path.join(dir, 'check')
-      try {
-        await this.mounter.mount({
-          source,
-          point,
-          diskUid: this.options.hostUid,
-          diskGid: this.options.hostGid,
-          uid,
-          gid: uid,
-          readOnly: true,
-        })
-        await this.mounter.unmount(point)
-        return undefined
-      } catch (error) {
-        return (error as Error).message
-      }
-    })()
+  private checkIdmap(uid: number, source: string): Promise<string | undefined> {
+    this.idmapCheck ??= this.mounter
+      .check(source, { diskUid: this.options.hostUid, diskGid: this.options.hostGid, uid, gid: uid })
+      .then(
+        () => undefined,
+        (error: Error) => error.message,
+      )
     return this.idmapCheck
   }
 
   /**
    * The uid a sandbox runs as and the spec it runs with: its own uid, with the workspace and every
    * directory bind replaced by an idmapped mount of it (the shared uid's files shown as that uid),
-   * or the shared uid and the spec as is.
+   * made in the mount namespace of its launcher `pid`; or the shared uid and the spec as is.
    */
-  private async identity(spec: SandboxSpec): Promise<SandboxIdentity> {
+  private async identity(spec: SandboxSpec, pid: number): Promise<SandboxIdentity> {
     const { hostUid, hostGid, sandboxUids } = this.options
     const shared: SandboxIdentity = { uid: hostUid, gid: hostGid, spec, release: async () => undefined }
     if (!this.uids || !sandboxUids) return shared
-    const dir = path.join(sandboxUids.idmapDir, spec.id)
-    await mkdir(sandboxUids.idmapDir, { recursive: true, mode: 0o711 })
-    this.idmapUnavailable = await this.checkIdmap(sandboxUids.idmapDir, sandboxUids.first, spec.workspaceDir)
+    const base = sandboxUids.idmapDir
+    await mkdir(base, { recursive: true, mode: 0o711 })
+    this.idmapUnavailable = await this.checkIdmap(sandboxUids.first, spec.workspaceDir)
     if (this.idmapUnavailable) return shared
     const uids = this.uids
     const uid = uids.take()
-    const points: string[] = []
-    let released: Promise<void> | undefined
-    const release = () => {
-      if (!released) {
-        const done = (async () => {
-          // The sandbox is gone: a mount left behind only holds a view of its workspace, which
-          // `reapOrphans` unmounts at the next start, so the uid can go back to the range.
-          for (const point of points.reverse()) {
-            await this.mounter
-              .unmount(point)
-              .catch(logAndGoOn(this.logger, 'warn', { point }, 'left an idmapped mount'))
-          }
-          // Not recursive: a directory still holding a mount stays (and is removed with it at the next start).
-          await rm(dir, { recursive: false, force: true }).catch(
-            logAndGoOn(this.logger, 'debug', { dir }, 'left an idmap directory in place'),
-          )
-          uids.release(uid)
-        })()
-        this.releasing.add(done)
-        released = done.finally(() => this.releasing.delete(done))
-      }
-      return released
+    // The mounts go with the launcher's namespace, so with the sandbox's last process: only the
+    // uid is left to free (once the sandbox is gone, it owns nothing).
+    let released = false
+    const release = async () => {
+      if (!released) uids.release(uid)
+      released = true
     }
+    const mounts: IdmapMount[] = []
     const mapped = async (source: string, readOnly: boolean): Promise<string> => {
       // A file bind (not made today) keeps the shared uid's view.
       if (!(await stat(source)).isDirectory()) return source
-      const point = path.join(dir, String(points.length))
-      await this.mounter.mount({ source, point, diskUid: hostUid, diskGid: hostGid, uid, gid: uid, readOnly })
-      points.push(point)
+      const point = path.join(base, spec.id, String(mounts.length))
+      mounts.push({ source, point, readOnly })
       return point
     }
     try {
-      await mkdir(dir, { mode: 0o711 })
       const workspaceDir = await mapped(spec.workspaceDir, false)
       const binds = []
       for (const bind of spec.binds ?? [])
         binds.push({ ...bind, source: await mapped(bind.source, bind.readOnly) })
       // The image's files, the shared uid's on disk, shown as this sandbox's below its overlay.
       const rootfs = spec.rootfs ? await mapped(spec.rootfs, true) : undefined
+      await this.mounter.mountIn(pid, base, { diskUid: hostUid, diskGid: hostGid, uid, gid: uid }, mounts)
       return { uid, gid: uid, spec: { ...spec, workspaceDir, binds, rootfs }, release }
     } catch (error) {
       await release()
@@ -207,10 +177,10 @@ export class BwrapDriver implements SandboxDriver {
 
   /**
    * For a sandbox with an image: mounts its overlay (the image read-only below, a tmpfs of the
-   * sandbox's own above, sized by its memory limit) and makes it the spec's root; released (and
-   * so emptied) with the sandbox, before its idmapped mounts.
+   * sandbox's own above, sized by its memory limit) in the mount namespace of its launcher `pid`
+   * and makes it the spec's root; gone (and so emptied) with the sandbox.
    */
-  private async writableRoot(identity: SandboxIdentity): Promise<SandboxIdentity> {
+  private async writableRoot(identity: SandboxIdentity, pid: number): Promise<SandboxIdentity> {
     const { spec } = identity
     if (!spec.rootfs) return identity
     const overlayDir = this.options.overlayDir
@@ -222,10 +192,10 @@ export class BwrapDriver implements SandboxDriver {
       )
     }
     await mkdir(overlayDir, { recursive: true, mode: 0o711 })
-    const dir = path.join(overlayDir, spec.id)
-    let root: string
     try {
-      root = await this.overlays.mount(dir, spec.rootfs, spec.limits.memoryMiB)
+      const dir = path.join(overlayDir, spec.id)
+      const root = await this.overlays.mountIn(pid, overlayDir, dir, spec.rootfs, spec.limits.memoryMiB)
+      return { ...identity, spec: { ...spec, rootfs: root } }
     } catch (error) {
       await identity.release()
       throw new CairnProblem(
@@ -233,15 +203,6 @@ export class BwrapDriver implements SandboxDriver {
         `could not mount the sandbox's root: ${(error as Error).message}`,
       )
     }
-    let released: Promise<void> | undefined
-    const release = () => {
-      released ??= this.overlays
-        .unmount(dir)
-        .catch(logAndGoOn(this.logger, 'warn', { dir }, "left a sandbox's writable root mounted"))
-        .then(() => identity.release())
-      return released
-    }
-    return { ...identity, spec: { ...spec, rootfs: root }, release }
   }
 
   /** The seccomp program (x86_64), written once to a file each sandbox reads through fd 3. */
@@ -359,36 +320,40 @@ export class BwrapDriver implements SandboxDriver {
       pids: spec.limits.pids,
       cpus: spec.limits.cpus,
     }
-    const identity = await this.writableRoot(await this.identity(spec))
+    // The launcher first: the sandbox's mounts are made in its mount namespace.
+    const launcher = await this.launcher(spec.id, limits)
+    const pid = launcher.child.pid ?? -1
+    let identity: SandboxIdentity
     try {
-      return await this.launch(identity, limits)
+      identity = await this.writableRoot(await this.identity(spec, pid), pid)
     } catch (error) {
-      await identity.release()
+      await discardLauncher(this.options.cgroups, launcher, this.logger)
       throw error
     }
+    return this.handOver(launcher, identity)
   }
 
-  private async launch(identity: SandboxIdentity, limits: CgroupLimits): Promise<Sandbox> {
+  /** A spare launcher with these limits, or a new one. */
+  private async launcher(id: string, limits: CgroupLimits): Promise<SpareLauncher> {
     const spare = this.launchers?.take(limits)
     if (spare) {
-      let limited = false
       try {
         // Limits first: the command (and so the agent) starts only once it reads them on fd 4.
         this.options.cgroups.setLimits(spare.cgroupName, limits)
-        limited = true
+        return spare
       } catch {
         // A cgroup that refuses these limits (or is gone): drop the spare, start from scratch.
         await this.launchers?.discard(spare)
       }
-      if (limited) return this.handOver(spare, identity)
     }
     // The launcher (launcher.ts) closes what it inherited above fd 5, joins the cgroups as root,
-    // then drops to the sandbox uid and becomes bwrap: the whole sandbox, including processes bwrap
-    // forks, is inside the cgroup from its first instruction. fd 3: the seccomp program.
+    // unshares its mount namespace, then waits to become bwrap (dropping to the sandbox uid): the
+    // whole sandbox, including processes bwrap forks, is inside the cgroup from its first
+    // instruction. fd 3: the seccomp program.
     const seccompFd = this.seccomp ? await this.seccompFd() : undefined
-    const launcher = await startLauncher(this.options.cgroups, identity.spec.id, limits, seccompFd)
+    const launcher = await startLauncher(this.options.cgroups, id, limits, seccompFd)
     if (!launcher) throw new CairnProblem('sandbox_failed', 'could not start the sandbox launcher')
-    return this.handOver(launcher, identity)
+    return launcher
   }
 
   /** Gives a waiting launcher its sandbox: the environment on fd 5, then the command on fd 4. */
@@ -424,33 +389,15 @@ export class BwrapDriver implements SandboxDriver {
       await this.options.cgroups.kill(name)
       await this.options.cgroups.remove(name)
     }
-    await this.removeIdmapMounts()
-    await this.removeOverlays()
+    await this.removeAllLeftMounts()
     return names.length
   }
 
-  /** Writable roots a crashed run left mounted (their sandboxes are gone). */
-  private async removeOverlays(): Promise<void> {
-    const dir = this.options.overlayDir
-    if (!dir) return
-    const points = readMounts()
-      .map((m) => m.mountPoint)
-      .filter((p) => p.startsWith(`${dir}/`))
-      .sort((a, b) => b.length - a.length)
-    for (const point of points) {
-      await execTool('umount', ['-l', point]).catch(
-        logAndGoOn(this.logger, 'warn', { point }, "left a sandbox's writable root mounted"),
-      )
-    }
-    if (!readMounts().some((m) => m.mountPoint.startsWith(`${dir}/`)))
-      await rm(dir, { recursive: true, force: true }).catch(
-        logAndGoOn(this.logger, 'warn', { dir }, 'could not remove the writable roots directory'),
-      )
-  }
-
-  /** Idmapped mounts a crashed run left behind (their sandboxes are gone). */
-  private async removeIdmapMounts(): Promise<void> {
-    const dir = this.options.sandboxUids?.idmapDir
+  /**
+   * Idmapped mounts and writable roots a run of an earlier version left in the host's namespace
+   * under `dir` (they are made in each launcher's own namespace now), then `dir` itself.
+   */
+  private async removeLeftMounts(dir: string | undefined, what: string): Promise<void> {
     if (!dir) return
     const points = readMounts()
       .map((m) => m.mountPoint)
@@ -459,24 +406,27 @@ export class BwrapDriver implements SandboxDriver {
     // A mount that stays is checked just below: the directory is then kept, never removed through it.
     for (const point of points) {
       await execTool('umount', ['-l', point]).catch(
-        logAndGoOn(this.logger, 'warn', { point }, 'left an idmapped mount'),
+        logAndGoOn(this.logger, 'warn', { point }, `left ${what}`),
       )
     }
     if (!readMounts().some((m) => m.mountPoint.startsWith(`${dir}/`))) {
       // Nothing is mounted under it any more: what cannot be removed now only takes space.
       await rm(dir, { recursive: true, force: true }).catch(
-        logAndGoOn(this.logger, 'warn', { dir }, 'could not remove the idmap directory'),
+        logAndGoOn(this.logger, 'warn', { dir }, `could not remove the directory of ${what}`),
       )
     }
   }
 
+  private async removeAllLeftMounts(): Promise<void> {
+    await this.removeLeftMounts(this.options.sandboxUids?.idmapDir, 'an idmapped mount')
+    await this.removeLeftMounts(this.options.overlayDir, "a sandbox's writable root")
+  }
+
   async close(): Promise<void> {
     await this.launchers?.close()
-    await Promise.all([...this.releasing])
     this.mounter.close()
     this.overlays.close()
-    await this.removeIdmapMounts()
-    await this.removeOverlays()
+    await this.removeAllLeftMounts()
     await this.options.cgroups.removeScope()
   }
 }
@@ -485,7 +435,7 @@ interface SandboxIdentity {
   uid: number
   gid: number
   spec: SandboxSpec
-  /** Unmounts the idmapped mounts and frees the uid (once the sandbox is gone). */
+  /** Frees the uid (once the sandbox is gone; its mounts went with its launcher's namespace). */
   release: () => Promise<void>
 }
 

@@ -1,12 +1,12 @@
 import { type ChildProcessWithoutNullStreams, spawn } from 'node:child_process'
 import { existsSync } from 'node:fs'
 import type { FileHandle } from 'node:fs/promises'
-import type { Writable } from 'node:stream'
+import type { Duplex, Writable } from 'node:stream'
 import { newId } from '@cairn/protocol'
 import { type Logger, logAndGoOn, noopLogger } from '../util/logger.js'
 import { OWN_PROCESS_GROUP } from '../util/process-group.js'
 import type { CgroupLimits, CgroupManager } from './cgroups.js'
-import { ENV_FD, LAUNCHER_SHELL, pooledLauncherArgs } from './launcher.js'
+import { BWRAP_LAUNCHER_PREFIX, ENV_FD, LAUNCHER_SHELL, pooledLauncherArgs } from './launcher.js'
 
 /** How long after a launcher was taken the pool starts its replacement. */
 const REFILL_DELAY_MS = 25
@@ -16,8 +16,8 @@ export interface SpareLauncher {
   child: ChildProcessWithoutNullStreams
   cgroupName: string
   limits: CgroupLimits
-  /** fd 4 of the launcher: the command goes here. */
-  commandPipe: Writable
+  /** fd 4 of the launcher (a socket pair): its ready byte came on it, the command goes to it. */
+  commandPipe: Duplex
   /** fd 5 of the launcher (`ENV_FD`): the sandbox's environment, for bwrap's `--args`. */
   envPipe: Writable
 }
@@ -104,16 +104,8 @@ export class LauncherPool {
   }
 
   /** Ends a launcher (taken or not) that will not be used, and removes its cgroup. */
-  async discard(launcher: SpareLauncher): Promise<void> {
-    launcher.commandPipe.end()
-    launcher.envPipe.end()
-    // Its command pipe is closed, so the launcher exits on its own; `remove` below still reaps the cgroup.
-    await this.options.cgroups
-      .kill(launcher.cgroupName)
-      .catch(
-        logAndGoOn(this.logger, 'debug', { cgroup: launcher.cgroupName }, 'could not kill a spare launcher'),
-      )
-    await this.options.cgroups.remove(launcher.cgroupName)
+  discard(launcher: SpareLauncher): Promise<void> {
+    return discardLauncher(this.options.cgroups, launcher, this.logger)
   }
 
   /** Ends the waiting launchers and removes their cgroups. */
@@ -125,12 +117,28 @@ export class LauncherPool {
   }
 }
 
+/** Ends a launcher that will not be used (its command pipe closed, it exits), and removes its cgroup. */
+export async function discardLauncher(
+  cgroups: CgroupManager,
+  launcher: SpareLauncher,
+  logger: Logger,
+): Promise<void> {
+  launcher.commandPipe.end()
+  launcher.envPipe.end()
+  // Its command pipe is closed, so the launcher exits on its own; `remove` below still reaps the cgroup.
+  await cgroups
+    .kill(launcher.cgroupName)
+    .catch(logAndGoOn(logger, 'debug', { cgroup: launcher.cgroupName }, 'could not kill a spare launcher'))
+  await cgroups.remove(launcher.cgroupName)
+}
+
 const DEFAULT_LIMITS: CgroupLimits = { memoryBytes: 512 * 1024 * 1024, pids: 256, cpus: 1 }
 
 /**
- * A launcher in a new cgroup `cgroupName` with `limits`, waiting for its command on fd 4 and
- * bwrap's environment on fd 5 (`ENV_FD`); `seccompFd` (closed here once passed on) is its fd 3.
- * Undefined when it could not start (its cgroup removed).
+ * A launcher in a new cgroup `cgroupName` with `limits` and a mount namespace of its own, waiting
+ * for its command on fd 4 and bwrap's environment on fd 5 (`ENV_FD`); `seccompFd` (closed here once
+ * passed on) is its fd 3. Returned once it said it is ready (so its namespace can take its
+ * sandbox's mounts); undefined when it could not start (its cgroup removed).
  */
 export async function startLauncher(
   cgroups: CgroupManager,
@@ -140,13 +148,14 @@ export async function startLauncher(
 ): Promise<SpareLauncher | undefined> {
   const procsFiles = await cgroups.create(cgroupName, limits)
   // Closes what it inherited above fd 5, joins the cgroups, waits for its command (launcher.ts).
-  const child = spawn(LAUNCHER_SHELL, pooledLauncherArgs(procsFiles), {
+  const [unshare = 'unshare', ...prefix] = BWRAP_LAUNCHER_PREFIX
+  const child = spawn(unshare, [...prefix, LAUNCHER_SHELL, ...pooledLauncherArgs(procsFiles)], {
     stdio: ['pipe', 'pipe', 'pipe', seccompFd ? seccompFd.fd : 'ignore', 'pipe', 'pipe'],
     env: { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' },
     ...OWN_PROCESS_GROUP,
   }) as ChildProcessWithoutNullStreams
   await seccompFd?.close()
-  const commandPipe = child.stdio[4] as Writable | null | undefined
+  const commandPipe = child.stdio[4] as Duplex | null | undefined
   const envPipe = (child.stdio as unknown as (Writable | null | undefined)[])[ENV_FD]
   if (child.pid === undefined || !commandPipe || !envPipe) {
     await cgroups.remove(cgroupName)
@@ -158,5 +167,25 @@ export async function startLauncher(
   child.stdin.on('error', () => undefined)
   commandPipe.on('error', () => undefined)
   envPipe.on('error', () => undefined)
-  return { child, cgroupName, limits, commandPipe, envPipe }
+  const launcher = { child, cgroupName, limits, commandPipe, envPipe }
+  if (await ready(launcher)) return launcher
+  await cgroups.kill(cgroupName).catch(() => undefined)
+  await cgroups.remove(cgroupName)
+  return undefined
+}
+
+/** Whether the launcher said it is ready (its byte on fd 4) before it ended. */
+function ready({ child, commandPipe }: SpareLauncher): Promise<boolean> {
+  return new Promise((resolve) => {
+    const settle = (ok: boolean) => {
+      commandPipe.off('data', onData)
+      child.off('exit', onExit)
+      commandPipe.pause()
+      resolve(ok)
+    }
+    const onData = () => settle(true)
+    const onExit = () => settle(false)
+    commandPipe.on('data', onData)
+    child.on('exit', onExit)
+  })
 }

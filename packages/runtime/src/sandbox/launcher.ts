@@ -36,14 +36,16 @@ const JOIN_CGROUPS =
 export const LAUNCHER = ['keep=$1; shift', CLOSE_INHERITED, JOIN_CGROUPS, 'exec "$@"'].join('\n')
 
 /**
- * A pooled launcher: the same, then it waits for its command, NUL-terminated arguments on fd 4
- * ended by EOF (none: the pool is closing, exit). `mapfile -d ''` needs bash 4.4. fd 5 (`ENV_FD`)
- * is kept for bwrap.
+ * A pooled launcher (the bwrap driver's, on demand or spare): the same, then it says it is ready
+ * (one byte on fd 4, a socket pair: its cgroups joined and its mount namespace its own, see
+ * `BWRAP_LAUNCHER_PREFIX`) and waits for its command, NUL-terminated arguments on fd 4 ended by EOF
+ * (none: the pool is closing, exit). `mapfile -d ''` needs bash 4.4. fd 5 (`ENV_FD`) is kept for bwrap.
  */
 export const POOLED_LAUNCHER = [
   `keep=${ENV_FD}`,
   CLOSE_INHERITED,
   JOIN_CGROUPS,
+  'printf r >&4 || exit 113',
   "mapfile -d '' -t a <&4 || exit 112",
   'exec 4<&-',
   '[ "${#a[@]}" -gt 0 ] || exit 0',
@@ -72,6 +74,13 @@ export function launcherArgs(
     ...command,
   ]
 }
+
+/**
+ * What a bwrap sandbox's launcher runs under: a mount namespace of its own, private (nothing
+ * propagates to or from the host's), where its sandbox's idmapped mounts and writable root are
+ * made (launcher-mount-ns.ts). `unshare` execs the launcher in the same process.
+ */
+export const BWRAP_LAUNCHER_PREFIX = ['unshare', '--mount', '--propagation', 'private', '--']
 
 /** The same for a pooled launcher (its command comes later, on fd 4). */
 export function pooledLauncherArgs(procsFiles: readonly string[]): string[] {

@@ -1,4 +1,4 @@
-import { existsSync, readdirSync } from 'node:fs'
+import { existsSync, readdirSync, readFileSync } from 'node:fs'
 import { mkdir, mkdtemp, rm, symlink } from 'node:fs/promises'
 import os from 'node:os'
 import path from 'node:path'
@@ -89,6 +89,7 @@ describe('cairn doctor', () => {
       'btrfs-progs',
       'loop-devices',
       'idmapped-mounts',
+      'warm-sessions',
       'nftables',
       'bwrap',
       'runsc',
@@ -104,6 +105,16 @@ describe('cairn doctor', () => {
     expect(check(report, 'user-namespaces')).toMatchObject({
       ok: true,
       found: expect.stringMatching(/^made one/),
+    })
+    // The machine's room for warm sessions, with both of its bounds and their numbers.
+    const pidMax = readFileSync('/proc/sys/kernel/pid_max', 'utf8').trim()
+    expect(check(report, 'warm-sessions')).toMatchObject({
+      need: 'info',
+      found: expect.stringMatching(
+        new RegExp(
+          `^about [\\d,]+: kernel\\.pid_max ${Number(pidMax).toLocaleString('en-US')} .*; open files [\\d,]+, 5 a session`,
+        ),
+      ),
     })
     // The probes leave nothing behind.
     expect(existsSync(dataDir)).toBe(false)

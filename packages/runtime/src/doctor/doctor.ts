@@ -141,6 +141,16 @@ function specs(options: HostCheckOptions): Spec[] {
       fix: `Linux 5.12 or later (btrfs from 5.15, tmpfs from 6.3) and ${APT} python3`,
     },
     {
+      id: 'warm-sessions',
+      area: 'kernel',
+      what: `room for ${checks.WARM_SESSIONS_GOAL.toLocaleString('en-US')} warm sessions`,
+      need: 'info',
+      run: checks.warmSessionRoom,
+      costs:
+        'warm sessions beyond it: a cold start then fails (no pid for its processes, or no descriptor for its pipes) until one cools',
+      fix: 'sysctl -w kernel.pid_max=4194304; a higher open-files limit for the server (LimitNOFILE=524288 in its unit, or ulimit -Hn as root)',
+    },
+    {
       id: 'nftables',
       area: 'package',
       what: 'nftables and iproute2',

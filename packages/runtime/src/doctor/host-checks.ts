@@ -167,9 +167,9 @@ export function loopDevices(env: NodeJS.ProcessEnv): Finding {
 }
 
 /**
- * An idmapped mount made for real, read-only, of a scratch directory on the data dir's
- * filesystem (the pool's, when given by path), and taken down again: what the bwrap driver does
- * for each sandbox's host uid.
+ * An idmapped clone of a scratch directory on the data dir's filesystem (the pool's, when given by
+ * path), made for real and dropped without being attached: what the bwrap driver does for each
+ * sandbox's host uid (which it then mounts in the sandbox's launcher's namespace).
  */
 export async function idmappedMounts(near: string): Promise<Finding> {
   const base = nearestExisting(near)
@@ -181,24 +181,45 @@ export async function idmappedMounts(near: string): Promise<Finding> {
     return { ok: false, found: `could not make a scratch directory in ${base}: ${(error as Error).message}` }
   }
   const mounter = new IdmapMounter()
-  const point = path.join(scratch, 'view')
+  const uid = DEFAULT_SANDBOX_UID_RANGE.first
   try {
-    await mounter.mount({
-      source: scratch,
-      point,
-      diskUid: 0,
-      diskGid: 0,
-      uid: DEFAULT_SANDBOX_UID_RANGE.first,
-      gid: DEFAULT_SANDBOX_UID_RANGE.first,
-      readOnly: true,
-    })
-    await mounter.unmount(point)
+    await mounter.check(scratch, { diskUid: 0, diskGid: 0, uid, gid: uid })
     return { ok: true, found: `made one on ${type} (${base})` }
   } catch (error) {
     return { ok: false, found: `on ${type} (${base}): ${(error as Error).message}` }
   } finally {
     mounter.close()
     await rm(scratch, { recursive: true, force: true }).catch(() => undefined)
+  }
+}
+
+/**
+ * What each warm bwrap session holds of the machine's bounded resources: processes (bwrap outside,
+ * bwrap as the namespace's init, the agent; each takes a pid) and the server's descriptors (the
+ * agent's stdin, stdout and stderr, its transcript and turn files).
+ */
+export const WARM_SESSION_PIDS = 3
+export const WARM_SESSION_FDS = 5
+/** Issue 33's goal: the room a host should have for warm sessions. */
+export const WARM_SESSIONS_GOAL = 10_000
+
+/**
+ * How many warm sessions this machine has room for: the pids left below `kernel.pid_max` (threads
+ * in use counted) over 3 a sandbox, and the descriptors left below this process's limit (a server
+ * started from the same shell gets it; Node raises the soft limit to the hard one) over 5.
+ */
+export function warmSessionRoom(): Finding {
+  const pidMax = Number(readFileSync('/proc/sys/kernel/pid_max', 'utf8'))
+  const tasks = Number(readFileSync('/proc/loadavg', 'utf8').split(' ')[3]?.split('/')[1] ?? 0)
+  const limits = readFileSync('/proc/self/limits', 'utf8')
+  const openFiles = Number(/^Max open files\s+(\d+)/m.exec(limits)?.[1] ?? 0)
+  const byPids = Math.floor((pidMax - tasks) / WARM_SESSION_PIDS)
+  const byFds = Math.floor((openFiles - 200) / WARM_SESSION_FDS)
+  const room = Math.max(0, Math.min(byPids, byFds))
+  const n = (x: number) => x.toLocaleString('en-US')
+  return {
+    ok: room >= WARM_SESSIONS_GOAL,
+    found: `about ${n(room)}: kernel.pid_max ${n(pidMax)} with ${n(tasks)} in use, ${WARM_SESSION_PIDS} a sandbox (${n(byPids)}); open files ${n(openFiles)}, ${WARM_SESSION_FDS} a session (${n(byFds)})`,
   }
 }
 

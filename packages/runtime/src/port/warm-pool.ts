@@ -26,6 +26,11 @@ interface WarmAgent {
  */
 export class WarmPool {
   private readonly warm = new Map<string, WarmAgent>()
+  /**
+   * The warm sessions of each tenant: an admission counts and evicts among its tenant's own, so a
+   * cold start costs the same beside 10 warm sandboxes or 10,000 of other tenants (it scanned them all).
+   */
+  private readonly byTenant = new Map<string, Set<string>>()
   /** Sessions admitted for a cold start whose sandbox is not up yet, with their tenant. */
   private readonly starting = new Map<string, string>()
 
@@ -52,15 +57,17 @@ export class WarmPool {
   /** See `RuntimePort.admitAgent`. Synchronous, so concurrent messages cannot pass the cap together. */
   admit(sessionId: string, tenant: string, cap: number, busy: (sessionId: string) => boolean): () => void {
     if (this.warm.get(sessionId)?.agent.alive) return () => undefined
+    const own = () => this.byTenant.get(tenant) ?? new Set<string>()
     const running = () => {
-      let n = 0
-      for (const [id, warm] of this.warm) if (warm.tenantId === tenant && id !== sessionId) n++
+      let n = own().size - (own().has(sessionId) ? 1 : 0)
+      // Only the cold starts under way: a handful, whatever the install.
       for (const [id, owner] of this.starting) if (owner === tenant && id !== sessionId) n++
       return n
     }
     if (running() >= cap) {
-      const idle = [...this.warm]
-        .filter(([id, warm]) => warm.tenantId === tenant && id !== sessionId && !busy(id))
+      const idle = [...own()]
+        .filter((id) => id !== sessionId && !busy(id))
+        .map((id) => [id, this.warm.get(id) as WarmAgent] as const)
         .sort(([, a], [, b]) => a.usedAt - b.usedAt)
       for (const [id] of idle) {
         if (running() < cap) break
@@ -94,8 +101,26 @@ export class WarmPool {
 
   /** Keeps a freshly started agent; `cool` ends it when keep-warm runs out, instead of a stop. */
   add(sessionId: string, tenantId: string, agent: AgentProcess, cool?: () => Promise<void>): void {
+    this.forget(sessionId)
     this.warm.set(sessionId, { agent, tenantId, usedAt: this.clock.now(), timer: undefined, cool })
+    let own = this.byTenant.get(tenantId)
+    if (!own) {
+      own = new Set()
+      this.byTenant.set(tenantId, own)
+    }
+    own.add(sessionId)
     this.starting.delete(sessionId)
+  }
+
+  /** Takes the session out of the pool and its tenant's count (the caller stops or hands on its agent). */
+  private forget(sessionId: string): WarmAgent | undefined {
+    const warm = this.warm.get(sessionId)
+    if (!warm) return undefined
+    this.warm.delete(sessionId)
+    const own = this.byTenant.get(warm.tenantId)
+    own?.delete(sessionId)
+    if (own?.size === 0) this.byTenant.delete(warm.tenantId)
+    return warm
   }
 
   /** After a turn: the sandbox stays warm for `keepWarmMs`, then stops. */
@@ -171,7 +196,7 @@ export class WarmPool {
   private async cool(sessionId: string): Promise<void> {
     const warm = this.warm.get(sessionId)
     if (!warm?.cool || !warm.agent.alive) return this.drop(sessionId)
-    this.warm.delete(sessionId)
+    this.forget(sessionId)
     const cooling = warm.cool().finally(() => this.cooling.delete(sessionId))
     this.cooling.set(sessionId, cooling)
     await cooling
@@ -184,18 +209,16 @@ export class WarmPool {
 
   /** Forgets the session's warm agent without stopping it (the caller ends it), with its tenant. */
   detach(sessionId: string): { agent: AgentProcess; tenantId: string } | undefined {
-    const warm = this.warm.get(sessionId)
+    const warm = this.forget(sessionId)
     if (!warm) return undefined
-    this.warm.delete(sessionId)
     if (warm.timer) clearTimeout(warm.timer)
     return { agent: warm.agent, tenantId: warm.tenantId }
   }
 
   async drop(sessionId: string): Promise<void> {
-    const warm = this.warm.get(sessionId)
     // Forgotten at once (the tenant's count drops now); one being checkpointed is waited for.
+    const warm = this.forget(sessionId)
     if (!warm) return this.settled(sessionId)
-    this.warm.delete(sessionId)
     if (warm.timer) clearTimeout(warm.timer)
     await this.stop(warm.agent)
   }

@@ -42,6 +42,7 @@ async function load(): Promise<Bench[]> {
     { commands },
     { warmTurnProcess },
     { hop },
+    { density },
   ] = await Promise.all([
     import('./baselines.js'),
     import('./session-create.js'),
@@ -71,6 +72,7 @@ async function load(): Promise<Bench[]> {
     import('./commands.js'),
     import('./warm-turn-process.js'),
     import('./hop.js'),
+    import('./density.js'),
   ])
   return [
     baselines,
@@ -101,6 +103,7 @@ async function load(): Promise<Bench[]> {
     commands,
     warmTurnProcess,
     hop,
+    density,
   ]
 }
 

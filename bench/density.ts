@@ -289,6 +289,7 @@ export const density: Bench = {
               name: `cold start beside ${n} warm sessions ÷ beside none (issue 33)`,
               goal: '≤ 2×',
               value: median / empty,
+              unit: '×',
               met: median / empty <= 2,
             })
         const atTen = warmRatios.get(10)
@@ -299,6 +300,7 @@ export const density: Bench = {
                 name: `warm turn ÷ healthz beside ${n} ÷ the same beside 10 (issue 33)`,
                 goal: '≤ 2×',
                 value: ratio / atTen,
+                unit: '×',
                 met: ratio / atTen <= 2,
               })
         return {

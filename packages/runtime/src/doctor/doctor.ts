@@ -147,7 +147,7 @@ function specs(options: HostCheckOptions): Spec[] {
       need: 'info',
       run: checks.warmSessionRoom,
       costs:
-        'warm sessions beyond it: a cold start then fails (no pid for its processes, or no descriptor for its pipes) until one cools',
+        'warm sessions beyond it: a cold start then gets no pid for its processes, or the server no descriptor for its pipes',
       fix: 'sysctl -w kernel.pid_max=4194304; a higher open-files limit for the server (LimitNOFILE=524288 in its unit, or ulimit -Hn as root)',
     },
     {

@@ -36,7 +36,7 @@ async function everything(api: Api, sessionIds: string[]) {
     keys: (await api.call('GET', '/v1/keys')).body,
   }
   for (const id of sessionIds) {
-    for (const what of ['messages', 'events', 'turns', 'snapshots', 'network'])
+    for (const what of ['messages', 'events', 'turns', 'snapshots', 'network', 'commands'])
       out[`${id}/${what}`] = (await api.call('GET', `/v1/sessions/${id}/${what}`)).body
   }
   // A new process: no sandbox is warm yet, and the key's last use is now.
@@ -62,6 +62,14 @@ describe('cairn migrate', () => {
       await api.snapshotAfter(session.id, 1)
     }
     expect((await api.call('POST', `/v1/sessions/${ids[0]}/snapshots`, { label: 'kept' })).status).toBe(201)
+    // A command's record moves too (it was left behind: the table was missing from the copy).
+    const command = await api.call('POST', `/v1/sessions/${ids[0]}/commands`, { command: ['true'] })
+    expect(command.status).toBe(201)
+    for (let i = 0; i < 100; i++) {
+      const row = await api.call('GET', `/v1/sessions/${ids[0]}/commands/${command.body.id}`)
+      if (row.body.status === 'exited') break
+      await new Promise((resolve) => setTimeout(resolve, 100))
+    }
     expect((await api.call('POST', `/v1/sessions/${ids[1]}/end`)).status).toBe(200)
     const artifact = await api.call('POST', `/v1/sessions/${ids[2]}/artifacts`, { path: 'n.txt' })
     expect(artifact.status).toBe(201)
@@ -74,7 +82,14 @@ describe('cairn migrate', () => {
     expect(migrated.stderr).toBe('')
     expect(migrated.code).toBe(0)
     const report = JSON.parse(migrated.stdout) as { rows: Record<string, number> }
-    expect(report.rows).toMatchObject({ sessions: 3, turns: 6, secrets: 1, artifacts: 1, artifact_blobs: 1 })
+    expect(report.rows).toMatchObject({
+      sessions: 3,
+      commands: 1,
+      turns: 6,
+      secrets: 1,
+      artifacts: 1,
+      artifact_blobs: 1,
+    })
     expect(report.rows.shared_files).toBeGreaterThanOrEqual(1)
 
     // Into a database that holds an install already: refused, nothing copied twice.

@@ -11,20 +11,10 @@ import {
   type CommandStart,
   type CommandState,
   type ForkCheckpoint,
-  type ImageBuildContext,
-  type ImageRecipe,
-  type ImageRecord,
-  type IsolationName,
-  type NodeShippingLag,
-  type PoolArea,
-  type PoolQuotaStatus,
-  type PoolStats,
   type RevisionBuild,
   type RevisionBuildResult,
-  type RuntimeDescription,
   type RuntimePort,
   runWithOwnerEpoch,
-  type SandboxDriverFacts,
   type ShippedHead,
   type ShippedTree,
   type SnapshotOptions,
@@ -38,12 +28,13 @@ import {
   type WorkspaceCommand,
   type WorkspaceMark,
 } from '@cairn/runtime/port'
-import { ClusterRoutes, parseDrivers } from './cluster-routes.js'
+import { ClusterFanOut } from './cluster-fan-out.js'
+import { ClusterRoutes } from './cluster-routes.js'
 import { ClusterRows } from './cluster-rows.js'
 import type { ClusterRuntimePortOptions } from './cluster-runtime-port-options.js'
 import type { NodeRow } from './node-directory.js'
 import { NodeLossRecovery } from './node-loss-recovery.js'
-import { RevisionShipping, SERVING_STATES, shipSealed } from './revision-shipping.js'
+import { RevisionShipping, shipSealed } from './revision-shipping.js'
 
 export type { ClusterRuntimePortOptions } from './cluster-runtime-port-options.js'
 
@@ -58,14 +49,16 @@ const LEADER_NOTICE_MS = 2000
  * session to the node placement picks (power of two choices), its revision shipped there first;
  * a fork to its parent's node; a deploy to a placed node, recorded as the revision's holder once
  * sealed. A session whose node was declared lost is `node_lost`; one that cannot be reached,
- * `node_unavailable` (both 503, retryable).
+ * `node_unavailable` (both 503, retryable). The calls about no one session (every node's figures,
+ * images, agents' memory) are its base's, `ClusterFanOut`.
  */
-export class ClusterRuntimePort implements RuntimePort {
+export class ClusterRuntimePort extends ClusterFanOut implements RuntimePort {
   readonly rows: ClusterRows
   private readonly shipping: RevisionShipping
-  private readonly routes: ClusterRoutes
+  protected readonly routes: ClusterRoutes
 
-  constructor(private readonly options: ClusterRuntimePortOptions) {
+  constructor(options: ClusterRuntimePortOptions) {
+    super(options)
     const now = options.now ?? Date.now
     this.rows = new ClusterRows(options.db, options.cacheMs ?? 1000, now)
     this.shipping = new RevisionShipping(this.rows, options.directory, options.logger)
@@ -189,19 +182,6 @@ export class ClusterRuntimePort implements RuntimePort {
     return this.routes.onSession(sessionId, (port) => port.stopAgent(sessionId))
   }
 
-  /**
-   * Nothing: an API replica that shuts down leaves the nodes' sandboxes to their sessions (each
-   * node stops its own when it shuts down or its keep-warm windows end).
-   */
-  async stopAllAgents(): Promise<void> {}
-
-  /** The warm sandboxes of every node, as their last heartbeats counted them. */
-  async warmCount(): Promise<number> {
-    return (await this.options.directory.nodes())
-      .filter((node) => SERVING_STATES.has(node.state))
-      .reduce((sum, node) => sum + Number(node.warm_sandboxes), 0)
-  }
-
   listeningPorts(sessionId: string): Promise<number[]> {
     return this.routes.onSession(sessionId, (port) => port.listeningPorts(sessionId))
   }
@@ -285,66 +265,10 @@ export class ClusterRuntimePort implements RuntimePort {
     return this.routes.onSession(sessionId, (port) => port.writeGeneration(sessionId, generation))
   }
 
-  /** The pools of every serving node, added up (a node that does not answer is left out). */
-  async poolStats(): Promise<PoolStats> {
-    const stats = await this.routes.fromEveryNode((port) => port.poolStats())
-    return stats.reduce(
-      (sum, s) => ({
-        totalBytes: sum.totalBytes + s.totalBytes,
-        usedBytes: sum.usedBytes + s.usedBytes,
-        freeBytes: sum.freeBytes + s.freeBytes,
-      }),
-      { totalBytes: 0, usedBytes: 0, freeBytes: 0 },
-    )
-  }
-
-  /** The limits of a ready node (every node of a cluster runs with the same storage flags). */
-  async quotaStatus(): Promise<PoolQuotaStatus> {
-    return (await this.routes.anyNode()).port.quotaStatus()
-  }
-
-  /** Each tenant's trees on every node, added up. */
-  async tenantUsage(tenantIds: readonly string[]): Promise<Record<string, TreeSizes>> {
-    const usage: Record<string, TreeSizes> = {}
-    for (const perNode of await this.routes.fromEveryNode((port) => port.tenantUsage(tenantIds))) {
-      for (const [tenantId, sizes] of Object.entries(perNode)) {
-        const sum = usage[tenantId] ?? { referencedBytes: 0, exclusiveBytes: 0 }
-        usage[tenantId] = {
-          referencedBytes: sum.referencedBytes + sizes.referencedBytes,
-          exclusiveBytes: sum.exclusiveBytes + sizes.exclusiveBytes,
-        }
-      }
-    }
-    return usage
-  }
-
-  /** A node that runs the driver answers for it. */
-  async sandboxDriver(isolation?: IsolationName | undefined): Promise<SandboxDriverFacts> {
-    const nodes = await this.routes.servingNodes()
-    const withDriver = isolation
-      ? nodes.find(({ node }) => parseDrivers(node.drivers).includes(isolation))
-      : undefined
-    return (withDriver ?? (await this.routes.anyNode())).port.sandboxDriver(isolation)
-  }
-
-  async describe(): Promise<RuntimeDescription> {
-    return (await this.routes.anyNode()).port.describe()
-  }
-
-  /** The names stored in that area on any serving node. */
-  async listStored(area: PoolArea): Promise<string[]> {
-    return [...new Set((await this.routes.fromEveryNode((port) => port.listStored(area))).flat())]
-  }
-
   recoverWorkspace(sessionId: string): Promise<void> {
     return this.routes.onSession(sessionId, (port) => port.recoverWorkspace(sessionId))
   }
 
-  async discardStaging(name: string): Promise<void> {
-    await this.routes.fromEveryNode((port) => port.discardStaging(name))
-  }
-
-  // --- reading trees --------------------------------------------------------------------------
   hasTree(tree: TreeRef): Promise<boolean> {
     return this.routes.onTree(tree, (port) => port.hasTree(tree))
   }
@@ -411,10 +335,6 @@ export class ClusterRuntimePort implements RuntimePort {
     const route = await this.routes.snapshotRoute(snapshotId)
     const child = await this.rows.home(childId)
     return runWithOwnerEpoch(child.ownerEpoch, () => route.port.forkMemory(snapshotId, childId, generation))
-  }
-
-  async expireMemoryCheckpoints(cutoff: Date): Promise<{ sessionId: string; bytes: number }[]> {
-    return (await this.routes.fromEveryNode((port) => port.expireMemoryCheckpoints(cutoff))).flat()
   }
 
   exportTree(tree: TreeRef): Promise<{ stream: Readable; stop: () => Promise<void> }> {
@@ -540,75 +460,5 @@ export class ClusterRuntimePort implements RuntimePort {
 
   async fetchPoolTree(_tree: ShippedTree): Promise<void> {
     throw new CairnProblem('bad_request', 'a node fetches trees from the bucket, not the cluster')
-  }
-
-  /** Each serving node's shipping lag (`/metrics`); a node that does not answer is left out. */
-  async shippingLagByNode(): Promise<{ node: string; lag: NodeShippingLag }[]> {
-    const nodes = await this.routes.servingNodes()
-    const settled = await Promise.allSettled(nodes.map(({ port }) => port.shippingLag()))
-    return nodes.flatMap(({ node }, i) => {
-      const result = settled[i]
-      return result?.status === 'fulfilled' ? [{ node: node.id, lag: result.value }] : []
-    })
-  }
-
-  /** Summed over the serving nodes; the oldest unshipped snapshot anywhere. */
-  async shippingLag(): Promise<NodeShippingLag> {
-    const lags = await this.routes.fromEveryNode((port) => port.shippingLag())
-    return lags.reduce(
-      (sum, lag) => ({
-        enabled: sum.enabled || lag.enabled,
-        unshippedSnapshots: sum.unshippedSnapshots + lag.unshippedSnapshots,
-        secondsBehind: Math.max(sum.secondsBehind, lag.secondsBehind),
-      }),
-      { enabled: false, unshippedSnapshots: 0, secondsBehind: 0 },
-    )
-  }
-
-  // --- images: every serving node holds the images its sessions may need --------------------
-  async imageKeyOf(recipe: ImageRecipe, ctx: ImageBuildContext): Promise<string | undefined> {
-    return (await this.routes.anyNode()).port.imageKeyOf(recipe, ctx)
-  }
-
-  /** Built only when every serving node has it (so that a deploy builds it where it is missing). */
-  async hasImage(key: string): Promise<boolean> {
-    const answers = await Promise.all(
-      (await this.routes.servingNodes()).map(({ port }) => port.hasImage(key)),
-    )
-    return answers.length > 0 && answers.every(Boolean)
-  }
-
-  async ensureImage(recipe: ImageRecipe, key: string, ctx: ImageBuildContext): Promise<void> {
-    const nodes = await this.routes.servingNodes()
-    if (nodes.length === 0) throw new CairnProblem('node_unavailable', 'no runtime node is serving')
-    await Promise.all(nodes.map(({ port }) => port.ensureImage(recipe, key, ctx)))
-  }
-
-  async image(key: string): Promise<ImageRecord | undefined> {
-    for (const record of await this.routes.fromEveryNode((port) => port.image(key))) if (record) return record
-    return undefined
-  }
-
-  /** Each image once (by key), as the first node that holds it describes it. */
-  async listImages(): Promise<ImageRecord[]> {
-    const byKey = new Map<string, ImageRecord>()
-    for (const record of (await this.routes.fromEveryNode((port) => port.listImages())).flat())
-      if (!byKey.has(record.key)) byKey.set(record.key, record)
-    return [...byKey.values()]
-  }
-
-  async removeImage(key: string): Promise<void> {
-    const nodes = await this.routes.servingNodes()
-    await Promise.all(
-      nodes.map(async ({ port }) => {
-        if (await port.hasImage(key)) await port.removeImage(key)
-      }),
-    )
-  }
-
-  // --- agent memory ---------------------------------------------------------------------------
-  async publishMemory(agentId: string, version: number, content: string): Promise<void> {
-    const nodes = await this.routes.servingNodes()
-    await Promise.all(nodes.map(({ port }) => port.publishMemory(agentId, version, content)))
   }
 }

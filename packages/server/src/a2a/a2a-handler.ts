@@ -196,8 +196,7 @@ export class CairnA2AHandler implements A2ARequestHandler {
 
   private async beginIn(sessionId: string, prompt: string) {
     const { sessions } = this.services
-    const seen = await sessions.verifyBeforeTurn(this.scope.tenantId, sessionId)
-    const handle = await sessions.beginTurn(this.scope.tenantId, sessionId, prompt, seen)
+    const handle = await sessions.startTurn(this.scope.tenantId, sessionId, prompt)
     const ref: TurnRef = { turnId: handle.turnId, sessionId }
     return { ref, prompt, run: (emit: TurnEmit) => handle.run(emit) }
   }

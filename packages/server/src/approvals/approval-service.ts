@@ -119,8 +119,7 @@ export class ApprovalService implements SessionObserver {
   private async deliver(tenantId: string, sessionId: string, answer: ApprovalAnswer): Promise<void> {
     const { sessions, logger } = this.deps
     try {
-      const seen = await sessions.verifyBeforeTurn(tenantId, sessionId)
-      const handle = await sessions.beginTurn(tenantId, sessionId, approvalPrompt(answer), seen)
+      const handle = await sessions.startTurn(tenantId, sessionId, approvalPrompt(answer))
       void handle
         .run(() => undefined)
         .catch((error: unknown) => logger.warn({ err: error, session: sessionId }, 'the answer turn failed'))

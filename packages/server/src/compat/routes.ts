@@ -322,8 +322,7 @@ export async function compatRoutes(server: FastifyInstance, deps: CompatDeps): P
     },
     async (request, reply) => {
       const { tenantId } = writer(request)
-      const seen = await deps.sessions.verifyBeforeTurn(tenantId, request.params.id)
-      const handle = await deps.sessions.beginTurn(tenantId, request.params.id, request.body.prompt, seen)
+      const handle = await deps.sessions.startTurn(tenantId, request.params.id, request.body.prompt)
       await streamRun(reply, request.query.format ?? 'events', (send) => handle.run(send))
     },
   )

@@ -30,8 +30,7 @@ export async function sendMessage(
   sessionId: string,
   prompt: string,
 ): Promise<ToolAnswer> {
-  const seen = await sessions.verifyBeforeTurn(call.tenantId, sessionId)
-  const handle = await sessions.beginTurn(call.tenantId, sessionId, prompt, seen)
+  const handle = await sessions.startTurn(call.tenantId, sessionId, prompt)
   let end: StreamEvent | undefined
   await handle.run((event) => {
     if (event.type === 'run.completed' || event.type === 'run.failed' || event.type === 'run.cancelled') {

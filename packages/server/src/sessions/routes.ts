@@ -198,8 +198,7 @@ export function sessionRoutes(
     },
     async (request, reply) => {
       const { tenantId } = requireWrite(request)
-      const seen = await sessions.verifyBeforeTurn(tenantId, idOf(request))
-      const handle = await sessions.beginTurn(tenantId, idOf(request), request.body.prompt, seen)
+      const handle = await sessions.startTurn(tenantId, idOf(request), request.body.prompt)
       reply.raw.setHeader('cairn-turn-id', handle.turnId)
       reply.hijack()
       const writer = new SseWriter(reply.raw, sse)
@@ -249,8 +248,7 @@ export function sessionRoutes(
           )
         id = info.id
       }
-      const seen = await sessions.verifyBeforeTurn(tenantId, id)
-      const handle = await sessions.beginTurn(tenantId, id, prompt, seen)
+      const handle = await sessions.startTurn(tenantId, id, prompt)
       reply.raw.setHeader('cairn-session-id', id)
       reply.raw.setHeader('cairn-turn-id', handle.turnId)
       reply.hijack()

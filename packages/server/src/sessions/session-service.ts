@@ -174,6 +174,25 @@ export class SessionService extends SessionReads {
   }
 
   /**
+   * A message's turn: `verifyBeforeTurn`, then `beginTurn`, with the session's row read while the
+   * runtime is asked about its agent (on a cluster a round trip to the node beside one to the
+   * database). That row is the check's when the agent is gone, and stands for the turn's own read
+   * when the runtime had the agent (nothing was checked or written) and no turn or exclusive
+   * operation of this process took the session's lock meanwhile; otherwise the turn reads it
+   * under its lock, as `beginTurn` does.
+   */
+  async startTurn(tenantId: string, id: string, prompt: string): Promise<TurnHandle> {
+    const load = () => this.requireOwned(tenantId, id, this.store.getForTurn)
+    const takes = this.locks.takes(id)
+    const early = load()
+    early.catch(() => undefined)
+    const seen = await this.verifyBeforeTurn(tenantId, id, early)
+    const row = seen?.agent ? await early.catch(() => undefined) : undefined
+    const fresh = row !== undefined && this.locks.takes(id) === takes
+    return this.runner.begin(id, fresh ? async () => row : load, prompt, seen)
+  }
+
+  /**
    * A turn's event stream picked up after event `after`, through any replica; undefined when the
    * turn ended and its terminal event is at or before `after` (nothing more will come).
    */
@@ -375,13 +394,17 @@ export class SessionService extends SessionReads {
    * saw of the session's agent (for `beginTurn`, so a turn asks its runtime once); undefined when
    * it did not ask (the session is busy).
    */
-  async verifyBeforeTurn(tenantId: string, id: string): Promise<SeenAgent | undefined> {
+  async verifyBeforeTurn(
+    tenantId: string,
+    id: string,
+    read?: Promise<SessionRow>,
+  ): Promise<SeenAgent | undefined> {
     // A warm or busy session has nothing to check here (and `beginTurn` reads the row, refusing
     // what this caller may not see): a warm turn reads the session once, not twice.
     if (this.locks.has(id)) return undefined
     const seen: SeenAgent = { agent: await this.warm.agent(id) }
     if (seen.agent) return seen
-    const row = await this.requireOwned(tenantId, id)
+    const row = await (read ?? this.requireOwned(tenantId, id))
     if (row.status === 'deleted' || this.locks.has(id)) return seen
     await this.generations.verify(row, () => this.locks.has(row.id))
     return seen

@@ -38,6 +38,8 @@ export class TurnLocks {
   private readonly swapStarts = new Map<string, number>()
   /** Sessions whose exclusive operation swaps the workspace. */
   private readonly swappingNow = new Set<string>()
+  /** How many times each session's lock was taken (see `takes`). */
+  private readonly takeCounts = new Map<string, number>()
 
   has(sessionId: string): boolean {
     return this.running.has(sessionId)
@@ -56,8 +58,17 @@ export class TurnLocks {
     return this.running.size
   }
 
+  /**
+   * How many times the session's lock has been taken in this process: a read of the session made
+   * while it did not move saw no turn or exclusive operation of this process begin meanwhile.
+   */
+  takes(sessionId: string): number {
+    return this.takeCounts.get(sessionId) ?? 0
+  }
+
   /** Takes the session's lock (the caller checked it was free); the returned function releases it. */
   take(sessionId: string, turnId: string, abort: AbortController): () => void {
+    this.takeCounts.set(sessionId, this.takes(sessionId) + 1)
     let release!: () => void
     const done = new Promise<void>((resolve) => {
       release = resolve
@@ -107,6 +118,7 @@ export class TurnLocks {
   /** Forgets a deleted session's counters. */
   forget(sessionId: string): void {
     this.swapStarts.delete(sessionId)
+    this.takeCounts.delete(sessionId)
   }
 
   /** The exclusive operation (e.g. "a restore") holding the session, if any. */

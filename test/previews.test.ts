@@ -138,8 +138,8 @@ describe('previews of services inside a session sandbox', () => {
     const first = await previewFetch(at(before.url, 'hello.txt'))
     expect(first.status).toBe(200)
     const cookie = (first.headers.get('set-cookie') ?? '').split(';')[0] ?? ''
-    // Another port of the same session: its URL is not revoked (nothing listens there: 502, not 403).
-    const otherPort = await signedUrl(8999, 60_000)
+    // Another port of the same session: its URL is not revoked.
+    const otherPort = await signedUrl(8001, 60_000)
 
     const revoked = await t.api.call('DELETE', `/v1/sessions/${sessionId}/ports/8000/url`)
     expect(revoked).toEqual({ status: 200, body: { ok: true } })
@@ -150,7 +150,11 @@ describe('previews of services inside a session sandbox', () => {
       headers: { cookie },
     })
     expect(oldCookie.status).toBe(403)
-    expect((await previewFetch(at(otherPort.url, 'x'))).status).toBe(502)
+    const other = rawPreviewUpgrade(otherPort.url)
+    for (let i = 0; i < 100 && !other.received().includes('saw-key'); i++)
+      await new Promise((r) => setTimeout(r, 50))
+    other.socket.destroy()
+    expect(other.received()).toMatch(/^HTTP\/1\.1 101 /)
 
     const after = await signedUrl(8000, 60_000)
     expect(after.url).toContain('cairn_epoch=1')
@@ -242,6 +246,27 @@ describe('previews of services inside a session sandbox', () => {
     expect(upgrade.closed()).toBe(true)
   })
 
+  it('refuses a URL for a port nothing listens on in the running sandbox, naming those that do; a cold one gets its URL and a note', async () => {
+    const refused = await t.api.call('POST', `/v1/sessions/${sessionId}/ports/8999/url`, { ttlMs: 60_000 })
+    expect(refused.status).toBe(409)
+    expect(refused.body.error).toMatchObject({
+      code: 'port_not_listening',
+      details: { port: 8999, listening: expect.arrayContaining([8000, 8001]) },
+    })
+    assertBuilt()
+    const env = { CAIRN_API_URL: t.url, CAIRN_API_KEY: t.key, CAIRN_CONFIG_DIR: t.dataDir }
+    const open = await spawnCli(['sessions', 'open', sessionId, '8999'], env).done
+    expect(open.code).not.toBe(0)
+    expect(open.stdout).toBe('')
+    expect(open.stderr).toContain('nothing listens on port 8999')
+    // No sandbox runs: the URL is issued, for once one does, and the CLI says so.
+    const cold = await t.api.createSession('shell')
+    const later = await spawnCli(['sessions', 'open', cold.id, '8000'], env).done
+    expect(later.code).toBe(0)
+    expect(later.stdout).toContain(`${originOf(cold.id, 8000)}/?cairn_expires=`)
+    expect(later.stderr).toContain('no sandbox runs for this session now')
+  })
+
   it('answers with typed errors when nothing listens or no sandbox runs', async () => {
     const closed = await withKey(sessionId, 8999, '')
     expect(closed.status).toBe(502)
@@ -263,6 +288,18 @@ describe('previews of services inside a session sandbox', () => {
     const res = await withKey(id, 8000, '')
     expect(res.status).toBe(400)
     expect(res.body.error.details).toMatchObject({ driver: 'gvisor', capability: 'ports' })
+    // No URL that would answer the same: `cairn sessions open` says why instead.
+    const url = await t.api.call('POST', `/v1/sessions/${id}/ports/8000/url`, { ttlMs: 60_000 })
+    expect(url.status).toBe(400)
+    expect(url.body.error).toMatchObject({
+      code: 'bad_request',
+      details: { driver: 'gvisor', capability: 'ports' },
+    })
+    const env = { CAIRN_API_URL: t.url, CAIRN_API_KEY: t.key, CAIRN_CONFIG_DIR: t.dataDir }
+    const open = await spawnCli(['sessions', 'open', id, '8000'], env).done
+    expect(open.code).not.toBe(0)
+    expect(open.stdout).toBe('')
+    expect(open.stderr).toContain('the gvisor sandbox driver cannot reach a port inside the sandbox')
   })
 })
 

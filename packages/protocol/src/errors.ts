@@ -97,6 +97,11 @@ export const ERROR_CODES = {
   agent_crashed: { status: 500, retryable: true },
   agent_protocol_error: { status: 502, retryable: true },
   port_unreachable: { status: 502, retryable: true },
+  /**
+   * A signed URL was asked for a port nothing listens on inside the session's running sandbox
+   * (it would only answer port_unreachable); details: port, listening (the ports that do).
+   */
+  port_not_listening: { status: 409, retryable: true },
   sandbox_failed: { status: 500, retryable: true },
   limit_exceeded: { status: 500, retryable: true },
   storage_error: { status: 500, retryable: true },

@@ -126,6 +126,7 @@ const CLASS_BY_CODE: Record<ErrorCode, ErrorClass> = {
   snapshot_left_behind: ConflictError,
   secrets_missing: SecretsMissingError,
   sandbox_not_running: ConflictError,
+  port_not_listening: ConflictError,
   build_failed: BuildFailedError,
   image_too_large: BuildFailedError,
   setup_failed: BuildFailedError,

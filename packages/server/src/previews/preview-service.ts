@@ -70,7 +70,7 @@ export interface PreviewServiceDeps {
   signer: PreviewSigner
   revocations: PreviewRevocations
   /** Connections into sandboxes, through the runtime's port. */
-  runtime: Pick<RuntimePort, 'connectPort'>
+  runtime: Pick<RuntimePort, 'connectPort' | 'listeningPorts'>
   clock: Clock
   logger: Logger
   /** With replicas: revocations made by any of them close the connections this one relays. */
@@ -134,6 +134,7 @@ export class PreviewService implements SessionObserver {
     originOf: (sessionId: string) => string,
   ): Promise<{ url: string; expiresAt: string }> {
     const row = await this.deps.sessions.requireLive(tenantId, sessionId)
+    await this.requireListening(row, port)
     const expiresAtMs = this.deps.clock.now() + ttlMs
     const epoch = await this.deps.revocations.current(row.id, port)
     const signature = this.deps.signer.sign({ sessionId: row.id, port, expiresAtMs, epoch })
@@ -143,6 +144,28 @@ export class PreviewService implements SessionObserver {
       [SIGNATURE_PARAM]: signature,
     })
     return { url: `${originOf(row.id)}/?${query}`, expiresAt: iso(expiresAtMs) }
+  }
+
+  /**
+   * Refuses a URL to a running sandbox that could only fail: the port is among those listening,
+   * or a connection to it says why not (a driver that cannot reach ports: gVisor; nothing
+   * listening); a service that began listening meanwhile is let through. Without a running
+   * sandbox the URL is issued (it works once a message starts one and the service listens).
+   */
+  private async requireListening(row: SessionRow, port: number): Promise<void> {
+    if (!(await this.deps.sessions.warmAgent(row.id))) return
+    const listening = await this.deps.runtime.listeningPorts(row.id)
+    if (listening.includes(port)) return
+    const socket = await this.deps.runtime.connectPort(row.id, port).catch((error: unknown) => {
+      if (!(error instanceof CairnProblem) || error.code !== 'port_unreachable') throw error
+      const others = listening.length > 0 ? ` (listening: ${listening.join(', ')})` : ''
+      throw new CairnProblem(
+        'port_not_listening',
+        `nothing listens on port ${port} in the sandbox of session ${row.id}${others}; start the service, then ask for its URL`,
+        { port, listening },
+      )
+    })
+    socket.destroy()
   }
 
   /**

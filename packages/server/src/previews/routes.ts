@@ -42,13 +42,15 @@ export function previewRoutes(
       schema: {
         tags: ['previews'],
         summary:
-          "A signed URL to the service on a port inside the session sandbox, valid for ttlMs, on the preview's own origin",
+          "A signed URL to the service on a port inside the session sandbox, valid for ttlMs, on the preview's own origin; while the sandbox runs, refused unless the port listens in it (409 port_not_listening; 400 under a driver that cannot reach ports)",
         params: PortParams,
         body: SignedUrlBody,
         response: {
           200: PreviewUrlSchema,
+          400: ErrorBodySchema,
           401: ErrorBodySchema,
           404: ErrorBodySchema,
+          409: ErrorBodySchema,
         },
       },
     },

@@ -37,5 +37,10 @@ export const register: Register = (parent, ctx) => {
     ctx.out.progress(
       `valid until ${preview.expiresAt}; anyone with this URL reaches port ${portNumber} of this session`,
     )
+    // A running sandbox was checked by the server (the port listens); a cold one cannot be yet.
+    if (!session.info.warm)
+      ctx.out.note(
+        `no sandbox runs for this session now: the URL answers 409 sandbox_not_running until a message starts one and a service listens on port ${portNumber}`,
+      )
   })
 }

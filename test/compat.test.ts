@@ -115,6 +115,38 @@ describe('compat: the hosted product’s SDK and CLI wire shapes against Cairn',
       for (const operation of Object.values(paths[path] ?? {})) expect(operation.tags).toEqual(['compat'])
     const deploy = paths[`${PREFIX}/v1/agents`]?.post as { requestBody?: { content: object } }
     expect(Object.keys(deploy.requestBody?.content ?? {})).toEqual(['multipart/form-data'])
+    // The run's answers are documented: its stream, each event's data by name, and its errors.
+    const send = paths[`${PREFIX}/v1/sessions/{id}/messages`]?.post as unknown as {
+      responses: Record<string, { content: Record<string, Record<string, { anyOf: { title: string }[] }>> }>
+    }
+    const stream = send.responses['200']?.content['text/event-stream']?.['x-cairn-event-data']
+    expect(stream?.anyOf.map((member) => member.title)).toEqual(
+      expect.arrayContaining(['run.started', 'message.delta', 'run.completed', 'run.failed']),
+    )
+    expect(Object.keys(send.responses)).toEqual(expect.arrayContaining(['400', '404', '409', '415']))
+  })
+
+  it('answers what is refused before a route in their error shape too: a bad path, no route, an unknown method (405 with Allow)', async () => {
+    const raw = (method: string, route: string) =>
+      fetch(`${t.url}${PREFIX}/v1${route}`, { method, headers: { authorization: `Bearer ${t.key}` } })
+    const shaped = {
+      detail: expect.any(String),
+      message: expect.any(String),
+      request_id: expect.stringMatching(/^req_/),
+    }
+    const badPath = await raw('GET', '/agents/%ff')
+    expect(badPath.status).toBe(400)
+    expect(await badPath.json()).toMatchObject({ ...shaped, code: 'bad_request' })
+    const long = await raw('GET', `/agents/${'z'.repeat(1100)}`)
+    expect(long.status).toBe(400)
+    expect(await long.json()).toMatchObject({ ...shaped, code: 'bad_request' })
+    const method = await raw('PUT', '/agents')
+    expect(method.status).toBe(405)
+    expect(method.headers.get('allow')).toBe('GET, HEAD, POST')
+    expect(await method.json()).toMatchObject({ ...shaped, code: 'method_not_allowed' })
+    const none = await raw('GET', '/nowhere')
+    expect(none.status).toBe(404)
+    expect(await none.json()).toMatchObject({ ...shaped, code: 'not_found' })
   })
 
   it('auth: /auth/validate and /auth/me with a Cairn key; errors carry a top-level detail and message', async () => {

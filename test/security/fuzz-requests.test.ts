@@ -45,6 +45,11 @@ const REQUESTS = Number(process.env.FUZZ_REQUESTS ?? 10_000)
 const CONCURRENCY = 8
 const REQUEST_TIMEOUT_MS = 30_000
 const FIXTURE = path.join(REPO_ROOT, 'test/fixtures/server-process.mjs')
+/** The compat API's prefix (`--compat-prefix`): its routes are in the document and fuzzed too. */
+const COMPAT = '/superserve'
+const isCompat = (template: string) => template.startsWith(`${COMPAT}/`)
+/** A route's template as the native API spells it (the compat prefix taken off). */
+const local = (template: string) => (isCompat(template) ? template.slice(COMPAT.length) : template)
 /** 5xx codes the registry marks retryable that a genuine runtime hiccup may produce (none seen so far). */
 const TOLERATED_5XX = new Set<string>([])
 
@@ -92,6 +97,8 @@ const ids = {
   spareSessions: [] as string[],
   agent: '',
   victimAgent: '',
+  /** An agent the compat API's delete takes (the native delete takes victimAgent). */
+  compatVictimAgent: '',
   revision: '',
   snapshot: '',
   victimKey: '',
@@ -124,7 +131,8 @@ beforeAll(async () => {
   cwdDir = path.join(sentinel, 'cwd')
   await mkdir(dataDir)
   await mkdir(cwdDir)
-  child = spawn(process.execPath, [FIXTURE, dataDir, JSON.stringify({ rateLimitPerSecond: 0 })], {
+  const options = { rateLimitPerSecond: 0, compatPrefix: COMPAT }
+  child = spawn(process.execPath, [FIXTURE, dataDir, JSON.stringify(options)], {
     cwd: cwdDir,
     stdio: ['ignore', 'pipe', 'inherit'],
   })
@@ -153,6 +161,9 @@ beforeAll(async () => {
   const victim = await api.call('POST', '/v1/agents?name=victim', archive)
   expect(victim.status).toBe(201)
   ids.victimAgent = victim.body.agent.id
+  const compatVictim = await api.call('POST', '/v1/agents?name=compat-victim', archive)
+  expect(compatVictim.status).toBe(201)
+  ids.compatVictimAgent = compatVictim.body.agent.id
   // With a setup phase, so its setup routes answer too.
   ids.liveSession = (await api.createSession('echo', { setup: { command: 'echo set up' } })).id
   expect((await api.send(ids.liveSession, 'warm up')).text).toBe('warm up\n')
@@ -173,6 +184,17 @@ beforeAll(async () => {
   })
   expect(command.status, JSON.stringify(command.body)).toBe(201)
   ids.command = command.body.id
+  // A service on port 8000, so a signed URL for it is issued while the sandbox runs (one for a
+  // port nothing listens on is refused then).
+  const service = await api.call('POST', `/v1/sessions/${ids.liveSession}/commands`, {
+    command: ['python3', '-m', 'http.server', '8000', '--bind', '127.0.0.1'],
+  })
+  expect(service.status, JSON.stringify(service.body)).toBe(201)
+  for (let i = 0; i < 100; i++) {
+    const manifest = await api.call('GET', `/v1/sessions/${ids.liveSession}/manifest`)
+    if ((manifest.body.openPorts as number[]).includes(8000)) break
+    await new Promise((resolve) => setTimeout(resolve, 50))
+  }
   const ended = await api.call('POST', `/v1/sessions/${ids.liveSession}/commands`, {
     command: ['echo', 'ended'],
   })
@@ -278,8 +300,9 @@ const RAW_SEGMENTS = [
 function pathParam(rng: Rng, route: Route, method: string, name: string): string {
   const raw = (value: string) => (rng.chance(0.08) ? rng.pick(RAW_SEGMENTS) : pct(value))
   const fake = (prefix: string) => `${prefix}_${'0'.repeat(20)}`
+  const template = local(route.template)
   // Deleting the session, agent or key everything else uses would end the run's coverage early.
-  const destructive = method === 'DELETE' && route.template.split('/').length <= 4
+  const destructive = method === 'DELETE' && template.split('/').length <= 4
   const pick = (real: string[]) => {
     const r = rng.next()
     const linked = links.pick(rng, route.template, name)
@@ -291,7 +314,7 @@ function pathParam(rng: Rng, route: Route, method: string, name: string): string
     return raw(fuzzString(rng, { maxHuge: 3000 }))
   }
   if (name === 'id') {
-    if (route.template.startsWith('/v1/sessions'))
+    if (template.startsWith('/v1/sessions'))
       return pick(
         destructive
           ? ids.spareSessions
@@ -303,9 +326,13 @@ function pathParam(rng: Rng, route: Route, method: string, name: string): string
               ids.liveSession.slice(0, 8),
             ],
       )
-    if (route.template.startsWith('/v1/agents'))
-      return pick(destructive ? [ids.victimAgent] : [ids.agent, 'echo', 'victim', ids.victimAgent])
-    if (route.template.startsWith('/v1/keys')) return pick([ids.victimKey])
+    if (template.startsWith('/v1/agents'))
+      return pick(
+        destructive
+          ? [isCompat(route.template) ? ids.compatVictimAgent : ids.victimAgent]
+          : [ids.agent, 'echo', 'victim', ids.victimAgent],
+      )
+    if (template.startsWith('/v1/keys')) return pick([ids.victimKey])
   }
   return pick(REAL_PARAMS[name]?.() ?? [])
 }
@@ -323,19 +350,22 @@ const REAL_PARAMS: Record<string, () => string[]> = {
   commandId: () => [ids.command, ids.endedCommand],
   approvalId: () => [ids.approval],
   port: () => ['8000', '3000'],
+  key: () => ['K2', 'K1'],
 }
 
 /** The real IDs a well-formed request to `route` uses (DELETE on the spare and victim ones). */
 function realParam(route: Route, name: string): string {
-  const destructive = route.method === 'DELETE' && route.template.split('/').length <= 4
-  if (name === 'id' && route.template === '/v1/sessions/{id}/merge') return ids.fork
-  if (name === 'id' && route.template.includes('/approvals')) return ids.approvalSession
-  if (name === 'id' && route.template.startsWith('/v1/sessions'))
-    return destructive ? (ids.spareSessions[0] as string) : ids.liveSession
-  if (name === 'id' && route.template.startsWith('/v1/agents'))
-    return destructive ? ids.victimAgent : ids.agent
-  if (name === 'id' && route.template.startsWith('/v1/keys')) return ids.victimKey
-  if (name === 'id' && route.template.startsWith('/v1/webhooks'))
+  const template = local(route.template)
+  const compat = isCompat(route.template)
+  const destructive = route.method === 'DELETE' && template.split('/').length <= 4
+  if (name === 'id' && template === '/v1/sessions/{id}/merge') return ids.fork
+  if (name === 'id' && template.includes('/approvals')) return ids.approvalSession
+  if (name === 'id' && template.startsWith('/v1/sessions'))
+    return destructive ? (ids.spareSessions[compat ? 1 : 0] as string) : ids.liveSession
+  if (name === 'id' && template.startsWith('/v1/agents'))
+    return destructive ? (compat ? ids.compatVictimAgent : ids.victimAgent) : ids.agent
+  if (name === 'id' && template.startsWith('/v1/keys')) return ids.victimKey
+  if (name === 'id' && template.startsWith('/v1/webhooks'))
     return destructive ? ids.victimWebhook : ids.webhook
   if (name === 'commandId') return route.template.endsWith('/output') ? ids.endedCommand : ids.command
   return REAL_PARAMS[name]?.()[0] ?? 'x'
@@ -556,6 +586,9 @@ function wellFormed(
     name: ['fuzzed'],
     url: [WEBHOOK.url],
     events: [WEBHOOK.events],
+    // The compat API's names for the agent and an ID prefix.
+    agent_id: ['echo'],
+    id_prefix: [ids.liveSession.slice(0, 8)],
   }
   const apiPath = route.template.replace(/\{(\w+)\}/g, (_m, name: string) => pct(realParam(route, name)))
   const query = route.query
@@ -564,14 +597,20 @@ function wellFormed(
   const headers: Record<string, string> = { authorization: `Bearer ${key}` }
   let body: Buffer | undefined
   const type = route.bodyTypes[0]
+  let contentType = type
   if (type === 'application/json' && route.body) {
     body = Buffer.from(JSON.stringify(wellFormedJson(route, rng, schemaHints)))
+  } else if (type === 'multipart/form-data') {
+    // The compat deploy: their form's fields and the project's tar.gz.
+    const boundary = `fuzz${rng.int(1_000_000)}`
+    contentType = `multipart/form-data; boundary=${boundary}`
+    body = multipart(boundary, { name: 'compat-echo', command: 'bash echo.sh', config: '{}' }, samples.agent)
   } else if (type !== undefined)
     body = type.includes('gzip')
       ? samples[route.template.startsWith('/v1/agents') ? 'agent' : 'workspace']
       : Buffer.from('fuzzed\n')
   else if (route.template.endsWith('/files/content') && route.method === 'PUT') body = Buffer.from('fuzzed\n')
-  if (body) headers['content-type'] = type ?? 'application/octet-stream'
+  if (body) headers['content-type'] = contentType ?? 'application/octet-stream'
   if (route.template === '/v1/agents' && route.method === 'POST') query.push('name=echo')
   return {
     index,
@@ -583,6 +622,21 @@ function wellFormed(
     api: true,
     variant: false,
   }
+}
+
+/** A multipart/form-data body of text fields and a `file` part. */
+function multipart(boundary: string, fields: Record<string, string>, file: Buffer): Buffer {
+  const parts = Object.entries(fields).map(
+    ([name, value]) => `--${boundary}\r\ncontent-disposition: form-data; name="${name}"\r\n\r\n${value}\r\n`,
+  )
+  return Buffer.concat([
+    Buffer.from(parts.join('')),
+    Buffer.from(
+      `--${boundary}\r\ncontent-disposition: form-data; name="file"; filename="project.tar.gz"\r\ncontent-type: application/gzip\r\n\r\n`,
+    ),
+    file,
+    Buffer.from(`\r\n--${boundary}--\r\n`),
+  ])
 }
 
 /** A JSON body the route accepts: its schema's required fields, with the real IDs it names. */
@@ -616,6 +670,9 @@ const WRITE_ORDER: Record<string, number> = { GET: 0, PUT: 1, POST: 2, DELETE: 3
 function happyOrder(route: Route): number {
   // A command's writes before the workspace's (an import or a restore stops its sandbox).
   if (route.template.includes('/commands/{commandId}/')) return 0.9
+  // A signed URL while the service on port 8000 still listens (a turn or a restore replaces the
+  // sandbox it runs in).
+  if (route.template.endsWith('/ports/{port}/url') && route.method === 'POST') return 0.95
   const last = route.template.endsWith('/end') ? 0.5 : route.template.endsWith('/resume') ? 0.7 : 0
   return (WRITE_ORDER[route.method] ?? 2) + last
 }
@@ -705,13 +762,23 @@ function judge(request: FuzzRequest, status: number, type: string, body: Buffer)
     if (!TOLERATED_5XX.has(code)) return `status ${status}`
   }
   if (status >= 400 && request.method !== 'HEAD' && !request.path.startsWith('/assets/')) {
-    let parsed: { error?: { code?: unknown; message?: unknown; requestId?: unknown } }
+    let parsed: {
+      error?: { code?: unknown; message?: unknown; requestId?: unknown }
+      code?: unknown
+      message?: unknown
+      request_id?: unknown
+    }
     try {
       parsed = JSON.parse(text)
     } catch {
       return `non-JSON error body (${type})`
     }
-    const error = parsed.error
+    // The compat API answers errors in the hosted product's shape, with the registry's code; what
+    // the HTTP parser refuses before any route (408, 431) is in the registry's shape everywhere.
+    const compatShaped = request.path.startsWith(`${COMPAT}/`) && status !== 408 && status !== 431
+    const error = compatShaped
+      ? { code: parsed.code, message: parsed.message, requestId: parsed.request_id }
+      : parsed.error
     if (!error || !isErrorCode(error.code)) return 'error body without a registry code'
     if (typeof error.message !== 'string' || error.message === '') return 'error body without a message'
     if (typeof error.requestId !== 'string' || !error.requestId.startsWith('req_'))
@@ -743,7 +810,8 @@ function unlistedAnswer(
   if (res.status < 400 || res.status >= 500) return `${where} is in no operation, answered ${res.status}`
   let message = ''
   try {
-    message = String(JSON.parse(res.body.toString('utf8')).error?.message)
+    const parsed = JSON.parse(res.body.toString('utf8'))
+    message = String(parsed.error?.message ?? parsed.message)
   } catch {}
   if (documented.length > 0 && res.status === 404 && message.startsWith('no route for'))
     return `${where}: 404 no route, for a path the document has with ${documented.join(', ')} (405 expected)`
@@ -790,7 +858,8 @@ describe('request fuzzing', () => {
     /** Status, media type and body against the document; a path no operation has must be a 404. */
     const conform = (request: FuzzRequest, res: Answer): string | undefined => {
       const { status, type, body } = res
-      if (!request.api || request.variant || !request.path.startsWith('/v1/')) return undefined
+      const documented = request.path.startsWith('/v1/') || request.path.startsWith(`${COMPAT}/v1/`)
+      if (!request.api || request.variant || !documented) return undefined
       const pathname = request.path.split('?')[0] as string
       const op = conformance.match(request.method, pathname)
       // A path or method no operation has: an error (its registry shape is checked by `judge`);

@@ -1,7 +1,7 @@
-import { API_VERSION, HealthSchema } from '@cairn/protocol'
+import { API_VERSION, type ErrorBody, HealthSchema } from '@cairn/protocol'
 import type { RuntimePort } from '@cairn/runtime/port'
 import swagger from '@fastify/swagger'
-import Fastify, { type FastifyInstance, type FastifyReply } from 'fastify'
+import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify'
 import type { Logger } from 'pino'
 import { a2aRoutes } from './a2a/routes.js'
 import { AgUiThreads } from './ag-ui/ag-ui-threads.js'
@@ -22,7 +22,7 @@ import { nodeRoutes } from './cluster/routes.js'
 import { ClusterRuntimePort } from './cluster/routing/cluster-runtime-port.js'
 import type { CommandService } from './commands/command-service.js'
 import { commandRoutes } from './commands/routes.js'
-import { compatRoutes } from './compat/routes.js'
+import { compatError, compatRoutes } from './compat/routes.js'
 import type { Db } from './db/database.js'
 import { consoleRoutes } from './http/console.js'
 import {
@@ -127,6 +127,10 @@ const MAX_PARAM_LENGTH = 1024
 
 /** Builds the HTTP API. Handlers are thin: each validates, authorises and calls a service. */
 export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
+  // Errors of the compat API (under its prefix) are answered in its shape, wherever they arise.
+  const compatPrefix = deps.compat ? `${deps.compat.prefix}/` : undefined
+  const shapeError = (request: FastifyRequest, body: ErrorBody): unknown =>
+    compatPrefix && request.url.startsWith(compatPrefix) ? compatError(body.error, request.id) : body
   const app = Fastify({
     // Per-request access logs are dropped (they cost more than the warm turn itself); errors and
     // 4xx answers are logged by the hooks below.
@@ -146,14 +150,18 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
         error.code === 'FST_ERR_MAX_PARAM_LENGTH'
           ? `a path parameter is longer than ${MAX_PARAM_LENGTH} characters`
           : 'the request path is not valid percent-encoded UTF-8'
-      void (reply as FastifyReply).status(400).send(errorBody('bad_request', message, request.id))
+      void (reply as FastifyReply)
+        .status(400)
+        .send(shapeError(request as FastifyRequest, errorBody('bad_request', message, request.id)))
     },
     ajv: { customOptions: { ...AJV_OPTIONS } },
     schemaController: { compilersFactory: { buildValidator: typedBodyValidators() } },
   }) as unknown as FastifyInstance
   const uploadLimit: BodyLimit = { bytes: deps.maxUploadBytes, applies: 'uploads' }
-  installErrorHandlers(app, (request) =>
-    isUploadMediaType(request.headers['content-type']) ? uploadLimit : JSON_LIMIT,
+  installErrorHandlers(
+    app,
+    (request) => (isUploadMediaType(request.headers['content-type']) ? uploadLimit : JSON_LIMIT),
+    shapeError,
   )
   refuseNonFiniteNumbers(app)
   acceptEmptyBodies(app, isPreviewRequest)

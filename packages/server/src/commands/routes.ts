@@ -41,7 +41,8 @@ export function commandRoutes(
           "Start a command in the session's sandbox beside its agent (started cold if needed), outside any turn",
         params: IdParams,
         body: StartCommandBody,
-        response: { 201: CommandSchema, ...errors },
+        // 422: a session whose setup phase has not run yet runs it first (setup_failed).
+        response: { 201: CommandSchema, ...errors, ...errorResponses(422) },
       },
     },
     async (request, reply) => {

@@ -1,4 +1,4 @@
-import { CairnProblem, type StreamEvent } from '@cairn/protocol'
+import { CairnProblem, ErrorBodySchema, type StreamEvent } from '@cairn/protocol'
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox'
 import { Type } from '@sinclair/typebox'
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
@@ -7,7 +7,7 @@ import type { ArchiveLimits } from '../agents/archive.js'
 import type { ApiKeyStore, Principal } from '../auth/api-keys.js'
 import type { RateLimiter } from '../auth/plugin.js'
 import { toErrorBody } from '../http/errors.js'
-import { bytesBody } from '../http/responses.js'
+import { bytesBody, EVENT_DATA_EXTENSION } from '../http/responses.js'
 import { DEFAULT_SSE_STALL_MS, whenDrained } from '../http/sse.js'
 import type { SecretStore } from '../secrets/secret-store.js'
 import type { SessionService } from '../sessions/session-service.js'
@@ -21,6 +21,7 @@ import {
   CompatIdsSchema,
   CompatListSessionsQuery,
   CompatResolveQuery,
+  CompatRunEventSchema,
   CompatSecretKeysSchema,
   CompatSecretsBody,
   CompatSendMessageBody,
@@ -47,9 +48,33 @@ export interface CompatDeps {
 const HEARTBEAT_MS = 15_000
 const MAX_TITLE_CHARS = 200
 const IdParams = Type.Object({ id: Type.String({ minLength: 1, maxLength: 200 }) })
-const errors = Object.fromEntries(
-  [400, 401, 403, 404, 409, 410, 413, 415, 422, 429, 500].map((s) => [s, CompatErrorSchema]),
-)
+const errors = {
+  ...Object.fromEntries(
+    [400, 401, 403, 404, 409, 410, 413, 415, 422, 429, 500, 503].map((s) => [s, CompatErrorSchema]),
+  ),
+  // Refused by the HTTP parser before any route is known (a request too slow, headers too large):
+  // in the registry's own shape, as on every route.
+  408: ErrorBodySchema,
+  431: ErrorBodySchema,
+}
+
+/**
+ * A run's stream: each event's data is its member's `data` (format `events`, the default) or the
+ * whole `{type, data}` (format `envelope`), by the event's name.
+ */
+const runStream = {
+  description: "The run's events as server-sent events (see CompatRunEventSchema)",
+  content: {
+    'text/event-stream': {
+      schema: Type.String({ description: 'Server-sent events (text/event-stream), read event by event' }),
+      [EVENT_DATA_EXTENSION]: Type.Union(
+        CompatRunEventSchema.anyOf.map((event) =>
+          Type.Union([event.properties.data, event], { title: event.properties.type.const }),
+        ),
+      ),
+    },
+  },
+}
 
 /**
  * The hosted product's agent-session API (as its own SDK and CLI speak it), translated onto
@@ -67,10 +92,8 @@ export async function compatRoutes(server: FastifyInstance, deps: CompatDeps): P
     if (status >= 500) request.log.error({ err: error }, 'compat request failed')
     void reply.status(status).send(compatError(body.error, request.id))
   })
-  app.setNotFoundHandler((request, reply) => {
-    const message = `no route for ${request.method} ${request.url.split('?')[0]}`
-    void reply.status(404).send(compatError({ code: 'not_found', message }, request.id))
-  })
+  // A path no route has (404) or a method its path does not take (405 with Allow) is answered by
+  // the server's own not-found handler, in this API's shape (see compatErrorShape).
   // The deploy form is left unread here: its route reads it as it streams in (compat/deploy.ts).
   app.addContentTypeParser('multipart/form-data', (_request, _payload, done) => done(null, undefined))
   // Cairn's bearer keys, on every compat route: their CLI sends the key it stored at login.
@@ -318,7 +341,12 @@ export async function compatRoutes(server: FastifyInstance, deps: CompatDeps): P
   app.post(
     '/v1/sessions/:id/messages',
     {
-      schema: schema({ params: IdParams, querystring: CompatSendMessageQuery, body: CompatSendMessageBody }),
+      schema: schema({
+        params: IdParams,
+        querystring: CompatSendMessageQuery,
+        body: CompatSendMessageBody,
+        response: { 200: runStream, ...errors },
+      }),
     },
     async (request, reply) => {
       const { tenantId } = writer(request)
@@ -328,7 +356,8 @@ export async function compatRoutes(server: FastifyInstance, deps: CompatDeps): P
   )
 }
 
-function compatError(
+/** The hosted product's error shape for Cairn's error body (its code and message kept). */
+export function compatError(
   error: { code: string; message: string; details?: Record<string, unknown> | undefined },
   requestId: string,
 ) {

@@ -118,6 +118,9 @@ export function validationProblem(
   })
 }
 
+/** The body an error is answered with, for the API the request was made to. */
+export type ErrorShape = (request: FastifyRequest, body: ErrorBody) => unknown
+
 /** Maps anything thrown by a handler to the registry's error shape and status. */
 export function toErrorBody(
   error: unknown,
@@ -177,15 +180,20 @@ export function toErrorBody(
   return { status: 500, body: errorBody('internal', 'internal error', requestId) }
 }
 
-/** `bodyLimitOf` names the body limit that applies to a request (by its media type), for 413 answers. */
+/**
+ * `bodyLimitOf` names the body limit that applies to a request (by its media type), for 413
+ * answers; `shape` turns an error body into the shape the request's API answers in (the compat
+ * API's, under its prefix).
+ */
 export function installErrorHandlers(
   app: FastifyInstance,
   bodyLimitOf?: (request: FastifyRequest) => BodyLimit,
+  shape: ErrorShape = (_request, body) => body,
 ): void {
   app.setErrorHandler((error, request, reply) => {
     const { status, body } = toErrorBody(error, request.id, bodyLimitOf?.(request))
     if (status >= 500) request.log.error({ err: error }, 'request failed')
-    void reply.status(status).send(body)
+    void reply.status(status).send(shape(request, body))
   })
   const routes = new RouteMethods(app)
   app.setNotFoundHandler((request, reply) => {
@@ -194,18 +202,23 @@ export function installErrorHandlers(
     if (allowed.length === 0) {
       void reply
         .status(404)
-        .send(errorBody('not_found', `no route for ${request.method} ${pathname}`, request.id))
+        .send(
+          shape(request, errorBody('not_found', `no route for ${request.method} ${pathname}`, request.id)),
+        )
       return
     }
     void reply
       .status(405)
       .header('allow', allowed.join(', '))
       .send(
-        errorBody(
-          'method_not_allowed',
-          `${pathname} does not take ${request.method}; it takes ${allowed.join(', ')}`,
-          request.id,
-          { allow: allowed },
+        shape(
+          request,
+          errorBody(
+            'method_not_allowed',
+            `${pathname} does not take ${request.method}; it takes ${allowed.join(', ')}`,
+            request.id,
+            { allow: allowed },
+          ),
         ),
       )
   })

@@ -5,6 +5,7 @@ import { type RunningServer, startServer } from '@cairn/server'
 import pg from 'pg'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { initClusterTls } from '../../packages/runtime/src/port/remote/cluster-tls.js'
+import { probeGvisor } from '../../packages/runtime/src/sandbox/gvisor-driver.js'
 import { type RunningNode, startNode } from '../../packages/server/src/node/start-node.js'
 import { spawnCli } from '../helpers/cli.js'
 import { nodeDatabaseUrl } from '../helpers/node-role.js'
@@ -20,6 +21,27 @@ const ECHO = {
   'cairn.yaml': 'name: echo\ncommand: bash agent.sh\n',
   'agent.sh': 'while IFS= read -r line; do echo "got $line"; echo "$line" >> seen.txt; done\n',
 }
+
+/**
+ * A `pause: memory` agent under gVisor: a count and a token in its memory, and a background
+ * process it started, whose liveness each turn reports.
+ */
+const LIVE = {
+  'cairn.yaml': 'name: live\ncommand: python3 -u agent.py\nisolation: gvisor\npause: memory\n',
+  'agent.py': [
+    'import os, subprocess',
+    "child = subprocess.Popen(['sleep', '100000'])",
+    'token = os.urandom(6).hex()',
+    'count = 0',
+    'while True:',
+    '    input()',
+    '    count += 1',
+    '    alive = child.poll() is None',
+    "    print(f'count={count} token={token} child={child.pid} alive={alive}')",
+    '',
+  ].join('\n'),
+}
+const gvisor = await probeGvisor()
 
 let postgres: TestPostgres
 let client: pg.Client
@@ -84,7 +106,8 @@ beforeAll(async () => {
     logLevel: 'error',
   })
   api = new Api(server.url, server.adminKey ?? '')
-  expect((await api.deploy(await makeProject(ECHO))).status).toBe(201)
+  const deployed = await api.deploy(await makeProject(ECHO))
+  expect(deployed.status, JSON.stringify(deployed.body)).toBe(201)
 }, 180_000)
 
 afterAll(async () => {
@@ -184,6 +207,36 @@ describe.skipIf(testsRunOnPostgres())('moving sessions between nodes', () => {
     expect(allRefused).toContain('session_moving')
     expect((await home(id)).epoch).toBe(4)
   }, 240_000)
+
+  it.skipIf(!gvisor.ok)(
+    'a move of a warm pause: memory session carries its memory: its processes go on on the other node',
+    async () => {
+      expect((await api.deploy(await makeProject(LIVE))).status).toBe(201)
+      const id = (await api.createSession('live', { keepWarmMs: 600_000 })).id
+      await api.send(id, 'one')
+      const before = (await api.send(id, 'two')).text
+      const match = /count=2 token=(\w+) child=(\d+) alive=True/.exec(before)
+      expect(match, before).not.toBeNull()
+      const { node } = await home(id)
+      const to = nodes.find((n) => n.nodeId !== node) as RunningNode
+      const moved = await api.call('POST', `/v1/sessions/${id}/move`, { toNode: to.nodeId })
+      expect(moved.status, JSON.stringify(moved.body)).toBe(200)
+      expect(moved.body.memoryBytes).toBeGreaterThan(0)
+      const after = await api.send(id, 'three')
+      expect(after.text).toBe(`count=3 token=${match?.[1]} child=${match?.[2]} alive=True\n`)
+      const started = after.events.find((e) => e.type === 'run.started')
+      expect(started?.type === 'run.started' && started.coldStart).toBe(false)
+      expect(await home(id)).toMatchObject({ node: to.nodeId })
+      // Nothing of it is left on the source: no workspace, no checkpoint.
+      const source = nodeById(node)
+      expect(await source.port.hasWorkspace(id)).toBe(false)
+      expect(await source.port.memoryCheckpointBytes([id])).toEqual([0])
+      console.log(
+        `[moves] a memory move took ${moved.body.durationMs} ms (${moved.body.memoryBytes} bytes of memory)`,
+      )
+    },
+    120_000,
+  )
 
   it('refuses a move to a cordoned, lost or unknown node, typed, and the session stays', async () => {
     const id = (await api.createSession('echo')).id

@@ -71,6 +71,12 @@ export const SessionMoveSchema = Type.Object({
   via: Type.Union([Type.Literal('bucket'), Type.Literal('direct')]),
   /** The workspace's digest, the same on both nodes (checked before the owner changed). */
   digest: Type.String(),
+  /**
+   * Bytes of running state carried (the sandbox's memory checkpoint: its processes go on on the
+   * target at the next message); absent when the sandbox was stopped instead (it cannot be
+   * checkpointed, or none ran).
+   */
+  memoryBytes: Type.Optional(Type.Integer({ minimum: 0 })),
   /** How long the move took, from the hold to the source's copy deleted. */
   durationMs: Type.Number({ minimum: 0 }),
 })

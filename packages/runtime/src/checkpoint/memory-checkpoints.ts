@@ -1,5 +1,8 @@
 import { cp, mkdir, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises'
 import path from 'node:path'
+import { Readable } from 'node:stream'
+import { pipeline } from 'node:stream/promises'
+import * as tar from 'tar'
 import type { AgentProcess } from '../agent/agent-process.js'
 import type { AgentLaunch, AgentMemoryState } from '../agent/types.js'
 import { directoryBytes } from './gvisor-checkpoint.js'
@@ -144,6 +147,50 @@ export class MemoryCheckpoints {
   async current(sessionId: string, generation: number): Promise<CheckpointManifest | undefined> {
     const manifest = await this.manifest(sessionId)
     return typeof manifest === 'object' && manifest.generation === generation ? manifest : undefined
+  }
+
+  /**
+   * The session's checkpoint (image and manifest) as a tar archive, for another node; undefined
+   * without a readable one.
+   */
+  async pack(sessionId: string): Promise<Buffer | undefined> {
+    if (typeof (await this.manifest(sessionId)) !== 'object') return undefined
+    const dir = this.dir(sessionId)
+    const chunks: Buffer[] = []
+    for await (const chunk of tar.c({ cwd: dir, portable: true }, await readdir(dir)))
+      chunks.push(Buffer.from(chunk as Uint8Array))
+    return Buffer.concat(chunks)
+  }
+
+  /**
+   * Keeps a checkpoint packed by `pack` (on another node) as the session's, its manifest changed
+   * by `patch`; written aside and renamed once complete, as `save` does.
+   */
+  async unpack(sessionId: string, archive: Buffer, patch: Partial<CheckpointManifest>): Promise<void> {
+    const dir = this.dir(sessionId)
+    const partial = `${dir}.partial`
+    await rm(partial, { recursive: true, force: true })
+    await mkdir(partial, { recursive: true, mode: 0o700 })
+    try {
+      // Only plain files at the top: an image and its manifest.
+      await pipeline(
+        Readable.from([archive]),
+        tar.x({
+          cwd: partial,
+          filter: (entry) => !entry.includes('/') && !entry.includes('..'),
+          strict: true,
+        }),
+      )
+      const manifest = JSON.parse(await readFile(path.join(partial, MANIFEST), 'utf8')) as CheckpointManifest
+      await writeFile(path.join(partial, MANIFEST), JSON.stringify({ ...manifest, ...patch }), {
+        mode: 0o600,
+      })
+      await rm(dir, { recursive: true, force: true })
+      await rename(partial, dir)
+    } catch (error) {
+      await rm(partial, { recursive: true, force: true })
+      throw error
+    }
   }
 
   /** Bytes the session's checkpoint holds (0 without one), for usage and quotas. */

@@ -1,6 +1,6 @@
 import { rmSync } from 'node:fs'
 import path from 'node:path'
-import type { Duplex, Readable } from 'node:stream'
+import { type Duplex, Readable } from 'node:stream'
 import { CairnProblem, COMMAND_SIGNALS } from '@cairn/protocol'
 import type { AgentProcess } from '../agent/agent-process.js'
 import type { TurnInput, TurnOutcome } from '../agent/types.js'
@@ -276,6 +276,17 @@ export class LocalRuntimePort extends LocalPoolPort implements RuntimePort {
     return this.use.using(sessionId, () =>
       this.memoryPause.keepSnapshotMemory(sessionId, snapshotId, tenantId),
     )
+  }
+
+  async exportMemory(sessionId: string): Promise<{ stream: Readable; stop: () => Promise<void> }> {
+    const packed = await this.use.using(sessionId, () => this.memoryPause.exportMemory(sessionId))
+    if (!packed)
+      throw new CairnProblem('sandbox_not_running', `session ${sessionId} has no memory checkpoint here`)
+    return { stream: Readable.from([packed]), stop: async () => {} }
+  }
+
+  importMemory(sessionId: string, archive: Buffer, generation: number): Promise<void> {
+    return this.use.using(sessionId, () => this.memoryPause.importMemory(sessionId, archive, generation))
   }
 
   forkMemory(snapshotId: string, childId: string, generation: number): Promise<boolean> {

@@ -211,6 +211,16 @@ export class MemoryPause {
     }
   }
 
+  /** See `RuntimePort.exportMemory`. */
+  exportMemory(sessionId: string): Promise<Buffer | undefined> {
+    return this.checkpoints.pack(sessionId)
+  }
+
+  /** See `RuntimePort.importMemory`. */
+  importMemory(sessionId: string, archive: Buffer, generation: number): Promise<void> {
+    return this.checkpoints.unpack(sessionId, archive, { sessionId, generation })
+  }
+
   async fork(snapshotId: string, childId: string, generation: number): Promise<boolean> {
     const copied = await this.snapshotMemory.copyTo(snapshotId, this.checkpoints, childId, {
       sessionId: childId,

@@ -375,6 +375,13 @@ export interface RuntimePort {
    */
   keepSnapshotMemory(sessionId: string, snapshotId: string, tenantId: string): Promise<void>
   /**
+   * The session's memory checkpoint here (see `checkpointForFork`) as an archive, for a move to
+   * another node; `sandbox_not_running` without one.
+   */
+  exportMemory(sessionId: string): Promise<{ stream: Readable; stop: () => Promise<void> }>
+  /** Keeps a checkpoint exported by another node as the session's, at workspace `generation`. */
+  importMemory(sessionId: string, archive: Buffer, generation: number): Promise<void>
+  /**
    * Seeds a fork's memory checkpoint from its snapshot's memory, at the fork's workspace
    * `generation`: the fork's first start restores it. False: the snapshot kept no memory.
    */

@@ -102,6 +102,8 @@ export const METHODS: Record<keyof RuntimePort, MethodSpec> = {
   checkpointForSnapshot: { args: [id, id], result: 'json', session: first },
   checkpointForFork: { args: [id], result: 'json', session: first },
   keepSnapshotMemory: { args: [id, id, id], result: 'json', session: first },
+  exportMemory: { args: [id], result: 'export', session: first },
+  importMemory: { args: [id, bytes, count], result: 'json', session: first },
   forkMemory: { args: [id, id, count], result: 'json', session: second },
   expireMemoryCheckpoints: { args: [json(Type.Date())], result: 'json' },
   exportTree: { args: [tree], result: 'export', session: treeSession },

@@ -9,6 +9,9 @@ import { dbNow } from '../db-time.js'
 import type { ClusterRuntimePort } from '../routing/cluster-runtime-port.js'
 import type { NodeRow } from '../routing/node-directory.js'
 
+/** What `checkpointForFork` answers for a sandbox that has no memory to carry. */
+const CANNOT_CHECKPOINT = new Set(['sandbox_not_running', 'bad_request', 'capability_unavailable'])
+
 export interface SessionMoverDeps {
   db: Db
   cluster: ClusterRuntimePort
@@ -84,7 +87,10 @@ export class SessionMover {
           runWithOwnerEpoch(epoch, () => fn(source.port))
         const onTarget = <T>(fn: (port: RuntimePort) => Promise<T>) =>
           runWithOwnerEpoch(epoch + 1, () => fn(target.port))
-        await onSource((port) => port.stopAgent(sessionId))
+        // A sandbox that can be checkpointed goes along with its memory (its warm sandbox is
+        // checkpointed here, which stops it); any other is stopped, as its next turn starts cold.
+        const memory = await this.takeMemory(sessionId, onSource)
+        if (!memory) await onSource((port) => port.stopAgent(sessionId))
         const [generation] = await onSource((port) => port.readGenerations([sessionId]))
         // Through the bucket when both nodes ship to one: the node has shipped the session's
         // snapshots as they were taken, so only the last increment crosses now, and the target
@@ -135,6 +141,8 @@ export class SessionMover {
               'storage_error',
               `the copy of session ${sessionId} on node ${target.node.id} differs from its source (${copied} ≠ ${digest}); the session stays on ${fromNode}`,
             )
+          if (memory)
+            await onTarget((port) => port.importMemory(sessionId, memory, generation ?? row.generation))
           await this.changeOwner(
             sessionId,
             fromNode,
@@ -151,6 +159,8 @@ export class SessionMover {
           moved = true
           this.deps.cluster.forgetHome(sessionId)
           await runWithOwnerEpoch(epoch + 1, async () => {
+            // The source's checkpoint, if any, with its copy: the target's is the session's now.
+            if (memory) await source.port.stopAgent(sessionId)
             await source.port.deleteWorkspace(sessionId)
             await source.port.deleteSnapshot(snapshotId)
           }).catch((error: unknown) =>
@@ -166,18 +176,39 @@ export class SessionMover {
             ownerEpoch: epoch + 1,
             via: viaBucket ? 'bucket' : 'direct',
             digest,
+            ...(memory ? { memoryBytes: memory.length } : {}),
             durationMs: Math.round(performance.now() - startedMs),
           }
         } finally {
           // The move did not happen: the session stays the source's, the target's copy goes.
           if (!moved) {
             if (created) await onTarget((port) => port.deleteWorkspace(sessionId)).catch(() => undefined)
+            // The source keeps its checkpoint: the session's next message there restores it.
+            if (memory) await onTarget((port) => port.stopAgent(sessionId)).catch(() => undefined)
             await onSource((port) => port.deleteSnapshot(snapshotId)).catch(() => undefined)
           }
         }
       },
       true,
     )
+  }
+
+  /**
+   * The session's running state as a checkpoint archive when its sandbox can be checkpointed (a
+   * warm `pause: memory` sandbox under gVisor, or the checkpoint its pause kept); undefined when
+   * it cannot or has none, and the move carries the workspace alone.
+   */
+  private async takeMemory(
+    sessionId: string,
+    onSource: <T>(fn: (port: RuntimePort) => Promise<T>) => Promise<T>,
+  ): Promise<Buffer | undefined> {
+    try {
+      await onSource((port) => port.checkpointForFork(sessionId))
+    } catch (error) {
+      if (error instanceof CairnProblem && CANNOT_CHECKPOINT.has(error.code)) return undefined
+      throw error
+    }
+    return onSource(async (port) => readAll((await port.exportMemory(sessionId)).stream))
   }
 
   /** Whether both nodes ship to a bucket (the same one: a cluster's nodes share one). */

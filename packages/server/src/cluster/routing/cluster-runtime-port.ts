@@ -330,6 +330,14 @@ export class ClusterRuntimePort extends ClusterFanOut implements RuntimePort {
     )
   }
 
+  exportMemory(sessionId: string): Promise<{ stream: Readable; stop: () => Promise<void> }> {
+    return this.routes.onSession(sessionId, (port) => port.exportMemory(sessionId))
+  }
+
+  importMemory(sessionId: string, archive: Buffer, generation: number): Promise<void> {
+    return this.routes.onSession(sessionId, (port) => port.importMemory(sessionId, archive, generation))
+  }
+
   /** On the snapshot's node, which is the fork's (see `forkWorkspace`), under the fork's epoch. */
   async forkMemory(snapshotId: string, childId: string, generation: number): Promise<boolean> {
     const route = await this.routes.snapshotRoute(snapshotId)

@@ -104,10 +104,3 @@ export {
 export { execTool } from './util/exec.js'
 export { type Logger, noopLogger } from './util/logger.js'
 export { findMount, readMounts } from './util/mounts.js'
-export {
-  MIN_REDACTED_LENGTH,
-  RedactingByteStream,
-  RedactingStream,
-  Redactor,
-  secretForms,
-} from './util/redaction.js'

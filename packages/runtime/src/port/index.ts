@@ -33,6 +33,14 @@ export { type DependencyEnv, launchEnvironment } from '../launch/launch-env.js'
 export type { IsolationInfo } from '../runtime.js'
 export type { IsolationName, SandboxBind, SandboxLimits } from '../sandbox/driver.js'
 export type { PoolArea, PoolQuotaStatus, PoolStats, TreeSizes } from '../storage/pool.js'
+// Redaction of secret values: the server's transcripts and logs, and a node's command output.
+export {
+  MIN_REDACTED_LENGTH,
+  RedactingByteStream,
+  RedactingStream,
+  Redactor,
+  secretForms,
+} from '../util/redaction.js'
 export { BACKGROUND_NICENESS } from '../workspace-io/reader.js'
 export { type ConfirmedShip, PortShipping, type PortShippingOptions } from './bucket-shipping.js'
 export { LocalRuntimePort, type LocalRuntimePortOptions } from './local-runtime-port.js'

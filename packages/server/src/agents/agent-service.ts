@@ -8,8 +8,8 @@ import {
   newId,
   type RevisionInfo,
 } from '@cairn/protocol'
-import { Redactor } from '@cairn/runtime'
 import type { RuntimePort } from '@cairn/runtime/port'
+import { Redactor } from '@cairn/runtime/port'
 import type { Logger } from 'pino'
 import { type Clock, iso } from '../clock.js'
 import { type Db, isUniqueViolation } from '../db/database.js'

@@ -1,5 +1,5 @@
 import type { StreamEvent } from '@cairn/protocol'
-import type { RedactingStream, Redactor } from '@cairn/runtime'
+import type { RedactingStream, Redactor } from '@cairn/runtime/port'
 
 /**
  * A turn's events on their way to the client and the event log, with the agent's secrets

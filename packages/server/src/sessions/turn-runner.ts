@@ -6,8 +6,8 @@ import {
   type StatusCause,
   type StreamEvent,
 } from '@cairn/protocol'
-import { Redactor } from '@cairn/runtime'
 import type { AgentEvent, AgentInfo, TurnEnd, TurnInput, TurnOptions, TurnOutcome } from '@cairn/runtime/port'
+import { Redactor } from '@cairn/runtime/port'
 import { iso } from '../clock.js'
 import { unavailableReason, whenNotBusy } from '../db/busy.js'
 import { needsSetup } from '../setup/setup-service.js'

@@ -1,6 +1,6 @@
 import { type NetworkPolicy, resolvePersistPaths } from '@cairn/protocol'
-import { Redactor } from '@cairn/runtime'
 import type { RuntimePort } from '@cairn/runtime/port'
+import { Redactor } from '@cairn/runtime/port'
 import type { Logger } from 'pino'
 import type { AgentService } from '../agents/agent-service.js'
 import type { StoredRevision } from '../agents/agent-store.js'

@@ -8,6 +8,7 @@ import { createShippingBucket, readChain } from '../packages/runtime/dist/index.
 import { initClusterTls } from '../packages/runtime/dist/port/index.js'
 import { startServer } from '../packages/server/dist/index.js'
 import { CAIRN_CLI } from '../test/helpers/cluster.js'
+import { nodeDatabaseUrl } from '../test/helpers/node-role.js'
 import { TestPostgres } from '../test/helpers/postgres.js'
 import { startObjectStore, type TestObjectStore } from '../test/helpers/rgw.js'
 import { type Bench, progress, timedResult } from './lib/bench.js'
@@ -66,7 +67,10 @@ export const recovery: Bench = {
         const client = new FetchClient(server.url, server.adminKey ?? '')
         const nodes: Record<string, { id: string; child: ChildProcess }> = {}
         for (const name of ['node-a', 'node-b']) {
-          const child = startNode(name, path.join(dir, name), url, clusterDir, store)
+          const nodeUrl = await nodeDatabaseUrl(postgres, url, {
+            role: `cairn_node_${name.replace('-', '_')}`,
+          })
+          const child = startNode(name, path.join(dir, name), nodeUrl, clusterDir, store)
           children.push(child)
           nodes[name] = { id: await registered(db, name, child), child }
         }
@@ -153,7 +157,8 @@ export const recovery: Bench = {
           ),
         )
         // A killed node's sandboxes and pool go with a last start and stop on its data dir.
-        const again = startNode('node-a', path.join(dir, 'node-a'), url, clusterDir(dir), store)
+        const nodeUrl = await nodeDatabaseUrl(postgres, url, { role: 'cairn_node_node_a' }).catch(() => url)
+        const again = startNode('node-a', path.join(dir, 'node-a'), nodeUrl, clusterDir(dir), store)
         await registered(db, 'node-a', again).catch(() => undefined)
         again.kill('SIGTERM')
         await new Promise((resolve) => again.once('exit', resolve))

@@ -35,7 +35,7 @@ export const register: Register = (parent, ctx) => {
       )
       .option(
         '--database <url>',
-        "the cluster's PostgreSQL, a postgres:// URL (required; env CAIRN_DATABASE_URL)",
+        "the cluster's PostgreSQL, a postgres:// URL as the node's own role in cairn_node (required; env CAIRN_DATABASE_URL; docs/cluster.md)",
       )
       .option(
         '--cluster-dir <dir>',

@@ -1,4 +1,4 @@
-import { mkdtemp, rm } from 'node:fs/promises'
+import { appendFile, mkdtemp, rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
 import type { Readable } from 'node:stream'
@@ -16,6 +16,8 @@ const SESSIONS = 50
 const MOVES = 20
 /** Sessions of the 50 given a turn first (a transcript, a changed workspace). */
 const WITH_TURNS = 10
+/** Moves of one warm `pause: memory` session under gVisor, back and forth. */
+const LIVE_MOVES = 6
 
 async function readAll(stream: Readable): Promise<Buffer> {
   const chunks: Buffer[] = []
@@ -132,6 +134,8 @@ export const moves: Bench = {
           await call('POST', `/v1/sessions/${id}/move`, { toNode: a.nodeId })
           single.push(performance.now() - t)
         }
+        progress(`moving a warm pause: memory session ${LIVE_MOVES} times`)
+        const live = await liveMoves(call, client)
         const sequentialFloor = floorMedian * SESSIONS
         return {
           config: {
@@ -152,6 +156,16 @@ export const moves: Bench = {
               name: `${SESSIONS} bare copies in sequence`,
               median: sequentialFloor,
             }),
+            row('live echo (gvisor, pause: memory): cold start, message -> first byte', live.cold),
+            row('live: POST …/move of the warm session (its memory carried)', live.move),
+            row('live: the next message on the other node (restored) -> first byte', live.restored, {
+              name: 'cold start',
+              median: live.coldMedian,
+            }),
+            row('live: the pause a user sees (move + restored first byte)', live.pause, {
+              name: 'cold start',
+              median: live.coldMedian,
+            }),
           ],
           targets: [],
           notes: [
@@ -165,4 +179,44 @@ export const moves: Bench = {
         await rm(work, { recursive: true, force: true })
       }
     }),
+}
+
+// biome-ignore lint/suspicious/noExplicitAny: the bench reads answers loosely, as `call` above does
+type Call = (method: string, route: string, body?: unknown) => Promise<any>
+
+/**
+ * A warm `pause: memory` echo session under gVisor moved back and forth between the two nodes:
+ * each move's POST, then the next message's first byte (restored there from the carried memory).
+ * Beside: the session's first message (a cold start) and those of as many new sessions.
+ */
+async function liveMoves(call: Call, client: NodeHttpClient) {
+  const project = await makeProject('live', 2)
+  await appendFile(path.join(project, 'cairn.yaml'), 'isolation: gvisor\npause: memory\n')
+  await call('POST', '/v1/agents', await packDir(project))
+  await rm(project, { recursive: true, force: true })
+  const firstByte = async (id: string, cold: boolean) => {
+    const t = await client.stream(`/v1/sessions/${id}/messages`, { prompt: 'hello' })
+    if (t.terminal !== 'run.completed' || t.coldStart !== cold || t.firstDeltaMs === undefined)
+      throw new Error(`live turn on ${id}: ${t.terminal} cold=${t.coldStart}`)
+    return t.firstDeltaMs
+  }
+  const cold: number[] = []
+  for (let i = 0; i < LIVE_MOVES; i++) {
+    const { id } = await call('POST', '/v1/sessions', { agent: 'live', keepWarmMs: 600_000 })
+    cold.push(await firstByte(id, true))
+  }
+  const { id } = await call('POST', '/v1/sessions', { agent: 'live', keepWarmMs: 600_000 })
+  await firstByte(id, true)
+  const move: number[] = []
+  const restored: number[] = []
+  for (let i = 0; i < LIVE_MOVES; i++) {
+    const t = performance.now()
+    // No node named: placement picks the other one.
+    const moved = await call('POST', `/v1/sessions/${id}/move`, {})
+    if (!moved.memoryBytes) throw new Error(`move ${i} carried no memory`)
+    move.push(performance.now() - t)
+    restored.push(await firstByte(id, false))
+  }
+  const coldMedian = row('', cold).summary.median
+  return { cold, coldMedian, move, restored, pause: move.map((m, i) => m + (restored[i] ?? 0)) }
 }

@@ -265,4 +265,14 @@ ALTER TABLE nodes ADD COLUMN db_role TEXT;
 `,
     dialectSql: nodeRoleMigration,
   },
+  {
+    // The webhook deliverer's poll (webhook-deliverer.ts): the tenants with deliveries due and
+    // each tenant's claim of its oldest due ones read this index (the tenant, then when each is
+    // due), not every pending delivery of the install.
+    version: 39,
+    name: 'webhook_deliveries_tenant_due',
+    sql: `
+CREATE INDEX webhook_deliveries_tenant_due ON webhook_deliveries (tenant_id, next_attempt_at) WHERE status = 'pending';
+`,
+  },
 ]

@@ -1,6 +1,6 @@
 import { spawn } from 'node:child_process'
 import { once } from 'node:events'
-import { readdirSync, readFileSync } from 'node:fs'
+import { existsSync, readdirSync, readFileSync } from 'node:fs'
 import { mkdtemp, readFile, rm } from 'node:fs/promises'
 import os from 'node:os'
 import path from 'node:path'
@@ -93,6 +93,8 @@ function sandboxTasks(dataDirs: readonly string[]): { processes: number; threads
   let cgroups = 0
   for (const dataDir of dataDirs) {
     const dir = path.join('/sys/fs/cgroup/pids/cairn', path.basename(instanceRunDir(dataDir)))
+    // A server that has started no sandbox yet has no scope.
+    if (!existsSync(dir)) continue
     for (const e of readdirSync(dir, { withFileTypes: true })) {
       if (!e.isDirectory()) continue
       const lines = (file: string) =>

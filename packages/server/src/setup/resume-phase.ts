@@ -1,7 +1,5 @@
 import { type AgentManifest, CairnProblem, type ResumeInfo } from '@cairn/protocol'
-import type { Logger } from 'pino'
-import { type Clock, iso } from '../clock.js'
-import type { Db } from '../db/database.js'
+import { iso } from '../clock.js'
 import type { SessionRow } from '../sessions/session-store.js'
 import { type PhaseCommand, runPhaseCommand, type SetupServiceDeps } from './phase-command.js'
 import { logTail } from './setup-store.js'
@@ -29,34 +27,31 @@ export function manifestResume(manifest: AgentManifest): PhaseCommand | undefine
  */
 export class ResumePhase {
   constructor(
-    private readonly deps: Pick<
-      SetupServiceDeps,
-      'runtime' | 'agents' | 'secrets' | 'operatorLimits' | 'clock' | 'logger'
-    > & {
-      db: Db
-      clock: Clock
-      logger: Logger
+    private readonly deps: SetupServiceDeps & {
       /** Called once the command ran (it may have written the workspace: a new generation). */
       afterWrite?: ((sessionId: string) => Promise<unknown>) | undefined
     },
   ) {}
 
-  /** Whether a cold start of the session now is on an existing workspace (see the class). */
+  /**
+   * Whether a cold start of the session now is on an existing workspace (see the class): a turn
+   * has ended, and the setup phase has not run since the last one (the workspace is fresh from
+   * it then). One query.
+   */
   private async due(row: SessionRow): Promise<boolean> {
-    const { db } = this.deps
-    const lastTurn = await db.q
-      .selectFrom('turns')
-      .select((eb) => eb.fn.max<string | null>('ended_at').as('at'))
-      .where('session_id', '=', row.id)
+    const found = await this.deps.db.q
+      .selectFrom('turns as t')
+      .leftJoin('session_setups as s', 's.session_id', 't.session_id')
+      .select((eb) => [
+        eb.fn.max<string | null>('t.ended_at').as('lastTurnAt'),
+        eb.fn.max('s.ended_at').as('setupAt'),
+      ])
+      .where('t.session_id', '=', row.id)
       .executeTakeFirst()
-    if (!lastTurn?.at) return false
-    const setup = await db.q
-      .selectFrom('session_setups')
-      .select('ended_at')
-      .where('session_id', '=', row.id)
-      .executeTakeFirst()
-    // The setup phase ran since the last turn: the workspace is fresh from it.
-    return !setup?.ended_at || setup.ended_at <= lastTurn.at
+    const lastTurnAt = found?.lastTurnAt
+    if (!lastTurnAt) return false
+    const setupAt = found.setupAt as string | null
+    return !setupAt || setupAt <= lastTurnAt
   }
 
   /** Runs the command if the agent declares one and it is due; throws `resume_failed` when it fails. */

@@ -136,9 +136,12 @@ export class NodeRegistry {
   }
 
   private async register(): Promise<number> {
-    const sentAt = performance.now()
     await this.lock()
     const figures = await this.options.figures()
+    // The lease runs from the statement that grants it, not from the wait for the lock before it:
+    // counted from before that wait, a slow lock (a loaded machine) ended the new lease at once, and
+    // the node fenced itself and registered once more (one incarnation too many).
+    const sentAt = performance.now()
     const { epoch, state } = await this.store.register({
       id: this.options.nodeId,
       name: this.options.name,
@@ -165,12 +168,13 @@ export class NodeRegistry {
         await this.register()
         return
       }
-      const sentAt = performance.now()
       // Without the lock the leader may already count the node crashed: renewing alone proves nothing.
       await this.lock()
       const epoch = this.epochNow
       if (epoch === undefined) return
       const { warmSandboxes, poolFreeBytes } = await this.options.figures()
+      // The renewed lease runs from the statement that renews it (see `register`).
+      const sentAt = performance.now()
       const state = await this.store.renew(this.options.nodeId, epoch, this.leaseMs, {
         warmSandboxes,
         poolFreeBytes,

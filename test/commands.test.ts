@@ -427,24 +427,36 @@ describe('a terminal over WebSocket', () => {
       ws.once('error', () => resolve(0))
     })
 
+  /**
+   * A terminal socket on a command: its screen so far, the error messages it was sent, and its
+   * exit message (refused if the socket closes first or none comes in 15 s).
+   */
+  const openTerminal = async (commandId: string) => {
+    const path = `/v1/sessions/${session}/commands/${commandId}/terminal`
+    const ws = new WebSocket(socketUrl(path), { headers: { authorization: `Bearer ${t.key}` } })
+    const seen = { screen: '', errors: [] as unknown[] }
+    const exit = new Promise<{ command: { exitCode: number } }>((resolve, reject) => {
+      ws.on('message', (data, binary) => {
+        if (binary) seen.screen += data.toString()
+        else {
+          const message = JSON.parse(data.toString())
+          if (message.type === 'exit') resolve(message)
+          if (message.type === 'error') seen.errors.push(message.error)
+        }
+      })
+      ws.once('error', reject)
+      ws.once('close', () => reject(new Error(`closed before the exit: ${JSON.stringify(seen.errors)}`)))
+      setTimeout(() => reject(new Error(`no exit in 15 s: ${JSON.stringify(seen)}`)), 15_000).unref()
+    })
+    await new Promise((resolve) => ws.once('open', resolve))
+    return { ws, seen, exit }
+  }
+
   it('runs a shell on a terminal: keystrokes in, output out, a resize, the exit status last', async () => {
     const started = await start(session, { command: ['sh'], tty: { rows: 24, cols: 80 } })
     expect(started.status, JSON.stringify(started.body)).toBe(201)
     expect(started.body.stdinOpen).toBe(true)
-    const path = `/v1/sessions/${session}/commands/${started.body.id}/terminal`
-    const ws = new WebSocket(socketUrl(path), { headers: { authorization: `Bearer ${t.key}` } })
-    let screen = ''
-    const exit = new Promise<{ command: { exitCode: number } }>((resolve, reject) => {
-      ws.on('message', (data, binary) => {
-        if (binary) screen += data.toString()
-        else {
-          const message = JSON.parse(data.toString())
-          if (message.type === 'exit') resolve(message)
-        }
-      })
-      ws.once('error', reject)
-    })
-    await new Promise((resolve) => ws.once('open', resolve))
+    const { ws, seen, exit } = await openTerminal(started.body.id)
     ws.send(JSON.stringify({ type: 'resize', rows: 33, cols: 101 }))
     // The resize (the helper's control pipe) and the keystrokes (the pty) travel apart: the shell
     // waits until its terminal has the new size (a resize never applied fails by the test's timeout).
@@ -454,9 +466,9 @@ describe('a terminal over WebSocket', () => {
     const ended = await exit
     expect(ended.command).toMatchObject({ status: 'exited', exitCode: 3 })
     // stty's own line (the typed line echoes "33 101" too, but not alone on a line).
-    expect(screen).toMatch(/(^|\n)33 101\r?\n/)
-    expect(screen).toMatch(/\/dev\/pts\/\d+/)
-    expect(screen).toContain('42')
+    expect(seen.screen).toMatch(/(^|\n)33 101\r?\n/)
+    expect(seen.screen).toMatch(/\/dev\/pts\/\d+/)
+    expect(seen.screen).toContain('42')
     await new Promise((resolve) => ws.once('close', resolve))
   })
 
@@ -466,30 +478,13 @@ describe('a terminal over WebSocket', () => {
     // (`close`) could overtake the keys (on PostgreSQL it did: the shell never saw its line).
     for (let round = 0; round < 3; round++) {
       const started = await start(session, { command: ['sh'], tty: { rows: 24, cols: 80 } })
-      const path = `/v1/sessions/${session}/commands/${started.body.id}/terminal`
-      const ws = new WebSocket(socketUrl(path), { headers: { authorization: `Bearer ${t.key}` } })
-      let screen = ''
-      const errors: unknown[] = []
-      const exit = new Promise<{ command: { exitCode: number } }>((resolve, reject) => {
-        ws.on('message', (data, binary) => {
-          if (binary) screen += data.toString()
-          else {
-            const message = JSON.parse(data.toString())
-            if (message.type === 'exit') resolve(message)
-            if (message.type === 'error') errors.push(message.error)
-          }
-        })
-        ws.once('error', reject)
-        ws.once('close', () => reject(new Error(`closed before the exit: ${JSON.stringify(errors)}`)))
-        setTimeout(() => reject(new Error(`no exit in 15 s: ${JSON.stringify({ screen, errors })}`)), 15_000)
-      })
-      await new Promise((resolve) => ws.once('open', resolve))
+      const { ws, seen, exit } = await openTerminal(started.body.id)
       for (const key of 'echo "in $((20 + 3)) order"; exit 5\n') ws.send(Buffer.from(key), { binary: true })
       ws.send(JSON.stringify({ type: 'close' }))
       const ended = await exit
       expect(ended.command).toMatchObject({ status: 'exited', exitCode: 5 })
-      expect(screen).toContain('in 23 order')
-      expect(errors).toEqual([])
+      expect(seen.screen).toContain('in 23 order')
+      expect(seen.errors).toEqual([])
     }
   })
 

@@ -2,7 +2,6 @@ import { execFile } from 'node:child_process'
 import { rm } from 'node:fs/promises'
 import path from 'node:path'
 import { promisify } from 'node:util'
-import { startServer } from '@cairn/server'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { readChainHead } from '../../packages/runtime/src/shipping/index.js'
 import { openDatabase } from '../../packages/server/src/db/database.js'
@@ -14,7 +13,6 @@ import {
   apiDataDir,
   bucket,
   client,
-  clusterDir,
   events,
   kill9,
   type NodeProcess,
@@ -28,6 +26,7 @@ import {
   sessionRow,
   setUpBed,
   shippedNewest,
+  startApi,
   startNodeProcess,
   stopNode,
   store,
@@ -277,17 +276,7 @@ describe.skipIf(testsRunOnPostgres())('workspaces outlive their node (shipping b
 
   it('two replicas recovering the sessions of one lost node at once: one recovery commits, no acknowledged write undone', async () => {
     // A second API replica beside the first, on the same database and nodes.
-    const second = await startServer({
-      role: 'api',
-      dataDir: await tempDir('api2'),
-      database: url,
-      clusterDir,
-      port: 0,
-      writeCredentials: false,
-      logLevel: 'error',
-      heartbeatMs: 500,
-      leaseMs: 2000,
-    })
+    const second = await startApi(await tempDir('api2'))
     const api2 = new Api(second.url, server.adminKey ?? '')
     const first = await placedSession('writer')
     const sessions = [first.id]

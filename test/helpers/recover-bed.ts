@@ -264,7 +264,7 @@ export async function tearDownBed(): Promise<void> {
 }
 
 /** An API replica of the bed's cluster on `dataDir` (its lease timing as the nodes'). */
-async function startApi(dataDir: string): Promise<RunningServer> {
+export async function startApi(dataDir: string): Promise<RunningServer> {
   return startServer({
     role: 'api',
     dataDir,

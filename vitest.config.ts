@@ -1,5 +1,6 @@
 import { fileURLToPath } from 'node:url'
 import { defineConfig } from 'vitest/config'
+import { LongestFirstSequencer } from './test/setup/sequencer'
 
 const pkg = (name: string) => fileURLToPath(new URL(`./packages/${name}/src/index.ts`, import.meta.url))
 
@@ -28,5 +29,7 @@ export default defineConfig({
     hookTimeout: 120_000,
     fileParallelism: true,
     maxWorkers: 2,
+    // The longest files first (test/setup/file-durations.json), so that both workers end together.
+    sequence: { sequencer: LongestFirstSequencer },
   },
 })

@@ -1,13 +1,21 @@
 #!/usr/bin/env node
 // Prints the slowest test files of the last test run, from the JSON reports vitest wrote under
 // test-results/ (one per pass: sqlite.json, postgres.json), and each pass's wall time.
-// Usage: node scripts/test-timings.mjs [--top N] [report.json …]
-import { existsSync, readFileSync } from 'node:fs'
+// A file's seconds are those test/setup/file-durations-reporter.ts wrote beside the report
+// (<pass>.files.json: setup, import, tests and hooks), else the report's span of its tests.
+// With --write-durations it also writes those seconds to test/setup/file-durations.json, which
+// orders the next runs (test/setup/sequencer.ts), for each pass that has them.
+// Usage: node scripts/test-timings.mjs [--top N] [--write-durations] [report.json …]
+import { existsSync, readFileSync, writeFileSync } from 'node:fs'
 import path from 'node:path'
 
 const args = process.argv.slice(2)
 const topIndex = args.indexOf('--top')
 const top = topIndex >= 0 ? Number(args.splice(topIndex, 2)[1]) : 25
+const writeIndex = args.indexOf('--write-durations')
+const writeDurations = writeIndex >= 0 && args.splice(writeIndex, 1).length > 0
+const DURATIONS_PATH = 'test/setup/file-durations.json'
+const durations = existsSync(DURATIONS_PATH) ? JSON.parse(readFileSync(DURATIONS_PATH, 'utf8')) : {}
 const reports = args.length > 0 ? args : ['test-results/sqlite.json', 'test-results/postgres.json']
 const root = process.cwd()
 
@@ -17,10 +25,15 @@ for (const report of reports) {
   if (!existsSync(report)) continue
   const pass = path.basename(report, '.json')
   const json = JSON.parse(readFileSync(report, 'utf8'))
+  const filesPath = path.join(path.dirname(report), `${pass}.files.json`)
+  const fileSeconds = existsSync(filesPath) ? JSON.parse(readFileSync(filesPath, 'utf8')) : undefined
+  if (fileSeconds && writeDurations)
+    durations[pass] = Object.fromEntries(Object.entries(fileSeconds).sort((a, b) => b[1] - a[1]))
   let first = Number.POSITIVE_INFINITY
   let last = 0
   for (const file of json.testResults ?? []) {
-    const durationMs = Math.max(0, (file.endTime ?? 0) - (file.startTime ?? 0))
+    const spanMs = Math.max(0, (file.endTime ?? 0) - (file.startTime ?? 0))
+    const durationMs = (fileSeconds?.[path.relative(root, file.name)] ?? spanMs / 1000) * 1000
     first = Math.min(first, file.startTime ?? first)
     last = Math.max(last, file.endTime ?? last)
     const failedTests = (file.assertionResults ?? []).filter((t) => t.status === 'failed')
@@ -36,6 +49,10 @@ for (const report of reports) {
   console.log(
     `${pass}: ${files} files, ${json.numTotalTests ?? '?'} tests, ${json.numFailedTests ?? '?'} failed, ${wallS} s wall`,
   )
+}
+if (writeDurations) {
+  writeFileSync(DURATIONS_PATH, `${JSON.stringify(durations, null, 2)}\n`)
+  console.log(`wrote ${DURATIONS_PATH}`)
 }
 if (rows.length === 0) {
   console.log('no test reports found under test-results/')

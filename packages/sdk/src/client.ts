@@ -1,4 +1,4 @@
-import { type Usage, UsageSchema } from '@cairn/protocol'
+import { RuntimeDriversSchema, type SandboxDriver, type Usage, UsageSchema } from '@cairn/protocol'
 import { Agents } from './agents.js'
 import { readEnv } from './env.js'
 import { CairnError, ValidationError } from './errors.js'
@@ -103,6 +103,16 @@ export class Cairn {
     const query = storage ? { storage: 'true' } : undefined
     const body = await this.http.json({ method: 'GET', path: '/v1/usage', query, ...request })
     return checked(UsageSchema, body, 'usage report')
+  }
+
+  /**
+   * `GET /v1/runtime`'s sandbox drivers: which run on this node (the one new sessions default to)
+   * and what each can do (`capabilities.memorySnapshot`: pause and fork with memory), with the
+   * reasons for what one cannot.
+   */
+  async drivers(options: RequestOptions = {}): Promise<SandboxDriver[]> {
+    const body = await this.http.json({ method: 'GET', path: '/v1/runtime', ...options })
+    return checked(RuntimeDriversSchema, body, 'runtime description').drivers
   }
 
   createSession(agent: string, options: CreateSessionOptions = {}): Promise<Session> {

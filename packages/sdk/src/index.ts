@@ -13,6 +13,7 @@ export type {
   Message,
   OnTimeoutAction,
   RevisionInfo,
+  SandboxDriver,
   SessionInfo,
   SessionPolicy,
   SessionPolicyInput,

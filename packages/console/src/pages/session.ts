@@ -4,6 +4,7 @@ import { act, button, confirmDialog, type Page, type PageContext, poll, statusBa
 import { approvalBox } from './approval.js'
 import { eventsPanel } from './details.js'
 import { filesPanel } from './files.js'
+import { forkDialog } from './fork-dialog.js'
 import { manifestPanel } from './manifest.js'
 import type { Panel, SessionState } from './session-state.js'
 import { sessionTitle } from './sessions.js'
@@ -88,7 +89,9 @@ export function sessionPage(ctx: PageContext, id: string, initialTab?: string): 
 
   const end = button('End', { id: 'session-end' })
   const resume = button('Resume', { id: 'session-resume' })
+  const fork = button('Fork', { id: 'session-fork' })
   const remove = button('Delete', { id: 'session-delete', class: 'danger' })
+  fork.addEventListener('click', () => act(ctx, fork, () => forkDialog(ctx, state)))
   end.addEventListener('click', async () => {
     const ok = await confirmDialog(
       'End this session? Its sandbox stops; the workspace and transcript are kept and it can be resumed.',
@@ -150,10 +153,11 @@ export function sessionPage(ctx: PageContext, id: string, initialTab?: string): 
     end.hidden = !(info.status === 'idle' || info.status === 'active')
     resume.hidden = !RESUMABLE.has(info.status)
     remove.hidden = info.status === 'deleted'
+    fork.hidden = info.status === 'deleted'
   }
 
   review = approvalBox(ctx, state)
-  fill(actions, resume, end, remove)
+  fill(actions, resume, fork, end, remove)
   for (const [tab, text] of TABS) {
     tabs.append(h('a', { href: `#/sessions/${id}/${tab}`, 'data-tab': tab }, text))
   }

@@ -1,4 +1,4 @@
-import { type NodeInfo, NodeSchema } from '@cairn/protocol'
+import { type NodeInfo, NodeSchema, SandboxDriverSchema } from '@cairn/protocol'
 import type { RuntimePort } from '@cairn/runtime/port'
 import { Type } from '@sinclair/typebox'
 import type { FastifyInstance } from 'fastify'
@@ -6,36 +6,6 @@ import { DEFAULT_TENANT_ID } from '../auth/api-keys.js'
 import { principalOf } from '../auth/plugin.js'
 import { type OperatorLimits, OperatorLimitsSchema } from '../limits/operator-limits.js'
 import { errorResponses } from './responses.js'
-
-const DriverSchema = Type.Object({
-  name: Type.String(),
-  default: Type.Boolean(),
-  available: Type.Boolean(),
-  reason: Type.Optional(Type.String()),
-  capabilities: Type.Object({
-    freeze: Type.Boolean(),
-    network: Type.Boolean(),
-    memorySnapshot: Type.Boolean(),
-    ports: Type.Boolean(),
-    transparentEgress: Type.Boolean(),
-  }),
-  capabilityReasons: Type.Optional(
-    Type.Record(Type.String(), Type.String(), {
-      description:
-        'Why a capability the driver lacks cannot be had on this node, by capability (memorySnapshot for bwrap: what keeps CRIU from checkpointing it)',
-    }),
-  ),
-  platform: Type.Optional(
-    Type.String({
-      description:
-        'gvisor: the platform its sandboxes run on (systrap where runsc offers it and it starts a sandbox here, else ptrace; CAIRN_GVISOR_PLATFORM names one)',
-    }),
-  ),
-  platformReason: Type.Optional(
-    Type.String({ description: 'gvisor: why the platform is ptrace on a runsc that offers systrap' }),
-  ),
-  description: Type.String(),
-})
 
 const Bytes = Type.Optional(Type.Integer({ minimum: 0 }))
 
@@ -89,7 +59,7 @@ export function runtimeRoute(
           "Sandbox drivers (bwrap, gvisor), the workspace store (btrfs, dir) with their capabilities, and the operator's maxima",
         response: {
           200: Type.Object({
-            drivers: Type.Array(DriverSchema),
+            drivers: Type.Array(SandboxDriverSchema),
             storage: StorageSchema,
             limits: OperatorLimitsSchema,
             nodes: Type.Optional(

@@ -43,6 +43,7 @@ async function load(): Promise<Bench[]> {
     { warmTurnProcess },
     { hop },
     { density },
+    { tenantAtLimits },
   ] = await Promise.all([
     import('./baselines.js'),
     import('./session-create.js'),
@@ -73,6 +74,7 @@ async function load(): Promise<Bench[]> {
     import('./warm-turn-process.js'),
     import('./hop.js'),
     import('./density.js'),
+    import('./tenant-at-limits.js'),
   ])
   return [
     baselines,
@@ -104,6 +106,7 @@ async function load(): Promise<Bench[]> {
     warmTurnProcess,
     hop,
     density,
+    tenantAtLimits,
   ]
 }
 

@@ -209,6 +209,28 @@ describe('human review', () => {
     expect((await replyOfTurn(id, 2)).response).toBe(`got ${approvalId} ${decision} ${won.note}`)
   })
 
+  it("refuses an answer named under another session of the tenant: neither session's request or turns change", async () => {
+    // The answer's write matched the tenant and the request's ID only: under session A's path it
+    // answered B's request (and sent its webhook), began a turn in A to tell it, then said 404.
+    const a = (await t.api.createSession('reviewed')).id
+    const b = (await t.api.createSession('reviewed')).id
+    const [ofA, ofB] = [await ask(a), await ask(b)]
+    for (const decision of ['approve', 'deny']) {
+      const crossed = await answer(a, ofB, { decision })
+      expect(crossed.status, JSON.stringify(crossed.body)).toBe(404)
+      expect(crossed.body.error.code).toBe('approval_not_found')
+    }
+    expect((await t.api.call('GET', `/v1/sessions/${b}/approvals/${ofB}`)).body.status).toBe('pending')
+    expect((await t.api.call('GET', `/v1/sessions/${a}/approvals/${ofA}`)).body.status).toBe('pending')
+    for (const id of [a, b]) {
+      const turns = (await t.api.call('GET', `/v1/sessions/${id}/turns`)).body.data
+      expect(turns.map((turn: { seq: number }) => turn.seq)).toEqual([1])
+    }
+    // Each still takes its own answer.
+    expect((await answer(b, ofB, { decision: 'approve' })).body.status).toBe('approved')
+    expect((await replyOfTurn(b, 2)).response).toBe(`got ${ofB} approve None`)
+  })
+
   it('delivers an answer that comes after keep-warm ended to the agent started again', async () => {
     const { id } = await t.api.createSession('reviewed', { keepWarmMs: 0 })
     const approvalId = await ask(id)

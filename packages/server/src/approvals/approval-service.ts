@@ -97,7 +97,7 @@ export class ApprovalService implements SessionObserver {
     await this.deps.store.expireDue(session.id, at)
     const status = body.decision === 'approve' ? 'approved' : 'denied'
     const note = body.note ?? null
-    if (!(await this.deps.store.answer(tenantId, id, { status, note }, at))) {
+    if (!(await this.deps.store.answer(tenantId, session.id, id, { status, note }, at))) {
       const row = await this.require(tenantId, session.id, id)
       if (row.status === 'expired')
         throw new CairnProblem(

@@ -72,6 +72,7 @@ export class ApprovalStore {
   /** Answers a pending, unexpired request: false if it was not (answered, expired, elsewhere). */
   async answer(
     tenantId: string,
+    sessionId: string,
     id: string,
     answer: { status: ApprovalStatus; note: string | null },
     at: string,
@@ -80,6 +81,7 @@ export class ApprovalStore {
       .updateTable('approvals')
       .set({ status: answer.status, note: answer.note, answered_at: at })
       .where('tenant_id', '=', tenantId)
+      .where('session_id', '=', sessionId)
       .where('id', '=', id)
       .where('status', '=', 'pending')
       .where((eb) => eb.or([eb('expires_at', 'is', null), eb('expires_at', '>', at)]))

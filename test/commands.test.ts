@@ -2,6 +2,7 @@ import { mkdtemp, rm } from 'node:fs/promises'
 import os from 'node:os'
 import path from 'node:path'
 import { Cairn, type SseMessage } from '@cairn/sdk'
+import fc from 'fast-check'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import WebSocket from 'ws'
 import { assertBuilt, spawnCli } from './helpers/cli.js'
@@ -331,6 +332,27 @@ describe('commands: bad input gets typed errors', () => {
     expect((await t.api.call('GET', `${route}/output?offset=-1`)).status).toBe(400)
   })
 
+  it('refuses a NUL anywhere in an argument or an env value with validation_failed, never a 500', async () => {
+    // A process is given C strings: a NUL reached spawn() and its TypeError answered 500.
+    const withNul = fc
+      .tuple(fc.string({ maxLength: 20 }), fc.string({ maxLength: 20 }))
+      .map(([a, b]) => `${a}\u0000${b}`)
+    const bodies = fc.oneof(
+      fc
+        .tuple(fc.array(fc.string({ maxLength: 10 }), { maxLength: 3 }), withNul, fc.nat(3))
+        .map(([args, nul, at]) => ({ command: ['true', ...args.slice(0, at), nul, ...args.slice(at)] })),
+      withNul.map((value) => ({ command: ['true'], env: { CAIRN_X: value } })),
+    )
+    await fc.assert(
+      fc.asyncProperty(bodies, async (body) => {
+        const res = await start(session, body)
+        expect(res.status, JSON.stringify(body)).toBe(400)
+        expect(res.body.error.code).toBe('validation_failed')
+      }),
+      { numRuns: 25 },
+    )
+  })
+
   it("answers an unknown session, an unknown command and another tenant's session as not found", async () => {
     const missing = await t.api.call('POST', '/v1/sessions/ses_00000000000000000000/commands', {
       command: ['ls'],
@@ -434,14 +456,17 @@ describe('a terminal over WebSocket', () => {
   const openTerminal = async (commandId: string) => {
     const path = `/v1/sessions/${session}/commands/${commandId}/terminal`
     const ws = new WebSocket(socketUrl(path), { headers: { authorization: `Bearer ${t.key}` } })
-    const seen = { screen: '', errors: [] as unknown[] }
-    const exit = new Promise<{ command: { exitCode: number } }>((resolve, reject) => {
+    const seen = { screen: '', bytes: 0, errors: [] as { code: string }[], gaps: [] as unknown[] }
+    const exit = new Promise<{ command: { exitCode: number; outputBytes: number } }>((resolve, reject) => {
       ws.on('message', (data, binary) => {
-        if (binary) seen.screen += data.toString()
-        else {
+        if (binary) {
+          seen.screen += data.toString()
+          seen.bytes += (data as Buffer).length
+        } else {
           const message = JSON.parse(data.toString())
           if (message.type === 'exit') resolve(message)
           if (message.type === 'error') seen.errors.push(message.error)
+          if (message.type === 'gap') seen.gaps.push(message)
         }
       })
       ws.once('error', reject)
@@ -495,5 +520,60 @@ describe('a terminal over WebSocket', () => {
     const key = await t.api.call('POST', '/v1/keys', { tenant: 'terminal-other', role: 'admin' })
     expect(await upgradeStatus(path, { authorization: `Bearer ${key.body.key}` })).toBe(404)
     expect(await upgradeStatus('/v1/agents', { authorization: `Bearer ${t.key}` })).toBe(404)
+    // An ID that is not valid percent-encoding is refused as the router refuses it (it was a 500).
+    const auth = { authorization: `Bearer ${t.key}` }
+    expect(await upgradeStatus(`/v1/sessions/%E0/commands/${started.body.id}/terminal`, auth)).toBe(400)
+    expect(await upgradeStatus(`/v1/sessions/${session}/commands/%ZZ/terminal`, auth)).toBe(400)
+  })
+
+  it('answers every text message that is no control message with a typed error, in order, and goes on', async () => {
+    // Any JSON value but the three control messages, and text that is not JSON: `null` was a
+    // TypeError answered `internal`.
+    const control = (v: unknown) =>
+      typeof v === 'object' &&
+      v !== null &&
+      ['resize', 'signal', 'close'].includes((v as { type?: string }).type ?? '')
+    const texts = fc.oneof(
+      fc
+        .jsonValue()
+        .filter((v) => !control(v))
+        .map((v) => JSON.stringify(v)),
+      fc.constantFrom(
+        'null',
+        '[]',
+        '"close"',
+        '{"type":"resize","rows":"24","cols":80}',
+        '{"type":"signal","signal":9}',
+      ),
+      fc.string().filter((s) => !/^\s*[[{"\d-]|^\s*(null|true|false)\s*$/.test(s)),
+    )
+    const sample = fc.sample(texts, { numRuns: 60, seed: 6 })
+    const started = await start(session, { command: ['sh'], tty: { rows: 24, cols: 80 } })
+    const { ws, seen, exit } = await openTerminal(started.body.id)
+    for (const text of sample) ws.send(text)
+    ws.send(Buffer.from('echo still-$((40 + 2)); exit 6\n'), { binary: true })
+    expect((await exit).command.exitCode).toBe(6)
+    expect(seen.screen).toContain('still-42')
+    expect(
+      seen.errors.map((e) => e.code).filter((c) => c !== 'invalid_json' && c !== 'validation_failed'),
+    ).toEqual([])
+    expect(seen.errors).toHaveLength(sample.length)
+  })
+
+  it('says which bytes its log no longer keeps (a gap) before the bytes after them', async () => {
+    // 9 MiB, past the 8 MiB log: a terminal from offset 0 is told of the dropped start, as the
+    // output stream's `gap` event tells it, so the bytes it gets and the gap add up to the output.
+    const started = await start(session, { command: ['sh', '-c', 'head -c 9437184 /dev/zero; echo end'] })
+    // Attached after the end (a reader keeping up while it runs misses nothing).
+    const route = `/v1/sessions/${session}/commands/${started.body.id}`
+    for (let i = 0; i < 300 && (await t.api.call('GET', route)).body.status === 'running'; i++)
+      await new Promise((resolve) => setTimeout(resolve, 50))
+    const { seen, exit } = await openTerminal(started.body.id)
+    const ended = (await exit).command
+    expect(seen.gaps).toEqual([{ type: 'gap', from: 0, to: expect.any(Number) }])
+    const [gap] = seen.gaps as { to: number }[]
+    expect(gap?.to).toBeGreaterThan(0)
+    expect((gap?.to ?? 0) + seen.bytes).toBe(ended.outputBytes)
+    expect(seen.screen.endsWith('end\n')).toBe(true)
   })
 })

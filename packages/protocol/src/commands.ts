@@ -45,17 +45,23 @@ export const TerminalSizeSchema = Type.Object(
 )
 
 const EnvName = Type.String({ minLength: 1, maxLength: 256, pattern: '^[A-Za-z_][A-Za-z0-9_]*$' })
+/** An argument or an env value: what a process is given is a C string, so it holds no NUL. */
+const ProcessText = Type.String({
+  maxLength: MAX_COMMAND_ARG_BYTES,
+  pattern: '^[^\\u0000]*$',
+  description: 'no NUL character',
+})
 
 export const StartCommandBody = Type.Object(
   {
     /** The program and its arguments, run without a shell (`["sh", "-c", "…"]` for one). */
-    command: Type.Array(Type.String({ minLength: 0, maxLength: MAX_COMMAND_ARG_BYTES }), {
+    command: Type.Array(ProcessText, {
       minItems: 1,
       maxItems: MAX_COMMAND_ARGS,
     }),
     /** Variables added to the session's environment (its runtime secrets, egress settings). */
     env: Type.Optional(
-      Type.Record(EnvName, Type.String({ maxLength: MAX_COMMAND_ARG_BYTES }), {
+      Type.Record(EnvName, ProcessText, {
         maxProperties: 256,
         additionalProperties: false,
       }),

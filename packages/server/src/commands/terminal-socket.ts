@@ -49,8 +49,8 @@ export class TerminalSockets {
       )
     const principal = await this.principal(request)
     if (principal.role === 'read') throw new CairnProblem('forbidden', 'this API key is read-only')
-    const sessionId = decodeURIComponent(match[1] ?? '')
-    const commandId = decodeURIComponent(match[2] ?? '')
+    const sessionId = pathPart(match[1])
+    const commandId = pathPart(match[2])
     const offset = Number(new URLSearchParams(match[3] ?? '').get('offset') ?? 0)
     if (!Number.isSafeInteger(offset) || offset < 0)
       throw new CairnProblem('validation_failed', 'offset must be a whole number of bytes')
@@ -110,6 +110,8 @@ export class TerminalSockets {
         MESSAGE_BYTES * 4,
         COMMAND_WAIT_MS,
       )
+      // Bytes no longer kept are said, never skipped silently (the output stream's `gap` event).
+      if (read?.gap && open) ws.send(JSON.stringify({ type: 'gap', ...read.gap }))
       for (const chunk of read?.chunks ?? []) {
         const data = Buffer.from(chunk.data)
         for (let start = 0; start < data.length; start += MESSAGE_BYTES)
@@ -135,7 +137,9 @@ export class TerminalSockets {
       await commands.stdin(at.tenantId, at.sessionId, at.commandId, bytes, false)
       return
     }
-    const message = JSON.parse(bytes.toString('utf8')) as Record<string, unknown>
+    const parsed: unknown = JSON.parse(bytes.toString('utf8'))
+    // `null`, a number or an array is no message: refused like an unknown type, not a TypeError.
+    const message = (isObject(parsed) ? parsed : {}) as Record<string, unknown>
     if (message.type === 'resize' && isSize(message.rows) && isSize(message.cols))
       await commands.resize(at.tenantId, at.sessionId, at.commandId, {
         rows: message.rows,
@@ -153,6 +157,18 @@ export class TerminalSockets {
   close(): void {
     for (const socket of this.sockets) socket.destroy()
     this.wss.close()
+  }
+}
+
+const isObject = (value: unknown): value is object =>
+  typeof value === 'object' && value !== null && !Array.isArray(value)
+
+/** A path parameter decoded; one that is not valid percent-encoded UTF-8 is refused as the router refuses it. */
+function pathPart(raw: string | undefined): string {
+  try {
+    return decodeURIComponent(raw ?? '')
+  } catch {
+    throw new CairnProblem('bad_request', 'the request path is not valid percent-encoded UTF-8')
   }
 }
 

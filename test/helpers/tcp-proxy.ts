@@ -1,12 +1,20 @@
 import net from 'node:net'
 
-/** A TCP proxy in front of a server, whose connections a test can cut (a dropped network). */
+/** A TCP proxy in front of a server, whose connections a test can cut (a dropped network) or stall. */
 export interface TcpProxy {
   url: string
   /** Connections made through it so far. */
   readonly connections: number
   /** Destroys every connection open now, both sides; new ones are proxied as before. */
   dropAll(): number
+  /**
+   * Stops forwarding, as a hung server would: the connections open now carry nothing more either
+   * way, and new ones are accepted and then never answered (nothing reaches the server). Nothing is
+   * closed.
+   */
+  hang(): void
+  /** Forwards new connections again; the ones held while hung are closed (they had timed out). */
+  resume(): void
   close(): Promise<void>
 }
 
@@ -14,19 +22,38 @@ export interface TcpProxy {
 export async function startTcpProxy(target: string, listenHost = '127.0.0.1'): Promise<TcpProxy> {
   const { hostname, port } = new URL(target)
   const open = new Set<net.Socket>()
+  const pairs = new Set<[net.Socket, net.Socket]>()
+  const stalled = new Set<net.Socket>()
   let connections = 0
+  let hung = false
+  const track = (socket: net.Socket) => {
+    open.add(socket)
+    socket.on('close', () => open.delete(socket))
+    socket.on('error', () => undefined)
+  }
+  const stall = (socket: net.Socket) => {
+    socket.unpipe()
+    socket.pause()
+    stalled.add(socket)
+  }
   const server = net.createServer((client) => {
     connections++
-    const upstream = net.connect(Number(port), hostname)
-    for (const socket of [client, upstream]) {
-      open.add(socket)
-      socket.on('close', () => open.delete(socket))
-      socket.on('error', () => undefined)
+    track(client)
+    if (hung) {
+      stall(client)
+      return
     }
+    const upstream = net.connect(Number(port), hostname)
+    track(upstream)
+    const pair: [net.Socket, net.Socket] = [client, upstream]
+    pairs.add(pair)
     client.pipe(upstream)
     upstream.pipe(client)
     client.on('close', () => upstream.destroy())
-    upstream.on('close', () => client.destroy())
+    upstream.on('close', () => {
+      client.destroy()
+      pairs.delete(pair)
+    })
   })
   await new Promise<void>((resolve) => server.listen(0, listenHost, resolve))
   const address = server.address() as net.AddressInfo
@@ -39,6 +66,18 @@ export async function startTcpProxy(target: string, listenHost = '127.0.0.1'): P
       const count = open.size
       for (const socket of open) socket.destroy()
       return count
+    },
+    hang() {
+      hung = true
+      for (const [client, upstream] of pairs) {
+        stall(client)
+        stall(upstream)
+      }
+    },
+    resume() {
+      hung = false
+      for (const socket of stalled) socket.destroy()
+      stalled.clear()
     },
     async close() {
       for (const socket of open) socket.destroy()

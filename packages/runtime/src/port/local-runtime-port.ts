@@ -468,7 +468,9 @@ export class LocalRuntimePort extends LocalPoolPort implements RuntimePort {
   }
 
   async shippingLag(): Promise<NodeShippingLag> {
-    return this.shipping?.lag() ?? { enabled: false, unshippedSnapshots: 0, secondsBehind: 0 }
+    return (
+      this.shipping?.lag() ?? { enabled: false, unshippedSnapshots: 0, secondsBehind: 0, failingSessions: 0 }
+    )
   }
 
   /** Stops shipping (what is not shipped yet stays unshipped); the composition root calls it on close. */

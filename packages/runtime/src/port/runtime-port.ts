@@ -123,11 +123,15 @@ export interface BucketRestore {
   streamBytes: number
 }
 
-/** Shipping lag of a node: snapshots not yet confirmed in the bucket, and the oldest one's age. */
+/**
+ * Shipping lag of a node: snapshots not yet confirmed in the bucket, the oldest one's age, and the
+ * sessions whose last ship attempt failed (the store down or hung; retried with backoff).
+ */
 export interface NodeShippingLag {
   enabled: boolean
   unshippedSnapshots: number
   secondsBehind: number
+  failingSessions: number
 }
 
 /** A terminal's size, in characters. */

@@ -10,12 +10,34 @@ export interface ShippingBucketConfig {
   region?: string | undefined
   /** Prepended to every key, so one bucket can hold several installs. */
   prefix?: string | undefined
+  /** A request is given up after this long with nothing sent or received (default `S3_IDLE_TIMEOUT_MS`). */
+  idleTimeoutMs?: number | undefined
+}
+
+/** How long a connection to the store may take to open before the attempt is given up. */
+export const S3_CONNECT_TIMEOUT_MS = 5_000
+/**
+ * How long a request may go with nothing sent or received (the store took no byte of a body and
+ * sent none of its answer) before the attempt is given up. A hung store (it accepts connections and
+ * never answers) costs an attempt this long; a slow but moving transfer of a large part is not cut.
+ */
+export const S3_IDLE_TIMEOUT_MS = 10_000
+/** Attempts per bucket call: the SDK retries a timeout, a refused connection or a 5xx with backoff. */
+export const S3_MAX_ATTEMPTS = 3
+
+/**
+ * How long one bucket call can take at most against a store that never answers: every attempt's
+ * idle timeout, plus the SDK's backoff between attempts (under a second each at these counts).
+ */
+export function bucketCallBoundMs(idleTimeoutMs = S3_IDLE_TIMEOUT_MS): number {
+  return S3_MAX_ATTEMPTS * (Math.max(idleTimeoutMs, S3_CONNECT_TIMEOUT_MS) + 1_000)
 }
 
 /**
  * An S3 client for the bucket: path-style addressing when an endpoint is given (what RGW and most
- * S3-compatible stores expect), and checksums only where an operation requires one (RGW refuses
- * the SDK's default trailing checksums on some versions).
+ * S3-compatible stores expect), checksums only where an operation requires one (RGW refuses
+ * the SDK's default trailing checksums on some versions), and bounded attempts: without timeouts a
+ * store that accepts a connection and never answers held a ship or a restore for ever.
  */
 export function createShippingBucket(config: ShippingBucketConfig): ShippingBucket {
   if (!/^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$/.test(config.bucket))
@@ -27,6 +49,11 @@ export function createShippingBucket(config: ShippingBucketConfig): ShippingBuck
     ...(config.endpoint ? { endpoint: config.endpoint, forcePathStyle: true } : {}),
     requestChecksumCalculation: 'WHEN_REQUIRED',
     responseChecksumValidation: 'WHEN_REQUIRED',
+    maxAttempts: S3_MAX_ATTEMPTS,
+    requestHandler: {
+      connectionTimeout: S3_CONNECT_TIMEOUT_MS,
+      socketTimeout: config.idleTimeoutMs ?? S3_IDLE_TIMEOUT_MS,
+    },
   })
   return new ShippingBucket(client, config.bucket, config.prefix ?? '')
 }

@@ -4,12 +4,14 @@ import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { startObjectStore, type TestObjectStore } from '../../../../test/helpers/rgw.js'
+import { startTcpProxy } from '../../../../test/helpers/tcp-proxy.js'
 import { sessionId } from '../../test/harness.js'
 import { newRevision, newWorkspace, openBucket, ShippingPools, turn } from '../../test/shipping-pools.js'
 import type { BtrfsPool } from '../storage/btrfs-pool.js'
 import type { StoragePool } from '../storage/pool.js'
 import { treeDigest } from '../workspace-io/digest.js'
 import type { ShippingBucket } from './bucket.js'
+import { bucketCallBoundMs, createShippingBucket } from './bucket-config.js'
 import { type ChainLink, chainKey, chainPrefix } from './chain-link.js'
 import { readChain } from './chain-reader.js'
 import { restoreFromBucket } from './restore.js'
@@ -73,7 +75,7 @@ describe('WorkspaceShipper (btrfs pools, Ceph RGW)', () => {
       await shipper.flush(id)
 
       expect(await shipper.shippedGeneration(id)).toBe(3)
-      expect(shipper.lag(id)).toEqual({ unshippedSnapshots: 0, secondsBehind: 0 })
+      expect(shipper.lag(id)).toEqual({ unshippedSnapshots: 0, secondsBehind: 0, failingSessions: 0 })
       const chain = (await readChain(bucket, id)) as ChainLink[]
       expect(chain.map((link) => [link.seq, link.kind, link.snapshotId, link.generation])).toEqual([
         [1, 'full', snaps[0], 1],
@@ -255,6 +257,65 @@ describe('WorkspaceShipper (btrfs pools, Ceph RGW)', () => {
   })
 })
 
+describe('a hung object store (it accepts connections and never answers)', () => {
+  it('fails a ship and a restore shipping_failed within the bound, reads failing meanwhile, and catches up once it answers', async () => {
+    // The client the product makes (createShippingBucket: its timeouts and attempts), pointed at a
+    // proxy in front of RGW that stops forwarding. With no timeouts, both waited for ever.
+    const proxy = await startTcpProxy(store.endpoint)
+    const idleTimeoutMs = 1_000
+    const boundMs = bucketCallBoundMs(idleTimeoutMs)
+    const credentials = { AWS_ACCESS_KEY_ID: store.accessKeyId, AWS_SECRET_ACCESS_KEY: store.secretAccessKey }
+    Object.assign(process.env, credentials)
+    const hungBucket = createShippingBucket({
+      bucket: 'cairn-shipping',
+      endpoint: proxy.url,
+      region: 'default',
+      idleTimeoutMs,
+    })
+    const id = sessionId('hung')
+    await newWorkspace(source, id)
+    const failures: CairnProblem[] = []
+    const shipper = new WorkspaceShipper({
+      pool: source,
+      bucket: hungBucket,
+      retryInitialMs: 200,
+      retryMaxMs: 1000,
+      observer: { failed: ({ error }) => failures.push(error) },
+    })
+    try {
+      const first = await turn(source, id, 1, { file: 'a.bin', bytes: 64 * 1024 })
+      shipper.enqueue(id, first)
+      await shipper.flush(id)
+      expect(await shipper.shippedGeneration(id)).toBe(1)
+
+      proxy.hang()
+      const second = await turn(source, id, 2, { file: 'b.bin', bytes: 64 * 1024 })
+      shipper.enqueue(id, second)
+      await waitUntil(() => failures.length >= 1, boundMs)
+      expect(failures[0]?.code).toBe('shipping_failed')
+      expect(shipper.lag(id)).toMatchObject({ unshippedSnapshots: 1, failingSessions: 1 })
+      expect(await shipper.shippedGeneration(id)).toBe(1)
+
+      const target = await freshPool('restore-hung')
+      const error = await rejection(within(restoreFromBucket(hungBucket, id, target), boundMs))
+      expect(error.code).toBe('shipping_failed')
+      expect(error.status).toBe(503)
+      expect(stagingLeftovers(target)).toEqual([])
+
+      proxy.resume()
+      await shipper.flush(id)
+      expect(await shipper.shippedGeneration(id)).toBe(2)
+      expect(shipper.lag(id)).toEqual({ unshippedSnapshots: 0, secondsBehind: 0, failingSessions: 0 })
+      expect((await restoreFromBucket(hungBucket, id, target)).generation).toBe(2)
+    } finally {
+      proxy.resume()
+      await shipper.close()
+      await proxy.close()
+      for (const name of Object.keys(credentials)) delete process.env[name]
+    }
+  })
+})
+
 describe('trees that never change', () => {
   it('ships a revision once, and another pool fetches it back as a sealed revision sessions can start on', async () => {
     const revisionId = await newRevision(source)
@@ -311,6 +372,15 @@ describe('WorkspaceShipper (dir pools)', () => {
     }
   })
 })
+
+/** The promise, or a rejection (not a CairnProblem) once `boundMs` passed without it settling. */
+function within<T>(promise: Promise<T>, boundMs: number): Promise<T> {
+  let timer: NodeJS.Timeout | undefined
+  const late = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`still waiting after ${boundMs} ms`)), boundMs)
+  })
+  return Promise.race([promise, late]).finally(() => clearTimeout(timer))
+}
 
 async function waitUntil(check: () => boolean, timeoutMs: number): Promise<void> {
   const deadline = Date.now() + timeoutMs

@@ -48,10 +48,15 @@ export interface WorkspaceShipperOptions {
   locateTree?: (kind: TreeKind, id: string) => string
 }
 
-/** How far shipping is behind: snapshots taken and not yet confirmed in the bucket, and for how long. */
+/**
+ * How far shipping is behind: snapshots taken and not yet confirmed in the bucket, and for how long;
+ * and how many sessions' shipping is failing (its last attempt failed, `shipping_failed` when the
+ * store is down or hung: retried with backoff until one succeeds).
+ */
 export interface ShippingLag {
   unshippedSnapshots: number
   secondsBehind: number
+  failingSessions: number
 }
 
 interface Job {
@@ -69,6 +74,7 @@ interface SessionState {
   enqueued: number
   confirmed: number
   running: Promise<void> | undefined
+  /** Failed attempts in a row (0: the last attempt succeeded, or none was made). */
   attempt: number
   idle: (() => void)[]
 }
@@ -126,13 +132,15 @@ export class WorkspaceShipper {
     const states = sessionId ? [this.sessions.get(sessionId)] : [...this.sessions.values()]
     const now = Date.now()
     let unshippedSnapshots = 0
+    let failingSessions = 0
     let oldest = now
     for (const state of states) {
       if (!state) continue
       unshippedSnapshots += state.enqueued - state.confirmed
+      if (state.attempt > 0) failingSessions++
       for (const job of [state.inFlight, state.pending]) if (job) oldest = Math.min(oldest, job.sinceMs)
     }
-    return { unshippedSnapshots, secondsBehind: (now - oldest) / 1000 }
+    return { unshippedSnapshots, secondsBehind: (now - oldest) / 1000, failingSessions }
   }
 
   /** Resolves once the session has nothing left to ship (or the shipper is closed). */

@@ -9,7 +9,7 @@ export interface NodeLag {
 
 /**
  * Shipping lag per node in `/metrics` (docs/shipping.md): snapshots taken and not yet confirmed
- * in the bucket, and how long the oldest of them has waited. Nodes without a bucket are left
+ * in the bucket, how long the oldest of them has waited, and the sessions whose shipping is failing. Nodes without a bucket are left
  * out. Returns what reads the figures before each scrape.
  */
 export function installShippingMetrics(
@@ -34,6 +34,11 @@ export function installShippingMetrics(
     'cairn_node_shipping_lag_seconds',
     'How long the oldest unshipped snapshot of the node has waited for the bucket',
     (lag) => lag.secondsBehind,
+  )
+  perNode(
+    'cairn_node_shipping_failing_sessions',
+    'Sessions whose last attempt to ship to the bucket failed (the store down or hung); retried with backoff',
+    (lag) => lag.failingSessions,
   )
   return async () => {
     lags = await read().catch(() => lags)

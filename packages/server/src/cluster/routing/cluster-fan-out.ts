@@ -119,8 +119,9 @@ export abstract class ClusterFanOut {
         enabled: sum.enabled || lag.enabled,
         unshippedSnapshots: sum.unshippedSnapshots + lag.unshippedSnapshots,
         secondsBehind: Math.max(sum.secondsBehind, lag.secondsBehind),
+        failingSessions: sum.failingSessions + lag.failingSessions,
       }),
-      { enabled: false, unshippedSnapshots: 0, secondsBehind: 0 },
+      { enabled: false, unshippedSnapshots: 0, secondsBehind: 0, failingSessions: 0 },
     )
   }
 

@@ -6,6 +6,7 @@ import path from 'node:path'
 import { createInterface } from 'node:readline'
 import { type Bench, progress, timedResult } from './lib/bench.js'
 import { NodeHttpClient } from './lib/client.js'
+import { cpuSpentMs, cpuTree } from './lib/cpu-tree.js'
 import { EXAMPLES, packDir, REPO_ROOT, removeInstanceLeftovers } from './lib/server.js'
 import { type Row, row } from './lib/stats.js'
 import { PACED_GAP_MS, TURN_CASES, type TurnSender, turnSender } from './lib/turns.js'
@@ -40,7 +41,7 @@ async function startServerProcess(repo: string, dataDir: string) {
     child.kill('SIGTERM')
     await once(child, 'exit')
   }
-  return { url: started.url, key, stop }
+  return { url: started.url, key, pid: child.pid as number, stop }
 }
 
 /** One server under test: its process, its client, its warm echo session. */
@@ -49,6 +50,8 @@ interface Subject {
   client: NodeHttpClient
   sender: TurnSender
   healthz(): Promise<number>
+  /** The server's process: its CPU, and its children's, is read around a loop. */
+  pid: number
   close(): Promise<void>
 }
 
@@ -74,11 +77,36 @@ async function startSubject(label: string, repo: string, problems: string[]): Pr
       if (res.status !== 200) throw new Error(`/healthz answered ${res.status}`)
       return res.ms
     }
-    return { label, client, sender, healthz, close }
+    return { label, client, sender, healthz, pid: server.pid, close }
   } catch (error) {
     await close()
     throw error
   }
+}
+
+const CPU_RUNS = 200
+
+/**
+ * CPU per request, of the server's process and of its children (the storage helpers, the
+ * sandbox), by command: `CPU_RUNS` of `request` back to back, the CPU their threads used meanwhile
+ * divided by the count. A figure the load on a shared machine does not stretch as it stretches wall
+ * time (it still makes each instruction a little slower).
+ */
+async function cpuPerRequest(pid: number, request: () => Promise<unknown>): Promise<Map<string, number>> {
+  const before = cpuTree(pid)
+  for (let i = 0; i < CPU_RUNS; i++) await request()
+  const spent = cpuSpentMs(before, cpuTree(pid))
+  for (const [comm, ms] of spent) spent.set(comm, ms / CPU_RUNS)
+  return spent
+}
+
+const cpuLine = (spent: Map<string, number>) => {
+  const total = [...spent.values()].reduce((a, b) => a + b, 0)
+  const parts = [...spent]
+    .filter(([, ms]) => ms >= 0.005)
+    .sort((a, b) => b[1] - a[1])
+    .map(([comm, ms]) => `${comm} ${ms.toFixed(2)}`)
+  return `${total.toFixed(2)} ms (${parts.join(', ')})`
 }
 
 /** The first quartile: a shared machine's load moves the medians most. */
@@ -122,6 +150,12 @@ export const warmTurnProcess: Bench = {
         }
         progress(`${PAIRS} pairs back to back, then ${PAIRS} paced, per server (${subjects.length})`)
         const runs = { 'back to back': await measure(0), paced: await measure(PACED_GAP_MS) }
+        const cpu: Record<string, { healthz: Record<string, number>; turn: Record<string, number> }> = {}
+        for (const s of subjects) {
+          const healthz = await cpuPerRequest(s.pid, () => s.healthz())
+          const turn = await cpuPerRequest(s.pid, () => s.sender.send(s.client))
+          cpu[s.label] = { healthz: Object.fromEntries(healthz), turn: Object.fromEntries(turn) }
+        }
         if (problems.length > 0) throw new Error(problems.slice(0, 5).join('\n'))
         const rows: Row[] = []
         const notes: string[] = []
@@ -148,6 +182,11 @@ export const warmTurnProcess: Bench = {
               `${what}${suffix}: first quartile ${quartile(turns).toFixed(2)} ms / ${quartile(floor).toFixed(2)} ms = ${(quartile(turns) / quartile(floor)).toFixed(1)}x`,
             )
           }
+        for (const [label, { healthz, turn }] of Object.entries(cpu)) {
+          const suffix = subjects.length > 1 ? ` (${label})` : ''
+          notes.push(`CPU per GET /healthz${suffix}: ${cpuLine(new Map(Object.entries(healthz)))}`)
+          notes.push(`CPU per echo warm turn${suffix}: ${cpuLine(new Map(Object.entries(turn)))}`)
+        }
         return {
           config: {
             pairs: PAIRS,
@@ -155,6 +194,8 @@ export const warmTurnProcess: Bench = {
             pacedGapMs: PACED_GAP_MS,
             database: 'sqlite',
             baseline: process.env.BENCH_BASELINE_REPO ?? null,
+            cpuRuns: CPU_RUNS,
+            cpuPerRequestMs: cpu,
           },
           rows,
           targets,

@@ -58,6 +58,7 @@ const RUNTIME_ONLY = [
   'test/security/escape.test.ts',
   'test/security/fork-memory-secrets.test.ts',
   'test/security/fuzz-archive.test.ts',
+  'test/security/nul-values.test.ts',
   'test/security/hostile-node.test.ts',
   'test/security/image-pull-cap.test.ts',
   'test/security/images.test.ts',

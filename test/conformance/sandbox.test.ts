@@ -84,6 +84,33 @@ describe.each(DRIVERS)('%s driver: sandbox', (isolation) => {
     return completedText(await runOn(t.runtime, isolation, workspace, script, { shell }))
   }
 
+  test('an environment value holding a NUL adds no option to the sandbox', async () => {
+    // bwrap reads the environment NUL-separated: a secret's `a\0--cap-add\0ALL` gave the agent
+    // every capability. bwrap refuses it (naming the variable, not the value); none may run with one.
+    workspace ||= await t.runtime.pool.createWorkspace(sessionId('box'), 'rev_box')
+    const env = { CAIRN_NUL: 'a\0--cap-add\0ALL' }
+    const command = ['bash', '-c', 'grep CapEff /proc/self/status']
+    const outcome = await startOn(t.runtime, isolation, '', command, {
+      protocol: 'exec',
+      workspaceDir: workspace,
+      env,
+    })
+      .then(async ({ agent }) => {
+        try {
+          return completedText((await turn(agent, '', 1)).outcome)
+        } finally {
+          await t.runtime.stopAgent(agent)
+        }
+      })
+      .catch((error: unknown) => error)
+    if (isolation === 'bwrap') {
+      expect(outcome).toBeInstanceOf(CairnProblem)
+      expect((outcome as CairnProblem).code).toBe('sandbox_failed')
+      expect((outcome as CairnProblem).message).toContain('CAIRN_NUL')
+      expect((outcome as CairnProblem).message).not.toContain('cap-add')
+    } else if (typeof outcome === 'string') expect(outcome).toMatch(/CapEff:\s+0+\n/)
+  })
+
   test('runs in /workspace, the session subvolume, with the revision files', async () => {
     const out = await inside('pwd; echo "HOME=$HOME"; cat README.md; echo made > made.txt; ls -l made.txt')
     expect(out).toMatch(/^\/workspace\nHOME=\/workspace\nconformance\n-rw-r--r-- 1 agent agent 5 /)

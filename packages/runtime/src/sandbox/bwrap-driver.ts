@@ -315,6 +315,7 @@ export class BwrapDriver implements SandboxDriver {
 
   async start(spec: SandboxSpec): Promise<Sandbox> {
     if (spec.command.length === 0) throw new CairnProblem('bad_request', 'empty sandbox command')
+    refuseNul(spec, this.buildArgs(spec))
     const limits = {
       memoryBytes: spec.limits.memoryMiB * 1024 * 1024,
       pids: spec.limits.pids,
@@ -533,4 +534,21 @@ class BwrapSandbox implements Sandbox {
     await this.cgroups.remove(this.cgroupName)
     await this.release()
   }
+}
+
+/**
+ * bwrap reads its options and the environment NUL-separated (fd 4 and `--args`): a NUL inside a
+ * value would end it there and make the rest options of bwrap's own (a secret's value gave the
+ * agent every capability with `--cap-add ALL`). Refused before anything starts; a variable is
+ * named, never its value (it may be a secret).
+ */
+function refuseNul(spec: Pick<SandboxSpec, 'env'>, args: readonly string[]): void {
+  for (const [name, value] of Object.entries(sandboxEnv(spec)))
+    if (`${name}${value}`.includes('\0'))
+      throw new CairnProblem(
+        'sandbox_failed',
+        `the sandbox's environment variable ${name.replaceAll('\0', '\\0')} holds a NUL character`,
+      )
+  if (args.some((arg) => arg.includes('\0')))
+    throw new CairnProblem('sandbox_failed', "an option of the sandbox's command line holds a NUL character")
 }

@@ -173,6 +173,9 @@ export class SecretStore {
           `invalid secret name '${name}': use letters, digits and '_'`,
         )
       }
+      // A value reaches the sandbox as an environment variable, a C string: it holds no NUL.
+      if (value.includes('\0'))
+        throw new CairnProblem('validation_failed', `secret '${name}' holds a NUL character`)
       if (Buffer.byteLength(value) > MAX_SECRET_BYTES) {
         throw new CairnProblem(
           'validation_failed',

@@ -24,6 +24,11 @@ export interface StartServerExtras {
    * port over mutual TLS with the cluster dir's certificates).
    */
   connectNode?: NodeConnector | undefined
+  /**
+   * `role: 'api'`: how long a session's node and epoch (and the nodes' rows) are reused once read
+   * (default 1 s); a test lengthens it to hold a route another replica made stale.
+   */
+  routeCacheMs?: number | undefined
 }
 
 /** The typed refusal of a `role: 'api'` start that lacks what it needs. */

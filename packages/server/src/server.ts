@@ -161,6 +161,7 @@ export async function startServer(
         events: runtimeEvents,
         apiId: await runtimeIdOf(config.dataDir),
         connect: extras.connectNode ?? (await remoteNodeConnector(config)),
+        cacheMs: extras.routeCacheMs,
       })
     } else {
       let ownId: string | undefined

@@ -39,6 +39,7 @@ export class SessionTurnWrites {
    * row). The database holds at most one running turn per session (a partial unique index): a
    * second one, from this process or another replica, is refused with `session_busy` and nothing
    * of it is recorded. `sandboxId`: the warm sandbox the turn is expected to run in, if known.
+   * Resolves to the session's owner epoch the turn began under (read in the same statement).
    */
   async startTurn(turn: {
     sessionId: string
@@ -49,7 +50,7 @@ export class SessionTurnWrites {
     at: string
     relayId: string | null
     sandboxId?: string | undefined
-  }): Promise<void> {
+  }): Promise<{ ownerEpoch: number }> {
     const { sessionId, at } = turn
     const row = {
       id: turn.turnId,
@@ -64,6 +65,7 @@ export class SessionTurnWrites {
     const onPostgres = this.db.dialect === 'postgres'
     // PostgreSQL: one statement (the turn's row written from the session's, so a held session
     // writes neither), atomic without a transaction. SQLite: the turn's row first, in one.
+    let ownerEpoch = 0
     const begin = async () => {
       if (!onPostgres) await this.db.q.insertInto('turns').values(row).execute()
       const timing = await this.changeStatus(
@@ -84,10 +86,11 @@ export class SessionTurnWrites {
             .where((eb) =>
               eb.or([eb('held_by', 'is', null), eb('held_until', '<', this.holds.holdClock(at))]),
             )
-            .returning(STATUS_TIMING),
+            .returning([...STATUS_TIMING, 'owner_epoch']),
         { from: 'idle', to: 'active', cause: 'turn_started', detail: turn.turnId, at },
         onPostgres ? { begun: row } : {},
       )
+      ownerEpoch = Number(timing?.owner_epoch ?? 0)
       if (!timing) {
         // An exclusive operation holds the session (through any replica): the turn is not begun.
         const held = await this.holds.heldFor(sessionId, at)
@@ -112,6 +115,7 @@ export class SessionTurnWrites {
         )
       throw error
     }
+    return { ownerEpoch }
   }
 
   async setTurnSandbox(turnId: string, sandboxId: string, coldStart: boolean): Promise<void> {

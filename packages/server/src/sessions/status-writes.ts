@@ -28,8 +28,11 @@ export interface TurnWrites {
   ended?: { id: string; set: TurnEndRow }
 }
 
-/** The session's timing after the change (and whether the turn it ended was still running). */
-export type ChangedTiming = ReturnedTiming & { turnEnded?: boolean }
+/**
+ * The session's timing after the change (and whether the turn it ended was still running; its
+ * owner epoch, when the update returns it: a turn's begin, the epoch the turn began under).
+ */
+export type ChangedTiming = ReturnedTiming & { turnEnded?: boolean; owner_epoch?: number | string }
 
 /**
  * Changes a session's status by `update` (which returns its timing) and records the transition's

@@ -114,6 +114,8 @@ export class TurnRunner {
     }
     let row: TurnSessionRow
     let seq: number
+    /** The owner epoch the turn began under (the row may have been read before another replica moved it). */
+    let ownerEpoch = 0
     try {
       row = await load()
       if (row.status === 'deleted') throw new CairnProblem('session_deleted', `session ${id} was deleted`)
@@ -123,8 +125,8 @@ export class TurnRunner {
       const at = this.now()
       seq = row.turn_count + 1
       const current = row
-      const startTurn = () =>
-        store.startTurn({
+      const startTurn = async () => {
+        const begun = await store.startTurn({
           sessionId: id,
           turnId,
           seq,
@@ -134,6 +136,8 @@ export class TurnRunner {
           relayId: this.deps.relays?.relayId ?? null,
           sandboxId: warmSandboxOf(seen),
         })
+        ownerEpoch = begun.ownerEpoch
+      }
       // All or nothing: a database locked by another writer refuses the whole message (503
       // unavailable), never half of it.
       if (current.status === 'idle') await startTurn()
@@ -148,7 +152,7 @@ export class TurnRunner {
       release()
       throw error
     }
-    const started: TurnSessionRow = { ...row, status: 'active' }
+    const started: TurnSessionRow = { ...row, status: 'active', owner_epoch: ownerEpoch }
     // Refused room for its events (the tenant's storage budget), the turn stops and fails quota_exceeded.
     const log = this.deps.events.open(turnId, {
       tenantId: row.tenant_id,

@@ -22,6 +22,8 @@ export async function openClusterRuntime(options: {
   /** The API replica's own ID (no session is ever recorded under it). */
   apiId: string
   connect: NodeConnector
+  /** See `ClusterRuntimePortOptions.cacheMs`. */
+  cacheMs?: number | undefined
 }): Promise<RuntimeHost> {
   const { db, logger, events } = options
   if (db.dialect !== 'postgres')
@@ -33,6 +35,7 @@ export async function openClusterRuntime(options: {
   const port = new ClusterRuntimePort({
     db,
     directory,
+    cacheMs: options.cacheMs,
     logger: logger.child({ component: 'routing' }),
     recoverLost: options.config.recoverLost,
     leaseMs: options.config.leaseMs,

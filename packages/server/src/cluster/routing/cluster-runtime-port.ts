@@ -29,7 +29,7 @@ import {
   type WorkspaceMark,
 } from '@cairn/runtime/port'
 import { ClusterFanOut } from './cluster-fan-out.js'
-import { ClusterRoutes } from './cluster-routes.js'
+import { ClusterRoutes, type Route } from './cluster-routes.js'
 import { ClusterRows } from './cluster-rows.js'
 import type { ClusterRuntimePortOptions } from './cluster-runtime-port-options.js'
 import type { NodeRow } from './node-directory.js'
@@ -40,6 +40,12 @@ export type { ClusterRuntimePortOptions } from './cluster-runtime-port-options.j
 
 /** The leader's check interval and slack: a dead node is declared lost within its lease and this. */
 const LEADER_NOTICE_MS = 2000
+
+/** A turn's stream opened on a node, with its first message. */
+interface OpenedTurn {
+  iterator: AsyncIterator<TurnMessage>
+  first: IteratorResult<TurnMessage>
+}
 
 /**
  * The runtime port of an API replica (`cairn server --role api`): no runtime of its own, every
@@ -139,30 +145,65 @@ export class ClusterRuntimePort extends ClusterFanOut implements RuntimePort {
       })
   }
 
+  /**
+   * The turn on the session's node, under its owner epoch. A node that refuses the epoch
+   * (`stale_epoch`: the session moved or was recovered since this replica read its row, and the
+   * node has heard of it) ran nothing: the row is read again and the turn opened once more on the
+   * session's node now; refused again under an epoch no newer, the turn fails `stale_epoch`.
+   */
   async *runTurn(sessionId: string, input: TurnInput, options?: TurnOptions): AsyncIterable<TurnMessage> {
-    const route = await this.routes.sessionRoute(sessionId)
+    let route = await this.routes.sessionRoute(sessionId)
+    let opened: OpenedTurn
+    try {
+      opened = await this.openTurn(route, sessionId, input, options)
+    } catch (error) {
+      if (!(error instanceof CairnProblem) || error.code !== 'stale_epoch') throw error
+      this.rows.forget(sessionId)
+      const fresh = await this.routes.sessionRoute(sessionId)
+      if (fresh.ownerEpoch <= route.ownerEpoch) throw error
+      route = fresh
+      opened = await this.openTurn(route, sessionId, input, options)
+    }
+    const { iterator } = opened
+    let step = opened.first
+    let done = step.done === true
+    try {
+      while (!step.done) {
+        yield step.value
+        step = await this.nextStep(route, iterator).catch((error: unknown) => {
+          done = true
+          throw error
+        })
+      }
+      done = true
+    } finally {
+      // A reader that stopped early cancels the turn on the node (its stream is ended).
+      if (!done) await runWithOwnerEpoch(route.ownerEpoch, async () => iterator.return?.())
+    }
+  }
+
+  /** Opens the turn's stream on the route's node: its first message (a remote port opens it there). */
+  private async openTurn(
+    route: Route,
+    sessionId: string,
+    input: TurnInput,
+    options: TurnOptions | undefined,
+  ): Promise<OpenedTurn> {
     // Each step runs under the epoch: a remote port may open its stream on the first `next`.
     const iterator = runWithOwnerEpoch(route.ownerEpoch, () =>
       route.port.runTurn(sessionId, input, options)[Symbol.asyncIterator](),
     )
-    let done = false
+    return { iterator, first: await this.nextStep(route, iterator) }
+  }
+
+  private async nextStep(
+    route: Route,
+    iterator: AsyncIterator<TurnMessage>,
+  ): Promise<IteratorResult<TurnMessage>> {
     try {
-      while (true) {
-        const step = await runWithOwnerEpoch(route.ownerEpoch, () => iterator.next()).catch(
-          async (error: unknown) => {
-            done = true
-            throw await this.routes.explain(error, route.node.id)
-          },
-        )
-        if (step.done) {
-          done = true
-          return
-        }
-        yield step.value
-      }
-    } finally {
-      // A reader that stopped early cancels the turn on the node (its stream is ended).
-      if (!done) await runWithOwnerEpoch(route.ownerEpoch, async () => iterator.return?.())
+      return await runWithOwnerEpoch(route.ownerEpoch, () => iterator.next())
+    } catch (error) {
+      throw await this.routes.explain(error, route.node.id)
     }
   }
 

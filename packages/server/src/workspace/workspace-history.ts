@@ -285,7 +285,22 @@ export class WorkspaceHistory {
     const { title, policy } = body
     const fork: ForkBody = { snapshotId: snap.id, ...(title ? { title } : {}), ...(policy ? { policy } : {}) }
     const sessions: SessionInfo[] = []
-    for (let i = 0; i < (body.count ?? 1); i++) sessions.push(await this.fork(tenantId, id, fork))
+    try {
+      for (let i = 0; i < (body.count ?? 1); i++) sessions.push(await this.fork(tenantId, id, fork))
+    } catch (error) {
+      // All or none: a request that fails part way (its parent deleted meanwhile) answers its
+      // error, so the forks it made, which its caller never learns of, go with it.
+      for (const made of sessions)
+        await this.deps.sessions
+          .delete(tenantId, made.id)
+          .catch((e: unknown) =>
+            this.deps.logger.warn({ err: e, session: made.id }, 'removing a fork failed'),
+          )
+      // Its parent deleted meanwhile took the snapshot with it: said as a deleted session, not
+      // as a snapshot not found.
+      const gone = await this.deps.sessions.missingWorkspace(tenantId, id)
+      throw gone.code === 'session_deleted' ? gone : error
+    }
     return { snapshot: snap, memory, sessions }
   }
 

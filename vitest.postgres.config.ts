@@ -18,8 +18,9 @@ import base from './vitest.config'
  * Also left out: `cairn doctor` and the server's start-up checks (the server it starts is on SQLite
  * in either pass), the SDK packed, installed, type-checked and bundled (its calls are the SDK
  * tests' on both databases), secrets in no process's arguments (how the runtime starts processes,
- * as proxy-secrets and build-envs), the docs' links and the OpenAPI document's conformance (no
- * server at all).
+ * as proxy-secrets and build-envs), an SSE stream's heartbeats and no writes after its client left
+ * (the HTTP layer's, as a stream held to its client's pace), the docs' links and the OpenAPI
+ * document's conformance (no server at all).
  * A file that starts a server still touches the database, but these only ask it what the other
  * pass already asked; what they test (a syscall refused, a link in an archive, a pixel) is
  * decided below it.
@@ -57,6 +58,7 @@ const RUNTIME_ONLY = [
   'test/release.test.ts',
   'test/sdk-tarball.test.ts',
   'test/server-lifecycle.test.ts',
+  'test/sse-streams.test.ts',
   'test/security/argv-secrets.test.ts',
   'test/security/btrfs-ioctl.test.ts',
   'test/security/build-envs.test.ts',

@@ -18,7 +18,10 @@ import base from './vitest.config'
  * Also left out: `cairn doctor` and the server's start-up checks (the server it starts is on SQLite
  * in either pass), the SDK packed, installed, type-checked and bundled (its calls are the SDK
  * tests' on both databases), secrets in no process's arguments (how the runtime starts processes,
- * as proxy-secrets and build-envs), an SSE stream's heartbeats and no writes after its client left
+ * as proxy-secrets and build-envs), the core flow on each workspace store, btrfs and a plain
+ * directory (the stores are the runtime's; the rows the flow writes are test/workspace's and
+ * test/restart's, which both passes run), the CLI in a pipe (a closed stdout, colour, a mistyped
+ * subcommand: the process's own), an SSE stream's heartbeats and no writes after its client left
  * (the HTTP layer's, as a stream held to its client's pace), the docs' links and the OpenAPI
  * document's conformance (no server at all).
  * A file that starts a server still touches the database, but these only ask it what the other
@@ -34,6 +37,7 @@ const RUNTIME_ONLY = [
   'test/agent-kit.test.ts',
   'test/archive.test.ts',
   'test/cli-interactive.test.ts',
+  'test/cli-pipes.test.ts',
   'test/doctor.test.ts',
   'test/docs-links.test.ts',
   'test/examples-frameworks.test.ts',
@@ -59,6 +63,7 @@ const RUNTIME_ONLY = [
   'test/sdk-tarball.test.ts',
   'test/server-lifecycle.test.ts',
   'test/sse-streams.test.ts',
+  'test/storage-drivers.test.ts',
   'test/security/argv-secrets.test.ts',
   'test/security/btrfs-ioctl.test.ts',
   'test/security/build-envs.test.ts',

@@ -4,7 +4,8 @@
 // A file's seconds are those test/setup/file-durations-reporter.ts wrote beside the report
 // (<pass>.files.json: setup, import, tests and hooks), else the report's span of its tests.
 // With --write-durations it also writes those seconds to test/setup/file-durations.json, which
-// orders the next runs (test/setup/sequencer.ts), for each pass that has them.
+// orders the next runs (test/setup/sequencer.ts), for each pass that has them: after a whole
+// pass only, since a pass's list is replaced, not merged.
 // Usage: node scripts/test-timings.mjs [--top N] [--write-durations] [report.json …]
 import { existsSync, readFileSync, writeFileSync } from 'node:fs'
 import path from 'node:path'

@@ -162,10 +162,11 @@ async function fillLogs(api: Api, id: string): Promise<(number | string)[]> {
 }
 
 /**
- * Everything the hostile tenant does at once: tunnels hoarded past its sandbox's cap, lookups
- * that never answer past theirs, its quota filled by a workspace, command logs and artifacts, a
- * second image past its allowance, a flooding agent whose stream nobody reads. Resolves when each
- * has met its limit; the flood goes on until `flood.stop()` and the session's cancel.
+ * Everything the hostile tenant does, until it holds every limit at once: tunnels hoarded past its
+ * sandbox's cap and lookups that never answer past theirs, then together its quota filled by a
+ * workspace, command logs and artifacts, a second image past its allowance, a flooding agent whose
+ * stream nobody reads. Resolves when each has met its limit; the flood goes on until
+ * `flood.stop()` and the session's cancel.
  */
 export async function attack(b: HostileBed): Promise<AttackOutcome> {
   const { hostile, egress } = b
@@ -175,11 +176,15 @@ export async function attack(b: HostileBed): Promise<AttackOutcome> {
   const disk = (await hostile.createSession('probe')).id
   const logs = (await hostile.createSession('probe')).id
   const flooded = (await hostile.createSession('flooder')).id
-  const flood = slowTurn({ url: b.server.url, key: hostile.key }, flooded, 0)
-  const fillCommand = `truncate -s ${HOSTILE_TENANT_MIB}M /workspace/sparse; dd if=/dev/zero of=/workspace/fill bs=1M count=${HOSTILE_TENANT_MIB} 2>&1 | tail -1`
-  const [hoard, lookups, fill, logCodes, image] = await Promise.all([
+  // The tunnels and lookups first: they stay held once their turns end, and a turn that ended
+  // after the fills would meet the tenant's full budget (its events refused, its reply empty).
+  const [hoard, lookups] = await Promise.all([
     send(hostile, hoarder, `hoard ${HOSTILE_MAX_CONNECTIONS + 4} ${egress.address}:8443`),
     send(hostile, asker, `flood ${HOSTILE_MAX_LOOKUPS + 4}`),
+  ])
+  const flood = slowTurn({ url: b.server.url, key: hostile.key }, flooded, 0)
+  const fillCommand = `truncate -s ${HOSTILE_TENANT_MIB}M /workspace/sparse; dd if=/dev/zero of=/workspace/fill bs=1M count=${HOSTILE_TENANT_MIB} 2>&1 | tail -1`
+  const [fill, logCodes, image] = await Promise.all([
     command(hostile, disk, ['sh', '-c', fillCommand]),
     fillLogs(hostile, logs),
     hostile.deploy(await ociAgent('second', `${egress.address}:5000/team/second:1`)),

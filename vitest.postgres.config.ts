@@ -78,6 +78,7 @@ const RUNTIME_ONLY = [
   'test/security/nul-values.test.ts',
   'test/security/hostile-node.test.ts',
   'test/security/image-pull-cap.test.ts',
+  'test/security/images-quota.test.ts',
   'test/security/images.test.ts',
   'test/security/inherited-fds.test.ts',
   'test/security/listener-admission.test.ts',

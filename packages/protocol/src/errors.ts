@@ -78,6 +78,12 @@ export const ERROR_CODES = {
    * more, or sent more while it was pulled (the pull is stopped at the cap); details: maxBytes.
    */
   image_too_large: { status: 422, retryable: false },
+  /**
+   * The shared images' group (--images-quota-mib) has no room for an image: its registry declares
+   * more than is left, or the build or pull filled the group and was stopped (the revision FAILED);
+   * details: quotaBytes, usedBytes. Retention removes images no revision uses.
+   */
+  images_quota_exceeded: { status: 507, retryable: false },
   /** The tenant's revisions run on as many distinct images as it may (--max-images-per-tenant); details: maxImages. */
   image_limit_reached: { status: 409, retryable: false },
   setup_failed: { status: 422, retryable: false },

@@ -45,6 +45,8 @@ export interface RuntimeOptions {
   tenantQuotaBytes?: number | undefined
   /** Pool space kept free for Cairn's own writes when quotas are on (default: see `defaultReserveBytes`). */
   poolReserveBytes?: number | undefined
+  /** What the shared agent images may hold together (default: half of what agents' trees may use). */
+  imagesQuotaBytes?: number | undefined
   /** Base of per-instance runtime directories (default /run/cairn). */
   runBase?: string | undefined
   /** The sandbox driver of agents that do not choose one (`AgentLaunch.isolation`); default bwrap. */
@@ -116,6 +118,7 @@ export class Runtime {
       workspaceQuotaBytes: options.workspaceQuotaBytes,
       tenantQuotaBytes: options.tenantQuotaBytes,
       reserveBytes: options.poolReserveBytes,
+      imagesQuotaBytes: options.imagesQuotaBytes,
     }
     this.pool =
       options.storage === 'dir'

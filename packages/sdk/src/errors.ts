@@ -134,6 +134,7 @@ const CLASS_BY_CODE: Record<ErrorCode, ErrorClass> = {
   payload_too_large: PayloadTooLargeError,
   headers_too_large: PayloadTooLargeError,
   quota_exceeded: QuotaExceededError,
+  images_quota_exceeded: QuotaExceededError,
   rate_limited: RateLimitError,
   sandbox_limit_reached: RateLimitError,
   snapshot_limit_reached: ConflictError,

@@ -75,6 +75,12 @@ export interface ServerOptions {
    * (default 5% of the pool, 16 MiB to 2 GiB; env `CAIRN_POOL_RESERVE_MIB`).
    */
   poolReserveMiB?: number | undefined
+  /**
+   * MiB the shared agent images may hold together in the pool (their own quota group; default half
+   * of what agents' trees may use, the pool less the reserve; env `CAIRN_IMAGES_QUOTA_MIB`): a
+   * build or pull that would pass it is refused (`507 images_quota_exceeded`) or stopped.
+   */
+  imagesQuotaMiB?: number | undefined
   /** Private addresses sandboxes may reach through the egress proxy (internal services). */
   egressPrivateExceptions?: string[] | undefined
   /**
@@ -233,6 +239,7 @@ export interface ResolvedConfig {
   workspaceQuotaMiB: number | undefined
   tenantQuotaMiB: number | undefined
   poolReserveMiB: number | undefined
+  imagesQuotaMiB: number | undefined
   writeCredentials: boolean
   runBase: string | undefined
   previewPort: number
@@ -377,6 +384,7 @@ export function resolveConfig(options: ServerOptions): ResolvedConfig {
       btrfs ? DEFAULT_TENANT_QUOTA_MIB : undefined,
     ),
     poolReserveMiB: quotaMiB(options.poolReserveMiB, process.env.CAIRN_POOL_RESERVE_MIB, undefined),
+    imagesQuotaMiB: quotaMiB(options.imagesQuotaMiB, process.env.CAIRN_IMAGES_QUOTA_MIB, undefined),
     rateLimitPerSecond,
     writeCredentials: options.writeCredentials ?? true,
     runBase: options.runBase,

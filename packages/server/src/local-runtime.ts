@@ -108,6 +108,7 @@ export function newRuntime(config: ResolvedConfig, logger: Logger): Runtime {
     workspaceQuotaBytes: mebibytes(config.workspaceQuotaMiB),
     tenantQuotaBytes: mebibytes(config.tenantQuotaMiB),
     poolReserveBytes: mebibytes(config.poolReserveMiB),
+    imagesQuotaBytes: mebibytes(config.imagesQuotaMiB),
     logger: logger.child({ component: 'runtime' }),
   })
 }

@@ -21,6 +21,7 @@ interface NodeCommandOptions {
   workspaceQuotaMib?: number
   tenantQuotaMib?: number
   poolReserveMib?: number
+  imagesQuotaMib?: number
   egressAllowPrivate?: string
   maxImageMib?: number
   logLevel?: string
@@ -101,6 +102,11 @@ export const register: Register = (parent, ctx) => {
         positiveIntOrZero,
       )
       .option(
+        '--images-quota-mib <mib>',
+        'what the shared agent images may hold together in the pool, in MiB (env CAIRN_IMAGES_QUOTA_MIB)',
+        positiveIntOrZero,
+      )
+      .option(
         '--egress-allow-private <addresses>',
         'comma-separated private addresses sandboxes may reach through the egress proxy',
       )
@@ -138,6 +144,7 @@ export const register: Register = (parent, ctx) => {
       workspaceQuotaMiB: options.workspaceQuotaMib,
       tenantQuotaMiB: options.tenantQuotaMib,
       poolReserveMiB: options.poolReserveMib,
+      imagesQuotaMiB: options.imagesQuotaMib,
       egressPrivateExceptions: options.egressAllowPrivate?.split(',').filter(Boolean),
       maxImageMiB: options.maxImageMib,
       logLevel: options.logLevel ?? (ctx.json ? 'warn' : undefined),

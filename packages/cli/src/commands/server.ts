@@ -20,6 +20,7 @@ interface ServerOptions {
   workspaceQuotaMib?: number
   tenantQuotaMib?: number
   poolReserveMib?: number
+  imagesQuotaMib?: number
   egressAllowPrivate?: string
   webhookAllowCidr?: string
   buildEgressAllow?: string
@@ -210,6 +211,11 @@ export const register: Register = (parent, ctx) => {
         positiveIntOrZero,
       )
       .option(
+        '--images-quota-mib <mib>',
+        "what the shared agent images may hold together in the pool, in MiB (env CAIRN_IMAGES_QUOTA_MIB; default half of what agents' trees may use)",
+        positiveIntOrZero,
+      )
+      .option(
         '--isolation <driver>',
         'default sandbox driver: bwrap (default) or gvisor (env CAIRN_ISOLATION)',
       )
@@ -276,6 +282,7 @@ export const register: Register = (parent, ctx) => {
       workspaceQuotaMiB: options.workspaceQuotaMib,
       tenantQuotaMiB: options.tenantQuotaMib,
       poolReserveMiB: options.poolReserveMib,
+      imagesQuotaMiB: options.imagesQuotaMib,
       isolation: options.isolation,
       egressPrivateExceptions: options.egressAllowPrivate?.split(',').filter(Boolean),
       webhookAllowCidrs: options.webhookAllowCidr?.split(',').filter(Boolean),

@@ -8,6 +8,7 @@ import { generatedEtcFiles } from '../sandbox/rootfs.js'
 import { execTool } from '../util/exec.js'
 import { debianImageKey, describeRecipe, type ImageRecipe, ociImageKey } from './image-recipe.js'
 import type { ImageStore } from './image-store.js'
+import { checkImagesRoom, namedImagesFailure } from './images-room.js'
 import { checkUnpackedLayerBytes } from './layer-bytes.js'
 import { runProxied } from './proxied-command.js'
 import { checkDeclaredBytes, platformManifestDigest, watchTreeBytes } from './pull-bounds.js'
@@ -103,10 +104,18 @@ export class ImageBuilder {
    */
   async keyOf(recipe: ImageRecipe, ctx: ImageBuildContext): Promise<string | undefined> {
     if (recipe.kind === 'host') return undefined
-    if (recipe.kind === 'debian') return debianImageKey(recipe)
+    const { store } = this.options
+    if (recipe.kind === 'debian') {
+      const key = debianImageKey(recipe)
+      if (!store.has(key)) await checkImagesRoom(store, 0, `the build of ${describeRecipe(recipe)}`)
+      return key
+    }
     const digest = await this.resolveDigest(recipe.reference, ctx)
     const key = ociImageKey(digest)
-    if (!this.options.store.has(key)) await this.checkDeclaredSize(recipe.reference, digest, ctx)
+    if (!store.has(key)) {
+      const declaredBytes = await this.checkDeclaredSize(recipe.reference, digest, ctx)
+      await checkImagesRoom(store, declaredBytes, `the pull of ${recipe.reference}`)
+    }
     return key
   }
 
@@ -114,12 +123,16 @@ export class ImageBuilder {
    * Refuses, before any layer is downloaded, an image whose manifest (for this host's platform,
    * when the digest names an index) declares more bytes than the operator's maximum.
    */
-  private async checkDeclaredSize(reference: string, digest: string, ctx: ImageBuildContext): Promise<void> {
+  private async checkDeclaredSize(
+    reference: string,
+    digest: string,
+    ctx: ImageBuildContext,
+  ): Promise<number> {
     const repository = repositoryOf(reference)
     let manifest = await this.rawManifest(`${repository}@${digest}`, reference, ctx)
     const platform = platformManifestDigest(manifest)
     if (platform) manifest = await this.rawManifest(`${repository}@${platform}`, reference, ctx)
-    checkDeclaredBytes(manifest, this.maxBytes)
+    return checkDeclaredBytes(manifest, this.maxBytes)
   }
 
   /** The manifest `byDigest` names, as its registry serves it. */
@@ -196,8 +209,9 @@ export class ImageBuilder {
       const digest = `sha256:${createHash('sha256').update(JSON.stringify(recipe)).digest('hex')}`
       await this.sealImage(staging, key, 'debian', describeRecipe(recipe), digest, started, ctx)
     } catch (error) {
+      const named = await namedImagesFailure(store, error, `the build of ${key}`)
       await store.discardStaging(staging).catch(() => undefined)
-      throw error
+      throw named
     }
   }
 
@@ -276,8 +290,9 @@ export class ImageBuilder {
       await this.prepareRoot(path.join(staging, 'rootfs'))
       await this.sealImage(staging, key, 'oci', reference, digest, started, ctx)
     } catch (error) {
+      const named = await namedImagesFailure(store, error, `the pull of ${reference}`)
       await store.discardStaging(staging).catch(() => undefined)
-      throw error
+      throw named
     }
   }
 

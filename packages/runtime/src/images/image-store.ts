@@ -2,7 +2,7 @@ import { existsSync } from 'node:fs'
 import { chmod, mkdir, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
-import type { StoragePool } from '../storage/pool.js'
+import type { ImagesUsage, StoragePool } from '../storage/pool.js'
 import { execTool } from '../util/exec.js'
 
 const KEY_PATTERN = /^(debian|oci)-[0-9a-f]{32,64}$/
@@ -46,9 +46,14 @@ export class ImageStore {
     return existsSync(this.imagePath(key)) && existsSync(`${this.imagePath(key)}.json`)
   }
 
-  /** A fresh writable tree in the pool's staging area to build the image in. */
+  /** A fresh writable tree in the pool's staging area to build the image in (in the images' group). */
   createStaging(buildId: string): Promise<string> {
-    return this.pool.createStaging(buildId)
+    return this.pool.createImageStaging(buildId)
+  }
+
+  /** What the images hold and may hold together; undefined where the pool enforces no limit. */
+  usage(): Promise<ImagesUsage | undefined> {
+    return this.pool.imagesUsage()
   }
 
   discardStaging(staging: string): Promise<void> {
@@ -66,7 +71,7 @@ export class ImageStore {
     }
     await chmod(staging, 0o755)
     if (existsSync(target)) await this.removeTree(target)
-    await this.pool.sealStaging(staging, target)
+    await this.pool.sealImageStaging(staging, target)
     const tmp = `${target}.json.${process.pid}.tmp`
     await writeFile(tmp, `${JSON.stringify(record, null, 2)}\n`, { mode: 0o644 })
     await rename(tmp, `${target}.json`)

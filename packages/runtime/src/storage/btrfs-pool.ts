@@ -8,6 +8,7 @@ import { findMount } from '../util/mounts.js'
 import { BtrfsOps, type QuotaPlacement } from './btrfs-ops.js'
 import { extentUsage } from './extent-usage.js'
 import {
+  type ImagesUsage,
   POOL_AREAS,
   type PoolQuotaStatus,
   type StoragePool,
@@ -23,6 +24,11 @@ const BTRFS_MAGIC = 0x9123683e
 const SUBVOLUME_ROOT_INO = 256
 /** The level-2 qgroup holding every tenant's group: capped at the pool's size less the reserve. */
 const AGENTS_QGROUP = '2/1'
+/**
+ * The level-1 qgroup of the shared agent images, a member of the agents' group: its id is above
+ * every tenant's (`tenantQgroup` hashes to 1 … 2^40), so no tenant can share it.
+ */
+export const IMAGES_QGROUP = `1/${2 ** 40 + 1}`
 const MiB = 1024 * 1024
 
 /** The reserve when none is configured: 5% of the pool, at least 16 MiB, at most 2 GiB. */
@@ -73,7 +79,9 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
     super(options)
     const { workspaceQuotaBytes, tenantQuotaBytes, reserveBytes } = options
     // Any limit turns qgroups on (they cost every snapshot a little); with them the reserve always holds.
-    this.enforcing = Boolean(workspaceQuotaBytes || tenantQuotaBytes || reserveBytes)
+    this.enforcing = Boolean(
+      workspaceQuotaBytes || tenantQuotaBytes || reserveBytes || options.imagesQuotaBytes,
+    )
   }
 
   describe(): string {
@@ -144,6 +152,10 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
     const agentsUsedBytes = (await this.qgroupFigures(AGENTS_QGROUP))?.exclusiveBytes ?? 0
     const agentsTotalBytes = agentsUsedBytes + Math.max(0, freeBytes - reserveBytes)
     await this.qgroupCommand(['limit', '-e', String(agentsTotalBytes), AGENTS_QGROUP, mountPoint])
+    const imagesBytes = this.options.imagesQuotaBytes || Math.floor(agentsTotalBytes / 2)
+    await this.qgroupCommand(['create', IMAGES_QGROUP, mountPoint], /exist/i)
+    await this.qgroupCommand(['assign', '--no-rescan', IMAGES_QGROUP, AGENTS_QGROUP, mountPoint], /exist/i)
+    await this.qgroupCommand(['limit', '-e', String(imagesBytes), IMAGES_QGROUP, mountPoint])
     this.status = {
       enforced: true,
       accounting: this.quotaMode === 'squota' ? 'simple' : 'full',
@@ -151,6 +163,7 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
       tenantBytes: tenantQuotaBytes,
       reserveBytes,
       agentsTotalBytes,
+      imagesBytes,
       ...(await this.rescanIfInconsistent()),
     }
   }
@@ -282,6 +295,26 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
 
   async discardStaging(stagingDir: string): Promise<void> {
     await this.deleteSubvolume(stagingDir)
+  }
+
+  /** An image's staging tree, in the images' group (its limit stops a build that would pass it). */
+  async createImageStaging(name: string): Promise<string> {
+    const dir = path.join(this.areaDir('staging'), safeName(name))
+    await this.deleteSubvolume(dir)
+    await this.ops.create(dir, this.enforcing ? { qgroup: IMAGES_QGROUP } : {})
+    return dir
+  }
+
+  async sealImageStaging(stagingDir: string, target: string): Promise<void> {
+    await this.ops.snapshot(stagingDir, target, true, this.enforcing ? { qgroup: IMAGES_QGROUP } : {})
+    await this.deleteSubvolume(stagingDir)
+  }
+
+  async imagesUsage(): Promise<ImagesUsage | undefined> {
+    const quotaBytes = this.status.imagesBytes
+    if (!this.enforcing || quotaBytes === undefined) return undefined
+    const usedBytes = (await this.qgroupFigures(IMAGES_QGROUP))?.exclusiveBytes ?? 0
+    return { usedBytes, quotaBytes }
   }
 
   async sealStaging(stagingDir: string, target: string): Promise<void> {

@@ -115,6 +115,19 @@ export class DirPool extends PoolLayout implements StoragePool {
     await rename(stagingDir, target)
   }
 
+  /** No quota groups here: an image's tree is staged and sealed like any other. */
+  createImageStaging(name: string): Promise<string> {
+    return this.createStaging(name)
+  }
+
+  sealImageStaging(stagingDir: string, target: string): Promise<void> {
+    return this.sealStaging(stagingDir, target)
+  }
+
+  async imagesUsage(): Promise<undefined> {
+    return undefined
+  }
+
   async discardStaging(stagingDir: string): Promise<void> {
     await this.removeTree(stagingDir)
   }

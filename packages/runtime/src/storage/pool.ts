@@ -34,6 +34,11 @@ export interface PoolQuotas {
   workspaceBytes?: number | undefined
   tenantBytes?: number | undefined
   reserveBytes?: number | undefined
+  /**
+   * What the shared images (every tenant's agent images, one tree per image) may hold together:
+   * a build or pull that would pass it is refused, or stopped (`images_quota_exceeded`).
+   */
+  imagesBytes?: number | undefined
 }
 
 /** What `StoragePool.quotaStatus` reports (and `GET /v1/runtime` shows). */
@@ -67,6 +72,14 @@ export interface StoragePoolOptions {
   tenantQuotaBytes?: number | undefined
   /** Bytes kept free for Cairn's own writes (agents' trees may use the rest); unset: none. */
   reserveBytes?: number | undefined
+  /** Limit of the shared images' group; unset: half of what agents' trees may use (btrfs). */
+  imagesQuotaBytes?: number | undefined
+}
+
+/** What the shared images' group holds and may hold, in bytes. */
+export interface ImagesUsage {
+  usedBytes: number
+  quotaBytes: number
 }
 
 /**
@@ -103,6 +116,12 @@ export interface StoragePool {
   sealRevision(stagingDir: string, revisionId: string, tenantId?: string): Promise<string>
   /** Seals a filled staging tree read-only at `target` (consumes it; used for environments). */
   sealStaging(stagingDir: string, target: string): Promise<void>
+  /** A fresh writable tree in staging for an agent image, counted in the shared images' group. */
+  createImageStaging(name: string): Promise<string>
+  /** Seals an image's filled staging tree read-only at `target`, in the images' group (consumes it). */
+  sealImageStaging(stagingDir: string, target: string): Promise<void>
+  /** The images' group's figures (after a sync); undefined where the pool enforces no limit on it. */
+  imagesUsage(): Promise<ImagesUsage | undefined>
   discardStaging(stagingDir: string): Promise<void>
   discardStagingByName(name: string): Promise<void>
   hasRevision(revisionId: string): Promise<boolean>

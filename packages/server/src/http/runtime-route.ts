@@ -16,6 +16,12 @@ const QuotasSchema = Type.Object(
     tenantBytes: Bytes,
     reserveBytes: Bytes,
     agentsTotalBytes: Bytes,
+    imagesBytes: Type.Optional(
+      Type.Integer({
+        minimum: 0,
+        description: 'what the shared agent images may hold together (--images-quota-mib)',
+      }),
+    ),
     accounting: Type.Optional(
       Type.Union([Type.Literal('simple'), Type.Literal('full')], {
         description:

@@ -63,7 +63,7 @@ export function installMetrics(
   let quotas: Partial<PoolQuotaStatus> = {}
   metrics.gauge({
     name: 'cairn_pool_quota_bytes',
-    help: 'Storage limits in force (workspace, tenant, reserve, agents_total)',
+    help: 'Storage limits in force (workspace, tenant, reserve, agents_total, images)',
     labelNames: ['limit'],
     read: () =>
       (
@@ -72,6 +72,7 @@ export function installMetrics(
           ['tenant', quotas.tenantBytes],
           ['reserve', quotas.reserveBytes],
           ['agents_total', quotas.agentsTotalBytes],
+          ['images', quotas.imagesBytes],
         ] as const
       ).flatMap(([limit, value]) => (value ? [{ labels: { limit }, value }] : [])),
   })

@@ -32,6 +32,7 @@ export interface NodeOptions
     | 'workspaceQuotaMiB'
     | 'tenantQuotaMiB'
     | 'poolReserveMiB'
+    | 'imagesQuotaMiB'
     | 'egressPrivateExceptions'
     | 'egressHosts'
     | 'egressLimits'

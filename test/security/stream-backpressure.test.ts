@@ -1,3 +1,5 @@
+import { randomBytes } from 'node:crypto'
+import net from 'node:net'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { makeProject } from '../helpers/projects.js'
 import { Api, packDir } from '../helpers/server.js'
@@ -103,6 +105,52 @@ describe("a turn's stream is held to its client's pace", () => {
     } finally {
       client.stop()
       expect((await api.call('POST', `/v1/sessions/${flooded.id}/cancel`)).status).toBe(200)
+    }
+  })
+})
+
+describe("a terminal's socket is held to its client's pace", () => {
+  it('a terminal client that reads nothing is cut after the stall bound; the command runs on', async () => {
+    // Its output waited on a socket that took nothing, for ever: the bridge held the connection
+    // and its read loop as long as the client stayed connected without reading.
+    const { id } = await api.createSession('echo')
+    const flood = 'while :; do head -c 1048576 /dev/zero; sleep 0.05; done'
+    const started = await api.call('POST', `/v1/sessions/${id}/commands`, {
+      command: ['sh', '-c', flood],
+      timeoutMs: 120_000,
+    })
+    expect(started.status, JSON.stringify(started.body)).toBe(201)
+    const url = new URL(server.url)
+    const socket = net.connect(Number(url.port), url.hostname)
+    const closed = new Promise<boolean>((resolve) => socket.once('close', () => resolve(true)))
+    socket.on('error', () => undefined)
+    socket.write(
+      [
+        `GET /v1/sessions/${id}/commands/${started.body.id}/terminal HTTP/1.1`,
+        `Host: ${url.host}`,
+        'Upgrade: websocket',
+        'Connection: Upgrade',
+        `Sec-WebSocket-Key: ${randomBytes(16).toString('base64')}`,
+        'Sec-WebSocket-Version: 13',
+        `Authorization: Bearer ${server.key}`,
+        '',
+        '',
+      ].join('\r\n'),
+    )
+    socket.pause()
+    try {
+      await new Promise((resolve) => setTimeout(resolve, STALL_MS + 3000))
+      socket.resume()
+      const cut = await Promise.race([
+        closed,
+        new Promise<boolean>((resolve) => setTimeout(() => resolve(false), 10_000)),
+      ])
+      expect(cut, 'the server cut the terminal of a client that read nothing').toBe(true)
+      const command = await api.call('GET', `/v1/sessions/${id}/commands/${started.body.id}`)
+      expect(command.body.status).toBe('running')
+    } finally {
+      socket.destroy()
+      await api.call('POST', `/v1/sessions/${id}/commands/${started.body.id}/signal`, { signal: 'SIGKILL' })
     }
   })
 })

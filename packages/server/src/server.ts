@@ -424,7 +424,7 @@ export async function startServer(
         : undefined,
     })
     // The API listener answers every Upgrade request: terminals over WebSocket, 404 for the rest.
-    const terminals = new TerminalSockets({ keys, commands, logger })
+    const terminals = new TerminalSockets({ keys, commands, logger, stallMs: config.sseStallMs })
     terminals.attach(app.server)
     admission.attach(app.server, { relaysUpgrades: true })
     const address = await app.listen({ port: config.port, host: config.host })

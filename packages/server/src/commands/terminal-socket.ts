@@ -5,6 +5,7 @@ import type { Logger } from 'pino'
 import { type RawData, type WebSocket, WebSocketServer } from 'ws'
 import type { ApiKeyStore, Principal } from '../auth/api-keys.js'
 import { toErrorBody } from '../http/errors.js'
+import { DEFAULT_SSE_STALL_MS } from '../http/sse.js'
 import { COMMAND_WAIT_MS, type CommandService } from './command-service.js'
 import { toCommandInfo } from './command-store.js'
 
@@ -29,7 +30,15 @@ export class TerminalSockets {
   private readonly wss = new WebSocketServer({ noServer: true, maxPayload: MAX_INPUT_BYTES })
   private readonly sockets = new Set<Duplex>()
 
-  constructor(private readonly deps: { keys: ApiKeyStore; commands: CommandService; logger: Logger }) {}
+  constructor(
+    private readonly deps: {
+      keys: ApiKeyStore
+      commands: CommandService
+      logger: Logger
+      /** A client that takes nothing of its output for this long is cut, as an SSE stream's (default 60 s). */
+      stallMs?: number | undefined
+    },
+  ) {}
 
   attach(server: Server): void {
     server.on('upgrade', (request: IncomingMessage, socket: Duplex, head: Buffer) => {
@@ -115,7 +124,7 @@ export class TerminalSockets {
       for (const chunk of read?.chunks ?? []) {
         const data = Buffer.from(chunk.data)
         for (let start = 0; start < data.length; start += MESSAGE_BYTES)
-          await sendBinary(ws, data.subarray(start, start + MESSAGE_BYTES))
+          await sendBinary(ws, data.subarray(start, start + MESSAGE_BYTES), this.deps.stallMs)
       }
       if (read) next = read.nextOffset
       if (command.status !== 'running' && (!read || next >= Number(command.output_bytes))) {
@@ -175,8 +184,21 @@ function pathPart(raw: string | undefined): string {
 const isSize = (value: unknown): value is number =>
   typeof value === 'number' && Number.isInteger(value) && value >= 1 && value <= 1000
 
-function sendBinary(ws: WebSocket, data: Buffer): Promise<void> {
-  return new Promise((resolve) => ws.send(data, { binary: true }, () => resolve()))
+/**
+ * Sends `data` and waits until the socket took it; a client that takes nothing for `stallMs` is
+ * cut (it reattaches by offset), so a reader that stopped reading holds nothing of the server's.
+ */
+function sendBinary(ws: WebSocket, data: Buffer, stallMs = DEFAULT_SSE_STALL_MS): Promise<void> {
+  return new Promise((resolve) => {
+    const stall = setTimeout(() => {
+      ws.terminate()
+      resolve()
+    }, stallMs)
+    ws.send(data, { binary: true }, () => {
+      clearTimeout(stall)
+      resolve()
+    })
+  })
 }
 
 function problemOf(error: unknown): { code: string; message: string } {

@@ -142,29 +142,40 @@ describe('workspace lifecycle', () => {
     expect(await run(child, 'cat log.txt')).toBe('turn1\nturn2\nchild-only\n[exit 0]\n')
   })
 
-  it('makes all of a forks request or none: a parent deleted while its forks are made leaves no fork unnamed', async () => {
-    // Each fork read its parent again: deleted part way, the request answered 404 not_found ("No
-    // snapshot") while the forks made before it stayed, named to nobody.
-    for (const delayMs of [0, 20, 60]) {
-      const title = `parent-deleted-${delayMs}`
-      const { id } = await t.api.createSession('shell', { title })
-      await run(id, 'echo kept > f')
-      const forks = t.api.call('POST', `/v1/sessions/${id}/forks`, { count: 16 })
-      await new Promise((resolve) => setTimeout(resolve, delayMs))
-      expect((await t.api.call('DELETE', `/v1/sessions/${id}`)).status).toBe(200)
-      const answer = await forks
-      const listed = (await t.api.call('GET', '/v1/sessions?limit=500')).body.data as {
-        id: string
-        title: string
-      }[]
-      const made = listed.filter((s) => s.id !== id && s.title.startsWith(title)).map((s) => s.id)
-      if (answer.status === 201)
-        expect(made.sort()).toEqual(answer.body.sessions.map((s: { id: string }) => s.id).sort())
-      else {
-        expect(answer.body.error.code, JSON.stringify(answer.body)).toBe('session_deleted')
-        expect(made).toEqual([])
+  it('a session deleted under each workspace operation answers it 2xx or session_deleted, never a 5xx, and a forks request makes all or none', async () => {
+    // Each fork read its parent again: deleted part way, a forks request answered 404 not_found
+    // ("No snapshot") while the forks made before it stayed, named to nobody; an operation begun
+    // while the deletion ran snapshotted a workspace being deleted (500 storage_error).
+    const ops: [string, (id: string, snapshotId: string) => unknown][] = [
+      ['forks', () => ({ count: 16 })],
+      ['snapshots', () => ({})],
+      ['fork', () => ({ turn: 1 })],
+      ['restore', (_id, snapshotId) => ({ snapshotId })],
+      ['commands', () => ({ command: ['true'] })],
+    ]
+    for (const [route, body] of ops)
+      for (const delayMs of [0, 25]) {
+        const title = `deleted-under-${route}-${delayMs}`
+        const { id } = await t.api.createSession('shell', { title })
+        await run(id, 'echo kept > f')
+        const snap = (await t.api.call('POST', `/v1/sessions/${id}/snapshots`, {})).body.id
+        const answer = t.api.call('POST', `/v1/sessions/${id}/${route}`, body(id, snap))
+        await new Promise((resolve) => setTimeout(resolve, delayMs))
+        const deleted = await t.api.call('DELETE', `/v1/sessions/${id}`)
+        const { status, body: got } = await answer
+        const what = `${route} ${delayMs} ms: ${status} ${JSON.stringify(got)}`
+        expect(deleted.status === 200 || deleted.body.error?.code === 'session_busy', what).toBe(true)
+        expect(status < 300 || got.error?.code === 'session_deleted', what).toBe(true)
+        if (route !== 'forks') continue
+        const listed = (await t.api.call('GET', '/v1/sessions?limit=500')).body.data as {
+          id: string
+          title: string
+        }[]
+        const made = listed.filter((s) => s.id !== id && s.title.startsWith(title)).map((s) => s.id)
+        expect(made.sort(), what).toEqual(
+          status === 201 ? got.sessions.map((s: { id: string }) => s.id).sort() : [],
+        )
       }
-    }
   })
 
   it('lists, downloads, uploads and deletes files, confined to the workspace', async () => {

@@ -133,7 +133,9 @@ export class CommandService {
       })
     } catch (error) {
       await this.store.delete(id)
-      throw error
+      // A session deleted meanwhile took its sandbox: said as such, not as sandbox_not_running.
+      const gone = await this.deps.sessions.missingWorkspace(tenantId, row.id)
+      throw gone.code === 'session_deleted' ? gone : error
     }
     this.deps.sessions.noteActivity(row)
     await this.deps.sessions.store.note(

@@ -123,6 +123,9 @@ export class WorkspaceAccess {
     swapsWorkspace = false,
   ): Promise<T> {
     const row = await this.deps.requireLive(tenantId, id)
+    // A deletion under way waits for the operations it found; one begun after it would run on a
+    // workspace being deleted (a snapshot answered 500 storage_error).
+    if (this.deleting.has(id)) throw new CairnProblem('session_deleted', `session ${id} was deleted`)
     if (this.locks.has(id)) {
       throw new CairnProblem(
         'session_busy',

@@ -275,13 +275,15 @@ export class WorkspaceHistory {
   async forks(tenantId: string, id: string, body: ForksBody): Promise<ForksResult> {
     await this.policy.settled(id)
     const memory = body.memory === true
-    const snap = await this.deps.sessions.exclusive(tenantId, id, 'a fork', (row) =>
-      this.deps.manualSnapshotCap.within(row, () =>
+    let parentId = id
+    const snap = await this.deps.sessions.exclusive(tenantId, id, 'a fork', (row) => {
+      parentId = row.id
+      return this.deps.manualSnapshotCap.within(row, () =>
         memory
           ? this.snapshotWithMemory(row, body.label)
           : this.policy.take(row, 'manual', 'manual', row.turn_count, body.label),
-      ),
-    )
+      )
+    })
     const { title, policy } = body
     const fork: ForkBody = { snapshotId: snap.id, ...(title ? { title } : {}), ...(policy ? { policy } : {}) }
     const sessions: SessionInfo[] = []
@@ -298,7 +300,7 @@ export class WorkspaceHistory {
           )
       // Its parent deleted meanwhile took the snapshot with it: said as a deleted session, not
       // as a snapshot not found.
-      const gone = await this.deps.sessions.missingWorkspace(tenantId, id)
+      const gone = await this.deps.sessions.missingWorkspace(tenantId, parentId)
       throw gone.code === 'session_deleted' ? gone : error
     }
     return { snapshot: snap, memory, sessions }

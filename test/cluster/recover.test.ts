@@ -4,6 +4,7 @@ import path from 'node:path'
 import { promisify } from 'node:util'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { readChainHead } from '../../packages/runtime/src/shipping/index.js'
+import type { RecoveryStep } from '../../packages/server/src/cluster/routing/cluster-runtime-port-options.js'
 import { openDatabase } from '../../packages/server/src/db/database.js'
 import { recordShipped } from '../../packages/server/src/node/shipped-record.js'
 import { postgresBinDir, testsRunOnPostgres } from '../helpers/postgres.js'
@@ -37,6 +38,13 @@ import {
   waitFor,
 } from '../helpers/recover-bed.js'
 import { Api } from '../helpers/server.js'
+
+/**
+ * How soon a session whose recovery died with its replica is recovered by another replica's next
+ * use: one recovery (a restore from the bucket), below the 30 s a replica waits for a live
+ * replica's claim (`RECOVERY_WAIT_MS`).
+ */
+const RECOVERY_AFTER_DEATH_BOUND_MS = 25_000
 
 // Step 3 of the cluster, end to end: real `cairn node` processes (killed with SIGKILL), an API
 // replica in this process, PostgreSQL, and a real S3 server (Ceph RGW) as the shipping bucket
@@ -316,6 +324,65 @@ describe.skipIf(testsRunOnPostgres())('workspaces outlive their node (shipping b
       }
     } finally {
       await second.close()
+      await startNodeProcess(first.home.name, first.home.dataDir)
+    }
+  }, 300_000)
+
+  it('a replica whose recovery dies at each step (claimed, restored, committing): the next use through another replica recovers it at once, named once, nothing lost', async () => {
+    const steps: RecoveryStep[] = ['claimed', 'restored', 'committing']
+    const dying = new Map<string, RecoveryStep>()
+    // Its recovery of a session ends at the step named for it, leaving what its death there would.
+    const faulty = await startApi(await tempDir('api-faulty'), {
+      recoveryFaultAt: async (step, sessionId) => {
+        if (dying.get(sessionId) === step) throw new Error(`injected: the replica dies after '${step}'`)
+      },
+    })
+    const throughFaulty = new Api(faulty.url, server.adminKey ?? '')
+    const first = await placedSession('writer')
+    const sessions = [first.id]
+    for (let i = 0; i < 20 && sessions.length < steps.length; i++) {
+      const id = (await api.createSession('writer')).id
+      if ((await sessionRow(id)).runtime_id === first.home.id) sessions.push(id)
+    }
+    expect(sessions).toHaveLength(steps.length)
+    const epochs = new Map<string, number>()
+    for (const id of sessions) {
+      expect((await api.send(id, 'one')).text).toBe('got one\n')
+      await shippedNewest(id)
+      epochs.set(id, (await sessionRow(id)).owner_epoch)
+    }
+    await kill9(first.home)
+    try {
+      await waitFor('its node to be declared lost', async () =>
+        (await nodeState(first.home.id)) === 'lost' ? true : undefined,
+      )
+      for (const [i, id] of sessions.entries()) {
+        const step = steps[i] as RecoveryStep
+        dying.set(id, step)
+        // A read through the faulty replica sets off its recovery, which dies at `step`.
+        expect(
+          (await throughFaulty.call('GET', `/v1/sessions/${id}/files/content?path=seen.txt`)).status,
+        ).toBe(500)
+        const left = await sessionRow(id)
+        expect([step, left.runtime_id]).toEqual([step, first.home.id])
+        expect(await events(id, 'node_recovered')).toEqual([])
+        // Another replica's next use claims it again at once (the dead one's claim is not waited
+        // for: that wait is 30 s) and recovers it.
+        const startedMs = performance.now()
+        const sent = await api.send(id, 'two')
+        const tookMs = Math.round(performance.now() - startedMs)
+        console.log(`[recover] after a recovery died at '${step}': the next message answered in ${tookMs} ms`)
+        expect([step, sent.text]).toEqual([step, 'got two\n'])
+        expect(tookMs).toBeLessThan(RECOVERY_AFTER_DEATH_BOUND_MS)
+        expect((await readSeen(id)).body).toBe('one\ntwo\n')
+        expect(await events(id, 'node_recovered')).toHaveLength(1)
+        const row = await sessionRow(id)
+        expect(row.runtime_id).not.toBe(first.home.id)
+        // Lost (+1), the dead claim (+1), the claim that recovered it (+1).
+        expect([step, row.owner_epoch]).toEqual([step, (epochs.get(id) ?? 0) + 3])
+      }
+    } finally {
+      await faulty.close()
       await startNodeProcess(first.home.name, first.home.dataDir)
     }
   }, 300_000)

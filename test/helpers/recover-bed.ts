@@ -10,6 +10,7 @@ import { expect } from 'vitest'
 import { initClusterTls, loadClusterTls } from '../../packages/runtime/src/port/remote/cluster-tls.js'
 import { RemoteRuntimePort } from '../../packages/runtime/src/port/remote/remote-runtime-port.js'
 import { createShippingBucket, type ShippingBucket } from '../../packages/runtime/src/shipping/index.js'
+import type { StartServerExtras } from '../../packages/server/src/api-role.js'
 import { CAIRN_CLI } from './cluster.js'
 import { nodeDatabaseUrl } from './node-role.js'
 import { postgresBinDir, TestPostgres } from './postgres.js'
@@ -21,6 +22,8 @@ import { Api } from './server.js'
 // step 3 of the cluster, end to end: real `cairn node` processes (killed with SIGKILL), an API
 // replica in this process, PostgreSQL, and a real S3 server (Ceph RGW) as the shipping bucket.
 export const BUCKET = 'cairn-recover'
+/** The bed's heartbeat and lease: the nodes' (`--heartbeat-ms`, `--lease-ms`) and the replicas'. */
+const TIMING = { heartbeatMs: 500, leaseMs: 2000 }
 const WRITER = {
   'cairn.yaml': 'name: writer\ncommand: bash agent.sh\n',
   'agent.sh': 'while IFS= read -r line; do echo "$line" >> seen.txt; echo "got $line"; done\n',
@@ -86,9 +89,9 @@ export async function startNodeProcess(name: string, dataDir: string): Promise<N
       '--data-dir',
       dataDir,
       '--heartbeat-ms',
-      '500',
+      String(TIMING.heartbeatMs),
       '--lease-ms',
-      '2000',
+      String(TIMING.leaseMs),
       '--s3-bucket',
       BUCKET,
       '--s3-endpoint',
@@ -264,18 +267,9 @@ export async function tearDownBed(): Promise<void> {
 }
 
 /** An API replica of the bed's cluster on `dataDir` (its lease timing as the nodes'). */
-export async function startApi(dataDir: string): Promise<RunningServer> {
-  return startServer({
-    role: 'api',
-    dataDir,
-    database: url,
-    clusterDir,
-    port: 0,
-    writeCredentials: false,
-    logLevel: 'error',
-    heartbeatMs: 500,
-    leaseMs: 2000,
-  })
+export async function startApi(dataDir: string, extras: StartServerExtras = {}): Promise<RunningServer> {
+  const options = { role: 'api', database: url, clusterDir, dataDir, logLevel: 'error', port: 0 } as const
+  return startServer({ ...options, writeCredentials: false, ...TIMING }, extras)
 }
 
 /**

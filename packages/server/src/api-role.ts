@@ -4,6 +4,7 @@ import { CairnProblem } from '@cairn/protocol'
 import { loadClusterTls, RemoteRuntimePort } from '@cairn/runtime/port'
 import { iso } from './clock.js'
 import type { NodeConnector } from './cluster/routing/cluster-runtime-host.js'
+import type { RecoveryFaultAt } from './cluster/routing/cluster-runtime-port-options.js'
 import type { ResolvedConfig } from './config.js'
 import { secureDataDir } from './data-dir.js'
 import type { Db } from './db/database.js'
@@ -29,6 +30,8 @@ export interface StartServerExtras {
    * (default 1 s); a test lengthens it to hold a route another replica made stale.
    */
   routeCacheMs?: number | undefined
+  /** `role: 'api'`: fault injection into node-loss recovery (`NodeLossRecoveryDeps.faultAt`). */
+  recoveryFaultAt?: RecoveryFaultAt | undefined
 }
 
 /** The typed refusal of a `role: 'api'` start that lacks what it needs. */

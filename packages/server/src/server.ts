@@ -162,6 +162,7 @@ export async function startServer(
         apiId: await runtimeIdOf(config.dataDir),
         connect: extras.connectNode ?? (await remoteNodeConnector(config)),
         cacheMs: extras.routeCacheMs,
+        recoveryFaultAt: extras.recoveryFaultAt,
       })
     } else {
       let ownId: string | undefined

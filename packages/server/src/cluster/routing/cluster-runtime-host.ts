@@ -5,6 +5,7 @@ import type { ResolvedConfig } from '../../config.js'
 import type { Db } from '../../db/database.js'
 import type { RuntimeHost } from '../../runtime-host/runtime-host.js'
 import { ClusterRuntimePort } from './cluster-runtime-port.js'
+import type { ClusterRuntimePortOptions } from './cluster-runtime-port-options.js'
 import { type ConnectNode, DatabaseNodeDirectory, type NodeRow } from './node-directory.js'
 
 /** How an API replica reaches a node: its port from the node's row, its events to `events`. */
@@ -22,8 +23,9 @@ export async function openClusterRuntime(options: {
   /** The API replica's own ID (no session is ever recorded under it). */
   apiId: string
   connect: NodeConnector
-  /** See `ClusterRuntimePortOptions.cacheMs`. */
+  /** See `ClusterRuntimePortOptions.cacheMs`, `.recoveryFaultAt`. */
   cacheMs?: number | undefined
+  recoveryFaultAt?: ClusterRuntimePortOptions['recoveryFaultAt']
 }): Promise<RuntimeHost> {
   const { db, logger, events } = options
   if (db.dialect !== 'postgres')
@@ -36,6 +38,7 @@ export async function openClusterRuntime(options: {
     db,
     directory,
     cacheMs: options.cacheMs,
+    recoveryFaultAt: options.recoveryFaultAt,
     logger: logger.child({ component: 'routing' }),
     recoverLost: options.config.recoverLost,
     leaseMs: options.config.leaseMs,

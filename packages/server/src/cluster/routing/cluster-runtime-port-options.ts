@@ -21,4 +21,10 @@ export interface ClusterRuntimePortOptions {
   recoverLost?: 'on-message' | 'eager' | 'never' | undefined
   /** The nodes' lease (default 5000): how soon the leader declares a dead node lost. */
   leaseMs?: number | undefined
+  /** Fault injection into node-loss recovery (tests; see `NodeLossRecoveryDeps.faultAt`). */
+  recoveryFaultAt?: RecoveryFaultAt | undefined
 }
+
+/** The steps of a node-loss recovery a fault can be injected after (see `NodeLossRecoveryDeps.faultAt`). */
+export type RecoveryStep = 'claimed' | 'restored' | 'committing'
+export type RecoveryFaultAt = (step: RecoveryStep, sessionId: string) => Promise<void>

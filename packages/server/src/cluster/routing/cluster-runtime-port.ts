@@ -76,6 +76,7 @@ export class ClusterRuntimePort extends ClusterFanOut implements RuntimePort {
       routes: this.routes,
       shipping: this.shipping,
       logger: options.logger.child({ component: 'node-loss-recovery' }),
+      faultAt: options.recoveryFaultAt,
     })
     if (options.recoverLost !== 'never') this.routes.recovery = this.recovery
   }

@@ -5,6 +5,7 @@ import type { Db } from '../../db/database.js'
 import { dbNow } from '../db-time.js'
 import type { ClusterRoutes } from './cluster-routes.js'
 import type { ClusterRows } from './cluster-rows.js'
+import type { RecoveryFaultAt } from './cluster-runtime-port-options.js'
 import type { NodeDirectory, NodeRow } from './node-directory.js'
 import type { RevisionShipping } from './revision-shipping.js'
 
@@ -31,6 +32,12 @@ export interface NodeLossRecoveryDeps {
   routes: ClusterRoutes
   shipping: RevisionShipping
   logger: Logger
+  /**
+   * Fault injection (tests): called after the claim, after the restore, and inside the commit's
+   * transaction before it commits; what it throws ends the recovery there, leaving what the
+   * replica's death at that step would (the claim made, the target's copy, a rolled-back commit).
+   */
+  faultAt?: RecoveryFaultAt | undefined
 }
 
 /**
@@ -131,6 +138,7 @@ export class NodeLossRecovery {
     // again (the first may have died): the node then refuses the older epoch's restore, and a
     // commit needs the epoch its claim set, so whichever claimed last restores and commits.
     if (!(await this.claim(row, from.id, epoch))) return this.awaitOther(sessionId, from.id)
+    await this.deps.faultAt?.('claimed', sessionId)
     await shipping.ensure(target, row.revision_id)
     const startedMs = performance.now()
     let restore: BucketRestore
@@ -146,6 +154,7 @@ export class NodeLossRecovery {
         return this.awaitOther(sessionId, from.id)
       throw error
     }
+    await this.deps.faultAt?.('restored', sessionId)
     const moved = await this.commit(row, from, target, epoch, restore)
     rows.forget(sessionId)
     if (!moved) {
@@ -275,6 +284,7 @@ export class NodeLossRecovery {
           at,
         })
         .execute()
+      await this.deps.faultAt?.('committing', row.id)
       return {
         sessionId: row.id,
         fromNodeId: from.id,

@@ -2,6 +2,7 @@ import http2, { type ClientHttp2Session, type ClientHttp2Stream } from 'node:htt
 import type { Duplex, Readable } from 'node:stream'
 import { CairnProblem } from '@cairn/protocol'
 import { Type } from '@sinclair/typebox'
+import type { TurnInput } from '../../agent/types.js'
 import type { ImageBuildContext } from '../../images/image-builder.js'
 import type { RuntimeEvents, RuntimePort, TreeReadOptions } from '../runtime-port.js'
 import type { TurnMessage } from '../turn-stream.js'
@@ -9,6 +10,7 @@ import { CLUSTER_ROLE_NAMES, type ClusterTls } from './cluster-tls.js'
 import type { RuntimeEventFrame } from './event-hub.js'
 import { METHODS, type MethodSpec, RELEASE_ADMISSION } from './method-table.js'
 import { currentOwnerEpoch } from './owner-epoch.js'
+import { SentTranscripts } from './transcript-wire.js'
 import {
   CONNECTION_WINDOW_BYTES,
   decodeJson,
@@ -62,6 +64,8 @@ export class RemoteRuntimePort {
   private connection: ClientHttp2Session | undefined
   private closed = false
   private readonly keepaliveMs: number
+  /** What each session's turns sent of their transcript: the next sends only what is new. */
+  private readonly transcripts = new SentTranscripts()
 
   constructor(private readonly options: RemoteRuntimePortOptions) {
     this.keepaliveMs = options.keepaliveMs ?? 2000
@@ -228,7 +232,7 @@ export class RemoteRuntimePort {
   /** The answer's frames: log lines to the call's handler, the turn's messages and result yielded, an error thrown. */
   private async *frames(
     call: Call,
-  ): AsyncGenerator<Extract<Frame, { message: unknown } | { result: unknown }>> {
+  ): AsyncGenerator<Extract<Frame, { message: unknown } | { result: unknown } | { retry: unknown }>> {
     try {
       await call.response
       for await (const line of lines(call.stream)) {
@@ -239,7 +243,7 @@ export class RemoteRuntimePort {
           throw problemOf(frame)
         } else {
           // The answer is in: the request ends (the node ends its answer after it).
-          if ('result' in frame) call.settle()
+          if ('result' in frame || 'retry' in frame) call.settle()
           yield frame
         }
       }
@@ -321,30 +325,58 @@ export class RemoteRuntimePort {
     })
   }
 
-  /** A turn: started at once; a reader that stops before the outcome resets the call, which cancels it. */
+  /**
+   * A turn: started at once, its transcript as the lines the node was not sent yet (sent whole
+   * once more when the node asks: it holds other lines); a reader that stops before the outcome
+   * resets the call, which cancels it.
+   */
   private turn(name: string, spec: MethodSpec, args: readonly unknown[]): AsyncIterable<TurnMessage> {
-    let call: Call | undefined
+    const [sessionId, input, options] = args as [string, TurnInput, unknown]
+    const open = (whole: boolean) => {
+      const sent = this.transcripts.wire(sessionId, input, whole)
+      return { call: this.start(name, spec, [sessionId, sent.input, options]), trimmed: sent.trimmed }
+    }
+    let first: { call: Call; trimmed: boolean } | undefined
     let failed: unknown
     try {
-      call = this.start(name, spec, args)
+      first = open(false)
     } catch (error) {
       failed = error
     }
-    const frames = call && this.frames(call)
-    const unavailable = (error: unknown) => this.unavailable(error)
+    const port = this
     return {
       async *[Symbol.asyncIterator]() {
-        if (!call || !frames) throw unavailable(failed)
+        if (!first) throw port.unavailable(failed)
+        let { call, trimmed } = first
         let done = false
         try {
-          for await (const frame of frames) {
-            if (!('message' in frame)) continue
-            const message = frame.message as TurnMessage
-            done = message.type === 'outcome' || message.type === 'cold'
-            yield message
+          for (;;) {
+            let retry = false
+            let yielded = false
+            try {
+              for await (const frame of port.frames(call)) {
+                if ('retry' in frame) retry = true
+                if (!('message' in frame)) continue
+                const message = frame.message as TurnMessage
+                done = message.type === 'outcome' || message.type === 'cold'
+                yielded = true
+                yield message
+              }
+            } catch (error) {
+              // A node of an earlier version (upgrades go replicas first) refuses the lines-after
+              // form, before anything ran: it is sent transcripts whole from now on.
+              const refused = error instanceof CairnProblem && error.code === 'bad_request'
+              if (!trimmed || yielded || !refused) throw error
+              port.transcripts.sendWhole()
+              retry = true
+            }
+            if (!retry || done) break
+            // Asked once, after lines it did not hold; sent whole, the node has all it needs.
+            if (!trimmed) throw port.unavailable(new Error('the node asked again for a whole transcript'))
+            ;({ call, trimmed } = open(true))
           }
           // The call ended without the turn's outcome: the link to the node went.
-          if (!done) throw unavailable(new Error("the call ended before the turn's outcome"))
+          if (!done) throw port.unavailable(new Error("the call ended before the turn's outcome"))
         } finally {
           if (!done && !call.stream.closed) call.stream.close(CANCEL)
         }

@@ -135,6 +135,13 @@ export const TurnInput = Type.Object(
     turnId: Id,
     transcript: Type.Array(Type.Record(Type.String(), Type.Unknown())),
     approval: Type.Optional(ApprovalAnswerSchema),
+    /** `transcript` holds the lines after these, which the node was sent before (see transcript-wire.ts). */
+    transcriptFrom: Type.Optional(
+      Type.Object(
+        { lines: Type.Integer({ minimum: 1 }), digest: Type.String({ maxLength: 64 }) },
+        { additionalProperties: false },
+      ),
+    ),
   },
   { additionalProperties: false },
 )

@@ -13,6 +13,7 @@ import { CLUSTER_ROLE_NAMES, type ClusterTls } from './cluster-tls.js'
 import type { RuntimeEventHub } from './event-hub.js'
 import { METHODS, type MethodSpec, RELEASE_ADMISSION, wireSchema } from './method-table.js'
 import { EpochFence, type EpochFloor, runWithOwnerEpoch } from './owner-epoch.js'
+import { KeptTranscripts, type WireTurnInput } from './transcript-wire.js'
 import {
   CONNECTION_WINDOW_BYTES,
   decodeJson,
@@ -78,6 +79,7 @@ export async function serveRuntimePort(
   options: ServeRuntimePortOptions,
 ): Promise<ServedRuntimePort> {
   const fence = new EpochFence(options.epochFloor)
+  const transcripts = new KeptTranscripts()
   const schemas = new Map<string, TSchema>()
   const schemaOf = (name: string, spec: MethodSpec) => {
     const known = schemas.get(name)
@@ -207,6 +209,12 @@ export async function serveRuntimePort(
     const send = (frame: Frame) => {
       frames()
       if (!stream.closed && !stream.destroyed) stream.write(`${encodeJson(frame)}\n`)
+    }
+    // A turn's transcript may come as the lines after those kept here (see transcript-wire.ts).
+    if (name === 'runTurn') {
+      const input = transcripts.expand(sessionId as string, args[1] as WireTurnInput)
+      if (!input) return send({ retry: 'transcript' })
+      args[1] = input
     }
     const callArgs = spec.args.map((arg, i) => {
       const value = args[i]

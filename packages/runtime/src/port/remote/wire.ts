@@ -42,12 +42,14 @@ export function decodeJson(text: string): unknown {
   })
 }
 
-/** A frame of a call's answer (one JSON object a line): a log line, a turn's message, the result or the error. */
+/** A frame of a call's answer (one JSON object a line): a log line, a turn's message, the result, the error or a retry. */
 export type Frame =
   | { log: string }
   | { message: unknown }
   | { result: unknown }
   | { error: { code: string; message: string; details?: Record<string, unknown> | undefined } }
+  /** A turn's transcript came as the lines after some the node does not hold: send it whole. */
+  | { retry: 'transcript' }
 
 /** The error as it crosses: a `CairnProblem` keeps its code, message and details; anything else is `internal`. */
 export function errorFrame(error: unknown): Frame {

@@ -209,7 +209,7 @@ describe('human review', () => {
     expect((await replyOfTurn(id, 2)).response).toBe(`got ${approvalId} ${decision} ${won.note}`)
   })
 
-  it("refuses an answer named under another session of the tenant: neither session's request or turns change", async () => {
+  it('refuses an answer named under another session of the tenant or a deleted one: no request or turn changes', async () => {
     // The answer's write matched the tenant and the request's ID only: under session A's path it
     // answered B's request (and sent its webhook), began a turn in A to tell it, then said 404.
     const a = (await t.api.createSession('reviewed')).id
@@ -229,6 +229,12 @@ describe('human review', () => {
     // Each still takes its own answer.
     expect((await answer(b, ofB, { decision: 'approve' })).body.status).toBe('approved')
     expect((await replyOfTurn(b, 2)).response).toBe(`got ${ofB} approve None`)
+    // A deleted session's request cannot reach its agent: the answer is refused, the request left as it was.
+    expect((await t.api.call('DELETE', `/v1/sessions/${a}`)).status).toBe(200)
+    const late = await answer(a, ofA, { decision: 'approve' })
+    expect(late.status, JSON.stringify(late.body)).toBe(410)
+    expect(late.body.error.code).toBe('session_deleted')
+    expect((await t.api.call('GET', `/v1/sessions/${a}/approvals/${ofA}`)).body.status).toBe('pending')
   })
 
   it('delivers an answer that comes after keep-warm ended to the agent started again', async () => {

@@ -92,7 +92,7 @@ export class ApprovalService implements SessionObserver {
    * agent; a busy session's next turn tells it instead.
    */
   async answer(tenantId: string, sessionId: string, id: string, body: AnswerApprovalBody): Promise<Approval> {
-    const session = await this.deps.sessions.requireOwned(tenantId, sessionId)
+    const session = await this.deps.sessions.requireLive(tenantId, sessionId)
     const at = this.now()
     await this.deps.store.expireDue(session.id, at)
     const status = body.decision === 'approve' ? 'approved' : 'denied'

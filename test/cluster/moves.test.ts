@@ -1,10 +1,12 @@
 import { mkdtemp, rm } from 'node:fs/promises'
 import os from 'node:os'
 import path from 'node:path'
+import type { RuntimePort } from '@cairn/runtime/port'
 import { type RunningServer, startServer } from '@cairn/server'
 import pg from 'pg'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { initClusterTls } from '../../packages/runtime/src/port/remote/cluster-tls.js'
+import { initClusterTls, loadClusterTls } from '../../packages/runtime/src/port/remote/cluster-tls.js'
+import { RemoteRuntimePort } from '../../packages/runtime/src/port/remote/remote-runtime-port.js'
 import { probeGvisor } from '../../packages/runtime/src/sandbox/gvisor-driver.js'
 import { type RunningNode, startNode } from '../../packages/server/src/node/start-node.js'
 import { spawnCli } from '../helpers/cli.js'
@@ -49,6 +51,8 @@ const dirs: string[] = []
 const nodes: RunningNode[] = []
 let server: RunningServer
 let api: Api
+let url = ''
+let clusterDir = ''
 
 async function tempDir(tag: string): Promise<string> {
   const dir = await mkdtemp(path.join(os.tmpdir(), `cairn-move-${tag}-`))
@@ -79,10 +83,10 @@ async function nodeAction(node: RunningNode, action: string) {
 
 beforeAll(async () => {
   postgres = await TestPostgres.start()
-  const url = await postgres.createDatabase()
+  url = await postgres.createDatabase()
   client = new pg.Client({ connectionString: url })
   await client.connect()
-  const clusterDir = await tempDir('tls')
+  clusterDir = await tempDir('tls')
   await initClusterTls(clusterDir)
   for (const name of ['node-a', 'node-b'])
     nodes.push(
@@ -351,4 +355,78 @@ describe.skipIf(testsRunOnPostgres())('moving sessions between nodes', () => {
     }
     expect((await home(id)).epoch).toBe(start.epoch + 6)
   }, 120_000)
+  it('a turn through another replica racing a move meets the old node (stale_epoch) and is opened again on the new owner, where it completes', async () => {
+    // Replica two read the session's node and epoch and asked that node about its agent; then the
+    // first replica moved the session (the old node, told to delete its copy under the new epoch,
+    // refuses the old one); then replica two's turn went to the old node under the old epoch. The
+    // node ran nothing: the turn is opened again on the new owner. (It failed before, node_lost.)
+    // Replica two reuses a row it read for 10 minutes (not a second), so the window the race needs
+    // is the test's to hold open; its node ports are the real remote ones, its agent answer held.
+    const tls = await loadClusterTls(clusterDir, 'api')
+    let held: { sessionId: string; reached: () => void; released: Promise<void> } | undefined
+    const holdingAgentAnswers = (port: RuntimePort): RuntimePort =>
+      new Proxy(port, {
+        get(target, property) {
+          const value = Reflect.get(target, property, target)
+          if (property !== 'agent') return typeof value === 'function' ? value.bind(target) : value
+          return async (sessionId: string) => {
+            const agent = await target.agent(sessionId)
+            const hold = held
+            if (hold?.sessionId === sessionId) {
+              held = undefined
+              hold.reached()
+              await hold.released
+            }
+            return agent
+          }
+        },
+      })
+    const two = await startServer(
+      {
+        role: 'api',
+        dataDir: await tempDir('api-two'),
+        database: url,
+        clusterDir,
+        port: 0,
+        logLevel: 'error',
+      },
+      {
+        routeCacheMs: 600_000,
+        connectNode: (row, events) =>
+          holdingAgentAnswers(new RemoteRuntimePort({ url: row.address, tls, events })),
+      },
+    )
+    try {
+      const apiTwo = new Api(two.url, server.adminKey ?? '')
+      const { id } = await api.createSession('echo')
+      // Replica two reads the session's node and epoch (kept), and leaves its agent warm there.
+      expect((await apiTwo.send(id, 'first')).text).toBe('got first\n')
+      const before = await home(id)
+      let release = () => {}
+      const atAgent = new Promise<void>((reached) => {
+        held = { sessionId: id, reached, released: new Promise<void>((resolve) => (release = resolve)) }
+      })
+      const turn = apiTwo.send(id, 'second')
+      await atAgent
+      const moved = await api.call('POST', `/v1/sessions/${id}/move`, {})
+      release()
+      expect(moved.status, JSON.stringify(moved.body)).toBe(200)
+      const after = await home(id)
+      expect(after).toEqual({
+        node: nodes.find((n) => n.nodeId !== before.node)?.nodeId,
+        epoch: before.epoch + 1,
+      })
+      const result = await turn
+      expect(result.terminal?.type, JSON.stringify(result.terminal)).toBe('run.completed')
+      expect(result.text).toBe('got second\n')
+      // It ran on the new owner, on the moved workspace: read through either replica.
+      for (const through of [api, apiTwo]) {
+        const file = await through.call('GET', `/v1/sessions/${id}/files/content?path=seen.txt`)
+        expect(file.body).toBe('first\nsecond\n')
+      }
+      expect(await home(id)).toEqual(after)
+    } finally {
+      await two.close()
+    }
+  })
 })

@@ -3,18 +3,15 @@ import os from 'node:os'
 import path from 'node:path'
 import { type RunningServer, startServer } from '@cairn/server'
 import { initClusterTls } from '../../packages/runtime/src/port/remote/cluster-tls.js'
-import type { StartServerExtras } from '../../packages/server/src/api-role.js'
 import { type RunningNode, startNode } from '../../packages/server/src/node/start-node.js'
 import { nodeDatabaseUrl } from './node-role.js'
 import { TestPostgres } from './postgres.js'
 import { Api } from './server.js'
 
-/** API replicas (`--role api`) on one PostgreSQL of their own, in front of runtime nodes. */
+/** API replicas (`--role api`) on one PostgreSQL of their own, in front of one runtime node. */
 export interface ApiReplicas {
   databaseUrl: string
-  clusterDir: string
   replicas: RunningServer[]
-  nodes: RunningNode[]
   /** The install's admin key (made by the first replica). */
   adminKey: string
   /** An admin client of replica `i`. */
@@ -22,18 +19,7 @@ export interface ApiReplicas {
   close(): Promise<void>
 }
 
-export interface ApiReplicasOptions {
-  /** Runtime nodes behind the replicas (default 1), named node-a, node-b … */
-  nodes?: number
-  /** What replica `i` is started with beside its options (a node connector that injects a fault …). */
-  extras?: (i: number, clusterDir: string) => StartServerExtras | Promise<StartServerExtras>
-}
-
-export async function startApiReplicas(
-  count: number,
-  tag: string,
-  options: ApiReplicasOptions = {},
-): Promise<ApiReplicas> {
+export async function startApiReplicas(count: number, tag: string): Promise<ApiReplicas> {
   const dirs: string[] = []
   const tempDir = async (what: string) => {
     const dir = await mkdtemp(path.join(os.tmpdir(), `cairn-${tag}-${what}-`))
@@ -42,10 +28,10 @@ export async function startApiReplicas(
   }
   const postgres = await TestPostgres.start()
   const replicas: RunningServer[] = []
-  const nodes: RunningNode[] = []
+  let node: RunningNode | undefined
   const close = async () => {
     for (const r of replicas) await r.close().catch(() => undefined)
-    for (const node of nodes) await node.close().catch(() => undefined)
+    await node?.close().catch(() => undefined)
     await postgres.stop()
     for (const dir of dirs) await rm(dir, { recursive: true, force: true })
   }
@@ -53,40 +39,32 @@ export async function startApiReplicas(
     const databaseUrl = await postgres.createDatabase()
     const clusterDir = await tempDir('tls')
     await initClusterTls(clusterDir)
-    for (const letter of 'abcdefgh'.slice(0, options.nodes ?? 1))
-      nodes.push(
-        await startNode({
-          dataDir: await tempDir(`node-${letter}`),
-          clusterDir,
-          database: await nodeDatabaseUrl(postgres, databaseUrl, { role: `cairn_node_${letter}` }),
-          listen: '127.0.0.1:0',
-          name: `node-${letter}`,
-          poolImageSizeBytes: 1024 * 1024 * 1024,
-          logLevel: 'error',
-        }),
-      )
+    node = await startNode({
+      dataDir: await tempDir('node'),
+      clusterDir,
+      database: await nodeDatabaseUrl(postgres, databaseUrl, { role: 'cairn_node_a' }),
+      listen: '127.0.0.1:0',
+      name: 'node-a',
+      poolImageSizeBytes: 1024 * 1024 * 1024,
+      logLevel: 'error',
+    })
     // One after the other: the later ones find the install (its admin key) in the database.
     for (let i = 0; i < count; i++)
       replicas.push(
-        await startServer(
-          {
-            role: 'api',
-            dataDir: await tempDir(`api-${i}`),
-            database: databaseUrl,
-            clusterDir,
-            port: 0,
-            writeCredentials: false,
-            logLevel: 'error',
-          },
-          await options.extras?.(i, clusterDir),
-        ),
+        await startServer({
+          role: 'api',
+          dataDir: await tempDir(`api-${i}`),
+          database: databaseUrl,
+          clusterDir,
+          port: 0,
+          writeCredentials: false,
+          logLevel: 'error',
+        }),
       )
     const adminKey = replicas[0]?.adminKey ?? ''
     return {
       databaseUrl,
-      clusterDir,
       replicas,
-      nodes,
       adminKey,
       api: (i) => new Api(replicas[i]?.url ?? '', adminKey),
       close,

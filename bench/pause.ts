@@ -104,6 +104,74 @@ async function once(
   }
 }
 
+/** The ways a restore is measured: booting its sandbox, and into a target booted while paused. */
+const MODES = [
+  { label: 'boot at restore', targets: '0' },
+  { label: 'pre-started target', targets: undefined },
+] as const
+
+/** One server's figures (rows named after `label`); returns the gVisor platform it ran on. */
+async function measure(label: string, rows: Row[], problems: string[]): Promise<string> {
+  // On-demand sandboxes: a restore runs the image in a sandbox of the cold layout.
+  const server = await startBenchServer({ server: { gvisorPoolSize: 0 } })
+  let platform = ''
+  try {
+    const driver = server.server.runtime.drivers.gvisor as GvisorDriver
+    for (const c of CASES) {
+      const dir = await pausingProject(c.name)
+      await server.deploy(dir)
+      await rm(dir, { recursive: true, force: true })
+    }
+    for (const c of CASES) await once(server, c, problems)
+    platform = driver.runsc.platform
+    const floorSamples: number[] = []
+    for (let i = 0; i < 10; i++) floorSamples.push(await runscTrue(driver.runsc))
+    const floor = {
+      name: `${label}: runsc do /bin/true (${platform})`,
+      median: row('', floorSamples).summary.median,
+    }
+    rows.push(row(floor.name, floorSamples))
+    progress(`${label}: ${RUNS} pause/restore cycles per agent`)
+    const samples = new Map<string, Sample[]>(CASES.map((c) => [c.name, []]))
+    await repeat(RUNS, 300_000, async () => {
+      for (const c of CASES) {
+        const s = await once(server, c, problems)
+        if (s) samples.get(c.name)?.push(s)
+      }
+    })
+    for (const c of CASES) {
+      const s = samples.get(c.name) ?? []
+      rows.push(
+        row(
+          `${label}: ${c.name}: cold start, message -> first byte`,
+          s.map((x) => x.coldFirstByteMs),
+          floor,
+        ),
+        ...(c.restores
+          ? [
+              row(
+                `${label}: ${c.name}: restored, message -> first byte`,
+                s.map((x) => x.restoreFirstByteMs ?? 0),
+                floor,
+              ),
+            ]
+          : []),
+        row(
+          `${label}: ${c.name}: checkpoint (runsc checkpoint, server's figure)`,
+          s.map((x) => x.checkpointMs),
+        ),
+        row(
+          `${label}: ${c.name}: checkpoint size (MiB, not ms)`,
+          s.map((x) => x.checkpointBytes / 1024 / 1024),
+        ),
+      )
+    }
+  } finally {
+    await server.close()
+  }
+  return platform
+}
+
 /**
  * `pause: memory` under gVisor: per agent, a new session's first message (a cold start, message POST
  * to first byte), the checkpoint the server takes when keep-warm ends (its own figure and the
@@ -118,59 +186,18 @@ export const pause: Bench = {
     const rows: Row[] = []
     const notes: string[] = []
     const problems: string[] = []
-    // On-demand sandboxes: a restore runs the image in a sandbox of the cold layout.
-    const server = await startBenchServer({ server: { gvisorPoolSize: 0 } })
     let platform = ''
-    try {
-      const driver = server.server.runtime.drivers.gvisor as GvisorDriver
-      for (const c of CASES) {
-        const dir = await pausingProject(c.name)
-        await server.deploy(dir)
-        await rm(dir, { recursive: true, force: true })
+    // Each way of restoring on a server of its own, one after the other in the same run: a
+    // restore that boots its sandbox (no restore targets), then one into the target booted while
+    // the session was paused (the default).
+    for (const mode of MODES) {
+      if (mode.targets === undefined) delete process.env.CAIRN_GVISOR_RESTORE_TARGETS
+      else process.env.CAIRN_GVISOR_RESTORE_TARGETS = mode.targets
+      try {
+        platform = await measure(mode.label, rows, problems)
+      } finally {
+        delete process.env.CAIRN_GVISOR_RESTORE_TARGETS
       }
-      for (const c of CASES) await once(server, c, problems)
-      platform = driver.runsc.platform
-      const floorSamples: number[] = []
-      for (let i = 0; i < 10; i++) floorSamples.push(await runscTrue(driver.runsc))
-      const floor = { name: `runsc do /bin/true (${platform})`, median: row('', floorSamples).summary.median }
-      rows.push(row(floor.name, floorSamples))
-      progress(`${RUNS} pause/restore cycles per agent`)
-      const samples = new Map<string, Sample[]>(CASES.map((c) => [c.name, []]))
-      await repeat(RUNS, 300_000, async () => {
-        for (const c of CASES) {
-          const s = await once(server, c, problems)
-          if (s) samples.get(c.name)?.push(s)
-        }
-      })
-      for (const c of CASES) {
-        const s = samples.get(c.name) ?? []
-        rows.push(
-          row(
-            `${c.name}: cold start, message -> first byte`,
-            s.map((x) => x.coldFirstByteMs),
-            floor,
-          ),
-          ...(c.restores
-            ? [
-                row(
-                  `${c.name}: restored, message -> first byte`,
-                  s.map((x) => x.restoreFirstByteMs ?? 0),
-                  floor,
-                ),
-              ]
-            : []),
-          row(
-            `${c.name}: checkpoint (runsc checkpoint, server's figure)`,
-            s.map((x) => x.checkpointMs),
-          ),
-          row(
-            `${c.name}: checkpoint size (MiB, not ms)`,
-            s.map((x) => x.checkpointBytes / 1024 / 1024),
-          ),
-        )
-      }
-    } finally {
-      await server.close()
     }
     if (problems.length > 0) throw new Error(`pause runs failed:\n${problems.slice(0, 10).join('\n')}`)
     notes.push('checkpoint size rows are MiB per checkpoint, in the time columns')
@@ -184,7 +211,7 @@ export const pause: Bench = {
         keepWarmMs: KEEP_WARM_MS,
         platform,
         measured:
-          'per run a new session (autoSnapshots off): first message POST -> first message.delta (cold), the checkpoint taken when keep-warm ends (the memory_paused event: runsc checkpoint time and image bytes), then the second message POST -> first message.delta (restored); the session deleted, untimed',
+          'two servers one after the other (CAIRN_GVISOR_RESTORE_TARGETS=0: the restore boots its sandbox; then the default: it loads into the sandbox booted while paused); on each, per run a new session (autoSnapshots off): first message POST -> first message.delta (cold), the checkpoint taken when keep-warm ends (the memory_paused event, sent once the pause is done: runsc checkpoint time and image bytes), then the second message POST -> first message.delta (restored); the session deleted, untimed',
       },
       rows,
       targets: [],

@@ -1,6 +1,7 @@
 import { rm } from 'node:fs/promises'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { type GvisorDriver, probeGvisor } from '../packages/runtime/src/sandbox/gvisor-driver.js'
+import { listContainers } from '../packages/runtime/src/sandbox/runsc.js'
 import { COUNTER_AGENT, NODE_COUNTER_AGENT } from '../packages/runtime/test/counter-agents.js'
 import { makeProject } from './helpers/projects.js'
 import { Api, startTestServer, type TestServer } from './helpers/server.js'
@@ -72,6 +73,37 @@ describe.skipIf(!gvisor.ok)('pause: memory under gVisor', () => {
       'agent.py': COUNTER_AGENT,
     })
     expect((await t.api.deploy(project)).status).toBe(201)
+  })
+
+  it('restores into a sandbox booted while paused; a dead one leaves the restore to boot; an end drops it', async () => {
+    // First of the file: no other session is paused yet, so the driver's targets are this one's.
+    const driver = t.server.runtime.drivers.gvisor as GvisorDriver
+    const { id } = await t.api.createSession('counter', { keepWarmMs: KEEP_WARM_MS })
+    const first = await ask(t.api, id, 'one')
+    await eventually(t.api, id, 'memory_paused')
+    // Booted as part of the pause (`runsc create`, nothing run in it): the restore loads into it.
+    expect(driver.restoreTargets).toBe(1)
+    const created = (await listContainers(driver.runsc)).filter((c) => c.status === 'created')
+    expect(created).toHaveLength(1)
+    expect(await ask(t.api, id, 'two')).toEqual({ ...first, count: 2, coldStart: false })
+    expect(driver.restoreTargets).toBe(0)
+    expect((await eventually(t.api, id, 'memory_restored')).detail).toBe(created[0]?.id)
+
+    // The next target dies while the session is paused: the restore boots a sandbox instead.
+    await eventually(t.api, id, 'memory_paused', 2)
+    expect(driver.restoreTargets).toBe(1)
+    const [target] = (await listContainers(driver.runsc)).filter((c) => c.status === 'created')
+    expect(target?.pid).toBeGreaterThan(0)
+    process.kill(target?.pid ?? 0, 'SIGKILL')
+    expect(await ask(t.api, id, 'three')).toEqual({ ...first, count: 3, coldStart: false })
+    expect(driver.restoreTargets).toBe(0)
+
+    // Ending a paused session destroys its target with its checkpoint: nothing of it runs.
+    await eventually(t.api, id, 'memory_paused', 3)
+    expect(driver.restoreTargets).toBe(1)
+    expect((await t.api.call('POST', `/v1/sessions/${id}/end`)).status).toBe(200)
+    expect(driver.restoreTargets).toBe(0)
+    expect((await listContainers(driver.runsc)).filter((c) => c.status === 'created')).toEqual([])
   })
 
   it('restores the sandbox after keep-warm expiry and after a server restart: counter, preview and init intact', async () => {

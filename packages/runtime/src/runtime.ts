@@ -61,7 +61,13 @@ export interface RuntimeOptions {
    */
   spareLaunchers?: number | undefined
   gvisor?:
-    | { runscPath?: string | undefined; platform?: string | undefined; poolSize?: number | undefined }
+    | {
+        runscPath?: string | undefined
+        platform?: string | undefined
+        poolSize?: number | undefined
+        /** Restore targets kept at most (`GvisorDriverOptions.restoreTargets`). */
+        restoreTargets?: number | undefined
+      }
     | undefined
   /** Where the runtime reports what it recovers from (the server passes its pino logger); default none. */
   logger?: Logger | undefined
@@ -160,6 +166,12 @@ export class Runtime {
       runscPath: options.gvisor?.runscPath ?? process.env.CAIRN_RUNSC,
       platform: options.gvisor?.platform ?? process.env.CAIRN_GVISOR_PLATFORM,
       poolSize: options.gvisor?.poolSize ?? (options.isolation === 'gvisor' ? 2 : 0),
+      // CAIRN_GVISOR_RESTORE_TARGETS=0: every restore boots its sandbox (the bench's "before").
+      restoreTargets:
+        options.gvisor?.restoreTargets ??
+        (process.env.CAIRN_GVISOR_RESTORE_TARGETS
+          ? Number(process.env.CAIRN_GVISOR_RESTORE_TARGETS)
+          : undefined),
     })
     this.drivers = { bwrap, gvisor: this.gvisor }
     this.driver = this.drivers[options.isolation ?? 'bwrap']

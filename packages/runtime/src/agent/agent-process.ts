@@ -1,3 +1,4 @@
+import { mkdir, rm } from 'node:fs/promises'
 import type net from 'node:net'
 import path from 'node:path'
 import { StringDecoder } from 'node:string_decoder'
@@ -40,7 +41,7 @@ const LIMIT_POLL_MS = 200
  * the agent is spoken to is its protocol's (`protocols/`); this supervises the sandbox and the turn.
  */
 export class AgentProcess implements TurnChannel {
-  readonly sandboxId = newId('sandbox')
+  readonly sandboxId: string
   private sandbox: Sandbox | undefined
   private readonly stderrTail = new TailBuffer(16_384)
   active: ActiveTurn | undefined
@@ -57,11 +58,12 @@ export class AgentProcess implements TurnChannel {
   constructor(
     private readonly driver: SandboxDriver,
     private readonly launch: AgentLaunch,
-    runRoot: string,
+    private readonly runRoot: string,
     /** The per-install CA, loaded when an agent first needs TLS terminated for a proxy secret. */
     private readonly egressCa?: () => Promise<EgressCa>,
     private readonly logger: Logger = noopLogger,
   ) {
+    this.sandboxId = launch.resume?.targetId ?? newId('sandbox')
     this.runDir = new RunDir(path.join(runRoot, this.sandboxId))
     this.protocol = protocolFor(launch, (port) => this.ports.connect(port), launch.resume?.state.protocol)
     this.maxOutputChars = launch.maxOutputChars ?? DEFAULT_MAX_OUTPUT_CHARS
@@ -228,13 +230,13 @@ export class AgentProcess implements TurnChannel {
     }
   }
 
-  private async spawn(turn: number): Promise<Sandbox> {
+  /** The sandbox of turn `turn` (its environment), as container `id` with its run dir at `runDir`. */
+  private sandboxSpec(id: string, runDir: string, turn: number): SandboxSpec {
     const transparent = this.driver.capabilities.transparentEgress
-    const resume = this.protocol.warm ? this.launch.resume : undefined
-    const spec: SandboxSpec = {
-      id: this.protocol.warm ? this.sandboxId : newId('sandbox'),
+    return {
+      id,
       workspaceDir: this.launch.workspaceDir,
-      runDir: this.runDir.dir,
+      runDir,
       // With an allowlist, a forwarder on the sandbox's loopback relays to the egress proxy; where
       // the driver can, every TCP connection and DNS query of the sandbox is redirected to it too.
       command:
@@ -249,6 +251,35 @@ export class AgentProcess implements TurnChannel {
       checkpointable: this.launch.checkpointable,
       rootfs: this.launch.rootfs,
     }
+  }
+
+  /**
+   * Boots, for this agent's next process restored from its checkpoint, the sandbox that restore
+   * loads the image into (drivers with `prepareRestore`), its run dir made; the id returned goes in
+   * that process's `AgentResume.targetId` (the run dir is the caller's to remove if none takes
+   * it). Undefined where the driver boots at restore.
+   */
+  async prepareRestoreTarget(): Promise<{ sandboxId: string; runDir: string } | undefined> {
+    if (!this.driver.prepareRestore || !this.protocol.warm || !this.launch.checkpointable) return undefined
+    const id = newId('sandbox')
+    const runDir = path.join(this.runRoot, id)
+    await mkdir(runDir, { recursive: true, mode: 0o755 })
+    try {
+      await this.driver.prepareRestore(this.sandboxSpec(id, runDir, 1))
+    } catch (error) {
+      await rm(runDir, { recursive: true, force: true })
+      throw error
+    }
+    return { sandboxId: id, runDir }
+  }
+
+  private async spawn(turn: number): Promise<Sandbox> {
+    const resume = this.protocol.warm ? this.launch.resume : undefined
+    const spec = this.sandboxSpec(
+      this.protocol.warm ? this.sandboxId : newId('sandbox'),
+      this.runDir.dir,
+      turn,
+    )
     // A memory checkpoint's sandbox goes on where it was instead of running the command.
     const sandbox =
       resume && this.driver.restore

@@ -88,6 +88,11 @@ export interface AgentResume {
   /** Where `SandboxDriver.checkpoint` wrote the image. */
   imageDir: string
   state: AgentMemoryState
+  /**
+   * The id of the sandbox booted ahead for this restore (`SandboxDriver.prepareRestore`): the
+   * agent's sandbox takes that id, and the driver restores into it when it is still there.
+   */
+  targetId?: string | undefined
 }
 
 export const DEFAULT_LIMITS: SandboxLimits = { memoryMiB: 512, pids: 256, cpus: 1 }

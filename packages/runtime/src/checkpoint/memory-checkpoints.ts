@@ -270,7 +270,12 @@ export async function startFromCheckpoint(
   checkpoints: MemoryCheckpoints,
   start: (launch: AgentLaunch) => Promise<AgentProcess>,
   launch: AgentLaunch,
-  context: { generation: number; driver: string },
+  context: {
+    generation: number
+    driver: string
+    /** A sandbox booted ahead for this restore (`AgentResume.targetId`). */
+    targetId?: string | undefined
+  },
 ): Promise<ResumedStart> {
   const found = await checkpoints.find(launch.sessionId, context.generation, context.driver)
   if (found.kind === 'none') return { agent: await start(launch), resumed: false }
@@ -279,7 +284,7 @@ export async function startFromCheckpoint(
   try {
     const agent = await start({
       ...launch,
-      resume: { imageDir: found.imageDir, state: found.manifest.state },
+      resume: { imageDir: found.imageDir, state: found.manifest.state, targetId: context.targetId },
     })
     await checkpoints.discard(launch.sessionId)
     return { agent, resumed: true, fromSnapshotId: found.manifest.fromSnapshotId }

@@ -1,3 +1,4 @@
+import { rm } from 'node:fs/promises'
 import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
 import type { AgentProcess } from '../agent/agent-process.js'
@@ -9,6 +10,7 @@ import {
   startFromCheckpoint,
 } from '../checkpoint/memory-checkpoints.js'
 import type { Runtime } from '../runtime.js'
+import { isIsolationName, type SandboxDriver } from '../sandbox/driver.js'
 import type { ForkCheckpoint, PauseEvent } from './runtime-port.js'
 import type { WarmPool } from './warm-pool.js'
 
@@ -22,6 +24,8 @@ export class MemoryPause {
   private readonly checkpoints: MemoryCheckpoints
   /** The memory of snapshots taken with `memory: true`, by snapshot ID (forks restore copies). */
   private readonly snapshotMemory: MemoryCheckpoints
+  /** The sandboxes booted ahead for paused sessions' next restore, by session (`prepareRestore`). */
+  private readonly targets = new Map<string, RestoreTargetRef>()
 
   constructor(
     private readonly runtime: Runtime,
@@ -33,8 +37,30 @@ export class MemoryPause {
   }
 
   /** Forgets the session's memory checkpoint (its sandbox starts cold next). */
-  discard(sessionId: string): Promise<void> {
-    return this.checkpoints.discard(sessionId)
+  async discard(sessionId: string): Promise<void> {
+    await this.dropTarget(sessionId)
+    await this.checkpoints.discard(sessionId)
+  }
+
+  /** Destroys the sandbox booted for the session's next restore, if it is still there. */
+  private async dropTarget(sessionId: string): Promise<void> {
+    const target = this.targets.get(sessionId)
+    this.targets.delete(sessionId)
+    if (target) await dropUnused(target)
+  }
+
+  /**
+   * Boots the sandbox the paused session's next restore loads its image into, so that restore
+   * need not boot one; where it cannot, the restore boots its sandbox as it would without.
+   */
+  private async prepareTarget(sessionId: string, agent: AgentProcess): Promise<void> {
+    await this.dropTarget(sessionId)
+    const booted = await agent.prepareRestoreTarget().catch((error: unknown) => {
+      this.runtime.logger.warn({ err: error, sessionId }, 'no restore target booted; the restore will boot')
+      return undefined
+    })
+    if (booted && isIsolationName(agent.isolation))
+      this.targets.set(sessionId, { ...booted, driver: this.runtime.driverFor(agent.isolation) })
   }
 
   /** Forgets a snapshot's memory. */
@@ -52,12 +78,16 @@ export class MemoryPause {
     generation: number,
     driver: string,
   ): Promise<ResumedStart> {
+    const target = this.targets.get(sessionId)
+    this.targets.delete(sessionId)
     const started = await startFromCheckpoint(
       this.checkpoints,
       (l) => this.runtime.startAgent(l),
       { ...launch, checkpointable: true },
-      { generation, driver },
+      { generation, driver, targetId: target?.sandboxId },
     )
+    // Not restored into, nor its id taken by a restore that booted (no checkpoint, a cold start): it goes.
+    if (target && started.agent.sandboxId !== target.sandboxId) await dropUnused(target)
     if (started.resumed)
       this.pauseEvent(sessionId, {
         cause: 'memory_restored',
@@ -102,6 +132,8 @@ export class MemoryPause {
         })
         return
       }
+      // Part of the pause, so a start that waits for the pause finds the target ready.
+      await this.prepareTarget(sessionId, agent)
       this.pauseEvent(sessionId, {
         cause: 'memory_paused',
         detail: `checkpoint of ${manifest.bytes} bytes in ${manifest.checkpointMs} ms at generation ${manifest.generation}`,
@@ -237,4 +269,17 @@ export class MemoryPause {
   expire(cutoff: Date): Promise<{ sessionId: string; bytes: number }[]> {
     return this.checkpoints.expire(cutoff)
   }
+}
+
+/** A sandbox booted for a paused session's next restore, and the run dir made for it. */
+interface RestoreTargetRef {
+  sandboxId: string
+  runDir: string
+  driver: SandboxDriver
+}
+
+/** Destroys a restore target no agent took, and its run dir. */
+async function dropUnused(target: RestoreTargetRef): Promise<void> {
+  await target.driver.dropRestoreTarget?.(target.sandboxId)
+  await rm(target.runDir, { recursive: true, force: true })
 }

@@ -152,6 +152,12 @@ export interface SandboxDriver {
    */
   checkpoint?(sandbox: Sandbox, imageDir: string): Promise<{ bytes: number }>
   restore?(spec: SandboxSpec, imageDir: string): Promise<Sandbox>
+  /**
+   * Boots ahead the sandbox a later `restore` of `spec` (same id and layout) loads its image into,
+   * so that restore does not wait for a boot (gVisor: `runsc create`); `dropRestoreTarget` ends it.
+   */
+  prepareRestore?(spec: SandboxSpec): Promise<void>
+  dropRestoreTarget?(sandboxId: string): Promise<void>
   /** Why a capability this driver lacks cannot be had on this node, where that is known. */
   readonly unavailableBecause?: Partial<Record<keyof DriverCapabilities, string>> | undefined
   /** Kills and removes sandboxes left by an earlier process of this instance. Returns how many. */

@@ -1,7 +1,8 @@
-import { spawn } from 'node:child_process'
+import { type ChildProcessWithoutNullStreams, spawn } from 'node:child_process'
 import { existsSync } from 'node:fs'
 import { chmod, lstat, mkdir, rm, writeFile } from 'node:fs/promises'
 import path from 'node:path'
+import type { Duplex } from 'node:stream'
 import { CairnProblem } from '@cairn/protocol'
 import {
   checkpointGvisor,
@@ -9,6 +10,12 @@ import {
   restored,
   stdinRelayCommand,
 } from '../checkpoint/gvisor-checkpoint.js'
+import {
+  DEFAULT_RESTORE_TARGETS,
+  RESTORE_TARGET_TTL_MS,
+  type RestoreTarget,
+  RestoreTargets,
+} from '../checkpoint/gvisor-restore-targets.js'
 import { type Logger, logAndGoOn, noopLogger } from '../util/logger.js'
 import { OWN_PROCESS_GROUP } from '../util/process-group.js'
 import type { CgroupLimits, CgroupManager } from './cgroups.js'
@@ -17,7 +24,8 @@ import { type ClaimTiming, cleanupSlots, GvisorPool, POOL_SLOT_PREFIX } from './
 import { childEnd, childIo, GvisorSandbox } from './gvisor-sandbox.js'
 import { buildOciSpec, type GvisorSpecOptions, prepareRootfs } from './gvisor-spec.js'
 import { installStatxShim, STATX_PRELOAD_PATH, STATX_SHIM_PATH } from './gvisor-statx-fix.js'
-import { LAUNCHER_SHELL, launcherArgs } from './launcher.js'
+import { LAUNCHER_SHELL, launcherArgs, restoreTargetLauncherArgs } from './launcher.js'
+import { launcherReady } from './launcher-pool.js'
 import {
   defaultPlatform,
   findBinary,
@@ -56,6 +64,11 @@ export interface GvisorDriverOptions {
   pidsOverhead?: number | undefined
   /** Pre-started sandboxes kept ready per mount layout (0: every sandbox boots on demand). */
   poolSize?: number | undefined
+  /**
+   * Restore targets kept at most (`prepareRestore`: a sandbox booted for a paused session's next
+   * restore); 0: every restore boots its sandbox. Default `DEFAULT_RESTORE_TARGETS`.
+   */
+  restoreTargets?: number | undefined
 }
 
 export const DEFAULT_GVISOR_MEMORY_OVERHEAD_MIB = 64
@@ -97,6 +110,7 @@ export class GvisorDriver implements SandboxDriver {
   private readonly bundlesDir: string
   private readonly slotsDir: string
   private readonly pool: GvisorPool | undefined
+  private readonly targets: RestoreTargets | undefined
   private readonly logger: Logger
   private prepared: Promise<void> | undefined
   /** Whether the statx shim for old runsc releases is in place (see gvisor-statx-fix.ts). */
@@ -114,6 +128,8 @@ export class GvisorDriver implements SandboxDriver {
     this.rootfsDir = path.join(options.stateDir, 'rootfs')
     this.bundlesDir = path.join(options.stateDir, 'bundles')
     this.slotsDir = path.join(options.stateDir, 'slots')
+    const targets = options.restoreTargets ?? DEFAULT_RESTORE_TARGETS
+    if (targets > 0) this.targets = new RestoreTargets(targets, RESTORE_TARGET_TTL_MS, this.logger)
     if ((options.poolSize ?? 0) > 0) {
       this.pool = new GvisorPool({
         cgroups: options.cgroups,
@@ -295,9 +311,27 @@ export class GvisorDriver implements SandboxDriver {
     return checkpointGvisor(sandbox, this.runsc, imageDir)
   }
 
-  /** A sandbox restored from `checkpoint`'s image instead of booted: its processes go on where they were. */
+  /**
+   * A sandbox restored from `checkpoint`'s image instead of booted: its processes go on where they
+   * were. Into the target `prepareRestore` booted for `spec.id` when there is one of the same
+   * layout (its image loaded into a running sandbox: no boot on the path); a target that cannot
+   * take it is destroyed and the sandbox is booted by `runsc restore` as without one.
+   */
   async restore(spec: SandboxSpec, imageDir: string): Promise<Sandbox> {
     await this.prepare()
+    const target = this.targets?.take(spec.id)
+    if (target) {
+      const sandbox = await this.restoreInto(target, spec, imageDir).catch(async (error: unknown) => {
+        this.logger.warn(
+          { err: error, sandboxId: spec.id },
+          'restore into a pre-started target failed; booting',
+        )
+        target.commandPipe.end()
+        await target.sandbox.destroy()
+        return undefined
+      })
+      if (sandbox) return sandbox
+    }
     const sandbox = await this.launch(spec, restoreArgs(imageDir))
     await restored(sandbox, this.runsc).catch(async (error: unknown) => {
       await sandbox.destroy()
@@ -306,8 +340,77 @@ export class GvisorDriver implements SandboxDriver {
     return sandbox
   }
 
-  /** `runsc run` (or `restore`) of a sandbox of its own, inside its cgroups from the start. */
-  private async launch(given: SandboxSpec, subcommand: readonly string[]): Promise<Sandbox> {
+  private async restoreInto(target: RestoreTarget, spec: SandboxSpec, imageDir: string): Promise<Sandbox> {
+    const layout = await this.layoutOf(spec)
+    if (layoutKey(layout.config) !== target.layout)
+      throw new Error('the restore target was booted for another layout')
+    this.options.cgroups.setLimits(spec.id, this.hostLimits(layout.spec))
+    const restore = [
+      ...this.runscCommand(layout.flags),
+      ...restoreArgs(imageDir),
+      '--bundle',
+      layout.bundle,
+      spec.id,
+    ]
+    target.commandPipe.end(`${restore.join('\0')}\0`)
+    await restored(target.sandbox, this.runsc)
+    return target.sandbox
+  }
+
+  /**
+   * Boots the sandbox a later `restore(spec, …)` of the same layout loads its image into (`runsc
+   * create`, nothing run in it), so that restore does not wait for a boot; a no-op without room for
+   * targets. It is destroyed by `dropRestoreTarget`, after `RESTORE_TARGET_TTL_MS`, or to make room.
+   */
+  async prepareRestore(spec: SandboxSpec): Promise<void> {
+    if (!this.targets) return
+    await this.prepare()
+    const { layout, procsFiles } = await this.setUp(spec)
+    const create = [...this.runscCommand(layout.flags), 'create', '--bundle', layout.bundle, spec.id]
+    const child = spawn(LAUNCHER_SHELL, restoreTargetLauncherArgs(procsFiles, create), {
+      stdio: ['pipe', 'pipe', 'pipe', 'ignore', 'pipe'],
+      env: { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' },
+      ...OWN_PROCESS_GROUP,
+    }) as ChildProcessWithoutNullStreams
+    const commandPipe = child.stdio[4] as Duplex | null | undefined
+    child.on('error', () => undefined)
+    commandPipe?.on('error', () => undefined)
+    const sandbox = this.sandboxOf(spec.id, child, layout.bundle)
+    const booted =
+      child.pid !== undefined &&
+      commandPipe &&
+      (await Promise.race([
+        launcherReady({ child, commandPipe }),
+        new Promise<false>((r) => setTimeout(() => r(false), RESTORE_TARGET_BOOT_MS).unref()),
+      ]))
+    if (!booted || !commandPipe) {
+      await sandbox.destroy()
+      throw new CairnProblem(
+        'sandbox_failed',
+        `runsc create of a restore target failed or took over ${RESTORE_TARGET_BOOT_MS / 1000} s`,
+        { driver: this.name },
+      )
+    }
+    commandPipe.pause()
+    await this.targets?.add(spec.id, { sandbox, commandPipe, layout: layoutKey(layout.config) })
+  }
+
+  /** Destroys the restore target booted for container `sandboxId`, if there is one. */
+  async dropRestoreTarget(sandboxId: string): Promise<void> {
+    await this.targets?.drop(sandboxId)
+  }
+
+  /** How many restore targets are kept. */
+  get restoreTargets(): number {
+    return this.targets?.size ?? 0
+  }
+
+  private runscCommand(flags: readonly string[]): string[] {
+    return [this.runsc.path, '--root', this.runsc.root, ...flags]
+  }
+
+  /** The sandbox's bundle as it would be written: the spec run (behind the stdin relay), flags, config. */
+  private async layoutOf(given: SandboxSpec) {
     // A sandbox that may be checkpointed reads its stdin through a relay inside it (see
     // stdinRelayCommand): the same command for `run` and `restore`, whose bundles must match.
     const spec = given.checkpointable ? { ...given, command: stdinRelayCommand(given.command) } : given
@@ -317,26 +420,33 @@ export class GvisorDriver implements SandboxDriver {
         'sandbox_failed',
         'this runsc release has no --overlay2, which a writable root that resets needs: run agents with an image under bwrap, or upgrade runsc',
       )
-    const bundle = path.join(this.bundlesDir, spec.id)
-    await mkdir(bundle, { recursive: true })
-    await writeFile(
-      path.join(bundle, 'config.json'),
-      JSON.stringify(
-        this.buildSpec(spec, spec.rootfs ? await this.imageSpecOptions(spec.rootfs) : undefined),
-      ),
-      { mode: 0o600 },
-    )
-    const procsFiles = await this.options.cgroups.create(spec.id, this.hostLimits(spec))
-    const runscArgs = [
-      this.runsc.path,
-      '--root',
-      this.runsc.root,
-      ...flags,
-      ...subcommand,
-      '--bundle',
+    const config = this.buildSpec(spec, spec.rootfs ? await this.imageSpecOptions(spec.rootfs) : undefined)
+    return { spec, flags, config, bundle: path.join(this.bundlesDir, spec.id) }
+  }
+
+  /** Writes the sandbox's bundle and makes its cgroups (their cgroup.procs files returned). */
+  private async setUp(given: SandboxSpec) {
+    const layout = await this.layoutOf(given)
+    await mkdir(layout.bundle, { recursive: true })
+    await writeFile(path.join(layout.bundle, 'config.json'), JSON.stringify(layout.config), { mode: 0o600 })
+    const procsFiles = await this.options.cgroups.create(given.id, this.hostLimits(layout.spec))
+    return { layout, procsFiles }
+  }
+
+  private sandboxOf(id: string, child: ChildProcessWithoutNullStreams, bundle: string): GvisorSandbox {
+    return new GvisorSandbox(id, child.pid ?? -1, childIo(child), childEnd(child), {
+      cgroups: this.options.cgroups,
+      name: id,
+      runsc: this.runsc,
       bundle,
-      spec.id,
-    ]
+      logger: this.logger,
+    })
+  }
+
+  /** `runsc run` (or `restore`) of a sandbox of its own, inside its cgroups from the start. */
+  private async launch(given: SandboxSpec, subcommand: readonly string[]): Promise<Sandbox> {
+    const { layout, procsFiles } = await this.setUp(given)
+    const runscArgs = [...this.runscCommand(layout.flags), ...subcommand, '--bundle', layout.bundle, given.id]
     // As in the bwrap driver (launcher.ts): close what was inherited, join the cgroups as root, then
     // become runsc, so the gofer, the sentry and the agent's ptrace stubs are all inside the
     // sandbox's cgroups from their first instruction.
@@ -346,21 +456,16 @@ export class GvisorDriver implements SandboxDriver {
       ...OWN_PROCESS_GROUP,
     })
     if (child.pid === undefined) {
-      await this.options.cgroups.remove(spec.id)
-      await rm(bundle, { recursive: true, force: true })
+      await this.options.cgroups.remove(given.id)
+      await rm(layout.bundle, { recursive: true, force: true })
       throw new CairnProblem('sandbox_failed', 'could not start the gVisor sandbox launcher')
     }
-    return new GvisorSandbox(spec.id, child.pid, childIo(child), childEnd(child), {
-      cgroups: this.options.cgroups,
-      name: spec.id,
-      runsc: this.runsc,
-      bundle,
-      logger: this.logger,
-    })
+    return this.sandboxOf(given.id, child, layout.bundle)
   }
 
   async reapOrphans(): Promise<number> {
     await this.pool?.close()
+    await this.targets?.close()
     // A sandbox left frozen (a crash during a snapshot) makes runsc commands, `list` included,
     // wait for it forever: thaw every sandbox cgroup of this instance before asking runsc.
     // A thaw that fails leaves runsc to time out on that sandbox only; the kill below ends it anyway.
@@ -398,10 +503,19 @@ export class GvisorDriver implements SandboxDriver {
 
   async close(): Promise<void> {
     await this.pool?.close()
+    await this.targets?.close()
     await cleanupSlots(this.slotsDir, this.logger)
     await rm(this.options.stateDir, { recursive: true, force: true })
     this.prepared = undefined
   }
+}
+
+/** How long `runsc create` of a restore target may take before the pause goes on without it. */
+const RESTORE_TARGET_BOOT_MS = 30_000
+
+/** What a restore target must share with the restore: its bundle but for the process run in it. */
+function layoutKey(config: Record<string, unknown>): string {
+  return JSON.stringify({ ...config, process: undefined })
 }
 
 async function runscAvailability(runscPath: string): Promise<GvisorAvailability> {

@@ -168,14 +168,17 @@ export async function startLauncher(
   commandPipe.on('error', () => undefined)
   envPipe.on('error', () => undefined)
   const launcher = { child, cgroupName, limits, commandPipe, envPipe }
-  if (await ready(launcher)) return launcher
+  if (await launcherReady(launcher)) return launcher
   await cgroups.kill(cgroupName).catch(() => undefined)
   await cgroups.remove(cgroupName)
   return undefined
 }
 
 /** Whether the launcher said it is ready (its byte on fd 4) before it ended. */
-function ready({ child, commandPipe }: SpareLauncher): Promise<boolean> {
+export function launcherReady({
+  child,
+  commandPipe,
+}: Pick<SpareLauncher, 'child' | 'commandPipe'>): Promise<boolean> {
   return new Promise((resolve) => {
     const settle = (ok: boolean) => {
       commandPipe.off('data', onData)

@@ -35,21 +35,36 @@ const JOIN_CGROUPS =
 /** Arguments: the highest descriptor to keep, then the cgroup count and files, then the command. */
 export const LAUNCHER = ['keep=$1; shift', CLOSE_INHERITED, JOIN_CGROUPS, 'exec "$@"'].join('\n')
 
+/** Says it is ready (a byte on fd 4), then becomes the command that comes on fd 4 (see below). */
+const AWAIT_COMMAND = [
+  'printf r >&4 || exit 113',
+  "mapfile -d '' -t a <&4 || exit 112",
+  'exec 4<&-',
+  '[ "${#a[@]}" -gt 0 ] || exit 0',
+  'exec "${a[@]}"',
+]
+
 /**
  * A pooled launcher (the bwrap driver's, on demand or spare): the same, then it says it is ready
  * (one byte on fd 4, a socket pair: its cgroups joined and its mount namespace its own, see
  * `BWRAP_LAUNCHER_PREFIX`) and waits for its command, NUL-terminated arguments on fd 4 ended by EOF
  * (none: the pool is closing, exit). `mapfile -d ''` needs bash 4.4. fd 5 (`ENV_FD`) is kept for bwrap.
  */
-export const POOLED_LAUNCHER = [
-  `keep=${ENV_FD}`,
+export const POOLED_LAUNCHER = [`keep=${ENV_FD}`, CLOSE_INHERITED, JOIN_CGROUPS, ...AWAIT_COMMAND].join('\n')
+
+/**
+ * A gVisor restore target's launcher (checkpoint/gvisor-restore-targets.ts): it joins the
+ * cgroups, runs `runsc create` (fd 4 closed for it), whose sandbox boots with nothing run in it and
+ * keeps this launcher's stdio as its own, says it is ready on fd 4 and waits there for `runsc
+ * restore` (NUL-terminated arguments ended by EOF; none: exit), which it becomes. So the restored
+ * agent's stdio is the launcher's pipes, which the server has held since the create.
+ */
+export const RESTORE_TARGET_LAUNCHER = [
+  'keep=4',
   CLOSE_INHERITED,
   JOIN_CGROUPS,
-  'printf r >&4 || exit 113',
-  "mapfile -d '' -t a <&4 || exit 112",
-  'exec 4<&-',
-  '[ "${#a[@]}" -gt 0 ] || exit 0',
-  'exec "${a[@]}"',
+  '"$@" 4<&- || exit 114',
+  ...AWAIT_COMMAND,
 ].join('\n')
 
 /**
@@ -92,5 +107,22 @@ export function pooledLauncherArgs(procsFiles: readonly string[]): string[] {
     'cairn-launch',
     String(procsFiles.length),
     ...procsFiles,
+  ]
+}
+
+/** `spawn` arguments of a restore target's launcher that joins `procsFiles` and runs `create`. */
+export function restoreTargetLauncherArgs(
+  procsFiles: readonly string[],
+  create: readonly string[],
+): string[] {
+  return [
+    '--norc',
+    '--noprofile',
+    '-c',
+    RESTORE_TARGET_LAUNCHER,
+    'cairn-launch',
+    String(procsFiles.length),
+    ...procsFiles,
+    ...create,
   ]
 }

@@ -72,6 +72,7 @@ const RUNTIME_ONLY = [
   'test/security/cluster-mtls.test.ts',
   'test/security/data-dir.test.ts',
   'test/security/egress.test.ts',
+  'test/security/environment-quota.test.ts',
   'test/security/escape.test.ts',
   'test/security/fork-memory-secrets.test.ts',
   'test/security/fuzz-archive.test.ts',

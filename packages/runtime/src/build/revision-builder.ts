@@ -25,6 +25,8 @@ export interface DependencyInstall {
 /** A revision's build: its staged tree (by revision ID), what to install and run, and how. */
 export interface RevisionBuild {
   revisionId: string
+  /** Whose build: its dependency environment counts in this tenant's quota. */
+  tenantId: string
   /** The image its steps run on (built already); undefined: the host's /usr. */
   imageKey?: string | undefined
   dependencies?: DependencyInstall | undefined
@@ -73,7 +75,11 @@ export class RevisionBuilder {
         log(`dependencies: reusing environment ${deps.envKey} (${inputs} unchanged)`)
       } else {
         log(`dependencies: building environment ${deps.envKey}: ${deps.command.join(' ')}`)
-        const envStaging = await this.envs.createStaging(deps.envKey, `envbuild_${build.revisionId.slice(4)}`)
+        const envStaging = await this.envs.createStaging(
+          deps.envKey,
+          `envbuild_${build.revisionId.slice(4)}`,
+          build.tenantId,
+        )
         try {
           for (const file of deps.files)
             await copyFile(path.join(stagingDir, file), path.join(envStaging, file))
@@ -82,7 +88,7 @@ export class RevisionBuilder {
           const project = deps.readsProject ? [{ source: stagingDir, dest: '/src', readOnly: true }] : []
           if (deps.readsProject) await this.chownTree(stagingDir)
           await this.run(build, envStaging, deps.command, project, undefined, log)
-          await this.envs.seal(envStaging, deps.envKey)
+          await this.envs.seal(envStaging, deps.envKey, build.tenantId)
         } catch (error) {
           // The build's error is the one reported; an environment staging tree left behind is logged.
           await this.runtime.pool

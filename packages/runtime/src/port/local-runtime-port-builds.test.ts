@@ -41,7 +41,7 @@ async function readAll(stream: Readable): Promise<string> {
 }
 
 function build(revisionId: string, fields: Partial<RevisionBuild>): RevisionBuild {
-  return { revisionId, env: {}, egressAllow: [], timeoutMs: 30_000, ...fields }
+  return { revisionId, tenantId: 'ten_b', env: {}, egressAllow: [], timeoutMs: 30_000, ...fields }
 }
 
 async function refusal(promise: Promise<unknown>): Promise<string | undefined> {

@@ -97,6 +97,7 @@ export async function importPoolTree(
       : await envs.createStaging(
           tree.dependencyEnvKey,
           `shipenv_${tree.dependencyEnvKey.replace(/[^0-9a-z]/g, '')}${unique}`,
+          tenantId,
         )
   try {
     // --ignore-zeros: tar reads its input to the end instead of leaving at the end-of-archive
@@ -130,7 +131,7 @@ export async function importPoolTree(
       return
     }
     if ('revisionId' in tree) await pool.sealRevision(staging, tree.revisionId, tenantId)
-    else await envs.seal(staging, tree.dependencyEnvKey)
+    else await envs.seal(staging, tree.dependencyEnvKey, tenantId)
   } catch (error) {
     await pool.discardStaging(staging).catch(() => undefined)
     // Sealing lost a race with another import of the same tree: that one is the tree.

@@ -317,8 +317,8 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
     return { usedBytes, quotaBytes }
   }
 
-  async sealStaging(stagingDir: string, target: string): Promise<void> {
-    await this.ops.snapshot(stagingDir, target, true, await this.placement(undefined, false))
+  async sealStaging(stagingDir: string, target: string, tenantId?: string): Promise<void> {
+    await this.ops.snapshot(stagingDir, target, true, await this.placement(tenantId, false))
     await this.deleteSubvolume(stagingDir)
   }
 

@@ -9,8 +9,10 @@ import type { StoragePool } from './pool.js'
 const KEY_PATTERN = /^[a-z]+-[0-9a-f]{16,64}$/
 
 /**
- * Dependency environments: read-only trees keyed by the hash of the lockfile, built once and
- * mounted read-only into every sandbox of every revision that shares the lockfile.
+ * Dependency environments: read-only trees keyed by the hash of the tenant and its lockfile, built
+ * once and mounted read-only into every sandbox of every revision of that tenant that shares the
+ * lockfile. Each counts in its tenant's quota group, where its install (the tenant's own scripts)
+ * writes.
  */
 export class EnvStore {
   constructor(
@@ -36,16 +38,16 @@ export class EnvStore {
     return existsSync(this.envPath(key))
   }
 
-  /** A writable subvolume, owned by the sandbox uid, to install dependencies into. */
-  async createStaging(key: string, buildId: string): Promise<string> {
+  /** A writable subvolume of `tenantId`'s, owned by the sandbox uid, to install dependencies into. */
+  async createStaging(key: string, buildId: string, tenantId: string): Promise<string> {
     this.envPath(key)
-    const staging = await this.pool.createStaging(buildId)
+    const staging = await this.pool.createStaging(buildId, tenantId)
     await execTool('chown', [`${this.sandboxUid}:${this.sandboxUid}`, staging], { code: 'storage_error' })
     return staging
   }
 
   /** Seals a built environment read-only under its key (first writer wins on a race). */
-  async seal(staging: string, key: string): Promise<void> {
+  async seal(staging: string, key: string, tenantId: string): Promise<void> {
     await mkdir(this.dir, { recursive: true })
     await chmod(this.dir, 0o711)
     const target = this.envPath(key)
@@ -54,6 +56,6 @@ export class EnvStore {
       return
     }
     await chmod(staging, 0o755)
-    await this.pool.sealStaging(staging, target)
+    await this.pool.sealStaging(staging, target, tenantId)
   }
 }

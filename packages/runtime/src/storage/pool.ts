@@ -108,14 +108,14 @@ export interface StoragePool {
 
   /**
    * Methods that make a tree take `tenantId`: the tenant whose quota the tree counts against
-   * (unset: the trees of no tenant, such as environments, which share one group).
+   * (unset: the trees of no tenant, which share one group: a fetch's staging before it is placed).
    */
   /** A fresh writable tree in staging, to be filled and then sealed. */
   createStaging(name: string, tenantId?: string): Promise<string>
   /** Seals a filled staging tree as a read-only revision owned by the sandbox uid (consumes it). */
   sealRevision(stagingDir: string, revisionId: string, tenantId?: string): Promise<string>
-  /** Seals a filled staging tree read-only at `target` (consumes it; used for environments). */
-  sealStaging(stagingDir: string, target: string): Promise<void>
+  /** Seals a filled staging tree read-only at `target` (consumes it; used for a tenant's environments). */
+  sealStaging(stagingDir: string, target: string, tenantId?: string): Promise<void>
   /** A fresh writable tree in staging for an agent image, counted in the shared images' group. */
   createImageStaging(name: string): Promise<string>
   /** Seals an image's filled staging tree read-only at `target`, in the images' group (consumes it). */

@@ -228,6 +228,7 @@ export class AgentService {
         const result = await this.builder.build({
           image,
           revisionId,
+          tenantId,
           plan,
           setupEnv: secrets,
           log,

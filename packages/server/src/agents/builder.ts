@@ -6,6 +6,7 @@ import { hostRegistries } from './build-registries.js'
 
 export interface BuildContext {
   revisionId: string
+  tenantId: string
   /** The image the revision's sandboxes (and so its build steps) run on. */
   image: ResolvedImage
   plan: BuildPlan
@@ -56,6 +57,7 @@ export class Builder {
     return this.runtime.buildRevision(
       {
         revisionId: ctx.revisionId,
+        tenantId: ctx.tenantId,
         imageKey: ctx.image.key,
         dependencies: deps && {
           envKey: deps.envKey,

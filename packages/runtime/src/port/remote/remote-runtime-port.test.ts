@@ -350,6 +350,7 @@ describe('RemoteRuntimePort over mutual TLS to a served LocalRuntimePort', () =>
     const result = await remote.buildRevision(
       {
         revisionId,
+        tenantId: 'ten_r',
         env: { WHO: 'node' },
         egressAllow: [],
         timeoutMs: 30_000,

@@ -175,6 +175,7 @@ export const WorkspaceCommand = Type.Object(
 export const RevisionBuild = Type.Object(
   {
     revisionId: Id,
+    tenantId: Id,
     imageKey: optional(Key),
     dependencies: optional(
       Type.Object(

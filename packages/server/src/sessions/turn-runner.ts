@@ -3,6 +3,7 @@ import {
   CairnProblem,
   newId,
   type SessionStatus,
+  STATUS_CAUSES,
   type StatusCause,
   type StreamEvent,
 } from '@cairn/protocol'
@@ -485,17 +486,22 @@ function failedOutcome(error: unknown, signal: AbortSignal): TurnOutcome {
   return {
     status: 'failed',
     code: problem?.code ?? (unavailableReason(error) ? 'unavailable' : 'sandbox_failed'),
-    cause: setupFailed
-      ? (problem.code as 'setup_failed' | 'resume_failed')
-      : problem?.code === 'state_lost' ||
-          problem?.code === 'storage_error' ||
-          problem?.code === 'quota_exceeded'
-        ? problem.code
-        : 'agent_crash',
+    cause: causeOfProblem(problem),
     message: problem?.message ?? `the sandbox could not start: ${(error as Error).message}`,
     text: '',
     stderr: setupFailed ? String(problem.details?.logTail ?? '') : '',
   }
+}
+
+/**
+ * The session's status cause for a turn that threw `problem`: its code where that code names a
+ * cause (setup_failed, state_lost, quota_exceeded, node_lost, …); `moved` for a turn the session's
+ * move outran (`stale_epoch` from every node asked); else the agent's crash.
+ */
+export function causeOfProblem(problem: CairnProblem | undefined): StatusCause {
+  const code: string | undefined = problem?.code
+  if (code === 'stale_epoch') return 'moved'
+  return STATUS_CAUSES.find((cause) => cause === code) ?? 'agent_crash'
 }
 
 /** The cause of the session's status change a turn's end makes. */

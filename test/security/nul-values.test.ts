@@ -1,5 +1,6 @@
 import fc from 'fast-check'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { makeProject } from '../helpers/projects.js'
 import type { TestServer } from '../helpers/server.js'
 import { startShellServer } from '../helpers/shell-server.js'
 
@@ -28,13 +29,23 @@ const ROUTES = [
     t.api.call('PUT', '/v1/agents/shell/secrets', { secrets: { [name]: value }, scope: 'setup' }),
   (name: string, value: string) =>
     t.api.call('PATCH', `${COMPAT}/v1/agents/shell/secrets`, { secrets: { [name]: value } }),
+  // A session's own setup phase: its env and its command (a string for sh -c, or an argv).
+  (name: string, value: string) =>
+    t.api.call('POST', '/v1/sessions', {
+      agent: 'shell',
+      setup: { command: ['true'], env: { [name]: value } },
+    }),
+  (_name: string, value: string) =>
+    t.api.call('POST', '/v1/sessions', { agent: 'shell', setup: { command: value } }),
+  (_name: string, value: string) =>
+    t.api.call('POST', '/v1/sessions', { agent: 'shell', setup: { command: ['sh', '-c', value] } }),
 ]
 
 const names = async () =>
   ((await t.api.call('GET', '/v1/agents/shell/secrets')).body.data as { name: string }[]).map((s) => s.name)
 
 describe('NUL in a value that reaches a process', () => {
-  it('every route that stores a secret refuses a value holding a NUL anywhere, and stores nothing', async () => {
+  it('every route that stores a secret or a setup phase refuses a value holding a NUL anywhere, and stores nothing', async () => {
     const withNul = fc
       .tuple(
         fc.string({ maxLength: 12 }),
@@ -51,6 +62,13 @@ describe('NUL in a value that reaches a process', () => {
       { numRuns: 30 },
     )
     expect(await names()).not.toContain('CAIRN_NUL')
+    // cairn.yaml's setup phase, the same: refused at deploy.
+    const project = await makeProject({
+      'cairn.yaml': `name: nul-setup\ncommand: bash agent.sh\nsession:\n  setup:\n    command: "true"\n    env: { A: "x\\0--cap-add\\0ALL" }\n`,
+      'agent.sh': 'cat\n',
+    })
+    const deployed = await t.api.deploy(project)
+    expect(deployed.status, JSON.stringify(deployed.body)).toBe(400)
   })
 
   it('a secret meant to add --cap-add ALL leaves the agent without capabilities', async () => {

@@ -1,4 +1,5 @@
 import { type Static, Type } from '@sinclair/typebox'
+import { NO_NUL_PATTERN } from './common.js'
 import { PersistSchema } from './persist.js'
 
 export const AGENT_PROTOCOLS = ['stdio', 'jsonl', 'exec', 'http'] as const
@@ -39,10 +40,16 @@ export const NetworkPolicySchema = Type.Object(
 export type NetworkPolicy = Static<typeof NetworkPolicySchema>
 
 /** A command: a string (run through `sh -c`) or the argv itself. */
-const CommandSchema = Type.Union([Type.String({ minLength: 1 }), Type.Array(Type.String(), { minItems: 1 })])
+const CommandSchema = Type.Union([
+  Type.String({ minLength: 1, pattern: NO_NUL_PATTERN }),
+  Type.Array(Type.String({ pattern: NO_NUL_PATTERN }), { minItems: 1 }),
+])
 
 /** Environment variables of a setup phase (cairn.yaml's `session.setup` and the API's `setup`). */
-export const SetupEnvSchema = Type.Record(Type.String({ pattern: '^[A-Za-z_][A-Za-z0-9_]*$' }), Type.String())
+export const SetupEnvSchema = Type.Record(
+  Type.String({ pattern: '^[A-Za-z_][A-Za-z0-9_]*$' }),
+  Type.String({ pattern: NO_NUL_PATTERN }),
+)
 /** How long a setup phase may run (cairn.yaml's `session.setup` and the API's `setup`). */
 export const SetupTimeoutMsSchema = Type.Integer({ minimum: 1000, maximum: 6 * 3600 * 1000 })
 

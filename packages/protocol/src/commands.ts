@@ -1,5 +1,5 @@
 import { type Static, Type } from '@sinclair/typebox'
-import { MAX_EXACT_INTEGER } from './common.js'
+import { MAX_EXACT_INTEGER, NO_NUL_PATTERN } from './common.js'
 
 /** Signals a command may be sent by name (`POST …/commands/:commandId/signal`). */
 export const COMMAND_SIGNALS = [
@@ -48,7 +48,7 @@ const EnvName = Type.String({ minLength: 1, maxLength: 256, pattern: '^[A-Za-z_]
 /** An argument or an env value: what a process is given is a C string, so it holds no NUL. */
 const ProcessText = Type.String({
   maxLength: MAX_COMMAND_ARG_BYTES,
-  pattern: '^[^\\u0000]*$',
+  pattern: NO_NUL_PATTERN,
   description: 'no NUL character',
 })
 

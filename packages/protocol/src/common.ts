@@ -15,6 +15,12 @@ export const ErrorBodySchema = Type.Object({
  */
 export const MAX_EXACT_INTEGER = Number.MAX_SAFE_INTEGER
 
+/**
+ * The pattern of text a process is given (an argument, an environment value): a C string, so it
+ * holds no NUL (a sandbox's environment reaches bwrap NUL-separated, where one would add options).
+ */
+export const NO_NUL_PATTERN = '^[^\\u0000]*$'
+
 export const IdParams = Type.Object({ id: Type.String({ minLength: 1, maxLength: 200 }) })
 
 export const OkSchema = Type.Object({ ok: Type.Boolean() })

@@ -1,6 +1,6 @@
 import { type Static, Type } from '@sinclair/typebox'
 import { NetworkPolicySchema, PAUSE_POLICIES, SetupEnvSchema, SetupTimeoutMsSchema } from './agents.js'
-import { MAX_EXACT_INTEGER } from './common.js'
+import { MAX_EXACT_INTEGER, NO_NUL_PATTERN } from './common.js'
 import { SESSION_STATUSES } from './names.js'
 
 export const SessionStatusSchema = Type.Union(SESSION_STATUSES.map((s) => Type.Literal(s)))
@@ -160,8 +160,8 @@ export const SessionSetupSchema = Type.Object(
   {
     /** A string runs through `sh -c`; an array is the argv itself. */
     command: Type.Union([
-      Type.String({ minLength: 1, maxLength: 16_384 }),
-      Type.Array(Type.String({ maxLength: 16_384 }), { minItems: 1, maxItems: 256 }),
+      Type.String({ minLength: 1, maxLength: 16_384, pattern: NO_NUL_PATTERN }),
+      Type.Array(Type.String({ maxLength: 16_384, pattern: NO_NUL_PATTERN }), { minItems: 1, maxItems: 256 }),
     ]),
     env: Type.Optional(SetupEnvSchema),
     /** Egress of the setup phase (default: the session's policy). */

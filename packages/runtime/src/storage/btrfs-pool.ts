@@ -5,6 +5,7 @@ import path from 'node:path'
 import { CairnProblem } from '@cairn/protocol'
 import { execTool } from '../util/exec.js'
 import { findMount } from '../util/mounts.js'
+import { CommitRequester } from './btrfs-commit.js'
 import { BtrfsOps, type QuotaPlacement } from './btrfs-ops.js'
 import { extentUsage } from './extent-usage.js'
 import {
@@ -74,9 +75,12 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
   /** Simple quotas (kernel 6.7+; O(1) snapshots and writes) or full qgroups (older kernels, older pools). */
   private quotaMode: 'squota' | 'qgroup' | undefined
   readonly ops = new BtrfsOps()
+  /** Commits asked for after deletions, so a tenant at its limit gets the space back at once. */
+  private readonly commits: CommitRequester
 
   constructor(private readonly options: BtrfsPoolOptions) {
     super(options)
+    this.commits = new CommitRequester(options.mountPoint)
     const { workspaceQuotaBytes, tenantQuotaBytes, reserveBytes } = options
     // Any limit turns qgroups on (they cost every snapshot a little); with them the reserve always holds.
     this.enforcing = Boolean(
@@ -273,6 +277,7 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
 
   async close(): Promise<void> {
     this.ops.close()
+    await this.commits.settled()
     await this.unmount()
   }
 
@@ -507,5 +512,7 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
       // walk by path names could be sent into another tenant's tree by a swapped link.
       await this.ops.deleteTree(dir)
     }
+    // Under limits, the freed space counts again only after a commit: ask for one, not waiting.
+    if (this.enforcing) this.commits.request()
   }
 }

@@ -84,19 +84,29 @@ async function startSubject(label: string, repo: string, problems: string[]): Pr
   }
 }
 
-const CPU_RUNS = 200
+const CPU_ROUNDS = 10
+const CPU_RUNS_PER_ROUND = 20
 
 /**
- * CPU per request, of the server's process and of its children (the storage helpers, the
- * sandbox), by command: `CPU_RUNS` of `request` back to back, the CPU their threads used meanwhile
- * divided by the count. A figure the load on a shared machine does not stretch as it stretches wall
- * time (it still makes each instruction a little slower).
+ * CPU per request, of each server's process and of its children (the storage helpers, the
+ * sandbox), by command: `CPU_ROUNDS` rounds of `CPU_RUNS_PER_ROUND` requests back to back per
+ * server, the servers taking turns, the CPU their threads used meanwhile divided by the count. A
+ * figure the load on a shared machine stretches less than wall time (it still makes each
+ * instruction slower, alike for servers measured in turn).
  */
-async function cpuPerRequest(pid: number, request: () => Promise<unknown>): Promise<Map<string, number>> {
-  const before = cpuTree(pid)
-  for (let i = 0; i < CPU_RUNS; i++) await request()
-  const spent = cpuSpentMs(before, cpuTree(pid))
-  for (const [comm, ms] of spent) spent.set(comm, ms / CPU_RUNS)
+async function cpuPerRequest(
+  subjects: readonly Subject[],
+  request: (s: Subject) => Promise<unknown>,
+): Promise<Map<string, number>[]> {
+  const spent = subjects.map(() => new Map<string, number>())
+  for (let round = 0; round < CPU_ROUNDS; round++)
+    for (const [k, s] of subjects.entries()) {
+      const before = cpuTree(s.pid)
+      for (let i = 0; i < CPU_RUNS_PER_ROUND; i++) await request(s)
+      const into = spent[k] as Map<string, number>
+      for (const [comm, ms] of cpuSpentMs(before, cpuTree(s.pid)))
+        into.set(comm, (into.get(comm) ?? 0) + ms / (CPU_ROUNDS * CPU_RUNS_PER_ROUND))
+    }
   return spent
 }
 
@@ -150,12 +160,14 @@ export const warmTurnProcess: Bench = {
         }
         progress(`${PAIRS} pairs back to back, then ${PAIRS} paced, per server (${subjects.length})`)
         const runs = { 'back to back': await measure(0), paced: await measure(PACED_GAP_MS) }
+        const healthzCpu = await cpuPerRequest(subjects, (s) => s.healthz())
+        const turnCpu = await cpuPerRequest(subjects, (s) => s.sender.send(s.client))
         const cpu: Record<string, { healthz: Record<string, number>; turn: Record<string, number> }> = {}
-        for (const s of subjects) {
-          const healthz = await cpuPerRequest(s.pid, () => s.healthz())
-          const turn = await cpuPerRequest(s.pid, () => s.sender.send(s.client))
-          cpu[s.label] = { healthz: Object.fromEntries(healthz), turn: Object.fromEntries(turn) }
-        }
+        for (const [k, s] of subjects.entries())
+          cpu[s.label] = {
+            healthz: Object.fromEntries(healthzCpu[k] ?? []),
+            turn: Object.fromEntries(turnCpu[k] ?? []),
+          }
         if (problems.length > 0) throw new Error(problems.slice(0, 5).join('\n'))
         const rows: Row[] = []
         const notes: string[] = []
@@ -194,7 +206,7 @@ export const warmTurnProcess: Bench = {
             pacedGapMs: PACED_GAP_MS,
             database: 'sqlite',
             baseline: process.env.BENCH_BASELINE_REPO ?? null,
-            cpuRuns: CPU_RUNS,
+            cpuRuns: CPU_ROUNDS * CPU_RUNS_PER_ROUND,
             cpuPerRequestMs: cpu,
           },
           rows,

@@ -1,11 +1,12 @@
 import { AsyncLocalStorage } from 'node:async_hooks'
 import { CairnProblem } from '@cairn/protocol'
 import BetterSqlite3 from 'better-sqlite3'
-import { Kysely, PostgresDialect, SqliteDialect, type Transaction } from 'kysely'
+import { type Compilable, Kysely, PostgresDialect, SqliteDialect, type Transaction } from 'kysely'
 import pg from 'pg'
 import { type Dialect, forDialect, MIGRATIONS } from './migrations/index.js'
 import { BoundedConnectClient, boundedPool, POSTGRES_QUERY_TIMEOUT_MS } from './postgres-pool.js'
-import { PostgresTextPlugin } from './postgres-text.js'
+import { PostgresTextPlugin, postgresText } from './postgres-text.js'
+import { type ArgsOf, QueryShapes } from './query-shapes.js'
 import type { Schema } from './schema.js'
 
 /**
@@ -21,12 +22,29 @@ export class Db {
     afterCommit: (() => void)[]
   }>()
 
+  /** The warm turn's statements, compiled once per shape (query-shapes.ts). */
+  private readonly shapes: QueryShapes
+
   constructor(
     readonly kysely: Kysely<Schema>,
     readonly dialect: Dialect,
     statements?: StatementTap,
   ) {
     this.statements = statements ?? new StatementTap()
+    this.shapes = new QueryShapes(dialect === 'postgres' ? postgresText : undefined)
+  }
+
+  /**
+   * Runs the statement `build` makes of `args` where `q` would, compiled once per `key` (see
+   * `QueryShapes`): for the statements every warm turn sends. Its rows, and the rows it changed.
+   */
+  async shaped<R, A extends ArgsOf<A>>(
+    key: string,
+    args: A,
+    build: (q: Kysely<Schema>, args: A) => Compilable<R>,
+  ): Promise<{ rows: R[]; changed: bigint }> {
+    const result = await this.q.executeQuery(this.shapes.compiled(key, args, (a) => build(this.kysely, a)))
+    return { rows: result.rows, changed: result.numAffectedRows ?? 0n }
   }
 
   /** Where a query runs now: the enclosing transaction, or the database. */

@@ -257,12 +257,11 @@ export class SecretStore {
   /** Decrypted values of the given scopes (all of them, for redaction). */
   async values(agentId: string, scopes: readonly SecretScope[]): Promise<Record<string, string>> {
     const out: Record<string, string> = {}
-    const rows = (await this.db.q
-      .selectFrom('secrets')
-      .selectAll()
-      .where('agent_id', '=', agentId)
-      .execute()) as SecretRow[]
-    for (const row of rows) {
+    // Every turn reads them (its redaction): compiled once.
+    const { rows } = await this.db.shaped('secrets of an agent', { agentId }, (q, a) =>
+      q.selectFrom('secrets').selectAll().where('agent_id', '=', a.agentId),
+    )
+    for (const row of rows as SecretRow[]) {
       if (scopes.includes(row.scope)) out[row.name] = this.cipher.open(row, `${agentId}/${row.name}`)
     }
     return out

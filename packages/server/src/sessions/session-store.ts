@@ -5,9 +5,9 @@ import {
   type SetupStatus,
   type StatusCause,
 } from '@cairn/protocol'
-import { type QueryCreator, sql } from 'kysely'
+import { sql } from 'kysely'
 import type { Db } from '../db/database.js'
-import type { Schema } from '../db/schema.js'
+import type { ArgsOf } from '../db/query-shapes.js'
 import { standingFor } from '../snapshots/snapshot-store.js'
 import { DeadlineIndex, nextDueColumn, refreshNextDue } from './deadline-index.js'
 import { NetworkLog } from './network-log.js'
@@ -20,7 +20,7 @@ import {
   changeStatus,
   STATUS_TIMING,
   type StatusChange,
-  type StatusUpdate,
+  type StatusUpdateOf,
   type TurnWrites,
 } from './status-writes.js'
 import { TurnRecords } from './turn-records.js'
@@ -91,9 +91,9 @@ export class SessionStore {
   }
 
   /** `changeStatus` (status-writes.ts), the reaper told when the timeout came earlier. */
-  private changeStatus(
+  private changeStatus<A extends ArgsOf<A>>(
     sessionId: string,
-    update: (qc: QueryCreator<Schema>) => StatusUpdate,
+    update: StatusUpdateOf<A>,
     change: StatusChange,
     turn: TurnWrites = {},
   ): Promise<ChangedTiming | undefined> {
@@ -122,29 +122,35 @@ export class SessionStore {
    * none) and whether a snapshot stands for the state the turn starts from, in one statement.
    */
   async getForTurn(tenantId: string, id: string): Promise<TurnSessionRow | undefined> {
-    return (await this.selectSession()
-      .select((eb) =>
-        eb
-          .selectFrom('session_setups')
-          .select('status')
-          .whereRef('session_setups.session_id', '=', 's.id')
-          .as('setup_status'),
-      )
-      .select((eb) =>
-        eb
-          .exists(
-            eb
-              .selectFrom('snapshots')
-              .select(sql`1`.as('one'))
-              .whereRef('snapshots.session_id', '=', 's.id')
-              .where('snapshots.deleted_at', 'is', null)
-              .where(standingFor(sql`s.turn_count`)),
-          )
-          .as('snapshot_stands'),
-      )
-      .where('s.tenant_id', '=', tenantId)
-      .where('s.id', '=', id)
-      .executeTakeFirst()) as TurnSessionRow | undefined
+    const { rows } = await this.db.shaped('session for a turn', { tenantId, id }, (q, a) =>
+      q
+        .selectFrom('sessions as s')
+        .innerJoin('agents as a', 'a.id', 's.agent_id')
+        .selectAll('s')
+        .select('a.name as agent_name')
+        .select((eb) =>
+          eb
+            .selectFrom('session_setups')
+            .select('status')
+            .whereRef('session_setups.session_id', '=', 's.id')
+            .as('setup_status'),
+        )
+        .select((eb) =>
+          eb
+            .exists(
+              eb
+                .selectFrom('snapshots')
+                .select(sql`1`.as('one'))
+                .whereRef('snapshots.session_id', '=', 's.id')
+                .where('snapshots.deleted_at', 'is', null)
+                .where(standingFor(sql`s.turn_count`)),
+            )
+            .as('snapshot_stands'),
+        )
+        .where('s.tenant_id', '=', a.tenantId)
+        .where('s.id', '=', a.id),
+    )
+    return rows[0] as TurnSessionRow | undefined
   }
 
   /** The session's status, whoever's it is (events the runtime reports by session ID). */
@@ -282,12 +288,16 @@ export class SessionStore {
     await this.db.transaction(() =>
       this.changeStatus(
         row.id,
-        (qc) =>
-          qc
-            .updateTable('sessions')
-            .set({ status: to, status_cause: cause, updated_at: at })
-            .where('id', '=', row.id)
-            .returning(STATUS_TIMING),
+        {
+          key: 'transition',
+          args: { to, cause, at, id: row.id },
+          build: (qc, a) =>
+            qc
+              .updateTable('sessions')
+              .set({ status: a.to, status_cause: a.cause, updated_at: a.at })
+              .where('id', '=', a.id)
+              .returning(STATUS_TIMING),
+        },
         { from: row.status, to, cause, detail, at },
       ),
     )

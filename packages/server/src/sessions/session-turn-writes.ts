@@ -1,13 +1,14 @@
 import { CairnProblem, type SessionStatus, type StatusCause, type TurnStatus } from '@cairn/protocol'
-import type { QueryCreator } from 'kysely'
+import { sql } from 'kysely'
+import { iso } from '../clock.js'
 import { type Db, isUniqueViolation } from '../db/database.js'
-import type { Schema } from '../db/schema.js'
+import type { ArgsOf } from '../db/query-shapes.js'
 import type { SessionHolds } from './session-holds.js'
 import {
   type ChangedTiming,
   STATUS_TIMING,
   type StatusChange,
-  type StatusUpdate,
+  type StatusUpdateOf,
   TurnEndedElsewhere,
   type TurnEndRow,
   type TurnWrites,
@@ -15,9 +16,9 @@ import {
 import { MOVE_OPERATION } from './turn-locks.js'
 
 /** `SessionStore`'s status change (status-writes.ts' `changeStatus`, the reaper told). */
-export type ChangeStatus = (
+export type ChangeStatus = <A extends ArgsOf<A>>(
   sessionId: string,
-  update: (qc: QueryCreator<Schema>) => StatusUpdate,
+  update: StatusUpdateOf<A>,
   change: StatusChange,
   turn?: TurnWrites,
 ) => Promise<ChangedTiming | undefined>
@@ -66,27 +67,36 @@ export class SessionTurnWrites {
     // PostgreSQL: one statement (the turn's row written from the session's, so a held session
     // writes neither), atomic without a transaction. SQLite: the turn's row first, in one.
     let ownerEpoch = 0
+    // SQLite compares hold times as text: the turn's time, as `holdClock` writes it.
+    const holdBefore = onPostgres ? this.holds.holdClock(at) : undefined
     const begin = async () => {
-      if (!onPostgres) await this.db.q.insertInto('turns').values(row).execute()
+      if (!onPostgres) await this.db.shaped('turn begun', row, (q, a) => q.insertInto('turns').values(a))
       const timing = await this.changeStatus(
         sessionId,
-        (qc) =>
-          qc
-            .updateTable('sessions')
-            .set((eb) => ({
-              turn_count: eb('turn_count', '+', 1),
-              message_count: eb('message_count', '+', 1),
-              title: eb.fn.coalesce('title', eb.val(turn.title)),
-              last_active_at: at,
-              updated_at: at,
-              status: 'active',
-              status_cause: 'turn_started',
-            }))
-            .where('id', '=', sessionId)
-            .where((eb) =>
-              eb.or([eb('held_by', 'is', null), eb('held_until', '<', this.holds.holdClock(at))]),
-            )
-            .returning([...STATUS_TIMING, 'owner_epoch']),
+        {
+          key: 'turn begun',
+          args: { title: turn.title, at, id: sessionId, heldBefore: iso(Date.parse(at)) },
+          build: (qc, a) =>
+            qc
+              .updateTable('sessions')
+              .set((eb) => ({
+                turn_count: eb('turn_count', '+', 1),
+                message_count: eb('message_count', '+', 1),
+                title: eb.fn.coalesce('title', eb.val(a.title)),
+                last_active_at: a.at,
+                updated_at: a.at,
+                status: 'active',
+                status_cause: 'turn_started',
+              }))
+              .where('id', '=', a.id)
+              .where((eb) =>
+                eb.or([
+                  eb('held_by', 'is', null),
+                  eb('held_until', '<', holdBefore ?? sql<string>`${a.heldBefore}`),
+                ]),
+              )
+              .returning([...STATUS_TIMING, 'owner_epoch']),
+        },
         { from: 'idle', to: 'active', cause: 'turn_started', detail: turn.turnId, at },
         onPostgres ? { begun: row } : {},
       )
@@ -186,31 +196,45 @@ export class SessionTurnWrites {
       duration_ms: turn.durationMs,
     }
     const onPostgres = this.db.dialect === 'postgres'
+    const advances = generation !== undefined
     const timing = await this.changeStatus(
       session.id,
-      (qc) =>
-        qc
-          .updateTable('sessions')
-          .set((eb) => ({
-            message_count: eb('message_count', '+', turn.response ? 1 : 0),
-            last_active_at: at,
-            updated_at: at,
-            status: change.to,
-            status_cause: change.cause,
-            ...(generation === undefined
-              ? {}
-              : {
-                  generation: eb
-                    .case()
-                    .when('generation', '<', generation)
-                    .then(generation)
-                    .else(eb.ref('generation'))
-                    .end(),
-                }),
-          }))
-          .where('id', '=', session.id)
-          .where('owner_epoch', '=', session.ownerEpoch)
-          .returning(STATUS_TIMING),
+      {
+        key: advances ? 'turn ended, generation advanced' : 'turn ended',
+        args: {
+          replied: turn.response ? 1 : 0,
+          at,
+          to: change.to,
+          cause: change.cause,
+          id: session.id,
+          ownerEpoch: session.ownerEpoch,
+          ...(advances ? { generation } : {}),
+        },
+        build: (qc, a) =>
+          qc
+            .updateTable('sessions')
+            .set((eb) => ({
+              message_count: eb('message_count', '+', a.replied),
+              last_active_at: a.at,
+              updated_at: a.at,
+              status: a.to,
+              status_cause: a.cause,
+              ...(a.generation === undefined
+                ? {}
+                : {
+                    generation: eb
+                      .case()
+                      .when('generation', '<', a.generation)
+                      // A value, not a number: Kysely writes a number given to `then` into the text.
+                      .then(eb.val(a.generation))
+                      .else(eb.ref('generation'))
+                      .end(),
+                  }),
+            }))
+            .where('id', '=', a.id)
+            .where('owner_epoch', '=', a.ownerEpoch)
+            .returning(STATUS_TIMING),
+      },
       { from: session.status, to: change.to, cause: change.cause, detail: change.detail, at },
       onPostgres ? { ended: { id: turn.id, set } } : {},
     )
@@ -218,13 +242,10 @@ export class SessionTurnWrites {
     const ended = onPostgres
       ? timing.turnEnded === true
       : (
-          await this.db.q
-            .updateTable('turns')
-            .set(set)
-            .where('id', '=', turn.id)
-            .where('status', '=', 'running')
-            .executeTakeFirst()
-        ).numUpdatedRows > 0n
+          await this.db.shaped('turn ended', { ...set, turnId: turn.id }, (q, { turnId, ...ended }) =>
+            q.updateTable('turns').set(ended).where('id', '=', turnId).where('status', '=', 'running'),
+          )
+        ).changed > 0n
     if (!ended) throw new TurnEndedElsewhere((await this.endedElsewhere(turn.id)) ?? 'internal')
     return true
   }

@@ -1,6 +1,7 @@
 import { newId, type SessionStatus, type StatusCause, type TurnStatus } from '@cairn/protocol'
 import { type QueryCreator, type Selection, sql, type UpdateQueryBuilder } from 'kysely'
 import type { Db } from '../db/database.js'
+import type { ArgsOf, ShapeArgs } from '../db/query-shapes.js'
 import type { Schema } from '../db/schema.js'
 import { keepNextDue } from './deadline-index.js'
 import { TIMING_COLUMNS } from './session-rows.js'
@@ -17,6 +18,17 @@ export interface StatusChange {
   cause: StatusCause
   detail?: string | undefined
   at: string
+}
+
+/**
+ * The update of a session's row that changes its status (returning its timing), as a shaped
+ * statement (db/query-shapes.ts): `build` makes it from `args`, the same text for every value of
+ * them; `key` names what else shapes it.
+ */
+export interface StatusUpdateOf<A extends ArgsOf<A>> {
+  key: string
+  args: A
+  build: (qc: QueryCreator<Schema>, args: A) => StatusUpdate
 }
 
 /**
@@ -37,13 +49,14 @@ export type ChangedTiming = ReturnedTiming & { turnEnded?: boolean; owner_epoch?
 /**
  * Changes a session's status by `update` (which returns its timing) and records the transition's
  * event: on PostgreSQL in one statement (the event, and `turn`, written from the updated row), on
- * SQLite in two. Then the deadline index is kept (written only if the timeout came earlier, and
- * `earlier` told). Undefined: `update` changed no row, and nothing was written.
+ * SQLite in two. Each is compiled once per shape: a turn's start and end send them every turn.
+ * Then the deadline index is kept (written only if the timeout came earlier, and `earlier` told).
+ * Undefined: `update` changed no row, and nothing was written.
  */
-export async function changeStatus(
+export async function changeStatus<A extends ArgsOf<A>>(
   db: Db,
   sessionId: string,
-  update: (qc: QueryCreator<Schema>) => StatusUpdate,
+  update: StatusUpdateOf<A>,
   change: StatusChange,
   /**
    * PostgreSQL, in the same statement if the session's row was changed: a new turn's row
@@ -64,20 +77,30 @@ export async function changeStatus(
   }
   let timing: ChangedTiming | undefined
   if (db.dialect === 'postgres') {
-    const base = db.q
-      .with('changed', update)
-      .with('event', (qc) => insertFromChanged(qc, 'session_events', event))
     const { begun, ended } = turn
-    let query = base
-    if (begun)
-      query = base.with('turn', (qc) => insertFromChanged(qc, 'turns', begun)) as unknown as typeof base
-    if (ended) {
-      const row = await base
+    const args = {
+      ...prefixed('u', update.args),
+      ...prefixed('e', event),
+      ...prefixed('b', begun ?? {}),
+      ...(ended ? { ...prefixed('d', ended.set), endedTurnId: ended.id } : {}),
+    }
+    const key = `status change, ${update.key}${begun ? ', a turn begun' : ''}${ended ? ', a turn ended' : ''}`
+    const { rows } = await db.shaped(key, args, (q, a) => {
+      const base = q
+        .with('changed', (qc) => update.build(qc, unprefixed('u', a) as unknown as A))
+        .with('event', (qc) => insertFromChanged(qc, 'session_events', unprefixed('e', a)))
+      let query = base
+      if (begun)
+        query = base.with('turn', (qc) =>
+          insertFromChanged(qc, 'turns', unprefixed('b', a)),
+        ) as unknown as typeof base
+      if (!ended) return query.selectFrom('changed').selectAll()
+      return base
         .with('ended', (qc) =>
           qc
             .updateTable('turns')
-            .set(ended.set)
-            .where('id', '=', ended.id)
+            .set(unprefixed('d', a) as unknown as TurnEndRow)
+            .where('id', '=', a.endedTurnId as string)
             .where('status', '=', 'running')
             .where(sql<boolean>`exists (select 1 from changed)`)
             .returning('id'),
@@ -85,17 +108,39 @@ export async function changeStatus(
         .selectFrom('changed')
         .selectAll()
         .select(sql<number>`(select count(*) from ended)`.as('turns_ended'))
-        .executeTakeFirst()
-      timing = row && { ...row, turnEnded: Number(row.turns_ended) > 0 }
-    } else timing = await query.selectFrom('changed').selectAll().executeTakeFirst()
+    })
+    const row = rows[0] as (ReturnedTiming & { turns_ended?: number | string }) | undefined
+    if (row && ended) {
+      const { turns_ended, ...rest } = row
+      timing = { ...rest, turnEnded: Number(turns_ended) > 0 }
+    } else timing = row
   } else {
-    timing = await update(db.q).executeTakeFirst()
-    if (timing) await db.q.insertInto('session_events').values(event).execute()
+    const { rows } = await db.shaped(`status change, ${update.key}`, update.args, (q, a) =>
+      update.build(q, a),
+    )
+    timing = rows[0] as ChangedTiming | undefined
+    if (timing)
+      await db.shaped('session event', event, (q, a) => q.insertInto('session_events').values(a as never))
   }
   if (!timing) return undefined
   const dueMs = await keepNextDue(db, sessionId, timing as StatusTiming)
   if (dueMs !== undefined) earlier(dueMs)
   return timing
+}
+
+/** `values` with each name prefixed (`p_name`), to stand beside other statements' in one shape. */
+function prefixed<V extends ArgsOf<V>>(prefix: string, values: V): ShapeArgs {
+  const out: Record<string, string | number | null> = {}
+  for (const [name, value] of Object.entries(values as ShapeArgs)) out[`${prefix}_${name}`] = value
+  return out
+}
+
+/** The arguments of `args` prefixed `prefix_`, without it. */
+function unprefixed(prefix: string, args: ShapeArgs): Record<string, string | number | null> {
+  const out: Record<string, string | number | null> = {}
+  for (const [name, value] of Object.entries(args))
+    if (name.startsWith(`${prefix}_`)) out[name.slice(prefix.length + 1)] = value
+  return out
 }
 
 /**

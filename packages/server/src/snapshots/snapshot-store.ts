@@ -95,13 +95,15 @@ export class SnapshotStore {
    * nothing). False when the snapshot is gone (pruned or deleted): take a new one.
    */
   async extendThrough(id: string, turn: number): Promise<boolean> {
-    const result = await this.db.q
-      .updateTable('snapshots')
-      .set({ through_turn_seq: turn })
-      .where('id', '=', id)
-      .where('deleted_at', 'is', null)
-      .executeTakeFirst()
-    return result.numUpdatedRows === 1n
+    // After every warm turn that changed nothing: compiled once.
+    const { changed } = await this.db.shaped('snapshot extended', { turn, id }, (q, a) =>
+      q
+        .updateTable('snapshots')
+        .set({ through_turn_seq: a.turn })
+        .where('id', '=', a.id)
+        .where('deleted_at', 'is', null),
+    )
+    return changed === 1n
   }
 
   /** Automatic snapshots beyond the newest `keep` of a session, oldest first. */

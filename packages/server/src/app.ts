@@ -12,7 +12,7 @@ import { agentRoutes } from './agents/routes.js'
 import type { ApprovalService } from './approvals/approval-service.js'
 import { approvalRoutes } from './approvals/routes.js'
 import type { ApiKeyStore } from './auth/api-keys.js'
-import { installAuth } from './auth/plugin.js'
+import { installAuth, type RateLimits } from './auth/plugin.js'
 import { keyRoutes } from './auth/routes.js'
 import type { ClusterHint } from './cluster/cluster-hints.js'
 import type { SessionMover } from './cluster/moves/session-mover.js'
@@ -86,7 +86,8 @@ export interface AppDeps {
   /** The runtime, only through its port. */
   runtime: RuntimePort
   maxUploadBytes: number
-  rateLimitPerSecond?: number | undefined
+  /** The per-key and per-tenant budgets, shared with the other ways in (terminal sockets). */
+  rateLimits: RateLimits
   /** The operator's maxima (shown at `GET /v1/runtime`; the tenant rate and key count are enforced here). */
   operatorLimits: OperatorLimits
   /** Interval of the heartbeat events on SSE streams (default 15 s). */
@@ -196,15 +197,7 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
     },
   })
   documentFrameworkAnswers(app)
-  const rateLimiter = installAuth(
-    app,
-    deps.keys,
-    {
-      ratePerSecond: deps.rateLimitPerSecond,
-      tenantRatePerSecond: deps.operatorLimits.tenantRateLimitPerSecond,
-    },
-    isPreviewRequest,
-  )
+  installAuth(app, deps.keys, deps.rateLimits, isPreviewRequest)
   app.get('/healthz', { schema: { hide: true, response: { 200: HealthSchema } } }, async () => ({
     ok: true,
     version: deps.version,
@@ -262,7 +255,7 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
           secrets: deps.secrets,
           archiveLimits: compat.archiveLimits,
           maxUploadBytes: deps.maxUploadBytes,
-          rateLimiter,
+          rateLimits: deps.rateLimits,
         }),
       { prefix: compat.prefix },
     )

@@ -17,6 +17,7 @@ import { buildApp } from './app.js'
 import { ApprovalService } from './approvals/approval-service.js'
 import { ApprovalStore } from './approvals/approval-store.js'
 import { ApiKeyStore, DEFAULT_TENANT_ID } from './auth/api-keys.js'
+import { RateLimits } from './auth/plugin.js'
 import { systemClock } from './clock.js'
 import { ClusterHints } from './cluster/cluster-hints.js'
 import { ReplicaLease } from './cluster/replica-lease.js'
@@ -391,6 +392,11 @@ export async function startServer(
       logger,
       budget: storageBudget,
     })
+    // One set of budgets for every way in: the routes, the compat API, terminal sockets.
+    const rateLimits = new RateLimits({
+      ratePerSecond: config.rateLimitPerSecond,
+      tenantRatePerSecond: config.operatorLimits.tenantRateLimitPerSecond,
+    })
     const app = await buildApp({
       cluster: cluster ? { nodes: cluster.nodes, publish: cluster.publish, mover } : undefined,
       commands,
@@ -412,7 +418,7 @@ export async function startServer(
       agents,
       sessions,
       maxUploadBytes: config.maxUploadBytes,
-      rateLimitPerSecond: config.rateLimitPerSecond,
+      rateLimits,
       operatorLimits: config.operatorLimits,
       sseHeartbeatMs: config.sseHeartbeatMs,
       sseStallMs: config.sseStallMs,
@@ -425,7 +431,13 @@ export async function startServer(
         : undefined,
     })
     // The API listener answers every Upgrade request: terminals over WebSocket, 404 for the rest.
-    const terminals = new TerminalSockets({ keys, commands, logger, stallMs: config.sseStallMs })
+    const terminals = new TerminalSockets({
+      keys,
+      commands,
+      logger,
+      rateLimits,
+      stallMs: config.sseStallMs,
+    })
     terminals.attach(app.server)
     admission.attach(app.server, { relaysUpgrades: true })
     const address = await app.listen({ port: config.port, host: config.host })

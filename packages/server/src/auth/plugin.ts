@@ -8,17 +8,43 @@ declare module 'fastify' {
   }
 }
 
-/** Bearer authentication on everything under /v1 (the OpenAPI document excepted); returns its rate limiter. */
+/**
+ * The per-key and per-tenant budgets that every way in draws on: the /v1 routes, the compat API
+ * and terminal sockets (a tenant's requests through one are requests through the others).
+ */
+export class RateLimits {
+  readonly key: RateLimiter
+  /** All of a tenant's keys together: more keys are not more requests. */
+  readonly tenant: RateLimiter
+
+  constructor(limits: { ratePerSecond?: number | undefined; tenantRatePerSecond?: number | undefined } = {}) {
+    this.key = new RateLimiter(limits.ratePerSecond ?? 1000)
+    this.tenant = new RateLimiter(limits.tenantRatePerSecond ?? limits.ratePerSecond ?? 1000)
+  }
+
+  /** Takes one request from `principal`'s budgets, or refuses it (`rate_limited`). */
+  admit(principal: Principal): void {
+    if (!this.key.take(principal.keyId))
+      throw new CairnProblem(
+        'rate_limited',
+        `too many requests for this API key (limit ${this.key.ratePerSecond}/s)`,
+      )
+    if (!this.tenant.take(principal.tenantId))
+      throw new CairnProblem(
+        'rate_limited',
+        `too many requests for this tenant, all its API keys together (limit ${this.tenant.ratePerSecond}/s)`,
+      )
+  }
+}
+
+/** Bearer authentication on everything under /v1 (the OpenAPI document excepted), within `limits`. */
 export function installAuth(
   app: FastifyInstance,
   keys: ApiKeyStore,
-  limits: { ratePerSecond?: number | undefined; tenantRatePerSecond?: number | undefined } = {},
+  limits: RateLimits,
   /** Routes that authorize on their own (previews: a key or a signed URL). */
   exempt?: (request: FastifyRequest) => boolean,
-): RateLimiter {
-  const limiter = new RateLimiter(limits.ratePerSecond ?? 1000)
-  // All of a tenant's keys together: more keys are not more requests.
-  const tenantLimiter = new RateLimiter(limits.tenantRatePerSecond ?? limits.ratePerSecond ?? 1000)
+): void {
   app.decorateRequest('principal', undefined)
   app.addHook('onRequest', async (request) => {
     const url = request.url
@@ -31,22 +57,9 @@ export function installAuth(
       throw new CairnProblem('unauthorized', 'missing API key: send Authorization: Bearer <key>')
     const principal = await keys.verify(match[1])
     if (!principal) throw new CairnProblem('unauthorized', 'invalid API key')
-    if (!limiter.take(principal.keyId)) {
-      throw new CairnProblem(
-        'rate_limited',
-        `too many requests for this API key (limit ${limiter.ratePerSecond}/s)`,
-      )
-    }
-    if (!tenantLimiter.take(principal.tenantId)) {
-      throw new CairnProblem(
-        'rate_limited',
-        `too many requests for this tenant, all its API keys together (limit ${tenantLimiter.ratePerSecond}/s)`,
-      )
-    }
+    limits.admit(principal)
     request.principal = principal
   })
-  // Returned so that other ways in (the compat API) draw on the same per-key budget.
-  return limiter
 }
 
 export function principalOf(request: FastifyRequest): Principal {

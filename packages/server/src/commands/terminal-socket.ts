@@ -4,6 +4,7 @@ import { CairnProblem, COMMAND_SIGNALS, newId } from '@cairn/protocol'
 import type { Logger } from 'pino'
 import { type RawData, type WebSocket, WebSocketServer } from 'ws'
 import type { ApiKeyStore, Principal } from '../auth/api-keys.js'
+import type { RateLimits } from '../auth/plugin.js'
 import { toErrorBody } from '../http/errors.js'
 import { DEFAULT_SSE_STALL_MS } from '../http/sse.js'
 import { COMMAND_WAIT_MS, type CommandService } from './command-service.js'
@@ -35,6 +36,8 @@ export class TerminalSockets {
       keys: ApiKeyStore
       commands: CommandService
       logger: Logger
+      /** The key's and tenant's budgets: an upgrade is one request of them, as a route's. */
+      rateLimits?: RateLimits | undefined
       /** A client that takes nothing of its output for this long is cut, as an SSE stream's (default 60 s). */
       stallMs?: number | undefined
     },
@@ -57,6 +60,7 @@ export class TerminalSockets {
         'the API takes WebSocket upgrades only at …/commands/{commandId}/terminal',
       )
     const principal = await this.principal(request)
+    this.deps.rateLimits?.admit(principal)
     if (principal.role === 'read') throw new CairnProblem('forbidden', 'this API key is read-only')
     const sessionId = pathPart(match[1])
     const commandId = pathPart(match[2])

@@ -5,7 +5,7 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import type { AgentService } from '../agents/agent-service.js'
 import type { ArchiveLimits } from '../agents/archive.js'
 import type { ApiKeyStore, Principal } from '../auth/api-keys.js'
-import type { RateLimiter } from '../auth/plugin.js'
+import type { RateLimits } from '../auth/plugin.js'
 import { toErrorBody } from '../http/errors.js'
 import { bytesBody, EVENT_DATA_EXTENSION } from '../http/responses.js'
 import { DEFAULT_SSE_STALL_MS, whenDrained } from '../http/sse.js'
@@ -41,8 +41,8 @@ export interface CompatDeps {
   secrets: SecretStore
   archiveLimits: ArchiveLimits
   maxUploadBytes: number
-  /** Cairn's own per-key limiter: a key's budget is the same through /v1 and the compat API. */
-  rateLimiter: RateLimiter
+  /** Cairn's own budgets: a key's and its tenant's are the same through /v1 and the compat API. */
+  rateLimits: RateLimits
 }
 
 const HEARTBEAT_MS = 15_000
@@ -84,7 +84,6 @@ const runStream = {
  */
 export async function compatRoutes(server: FastifyInstance, deps: CompatDeps): Promise<void> {
   const app = server.withTypeProvider<TypeBoxTypeProvider>()
-  const limiter = deps.rateLimiter
   const principals = new WeakMap<FastifyRequest, Principal>()
 
   app.setErrorHandler((error, request, reply) => {
@@ -103,12 +102,7 @@ export async function compatRoutes(server: FastifyInstance, deps: CompatDeps): P
       throw new CairnProblem('unauthorized', 'missing API key: send Authorization: Bearer <key>')
     const principal = await deps.keys.verify(match[1])
     if (!principal) throw new CairnProblem('unauthorized', 'invalid API key')
-    if (!limiter.take(principal.keyId)) {
-      throw new CairnProblem(
-        'rate_limited',
-        `too many requests for this API key (limit ${limiter.ratePerSecond}/s)`,
-      )
-    }
+    deps.rateLimits.admit(principal)
     principals.set(request, principal)
   })
   const reader = (request: FastifyRequest): Principal => {

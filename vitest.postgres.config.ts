@@ -77,6 +77,7 @@ const RUNTIME_ONLY = [
   'test/security/fork-memory-secrets.test.ts',
   'test/security/fuzz-archive.test.ts',
   'test/security/nul-values.test.ts',
+  'test/security/rate-budgets.test.ts',
   'test/security/hostile-node.test.ts',
   'test/security/image-pull-cap.test.ts',
   'test/security/images-quota.test.ts',

@@ -330,6 +330,15 @@ describe('commands: bad input gets typed errors', () => {
       expect(res.status).toBe(400)
     }
     expect((await t.api.call('GET', `${route}/output?offset=-1`)).status).toBe(400)
+    // A resize of a command with no terminal was answered 200 and did nothing.
+    const plain = (await start(session, { command: ['sleep', '30'] })).body.id
+    const resized = await t.api.call('POST', `/v1/sessions/${session}/commands/${plain}/resize`, {
+      rows: 5,
+      cols: 9,
+    })
+    expect(resized.status, JSON.stringify(resized.body)).toBe(409)
+    expect(resized.body.error.code).toBe('conflict')
+    await t.api.call('POST', `/v1/sessions/${session}/commands/${plain}/signal`, { signal: 'SIGKILL' })
   })
 
   it('refuses a NUL anywhere in an argument or an env value with validation_failed, never a 500', async () => {

@@ -69,6 +69,8 @@ interface Running {
   state: CommandState
   log: CommandLog
   process: SandboxExecProcess | undefined
+  /** Whether it runs on a terminal (started with `tty`): only then can it be resized. */
+  tty: boolean
   /** Why it is being ended, when the runtime ends it (a timeout, its sandbox stopping). */
   ending: CommandEndCause | undefined
   waiters: Set<() => void>
@@ -125,6 +127,7 @@ export class NodeCommands {
       state,
       log,
       process,
+      tty: start.tty !== undefined,
       ending: undefined,
       waiters: new Set(),
       timer: undefined,
@@ -233,6 +236,12 @@ export class NodeCommands {
 
   resize(sessionId: string, commandId: string, rows: number, cols: number): CommandState {
     const command = this.get(sessionId, commandId)
+    // Without a terminal there is nothing to resize: said, not ignored.
+    if (!command.tty)
+      throw new CairnProblem(
+        'conflict',
+        `command ${commandId} has no terminal: start it with tty to resize it`,
+      )
     command.process?.resize(rows, cols)
     return { ...command.state }
   }

@@ -101,6 +101,31 @@ describe("the budget's check", () => {
   })
 })
 
+describe('GET /v1/usage', () => {
+  it("shows the bytes the budget's check counts: the tenant's counters, not sums of its rows", async () => {
+    // The tenant holds an artifact (and commands, when the tests above ran).
+    const session = (await t.api.createSession('shell')).id
+    await t.api.send(session, 'echo kept > kept.txt')
+    const saved = await t.api.call('POST', `/v1/sessions/${session}/artifacts`, { path: 'kept.txt' })
+    expect(saved.status, JSON.stringify(saved.body)).toBe(201)
+    const sent: string[] = []
+    const stop = t.server.statements.listen((statement) => sent.push(statement.replace(/"/g, '')))
+    let usage: Awaited<ReturnType<Api['call']>>
+    try {
+      usage = await t.api.call('GET', '/v1/usage')
+    } finally {
+      stop()
+    }
+    expect(usage.status).toBe(200)
+    expect(usage.body.artifacts).toMatchObject({ count: 1, bytes: 5 })
+    // Before, the usage summed the tenant's artifacts and command windows (its own figures, work
+    // that grows with the install); now it reads the counters' row the check reads.
+    const sums = sent.filter((statement) => /\bsum\s*\(/i.test(statement))
+    expect(sums.filter((statement) => /\b(from|join)\s+(artifacts|commands)\b/i.test(statement))).toEqual([])
+    expect(sent.filter((statement) => /\bfrom\s+tenant_storage\b/i.test(statement))).toHaveLength(1)
+  })
+})
+
 /** The bytes of the session's stored stream events and transcript, read with SQL of its own. */
 async function keptBytes(sessionId: string): Promise<{ events: number; transcript: number }> {
   const db = await openDatabase((await testDatabaseFor(t.dataDir)) ?? path.join(t.dataDir, 'cairn.db'))

@@ -120,16 +120,8 @@ export class StorageBudget {
    * (`tenant_storage`, storage-triggers.ts), and its reservations under way (a few rows).
    */
   private async heldBeside(tenantId: string): Promise<Omit<TenantHeld, 'poolBytes'>> {
-    const kept = await this.deps.db.q
-      .selectFrom('tenant_storage')
-      .select(['artifact_bytes', 'command_log_bytes', 'turn_event_bytes', 'turn_text_bytes'])
-      .where('tenant_id', '=', tenantId)
-      .executeTakeFirst()
     return {
-      artifactBytes: Number(kept?.artifact_bytes ?? 0),
-      commandLogBytes: Number(kept?.command_log_bytes ?? 0),
-      turnEventBytes: Number(kept?.turn_event_bytes ?? 0),
-      turnTextBytes: Number(kept?.turn_text_bytes ?? 0),
+      ...(await keptBeside(this.deps.db, tenantId)),
       reservedBytes: await reservedBytes(this.deps.db, tenantId, this.deps.clock.now()),
     }
   }
@@ -163,23 +155,42 @@ function heldTotal(held: TenantHeld): number {
   )
 }
 
-/** The tenant's artifacts, and the space its reservations hold at `nowMs` (lapsed ones left out). */
+/** What the tenant keeps beside the pool: its counters' row (`tenant_storage`), read by the check and the usage. */
+export async function keptBeside(
+  db: Db,
+  tenantId: string,
+): Promise<Omit<TenantHeld, 'poolBytes' | 'reservedBytes'>> {
+  const kept = await db.q
+    .selectFrom('tenant_storage')
+    .select(['artifact_bytes', 'command_log_bytes', 'turn_event_bytes', 'turn_text_bytes'])
+    .where('tenant_id', '=', tenantId)
+    .executeTakeFirst()
+  return {
+    artifactBytes: Number(kept?.artifact_bytes ?? 0),
+    commandLogBytes: Number(kept?.command_log_bytes ?? 0),
+    turnEventBytes: Number(kept?.turn_event_bytes ?? 0),
+    turnTextBytes: Number(kept?.turn_text_bytes ?? 0),
+  }
+}
+
+/**
+ * The tenant's artifacts for `GET /v1/usage`: their bytes as the check counts them (`kept`, the
+ * counter), how many (counted), and the space its reservations hold at `nowMs` (lapsed ones left out).
+ */
 export async function artifactUsage(
   db: Db,
   tenantId: string,
   nowMs: number,
+  kept: Pick<TenantHeld, 'artifactBytes'>,
 ): Promise<{ count: number; bytes: number; reservedBytes: number }> {
-  const kept = await db.q
+  const counted = await db.q
     .selectFrom('artifacts')
-    .select((eb) => [
-      eb.fn.countAll<number | string>().as('count'),
-      eb.fn.sum<number | string | null>('size_bytes').as('bytes'),
-    ])
+    .select((eb) => eb.fn.countAll<number | string>().as('count'))
     .where('tenant_id', '=', tenantId)
     .executeTakeFirst()
   return {
-    count: Number(kept?.count ?? 0),
-    bytes: Number(kept?.bytes ?? 0),
+    count: Number(counted?.count ?? 0),
+    bytes: kept.artifactBytes,
     reservedBytes: await reservedBytes(db, tenantId, nowMs),
   }
 }
@@ -196,22 +207,24 @@ async function reservedBytes(db: Db, tenantId: string, nowMs: number): Promise<n
 }
 
 /**
- * What the output logs of the tenant's commands hold on their nodes: a running command's at its
- * bound (it may write that much), an ended one's at the bytes it kept, for the ones its node
- * keeps (a session's last `KEPT_ENDED_COMMANDS` ended ones; none of a deleted session, nor of a
- * command lost with its node).
+ * The output logs of the tenant's commands for `GET /v1/usage`: their bytes as the check counts
+ * them (`kept`, the counter the triggers keep), and how many its nodes keep (a session's running
+ * ones and last `KEPT_ENDED_COMMANDS` ended ones; none of a deleted session, nor of a command lost
+ * with its node).
  */
-export async function commandLogUsage(db: Db, tenantId: string): Promise<{ count: number; bytes: number }> {
-  const result = await sql<{ count: number | string; bytes: number | string | null }>`
-    SELECT COUNT(*) AS count,
-      SUM(CASE WHEN k.status = 'running' THEN k.max_output_bytes ELSE k.output_bytes - k.kept_from_offset END) AS bytes
+export async function commandLogUsage(
+  db: Db,
+  tenantId: string,
+  kept: Pick<TenantHeld, 'commandLogBytes'>,
+): Promise<{ count: number; bytes: number }> {
+  const result = await sql<{ count: number | string }>`
+    SELECT COUNT(*) AS count
     FROM (
-      SELECT c.status, c.max_output_bytes, c.output_bytes, c.kept_from_offset,
+      SELECT c.status,
         ROW_NUMBER() OVER (PARTITION BY c.session_id, c.status ORDER BY c.started_at DESC, c.id DESC) AS n
       FROM commands c JOIN sessions s ON s.id = c.session_id
       WHERE c.tenant_id = ${tenantId} AND c.status != 'lost' AND s.status != 'deleted'
     ) k
     WHERE k.status = 'running' OR k.n <= ${KEPT_ENDED_COMMANDS}`.execute(db.q)
-  const row = result.rows[0]
-  return { count: Number(row?.count ?? 0), bytes: Number(row?.bytes ?? 0) }
+  return { count: Number(result.rows[0]?.count ?? 0), bytes: kept.commandLogBytes }
 }

@@ -6,7 +6,7 @@ import { type Clock, iso } from '../clock.js'
 import type { Db } from '../db/database.js'
 import type { Schema } from '../db/schema.js'
 import type { ImageService } from '../images/image-service.js'
-import { artifactUsage, commandLogUsage } from '../limits/storage-budget.js'
+import { artifactUsage, commandLogUsage, keptBeside } from '../limits/storage-budget.js'
 import type { ArtifactStore } from '../memory/artifact-store.js'
 import type { SessionRow } from '../sessions/session-rows.js'
 import type { SessionService } from '../sessions/session-service.js'
@@ -426,6 +426,7 @@ export class RetentionService {
       .execute()
     const checkpointBytes = (await runtime.memoryCheckpointBytes(live.map((r) => r.id))).filter((b) => b > 0)
     const { warning: _warning, ...limits } = await runtime.quotaStatus()
+    const kept = await keptBeside(this.deps.db, tenantId)
     const held = (await runtime.tenantUsage([tenantId]).catch(() => ({}) as Record<string, TreeSizes>))[
       tenantId
     ]
@@ -444,8 +445,9 @@ export class RetentionService {
       },
       retention: { policy: await this.policy(tenantId), ...(await this.freed(tenantId)) },
       memoryCheckpoints: { count: checkpointBytes.length, bytes: checkpointBytes.reduce((a, b) => a + b, 0) },
-      artifacts: await artifactUsage(this.deps.db, tenantId, this.deps.clock.now()),
-      commandLogs: await commandLogUsage(this.deps.db, tenantId),
+      // Bytes as the budget's check counts them: the tenant's counters, not a sum of its rows.
+      artifacts: await artifactUsage(this.deps.db, tenantId, this.deps.clock.now(), kept),
+      commandLogs: await commandLogUsage(this.deps.db, tenantId, kept),
       ...(this.deps.images ? { images: await this.deps.images.tenantImages(tenantId) } : {}),
       storage,
     }

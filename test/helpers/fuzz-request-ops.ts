@@ -71,6 +71,8 @@ export const ids = {
   artifact: '',
   turn: '',
   command: '',
+  /** A command on a terminal: the one `…/resize` is well-formed for (a plain one's is refused 409). */
+  terminalCommand: '',
   endedCommand: '',
   /** A session whose agent asked for approval, and its request (pending until the run answers it). */
   approvalSession: '',
@@ -189,10 +191,16 @@ const REAL_PARAMS: Record<string, () => string[]> = {
   snapshotId: () => [ids.snapshot],
   artifactId: () => [ids.artifact],
   turnId: () => [ids.turn],
-  commandId: () => [ids.command, ids.endedCommand],
+  commandId: () => [ids.command, ids.terminalCommand, ids.endedCommand],
   approvalId: () => [ids.approval],
   port: () => ['8000', '3000'],
   key: () => ['K2', 'K1'],
+}
+
+/** The command a well-formed request to a command's route names: ended, on a terminal, or plain. */
+function commandFor(template: string): string {
+  if (template.endsWith('/output')) return ids.endedCommand
+  return template.endsWith('/resize') ? ids.terminalCommand : ids.command
 }
 
 /** The real IDs a well-formed request to `route` uses (DELETE on the spare and victim ones). */
@@ -209,7 +217,7 @@ function realParam(route: Route, name: string): string {
   if (name === 'id' && template.startsWith('/v1/keys')) return ids.victimKey
   if (name === 'id' && template.startsWith('/v1/webhooks'))
     return destructive ? ids.victimWebhook : ids.webhook
-  if (name === 'commandId') return route.template.endsWith('/output') ? ids.endedCommand : ids.command
+  if (name === 'commandId') return commandFor(route.template)
   return REAL_PARAMS[name]?.()[0] ?? 'x'
 }
 

@@ -51,6 +51,13 @@ export async function buildWorld(api: Api): Promise<void> {
   })
   expect(command.status, JSON.stringify(command.body)).toBe(201)
   ids.command = command.body.id
+  // A command on a terminal, the one a resize is for (it ends with the server).
+  const terminal = await api.call('POST', `/v1/sessions/${ids.liveSession}/commands`, {
+    command: ['cat'],
+    tty: { rows: 24, cols: 80 },
+  })
+  expect(terminal.status, JSON.stringify(terminal.body)).toBe(201)
+  ids.terminalCommand = terminal.body.id
   // A service on port 8000, so a signed URL for it is issued while the sandbox runs (one for a
   // port nothing listens on is refused then).
   const service = await api.call('POST', `/v1/sessions/${ids.liveSession}/commands`, {

@@ -9,6 +9,7 @@ import type { ShippingBucket } from '../../packages/runtime/src/shipping/bucket.
 import { type ChainLink, chainKey } from '../../packages/runtime/src/shipping/chain-link.js'
 import { readChain } from '../../packages/runtime/src/shipping/chain-reader.js'
 import { restoreFromBucket } from '../../packages/runtime/src/shipping/restore.js'
+import { feedParts, startTool } from '../../packages/runtime/src/shipping/stream-parts.js'
 import { WorkspaceShipper } from '../../packages/runtime/src/shipping/workspace-shipper.js'
 import type { BtrfsPool } from '../../packages/runtime/src/storage/btrfs-pool.js'
 import type { StoragePool } from '../../packages/runtime/src/storage/pool.js'
@@ -152,6 +153,18 @@ describe('a shipped chain from the bucket is untrusted', () => {
     const garbage = await damaged((body) => body.fill(0x41, 0, 64))
     await refused(garbage, /no btrfs-stream header/)
   })
+
+  it("ends with the receiver's refusal when it refused before a part was fed, never waiting on it", async () => {
+    // btrfs receive refusing a stream exits while the next part is still being read from the
+    // bucket: a write to its destroyed stdin never drains, and its close was emitted before anyone
+    // listened (a restore waited for ever, seen once in a loaded clean-clone run).
+    const receiver = startTool('sh', ['-c', 'exit 3'], 'write', 'chain_invalid')
+    await receiver.done.catch(() => undefined)
+    const stream = (links[0] as ChainLink).stream
+    const error = await rejection(feedParts(bucket, stream, receiver))
+    expect(error.code).toBe('chain_invalid')
+    expect(error.message).toMatch(/exit 3/)
+  }, 10_000)
 
   it('refuses a chain whose restored tree does not match the digest recorded at ship time', async () => {
     const wrongDigest = await forged((link) => {

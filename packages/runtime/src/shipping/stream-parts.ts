@@ -147,13 +147,11 @@ export async function feedParts(
         )
       whole.update(body)
       check?.push(body)
-      const accepted = stdin.write(body)
-      if (!accepted)
-        await new Promise<void>((resolve) => {
-          stdin.once('drain', resolve)
-          tool.child.once('close', () => resolve())
-        })
-      if (tool.child.exitCode !== null) break
+      // A tool that ended (it refused the stream) takes no more: its stdin is destroyed, a write
+      // to it never drains, and its close has already been emitted.
+      if (stdin.destroyed) break
+      if (!stdin.write(body)) await drainedOrEnded(stdin, tool)
+      if (tool.child.exitCode !== null || tool.child.signalCode !== null) break
     }
     check?.finish()
     stdin.end()
@@ -165,4 +163,16 @@ export async function feedParts(
     await tool.done.catch(() => undefined)
     throw error
   }
+}
+
+/** Resolves when `stdin` drains or `tool` has ended, whichever is first (either may be so already). */
+function drainedOrEnded(stdin: NodeJS.WritableStream, tool: StreamTool): Promise<void> {
+  return new Promise<void>((resolve) => {
+    const settle = () => {
+      stdin.removeListener('drain', settle)
+      resolve()
+    }
+    stdin.once('drain', settle)
+    void tool.done.then(settle, settle)
+  })
 }

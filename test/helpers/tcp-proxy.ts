@@ -5,6 +5,8 @@ export interface TcpProxy {
   url: string
   /** Connections made through it so far. */
   readonly connections: number
+  /** Bytes its clients have sent through it to the server so far. */
+  readonly bytesToServer: number
   /** Destroys every connection open now, both sides; new ones are proxied as before. */
   dropAll(): number
   /**
@@ -25,6 +27,7 @@ export async function startTcpProxy(target: string, listenHost = '127.0.0.1'): P
   const pairs = new Set<[net.Socket, net.Socket]>()
   const stalled = new Set<net.Socket>()
   let connections = 0
+  let bytesToServer = 0
   let hung = false
   const track = (socket: net.Socket) => {
     open.add(socket)
@@ -47,6 +50,9 @@ export async function startTcpProxy(target: string, listenHost = '127.0.0.1'): P
     track(upstream)
     const pair: [net.Socket, net.Socket] = [client, upstream]
     pairs.add(pair)
+    client.on('data', (chunk: Buffer) => {
+      bytesToServer += chunk.length
+    })
     client.pipe(upstream)
     upstream.pipe(client)
     client.on('close', () => upstream.destroy())
@@ -61,6 +67,9 @@ export async function startTcpProxy(target: string, listenHost = '127.0.0.1'): P
     url: `http://${listenHost}:${address.port}`,
     get connections() {
       return connections
+    },
+    get bytesToServer() {
+      return bytesToServer
     },
     dropAll() {
       const count = open.size

@@ -1,11 +1,12 @@
 import { createHash } from 'node:crypto'
 import { mkdtemp, rm } from 'node:fs/promises'
 import http2 from 'node:http2'
-import net from 'node:net'
+import type net from 'node:net'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { newId, type TranscriptLine } from '@cairn/protocol'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { startTcpProxy } from '../../../../../test/helpers/tcp-proxy.js'
 import { makeRevision, openTestRuntime, sessionId, type TestRuntime } from '../../../test/harness.js'
 import { LocalRuntimePort } from '../local-runtime-port.js'
 import type { AgentSpec } from '../runtime-port.js'
@@ -35,28 +36,11 @@ let clusterDir: string
 let apiTls: ClusterTls
 const closers: (() => Promise<void>)[] = []
 
-/** A TCP relay in front of the node that counts the bytes the API side sends through it. */
+/** A TCP relay in front of the node (it counts the bytes the API side sends through it). */
 async function countingRelay(url: string) {
-  const target = new URL(url)
-  const counted = { bytes: 0 }
-  const server = net.createServer((client) => {
-    const upstream = net.connect(Number(target.port), target.hostname)
-    client.on('data', (d: Buffer) => {
-      counted.bytes += d.length
-      upstream.write(d)
-    })
-    upstream.pipe(client)
-    for (const s of [client, upstream]) {
-      s.on('error', () => undefined)
-      s.on('close', () => {
-        client.destroy()
-        upstream.destroy()
-      })
-    }
-  })
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
-  closers.push(() => new Promise<void>((resolve) => server.close(() => resolve())))
-  return { url: `https://127.0.0.1:${(server.address() as net.AddressInfo).port}`, counted }
+  const proxy = await startTcpProxy(url)
+  closers.push(() => proxy.close())
+  return { url: proxy.url.replace('http:', 'https:'), proxy }
 }
 
 function spec(id: string): AgentSpec {
@@ -131,10 +115,10 @@ describe("a turn's transcript over the remote runtime port", () => {
       await replica.createWorkspace(id, REVISION, 'ten_tx')
       await replica.startAgent(spec(id))
       for (let turn = 1; turn <= 12; turn++) {
-        const sentBefore = relay.counted.bytes
+        const sentBefore = relay.proxy.bytesToServer
         expect(await turnText(replica, id, turn, transcript)).toBe(expected(transcript))
         // Only the two lines of the turn before cross (~4 KB), not all (20 KB and more from here).
-        if (turn >= 6) expect(relay.counted.bytes - sentBefore).toBeLessThan(12_000)
+        if (turn >= 6) expect(relay.proxy.bytesToServer - sentBefore).toBeLessThan(12_000)
         say(turn)
       }
       const whole = transcript.reduce((n, line) => n + JSON.stringify(line).length, 0)
@@ -154,9 +138,9 @@ describe("a turn's transcript over the remote runtime port", () => {
       await replica.stopAgent(id)
       await replica.startAgent(spec(id))
       say(13)
-      const sentBefore = relay.counted.bytes
+      const sentBefore = relay.proxy.bytesToServer
       expect(await turnText(replica, id, 13, transcript)).toBe(expected(transcript))
-      expect(relay.counted.bytes - sentBefore).toBeGreaterThan(whole)
+      expect(relay.proxy.bytesToServer - sentBefore).toBeGreaterThan(whole)
       await replica.deleteWorkspace(id)
     })
   })

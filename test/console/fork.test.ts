@@ -111,7 +111,8 @@ describe.skipIf(!existsSync(CHROMIUM))('the console fork dialog', () => {
       await expect.poll(() => page.locator('#fork-error').textContent()).toContain('(bad_request, HTTP 400)')
       expect(await page.locator('dialog.fork').isVisible()).toBe(true)
       await page.locator('dialog.fork').getByRole('button', { name: 'Cancel' }).click()
-      expect(await page.locator('dialog.fork').count()).toBe(0)
+      // The dialog is removed on the click's handling, after click() resolves: wait for it (up to 5 s).
+      await page.locator('dialog.fork').waitFor({ state: 'detached', timeout: 5_000 })
       expect((await t.api.call('GET', '/v1/sessions?limit=100')).body.data.length).toBe(before)
       expect(await count(id)).toBe('count=2')
     })

@@ -4,6 +4,7 @@ import os from 'node:os'
 import path from 'node:path'
 import { createInterface } from 'node:readline'
 import { instanceRunDir } from '@cairn/runtime'
+import fc from 'fast-check'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { FUZZ_MARKER, listTree, markerEntries, SHARED_PLACES, type SharedPlaces } from '../helpers/fuzz.js'
 import {
@@ -28,6 +29,7 @@ import {
   wellFormed,
 } from '../helpers/fuzz-request-ops.js'
 import { buildWorld } from '../helpers/fuzz-request-world.js'
+import { runTerminal, TERMINAL_COMMANDS, terminalStep } from '../helpers/fuzz-terminal.js'
 import { OpenApiConformance, type Operation } from '../helpers/openapi-conformance.js'
 import { Api, EXAMPLES, packDir, REPO_ROOT } from '../helpers/server.js'
 
@@ -290,6 +292,43 @@ describe('request fuzzing', () => {
     )
     expect(strayInPool).toEqual([])
   }, 300_000)
+})
+
+describe('terminal socket fuzzing', () => {
+  // Every message kind of the terminal socket (stdin, resize, signal, close) in every wrong form
+  // and order, and frames the protocol forbids, on each kind of command: no `internal` error, no
+  // 1011 close, and the server (its own process) answers after each. A frame past the payload
+  // bound or a protocol error was thrown out of the socket's error event: the process died.
+  it('answers generated terminal messages with typed errors or protocol closes, never a crash', async () => {
+    const session = (await api.createSession('echo')).id
+    const wsBase = base.href.replace(/^http/, 'ws').replace(/\/$/, '')
+    const closes = new Map<number, number>()
+    await fc.assert(
+      fc.asyncProperty(
+        fc.nat({ max: TERMINAL_COMMANDS.length - 1 }),
+        fc.array(terminalStep, { minLength: 1, maxLength: 6 }),
+        async (which, steps) => {
+          const started = await api.call('POST', `/v1/sessions/${session}/commands`, TERMINAL_COMMANDS[which])
+          expect(started.status, JSON.stringify(started.body)).toBe(201)
+          const path = `/v1/sessions/${session}/commands/${started.body.id}/terminal`
+          const run = await runTerminal(`${wsBase}${path}`, key, steps)
+          closes.set(run.closeCode ?? 0, (closes.get(run.closeCode ?? 0) ?? 0) + 1)
+          expect(run.wrong).toEqual([])
+          expect(run.closeCode).not.toBe(1011)
+          expect(child?.exitCode, serverLog.join('').slice(-4000)).toBeNull()
+          expect((await fetch(new URL('/healthz', base))).status).toBe(200)
+          await api.call('POST', `/v1/sessions/${session}/commands/${started.body.id}/signal`, {
+            signal: 'SIGKILL',
+          })
+        },
+      ),
+      { numRuns: 32, seed: SEED, endOnFailure: true },
+    )
+    console.log(
+      `[fuzz-requests] terminal sockets' close codes: ${JSON.stringify(Object.fromEntries(closes))}`,
+    )
+    expect((await api.call('DELETE', `/v1/sessions/${session}`)).status).toBe(200)
+  }, 120_000)
 })
 
 describe('request cases fuzzing found (regressions)', () => {

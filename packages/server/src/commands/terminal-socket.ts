@@ -70,6 +70,12 @@ export class TerminalSockets {
     // Refused before the handshake: an unknown session or command is a typed HTTP answer.
     await this.deps.commands.get(principal.tenantId, sessionId, commandId)
     this.wss.handleUpgrade(request, socket, head, (ws) => {
+      // A frame the protocol refuses (past the payload bound, text that is no UTF-8, unmasked, a
+      // reserved opcode) is said on the socket's error event as ws closes it (1002, 1007, 1009):
+      // with no listener it was thrown, and one client's frame ended the server's process.
+      ws.on('error', (error: Error) =>
+        this.deps.logger.info({ err: error, command: commandId }, 'a terminal socket sent a refused frame'),
+      )
       const at = { tenantId: principal.tenantId, sessionId, commandId }
       this.bridge(ws, at, offset).catch((error: unknown) => {
         this.deps.logger.warn({ err: error, command: commandId }, 'a terminal socket failed')

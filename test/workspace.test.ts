@@ -1,5 +1,6 @@
 import { existsSync, readdirSync } from 'node:fs'
 import { gunzipSync } from 'node:zlib'
+import fc from 'fast-check'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { makeProject, SHELL_PROJECT } from './helpers/projects.js'
 import { rawTarGz } from './helpers/raw-tar.js'
@@ -174,6 +175,39 @@ describe('workspace lifecycle', () => {
         const made = listed.filter((s) => s.id !== id && s.title.startsWith(title)).map((s) => s.id)
         expect(made.sort(), what).toEqual(
           status === 201 ? got.sessions.map((s: { id: string }) => s.id).sort() : [],
+        )
+      }
+  })
+
+  it('answers each workspace operation on a deleted session 410 session_deleted, whatever snapshot or turn it names', async () => {
+    // POST …/fork {snapshotId} answered 404 not_found ("No snapshot"): its snapshots went with it.
+    const { id } = await t.api.createSession('shell')
+    await run(id, 'echo kept > f')
+    const snap = (await t.api.call('POST', `/v1/sessions/${id}/snapshots`, {})).body.id as string
+    const other = await t.api.createSession('shell')
+    const otherSnap = (await t.api.call('POST', `/v1/sessions/${other.id}/snapshots`, {})).body.id as string
+    expect((await t.api.call('DELETE', `/v1/sessions/${id}`)).status).toBe(200)
+    const picks = fc.sample(
+      fc.oneof(
+        fc.record({ snapshotId: fc.constantFrom(snap, otherSnap, 'snp_0000000000000000') }),
+        fc.record({ turn: fc.integer({ min: 0, max: 3 }) }),
+        fc.record({ snapshotId: fc.constant(snap), title: fc.string({ maxLength: 8 }) }),
+      ),
+      { numRuns: 10, seed: 7 },
+    )
+    const ops: [string, unknown[]][] = [
+      ['fork', [{ snapshotId: snap }, ...picks]],
+      ['restore', [{ snapshotId: snap }, ...picks.filter((p) => !('title' in p))]],
+      ['forks', [{}, { count: 2 }]],
+      ['snapshots', [{}]],
+      ['undo', [undefined]],
+      ['commands', [{ command: ['true'] }]],
+    ]
+    for (const [route, bodies] of ops)
+      for (const body of bodies) {
+        const res = await t.api.call('POST', `/v1/sessions/${id}/${route}`, body)
+        expect(`${res.status} ${res.body.error?.code}`, `${route} ${JSON.stringify(body)}`).toBe(
+          '410 session_deleted',
         )
       }
   })

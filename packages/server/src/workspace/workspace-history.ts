@@ -257,7 +257,8 @@ export class WorkspaceHistory {
   /** Restores the snapshot taken before the last turn. */
   async undo(tenantId: string, id: string): Promise<{ session: SessionInfo; snapshot: SnapshotInfo }> {
     await this.policy.settled(id)
-    const row = await this.deps.sessions.requireOwned(tenantId, id)
+    // A deleted session's snapshots went with it: said as deleted, not as no snapshot before the turn.
+    const row = await this.deps.sessions.requireLive(tenantId, id)
     if (row.turn_count === 0) throw new CairnProblem('conflict', `session ${id} has no turn to undo`)
     const before = await this.snapshots.atTurn(id, row.turn_count - 1)
     if (!before)
@@ -343,8 +344,13 @@ export class WorkspaceHistory {
   /** A new session whose workspace is the snapshot and whose transcript is the parent's up to its turn. */
   async fork(tenantId: string, id: string, body: ForkBody): Promise<SessionInfo> {
     await this.policy.settled(id)
-    const row = await this.deps.sessions.requireOwned(tenantId, id)
-    const source = await this.pick(row, body)
+    // A deleted session (its snapshots went with it) is said as deleted, as every other fork path
+    // says it, not as a snapshot not found.
+    const row = await this.deps.sessions.requireLive(tenantId, id)
+    const source = await this.pick(row, body).catch(async (error: unknown) => {
+      const gone = await this.deps.sessions.missingWorkspace(tenantId, row.id)
+      throw gone.code === 'session_deleted' ? gone : error
+    })
     // Asked by turn, the snapshot may be one taken earlier that also stands for that turn (the
     // turns between wrote nothing): the transcript still goes up to the turn asked for.
     const turnsUpTo = body.snapshotId ? source.turn : (body.turn ?? source.turn)

@@ -33,6 +33,8 @@ export { type DependencyEnv, launchEnvironment } from '../launch/launch-env.js'
 export type { IsolationInfo } from '../runtime.js'
 export type { IsolationName, SandboxBind, SandboxLimits } from '../sandbox/driver.js'
 export type { PoolArea, PoolQuotaStatus, PoolStats, TreeSizes } from '../storage/pool.js'
+// One wait for a writable to drain (or never to): the API's streams, a node's turn, a restore's feed.
+export { type DrainEnd, type DrainWait, drained } from '../util/drained.js'
 // Redaction of secret values: the server's transcripts and logs, and a node's command output.
 export {
   MIN_REDACTED_LENGTH,

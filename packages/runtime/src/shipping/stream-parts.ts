@@ -2,6 +2,7 @@ import { type ChildProcessByStdio, spawn } from 'node:child_process'
 import { createHash } from 'node:crypto'
 import type { Readable, Writable } from 'node:stream'
 import { CairnProblem, type ErrorCode } from '@cairn/protocol'
+import { drained } from '../util/drained.js'
 import { OWN_PROCESS_GROUP } from '../util/process-group.js'
 import { type ShippingBucket, sha256Hex } from './bucket.js'
 import { MAX_PART_BYTES, type ShippedStream } from './chain-link.js'
@@ -150,7 +151,7 @@ export async function feedParts(
       // A tool that ended (it refused the stream) takes no more: its stdin is destroyed, a write
       // to it never drains, and its close has already been emitted.
       if (stdin.destroyed) break
-      if (!stdin.write(body)) await drainedOrEnded(stdin, tool)
+      if (!stdin.write(body)) await drained(stdin, { until: tool.done })
       if (tool.child.exitCode !== null || tool.child.signalCode !== null) break
     }
     check?.finish()
@@ -163,16 +164,4 @@ export async function feedParts(
     await tool.done.catch(() => undefined)
     throw error
   }
-}
-
-/** Resolves when `stdin` drains or `tool` has ended, whichever is first (either may be so already). */
-function drainedOrEnded(stdin: NodeJS.WritableStream, tool: StreamTool): Promise<void> {
-  return new Promise<void>((resolve) => {
-    const settle = () => {
-      stdin.removeListener('drain', settle)
-      resolve()
-    }
-    stdin.once('drain', settle)
-    void tool.done.then(settle, settle)
-  })
 }

@@ -1,5 +1,6 @@
 import type { ServerResponse } from 'node:http'
 import { CairnProblem, encodeSse, type StreamEvent } from '@cairn/protocol'
+import { drained } from '@cairn/runtime/port'
 
 /** How often an idle stream gets a `heartbeat` event (keeps proxies from timing it out). */
 export const DEFAULT_SSE_HEARTBEAT_MS = 15_000
@@ -19,24 +20,11 @@ export interface SseWriterOptions {
 }
 
 /**
- * Resolves once `res` drained what it buffers (or closed); a client that drains nothing for
- * `stallMs` has its connection cut (it picks the stream up again with `Last-Event-ID`).
+ * Resolves once `res` drained what it buffers (or closed, errored); a client that drains nothing
+ * for `stallMs` has its connection cut (it picks the stream up again with `Last-Event-ID`).
  */
-export function whenDrained(res: ServerResponse, stallMs: number): Promise<void> {
-  return new Promise<void>((resolve) => {
-    const done = () => {
-      clearTimeout(stall)
-      res.off('drain', done)
-      res.off('close', done)
-      resolve()
-    }
-    const stall = setTimeout(() => {
-      done()
-      res.destroy()
-    }, stallMs)
-    res.once('drain', done)
-    res.once('close', done)
-  })
+export async function whenDrained(res: ServerResponse, stallMs: number): Promise<void> {
+  await drained(res, { stallMs })
 }
 
 /** How long the headers wait for the stream's first event to go out with it. */

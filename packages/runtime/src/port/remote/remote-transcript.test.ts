@@ -7,7 +7,7 @@ import path from 'node:path'
 import { newId, type TranscriptLine } from '@cairn/protocol'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { startTcpProxy } from '../../../../../test/helpers/tcp-proxy.js'
-import { makeRevision, openTestRuntime, sessionId, type TestRuntime } from '../../../test/harness.js'
+import { makeRevision, openTestRuntime, sessionId, type TestRuntime, waitFor } from '../../../test/harness.js'
 import { LocalRuntimePort } from '../local-runtime-port.js'
 import type { AgentSpec } from '../runtime-port.js'
 import type { TurnMessage } from '../turn-stream.js'
@@ -16,7 +16,7 @@ import { runWithOwnerEpoch } from './owner-epoch.js'
 import { RemoteRuntimePort } from './remote-runtime-port.js'
 import { type ServedRuntimePort, serveRuntimePort } from './serve-runtime-port.js'
 import { KeptTranscripts, SentTranscripts } from './transcript-wire.js'
-import { decodeJson, encodeJson, lines } from './wire.js'
+import { decodeJson, encodeJson, HEADER, lines, PATH_PREFIX } from './wire.js'
 
 const REVISION = 'rev_transcript'
 /** Answers each prompt with the SHA-256 of the transcript file it was given and its line count. */
@@ -28,6 +28,10 @@ const READER = [
   '    print(hashlib.sha256(data).hexdigest(), data.count(b"\\n"), flush=True)',
   '',
 ].join('\n')
+
+const FLOOD_REVISION = 'rev_flood'
+/** Answers each prompt with 4 MB. */
+const FLOOD = 'while True:\n    input()\n    print("x" * 4000000, flush=True)\n'
 
 let t: TestRuntime
 let local: LocalRuntimePort
@@ -85,6 +89,7 @@ beforeAll(async () => {
     tls: await loadClusterTls(clusterDir, 'node'),
   })
   await makeRevision(t.runtime, REVISION, { 'agent.py': READER })
+  await makeRevision(t.runtime, FLOOD_REVISION, { 'agent.py': FLOOD })
 })
 
 afterAll(async () => {
@@ -201,5 +206,36 @@ describe("a turn's transcript over the remote runtime port", () => {
     for (let turn = 1; turn <= 4; turn++) expect(await cold(turn)).toEqual([{ type: 'cold', stopped: false }])
     // The third turn tried the line after the second's, was refused and went whole; then always whole.
     expect(seenFrom).toEqual([false, false, true, false, false])
+  })
+
+  it("ends the node's turn call when its caller goes away in the middle of a write", async () => {
+    // The caller reads nothing of a reply larger than its window, so the node's write waits for
+    // a drain; then it goes. Before, the node waited for that drain for ever (the call's handler,
+    // the turn's stream and its queued output held).
+    const id = sessionId('gone')
+    await local.createWorkspace(id, FLOOD_REVISION, 'ten_tx')
+    await local.startAgent(spec(id))
+    const client = http2.connect(served.url, {
+      ca: apiTls.ca,
+      cert: apiTls.cert,
+      key: apiTls.key,
+      checkServerIdentity: () => undefined,
+    })
+    client.on('error', () => undefined)
+    const call = client.request({
+      ':method': 'POST',
+      ':path': `${PATH_PREFIX}runTurn`,
+      [HEADER.ownerEpoch]: '1',
+    })
+    call.on('error', () => undefined)
+    call.end(`${encodeJson([id, { prompt: 'go', turn: 1, turnId: newId('turn'), transcript: [] }, null])}\n`)
+    await new Promise((resolve) => call.once('data', resolve))
+    call.pause()
+    expect(served.callsUnderWay()).toBe(1)
+    // The node fills the window and its stream's buffer, then waits.
+    await new Promise((resolve) => setTimeout(resolve, 1000))
+    client.destroy()
+    expect(await waitFor(() => served.callsUnderWay() === 0, 10_000)).toBe(true)
+    await local.deleteWorkspace(id)
   })
 })

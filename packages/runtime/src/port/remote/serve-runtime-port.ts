@@ -7,6 +7,7 @@ import type { TLSSocket } from 'node:tls'
 import { CairnProblem } from '@cairn/protocol'
 import { type TSchema, Type } from '@sinclair/typebox'
 import { Value } from '@sinclair/typebox/value'
+import { drained } from '../../util/drained.js'
 import type { RuntimePort } from '../runtime-port.js'
 import type { TurnMessage } from '../turn-stream.js'
 import { CLUSTER_ROLE_NAMES, type ClusterTls } from './cluster-tls.js'
@@ -49,6 +50,8 @@ export interface ServeRuntimePortOptions {
 export interface ServedRuntimePort {
   /** `https://host:port`, as a `RemoteRuntimePort` reaches it. */
   url: string
+  /** The calls being answered now (one whose caller went away leaves once its handler sees it). */
+  callsUnderWay(): number
   close(): Promise<void>
 }
 
@@ -104,6 +107,7 @@ export async function serveRuntimePort(
   const keepaliveMs = options.keepaliveMs ?? 5000
   /** The API connections open (node:http2 does not list them): `close` ends them. */
   const connections = new Set<Http2Session>()
+  let callsUnderWay = 0
   server.on('session', (session: Http2Session) => {
     if (!isApi(session)) {
       session.destroy()
@@ -157,6 +161,7 @@ export async function serveRuntimePort(
     headers: http2.IncomingHttpHeaders,
   ): Promise<void> {
     let finished = false
+    callsUnderWay++
     try {
       await answerCall(stream, name, headers, () => finished)
     } catch (error) {
@@ -167,6 +172,7 @@ export async function serveRuntimePort(
       // late end-of-request an invalid frame, and enough of those close the connection.
       await requestEnd(stream)
       if (!stream.closed && !stream.destroyed && stream.headersSent && !stream.writableEnded) stream.end()
+      callsUnderWay--
     }
   }
 
@@ -303,6 +309,7 @@ export async function serveRuntimePort(
   const host = address.family === 'IPv6' ? `[${address.address}]` : address.address
   return {
     url: `https://${host}:${address.port}`,
+    callsUnderWay: () => callsUnderWay,
     close: () =>
       new Promise<void>((resolve) => {
         server.close(() => resolve())
@@ -374,7 +381,8 @@ async function sendTurn(
     for await (const message of messages) {
       if (stream.closed || stream.destroyed) break
       send({ message })
-      if (stream.writableNeedDrain) await new Promise((resolve) => stream.once('drain', resolve))
+      // A caller gone mid-write closes the stream without a drain: the wait ends then too.
+      await drained(stream)
     }
   } finally {
     done = true

@@ -322,7 +322,7 @@ describe('terminal socket fuzzing', () => {
           })
         },
       ),
-      { numRuns: 32, seed: SEED, endOnFailure: true },
+      { numRuns: 24, seed: SEED, endOnFailure: true },
     )
     console.log(
       `[fuzz-requests] terminal sockets' close codes: ${JSON.stringify(Object.fromEntries(closes))}`,

@@ -1,6 +1,7 @@
 import { randomBytes } from 'node:crypto'
 import net from 'node:net'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import WebSocket from 'ws'
 import { makeProject } from '../helpers/projects.js'
 import { Api, packDir } from '../helpers/server.js'
 import { rssMiB, type ServerProcess, startServerProcess } from '../helpers/server-process.js'
@@ -14,6 +15,9 @@ import { FLOOD_RSS_GROWTH_BOUND_MIB, peakRss, slowTurn } from '../helpers/slow-c
  */
 const LEVEL_GROWTH_BOUND_MIB = 48
 const STALL_MS = 3000
+/** Stdin a terminal client sends in one go, and how much of it the server may hold at once (with its garbage). */
+const TERMINAL_FLOOD_MIB = 192
+const TERMINAL_INPUT_GROWTH_BOUND_MIB = 96
 const FLOOD_MS = 12_000
 
 /** A jsonl agent that answers every message with tool frames, as fast as it can, and never ends. */
@@ -110,6 +114,74 @@ describe("a turn's stream is held to its client's pace", () => {
 })
 
 describe("a terminal's socket is held to its client's pace", () => {
+  it("a terminal client that types faster than its command takes it is read at the command's pace: the server grows within its bound", async () => {
+    // Each message was taken off the socket at once and queued for its turn through the database
+    // and the node, with no bound: a client sending 1 MiB messages faster than they were written
+    // to the command's stdin kept every one of them in the server's memory.
+    const { id } = await api.createSession('echo')
+    const started = await api.call('POST', `/v1/sessions/${id}/commands`, {
+      command: ['sh', '-c', 'cat > /dev/null'],
+      stdin: true,
+      timeoutMs: 120_000,
+    })
+    expect(started.status, JSON.stringify(started.body)).toBe(201)
+    const ws = new WebSocket(
+      `${server.url.replace(/^http/, 'ws')}/v1/sessions/${id}/commands/${started.body.id}/terminal`,
+      { headers: { authorization: `Bearer ${server.key}` } },
+    )
+    const errors: string[] = []
+    let probed = () => {}
+    const answered = new Promise<void>((resolve) => {
+      probed = resolve
+    })
+    ws.on('message', (data, binary) => {
+      if (binary) return
+      const text = data.toString()
+      if (text.includes('flood-done')) probed()
+      else errors.push(text)
+    })
+    await new Promise((resolve, reject) => {
+      ws.once('open', resolve)
+      ws.once('error', reject)
+    })
+    const pid = server.child.pid ?? 0
+    const before = rssMiB(pid)
+    let peak = before
+    let flooding = true
+    const sampler = (async () => {
+      while (flooding) {
+        peak = Math.max(peak, rssMiB(pid))
+        await new Promise((resolve) => setTimeout(resolve, 20))
+      }
+    })()
+    try {
+      // Messages of 1 MiB (the most one may carry), at most 8 in the client's own buffers.
+      const chunk = Buffer.alloc(1024 * 1024, 0x61)
+      let inFlight = 0
+      for (let i = 0; i < TERMINAL_FLOOD_MIB; i++) {
+        while (inFlight >= 8) await new Promise((resolve) => setTimeout(resolve, 1))
+        inFlight++
+        ws.send(chunk, { binary: true }, () => inFlight--)
+      }
+      // Messages are taken in order: the answer to this text comes once every one before it is.
+      ws.send('flood-done')
+      await answered
+      expect(errors).toEqual([])
+    } finally {
+      flooding = false
+      await sampler
+      ws.terminate()
+      await api.call('POST', `/v1/sessions/${id}/commands/${started.body.id}/signal`, { signal: 'SIGKILL' })
+    }
+    const growth = peak - before
+    console.log(
+      `server RSS ${before.toFixed(0)} MiB before ${TERMINAL_FLOOD_MIB} MiB of stdin, grew by ${growth.toFixed(0)} MiB at most`,
+    )
+    expect(growth, `the server grew by ${growth.toFixed(0)} MiB`).toBeLessThan(
+      TERMINAL_INPUT_GROWTH_BOUND_MIB,
+    )
+  })
+
   it('a terminal client that reads nothing is cut after the stall bound; the command runs on', async () => {
     // Its output waited on a socket that took nothing, for ever: the bridge held the connection
     // and its read loop as long as the client stayed connected without reading.

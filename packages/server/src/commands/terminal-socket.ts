@@ -17,6 +17,10 @@ const KEY_PROTOCOL = 'cairn-key.'
 const MESSAGE_BYTES = 64 * 1024
 /** Input one message may carry (as a stdin write). */
 const MAX_INPUT_BYTES = 1024 * 1024
+/** Input a socket's messages may hold in memory before the command took it (the socket is paused past it). */
+const INPUT_QUEUE_BYTES = 4 * MAX_INPUT_BYTES
+/** Messages a socket may have waiting for their turn before it is paused (each costs database statements). */
+const INPUT_QUEUE_MESSAGES = 256
 
 /**
  * Terminals over WebSocket (docs/commands.md): `GET /v1/sessions/{id}/commands/{commandId}/terminal`
@@ -111,13 +115,29 @@ export class TerminalSockets {
     })
     // One message at a time, in the order sent: keys typed and then `close` must reach the
     // command as typed (each goes through the database first, whose answers can come in any order).
+    // Past INPUT_QUEUE_BYTES or INPUT_QUEUE_MESSAGES not yet taken, the socket is read no further
+    // until they are (the client's sends wait in its TCP window): the server holds what the command
+    // takes, not what a client sends.
     let inputs = Promise.resolve()
+    const queued = { bytes: 0, messages: 0 }
     ws.on('message', (data: RawData, binary: boolean) => {
-      inputs = inputs.then(() =>
-        this.input(at, data, binary).catch((error: unknown) => {
+      const bytes = rawBytes(data)
+      queued.bytes += bytes
+      queued.messages++
+      if (queued.bytes > INPUT_QUEUE_BYTES || queued.messages > INPUT_QUEUE_MESSAGES) ws.pause()
+      inputs = inputs.then(async () => {
+        await this.input(at, data, binary).catch((error: unknown) => {
           if (open) ws.send(JSON.stringify({ type: 'error', error: problemOf(error) }))
-        }),
-      )
+        })
+        queued.bytes -= bytes
+        queued.messages--
+        if (
+          ws.isPaused &&
+          queued.bytes <= INPUT_QUEUE_BYTES / 2 &&
+          queued.messages <= INPUT_QUEUE_MESSAGES / 2
+        )
+          ws.resume()
+      })
     })
     let next = offset
     while (open) {
@@ -178,6 +198,10 @@ export class TerminalSockets {
     this.wss.close()
   }
 }
+
+/** The bytes of a message as ws hands it (a Buffer, an ArrayBuffer or fragments). */
+const rawBytes = (data: RawData): number =>
+  Array.isArray(data) ? data.reduce((sum, part) => sum + part.length, 0) : data.byteLength
 
 const isObject = (value: unknown): value is object =>
   typeof value === 'object' && value !== null && !Array.isArray(value)

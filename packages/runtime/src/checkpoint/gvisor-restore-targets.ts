@@ -60,9 +60,12 @@ export class RestoreTargets {
     return kept.target
   }
 
-  /** Destroys the target for `id`, if one is kept (its launcher, sandbox, bundle and cgroup). */
-  async drop(id: string): Promise<void> {
-    const target = this.take(id)
+  /**
+   * Destroys the target for `id` (its launcher, sandbox, bundle and cgroup): the one kept, or
+   * `taken` when the caller took it and could not use it (a failed restore into it).
+   */
+  async drop(id: string, taken?: RestoreTarget): Promise<void> {
+    const target = taken ?? this.take(id)
     if (!target) return
     target.commandPipe.end()
     await target.sandbox

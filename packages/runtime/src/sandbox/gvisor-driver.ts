@@ -326,8 +326,7 @@ export class GvisorDriver implements SandboxDriver {
           { err: error, sandboxId: spec.id },
           'restore into a pre-started target failed; booting',
         )
-        target.commandPipe.end()
-        await target.sandbox.destroy()
+        await this.targets?.drop(spec.id, target)
         return undefined
       })
       if (sandbox) return sandbox

@@ -27,7 +27,7 @@ if (!gvisor.ok) console.warn(`pause-quota: gVisor cannot run here, its cases are
 let t: TestServer
 
 beforeAll(async () => {
-  t = await startTestServer({ server: { workspaceQuotaMiB: 16, tenantQuotaMiB: 40 } })
+  t = await startTestServer({ server: { workspaceQuotaMiB: 16, tenantQuotaMiB: 40, residentPauses: 0 } })
 })
 
 afterAll(async () => {

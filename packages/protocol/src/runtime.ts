@@ -10,6 +10,12 @@ export const SandboxDriverSchema = Type.Object({
     freeze: Type.Boolean(),
     network: Type.Boolean(),
     memorySnapshot: Type.Boolean(),
+    residentPause: Type.Optional(
+      Type.Boolean({
+        description:
+          "pause: memory as a resident pause: the sandbox frozen in place (memory in RAM) until its next message thaws it or the node releases it; with memorySnapshot the release checkpoints it, without it (bwrap) the release ends its memory and the next message starts cold with the reason in the session's events. Absent from servers before it.",
+      }),
+    ),
     ports: Type.Boolean(),
     transparentEgress: Type.Boolean(),
   }),

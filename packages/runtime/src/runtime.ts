@@ -6,6 +6,7 @@ import { AgentProcess } from './agent/agent-process.js'
 import type { AgentLaunch } from './agent/types.js'
 import { EgressCa } from './egress/egress-ca.js'
 import { AGENT_KIT_DIR, instanceRunDir } from './paths.js'
+import { DEFAULT_RESIDENT_BOUNDS, type ResidentBounds } from './port/resident-bounds.js'
 import { BwrapDriver } from './sandbox/bwrap-driver.js'
 import { CgroupManager } from './sandbox/cgroups.js'
 import type { DriverCapabilities, IsolationName, SandboxDriver } from './sandbox/driver.js'
@@ -69,6 +70,12 @@ export interface RuntimeOptions {
         restoreTargets?: number | undefined
       }
     | undefined
+  /**
+   * Resident pauses: `pause: memory` sandboxes frozen in place when keep-warm ends, at most `max`
+   * per node, each for at most `idleMs` (default `DEFAULT_RESIDENT_BOUNDS`; env
+   * `CAIRN_RESIDENT_PAUSES`, `CAIRN_RESIDENT_PAUSE_MS`); 0 turns them off.
+   */
+  residentPauses?: { max?: number | undefined; idleMs?: number | undefined } | undefined
   /** Where the runtime reports what it recovers from (the server passes its pino logger); default none. */
   logger?: Logger | undefined
 }
@@ -177,6 +184,40 @@ export class Runtime {
     this.driver = this.drivers[options.isolation ?? 'bwrap']
   }
 
+  /** This node's bounds on resident pauses (`RuntimeOptions.residentPauses`). */
+  get residentBounds(): ResidentBounds {
+    const given = this.options.residentPauses
+    const env = (name: string) => (process.env[name] ? Number(process.env[name]) : undefined)
+    return {
+      max: given?.max ?? env('CAIRN_RESIDENT_PAUSES') ?? DEFAULT_RESIDENT_BOUNDS.max,
+      idleMs: given?.idleMs ?? env('CAIRN_RESIDENT_PAUSE_MS') ?? DEFAULT_RESIDENT_BOUNDS.idleMs,
+    }
+  }
+
+  /**
+   * What `driver` can do on this node and why not the rest: its own capabilities, resident
+   * pauses off where the node keeps none frozen.
+   */
+  capabilitiesOf(driver: SandboxDriver): Pick<IsolationInfo, 'capabilities' | 'capabilityReasons'> {
+    const { max, idleMs } = this.residentBounds
+    const residentOff = driver.capabilities.residentPause && !(max > 0 && idleMs > 0)
+    const reasons = {
+      ...driver.unavailableBecause,
+      ...(residentOff
+        ? {
+            residentPause: `this node keeps no sandbox frozen (resident pauses at most ${max}, for ${idleMs} ms: CAIRN_RESIDENT_PAUSES, CAIRN_RESIDENT_PAUSE_MS)`,
+          }
+        : {}),
+    }
+    return {
+      capabilities: {
+        ...driver.capabilities,
+        residentPause: driver.capabilities.residentPause && !residentOff,
+      },
+      ...(Object.keys(reasons).length > 0 ? { capabilityReasons: reasons } : {}),
+    }
+  }
+
   /** The driver for an agent's `isolation`, or the default one. */
   driverFor(isolation?: IsolationName | undefined): SandboxDriver {
     return isolation ? this.drivers[isolation] : this.driver
@@ -192,8 +233,7 @@ export class Runtime {
       default: driver === this.driver,
       available: name === 'gvisor' ? gvisorState.ok : true,
       ...(name === 'gvisor' && !gvisorState.ok ? { reason: gvisorState.reason } : {}),
-      capabilities: { ...driver.capabilities },
-      ...(driver.unavailableBecause ? { capabilityReasons: { ...driver.unavailableBecause } } : {}),
+      ...this.capabilitiesOf(driver),
       ...(driver === this.gvisor && gvisorState.ok ? gvisorPlatform(this.gvisor) : {}),
       description: driver.describe(),
     }))

@@ -132,6 +132,13 @@ export interface ServerOptions {
    * `CAIRN_SPARE_LAUNCHERS`).
    */
   spareLaunchers?: number | undefined
+  /**
+   * Resident pauses: `pause: memory` sandboxes kept frozen in place at most (default 16; 0 turns
+   * them off; env `CAIRN_RESIDENT_PAUSES`) and for how long each (default 10 min; env
+   * `CAIRN_RESIDENT_PAUSE_MS`) before they are released (gVisor: checkpointed; bwrap: stopped).
+   */
+  residentPauses?: number | undefined
+  residentPauseMs?: number | undefined
   /** How long a shutdown waits for running turns before cancelling them. */
   shutdownGraceMs?: number | undefined
   /** Requests per second per API key (twice as many as a burst); 0 disables the limit. */
@@ -224,6 +231,8 @@ export interface ResolvedConfig {
   isolation: 'bwrap' | 'gvisor'
   gvisorPoolSize: number | undefined
   spareLaunchers: number
+  residentPauses: number | undefined
+  residentPauseMs: number | undefined
   egressPrivateExceptions: string[]
   webhookAllowCidrs: string[]
   webhookTiming: { pollMs?: number; retryBaseMs?: number }
@@ -350,6 +359,8 @@ export function resolveConfig(options: ServerOptions): ResolvedConfig {
     isolation: options.isolation ?? (process.env.CAIRN_ISOLATION === 'gvisor' ? 'gvisor' : 'bwrap'),
     gvisorPoolSize: options.gvisorPoolSize,
     spareLaunchers: options.spareLaunchers ?? Number(process.env.CAIRN_SPARE_LAUNCHERS ?? 2),
+    residentPauses: options.residentPauses,
+    residentPauseMs: options.residentPauseMs,
     egressPrivateExceptions:
       options.egressPrivateExceptions ??
       process.env.CAIRN_EGRESS_ALLOW_PRIVATE?.split(',').filter(Boolean) ??

@@ -104,6 +104,7 @@ export function newRuntime(config: ResolvedConfig, logger: Logger): Runtime {
     runBase: config.runBase,
     isolation: config.isolation,
     spareLaunchers: config.spareLaunchers,
+    residentPauses: { max: config.residentPauses, idleMs: config.residentPauseMs },
     gvisor: config.gvisorPoolSize === undefined ? undefined : { poolSize: config.gvisorPoolSize },
     workspaceQuotaBytes: mebibytes(config.workspaceQuotaMiB),
     tenantQuotaBytes: mebibytes(config.tenantQuotaMiB),

@@ -61,10 +61,11 @@ export abstract class LocalPoolPort {
 
   async sandboxDriver(isolation?: IsolationName | undefined): Promise<SandboxDriverFacts> {
     const driver = this.runtime.driverFor(isolation)
+    const { capabilities, capabilityReasons } = this.runtime.capabilitiesOf(driver)
     return {
       name: driver.name,
-      capabilities: { ...driver.capabilities },
-      ...(driver.unavailableBecause ? { unavailableBecause: { ...driver.unavailableBecause } } : {}),
+      capabilities,
+      ...(capabilityReasons ? { unavailableBecause: capabilityReasons } : {}),
     }
   }
 

@@ -19,12 +19,14 @@ import type { ImageRecipe } from '../images/image-recipe.js'
 import { type ImageRecord, ImageStore } from '../images/image-store.js'
 import { MemoryMounts } from '../launch/memory-mounts.js'
 import { DEFAULT_SANDBOX_UID, type Runtime } from '../runtime.js'
+import type { SandboxDriver } from '../sandbox/driver.js'
 import { EnvStore } from '../storage/env-store.js'
 import { deleteWorkspacePath, writeWorkspaceFile } from '../workspace-io/sandboxed-io.js'
 import { noBucket, PortShipping, type PortShippingOptions } from './bucket-shipping.js'
 import { LocalPoolPort } from './local-pool-port.js'
 import { MemoryPause } from './memory-pause.js'
 import { exportPoolTree, importPoolTree, type ShippedTree } from './pool-tree-shipping.js'
+import { ResidentPauses } from './resident-pauses.js'
 import { RevisionStaging } from './revision-staging.js'
 import type {
   Admission,
@@ -68,6 +70,8 @@ export interface LocalRuntimePortOptions {
 /** The runtime's port served by the runtime in this process (see `RuntimePort`). */
 export class LocalRuntimePort extends LocalPoolPort implements RuntimePort {
   private readonly pool: WarmPool
+  /** `pause: memory` sandboxes frozen in place between keep-warm's end and their release. */
+  private readonly resident: ResidentPauses
   private readonly envs: EnvStore
   private readonly images: ImageStore
   private readonly imageBuilder: ImageBuilder
@@ -90,10 +94,12 @@ export class LocalRuntimePort extends LocalPoolPort implements RuntimePort {
     super(runtime)
     const uid = runtime.options.sandboxUid ?? DEFAULT_SANDBOX_UID
     this.events = options.events
+    this.resident = new ResidentPauses(runtime.residentBounds, options.clock, runtime.logger)
     this.pool = new WarmPool(
       options.clock,
       (agent) => this.stopWithCommands(agent),
       (id) => this.use.inUse(id),
+      this.resident,
     )
     const commandLogs = path.join(runtime.options.dataDir, 'command-logs')
     // Commands of an earlier process died with their sandboxes; their logs go with them.
@@ -168,20 +174,32 @@ export class LocalRuntimePort extends LocalPoolPort implements RuntimePort {
     await this.pool.drop(sessionId)
     const full = await this.launches.agentLaunch(spec)
     const driver = this.runtime.driverFor(spec.isolation)
-    if (!pause || !driver.capabilities.memorySnapshot) {
+    if (!pause || !this.pausable(driver)) {
       await this.memoryPause.discard(sessionId)
       const agent = await this.runtime.startAgent(full)
       this.pool.add(sessionId, tenantId, agent)
       return this.info(sessionId, agent)
     }
-    const started = await this.memoryPause.start(sessionId, full, pause.generation, driver.name)
+    const started = await this.memoryPause.start(sessionId, full, pause.generation, driver)
     const { agent } = started
-    this.pool.add(sessionId, tenantId, agent, () => this.memoryPause.pause(sessionId, tenantId, agent, pause))
+    this.pool.add(
+      sessionId,
+      tenantId,
+      agent,
+      this.memoryPause.hooks(sessionId, tenantId, agent, pause, this.resident.bounds),
+    )
     return { ...this.info(sessionId, agent), restored: started.resumed }
   }
 
+  /** `pause: memory` works under `driver` on this node: checkpoints, or resident pauses not turned off. */
+  private pausable(driver: SandboxDriver): boolean {
+    const { capabilities } = this.runtime.capabilitiesOf(driver)
+    return capabilities.memorySnapshot || capabilities.residentPause
+  }
+
+  /** The session's warm agent, or its resident one (frozen in place: its next message only thaws it). */
   async agent(sessionId: string): Promise<AgentInfo | undefined> {
-    const agent = this.pool.agent(sessionId)
+    const agent = this.pool.agent(sessionId) ?? this.pool.residentAgent(sessionId)
     return agent ? this.info(sessionId, agent) : undefined
   }
 

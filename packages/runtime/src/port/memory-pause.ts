@@ -11,7 +11,10 @@ import {
 } from '../checkpoint/memory-checkpoints.js'
 import type { Runtime } from '../runtime.js'
 import { isIsolationName, type SandboxDriver } from '../sandbox/driver.js'
-import type { ForkCheckpoint, PauseEvent } from './runtime-port.js'
+import type { ResidentBounds } from './resident-bounds.js'
+import { ResidentMarkers } from './resident-markers.js'
+import type { PauseHooks } from './resident-pauses.js'
+import type { AgentPause, ForkCheckpoint, PauseEvent } from './runtime-port.js'
 import type { WarmPool } from './warm-pool.js'
 
 /**
@@ -26,6 +29,8 @@ export class MemoryPause {
   private readonly snapshotMemory: MemoryCheckpoints
   /** The sandboxes booted ahead for paused sessions' next restore, by session (`prepareRestore`). */
   private readonly targets = new Map<string, RestoreTargetRef>()
+  /** Sessions frozen in place, on disk: what a restart while frozen lost is named at the next start. */
+  private readonly markers: ResidentMarkers
 
   constructor(
     private readonly runtime: Runtime,
@@ -34,12 +39,65 @@ export class MemoryPause {
   ) {
     this.checkpoints = new MemoryCheckpoints(path.join(runtime.options.dataDir, 'checkpoints'))
     this.snapshotMemory = new MemoryCheckpoints(path.join(runtime.options.dataDir, 'snapshot-checkpoints'))
+    this.markers = new ResidentMarkers(path.join(runtime.options.dataDir, 'resident-pauses'))
   }
 
   /** Forgets the session's memory checkpoint (its sandbox starts cold next). */
   async discard(sessionId: string): Promise<void> {
     await this.dropTarget(sessionId)
     await this.checkpoints.discard(sessionId)
+    await this.markers.clear(sessionId)
+  }
+
+  /**
+   * What pausing the session's agent does (`WarmPool.add`): frozen in place, recorded (and marked
+   * on disk); released, a driver that checkpoints takes its checkpoint (`pause`), bwrap stops it
+   * and its memory is gone, the release's reason in the session's events.
+   */
+  hooks(
+    sessionId: string,
+    tenantId: string,
+    agent: AgentProcess,
+    pause: AgentPause,
+    bounds: ResidentBounds,
+  ): PauseHooks {
+    const then = agent.checkpointable
+      ? 'then checkpointed to disk'
+      : `which ends its memory: ${agent.isolation} keeps no checkpoint`
+    return {
+      resident: (change, ms) => {
+        if (change === 'frozen') this.markers.mark(sessionId, agent.isolation, Date.now() - ms)
+        else void this.markers.clear(sessionId)
+        if (change === 'dropped') return
+        this.pauseEvent(
+          sessionId,
+          change === 'frozen'
+            ? {
+                cause: 'memory_paused',
+                detail: `resident: frozen in place in ${Math.round(ms)} ms, its memory kept in RAM; released after ${bounds.idleMs / 1000} s or to keep at most ${bounds.max} frozen, ${then}`,
+              }
+            : {
+                cause: 'memory_restored',
+                detail: `resident: thawed in place after ${Math.round(ms)} ms frozen`,
+              },
+        )
+      },
+      release: async (why, shutdown) => {
+        if (agent.checkpointable) {
+          await this.pause(sessionId, tenantId, agent, pause, why)
+          await this.markers.clear(sessionId)
+          return
+        }
+        await this.runtime.stopAgent(agent)
+        // A release at shutdown leaves the marker: the next message names the loss (`start`).
+        if (shutdown) return
+        await this.markers.clear(sessionId)
+        this.pauseEvent(sessionId, {
+          cause: 'memory_discarded',
+          detail: `memory released, its sandbox stopped: ${why}; ${agent.isolation} keeps no checkpoint, so the next message starts cold`,
+        })
+      },
+    }
   }
 
   /** Destroys the sandbox booted for the session's next restore, if it is still there. */
@@ -76,6 +134,32 @@ export class MemoryPause {
     sessionId: string,
     launch: AgentLaunch,
     generation: number,
+    driver: SandboxDriver,
+  ): Promise<ResumedStart> {
+    const lost = await this.markers.lost(sessionId)
+    if (!driver.capabilities.memorySnapshot) {
+      // Resident pauses only (bwrap): nothing on disk to restore; a restart while frozen is named.
+      const agent = await this.runtime.startAgent(launch)
+      if (lost) this.pauseEvent(sessionId, { cause: 'memory_discarded', detail: lost })
+      return { agent, resumed: false, coldReason: lost }
+    }
+    const started = await this.restoreOrStart(sessionId, launch, generation, driver.name)
+    const coldReason = started.coldReason ?? (started.resumed ? undefined : lost)
+    if (started.resumed)
+      this.pauseEvent(sessionId, {
+        cause: 'memory_restored',
+        detail: started.fromSnapshotId
+          ? `restored from the memory of snapshot ${started.fromSnapshotId} into ${started.agent.sandboxId}`
+          : started.agent.sandboxId,
+      })
+    else if (coldReason) this.pauseEvent(sessionId, { cause: 'memory_discarded', detail: coldReason })
+    return { ...started, coldReason }
+  }
+
+  private async restoreOrStart(
+    sessionId: string,
+    launch: AgentLaunch,
+    generation: number,
     driver: string,
   ): Promise<ResumedStart> {
     const target = this.targets.get(sessionId)
@@ -88,15 +172,6 @@ export class MemoryPause {
     )
     // Not restored into, nor its id taken by a restore that booted (no checkpoint, a cold start): it goes.
     if (target && started.agent.sandboxId !== target.sandboxId) await dropUnused(target)
-    if (started.resumed)
-      this.pauseEvent(sessionId, {
-        cause: 'memory_restored',
-        detail: started.fromSnapshotId
-          ? `restored from the memory of snapshot ${started.fromSnapshotId} into ${started.agent.sandboxId}`
-          : started.agent.sandboxId,
-      })
-    else if (started.coldReason)
-      this.pauseEvent(sessionId, { cause: 'memory_discarded', detail: started.coldReason })
     return started
   }
 
@@ -110,6 +185,8 @@ export class MemoryPause {
     tenantId: string,
     agent: AgentProcess,
     pause: { generation: number },
+    /** Why it is checkpointed now (a resident pause's release), said in the event. */
+    why?: string,
   ): Promise<void> {
     try {
       const [generation] = await this.runtime.pool.readGenerations([sessionId])
@@ -136,7 +213,7 @@ export class MemoryPause {
       await this.prepareTarget(sessionId, agent)
       this.pauseEvent(sessionId, {
         cause: 'memory_paused',
-        detail: `checkpoint of ${manifest.bytes} bytes in ${manifest.checkpointMs} ms at generation ${manifest.generation}`,
+        detail: `checkpoint of ${manifest.bytes} bytes in ${manifest.checkpointMs} ms at generation ${manifest.generation}${why ? ` (${why})` : ''}`,
       })
     } catch (error) {
       const message = error instanceof Error ? error.message : String(error)
@@ -161,6 +238,8 @@ export class MemoryPause {
   /** See `RuntimePort.checkpointForFork` (the caller counts the session as in use). */
   async checkpointForFork(sessionId: string): Promise<ForkCheckpoint> {
     // A keep-warm window that ended just now may be checkpointing the sandbox: its image is the one.
+    // One frozen in place (a resident pause) is thawed to be checkpointed as a warm one.
+    this.pool.wake(sessionId)
     await this.pool.settled(sessionId)
     if (this.pool.agent(sessionId)?.alive) {
       const { bytes, checkpointMs } = await this.checkpointRunning(sessionId)
@@ -189,6 +268,7 @@ export class MemoryPause {
   private async checkpointRunning(
     sessionId: string,
   ): Promise<{ bytes: number; checkpointMs: number; tenantId: string }> {
+    this.pool.wake(sessionId)
     const warm = this.pool.agent(sessionId)
     if (!warm?.alive)
       throw new CairnProblem(

@@ -1,5 +1,6 @@
 import { CairnProblem } from '@cairn/protocol'
 import type { AgentProcess } from '../agent/agent-process.js'
+import type { PauseHooks, ResidentPauses } from './resident-pauses.js'
 
 /** Milliseconds since the epoch; injected so the pool's idea of time can be set in tests. */
 export interface PoolClock {
@@ -16,8 +17,8 @@ interface WarmAgent {
   until?: number | undefined
   /** Its window ran out while the session was in use: the stop waits for that use's end (`released`). */
   heldOff?: boolean | undefined
-  /** What ends it when it cools instead of a stop (`pause: memory`: a checkpoint, which stops it). */
-  cool?: (() => Promise<void>) | undefined
+  /** `pause: memory`: frozen in place when it cools (`resident`), released by `PauseHooks.release`. */
+  pause?: PauseHooks | undefined
 }
 
 /**
@@ -40,6 +41,8 @@ export class WarmPool {
     private readonly stop: (agent: AgentProcess) => Promise<void>,
     /** Whether the session is in a turn or an exclusive operation: its cooldown waits. */
     private readonly inUse: (sessionId: string) => boolean = () => false,
+    /** Where `pause: memory` agents are frozen when they cool; none: they are released at once. */
+    private readonly resident?: ResidentPauses,
   ) {}
 
   has(sessionId: string): boolean {
@@ -88,8 +91,12 @@ export class WarmPool {
     }
   }
 
-  /** The session's warm agent if it is alive, its cooldown stopped while a turn uses it. */
+  /**
+   * The session's warm agent if it is alive, its cooldown stopped while a turn uses it; a sandbox
+   * frozen in place (a resident pause) is thawed and warm again.
+   */
   take(sessionId: string): AgentProcess | undefined {
+    this.wake(sessionId)
     const warm = this.warm.get(sessionId)
     if (!warm?.agent.alive) return undefined
     if (warm.timer) clearTimeout(warm.timer)
@@ -99,10 +106,21 @@ export class WarmPool {
     return warm.agent
   }
 
-  /** Keeps a freshly started agent; `cool` ends it when keep-warm runs out, instead of a stop. */
-  add(sessionId: string, tenantId: string, agent: AgentProcess, cool?: () => Promise<void>): void {
+  /** Thaws the session's resident sandbox, if it has one, into the pool (no cooldown scheduled). */
+  wake(sessionId: string): void {
+    const woken = this.resident?.wake(sessionId)
+    if (woken) this.add(sessionId, woken.tenantId, woken.agent, woken.hooks)
+  }
+
+  /** The session's agent frozen in place (a resident pause), if it has one. */
+  residentAgent(sessionId: string): AgentProcess | undefined {
+    return this.resident?.agent(sessionId)
+  }
+
+  /** Keeps a freshly started agent; `pause` pauses it when keep-warm runs out, instead of a stop. */
+  add(sessionId: string, tenantId: string, agent: AgentProcess, pause?: PauseHooks): void {
     this.forget(sessionId)
-    this.warm.set(sessionId, { agent, tenantId, usedAt: this.clock.now(), timer: undefined, cool })
+    this.warm.set(sessionId, { agent, tenantId, usedAt: this.clock.now(), timer: undefined, pause })
     let own = this.byTenant.get(tenantId)
     if (!own) {
       own = new Set()
@@ -189,26 +207,34 @@ export class WarmPool {
     warm.timer.unref()
   }
 
-  /** Checkpoints under way, by session (see `cool`). */
+  /** Releases under way when resident pauses are off (a checkpoint, a stop), by session (see `cool`). */
   private readonly cooling = new Map<string, Promise<void>>()
 
-  /** The end of the keep-warm window: the agent's `cool` (a checkpoint) if it has one, else a stop. */
+  /**
+   * The end of the keep-warm window: a `pause: memory` agent is frozen in place (resident), or
+   * released at once when resident pauses are off (a checkpoint under gVisor); others stop.
+   */
   private async cool(sessionId: string): Promise<void> {
     const warm = this.warm.get(sessionId)
-    if (!warm?.cool || !warm.agent.alive) return this.drop(sessionId)
+    if (!warm?.pause || !warm.agent.alive) return this.drop(sessionId)
     this.forget(sessionId)
-    const cooling = warm.cool().finally(() => this.cooling.delete(sessionId))
+    if (this.resident?.enabled) return this.resident.hold(sessionId, warm.agent, warm.tenantId, warm.pause)
+    const cooling = warm.pause
+      .release('keep-warm ended and this node keeps no sandbox frozen', false)
+      .finally(() => this.cooling.delete(sessionId))
     this.cooling.set(sessionId, cooling)
     await cooling
   }
 
-  /** Resolves once the session's checkpoint, if one is being taken, is written (or failed). */
+  /** Resolves once the session's release (a checkpoint being taken, a stop), if any, is done. */
   async settled(sessionId: string): Promise<void> {
     await this.cooling.get(sessionId)
+    await this.resident?.settled(sessionId)
   }
 
-  /** Forgets the session's warm agent without stopping it (the caller ends it), with its tenant. */
+  /** Forgets the session's warm (or resident, thawed) agent without stopping it (the caller ends it). */
   detach(sessionId: string): { agent: AgentProcess; tenantId: string } | undefined {
+    this.wake(sessionId)
     const warm = this.forget(sessionId)
     if (!warm) return undefined
     if (warm.timer) clearTimeout(warm.timer)
@@ -217,13 +243,17 @@ export class WarmPool {
 
   async drop(sessionId: string): Promise<void> {
     // Forgotten at once (the tenant's count drops now); one being checkpointed is waited for.
-    const warm = this.forget(sessionId)
+    const resident = this.warm.has(sessionId) ? undefined : this.resident?.remove(sessionId)
+    resident?.hooks.resident('dropped', this.clock.now() - resident.frozenAt)
+    const warm = this.forget(sessionId) ?? resident
     if (!warm) return this.settled(sessionId)
     if (warm.timer) clearTimeout(warm.timer)
     await this.stop(warm.agent)
   }
 
+  /** The server stops: resident sandboxes are released (gVisor checkpoints them), warm ones stop. */
   async dropAll(): Promise<void> {
+    await this.resident?.releaseAll('the server stopped')
     await Promise.all([...this.warm.keys()].map((id) => this.drop(id)))
   }
 }

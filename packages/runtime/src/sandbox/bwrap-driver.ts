@@ -76,6 +76,7 @@ export class BwrapDriver implements SandboxDriver {
     freeze: true,
     network: false,
     memorySnapshot: false,
+    residentPause: true,
     ports: true,
     transparentEgress: nftAvailable(),
   }

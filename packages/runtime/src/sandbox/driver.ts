@@ -124,6 +124,12 @@ export interface DriverCapabilities {
   network: boolean
   /** Checkpointing a running sandbox's memory to resume it warm later. */
   memorySnapshot: boolean
+  /**
+   * `pause: memory` as a resident pause: the sandbox frozen in place (its memory in RAM) until
+   * the next message thaws it or the node releases it (docs/architecture/pausing.md). The node
+   * turns it off with bounds of 0; without `memorySnapshot` a release ends the memory.
+   */
+  residentPause: boolean
   /** Reaching a TCP port a service listens on inside the sandbox (previews). */
   ports: boolean
   /**

@@ -99,6 +99,7 @@ export class GvisorDriver implements SandboxDriver {
     network: false,
     // `runsc checkpoint` / `runsc restore` (see checkpoint/gvisor-checkpoint.ts).
     memorySnapshot: true,
+    residentPause: true,
     // The sandbox's loopback lives in gVisor's user-space network stack, not in a host network
     // namespace a relay could enter; reaching it would take a `runsc exec` per connection.
     ports: false,

@@ -40,6 +40,8 @@ export interface NodeOptions
     | 'isolation'
     | 'gvisorPoolSize'
     | 'spareLaunchers'
+    | 'residentPauses'
+    | 'residentPauseMs'
     | 'runBase'
     | 'heartbeatMs'
     | 'leaseMs'

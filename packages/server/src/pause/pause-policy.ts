@@ -4,34 +4,46 @@ import { type Clock, iso } from '../clock.js'
 import type { SessionRow, SessionStore } from '../sessions/session-store.js'
 
 /**
- * Refuses (`invalid_manifest`) `pause: memory` for an agent whose sandbox driver cannot checkpoint
- * memory on this node, with the driver's reason: a deploy must not promise what will not happen.
+ * Refuses (`invalid_manifest`) `pause: memory` for an agent whose sandbox driver can neither
+ * checkpoint memory nor keep a paused sandbox frozen in place on this node, with the driver's
+ * reasons: a deploy must not promise what will not happen.
  */
 export async function checkPausePolicy(
   manifest: AgentManifest,
   runtime: Pick<RuntimePort, 'sandboxDriver'>,
 ): Promise<void> {
-  if (manifest.pause !== 'memory') return
+  if (manifest.pause === 'memory')
+    await checkPauseCapable(manifest, runtime, 'invalid_manifest', 'cairn.yaml: ')
+}
+
+/** `pause: memory` needs `memorySnapshot` (checkpoints) or `residentPause` (frozen in place). */
+async function checkPauseCapable(
+  manifest: Pick<AgentManifest, 'isolation'>,
+  runtime: Pick<RuntimePort, 'sandboxDriver'>,
+  code: 'invalid_manifest' | 'bad_request',
+  prefix: string,
+): Promise<void> {
   const driver = await runtime.sandboxDriver(manifest.isolation)
-  if (driver.capabilities.memorySnapshot) return
-  const reason = driver.unavailableBecause?.memorySnapshot
+  if (driver.capabilities.memorySnapshot || driver.capabilities.residentPause) return
+  const why = driver.unavailableBecause
+  const reason = [why?.memorySnapshot, why?.residentPause].filter(Boolean).join('; ')
   throw new CairnProblem(
-    'invalid_manifest',
-    `cairn.yaml: pause: memory needs a sandbox driver that checkpoints memory, and ${driver.name} cannot${reason ? `: ${reason}` : ''}`,
+    code,
+    `${prefix}pause: memory needs a sandbox driver that checkpoints memory or keeps a paused sandbox frozen in place, and ${driver.name} on this node does neither${reason ? `: ${reason}` : ''}`,
     { driver: driver.name, capability: 'memorySnapshot', ...(reason ? { reason } : {}) },
   )
 }
 
 /**
- * Refuses (`bad_request`) a session's own `pause: memory` when its agent's sandbox driver cannot
- * checkpoint memory on this node, with the driver's reason (as a deploy of such an agent is).
+ * Refuses (`bad_request`) a session's own `pause: memory` when its agent's sandbox driver can do
+ * neither on this node, with the driver's reasons (as a deploy of such an agent is).
  */
 export async function checkSessionPause(
   pause: PausePolicy,
   manifest: Pick<AgentManifest, 'isolation'>,
   runtime: Pick<RuntimePort, 'sandboxDriver'>,
 ): Promise<void> {
-  if (pause === 'memory') await checkMemoryCapable(manifest, runtime, 'pause: memory')
+  if (pause === 'memory') await checkPauseCapable(manifest, runtime, 'bad_request', '')
 }
 
 /**

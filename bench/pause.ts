@@ -1,4 +1,5 @@
-import { cp, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises'
+import { spawn } from 'node:child_process'
+import { cp, mkdir, mkdtemp, readFile, rm, rmdir, writeFile } from 'node:fs/promises'
 import os from 'node:os'
 import path from 'node:path'
 import type { GvisorDriver } from '../packages/runtime/dist/index.js'
@@ -25,8 +26,11 @@ const CASES = [
   { name: 'node-heap', prompt: 'hello', expect: 'heap 100 MiB: hello\n', restores: true },
 ] as const
 
-/** The example (or the Node heap agent) as a gVisor agent with `pause: memory`. */
-async function pausingProject(name: (typeof CASES)[number]['name']): Promise<string> {
+const DRIVERS = ['bwrap', 'gvisor'] as const
+type Driver = (typeof DRIVERS)[number]
+
+/** The example (or the Node heap agent) as an agent of `driver` with `pause: memory`, named `<name>-<driver>`. */
+async function pausingProject(name: (typeof CASES)[number]['name'], driver: Driver): Promise<string> {
   const dir = await mkdtemp(path.join(os.tmpdir(), `cairn-bench-pause-${name}-`))
   if (name === 'node-heap') {
     await writeFile(path.join(dir, 'agent.js'), NODE_HEAP_AGENT)
@@ -37,21 +41,27 @@ async function pausingProject(name: (typeof CASES)[number]['name']): Promise<str
   } else {
     await cp(path.join(EXAMPLES, name), dir, { recursive: true })
   }
-  const manifest = await readFile(path.join(dir, 'cairn.yaml'), 'utf8')
-  await writeFile(path.join(dir, 'cairn.yaml'), `${manifest}isolation: gvisor\npause: memory\n`)
+  const manifest = (await readFile(path.join(dir, 'cairn.yaml'), 'utf8')).replace(
+    /^name: .*$/m,
+    `name: ${name}-${driver}`,
+  )
+  await writeFile(path.join(dir, 'cairn.yaml'), `${manifest}isolation: ${driver}\npause: memory\n`)
   return dir
 }
 
 interface Sample {
   coldFirstByteMs: number
-  checkpointMs: number
-  checkpointBytes: number
-  restoreFirstByteMs: number | undefined
+  /** The pause's own figure: the freeze (resident) or `runsc checkpoint` (checkpoint), ms. */
+  pauseMs: number
+  checkpointBytes: number | undefined
+  resumeFirstByteMs: number
+  /** The next message at once, the sandbox warm: what a resident resume adds a thaw to. */
+  warmFirstByteMs: number
 }
 
-/** The `n`th event of `cause` in the session's events (the checkpoint is taken in the background). */
+/** The `n`th event of `cause` in the session's events (the pause is taken in the background). */
 async function waitForEvent(server: BenchServer, id: string, cause: string, n = 1) {
-  for (let i = 0; i < 600; i++) {
+  for (let i = 0; i < 1500; i++) {
     const res = await server.http.json('GET', `/v1/sessions/${id}/events`)
     const found = (res.body.data as { cause: string; detail: string | null }[]).filter(
       (e) => e.cause === cause,
@@ -62,143 +72,190 @@ async function waitForEvent(server: BenchServer, id: string, cause: string, n = 
   throw new Error(`no ${cause} event for ${id}`)
 }
 
-/** One session: a cold first message, its checkpoint when keep-warm ends, a restored second message. */
+/** A message POST to its first byte, or undefined (with the problem) when it did not complete as `cold`. */
+async function message(
+  server: BenchServer,
+  id: string,
+  c: (typeof CASES)[number],
+  cold: boolean,
+  problems: string[],
+) {
+  const sent = await server.http.stream(`/v1/sessions/${id}/messages`, { prompt: c.prompt })
+  if (sent.terminal !== 'run.completed' || sent.firstDeltaMs === undefined || sent.coldStart !== cold) {
+    problems.push(
+      `${c.name}: ${sent.status} ${sent.terminal} cold=${sent.coldStart} ${sent.error ?? ''} ${JSON.stringify(sent.text)}`,
+    )
+    return undefined
+  }
+  if (sent.text !== c.expect) problems.push(`${c.name}: reply ${JSON.stringify(sent.text)}`)
+  return sent.firstDeltaMs
+}
+
+/**
+ * One session: a cold first message, its pause when keep-warm ends (frozen in place, or
+ * checkpointed where resident pauses are off), the next message (thawed or restored), and one
+ * more at once while it is warm.
+ */
 async function once(
   server: BenchServer,
   c: (typeof CASES)[number],
+  driver: Driver,
   problems: string[],
 ): Promise<Sample | undefined> {
-  const session = await server.createSession(c.name, { keepWarmMs: KEEP_WARM_MS, autoSnapshots: false })
+  const session = await server.createSession(`${c.name}-${driver}`, {
+    keepWarmMs: KEEP_WARM_MS,
+    autoSnapshots: false,
+  })
   try {
-    const route = `/v1/sessions/${session.id}/messages`
-    const cold = await server.http.stream(route, { prompt: c.prompt })
-    if (cold.terminal !== 'run.completed' || cold.firstDeltaMs === undefined || !cold.coldStart) {
-      problems.push(
-        `${c.name} cold: ${cold.status} ${cold.terminal} ${cold.error ?? ''} ${JSON.stringify(cold.text)}`,
-      )
-      return undefined
-    }
+    const coldFirstByteMs = await message(server, session.id, c, true, problems)
+    if (coldFirstByteMs === undefined) return undefined
     const paused = await waitForEvent(server, session.id, 'memory_paused')
-    const figures = /checkpoint of (\d+) bytes in (\d+) ms/.exec(paused?.detail ?? '')
-    const checkpoint = { checkpointMs: Number(figures?.[2]), checkpointBytes: Number(figures?.[1]) }
-    if (!c.restores) {
-      if (cold.text !== c.expect) problems.push(`${c.name}: reply ${JSON.stringify(cold.text)}`)
-      return { coldFirstByteMs: cold.firstDeltaMs, ...checkpoint, restoreFirstByteMs: undefined }
-    }
-    const restored = await server.http.stream(route, { prompt: c.prompt })
-    if (restored.terminal !== 'run.completed' || restored.firstDeltaMs === undefined || restored.coldStart) {
-      problems.push(
-        `${c.name} restore: ${restored.terminal} cold=${restored.coldStart} ${JSON.stringify(restored.text)}`,
-      )
-      return undefined
-    }
-    if (cold.text !== c.expect || restored.text !== c.expect)
-      problems.push(`${c.name}: replies ${JSON.stringify([cold.text, restored.text])}`)
+    const checkpoint = /checkpoint of (\d+) bytes in (\d+) ms/.exec(paused?.detail ?? '')
+    const frozen = /frozen in place in (\d+) ms/.exec(paused?.detail ?? '')
+    const resumeFirstByteMs = await message(server, session.id, c, false, problems)
+    const warmFirstByteMs = await message(server, session.id, c, false, problems)
+    if (resumeFirstByteMs === undefined || warmFirstByteMs === undefined) return undefined
     return {
-      coldFirstByteMs: cold.firstDeltaMs,
-      ...checkpoint,
-      restoreFirstByteMs: restored.firstDeltaMs,
+      coldFirstByteMs,
+      pauseMs: Number(checkpoint?.[2] ?? frozen?.[1]),
+      checkpointBytes: checkpoint ? Number(checkpoint[1]) : undefined,
+      resumeFirstByteMs,
+      warmFirstByteMs,
     }
   } finally {
     await server.deleteSession(session.id)
   }
 }
 
-/** The ways a restore is measured: booting its sandbox, and into a target booted while paused. */
-const MODES = [
-  { label: 'boot at restore', targets: '0' },
-  { label: 'pre-started target', targets: undefined },
+/** The tiers, each on a server of its own, both up at once so their runs interleave. */
+const TIERS = [
+  { label: 'resident', drivers: DRIVERS, server: { residentPauses: 16, residentPauseMs: 600_000 } },
+  { label: 'checkpoint', drivers: ['gvisor'] as const, server: { residentPauses: 0 } },
 ] as const
 
-/** One server's figures (rows named after `label`); returns the gVisor platform it ran on. */
-async function measure(label: string, rows: Row[], problems: string[]): Promise<string> {
-  // On-demand sandboxes: a restore runs the image in a sandbox of the cold layout.
-  const server = await startBenchServer({ server: { gvisorPoolSize: 0 } })
+/**
+ * The floor of a resident resume: a process frozen in a cgroup of its own (cgroup v2), thawed,
+ * and a line through it — the write of `cgroup.freeze` to the line coming back — with nothing else.
+ */
+async function thawFloorMs(): Promise<number> {
+  const dir = path.join('/sys/fs/cgroup', `cairn-bench-thaw-${process.pid}`)
+  await mkdir(dir)
+  const child = spawn('sh', ['-c', 'while read l; do echo "$l"; done'], { stdio: ['pipe', 'pipe', 'ignore'] })
+  try {
+    await writeFile(path.join(dir, 'cgroup.procs'), String(child.pid))
+    await writeFile(path.join(dir, 'cgroup.freeze'), '1')
+    while (!(await readFile(path.join(dir, 'cgroup.events'), 'utf8')).includes('frozen 1'))
+      await new Promise((r) => setTimeout(r, 1))
+    const echoed = new Promise((r) => child.stdout.once('data', r))
+    const t0 = performance.now()
+    await writeFile(path.join(dir, 'cgroup.freeze'), '0')
+    child.stdin.write('x\n')
+    await echoed
+    return performance.now() - t0
+  } finally {
+    child.kill('SIGKILL')
+    await new Promise((r) => child.once('exit', r))
+    await rmdir(dir).catch(() => undefined)
+  }
+}
+
+/** Both tiers' figures, runs interleaved: per run each tier's servers take every agent in turn. */
+async function measure(rows: Row[], problems: string[]): Promise<string> {
+  const servers = await Promise.all(
+    TIERS.map((tier) => startBenchServer({ server: { gvisorPoolSize: 0, ...tier.server } })),
+  )
   let platform = ''
   try {
-    const driver = server.server.runtime.drivers.gvisor as GvisorDriver
-    for (const c of CASES) {
-      const dir = await pausingProject(c.name)
-      await server.deploy(dir)
-      await rm(dir, { recursive: true, force: true })
+    for (const [i, tier] of TIERS.entries()) {
+      const server = servers[i] as BenchServer
+      for (const c of CASES)
+        for (const driver of tier.drivers) {
+          const dir = await pausingProject(c.name, driver)
+          await server.deploy(dir)
+          await rm(dir, { recursive: true, force: true })
+        }
+      // One untimed cycle of each: images in the page cache, runsc's first start behind us.
+      for (const c of CASES) for (const driver of tier.drivers) await once(server, c, driver, problems)
     }
-    for (const c of CASES) await once(server, c, problems)
-    platform = driver.runsc.platform
-    const floorSamples: number[] = []
-    for (let i = 0; i < 10; i++) floorSamples.push(await runscTrue(driver.runsc))
-    const floor = {
-      name: `${label}: runsc do /bin/true (${platform})`,
-      median: row('', floorSamples).summary.median,
-    }
-    rows.push(row(floor.name, floorSamples))
-    progress(`${label}: ${RUNS} pause/restore cycles per agent`)
-    const samples = new Map<string, Sample[]>(CASES.map((c) => [c.name, []]))
-    await repeat(RUNS, 300_000, async () => {
-      for (const c of CASES) {
-        const s = await once(server, c, problems)
-        if (s) samples.get(c.name)?.push(s)
-      }
+    const runsc = ((servers[0] as BenchServer).server.runtime.drivers.gvisor as GvisorDriver).runsc
+    platform = runsc.platform
+    const floors = { runsc: [] as number[], thaw: [] as number[] }
+    const samples = new Map<string, Sample[]>()
+    progress(`${RUNS} pause/resume cycles per agent, driver and tier`)
+    await repeat(RUNS, 600_000, async () => {
+      floors.runsc.push(await runscTrue(runsc))
+      floors.thaw.push(await thawFloorMs())
+      for (const c of CASES)
+        for (const [i, tier] of TIERS.entries())
+          for (const driver of tier.drivers) {
+            const s = await once(servers[i] as BenchServer, c, driver, problems)
+            const key = `${tier.label}: ${c.name} (${driver})`
+            if (s) samples.set(key, [...(samples.get(key) ?? []), s])
+          }
     })
-    for (const c of CASES) {
-      const s = samples.get(c.name) ?? []
+    const thaw = {
+      name: 'thaw of a frozen cgroup, a line through it',
+      median: row('', floors.thaw).summary.median,
+    }
+    const runscFloor = {
+      name: `runsc do /bin/true (${platform})`,
+      median: row('', floors.runsc).summary.median,
+    }
+    rows.push(row(thaw.name, floors.thaw), row(runscFloor.name, floors.runsc))
+    for (const [key, s] of samples) {
+      const resident = key.startsWith('resident')
       rows.push(
         row(
-          `${label}: ${c.name}: cold start, message -> first byte`,
+          `${key}: cold start, message -> first byte`,
           s.map((x) => x.coldFirstByteMs),
-          floor,
         ),
-        ...(c.restores
-          ? [
+        row(
+          `${key}: warm, message -> first byte`,
+          s.map((x) => x.warmFirstByteMs),
+          thaw,
+        ),
+        row(
+          `${key}: ${resident ? 'thawed' : 'restored'}, message -> first byte`,
+          s.map((x) => x.resumeFirstByteMs),
+          resident ? thaw : runscFloor,
+        ),
+        row(
+          `${key}: ${resident ? 'freeze' : 'checkpoint'} (server's figure)`,
+          s.map((x) => x.pauseMs),
+        ),
+        ...(resident
+          ? []
+          : [
               row(
-                `${label}: ${c.name}: restored, message -> first byte`,
-                s.map((x) => x.restoreFirstByteMs ?? 0),
-                floor,
+                `${key}: checkpoint size (MiB, not ms)`,
+                s.map((x) => (x.checkpointBytes ?? 0) / 1024 / 1024),
               ),
-            ]
-          : []),
-        row(
-          `${label}: ${c.name}: checkpoint (runsc checkpoint, server's figure)`,
-          s.map((x) => x.checkpointMs),
-        ),
-        row(
-          `${label}: ${c.name}: checkpoint size (MiB, not ms)`,
-          s.map((x) => x.checkpointBytes / 1024 / 1024),
-        ),
+            ]),
       )
     }
   } finally {
-    await server.close()
+    await Promise.all(servers.map((s) => s.close()))
   }
   return platform
 }
 
 /**
- * `pause: memory` under gVisor: per agent, a new session's first message (a cold start, message POST
- * to first byte), the checkpoint the server takes when keep-warm ends (its own figure and the
- * image's size), and the next message restored from it (POST to first byte).
+ * `pause: memory` on both tiers: per agent and driver, a new session's first message (cold, POST
+ * to first byte), the pause when keep-warm ends (a freeze in place, or under gVisor with resident
+ * pauses off a checkpoint: its time and size), the next message (thawed or restored, POST to
+ * first byte) and one more while warm.
  */
 export const pause: Bench = {
   name: 'pause',
-  description: 'pause: memory under gVisor: checkpoint time and size, restore vs cold start to first byte',
+  description:
+    'pause: memory, resident (bwrap, gVisor) vs checkpoint (gVisor): resume to first byte beside a thaw and a runsc start',
   async run(): Promise<BenchResult> {
     const startedAt = new Date().toISOString()
     const t0 = performance.now()
     const rows: Row[] = []
     const notes: string[] = []
     const problems: string[] = []
-    let platform = ''
-    // Each way of restoring on a server of its own, one after the other in the same run: a
-    // restore that boots its sandbox (no restore targets), then one into the target booted while
-    // the session was paused (the default).
-    for (const mode of MODES) {
-      if (mode.targets === undefined) delete process.env.CAIRN_GVISOR_RESTORE_TARGETS
-      else process.env.CAIRN_GVISOR_RESTORE_TARGETS = mode.targets
-      try {
-        platform = await measure(mode.label, rows, problems)
-      } finally {
-        delete process.env.CAIRN_GVISOR_RESTORE_TARGETS
-      }
-    }
+    const platform = await measure(rows, problems)
     if (problems.length > 0) throw new Error(`pause runs failed:\n${problems.slice(0, 10).join('\n')}`)
     notes.push('checkpoint size rows are MiB per checkpoint, in the time columns')
     return {
@@ -211,7 +268,7 @@ export const pause: Bench = {
         keepWarmMs: KEEP_WARM_MS,
         platform,
         measured:
-          'two servers one after the other (CAIRN_GVISOR_RESTORE_TARGETS=0: the restore boots its sandbox; then the default: it loads into the sandbox booted while paused); on each, per run a new session (autoSnapshots off): first message POST -> first message.delta (cold), the checkpoint taken when keep-warm ends (the memory_paused event, sent once the pause is done: runsc checkpoint time and image bytes), then the second message POST -> first message.delta (restored); the session deleted, untimed',
+          'two servers up at once, runs interleaved: resident pauses on (bwrap and gVisor agents: frozen in place when keep-warm ends, thawed by the next message) and off (gVisor agents: checkpointed when keep-warm ends, restored into the target booted while paused); per run and agent a new session (autoSnapshots off): first message POST -> first message.delta (cold), the pause (memory_paused: freeze or runsc checkpoint time, image bytes), the second message POST -> first message.delta (thawed / restored), a third at once (warm); the session deleted, untimed. Floors per run: a frozen cgroup thawed and a line echoed through its process; runsc do /bin/true',
       },
       rows,
       targets: [],

@@ -1,6 +1,6 @@
-import { S3Client } from '@aws-sdk/client-s3'
 import { CairnProblem } from '@cairn/protocol'
 import { ShippingBucket } from './bucket.js'
+import { s3Sdk } from './s3-sdk.js'
 
 /** Where workspaces ship to. Credentials come from the AWS SDK's own chain (AWS_ACCESS_KEY_ID …). */
 export interface ShippingBucketConfig {
@@ -44,6 +44,7 @@ export function createShippingBucket(config: ShippingBucketConfig): ShippingBuck
     throw new CairnProblem('validation_failed', `'${config.bucket}' is not a valid bucket name`)
   if (config.prefix && !/^[A-Za-z0-9._/-]*\/$/.test(config.prefix))
     throw new CairnProblem('validation_failed', 'the bucket prefix must end with / and hold no spaces')
+  const { S3Client } = s3Sdk()
   const client = new S3Client({
     region: config.region ?? 'us-east-1',
     ...(config.endpoint ? { endpoint: config.endpoint, forcePathStyle: true } : {}),

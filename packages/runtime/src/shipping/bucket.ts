@@ -1,13 +1,7 @@
 import { createHash } from 'node:crypto'
-import {
-  GetObjectCommand,
-  HeadObjectCommand,
-  ListObjectsV2Command,
-  type ListObjectsV2CommandOutput,
-  PutObjectCommand,
-  type S3Client,
-} from '@aws-sdk/client-s3'
+import type { ListObjectsV2CommandOutput, S3Client } from '@aws-sdk/client-s3'
 import { CairnProblem } from '@cairn/protocol'
+import { s3Sdk } from './s3-sdk.js'
 
 /** What S3 errors carry that tells them apart (the SDK's ServiceException shape). */
 interface S3Failure {
@@ -67,6 +61,7 @@ export class ShippingBucket {
     contentType = 'application/octet-stream',
   ): Promise<PutOutcome> {
     const sha256 = sha256Hex(body)
+    const { PutObjectCommand } = s3Sdk()
     try {
       await this.client.send(
         new PutObjectCommand({
@@ -94,6 +89,7 @@ export class ShippingBucket {
 
   /** An object's size and recorded digest; undefined when there is none. */
   async head(rel: string): Promise<{ bytes: number; sha256: string | undefined } | undefined> {
+    const { HeadObjectCommand } = s3Sdk()
     try {
       const found = await this.client.send(new HeadObjectCommand({ Bucket: this.name, Key: this.key(rel) }))
       return { bytes: found.ContentLength ?? 0, sha256: found.Metadata?.sha256 }
@@ -106,6 +102,7 @@ export class ShippingBucket {
   /** An object's bytes, refused (`chain_invalid`) beyond `maxBytes`; undefined when there is none. */
   async get(rel: string, maxBytes: number): Promise<Buffer | undefined> {
     let body: Uint8Array
+    const { GetObjectCommand } = s3Sdk()
     try {
       const got = await this.client.send(new GetObjectCommand({ Bucket: this.name, Key: this.key(rel) }))
       if ((got.ContentLength ?? 0) > maxBytes) {
@@ -126,6 +123,7 @@ export class ShippingBucket {
   /** Every key under `rel` (the prefix stripped), in the store's (lexicographic) order. */
   async list(rel: string): Promise<string[]> {
     const keys: string[] = []
+    const { ListObjectsV2Command } = s3Sdk()
     let token: string | undefined
     do {
       let page: ListObjectsV2CommandOutput

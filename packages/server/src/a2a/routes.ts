@@ -1,12 +1,4 @@
-import { type AgentCard, AgentCard as AgentCardJson } from '@a2a-js/sdk'
-import { LegacyJsonRpcTransportHandler } from '@a2a-js/sdk/compat/v0_3/server'
-import { RequestMalformedError, VersionNotSupportedError } from '@a2a-js/sdk/errors'
-import { type A2ARequestHandler, JsonRpcTransportHandler, ServerCallContext } from '@a2a-js/sdk/server'
 import {
-  A2ALegacySendParams,
-  A2ALegacyTaskParams,
-  A2ASendMessageParams,
-  A2ATaskParams,
   CairnProblem,
   IdParams,
   type JsonRpcRequest,
@@ -14,15 +6,15 @@ import {
   JsonRpcStreamAnswerSchema,
 } from '@cairn/protocol'
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox'
-import { type TSchema, Type } from '@sinclair/typebox'
-import { TypeCompiler } from '@sinclair/typebox/compiler'
+import { Type } from '@sinclair/typebox'
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import type { AgentService } from '../agents/agent-service.js'
 import { principalOf } from '../auth/plugin.js'
 import { errorResponses, eventStreamMedia, jsonResponse } from '../http/responses.js'
 import { SseWriter, type SseWriterOptions } from '../http/sse.js'
-import { A2A_LEGACY_VERSION, A2A_VERSION, agentCard, legacyAgentCard } from './a2a-card.js'
-import { type A2AScope, type A2AServices, CairnA2AHandler } from './a2a-handler.js'
+import { agentCard, legacyAgentCard } from './a2a-card.js'
+import type { A2AScope, A2AServices } from './a2a-handler.js'
+import type { answerRpc } from './a2a-rpc.js'
 
 export interface A2ADeps extends A2AServices {
   agents: AgentService
@@ -31,59 +23,15 @@ export interface A2ADeps extends A2AServices {
 }
 
 const HEADER = 'a2a-version'
-type ParamsCheck = ReturnType<typeof TypeCompiler.Compile<TSchema>>
-type RpcTransport = Pick<JsonRpcTransportHandler, 'handle'>
 
 /**
- * A version of A2A's JSON-RPC as served: the params each method is checked against before the
- * A2A library decodes them, the methods a read-only key may call, and the library's transport
- * handler and error encoding for that version (both answer with the same `CairnA2AHandler`).
+ * The A2A library and the params checks (a2a-rpc.ts), loaded by the first A2A request: ~0.1 s of
+ * CPU and ~100 modules that a server start, and every test server, need not pay.
  */
-interface Dialect {
-  version: string
-  params: Record<string, ParamsCheck>
-  reads: Set<string>
-  transport(handler: A2ARequestHandler): RpcTransport
-  encodeError(error: unknown): unknown
-}
-
-const V1: Dialect = {
-  version: A2A_VERSION,
-  params: {
-    SendMessage: TypeCompiler.Compile(A2ASendMessageParams),
-    SendStreamingMessage: TypeCompiler.Compile(A2ASendMessageParams),
-    GetTask: TypeCompiler.Compile(A2ATaskParams),
-    CancelTask: TypeCompiler.Compile(A2ATaskParams),
-    SubscribeToTask: TypeCompiler.Compile(A2ATaskParams),
-  },
-  reads: new Set(['GetTask', 'SubscribeToTask', 'GetExtendedAgentCard', 'ListTasks']),
-  transport: (handler) => new JsonRpcTransportHandler(handler),
-  encodeError: (error) => JsonRpcTransportHandler.mapToJSONRPCError(error),
-}
-
-const V03: Dialect = {
-  version: A2A_LEGACY_VERSION,
-  params: {
-    'message/send': TypeCompiler.Compile(A2ALegacySendParams),
-    'message/stream': TypeCompiler.Compile(A2ALegacySendParams),
-    'tasks/get': TypeCompiler.Compile(A2ALegacyTaskParams),
-    'tasks/cancel': TypeCompiler.Compile(A2ALegacyTaskParams),
-    'tasks/resubscribe': TypeCompiler.Compile(A2ALegacyTaskParams),
-  },
-  reads: new Set(['tasks/get', 'tasks/resubscribe', 'agent/getAuthenticatedExtendedCard']),
-  transport: (handler) => new LegacyJsonRpcTransportHandler(handler),
-  encodeError: (error) => LegacyJsonRpcTransportHandler.mapToLegacyJSONRPCError(error),
-}
-
-/** The dialect a request asks for: no `A2A-Version` is 0.3 (the spec's rule), `1.0` is 1.0. */
-function dialectOf(header: string | string[] | undefined): Dialect | Error {
-  const version = Array.isArray(header) ? header.at(-1) : header
-  if (version === undefined || version === '0.3' || version === '0.3.0') return V03
-  if (version === '1.0' || version === '1') return V1
-  return new VersionNotSupportedError({
-    message: `A2A version ${version} is not served: send A2A-Version: ${A2A_VERSION} (or none, for 0.3)`,
-    metadata: { code: 'bad_request' },
-  })
+let rpcModule: Promise<typeof import('./a2a-rpc.js')> | undefined
+const loadRpc = () => {
+  rpcModule ??= import('./a2a-rpc.js')
+  return rpcModule
 }
 
 const errors = errorResponses(400, 401, 403, 404)
@@ -125,6 +73,7 @@ export function a2aRoutes(server: FastifyInstance, deps: A2ADeps): void {
     },
     async (request) => {
       const { card, agent, baseUrl } = await scopeOf(request, request.params.id)
+      const { dialectOf, V03, cardBody } = await loadRpc()
       if (dialectOf(request.headers[HEADER]) !== V03) return cardBody(card)
       const legacy = { name: agent.name, currentRevisionId: card.version }
       return legacyAgentCard(legacy, baseUrl, deps.version)
@@ -155,6 +104,7 @@ export function a2aRoutes(server: FastifyInstance, deps: A2ADeps): void {
     async (request, reply) => {
       const principal = principalOf(request)
       const body = request.body
+      const { dialectOf, V1, paramsRefusal, answerRpc } = await loadRpc()
       const dialect = dialectOf(request.headers[HEADER])
       if (dialect instanceof Error) return rpcError(body, V1.encodeError(dialect))
       if (!dialect.reads.has(body.method) && principal.role === 'read')
@@ -162,39 +112,18 @@ export function a2aRoutes(server: FastifyInstance, deps: A2ADeps): void {
       const scope = await scopeOf(request, request.params.id)
       const refused = paramsRefusal(dialect, body)
       if (refused) return rpcError(body, dialect.encodeError(refused))
-      const transport = dialect.transport(new CairnA2AHandler(deps, scope))
-      const answer = await transport.handle(
-        body,
-        new ServerCallContext({ requestedVersion: dialect.version }),
-      )
+      const answer = await answerRpc(deps, scope, dialect, body)
       if (!isStream(answer)) return answer
       await streamAnswers(reply, body, answer, { ...deps.sse, encodeError: dialect.encodeError })
     },
   )
 }
 
-/** The card as JSON (the A2A library's encoding: its field names and enum spellings). */
-function cardBody(card: AgentCard): Record<string, unknown> {
-  return AgentCardJson.toJSON(card) as Record<string, unknown>
-}
-
-/** Params the method cannot be served with (answered as a JSON-RPC error naming the path). */
-function paramsRefusal(dialect: Dialect, body: JsonRpcRequest): Error | undefined {
-  // Own properties only: a method named `constructor` or `__proto__` is an unknown method.
-  const check = Object.hasOwn(dialect.params, body.method) ? dialect.params[body.method] : undefined
-  if (!check || check.Check(body.params)) return undefined
-  const first = check.Errors(body.params).First()
-  return new RequestMalformedError({
-    message: `params${first?.path ?? ''}: ${first?.message ?? 'invalid'}`,
-    metadata: { code: 'validation_failed' },
-  })
-}
-
 function rpcError(body: JsonRpcRequest, error: unknown) {
   return { jsonrpc: '2.0', id: body.id ?? null, error }
 }
 
-type RpcAnswer = Awaited<ReturnType<RpcTransport['handle']>>
+type RpcAnswer = Awaited<ReturnType<typeof answerRpc>>
 type RpcStream = Extract<RpcAnswer, AsyncGenerator>
 
 function isStream(answer: RpcAnswer): answer is RpcStream {

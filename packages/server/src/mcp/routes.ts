@@ -1,10 +1,22 @@
 import { CairnProblem } from '@cairn/protocol'
-import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js'
 import type { FastifyInstance } from 'fastify'
 import { principalOf } from '../auth/plugin.js'
 import { errorBody } from '../http/errors.js'
-import { type McpDeps, McpTools, mcpServer } from './mcp-server.js'
+import type { McpDeps, McpTools } from './mcp-server.js'
 import { MCP_PATH } from './path.js'
+
+/**
+ * The MCP SDK (with Zod, ~1,000 modules' worth of start-up: ~0.3 s of CPU on a loaded 2-core
+ * machine) and the tools' compiled validators, loaded by the first MCP request rather than by
+ * every server start: most installs, and most test servers, never get one.
+ */
+async function loadMcp() {
+  const [{ McpTools, mcpServer }, { StreamableHTTPServerTransport }] = await Promise.all([
+    import('./mcp-server.js'),
+    import('@modelcontextprotocol/sdk/server/streamableHttp.js'),
+  ])
+  return { tools: new McpTools() as McpTools, mcpServer, StreamableHTTPServerTransport }
+}
 
 /**
  * The MCP server over Streamable HTTP, stateless: each POST is answered by a server and transport
@@ -14,7 +26,7 @@ import { MCP_PATH } from './path.js'
  * in the OpenAPI document: its contract is MCP's (JSON-RPC; `tools/list` gives each tool's schema).
  */
 export function mcpRoutes(app: FastifyInstance, deps: McpDeps): void {
-  const tools = new McpTools()
+  let mcp: ReturnType<typeof loadMcp> | undefined
   app.post(MCP_PATH, { schema: { hide: true } }, async (request, reply) => {
     const principal = principalOf(request)
     // One message per request: a JSON-RPC batch (MCP 2025-03-26 allowed them, 2025-06-18 dropped
@@ -25,6 +37,8 @@ export function mcpRoutes(app: FastifyInstance, deps: McpDeps): void {
         'validation_failed',
         'JSON-RPC batches are not served: send one message per request',
       )
+    mcp ??= loadMcp()
+    const { tools, mcpServer, StreamableHTTPServerTransport } = await mcp
     // No sessionIdGenerator: the transport's stateless mode.
     const server = mcpServer(deps, tools, { principal, requestId: request.id })
     const transport = new StreamableHTTPServerTransport({})

@@ -182,3 +182,19 @@ function fitScore(op: Operation, parts: string[]): number | undefined {
   }
   return score
 }
+
+/**
+ * What is wrong with a JSON answer of the server at `url` to `method` `pathname` by its own
+ * OpenAPI document (undefined: it conforms), for a test that met an answer the fuzzer cannot reach.
+ */
+export async function undocumentedAnswer(
+  url: string,
+  method: string,
+  pathname: string,
+  answer: { status: number; body: unknown },
+): Promise<string | undefined> {
+  const conformance = new OpenApiConformance(await (await fetch(`${url}/v1/openapi.json`)).json())
+  const op = conformance.match(method, pathname)
+  if (!op) return `${method} ${pathname}: no operation of the document`
+  return conformance.check(op, answer.status, 'application/json', Buffer.from(JSON.stringify(answer.body)))
+}

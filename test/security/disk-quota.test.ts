@@ -6,6 +6,7 @@ import path from 'node:path'
 import { promisify } from 'node:util'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { DRIVERS, probeDrivers } from '../conformance/harness.js'
+import { undocumentedAnswer } from '../helpers/openapi-conformance.js'
 import { makeProject } from '../helpers/projects.js'
 import { Api, startTestServer, type TestServer } from '../helpers/server.js'
 
@@ -268,6 +269,8 @@ describe('btrfs: the reserve', () => {
     const refused = await t.api.call('POST', '/v1/sessions', { agent: 'filler' })
     expect(refused.status).toBe(507)
     expect(refused.body.error.code).toBe('quota_exceeded')
+    // A 507 its OpenAPI document did not list for the route.
+    expect(await undocumentedAnswer(t.url, 'POST', '/v1/sessions', refused)).toBeUndefined()
     expect(await t.server.runtime.pool.listArea('sessions')).toEqual(sessionsBefore)
   })
 })

@@ -4,6 +4,7 @@ import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { createNetnsHost, type NetnsHost, netnsAddresses } from '../helpers/netns.js'
 import { buildImage, pushImage, registries, startRegistry } from '../helpers/oci-registry.js'
+import { undocumentedAnswer } from '../helpers/openapi-conformance.js'
 import { ociAgent } from '../helpers/projects.js'
 import { scratchDir } from '../helpers/scratch.js'
 import { type Api, startTestServer, type TestServer } from '../helpers/server.js'
@@ -64,6 +65,8 @@ describe('the shared images group', () => {
     expect(refused.body.error.code).toBe('images_quota_exceeded')
     expect(refused.body.error.message).toMatch(/--images-quota-mib/)
     expect(refused.body.error.details.quotaBytes).toBe(IMAGES_MIB * MiB)
+    // A 507 its OpenAPI document did not list for the route.
+    expect(await undocumentedAnswer(t.url, 'POST', '/v1/agents', refused)).toBeUndefined()
     expect((await t.api.call('GET', '/v1/agents/declared')).status).toBe(404)
     expect(staged()).toEqual([])
 

@@ -50,7 +50,7 @@ const MAX_TITLE_CHARS = 200
 const IdParams = Type.Object({ id: Type.String({ minLength: 1, maxLength: 200 }) })
 const errors = {
   ...Object.fromEntries(
-    [400, 401, 403, 404, 409, 410, 413, 415, 422, 429, 500, 503].map((s) => [s, CompatErrorSchema]),
+    [400, 401, 403, 404, 409, 410, 413, 415, 422, 429, 500, 503, 507].map((s) => [s, CompatErrorSchema]),
   ),
   // Refused by the HTTP parser before any route is known (a request too slow, headers too large):
   // in the registry's own shape, as on every route.

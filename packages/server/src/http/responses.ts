@@ -96,11 +96,13 @@ export function bytesBody(
 }
 
 const BODY_METHODS = new Set(['POST', 'PUT', 'PATCH', 'DELETE'])
+const WRITE_METHODS = new Set(['POST', 'PUT', 'PATCH'])
 
 /**
  * Documents what the framework answers on every route, before or around its handler: 400 for a
  * path, query or body it cannot read; 408 and 431 for a request too slow or headers larger than it reads; 401 and 429 from the auth hook; 403 for a key without write
- * access on every non-GET route; 413 and 415 from the body parser; 404 and 410 from the session
+ * access on every non-GET route; 413 and 415 from the body parser; 507 on every write (the
+ * tenant's storage budget, the pool's quotas); 404 and 410 from the session
  * lookup every `/v1/sessions/{id}…` route starts with; 500 and 503 from the error handler. A route keeps what it declares itself. Registered before the routes, so a new route is
  * covered without doing anything.
  */
@@ -114,6 +116,9 @@ export function documentFrameworkAnswers(app: FastifyInstance): void {
     const statuses = [400, 401, 408, 429, 431, 500, 503]
     if (methods.some((m) => m !== 'GET' && m !== 'HEAD')) statuses.push(403)
     if (methods.some((m) => BODY_METHODS.has(m))) statuses.push(413, 415)
+    // A write draws on the tenant's storage budget and the pool's quotas (quota_exceeded,
+    // images_quota_exceeded): a deploy or a session's creation answered 507 undocumented.
+    if (methods.some((m) => WRITE_METHODS.has(m))) statuses.push(507)
     // Every route of one session looks the session up first: a deleted one answers 410.
     if (route.url.startsWith('/v1/sessions/:id')) statuses.push(404, 410)
     const declared = (schema.response ?? {}) as Record<string, unknown>

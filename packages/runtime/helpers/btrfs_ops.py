@@ -14,7 +14,8 @@ part of the subvolume (snapshots carry it, a replaced subvolume brings its own),
 with CAP_SYS_ADMIN on the host can read or write it, so an agent inside a sandbox cannot forge it.
 
 A mark is the subvolume's ctransid: the transaction of the last change to its inodes' metadata,
-read without a commit (see `mark`).
+read without a commit (see `mark`). A snapshot asked for its source's mark also says, when it can,
+the filesystem generation for which that mark holds (see `quiet_since`).
 """
 import ctypes
 import errno
@@ -32,6 +33,7 @@ BTRFS_IOC_SUBVOL_CREATE_V2 = 0x50009418
 BTRFS_IOC_GET_SUBVOL_INFO = 0x81F8943C
 SUBVOL_INFO_SIZE = 504
 SUBVOL_INFO_CTRANSID = 344
+SUBVOL_INFO_OTRANSID = 352
 SUBVOL_INFO_RECEIVED_UUID = 328
 SUBVOL_INFO_STRANSID = 360
 SUBVOL_INFO_STIME = 408
@@ -156,6 +158,32 @@ def mark(path):
     finally:
         os.close(fd)
     return struct.unpack_from("Q", args, SUBVOL_INFO_CTRANSID)[0]
+
+
+def quiet_since(dst):
+    """The transaction that made the snapshot `dst` (just taken), when none has begun since.
+
+    The filesystem's generation (sysfs) is the newest transaction begun, running or committed; a
+    snapshot returns once its transaction is committed, and every later change of any subvolume
+    joins a newer one. So while the generation stays at the snapshot's, no inode anywhere has been
+    updated since, and a mark read now is still the subvolume's. A generation already past it (a
+    transaction begun meanwhile, which later changes could still join) gives nothing: the mark
+    must be asked. Answers {"generation", "file"} (the sysfs file to read it in) or None.
+    """
+    fd = os.open(dst, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        file = sysfs_dir(fd) + "/generation"
+        args = bytearray(SUBVOL_INFO_SIZE)
+        fcntl.ioctl(fd, BTRFS_IOC_GET_SUBVOL_INFO, args)
+    finally:
+        os.close(fd)
+    made = struct.unpack_from("Q", args, SUBVOL_INFO_OTRANSID)[0]
+    try:
+        with open(file) as f:
+            generation = int(f.read())
+    except (OSError, ValueError):
+        return None
+    return {"generation": made, "file": file} if generation == made else None
 
 
 def adopt_received(src, dst):
@@ -311,14 +339,18 @@ def get_generation(path):
         return None
 
 
-def quota_mode(fd):
-    """The filesystem's quota mode as its sysfs says: squota, qgroup or disabled."""
+def sysfs_dir(fd):
+    """The filesystem's directory in sysfs, /sys/fs/btrfs/<fsid>."""
     info = bytearray(1024)
     fcntl.ioctl(fd, BTRFS_IOC_FS_INFO, info)
     fsid = bytes(info[16:32]).hex()
-    fsid = "-".join((fsid[:8], fsid[8:12], fsid[12:16], fsid[16:20], fsid[20:]))
+    return "/sys/fs/btrfs/" + "-".join((fsid[:8], fsid[8:12], fsid[12:16], fsid[16:20], fsid[20:]))
+
+
+def quota_mode(fd):
+    """The filesystem's quota mode as its sysfs says: squota, qgroup or disabled."""
     try:
-        with open("/sys/fs/btrfs/%s/qgroups/mode" % fsid) as f:
+        with open(sysfs_dir(fd) + "/qgroups/mode") as f:
             return f.read().strip()
     except FileNotFoundError:
         return "disabled"
@@ -362,9 +394,11 @@ def handle(request):
             request.get("qgroup"),
             request.get("max_referenced"),
         )
-        # Read after the snapshot's commit, which flushed the source's written data first.
+        # Read after the snapshot's commit, which flushed the source's written data first; the
+        # generation first (a change between the two reads leaves it behind: nothing is held).
         if request.get("mark"):
-            return {"mark": mark(request["src"])}
+            quiet = quiet_since(request["dst"])
+            return {"mark": mark(request["src"]), **({"quiet": quiet} if quiet else {})}
     elif op == "mark":
         return {"mark": mark(request["path"])}
     elif op == "create":

@@ -1,5 +1,5 @@
 import { type ChildProcessWithoutNullStreams, spawn } from 'node:child_process'
-import { existsSync } from 'node:fs'
+import { closeSync, existsSync, openSync, readSync } from 'node:fs'
 import { createInterface } from 'node:readline'
 import { fileURLToPath } from 'node:url'
 import { CairnProblem } from '@cairn/protocol'
@@ -15,6 +15,8 @@ type Reply = {
   errno?: number
   /** The subvolume's ctransid, for `mark` and for a `snapshot` asked to return one. */
   mark?: number
+  /** With a snapshot's mark: the filesystem generation it holds at (see `quiet_since`). */
+  quiet?: { generation: number; file: string }
 } & Record<string, unknown>
 
 const ENOSPC = 28
@@ -81,9 +83,20 @@ export class BtrfsOps {
   private readonly pending = new Map<number, Pending>()
   private nextId = 1
   private next = 0
+  /** Marks read by a snapshot, by subvolume: each holds while its filesystem's generation stays. */
+  private readonly held = new Map<string, { mark: number; generation: number; file: string }>()
+  /** The sysfs generation files read, open (one per filesystem: a read is one `pread`). */
+  private readonly generationFds = new Map<string, number>()
+  private readonly generationText = Buffer.alloc(24)
+  private requests = 0
 
   constructor(helperCount = 4) {
     this.helpers = Array.from({ length: helperCount }, () => undefined)
+  }
+
+  /** Requests sent to the long-lived helpers so far (each a round trip to another process). */
+  get helperRequests(): number {
+    return this.requests
   }
 
   private ensureHelper(): ChildProcessWithoutNullStreams | undefined {
@@ -132,6 +145,7 @@ export class BtrfsOps {
   ): Promise<Reply | undefined> {
     const helper = this.ensureHelper()
     if (!helper) return fallback()
+    this.requests++
     const id = this.nextId++
     return new Promise<Reply>((resolve, reject) => {
       this.pending.set(id, { resolve, reject, describe })
@@ -165,14 +179,19 @@ export class BtrfsOps {
         return limitWithCommand(dst, options)
       },
     )
+    if (options.mark) this.hold(src, reply)
     return reply?.mark
   }
 
   /**
    * The subvolume's ctransid (the transaction of its last inode update), read without a commit;
-   * undefined when only the `btrfs` command is available (it does not print it).
+   * undefined when only the `btrfs` command is available (it does not print it). Answered here,
+   * without the helper, while no transaction has begun on the filesystem since the snapshot that
+   * read it (see `heldMark`).
    */
   async mark(path: string): Promise<number | undefined> {
+    const held = this.heldMark(path)
+    if (held !== undefined) return held
     const reply = await this.request(
       { op: 'mark', path },
       `read the change mark of ${path}`,
@@ -211,6 +230,7 @@ export class BtrfsOps {
   }
 
   async delete(path: string): Promise<void> {
+    this.held.delete(path)
     await this.request({ op: 'delete', path }, `delete subvolume ${path}`, () =>
       btrfsCommand(['subvolume', 'delete', path]),
     )
@@ -222,6 +242,7 @@ export class BtrfsOps {
    * a directory swapped for a link cannot send the deletion into another tree. Needs the helper.
    */
   async deleteTree(path: string): Promise<void> {
+    this.held.delete(path)
     await this.request({ op: 'delete_tree', path }, `delete subvolume tree ${path}`)
   }
 
@@ -260,7 +281,52 @@ export class BtrfsOps {
     return reply
   }
 
+  /** Keeps the mark a snapshot of `path` read, when the helper said at which generation it holds. */
+  private hold(path: string, reply: Reply | undefined): void {
+    if (reply?.mark === undefined || !reply.quiet) this.held.delete(path)
+    else this.held.set(path, { mark: reply.mark, ...reply.quiet })
+  }
+
+  /**
+   * The mark a snapshot of `path` read, if no transaction has begun on its filesystem since: the
+   * filesystem's generation (sysfs) is the newest transaction begun, and every change to an inode
+   * joins one; the helper kept a mark only when the generation was still the snapshot's own,
+   * committed, transaction. So the same generation now means the same ctransid, read with one
+   * `pread` instead of a round trip to the helper (a turn that wrote nothing anywhere). Any other
+   * reading, or none, drops the held mark: the helper is asked.
+   */
+  private heldMark(path: string): number | undefined {
+    const held = this.held.get(path)
+    if (!held) return undefined
+    if (this.generation(held.file) === held.generation) return held.mark
+    this.held.delete(path)
+    return undefined
+  }
+
+  /** The filesystem generation in `file` (sysfs), or undefined when it cannot be read. */
+  private generation(file: string): number | undefined {
+    try {
+      let fd = this.generationFds.get(file)
+      if (fd === undefined) {
+        fd = openSync(file, 'r')
+        this.generationFds.set(file, fd)
+      }
+      const text = this.generationText.toString('latin1', 0, readSync(fd, this.generationText, 0, 24, 0))
+      return /^\d+\n?$/.test(text) ? Number(text) : undefined
+    } catch {
+      this.closeGenerationFiles()
+      return undefined
+    }
+  }
+
+  private closeGenerationFiles(): void {
+    for (const fd of this.generationFds.values()) closeSync(fd)
+    this.generationFds.clear()
+  }
+
   close(): void {
+    this.held.clear()
+    this.closeGenerationFiles()
     for (const [index, helper] of this.helpers.entries()) {
       helper?.stdin.end()
       this.helpers[index] = undefined

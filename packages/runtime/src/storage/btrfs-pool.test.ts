@@ -1,5 +1,5 @@
 import { execFileSync } from 'node:child_process'
-import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs'
+import { existsSync, mkdirSync, readdirSync, readFileSync, statSync } from 'node:fs'
 import { writeFile } from 'node:fs/promises'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
@@ -119,6 +119,34 @@ describe('BtrfsPool', () => {
     for (const bad of ['../etc', 'ses_a/../../x', 'ses_', 'SES_ABC', 'ses_a b', '']) {
       expect(() => t.runtime.pool.workspacePath(bad), bad).toThrow(/invalid identifier/)
     }
+  })
+
+  it("answers a snapshotted workspace's change mark without the helper until a transaction begins on the pool", async () => {
+    const pool = t.runtime.pool
+    const id = sessionId('mark')
+    const ws = await pool.createWorkspace(id, 'rev_base')
+    // Nothing else may begin a transaction meanwhile: earlier writes are flushed (writeback would
+    // begin one) and deleted subvolumes cleaned (in transactions of their own) first. Before the
+    // cases that delete large trees, whose cleaning takes seconds.
+    execFileSync('btrfs', ['filesystem', 'sync', pool.root])
+    execFileSync('btrfs', ['subvolume', 'sync', pool.root])
+    const mark = await pool.snapshotWorkspace(id, `snap_${id.slice(4)}`)
+    expect(mark).toBeGreaterThan(0)
+    const asked = pool.ops.helperRequests
+    expect(asked).toBeGreaterThan(0)
+    expect(await pool.workspaceMark(id)).toBe(mark)
+    expect(pool.ops.helperRequests - asked).toBe(0)
+    // A change elsewhere on the filesystem begins a transaction: the helper is asked again, and
+    // the workspace's own mark has not moved.
+    const other = await pool.createWorkspace(sessionId('markother'), 'rev_base')
+    mkdirSync(path.join(other, 'made'))
+    const before = pool.ops.helperRequests
+    expect(await pool.workspaceMark(id)).toBe(mark)
+    expect(pool.ops.helperRequests - before).toBe(1)
+    // A change of the workspace's metadata alone (no data written) moves its mark.
+    const again = await pool.snapshotWorkspace(id, `snap_${id.slice(4)}b`)
+    mkdirSync(path.join(ws, 'made'))
+    expect(await pool.workspaceMark(id)).toBeGreaterThan(again ?? Number.POSITIVE_INFINITY)
   })
 
   it('snapshots a revision of 10,000 files into a workspace', async () => {

@@ -112,7 +112,7 @@ describe('cairn doctor', () => {
       need: 'info',
       found: expect.stringMatching(
         new RegExp(
-          `^about [\\d,]+: kernel\\.pid_max ${Number(pidMax).toLocaleString('en-US')} .*; open files [\\d,]+, 5 a session`,
+          `^about [\\d,]+: kernel\\.pid_max ${Number(pidMax).toLocaleString('en-US')} .*; open files [\\d,]+, 1 a session`,
         ),
       ),
     })

@@ -340,6 +340,9 @@ def answer(line):
         return blob(name, int(mib))
     if cmd == "cat":
         return open(arg).read()
+    if cmd == "stderr":
+        print(arg, file=sys.stderr, flush=True)
+        return "wrote stderr"
     if cmd == "rm":
         os.remove(arg)
         return "removed " + arg

@@ -1,5 +1,5 @@
 import { execFileSync } from 'node:child_process'
-import { readFileSync } from 'node:fs'
+import { readdirSync, readFileSync, readlinkSync } from 'node:fs'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { SANDBOX_UID } from '../conformance/harness.js'
@@ -140,4 +140,55 @@ describe('bwrap driver: a host uid per sandbox', () => {
       expect(await ask(id, 'cat own.txt')).toBe(`session ${k}`)
     }
   })
+
+  it("a warm sandbox holds one of the server's descriptors, none of them a file of its run dir", async () => {
+    // The server's open-files limit (20,000 hard here) bounded the warm sessions a server holds
+    // (issue 33): five a session (the agent's stdin, stdout and stderr, its transcript and turn
+    // files) held about 3,960. Now one socket is the agent's stdin and stdout, its stderr goes to a
+    // file the server reads, and the run dir's files are open only while a turn writes them.
+    const runDir = t.server.runtime.runDir
+    const ids = [(await t.api.createSession('uid-probe')).id, (await t.api.createSession('uid-probe')).id]
+    for (const id of ids) expect(await ask(id, 'whoami')).toMatch(/\w/)
+    // A turn still gets the agent's stderr (now from its file).
+    const id = ids[0] as string
+    expect(await ask(id, 'stderr hello-from-stderr')).toBe('wrote stderr')
+    const turns = (await t.api.call('GET', `/v1/sessions/${id}/turns`)).body.data as { stderrTail: string }[]
+    expect(turns.map((turn) => turn.stderrTail)).toEqual(['', 'hello-from-stderr\n'])
+    // What the server holds for them is what it closes when they stop (counting before they
+    // warmed would count the spare launchers started since and the helpers started on first use).
+    const held = sandboxDescriptors(runDir)
+    for (const each of ids) expect((await t.api.call('DELETE', `/v1/sessions/${each}`)).status).toBe(200)
+    expect(ids.map((each) => t.server.runtime.agentOf(each))).toEqual([undefined, undefined])
+    const left = sandboxDescriptors(runDir)
+    expect(held.filter((fd) => !left.includes(fd))).toHaveLength(ids.length)
+    expect(held.filter((fd) => fd.includes(`${runDir}/`))).toEqual([])
+  })
 })
+
+/**
+ * The descriptors of this process (the server's) that a sandbox can hold: Unix sockets, pipes and
+ * files under the run dir (not the test client's TCP connections to the server).
+ */
+function sandboxDescriptors(runDir: string): string[] {
+  const tcp = new Set<string>()
+  for (const table of ['/proc/self/net/tcp', '/proc/self/net/tcp6'])
+    for (const line of readFileSync(table, 'utf8').split('\n').slice(1))
+      if (line.trim()) tcp.add(line.trim().split(/\s+/)[9] as string)
+  const held: string[] = []
+  for (const fd of readdirSync('/proc/self/fd')) {
+    let target: string
+    try {
+      target = readlinkSync(`/proc/self/fd/${fd}`)
+    } catch {
+      continue
+    }
+    const socket = /^socket:\[(\d+)\]$/.exec(target)
+    if (
+      (socket && !tcp.has(socket[1] as string)) ||
+      target.startsWith('pipe:') ||
+      target.startsWith(`${runDir}/`)
+    )
+      held.push(`${fd} ${target}`)
+  }
+  return held
+}

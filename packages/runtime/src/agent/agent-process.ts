@@ -1,7 +1,6 @@
 import { mkdir, rm } from 'node:fs/promises'
 import type net from 'node:net'
 import path from 'node:path'
-import { StringDecoder } from 'node:string_decoder'
 import { AGENT_ENV, CairnProblem, newId } from '@cairn/protocol'
 import type { EgressCa } from '../egress/egress-ca.js'
 import { forwarderCommand } from '../egress/transparent.js'
@@ -16,7 +15,6 @@ import type {
 } from '../sandbox/driver.js'
 import { sandboxEnv } from '../sandbox/sandbox-env.js'
 import { type Logger, noopLogger } from '../util/logger.js'
-import { TailBuffer } from '../util/tail.js'
 import type { ActiveTurn, TurnChannel } from './active-turn.js'
 import { type AgentEgress, startAgentEgress } from './agent-egress.js'
 import { AgentPorts } from './agent-ports.js'
@@ -24,6 +22,7 @@ import type { OutputGate } from './output-gate.js'
 import type { AgentProtocol } from './protocols/agent-protocol.js'
 import { protocolFor } from './protocols/protocol-for.js'
 import { RunDir } from './run-dir.js'
+import { StderrTail } from './stderr-tail.js'
 import {
   type AgentEvent,
   type AgentLaunch,
@@ -43,7 +42,7 @@ const LIMIT_POLL_MS = 200
 export class AgentProcess implements TurnChannel {
   readonly sandboxId: string
   private sandbox: Sandbox | undefined
-  private readonly stderrTail = new TailBuffer(16_384)
+  private readonly stderrTail = new StderrTail()
   active: ActiveTurn | undefined
   private exitInfo: SandboxExit | undefined
   private stopped = false
@@ -250,6 +249,9 @@ export class AgentProcess implements TurnChannel {
       home: this.launch.home,
       checkpointable: this.launch.checkpointable,
       rootfs: this.launch.rootfs,
+      // A file beside its run dir (on a tmpfs where /run is one: its pages count in the agent's
+      // memory), not a pipe the server holds while the agent waits.
+      stderrFile: this.runDir.stderrFile,
     }
   }
 
@@ -285,8 +287,7 @@ export class AgentProcess implements TurnChannel {
       resume && this.driver.restore
         ? await this.driver.restore(spec, resume.imageDir)
         : await this.driver.start(spec)
-    const stderrDecoder = new StringDecoder('utf8')
-    sandbox.stderr.on('data', (chunk: Buffer) => this.stderrTail.push(stderrDecoder.write(chunk)))
+    this.stderrTail.attach(sandbox)
     return sandbox
   }
 
@@ -318,7 +319,7 @@ export class AgentProcess implements TurnChannel {
     const warm = this.sandbox
     if (!this.alive || (this.protocol.warm && !warm)) throw new Error('agent process is not running')
     await this.runDir.writeTranscript(input.transcript, input.turn)
-    this.stderrTail.clear()
+    this.stderrTail.mark()
     if (warm) return this.superviseTurn(warm, input, onEvent, signal, gate)
     // A sandbox for this turn alone.
     const sandbox = await this.spawn(input.turn)
@@ -407,7 +408,9 @@ export class AgentProcess implements TurnChannel {
       }
       const onAbort = () =>
         settle(() => ({ status: 'cancelled', text: partial(), stderr: this.stderr() }), true)
-      const limitPoll = setInterval(() => failForLimit(sandbox.limitHit()), LIMIT_POLL_MS)
+      const limitPoll = setInterval(() => {
+        if (!failForLimit(sandbox.limitHit())) this.stderrTail.trim()
+      }, LIMIT_POLL_MS)
       const timeout = setTimeout(
         () =>
           turn.fail({
@@ -463,6 +466,8 @@ export class AgentProcess implements TurnChannel {
     this.ports.stop(leftover('stopping the port relay'))
     await this.egress?.proxy.close().catch(leftover('closing the egress proxy'))
     this.egress = undefined
+    // The last turn's stderr is read before its file goes (a failed turn's outcome is made after this).
+    this.stderrTail.keep()
     await this.runDir.remove().catch(leftover('removing the run dir'))
   }
 }

@@ -22,16 +22,17 @@ const SYSTEM_CA_BUNDLE = '/etc/ssl/certs/ca-certificates.crt'
 export class RunDir {
   /** Lines of the transcript already in the file: each turn appends only what is new. */
   private transcriptWritten = 0
-  /**
-   * The transcript (appended to) and `turn` file (overwritten in place), open for the life of the
-   * process: an open and a close per file per turn cost more than the write, and truncating a
-   * non-empty file makes ext4 (a disk-backed /run) flush it on close.
-   */
-  private transcriptFd: number | undefined
-  private turnFd: number | undefined
   private turnFileLength = 0
 
   constructor(readonly dir: string) {}
+
+  /**
+   * The file the agent's stderr is appended to (drivers that take one: `SandboxSpec.stderrFile`),
+   * beside the run dir rather than in it: the sandbox does not see it.
+   */
+  get stderrFile(): string {
+    return `${this.dir}.stderr`
+  }
 
   /** A file of the run dir, by name. */
   file(name: string): string {
@@ -43,12 +44,7 @@ export class RunDir {
     // Synchronous: three metadata operations take microseconds, a thread-pool trip each takes more.
     mkdirSync(this.dir, { recursive: true })
     chmodSync(this.dir, 0o755)
-    const { O_WRONLY, O_CREAT, O_TRUNC, O_APPEND } = fsConstants
-    this.transcriptFd = openSync(
-      this.file('transcript.jsonl'),
-      O_WRONLY | O_CREAT | O_TRUNC | O_APPEND,
-      0o644,
-    )
+    closeSync(openSync(this.file('transcript.jsonl'), 'w', 0o644))
   }
 
   /**
@@ -65,7 +61,13 @@ export class RunDir {
     await writeFile(this.file('ca-bundle.pem'), bundle, { mode: 0o644 })
   }
 
-  /** The transcript before turn `turn` and the turn's number, for the agent to read. */
+  /**
+   * The transcript before turn `turn` and the turn's number, for the agent to read. Each file is
+   * opened for its write and closed after: a warm agent's run dir holds none of the server's
+   * descriptors while it waits (issue 33: the server's open-files limit bounds the warm sessions
+   * it holds). Neither is truncated when written (ext4 flushes a file truncated from non-empty on
+   * its close): the transcript is appended to, the turn number written over in place.
+   */
   async writeTranscript(transcript: readonly TranscriptLine[], turn: number): Promise<void> {
     const file = this.file('transcript.jsonl')
     const fresh = transcript.slice(this.transcriptWritten)
@@ -75,31 +77,34 @@ export class RunDir {
       const tmp = this.file(`.transcript.${turn}.tmp`)
       await writeFile(tmp, body, { mode: 0o644 })
       await rename(tmp, file)
-      this.closeFiles()
     } else if (fresh.length > 0) {
       // Small synchronous writes: cheaper than two trips through the thread pool on the warm path.
-      this.transcriptFd ??= openSync(file, 'a', 0o644)
-      writeSync(this.transcriptFd, fresh.map((line) => `${JSON.stringify(line)}\n`).join(''))
+      writeOnce(file, 'a', fresh.map((line) => `${JSON.stringify(line)}\n`).join(''))
     }
     this.transcriptWritten = transcript.length
     const text = `${turn}\n`
-    this.turnFd ??= openSync(this.file('turn'), 'w', 0o644)
-    writeSync(this.turnFd, text, 0)
     // Turn numbers grow, so this shortens the file only if one ever went back.
-    if (text.length < this.turnFileLength) ftruncateSync(this.turnFd, text.length)
+    writeOnce(this.file('turn'), O_TURN, text, text.length < this.turnFileLength)
     this.turnFileLength = text.length
   }
 
-  private closeFiles(): void {
-    for (const fd of [this.transcriptFd, this.turnFd]) if (fd !== undefined) closeSync(fd)
-    this.transcriptFd = undefined
-    this.turnFd = undefined
-    this.turnFileLength = 0
-  }
-
-  /** Closes the open files and removes the directory. */
+  /** Removes the directory and the stderr file. */
   async remove(): Promise<void> {
-    this.closeFiles()
     await rm(this.dir, { recursive: true, force: true })
+    await rm(this.stderrFile, { force: true })
+  }
+}
+
+/** The turn file's flags: written over from its start, never truncated on open. */
+const O_TURN = fsConstants.O_WRONLY | fsConstants.O_CREAT
+
+/** Writes `text` to `file` opened with `flags` (at its start, or its end when appending), then closes it. */
+function writeOnce(file: string, flags: string | number, text: string, shorten = false): void {
+  const fd = openSync(file, flags, 0o644)
+  try {
+    writeSync(fd, text, flags === 'a' ? null : 0)
+    if (shorten) ftruncateSync(fd, Buffer.byteLength(text))
+  } finally {
+    closeSync(fd)
   }
 }

@@ -195,18 +195,19 @@ export async function idmappedMounts(near: string): Promise<Finding> {
 
 /**
  * What each warm bwrap session holds of the machine's bounded resources: processes (bwrap outside,
- * bwrap as the namespace's init, the agent; each takes a pid) and the server's descriptors (the
- * agent's stdin, stdout and stderr, its transcript and turn files).
+ * bwrap as the namespace's init, the agent; each takes a pid) and the server's descriptors (one
+ * socket, the agent's stdin and stdout; its stderr goes to a file, its run dir's files are open
+ * only while a turn writes them).
  */
 export const WARM_SESSION_PIDS = 3
-export const WARM_SESSION_FDS = 5
+export const WARM_SESSION_FDS = 1
 /** Issue 33's goal: the room a host should have for warm sessions. */
 export const WARM_SESSIONS_GOAL = 10_000
 
 /**
  * How many warm sessions this machine has room for: the pids left below `kernel.pid_max` (threads
  * in use counted) over 3 a sandbox, and the descriptors left below this process's limit (a server
- * started from the same shell gets it; Node raises the soft limit to the hard one) over 5.
+ * started from the same shell gets it; Node raises the soft limit to the hard one) over 1.
  */
 export function warmSessionRoom(): Finding {
   const pidMax = Number(readFileSync('/proc/sys/kernel/pid_max', 'utf8'))

@@ -1,6 +1,7 @@
-import type { ChildProcessWithoutNullStreams } from 'node:child_process'
+import type { ChildProcess } from 'node:child_process'
 import { type FileHandle, mkdir, open, rename, rm, stat, writeFile } from 'node:fs/promises'
 import path from 'node:path'
+import type { Duplex, Readable } from 'node:stream'
 import { CairnProblem } from '@cairn/protocol'
 import { NETNS_SETUP, nftAvailable } from '../egress/transparent.js'
 import { sandboxNetworkPid } from '../ports/listening-ports.js'
@@ -19,7 +20,7 @@ import type {
   SandboxSpec,
 } from './driver.js'
 import { type IdmapMount, IdmapMounter } from './idmap-mounter.js'
-import { ENV_FD } from './launcher.js'
+import { bwrapCommandStream, ENV_FD } from './launcher.js'
 import { discardLauncher, LauncherPool, type SpareLauncher, startLauncher } from './launcher-pool.js'
 import { OverlayMounter } from './overlay-mounter.js'
 import { readOnlyRootArgs, SANDBOX_USER } from './rootfs.js'
@@ -358,11 +359,14 @@ export class BwrapDriver implements SandboxDriver {
     return launcher
   }
 
-  /** Gives a waiting launcher its sandbox: the environment on fd 5, then the command on fd 4. */
+  /**
+   * Gives a waiting launcher its sandbox: the environment on fd 5, then the command on fd 4, which
+   * stays open as the sandbox's stdin and stdout.
+   */
   private handOver(launcher: SpareLauncher, identity: SandboxIdentity): Sandbox {
     const { spec, uid, gid, release } = identity
     launcher.envPipe.end(this.envStream(spec))
-    launcher.commandPipe.end(`${this.buildArgs(spec, uid, gid).join('\0')}\0`)
+    launcher.commandPipe.write(bwrapCommandStream(this.buildArgs(spec, uid, gid), spec.stderrFile))
     const { cgroups } = this.options
     const child = launcher.child
     // A command joins the sandbox's cgroups and gets its seccomp program (none only where it has none).
@@ -375,7 +379,8 @@ export class BwrapDriver implements SandboxDriver {
         },
         execSpec,
       )
-    return new BwrapSandbox(spec.id, child, cgroups, launcher.cgroupName, release, this.logger, exec)
+    const stdio = { io: launcher.commandPipe, stderr: child.stderr as Readable, stderrFile: spec.stderrFile }
+    return new BwrapSandbox(spec.id, child, stdio, cgroups, launcher.cgroupName, release, this.logger, exec)
   }
 
   async reapOrphans(): Promise<number> {
@@ -441,6 +446,13 @@ interface SandboxIdentity {
   release: () => Promise<void>
 }
 
+/** A bwrap sandbox's streams: one socket for its stdin and stdout, its stderr (a pipe, or a file). */
+interface BwrapStdio {
+  io: Duplex
+  stderr: Readable
+  stderrFile: string | undefined
+}
+
 class BwrapSandbox implements Sandbox {
   readonly driver = 'bwrap'
   readonly pid: number
@@ -449,7 +461,8 @@ class BwrapSandbox implements Sandbox {
 
   constructor(
     readonly id: string,
-    private readonly child: ChildProcessWithoutNullStreams,
+    private readonly child: ChildProcess,
+    private readonly stdio: BwrapStdio,
     private readonly cgroups: CgroupManager,
     private readonly cgroupName: string,
     private readonly release: () => Promise<void>,
@@ -457,8 +470,15 @@ class BwrapSandbox implements Sandbox {
     private readonly execIn: (spec: SandboxExecSpec) => Promise<SandboxExecProcess>,
   ) {
     this.pid = child.pid ?? -1
-    // A write to a dead agent's stdin must surface as the turn's failure, not as a crash.
-    child.stdin.on('error', () => undefined)
+    // A write to a dead agent's stdin must surface as the turn's failure, not as a crash (the
+    // launcher pool listens for the socket's errors from its start). The pool paused the socket
+    // after the launcher's ready byte: it flows again once the agent's output has a reader.
+    const flowOnRead = (event: string | symbol) => {
+      if (event !== 'data') return
+      stdio.io.off('newListener', flowOnRead)
+      process.nextTick(() => stdio.io.resume())
+    }
+    stdio.io.on('newListener', flowOnRead)
     this.exited = new Promise((resolve) => {
       const settle = (code: number | null, signal: NodeJS.Signals | null) =>
         resolve({ code, signal, limit: this.limitHit() })
@@ -475,13 +495,16 @@ class BwrapSandbox implements Sandbox {
   }
 
   get stdin() {
-    return this.child.stdin
+    return this.stdio.io
   }
   get stdout() {
-    return this.child.stdout
+    return this.stdio.io
   }
   get stderr() {
-    return this.child.stderr
+    return this.stdio.stderr
+  }
+  get stderrFile() {
+    return this.stdio.stderrFile
   }
 
   limitHit(): 'memory' | 'pids' | undefined {

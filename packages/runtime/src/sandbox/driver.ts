@@ -40,6 +40,12 @@ export interface SandboxSpec {
    * host's /usr and a few /etc files, read-only.
    */
   rootfs?: string | undefined
+  /**
+   * Host path of a file the sandbox's stderr is appended to, instead of a pipe the server holds
+   * for the sandbox's whole life (drivers that can: `Sandbox.stderrFile` then names it). A warm
+   * agent's: the server reads it when a turn ends.
+   */
+  stderrFile?: string | undefined
 }
 
 export interface SandboxBind {
@@ -63,6 +69,8 @@ export interface Sandbox {
   readonly stdin: Writable
   readonly stdout: Readable
   readonly stderr: Readable
+  /** The file its stderr goes to (`SandboxSpec.stderrFile`, where the driver honoured it): `stderr` then carries nothing. */
+  readonly stderrFile?: string | undefined
   readonly exited: Promise<SandboxExit>
   /** Which limit, if any, the sandbox has hit so far. */
   limitHit(): 'memory' | 'pids' | undefined

@@ -1,4 +1,4 @@
-import { type ChildProcessWithoutNullStreams, spawn } from 'node:child_process'
+import { type ChildProcess, spawn } from 'node:child_process'
 import { existsSync } from 'node:fs'
 import type { FileHandle } from 'node:fs/promises'
 import type { Duplex, Writable } from 'node:stream'
@@ -13,10 +13,14 @@ const REFILL_DELAY_MS = 25
 
 /** A launcher already in its own fresh cgroup, waiting for the command that becomes the sandbox. */
 export interface SpareLauncher {
-  child: ChildProcessWithoutNullStreams
+  /** Its stdin and stdout are /dev/null (the sandbox's are `commandPipe`), its stderr a pipe. */
+  child: ChildProcess
   cgroupName: string
   limits: CgroupLimits
-  /** fd 4 of the launcher (a socket pair): its ready byte came on it, the command goes to it. */
+  /**
+   * fd 4 of the launcher (a socket pair): its ready byte came on it, the command goes to it, and
+   * then it is the sandbox's stdin and stdout.
+   */
   commandPipe: Duplex
   /** fd 5 of the launcher (`ENV_FD`): the sandbox's environment, for bwrap's `--args`. */
   envPipe: Writable
@@ -150,21 +154,20 @@ export async function startLauncher(
   // Closes what it inherited above fd 5, joins the cgroups, waits for its command (launcher.ts).
   const [unshare = 'unshare', ...prefix] = BWRAP_LAUNCHER_PREFIX
   const child = spawn(unshare, [...prefix, LAUNCHER_SHELL, ...pooledLauncherArgs(procsFiles)], {
-    stdio: ['pipe', 'pipe', 'pipe', seccompFd ? seccompFd.fd : 'ignore', 'pipe', 'pipe'],
+    stdio: ['ignore', 'ignore', 'pipe', seccompFd ? seccompFd.fd : 'ignore', 'pipe', 'pipe'],
     env: { PATH: '/usr/sbin:/usr/bin:/sbin:/bin' },
     ...OWN_PROCESS_GROUP,
-  }) as ChildProcessWithoutNullStreams
+  })
   await seccompFd?.close()
   const commandPipe = child.stdio[4] as Duplex | null | undefined
   const envPipe = (child.stdio as unknown as (Writable | null | undefined)[])[ENV_FD]
-  if (child.pid === undefined || !commandPipe || !envPipe) {
+  if (child.pid === undefined || !commandPipe || !envPipe || !child.stderr) {
     await cgroups.remove(cgroupName)
     return undefined
   }
   // A launcher that dies while waiting (killed from outside) is skipped by `take`; one that dies
   // before reading its pipes ends the sandbox, whose exit says so.
   child.on('error', () => undefined)
-  child.stdin.on('error', () => undefined)
   commandPipe.on('error', () => undefined)
   envPipe.on('error', () => undefined)
   const launcher = { child, cgroupName, limits, commandPipe, envPipe }

@@ -45,12 +45,39 @@ const AWAIT_COMMAND = [
 ]
 
 /**
+ * A bwrap sandbox's command on fd 4 (see `bwrapCommandStream`): the stderr file (empty: keep the
+ * stderr it has), the number of arguments, the arguments, each NUL-terminated; then fd 4, a socket
+ * pair, becomes the sandbox's stdin AND stdout, so the server holds one descriptor per sandbox for
+ * both (issue 33: its open-files limit bounded the warm sessions a server holds). EOF before the
+ * command (the pool is closing): exit. `read` takes a socket a byte at a time, so nothing past the
+ * command is read here.
+ */
+const AWAIT_BWRAP_COMMAND = [
+  'printf r >&4 || exit 113',
+  "IFS= read -r -d '' err <&4 || exit 0",
+  "IFS= read -r -d '' n <&4 && [[ $n =~ ^[0-9]+$ ]] || exit 112",
+  'a=()',
+  `while [ "\${#a[@]}" -lt "$n" ]; do IFS= read -r -d '' w <&4 || exit 112; a+=("$w"); done`,
+  '[ "$n" -gt 0 ] || exit 0',
+  'if [ -n "$err" ]; then exec 2>>"$err" || exit 115; fi',
+  'exec 0<&4 1>&4 4<&-',
+  'exec "${a[@]}"',
+]
+
+/** What a pooled bwrap launcher reads on fd 4: `command` run with its stderr to `stderrFile` (if any). */
+export function bwrapCommandStream(command: readonly string[], stderrFile: string | undefined): string {
+  return [stderrFile ?? '', String(command.length), ...command].map((word) => `${word}\0`).join('')
+}
+
+/**
  * A pooled launcher (the bwrap driver's, on demand or spare): the same, then it says it is ready
  * (one byte on fd 4, a socket pair: its cgroups joined and its mount namespace its own, see
- * `BWRAP_LAUNCHER_PREFIX`) and waits for its command, NUL-terminated arguments on fd 4 ended by EOF
- * (none: the pool is closing, exit). `mapfile -d ''` needs bash 4.4. fd 5 (`ENV_FD`) is kept for bwrap.
+ * `BWRAP_LAUNCHER_PREFIX`) and waits for its command on fd 4 (`AWAIT_BWRAP_COMMAND`). fd 5
+ * (`ENV_FD`) is kept for bwrap.
  */
-export const POOLED_LAUNCHER = [`keep=${ENV_FD}`, CLOSE_INHERITED, JOIN_CGROUPS, ...AWAIT_COMMAND].join('\n')
+export const POOLED_LAUNCHER = [`keep=${ENV_FD}`, CLOSE_INHERITED, JOIN_CGROUPS, ...AWAIT_BWRAP_COMMAND].join(
+  '\n',
+)
 
 /**
  * A gVisor restore target's launcher (checkpoint/gvisor-restore-targets.ts): it joins the

@@ -7,6 +7,12 @@ import { CairnProblem, isErrorCode } from '@cairn/protocol'
  */
 const BYTES = '$cairn.bytes'
 const DATE = '$cairn.date'
+/**
+ * Anyone else's object of one key that is a mark's (an agent's tool input `{"$cairn.bytes": …}`)
+ * crosses as `{"$cairn.object": [key, value]}`: it came out of the hop as a Buffer or a Date.
+ */
+const OBJECT = '$cairn.object'
+const MARKS = new Set([BYTES, DATE, OBJECT])
 
 export function encodeJson(value: unknown): string {
   return JSON.stringify(marked(value))
@@ -25,8 +31,14 @@ function marked(value: unknown): unknown {
   // Anything else that says how it is JSON (a URL ...) says so itself.
   if (typeof (value as { toJSON?: unknown }).toJSON === 'function') return value
   const out: Record<string, unknown> = {}
-  for (const [key, inner] of Object.entries(value)) out[key] = marked(inner)
-  return out
+  let last = ''
+  let count = 0
+  for (const [key, inner] of Object.entries(value)) {
+    out[key] = marked(inner)
+    last = key
+    count++
+  }
+  return count === 1 && MARKS.has(last) ? { [OBJECT]: [last, out[last]] } : out
 }
 
 export function decodeJson(text: string): unknown {
@@ -37,6 +49,8 @@ export function decodeJson(text: string): unknown {
       const inner = only ? (value as Record<string, unknown>)[only] : undefined
       if (only === BYTES && typeof inner === 'string') return Buffer.from(inner, 'base64')
       if (only === DATE && typeof inner === 'string') return new Date(inner)
+      if (only === OBJECT && Array.isArray(inner) && inner.length === 2 && typeof inner[0] === 'string')
+        return { [inner[0]]: inner[1] }
     }
     return value
   })

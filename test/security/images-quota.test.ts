@@ -22,6 +22,11 @@ const { address: REGISTRY_HOST } = netnsAddresses(SUBNET)
 const SMALL = `${REGISTRY_HOST}:5000/team/small:1`
 const DECLARED = `${REGISTRY_HOST}:5000/team/declared:1`
 const UNPACKED = `${REGISTRY_HOST}:5000/team/unpacked:1`
+/**
+ * Two new images of ~2 MiB declared each (1 MiB of noise on the base) (a pull holds twice that: its layers and its tree): with
+ * the small one pulled, either fits the group alone, not both.
+ */
+const HALVES = ['half-a', 'half-b'].map((name) => `${REGISTRY_HOST}:5000/team/${name}:1`)
 let netnsHost: NetnsHost | undefined
 let t: TestServer
 
@@ -35,6 +40,8 @@ beforeAll(async () => {
   // 16 MiB of zeros: a layer of ~16 KiB that unpacks past the group's limit.
   const zeros = (rootfs: string) => writeFileSync(path.join(rootfs, 'zeros'), Buffer.alloc(16 * MiB))
   pushImage(buildImage(await scratchDir('cairn-oci-'), zeros), UNPACKED)
+  const halfRoom = (rootfs: string) => writeFileSync(path.join(rootfs, 'noise'), randomBytes(MiB))
+  for (const reference of HALVES) pushImage(buildImage(await scratchDir('cairn-oci-'), halfRoom), reference)
   t = await startTestServer({
     server: { egressPrivateExceptions: [REGISTRY_HOST], imagesQuotaMiB: IMAGES_MIB },
   })
@@ -87,5 +94,26 @@ describe('the shared images group', () => {
     expect((await t.api.send(session.id, 'hello')).text).toBe('marker: built by the OCI test, root: image\n')
     const runtime = (await t.api.call('GET', '/v1/runtime')).body
     expect(runtime.storage.quotas.imagesBytes).toBe(IMAGES_MIB * MiB)
+  })
+
+  // Item 3 of the last review: the check read the group's figure only, so two new images admitted
+  // at once both passed it (each ~4.4 MiB held while pulled, 5.8 MiB left of 8) and the kernel's limit stopped the second's pull.
+  // Admission now holds the declared bytes until the pull ends: exactly one is admitted, before
+  // anything is pulled, and the other is refused.
+  it('admits one of two new images deployed at once whose sizes together pass the limit, and refuses the other', async () => {
+    const answers = await Promise.all(
+      HALVES.map(async (reference, i) => t.api.deploy(await ociAgent(`half-${i}`, reference))),
+    )
+    const statuses = answers.map((answer) => answer.status).sort()
+    expect(statuses, JSON.stringify(answers.map((answer) => answer.body))).toEqual([201, 507])
+    const refused = answers.find((answer) => answer.status === 507)
+    expect(refused?.body.error.code).toBe('images_quota_exceeded')
+    expect(refused?.body.error.message).toMatch(/held for images admitted and not yet pulled/)
+    const admitted = answers.findIndex((answer) => answer.status === 201)
+    const name = `half-${admitted}`
+    const pulled = await settled(t.api, name, answers[admitted]?.body.revision)
+    expect(pulled.status, pulled.error ?? '').toBe('READY')
+    expect((await t.api.call('GET', `/v1/agents/half-${1 - admitted}`)).status).toBe(404)
+    expect(staged()).toEqual([])
   })
 })

@@ -8,7 +8,7 @@ import { generatedEtcFiles } from '../sandbox/rootfs.js'
 import { execTool } from '../util/exec.js'
 import { debianImageKey, describeRecipe, type ImageRecipe, ociImageKey } from './image-recipe.js'
 import type { ImageStore } from './image-store.js'
-import { checkImagesRoom, namedImagesFailure } from './images-room.js'
+import { ImagesAdmissions, namedImagesFailure } from './images-room.js'
 import { checkUnpackedLayerBytes } from './layer-bytes.js'
 import { runProxied } from './proxied-command.js'
 import { checkDeclaredBytes, platformManifestDigest, watchTreeBytes } from './pull-bounds.js'
@@ -91,6 +91,8 @@ function hostOf(url: string): string {
 export class ImageBuilder {
   /** Builds under way per key: a second revision with the same recipe waits for the first. */
   private readonly building = new Map<string, Promise<string>>()
+  /** Room held for images admitted at deploy and not yet built. */
+  private readonly admissions = new ImagesAdmissions()
 
   constructor(private readonly options: ImageBuilderOptions) {}
 
@@ -107,14 +109,16 @@ export class ImageBuilder {
     const { store } = this.options
     if (recipe.kind === 'debian') {
       const key = debianImageKey(recipe)
-      if (!store.has(key)) await checkImagesRoom(store, 0, `the build of ${describeRecipe(recipe)}`)
+      if (!store.has(key))
+        await this.admissions.admit(store, key, 0, `the build of ${describeRecipe(recipe)}`)
       return key
     }
     const digest = await this.resolveDigest(recipe.reference, ctx)
     const key = ociImageKey(digest)
     if (!store.has(key)) {
       const declaredBytes = await this.checkDeclaredSize(recipe.reference, digest, ctx)
-      await checkImagesRoom(store, declaredBytes, `the pull of ${recipe.reference}`)
+      // A pull holds its layers as downloaded and their unpacked tree (at least as large) at once.
+      await this.admissions.admit(store, key, 2 * declaredBytes, `the pull of ${recipe.reference}`)
     }
     return key
   }
@@ -168,9 +172,13 @@ export class ImageBuilder {
     }
     let pending = this.building.get(key)
     if (!pending) {
+      this.admissions.pulling(key)
       pending = build()
         .then(() => key)
-        .finally(() => this.building.delete(key))
+        .finally(() => {
+          this.building.delete(key)
+          this.admissions.release(key)
+        })
       this.building.set(key, pending)
     } else ctx.log(`image: waiting for the build of ${key} under way`)
     return pending

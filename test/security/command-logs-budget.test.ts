@@ -80,6 +80,58 @@ describe("a turn's stream events in the tenant storage budget", () => {
   })
 })
 
+describe("a turn's prompt in the tenant storage budget", () => {
+  // Before, a turn's prompt and an end under 64 KiB were counted once written: a tenant at its
+  // quota still ran turns (each keeping its prompt, reply and events past the quota). Now they are
+  // admitted before any sandbox work, refused 507 quota_exceeded when they do not fit.
+  it('is admitted before the turn starts: a tenant without room for it is refused, nothing recorded', async () => {
+    const made = await t.api.call('POST', '/v1/keys', { tenant: 'tenant-prompts', role: 'admin' })
+    const api = new Api(t.url, made.body.key)
+    expect((await api.deploy(await makeProject(SHELL_PROJECT))).status).toBe(201)
+    const session = (await api.createSession('shell')).id
+    const run = async (command: string) => {
+      const started = await api.call('POST', `/v1/sessions/${session}/commands`, {
+        command: ['sh', '-c', command],
+      })
+      expect(started.status, JSON.stringify(started.body)).toBe(201)
+      for (let n = 0; n < 200; n++) {
+        const got = await api.call('GET', `/v1/sessions/${session}/commands/${started.body.id}`)
+        if (got.body.status !== 'running') return
+        await new Promise((r) => setTimeout(r, 50))
+      }
+    }
+    const save = () => api.call('POST', `/v1/sessions/${session}/artifacts`, { path: 'fill.bin' })
+    // A sparse file as large as the quota: its refusal names everything the tenant holds.
+    await run(`truncate -s ${TENANT_MIB * MiB} fill.bin`)
+    const measured = await save()
+    expect(measured.status).toBe(507)
+    const held = measured.body.error.details
+    const heldBytes = [
+      'poolBytes',
+      'artifactBytes',
+      'commandLogBytes',
+      'turnEventBytes',
+      'turnTextBytes',
+      'reservedBytes',
+    ]
+      .map((figure) => Number(held[figure]))
+      .reduce((a, b) => a + b, 0)
+    // An artifact that leaves the tenant 2,000 bytes: less than any turn's prompt and end.
+    await run(`truncate -s ${TENANT_MIB * MiB - heldBytes - 2000} fill.bin`)
+    const filled = await save()
+    expect(filled.status, JSON.stringify(filled.body)).toBe(201)
+    const refused = await api.send(session, 'echo kept')
+    expect(refused.status, JSON.stringify(refused.events)).toBe(507)
+    expect(refused.body.error.code).toBe('quota_exceeded')
+    expect(refused.body.error.message).toMatch(/turns \(their prompts and ends\)/)
+    const after = (await api.call('GET', `/v1/sessions/${session}`)).body
+    expect(after).toMatchObject({ status: 'idle', turnCount: 0 })
+    // With the artifact deleted, the same message runs.
+    expect((await api.call('DELETE', `/v1/agents/shell/artifacts/${filled.body.id}`)).status).toBe(200)
+    expect((await api.send(session, 'echo kept')).text).toMatch(/^kept\n/)
+  })
+})
+
 describe("the budget's check", () => {
   it("reads the tenant's counters, not every row it stores (work that would grow with the install)", async () => {
     // The tenant holds turn events, command rows (the tests above); a command's start reserves its log.

@@ -60,27 +60,54 @@ export class StorageBudget {
   /**
    * Reserves `bytes` for the tenant, or refuses with `quota_exceeded` naming what it holds. The
    * pool's figure is read before the lock: the pool's own group limit bounds its trees meanwhile.
+   * `upTo`: how much to reserve given the room left (undefined: no quota), `bytes` at least and
+   * never more than the room; `replacing`: a reservation of the caller's released in the same
+   * transaction (not counted against the new one).
    */
-  async reserve(tenantId: string, bytes: number, purpose: string): Promise<StorageReservation> {
+  async reserve(
+    tenantId: string,
+    bytes: number,
+    purpose: string,
+    options: {
+      upTo?: (roomBytes: number | undefined) => number
+      replacing?: StorageReservation | undefined
+    } = {},
+  ): Promise<StorageReservation> {
     const quota = this.deps.tenantBytes
     const poolBytes = quota === undefined ? 0 : await this.poolBytes(tenantId)
-    const reservation = { id: newId('reservation'), tenantId, bytes }
+    const reservation = {
+      id: newId('reservation'),
+      tenantId,
+      bytes: Math.max(bytes, options.upTo?.(undefined) ?? 0),
+    }
     await this.deps.db.transaction(async () => {
       await this.lockTenant(tenantId)
       const now = iso(this.deps.clock.now())
       await this.deps.db.q
         .deleteFrom('storage_reservations')
         .where('tenant_id', '=', tenantId)
-        .where('expires_at', '<=', now)
+        .where((eb) =>
+          options.replacing
+            ? eb.or([eb('expires_at', '<=', now), eb('id', '=', options.replacing.id)])
+            : eb('expires_at', '<=', now),
+        )
         .execute()
       if (quota !== undefined) {
         const beside = await this.heldBeside(tenantId)
         const heldBytes = heldTotal({ poolBytes, ...beside })
         if (heldBytes + bytes > quota) throw overQuota(purpose, bytes, quota, { poolBytes, ...beside })
+        const roomBytes = quota - heldBytes
+        reservation.bytes = Math.max(bytes, Math.min(options.upTo?.(roomBytes) ?? bytes, roomBytes))
       }
       await this.deps.db.q
         .insertInto('storage_reservations')
-        .values({ id: reservation.id, tenant_id: tenantId, bytes, purpose, expires_at: this.leaseEnd() })
+        .values({
+          id: reservation.id,
+          tenant_id: tenantId,
+          bytes: reservation.bytes,
+          purpose,
+          expires_at: this.leaseEnd(),
+        })
         .execute()
     })
     return reservation
@@ -191,17 +218,24 @@ export async function artifactUsage(
   return {
     count: Number(counted?.count ?? 0),
     bytes: kept.artifactBytes,
-    reservedBytes: await reservedBytes(db, tenantId, nowMs),
+    reservedBytes: await reservedBytes(db, tenantId, nowMs, true),
   }
 }
 
-/** The space the tenant's reservations hold at `nowMs` (lapsed ones left out). */
-async function reservedBytes(db: Db, tenantId: string, nowMs: number): Promise<number> {
+/** What a process's allowance for a tenant's turns is reserved as (`TurnAdmission`). */
+export const TURNS_PURPOSE = 'turns (their prompts and ends)'
+
+/**
+ * The space the tenant's reservations hold at `nowMs` (lapsed ones left out); `copies`: only those
+ * of copies under way, not the allowances its turns draw on.
+ */
+async function reservedBytes(db: Db, tenantId: string, nowMs: number, copies = false): Promise<number> {
   const reserved = await db.q
     .selectFrom('storage_reservations')
     .select((eb) => eb.fn.sum<number | string | null>('bytes').as('bytes'))
     .where('tenant_id', '=', tenantId)
     .where('expires_at', '>', iso(nowMs))
+    .$if(copies, (q) => q.where('purpose', '!=', TURNS_PURPOSE))
     .executeTakeFirst()
   return Number(reserved?.bytes ?? 0)
 }

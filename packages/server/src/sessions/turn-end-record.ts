@@ -11,6 +11,7 @@ import type { Logger } from 'pino'
 import { unavailableReason, whenNotBusy } from '../db/busy.js'
 import type { Db } from '../db/database.js'
 import type { StorageBudget, StorageReservation } from '../limits/storage-budget.js'
+import type { TurnDraw } from '../limits/turn-admission.js'
 import { type SessionStore, TurnEndedElsewhere, type TurnSessionRow } from './session-store.js'
 import type { TurnEventLog } from './turn-events.js'
 
@@ -26,8 +27,9 @@ const RECORD_WAIT_MS = 15_000
 
 /**
  * A turn's end of at most this many bytes (its held events, terminal event, reply and stderr) is
- * counted once written, not reserved: a warm turn's end takes no extra statement. A larger one is
- * reserved in the tenant's budget before it is written.
+ * admitted with the turn, before it starts (with its prompt: `TurnAdmission`), and counted once
+ * written: a warm turn's end takes no extra statement. A larger one is reserved in the tenant's
+ * budget before it is written.
  */
 export const END_UNRESERVED_BYTES = 64 * 1024
 
@@ -49,6 +51,8 @@ export interface TurnEnding {
   /** The policy's last turn: the session is completed with it. */
   lastTurn: boolean
   log: TurnEventLog
+  /** What the turn was admitted with (its prompt and the unreserved end): told what its end keeps. */
+  admitted?: { draw: TurnDraw; promptBytes: number } | undefined
 }
 
 /**
@@ -88,6 +92,8 @@ async function reserveEnd(
     log.endBytes(terminalEvent(turn.turnId, outcome, turn.durationMs)) +
     Buffer.byteLength(outcome.text) +
     Buffer.byteLength(outcome.stderr.slice(-STDERR_KEPT_CHARS))
+  // Up to the bound, the end was admitted with the turn; past it, it is reserved now.
+  turn.admitted?.draw.end(turn.admitted.promptBytes + (bytes <= END_UNRESERVED_BYTES ? bytes : 0))
   if (!deps.budget || bytes <= END_UNRESERVED_BYTES) return { turn }
   try {
     return { turn, reservation: await deps.budget.reserve(row.tenant_id, bytes, "a turn's end") }

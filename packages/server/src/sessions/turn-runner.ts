@@ -11,6 +11,7 @@ import type { AgentEvent, AgentInfo, TurnEnd, TurnInput, TurnOptions, TurnOutcom
 import { Redactor } from '@cairn/runtime/port'
 import { iso } from '../clock.js'
 import { unavailableReason, whenNotBusy } from '../db/busy.js'
+import { TurnAdmission, type TurnDraw } from '../limits/turn-admission.js'
 import { needsSetup } from '../setup/setup-service.js'
 import type { WorkspaceGenerations } from './generations.js'
 import { awaitNodeVerdict } from './node-verdict.js'
@@ -18,7 +19,7 @@ import { limitReached } from './policy.js'
 import type { SessionServiceDeps } from './session-deps.js'
 import { type ApprovalAsked, type MarkAnswer, turnMarkOf, unchangedByAll } from './session-observer.js'
 import type { SessionRow, SessionStore, TurnSessionRow } from './session-store.js'
-import { recordTurnEnd, type TurnEmit } from './turn-end-record.js'
+import { END_UNRESERVED_BYTES, recordTurnEnd, type TurnEmit } from './turn-end-record.js'
 import type { TurnEventLog, TurnEvents } from './turn-events.js'
 import { MOVE_OPERATION, type TurnLocks, TurnStop } from './turn-locks.js'
 import { TurnRedaction } from './turn-redaction.js'
@@ -64,7 +65,13 @@ export interface TurnHandle {
  * status and the workspace generation in one transaction.
  */
 export class TurnRunner {
-  constructor(private readonly deps: TurnRunnerDeps) {}
+  /** A turn's prompt and end, admitted in its tenant's storage budget before any sandbox work. */
+  private readonly admission: TurnAdmission | undefined
+
+  constructor(private readonly deps: TurnRunnerDeps) {
+    const budget = deps.storageBudget
+    this.admission = budget && new TurnAdmission({ budget, clock: deps.clock })
+  }
 
   private get observers() {
     return this.deps.observers ?? []
@@ -107,8 +114,12 @@ export class TurnRunner {
     const abort = new AbortController()
     const lockRelease = locks.take(id, turnId, abort)
     let admitted: () => Promise<void> = async () => undefined
+    const promptBytes = Buffer.byteLength(prompt)
+    let draw: TurnDraw | undefined
     const release = () => {
       lockRelease()
+      // Ended without its end recorded (refused, failed before it): all it drew counts as kept.
+      draw?.end(promptBytes + END_UNRESERVED_BYTES)
       void admitted().catch((error: unknown) =>
         this.deps.logger.warn({ err: error, session: id }, 'releasing a sandbox admission failed'),
       )
@@ -122,6 +133,7 @@ export class TurnRunner {
       if (row.status === 'deleted') throw new CairnProblem('session_deleted', `session ${id} was deleted`)
       if (!prompt.trim()) throw new CairnProblem('validation_failed', 'prompt must not be empty')
       await this.checkLimits(row)
+      draw = await this.admission?.admit(row.tenant_id, promptBytes + END_UNRESERVED_BYTES)
       admitted = await this.deps.warm.admit(row, seen, abort.signal)
       const at = this.now()
       seq = row.turn_count + 1
@@ -150,6 +162,7 @@ export class TurnRunner {
           await startTurn()
         })
     } catch (error) {
+      draw?.end(0) // nothing of the turn was recorded
       release()
       throw error
     }
@@ -161,11 +174,12 @@ export class TurnRunner {
     })
     // The answer to the agent's approval request (or its expiry) goes with the first turn after it.
     const approval = row.approval_id ? await this.approvalFor(started, turnId) : undefined
+    const message = { prompt, approval, admittedAs: draw && { draw, promptBytes } }
     return {
       turnId,
       run: async (emit) => {
         try {
-          await this.run(started, turnId, seq, { prompt, approval }, seen, abort.signal, emit, log)
+          await this.run(started, turnId, seq, message, seen, abort.signal, emit, log)
         } finally {
           release()
         }
@@ -263,7 +277,11 @@ export class TurnRunner {
     row: TurnSessionRow,
     turnId: string,
     seq: number,
-    message: { prompt: string; approval: ApprovalAnswer | undefined },
+    message: {
+      prompt: string
+      approval: ApprovalAnswer | undefined
+      admittedAs: { draw: TurnDraw; promptBytes: number } | undefined
+    },
     seen: SeenAgent | undefined,
     signal: AbortSignal,
     emitNumbered: TurnEmit,
@@ -417,7 +435,10 @@ export class TurnRunner {
     if (asked && outcome.status === 'completed') await this.recordApproval(row, asked)
     const recorded = await recordTurnEnd(
       { db: this.deps.db, store, logger: this.deps.logger, budget: this.deps.storageBudget },
-      { row, turnId, seq, outcome, durationMs, endedAt, endedAs, cause, generation, lastTurn, log },
+      {
+        ...{ row, turnId, seq, outcome, durationMs, endedAt, endedAs, cause, generation, lastTurn, log },
+        admitted: message.admittedAs,
+      },
       emitNumbered,
     )
     if (!recorded) return

@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest'
 import WebSocket from 'ws'
 import { TheirClient } from '../helpers/compat-client.js'
+import { makeProject, SHELL_PROJECT } from '../helpers/projects.js'
 import { startTestServer } from '../helpers/server.js'
 
 /**
@@ -58,6 +59,49 @@ describe('rate budgets across the ways in', () => {
         ws.once('error', () => resolve(0))
       })
       expect(upgrade).toBe(429)
+    } finally {
+      await limited.close()
+    }
+  })
+
+  it("takes a terminal socket's messages from the key's budget, as the stdin route's requests (waiting, not dropped, past it)", async () => {
+    // Once upgraded, a socket's messages (each a database read, the node's write, a database
+    // write, as a POST …/stdin) drew on no budget: one socket sent past the key's rate for ever.
+    const limited = await startTestServer({ server: { rateLimitPerSecond: 10 } })
+    try {
+      const { api } = limited
+      expect((await api.deploy(await makeProject(SHELL_PROJECT))).status).toBe(201)
+      const { id } = await api.createSession('shell')
+      const started = await api.call('POST', `/v1/sessions/${id}/commands`, { command: ['cat'], stdin: true })
+      expect(started.status, JSON.stringify(started.body)).toBe(201)
+      const path = `/v1/sessions/${id}/commands/${started.body.id}/terminal`
+      const ws = new WebSocket(`${limited.url.replace(/^http/, 'ws')}${path}`, {
+        headers: { authorization: `Bearer ${limited.key}` },
+      })
+      let echoed = ''
+      const answered = new Promise<string>((resolve) =>
+        ws.on('message', (data, binary) => {
+          if (binary) echoed += data.toString()
+          else if (data.toString().includes('budget-probe')) resolve(data.toString())
+        }),
+      )
+      await new Promise((resolve) => ws.once('open', resolve))
+      // Twice the burst (20) in messages; the answer to the last comes after every one before it.
+      for (let i = 0; i < 40; i++) ws.send(Buffer.from(`${i % 10}`), { binary: true })
+      ws.send('budget-probe')
+      await answered
+      // The budget is spent: the key's next requests are refused until it refills.
+      const statuses = []
+      for (let i = 0; i < 5; i++) statuses.push((await api.call('GET', '/v1/agents')).status)
+      expect(
+        statuses.filter((status) => status === 429).length,
+        JSON.stringify(statuses),
+      ).toBeGreaterThanOrEqual(3)
+      // Every message reached the command (none was dropped for the budget): `cat` gives them all back.
+      for (let i = 0; i < 200 && echoed.length < 40; i++)
+        await new Promise((resolve) => setTimeout(resolve, 50))
+      expect(echoed).toBe('0123456789'.repeat(4))
+      ws.terminate()
     } finally {
       await limited.close()
     }

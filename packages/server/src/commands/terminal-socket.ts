@@ -21,6 +21,8 @@ const MAX_INPUT_BYTES = 1024 * 1024
 const INPUT_QUEUE_BYTES = 4 * MAX_INPUT_BYTES
 /** Messages a socket may have waiting for their turn before it is paused (each costs database statements). */
 const INPUT_QUEUE_MESSAGES = 256
+/** How long a message past its key's or tenant's rate budget waits before it asks again. */
+const RATE_WAIT_MS = 100
 
 /**
  * Terminals over WebSocket (docs/commands.md): `GET /v1/sessions/{id}/commands/{commandId}/terminal`
@@ -81,7 +83,7 @@ export class TerminalSockets {
         this.deps.logger.info({ err: error, command: commandId }, 'a terminal socket sent a refused frame'),
       )
       const at = { tenantId: principal.tenantId, sessionId, commandId }
-      this.bridge(ws, at, offset).catch((error: unknown) => {
+      this.bridge(ws, at, offset, principal).catch((error: unknown) => {
         this.deps.logger.warn({ err: error, command: commandId }, 'a terminal socket failed')
         ws.close(1011, error instanceof CairnProblem ? error.code : 'internal')
       })
@@ -107,6 +109,7 @@ export class TerminalSockets {
     ws: WebSocket,
     at: { tenantId: string; sessionId: string; commandId: string },
     offset: number,
+    principal: Principal,
   ): Promise<void> {
     const { commands } = this.deps
     let open = true
@@ -126,6 +129,7 @@ export class TerminalSockets {
       queued.messages++
       if (queued.bytes > INPUT_QUEUE_BYTES || queued.messages > INPUT_QUEUE_MESSAGES) ws.pause()
       inputs = inputs.then(async () => {
+        await this.admitted(principal)
         await this.input(at, data, binary).catch((error: unknown) => {
           if (open) ws.send(JSON.stringify({ type: 'error', error: problemOf(error) }))
         })
@@ -162,6 +166,24 @@ export class TerminalSockets {
         ws.close(1000)
         return
       }
+    }
+  }
+
+  /**
+   * Takes one request of the key's and the tenant's rate budgets for a message (a stdin write or a
+   * control message costs what its HTTP route costs), waiting while they are spent: the message is
+   * not lost, and the socket is read no further once its queue is full.
+   */
+  private async admitted(principal: Principal): Promise<void> {
+    const limits = this.deps.rateLimits
+    for (;;) {
+      try {
+        limits?.admit(principal)
+        return
+      } catch (error) {
+        if (!(error instanceof CairnProblem) || error.code !== 'rate_limited') throw error
+      }
+      await new Promise((resolve) => setTimeout(resolve, RATE_WAIT_MS))
     }
   }
 

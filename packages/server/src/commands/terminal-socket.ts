@@ -36,6 +36,7 @@ const RATE_WAIT_MS = 100
 export class TerminalSockets {
   private readonly wss = new WebSocketServer({ noServer: true, maxPayload: MAX_INPUT_BYTES })
   private readonly sockets = new Set<Duplex>()
+  private closing = false
 
   constructor(
     private readonly deps: {
@@ -181,9 +182,10 @@ export class TerminalSockets {
         limits?.admit(principal)
         return
       } catch (error) {
-        if (!(error instanceof CairnProblem) || error.code !== 'rate_limited') throw error
+        // A stopping server waits for no budget (nor does its process wait for these timers).
+        if (!(error instanceof CairnProblem) || error.code !== 'rate_limited' || this.closing) throw error
       }
-      await new Promise((resolve) => setTimeout(resolve, RATE_WAIT_MS))
+      await new Promise((resolve) => setTimeout(resolve, RATE_WAIT_MS).unref())
     }
   }
 
@@ -216,6 +218,7 @@ export class TerminalSockets {
 
   /** Closes every terminal socket (the server is stopping). */
   close(): void {
+    this.closing = true
     for (const socket of this.sockets) socket.destroy()
     this.wss.close()
   }

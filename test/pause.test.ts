@@ -301,123 +301,128 @@ describe('pause: memory where the driver cannot checkpoint', () => {
   })
 })
 
-describe('resident pauses: frozen in place, thawed by the next message, released by the bounds', () => {
-  // Its own server and data dir: resident pauses on, at most 2 frozen (the third releases the oldest).
-  let r: TestServer
-  let residentDir = ''
-  const drivers = gvisor.ok ? (['bwrap', 'gvisor'] as const) : (['bwrap'] as const)
+// Freezer, markers and releases are the runtime's; the session events they write are the same
+// store calls as the cases above, which the PostgreSQL pass runs: that pass skips this block (CI time).
+describe.skipIf(process.env.CAIRN_TEST_DATABASE === 'postgres')(
+  'resident pauses: frozen in place, thawed by the next message, released by the bounds',
+  () => {
+    // Its own server and data dir: resident pauses on, at most 2 frozen (the third releases the oldest).
+    let r: TestServer
+    let residentDir = ''
+    const drivers = gvisor.ok ? (['bwrap', 'gvisor'] as const) : (['bwrap'] as const)
 
-  beforeAll(async () => {
-    residentDir = await mkdtemp(path.join(os.tmpdir(), 'cairn-resident-'))
-    r = await startTestServer({
-      dataDir: residentDir,
-      server: { residentPauses: 2, residentPauseMs: 600_000 },
-    })
-    for (const driver of drivers) {
-      const project = await makeProject({
-        'cairn.yaml': `name: counter-${driver}\ncommand: python3 -u agent.py\nisolation: ${driver}\npause: memory\n`,
-        'agent.py': COUNTER_AGENT,
+    beforeAll(async () => {
+      residentDir = await mkdtemp(path.join(os.tmpdir(), 'cairn-resident-'))
+      r = await startTestServer({
+        dataDir: residentDir,
+        server: { residentPauses: 2, residentPauseMs: 600_000 },
       })
-      expect((await r.api.deploy(project)).status).toBe(201)
-    }
-  })
-
-  afterAll(async () => {
-    await r?.close()
-    await rm(residentDir, { recursive: true, force: true })
-  })
-
-  async function pausedSession(driver: string): Promise<{ id: string; first: Reply }> {
-    const { id } = await r.api.createSession(`counter-${driver}`, { keepWarmMs: KEEP_WARM_MS })
-    const first = await ask(r.api, id, 'one')
-    expect((await eventually(r.api, id, 'memory_paused')).detail).toMatch(
-      /^resident: frozen in place in \d+ ms/,
-    )
-    // Warm still: its next message starts no sandbox (it thaws it).
-    expect((await r.api.call('GET', `/v1/sessions/${id}`)).body.warm).toBe(true)
-    return { id, first }
-  }
-
-  it('GET /v1/runtime states what each driver claims: bwrap resident only, gVisor resident then checkpoint', async () => {
-    const listed = (await r.api.call('GET', '/v1/runtime')).body.drivers
-    const bwrap = listed.find((d: { name: string }) => d.name === 'bwrap')
-    expect(bwrap.capabilities).toMatchObject({ residentPause: true, memorySnapshot: false })
-    expect(bwrap.capabilityReasons.memorySnapshot).toMatch(/CRIU/)
-    const gv = listed.find((d: { name: string }) => d.name === 'gvisor')
-    if (gvisor.ok) expect(gv.capabilities).toMatchObject({ residentPause: true, memorySnapshot: true })
-    const off = (await t.api.call('GET', '/v1/runtime')).body.drivers
-    expect(off.find((d: { name: string }) => d.name === 'bwrap').capabilities.residentPause).toBe(false)
-  })
-
-  it.each(drivers)(
-    '%s: the counter and the preview process survive a resident pause; a message racing the pause too',
-    async (driver) => {
-      const { id, first } = await pausedSession(driver)
-      expect(await ask(r.api, id, 'two')).toEqual({ ...first, count: 2, coldStart: false })
-      expect((await eventually(r.api, id, 'memory_restored')).detail).toMatch(
-        /^resident: thawed in place after \d+ ms frozen/,
-      )
-      expect((await r.api.call('DELETE', `/v1/sessions/${id}`)).status).toBe(200)
-      // Messages sent as keep-warm (1 ms) ends: warm, freezing or frozen, each finds the memory.
-      const racing = (await r.api.createSession(`counter-${driver}`, { keepWarmMs: 1 })).id
-      const cold = await ask(r.api, racing, 'one')
-      for (let n = 2; n <= 4; n++)
-        expect(await ask(r.api, racing, String(n))).toEqual({ ...cold, count: n, coldStart: false })
-      expect((await r.api.call('DELETE', `/v1/sessions/${racing}`)).status).toBe(200)
-    },
-  )
-
-  it('releases the oldest beyond the bound: bwrap starts cold with the reason, gVisor restores its checkpoint', async () => {
-    const paused = []
-    for (const driver of drivers) paused.push({ driver, ...(await pausedSession(driver)) })
-    // One more than the bound (2) when gVisor runs: the bwrap session, the oldest, is released.
-    const extra = drivers.length === 2 ? [] : [await pausedSession('bwrap')]
-    const more = await pausedSession('bwrap')
-    const [oldBwrap, oldGvisor] = paused
-    if (!oldBwrap) throw new Error('no bwrap session')
-    expect((await eventually(r.api, oldBwrap.id, 'memory_discarded')).detail).toMatch(
-      /^memory released, its sandbox stopped: the node keeps at most 2 sandboxes frozen.*bwrap keeps no checkpoint, so the next message starts cold/,
-    )
-    const cold = await ask(r.api, oldBwrap.id, 'two')
-    expect(cold).toMatchObject({ count: 1, coldStart: true })
-    expect(cold.token).not.toBe(oldBwrap.first.token)
-    if (oldGvisor) {
-      // The cold start above paused nothing yet; the next pause releases gVisor's: a checkpoint.
-      await eventually(r.api, oldBwrap.id, 'memory_paused', 2)
-      expect((await eventually(r.api, oldGvisor.id, 'memory_paused', 2)).detail).toMatch(
-        /^checkpoint of \d+ bytes in \d+ ms at generation \d+ \(the node keeps at most 2/,
-      )
-      expect(await ask(r.api, oldGvisor.id, 'two')).toEqual({
-        ...oldGvisor.first,
-        count: 2,
-        coldStart: false,
-      })
-    }
-    for (const s of [...paused, ...extra, more]) await r.api.call('DELETE', `/v1/sessions/${s.id}`)
-  })
-
-  it('a delete of a frozen session ends its sandbox; a restart names what it lost (bwrap) or restores (gVisor)', async () => {
-    const gone = await pausedSession('bwrap')
-    expect((await r.api.call('DELETE', `/v1/sessions/${gone.id}`)).status).toBe(200)
-    expect(await readdir(path.join(residentDir, 'resident-pauses'))).not.toContain(`${gone.id}.json`)
-    const paused = []
-    for (const driver of drivers) paused.push({ driver, ...(await pausedSession(driver)) })
-    const key = r.key
-    await r.server.close()
-    r = await startTestServer({
-      dataDir: residentDir,
-      server: { residentPauses: 2, residentPauseMs: 600_000 },
-    })
-    r = { ...r, key, api: new Api(r.url, key) }
-    for (const s of paused) {
-      const next = await ask(r.api, s.id, 'two')
-      if (s.driver === 'gvisor') expect(next).toEqual({ ...s.first, count: 2, coldStart: false })
-      else {
-        expect(next).toMatchObject({ count: 1, coldStart: true })
-        expect((await eventually(r.api, s.id, 'memory_discarded')).detail).toMatch(
-          /^memory lost, started cold: its sandbox was frozen in place \(a resident pause, bwrap since .*\) when the server stopped, and bwrap keeps no checkpoint/,
-        )
+      for (const driver of drivers) {
+        const project = await makeProject({
+          'cairn.yaml': `name: counter-${driver}\ncommand: python3 -u agent.py\nisolation: ${driver}\npause: memory\n`,
+          'agent.py': COUNTER_AGENT,
+        })
+        expect((await r.api.deploy(project)).status).toBe(201)
       }
+    })
+
+    afterAll(async () => {
+      await r?.close()
+      await rm(residentDir, { recursive: true, force: true })
+    })
+
+    async function pausedSession(driver: string): Promise<{ id: string; first: Reply }> {
+      const { id } = await r.api.createSession(`counter-${driver}`, { keepWarmMs: KEEP_WARM_MS })
+      const first = await ask(r.api, id, 'one')
+      expect((await eventually(r.api, id, 'memory_paused')).detail).toMatch(
+        /^resident: frozen in place in \d+ ms/,
+      )
+      // Warm still: its next message starts no sandbox (it thaws it).
+      expect((await r.api.call('GET', `/v1/sessions/${id}`)).body.warm).toBe(true)
+      return { id, first }
     }
-  })
-})
+
+    it('GET /v1/runtime states what each driver claims: bwrap resident only, gVisor resident then checkpoint', async () => {
+      const listed = (await r.api.call('GET', '/v1/runtime')).body.drivers
+      const bwrap = listed.find((d: { name: string }) => d.name === 'bwrap')
+      expect(bwrap.capabilities).toMatchObject({ residentPause: true, memorySnapshot: false })
+      expect(bwrap.capabilityReasons.memorySnapshot).toMatch(/CRIU/)
+      const gv = listed.find((d: { name: string }) => d.name === 'gvisor')
+      if (gvisor.ok) expect(gv.capabilities).toMatchObject({ residentPause: true, memorySnapshot: true })
+      const off = (await t.api.call('GET', '/v1/runtime')).body.drivers
+      expect(off.find((d: { name: string }) => d.name === 'bwrap').capabilities.residentPause).toBe(false)
+    })
+
+    it.each(drivers)(
+      '%s: the counter and the preview process survive a resident pause; a message racing the pause too',
+      async (driver) => {
+        const { id, first } = await pausedSession(driver)
+        expect(await ask(r.api, id, 'two')).toEqual({ ...first, count: 2, coldStart: false })
+        expect((await eventually(r.api, id, 'memory_restored')).detail).toMatch(
+          /^resident: thawed in place after \d+ ms frozen/,
+        )
+        expect((await r.api.call('DELETE', `/v1/sessions/${id}`)).status).toBe(200)
+        // Messages sent as keep-warm (1 ms) ends: warm, freezing or frozen, each finds the memory.
+        const racing = (await r.api.createSession(`counter-${driver}`, { keepWarmMs: 1 })).id
+        const cold = await ask(r.api, racing, 'one')
+        for (let n = 2; n <= 4; n++)
+          expect(await ask(r.api, racing, String(n))).toEqual({ ...cold, count: n, coldStart: false })
+        expect((await r.api.call('DELETE', `/v1/sessions/${racing}`)).status).toBe(200)
+      },
+    )
+
+    it('releases the oldest beyond the bound: bwrap starts cold with the reason, gVisor restores its checkpoint', async () => {
+      const paused = []
+      for (const driver of drivers) paused.push({ driver, ...(await pausedSession(driver)) })
+      // One more than the bound (2) when gVisor runs: the bwrap session, the oldest, is released.
+      const extra = drivers.length === 2 ? [] : [await pausedSession('bwrap')]
+      const more = await pausedSession('bwrap')
+      const [oldBwrap, oldGvisor] = paused
+      if (!oldBwrap) throw new Error('no bwrap session')
+      expect((await eventually(r.api, oldBwrap.id, 'memory_discarded')).detail).toMatch(
+        /^memory released, its sandbox stopped: the node keeps at most 2 sandboxes frozen.*bwrap keeps no checkpoint, so the next message starts cold/,
+      )
+      const cold = await ask(r.api, oldBwrap.id, 'two')
+      expect(cold).toMatchObject({ count: 1, coldStart: true })
+      expect(cold.token).not.toBe(oldBwrap.first.token)
+      if (oldGvisor) {
+        // The cold start above paused nothing yet; the next pause releases gVisor's: a checkpoint.
+        await eventually(r.api, oldBwrap.id, 'memory_paused', 2)
+        expect((await eventually(r.api, oldGvisor.id, 'memory_paused', 2)).detail).toMatch(
+          /^checkpoint of \d+ bytes in \d+ ms at generation \d+ \(the node keeps at most 2/,
+        )
+        expect(await ask(r.api, oldGvisor.id, 'two')).toEqual({
+          ...oldGvisor.first,
+          count: 2,
+          coldStart: false,
+        })
+      }
+      for (const s of [...paused, ...extra, more]) await r.api.call('DELETE', `/v1/sessions/${s.id}`)
+    })
+
+    it('a delete of a frozen session ends its sandbox; a restart names what it lost (bwrap) or restores (gVisor)', async () => {
+      const gone = await pausedSession('bwrap')
+      expect((await r.api.call('DELETE', `/v1/sessions/${gone.id}`)).status).toBe(200)
+      expect(await readdir(path.join(residentDir, 'resident-pauses'))).not.toContain(`${gone.id}.json`)
+      const paused = []
+      for (const driver of drivers) paused.push({ driver, ...(await pausedSession(driver)) })
+      const key = r.key
+      await r.server.close()
+      r = await startTestServer({
+        dataDir: residentDir,
+        server: { residentPauses: 2, residentPauseMs: 600_000 },
+      })
+      r = { ...r, key, api: new Api(r.url, key) }
+      for (const s of paused) {
+        const next = await ask(r.api, s.id, 'two')
+        if (s.driver === 'gvisor') expect(next).toEqual({ ...s.first, count: 2, coldStart: false })
+        else {
+          expect(next).toMatchObject({ count: 1, coldStart: true })
+          expect((await eventually(r.api, s.id, 'memory_discarded')).detail).toMatch(
+            /^memory lost, started cold: its sandbox was frozen in place \(a resident pause, bwrap since .*\) when the server stopped, and bwrap keeps no checkpoint/,
+          )
+        }
+      }
+    })
+  },
+)

@@ -23,6 +23,8 @@ interface Resident {
   hooks: PauseHooks
   frozenAt: number
   timer: NodeJS.Timeout
+  /** Its freeze completed and was reported (a thaw before that is no resume of a pause). */
+  reported?: boolean
 }
 
 /**
@@ -70,7 +72,11 @@ export class ResidentPauses {
       await this.release(sessionId, `its sandbox could not be frozen: ${message}`)
       return
     }
-    if (this.held.get(sessionId)?.agent === agent) hooks.resident('frozen', performance.now() - startedMs)
+    const held = this.held.get(sessionId)
+    if (held?.agent === agent) {
+      held.reported = true
+      hooks.resident('frozen', performance.now() - startedMs)
+    }
     for (const oldest of this.held.keys()) {
       if (this.held.size <= this.bounds.max) break
       await this.release(
@@ -93,7 +99,7 @@ export class ResidentPauses {
       .catch((error: unknown) =>
         this.logger.warn({ err: error, sessionId }, 'thawing a resident sandbox failed'),
       )
-    resident.hooks.resident('thawed', this.clock.now() - resident.frozenAt)
+    if (resident.reported) resident.hooks.resident('thawed', this.clock.now() - resident.frozenAt)
     return resident
   }
 

@@ -107,8 +107,9 @@ export class Cairn {
 
   /**
    * `GET /v1/runtime`'s sandbox drivers: which run on this node (the one new sessions default to)
-   * and what each can do (`capabilities.memorySnapshot`: pause and fork with memory), with the
-   * reasons for what one cannot.
+   * and what each can do (`capabilities.memorySnapshot`: checkpoints, so pause across a restart and
+   * fork with memory; `residentPause`: a paused sandbox frozen in place in RAM), with the reasons
+   * for what one cannot.
    */
   async drivers(options: RequestOptions = {}): Promise<SandboxDriver[]> {
     const body = await this.http.json({ method: 'GET', path: '/v1/runtime', ...options })

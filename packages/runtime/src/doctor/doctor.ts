@@ -185,7 +185,7 @@ function specs(options: HostCheckOptions): Spec[] {
       need: 'info',
       run: () => checks.tools(['criu'], env, version),
       costs:
-        'nothing today: bwrap sandboxes do not pause with their memory (gVisor sandboxes do, with runsc)',
+        'nothing today: bwrap sandboxes pause with their memory in RAM only (frozen in place, lost at a release or a restart); gVisor ones also checkpoint to disk, with runsc',
       fix: 'nothing to do (no CRIU checkpoints a bwrap sandbox yet: docs/architecture/pausing.md)',
     },
     {

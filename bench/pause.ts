@@ -138,7 +138,10 @@ const TIERS = [
  * and a line through it — the write of `cgroup.freeze` to the line coming back — with nothing else.
  */
 async function thawFloorMs(): Promise<number> {
-  const dir = path.join('/sys/fs/cgroup', `cairn-bench-thaw-${process.pid}`)
+  const mounts = await readFile('/proc/mounts', 'utf8')
+  const v2 = /^cgroup2 (\S+) cgroup2 /m.exec(mounts)?.[1]
+  if (!v2) throw new Error('no cgroup v2 hierarchy mounted: the thaw floor needs cgroup.freeze')
+  const dir = path.join(v2, `cairn-bench-thaw-${process.pid}`)
   await mkdir(dir)
   const child = spawn('sh', ['-c', 'while read l; do echo "$l"; done'], { stdio: ['pipe', 'pipe', 'ignore'] })
   try {
@@ -155,7 +158,7 @@ async function thawFloorMs(): Promise<number> {
   } finally {
     child.kill('SIGKILL')
     await new Promise((r) => child.once('exit', r))
-    await rmdir(dir).catch(() => undefined)
+    await rmdir(dir)
   }
 }
 

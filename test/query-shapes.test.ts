@@ -1,6 +1,7 @@
 import { mkdtemp, rm } from 'node:fs/promises'
 import os from 'node:os'
 import path from 'node:path'
+import fc from 'fast-check'
 import { sql } from 'kysely'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { type Db, openDatabase } from '../packages/server/src/db/database.js'
@@ -48,6 +49,51 @@ describe('statements compiled once per shape', () => {
     expect(changed.changed).toBe(1n)
     expect(await tenantNamed('second')).toEqual([])
     expect(await tenantNamed('renamed')).toEqual([{ id: 'tnt_shape1', name: 'renamed' }])
+  })
+
+  it('stores and finds any value as the statement Kysely compiles each time does (generated values)', async () => {
+    // Texts of every kind: NULs anywhere, lone surrogates, the stand-ins' own marks, quotes,
+    // SQL-looking text; what the shaped statement writes and finds must be what the unshaped one does.
+    const marks = fc.constantFrom(
+      '\uE000cairn-arg-0\uE001',
+      '\uE000cairn-arg-1\uE001',
+      String(-(2 ** 52)),
+      '$1',
+      '?',
+    )
+    const texts = fc.oneof(
+      fc.string({ unit: 'binary', maxLength: 24 }),
+      fc.string({ unit: fc.constantFrom('\u0000', '\ud800', "'", '\\', 'a', '\uE000'), maxLength: 8 }),
+      marks,
+      fc.tuple(fc.string({ maxLength: 4 }), marks).map(([a, b]) => `${a}${b}`),
+    )
+    let n = 0
+    await fc.assert(
+      fc.asyncProperty(texts, async (name) => {
+        const [shapedId, plainId] = [`tnt_gen_s${n}`, `tnt_gen_p${n++}`]
+        await insertTenant(shapedId, name, '2026-03-01')
+        await db.q.insertInto('tenants').values({ id: plainId, name, created_at: '2026-03-01' }).execute()
+        const byId = await db.q
+          .selectFrom('tenants')
+          .select(['id', 'name'])
+          .where('id', 'in', [shapedId, plainId])
+          .orderBy('id')
+          .execute()
+        expect(byId.map((row) => row.name)).toEqual([byId[0]?.name, byId[0]?.name])
+        const plainFound = await db.q
+          .selectFrom('tenants')
+          .select(['id', 'name'])
+          .where('name', '=', name)
+          .where('id', 'in', [shapedId, plainId])
+          .orderBy('id')
+          .execute()
+        const shapedFound = (await tenantNamed(name)).filter((row) =>
+          [shapedId, plainId].includes(row.id as string),
+        )
+        expect(shapedFound).toEqual(plainFound)
+      }),
+      { numRuns: 60, seed: 33 },
+    )
   })
 
   it('runs inside the enclosing transaction, and is rolled back with it', async () => {

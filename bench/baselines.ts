@@ -241,7 +241,8 @@ async function withBtrfs<T>(fn: (mnt: string, sources: Record<number, string>) =
   }
 }
 
-async function measure(names: readonly BaselineName[], runs: number): Promise<Row[]> {
+/** Measures these baselines now, `runs` rounds (each measured again: a density step's floors). */
+export async function measure(names: readonly BaselineName[], runs: number): Promise<Row[]> {
   const want = new Set(names)
   const rows: Row[] = []
   const add = (name: BaselineName, samples: number[]) => {

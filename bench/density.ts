@@ -6,6 +6,7 @@ import os from 'node:os'
 import path from 'node:path'
 import { createInterface } from 'node:readline'
 import { instanceRunDir } from '../packages/runtime/dist/index.js'
+import { type BaselineName, measure as measureFloors } from './baselines.js'
 import { type Bench, concurrently, progress, timedResult } from './lib/bench.js'
 import { NodeHttpClient } from './lib/client.js'
 import { MiB, measureSandboxes, memAvailable, smaps } from './lib/memory.js'
@@ -42,6 +43,8 @@ const SERVER_REPO = process.env.BENCH_DENSITY_REPO ?? REPO_ROOT
  * it): set before the servers start, set back after; 3 pids a warm sandbox.
  */
 const PID_MAX = Number(process.env.BENCH_DENSITY_PID_MAX ?? 0)
+/** Floors measured beside each step (bench/baselines.ts). */
+const FLOORS: BaselineName[] = ['bash -c :', 'bwrap bash -c :', 'driver /bin/true (+cgroups)']
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms))
 
 /**
@@ -177,6 +180,16 @@ export const density: Bench = {
             cold.push(ms + (t.firstDeltaMs as number))
             await sleep(100)
           }
+          // The machine's part of a start beside these sandboxes, outside any server: a process,
+          // an empty sandbox with the driver's arguments, the same with its cgroups made.
+          for (const floorRow of await measureFloors(FLOORS, 10))
+            rows.push({ ...floorRow, name: `${label}: ${floorRow.name}` })
+          progress(
+            rows
+              .slice(-FLOORS.length)
+              .map((r) => `${r.name} ${r.summary.median.toFixed(1)} ms`)
+              .join('; '),
+          )
           const coldRow = row(`${label}: cold start, create -> first byte`, cold)
           progress(
             `${coldRow.name}: median ${coldRow.summary.median.toFixed(1)} ms, p99 ${coldRow.summary.p99.toFixed(1)} ms`,
@@ -302,9 +315,9 @@ export const density: Bench = {
         for (let i = 0; i < 5; i++) await turn(again, (await create(again, 0)).id, `warm-up ${i}`)
         progress('N=0, after')
         await measure(0, 'N=0 after')
-        const empty = Math.max(coldMedians.get(0) as number, coldMedians.get(-1) as number)
+        const empty = Math.min(coldMedians.get(0) as number, coldMedians.get(-1) as number)
         notes.push(
-          `cold start beside none: ${(coldMedians.get(0) as number).toFixed(1)} ms first, ${(coldMedians.get(-1) as number).toFixed(1)} ms after; the larger is the floor`,
+          `cold start beside none: ${(coldMedians.get(0) as number).toFixed(1)} ms first, ${(coldMedians.get(-1) as number).toFixed(1)} ms after; the smaller is the floor`,
         )
         for (const [n, median] of coldMedians)
           if (n > 0)

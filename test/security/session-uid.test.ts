@@ -1,5 +1,5 @@
 import { execFileSync } from 'node:child_process'
-import { readdirSync, readFileSync, readlinkSync } from 'node:fs'
+import { readdirSync, readFileSync, readlinkSync, statSync } from 'node:fs'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { SANDBOX_UID } from '../conformance/harness.js'
@@ -154,6 +154,9 @@ describe('bwrap driver: a host uid per sandbox', () => {
     expect(await ask(id, 'stderr hello-from-stderr')).toBe('wrote stderr')
     const turns = (await t.api.call('GET', `/v1/sessions/${id}/turns`)).body.data as { stderrTail: string }[]
     expect(turns.map((turn) => turn.stderrTail)).toEqual(['', 'hello-from-stderr\n'])
+    // Its file, beside the run dir the sandbox sees, is the server's alone.
+    const stderrFile = `${runDir}/sandboxes/${t.server.runtime.agentOf(id)?.sandboxId}.stderr`
+    expect(statSync(stderrFile).mode & 0o777).toBe(0o600)
     // What the server holds for them is what it closes when they stop (counting before they
     // warmed would count the spare launchers started since and the helpers started on first use).
     const held = sandboxDescriptors(runDir)

@@ -45,6 +45,8 @@ export class RunDir {
     mkdirSync(this.dir, { recursive: true })
     chmodSync(this.dir, 0o755)
     closeSync(openSync(this.file('transcript.jsonl'), 'w', 0o644))
+    // The server's alone (the sandbox writes it through the descriptor its launcher opened).
+    closeSync(openSync(this.stderrFile, 'w', 0o600))
   }
 
   /**

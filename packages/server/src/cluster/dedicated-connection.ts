@@ -1,13 +1,26 @@
-import pg from 'pg'
+import type pg from 'pg'
 
 const INT8_OID = 20
 
+let pgModule: typeof pg | undefined
+
+/**
+ * pg, loaded by the first connection rather than with the module: a server on SQLite imports this
+ * module and never connects. Once loaded, `open` takes it without waiting.
+ */
+async function loadPg(): Promise<typeof pg> {
+  pgModule ??= (await import('pg')).default
+  return pgModule
+}
+
 /** BIGINT columns (epochs, counts) come back as numbers, as the pool's do. */
-const INT8_AS_NUMBER = {
-  getTypeParser: ((oid: number, format?: 'text' | 'binary') =>
-    oid === INT8_OID
-      ? (value: string) => Number(value)
-      : pg.types.getTypeParser(oid, format as 'text')) as typeof pg.types.getTypeParser,
+function int8AsNumber(types: typeof pg.types) {
+  return {
+    getTypeParser: ((oid: number, format?: 'text' | 'binary') =>
+      oid === INT8_OID
+        ? (value: string) => Number(value)
+        : types.getTypeParser(oid, format as 'text')) as typeof pg.types.getTypeParser,
+  }
 }
 
 export interface DedicatedConnectionOptions {
@@ -45,9 +58,10 @@ export class DedicatedConnection {
   /** The open connection, or a new one. */
   async open(): Promise<pg.Client> {
     if (this.client) return this.client
+    const pg = pgModule ?? (await loadPg())
     const client = new pg.Client({
       connectionString: this.url,
-      types: INT8_AS_NUMBER,
+      types: int8AsNumber(pg.types),
       connectionTimeoutMillis: this.options.connectTimeoutMs,
       query_timeout: this.options.queryTimeoutMs,
       keepAlive: true,

@@ -2,9 +2,8 @@ import { AsyncLocalStorage } from 'node:async_hooks'
 import { CairnProblem } from '@cairn/protocol'
 import BetterSqlite3 from 'better-sqlite3'
 import { type Compilable, Kysely, PostgresDialect, SqliteDialect, type Transaction } from 'kysely'
-import pg from 'pg'
+import type pg from 'pg'
 import { type Dialect, forDialect, MIGRATIONS } from './migrations/index.js'
-import { BoundedConnectClient, boundedPool, POSTGRES_QUERY_TIMEOUT_MS } from './postgres-pool.js'
 import { PostgresTextPlugin, postgresText } from './postgres-text.js'
 import { type ArgsOf, QueryShapes } from './query-shapes.js'
 import type { Schema } from './schema.js'
@@ -197,6 +196,10 @@ const DEAD_PEER_SETTINGS =
   'SET tcp_keepalives_idle = 5; SET tcp_keepalives_interval = 1; SET tcp_keepalives_count = 5'
 
 async function openPostgres(url: string, options: OpenDatabaseOptions): Promise<Db> {
+  // pg and the pool around it are loaded for PostgreSQL only: a server on SQLite (and each test
+  // file of the SQLite pass) does not pay for them at start.
+  const [{ default: pg }, { BoundedConnectClient, boundedPool, POSTGRES_QUERY_TIMEOUT_MS }] =
+    await Promise.all([import('pg'), import('./postgres-pool.js')])
   // COUNT(*) and BIGINT columns come back as numbers (they stay far below 2^53).
   const types = {
     getTypeParser: ((oid: number, format?: 'text' | 'binary') =>

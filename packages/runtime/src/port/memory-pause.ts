@@ -46,7 +46,7 @@ export class MemoryPause {
   async discard(sessionId: string): Promise<void> {
     await this.dropTarget(sessionId)
     await this.checkpoints.discard(sessionId)
-    await this.markers.clear(sessionId)
+    this.markers.clear(sessionId)
   }
 
   /**
@@ -67,7 +67,7 @@ export class MemoryPause {
     return {
       resident: (change, ms) => {
         if (change === 'frozen') this.markers.mark(sessionId, agent.isolation, Date.now() - ms)
-        else void this.markers.clear(sessionId)
+        else this.markers.clear(sessionId)
         if (change === 'dropped') return
         this.pauseEvent(
           sessionId,
@@ -85,13 +85,13 @@ export class MemoryPause {
       release: async (why, shutdown) => {
         if (agent.checkpointable) {
           await this.pause(sessionId, tenantId, agent, pause, why)
-          await this.markers.clear(sessionId)
+          this.markers.clear(sessionId)
           return
         }
         await this.runtime.stopAgent(agent)
         // A release at shutdown leaves the marker: the next message names the loss (`start`).
         if (shutdown) return
-        await this.markers.clear(sessionId)
+        this.markers.clear(sessionId)
         this.pauseEvent(sessionId, {
           cause: 'memory_discarded',
           detail: `memory released, its sandbox stopped: ${why}; ${agent.isolation} keeps no checkpoint, so the next message starts cold`,

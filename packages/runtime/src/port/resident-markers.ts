@@ -1,5 +1,5 @@
-import { mkdirSync, writeFileSync } from 'node:fs'
-import { readFile, rm } from 'node:fs/promises'
+import { mkdirSync, rmSync, writeFileSync } from 'node:fs'
+import { readFile } from 'node:fs/promises'
 import path from 'node:path'
 
 /**
@@ -18,8 +18,9 @@ export class ResidentMarkers {
     writeFileSync(this.file(sessionId), JSON.stringify(marker))
   }
 
-  async clear(sessionId: string): Promise<void> {
-    await rm(this.file(sessionId), { force: true })
+  /** Synchronous too: a thaw's clear cannot land after the next freeze's mark. */
+  clear(sessionId: string): void {
+    rmSync(this.file(sessionId), { force: true })
   }
 
   /**
@@ -29,7 +30,7 @@ export class ResidentMarkers {
   async lost(sessionId: string): Promise<string | undefined> {
     const text = await readFile(this.file(sessionId), 'utf8').catch(() => undefined)
     if (text === undefined) return undefined
-    await this.clear(sessionId)
+    this.clear(sessionId)
     let marker: Partial<ResidentMarker> = {}
     try {
       marker = JSON.parse(text) as Partial<ResidentMarker>

@@ -100,7 +100,7 @@ async function measure(config: Config, problems: string[]): Promise<Row[]> {
   // The runtime reads both when it is made: each server runs the release and platform under test.
   process.env.CAIRN_RUNSC = config.path
   process.env.CAIRN_GVISOR_PLATFORM = config.platform
-  const server = await startBenchServer({ server: { gvisorPoolSize: 0 } }).finally(() => {
+  const server = await startBenchServer({ server: { gvisorPoolSize: 0, residentPauses: 0 } }).finally(() => {
     for (const [name, value] of [
       ['CAIRN_RUNSC', env.runsc],
       ['CAIRN_GVISOR_PLATFORM', env.platform],

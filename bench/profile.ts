@@ -107,7 +107,9 @@ async function waitForPause(id: string): Promise<void> {
   throw new Error(`no memory_paused event for ${id}`)
 }
 
-const server = await startBenchServer(mode === 'restore' ? { server: { gvisorPoolSize: 0 } } : {})
+const server = await startBenchServer(
+  mode === 'restore' ? { server: { gvisorPoolSize: 0, residentPauses: 0 } } : {},
+)
 try {
   wrap(SessionService.prototype, 'create', 'sessions.create')
   wrap(SessionService.prototype, 'beginTurn')

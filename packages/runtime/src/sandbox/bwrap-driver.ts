@@ -534,7 +534,8 @@ class BwrapSandbox implements Sandbox {
 
   writtenBytes(): number | undefined {
     if (this.destroyed) return undefined
-    return dirtiedBytes(this.cgroups.pidsSync(this.cgroupName))
+    const { pids, tids } = this.cgroups.tasksSync(this.cgroupName)
+    return dirtiedBytes(pids, tids)
   }
 
   async destroy(): Promise<void> {

@@ -3,6 +3,7 @@ import { mkdir, readdir, rmdir, writeFile } from 'node:fs/promises'
 import path from 'node:path'
 import { type Logger, logAndGoOn, noopLogger } from '../util/logger.js'
 import { readMounts } from '../util/mounts.js'
+import { readKernelFile } from '../util/proc-io.js'
 
 export interface CgroupLimits {
   memoryBytes: number
@@ -191,15 +192,19 @@ export class CgroupManager {
   pidsSync(name: string): number[] {
     const dirs = this.dirs(name)
     const dir = dirs.v2 ?? dirs.pids ?? dirs.memory
-    if (!dir) return []
-    try {
-      return readFileSync(path.join(dir, 'cgroup.procs'), 'utf8')
-        .split('\n')
-        .filter(Boolean)
-        .map((line) => Number(line))
-    } catch {
-      return []
-    }
+    return dir ? numbersIn(path.join(dir, 'cgroup.procs')) : []
+  }
+
+  /**
+   * The cgroup's live processes, then its live threads (`cgroup.threads` on v2, `tasks` on v1),
+   * read synchronously one after the other.
+   */
+  tasksSync(name: string): { pids: number[]; tids: number[] } {
+    const dirs = this.dirs(name)
+    const dir = dirs.v2 ?? dirs.pids ?? dirs.memory
+    if (!dir) return { pids: [], tids: [] }
+    const pids = numbersIn(path.join(dir, 'cgroup.procs'))
+    return { pids, tids: numbersIn(path.join(dir, dir === dirs.v2 ? 'cgroup.threads' : 'tasks')) }
   }
 
   async pids(name: string): Promise<number[]> {
@@ -304,5 +309,17 @@ function trySync(fn: () => void): void {
     fn()
   } catch {
     // optional knob (swap, memsw) not present on this host
+  }
+}
+
+/** The numbers of a cgroup's list file (one a line); none when it cannot be read. */
+function numbersIn(file: string): number[] {
+  try {
+    return readKernelFile(file)
+      .split('\n')
+      .filter(Boolean)
+      .map((line) => Number(line))
+  } catch {
+    return []
   }
 }

@@ -1,5 +1,4 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { closeOwned } from './helpers/pool-owners.js'
 import { makeProject, SHELL_PROJECT } from './helpers/projects.js'
 import { startTestServer, type TestServer } from './helpers/server.js'
 
@@ -71,7 +70,7 @@ beforeAll(async () => {
 })
 
 afterAll(async () => {
-  await closeOwned(t)
+  await t?.close()
 })
 
 const expectedConflicts = [

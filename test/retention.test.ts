@@ -1,7 +1,6 @@
 import { existsSync } from 'node:fs'
 import { gunzipSync } from 'node:zlib'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { closeOwned } from './helpers/pool-owners.js'
 import { makeProject, SHELL_PROJECT } from './helpers/projects.js'
 import { startTestServer, type TestServer } from './helpers/server.js'
 
@@ -14,7 +13,7 @@ beforeAll(async () => {
 })
 
 afterAll(async () => {
-  await closeOwned(t)
+  await t?.close()
 })
 
 describe('quotas, retention and usage', () => {

@@ -10,7 +10,7 @@ import { NODE_LOCK_CLASS } from '../../packages/server/src/cluster/dedicated-con
 import { NodeStore } from '../../packages/server/src/cluster/node-store.js'
 import { TestPostgres, testsRunOnPostgres } from '../helpers/postgres.js'
 import { makeProject } from '../helpers/projects.js'
-import { Api } from '../helpers/server.js'
+import { Api, type RunResult } from '../helpers/server.js'
 
 // An API replica (`role: 'api'`) with no runtime of its own, on a real PostgreSQL, in front of two
 // nodes: real runtimes (own data dir, btrfs pool, sandboxes) behind real LocalRuntimePorts, in
@@ -40,6 +40,8 @@ const connected: string[] = []
 const livenessLocks = new Map<string, pg.Client>()
 /** Each node's port (one per node, whichever replica reaches it). */
 const ports = new Map<string, LocalRuntimePort>()
+/** The port methods the replicas call on the nodes, in order (emptied by a test as it needs). */
+const calls: string[] = []
 let nodeDb: Awaited<ReturnType<typeof openDatabase>>
 let nodeStore: NodeStore
 const MiB = 1024 * 1024
@@ -102,7 +104,17 @@ beforeAll(async () => {
     const port =
       ports.get(row.id) ?? new LocalRuntimePort(node.runtime, { clock: { now: () => Date.now() }, events })
     ports.set(row.id, port)
-    return port
+    // Each call goes to the node's port as it is, its method's name noted first.
+    return new Proxy(port, {
+      get(target, name) {
+        const value: unknown = Reflect.get(target, name)
+        if (typeof value !== 'function' || typeof name !== 'string') return value
+        return (...args: unknown[]) => {
+          calls.push(name)
+          return value.apply(target, args)
+        }
+      },
+    })
   }
   const apiOptions = {
     role: 'api',
@@ -272,6 +284,41 @@ describe.skipIf(testsRunOnPostgres())('cairn server --role api in front of two n
     expect(rows[0].status_cause).toBe('idle_timeout')
     expect(await home.agent(id)).toBeUndefined()
   }, 60_000)
+
+  it("takes the sandbox a turn's end left warm without asking its node; one gone since starts cold as a cold message does", async () => {
+    const id = (await api.createSession('echo')).id
+    const coldStart = (result: RunResult) =>
+      result.events.find((e) => e.type === 'run.started' && 'coldStart' in e && e.coldStart)
+    expect((await api.send(id, 'one')).text).toBe('got one\n')
+    calls.length = 0
+    const warm = await api.send(id, 'two')
+    expect(warm.text).toBe('got two\n')
+    expect(coldStart(warm)).toBeUndefined()
+    // The turn's own call is the only one before the agent answers: no `agent` look first.
+    expect(calls[0]).toBe('runTurn')
+    expect(calls).not.toContain('agent')
+
+    // Stopped behind this replica's back (through another replica, by the tenant's cap): the
+    // turn's resume finds none, and the turn is admitted under the cap and checks the workspace
+    // before it starts one, as a message that saw it cold would have.
+    const home = ports.get(await nodeOf(id)) as LocalRuntimePort
+    await home.stopAgent(id)
+    calls.length = 0
+    const again = await api.send(id, 'three')
+    expect(again.text).toBe('got three\n')
+    expect(coldStart(again)).toBeDefined()
+    const order = ['runTurn', 'admitAgent', 'readGenerations', 'startAgent', 'runTurn']
+    expect(calls.filter((name) => order.includes(name))).toEqual(order)
+    const last = await client.query('SELECT sandbox_id FROM turns WHERE session_id = $1 AND seq = 3', [id])
+    expect(last.rows[0].sandbox_id).toBe((await home.agent(id))?.sandboxId)
+
+    // Under another owner epoch (a move, a node lost and back) the node is asked again.
+    await client.query('UPDATE sessions SET owner_epoch = owner_epoch + 1 WHERE id = $1', [id])
+    await pastCaches()
+    calls.length = 0
+    expect((await api.send(id, 'four')).text).toBe('got four\n')
+    expect(calls).toContain('agent')
+  }, 120_000)
 
   it("records nothing of a turn whose session's owner epoch changed while it ran", async () => {
     const id = (await api.createSession('slow')).id

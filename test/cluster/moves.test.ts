@@ -399,8 +399,12 @@ describe.skipIf(testsRunOnPostgres())('moving sessions between nodes', () => {
     try {
       const apiTwo = new Api(two.url, server.adminKey ?? '')
       const { id } = await api.createSession('echo')
-      // Replica two reads the session's node and epoch (kept), and leaves its agent warm there.
-      expect((await apiTwo.send(id, 'first')).text).toBe('got first\n')
+      // The first replica leaves the session's agent warm; replica two reads the session's node
+      // and epoch (kept). No turn of its own told it of the sandbox: it asks the node at its message.
+      expect((await api.send(id, 'first')).text).toBe('got first\n')
+      expect((await apiTwo.call('GET', `/v1/sessions/${id}/files/content?path=seen.txt`)).body).toBe(
+        'first\n',
+      )
       const before = await home(id)
       let release = () => {}
       const atAgent = new Promise<void>((reached) => {

@@ -4,7 +4,6 @@ import { sql } from 'kysely'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { openDatabase } from '../../packages/server/src/db/database.js'
 import { testDatabaseFor } from '../fixtures/test-database.mjs'
-import { closeOwned } from '../helpers/pool-owners.js'
 import { makeProject, SHELL_PROJECT } from '../helpers/projects.js'
 import { Api, startTestServer, type TestServer } from '../helpers/server.js'
 
@@ -28,7 +27,7 @@ beforeAll(async () => {
 })
 
 afterAll(async () => {
-  await closeOwned(t)
+  await t?.close()
 })
 
 const logBytes = () =>

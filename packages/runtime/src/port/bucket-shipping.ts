@@ -118,10 +118,10 @@ export class PortShipping {
       : this.shipper.shipTree('environment', tree.dependencyEnvKey)
   }
 
-  fetchTree(tree: ShippedTree, tenantId: string): Promise<void> {
+  fetchTree(tree: ShippedTree): Promise<void> {
     return 'revisionId' in tree
-      ? this.shipper.fetchTree('revision', tree.revisionId, tenantId)
-      : this.shipper.fetchTree('environment', tree.dependencyEnvKey, tenantId)
+      ? this.shipper.fetchTree('revision', tree.revisionId)
+      : this.shipper.fetchTree('environment', tree.dependencyEnvKey)
   }
 
   lag(): NodeShippingLag {

@@ -176,7 +176,8 @@ export class SessionService extends SessionReads {
   /**
    * A message's turn: `verifyBeforeTurn`, then `beginTurn`, with the session's row read while the
    * runtime is asked about its agent (on a cluster a round trip to the node beside one to the
-   * database). That row is the check's when the agent is gone, and stands for the turn's own read
+   * database; not asked when the last turn's end through this replica told it, see
+   * `WarmAgents.hint`). That row is the check's when the agent is gone, and stands for the turn's own read
    * when the runtime had the agent (nothing was checked or written) and no turn or exclusive
    * operation of this process took the session's lock meanwhile; otherwise the turn reads it
    * under its lock, as `beginTurn` does.
@@ -186,6 +187,15 @@ export class SessionService extends SessionReads {
     const takes = this.locks.takes(id)
     const early = load()
     early.catch(() => undefined)
+    // An API replica whose last turn of the session left its sandbox warm takes that for the
+    // answer (`WarmAgents.hint`): the turn's own call to the node is then the only one.
+    const hint = this.locks.has(id) ? undefined : this.warm.hint(id)
+    if (hint) {
+      const row = await early.catch(() => undefined)
+      // Under another owner epoch the session moved (or its node was lost) since: asked again.
+      if (row && Number(row.owner_epoch) === hint.ownerEpoch && this.locks.takes(id) === takes)
+        return this.runner.begin(id, async () => row, prompt, { agent: hint.agent, hinted: true })
+    }
     const seen = await this.verifyBeforeTurn(tenantId, id, early)
     const row = seen?.agent ? await early.catch(() => undefined) : undefined
     const fresh = row !== undefined && this.locks.takes(id) === takes

@@ -13,8 +13,9 @@ describe('the cause a failed turn gives its session', () => {
     for (const code of shared) expect(causeOfProblem(new CairnProblem(code as never, 'x'))).toBe(code)
   })
 
-  it('is moved for a turn every node refused stale_epoch, and the crash for anything else', () => {
+  it('is moved for a turn every node refused stale_epoch, turn_failed for no sandbox, and the crash for anything else', () => {
     expect(causeOfProblem(new CairnProblem('stale_epoch', 'moved on'))).toBe('moved')
+    expect(causeOfProblem(new CairnProblem('sandbox_limit_reached', 'all busy'))).toBe('turn_failed')
     expect(causeOfProblem(new CairnProblem('internal', 'x'))).toBe('agent_crash')
     expect(causeOfProblem(undefined)).toBe('agent_crash')
   })

@@ -231,7 +231,7 @@ export class TurnRunner {
   /**
    * Runs the turn through the port in one call: its events go to `onEvent` as they come,
    * `onStarted` hears of the warm agent a `resume` took, `signal` cancels it (by turn ID, as a
-   * remote runtime is told). Undefined: `resume` found no warm agent (nothing ran).
+   * remote runtime is told). `cold`: `resume` found no warm agent (nothing ran).
    */
   private async runTurn(
     sessionId: string,
@@ -240,7 +240,7 @@ export class TurnRunner {
     signal: AbortSignal,
     onStarted: (agent: AgentInfo) => Promise<void>,
     onEvent: (event: AgentEvent) => Promise<void> | undefined,
-  ): Promise<TurnEnd | undefined> {
+  ): Promise<TurnEnd | { type: 'cold'; stopped: boolean }> {
     const { runtime } = this.deps
     const cancel = () => {
       void runtime
@@ -263,7 +263,7 @@ export class TurnRunner {
         } else if (message.type === 'started') await onStarted(message.agent)
         else if (message.type === 'cold') {
           if (message.stopped) this.deps.warm.forget(sessionId)
-          return undefined
+          return message
         } else end = message
       }
       if (!end) throw new Error('the turn ended without an outcome')
@@ -364,13 +364,14 @@ export class TurnRunner {
             onEvent,
           )
         : undefined
-      if (!end) {
-        // Cold (started above, or the warm one was found dead by the resume, which stopped it).
-        const { agent, cold } = coldStart ?? (await warm.start(row, false, signal))
+      if (end?.type !== 'outcome') {
+        // Cold (started above, or the one seen warm was gone or dead at the resume, which stopped it).
+        const { agent, cold } =
+          coldStart ?? (await warm.restart(row, end?.stopped ?? false, this.deps.generations, signal))
         await started(agent, cold)
         end = await this.runTurn(row.id, input, options, signal, async () => undefined, onEvent)
       }
-      if (!end) throw new Error('the agent just started is not warm')
+      if (end.type !== 'outcome') throw new Error('the agent just started is not warm')
       outcome = end.outcome
       outcome = {
         ...outcome,
@@ -433,6 +434,7 @@ export class TurnRunner {
       agentAfter = undefined
     }
     if (asked && outcome.status === 'completed') await this.recordApproval(row, asked)
+    warm.noteTurnEnd(row, agentAfter)
     const recorded = await recordTurnEnd(
       { db: this.deps.db, store, logger: this.deps.logger, budget: this.deps.storageBudget },
       {
@@ -517,11 +519,13 @@ function failedOutcome(error: unknown, signal: AbortSignal): TurnOutcome {
 /**
  * The session's status cause for a turn that threw `problem`: its code where that code names a
  * cause (setup_failed, state_lost, quota_exceeded, node_lost, …); `moved` for a turn the session's
- * move outran (`stale_epoch` from every node asked); else the agent's crash.
+ * move outran (`stale_epoch` from every node asked); `turn_failed` for no sandbox to be had (see
+ * `WarmAgents.restart`); else the agent's crash.
  */
 export function causeOfProblem(problem: CairnProblem | undefined): StatusCause {
   const code: string | undefined = problem?.code
   if (code === 'stale_epoch') return 'moved'
+  if (code === 'sandbox_limit_reached') return 'turn_failed'
   return STATUS_CAUSES.find((cause) => cause === code) ?? 'agent_crash'
 }
 

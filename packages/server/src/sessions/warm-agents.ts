@@ -2,6 +2,7 @@ import { CairnProblem, resolvePersistPaths } from '@cairn/protocol'
 import type { AgentInfo } from '@cairn/runtime/port'
 import { iso } from '../clock.js'
 import { sessionPause } from '../pause/pause-policy.js'
+import type { WorkspaceGenerations } from './generations.js'
 import { sandboxLimits, sessionNetwork, turnTimeoutMs } from './sandbox-settings.js'
 import type { SessionServiceDeps } from './session-deps.js'
 import type { SessionRow, SessionStore } from './session-store.js'
@@ -20,12 +21,18 @@ export type WarmAgentsDeps = Pick<
   | 'logger'
   | 'operatorLimits'
   | 'setup'
+  | 'routing'
 > & {
   store: SessionStore
   locks: TurnLocks
   /** The problem a workspace missing from the pool stands for (see `SessionService.missingWorkspace`). */
   missingWorkspace: (tenantId: string, sessionId: string) => Promise<CairnProblem>
 }
+
+/** A sandbox a turn's end left warm is taken as warm until this long before its keep-warm ends. */
+const HINT_MARGIN_MS = 1000
+/** What a replica remembers of its turns' ends at most (sessions; the least recently told go first). */
+const HINTS_MAX = 10_000
 
 /** A message waiting for a sandbox slot asks again after this, then twice as long each time… */
 const ADMIT_RETRY_FIRST_MS = 25
@@ -51,6 +58,15 @@ function delay(ms: number, signal: AbortSignal | undefined): Promise<void> {
  */
 export interface SeenAgent {
   agent: AgentInfo | undefined
+  /** Not asked: the agent as the last turn's end on this replica left it (`WarmAgents.hint`). */
+  hinted?: true
+}
+
+/** What a turn's end said of its session's sandbox: alive, cooling down until `untilMs`. */
+interface AgentHint {
+  agent: AgentInfo
+  ownerEpoch: number
+  untilMs: number
 }
 
 /**
@@ -63,6 +79,8 @@ export class WarmAgents {
   private readonly activityWrittenAt = new Map<string, number>()
   /** Per session, when the first secret its warm agent was started with expires (ms). */
   private readonly secretsExpireAtMs = new Map<string, number>()
+  /** Per session, its sandbox as its last turn's end here left it (API replicas only). */
+  private readonly hints = new Map<string, AgentHint>()
   readonly transcripts: TranscriptCache
 
   constructor(private readonly deps: WarmAgentsDeps) {
@@ -75,6 +93,31 @@ export class WarmAgents {
 
   agent(sessionId: string): Promise<AgentInfo | undefined> {
     return this.deps.runtime.agent(sessionId)
+  }
+
+  /**
+   * On an API replica, the session's sandbox as its last turn's end through this replica left it
+   * (alive and cooling down), while its keep-warm window runs, with the owner epoch that turn ran
+   * under (the caller compares it with the session's): the next message takes it as seen instead
+   * of asking the node (a
+   * round trip and a wake-up of the node before every turn). It may be gone all the same (stopped
+   * through another replica, evicted by the tenant's cap, crashed): the turn's resume then finds
+   * none and the turn starts one as a cold message would (`restart`).
+   */
+  hint(sessionId: string): { agent: AgentInfo; ownerEpoch: number } | undefined {
+    const hint = this.hints.get(sessionId)
+    if (!hint || hint.untilMs > this.deps.clock.now()) return hint
+    this.hints.delete(sessionId)
+    return undefined
+  }
+
+  /** What a turn's end said of the session's sandbox (none: it was stopped), for `hint`. */
+  noteTurnEnd(row: SessionRow, agent: AgentInfo | undefined): void {
+    this.hints.delete(row.id)
+    if (!this.deps.routing || !agent?.alive || row.keep_warm_ms <= HINT_MARGIN_MS) return
+    const untilMs = this.deps.clock.now() + row.keep_warm_ms - HINT_MARGIN_MS
+    this.hints.set(row.id, { agent, ownerEpoch: Number(row.owner_epoch), untilMs })
+    if (this.hints.size > HINTS_MAX) this.hints.delete(this.hints.keys().next().value as string)
   }
 
   size(): Promise<number> {
@@ -111,6 +154,29 @@ export class WarmAgents {
             error.details,
           )
       }
+    }
+  }
+
+  /**
+   * Starts the session's agent after a turn's resume found none alive although one was seen (just
+   * before the turn, or as the last turn's end left it): as a message that saw it cold does,
+   * under the tenant's sandbox cap (the admission released once it is up) and, when no sandbox was
+   * there at all (`stopped` false), after the workspace's check (`state_lost` for one rolled back
+   * or gone: inside a turn already begun, the turn's end records the session's failure).
+   */
+  async restart(
+    row: SessionRow,
+    stopped: boolean,
+    generations: WorkspaceGenerations,
+    signal: AbortSignal,
+  ): Promise<{ agent: AgentInfo; cold: boolean }> {
+    const release = await this.admit(row, { agent: undefined }, signal)
+    try {
+      if (!stopped)
+        await generations.verify({ id: row.id, status: 'failed', status_cause: 'state_lost' }, () => false)
+      return await this.start(row, false, signal)
+    } finally {
+      await release()
     }
   }
 
@@ -208,6 +274,7 @@ export class WarmAgents {
   }
 
   forget(sessionId: string): void {
+    this.hints.delete(sessionId)
     this.transcripts.forget(sessionId)
     this.activityWrittenAt.delete(sessionId)
     this.secretsExpireAtMs.delete(sessionId)

@@ -1,4 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { closeOwned } from './helpers/pool-owners.js'
 import { makeProject, SHELL_PROJECT } from './helpers/projects.js'
 import { startTestServer, type TestServer } from './helpers/server.js'
 
@@ -70,7 +71,7 @@ beforeAll(async () => {
 })
 
 afterAll(async () => {
-  await t?.close()
+  await closeOwned(t)
 })
 
 const expectedConflicts = [

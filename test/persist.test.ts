@@ -1,6 +1,7 @@
 import { gunzipSync } from 'node:zlib'
 import fc from 'fast-check'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { closeOwned } from './helpers/pool-owners.js'
 import { makeProject, SHELL_AGENT } from './helpers/projects.js'
 import { rawTarGz } from './helpers/raw-tar.js'
 import { startTestServer, type TestServer } from './helpers/server.js'
@@ -35,7 +36,7 @@ beforeAll(async () => {
 })
 
 afterAll(async () => {
-  await t?.close()
+  await closeOwned(t)
 })
 
 describe('persisted paths', () => {

@@ -1,6 +1,7 @@
 import { existsSync } from 'node:fs'
 import { gunzipSync } from 'node:zlib'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { closeOwned } from './helpers/pool-owners.js'
 import { makeProject, SHELL_PROJECT } from './helpers/projects.js'
 import { startTestServer, type TestServer } from './helpers/server.js'
 
@@ -13,7 +14,7 @@ beforeAll(async () => {
 })
 
 afterAll(async () => {
-  await t?.close()
+  await closeOwned(t)
 })
 
 describe('quotas, retention and usage', () => {

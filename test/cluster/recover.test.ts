@@ -19,6 +19,7 @@ import {
   type NodeProcess,
   nodePort,
   nodeState,
+  nodeUnownedTrees,
   placedSession,
   readSeen,
   restoreInstall,
@@ -520,5 +521,8 @@ describe.skipIf(testsRunOnPostgres())('workspaces outlive their node (shipping b
         WHERE a.name = 'keyed-writer'`,
     )
     expect(holders.map((r) => r.runtime_id)).toContain(fresh.id)
+    // Fetched from the bucket into its tenant's group: no tree of the new node's pool is without a
+    // limited owner (before, the revision was made in the group of no tenant, without a limit).
+    expect(await nodeUnownedTrees(fresh)).toEqual([])
   }, 300_000)
 })

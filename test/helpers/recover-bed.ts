@@ -1,5 +1,5 @@
 import { type ChildProcess, execFile, spawn } from 'node:child_process'
-import { mkdtemp, rm } from 'node:fs/promises'
+import { mkdtemp, readFile, rm } from 'node:fs/promises'
 import os from 'node:os'
 import path from 'node:path'
 import { promisify } from 'node:util'
@@ -10,7 +10,9 @@ import { expect } from 'vitest'
 import { initClusterTls, loadClusterTls } from '../../packages/runtime/src/port/remote/cluster-tls.js'
 import { RemoteRuntimePort } from '../../packages/runtime/src/port/remote/remote-runtime-port.js'
 import { createShippingBucket, type ShippingBucket } from '../../packages/runtime/src/shipping/index.js'
+import { unownedPoolTrees } from '../../packages/runtime/src/storage/btrfs-pool.js'
 import type { StartServerExtras } from '../../packages/server/src/api-role.js'
+import { DEFAULT_TENANT_QUOTA_MIB } from '../../packages/server/src/config.js'
 import { CAIRN_CLI } from './cluster.js'
 import { nodeDatabaseUrl } from './node-role.js'
 import { postgresBinDir, TestPostgres } from './postgres.js'
@@ -130,6 +132,23 @@ export async function startNodeProcess(name: string, dataDir: string): Promise<N
   running.set(name, node)
   killed.delete(name)
   return node
+}
+
+/**
+ * The trees of the node's pool without a limited owner (`unownedPoolTrees`): its pool is the
+ * btrfs mount of its data dir's `pool.img`, as the node's process sees its mounts, under the
+ * default tenant quota the bed's nodes run with.
+ */
+export async function nodeUnownedTrees(node: NodeProcess): Promise<string[]> {
+  const { stdout } = await promisify(execFile)('losetup', ['-j', path.join(node.dataDir, 'pool.img')])
+  const loop = stdout.split(':')[0]
+  const mounts = await readFile(`/proc/${node.child.pid}/mounts`, 'utf8')
+  const mountPoint = mounts
+    .split('\n')
+    .map((line) => line.split(' '))
+    .find(([source, , type]) => source === loop && type === 'btrfs')?.[1]
+  if (!loop || !mountPoint) throw new Error(`the pool of node ${node.name} is not mounted`)
+  return unownedPoolTrees(mountPoint, DEFAULT_TENANT_QUOTA_MIB * 1024 * 1024)
 }
 
 /** SIGKILL: no deregistration, no flush; its sandboxes are reaped when it starts again. */

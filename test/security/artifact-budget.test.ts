@@ -2,6 +2,7 @@ import { readdir, stat } from 'node:fs/promises'
 import path from 'node:path'
 import { Cairn } from '@cairn/sdk'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { closeOwned } from '../helpers/pool-owners.js'
 import { makeProject, SHELL_AGENT } from '../helpers/projects.js'
 import { Api, startTestServer, type TestServer } from '../helpers/server.js'
 
@@ -56,7 +57,7 @@ describe('artifacts in the tenant storage budget', () => {
   })
 
   afterAll(async () => {
-    await t?.close()
+    await closeOwned(t)
   })
 
   const save = (file: string) => tenant.call('POST', `/v1/sessions/${session}/artifacts`, { path: file })

@@ -4,6 +4,7 @@ import { sql } from 'kysely'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { openDatabase } from '../../packages/server/src/db/database.js'
 import { testDatabaseFor } from '../fixtures/test-database.mjs'
+import { closeOwned } from '../helpers/pool-owners.js'
 import { makeProject, SHELL_PROJECT } from '../helpers/projects.js'
 import { Api, startTestServer, type TestServer } from '../helpers/server.js'
 
@@ -27,7 +28,7 @@ beforeAll(async () => {
 })
 
 afterAll(async () => {
-  await t?.close()
+  await closeOwned(t)
 })
 
 const logBytes = () =>

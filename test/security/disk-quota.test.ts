@@ -5,8 +5,10 @@ import os from 'node:os'
 import path from 'node:path'
 import { promisify } from 'node:util'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import type { BtrfsPool } from '../../packages/runtime/src/storage/btrfs-pool.js'
 import { DRIVERS, probeDrivers } from '../conformance/harness.js'
 import { undocumentedAnswer } from '../helpers/openapi-conformance.js'
+import { closeOwned } from '../helpers/pool-owners.js'
 import { makeProject } from '../helpers/projects.js'
 import { Api, startTestServer, type TestServer } from '../helpers/server.js'
 
@@ -83,7 +85,7 @@ describe('btrfs: quotas per workspace and per tenant', () => {
   })
 
   afterAll(async () => {
-    await t?.close()
+    await closeOwned(t)
   })
 
   it('reports the limits in force in GET /v1/runtime', async () => {
@@ -251,7 +253,7 @@ describe('btrfs: the reserve', () => {
   })
 
   afterAll(async () => {
-    await t?.close()
+    await closeOwned(t)
   })
 
   it("agents together never take the reserve: the filler gets quota_exceeded, Cairn's own writes go on", async () => {
@@ -283,7 +285,7 @@ describe('dir: cannot enforce quotas, and says so', () => {
   })
 
   afterAll(async () => {
-    await t?.close()
+    await closeOwned(t)
   })
 
   it('reports quotas_unavailable in GET /v1/runtime instead of pretending to limit', async () => {
@@ -297,6 +299,9 @@ describe('dir: cannot enforce quotas, and says so', () => {
   })
 })
 
+/** The key of an image built before the images' group existed (a Debian recipe's hash, made up). */
+const LEGACY_IMAGE = `debian-${'ab'.repeat(32)}`
+
 describe('btrfs: simple quotas keep the figures exact', () => {
   it("runs simple quotas, and a tree made behind Cairn's back leaves nothing to rescan", async () => {
     const dataDir = await mkdtemp(path.join(os.tmpdir(), 'cairn-quota-exact-'))
@@ -309,7 +314,7 @@ describe('btrfs: simple quotas keep the figures exact', () => {
       expect(storage.quotas).toMatchObject({ enforced: true, accounting: 'simple' })
       expect(storage.warnings).toEqual([])
       const key = first.key
-      await first.close()
+      await closeOwned(first)
       // Behind Cairn's back: a snapshot of a tenant's tree placed in no group at all. With full
       // qgroups this marks the figures inconsistent (a rescan, reported as quotas_inexact); simple
       // quotas count each extent for the tree that wrote it, so nothing needs a rescan.
@@ -322,6 +327,9 @@ describe('btrfs: simple quotas keep the figures exact', () => {
           path.join(mountPoint, 'revisions', String(revision)),
           path.join(mountPoint, 'stray'),
         ])
+        // An image as one built before the images' group existed: in no group.
+        await mkdir(path.join(mountPoint, 'images'), { recursive: true })
+        await run('btrfs', ['subvolume', 'create', path.join(mountPoint, 'images', LEGACY_IMAGE)])
       } finally {
         await run('umount', [mountPoint])
       }
@@ -330,6 +338,10 @@ describe('btrfs: simple quotas keep the figures exact', () => {
         const again = (await new Api(second.url, key).call('GET', '/v1/runtime')).body.storage
         expect(again.quotas).toMatchObject({ enforced: true, accounting: 'simple' })
         expect(again.warnings).toEqual([])
+        // The invariant's check names the stray tree alone: the old image joined the images'
+        // group at start (before, it stayed in no group).
+        const offenders = await (second.server.runtime.pool as BtrfsPool).unownedTrees()
+        expect(offenders).toEqual([expect.stringMatching(/^stray \(0\/\d+\) is in no group$/)])
       } finally {
         await second.close()
       }
@@ -356,7 +368,7 @@ describe('on every sandbox driver: the agent meets EDQUOT, its turn quota_exceed
   })
 
   afterAll(async () => {
-    await t?.close()
+    await closeOwned(t)
   })
 
   for (const isolation of DRIVERS) {

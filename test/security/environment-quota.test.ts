@@ -1,6 +1,7 @@
 import { readdirSync } from 'node:fs'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { closeOwned } from '../helpers/pool-owners.js'
 import { makeProject } from '../helpers/projects.js'
 import { packDir, startTestServer, type TestServer } from '../helpers/server.js'
 
@@ -20,7 +21,7 @@ beforeAll(async () => {
 }, 60_000)
 
 afterAll(async () => {
-  await t?.close()
+  await closeOwned(t)
 })
 
 /** An npm project whose install writes `mib` MiB into its environment. */

@@ -5,6 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { createNetnsHost, type NetnsHost, netnsAddresses } from '../helpers/netns.js'
 import { buildImage, pushImage, registries, startRegistry } from '../helpers/oci-registry.js'
 import { undocumentedAnswer } from '../helpers/openapi-conformance.js'
+import { closeOwned } from '../helpers/pool-owners.js'
 import { ociAgent } from '../helpers/projects.js'
 import { scratchDir } from '../helpers/scratch.js'
 import { type Api, startTestServer, type TestServer } from '../helpers/server.js'
@@ -48,7 +49,7 @@ beforeAll(async () => {
 }, 120_000)
 
 afterAll(async () => {
-  await t?.close()
+  await closeOwned(t)
   for (const registry of registries) registry.kill('SIGKILL')
   netnsHost?.remove()
 })

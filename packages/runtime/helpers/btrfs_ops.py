@@ -6,7 +6,7 @@ Operations: snapshot {src, dst, readonly, mark, qgroup, max_referenced}, create 
 max_referenced}, delete {path}, delete_tree {path}, mark {path}, enable_quotas {path} (answers
 {"mode": "squota" | "qgroup"}),
 set_generation {path, value}, get_generations {paths} (answers {"values": [int or null]}) and
-adopt_received {src, dst}.
+adopt_received {src, dst, qgroup}.
 With a request as its only argument, it answers that one request and exits.
 
 The generation marker is a `trusted.` extended attribute on the subvolume's root directory: it is
@@ -186,13 +186,14 @@ def quiet_since(dst):
     return {"generation": made, "file": file} if generation == made else None
 
 
-def adopt_received(src, dst):
+def adopt_received(src, dst, qgroup=None):
     """Gives a subvolume `btrfs receive` made a second name elsewhere, as received.
 
     A read-only subvolume cannot be moved to another directory (its root's `..` would change), and
     a plain snapshot of it would lose its received UUID, by which a later incremental stream finds
     its parent. So `dst` is made a writable snapshot of `src`, given `src`'s received UUID, send
     transid and time (as `btrfs receive` does to the subvolumes it makes), then made read-only.
+    `qgroup`: the level-1 group `dst` joins as it is made (its tenant's).
     """
     info = bytearray(SUBVOL_INFO_SIZE)
     fd = os.open(src, os.O_RDONLY | os.O_DIRECTORY)
@@ -203,7 +204,7 @@ def adopt_received(src, dst):
     received_uuid = bytes(info[SUBVOL_INFO_RECEIVED_UUID:SUBVOL_INFO_RECEIVED_UUID + 16])
     if received_uuid == bytes(16):
         raise OSError(errno.EINVAL, "%s is not a received subvolume" % src)
-    snapshot(src, dst, False)
+    snapshot(src, dst, False, qgroup)
     try:
         args = bytearray(RECEIVED_SUBVOL_ARGS_SIZE)
         args[0:16] = received_uuid
@@ -408,7 +409,7 @@ def handle(request):
     elif op == "delete_tree":
         delete_tree(request["path"])
     elif op == "adopt_received":
-        adopt_received(request["src"], request["dst"])
+        adopt_received(request["src"], request["dst"], request.get("qgroup"))
     elif op == "enable_quotas":
         return {"mode": enable_quotas(request["path"])}
     elif op == "ping":

@@ -118,10 +118,10 @@ export class PortShipping {
       : this.shipper.shipTree('environment', tree.dependencyEnvKey)
   }
 
-  fetchTree(tree: ShippedTree): Promise<void> {
+  fetchTree(tree: ShippedTree, tenantId: string): Promise<void> {
     return 'revisionId' in tree
-      ? this.shipper.fetchTree('revision', tree.revisionId)
-      : this.shipper.fetchTree('environment', tree.dependencyEnvKey)
+      ? this.shipper.fetchTree('revision', tree.revisionId, tenantId)
+      : this.shipper.fetchTree('environment', tree.dependencyEnvKey, tenantId)
   }
 
   lag(): NodeShippingLag {

@@ -480,9 +480,9 @@ export class LocalRuntimePort extends LocalPoolPort implements RuntimePort {
     return this.shipping.shipTree(tree)
   }
 
-  async fetchPoolTree(tree: ShippedTree): Promise<void> {
+  async fetchPoolTree(tree: ShippedTree, tenantId: string): Promise<void> {
     if (!this.shipping) throw noBucket()
-    await this.shipping.fetchTree(tree)
+    await this.shipping.fetchTree(tree, tenantId)
   }
 
   async shippingLag(): Promise<NodeShippingLag> {

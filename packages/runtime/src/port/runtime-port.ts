@@ -484,8 +484,11 @@ export interface RuntimePort {
   restoreFromBucket(sessionId: string, tenantId: string, expected: ShippedHead): Promise<BucketRestore>
   /** Ships a revision or dependency environment to the bucket once (false: it was already there). */
   shipPoolTree(tree: ShippedTree): Promise<{ shipped: boolean }>
-  /** Fetches a shipped revision or dependency environment into this pool, sealed read-only. */
-  fetchPoolTree(tree: ShippedTree): Promise<void>
+  /**
+   * Fetches a shipped revision or dependency environment into this pool, sealed read-only, in its
+   * tenant's quota group (like every tree of the tenant's).
+   */
+  fetchPoolTree(tree: ShippedTree, tenantId: string): Promise<void>
   /** How far this node's shipping is behind (all zero and `enabled: false` without a bucket). */
   shippingLag(): Promise<NodeShippingLag>
 

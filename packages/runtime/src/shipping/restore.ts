@@ -111,7 +111,7 @@ export async function restoreFromBucket(
       )
     // Whoever wrote the chain (a node, or anyone with the bucket's keys) is not this machine.
     await assertInertTree(received, `the restored tree of session ${sessionId}`)
-    await placeSnapshot(pool, head.snapshotId, received, digest)
+    await placeSnapshot(pool, { snapshotId: head.snapshotId, tenantId: options.tenantId }, received, digest)
     await pool.restoreWorkspace(sessionId, head.snapshotId, head.generation, options.tenantId)
   } finally {
     await removeReceived(staging)
@@ -133,7 +133,12 @@ export async function restoreFromBucket(
  * adopted there under the same received UUID instead: it cannot change directories). A snapshot of that ID already there (a
  * node taking back a session it held) is used if it is the same tree, and refused otherwise.
  */
-async function placeSnapshot(pool: StoragePool, snapshotId: string, received: string, digest: string) {
+async function placeSnapshot(
+  pool: StoragePool,
+  { snapshotId, tenantId }: { snapshotId: string; tenantId: string | undefined },
+  received: string,
+  digest: string,
+) {
   const target = pool.snapshotPath(snapshotId)
   if (existsSync(target)) {
     if ((await treeDigest(target)) === digest) return
@@ -146,11 +151,15 @@ async function placeSnapshot(pool: StoragePool, snapshotId: string, received: st
     await rename(received, target)
     return
   }
-  // The pool's own helper when it has one (no process to start), else one for this call.
-  const ops = pool instanceof BtrfsPool ? pool.ops : new BtrfsOps(1)
+  // In the tenant's group, through the pool's own helper (no process to start); else one for this call.
+  if (pool instanceof BtrfsPool) {
+    await pool.adoptReceived(received, target, tenantId)
+    return
+  }
+  const ops = new BtrfsOps(1)
   try {
     await ops.adoptReceived(received, target)
   } finally {
-    if (!(pool instanceof BtrfsPool)) ops.close()
+    ops.close()
   }
 }

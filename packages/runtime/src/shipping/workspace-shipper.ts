@@ -166,9 +166,10 @@ export class WorkspaceShipper {
   /**
    * Fetches a shipped revision, image or environment to where this pool keeps it: a revision or
    * environment is unpacked into a staging tree of the pool and sealed read-only as the pool seals
-   * its own (a subvolume on btrfs), an image unpacked where `locateTree` says.
+   * its own (a subvolume on btrfs), in its tenant's quota group; an image unpacked where
+   * `locateTree` says.
    */
-  async fetchTree(kind: TreeKind, id: string): Promise<void> {
+  async fetchTree(kind: TreeKind, id: string, tenantId?: string): Promise<void> {
     const { pool, bucket } = this.options
     const target = this.treePath(kind, id)
     if (kind === 'image') {
@@ -176,13 +177,13 @@ export class WorkspaceShipper {
       return
     }
     if (existsSync(target)) throw new CairnProblem('conflict', `${kind} ${id} is already in the pool`)
-    const staging = await pool.createStaging(`fetch_${randomBytes(6).toString('hex')}`)
+    const staging = await pool.createStaging(`fetch_${randomBytes(6).toString('hex')}`, tenantId)
     try {
       await receiveTree(bucket, kind, id, staging)
-      if (kind === 'revision') await pool.sealRevision(staging, id)
+      if (kind === 'revision') await pool.sealRevision(staging, id, tenantId)
       else {
         await mkdir(path.dirname(target), { recursive: true })
-        await pool.sealStaging(staging, target)
+        await pool.sealStaging(staging, target, tenantId)
       }
     } catch (error) {
       await pool.discardStaging(staging).catch(() => undefined)

@@ -251,8 +251,15 @@ export class BtrfsOps {
    * later increment finds its parent by it): a read-only subvolume cannot be moved to another
    * directory. Needs the helper.
    */
-  async adoptReceived(src: string, dst: string): Promise<void> {
-    await this.request({ op: 'adopt_received', src, dst }, `adopt received subvolume ${src} as ${dst}`)
+  async adoptReceived(
+    src: string,
+    dst: string,
+    placement: Pick<QuotaPlacement, 'qgroup'> = {},
+  ): Promise<void> {
+    await this.request(
+      { op: 'adopt_received', src, dst, ...placementFields(placement) },
+      `adopt received subvolume ${src} as ${dst}`,
+    )
   }
 
   /** Writes a subvolume's generation marker (an extended attribute on its root directory). */

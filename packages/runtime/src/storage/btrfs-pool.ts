@@ -18,6 +18,7 @@ import {
   type TreeSizes,
 } from './pool.js'
 import { PoolLayout } from './pool-layout.js'
+import { poolTrees, unownedTrees } from './pool-owners.js'
 import { removeTree } from './remove-tree.js'
 
 const BTRFS_MAGIC = 0x9123683e
@@ -47,6 +48,17 @@ export function tenantQgroup(tenantId: string | undefined): string {
     .update(tenantId ?? '')
     .digest()
   return `1/${digest.readUIntBE(0, 5) + 1}`
+}
+
+/**
+ * The offenders against "no tree in the pool without a limited owner" in the btrfs pool mounted at
+ * `mountPoint` whose tenant groups are limited to `tenantQuotaBytes` (undefined: tenants' groups
+ * have no limit of their own, the agents' group bounds them): see `unownedTrees`.
+ */
+export async function unownedPoolTrees(mountPoint: string, tenantQuotaBytes: number | undefined) {
+  const { trees, groups } = await poolTrees(mountPoint)
+  const named = { agents: AGENTS_QGROUP, images: IMAGES_QGROUP, noTenant: tenantQgroup(undefined) }
+  return unownedTrees(trees, groups, { ...named, tenantQuotaBytes })
 }
 
 export interface BtrfsPoolOptions extends StoragePoolOptions {
@@ -160,6 +172,7 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
     await this.qgroupCommand(['create', IMAGES_QGROUP, mountPoint], /exist/i)
     await this.qgroupCommand(['assign', '--no-rescan', IMAGES_QGROUP, AGENTS_QGROUP, mountPoint], /exist/i)
     await this.qgroupCommand(['limit', '-e', String(imagesBytes), IMAGES_QGROUP, mountPoint])
+    await this.adoptImages()
     this.status = {
       enforced: true,
       accounting: this.quotaMode === 'squota' ? 'simple' : 'full',
@@ -170,6 +183,38 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
       imagesBytes,
       ...(await this.rescanIfInconsistent()),
     }
+  }
+
+  /**
+   * Images built before the images' group was capped were made in no group: they join it (the
+   * figures are then rescanned, below), so no tree of the pool is without a limited owner.
+   */
+  private async adoptImages(): Promise<void> {
+    const { trees } = await poolTrees(this.options.mountPoint)
+    for (const tree of trees) {
+      if (tree.owner || !/^images\/[^/]+$/.test(tree.path)) continue
+      await this.qgroupCommand(
+        ['assign', '--no-rescan', tree.qgroup, IMAGES_QGROUP, this.options.mountPoint],
+        /exist/i,
+      )
+    }
+  }
+
+  /**
+   * Makes `target` a copy of the received subvolume `received` keeping its received UUID (see
+   * `BtrfsOps.adoptReceived`), in the tenant's group like every tree of the tenant's.
+   */
+  async adoptReceived(received: string, target: string, tenantId: string | undefined): Promise<void> {
+    await this.ops.adoptReceived(received, target, await this.placement(tenantId, false))
+  }
+
+  /**
+   * The trees that break "no tree in the pool without a limited owner" (`unownedTrees`), each
+   * named with what is wrong; none on a pool that enforces no quota.
+   */
+  async unownedTrees(): Promise<string[]> {
+    if (!this.enforcing) return []
+    return unownedPoolTrees(this.options.mountPoint, this.options.tenantQuotaBytes || undefined)
   }
 
   /**

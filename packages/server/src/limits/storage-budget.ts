@@ -15,6 +15,11 @@ export interface StorageReservation {
   bytes: number
 }
 
+interface ReserveOptions {
+  upTo?: (roomBytes: number | undefined) => number
+  replacing?: StorageReservation | undefined
+}
+
 /** What a tenant holds against its quota, in bytes. */
 export interface TenantHeld {
   /** The tenant's trees in the pool (exclusive bytes, every node together). */
@@ -38,6 +43,9 @@ export interface TenantHeld {
  * settles its reservation into the row it writes, or releases it.
  */
 export class StorageBudget {
+  /** Who can give room back when a reservation is refused (the turns' allowances of this process). */
+  private readonly givers: ((tenantId: string) => Promise<boolean>)[] = []
+
   constructor(
     private readonly deps: {
       db: Db
@@ -50,6 +58,21 @@ export class StorageBudget {
 
   get tenantBytes(): number | undefined {
     return this.deps.tenantBytes
+  }
+
+  /** `give` is asked for room when a reservation is refused; true: it gave some, the reservation is tried again. */
+  onShort(give: (tenantId: string) => Promise<boolean>): void {
+    this.givers.push(give)
+  }
+
+  /** Lowers a reservation to `bytes` (what it still holds for). */
+  async shrink(reservation: StorageReservation, bytes: number): Promise<void> {
+    reservation.bytes = bytes
+    await this.deps.db.q
+      .updateTable('storage_reservations')
+      .set({ bytes })
+      .where('id', '=', reservation.id)
+      .execute()
   }
 
   async held(tenantId: string): Promise<TenantHeld> {
@@ -68,10 +91,25 @@ export class StorageBudget {
     tenantId: string,
     bytes: number,
     purpose: string,
-    options: {
-      upTo?: (roomBytes: number | undefined) => number
-      replacing?: StorageReservation | undefined
-    } = {},
+    options: ReserveOptions = {},
+  ): Promise<StorageReservation> {
+    try {
+      return await this.reserveOnce(tenantId, bytes, purpose, options)
+    } catch (error) {
+      if (!(error instanceof CairnProblem && error.code === 'quota_exceeded') || purpose === TURNS_PURPOSE)
+        throw error
+      let given = false
+      for (const give of this.givers) given = (await give(tenantId).catch(() => false)) || given
+      if (!given) throw error
+      return this.reserveOnce(tenantId, bytes, purpose, options)
+    }
+  }
+
+  private async reserveOnce(
+    tenantId: string,
+    bytes: number,
+    purpose: string,
+    options: ReserveOptions,
   ): Promise<StorageReservation> {
     const quota = this.deps.tenantBytes
     const poolBytes = quota === undefined ? 0 : await this.poolBytes(tenantId)

@@ -40,14 +40,32 @@ interface Allowance {
  * a turn needs more than is left or after `REFRESH_MS`; renewed while turns draw on it; it lapses
  * `RESERVATION_LEASE_MS` after the tenant's last turn ends. What turns wrote stays counted in the
  * reservation as well as in the tenant's counters until it is replaced: the budget counts up to
- * one allowance more than is kept, never less.
+ * one allowance more than is kept, never less. Another of the tenant's reservations refused in this
+ * process (its turn's events, an artifact) first has the allowance lowered to what running turns
+ * drew, then is tried again.
  */
 export class TurnAdmission {
   private readonly allowances = new Map<string, Allowance>()
   /** One replacement at a time per tenant: concurrent turns wait for it, then draw. */
   private readonly replacing = new Map<string, Promise<unknown>>()
 
-  constructor(private readonly deps: { budget: StorageBudget; clock: Clock }) {}
+  constructor(private readonly deps: { budget: StorageBudget; clock: Clock }) {
+    deps.budget.onShort((tenantId) => this.giveBack(tenantId))
+  }
+
+  /**
+   * Another reservation of the tenant's was refused: the allowance keeps only what running turns
+   * drew (what turns wrote is in the counters already), and the next turn replaces it.
+   */
+  private async giveBack(tenantId: string): Promise<boolean> {
+    const allowance = this.allowances.get(tenantId)
+    if (!allowance || this.replacing.has(tenantId) || allowance.reservation.bytes <= allowance.drawnBytes)
+      return false
+    allowance.leftBytes = 0
+    allowance.refreshAtMs = 0
+    await this.deps.budget.shrink(allowance.reservation, allowance.drawnBytes)
+    return true
+  }
 
   /**
    * Admits `bytes` for the tenant's turn, or refuses it with `quota_exceeded` (the budget's own

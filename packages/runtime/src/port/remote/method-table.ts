@@ -133,7 +133,7 @@ export const METHODS: Record<keyof RuntimePort, MethodSpec> = {
   // the shipping bucket
   restoreFromBucket: { args: [id, id, json(S.ShippedHead)], result: 'json', session: first },
   shipPoolTree: { args: [json(S.ShippedTree)], result: 'json' },
-  fetchPoolTree: { args: [json(S.ShippedTree)], result: 'json' },
+  fetchPoolTree: { args: [json(S.ShippedTree), id], result: 'json' },
   shippingLag: { args: [], result: 'json' },
   // images
   imageKeyOf: { args: [json(S.ImageRecipe), context], result: 'json' },

@@ -508,7 +508,7 @@ export class ClusterRuntimePort extends ClusterFanOut implements RuntimePort {
     throw new CairnProblem('bad_request', 'a dependency environment is shipped with its revision')
   }
 
-  async fetchPoolTree(_tree: ShippedTree): Promise<void> {
+  async fetchPoolTree(_tree: ShippedTree, _tenantId: string): Promise<void> {
     throw new CairnProblem('bad_request', 'a node fetches trees from the bucket, not the cluster')
   }
 }

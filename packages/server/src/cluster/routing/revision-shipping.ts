@@ -73,8 +73,8 @@ export class RevisionShipping {
     // where it was shipped once when it was sealed.
     const startedMs = performance.now()
     try {
-      if (facts.envKey) await fetchOnce(to, { dependencyEnvKey: facts.envKey })
-      await fetchOnce(to, { revisionId })
+      if (facts.envKey) await fetchOnce(to, { dependencyEnvKey: facts.envKey }, facts.tenantId)
+      await fetchOnce(to, { revisionId }, facts.tenantId)
       await this.rows.addRevisionHolder(revisionId, target.id)
       this.logger.info(
         { revisionId, to: target.id, ms: Math.round(performance.now() - startedMs) },
@@ -107,9 +107,9 @@ async function copyTree(
 }
 
 /** Fetches a tree from the bucket; one the node already has (a `conflict`) is kept. */
-async function fetchOnce(port: RuntimePort, tree: ShippedTree): Promise<void> {
+async function fetchOnce(port: RuntimePort, tree: ShippedTree, tenantId: string): Promise<void> {
   try {
-    await port.fetchPoolTree(tree)
+    await port.fetchPoolTree(tree, tenantId)
   } catch (error) {
     if (error instanceof CairnProblem && error.code === 'conflict') return
     throw error

@@ -212,6 +212,30 @@ describe('workspace lifecycle', () => {
       }
   })
 
+  it('leaves no snapshot behind when a forks request fails after taking it (it counted toward the cap)', async () => {
+    // The forks are refused (a policy whose maxTurns leaves them no turn) only after the request's
+    // snapshot was taken: it stayed, listed and counted as one of the session's manual snapshots.
+    const { id } = await t.api.createSession('shell')
+    await run(id, 'echo kept > f')
+    // Its manual snapshots, which the cap counts (the forks' snapshot first brings the session's
+    // automatic one of its last turn, which its next turn would have taken: that one stays).
+    const manual = async () =>
+      ((await t.api.call('GET', `/v1/sessions/${id}/snapshots`)).body.data as { id: string; kind: string }[])
+        .filter((s) => s.kind === 'manual')
+        .map((s) => s.id)
+    const before = await manual()
+    const refused = await t.api.call('POST', `/v1/sessions/${id}/forks`, {
+      count: 2,
+      policy: { maxTurns: 1 },
+    })
+    expect(refused.body.error?.code, JSON.stringify(refused.body)).toBe('turn_limit_reached')
+    expect(await manual()).toEqual(before)
+    // One taken since is the session's first: the cap counts none from the failed request.
+    const taken = await t.api.call('POST', `/v1/sessions/${id}/snapshots`, { label: 'after' })
+    expect(taken.status).toBe(201)
+    expect(await manual()).toEqual([...before, taken.body.id])
+  })
+
   it('lists, downloads, uploads and deletes files, confined to the workspace', async () => {
     const { id } = await t.api.createSession('shell')
     await run(

@@ -291,20 +291,39 @@ export class WorkspaceHistory {
     try {
       for (let i = 0; i < (body.count ?? 1); i++) sessions.push(await this.fork(tenantId, id, fork))
     } catch (error) {
-      // All or none: a request that fails part way (its parent deleted meanwhile) answers its
-      // error, so the forks it made, which its caller never learns of, go with it.
-      for (const made of sessions)
-        await this.deps.sessions
-          .delete(tenantId, made.id)
-          .catch((e: unknown) =>
-            this.deps.logger.warn({ err: e, session: made.id }, 'removing a fork failed'),
-          )
-      // Its parent deleted meanwhile took the snapshot with it: said as a deleted session, not
-      // as a snapshot not found.
-      const gone = await this.deps.sessions.missingWorkspace(tenantId, parentId)
-      throw gone.code === 'session_deleted' ? gone : error
+      throw await this.undoForks(tenantId, parentId, snap, sessions, error)
     }
     return { snapshot: snap, memory, sessions }
+  }
+
+  /**
+   * All or none: a forks request that fails part way (its parent deleted meanwhile, a fork
+   * refused) answers its error, so what it made, which its caller never learns of, goes with it:
+   * the forks, and the snapshot it took (else it stayed, counted toward the manual snapshot cap).
+   * Returns the error to answer.
+   */
+  private async undoForks(
+    tenantId: string,
+    parentId: string,
+    snap: SnapshotInfo,
+    made: SessionInfo[],
+    error: unknown,
+  ): Promise<unknown> {
+    const { logger } = this.deps
+    for (const fork of made)
+      await this.deps.sessions
+        .delete(tenantId, fork.id)
+        .catch((e: unknown) => logger.warn({ err: e, session: fork.id }, 'removing a fork failed'))
+    // Its parent deleted meanwhile took the snapshot with it: said as a deleted session, not
+    // as a snapshot not found.
+    const gone = await this.deps.sessions.missingWorkspace(tenantId, parentId)
+    if (gone.code === 'session_deleted') return gone
+    // One a fork by its ID reads meanwhile (another request, which found it listed) stays.
+    if (this.pins.claimForDeletion(snap.id))
+      await this.dropSnapshot(parentId, snap).catch((e: unknown) =>
+        logger.warn({ err: e, snapshot: snap.id }, 'removing the snapshot of failed forks failed'),
+      )
+    return error
   }
 
   private async snapshotWithMemory(row: SessionRow, label: string | undefined): Promise<SnapshotInfo> {

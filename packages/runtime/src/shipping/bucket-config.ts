@@ -1,5 +1,12 @@
 import { CairnProblem } from '@cairn/protocol'
 import { ShippingBucket } from './bucket.js'
+import {
+  bucketCallBoundMs,
+  S3_CONNECT_TIMEOUT_MS,
+  S3_IDLE_TIMEOUT_MS,
+  S3_MAX_ATTEMPTS,
+  S3_MIN_BYTES_PER_SECOND,
+} from './bucket-bounds.js'
 import { s3Sdk } from './s3-sdk.js'
 
 /** Where workspaces ship to. Credentials come from the AWS SDK's own chain (AWS_ACCESS_KEY_ID …). */
@@ -12,38 +19,26 @@ export interface ShippingBucketConfig {
   prefix?: string | undefined
   /** A request is given up after this long with nothing sent or received (default `S3_IDLE_TIMEOUT_MS`). */
   idleTimeoutMs?: number | undefined
-}
-
-/** How long a connection to the store may take to open before the attempt is given up. */
-export const S3_CONNECT_TIMEOUT_MS = 5_000
-/**
- * How long a request may go with nothing sent or received (the store took no byte of a body and
- * sent none of its answer) before the attempt is given up. A hung store (it accepts connections and
- * never answers) costs an attempt this long; a slow but moving transfer of a large part is not cut.
- */
-export const S3_IDLE_TIMEOUT_MS = 10_000
-/** Attempts per bucket call: the SDK retries a timeout, a refused connection or a 5xx with backoff. */
-export const S3_MAX_ATTEMPTS = 3
-
-/**
- * How long one bucket call can take at most against a store that never answers: every attempt's
- * idle timeout, plus the SDK's backoff between attempts (under a second each at these counts).
- */
-export function bucketCallBoundMs(idleTimeoutMs = S3_IDLE_TIMEOUT_MS): number {
-  return S3_MAX_ATTEMPTS * (Math.max(idleTimeoutMs, S3_CONNECT_TIMEOUT_MS) + 1_000)
+  /** A connection is given up after this long unopened (default `S3_CONNECT_TIMEOUT_MS`). */
+  connectTimeoutMs?: number | undefined
+  /** A call is given up past its bound plus its bytes at this rate (default `S3_MIN_BYTES_PER_SECOND`). */
+  minBytesPerSecond?: number | undefined
 }
 
 /**
  * An S3 client for the bucket: path-style addressing when an endpoint is given (what RGW and most
  * S3-compatible stores expect), checksums only where an operation requires one (RGW refuses
  * the SDK's default trailing checksums on some versions), and bounded attempts: without timeouts a
- * store that accepts a connection and never answers held a ship or a restore for ever.
+ * store that accepts a connection and never answers held a ship or a restore for ever, and a
+ * deadline per call scaled to its bytes: one that sends a byte now and then held them too.
  */
 export function createShippingBucket(config: ShippingBucketConfig): ShippingBucket {
   if (!/^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$/.test(config.bucket))
     throw new CairnProblem('validation_failed', `'${config.bucket}' is not a valid bucket name`)
   if (config.prefix && !/^[A-Za-z0-9._/-]*\/$/.test(config.prefix))
     throw new CairnProblem('validation_failed', 'the bucket prefix must end with / and hold no spaces')
+  const idleTimeoutMs = config.idleTimeoutMs ?? S3_IDLE_TIMEOUT_MS
+  const connectTimeoutMs = config.connectTimeoutMs ?? S3_CONNECT_TIMEOUT_MS
   const { S3Client } = s3Sdk()
   const client = new S3Client({
     region: config.region ?? 'us-east-1',
@@ -52,11 +47,14 @@ export function createShippingBucket(config: ShippingBucketConfig): ShippingBuck
     responseChecksumValidation: 'WHEN_REQUIRED',
     maxAttempts: S3_MAX_ATTEMPTS,
     requestHandler: {
-      connectionTimeout: S3_CONNECT_TIMEOUT_MS,
-      socketTimeout: config.idleTimeoutMs ?? S3_IDLE_TIMEOUT_MS,
+      connectionTimeout: connectTimeoutMs,
+      socketTimeout: idleTimeoutMs,
     },
   })
-  return new ShippingBucket(client, config.bucket, config.prefix ?? '')
+  return new ShippingBucket(client, config.bucket, config.prefix ?? '', {
+    callBoundMs: bucketCallBoundMs(idleTimeoutMs, connectTimeoutMs),
+    minBytesPerSecond: config.minBytesPerSecond ?? S3_MIN_BYTES_PER_SECOND,
+  })
 }
 
 /**

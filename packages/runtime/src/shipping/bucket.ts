@@ -1,6 +1,7 @@
 import { createHash } from 'node:crypto'
 import type { ListObjectsV2CommandOutput, S3Client } from '@aws-sdk/client-s3'
 import { CairnProblem } from '@cairn/protocol'
+import { type BucketBounds, CallDeadline, DEFAULT_BUCKET_BOUNDS } from './bucket-bounds.js'
 import { s3Sdk } from './s3-sdk.js'
 
 /** What S3 errors carry that tells them apart (the SDK's ServiceException shape). */
@@ -14,8 +15,13 @@ function statusOf(error: unknown): number | undefined {
   return (error as S3Failure)?.$metadata?.httpStatusCode
 }
 
-/** An object store failure as a typed, retryable problem (unreachable, 5xx, throttled). */
-function unreachable(what: string, error: unknown): CairnProblem {
+/**
+ * An object store failure as a typed, retryable problem (unreachable, 5xx, throttled, or too slow:
+ * the call passed its deadline).
+ */
+function unreachable(what: string, error: unknown, deadline?: CallDeadline): CairnProblem {
+  if (deadline?.passed)
+    return new CairnProblem('shipping_failed', `${what} failed: ${deadline.reason}`, { status: undefined })
   const failure = error as S3Failure
   const status = statusOf(error)
   return new CairnProblem(
@@ -44,6 +50,8 @@ export class ShippingBucket {
     readonly name: string,
     /** Prepended to every key (e.g. `cairn/`), so one bucket can hold several installs. */
     readonly prefix = '',
+    /** Each call's deadline: a fixed bound plus its bytes at the least rate taken. */
+    private readonly bounds: BucketBounds = DEFAULT_BUCKET_BOUNDS,
   ) {}
 
   key(rel: string): string {
@@ -62,6 +70,7 @@ export class ShippingBucket {
   ): Promise<PutOutcome> {
     const sha256 = sha256Hex(body)
     const { PutObjectCommand } = s3Sdk()
+    const deadline = new CallDeadline(this.bounds, body.byteLength)
     try {
       await this.client.send(
         new PutObjectCommand({
@@ -73,10 +82,14 @@ export class ShippingBucket {
           IfNoneMatch: '*',
           Metadata: { sha256 },
         }),
+        { abortSignal: deadline.signal },
       )
       return 'written'
     } catch (error) {
-      if (statusOf(error) !== 412) throw unreachable(`writing ${this.key(rel)}`, error)
+      if (deadline.passed || statusOf(error) !== 412)
+        throw unreachable(`writing ${this.key(rel)}`, error, deadline)
+    } finally {
+      deadline.done()
     }
     const found = await this.head(rel)
     if (found && found.bytes === body.byteLength && found.sha256 === sha256) return 'exists'
@@ -90,12 +103,18 @@ export class ShippingBucket {
   /** An object's size and recorded digest; undefined when there is none. */
   async head(rel: string): Promise<{ bytes: number; sha256: string | undefined } | undefined> {
     const { HeadObjectCommand } = s3Sdk()
+    const deadline = new CallDeadline(this.bounds)
     try {
-      const found = await this.client.send(new HeadObjectCommand({ Bucket: this.name, Key: this.key(rel) }))
+      const found = await this.client.send(new HeadObjectCommand({ Bucket: this.name, Key: this.key(rel) }), {
+        abortSignal: deadline.signal,
+      })
       return { bytes: found.ContentLength ?? 0, sha256: found.Metadata?.sha256 }
     } catch (error) {
-      if (statusOf(error) === 404 || (error as S3Failure)?.name === 'NotFound') return undefined
-      throw unreachable(`reading ${this.key(rel)}`, error)
+      if (!deadline.passed && (statusOf(error) === 404 || (error as S3Failure)?.name === 'NotFound'))
+        return undefined
+      throw unreachable(`reading ${this.key(rel)}`, error, deadline)
+    } finally {
+      deadline.done()
     }
   }
 
@@ -103,17 +122,25 @@ export class ShippingBucket {
   async get(rel: string, maxBytes: number): Promise<Buffer | undefined> {
     let body: Uint8Array
     const { GetObjectCommand } = s3Sdk()
+    const deadline = new CallDeadline(this.bounds)
     try {
-      const got = await this.client.send(new GetObjectCommand({ Bucket: this.name, Key: this.key(rel) }))
+      const got = await this.client.send(new GetObjectCommand({ Bucket: this.name, Key: this.key(rel) }), {
+        abortSignal: deadline.signal,
+      })
       if ((got.ContentLength ?? 0) > maxBytes) {
         got.Body?.transformToWebStream().cancel()
         throw new CairnProblem('chain_invalid', `${this.key(rel)} is larger than ${maxBytes} bytes`)
       }
+      // The body's deadline is its length's (at most maxBytes: one without a length is read no longer).
+      deadline.answer(got.ContentLength ?? maxBytes, got.Body)
       body = (await got.Body?.transformToByteArray()) ?? new Uint8Array()
     } catch (error) {
       if (error instanceof CairnProblem) throw error
-      if (statusOf(error) === 404 || (error as S3Failure)?.name === 'NoSuchKey') return undefined
-      throw unreachable(`reading ${this.key(rel)}`, error)
+      if (!deadline.passed && (statusOf(error) === 404 || (error as S3Failure)?.name === 'NoSuchKey'))
+        return undefined
+      throw unreachable(`reading ${this.key(rel)}`, error, deadline)
+    } finally {
+      deadline.done()
     }
     if (body.byteLength > maxBytes)
       throw new CairnProblem('chain_invalid', `${this.key(rel)} is larger than ${maxBytes} bytes`)
@@ -127,12 +154,16 @@ export class ShippingBucket {
     let token: string | undefined
     do {
       let page: ListObjectsV2CommandOutput
+      const deadline = new CallDeadline(this.bounds)
       try {
         page = await this.client.send(
           new ListObjectsV2Command({ Bucket: this.name, Prefix: this.key(rel), ContinuationToken: token }),
+          { abortSignal: deadline.signal },
         )
       } catch (error) {
-        throw unreachable(`listing ${this.key(rel)}`, error)
+        throw unreachable(`listing ${this.key(rel)}`, error, deadline)
+      } finally {
+        deadline.done()
       }
       for (const item of page.Contents ?? []) if (item.Key) keys.push(item.Key.slice(this.prefix.length))
       token = page.IsTruncated ? page.NextContinuationToken : undefined

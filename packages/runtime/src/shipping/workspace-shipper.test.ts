@@ -1,17 +1,19 @@
 import { readdirSync } from 'node:fs'
 import { unlink } from 'node:fs/promises'
 import path from 'node:path'
-import { CairnProblem } from '@cairn/protocol'
+import type { CairnProblem } from '@cairn/protocol'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { startObjectStore, type TestObjectStore } from '../../../../test/helpers/rgw.js'
 import { startTcpProxy } from '../../../../test/helpers/tcp-proxy.js'
 import { sessionId } from '../../test/harness.js'
+import { rejection, within } from '../../test/settled.js'
 import { newRevision, newWorkspace, openBucket, ShippingPools, turn } from '../../test/shipping-pools.js'
 import type { BtrfsPool } from '../storage/btrfs-pool.js'
 import type { StoragePool } from '../storage/pool.js'
 import { treeDigest } from '../workspace-io/digest.js'
 import type { ShippingBucket } from './bucket.js'
-import { bucketCallBoundMs, createShippingBucket } from './bucket-config.js'
+import { bucketCallBoundMs } from './bucket-bounds.js'
+import { createShippingBucket } from './bucket-config.js'
 import { type ChainLink, chainKey, chainPrefix } from './chain-link.js'
 import { readChain } from './chain-reader.js'
 import { restoreFromBucket } from './restore.js'
@@ -44,15 +46,6 @@ async function freshPool(name: string): Promise<BtrfsPool> {
 
 function stagingLeftovers(pool: StoragePool): string[] {
   return readdirSync(pool.areaDir('staging'))
-}
-
-async function rejection(promise: Promise<unknown>): Promise<CairnProblem> {
-  const error = await promise.then(
-    () => undefined,
-    (e: unknown) => e,
-  )
-  expect(error).toBeInstanceOf(CairnProblem)
-  return error as CairnProblem
 }
 
 describe('WorkspaceShipper (btrfs pools, Ceph RGW)', () => {
@@ -372,15 +365,6 @@ describe('WorkspaceShipper (dir pools)', () => {
     }
   })
 })
-
-/** The promise, or a rejection (not a CairnProblem) once `boundMs` passed without it settling. */
-function within<T>(promise: Promise<T>, boundMs: number): Promise<T> {
-  let timer: NodeJS.Timeout | undefined
-  const late = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`still waiting after ${boundMs} ms`)), boundMs)
-  })
-  return Promise.race([promise, late]).finally(() => clearTimeout(timer))
-}
 
 async function waitUntil(check: () => boolean, timeoutMs: number): Promise<void> {
   const deadline = Date.now() + timeoutMs

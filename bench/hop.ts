@@ -120,29 +120,34 @@ export const hop: Bench = {
             pair(`${c.name} warm turn`, await alternated(both, c))
           }
 
-          progress('starting Ceph RGW (about 20 s); the node again, with a shipping bucket')
-          store = await startObjectStore()
-          await store.client().send(new CreateBucketCommand({ Bucket: BUCKET }))
-          // RGW listens on loopback: the node reaches it through the host's end of its link.
-          proxy = await startTcpProxy(store.endpoint, node.network.hostSide)
-          await node.process?.stop()
-          await node.start(
-            bed.database,
-            ['--name', node.name, '--s3-bucket', BUCKET, '--s3-endpoint', proxy.url],
-            {
-              AWS_ACCESS_KEY_ID: store.accessKeyId,
-              AWS_SECRET_ACCESS_KEY: store.secretAccessKey,
-              AWS_REGION: 'default',
-            },
-          )
-          await bed.waitForReady(1)
-          // Each notes turn changes the workspace: its snapshot ships.
-          const notesCase = TURN_CASES.find((c) => c.name === 'notes') as TurnCase
-          progress(`notes: warm turns x ${WARM_TURNS}, alternated, shipping on`)
-          pair('notes warm turn, node shipping', await alternated(both, notesCase))
-          notes.push(
-            `shipping lag after the turns: ${await shippingLag(bed.apis[0]?.url as string, bed.key)}`,
-          )
+          try {
+            progress('starting Ceph RGW (about 20 s); the node again, with a shipping bucket')
+            store = await startObjectStore()
+            await store.client().send(new CreateBucketCommand({ Bucket: BUCKET }))
+            // RGW listens on loopback: the node reaches it through the host's end of its link.
+            proxy = await startTcpProxy(store.endpoint, node.network.hostSide)
+            await node.process?.stop()
+            await node.start(
+              bed.database,
+              ['--name', node.name, '--s3-bucket', BUCKET, '--s3-endpoint', proxy.url],
+              {
+                AWS_ACCESS_KEY_ID: store.accessKeyId,
+                AWS_SECRET_ACCESS_KEY: store.secretAccessKey,
+                AWS_REGION: 'default',
+              },
+            )
+            await bed.waitForReady(1)
+            // Each notes turn changes the workspace: its snapshot ships.
+            const notesCase = TURN_CASES.find((c) => c.name === 'notes') as TurnCase
+            progress(`notes: warm turns x ${WARM_TURNS}, alternated, shipping on`)
+            pair('notes warm turn, node shipping', await alternated(both, notesCase))
+            notes.push(
+              `shipping lag after the turns: ${await shippingLag(bed.apis[0]?.url as string, bed.key)}`,
+            )
+          } catch (error) {
+            // The figures without shipping are kept (a loaded machine's 503 here lost them all).
+            notes.push(`shipping phase failed, left out: ${(error as Error).message.slice(0, 300)}`)
+          }
         } finally {
           alone.close()
           api.close()

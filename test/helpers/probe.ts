@@ -11,7 +11,8 @@ import type { Api } from './server.js'
  * each), or a command with arguments: `ptrace PID`, `kill PID`, `procs`, `write NAME TEXT`,
  * `search MARKER HOSTPATH…`, `setuid`, `forkbomb`, `membomb`, `fill`, `blob NAME MIB`, `cat NAME`,
  * `rm NAME`, `destroy-ids LO HI` (btrfs SNAP_DESTROY_V2 by subvolume id), `subvol-escape MIB`,
- * `search-fds MARKER`.
+ * `search-fds MARKER`, `stderr TEXT`, `stderr-flood MIB` (a child left writing MIB MiB to
+ * stderr after the turn).
  */
 export const ESCAPE_PROBE = String.raw`import ctypes, errno, json, os, subprocess, sys, time
 libc = ctypes.CDLL(None, use_errno=True)
@@ -319,6 +320,17 @@ def fill():
     except OSError as e:
         return "%s after %d MiB" % (errno.errorcode.get(e.errno, str(e.errno)), written >> 20)
 
+def stderr_flood(mib):
+    # A process left behind after the turn, writing mib MiB to the agent's stderr.
+    if os.fork() == 0:
+        chunk = b"e" * (1 << 20)
+        try:
+            for _ in range(mib):
+                os.write(2, chunk)
+        finally:
+            os._exit(0)
+    return "flooding"
+
 def answer(line):
     cmd, _, arg = line.partition(" ")
     if cmd == "all":
@@ -343,6 +355,8 @@ def answer(line):
     if cmd == "stderr":
         print(arg, file=sys.stderr, flush=True)
         return "wrote stderr"
+    if cmd == "stderr-flood":
+        return stderr_flood(int(arg))
     if cmd == "rm":
         os.remove(arg)
         return "removed " + arg

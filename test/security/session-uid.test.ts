@@ -1,5 +1,5 @@
 import { execFileSync } from 'node:child_process'
-import { readdirSync, readFileSync, readlinkSync, statSync } from 'node:fs'
+import { existsSync, readdirSync, readFileSync, readlinkSync, statSync } from 'node:fs'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { SANDBOX_UID } from '../conformance/harness.js'
@@ -24,6 +24,8 @@ beforeAll(async () => {
   t = await startTestServer()
   const project = await makeProject(probeProjectFiles('uid-probe', 'bwrap'))
   expect((await t.api.deploy(project)).status).toBe(201)
+  const small = await makeProject(probeProjectFiles('uid-probe-small', 'bwrap', true))
+  expect((await t.api.deploy(small)).status).toBe(201)
 })
 
 afterAll(async () => {
@@ -154,8 +156,11 @@ describe('bwrap driver: a host uid per sandbox', () => {
     expect(await ask(id, 'stderr hello-from-stderr')).toBe('wrote stderr')
     const turns = (await t.api.call('GET', `/v1/sessions/${id}/turns`)).body.data as { stderrTail: string }[]
     expect(turns.map((turn) => turn.stderrTail)).toEqual(['', 'hello-from-stderr\n'])
-    // Its file, beside the run dir the sandbox sees, is the server's alone.
-    const stderrFile = `${runDir}/sandboxes/${t.server.runtime.agentOf(id)?.sandboxId}.stderr`
+    // Its file, outside the run dir the sandbox sees, is the server's alone.
+    const stderrFile = path.join(
+      t.server.runtime.stderrDir,
+      `${t.server.runtime.agentOf(id)?.sandboxId}.stderr`,
+    )
     expect(statSync(stderrFile).mode & 0o777).toBe(0o600)
     // What the server holds for them is what it closes when they stop (counting before they
     // warmed would count the spare launchers started since and the helpers started on first use).
@@ -165,6 +170,30 @@ describe('bwrap driver: a host uid per sandbox', () => {
     const left = sandboxDescriptors(runDir)
     expect(held.filter((fd) => !left.includes(fd))).toHaveLength(ids.length)
     expect(held.filter((fd) => fd.includes(`${runDir}/`))).toEqual([])
+  })
+})
+
+describe("an agent's stderr between turns", () => {
+  it('counts in its memory: a process left writing stderr after its turn cannot fill the host disk', async () => {
+    // A warm bwrap agent's stderr is a file the server reads at each turn's end and empties at
+    // the next one's start (issue 33's descriptor cut): between turns nothing bounded it, and on a
+    // host whose /run is a disk (ext4 here) a process the agent left running wrote it without
+    // end. The file is on a tmpfs now, whose pages count in the writer's memory cgroup (64 MiB).
+    const id = (await t.api.createSession('uid-probe-small')).id
+    expect(await ask(id, 'whoami')).toMatch(/\w/)
+    const file = path.join(t.server.runtime.stderrDir, `${t.server.runtime.agentOf(id)?.sandboxId}.stderr`)
+    expect(await ask(id, 'stderr-flood 200')).toBe('flooding')
+    let largest = 0
+    let last = -1
+    for (let stable = 0, waited = 0; stable < 5 && waited < 30_000; waited += 200) {
+      await new Promise((resolve) => setTimeout(resolve, 200))
+      const size = existsSync(file) ? statSync(file).size : 0
+      largest = Math.max(largest, size)
+      stable = size === last ? stable + 1 : 0
+      last = size
+    }
+    expect(largest).toBeLessThan(64 << 20)
+    expect((await t.api.call('DELETE', `/v1/sessions/${id}`)).status).toBe(200)
   })
 })
 

@@ -5,7 +5,7 @@ import { CairnProblem } from '@cairn/protocol'
 import { AgentProcess } from './agent/agent-process.js'
 import type { AgentLaunch } from './agent/types.js'
 import { EgressCa } from './egress/egress-ca.js'
-import { AGENT_KIT_DIR, instanceRunDir } from './paths.js'
+import { AGENT_KIT_DIR, instanceRunDir, instanceStderrDir } from './paths.js'
 import { DEFAULT_RESIDENT_BOUNDS, type ResidentBounds } from './port/resident-bounds.js'
 import { BwrapDriver } from './sandbox/bwrap-driver.js'
 import { CgroupManager } from './sandbox/cgroups.js'
@@ -109,6 +109,8 @@ export class Runtime {
   readonly driver: SandboxDriver
   readonly drivers: Readonly<Record<IsolationName, SandboxDriver>>
   readonly runDir: string
+  /** Where the agents' stderr files go (`instanceStderrDir`). */
+  readonly stderrDir: string
   /** An empty root-owned directory (see `persistLaunch`). */
   get emptyDir(): string {
     return path.join(this.runDir, 'empty')
@@ -123,6 +125,7 @@ export class Runtime {
   constructor(readonly options: RuntimeOptions) {
     this.logger = options.logger ?? noopLogger
     this.runDir = instanceRunDir(options.dataDir, options.runBase)
+    this.stderrDir = instanceStderrDir(this.runDir)
     const uid = options.sandboxUid ?? DEFAULT_SANDBOX_UID
     const poolOptions = {
       mountPoint: path.join(this.runDir, 'pool'),
@@ -284,6 +287,10 @@ export class Runtime {
     await rm(sandboxesDir, { recursive: true, force: true })
     await mkdir(sandboxesDir, { recursive: true })
     await chmod(sandboxesDir, 0o711)
+    if (this.stderrDir !== sandboxesDir) {
+      await rm(this.stderrDir, { recursive: true, force: true })
+      await mkdir(this.stderrDir, { recursive: true, mode: 0o700 })
+    }
     if (this.driver instanceof GvisorDriver) {
       const state = await this.driver.availability()
       if (!state.ok) {
@@ -336,6 +343,7 @@ export class Runtime {
       path.join(this.runDir, 'sandboxes'),
       () => this.egressCa(),
       this.logger,
+      this.stderrDir,
     )
     this.agents.add(agent)
     try {
@@ -388,10 +396,13 @@ export class Runtime {
     for (const name of ['sandboxes', 'kit', 'etc']) {
       await rm(path.join(this.runDir, name), { recursive: true, force: true })
     }
+    await rm(this.stderrDir, { recursive: true, force: true })
+    const under = `${this.runDir}/`
+    // The directory every instance's stderr dir is made in, once no other instance has one there.
+    if (!this.stderrDir.startsWith(under)) await rmdir(path.dirname(this.stderrDir)).catch(() => {})
     // rmdir, never rm -r, while anything is still mounted there (the pool, should its unmount have
     // failed): its data must stay untouched. Otherwise the whole run dir goes, whatever any part
     // of the server kept in it (agent memory, gVisor state …): a stopped server leaves nothing.
-    const under = `${this.runDir}/`
     if (readMounts().some((m) => m.mountPoint === this.runDir || m.mountPoint.startsWith(under))) {
       // Expected to fail while something is still mounted below: rmdir only removes empty dirs.
       const keep = (error: unknown) =>

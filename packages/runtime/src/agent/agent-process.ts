@@ -61,9 +61,11 @@ export class AgentProcess implements TurnChannel {
     /** The per-install CA, loaded when an agent first needs TLS terminated for a proxy secret. */
     private readonly egressCa?: () => Promise<EgressCa>,
     private readonly logger: Logger = noopLogger,
+    /** Where its stderr file goes (`instanceStderrDir`); beside its run dir by default. */
+    stderrRoot: string = runRoot,
   ) {
     this.sandboxId = launch.resume?.targetId ?? newId('sandbox')
-    this.runDir = new RunDir(path.join(runRoot, this.sandboxId))
+    this.runDir = new RunDir(path.join(runRoot, this.sandboxId), stderrRoot)
     this.protocol = protocolFor(launch, (port) => this.ports.connect(port), launch.resume?.state.protocol)
     this.maxOutputChars = launch.maxOutputChars ?? DEFAULT_MAX_OUTPUT_CHARS
     const agent = this
@@ -249,8 +251,8 @@ export class AgentProcess implements TurnChannel {
       home: this.launch.home,
       checkpointable: this.launch.checkpointable,
       rootfs: this.launch.rootfs,
-      // A file beside its run dir (on a tmpfs where /run is one: its pages count in the agent's
-      // memory), not a pipe the server holds while the agent waits.
+      // A file on a tmpfs (its pages count in the agent's memory: `instanceStderrDir`), not a pipe
+      // the server holds while the agent waits.
       stderrFile: this.runDir.stderrFile,
     }
   }

@@ -24,14 +24,18 @@ export class RunDir {
   private transcriptWritten = 0
   private turnFileLength = 0
 
-  constructor(readonly dir: string) {}
+  constructor(
+    readonly dir: string,
+    /** Where its stderr file goes (`instanceStderrDir`: a tmpfs where the host has one). */
+    private readonly stderrDir = path.dirname(dir),
+  ) {}
 
   /**
    * The file the agent's stderr is appended to (drivers that take one: `SandboxSpec.stderrFile`),
-   * beside the run dir rather than in it: the sandbox does not see it.
+   * outside the run dir: the sandbox does not see it.
    */
   get stderrFile(): string {
-    return `${this.dir}.stderr`
+    return path.join(this.stderrDir, `${path.basename(this.dir)}.stderr`)
   }
 
   /** A file of the run dir, by name. */

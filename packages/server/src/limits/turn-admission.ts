@@ -41,8 +41,8 @@ interface Allowance {
  * `RESERVATION_LEASE_MS` after the tenant's last turn ends. What turns wrote stays counted in the
  * reservation as well as in the tenant's counters until it is replaced: the budget counts up to
  * one allowance more than is kept, never less. Another of the tenant's reservations refused in this
- * process (its turn's events, an artifact) first has the allowance lowered to what running turns
- * drew, then is tried again.
+ * process (its turn's events, an artifact) first has the allowance given back whole, then is tried
+ * again.
  */
 export class TurnAdmission {
   private readonly allowances = new Map<string, Allowance>()
@@ -54,16 +54,21 @@ export class TurnAdmission {
   }
 
   /**
-   * Another reservation of the tenant's was refused: the allowance keeps only what running turns
-   * drew (what turns wrote is in the counters already), and the next turn replaces it.
+   * Another reservation of the tenant's was refused: the allowance gives back all it holds, what
+   * running turns drew included, and the next turn replaces it. What turns wrote is in the
+   * counters already; a running turn's end (at most `END_UNRESERVED_BYTES`) is written whatever is
+   * held for it and counted once written, as every end was before turns were admitted. Keeping the
+   * running turns' draws refused their own events: a turn whose agent wrote the tenant's pool to
+   * within 24 KiB of its quota held 64 KiB for its end, and its next 163-byte events batch failed
+   * the turn `quota_exceeded` (test/persist.test.ts › counts persisted paths in the tenant's quota,
+   * in a clean-clone run).
    */
   private async giveBack(tenantId: string): Promise<boolean> {
     const allowance = this.allowances.get(tenantId)
-    if (!allowance || this.replacing.has(tenantId) || allowance.reservation.bytes <= allowance.drawnBytes)
-      return false
+    if (!allowance || this.replacing.has(tenantId) || allowance.reservation.bytes <= 0) return false
     allowance.leftBytes = 0
     allowance.refreshAtMs = 0
-    await this.deps.budget.shrink(allowance.reservation, allowance.drawnBytes)
+    await this.deps.budget.shrink(allowance.reservation, 0)
     return true
   }
 

@@ -18,7 +18,7 @@ import {
   type TreeSizes,
 } from './pool.js'
 import { PoolLayout } from './pool-layout.js'
-import { poolTrees, unownedTrees } from './pool-owners.js'
+import { poolTrees, showQgroups, unownedTrees } from './pool-owners.js'
 import { removeTree } from './remove-tree.js'
 
 const BTRFS_MAGIC = 0x9123683e
@@ -224,9 +224,7 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
    * background and operators are told.
    */
   private async rescanIfInconsistent(): Promise<Pick<PoolQuotaStatus, 'warning'>> {
-    const { stderr } = await execTool('btrfs', ['qgroup', 'show', '--raw', this.options.mountPoint], {
-      code: 'storage_error',
-    })
+    const { stderr } = await showQgroups(['--raw', this.options.mountPoint])
     if (!/inconsistent/i.test(stderr)) return {}
     await execTool('btrfs', ['quota', 'rescan', this.options.mountPoint], { code: 'storage_error' }).catch(
       () => undefined,
@@ -242,13 +240,7 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
 
   /** One qgroup's figures, after a sync (undefined: no such group). */
   private async qgroupFigures(group: string): Promise<TreeSizes | undefined> {
-    const { stdout } = await execTool(
-      'btrfs',
-      ['qgroup', 'show', '--raw', '--sync', this.options.mountPoint],
-      {
-        code: 'storage_error',
-      },
-    )
+    const { stdout } = await showQgroups(['--raw', '--sync', this.options.mountPoint])
     for (const line of stdout.split('\n')) {
       const [id, referenced, exclusive] = line.trim().split(/\s+/)
       if (id === group) return { referencedBytes: Number(referenced), exclusiveBytes: Number(exclusive) }
@@ -304,9 +296,7 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
   async tenantUsage(tenantIds: string[]): Promise<Map<string, TreeSizes>> {
     const found = new Map<string, TreeSizes>()
     if (!this.enforcing || tenantIds.length === 0) return found
-    const { stdout } = await execTool('btrfs', ['qgroup', 'show', '--raw', this.options.mountPoint], {
-      code: 'storage_error',
-    })
+    const { stdout } = await showQgroups(['--raw', this.options.mountPoint])
     const byGroup = new Map<string, TreeSizes>()
     for (const line of stdout.split('\n')) {
       const match = /^(1\/\d+)\s+(\d+)\s+(\d+)/.exec(line.trim())
@@ -416,9 +406,7 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
   /** Quota groups are on when this pool enables them, or when the operator did (asked once). */
   private async qgroupsEnabled(dir: string): Promise<boolean> {
     if (this.qgroups === undefined) {
-      this.qgroups = await execTool('btrfs', ['qgroup', 'show', '--raw', '-f', dir], {
-        code: 'storage_error',
-      })
+      this.qgroups = await showQgroups(['--raw', '-f', dir])
         .then(() => true)
         .catch(() => false)
     }
@@ -433,9 +421,7 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
   private async qgroupUsage(dir: string): Promise<TreeSizes | undefined> {
     let result: { stdout: string; stderr: string }
     try {
-      result = await execTool('btrfs', ['qgroup', 'show', '--raw', '--sync', '-f', dir], {
-        code: 'storage_error',
-      })
+      result = await showQgroups(['--raw', '--sync', '-f', dir])
     } catch (error) {
       if (/not enabled/i.test(String((error as Error).message))) this.qgroups = false
       return undefined

@@ -1,5 +1,25 @@
 import { execTool } from '../util/exec.js'
 
+/** Tries of a listing that met a quota group deleted while it was listed. */
+const QGROUP_SHOW_TRIES = 5
+
+/**
+ * `btrfs qgroup show ARGS`, tried again when a quota group went away while it was listed (a
+ * snapshot or workspace deleted meanwhile: btrfs-progs lists the groups, then looks each one up,
+ * and answers "cannot find the qgroup 0/N" for one deleted in between). Every other failure is
+ * the caller's `storage_error`, as before.
+ */
+export async function showQgroups(args: readonly string[]): Promise<{ stdout: string; stderr: string }> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await execTool('btrfs', ['qgroup', 'show', ...args], { code: 'storage_error' })
+    } catch (error) {
+      if (attempt >= QGROUP_SHOW_TRIES || !/cannot find the qgroup/i.test(String((error as Error).message)))
+        throw error
+    }
+  }
+}
+
 /** One quota group as `btrfs qgroup show -pcre --raw` lists it. */
 export interface QgroupRow {
   id: string
@@ -44,9 +64,7 @@ export async function poolTrees(
   mountPoint: string,
 ): Promise<{ trees: PoolTree[]; groups: Map<string, QgroupRow> }> {
   const listed = await execTool('btrfs', ['subvolume', 'list', mountPoint], { code: 'storage_error' })
-  const shown = await execTool('btrfs', ['qgroup', 'show', '-pcre', '--raw', mountPoint], {
-    code: 'storage_error',
-  })
+  const shown = await showQgroups(['-pcre', '--raw', mountPoint])
   const groups = parseQgroups(shown.stdout)
   const trees: PoolTree[] = []
   for (const line of listed.stdout.split('\n')) {

@@ -412,6 +412,12 @@ def handle(request):
         adopt_received(request["src"], request["dst"], request.get("qgroup"))
     elif op == "enable_quotas":
         return {"mode": enable_quotas(request["path"])}
+    elif op == "sysfs_dir":
+        fd = os.open(request["path"], os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            return {"dir": sysfs_dir(fd)}
+        finally:
+            os.close(fd)
     elif op == "ping":
         pass
     else:

@@ -213,6 +213,25 @@ export class BtrfsOps {
     return reply?.mode === 'squota' ? 'squota' : 'qgroup'
   }
 
+  /**
+   * The filesystem's directory in sysfs (`/sys/fs/btrfs/<fsid>`) for the btrfs mounted at `path`:
+   * its fsid from the helper's `BTRFS_IOC_FS_INFO`, or from `btrfs filesystem show`.
+   */
+  async sysfsDir(path: string): Promise<string> {
+    const reply = await this.request(
+      { op: 'sysfs_dir', path },
+      `find the sysfs directory of ${path}`,
+      async () => {
+        const { stdout } = await execTool('btrfs', ['filesystem', 'show', path], { code: 'storage_error' })
+        const fsid = /uuid: ([0-9a-f-]{36})/.exec(stdout)?.[1]
+        return fsid ? ({ id: 0, ok: true, dir: `/sys/fs/btrfs/${fsid}` } as Reply) : undefined
+      },
+    )
+    if (typeof reply?.dir !== 'string')
+      throw new CairnProblem('storage_error', `no btrfs filesystem id found for ${path}`)
+    return reply.dir
+  }
+
   async create(path: string, placement: QuotaPlacement = {}): Promise<void> {
     await this.request(
       { op: 'create', path, ...placementFields(placement) },

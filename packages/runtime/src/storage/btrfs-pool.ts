@@ -19,6 +19,7 @@ import {
 } from './pool.js'
 import { PoolLayout } from './pool-layout.js'
 import { poolTrees, showQgroups, unownedTrees } from './pool-owners.js'
+import { QgroupSysfs } from './qgroup-sysfs.js'
 import { removeTree } from './remove-tree.js'
 
 const BTRFS_MAGIC = 0x9123683e
@@ -86,6 +87,8 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
   private status: PoolQuotaStatus = { enforced: false }
   /** Simple quotas (kernel 6.7+; O(1) snapshots and writes) or full qgroups (older kernels, older pools). */
   private quotaMode: 'squota' | 'qgroup' | undefined
+  /** The groups' figures one at a time (sysfs); undefined: listed with `btrfs qgroup show` instead. */
+  private sysfs: QgroupSysfs | undefined
   readonly ops = new BtrfsOps()
   /** Commits asked for after deletions, so a tenant at its limit gets the space back at once. */
   private readonly commits: CommitRequester
@@ -154,6 +157,11 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
     const { mountPoint, workspaceQuotaBytes, tenantQuotaBytes } = this.options
     this.quotaMode = await this.ops.enableQuotas(mountPoint)
     this.qgroups = true
+    // Without the sysfs figures (a kernel before 5.9) every read lists the groups, as before.
+    this.sysfs = await this.ops
+      .sysfsDir(mountPoint)
+      .then((dir) => QgroupSysfs.at(dir))
+      .catch(() => undefined)
     const { totalBytes, freeBytes } = await this.poolStats()
     const reserveBytes = this.options.reserveBytes || defaultReserveBytes(totalBytes)
     if (reserveBytes >= totalBytes) {
@@ -224,8 +232,10 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
    * background and operators are told.
    */
   private async rescanIfInconsistent(): Promise<Pick<PoolQuotaStatus, 'warning'>> {
-    const { stderr } = await showQgroups(['--raw', this.options.mountPoint])
-    if (!/inconsistent/i.test(stderr)) return {}
+    const inconsistent = this.sysfs
+      ? this.sysfs.inconsistent()
+      : /inconsistent/i.test((await showQgroups(['--raw', this.options.mountPoint])).stderr)
+    if (!inconsistent) return {}
     await execTool('btrfs', ['quota', 'rescan', this.options.mountPoint], { code: 'storage_error' }).catch(
       () => undefined,
     )
@@ -240,6 +250,10 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
 
   /** One qgroup's figures, after a sync (undefined: no such group). */
   private async qgroupFigures(group: string): Promise<TreeSizes | undefined> {
+    if (this.sysfs) {
+      await execTool('btrfs', ['filesystem', 'sync', this.options.mountPoint], { code: 'storage_error' })
+      return this.sysfs.figures(group)
+    }
     const { stdout } = await showQgroups(['--raw', '--sync', this.options.mountPoint])
     for (const line of stdout.split('\n')) {
       const [id, referenced, exclusive] = line.trim().split(/\s+/)
@@ -293,9 +307,22 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
     }
   }
 
+  /**
+   * The tenants' groups' figures (exclusive bytes: what their trees alone hold), as the kernel
+   * counts them now: read group by group where sysfs has them, so a storage reservation costs the
+   * same whatever the number of trees in the pool.
+   */
   async tenantUsage(tenantIds: string[]): Promise<Map<string, TreeSizes>> {
     const found = new Map<string, TreeSizes>()
     if (!this.enforcing || tenantIds.length === 0) return found
+    const sysfs = this.sysfs
+    if (sysfs) {
+      for (const tenantId of tenantIds) {
+        const sizes = sysfs.figures(tenantQgroup(tenantId))
+        if (sizes) found.set(tenantId, sizes)
+      }
+      return found
+    }
     const { stdout } = await showQgroups(['--raw', this.options.mountPoint])
     const byGroup = new Map<string, TreeSizes>()
     for (const line of stdout.split('\n')) {

@@ -1,12 +1,12 @@
 import { execFileSync } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
-import { mkdtemp, rm, unlink, writeFile } from 'node:fs/promises'
+import { mkdir, mkdtemp, rm, unlink, writeFile } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { POOL_BYTES, SANDBOX_UID } from '../../test/harness.js'
 import { readMounts } from '../util/mounts.js'
-import { BtrfsPool } from './btrfs-pool.js'
+import { BtrfsPool, tenantQgroup } from './btrfs-pool.js'
 import { DirPool } from './dir-pool.js'
 import type { StoragePool } from './pool.js'
 
@@ -88,4 +88,30 @@ describe.each<Setup>(['btrfs', 'btrfs with qgroups', 'dir'])('StoragePool.usage 
       expect(after.exclusiveBytes).toBe(after.referencedBytes)
     }
   })
+
+  it.runIf(setup === 'btrfs with qgroups')(
+    "reads a tenant's figures group by group from the kernel: what `btrfs qgroup show` lists for its group, without running it",
+    async () => {
+      const ws = await pool.createWorkspace('ses_tenant', 'rev_usage', 'ten_usage')
+      await writeFile(path.join(ws, 'one.bin'), randomBytes(MiB))
+      execFileSync('btrfs', ['filesystem', 'sync', ws])
+      const listed = execFileSync('btrfs', ['qgroup', 'show', '--raw', pool.root], { encoding: 'utf8' })
+      const row = listed.split('\n').find((line) => line.startsWith(`${tenantQgroup('ten_usage')} `))
+      const [, referenced, exclusive] = row?.trim().split(/\s+/) ?? []
+      const expected = { referencedBytes: Number(referenced), exclusiveBytes: Number(exclusive) }
+      expect(expected.exclusiveBytes).toBeGreaterThanOrEqual(MiB)
+      // Listing every group (two ioctls a tree) made each storage reservation grow with the trees
+      // held: with no `btrfs` on the PATH the figures still come, so none is listed.
+      const noTools = path.join(dataDir, 'no-tools')
+      await mkdir(noTools, { recursive: true })
+      const pathBefore = process.env.PATH
+      process.env.PATH = noTools
+      try {
+        const usage = await pool.tenantUsage(['ten_usage', 'ten_without_trees'])
+        expect(Object.fromEntries(usage)).toEqual({ ten_usage: expected })
+      } finally {
+        process.env.PATH = pathBefore
+      }
+    },
+  )
 })

@@ -1,3 +1,4 @@
+import { connect } from 'node:net'
 import { gzipSync } from 'node:zlib'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { Api, EXAMPLES, startTestServer, type TestServer } from '../helpers/server.js'
@@ -84,6 +85,32 @@ describe('tenants never meet', () => {
     expect((await t.api.call('GET', `/v1/webhooks/${webhookId}`)).body.enabled).toBe(true)
   })
 
+  it("answers every route's request without a key 401 before reading its body, however the path is spelled", async () => {
+    const doc = (await fetch(`${t.url}/v1/openapi.json`).then((r) => r.json())) as {
+      paths: Record<string, Record<string, unknown>>
+    }
+    const requests: string[] = []
+    for (const [route, methods] of Object.entries(doc.paths)) {
+      const path = route.replace(/\{port\}/g, '8000').replace(/\{[^}]+\}/g, sessionId)
+      // The router decodes percent-escapes and takes an absolute-form target; the key check must
+      // see the route it reaches, not the spelling (`/%761/…` went past it before).
+      const spellings = [
+        path,
+        path.replace('/v1/', '/%761/'),
+        path.replace(/^\/(\w)/, (_, c) => `/%${c.charCodeAt(0).toString(16)}`),
+        `http://cairn.test${path}`,
+      ]
+      for (const method of Object.keys(methods))
+        for (const spelling of new Set(spellings)) requests.push(`${method.toUpperCase()} ${spelling}`)
+    }
+    expect(requests.length).toBeGreaterThan(300)
+    // All at once (under the per-peer connection cap), so a server waiting for bodies fails in 10 s.
+    const statuses = await Promise.all(requests.map((r) => headersOnly(t.url, r)))
+    const answers = requests.map((r, i) => [r, statuses[i]] as const)
+    const wrong = answers.filter(([, status]) => status !== '401')
+    expect(wrong, 'answered otherwise than 401 while the body was still unsent').toEqual([])
+  })
+
   it('lets a read-only key read but not change anything', async () => {
     expect((await readOnly.call('GET', `/v1/sessions/${sessionId}`)).status).toBe(200)
     const send = await readOnly.send(sessionId, 'hello')
@@ -134,4 +161,31 @@ function bodyFor(url: string): unknown {
     return gzipSync(Buffer.from('not a tar, never read: the tenant check comes first'))
   if (url.includes('/webhooks/')) return { enabled: false }
   return bodies.find(([suffix]) => url.endsWith(suffix))?.[1] ?? {}
+}
+
+/**
+ * Sends `request` ("METHOD target") without a key, its headers declaring a 1 MiB JSON body that
+ * is never sent: the status line it is answered, or "none" when none came within 10 s (the
+ * server waiting for the body).
+ */
+function headersOnly(base: string, request: string): Promise<string> {
+  const { hostname, port } = new URL(base)
+  return new Promise((resolve) => {
+    const socket = connect(Number(port), hostname)
+    let answer = ''
+    const timer = setTimeout(() => finish('none'), 10_000)
+    const finish = (status: string) => {
+      clearTimeout(timer)
+      socket.destroy()
+      resolve(status)
+    }
+    socket.on('data', (chunk) => {
+      answer += chunk.toString('latin1')
+      if (answer.includes('\r\n')) finish(answer.split(' ')[1] ?? answer)
+    })
+    socket.on('error', () => finish(answer || 'reset'))
+    socket.write(
+      `${request} HTTP/1.1\r\nHost: cairn.test\r\nContent-Type: application/json\r\nContent-Length: 1048576\r\n\r\n`,
+    )
+  })
 }

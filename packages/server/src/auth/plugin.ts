@@ -37,7 +37,14 @@ export class RateLimits {
   }
 }
 
-/** Bearer authentication on everything under /v1 (the OpenAPI document excepted), within `limits`. */
+/**
+ * Bearer authentication on everything under /v1 (the OpenAPI document excepted), within `limits`.
+ * Decided on the route the router matched, not on the request's own spelling of its path: the
+ * router decodes percent-escapes (`/%761/sessions`) and takes an absolute-form target
+ * (`http://host/v1/sessions`), which the raw URL's prefix did not see, so such a request reached
+ * its route unauthenticated and unmetered, its body (up to the upload cap) read before a handler
+ * refused it.
+ */
 export function installAuth(
   app: FastifyInstance,
   keys: ApiKeyStore,
@@ -47,7 +54,7 @@ export function installAuth(
 ): void {
   app.decorateRequest('principal', undefined)
   app.addHook('onRequest', async (request) => {
-    const url = request.url
+    const url = request.routeOptions.url ?? request.url
     if (!url.startsWith('/v1/') && url !== '/v1') return
     if (url === '/v1/openapi.json') return
     if (exempt?.(request)) return

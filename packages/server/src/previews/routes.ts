@@ -16,8 +16,16 @@ const SignedUrlBody = Type.Object(
 )
 const METHODS = ['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS'] as const
 
-/** Whether the bearer-key hook must leave a request alone: the old preview paths only redirect. */
+/** The routes of the old preview paths, which only redirect. */
+const REDIRECT_ROUTES = new Set(['/v1/sessions/:id/ports/:port', '/v1/sessions/:id/ports/:port/*'])
+
+/**
+ * Whether the bearer-key hook must leave a request alone: the old preview paths only redirect.
+ * The route the router matched decides first (it decodes what the raw URL spells, so
+ * `…/ports/80/ur%6c` is the signed-URL route, not a preview path).
+ */
 export function isPreviewRequest(request: FastifyRequest): boolean {
+  if (!REDIRECT_ROUTES.has(request.routeOptions.url ?? '')) return false
   const target = parsePreviewTarget(request.url)
   // `…/ports/{port}/url` is the API's own path (signed URLs), whatever the method: never a preview's.
   const ownRoute = target?.rest === '/url'

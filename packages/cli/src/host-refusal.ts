@@ -1,4 +1,4 @@
-import { CairnProblem } from '@cairn/protocol'
+import { CairnProblem } from '@cairn/protocol/core'
 import { CliError } from './errors.js'
 
 /**

@@ -1,16 +1,8 @@
-import {
-  type AgentDetail,
-  type AgentInfo,
-  type Artifact,
-  ArtifactListSchema,
-  ArtifactSchema,
-  BuildLogSchema,
-  type DeployResult,
-  type RevisionInfo,
-} from '@cairn/protocol'
+import type { AgentDetail, AgentInfo, Artifact, DeployResult, RevisionInfo } from '@cairn/protocol'
 import { asAgent, asAgentDetail, asDeployResult, asList, asRevision, checked } from './guards.js'
 import type { HttpClient, RequestOptions } from './http.js'
 import { readSse } from './sse.js'
+import * as valid from './validators.js'
 
 export interface DeployOptions extends RequestOptions {
   /** Overrides the `name` in the archive's cairn.yaml. */
@@ -86,7 +78,7 @@ export class Agents {
   /** The agent's artifacts (files promoted out of its sessions' workspaces), oldest first. */
   async artifacts(idOrName: string, options: RequestOptions = {}): Promise<Artifact[]> {
     const body = await this.http.json({ method: 'GET', path: path(idOrName, '/artifacts'), ...options })
-    return checked(ArtifactListSchema, body, 'artifact list').data
+    return checked(valid.ArtifactList, body, 'artifact list').data
   }
 
   /** Deletes an artifact: its bytes leave the tenant's storage quota. Answers what was deleted. */
@@ -97,7 +89,7 @@ export class Agents {
   ): Promise<Artifact> {
     const route = path(idOrName, `/artifacts/${encodeURIComponent(artifactId)}`)
     return checked(
-      ArtifactSchema,
+      valid.Artifact,
       await this.http.json({ method: 'DELETE', path: route, ...options }),
       'artifact',
     )
@@ -107,7 +99,7 @@ export class Agents {
   async logs(idOrName: string, revisionId: string, options: RequestOptions = {}): Promise<BuildLog> {
     const route = path(idOrName, `/revisions/${encodeURIComponent(revisionId)}/logs`)
     const body = await this.http.json({ method: 'GET', path: route, ...options })
-    const { status, error, lines } = checked(BuildLogSchema, body, 'build log')
+    const { status, error, lines } = checked(valid.BuildLog, body, 'build log')
     return { status, error: error ?? undefined, lines }
   }
 

@@ -1,17 +1,12 @@
-import {
-  type Approval,
-  type ApprovalDecision,
-  ApprovalListSchema,
-  ApprovalSchema,
-  type ApprovalStatus,
-} from '@cairn/protocol'
+import type { Approval, ApprovalDecision, ApprovalStatus } from '@cairn/protocol'
 import { checked } from './guards.js'
 import type { HttpClient, RequestOptions } from './http.js'
+import * as valid from './validators.js'
 
 export type { Approval, ApprovalDecision, ApprovalStatus }
 
 const path = (id: string, rest = '') => `/v1/sessions/${encodeURIComponent(id)}/approvals${rest}`
-const asApproval = (v: unknown): Approval => checked(ApprovalSchema, v, 'approval')
+const asApproval = (v: unknown): Approval => checked(valid.Approval, v, 'approval')
 
 export interface AnswerOptions extends RequestOptions {
   /** Told to the agent with the answer. */
@@ -31,7 +26,7 @@ export class Approvals {
   /** Every request of the session, newest first. */
   async list(options: RequestOptions = {}): Promise<Approval[]> {
     const body = await this.http.json({ method: 'GET', path: path(this.sessionId), ...options })
-    return checked(ApprovalListSchema, body, 'approval list').data
+    return checked(valid.ApprovalList, body, 'approval list').data
   }
 
   async get(approvalId: string, options: RequestOptions = {}): Promise<Approval> {

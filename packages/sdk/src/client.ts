@@ -1,4 +1,4 @@
-import { RuntimeDriversSchema, type SandboxDriver, type Usage, UsageSchema } from '@cairn/protocol'
+import type { SandboxDriver, Usage } from '@cairn/protocol'
 import { Agents } from './agents.js'
 import { readEnv } from './env.js'
 import { CairnError, ValidationError } from './errors.js'
@@ -11,6 +11,7 @@ import { assertKnownOptions } from './options.js'
 import { Secrets } from './secrets.js'
 import { CREATE_SESSION_OPTION_KEYS, type CreateSessionOptions, type Session, Sessions } from './sessions.js'
 import { AgentStream, type ReconnectOptions, type RunResult } from './stream.js'
+import * as valid from './validators.js'
 import { Webhooks } from './webhooks.js'
 
 export const DEFAULT_BASE_URL = 'http://127.0.0.1:7070'
@@ -102,7 +103,7 @@ export class Cairn {
     const { storage, ...request } = options
     const query = storage ? { storage: 'true' } : undefined
     const body = await this.http.json({ method: 'GET', path: '/v1/usage', query, ...request })
-    return checked(UsageSchema, body, 'usage report')
+    return checked(valid.Usage, body, 'usage report')
   }
 
   /**
@@ -113,7 +114,7 @@ export class Cairn {
    */
   async drivers(options: RequestOptions = {}): Promise<SandboxDriver[]> {
     const body = await this.http.json({ method: 'GET', path: '/v1/runtime', ...options })
-    return checked(RuntimeDriversSchema, body, 'runtime description').drivers
+    return checked(valid.RuntimeDrivers, body, 'runtime description').drivers
   }
 
   createSession(agent: string, options: CreateSessionOptions = {}): Promise<Session> {

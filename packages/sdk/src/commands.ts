@@ -1,17 +1,12 @@
-import {
-  type CommandInfo,
-  CommandListSchema,
-  CommandOutputEventSchema,
-  CommandSchema,
-  type CommandSignal,
-} from '@cairn/protocol'
+import type { CommandInfo, CommandSignal } from '@cairn/protocol'
 import { ConnectionError } from './errors.js'
 import { checked } from './guards.js'
 import type { HttpClient, RequestOptions } from './http.js'
 import { readSse } from './sse.js'
+import * as valid from './validators.js'
 
 const path = (id: string, rest = '') => `/v1/sessions/${encodeURIComponent(id)}/commands${rest}`
-const asCommand = (v: unknown): CommandInfo => checked(CommandSchema, v, 'command')
+const asCommand = (v: unknown): CommandInfo => checked(valid.Command, v, 'command')
 
 /** How a command is started (see `Commands.start`). */
 export interface StartCommandOptions extends RequestOptions {
@@ -80,7 +75,7 @@ export class Commands {
 
   async list(options: RequestOptions = {}): Promise<CommandInfo[]> {
     const body = await this.http.json({ method: 'GET', path: path(this.sessionId), ...options })
-    return checked(CommandListSchema, body, 'command list').data
+    return checked(valid.CommandList, body, 'command list').data
   }
 
   async get(commandId: string, options: RequestOptions = {}): Promise<CommandInfo> {
@@ -228,7 +223,7 @@ export class Commands {
 /** One SSE message of the output stream, checked against the wire schema; undefined for others. */
 function toOutput(name: string | undefined, text: string): CommandOutput | undefined {
   if (name !== 'output' && name !== 'gap' && name !== 'exit') return undefined
-  const data = checked(CommandOutputEventSchema, JSON.parse(text), `command ${name} event`) as Record<
+  const data = checked(valid.CommandOutputEvent, JSON.parse(text), `command ${name} event`) as Record<
     string,
     unknown
   >

@@ -1,6 +1,6 @@
-import { ImageListSchema } from '@cairn/protocol'
 import { checked } from './guards.js'
 import type { HttpClient, RequestOptions } from './http.js'
+import * as valid from './validators.js'
 
 /** A built image: a read-only root shared by the revisions whose `image:` names it. */
 export interface ImageSummary {
@@ -24,7 +24,7 @@ export class Images {
   /** Every built image, oldest first, and the operator's default image (`host`: the host's /usr). */
   async list(options: RequestOptions = {}): Promise<{ images: ImageSummary[]; defaultImage: string }> {
     const body = await this.http.json({ method: 'GET', path: '/v1/images', ...options })
-    const list = checked(ImageListSchema, body, 'image list')
+    const list = checked(valid.ImageList, body, 'image list')
     return {
       defaultImage: list.defaultImage,
       images: list.data.map(({ key, kind, source, digest, sizeBytes, builtAt, buildMs, revisions }) => ({

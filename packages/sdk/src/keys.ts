@@ -1,7 +1,8 @@
-import { type ApiKeyInfoSchema, ApiKeyListSchema, CreatedApiKeySchema } from '@cairn/protocol'
+import type { ApiKeyInfoSchema } from '@cairn/protocol'
 import type { Static } from '@sinclair/typebox'
 import { checked } from './guards.js'
 import type { HttpClient, RequestOptions } from './http.js'
+import * as valid from './validators.js'
 
 export type ApiKeyRole = 'admin' | 'read'
 
@@ -66,7 +67,7 @@ export class Keys {
       json: { tenant, role, name },
       ...request,
     })
-    const created = checked(CreatedApiKeySchema, body, 'new API key')
+    const created = checked(valid.CreatedApiKey, body, 'new API key')
     // A role as for `keyInfo`.
     return { id: created.id, key: created.key, tenantId: created.tenantId, role: created.role as ApiKeyRole }
   }
@@ -74,7 +75,7 @@ export class Keys {
   /** Every key of the tenant, revoked ones included (oldest first). */
   async list(options: RequestOptions = {}): Promise<ApiKeyInfo[]> {
     const body = await this.http.json({ method: 'GET', path: '/v1/keys', ...options })
-    return checked(ApiKeyListSchema, body, 'API key list').data.map(keyInfo)
+    return checked(valid.ApiKeyList, body, 'API key list').data.map(keyInfo)
   }
 
   /** Revokes a key at once; throws `NotFoundError` when there is no active key with that ID. */

@@ -1,14 +1,7 @@
-import {
-  type NodeAction,
-  type NodeInfo,
-  NodeListSchema,
-  NodeSchema,
-  type NodeState,
-  type SessionMove,
-  SessionMoveSchema,
-} from '@cairn/protocol'
+import type { NodeAction, NodeInfo, NodeState, SessionMove } from '@cairn/protocol'
 import { checked } from './guards.js'
 import type { HttpClient, RequestOptions } from './http.js'
+import * as valid from './validators.js'
 
 export type { NodeAction, NodeState, SessionMove }
 
@@ -68,7 +61,7 @@ export class Nodes {
   /** Every node (empty when the server is not in a cluster). */
   async list(options: RequestOptions = {}): Promise<NodeSummary[]> {
     const body = await this.http.json({ method: 'GET', path: '/v1/nodes', ...options })
-    return checked(NodeListSchema, body, 'node list').data.map(summary)
+    return checked(valid.NodeList, body, 'node list').data.map(summary)
   }
 
   /** Cordon (keeps its sessions, takes no new ones), uncordon, or drain a node; the node as it is now. */
@@ -78,7 +71,7 @@ export class Nodes {
       path: `/v1/nodes/${encodeURIComponent(id)}/${action}`,
       ...options,
     })
-    return summary(checked(NodeSchema, body, 'node'))
+    return summary(checked(valid.Node, body, 'node'))
   }
 
   cordon(id: string, options: RequestOptions = {}): Promise<NodeSummary> {
@@ -110,6 +103,6 @@ export class Nodes {
       json: move.toNode === undefined ? {} : { toNode: move.toNode },
       ...options,
     })
-    return checked(SessionMoveSchema, body, 'session move')
+    return checked(valid.SessionMove, body, 'session move')
   }
 }

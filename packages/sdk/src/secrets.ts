@@ -1,6 +1,6 @@
-import { SecretListSchema } from '@cairn/protocol'
 import { checked } from './guards.js'
 import type { HttpClient, RequestOptions } from './http.js'
+import * as valid from './validators.js'
 
 export type SecretScope = 'setup' | 'runtime' | 'proxy'
 
@@ -25,7 +25,7 @@ const path = (agent: string, rest = '') => `/v1/agents/${encodeURIComponent(agen
 
 /** The secret list, with only the fields this SDK names (whatever a newer server adds). */
 function asSecretList(body: unknown): SecretList {
-  const list = checked(SecretListSchema, body, 'secret list')
+  const list = checked(valid.SecretList, body, 'secret list')
   const data = list.data.map(({ name, scope, createdAt, updatedAt, hosts, headers, expiresAt }) => {
     const info: SecretInfo = { name, scope, createdAt, updatedAt, expiresAt }
     if (hosts) info.hosts = hosts

@@ -1,16 +1,12 @@
-import {
-  type Message,
-  PreviewUrlSchema,
-  type SessionInfo,
-  SessionLeaseSchema,
-  SessionManifestSchema,
-  type SessionStatus,
-  type SetupInfo,
-  SetupInfoSchema,
-  type SnapshotInfo,
-  type StatusEvent,
-  type StreamEvent,
-  type TurnInfo,
+import type {
+  Message,
+  SessionInfo,
+  SessionStatus,
+  SetupInfo,
+  SnapshotInfo,
+  StatusEvent,
+  StreamEvent,
+  TurnInfo,
 } from '@cairn/protocol'
 import { Approvals } from './approvals.js'
 import { Commands } from './commands.js'
@@ -31,6 +27,7 @@ import {
 } from './session-options.js'
 import { readSse } from './sse.js'
 import { AgentStream, type OpenedRun, type RunResult, type StreamDriver } from './stream.js'
+import * as valid from './validators.js'
 import { Files, Snapshots } from './workspace.js'
 
 export {
@@ -100,7 +97,7 @@ export class Sessions {
       query: { sizes: sizes ? 'true' : undefined },
       ...request,
     })
-    return checked(SessionManifestSchema, body, 'manifest')
+    return checked(valid.SessionManifest, body, 'manifest')
   }
 
   async create(agent: string, options: CreateSessionOptions = {}): Promise<Session> {
@@ -213,7 +210,7 @@ export class Sessions {
       json: { ttlMs },
       ...options,
     })
-    const { sessionId, leaseUntil } = checked(SessionLeaseSchema, body, 'lease')
+    const { sessionId, leaseUntil } = checked(valid.SessionLease, body, 'lease')
     return { sessionId, leaseUntil }
   }
 
@@ -234,7 +231,7 @@ export class Sessions {
       json: ttlMs === undefined ? {} : { ttlMs },
       ...rest,
     })
-    const { url, expiresAt } = checked(PreviewUrlSchema, body, 'preview URL')
+    const { url, expiresAt } = checked(valid.PreviewUrl, body, 'preview URL')
     return { url, expiresAt }
   }
 
@@ -249,7 +246,7 @@ export class Sessions {
   /** The session's setup phase (status, attempts, exit code, log tail); `NotFoundError` without one. */
   async setup(id: string, options: RequestOptions = {}): Promise<SetupInfo> {
     const body = await this.http.json({ method: 'GET', path: path(id, '/setup'), ...options })
-    return checked(SetupInfoSchema, body, 'setup')
+    return checked(valid.SetupInfo, body, 'setup')
   }
 
   /** The whole log of the latest setup run (secrets redacted). */

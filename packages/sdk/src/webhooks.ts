@@ -1,15 +1,12 @@
-import {
-  CreatedWebhookSchema,
-  type WebhookDelivery,
-  WebhookDeliveryListSchema,
-  type WebhookDeliveryStatus,
-  type WebhookEventType,
-  type Webhook as WebhookInfo,
-  WebhookListSchema,
-  WebhookSchema,
+import type {
+  WebhookDelivery,
+  WebhookDeliveryStatus,
+  WebhookEventType,
+  Webhook as WebhookInfo,
 } from '@cairn/protocol'
 import { checked } from './guards.js'
 import type { HttpClient, RequestOptions } from './http.js'
+import * as valid from './validators.js'
 
 export type { WebhookDelivery, WebhookDeliveryStatus, WebhookEventType, WebhookInfo }
 
@@ -56,17 +53,17 @@ export class Webhooks {
       json: { url, events, description },
       ...request,
     })
-    return checked(CreatedWebhookSchema, body, 'new webhook')
+    return checked(valid.CreatedWebhook, body, 'new webhook')
   }
 
   async list(options: RequestOptions = {}): Promise<WebhookInfo[]> {
     const body = await this.http.json({ method: 'GET', path: path(), ...options })
-    return checked(WebhookListSchema, body, 'webhook list').data
+    return checked(valid.WebhookList, body, 'webhook list').data
   }
 
   async get(id: string, options: RequestOptions = {}): Promise<WebhookInfo> {
     return checked(
-      WebhookSchema,
+      valid.Webhook,
       await this.http.json({ method: 'GET', path: path(id), ...options }),
       'webhook',
     )
@@ -80,7 +77,7 @@ export class Webhooks {
       json: { url, events, description, enabled },
       ...request,
     })
-    return checked(WebhookSchema, body, 'webhook')
+    return checked(valid.Webhook, body, 'webhook')
   }
 
   /** Deletes the endpoint and its delivery log; nothing pending for it is sent. */
@@ -97,6 +94,6 @@ export class Webhooks {
       query: { status, limit },
       ...request,
     })
-    return checked(WebhookDeliveryListSchema, body, 'webhook delivery list').data
+    return checked(valid.WebhookDeliveryList, body, 'webhook delivery list').data
   }
 }

@@ -1,21 +1,17 @@
-import {
-  DiffSchema,
-  type FileEntry,
-  FileEntrySchema,
-  type ForksResult,
-  ForksResultSchema,
-  type MergeResult,
-  MergeResultSchema,
-  type MergeStrategy,
-  type SessionInfo,
-  type SessionPolicyInput,
-  type SnapshotInfo,
-  SnapshotSchema,
-  type WorkspaceDiff,
+import type {
+  FileEntry,
+  ForksResult,
+  MergeResult,
+  MergeStrategy,
+  SessionInfo,
+  SessionPolicyInput,
+  SnapshotInfo,
+  WorkspaceDiff,
 } from '@cairn/protocol'
 import { InvalidResponseError } from './errors.js'
 import { asList, asSession, checked } from './guards.js'
 import type { HttpClient, RequestOptions } from './http.js'
+import * as valid from './validators.js'
 
 const path = (id: string, rest: string) => `/v1/sessions/${encodeURIComponent(id)}${rest}`
 const isRecord = (v: unknown): v is Record<string, unknown> =>
@@ -31,8 +27,8 @@ function expectRecord<T>(value: unknown, keys: string[], what: string): T {
   return value as T
 }
 
-const asSnapshot = (v: unknown): SnapshotInfo => checked(SnapshotSchema, v, 'snapshot')
-const asFileEntry = (v: unknown): FileEntry => checked(FileEntrySchema, v, 'file entry')
+const asSnapshot = (v: unknown): SnapshotInfo => checked(valid.Snapshot, v, 'snapshot')
+const asFileEntry = (v: unknown): FileEntry => checked(valid.FileEntry, v, 'file entry')
 
 /** What to fill in on snapshot records: both read the snapshot's tree, so they are opt-in. */
 export interface SnapshotExtras {
@@ -209,7 +205,7 @@ export class Snapshots {
       json: { memory, count, title, label, policy },
       ...request,
     })
-    return checked(ForksResultSchema, body, 'forks result')
+    return checked(valid.ForksResult, body, 'forks result')
   }
 
   /**
@@ -237,7 +233,7 @@ export class Snapshots {
       ...request,
       timeoutMs: request.timeoutMs ?? MERGE_TIMEOUT_MS,
     })
-    return checked(MergeResultSchema, body, 'merge result')
+    return checked(valid.MergeResult, body, 'merge result')
   }
 
   private restoreResult(body: unknown): RestoreResult {
@@ -326,7 +322,7 @@ export class Files {
       query: { from },
       ...request,
     })
-    return checked(DiffSchema, body, 'diff')
+    return checked(valid.Diff, body, 'diff')
   }
 
   /** The workspace (or a snapshot of it) as a tar.gz stream. */

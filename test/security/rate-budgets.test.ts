@@ -1,8 +1,9 @@
+import { connect, type Socket } from 'node:net'
 import { describe, expect, it } from 'vitest'
 import WebSocket from 'ws'
 import { TheirClient } from '../helpers/compat-client.js'
 import { makeProject, SHELL_PROJECT } from '../helpers/projects.js'
-import { startTestServer } from '../helpers/server.js'
+import { Api, startTestServer } from '../helpers/server.js'
 
 /**
  * One rate budget per key and one per tenant (all its keys together), drawn on by every way in:
@@ -106,4 +107,104 @@ describe('rate budgets across the ways in', () => {
       await limited.close()
     }
   })
+
+  it('holds the bodies being read to a budget per tenant and one in all, refused before they are read and given back when their client leaves', async () => {
+    // A body is read whole before its handler runs: a tenant's ten 100 MiB uploads at once held
+    // 1.8 GiB of the server's memory, as many as it opened connections.
+    const MIB = 1024 * 1024
+    const limited = await startTestServer({
+      server: {
+        compatPrefix: PREFIX,
+        maxUploadBytes: MIB,
+        maxBodyBytesPerTenant: 3 * MIB,
+        maxBodyBytes: 4 * MIB,
+      },
+    })
+    const held: Socket[] = []
+    try {
+      const other = (await limited.api.call('POST', '/v1/keys', { tenant: 'bodies-b', role: 'admin' })).body
+        .key
+      // Each key used once first: a key's first check reads the database, so a later request could
+      // pass an earlier one of the same key to the budget.
+      expect((await new Api(limited.url, other).call('GET', '/v1/agents')).status).toBe(200)
+      expect((await limited.api.call('GET', '/v1/agents')).status).toBe(200)
+      const upload = '/v1/sessions/ses_00000000000000000000/files/content?path=x'
+      // Three bodies of 1 MiB begun and left unfinished: the tenant's whole share.
+      for (let i = 0; i < 3; i++) held.push(beginBody(limited.url, limited.key, 'PUT', upload, MIB).socket)
+      // The next is refused before its body is read: a declared one, a chunked one, a compat deploy.
+      expect(await refusedWithin(() => beginBody(limited.url, limited.key, 'PUT', upload, MIB))).toBe('429')
+      expect(await refusedWithin(() => beginBody(limited.url, limited.key, 'PUT', upload, 'chunked'))).toBe(
+        '429',
+      )
+      const deploy = `${PREFIX}/v1/agents`
+      expect(
+        await refusedWithin(() => beginBody(limited.url, limited.key, 'POST', deploy, 'multipart')),
+      ).toBe('429')
+      // Another tenant has a share of its own, up to the server's total (4 MiB), then 503.
+      held.push(beginBody(limited.url, other, 'PUT', upload, MIB).socket)
+      expect(await refusedWithin(() => beginBody(limited.url, other, 'PUT', upload, MIB))).toBe('503')
+      // The clients leave: their bytes are given back, and a whole upload is read and answered.
+      for (const socket of held.splice(0)) socket.destroy()
+      let status = ''
+      for (let i = 0; i < 50 && status !== '404'; i++) {
+        const body = beginBody(limited.url, limited.key, 'PUT', upload, MIB)
+        body.socket.write(Buffer.alloc(MIB - 1))
+        status = await body.answer
+        if (status !== '404') await new Promise((resolve) => setTimeout(resolve, 100))
+      }
+      expect(status).toBe('404')
+    } finally {
+      for (const socket of held) socket.destroy()
+      await limited.close()
+    }
+  })
 })
+
+/**
+ * A request whose headers and first byte are sent, the rest of its body never: its socket, and
+ * the status it is answered ('none' when nothing came within 3 s: the server waits for the body).
+ * `length`: a declared Content-Length, a chunked body, or a chunked multipart form.
+ */
+function beginBody(
+  base: string,
+  key: string,
+  method: string,
+  path: string,
+  length: number | 'chunked' | 'multipart',
+): { socket: Socket; answer: Promise<string> } {
+  const { hostname, port } = new URL(base)
+  const socket = connect(Number(port), hostname)
+  socket.on('error', () => undefined)
+  const framing =
+    typeof length === 'number'
+      ? `Content-Type: application/octet-stream\r\nContent-Length: ${length}`
+      : `Content-Type: ${length === 'multipart' ? 'multipart/form-data; boundary=b' : 'application/octet-stream'}\r\nTransfer-Encoding: chunked`
+  socket.write(
+    `${method} ${path} HTTP/1.1\r\nHost: cairn.test\r\nAuthorization: Bearer ${key}\r\n${framing}\r\n\r\n`,
+  )
+  socket.write(typeof length === 'number' ? 'x' : '1\r\nx\r\n')
+  const answer = new Promise<string>((resolve) => {
+    let text = ''
+    const timer = setTimeout(() => resolve('none'), 3000)
+    socket.on('data', (chunk) => {
+      text += chunk.toString('latin1')
+      if (!text.includes('\r\n')) return
+      clearTimeout(timer)
+      resolve(text.split(' ')[1] ?? text)
+    })
+    socket.on('close', () => resolve(text.split(' ')[1] ?? 'closed'))
+  })
+  return { socket, answer }
+}
+
+/** The first refusal (4xx/5xx) of up to 5 tries of `begin` (the held bodies' headers may be read after a try's). */
+async function refusedWithin(begin: () => { socket: Socket; answer: Promise<string> }): Promise<string> {
+  let status = 'none'
+  for (let i = 0; i < 5; i++) {
+    const body = begin()
+    status = await body.answer
+    body.socket.destroy()
+    if (/^[45]/.test(status)) return status
+  }
+  return status
+}

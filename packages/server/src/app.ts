@@ -24,6 +24,13 @@ import type { CommandService } from './commands/command-service.js'
 import { commandRoutes } from './commands/routes.js'
 import { compatError, compatRoutes } from './compat/routes.js'
 import type { Db } from './db/database.js'
+import {
+  BodyBudget,
+  type BodyBudgetLimits,
+  bodyBudgetLimits,
+  installBodyBudget,
+  JSON_BODY_LIMIT_BYTES,
+} from './http/body-budget.js'
 import { consoleRoutes } from './http/console.js'
 import {
   answerClientError,
@@ -86,6 +93,8 @@ export interface AppDeps {
   /** The runtime, only through its port. */
   runtime: RuntimePort
   maxUploadBytes: number
+  /** What request bodies may hold at once, per tenant and in all (default: BodyBudget's defaults). */
+  bodyBudget?: BodyBudgetLimits | undefined
   /** The per-key and per-tenant budgets, shared with the other ways in (terminal sockets). */
   rateLimits: RateLimits
   /** The operator's maxima (shown at `GET /v1/runtime`; the tenant rate and key count are enforced here). */
@@ -109,7 +118,7 @@ export interface AppDeps {
     | undefined
 }
 
-const JSON_LIMIT: BodyLimit = { bytes: 2 * 1024 * 1024, applies: 'JSON bodies' }
+const JSON_LIMIT: BodyLimit = { bytes: JSON_BODY_LIMIT_BYTES, applies: 'JSON bodies' }
 /** Bodies taken as raw bytes (archives, file contents), under the upload limit. */
 const UPLOAD_MEDIA_TYPES = [
   'application/gzip',
@@ -198,6 +207,11 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   })
   documentFrameworkAnswers(app)
   installAuth(app, deps.keys, deps.rateLimits, isPreviewRequest)
+  installBodyBudget(
+    app,
+    new BodyBudget(deps.bodyBudget ?? bodyBudgetLimits({}, deps.maxUploadBytes)),
+    Math.max(deps.maxUploadBytes, JSON_BODY_LIMIT_BYTES),
+  )
   app.get('/healthz', { schema: { hide: true, response: { 200: HealthSchema } } }, async () => ({
     ok: true,
     version: deps.version,

@@ -5,6 +5,7 @@ import { CairnProblem } from '@cairn/protocol'
 import { canonicalCidr, type EgressLimits, HOST_IMAGE, hostDebianMirror } from '@cairn/runtime/port'
 import type { Clock } from './clock.js'
 import { type EgressLimitOptions, resolveEgressLimits } from './egress-limits.js'
+import { type BodyBudgetLimits, bodyBudgetLimits } from './http/body-budget.js'
 import {
   type OperatorLimitOptions,
   type OperatorLimits,
@@ -39,6 +40,13 @@ export interface ServerOptions {
   logLevel?: string | undefined
   /** Largest accepted upload (deploy archive), in bytes. */
   maxUploadBytes?: number | undefined
+  /**
+   * Bytes of request bodies one tenant's requests may hold at once (`CAIRN_MAX_BODY_BYTES_PER_TENANT`;
+   * default 256 MiB, at least the upload cap and a JSON body).
+   */
+  maxBodyBytesPerTenant?: number | undefined
+  /** Bytes of request bodies the server holds at once (`CAIRN_MAX_BODY_BYTES`; default 1 GiB, at least a tenant's). */
+  maxBodyBytes?: number | undefined
   /** Most entries an uploaded archive may hold. */
   maxArchiveFiles?: number | undefined
   /** Most bytes an uploaded archive may unpack to. */
@@ -220,6 +228,8 @@ export interface ResolvedConfig {
   clusterDir: string | undefined
   logLevel: string
   maxUploadBytes: number
+  /** What request bodies may hold at once (see BodyBudget). */
+  bodyBudget: BodyBudgetLimits
   maxArchiveFiles: number
   maxUnpackedBytes: number
   reaperIntervalMs: number
@@ -322,6 +332,11 @@ export function resolveConfig(options: ServerOptions): ResolvedConfig {
   const envPreviewPort = process.env.CAIRN_PREVIEW_PORT ? Number(process.env.CAIRN_PREVIEW_PORT) : undefined
   const storage = options.storage ?? storageFromEnv(process.env.CAIRN_STORAGE)
   const btrfs = storage === 'btrfs'
+  const maxUploadBytes =
+    options.maxUploadBytes ??
+    (process.env.CAIRN_MAX_UPLOAD_BYTES
+      ? Number(process.env.CAIRN_MAX_UPLOAD_BYTES)
+      : DEFAULT_MAX_UPLOAD_BYTES)
   const rateLimitPerSecond =
     options.rateLimitPerSecond ?? (process.env.CAIRN_RATE_LIMIT ? Number(process.env.CAIRN_RATE_LIMIT) : 1000)
   return {
@@ -339,11 +354,14 @@ export function resolveConfig(options: ServerOptions): ResolvedConfig {
     role: serverRole(options.role ?? process.env.CAIRN_ROLE),
     clusterDir: options.clusterDir ?? process.env.CAIRN_CLUSTER_DIR,
     logLevel: options.logLevel ?? process.env.CAIRN_LOG_LEVEL ?? 'info',
-    maxUploadBytes:
-      options.maxUploadBytes ??
-      (process.env.CAIRN_MAX_UPLOAD_BYTES
-        ? Number(process.env.CAIRN_MAX_UPLOAD_BYTES)
-        : DEFAULT_MAX_UPLOAD_BYTES),
+    maxUploadBytes,
+    bodyBudget: bodyBudgetLimits(
+      {
+        perTenantBytes: options.maxBodyBytesPerTenant ?? envNumber('CAIRN_MAX_BODY_BYTES_PER_TENANT'),
+        totalBytes: options.maxBodyBytes ?? envNumber('CAIRN_MAX_BODY_BYTES'),
+      },
+      maxUploadBytes,
+    ),
     maxArchiveFiles: options.maxArchiveFiles ?? 50_000,
     maxUnpackedBytes: options.maxUnpackedBytes ?? 1024 * 1024 * 1024,
     reaperIntervalMs: options.reaperIntervalMs ?? 60_000,
@@ -405,6 +423,11 @@ export function resolveConfig(options: ServerOptions): ResolvedConfig {
     shipping: shippingSettings(options),
     recoverLost: recoverLost(options.recoverLost ?? process.env.CAIRN_RECOVER_LOST),
   }
+}
+
+function envNumber(name: string): number | undefined {
+  const raw = process.env[name]
+  return raw ? Number(raw) : undefined
 }
 
 function shippingSettings(options: ServerOptions): ShippingSettings | undefined {

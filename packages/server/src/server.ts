@@ -418,6 +418,7 @@ export async function startServer(
       agents,
       sessions,
       maxUploadBytes: config.maxUploadBytes,
+      bodyBudget: config.bodyBudget,
       rateLimits,
       operatorLimits: config.operatorLimits,
       sseHeartbeatMs: config.sseHeartbeatMs,

@@ -110,7 +110,8 @@ function readParts(
       parser.on(limit, () => fail(invalid('it has more parts than a deploy form')))
     parser.on('error', (error: unknown) => fail(invalid((error as Error).message)))
     parser.on('finish', () => resolve({ fields, archive }))
-    body.on('error', (error) => fail(invalid(error.message)))
+    // The server's body budget refusing the rest is answered as itself, not as a broken form.
+    body.on('error', (error) => fail(error instanceof CairnProblem ? error : invalid(error.message)))
     body.pipe(parser)
   })
 }

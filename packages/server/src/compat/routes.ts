@@ -1,3 +1,4 @@
+import type { Readable } from 'node:stream'
 import { CairnProblem, ErrorBodySchema, type StreamEvent } from '@cairn/protocol'
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox'
 import { Type } from '@sinclair/typebox'
@@ -93,8 +94,13 @@ export async function compatRoutes(server: FastifyInstance, deps: CompatDeps): P
   })
   // A path no route has (404) or a method its path does not take (405 with Allow) is answered by
   // the server's own not-found handler, in this API's shape (see compatErrorShape).
-  // The deploy form is left unread here: its route reads it as it streams in (compat/deploy.ts).
-  app.addContentTypeParser('multipart/form-data', (_request, _payload, done) => done(null, undefined))
+  // The deploy form is left unread here: its route reads it as it streams in (compat/deploy.ts),
+  // from the body stream the server's body budget counts.
+  const forms = new WeakMap<FastifyRequest, Readable>()
+  app.addContentTypeParser('multipart/form-data', (request, payload, done) => {
+    forms.set(request, payload)
+    done(null, undefined)
+  })
   // Cairn's bearer keys, on every compat route: their CLI sends the key it stored at login.
   app.addHook('onRequest', async (request) => {
     const match = /^Bearer\s+(\S+)$/i.exec(request.headers.authorization ?? '')
@@ -104,6 +110,8 @@ export async function compatRoutes(server: FastifyInstance, deps: CompatDeps): P
     if (!principal) throw new CairnProblem('unauthorized', 'invalid API key')
     deps.rateLimits.admit(principal)
     principals.set(request, principal)
+    // What the server's own hooks read (the body budget counts a request's body for its tenant).
+    request.principal = principal
   })
   const reader = (request: FastifyRequest): Principal => {
     const principal = principals.get(request)
@@ -163,7 +171,8 @@ export async function compatRoutes(server: FastifyInstance, deps: CompatDeps): P
           'send the deploy as multipart/form-data with the fields file, name, command and config',
         )
       }
-      const form = await readDeployForm(request.raw, request.headers, deps.maxUploadBytes)
+      const body = forms.get(request) ?? request.raw
+      const form = await readDeployForm(body, request.headers, deps.maxUploadBytes)
       const result = await deployForm(deps.agents, tenantId, form)
       return reply.status(201).send(await agentOut(tenantId, result.agent.id))
     },

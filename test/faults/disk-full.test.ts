@@ -63,6 +63,13 @@ describe('disk full on the pool', () => {
     expect(put.status).toBe(500)
     expect(put.body.error.code).toBe('storage_error')
     expect(put.body.error.message).toContain('the storage pool is full')
+    // So does a deploy (before, its unpack answered 400 invalid_archive, as if the archive were
+    // bad), and it leaves nothing staged.
+    const deploy = await t.api.deploy(await makeProject({ 'cairn.yaml': 'name: late\ncommand: cat\n' }))
+    expect(deploy.status).toBe(500)
+    expect(deploy.body.error.code).toBe('storage_error')
+    expect(deploy.body.error.message).toContain('the storage pool is full')
+    expect(await t.server.runtime.pool.listArea('staging')).toEqual([])
 
     await rm(filler)
     await run('btrfs', ['filesystem', 'sync', t.server.runtime.pool.root])

@@ -2,6 +2,7 @@ import { Readable } from 'node:stream'
 import { pipeline } from 'node:stream/promises'
 import { CairnProblem } from '@cairn/protocol'
 import * as tar from 'tar'
+import { spaceProblem } from '../storage/space-problem.js'
 
 /** How long an extraction may go without reaching a new entry before it is given up. */
 const DEFAULT_EXTRACT_STALL_MS = 120_000
@@ -10,13 +11,6 @@ function refuse(message: string): never {
   throw new CairnProblem('invalid_archive', message)
 }
 
-/**
- * Extracts an archive that `the server's `inspectArchive` accepted into `dir` (owner not preserved; setuid,
- * setgid and sticky bits dropped: the server unpacks as root). What the file system refuses (a
- * name too long, a file where a directory must go, a hard link to nothing…) is `invalid_archive`.
- * Entry errors are collected rather than thrown, so this returns only once every write is done:
- * the caller may delete `dir` at once.
- */
 /**
  * Compressed bytes per write into a tar parser. A parser inflates each write at once, and deflate
  * inflates up to about 1,032 times its input: a whole 1 MiB upload written at once became 1 GiB
@@ -34,12 +28,20 @@ export function archiveStream(archive: Buffer): Readable {
   )
 }
 
+/**
+ * Extracts an archive that the server's `inspectArchive` accepted into `dir` (owner not preserved;
+ * setuid, setgid and sticky bits dropped: the server unpacks as root). What the file system refuses
+ * (a name too long, a file where a directory must go, a hard link to nothing…) is `invalid_archive`;
+ * a write refused for space is not the archive's fault: `quota_exceeded` at the tenant's quota,
+ * `storage_error` in a full pool (`spaceProblem`). Entry errors are collected rather than thrown,
+ * so this returns only once every write is done: the caller may delete `dir` at once.
+ */
 export async function extractArchive(
   archive: Buffer,
   dir: string,
   options: { stallTimeoutMs?: number } = {},
 ): Promise<void> {
-  const problems: string[] = []
+  const problems: { message: string; errno?: unknown }[] = []
   const stallTimeoutMs = options.stallTimeoutMs ?? DEFAULT_EXTRACT_STALL_MS
   let stalled: NodeJS.Timeout | undefined
   let onStall: () => void = () => undefined
@@ -57,8 +59,8 @@ export async function extractArchive(
       if (typeof entry.mode === 'number') entry.mode &= 0o777
       return true
     },
-    onwarn: (code, message) => {
-      if (code !== 'TAR_ENTRY_INFO') problems.push(String(message))
+    onwarn: (code, message, data) => {
+      if (code !== 'TAR_ENTRY_INFO') problems.push({ message: String(message), errno: data?.errno })
     },
   })
   // node-tar has waited forever on some entry orders the checks above now refuse; should another
@@ -70,9 +72,15 @@ export async function extractArchive(
   try {
     await Promise.race([pipeline(archiveStream(archive), extractor), stall])
   } catch (error) {
-    refuse(`archive could not be unpacked: ${(error as Error).message}`)
+    problems.unshift({ message: (error as Error).message, errno: (error as { errno?: unknown }).errno })
   } finally {
     clearTimeout(stalled)
   }
-  if (problems.length > 0) refuse(`archive could not be unpacked: ${problems[0]}`)
+  if (problems.length === 0) return
+  // A refusal for space fails every entry after it: it is the one to answer, wherever it came.
+  for (const { errno } of problems) {
+    const problem = spaceProblem(errno, 'unpacking the archive')
+    if (problem) throw problem
+  }
+  refuse(`archive could not be unpacked: ${problems[0]?.message}`)
 }

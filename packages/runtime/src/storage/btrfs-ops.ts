@@ -5,6 +5,7 @@ import { fileURLToPath } from 'node:url'
 import { CairnProblem } from '@cairn/protocol'
 import { execTool } from '../util/exec.js'
 import { OWN_PROCESS_GROUP } from '../util/process-group.js'
+import { spaceProblem } from './space-problem.js'
 
 const HELPER = fileURLToPath(new URL('../../helpers/btrfs_ops.py', import.meta.url))
 
@@ -19,20 +20,11 @@ type Reply = {
   quiet?: { generation: number; file: string }
 } & Record<string, unknown>
 
-const ENOSPC = 28
-const EDQUOT = 122
-
 function failure(describe: string, reply: Reply): CairnProblem {
-  if (reply.errno === EDQUOT)
-    return new CairnProblem(
-      'quota_exceeded',
-      `${describe} failed: the quota is used up (Disk quota exceeded)`,
-    )
-  const reason =
-    reply.errno === ENOSPC
-      ? 'the storage pool is full (No space left on device)'
-      : (reply.error ?? 'unknown error')
-  return new CairnProblem('storage_error', `${describe} failed: ${reason}`)
+  return (
+    spaceProblem(reply.errno, describe) ??
+    new CairnProblem('storage_error', `${describe} failed: ${reply.error ?? 'unknown error'}`)
+  )
 }
 
 /**

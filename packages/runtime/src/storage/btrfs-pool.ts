@@ -514,8 +514,14 @@ export class BtrfsPool extends PoolLayout implements StoragePool {
     const dir = path.join(this.areaDir('staging'), safeName(name))
     await this.deleteSubvolume(dir)
     await this.ops.create(dir, await this.placement(tenantId, true))
-    await this.chownToSandbox(dir)
-    await chmod(dir, 0o700)
+    try {
+      await this.chownToSandbox(dir)
+      await chmod(dir, 0o700)
+    } catch (error) {
+      // Refused (a full quota): the caller never learns the tree's name, so it goes here.
+      await this.deleteSubvolume(dir)
+      throw error
+    }
     return dir
   }
 

@@ -6,6 +6,7 @@ import { execTool } from '../util/exec.js'
 import { findMount } from '../util/mounts.js'
 import { OneAtATime } from '../util/one-at-a-time.js'
 import { type PoolArea, type PoolStats, type StoragePoolOptions, safeName } from './pool.js'
+import { asSpaceProblem } from './space-problem.js'
 
 /**
  * What every storage driver shares: where each kind of tree lives under the pool's mount point,
@@ -69,9 +70,14 @@ export abstract class PoolLayout {
     await this.removeTree(path.join(this.areaDir('staging'), name))
   }
 
-  /** Hands a directory to the sandbox uid (used for workspaces created outside a revision). */
+  /**
+   * Hands a directory to the sandbox uid (used for workspaces created outside a revision). At a
+   * full quota the kernel refuses even this (EDQUOT): `quota_exceeded`, not an untyped error.
+   */
   async chownToSandbox(dir: string): Promise<void> {
-    await chown(dir, this.layout.sandboxUid, this.layout.sandboxGid)
+    await chown(dir, this.layout.sandboxUid, this.layout.sandboxGid).catch((error: unknown) => {
+      throw asSpaceProblem(error, `handing ${path.basename(dir)} to the sandbox user`)
+    })
   }
 
   /** Finishes or rolls back a restore or import that a crash interrupted (see `swapPaths`). */

@@ -22,7 +22,9 @@ import base from './vitest.config'
  * directory (the stores are the runtime's; the rows the flow writes are test/workspace's and
  * test/restart's, which both passes run), the CLI in a pipe (a closed stdout, colour, a mistyped
  * subcommand: the process's own), an SSE stream's heartbeats and no writes after its client left
- * (the HTTP layer's, as a stream held to its client's pace), the docs' links and the OpenAPI
+ * (the HTTP layer's, as a stream held to its client's pace), file downloads over one kept-alive
+ * connection (the HTTP layer's heavy-read slots and sockets), one sandbox's egress bounded (the
+ * runtime's egress proxy: its tunnels, lookups and host map), the docs' links and the OpenAPI
  * document's conformance (no server at all).
  * A file that starts a server still touches the database, but these only ask it what the other
  * pass already asked; what they test (a syscall refused, a link in an archive, a pixel) is
@@ -50,6 +52,7 @@ const RUNTIME_ONLY = [
   'test/http-agents.test.ts',
   'test/images*.test.ts',
   'test/isolation.test.ts',
+  'test/keep-alive-downloads.test.ts',
   'test/limits.test.ts',
   'test/mcp.test.ts',
   'test/merge.test.ts',
@@ -71,6 +74,7 @@ const RUNTIME_ONLY = [
   'test/security/cli-code-cache.test.ts',
   'test/security/cluster-mtls.test.ts',
   'test/security/data-dir.test.ts',
+  'test/security/egress-limits.test.ts',
   'test/security/egress.test.ts',
   'test/security/environment-quota.test.ts',
   'test/security/escape.test.ts',

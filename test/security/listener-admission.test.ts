@@ -9,6 +9,7 @@ import { PeerClient, type ServerProcess, startServerProcess } from '../helpers/s
 const NOFILE = 1024
 const PER_PEER = 100
 const HEADERS_TIMEOUT_MS = 3000
+const REQUEST_TIMEOUT_MS = 4000
 
 /** Connections from `localAddress` that never send a byte; with `refill`, each one closed is opened again. */
 class Flood {
@@ -60,7 +61,11 @@ beforeAll(async () => {
   server = await startServerProcess(
     {
       spareLaunchers: 0,
-      operatorLimits: { maxConnectionsPerPeer: PER_PEER, headersTimeoutMs: HEADERS_TIMEOUT_MS },
+      operatorLimits: {
+        maxConnectionsPerPeer: PER_PEER,
+        headersTimeoutMs: HEADERS_TIMEOUT_MS,
+        requestTimeoutMs: REQUEST_TIMEOUT_MS,
+      },
     },
     NOFILE,
   )
@@ -101,6 +106,35 @@ describe('listeners admit connections per peer and in total', () => {
       expect(silent.held.size).toBe(0)
     } finally {
       silent.stop()
+    }
+  })
+
+  it('answers a request whose body trickles in past the request timeout 408 request_timeout and closes it', async () => {
+    // Headers in time, then a byte of the body every 300 ms: Fastify gave Node no request timeout,
+    // so the connection (and what it declared of the body budget) was held for as long as it went on.
+    const socket = net.connect({ port: server.port, host: '127.0.0.1', localAddress: '127.0.0.4' })
+    socket.on('error', () => undefined)
+    let answer = ''
+    socket.on('data', (chunk: Buffer) => {
+      answer += chunk.toString('latin1')
+    })
+    const closed = new Promise<boolean>((resolve) => {
+      socket.once('close', () => resolve(true))
+      // The bound: the timeout, and the check's interval (at most 1 s) after it, with room.
+      setTimeout(() => resolve(false), REQUEST_TIMEOUT_MS * 2 + 3000).unref()
+    })
+    socket.write(
+      `PUT /v1/sessions/${session}/files/content?path=trickle HTTP/1.1\r\nHost: cairn.test\r\n` +
+        `Authorization: Bearer ${server.key}\r\nContent-Type: application/octet-stream\r\nContent-Length: 1048576\r\n\r\n`,
+    )
+    const trickle = setInterval(() => socket.writable && socket.write('x'), 300)
+    try {
+      expect(await closed, `still open after ${REQUEST_TIMEOUT_MS * 2 + 3000} ms`).toBe(true)
+      expect(answer).toMatch(/^HTTP\/1\.1 408 /)
+      expect(answer).toContain('"code":"request_timeout"')
+    } finally {
+      clearInterval(trickle)
+      socket.destroy()
     }
   })
 

@@ -47,6 +47,7 @@ interface ServerOptions {
   maxConnectionsPerPeer?: number
   headersTimeoutMs?: number
   idleTimeoutMs?: number
+  requestTimeoutMs?: number
   compatPrefix?: string
 }
 
@@ -126,6 +127,11 @@ const OPERATOR_LIMIT_FLAGS = [
   [
     '--idle-timeout-ms <ms>',
     'time an idle keep-alive connection is kept (env CAIRN_IDLE_TIMEOUT_MS; default 72 s)',
+    positiveInt,
+  ],
+  [
+    '--request-timeout-ms <ms>',
+    'time a request has to arrive whole, its body included; 408 past it (env CAIRN_REQUEST_TIMEOUT_MS; default 10 min)',
     positiveInt,
   ],
 ] as const
@@ -309,6 +315,7 @@ export const register: Register = (parent, ctx) => {
         maxConnectionsPerPeer: options.maxConnectionsPerPeer,
         headersTimeoutMs: options.headersTimeoutMs,
         idleTimeoutMs: options.idleTimeoutMs,
+        requestTimeoutMs: options.requestTimeoutMs,
       },
     }).catch(explainHostRefusal)
     if (ctx.json) {

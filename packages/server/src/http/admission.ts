@@ -14,6 +14,11 @@ export interface ListenerLimits {
   headersTimeoutMs: number
   /** A keep-alive connection with no request in flight is closed after this long. */
   idleTimeoutMs: number
+  /**
+   * A request, its body included, must be in by then (at least `headersTimeoutMs`); past it the
+   * connection is answered `408 request_timeout` and closed (Fastify's default turned Node's off).
+   */
+  requestTimeoutMs: number
 }
 
 /**
@@ -100,6 +105,9 @@ export class ConnectionAdmission {
   attach(server: Server, options: { relaysUpgrades: boolean }): void {
     server.headersTimeout = this.limits.headersTimeoutMs
     server.keepAliveTimeout = this.limits.idleTimeoutMs
+    // A body sent a byte now and then held its connection (and what it declared of the body
+    // budget) for as long as it lasted: Fastify gives Node 0, no bound, for the whole request.
+    server.requestTimeout = Math.max(this.limits.requestTimeoutMs, this.limits.headersTimeoutMs)
     // How often Node looks for connections past their header timeout (30 s by default).
     ;(server as Server & { connectionsCheckingInterval: number }).connectionsCheckingInterval = Math.max(
       100,

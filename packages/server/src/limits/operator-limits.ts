@@ -50,6 +50,8 @@ export const OperatorLimitsSchema = Type.Object({
   headersTimeoutMs: Type.Number(),
   /** Time a keep-alive connection with no request in flight is kept (`CAIRN_IDLE_TIMEOUT_MS`). */
   idleTimeoutMs: Type.Number(),
+  /** Time a request has to arrive whole, its body included (`CAIRN_REQUEST_TIMEOUT_MS`). */
+  requestTimeoutMs: Type.Number(),
 })
 export type OperatorLimits = Static<typeof OperatorLimitsSchema>
 /** The maxima given as server options (each left out or undefined: the environment's, else the default). */
@@ -72,6 +74,7 @@ const ENV: Record<keyof OperatorLimits, string> = {
   maxConnectionsPerPeer: 'CAIRN_MAX_CONNECTIONS_PER_PEER',
   headersTimeoutMs: 'CAIRN_HEADERS_TIMEOUT_MS',
   idleTimeoutMs: 'CAIRN_IDLE_TIMEOUT_MS',
+  requestTimeoutMs: 'CAIRN_REQUEST_TIMEOUT_MS',
 }
 
 /** Where each maximum is set, for the messages that name it. */
@@ -98,6 +101,8 @@ export function defaultOperatorLimits(rateLimitPerSecond: number): OperatorLimit
     headersTimeoutMs: 10_000,
     // Fastify's keep-alive default: above the 60 s idle timeout of common load balancers.
     idleTimeoutMs: 72_000,
+    // A whole upload (100 MiB by default) at 175 KiB/s.
+    requestTimeoutMs: 600_000,
   }
 }
 

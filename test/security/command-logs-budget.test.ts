@@ -2,7 +2,8 @@ import { execFileSync } from 'node:child_process'
 import path from 'node:path'
 import { sql } from 'kysely'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { openDatabase } from '../../packages/server/src/db/database.js'
+import { type Db, openDatabase } from '../../packages/server/src/db/database.js'
+import { TURNS_PURPOSE } from '../../packages/server/src/limits/storage-budget.js'
 import { testDatabaseFor } from '../fixtures/test-database.mjs'
 import { closeOwned } from '../helpers/pool-owners.js'
 import { makeProject, SHELL_PROJECT } from '../helpers/projects.js'
@@ -19,6 +20,8 @@ import { Api, startTestServer, type TestServer } from '../helpers/server.js'
 const TENANT_MIB = 40
 const MiB = 1024 * 1024
 let t: TestServer
+/** The last case closes the server itself (it asserts what the close leaves). */
+let closed = false
 
 beforeAll(async () => {
   t = await startTestServer({
@@ -28,8 +31,16 @@ beforeAll(async () => {
 })
 
 afterAll(async () => {
-  await closeOwned(t)
+  if (!closed) await closeOwned(t)
 })
+
+/** A tenant of its own (an admin key) with the shell agent deployed and one session of it. */
+async function shellTenant(tenant: string): Promise<{ api: Api; session: string }> {
+  const made = await t.api.call('POST', '/v1/keys', { tenant, role: 'admin' })
+  const api = new Api(t.url, made.body.key)
+  expect((await api.deploy(await makeProject(SHELL_PROJECT))).status).toBe(201)
+  return { api, session: (await api.createSession('shell')).id }
+}
 
 const logBytes = () =>
   Number(
@@ -56,10 +67,7 @@ describe('command output logs in the tenant storage budget', () => {
 
 describe("a turn's stream events in the tenant storage budget", () => {
   it('are reserved before they are written: past the quota the turn fails quota_exceeded', async () => {
-    const made = await t.api.call('POST', '/v1/keys', { tenant: 'tenant-events', role: 'admin' })
-    const api = new Api(t.url, made.body.key)
-    expect((await api.deploy(await makeProject(SHELL_PROJECT))).status).toBe(201)
-    const session = (await api.createSession('shell')).id
+    const { api, session } = await shellTenant('tenant-events')
     // A turn's reply is capped at 8 MiB (limit_exceeded): 7 MiB a turn, until one is refused.
     const ends: string[] = []
     for (let i = 0; i < 8 && !ends.includes('quota_exceeded'); i++) {
@@ -86,10 +94,7 @@ describe("a turn's prompt in the tenant storage budget", () => {
   // quota still ran turns (each keeping its prompt, reply and events past the quota). Now they are
   // admitted before any sandbox work, refused 507 quota_exceeded when they do not fit.
   it('is admitted before the turn starts: a tenant without room for it is refused, nothing recorded', async () => {
-    const made = await t.api.call('POST', '/v1/keys', { tenant: 'tenant-prompts', role: 'admin' })
-    const api = new Api(t.url, made.body.key)
-    expect((await api.deploy(await makeProject(SHELL_PROJECT))).status).toBe(201)
-    const session = (await api.createSession('shell')).id
+    const { api, session } = await shellTenant('tenant-prompts')
     const run = async (command: string) => {
       const started = await api.call('POST', `/v1/sessions/${session}/commands`, {
         command: ['sh', '-c', command],
@@ -179,10 +184,45 @@ describe('GET /v1/usage', () => {
   })
 })
 
-/** The bytes of the session's stored stream events and transcript, read with SQL of its own. */
-async function keptBytes(sessionId: string): Promise<{ events: number; transcript: number }> {
+// Last: it closes the file's server. Before, the allowances a process held for its tenants' turns
+// (one reservation row per tenant) stayed in the database after it stopped, counted against each
+// tenant until its lease ran out, and were never removed.
+describe("the server's close", () => {
+  it("releases the reservations it held for its tenants' turns", async () => {
+    const { api, session } = await shellTenant('tenant-closing')
+    expect((await api.send(session, 'echo kept')).text).toMatch(/^kept\n/)
+    expect(await turnReservations()).toBeGreaterThan(0)
+    closed = true
+    let left = -1
+    await closeOwned(t, async () => {
+      left = await turnReservations()
+    })
+    expect(left).toBe(0)
+  })
+})
+
+/** The file server's database, opened with a connection of its own. */
+async function withDatabase<T>(read: (db: Db) => Promise<T>): Promise<T> {
   const db = await openDatabase((await testDatabaseFor(t.dataDir)) ?? path.join(t.dataDir, 'cairn.db'))
   try {
+    return await read(db)
+  } finally {
+    await db.close()
+  }
+}
+
+/** Rows reserving bytes for turns (any process's allowance for any tenant). */
+function turnReservations(): Promise<number> {
+  return withDatabase(async (db) => {
+    const rows = await sql<{ n: number | string }>`
+      SELECT COUNT(*) AS n FROM storage_reservations WHERE purpose = ${TURNS_PURPOSE}`.execute(db.kysely)
+    return Number(rows.rows[0]?.n ?? 0)
+  })
+}
+
+/** The bytes of the session's stored stream events and transcript, read with SQL of its own. */
+function keptBytes(sessionId: string): Promise<{ events: number; transcript: number }> {
+  return withDatabase(async (db) => {
     const size = (column: string) =>
       sql.raw(db.dialect === 'postgres' ? `octet_length(${column})` : `length(CAST(${column} AS BLOB))`)
     const events = await sql<{ bytes: number | string | null }>`
@@ -195,7 +235,5 @@ async function keptBytes(sessionId: string): Promise<{ events: number; transcrip
       events: Number(events.rows[0]?.bytes ?? 0),
       transcript: Number(transcript.rows[0]?.bytes ?? 0),
     }
-  } finally {
-    await db.close()
-  }
+  })
 }

@@ -35,6 +35,7 @@ import { reservePorts } from './http/port-reservation.js'
 import type { ImageService } from './images/image-service.js'
 import { ManualSnapshotCap } from './limits/snapshot-cap.js'
 import { StorageBudget } from './limits/storage-budget.js'
+import { TurnAdmission } from './limits/turn-admission.js'
 import {
   checkRuntimeHost,
   claimDataDir,
@@ -215,6 +216,7 @@ export async function startServer(
       clock,
       tenantBytes: mebibytes(config.tenantQuotaMiB),
     })
+    const turnAdmission = new TurnAdmission({ budget: storageBudget, clock })
     const artifacts = new ArtifactStore({
       db,
       runtime: runtimePort,
@@ -277,6 +279,7 @@ export async function startServer(
       logger,
       hints,
       storageBudget,
+      turnAdmission,
     })
     runtimeEvents.target = new SessionRuntimeEvents(sessions.store, clock, logger)
     let retention: RetentionService | undefined
@@ -500,6 +503,10 @@ export async function startServer(
           await workspace.settle()
           commands.close()
           await sessions.close()
+          // Its turns are over: their allowances are released, not left to lapse.
+          await turnAdmission
+            .close()
+            .catch((error: unknown) => logger.warn({ err: error }, 'releasing the turn allowances failed'))
           await webhooks?.deliverer.close()
           await lease?.stop()
           await runtimeHost.close()

@@ -148,9 +148,18 @@ export class TurnAdmission {
     allowance.renewal.unref()
   }
 
-  /** Stops the renewals (the reservations lapse on their own). */
-  close(): void {
-    for (const allowance of this.allowances.values()) if (allowance.renewal) clearInterval(allowance.renewal)
+  /**
+   * Releases this process's allowances (the server's close, once its turns are over): left to
+   * lapse, each stayed counted against its tenant for up to `RESERVATION_LEASE_MS` after the
+   * process had gone, and was never removed from the database.
+   */
+  async close(): Promise<void> {
+    await Promise.allSettled(this.replacing.values())
+    const allowances = [...this.allowances.values()]
     this.allowances.clear()
+    for (const allowance of allowances) {
+      if (allowance.renewal) clearInterval(allowance.renewal)
+      await this.deps.budget.release(allowance.reservation)
+    }
   }
 }

@@ -6,6 +6,7 @@ import type { HintFeed } from '../cluster/cluster-hints.js'
 import type { Db } from '../db/database.js'
 import type { OperatorLimits } from '../limits/operator-limits.js'
 import type { StorageBudget } from '../limits/storage-budget.js'
+import type { TurnAdmission } from '../limits/turn-admission.js'
 import type { MemoryService } from '../memory/memory-service.js'
 import type { MetricsRegistry } from '../metrics/registry.js'
 import type { SecretStore } from '../secrets/secret-store.js'
@@ -79,6 +80,11 @@ export interface SessionServiceDeps {
   turnEventsFlushMs?: number | undefined
   /** The tenant storage budget a running turn's event batches are reserved in before they are written. */
   storageBudget?: StorageBudget | undefined
+  /**
+   * Admits a turn's prompt and end in the tenant storage budget before any sandbox work (made and
+   * closed by the composition root, which releases its reservations when the server stops).
+   */
+  turnAdmission?: TurnAdmission | undefined
   /** How often a resumed stream of a turn running elsewhere reads its new events (default 500 ms). */
   turnEventsPollMs?: number | undefined
 }

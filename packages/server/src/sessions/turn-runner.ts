@@ -11,7 +11,7 @@ import type { AgentEvent, AgentInfo, TurnEnd, TurnInput, TurnOptions, TurnOutcom
 import { Redactor } from '@cairn/runtime/port'
 import { iso } from '../clock.js'
 import { unavailableReason, whenNotBusy } from '../db/busy.js'
-import { TurnAdmission, type TurnDraw } from '../limits/turn-admission.js'
+import type { TurnDraw } from '../limits/turn-admission.js'
 import { needsSetup } from '../setup/setup-service.js'
 import type { WorkspaceGenerations } from './generations.js'
 import { awaitNodeVerdict } from './node-verdict.js'
@@ -39,6 +39,7 @@ export type TurnRunnerDeps = Pick<
   | 'relays'
   | 'routing'
   | 'storageBudget'
+  | 'turnAdmission'
 > & {
   store: SessionStore
   locks: TurnLocks
@@ -65,13 +66,7 @@ export interface TurnHandle {
  * status and the workspace generation in one transaction.
  */
 export class TurnRunner {
-  /** A turn's prompt and end, admitted in its tenant's storage budget before any sandbox work. */
-  private readonly admission: TurnAdmission | undefined
-
-  constructor(private readonly deps: TurnRunnerDeps) {
-    const budget = deps.storageBudget
-    this.admission = budget && new TurnAdmission({ budget, clock: deps.clock })
-  }
+  constructor(private readonly deps: TurnRunnerDeps) {}
 
   private get observers() {
     return this.deps.observers ?? []
@@ -133,7 +128,7 @@ export class TurnRunner {
       if (row.status === 'deleted') throw new CairnProblem('session_deleted', `session ${id} was deleted`)
       if (!prompt.trim()) throw new CairnProblem('validation_failed', 'prompt must not be empty')
       await this.checkLimits(row)
-      draw = await this.admission?.admit(row.tenant_id, promptBytes + END_UNRESERVED_BYTES)
+      draw = await this.deps.turnAdmission?.admit(row.tenant_id, promptBytes + END_UNRESERVED_BYTES)
       admitted = await this.deps.warm.admit(row, seen, abort.signal)
       const at = this.now()
       seq = row.turn_count + 1

@@ -7,6 +7,26 @@ import * as esbuild from 'esbuild'
 
 const here = path.dirname(fileURLToPath(import.meta.url))
 
+/**
+ * commander requires node:child_process when it loads, for subcommands run as executables, which
+ * this CLI has none of: loading it (with dgram and the rest it pulls in) cost every command ~2 ms
+ * of CPU. commander gets a stand-in that requires the module at its first use.
+ */
+const lazyChildProcessForCommander = {
+  name: 'lazy-child-process-for-commander',
+  setup(build) {
+    build.onResolve({ filter: /^(node:)?child_process$/ }, (args) =>
+      args.importer.includes(`${path.sep}commander${path.sep}`)
+        ? { path: 'lazy-child-process', namespace: 'lazy' }
+        : undefined,
+    )
+    build.onLoad({ filter: /.*/, namespace: 'lazy' }, () => ({
+      contents: "module.exports = new Proxy({}, { get: (_, name) => require('node:child_process')[name] })",
+      loader: 'js',
+    }))
+  },
+}
+
 await esbuild.build({
   entryPoints: [path.join(here, 'dist/main.js')],
   outfile: path.join(here, 'dist/cairn.cjs'),
@@ -19,7 +39,9 @@ await esbuild.build({
   // yaml, tar and ignore (a third of the bundle) serve `deploy` and `init` only: required from
   // node_modules when those run, they are not read, nor their code cache deserialised, by every
   // other command.
-  external: ['@cairn/server', '@cairn/runtime/doctor', 'yaml', 'tar', 'ignore'],
+  // ws serves `sessions shell` only, required from node_modules likewise.
+  external: ['@cairn/server', '@cairn/runtime/doctor', 'yaml', 'tar', 'ignore', 'ws'],
+  plugins: [lazyChildProcessForCommander],
   legalComments: 'none',
   // Half the bytes to read and V8 code cache to deserialise at each start.
   minify: true,

@@ -1,4 +1,7 @@
 import type { CommandInfo } from '@cairn/protocol'
+// A static import: this module is loaded for `sessions shell` alone, and the bundle (build.mjs)
+// leaves ws to node_modules, where a dynamic import() would not be reached from its vm.Script.
+import WebSocket from 'ws'
 import type { Register } from '../../command.js'
 import { CliError } from '../../errors.js'
 import { shortId } from '../../format/ids.js'
@@ -26,7 +29,6 @@ export const register: Register = (parent, ctx) => {
       const size = () => ({ rows: stdout.rows || 24, cols: stdout.columns || 80 })
       const started = await session.commands.start(argv.length > 0 ? argv : DEFAULT_SHELL, { tty: size() })
       const api = await ctx.api()
-      const { default: WebSocket } = await import('ws')
       const url = `${api.apiUrl.replace(/^http/, 'ws').replace(/\/$/, '')}/v1/sessions/${session.id}/commands/${started.id}/terminal`
       const ws = new WebSocket(url, { headers: api.apiKey ? { authorization: `Bearer ${api.apiKey}` } : {} })
       if (stdin.isTTY)

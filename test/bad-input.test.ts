@@ -263,6 +263,12 @@ describe('bad input gets a clear, typed error and loses nothing', () => {
     )
     const far = await t.api.call('POST', '/v1/sessions', { agent: 'echo', colour: 'red' })
     expect(far.body.error.message).toMatch(/^unknown field 'colour' in body; known fields: agent, title, /)
+    // A query string's unknown field is named as the query string's (it was said to be the body's).
+    const query = await t.api.call('GET', '/v1/sessions?limit[]=1')
+    expect(query.status).toBe(400)
+    expect(query.body.error.message).toBe(
+      "unknown field 'limit[]' in the query string; did you mean 'limit'?",
+    )
   })
 })
 

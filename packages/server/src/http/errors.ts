@@ -49,6 +49,15 @@ export interface ValidationIssue {
   parentSchema?: { properties?: Record<string, unknown> }
 }
 
+/** Where a validation context's fields are, as an unknown field's message names it. */
+const PLACES: Readonly<Record<string, string>> = {
+  body: 'body',
+  querystring: 'the query string',
+  params: 'the path',
+  headers: 'the headers',
+  arguments: 'arguments',
+}
+
 /**
  * An unknown field is named, with the nearest known one (as cairn.yaml's keys are); any other
  * issue names its field and what it must be, a union's branches in one clause
@@ -65,7 +74,7 @@ function validationMessage(
   const path = extra.instancePath.split('/').filter(Boolean).map(decodePointer)
   return unknownKeyMessage(
     { key, path, known: Object.keys(extra.parentSchema?.properties ?? {}) },
-    context === 'arguments' ? 'arguments' : 'body',
+    PLACES[context ?? 'body'] ?? 'body',
     'field',
   )
 }

@@ -1,12 +1,13 @@
 import http from 'node:http'
 import type { AddressInfo } from 'node:net'
 import type { SessionInfo } from '@cairn/protocol'
+import fc from 'fast-check'
 import { describe, expect, it } from 'vitest'
 import { connectionLost, errorInfo, hintFor, renderError, turnFailureHint } from './errors.js'
 import { shortId } from './ids.js'
 import { oneLine, stripTerminalEscapes, truncate } from './sanitize.js'
 import { SESSION_HEAD, sessionRow } from './session.js'
-import { renderFields, renderTable } from './table.js'
+import { drawnTable, plainTable, renderFields, renderTable } from './table.js'
 import { formatBytes, formatDuration, formatSeconds, parseDuration, relativeTime } from './time.js'
 
 const now = new Date('2026-05-01T12:00:00.000Z')
@@ -113,6 +114,37 @@ describe('tables', () => {
       ],
     )
     expect(text.split('\n')).toEqual(['ID  Name', '1   alpha', '22  b'])
+  })
+
+  it('draws a table of printable ASCII without cli-table3 exactly as cli-table3 does', () => {
+    const bold = (h: string) => `\x1b[1m${h}\x1b[22m`
+    const text = fc.oneof(
+      fc.string({
+        unit: fc.constantFrom('a', 'Z', '0', ' ', '-', '~', '…', '界', '\t', '\n'),
+        maxLength: 12,
+      }),
+      fc.string({ maxLength: 6 }).map((t) => `\x1b[31m${t}\x1b[39m`),
+    )
+    const table = fc.integer({ min: 1, max: 5 }).chain((columns) =>
+      fc.record({
+        head: fc.array(text, { minLength: columns, maxLength: columns }),
+        rows: fc.array(fc.array(text, { minLength: columns, maxLength: columns + 1 }), { maxLength: 5 }),
+        bold: fc.boolean(),
+      }),
+    )
+    let plain = 0
+    fc.assert(
+      fc.property(table, ({ head, rows, bold: styled }) => {
+        const style = styled ? bold : (h: string) => h
+        const fast = plainTable(head, rows, style)
+        if (fast === undefined) return
+        plain++
+        expect(fast).toBe(drawnTable(head, rows, style))
+      }),
+      { numRuns: 400 },
+    )
+    // Some generated tables take the plain path (most have a wide character, a tab, a newline …).
+    expect(plain).toBeGreaterThan(10)
   })
 
   it('renders session rows', () => {

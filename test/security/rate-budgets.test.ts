@@ -121,6 +121,7 @@ describe('rate budgets across the ways in', () => {
       },
     })
     const held: Socket[] = []
+    let terminal: WebSocket | undefined
     try {
       const other = (await limited.api.call('POST', '/v1/keys', { tenant: 'bodies-b', role: 'admin' })).body
         .key
@@ -145,15 +146,32 @@ describe('rate budgets across the ways in', () => {
       expect(await refusedWithin(() => beginBody(limited.url, other, 'PUT', upload, MIB))).toBe('503')
       // The clients leave: their bytes are given back, and a whole upload is read and answered.
       for (const socket of held.splice(0)) socket.destroy()
-      let status = ''
-      for (let i = 0; i < 50 && status !== '404'; i++) {
-        const body = beginBody(limited.url, limited.key, 'PUT', upload, MIB)
-        body.socket.write(Buffer.alloc(MIB - 1))
-        status = await body.answer
-        if (status !== '404') await new Promise((resolve) => setTimeout(resolve, 100))
-      }
-      expect(status).toBe('404')
+      expect(await wholeUpload(limited.url, limited.key, upload)).toBe('404')
+      // A terminal socket's input its command has not taken counts in the same share: a command
+      // that reads nothing, sent 4 MiB, leaves the tenant no room (each socket held 4 MiB of its own).
+      expect((await limited.api.deploy(await makeProject(SHELL_PROJECT))).status).toBe(201)
+      const { id } = await limited.api.createSession('shell')
+      const command = await limited.api.call('POST', `/v1/sessions/${id}/commands`, {
+        command: ['sleep', '600'],
+        stdin: true,
+      })
+      expect(command.status, JSON.stringify(command.body)).toBe(201)
+      const path = `/v1/sessions/${id}/commands/${command.body.id}/terminal`
+      terminal = new WebSocket(`${limited.url.replace(/^http/, 'ws')}${path}`, {
+        headers: { authorization: `Bearer ${limited.key}` },
+      })
+      terminal.on('error', () => undefined)
+      await new Promise((resolve) => terminal?.once('open', resolve))
+      for (let i = 0; i < 4; i++) terminal.send(Buffer.alloc(MIB - 64), { binary: true })
+      expect(await refusedWithin(() => beginBody(limited.url, limited.key, 'PUT', upload, MIB))).toBe('429')
+      // The command ends: the input it never took is given back.
+      const killed = await limited.api.call('POST', `/v1/sessions/${id}/commands/${command.body.id}/signal`, {
+        signal: 'SIGKILL',
+      })
+      expect(killed.status, JSON.stringify(killed.body)).toBe(200)
+      expect(await wholeUpload(limited.url, limited.key, upload)).toBe('404')
     } finally {
+      terminal?.terminate()
       for (const socket of held) socket.destroy()
       await limited.close()
     }
@@ -205,6 +223,19 @@ async function refusedWithin(begin: () => { socket: Socket; answer: Promise<stri
     status = await body.answer
     body.socket.destroy()
     if (/^[45]/.test(status)) return status
+  }
+  return status
+}
+
+/** The status a whole 1 MiB upload is answered, tried until the budget lets it in (up to 5 s). */
+async function wholeUpload(base: string, key: string, path: string): Promise<string> {
+  let status = ''
+  for (let i = 0; i < 50 && status !== '404'; i++) {
+    const body = beginBody(base, key, 'PUT', path, 1024 * 1024)
+    body.socket.write(Buffer.alloc(1024 * 1024 - 1))
+    status = await body.answer
+    body.socket.destroy()
+    if (status !== '404') await new Promise((resolve) => setTimeout(resolve, 100))
   }
   return status
 }

@@ -24,13 +24,7 @@ import type { CommandService } from './commands/command-service.js'
 import { commandRoutes } from './commands/routes.js'
 import { compatError, compatRoutes } from './compat/routes.js'
 import type { Db } from './db/database.js'
-import {
-  BodyBudget,
-  type BodyBudgetLimits,
-  bodyBudgetLimits,
-  installBodyBudget,
-  JSON_BODY_LIMIT_BYTES,
-} from './http/body-budget.js'
+import { BodyBudget, bodyBudgetLimits, installBodyBudget, JSON_BODY_LIMIT_BYTES } from './http/body-budget.js'
 import { consoleRoutes } from './http/console.js'
 import {
   answerClientError,
@@ -93,8 +87,11 @@ export interface AppDeps {
   /** The runtime, only through its port. */
   runtime: RuntimePort
   maxUploadBytes: number
-  /** What request bodies may hold at once, per tenant and in all (default: BodyBudget's defaults). */
-  bodyBudget?: BodyBudgetLimits | undefined
+  /**
+   * What request bodies (and terminal sockets' input) may hold at once, per tenant and in all,
+   * shared with the terminal sockets (default: one of BodyBudget's default limits).
+   */
+  bodyBudget?: BodyBudget | undefined
   /** The per-key and per-tenant budgets, shared with the other ways in (terminal sockets). */
   rateLimits: RateLimits
   /** The operator's maxima (shown at `GET /v1/runtime`; the tenant rate and key count are enforced here). */
@@ -209,7 +206,7 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
   installAuth(app, deps.keys, deps.rateLimits, isPreviewRequest)
   installBodyBudget(
     app,
-    new BodyBudget(deps.bodyBudget ?? bodyBudgetLimits({}, deps.maxUploadBytes)),
+    deps.bodyBudget ?? new BodyBudget(bodyBudgetLimits({}, deps.maxUploadBytes)),
     Math.max(deps.maxUploadBytes, JSON_BODY_LIMIT_BYTES),
   )
   app.get('/healthz', { schema: { hide: true, response: { 200: HealthSchema } } }, async () => ({

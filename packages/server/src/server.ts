@@ -31,6 +31,7 @@ import { writeCredentialsIfMissing } from './credentials.js'
 import { createOwnerOnly, runtimeIdOf } from './data-dir.js'
 import { type Db, openDatabase, type StatementTap } from './db/database.js'
 import { ConnectionAdmission } from './http/admission.js'
+import { BodyBudget } from './http/body-budget.js'
 import { reservePorts } from './http/port-reservation.js'
 import type { ImageService } from './images/image-service.js'
 import { ManualSnapshotCap } from './limits/snapshot-cap.js'
@@ -400,6 +401,8 @@ export async function startServer(
       ratePerSecond: config.rateLimitPerSecond,
       tenantRatePerSecond: config.operatorLimits.tenantRateLimitPerSecond,
     })
+    // One budget for what request bodies and terminal sockets' input hold, per tenant and in all.
+    const bodyBudget = new BodyBudget(config.bodyBudget)
     const app = await buildApp({
       cluster: cluster ? { nodes: cluster.nodes, publish: cluster.publish, mover } : undefined,
       commands,
@@ -421,7 +424,7 @@ export async function startServer(
       agents,
       sessions,
       maxUploadBytes: config.maxUploadBytes,
-      bodyBudget: config.bodyBudget,
+      bodyBudget,
       rateLimits,
       operatorLimits: config.operatorLimits,
       sseHeartbeatMs: config.sseHeartbeatMs,
@@ -440,6 +443,7 @@ export async function startServer(
       commands,
       logger,
       rateLimits,
+      bodyBudget,
       stallMs: config.sseStallMs,
     })
     terminals.attach(app.server)

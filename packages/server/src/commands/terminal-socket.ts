@@ -5,6 +5,7 @@ import type { Logger } from 'pino'
 import { type RawData, type WebSocket, WebSocketServer } from 'ws'
 import type { ApiKeyStore, Principal } from '../auth/api-keys.js'
 import type { RateLimits } from '../auth/plugin.js'
+import type { BodyBudget } from '../http/body-budget.js'
 import { toErrorBody } from '../http/errors.js'
 import { DEFAULT_SSE_STALL_MS } from '../http/sse.js'
 import { COMMAND_WAIT_MS, type CommandService } from './command-service.js'
@@ -47,6 +48,11 @@ export class TerminalSockets {
       rateLimits?: RateLimits | undefined
       /** A client that takes nothing of its output for this long is cut, as an SSE stream's (default 60 s). */
       stallMs?: number | undefined
+      /**
+       * What request bodies hold, per tenant and in all: a socket's input not yet taken by its
+       * command counts there too, and a socket is read no further while its tenant's is spent.
+       */
+      bodyBudget?: BodyBudget | undefined
     },
   ) {}
 
@@ -124,24 +130,34 @@ export class TerminalSockets {
     // takes, not what a client sends.
     let inputs = Promise.resolve()
     const queued = { bytes: 0, messages: 0 }
+    const budget = this.deps.bodyBudget
+    // Without this, each socket held its 4 MiB for a command that reads nothing, and a tenant
+    // opened as many as its connections (60 sockets: 380 MiB of the server's memory).
+    const withinBudget = () => budget?.within(at.tenantId) ?? true
+    const resumeWhenRoom = () => {
+      if (!open || !ws.isPaused) return
+      if (queued.bytes > INPUT_QUEUE_BYTES / 2 || queued.messages > INPUT_QUEUE_MESSAGES / 2) return
+      if (withinBudget()) ws.resume()
+      else setTimeout(resumeWhenRoom, RATE_WAIT_MS).unref()
+    }
     ws.on('message', (data: RawData, binary: boolean) => {
       const bytes = rawBytes(data)
       queued.bytes += bytes
       queued.messages++
-      if (queued.bytes > INPUT_QUEUE_BYTES || queued.messages > INPUT_QUEUE_MESSAGES) ws.pause()
+      const room = budget?.hold(at.tenantId, bytes) ?? true
+      if (!room || queued.bytes > INPUT_QUEUE_BYTES || queued.messages > INPUT_QUEUE_MESSAGES) ws.pause()
       inputs = inputs.then(async () => {
-        await this.admitted(principal)
-        await this.input(at, data, binary).catch((error: unknown) => {
-          if (open) ws.send(JSON.stringify({ type: 'error', error: problemOf(error) }))
-        })
-        queued.bytes -= bytes
-        queued.messages--
-        if (
-          ws.isPaused &&
-          queued.bytes <= INPUT_QUEUE_BYTES / 2 &&
-          queued.messages <= INPUT_QUEUE_MESSAGES / 2
-        )
-          ws.resume()
+        try {
+          await this.admitted(principal)
+          await this.input(at, data, binary).catch((error: unknown) => {
+            if (open) ws.send(JSON.stringify({ type: 'error', error: problemOf(error) }))
+          })
+        } finally {
+          queued.bytes -= bytes
+          queued.messages--
+          budget?.give(at.tenantId, bytes)
+        }
+        resumeWhenRoom()
       })
     })
     let next = offset

@@ -71,6 +71,24 @@ export class BodyBudget {
     this.total += bytes
   }
 
+  /**
+   * Counts `bytes` for `tenantId` whatever they make (bytes already read, such as a WebSocket
+   * message): whether the tenant and the total are still within their limits after them.
+   */
+  hold(tenantId: string, bytes: number): boolean {
+    const tenant = (this.tenants.get(tenantId) ?? 0) + bytes
+    this.tenants.set(tenantId, tenant)
+    this.total += bytes
+    return this.within(tenantId)
+  }
+
+  /** Whether `tenantId` and the total hold no more than their limits. */
+  within(tenantId: string): boolean {
+    return (
+      (this.tenants.get(tenantId) ?? 0) <= this.limits.perTenantBytes && this.total <= this.limits.totalBytes
+    )
+  }
+
   give(tenantId: string, bytes: number): void {
     const left = (this.tenants.get(tenantId) ?? 0) - bytes
     if (left > 0) this.tenants.set(tenantId, left)

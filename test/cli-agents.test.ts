@@ -3,7 +3,7 @@ import { mkdtemp, rm } from 'node:fs/promises'
 import os from 'node:os'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { assertBuilt, type CliOptions, spawnCli } from './helpers/cli.js'
+import { assertBuilt, cliOf } from './helpers/cli.js'
 import { makeProject } from './helpers/projects.js'
 import { startTestServer, type TestServer } from './helpers/server.js'
 
@@ -12,13 +12,7 @@ let configDir: string
 let env: Record<string, string>
 const cleanup: string[] = []
 
-const cairn = (args: string[], options: CliOptions = {}) => spawnCli(args, env, options).done
-const json = async (args: string[], options: CliOptions = {}) => {
-  const r = await cairn([...args, '--json'], options)
-  expect(r.stderr).not.toContain('✗')
-  expect(r.code).toBe(0)
-  return JSON.parse(r.stdout)
-}
+const { cairn, json } = cliOf(() => env)
 const project = async (files: Record<string, string>) => {
   const dir = await makeProject(files)
   cleanup.push(dir)

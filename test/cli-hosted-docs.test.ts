@@ -11,7 +11,7 @@ import path from 'node:path'
 import { promisify } from 'node:util'
 import Cairn, { ValidationError } from '@cairn/sdk'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { assertBuilt, CLI_BIN, type CliOptions, spawnCli, waitFor } from './helpers/cli.js'
+import { assertBuilt, CLI_BIN, cliOf, waitFor } from './helpers/cli.js'
 import { makeProject } from './helpers/projects.js'
 import { EXAMPLES, startTestServer, type TestServer } from './helpers/server.js'
 
@@ -25,13 +25,7 @@ let env: Record<string, string>
 /** How far the server's clock is set back: sessions created meanwhile were last active then. */
 let clockBackMs = 0
 
-const cairn = (args: string[], options: CliOptions = {}) => spawnCli(args, env, options).done
-const json = async (args: string[]) => {
-  const r = await cairn([...args, '--json'])
-  expect(r.stderr).not.toContain('✗')
-  expect(r.code).toBe(0)
-  return JSON.parse(r.stdout)
-}
+const { cairn, json } = cliOf(() => env)
 /** A session of `agent` created with the server's clock set back by `backMs`. */
 async function sessionAt(agent: string, backMs: number, title?: string): Promise<string> {
   clockBackMs = backMs

@@ -3,7 +3,7 @@ import { mkdtemp, rm } from 'node:fs/promises'
 import os from 'node:os'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { assertBuilt, CLI_BIN, type CliOptions, type CliResult, spawnCli } from './helpers/cli.js'
+import { assertBuilt, CLI_BIN, type CliResult, cliOf } from './helpers/cli.js'
 import { makeProject } from './helpers/projects.js'
 import { EXAMPLES, REPO_ROOT, startTestServer, type TestServer } from './helpers/server.js'
 
@@ -14,7 +14,7 @@ let t: TestServer
 let configDir: string
 let env: Record<string, string>
 
-const cairn = (args: string[], options: CliOptions = {}) => spawnCli(args, env, options).done
+const { cairn } = cliOf(() => env)
 const ESC = '\x1b['
 
 /** Runs the CLI with the read end of one of its output pipes closed before it writes anything. */

@@ -4,20 +4,14 @@ import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises'
 import os from 'node:os'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { assertBuilt, type CliOptions, jsonLines, spawnCli } from './helpers/cli.js'
+import { assertBuilt, cliOf, jsonLines } from './helpers/cli.js'
 import { EXAMPLES, startTestServer, type TestServer } from './helpers/server.js'
 
 let t: TestServer
 let work: string
 let env: Record<string, string>
 
-const cairn = (args: string[], options: CliOptions = {}) => spawnCli(args, env, options).done
-const json = async (args: string[], options: CliOptions = {}) => {
-  const r = await cairn([...args, '--json'], options)
-  expect(r.stderr).not.toContain('✗')
-  expect(r.code).toBe(0)
-  return JSON.parse(r.stdout)
-}
+const { cairn, json } = cliOf(() => env)
 const notesOf = async (id: string) => (await cairn(['sessions', 'cat', id, 'notes.md'])).stdout
 
 beforeAll(async () => {

@@ -2,7 +2,7 @@ import { mkdtemp, readFile, rm } from 'node:fs/promises'
 import os from 'node:os'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { assertBuilt, type CliOptions, jsonLines, spawnCli, waitFor } from './helpers/cli.js'
+import { assertBuilt, cliOf, jsonLines, spawnCli, waitFor } from './helpers/cli.js'
 import { makeProject } from './helpers/projects.js'
 import { EXAMPLES, startTestServer, type TestServer } from './helpers/server.js'
 
@@ -10,13 +10,7 @@ let t: TestServer
 let configDir: string
 let env: Record<string, string>
 
-const cairn = (args: string[], options: CliOptions = {}) => spawnCli(args, env, options).done
-const json = async (args: string[], options: CliOptions = {}) => {
-  const r = await cairn([...args, '--json'], options)
-  expect(r.stderr).not.toContain('✗')
-  expect(r.code).toBe(0)
-  return JSON.parse(r.stdout)
-}
+const { cairn, json } = cliOf(() => env)
 
 beforeAll(async () => {
   assertBuilt()

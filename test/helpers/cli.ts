@@ -1,6 +1,7 @@
 import { type ChildProcess, spawn } from 'node:child_process'
 import { existsSync } from 'node:fs'
 import path from 'node:path'
+import { expect } from 'vitest'
 import { REPO_ROOT } from './server.js'
 
 /** The built `cairn` binary (tests run it as users do; `npm run build` first). */
@@ -64,6 +65,21 @@ export function spawnCli(
     })
   })
   return { child, done, output: () => ({ stdout, stderr }) }
+}
+
+/**
+ * A test file's `cairn …` (its result) and `cairn … --json` (asserted to succeed, its output
+ * parsed), run with the variables `env()` gives when called (a file sets them in its beforeAll).
+ */
+export function cliOf(env: () => Record<string, string>) {
+  const cairn = (args: string[], options: CliOptions = {}) => spawnCli(args, env(), options).done
+  const json = async (args: string[], options: CliOptions = {}) => {
+    const r = await cairn([...args, '--json'], options)
+    expect(r.stderr).not.toContain('✗')
+    expect(r.code).toBe(0)
+    return JSON.parse(r.stdout)
+  }
+  return { cairn, json }
 }
 
 export async function waitFor(check: () => boolean, timeoutMs = 20_000, what = 'condition'): Promise<void> {

@@ -3,7 +3,6 @@ import { createHash } from 'node:crypto'
 import { readdirSync } from 'node:fs'
 import { chmod, readFile, writeFile } from 'node:fs/promises'
 import path from 'node:path'
-import { CairnProblem } from '@cairn/protocol'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import type { ShippingBucket } from '../../packages/runtime/src/shipping/bucket.js'
 import { type ChainLink, chainKey } from '../../packages/runtime/src/shipping/chain-link.js'
@@ -14,6 +13,7 @@ import { WorkspaceShipper } from '../../packages/runtime/src/shipping/workspace-
 import type { BtrfsPool } from '../../packages/runtime/src/storage/btrfs-pool.js'
 import type { StoragePool } from '../../packages/runtime/src/storage/pool.js'
 import { sessionId } from '../../packages/runtime/test/harness.js'
+import { rejection } from '../../packages/runtime/test/settled.js'
 import { newWorkspace, openBucket, ShippingPools, turn } from '../../packages/runtime/test/shipping-pools.js'
 import { startObjectStore, type TestObjectStore } from '../helpers/rgw.js'
 
@@ -42,15 +42,6 @@ afterAll(async () => {
 
 function stagingLeftovers(pool: StoragePool): string[] {
   return readdirSync(pool.areaDir('staging'))
-}
-
-async function rejection(promise: Promise<unknown>): Promise<CairnProblem> {
-  const error = await promise.then(
-    () => undefined,
-    (e: unknown) => e,
-  )
-  expect(error).toBeInstanceOf(CairnProblem)
-  return error as CairnProblem
 }
 
 describe('a shipped chain from the bucket is untrusted', () => {

@@ -6,6 +6,7 @@ import path from 'node:path'
 import type { AgentProtocolName } from '@cairn/protocol'
 import type { AgentProcess } from '../src/agent/agent-process.js'
 import type { AgentEvent, AgentLaunch, TurnOutcome } from '../src/agent/types.js'
+import type { AgentSpec } from '../src/port/runtime-port.js'
 import { Runtime } from '../src/runtime.js'
 import { readMounts } from '../src/util/mounts.js'
 
@@ -65,6 +66,19 @@ export async function makeRevision(
 let sessionCounter = 0
 
 /** A short session id the pool accepts (`ses_<base36>`), unique within this test process. */
+/** A port test's agent: its revision's `agent.py` on python3, over stdio, with small limits. */
+export function agentSpec(sessionId: string, tenantId: string, turnTimeoutMs = 20_000): AgentSpec {
+  return {
+    sessionId,
+    tenantId,
+    command: ['python3', 'agent.py'],
+    protocol: 'stdio',
+    env: {},
+    limits: { memoryMiB: 256, pids: 64, cpus: 1 },
+    turnTimeoutMs,
+  }
+}
+
 export function sessionId(tag: string): string {
   sessionCounter++
   return `ses_${tag}${process.pid.toString(36)}x${sessionCounter.toString(36)}`

@@ -1,7 +1,14 @@
 import { Readable } from 'node:stream'
 import { CairnProblem, newId } from '@cairn/protocol'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { makeRevision, openTestRuntime, sessionId, type TestRuntime, waitFor } from '../../test/harness.js'
+import {
+  agentSpec,
+  makeRevision,
+  openTestRuntime,
+  sessionId,
+  type TestRuntime,
+  waitFor,
+} from '../../test/harness.js'
 import type { AgentEvent, TurnOutcome } from '../agent/types.js'
 import { LocalRuntimePort } from './local-runtime-port.js'
 import type { AgentSpec } from './runtime-port.js'
@@ -26,17 +33,7 @@ const SLOW =
 const ECHO =
   'import sys\nwhile True:\n    line = input()\n    open("seen.txt", "a").write(line + "\\n") if line.startswith("write") else None\n    print("re:", line)\n'
 
-function spec(id: string, tenantId = 'ten_a'): AgentSpec {
-  return {
-    sessionId: id,
-    tenantId,
-    command: ['python3', 'agent.py'],
-    protocol: 'stdio',
-    env: {},
-    limits: { memoryMiB: 256, pids: 64, cpus: 1 },
-    turnTimeoutMs: 10_000,
-  }
-}
+const spec = (id: string, tenantId = 'ten_a'): AgentSpec => agentSpec(id, tenantId, 10_000)
 
 async function turn(
   id: string,

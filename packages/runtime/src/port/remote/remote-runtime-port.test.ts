@@ -6,10 +6,18 @@ import net from 'node:net'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { Readable } from 'node:stream'
-import { CairnProblem, newId } from '@cairn/protocol'
+import { newId } from '@cairn/protocol'
 import * as tar from 'tar'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { makeRevision, openTestRuntime, sessionId, type TestRuntime, waitFor } from '../../../test/harness.js'
+import {
+  agentSpec,
+  makeRevision,
+  openTestRuntime,
+  sessionId,
+  type TestRuntime,
+  waitFor,
+} from '../../../test/harness.js'
+import { rejection } from '../../../test/settled.js'
 import type { NetworkEvent } from '../../egress/proxy.js'
 import { LocalRuntimePort } from '../local-runtime-port.js'
 import type { AgentSpec, PauseEvent, RuntimeEvents } from '../runtime-port.js'
@@ -67,31 +75,12 @@ const recorder: RuntimeEvents = {
   network: (id, event) => seen.network.push([id, event]),
 }
 
-function spec(id: string, tenantId = 'ten_r'): AgentSpec {
-  return {
-    sessionId: id,
-    tenantId,
-    command: ['python3', 'agent.py'],
-    protocol: 'stdio',
-    env: {},
-    limits: { memoryMiB: 256, pids: 64, cpus: 1 },
-    turnTimeoutMs: 20_000,
-  }
-}
+const spec = (id: string, tenantId = 'ten_r'): AgentSpec => agentSpec(id, tenantId)
 
 async function readAll(stream: Readable): Promise<Buffer> {
   const chunks: Buffer[] = []
   for await (const chunk of stream) chunks.push(chunk as Buffer)
   return Buffer.concat(chunks)
-}
-
-async function refusal(promise: Promise<unknown>): Promise<CairnProblem> {
-  const error = await promise.then(
-    () => undefined,
-    (e: unknown) => e,
-  )
-  if (!(error instanceof CairnProblem)) throw new Error(`expected a CairnProblem, got ${String(error)}`)
-  return error
 }
 
 /** A project as a deploy receives it: a tar.gz of its files. */
@@ -424,22 +413,22 @@ describe('RemoteRuntimePort over mutual TLS to a served LocalRuntimePort', () =>
       })
       await remote.startAgent(spec(a, 'ten_cap'))
       await release()
-      const limit = await refusal(
+      const limit = await rejection(
         remote.admitAgent({ sessionId: b, tenantId: 'ten_cap', maxSandboxesPerTenant: 1, busy: [a] }),
       )
       expect(limit.code).toBe('sandbox_limit_reached')
       expect(limit.details).toMatchObject({ limit: 'maxSandboxesPerTenant', ceiling: 1 })
-      expect((await refusal(remote.checkpointForSnapshot(b, newId('snapshot')))).code).toBe(
+      expect((await rejection(remote.checkpointForSnapshot(b, newId('snapshot')))).code).toBe(
         'sandbox_not_running',
       )
       expect(
-        (await refusal(remote.stageRevision('rev_x', 'ten_cap', Buffer.from('not a tar')))).code,
+        (await rejection(remote.stageRevision('rev_x', 'ten_cap', Buffer.from('not a tar')))).code,
       ).toMatch(/invalid_archive|bad_request/)
       // A name that would be a path on the node is refused there, before the runtime sees it.
-      const traversal = await refusal(remote.hasTree({ revisionId: '../../etc' }))
+      const traversal = await rejection(remote.hasTree({ revisionId: '../../etc' }))
       expect(traversal.code).toBe('bad_request')
       expect(traversal.message).toMatch(/hasTree: argument \/0/)
-      expect((await refusal(remote.hasPath({ revisionId: REVISION }, '../../../etc/passwd'))).code).toBe(
+      expect((await rejection(remote.hasPath({ revisionId: REVISION }, '../../../etc/passwd'))).code).toBe(
         'bad_request',
       )
       expect(await remote.hasPath({ revisionId: REVISION }, 'agent.py')).toBe(true)
@@ -449,7 +438,7 @@ describe('RemoteRuntimePort over mutual TLS to a served LocalRuntimePort', () =>
         { seq: -1, treeDigest: `sha256:${'0'.repeat(64)}` },
         { seq: 2, treeDigest: 'x' },
       ]) {
-        const unpinned = await refusal(remote.restoreFromBucket(b, 'ten_cap', head as never))
+        const unpinned = await rejection(remote.restoreFromBucket(b, 'ten_cap', head as never))
         expect(unpinned.code).toBe('bad_request')
         expect(unpinned.message).toMatch(/restoreFromBucket: argument \/2/)
       }
@@ -486,10 +475,10 @@ describe('RemoteRuntimePort over mutual TLS to a served LocalRuntimePort', () =>
     await runWithOwnerEpoch(5, () => remote.createWorkspace(id, REVISION, 'ten_r'))
     // The session moved to epoch 6 (a new owner): the old owner's calls change nothing.
     expect(await runWithOwnerEpoch(6, () => remote.hasWorkspace(id))).toBe(true)
-    const stale = await refusal(runWithOwnerEpoch(5, () => remote.deleteWorkspace(id)))
+    const stale = await rejection(runWithOwnerEpoch(5, () => remote.deleteWorkspace(id)))
     expect(stale.code).toBe('stale_epoch')
     expect(stale.status).toBe(409)
-    expect((await refusal(remote.deleteWorkspace(id))).code).toBe('stale_epoch')
+    expect((await rejection(remote.deleteWorkspace(id))).code).toBe('stale_epoch')
     expect(await local.hasWorkspace(id)).toBe(true)
     // Calls keyed by no session need none.
     expect(await remote.warmCount()).toBeGreaterThanOrEqual(0)
@@ -506,7 +495,7 @@ describe('RemoteRuntimePort over mutual TLS to a served LocalRuntimePort', () =>
     })
     const client = new RemoteRuntimePort({ url: node.url, tls: apiTls })
     try {
-      const problem = await refusal(client.warmCount())
+      const problem = await rejection(client.warmCount())
       expect(problem.code).toBe('node_fenced')
       fenced = false
       expect(typeof (await client.warmCount())).toBe('number')
@@ -526,7 +515,7 @@ describe('RemoteRuntimePort over mutual TLS to a served LocalRuntimePort', () =>
       // (ERR_HTTP2_INVALID_SESSION; the cluster model test's soak, seed 662845832, sequence 28).
       const connection = (client as unknown as { connection: ClientHttp2Session }).connection
       connection.socket.once('secureConnect', () => connection.destroy())
-      expect((await refusal(call)).code).toBe('node_unavailable')
+      expect((await rejection(call)).code).toBe('node_unavailable')
       // The next call opens a new connection.
       expect(typeof (await client.warmCount())).toBe('number')
     } finally {
@@ -551,14 +540,14 @@ describe('RemoteRuntimePort over mutual TLS to a served LocalRuntimePort', () =>
         expect((await iterator.next()).value).toMatchObject({ type: 'event' })
         const started = Date.now()
         relay[fault]()
-        const problem = await refusal(iterator.next())
+        const problem = await rejection(iterator.next())
         expect(problem.code).toBe('node_unavailable')
         expect(problem.status).toBe(503)
         // A crash is seen at once; a hang within about two keepalive periods.
         expect(Date.now() - started).toBeLessThan(5000)
         // The node saw its caller go: the turn is cancelled there too.
         expect(await waitFor(async () => !(await local.agent(id))?.alive, 10_000)).toBe(true)
-        expect((await refusal(client.warmCount())).code).toBe('node_unavailable')
+        expect((await rejection(client.warmCount())).code).toBe('node_unavailable')
       } finally {
         await client.close()
         await relay.close()

@@ -7,7 +7,14 @@ import path from 'node:path'
 import { newId, type TranscriptLine } from '@cairn/protocol'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { startTcpProxy } from '../../../../../test/helpers/tcp-proxy.js'
-import { makeRevision, openTestRuntime, sessionId, type TestRuntime, waitFor } from '../../../test/harness.js'
+import {
+  agentSpec,
+  makeRevision,
+  openTestRuntime,
+  sessionId,
+  type TestRuntime,
+  waitFor,
+} from '../../../test/harness.js'
 import { LocalRuntimePort } from '../local-runtime-port.js'
 import type { AgentSpec } from '../runtime-port.js'
 import type { TurnMessage } from '../turn-stream.js'
@@ -47,17 +54,7 @@ async function countingRelay(url: string) {
   return { url: proxy.url.replace('http:', 'https:'), proxy }
 }
 
-function spec(id: string): AgentSpec {
-  return {
-    sessionId: id,
-    tenantId: 'ten_tx',
-    command: ['python3', 'agent.py'],
-    protocol: 'stdio',
-    env: {},
-    limits: { memoryMiB: 256, pids: 64, cpus: 1 },
-    turnTimeoutMs: 20_000,
-  }
-}
+const spec = (id: string): AgentSpec => agentSpec(id, 'ten_tx')
 
 /** What the agent answers for `lines`: their file's SHA-256 (JSON lines) and count. */
 function expected(lines: readonly TranscriptLine[]): string {

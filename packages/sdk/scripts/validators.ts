@@ -4,8 +4,9 @@
 // makes one request: bench/cli.ts). The schemas themselves go in as JSON, parsed only when a response
 // fails its check, to name the first mismatch with TypeBox's own `Errors` (what `Value.Errors` says).
 //
-//   node --import tsx packages/sdk/scripts/validators.ts          (writes the file)
-//   validators.test.ts fails while the file is not what this script writes.
+//   node --import tsx packages/sdk/scripts/validators.ts   (writes the file; reads @cairn/protocol's dist)
+// `npm run build` runs it after building the protocol, so a changed schema is checked as it now is;
+// validators.test.ts fails while the file is not what this script writes (commit it).
 import { writeFileSync } from 'node:fs'
 import { fileURLToPath } from 'node:url'
 import * as protocol from '@cairn/protocol'

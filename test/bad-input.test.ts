@@ -1,5 +1,6 @@
 import { existsSync } from 'node:fs'
 import { readdir } from 'node:fs/promises'
+import { connect } from 'node:net'
 import path from 'node:path'
 import { isDeepStrictEqual } from 'node:util'
 import { readManifest } from '@cairn/server'
@@ -251,6 +252,27 @@ describe('bad input gets a clear, typed error and loses nothing', () => {
     expect(checked).toBeGreaterThan(5)
   })
 
+  it("answers what Node's HTTP server refused bare, a request without Host and an unmet Expect, in the registry's shape", async () => {
+    const auth = `Authorization: Bearer ${t.key}\r\n`
+    const noHost = await rawExchange(t.url, `GET /v1/sessions HTTP/1.1\r\n${auth}Connection: close\r\n\r\n`)
+    expect(noHost).toMatch(/^HTTP\/1\.1 400 /)
+    expect(noHost).toContain('"code":"bad_request"')
+    expect(noHost).toContain('Host header')
+    const body = '{"agent":"echo"}'
+    const framing = `Host: x\r\n${auth}Content-Type: application/json\r\nContent-Length: ${body.length}\r\n`
+    const unmet = await rawExchange(t.url, `POST /v1/sessions HTTP/1.1\r\n${framing}Expect: 200-ok\r\n\r\n`)
+    expect(unmet).toMatch(/^HTTP\/1\.1 400 /)
+    expect(unmet).toContain('"code":"bad_request"')
+    expect(unmet).toContain('only 100-continue')
+    // 100-continue is met: the client is told to go on, and its request is answered.
+    const met = await rawExchange(
+      t.url,
+      `POST /v1/sessions HTTP/1.1\r\n${framing}Expect: 100-continue\r\nConnection: close\r\n\r\n`,
+      body,
+    )
+    expect(met).toMatch(/^HTTP\/1\.1 100 Continue\r\n\r\nHTTP\/1\.1 201 /)
+  })
+
   it('names the unknown field of a request body and the nearest known one, at any depth', async () => {
     const top = await t.api.call('POST', '/v1/sessions', { agent: 'echo', idleTimeout: 5000 })
     expect(top.status).toBe(400)
@@ -428,3 +450,26 @@ describe('a JSON body is validated as typed: nothing is coerced', () => {
     expect((await t.api.call('GET', '/v1/sessions?limit=one')).body.error.code).toBe('validation_failed')
   })
 })
+
+/**
+ * Sends `head` on a connection of its own (then `body` once the server answered something), and
+ * gives what came back until the server closed it or 5 s passed.
+ */
+function rawExchange(base: string, head: string, body?: string): Promise<string> {
+  const { hostname, port } = new URL(base)
+  return new Promise((resolve) => {
+    const socket = connect(Number(port), hostname)
+    let answer = ''
+    const timer = setTimeout(() => socket.destroy(), 5000)
+    socket.on('data', (chunk) => {
+      if (answer === '' && body !== undefined) socket.write(body)
+      answer += chunk.toString('latin1')
+    })
+    socket.on('error', () => undefined)
+    socket.on('close', () => {
+      clearTimeout(timer)
+      resolve(answer)
+    })
+    socket.write(head)
+  })
+}

@@ -1,4 +1,4 @@
-import { API_VERSION, type ErrorBody, HealthSchema } from '@cairn/protocol'
+import { API_VERSION, CairnProblem, type ErrorBody, HealthSchema } from '@cairn/protocol'
 import type { RuntimePort } from '@cairn/runtime/port'
 import swagger from '@fastify/swagger'
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify'
@@ -170,6 +170,11 @@ export async function buildApp(deps: AppDeps): Promise<FastifyInstance> {
     (request) => (isUploadMediaType(request.headers['content-type']) ? uploadLimit : JSON_LIMIT),
     shapeError,
   )
+  // The listener lets a request without Host through (admission.ts) for this typed answer.
+  app.addHook('onRequest', async (request) => {
+    if (request.raw.httpVersion === '1.1' && request.headers.host === undefined)
+      throw new CairnProblem('bad_request', 'an HTTP/1.1 request needs a Host header')
+  })
   refuseNonFiniteNumbers(app)
   acceptEmptyBodies(app, isPreviewRequest)
   app.addContentTypeParser(

@@ -1,5 +1,5 @@
 import { readFileSync } from 'node:fs'
-import type { IncomingMessage, Server } from 'node:http'
+import type { IncomingMessage, Server, ServerResponse } from 'node:http'
 import { isIPv6, type Socket } from 'node:net'
 import { ERROR_CODES, type ErrorCode } from '@cairn/protocol'
 import { errorBody } from './errors.js'
@@ -113,6 +113,13 @@ export class ConnectionAdmission {
       100,
       Math.min(1000, this.limits.headersTimeoutMs / 4),
     )
+    // Node answers these itself, bare (no body, no code): an HTTP/1.1 request without Host (400;
+    // the API answers it, a preview listener finds no preview in it) and an Expect other than
+    // 100-continue (417): both are answered in the registry's shape instead.
+    ;(server as Server & { requireHostHeader: boolean }).requireHostHeader = false
+    server.on('checkExpectation', (request: IncomingMessage, response: ServerResponse) =>
+      answerUnmetExpectation(request, response),
+    )
     server.on('connection', (socket: Socket) => this.admit(socket))
     const started = (request: IncomingMessage) => this.started(request.socket)
     server.on('request', started)
@@ -158,6 +165,23 @@ export class ConnectionAdmission {
     clearTimeout(timer)
     this.waiting.delete(socket)
   }
+}
+
+/** An `Expect` other than `100-continue`: refused in the registry's shape (Node sent a bare 417). */
+function answerUnmetExpectation(request: IncomingMessage, response: ServerResponse): void {
+  const body = JSON.stringify(
+    errorBody(
+      'bad_request',
+      `Expect: ${String(request.headers.expect).slice(0, 100)} is not taken; only 100-continue is`,
+    ),
+  )
+  response.shouldKeepAlive = false
+  response
+    .writeHead(ERROR_CODES.bad_request.status, {
+      'content-type': 'application/json; charset=utf-8',
+      'content-length': Buffer.byteLength(body),
+    })
+    .end(body)
 }
 
 /** Answers a connection over a cap with its typed error and closes it once that is written. */

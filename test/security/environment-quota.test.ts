@@ -83,6 +83,8 @@ describe('a tenant whose trees fill its quota', () => {
     const before = await holdings(api, full)
     const usedBefore = await usedBytesOf(api)
     const answers: Record<string, string> = {}
+    /** What a write rolled back after a failure part way names as its undo point, where the rollback failed too. */
+    const undoNamed: Record<string, unknown> = {}
     const conformance = new OpenApiConformance(await (await fetch(`${t.url}/v1/openapi.json`)).json())
     const writes: Write[] = await writesOf(full)
     let usedAfter: number | undefined
@@ -97,10 +99,18 @@ describe('a tenant whose trees fill its quota', () => {
       const status =
         res.status === ERROR_STATUS[res.body?.error?.code as 'internal'] ? '' : ' (not its status)'
       answers[write.name] = `${res.status} ${res.body?.error?.code}${status}${wrong ? ` (${wrong})` : ''}`
+      if (write.rollsBack) undoNamed[write.name] = res.body?.error?.details?.snapshotId
     }
     expect(answers).toEqual(Object.fromEntries(writes.map((w) => [w.name, '507 quota_exceeded'])))
     expect(await holdings(api, full)).toEqual(before)
     expect(usedAfter).toBeLessThanOrEqual(usedBefore)
+    // A merge's and a merged import's rollback needs room too: refused, the write's own error is
+    // answered, naming the snapshot to restore (before: the rollback's, "set the generation of
+    // …/ses_….restoring failed", nothing named).
+    const kept = (await api.call('GET', `/v1/sessions/${full.session}/snapshots`)).body.data
+    const keptIds = (kept as { id: string }[]).map((snap) => snap.id)
+    expect(undoNamed).toEqual({ 'import merged': expect.any(String), merge: expect.any(String) })
+    for (const id of Object.values(undoNamed)) expect(keptIds).toContain(id)
   })
 })
 
@@ -142,6 +152,8 @@ interface Write {
   headers?: Record<string, string>
   /** An import or a merge: a snapshot to undo it is taken before it writes, and stays. */
   takesUndoPoint?: boolean
+  /** A failure part way puts the workspace back to that snapshot. */
+  rollsBack?: boolean
 }
 
 /** Each route that writes the tenant's bytes, with a request it would otherwise take. */
@@ -189,8 +201,16 @@ async function writesOf({ session, snapshot, fork }: FullTenant): Promise<Write[
       route: `${s}/workspace?mode=merge`,
       body: archive,
       takesUndoPoint: true,
+      rollsBack: true,
     },
-    { name: 'merge', method: 'POST', route: `/v1/sessions/${fork}/merge`, body: {}, takesUndoPoint: true },
+    {
+      name: 'merge',
+      method: 'POST',
+      route: `/v1/sessions/${fork}/merge`,
+      body: {},
+      takesUndoPoint: true,
+      rollsBack: true,
+    },
   ]
 }
 

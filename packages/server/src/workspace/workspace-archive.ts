@@ -5,7 +5,7 @@ import { DEFAULT_ARCHIVE_LIMITS, inspectArchive } from '../agents/archive.js'
 import type { SnapshotPins } from '../snapshots/snapshot-pins.js'
 import type { HeavyReads } from './heavy-reads.js'
 import type { SnapshotPolicy } from './snapshot-policy.js'
-import { SWAPS_WORKSPACE, type WorkspaceServiceDeps } from './workspace-deps.js'
+import { rollBack, SWAPS_WORKSPACE, type WorkspaceServiceDeps } from './workspace-deps.js'
 import type { WorkspaceFiles } from './workspace-files.js'
 
 /** A workspace as a tar.gz: export (of the live workspace or a snapshot) and import. */
@@ -108,11 +108,7 @@ export class WorkspaceArchive {
           try {
             await this.deps.runtime.unpackIntoWorkspace(id, archive)
           } catch (error) {
-            // Rolled back to the snapshot, as a restore would: a new generation, marker first.
-            const generation = (await store.generationOf(id)) + 1
-            await this.deps.runtime.restoreWorkspace(id, before.id, generation, row.tenant_id)
-            await this.deps.sessions.setGeneration(id, generation)
-            throw error
+            throw await rollBack(this.deps, row, before, error)
           }
           await this.deps.sessions.advanceGeneration(id)
         }

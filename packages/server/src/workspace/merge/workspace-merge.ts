@@ -15,7 +15,7 @@ import type { SnapshotPins } from '../../snapshots/snapshot-pins.js'
 import type { SnapshotStore } from '../../snapshots/snapshot-store.js'
 import type { HeavyReads } from '../heavy-reads.js'
 import type { SnapshotPolicy } from '../snapshot-policy.js'
-import { SWAPS_WORKSPACE, type WorkspaceServiceDeps } from '../workspace-deps.js'
+import { rollBack, SWAPS_WORKSPACE, type WorkspaceServiceDeps } from '../workspace-deps.js'
 import { type MergePlan, MergePlanner, type MergeTrees } from './merge-plan.js'
 
 /** A reservation's lease is renewed this often while the merge writes (the lease is 60 s). */
@@ -200,11 +200,7 @@ export class WorkspaceMerge {
     try {
       return await work()
     } catch (error) {
-      // Rolled back as a restore would: a new generation, marker first.
-      const generation = (await this.deps.sessions.store.generationOf(row.id)) + 1
-      await this.deps.runtime.restoreWorkspace(row.id, before.id, generation, row.tenant_id)
-      await this.deps.sessions.setGeneration(row.id, generation)
-      throw error
+      throw await rollBack(this.deps, row, before, error)
     }
   }
 

@@ -291,6 +291,15 @@ describe('bad input gets a clear, typed error and loses nothing', () => {
     expect(query.body.error.message).toBe(
       "unknown field 'limit[]' in the query string; did you mean 'limit'?",
     )
+    // A value out of a union of values names those it may be (it said "equal to constant" six times).
+    const status = await t.api.call('GET', '/v1/sessions?status=bogus')
+    expect(status.body.error.message).toBe(
+      "querystring/status must be 'active' or 'idle' or 'completed' or 'failed' or 'timeout' or 'deleted'",
+    )
+    const twice = await t.api.call('GET', '/v1/sessions?status=active&status=idle')
+    expect(twice.body.error.message).toBe(
+      "querystring/status must be string or 'active' or 'idle' or 'completed' or 'failed' or 'timeout' or 'deleted'",
+    )
   })
 })
 

@@ -81,10 +81,13 @@ function validationMessage(
 
 function issuesMessage(context: string | undefined, issues: readonly ValidationIssue[]): string | undefined {
   const byPlace = new Map<string, string[]>()
-  for (const { keyword, instancePath, message } of issues) {
+  for (const { keyword, instancePath, message, params } of issues) {
     // "must match a schema in anyOf" says nothing its branches' issues do not.
     if (keyword === 'anyOf' || message === undefined) continue
-    byPlace.set(instancePath, [...(byPlace.get(instancePath) ?? []), message])
+    // A union of values names them ("must be equal to constant" named none), each said once.
+    const said = keyword === 'const' ? `must be ${quoted(params.allowedValue)}` : message
+    const place = byPlace.get(instancePath) ?? []
+    if (!place.includes(said)) byPlace.set(instancePath, [...place, said])
   }
   if (context === undefined || byPlace.size === 0) return undefined
   return [...byPlace]
@@ -93,6 +96,10 @@ function issuesMessage(context: string | undefined, issues: readonly ValidationI
       return `${context}${place} ${[first, ...alternatives].join(' or ')}`
     })
     .join(', ')
+}
+
+function quoted(value: unknown): string {
+  return typeof value === 'string' ? `'${value}'` : JSON.stringify(value)
 }
 
 /** The words two messages start with (`must be `, `must have required property `), with the space after them. */

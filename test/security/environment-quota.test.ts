@@ -66,9 +66,10 @@ describe("a revision's dependency environment", () => {
 
 // Every route that writes a tenant's bytes (its trees in the pool, its artifacts, its command logs,
 // its turns), asked by a tenant whose pool trees are at its quota: each answers 507 quota_exceeded
-// in the registry's shape, as its OpenAPI document says, and leaves nothing of the write behind.
-// Before, a deploy's unpack answered 400 invalid_archive (node-tar's "Unknown system error -122")
-// and a workspace import 500 internal (the staging tree's chown), leaving that tree in the pool.
+// in the registry's shape, as its OpenAPI document says, and leaves nothing of the write behind
+// (but the undo snapshot a failed rollback names). Before, a deploy's unpack answered 400
+// invalid_archive (node-tar's "Unknown system error -122") and a workspace import 500 internal
+// (the staging tree's chown), leaving that tree in the pool and its undo snapshot in the list.
 describe('a tenant whose trees fill its quota', () => {
   let api: Api
   let full: FullTenant
@@ -102,7 +103,7 @@ describe('a tenant whose trees fill its quota', () => {
       if (write.rollsBack) undoNamed[write.name] = res.body?.error?.details?.snapshotId
     }
     expect(answers).toEqual(Object.fromEntries(writes.map((w) => [w.name, '507 quota_exceeded'])))
-    expect(await holdings(api, full)).toEqual(before)
+    expect(await holdings(api, full, Object.values(undoNamed))).toEqual(before)
     expect(usedAfter).toBeLessThanOrEqual(usedBefore)
     // A merge's and a merged import's rollback needs room too: refused, the write's own error is
     // answered, naming the snapshot to restore (before: the rollback's, "set the generation of
@@ -150,7 +151,7 @@ interface Write {
   route: string
   body: unknown
   headers?: Record<string, string>
-  /** An import or a merge: a snapshot to undo it is taken before it writes, and stays. */
+  /** An import or a merge: a snapshot to undo it is taken before it writes. */
   takesUndoPoint?: boolean
   /** A failure part way puts the workspace back to that snapshot. */
   rollsBack?: boolean
@@ -214,8 +215,6 @@ async function writesOf({ session, snapshot, fork }: FullTenant): Promise<Write[
   ]
 }
 
-const UNDO_POINTS = ['before_import', 'before_merge']
-
 /** The tenant's usage once it is back to `before` (the pool counts a deleted tree until its next commit), or after ~10 s. */
 async function settledUsage(api: Api, before: number): Promise<number> {
   let used = await usedBytesOf(api)
@@ -230,20 +229,16 @@ const usedBytesOf = async (api: Api) => (await api.call('GET', '/v1/usage')).bod
 
 /**
  * What the tenant holds: its sessions, agents (their current revisions), the session's snapshots,
- * artifacts, the pool's trees. An import's and a merge's undo point (the snapshot each takes before
- * it writes) stays after a failure, as after any import or merge: left out.
+ * artifacts, the pool's trees; but the snapshots in `named` (what a failed rollback names to restore).
  */
-async function holdings(api: Api, { session }: FullTenant) {
-  const list = async (route: string) =>
-    (await api.call('GET', route)).body.data as { id: string; reason?: string }[]
-  const snapshots = await list(`/v1/sessions/${session}/snapshots`)
-  const undo = new Set(snapshots.filter((s) => UNDO_POINTS.includes(s.reason ?? '')).map((s) => s.id))
-  const kept = (names: string[]) => names.filter((name) => !undo.has(name))
+async function holdings(api: Api, { session }: FullTenant, named: unknown[] = []) {
+  const list = async (route: string) => (await api.call('GET', route)).body.data as { id: string }[]
+  const kept = (names: string[]) => names.filter((name) => !named.includes(name))
   const trees = await Promise.all(POOL_AREAS.map((area) => t.server.runtime.pool.listArea(area)))
   return {
     sessions: (await list('/v1/sessions')).map((s) => s.id),
     agents: (await api.call('GET', '/v1/agents')).body.data,
-    snapshots: kept(snapshots.map((s) => s.id)),
+    snapshots: kept((await list(`/v1/sessions/${session}/snapshots`)).map((s) => s.id)),
     artifacts: (await list('/v1/agents/shell/artifacts')).map((a) => a.id),
     trees: Object.fromEntries(POOL_AREAS.map((area, i) => [area, kept(trees[i] ?? [])])),
   }

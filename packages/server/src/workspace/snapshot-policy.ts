@@ -275,6 +275,13 @@ export class SnapshotPolicy implements SessionObserver {
     await this.retention
   }
 
+  /** Removes one snapshot of the session (one its request took, when that request failed). */
+  async drop(sessionId: string, snap: SnapshotInfo): Promise<void> {
+    await this.snapshots.markDeleted(snap.id, this.now())
+    this.snapshotDeleted(sessionId, snap.id)
+    await this.deps.runtime.deleteSnapshot(snap.id)
+  }
+
   /** Removes every snapshot of a deleted session. */
   async deleteAll(sessionId: string): Promise<void> {
     await this.retention

@@ -102,7 +102,22 @@ export class WorkspaceArchive {
           // The imported tree is a new generation: its marker is set before it is swapped in,
           // the database follows.
           const generation = (await store.generationOf(id)) + 1
-          await this.deps.runtime.replaceWorkspaceWithArchive(id, row.tenant_id, archive, generation)
+          try {
+            await this.deps.runtime.replaceWorkspaceWithArchive(id, row.tenant_id, archive, generation)
+          } catch (error) {
+            // The workspace is as it was: its undo snapshot, the same tree, would only stay
+            // counted toward the manual snapshot cap (and the quota) unless one reads it meanwhile.
+            if (this.pins.claimForDeletion(before.id))
+              await this.policy
+                .drop(id, before)
+                .catch((e: unknown) =>
+                  this.deps.logger.warn(
+                    { err: e, snapshot: before.id },
+                    "removing a failed import's snapshot failed",
+                  ),
+                )
+            throw error
+          }
           await this.deps.sessions.setGeneration(id, generation)
         } else {
           try {

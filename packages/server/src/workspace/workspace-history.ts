@@ -354,10 +354,8 @@ export class WorkspaceHistory {
     return snap
   }
 
-  private async dropSnapshot(sessionId: string, snap: SnapshotInfo): Promise<void> {
-    await this.snapshots.markDeleted(snap.id, this.now())
-    this.policy.snapshotDeleted(sessionId, snap.id)
-    await this.deps.runtime.deleteSnapshot(snap.id)
+  private dropSnapshot(sessionId: string, snap: SnapshotInfo): Promise<void> {
+    return this.policy.drop(sessionId, snap)
   }
 
   /** A new session whose workspace is the snapshot and whose transcript is the parent's up to its turn. */

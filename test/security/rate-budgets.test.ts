@@ -170,6 +170,13 @@ describe('rate budgets across the ways in', () => {
       })
       expect(killed.status, JSON.stringify(killed.body)).toBe(200)
       expect(await wholeUpload(limited.url, limited.key, upload)).toBe('404')
+      // Two turns' streams whose clients leave once their bodies (1.5 MiB each) were read give
+      // them back: a streamed answer closed by its client ran no onResponse, and kept them for good.
+      for (let i = 0; i < 2; i++) {
+        const other = (await limited.api.createSession('shell')).id
+        await dropStreamAfterStart(limited.url, limited.key, other, 'sleep 30', 1.5 * MIB)
+      }
+      expect(await wholeUpload(limited.url, limited.key, upload)).toBe('404')
     } finally {
       terminal?.terminate()
       for (const socket of held) socket.destroy()
@@ -238,4 +245,36 @@ async function wholeUpload(base: string, key: string, path: string): Promise<str
     if (status !== '404') await new Promise((resolve) => setTimeout(resolve, 100))
   }
   return status
+}
+
+/**
+ * Sends `prompt` to `sessionId` in a body padded with JSON whitespace to `bodyBytes`, reads its
+ * stream until the turn started, and leaves.
+ */
+async function dropStreamAfterStart(
+  base: string,
+  key: string,
+  sessionId: string,
+  prompt: string,
+  bodyBytes: number,
+): Promise<void> {
+  const json = JSON.stringify({ prompt })
+  const body = json + ' '.repeat(bodyBytes - json.length)
+  const controller = new AbortController()
+  const response = await fetch(`${base}/v1/sessions/${sessionId}/messages`, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
+    body,
+    signal: controller.signal,
+  })
+  expect(response.status).toBe(200)
+  const reader = response.body?.getReader()
+  let text = ''
+  while (reader && !text.includes('run.started')) {
+    const { value, done } = await reader.read()
+    if (done) break
+    text += new TextDecoder().decode(value)
+  }
+  expect(text).toContain('run.started')
+  controller.abort()
 }

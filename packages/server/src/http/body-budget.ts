@@ -120,11 +120,14 @@ export function installBodyBudget(app: FastifyInstance, budget: BodyBudget, larg
     held.delete(request)
     budget.give(h.tenantId, h.bytes)
   }
-  app.addHook('preParsing', async (request, _reply, payload) => {
+  app.addHook('preParsing', async (request, reply, payload) => {
     const tenantId = request.principal?.tenantId
     if (tenantId === undefined) return payload
     const h: Held = { tenantId, bytes: 0 }
     held.set(request, h)
+    // The response's close comes whatever happened: a streamed answer (hijacked) whose client
+    // left after the body was read ran neither onResponse nor onRequestAbort, and kept its bytes.
+    reply.raw.once('close', () => void release(request))
     const declared = request.headers['content-length']
     if (declared !== undefined) {
       const bytes = Math.min(Number(declared) || 0, largestBodyBytes)

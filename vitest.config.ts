@@ -25,6 +25,10 @@ export default defineConfig({
     setupFiles: ['test/setup/cleanup.ts'],
     globalSetup: ['test/setup/postgres.ts'],
     pool: 'forks',
+    // One process per worker runs file after file, its modules kept: importing the server costs a
+    // file ~1 s otherwise (docs/benchmarks/ci.md). What a file leaves in the process (environment,
+    // scratch directories) is undone after it (test/setup/cleanup.ts).
+    isolate: false,
     testTimeout: 60_000,
     hookTimeout: 120_000,
     fileParallelism: true,

@@ -1,14 +1,25 @@
-import { CairnProblem } from '@cairn/protocol'
+import { CairnProblem, newId } from '@cairn/protocol'
 import type { Db } from '../db/database.js'
 import type { OperatorLimits } from './operator-limits.js'
+
+/** A snapshot admitted and being taken: its ID is known before its row is written. */
+interface Taking {
+  snapshotId: string
+  sessionId: string
+  tenantId: string
+}
 
 /**
  * The most manual snapshots (those a user asks for, and the one an import takes first) a session
  * and a tenant may keep. Automatic snapshots have their own keep-last-N retention. Snapshots being
- * taken count as kept, so concurrent requests cannot pass the check together.
+ * taken count as kept, so concurrent requests cannot pass the check together. Each is counted
+ * once: the snapshots being taken are read before the count and their rows left out of it, so one
+ * whose row is written and whose mark is dropped while the count runs (on PostgreSQL, another
+ * connection's commit the count did not see) is still counted, and one already written is not
+ * counted twice.
  */
 export class ManualSnapshotCap {
-  private readonly inFlight = new Map<string, number>()
+  private readonly taking = new Set<Taking>()
   /** Checks run one at a time: a count read and the in-flight mark it leads to are not split. */
   private checks: Promise<unknown> = Promise.resolve()
 
@@ -20,23 +31,29 @@ export class ManualSnapshotCap {
     >,
   ) {}
 
-  async within<T>(row: { id: string; tenant_id: string }, take: () => Promise<T>): Promise<T> {
+  /** Runs `take` with the ID its snapshot must have, once the caps admit one more snapshot. */
+  async within<T>(
+    row: { id: string; tenant_id: string },
+    take: (snapshotId: string) => Promise<T>,
+  ): Promise<T> {
     const admitted = this.checks.then(() => this.admit(row))
     this.checks = admitted.catch(() => undefined)
-    const release = await admitted
+    const taking = await admitted
     try {
-      return await take()
+      return await take(taking.snapshotId)
     } finally {
-      release()
+      this.taking.delete(taking)
     }
   }
 
-  /** Checks the caps and counts one more snapshot in flight; the returned function uncounts it. */
-  private async admit(row: { id: string; tenant_id: string }): Promise<() => void> {
-    const sessionKey = `s:${row.id}`
-    const tenantKey = `t:${row.tenant_id}`
-    const session = (await this.manual('session_id', row.id)) + (this.inFlight.get(sessionKey) ?? 0)
-    const tenant = (await this.manual('tenant_id', row.tenant_id)) + (this.inFlight.get(tenantKey) ?? 0)
+  /** Checks the caps and counts one more snapshot being taken (until `within` drops it). */
+  private async admit(row: { id: string; tenant_id: string }): Promise<Taking> {
+    // Read before the counts: checks run one at a time, so none is added while they run.
+    const taking = [...this.taking]
+    const ofSession = taking.filter((t) => t.sessionId === row.id).map((t) => t.snapshotId)
+    const ofTenant = taking.filter((t) => t.tenantId === row.tenant_id).map((t) => t.snapshotId)
+    const session = (await this.manual('session_id', row.id, ofSession)) + ofSession.length
+    const tenant = (await this.manual('tenant_id', row.tenant_id, ofTenant)) + ofTenant.length
     const { maxManualSnapshotsPerSession: perSession, maxManualSnapshotsPerTenant: perTenant } = this.limits
     if (session >= perSession)
       throw new CairnProblem(
@@ -50,27 +67,21 @@ export class ManualSnapshotCap {
         `this tenant keeps ${tenant} manual snapshots, the most this server allows per tenant (${perTenant}, CAIRN_MAX_SNAPSHOTS_PER_TENANT): delete some (or sessions) first`,
         { limit: 'maxManualSnapshotsPerTenant', value: tenant, ceiling: perTenant },
       )
-    const bump = (key: string, by: number) => {
-      const next = (this.inFlight.get(key) ?? 0) + by
-      if (next === 0) this.inFlight.delete(key)
-      else this.inFlight.set(key, next)
-    }
-    bump(sessionKey, 1)
-    bump(tenantKey, 1)
-    return () => {
-      bump(sessionKey, -1)
-      bump(tenantKey, -1)
-    }
+    const admitted = { snapshotId: newId('snapshot'), sessionId: row.id, tenantId: row.tenant_id }
+    this.taking.add(admitted)
+    return admitted
   }
 
-  private async manual(column: 'session_id' | 'tenant_id', id: string): Promise<number> {
-    const row = await this.db.q
+  /** Manual snapshots kept, leaving out the rows of those counted as being taken. */
+  private async manual(column: 'session_id' | 'tenant_id', id: string, taking: string[]): Promise<number> {
+    let query = this.db.q
       .selectFrom('snapshots')
       .select((eb) => eb.fn.countAll<number>().as('n'))
       .where(column, '=', id)
       .where('kind', '=', 'manual')
       .where('deleted_at', 'is', null)
-      .executeTakeFirst()
+    if (taking.length > 0) query = query.where('id', 'not in', taking)
+    const row = await query.executeTakeFirst()
     return Number(row?.n ?? 0)
   }
 }

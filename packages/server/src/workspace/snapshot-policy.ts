@@ -179,8 +179,8 @@ export class SnapshotPolicy implements SessionObserver {
     reason: SnapshotReason,
     turnSeq: number,
     label?: string,
+    snapshotId = newId('snapshot'),
   ): Promise<SnapshotInfo> {
-    const snapshotId = newId('snapshot')
     // Every kept snapshot is shipped by a node that has a bucket (docs/shipping.md).
     const seen = await this.frozenSnapshot(row, snapshotId, { ship: true })
     const current = await this.deps.sessions.store.get(row.tenant_id, row.id)

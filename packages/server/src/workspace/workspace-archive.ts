@@ -92,8 +92,8 @@ export class WorkspaceArchive {
       id,
       'an import',
       async (row) => {
-        const before = await this.deps.manualSnapshotCap.within(row, () =>
-          this.policy.take(row, 'manual', 'before_import', row.turn_count),
+        const before = await this.deps.manualSnapshotCap.within(row, (snapshotId) =>
+          this.policy.take(row, 'manual', 'before_import', row.turn_count, undefined, snapshotId),
         )
         this.policy.changed(id)
         await this.deps.sessions.stopSandbox(id)

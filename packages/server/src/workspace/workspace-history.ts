@@ -46,9 +46,9 @@ export class WorkspaceHistory {
   ): Promise<SnapshotInfo> {
     await this.policy.settled(id)
     return this.deps.sessions.exclusive(tenantId, id, 'a snapshot', (row) =>
-      this.deps.manualSnapshotCap.within(row, async () => {
+      this.deps.manualSnapshotCap.within(row, async (snapshotId) => {
         if (options.memory) await this.requireMemorySnapshot(row)
-        const snap = await this.policy.take(row, 'manual', 'manual', row.turn_count, label)
+        const snap = await this.policy.take(row, 'manual', 'manual', row.turn_count, label, snapshotId)
         if (options.memory) await this.keepMemory(row, snap)
         return snap
       }),
@@ -279,10 +279,10 @@ export class WorkspaceHistory {
     let parentId = id
     const snap = await this.deps.sessions.exclusive(tenantId, id, 'a fork', (row) => {
       parentId = row.id
-      return this.deps.manualSnapshotCap.within(row, () =>
+      return this.deps.manualSnapshotCap.within(row, (snapshotId) =>
         memory
-          ? this.snapshotWithMemory(row, body.label)
-          : this.policy.take(row, 'manual', 'manual', row.turn_count, body.label),
+          ? this.snapshotWithMemory(row, body.label, snapshotId)
+          : this.policy.take(row, 'manual', 'manual', row.turn_count, body.label, snapshotId),
       )
     })
     const { title, policy } = body
@@ -326,7 +326,11 @@ export class WorkspaceHistory {
     return error
   }
 
-  private async snapshotWithMemory(row: SessionRow, label: string | undefined): Promise<SnapshotInfo> {
+  private async snapshotWithMemory(
+    row: SessionRow,
+    label: string | undefined,
+    snapshotId: string,
+  ): Promise<SnapshotInfo> {
     const revision = await this.deps.agents.store.revision(row.revision_id)
     if (revision)
       await checkMemoryCapable(
@@ -344,7 +348,7 @@ export class WorkspaceHistory {
         this.now(),
         `checkpoint of ${held.bytes} bytes in ${held.checkpointMs} ms for a fork with memory; the next message restores it`,
       )
-    const snap = await this.policy.take(row, 'manual', 'manual', row.turn_count, label)
+    const snap = await this.policy.take(row, 'manual', 'manual', row.turn_count, label, snapshotId)
     try {
       await this.deps.runtime.keepSnapshotMemory(row.id, snap.id, row.tenant_id)
     } catch (error) {

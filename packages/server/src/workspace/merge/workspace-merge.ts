@@ -177,8 +177,8 @@ export class WorkspaceMerge {
       target.id,
       'a merge',
       async (row) => {
-        const before = await this.deps.manualSnapshotCap.within(row, () =>
-          this.policy.take(row, 'manual', 'before_merge', row.turn_count),
+        const before = await this.deps.manualSnapshotCap.within(row, (snapshotId) =>
+          this.policy.take(row, 'manual', 'before_merge', row.turn_count, undefined, snapshotId),
         )
         const plan = await this.plan(parties, { ...sides, ours: { snapshotId: before.id } }, strategy)
         const written = await this.rollingBack(row, before, () => this.write(row, sides.theirs, plan))

@@ -282,6 +282,18 @@ export class SnapshotPolicy implements SessionObserver {
     await this.deps.runtime.deleteSnapshot(snap.id)
   }
 
+  /**
+   * Removes a snapshot a failed request took, which its caller never learns of, unless a request
+   * reads it meanwhile (a fork or restore by its ID, which found it listed): that one stays. A
+   * failed removal is logged (start-up's reconcile removes an unrecorded subvolume).
+   */
+  async dropUnlessPinned(sessionId: string, snap: SnapshotInfo, what: string): Promise<void> {
+    if (!this.pins.claimForDeletion(snap.id)) return
+    await this.drop(sessionId, snap).catch((error: unknown) =>
+      this.deps.logger.warn({ err: error, snapshot: snap.id }, `removing ${what} failed`),
+    )
+  }
+
   /** Removes every snapshot of a deleted session. */
   async deleteAll(sessionId: string): Promise<void> {
     await this.retention

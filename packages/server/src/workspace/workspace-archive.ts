@@ -107,15 +107,7 @@ export class WorkspaceArchive {
           } catch (error) {
             // The workspace is as it was: its undo snapshot, the same tree, would only stay
             // counted toward the manual snapshot cap (and the quota) unless one reads it meanwhile.
-            if (this.pins.claimForDeletion(before.id))
-              await this.policy
-                .drop(id, before)
-                .catch((e: unknown) =>
-                  this.deps.logger.warn(
-                    { err: e, snapshot: before.id },
-                    "removing a failed import's snapshot failed",
-                  ),
-                )
+            await this.policy.dropUnlessPinned(id, before, "a failed import's snapshot")
             throw error
           }
           await this.deps.sessions.setGeneration(id, generation)

@@ -102,7 +102,7 @@ export class WorkspaceHistory {
         `checkpoint of ${bytes} bytes in ${checkpointMs} ms kept with snapshot ${snap.id}; the next message restores it`,
       )
     } catch (error) {
-      await this.dropSnapshot(row.id, snap)
+      await this.policy.drop(row.id, snap)
       throw error
     }
   }
@@ -318,11 +318,7 @@ export class WorkspaceHistory {
     // as a snapshot not found.
     const gone = await this.deps.sessions.missingWorkspace(tenantId, parentId)
     if (gone.code === 'session_deleted') return gone
-    // One a fork by its ID reads meanwhile (another request, which found it listed) stays.
-    if (this.pins.claimForDeletion(snap.id))
-      await this.dropSnapshot(parentId, snap).catch((e: unknown) =>
-        logger.warn({ err: e, snapshot: snap.id }, 'removing the snapshot of failed forks failed'),
-      )
+    await this.policy.dropUnlessPinned(parentId, snap, 'the snapshot of failed forks')
     return error
   }
 
@@ -352,14 +348,10 @@ export class WorkspaceHistory {
     try {
       await this.deps.runtime.keepSnapshotMemory(row.id, snap.id, row.tenant_id)
     } catch (error) {
-      await this.dropSnapshot(row.id, snap)
+      await this.policy.drop(row.id, snap)
       throw error
     }
     return snap
-  }
-
-  private dropSnapshot(sessionId: string, snap: SnapshotInfo): Promise<void> {
-    return this.policy.drop(sessionId, snap)
   }
 
   /** A new session whose workspace is the snapshot and whose transcript is the parent's up to its turn. */
